@@ -1,0 +1,97 @@
+#pragma once
+// Plain, validated structs for one Longwave run. Every field has a default; config/config_loader fills
+// them from TOML and `--set section.key=value` overrides.
+#include <cstdint>
+#include <string>
+
+namespace longwave::config {
+
+/// [run]: what to train and where to write it.
+struct run_section {
+  std::string mode = "diloco";  ///< "diloco" | "single" | "ddp"
+  uint64_t seed = 1234;
+  std::string out_dir = "runs/default";  ///< checkpoints, loss trace, resolved config
+  std::string name = "";                 ///< label for logs and metrics; defaults to the config file stem
+};
+
+/// [model]: which Llama-style preset and in what precision.
+struct model_section {
+  std::string preset = "tiny";  ///< "tiny" | "small" | "150m" | "1b"
+  std::string dtype = "fp32";   ///< "fp32" | "bf16"
+  int64_t seq_len = 128;        ///< training context T
+  int64_t vocab_size = 0;       ///< 0: take it from the tokenizer
+};
+
+/// [data]: corpus, tokenizer and shards.
+struct data_section {
+  std::string path = "";           ///< "" = bundled KJV; a .txt, a .jsonl (field "text") or a dir with train.bin/val.bin
+  std::string tokenizer = "byte";  ///< "byte" | "bpe"
+  int64_t bpe_vocab_size = 1024;   ///< only for tokenizer = "bpe"; 257..65535
+  double val_fraction = 0.05;      ///< share of the corpus held out for validation, (0, 0.5]
+  std::string cache_dir = "";      ///< "" = <out_dir>/data
+};
+
+/// [train]: the inner loop (AdamW) and the outer schedule.
+struct train_section {
+  int64_t workers = 4;         ///< M local workers (replicas) in this process
+  int64_t inner_steps = 50;    ///< H
+  int64_t rounds = 10;         ///< outer rounds; total inner steps per worker = rounds * inner_steps
+  int64_t batch_size = 8;      ///< sequences per worker per inner step
+  double lr = 4e-3;            ///< peak inner learning rate
+  int64_t warmup_steps = 50;   ///< linear warm-up, in inner steps
+  double min_lr_ratio = 0.1;   ///< cosine decays to lr * min_lr_ratio
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;      ///< max global grad norm; 0 disables
+  int64_t threads = 0;         ///< torch threads per worker; 0 = cores / workers (at least 1)
+};
+
+/// [outer]: the outer optimizer, SGD with Nesterov momentum.
+struct outer_section {
+  double lr = 0.7;
+  double momentum = 0.9;
+  bool nesterov = true;
+};
+
+/// [eval]: validation of theta_global.
+struct eval_section {
+  int64_t every_rounds = 5;  ///< 0 = only at the end
+  int64_t batches = 16;      ///< validation batches of batch_size x seq_len
+};
+
+/// [checkpoint]: asynchronous, atomic, checksummed snapshots.
+struct checkpoint_section {
+  int64_t every_rounds = 1;  ///< 0 = only at the end and on Ctrl-C
+  int64_t keep = 3;          ///< keep the last K valid checkpoints
+  std::string dir = "";      ///< "" = <out_dir>/checkpoints
+};
+
+/// [metrics]: Prometheus text exposition on 127.0.0.1.
+struct metrics_section {
+  bool enabled = true;
+  int64_t port = 9464;  ///< 0 = pick a free port (logged at start)
+};
+
+/// [runtime]: actor system and deadlines.
+struct runtime_section {
+  double round_timeout_s = 3600;  ///< deadline for one worker's inner round
+  double request_timeout_s = 120; ///< deadline for every other request
+  int64_t log_every_steps = 10;   ///< progress line period, in inner steps
+};
+
+/// The whole resolved configuration of one run.
+struct train_config {
+  run_section run;
+  model_section model;
+  data_section data;
+  train_section train;
+  outer_section outer;
+  eval_section eval;
+  checkpoint_section checkpoint;
+  metrics_section metrics;
+  runtime_section runtime;
+};
+
+}  // namespace longwave::config

@@ -1,0 +1,31 @@
+// Names of errc values and the LW_ASSERT failure path.
+#include "runtime/errors.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace longwave {
+
+const char* to_string(errc e) {
+  switch (e) {
+    case errc::none: return "none";
+    case errc::invalid_config: return "invalid_config";
+    case errc::io_error: return "io_error";
+    case errc::corrupt_checkpoint: return "corrupt_checkpoint";
+    case errc::corrupt_data: return "corrupt_data";
+    case errc::deadline_missed: return "deadline_missed";
+    case errc::stale_round: return "stale_round";
+    case errc::peer_lost: return "peer_lost";
+    case errc::malformed_frame: return "malformed_frame";
+    case errc::torch_error: return "torch_error";
+    case errc::cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+void assert_fail(const char* cond, const char* file, int line, const std::string& msg) {
+  std::fprintf(stderr, "longwave: internal error: %s:%d: %s failed: %s\n", file, line, cond, msg.c_str());
+  std::abort();
+}
+
+}  // namespace longwave
