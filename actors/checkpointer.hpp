@@ -1,0 +1,17 @@
+#pragma once
+// The checkpointer actor: receives snapshots by message and writes them off the training path (detached
+// thread), atomically and checksummed, keeping the last K.
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/snapshot_codec.hpp"
+
+namespace longwave::actors {
+
+/// Messages: (save, train_snapshot) -> path; (flush) -> true once every earlier save is on disk.
+caf::actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
+                              runtime::snapshot_shape shape);
+
+}  // namespace longwave::actors

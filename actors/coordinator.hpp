@@ -1,0 +1,35 @@
+#pragma once
+// The coordinator actor: owns the outer-round state machine (see ARCHITECTURE.md) and drives workers,
+// communicator, outer optimizer, checkpointer and metrics sink by message.
+#include <caf/actor.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/run_context.hpp"
+#include "runtime/messages.hpp"
+
+namespace longwave::actors {
+
+/// The coordinator's collaborators.
+struct coordinator_peers {
+  caf::actor communicator, outer, checkpointer, metrics;
+};
+
+/// Protocol phases. Every transition goes through one function that logs `from -> to`.
+enum class phase { idle, resuming, inner, reducing, outer_step, evaluating, saving, stopping, done, failed };
+const char* to_string(phase p);
+/// Whether the state machine allows from -> to.
+bool allowed_transition(phase from, phase to);
+
+/// Spawns the coordinator and its workers. `resume` is installed before the first round.
+/// Messages: (start) from the main thread; the coordinator answers that sender with
+/// (done, exit_code, final_val_loss) when training ends, fails or was stopped by (stop).
+/// The loss trace (one line per inner step: step, round, mean loss) goes to trace_path.
+caf::actor spawn_coordinator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx,
+                             coordinator_peers peers, std::optional<runtime::train_snapshot> resume,
+                             std::string trace_path);
+
+}  // namespace longwave::actors

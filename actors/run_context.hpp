@@ -1,0 +1,30 @@
+#pragma once
+// What every actor of one training run shares read-only: the resolved config, the model shape and the data.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/train_config.hpp"
+#include "models/inner_trainer.hpp"
+#include "models/model_spec.hpp"
+
+namespace longwave::actors {
+
+/// Immutable after start-up; actors hold it by shared_ptr.
+struct run_context {
+  config::train_config cfg;
+  std::string config_toml;  ///< the resolved config, stored in every checkpoint
+  models::model_spec spec;
+  models::inner_options inner;
+  std::shared_ptr<const std::vector<uint16_t>> train_tokens;
+  std::shared_ptr<const std::vector<uint16_t>> val_tokens;
+  int64_t threads_per_worker = 1;
+  int64_t n_workers() const { return cfg.train.workers; }
+  int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }
+};
+
+/// Inner-loop options from the config.
+models::inner_options make_inner_options(const config::train_config& cfg);
+
+}  // namespace longwave::actors

@@ -1,0 +1,295 @@
+// Start-up and shutdown of one run: data, model size, resume, the actor graph and signal handling.
+#include "actors/training.hpp"
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "actors/checkpointer.hpp"
+#include "actors/communicator.hpp"
+#include "actors/coordinator.hpp"
+#include "actors/metrics_sink.hpp"
+#include "actors/outer_optimizer.hpp"
+#include "actors/run_context.hpp"
+#include "config/config_loader.hpp"
+#include "models/data/dataset_prep.hpp"
+#include "models/data/shard.hpp"
+#include "models/data/window_sampler.hpp"
+#include "models/gpt.hpp"
+#include "runtime/caf_errors.hpp"
+#include "runtime/log.hpp"
+#include "runtime/snapshot_codec.hpp"
+#include "runtime/type_ids.hpp"
+
+namespace fs = std::filesystem;
+
+namespace longwave::actors {
+
+using namespace longwave::runtime;
+
+namespace {
+
+std::atomic<int> g_signals{0};
+
+void on_signal(int) { g_signals.fetch_add(1); }
+
+struct paths {
+  std::string out_dir, data_dir, ckpt_dir, trace, config_copy;
+};
+
+paths resolve_paths(const config::train_config& cfg) {
+  paths p;
+  p.out_dir = cfg.run.out_dir;
+  p.data_dir = cfg.data.cache_dir.empty() ? (fs::path(p.out_dir) / "data").string() : cfg.data.cache_dir;
+  p.ckpt_dir = cfg.checkpoint.dir.empty() ? (fs::path(p.out_dir) / "checkpoints").string() : cfg.checkpoint.dir;
+  p.trace = (fs::path(p.out_dir) / "loss_trace.tsv").string();
+  p.config_copy = (fs::path(p.out_dir) / "config.toml").string();
+  return p;
+}
+
+std::string corpus_path(const config::train_config& cfg) {
+  const std::string path = cfg.data.path.empty() ? default_corpus_path() : cfg.data.path;
+  if (!fs::exists(path)) {
+    if (cfg.data.path.empty())
+      throw config::config_error("data.path", "data.path: the default corpus " + path +
+                                                  " is missing; run scripts/setup (it writes the KJV text) "
+                                                  "or set data.path to a text, JSONL or shard directory");
+    throw config::config_error("data.path", "data.path = \"" + path + "\": no such file or directory");
+  }
+  return path;
+}
+
+int64_t expected_vocab(const config::train_config& cfg) {
+  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
+  return cfg.data.tokenizer == "bpe" ? cfg.data.bpe_vocab_size : 256;
+}
+
+void print_dry_run(const config::train_config& cfg, const models::model_spec& spec) {
+  const int64_t n = models::closed_form_param_count(spec);
+  const int64_t mem = models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == "bf16");
+  std::printf("%s\n", config::to_toml(cfg).c_str());
+  std::printf("# model: preset %s, dim %ld, layers %ld, heads %ld (kv %ld), ffn %ld, vocab %ld, context %ld\n",
+              spec.preset.c_str(), spec.dim, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden,
+              spec.vocab_size, spec.seq_len);
+  std::printf("# parameters: %ld (%.2fM)\n", n, static_cast<double>(n) / 1e6);
+  std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers\n",
+              static_cast<double>(mem) / (1 << 20),
+              static_cast<double>(mem * cfg.train.workers) / (1 << 20), cfg.train.workers);
+  std::printf("# inner steps per worker: %ld (%ld rounds x H=%ld); tokens per worker: %ld\n",
+              cfg.train.rounds * cfg.train.inner_steps, cfg.train.rounds, cfg.train.inner_steps,
+              cfg.train.rounds * cfg.train.inner_steps * cfg.train.batch_size * cfg.model.seq_len);
+}
+
+// Keeps the lines of an earlier trace up to `step` (a resume rewrites the steps after its checkpoint).
+void truncate_trace(const std::string& path, uint64_t step) {
+  std::ifstream in(path);
+  std::ostringstream keep;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto tab = line.find('\t');
+    if (tab == std::string::npos) continue;
+    if (std::strtoull(line.substr(0, tab).c_str(), nullptr, 10) <= step) keep << line << '\n';
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  out << keep.str();
+}
+
+std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path) {
+  return std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(path));
+}
+
+int train(const config::train_config& cfg, const run_options& opts) {
+  const auto p = resolve_paths(cfg);
+  const std::string corpus = corpus_path(cfg);
+  auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
+  if (opts.dry_run) {
+    print_dry_run(cfg, spec);
+    return 0;
+  }
+  fs::create_directories(p.out_dir);
+  spdlog::info("longwave: {} mode, {} workers, preset {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
+               cfg.train.workers, spec.preset, static_cast<double>(models::closed_form_param_count(spec)) / 1e6,
+               cfg.model.dtype, p.out_dir);
+
+  auto data = models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
+                                            cfg.data.val_fraction, p.data_dir,
+                                            [](const std::string& line) { spdlog::info("{}", line); });
+  if (cfg.model.vocab_size > 0 && cfg.model.vocab_size < data.vocab_size)
+    throw config::config_error("model.vocab_size", "model.vocab_size = " + std::to_string(cfg.model.vocab_size) +
+                                                       ": the data has token ids up to " +
+                                                       std::to_string(data.vocab_size - 1));
+  spec.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size;
+
+  auto ctx = std::make_shared<run_context>();
+  ctx->cfg = cfg;
+  ctx->spec = spec;
+  ctx->inner = make_inner_options(cfg);
+  ctx->config_toml = config::to_toml(cfg);
+  ctx->train_tokens = load_tokens(data.train_path);
+  ctx->val_tokens = load_tokens(data.val_path);
+  const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  ctx->threads_per_worker = cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);
+  // Check the data against the sampling plan before any actor starts (a clear error, not a dead worker).
+  models::data::window_sampler probe(ctx->train_tokens, cfg.train.workers - 1, cfg.train.workers,
+                                     cfg.train.batch_size, spec.seq_len, cfg.run.seed);
+  (void)models::data::validation_batch(*ctx->val_tokens, 0, cfg.train.batch_size, spec.seq_len);
+  spdlog::info("data: {} train tokens, {} val tokens, vocab {}", ctx->train_tokens->size(),
+               ctx->val_tokens->size(), spec.vocab_size);
+
+  // Resume or start over.
+  snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers, cfg.run.mode, spec.preset};
+  std::optional<train_snapshot> resume;
+  if (opts.fresh) {
+    std::error_code ec;
+    for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list()) fs::remove(f, ec);
+    fs::remove(p.trace, ec);
+  } else {
+    checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
+    auto latest = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
+    if (latest) resume = from_checkpoint(std::move(*latest), shape);
+  }
+  if (resume)
+    truncate_trace(p.trace, resume->step);
+  else
+    std::ofstream(p.trace, std::ios::trunc);
+  {
+    std::ofstream out(p.config_copy, std::ios::trunc);
+    out << config::to_toml(cfg);
+  }
+
+  caf::actor_system_config sys_cfg;
+  sys_cfg.add_message_types<caf::id_block::longwave>();
+  caf::actor_system sys{sys_cfg};
+  int metrics_port = -1;
+  auto metrics = spawn_metrics_sink(sys, cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1, &metrics_port);
+  if (metrics_port >= 0) spdlog::info("metrics: http://127.0.0.1:{}/metrics", metrics_port);
+  coordinator_peers peers;
+  peers.metrics = metrics;
+  peers.communicator = spawn_communicator(sys);
+  peers.outer = spawn_outer_optimizer(sys, cfg.outer, models::gpt::init_flat(spec, cfg.run.seed));
+  peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, cfg.checkpoint.keep, shape);
+  auto coordinator = spawn_coordinator(sys, ctx, peers, std::move(resume), p.trace);
+
+  if (opts.handle_signals) {
+    g_signals = 0;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+  }
+  int code = 1;
+  {
+    caf::scoped_actor self{sys};
+    self->send(coordinator, start_atom_v);
+    bool running = true, stop_sent = false;
+    while (running) {
+      self->receive([&](done_atom, int c, double) { code = c, running = false; },
+                    caf::after(std::chrono::milliseconds(100)) >> [&] {
+                      const int n = g_signals.load();
+                      if (n >= 2) {
+                        spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
+                        std::_Exit(130);
+                      }
+                      if (n == 1 && !stop_sent) {
+                        spdlog::info("interrupt: finishing the current inner step and saving a checkpoint "
+                                     "(Ctrl-C again to abort)");
+                        self->send(coordinator, stop_atom_v);
+                        stop_sent = true;
+                      }
+                    });
+    }
+    for (const auto& a : {coordinator, peers.communicator, peers.outer, peers.checkpointer, metrics})
+      self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  if (opts.handle_signals) {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+  return code;
+}
+
+}  // namespace
+
+std::string default_corpus_path() {
+  if (const char* env = std::getenv("LONGWAVE_CORPUS"); env && *env) return env;
+  fs::path base;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    base = xdg;
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    base = fs::path(home) / ".cache";
+  else
+    base = "/tmp";
+  return (base / "longwave" / "kjv.txt").string();
+}
+
+int run_training(const config::train_config& cfg, const run_options& opts) {
+  try {
+    return train(cfg, opts);
+  } catch (const config::config_error& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  } catch (const lw_error& e) {
+    spdlog::error("{}: {}", to_string(e.code()), e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  } catch (const c10::Error& e) {
+    spdlog::error("torch: {}", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}
+
+int run_eval(const std::string& checkpoint_path, int64_t batches) {
+  try {
+    std::optional<checkpoint> c;
+    if (fs::is_directory(checkpoint_path)) {
+      checkpoint_store store(checkpoint_path, 1 << 30);
+      c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
+      if (!c) throw lw_error(errc::io_error, checkpoint_path + ": no checkpoint in this directory");
+    } else {
+      c = checkpoint_store::load_file(checkpoint_path);
+    }
+    const auto pos = c->meta.find(config_marker);
+    if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, checkpoint_path + ": no config in meta");
+    auto cfg = config::parse_config(c->meta.substr(pos + std::strlen(config_marker)), {}, checkpoint_path);
+    const auto p = resolve_paths(cfg);
+    auto data = models::data::prepare_dataset(corpus_path(cfg), cfg.data.tokenizer, cfg.data.bpe_vocab_size,
+                                              cfg.data.val_fraction, p.data_dir,
+                                              [](const std::string& line) { spdlog::info("{}", line); });
+    auto spec = models::preset_spec(cfg.model.preset, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size,
+                                    cfg.model.seq_len);
+    snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers, cfg.run.mode, spec.preset};
+    auto snap = from_checkpoint(std::move(*c), shape);
+    auto val = models::data::read_shard(data.val_path);
+    models::gpt model(spec, cfg.model.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+    model.load_flat(snap.theta);
+    const int64_t n = batches > 0 ? batches : cfg.eval.batches;
+    double sum = 0;
+    for (int64_t b = 0; b < n; ++b) {
+      auto buf = models::data::validation_batch(val, b, cfg.train.batch_size, spec.seq_len);
+      auto t = at::from_blob(buf.data(), {cfg.train.batch_size, spec.seq_len + 1}, at::kLong);
+      sum += model.loss(t, false).item<double>();
+    }
+    const double loss = sum / static_cast<double>(n);
+    std::printf("checkpoint round %lu, inner step %lu: val loss %.4f, val perplexity %.3f (%ld batches)\n",
+                snap.round, snap.step, loss, std::exp(loss), n);
+    return 0;
+  } catch (const config::config_error& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  } catch (const lw_error& e) {
+    spdlog::error("{}: {}", to_string(e.code()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}
+
+}  // namespace longwave::actors

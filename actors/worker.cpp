@@ -1,0 +1,192 @@
+// Worker actor. Messages:
+//   (run, round, theta, H, sync) -> round_result   run H inner steps from theta (sync: load theta first)
+//   (step)                                          one inner step, to self
+//   (grad) -> round_result                          ddp: loss and gradient of the next batch
+//   (apply, avg_grad) -> ok                         ddp: AdamW step with the averaged gradient
+//   (eval, theta, n) -> loss                        validation loss of theta
+//   (theta, theta) -> ok                            set the replica's weights
+//   (state) -> replica_state ; (load, replica_state) -> ok
+#include "actors/worker.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+
+#include "runtime/caf_errors.hpp"
+#include "runtime/log.hpp"
+#include "runtime/type_ids.hpp"
+
+namespace longwave::actors {
+
+using namespace longwave::runtime;
+
+namespace {
+
+struct worker_state {
+  std::shared_ptr<const run_context> ctx;
+  std::unique_ptr<models::inner_trainer> trainer;
+  int64_t rank = 0;
+  caf::actor coordinator;
+  // The current inner round.
+  bool busy = false;
+  uint64_t round = 0;
+  at::Tensor theta_ref;  // theta_global at the start of the round; read-only until we reply
+  int64_t steps_in_round = 0, steps_target = 0;
+  int64_t resume_steps = 0;  // loaded from a mid-round checkpoint
+  int64_t steps_run = 0;  // steps executed by this process in this round
+  double loss_sum = 0;
+  caf::response_promise rp;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Runs f; converts foreign exceptions into a caf::error (tier 3 -> tier 1).
+template <class F>
+caf::error guarded(int64_t rank, F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const c10::Error& e) {
+    return make_error(errc::torch_error, "worker " + std::to_string(rank) + ": " + e.what_without_backtrace());
+  } catch (const lw_error& e) {
+    return make_error(e.code(), "worker " + std::to_string(rank) + ": " + e.what());
+  } catch (const std::exception& e) {
+    return make_error(errc::torch_error, "worker " + std::to_string(rank) + ": " + e.what());
+  }
+}
+
+void finish_round(caf::stateful_actor<worker_state>* self) {
+  auto& s = self->state;
+  round_result r;
+  r.rank = s.rank;
+  r.round = s.round;
+  r.delta = s.theta_ref - s.trainer->master();
+  r.mean_loss = s.steps_run > 0 ? s.loss_sum / static_cast<double>(s.steps_run) : 0.0;
+  s.busy = false;
+  s.theta_ref = at::Tensor();
+  s.rp.deliver(std::move(r));
+}
+
+caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_ptr<const run_context> ctx,
+                         int64_t rank, caf::actor coordinator) {
+  auto& st = self->state;
+  st.ctx = ctx;
+  st.rank = rank;
+  st.coordinator = std::move(coordinator);
+  at::set_num_threads(static_cast<int>(ctx->threads_per_worker));
+  st.trainer = std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens, rank,
+                                                       ctx->n_workers(), ctx->cfg.run.seed);
+  return {
+      [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool sync) -> caf::result<round_result> {
+        auto& s = self->state;
+        if (s.busy) return make_error(errc::stale_round, "worker already in a round");
+        s.round = round;
+        s.theta_ref = std::move(theta);
+        s.steps_target = h;
+        s.loss_sum = 0;
+        s.steps_run = 0;
+        if (s.resume_steps > 0) {  // continue a round that a checkpoint interrupted
+          s.steps_in_round = s.resume_steps;
+          s.resume_steps = 0;
+        } else {
+          s.steps_in_round = 0;
+          if (sync) s.trainer->set_params(s.theta_ref);
+        }
+        s.busy = true;
+        s.rp = self->make_response_promise();
+        if (s.steps_in_round >= s.steps_target) {
+          finish_round(self);
+        } else {
+          self->send(self, step_atom_v);
+        }
+        return s.rp;
+      },
+      [=](step_atom) {
+        auto& s = self->state;
+        if (!s.busy) return;
+        step_report rep;
+        auto t0 = std::chrono::steady_clock::now();
+        auto err = guarded(s.rank, [&] { rep.loss = s.trainer->step(); });
+        if (err) {
+          s.busy = false;
+          s.rp.deliver(std::move(err));
+          return;
+        }
+        rep.compute_s = seconds_since(t0);
+        rep.rank = s.rank;
+        rep.step = s.trainer->steps_done();
+        rep.tokens = s.trainer->tokens_per_step();
+        s.loss_sum += rep.loss;
+        ++s.steps_run;
+        ++s.steps_in_round;
+        self->send(s.coordinator, report_atom_v, rep);
+        if (s.steps_in_round >= s.steps_target) {
+          finish_round(self);
+        } else {
+          self->send(self, step_atom_v);
+        }
+      },
+      [=](grad_atom) -> caf::result<round_result> {
+        auto& s = self->state;
+        round_result r;
+        r.rank = s.rank;
+        auto t0 = std::chrono::steady_clock::now();
+        if (auto err = guarded(s.rank, [&] { r.mean_loss = s.trainer->compute_grad(); })) return err;
+        r.compute_s = seconds_since(t0);
+        r.delta = s.trainer->grad();  // read-only until our next (apply)
+        return r;
+      },
+      [=](apply_atom, at::Tensor avg) -> caf::result<double> {
+        auto& s = self->state;
+        auto t0 = std::chrono::steady_clock::now();
+        if (auto err = guarded(s.rank, [&] { s.trainer->apply_grad(avg); })) return err;
+        return seconds_since(t0);
+      },
+      [=](eval_atom, at::Tensor theta, int64_t n_batches) -> caf::result<double> {
+        auto& s = self->state;
+        double loss = 0;
+        if (auto err = guarded(s.rank, [&] { loss = s.trainer->evaluate(theta, *s.ctx->val_tokens, n_batches); }))
+          return err;
+        return loss;
+      },
+      [=](theta_atom, at::Tensor theta) -> caf::result<bool> {
+        auto& s = self->state;
+        if (auto err = guarded(s.rank, [&] { s.trainer->set_params(theta); })) return err;
+        return true;
+      },
+      [=](state_atom) -> replica_state {
+        auto& s = self->state;
+        auto is = s.trainer->state();
+        replica_state r;
+        r.rank = s.rank;
+        r.master = std::move(is.master);
+        r.exp_avg = std::move(is.exp_avg);
+        r.exp_avg_sq = std::move(is.exp_avg_sq);
+        r.adam_steps = is.adam_steps;
+        r.sampler_position = is.sampler_position;
+        // Steps of the current (or last) round; the coordinator zeroes it for round-boundary snapshots.
+        r.steps_in_round = s.steps_in_round;
+        return r;
+      },
+      [=](load_atom, replica_state r) -> caf::result<bool> {
+        auto& s = self->state;
+        models::inner_state is{r.master, r.exp_avg, r.exp_avg_sq, r.adam_steps, r.sampler_position};
+        if (auto err = guarded(s.rank, [&] { s.trainer->load_state(is); })) return err;
+        s.resume_steps = r.steps_in_round;
+        return true;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_worker(caf::actor_system& sys, std::shared_ptr<const run_context> ctx, int64_t rank,
+                        const caf::actor& coordinator) {
+  return sys.spawn<caf::detached>(worker_fun, std::move(ctx), rank, coordinator);
+}
+
+}  // namespace longwave::actors

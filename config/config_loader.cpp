@@ -1,0 +1,727 @@
+// TOML config loader: fills train_config from TOML text and --set overrides, validates it, and writes it back
+// as TOML. One table of fields (for_each_field) drives parsing, validation and serialisation.
+#include "config/config_loader.hpp"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#if !TOML_EXCEPTIONS
+#error "config_loader expects toml++ with exceptions enabled (toml::parse throws toml::parse_error)"
+#endif
+
+namespace longwave::config {
+
+namespace {
+
+constexpr int64_t int64_max = std::numeric_limits<int64_t>::max();
+constexpr double inf = std::numeric_limits<double>::infinity();
+// A deadline becomes a nanosecond timespan downstream; int64 nanoseconds overflow past ~292 years.
+constexpr double max_timeout_s = 1e9;
+// The byte tokenizer's vocabulary: model.vocab_size may not be smaller.
+constexpr int64_t byte_vocab = 256;
+
+/// What one field accepts. One struct for every kind; each field uses the part for its type.
+struct rule {
+  int64_t int_lo = std::numeric_limits<int64_t>::min();
+  int64_t int_hi = int64_max;
+  bool zero_ok = false;  // integers: 0 is allowed besides [int_lo, int_hi]
+  double lo = -inf;
+  double hi = inf;
+  bool lo_open = false;
+  bool hi_open = false;
+  std::vector<std::string_view> allowed;  // strings: the enum; empty = any string
+  bool non_empty = false;
+};
+
+rule any() {
+  return {};
+}
+
+rule ints(int64_t lo, int64_t hi = int64_max) {
+  rule r;
+  r.int_lo = lo;
+  r.int_hi = hi;
+  return r;
+}
+
+rule zero_or_ints(int64_t lo, int64_t hi) {
+  rule r = ints(lo, hi);
+  r.zero_ok = true;
+  return r;
+}
+
+/// A real interval written as in maths: real_in('(', 0, 1, ']') is (0, 1].
+rule real_in(char open, double lo, double hi, char close) {
+  rule r;
+  r.lo = lo;
+  r.hi = hi;
+  r.lo_open = open == '(';
+  r.hi_open = close == ')';
+  return r;
+}
+
+rule real_above(double lo) {
+  return real_in('(', lo, inf, ')');
+}
+rule real_at_least(double lo) {
+  return real_in('[', lo, inf, ')');
+}
+
+rule one_of(std::initializer_list<std::string_view> values) {
+  rule r;
+  r.allowed = values;
+  return r;
+}
+
+rule non_empty() {
+  rule r;
+  r.non_empty = true;
+  return r;
+}
+
+/// Calls f(section, name, field, rule) for every field of every section, in struct order. This is the one
+/// place that lists the fields: keep it in step with config/train_config.hpp.
+template <class Config, class Visitor>
+void for_each_field(Config& c, Visitor&& f) {
+  f("run", "mode", c.run.mode, one_of({"diloco", "single", "ddp"}));
+  f("run", "seed", c.run.seed, ints(0));
+  f("run", "out_dir", c.run.out_dir, non_empty());
+  f("run", "name", c.run.name, any());
+
+  f("model", "preset", c.model.preset, one_of({"tiny", "small", "150m", "1b"}));
+  f("model", "dtype", c.model.dtype, one_of({"fp32", "bf16"}));
+  f("model", "seq_len", c.model.seq_len, ints(8, 8192));
+  f("model", "vocab_size", c.model.vocab_size, zero_or_ints(2, 65536));
+
+  f("data", "path", c.data.path, any());
+  f("data", "tokenizer", c.data.tokenizer, one_of({"byte", "bpe"}));
+  f("data", "bpe_vocab_size", c.data.bpe_vocab_size, ints(257, 65535));
+  f("data", "val_fraction", c.data.val_fraction, real_in('(', 0, 0.5, ']'));
+  f("data", "cache_dir", c.data.cache_dir, any());
+
+  f("train", "workers", c.train.workers, ints(1, 256));
+  f("train", "inner_steps", c.train.inner_steps, ints(1));
+  f("train", "rounds", c.train.rounds, ints(1));
+  f("train", "batch_size", c.train.batch_size, ints(1));
+  f("train", "lr", c.train.lr, real_in('(', 0, 10, ']'));
+  f("train", "warmup_steps", c.train.warmup_steps, ints(0));
+  f("train", "min_lr_ratio", c.train.min_lr_ratio, real_in('[', 0, 1, ']'));
+  f("train", "weight_decay", c.train.weight_decay, real_at_least(0));
+  f("train", "beta1", c.train.beta1, real_in('[', 0, 1, ')'));
+  f("train", "beta2", c.train.beta2, real_in('[', 0, 1, ')'));
+  f("train", "eps", c.train.eps, real_above(0));
+  f("train", "grad_clip", c.train.grad_clip, real_at_least(0));
+  f("train", "threads", c.train.threads, ints(0));
+
+  f("outer", "lr", c.outer.lr, real_above(0));
+  f("outer", "momentum", c.outer.momentum, real_in('[', 0, 1, ')'));
+  f("outer", "nesterov", c.outer.nesterov, any());
+
+  f("eval", "every_rounds", c.eval.every_rounds, ints(0));
+  f("eval", "batches", c.eval.batches, ints(1));
+
+  f("checkpoint", "every_rounds", c.checkpoint.every_rounds, ints(0));
+  f("checkpoint", "keep", c.checkpoint.keep, ints(1));
+  f("checkpoint", "dir", c.checkpoint.dir, any());
+
+  f("metrics", "enabled", c.metrics.enabled, any());
+  f("metrics", "port", c.metrics.port, ints(0, 65535));
+
+  f("runtime", "round_timeout_s", c.runtime.round_timeout_s, real_in('(', 0, max_timeout_s, ']'));
+  f("runtime", "request_timeout_s", c.runtime.request_timeout_s, real_in('(', 0, max_timeout_s, ']'));
+  f("runtime", "log_every_steps", c.runtime.log_every_steps, ints(1));
+}
+
+std::string dotted(std::string_view section, std::string_view name) {
+  return fmt::format("{}.{}", section, name);
+}
+
+/// Every dotted key, in struct order.
+const std::vector<std::string>& all_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    train_config c;
+    for_each_field(
+        c, [&](std::string_view s, std::string_view n, auto&, const rule&) { out.push_back(dotted(s, n)); });
+    return out;
+  }();
+  return keys;
+}
+
+/// Every section name, in struct order.
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    train_config c;
+    for_each_field(c, [&](std::string_view s, std::string_view, auto&, const rule&) {
+      if (out.empty() || out.back() != s) out.emplace_back(s);
+    });
+    return out;
+  }();
+  return names;
+}
+
+bool is_section(std::string_view s) {
+  const auto& names = section_names();
+  return std::find(names.begin(), names.end(), s) != names.end();
+}
+
+/// Optimal string alignment distance (insert, delete, substitute, swap neighbours). Distances above 2 are
+/// never used, so they all come back as 3.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  const size_t n = a.size();
+  const size_t m = b.size();
+  if ((n > m ? n - m : m - n) > 2) return 3;
+  std::vector<size_t> d((n + 1) * (m + 1));
+  auto at = [&](size_t i, size_t j) -> size_t& { return d[i * (m + 1) + j]; };
+  for (size_t i = 0; i <= n; ++i) at(i, 0) = i;
+  for (size_t j = 0; j <= m; ++j) at(0, j) = j;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      at(i, j) = std::min({at(i - 1, j) + 1, at(i, j - 1) + 1, at(i - 1, j - 1) + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        at(i, j) = std::min(at(i, j), at(i - 2, j - 2) + 1);
+      }
+    }
+  }
+  return std::min<size_t>(at(n, m), 3);
+}
+
+/// " (did you mean 'x'?)" for the closest option within edit distance 2, else "".
+std::string closest(std::string_view wrong, const std::vector<std::string>& options) {
+  size_t best = 3;
+  const std::string* pick = nullptr;
+  for (const auto& o : options) {
+    const size_t dist = edit_distance(wrong, o);
+    if (dist < best) {
+      best = dist;
+      pick = &o;
+    }
+  }
+  return pick ? fmt::format(" (did you mean '{}'?)", *pick) : std::string();
+}
+
+/// Suggestion for an unknown dotted key: a near miss, else the same name in another section.
+std::string suggest_key(std::string_view key) {
+  std::string near = closest(key, all_keys());
+  if (!near.empty()) return near;
+  const auto dot = key.find('.');
+  const std::string_view name = dot == std::string_view::npos ? key : key.substr(dot + 1);
+  for (const auto& k : all_keys()) {
+    if (std::string_view(k).substr(k.find('.') + 1) == name) return fmt::format(" (did you mean '{}'?)", k);
+  }
+  return {};
+}
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+std::string shorten(std::string s, size_t max = 64) {
+  if (s.size() > max) s = s.substr(0, max - 3) + "...";
+  return s;
+}
+
+std::string trim(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(first, last - first + 1));
+}
+
+/// A TOML basic string: quoted, with quotes, backslashes and control characters escaped.
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += fmt::format("\\u{:04X}", static_cast<unsigned>(c));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+/// Shortest text that reads back as the same double, always recognisable as a TOML float.
+std::string toml_double(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // "3600" -> "3600.0"; inf and nan contain 'n'
+  return s;
+}
+
+// How values appear in messages and in to_toml.
+std::string show(int64_t v) {
+  return fmt::format("{}", v);
+}
+std::string show(uint64_t v) {
+  return fmt::format("{}", v);
+}
+std::string show(double v) {
+  return fmt::format("{}", v);
+}
+std::string show(bool v) {
+  return v ? "true" : "false";
+}
+std::string show(const std::string& v) {
+  return shorten(quote(v));
+}
+
+std::string show(const toml::node& n) {
+  if (const auto* s = n.as_string()) return show(s->get());
+  if (const auto* d = n.as_floating_point()) return show(d->get());
+  if (n.is_table()) return "{...}";
+  std::ostringstream os;
+  n.visit([&](const auto& v) { os << v; });
+  return shorten(one_line(os.str()));
+}
+
+std::string toml_value(int64_t v) {
+  return show(v);
+}
+std::string toml_value(uint64_t v) {
+  return show(v);
+}
+std::string toml_value(double v) {
+  return toml_double(v);
+}
+std::string toml_value(bool v) {
+  return show(v);
+}
+std::string toml_value(const std::string& v) {
+  return quote(v);
+}
+
+std::string type_name(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::none: return "nothing";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+  }
+  return "an unknown value";
+}
+
+template <class T>
+std::string expected_name() {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return "a string";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return "a boolean (true or false)";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return "a number";
+  } else {
+    return "an integer";
+  }
+}
+
+/// What the rule allows, e.g. "must be an integer >= 1", "allowed values are fp32, bf16".
+template <class T>
+std::string describe(const rule& r) {
+  if constexpr (std::is_same_v<T, uint64_t>) {
+    return fmt::format("must be an integer in {}..{}", r.int_lo, r.int_hi);
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (r.zero_ok) return fmt::format("must be 0 or an integer in {}..{}", r.int_lo, r.int_hi);
+    if (r.int_hi == int64_max) return fmt::format("must be an integer >= {}", r.int_lo);
+    return fmt::format("must be an integer in {}..{}", r.int_lo, r.int_hi);
+  } else if constexpr (std::is_same_v<T, double>) {
+    std::string s = "must be a finite number";
+    if (r.lo > -inf) s += fmt::format(" {} {}", r.lo_open ? ">" : ">=", r.lo);
+    if (r.hi < inf) s += fmt::format("{} {} {}", r.lo > -inf ? " and" : "", r.hi_open ? "<" : "<=", r.hi);
+    return s;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!r.allowed.empty()) return fmt::format("allowed values are {}", fmt::join(r.allowed, ", "));
+    if (r.non_empty) return "must not be empty";
+    return "any string";
+  } else {
+    return "true or false";
+  }
+}
+
+template <class T>
+[[noreturn]] void fail_range(const std::string& key, const T& v, const rule& r,
+                             const std::string& where = "") {
+  throw config_error(key, fmt::format("{} = {}: {}{}", key, show(v), describe<T>(r), where));
+}
+
+template <class T>
+[[noreturn]] void fail_type(const std::string& key, const toml::node& n, const std::string& where) {
+  throw config_error(key, fmt::format("{} = {}: expected {}, got {}{}", key, show(n), expected_name<T>(),
+                                      type_name(n.type()), where));
+}
+
+/// Stores a TOML value in a field after checking its type (not its range: that is validate's job).
+void assign(int64_t& dst, const toml::node& n, const std::string& key, const std::string& where,
+            const rule&) {
+  const auto* v = n.as_integer();
+  if (!v) fail_type<int64_t>(key, n, where);
+  dst = v->get();
+}
+
+void assign(uint64_t& dst, const toml::node& n, const std::string& key, const std::string& where,
+            const rule& r) {
+  const auto* v = n.as_integer();
+  if (!v) fail_type<uint64_t>(key, n, where);
+  if (v->get() < 0) fail_range<int64_t>(key, v->get(), r, where);
+  dst = static_cast<uint64_t>(v->get());
+}
+
+void assign(double& dst, const toml::node& n, const std::string& key, const std::string& where, const rule&) {
+  if (const auto* f = n.as_floating_point()) {
+    dst = f->get();
+  } else if (const auto* i = n.as_integer()) {
+    dst = static_cast<double>(i->get());
+  } else {
+    fail_type<double>(key, n, where);
+  }
+}
+
+void assign(bool& dst, const toml::node& n, const std::string& key, const std::string& where, const rule&) {
+  const auto* v = n.as_boolean();
+  if (!v) fail_type<bool>(key, n, where);
+  dst = v->get();
+}
+
+void assign(std::string& dst, const toml::node& n, const std::string& key, const std::string& where,
+            const rule&) {
+  const auto* v = n.as_string();
+  if (!v) fail_type<std::string>(key, n, where);
+  dst = v->get();
+}
+
+// Range checks, one per field type.
+void check(const std::string& key, int64_t v, const rule& r) {
+  if ((r.zero_ok && v == 0) || (v >= r.int_lo && v <= r.int_hi)) return;
+  fail_range(key, v, r);
+}
+
+void check(const std::string& key, uint64_t v, const rule& r) {
+  if (v >= static_cast<uint64_t>(r.int_lo) && v <= static_cast<uint64_t>(r.int_hi)) return;
+  fail_range(key, v, r);
+}
+
+void check(const std::string& key, double v, const rule& r) {
+  const bool above = r.lo_open ? v > r.lo : v >= r.lo;
+  const bool below = r.hi_open ? v < r.hi : v <= r.hi;
+  if (std::isfinite(v) && above && below) return;
+  fail_range(key, v, r);
+}
+
+void check(const std::string&, bool, const rule&) {}
+
+void check(const std::string& key, const std::string& v, const rule& r) {
+  const bool listed =
+      r.allowed.empty() || std::find(r.allowed.begin(), r.allowed.end(), v) != r.allowed.end();
+  if (listed && !(r.non_empty && v.empty())) return;
+  fail_range(key, v, r);
+}
+
+/// (key, node) pairs of a table in the order they appear in the source, so the first error reported is the
+/// first one in the file.
+std::vector<std::pair<std::string, const toml::node*>> in_source_order(const toml::table& t) {
+  std::vector<std::pair<std::string, const toml::node*>> out;
+  for (const auto& [k, n] : t) out.emplace_back(std::string(k.str()), &n);
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    const auto& x = a.second->source().begin;
+    const auto& y = b.second->source().begin;
+    return std::make_pair(x.line, x.column) < std::make_pair(y.line, y.column);
+  });
+  return out;
+}
+
+/// True if `raw` was meant as a number (so a TOML error about it is worth showing).
+bool looks_numeric(std::string_view raw) {
+  return !raw.empty() && std::string_view("0123456789+-.").find(raw.front()) != std::string_view::npos;
+}
+
+/// One parse: TOML text and overrides into a train_config, remembering where each key was set so that
+/// validation errors can point there.
+class loader {
+ public:
+  explicit loader(std::string_view source_name) : src_(source_name) {}
+
+  void apply_text(std::string_view text) {
+    toml::table root;
+    try {
+      root = toml::parse(text, std::string_view(src_));
+    } catch (const toml::parse_error& e) {
+      const auto& b = e.source().begin;
+      throw config_error("syntax", fmt::format("syntax error at {}: {}{}", position(b.line, b.column),
+                                               e.description(), excerpt(text, b.line)));
+    }
+    for (const auto& [section, node] : in_source_order(root)) {
+      const std::string where = at(*node);
+      if (!is_section(section)) {
+        if (node->is_table()) {
+          throw config_error(section, fmt::format("unknown section [{}]{}{}", section,
+                                                  closest(section, section_names()), where));
+        }
+        throw config_error(section, fmt::format("unknown key '{}' outside any section{}{}", section,
+                                                suggest_key(section), where));
+      }
+      const toml::table* table = node->as_table();
+      if (!table) {
+        throw config_error(section, fmt::format("{} = {}: expected a table [{}], got {}{}", section,
+                                                show(*node), section, type_name(node->type()), where));
+      }
+      for (const auto& [name, value] : in_source_order(*table)) set(section, name, *value, at(*value));
+    }
+  }
+
+  void apply_override(const std::string& ov) {
+    const auto eq = ov.find('=');
+    if (eq == std::string::npos) {
+      const std::string key = trim(ov);
+      throw config_error(key.empty() ? "override" : key,
+                         fmt::format("override '{}' has no '=': write --set section.key=value, e.g. --set "
+                                     "train.workers=2",
+                                     shorten(ov)));
+    }
+    const std::string key = trim(std::string_view(ov).substr(0, eq));
+    const std::string raw = trim(std::string_view(ov).substr(eq + 1));
+    const auto dot = key.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == key.size()) {
+      throw config_error(
+          key.empty() ? "override" : key,
+          fmt::format("override '{}': the key must be section.key, e.g. --set train.workers=2{}", shorten(ov),
+                      key.empty() ? "" : suggest_key(key)));
+    }
+    const std::string section = key.substr(0, dot);
+    const std::string name = key.substr(dot + 1);
+    const std::string where = " (from --set)";
+
+    // "v = <raw>" parses a lone TOML value; a line break could smuggle in more keys, so it is never parsed.
+    std::optional<toml::table> parsed;
+    std::string problem = "it contains a line break";
+    if (raw.find_first_of("\r\n") == std::string::npos) {
+      try {
+        parsed = toml::parse(std::string_view("v = " + raw), std::string_view("--set"));
+        if (parsed->size() != 1) {
+          parsed.reset();
+          problem = "it is more than one value";
+        }
+      } catch (const toml::parse_error& e) {
+        problem = std::string(e.description());
+      }
+    }
+    const toml::node* node = parsed ? parsed->get("v") : nullptr;
+
+    bool found = false;
+    for_each_field(cfg_, [&](std::string_view s, std::string_view n, auto& field, const rule& r) {
+      if (found || s != section || n != name) return;
+      found = true;
+      using field_type = std::decay_t<decltype(field)>;
+      if constexpr (std::is_same_v<field_type, std::string>) {
+        // A string field takes the raw text unless it is a quoted TOML string: run.name=2024 is "2024".
+        field = node && node->is_string() ? node->as_string()->get() : raw;
+      } else if (node) {
+        assign(field, *node, key, where, r);
+      } else if (looks_numeric(raw)) {
+        throw config_error(
+            key, fmt::format("{} = {}: not {}: {}; {}{}", key, shorten(raw), expected_name<field_type>(),
+                             problem, describe<field_type>(r), where));
+      } else {
+        assign(field, toml::value<std::string>(raw), key, where, r);
+      }
+    });
+    if (!found) throw config_error(key, fmt::format("unknown key '{}'{}{}", key, suggest_key(key), where));
+    where_[key] = where;
+  }
+
+  /// validate(), with the place the bad key was set appended to the message.
+  void validate_with_origin() const {
+    try {
+      validate(cfg_);
+    } catch (const config_error& e) {
+      const auto it = where_.find(e.key());
+      if (it == where_.end()) throw;
+      throw config_error(e.key(), e.message() + it->second);
+    }
+  }
+
+  const train_config& cfg() const { return cfg_; }
+
+ private:
+  void set(const std::string& section, const std::string& name, const toml::node& value,
+           const std::string& where) {
+    const std::string key = dotted(section, name);
+    bool found = false;
+    for_each_field(cfg_, [&](std::string_view s, std::string_view n, auto& field, const rule& r) {
+      if (found || s != section || n != name) return;
+      found = true;
+      assign(field, value, key, where, r);
+    });
+    if (!found) throw config_error(key, fmt::format("unknown key '{}'{}{}", key, suggest_key(key), where));
+    where_[key] = where;
+  }
+
+  std::string position(uint32_t line, uint32_t column) const {
+    if (src_.empty()) return fmt::format("line {}:{}", line, column);
+    return fmt::format("{}:{}:{}", src_, line, column);
+  }
+
+  std::string at(const toml::node& n) const {
+    const auto& b = n.source().begin;
+    if (b.line == 0) return {};
+    return fmt::format(" (at {})", position(b.line, b.column));
+  }
+
+  /// " in `text of that line`", so the user sees what the parser choked on.
+  static std::string excerpt(std::string_view text, uint32_t line) {
+    size_t start = 0;
+    for (uint32_t i = 1; i < line; ++i) {
+      start = text.find('\n', start);
+      if (start == std::string_view::npos) return {};
+      ++start;
+    }
+    std::string l = trim(text.substr(start, text.find('\n', start) - start));
+    // The line may hold the very bytes the parser rejected: keep the message printable ASCII.
+    for (char& ch : l) {
+      if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+    }
+    return l.empty() ? std::string() : fmt::format(" in `{}`", shorten(l, 80));
+  }
+
+  std::string src_;
+  train_config cfg_;
+  std::map<std::string, std::string> where_;  // dotted key -> " (at file:line:col)" or " (from --set)"
+};
+
+}  // namespace
+
+config_error::config_error(std::string key, const std::string& message)
+    : std::runtime_error("config error: " + one_line(message)),
+      key_(std::move(key)),
+      message_(one_line(message)) {}
+
+void validate(const train_config& cfg) {
+  for_each_field(cfg, [](std::string_view s, std::string_view n, const auto& field, const rule& r) {
+    check(dotted(s, n), field, r);
+  });
+
+  if (cfg.run.mode == "single" && cfg.train.workers != 1) {
+    throw config_error(
+        "train.workers",
+        fmt::format("train.workers = {}: run.mode = \"single\" trains one replica, so "
+                    "train.workers must be 1 (use --set train.workers=1, or run.mode = \"diloco\")",
+                    cfg.train.workers));
+  }
+  const bool bpe = cfg.data.tokenizer == "bpe";
+  const int64_t tokens = bpe ? cfg.data.bpe_vocab_size : byte_vocab;
+  if (cfg.model.vocab_size != 0 && cfg.model.vocab_size < tokens) {
+    throw config_error(
+        "model.vocab_size",
+        fmt::format("model.vocab_size = {}: smaller than the {} tokenizer's {} tokens; use 0 to "
+                    "take it from the tokenizer, or at least {}",
+                    cfg.model.vocab_size, cfg.data.tokenizer, tokens, tokens));
+  }
+  if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {
+    throw config_error("train.rounds",
+                       fmt::format("train.rounds = {}: train.rounds * train.inner_steps ({}) does "
+                                   "not fit in a 64-bit integer",
+                                   cfg.train.rounds, cfg.train.inner_steps));
+  }
+}
+
+train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
+                          std::string_view source_name) {
+  try {
+    loader l(source_name);
+    l.apply_text(toml_text);
+    for (const auto& ov : overrides) l.apply_override(ov);
+    l.validate_with_origin();
+    return l.cfg();
+  } catch (const config_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Nothing but config_error leaves this function (bad_alloc, a toml++ surprise, ...).
+    throw config_error("internal", fmt::format("unexpected error while reading the config {}: {}",
+                                               source_name, one_line(e.what())));
+  } catch (...) {
+    throw config_error("internal", fmt::format("unexpected error while reading the config {}", source_name));
+  }
+}
+
+train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string text;
+  try {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+      throw config_error("file", fmt::format("cannot read config file '{}': it is a directory", path));
+    }
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      const int err = errno;
+      throw config_error("file", fmt::format("cannot read config file '{}': {}", path,
+                                             err ? std::generic_category().message(err) : "cannot open it"));
+    }
+    std::ostringstream buf;
+    buf << in.rdbuf();
+    if (in.bad()) throw config_error("file", fmt::format("cannot read config file '{}': read failed", path));
+    text = buf.str();
+  } catch (const config_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw config_error("file", fmt::format("cannot read config file '{}': {}", path, one_line(e.what())));
+  }
+
+  train_config cfg = parse_config(text, overrides, path);
+  if (cfg.run.name.empty()) {
+    try {
+      cfg.run.name = std::filesystem::path(path).stem().string();
+    } catch (const std::exception&) {
+      // A name is only a label; keep it empty rather than fail.
+    }
+  }
+  return cfg;
+}
+
+std::string to_toml(const train_config& cfg) {
+  std::string out = "# Longwave resolved config: every field, defaults included.\n";
+  std::string_view section;
+  for_each_field(cfg, [&](std::string_view s, std::string_view n, const auto& field, const rule&) {
+    if (s != section) {
+      out += fmt::format("\n[{}]\n", s);
+      section = s;
+    }
+    out += fmt::format("{} = {}\n", n, toml_value(field));
+  });
+  return out;
+}
+
+}  // namespace longwave::config

@@ -1,0 +1,50 @@
+#pragma once
+// TOML config loader: TOML text + `--set section.key=value` overrides -> a validated train_config, and the
+// resolved config back to TOML. Every failure is one config_error with a one-line message naming the key.
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/train_config.hpp"
+
+namespace longwave::config {
+
+/// Raised for any invalid config. what() is ONE line, "config error: " followed by message(), which names the
+/// key and what is allowed, e.g. "config error: train.workers = -3: must be an integer >= 1".
+class config_error : public std::runtime_error {
+ public:
+  /// `key` is the dotted key at fault ("train.workers"), or "syntax", "file", "override"; `message` should
+  /// name it too. Newlines in `message` are replaced by spaces so what() stays one line.
+  config_error(std::string key, const std::string& message);
+
+  /// The dotted key at fault, e.g. "train.workers"; "syntax" for TOML syntax errors, "file" for I/O errors.
+  const std::string& key() const noexcept { return key_; }
+  /// what() without the "config error: " prefix.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::string key_;
+  std::string message_;
+};
+
+/// Parses TOML text, applies `overrides` in order (each "section.key=value"; the value is parsed as a TOML
+/// value, and if it does not parse it is taken as a bare string; string fields always accept the raw text),
+/// then validates. `source_name` (e.g. the file path) is used in messages. Missing fields keep the struct
+/// defaults. Throws config_error and nothing else.
+train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
+                          std::string_view source_name);
+
+/// Reads the file (config_error with key "file" if it cannot be read), then parse_config. An empty run.name
+/// defaults to the file's stem. Throws config_error and nothing else.
+train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides);
+
+/// Range, enum and cross-field checks on a filled struct; throws config_error naming the first bad key.
+/// Called by parse_config.
+void validate(const train_config& cfg);
+
+/// The config as TOML text: every section and every field, in struct order, doubles in shortest round-trip
+/// form. For a valid config, parse_config(to_toml(c), {}, "") gives back c exactly.
+std::string to_toml(const train_config& cfg);
+
+}  // namespace longwave::config

@@ -1,0 +1,33 @@
+#pragma once
+// AdamW on one flat fp32 buffer, the same arithmetic as torch::optim::AdamW (decoupled weight decay).
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace longwave::models {
+
+/// Hyper-parameters of the inner optimizer; lr is passed per step (the schedule lives outside).
+struct adamw_options {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+/// Flat AdamW. State: exp_avg, exp_avg_sq (fp32, like the parameters) and the step count.
+class adamw {
+ public:
+  adamw(int64_t n, adamw_options opts);
+  /// One update of `param` (fp32, in place) from `grad` (fp32) with learning rate lr.
+  void step(at::Tensor& param, const at::Tensor& grad, double lr);
+  at::Tensor& exp_avg() { return m_; }
+  at::Tensor& exp_avg_sq() { return v_; }
+  const at::Tensor& exp_avg() const { return m_; }
+  const at::Tensor& exp_avg_sq() const { return v_; }
+  int64_t steps() const { return t_; }
+  void set_steps(int64_t t) { t_ = t; }
+
+ private:
+  adamw_options o_;
+  at::Tensor m_, v_;
+  int64_t t_ = 0;
+};
+
+}  // namespace longwave::models

@@ -1,0 +1,276 @@
+// Dataset preparation: corpus -> tokenizer -> train.bin / val.bin shards in an output directory, cached by a
+// prepared.txt stamp; or pre-tokenized llm.c / nanoGPT shards used as they are.
+#include "models/data/dataset_prep.hpp"
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include "models/data/bpe_tokenizer.hpp"
+#include "models/data/corpus.hpp"
+#include "models/data/file_io.hpp"
+#include "models/data/shard.hpp"
+#include "models/data/tokenizer.hpp"
+#include "runtime/errors.hpp"
+
+namespace longwave::models::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* stamp_header = "longwave-prepared 1";
+
+using log_fn = std::function<void(const std::string&)>;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Parses "key=value" lines after the header; returns an empty map if the header is wrong.
+std::map<std::string, std::string> parse_stamp(const std::string& text) {
+  std::map<std::string, std::string> kv;
+  std::string_view rest = text;
+  bool first = true;
+  while (!rest.empty()) {
+    size_t nl = rest.find('\n');
+    std::string_view line = rest.substr(0, nl);
+    rest.remove_prefix(nl == std::string_view::npos ? rest.size() : nl + 1);
+    if (first) {
+      if (line != stamp_header) return {};
+      first = false;
+      continue;
+    }
+    size_t eq = line.find('=');
+    if (eq != std::string_view::npos) kv[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 1));
+  }
+  return kv;
+}
+
+bool parse_i64(const std::map<std::string, std::string>& kv, const char* key, int64_t& out) {
+  auto it = kv.find(key);
+  if (it == kv.end() || it->second.empty()) return false;
+  try {
+    size_t used = 0;
+    out = std::stoll(it->second, &used);
+    return used == it->second.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Fills `out` with the cached result if prepared.txt in dir records exactly `inputs` and the files are
+// intact; otherwise returns false and `why` says what differed (empty if there was no stamp at all).
+bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& inputs, prepared_dataset& out,
+                 std::string& why) {
+  std::error_code ec;
+  const fs::path stamp = dir / "prepared.txt";
+  if (!fs::exists(stamp, ec)) return false;
+  std::map<std::string, std::string> kv;
+  try {
+    kv = parse_stamp(read_file(stamp.string(), "prepared.txt"));
+  } catch (const lw_error& e) {
+    why = e.what();
+    return false;
+  }
+  for (const auto& [key, value] : inputs) {
+    auto it = kv.find(key);
+    if (it == kv.end() || it->second != value) {
+      why = fmt::format("{} changed", key);
+      return false;
+    }
+  }
+  prepared_dataset d;
+  d.train_path = (dir / "train.bin").string();
+  d.val_path = (dir / "val.bin").string();
+  d.tokenizer_path = (dir / "tokenizer.txt").string();
+  if (!parse_i64(kv, "vocab_size", d.vocab_size) || !parse_i64(kv, "n_train_tokens", d.n_train_tokens) ||
+      !parse_i64(kv, "n_val_tokens", d.n_val_tokens)) {
+    why = "prepared.txt lacks its results";
+    return false;
+  }
+  try {
+    if (read_shard_token_count(d.train_path) != d.n_train_tokens ||
+        read_shard_token_count(d.val_path) != d.n_val_tokens) {
+      why = "shard sizes differ from prepared.txt";
+      return false;
+    }
+    if (load_tokenizer(d.tokenizer_path)->vocab_size() != d.vocab_size) {
+      why = "tokenizer.txt differs from prepared.txt";
+      return false;
+    }
+  } catch (const lw_error& e) {
+    why = e.what();
+    return false;
+  }
+  out = d;
+  return true;
+}
+
+prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
+  prepared_dataset d;
+  d.train_path = (dir / "train.bin").string();
+  d.val_path = (dir / "val.bin").string();
+  std::error_code ec;
+  if (!fs::is_regular_file(d.train_path, ec) || !fs::is_regular_file(d.val_path, ec)) {
+    throw lw_error(errc::io_error,
+                   fmt::format("input directory '{}' has no train.bin and val.bin; pass a corpus "
+                               "file (.txt or .jsonl) or a directory of llm.c token shards",
+                               dir.string()));
+  }
+  const fs::path tok = dir / "tokenizer.txt";
+  if (fs::exists(tok, ec)) {
+    d.tokenizer_path = tok.string();
+    d.vocab_size = load_tokenizer(d.tokenizer_path)->vocab_size();
+    d.n_train_tokens = read_shard_token_count(d.train_path);
+    d.n_val_tokens = read_shard_token_count(d.val_path);
+  } else {
+    // No tokenizer: the vocab must cover every id present, so read the tokens.
+    const std::vector<uint16_t> train = read_shard(d.train_path);
+    const std::vector<uint16_t> val = read_shard(d.val_path);
+    uint16_t max_id = 0;
+    for (uint16_t t : train) max_id = std::max(max_id, t);
+    for (uint16_t t : val) max_id = std::max(max_id, t);
+    d.vocab_size = int64_t{max_id} + 1;
+    d.n_train_tokens = static_cast<int64_t>(train.size());
+    d.n_val_tokens = static_cast<int64_t>(val.size());
+  }
+  if (d.n_train_tokens == 0 || d.n_val_tokens == 0) {
+    throw lw_error(errc::corrupt_data, fmt::format("token shards in '{}' are empty ({} train, {} val tokens)",
+                                                   dir.string(), d.n_train_tokens, d.n_val_tokens));
+  }
+  if (log) {
+    log(fmt::format("data: using pre-tokenized shards in {} ({} train, {} val tokens, vocab {}{})",
+                    dir.string(), d.n_train_tokens, d.n_val_tokens, d.vocab_size,
+                    d.tokenizer_path.empty() ? " from the largest token id" : ""));
+  }
+  return d;
+}
+
+}  // namespace
+
+prepared_dataset prepare_dataset(const std::string& input_path, const std::string& tokenizer_kind,
+                                 int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
+                                 std::function<void(const std::string&)> log) {
+  std::error_code ec;
+  if (fs::is_directory(input_path, ec)) return use_user_shards(input_path, log);
+
+  if (tokenizer_kind != "byte" && tokenizer_kind != "bpe") {
+    throw lw_error(errc::invalid_config,
+                   fmt::format("unknown tokenizer '{}' (expected 'byte' or 'bpe')", tokenizer_kind));
+  }
+  if (tokenizer_kind == "bpe" && (bpe_vocab_size < 256 || bpe_vocab_size > 65536)) {
+    throw lw_error(errc::invalid_config,
+                   fmt::format("bpe vocab size {} is out of range: tokens are uint16, so use "
+                               "256..65536",
+                               bpe_vocab_size));
+  }
+  if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
+    throw lw_error(errc::invalid_config, fmt::format("val_fraction {} must be in (0, 1)", val_fraction));
+  }
+  const fs::path input = fs::weakly_canonical(fs::absolute(input_path), ec);
+  if (ec || !fs::is_regular_file(input, ec)) {
+    throw lw_error(errc::io_error,
+                   fmt::format("corpus '{}' does not exist or is not a regular file", input_path));
+  }
+  const auto input_size = static_cast<int64_t>(fs::file_size(input, ec));
+  const auto input_mtime = fs::last_write_time(input, ec).time_since_epoch().count();
+  if (ec)
+    throw lw_error(errc::io_error, fmt::format("cannot stat corpus '{}': {}", input_path, ec.message()));
+
+  const int64_t requested_vocab = tokenizer_kind == "bpe" ? bpe_vocab_size : 256;
+  const std::map<std::string, std::string> inputs = {
+      {"input", input.string()},
+      {"input_size", std::to_string(input_size)},
+      {"input_mtime", std::to_string(input_mtime)},
+      {"tokenizer", tokenizer_kind},
+      {"vocab", std::to_string(requested_vocab)},
+      {"val_fraction", fmt::format("{}", val_fraction)},
+  };
+
+  const fs::path dir(out_dir);
+  prepared_dataset result;
+  std::string why;
+  if (load_cached(dir, inputs, result, why)) {
+    if (log) {
+      log(fmt::format("data: using cached shards in {} ({} train, {} val tokens, vocab {})", dir.string(),
+                      result.n_train_tokens, result.n_val_tokens, result.vocab_size));
+    }
+    return result;
+  }
+  if (!why.empty() && log) log(fmt::format("data: re-preparing {}: {}", dir.string(), why));
+
+  fs::create_directories(dir, ec);
+  if (ec) throw lw_error(errc::io_error, fmt::format("cannot create '{}': {}", out_dir, ec.message()));
+  fs::remove(dir / "prepared.txt", ec);  // a half-finished preparation must never look cached
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::string text = read_corpus(input.string());
+  if (log) log(fmt::format("data: read corpus {} ({} bytes of text)", input.string(), text.size()));
+
+  std::unique_ptr<tokenizer> tok;
+  if (tokenizer_kind == "bpe") {
+    if (log) log(fmt::format("data: training BPE tokenizer to vocab {}", bpe_vocab_size));
+    auto t_train = std::chrono::steady_clock::now();
+    int64_t last_decile = 0;
+    auto progress = [&](int64_t done, int64_t total) {
+      const int64_t decile = total > 0 ? done * 10 / total : 10;
+      if (decile > last_decile && log) {
+        log(fmt::format("data: BPE merges {}% ({}/{})", decile * 10, done, total));
+      }
+      last_decile = std::max(last_decile, decile);
+    };
+    tok = std::make_unique<bpe_tokenizer>(bpe_tokenizer::train(text, bpe_vocab_size, progress));
+    if (log) {
+      log(fmt::format("data: BPE trained in {:.1f} s: vocab {}{}", seconds_since(t_train), tok->vocab_size(),
+                      tok->vocab_size() < bpe_vocab_size ? " (the corpus ran out of pairs to merge)" : ""));
+    }
+  } else {
+    tok = make_byte_tokenizer();
+  }
+
+  auto t_encode = std::chrono::steady_clock::now();
+  std::vector<uint16_t> train = tok->encode(text);
+  const auto n_bytes = text.size();
+  std::string().swap(text);
+  const auto n = static_cast<int64_t>(train.size());
+  if (n < 2) {
+    throw lw_error(
+        errc::corrupt_data,
+        fmt::format("corpus '{}' is too small: {} tokens cannot be split into train and val", input_path, n));
+  }
+  if (log) {
+    log(fmt::format("data: tokenized {} bytes into {} tokens ({:.2f} bytes/token) in {:.1f} s", n_bytes, n,
+                    static_cast<double>(n_bytes) / static_cast<double>(n), seconds_since(t_encode)));
+  }
+  const int64_t n_val = std::clamp<int64_t>(std::llround(static_cast<double>(n) * val_fraction), 1, n - 1);
+  std::vector<uint16_t> val(train.end() - n_val, train.end());
+  train.resize(static_cast<size_t>(n - n_val));
+
+  result.train_path = (dir / "train.bin").string();
+  result.val_path = (dir / "val.bin").string();
+  result.tokenizer_path = (dir / "tokenizer.txt").string();
+  result.vocab_size = tok->vocab_size();
+  result.n_train_tokens = n - n_val;
+  result.n_val_tokens = n_val;
+  write_shard(result.train_path, train);
+  write_shard(result.val_path, val);
+  tok->save(result.tokenizer_path);
+
+  std::string stamp = std::string(stamp_header) + "\n";
+  for (const auto& [key, value] : inputs) stamp += fmt::format("{}={}\n", key, value);
+  stamp += fmt::format("vocab_size={}\nn_train_tokens={}\nn_val_tokens={}\n", result.vocab_size,
+                       result.n_train_tokens, result.n_val_tokens);
+  write_file_atomic((dir / "prepared.txt").string(), {stamp});
+  if (log) {
+    log(fmt::format("data: wrote {} train and {} val tokens to {} in {:.1f} s", result.n_train_tokens,
+                    result.n_val_tokens, dir.string(), seconds_since(t0)));
+  }
+  return result;
+}
+
+}  // namespace longwave::models::data

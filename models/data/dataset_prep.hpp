@@ -1,0 +1,34 @@
+#pragma once
+// Dataset preparation: corpus -> tokenizer -> train.bin / val.bin shards in an output directory, cached by a
+// prepared.txt stamp; or pre-tokenized llm.c / nanoGPT shards used as they are.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace longwave::models::data {
+
+/// Where prepare_dataset() left the data, and its size.
+struct prepared_dataset {
+  std::string train_path;      ///< llm.c .bin shard of train tokens
+  std::string val_path;        ///< llm.c .bin shard of validation tokens
+  std::string tokenizer_path;  ///< load_tokenizer() file; empty for user shards that came without one
+  int64_t vocab_size = 0;      ///< every token id is below this
+  int64_t n_train_tokens = 0;
+  int64_t n_val_tokens = 0;
+};
+
+/// Prepares training data.
+/// - If `input_path` is a directory holding train.bin and val.bin, they are validated and used in place;
+///   vocab_size comes from a tokenizer.txt in that directory if present, else max token + 1.
+/// - Otherwise the corpus is read (read_corpus), a "byte" or "bpe" (of `bpe_vocab_size`) tokenizer is made,
+///   the text is tokenized and the last `val_fraction` of the tokens become val. out_dir receives train.bin,
+///   val.bin, tokenizer.txt and prepared.txt (input path, size, mtime, tokenizer, vocab, val_fraction). A
+///   later call with the same inputs finds prepared.txt matching and returns without re-tokenizing.
+/// `log` receives progress lines ("data: ..."). Throws lw_error(invalid_config) on bad arguments (unknown
+/// kind, BPE vocab outside 256..65536, val_fraction outside (0, 1)), lw_error(io_error) /
+/// lw_error(corrupt_data) from the files.
+prepared_dataset prepare_dataset(const std::string& input_path, const std::string& tokenizer_kind,
+                                 int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
+                                 std::function<void(const std::string&)> log = {});
+
+}  // namespace longwave::models::data

@@ -1,0 +1,108 @@
+// Training windows for one worker: random (seed, position)-addressed windows inside the worker's own region
+// of the train tokens, resumable exactly by position; plus fixed, consecutive validation windows.
+#include "models/data/window_sampler.hpp"
+
+#include <fmt/format.h>
+#include <algorithm>
+
+#include "runtime/errors.hpp"
+
+namespace longwave::models::data {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A uniform value in [0, range) from a 64-bit hash (Lemire's multiply-shift; bias < range / 2^64).
+uint64_t reduce(uint64_t hash, uint64_t range) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(hash) * range) >> 64);
+}
+
+void check_positive(int64_t value, const char* name) {
+  if (value <= 0)
+    throw lw_error(errc::invalid_config, fmt::format("{} must be positive, got {}", name, value));
+}
+
+// Number of validation windows before wrapping: starts k*T with k*T + T < n.
+int64_t n_validation_windows(const std::vector<uint16_t>& val_tokens, int64_t batch_size, int64_t seq_len) {
+  check_positive(batch_size, "batch_size");
+  check_positive(seq_len, "seq_len");
+  const auto n = static_cast<int64_t>(val_tokens.size());
+  if (n < seq_len + 2) {
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("validation set too small: {} tokens < seq_len+2 = {}; use a shorter seq_len, a "
+                    "larger val_fraction or a larger corpus",
+                    n, seq_len + 2));
+  }
+  return (n - 1) / seq_len;
+}
+
+}  // namespace
+
+window_sampler::window_sampler(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t worker,
+                               int64_t n_workers, int64_t batch_size, int64_t seq_len, uint64_t seed)
+    : tokens_(std::move(tokens)), worker_(worker), batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
+  if (!tokens_) throw lw_error(errc::invalid_config, "window_sampler: no train tokens given");
+  check_positive(n_workers, "n_workers");
+  check_positive(batch_size, "batch_size");
+  check_positive(seq_len, "seq_len");
+  if (worker < 0 || worker >= n_workers) {
+    throw lw_error(errc::invalid_config, fmt::format("worker {} is outside [0, {})", worker, n_workers));
+  }
+  const auto n = static_cast<__int128>(tokens_->size());
+  begin_ = static_cast<int64_t>(worker * n / n_workers);
+  end_ = static_cast<int64_t>((worker + 1) * n / n_workers);
+  if (end_ - begin_ < seq_len + 2) {
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("corpus too small: worker region of {} tokens < seq_len+2 = {}; use fewer workers, "
+                    "shorter seq_len or a larger corpus",
+                    end_ - begin_, seq_len + 2));
+  }
+}
+
+void window_sampler::next(std::vector<int64_t>& out) {
+  const int64_t row_len = seq_len_ + 1;
+  out.resize(static_cast<size_t>(batch_size_ * row_len));
+  // Window starts lie in [begin_, end_ - row_len], so every window ends inside the region.
+  const auto n_starts = static_cast<uint64_t>(end_ - begin_ - row_len + 1);
+  const uint64_t base =
+      splitmix64(splitmix64(splitmix64(seed_) ^ static_cast<uint64_t>(worker_)) ^ position_);
+  const uint16_t* src = tokens_->data();
+  for (int64_t r = 0; r < batch_size_; ++r) {
+    const uint64_t h = splitmix64(base ^ splitmix64(static_cast<uint64_t>(r)));
+    const int64_t start = begin_ + static_cast<int64_t>(reduce(h, n_starts));
+    int64_t* dst = out.data() + r * row_len;
+    for (int64_t t = 0; t < row_len; ++t) dst[t] = src[start + t];
+  }
+  ++position_;
+}
+
+std::vector<int64_t> validation_batch(const std::vector<uint16_t>& val_tokens, int64_t batch_index,
+                                      int64_t batch_size, int64_t seq_len) {
+  const int64_t n_windows = n_validation_windows(val_tokens, batch_size, seq_len);
+  if (batch_index < 0) {
+    throw lw_error(errc::invalid_config, fmt::format("validation batch index {} is negative", batch_index));
+  }
+  const int64_t row_len = seq_len + 1;
+  std::vector<int64_t> out(static_cast<size_t>(batch_size * row_len));
+  for (int64_t r = 0; r < batch_size; ++r) {
+    const int64_t k = (batch_index % n_windows * (batch_size % n_windows) + r) % n_windows;
+    const uint16_t* src = val_tokens.data() + k * seq_len;
+    for (int64_t t = 0; t < row_len; ++t) out[static_cast<size_t>(r * row_len + t)] = src[t];
+  }
+  return out;
+}
+
+int64_t max_validation_batches(const std::vector<uint16_t>& val_tokens, int64_t batch_size, int64_t seq_len) {
+  const int64_t n_windows = n_validation_windows(val_tokens, batch_size, seq_len);
+  return std::max<int64_t>(1, n_windows / batch_size);
+}
+
+}  // namespace longwave::models::data

@@ -1,0 +1,52 @@
+#pragma once
+// Llama-style decoder over one flat parameter buffer: token embedding, RMSNorm, rotary position embedding,
+// causal multi-head (or grouped-query) attention, SwiGLU MLP and a tied output head.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "models/model_spec.hpp"
+
+namespace longwave::models {
+
+/// One model replica. Every parameter is a leaf view into `flat_params()`, and every gradient is a view into
+/// `flat_grads()`, so optimizers and the pseudo-gradient work on two contiguous buffers.
+class gpt {
+ public:
+  /// dtype is at::kFloat or at::kBFloat16. Parameters start uninitialised: call load_flat or init_flat.
+  gpt(const model_spec& spec, at::ScalarType dtype);
+  ~gpt();
+  gpt(const gpt&) = delete;
+  gpt& operator=(const gpt&) = delete;
+
+  /// Deterministic initialisation from a seed into an fp32 flat buffer of closed_form_param_count values:
+  /// N(0, 0.02) for matrices, N(0, 0.02/sqrt(2L)) for the residual projections, ones for norms.
+  static at::Tensor init_flat(const model_spec& spec, uint64_t seed);
+
+  /// Copies a flat fp32 buffer into the parameters (converting to the model dtype).
+  void load_flat(const at::Tensor& flat_fp32);
+
+  /// Mean next-token cross-entropy of tokens [B, T+1] (int64): inputs [:, :T], targets [:, 1:].
+  /// With grad = true, the gradient is accumulated into flat_grads().
+  at::Tensor loss(const at::Tensor& tokens, bool grad);
+
+  at::Tensor& flat_params() { return flat_; }
+  at::Tensor& flat_grads() { return flat_grad_; }
+  /// Leaf parameter views, in parameter_layout order.
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+  void zero_grad();
+  const model_spec& spec() const { return spec_; }
+  int64_t n_params() const { return n_; }
+
+ private:
+  at::Tensor forward_logits(const at::Tensor& idx);
+
+  model_spec spec_;
+  int64_t n_ = 0;
+  at::Tensor flat_, flat_grad_;
+  std::vector<at::Tensor> params_;
+  at::Tensor rope_cos_, rope_sin_;  // [T, head_dim/2]
+};
+
+}  // namespace longwave::models

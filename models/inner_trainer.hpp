@@ -1,0 +1,80 @@
+#pragma once
+// One replica's inner loop: model, flat AdamW, fp32 master weights, the worker's data stream and the
+// learning-rate schedule. Used by the worker actor, the plain-loop benchmark and the tests.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "models/adamw.hpp"
+#include "models/gpt.hpp"
+#include "models/model_spec.hpp"
+
+namespace longwave::models::data {
+class window_sampler;
+}
+
+namespace longwave::models {
+
+/// Settings of the inner loop.
+struct inner_options {
+  int64_t batch_size = 8;
+  double lr = 4e-3;
+  int64_t warmup_steps = 50;
+  int64_t total_steps = 1000;  ///< schedule length in inner steps
+  double min_lr_ratio = 0.1;
+  double grad_clip = 1.0;      ///< 0 disables
+  adamw_options adam;
+  bool bf16 = false;
+};
+
+/// The resumable state of one replica (all tensors fp32, owned by the caller of `state()`).
+struct inner_state {
+  at::Tensor master, exp_avg, exp_avg_sq;
+  int64_t adam_steps = 0;
+  uint64_t sampler_position = 0;
+};
+
+/// One worker's replica and inner optimizer.
+class inner_trainer {
+ public:
+  inner_trainer(const model_spec& spec, const inner_options& opts,
+                std::shared_ptr<const std::vector<uint16_t>> train_tokens, int64_t worker, int64_t n_workers,
+                uint64_t seed);
+  ~inner_trainer();
+
+  /// Sets master and model weights to theta (fp32 flat).
+  void set_params(const at::Tensor& theta);
+  /// One AdamW step on the next batch; returns the training loss.
+  float step();
+  /// DDP: forward and backward on the next batch; the fp32 gradient is then in grad().
+  float compute_grad();
+  const at::Tensor& grad() const { return grad_fp32_; }
+  /// DDP: clip and apply an (averaged) fp32 gradient.
+  void apply_grad(const at::Tensor& grad_fp32);
+  /// Mean validation loss of theta over n_batches fixed windows; the replica's own weights are restored.
+  double evaluate(const at::Tensor& theta, const std::vector<uint16_t>& val_tokens, int64_t n_batches);
+
+  at::Tensor& master() { return master_; }
+  int64_t steps_done() const { return adam_.steps(); }
+  double current_lr() const;
+  int64_t tokens_per_step() const;
+  inner_state state() const;  ///< deep copy
+  void load_state(const inner_state& s);
+  gpt& model() { return model_; }
+
+ private:
+  void next_batch();
+  void apply_update(at::Tensor& grad_fp32);
+
+  model_spec spec_;
+  inner_options opts_;
+  gpt model_;
+  adamw adam_;
+  at::Tensor master_, grad_fp32_, batch_;
+  std::vector<int64_t> batch_buf_;
+  std::unique_ptr<data::window_sampler> sampler_;
+};
+
+}  // namespace longwave::models

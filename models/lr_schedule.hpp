@@ -1,0 +1,18 @@
+#pragma once
+// Inner learning rate: linear warm-up, then cosine decay to min_ratio * peak.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace longwave::models {
+
+/// Learning rate at inner step `step` (0-based) of `total`.
+inline double warmup_cosine_lr(double peak, int64_t step, int64_t warmup, int64_t total, double min_ratio) {
+  if (warmup > 0 && step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
+  const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return peak * (min_ratio + (1.0 - min_ratio) * cosine);
+}
+
+}  // namespace longwave::models

@@ -1,0 +1,69 @@
+// Preset table, closed-form parameter count and memory estimate of the Llama-style GPT.
+#include "models/model_spec.hpp"
+
+#include <stdexcept>
+
+namespace longwave::models {
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names{"tiny", "small", "150m", "1b"};
+  return names;
+}
+
+model_spec preset_spec(const std::string& name, int64_t vocab_size, int64_t seq_len) {
+  model_spec s;
+  s.preset = name;
+  s.vocab_size = vocab_size;
+  s.seq_len = seq_len;
+  if (name == "tiny") {  // ~1.8M parameters with the byte vocabulary: the CPU demo and tests
+    s.dim = 192, s.n_layers = 4, s.n_heads = 6, s.n_kv_heads = 6, s.ffn_hidden = 512;
+  } else if (name == "small") {  // ~14M
+    s.dim = 384, s.n_layers = 8, s.n_heads = 6, s.n_kv_heads = 6, s.ffn_hidden = 1024;
+  } else if (name == "150m") {  // OpenDiLoCo's 150M Llama: hidden 1024, 12 layers, 16 heads
+    s.dim = 1024, s.n_layers = 12, s.n_heads = 16, s.n_kv_heads = 16, s.ffn_hidden = 2688;
+  } else if (name == "1b") {  // TinyLlama-1.1B: hidden 2048, 22 layers, 32 heads, 4 KV heads, 5632 MLP
+    s.dim = 2048, s.n_layers = 22, s.n_heads = 32, s.n_kv_heads = 4, s.ffn_hidden = 5632;
+  } else {
+    throw std::invalid_argument("unknown model preset '" + name + "' (allowed: tiny, small, 150m, 1b)");
+  }
+  return s;
+}
+
+int64_t closed_form_param_count(const model_spec& s) {
+  const int64_t d = s.dim, kv = s.kv_dim();
+  const int64_t per_layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden;
+  return s.vocab_size * d + s.n_layers * per_layer + d;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_layout(const model_spec& s) {
+  const int64_t d = s.dim, kv = s.kv_dim(), f = s.ffn_hidden;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  out.push_back({"tok_emb", {s.vocab_size, d}});  // also the output head (tied)
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    out.push_back({p + "attn_norm", {d}});
+    out.push_back({p + "wq", {d, d}});
+    out.push_back({p + "wk", {kv, d}});
+    out.push_back({p + "wv", {kv, d}});
+    out.push_back({p + "wo", {d, d}});
+    out.push_back({p + "mlp_norm", {d}});
+    out.push_back({p + "w_gate", {f, d}});
+    out.push_back({p + "w_up", {f, d}});
+    out.push_back({p + "w_down", {d, f}});
+  }
+  out.push_back({"final_norm", {d}});
+  return out;
+}
+
+int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16) {
+  const int64_t n = closed_form_param_count(s);
+  const int64_t wbytes = bf16 ? 2 : 4;
+  // weights + grads in model dtype; fp32 master (bf16 only); AdamW m and v in fp32.
+  const int64_t state = n * (2 * wbytes + (bf16 ? 4 : 0) + 8);
+  // Activations kept for backward: ~ (14*d + 2*ffn) values per token per layer, plus the logits.
+  const int64_t tokens = batch_size * s.seq_len;
+  const int64_t act = tokens * (s.n_layers * (14 * s.dim + 3 * s.ffn_hidden) + 2 * s.vocab_size) * wbytes;
+  return state + act;
+}
+
+}  // namespace longwave::models

@@ -1,0 +1,44 @@
+#pragma once
+// Shapes of the Llama-style GPT presets (tiny, small, 150m, 1b), their closed-form parameter count and a
+// memory estimate for training.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace longwave::models {
+
+/// Architecture of one Llama-style decoder: RMSNorm, RoPE, causal attention (optionally grouped-query),
+/// SwiGLU MLP, tied output head.
+struct model_spec {
+  std::string preset;
+  int64_t vocab_size = 256;
+  int64_t dim = 192;
+  int64_t n_layers = 4;
+  int64_t n_heads = 6;
+  int64_t n_kv_heads = 6;  ///< < n_heads: grouped-query attention, as TinyLlama
+  int64_t ffn_hidden = 512;
+  int64_t seq_len = 128;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+
+  int64_t head_dim() const { return dim / n_heads; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim(); }
+};
+
+/// The named preset with the given vocabulary and context. Throws std::invalid_argument on an unknown name.
+model_spec preset_spec(const std::string& name, int64_t vocab_size, int64_t seq_len);
+
+/// Names of all presets, in size order.
+const std::vector<std::string>& preset_names();
+
+/// Closed-form parameter count: V*d + L*(2d + 2*d*d + 2*d*kv + 3*d*ffn) + d.
+int64_t closed_form_param_count(const model_spec& s);
+
+/// Parameter tensors in flat-buffer order: (name, shape). Their sizes sum to closed_form_param_count.
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_layout(const model_spec& s);
+
+/// Rough bytes for training one replica: weights, grads, fp32 master, AdamW moments, activations.
+int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16);
+
+}  // namespace longwave::models

@@ -1,0 +1,22 @@
+#pragma once
+// The DiLoCo outer optimizer: SGD with (Nesterov) momentum on flat fp32 buffers, as torch.optim.SGD.
+#include <ATen/core/Tensor.h>
+
+namespace longwave::models {
+
+/// theta <- theta - lr * (delta + mu * b) with b <- mu * b + delta (nesterov), or theta -= lr * b (classic).
+class outer_sgd {
+ public:
+  outer_sgd(double lr, double momentum, bool nesterov) : lr_(lr), mu_(momentum), nesterov_(nesterov) {}
+  /// Applies the averaged pseudo-gradient `delta` to `theta` in place.
+  void step(at::Tensor& theta, const at::Tensor& delta);
+  at::Tensor& momentum_buffer() { return b_; }
+  void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }
+
+ private:
+  double lr_, mu_;
+  bool nesterov_;
+  at::Tensor b_;  // undefined until the first step, as in torch
+};
+
+}  // namespace longwave::models

@@ -1,0 +1,78 @@
+#pragma once
+// Checkpoint store: named binary blobs plus round/step/meta, written atomically to a directory as
+// checksummed ckpt-<round>-<step>.lwc files, pruned to the newest `keep`, loaded newest-valid-first.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace longwave::runtime {
+
+/// One named byte range of a checkpoint.
+///
+/// For writing, `owner` keeps the bytes at `data` alive (a tensor, a vector...). A loaded blob owns its bytes
+/// in `storage` and `data` points into it. Moving a blob keeps `data` valid; copying a loaded blob does not
+/// (the copy's `data` still points into the source's `storage`), so move loaded blobs, never copy them.
+struct checkpoint_blob {
+  std::string name;                   ///< e.g. "theta_global", "worker0/exp_avg"
+  std::shared_ptr<const void> owner;  ///< keeps `data` alive; null for loaded blobs
+  const void* data = nullptr;         ///< first byte; may be null when size == 0
+  size_t size = 0;                    ///< number of bytes
+  std::vector<char> storage;          ///< the bytes of a loaded blob (`data` points into it)
+};
+
+/// A snapshot of the training state.
+struct checkpoint {
+  uint64_t round = 0;  ///< completed outer rounds
+  uint64_t step = 0;   ///< global inner step counter at the time of the snapshot
+  std::string meta;    ///< free-form text (e.g. resolved config / key=value lines)
+  std::vector<checkpoint_blob> blobs;
+
+  /// The first blob called `name`, or nullptr if there is none.
+  const checkpoint_blob* find(std::string_view name) const;
+};
+
+/// A directory of checkpoint files. Not thread-safe: one owner (the checkpointer) calls it.
+class checkpoint_store {
+ public:
+  /// Creates `dir` and its parents. Throws lw_error(io_error) if that fails and lw_error(invalid_config) if
+  /// keep < 1.
+  checkpoint_store(std::string dir, int64_t keep);
+
+  /// Writes atomically: <dir>/ckpt-<round %08>-<step %010>.lwc.tmp, write, fsync, rename, fsync the
+  /// directory; then deletes all but the newest `keep` checkpoint files (never the one just written). Returns
+  /// the final path. Throws lw_error(io_error) naming the path and the system error; the previous checkpoints
+  /// are intact.
+  std::string write(const checkpoint& c);
+
+  /// The newest valid checkpoint, or std::nullopt if the directory holds no checkpoint file. A file that
+  /// fails validation is skipped with one line to `warn` ("checkpoint <file> is corrupt (<reason>); falling
+  /// back to <older file>") and the next older one is tried. Throws lw_error(corrupt_checkpoint) if files
+  /// exist but none is valid, rather than silently starting over.
+  std::optional<checkpoint> load_latest(const std::function<void(const std::string&)>& warn = {}) const;
+
+  /// Loads and validates one file. Throws lw_error(corrupt_checkpoint, "<path>: <reason>") if it is invalid
+  /// and lw_error(io_error) if it cannot be opened or read.
+  static checkpoint load_file(const std::string& path);
+
+  /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores
+  /// .tmp files and anything else not named ckpt-<round>-<step>.lwc.
+  std::vector<std::string> list() const;
+
+  /// The checkpoint directory.
+  const std::string& dir() const;
+
+  /// CRC-32C (Castagnoli, reflected, as in iSCSI/ext4), slicing-by-8. Chain calls by passing the previous
+  /// result as `crc`: crc32c(b, nb, crc32c(a, na)) == crc32c(a+b).
+  static uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+ private:
+  std::string dir_;
+  int64_t keep_;
+};
+
+}  // namespace longwave::runtime

@@ -1,0 +1,48 @@
+#pragma once
+// Message payloads exchanged by Longwave's actors inside one process. Tensors travel by handle: the sender
+// never touches the storage again (or clones first).
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace longwave::runtime {
+
+/// The resumable state of one worker replica, fp32 flat buffers.
+struct replica_state {
+  int64_t rank = 0;
+  at::Tensor master, exp_avg, exp_avg_sq;
+  int64_t adam_steps = 0;
+  uint64_t sampler_position = 0;
+  int64_t steps_in_round = 0;  ///< inner steps of the current round already done
+};
+
+/// What a worker returns at the end of its inner round.
+struct round_result {
+  int64_t rank = 0;
+  uint64_t round = 0;
+  at::Tensor delta;  ///< theta_global - theta_local, fp32 (ddp: the step's gradient)
+  double mean_loss = 0;
+  double compute_s = 0;  ///< ddp: forward + backward time
+};
+
+/// One inner step's report, sent by each worker to the coordinator.
+struct step_report {
+  int64_t rank = 0;
+  int64_t step = 0;  ///< the worker's global inner step, 1-based
+  double loss = 0;
+  double compute_s = 0;  ///< forward + backward + update
+  int64_t tokens = 0;
+};
+
+/// Everything needed to resume a run exactly.
+struct train_snapshot {
+  uint64_t round = 0;  ///< completed outer rounds
+  uint64_t step = 0;   ///< inner steps per worker so far
+  at::Tensor theta, momentum;  ///< momentum undefined before the first outer step
+  std::vector<replica_state> replicas;
+  std::string meta;
+};
+
+}  // namespace longwave::runtime

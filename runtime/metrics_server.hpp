@@ -1,0 +1,42 @@
+#pragma once
+// Prometheus scrape endpoint: serves a prometheus-cpp registry over HTTP with cpp-httplib, because
+// prometheus-cpp's civetweb Exposer cannot start threads in a process that has libtorch and OpenBLAS loaded.
+#include <atomic>
+#include <memory>
+#include <thread>
+
+namespace httplib {
+class Server;
+}
+namespace prometheus {
+class Registry;
+}
+
+namespace longwave::runtime {
+
+/// An HTTP server on 127.0.0.1 answering GET /metrics with the registry in the Prometheus text format.
+class metrics_server {
+ public:
+  /// Binds 127.0.0.1:port (port 0 = any free port) and serves GET /metrics with
+  /// prometheus::TextSerializer().Serialize(registry->Collect()), content type "text/plain; version=0.0.4".
+  /// GET / returns a one-line hint. The socket does not use SO_REUSEPORT, so a port already in use is an
+  /// error. Throws lw_error(io_error, "metrics: cannot bind 127.0.0.1:<port>: ...; set metrics.port to a free
+  /// port or 0") if binding fails and lw_error(invalid_config) if port is outside 0..65535.
+  metrics_server(std::shared_ptr<prometheus::Registry> registry, int port);
+  /// Stops accepting, finishes open requests and joins the server thread.
+  ~metrics_server();
+  metrics_server(const metrics_server&) = delete;
+  metrics_server& operator=(const metrics_server&) = delete;
+
+  /// The bound port (the one chosen by the OS when constructed with port 0).
+  int port() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  std::atomic<bool> listen_done_{false};
+  int port_ = 0;
+};
+
+}  // namespace longwave::runtime

@@ -1,0 +1,123 @@
+// Checkpoint layout: blobs "theta", "momentum" (absent before the first outer step) and per replica r
+// "replica<r>/master", "/exp_avg", "/exp_avg_sq", "/counters" (adam_steps, sampler_position, steps_in_round as
+// three int64). meta holds "key=value" lines: mode, preset, n_params, replicas.
+#include "runtime/snapshot_codec.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "runtime/errors.hpp"
+
+namespace longwave::runtime {
+
+namespace {
+
+checkpoint_blob tensor_blob(std::string name, const at::Tensor& t) {
+  LW_ASSERT(t.is_contiguous() && t.scalar_type() == at::kFloat, "snapshot tensors must be contiguous fp32");
+  checkpoint_blob b;
+  b.name = std::move(name);
+  auto holder = std::make_shared<at::Tensor>(t);
+  b.data = holder->data_ptr();
+  b.size = static_cast<size_t>(holder->numel()) * sizeof(float);
+  b.owner = std::shared_ptr<const void>(holder, holder->data_ptr());
+  return b;
+}
+
+checkpoint_blob counters_blob(std::string name, std::vector<int64_t> values) {
+  checkpoint_blob b;
+  b.name = std::move(name);
+  auto holder = std::make_shared<std::vector<int64_t>>(std::move(values));
+  b.data = holder->data();
+  b.size = holder->size() * sizeof(int64_t);
+  b.owner = holder;
+  return b;
+}
+
+[[noreturn]] void mismatch(const std::string& what) {
+  throw lw_error(errc::corrupt_checkpoint, what + " (start over with --fresh, or use another out_dir)");
+}
+
+at::Tensor tensor_from(const checkpoint& c, const std::string& name, int64_t n) {
+  const auto* b = c.find(name);
+  if (!b) mismatch("checkpoint has no '" + name + "'");
+  if (b->size != static_cast<size_t>(n) * sizeof(float))
+    mismatch("checkpoint '" + name + "' holds " + std::to_string(b->size / sizeof(float)) +
+             " values, this model has " + std::to_string(n));
+  auto t = at::empty({n}, at::kFloat);
+  if (n > 0) std::memcpy(t.data_ptr(), b->data, b->size);
+  return t;
+}
+
+std::map<std::string, std::string> parse_meta(const std::string& meta) {
+  std::map<std::string, std::string> kv;
+  std::istringstream in(meta);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line + "\n" == config_marker) break;
+    auto eq = line.find('=');
+    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return kv;
+}
+
+}  // namespace
+
+checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
+  checkpoint c;
+  c.round = s.round;
+  c.step = s.step;
+  std::ostringstream meta;
+  meta << "mode=" << shape.mode << "\npreset=" << shape.preset << "\nn_params=" << shape.n_params
+       << "\nreplicas=" << s.replicas.size() << "\n"
+       << s.meta;
+  c.meta = meta.str();
+  c.blobs.push_back(tensor_blob("theta", s.theta));
+  if (s.momentum.defined()) c.blobs.push_back(tensor_blob("momentum", s.momentum));
+  for (const auto& r : s.replicas) {
+    const std::string p = "replica" + std::to_string(r.rank) + "/";
+    c.blobs.push_back(tensor_blob(p + "master", r.master));
+    c.blobs.push_back(tensor_blob(p + "exp_avg", r.exp_avg));
+    c.blobs.push_back(tensor_blob(p + "exp_avg_sq", r.exp_avg_sq));
+    c.blobs.push_back(counters_blob(p + "counters", {r.adam_steps, static_cast<int64_t>(r.sampler_position),
+                                                     r.steps_in_round}));
+  }
+  return c;
+}
+
+train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
+  auto kv = parse_meta(c.meta);
+  if (kv["mode"] != shape.mode) mismatch("checkpoint was written in mode '" + kv["mode"] + "', this run is '" + shape.mode + "'");
+  if (kv["preset"] != shape.preset)
+    mismatch("checkpoint was written for model '" + kv["preset"] + "', this run uses '" + shape.preset + "'");
+  if (kv["replicas"] != std::to_string(shape.n_replicas))
+    mismatch("checkpoint was written for " + kv["replicas"] + " workers, this run has " +
+             std::to_string(shape.n_replicas));
+  train_snapshot s;
+  s.round = c.round;
+  s.step = c.step;
+  s.meta = c.meta;
+  s.theta = tensor_from(c, "theta", shape.n_params);
+  if (c.find("momentum")) s.momentum = tensor_from(c, "momentum", shape.n_params);
+  for (int64_t r = 0; r < shape.n_replicas; ++r) {
+    const std::string p = "replica" + std::to_string(r) + "/";
+    replica_state rs;
+    rs.rank = r;
+    rs.master = tensor_from(c, p + "master", shape.n_params);
+    rs.exp_avg = tensor_from(c, p + "exp_avg", shape.n_params);
+    rs.exp_avg_sq = tensor_from(c, p + "exp_avg_sq", shape.n_params);
+    const auto* cb = c.find(p + "counters");
+    if (!cb || cb->size != 3 * sizeof(int64_t)) mismatch("checkpoint has no valid '" + p + "counters'");
+    int64_t v[3];
+    std::memcpy(v, cb->data, sizeof(v));
+    rs.adam_steps = v[0];
+    rs.sampler_position = static_cast<uint64_t>(v[1]);
+    rs.steps_in_round = v[2];
+    s.replicas.push_back(std::move(rs));
+  }
+  return s;
+}
+
+}  // namespace longwave::runtime

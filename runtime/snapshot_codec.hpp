@@ -1,0 +1,27 @@
+#pragma once
+// train_snapshot <-> checkpoint blobs: names, sizes and meta, validated against the run that loads them.
+#include <cstdint>
+#include <string>
+
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/messages.hpp"
+
+namespace longwave::runtime {
+
+/// Separates the key=value meta lines from the resolved config TOML that follows in a checkpoint's meta.
+inline constexpr const char* config_marker = "--- config ---\n";
+
+/// What a checkpoint must match to be resumed by this run.
+struct snapshot_shape {
+  int64_t n_params = 0;
+  int64_t n_replicas = 0;
+  std::string mode;
+  std::string preset;
+};
+
+/// Blobs share the tensors' storage (no copy); the tensors must be contiguous fp32 and not change afterwards.
+checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape);
+/// Throws lw_error(corrupt_checkpoint) naming what does not match (e.g. "written for 4 workers, this run has 2").
+train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape);
+
+}  // namespace longwave::runtime

@@ -1,0 +1,451 @@
+// Tests of runtime/checkpoint_store: round trips, pruning, corruption detection and fallback, CRC-32C.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/errors.hpp"
+
+namespace fs = std::filesystem;
+using longwave::errc;
+using longwave::lw_error;
+using longwave::runtime::checkpoint;
+using longwave::runtime::checkpoint_blob;
+using longwave::runtime::checkpoint_store;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed with everything in it at the end of the test.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    static std::atomic<int> counter{0};
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("lw_checkpoint_test_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(counter++) + "_" + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::vector<char> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<char> v(n);
+  for (auto& c : v) c = static_cast<char>(gen() & 0xff);
+  return v;
+}
+
+checkpoint_blob make_blob(std::string name, std::vector<char> bytes) {
+  auto owner = std::make_shared<std::vector<char>>(std::move(bytes));
+  checkpoint_blob b;
+  b.name = std::move(name);
+  b.data = owner->data();
+  b.size = owner->size();
+  b.owner = owner;
+  return b;
+}
+
+checkpoint small_checkpoint(uint64_t round) {
+  checkpoint c;
+  c.round = round;
+  c.step = round * 10;
+  c.meta = "round=" + std::to_string(round) + "\n";
+  c.blobs.push_back(make_blob("theta_global", random_bytes(256, static_cast<uint32_t>(round))));
+  return c;
+}
+
+std::vector<char> read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_all(const fs::path& p, const std::vector<char>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The error load_file throws for `path`, or an lw_error with errc::none if it loads.
+lw_error load_error(const std::string& path) {
+  try {
+    checkpoint_store::load_file(path);
+  } catch (const lw_error& e) {
+    return e;
+  }
+  return lw_error(errc::none, "");
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+void put_le(std::vector<char>& v, uint64_t x, int bytes) {
+  for (int i = 0; i < bytes; ++i) v.push_back(static_cast<char>((x >> (8 * i)) & 0xff));
+}
+
+// A hand-built file: the 48-byte header (with the payload's true CRC) followed by `payload`.
+std::vector<char> build_file(uint64_t round, uint64_t step, const std::vector<char>& payload,
+                             uint64_t claimed_length) {
+  std::vector<char> f = {'L', 'W', 'C', 'K', 'P', 'T', '0', '1'};
+  put_le(f, 1, 4);
+  put_le(f, 0, 4);
+  put_le(f, round, 8);
+  put_le(f, step, 8);
+  put_le(f, claimed_length, 8);
+  put_le(f, checkpoint_store::crc32c(payload.data(), payload.size()), 4);
+  put_le(f, 0, 4);
+  f.insert(f.end(), payload.begin(), payload.end());
+  return f;
+}
+
+uint32_t crc32c_bitwise(const unsigned char* p, size_t n, uint32_t crc = 0) {
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+  }
+  return ~crc;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("A checkpoint with several blobs, an empty one and a 5 MB one, survives a round trip",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store((tmp.path / "a" / "b").string(), 3);  // creates parents
+  CATCH_CHECK(fs::is_directory(tmp.path / "a" / "b"));
+
+  checkpoint c;
+  c.round = 3;
+  c.step = 150;
+  c.meta = std::string("model=tiny\nlr=0.1\n") + '\0' + "binary-safe";
+  c.blobs.push_back(make_blob("theta_global", random_bytes(4096, 1)));
+  c.blobs.push_back(make_blob("worker0/exp_avg", random_bytes(5 * 1024 * 1024 + 3, 2)));
+  c.blobs.push_back(make_blob("empty", {}));
+  c.blobs.push_back(make_blob("worker1/step", random_bytes(8, 3)));
+
+  const std::string path = store.write(c);
+  CATCH_CHECK(fs::path(path).filename() == "ckpt-00000003-0000000150.lwc");
+  CATCH_CHECK(fs::path(path).parent_path() == tmp.path / "a" / "b");
+
+  const checkpoint back = checkpoint_store::load_file(path);
+  CATCH_CHECK(back.round == 3);
+  CATCH_CHECK(back.step == 150);
+  CATCH_CHECK(back.meta == c.meta);
+  CATCH_REQUIRE(back.blobs.size() == c.blobs.size());
+  for (size_t i = 0; i < c.blobs.size(); ++i) {
+    const auto& want = c.blobs[i];
+    const auto& got = back.blobs[i];
+    CATCH_CHECK(got.name == want.name);
+    CATCH_REQUIRE(got.size == want.size);
+    CATCH_CHECK(got.storage.size() == got.size);
+    CATCH_CHECK(got.data == static_cast<const void*>(got.storage.data()));
+    CATCH_CHECK((got.size == 0 || std::memcmp(got.data, want.data, got.size) == 0));
+  }
+  CATCH_REQUIRE(back.find("worker0/exp_avg") != nullptr);
+  CATCH_CHECK(back.find("worker0/exp_avg")->size == 5 * 1024 * 1024 + 3);
+  CATCH_REQUIRE(back.find("empty") != nullptr);
+  CATCH_CHECK(back.find("empty")->size == 0);
+  CATCH_CHECK(back.find("missing") == nullptr);
+
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest([&](const std::string& w) { warnings.push_back(w); });
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 3);
+  CATCH_CHECK(latest->blobs.size() == 4);
+  CATCH_CHECK(warnings.empty());
+}
+
+CATCH_TEST_CASE("With keep=2 only the two newest checkpoints remain, listed oldest first", "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 2);
+  for (uint64_t r = 1; r <= 5; ++r) store.write(small_checkpoint(r));
+  const auto files = store.list();
+  CATCH_REQUIRE(files.size() == 2);
+  CATCH_CHECK(fs::path(files[0]).filename() == "ckpt-00000004-0000000040.lwc");
+  CATCH_CHECK(fs::path(files[1]).filename() == "ckpt-00000005-0000000050.lwc");
+  CATCH_CHECK(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()) == 2);
+  auto latest = store.load_latest();
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 5);
+}
+
+CATCH_TEST_CASE("Checkpoints are ordered by round and step numerically, not by file name", "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 10);
+  checkpoint big = small_checkpoint(1);
+  big.round = 100000000;  // 9 digits: "ckpt-1..." sorts before "ckpt-9..." as text
+  big.step = 5;
+  store.write(big);
+  store.write(small_checkpoint(99999999));
+  const auto files = store.list();
+  CATCH_REQUIRE(files.size() == 2);
+  CATCH_CHECK(fs::path(files[0]).filename() == "ckpt-99999999-0999999990.lwc");
+  CATCH_CHECK(fs::path(files[1]).filename() == "ckpt-100000000-0000000005.lwc");
+  CATCH_CHECK(store.load_latest()->round == 100000000);
+}
+
+CATCH_TEST_CASE("A truncated newest checkpoint is skipped with a warning and the previous one is loaded",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  store.write(small_checkpoint(1));
+  const std::string newest = store.write(small_checkpoint(2));
+  fs::resize_file(newest, fs::file_size(newest) - 10);
+
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest([&](const std::string& w) { warnings.push_back(w); });
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 1);
+  CATCH_REQUIRE(warnings.size() == 1);
+  CATCH_CHECK(contains(warnings[0], "checkpoint ckpt-00000002-0000000020.lwc is corrupt (truncated"));
+  CATCH_CHECK(contains(warnings[0], "falling back to ckpt-00000001-0000000010.lwc"));
+
+  const lw_error e = load_error(newest);
+  CATCH_CHECK(e.code() == errc::corrupt_checkpoint);
+  CATCH_CHECK(contains(e.what(), newest + ": truncated"));
+
+  // Truncated inside the header too.
+  fs::resize_file(newest, 20);
+  CATCH_CHECK(contains(load_error(newest).what(), "shorter than the 48-byte header"));
+}
+
+CATCH_TEST_CASE("A single flipped bit in the newest checkpoint is caught by the checksum", "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  store.write(small_checkpoint(3));
+  checkpoint c = small_checkpoint(4);
+  c.blobs.push_back(make_blob("worker0/exp_avg", random_bytes(1 << 20, 9)));
+  const std::string newest = store.write(c);
+
+  auto bytes = read_all(newest);
+  bytes[bytes.size() / 2] ^= 0x10;
+  write_all(newest, bytes);
+
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest([&](const std::string& w) { warnings.push_back(w); });
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 3);
+  CATCH_REQUIRE(warnings.size() == 1);
+  CATCH_CHECK(contains(warnings[0],
+                       "checkpoint ckpt-00000004-0000000040.lwc is corrupt (checksum mismatch: stored 0x"));
+  CATCH_CHECK(contains(warnings[0], " computed 0x"));
+  CATCH_CHECK(contains(warnings[0], "falling back to ckpt-00000003-0000000030.lwc"));
+}
+
+CATCH_TEST_CASE("Every single-bit flip anywhere in a small checkpoint file is detected", "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 1);
+  checkpoint c = small_checkpoint(7);
+  c.blobs.push_back(make_blob("b", random_bytes(16, 4)));
+  const std::string path = store.write(c);
+  const auto good = read_all(path);
+  CATCH_REQUIRE(good.size() > 48);
+
+  size_t undetected = 0, crashed = 0;
+  for (size_t byte = 0; byte < good.size(); ++byte) {
+    for (int bit = 0; bit < 8; ++bit) {
+      auto bad = good;
+      bad[byte] ^= static_cast<char>(1 << bit);
+      write_all(path, bad);
+      const lw_error e = load_error(path);
+      if (e.code() == errc::none) ++undetected;
+      if (e.code() != errc::none && e.code() != errc::corrupt_checkpoint) ++crashed;
+    }
+  }
+  CATCH_CHECK(undetected == 0);
+  CATCH_CHECK(crashed == 0);
+}
+
+CATCH_TEST_CASE("A file with a bad magic is rejected and an older checkpoint is used instead",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  store.write(small_checkpoint(1));
+  const fs::path bogus = tmp.path / "ckpt-00000009-0000000090.lwc";
+  std::vector<char> junk(200, 'x');
+  std::memcpy(junk.data(), "NOTACKPT", 8);
+  write_all(bogus, junk);
+
+  const lw_error e = load_error(bogus.string());
+  CATCH_CHECK(e.code() == errc::corrupt_checkpoint);
+  CATCH_CHECK(contains(e.what(), "bad magic"));
+
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest([&](const std::string& w) { warnings.push_back(w); });
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 1);
+  CATCH_REQUIRE(warnings.size() == 1);
+  CATCH_CHECK(contains(warnings[0], "ckpt-00000009-0000000090.lwc is corrupt (bad magic"));
+}
+
+CATCH_TEST_CASE("An empty checkpoint directory has no latest checkpoint", "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 2);
+  std::vector<std::string> warnings;
+  CATCH_CHECK_FALSE(store.load_latest([&](const std::string& w) { warnings.push_back(w); }).has_value());
+  CATCH_CHECK(warnings.empty());
+  CATCH_CHECK(store.list().empty());
+}
+
+CATCH_TEST_CASE("A stale .tmp file from an interrupted write is ignored", "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 1);
+  store.write(small_checkpoint(1));
+  write_all(tmp.path / "ckpt-00000002-0000000020.lwc.tmp", std::vector<char>(100, 'z'));
+  write_all(tmp.path / "notes.txt", std::vector<char>(3, 'n'));
+
+  CATCH_CHECK(store.list().size() == 1);
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest([&](const std::string& w) { warnings.push_back(w); });
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 1);
+  CATCH_CHECK(warnings.empty());
+
+  // Pruning with keep=1 touches only checkpoint files.
+  store.write(small_checkpoint(3));
+  CATCH_CHECK(store.list().size() == 1);
+  CATCH_CHECK(fs::exists(tmp.path / "notes.txt"));
+}
+
+CATCH_TEST_CASE("Lengths that claim more bytes than the file holds are rejected without huge allocations",
+                "[checkpoint]") {
+  temp_dir tmp;
+  const fs::path path = tmp.path / "crafted.lwc";
+  auto check_rejected = [&](const std::vector<char>& file, const std::string& reason) {
+    write_all(path, file);
+    const lw_error e = load_error(path.string());
+    CATCH_CHECK(e.code() == errc::corrupt_checkpoint);
+    CATCH_CHECK(contains(e.what(), reason));
+  };
+
+  std::vector<char> ok;  // meta "m", one blob "x" of 2 bytes
+  put_le(ok, 1, 8);
+  ok.push_back('m');
+  put_le(ok, 1, 8);
+  put_le(ok, 1, 4);
+  ok.push_back('x');
+  put_le(ok, 2, 8);
+  ok.push_back('1');
+  ok.push_back('2');
+  write_all(path, build_file(1, 2, ok, ok.size()));
+  CATCH_CHECK(checkpoint_store::load_file(path.string()).find("x")->size == 2);
+
+  // Header payload length far beyond the file, and slightly short of it.
+  check_rejected(build_file(1, 2, ok, uint64_t{1} << 62), "truncated");
+  check_rejected(build_file(1, 2, ok, ~uint64_t{0}), "truncated");
+  check_rejected(build_file(1, 2, ok, ok.size() - 1), "length mismatch");
+
+  // Inner lengths with a valid checksum: only the bounds checks can catch them.
+  auto patched = [&](size_t offset, uint64_t value, int bytes) {
+    std::vector<char> p = ok;
+    for (int i = 0; i < bytes; ++i) p[offset + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+    return build_file(1, 2, p, p.size());
+  };
+  check_rejected(patched(0, ~uint64_t{0}, 8), "malformed record: meta");
+  check_rejected(patched(9, uint64_t{1} << 60, 8), "malformed record: blob count");
+  check_rejected(patched(17, 0xffffffffu, 4), "malformed record: blob 0 name");
+  check_rejected(patched(22, uint64_t{1} << 63, 8), "malformed record: blob 0 (x) data");
+  check_rejected(patched(9, 0, 8), "malformed record: 15 unexpected bytes");
+
+  // The same damage in a real file without fixing the checksum is reported as a checksum mismatch.
+  auto bad = build_file(1, 2, ok, ok.size());
+  bad[48 + 9 + 7] = '\x7f';  // blob count becomes huge
+  write_all(path, bad);
+  CATCH_CHECK(contains(load_error(path.string()).what(), "checksum mismatch"));
+}
+
+CATCH_TEST_CASE("A header whose round and step disagree with the canonical file name is rejected",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  const std::string path = store.write(small_checkpoint(1));
+  const fs::path renamed = tmp.path / "ckpt-00000007-0000000070.lwc";
+  fs::rename(path, renamed);
+  CATCH_CHECK(contains(load_error(renamed.string()).what(), "file name says round 7 step 70"));
+  // Under any other name the header alone decides.
+  const fs::path copy = tmp.path / "backup.lwc";
+  fs::copy_file(renamed, copy);
+  CATCH_CHECK(checkpoint_store::load_file(copy.string()).round == 1);
+}
+
+CATCH_TEST_CASE("When every checkpoint is corrupt load_latest refuses instead of starting over",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  const std::string p1 = store.write(small_checkpoint(1));
+  const std::string p2 = store.write(small_checkpoint(2));
+  fs::resize_file(p1, 30);
+  fs::resize_file(p2, 60);
+  std::vector<std::string> warnings;
+  lw_error err(errc::none, "");
+  try {
+    store.load_latest([&](const std::string& w) { warnings.push_back(w); });
+  } catch (const lw_error& e) {
+    err = e;
+  }
+  CATCH_CHECK(err.code() == errc::corrupt_checkpoint);
+  CATCH_CHECK(contains(err.what(), tmp.path.string()));
+  CATCH_CHECK(contains(err.what(), "move them aside"));
+  CATCH_REQUIRE(warnings.size() == 2);
+  CATCH_CHECK(contains(warnings[1], "no older checkpoint is left"));
+}
+
+CATCH_TEST_CASE("Bad settings and unwritable directories give clear errors", "[checkpoint]") {
+  temp_dir tmp;
+  try {
+    checkpoint_store bad(tmp.path.string(), 0);
+    CATCH_CHECK(false);
+  } catch (const lw_error& e) {
+    CATCH_CHECK(e.code() == errc::invalid_config);
+    CATCH_CHECK(contains(e.what(), "keep"));
+  }
+
+  write_all(tmp.path / "file", {'x'});
+  try {
+    checkpoint_store under_file((tmp.path / "file" / "sub").string(), 1);
+    CATCH_CHECK(false);
+  } catch (const lw_error& e) {
+    CATCH_CHECK(e.code() == errc::io_error);
+    CATCH_CHECK(contains(e.what(), (tmp.path / "file" / "sub").string()));
+  }
+
+  // The directory disappears under a live store: write fails with the path, leaving no .tmp behind.
+  const fs::path dir = tmp.path / "gone";
+  checkpoint_store store(dir.string(), 1);
+  fs::remove(dir);
+  write_all(dir, {'x'});
+  try {
+    store.write(small_checkpoint(1));
+    CATCH_CHECK(false);
+  } catch (const lw_error& e) {
+    CATCH_CHECK(e.code() == errc::io_error);
+    CATCH_CHECK(contains(e.what(), "ckpt-00000001-0000000010.lwc.tmp"));
+  }
+}
+
+CATCH_TEST_CASE("CRC-32C matches the standard check value and a bitwise reference", "[checkpoint]") {
+  CATCH_CHECK(checkpoint_store::crc32c("123456789", 9) == 0xE3069283u);
+  CATCH_CHECK(checkpoint_store::crc32c(nullptr, 0) == 0u);
+
+  const auto data = random_bytes(300, 5);
+  const auto* u = reinterpret_cast<const unsigned char*>(data.data());
+  bool all_equal = true;
+  for (size_t offset = 0; offset < 8; ++offset)
+    for (size_t n = 0; n + offset <= 200; ++n)
+      all_equal = all_equal && checkpoint_store::crc32c(u + offset, n) == crc32c_bitwise(u + offset, n);
+  CATCH_CHECK(all_equal);
+
+  // Chaining: crc(a + b) == crc(b, crc(a)).
+  const uint32_t whole = checkpoint_store::crc32c(u, 300);
+  CATCH_CHECK(checkpoint_store::crc32c(u + 123, 177, checkpoint_store::crc32c(u, 123)) == whole);
+}

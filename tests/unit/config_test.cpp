@@ -1,0 +1,616 @@
+// Unit tests for config/config_loader: defaults, a full file, --set overrides, the to_toml round trip and one
+// clear error (naming the dotted key) for each kind of bad config.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "config/config_loader.hpp"
+
+using Catch::Matchers::Contains;
+using longwave::config::config_error;
+using longwave::config::load_config_file;
+using longwave::config::parse_config;
+using longwave::config::to_toml;
+using longwave::config::train_config;
+using longwave::config::validate;
+
+namespace {
+
+/// Field-by-field equality, doubles compared exactly.
+bool same(const train_config& a, const train_config& b) {
+  return a.run.mode == b.run.mode && a.run.seed == b.run.seed && a.run.out_dir == b.run.out_dir &&
+         a.run.name == b.run.name && a.model.preset == b.model.preset && a.model.dtype == b.model.dtype &&
+         a.model.seq_len == b.model.seq_len && a.model.vocab_size == b.model.vocab_size &&
+         a.data.path == b.data.path && a.data.tokenizer == b.data.tokenizer &&
+         a.data.bpe_vocab_size == b.data.bpe_vocab_size && a.data.val_fraction == b.data.val_fraction &&
+         a.data.cache_dir == b.data.cache_dir && a.train.workers == b.train.workers &&
+         a.train.inner_steps == b.train.inner_steps && a.train.rounds == b.train.rounds &&
+         a.train.batch_size == b.train.batch_size && a.train.lr == b.train.lr &&
+         a.train.warmup_steps == b.train.warmup_steps && a.train.min_lr_ratio == b.train.min_lr_ratio &&
+         a.train.weight_decay == b.train.weight_decay && a.train.beta1 == b.train.beta1 &&
+         a.train.beta2 == b.train.beta2 && a.train.eps == b.train.eps &&
+         a.train.grad_clip == b.train.grad_clip && a.train.threads == b.train.threads &&
+         a.outer.lr == b.outer.lr && a.outer.momentum == b.outer.momentum &&
+         a.outer.nesterov == b.outer.nesterov && a.eval.every_rounds == b.eval.every_rounds &&
+         a.eval.batches == b.eval.batches && a.checkpoint.every_rounds == b.checkpoint.every_rounds &&
+         a.checkpoint.keep == b.checkpoint.keep && a.checkpoint.dir == b.checkpoint.dir &&
+         a.metrics.enabled == b.metrics.enabled && a.metrics.port == b.metrics.port &&
+         a.runtime.round_timeout_s == b.runtime.round_timeout_s &&
+         a.runtime.request_timeout_s == b.runtime.request_timeout_s &&
+         a.runtime.log_every_steps == b.runtime.log_every_steps;
+}
+
+/// The config_error that parse_config throws for this input; fails the test if it throws nothing.
+config_error error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(text, overrides, "test.toml");
+  } catch (const config_error& e) {
+    CATCH_INFO("message: " << e.what());
+    CATCH_CHECK(std::string(e.what()).rfind("config error: ", 0) == 0);
+    CATCH_CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    return e;
+  }
+  CATCH_FAIL("parse_config accepted a bad config: " << text);
+  return config_error("", "");
+}
+
+/// The config_error that validate throws for this struct.
+config_error validate_error(const train_config& cfg) {
+  try {
+    validate(cfg);
+  } catch (const config_error& e) {
+    return e;
+  }
+  CATCH_FAIL("validate accepted a bad config");
+  return config_error("", "");
+}
+
+const char* const full_file = R"(# every field, none at its default
+[run]
+mode = "ddp"
+seed = 42
+out_dir = "/tmp/lw-run"
+name = "full"
+
+[model]
+preset = "small"
+dtype = "bf16"
+seq_len = 256
+vocab_size = 4096
+
+[data]
+path = "corpus.jsonl"
+tokenizer = "bpe"
+bpe_vocab_size = 4000
+val_fraction = 0.1
+cache_dir = "/tmp/lw-cache"
+
+[train]
+workers = 8
+inner_steps = 100
+rounds = 20
+batch_size = 16
+lr = 3e-4
+warmup_steps = 200
+min_lr_ratio = 0.05
+weight_decay = 0.01
+beta1 = 0.85
+beta2 = 0.99
+eps = 1e-6
+grad_clip = 0.5
+threads = 2
+
+[outer]
+lr = 0.5
+momentum = 0.8
+nesterov = false
+
+[eval]
+every_rounds = 2
+batches = 4
+
+[checkpoint]
+every_rounds = 3
+keep = 5
+dir = "/tmp/lw-ckpt"
+
+[metrics]
+enabled = false
+port = 0
+
+[runtime]
+round_timeout_s = 600
+request_timeout_s = 30.5
+log_every_steps = 1
+)";
+
+}  // namespace
+
+CATCH_TEST_CASE("Empty text gives the struct defaults", "[config]") {
+  const train_config cfg = parse_config("", {}, "empty.toml");
+  CATCH_CHECK(same(cfg, train_config{}));
+  CATCH_CHECK(cfg.train.workers == 4);
+  CATCH_CHECK(cfg.run.mode == "diloco");
+}
+
+CATCH_TEST_CASE("The struct defaults are themselves valid", "[config]") {
+  CATCH_CHECK_NOTHROW(validate(train_config{}));
+}
+
+CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
+  const train_config c = parse_config(full_file, {}, "full.toml");
+  CATCH_CHECK(c.run.mode == "ddp");
+  CATCH_CHECK(c.run.seed == 42);
+  CATCH_CHECK(c.run.out_dir == "/tmp/lw-run");
+  CATCH_CHECK(c.run.name == "full");
+  CATCH_CHECK(c.model.preset == "small");
+  CATCH_CHECK(c.model.dtype == "bf16");
+  CATCH_CHECK(c.model.seq_len == 256);
+  CATCH_CHECK(c.model.vocab_size == 4096);
+  CATCH_CHECK(c.data.path == "corpus.jsonl");
+  CATCH_CHECK(c.data.tokenizer == "bpe");
+  CATCH_CHECK(c.data.bpe_vocab_size == 4000);
+  CATCH_CHECK(c.data.val_fraction == 0.1);
+  CATCH_CHECK(c.data.cache_dir == "/tmp/lw-cache");
+  CATCH_CHECK(c.train.workers == 8);
+  CATCH_CHECK(c.train.inner_steps == 100);
+  CATCH_CHECK(c.train.rounds == 20);
+  CATCH_CHECK(c.train.batch_size == 16);
+  CATCH_CHECK(c.train.lr == 3e-4);
+  CATCH_CHECK(c.train.warmup_steps == 200);
+  CATCH_CHECK(c.train.min_lr_ratio == 0.05);
+  CATCH_CHECK(c.train.weight_decay == 0.01);
+  CATCH_CHECK(c.train.beta1 == 0.85);
+  CATCH_CHECK(c.train.beta2 == 0.99);
+  CATCH_CHECK(c.train.eps == 1e-6);
+  CATCH_CHECK(c.train.grad_clip == 0.5);
+  CATCH_CHECK(c.train.threads == 2);
+  CATCH_CHECK(c.outer.lr == 0.5);
+  CATCH_CHECK(c.outer.momentum == 0.8);
+  CATCH_CHECK(c.outer.nesterov == false);
+  CATCH_CHECK(c.eval.every_rounds == 2);
+  CATCH_CHECK(c.eval.batches == 4);
+  CATCH_CHECK(c.checkpoint.every_rounds == 3);
+  CATCH_CHECK(c.checkpoint.keep == 5);
+  CATCH_CHECK(c.checkpoint.dir == "/tmp/lw-ckpt");
+  CATCH_CHECK(c.metrics.enabled == false);
+  CATCH_CHECK(c.metrics.port == 0);
+  CATCH_CHECK(c.runtime.round_timeout_s == 600.0);
+  CATCH_CHECK(c.runtime.request_timeout_s == 30.5);
+  CATCH_CHECK(c.runtime.log_every_steps == 1);
+}
+
+CATCH_TEST_CASE("Fields missing from the file keep their defaults", "[config]") {
+  const train_config c = parse_config("[train]\nworkers = 2\n", {}, "partial.toml");
+  train_config expected;
+  expected.train.workers = 2;
+  CATCH_CHECK(same(c, expected));
+}
+
+CATCH_TEST_CASE("TOML dotted keys at the top level are the same as a section", "[config]") {
+  const train_config c = parse_config("train.workers = 3\nouter.lr = 1\n", {}, "dotted.toml");
+  CATCH_CHECK(c.train.workers == 3);
+  CATCH_CHECK(c.outer.lr == 1.0);
+}
+
+CATCH_TEST_CASE("Overrides set integer, double, string and bool fields", "[config]") {
+  const train_config c = parse_config(
+      "",
+      {"train.workers=2", "train.lr=1e-3", "model.preset=small", "run.out_dir=/tmp/x", "outer.nesterov=false",
+       "train.min_lr_ratio=0", "model.dtype=\"bf16\"", "metrics.port = 8080"},
+      "");
+  CATCH_CHECK(c.train.workers == 2);
+  CATCH_CHECK(c.train.lr == 1e-3);
+  CATCH_CHECK(c.model.preset == "small");
+  CATCH_CHECK(c.run.out_dir == "/tmp/x");
+  CATCH_CHECK(c.outer.nesterov == false);
+  CATCH_CHECK(c.train.min_lr_ratio == 0.0);
+  CATCH_CHECK(c.model.dtype == "bf16");
+  CATCH_CHECK(c.metrics.port == 8080);
+}
+
+CATCH_TEST_CASE("String overrides take values that are not TOML strings as raw text", "[config]") {
+  // 150m and 1b are not valid TOML; 2024 and true are TOML, but the fields are strings.
+  CATCH_CHECK(parse_config("", {"model.preset=150m"}, "").model.preset == "150m");
+  CATCH_CHECK(parse_config("", {"model.preset=1b"}, "").model.preset == "1b");
+  CATCH_CHECK(parse_config("", {"run.name=2024"}, "").run.name == "2024");
+  CATCH_CHECK(parse_config("", {"run.name=true"}, "").run.name == "true");
+  CATCH_CHECK(parse_config("", {"run.name="}, "").run.name == "");
+  CATCH_CHECK(parse_config("", {"data.path=a b=c.txt"}, "").data.path == "a b=c.txt");
+}
+
+CATCH_TEST_CASE("Overrides win over the file and later overrides win over earlier ones", "[config]") {
+  const train_config c =
+      parse_config("[train]\nworkers = 8\nlr = 0.01\n", {"train.workers=2", "train.workers=3"}, "f.toml");
+  CATCH_CHECK(c.train.workers == 3);
+  CATCH_CHECK(c.train.lr == 0.01);
+}
+
+CATCH_TEST_CASE("An override can repair a value that is invalid in the file", "[config]") {
+  const train_config c = parse_config("[run]\nmode = \"single\"\n", {"train.workers=1"}, "f.toml");
+  CATCH_CHECK(c.run.mode == "single");
+  CATCH_CHECK(c.train.workers == 1);
+}
+
+CATCH_TEST_CASE("A double field accepts a TOML integer", "[config]") {
+  const train_config c = parse_config("[runtime]\nround_timeout_s = 60\n[train]\nlr = 1\n", {}, "");
+  CATCH_CHECK(c.runtime.round_timeout_s == 60.0);
+  CATCH_CHECK(c.train.lr == 1.0);
+}
+
+CATCH_TEST_CASE("to_toml round-trips the default config exactly", "[config]") {
+  const train_config c;
+  const std::string text = to_toml(c);
+  CATCH_CHECK(same(parse_config(text, {}, ""), c));
+  CATCH_CHECK(to_toml(parse_config(text, {}, "")) == text);
+}
+
+CATCH_TEST_CASE("to_toml round-trips awkward doubles and strings exactly", "[config]") {
+  train_config c = parse_config(full_file, {}, "full.toml");
+  c.train.lr = 0.1 + 0.2;  // 0.30000000000000004
+  c.train.eps = std::numeric_limits<double>::denorm_min();
+  c.train.beta1 = 1.0 / 3.0;
+  c.train.weight_decay = 1e300;
+  c.train.grad_clip = 0.0;
+  c.outer.lr = 123456789.123456789;
+  c.runtime.round_timeout_s = 3600.0;
+  c.data.val_fraction = std::nextafter(0.5, 0.0);
+  c.run.seed = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  c.run.name = "quote \" backslash \\ tab \t newline \n bell \x07 del \x7f unicode \xc3\xa9\xe2\x82\xac";
+  c.data.path = "C:\\data\\'single'.txt";
+  c.checkpoint.dir = "";
+  const std::string text = to_toml(c);
+  CATCH_INFO(text);
+  CATCH_CHECK(same(parse_config(text, {}, ""), c));
+}
+
+CATCH_TEST_CASE("to_toml writes every section and every field in struct order", "[config]") {
+  const std::string text = to_toml(train_config{});
+  const std::vector<std::string> in_order = {"[run]",
+                                             "mode = \"diloco\"",
+                                             "seed = 1234",
+                                             "out_dir = \"runs/default\"",
+                                             "name = \"\"",
+                                             "[model]",
+                                             "preset = \"tiny\"",
+                                             "dtype = \"fp32\"",
+                                             "seq_len = 128",
+                                             "vocab_size = 0",
+                                             "[data]",
+                                             "path = \"\"",
+                                             "tokenizer",
+                                             "bpe_vocab_size = 1024",
+                                             "val_fraction = 0.05",
+                                             "cache_dir",
+                                             "[train]",
+                                             "workers = 4",
+                                             "inner_steps = 50",
+                                             "rounds = 10",
+                                             "batch_size = 8",
+                                             "lr = 0.004",
+                                             "warmup_steps = 50",
+                                             "min_lr_ratio = 0.1",
+                                             "weight_decay",
+                                             "beta1 = 0.9",
+                                             "beta2 = 0.95",
+                                             "eps = 1e-08",
+                                             "grad_clip = 1.0",
+                                             "threads = 0",
+                                             "[outer]",
+                                             "lr = 0.7",
+                                             "momentum = 0.9",
+                                             "nesterov = true",
+                                             "[eval]",
+                                             "every_rounds = 5",
+                                             "batches = 16",
+                                             "[checkpoint]",
+                                             "every_rounds = 1",
+                                             "keep = 3",
+                                             "dir = \"\"",
+                                             "[metrics]",
+                                             "enabled = true",
+                                             "port = 9464",
+                                             "[runtime]",
+                                             "round_timeout_s = 3600.0",
+                                             "request_timeout_s = 120.0",
+                                             "log_every_steps = 10"};
+  size_t pos = 0;
+  for (const auto& piece : in_order) {
+    CATCH_INFO("looking for " << piece << " after offset " << pos);
+    const size_t found = text.find(piece, pos);
+    CATCH_REQUIRE(found != std::string::npos);
+    pos = found + piece.size();
+  }
+}
+
+CATCH_TEST_CASE("An unknown key in a known section is named in full", "[config]") {
+  const config_error e = error_of("[train]\nfoo = 1\n");
+  CATCH_CHECK(e.key() == "train.foo");
+  CATCH_CHECK_THAT(e.what(), Contains("unknown key 'train.foo'"));
+  CATCH_CHECK_THAT(e.what(), Contains("test.toml:2:"));
+}
+
+CATCH_TEST_CASE("An unknown section is named and a close one is suggested", "[config]") {
+  const config_error e = error_of("[trian]\nworkers = 2\n");
+  CATCH_CHECK(e.key() == "trian");
+  CATCH_CHECK_THAT(e.what(), Contains("unknown section [trian]"));
+  CATCH_CHECK_THAT(e.what(), Contains("did you mean 'train'?"));
+  const config_error far = error_of("[wibble]\nx = 1\n");
+  CATCH_CHECK(far.key() == "wibble");
+  CATCH_CHECK_THAT(far.what(), !Contains("did you mean"));
+}
+
+CATCH_TEST_CASE("A typo in a key gets a did-you-mean suggestion", "[config]") {
+  const config_error e = error_of("[train]\nwrkers = 2\n");
+  CATCH_CHECK(e.key() == "train.wrkers");
+  CATCH_CHECK_THAT(e.what(), Contains("unknown key 'train.wrkers' (did you mean 'train.workers'?)"));
+  const config_error swapped = error_of("[train]\ninenr_steps = 2\n");
+  CATCH_CHECK_THAT(swapped.what(), Contains("did you mean 'train.inner_steps'?"));
+}
+
+CATCH_TEST_CASE("A key in the wrong section points to the right one", "[config]") {
+  const config_error e = error_of("[train]\nmomentum = 0.5\n");
+  CATCH_CHECK(e.key() == "train.momentum");
+  CATCH_CHECK_THAT(e.what(), Contains("did you mean 'outer.momentum'?"));
+  const config_error top = error_of("workers = 2\n");
+  CATCH_CHECK(top.key() == "workers");
+  CATCH_CHECK_THAT(top.what(), Contains("did you mean 'train.workers'?"));
+}
+
+CATCH_TEST_CASE("A section written as a value is rejected", "[config]") {
+  const config_error e = error_of("train = 4\n");
+  CATCH_CHECK(e.key() == "train");
+  CATCH_CHECK_THAT(e.what(), Contains("expected a table [train], got an integer"));
+}
+
+CATCH_TEST_CASE("A string for an integer field names the key and both types", "[config]") {
+  const config_error e = error_of("[train]\nworkers = \"four\"\n");
+  CATCH_CHECK(e.key() == "train.workers");
+  CATCH_CHECK_THAT(e.what(), Contains("train.workers = \"four\": expected an integer, got a string"));
+}
+
+CATCH_TEST_CASE("A float for an integer field is rejected", "[config]") {
+  const config_error e = error_of("[train]\nbatch_size = 8.0\n");
+  CATCH_CHECK(e.key() == "train.batch_size");
+  CATCH_CHECK_THAT(e.what(), Contains("expected an integer, got a float"));
+}
+
+CATCH_TEST_CASE("Booleans, strings and doubles accept only their own TOML types", "[config]") {
+  const config_error b = error_of("[metrics]\nenabled = 1\n");
+  CATCH_CHECK(b.key() == "metrics.enabled");
+  CATCH_CHECK_THAT(b.what(), Contains("metrics.enabled = 1: expected a boolean"));
+  const config_error s = error_of("[model]\npreset = 150\n");
+  CATCH_CHECK(s.key() == "model.preset");
+  CATCH_CHECK_THAT(s.what(), Contains("expected a string, got an integer"));
+  const config_error d = error_of("[train]\nlr = \"fast\"\n");
+  CATCH_CHECK(d.key() == "train.lr");
+  CATCH_CHECK_THAT(d.what(), Contains("expected a number, got a string"));
+  const config_error a = error_of("[train]\nworkers = [4]\n");
+  CATCH_CHECK(a.key() == "train.workers");
+  CATCH_CHECK_THAT(a.what(), Contains("got an array"));
+  const config_error t = error_of("[train.workers]\nx = 1\n");
+  CATCH_CHECK(t.key() == "train.workers");
+  CATCH_CHECK_THAT(t.what(), Contains("got a table"));
+}
+
+CATCH_TEST_CASE("A bad enum value lists the allowed values", "[config]") {
+  const config_error e = error_of("[model]\npreset = \"huge\"\n");
+  CATCH_CHECK(e.key() == "model.preset");
+  CATCH_CHECK_THAT(e.what(), Contains("model.preset = \"huge\": allowed values are tiny, small, 150m, 1b"));
+  CATCH_CHECK_THAT(e.what(), Contains("test.toml:2:10"));
+  CATCH_CHECK(error_of("[run]\nmode = \"DiLoCo\"\n").key() == "run.mode");
+  CATCH_CHECK(error_of("[model]\ndtype = \"fp16\"\n").key() == "model.dtype");
+  CATCH_CHECK(error_of("[data]\ntokenizer = \"word\"\n").key() == "data.tokenizer");
+}
+
+CATCH_TEST_CASE("Out-of-range values name the key and the allowed range", "[config]") {
+  struct bad_case {
+    std::string text;
+    std::string key;
+    std::string says;
+  };
+  const std::vector<bad_case> cases = {
+      {"[train]\nworkers = -3", "train.workers", "train.workers = -3: must be an integer in 1..256"},
+      {"[train]\nworkers = 0", "train.workers", "must be an integer in 1..256"},
+      {"[train]\nworkers = 257", "train.workers", "must be an integer in 1..256"},
+      {"[train]\ninner_steps = 0", "train.inner_steps", "must be an integer >= 1"},
+      {"[train]\nrounds = 0", "train.rounds", "must be an integer >= 1"},
+      {"[train]\nbatch_size = -1", "train.batch_size", "must be an integer >= 1"},
+      {"[train]\nlr = 0", "train.lr", "must be a finite number > 0 and <= 10"},
+      {"[train]\nlr = 10.5", "train.lr", "must be a finite number > 0 and <= 10"},
+      {"[train]\nlr = nan", "train.lr", "train.lr = nan"},
+      {"[train]\nwarmup_steps = -1", "train.warmup_steps", "must be an integer >= 0"},
+      {"[train]\nmin_lr_ratio = 1.5", "train.min_lr_ratio", ">= 0 and <= 1"},
+      {"[train]\nweight_decay = -0.1", "train.weight_decay", ">= 0"},
+      {"[train]\nbeta1 = 1.0", "train.beta1", ">= 0 and < 1"},
+      {"[train]\nbeta2 = -0.5", "train.beta2", ">= 0 and < 1"},
+      {"[train]\neps = 0", "train.eps", "> 0"},
+      {"[train]\ngrad_clip = -1", "train.grad_clip", ">= 0"},
+      {"[train]\nthreads = -1", "train.threads", ">= 0"},
+      {"[outer]\nlr = 0", "outer.lr", "> 0"},
+      {"[outer]\nlr = inf", "outer.lr", "outer.lr = inf: must be a finite number > 0"},
+      {"[outer]\nmomentum = 1", "outer.momentum", ">= 0 and < 1"},
+      {"[eval]\nevery_rounds = -1", "eval.every_rounds", ">= 0"},
+      {"[eval]\nbatches = 0", "eval.batches", ">= 1"},
+      {"[checkpoint]\nevery_rounds = -2", "checkpoint.every_rounds", ">= 0"},
+      {"[checkpoint]\nkeep = 0", "checkpoint.keep", ">= 1"},
+      {"[metrics]\nport = 65536", "metrics.port", "must be an integer in 0..65535"},
+      {"[metrics]\nport = -1", "metrics.port", "must be an integer in 0..65535"},
+      {"[runtime]\nround_timeout_s = 0", "runtime.round_timeout_s", "> 0"},
+      {"[runtime]\nrequest_timeout_s = -5", "runtime.request_timeout_s", "> 0"},
+      {"[runtime]\nround_timeout_s = 1e30", "runtime.round_timeout_s", "<= 1000000000"},
+      {"[runtime]\nlog_every_steps = 0", "runtime.log_every_steps", ">= 1"},
+      {"[model]\nseq_len = 4", "model.seq_len", "must be an integer in 8..8192"},
+      {"[model]\nseq_len = 8193", "model.seq_len", "must be an integer in 8..8192"},
+      {"[model]\nvocab_size = 1", "model.vocab_size", "must be 0 or an integer in 2..65536"},
+      {"[model]\nvocab_size = 70000", "model.vocab_size", "must be 0 or an integer in 2..65536"},
+      {"[data]\nbpe_vocab_size = 256", "data.bpe_vocab_size", "must be an integer in 257..65535"},
+      {"[data]\nval_fraction = 0", "data.val_fraction", "> 0 and <= 0.5"},
+      {"[data]\nval_fraction = 0.6", "data.val_fraction", "> 0 and <= 0.5"},
+      {"[run]\nout_dir = \"\"", "run.out_dir", "run.out_dir = \"\": must not be empty"},
+      {"[run]\nseed = -1", "run.seed", "run.seed = -1: must be an integer >= 0"},
+  };
+  for (const auto& c : cases) {
+    CATCH_CAPTURE(c.text);
+    const config_error e = error_of(c.text);
+    CATCH_CHECK(e.key() == c.key);
+    CATCH_CHECK_THAT(e.what(), Contains(c.key));
+    CATCH_CHECK_THAT(e.what(), Contains(c.says));
+  }
+}
+
+CATCH_TEST_CASE("Boundary values of the ranges are accepted", "[config]") {
+  const train_config c = parse_config(
+      "[model]\nseq_len = 8192\nvocab_size = 65536\n[data]\nval_fraction = 0.5\nbpe_vocab_size = 65535\n"
+      "[train]\nworkers = 256\nlr = 10\nmin_lr_ratio = 1\nbeta1 = 0\ngrad_clip = 0\nwarmup_steps = 0\n"
+      "[metrics]\nport = 65535\n[eval]\nevery_rounds = 0\n[checkpoint]\nevery_rounds = 0\n",
+      {}, "");
+  CATCH_CHECK(c.train.workers == 256);
+  CATCH_CHECK(c.data.val_fraction == 0.5);
+  CATCH_CHECK(c.metrics.port == 65535);
+}
+
+CATCH_TEST_CASE("A TOML syntax error reports line and column under the key syntax", "[config]") {
+  const config_error e = error_of("[train]\nworkers = 4\nlr = = 3\n");
+  CATCH_CHECK(e.key() == "syntax");
+  CATCH_CHECK_THAT(e.what(), Contains("syntax error at test.toml:3:"));
+  CATCH_CHECK_THAT(e.what(), Contains("lr = = 3"));
+  const config_error dup = error_of("[train]\nworkers = 4\nworkers = 5\n");
+  CATCH_CHECK(dup.key() == "syntax");
+  const config_error bytes = error_of("[run]\nname = \"\xff\xfe\"\n");
+  CATCH_CHECK(bytes.key() == "syntax");
+  CATCH_CHECK_THAT(bytes.what(), Contains("test.toml:2:"));
+  CATCH_CHECK_THAT(bytes.what(), !Contains("\xff"));
+}
+
+CATCH_TEST_CASE("An integer too big for int64 is an error, not a crash", "[config]") {
+  const config_error in_file = error_of("[train]\nworkers = 99999999999999999999\n");
+  CATCH_CHECK(in_file.key() == "syntax");
+  CATCH_CHECK_THAT(in_file.what(), Contains("2:"));
+  CATCH_CHECK_THAT(in_file.what(), Contains("workers = 99999999999999999999"));
+  const config_error in_set = error_of("", {"train.workers=99999999999999999999"});
+  CATCH_CHECK(in_set.key() == "train.workers");
+  CATCH_CHECK_THAT(in_set.what(), Contains("train.workers = 99999999999999999999: not an integer"));
+  CATCH_CHECK_THAT(in_set.what(), Contains("--set"));
+  const config_error product = error_of("[train]\nrounds = 9223372036854775807\ninner_steps = 2\n");
+  CATCH_CHECK(product.key() == "train.rounds");
+}
+
+CATCH_TEST_CASE("A bad override is named", "[config]") {
+  const config_error no_eq = error_of("", {"train.workers"});
+  CATCH_CHECK(no_eq.key() == "train.workers");
+  CATCH_CHECK_THAT(no_eq.what(), Contains("override 'train.workers' has no '='"));
+  const config_error no_dot = error_of("", {"workers=2"});
+  CATCH_CHECK(no_dot.key() == "workers");
+  CATCH_CHECK_THAT(no_dot.what(), Contains("section.key"));
+  CATCH_CHECK_THAT(no_dot.what(), Contains("did you mean 'train.workers'?"));
+  const config_error unknown = error_of("", {"train.wrkers=2"});
+  CATCH_CHECK(unknown.key() == "train.wrkers");
+  CATCH_CHECK_THAT(unknown.what(), Contains("unknown key 'train.wrkers' (did you mean 'train.workers'?)"));
+  const config_error section = error_of("", {"trian.workers=2"});
+  CATCH_CHECK(section.key() == "trian.workers");
+  CATCH_CHECK_THAT(section.what(), Contains("did you mean 'train.workers'?"));
+}
+
+CATCH_TEST_CASE("A bad override value names the key and says it came from --set", "[config]") {
+  const config_error word = error_of("", {"train.workers=four"});
+  CATCH_CHECK(word.key() == "train.workers");
+  CATCH_CHECK_THAT(word.what(),
+                   Contains("train.workers = \"four\": expected an integer, got a string (from --set)"));
+  const config_error flag = error_of("", {"outer.nesterov=yes"});
+  CATCH_CHECK(flag.key() == "outer.nesterov");
+  CATCH_CHECK_THAT(flag.what(), Contains("expected a boolean"));
+  const config_error range = error_of("", {"train.lr=20"});
+  CATCH_CHECK(range.key() == "train.lr");
+  CATCH_CHECK_THAT(range.what(),
+                   Contains("train.lr = 20: must be a finite number > 0 and <= 10 (from --set)"));
+  const config_error multi = error_of("", {"train.workers=4\n[run]\nmode=\"single\""});
+  CATCH_CHECK(multi.key() == "train.workers");
+}
+
+CATCH_TEST_CASE("Single mode with 4 workers asks for train.workers = 1", "[config]") {
+  const config_error e = error_of("[run]\nmode = \"single\"\n");
+  CATCH_CHECK(e.key() == "train.workers");
+  CATCH_CHECK_THAT(e.what(), Contains("train.workers = 4"));
+  CATCH_CHECK_THAT(e.what(), Contains("run.mode = \"single\""));
+  CATCH_CHECK_THAT(e.what(), Contains("--set train.workers=1"));
+  CATCH_CHECK_NOTHROW(parse_config("[run]\nmode = \"single\"\n[train]\nworkers = 1\n", {}, ""));
+}
+
+CATCH_TEST_CASE("A vocabulary smaller than the tokenizer's is rejected", "[config]") {
+  const config_error byte = error_of("[model]\nvocab_size = 100\n");
+  CATCH_CHECK(byte.key() == "model.vocab_size");
+  CATCH_CHECK_THAT(byte.what(), Contains("256"));
+  const config_error bpe =
+      error_of("[model]\nvocab_size = 1000\n[data]\ntokenizer = \"bpe\"\nbpe_vocab_size = 2000\n");
+  CATCH_CHECK(bpe.key() == "model.vocab_size");
+  CATCH_CHECK_NOTHROW(parse_config("[model]\nvocab_size = 256\n", {}, ""));
+}
+
+CATCH_TEST_CASE("validate checks a struct filled in code", "[config]") {
+  train_config c;
+  c.run.seed = std::numeric_limits<uint64_t>::max();
+  const config_error seed = validate_error(c);
+  CATCH_CHECK(seed.key() == "run.seed");
+  CATCH_CHECK_THAT(seed.what(), Contains("must be an integer in 0..9223372036854775807"));
+  c = train_config{};
+  c.train.workers = 0;
+  CATCH_CHECK(validate_error(c).key() == "train.workers");
+  c = train_config{};
+  c.train.beta2 = std::numeric_limits<double>::infinity();
+  CATCH_CHECK(validate_error(c).key() == "train.beta2");
+}
+
+CATCH_TEST_CASE("Errors carry the message without the prefix and stay on one line", "[config]") {
+  const config_error e("train.workers", "line one\nline two");
+  CATCH_CHECK(e.key() == "train.workers");
+  CATCH_CHECK(e.message() == "line one line two");
+  CATCH_CHECK(std::string(e.what()) == "config error: line one line two");
+}
+
+CATCH_TEST_CASE("load_config_file reads a file and names its stem as the run", "[config]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("lw_config_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path file = dir / "my_run.toml";
+  {
+    std::ofstream out(file);
+    out << "[train]\nworkers = 2\n";
+  }
+  const train_config c = load_config_file(file.string(), {"train.rounds=3"});
+  CATCH_CHECK(c.train.workers == 2);
+  CATCH_CHECK(c.train.rounds == 3);
+  CATCH_CHECK(c.run.name == "my_run");
+
+  {
+    std::ofstream out(file);
+    out << "[train]\nworkers = 0\n";
+  }
+  try {
+    load_config_file(file.string(), {});
+    CATCH_FAIL("workers = 0 was accepted");
+  } catch (const config_error& e) {
+    CATCH_CHECK(e.key() == "train.workers");
+    CATCH_CHECK_THAT(e.what(), Contains(file.string() + ":2:11"));
+  }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("load_config_file reports a missing file or a directory under the key file", "[config]") {
+  try {
+    load_config_file("/nonexistent/longwave/none.toml", {});
+    CATCH_FAIL("a missing file was accepted");
+  } catch (const config_error& e) {
+    CATCH_CHECK(e.key() == "file");
+    CATCH_CHECK_THAT(e.what(), Contains("/nonexistent/longwave/none.toml"));
+  }
+  CATCH_REQUIRE_THROWS_WITH(load_config_file(std::filesystem::temp_directory_path().string(), {}),
+                            Contains("is a directory"));
+}

@@ -1,0 +1,605 @@
+// Unit tests for the torch-free data pipeline: corpus reading, tokenizers, shards, preparation and sampling.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "models/data/bpe_tokenizer.hpp"
+#include "models/data/corpus.hpp"
+#include "models/data/dataset_prep.hpp"
+#include "models/data/shard.hpp"
+#include "models/data/tokenizer.hpp"
+#include "models/data/window_sampler.hpp"
+#include "runtime/errors.hpp"
+
+namespace fs = std::filesystem;
+using namespace longwave::models::data;
+using Catch::Matchers::Contains;
+using longwave::errc;
+using longwave::lw_error;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+class temp_dir {
+ public:
+  temp_dir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("lw_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+             std::to_string(std::random_device{}()));
+    fs::create_directories(path_);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+template <typename F>
+errc error_code_of(F&& f) {
+  try {
+    f();
+  } catch (const lw_error& e) {
+    return e.code();
+  }
+  return errc::none;
+}
+
+// A few kilobytes of varied English-like text.
+std::string sample_text() {
+  const std::vector<std::string> sentences = {
+      "In the beginning the model knew nothing, and the loss was high.",
+      "Then the workers trained for a while, each on its own shard of the text.",
+      "Every hundred steps they averaged their parameters over the wide-area network.",
+      "The outer optimizer applied Nesterov momentum to the pseudo-gradient.",
+      "And the loss went down, slowly at first, then faster: 3.2, 2.9, 2.41, 2.05.",
+      "The quick brown fox jumps over the lazy dog; the lazy dog sleeps on.",
+  };
+  std::string text;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 120; ++i) {
+    text += sentences[rng() % sentences.size()];
+    text += (i % 7 == 6) ? "\n\n" : " ";
+  }
+  return text;
+}
+
+std::string all_bytes() {
+  std::string s;
+  for (int b = 0; b < 256; ++b) s.push_back(static_cast<char>(b));
+  return s;
+}
+
+std::vector<uint16_t> iota_tokens(size_t n) {
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % 65536);
+  return t;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------- corpus
+
+CATCH_TEST_CASE("A jsonl corpus joins the text fields of its lines and decodes every escape", "[data]") {
+  temp_dir dir;
+  const std::string path = dir.file("docs.jsonl");
+  write_text(path,
+             "{\"text\": \"a\\\"b\\\\c\\/d\\ne\\tf\\rg\\bh\\fi\"}\n"
+             "\n"
+             "  \r\n"
+             "{\"id\": 3, \"meta\": {\"x\": [1, -2.5e3, true, false, null, \"}\"]}, "
+             "\"text\": \"caf\\u00e9 \\ud83d\\ude00 \\u4E2D\", \"after\": {}}\r\n"
+             "{\"text\": \"lone \\ud800 surrogate\"}");
+  const std::string expected = std::string("a\"b\\c/d\ne\tf\rg\bh\fi") + "\n\n" +
+                               "caf\xC3\xA9 \xF0\x9F\x98\x80 \xE4\xB8\xAD" + "\n\n" +
+                               "lone \xEF\xBF\xBD surrogate";
+  CATCH_CHECK(read_corpus(path) == expected);
+}
+
+CATCH_TEST_CASE("A malformed jsonl line is reported with its file and line number", "[data]") {
+  temp_dir dir;
+  const std::string path = dir.file("bad.jsonl");
+
+  write_text(path, "{\"text\": \"fine\"}\n{\"text\": \"unterminated}\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:2") && Contains("unterminated string"));
+  CATCH_CHECK(error_code_of([&] { read_corpus(path); }) == errc::corrupt_data);
+
+  write_text(path, "{\"text\": \"fine\"}\n\n{\"title\": \"no text here\"}\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:3") && Contains("\"text\""));
+
+  write_text(path, "{\"text\": 42}\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:1") && Contains("not a string"));
+
+  write_text(path, "{\"text\": \"x\"} trailing\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:1"));
+
+  write_text(path, "{\"text\": \"bad escape \\q\"}\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:1") && Contains("escape"));
+
+  write_text(path, "[\"text\", \"x\"]\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:1"));
+
+  write_text(path, std::string(100000, '[') + "\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:1"));
+}
+
+CATCH_TEST_CASE("A plain corpus is read as raw bytes and an empty or missing corpus is an error", "[data]") {
+  temp_dir dir;
+  const std::string path = dir.file("raw.txt");
+  write_text(path, all_bytes());
+  CATCH_CHECK(read_corpus(path) == all_bytes());
+
+  write_text(path, "");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("raw.txt") && Contains("empty"));
+  CATCH_CHECK(error_code_of([&] { read_corpus(path); }) == errc::corrupt_data);
+
+  write_text(dir.file("blank.jsonl"), "\n\n{\"text\": \"\"}\n");
+  CATCH_REQUIRE_THROWS_WITH(read_corpus(dir.file("blank.jsonl")), Contains("empty"));
+
+  CATCH_CHECK(error_code_of([&] { read_corpus(dir.file("missing.txt")); }) == errc::io_error);
+  CATCH_CHECK(error_code_of([&] { read_corpus(dir.path().string()); }) == errc::io_error);
+}
+
+// ------------------------------------------------------------------------------------------------ tokenizers
+
+CATCH_TEST_CASE("The byte tokenizer maps every byte to itself and back", "[data]") {
+  auto tok = make_byte_tokenizer();
+  CATCH_CHECK(tok->vocab_size() == 256);
+  CATCH_CHECK(tok->kind() == "byte");
+  const std::string bytes = all_bytes();
+  const std::vector<uint16_t> ids = tok->encode(bytes);
+  CATCH_REQUIRE(ids.size() == 256);
+  for (int b = 0; b < 256; ++b) CATCH_CHECK(ids[static_cast<size_t>(b)] == b);
+  CATCH_CHECK(tok->decode(ids) == bytes);
+  CATCH_CHECK(error_code_of([&] { tok->decode({65, 256}); }) == errc::corrupt_data);
+
+  temp_dir dir;
+  tok->save(dir.file("tokenizer.txt"));
+  CATCH_CHECK(read_bytes(dir.file("tokenizer.txt")) == "longwave-byte 1\n");
+  auto loaded = load_tokenizer(dir.file("tokenizer.txt"));
+  CATCH_CHECK(loaded->kind() == "byte");
+  CATCH_CHECK(loaded->encode("hi") == std::vector<uint16_t>{'h', 'i'});
+}
+
+CATCH_TEST_CASE("BPE pre-splitting follows the GPT-2 chunk pattern and loses no bytes", "[data]") {
+  const auto chunks = bpe_tokenizer::pre_split("Hello  world 42x!! caf\xC3\xA9\n\n  end");
+  const std::vector<std::string_view> expected = {"Hello",        " ",     " world", " 42", "x", "!!",
+                                                  " caf\xC3\xA9", "\n\n ", " end"};
+  CATCH_CHECK(chunks == expected);
+
+  const std::string input = std::string(1000, ' ') + "x" + all_bytes();
+  std::string joined;
+  for (auto c : bpe_tokenizer::pre_split(input)) {
+    CATCH_CHECK(c.size() <= bpe_tokenizer::max_chunk_bytes);
+    joined += c;
+  }
+  CATCH_CHECK(joined == input);
+}
+
+CATCH_TEST_CASE("A BPE tokenizer trained to vocab 300 round-trips any bytes and compresses text", "[data]") {
+  const std::string text = sample_text();
+  int64_t last_done = 0;
+  int64_t last_total = 0;
+  const bpe_tokenizer tok = bpe_tokenizer::train(text, 300, [&](int64_t done, int64_t total) {
+    CATCH_CHECK(done == last_done + 1);
+    last_done = done;
+    last_total = total;
+  });
+  CATCH_CHECK(tok.vocab_size() == 300);
+  CATCH_CHECK(tok.kind() == "bpe");
+  CATCH_CHECK(last_done == 44);
+  CATCH_CHECK(last_total == 44);
+
+  const std::vector<uint16_t> ids = tok.encode(text);
+  CATCH_CHECK(ids.size() < text.size() * 2 / 3);
+  for (uint16_t id : ids) CATCH_CHECK(id < 300);
+  CATCH_CHECK(tok.decode(ids) == text);
+
+  std::mt19937 rng(11);
+  std::string random_bytes;
+  for (int i = 0; i < 5000; ++i) random_bytes.push_back(static_cast<char>(rng() & 0xFF));
+  const std::vector<std::string> probes = {
+      "",
+      " ",
+      "x",
+      all_bytes(),
+      random_bytes,
+      "Unseen words: zygote, quixotic, \xE2\x82\xAC 12345 \r\n\t\ttabs",
+      std::string(700, ' ') + "the" + std::string(300, '!'),
+      "the the the theeee thethe",
+  };
+  for (const auto& s : probes) CATCH_CHECK(tok.decode(tok.encode(s)) == s);
+
+  // Training is deterministic, and merges only reference ids defined before them.
+  const bpe_tokenizer again = bpe_tokenizer::train(text, 300);
+  CATCH_CHECK(again.merges() == tok.merges());
+  for (size_t r = 0; r < tok.merges().size(); ++r) {
+    CATCH_CHECK(tok.merges()[r].first < 256 + r);
+    CATCH_CHECK(tok.merges()[r].second < 256 + r);
+  }
+  CATCH_CHECK(error_code_of([&] { tok.decode({300}); }) == errc::corrupt_data);
+  CATCH_CHECK(error_code_of([&] { bpe_tokenizer::train(text, 70000); }) == errc::invalid_config);
+}
+
+CATCH_TEST_CASE("BPE training stops early when the text runs out of pairs", "[data]") {
+  const bpe_tokenizer tok = bpe_tokenizer::train("ab ab", 1000);
+  CATCH_CHECK(tok.vocab_size() < 1000);
+  CATCH_CHECK(tok.decode(tok.encode("ab ab abc")) == "ab ab abc");
+  CATCH_CHECK(tok.encode("ab ab").size() == 2);
+}
+
+CATCH_TEST_CASE("A saved BPE tokenizer loads back with identical encodings", "[data]") {
+  temp_dir dir;
+  const std::string text = sample_text();
+  const bpe_tokenizer tok = bpe_tokenizer::train(text, 300);
+  tok.save(dir.file("tokenizer.txt"));
+  CATCH_CHECK(read_bytes(dir.file("tokenizer.txt")).rfind("longwave-bpe 1\n300\n", 0) == 0);
+  CATCH_CHECK(!fs::exists(dir.file("tokenizer.txt.tmp")));
+
+  const auto loaded = load_tokenizer(dir.file("tokenizer.txt"));
+  CATCH_CHECK(loaded->kind() == "bpe");
+  CATCH_CHECK(loaded->vocab_size() == 300);
+  for (const std::string& s : {text, std::string("Something else entirely, 987."), all_bytes()}) {
+    CATCH_CHECK(loaded->encode(s) == tok.encode(s));
+  }
+}
+
+CATCH_TEST_CASE("A malformed tokenizer file is rejected naming the file and line", "[data]") {
+  temp_dir dir;
+  const std::string path = dir.file("tokenizer.txt");
+  struct bad_case {
+    std::string contents;
+    std::string expected;
+  };
+  const std::vector<bad_case> cases = {
+      {"", "unknown header"},
+      {"gpt2 tokenizer\n", "tokenizer.txt:1"},
+      {"longwave-bpe 2\n256\n", "tokenizer.txt:1"},
+      {"longwave-bpe 1\nlots\n", "tokenizer.txt:2: bad vocab size"},
+      {"longwave-bpe 1\n70000\n", "tokenizer.txt:2: bad vocab size"},
+      {"longwave-bpe 1\n258\n97 98\n256 300\n", "tokenizer.txt:4: merge '256 300' uses an id not defined"},
+      {"longwave-bpe 1\n258\n97 98\n97 98\n", "tokenizer.txt:4: duplicate merge"},
+      {"longwave-bpe 1\n258\n97 98\nx y\n", "tokenizer.txt:4: expected a merge"},
+      {"longwave-bpe 1\n258\n97 98\n-1 2\n", "tokenizer.txt:4: expected a merge"},
+      {"longwave-bpe 1\n258\n97 98\n", "needs 2 merges but the file has 1"},
+      {"longwave-bpe 1\n257\n97 98\n98 99\n", "tokenizer.txt:4: more merges than vocab size 257"},
+      {"longwave-bpe 1\n258\n97 98\n\n98 99\n", "tokenizer.txt:4: blank line"},
+      {"longwave-byte 1\nextra\n", "tokenizer.txt:2"},
+  };
+  for (const auto& c : cases) {
+    CATCH_INFO("contents: " << c.contents);
+    write_text(path, c.contents);
+    CATCH_CHECK_THROWS_WITH(load_tokenizer(path), Contains(c.expected));
+    CATCH_CHECK(error_code_of([&] { load_tokenizer(path); }) == errc::corrupt_data);
+  }
+  write_text(path, "longwave-bpe 1\r\n258\r\n97 98\r\n98 99\r\n\r\n");
+  CATCH_CHECK(load_tokenizer(path)->vocab_size() == 258);
+  CATCH_CHECK(error_code_of([&] { load_tokenizer(dir.file("absent.txt")); }) == errc::io_error);
+}
+
+// ---------------------------------------------------------------------------------------------------- shards
+
+CATCH_TEST_CASE("A token shard round-trips through write_shard and read_shard", "[data]") {
+  temp_dir dir;
+  const std::string path = dir.file("train.bin");
+  std::vector<uint16_t> tokens = iota_tokens(70000);
+  tokens.back() = 65535;
+  write_shard(path, tokens);
+  CATCH_CHECK(fs::file_size(path) == 1024 + 2 * tokens.size());
+  CATCH_CHECK(!fs::exists(path + ".tmp"));
+  CATCH_CHECK(read_shard(path) == tokens);
+  CATCH_CHECK(read_shard_token_count(path) == 70000);
+
+  // Byte layout is llm.c's: little-endian int32 header, then little-endian uint16 tokens.
+  const std::string bytes = read_bytes(path);
+  CATCH_CHECK(static_cast<unsigned char>(bytes[0]) == (20240520 & 0xFF));
+  CATCH_CHECK(static_cast<unsigned char>(bytes[4]) == 1);
+  CATCH_CHECK(static_cast<unsigned char>(bytes[1024 + 2]) == 1);  // token 1, low byte first
+
+  write_shard(path, {});
+  CATCH_CHECK(read_shard(path).empty());
+}
+
+CATCH_TEST_CASE("A shard with a bad magic, version, length or count is rejected with the reason", "[data]") {
+  temp_dir dir;
+  const std::string good = dir.file("good.bin");
+  write_shard(good, iota_tokens(1000));
+  const std::string bytes = read_bytes(good);
+  const std::string path = dir.file("bad.bin");
+  auto set_le32 = [](std::string s, size_t at, uint32_t v) {
+    for (int k = 0; k < 4; ++k) s[at + static_cast<size_t>(k)] = static_cast<char>((v >> (8 * k)) & 0xFF);
+    return s;
+  };
+
+  write_text(path, set_le32(bytes, 0, 123));
+  CATCH_REQUIRE_THROWS_WITH(read_shard(path),
+                            Contains("bad.bin") && Contains("bad magic 123 (expected 20240520)"));
+  CATCH_CHECK(error_code_of([&] { read_shard(path); }) == errc::corrupt_data);
+
+  write_text(path, set_le32(bytes, 4, 2));
+  CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("unsupported version 2"));
+
+  write_text(path, bytes.substr(0, bytes.size() - 4));
+  CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("header says 1000 tokens but file holds 998"));
+  CATCH_REQUIRE_THROWS_WITH(read_shard_token_count(path),
+                            Contains("header says 1000 tokens but file holds 998"));
+
+  write_text(path, bytes.substr(0, bytes.size() - 1));
+  CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("file holds 999 and a stray byte"));
+
+  write_text(path, set_le32(bytes, 8, 1001));
+  CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("header says 1001 tokens but file holds 1000"));
+
+  write_text(path, set_le32(bytes, 8, 0x80000000u));
+  CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("negative token count"));
+
+  write_text(path, bytes.substr(0, 100));
+  CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("shorter than the 1024-byte header"));
+
+  CATCH_CHECK(error_code_of([&] { read_shard(dir.file("absent.bin")); }) == errc::io_error);
+}
+
+// ------------------------------------------------------------------------------------------- preparation
+
+CATCH_TEST_CASE("prepare_dataset splits the last val_fraction off as val and caches the result", "[data]") {
+  temp_dir dir;
+  const std::string corpus = dir.file("corpus.txt");
+  std::string text;
+  for (int i = 0; i < 10000; ++i) text.push_back(static_cast<char>('a' + i % 26));
+  write_text(corpus, text);
+  std::vector<std::string> logs;
+  auto log = [&](const std::string& line) { logs.push_back(line); };
+
+  const prepared_dataset d = prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out"), log);
+  CATCH_CHECK(d.vocab_size == 256);
+  CATCH_CHECK(d.n_train_tokens == 9000);
+  CATCH_CHECK(d.n_val_tokens == 1000);
+  const auto train = read_shard(d.train_path);
+  const auto val = read_shard(d.val_path);
+  CATCH_CHECK(make_byte_tokenizer()->decode(train) == text.substr(0, 9000));
+  CATCH_CHECK(make_byte_tokenizer()->decode(val) == text.substr(9000));
+  CATCH_CHECK(load_tokenizer(d.tokenizer_path)->kind() == "byte");
+  CATCH_CHECK(fs::exists(dir.file("out/prepared.txt")));
+  CATCH_CHECK(read_bytes(dir.file("out/prepared.txt")).find("tokenizer=byte") != std::string::npos);
+
+  logs.clear();
+  const prepared_dataset again = prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out"), log);
+  CATCH_REQUIRE(logs.size() == 1);
+  CATCH_CHECK_THAT(logs[0], Contains("data: using cached shards in"));
+  CATCH_CHECK(again.train_path == d.train_path);
+  CATCH_CHECK(again.n_train_tokens == d.n_train_tokens);
+  CATCH_CHECK(again.n_val_tokens == d.n_val_tokens);
+
+  // A different split is not served from the cache.
+  logs.clear();
+  const prepared_dataset other = prepare_dataset(corpus, "byte", 0, 0.25, dir.file("out"), log);
+  CATCH_CHECK(other.n_val_tokens == 2500);
+  CATCH_REQUIRE(!logs.empty());
+  CATCH_CHECK_THAT(logs[0], Contains("re-preparing") && Contains("val_fraction"));
+  CATCH_CHECK(read_shard(other.val_path).size() == 2500);
+}
+
+CATCH_TEST_CASE("prepare_dataset with BPE writes shards that decode back to the corpus", "[data]") {
+  temp_dir dir;
+  const std::string corpus = dir.file("corpus.jsonl");
+  write_text(corpus,
+             "{\"text\": \"The first document, about training.\"}\n"
+             "{\"text\": \"The second document, about the training of workers.\"}\n");
+  std::string expected =
+      "The first document, about training.\n\nThe second document, about the training of workers.";
+  std::vector<std::string> logs;
+  const prepared_dataset d = prepare_dataset(corpus, "bpe", 280, 0.2, dir.file("out"),
+                                             [&](const std::string& l) { logs.push_back(l); });
+  CATCH_CHECK(d.vocab_size <= 280);
+  CATCH_CHECK(d.vocab_size > 256);
+  auto tok = load_tokenizer(d.tokenizer_path);
+  CATCH_CHECK(tok->kind() == "bpe");
+  CATCH_CHECK(tok->vocab_size() == d.vocab_size);
+  std::vector<uint16_t> all = read_shard(d.train_path);
+  const std::vector<uint16_t> val = read_shard(d.val_path);
+  CATCH_CHECK(static_cast<int64_t>(all.size()) == d.n_train_tokens);
+  CATCH_CHECK(static_cast<int64_t>(val.size()) == d.n_val_tokens);
+  all.insert(all.end(), val.begin(), val.end());
+  CATCH_CHECK(tok->decode(all) == expected);
+  CATCH_CHECK(static_cast<double>(d.n_val_tokens) ==
+              Approx(0.2 * static_cast<double>(all.size())).margin(1.0));
+  bool saw_progress = false;
+  for (const auto& l : logs) saw_progress = saw_progress || l.find("BPE merges") != std::string::npos;
+  CATCH_CHECK(saw_progress);
+
+  logs.clear();
+  prepare_dataset(corpus, "bpe", 280, 0.2, dir.file("out"), [&](const std::string& l) { logs.push_back(l); });
+  CATCH_REQUIRE(logs.size() == 1);
+  CATCH_CHECK_THAT(logs[0], Contains("using cached shards"));
+
+  // Editing the corpus invalidates the cache.
+  write_text(corpus, "{\"text\": \"Changed text, changed text, changed.\"}\n");
+  logs.clear();
+  const prepared_dataset changed = prepare_dataset(corpus, "bpe", 280, 0.2, dir.file("out"),
+                                                   [&](const std::string& l) { logs.push_back(l); });
+  CATCH_CHECK_THAT(logs[0], Contains("re-preparing"));
+  std::vector<uint16_t> all2 = read_shard(changed.train_path);
+  const std::vector<uint16_t> val2 = read_shard(changed.val_path);
+  all2.insert(all2.end(), val2.begin(), val2.end());
+  CATCH_CHECK(load_tokenizer(changed.tokenizer_path)->decode(all2) == "Changed text, changed text, changed.");
+}
+
+CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[data]") {
+  temp_dir dir;
+  std::vector<uint16_t> train = iota_tokens(500);
+  train[17] = 999;
+  write_shard(dir.file("train.bin"), train);
+  write_shard(dir.file("val.bin"), iota_tokens(50));
+  const prepared_dataset d = prepare_dataset(dir.path().string(), "bpe", 4096, 0.1, dir.file("out"));
+  CATCH_CHECK(d.train_path == dir.file("train.bin"));
+  CATCH_CHECK(d.val_path == dir.file("val.bin"));
+  CATCH_CHECK(d.tokenizer_path.empty());
+  CATCH_CHECK(d.vocab_size == 1000);
+  CATCH_CHECK(d.n_train_tokens == 500);
+  CATCH_CHECK(d.n_val_tokens == 50);
+  CATCH_CHECK(!fs::exists(dir.file("out")));
+
+  make_byte_tokenizer()->save(dir.file("tokenizer.txt"));
+  const prepared_dataset with_tok = prepare_dataset(dir.path().string(), "bpe", 4096, 0.1, dir.file("out"));
+  CATCH_CHECK(with_tok.vocab_size == 256);
+  CATCH_CHECK(with_tok.tokenizer_path == dir.file("tokenizer.txt"));
+
+  temp_dir empty;
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(empty.path().string(), "byte", 0, 0.1, empty.file("out")),
+                            Contains("has no train.bin and val.bin"));
+}
+
+CATCH_TEST_CASE("prepare_dataset rejects bad arguments with a clear message", "[data]") {
+  temp_dir dir;
+  const std::string corpus = dir.file("corpus.txt");
+  write_text(corpus, sample_text());
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "bpe", 70000, 0.1, dir.file("out")), Contains("65536"));
+  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "bpe", 70000, 0.1, dir.file("out")); }) ==
+              errc::invalid_config);
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "wordpiece", 0, 0.1, dir.file("out")),
+                            Contains("unknown tokenizer 'wordpiece'"));
+  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "byte", 0, 0.0, dir.file("out")); }) ==
+              errc::invalid_config);
+  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "byte", 0, 1.0, dir.file("out")); }) ==
+              errc::invalid_config);
+  CATCH_CHECK(error_code_of([&] {
+                prepare_dataset(dir.file("absent.txt"), "byte", 0, 0.1, dir.file("out"));
+              }) == errc::io_error);
+}
+
+// -------------------------------------------------------------------------------------------------- sampling
+
+CATCH_TEST_CASE("A window sampler is deterministic per seed and differs across seeds and workers", "[data]") {
+  auto tokens = std::make_shared<const std::vector<uint16_t>>(iota_tokens(30000));
+  window_sampler a(tokens, 0, 2, 4, 32, 42);
+  window_sampler b(tokens, 0, 2, 4, 32, 42);
+  window_sampler other_seed(tokens, 0, 2, 4, 32, 43);
+  window_sampler other_worker(tokens, 1, 2, 4, 32, 42);
+  std::vector<int64_t> xa, xb, xs, xw;
+  for (int step = 0; step < 20; ++step) {
+    a.next(xa);
+    b.next(xb);
+    other_seed.next(xs);
+    other_worker.next(xw);
+    CATCH_REQUIRE(xa.size() == 4 * 33);
+    CATCH_CHECK(xa == xb);
+    CATCH_CHECK(xa != xs);
+    CATCH_CHECK(xa != xw);
+  }
+  CATCH_CHECK(a.position() == 20);
+  // Consecutive batches differ, and rows within a batch are not all the same window.
+  std::vector<int64_t> next_batch;
+  a.next(next_batch);
+  CATCH_CHECK(next_batch != xa);
+  CATCH_CHECK(std::set<int64_t>{next_batch[0], next_batch[33], next_batch[66], next_batch[99]}.size() > 1);
+}
+
+CATCH_TEST_CASE("Every window of worker m lies inside its region [m*N/M, (m+1)*N/M)", "[data]") {
+  const int64_t n = 10000;
+  const int64_t n_workers = 3;
+  const int64_t seq_len = 16;
+  auto tokens = std::make_shared<const std::vector<uint16_t>>(iota_tokens(n));
+  for (int64_t m = 0; m < n_workers; ++m) {
+    window_sampler s(tokens, m, n_workers, 8, seq_len, 5);
+    const int64_t begin = m * n / n_workers;
+    const int64_t end = (m + 1) * n / n_workers;
+    CATCH_CHECK(s.region_begin() == begin);
+    CATCH_CHECK(s.region_end() == end);
+    int64_t min_start = n;
+    int64_t max_start = -1;
+    std::vector<int64_t> batch;
+    for (int step = 0; step < 500; ++step) {
+      s.next(batch);
+      for (int64_t r = 0; r < 8; ++r) {
+        const int64_t start = batch[static_cast<size_t>(r * (seq_len + 1))];
+        for (int64_t t = 0; t <= seq_len; ++t) {
+          CATCH_REQUIRE(batch[static_cast<size_t>(r * (seq_len + 1) + t)] == start + t);  // contiguous window
+        }
+        CATCH_REQUIRE(start >= begin);
+        CATCH_REQUIRE(start + seq_len < end);
+        min_start = std::min(min_start, start);
+        max_start = std::max(max_start, start);
+      }
+    }
+    // 4000 uniform draws over ~3300 starts reach both ends of the region.
+    CATCH_CHECK(min_start < begin + 50);
+    CATCH_CHECK(max_start > end - seq_len - 1 - 50);
+  }
+}
+
+CATCH_TEST_CASE("seek(p) reproduces the batches a fresh sampler draws from position p", "[data]") {
+  auto tokens = std::make_shared<const std::vector<uint16_t>>(iota_tokens(20000));
+  window_sampler fresh(tokens, 1, 4, 3, 20, 99);
+  std::vector<std::vector<int64_t>> batches(30);
+  for (auto& b : batches) fresh.next(b);
+
+  window_sampler resumed(tokens, 1, 4, 3, 20, 99);
+  resumed.seek(17);
+  CATCH_CHECK(resumed.position() == 17);
+  std::vector<int64_t> batch;
+  for (size_t p = 17; p < 30; ++p) {
+    resumed.next(batch);
+    CATCH_CHECK(batch == batches[p]);
+  }
+  resumed.seek(3);
+  resumed.next(batch);
+  CATCH_CHECK(batch == batches[3]);
+}
+
+CATCH_TEST_CASE("A worker region shorter than seq_len+2 tokens is rejected", "[data]") {
+  auto tokens = std::make_shared<const std::vector<uint16_t>>(iota_tokens(100));
+  CATCH_REQUIRE_THROWS_WITH(window_sampler(tokens, 0, 4, 2, 24, 1),
+                            Contains("corpus too small: worker region of 25 tokens < seq_len+2 = 26"));
+  CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 0, 4, 2, 24, 1); }) == errc::invalid_config);
+  CATCH_CHECK_NOTHROW(window_sampler(tokens, 0, 4, 2, 23, 1));
+  CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 4, 4, 2, 8, 1); }) == errc::invalid_config);
+  CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 0, 1, 0, 8, 1); }) == errc::invalid_config);
+  CATCH_CHECK(error_code_of([&] { window_sampler(nullptr, 0, 1, 2, 8, 1); }) == errc::invalid_config);
+}
+
+CATCH_TEST_CASE("Validation batches are consecutive windows that wrap around a short set", "[data]") {
+  const std::vector<uint16_t> val = iota_tokens(100);
+  const int64_t seq_len = 10;
+  // Windows start at 0, 10, ..., 80: nine windows of 11 tokens fit in 100 tokens.
+  CATCH_CHECK(max_validation_batches(val, 2, seq_len) == 4);
+  CATCH_CHECK(max_validation_batches(val, 20, seq_len) == 1);
+  int64_t expected_window = 0;
+  for (int64_t b = 0; b < 6; ++b) {
+    const std::vector<int64_t> batch = validation_batch(val, b, 2, seq_len);
+    CATCH_REQUIRE(batch.size() == 2 * 11);
+    for (int64_t r = 0; r < 2; ++r) {
+      const int64_t start = (expected_window++ % 9) * seq_len;
+      for (int64_t t = 0; t <= seq_len; ++t) {
+        CATCH_CHECK(batch[static_cast<size_t>(r * (seq_len + 1) + t)] == start + t);
+      }
+    }
+  }
+  CATCH_REQUIRE_THROWS_WITH(validation_batch(iota_tokens(11), 0, 1, seq_len),
+                            Contains("validation set too small"));
+  CATCH_CHECK(error_code_of([&] { max_validation_batches(iota_tokens(11), 1, seq_len); }) ==
+              errc::invalid_config);
+  CATCH_CHECK(validation_batch(iota_tokens(12), 5, 3, seq_len).size() == 3 * 11);
+}
