@@ -268,6 +268,17 @@ void stop_now(self_ptr self, bool boundary) {
 
 // ---- the round ------------------------------------------------------------------------------------------
 
+// result.json in out_dir: the numbers a sweep or a test reads back.
+void write_result(const coordinator_state& s, double wall) {
+  const auto& c = s.ctx->cfg;
+  std::ofstream out(c.run.out_dir + "/result.json", std::ios::trunc);
+  out << fmt::format(
+      "{{\"mode\": \"{}\", \"workers\": {}, \"rounds\": {}, \"inner_steps\": {}, \"inner_steps_per_worker\": {}, "
+      "\"val_loss\": {:.9g}, \"val_ppl\": {:.9g}, \"tokens\": {}, \"seconds\": {:.3f}}}\n",
+      c.run.mode, c.train.workers, s.round, c.train.inner_steps, s.last_step, s.last_val_loss,
+      std::exp(s.last_val_loss), s.tokens, wall);
+}
+
 void finish(self_ptr self) {
   auto& s = self->state;
   flush_then(self, [=] {
@@ -276,6 +287,7 @@ void finish(self_ptr self) {
     spdlog::info("final: val loss {:.4f} | val perplexity {:.3f} | {} rounds x {} inner steps x {} workers | {}",
                  s.last_val_loss, std::exp(s.last_val_loss), s.round, s.ctx->cfg.train.inner_steps,
                  s.ctx->n_workers(), format_duration(wall));
+    write_result(s, wall);
     set_phase(self, phase::done);
     notify_main(self, 0);
   });

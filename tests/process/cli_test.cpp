@@ -1,0 +1,182 @@
+// The real longwave binary: bad configs, --dry-run, --help, a /metrics scrape during a run, and Ctrl-C.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <regex>
+
+#include "tests/support/process.hpp"
+#include "tests/support/prom_text.hpp"
+
+using namespace longwave::test;
+
+namespace {
+
+// A small, quick run: tiny model, short context, 2 workers.
+const char* quick_config = R"(
+[model]
+seq_len = 64
+[train]
+workers = 2
+inner_steps = 5
+rounds = 8
+batch_size = 8
+warmup_steps = 5
+[eval]
+every_rounds = 4
+batches = 2
+[checkpoint]
+every_rounds = 1
+keep = 3
+[metrics]
+enabled = false
+)";
+
+std::string quick_config_file(const std::string& dir, const std::string& extra = "") {
+  const auto path = dir + "/quick.toml";
+  write_text(path, std::string("[run]\nout_dir = \"") + dir + "/run\"\n" + quick_config + extra);
+  return path;
+}
+
+int count_lines_containing(const std::string& text, const std::string& needle) {
+  int n = 0;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find(needle) != std::string::npos) ++n;
+  return n;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[process][config]") {
+  const auto dir = scratch_dir("badcfg");
+  struct bad_case {
+    std::string toml, key;
+    std::vector<std::string> extra_args;
+  };
+  const std::vector<bad_case> cases = {
+      {"[train]\nwrkers = 4\n", "train.wrkers", {}},
+      {"[train]\nworkers = \"four\"\n", "train.workers", {}},
+      {"[run]\nmode = \"async\"\n", "run.mode", {}},
+      {"[train]\ninner_steps = 0\n", "train.inner_steps", {}},
+      {"[train]\nlr = -1.0\n", "train.lr", {}},
+      {"[trainer]\nworkers = 2\n", "trainer", {}},
+      {"[model]\npreset = \"huge\"\n", "model.preset", {}},
+      {"[model]\nseq_len = 12.5\n", "model.seq_len", {}},
+      {"[outer]\nmomentum = 1.0\n", "outer.momentum", {}},
+      {"[metrics]\nport = 70000\n", "metrics.port", {}},
+      {"[run]\nmode = \"single\"\n", "train.workers", {}},
+      {"", "train.workers", {"--set", "train.workers=abc"}},
+      {"", "train.nope", {"--set", "train.nope=1"}},
+      {"[data]\npath = \"/nonexistent/corpus.txt\"\n", "data.path", {}},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const auto cfg = dir + "/bad" + std::to_string(i) + ".toml";
+    write_text(cfg, "[run]\nout_dir = \"" + dir + "/run\"\n" + c.toml);
+    std::vector<std::string> args{binary(), "run", cfg};
+    args.insert(args.end(), c.extra_args.begin(), c.extra_args.end());
+    auto [code, out] = run(args, dir + "/bad" + std::to_string(i) + ".log", 120);
+    CATCH_INFO("case " << i << " (" << c.key << "): " << out);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(c.key) != std::string::npos);
+    CATCH_CHECK(count_lines_containing(out, "error") == 1);
+    ++i;
+  }
+  // A config file that does not exist is a config error too.
+  auto [code, out] = run({binary(), "run", dir + "/missing.toml"}, dir + "/missing.log", 60);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(out.find("missing.toml") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("--dry-run prints the resolved config and the parameter count without training",
+                "[process][config]") {
+  const auto dir = scratch_dir("dryrun");
+  auto [code, out] = run({binary(), "run", quick_config_file(dir), "--dry-run", "--set", "model.preset=small"},
+                         dir + "/out.log", 120);
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 0);
+  CATCH_CHECK(out.find("parameters: 14260608") != std::string::npos);
+  CATCH_CHECK(out.find("preset = \"small\"") != std::string::npos);
+  CATCH_CHECK(out.find("memory estimate") != std::string::npos);
+  CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints"));
+  auto [hcode, help] = run({binary(), "run", "--help"}, dir + "/help.log", 60);
+  CATCH_CHECK(hcode == 0);
+  CATCH_CHECK(help.find("--dry-run") != std::string::npos);
+  CATCH_CHECK(help.find("--set") != std::string::npos);
+  auto [ucode, usage] = run({binary(), "frobnicate"}, dir + "/usage.log", 60);
+  CATCH_CHECK(ucode == 2);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("/metrics can be scraped and parsed during a run", "[process][metrics]") {
+  const auto dir = scratch_dir("metrics");
+  const auto cfg = quick_config_file(dir, "");
+  auto c = spawn({binary(), "run", cfg, "--set", "metrics.enabled=true", "--set", "metrics.port=0", "--set",
+                  "train.rounds=40"},
+                 dir + "/run.log");
+  int port = 0;
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        std::smatch m;
+        const auto log = read_text(dir + "/run.log");
+        if (!std::regex_search(log, m, std::regex("127\\.0\\.0\\.1:([0-9]+)/metrics"))) return false;
+        port = std::stoi(m[1]);
+        return true;
+      },
+      120));
+  // Wait for a few completed steps (the loss trace grows one line per step).
+  CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/run/loss_trace.tsv").size() >= 12; }, 300));
+  auto samples = parse_prom_text(http_get(port, "/metrics"));
+  auto loss = prom_value(samples, "longwave_train_loss");
+  CATCH_REQUIRE(loss.has_value());
+  CATCH_CHECK(*loss > 0.5);
+  CATCH_CHECK(*loss < 6.0);
+  auto tps = prom_value(samples, "longwave_train_tokens_per_second");
+  CATCH_REQUIRE(tps.has_value());
+  CATCH_CHECK(*tps > 0);
+  auto util = prom_value(samples, "longwave_compute_utilization_ratio");
+  CATCH_REQUIRE(util.has_value());
+  CATCH_CHECK(*util > 0.0);
+  CATCH_CHECK(*util <= 1.0);
+  auto step_s = prom_value(samples, "longwave_inner_step_seconds", {{"worker", "1"}});
+  CATCH_REQUIRE(step_s.has_value());
+  CATCH_CHECK(*step_s > 0);
+  auto rounds = prom_value(samples, "longwave_outer_round");
+  CATCH_REQUIRE(rounds.has_value());
+  CATCH_CHECK(*rounds >= 1);
+  CATCH_CHECK(prom_value(samples, "longwave_idle_seconds").has_value());
+  auto steps = prom_value(samples, "longwave_inner_steps_total", {{"worker", "0"}});
+  CATCH_REQUIRE(steps.has_value());
+  CATCH_CHECK(*steps >= 10);
+  kill(c.pid, SIGINT);
+  CATCH_CHECK(wait_exit(c, 120) == 130);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("Ctrl-C flushes a checkpoint, exits 130, and the same command resumes to the end",
+                "[process][resume]") {
+  const auto dir = scratch_dir("sigint");
+  const auto cfg = quick_config_file(dir, "");
+  auto c = spawn({binary(), "run", cfg, "--set", "train.rounds=30"}, dir + "/run1.log");
+  CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/run/loss_trace.tsv").size() >= 12; }, 300));
+  kill(c.pid, SIGINT);
+  const int code = wait_exit(c, 120);
+  const auto log1 = read_text(dir + "/run1.log");
+  CATCH_INFO(log1);
+  CATCH_REQUIRE(code == 130);
+  CATCH_CHECK(log1.find("stopped at inner step") != std::string::npos);
+  const auto stopped_at = read_trace(dir + "/run/loss_trace.tsv").size();
+  CATCH_CHECK(stopped_at < 150);
+  // Resume: same command, finishes, and the trace covers every step once.
+  auto [code2, log2] = run({binary(), "run", cfg, "--set", "train.rounds=30"}, dir + "/run2.log", 600);
+  CATCH_INFO(log2);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(log2.find("resuming from round") != std::string::npos);
+  auto trace = read_trace(dir + "/run/loss_trace.tsv");
+  CATCH_REQUIRE(trace.size() == 150);
+  for (size_t i = 0; i < trace.size(); ++i) CATCH_CHECK(trace[i].first == static_cast<long>(i + 1));
+  CATCH_CHECK(log2.find("val perplexity") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,125 @@
+// Exact resume after SIGKILL, and fallback from a corrupted checkpoint, with the real binary.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+
+#include "tests/support/process.hpp"
+
+using namespace longwave::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string config_file(const std::string& dir, const std::string& name) {
+  const auto path = dir + "/" + name + ".toml";
+  write_text(path, "[run]\nout_dir = \"" + dir + "/" + name + "\"\nseed = 99\n" + R"(
+[model]
+seq_len = 64
+[train]
+workers = 2
+inner_steps = 5
+rounds = 12
+batch_size = 8
+warmup_steps = 5
+threads = 1
+[eval]
+every_rounds = 0
+batches = 2
+[checkpoint]
+every_rounds = 1
+keep = 3
+[metrics]
+enabled = false
+)");
+  return path;
+}
+
+std::vector<std::string> checkpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".lwc") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an uninterrupted run",
+                "[process][resume]") {
+  const auto dir = scratch_dir("sigkill");
+  // Uninterrupted reference.
+  auto [code_a, log_a] = run({binary(), "run", config_file(dir, "a")}, dir + "/a.log", 600);
+  CATCH_INFO(log_a);
+  CATCH_REQUIRE(code_a == 0);
+  auto trace_a = read_trace(dir + "/a/loss_trace.tsv");
+  CATCH_REQUIRE(trace_a.size() == 60);
+
+  // Same config, killed after at least 3 checkpointed rounds, somewhere inside a later round.
+  const auto cfg_b = config_file(dir, "b");
+  auto c = spawn({binary(), "run", cfg_b}, dir + "/b1.log");
+  CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/b/loss_trace.tsv").size() >= 17; }, 300));
+  CATCH_REQUIRE(kill(c.pid, SIGKILL) == 0);
+  CATCH_CHECK(wait_exit(c, 60) == 128 + SIGKILL);
+  const auto killed_at = read_trace(dir + "/b/loss_trace.tsv").size();
+  CATCH_REQUIRE(killed_at < 60);  // it really was interrupted
+  CATCH_REQUIRE_FALSE(checkpoints(dir + "/b/checkpoints").empty());
+
+  auto [code_b, log_b] = run({binary(), "run", cfg_b}, dir + "/b2.log", 600);
+  CATCH_INFO(log_b);
+  CATCH_REQUIRE(code_b == 0);
+  CATCH_CHECK(log_b.find("resuming from round") != std::string::npos);
+  auto trace_b = read_trace(dir + "/b/loss_trace.tsv");
+  CATCH_REQUIRE(trace_b.size() == trace_a.size());
+  for (size_t i = 0; i < trace_a.size(); ++i) {
+    CATCH_CHECK(trace_b[i].first == trace_a[i].first);
+    CATCH_CHECK(std::abs(trace_b[i].second - trace_a[i].second) <= 1e-6);
+  }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and the previous one is used",
+                "[process][resume]") {
+  const auto dir = scratch_dir("corrupt");
+  const auto cfg = config_file(dir, "r");
+  auto [code, log] = run({binary(), "run", cfg, "--set", "train.rounds=4"}, dir + "/1.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  auto files = checkpoints(dir + "/r/checkpoints");
+  CATCH_REQUIRE(files.size() == 3);  // keep = 3
+  // Flip one byte in the middle of the newest checkpoint.
+  {
+    std::fstream f(files.back(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const auto size = static_cast<long>(f.tellg());
+    f.seekg(size / 2);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x5a);
+    f.seekp(size / 2);
+    f.write(&b, 1);
+  }
+  // Offline eval of the directory falls back too.
+  auto [ecode, elog] = run({binary(), "eval", dir + "/r/checkpoints"}, dir + "/eval.log", 300);
+  CATCH_INFO(elog);
+  CATCH_CHECK(ecode == 0);
+  CATCH_CHECK(elog.find("corrupt") != std::string::npos);
+  CATCH_CHECK(elog.find("round 3") != std::string::npos);
+  CATCH_CHECK(elog.find("val perplexity") != std::string::npos);
+  // Continuing the run (more rounds) resumes from round 3 with a clear log line.
+  auto [code2, log2] = run({binary(), "run", cfg, "--set", "train.rounds=6"}, dir + "/2.log", 600);
+  CATCH_INFO(log2);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(log2.find("checksum mismatch") != std::string::npos);
+  CATCH_CHECK(log2.find("falling back") != std::string::npos);
+  CATCH_CHECK(log2.find("resuming from round 3") != std::string::npos);
+  // A truncated checkpoint: detected as well.
+  files = checkpoints(dir + "/r/checkpoints");
+  fs::resize_file(files.back(), fs::file_size(files.back()) / 3);
+  auto [code3, log3] = run({binary(), "eval", files.back()}, dir + "/3.log", 300);
+  CATCH_INFO(log3);
+  CATCH_CHECK(code3 == 1);
+  CATCH_CHECK(log3.find("corrupt") != std::string::npos);
+  fs::remove_all(dir);
+}

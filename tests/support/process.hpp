@@ -1,0 +1,113 @@
+#pragma once
+// Test helpers: start the real longwave binary as a child process, wait with a deadline, signal it, and
+// read files it writes.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace longwave::test {
+
+/// Path of the longwave binary (LW_BINARY from ctest, else the build tree default).
+inline std::string binary() {
+  if (const char* b = std::getenv("LW_BINARY"); b && *b) return b;
+  throw std::runtime_error("LW_BINARY is not set (run the tests through ctest)");
+}
+
+/// A fresh, empty scratch directory.
+inline std::string scratch_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("longwave-test-" + name + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+/// A child process whose stdout and stderr go to one log file.
+struct child {
+  pid_t pid = -1;
+  std::string log;
+};
+
+inline child spawn(const std::vector<std::string>& args, const std::string& log_path) {
+  child c;
+  c.log = log_path;
+  c.pid = fork();
+  if (c.pid == 0) {
+    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return c;
+}
+
+/// Exit code (128+signal if killed), or -1 if it did not end within the deadline (then it is killed).
+inline int wait_exit(const child& c, double timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    pid_t r = waitpid(c.pid, &status, WNOHANG);
+    if (r == c.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(c.pid, SIGKILL);
+  waitpid(c.pid, nullptr, 0);
+  return -1;
+}
+
+/// Runs to completion; returns the exit code and the combined output.
+inline std::pair<int, std::string> run(const std::vector<std::string>& args, const std::string& log_path,
+                                       double timeout_s = 600) {
+  auto c = spawn(args, log_path);
+  const int code = wait_exit(c, timeout_s);
+  return {code, read_text(log_path)};
+}
+
+/// Waits until `pred()` holds, polling; false on timeout.
+template <class Pred>
+bool wait_until(Pred pred, double timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+/// Lines of a loss trace (step \t round \t loss) as (step, loss) pairs.
+inline std::vector<std::pair<long, double>> read_trace(const std::string& path) {
+  std::vector<std::pair<long, double>> out;
+  std::ifstream in(path);
+  long step, round;
+  double loss;
+  while (in >> step >> round >> loss) out.emplace_back(step, loss);
+  return out;
+}
+
+}  // namespace longwave::test

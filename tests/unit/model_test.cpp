@@ -1,0 +1,98 @@
+// The Llama-style GPT: parameter counts, deterministic initialisation, attention, bf16, and flat AdamW
+// against torch::optim::AdamW.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "models/adamw.hpp"
+#include "models/gpt.hpp"
+#include "models/model_spec.hpp"
+
+using namespace longwave::models;
+
+CATCH_TEST_CASE("every preset's layout matches the closed-form parameter count", "[models]") {
+  for (const auto& name : preset_names()) {
+    for (int64_t vocab : {256, 32000}) {
+      auto s = preset_spec(name, vocab, 128);
+      int64_t sum = 0;
+      for (const auto& [pname, shape] : parameter_layout(s)) {
+        int64_t n = 1;
+        for (auto d : shape) n *= d;
+        sum += n;
+      }
+      // V*d + L*(2d + 2d^2 + 2*d*kv + 3*d*ffn) + d, written out per preset's numbers.
+      const int64_t d = s.dim, kv = s.n_kv_heads * (s.dim / s.n_heads);
+      const int64_t expected = vocab * d + s.n_layers * (2 * d + 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden) + d;
+      CATCH_CHECK(sum == expected);
+      CATCH_CHECK(closed_form_param_count(s) == expected);
+    }
+  }
+  CATCH_CHECK(closed_form_param_count(preset_spec("tiny", 256, 128)) >= 1'000'000);
+  CATCH_CHECK(closed_form_param_count(preset_spec("tiny", 256, 128)) <= 3'000'000);
+  const auto small = closed_form_param_count(preset_spec("small", 256, 128));
+  CATCH_CHECK((small >= 10'000'000 && small <= 20'000'000));
+  // TinyLlama-1.1B's shape: 22 layers of hidden 2048, 4 KV heads; with its 32000 vocab (tied) about 1.03B.
+  auto one_b = preset_spec("1b", 32000, 2048);
+  CATCH_CHECK(one_b.n_layers == 22);
+  CATCH_CHECK(one_b.dim == 2048);
+  CATCH_CHECK(closed_form_param_count(one_b) == 1'034'512'384);
+  CATCH_CHECK_THROWS(preset_spec("huge", 256, 128));
+}
+
+CATCH_TEST_CASE("initialisation is deterministic from the seed", "[models]") {
+  auto s = preset_spec("tiny", 256, 32);
+  auto a = gpt::init_flat(s, 7), b = gpt::init_flat(s, 7), c = gpt::init_flat(s, 8);
+  CATCH_CHECK(at::equal(a, b));
+  CATCH_CHECK_FALSE(at::equal(a, c));
+}
+
+CATCH_TEST_CASE("an untrained model predicts close to uniform and gradients land in the flat buffer", "[models]") {
+  auto s = preset_spec("tiny", 256, 32);
+  gpt m(s, at::kFloat);
+  m.load_flat(gpt::init_flat(s, 1));
+  auto tokens = torch::randint(0, 256, {2, 33}, torch::kLong);
+  auto loss = m.loss(tokens, true).item<double>();
+  CATCH_CHECK(std::abs(loss - std::log(256.0)) < 0.3);
+  CATCH_CHECK(m.flat_grads().abs().sum().item<double>() > 0);
+  // The gradient of the embedding view is the head of the flat gradient buffer.
+  CATCH_CHECK(at::equal(m.parameters()[0].grad().reshape({-1}), m.flat_grads().narrow(0, 0, 256 * s.dim)));
+}
+
+CATCH_TEST_CASE("the fused causal attention matches masked softmax attention", "[models]") {
+  auto q = torch::randn({2, 3, 16, 8}), k = torch::randn({2, 3, 16, 8}), v = torch::randn({2, 3, 16, 8});
+  auto fused = std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, 0.0, false, true));
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(8.0);
+  auto mask = torch::ones({16, 16}, torch::kBool).triu(1);
+  auto plain = torch::matmul(scores.masked_fill(mask, -INFINITY).softmax(-1), v);
+  CATCH_CHECK((fused - plain).abs().max().item<double>() < 1e-5);
+}
+
+CATCH_TEST_CASE("bf16 and fp32 models agree on the loss", "[models]") {
+  auto s = preset_spec("tiny", 256, 32);
+  auto theta = gpt::init_flat(s, 3);
+  gpt f(s, at::kFloat), h(s, at::kBFloat16);
+  f.load_flat(theta);
+  h.load_flat(theta);
+  auto tokens = torch::randint(0, 256, {2, 33}, torch::kLong);
+  const double lf = f.loss(tokens, true).item<double>(), lh = h.loss(tokens, true).item<double>();
+  CATCH_CHECK(std::abs(lf - lh) < 0.05);
+  CATCH_CHECK(h.flat_grads().scalar_type() == at::kBFloat16);
+  CATCH_CHECK(h.flat_grads().abs().sum().item<double>() > 0);
+}
+
+CATCH_TEST_CASE("flat AdamW reproduces torch::optim::AdamW", "[models]") {
+  torch::manual_seed(0);
+  auto p_ref = torch::randn({1000}).requires_grad_(true);
+  auto p_flat = p_ref.detach().clone();
+  torch::optim::AdamW ref({p_ref}, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+  adamw flat(1000, adamw_options{0.9, 0.95, 1e-8, 0.1});
+  for (int i = 0; i < 5; ++i) {
+    auto g = torch::randn({1000});
+    p_ref.mutable_grad() = g.clone();
+    ref.step();
+    flat.step(p_flat, g, 1e-2);
+  }
+  CATCH_CHECK((p_ref.detach() - p_flat).abs().max().item<double>() == 0.0);
+  CATCH_CHECK(flat.steps() == 5);
+}
