@@ -73,8 +73,8 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
   int i = 0;
   for (const auto& c : cases) {
     const auto cfg = dir + "/bad" + std::to_string(i) + ".toml";
-    write_text(cfg, "[run]\nout_dir = \"" + dir + "/run\"\n" + c.toml);
-    std::vector<std::string> args{binary(), "run", cfg};
+    write_text(cfg, c.toml);
+    std::vector<std::string> args{binary(), "run", cfg, "--set", "run.out_dir=" + dir + "/run"};
     args.insert(args.end(), c.extra_args.begin(), c.extra_args.end());
     auto [code, out] = run(args, dir + "/bad" + std::to_string(i) + ".log", 120);
     CATCH_INFO("case " << i << " (" << c.key << "): " << out);
@@ -90,7 +90,7 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
   std::filesystem::remove_all(dir);
 }
 
-CATCH_TEST_CASE("--dry-run prints the resolved config and the parameter count without training",
+CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count without training",
                 "[process][config]") {
   const auto dir = scratch_dir("dryrun");
   auto [code, out] = run({binary(), "run", quick_config_file(dir), "--dry-run", "--set", "model.preset=small"},
