@@ -27,8 +27,10 @@ caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, st
         auto t0 = std::chrono::steady_clock::now();
         try {
           auto path = self->state.store->write(to_checkpoint(snap, self->state.shape));
-          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          spdlog::debug("checkpoint: wrote {} (round {}, step {}, {:.0f} ms)", path, snap.round, snap.step, ms);
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          spdlog::debug("checkpoint: wrote {} (round {}, step {}, {:.0f} ms)", path, snap.round, snap.step,
+                        ms);
           return path;
         } catch (const std::exception& e) {
           spdlog::error("checkpoint: write failed: {}", e.what());

@@ -19,8 +19,8 @@ caf::behavior communicator_fun(caf::event_based_actor* self) {
         const auto n = parts[0].numel();
         for (const auto& p : parts)
           if (!p.defined() || p.numel() != n)
-            return make_error(errc::malformed_frame, "contributions of round " + std::to_string(round) +
-                                                         " differ in size");
+            return make_error(errc::malformed_frame,
+                              "contributions of round " + std::to_string(round) + " differ in size");
         at::NoGradGuard no_grad;
         auto sum = parts[0].to(at::kFloat).clone();
         for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
@@ -32,6 +32,8 @@ caf::behavior communicator_fun(caf::event_based_actor* self) {
 
 }  // namespace
 
-caf::actor spawn_communicator(caf::actor_system& sys) { return sys.spawn<caf::detached>(communicator_fun); }
+caf::actor spawn_communicator(caf::actor_system& sys) {
+  return sys.spawn<caf::detached>(communicator_fun);
+}
 
 }  // namespace longwave::actors

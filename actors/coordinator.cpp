@@ -48,8 +48,8 @@ bool allowed_transition(phase from, phase to) {
     case phase::resuming: return to == phase::inner;
     case phase::inner: return to == phase::reducing || to == phase::outer_step || to == phase::evaluating;
     case phase::reducing: return to == phase::outer_step;
-    case phase::outer_step: return to == phase::evaluating || to == phase::saving || to == phase::inner ||
-                                   to == phase::done;
+    case phase::outer_step:
+      return to == phase::evaluating || to == phase::saving || to == phase::inner || to == phase::done;
     case phase::evaluating: return to == phase::saving || to == phase::inner || to == phase::done;
     case phase::saving: return to == phase::inner || to == phase::done;
     case phase::stopping: return to == phase::done;
@@ -84,6 +84,7 @@ struct coordinator_state {
   int64_t tokens = 0;
   clock::time_point t_start;
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
+  double eval_s = 0;  // wall time spent evaluating (excluded from train_seconds)
   std::ofstream trace;
   caf::timespan round_timeout, request_timeout;
 };
@@ -173,7 +174,8 @@ void on_report(self_ptr self, const step_report& r) {
   const double loss = agg.loss_sum / static_cast<double>(agg.count);
   s.steps.erase(r.step);
   s.last_step = std::max(s.last_step, r.step);
-  if (s.trace) s.trace << r.step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
+  if (s.trace)
+    s.trace << r.step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
   const double wall = std::chrono::duration<double>(clock::now() - s.t_start).count();
   const double tok_s = wall > 0 ? static_cast<double>(s.tokens) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
@@ -244,10 +246,11 @@ void save(self_ptr self, train_snapshot snap, std::function<void()> then) {
 
 void flush_then(self_ptr self, std::function<void()> then) {
   self->request(self->state.peers.checkpointer, self->state.request_timeout, flush_atom_v)
-      .then([=](bool) { then(); }, [=](caf::error& e) {
-        spdlog::warn("checkpointer flush: {}", describe(e));
-        then();
-      });
+      .then([=](bool) { then(); },
+            [=](caf::error& e) {
+              spdlog::warn("checkpointer flush: {}", describe(e));
+              then();
+            });
 }
 
 void stop_now(self_ptr self, bool boundary) {
@@ -273,10 +276,12 @@ void write_result(const coordinator_state& s, double wall) {
   const auto& c = s.ctx->cfg;
   std::ofstream out(c.run.out_dir + "/result.json", std::ios::trunc);
   out << fmt::format(
-      "{{\"mode\": \"{}\", \"workers\": {}, \"rounds\": {}, \"inner_steps\": {}, \"inner_steps_per_worker\": {}, "
-      "\"val_loss\": {:.9g}, \"val_ppl\": {:.9g}, \"tokens\": {}, \"seconds\": {:.3f}}}\n",
+      "{{\"mode\": \"{}\", \"workers\": {}, \"rounds\": {}, \"inner_steps\": {}, \"inner_steps_per_worker\": "
+      "{}, "
+      "\"val_loss\": {:.9g}, \"val_ppl\": {:.9g}, \"tokens\": {}, \"seconds\": {:.3f}, \"train_seconds\": "
+      "{:.3f}}}\n",
       c.run.mode, c.train.workers, s.round, c.train.inner_steps, s.last_step, s.last_val_loss,
-      std::exp(s.last_val_loss), s.tokens, wall);
+      std::exp(s.last_val_loss), s.tokens, wall, wall - s.eval_s);
 }
 
 void finish(self_ptr self) {
@@ -284,9 +289,10 @@ void finish(self_ptr self) {
   flush_then(self, [=] {
     auto& s = self->state;
     const double wall = std::chrono::duration<double>(clock::now() - s.t_start).count();
-    spdlog::info("final: val loss {:.4f} | val perplexity {:.3f} | {} rounds x {} inner steps x {} workers | {}",
-                 s.last_val_loss, std::exp(s.last_val_loss), s.round, s.ctx->cfg.train.inner_steps,
-                 s.ctx->n_workers(), format_duration(wall));
+    spdlog::info(
+        "final: val loss {:.4f} | val perplexity {:.3f} | {} rounds x {} inner steps x {} workers | {}",
+        s.last_val_loss, std::exp(s.last_val_loss), s.round, s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
+        format_duration(wall));
     write_result(s, wall);
     set_phase(self, phase::done);
     notify_main(self, 0);
@@ -324,15 +330,17 @@ void after_round(self_ptr self, at::Tensor theta) {
       last || (cfg.eval.every_rounds > 0 && s.round % static_cast<uint64_t>(cfg.eval.every_rounds) == 0);
   if (!eval_due) return save_then_continue(self);
   set_phase(self, phase::evaluating);
+  const auto t0 = clock::now();
   self->request(s.workers[0], s.round_timeout, eval_atom_v, theta, cfg.eval.batches)
       .then(
           [=](double loss) {
             auto& s = self->state;
+            s.eval_s += std::chrono::duration<double>(clock::now() - t0).count();
             s.last_val_loss = loss;
             gauge(self, "longwave_val_loss", loss);
             gauge(self, "longwave_val_perplexity", std::exp(loss));
-            spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", s.round, s.ctx->cfg.train.rounds,
-                         loss, std::exp(loss));
+            spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", s.round,
+                         s.ctx->cfg.train.rounds, loss, std::exp(loss));
             save_then_continue(self);
           },
           [=](caf::error& e) { fail(self, e); });
@@ -354,7 +362,8 @@ void diloco_round(self_ptr self, at::Tensor theta) {
             .then(
                 [=](at::Tensor& avg) {
                   set_phase(self, phase::outer_step);
-                  self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, round, avg)
+                  self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, round,
+                                avg)
                       .then([=](at::Tensor& new_theta) { after_round(self, new_theta); },
                             [=](caf::error& e) { fail(self, e); });
                 },
@@ -396,7 +405,8 @@ void ddp_step(self_ptr self) {
         std::vector<at::Tensor> parts;
         std::vector<step_report> reps;
         for (auto& g : grads) {
-          reps.push_back({g.rank, 0, g.mean_loss, g.compute_s, s.ctx->inner.batch_size * s.ctx->spec.seq_len});
+          reps.push_back(
+              {g.rank, 0, g.mean_loss, g.compute_s, s.ctx->inner.batch_size * s.ctx->spec.seq_len});
           parts.push_back(std::move(g.delta));
         }
         self->request(s.peers.communicator, s.request_timeout, reduce_atom_v, s.round + 1, std::move(parts))
@@ -407,8 +417,8 @@ void ddp_step(self_ptr self) {
                       [=](std::vector<double> apply_s) {
                         auto& s = self->state;
                         ++s.ddp_step_in_round;
-                        const int64_t step =
-                            static_cast<int64_t>(s.round) * s.ctx->cfg.train.inner_steps + s.ddp_step_in_round;
+                        const int64_t step = static_cast<int64_t>(s.round) * s.ctx->cfg.train.inner_steps +
+                                             s.ddp_step_in_round;
                         for (size_t i = 0; i < reps.size(); ++i) {
                           auto r = reps[i];
                           r.step = step;
@@ -447,7 +457,8 @@ void install_resume(self_ptr self) {
           [=](bool) {
             auto left = std::make_shared<size_t>(snap.replicas.size());
             for (size_t i = 0; i < snap.replicas.size(); ++i) {
-              self->request(self->state.workers[i], self->state.request_timeout, load_atom_v, snap.replicas[i])
+              self->request(self->state.workers[i], self->state.request_timeout, load_atom_v,
+                            snap.replicas[i])
                   .then(
                       [=](bool) {
                         if (--*left == 0) begin_round(self);
@@ -521,7 +532,8 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
 caf::actor spawn_coordinator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx,
                              coordinator_peers peers, std::optional<train_snapshot> resume,
                              std::string trace_path) {
-  return sys.spawn(coordinator_fun, std::move(ctx), std::move(peers), std::move(resume), std::move(trace_path));
+  return sys.spawn(coordinator_fun, std::move(ctx), std::move(peers), std::move(resume),
+                   std::move(trace_path));
 }
 
 }  // namespace longwave::actors

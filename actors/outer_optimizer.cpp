@@ -21,7 +21,8 @@ struct outer_state {
   bool stepped = false;
 };
 
-caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_section cfg, at::Tensor theta0) {
+caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_section cfg,
+                        at::Tensor theta0) {
   self->state.theta = std::move(theta0);
   self->state.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
   return {
@@ -33,7 +34,8 @@ caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_se
                                                    " after round " + std::to_string(s.last_round));
         if (delta.numel() != s.theta.numel())
           return make_error(errc::malformed_frame, "pseudo-gradient has " + std::to_string(delta.numel()) +
-                                                       " values, theta has " + std::to_string(s.theta.numel()));
+                                                       " values, theta has " +
+                                                       std::to_string(s.theta.numel()));
         try {
           s.opt->step(s.theta, delta);
         } catch (const c10::Error& e) {
@@ -60,7 +62,8 @@ caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_se
 
 }  // namespace
 
-caf::actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg, at::Tensor theta0) {
+caf::actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg,
+                                 at::Tensor theta0) {
   return sys.spawn(outer_fun, cfg, std::move(theta0));
 }
 

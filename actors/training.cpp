@@ -37,7 +37,9 @@ namespace {
 
 std::atomic<int> g_signals{0};
 
-void on_signal(int) { g_signals.fetch_add(1); }
+void on_signal(int) {
+  g_signals.fetch_add(1);
+}
 
 struct paths {
   std::string out_dir, data_dir, ckpt_dir, trace, config_copy;
@@ -47,7 +49,8 @@ paths resolve_paths(const config::train_config& cfg) {
   paths p;
   p.out_dir = cfg.run.out_dir;
   p.data_dir = cfg.data.cache_dir.empty() ? (fs::path(p.out_dir) / "data").string() : cfg.data.cache_dir;
-  p.ckpt_dir = cfg.checkpoint.dir.empty() ? (fs::path(p.out_dir) / "checkpoints").string() : cfg.checkpoint.dir;
+  p.ckpt_dir =
+      cfg.checkpoint.dir.empty() ? (fs::path(p.out_dir) / "checkpoints").string() : cfg.checkpoint.dir;
   p.trace = (fs::path(p.out_dir) / "loss_trace.tsv").string();
   p.config_copy = (fs::path(p.out_dir) / "config.toml").string();
   return p;
@@ -74,13 +77,14 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
   const int64_t n = models::closed_form_param_count(spec);
   const int64_t mem = models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == "bf16");
   std::printf("%s\n", config::to_toml(cfg).c_str());
-  std::printf("# model: preset %s, dim %ld, layers %ld, heads %ld (kv %ld), ffn %ld, vocab %ld, context %ld\n",
-              spec.preset.c_str(), spec.dim, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden,
-              spec.vocab_size, spec.seq_len);
+  std::printf(
+      "# model: preset %s, dim %ld, layers %ld, heads %ld (kv %ld), ffn %ld, vocab %ld, context %ld\n",
+      spec.preset.c_str(), spec.dim, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden,
+      spec.vocab_size, spec.seq_len);
   std::printf("# parameters: %ld (%.2fM)\n", n, static_cast<double>(n) / 1e6);
   std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers\n",
-              static_cast<double>(mem) / (1 << 20),
-              static_cast<double>(mem * cfg.train.workers) / (1 << 20), cfg.train.workers);
+              static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
+              cfg.train.workers);
   std::printf("# inner steps per worker: %ld (%ld rounds x H=%ld); tokens per worker: %ld\n",
               cfg.train.rounds * cfg.train.inner_steps, cfg.train.rounds, cfg.train.inner_steps,
               cfg.train.rounds * cfg.train.inner_steps * cfg.train.batch_size * cfg.model.seq_len);
@@ -115,16 +119,16 @@ int train(const config::train_config& cfg, const run_options& opts) {
   }
   fs::create_directories(p.out_dir);
   spdlog::info("longwave: {} mode, {} workers, preset {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
-               cfg.train.workers, spec.preset, static_cast<double>(models::closed_form_param_count(spec)) / 1e6,
-               cfg.model.dtype, p.out_dir);
+               cfg.train.workers, spec.preset,
+               static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
 
   auto data = models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                             cfg.data.val_fraction, p.data_dir,
                                             [](const std::string& line) { spdlog::info("{}", line); });
   if (cfg.model.vocab_size > 0 && cfg.model.vocab_size < data.vocab_size)
-    throw config::config_error("model.vocab_size", "model.vocab_size = " + std::to_string(cfg.model.vocab_size) +
-                                                       ": the data has token ids up to " +
-                                                       std::to_string(data.vocab_size - 1));
+    throw config::config_error("model.vocab_size",
+                               "model.vocab_size = " + std::to_string(cfg.model.vocab_size) +
+                                   ": the data has token ids up to " + std::to_string(data.vocab_size - 1));
   spec.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size;
 
   auto ctx = std::make_shared<run_context>();
@@ -135,7 +139,8 @@ int train(const config::train_config& cfg, const run_options& opts) {
   ctx->train_tokens = load_tokens(data.train_path);
   ctx->val_tokens = load_tokens(data.val_path);
   const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
-  ctx->threads_per_worker = cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);
+  ctx->threads_per_worker =
+      cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);
   // Check the data against the sampling plan before any actor starts (a clear error, not a dead worker).
   models::data::window_sampler probe(ctx->train_tokens, cfg.train.workers - 1, cfg.train.workers,
                                      cfg.train.batch_size, spec.seq_len, cfg.run.seed);
@@ -168,7 +173,8 @@ int train(const config::train_config& cfg, const run_options& opts) {
   sys_cfg.add_message_types<caf::id_block::longwave>();
   caf::actor_system sys{sys_cfg};
   int metrics_port = -1;
-  auto metrics = spawn_metrics_sink(sys, cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1, &metrics_port);
+  auto metrics =
+      spawn_metrics_sink(sys, cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1, &metrics_port);
   if (metrics_port >= 0) spdlog::info("metrics: http://127.0.0.1:{}/metrics", metrics_port);
   coordinator_peers peers;
   peers.metrics = metrics;
@@ -189,19 +195,21 @@ int train(const config::train_config& cfg, const run_options& opts) {
     bool running = true, stop_sent = false;
     while (running) {
       self->receive([&](done_atom, int c, double) { code = c, running = false; },
-                    caf::after(std::chrono::milliseconds(100)) >> [&] {
-                      const int n = g_signals.load();
-                      if (n >= 2) {
-                        spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
-                        std::_Exit(130);
-                      }
-                      if (n == 1 && !stop_sent) {
-                        spdlog::info("interrupt: finishing the current inner step and saving a checkpoint "
-                                     "(Ctrl-C again to abort)");
-                        self->send(coordinator, stop_atom_v);
-                        stop_sent = true;
-                      }
-                    });
+                    caf::after(std::chrono::milliseconds(100)) >>
+                        [&] {
+                          const int n = g_signals.load();
+                          if (n >= 2) {
+                            spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
+                            std::_Exit(130);
+                          }
+                          if (n == 1 && !stop_sent) {
+                            spdlog::info(
+                                "interrupt: finishing the current inner step and saving a checkpoint "
+                                "(Ctrl-C again to abort)");
+                            self->send(coordinator, stop_atom_v);
+                            stop_sent = true;
+                          }
+                        });
     }
     for (const auto& a : {coordinator, peers.communicator, peers.outer, peers.checkpointer, metrics})
       self->send_exit(a, caf::exit_reason::user_shutdown);
@@ -256,13 +264,15 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
       c = checkpoint_store::load_file(checkpoint_path);
     }
     const auto pos = c->meta.find(config_marker);
-    if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, checkpoint_path + ": no config in meta");
+    if (pos == std::string::npos)
+      throw lw_error(errc::corrupt_checkpoint, checkpoint_path + ": no config in meta");
     auto cfg = config::parse_config(c->meta.substr(pos + std::strlen(config_marker)), {}, checkpoint_path);
     const auto p = resolve_paths(cfg);
     auto data = models::data::prepare_dataset(corpus_path(cfg), cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                               cfg.data.val_fraction, p.data_dir,
                                               [](const std::string& line) { spdlog::info("{}", line); });
-    auto spec = models::preset_spec(cfg.model.preset, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size,
+    auto spec = models::preset_spec(cfg.model.preset,
+                                    cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size,
                                     cfg.model.seq_len);
     snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers, cfg.run.mode, spec.preset};
     auto snap = from_checkpoint(std::move(*c), shape);

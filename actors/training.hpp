@@ -9,8 +9,8 @@ namespace longwave::actors {
 
 /// Options of one invocation that are not part of the config.
 struct run_options {
-  bool fresh = false;    ///< ignore (and remove) earlier checkpoints of this out_dir
-  bool dry_run = false;  ///< validate, print the resolved config and the model size, do not train
+  bool fresh = false;          ///< ignore (and remove) earlier checkpoints of this out_dir
+  bool dry_run = false;        ///< validate, print the resolved config and the model size, do not train
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
 };
 

@@ -35,7 +35,7 @@ struct worker_state {
   at::Tensor theta_ref;  // theta_global at the start of the round; read-only until we reply
   int64_t steps_in_round = 0, steps_target = 0;
   int64_t resume_steps = 0;  // loaded from a mid-round checkpoint
-  int64_t steps_run = 0;  // steps executed by this process in this round
+  int64_t steps_run = 0;     // steps executed by this process in this round
   double loss_sum = 0;
   caf::response_promise rp;
 };
@@ -51,7 +51,8 @@ caf::error guarded(int64_t rank, F&& f) {
     f();
     return {};
   } catch (const c10::Error& e) {
-    return make_error(errc::torch_error, "worker " + std::to_string(rank) + ": " + e.what_without_backtrace());
+    return make_error(errc::torch_error,
+                      "worker " + std::to_string(rank) + ": " + e.what_without_backtrace());
   } catch (const lw_error& e) {
     return make_error(e.code(), "worker " + std::to_string(rank) + ": " + e.what());
   } catch (const std::exception& e) {
@@ -149,7 +150,8 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
       [=](eval_atom, at::Tensor theta, int64_t n_batches) -> caf::result<double> {
         auto& s = self->state;
         double loss = 0;
-        if (auto err = guarded(s.rank, [&] { loss = s.trainer->evaluate(theta, *s.ctx->val_tokens, n_batches); }))
+        if (auto err =
+                guarded(s.rank, [&] { loss = s.trainer->evaluate(theta, *s.ctx->val_tokens, n_batches); }))
           return err;
         return loss;
       },

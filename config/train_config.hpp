@@ -24,7 +24,8 @@ struct model_section {
 
 /// [data]: corpus, tokenizer and shards.
 struct data_section {
-  std::string path = "";           ///< "" = bundled KJV; a .txt, a .jsonl (field "text") or a dir with train.bin/val.bin
+  std::string path =
+      "";  ///< "" = bundled KJV; a .txt, a .jsonl (field "text") or a dir with train.bin/val.bin
   std::string tokenizer = "byte";  ///< "byte" | "bpe"
   int64_t bpe_vocab_size = 1024;   ///< only for tokenizer = "bpe"; 257..65535
   double val_fraction = 0.05;      ///< share of the corpus held out for validation, (0, 0.5]
@@ -33,19 +34,19 @@ struct data_section {
 
 /// [train]: the inner loop (AdamW) and the outer schedule.
 struct train_section {
-  int64_t workers = 4;         ///< M local workers (replicas) in this process
-  int64_t inner_steps = 50;    ///< H
-  int64_t rounds = 10;         ///< outer rounds; total inner steps per worker = rounds * inner_steps
-  int64_t batch_size = 8;      ///< sequences per worker per inner step
-  double lr = 4e-3;            ///< peak inner learning rate
-  int64_t warmup_steps = 50;   ///< linear warm-up, in inner steps
-  double min_lr_ratio = 0.1;   ///< cosine decays to lr * min_lr_ratio
+  int64_t workers = 4;        ///< M local workers (replicas) in this process
+  int64_t inner_steps = 50;   ///< H
+  int64_t rounds = 10;        ///< outer rounds; total inner steps per worker = rounds * inner_steps
+  int64_t batch_size = 8;     ///< sequences per worker per inner step
+  double lr = 4e-3;           ///< peak inner learning rate
+  int64_t warmup_steps = 50;  ///< linear warm-up, in inner steps
+  double min_lr_ratio = 0.1;  ///< cosine decays to lr * min_lr_ratio
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;      ///< max global grad norm; 0 disables
-  int64_t threads = 0;         ///< torch threads per worker; 0 = cores / workers (at least 1)
+  double grad_clip = 1.0;  ///< max global grad norm; 0 disables
+  int64_t threads = 0;     ///< torch threads per worker; 0 = cores / workers (at least 1)
 };
 
 /// [outer]: the outer optimizer, SGD with Nesterov momentum.
@@ -76,9 +77,9 @@ struct metrics_section {
 
 /// [runtime]: actor system and deadlines.
 struct runtime_section {
-  double round_timeout_s = 3600;  ///< deadline for one worker's inner round
-  double request_timeout_s = 120; ///< deadline for every other request
-  int64_t log_every_steps = 10;   ///< progress line period, in inner steps
+  double round_timeout_s = 3600;   ///< deadline for one worker's inner round
+  double request_timeout_s = 120;  ///< deadline for every other request
+  int64_t log_every_steps = 10;    ///< progress line period, in inner steps
 };
 
 /// The whole resolved configuration of one run.

@@ -52,8 +52,8 @@ gpt::gpt(const model_spec& spec, at::ScalarType dtype) : spec_(spec) {
   LW_ASSERT(off == n_, "parameter layout does not match the closed-form count");
 
   const int64_t half = spec.head_dim() / 2;
-  auto inv_freq =
-      at::pow(spec.rope_theta, at::arange(0, half, at::kDouble) * (-2.0 / static_cast<double>(spec.head_dim())));
+  auto inv_freq = at::pow(spec.rope_theta,
+                          at::arange(0, half, at::kDouble) * (-2.0 / static_cast<double>(spec.head_dim())));
   auto t = at::arange(0, spec.seq_len, at::kDouble);
   auto freqs = at::outer(t, inv_freq);  // [T, D/2]
   rope_cos_ = freqs.cos().to(dtype);
@@ -90,7 +90,9 @@ void gpt::load_flat(const at::Tensor& flat_fp32) {
   flat_.copy_(flat_fp32);
 }
 
-void gpt::zero_grad() { flat_grad_.zero_(); }
+void gpt::zero_grad() {
+  flat_grad_.zero_();
+}
 
 at::Tensor gpt::forward_logits(const at::Tensor& idx) {
   const auto& s = spec_;

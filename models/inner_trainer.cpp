@@ -34,7 +34,9 @@ double inner_trainer::current_lr() const {
   return warmup_cosine_lr(opts_.lr, adam_.steps(), opts_.warmup_steps, opts_.total_steps, opts_.min_lr_ratio);
 }
 
-int64_t inner_trainer::tokens_per_step() const { return opts_.batch_size * spec_.seq_len; }
+int64_t inner_trainer::tokens_per_step() const {
+  return opts_.batch_size * spec_.seq_len;
+}
 
 void inner_trainer::next_batch() {
   sampler_->next(batch_buf_);
@@ -106,4 +108,3 @@ void inner_trainer::load_state(const inner_state& s) {
 }
 
 }  // namespace longwave::models
-

@@ -24,7 +24,7 @@ struct inner_options {
   int64_t warmup_steps = 50;
   int64_t total_steps = 1000;  ///< schedule length in inner steps
   double min_lr_ratio = 0.1;
-  double grad_clip = 1.0;      ///< 0 disables
+  double grad_clip = 1.0;  ///< 0 disables
   adamw_options adam;
   bool bf16 = false;
 };

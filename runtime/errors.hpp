@@ -9,16 +9,16 @@ namespace longwave {
 /// Expected failures. Registered with CAF in runtime/type_ids.hpp.
 enum class errc : uint8_t {
   none = 0,
-  invalid_config,     ///< user config rejected (CLI exits 2)
-  io_error,           ///< file could not be read or written
-  corrupt_checkpoint, ///< checksum, size or magic mismatch
-  corrupt_data,       ///< token shard or tokenizer file malformed
-  deadline_missed,    ///< a request timed out
-  stale_round,        ///< a message for a round that is over
-  peer_lost,          ///< a peer or local worker went away
-  malformed_frame,    ///< a wire frame failed validation
-  torch_error,        ///< a c10::Error caught at an actor boundary
-  cancelled,          ///< stopped by the user (Ctrl-C)
+  invalid_config,      ///< user config rejected (CLI exits 2)
+  io_error,            ///< file could not be read or written
+  corrupt_checkpoint,  ///< checksum, size or magic mismatch
+  corrupt_data,        ///< token shard or tokenizer file malformed
+  deadline_missed,     ///< a request timed out
+  stale_round,         ///< a message for a round that is over
+  peer_lost,           ///< a peer or local worker went away
+  malformed_frame,     ///< a wire frame failed validation
+  torch_error,         ///< a c10::Error caught at an actor boundary
+  cancelled,           ///< stopped by the user (Ctrl-C)
 };
 
 /// Human-readable name of an errc value.
@@ -39,7 +39,7 @@ class lw_error : public std::runtime_error {
 }  // namespace longwave
 
 /// Broken invariant: a bug. Aborts with the condition, place and message.
-#define LW_ASSERT(cond, msg)                                                  \
-  do {                                                                        \
-    if (!(cond)) ::longwave::assert_fail(#cond, __FILE__, __LINE__, (msg));   \
+#define LW_ASSERT(cond, msg)                                                \
+  do {                                                                      \
+    if (!(cond)) ::longwave::assert_fail(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)

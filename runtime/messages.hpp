@@ -38,8 +38,8 @@ struct step_report {
 
 /// Everything needed to resume a run exactly.
 struct train_snapshot {
-  uint64_t round = 0;  ///< completed outer rounds
-  uint64_t step = 0;   ///< inner steps per worker so far
+  uint64_t round = 0;          ///< completed outer rounds
+  uint64_t step = 0;           ///< inner steps per worker so far
   at::Tensor theta, momentum;  ///< momentum undefined before the first outer step
   std::vector<replica_state> replicas;
   std::string meta;

@@ -1,6 +1,6 @@
 // Checkpoint layout: blobs "theta", "momentum" (absent before the first outer step) and per replica r
-// "replica<r>/master", "/exp_avg", "/exp_avg_sq", "/counters" (adam_steps, sampler_position, steps_in_round as
-// three int64). meta holds "key=value" lines: mode, preset, n_params, replicas.
+// "replica<r>/master", "/exp_avg", "/exp_avg_sq", "/counters" (adam_steps, sampler_position, steps_in_round
+// as three int64). meta holds "key=value" lines: mode, preset, n_params, replicas.
 #include "runtime/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
@@ -81,15 +81,16 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
     c.blobs.push_back(tensor_blob(p + "master", r.master));
     c.blobs.push_back(tensor_blob(p + "exp_avg", r.exp_avg));
     c.blobs.push_back(tensor_blob(p + "exp_avg_sq", r.exp_avg_sq));
-    c.blobs.push_back(counters_blob(p + "counters", {r.adam_steps, static_cast<int64_t>(r.sampler_position),
-                                                     r.steps_in_round}));
+    c.blobs.push_back(counters_blob(
+        p + "counters", {r.adam_steps, static_cast<int64_t>(r.sampler_position), r.steps_in_round}));
   }
   return c;
 }
 
 train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
   auto kv = parse_meta(c.meta);
-  if (kv["mode"] != shape.mode) mismatch("checkpoint was written in mode '" + kv["mode"] + "', this run is '" + shape.mode + "'");
+  if (kv["mode"] != shape.mode)
+    mismatch("checkpoint was written in mode '" + kv["mode"] + "', this run is '" + shape.mode + "'");
   if (kv["preset"] != shape.preset)
     mismatch("checkpoint was written for model '" + kv["preset"] + "', this run uses '" + shape.preset + "'");
   if (kv["replicas"] != std::to_string(shape.n_replicas))

@@ -21,7 +21,8 @@ struct snapshot_shape {
 
 /// Blobs share the tensors' storage (no copy); the tensors must be contiguous fp32 and not change afterwards.
 checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape);
-/// Throws lw_error(corrupt_checkpoint) naming what does not match (e.g. "written for 4 workers, this run has 2").
+/// Throws lw_error(corrupt_checkpoint) naming what does not match (e.g. "written for 4 workers, this run has
+/// 2").
 train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape);
 
 }  // namespace longwave::runtime

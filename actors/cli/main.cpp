@@ -15,11 +15,12 @@ using namespace longwave;
 namespace {
 
 int cmd_presets(int64_t vocab, int64_t seq_len) {
-  std::printf("%-6s %6s %7s %6s %8s %6s %14s\n", "preset", "dim", "layers", "heads", "kv_heads", "ffn", "parameters");
+  std::printf("%-6s %6s %7s %6s %8s %6s %14s\n", "preset", "dim", "layers", "heads", "kv_heads", "ffn",
+              "parameters");
   for (const auto& name : models::preset_names()) {
     auto s = models::preset_spec(name, vocab, seq_len);
-    std::printf("%-6s %6ld %7ld %6ld %8ld %6ld %14ld\n", name.c_str(), s.dim, s.n_layers, s.n_heads, s.n_kv_heads,
-                s.ffn_hidden, models::closed_form_param_count(s));
+    std::printf("%-6s %6ld %7ld %6ld %8ld %6ld %14ld\n", name.c_str(), s.dim, s.n_layers, s.n_heads,
+                s.n_kv_heads, s.ffn_hidden, models::closed_form_param_count(s));
   }
   std::printf("(vocab %ld, context %ld; parameters include the tied embedding)\n", vocab, seq_len);
   return 0;
@@ -31,8 +32,10 @@ int main(int argc, char** argv) {
   runtime::init_logging();
   CLI::App app{
       "Longwave: DiLoCo training of Llama-style language models over slow links.\n"
-      "Workers run H inner AdamW steps on their own data, average their pseudo-gradients and apply them with an\n"
-      "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 interrupted."};
+      "Workers run H inner AdamW steps on their own data, average their pseudo-gradients and apply them with "
+      "an\n"
+      "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 "
+      "interrupted."};
   app.require_subcommand(1);
 
   // run
@@ -48,7 +51,8 @@ int main(int argc, char** argv) {
   run->add_flag("--fresh", ropts.fresh, "Start over: delete this run's checkpoints and loss trace first");
   run->add_option("--log-level", log_level, "trace, debug, info, warn or error")->capture_default_str();
   run->footer(
-      "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation perplexity.\n"
+      "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation "
+      "perplexity.\n"
       "Ctrl-C saves a checkpoint and exits with code 130; the same command then resumes exactly.\n"
       "Files in run.out_dir: config.toml, loss_trace.tsv, checkpoints/, data/ (token shards).");
 
@@ -62,16 +66,20 @@ int main(int argc, char** argv) {
 
   // data prepare
   auto* data = app.add_subcommand("data", "Data tools");
-  auto* prep = data->add_subcommand("prepare", "Tokenize a corpus into llm.c .bin shards (train.bin, val.bin)");
+  auto* prep =
+      data->add_subcommand("prepare", "Tokenize a corpus into llm.c .bin shards (train.bin, val.bin)");
   data->require_subcommand(1);
   std::string input, out_dir, tokenizer = "byte";
   int64_t vocab = 1024;
   double val_fraction = 0.05;
   prep->add_option("input", input, "Text file, JSONL file (field \"text\"), or '' for the bundled KJV");
   prep->add_option("--out", out_dir, "Output directory")->required();
-  prep->add_option("--tokenizer", tokenizer, "byte or bpe")->check(CLI::IsMember({"byte", "bpe"}))->capture_default_str();
+  prep->add_option("--tokenizer", tokenizer, "byte or bpe")
+      ->check(CLI::IsMember({"byte", "bpe"}))
+      ->capture_default_str();
   prep->add_option("--vocab", vocab, "BPE vocabulary size")->capture_default_str();
-  prep->add_option("--val-fraction", val_fraction, "Share of tokens held out for validation")->capture_default_str();
+  prep->add_option("--val-fraction", val_fraction, "Share of tokens held out for validation")
+      ->capture_default_str();
 
   // presets
   auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");

@@ -1,7 +1,7 @@
 // The actor runtime end to end, in process, on the bundled KJV corpus: equivalence with plain AdamW and
 // the DiLoCo-beats-single-worker check.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <filesystem>
@@ -70,7 +70,8 @@ CATCH_TEST_CASE("M=1, H=1, outer lr 1 and momentum 0 reproduce plain AdamW train
 
   // The same model, data and schedule in a plain LibTorch loop with torch::optim::AdamW.
   at::set_num_threads(1);
-  auto data = models::data::prepare_dataset(require_corpus(), "byte", 0, cfg.data.val_fraction, dir + "/data");
+  auto data =
+      models::data::prepare_dataset(require_corpus(), "byte", 0, cfg.data.val_fraction, dir + "/data");
   auto tokens = std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(data.train_path));
   auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
   models::gpt model(spec, at::kFloat);
@@ -82,7 +83,8 @@ CATCH_TEST_CASE("M=1, H=1, outer lr 1 and momentum 0 reproduce plain AdamW train
   models::data::window_sampler sampler(tokens, 0, 1, cfg.train.batch_size, cfg.model.seq_len, cfg.run.seed);
   std::vector<int64_t> buf(static_cast<size_t>(cfg.train.batch_size * (cfg.model.seq_len + 1)));
   for (int64_t i = 0; i < 12; ++i) {
-    const double lr = models::warmup_cosine_lr(cfg.train.lr, i, cfg.train.warmup_steps, 12, cfg.train.min_lr_ratio);
+    const double lr =
+        models::warmup_cosine_lr(cfg.train.lr, i, cfg.train.warmup_steps, 12, cfg.train.min_lr_ratio);
     static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options()).lr(lr);
     sampler.next(buf);
     auto batch = torch::from_blob(buf.data(), {cfg.train.batch_size, cfg.model.seq_len + 1}, torch::kLong);
@@ -92,5 +94,47 @@ CATCH_TEST_CASE("M=1, H=1, outer lr 1 and momentum 0 reproduce plain AdamW train
     CATCH_CHECK(trace[static_cast<size_t>(i)].first == i + 1);
     CATCH_CHECK(std::abs(trace[static_cast<size_t>(i)].second - loss) < 1e-6);
   }
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("on KJV the loss decreases and DiLoCo with 4 workers beats one worker at equal inner steps",
+                "[integration][diloco]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("diloco-vs-single");
+  auto base = small_config("");
+  base.model.seq_len = 128;
+  base.train.batch_size = 8;
+  base.train.inner_steps = 20;
+  base.train.rounds = 10;  // 200 inner steps per worker
+  base.train.warmup_steps = 20;
+  base.train.threads = 0;  // cores / workers
+  base.eval.every_rounds = 0;
+  base.eval.batches = 16;
+  actors::run_options opts;
+  opts.fresh = true;
+  opts.handle_signals = false;
+
+  auto single = base;
+  single.run.mode = "single";
+  single.train.workers = 1;
+  single.run.out_dir = dir + "/single";
+  CATCH_REQUIRE(actors::run_training(single, opts) == 0);
+  auto diloco = base;
+  diloco.run.mode = "diloco";
+  diloco.train.workers = 4;
+  diloco.run.out_dir = dir + "/diloco";
+  CATCH_REQUIRE(actors::run_training(diloco, opts) == 0);
+
+  for (const auto& run : {single.run.out_dir, diloco.run.out_dir}) {
+    auto trace = test::read_trace(run + "/loss_trace.tsv");
+    CATCH_REQUIRE(trace.size() == 200);
+    double first = 0, last = 0;
+    for (size_t i = 0; i < 10; ++i) first += trace[i].second, last += trace[trace.size() - 1 - i].second;
+    CATCH_CHECK(last < first * 0.7);  // mean of the last 10 steps well below the first 10
+  }
+  const double ppl_single = std::exp(final_val_loss(single.run.out_dir));
+  const double ppl_diloco = std::exp(final_val_loss(diloco.run.out_dir));
+  CATCH_INFO("val ppl single " << ppl_single << ", DiLoCo M=4 " << ppl_diloco);
+  CATCH_CHECK(ppl_diloco < ppl_single);
   std::filesystem::remove_all(dir);
 }

@@ -93,8 +93,9 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
 CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count without training",
                 "[process][config]") {
   const auto dir = scratch_dir("dryrun");
-  auto [code, out] = run({binary(), "run", quick_config_file(dir), "--dry-run", "--set", "model.preset=small"},
-                         dir + "/out.log", 120);
+  auto [code, out] =
+      run({binary(), "run", quick_config_file(dir), "--dry-run", "--set", "model.preset=small"},
+          dir + "/out.log", 120);
   CATCH_INFO(out);
   CATCH_CHECK(code == 0);
   CATCH_CHECK(out.find("parameters: 14260608") != std::string::npos);

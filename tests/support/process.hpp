@@ -26,7 +26,8 @@ inline std::string binary() {
 
 /// A fresh, empty scratch directory.
 inline std::string scratch_dir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("longwave-test-" + name + "-" + std::to_string(getpid()));
+  auto d =
+      std::filesystem::temp_directory_path() / ("longwave-test-" + name + "-" + std::to_string(getpid()));
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d.string();

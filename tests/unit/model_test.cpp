@@ -1,7 +1,7 @@
 // The Llama-style GPT: parameter counts, deterministic initialisation, attention, bf16, and flat AdamW
 // against torch::optim::AdamW.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
+#include <catch2/catch.hpp>
 
 #include <cmath>
 
@@ -23,7 +23,8 @@ CATCH_TEST_CASE("every preset's layout matches the closed-form parameter count",
       }
       // V*d + L*(2d + 2d^2 + 2*d*kv + 3*d*ffn) + d, written out per preset's numbers.
       const int64_t d = s.dim, kv = s.n_kv_heads * (s.dim / s.n_heads);
-      const int64_t expected = vocab * d + s.n_layers * (2 * d + 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden) + d;
+      const int64_t expected =
+          vocab * d + s.n_layers * (2 * d + 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden) + d;
       CATCH_CHECK(sum == expected);
       CATCH_CHECK(closed_form_param_count(s) == expected);
     }
@@ -47,7 +48,8 @@ CATCH_TEST_CASE("initialisation is deterministic from the seed", "[models]") {
   CATCH_CHECK_FALSE(at::equal(a, c));
 }
 
-CATCH_TEST_CASE("an untrained model predicts close to uniform and gradients land in the flat buffer", "[models]") {
+CATCH_TEST_CASE("an untrained model predicts close to uniform and gradients land in the flat buffer",
+                "[models]") {
   auto s = preset_spec("tiny", 256, 32);
   gpt m(s, at::kFloat);
   m.load_flat(gpt::init_flat(s, 1));
@@ -85,7 +87,8 @@ CATCH_TEST_CASE("flat AdamW reproduces torch::optim::AdamW", "[models]") {
   torch::manual_seed(0);
   auto p_ref = torch::randn({1000}).requires_grad_(true);
   auto p_flat = p_ref.detach().clone();
-  torch::optim::AdamW ref({p_ref}, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+  torch::optim::AdamW ref({p_ref},
+                          torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
   adamw flat(1000, adamw_options{0.9, 0.95, 1e-8, 0.1});
   for (int i = 0; i < 5; ++i) {
     auto g = torch::randn({1000});

@@ -1,7 +1,7 @@
 // The outer step through the real communicator and outer-optimizer actors, against a hand-computed
 // Nesterov sequence.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
+#include <catch2/catch.hpp>
 
 #include "actors/communicator.hpp"
 #include "actors/outer_optimizer.hpp"
@@ -11,7 +11,8 @@
 using namespace longwave;
 using namespace longwave::runtime;
 
-CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Nesterov sequence", "[actors][outer]") {
+CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Nesterov sequence",
+                "[actors][outer]") {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::longwave>();
   caf::actor_system sys{cfg};
@@ -33,7 +34,8 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
         .receive([&](at::Tensor& t) { avg = t; }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     at::Tensor theta;
     self->request(outer, std::chrono::seconds(10), outer_atom_v, uint64_t(r + 1), avg)
-        .receive([&](at::Tensor& t) { theta = t.clone(); }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+        .receive([&](at::Tensor& t) { theta = t.clone(); },
+                 [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     CATCH_CHECK(std::abs(theta[0].item<double>() - expected[r]) < 1e-6);
     CATCH_CHECK(std::abs(theta[1].item<double>() - (-2.0 - (expected[r] - 1.0))) < 1e-6);
   }
