@@ -47,7 +47,7 @@ double final_val_loss(const std::string& out_dir) {
 
 }  // namespace
 
-CATCH_TEST_CASE("M=1, H=1, outer lr 1 and momentum 0 reproduce plain AdamW training step for step",
+CATCH_TEST_CASE("with M=1 H=1 outer lr 1 and momentum 0 DiLoCo reproduces plain AdamW step for step",
                 "[integration][diloco]") {
   require_corpus();
   const auto dir = test::scratch_dir("adamw-equiv");
