@@ -195,33 +195,37 @@ void on_report(self_ptr self, const step_report& r) {
 
 // ---- snapshots ------------------------------------------------------------------------------------------
 
-/// Gathers a consistent snapshot: outer state and every replica (mid-round replicas report their own
-/// steps_in_round; boundary snapshots zero it), then hands it to `then`.
-void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then) {
+/// Gathers a consistent snapshot: outer state and every replica, then hands it to `then`. Boundary snapshots
+/// zero steps_in_round. A mid-round DiLoCo snapshot passes `target`: every (paused) replica first runs up to
+/// that inner step, so all replicas and the loss trace stop at the same step.
+void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then,
+                   int64_t target = -1) {
   auto& s = self->state;
   self->request(s.peers.outer, s.request_timeout, state_atom_v)
       .then(
           [=](std::vector<at::Tensor>& outer) {
             auto theta = outer[0], momentum = outer[1];
-            gather<replica_state>(
-                self, self->state.request_timeout,
-                [=](std::vector<replica_state> reps) {
-                  auto& s = self->state;
-                  train_snapshot snap;
-                  snap.round = s.round;
-                  snap.theta = theta;
-                  snap.momentum = momentum;
-                  snap.meta = std::string(config_marker) + s.ctx->config_toml;
-                  snap.step = static_cast<uint64_t>(reps[0].adam_steps);
-                  for (auto& r : reps) {
-                    if (boundary) r.steps_in_round = 0;
-                    if (s.ctx->cfg.run.mode == "ddp") r.steps_in_round = boundary ? 0 : s.ddp_step_in_round;
-                    snap.step = std::min<uint64_t>(snap.step, static_cast<uint64_t>(r.adam_steps));
-                  }
-                  snap.replicas = std::move(reps);
-                  then(std::move(snap));
-                },
-                state_atom_v);
+            auto assemble = [=](std::vector<replica_state> reps) {
+              auto& s = self->state;
+              train_snapshot snap;
+              snap.round = s.round;
+              snap.theta = theta;
+              snap.momentum = momentum;
+              snap.meta = std::string(config_marker) + s.ctx->config_toml;
+              snap.step = static_cast<uint64_t>(reps[0].adam_steps);
+              for (auto& r : reps) {
+                if (boundary) r.steps_in_round = 0;
+                if (s.ctx->cfg.run.mode == "ddp") r.steps_in_round = boundary ? 0 : s.ddp_step_in_round;
+                LW_ASSERT(static_cast<uint64_t>(r.adam_steps) == snap.step,
+                          "replicas of a snapshot differ in step");
+              }
+              snap.replicas = std::move(reps);
+              then(std::move(snap));
+            };
+            if (target >= 0)
+              gather<replica_state>(self, self->state.round_timeout, assemble, state_atom_v, target);
+            else
+              gather<replica_state>(self, self->state.request_timeout, assemble, state_atom_v);
           },
           [=](caf::error& e) { fail(self, e); });
 }
@@ -257,7 +261,7 @@ void stop_now(self_ptr self, bool boundary) {
   set_phase(self, phase::stopping);
   spdlog::info("stopping: saving a checkpoint of round {} ({})", self->state.round,
                boundary ? "round boundary" : "mid-round");
-  take_snapshot(self, boundary, [=](train_snapshot snap) {
+  auto save_and_exit = [=](train_snapshot snap) {
     const auto step = snap.step;
     save(self, std::move(snap), [=] {
       flush_then(self, [=] {
@@ -266,7 +270,16 @@ void stop_now(self_ptr self, bool boundary) {
         notify_main(self, 130);
       });
     });
-  });
+  };
+  if (boundary || self->state.ctx->cfg.run.mode == "ddp") return take_snapshot(self, boundary, save_and_exit);
+  // DiLoCo mid-round: replicas run independently, so pause them, then bring all to the furthest step.
+  gather<int64_t>(
+      self, self->state.request_timeout,
+      [=](std::vector<int64_t> steps) {
+        const int64_t target = *std::max_element(steps.begin(), steps.end());
+        take_snapshot(self, false, save_and_exit, target);
+      },
+      pause_atom_v);
 }
 
 // ---- the round ------------------------------------------------------------------------------------------

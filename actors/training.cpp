@@ -179,7 +179,11 @@ int train(const config::train_config& cfg, const run_options& opts) {
   coordinator_peers peers;
   peers.metrics = metrics;
   peers.communicator = spawn_communicator(sys);
-  peers.outer = spawn_outer_optimizer(sys, cfg.outer, models::gpt::init_flat(spec, cfg.run.seed));
+  // single: theta_global just follows the one worker (theta - 1.0 * (theta - theta_local)); [outer] is
+  // unused.
+  config::outer_section outer_cfg = cfg.outer;
+  if (cfg.run.mode == "single") outer_cfg = config::outer_section{1.0, 0.0, false};
+  peers.outer = spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(spec, cfg.run.seed));
   peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, cfg.checkpoint.keep, shape);
   auto coordinator = spawn_coordinator(sys, ctx, peers, std::move(resume), p.trace);
 

@@ -6,6 +6,7 @@
 //   (eval, theta, n) -> loss                        validation loss of theta
 //   (theta, theta) -> ok                            set the replica's weights
 //   (state) -> replica_state ; (load, replica_state) -> ok
+//   (pause) -> steps done; (state, target) -> replica_state once the paused replica reached step target
 #include "actors/worker.hpp"
 
 #include <ATen/ATen.h>
@@ -35,7 +36,11 @@ struct worker_state {
   at::Tensor theta_ref;  // theta_global at the start of the round; read-only until we reply
   int64_t steps_in_round = 0, steps_target = 0;
   int64_t resume_steps = 0;  // loaded from a mid-round checkpoint
-  int64_t steps_run = 0;     // steps executed by this process in this round
+  // Stopping mid-round: paused replicas step only up to pause_target, then answer the state request.
+  bool paused = false;
+  int64_t pause_target = -1;
+  caf::response_promise state_rp;
+  int64_t steps_run = 0;  // steps executed by this process in this round
   double loss_sum = 0;
   caf::response_promise rp;
 };
@@ -70,6 +75,21 @@ void finish_round(caf::stateful_actor<worker_state>* self) {
   s.busy = false;
   s.theta_ref = at::Tensor();
   s.rp.deliver(std::move(r));
+}
+
+replica_state replica_of(caf::stateful_actor<worker_state>* self) {
+  auto& s = self->state;
+  auto is = s.trainer->state();
+  replica_state r;
+  r.rank = s.rank;
+  r.master = std::move(is.master);
+  r.exp_avg = std::move(is.exp_avg);
+  r.exp_avg_sq = std::move(is.exp_avg_sq);
+  r.adam_steps = is.adam_steps;
+  r.sampler_position = is.sampler_position;
+  // Steps of the current (or last) round; the coordinator zeroes it for round-boundary snapshots.
+  r.steps_in_round = s.steps_in_round;
+  return r;
 }
 
 caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_ptr<const run_context> ctx,
@@ -109,6 +129,7 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
       [=](step_atom) {
         auto& s = self->state;
         if (!s.busy) return;
+        if (s.paused && (s.pause_target < 0 || s.trainer->steps_done() >= s.pause_target)) return;
         step_report rep;
         auto t0 = std::chrono::steady_clock::now();
         auto err = guarded(s.rank, [&] { rep.loss = s.trainer->step(); });
@@ -125,6 +146,10 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
         ++s.steps_run;
         ++s.steps_in_round;
         self->send(s.coordinator, report_atom_v, rep);
+        if (s.paused && s.trainer->steps_done() >= s.pause_target) {
+          s.state_rp.deliver(replica_of(self));
+          return;
+        }
         if (s.steps_in_round >= s.steps_target) {
           finish_round(self);
         } else {
@@ -160,19 +185,19 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
         if (auto err = guarded(s.rank, [&] { s.trainer->set_params(theta); })) return err;
         return true;
       },
-      [=](state_atom) -> replica_state {
+      [=](state_atom) { return replica_of(self); },
+      [=](pause_atom) {
         auto& s = self->state;
-        auto is = s.trainer->state();
-        replica_state r;
-        r.rank = s.rank;
-        r.master = std::move(is.master);
-        r.exp_avg = std::move(is.exp_avg);
-        r.exp_avg_sq = std::move(is.exp_avg_sq);
-        r.adam_steps = is.adam_steps;
-        r.sampler_position = is.sampler_position;
-        // Steps of the current (or last) round; the coordinator zeroes it for round-boundary snapshots.
-        r.steps_in_round = s.steps_in_round;
-        return r;
+        s.paused = true;
+        return s.trainer->steps_done();
+      },
+      [=](state_atom, int64_t target) -> caf::result<replica_state> {
+        auto& s = self->state;
+        s.pause_target = target;
+        if (!s.busy || s.trainer->steps_done() >= target) return replica_of(self);
+        s.state_rp = self->make_response_promise();
+        self->send(self, step_atom_v);  // restart the paused step chain
+        return s.state_rp;
       },
       [=](load_atom, replica_state r) -> caf::result<bool> {
         auto& s = self->state;

@@ -34,4 +34,5 @@ CAF_ADD_ATOM(longwave, longwave::runtime, start_atom, "start")    // coordinator
 CAF_ADD_ATOM(longwave, longwave::runtime, stop_atom, "stop")      // coordinator: stop (Ctrl-C)
 CAF_ADD_ATOM(longwave, longwave::runtime, done_atom, "done")      // coordinator -> main: finished
 CAF_ADD_ATOM(longwave, longwave::runtime, report_atom, "report")  // worker -> coordinator: step report
+CAF_ADD_ATOM(longwave, longwave::runtime, pause_atom, "pause")    // worker: stop stepping (Ctrl-C)
 CAF_END_TYPE_ID_BLOCK(longwave)

@@ -13,6 +13,8 @@
 #include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
 #include "models/lr_schedule.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/snapshot_codec.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
@@ -136,5 +138,29 @@ CATCH_TEST_CASE("on KJV the loss decreases and DiLoCo with 4 workers beats one w
   const double ppl_diloco = std::exp(final_val_loss(diloco.run.out_dir));
   CATCH_INFO("val ppl single " << ppl_single << ", DiLoCo M=4 " << ppl_diloco);
   CATCH_CHECK(ppl_diloco < ppl_single);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", "[integration][single]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("single-theta");
+  auto cfg = small_config(dir);
+  cfg.run.mode = "single";
+  cfg.train.workers = 1;
+  cfg.train.inner_steps = 5;
+  cfg.train.rounds = 3;
+  cfg.eval.every_rounds = 0;
+  actors::run_options opts;
+  opts.fresh = true;
+  opts.handle_signals = false;
+  CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+  runtime::checkpoint_store store(dir + "/checkpoints", 3);
+  auto latest = store.load_latest();
+  CATCH_REQUIRE(latest.has_value());
+  auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
+  auto snap = runtime::from_checkpoint(std::move(*latest), {models::closed_form_param_count(spec), 1, "single", "tiny"});
+  CATCH_CHECK(snap.round == 3);
+  CATCH_CHECK((snap.theta - snap.replicas[0].master).abs().max().item<double>() < 1e-6);
+  CATCH_CHECK(snap.theta.abs().sum().item<double>() > 0);
   std::filesystem::remove_all(dir);
 }

@@ -1,0 +1,377 @@
+// Wire codecs: chunk headers (int8 scale, codebook table), validation of peer data and the choice of the
+// kernel level. The per-level kernels are in codec_scalar.cpp, codec_avx2.cpp and codec_avx512.cpp.
+#include "comm/codec.hpp"
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "comm/codec_kernels.hpp"
+#include "runtime/errors.hpp"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
+static_assert(sizeof(float) == 4, "fp32 is 4 bytes");
+
+namespace longwave::comm {
+namespace {
+
+using detail::codec_kernels;
+using detail::simd_isa;
+
+constexpr size_t scale_header_bytes = 4;
+constexpr size_t codebook_bins = 256;
+constexpr size_t codebook_header_bytes = codebook_bins * 4;
+// An int8 chunk whose max |x| is below this flushes to zero, so that the scale is a normal float and its
+// reciprocal is finite (error <= max |x| < 1.5e-36).
+constexpr float min_abs_max = 127.0f * FLT_MIN;
+// The largest valid scale: any code (even -128, which encode never writes) times it stays finite.
+constexpr float max_scale = FLT_MAX / 128.0f;
+constexpr uint32_t poison_bits = 0x7fc00000u;  // quiet NaN: the header of a non-finite int8 chunk
+
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// memcpy with a null pointer is undefined even for 0 bytes; n == 0 chunks may come with null pointers.
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
+
+void zero_bytes(void* dst, size_t bytes) {
+  if (bytes != 0) std::memset(dst, 0, bytes);
+}
+
+bool valid_dtype(wire_dtype dt) {
+  return static_cast<uint8_t>(dt) <= static_cast<uint8_t>(wire_dtype::int8);
+}
+
+const codec_kernels& kernels_for(simd_isa isa) {
+  LW_ASSERT(detail::isa_supported(isa),
+            std::string("codec kernel level not supported here: ") + to_string(isa));
+  switch (isa) {
+    case simd_isa::avx2: return *detail::avx2_kernels();
+    case simd_isa::avx512: return *detail::avx512_kernels();
+    case simd_isa::scalar: break;
+  }
+  return detail::scalar_kernels();
+}
+
+// --- int8, symmetric scale: header = fp32 scale s, then n int8 codes q, x^ = q * s
+// --------------------------
+
+void encode_int8_scale(const codec_kernels& k, const float* src, size_t n, std::byte* dst) {
+  std::byte* codes = dst + scale_header_bytes;
+  const uint32_t m_bits = n != 0 ? k.abs_max(src, n) : 0;
+  const float m = float_of(m_bits);
+  float scale = 0.0f;
+  bool poison = m_bits >= 0x7f800000u;  // NaN or inf in the chunk
+  if (!poison && m >= min_abs_max) {
+    scale = m / 127.0f;
+    poison = scale > max_scale;  // |x| beyond ~3.39e38: treated like inf
+  }
+  if (poison) scale = float_of(poison_bits);
+  std::memcpy(dst, &scale, sizeof scale);
+  if (poison || scale == 0.0f) {
+    zero_bytes(codes, n);
+  } else {
+    k.int8_quantize(src, n, 127.0f / m, codes);
+  }
+}
+
+// +0, or a normal float up to max_scale; rejects NaN, inf, negatives (-0 too), denormals, huge values.
+bool valid_scale(float s) {
+  return bits_of(s) == 0u || (s >= FLT_MIN && s <= max_scale);
+}
+
+bool decode_int8_scale(const codec_kernels& k, const std::byte* src, size_t n, float* out, bool add) {
+  float scale;
+  std::memcpy(&scale, src, sizeof scale);
+  if (!valid_scale(scale)) return false;
+  if (add) {
+    k.int8_dequantize_add(src + scale_header_bytes, n, scale, out);
+  } else {
+    k.int8_dequantize(src + scale_header_bytes, n, scale, out);
+  }
+  return true;
+}
+
+// --- int8, codebook: header = 256 fp32 bin values, then n uint8 codes b, x^ = table[b]
+// ----------------------
+//
+// Bins are computed in double: pos = min(2^28 - 1, trunc((x - min) * 2^28 / (max - min))), b = pos >> 20. The
+// sums of pos per bin are exact integers, so table[b] = min + mean(pos) * (max - min) / 2^28 is the mean of
+// the bin's values to 2^-20 of a bin width, the same on every level.
+
+// Codes and positions of this many values per kernel call stay in L1 for the bin sums.
+constexpr size_t codebook_block = 2048;
+
+// Bin sums over four interleaved sets (value i goes to set i % 4) so that consecutive values in one bin do
+// not wait on each other. Each entry packs count << 42 | sum of pos: one 64-bit add per value (a scatter,
+// the same scalar code on every level). pos < 2^28, so 16384 values per set keep the sum below 2^42.
+struct bin_sums {
+  static constexpr int count_shift = 42;
+  static constexpr size_t flush_every = 4 * 16384;
+  static_assert(flush_every % codebook_block == 0, "flush on block boundaries");
+
+  uint64_t packed[4][codebook_bins] = {};
+  uint64_t count[codebook_bins] = {};
+  double pos_sum[codebook_bins] = {};
+
+  void add(const uint32_t* pos, size_t n) {
+    constexpr uint64_t one = uint64_t{1} << count_shift;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      packed[0][pos[i] >> 20] += one + pos[i];
+      packed[1][pos[i + 1] >> 20] += one + pos[i + 1];
+      packed[2][pos[i + 2] >> 20] += one + pos[i + 2];
+      packed[3][pos[i + 3] >> 20] += one + pos[i + 3];
+    }
+    for (; i < n; ++i) packed[i % 4][pos[i] >> 20] += one + pos[i];
+  }
+
+  void flush() {
+    constexpr uint64_t sum_mask = (uint64_t{1} << count_shift) - 1;
+    for (size_t b = 0; b < codebook_bins; ++b) {
+      for (auto& set : packed) {
+        count[b] += set[b] >> count_shift;
+        pos_sum[b] += static_cast<double>(set[b] & sum_mask);
+        set[b] = 0;
+      }
+    }
+  }
+};
+
+void encode_int8_codebook(const codec_kernels& k, const float* src, size_t n, std::byte* dst) {
+  float table[codebook_bins] = {};
+  std::byte* codes = dst + codebook_header_bytes;
+  if (n == 0) {
+    std::memcpy(dst, table, sizeof table);
+    return;
+  }
+  const detail::min_max mm = k.find_min_max(src, n);
+  if (mm.abs_max >= 0x7f800000u) {  // NaN or inf in the chunk
+    const float nan = float_of(poison_bits);
+    for (float& t : table) t = nan;
+    std::memcpy(dst, table, sizeof table);
+    zero_bytes(codes, n);
+    return;
+  }
+  // + 0.0f turns -0 into +0: which zero a min/max returns depends on the order of the comparisons.
+  const float lo = mm.lo + 0.0f;
+  const float hi = mm.hi + 0.0f;
+  const double range = static_cast<double>(hi) - static_cast<double>(lo);  // no overflow in double
+  const double scale = range > 0.0 ? 0x1p28 / range : 0.0;                 // a constant chunk: all in bin 0
+  auto sums = std::make_unique<bin_sums>();
+  uint32_t pos[codebook_block];
+  for (size_t b = 0; b < n; b += codebook_block) {
+    const size_t len = std::min(n - b, codebook_block);
+    k.codebook_bin(src + b, len, lo, scale, codes + b, pos);
+    sums->add(pos, len);
+    if ((b + len) % bin_sums::flush_every == 0) sums->flush();
+  }
+  sums->flush();
+  for (size_t b = 0; b < codebook_bins; ++b) {
+    // The mean of the values in the bin; an empty bin gets its centre (never looked up by this chunk).
+    const double v = sums->count[b] != 0
+                         ? lo + sums->pos_sum[b] / static_cast<double>(sums->count[b]) * (range * 0x1p-28)
+                         : lo + (static_cast<double>(b) + 0.5) * (range / codebook_bins);
+    float t = static_cast<float>(v);
+    t = t < lo ? lo : (t > hi ? hi : t);  // the exact mean lies in [lo, hi]; keeps rounding from leaving it
+    table[b] = t;
+  }
+  std::memcpy(dst, table, sizeof table);
+}
+
+bool decode_int8_codebook(const codec_kernels& k, const std::byte* src, size_t n, float* out, bool add) {
+  float table[codebook_bins];
+  std::memcpy(table, src, sizeof table);
+  for (float t : table) {
+    if ((bits_of(t) & 0x7f800000u) == 0x7f800000u) return false;  // NaN or inf
+  }
+  if (add) {
+    k.uint8_lookup_add(src + codebook_header_bytes, n, table, out);
+  } else {
+    k.uint8_lookup(src + codebook_header_bytes, n, table, out);
+  }
+  return true;
+}
+
+bool decode_impl(const codec_kernels& k, wire_dtype dt, const std::byte* src, size_t bytes, size_t n,
+                 float* out, const codec_options& o, bool add) {
+  if (!valid_dtype(dt) || bytes != encoded_size(dt, n, o)) return false;
+  switch (dt) {
+    case wire_dtype::fp32:
+      if (add) {
+        k.fp32_add(src, n, out);
+      } else {
+        copy_bytes(out, src, bytes);
+      }
+      return true;
+    case wire_dtype::fp16: (add ? k.fp16_add : k.fp16_decode)(src, n, out); return true;
+    case wire_dtype::bf16: (add ? k.bf16_add : k.bf16_decode)(src, n, out); return true;
+    case wire_dtype::int8:
+      return o.int8_codebook ? decode_int8_codebook(k, src, n, out, add)
+                             : decode_int8_scale(k, src, n, out, add);
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* to_string(wire_dtype dt) {
+  switch (dt) {
+    case wire_dtype::fp32: return "fp32";
+    case wire_dtype::fp16: return "fp16";
+    case wire_dtype::bf16: return "bf16";
+    case wire_dtype::int8: return "int8";
+  }
+  return "invalid";
+}
+
+std::optional<wire_dtype> parse_wire_dtype(std::string_view s) {
+  for (wire_dtype dt : {wire_dtype::fp32, wire_dtype::fp16, wire_dtype::bf16, wire_dtype::int8}) {
+    if (s == to_string(dt)) return dt;
+  }
+  return std::nullopt;
+}
+
+size_t encoded_size(wire_dtype dt, size_t n, const codec_options& o) {
+  constexpr size_t max = SIZE_MAX;
+  switch (dt) {
+    case wire_dtype::fp32: return n <= max / 4 ? 4 * n : max;
+    case wire_dtype::fp16:
+    case wire_dtype::bf16: return n <= max / 2 ? 2 * n : max;
+    case wire_dtype::int8: {
+      const size_t header = o.int8_codebook ? codebook_header_bytes : scale_header_bytes;
+      return n <= max - header ? header + n : max;
+    }
+  }
+  return max;
+}
+
+void encode(wire_dtype dt, const float* src, size_t n, std::byte* dst, const codec_options& o) {
+  detail::encode(detail::active_isa(), dt, src, n, dst, o);
+}
+
+bool decode_accumulate(wire_dtype dt, const std::byte* src, size_t bytes, size_t n, float* acc,
+                       const codec_options& o) {
+  return detail::decode_accumulate(detail::active_isa(), dt, src, bytes, n, acc, o);
+}
+
+bool decode(wire_dtype dt, const std::byte* src, size_t bytes, size_t n, float* dst, const codec_options& o) {
+  return detail::decode(detail::active_isa(), dt, src, bytes, n, dst, o);
+}
+
+const char* simd_level() {
+  return to_string(detail::active_isa());
+}
+
+namespace detail {
+
+const char* to_string(simd_isa isa) {
+  switch (isa) {
+    case simd_isa::scalar: return "scalar";
+    case simd_isa::avx2: return "avx2";
+    case simd_isa::avx512: return "avx512";
+  }
+  return "invalid";
+}
+
+std::optional<simd_isa> parse_simd_isa(std::string_view s) {
+  for (simd_isa isa : {simd_isa::scalar, simd_isa::avx2, simd_isa::avx512}) {
+    if (s == to_string(isa)) return isa;
+  }
+  return std::nullopt;
+}
+
+bool isa_supported(simd_isa isa) {
+  switch (isa) {
+    case simd_isa::scalar: return true;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    case simd_isa::avx2:
+      __builtin_cpu_init();
+      return avx2_kernels() != nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case simd_isa::avx512:
+      __builtin_cpu_init();
+      return avx512_kernels() != nullptr && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+    case simd_isa::avx2:
+    case simd_isa::avx512: return false;
+#endif
+  }
+  return false;
+}
+
+simd_isa select_isa(const char* env_value) {
+  simd_isa want = simd_isa::avx512;
+  if (env_value != nullptr && *env_value != '\0') {
+    if (auto parsed = parse_simd_isa(env_value)) want = *parsed;
+  }
+  for (int level = static_cast<int>(want); level > 0; --level) {
+    if (isa_supported(static_cast<simd_isa>(level))) return static_cast<simd_isa>(level);
+  }
+  return simd_isa::scalar;
+}
+
+simd_isa active_isa() {
+  static const simd_isa isa = [] {
+    const char* env = std::getenv("LONGWAVE_SIMD");
+    const simd_isa chosen = select_isa(env);
+    if (env != nullptr && *env != '\0') {
+      const auto want = parse_simd_isa(env);
+      if (!want) {
+        std::fprintf(stderr, "longwave: LONGWAVE_SIMD=%s is not one of scalar, avx2, avx512; using %s\n", env,
+                     to_string(chosen));
+      } else if (*want != chosen) {
+        std::fprintf(stderr, "longwave: LONGWAVE_SIMD=%s is not supported by this CPU; using %s\n", env,
+                     to_string(chosen));
+      }
+    }
+    return chosen;
+  }();
+  return isa;
+}
+
+void encode(simd_isa isa, wire_dtype dt, const float* src, size_t n, std::byte* dst, const codec_options& o) {
+  LW_ASSERT(valid_dtype(dt), "encode: not a wire_dtype value: " + std::to_string(static_cast<int>(dt)));
+  const codec_kernels& k = kernels_for(isa);
+  switch (dt) {
+    case wire_dtype::fp32: copy_bytes(dst, src, 4 * n); return;
+    case wire_dtype::fp16: k.fp16_encode(src, n, dst); return;
+    case wire_dtype::bf16: k.bf16_encode(src, n, dst); return;
+    case wire_dtype::int8:
+      if (o.int8_codebook) {
+        encode_int8_codebook(k, src, n, dst);
+      } else {
+        encode_int8_scale(k, src, n, dst);
+      }
+      return;
+  }
+}
+
+bool decode_accumulate(simd_isa isa, wire_dtype dt, const std::byte* src, size_t bytes, size_t n, float* acc,
+                       const codec_options& o) {
+  return decode_impl(kernels_for(isa), dt, src, bytes, n, acc, o, true);
+}
+
+bool decode(simd_isa isa, wire_dtype dt, const std::byte* src, size_t bytes, size_t n, float* dst,
+            const codec_options& o) {
+  return decode_impl(kernels_for(isa), dt, src, bytes, n, dst, o, false);
+}
+
+}  // namespace detail
+
+}  // namespace longwave::comm
