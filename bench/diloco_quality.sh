@@ -35,11 +35,11 @@ variant() {  # label, name, H, overrides...
   printf "%-34s %8.3f %8.3f\n" "$label" "$p" "$(awk -v a="$p" -v b="$base" 'BEGIN { print a / b }')"
 }
 variant "ddp M=4 (4x batch)" ddp 50 --set run.mode=ddp
-for h in 10 25 50 100; do
+for h in 10 25 50; do
   variant "diloco M=4 H=$h lr 0.7 mu 0.9" "d_h$h" "$h"
 done
-variant "diloco M=4 H=25 lr 1.0 mu 0.9" d_lr10 25 --set outer.lr=1.0
-variant "diloco M=4 H=25 lr 0.5 mu 0.9" d_lr05 25 --set outer.lr=0.5
 variant "diloco M=4 H=25 lr 0.7 mu 0.5" d_mu05 25 --set outer.momentum=0.5
-variant "diloco M=4 H=25 inner lr 8e-3" d_ilr 25 --set train.lr=8e-3
-variant "diloco M=8 H=25 lr 0.7 mu 0.9" d_m8 25 --set train.workers=8
+variant "diloco M=4 H=25 lr 1.0 mu 0.5" d_lr10_mu05 25 --set outer.lr=1.0 --set outer.momentum=0.5
+variant "diloco M=4 H=25 lr 1.0 mu 0 (avg)" d_avg25 25 --set outer.lr=1.0 --set outer.momentum=0.0
+variant "diloco M=4 H=10 lr 1.0 mu 0 (avg)" d_avg10 10 --set outer.lr=1.0 --set outer.momentum=0.0
+variant "diloco M=4 H=50 lr 1.0 mu 0 (avg)" d_avg50 50 --set outer.lr=1.0 --set outer.momentum=0.0

@@ -1,0 +1,80 @@
+// NCCL all-reduce (average) on a private CUDA stream; every NCCL/CUDA failure becomes an lw_error.
+#include "comm/nccl/nccl_allreduce.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "runtime/errors.hpp"
+
+namespace longwave::comm {
+
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess)
+    throw lw_error(errc::peer_lost, std::string("nccl: ") + what + ": " + ncclGetErrorString(r));
+}
+
+void check_cuda(cudaError_t r, const char* what) {
+  if (r != cudaSuccess)
+    throw lw_error(errc::peer_lost, std::string("cuda: ") + what + ": " + cudaGetErrorString(r));
+}
+
+}  // namespace
+
+std::string nccl_allreduce::unique_id() {
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  std::string hex;
+  char buf[3];
+  for (size_t i = 0; i < sizeof(id.internal); ++i) {
+    std::snprintf(buf, sizeof(buf), "%02x", static_cast<unsigned char>(id.internal[i]));
+    hex += buf;
+  }
+  return hex;
+}
+
+int nccl_allreduce::version() {
+  int v = 0;
+  check_nccl(ncclGetVersion(&v), "ncclGetVersion");
+  return v;
+}
+
+nccl_allreduce::nccl_allreduce(int rank, int world, const std::string& unique_id_hex, int device) {
+  ncclUniqueId id;
+  if (unique_id_hex.size() != 2 * sizeof(id.internal))
+    throw lw_error(errc::invalid_config, "nccl: unique id must be " +
+                                             std::to_string(2 * sizeof(id.internal)) + " hex digits, got " +
+                                             std::to_string(unique_id_hex.size()));
+  for (size_t i = 0; i < sizeof(id.internal); ++i) {
+    unsigned v = 0;
+    if (std::sscanf(unique_id_hex.c_str() + 2 * i, "%2x", &v) != 1)
+      throw lw_error(errc::invalid_config, "nccl: unique id is not hex");
+    id.internal[i] = static_cast<char>(v);
+  }
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+  stream_ = stream;
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  comm_ = comm;
+}
+
+nccl_allreduce::~nccl_allreduce() {
+  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void nccl_allreduce::average(float* device_data, size_t n) {
+  auto stream = static_cast<cudaStream_t>(stream_);
+  check_nccl(ncclAllReduce(device_data, device_data, n, ncclFloat32, ncclAvg, static_cast<ncclComm_t>(comm_),
+                           stream),
+             "ncclAllReduce");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+}  // namespace longwave::comm

@@ -1,0 +1,30 @@
+#pragma once
+// NCCL backend of the pseudo-gradient average for GPU nodes: ncclAllReduce with ncclAvg on device buffers.
+// Built only when CUDA and NCCL are found (LONGWAVE_WITH_NCCL); torch-free.
+#include <cstddef>
+#include <string>
+
+namespace longwave::comm {
+
+/// One rank of an NCCL communicator. The unique id is created by rank 0 (unique_id()) and handed to every
+/// rank out of band (through the coordinator).
+class nccl_allreduce {
+ public:
+  /// A new communicator id, hex-encoded. Throws lw_error(peer_lost) if NCCL fails.
+  static std::string unique_id();
+  /// NCCL's version number, e.g. 22809 for 2.28.9.
+  static int version();
+  /// Joins the communicator on CUDA device `device`. Throws lw_error naming the NCCL/CUDA error.
+  nccl_allreduce(int rank, int world, const std::string& unique_id_hex, int device);
+  ~nccl_allreduce();
+  nccl_allreduce(const nccl_allreduce&) = delete;
+  nccl_allreduce& operator=(const nccl_allreduce&) = delete;
+  /// In-place average of n fp32 values in device memory across all ranks; returns when the stream is done.
+  void average(float* device_data, size_t n);
+
+ private:
+  void* comm_ = nullptr;    // ncclComm_t
+  void* stream_ = nullptr;  // cudaStream_t
+};
+
+}  // namespace longwave::comm
