@@ -162,7 +162,8 @@ CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", 
   auto latest = store.load_latest();
   CATCH_REQUIRE(latest.has_value());
   auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
-  auto snap = runtime::from_checkpoint(std::move(*latest), {models::closed_form_param_count(spec), 1, "single", "tiny"});
+  auto snap = runtime::from_checkpoint(std::move(*latest),
+                                       {models::closed_form_param_count(spec), 1, "single", "tiny"});
   CATCH_CHECK(snap.round == 3);
   CATCH_CHECK((snap.theta - snap.replicas[0].master).abs().max().item<double>() < 1e-6);
   CATCH_CHECK(snap.theta.abs().sum().item<double>() > 0);
