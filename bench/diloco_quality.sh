@@ -36,9 +36,9 @@ variant() {  # label, name, H, overrides...
 }
 variant "ddp M=4 (4x batch)" ddp 50 --set run.mode=ddp
 for h in 10 25 50; do
-  variant "diloco M=4 H=$h lr 0.7 mu 0.9" "d_h$h" "$h"
+  variant "diloco M=4 H=$h lr 0.7 mu 0.9" "d_h$h" "$h" --set outer.lr=0.7 --set outer.momentum=0.9
 done
-variant "diloco M=4 H=25 lr 0.7 mu 0.5" d_mu05 25 --set outer.momentum=0.5
+variant "diloco M=4 H=25 lr 0.7 mu 0.5" d_mu05 25 --set outer.lr=0.7 --set outer.momentum=0.5
 variant "diloco M=4 H=25 lr 1.0 mu 0.5" d_lr10_mu05 25 --set outer.lr=1.0 --set outer.momentum=0.5
 variant "diloco M=4 H=25 lr 1.0 mu 0 (avg)" d_avg25 25 --set outer.lr=1.0 --set outer.momentum=0.0
 variant "diloco M=4 H=10 lr 1.0 mu 0 (avg)" d_avg10 10 --set outer.lr=1.0 --set outer.momentum=0.0

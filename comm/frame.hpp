@@ -1,0 +1,203 @@
+#pragma once
+// Building and validating wire frames: the Cap'n Proto ChunkHeader and Envelope frames (comm/wire.capnp) and
+// the checks every received frame passes before any of its fields is used.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "comm/codec.hpp"
+
+namespace longwave::comm {
+
+/// Why a received frame was dropped. to_string gives the stable names used in logs and on_reject.
+enum class reject_reason : uint8_t {
+  truncated,      ///< fewer frames or bytes than the message needs
+  bad_size,       ///< a size is out of limits or disagrees with the frame length or the expected chunk
+  malformed,      ///< not a valid Cap'n Proto message, or a field out of range (phase, weight, ...)
+  bad_version,    ///< protocolVersion is not ours
+  bad_dtype,      ///< unknown dtype, or not the dtype this ring uses
+  wrong_cluster,  ///< clusterId is not ours
+  wrong_round,    ///< an older (round, fragment): a late or replayed frame
+  wrong_step,     ///< phase, step, segment or chunk is not the one expected next
+  wrong_sender,   ///< sender is not the previous rank in the ring
+  bad_checksum,   ///< CRC-32C of the payload differs from the header's
+  bad_payload,    ///< the codec refused the payload (e.g. an int8 scale that is NaN)
+};
+
+/// "truncated", "bad_size", "malformed", "bad_version", "bad_dtype", "wrong_cluster", "wrong_round",
+/// "wrong_step", "wrong_sender", "bad_checksum" or "bad_payload".
+const char* to_string(reject_reason r);
+
+/// A rejected frame: the reason and one line saying what exactly was wrong.
+struct rejection {
+  reject_reason reason;
+  std::string detail;
+  /// "<reason>: <detail>".
+  std::string message() const;
+};
+
+/// A value parsed from a frame, or the rejection that stopped it.
+template <class T>
+class frame_result {
+ public:
+  frame_result(T value) : value_(std::move(value)) {}  // NOLINT: implicit on purpose, like expected<T>
+  frame_result(rejection r) : rejection_(std::move(r)) {}
+
+  bool ok() const { return value_.has_value(); }
+  explicit operator bool() const { return ok(); }
+  /// The value; only when ok().
+  const T& value() const& { return *value_; }
+  T& value() & { return *value_; }
+  /// The rejection; only when !ok().
+  const rejection& error() const { return rejection_; }
+
+ private:
+  std::optional<T> value_;
+  rejection rejection_{reject_reason::malformed, {}};
+};
+
+/// The all-reduce phase a chunk belongs to (wire::Phase).
+enum class ring_phase : uint8_t { reduce_scatter = 0, all_gather = 1 };
+
+/// "reduce_scatter" or "all_gather".
+const char* to_string(ring_phase p);
+
+/// The fields of a ChunkHeader as plain values (protocolVersion is implied: build writes ours, parse checks
+/// it).
+struct chunk_header {
+  uint64_t cluster_id = 0;
+  uint64_t round = 0;
+  uint32_t fragment = 0;
+  ring_phase phase = ring_phase::reduce_scatter;
+  uint32_t step = 0;     ///< ring step within the phase, 0 .. world_size-2
+  uint32_t segment = 0;  ///< ring segment, 0 .. world_size-1
+  uint32_t chunk = 0;    ///< chunk index within the segment
+  uint32_t sender = 0;   ///< sender's rank
+  uint32_t world_size = 0;
+  wire_dtype dtype = wire_dtype::fp32;
+  uint64_t total_elements = 0;  ///< length of the whole vector
+  uint64_t element_count = 0;   ///< values in this chunk
+  uint64_t byte_count = 0;      ///< payload frame length
+  uint32_t checksum = 0;        ///< CRC-32C of the payload
+  double weight = 0.0;          ///< reduce-scatter: weight already summed in; all-gather: total weight
+};
+
+/// What the receiver expects of the next chunk: everything a header is compared with.
+struct chunk_expectation {
+  uint64_t cluster_id = 0;
+  uint64_t round = 0;
+  uint32_t fragment = 0;
+  uint32_t world_size = 0;
+  uint64_t total_elements = 0;
+  wire_dtype dtype = wire_dtype::fp32;
+  uint32_t sender = 0;
+  ring_phase phase = ring_phase::reduce_scatter;
+  uint32_t step = 0;
+  uint32_t segment = 0;
+  uint32_t chunk = 0;
+  uint64_t element_count = 0;
+  uint64_t byte_count = 0;  ///< encoded_size(dtype, element_count), 0 for an empty chunk
+};
+
+/// Largest ChunkHeader frame accepted (a real one is about 120 bytes).
+inline constexpr size_t max_chunk_header_bytes = 512;
+/// Largest Envelope frame accepted.
+inline constexpr size_t max_envelope_bytes = 256 * 1024;
+/// The protocol version written into and required of every ChunkHeader and Hello (wire::PROTOCOL_VERSION).
+uint16_t protocol_version();
+
+/// Serializes h as a single-segment, unpacked Cap'n Proto ChunkHeader: the first of a chunk's two frames.
+std::vector<std::byte> build_chunk_header(const chunk_header& h);
+
+/// Decodes a header frame on its own: length a multiple of 8 and at most max_chunk_header_bytes, segment
+/// table consistent with the length, explicit ReaderOptions (traversal and nesting limits), Cap'n Proto
+/// errors caught; protocol version, dtype and phase in range, weight finite and positive, element_count <=
+/// total_elements. The frame need not be aligned (it is copied).
+frame_result<chunk_header> parse_chunk_header(const void* data, size_t size);
+
+/// True when (h.round, h.fragment) comes after the expected one: a frame from a peer that is already in a
+/// later round, which the receiver keeps for later instead of rejecting.
+bool is_later_round(const chunk_header& h, const chunk_expectation& e);
+
+/// Checks a parsed header and its payload frame against e, cheapest first: cluster, round and fragment, the
+/// header's byte count against payload_size, world size and vector length, dtype, sender, position (phase,
+/// step, segment, chunk), element and byte counts against e, and last the CRC-32C. nullopt: decode it.
+std::optional<rejection> check_chunk(const chunk_header& h, const void* payload, size_t payload_size,
+                                     const chunk_expectation& e);
+
+/// parse_chunk_header then check_chunk.
+frame_result<chunk_header> validate_chunk(const void* header, size_t header_size, const void* payload,
+                                          size_t payload_size, const chunk_expectation& e);
+
+// ---- control messages (one Envelope frame each) ----
+
+/// A node asks to join.
+struct hello_msg {
+  uint16_t protocol_version = 0;
+  uint64_t cluster_id = 0;
+  std::string node_name;
+  uint32_t n_workers = 0;
+  std::string data_endpoint;
+};
+/// One ring member in a welcome_msg.
+struct peer_entry {
+  uint32_t rank = 0;
+  std::string name;
+  std::string endpoint;
+};
+/// The answer to hello: the receiver's rank and every member's data endpoint.
+struct welcome_msg {
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  std::vector<peer_entry> peers;
+};
+struct round_start_msg {
+  uint64_t round = 0;
+  uint32_t fragment = 0;
+  uint64_t n_elements = 0;
+  wire_dtype dtype = wire_dtype::fp32;
+};
+struct heartbeat_msg {
+  uint64_t round = 0;
+  uint64_t unix_millis = 0;
+};
+struct done_msg {
+  uint64_t round = 0;
+  uint32_t fragment = 0;
+};
+struct error_msg {
+  uint16_t code = 0;  ///< a longwave::errc value
+  std::string message;
+};
+struct bye_msg {
+  std::string reason;
+};
+
+/// A control message: who sent it and which of the union members it carries.
+struct envelope {
+  uint64_t cluster_id = 0;
+  uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
+  std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg> body;
+};
+
+/// Limits parse_envelope enforces on text and lists.
+inline constexpr size_t max_name_bytes = 256;
+inline constexpr size_t max_endpoint_bytes = 1024;
+inline constexpr size_t max_message_bytes = 4096;
+inline constexpr size_t max_peers = 4096;
+
+/// Serializes e as an unpacked Cap'n Proto Envelope (one frame). Texts longer than the limits above are
+/// refused by the receiver, so keep them short.
+std::vector<std::byte> build_envelope(const envelope& e);
+
+/// Decodes and checks an Envelope frame: the same framing checks as parse_chunk_header (with
+/// max_envelope_bytes), a known union member, text and list sizes within the limits, dtype in range, and
+/// clusterId == expected_cluster_id (wrong_cluster otherwise). Protocol-level checks such as Hello's version
+/// are the caller's.
+frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t expected_cluster_id);
+
+}  // namespace longwave::comm

@@ -1,0 +1,517 @@
+// Ring all-reduce: the chunk schedule of both phases, the event loop that runs it on the transport's I/O
+// thread (send as soon as a chunk is ready, receive and reduce as frames arrive), and frame rejection.
+//
+// Ranks r = 0..N-1, prev = r-1, next = r+1 (mod N). The vector is cut into N segments (the first n % N one
+// value longer), each segment into chunks of chunk_elements() values; an empty segment is one empty chunk.
+// Reduce-scatter step t: r sends segment r-t and receives segment r-t-1, adding it to its own values
+// (pre-multiplied by its weight). After N-1 steps r holds the full sum of segment r+1: it divides by the
+// total weight, encodes it once, replaces its values with the decoding of those bytes, and starts the
+// all-gather. All-gather step t: r sends segment r+1-t and receives segment r-t, decodes it, and forwards
+// the same bytes (unless t = N-2). Chunk k of a step depends only on chunk k of the previous step, so the
+// steps overlap chunk by chunk; frames between a pair of ranks keep their order (one ZeroMQ connection).
+#include "comm/ring_allreduce.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "comm/crc32c.hpp"
+#include "comm/zmq_transport.hpp"
+#include "runtime/errors.hpp"
+
+namespace longwave::comm {
+namespace {
+
+constexpr size_t npos = std::numeric_limits<size_t>::max();
+// Messages taken from the socket before the loop turns back to sending, so neither side starves.
+constexpr int recv_batch = 16;
+constexpr int max_logged_rejections = 32;
+
+using clock = std::chrono::steady_clock;
+
+// One chunk of the schedule, as sent or as expected.
+struct item {
+  ring_phase phase;
+  uint32_t step;
+  uint32_t segment;
+  uint32_t chunk;
+  size_t offset;  // into data
+  size_t count;   // values
+  size_t bytes;   // encoded payload bytes (0 for an empty chunk)
+  size_t dep;     // out items: the in item whose arrival makes this one ready; npos: ready at once
+};
+
+size_t payload_bytes(const ring_options& o, size_t count) {
+  return count == 0 ? 0 : encoded_size(o.dtype, count, o.codec);
+}
+
+}  // namespace
+
+struct ring_allreduce::counters {
+  std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> received{0};
+  int logged = 0;  // I/O thread
+};
+
+struct ring_allreduce::held_frame {
+  chunk_header header;
+  zmq::message_t payload;
+  std::string peer;
+};
+
+// The schedule of one call: what this rank sends (out) and expects (in), in wire order.
+struct ring_allreduce::round_plan {
+  std::vector<item> in;
+  std::vector<item> out;
+
+  round_plan(uint32_t rank, uint32_t world, size_t n, size_t chunk_elems, const ring_options& o) {
+    const size_t base = n / world;
+    const size_t rem = n % world;
+    auto seg_offset = [&](uint32_t s) { return s * base + std::min<size_t>(s, rem); };
+    auto seg_len = [&](uint32_t s) { return base + (s < rem ? 1 : 0); };
+    auto n_chunks = [&](uint32_t s) {
+      const size_t len = seg_len(s);
+      return len == 0 ? size_t{1} : (len + chunk_elems - 1) / chunk_elems;
+    };
+    auto mod = [&](int64_t v) { return static_cast<uint32_t>(((v % world) + world) % world); };
+    auto add = [&](std::vector<item>& v, ring_phase p, uint32_t t, uint32_t seg) {
+      const size_t k_max = n_chunks(seg);
+      const size_t len = seg_len(seg);
+      for (size_t k = 0; k < k_max; ++k) {
+        const size_t off = std::min(len, k * chunk_elems);
+        const size_t cnt = std::min(len - off, chunk_elems);
+        v.push_back(item{p, t, seg, static_cast<uint32_t>(k), seg_offset(seg) + off, cnt,
+                         payload_bytes(o, cnt), npos});
+      }
+    };
+    const int64_t r = rank;
+    // in_start[p][t]: index of the first in item of (phase p, step t).
+    std::vector<size_t> in_start[2];
+    for (int p = 0; p < 2; ++p) {
+      const auto phase = static_cast<ring_phase>(p);
+      for (uint32_t t = 0; t + 1 < world; ++t) {
+        in_start[p].push_back(in.size());
+        add(in, phase, t, p == 0 ? mod(r - t - 1) : mod(r - t));
+        const size_t first_out = out.size();
+        add(out, phase, t, p == 0 ? mod(r - t) : mod(r + 1 - t));
+        // Dependencies: the same segment's chunk k one step earlier (the reduce-scatter's last step for the
+        // all-gather's first).
+        if (p == 0 && t == 0) continue;
+        const size_t dep_start =
+            p == 0 ? in_start[0][t - 1] : (t == 0 ? in_start[0][world - 2] : in_start[1][t - 1]);
+        for (size_t i = first_out; i < out.size(); ++i) out[i].dep = dep_start + (i - first_out);
+      }
+    }
+  }
+};
+
+ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, ring_options opts,
+                               reject_callback on_reject)
+    : rank_(rank),
+      endpoints_(std::move(endpoints)),
+      opts_(opts),
+      on_reject_(std::move(on_reject)),
+      held_(std::make_unique<std::deque<held_frame>>()),
+      counters_(std::make_unique<counters>()) {
+  const size_t world = endpoints_.size();
+  if (world == 0 || world > 65536)
+    throw lw_error(errc::invalid_config, fmt::format("comm: a ring needs 1..65536 endpoints, got {}", world));
+  if (rank_ < 0 || static_cast<size_t>(rank_) >= world)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: rank {} is outside the ring of {}", rank_, world));
+  for (size_t r = 0; r < world; ++r) {
+    if (endpoints_[r].empty())
+      throw lw_error(errc::invalid_config, fmt::format("comm: endpoint of rank {} is empty", r));
+    for (size_t q = 0; q < r; ++q)
+      if (endpoints_[q] == endpoints_[r])
+        throw lw_error(errc::invalid_config,
+                       fmt::format("comm: ranks {} and {} have the same endpoint {}", q, r, endpoints_[r]));
+  }
+  if (opts_.chunk_bytes == 0) throw lw_error(errc::invalid_config, "comm: chunk_bytes must be positive");
+  if (opts_.timeout.count() <= 0) throw lw_error(errc::invalid_config, "comm: timeout must be positive");
+  if (opts_.send_hwm < 1 || opts_.recv_hwm < 1)
+    throw lw_error(errc::invalid_config, "comm: high-water marks must be at least 1");
+  // Values per chunk from the codec's size for a large chunk, so headers (int8 scale, codebook) count too.
+  constexpr size_t probe = size_t{1} << 20;
+  const size_t probe_bytes = encoded_size(opts_.dtype, probe, opts_.codec);
+  if (probe_bytes == std::numeric_limits<size_t>::max())
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: unknown wire dtype {}", static_cast<unsigned>(opts_.dtype)));
+  chunk_elements_ = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(opts_.chunk_bytes) * probe /
+                                                            static_cast<double>(probe_bytes)));
+  if (world == 1) return;
+
+  transport_options t;
+  t.bind_endpoint = endpoints_[rank_];
+  t.connect_endpoint = endpoints_[(rank_ + 1) % world];
+  t.send_hwm = opts_.send_hwm;
+  t.recv_hwm = opts_.recv_hwm;
+  // Headroom over our own largest frame, so a peer with a slightly different chunk size gets a clear
+  // bad_size rejection rather than a silent disconnect.
+  const size_t largest =
+      std::max(encoded_size(opts_.dtype, chunk_elements_, opts_.codec), max_chunk_header_bytes);
+  t.max_frame_bytes =
+      static_cast<int64_t>(std::min<size_t>(2 * largest + 65536, std::numeric_limits<int64_t>::max()));
+  t.linger = opts_.timeout;
+  transport_ = std::make_unique<zmq_transport>(std::move(t));
+}
+
+ring_allreduce::~ring_allreduce() {
+  if (transport_ && failed_) transport_->drop_queued_on_close();
+  transport_.reset();
+}
+
+uint64_t ring_allreduce::rejected_frames() const {
+  return counters_->rejected.load();
+}
+uint64_t ring_allreduce::bytes_sent() const {
+  return counters_->sent.load();
+}
+uint64_t ring_allreduce::bytes_received() const {
+  return counters_->received.load();
+}
+
+void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment) {
+  std::lock_guard<std::mutex> lk(call_mu_);
+  LW_ASSERT(data != nullptr || n == 0, "ring_allreduce::allreduce: data is null");
+  const std::pair<uint64_t, uint32_t> key{round, fragment};
+  if (last_ && key <= *last_)
+    throw lw_error(errc::stale_round,
+                   fmt::format("comm: rank {}: round {} fragment {} does not follow round {} fragment {}",
+                               rank_, round, fragment, last_->first, last_->second));
+  if (!std::isfinite(weight) || weight <= 0.0)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: rank {}: weight {} must be positive and finite", rank_, weight));
+  const size_t world = endpoints_.size();
+  if (n / world / chunk_elements_ >= std::numeric_limits<uint32_t>::max())
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("comm: {} values make more than 2^32 chunks per segment; raise chunk_bytes", n));
+  last_ = key;
+  failed_ = true;  // until the call returns normally
+  if (world == 1) {
+    single_rank(data, n);
+  } else {
+    // The error crosses threads as a value and is thrown afresh here.
+    std::optional<std::pair<errc, std::string>> error;
+    auto done = transport_->submit([&] {
+      try {
+        run_round(round, fragment, data, n, weight);
+      } catch (const lw_error& e) {
+        error.emplace(e.code(), e.what());
+      } catch (const std::exception& e) {  // e.g. std::bad_alloc
+        error.emplace(errc::io_error, fmt::format("comm: rank {} round {}: {}", rank_, round, e.what()));
+      }
+    });
+    done.get();
+    if (error) throw lw_error(error->first, error->second);
+  }
+  failed_ = false;
+}
+
+void ring_allreduce::single_rank(float* data, size_t n) {
+  // sum(w x) / sum(w) is x; only the codec's rounding applies, chunk by chunk as on the wire.
+  if (opts_.dtype == wire_dtype::fp32) return;
+  std::vector<std::byte> buf(payload_bytes(opts_, std::min(n, chunk_elements_)));
+  for (size_t off = 0; off < n; off += chunk_elements_) {
+    const size_t cnt = std::min(chunk_elements_, n - off);
+    const size_t bytes = payload_bytes(opts_, cnt);
+    encode(opts_.dtype, data + off, cnt, buf.data(), opts_.codec);
+    if (!decode(opts_.dtype, buf.data(), bytes, cnt, data + off, opts_.codec))
+      throw lw_error(errc::malformed_frame,
+                     fmt::format("comm: values {}..{} cannot be encoded as {} (not finite?)", off, off + cnt,
+                                 to_string(opts_.dtype)));
+  }
+}
+
+void ring_allreduce::report(const std::string& peer, const rejection& r) {
+  counters_->rejected.fetch_add(1);
+  const std::string msg = r.message();
+  if (on_reject_) {
+    try {
+      on_reject_(peer, msg);
+    } catch (const std::exception& e) {  // the callback's bug must not end the round
+      std::fprintf(stderr, "longwave comm: on_reject threw: %s\n", e.what());
+    }
+    return;
+  }
+  if (counters_->logged < max_logged_rejections) {
+    ++counters_->logged;
+    std::fprintf(
+        stderr, "longwave comm: rank %d dropped a frame from %s: %s%s\n", rank_, peer.c_str(), msg.c_str(),
+        counters_->logged == max_logged_rejections ? " (further rejections are counted, not logged)" : "");
+  }
+}
+
+void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight) {
+  try {
+    const auto world = static_cast<uint32_t>(endpoints_.size());
+    const auto rank = static_cast<uint32_t>(rank_);
+    const uint32_t prev = (rank + world - 1) % world;
+    const uint32_t next = (rank + 1) % world;
+    zmq_transport& tr = *transport_;
+    const round_plan plan(rank, world, n, chunk_elements_, opts_);
+
+    if (weight != 1.0)
+      for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(static_cast<double>(data[i]) * weight);
+
+    chunk_expectation expect;
+    expect.cluster_id = opts_.cluster_id;
+    expect.round = round;
+    expect.fragment = fragment;
+    expect.world_size = world;
+    expect.total_elements = n;
+    expect.dtype = opts_.dtype;
+    expect.sender = prev;
+
+    std::vector<double> in_weight(plan.in.size(), 0.0);  // reduce-scatter: weight summed into each in item
+    struct forward_entry {
+      zmq::message_t payload;
+      uint32_t checksum;
+      double weight;
+    };
+    std::deque<forward_entry> forward;  // all-gather payloads received, still to pass on, in order
+    size_t in_next = 0;
+    size_t out_next = 0;
+    uint64_t rejected_here = 0;
+    std::string last_rejection;
+
+    // Held frames of this round go first (they arrived before anything still in the socket); older ones are
+    // stale, later ones stay held.
+    std::deque<held_frame> replay;
+    {
+      std::deque<held_frame> keep;
+      for (auto& f : *held_) {
+        if (is_later_round(f.header, expect))
+          keep.push_back(std::move(f));
+        else
+          replay.push_back(std::move(f));
+      }
+      held_->swap(keep);
+    }
+
+    auto reject = [&](const std::string& peer, const rejection& r) {
+      ++rejected_here;
+      last_rejection = fmt::format("{} from {}", r.message(), peer);
+      report(peer, r);
+    };
+
+    // Validates a parsed chunk against the next in item and, if it fits, reduces or decodes it.
+    auto accept = [&](const chunk_header& h, zmq::message_t& payload, const std::string& peer) -> bool {
+      const item& it = plan.in[in_next];
+      expect.phase = it.phase;
+      expect.step = it.step;
+      expect.segment = it.segment;
+      expect.chunk = it.chunk;
+      expect.element_count = it.count;
+      expect.byte_count = it.bytes;
+      if (auto bad = check_chunk(h, payload.data(), payload.size(), expect)) {
+        reject(peer, *bad);
+        return false;
+      }
+      const auto* src = static_cast<const std::byte*>(payload.data());
+      if (it.phase == ring_phase::reduce_scatter) {
+        if (it.count != 0 &&
+            !decode_accumulate(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec)) {
+          reject(peer, rejection{reject_reason::bad_payload,
+                                 fmt::format("the {} codec refused segment {} chunk {}",
+                                             to_string(opts_.dtype), it.segment, it.chunk)});
+          return false;
+        }
+        in_weight[in_next] = h.weight + weight;
+      } else {
+        if (it.count != 0 &&
+            !decode(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec)) {
+          reject(peer, rejection{reject_reason::bad_payload,
+                                 fmt::format("the {} codec refused segment {} chunk {}",
+                                             to_string(opts_.dtype), it.segment, it.chunk)});
+          return false;
+        }
+        if (it.step + 2 < world) forward.push_back(forward_entry{std::move(payload), h.checksum, h.weight});
+      }
+      ++in_next;
+      return true;
+    };
+
+    // A message straight from the socket: framing, header, then either held (later round) or accepted.
+    auto on_message = [&](inbound_message& m) -> bool {
+      counters_->received.fetch_add(m.bytes);
+      const size_t n_parts = m.parts.size() + m.extra_parts;
+      if (n_parts < 2) {
+        reject(m.peer,
+               rejection{reject_reason::truncated,
+                         fmt::format("message has {} frame, a chunk needs 2 (header, payload)", n_parts)});
+        return false;
+      }
+      if (n_parts > 2) {
+        reject(m.peer,
+               rejection{reject_reason::bad_size,
+                         fmt::format("message has {} frames, a chunk has 2 (header, payload)", n_parts)});
+        return false;
+      }
+      auto h = parse_chunk_header(m.parts[0].data(), m.parts[0].size());
+      if (!h) {
+        reject(m.peer, h.error());
+        return false;
+      }
+      const std::string peer = fmt::format("{} (claims rank {})", m.peer, h.value().sender);
+      if (h.value().cluster_id == opts_.cluster_id && is_later_round(h.value(), expect)) {
+        if (held_->size() >= opts_.max_held_frames) {
+          reject(peer, rejection{reject_reason::wrong_round,
+                                 fmt::format("round {} fragment {} is later than this one and {} frames are "
+                                             "already held",
+                                             h.value().round, h.value().fragment, held_->size())});
+          return false;
+        }
+        held_->push_back(held_frame{h.value(), std::move(m.parts[1]), peer});
+        return false;
+      }
+      return accept(h.value(), m.parts[1], peer);
+    };
+
+    // Builds the frames of out item i (which is ready). The all-gather's first step finalizes the segment.
+    auto build = [&](size_t i, zmq::message_t& header, zmq::message_t& payload) {
+      const item& it = plan.out[i];
+      chunk_header h;
+      h.cluster_id = opts_.cluster_id;
+      h.round = round;
+      h.fragment = fragment;
+      h.phase = it.phase;
+      h.step = it.step;
+      h.segment = it.segment;
+      h.chunk = it.chunk;
+      h.sender = rank;
+      h.world_size = world;
+      h.dtype = opts_.dtype;
+      h.total_elements = n;
+      h.element_count = it.count;
+      h.byte_count = it.bytes;
+      float* x = data + it.offset;
+      if (it.phase == ring_phase::all_gather && it.step > 0) {
+        forward_entry f = std::move(forward.front());
+        forward.pop_front();
+        payload = std::move(f.payload);
+        h.checksum = f.checksum;
+        h.weight = f.weight;
+      } else {
+        if (it.phase == ring_phase::reduce_scatter) {
+          h.weight = it.dep == npos ? weight : in_weight[it.dep];
+        } else {
+          // This rank owns the segment: average, encode once, and keep exactly what the others will decode.
+          h.weight = in_weight[it.dep];
+          const double inv = 1.0 / h.weight;
+          for (size_t j = 0; j < it.count; ++j) x[j] = static_cast<float>(static_cast<double>(x[j]) * inv);
+        }
+        payload = zmq::message_t(it.bytes);
+        auto* dst = static_cast<std::byte*>(payload.data());
+        if (it.count != 0) encode(opts_.dtype, x, it.count, dst, opts_.codec);
+        if (it.phase == ring_phase::all_gather && it.count != 0 &&
+            !decode(opts_.dtype, dst, it.bytes, it.count, x, opts_.codec))
+          throw lw_error(
+              errc::malformed_frame,
+              fmt::format("comm: rank {} round {}: segment {} chunk {} cannot be encoded as {} (the "
+                          "average is not finite)",
+                          rank, round, it.segment, it.chunk, to_string(opts_.dtype)));
+        h.checksum = crc32c(payload.data(), payload.size());
+      }
+      const auto bytes = build_chunk_header(h);
+      header = zmq::message_t(bytes.data(), bytes.size());
+    };
+
+    auto describe_wait = [&] {
+      std::string what;
+      if (in_next < plan.in.size()) {
+        const item& it = plan.in[in_next];
+        what = fmt::format("waiting for {} step {} segment {} chunk {} from rank {} ({})",
+                           to_string(it.phase), it.step, it.segment, it.chunk, prev, endpoints_[prev]);
+      }
+      if (out_next < plan.out.size()) {
+        const item& it = plan.out[out_next];
+        if (!what.empty()) what += "; ";
+        what += fmt::format("{} {} step {} segment {} chunk {} for rank {} ({})",
+                            it.dep == npos || it.dep < in_next ? "unable to hand over" : "still to send",
+                            to_string(it.phase), it.step, it.segment, it.chunk, next, endpoints_[next]);
+      }
+      if (rejected_here > 0)
+        what += fmt::format("; {} frames rejected, last: {}", rejected_here, last_rejection);
+      return what;
+    };
+
+    tr.clear_link_lost();
+    std::optional<std::pair<zmq::message_t, zmq::message_t>> pending;  // built, not yet taken by ZeroMQ
+    auto deadline = clock::now() + opts_.timeout;
+    inbound_message msg;
+    while (in_next < plan.in.size() || out_next < plan.out.size()) {
+      if (tr.stopping())
+        throw lw_error(errc::cancelled,
+                       fmt::format("comm: rank {} round {}: ring is shutting down", rank_, round));
+      bool progress = false;
+      bool blocked_send = false;
+      // Send every ready chunk ZeroMQ will take.
+      while (out_next < plan.out.size()) {
+        const item& it = plan.out[out_next];
+        if (it.dep != npos && it.dep >= in_next) break;
+        if (!pending) {
+          pending.emplace();
+          build(out_next, pending->first, pending->second);
+        }
+        const size_t bytes = pending->first.size() + pending->second.size();
+        if (!tr.try_send(pending->first, pending->second)) {
+          blocked_send = true;
+          break;
+        }
+        counters_->sent.fetch_add(bytes);
+        pending.reset();
+        ++out_next;
+        progress = true;
+      }
+      // Then a batch of incoming frames: held ones of this round first.
+      bool more_waiting = false;
+      for (int b = 0; b < recv_batch && in_next < plan.in.size(); ++b) {
+        if (!replay.empty()) {
+          held_frame f = std::move(replay.front());
+          replay.pop_front();
+          if (accept(f.header, f.payload, f.peer)) progress = true;
+        } else if (tr.try_recv(msg, 2)) {
+          if (on_message(msg)) progress = true;
+        } else {
+          break;
+        }
+        if (b + 1 == recv_batch) more_waiting = true;
+      }
+      if (out_next < plan.out.size())
+        if (auto lost = tr.link_lost())
+          throw lw_error(errc::peer_lost,
+                         fmt::format("comm: rank {} round {}: {} (rank {}) with {} chunks still to send",
+                                     rank_, round, *lost, next, plan.out.size() - out_next));
+      const auto now = clock::now();
+      if (progress) {
+        deadline = now + opts_.timeout;
+        continue;
+      }
+      if (now >= deadline)  // checked before more_waiting, so a flood of bad frames cannot hold it off
+        throw lw_error(errc::deadline_missed,
+                       fmt::format("comm: rank {} round {}: no progress for {} ms: {}", rank_, round,
+                                   opts_.timeout.count(), describe_wait()));
+      if (more_waiting) continue;
+      tr.wait(blocked_send, in_next < plan.in.size(), deadline);
+    }
+    // Held frames of this round that were not needed (duplicates or forgeries) are dropped now.
+    for (auto& f : replay)
+      reject(
+          f.peer,
+          rejection{reject_reason::wrong_step,
+                    fmt::format("{} step {} segment {} chunk {} arrived after the round was complete",
+                                to_string(f.header.phase), f.header.step, f.header.segment, f.header.chunk)});
+  } catch (const zmq::error_t& e) {
+    throw lw_error(errc::io_error,
+                   fmt::format("comm: rank {} round {}: ZeroMQ error: {}", rank_, round, e.what()));
+  }
+}
+
+}  // namespace longwave::comm

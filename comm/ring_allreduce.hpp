@@ -1,0 +1,117 @@
+#pragma once
+// Weighted ring all-reduce of a flat fp32 vector over ZeroMQ: pipelined reduce-scatter then all-gather of
+// encoded chunks, every received frame validated (comm/frame.hpp), bit-identical results on every rank.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/codec.hpp"
+#include "comm/frame.hpp"
+
+namespace longwave::comm {
+
+class zmq_transport;
+
+/// Settings of a ring; every rank must use the same dtype, codec, chunk_bytes and cluster_id.
+struct ring_options {
+  /// Element type on the wire. Accumulation is always fp32.
+  wire_dtype dtype = wire_dtype::fp32;
+  /// Codec variant (e.g. the int8 codebook).
+  codec_options codec{};
+  /// Target payload size of one chunk (one encode call, one ZeroMQ frame). Smaller chunks pipeline more
+  /// finely; larger ones cost less per frame.
+  size_t chunk_bytes = size_t{1} << 20;
+  /// The longest time a call may go without progress (a chunk accepted from the previous rank or handed to
+  /// ZeroMQ for the next) before it throws deadline_missed. It must cover the skew between the ranks' calls.
+  std::chrono::milliseconds timeout{30000};
+  /// Frames carrying another cluster id are rejected (wrong_cluster).
+  uint64_t cluster_id = 0;
+  /// ZeroMQ high-water marks, in chunks, towards the next rank and from each incoming connection.
+  int send_hwm = 64;
+  int recv_hwm = 64;
+  /// Frames of a later round that arrive during a round are kept for it, up to this many.
+  size_t max_held_frames = 64;
+};
+
+/// One member of a ring of world ranks. Owns a zmq_transport (one I/O thread, all the sockets); allreduce
+/// runs on that thread while the caller waits. Not copyable; calls are serialized.
+class ring_allreduce {
+ public:
+  /// Called on the I/O thread for each dropped frame with the sending address (and the rank it claims, if
+  /// any) and "<reject_reason>: <detail>". Must not block or call back into the ring.
+  using reject_callback = std::function<void(const std::string& peer, const std::string& reason)>;
+
+  /// rank in [0, world); endpoints[r] is rank r's bind endpoint, e.g. "tcp://127.0.0.1:5601". This rank
+  /// binds endpoints[rank] and connects to endpoints[(rank + 1) % world]; the next rank may start later.
+  /// Throws lw_error(errc::invalid_config) for bad arguments and lw_error(errc::io_error) if the endpoint
+  /// cannot be bound. Without on_reject, rejections are logged to stderr (the first 32).
+  ring_allreduce(int rank, std::vector<std::string> endpoints, ring_options opts,
+                 reject_callback on_reject = {});
+
+  /// Stops the I/O thread after the running call, then closes the sockets: frames still queued for the next
+  /// rank get up to `timeout` to leave (none after a failed call).
+  ~ring_allreduce();
+
+  ring_allreduce(const ring_allreduce&) = delete;
+  ring_allreduce& operator=(const ring_allreduce&) = delete;
+
+  /// Replaces data[0..n) on every rank with sum_r(weight_r * data_r) / sum_r(weight_r), in place, the same
+  /// bits on every rank (each segment's owner encodes it once and everyone, the owner included, decodes those
+  /// bytes). Every rank must pass the same n, round and fragment; (round, fragment) must increase from call
+  /// to call (lexicographically) and frames of older ones are rejected as wrong_round. weight must be
+  /// positive and finite (e.g. the rank's local worker count). With one rank the result is
+  /// decode(encode(data)). Blocks the caller.
+  ///
+  /// Throws lw_error with errc::deadline_missed (no progress for `timeout`; the message names what was
+  /// awaited and the last rejection), errc::peer_lost (the connection to the next rank dropped while chunks
+  /// were still to be sent), errc::stale_round (round not after the previous call's), errc::invalid_config
+  /// (bad weight), errc::malformed_frame (this rank's own segment cannot be encoded, e.g. int8 and
+  /// non-finite values), errc::io_error (ZeroMQ failure) or errc::cancelled (destructor running). After a
+  /// throw, data[0..n) holds partial sums; retry with a later round on every rank.
+  void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0);
+
+  /// Frames dropped by validation since construction.
+  uint64_t rejected_frames() const;
+  /// Bytes of all frames handed to ZeroMQ for the next rank.
+  uint64_t bytes_sent() const;
+  /// Bytes of all frames read from the listening socket, rejected ones included.
+  uint64_t bytes_received() const;
+
+  int rank() const { return rank_; }
+  int world_size() const { return static_cast<int>(endpoints_.size()); }
+  /// Values per chunk (chunk_bytes / encoded bytes per value, at least 1).
+  size_t chunk_elements() const { return chunk_elements_; }
+
+ private:
+  struct held_frame;
+  struct round_plan;
+
+  void run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight);
+  void single_rank(float* data, size_t n);
+  void report(const std::string& peer, const rejection& r);
+
+  int rank_;
+  std::vector<std::string> endpoints_;
+  ring_options opts_;
+  reject_callback on_reject_;
+  size_t chunk_elements_ = 1;
+
+  std::mutex call_mu_;                                 // serializes allreduce calls
+  std::optional<std::pair<uint64_t, uint32_t>> last_;  // (round, fragment) of the last call; under call_mu_
+  bool failed_ = false;                                // the last call threw; under call_mu_
+
+  std::unique_ptr<std::deque<held_frame>> held_;  // later-round frames kept for their round (I/O thread)
+  struct counters;
+  std::unique_ptr<counters> counters_;
+  std::unique_ptr<zmq_transport> transport_;  // last: destroyed first, joining the I/O thread
+};
+
+}  // namespace longwave::comm

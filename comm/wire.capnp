@@ -1,0 +1,106 @@
+# Longwave wire schema: control envelopes and the header frame of ring all-reduce data chunks.
+# Ordinals are never renumbered and fields are only appended (STYLE.md, "Wire"). Bulk payloads are never Data
+# fields: a chunk travels as two ZeroMQ frames, [ChunkHeader][raw payload bytes] (see comm/frame.hpp).
+@0xa61e113a5c87c245;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("longwave::comm::wire");
+
+const protocolVersion :UInt16 = 1;
+
+enum Dtype {
+  fp32 @0;
+  fp16 @1;
+  bf16 @2;
+  int8 @3;
+}
+
+enum Phase {
+  reduceScatter @0;
+  allGather @1;
+}
+
+# ---- control messages (one ZeroMQ frame each, on the control channel) ----
+
+struct Hello {
+  # A node asks to join the cluster.
+  protocolVersion @0 :UInt16;
+  clusterId @1 :UInt64;
+  nodeName @2 :Text;
+  nWorkers @3 :UInt32;
+  dataEndpoint @4 :Text;   # where this node's ring socket is bound, e.g. "tcp://10.0.0.5:5601"
+}
+
+struct Peer {
+  rank @0 :UInt32;
+  name @1 :Text;
+  endpoint @2 :Text;
+}
+
+struct Welcome {
+  # The coordinator's answer: the receiver's place in the ring and every peer's data endpoint.
+  rank @0 :UInt32;
+  worldSize @1 :UInt32;
+  peers @2 :List(Peer);    # indexed by rank
+}
+
+struct RoundStart {
+  round @0 :UInt64;
+  fragment @1 :UInt32;
+  nElements @2 :UInt64;
+  dtype @3 :Dtype;
+}
+
+struct Heartbeat {
+  round @0 :UInt64;
+  unixMillis @1 :UInt64;
+}
+
+struct Done {
+  round @0 :UInt64;
+  fragment @1 :UInt32;
+}
+
+struct Error {
+  code @0 :UInt16;         # a longwave::errc value
+  message @1 :Text;
+}
+
+struct Bye {
+  reason @0 :Text;
+}
+
+struct Envelope {
+  clusterId @0 :UInt64;
+  sender @1 :UInt32;       # sender's rank; 0xffffffff before it has one
+  body :union {
+    hello @2 :Hello;
+    welcome @3 :Welcome;
+    roundStart @4 :RoundStart;
+    heartbeat @5 :Heartbeat;
+    done @6 :Done;
+    error @7 :Error;
+    bye @8 :Bye;
+  }
+}
+
+# ---- data plane: the first of two ZeroMQ frames; the second is the payload ----
+
+struct ChunkHeader {
+  protocolVersion @0 :UInt16;
+  clusterId @1 :UInt64;
+  round @2 :UInt64;
+  fragment @3 :UInt32;     # model fragment (streaming DiLoCo); 0 when the whole vector is reduced
+  phase @4 :Phase;
+  step @5 :UInt32;         # ring step within the phase, 0 .. worldSize-2
+  segment @6 :UInt32;      # ring segment the chunk belongs to, 0 .. worldSize-1
+  chunk @7 :UInt32;        # chunk index within the segment
+  sender @8 :UInt32;       # sender's rank
+  worldSize @9 :UInt32;
+  dtype @10 :Dtype;
+  totalElements @11 :UInt64; # length of the whole vector being reduced
+  elementCount @12 :UInt64;  # values in this chunk
+  byteCount @13 :UInt64;     # exact length of the payload frame
+  checksum @14 :UInt32;      # CRC-32C (Castagnoli) of the payload frame
+  weight @15 :Float64;       # reduce-scatter: sum of the weights in the payload; all-gather: the total weight
+}

@@ -1,0 +1,206 @@
+// The single I/O thread of a ring member and its sockets. Jobs are queued under a mutex and run one at a time
+// on that thread; inside a job, try_send / try_recv / wait drive the sockets without ever blocking for long.
+#include "comm/zmq_transport.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "runtime/errors.hpp"
+
+namespace longwave::comm {
+namespace {
+
+constexpr const char* monitor_endpoint = "inproc://longwave-transport-monitor";
+constexpr auto max_wait_slice = std::chrono::milliseconds(50);
+
+int to_int_ms(std::chrono::milliseconds ms) {
+  return static_cast<int>(std::min<int64_t>(ms.count(), std::numeric_limits<int>::max()));
+}
+
+}  // namespace
+
+zmq_transport::zmq_transport(transport_options opts) : opts_(std::move(opts)) {
+  // The I/O thread reports its start-up as a message, not an exception object shared across threads.
+  std::promise<std::string> started;
+  auto ready = started.get_future();
+  thread_ = std::thread([this, &started] { run(started); });
+  const std::string error = ready.get();
+  if (!error.empty()) {
+    thread_.join();
+    throw lw_error(errc::io_error, error);
+  }
+}
+
+zmq_transport::~zmq_transport() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_requested_ = true;
+  }
+  stopping_.store(true, std::memory_order_release);
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::future<void> zmq_transport::submit(std::function<void()> fn) {
+  std::packaged_task<void()> task(std::move(fn));
+  auto fut = task.get_future();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    LW_ASSERT(!stop_requested_, "zmq_transport::submit after shutdown began");
+    jobs_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return fut;
+}
+
+void zmq_transport::run(std::promise<std::string>& started) {
+  io_thread_id_ = std::this_thread::get_id();
+  try {
+    open_sockets();
+  } catch (const std::exception& e) {  // zmq::error_t, std::bad_alloc
+    close_sockets();
+    started.set_value(fmt::format("comm: cannot open the ring sockets (bind {}, connect {}): {}",
+                                  opts_.bind_endpoint, opts_.connect_endpoint, e.what()));
+    return;
+  }
+  started.set_value({});  // `started` lives on the constructor's stack: not touched after this
+  for (;;) {
+    std::packaged_task<void()> job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_requested_ || !jobs_.empty(); });
+      if (jobs_.empty()) break;  // stop requested and nothing left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();  // exceptions land in the job's future; jobs queued at shutdown see stopping() and end quickly
+  }
+  close_sockets();
+}
+
+void zmq_transport::open_sockets() {
+  ctx_ = std::make_unique<zmq::context_t>(1);
+  pull_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pull);
+  pull_->set(zmq::sockopt::rcvhwm, opts_.recv_hwm);
+  pull_->set(zmq::sockopt::maxmsgsize, opts_.max_frame_bytes);
+  pull_->set(zmq::sockopt::linger, 0);
+  pull_->bind(opts_.bind_endpoint);
+  bound_endpoint_ = pull_->get(zmq::sockopt::last_endpoint);
+  if (opts_.connect_endpoint.empty()) return;
+  push_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::push);
+  push_->set(zmq::sockopt::sndhwm, opts_.send_hwm);
+  push_->set(zmq::sockopt::linger, to_int_ms(opts_.linger));
+  // The monitor must be attached before connecting, or the first connection's events are missed.
+  if (zmq_socket_monitor(push_->handle(), monitor_endpoint,
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0)
+    throw zmq::error_t();
+  monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
+  monitor_->set(zmq::sockopt::linger, 0);
+  monitor_->connect(monitor_endpoint);
+  push_->connect(opts_.connect_endpoint);
+}
+
+void zmq_transport::close_sockets() {
+  // Stop the monitor first, so closing the PUSH socket does not wait on it.
+  try {
+    if (push_ && monitor_) zmq_socket_monitor(push_->handle(), nullptr, 0);
+    monitor_.reset();
+    if (push_ && drop_on_close_.load(std::memory_order_acquire)) push_->set(zmq::sockopt::linger, 0);
+    push_.reset();
+    pull_.reset();
+    ctx_.reset();  // waits up to the linger time for frames still queued for the next rank
+  } catch (const zmq::error_t& e) {
+    std::fprintf(stderr, "longwave comm: error while closing sockets: %s\n", e.what());
+  }
+}
+
+void zmq_transport::assert_io_thread() const {
+  LW_ASSERT(std::this_thread::get_id() == io_thread_id_, "zmq_transport socket call outside the I/O thread");
+}
+
+bool zmq_transport::try_send(zmq::message_t& header, zmq::message_t& payload) {
+  assert_io_thread();
+  LW_ASSERT(push_ != nullptr, "zmq_transport::try_send without a next rank");
+  auto first = push_->send(header, zmq::send_flags::dontwait | zmq::send_flags::sndmore);
+  if (!first) return false;
+  // The high-water mark is checked only at a message's first frame, so the second cannot wait for it.
+  auto second = push_->send(payload, zmq::send_flags::none);
+  if (!second) throw lw_error(errc::io_error, "comm: ZeroMQ refused the payload frame after its header");
+  return true;
+}
+
+bool zmq_transport::try_recv(inbound_message& out, size_t max_parts) {
+  assert_io_thread();
+  out.parts.clear();
+  out.extra_parts = 0;
+  out.bytes = 0;
+  out.peer.clear();
+  zmq::message_t part;
+  if (!pull_->recv(part, zmq::recv_flags::dontwait)) return false;
+  if (const char* addr = zmq_msg_gets(part.handle(), "Peer-Address")) out.peer = addr;
+  if (out.peer.empty()) out.peer = "unknown";
+  for (;;) {
+    const bool more = part.more();
+    out.bytes += part.size();
+    if (out.parts.size() < max_parts)
+      out.parts.push_back(std::move(part));
+    else
+      ++out.extra_parts;
+    if (!more) break;
+    part = zmq::message_t();
+    // The rest of a multipart message is delivered atomically with its first frame.
+    if (!pull_->recv(part, zmq::recv_flags::none)) break;
+  }
+  return true;
+}
+
+void zmq_transport::wait(bool want_send, bool want_recv, std::chrono::steady_clock::time_point until) {
+  assert_io_thread();
+  zmq_pollitem_t items[3];
+  int n = 0;
+  if (want_recv) items[n++] = zmq_pollitem_t{pull_->handle(), 0, ZMQ_POLLIN, 0};
+  if (want_send && push_) items[n++] = zmq_pollitem_t{push_->handle(), 0, ZMQ_POLLOUT, 0};
+  if (monitor_) items[n++] = zmq_pollitem_t{monitor_->handle(), 0, ZMQ_POLLIN, 0};
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+  if (left.count() < 0) left = std::chrono::milliseconds(0);
+  const int timeout = to_int_ms(std::min<std::chrono::milliseconds>(left, max_wait_slice));
+  if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+  drain_monitor();
+}
+
+void zmq_transport::drain_monitor() {
+  if (!monitor_) return;
+  for (;;) {
+    zmq::message_t event;
+    if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
+    zmq::message_t address;
+    if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
+    if (event.size() < 6) continue;
+    uint16_t id = 0;
+    std::memcpy(&id, event.data(), sizeof id);
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      connected_ = true;
+    } else if (id == ZMQ_EVENT_DISCONNECTED && connected_) {
+      connected_ = false;
+      if (!lost_) lost_ = fmt::format("connection to {} lost", address.to_string());
+    }
+  }
+}
+
+void zmq_transport::clear_link_lost() {
+  assert_io_thread();
+  drain_monitor();
+  lost_.reset();
+}
+
+std::optional<std::string> zmq_transport::link_lost() {
+  assert_io_thread();
+  drain_monitor();
+  return lost_;
+}
+
+}  // namespace longwave::comm
