@@ -171,6 +171,11 @@ int train(const config::train_config& cfg, const run_options& opts) {
 
   caf::actor_system_config sys_cfg;
   sys_cfg.add_message_types<caf::id_block::longwave>();
+  // Compute runs on the workers' own (detached) threads. The scheduled actors (coordinator, outer optimizer,
+  // metrics) are light: one scheduler thread on a shared queue that sleeps instead of spinning, so it does
+  // not steal cycles from LibTorch.
+  sys_cfg.set("scheduler.policy", caf::atom("sharing"));
+  sys_cfg.set("scheduler.max-threads", 1);
   caf::actor_system sys{sys_cfg};
   int metrics_port = -1;
   auto metrics =
