@@ -21,12 +21,13 @@
 #include <zmq.hpp>
 
 #include "comm/codec.hpp"
-#include "comm/crc32c.hpp"
 #include "comm/ring_allreduce.hpp"
+#include "runtime/crc32c.hpp"
 #include "runtime/errors.hpp"
 
 using namespace longwave;
 using namespace longwave::comm;
+using namespace longwave::runtime;
 
 namespace {
 

@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstring>
 
-#include "comm/crc32c.hpp"
 #include "comm/wire.capnp.h"
+#include "runtime/crc32c.hpp"
 
 namespace longwave::comm {
+
+using runtime::crc32c;
 namespace {
 
 rejection reject(reject_reason r, std::string detail) {

@@ -19,11 +19,13 @@
 #include <cstdio>
 #include <limits>
 
-#include "comm/crc32c.hpp"
 #include "comm/zmq_transport.hpp"
+#include "runtime/crc32c.hpp"
 #include "runtime/errors.hpp"
 
 namespace longwave::comm {
+
+using runtime::crc32c;
 namespace {
 
 constexpr size_t npos = std::numeric_limits<size_t>::max();

@@ -23,6 +23,8 @@
 // round and step with the name. Blob bytes are stored as given (host byte order for tensor data).
 #include "runtime/checkpoint_store.hpp"
 
+#include "runtime/crc32c.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -53,25 +55,6 @@ constexpr char magic[8] = {'L', 'W', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr uint32_t format_version = 1;
 constexpr size_t header_size = 48;
 constexpr size_t max_chunk = size_t{1} << 20;  // read/write buffer size
-
-// ---- CRC-32C, slicing-by-8
-// ------------------------------------------------------------------------------------
-
-using crc_tables = std::array<std::array<uint32_t, 256>, 8>;
-
-constexpr crc_tables make_crc_tables() {
-  crc_tables t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // reflected Castagnoli
-    t[0][i] = c;
-  }
-  for (size_t k = 1; k < 8; ++k)
-    for (size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
-  return t;
-}
-
-constexpr crc_tables crc_table = make_crc_tables();
 
 // ---- little-endian encoding
 // -----------------------------------------------------------------------------------
@@ -400,27 +383,7 @@ const std::string& checkpoint_store::dir() const {
 }
 
 uint32_t checkpoint_store::crc32c(const void* data, size_t n, uint32_t crc) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  const auto& t = crc_table;
-  crc = ~crc;
-  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
-    crc = t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
-    --n;
-  }
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    v ^= crc;
-    crc = t[7][v & 0xff] ^ t[6][(v >> 8) & 0xff] ^ t[5][(v >> 16) & 0xff] ^ t[4][(v >> 24) & 0xff] ^
-          t[3][(v >> 32) & 0xff] ^ t[2][(v >> 40) & 0xff] ^ t[1][(v >> 48) & 0xff] ^ t[0][v >> 56];
-    p += 8;
-    n -= 8;
-  }
-  while (n > 0) {
-    crc = t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
-    --n;
-  }
-  return ~crc;
+  return runtime::crc32c(data, n, crc);
 }
 
 std::string checkpoint_store::write(const checkpoint& c) {

@@ -33,15 +33,17 @@
 #include <zmq.hpp>
 
 #include "comm/codec.hpp"
-#include "comm/crc32c.hpp"
 #include "comm/frame.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "comm/wire.capnp.h"
+#include "runtime/crc32c.hpp"
 #include "runtime/errors.hpp"
 
 namespace {
 
 using namespace longwave;
+using longwave::runtime::crc32c;
+using longwave::runtime::crc32c_portable;
 using namespace longwave::comm;
 namespace fs = std::filesystem;
 using ms = std::chrono::milliseconds;

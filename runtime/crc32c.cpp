@@ -1,5 +1,5 @@
 // CRC-32C: slicing-by-8 tables built at compile time, and an SSE4.2 path chosen once at run time.
-#include "comm/crc32c.hpp"
+#include "runtime/crc32c.hpp"
 
 #include <array>
 #include <cstring>
@@ -13,7 +13,7 @@
 #error "comm/crc32c.cpp assumes a little-endian host (slicing-by-8)"
 #endif
 
-namespace longwave::comm {
+namespace longwave::runtime {
 namespace {
 
 using crc_tables = std::array<std::array<uint32_t, 256>, 8>;
@@ -177,4 +177,4 @@ uint32_t crc32c_portable(const void* data, size_t n, uint32_t crc) {
   return crc_slicing8(static_cast<const unsigned char*>(data), n, crc);
 }
 
-}  // namespace longwave::comm
+}  // namespace longwave::runtime

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace longwave::comm {
+namespace longwave::runtime {
 
 /// CRC-32C of data[0..n), continuing from crc (pass the previous result to checksum data in pieces; 0 to
 /// start). crc32c("123456789") == 0xE3069283.
@@ -16,4 +16,4 @@ uint32_t crc32c_portable(const void* data, size_t n, uint32_t crc = 0);
 /// True when crc32c() uses the CPU's crc32 instruction.
 bool crc32c_hardware();
 
-}  // namespace longwave::comm
+}  // namespace longwave::runtime
