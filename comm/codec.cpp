@@ -19,7 +19,9 @@ static_assert(sizeof(float) == 4, "fp32 is 4 bytes");
 namespace longwave::comm {
 namespace {
 
+using detail::bits_of;
 using detail::codec_kernels;
+using detail::float_of;
 using detail::simd_isa;
 
 constexpr size_t scale_header_bytes = 4;
@@ -31,18 +33,6 @@ constexpr float min_abs_max = 127.0f * FLT_MIN;
 // The largest valid scale: any code (even -128, which encode never writes) times it stays finite.
 constexpr float max_scale = FLT_MAX / 128.0f;
 constexpr uint32_t poison_bits = 0x7fc00000u;  // quiet NaN: the header of a non-finite int8 chunk
-
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 // memcpy with a null pointer is undefined even for 0 bytes; n == 0 chunks may come with null pointers.
 void copy_bytes(void* dst, const void* src, size_t bytes) {

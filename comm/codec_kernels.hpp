@@ -3,10 +3,24 @@
 // (codec_scalar.cpp, codec_avx2.cpp, codec_avx512.cpp); all of them produce bit-identical results.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "comm/codec.hpp"
 
 namespace longwave::comm::detail {
+
+/// The bits of a float and back (memcpy: no aliasing UB), shared by the dispatcher and the scalar kernels.
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+inline float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 /// Largest |x| of a chunk as raw bits of the non-negative float; >= 0x7f800000 means a NaN or inf was
 /// present. Taking the max of the bit patterns is exact, so every level returns the same value.

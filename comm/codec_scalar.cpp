@@ -7,18 +7,6 @@
 namespace longwave::comm::detail {
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 uint16_t load_u16(const std::byte* p) {
   uint16_t v;
   std::memcpy(&v, p, sizeof v);
