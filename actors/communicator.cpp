@@ -1,9 +1,15 @@
-// In-process communicator: mean of the local workers' tensors.
+// Communicator: local mean of the workers' tensors, then (in a cluster) the ring all-reduce across nodes.
 #include "actors/communicator.hpp"
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <vector>
+
+#include "comm/error_feedback.hpp"
+#include "comm/ring_allreduce.hpp"
 #include "runtime/caf_errors.hpp"
+#include "runtime/log.hpp"
 #include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
@@ -12,9 +18,52 @@ using namespace longwave::runtime;
 
 namespace {
 
-caf::behavior communicator_fun(caf::event_based_actor* self) {
+struct comm_state {
+  communicator_options opts;
+  std::unique_ptr<comm::error_feedback> residual;  // created on first use (size known then)
+  uint64_t sent = 0, received = 0;                 // ring counters already reported
+};
+
+/// Quantizes x in place chunk by chunk, as the ring will, carrying what is lost into the next round.
+void apply_error_feedback(comm_state& s, float* x, size_t n) {
+  if (!s.residual || s.residual->size() != n) s.residual = std::make_unique<comm::error_feedback>(n);
+  const size_t chunk = std::max<size_t>(1, s.opts.ring->chunk_elements());
+  std::vector<std::byte> wire;
+  std::vector<float> back;
+  for (size_t off = 0; off < n; off += chunk) {
+    const size_t m = std::min(chunk, n - off);
+    s.residual->add_residual(x + off, m, off);
+    wire.resize(comm::encoded_size(s.opts.dtype, m, s.opts.codec));
+    comm::encode(s.opts.dtype, x + off, m, wire.data(), s.opts.codec);
+    back.resize(m);
+    LW_ASSERT(comm::decode(s.opts.dtype, wire.data(), wire.size(), m, back.data(), s.opts.codec),
+              "own encoding did not decode");
+    s.residual->update(x + off, back.data(), m, off);
+    std::copy(back.begin(), back.end(), x + off);
+  }
+}
+
+void report(caf::event_based_actor* self, comm_state& s, double seconds) {
+  if (!s.opts.metrics) return;
+  auto& m = s.opts.metrics;
+  self->send(m, gauge_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
+  self->send(m, count_atom_v, std::string("longwave_allreduce_total"), std::string(), 1.0);
+  if (!s.opts.ring) return;
+  const auto sent = s.opts.ring->bytes_sent(), received = s.opts.ring->bytes_received();
+  self->send(m, count_atom_v, std::string("longwave_comm_bytes_sent_total"), "peer=" + s.opts.next_peer,
+             static_cast<double>(sent - s.sent));
+  self->send(m, count_atom_v, std::string("longwave_comm_bytes_received_total"), std::string(),
+             static_cast<double>(received - s.received));
+  s.sent = sent;
+  s.received = received;
+}
+
+caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicator_options opts) {
+  self->state.opts = std::move(opts);
   return {
       [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+        auto& s = self->state;
+        const auto t0 = std::chrono::steady_clock::now();
         if (parts.empty()) return make_error(errc::peer_lost, "reduce with no contributions");
         const auto n = parts[0].numel();
         for (const auto& p : parts)
@@ -22,9 +71,26 @@ caf::behavior communicator_fun(caf::event_based_actor* self) {
             return make_error(errc::malformed_frame,
                               "contributions of round " + std::to_string(round) + " differ in size");
         at::NoGradGuard no_grad;
-        auto sum = parts[0].to(at::kFloat).clone();
+        auto sum = parts[0].to(at::kFloat).clone().contiguous();
         for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
         sum.div_(static_cast<double>(parts.size()));
+        if (s.opts.ring) {
+          // A non-finite contribution would poison every node's average (and int8 cannot encode it): fail
+          // here, with the reason, instead of sending it.
+          if (!at::isfinite(sum).all().item<bool>())
+            return make_error(errc::torch_error, "the pseudo-gradient of round " + std::to_string(round) +
+                                                     " has NaN or infinite values (training diverged; "
+                                                     "lower train.lr or outer.lr)");
+          float* data = sum.data_ptr<float>();
+          if (s.opts.error_feedback && s.opts.dtype != comm::wire_dtype::fp32)
+            apply_error_feedback(s, data, static_cast<size_t>(n));
+          try {
+            s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()));
+          } catch (const lw_error& e) {
+            return make_error(e.code(), "all-reduce of round " + std::to_string(round) + ": " + e.what());
+          }
+        }
+        report(self, s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         return sum;
       },
   };
@@ -32,8 +98,8 @@ caf::behavior communicator_fun(caf::event_based_actor* self) {
 
 }  // namespace
 
-caf::actor spawn_communicator(caf::actor_system& sys) {
-  return sys.spawn<caf::detached>(communicator_fun);
+caf::actor spawn_communicator(caf::actor_system& sys, communicator_options opts) {
+  return sys.spawn<caf::detached>(communicator_fun, std::move(opts));
 }
 
 }  // namespace longwave::actors

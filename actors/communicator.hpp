@@ -1,12 +1,39 @@
 #pragma once
-// The communicator actor: averages pseudo-gradients (or, in ddp mode, gradients). In this process it
-// averages the local workers' tensors; the cross-node ring all-reduce implements the same message.
+// The communicator actor: averages pseudo-gradients (or, in ddp mode, gradients). It first averages the
+// local workers' tensors in-process (fp32, rank order); in a cluster it then takes part once in the ring
+// all-reduce across nodes, weighted by its worker count, so every node gets the mean over all workers.
+#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
+
+#include <memory>
+#include <string>
+
+#include "comm/codec.hpp"
+
+namespace longwave::comm {
+class ring_allreduce;
+}
 
 namespace longwave::actors {
 
-/// Message: (reduce, round, std::vector<at::Tensor> parts) -> at::Tensor mean, summed in rank order in fp32
-/// (deterministic, independent of arrival order).
-caf::actor spawn_communicator(caf::actor_system& sys);
+/// What the communicator needs beyond the local mean.
+struct communicator_options {
+  /// The ring across nodes; null when this process is the whole run.
+  std::shared_ptr<comm::ring_allreduce> ring;
+  /// Wire dtype and codec of the ring (both ends must agree), and whether this node carries its quantization
+  /// residual into the next round (only for lossy dtypes).
+  comm::wire_dtype dtype = comm::wire_dtype::fp32;
+  comm::codec_options codec{};
+  bool error_feedback = false;
+  /// Metrics sink for all-reduce time and bytes; may be null.
+  caf::actor metrics;
+  /// The next node's name (label of the bytes-sent counter).
+  std::string next_peer;
+};
+
+/// Message: (reduce, round, std::vector<at::Tensor> parts) -> at::Tensor mean. The local sum is in rank order
+/// in fp32 (deterministic, independent of arrival order); the ring result is bit-identical on every node.
+/// Non-finite values fail the round before anything is sent. Rounds must increase from call to call.
+caf::actor spawn_communicator(caf::actor_system& sys, communicator_options opts = {});
 
 }  // namespace longwave::actors

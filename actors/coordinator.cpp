@@ -282,6 +282,21 @@ void stop_now(self_ptr self, bool boundary) {
       pause_atom_v);
 }
 
+/// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
+/// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
+/// the newest; a resume redoes this round's inner steps.
+void stop_in_allreduce(self_ptr self, uint64_t round) {
+  set_phase(self, phase::stopping);
+  spdlog::info(
+      "stopped during the all-reduce of round {}; the checkpoint of round {} stays the newest (a "
+      "resume redoes round {})",
+      round, round - 1, round);
+  flush_then(self, [=] {
+    set_phase(self, phase::done);
+    notify_main(self, 130);
+  });
+}
+
 // ---- the round ------------------------------------------------------------------------------------------
 
 // result.json in out_dir: the numbers a sweep or a test reads back.
@@ -371,7 +386,9 @@ void diloco_round(self_ptr self, at::Tensor theta) {
         std::vector<at::Tensor> parts;
         for (auto& r : results) parts.push_back(std::move(r.delta));
         set_phase(self, phase::reducing);
-        self->request(s.peers.communicator, s.request_timeout, reduce_atom_v, round, std::move(parts))
+        // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
+        // communicator that never answers.
+        self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, round, std::move(parts))
             .then(
                 [=](at::Tensor& avg) {
                   set_phase(self, phase::outer_step);
@@ -380,7 +397,12 @@ void diloco_round(self_ptr self, at::Tensor theta) {
                       .then([=](at::Tensor& new_theta) { after_round(self, new_theta); },
                             [=](caf::error& e) { fail(self, e); });
                 },
-                [=](caf::error& e) { fail(self, e); });
+                [=](caf::error& e) {
+                  if (self->state.stop_requested && e.category() == caf::atom("longwave") &&
+                      static_cast<errc>(e.code()) == errc::cancelled)
+                    return stop_in_allreduce(self, round);
+                  fail(self, e);
+                });
       },
       run_atom_v, round, theta, cfg.train.inner_steps, s.sync_workers);
 }

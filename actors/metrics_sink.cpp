@@ -38,6 +38,15 @@ const metric_def catalogue[] = {
     {"longwave_val_loss", "Validation loss of theta_global", false},
     {"longwave_val_perplexity", "Validation perplexity of theta_global", false},
     {"longwave_checkpoints_total", "Checkpoints written", true},
+    {"longwave_comm_rejected_frames_total", "Received frames dropped by validation, by reason", true},
+    {"longwave_comm_bytes_sent_total", "Bytes of ring all-reduce frames sent to the next node (label peer)",
+     true},
+    {"longwave_comm_bytes_received_total", "Bytes of ring all-reduce frames received, rejected ones included",
+     true},
+    {"longwave_allreduce_seconds", "Wall time of the last pseudo-gradient all-reduce (local mean and ring)",
+     false},
+    {"longwave_allreduce_total", "Pseudo-gradient all-reduces completed", true},
+    {"longwave_cluster_peers", "Nodes in the ring, this one included", false},
 };
 
 struct sink_state {
@@ -48,9 +57,13 @@ struct sink_state {
   std::set<std::string> warned;
 };
 
-prometheus::Labels labels_for(const std::string& worker) {
-  if (worker.empty()) return {};
-  return {{"worker", worker}};
+// The label argument of gauge/count messages: "" (none), "3" (worker="3") or "key=value" (e.g.
+// "reason=bad_checksum", "peer=b").
+prometheus::Labels labels_for(const std::string& label) {
+  if (label.empty()) return {};
+  const auto eq = label.find('=');
+  if (eq == std::string::npos) return {{"worker", label}};
+  return {{label.substr(0, eq), label.substr(eq + 1)}};
 }
 
 caf::behavior sink_fun(caf::stateful_actor<sink_state>* self, std::shared_ptr<sink_state> init) {

@@ -20,7 +20,12 @@ struct run_context {
   std::shared_ptr<const std::vector<uint16_t>> train_tokens;
   std::shared_ptr<const std::vector<uint16_t>> val_tokens;
   int64_t threads_per_worker = 1;
+  /// Cluster runs: global rank of this node's first worker and the workers of the whole cluster. Each worker
+  /// samples the data region of its global rank.
+  int64_t rank_offset = 0;
+  int64_t cluster_workers = 0;  ///< 0: this process is the whole run
   int64_t n_workers() const { return cfg.train.workers; }
+  int64_t global_workers() const { return cluster_workers > 0 ? cluster_workers : cfg.train.workers; }
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }
 };
 

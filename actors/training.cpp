@@ -109,7 +109,21 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
   return std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(path));
 }
 
-int train(const config::train_config& cfg, const run_options& opts) {
+/// Logs rejected frames (the first 50, then every 1000th) and counts them by reason.
+comm::ring_allreduce::reject_callback rejection_logger(caf::actor metrics) {
+  auto count = std::make_shared<std::atomic<uint64_t>>(0);
+  return [metrics, count](const std::string& peer, const std::string& why) {
+    const auto n = count->fetch_add(1) + 1;
+    if (n <= 50 || n % 1000 == 0)
+      spdlog::warn("comm: dropped a frame from {}: {}{}", peer, why,
+                   n == 50 ? " (further rejections are logged every 1000th)" : "");
+    const auto colon = why.find(':');
+    caf::anon_send(metrics, count_atom_v, std::string("longwave_comm_rejected_frames_total"),
+                   "reason=" + why.substr(0, colon), 1.0);
+  };
+}
+
+int train(const config::train_config& cfg, const run_options& opts, const cluster_role* role) {
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
@@ -141,8 +155,12 @@ int train(const config::train_config& cfg, const run_options& opts) {
   const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   ctx->threads_per_worker =
       cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);
+  if (role) {
+    ctx->rank_offset = role->rank_offset;
+    ctx->cluster_workers = role->cluster_workers;
+  }
   // Check the data against the sampling plan before any actor starts (a clear error, not a dead worker).
-  models::data::window_sampler probe(ctx->train_tokens, cfg.train.workers - 1, cfg.train.workers,
+  models::data::window_sampler probe(ctx->train_tokens, ctx->global_workers() - 1, ctx->global_workers(),
                                      cfg.train.batch_size, spec.seq_len, cfg.run.seed);
   (void)models::data::validation_batch(*ctx->val_tokens, 0, cfg.train.batch_size, spec.seq_len);
   spdlog::info("data: {} train tokens, {} val tokens, vocab {}", ctx->train_tokens->size(),
@@ -183,7 +201,23 @@ int train(const config::train_config& cfg, const run_options& opts) {
   if (metrics_port >= 0) spdlog::info("metrics: http://127.0.0.1:{}/metrics", metrics_port);
   coordinator_peers peers;
   peers.metrics = metrics;
-  peers.communicator = spawn_communicator(sys);
+  communicator_options comm_opts;
+  comm_opts.metrics = metrics;
+  if (role) {
+    comm_opts.ring = std::make_shared<comm::ring_allreduce>(role->rank, role->endpoints, role->ring,
+                                                            rejection_logger(metrics));
+    comm_opts.dtype = role->ring.dtype;
+    comm_opts.codec = role->ring.codec;
+    comm_opts.error_feedback = cfg.comm.error_feedback;
+    const auto world = role->names.size();
+    comm_opts.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
+    caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers"), std::string(),
+                   static_cast<double>(world));
+    spdlog::info("ring: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", role->rank, world,
+                 role->endpoints[static_cast<size_t>(role->rank)], comm_opts.next_peer, cfg.comm.dtype,
+                 cfg.comm.error_feedback ? ", error feedback" : "");
+  }
+  peers.communicator = spawn_communicator(sys, comm_opts);
   // single: theta_global just follows the one worker (theta - 1.0 * (theta - theta_local)); [outer] is
   // unused.
   config::outer_section outer_cfg = cfg.outer;
@@ -206,6 +240,7 @@ int train(const config::train_config& cfg, const run_options& opts) {
       self->receive([&](done_atom, int c, double) { code = c, running = false; },
                     caf::after(std::chrono::milliseconds(100)) >>
                         [&] {
+                          if (role && role->tick) role->tick();
                           const int n = g_signals.load();
                           if (n >= 2) {
                             spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
@@ -216,6 +251,8 @@ int train(const config::train_config& cfg, const run_options& opts) {
                                 "interrupt: finishing the current inner step and saving a checkpoint "
                                 "(Ctrl-C again to abort)");
                             self->send(coordinator, stop_atom_v);
+                            // A running cluster all-reduce ends now instead of at its deadline.
+                            if (comm_opts.ring) comm_opts.ring->cancel();
                             stop_sent = true;
                           }
                         });
@@ -244,9 +281,19 @@ std::string default_corpus_path() {
   return (base / "longwave" / "kjv.txt").string();
 }
 
-int run_training(const config::train_config& cfg, const run_options& opts) {
+comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id) {
+  comm::ring_options r;
+  r.dtype = *comm::parse_wire_dtype(cfg.comm.dtype);  // validated by the config loader
+  r.codec.int8_codebook = cfg.comm.int8_codebook;
+  r.chunk_bytes = static_cast<size_t>(cfg.comm.chunk_kib) * 1024;
+  r.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));
+  r.cluster_id = cluster_id;
+  return r;
+}
+
+int run_training(const config::train_config& cfg, const run_options& opts, const cluster_role* role) {
   try {
-    return train(cfg, opts);
+    return train(cfg, opts, role);
   } catch (const config::config_error& e) {
     spdlog::error("{}", e.what());
     return 2;

@@ -1,8 +1,12 @@
 #pragma once
 // One training run in this process: prepare data, resume or start, spawn the actor graph, wait for it,
 // handle Ctrl-C. The CLI's `run` and the integration tests call this.
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
 
 namespace longwave::actors {
@@ -14,8 +18,24 @@ struct run_options {
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
 };
 
-/// Exit codes: 0 done, 1 runtime failure, 2 bad config or input, 130 stopped by a signal.
-int run_training(const config::train_config& cfg, const run_options& opts);
+/// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).
+struct cluster_role {
+  int rank = 0;
+  std::vector<std::string> endpoints;  ///< ring endpoint of every rank
+  std::vector<std::string> names;      ///< node name of every rank
+  int64_t rank_offset = 0;             ///< global rank of this node's first worker
+  int64_t cluster_workers = 0;         ///< workers of the whole cluster
+  comm::ring_options ring;
+  std::function<void()> tick;  ///< called from the main thread about every 100 ms (heartbeats)
+};
+
+/// Exit codes: 0 done, 1 runtime failure, 2 bad config or input, 130 stopped by a signal. With a role, the
+/// communicator averages across the cluster's ring.
+int run_training(const config::train_config& cfg, const run_options& opts,
+                 const cluster_role* role = nullptr);
+
+/// The ring settings of a config's [comm] section (cluster id from the cluster file).
+comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id);
 
 /// The bundled default corpus: $LONGWAVE_CORPUS, else ${XDG_CACHE_HOME:-~/.cache}/longwave/kjv.txt
 /// (written by scripts/setup).

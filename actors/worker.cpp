@@ -99,8 +99,9 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
   st.rank = rank;
   st.coordinator = std::move(coordinator);
   at::set_num_threads(static_cast<int>(ctx->threads_per_worker));
-  st.trainer = std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens, rank,
-                                                       ctx->n_workers(), ctx->cfg.run.seed);
+  st.trainer = std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens,
+                                                       ctx->rank_offset + rank, ctx->global_workers(),
+                                                       ctx->cfg.run.seed);
   return {
       [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool sync) -> caf::result<round_result> {
         auto& s = self->state;

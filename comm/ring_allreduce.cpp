@@ -57,6 +57,7 @@ struct ring_allreduce::counters {
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> sent{0};
   std::atomic<uint64_t> received{0};
+  std::atomic<bool> cancelled{false};
   int logged = 0;  // I/O thread
 };
 
@@ -166,6 +167,10 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
 ring_allreduce::~ring_allreduce() {
   if (transport_ && failed_) transport_->drop_queued_on_close();
   transport_.reset();
+}
+
+void ring_allreduce::cancel() {
+  counters_->cancelled.store(true, std::memory_order_release);
 }
 
 uint64_t ring_allreduce::rejected_frames() const {
@@ -449,7 +454,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
     auto deadline = clock::now() + opts_.timeout;
     inbound_message msg;
     while (in_next < plan.in.size() || out_next < plan.out.size()) {
-      if (tr.stopping())
+      if (tr.stopping() || counters_->cancelled.load(std::memory_order_acquire))
         throw lw_error(errc::cancelled,
                        fmt::format("comm: rank {} round {}: ring is shutting down", rank_, round));
       bool progress = false;

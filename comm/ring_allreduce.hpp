@@ -78,6 +78,10 @@ class ring_allreduce {
   /// throw, data[0..n) holds partial sums; retry with a later round on every rank.
   void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0);
 
+  /// Makes the running call (within about 50 ms) and every later one throw errc::cancelled: for a node that
+  /// is stopping. Any thread.
+  void cancel();
+
   /// Frames dropped by validation since construction.
   uint64_t rejected_frames() const;
   /// Bytes of all frames handed to ZeroMQ for the next rank.

@@ -142,6 +142,12 @@ void for_each_field(Config& c, Visitor&& f) {
   f("metrics", "enabled", c.metrics.enabled, any());
   f("metrics", "port", c.metrics.port, ints(0, 65535));
 
+  f("comm", "dtype", c.comm.dtype, one_of({"fp32", "fp16", "bf16", "int8"}));
+  f("comm", "int8_codebook", c.comm.int8_codebook, any());
+  f("comm", "error_feedback", c.comm.error_feedback, any());
+  f("comm", "chunk_kib", c.comm.chunk_kib, ints(1, 65536));
+  f("comm", "timeout_s", c.comm.timeout_s, real_in('(', 0, max_timeout_s, ']'));
+
   f("runtime", "round_timeout_s", c.runtime.round_timeout_s, real_in('(', 0, max_timeout_s, ']'));
   f("runtime", "request_timeout_s", c.runtime.request_timeout_s, real_in('(', 0, max_timeout_s, ']'));
   f("runtime", "log_every_steps", c.runtime.log_every_steps, ints(1));
@@ -473,7 +479,8 @@ bool looks_numeric(std::string_view raw) {
 /// validation errors can point there.
 class loader {
  public:
-  explicit loader(std::string_view source_name) : src_(source_name) {}
+  loader(std::string_view source_name, const std::vector<std::string>& foreign)
+      : src_(source_name), foreign_(foreign) {}
 
   void apply_text(std::string_view text) {
     toml::table root;
@@ -486,6 +493,7 @@ class loader {
     }
     for (const auto& [section, node] : in_source_order(root)) {
       const std::string where = at(*node);
+      if (std::find(foreign_.begin(), foreign_.end(), section) != foreign_.end()) continue;
       if (!is_section(section)) {
         if (node->is_table()) {
           throw config_error(section, fmt::format("unknown section [{}]{}{}", section,
@@ -618,6 +626,7 @@ class loader {
   }
 
   std::string src_;
+  std::vector<std::string> foreign_;  // top-level keys another reader owns (e.g. [cluster], [[nodes]])
   train_config cfg_;
   std::map<std::string, std::string> where_;  // dotted key -> " (at file:line:col)" or " (from --set)"
 };
@@ -659,9 +668,9 @@ void validate(const train_config& cfg) {
 }
 
 train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
-                          std::string_view source_name) {
+                          std::string_view source_name, const std::vector<std::string>& foreign_sections) {
   try {
-    loader l(source_name);
+    loader l(source_name, foreign_sections);
     l.apply_text(toml_text);
     for (const auto& ov : overrides) l.apply_override(ov);
     l.validate_with_origin();
@@ -677,7 +686,7 @@ train_config parse_config(std::string_view toml_text, const std::vector<std::str
   }
 }
 
-train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
+std::string read_config_text(const std::string& path) {
   std::string text;
   try {
     std::error_code ec;
@@ -699,8 +708,11 @@ train_config load_config_file(const std::string& path, const std::vector<std::st
   } catch (const std::exception& e) {
     throw config_error("file", fmt::format("cannot read config file '{}': {}", path, one_line(e.what())));
   }
+  return text;
+}
 
-  train_config cfg = parse_config(text, overrides, path);
+train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
+  train_config cfg = parse_config(read_config_text(path), overrides, path);
   if (cfg.run.name.empty()) {
     try {
       cfg.run.name = std::filesystem::path(path).stem().string();

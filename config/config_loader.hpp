@@ -31,9 +31,14 @@ class config_error : public std::runtime_error {
 /// Parses TOML text, applies `overrides` in order (each "section.key=value"; the value is parsed as a TOML
 /// value, and if it does not parse it is taken as a bare string; string fields always accept the raw text),
 /// then validates. `source_name` (e.g. the file path) is used in messages. Missing fields keep the struct
-/// defaults. Throws config_error and nothing else.
+/// defaults. Top-level keys named in foreign_sections belong to another reader (the [cluster] and [[nodes]]
+/// of a cluster file) and are skipped. Throws config_error and nothing else.
 train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
-                          std::string_view source_name);
+                          std::string_view source_name,
+                          const std::vector<std::string>& foreign_sections = {});
+
+/// The text of a config file; config_error with key "file" if it cannot be read.
+std::string read_config_text(const std::string& path);
 
 /// Reads the file (config_error with key "file" if it cannot be read), then parse_config. An empty run.name
 /// defaults to the file's stem. Throws config_error and nothing else.

@@ -75,6 +75,15 @@ struct metrics_section {
   int64_t port = 9464;  ///< 0 = pick a free port (logged at start)
 };
 
+/// [comm]: how pseudo-gradients travel between nodes (cluster runs; a single process averages in memory).
+struct comm_section {
+  std::string dtype = "fp32";   ///< wire element type: "fp32" | "fp16" | "bf16" | "int8"; sums are fp32
+  bool int8_codebook = false;   ///< int8 only: 256-bin codebook of bin means instead of one scale per chunk
+  bool error_feedback = false;  ///< carry this node's quantization residual into the next round
+  int64_t chunk_kib = 1024;     ///< payload of one ring chunk (pipelining granularity), KiB
+  double timeout_s = 300;       ///< an all-reduce fails after this long without progress
+};
+
 /// [runtime]: actor system and deadlines.
 struct runtime_section {
   double round_timeout_s = 3600;   ///< deadline for one worker's inner round
@@ -92,6 +101,7 @@ struct train_config {
   eval_section eval;
   checkpoint_section checkpoint;
   metrics_section metrics;
+  comm_section comm;
   runtime_section runtime;
 };
 

@@ -1,9 +1,17 @@
 // The `longwave` command line: run, eval, data prepare, presets.
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
+#include <unistd.h>
 
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/cli/launch.hpp"
+#include "actors/cluster.hpp"
 #include "actors/training.hpp"
+#include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/model_spec.hpp"
@@ -13,6 +21,24 @@
 using namespace longwave;
 
 namespace {
+
+std::string self_exe(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return argv0;
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+/// Loads a cluster file for a role; prints the config error and returns nullopt.
+std::optional<config::cluster_spec> load_cluster(const std::string& path,
+                                                 const std::vector<std::string>& ov) {
+  try {
+    return config::load_cluster_file(path, ov);
+  } catch (const config::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return std::nullopt;
+  }
+}
 
 int cmd_presets(int64_t vocab, int64_t seq_len) {
   std::printf("%-6s %6s %7s %6s %8s %6s %14s\n", "preset", "dim", "layers", "heads", "kv_heads", "ffn",
@@ -81,6 +107,38 @@ int main(int argc, char** argv) {
   prep->add_option("--val-fraction", val_fraction, "Share of tokens held out for validation")
       ->capture_default_str();
 
+  // cluster roles
+  const char* cluster_footer =
+      "A cluster file is a training config plus [cluster] (id, coordinator, join_timeout_s,\n"
+      "heartbeat_timeout_s) and one [[nodes]] entry per node (name, endpoint, workers, metrics_port).\n"
+      "See examples/cluster_4nodes.toml. Each node writes to <run.out_dir>/<node name>.";
+  std::string cluster_path, node_name;
+  std::vector<std::string> cluster_overrides;
+  bool cluster_fresh = false, node_dry_run = false;
+  auto* coord = app.add_subcommand("coordinator",
+                                   "Cluster role: admit the nodes, give them ring positions, watch them");
+  coord->add_option("cluster", cluster_path, "Cluster TOML file")->required();
+  coord->add_option("--set", cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  coord->add_option("--log-level", log_level, "trace, debug, info, warn or error")->capture_default_str();
+  coord->footer(cluster_footer);
+  auto* node = app.add_subcommand("node", "Cluster role: join the coordinator as one node and train");
+  node->add_option("cluster", cluster_path, "Cluster TOML file")->required();
+  node->add_option("--node", node_name, "This node's name in the cluster file")->required();
+  node->add_option("--set", cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  node->add_flag("--fresh", cluster_fresh, "Start over: delete this node's checkpoints and loss trace first");
+  node->add_flag("--dry-run", node_dry_run, "Validate and print this node's resolved config; do not join");
+  node->add_option("--log-level", log_level, "trace, debug, info, warn or error")->capture_default_str();
+  node->footer(cluster_footer);
+  auto* launch = app.add_subcommand(
+      "launch",
+      "Start the coordinator and every node of a cluster file as local processes (Ctrl-C stops all)");
+  launch->add_option("cluster", cluster_path, "Cluster TOML file")->required();
+  launch->add_option("--set", cluster_overrides, "Override a field for every role (repeatable)");
+  launch->add_flag("--fresh", cluster_fresh, "Every node starts over (deletes its checkpoints first)");
+  launch->footer(
+      "Output lines are prefixed with [coordinator] or [node name]. The exit code is 0 when every role\n"
+      "succeeded, 130 after Ctrl-C, else the first failing role's code.");
+
   // presets
   auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
   int64_t pv = 256, pt = 128;
@@ -105,6 +163,17 @@ int main(int argc, char** argv) {
     }
     return actors::run_training(cfg, ropts);
   }
+  if (coord->parsed() || node->parsed()) {
+    runtime::init_logging(log_level);
+    auto spec = load_cluster(cluster_path, cluster_overrides);
+    if (!spec) return 2;
+    if (coord->parsed()) return actors::run_coordinator_role(*spec);
+    actors::run_options nopts;
+    nopts.fresh = cluster_fresh;
+    nopts.dry_run = node_dry_run;
+    return actors::run_node_role(*spec, node_name, nopts);
+  }
+  if (launch->parsed()) return cli::launch(self_exe(argv[0]), cluster_path, cluster_overrides, cluster_fresh);
   if (eval->parsed()) return actors::run_eval(ckpt, batches);
   if (prep->parsed()) {
     try {

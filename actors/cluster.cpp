@@ -1,0 +1,123 @@
+// Coordinator and node roles of a cluster file.
+#include "actors/cluster.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+
+#include "comm/rendezvous.hpp"
+#include "config/config_loader.hpp"
+#include "runtime/log.hpp"
+
+namespace longwave::actors {
+
+namespace {
+
+std::atomic<int> g_coordinator_signals{0};
+
+void on_coordinator_signal(int) {
+  g_coordinator_signals.fetch_add(1);
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+}  // namespace
+
+int run_coordinator_role(const config::cluster_spec& spec) {
+  comm::coordinator_options o;
+  o.bind_endpoint = spec.coordinator;
+  o.cluster_id = spec.cluster_id;
+  for (const auto& n : spec.nodes)
+    o.members.push_back({n.name, n.endpoint, static_cast<uint32_t>(n.workers)});
+  o.join_timeout = to_ms(spec.join_timeout_s);
+  o.heartbeat_timeout = to_ms(spec.heartbeat_timeout_s);
+  o.info = [](const std::string& s) { spdlog::info("{}", s); };
+  o.warn = [](const std::string& s) { spdlog::warn("{}", s); };
+  g_coordinator_signals = 0;
+  std::signal(SIGINT, on_coordinator_signal);
+  std::signal(SIGTERM, on_coordinator_signal);
+  o.stop = [] { return g_coordinator_signals.load() > 0; };
+  int code = 1;
+  try {
+    code = comm::run_coordinator(o);
+  } catch (const lw_error& e) {
+    spdlog::error("{}", e.what());
+    code = e.code() == errc::invalid_config ? 2 : 1;
+  }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  return code;
+}
+
+int run_node_role(const config::cluster_spec& spec, const std::string& name, const run_options& opts) {
+  config::train_config cfg;
+  size_t index = 0;
+  try {
+    index = config::node_index(spec, name);
+    cfg = config::node_config(spec, index);
+  } catch (const config::config_error& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  }
+  const auto& me = spec.nodes[index];
+  if (opts.dry_run) {
+    spdlog::info("node {}: rank {} of {}, {} workers (global ranks {}..{}), ring endpoint {}", me.name, index,
+                 spec.nodes.size(), me.workers, config::worker_offset(spec, index),
+                 config::worker_offset(spec, index) + me.workers - 1, me.endpoint);
+    return run_training(cfg, opts);
+  }
+
+  cluster_role role;
+  std::unique_ptr<comm::control_client> control;
+  try {
+    control = std::make_unique<comm::control_client>(spec.coordinator, spec.cluster_id);
+    comm::hello_msg hello;
+    hello.protocol_version = comm::protocol_version();
+    hello.cluster_id = spec.cluster_id;
+    hello.node_name = me.name;
+    hello.n_workers = static_cast<uint32_t>(me.workers);
+    hello.data_endpoint = me.endpoint;
+    spdlog::info("node {}: joining cluster '{}' at {} (waiting up to {:g} s)", me.name, spec.id,
+                 spec.coordinator, spec.join_timeout_s);
+    const auto welcome = control->join(hello, to_ms(spec.join_timeout_s));
+    role.rank = static_cast<int>(welcome.rank);
+    for (const auto& p : welcome.peers) {
+      if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
+        throw lw_error(errc::malformed_frame, "the coordinator's welcome lists endpoint '" + p.endpoint +
+                                                  "' for " + p.name + ": " + problem);
+      role.endpoints.push_back(p.endpoint);
+      role.names.push_back(p.name);
+    }
+    if (welcome.rank != index || role.endpoints[index] != me.endpoint)
+      throw lw_error(errc::invalid_config,
+                     "the coordinator placed this node at rank " + std::to_string(welcome.rank) +
+                         " with another endpoint: its cluster file differs from this one");
+    spdlog::info("node {}: joined as rank {} of {}", me.name, welcome.rank, welcome.world_size);
+  } catch (const lw_error& e) {
+    spdlog::error("node {}: {}", me.name, e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+  role.rank_offset = config::worker_offset(spec, index);
+  role.cluster_workers = spec.train.train.workers;
+  role.ring = ring_options_from(cfg, spec.cluster_id);
+  auto last_beat = std::chrono::steady_clock::now();
+  role.tick = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_beat < std::chrono::seconds(2)) return;
+    last_beat = now;
+    control->heartbeat(0);
+  };
+  const int code = run_training(cfg, opts, &role);
+  if (code == 0)
+    control->bye("done");
+  else if (code == 130)
+    control->bye("interrupted (Ctrl-C); its checkpoint is saved");
+  else
+    control->error(errc::peer_lost,
+                   "node " + me.name + " stopped with exit code " + std::to_string(code) + "; see its log");
+  return code;
+}
+
+}  // namespace longwave::actors

@@ -1,0 +1,19 @@
+#pragma once
+// The two roles of a cluster file: `longwave coordinator CLUSTER.toml` and `longwave node CLUSTER.toml
+// --node NAME`. (`longwave launch` starts both as local processes: actors/cli/launch.cpp.)
+#include <string>
+
+#include "actors/training.hpp"
+#include "config/cluster_config.hpp"
+
+namespace longwave::actors {
+
+/// Admits the cluster's nodes, gives them their ring positions, and watches them until they finish.
+/// Exit codes: 0 every node finished, 1 a node failed, went silent or never joined, 130 Ctrl-C.
+int run_coordinator_role(const config::cluster_spec& spec);
+
+/// Joins the cluster as node `name` and trains. Exit codes as run_training; 2 also when the coordinator turns
+/// the node away (other cluster id or protocol version, unknown name).
+int run_node_role(const config::cluster_spec& spec, const std::string& name, const run_options& opts);
+
+}  // namespace longwave::actors

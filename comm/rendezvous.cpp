@@ -1,0 +1,371 @@
+// Coordinator role and node control client (see rendezvous.hpp).
+#include "comm/rendezvous.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <optional>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+namespace longwave::comm {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+constexpr uint32_t no_rank = 0xffffffffu;
+
+std::string secs(std::chrono::milliseconds ms) {
+  return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
+}
+
+zmq::message_t to_message(const std::vector<std::byte>& bytes) {
+  return zmq::message_t(bytes.data(), bytes.size());
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+/// One member's state at the coordinator.
+struct member_state {
+  std::optional<std::string> identity;  // ROUTER routing id once it said hello
+  bool finished = false, failed = false, lost = false;
+  clock::time_point last_seen;
+  uint64_t round = 0;
+};
+
+class coordinator {
+ public:
+  explicit coordinator(const coordinator_options& o) : o_(o), members_(o.members.size()) {
+    sock_.set(zmq::sockopt::linger, 1000);
+    sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
+    try {
+      sock_.bind(o_.bind_endpoint);
+    } catch (const zmq::error_t& e) {
+      throw lw_error(errc::io_error,
+                     fmt::format("coordinator: cannot listen on {}: {}", o_.bind_endpoint, e.what()));
+    }
+  }
+
+  int run() {
+    const auto t0 = clock::now();
+    info(fmt::format("coordinator: cluster of {} nodes, waiting up to {} for them on {}", members_.size(),
+                     secs(o_.join_timeout), o_.bind_endpoint));
+    // Joining.
+    while (!all_joined()) {
+      if (stopped()) return call_off("the coordinator was stopped", 130);
+      if (clock::now() - t0 > o_.join_timeout) {
+        std::vector<std::string> missing, joined;
+        for (size_t i = 0; i < members_.size(); ++i)
+          (members_[i].identity ? joined : missing).push_back(o_.members[i].name);
+        const std::string why =
+            fmt::format("join deadline of {} passed: missing node(s) {}{}", secs(o_.join_timeout),
+                        join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
+        warn("coordinator: " + why);
+        return call_off(why, 1);
+      }
+      poll_once();
+    }
+    for (size_t i = 0; i < members_.size(); ++i) send_welcome(static_cast<uint32_t>(i));
+    info(fmt::format("coordinator: all {} nodes joined; ring {}", members_.size(), ring_text()));
+    // Training: watch until everyone is done.
+    while (!all_settled()) {
+      if (stopped()) return call_off("the coordinator was stopped", 130);
+      const auto now = clock::now();
+      for (size_t i = 0; i < members_.size(); ++i) {
+        auto& m = members_[i];
+        if (m.finished || m.failed || m.lost || now - m.last_seen <= o_.heartbeat_timeout) continue;
+        m.lost = true;
+        warn(fmt::format("coordinator: node {} lost: nothing heard for {} (last round {})",
+                         o_.members[i].name, secs(o_.heartbeat_timeout), m.round));
+      }
+      poll_once();
+    }
+    bool ok = true;
+    for (const auto& m : members_) ok = ok && m.finished;
+    info(ok ? "coordinator: every node finished" : "coordinator: the run ended with failed or lost nodes");
+    return ok ? 0 : 1;
+  }
+
+ private:
+  void info(const std::string& s) const {
+    if (o_.info) o_.info(s);
+  }
+  void warn(const std::string& s) const {
+    if (o_.warn) o_.warn(s);
+  }
+  bool stopped() const { return o_.stop && o_.stop(); }
+
+  bool all_joined() const {
+    for (const auto& m : members_)
+      if (!m.identity) return false;
+    return true;
+  }
+  bool all_settled() const {
+    for (const auto& m : members_)
+      if (!m.finished && !m.failed && !m.lost) return false;
+    return true;
+  }
+
+  std::string ring_text() const {
+    std::string out;
+    for (size_t i = 0; i < members_.size(); ++i)
+      out += fmt::format("{}{}={}", i ? " -> " : "", i, o_.members[i].name);
+    return out;
+  }
+
+  void reply(const std::string& identity, const envelope& e) {
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(identity.data(), identity.size());
+    parts.push_back(to_message(build_envelope(e)));
+    (void)zmq::send_multipart(sock_, parts, zmq::send_flags::dontwait);
+  }
+
+  void reply_error(const std::string& identity, errc code, const std::string& message) {
+    envelope e;
+    e.cluster_id = o_.cluster_id;
+    e.sender = no_rank;
+    e.body = error_msg{static_cast<uint16_t>(code), message.substr(0, max_message_bytes)};
+    reply(identity, e);
+  }
+
+  /// Tells every joined node that the cluster is off, then returns code.
+  int call_off(const std::string& why, int code) {
+    for (const auto& m : members_)
+      if (m.identity && !m.finished)
+        reply_error(*m.identity, errc::peer_lost, "the cluster was called off: " + why);
+    return code;
+  }
+
+  void send_welcome(uint32_t rank) {
+    welcome_msg w;
+    w.rank = rank;
+    w.world_size = static_cast<uint32_t>(members_.size());
+    for (size_t i = 0; i < members_.size(); ++i)
+      w.peers.push_back({static_cast<uint32_t>(i), o_.members[i].name, o_.members[i].endpoint});
+    envelope e;
+    e.cluster_id = o_.cluster_id;
+    e.sender = no_rank;
+    e.body = std::move(w);
+    reply(*members_[rank].identity, e);
+    members_[rank].last_seen = clock::now();
+  }
+
+  std::optional<size_t> rank_of_identity(const std::string& id) const {
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (members_[i].identity && *members_[i].identity == id) return i;
+    return std::nullopt;
+  }
+
+  void on_hello(const std::string& identity, const hello_msg& h, const std::string& peer) {
+    if (h.protocol_version != protocol_version()) {
+      warn(fmt::format("coordinator: turned away node '{}' ({}): protocol version {}, ours is {}",
+                       h.node_name, peer, h.protocol_version, protocol_version()));
+      return reply_error(
+          identity, errc::invalid_config,
+          fmt::format("protocol version {} is not the coordinator's {}: build every node and the "
+                      "coordinator from the same Longwave release",
+                      h.protocol_version, protocol_version()));
+    }
+    size_t idx = members_.size();
+    for (size_t i = 0; i < o_.members.size(); ++i)
+      if (o_.members[i].name == h.node_name) idx = i;
+    if (idx == members_.size()) {
+      std::vector<std::string> names;
+      for (const auto& m : o_.members) names.push_back(m.name);
+      warn(fmt::format("coordinator: turned away unknown node '{}' ({})", h.node_name, peer));
+      return reply_error(
+          identity, errc::invalid_config,
+          fmt::format("node '{}' is not in this cluster (nodes: {})", h.node_name, join_names(names)));
+    }
+    const auto& want = o_.members[idx];
+    if (h.n_workers != want.workers || h.data_endpoint != want.endpoint) {
+      warn(fmt::format("coordinator: turned away node '{}': its cluster file differs", h.node_name));
+      return reply_error(
+          identity, errc::invalid_config,
+          fmt::format("node '{}' says {} workers at {}, the coordinator's cluster file says {} at {}: "
+                      "start every role from the same cluster file",
+                      h.node_name, h.n_workers, h.data_endpoint, want.workers, want.endpoint));
+    }
+    auto& m = members_[idx];
+    if (all_joined()) {
+      return reply_error(
+          identity, errc::invalid_config,
+          fmt::format("node '{}' asked to join a cluster that is already training; restart the "
+                      "whole cluster to resume from its checkpoints",
+                      h.node_name));
+    }
+    if (m.identity && *m.identity != identity)
+      warn(
+          fmt::format("coordinator: node '{}' said hello again from a new connection ({}); using the new one",
+                      h.node_name, peer));
+    m.identity = identity;
+    m.last_seen = clock::now();
+    size_t joined = 0;
+    for (const auto& x : members_) joined += x.identity ? 1 : 0;
+    info(fmt::format("coordinator: node {} joined ({} workers, ring endpoint {}) [{}/{}]", h.node_name,
+                     h.n_workers, h.data_endpoint, joined, members_.size()));
+  }
+
+  void poll_once() {
+    zmq::pollitem_t item{static_cast<void*>(sock_), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    if (!(item.revents & ZMQ_POLLIN)) return;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
+    if (parts.size() != 2) {
+      warn(fmt::format("coordinator: dropped a control message of {} frames (want 1 after the routing id)",
+                       parts.size() - 1));
+      return;
+    }
+    const std::string identity = parts[0].to_string();
+    const char* addr = zmq_msg_gets(parts[1].handle(), "Peer-Address");
+    const std::string peer = addr ? addr : "unknown";
+    auto parsed = parse_envelope(parts[1].data(), parts[1].size(), o_.cluster_id);
+    if (!parsed) {
+      const auto& r = parsed.error();
+      warn(fmt::format("coordinator: dropped a control frame from {}: {}", peer, r.message()));
+      if (r.reason == reject_reason::wrong_cluster)
+        reply_error(identity, errc::invalid_config,
+                    "wrong cluster id: this coordinator serves another cluster");
+      return;
+    }
+    const envelope& e = parsed.value();
+    if (auto* h = std::get_if<hello_msg>(&e.body)) return on_hello(identity, *h, peer);
+    const auto rank = rank_of_identity(identity);
+    if (!rank) {
+      warn(fmt::format("coordinator: dropped a control message from {}, which has not said hello", peer));
+      return;
+    }
+    auto& m = members_[*rank];
+    const std::string& name = o_.members[*rank].name;
+    m.last_seen = clock::now();
+    if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
+      m.round = hb->round;
+    } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
+      m.finished = b->reason == "done";
+      m.failed = !m.finished;
+      const auto line = fmt::format("coordinator: node {} left: {}", name, b->reason);
+      if (m.finished)
+        info(line);
+      else
+        warn(line);
+    } else if (auto* er = std::get_if<error_msg>(&e.body)) {
+      m.failed = true;
+      warn(fmt::format("coordinator: node {} failed ({}): {}", name, to_string(static_cast<errc>(er->code)),
+                       er->message));
+    }
+  }
+
+  const coordinator_options& o_;
+  std::vector<member_state> members_;
+  zmq::context_t ctx_{1};
+  zmq::socket_t sock_{ctx_, zmq::socket_type::router};
+};
+
+}  // namespace
+
+int run_coordinator(const coordinator_options& opts) {
+  if (opts.members.empty()) throw lw_error(errc::invalid_config, "coordinator: the cluster has no nodes");
+  coordinator c(opts);
+  return c.run();
+}
+
+control_client::control_client(std::string coordinator_endpoint, uint64_t cluster_id)
+    : endpoint_(std::move(coordinator_endpoint)), cluster_id_(cluster_id) {
+  ctx_ = std::make_unique<zmq::context_t>(1);
+  sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::dealer);
+  sock_->set(zmq::sockopt::linger, 1000);
+  sock_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
+  sock_->set(zmq::sockopt::sndhwm, 16);
+  try {
+    sock_->connect(endpoint_);
+  } catch (const zmq::error_t& e) {
+    throw lw_error(errc::invalid_config,
+                   fmt::format("cannot connect to the coordinator at {}: {}", endpoint_, e.what()));
+  }
+}
+
+control_client::~control_client() = default;
+
+void control_client::send(const envelope& e) {
+  auto msg = to_message(build_envelope(e));
+  (void)sock_->send(msg, zmq::send_flags::dontwait);
+}
+
+welcome_msg control_client::join(const hello_msg& hello, std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = hello;
+  send(e);
+  const auto deadline = clock::now() + timeout;
+  while (clock::now() < deadline) {
+    zmq::pollitem_t item{static_cast<void*>(*sock_), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    if (!(item.revents & ZMQ_POLLIN)) continue;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
+        parts.size() != 1)
+      continue;
+    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+    if (!parsed) {
+      if (parsed.error().reason == reject_reason::wrong_cluster)
+        throw lw_error(
+            errc::invalid_config,
+            fmt::format("the coordinator at {} serves a different cluster (its cluster.id differs from "
+                        "this node's): start every role from the same cluster file",
+                        endpoint_));
+      continue;  // noise; keep waiting
+    }
+    const auto& body = parsed.value().body;
+    if (auto* w = std::get_if<welcome_msg>(&body)) {
+      if (w->rank >= w->world_size || w->peers.size() != w->world_size)
+        throw lw_error(errc::malformed_frame,
+                       "the coordinator's welcome is inconsistent (rank or peer list)");
+      rank_ = w->rank;
+      return *w;
+    }
+    if (auto* er = std::get_if<error_msg>(&body)) {
+      const auto code = static_cast<errc>(er->code);
+      throw lw_error(code == errc::peer_lost ? errc::peer_lost : errc::invalid_config,
+                     fmt::format("the coordinator at {} turned this node away: {}", endpoint_, er->message));
+    }
+  }
+  throw lw_error(
+      errc::deadline_missed,
+      fmt::format("cannot reach the coordinator at {}: no answer within {} (is `longwave coordinator` "
+                  "running there, and is the address right?)",
+                  endpoint_, secs(timeout)));
+}
+
+void control_client::heartbeat(uint64_t round) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = heartbeat_msg{round, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          std::chrono::system_clock::now().time_since_epoch())
+                                                          .count())};
+  send(e);
+}
+
+void control_client::bye(const std::string& reason) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = bye_msg{reason.substr(0, max_message_bytes)};
+  send(e);
+}
+
+void control_client::error(errc code, const std::string& message) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = error_msg{static_cast<uint16_t>(code), message.substr(0, max_message_bytes)};
+  send(e);
+}
+
+}  // namespace longwave::comm

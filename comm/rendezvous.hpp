@@ -1,0 +1,82 @@
+#pragma once
+// The control plane of a cluster: the coordinator role (a ROUTER socket that admits the configured nodes,
+// hands out ring positions, then watches heartbeats until every node has finished) and the node side
+// (control_client: hello -> welcome, heartbeats, bye or error). One Envelope frame per message
+// (comm/wire.capnp); every frame is validated by parse_envelope before use.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/frame.hpp"
+#include "runtime/errors.hpp"
+
+namespace zmq {
+class context_t;
+class socket_t;
+}  // namespace zmq
+
+namespace longwave::comm {
+
+/// One node the coordinator expects, in ring order.
+struct member_spec {
+  std::string name;
+  std::string endpoint;  ///< the node's ring endpoint, as the cluster file gives it
+  uint32_t workers = 1;
+};
+
+/// Settings of the coordinator role.
+struct coordinator_options {
+  std::string bind_endpoint;  ///< e.g. "tcp://127.0.0.1:5600"
+  uint64_t cluster_id = 0;
+  std::vector<member_spec> members;
+  /// Every member must have said hello within this time of start, else the run is called off.
+  std::chrono::milliseconds join_timeout{60000};
+  /// A member that sends nothing (heartbeats included) for this long is reported lost.
+  std::chrono::milliseconds heartbeat_timeout{120000};
+  std::function<void(const std::string&)> info;  ///< progress lines (joins, finishes)
+  std::function<void(const std::string&)> warn;  ///< problems (rejections, failures, missing nodes)
+  std::function<bool()> stop;                    ///< polled every 100 ms; true ends the role (exit code 130)
+};
+
+/// Runs the coordinator until every member has finished (0), one failed, went silent or never joined (1), or
+/// stop() (130). Throws lw_error(errc::io_error) if bind_endpoint cannot be bound (e.g. in use).
+int run_coordinator(const coordinator_options& opts);
+
+/// A node's connection to the coordinator. Not thread-safe: one thread (the node's main thread) uses it.
+class control_client {
+ public:
+  /// Connects (lazily; ZeroMQ retries) to the coordinator's endpoint.
+  control_client(std::string coordinator_endpoint, uint64_t cluster_id);
+  ~control_client();
+  control_client(const control_client&) = delete;
+  control_client& operator=(const control_client&) = delete;
+
+  /// Sends hello and waits for the answer. Throws lw_error with errc::deadline_missed ("cannot reach the
+  /// coordinator at ... within N s"), errc::invalid_config (turned away: other cluster id, protocol version,
+  /// unknown or duplicate node name; the message says which) or errc::peer_lost (the cluster was called
+  /// off, e.g. other nodes missing at the join deadline).
+  welcome_msg join(const hello_msg& hello, std::chrono::milliseconds timeout);
+
+  /// Tells the coordinator this node is alive and in `round`. Never blocks.
+  void heartbeat(uint64_t round);
+  /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.
+  void bye(const std::string& reason);
+  /// This node failed. Waits up to 1 s for delivery.
+  void error(errc code, const std::string& message);
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void send(const envelope& e);
+
+  std::string endpoint_;
+  uint64_t cluster_id_;
+  uint32_t rank_ = 0xffffffffu;
+  std::unique_ptr<zmq::context_t> ctx_;
+  std::unique_ptr<zmq::socket_t> sock_;
+};
+
+}  // namespace longwave::comm

@@ -1,0 +1,281 @@
+// Cluster files: [cluster] and [[nodes]] read here, the rest by the training-config loader.
+#include "config/cluster_config.hpp"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "config/config_loader.hpp"
+
+namespace longwave::config {
+
+namespace {
+
+const std::vector<std::string> k_foreign = {"cluster", "nodes"};
+constexpr size_t max_nodes = 64;
+
+std::string where(const toml::node& n) {
+  const auto& b = n.source().begin;
+  if (b.line == 0) return {};
+  return fmt::format(" (line {})", b.line);
+}
+
+std::string type_of(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date or time";
+  }
+}
+
+std::string get_string(const toml::node& n, const std::string& key) {
+  if (auto v = n.value_exact<std::string>()) return *v;
+  throw config_error(key, fmt::format("{}: expected a string, got {}{}", key, type_of(n), where(n)));
+}
+
+int64_t get_int(const toml::node& n, const std::string& key, int64_t lo, int64_t hi) {
+  auto v = n.value_exact<int64_t>();
+  if (!v)
+    throw config_error(key, fmt::format("{}: expected an integer, got {}{}", key, type_of(n), where(n)));
+  if (*v < lo || *v > hi)
+    throw config_error(key,
+                       fmt::format("{} = {}: must be an integer in [{}, {}]{}", key, *v, lo, hi, where(n)));
+  return *v;
+}
+
+double get_seconds(const toml::node& n, const std::string& key) {
+  auto v = n.value<double>();  // integers are accepted too
+  if (!v || n.is_boolean() || n.is_string())
+    throw config_error(key,
+                       fmt::format("{}: expected a number of seconds, got {}{}", key, type_of(n), where(n)));
+  if (!(std::isfinite(*v) && *v > 0 && *v <= 1e7))
+    throw config_error(key,
+                       fmt::format("{} = {}: must be a number of seconds in (0, 1e7]{}", key, *v, where(n)));
+  return *v;
+}
+
+bool valid_name(const std::string& s) {
+  if (s.empty() || s.size() > 32) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::node& value) {
+  const std::string key = "cluster." + name;
+  if (name == "id") {
+    spec.id = get_string(value, key);
+    if (spec.id.empty() || spec.id.size() > 128)
+      throw config_error(key, fmt::format("cluster.id = \"{}\": must be 1..128 characters", spec.id));
+  } else if (name == "coordinator") {
+    spec.coordinator = get_string(value, key);
+    if (auto p = endpoint_problem(spec.coordinator); !p.empty())
+      throw config_error(
+          key, fmt::format("cluster.coordinator = \"{}\": {}{}", spec.coordinator, p, where(value)));
+  } else if (name == "join_timeout_s") {
+    spec.join_timeout_s = get_seconds(value, key);
+  } else if (name == "heartbeat_timeout_s") {
+    spec.heartbeat_timeout_s = get_seconds(value, key);
+  } else {
+    throw config_error(key, fmt::format("unknown key '{}'{}: [cluster] has id, coordinator, join_timeout_s "
+                                        "and heartbeat_timeout_s",
+                                        key, where(value)));
+  }
+}
+
+cluster_node read_node(const toml::node& entry, size_t i) {
+  const std::string base = fmt::format("nodes[{}]", i);
+  const toml::table* t = entry.as_table();
+  if (!t)
+    throw config_error(
+        base, fmt::format("{}: expected a [[nodes]] table, got {}{}", base, type_of(entry), where(entry)));
+  cluster_node n;
+  bool has_name = false, has_endpoint = false;
+  for (const auto& [k, v] : *t) {
+    const std::string name(k.str());
+    const std::string key = base + "." + name;
+    if (name == "name") {
+      n.name = get_string(v, key);
+      has_name = true;
+    } else if (name == "endpoint") {
+      n.endpoint = get_string(v, key);
+      has_endpoint = true;
+    } else if (name == "workers") {
+      n.workers = get_int(v, key, 1, 256);
+    } else if (name == "metrics_port") {
+      n.metrics_port = get_int(v, key, 0, 65535);
+    } else {
+      throw config_error(key,
+                         fmt::format("unknown key '{}'{}: a [[nodes]] entry has name, endpoint, workers and "
+                                     "metrics_port",
+                                     key, where(v)));
+    }
+  }
+  if (!has_name) throw config_error(base + ".name", fmt::format("{}.name is missing{}", base, where(entry)));
+  if (!valid_name(n.name))
+    throw config_error(base + ".name",
+                       fmt::format("{}.name = \"{}\": use 1..32 letters, digits, '_' or '-'", base, n.name));
+  if (!has_endpoint)
+    throw config_error(
+        base + ".endpoint",
+        fmt::format("{}.endpoint is missing (node \"{}\"): write e.g. endpoint = \"tcp://127.0.0.1:5601\"",
+                    base, n.name));
+  if (auto p = endpoint_problem(n.endpoint); !p.empty())
+    throw config_error(base + ".endpoint", fmt::format("{}.endpoint = \"{}\": {}", base, n.endpoint, p));
+  return n;
+}
+
+}  // namespace
+
+uint64_t cluster_id_of(std::string_view id) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+std::string endpoint_problem(std::string_view ep) {
+  constexpr std::string_view scheme = "tcp://";
+  if (ep.substr(0, scheme.size()) != scheme) return "must be tcp://HOST:PORT";
+  const auto rest = ep.substr(scheme.size());
+  const auto colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return "must be tcp://HOST:PORT";
+  const auto host = rest.substr(0, colon);
+  if (host == "*") return "HOST must be an address the other nodes can reach, not '*'";
+  const auto port = rest.substr(colon + 1);
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return "PORT must be a number in 1..65535";
+  const long p = std::stol(std::string(port));
+  if (p < 1 || p > 65535) return "PORT must be a number in 1..65535";
+  return {};
+}
+
+cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>& overrides,
+                           std::string_view source_name) {
+  cluster_spec spec;
+  std::vector<std::string> train_overrides, cluster_overrides;
+  for (const auto& ov : overrides)
+    (ov.rfind("cluster.", 0) == 0 ? cluster_overrides : train_overrides).push_back(ov);
+  // The training sections first: syntax errors are reported there with positions.
+  spec.train = parse_config(text, train_overrides, source_name, k_foreign);
+  toml::table root = toml::parse(text, std::string_view(source_name));
+
+  if (const toml::node* c = root.get("cluster")) {
+    const toml::table* t = c->as_table();
+    if (!t)
+      throw config_error(
+          "cluster", fmt::format("cluster: expected a table [cluster], got {}{}", type_of(*c), where(*c)));
+    for (const auto& [k, v] : *t) set_cluster_field(spec, std::string(k.str()), v);
+  }
+  for (const auto& ov : cluster_overrides) {
+    const auto eq = ov.find('=');
+    if (eq == std::string::npos)
+      throw config_error(ov, fmt::format("override '{}' has no '=': write --set cluster.key=value", ov));
+    const std::string name = ov.substr(8, eq - 8);
+    const std::string raw = ov.substr(eq + 1);
+    toml::table parsed;
+    try {
+      parsed = toml::parse("v = " + raw);
+    } catch (const toml::parse_error&) {
+      parsed.insert("v", raw);  // a bare string
+    }
+    set_cluster_field(spec, name, *parsed.get("v"));
+  }
+  spec.cluster_id = cluster_id_of(spec.id);
+
+  const toml::node* nodes = root.get("nodes");
+  if (!nodes)
+    throw config_error(
+        "nodes",
+        "nodes: the cluster file has no [[nodes]] entries; add one per node with name, endpoint "
+        "and workers");
+  const toml::array* arr = nodes->as_array();
+  if (!arr)
+    throw config_error(
+        "nodes", fmt::format("nodes: expected [[nodes]] tables, got {}{}", type_of(*nodes), where(*nodes)));
+  if (arr->empty() || arr->size() > max_nodes)
+    throw config_error("nodes",
+                       fmt::format("nodes: {} entries; a cluster has 1..{} nodes", arr->size(), max_nodes));
+  std::set<std::string> names, endpoints;
+  std::set<int64_t> ports;
+  int64_t total = 0;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    auto n = read_node(*arr->get(i), i);
+    if (!names.insert(n.name).second)
+      throw config_error(fmt::format("nodes[{}].name", i),
+                         fmt::format("nodes[{}].name = \"{}\": another node has this name", i, n.name));
+    if (!endpoints.insert(n.endpoint).second)
+      throw config_error(
+          fmt::format("nodes[{}].endpoint", i),
+          fmt::format("nodes[{}].endpoint = \"{}\": another node uses this endpoint", i, n.endpoint));
+    if (n.endpoint == spec.coordinator)
+      throw config_error(
+          fmt::format("nodes[{}].endpoint", i),
+          fmt::format("nodes[{}].endpoint = \"{}\": this is the coordinator's endpoint", i, n.endpoint));
+    total += n.workers;
+    spec.nodes.push_back(std::move(n));
+  }
+  if (spec.train.run.mode != "diloco")
+    throw config_error(
+        "run.mode",
+        fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"", spec.train.run.mode));
+  spec.train.train.workers = total;
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    const int64_t port = node_config(spec, i).metrics.port;
+    if (spec.train.metrics.enabled && port != 0 && !ports.insert(port).second)
+      throw config_error(
+          fmt::format("nodes[{}].metrics_port", i),
+          fmt::format("nodes[{}].metrics_port: port {} is also another node's; set metrics_port per node", i,
+                      port));
+  }
+  return spec;
+}
+
+cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides) {
+  auto spec = parse_cluster(read_config_text(path), overrides, path);
+  if (spec.train.run.name.empty()) spec.train.run.name = std::filesystem::path(path).stem().string();
+  return spec;
+}
+
+size_t node_index(const cluster_spec& spec, const std::string& name) {
+  std::string all;
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    if (spec.nodes[i].name == name) return i;
+    all += (i ? ", " : "") + spec.nodes[i].name;
+  }
+  throw config_error("--node",
+                     fmt::format("--node {}: the cluster file has no such node (nodes: {})", name, all));
+}
+
+train_config node_config(const cluster_spec& spec, size_t index) {
+  const auto& n = spec.nodes.at(index);
+  train_config c = spec.train;
+  c.train.workers = n.workers;
+  c.run.out_dir = (std::filesystem::path(spec.train.run.out_dir) / n.name).string();
+  if (n.metrics_port >= 0)
+    c.metrics.port = n.metrics_port;
+  else if (c.metrics.port != 0)
+    c.metrics.port = std::min<int64_t>(65535, c.metrics.port + 1 + static_cast<int64_t>(index));
+  c.run.name = spec.train.run.name.empty() ? n.name : spec.train.run.name + "/" + n.name;
+  validate(c);
+  return c;
+}
+
+int64_t worker_offset(const cluster_spec& spec, size_t index) {
+  int64_t off = 0;
+  for (size_t i = 0; i < index; ++i) off += spec.nodes[i].workers;
+  return off;
+}
+
+}  // namespace longwave::config

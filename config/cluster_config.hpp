@@ -1,0 +1,58 @@
+#pragma once
+// A cluster file: one TOML describing the whole cluster. [cluster] names it and the coordinator, each
+// [[nodes]] entry is one node process (ring endpoint, local workers, metrics port), and every other section
+// is the shared training config (config/train_config.hpp). Example: examples/cluster_4nodes.toml.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/train_config.hpp"
+
+namespace longwave::config {
+
+/// One [[nodes]] entry.
+struct cluster_node {
+  std::string name;  ///< [A-Za-z0-9_-], 1..32 characters, unique
+  std::string
+      endpoint;  ///< where the node's ring socket binds and its previous rank connects, tcp://host:port
+  int64_t workers = 1;        ///< local workers (replicas) of this node
+  int64_t metrics_port = -1;  ///< /metrics port; -1: [metrics] port + 1 + index (0 there: pick a free one)
+};
+
+/// The whole cluster.
+struct cluster_spec {
+  std::string id = "longwave";  ///< cluster name; nodes of another cluster are turned away
+  uint64_t cluster_id = 0;      ///< cluster_id_of(id), carried in every frame
+  std::string coordinator = "tcp://127.0.0.1:5600";  ///< the coordinator's control endpoint
+  double join_timeout_s = 60;        ///< coordinator: wait this long for every node; node: for the welcome
+  double heartbeat_timeout_s = 120;  ///< coordinator: a node silent this long is reported lost
+  std::vector<cluster_node> nodes;   ///< ring order: rank i is nodes[i]
+  train_config train;                ///< shared config; train.workers is the sum over nodes
+};
+
+/// 64-bit FNV-1a of the cluster id text (never 0).
+uint64_t cluster_id_of(std::string_view id);
+
+/// Parses a cluster file's text. Overrides "cluster.id", "cluster.coordinator", "cluster.join_timeout_s" and
+/// "cluster.heartbeat_timeout_s" set [cluster] fields; all others go to the training config. Throws
+/// config_error naming the key ("nodes[2].endpoint", "cluster.coordinator", ...).
+cluster_spec parse_cluster(std::string_view toml_text, const std::vector<std::string>& overrides,
+                           std::string_view source_name);
+
+/// Reads the file, then parse_cluster. An empty run.name defaults to the file's stem.
+cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides);
+
+/// Index of the node called name; config_error listing the names if there is none.
+size_t node_index(const cluster_spec& spec, const std::string& name);
+
+/// The training config of one node: its local workers, out_dir <run.out_dir>/<name>, its metrics port.
+train_config node_config(const cluster_spec& spec, size_t index);
+
+/// Global rank of the node's first worker (the workers of nodes before it).
+int64_t worker_offset(const cluster_spec& spec, size_t index);
+
+/// Checks "tcp://HOST:PORT" (HOST non-empty and not "*", PORT 1..65535); returns "" or what is wrong.
+std::string endpoint_problem(std::string_view endpoint);
+
+}  // namespace longwave::config
