@@ -79,9 +79,12 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     hello.node_name = me.name;
     hello.n_workers = static_cast<uint32_t>(me.workers);
     hello.data_endpoint = me.endpoint;
+    // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
+    // says so instead of timing out here.
+    const double wait_s = spec.join_timeout_s + 5;
     spdlog::info("node {}: joining cluster '{}' at {} (waiting up to {:g} s)", me.name, spec.id,
-                 spec.coordinator, spec.join_timeout_s);
-    const auto welcome = control->join(hello, to_ms(spec.join_timeout_s));
+                 spec.coordinator, wait_s);
+    const auto welcome = control->join(hello, to_ms(wait_s));
     role.rank = static_cast<int>(welcome.rank);
     for (const auto& p : welcome.peers) {
       if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())

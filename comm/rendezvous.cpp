@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <map>
 #include <optional>
 #include <zmq.hpp>
@@ -21,6 +22,19 @@ std::string secs(std::chrono::milliseconds ms) {
 
 zmq::message_t to_message(const std::vector<std::byte>& bytes) {
   return zmq::message_t(bytes.data(), bytes.size());
+}
+
+/// zmq::poll on one socket for reading; false on timeout or a signal (EINTR), which the callers' loops
+/// recheck.
+bool readable(zmq::socket_t& sock, std::chrono::milliseconds timeout) {
+  zmq::pollitem_t item{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0};
+  try {
+    zmq::poll(&item, 1, timeout);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return false;
+    throw;
+  }
+  return (item.revents & ZMQ_POLLIN) != 0;
 }
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -211,9 +225,7 @@ class coordinator {
   }
 
   void poll_once() {
-    zmq::pollitem_t item{static_cast<void*>(sock_), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(100));
-    if (!(item.revents & ZMQ_POLLIN)) return;
+    if (!readable(sock_, std::chrono::milliseconds(100))) return;
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
     if (parts.size() != 2) {
@@ -304,9 +316,7 @@ welcome_msg control_client::join(const hello_msg& hello, std::chrono::millisecon
   send(e);
   const auto deadline = clock::now() + timeout;
   while (clock::now() < deadline) {
-    zmq::pollitem_t item{static_cast<void*>(*sock_), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(100));
-    if (!(item.revents & ZMQ_POLLIN)) continue;
+    if (!readable(*sock_, std::chrono::milliseconds(100))) continue;
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
         parts.size() != 1)

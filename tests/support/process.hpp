@@ -2,7 +2,9 @@
 // Test helpers: start the real longwave binary as a child process, wait with a deadline, signal it, and
 // read files it writes.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,6 +101,22 @@ bool wait_until(Pred pred, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("free_port: no socket");
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
 }
 
 /// Lines of a loss trace (step \t round \t loss) as (step, loss) pairs.

@@ -1,0 +1,322 @@
+// Clusters of real processes on loopback: `longwave launch`, `coordinator` and `node`, the ring all-reduce
+// across nodes, rendezvous failures, and malformed frames sent to every listening port during training.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <zmq.hpp>
+
+#include "comm/frame.hpp"
+#include "config/cluster_config.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/prom_text.hpp"
+
+using namespace longwave;
+using namespace longwave::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Short runs of the tiny model: every worker one thread, so results do not depend on how many share a core.
+const char* train_sections = R"(
+[model]
+seq_len = 64
+[train]
+inner_steps = 3
+rounds = 3
+batch_size = 4
+warmup_steps = 3
+threads = 1
+[eval]
+every_rounds = 0
+batches = 2
+[checkpoint]
+every_rounds = 1
+)";
+
+struct cluster_ports {
+  int coordinator = 0;
+  std::vector<int> ring, metrics;
+};
+
+/// Writes a cluster file with `workers[i]` workers on node i ("n0", "n1", ...) and returns its path.
+std::string cluster_file(const std::string& dir, const std::vector<int>& workers, cluster_ports& ports,
+                         const std::string& extra = "", double join_timeout_s = 60) {
+  ports.coordinator = free_port();
+  std::string text = "[cluster]\nid = \"test-" + fs::path(dir).filename().string() +
+                     "\"\ncoordinator = " + "\"tcp://127.0.0.1:" + std::to_string(ports.coordinator) +
+                     "\"\njoin_timeout_s = " + std::to_string(join_timeout_s) + "\n";
+  for (size_t i = 0; i < workers.size(); ++i) {
+    ports.ring.push_back(free_port());
+    ports.metrics.push_back(free_port());
+    text += "\n[[nodes]]\nname = \"n" + std::to_string(i) +
+            "\"\nendpoint = \"tcp://127.0.0.1:" + std::to_string(ports.ring.back()) +
+            "\"\nworkers = " + std::to_string(workers[i]) +
+            "\nmetrics_port = " + std::to_string(ports.metrics.back()) + "\n";
+  }
+  text += "\n[run]\nout_dir = \"" + dir + "/cluster\"\nseed = 7\n" + train_sections + extra;
+  const auto path = dir + "/cluster.toml";
+  write_text(path, text);
+  return path;
+}
+
+std::vector<float> theta_of(const runtime::checkpoint& c) {
+  const auto* blob = c.find("theta");
+  CATCH_REQUIRE(blob != nullptr);
+  std::vector<float> out(blob->size / sizeof(float));
+  std::memcpy(out.data(), blob->data, blob->size);
+  return out;
+}
+
+/// theta of the newest checkpoint in a directory.
+std::vector<float> newest_theta(const std::string& ckpt_dir) {
+  runtime::checkpoint_store store(ckpt_dir, 100);
+  auto c = store.load_latest();
+  CATCH_REQUIRE(c.has_value());
+  return theta_of(*c);
+}
+
+/// theta of the oldest checkpoint in a directory.
+std::vector<float> oldest_theta(const std::string& ckpt_dir) {
+  runtime::checkpoint_store store(ckpt_dir, 100);
+  const auto files = store.list();
+  CATCH_REQUIRE(!files.empty());
+  return theta_of(runtime::checkpoint_store::load_file(files.front()));
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  CATCH_REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("2 nodes x 2 workers over the ring end with the theta_global of 1 process x 4 workers",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_equiv");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {2, 2}, ports, "[metrics]\nenabled = false\n");
+  auto [code, log] = run({binary(), "launch", cluster}, dir + "/launch.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(contains(log, "[n0         ]"));  // merged output, prefixed by role
+  CATCH_CHECK(contains(log, "coordinator: every node finished"));
+
+  // The same training config in one process with 4 workers.
+  const auto single = dir + "/single.toml";
+  write_text(single, "[run]\nout_dir = \"" + dir + "/single\"\nseed = 7\n" + train_sections +
+                         "[metrics]\nenabled = false\n[train]\nworkers = 4\n");
+  // ([train] appears twice above: rewrite it as one table.)
+  auto text = read_text(single);
+  text.replace(text.find("[train]\nworkers = 4\n"), std::strlen("[train]\nworkers = 4\n"), "");
+  text.replace(text.find("[train]\n"), std::strlen("[train]\n"), "[train]\nworkers = 4\n");
+  write_text(single, text);
+  auto [code1, log1] = run({binary(), "run", single}, dir + "/single.log", 600);
+  CATCH_INFO(log1);
+  CATCH_REQUIRE(code1 == 0);
+
+  const auto a = newest_theta(dir + "/cluster/n0/checkpoints");
+  const auto b = newest_theta(dir + "/cluster/n1/checkpoints");
+  const auto one = newest_theta(dir + "/single/checkpoints");
+  CATCH_CHECK(max_abs_diff(a, b) == 0.0);  // the ring gives every node the same bits
+  const double d = max_abs_diff(a, one);
+  CATCH_INFO("max |theta(2x2) - theta(1x4)| = " << d);
+  CATCH_CHECK(d <= 1e-6);
+  // And training did move theta (a test that could not fail otherwise).
+  CATCH_CHECK(max_abs_diff(a, oldest_theta(dir + "/cluster/n0/checkpoints")) > 1e-3);
+  CATCH_CHECK(fs::exists(dir + "/cluster/n0/result.json"));
+}
+
+CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear line", "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_nocoord");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "", 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [code, log] = run({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log", 60);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 1);
+  CATCH_CHECK(s < 30);
+  CATCH_CHECK(
+      contains(log, "cannot reach the coordinator at tcp://127.0.0.1:" + std::to_string(ports.coordinator)));
+}
+
+CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_missing");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1, 1}, ports, "", 4);
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  auto node = spawn({binary(), "node", cluster, "--node", "n1"}, dir + "/n1.log");
+  const int coord_code = wait_exit(coord, 60);
+  const int node_code = wait_exit(node, 60);
+  const auto clog = read_text(dir + "/coord.log");
+  const auto nlog = read_text(dir + "/n1.log");
+  CATCH_INFO(clog << "\n---\n" << nlog);
+  CATCH_CHECK(coord_code == 1);
+  CATCH_CHECK(contains(clog, "missing node(s) n0, n2 (joined: n1)"));
+  CATCH_CHECK(node_code == 1);
+  CATCH_CHECK(contains(nlog, "the cluster was called off"));
+}
+
+CATCH_TEST_CASE("the coordinator turns away other clusters, other protocol versions and unknown nodes",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_reject");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "", 60);
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+
+  // A real node started with another cluster id.
+  auto [code, log] = run({binary(), "node", cluster, "--node", "n0", "--set", "cluster.id=someone-else"},
+                         dir + "/n0.log", 60);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(contains(log, "serves a different cluster"));
+
+  // Raw hellos: another protocol version, and a name the cluster file lacks.
+  const auto spec = config::load_cluster_file(cluster, {});
+  zmq::context_t ctx;
+  auto ask = [&](uint16_t version, const std::string& name) {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::rcvtimeo, 10000);
+    s.connect(spec.coordinator);
+    comm::envelope e;
+    e.cluster_id = spec.cluster_id;
+    e.body = comm::hello_msg{version, spec.cluster_id, name, 1, spec.nodes[0].endpoint};
+    auto bytes = comm::build_envelope(e);
+    s.send(zmq::buffer(bytes.data(), bytes.size()));
+    zmq::message_t reply;
+    CATCH_REQUIRE(s.recv(reply));
+    auto parsed = comm::parse_envelope(reply.data(), reply.size(), spec.cluster_id);
+    CATCH_REQUIRE(parsed.ok());
+    const auto* err = std::get_if<comm::error_msg>(&parsed.value().body);
+    CATCH_REQUIRE(err != nullptr);
+    return err->message;
+  };
+  CATCH_CHECK(contains(ask(99, "n0"), "protocol version 99 is not the coordinator's"));
+  CATCH_CHECK(
+      contains(ask(comm::protocol_version(), "zz"), "node 'zz' is not in this cluster (nodes: n0, n1)"));
+
+  kill(coord.pid, SIGINT);
+  CATCH_CHECK(wait_exit(coord, 30) == 130);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_CHECK(contains(clog, "turned away node 'n0'"));
+  CATCH_CHECK(contains(clog, "turned away unknown node 'zz'"));
+}
+
+CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, counted, and training goes on",
+                "[process][cluster][malformed]") {
+  const auto dir = scratch_dir("cluster_fuzz");
+  cluster_ports ports;
+  // Enough rounds to keep the ring busy while the test peer sends; int8 on the wire.
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[comm]\ndtype = \"int8\"\n");
+  auto text = read_text(cluster);
+  text.replace(text.find("rounds = 3"), 10, "rounds = 12");
+  write_text(cluster, text);
+  const auto spec = config::load_cluster_file(cluster, {});
+  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+
+  // Wait until training runs, then fuzz until it ends.
+  CATCH_REQUIRE(wait_until([&] { return contains(read_text(dir + "/launch.log"), "step "); }, 120));
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::thread fuzz([&] {
+    zmq::context_t ctx;
+    std::mt19937 rng(5);
+    std::vector<zmq::socket_t> ring;
+    for (int p : ports.ring) {
+      ring.emplace_back(ctx, zmq::socket_type::push);
+      ring.back().set(zmq::sockopt::linger, 0);
+      ring.back().set(zmq::sockopt::sndtimeo, 100);
+      ring.back().connect("tcp://127.0.0.1:" + std::to_string(p));
+    }
+    zmq::socket_t control(ctx, zmq::socket_type::dealer);
+    control.set(zmq::sockopt::linger, 0);
+    control.set(zmq::sockopt::sndtimeo, 100);
+    control.connect(spec.coordinator);
+    auto random_bytes = [&](size_t n) {
+      std::vector<std::byte> b(n);
+      for (auto& x : b) x = static_cast<std::byte>(rng());
+      return b;
+    };
+    auto send2 = [](zmq::socket_t& s, const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+      (void)s.send(zmq::buffer(a.data(), a.size()), zmq::send_flags::sndmore);
+      (void)s.send(zmq::buffer(b.data(), b.size()), zmq::send_flags::none);
+    };
+    while (!stop) {
+      for (size_t r = 0; r < ring.size(); ++r) {
+        comm::chunk_header h;
+        h.cluster_id = spec.cluster_id;
+        h.round = 1;
+        h.sender = static_cast<uint32_t>((r + ring.size() - 1) % ring.size());
+        h.world_size = static_cast<uint32_t>(ring.size());
+        h.dtype = comm::wire_dtype::int8;
+        h.total_elements = 1000;
+        h.element_count = 10;
+        h.weight = 1;
+        const auto payload = random_bytes(14);
+        h.byte_count = payload.size();
+        auto wrong_cluster = h;
+        wrong_cluster.cluster_id ^= 1;
+        send2(ring[r], comm::build_chunk_header(wrong_cluster), payload);
+        auto wrong_round = h;
+        wrong_round.round = 0;
+        send2(ring[r], comm::build_chunk_header(wrong_round), payload);
+        auto wrong_size = h;
+        wrong_size.byte_count = 999;
+        send2(ring[r], comm::build_chunk_header(wrong_size), payload);
+        const auto header = comm::build_chunk_header(h);
+        (void)ring[r].send(zmq::buffer(header.data(), header.size() / 2),
+                           zmq::send_flags::none);            // truncated
+        send2(ring[r], random_bytes(64), random_bytes(100));  // garbage
+        sent += 5;
+      }
+      auto junk = random_bytes(48);
+      (void)control.send(zmq::buffer(junk.data(), junk.size()), zmq::send_flags::dontwait);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+
+  // Scrape node n0's counter while it trains.
+  std::map<std::string, double> by_reason;
+  const bool counted = wait_until(
+      [&] {
+        try {
+          auto samples = parse_prom_text(http_get(ports.metrics[0], "/metrics"));
+          by_reason.clear();
+          for (const auto& s : samples)
+            if (s.name == "longwave_comm_rejected_frames_total") by_reason[s.labels.at("reason")] = s.value;
+          return by_reason.size() >= 4;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      120);
+  const int code = wait_exit(launch, 600);
+  stop = true;
+  fuzz.join();
+  const auto log = read_text(dir + "/launch.log");
+  CATCH_INFO(log.substr(log.size() > 20000 ? log.size() - 20000 : 0));
+  CATCH_CHECK(sent > 0);
+  CATCH_CHECK(counted);
+  for (const auto& [reason, n] : by_reason) CATCH_INFO(reason << " " << n);
+  CATCH_CHECK(by_reason.count("wrong_cluster") == 1);
+  CATCH_CHECK(by_reason.count("truncated") == 1);
+  CATCH_CHECK(code == 0);  // training finished despite the noise
+  CATCH_CHECK(contains(log, "comm: dropped a frame from"));
+  CATCH_CHECK(contains(log, "coordinator: dropped a control frame"));
+  CATCH_CHECK(max_abs_diff(newest_theta(dir + "/cluster/n0/checkpoints"),
+                           newest_theta(dir + "/cluster/n1/checkpoints")) == 0.0);
+}
