@@ -44,7 +44,9 @@ bool same(const train_config& a, const train_config& b) {
          a.metrics.enabled == b.metrics.enabled && a.metrics.port == b.metrics.port &&
          a.runtime.round_timeout_s == b.runtime.round_timeout_s &&
          a.runtime.request_timeout_s == b.runtime.request_timeout_s &&
-         a.runtime.log_every_steps == b.runtime.log_every_steps;
+         a.runtime.log_every_steps == b.runtime.log_every_steps && a.comm.dtype == b.comm.dtype &&
+         a.comm.int8_codebook == b.comm.int8_codebook && a.comm.error_feedback == b.comm.error_feedback &&
+         a.comm.chunk_kib == b.comm.chunk_kib && a.comm.timeout_s == b.comm.timeout_s;
 }
 
 /// The config_error that parse_config throws for this input; fails the test if it throws nothing.

@@ -1,0 +1,126 @@
+// Cluster files: [cluster] and [[nodes]] next to the shared training config, per-node configs, and one clear
+// error naming the key for each kind of bad cluster file.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "config/cluster_config.hpp"
+#include "config/config_loader.hpp"
+
+using namespace longwave::config;
+
+namespace {
+
+const std::string good = R"(
+[cluster]
+id = "lab"
+coordinator = "tcp://10.0.0.1:5600"
+join_timeout_s = 30
+
+[[nodes]]
+name = "a"
+endpoint = "tcp://10.0.0.2:5601"
+workers = 2
+
+[[nodes]]
+name = "b"
+endpoint = "tcp://10.0.0.3:5601"
+workers = 3
+metrics_port = 9000
+
+[run]
+out_dir = "runs/lab"
+[train]
+inner_steps = 7
+[comm]
+dtype = "int8"
+error_feedback = true
+)";
+
+/// The message of the config_error parse_cluster throws; fails the test if it accepts the text.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_cluster(text, overrides, "cluster.toml");
+  } catch (const config_error& e) {
+    CATCH_CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    return e.what();
+  }
+  CATCH_FAIL("parse_cluster accepted: " << text);
+  return {};
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto pos = text.find(from);
+  CATCH_REQUIRE(pos != std::string::npos);
+  return text.replace(pos, from.size(), to);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("A cluster file gives the nodes, the coordinator and per-node training configs",
+                "[config][cluster]") {
+  const auto spec = parse_cluster(good, {}, "cluster.toml");
+  CATCH_CHECK(spec.id == "lab");
+  CATCH_CHECK(spec.cluster_id == cluster_id_of("lab"));
+  CATCH_CHECK(spec.cluster_id != cluster_id_of("lab2"));
+  CATCH_CHECK(spec.coordinator == "tcp://10.0.0.1:5600");
+  CATCH_CHECK(spec.join_timeout_s == 30);
+  CATCH_REQUIRE(spec.nodes.size() == 2);
+  CATCH_CHECK(spec.train.train.workers == 5);  // the sum over nodes
+  CATCH_CHECK(spec.train.train.inner_steps == 7);
+  CATCH_CHECK(spec.train.comm.dtype == "int8");
+  CATCH_CHECK(spec.train.comm.error_feedback);
+
+  const auto b = node_config(spec, node_index(spec, "b"));
+  CATCH_CHECK(b.train.workers == 3);
+  CATCH_CHECK(b.run.out_dir == "runs/lab/b");
+  CATCH_CHECK(b.metrics.port == 9000);
+  const auto a = node_config(spec, 0);
+  CATCH_CHECK(a.metrics.port == 9464 + 1);  // [metrics] port + 1 + index when not set
+  CATCH_CHECK(worker_offset(spec, 0) == 0);
+  CATCH_CHECK(worker_offset(spec, 1) == 2);
+
+  const auto o = parse_cluster(good, {"cluster.join_timeout_s=5", "train.rounds=3", "cluster.id=other"}, "c");
+  CATCH_CHECK(o.join_timeout_s == 5);
+  CATCH_CHECK(o.train.train.rounds == 3);
+  CATCH_CHECK(o.cluster_id == cluster_id_of("other"));
+}
+
+CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
+  using Catch::Matchers::Contains;
+  CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),
+                   Contains("nodes[1].name = \"a\": another node has this name"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.3:5601", "tcp://10.0.0.2:5601")),
+                   Contains("nodes[1].endpoint") && Contains("another node uses this endpoint"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.3:5601", "10.0.0.3:5601")),
+                   Contains("nodes[1].endpoint") && Contains("must be tcp://HOST:PORT"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.3:5601", "tcp://10.0.0.3:99999")),
+                   Contains("PORT must be a number in 1..65535"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.1:5600", "tcp://*:5600")),
+                   Contains("cluster.coordinator") && Contains("not '*'"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3", "workers = 0")),
+                   Contains("nodes[1].workers = 0: must be an integer in [1, 256]"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3", "worker = 3")),
+                   Contains("unknown key 'nodes[1].worker'"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout = 30")),
+                   Contains("unknown key 'cluster.join_timeout'"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = -1")),
+                   Contains("cluster.join_timeout_s = -1"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "name = \"a\"", "name = \"a b\"")),
+                   Contains("nodes[0].name = \"a b\": use 1..32 letters"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "name = \"a\"\n", "")), Contains("nodes[0].name is missing"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "metrics_port = 9000", "metrics_port = 9465")),
+                   Contains("nodes[1].metrics_port") && Contains("9465"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "[run]\n", "[run]\nmode = \"ddp\"\n")),
+                   Contains("run.mode = \"ddp\": a cluster trains with run.mode = \"diloco\""));
+  CATCH_CHECK_THAT(error_of(replaced(good, "dtype = \"int8\"", "dtype = \"int4\"")), Contains("comm.dtype"));
+  CATCH_CHECK_THAT(error_of("[cluster]\nid = \"x\"\n"), Contains("no [[nodes]] entries"));
+  const auto spec = parse_cluster(good, {}, "cluster.toml");
+  try {
+    node_index(spec, "zz");
+    CATCH_FAIL("node_index accepted an unknown name");
+  } catch (const config_error& e) {
+    CATCH_CHECK_THAT(std::string(e.what()),
+                     Contains("--node zz: the cluster file has no such node (nodes: a, b)"));
+  }
+}
