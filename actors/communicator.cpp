@@ -90,7 +90,11 @@ caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicat
             return make_error(e.code(), "all-reduce of round " + std::to_string(round) + ": " + e.what());
           }
         }
-        report(self, s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s.opts.ring)
+          spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
+                        s.opts.ring->bytes_sent() - s.sent);
+        report(self, s, secs);
         return sum;
       },
   };

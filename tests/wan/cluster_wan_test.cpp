@@ -1,0 +1,116 @@
+// A 4-node cluster across network namespaces whose links are limited to 100 Mbit/s by tc tbf (scripts/wan).
+// Needs root and iproute2: without them the binary exits with code 4, which ctest reports as skipped.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.hpp"
+
+using namespace longwave::test;
+
+namespace {
+
+const std::string source_dir = LW_SOURCE_DIR;
+
+int shell(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/// Brings the namespaces up for the test's lifetime and always tears them down.
+struct wan_hosts {
+  std::string prefix;
+  wan_hosts(int n, const std::string& rate) : prefix("lwt" + std::to_string(getpid())) {
+    const int rc = shell("LONGWAVE_WAN_PREFIX=" + prefix + " " + source_dir + "/scripts/wan up " +
+                         std::to_string(n) + " " + rate + " >/dev/null");
+    if (rc != 0) throw std::runtime_error("scripts/wan up failed with " + std::to_string(rc));
+  }
+  ~wan_hosts() { shell("LONGWAVE_WAN_PREFIX=" + prefix + " " + source_dir + "/scripts/wan down"); }
+  std::vector<std::string> in(int host, std::vector<std::string> args) const {
+    args.insert(args.begin(), {"/usr/bin/env", "ip", "netns", "exec", prefix + "-h" + std::to_string(host)});
+    return args;
+  }
+};
+
+std::string addr(int i) {
+  return "10.213.0." + std::to_string(10 + i);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("4 nodes in network namespaces at 100 Mbit/s train together", "[wan][cluster]") {
+  if (shell(source_dir + "/scripts/wan check") != 0) {
+    std::printf(
+        "SKIPPED: scripts/wan check: network namespaces cannot be created here (needs root, ip, tc)\n");
+    std::fflush(stdout);
+    std::_Exit(4);
+  }
+  const auto dir = scratch_dir("wan4");
+  const int n = 4;
+  std::string text =
+      "[cluster]\nid = \"wan4\"\ncoordinator = \"tcp://" + addr(0) + ":5600\"\njoin_timeout_s = 60\n";
+  for (int i = 0; i < n; ++i)
+    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nendpoint = \"tcp://" + addr(i) + ":5601\"\n";
+  text += "[run]\nout_dir = \"" + dir + "/run\"\n" + R"(
+[model]
+seq_len = 64
+[train]
+inner_steps = 5
+rounds = 3
+batch_size = 4
+warmup_steps = 3
+threads = 1
+[eval]
+every_rounds = 0
+batches = 2
+[metrics]
+enabled = false
+[comm]
+dtype = "fp32"
+)";
+  write_text(dir + "/cluster.toml", text);
+
+  wan_hosts wan(n, "100mbit");
+  std::vector<child> roles;
+  roles.push_back(spawn(wan.in(0, {binary(), "coordinator", dir + "/cluster.toml"}), dir + "/coord.log"));
+  for (int i = 0; i < n; ++i)
+    roles.push_back(spawn(wan.in(i, {binary(), "node", dir + "/cluster.toml", "--node",
+                                     "n" + std::to_string(i), "--log-level", "debug"}),
+                          dir + "/n" + std::to_string(i) + ".log"));
+  std::vector<int> codes;
+  for (auto& r : roles) codes.push_back(wait_exit(r, 900));
+  for (size_t i = 0; i < roles.size(); ++i) {
+    CATCH_INFO(roles[i].log << ":\n" << read_text(roles[i].log).substr(0, 6000));
+    CATCH_CHECK(codes[i] == 0);
+  }
+
+  // Each all-reduce crossed the shaped links. A node's timer starts when it enters the round, so the node
+  // that arrives last sees a shorter time; the round took as long as the longest one, and at that time no
+  // node may have sent faster than 100 Mbit/s (plus tbf's burst).
+  const std::regex line(R"(all-reduce of round (\d+): ([0-9.]+) s, (\d+) bytes sent)");
+  std::map<int, double> longest, bytes_max;
+  int lines = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto log = read_text(dir + "/n" + std::to_string(i) + ".log");
+    for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) {
+      const int round = std::stoi((*it)[1]);
+      longest[round] = std::max(longest[round], std::stod((*it)[2]));
+      bytes_max[round] = std::max(bytes_max[round], std::stod((*it)[3]));
+      ++lines;
+    }
+  }
+  CATCH_CHECK(lines == n * 3);
+  for (const auto& [round, secs] : longest) {
+    const double mbit = bytes_max[round] * 8 / secs / 1e6;
+    CATCH_INFO("round " << round << ": " << bytes_max[round] << " bytes per node in " << secs
+                        << " s = " << mbit << " Mbit/s");
+    CATCH_CHECK(bytes_max[round] > 1e6);
+    CATCH_CHECK(mbit < 105);
+    CATCH_CHECK(mbit > 20);  // and the ring kept the links reasonably busy
+  }
+}
