@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Ring all-reduce across network namespaces: one bench_allreduce rank per host of scripts/wan, each host's
+# link limited by tc tbf. Prints every rank's table (busbw ÷ link rate, goodput ratios vs fp32); the slowest
+# rank's times are the ring's. Needs root (exit 3 otherwise). Tears the namespaces down on exit.
+#   bench/allreduce_wan.sh [N=4] [RATE=1gbit] [bench_allreduce options...]
+#   e.g. bench/allreduce_wan.sh 4 1gbit --n 16M --iters 3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-4}
+rate=${2:-1gbit}
+shift $(($# >= 2 ? 2 : $#))
+bin=${LW_BENCH_ALLREDUCE:-build/release/bench/bench_allreduce}
+[ -x "$bin" ] || { echo "allreduce_wan: $bin not built (cmake --build --preset release --target bench_allreduce)" >&2; exit 2; }
+scripts/wan check || { echo "allreduce_wan: cannot create network namespaces here (needs root, ip, tc)" >&2; exit 3; }
+case "$rate" in
+  *gbit) gbit=${rate%gbit} ;;
+  *mbit) gbit=$(awk "BEGIN{print ${rate%mbit}/1000}") ;;
+  *) echo "allreduce_wan: RATE must end in gbit or mbit" >&2; exit 2 ;;
+esac
+export LONGWAVE_WAN_PREFIX=lwbench
+trap 'scripts/wan down lwbench' EXIT
+scripts/wan up "$n" "$rate"
+eps=""
+for i in $(seq 0 $((n - 1))); do eps="$eps${eps:+,}tcp://$(scripts/wan addr "$i"):5700"; done
+logs=$(mktemp -d)
+pids=()
+for i in $(seq 1 $((n - 1))); do
+  scripts/wan exec "$i" "$bin" --endpoints "$eps" --rank "$i" --link-gbit "$gbit" "$@" >"$logs/rank$i.txt" 2>&1 &
+  pids+=($!)
+done
+rc=0
+scripts/wan exec 0 "$bin" --endpoints "$eps" --rank 0 --link-gbit "$gbit" "$@" | tee "$logs/rank0.txt" || rc=$?
+for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+for i in $(seq 1 $((n - 1))); do echo; cat "$logs/rank$i.txt"; done
+# The ring's figures: per dtype, the slowest rank's time.
+echo
+echo "ring (slowest of the $n ranks per dtype; link $rate):"
+cat "$logs"/rank*.txt | awk -v n="$n" -v gbit="$gbit" '
+  $1 ~ /^(fp32|fp16|bf16|int8)$/ && NF >= 7 { if ($2 > t[$1]) t[$1] = $2; mib[$1] = $3; seen[$1] = 1 }
+  END {
+    printf "%-6s %10s %12s %14s\n", "dtype", "time_ms", "busbw/link", "goodput/fp32";
+    split("fp32 fp16 bf16 int8", order, " ");
+    for (k = 1; k <= 4; ++k) { d = order[k]; if (!seen[d]) continue;
+      bus = 2 * (n - 1) / n * mib[d] * 1048576 / (t[d] / 1000);
+      printf "%-6s %10.1f %12.3f %13.3fx\n", d, t[d], bus / (gbit * 1.25e8), t["fp32"] / t[d] }
+  }'
+rm -rf "$logs"
+exit $rc
