@@ -70,6 +70,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   }
 
   cluster_role role;
+  run_options node_opts = opts;
   std::unique_ptr<comm::control_client> control;
   try {
     control = std::make_unique<comm::control_client>(spec.coordinator, spec.cluster_id);
@@ -79,6 +80,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     hello.node_name = me.name;
     hello.n_workers = static_cast<uint32_t>(me.workers);
     hello.data_endpoint = me.endpoint;
+    hello.resume_round = opts.fresh ? 0 : latest_checkpoint_round(cfg);
     // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
     // says so instead of timing out here.
     const double wait_s = spec.join_timeout_s + 5;
@@ -97,7 +99,10 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
       throw lw_error(errc::invalid_config,
                      "the coordinator placed this node at rank " + std::to_string(welcome.rank) +
                          " with another endpoint: its cluster file differs from this one");
-    spdlog::info("node {}: joined as rank {} of {}", me.name, welcome.rank, welcome.world_size);
+    spdlog::info(
+        "node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
+        welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
+    node_opts.max_resume_round = welcome.start_round;
   } catch (const lw_error& e) {
     spdlog::error("node {}: {}", me.name, e.what());
     return e.code() == errc::invalid_config ? 2 : 1;
@@ -112,7 +117,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     last_beat = now;
     control->heartbeat(0);
   };
-  const int code = run_training(cfg, opts, &role);
+  const int code = run_training(cfg, node_opts, &role);
   if (code == 0)
     control->bye("done");
   else if (code == 130)

@@ -109,6 +109,35 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
   return std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(path));
 }
 
+/// The newest valid checkpoint of at most `max_round` completed rounds (a cluster's agreed round). Newer ones
+/// stay on disk (training is deterministic: the resumed run writes the same states again).
+std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t max_round) {
+  const auto files = store.list();
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      auto c = checkpoint_store::load_file(*it);
+      if (c.round > max_round) continue;
+      spdlog::info("resuming from {} (the cluster resumes after round {})", *it, max_round);
+      return c;
+    } catch (const lw_error& e) {
+      spdlog::warn("checkpoint {} skipped: {}", *it, e.what());
+    }
+  }
+  if (max_round > 0)
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("the cluster resumes after round {}, but {} holds no valid checkpoint at or before "
+                    "it; restore one, or start every node with --fresh",
+                    max_round, store.dir()));
+  if (!files.empty())
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("this node has checkpoints in {} but another node has none, so the cluster would "
+                    "start over; start every node with --fresh, or restore the other nodes' checkpoints",
+                    store.dir()));
+  return std::nullopt;
+}
+
 /// Logs rejected frames (the first 50, then every 1000th) and counts them by reason.
 comm::ring_allreduce::reject_callback rejection_logger(caf::actor metrics) {
   auto count = std::make_shared<std::atomic<uint64_t>>(0);
@@ -175,7 +204,9 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
     fs::remove(p.trace, ec);
   } else {
     checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
-    auto latest = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
+    auto latest = opts.max_resume_round
+                      ? load_at_most(store, *opts.max_resume_round)
+                      : store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
     if (latest) resume = from_checkpoint(std::move(*latest), shape);
   }
   if (resume)
@@ -279,6 +310,19 @@ std::string default_corpus_path() {
   else
     base = "/tmp";
   return (base / "longwave" / "kjv.txt").string();
+}
+
+uint64_t latest_checkpoint_round(const config::train_config& cfg) {
+  checkpoint_store store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep);
+  const auto files = store.list();
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      return checkpoint_store::load_file(*it).round;
+    } catch (const lw_error&) {
+      // corrupt: the next older one
+    }
+  }
+  return 0;
 }
 
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id) {

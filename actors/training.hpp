@@ -3,6 +3,7 @@
 // handle Ctrl-C. The CLI's `run` and the integration tests call this.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ struct run_options {
   bool fresh = false;          ///< ignore (and remove) earlier checkpoints of this out_dir
   bool dry_run = false;        ///< validate, print the resolved config and the model size, do not train
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
+  /// Cluster nodes: resume from the newest valid checkpoint whose completed round is at most this (the round
+  /// the coordinator agreed on); unset: the newest valid checkpoint.
+  std::optional<uint64_t> max_resume_round;
 };
 
 /// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).
@@ -33,6 +37,9 @@ struct cluster_role {
 /// communicator averages across the cluster's ring.
 int run_training(const config::train_config& cfg, const run_options& opts,
                  const cluster_role* role = nullptr);
+
+/// Completed rounds of the newest valid checkpoint of this config's run (0: none). Corrupt files are skipped.
+uint64_t latest_checkpoint_round(const config::train_config& cfg);
 
 /// The ring settings of a config's [comm] section (cluster id from the cluster file).
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id);

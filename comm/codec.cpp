@@ -107,28 +107,28 @@ bool decode_int8_scale(const codec_kernels& k, const std::byte* src, size_t n, f
 // Codes and positions of this many values per kernel call stay in L1 for the bin sums.
 constexpr size_t codebook_block = 2048;
 
-// Bin sums over four interleaved sets (value i goes to set i % 4) so that consecutive values in one bin do
-// not wait on each other. Each entry packs count << 42 | sum of pos: one 64-bit add per value (a scatter,
-// the same scalar code on every level). pos < 2^28, so 16384 values per set keep the sum below 2^42.
+// Bin sums over eight interleaved sets (value i goes to set i % 8) so that consecutive values in one bin do
+// not wait on each other's store (gradients crowd into a few central bins). Each entry packs count << 42 |
+// sum of pos: one 64-bit add per value (a scatter, the same scalar code on every level; 16 KiB, in L1).
+// pos < 2^28, so 16384 values per set keep the sum below 2^42. The sums are exact integers: the result does
+// not depend on the number of sets.
 struct bin_sums {
   static constexpr int count_shift = 42;
-  static constexpr size_t flush_every = 4 * 16384;
+  static constexpr size_t sets = 8;
+  static constexpr size_t flush_every = sets * 16384;
   static_assert(flush_every % codebook_block == 0, "flush on block boundaries");
 
-  uint64_t packed[4][codebook_bins] = {};
+  uint64_t packed[sets][codebook_bins] = {};
   uint64_t count[codebook_bins] = {};
   double pos_sum[codebook_bins] = {};
 
   void add(const uint32_t* pos, size_t n) {
     constexpr uint64_t one = uint64_t{1} << count_shift;
     size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      packed[0][pos[i] >> 20] += one + pos[i];
-      packed[1][pos[i + 1] >> 20] += one + pos[i + 1];
-      packed[2][pos[i + 2] >> 20] += one + pos[i + 2];
-      packed[3][pos[i + 3] >> 20] += one + pos[i + 3];
+    for (; i + sets <= n; i += sets) {
+      for (size_t k = 0; k < sets; ++k) packed[k][pos[i + k] >> 20] += one + pos[i + k];
     }
-    for (; i < n; ++i) packed[i % 4][pos[i] >> 20] += one + pos[i];
+    for (; i < n; ++i) packed[i % sets][pos[i] >> 20] += one + pos[i];
   }
 
   void flush() {

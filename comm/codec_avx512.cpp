@@ -292,13 +292,102 @@ LW_AVX512 void uint8_lookup_add(const std::byte* src, size_t n, const float* tab
   }
 }
 
+// With AVX-512 VBMI the table is four byte planes (plane j holds byte j of every entry, 256 bytes = 4
+// registers): vpermi2b picks 64 bytes from the low or high 128 entries by bits 0-6 of each code, a blend on
+// bit 7 chooses, and byte and word unpacks rebuild the floats. The unpacks work within 128-bit lanes, so the
+// codes are first permuted (a 4x4 transpose of 4-byte groups) such that the four results come out in order.
+#define LW_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+
+struct byte_planes {
+  __m512i p[4][4];  // [byte j][quarter of the 256 entries]
+};
+
+LW_VBMI inline byte_planes load_planes(const float* table) {
+  alignas(64) uint8_t planes[4][256];
+  const auto* bytes = reinterpret_cast<const uint8_t*>(table);
+  for (int b = 0; b < 256; ++b)
+    for (int j = 0; j < 4; ++j) planes[j][b] = bytes[4 * b + j];
+  byte_planes r;
+  for (int j = 0; j < 4; ++j)
+    for (int q = 0; q < 4; ++q) r.p[j][q] = _mm512_load_si512(planes[j] + 64 * q);
+  return r;
+}
+
+LW_VBMI inline __m512i transpose_index() {
+  alignas(64) uint8_t idx[64];
+  for (int p = 0; p < 64; ++p) idx[p] = static_cast<uint8_t>(16 * ((p % 16) / 4) + 4 * (p / 16) + p % 4);
+  return _mm512_load_si512(idx);
+}
+
+/// Decodes 64 codes into out[0..4) (values 0-15, 16-31, 32-47, 48-63).
+LW_VBMI inline void lookup64(__m512i codes, const byte_planes& t, __m512i perm, __m512i out[4]) {
+  const __m512i c = _mm512_permutexvar_epi8(perm, codes);
+  const __mmask64 high = _mm512_movepi8_mask(c);
+  __m512i r[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512i lo = _mm512_permutex2var_epi8(t.p[j][0], c, t.p[j][1]);
+    const __m512i hi = _mm512_permutex2var_epi8(t.p[j][2], c, t.p[j][3]);
+    r[j] = _mm512_mask_blend_epi8(high, lo, hi);
+  }
+  const __m512i lo01 = _mm512_unpacklo_epi8(r[0], r[1]), hi01 = _mm512_unpackhi_epi8(r[0], r[1]);
+  const __m512i lo23 = _mm512_unpacklo_epi8(r[2], r[3]), hi23 = _mm512_unpackhi_epi8(r[2], r[3]);
+  out[0] = _mm512_unpacklo_epi16(lo01, lo23);
+  out[1] = _mm512_unpackhi_epi16(lo01, lo23);
+  out[2] = _mm512_unpacklo_epi16(hi01, hi23);
+  out[3] = _mm512_unpackhi_epi16(hi01, hi23);
+}
+
+LW_VBMI void uint8_lookup_vbmi(const std::byte* src, size_t n, const float* table, float* dst) {
+  const byte_planes t = load_planes(table);
+  const __m512i perm = transpose_index();
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512i v[4];
+    lookup64(_mm512_loadu_si512(src + i), t, perm, v);
+    for (int k = 0; k < 4; ++k) _mm512_storeu_si512(dst + i + 16 * k, v[k]);
+  }
+  if (i < n) uint8_lookup(src + i, n - i, table, dst + i);
+}
+
+LW_VBMI void uint8_lookup_add_vbmi(const std::byte* src, size_t n, const float* table, float* acc) {
+  const byte_planes t = load_planes(table);
+  const __m512i perm = transpose_index();
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512i v[4];
+    lookup64(_mm512_loadu_si512(src + i), t, perm, v);
+    for (int k = 0; k < 4; ++k) {
+      float* a = acc + i + 16 * k;
+      _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_castsi512_ps(v[k])));
+    }
+  }
+  if (i < n) uint8_lookup_add(src + i, n - i, table, acc + i);
+}
+
+bool has_vbmi() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vbmi");
+}
+
 }  // namespace
 
 const codec_kernels* avx512_kernels() {
-  static const codec_kernels k{
-      simd_isa::avx512,    fp32_add,     fp16_encode,  fp16_decode,     fp16_add,      bf16_encode,
-      bf16_decode,         bf16_add,     abs_max,      find_min_max,    int8_quantize, int8_dequantize,
-      int8_dequantize_add, codebook_bin, uint8_lookup, uint8_lookup_add};
+  static const codec_kernels k{simd_isa::avx512,
+                               fp32_add,
+                               fp16_encode,
+                               fp16_decode,
+                               fp16_add,
+                               bf16_encode,
+                               bf16_decode,
+                               bf16_add,
+                               abs_max,
+                               find_min_max,
+                               int8_quantize,
+                               int8_dequantize,
+                               int8_dequantize_add,
+                               codebook_bin,
+                               has_vbmi() ? uint8_lookup_vbmi : uint8_lookup,
+                               has_vbmi() ? uint8_lookup_add_vbmi : uint8_lookup_add};
   return &k;
 }
 

@@ -298,11 +298,13 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setNodeName(txt(m.node_name));
       x.setNWorkers(m.n_workers);
       x.setDataEndpoint(txt(m.data_endpoint));
+      x.setResumeRound(m.resume_round);
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
       x.setRank(m.rank);
       x.setWorldSize(m.world_size);
+      x.setStartRound(m.start_round);
       auto peers = x.initPeers(static_cast<unsigned>(m.peers.size()));
       for (size_t i = 0; i < m.peers.size(); ++i) {
         peers[i].setRank(m.peers[i].rank);
@@ -361,6 +363,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.protocol_version = x.getProtocolVersion();
         m.cluster_id = x.getClusterId();
         m.n_workers = x.getNWorkers();
+        m.resume_round = x.getResumeRound();
         auto name = x.getNodeName();
         auto ep = x.getDataEndpoint();
         if ((bad = check_text(name, max_name_bytes, "hello nodeName"))) break;
@@ -375,6 +378,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         welcome_msg m;
         m.rank = x.getRank();
         m.world_size = x.getWorldSize();
+        m.start_round = x.getStartRound();
         auto peers = x.getPeers();
         if (peers.size() > max_peers) {
           bad = reject(reject_reason::bad_size,

@@ -142,6 +142,7 @@ struct hello_msg {
   std::string node_name;
   uint32_t n_workers = 0;
   std::string data_endpoint;
+  uint64_t resume_round = 0;  ///< completed rounds of the node's newest checkpoint (0: none)
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
@@ -154,6 +155,7 @@ struct welcome_msg {
   uint32_t rank = 0;
   uint32_t world_size = 0;
   std::vector<peer_entry> peers;
+  uint64_t start_round = 0;  ///< the round every node resumes from (the oldest of the nodes' resume rounds)
 };
 struct round_start_msg {
   uint64_t round = 0;

@@ -49,6 +49,7 @@ struct member_state {
   bool finished = false, failed = false, lost = false;
   clock::time_point last_seen;
   uint64_t round = 0;
+  uint64_t resume_round = 0;  // from its hello
 };
 
 class coordinator {
@@ -84,7 +85,9 @@ class coordinator {
       poll_once();
     }
     for (size_t i = 0; i < members_.size(); ++i) send_welcome(static_cast<uint32_t>(i));
-    info(fmt::format("coordinator: all {} nodes joined; ring {}", members_.size(), ring_text()));
+    info(fmt::format("coordinator: all {} nodes joined; ring {}; {}", members_.size(), ring_text(),
+                     start_round() == 0 ? std::string("starting at round 1")
+                                        : fmt::format("resuming after round {}", start_round())));
     // Training: watch until everyone is done.
     while (!all_settled()) {
       if (stopped()) return call_off("the coordinator was stopped", 130);
@@ -158,6 +161,7 @@ class coordinator {
     welcome_msg w;
     w.rank = rank;
     w.world_size = static_cast<uint32_t>(members_.size());
+    w.start_round = start_round();
     for (size_t i = 0; i < members_.size(); ++i)
       w.peers.push_back({static_cast<uint32_t>(i), o_.members[i].name, o_.members[i].endpoint});
     envelope e;
@@ -166,6 +170,13 @@ class coordinator {
     e.body = std::move(w);
     reply(*members_[rank].identity, e);
     members_[rank].last_seen = clock::now();
+  }
+
+  /// The oldest of the members' resume rounds: a round every node has a checkpoint for.
+  uint64_t start_round() const {
+    uint64_t r = members_.empty() ? 0 : members_[0].resume_round;
+    for (const auto& m : members_) r = std::min(r, m.resume_round);
+    return r;
   }
 
   std::optional<size_t> rank_of_identity(const std::string& id) const {
@@ -218,6 +229,7 @@ class coordinator {
                       h.node_name, peer));
     m.identity = identity;
     m.last_seen = clock::now();
+    m.resume_round = h.resume_round;
     size_t joined = 0;
     for (const auto& x : members_) joined += x.identity ? 1 : 0;
     info(fmt::format("coordinator: node {} joined ({} workers, ring endpoint {}) [{}/{}]", h.node_name,

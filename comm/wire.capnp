@@ -29,6 +29,7 @@ struct Hello {
   nodeName @2 :Text;
   nWorkers @3 :UInt32;
   dataEndpoint @4 :Text;   # where this node's ring socket is bound, e.g. "tcp://10.0.0.5:5601"
+  resumeRound @5 :UInt64;  # completed outer rounds of this node's newest checkpoint (0: none)
 }
 
 struct Peer {
@@ -42,6 +43,7 @@ struct Welcome {
   rank @0 :UInt32;
   worldSize @1 :UInt32;
   peers @2 :List(Peer);    # indexed by rank
+  startRound @3 :UInt64;   # every node resumes from its newest checkpoint at or before this round
 }
 
 struct RoundStart {

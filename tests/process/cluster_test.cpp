@@ -320,3 +320,43 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
   CATCH_CHECK(max_abs_diff(newest_theta(dir + "/cluster/n0/checkpoints"),
                            newest_theta(dir + "/cluster/n1/checkpoints")) == 0.0);
 }
+
+CATCH_TEST_CASE("Ctrl-C on launch stops every role with a checkpoint, and the same command resumes",
+                "[process][cluster][signal]") {
+  const auto dir = scratch_dir("cluster_sigint");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  auto text = read_text(cluster);
+  text.replace(text.find("rounds = 3"), 10, "rounds = 40");
+  write_text(cluster, text);
+  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+  // Interrupt once both nodes have checkpointed a few rounds.
+  const bool trained = wait_until(
+      [&] {
+        runtime::checkpoint_store a(dir + "/cluster/n0/checkpoints", 100),
+            b(dir + "/cluster/n1/checkpoints", 100);
+        return a.list().size() >= 2 && b.list().size() >= 2;
+      },
+      300);
+  CATCH_REQUIRE(trained);
+  kill(launch.pid, SIGINT);
+  const int code = wait_exit(launch, 180);
+  const auto log = read_text(dir + "/launch.log");
+  CATCH_INFO(log.substr(log.size() > 20000 ? log.size() - 20000 : 0));
+  CATCH_CHECK(code == 130);
+  CATCH_CHECK(contains(log, "launch: interrupt: stopping every role"));
+  CATCH_CHECK(contains(log, "launch: exit codes: coordinator=130 n0=130 n1=130"));
+  // Every role is gone: nothing listens on the ring ports any more (a bind succeeds).
+  for (int p : ports.ring) {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::pull);
+    CATCH_CHECK_NOTHROW(s.bind("tcp://127.0.0.1:" + std::to_string(p)));
+  }
+  // The same command resumes and finishes; both nodes end on the same theta.
+  auto [code2, log2] = run({binary(), "launch", cluster}, dir + "/launch2.log", 600);
+  CATCH_INFO(log2.substr(log2.size() > 20000 ? log2.size() - 20000 : 0));
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(contains(log2, "resuming from round"));
+  CATCH_CHECK(max_abs_diff(newest_theta(dir + "/cluster/n0/checkpoints"),
+                           newest_theta(dir + "/cluster/n1/checkpoints")) == 0.0);
+}
