@@ -285,6 +285,19 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
       }
       auto junk = random_bytes(48);
       (void)control.send(zmq::buffer(junk.data(), junk.size()), zmq::send_flags::dontwait);
+      // The nodes' /metrics ports: raw bytes that are not HTTP.
+      for (int p : ports.metrics) {
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<uint16_t>(p));
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+          auto bytes = random_bytes(300);
+          (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        }
+        ::close(fd);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   });
