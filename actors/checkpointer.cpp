@@ -2,8 +2,10 @@
 #include "actors/checkpointer.hpp"
 
 #include <chrono>
+#include <filesystem>
 
 #include "runtime/caf_errors.hpp"
+#include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
 #include "runtime/type_ids.hpp"
 
@@ -18,8 +20,31 @@ struct checkpointer_state {
   snapshot_shape shape;
 };
 
+void report(caf::event_based_actor* self, const caf::actor& metrics, const train_snapshot& snap,
+            const std::string& path, double seconds) {
+  if (!metrics) return;
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  auto gauge = [&](const char* name, double v) {
+    self->send(metrics, gauge_atom_v, std::string(name), std::string(), v);
+  };
+  gauge("longwave_checkpoint_write_seconds", seconds);
+  gauge("longwave_checkpoint_bytes", ec ? 0.0 : static_cast<double>(bytes));
+  gauge("longwave_checkpoint_last_success_timestamp_seconds", now);
+  self->send(metrics, count_atom_v, std::string("longwave_checkpoints_total"), std::string(), 1.0);
+  self->send(metrics, record_atom_v,
+             json_line("checkpoint")
+                 .add("round", snap.round)
+                 .add("step", snap.step)
+                 .add("seconds", seconds)
+                 .add("bytes", ec ? uint64_t{0} : static_cast<uint64_t>(bytes))
+                 .str());
+}
+
 caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, std::string dir, int64_t keep,
-                               snapshot_shape shape) {
+                               snapshot_shape shape, caf::actor metrics) {
   self->state.store = std::make_unique<checkpoint_store>(std::move(dir), keep);
   self->state.shape = std::move(shape);
   return {
@@ -31,9 +56,13 @@ caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, st
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           spdlog::debug("checkpoint: wrote {} (round {}, step {}, {:.0f} ms)", path, snap.round, snap.step,
                         ms);
+          report(self, metrics, snap, path, ms / 1000.0);
           return path;
         } catch (const std::exception& e) {
           spdlog::error("checkpoint: write failed: {}", e.what());
+          if (metrics)
+            self->send(metrics, count_atom_v, std::string("longwave_errors_total"),
+                       std::string("reason=checkpoint_write"), 1.0);
           return make_error(errc::io_error, e.what());
         }
       },
@@ -43,8 +72,10 @@ caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, st
 
 }  // namespace
 
-caf::actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep, snapshot_shape shape) {
-  return sys.spawn<caf::detached>(checkpointer_fun, std::move(dir), keep, std::move(shape));
+caf::actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep, snapshot_shape shape,
+                              caf::actor metrics) {
+  return sys.spawn<caf::detached>(checkpointer_fun, std::move(dir), keep, std::move(shape),
+                                  std::move(metrics));
 }
 
 }  // namespace longwave::actors

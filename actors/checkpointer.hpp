@@ -1,7 +1,7 @@
 #pragma once
 // The checkpointer actor: receives snapshots by message and writes them off the training path (detached
 // thread), atomically and checksummed, keeping the last K.
-#include <caf/fwd.hpp>
+#include <caf/actor.hpp>
 
 #include <cstdint>
 #include <string>
@@ -11,7 +11,9 @@
 namespace longwave::actors {
 
 /// Messages: (save, train_snapshot) -> path; (flush) -> true once every earlier save is on disk.
+/// With a metrics sink, each write reports its seconds, bytes and time (and a "checkpoint" line of
+/// metrics.jsonl); a failed write counts longwave_errors_total{reason="checkpoint_write"}.
 caf::actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
-                              runtime::snapshot_shape shape);
+                              runtime::snapshot_shape shape, caf::actor metrics = {});
 
 }  // namespace longwave::actors

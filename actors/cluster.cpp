@@ -8,6 +8,8 @@
 #include "comm/rendezvous.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/log.hpp"
+#include "runtime/metrics_registry.hpp"
+#include "runtime/metrics_server.hpp"
 
 namespace longwave::actors {
 
@@ -41,6 +43,35 @@ int run_coordinator_role(const config::cluster_spec& spec) {
   o.stop = [] { return g_coordinator_signals.load() > 0; };
   int code = 1;
   try {
+    // The coordinator's own /metrics: membership, heartbeat ages, rejected control frames, errors.
+    std::unique_ptr<runtime::metrics_registry> metrics;
+    std::unique_ptr<runtime::metrics_server> server;
+    if (spec.train.metrics.enabled) {
+      std::vector<std::string> names;
+      for (const auto& n : spec.nodes) names.push_back(n.name);
+      metrics = std::make_unique<runtime::metrics_registry>(runtime::metric_role::coordinator, "coordinator",
+                                                            std::vector<std::string>{}, names);
+      server = std::make_unique<runtime::metrics_server>(
+          metrics->registry(), static_cast<int>(config::coordinator_metrics_port(spec)),
+          spec.train.metrics.address);
+      spdlog::info("coordinator: metrics on http://{}:{}/metrics", spec.train.metrics.address,
+                   server->port());
+      auto* m = metrics.get();
+      o.on_status = [m](const std::vector<comm::member_status>& members) {
+        double alive = 0;
+        for (const auto& s : members) {
+          alive += s.alive ? 1 : 0;
+          m->set("longwave_cluster_heartbeat_age_seconds", {{"peer", s.name}}, s.age_s);
+        }
+        m->set("longwave_cluster_peers_alive", {}, alive);
+      };
+      o.on_reject = [m](const std::string& reason) {
+        m->add("longwave_comm_rejected_frames_total", {{"reason", reason}}, 1);
+      };
+      o.on_error = [m](const std::string& reason) {
+        m->add("longwave_errors_total", {{"reason", reason}}, 1);
+      };
+    }
     code = comm::run_coordinator(o);
   } catch (const lw_error& e) {
     spdlog::error("{}", e.what());

@@ -9,6 +9,7 @@
 #include "comm/error_feedback.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "runtime/caf_errors.hpp"
+#include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
 #include "runtime/type_ids.hpp"
 
@@ -22,6 +23,7 @@ struct comm_state {
   communicator_options opts;
   std::unique_ptr<comm::error_feedback> residual;  // created on first use (size known then)
   uint64_t sent = 0, received = 0;                 // ring counters already reported
+  double encode_s = 0, decode_s = 0;               // ring codec times already reported
 };
 
 /// Quantizes x in place chunk by chunk, as the ring will, carrying what is lost into the next round.
@@ -43,19 +45,45 @@ void apply_error_feedback(comm_state& s, float* x, size_t n) {
   }
 }
 
-void report(caf::event_based_actor* self, comm_state& s, double seconds) {
+void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t n, double seconds,
+            double mean_norm) {
   if (!s.opts.metrics) return;
   auto& m = s.opts.metrics;
-  self->send(m, gauge_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
-  self->send(m, count_atom_v, std::string("longwave_allreduce_total"), std::string(), 1.0);
-  if (!s.opts.ring) return;
-  const auto sent = s.opts.ring->bytes_sent(), received = s.opts.ring->bytes_received();
-  self->send(m, count_atom_v, std::string("longwave_comm_bytes_sent_total"), "peer=" + s.opts.next_peer,
-             static_cast<double>(sent - s.sent));
-  self->send(m, count_atom_v, std::string("longwave_comm_bytes_received_total"), std::string(),
-             static_cast<double>(received - s.received));
-  s.sent = sent;
-  s.received = received;
+  self->send(m, observe_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
+  uint64_t sent = 0, received = 0;
+  double ratio = 1.0;
+  if (s.opts.ring) {
+    sent = s.opts.ring->bytes_sent() - s.sent;
+    received = s.opts.ring->bytes_received() - s.received;
+    s.sent += sent;
+    s.received += received;
+    self->send(m, count_atom_v, std::string("longwave_comm_bytes_sent_total"), "peer=" + s.opts.next_peer,
+               static_cast<double>(sent));
+    self->send(m, count_atom_v, std::string("longwave_comm_bytes_received_total"), "peer=" + s.opts.prev_peer,
+               static_cast<double>(received));
+    const auto wire = comm::encoded_size(s.opts.dtype, n, s.opts.codec);
+    if (wire > 0) ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire);
+    const double enc = s.opts.ring->encode_seconds(), dec = s.opts.ring->decode_seconds();
+    self->send(m, count_atom_v, std::string("longwave_codec_encode_seconds_total"), std::string(),
+               enc - s.encode_s);
+    self->send(m, count_atom_v, std::string("longwave_codec_decode_seconds_total"), std::string(),
+               dec - s.decode_s);
+    s.encode_s = enc;
+    s.decode_s = dec;
+  }
+  self->send(m, gauge_atom_v, std::string("longwave_allreduce_wire_bytes"), std::string(),
+             static_cast<double>(sent));
+  self->send(m, gauge_atom_v, std::string("longwave_comm_compression_ratio"), std::string(), ratio);
+  if (!s.opts.log_events) return;
+  self->send(m, record_atom_v,
+             json_line("allreduce")
+                 .add("round", round)
+                 .add("seconds", seconds)
+                 .add("bytes_sent", sent)
+                 .add("bytes_received", received)
+                 .add("dtype", comm::to_string(s.opts.dtype))
+                 .add("pseudo_gradient_norm", mean_norm)
+                 .str());
 }
 
 caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicator_options opts) {
@@ -87,6 +115,9 @@ caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicat
           try {
             s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()));
           } catch (const lw_error& e) {
+            if (s.opts.metrics)
+              self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
+                         std::string("reason=allreduce"), 1.0);
             return make_error(e.code(), "all-reduce of round " + std::to_string(round) + ": " + e.what());
           }
         }
@@ -94,7 +125,7 @@ caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicat
         if (s.opts.ring)
           spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                         s.opts.ring->bytes_sent() - s.sent);
-        report(self, s, secs);
+        report(self, s, round, static_cast<size_t>(n), secs, sum.norm().item<double>());
         return sum;
       },
   };

@@ -27,8 +27,10 @@ struct communicator_options {
   bool error_feedback = false;
   /// Metrics sink for all-reduce time and bytes; may be null.
   caf::actor metrics;
-  /// The next node's name (label of the bytes-sent counter).
-  std::string next_peer;
+  /// The next and previous nodes' names (labels of the bytes-sent and bytes-received counters).
+  std::string next_peer, prev_peer;
+  /// Append one "allreduce" line per reduce to metrics.jsonl (not in ddp, which reduces every step).
+  bool log_events = true;
 };
 
 /// Message: (reduce, round, std::vector<at::Tensor> parts) -> at::Tensor mean. The local sum is in rank order

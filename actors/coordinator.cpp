@@ -12,9 +12,12 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "actors/worker.hpp"
+#include "models/lr_schedule.hpp"
 #include "runtime/caf_errors.hpp"
+#include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
 #include "runtime/snapshot_codec.hpp"
 #include "runtime/type_ids.hpp"
@@ -85,6 +88,19 @@ struct coordinator_state {
   clock::time_point t_start;
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
   double eval_s = 0;  // wall time spent evaluating (excluded from train_seconds)
+  // Per local worker: compute seconds in the current round and since start, tokens since start.
+  std::vector<double> round_compute, run_compute;
+  std::vector<int64_t> worker_tokens;
+  clock::time_point t_round_start;
+  bool ended = false;  // the "end" event is written
+  // diloco.outer = "delayed": averages of finished all-reduces not yet applied, all-reduces still running,
+  // and what waits for them (the next outer step, a snapshot). See ARCHITECTURE.md, "Outer-step policies".
+  bool delayed = false;
+  std::map<uint64_t, at::Tensor> arrived;
+  std::set<uint64_t> inflight;
+  std::multimap<uint64_t, std::function<void(at::Tensor)>> waiting;
+  double round_stall_s = 0;  // seconds the workers of the current round waited for a late average
+  bool final_applied = false;
   std::ofstream trace;
   caf::timespan round_timeout, request_timeout;
 };
@@ -117,8 +133,26 @@ void gauge(self_ptr self, const char* name, double v, const std::string& worker 
   self->send(self->state.peers.metrics, gauge_atom_v, std::string(name), worker, v);
 }
 
+double since_start(const coordinator_state& s) {
+  return std::chrono::duration<double>(clock::now() - s.t_start).count();
+}
+
+void record(self_ptr self, const json_line& line) {
+  self->send(self->state.peers.metrics, record_atom_v, line.str());
+}
+
 void notify_main(self_ptr self, int code) {
   auto& s = self->state;
+  if (!s.ended) {
+    s.ended = true;
+    record(self, json_line("end")
+                     .add("exit_code", code)
+                     .add("val_loss", s.last_val_loss)
+                     .add("val_ppl", std::exp(s.last_val_loss))
+                     .add("seconds", since_start(s))
+                     .add("steps", s.last_step)
+                     .add("rounds", s.round));
+  }
   if (s.main) self->send(s.main, done_atom_v, code, s.last_val_loss);
 }
 
@@ -161,12 +195,23 @@ void on_report(self_ptr self, const step_report& r) {
   auto& s = self->state;
   const auto& cfg = s.ctx->cfg;
   const std::string w = std::to_string(r.rank);
-  gauge(self, "longwave_inner_step_seconds", r.compute_s, w);
-  self->send(s.peers.metrics, count_atom_v, std::string("longwave_inner_steps_total"), w, 1.0);
-  self->send(s.peers.metrics, count_atom_v, std::string("longwave_train_tokens_total"), w,
-             static_cast<double>(r.tokens));
+  const auto wi = static_cast<size_t>(r.rank);
+  const double wall = since_start(s);
   s.compute_s += r.compute_s;
   s.tokens += r.tokens;
+  if (wi < s.round_compute.size()) {
+    s.round_compute[wi] += r.compute_s;
+    s.run_compute[wi] += r.compute_s;
+    s.worker_tokens[wi] += r.tokens;
+    gauge(self, "longwave_worker_tokens_per_second", wall > 0 ? s.worker_tokens[wi] / wall : 0, w);
+    gauge(self, "longwave_worker_compute_utilization_run_ratio", wall > 0 ? s.run_compute[wi] / wall : 0, w);
+  }
+  gauge(self, "longwave_worker_train_loss", r.loss, w);
+  self->send(s.peers.metrics, observe_atom_v, std::string("longwave_worker_inner_step_seconds"), w,
+             r.compute_s);
+  self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_inner_steps_total"), w, 1.0);
+  self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_tokens_total"), w,
+             static_cast<double>(r.tokens));
   auto& agg = s.steps[r.step];
   agg.count++;
   agg.loss_sum += r.loss;
@@ -176,14 +221,22 @@ void on_report(self_ptr self, const step_report& r) {
   s.last_step = std::max(s.last_step, r.step);
   if (s.trace)
     s.trace << r.step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
-  const double wall = std::chrono::duration<double>(clock::now() - s.t_start).count();
   const double tok_s = wall > 0 ? static_cast<double>(s.tokens) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
+  const int64_t total = s.ctx->total_inner_steps();
+  // The rate the step just taken used (step is 1-based, the schedule 0-based).
+  const double lr = models::warmup_cosine_lr(cfg.train.lr, r.step - 1, cfg.train.warmup_steps, total,
+                                             cfg.train.min_lr_ratio);
   gauge(self, "longwave_train_loss", loss);
   gauge(self, "longwave_train_tokens_per_second", tok_s);
   gauge(self, "longwave_compute_utilization_ratio", busy > 0 ? s.compute_s / busy : 0);
-  gauge(self, "longwave_idle_seconds", std::max(0.0, busy - s.compute_s));
-  const int64_t total = s.ctx->total_inner_steps();
+  gauge(self, "longwave_inner_learning_rate", lr);
+  record(self, json_line("step")
+                   .add("step", r.step)
+                   .add("round", s.round + 1)
+                   .add("loss", loss)
+                   .add("tokens_per_second", tok_s)
+                   .add("lr", lr));
   if (r.step % cfg.runtime.log_every_steps == 0 || r.step == total) {
     const double done = static_cast<double>(r.step - s.first_step);
     const double eta = done > 0 ? wall / done * static_cast<double>(total - r.step) : NAN;
@@ -230,14 +283,37 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
           [=](caf::error& e) { fail(self, e); });
 }
 
+void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k);
+
+/// delayed: a snapshot holds the average its next outer step will apply (that of its own round), so a resume
+/// continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it while
+/// training goes on.
+void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
+  auto& s = self->state;
+  const auto r = snap.round;
+  if (!s.delayed || (s.arrived.count(r) == 0 && s.inflight.count(r) == 0)) return k(std::move(snap));
+  auto holder = std::make_shared<train_snapshot>(std::move(snap));
+  auto attach = [holder, k, r](at::Tensor avg) {
+    holder->pending = std::move(avg);
+    holder->pending_round = r;
+    k(std::move(*holder));
+  };
+  if (s.arrived.count(r)) return attach(s.arrived.at(r));
+  s.waiting.emplace(r, attach);
+}
+
+void save_now(self_ptr self, train_snapshot snap, std::function<void()> then);
+
 void save(self_ptr self, train_snapshot snap, std::function<void()> then) {
+  with_pending(self, std::move(snap), [=](train_snapshot full) { save_now(self, std::move(full), then); });
+}
+
+void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
   auto& s = self->state;
   const auto round = snap.round;
   self->request(s.peers.checkpointer, s.request_timeout, save_atom_v, std::move(snap))
       .then(
           [=](const std::string& path) {
-            self->send(self->state.peers.metrics, count_atom_v, std::string("longwave_checkpoints_total"),
-                       std::string(), 1.0);
             spdlog::debug("checkpoint of round {} on disk: {}", round, path);
             if (then) then();
           },
@@ -286,7 +362,8 @@ void stop_now(self_ptr self, bool boundary) {
 /// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
 /// the newest; a resume redoes this round's inner steps.
 void stop_in_allreduce(self_ptr self, uint64_t round) {
-  set_phase(self, phase::stopping);
+  if (self->state.ph == phase::done || self->state.ph == phase::failed) return;
+  if (self->state.ph != phase::stopping) set_phase(self, phase::stopping);
   spdlog::info(
       "stopped during the all-reduce of round {}; the checkpoint of round {} stays the newest (a "
       "resume redoes round {})",
@@ -348,11 +425,68 @@ void save_then_continue(self_ptr self) {
   });
 }
 
+/// Per-worker accounting of the round that just ended: its wall time runs from the previous round's end, so
+/// the all-reduce, the outer step, evaluation and checkpoint hand-off all count as idle.
+void account_round(self_ptr self) {
+  auto& s = self->state;
+  const auto now = clock::now();
+  const double wall = std::chrono::duration<double>(now - s.t_round_start).count();
+  s.t_round_start = now;
+  for (size_t i = 0; i < s.round_compute.size(); ++i) {
+    const std::string w = std::to_string(i);
+    const double compute = s.round_compute[i];
+    const double idle = std::max(0.0, wall - compute);
+    const double util = wall > 0 ? std::min(1.0, compute / wall) : 0;
+    // delayed: the next round starts from a theta that lacks this round's average (one round stale).
+    const int64_t staleness = s.delayed ? 1 : 0;
+    gauge(self, "longwave_worker_compute_utilization_ratio", util, w);
+    gauge(self, "longwave_worker_staleness_rounds", static_cast<double>(staleness), w);
+    self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_idle_seconds_total"), w, idle);
+    self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_stall_seconds_total"), w,
+               s.round_stall_s);
+    record(self, json_line("worker")
+                     .add("round", s.round)
+                     .add("worker", static_cast<int64_t>(i))
+                     .add("compute_s", compute)
+                     .add("wall_s", wall)
+                     .add("idle_s", idle)
+                     .add("stall_s", s.round_stall_s)
+                     .add("utilization", util)
+                     .add("staleness", staleness)
+                     .add("tokens", s.worker_tokens[i]));
+    s.round_compute[i] = 0;
+  }
+  s.round_stall_s = 0;
+}
+
+void eval_then_continue(self_ptr self, at::Tensor theta);
+
 void after_round(self_ptr self, at::Tensor theta) {
   auto& s = self->state;
   const auto& cfg = s.ctx->cfg;
   ++s.round;
+  account_round(self);
   gauge(self, "longwave_outer_round", static_cast<double>(s.round));
+  const bool last = s.round >= static_cast<uint64_t>(cfg.train.rounds);
+  if (s.delayed && last && !s.final_applied && (s.inflight.count(s.round) || s.arrived.count(s.round))) {
+    // The last round's average would otherwise be computed and dropped: apply it before the final evaluation,
+    // so the result holds every round's work.
+    s.final_applied = true;
+    spdlog::info("delayed: applying the average of the last round ({}) before the final evaluation", s.round);
+    const auto r = s.round;
+    return when_average(self, r, [=](at::Tensor avg) {
+      self->state.arrived.erase(r);  // applied: the final snapshot must not carry it as pending
+      self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, r, avg)
+          .then([=](at::Tensor& final_theta) { eval_then_continue(self, final_theta); },
+                [=](caf::error& e) { fail(self, e); });
+    });
+  }
+  eval_then_continue(self, theta);
+}
+
+void eval_then_continue(self_ptr self, at::Tensor theta) {
+  auto& s = self->state;
+  const auto& cfg = s.ctx->cfg;
   const bool last = s.round >= static_cast<uint64_t>(cfg.train.rounds);
   const bool eval_due =
       last || (cfg.eval.every_rounds > 0 && s.round % static_cast<uint64_t>(cfg.eval.every_rounds) == 0);
@@ -367,11 +501,84 @@ void after_round(self_ptr self, at::Tensor theta) {
             s.last_val_loss = loss;
             gauge(self, "longwave_val_loss", loss);
             gauge(self, "longwave_val_perplexity", std::exp(loss));
+            record(self, json_line("eval")
+                             .add("round", s.round)
+                             .add("step", s.last_step)
+                             .add("val_loss", loss)
+                             .add("val_ppl", std::exp(loss)));
             spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", s.round,
                          s.ctx->cfg.train.rounds, loss, std::exp(loss));
             save_then_continue(self);
           },
           [=](caf::error& e) { fail(self, e); });
+}
+
+// ---- delayed outer steps ---------------------------------------------------------------------------------
+
+/// Starts the all-reduce of round r in the background; its average lands in `arrived` (and wakes waiters).
+void start_reduce(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
+  auto& s = self->state;
+  s.inflight.insert(r);
+  self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, r, std::move(parts))
+      .then(
+          [=](at::Tensor& avg) {
+            auto& s = self->state;
+            s.inflight.erase(r);
+            s.arrived[r] = avg;
+            auto range = s.waiting.equal_range(r);
+            std::vector<std::function<void(at::Tensor)>> ks;
+            for (auto it = range.first; it != range.second; ++it) ks.push_back(std::move(it->second));
+            s.waiting.erase(range.first, range.second);
+            for (auto& k : ks) k(avg);
+          },
+          [=](caf::error& e) {
+            auto& s = self->state;
+            s.inflight.erase(r);
+            if (s.stop_requested && e.category() == caf::atom("longwave") &&
+                static_cast<errc>(e.code()) == errc::cancelled)
+              return stop_in_allreduce(self, r);
+            fail(self, e);
+          });
+}
+
+/// Calls k with round r's average now if it arrived, else when it arrives; the wait is the workers' stall.
+void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k) {
+  auto& s = self->state;
+  if (s.arrived.count(round)) return k(s.arrived.at(round));
+  const auto t0 = clock::now();
+  s.waiting.emplace(round, [=](at::Tensor avg) {
+    const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+    self->state.round_stall_s += waited;
+    spdlog::info("delayed: the all-reduce of round {} came {:.2f} s later than needed (the workers stalled)",
+                 round, waited);
+    k(std::move(avg));
+  });
+}
+
+/// End of round r under "delayed": start r's all-reduce, then apply r-1's average (which ran during round r)
+/// and let the workers continue at once. Round 1 (or a resume without a pending average) applies nothing.
+void delayed_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
+  auto& s = self->state;
+  const bool have_previous = r > 1 && (s.arrived.count(r - 1) || s.inflight.count(r - 1));
+  start_reduce(self, r, std::move(parts));
+  if (!have_previous) {
+    spdlog::info(
+        "delayed: round {} applies no outer step (no earlier average); its own is applied after "
+        "round {}",
+        r, r + 1);
+    set_phase(self, phase::outer_step);
+    return self->request(s.peers.outer, s.request_timeout, theta_atom_v)
+        .then([=](at::Tensor& theta) { after_round(self, theta); }, [=](caf::error& e) { fail(self, e); });
+  }
+  set_phase(self, phase::reducing);
+  when_average(self, r - 1, [=](at::Tensor avg) {
+    auto& s = self->state;
+    if (s.ph != phase::reducing) return;  // stopped meanwhile
+    s.arrived.erase(r - 1);
+    set_phase(self, phase::outer_step);
+    self->request(s.peers.outer, s.request_timeout, outer_atom_v, r - 1, avg)
+        .then([=](at::Tensor& theta) { after_round(self, theta); }, [=](caf::error& e) { fail(self, e); });
+  });
 }
 
 void diloco_round(self_ptr self, at::Tensor theta) {
@@ -385,6 +592,7 @@ void diloco_round(self_ptr self, at::Tensor theta) {
         if (s.ph != phase::inner) return;  // stopped meanwhile
         std::vector<at::Tensor> parts;
         for (auto& r : results) parts.push_back(std::move(r.delta));
+        if (s.delayed) return delayed_round_end(self, round, std::move(parts));
         set_phase(self, phase::reducing);
         // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
         // communicator that never answers.
@@ -487,6 +695,7 @@ void install_resume(self_ptr self) {
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
   if (s.ctx->cfg.run.mode == "ddp") s.ddp_step_in_round = snap.replicas[0].steps_in_round;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
+  if (s.delayed && snap.pending.defined()) s.arrived[snap.pending_round] = snap.pending;
   self->request(s.peers.outer, s.request_timeout, load_atom_v, snap.theta, snap.momentum)
       .then(
           [=](bool) {
@@ -511,7 +720,11 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
   s.peers = std::move(peers);
   s.resume = std::move(resume);
   s.sync_workers = ctx->cfg.run.mode != "single";
+  s.delayed = ctx->cfg.run.mode == "diloco" && ctx->cfg.diloco.outer == "delayed";
   s.round_timeout = seconds(ctx->cfg.runtime.round_timeout_s);
+  s.round_compute.assign(static_cast<size_t>(ctx->n_workers()), 0.0);
+  s.run_compute = s.round_compute;
+  s.worker_tokens.assign(static_cast<size_t>(ctx->n_workers()), 0);
   s.request_timeout = seconds(ctx->cfg.runtime.request_timeout_s);
   for (int64_t r = 0; r < ctx->n_workers(); ++r)
     s.workers.push_back(spawn_worker(self->system(), ctx, r, caf::actor_cast<caf::actor>(self)));
@@ -531,7 +744,24 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
       [=](start_atom) {
         auto& s = self->state;
         s.main = caf::actor_cast<caf::actor>(self->current_sender());
-        s.t_start = clock::now();
+        s.t_start = s.t_round_start = clock::now();
+        const auto& c = s.ctx->cfg;
+        record(self, json_line("start")
+                         .add("node", c.run.name)
+                         .add("mode", c.run.mode)
+                         .add("preset", s.ctx->spec.preset)
+                         .add("params", models::closed_form_param_count(s.ctx->spec))
+                         .add("workers", s.ctx->n_workers())
+                         .add("cluster_workers", s.ctx->global_workers())
+                         .add("rounds", c.train.rounds)
+                         .add("inner_steps", c.train.inner_steps)
+                         .add("batch_size", c.train.batch_size)
+                         .add("seq_len", s.ctx->spec.seq_len)
+                         .add("inner_lr", c.train.lr)
+                         .add("outer_lr", c.outer.lr)
+                         .add("outer_momentum", c.outer.momentum)
+                         .add("comm_dtype", c.comm.dtype)
+                         .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
         if (s.resume) return install_resume(self);
         // Fresh run: every replica starts from theta_0.
         self->request(s.peers.outer, s.request_timeout, theta_atom_v)

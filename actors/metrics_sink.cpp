@@ -1,14 +1,12 @@
-// Metrics sink: a prometheus registry with Longwave's metric catalogue, served by runtime::metrics_server.
+// Metrics sink: the catalogue's registry (runtime/metrics_registry), served by runtime/metrics_server, and
+// the run's metrics.jsonl.
 #include "actors/metrics_sink.hpp"
 
-#include <prometheus/counter.h>
-#include <prometheus/gauge.h>
-#include <prometheus/registry.h>
-
-#include <map>
-#include <set>
+#include <fstream>
+#include <memory>
 
 #include "runtime/log.hpp"
+#include "runtime/metrics_registry.hpp"
 #include "runtime/metrics_server.hpp"
 #include "runtime/type_ids.hpp"
 
@@ -18,88 +16,53 @@ using namespace longwave::runtime;
 
 namespace {
 
-struct metric_def {
-  const char* name;
-  const char* help;
-  bool counter;
-};
-
-// The catalogue. Keep dashboards/METRICS.md in step.
-const metric_def catalogue[] = {
-    {"longwave_train_loss", "Mean training loss of the last inner step", false},
-    {"longwave_train_tokens_per_second", "Training tokens per second over all local workers", false},
-    {"longwave_train_tokens_total", "Training tokens processed", true},
-    {"longwave_inner_step_seconds", "Wall time of the last inner step (forward, backward, update)", false},
-    {"longwave_inner_steps_total", "Inner steps done", true},
-    {"longwave_outer_round", "Completed outer rounds", false},
-    {"longwave_compute_utilization_ratio", "Inner compute time divided by wall time", false},
-    {"longwave_idle_seconds", "Worker wall time not spent in inner compute, summed over local workers",
-     false},
-    {"longwave_val_loss", "Validation loss of theta_global", false},
-    {"longwave_val_perplexity", "Validation perplexity of theta_global", false},
-    {"longwave_checkpoints_total", "Checkpoints written", true},
-    {"longwave_comm_rejected_frames_total", "Received frames dropped by validation, by reason", true},
-    {"longwave_comm_bytes_sent_total", "Bytes of ring all-reduce frames sent to the next node (label peer)",
-     true},
-    {"longwave_comm_bytes_received_total", "Bytes of ring all-reduce frames received, rejected ones included",
-     true},
-    {"longwave_allreduce_seconds", "Wall time of the last pseudo-gradient all-reduce (local mean and ring)",
-     false},
-    {"longwave_allreduce_total", "Pseudo-gradient all-reduces completed", true},
-    {"longwave_cluster_peers", "Nodes in the ring, this one included", false},
-};
-
 struct sink_state {
-  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<metrics_registry> registry;
   std::unique_ptr<metrics_server> server;
-  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges;
-  std::map<std::string, prometheus::Family<prometheus::Counter>*> counters;
-  std::set<std::string> warned;
+  std::ofstream jsonl;
+  std::string jsonl_path;
+  bool jsonl_failed = false;
 };
-
-// The label argument of gauge/count messages: "" (none), "3" (worker="3") or "key=value" (e.g.
-// "reason=bad_checksum", "peer=b").
-prometheus::Labels labels_for(const std::string& label) {
-  if (label.empty()) return {};
-  const auto eq = label.find('=');
-  if (eq == std::string::npos) return {{"worker", label}};
-  return {{label.substr(0, eq), label.substr(eq + 1)}};
-}
 
 caf::behavior sink_fun(caf::stateful_actor<sink_state>* self, std::shared_ptr<sink_state> init) {
   self->state = std::move(*init);
-  auto unknown = [=](const std::string& name) {
-    if (self->state.warned.insert(name).second) spdlog::warn("metrics: unknown metric '{}' dropped", name);
-  };
   return {
-      [=](gauge_atom, const std::string& name, const std::string& worker, double v) {
-        auto it = self->state.gauges.find(name);
-        if (it == self->state.gauges.end()) return unknown(name);
-        it->second->Add(labels_for(worker)).Set(v);
+      [=](gauge_atom, const std::string& name, const std::string& labels, double v) {
+        self->state.registry->set(name, parse_label_arg(labels), v);
       },
-      [=](count_atom, const std::string& name, const std::string& worker, double inc) {
-        auto it = self->state.counters.find(name);
-        if (it == self->state.counters.end()) return unknown(name);
-        it->second->Add(labels_for(worker)).Increment(inc);
+      [=](count_atom, const std::string& name, const std::string& labels, double amount) {
+        self->state.registry->add(name, parse_label_arg(labels), amount);
+      },
+      [=](observe_atom, const std::string& name, const std::string& labels, double v) {
+        self->state.registry->observe(name, parse_label_arg(labels), v);
+      },
+      [=](record_atom, const std::string& line) {
+        auto& s = self->state;
+        if (!s.jsonl.is_open()) return;
+        s.jsonl << line << '\n' << std::flush;
+        if (!s.jsonl && !s.jsonl_failed) {
+          // A full disk must not stop training: the checkpoints matter, the event log does not.
+          s.jsonl_failed = true;
+          spdlog::warn("metrics: cannot append to {}; the run report will miss later events", s.jsonl_path);
+        }
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_metrics_sink(caf::actor_system& sys, int port, int* bound_port) {
+caf::actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_options& opts, int* bound_port) {
   // Built here, on the caller's thread, so that a port in use is an lw_error for the caller.
   auto s = std::make_shared<sink_state>();
-  s->registry = std::make_shared<prometheus::Registry>();
-  for (const auto& d : catalogue) {
-    if (d.counter)
-      s->counters[d.name] = &prometheus::BuildCounter().Name(d.name).Help(d.help).Register(*s->registry);
-    else
-      s->gauges[d.name] = &prometheus::BuildGauge().Name(d.name).Help(d.help).Register(*s->registry);
-  }
-  if (port >= 0) {
-    s->server = std::make_unique<metrics_server>(s->registry, port);
+  s->registry = std::make_unique<metrics_registry>(metric_role::node, opts.node, opts.workers, opts.peers);
+  if (opts.port >= 0) {
+    s->server = std::make_unique<metrics_server>(s->registry->registry(), opts.port, opts.address);
     if (bound_port) *bound_port = s->server->port();
+  }
+  if (!opts.jsonl_path.empty()) {
+    s->jsonl_path = opts.jsonl_path;
+    s->jsonl.open(opts.jsonl_path, std::ios::app);
+    if (!s->jsonl) spdlog::warn("metrics: cannot open {} for appending; no run report data", opts.jsonl_path);
   }
   return sys.spawn(sink_fun, std::move(s));
 }

@@ -6,6 +6,7 @@
 
 #include "models/outer_sgd.hpp"
 #include "runtime/caf_errors.hpp"
+#include "runtime/json_line.hpp"
 #include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
@@ -21,8 +22,26 @@ struct outer_state {
   bool stepped = false;
 };
 
-caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_section cfg,
-                        at::Tensor theta0) {
+void report(caf::event_based_actor* self, const caf::actor& metrics, uint64_t round, double lr,
+            double delta_norm, double update_norm) {
+  if (!metrics) return;
+  auto gauge = [&](const char* name, double v) {
+    self->send(metrics, gauge_atom_v, std::string(name), std::string(), v);
+  };
+  gauge("longwave_outer_learning_rate", lr);
+  gauge("longwave_outer_pseudo_gradient_norm", delta_norm);
+  gauge("longwave_outer_update_norm", update_norm);
+  self->send(metrics, record_atom_v,
+             json_line("outer")
+                 .add("round", round)
+                 .add("pseudo_gradient_norm", delta_norm)
+                 .add("update_norm", update_norm)
+                 .add("outer_lr", lr)
+                 .str());
+}
+
+caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_section cfg, at::Tensor theta0,
+                        caf::actor metrics) {
   self->state.theta = std::move(theta0);
   self->state.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
   return {
@@ -37,7 +56,9 @@ caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_se
                                                        " values, theta has " +
                                                        std::to_string(s.theta.numel()));
         try {
-          s.opt->step(s.theta, delta);
+          const double delta_norm = delta.norm().item<double>();
+          const double update_norm = s.opt->step(s.theta, delta);
+          report(self, metrics, round, s.opt->lr(), delta_norm, update_norm);
         } catch (const c10::Error& e) {
           return make_error(errc::torch_error, std::string("outer step: ") + e.what_without_backtrace());
         }
@@ -62,9 +83,9 @@ caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_se
 
 }  // namespace
 
-caf::actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg,
-                                 at::Tensor theta0) {
-  return sys.spawn(outer_fun, cfg, std::move(theta0));
+caf::actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg, at::Tensor theta0,
+                                 caf::actor metrics) {
+  return sys.spawn(outer_fun, cfg, std::move(theta0), std::move(metrics));
 }
 
 }  // namespace longwave::actors

@@ -111,7 +111,7 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
 
 /// The newest valid checkpoint of at most `max_round` completed rounds (a cluster's agreed round). Newer ones
 /// stay on disk (training is deterministic: the resumed run writes the same states again).
-std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t max_round) {
+std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t max_round, int* skipped) {
   const auto files = store.list();
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     try {
@@ -121,6 +121,7 @@ std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t m
       return c;
     } catch (const lw_error& e) {
       spdlog::warn("checkpoint {} skipped: {}", *it, e.what());
+      ++*skipped;
     }
   }
   if (max_round > 0)
@@ -198,15 +199,18 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   // Resume or start over.
   snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers, cfg.run.mode, spec.preset};
   std::optional<train_snapshot> resume;
+  int corrupt_checkpoints = 0;  // counted in longwave_errors_total once the metrics sink runs
   if (opts.fresh) {
     std::error_code ec;
     for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list()) fs::remove(f, ec);
     fs::remove(p.trace, ec);
   } else {
     checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
-    auto latest = opts.max_resume_round
-                      ? load_at_most(store, *opts.max_resume_round)
-                      : store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
+    auto latest = opts.max_resume_round ? load_at_most(store, *opts.max_resume_round, &corrupt_checkpoints)
+                                        : store.load_latest([&](const std::string& w) {
+                                            spdlog::warn("{}", w);
+                                            ++corrupt_checkpoints;
+                                          });
     if (latest) resume = from_checkpoint(std::move(*latest), shape);
   }
   if (resume)
@@ -226,14 +230,31 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   sys_cfg.set("scheduler.policy", caf::atom("sharing"));
   sys_cfg.set("scheduler.max-threads", 1);
   caf::actor_system sys{sys_cfg};
+  metrics_sink_options sink_opts;
+  sink_opts.port = cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1;
+  sink_opts.address = cfg.metrics.address;
+  sink_opts.node = role ? role->names[static_cast<size_t>(role->rank)]
+                        : (cfg.run.name.empty() ? std::string("local") : cfg.run.name);
+  for (int64_t w = 0; w < cfg.train.workers; ++w) sink_opts.workers.push_back(std::to_string(w));
+  if (role)
+    for (size_t i = 0; i < role->names.size(); ++i)
+      if (static_cast<int>(i) != role->rank) sink_opts.peers.push_back(role->names[i]);
+  sink_opts.jsonl_path = (fs::path(p.out_dir) / "metrics.jsonl").string();
+  if (opts.fresh) {
+    std::error_code ec;
+    fs::remove(sink_opts.jsonl_path, ec);
+  }
   int metrics_port = -1;
-  auto metrics =
-      spawn_metrics_sink(sys, cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1, &metrics_port);
-  if (metrics_port >= 0) spdlog::info("metrics: http://127.0.0.1:{}/metrics", metrics_port);
+  auto metrics = spawn_metrics_sink(sys, sink_opts, &metrics_port);
+  if (metrics_port >= 0) spdlog::info("metrics: http://{}:{}/metrics", cfg.metrics.address, metrics_port);
+  if (corrupt_checkpoints > 0)
+    caf::anon_send(metrics, count_atom_v, std::string("longwave_errors_total"),
+                   std::string("reason=checkpoint_corrupt"), static_cast<double>(corrupt_checkpoints));
   coordinator_peers peers;
   peers.metrics = metrics;
   communicator_options comm_opts;
   comm_opts.metrics = metrics;
+  comm_opts.log_events = cfg.run.mode != "ddp";
   if (role) {
     comm_opts.ring = std::make_shared<comm::ring_allreduce>(role->rank, role->endpoints, role->ring,
                                                             rejection_logger(metrics));
@@ -242,19 +263,23 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
     comm_opts.error_feedback = cfg.comm.error_feedback;
     const auto world = role->names.size();
     comm_opts.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
-    caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers"), std::string(),
+    comm_opts.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
+    caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers_alive"), std::string(),
                    static_cast<double>(world));
     spdlog::info("ring: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", role->rank, world,
                  role->endpoints[static_cast<size_t>(role->rank)], comm_opts.next_peer, cfg.comm.dtype,
                  cfg.comm.error_feedback ? ", error feedback" : "");
   }
-  peers.communicator = spawn_communicator(sys, comm_opts);
+  if (!role)
+    caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers_alive"), std::string(), 1.0);
+  peers.communicator =
+      opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
   // single: theta_global just follows the one worker (theta - 1.0 * (theta - theta_local)); [outer] is
   // unused.
   config::outer_section outer_cfg = cfg.outer;
   if (cfg.run.mode == "single") outer_cfg = config::outer_section{1.0, 0.0, false};
-  peers.outer = spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(spec, cfg.run.seed));
-  peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, cfg.checkpoint.keep, shape);
+  peers.outer = spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(spec, cfg.run.seed), metrics);
+  peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, cfg.checkpoint.keep, shape, metrics);
   auto coordinator = spawn_coordinator(sys, ctx, peers, std::move(resume), p.trace);
 
   if (opts.handle_signals) {

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
 #include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
 
@@ -20,6 +23,9 @@ struct run_options {
   /// Cluster nodes: resume from the newest valid checkpoint whose completed round is at most this (the round
   /// the coordinator agreed on); unset: the newest valid checkpoint.
   std::optional<uint64_t> max_resume_round;
+  /// Tests only: spawns the communicator instead of the real one (e.g. one that answers (reduce, round,
+  /// parts) with hand-set averages). Empty: the real communicator.
+  std::function<caf::actor(caf::actor_system&)> communicator_override;
 };
 
 /// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).

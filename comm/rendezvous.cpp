@@ -83,6 +83,7 @@ class coordinator {
         return call_off(why, 1);
       }
       poll_once();
+      status(t0);
     }
     for (size_t i = 0; i < members_.size(); ++i) send_welcome(static_cast<uint32_t>(i));
     info(fmt::format("coordinator: all {} nodes joined; ring {}; {}", members_.size(), ring_text(),
@@ -96,10 +97,12 @@ class coordinator {
         auto& m = members_[i];
         if (m.finished || m.failed || m.lost || now - m.last_seen <= o_.heartbeat_timeout) continue;
         m.lost = true;
+        if (o_.on_error) o_.on_error("node_lost");
         warn(fmt::format("coordinator: node {} lost: nothing heard for {} (last round {})",
                          o_.members[i].name, secs(o_.heartbeat_timeout), m.round));
       }
       poll_once();
+      status(t0);
     }
     bool ok = true;
     for (const auto& m : members_) ok = ok && m.finished;
@@ -115,6 +118,22 @@ class coordinator {
     if (o_.warn) o_.warn(s);
   }
   bool stopped() const { return o_.stop && o_.stop(); }
+
+  void status(clock::time_point t0) const {
+    if (!o_.on_status) return;
+    const auto now = clock::now();
+    std::vector<member_status> out;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      const auto& m = members_[i];
+      member_status st;
+      st.name = o_.members[i].name;
+      st.joined = m.identity.has_value();
+      st.alive = st.joined && !m.finished && !m.failed && !m.lost;
+      st.age_s = std::chrono::duration<double>(now - (st.joined ? m.last_seen : t0)).count();
+      out.push_back(std::move(st));
+    }
+    o_.on_status(out);
+  }
 
   bool all_joined() const {
     for (const auto& m : members_)
@@ -185,11 +204,17 @@ class coordinator {
     return std::nullopt;
   }
 
+  /// Turns a hello away with an error reply, counted as a rejected join.
+  void turn_away(const std::string& identity, errc code, const std::string& message) {
+    if (o_.on_error) o_.on_error("rejected_join");
+    reply_error(identity, code, message);
+  }
+
   void on_hello(const std::string& identity, const hello_msg& h, const std::string& peer) {
     if (h.protocol_version != protocol_version()) {
       warn(fmt::format("coordinator: turned away node '{}' ({}): protocol version {}, ours is {}",
                        h.node_name, peer, h.protocol_version, protocol_version()));
-      return reply_error(
+      return turn_away(
           identity, errc::invalid_config,
           fmt::format("protocol version {} is not the coordinator's {}: build every node and the "
                       "coordinator from the same Longwave release",
@@ -202,14 +227,14 @@ class coordinator {
       std::vector<std::string> names;
       for (const auto& m : o_.members) names.push_back(m.name);
       warn(fmt::format("coordinator: turned away unknown node '{}' ({})", h.node_name, peer));
-      return reply_error(
+      return turn_away(
           identity, errc::invalid_config,
           fmt::format("node '{}' is not in this cluster (nodes: {})", h.node_name, join_names(names)));
     }
     const auto& want = o_.members[idx];
     if (h.n_workers != want.workers || h.data_endpoint != want.endpoint) {
       warn(fmt::format("coordinator: turned away node '{}': its cluster file differs", h.node_name));
-      return reply_error(
+      return turn_away(
           identity, errc::invalid_config,
           fmt::format("node '{}' says {} workers at {}, the coordinator's cluster file says {} at {}: "
                       "start every role from the same cluster file",
@@ -217,11 +242,10 @@ class coordinator {
     }
     auto& m = members_[idx];
     if (all_joined()) {
-      return reply_error(
-          identity, errc::invalid_config,
-          fmt::format("node '{}' asked to join a cluster that is already training; restart the "
-                      "whole cluster to resume from its checkpoints",
-                      h.node_name));
+      return turn_away(identity, errc::invalid_config,
+                       fmt::format("node '{}' asked to join a cluster that is already training; restart the "
+                                   "whole cluster to resume from its checkpoints",
+                                   h.node_name));
     }
     if (m.identity && *m.identity != identity)
       warn(
@@ -252,9 +276,10 @@ class coordinator {
     if (!parsed) {
       const auto& r = parsed.error();
       warn(fmt::format("coordinator: dropped a control frame from {}: {}", peer, r.message()));
+      if (o_.on_reject) o_.on_reject(to_string(r.reason));
       if (r.reason == reject_reason::wrong_cluster)
-        reply_error(identity, errc::invalid_config,
-                    "wrong cluster id: this coordinator serves another cluster");
+        turn_away(identity, errc::invalid_config,
+                  "wrong cluster id: this coordinator serves another cluster");
       return;
     }
     const envelope& e = parsed.value();

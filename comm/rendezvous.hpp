@@ -27,6 +27,14 @@ struct member_spec {
   uint32_t workers = 1;
 };
 
+/// One member as the coordinator sees it.
+struct member_status {
+  std::string name;
+  bool joined = false;  ///< said hello
+  bool alive = false;   ///< joined, and neither finished, failed nor silent past heartbeat_timeout
+  double age_s = 0;     ///< seconds since its last message (since the coordinator started, before it joined)
+};
+
 /// Settings of the coordinator role.
 struct coordinator_options {
   std::string bind_endpoint;  ///< e.g. "tcp://127.0.0.1:5600"
@@ -39,6 +47,11 @@ struct coordinator_options {
   std::function<void(const std::string&)> info;  ///< progress lines (joins, finishes)
   std::function<void(const std::string&)> warn;  ///< problems (rejections, failures, missing nodes)
   std::function<bool()> stop;                    ///< polled every 100 ms; true ends the role (exit code 130)
+  /// Membership, about every 100 ms: one entry per member in ring order.
+  std::function<void(const std::vector<member_status>&)> on_status;
+  /// A dropped control frame (its reject_reason name), and errors by reason ("node_lost", "rejected_join").
+  std::function<void(const std::string& reason)> on_reject;
+  std::function<void(const std::string& reason)> on_error;
 };
 
 /// Runs the coordinator until every member has finished (0), one failed, went silent or never joined (1), or

@@ -51,12 +51,31 @@ size_t payload_bytes(const ring_options& o, size_t count) {
   return count == 0 ? 0 : encoded_size(o.dtype, count, o.codec);
 }
 
+/// Adds the time from construction to destruction to a nanosecond counter (codec time for the metrics).
+class codec_clock {
+ public:
+  explicit codec_clock(std::atomic<uint64_t>& ns) : ns_(ns), t0_(std::chrono::steady_clock::now()) {}
+  ~codec_clock() {
+    ns_.fetch_add(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+            .count()));
+  }
+  codec_clock(const codec_clock&) = delete;
+  codec_clock& operator=(const codec_clock&) = delete;
+
+ private:
+  std::atomic<uint64_t>& ns_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace
 
 struct ring_allreduce::counters {
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> sent{0};
   std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> encode_ns{0};
+  std::atomic<uint64_t> decode_ns{0};
   std::atomic<bool> cancelled{false};
   int logged = 0;  // I/O thread
 };
@@ -182,6 +201,12 @@ uint64_t ring_allreduce::bytes_sent() const {
 uint64_t ring_allreduce::bytes_received() const {
   return counters_->received.load();
 }
+double ring_allreduce::encode_seconds() const {
+  return static_cast<double>(counters_->encode_ns.load()) * 1e-9;
+}
+double ring_allreduce::decode_seconds() const {
+  return static_cast<double>(counters_->decode_ns.load()) * 1e-9;
+}
 
 void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment) {
   std::lock_guard<std::mutex> lk(call_mu_);
@@ -228,8 +253,13 @@ void ring_allreduce::single_rank(float* data, size_t n) {
   for (size_t off = 0; off < n; off += chunk_elements_) {
     const size_t cnt = std::min(chunk_elements_, n - off);
     const size_t bytes = payload_bytes(opts_, cnt);
-    encode(opts_.dtype, data + off, cnt, buf.data(), opts_.codec);
-    if (!decode(opts_.dtype, buf.data(), bytes, cnt, data + off, opts_.codec))
+    bool ok = false;
+    {
+      codec_clock timed(counters_->encode_ns);
+      encode(opts_.dtype, data + off, cnt, buf.data(), opts_.codec);
+      ok = decode(opts_.dtype, buf.data(), bytes, cnt, data + off, opts_.codec);
+    }
+    if (!ok)
       throw lw_error(errc::malformed_frame,
                      fmt::format("comm: values {}..{} cannot be encoded as {} (not finite?)", off, off + cnt,
                                  to_string(opts_.dtype)));
@@ -322,9 +352,16 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
         return false;
       }
       const auto* src = static_cast<const std::byte*>(payload.data());
+      bool decoded = true;
+      if (it.count != 0) {
+        codec_clock timed(counters_->decode_ns);
+        decoded =
+            it.phase == ring_phase::reduce_scatter
+                ? decode_accumulate(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec)
+                : decode(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec);
+      }
       if (it.phase == ring_phase::reduce_scatter) {
-        if (it.count != 0 &&
-            !decode_accumulate(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec)) {
+        if (!decoded) {
           reject(peer, rejection{reject_reason::bad_payload,
                                  fmt::format("the {} codec refused segment {} chunk {}",
                                              to_string(opts_.dtype), it.segment, it.chunk)});
@@ -332,8 +369,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
         }
         in_weight[in_next] = h.weight + weight;
       } else {
-        if (it.count != 0 &&
-            !decode(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec)) {
+        if (!decoded) {
           reject(peer, rejection{reject_reason::bad_payload,
                                  fmt::format("the {} codec refused segment {} chunk {}",
                                              to_string(opts_.dtype), it.segment, it.chunk)});
@@ -416,9 +452,15 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
         }
         payload = zmq::message_t(it.bytes);
         auto* dst = static_cast<std::byte*>(payload.data());
-        if (it.count != 0) encode(opts_.dtype, x, it.count, dst, opts_.codec);
-        if (it.phase == ring_phase::all_gather && it.count != 0 &&
-            !decode(opts_.dtype, dst, it.bytes, it.count, x, opts_.codec))
+        bool own_decoded = true;
+        if (it.count != 0) {
+          codec_clock timed(counters_->encode_ns);
+          encode(opts_.dtype, x, it.count, dst, opts_.codec);
+          // The owner keeps exactly what the others will decode (counted as encoding: it is the owner's).
+          if (it.phase == ring_phase::all_gather)
+            own_decoded = decode(opts_.dtype, dst, it.bytes, it.count, x, opts_.codec);
+        }
+        if (!own_decoded)
           throw lw_error(
               errc::malformed_frame,
               fmt::format("comm: rank {} round {}: segment {} chunk {} cannot be encoded as {} (the "

@@ -88,6 +88,9 @@ class ring_allreduce {
   uint64_t bytes_sent() const;
   /// Bytes of all frames read from the listening socket, rejected ones included.
   uint64_t bytes_received() const;
+  /// Seconds spent encoding chunks, and decoding (or decode-accumulating) received ones, since construction.
+  double encode_seconds() const;
+  double decode_seconds() const;
 
   int rank() const { return rank_; }
   int world_size() const { return static_cast<int>(endpoints_.size()); }

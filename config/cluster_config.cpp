@@ -84,9 +84,11 @@ void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::
     spec.join_timeout_s = get_seconds(value, key);
   } else if (name == "heartbeat_timeout_s") {
     spec.heartbeat_timeout_s = get_seconds(value, key);
+  } else if (name == "metrics_port") {
+    spec.metrics_port = get_int(value, key, 0, 65535);
   } else {
-    throw config_error(key, fmt::format("unknown key '{}'{}: [cluster] has id, coordinator, join_timeout_s "
-                                        "and heartbeat_timeout_s",
+    throw config_error(key, fmt::format("unknown key '{}'{}: [cluster] has id, coordinator, join_timeout_s, "
+                                        "heartbeat_timeout_s and metrics_port",
                                         key, where(value)));
   }
 }
@@ -231,13 +233,17 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
         "run.mode",
         fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"", spec.train.run.mode));
   spec.train.train.workers = total;
+  if (spec.train.metrics.enabled && coordinator_metrics_port(spec) != 0)
+    ports.insert(coordinator_metrics_port(spec));
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const int64_t port = node_config(spec, i).metrics.port;
     if (spec.train.metrics.enabled && port != 0 && !ports.insert(port).second)
       throw config_error(
           fmt::format("nodes[{}].metrics_port", i),
-          fmt::format("nodes[{}].metrics_port: port {} is also another node's; set metrics_port per node", i,
-                      port));
+          fmt::format(
+              "nodes[{}].metrics_port: port {} is also another role's (a node's or the coordinator's); "
+              "set metrics_port per node and [cluster] metrics_port",
+              i, port));
   }
   return spec;
 }
@@ -246,6 +252,10 @@ cluster_spec load_cluster_file(const std::string& path, const std::vector<std::s
   auto spec = parse_cluster(read_config_text(path), overrides, path);
   if (spec.train.run.name.empty()) spec.train.run.name = std::filesystem::path(path).stem().string();
   return spec;
+}
+
+int64_t coordinator_metrics_port(const cluster_spec& spec) {
+  return spec.metrics_port >= 0 ? spec.metrics_port : spec.train.metrics.port;
 }
 
 size_t node_index(const cluster_spec& spec, const std::string& name) {

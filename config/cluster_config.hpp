@@ -27,6 +27,7 @@ struct cluster_spec {
   std::string coordinator = "tcp://127.0.0.1:5600";  ///< the coordinator's control endpoint
   double join_timeout_s = 60;        ///< coordinator: wait this long for every node; node: for the welcome
   double heartbeat_timeout_s = 120;  ///< coordinator: a node silent this long is reported lost
+  int64_t metrics_port = -1;         ///< the coordinator's /metrics port; -1: [metrics] port
   std::vector<cluster_node> nodes;   ///< ring order: rank i is nodes[i]
   train_config train;                ///< shared config; train.workers is the sum over nodes
 };
@@ -42,6 +43,9 @@ cluster_spec parse_cluster(std::string_view toml_text, const std::vector<std::st
 
 /// Reads the file, then parse_cluster. An empty run.name defaults to the file's stem.
 cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides);
+
+/// The coordinator's /metrics port ([cluster] metrics_port, else [metrics] port; 0: pick a free one).
+int64_t coordinator_metrics_port(const cluster_spec& spec);
 
 /// Index of the node called name; config_error listing the names if there is none.
 size_t node_index(const cluster_spec& spec, const std::string& name);

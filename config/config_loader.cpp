@@ -2,6 +2,7 @@
 // as TOML. One table of fields (for_each_field) drives parsing, validation and serialisation.
 #include "config/config_loader.hpp"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
@@ -132,6 +133,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("outer", "momentum", c.outer.momentum, real_in('[', 0, 1, ')'));
   f("outer", "nesterov", c.outer.nesterov, any());
 
+  f("diloco", "outer", c.diloco.outer, one_of({"sync", "delayed"}));
+
   f("eval", "every_rounds", c.eval.every_rounds, ints(0));
   f("eval", "batches", c.eval.batches, ints(1));
 
@@ -141,6 +144,7 @@ void for_each_field(Config& c, Visitor&& f) {
 
   f("metrics", "enabled", c.metrics.enabled, any());
   f("metrics", "port", c.metrics.port, ints(0, 65535));
+  f("metrics", "address", c.metrics.address, non_empty());
 
   f("comm", "dtype", c.comm.dtype, one_of({"fp32", "fp16", "bf16", "int8"}));
   f("comm", "int8_codebook", c.comm.int8_codebook, any());
@@ -643,6 +647,21 @@ void validate(const train_config& cfg) {
     check(dotted(s, n), field, r);
   });
 
+  {
+    in_addr probe{};
+    if (::inet_pton(AF_INET, cfg.metrics.address.c_str(), &probe) != 1)
+      throw config_error("metrics.address",
+                         fmt::format("metrics.address = \"{}\": not an IPv4 address; use e.g. \"127.0.0.1\" "
+                                     "(this host only) or \"0.0.0.0\" (every interface)",
+                                     cfg.metrics.address));
+  }
+  if (cfg.run.mode != "diloco" && cfg.diloco.outer != "sync") {
+    throw config_error(
+        "diloco.outer",
+        fmt::format("diloco.outer = \"{}\": outer-step policies apply to run.mode = \"diloco\", "
+                    "this run is \"{}\"; use diloco.outer = \"sync\"",
+                    cfg.diloco.outer, cfg.run.mode));
+  }
   if (cfg.run.mode == "single" && cfg.train.workers != 1) {
     throw config_error(
         "train.workers",

@@ -56,6 +56,13 @@ struct outer_section {
   bool nesterov = true;
 };
 
+/// [diloco]: when the averaged pseudo-gradient is applied (ARCHITECTURE.md, "Outer-step policies").
+struct diloco_section {
+  /// "sync": round t's average is applied at the end of round t (classic DiLoCo; workers wait for it).
+  /// "delayed": one outer step late, so the all-reduce of round t overlaps the inner steps of round t+1.
+  std::string outer = "sync";
+};
+
 /// [eval]: validation of theta_global.
 struct eval_section {
   int64_t every_rounds = 5;  ///< 0 = only at the end
@@ -69,10 +76,11 @@ struct checkpoint_section {
   std::string dir = "";      ///< "" = <out_dir>/checkpoints
 };
 
-/// [metrics]: Prometheus text exposition on 127.0.0.1.
+/// [metrics]: Prometheus text exposition (and RUN_DIR/metrics.jsonl).
 struct metrics_section {
   bool enabled = true;
-  int64_t port = 9464;  ///< 0 = pick a free port (logged at start)
+  int64_t port = 9464;                ///< 0 = pick a free port (logged at start)
+  std::string address = "127.0.0.1";  ///< IPv4 address to serve /metrics on; 0.0.0.0 = every interface
 };
 
 /// [comm]: how pseudo-gradients travel between nodes (cluster runs; a single process averages in memory).
@@ -98,6 +106,7 @@ struct train_config {
   data_section data;
   train_section train;
   outer_section outer;
+  diloco_section diloco;
   eval_section eval;
   checkpoint_section checkpoint;
   metrics_section metrics;

@@ -8,8 +8,9 @@ namespace longwave::models {
 class outer_sgd {
  public:
   outer_sgd(double lr, double momentum, bool nesterov) : lr_(lr), mu_(momentum), nesterov_(nesterov) {}
-  /// Applies the averaged pseudo-gradient `delta` to `theta` in place.
-  void step(at::Tensor& theta, const at::Tensor& delta);
+  /// Applies the averaged pseudo-gradient `delta` to `theta` in place; returns the L2 norm of the change.
+  double step(at::Tensor& theta, const at::Tensor& delta);
+  double lr() const { return lr_; }
   at::Tensor& momentum_buffer() { return b_; }
   void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }
 

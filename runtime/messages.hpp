@@ -41,6 +41,10 @@ struct train_snapshot {
   uint64_t round = 0;          ///< completed outer rounds
   uint64_t step = 0;           ///< inner steps per worker so far
   at::Tensor theta, momentum;  ///< momentum undefined before the first outer step
+  /// diloco.outer = "delayed": the averaged pseudo-gradient of round pending_round, not yet applied (the next
+  /// outer step applies it); undefined otherwise.
+  at::Tensor pending;
+  uint64_t pending_round = 0;
   std::vector<replica_state> replicas;
   std::string meta;
 };

@@ -20,10 +20,8 @@ namespace longwave::runtime {
 
 namespace {
 
-constexpr const char* host = "127.0.0.1";
-
 // httplib reports only that binding failed; bind once more ourselves to learn why.
-std::string why_bind_fails(int port) {
+std::string why_bind_fails(const std::string& address, int port) {
   int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0) return std::strerror(errno);
   int yes = 1;
@@ -31,7 +29,7 @@ std::string why_bind_fails(int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::inet_pton(AF_INET, address.c_str(), &addr.sin_addr);
   std::string reason = "bind failed";
   if (::bind(s, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
     reason = std::strerror(errno);
@@ -44,12 +42,19 @@ std::string why_bind_fails(int port) {
 
 }  // namespace
 
-metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, int port)
-    : registry_(std::move(registry)), server_(std::make_unique<httplib::Server>()) {
+metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, int port,
+                               const std::string& address)
+    : registry_(std::move(registry)), server_(std::make_unique<httplib::Server>()), address_(address) {
   LW_ASSERT(registry_ != nullptr, "metrics_server needs a registry");
   if (port < 0 || port > 65535)
     throw lw_error(errc::invalid_config, "metrics: port " + std::to_string(port) +
                                              " is out of range; set metrics.port to 0..65535");
+  in_addr probe{};
+  if (::inet_pton(AF_INET, address_.c_str(), &probe) != 1)
+    throw lw_error(
+        errc::invalid_config,
+        "metrics: address '" + address_ + "' is not an IPv4 address; set metrics.address to e.g. 127.0.0.1");
+  const char* host = address_.c_str();
 
   // Two threads are plenty for a scrape endpoint (httplib's default is at least 8).
   server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
@@ -87,7 +92,7 @@ metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, i
   }
   if (!bound)
     throw lw_error(errc::io_error, "metrics: cannot bind " + std::string(host) + ":" + std::to_string(port) +
-                                       ": " + why_bind_fails(port) +
+                                       ": " + why_bind_fails(address_, port) +
                                        "; set metrics.port to a free port or 0");
 
   thread_ = std::thread([this] {

@@ -3,6 +3,7 @@
 // prometheus-cpp's civetweb Exposer cannot start threads in a process that has libtorch and OpenBLAS loaded.
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 
 namespace httplib {
@@ -14,15 +15,18 @@ class Registry;
 
 namespace longwave::runtime {
 
-/// An HTTP server on 127.0.0.1 answering GET /metrics with the registry in the Prometheus text format.
+/// An HTTP server (127.0.0.1 unless configured) answering GET /metrics with the registry in the Prometheus
+/// text format.
 class metrics_server {
  public:
-  /// Binds 127.0.0.1:port (port 0 = any free port) and serves GET /metrics with
-  /// prometheus::TextSerializer().Serialize(registry->Collect()), content type "text/plain; version=0.0.4".
-  /// GET / returns a one-line hint. The socket does not use SO_REUSEPORT, so a port already in use is an
-  /// error. Throws lw_error(io_error, "metrics: cannot bind 127.0.0.1:<port>: ...; set metrics.port to a free
-  /// port or 0") if binding fails and lw_error(invalid_config) if port is outside 0..65535.
-  metrics_server(std::shared_ptr<prometheus::Registry> registry, int port);
+  /// Binds address:port (port 0 = any free port; address an IPv4 address, 127.0.0.1 by default) and serves
+  /// GET /metrics with prometheus::TextSerializer().Serialize(registry->Collect()), content type "text/plain;
+  /// version=0.0.4". GET / returns a one-line hint. The socket does not use SO_REUSEPORT, so a port already
+  /// in use is an error. Throws lw_error(io_error, "metrics: cannot bind <address>:<port>: ...; set
+  /// metrics.port to a free port or 0") if binding fails and lw_error(invalid_config) if port is outside
+  /// 0..65535 or address is not an IPv4 address.
+  metrics_server(std::shared_ptr<prometheus::Registry> registry, int port,
+                 const std::string& address = "127.0.0.1");
   /// Stops accepting, finishes open requests and joins the server thread.
   ~metrics_server();
   metrics_server(const metrics_server&) = delete;
@@ -37,6 +41,7 @@ class metrics_server {
   std::thread thread_;
   std::atomic<bool> listen_done_{false};
   int port_ = 0;
+  std::string address_;
 };
 
 }  // namespace longwave::runtime

@@ -1,10 +1,12 @@
-// Checkpoint layout: blobs "theta", "momentum" (absent before the first outer step) and per replica r
+// Checkpoint layout: blobs "theta", "momentum" (absent before the first outer step), "pending" (delayed
+// policy: the average of round pending_round, not yet applied) and per replica r
 // "replica<r>/master", "/exp_avg", "/exp_avg_sq", "/counters" (adam_steps, sampler_position, steps_in_round
 // as three int64). meta holds "key=value" lines: mode, preset, n_params, replicas.
 #include "runtime/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -71,11 +73,12 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   c.step = s.step;
   std::ostringstream meta;
   meta << "mode=" << shape.mode << "\npreset=" << shape.preset << "\nn_params=" << shape.n_params
-       << "\nreplicas=" << s.replicas.size() << "\n"
+       << "\nreplicas=" << s.replicas.size() << "\npending_round=" << s.pending_round << "\n"
        << s.meta;
   c.meta = meta.str();
   c.blobs.push_back(tensor_blob("theta", s.theta));
   if (s.momentum.defined()) c.blobs.push_back(tensor_blob("momentum", s.momentum));
+  if (s.pending.defined()) c.blobs.push_back(tensor_blob("pending", s.pending));
   for (const auto& r : s.replicas) {
     const std::string p = "replica" + std::to_string(r.rank) + "/";
     c.blobs.push_back(tensor_blob(p + "master", r.master));
@@ -102,6 +105,10 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
   s.meta = c.meta;
   s.theta = tensor_from(c, "theta", shape.n_params);
   if (c.find("momentum")) s.momentum = tensor_from(c, "momentum", shape.n_params);
+  if (c.find("pending")) {
+    s.pending = tensor_from(c, "pending", shape.n_params);
+    s.pending_round = std::strtoull(kv["pending_round"].c_str(), nullptr, 10);
+  }
   for (int64_t r = 0; r < shape.n_replicas; ++r) {
     const std::string p = "replica" + std::to_string(r) + "/";
     replica_state rs;

@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
+
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 
@@ -34,6 +37,7 @@ void on_launch_signal(int) {
 struct child {
   std::string name;
   bool is_node = true;
+  bool is_observer = false;  // Prometheus: its output goes to a log file; it never stops the cluster
   pid_t pid = -1;
   int out_fd = -1;
   std::string pending;  // a partial line
@@ -46,16 +50,21 @@ void print_line(const child& c, size_t width, const std::string& line) {
   std::fflush(stdout);
 }
 
-void start(child& c, const std::vector<std::string>& args) {
+void start(child& c, const std::vector<std::string>& args, const std::string& log_path = "") {
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  int log_fd = -1;
+  if (!log_path.empty()) {
+    log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw std::runtime_error("cannot write " + log_path + ": " + std::strerror(errno));
+  }
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);                     // Ctrl-C reaches the children through launch only (once, in order)
     prctl(PR_SET_PDEATHSIG, SIGTERM);  // and they stop (with a checkpoint) if launch itself dies
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
+    dup2(log_fd >= 0 ? log_fd : fds[1], STDOUT_FILENO);
+    dup2(log_fd >= 0 ? log_fd : fds[1], STDERR_FILENO);
     close(fds[0]);
     close(fds[1]);
     std::vector<char*> argv;
@@ -66,6 +75,7 @@ void start(child& c, const std::vector<std::string>& args) {
     _exit(127);
   }
   close(fds[1]);
+  if (log_fd >= 0) close(log_fd);
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   c.pid = pid;
   c.out_fd = fds[0];
@@ -97,13 +107,50 @@ void drain(child& c, size_t width) {
 
 void signal_all(std::vector<child>& children, int sig, bool nodes_only = false) {
   for (auto& c : children)
-    if (c.running && (!nodes_only || c.is_node)) kill(c.pid, sig);
+    if (c.running && !c.is_observer && (!nodes_only || c.is_node)) kill(c.pid, sig);
+}
+
+/// Where Prometheus reaches a role's /metrics: its address, or loopback for a wildcard bind.
+std::string scrape_host(const std::string& address) {
+  return address == "0.0.0.0" ? "127.0.0.1" : address;
+}
+
+/// Writes prometheus.yml for the cluster: one job, one target per role, each labelled with its node name
+/// (the coordinator as "coordinator"). Returns "" or what is wrong.
+std::string write_prometheus_config(const config::cluster_spec& spec, const observe_options& o,
+                                    const std::filesystem::path& path, size_t* targets) {
+  std::vector<std::pair<std::string, int64_t>> roles = {
+      {"coordinator", config::coordinator_metrics_port(spec)}};
+  for (size_t i = 0; i < spec.nodes.size(); ++i)
+    roles.emplace_back(spec.nodes[i].name, config::node_config(spec, i).metrics.port);
+  if (!spec.train.metrics.enabled) return "[metrics] enabled = false: there is nothing to scrape";
+  for (const auto& [name, port] : roles)
+    if (port == 0)
+      return "the metrics port of " + name +
+             " is 0 (picked at start), so Prometheus cannot be told where to scrape; set [metrics] port "
+             "(and [[nodes]] metrics_port) to fixed ports";
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  std::ofstream out(path, std::ios::trunc);
+  out << "# Written by `longwave launch --observe` for cluster '" << spec.id << "'.\n"
+      << "global:\n  scrape_interval: " << o.scrape_interval
+      << "\n  evaluation_interval: " << o.scrape_interval
+      << "\nscrape_configs:\n  - job_name: longwave\n    honor_labels: true  # keep each series' own node "
+         "label\n"
+      << "    static_configs:\n";
+  const auto host = scrape_host(spec.train.metrics.address);
+  for (const auto& [name, port] : roles)
+    out << "      - targets: ['" << host << ":" << port << "']\n        labels: {node: '" << name << "'}\n";
+  out.close();
+  if (!out) return "cannot write " + path.string();
+  *targets = roles.size();
+  return {};
 }
 
 }  // namespace
 
 int launch(const std::string& exe, const std::string& cluster_path, const std::vector<std::string>& overrides,
-           bool fresh) {
+           bool fresh, const observe_options& observe) {
   config::cluster_spec spec;
   try {
     spec = config::load_cluster_file(cluster_path, overrides);
@@ -131,6 +178,32 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
       args[i].push_back("--set");
       args[i].push_back(ov);
     }
+  std::string observer_log;
+  if (observe.enabled) {
+    if (access(observe.prometheus.c_str(), X_OK) != 0) {
+      std::fprintf(stderr,
+                   "launch: --observe needs Prometheus at %s (Debian package prometheus; scripts/setup "
+                   "installs it)\n",
+                   observe.prometheus.c_str());
+      return 2;
+    }
+    const auto dir = std::filesystem::path(spec.train.run.out_dir) / "prometheus";
+    const auto yml = dir / "prometheus.yml";
+    size_t targets = 0;
+    if (const auto problem = write_prometheus_config(spec, observe, yml, &targets); !problem.empty()) {
+      std::fprintf(stderr, "launch: --observe: %s\n", problem.c_str());
+      return 2;
+    }
+    observer_log = (dir / "prometheus.log").string();
+    children.push_back(role("prometheus", false));
+    children.back().is_observer = true;
+    args.push_back({observe.prometheus, "--config.file=" + yml.string(),
+                    "--storage.tsdb.path=" + (dir / "data").string(),
+                    "--web.listen-address=127.0.0.1:" + std::to_string(observe.port)});
+    std::printf(
+        "observe: Prometheus at http://127.0.0.1:%d (scraping %zu targets every %s; config %s, log %s)\n",
+        observe.port, targets, observe.scrape_interval.c_str(), yml.c_str(), observer_log.c_str());
+  }
   size_t width = 0;
   for (const auto& c : children) width = std::max(width, c.name.size());
 
@@ -143,10 +216,13 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   try {
-    for (size_t i = 0; i < children.size(); ++i) start(children[i], args[i]);
+    for (size_t i = 0; i < children.size(); ++i)
+      start(children[i], args[i], children[i].is_observer ? observer_log : "");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "launch: %s\n", e.what());
     signal_all(children, SIGKILL);
+    for (auto& c : children)
+      if (c.is_observer && c.running) kill(c.pid, SIGKILL);
     return 1;
   }
 
@@ -192,6 +268,13 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
           c.running = false;
           c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
           if (c.out_fd >= 0) drain(c, width);
+          if (c.is_observer) {
+            if (!stopping && sigs == 0)
+              std::printf("launch: Prometheus ended with exit code %d (see %s); training goes on\n", c.code,
+                          observer_log.c_str());
+            std::fflush(stdout);
+            continue;
+          }
           if (c.code != 0 && c.code != 130 && first_failure == 0) first_failure = c.code;
           if (c.code != 0 && !stopping && sigs == 0) {
             std::printf("launch: %s %s ended with exit code %d; stopping the others\n",
@@ -202,10 +285,23 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
           }
         }
       }
-      any_running = any_running || c.running || c.out_fd >= 0;
+      if (!c.is_observer) any_running = any_running || c.running || c.out_fd >= 0;
       nodes_running = nodes_running || (c.is_node && c.running);
     }
-    if (!any_running) break;
+    if (!any_running) {
+      // The cluster is done: stop Prometheus (its data stays in the run directory).
+      for (auto& c : children)
+        if (c.is_observer && c.running) {
+          kill(c.pid, SIGTERM);
+          int status = 0;
+          waitpid(c.pid, &status, 0);
+          c.running = false;
+          c.code = 0;
+          std::printf("observe: Prometheus stopped; its data is in %s/prometheus/data\n",
+                      spec.train.run.out_dir.c_str());
+        }
+      break;
+    }
     // The coordinator ends by itself once every node said bye; give it 10 s, then stop it.
     if (!nodes_running) {
       const auto now = std::chrono::steady_clock::now();
@@ -223,7 +319,7 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
   if (handled_signals > 0) return 130;
   if (first_failure != 0) return first_failure;
   for (const auto& c : children)
-    if (c.code != 0) return c.code;
+    if (c.code != 0 && !c.is_observer) return c.code;
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/cli/launch.hpp"
+#include "actors/cli/report.hpp"
 #include "actors/cluster.hpp"
 #include "actors/training.hpp"
 #include "config/cluster_config.hpp"
@@ -135,9 +136,31 @@ int main(int argc, char** argv) {
   launch->add_option("cluster", cluster_path, "Cluster TOML file")->required();
   launch->add_option("--set", cluster_overrides, "Override a field for every role (repeatable)");
   launch->add_flag("--fresh", cluster_fresh, "Every node starts over (deletes its checkpoints first)");
+  cli::observe_options observe;
+  launch->add_flag("--observe", observe.enabled,
+                   "Also start Debian's Prometheus server scraping every role (data in RUN_DIR/prometheus)");
+  launch->add_option("--observe-port", observe.port, "Port of Prometheus on 127.0.0.1")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  launch->add_option("--scrape-interval", observe.scrape_interval, "Prometheus scrape interval, e.g. 1s, 15s")
+      ->check([](const std::string& v) {
+        const bool ok = v.size() >= 2 && v.find_first_not_of("0123456789") == v.size() - 1 &&
+                        std::string("smh").find(v.back()) != std::string::npos && v[0] != '0';
+        return ok ? std::string() : std::string("a Prometheus duration such as 1s, 15s or 1m");
+      })
+      ->capture_default_str();
   launch->footer(
       "Output lines are prefixed with [coordinator] or [node name]. The exit code is 0 when every role\n"
-      "succeeded, 130 after Ctrl-C, else the first failing role's code.");
+      "succeeded, 130 after Ctrl-C, else the first failing role's code. With --observe, the Prometheus UI\n"
+      "is at http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into Grafana.");
+
+  // report
+  auto* report = app.add_subcommand(
+      "report", "Write one self-contained HTML report (inline SVG charts) of a run from its metrics.jsonl");
+  std::string report_dir, report_out;
+  report->add_option("run_dir", report_dir, "The run's out_dir (a cluster's out_dir: one series per node)")
+      ->required();
+  report->add_option("--out", report_out, "Output file (default: RUN_DIR/report.html)");
 
   // presets
   auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
@@ -173,7 +196,12 @@ int main(int argc, char** argv) {
     nopts.dry_run = node_dry_run;
     return actors::run_node_role(*spec, node_name, nopts);
   }
-  if (launch->parsed()) return cli::launch(self_exe(argv[0]), cluster_path, cluster_overrides, cluster_fresh);
+  if (launch->parsed())
+    return cli::launch(self_exe(argv[0]), cluster_path, cluster_overrides, cluster_fresh, observe);
+  if (report->parsed()) {
+    runtime::init_logging("info");
+    return cli::report(report_dir, report_out);
+  }
   if (eval->parsed()) return actors::run_eval(ckpt, batches);
   if (prep->parsed()) {
     try {

@@ -15,6 +15,7 @@
 #include "models/lr_schedule.hpp"
 #include "runtime/checkpoint_store.hpp"
 #include "runtime/snapshot_codec.hpp"
+#include "runtime/type_ids.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
@@ -167,5 +168,117 @@ CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", 
   CATCH_CHECK(snap.round == 3);
   CATCH_CHECK((snap.theta - snap.replicas[0].master).abs().max().item<double>() < 1e-6);
   CATCH_CHECK(snap.theta.abs().sum().item<double>() > 0);
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+/// Hand-set pseudo-gradients of two workers in round r (1-based), over n parameters: worker 0 sends
+/// 0.01*r + 0.001*(i mod 7), worker 1 sends -0.004*r + 0.002*(i mod 3). Their mean is what a communicator
+/// that ignores the real contributions answers.
+at::Tensor hand_average(uint64_t r, int64_t n) {
+  auto i = torch::arange(n, torch::kFloat);
+  auto a = 0.01f * static_cast<float>(r) + 0.001f * torch::fmod(i, 7);
+  auto b = -0.004f * static_cast<float>(r) + 0.002f * torch::fmod(i, 3);
+  return ((a + b) / 2).contiguous();
+}
+
+/// PyTorch SGD with Nesterov momentum, written out: b <- mu*b + d (b = d at first), theta -= lr*(d + mu*b).
+struct hand_nesterov {
+  double lr, mu;
+  at::Tensor b;
+  at::Tensor step(const at::Tensor& theta, const at::Tensor& d) {
+    b = b.defined() ? b * mu + d : d.clone();
+    return theta - lr * (d + mu * b);
+  }
+};
+
+/// Runs `rounds` rounds of 2 workers with the hand-set averages and returns theta_global after each round,
+/// read from the per-round checkpoints, and the pending average each holds.
+std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir, const std::string& policy,
+                                                          int64_t rounds) {
+  auto cfg = small_config(dir);
+  cfg.run.mode = "diloco";
+  cfg.diloco.outer = policy;
+  cfg.train.workers = 2;
+  cfg.train.inner_steps = 1;
+  cfg.train.rounds = rounds;
+  cfg.eval.every_rounds = 0;
+  cfg.eval.batches = 1;
+  cfg.checkpoint.every_rounds = 1;
+  cfg.checkpoint.keep = rounds + 1;
+  auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
+  const int64_t n = models::closed_form_param_count(spec);
+  actors::run_options opts;
+  opts.fresh = true;
+  opts.handle_signals = false;
+  opts.communicator_override = [n](caf::actor_system& sys) {
+    return sys.spawn([n](caf::event_based_actor*) -> caf::behavior {
+      return {[n](runtime::reduce_atom, uint64_t round,
+                  std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+        if (parts.size() != 2 || parts[0].numel() != n)
+          return caf::make_error(errc::malformed_frame, "parts");
+        return hand_average(round, n);
+      }};
+    });
+  };
+  CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+  runtime::checkpoint_store store(dir + "/checkpoints", rounds + 1);
+  std::vector<runtime::train_snapshot> out;
+  for (const auto& f : store.list())
+    out.push_back(
+        runtime::from_checkpoint(runtime::checkpoint_store::load_file(f), {n, 2, "diloco", "tiny"}));
+  CATCH_REQUIRE(out.size() == static_cast<size_t>(rounds));
+  return out;
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("delayed applies each round's average one round late, and the last one before the end",
+                "[integration][diloco][policy]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("delayed-hand");
+  const int64_t rounds = 4;
+  auto snaps = run_with_hand_deltas(dir + "/delayed", "delayed", rounds);
+  auto spec = models::preset_spec("tiny", 256, 64);
+  const int64_t n = models::closed_form_param_count(spec);
+  // By hand: theta^1 = theta^0 (round 1 has no earlier average), theta^t = step(theta^(t-1), D^(t-1)), and
+  // the last round's average is applied at the end: the round-4 checkpoint holds step(theta^4, D^4).
+  hand_nesterov opt{0.7, 0.9, {}};
+  auto theta = models::gpt::init_flat(spec, 1234);
+  std::vector<at::Tensor> want;
+  want.push_back(theta);  // after round 1
+  for (uint64_t t = 2; t <= static_cast<uint64_t>(rounds); ++t)
+    want.push_back(theta = opt.step(theta, hand_average(t - 1, n)));
+  want.back() = opt.step(want.back(), hand_average(rounds, n));
+  for (int64_t t = 0; t < rounds; ++t) {
+    CATCH_INFO("round " << t + 1);
+    CATCH_CHECK(snaps[t].round == static_cast<uint64_t>(t + 1));
+    CATCH_CHECK(max_diff(snaps[t].theta, want[t]) < 1e-6);
+    if (t + 1 < rounds) {
+      // Each checkpoint carries the average its next outer step applies, so a resume continues exactly.
+      CATCH_REQUIRE(snaps[t].pending.defined());
+      CATCH_CHECK(snaps[t].pending_round == static_cast<uint64_t>(t + 1));
+      CATCH_CHECK(max_diff(snaps[t].pending, hand_average(t + 1, n)) < 1e-7);
+    } else {
+      CATCH_CHECK_FALSE(snaps[t].pending.defined());
+    }
+  }
+
+  // The same averages under sync give the classic sequence (and a different one).
+  auto sync = run_with_hand_deltas(dir + "/sync", "sync", rounds);
+  hand_nesterov sopt{0.7, 0.9, {}};
+  auto stheta = models::gpt::init_flat(spec, 1234);
+  for (int64_t t = 0; t < rounds; ++t) {
+    stheta = sopt.step(stheta, hand_average(static_cast<uint64_t>(t + 1), n));
+    CATCH_INFO("sync round " << t + 1);
+    CATCH_CHECK(max_diff(sync[t].theta, stheta) < 1e-6);
+    CATCH_CHECK_FALSE(sync[t].pending.defined());
+  }
+  CATCH_CHECK(max_diff(sync[1].theta, snaps[1].theta) > 1e-3);
   std::filesystem::remove_all(dir);
 }

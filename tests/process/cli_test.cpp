@@ -58,6 +58,7 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"[train]\nwrkers = 4\n", "train.wrkers", {}},
       {"[train]\nworkers = \"four\"\n", "train.workers", {}},
       {"[run]\nmode = \"async\"\n", "run.mode", {}},
+      {"[metrics]\naddress = \"localhost:99\"\n", "metrics.address", {}},
       {"[train]\ninner_steps = 0\n", "train.inner_steps", {}},
       {"[train]\nlr = -1.0\n", "train.lr", {}},
       {"[trainer]\nworkers = 2\n", "trainer", {}},
@@ -129,30 +130,59 @@ CATCH_TEST_CASE("/metrics can be scraped and parsed during a run", "[process][me
       120));
   // Wait for a few completed steps (the loss trace grows one line per step).
   CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/run/loss_trace.tsv").size() >= 12; }, 300));
-  auto samples = parse_prom_text(http_get(port, "/metrics"));
-  auto loss = prom_value(samples, "longwave_train_loss");
+  // A round and a checkpoint have completed once the outer round gauge moved.
+  std::vector<longwave::test::prom_sample> samples;
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        samples = parse_prom_text(http_get(port, "/metrics"));
+        const auto r = prom_find(samples, "longwave_outer_round");
+        const auto ck = prom_find(samples, "longwave_checkpoints_total");
+        return r && *r >= 1 && ck && *ck >= 1;
+      },
+      300));
+  // Every series carries the node label: run.name, which defaults to the config file's stem.
+  CATCH_CHECK(prom_value(samples, "longwave_outer_round", {{"node", "quick"}}).has_value());
+  auto loss = prom_find(samples, "longwave_train_loss");
   CATCH_REQUIRE(loss.has_value());
   CATCH_CHECK(*loss > 0.5);
   CATCH_CHECK(*loss < 6.0);
-  auto tps = prom_value(samples, "longwave_train_tokens_per_second");
+  auto tps = prom_find(samples, "longwave_train_tokens_per_second");
   CATCH_REQUIRE(tps.has_value());
   CATCH_CHECK(*tps > 0);
-  auto util = prom_value(samples, "longwave_compute_utilization_ratio");
+  auto util = prom_find(samples, "longwave_compute_utilization_ratio");
   CATCH_REQUIRE(util.has_value());
   CATCH_CHECK(*util > 0.0);
   CATCH_CHECK(*util <= 1.0);
-  auto step_s = prom_value(samples, "longwave_inner_step_seconds", {{"worker", "1"}});
-  CATCH_REQUIRE(step_s.has_value());
-  CATCH_CHECK(*step_s > 0);
-  auto rounds = prom_value(samples, "longwave_outer_round");
-  CATCH_REQUIRE(rounds.has_value());
-  CATCH_CHECK(*rounds >= 1);
-  CATCH_CHECK(prom_value(samples, "longwave_idle_seconds").has_value());
-  auto steps = prom_value(samples, "longwave_inner_steps_total", {{"worker", "0"}});
-  CATCH_REQUIRE(steps.has_value());
-  CATCH_CHECK(*steps >= 10);
+  for (const std::string w : {"0", "1"}) {
+    CATCH_INFO("worker " << w);
+    auto wu = prom_find(samples, "longwave_worker_compute_utilization_ratio", {{"worker", w}});
+    CATCH_REQUIRE(wu.has_value());
+    CATCH_CHECK(*wu > 0.0);
+    CATCH_CHECK(*wu <= 1.0);
+    auto steps = prom_find(samples, "longwave_worker_inner_steps_total", {{"worker", w}});
+    CATCH_REQUIRE(steps.has_value());
+    CATCH_CHECK(*steps >= 10);
+    // The step-time histogram counted every step.
+    CATCH_CHECK(prom_find(samples, "longwave_worker_inner_step_seconds_count", {{"worker", w}}) == *steps);
+    CATCH_CHECK(prom_find(samples, "longwave_worker_idle_seconds_total", {{"worker", w}}).value_or(-1) >= 0);
+    CATCH_CHECK(prom_find(samples, "longwave_worker_train_loss", {{"worker", w}}).value_or(0) > 0.5);
+  }
+  CATCH_CHECK(prom_find(samples, "longwave_allreduce_seconds_count").value_or(0) >= 1);
+  CATCH_CHECK(prom_find(samples, "longwave_outer_pseudo_gradient_norm").value_or(0) > 0);
+  CATCH_CHECK(prom_find(samples, "longwave_outer_update_norm").value_or(0) > 0);
+  CATCH_CHECK(prom_find(samples, "longwave_inner_learning_rate").value_or(0) > 0);
+  CATCH_CHECK(prom_find(samples, "longwave_checkpoint_bytes").value_or(0) > 1000);
+  CATCH_CHECK(prom_find(samples, "longwave_checkpoint_last_success_timestamp_seconds").value_or(0) > 1.7e9);
+  CATCH_CHECK(prom_find(samples, "longwave_build_info").value_or(0) == 1.0);
   kill(c.pid, SIGINT);
   CATCH_CHECK(wait_exit(c, 120) == 130);
+  // The event log has the start, per-step, per-round and end lines.
+  const auto events = read_text(dir + "/run/metrics.jsonl");
+  for (const char* kind : {"start", "step", "worker", "allreduce", "outer", "checkpoint", "end"}) {
+    CATCH_INFO("kind " << kind);
+    CATCH_CHECK(events.find(std::string("{\"kind\":\"") + kind + "\"") != std::string::npos);
+  }
+  CATCH_CHECK(events.find("\"exit_code\":130") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -179,5 +209,32 @@ CATCH_TEST_CASE("Ctrl-C flushes a checkpoint, exits 130, and the same command re
   CATCH_REQUIRE(trace.size() == 150);
   for (size_t i = 0; i < trace.size(); ++i) CATCH_CHECK(trace[i].first == static_cast<long>(i + 1));
   CATCH_CHECK(log2.find("val perplexity") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("A metrics port already in use stops the run at start-up with a line naming the port",
+                "[process][metrics]") {
+  const auto dir = scratch_dir("port_in_use");
+  const auto cfg = quick_config_file(dir, "");
+  // Hold a listening socket on a loopback port for the whole test.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  CATCH_REQUIRE(s >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  CATCH_REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  CATCH_REQUIRE(::listen(s, 1) == 0);
+  socklen_t len = sizeof addr;
+  CATCH_REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int port = ntohs(addr.sin_port);
+  auto [code, out] = run({binary(), "run", cfg, "--set", "metrics.enabled=true", "--set",
+                          "metrics.port=" + std::to_string(port)},
+                         dir + "/run.log", 120);
+  ::close(s);
+  CATCH_CHECK(code == 1);
+  CATCH_CHECK(out.find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
+  CATCH_CHECK(out.find("in use") != std::string::npos);
+  CATCH_CHECK(out.find("| step") == std::string::npos);  // no training happened
   std::filesystem::remove_all(dir);
 }

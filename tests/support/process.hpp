@@ -53,11 +53,15 @@ struct child {
   std::string log;
 };
 
-inline child spawn(const std::vector<std::string>& args, const std::string& log_path) {
+/// Starts args with output to log_path; with own_group, in a process group of its own (pgid = pid), so that
+/// the test can signal it and all its children at once.
+inline child spawn(const std::vector<std::string>& args, const std::string& log_path,
+                   bool own_group = false) {
   child c;
   c.log = log_path;
   c.pid = fork();
   if (c.pid == 0) {
+    if (own_group) setpgid(0, 0);
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
@@ -67,6 +71,7 @@ inline child spawn(const std::vector<std::string>& args, const std::string& log_
     execv(argv[0], argv.data());
     _exit(127);
   }
+  if (own_group && c.pid > 0) setpgid(c.pid, c.pid);  // also here, so the group exists before any kill
   return c;
 }
 

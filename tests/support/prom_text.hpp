@@ -111,6 +111,22 @@ inline std::optional<double> prom_value(const std::vector<prom_sample>& samples,
   return std::nullopt;
 }
 
+/// The value of the sample called `name` whose labels include `labels` (others, such as node, may be there
+/// too), or std::nullopt.
+inline std::optional<double> prom_find(const std::vector<prom_sample>& samples, const std::string& name,
+                                       const std::map<std::string, std::string>& labels = {}) {
+  for (const auto& s : samples) {
+    if (s.name != name) continue;
+    bool all = true;
+    for (const auto& [k, v] : labels) {
+      const auto it = s.labels.find(k);
+      all = all && it != s.labels.end() && it->second == v;
+    }
+    if (all) return s.value;
+  }
+  return std::nullopt;
+}
+
 /// GET http://127.0.0.1:<port><path>; returns the body of a 200 response and throws std::runtime_error
 /// otherwise.
 inline std::string http_get(int port, const std::string& path) {

@@ -1,0 +1,1161 @@
+// `longwave report RUN_DIR`: reads metrics.jsonl files, builds SVG line charts and assembles one HTML page.
+// Three parts, top to bottom: a flat JSON-line reader, an SVG line-chart builder, and the page assembler.
+#include "actors/cli/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace longwave::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+
+// ---- one metrics.jsonl line: a flat JSON object ---------------------------------------------------------
+
+/// A JSON scalar. Numbers (true = 1, false = 0) are in `number`, strings in `text`; null and nested values
+/// (the format has none) leave `number` NaN.
+struct json_value {
+  bool is_string = false;
+  double number = nan;
+  std::string text;
+};
+using json_object = std::map<std::string, json_value, std::less<>>;
+
+/// Reads one JSON object from one line. Besides strict JSON it accepts nan/inf numbers, which a C++ writer
+/// can emit for a diverged loss. Nested objects and arrays are parsed and dropped.
+class flat_json_reader {
+ public:
+  explicit flat_json_reader(std::string_view s) : s_(s) {}
+
+  /// The object, or nullopt with error() naming the first problem.
+  std::optional<json_object> read() {
+    json_object obj;
+    skip_ws();
+    if (!at('{')) {
+      fail("expected '{'");
+      return std::nullopt;
+    }
+    if (!read_object(&obj, 0)) return std::nullopt;
+    skip_ws();
+    if (i_ != s_.size()) {
+      fail("unexpected text after the object");
+      return std::nullopt;
+    }
+    return obj;
+  }
+  const std::string& error() const { return error_; }
+  /// True when the line ended before the object did (a writer killed mid-line).
+  bool truncated() const { return truncated_; }
+
+ private:
+  bool at(char c) const { return i_ < s_.size() && s_[i_] == c; }
+  bool eat(char c) {
+    if (!at(c)) return false;
+    ++i_;
+    return true;
+  }
+  void skip_ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r' || s_[i_] == '\n')) ++i_;
+  }
+  bool fail(const std::string& what) {
+    if (!error_.empty()) return false;
+    truncated_ = i_ >= s_.size();
+    error_ = truncated_ ? "the line ends inside a record (truncated)"
+                        : fmt::format("{} at column {}", what, i_ + 1);
+    return false;
+  }
+
+  // At '{'; members go into *out unless out is null (a nested object, skipped).
+  bool read_object(json_object* out, int depth) {
+    ++i_;
+    skip_ws();
+    if (eat('}')) return true;
+    for (;;) {
+      skip_ws();
+      std::string key;
+      if (!at('"')) return fail("expected a quoted key");
+      if (!read_string(key)) return false;
+      skip_ws();
+      if (!eat(':')) return fail(fmt::format("expected ':' after \"{}\"", key));
+      skip_ws();
+      json_value v;
+      if (!read_value(v, depth)) return false;
+      if (out) (*out)[key] = std::move(v);
+      skip_ws();
+      if (eat(',')) continue;
+      if (eat('}')) return true;
+      return fail("expected ',' or '}'");
+    }
+  }
+
+  bool skip_array(int depth) {
+    ++i_;
+    skip_ws();
+    if (eat(']')) return true;
+    for (;;) {
+      skip_ws();
+      json_value ignored;
+      if (!read_value(ignored, depth)) return false;
+      skip_ws();
+      if (eat(',')) continue;
+      if (eat(']')) return true;
+      return fail("expected ',' or ']'");
+    }
+  }
+
+  bool read_value(json_value& out, int depth) {
+    if (i_ >= s_.size()) return fail("expected a value");
+    if (depth > 16) return fail("nesting too deep");
+    if (at('"')) {
+      out.is_string = true;
+      return read_string(out.text);
+    }
+    if (at('{')) return read_object(nullptr, depth + 1);
+    if (at('[')) return skip_array(depth + 1);
+    for (auto [word, value] : {std::pair{"true", 1.0}, {"false", 0.0}, {"null", nan}}) {
+      if (s_.substr(i_, std::strlen(word)) == word) {
+        i_ += std::strlen(word);
+        out.number = value;
+        return true;
+      }
+    }
+    return read_number(out.number);
+  }
+
+  bool read_number(double& out) {
+    const size_t start = i_;
+    constexpr std::string_view number_chars = "+-.0123456789eEnaifityNAIFTY";
+    while (i_ < s_.size() && number_chars.find(s_[i_]) != std::string_view::npos) ++i_;
+    std::string token(s_.substr(start, i_ - start));
+    std::string lower = token;
+    for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (auto [word, value] : {std::pair{"nan", nan},
+                               {"-nan", nan},
+                               {"inf", HUGE_VAL},
+                               {"infinity", HUGE_VAL},
+                               {"-inf", -HUGE_VAL},
+                               {"-infinity", -HUGE_VAL}}) {
+      if (lower == word) {
+        out = value;
+        return true;
+      }
+    }
+    char* end = nullptr;
+    out = token.empty() ? nan : std::strtod(token.c_str(), &end);
+    if (token.empty() || end != token.c_str() + token.size() ||
+        std::isalpha(static_cast<unsigned char>(token[0]))) {
+      if (i_ < s_.size()) i_ = start;  // point at the bad token, unless the line just ended inside it
+      return fail(token.empty() ? "expected a value" : fmt::format("bad number '{}'", token));
+    }
+    return true;
+  }
+
+  bool read_hex4(unsigned& out) {
+    if (i_ + 4 > s_.size()) {
+      i_ = s_.size();
+      return fail("truncated \\u escape");
+    }
+    out = 0;
+    for (int k = 0; k < 4; ++k, ++i_) {
+      const int c = std::tolower(static_cast<unsigned char>(s_[i_]));
+      if (!std::isxdigit(c)) return fail("bad \\u escape");
+      out = out * 16 + static_cast<unsigned>(c <= '9' ? c - '0' : c - 'a' + 10);
+    }
+    return true;
+  }
+
+  static void append_utf8(std::string& out, unsigned cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  // At '"'.
+  bool read_string(std::string& out) {
+    ++i_;
+    while (i_ < s_.size()) {
+      const char c = s_[i_++];
+      if (c == '"') return true;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i_ >= s_.size()) break;
+      const char e = s_[i_++];
+      switch (e) {
+        case '"':
+        case '\\':
+        case '/': out += e; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          unsigned cp = 0;
+          if (!read_hex4(cp)) return false;
+          if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(i_, 2) == "\\u") {
+            i_ += 2;
+            unsigned low = 0;
+            if (!read_hex4(low)) return false;
+            cp = low >= 0xDC00 && low < 0xE000 ? 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00) : 0xFFFD;
+          } else if (cp >= 0xD800 && cp < 0xE000) {
+            cp = 0xFFFD;  // a lone surrogate
+          }
+          append_utf8(out, cp);
+          break;
+        }
+        default: --i_; return fail("bad escape in a string");
+      }
+    }
+    return fail("unterminated string");
+  }
+
+  std::string_view s_;
+  size_t i_ = 0;
+  std::string error_;
+  bool truncated_ = false;
+};
+
+/// A number field, NaN when it is missing or not a number.
+double num(const json_object& o, std::string_view key) {
+  auto it = o.find(key);
+  return it == o.end() || it->second.is_string ? nan : it->second.number;
+}
+
+/// A string field, "" when it is missing or not a string.
+std::string text(const json_object& o, std::string_view key) {
+  auto it = o.find(key);
+  return it == o.end() || !it->second.is_string ? std::string() : it->second.text;
+}
+
+// ---- the records of one metrics.jsonl -------------------------------------------------------------------
+
+/// One node's records, by kind, in file order. Records a resumed run redid are dropped (steps are global).
+struct node_metrics {
+  std::string name;  // the start line's "node", else the folder name
+  std::string path;
+  std::vector<json_object> starts, steps, workers, allreduces, evals, checkpoints, ends;
+  std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
+  double bytes_sent = 0;                            // every all-reduce, redone rounds included
+  size_t n_records = 0, n_skipped = 0;
+};
+
+// A resumed run restarts at its checkpoint: records past it were redone and the newer ones replace them.
+void roll_back(node_metrics& m, const json_object& start) {
+  const double step = num(start, "resumed_step");
+  if (!std::isfinite(step)) return;
+  const double h = num(start, "inner_steps");
+  const double round = h > 0 ? std::floor(step / h) : HUGE_VAL;
+  auto past = [](std::vector<json_object>& v, const char* key, double limit) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const json_object& o) { return num(o, key) > limit; }),
+            v.end());
+  };
+  past(m.steps, "step", step);
+  past(m.evals, "step", step);
+  past(m.workers, "round", round);
+  past(m.allreduces, "round", round);
+}
+
+void add_record(node_metrics& m, json_object obj) {
+  const std::string kind = text(obj, "kind");
+  const double ts = num(obj, "ts");
+  if (kind == "start" || m.sessions.empty()) m.sessions.emplace_back(ts, ts);
+  if (std::isfinite(ts)) {
+    auto& s = m.sessions.back();
+    if (!std::isfinite(s.first)) s.first = ts;
+    s.second = std::isfinite(s.second) ? std::max(s.second, ts) : ts;
+  }
+  ++m.n_records;
+  if (kind == "start") {
+    roll_back(m, obj);
+    m.starts.push_back(std::move(obj));
+  } else if (kind == "step") {
+    m.steps.push_back(std::move(obj));
+  } else if (kind == "worker") {
+    m.workers.push_back(std::move(obj));
+  } else if (kind == "allreduce") {
+    if (const double b = num(obj, "bytes_sent"); std::isfinite(b)) m.bytes_sent += b;
+    m.allreduces.push_back(std::move(obj));
+  } else if (kind == "eval") {
+    m.evals.push_back(std::move(obj));
+  } else if (kind == "checkpoint") {
+    m.checkpoints.push_back(std::move(obj));
+  } else if (kind == "end") {
+    m.ends.push_back(std::move(obj));
+  }
+  // Other kinds come from a newer writer: counted, not shown.
+}
+
+/// Reads one metrics.jsonl. Malformed lines are skipped with a warning on stderr; a truncated last line is
+/// ignored with a note. Returns the error when the file cannot be read or holds no valid record.
+std::string read_metrics_file(const fs::path& path, node_metrics& m) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  m.path = path.string();
+  constexpr size_t max_warnings = 5;
+  size_t pos = 0, line_no = 0;
+  while (pos < data.size()) {
+    const size_t nl = data.find('\n', pos);
+    const bool last = nl == std::string::npos;
+    std::string_view line(data.data() + pos, (last ? data.size() : nl) - pos);
+    pos = last ? data.size() : nl + 1;
+    ++line_no;
+    if (line_no == 1 && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+
+    flat_json_reader reader(line);
+    auto obj = reader.read();
+    // A run killed mid-line leaves a partial record; the resumed run's first record can follow on that line.
+    for (size_t b = line.find('{', 1); !obj && b != std::string_view::npos; b = line.find('{', b + 1)) {
+      flat_json_reader tail(line.substr(b));
+      if ((obj = tail.read()) && m.n_skipped++ < max_warnings)
+        fmt::print(stderr, "report: warning: {}:{}: skipped a partial record before column {}\n", m.path,
+                   line_no, b + 1);
+    }
+    if (!obj && last && reader.truncated()) {
+      fmt::print(stderr,
+                 "report: note: {}:{}: ignored the truncated last line (the run was stopped mid-write)\n",
+                 m.path, line_no);
+      continue;
+    }
+    std::string problem = obj ? std::string() : reader.error();
+    if (obj && text(*obj, "kind").empty()) problem = "no \"kind\" field";
+    if (!problem.empty()) {
+      if (m.n_skipped++ < max_warnings)
+        fmt::print(stderr, "report: warning: {}:{}: skipped a malformed line: {}\n", m.path, line_no,
+                   problem);
+      continue;
+    }
+    add_record(m, std::move(*obj));
+  }
+  if (m.n_skipped > max_warnings)
+    fmt::print(stderr, "report: warning: {}: {} more malformed lines skipped\n", m.path,
+               m.n_skipped - max_warnings);
+  if (m.n_records == 0)
+    return fmt::format(
+        "{}: no valid metrics line ({})", m.path,
+        m.n_skipped ? fmt::format("{} malformed", m.n_skipped) : std::string("the file is empty"));
+  return {};
+}
+
+// ---- SVG line charts ------------------------------------------------------------------------------------
+
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+struct point {
+  double x, y;
+};
+
+/// One line of a chart.
+struct series {
+  series(std::string name_, std::string color_) : name(std::move(name_)), color(std::move(color_)) {}
+  series() = default;
+  std::string name;  // legend label; empty: not in the legend
+  std::string color;
+  std::vector<point> points;
+  bool dashed = false;
+  bool markers = false;  // a dot at every point
+  double opacity = 1.0;
+  double width = 2.0;
+};
+
+struct line_chart {
+  std::string title, x_label, y_label;
+  std::vector<series> lines;
+  std::vector<double> x_marks;  // vertical dashed lines where a run was resumed
+  bool x_integer = false;       // rounds: integer ticks only
+  bool x_from_zero = false, y_from_zero = false;
+  std::optional<std::pair<double, double>> y_range;  // fixed y range (percentages)
+};
+
+bool has_data(const line_chart& c) {
+  for (const auto& s : c.lines)
+    for (const auto& p : s.points)
+      if (std::isfinite(p.x) && std::isfinite(p.y)) return true;
+  return false;
+}
+
+struct axis {
+  double lo = 0, hi = 1, step = 1;
+  std::vector<double> ticks;
+};
+
+// Ticks at 1, 2 or 5 times a power of ten; the range widens to whole ticks.
+axis nice_axis(double lo, double hi, int n_ticks, bool integer) {
+  if (!(hi > lo)) {  // one value: a band around it, or 0..1 for all zeros
+    const double pad = integer ? 1.0 : std::abs(lo) * 0.1;
+    if (lo == 0) {
+      hi = 1;
+    } else {
+      lo -= pad;
+      hi += pad;
+    }
+  }
+  const double raw = (hi - lo) / n_ticks;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double norm = raw / mag;
+  axis a;
+  a.step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
+  if (integer) a.step = std::max(1.0, std::round(a.step));
+  a.lo = std::floor(lo / a.step + 1e-9) * a.step;
+  a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
+  for (int k = 0; a.lo + k * a.step <= a.hi + a.step * 1e-6; ++k) {
+    const double t = a.lo + k * a.step;
+    a.ticks.push_back(std::abs(t) < a.step * 1e-9 ? 0.0 : t);
+  }
+  return a;
+}
+
+std::string tick_label(double v, double step) {
+  auto fixed = [](double x, double st) {
+    const int decimals = st >= 1 ? 0 : std::min(6, static_cast<int>(std::ceil(-std::log10(st) - 1e-9)));
+    return fmt::format("{:.{}f}", x, decimals);
+  };
+  if (v == 0) return "0";
+  if (step >= 1e5) return fixed(v / 1e6, step / 1e6) + "M";
+  if (step >= 1e3) return fixed(v / 1e3, step / 1e3) + "k";
+  return fixed(v, step);
+}
+
+// Long series keep each bucket's first, min and max points, so the noise envelope survives.
+std::vector<point> decimate(const std::vector<point>& pts, size_t max_points) {
+  if (pts.size() <= max_points) return pts;
+  const size_t buckets = max_points / 3, per = (pts.size() + buckets - 1) / buckets;
+  std::vector<point> out;
+  for (size_t b = 0; b < pts.size(); b += per) {
+    const auto first = pts.begin() + static_cast<std::ptrdiff_t>(b);
+    const auto last = pts.begin() + static_cast<std::ptrdiff_t>(std::min(pts.size(), b + per));
+    auto [lo, hi] = std::minmax_element(first, last, [](point a, point c) { return a.y < c.y; });
+    std::vector<point> keep{*first, *lo, *hi};
+    std::sort(keep.begin(), keep.end(), [](point a, point c) { return a.x < c.x; });
+    out.insert(out.end(), keep.begin(), keep.end());
+  }
+  return out;
+}
+
+/// Renders a chart as an inline <svg class="chart">: title, light grid, axes with tick labels, axis labels,
+/// the lines (clipped to the plot), resume marks, and a legend below when more than one line is named.
+std::string render_svg(const line_chart& c, int id) {
+  constexpr double width = 600, left = 64, right = 18, top = 42, plot_h = 230;
+  constexpr double plot_w = width - left - right, bottom = top + plot_h;
+
+  double x_lo = HUGE_VAL, x_hi = -HUGE_VAL, y_lo = HUGE_VAL, y_hi = -HUGE_VAL;
+  for (const auto& s : c.lines)
+    for (const auto& p : s.points)
+      if (std::isfinite(p.x) && std::isfinite(p.y)) {
+        x_lo = std::min(x_lo, p.x), x_hi = std::max(x_hi, p.x);
+        y_lo = std::min(y_lo, p.y), y_hi = std::max(y_hi, p.y);
+      }
+  if (c.x_from_zero) x_lo = std::min(x_lo, 0.0);
+  if (c.y_from_zero) y_lo = std::min(y_lo, 0.0);
+  if (c.y_range) y_lo = std::min(y_lo, c.y_range->first), y_hi = std::max(y_hi, c.y_range->second);
+  const axis xa = nice_axis(x_lo, x_hi, 6, c.x_integer), ya = nice_axis(y_lo, y_hi, 5, false);
+  auto px = [&](double x) { return left + (x - xa.lo) / (xa.hi - xa.lo) * plot_w; };
+  auto py = [&](double y) { return bottom - (y - ya.lo) / (ya.hi - ya.lo) * plot_h; };
+
+  // Legend rows, laid out by an estimate of the text width (about 6.6 px per character at 11 px).
+  struct legend_item {
+    const series* s;
+    double x, y;
+  };
+  std::vector<legend_item> legend;
+  const size_t n_named =
+      std::count_if(c.lines.begin(), c.lines.end(), [](auto& s) { return !s.name.empty(); });
+  double lx = left, ly = bottom + 62;
+  if (n_named > 1) {
+    for (const auto& s : c.lines) {
+      if (s.name.empty()) continue;
+      const double w = 30 + 6.6 * static_cast<double>(s.name.size()) + 18;
+      if (lx + w > width - right && lx > left) lx = left, ly += 18;
+      legend.push_back({&s, lx, ly});
+      lx += w;
+    }
+  }
+  const double height = legend.empty() ? bottom + 50 : ly + 14;
+
+  std::string o;
+  const std::string title = html_escape(c.title);
+  o += fmt::format(
+      "<svg class=\"chart\" viewBox=\"0 0 {} {}\" width=\"{}\" height=\"{}\" role=\"img\" "
+      "aria-labelledby=\"chart{}-title\">\n",
+      width, height, width, height, id);
+  o += fmt::format("<title id=\"chart{}-title\">{}</title>\n", id, title);
+  o += fmt::format(
+      "<defs><clipPath id=\"chart{}-clip\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/></clipPath>"
+      "</defs>\n",
+      id, left - 4, top - 4, plot_w + 8, plot_h + 8);
+  o += fmt::format("<text class=\"title\" x=\"{}\" y=\"24\">{}</text>\n", left - 52, title);
+
+  // Grid and tick labels.
+  o += "<g class=\"grid\" stroke=\"#e5e7eb\" stroke-width=\"1\">\n";
+  for (double t : xa.ticks)
+    o += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\"/>\n", px(t), top, bottom);
+  for (double t : ya.ticks)
+    o += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\"/>\n", py(t), left,
+                     left + plot_w);
+  o += "</g>\n";
+  o += fmt::format(
+      "<g stroke=\"#9ca3af\" stroke-width=\"1\"><line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\"/>", left,
+      bottom, left + plot_w);
+  o += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/></g>\n", left, top, bottom);
+  o += "<g class=\"ticks\">\n";
+  for (double t : xa.ticks)
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", px(t), bottom + 16,
+                     tick_label(t, xa.step));
+  for (double t : ya.ticks)
+    o += fmt::format(
+        "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" dominant-baseline=\"middle\">{}</text>\n", left - 7,
+        py(t), tick_label(t, ya.step));
+  o += "</g>\n";
+  o += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                   left + plot_w / 2, bottom + 38, html_escape(c.x_label));
+  o += fmt::format(
+      "<text class=\"label\" transform=\"translate(16 {:.1f}) rotate(-90)\" "
+      "text-anchor=\"middle\">{}</text>\n",
+      top + plot_h / 2, html_escape(c.y_label));
+
+  // Resume marks, then the lines.
+  for (double x : c.x_marks) {
+    if (!(x >= xa.lo && x <= xa.hi)) continue;
+    o += fmt::format(
+        "<g class=\"resume\"><line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#6b7280\" "
+        "stroke-dasharray=\"4 3\"/><text x=\"{3:.1f}\" y=\"{4}\">resumed</text></g>\n",
+        px(x), top, bottom, px(x) + 3, top + 10);
+  }
+  o += fmt::format("<g clip-path=\"url(#chart{}-clip)\" fill=\"none\">\n", id);
+  for (const auto& s : c.lines) {
+    // A point that is not finite ends a segment (a resumed run's downtime is not drawn as a line).
+    std::vector<std::vector<point>> segments(1);
+    size_t n_finite = 0;
+    for (const auto& p : s.points) {
+      if (std::isfinite(p.x) && std::isfinite(p.y)) {
+        segments.back().push_back(p), ++n_finite;
+      } else if (!segments.back().empty()) {
+        segments.emplace_back();
+      }
+    }
+    for (const auto& segment : segments) {
+      if (segment.empty()) continue;
+      std::string pts;
+      for (const auto& p : decimate(segment, 2400)) pts += fmt::format("{:.1f},{:.1f} ", px(p.x), py(p.y));
+      pts.pop_back();
+      o += fmt::format(
+          "<polyline points=\"{}\" stroke=\"{}\" stroke-width=\"{}\" stroke-opacity=\"{}\" "
+          "stroke-linejoin=\"round\" stroke-linecap=\"round\"{}/>\n",
+          pts, s.color, s.width, s.opacity, s.dashed ? " stroke-dasharray=\"6 4\"" : "");
+    }
+    if (s.markers || n_finite == 1)
+      for (const auto& segment : segments)
+        for (const auto& p : segment)
+          o += fmt::format(
+              "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.2\" fill=\"{}\" stroke=\"#fff\" "
+              "stroke-width=\"1\"/>\n",
+              px(p.x), py(p.y), s.color);
+  }
+  o += "</g>\n";
+
+  for (const auto& item : legend) {
+    o += fmt::format(
+        "<g class=\"legend\"><line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
+        "stroke=\"{3}\" "
+        "stroke-width=\"2.5\"{4}/>",
+        item.x, item.y - 4, item.x + 22, item.s->color, item.s->dashed ? " stroke-dasharray=\"5 3\"" : "");
+    if (item.s->markers)
+      o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>", item.x + 11, item.y - 4,
+                       item.s->color);
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text></g>\n", item.x + 28, item.y,
+                     html_escape(item.s->name));
+  }
+  o += "</svg>\n";
+  return o;
+}
+
+// ---- the page -------------------------------------------------------------------------------------------
+
+// matplotlib's tab10: distinct, readable on white; lines past ten are dashed.
+const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+
+std::string color(size_t i) {
+  return palette[i % std::size(palette)];
+}
+
+// `t` in -1..1: darker toward black below 0, lighter toward white above.
+std::string shade(const std::string& hex, double t) {
+  unsigned rgb[3] = {0, 0, 0};
+  if (std::sscanf(hex.c_str(), "#%02x%02x%02x", &rgb[0], &rgb[1], &rgb[2]) != 3) return hex;
+  for (auto& v : rgb) v = static_cast<unsigned>(std::lround(t < 0 ? v * (1 + t) : v + (255 - v) * t));
+  return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
+}
+
+std::string compact(double v) {
+  return std::isfinite(v) ? fmt::format("{}", v) : std::string("–");
+}
+
+std::string fixed(double v, int decimals) {
+  return std::isfinite(v) ? fmt::format("{:.{}f}", v, decimals) : std::string("–");
+}
+
+std::string with_commas(double v) {
+  std::string s = fmt::format("{:.0f}", v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (s[0] == '-' ? 1 : 0); i -= 3)
+    s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+// Decimal units, as network rates are: 1 MB = 10^6 bytes.
+std::pair<double, std::string> byte_unit(double max_bytes) {
+  if (max_bytes >= 1e9) return {1e9, "GB"};
+  if (max_bytes >= 1e6) return {1e6, "MB"};
+  if (max_bytes >= 1e3) return {1e3, "kB"};
+  return {1, "bytes"};
+}
+
+std::string bytes_text(double b) {
+  if (!std::isfinite(b)) return "–";
+  const auto [div, unit] = byte_unit(b);
+  return div == 1 ? fmt::format("{} bytes", with_commas(b))
+                  : fmt::format("{:.2f} {} ({} bytes)", b / div, unit, with_commas(b));
+}
+
+std::string bytes_short(double b) {
+  if (!std::isfinite(b)) return "–";
+  const auto [div, unit] = byte_unit(b);
+  return div == 1 ? fmt::format("{} bytes", with_commas(b)) : fmt::format("{:.2f} {}", b / div, unit);
+}
+
+std::string duration_text(double s) {
+  if (!std::isfinite(s)) return "–";
+  if (s < 60) return fmt::format("{:.1f} s", s);
+  const long t = std::lround(s);
+  if (t < 3600) return fmt::format("{}m {:02}s", t / 60, t % 60);
+  return fmt::format("{}h {:02}m {:02}s", t / 3600, t / 60 % 60, t % 60);
+}
+
+std::string utc_text(double ts) {
+  if (!std::isfinite(ts)) return "–";
+  const std::time_t t = static_cast<std::time_t>(ts);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+/// A per-node view of what the page shows.
+struct node_summary {
+  double final_val_loss = nan, final_val_ppl = nan, utilization = nan, stall_s = 0, last_step = nan;
+  double allreduce_mean_s = nan, active_s = 0;
+  std::string status;
+};
+
+node_summary summarize(const node_metrics& m) {
+  node_summary s;
+  // The final evaluation: the end record of the last session if there is one, else the last eval.
+  const json_object* last_end = nullptr;
+  if (!m.ends.empty() && (m.starts.empty() || num(m.ends.back(), "ts") >= num(m.starts.back(), "ts")))
+    last_end = &m.ends.back();
+  if (!m.evals.empty())
+    s.final_val_loss = num(m.evals.back(), "val_loss"), s.final_val_ppl = num(m.evals.back(), "val_ppl");
+  if (last_end && std::isfinite(num(*last_end, "val_ppl")))
+    s.final_val_loss = num(*last_end, "val_loss"), s.final_val_ppl = num(*last_end, "val_ppl");
+  if (!std::isfinite(s.final_val_ppl) && std::isfinite(s.final_val_loss))
+    s.final_val_ppl = std::exp(s.final_val_loss);
+
+  double compute = 0, wall = 0, util_sum = 0;
+  size_t n_util = 0;
+  for (const auto& w : m.workers) {
+    const double cs = num(w, "compute_s"), ws = num(w, "wall_s"), u = num(w, "utilization"),
+                 st = num(w, "stall_s");
+    if (std::isfinite(cs) && std::isfinite(ws)) compute += cs, wall += ws;
+    if (std::isfinite(u)) util_sum += u, ++n_util;
+    if (std::isfinite(st)) s.stall_s += st;
+  }
+  s.utilization = wall > 0 ? compute / wall : n_util ? util_sum / static_cast<double>(n_util) : nan;
+  for (const auto& st : m.steps)
+    s.last_step = std::isfinite(s.last_step) ? std::max(s.last_step, num(st, "step")) : num(st, "step");
+  double ar_sum = 0;
+  size_t n_ar = 0;
+  for (const auto& a : m.allreduces)
+    if (const double x = num(a, "seconds"); std::isfinite(x)) ar_sum += x, ++n_ar;
+  if (n_ar) s.allreduce_mean_s = ar_sum / static_cast<double>(n_ar);
+  for (const auto& [first, last] : m.sessions)
+    if (std::isfinite(first) && std::isfinite(last)) s.active_s += last - first;
+
+  if (!last_end) {
+    s.status = "no end record (still running, or killed)";
+  } else {
+    const double code = num(*last_end, "exit_code");
+    s.status = code == 0     ? "completed"
+               : code == 130 ? "interrupted (Ctrl-C)"
+                             : fmt::format("failed (exit {})", compact(code));
+  }
+  return s;
+}
+
+struct report_data {
+  std::string run_dir;
+  std::vector<node_metrics> nodes;
+  double t0 = nan, t_last = nan;  // first start and last record, unix seconds
+};
+
+void find_time_span(report_data& r) {
+  double first_start = HUGE_VAL, first_any = HUGE_VAL, last = -HUGE_VAL;
+  for (const auto& m : r.nodes) {
+    if (!m.starts.empty() && std::isfinite(num(m.starts.front(), "ts")))
+      first_start = std::min(first_start, num(m.starts.front(), "ts"));
+    for (const auto& [a, b] : m.sessions) {
+      if (std::isfinite(a)) first_any = std::min(first_any, a);
+      if (std::isfinite(b)) last = std::max(last, b);
+    }
+  }
+  r.t0 = std::isfinite(first_start) ? first_start : std::isfinite(first_any) ? first_any : nan;
+  r.t_last = std::isfinite(last) ? last : nan;
+}
+
+// A time axis in seconds, minutes or hours, whichever reads best for the run's length.
+std::pair<double, std::string> time_unit(double span_s) {
+  if (span_s >= 3 * 3600) return {3600, "h"};
+  if (span_s >= 600) return {60, "min"};
+  return {1, "s"};
+}
+
+std::vector<line_chart> build_charts(const report_data& r) {
+  const bool cluster = r.nodes.size() > 1;
+  const auto [t_div, t_unit] = time_unit(r.t_last - r.t0);
+  const std::string time_label = fmt::format("wall time since the first start ({})", t_unit);
+  auto t_of = [&, t_div = t_div](const json_object& o) { return (num(o, "ts") - r.t0) / t_div; };
+
+  // Resume marks: later start lines, on the step axis and on the time axis.
+  std::set<double> resumed_steps, resumed_times;
+  for (const auto& m : r.nodes)
+    for (size_t i = 1; i < m.starts.size(); ++i) {
+      if (const double s = num(m.starts[i], "resumed_step"); std::isfinite(s)) resumed_steps.insert(s);
+      if (const double t = t_of(m.starts[i]); std::isfinite(t)) resumed_times.insert(t);
+    }
+
+  const std::vector<double> step_marks(resumed_steps.begin(), resumed_steps.end());
+  const std::vector<double> time_marks(resumed_times.begin(), resumed_times.end());
+  auto chart = [](std::string title, std::string x_label, std::string y_label, std::vector<double> marks) {
+    line_chart c;
+    c.title = std::move(title), c.x_label = std::move(x_label), c.y_label = std::move(y_label);
+    c.x_marks = std::move(marks);
+    return c;
+  };
+  line_chart loss = chart("Loss", "inner step (per worker)", "loss", step_marks);
+  line_chart ppl = chart("Validation perplexity", "inner step (per worker)", "perplexity", step_marks);
+  line_chart util = chart("Compute utilization per worker (each outer round)", time_label,
+                          "inner compute / wall time (%)", time_marks);
+  util.y_range = std::pair{0.0, 100.0};
+  line_chart stall = chart("Stall seconds per worker (each outer round)", time_label,
+                           "seconds waiting on a late result", time_marks);
+  stall.y_from_zero = true;
+  line_chart ar_s = chart("All-reduce duration per round", "outer round", "seconds", {});
+  line_chart ar_b = chart("All-reduce bytes sent per round", "outer round", "", {});
+  loss.x_from_zero = ppl.x_from_zero = util.x_from_zero = stall.x_from_zero = true;
+  ar_s.x_integer = ar_b.x_integer = ar_s.y_from_zero = ar_b.y_from_zero = true;
+
+  double max_bytes = 0, max_ar_s = 0;
+  for (const auto& m : r.nodes)
+    for (const auto& a : m.allreduces) {
+      if (std::isfinite(num(a, "bytes_sent"))) max_bytes = std::max(max_bytes, num(a, "bytes_sent"));
+      if (std::isfinite(num(a, "seconds"))) max_ar_s = std::max(max_ar_s, num(a, "seconds"));
+    }
+  const auto [b_div, b_unit] = byte_unit(max_bytes);
+  ar_b.y_label = b_unit + " sent by the node";
+  const double s_div = max_ar_s < 1 ? 1e-3 : 1;
+  ar_s.y_label = s_div < 1 ? "milliseconds" : "seconds";
+
+  for (size_t n = 0; n < r.nodes.size(); ++n) {
+    const auto& m = r.nodes[n];
+    const std::string c = color(n), prefix = cluster ? m.name + " " : "";
+
+    // Train loss: every step, plus a moving average on long runs so the trend shows through the noise.
+    series raw{prefix + "train", c};
+    for (const auto& s : m.steps) raw.points.push_back({num(s, "step"), num(s, "loss")});
+    std::sort(raw.points.begin(), raw.points.end(), [](point a, point b) { return a.x < b.x; });
+    if (raw.points.size() > 60) {
+      series smooth{raw.name + " (moving average)", c};
+      const double alpha = 2.0 / (std::clamp(static_cast<double>(raw.points.size()) / 40, 5.0, 200.0) + 1);
+      double ema = nan;
+      for (const auto& p : raw.points) {
+        if (!std::isfinite(p.y)) continue;
+        ema = std::isfinite(ema) ? ema + alpha * (p.y - ema) : p.y;
+        smooth.points.push_back({p.x, ema});
+      }
+      raw.name.clear();
+      raw.opacity = 0.3;
+      raw.width = 1.2;
+      loss.lines.push_back(std::move(raw));
+      loss.lines.push_back(std::move(smooth));
+    } else {
+      loss.lines.push_back(std::move(raw));
+    }
+    series val_loss{prefix + "validation", c}, val_ppl{cluster ? m.name : "validation", c};
+    val_loss.dashed = val_loss.markers = val_ppl.markers = true;
+    for (const auto& e : m.evals) {
+      val_loss.points.push_back({num(e, "step"), num(e, "val_loss")});
+      val_ppl.points.push_back({num(e, "step"), num(e, "val_ppl")});
+    }
+    if (!val_loss.points.empty()) loss.lines.push_back(std::move(val_loss));
+    ppl.lines.push_back(std::move(val_ppl));
+
+    // Per worker, in worker order, with a gap where the run was down between sessions.
+    std::map<long, std::pair<series, series>> per_worker;
+    for (const auto& w : m.workers) {
+      const double id = num(w, "worker");
+      if (!std::isfinite(id)) continue;
+      auto& [u, st] = per_worker[std::lround(id)];
+      const double t = t_of(w);
+      if (!u.points.empty())
+        for (size_t i = 1; i < m.starts.size(); ++i)
+          if (const double s = t_of(m.starts[i]); s > u.points.back().x && s <= t) {
+            u.points.push_back({nan, nan});
+            st.points.push_back({nan, nan});
+            break;
+          }
+      u.points.push_back({t, num(w, "utilization") * 100});
+      st.points.push_back({t, num(w, "stall_s")});
+    }
+    // One color per worker in both charts: distinct colors for one node; in a cluster, shades of the
+    // node's color, so a node reads the same in every chart.
+    size_t k = 0;
+    for (auto& [id, lines] : per_worker) {
+      auto& [u, st] = lines;
+      u.name = st.name = cluster ? fmt::format("{} w{}", m.name, id) : fmt::format("worker {}", id);
+      const double n_w = static_cast<double>(per_worker.size());
+      u.color = st.color =
+          cluster ? shade(c, n_w > 1 ? -0.35 + 0.75 * static_cast<double>(k) / (n_w - 1) : 0) : color(k);
+      u.dashed = st.dashed = !cluster && k >= std::size(palette);
+      u.markers = st.markers = u.points.size() <= 40;
+      ++k;
+      util.lines.push_back(std::move(u));
+      stall.lines.push_back(std::move(st));
+    }
+
+    series secs{cluster ? m.name : "all-reduce", c}, bytes{cluster ? m.name : "bytes sent", c};
+    for (const auto& a : m.allreduces) {
+      secs.points.push_back({num(a, "round"), num(a, "seconds") / s_div});
+      bytes.points.push_back({num(a, "round"), num(a, "bytes_sent") / b_div});
+    }
+    secs.markers = bytes.markers = secs.points.size() <= 60;
+    ar_s.lines.push_back(std::move(secs));
+    ar_b.lines.push_back(std::move(bytes));
+  }
+  return {loss, ppl, util, stall, ar_s, ar_b};
+}
+
+const char* const page_css = R"(
+:root { color-scheme: light; }
+body { margin: 0; background: #f5f6f8; color: #1f2937;
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", "Liberation Sans", Arial, sans-serif; }
+main { max-width: 1240px; margin: 0 auto; padding: 24px 28px 40px; }
+h1 { font-size: 22px; font-weight: 650; margin: 0 0 2px; }
+h2 { font-size: 16px; font-weight: 600; margin: 26px 0 10px; }
+.sub { color: #6b7280; margin: 0 0 18px; overflow-wrap: anywhere; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(170px, 1fr)); gap: 12px; }
+.card, table, figure, .empty { background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; }
+.card { padding: 10px 14px; }
+.card .k { color: #6b7280; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 20px; font-weight: 600; font-variant-numeric: tabular-nums; }
+.tables { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; align-items: start; }
+table { border-collapse: separate; border-spacing: 0; width: 100%; overflow: hidden; }
+th, td { text-align: left; padding: 5px 12px; border-bottom: 1px solid #f0f1f3; vertical-align: top; }
+tr:last-child td { border-bottom: none; }
+thead th { background: #f9fafb; font-weight: 600; }
+tbody th { color: #4b5563; font-weight: 500; }
+table.kv tbody th { width: 42%; }
+td { font-variant-numeric: tabular-nums; overflow-wrap: anywhere; }
+.ok { color: #15803d; } .warn { color: #b45309; }
+.charts { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 16px; }
+figure { margin: 0; padding: 10px 8px 4px; }
+svg.chart { display: block; width: 100%; height: auto; }
+.chart text { font-family: inherit; font-size: 11px; fill: #4b5563; }
+.chart .title { font-size: 14px; font-weight: 600; fill: #111827; }
+.chart .label { font-size: 12px; fill: #374151; }
+.chart .resume text { font-size: 10px; fill: #6b7280; }
+.chart .legend text { font-size: 11.5px; fill: #374151; }
+.empty { padding: 16px; color: #6b7280; }
+.empty b { color: #111827; display: block; margin-bottom: 4px; }
+footer { color: #6b7280; font-size: 12px; margin-top: 28px; overflow-wrap: anywhere; }
+@media (max-width: 900px) { .charts, .tables { grid-template-columns: 1fr; } }
+)";
+
+/// Table rows: (label, value); values are escaped here.
+std::string table(const std::string& caption, const std::vector<std::pair<std::string, std::string>>& rows) {
+  std::string o = fmt::format(
+      "<table class=\"kv\"><thead><tr><th colspan=\"2\">{}</th></tr></thead><tbody>\n", html_escape(caption));
+  for (const auto& [k, v] : rows)
+    o += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", html_escape(k), html_escape(v));
+  return o + "</tbody></table>\n";
+}
+
+std::string assemble_page(const report_data& r) {
+  const bool cluster = r.nodes.size() > 1;
+  const auto& first = r.nodes.front();
+  static const json_object no_start;
+  const json_object& cfg = first.starts.empty() ? no_start : first.starts.front();
+  auto field = [&](const char* key) {
+    auto it = cfg.find(key);
+    if (it == cfg.end()) return std::string("–");
+    return it->second.is_string ? it->second.text : compact(it->second.number);
+  };
+
+  std::vector<node_summary> sums;
+  double bytes = 0, compute = 0, wall = 0, workers = 0, active = 0, stall = 0;
+  size_t sessions = 0, n_checkpoints = 0;
+  for (const auto& m : r.nodes) {
+    sums.push_back(summarize(m));
+    bytes += m.bytes_sent;
+    sessions = std::max(sessions, m.starts.size());
+    n_checkpoints += m.checkpoints.size();
+    active = std::max(active, sums.back().active_s);
+    stall += sums.back().stall_s;
+    if (!m.starts.empty()) workers += num(m.starts.front(), "workers");
+    for (const auto& w : m.workers)
+      if (std::isfinite(num(w, "compute_s")) && std::isfinite(num(w, "wall_s")))
+        compute += num(w, "compute_s"), wall += num(w, "wall_s");
+  }
+  // Cluster nodes evaluate the same global parameters; the first node with an evaluation speaks for all.
+  node_summary overall = sums.front();
+  for (const auto& s : sums)
+    if (std::isfinite(s.final_val_ppl)) {
+      overall.final_val_ppl = s.final_val_ppl, overall.final_val_loss = s.final_val_loss;
+      break;
+    }
+  double util = wall > 0 ? compute / wall : nan;
+  if (!std::isfinite(util)) {  // no compute/wall split recorded: mean of the per-node figures
+    double sum = 0, n = 0;
+    for (const auto& s : sums)
+      if (std::isfinite(s.utilization)) sum += s.utilization, ++n;
+    if (n > 0) util = sum / n;
+  }
+  std::string status = sums.front().status;
+  for (const auto& s : sums)
+    if (s.status != "completed") status = s.status;
+  const double total_s = r.t_last - r.t0;
+  const double params = num(cfg, "params");
+  const double rounds = num(cfg, "rounds"), h = num(cfg, "inner_steps");
+
+  std::string o;
+  o += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
+  o += fmt::format("<title>Longwave report: {}</title>\n", html_escape(first.name));
+  o += fmt::format("<style>{}</style>\n</head>\n<body>\n<main>\n", page_css);
+  o += fmt::format("<h1>Longwave run report: {}</h1>\n",
+                   html_escape(cluster ? fs::path(r.run_dir).filename().string() : first.name));
+  o += fmt::format("<p class=\"sub\">{} &middot; {} {} &middot; started {} &middot; {}</p>\n",
+                   html_escape(r.run_dir), html_escape(field("mode")),
+                   cluster ? fmt::format("&middot; {} nodes", r.nodes.size()) : "", utc_text(r.t0),
+                   html_escape(status));
+
+  // Headline numbers.
+  auto card = [](const std::string& k, const std::string& v, const char* cls = "") {
+    return fmt::format("<div class=\"card\"><div class=\"k\">{}</div><div class=\"v {}\">{}</div></div>\n", k,
+                       cls, html_escape(v));
+  };
+  o += "<section class=\"cards\">\n";
+  o += card("final val perplexity", fixed(overall.final_val_ppl, 3));
+  o += card("total time", duration_text(total_s));
+  o += card("avg utilization", std::isfinite(util) ? fixed(util * 100, 1) + " %" : "–");
+  o += card("bytes sent", bytes_short(bytes));
+  o += card("status", status, status == "completed" ? "ok" : "warn");
+  o += "</section>\n";
+
+  // Summary tables.
+  o += "<h2>Summary</h2>\n<section class=\"tables\">\n";
+  o += table("Configuration",
+             {{"mode", field("mode")},
+              {"model preset", field("preset")},
+              {"parameters",
+               std::isfinite(params) ? fmt::format("{:.2f} M ({})", params / 1e6, with_commas(params)) : "–"},
+              {cluster ? "workers (all nodes)" : "workers", cluster ? compact(workers) : field("workers")},
+              {"outer rounds", field("rounds")},
+              {"inner steps per round (H)", field("inner_steps")},
+              {"batch size × sequence length", field("batch_size") + " × " + field("seq_len")},
+              {"inner learning rate (AdamW)", field("inner_lr")},
+              {"outer learning rate / momentum", field("outer_lr") + " / " + field("outer_momentum")},
+              {"all-reduce dtype", field("comm_dtype")}});
+  const double last_step = overall.last_step;
+  o += table("Outcome",
+             {{"status", status},
+              {"started", utc_text(r.t0)},
+              {"total time (first start to last record)", duration_text(total_s)},
+              {"training time (sum of sessions)", duration_text(active)},
+              {"sessions", sessions > 1 ? fmt::format("{} (resumed {})", sessions,
+                                                      sessions == 2 ? std::string("once")
+                                                                    : fmt::format("{} times", sessions - 1))
+                                        : compact(double(sessions))},
+              {"inner steps per worker",
+               std::isfinite(rounds * h) ? fmt::format("{} of {}", compact(last_step), compact(rounds * h))
+                                         : compact(last_step)},
+              {"final val loss", fixed(overall.final_val_loss, 4)},
+              {"final val perplexity", fixed(overall.final_val_ppl, 3)},
+              {"average compute utilization", std::isfinite(util) ? fixed(util * 100, 1) + " %" : "–"},
+              {"stall seconds (all workers)", fixed(stall, 2)},
+              {"total bytes sent", bytes_text(bytes)},
+              {"checkpoints written", compact(double(n_checkpoints))}});
+  o += "</section>\n";
+
+  if (cluster) {
+    o +=
+        "<h2>Nodes</h2>\n<table><thead><tr><th>node</th><th>workers</th><th>sessions</th><th>inner steps</th>"
+        "<th>final val ppl</th><th>utilization</th><th>mean all-reduce</th><th>bytes sent</th><th>status</th>"
+        "</tr></thead><tbody>\n";
+    for (size_t i = 0; i < r.nodes.size(); ++i) {
+      const auto& m = r.nodes[i];
+      const auto& s = sums[i];
+      o += fmt::format(
+          "<tr><th><span style=\"color:{}\">&#9632;</span> "
+          "{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+          "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+          color(i), html_escape(m.name), m.starts.empty() ? "–" : compact(num(m.starts.front(), "workers")),
+          m.starts.size(), compact(s.last_step), fixed(s.final_val_ppl, 3),
+          std::isfinite(s.utilization) ? fixed(s.utilization * 100, 1) + " %" : "–",
+          std::isfinite(s.allreduce_mean_s) ? fixed(s.allreduce_mean_s, 3) + " s" : "–",
+          html_escape(bytes_short(m.bytes_sent)), html_escape(s.status));
+    }
+    o += "</tbody></table>\n";
+  }
+
+  o += "<h2>Charts</h2>\n<section class=\"charts\">\n";
+  int id = 0;
+  for (const auto& c : build_charts(r)) {
+    ++id;
+    if (has_data(c))
+      o += "<figure>\n" + render_svg(c, id) + "</figure>\n";
+    else
+      o += fmt::format("<div class=\"empty\"><b>{}</b>No records for this chart in metrics.jsonl.</div>\n",
+                       html_escape(c.title));
+  }
+  o += "</section>\n<footer>\n";
+  for (const auto& m : r.nodes)
+    o += fmt::format(
+        "<div>{}: {} records{}</div>\n", html_escape(m.path), m.n_records,
+        m.n_skipped ? fmt::format(", {} malformed line{} skipped", m.n_skipped, m.n_skipped > 1 ? "s" : "")
+                    : "");
+  std::time_t now = std::time(nullptr);
+  o += fmt::format("<div>generated by longwave report, {}</div>\n", utc_text(static_cast<double>(now)));
+  o += "</footer>\n</main>\n</body>\n</html>\n";
+  return o;
+}
+
+}  // namespace
+
+int report(const std::string& run_dir, const std::string& out_path) {
+  auto error = [](const std::string& msg) {
+    fmt::print(stderr, "report: error: {}\n", msg);
+    return 2;
+  };
+  std::error_code ec;
+  if (!fs::exists(run_dir, ec)) return error(fmt::format("{}: no such run directory", run_dir));
+  if (!fs::is_directory(run_dir, ec))
+    return error(fmt::format("{}: not a directory (pass the run's out_dir)", run_dir));
+
+  // A single run has RUN_DIR/metrics.jsonl; a cluster run has one per node folder.
+  std::vector<fs::path> files;
+  if (fs::is_regular_file(fs::path(run_dir) / "metrics.jsonl", ec))
+    files.push_back(fs::path(run_dir) / "metrics.jsonl");
+  std::vector<fs::path> node_files;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.is_directory(ec) && fs::is_regular_file(e.path() / "metrics.jsonl", ec))
+      node_files.push_back(e.path() / "metrics.jsonl");
+  std::sort(node_files.begin(), node_files.end());
+  files.insert(files.end(), node_files.begin(), node_files.end());
+  if (files.empty())
+    return error(
+        fmt::format("{}: not found, nor any {}/<node>/metrics.jsonl (is this a run's out_dir, from a "
+                    "longwave that writes "
+                    "metrics.jsonl?)",
+                    (fs::path(run_dir) / "metrics.jsonl").string(), run_dir));
+
+  report_data r;
+  r.run_dir = run_dir;
+  std::set<std::string> names;
+  for (const auto& f : files) {
+    node_metrics m;
+    if (auto err = read_metrics_file(f, m); !err.empty()) return error(err);
+    m.name = m.starts.empty() ? std::string() : text(m.starts.front(), "node");
+    const std::string folder = fs::absolute(f).parent_path().filename().string();
+    if (m.name.empty()) m.name = folder;
+    if (!names.insert(m.name).second) m.name += " (" + folder + ")";
+    r.nodes.push_back(std::move(m));
+  }
+  find_time_span(r);
+
+  const std::string out = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
+  const fs::path parent = fs::absolute(out).parent_path();
+  if (!fs::is_directory(parent, ec))
+    return error(fmt::format("{}: the output directory does not exist", parent.string()));
+  const std::string page = assemble_page(r);
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << page;
+    if (!f.flush()) {
+      fmt::print(stderr, "report: error: {}: cannot write: {}\n", tmp, std::strerror(errno));
+      return 1;
+    }
+  }
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    fmt::print(stderr, "report: error: {}: cannot write: {}\n", out, std::strerror(errno));
+    return 1;
+  }
+  size_t n_records = 0;
+  for (const auto& m : r.nodes) n_records += m.n_records;
+  fmt::print("report: wrote {} ({} records from {} file{})\n", out, n_records, files.size(),
+             files.size() > 1 ? "s" : "");
+  return 0;
+}
+
+}  // namespace longwave::cli

@@ -1,0 +1,385 @@
+// `longwave report RUN_DIR`: a real short run turned into one self-contained HTML page, that page rendered by
+// Debian's headless Chromium (DOM dump and screenshot), and bad input (no directory, garbage, nothing valid).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "tests/support/process.hpp"
+
+using namespace longwave::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// 2 workers, 3 rounds x 5 inner steps, an evaluation every round: a few seconds on 2 cores.
+const char* tiny_config = R"(
+[model]
+preset = "tiny"
+seq_len = 64
+[train]
+workers = 2
+inner_steps = 5
+rounds = 3
+batch_size = 8
+warmup_steps = 5
+[eval]
+every_rounds = 1
+batches = 2
+[checkpoint]
+every_rounds = 1
+keep = 3
+[metrics]
+port = 0
+)";
+
+// The report's charts: loss, val perplexity, utilization, stalls, all-reduce seconds, all-reduce bytes.
+constexpr size_t n_charts = 6;
+const char* const chromium = "/usr/bin/chromium";
+
+// One metrics.jsonl in the SPEC format: `rounds` rounds of `h` steps for `workers` workers from `t0`.
+// kill_after > 0: after that round the writer dies mid-line and the run resumes from the round before.
+std::string synthetic_metrics(const std::string& node, double t0, int workers, int rounds, int h,
+                              int kill_after) {
+  std::string out;
+  char buf[512];
+  double t = t0;
+  auto start = [&](int resumed_step) {
+    std::snprintf(buf, sizeof buf,
+                  "{\"kind\":\"start\",\"ts\":%.3f,\"node\":\"%s\",\"mode\":\"diloco\",\"preset\":\"tiny\","
+                  "\"params\":1820000,\"workers\":%d,\"rounds\":%d,\"inner_steps\":%d,\"batch_size\":8,"
+                  "\"seq_len\":64,\"inner_lr\":0.004,\"outer_lr\":0.7,\"outer_momentum\":0.9,"
+                  "\"comm_dtype\":\"fp32\",\"resumed_step\":%d}\n",
+                  t, node.c_str(), workers, rounds, h, resumed_step);
+    out += buf;
+  };
+  start(0);
+  bool killed = false;
+  for (int r = 1; r <= rounds; ++r) {
+    for (int s = 1; s <= h; ++s) {
+      const int step = (r - 1) * h + s;
+      t += 0.1;
+      std::snprintf(buf, sizeof buf,
+                    "{\"kind\":\"step\",\"ts\":%.3f,\"step\":%d,\"round\":%d,\"loss\":%.4f,"
+                    "\"tokens_per_second\":5000.0}\n",
+                    t, step, r, 2.0 + 3.5 / (1 + 0.05 * step) + 0.05 * ((step * 7) % 5));
+      out += buf;
+    }
+    for (int w = 0; w < workers; ++w) {
+      std::snprintf(
+          buf, sizeof buf,
+          "{\"kind\":\"worker\",\"ts\":%.3f,\"round\":%d,\"worker\":%d,\"compute_s\":%.2f,\"wall_s\":2.0,"
+          "\"idle_s\":0.3,\"stall_s\":%.2f,\"utilization\":%.3f,\"staleness\":0,\"tokens\":5120,"
+          "\"loss\":2.5}\n",
+          t, r, w, 1.6 + 0.05 * w, 0.01 * w * (r % 3), (1.6 + 0.05 * w) / 2.0);
+      out += buf;
+    }
+    t += 0.2;
+    std::snprintf(
+        buf, sizeof buf,
+        "{\"kind\":\"allreduce\",\"ts\":%.3f,\"round\":%d,\"seconds\":%.3f,\"bytes_sent\":%d,"
+        "\"bytes_received\":7280000,\"dtype\":\"fp32\",\"pseudo_gradient_norm\":0.5,\"update_norm\":0.3}\n",
+        t, r, 0.05 + 0.01 * (r % 4), 7280000);
+    out += buf;
+    const double val_loss = 2.0 + 3.0 / (1 + 0.05 * r * h);
+    std::snprintf(
+        buf, sizeof buf,
+        "{\"kind\":\"eval\",\"ts\":%.3f,\"round\":%d,\"step\":%d,\"val_loss\":%.6f,\"val_ppl\":%.6f}\n", t, r,
+        r * h, val_loss, std::exp(val_loss));
+    out += buf;
+    std::snprintf(buf, sizeof buf,
+                  "{\"kind\":\"checkpoint\",\"ts\":%.3f,\"round\":%d,\"step\":%d,\"seconds\":0.05,\"bytes\":"
+                  "22000000}\n",
+                  t, r, r * h);
+    out += buf;
+    if (r == kill_after && !killed) {
+      killed = true;
+      out += "{\"kind\":\"step\",\"ts\":" + std::to_string(t) + ",\"st\n";  // died mid-line
+      t += 20;
+      r -= 1;  // resumes from the last checkpoint and redoes this round
+      start(r * h);
+    }
+  }
+  const double val_loss = 2.0 + 3.0 / (1 + 0.05 * rounds * h);
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"kind\":\"end\",\"ts\":%.3f,\"exit_code\":0,\"val_loss\":%.6f,\"val_ppl\":%.6f,\"seconds\":%.1f,"
+      "\"steps\":%d}\n",
+      t, val_loss, std::exp(val_loss), t - t0, rounds * h);
+  return out + buf;
+}
+
+/// Runs `args` in its own process group with stdout and stderr in separate files; the exit code, or -1 after
+/// the deadline (the whole group is killed: Chromium starts helper processes).
+int run_split(const std::vector<std::string>& args, const std::string& out_path, const std::string& err_path,
+              double timeout_s) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, 1);
+    dup2(err, 2);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  int code = -1;
+  const bool done = wait_until(
+      [&] {
+        int status = 0;
+        if (waitpid(pid, &status, WNOHANG) != pid) return false;
+        code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return true;
+      },
+      timeout_s);
+  if (!done) {
+    kill(-pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  return code;
+}
+
+std::vector<std::string> chromium_args(const std::string& profile_dir) {
+  return {chromium,
+          "--headless",
+          "--no-sandbox",
+          "--disable-gpu",
+          "--disable-quic",
+          "--no-first-run",
+          "--disable-background-networking",
+          "--disable-sync",
+          "--hide-scrollbars",
+          "--disable-component-update",
+          "--user-data-dir=" + profile_dir};
+}
+
+/// The DOM of `html_path` after Chromium rendered it.
+std::string chromium_dom(const std::string& html_path, const std::string& dir) {
+  if (!fs::exists(chromium))
+    CATCH_FAIL(
+        "headless browser test: /usr/bin/chromium is missing; install Debian's `chromium` package "
+        "(apt-get install --no-install-recommends chromium, as scripts/setup does)");
+  auto args = chromium_args(dir + "/profile-dom");
+  args.push_back("--dump-dom");
+  args.push_back("file://" + fs::absolute(html_path).string());
+  const int code = run_split(args, dir + "/dom.html", dir + "/chromium-dom.log", 180);
+  CATCH_INFO("chromium log: " << read_text(dir + "/chromium-dom.log"));
+  CATCH_REQUIRE(code == 0);
+  return read_text(dir + "/dom.html");
+}
+
+/// Takes a 1280x2000 screenshot; returns the PNG's bytes.
+std::string chromium_screenshot(const std::string& html_path, const std::string& png,
+                                const std::string& dir) {
+  auto args = chromium_args(dir + "/profile-shot");
+  args.push_back("--screenshot=" + png);
+  args.push_back("--window-size=1280,2000");
+  args.push_back("file://" + fs::absolute(html_path).string());
+  const int code = run_split(args, dir + "/chromium-shot.out", dir + "/chromium-shot.log", 180);
+  CATCH_INFO("chromium log: " << read_text(dir + "/chromium-shot.log"));
+  CATCH_REQUIRE(code == 0);
+  std::ifstream in(png, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// "x,y" pairs in a points="..." or d="..." attribute value (std::regex would recurse per character here).
+size_t count_pairs(const std::string& data) {
+  size_t n = 0;
+  for (size_t i = 1; i + 1 < data.size(); ++i)
+    if (data[i] == ',' && std::isdigit(static_cast<unsigned char>(data[i - 1])) &&
+        (std::isdigit(static_cast<unsigned char>(data[i + 1])) || data[i + 1] == '-'))
+      ++n;
+  return n;
+}
+
+/// For every <svg> in a document: how many x,y points its polylines and paths hold.
+std::vector<size_t> points_per_svg(const std::string& html) {
+  std::vector<size_t> out;
+  for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 4)) {
+    const size_t end = std::min(html.find("</svg>", at), html.size());
+    size_t n = 0;
+    for (const char* shape : {"<polyline", "<path"}) {
+      for (size_t e = html.find(shape, at); e < end; e = html.find(shape, e + 1)) {
+        const size_t tag_end = html.find('>', e);
+        const size_t attr = html.find(shape[1] == 'p' && shape[2] == 'o' ? " points=\"" : " d=\"", e);
+        if (attr >= tag_end) continue;
+        const size_t value = html.find('"', attr) + 1;
+        n += count_pairs(html.substr(value, html.find('"', value) - value));
+      }
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+size_t count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// Self-contained: nothing the browser would fetch, no script.
+void check_self_contained(const std::string& html) {
+  CATCH_CHECK(html.find("http://") == std::string::npos);
+  CATCH_CHECK(html.find("https://") == std::string::npos);
+  CATCH_CHECK(html.find("<script") == std::string::npos);
+  CATCH_CHECK(html.find("<link") == std::string::npos);
+  CATCH_CHECK(html.find("<img") == std::string::npos);
+  CATCH_CHECK(html.find("@import") == std::string::npos);
+  CATCH_CHECK(html.find("src=") == std::string::npos);
+  CATCH_CHECK(html.find("href=") == std::string::npos);
+}
+
+void check_rendered_charts(const std::string& dom) {
+  const auto points = points_per_svg(dom);
+  CATCH_CHECK(points.size() >= n_charts);
+  for (size_t i = 0; i < points.size(); ++i) {
+    CATCH_INFO("svg " << i);
+    CATCH_CHECK(points[i] >= 2);
+  }
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a real short run gives a self-contained report with its summary values and charts",
+                "[process][report]") {
+  const auto dir = scratch_dir("report-run");
+  const auto run_dir = dir + "/run";
+  write_text(dir + "/tiny.toml", "[run]\nout_dir = \"" + run_dir + "\"\n" + tiny_config);
+  auto [code, log] = run({binary(), "run", dir + "/tiny.toml"}, dir + "/run.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  const auto metrics = read_text(run_dir + "/metrics.jsonl");
+  CATCH_INFO("metrics.jsonl:\n" << metrics);
+  CATCH_REQUIRE(count(metrics, "\"kind\"") > 15);
+
+  auto [rcode, rlog] = run({binary(), "report", run_dir}, dir + "/report.log", 120);
+  CATCH_INFO(rlog);
+  CATCH_REQUIRE(rcode == 0);
+  CATCH_REQUIRE(fs::exists(run_dir + "/report.html"));
+  const auto html = read_text(run_dir + "/report.html");
+  check_self_contained(html);
+  CATCH_CHECK(count(html, "<svg class=\"chart\"") == n_charts);
+
+  // The summary shows the run's own numbers: val perplexity as in result.json, and the config.
+  std::smatch m;
+  const auto result = read_text(run_dir + "/result.json");
+  CATCH_REQUIRE(std::regex_search(result, m, std::regex("\"val_ppl\": *([0-9.eE+-]+)")));
+  char ppl[32];
+  std::snprintf(ppl, sizeof ppl, "%.3f", std::stod(m[1]));
+  CATCH_INFO("final val ppl " << ppl);
+  CATCH_CHECK(html.find(std::string("<td>") + ppl + "</td>") != std::string::npos);
+  CATCH_CHECK(html.find("<td>diloco</td>") != std::string::npos);
+  CATCH_CHECK(html.find("<td>tiny</td>") != std::string::npos);
+  CATCH_CHECK(html.find("<td>8 × 64</td>") != std::string::npos);  // batch size x sequence length
+  CATCH_CHECK(html.find("<td>15 of 15</td>") != std::string::npos);
+  CATCH_CHECK(html.find("<td>completed</td>") != std::string::npos);
+
+  // --out writes elsewhere; the page also renders in a real browser.
+  auto [ocode, olog] =
+      run({binary(), "report", run_dir, "--out", dir + "/elsewhere.html"}, dir + "/out.log", 120);
+  CATCH_INFO(olog);
+  CATCH_CHECK(ocode == 0);
+  CATCH_CHECK(fs::exists(dir + "/elsewhere.html"));
+  check_rendered_charts(chromium_dom(run_dir + "/report.html", dir));
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("headless Chromium renders every chart of a resumed two-node run and takes a screenshot",
+                "[process][report]") {
+  const auto dir = scratch_dir("report-browser");
+  const auto run_dir = dir + "/cluster";
+  fs::create_directories(run_dir + "/a");
+  fs::create_directories(run_dir + "/b");
+  // Node a was SIGKILLed mid-line after round 4 and resumed; node b's name needs escaping.
+  write_text(run_dir + "/a/metrics.jsonl", synthetic_metrics("a", 1.7e9, 2, 8, 10, 4));
+  write_text(run_dir + "/b/metrics.jsonl", synthetic_metrics("b<i>x</i>", 1.7e9 + 0.5, 2, 8, 10, 0));
+  auto [code, log] = run({binary(), "report", run_dir}, dir + "/report.log", 120);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  const auto html = read_text(run_dir + "/report.html");
+  check_self_contained(html);
+  CATCH_CHECK(html.find("b&lt;i&gt;x&lt;/i&gt;") != std::string::npos);
+  CATCH_CHECK(html.find("<i>x</i>") == std::string::npos);
+  CATCH_CHECK(html.find("2 (resumed once)") != std::string::npos);
+  CATCH_CHECK(html.find("80 of 80") != std::string::npos);  // steps are global across the resume
+
+  const auto dom = chromium_dom(run_dir + "/report.html", dir);
+  check_rendered_charts(dom);
+  CATCH_CHECK(count(dom, "<svg") == n_charts);
+  CATCH_CHECK(dom.find("Validation perplexity") != std::string::npos);
+  CATCH_CHECK(dom.find("<i>x</i>") == std::string::npos);  // the name stayed text
+
+  // A PNG of the window size, big enough to hold more than a blank page.
+  const auto png = chromium_screenshot(run_dir + "/report.html", dir + "/report.png", dir);
+  CATCH_REQUIRE(png.size() > 24);
+  CATCH_CHECK(png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
+  auto be32 = [&](size_t at) {
+    return (static_cast<uint32_t>(static_cast<unsigned char>(png[at])) << 24) |
+           (static_cast<uint32_t>(static_cast<unsigned char>(png[at + 1])) << 16) |
+           (static_cast<uint32_t>(static_cast<unsigned char>(png[at + 2])) << 8) |
+           static_cast<uint32_t>(static_cast<unsigned char>(png[at + 3]));
+  };
+  CATCH_CHECK(be32(16) == 1280);
+  CATCH_CHECK(be32(20) == 2000);
+  CATCH_CHECK(png.size() > 50000);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "bad input: a missing directory or file exits 2 naming it; garbage lines are skipped with a warning",
+    "[process][report]") {
+  const auto dir = scratch_dir("report-bad");
+  // No such directory.
+  auto [c1, o1] = run({binary(), "report", dir + "/nope"}, dir + "/1.log", 60);
+  CATCH_INFO(o1);
+  CATCH_CHECK(c1 == 2);
+  CATCH_CHECK(o1.find(dir + "/nope") != std::string::npos);
+  CATCH_CHECK(count(o1, "error") == 1);
+
+  // A directory without metrics.jsonl.
+  fs::create_directories(dir + "/empty");
+  auto [c2, o2] = run({binary(), "report", dir + "/empty"}, dir + "/2.log", 60);
+  CATCH_INFO(o2);
+  CATCH_CHECK(c2 == 2);
+  CATCH_CHECK(o2.find(dir + "/empty/metrics.jsonl") != std::string::npos);
+  CATCH_CHECK(count(o2, "error") == 1);
+
+  // Garbage between valid lines: skipped with a warning naming the line; a truncated last line is ignored.
+  fs::create_directories(dir + "/garbage");
+  auto lines = synthetic_metrics("g", 1.7e9, 2, 3, 5, 0);
+  const size_t third = lines.find('\n', lines.find('\n') + 1) + 1;
+  lines.insert(third, "this is not json\n{\"kind\":\"step\",\"ts\":1,\"loss\":}\n");  // lines 3 and 4
+  lines += "{\"kind\":\"step\",\"ts\":1700000100.5,\"step\":16,\"ro";
+  write_text(dir + "/garbage/metrics.jsonl", lines);
+  auto [c3, o3] = run({binary(), "report", dir + "/garbage"}, dir + "/3.log", 60);
+  CATCH_INFO(o3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(o3.find("metrics.jsonl:3:") != std::string::npos);
+  CATCH_CHECK(o3.find("metrics.jsonl:4:") != std::string::npos);
+  CATCH_CHECK(count(o3, "warning") == 2);
+  CATCH_CHECK(fs::exists(dir + "/garbage/report.html"));
+  CATCH_CHECK(read_text(dir + "/garbage/report.html").find("2 malformed lines skipped") != std::string::npos);
+
+  // Nothing valid at all, and an empty file.
+  fs::create_directories(dir + "/junk");
+  write_text(dir + "/junk/metrics.jsonl", "garbage\n<html>\n{\"kind\":\n");
+  auto [c4, o4] = run({binary(), "report", dir + "/junk"}, dir + "/4.log", 60);
+  CATCH_INFO(o4);
+  CATCH_CHECK(c4 == 2);
+  CATCH_CHECK(o4.find(dir + "/junk/metrics.jsonl") != std::string::npos);
+  CATCH_CHECK(o4.find("no valid metrics line") != std::string::npos);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/junk/report.html"));
+  write_text(dir + "/junk/metrics.jsonl", "");
+  auto [c5, o5] = run({binary(), "report", dir + "/junk"}, dir + "/5.log", 60);
+  CATCH_INFO(o5);
+  CATCH_CHECK(c5 == 2);
+  CATCH_CHECK(o5.find("empty") != std::string::npos);
+  fs::remove_all(dir);
+}
