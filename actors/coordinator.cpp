@@ -696,6 +696,11 @@ void install_resume(self_ptr self) {
   if (s.ctx->cfg.run.mode == "ddp") s.ddp_step_in_round = snap.replicas[0].steps_in_round;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
   if (s.delayed && snap.pending.defined()) s.arrived[snap.pending_round] = snap.pending;
+  if (!s.delayed && snap.pending.defined())
+    spdlog::warn(
+        "the checkpoint holds the unapplied average of round {} from a diloco.outer = \"delayed\" run; "
+        "this run is \"{}\" and will not apply it",
+        snap.pending_round, s.ctx->cfg.diloco.outer);
   self->request(s.peers.outer, s.request_timeout, load_atom_v, snap.theta, snap.momentum)
       .then(
           [=](bool) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -100,35 +101,62 @@ bool decode_int8_scale(const codec_kernels& k, const std::byte* src, size_t n, f
 // --- int8, codebook: header = 256 fp32 bin values, then n uint8 codes b, x^ = table[b]
 // ----------------------
 //
-// Bins are computed in double: pos = min(2^28 - 1, trunc((x - min) * 2^28 / (max - min))), b = pos >> 20. The
-// sums of pos per bin are exact integers, so table[b] = min + mean(pos) * (max - min) / 2^28 is the mean of
-// the bin's values to 2^-20 of a bin width, the same on every level.
+// Codes are defined in double: pos = min(2^28 - 1, trunc((x - min) * 2^28 / (max - min))), b = pos >> 20; the
+// SIMD levels compute them in fp32 with a margin and fall back to double near bin edges, which gives the same
+// codes (CODEC.md). table[b] = min + mean(pos) * (max - min) / 2^28 over the values of bin b in a fixed
+// subsample of the chunk (every sample_stride-th value), so every entry lies in its bin. Exact integer sums
+// over a subsample defined by index: the same table on every level.
 
-// Codes and positions of this many values per kernel call stay in L1 for the bin sums.
-constexpr size_t codebook_block = 2048;
+// Values per codebook_codes call (32 KiB of input, still in L1/L2 for the samples that follow); large enough
+// that the call's set-up does not show.
+constexpr size_t codebook_block = 8192;
 
-// Bin sums over two interleaved sets (value i goes to set i % 2) so that consecutive values in one bin do
-// not all wait on one store. Each entry packs count << 42 | sum of pos: one 64-bit add per value (a scatter,
-// the same scalar code on every level). pos < 2^28, so 16384 values per set keep the sum below 2^42. The sums
-// are exact integers, so the result does not depend on the number of sets; measured at 64M values, 2 sets
-// encode fastest (4.6 GB/s; 1: 4.3, 4: 3.6-3.9, 8: 3.2).
+// Every stride-th value of a chunk (index 0, stride, 2 stride, ...) goes into the bin means: 1 for chunks of
+// fewer than 2^16 values, then the largest power of two <= n / 2^15, at most 16, so at least 2^15 values are
+// sampled. Exact per-value sums cost about 1 ns per value (a scattered add each), more than the rest of the
+// encode; a 1 MiB chunk (~2^20 values) samples 65536, 256 per bin on average.
+size_t sample_stride(size_t n) {
+  size_t s = 1;
+  while (s < 16 && (n >> 15) >= 2 * s) s *= 2;
+  return s;
+}
+
+// Bin sums of the samples. Each entry packs count << 42 | sum of positions: one 64-bit add per sample.
+// pos < 2^28, so up to 16384 samples per entry keep the sum below 2^42. Two sets (alternate samples) so that
+// consecutive samples in one bin do not all wait on one store. Exact integers: the order does not matter.
 struct bin_sums {
-  static constexpr int count_shift = 42;
-  static constexpr size_t sets = 2;
-  static constexpr size_t flush_every = sets * 16384;
-  static_assert(flush_every % codebook_block == 0, "flush on block boundaries");
+  static constexpr int count_shift = detail::codebook_count_shift;
+  static constexpr size_t capacity = 16384;  // samples between flushes (all in one set at worst)
 
-  uint64_t packed[sets][codebook_bins] = {};
+  uint64_t packed[2][codebook_bins] = {};
   uint64_t count[codebook_bins] = {};
   double pos_sum[codebook_bins] = {};
+  uint32_t pos[codebook_block];  // positions of one block's samples
+  size_t pending = 0;
 
-  void add(const uint32_t* pos, size_t n) {
-    constexpr uint64_t one = uint64_t{1} << count_shift;
-    size_t i = 0;
-    for (; i + sets <= n; i += sets) {
-      for (size_t k = 0; k < sets; ++k) packed[k][pos[i + k] >> 20] += one + pos[i + k];
+  // The samples of one block, src[0], src[stride], ...: positions from the kernel (or from codes_sample16,
+  // fused with the codes, if `fused`), then one add each. False if codes_sample16 found a NaN.
+  bool add_block(const codec_kernels& k, const float* src, size_t len, size_t stride,
+                 const detail::codebook_map& m, std::byte* codes, bool fused) {
+    if (pending + codebook_block > capacity) flush();
+    const size_t count = (len + stride - 1) / stride;
+    if (fused) {
+      if (!k.codebook_codes_sample16(src, len, m, codes, pos)) return false;
+    } else {
+      k.codebook_sample_pos(src, count, stride, m, pos);
     }
-    for (; i < n; ++i) packed[i % sets][pos[i] >> 20] += one + pos[i];
+    // Locals, so that the loop does not reload anything through the stores into `packed`.
+    uint64_t* set0 = packed[0];
+    uint64_t* set1 = packed[1];
+    constexpr uint64_t one = uint64_t{1} << count_shift;
+    size_t j = 0;
+    for (; j + 2 <= count; j += 2) {
+      set0[pos[j] >> 20] += one + pos[j];
+      set1[pos[j + 1] >> 20] += one + pos[j + 1];
+    }
+    if (j < count) set0[pos[j] >> 20] += one + pos[j];
+    pending += count;
+    return true;
   }
 
   void flush() {
@@ -140,8 +168,16 @@ struct bin_sums {
         set[b] = 0;
       }
     }
+    pending = 0;
   }
 };
+
+void poison_codebook(std::byte* dst, size_t n) {
+  float table[codebook_bins];
+  for (float& t : table) t = float_of(poison_bits);
+  std::memcpy(dst, table, sizeof table);
+  zero_bytes(dst + codebook_header_bytes, n);
+}
 
 void encode_int8_codebook(const codec_kernels& k, const float* src, size_t n, std::byte* dst) {
   float table[codebook_bins] = {};
@@ -150,35 +186,62 @@ void encode_int8_codebook(const codec_kernels& k, const float* src, size_t n, st
     std::memcpy(dst, table, sizeof table);
     return;
   }
+  // lo and hi skip NaN (unless src[0] is NaN: then both are NaN); codebook_codes reports the others.
   const detail::min_max mm = k.find_min_max(src, n);
-  if (mm.abs_max >= 0x7f800000u) {  // NaN or inf in the chunk
-    const float nan = float_of(poison_bits);
-    for (float& t : table) t = nan;
-    std::memcpy(dst, table, sizeof table);
-    zero_bytes(codes, n);
+  if (!(mm.lo > -HUGE_VALF && mm.hi < HUGE_VALF)) {  // NaN or inf
+    poison_codebook(dst, n);
     return;
   }
   // + 0.0f turns -0 into +0: which zero a min/max returns depends on the order of the comparisons.
   const float lo = mm.lo + 0.0f;
   const float hi = mm.hi + 0.0f;
   const double range = static_cast<double>(hi) - static_cast<double>(lo);  // no overflow in double
-  const double scale = range > 0.0 ? 0x1p28 / range : 0.0;                 // a constant chunk: all in bin 0
+  if (range == 0.0) {
+    // A constant chunk: every value in bin 0, table[0] = lo, exact. Only a NaN elsewhere could spoil it.
+    if (k.abs_max(src, n) >= 0x7f800000u) {
+      poison_codebook(dst, n);
+      return;
+    }
+    for (size_t b = 0; b < codebook_bins; ++b) {
+      table[b] = static_cast<float>(lo + (static_cast<double>(b) + 0.5) * (range / codebook_bins));
+    }
+    std::memcpy(dst, table, sizeof table);
+    zero_bytes(codes, n);
+    return;
+  }
+  detail::codebook_map m{};
+  m.lo = lo;
+  m.scale = 0x1p28 / range;
+  m.lo32 = lo;
+  // The fp32 fast path needs hi - lo finite in fp32 and not so small that 256 / (hi - lo) overflows or that
+  // flushing denormals (DAZ/FTZ) could move a value by more than 2^-18 of a bin (CODEC.md).
+  const float range32 = hi - lo;
+  m.fast = range32 < HUGE_VALF && range32 >= 0x1p-100f;
+  if (m.fast) m.s8 = 256.0f / range32;
+  const size_t stride = sample_stride(n);
   auto sums = std::make_unique<bin_sums>();
-  uint32_t pos[codebook_block];
+  // AVX-512 computes the positions of stride-16 samples in its code loop (no pass of their own).
+  const bool fused = k.codebook_codes_sample16 != nullptr && m.fast && stride == 16;
   for (size_t b = 0; b < n; b += codebook_block) {
     const size_t len = std::min(n - b, codebook_block);
-    k.codebook_bin(src + b, len, lo, scale, codes + b, pos);
-    sums->add(pos, len);
-    if ((b + len) % bin_sums::flush_every == 0) sums->flush();
+    if (!fused && !k.codebook_codes(src + b, len, m, codes + b)) {
+      poison_codebook(dst, n);
+      return;
+    }
+    // codebook_block is a multiple of every stride, so the samples of a block start at its first value.
+    if (!sums->add_block(k, src + b, len, stride, m, codes + b, fused)) {
+      poison_codebook(dst, n);
+      return;
+    }
   }
   sums->flush();
   for (size_t b = 0; b < codebook_bins; ++b) {
-    // The mean of the values in the bin; an empty bin gets its centre (never looked up by this chunk).
+    // The mean of the bin's samples; a bin without samples gets its centre. Both lie in the bin.
     const double v = sums->count[b] != 0
                          ? lo + sums->pos_sum[b] / static_cast<double>(sums->count[b]) * (range * 0x1p-28)
                          : lo + (static_cast<double>(b) + 0.5) * (range / codebook_bins);
     float t = static_cast<float>(v);
-    t = t < lo ? lo : (t > hi ? hi : t);  // the exact mean lies in [lo, hi]; keeps rounding from leaving it
+    t = t < lo ? lo : (t > hi ? hi : t);  // the exact value lies in [lo, hi]; keeps rounding from leaving it
     table[b] = t;
   }
   std::memcpy(dst, table, sizeof table);

@@ -142,27 +142,27 @@ LW_AVX2 abs_max_bits abs_max(const float* src, size_t n) {
   return m > t ? m : t;
 }
 
+// min(x, lo) returns lo when x is NaN, so NaN is skipped (codebook_codes catches it) unless src[0] is NaN,
+// which then stays in every lane. Only min and max per vector: this pass reads the chunk from memory, and
+// fewer instructions per cache line keep more loads in flight.
 LW_AVX2 min_max find_min_max(const float* src, size_t n) {
-  min_max r{src[0], src[0], 0};
+  min_max r{src[0], src[0]};
   size_t i = 0;
-  if (n >= 8) {
-    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-    __m256 lo = _mm256_loadu_ps(src);
-    __m256 hi = lo;
-    __m256i am = _mm256_setzero_si256();
-    for (; i + 8 <= n; i += 8) {
+  if (n >= 16) {
+    __m256 lo0 = _mm256_set1_ps(src[0]), lo1 = lo0, hi0 = lo0, hi1 = lo0;
+    for (; i + 16 <= n; i += 16) {
       const __m256 x = _mm256_loadu_ps(src + i);
-      lo = _mm256_min_ps(lo, x);
-      hi = _mm256_max_ps(hi, x);
-      am = _mm256_max_epu32(am, _mm256_and_si256(_mm256_castps_si256(x), abs_mask));
+      const __m256 y = _mm256_loadu_ps(src + i + 8);
+      lo0 = _mm256_min_ps(x, lo0);
+      hi0 = _mm256_max_ps(x, hi0);
+      lo1 = _mm256_min_ps(y, lo1);
+      hi1 = _mm256_max_ps(y, hi1);
     }
-    r = {hmin(lo), hmax(hi), hmax_u32(am)};
+    r = {hmin(_mm256_min_ps(lo0, lo1)), hmax(_mm256_max_ps(hi0, hi1))};
   }
-  if (i < n) {
-    const min_max t = scalar_kernels().find_min_max(src + i, n - i);
-    r.lo = t.lo < r.lo ? t.lo : r.lo;
-    r.hi = t.hi > r.hi ? t.hi : r.hi;
-    r.abs_max = t.abs_max > r.abs_max ? t.abs_max : r.abs_max;
+  for (; i < n; ++i) {
+    r.lo = src[i] < r.lo ? src[i] : r.lo;
+    r.hi = src[i] > r.hi ? src[i] : r.hi;
   }
   return r;
 }
@@ -211,35 +211,45 @@ LW_AVX2 void int8_dequantize_add(const std::byte* src, size_t n, float scale, fl
   scalar_kernels().int8_dequantize_add(src + i, n - i, scale, acc + i);
 }
 
-LW_AVX2 inline __m256i bin_pos8(const float* p, __m256d lo, __m256d scale) {
-  const __m128i a =
-      _mm256_cvttpd_epi32(_mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(p)), lo), scale));
-  const __m128i b =
-      _mm256_cvttpd_epi32(_mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(p + 4)), lo), scale));
-  return _mm256_set_m128i(b, a);
+// The fp32 fast path for 8 values (CODEC.md): t = (x - lo) * s8, c1 = trunc(t - margin), c2 = trunc(t +
+// margin). Where c1 == c2 the code is min(255, c2), which equals the double definition; `flag` gets nonzero
+// lanes where they differ, or where t is NaN (c2 = 0x80000000, so c2 >> 9 != 0).
+LW_AVX2 inline __m256i fast_codes8(const float* p, __m256 lo, __m256 s8, __m256 margin, __m256i& flag) {
+  const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(p), lo), s8);
+  const __m256i c1 = _mm256_cvttps_epi32(_mm256_sub_ps(t, margin));
+  const __m256i c2 = _mm256_cvttps_epi32(_mm256_add_ps(t, margin));
+  flag = _mm256_or_si256(flag, _mm256_or_si256(_mm256_xor_si256(c1, c2), _mm256_srli_epi32(c2, 9)));
+  return c2;
 }
 
-// Stores 8 positions and returns their codes (pos >> 20) in 32-bit lanes.
-LW_AVX2 inline __m256i bin8(const float* p, __m256d lo, __m256d scale, uint32_t* pos) {
-  const __m256i q = _mm256_min_epu32(bin_pos8(p, lo, scale), _mm256_set1_epi32((1 << 28) - 1));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(pos), q);
-  return _mm256_srli_epi32(q, 20);
-}
-
-LW_AVX2 void codebook_bin(const float* src, size_t n, double lo, double scale, std::byte* codes,
-                          uint32_t* pos) {
-  const __m256d l = _mm256_set1_pd(lo);
-  const __m256d s = _mm256_set1_pd(scale);
+LW_AVX2 bool codebook_codes(const float* src, size_t n, const codebook_map& m, std::byte* codes) {
   size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m256i ab =
-        _mm256_packus_epi32(bin8(src + i, l, s, pos + i), bin8(src + i + 8, l, s, pos + i + 8));
-    const __m256i cd =
-        _mm256_packus_epi32(bin8(src + i + 16, l, s, pos + i + 16), bin8(src + i + 24, l, s, pos + i + 24));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
-                        unshuffle_packed_bytes(_mm256_packus_epi16(ab, cd)));
+  if (m.fast) {
+    const __m256 lo = _mm256_set1_ps(m.lo32);
+    const __m256 s8 = _mm256_set1_ps(m.s8);
+    const __m256 margin = _mm256_set1_ps(fast_margin);
+    for (; i + 32 <= n; i += 32) {
+      __m256i flag = _mm256_setzero_si256();
+      const __m256i c0 = fast_codes8(src + i, lo, s8, margin, flag);
+      const __m256i c1 = fast_codes8(src + i + 8, lo, s8, margin, flag);
+      const __m256i c2 = fast_codes8(src + i + 16, lo, s8, margin, flag);
+      const __m256i c3 = fast_codes8(src + i + 24, lo, s8, margin, flag);
+      // Unsigned saturation turns 256 into 255 (the clamp of the definition).
+      const __m256i ab = _mm256_packus_epi32(c0, c1);
+      const __m256i cd = _mm256_packus_epi32(c2, c3);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
+                          unshuffle_packed_bytes(_mm256_packus_epi16(ab, cd)));
+      if (!_mm256_testz_si256(flag, flag) && !scalar_kernels().codebook_codes(src + i, 32, m, codes + i))
+        return false;
+    }
   }
-  scalar_kernels().codebook_bin(src + i, n - i, lo, scale, codes + i, pos + i);
+  return scalar_kernels().codebook_codes(src + i, n - i, m, codes + i);
+}
+
+// Sample positions stay scalar at this level (a gather of 8 plus the double arithmetic gains little here).
+void codebook_sample_pos(const float* src, size_t count, size_t stride, const codebook_map& m,
+                         uint32_t* pos) {
+  scalar_kernels().codebook_sample_pos(src, count, stride, m, pos);
 }
 
 // Table lookups stay scalar: vgatherdps was slower than scalar loads on Zen 4 (0.47 vs 0.26 ns per value,
@@ -255,10 +265,24 @@ void uint8_lookup_add(const std::byte* src, size_t n, const float* table, float*
 }  // namespace
 
 const codec_kernels* avx2_kernels() {
-  static const codec_kernels k{
-      simd_isa::avx2,      fp32_add,     fp16_encode,  fp16_decode,     fp16_add,      bf16_encode,
-      bf16_decode,         bf16_add,     abs_max,      find_min_max,    int8_quantize, int8_dequantize,
-      int8_dequantize_add, codebook_bin, uint8_lookup, uint8_lookup_add};
+  static const codec_kernels k{simd_isa::avx2,
+                               fp32_add,
+                               fp16_encode,
+                               fp16_decode,
+                               fp16_add,
+                               bf16_encode,
+                               bf16_decode,
+                               bf16_add,
+                               abs_max,
+                               find_min_max,
+                               int8_quantize,
+                               int8_dequantize,
+                               int8_dequantize_add,
+                               codebook_codes,
+                               codebook_sample_pos,
+                               nullptr,
+                               uint8_lookup,
+                               uint8_lookup_add};
   return &k;
 }
 

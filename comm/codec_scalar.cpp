@@ -134,14 +134,13 @@ abs_max_bits abs_max(const float* src, size_t n) {
   return m;
 }
 
+// NaN never replaces lo or hi (the comparison is false), as in the SIMD levels' min(x, lo).
 min_max find_min_max(const float* src, size_t n) {
-  min_max r{src[0], src[0], 0};
+  min_max r{src[0], src[0]};
   for (size_t i = 0; i < n; ++i) {
     const float x = src[i];
     r.lo = x < r.lo ? x : r.lo;
     r.hi = x > r.hi ? x : r.hi;
-    const uint32_t a = bits_of(x) & 0x7fffffffu;
-    r.abs_max = a > r.abs_max ? a : r.abs_max;
   }
   return r;
 }
@@ -172,13 +171,19 @@ void int8_dequantize_add(const std::byte* src, size_t n, float scale, float* acc
   for (size_t i = 0; i < n; ++i) acc[i] += keep_rounded(int8_value(src[i]) * scale);
 }
 
-void codebook_bin(const float* src, size_t n, double lo, double scale, std::byte* codes, uint32_t* pos) {
-  constexpr uint32_t max_pos = (1u << 28) - 1;
+// The reference: every code by the double definition (the fp32 fast path is only for the SIMD levels).
+bool codebook_codes(const float* src, size_t n, const codebook_map& m, std::byte* codes) {
   for (size_t i = 0; i < n; ++i) {
-    const auto p = static_cast<uint32_t>(static_cast<int32_t>((static_cast<double>(src[i]) - lo) * scale));
-    pos[i] = p < max_pos ? p : max_pos;
-    codes[i] = static_cast<std::byte>(pos[i] >> 20);
+    uint8_t c;
+    if (!codebook_code_exact(src[i], m, c)) return false;
+    codes[i] = static_cast<std::byte>(c);
   }
+  return true;
+}
+
+void codebook_sample_pos(const float* src, size_t count, size_t stride, const codebook_map& m,
+                         uint32_t* pos) {
+  for (size_t j = 0; j < count; ++j) pos[j] = codebook_pos_exact(src[j * stride], m);
 }
 
 void uint8_lookup(const std::byte* src, size_t n, const float* table, float* dst) {
@@ -192,10 +197,24 @@ void uint8_lookup_add(const std::byte* src, size_t n, const float* table, float*
 }  // namespace
 
 const codec_kernels& scalar_kernels() {
-  static const codec_kernels k{
-      simd_isa::scalar,    fp32_add,     fp16_encode,  fp16_decode,     fp16_add,      bf16_encode,
-      bf16_decode,         bf16_add,     abs_max,      find_min_max,    int8_quantize, int8_dequantize,
-      int8_dequantize_add, codebook_bin, uint8_lookup, uint8_lookup_add};
+  static const codec_kernels k{simd_isa::scalar,
+                               fp32_add,
+                               fp16_encode,
+                               fp16_decode,
+                               fp16_add,
+                               bf16_encode,
+                               bf16_decode,
+                               bf16_add,
+                               abs_max,
+                               find_min_max,
+                               int8_quantize,
+                               int8_dequantize,
+                               int8_dequantize_add,
+                               codebook_codes,
+                               codebook_sample_pos,
+                               nullptr,
+                               uint8_lookup,
+                               uint8_lookup_add};
   return k;
 }
 

@@ -51,7 +51,8 @@ std::string cluster_file(const std::string& dir, const std::vector<int>& workers
   ports.coordinator = free_port();
   std::string text = "[cluster]\nid = \"test-" + fs::path(dir).filename().string() +
                      "\"\ncoordinator = " + "\"tcp://127.0.0.1:" + std::to_string(ports.coordinator) +
-                     "\"\njoin_timeout_s = " + std::to_string(join_timeout_s) + "\n";
+                     "\"\njoin_timeout_s = " + std::to_string(join_timeout_s) +
+                     "\nmetrics_port = " + std::to_string(free_port()) + "\n";
   for (size_t i = 0; i < workers.size(); ++i) {
     ports.ring.push_back(free_port());
     ports.metrics.push_back(free_port());

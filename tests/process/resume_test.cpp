@@ -44,13 +44,15 @@ std::vector<std::string> checkpoints(const std::string& dir) {
   return out;
 }
 
-}  // namespace
-
-CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an uninterrupted run",
-                "[process][resume]") {
-  const auto dir = scratch_dir("sigkill");
+/// Runs the config uninterrupted, then again SIGKILLed inside a later round and restarted; the loss traces
+/// and the final validation loss must agree. `extra` are --set overrides for both runs.
+void check_sigkill_resume(const std::string& dir, const std::vector<std::string>& extra) {
+  auto with = [&](std::vector<std::string> args) {
+    for (const auto& e : extra) args.insert(args.end(), {"--set", e});
+    return args;
+  };
   // Uninterrupted reference.
-  auto [code_a, log_a] = run({binary(), "run", config_file(dir, "a")}, dir + "/a.log", 600);
+  auto [code_a, log_a] = run(with({binary(), "run", config_file(dir, "a")}), dir + "/a.log", 600);
   CATCH_INFO(log_a);
   CATCH_REQUIRE(code_a == 0);
   auto trace_a = read_trace(dir + "/a/loss_trace.tsv");
@@ -58,7 +60,7 @@ CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an 
 
   // Same config, killed after at least 3 checkpointed rounds, somewhere inside a later round.
   const auto cfg_b = config_file(dir, "b");
-  auto c = spawn({binary(), "run", cfg_b}, dir + "/b1.log");
+  auto c = spawn(with({binary(), "run", cfg_b}), dir + "/b1.log");
   CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/b/loss_trace.tsv").size() >= 17; }, 300));
   CATCH_REQUIRE(kill(c.pid, SIGKILL) == 0);
   CATCH_CHECK(wait_exit(c, 60) == 128 + SIGKILL);
@@ -66,7 +68,7 @@ CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an 
   CATCH_REQUIRE(killed_at < 60);  // it really was interrupted
   CATCH_REQUIRE_FALSE(checkpoints(dir + "/b/checkpoints").empty());
 
-  auto [code_b, log_b] = run({binary(), "run", cfg_b}, dir + "/b2.log", 600);
+  auto [code_b, log_b] = run(with({binary(), "run", cfg_b}), dir + "/b2.log", 600);
   CATCH_INFO(log_b);
   CATCH_REQUIRE(code_b == 0);
   CATCH_CHECK(log_b.find("resuming from round") != std::string::npos);
@@ -76,6 +78,28 @@ CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an 
     CATCH_CHECK(trace_b[i].first == trace_a[i].first);
     CATCH_CHECK(std::abs(trace_b[i].second - trace_a[i].second) <= 1e-6);
   }
+  auto val_loss = [](const std::string& result) {
+    const auto text = read_text(result);
+    const auto pos = text.find("\"val_loss\": ");
+    CATCH_REQUIRE(pos != std::string::npos);
+    return std::stod(text.substr(pos + 12));
+  };
+  CATCH_CHECK(std::abs(val_loss(dir + "/a/result.json") - val_loss(dir + "/b/result.json")) <= 1e-6);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an uninterrupted run",
+                "[process][resume]") {
+  const auto dir = scratch_dir("sigkill");
+  check_sigkill_resume(dir, {});
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("with delayed outer steps a run SIGKILLed mid-way resumes exactly, pending average included",
+                "[process][resume][policy]") {
+  const auto dir = scratch_dir("sigkill-delayed");
+  check_sigkill_resume(dir, {"diloco.outer=delayed"});
   fs::remove_all(dir);
 }
 
