@@ -283,7 +283,7 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
           [=](caf::error& e) { fail(self, e); });
 }
 
-void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k);
+void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k, bool final);
 
 /// delayed: a snapshot holds the average its next outer step will apply (that of its own round), so a resume
 /// continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it while
@@ -474,12 +474,15 @@ void after_round(self_ptr self, at::Tensor theta) {
     s.final_applied = true;
     spdlog::info("delayed: applying the average of the last round ({}) before the final evaluation", s.round);
     const auto r = s.round;
-    return when_average(self, r, [=](at::Tensor avg) {
-      self->state.arrived.erase(r);  // applied: the final snapshot must not carry it as pending
-      self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, r, avg)
-          .then([=](at::Tensor& final_theta) { eval_then_continue(self, final_theta); },
-                [=](caf::error& e) { fail(self, e); });
-    });
+    return when_average(
+        self, r,
+        [=](at::Tensor avg) {
+          self->state.arrived.erase(r);  // applied: the final snapshot must not carry it as pending
+          self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, r, avg)
+              .then([=](at::Tensor& final_theta) { eval_then_continue(self, final_theta); },
+                    [=](caf::error& e) { fail(self, e); });
+        },
+        /*final=*/true);
   }
   eval_then_continue(self, theta);
 }
@@ -541,16 +544,22 @@ void start_reduce(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
           });
 }
 
-/// Calls k with round r's average now if it arrived, else when it arrives; the wait is the workers' stall.
-void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k) {
+/// Calls k with round r's average now if it arrived, else when it arrives. Between rounds the wait is the
+/// workers' stall; after the last round (final = true) nothing computes any more, so it is only logged.
+void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k, bool final = false) {
   auto& s = self->state;
   if (s.arrived.count(round)) return k(s.arrived.at(round));
   const auto t0 = clock::now();
   s.waiting.emplace(round, [=](at::Tensor avg) {
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
-    self->state.round_stall_s += waited;
-    spdlog::info("delayed: the all-reduce of round {} came {:.2f} s later than needed (the workers stalled)",
-                 round, waited);
+    if (final) {
+      spdlog::info("delayed: waited {:.2f} s for the all-reduce of the last round ({})", waited, round);
+    } else {
+      self->state.round_stall_s += waited;
+      spdlog::info(
+          "delayed: the all-reduce of round {} came {:.2f} s later than needed (the workers stalled)", round,
+          waited);
+    }
     k(std::move(avg));
   });
 }

@@ -1,0 +1,384 @@
+#!/usr/bin/env bash
+# Outer-step overlap across network namespaces (issue 4): a 4-node cluster (1 worker each) on scripts/wan hosts
+# whose tbf rate is chosen so that one all-reduce of the model takes about half of an H-step inner phase. Every
+# policy in --policies trains the same seed, data and rounds in the same run; the script prints, per policy,
+# compute utilization (inner compute s ÷ wall s), stall seconds, wall time and wall time to a fixed val loss,
+# with ratios against sync, and writes a CSV. Needs root (exit 3 if namespaces cannot be created); tears its
+# namespaces down on exit and kills only the processes it started.
+#   bench/overlap.sh [--policies sync,delayed] [--rounds R] [--inner-steps H] [--rate RATE|auto] [--dtype fp32]
+#                    [--csv PATH] [--target LOSS] [--eval-batches N] [--batch B] [--seq-len T] [--keep] ...
+#   bench/overlap.sh --help
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+  cat <<'EOF'
+usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from scripts/wan)
+
+  --policies LIST     comma-separated [diloco] outer policies, e.g. sync,delayed      (default sync,delayed)
+                      sync is the baseline of the ratios and of the default target; put it first
+  --rounds R          outer rounds per policy                                          (default 10)
+  --inner-steps H     inner steps per round                                            (default 20)
+  --rate RATE|auto    tbf rate of every host link, e.g. 40mbit; auto: calibrate so that one all-reduce
+                      ≈ --ratio × one H-step phase                                     (default auto)
+  --ratio X           all-reduce time ÷ phase time aimed at by --rate auto             (default 0.5)
+  --efficiency E      ring goodput ÷ link rate assumed by --rate auto (bench/RESULTS.md measured
+                      0.75–0.83 for the tiny model's 10.9 MB at 100 Mbit/s)             (default 0.8)
+  --dtype D           [comm] dtype on the wire: fp32 | fp16 | bf16 | int8              (default fp32)
+  --target LOSS       val loss for "time to target"; default: sync's final val loss × 1.02
+  --eval-batches N    validation batches per evaluation (one evaluation every round)   (default 4)
+  --batch B           sequences per worker per inner step                              (default 8)
+  --seq-len T         sequence length                                                  (default 128)
+  --preset P          model preset                                                     (default tiny)
+  --outer-lr X        outer SGD learning rate                                          (default 0.7)
+  --outer-momentum X  outer Nesterov momentum                                          (default 0.9)
+  --csv PATH          CSV output                                                       (default bench/overlap.csv)
+  --keep              keep the work directory (configs, logs, metrics.jsonl) and print its path
+  -h, --help          this text
+
+Binary: ${LW_BINARY:-build/release/longwave} (built with `cmake --build --preset release --target longwave` if
+missing; copied into the work directory so that every policy runs the same build).
+Utilization = Σ compute_s ÷ Σ wall_s over every worker and every round but the first (warm-up), from the
+"worker" lines of each node's metrics.jsonl; "all" includes round 1; "no-eval" also removes the per-round
+evaluation (which runs on the training path under every policy) from the wall time.
+EOF
+}
+
+policies=sync,delayed
+rounds=10
+inner=20
+rate=auto
+ratio=0.5
+efficiency=0.8
+dtype=fp32
+target=""
+eval_batches=4
+batch=8
+seq_len=128
+preset=tiny
+outer_lr=0.7
+outer_momentum=0.9
+csv=bench/overlap.csv
+keep=0
+die() { echo "overlap: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --policies) policies=${2:?}; shift 2 ;;
+    --rounds) rounds=${2:?}; shift 2 ;;
+    --inner-steps) inner=${2:?}; shift 2 ;;
+    --rate) rate=${2:?}; shift 2 ;;
+    --ratio) ratio=${2:?}; shift 2 ;;
+    --efficiency) efficiency=${2:?}; shift 2 ;;
+    --dtype) dtype=${2:?}; shift 2 ;;
+    --target) target=${2:?}; shift 2 ;;
+    --eval-batches) eval_batches=${2:?}; shift 2 ;;
+    --batch) batch=${2:?}; shift 2 ;;
+    --seq-len) seq_len=${2:?}; shift 2 ;;
+    --preset) preset=${2:?}; shift 2 ;;
+    --outer-lr) outer_lr=${2:?}; shift 2 ;;
+    --outer-momentum) outer_momentum=${2:?}; shift 2 ;;
+    --csv) csv=${2:?}; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+isint() { [[ $1 =~ ^[0-9]+$ ]] && [ "$1" -gt 0 ]; }
+{ isint "$rounds" && [ "$rounds" -ge 2 ]; } || die "--rounds must be an integer ≥ 2 (round 1 is the warm-up)"
+isint "$inner" || die "--inner-steps must be a positive integer"
+isint "$eval_batches" || die "--eval-batches must be a positive integer"
+isint "$batch" || die "--batch must be a positive integer"
+isint "$seq_len" || die "--seq-len must be a positive integer"
+[[ $rate == auto || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] || die "--rate must be auto or like 40mbit"
+case "$dtype" in fp32 | fp16 | bf16 | int8) ;; *) die "--dtype must be fp32, fp16, bf16 or int8" ;; esac
+[[ $outer_lr =~ ^[0-9]*\.?[0-9]+$ && $outer_momentum =~ ^[0-9]*\.?[0-9]+$ ]] || die "--outer-lr/--outer-momentum must be numbers"
+[ -z "$target" ] || [[ $target =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--target must be a number"
+IFS=, read -r -a pols <<<"$policies"
+[ ${#pols[@]} -ge 1 ] || die "--policies is empty"
+for p in "${pols[@]}"; do [[ $p =~ ^[a-z_]+$ ]] || die "bad policy name '$p'"; done
+
+n=4
+export LONGWAVE_WAN_PREFIX=lwovl$$
+if ! scripts/wan check; then
+  echo "overlap: cannot create network namespaces here (needs root, iproute2 and tc); nothing was measured" >&2
+  exit 3
+fi
+
+# ---- the binary ------------------------------------------------------------------------------------------
+bin=${LW_BINARY:-build/release/longwave}
+building() { pgrep -f -- "--preset release" >/dev/null 2>&1 || pgrep -f "build/release/.*(gmake|ninja)" >/dev/null 2>&1; }
+if [ -z "${LW_BINARY:-}" ]; then
+  waited=0
+  while building && [ $waited -lt 1200 ]; do
+    [ $waited -eq 0 ] && echo "overlap: the release build is running (someone else's); waiting for it"
+    sleep 5
+    waited=$((waited + 5))
+  done
+  if [ ! -x "$bin" ]; then
+    echo "overlap: $bin missing; building it"
+    cmake --build --preset release --target longwave >/dev/null
+  fi
+fi
+[ -x "$bin" ] || { echo "overlap: $bin not found or not executable" >&2; exit 2; }
+
+work=$(mktemp -d /tmp/longwave-overlap.XXXXXX)
+pids=()
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+  local rc=$?
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  sleep 0.2
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  scripts/wan down "$LONGWAVE_WAN_PREFIX" >/dev/null 2>&1 || true
+  if [ "$keep" = 1 ] || [ "$rc" -ne 0 ]; then
+    echo "overlap: work directory kept: $work" >&2
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cp "$bin" "$work/longwave"
+lw="$work/longwave"
+
+# ---- one cluster run -------------------------------------------------------------------------------------
+addr() { echo "10.213.0.$((10 + $1))"; }
+
+# write_cluster FILE OUT_DIR POLICY ROUNDS EVAL_EVERY EVAL_BATCHES
+write_cluster() {
+  local f=$1 out=$2 policy=$3 r=$4 every=$5 eb=$6 i
+  {
+    printf '[cluster]\nid = "overlap-%s"\ncoordinator = "tcp://%s:5600"\njoin_timeout_s = 120\n' \
+      "$policy" "$(addr 0)"
+    printf 'heartbeat_timeout_s = 300\n'
+    for i in $(seq 0 $((n - 1))); do
+      printf '\n[[nodes]]\nname = "n%d"\nendpoint = "tcp://%s:5601"\nworkers = 1\n' "$i" "$(addr "$i")"
+    done
+    cat <<EOF
+
+[run]
+mode = "diloco"
+seed = 1234
+out_dir = "$out"
+
+[model]
+preset = "$preset"
+seq_len = $seq_len
+
+[train]
+inner_steps = $inner
+rounds = $r
+batch_size = $batch
+lr = 4e-3
+warmup_steps = $inner
+threads = 1
+
+[outer]
+lr = $outer_lr
+momentum = $outer_momentum
+
+[diloco]
+outer = "$policy"
+
+[comm]
+dtype = "$dtype"
+
+[eval]
+every_rounds = $every
+batches = $eb
+
+[checkpoint]
+every_rounds = 0
+
+[metrics]
+enabled = false
+EOF
+  } >"$f"
+}
+
+# run_cluster NAME RATE CLUSTER_FILE TIMEOUT_S: brings the hosts up at RATE, starts the coordinator in host 0
+# and node i in host i, waits; returns the first nonzero exit code (124 on timeout).
+run_cluster() {
+  local name=$1 r=$2 file=$3 limit=$4 i rc=0 t=0 p
+  scripts/wan up $n "$r" >/dev/null || return 1
+  local mine=()
+  scripts/wan exec 0 "$lw" coordinator "$file" >"$work/$name.coordinator.log" 2>&1 &
+  mine+=($!)
+  for i in $(seq 0 $((n - 1))); do
+    scripts/wan exec "$i" "$lw" node "$file" --node "n$i" --fresh >"$work/$name.n$i.log" 2>&1 &
+    mine+=($!)
+  done
+  pids+=("${mine[@]}")
+  # Poll; reap each process as it ends. One failing role stops the others (the coordinator would otherwise
+  # wait heartbeat_timeout_s for nodes that crashed).
+  local -A done_rc=()
+  while [ ${#done_rc[@]} -lt ${#mine[@]} ]; do
+    for p in "${mine[@]}"; do
+      [ -n "${done_rc[$p]:-}" ] && continue
+      kill -0 "$p" 2>/dev/null && continue
+      local c=0
+      wait "$p" || c=$?
+      done_rc[$p]=$c
+      [ $rc -eq 0 ] && [ $c -ne 0 ] && rc=$c
+    done
+    if [ ${#done_rc[@]} -lt ${#mine[@]} ] && { [ $rc -ne 0 ] || [ $t -ge "$limit" ]; }; then
+      [ $rc -eq 0 ] && { echo "overlap: $name did not finish within $limit s; stopping its processes" >&2; rc=124; }
+      for p in "${mine[@]}"; do [ -z "${done_rc[$p]:-}" ] && kill -TERM "$p" 2>/dev/null; done
+      sleep 3
+      for p in "${mine[@]}"; do [ -z "${done_rc[$p]:-}" ] && kill -KILL "$p" 2>/dev/null; done
+      for p in "${mine[@]}"; do [ -z "${done_rc[$p]:-}" ] && { wait "$p" 2>/dev/null || true; done_rc[$p]=killed; }; done
+      break
+    fi
+    sleep 1
+    t=$((t + 1))
+  done
+  pids=()  # all reaped: never signal these numbers again
+  scripts/wan down "$LONGWAVE_WAN_PREFIX" >/dev/null 2>&1 || true
+  if [ "$rc" -ne 0 ]; then
+    echo "overlap: $name failed (exit $rc); last lines of its logs:" >&2
+    for f in "$work/$name".*.log; do echo "--- $f" >&2; tail -5 "$f" >&2; done
+  fi
+  return $rc
+}
+
+# The JSON lines are flat (runtime/json_line.hpp), so one awk function reads a field.
+awk_json='function jget(line, key,   v) {
+  if (!match(line, "\"" key "\":(\"[^\"]*\"|[^,}]*)")) return "";
+  v = substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3); gsub(/"/, "", v); return v }'
+
+# summarize DIR: one line of key=value from the nodes' metrics.jsonl; DIR/evals.tsv gets (seconds since the
+# first node's start, round, val loss) of node n0's evaluations.
+summarize() {
+  local dir=$1
+  awk "$awk_json"'
+    FNR == 1 { node = FILENAME; sub(/\/metrics.jsonl$/, "", node); sub(/.*\//, "", node) }
+    {
+      kind = jget($0, "kind"); ts = jget($0, "ts") + 0
+      if (kind == "start") { start[node] = ts; if (first_start == "" || ts < first_start) first_start = ts; params = jget($0, "params") }
+      else if (kind == "end") { end_ts[node] = ts; if (node == "n0") final_loss = jget($0, "val_loss") }
+      else if (kind == "worker") {
+        r = jget($0, "round") + 0; c = jget($0, "compute_s"); w = jget($0, "wall_s")
+        all_c += c; all_w += w; nw_lines++
+        wts[node, r] = ts; wk[node, r]++
+        if (r > maxr) maxr = r
+        if (r >= 2) { sc += c; sw += w; stall += jget($0, "stall_s"); phase_sum += c; phase_n++ }
+      }
+      else if (kind == "eval") {
+        r = jget($0, "round") + 0; ev_ts[node, r] = ts
+        if (node == "n0") evals[++ne] = sprintf("%.3f %d %s", ts, r, jget($0, "val_loss"))
+      }
+      else if (kind == "allreduce") {
+        r = jget($0, "round") + 0; s = jget($0, "seconds") + 0
+        if (s > ar[r]) ar[r] = s
+        bytes = jget($0, "bytes_sent")
+      }
+    }
+    END {
+      # Evaluation after round r runs inside round r+1 wall time (its wall runs from round r end): subtract it.
+      for (k in ev_ts) { split(k, kk, SUBSEP); r = kk[2] + 0; nd = kk[1]
+        if (r >= 1 && r < maxr && ((nd, r) in wts)) eval_w += (ev_ts[k] - wts[nd, r]) * wk[nd, r] }
+      nar = 0; ar_sum = 0; for (r in ar) if (r + 0 >= 2) { ar_sum += ar[r]; nar++ }
+      wall = 0; for (nd in end_ts) if (end_ts[nd] - first_start > wall) wall = end_ts[nd] - first_start
+      nodes = 0; for (nd in start) nodes++
+      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d\n",
+        (sw > 0 ? sc / sw : 0), (all_w > 0 ? all_c / all_w : 0), ((sw - eval_w) > 0 ? sc / (sw - eval_w) : 0),
+        (nodes > 0 ? stall / nodes : 0), (phase_n > 0 ? phase_sum / phase_n : 0), (nar > 0 ? ar_sum / nar : 0),
+        wall, final_loss, params, bytes, nodes, nw_lines
+      for (i = 1; i <= ne; ++i) { split(evals[i], e, " "); printf "%.3f\t%d\t%s\n", e[1] - first_start, e[2], e[3] > (DIR "/evals.tsv") }
+    }' DIR="$dir" "$dir"/n*/metrics.jsonl
+}
+field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
+
+echo "overlap: $n hosts (scripts/wan, prefix $LONGWAVE_WAN_PREFIX), 1 worker each, threads=1, $preset model,"
+echo "         batch $batch x $seq_len, H=$inner, $rounds rounds, dtype $dtype, eval every round ($eval_batches batches), outer lr $outer_lr momentum $outer_momentum"
+echo "         binary $bin, policies ${pols[*]}; the machine is shared, so absolute times are noise, ratios hold"
+
+# ---- 1. calibration: the inner phase time under the same 4-process load ----------------------------------
+if [ "$rate" = auto ]; then
+  cal_rounds=3
+  mkdir -p "$work/cal"
+  write_cluster "$work/cal.toml" "$work/cal" sync $cal_rounds 0 1
+  echo "calibrating: sync, $cal_rounds rounds at 1gbit (the all-reduce is short next to the inner phase there, so the rounds measure compute)"
+  run_cluster cal 1gbit "$work/cal.toml" 900 || exit 1
+  cal=$(summarize "$work/cal")
+  phase=$(field phase_s "$cal")
+  params=$(field params "$cal")
+  case "$dtype" in fp32) bpe=4 ;; fp16 | bf16) bpe=2 ;; int8) bpe=1 ;; esac
+  # Ring: each node sends 2(N-1)/N of the model per round (int8 adds a small per-chunk header, ignored here).
+  rate_mbit=$(awk -v n=$n -v p="$params" -v b="$bpe" -v ph="$phase" -v ra="$ratio" -v e="$efficiency" \
+    'BEGIN { bytes = 2 * (n - 1) / n * b * p; m = bytes * 8 / (ra * ph * e) / 1e6; printf "%d", (m < 1 ? 1 : m + 0.5) }')
+  rate="${rate_mbit}mbit"
+  awk -v n=$n -v p="$params" -v b="$bpe" -v ph="$phase" -v ra="$ratio" -v e="$efficiency" -v h="$inner" -v r="$rate_mbit" 'BEGIN {
+    bytes = 2 * (n - 1) / n * b * p
+    printf "calibrated: inner phase %.2f s (%d steps x %.3f s, mean over workers and rounds 2..); %d params x %d B\n", ph, h, ph / h, p, b
+    printf "            -> %.2f MB sent per node per all-reduce; for %.2f s (= %.2f x phase) at %.0f%% link efficiency: %d mbit\n",
+      bytes / 1e6, ra * ph, ra, e * 100, r }'
+else
+  echo "rate: $rate (given)"
+fi
+
+# ---- 2. one run per policy -------------------------------------------------------------------------------
+declare -A summary
+failed=0
+for p in "${pols[@]}"; do
+  mkdir -p "$work/$p"
+  write_cluster "$work/$p.toml" "$work/$p" "$p" "$rounds" 1 "$eval_batches"
+  echo "running $p: $rounds rounds at $rate ..."
+  t0=$(date +%s)
+  if run_cluster "$p" "$rate" "$work/$p.toml" 1800; then
+    summary[$p]=$(summarize "$work/$p")
+    echo "  done in $(($(date +%s) - t0)) s: ${summary[$p]}"
+    grep -h "later than needed" "$work/$p".n*.log | head -3 | sed 's/^/  log: /' || true
+  else
+    failed=1
+  fi
+done
+
+# ---- 3. report -------------------------------------------------------------------------------------------
+base=""
+for p in "${pols[@]}"; do [ "$p" = sync ] && [ -n "${summary[sync]:-}" ] && base=sync; done
+if [ -z "$target" ]; then
+  ref=${base:-}
+  if [ -z "$ref" ]; then for p in "${pols[@]}"; do [ -n "${summary[$p]:-}" ] && ref=$p && break; done; fi
+  [ -n "$ref" ] || { echo "overlap: no policy finished" >&2; exit 1; }
+  target=$(awk -v l="$(field final_loss "${summary[$ref]}")" 'BEGIN { printf "%.4f", l * 1.02 }')
+  target_why="$ref's final val loss x 1.02"
+else
+  target_why="given"
+fi
+ttt() {  # first time (s since start) at which node n0's val loss <= target
+  awk -v t="$target" '$3 + 0 <= t + 0 { printf "%.1f", $1; found = 1; exit } END { if (!found) printf "-" }' "$1/evals.tsv"
+}
+mkdir -p "$(dirname "$csv")"
+echo "policy,rounds,inner_steps,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,utilization_vs_sync,speedup_to_target_vs_sync" >"$csv"
+base_util=""; base_ttt=""
+if [ -n "$base" ]; then base_util=$(field util "${summary[sync]}"); base_ttt=$(ttt "$work/sync"); fi
+echo
+echo "overlap: $n nodes x 1 worker, $preset, batch $batch x $seq_len, H=$inner, $rounds rounds, link $rate, $dtype on the wire"
+echo "target val loss $target ($target_why); utilization over rounds 2..$rounds (all: rounds 1..$rounds; no-eval: evaluation time removed)"
+printf "%-10s %6s %6s %7s %8s %7s %7s %6s %7s %8s %9s %7s %8s\n" policy util all no-eval stall_s phase_s ar_s ar/ph wall_s final to_target util/s speedup
+for p in "${pols[@]}"; do
+  s=${summary[$p]:-}
+  if [ -z "$s" ]; then
+    printf "%-10s %s\n" "$p" "failed (see the log tails above)"
+    echo "$p,$rounds,$inner,$rate,$dtype,,,,,,,,,,$target,,," >>"$csv"
+    continue
+  fi
+  u=$(field util "$s"); tt=$(ttt "$work/$p")
+  row=$(awk -v u="$u" -v bu="$base_util" -v tt="$tt" -v bt="$base_ttt" -v ph="$(field phase_s "$s")" \
+    -v ar="$(field allreduce_s "$s")" 'BEGIN {
+      ur = bu != "" && bu > 0 ? sprintf("%.3f", u / bu) : "-"
+      sp = (bt != "" && bt != "-" && tt != "-" && tt > 0) ? sprintf("%.3f", bt / tt) : "-"
+      printf "%.3f %s %s", (ph > 0 ? ar / ph : 0), ur, sp }')
+  read -r arph ur sp <<<"$row"
+  printf "%-10s %6.3f %6.3f %7.3f %8.2f %7.2f %7.2f %6.2f %7.1f %8.4f %9s %7s %8s\n" "$p" "$u" \
+    "$(field util_all "$s")" "$(field util_noeval "$s")" "$(field stall_s "$s")" "$(field phase_s "$s")" \
+    "$(field allreduce_s "$s")" "$arph" "$(field wall_s "$s")" "$(field final_loss "$s")" "$tt" "$ur" "$sp"
+  echo "$p,$rounds,$inner,$rate,$dtype,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$ur,$sp" >>"$csv"
+done
+echo
+echo "util = Σ compute_s ÷ Σ wall_s (goal ≥ 0.97 for overlap policies, sync expected near 0.67); ar/ph = all-reduce"
+echo "time (slowest node, mean of rounds 2..) ÷ inner phase; to_target = s from start until node n0's val loss ≤ target;"
+echo "util/s and speedup are ratios against sync measured in this run (speedup = sync's to_target ÷ this one's)."
+echo "csv: $csv"
+exit $failed
