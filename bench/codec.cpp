@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   app.add_option("--n", n, "fp32 values in the buffer")->check(CLI::PositiveNumber);
   app.add_option(
       "--chunk-bytes", chunk_bytes,
-      "encoded bytes per encode call, as ring_options::chunk_bytes (one int8 scale or codebook each); "
+      "encoded bytes per encode call, as ring_options::chunk_bytes (one int8 codebook each; plain int8 has "
+      "a scale per 256 values); "
       "0: the whole buffer is one chunk");
   app.add_option("--repeats", repeats, "repeats per measurement; the best is kept")
       ->check(CLI::Range(1, 1000));

@@ -1,5 +1,5 @@
-// Wire codecs: chunk headers (int8 scale, codebook table), validation of peer data and the choice of the
-// kernel level. The per-level kernels are in codec_scalar.cpp, codec_avx2.cpp and codec_avx512.cpp.
+// Wire codecs: chunk headers (int8 block scales, codebook table), validation of peer data and the choice of
+// the kernel level. The per-level kernels are in codec_scalar.cpp, codec_avx2.cpp and codec_avx512.cpp.
 #include "comm/codec.hpp"
 
 #include <algorithm>
@@ -25,7 +25,6 @@ using detail::codec_kernels;
 using detail::float_of;
 using detail::simd_isa;
 
-constexpr size_t scale_header_bytes = 4;
 constexpr size_t codebook_bins = 256;
 constexpr size_t codebook_header_bytes = codebook_bins * 4;
 // An int8 chunk whose max |x| is below this flushes to zero, so that the scale is a normal float and its
@@ -59,25 +58,50 @@ const codec_kernels& kernels_for(simd_isa isa) {
   return detail::scalar_kernels();
 }
 
-// --- int8, symmetric scale: header = fp32 scale s, then n int8 codes q, x^ = q * s
-// --------------------------
+// --- int8, symmetric per-block scales: header = fp32 scale s_b of each block of int8_block values, then
+// n int8 codes q, x^ = q * s_b
+// ------------------------------------------------------------------------------------------------------
 
-void encode_int8_scale(const codec_kernels& k, const float* src, size_t n, std::byte* dst) {
-  std::byte* codes = dst + scale_header_bytes;
-  const uint32_t m_bits = n != 0 ? k.abs_max(src, n) : 0;
+constexpr size_t scale_bytes = 4;
+
+size_t int8_blocks(size_t n) {
+  return n / int8_block + (n % int8_block != 0 ? 1 : 0);
+}
+
+// The scale of a block with max |x| = float_of(m_bits) and the factor the codes are computed with. False
+// (poison) if the block holds NaN or inf, or if its scale would exceed max_scale (|x| beyond ~3.39e38). A
+// block below min_abs_max flushes to zero: s = r = 0, so every code is rne(x * 0) = 0.
+bool block_scale(uint32_t m_bits, float& scale, float& inv) {
+  scale = 0.0f;
+  inv = 0.0f;
+  if (m_bits >= 0x7f800000u) return false;  // NaN or inf in the block
   const float m = float_of(m_bits);
-  float scale = 0.0f;
-  bool poison = m_bits >= 0x7f800000u;  // NaN or inf in the chunk
-  if (!poison && m >= min_abs_max) {
-    scale = m / 127.0f;
-    poison = scale > max_scale;  // |x| beyond ~3.39e38: treated like inf
-  }
-  if (poison) scale = float_of(poison_bits);
-  std::memcpy(dst, &scale, sizeof scale);
-  if (poison || scale == 0.0f) {
-    zero_bytes(codes, n);
-  } else {
-    k.int8_quantize(src, n, 127.0f / m, codes);
+  if (m < min_abs_max) return true;
+  scale = m / 127.0f;
+  inv = 127.0f / m;
+  return scale <= max_scale;
+}
+
+void poison_int8_blocks(std::byte* dst, size_t n) {
+  const size_t nb = int8_blocks(n);
+  const float poison = float_of(poison_bits);
+  for (size_t b = 0; b < nb; ++b) std::memcpy(dst + scale_bytes * b, &poison, scale_bytes);
+  zero_bytes(dst + scale_bytes * nb, n);
+}
+
+void encode_int8_blocks(const codec_kernels& k, const float* src, size_t n, std::byte* dst) {
+  const size_t nb = int8_blocks(n);
+  std::byte* codes = dst + scale_bytes * nb;
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t i = b * int8_block;
+    const size_t len = std::min(int8_block, n - i);
+    float scale, inv;
+    if (!block_scale(k.abs_max(src + i, len), scale, inv)) {
+      poison_int8_blocks(dst, n);  // the whole chunk: every decoder rejects it
+      return;
+    }
+    std::memcpy(dst + scale_bytes * b, &scale, scale_bytes);
+    k.int8_quantize(src + i, len, inv, codes + i);
   }
 }
 
@@ -86,14 +110,25 @@ bool valid_scale(float s) {
   return bits_of(s) == 0u || (s >= FLT_MIN && s <= max_scale);
 }
 
-bool decode_int8_scale(const codec_kernels& k, const std::byte* src, size_t n, float* out, bool add) {
-  float scale;
-  std::memcpy(&scale, src, sizeof scale);
-  if (!valid_scale(scale)) return false;
-  if (add) {
-    k.int8_dequantize_add(src + scale_header_bytes, n, scale, out);
-  } else {
-    k.int8_dequantize(src + scale_header_bytes, n, scale, out);
+bool decode_int8_blocks(const codec_kernels& k, const std::byte* src, size_t n, float* out, bool add) {
+  const size_t nb = int8_blocks(n);
+  // Every scale first, so that a bad one leaves out untouched.
+  for (size_t b = 0; b < nb; ++b) {
+    float scale;
+    std::memcpy(&scale, src + scale_bytes * b, scale_bytes);
+    if (!valid_scale(scale)) return false;
+  }
+  const std::byte* codes = src + scale_bytes * nb;
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t i = b * int8_block;
+    const size_t len = std::min(int8_block, n - i);
+    float scale;
+    std::memcpy(&scale, src + scale_bytes * b, scale_bytes);
+    if (add) {
+      k.int8_dequantize_add(codes + i, len, scale, out + i);
+    } else {
+      k.int8_dequantize(codes + i, len, scale, out + i);
+    }
   }
   return true;
 }
@@ -276,7 +311,7 @@ bool decode_impl(const codec_kernels& k, wire_dtype dt, const std::byte* src, si
     case wire_dtype::bf16: (add ? k.bf16_add : k.bf16_decode)(src, n, out); return true;
     case wire_dtype::int8:
       return o.int8_codebook ? decode_int8_codebook(k, src, n, out, add)
-                             : decode_int8_scale(k, src, n, out, add);
+                             : decode_int8_blocks(k, src, n, out, add);
   }
   return false;
 }
@@ -307,7 +342,8 @@ size_t encoded_size(wire_dtype dt, size_t n, const codec_options& o) {
     case wire_dtype::fp16:
     case wire_dtype::bf16: return n <= max / 2 ? 2 * n : max;
     case wire_dtype::int8: {
-      const size_t header = o.int8_codebook ? codebook_header_bytes : scale_header_bytes;
+      // int8_blocks(n) <= max / int8_block + 1, so the plain header cannot overflow.
+      const size_t header = o.int8_codebook ? codebook_header_bytes : scale_bytes * int8_blocks(n);
       return n <= max - header ? header + n : max;
     }
   }
@@ -409,7 +445,7 @@ void encode(simd_isa isa, wire_dtype dt, const float* src, size_t n, std::byte* 
       if (o.int8_codebook) {
         encode_int8_codebook(k, src, n, dst);
       } else {
-        encode_int8_scale(k, src, n, dst);
+        encode_int8_blocks(k, src, n, dst);
       }
       return;
   }

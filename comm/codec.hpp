@@ -1,6 +1,7 @@
 #pragma once
-// Wire codecs for pseudo-gradient chunks: fp32 (copy), fp16, bf16 and int8 (per-chunk scale or 256-bin
-// codebook), encoded in one dtype and decoded (and accumulated) in fp32. Formats and bounds: comm/CODEC.md.
+// Wire codecs for pseudo-gradient chunks: fp32 (copy), fp16, bf16 and int8 (a scale per block of 256 values,
+// or a 256-bin codebook per chunk), encoded in one dtype and decoded (and accumulated) in fp32. Formats and
+// bounds: comm/CODEC.md.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -17,21 +18,27 @@ const char* to_string(wire_dtype dt);
 /// Parses "fp32", "fp16", "bf16" or "int8" (exact, lower case); nullopt for anything else.
 std::optional<wire_dtype> parse_wire_dtype(std::string_view s);
 
+/// Values per fp32 scale of the plain int8 codec: a chunk of n values has ceil(n / int8_block) scales. Part
+/// of the wire format (both ends must use the same build).
+constexpr size_t int8_block = 256;
+
 /// Variants of a dtype; both ends of a link must use the same options.
 struct codec_options {
   /// int8 only: 256 bins over [min, max] of the chunk with a 256-entry fp32 table of bin means
-  /// (1024-byte header) instead of a symmetric scale (4-byte header).
+  /// (1024-byte header) instead of a symmetric scale per block of int8_block values (4 bytes each).
   bool int8_codebook = false;
 };
 
-/// Bytes that encode(dt, n, o) writes: 4n (fp32), 2n (fp16, bf16), 4 + n (int8), 1024 + n (int8 codebook).
+/// Bytes that encode(dt, n, o) writes: 4n (fp32), 2n (fp16, bf16), 4 * ceil(n / int8_block) + n (int8),
+/// 1024 + n (int8 codebook).
 /// Returns SIZE_MAX if that does not fit in size_t or dt is not a wire_dtype value, so any real byte count
 /// fails decode's size check.
 size_t encoded_size(wire_dtype dt, size_t n, const codec_options& o = {});
 
 /// Encodes n floats into dst, which must hold encoded_size(dt, n, o) bytes (no alignment needed). One call is
-/// one chunk: int8 computes its scale (or codebook) over these n values. Non-finite input: fp32/fp16/bf16
-/// carry NaN and inf through; int8 writes a chunk that every decoder rejects (see CODEC.md).
+/// one chunk: int8 computes its scales (or codebook) over these n values, blocks counted from src[0].
+/// Non-finite input: fp32/fp16/bf16 carry NaN and inf through; int8 writes a chunk that every decoder rejects
+/// (see CODEC.md).
 void encode(wire_dtype dt, const float* src, size_t n, std::byte* dst, const codec_options& o = {});
 
 /// acc[i] += decoded[i] for i < n, in fp32. Returns false, leaving acc unchanged, if bytes !=

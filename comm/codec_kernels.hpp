@@ -22,6 +22,11 @@ inline float float_of(uint32_t u) {
   return f;
 }
 
+// The per-block int8 encode runs abs_max and int8_quantize once per block: a multiple of 32 keeps every block
+// at the chunk's offset from a 64-byte boundary (so AVX-512's aligned steps apply to each block) and lets
+// AVX2's 32-value quantize step divide it (no scalar tail except in the last block).
+static_assert(int8_block % 32 == 0, "int8_block must be a multiple of 32");
+
 /// Largest |x| of a chunk as raw bits of the non-negative float; >= 0x7f800000 means a NaN or inf was
 /// present. Taking the max of the bit patterns is exact, so every level returns the same value.
 using abs_max_bits = uint32_t;
