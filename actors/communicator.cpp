@@ -125,7 +125,9 @@ caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicat
         if (s.opts.ring)
           spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                         s.opts.ring->bytes_sent() - s.sent);
-        report(self, s, round, static_cast<size_t>(n), secs, sum.norm().item<double>());
+        // The norm costs a pass over the parameters: only for the event log (not ddp's per-step averages).
+        const double norm = s.opts.log_events && s.opts.metrics ? sum.norm().item<double>() : 0.0;
+        report(self, s, round, static_cast<size_t>(n), secs, norm);
         return sum;
       },
   };

@@ -36,7 +36,7 @@ for i in $(seq 1 $((n - 1))); do echo; cat "$logs/rank$i.txt"; done
 echo
 echo "ring (slowest of the $n ranks per dtype; link $rate):"
 cat "$logs"/rank*.txt | awk -v n="$n" -v gbit="$gbit" '
-  $1 ~ /^(fp32|fp16|bf16|int8)$/ && NF >= 7 { if ($2 > t[$1]) t[$1] = $2; mib[$1] = $3; seen[$1] = 1 }
+  $1 ~ /^(fp32|fp16|bf16|int8)$/ && $2 ~ /^[0-9.]+$/ && NF >= 7 { if ($2 > t[$1]) t[$1] = $2; mib[$1] = $3; seen[$1] = 1 }
   END {
     printf "%-6s %10s %12s %14s\n", "dtype", "time_ms", "busbw/link", "goodput/fp32";
     split("fp32 fp16 bf16 int8", order, " ");
