@@ -45,8 +45,7 @@ void apply_error_feedback(comm_state& s, float* x, size_t n) {
   }
 }
 
-void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t n, double seconds,
-            double mean_norm) {
+void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t n, double seconds) {
   if (!s.opts.metrics) return;
   auto& m = s.opts.metrics;
   self->send(m, observe_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
@@ -82,7 +81,6 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t 
                  .add("bytes_sent", sent)
                  .add("bytes_received", received)
                  .add("dtype", comm::to_string(s.opts.dtype))
-                 .add("pseudo_gradient_norm", mean_norm)
                  .str());
 }
 
@@ -125,9 +123,7 @@ caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicat
         if (s.opts.ring)
           spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                         s.opts.ring->bytes_sent() - s.sent);
-        // The norm costs a pass over the parameters: only for the event log (not ddp's per-step averages).
-        const double norm = s.opts.log_events && s.opts.metrics ? sum.norm().item<double>() : 0.0;
-        report(self, s, round, static_cast<size_t>(n), secs, norm);
+        report(self, s, round, static_cast<size_t>(n), secs);
         return sum;
       },
   };

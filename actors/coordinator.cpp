@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "actors/worker.hpp"
@@ -83,14 +84,17 @@ struct coordinator_state {
   // Progress and metrics.
   std::map<int64_t, step_agg> steps;
   int64_t last_step = 0, first_step = 0;
-  double compute_s = 0;
-  int64_t tokens = 0;
   clock::time_point t_start;
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
   double eval_s = 0;  // wall time spent evaluating (excluded from train_seconds)
-  // Per local worker: compute seconds in the current round and since start, tokens since start.
+  // Per local worker: compute seconds in the current round and since start, tokens since start (the node's
+  // totals are their sums).
   std::vector<double> round_compute, run_compute;
   std::vector<int64_t> worker_tokens;
+  double total_compute() const { return std::accumulate(run_compute.begin(), run_compute.end(), 0.0); }
+  int64_t total_tokens() const {
+    return std::accumulate(worker_tokens.begin(), worker_tokens.end(), int64_t{0});
+  }
   clock::time_point t_round_start;
   bool ended = false;  // the "end" event is written
   // diloco.outer = "delayed": averages of finished all-reduces not yet applied, all-reduces still running,
@@ -197,15 +201,12 @@ void on_report(self_ptr self, const step_report& r) {
   const std::string w = std::to_string(r.rank);
   const auto wi = static_cast<size_t>(r.rank);
   const double wall = since_start(s);
-  s.compute_s += r.compute_s;
-  s.tokens += r.tokens;
-  if (wi < s.round_compute.size()) {
-    s.round_compute[wi] += r.compute_s;
-    s.run_compute[wi] += r.compute_s;
-    s.worker_tokens[wi] += r.tokens;
-    gauge(self, "longwave_worker_tokens_per_second", wall > 0 ? s.worker_tokens[wi] / wall : 0, w);
-    gauge(self, "longwave_worker_compute_utilization_run_ratio", wall > 0 ? s.run_compute[wi] / wall : 0, w);
-  }
+  LW_ASSERT(wi < s.run_compute.size(), "step report from a worker this node does not have");
+  s.round_compute[wi] += r.compute_s;
+  s.run_compute[wi] += r.compute_s;
+  s.worker_tokens[wi] += r.tokens;
+  gauge(self, "longwave_worker_tokens_per_second", wall > 0 ? s.worker_tokens[wi] / wall : 0, w);
+  gauge(self, "longwave_worker_compute_utilization_run_ratio", wall > 0 ? s.run_compute[wi] / wall : 0, w);
   gauge(self, "longwave_worker_train_loss", r.loss, w);
   self->send(s.peers.metrics, observe_atom_v, std::string("longwave_worker_inner_step_seconds"), w,
              r.compute_s);
@@ -221,7 +222,7 @@ void on_report(self_ptr self, const step_report& r) {
   s.last_step = std::max(s.last_step, r.step);
   if (s.trace)
     s.trace << r.step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
-  const double tok_s = wall > 0 ? static_cast<double>(s.tokens) / wall : 0;
+  const double tok_s = wall > 0 ? static_cast<double>(s.total_tokens()) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
   const int64_t total = s.ctx->total_inner_steps();
   // The rate the step just taken used (step is 1-based, the schedule 0-based).
@@ -229,7 +230,7 @@ void on_report(self_ptr self, const step_report& r) {
                                              cfg.train.min_lr_ratio);
   gauge(self, "longwave_train_loss", loss);
   gauge(self, "longwave_train_tokens_per_second", tok_s);
-  gauge(self, "longwave_compute_utilization_ratio", busy > 0 ? s.compute_s / busy : 0);
+  gauge(self, "longwave_compute_utilization_ratio", busy > 0 ? s.total_compute() / busy : 0);
   gauge(self, "longwave_inner_learning_rate", lr);
   record(self, json_line("step")
                    .add("step", r.step)
@@ -386,7 +387,7 @@ void write_result(const coordinator_state& s, double wall) {
       "\"val_loss\": {:.9g}, \"val_ppl\": {:.9g}, \"tokens\": {}, \"seconds\": {:.3f}, \"train_seconds\": "
       "{:.3f}}}\n",
       c.run.mode, c.train.workers, s.round, c.train.inner_steps, s.last_step, s.last_val_loss,
-      std::exp(s.last_val_loss), s.tokens, wall, wall - s.eval_s);
+      std::exp(s.last_val_loss), s.total_tokens(), wall, wall - s.eval_s);
 }
 
 void finish(self_ptr self) {
