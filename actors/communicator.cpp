@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <map>
 #include <vector>
 
 #include "comm/error_feedback.hpp"
@@ -21,26 +22,29 @@ namespace {
 
 struct comm_state {
   communicator_options opts;
-  std::unique_ptr<comm::error_feedback> residual;  // created on first use (size known then)
+  // Error-feedback residuals, one per fragment (streaming syncs fragments of different sizes); created on
+  // first use.
+  std::map<uint32_t, std::unique_ptr<comm::error_feedback>> residuals;
   uint64_t sent = 0, received = 0;                 // ring counters already reported
   double encode_s = 0, decode_s = 0;               // ring codec times already reported
 };
 
 /// Quantizes x in place chunk by chunk, as the ring will, carrying what is lost into the next round.
-void apply_error_feedback(comm_state& s, float* x, size_t n) {
-  if (!s.residual || s.residual->size() != n) s.residual = std::make_unique<comm::error_feedback>(n);
+void apply_error_feedback(comm_state& s, uint32_t fragment, float* x, size_t n) {
+  auto& residual = s.residuals[fragment];
+  if (!residual || residual->size() != n) residual = std::make_unique<comm::error_feedback>(n);
   const size_t chunk = std::max<size_t>(1, s.opts.ring->chunk_elements());
   std::vector<std::byte> wire;
   std::vector<float> back;
   for (size_t off = 0; off < n; off += chunk) {
     const size_t m = std::min(chunk, n - off);
-    s.residual->add_residual(x + off, m, off);
+    residual->add_residual(x + off, m, off);
     wire.resize(comm::encoded_size(s.opts.dtype, m, s.opts.codec));
     comm::encode(s.opts.dtype, x + off, m, wire.data(), s.opts.codec);
     back.resize(m);
     LW_ASSERT(comm::decode(s.opts.dtype, wire.data(), wire.size(), m, back.data(), s.opts.codec),
               "own encoding did not decode");
-    s.residual->update(x + off, back.data(), m, off);
+    residual->update(x + off, back.data(), m, off);
     std::copy(back.begin(), back.end(), x + off);
   }
 }
@@ -84,10 +88,9 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t 
                  .str());
 }
 
-caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicator_options opts) {
-  self->state.opts = std::move(opts);
-  return {
-      [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+using self_ptr = caf::stateful_actor<comm_state>*;
+
+caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
         auto& s = self->state;
         const auto t0 = std::chrono::steady_clock::now();
         if (parts.empty()) return make_error(errc::peer_lost, "reduce with no contributions");
@@ -109,9 +112,10 @@ caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicat
                                                      "lower train.lr or outer.lr)");
           float* data = sum.data_ptr<float>();
           if (s.opts.error_feedback && s.opts.dtype != comm::wire_dtype::fp32)
-            apply_error_feedback(s, data, static_cast<size_t>(n));
+            apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
           try {
-            s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()));
+            s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()),
+                                   fragment);
           } catch (const lw_error& e) {
             if (s.opts.metrics)
               self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
@@ -125,6 +129,16 @@ caf::behavior communicator_fun(caf::stateful_actor<comm_state>* self, communicat
                         s.opts.ring->bytes_sent() - s.sent);
         report(self, s, round, static_cast<size_t>(n), secs);
         return sum;
+}
+
+caf::behavior communicator_fun(self_ptr self, communicator_options opts) {
+  self->state.opts = std::move(opts);
+  return {
+      [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
+        return reduce(self, round, 0, std::move(parts));
+      },
+      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
+        return reduce(self, round, fragment, std::move(parts));
       },
   };
 }

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -65,6 +66,8 @@ bool allowed_transition(phase from, phase to) {
 
 namespace {
 
+using reduce_key = std::pair<uint64_t, uint32_t>;
+
 struct step_agg {
   int64_t count = 0;
   double loss_sum = 0;
@@ -97,12 +100,15 @@ struct coordinator_state {
   }
   clock::time_point t_round_start;
   bool ended = false;  // the "end" event is written
-  // diloco.outer = "delayed": averages of finished all-reduces not yet applied, all-reduces still running,
-  // and what waits for them (the next outer step, a snapshot). See ARCHITECTURE.md, "Outer-step policies".
-  bool delayed = false;
-  std::map<uint64_t, at::Tensor> arrived;
-  std::set<uint64_t> inflight;
-  std::multimap<uint64_t, std::function<void(at::Tensor)>> waiting;
+  // Overlap policies (ARCHITECTURE.md, "Outer-step policies"): averages of finished all-reduces not yet
+  // applied, all-reduces still running, and what waits for them (an outer step, a snapshot). Keyed by
+  // (round, fragment position): delayed/eager use (t, 0), streaming (t, j) for its j-th sync of round t.
+  bool one_late = false;  // delayed or eager: round t applies round t-1's average
+  bool eager = false, streaming = false;
+  std::map<reduce_key, at::Tensor> arrived;
+  std::set<reduce_key> inflight;
+  std::multimap<reduce_key, std::function<void(at::Tensor)>> waiting;
+  int64_t stream_pos = 0;  // streaming: inner steps of the current round done (at a segment boundary)
   double round_stall_s = 0;  // seconds the workers of the current round waited for a late average
   bool final_applied = false;
   std::ofstream trace;
@@ -168,15 +174,16 @@ void fail(self_ptr self, const caf::error& e) {
   notify_main(self, 1);
 }
 
-/// Sends msg to every worker; calls done with the replies in rank order once all arrived.
-template <class T, class... Ts>
-void gather(self_ptr self, caf::timespan timeout, std::function<void(std::vector<T>)> done, Ts... msg) {
+/// Sends msg_of(i) to worker i; calls done with the replies in rank order once all arrived.
+template <class T>
+void gather_each(self_ptr self, caf::timespan timeout, std::function<void(std::vector<T>)> done,
+                 std::function<caf::message(size_t)> msg_of) {
   const auto n = self->state.workers.size();
   auto results = std::make_shared<std::vector<T>>(n);
   auto left = std::make_shared<size_t>(n);
   auto failed = std::make_shared<bool>(false);
   for (size_t i = 0; i < n; ++i) {
-    self->request(self->state.workers[i], timeout, msg...)
+    self->request(self->state.workers[i], timeout, msg_of(i))
         .then(
             [=](T& r) {
               (*results)[i] = std::move(r);
@@ -188,6 +195,13 @@ void gather(self_ptr self, caf::timespan timeout, std::function<void(std::vector
               fail(self, e);
             });
   }
+}
+
+/// Sends the same msg to every worker (gather_each).
+template <class T, class... Ts>
+void gather(self_ptr self, caf::timespan timeout, std::function<void(std::vector<T>)> done, Ts... msg) {
+  auto m = caf::make_message(std::move(msg)...);
+  gather_each<T>(self, timeout, std::move(done), [m](size_t) { return m; });
 }
 
 void begin_round(self_ptr self);
@@ -267,9 +281,16 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
               snap.momentum = momentum;
               snap.meta = std::string(config_marker) + s.ctx->config_toml;
               snap.step = static_cast<uint64_t>(reps[0].adam_steps);
-              for (auto& r : reps) {
+              for (size_t i = 0; i < reps.size(); ++i) {
+                auto& r = reps[i];
                 if (boundary) r.steps_in_round = 0;
                 if (s.ctx->cfg.run.mode == "ddp") r.steps_in_round = boundary ? 0 : s.ddp_step_in_round;
+                if (s.streaming) r.steps_in_round = boundary ? 0 : s.stream_pos;
+                if (s.eager && outer.size() >= 2 + 3 * (i + 1)) {
+                  r.outer_theta = outer[2 + 3 * i];
+                  r.outer_momentum = outer[3 + 3 * i];
+                  r.prev_delta = outer[4 + 3 * i];
+                }
                 LW_ASSERT(static_cast<uint64_t>(r.adam_steps) == snap.step,
                           "replicas of a snapshot differ in step");
               }
@@ -284,23 +305,24 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
           [=](caf::error& e) { fail(self, e); });
 }
 
-void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k, bool final);
+void when_average(self_ptr self, reduce_key key, std::function<void(at::Tensor)> k, bool final);
 
-/// delayed: a snapshot holds the average its next outer step will apply (that of its own round), so a resume
+/// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a resume
 /// continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it while
 /// training goes on.
 void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
   auto& s = self->state;
   const auto r = snap.round;
-  if (!s.delayed || (s.arrived.count(r) == 0 && s.inflight.count(r) == 0)) return k(std::move(snap));
+  const reduce_key key{r, 0};
+  if (!s.one_late || (s.arrived.count(key) == 0 && s.inflight.count(key) == 0)) return k(std::move(snap));
   auto holder = std::make_shared<train_snapshot>(std::move(snap));
   auto attach = [holder, k, r](at::Tensor avg) {
     holder->pending = std::move(avg);
     holder->pending_round = r;
     k(std::move(*holder));
   };
-  if (s.arrived.count(r)) return attach(s.arrived.at(r));
-  s.waiting.emplace(r, attach);
+  if (s.arrived.count(key)) return attach(s.arrived.at(key));
+  s.waiting.emplace(key, attach);
 }
 
 void save_now(self_ptr self, train_snapshot snap, std::function<void()> then);
@@ -348,7 +370,9 @@ void stop_now(self_ptr self, bool boundary) {
       });
     });
   };
-  if (boundary || self->state.ctx->cfg.run.mode == "ddp") return take_snapshot(self, boundary, save_and_exit);
+  // ddp and streaming stop between two steps or segments, where every replica is at the same step.
+  if (boundary || self->state.ctx->cfg.run.mode == "ddp" || self->state.streaming)
+    return take_snapshot(self, boundary, save_and_exit);
   // DiLoCo mid-round: replicas run independently, so pause them, then bring all to the furthest step.
   gather<int64_t>(
       self, self->state.request_timeout,
@@ -438,10 +462,15 @@ void account_round(self_ptr self) {
     const double compute = s.round_compute[i];
     const double idle = std::max(0.0, wall - compute);
     const double util = wall > 0 ? std::min(1.0, compute / wall) : 0;
-    // delayed: the next round starts from a theta that lacks this round's average (one round stale).
-    const int64_t staleness = s.delayed ? 1 : 0;
+    // delayed, eager: the next round starts from a theta that lacks (most of) this round's average: one
+    // round stale. streaming: each fragment's average is applied tau inner steps after its snapshot.
+    const double staleness =
+        s.one_late ? 1.0
+                   : (s.streaming ? static_cast<double>(s.ctx->cfg.diloco.tau) /
+                                        static_cast<double>(s.ctx->cfg.train.inner_steps)
+                                  : 0.0);
     gauge(self, "longwave_worker_compute_utilization_ratio", util, w);
-    gauge(self, "longwave_worker_staleness_rounds", static_cast<double>(staleness), w);
+    gauge(self, "longwave_worker_staleness_rounds", staleness, w);
     self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_idle_seconds_total"), w, idle);
     self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_stall_seconds_total"), w,
                s.round_stall_s);
@@ -461,6 +490,8 @@ void account_round(self_ptr self) {
 }
 
 void eval_then_continue(self_ptr self, at::Tensor theta);
+void eager_finish(self_ptr self);
+void streaming_finish(self_ptr self, uint32_t f);
 
 void after_round(self_ptr self, at::Tensor theta) {
   auto& s = self->state;
@@ -469,16 +500,19 @@ void after_round(self_ptr self, at::Tensor theta) {
   account_round(self);
   gauge(self, "longwave_outer_round", static_cast<double>(s.round));
   const bool last = s.round >= static_cast<uint64_t>(cfg.train.rounds);
-  if (s.delayed && last && !s.final_applied && (s.inflight.count(s.round) || s.arrived.count(s.round))) {
+  if (last && !s.final_applied && s.eager) return eager_finish(self);
+  if (last && !s.final_applied && s.streaming) return streaming_finish(self, 1);
+  const reduce_key key{s.round, 0};
+  if (s.one_late && last && !s.final_applied && (s.inflight.count(key) || s.arrived.count(key))) {
     // The last round's average would otherwise be computed and dropped: apply it before the final evaluation,
     // so the result holds every round's work.
     s.final_applied = true;
     spdlog::info("delayed: applying the average of the last round ({}) before the final evaluation", s.round);
     const auto r = s.round;
     return when_average(
-        self, r,
+        self, key,
         [=](at::Tensor avg) {
-          self->state.arrived.erase(r);  // applied: the final snapshot must not carry it as pending
+          self->state.arrived.erase(key);  // applied: the final snapshot must not carry it as pending
           self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, r, avg)
               .then([=](at::Tensor& final_theta) { eval_then_continue(self, final_theta); },
                     [=](caf::error& e) { fail(self, e); });
@@ -517,19 +551,20 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
           [=](caf::error& e) { fail(self, e); });
 }
 
-// ---- delayed outer steps ---------------------------------------------------------------------------------
+// ---- overlap policies: delayed, eager, streaming -----------------------------------------------------------
 
-/// Starts the all-reduce of round r in the background; its average lands in `arrived` (and wakes waiters).
-void start_reduce(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
+/// Starts the all-reduce of `key` in the background; its average lands in `arrived` (and wakes waiters).
+/// Streaming passes the fragment's slices and its position j as the ring's fragment.
+void start_reduce(self_ptr self, reduce_key key, std::vector<at::Tensor> parts) {
   auto& s = self->state;
-  s.inflight.insert(r);
-  self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, r, std::move(parts))
+  s.inflight.insert(key);
+  self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, key.first, key.second, std::move(parts))
       .then(
           [=](at::Tensor& avg) {
             auto& s = self->state;
-            s.inflight.erase(r);
-            s.arrived[r] = avg;
-            auto range = s.waiting.equal_range(r);
+            s.inflight.erase(key);
+            s.arrived[key] = avg;
+            auto range = s.waiting.equal_range(key);
             std::vector<std::function<void(at::Tensor)>> ks;
             for (auto it = range.first; it != range.second; ++it) ks.push_back(std::move(it->second));
             s.waiting.erase(range.first, range.second);
@@ -537,72 +572,244 @@ void start_reduce(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
           },
           [=](caf::error& e) {
             auto& s = self->state;
-            s.inflight.erase(r);
+            s.inflight.erase(key);
             if (s.stop_requested && e.category() == caf::atom("longwave") &&
                 static_cast<errc>(e.code()) == errc::cancelled)
-              return stop_in_allreduce(self, r);
+              return stop_in_allreduce(self, key.first);
             fail(self, e);
           });
 }
 
-/// Calls k with round r's average now if it arrived, else when it arrives. Between rounds the wait is the
+/// Calls k with key's average now if it arrived, else when it arrives. While training, the wait is the
 /// workers' stall; after the last round (final = true) nothing computes any more, so it is only logged.
-void when_average(self_ptr self, uint64_t round, std::function<void(at::Tensor)> k, bool final = false) {
+void when_average(self_ptr self, reduce_key key, std::function<void(at::Tensor)> k, bool final = false) {
   auto& s = self->state;
-  if (s.arrived.count(round)) return k(s.arrived.at(round));
+  if (s.arrived.count(key)) return k(s.arrived.at(key));
   const auto t0 = clock::now();
-  s.waiting.emplace(round, [=](at::Tensor avg) {
+  s.waiting.emplace(key, [=](at::Tensor avg) {
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+    const auto& policy = self->state.ctx->cfg.diloco.outer;
+    const std::string what =
+        key.second == 0 ? fmt::format("round {}", key.first)
+        : self->state.streaming ? fmt::format("round {} fragment sync {}", key.first, key.second)
+                                : std::string("the workers' final parameters");
     if (final) {
-      spdlog::info("delayed: waited {:.2f} s for the all-reduce of the last round ({})", waited, round);
+      spdlog::info("{}: waited {:.2f} s for the all-reduce of {} after the last round", policy, waited, what);
     } else {
       self->state.round_stall_s += waited;
-      spdlog::info(
-          "delayed: the all-reduce of round {} came {:.2f} s later than needed (the workers stalled)", round,
-          waited);
+      // Counted always; logged when it matters (tau = 0 makes every streaming sync a short wait).
+      if (waited >= 0.05)
+          spdlog::info("{}: the all-reduce of {} came {:.2f} s later than needed (the workers stalled)",
+                     policy, what, waited);
     }
     k(std::move(avg));
   });
 }
 
-/// End of round r under "delayed": start r's all-reduce, then apply r-1's average (which ran during round r)
-/// and let the workers continue at once. Round 1 (or a resume without a pending average) applies nothing.
-void delayed_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
+/// The outer step of round r under delayed (the average of r-1) or eager (each replica's proxy from the average
+/// of r-1 and its own fresh pseudo-gradient); avg_prev is undefined when there is no earlier average.
+void one_late_step(self_ptr self, uint64_t r, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {
   auto& s = self->state;
-  const bool have_previous = r > 1 && (s.arrived.count(r - 1) || s.inflight.count(r - 1));
-  start_reduce(self, r, std::move(parts));
-  if (!have_previous) {
-    spdlog::info(
-        "delayed: round {} applies no outer step (no earlier average); its own is applied after "
-        "round {}",
-        r, r + 1);
-    set_phase(self, phase::outer_step);
+  set_phase(self, phase::outer_step);
+  if (s.eager)
+    return self->request(s.peers.outer, s.request_timeout, eager_atom_v, r, avg_prev, std::move(deltas))
+        .then([=](std::vector<at::Tensor>& thetas) { after_round(self, thetas[0]); },
+              [=](caf::error& e) { fail(self, e); });
+  if (!avg_prev.defined())
     return self->request(s.peers.outer, s.request_timeout, theta_atom_v)
         .then([=](at::Tensor& theta) { after_round(self, theta); }, [=](caf::error& e) { fail(self, e); });
+  self->request(s.peers.outer, s.request_timeout, outer_atom_v, r - 1, avg_prev)
+      .then([=](at::Tensor& theta) { after_round(self, theta); }, [=](caf::error& e) { fail(self, e); });
+}
+
+/// End of round r under delayed or eager: start r's all-reduce, then step with r-1's average (which ran during
+/// round r) and let the workers continue at once. Round 1 (or a resume without a pending average) has none.
+void one_late_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
+  auto& s = self->state;
+  const reduce_key prev{r - 1, 0};
+  const bool have_previous = r > 1 && (s.arrived.count(prev) || s.inflight.count(prev));
+  start_reduce(self, {r, 0}, parts);
+  if (!have_previous) {
+    spdlog::info("{}: round {} has no earlier average to apply{}", s.ctx->cfg.diloco.outer, r,
+                 s.eager ? " (each worker steps with its own pseudo-gradient / M)" : "");
+    return one_late_step(self, r, at::Tensor(), std::move(parts));
   }
   set_phase(self, phase::reducing);
-  when_average(self, r - 1, [=](at::Tensor avg) {
+  when_average(self, prev, [=](at::Tensor avg) {
     auto& s = self->state;
     if (s.ph != phase::reducing) return;  // stopped meanwhile
-    s.arrived.erase(r - 1);
-    set_phase(self, phase::outer_step);
-    self->request(s.peers.outer, s.request_timeout, outer_atom_v, r - 1, avg)
-        .then([=](at::Tensor& theta) { after_round(self, theta); }, [=](caf::error& e) { fail(self, e); });
+    s.arrived.erase(prev);
+    one_late_step(self, r, avg, parts);
   });
 }
 
-void diloco_round(self_ptr self, at::Tensor theta) {
+/// eager, after the last round: the final parameters are the mean of every worker's outer parameters over the
+/// whole run (one more all-reduce). The last round's average is waited for and dropped: each replica's last
+/// step already holds its own share, and the mean is what the run agreed on.
+void eager_finish(self_ptr self) {
+  auto& s = self->state;
+  s.final_applied = true;
+  const uint64_t r = s.round;
+  when_average(
+      self, {r, 0},
+      [=](at::Tensor) {
+        auto& s = self->state;
+        s.arrived.erase({r, 0});
+        self->request(s.peers.outer, s.request_timeout, theta_atom_v, s.ctx->n_workers())
+            .then(
+                [=](std::vector<at::Tensor>& thetas) {
+                  // Ring label (r, 1): after the round's own (r, 0), before anything of a later round.
+                  start_reduce(self, {r, 1}, thetas);
+                  when_average(
+                      self, {r, 1},
+                      [=](at::Tensor mean) {
+                        self->state.arrived.erase({r, 1});
+                        spdlog::info("eager: final parameters = the mean of all {} workers' outer parameters",
+                                     self->state.ctx->global_workers());
+                        self->request(self->state.peers.outer, self->state.request_timeout, theta_atom_v, mean)
+                            .then([=](bool) { eval_then_continue(self, mean); },
+                                  [=](caf::error& e) { fail(self, e); });
+                      },
+                      /*final=*/true);
+                },
+                [=](caf::error& e) { fail(self, e); });
+      },
+      /*final=*/true);
+}
+
+// ---- streaming --------------------------------------------------------------------------------------------
+// Round t's inner steps are cut into segments at the fragment events: for j = 1..P, fragment j mod P takes its
+// snapshot and starts its all-reduce at inner step j*H/P - tau, and is synced at j*H/P (outer step on its
+// ranges, then mixed into every replica). Between two events the workers run freely.
+
+/// Concatenates the slices of x that make up a fragment.
+at::Tensor fragment_of(const at::Tensor& x, const models::flat_ranges& ranges) {
+  std::vector<at::Tensor> slices;
+  for (const auto& [off, len] : ranges) slices.push_back(x.narrow(0, off, len));
+  return at::cat(slices);
+}
+
+void streaming_segment(self_ptr self);
+
+/// Sync point j of the current round: wait for its average, step the fragment, mix it into the replicas.
+void streaming_sync(self_ptr self, uint32_t j) {
+  auto& s = self->state;
+  const uint64_t round = s.round + 1;
+  const auto p = static_cast<uint32_t>(s.ctx->fragments.size());
+  set_phase(self, phase::reducing);
+  when_average(self, {round, j}, [=](at::Tensor avg) {
+    auto& s = self->state;
+    if (s.ph != phase::reducing) return;
+    s.arrived.erase({round, j});
+    set_phase(self, phase::outer_step);
+    self->request(s.peers.outer, s.request_timeout, outer_atom_v, round, j, avg)
+        .then(
+            [=](at::Tensor& theta) {
+              gather<bool>(
+                  self, self->state.request_timeout,
+                  [=](std::vector<bool>) {
+                    if (j == p) return after_round(self, theta);  // the round's last event
+                    set_phase(self, phase::inner);
+                    streaming_segment(self);
+                  },
+                  mix_atom_v, theta, j % p, self->state.ctx->cfg.diloco.alpha);
+            },
+            [=](caf::error& e) { fail(self, e); });
+  });
+}
+
+/// Runs the workers up to the next event of the round (a snapshot point or a sync point), then handles it.
+void streaming_segment(self_ptr self) {
+  auto& s = self->state;
+  const auto& d = s.ctx->cfg.diloco;
+  const int64_t h = s.ctx->cfg.train.inner_steps, len = h / d.fragments;
+  // Ctrl-C: stop where every replica is at the same step and no fragment is in flight.
+  if (s.stop_requested && s.inflight.empty()) return stop_now(self, /*boundary=*/s.stream_pos == 0);
+  // The next event after stream_pos: j*len - tau (snapshot) or j*len (sync).
+  int64_t j = s.stream_pos / len + 1;
+  const bool snapshot_next = s.stream_pos < j * len - d.tau;
+  const int64_t event = snapshot_next ? j * len - d.tau : j * len;
+  const uint64_t round = s.round + 1;
+  const int64_t steps = event - s.stream_pos;
+  auto run = [=](at::Tensor theta) {
+    gather<round_result>(
+        self, self->state.round_timeout,
+        [=](std::vector<round_result> results) {
+          auto& s = self->state;
+          if (s.ph != phase::inner) return;  // stopped meanwhile
+          s.stream_pos = event == h ? 0 : event;
+          if (snapshot_next) {
+            const auto& ranges = s.ctx->fragments[static_cast<size_t>(j % d.fragments)];
+            std::vector<at::Tensor> parts;
+            for (auto& r : results) parts.push_back(fragment_of(r.delta, ranges));
+            start_reduce(self, {round, static_cast<uint32_t>(j)}, std::move(parts));
+          }
+          if (snapshot_next && d.tau > 0) return streaming_segment(self);
+          streaming_sync(self, static_cast<uint32_t>(j));
+        },
+        run_atom_v, round, theta, steps, false);
+  };
+  if (!snapshot_next) return run(at::Tensor());  // no pseudo-gradient needed at a sync point
+  self->request(s.peers.outer, s.request_timeout, theta_atom_v)
+      .then([=](at::Tensor& theta) { run(theta); }, [=](caf::error& e) { fail(self, e); });
+}
+
+/// After the last round: fragments 1..P-1 were last synced part-way through it. Their remaining work is
+/// all-reduced and applied one by one (ring labels (T, P+f)), so the final parameters hold every step.
+void streaming_finish(self_ptr self, uint32_t f) {
+  auto& s = self->state;
+  const auto p = static_cast<uint32_t>(s.ctx->fragments.size());
+  if (f >= p) {
+    s.final_applied = true;
+    return self->request(s.peers.outer, s.request_timeout, theta_atom_v)
+        .then([=](at::Tensor& theta) { eval_then_continue(self, theta); }, [=](caf::error& e) { fail(self, e); });
+  }
+  if (f == 1) spdlog::info("streaming: syncing fragments 1..{} once more after the last round", p - 1);
+  const uint64_t r = s.round;
+  const reduce_key key{r, p + f};
+  self->request(s.peers.outer, s.request_timeout, theta_atom_v)
+      .then(
+          [=](at::Tensor& theta) {
+            gather<round_result>(
+                self, self->state.round_timeout,
+                [=](std::vector<round_result> results) {
+                  auto& s = self->state;
+                  std::vector<at::Tensor> parts;
+                  for (auto& res : results) parts.push_back(fragment_of(res.delta, s.ctx->fragments[f]));
+                  start_reduce(self, key, std::move(parts));
+                  when_average(
+                      self, key,
+                      [=](at::Tensor avg) {
+                        self->state.arrived.erase(key);
+                        self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, r,
+                                      key.second, avg)
+                            .then([=](at::Tensor&) { streaming_finish(self, f + 1); },
+                                  [=](caf::error& e) { fail(self, e); });
+                      },
+                      /*final=*/true);
+                },
+                run_atom_v, r, theta, int64_t{0}, false);
+          },
+          [=](caf::error& e) { fail(self, e); });
+}
+
+// ---- sync, delayed, eager rounds ----------------------------------------------------------------------------
+
+/// Round t from each worker's starting parameters (one theta for all, or eager's per-replica ones).
+void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {
   auto& s = self->state;
   const auto& cfg = s.ctx->cfg;
   const uint64_t round = s.round + 1;
-  gather<round_result>(
+  const int64_t h = cfg.train.inner_steps;
+  const bool sync = s.sync_workers;
+  gather_each<round_result>(
       self, s.round_timeout,
       [=](std::vector<round_result> results) {
         auto& s = self->state;
         if (s.ph != phase::inner) return;  // stopped meanwhile
         std::vector<at::Tensor> parts;
         for (auto& r : results) parts.push_back(std::move(r.delta));
-        if (s.delayed) return delayed_round_end(self, round, std::move(parts));
+        if (s.one_late) return one_late_round_end(self, round, std::move(parts));
         set_phase(self, phase::reducing);
         // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
         // communicator that never answers.
@@ -622,7 +829,7 @@ void diloco_round(self_ptr self, at::Tensor theta) {
                   fail(self, e);
                 });
       },
-      run_atom_v, round, theta, cfg.train.inner_steps, s.sync_workers);
+      [=](size_t i) { return caf::make_message(run_atom_v, round, thetas[i], h, sync); });
 }
 
 void ddp_step(self_ptr self);
@@ -692,8 +899,10 @@ void begin_round(self_ptr self) {
   if (s.stop_requested) return stop_now(self, /*boundary=*/true);
   set_phase(self, phase::inner);
   if (s.ctx->cfg.run.mode == "ddp") return ddp_step(self);
-  self->request(s.peers.outer, s.request_timeout, theta_atom_v)
-      .then([=](at::Tensor& theta) { diloco_round(self, theta); }, [=](caf::error& e) { fail(self, e); });
+  if (s.streaming) return streaming_segment(self);
+  self->request(s.peers.outer, s.request_timeout, theta_atom_v, s.ctx->n_workers())
+      .then([=](std::vector<at::Tensor>& thetas) { diloco_round(self, thetas); },
+            [=](caf::error& e) { fail(self, e); });
 }
 
 void install_resume(self_ptr self) {
@@ -705,15 +914,37 @@ void install_resume(self_ptr self) {
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
   if (s.ctx->cfg.run.mode == "ddp") s.ddp_step_in_round = snap.replicas[0].steps_in_round;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
-  if (s.delayed && snap.pending.defined()) s.arrived[snap.pending_round] = snap.pending;
-  if (!s.delayed && snap.pending.defined())
+  if (s.one_late && snap.pending.defined()) s.arrived[{snap.pending_round, 0}] = snap.pending;
+  if (!s.one_late && snap.pending.defined())
     spdlog::warn(
-        "the checkpoint holds the unapplied average of round {} from a diloco.outer = \"delayed\" run; "
-        "this run is \"{}\" and will not apply it",
+        "the checkpoint holds the unapplied average of round {} from a delayed or eager run; this run is "
+        "diloco.outer = \"{}\" and will not apply it",
         snap.pending_round, s.ctx->cfg.diloco.outer);
+  if (s.streaming) {
+    // The workers count segments themselves; the coordinator continues the round's schedule from here.
+    s.stream_pos = snap.replicas[0].steps_in_round;
+    for (auto& r : snap.replicas) r.steps_in_round = 0;
+  }
+  // eager: each replica's outer state (a checkpoint of another policy has none: start them from theta).
+  std::vector<at::Tensor> eager_state;
+  if (s.eager) {
+    bool missing = false;
+    for (auto& r : snap.replicas) {
+      missing = missing || !r.outer_theta.defined();
+      eager_state.push_back(r.outer_theta.defined() ? r.outer_theta : snap.theta);
+      eager_state.push_back(r.outer_theta.defined() ? r.outer_momentum : snap.momentum);
+      eager_state.push_back(r.prev_delta);
+    }
+    if (missing)
+      spdlog::warn("the checkpoint has no per-worker outer state (it is not from an eager run); every worker's "
+                   "outer state starts from theta_global and its momentum");
+  }
   self->request(s.peers.outer, s.request_timeout, load_atom_v, snap.theta, snap.momentum)
       .then(
           [=](bool) {
+            if (!eager_state.empty())
+              self->request(self->state.peers.outer, self->state.request_timeout, load_atom_v, eager_state)
+                  .then([](bool) {}, [=](caf::error& e) { fail(self, e); });
             auto left = std::make_shared<size_t>(snap.replicas.size());
             for (size_t i = 0; i < snap.replicas.size(); ++i) {
               self->request(self->state.workers[i], self->state.request_timeout, load_atom_v,
@@ -735,7 +966,10 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
   s.peers = std::move(peers);
   s.resume = std::move(resume);
   s.sync_workers = ctx->cfg.run.mode != "single";
-  s.delayed = ctx->cfg.run.mode == "diloco" && ctx->cfg.diloco.outer == "delayed";
+  const bool diloco = ctx->cfg.run.mode == "diloco";
+  s.eager = diloco && ctx->cfg.diloco.outer == "eager";
+  s.one_late = diloco && (ctx->cfg.diloco.outer == "delayed" || s.eager);
+  s.streaming = diloco && ctx->cfg.diloco.outer == "streaming";
   s.round_timeout = seconds(ctx->cfg.runtime.round_timeout_s);
   s.round_compute.assign(static_cast<size_t>(ctx->n_workers()), 0.0);
   s.run_compute = s.round_compute;
@@ -801,7 +1035,9 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
         }
         // DiLoCo mid-round: workers answer (state) between two inner steps, so stop at once.
         // ddp and the round tail: stop at the next step or round boundary.
-        if (s.ph == phase::inner && s.ctx->cfg.run.mode != "ddp") return stop_now(self, /*boundary=*/false);
+        // streaming: at the next segment boundary with no fragment in flight.
+        if (s.ph == phase::inner && s.ctx->cfg.run.mode != "ddp" && !s.streaming)
+          return stop_now(self, /*boundary=*/false);
         s.stop_requested = true;
       },
   };

@@ -1,8 +1,12 @@
-// Outer optimizer actor: theta <- theta - lr * (delta + mu * b), b <- mu * b + delta.
+// Outer optimizer actor: theta <- theta - lr * (delta + mu * b), b <- mu * b + delta, on the whole of theta,
+// on one fragment of it (streaming), or per replica on an eager proxy pseudo-gradient.
 #include "actors/outer_optimizer.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+
+#include <cmath>
+#include <utility>
 
 #include "models/outer_sgd.hpp"
 #include "runtime/caf_errors.hpp"
@@ -15,15 +19,24 @@ using namespace longwave::runtime;
 
 namespace {
 
+/// eager: one replica's outer state.
+struct eager_replica {
+  at::Tensor theta, prev_delta;  // prev_delta undefined before its first round
+  std::unique_ptr<models::outer_sgd> opt;
+};
+
 struct outer_state {
   at::Tensor theta;
   std::unique_ptr<models::outer_sgd> opt;
-  uint64_t last_round = 0;
+  std::pair<uint64_t, uint32_t> last{0, 0};  // (round, seq) of the last step
   bool stepped = false;
+  std::vector<eager_replica> replicas;
 };
 
-void report(caf::event_based_actor* self, const caf::actor& metrics, uint64_t round, double lr,
-            double delta_norm, double update_norm) {
+using self_ptr = caf::stateful_actor<outer_state>*;
+
+void report(self_ptr self, const caf::actor& metrics, uint64_t round, double lr, double delta_norm,
+            double update_norm) {
   if (!metrics) return;
   auto gauge = [&](const char* name, double v) {
     self->send(metrics, gauge_atom_v, std::string(name), std::string(), v);
@@ -40,41 +53,164 @@ void report(caf::event_based_actor* self, const caf::actor& metrics, uint64_t ro
                  .str());
 }
 
-caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_section cfg, at::Tensor theta0,
-                        caf::actor metrics) {
-  self->state.theta = std::move(theta0);
-  self->state.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
+/// Rejects a step that does not follow the last one; records it otherwise.
+caf::error check_order(outer_state& s, uint64_t round, uint32_t seq) {
+  const std::pair<uint64_t, uint32_t> key{round, seq};
+  if (s.stepped && key <= s.last)
+    return make_error(errc::stale_round, "outer step for round " + std::to_string(round) + " (" +
+                                             std::to_string(seq) + ") after round " +
+                                             std::to_string(s.last.first) + " (" +
+                                             std::to_string(s.last.second) + ")");
+  return {};
+}
+
+caf::error check_size(const at::Tensor& t, int64_t n, const char* what) {
+  if (t.defined() && t.numel() == n) return {};
+  return make_error(errc::malformed_frame, std::string(what) + " has " +
+                                               std::to_string(t.defined() ? t.numel() : 0) +
+                                               " values, expected " + std::to_string(n));
+}
+
+/// Runs f, turning a torch exception into an error.
+template <class F>
+caf::error torch_guarded(const char* what, F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const c10::Error& e) {
+    return make_error(errc::torch_error, std::string(what) + ": " + e.what_without_backtrace());
+  }
+}
+
+caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor theta0, caf::actor metrics,
+                        outer_policy policy) {
+  auto& st = self->state;
+  st.theta = std::move(theta0);
+  st.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
+  for (int64_t m = 0; m < policy.eager_replicas; ++m)
+    st.replicas.push_back(
+        {st.theta.clone(), at::Tensor(), std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
+  auto finish_step = [=](uint64_t round, uint32_t seq) {
+    self->state.last = {round, seq};
+    self->state.stepped = true;
+  };
   return {
       [=](theta_atom) { return self->state.theta; },
+      [=](theta_atom, int64_t n) {
+        auto& s = self->state;
+        std::vector<at::Tensor> out;
+        for (int64_t m = 0; m < n; ++m)
+          out.push_back(static_cast<size_t>(m) < s.replicas.size() ? s.replicas[static_cast<size_t>(m)].theta
+                                                                   : s.theta);
+        return out;
+      },
+      [=](theta_atom, at::Tensor theta) -> caf::result<bool> {
+        if (auto e = check_size(theta, self->state.theta.numel(), "theta")) return e;
+        self->state.theta = theta.clone();
+        return true;
+      },
       [=](outer_atom, uint64_t round, at::Tensor delta) -> caf::result<at::Tensor> {
         auto& s = self->state;
-        if (s.stepped && round <= s.last_round)
-          return make_error(errc::stale_round, "outer step for round " + std::to_string(round) +
-                                                   " after round " + std::to_string(s.last_round));
-        if (delta.numel() != s.theta.numel())
-          return make_error(errc::malformed_frame, "pseudo-gradient has " + std::to_string(delta.numel()) +
-                                                       " values, theta has " +
-                                                       std::to_string(s.theta.numel()));
-        try {
+        if (auto e = check_order(s, round, 0)) return e;
+        if (auto e = check_size(delta, s.theta.numel(), "pseudo-gradient")) return e;
+        auto e = torch_guarded("outer step", [&] {
           const double delta_norm = delta.norm().item<double>();
           const double update_norm = s.opt->step(s.theta, delta);
           report(self, metrics, round, s.opt->lr(), delta_norm, update_norm);
-        } catch (const c10::Error& e) {
-          return make_error(errc::torch_error, std::string("outer step: ") + e.what_without_backtrace());
-        }
-        s.last_round = round;
-        s.stepped = true;
+        });
+        if (e) return e;
+        finish_step(round, 0);
         return s.theta;
+      },
+      [=](outer_atom, uint64_t round, uint32_t seq, at::Tensor delta) -> caf::result<at::Tensor> {
+        auto& s = self->state;
+        if (policy.fragments.empty())
+          return make_error(errc::invalid_config, "fragment outer step without streaming fragments");
+        if (auto e = check_order(s, round, seq)) return e;
+        const auto& ranges = policy.fragments[seq % policy.fragments.size()];
+        if (auto e = check_size(delta, models::range_size(ranges), "fragment pseudo-gradient")) return e;
+        auto e = torch_guarded("outer step", [&] {
+          const double delta_norm = delta.norm().item<double>();
+          const double update_norm = s.opt->step(s.theta, delta, ranges);
+          report(self, metrics, round, s.opt->lr(), delta_norm, update_norm);
+        });
+        if (e) return e;
+        finish_step(round, seq);
+        return s.theta;
+      },
+      [=](eager_atom, uint64_t round, at::Tensor avg_prev,
+          std::vector<at::Tensor> deltas) -> caf::result<std::vector<at::Tensor>> {
+        auto& s = self->state;
+        const int64_t n = s.theta.numel();
+        if (deltas.size() != s.replicas.size())
+          return make_error(errc::malformed_frame, "eager step with " + std::to_string(deltas.size()) +
+                                                       " pseudo-gradients for " +
+                                                       std::to_string(s.replicas.size()) + " replicas");
+        if (auto e = check_order(s, round, 0)) return e;
+        if (avg_prev.defined())
+          if (auto e = check_size(avg_prev, n, "average")) return e;
+        for (const auto& d : deltas)
+          if (auto e = check_size(d, n, "pseudo-gradient")) return e;
+        std::vector<at::Tensor> out{at::Tensor()};
+        auto e = torch_guarded("eager outer step", [&] {
+          at::NoGradGuard no_grad;
+          const double inv_m = 1.0 / static_cast<double>(policy.global_workers);
+          auto mean_proxy = at::zeros_like(s.theta);
+          auto mean_theta = at::zeros_like(s.theta);
+          for (size_t m = 0; m < deltas.size(); ++m) {
+            auto& r = s.replicas[m];
+            // proxy = avg_prev + (delta_m - prev_delta_m) / M, with absent terms as 0.
+            auto proxy = deltas[m].mul(inv_m);
+            if (r.prev_delta.defined()) proxy.sub_(r.prev_delta, inv_m);
+            if (avg_prev.defined()) proxy.add_(avg_prev);
+            r.opt->step(r.theta, proxy);
+            r.prev_delta = deltas[m];
+            mean_proxy.add_(proxy);
+            mean_theta.add_(r.theta);
+            out.push_back(r.theta);
+          }
+          const double k = static_cast<double>(deltas.size());
+          mean_proxy.div_(k);
+          mean_theta.div_(k);
+          const double update_norm = (mean_theta - s.theta).norm().item<double>();
+          s.theta = mean_theta;
+          out[0] = s.theta;
+          report(self, metrics, round, s.opt->lr(), mean_proxy.norm().item<double>(), update_norm);
+        });
+        if (e) return e;
+        finish_step(round, 0);
+        return out;
       },
       [=](state_atom) {
         auto& s = self->state;
-        auto& b = s.opt->momentum_buffer();
-        return std::vector<at::Tensor>{s.theta.clone(), b.defined() ? b.clone() : at::Tensor()};
+        auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
+        std::vector<at::Tensor> out{s.theta.clone(), clone(s.opt->momentum_buffer())};
+        for (auto& r : s.replicas) {
+          out.push_back(r.theta.clone());
+          out.push_back(clone(r.opt->momentum_buffer()));
+          out.push_back(clone(r.prev_delta));
+        }
+        return out;
       },
       [=](load_atom, at::Tensor theta, at::Tensor momentum) {
         auto& s = self->state;
         s.theta.copy_(theta);
         s.opt->set_momentum_buffer(momentum.defined() ? momentum.clone() : at::Tensor());
+        s.stepped = false;
+        return true;
+      },
+      [=](load_atom, std::vector<at::Tensor> triples) -> caf::result<bool> {
+        auto& s = self->state;
+        if (triples.size() != 3 * s.replicas.size())
+          return make_error(errc::corrupt_checkpoint, "eager outer state for " +
+                                                          std::to_string(triples.size() / 3) + " replicas, " +
+                                                          std::to_string(s.replicas.size()) + " expected");
+        for (size_t m = 0; m < s.replicas.size(); ++m) {
+          auto& r = s.replicas[m];
+          r.theta = triples[3 * m].clone();
+          r.opt->set_momentum_buffer(triples[3 * m + 1].defined() ? triples[3 * m + 1].clone() : at::Tensor());
+          r.prev_delta = triples[3 * m + 2].defined() ? triples[3 * m + 2].clone() : at::Tensor();
+        }
         s.stepped = false;
         return true;
       },
@@ -84,8 +220,8 @@ caf::behavior outer_fun(caf::stateful_actor<outer_state>* self, config::outer_se
 }  // namespace
 
 caf::actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg, at::Tensor theta0,
-                                 caf::actor metrics) {
-  return sys.spawn(outer_fun, cfg, std::move(theta0), std::move(metrics));
+                                 caf::actor metrics, outer_policy policy) {
+  return sys.spawn(outer_fun, cfg, std::move(theta0), std::move(metrics), std::move(policy));
 }
 
 }  // namespace longwave::actors

@@ -24,6 +24,8 @@ struct run_context {
   /// samples the data region of its global rank.
   int64_t rank_offset = 0;
   int64_t cluster_workers = 0;  ///< 0: this process is the whole run
+  /// diloco.outer = "streaming": the ranges of theta of each fragment (models::fragment_ranges); else empty.
+  std::vector<models::flat_ranges> fragments;
   int64_t n_workers() const { return cfg.train.workers; }
   int64_t global_workers() const { return cluster_workers > 0 ? cluster_workers : cfg.train.workers; }
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }

@@ -157,6 +157,11 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
+  if (cfg.run.mode == "diloco" && cfg.diloco.outer == "streaming" && cfg.diloco.fragments > spec.n_layers)
+    throw config::config_error("diloco.fragments",
+                               fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
+                                           "fragments",
+                                           cfg.diloco.fragments, spec.preset, spec.n_layers));
   if (opts.dry_run) {
     print_dry_run(cfg, spec);
     return 0;
@@ -188,6 +193,10 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   if (role) {
     ctx->rank_offset = role->rank_offset;
     ctx->cluster_workers = role->cluster_workers;
+  }
+  if (cfg.run.mode == "diloco" && cfg.diloco.outer == "streaming") {
+    ctx->fragments =
+        models::fragment_ranges(spec, cfg.diloco.fragments, cfg.diloco.fragment_pattern == "strided");
   }
   // Check the data against the sampling plan before any actor starts (a clear error, not a dead worker).
   models::data::window_sampler probe(ctx->train_tokens, ctx->global_workers() - 1, ctx->global_workers(),
@@ -278,7 +287,14 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   // unused.
   config::outer_section outer_cfg = cfg.outer;
   if (cfg.run.mode == "single") outer_cfg = config::outer_section{1.0, 0.0, false};
-  peers.outer = spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(spec, cfg.run.seed), metrics);
+  outer_policy policy;
+  policy.fragments = ctx->fragments;
+  if (cfg.run.mode == "diloco" && cfg.diloco.outer == "eager") {
+    policy.eager_replicas = cfg.train.workers;
+    policy.global_workers = ctx->global_workers();
+  }
+  peers.outer = spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(spec, cfg.run.seed), metrics,
+                                      std::move(policy));
   peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, cfg.checkpoint.keep, shape, metrics);
   auto coordinator = spawn_coordinator(sys, ctx, peers, std::move(resume), p.trace);
 

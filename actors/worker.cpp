@@ -1,5 +1,8 @@
 // Worker actor. Messages:
-//   (run, round, theta, H, sync) -> round_result   run H inner steps from theta (sync: load theta first)
+//   (run, round, theta, H, sync) -> round_result   run H inner steps from theta (sync: load theta first);
+//                                                  delta = theta - local (none if theta is undefined)
+//   (mix, theta, fragment, alpha) -> ok             streaming: local <- (1-alpha) theta + alpha local on
+//                                                  the fragment's ranges
 //   (step)                                          one inner step, to self
 //   (grad) -> round_result                          ddp: loss and gradient of the next batch
 //   (apply, avg_grad) -> ok                         ddp: AdamW step with the averaged gradient
@@ -70,7 +73,7 @@ void finish_round(caf::stateful_actor<worker_state>* self) {
   round_result r;
   r.rank = s.rank;
   r.round = s.round;
-  r.delta = s.theta_ref - s.trainer->master();
+  if (s.theta_ref.defined()) r.delta = s.theta_ref - s.trainer->master();
   r.mean_loss = s.steps_run > 0 ? s.loss_sum / static_cast<double>(s.steps_run) : 0.0;
   s.busy = false;
   s.theta_ref = at::Tensor();
@@ -116,7 +119,7 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
           s.resume_steps = 0;
         } else {
           s.steps_in_round = 0;
-          if (sync) s.trainer->set_params(s.theta_ref);
+          if (sync && s.theta_ref.defined()) s.trainer->set_params(s.theta_ref);
         }
         s.busy = true;
         s.rp = self->make_response_promise();
@@ -184,6 +187,15 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
       [=](theta_atom, at::Tensor theta) -> caf::result<bool> {
         auto& s = self->state;
         if (auto err = guarded(s.rank, [&] { s.trainer->set_params(theta); })) return err;
+        return true;
+      },
+      [=](mix_atom, at::Tensor theta, uint32_t fragment, double alpha) -> caf::result<bool> {
+        auto& s = self->state;
+        const auto& frags = s.ctx->fragments;
+        if (s.busy || fragment >= frags.size())
+          return make_error(errc::stale_round, "worker: mix of fragment " + std::to_string(fragment) +
+                                                   (s.busy ? " during a round" : " that does not exist"));
+        if (auto err = guarded(s.rank, [&] { s.trainer->mix(theta, frags[fragment], alpha); })) return err;
         return true;
       },
       [=](state_atom) { return replica_of(self); },

@@ -133,7 +133,11 @@ void for_each_field(Config& c, Visitor&& f) {
   f("outer", "momentum", c.outer.momentum, real_in('[', 0, 1, ')'));
   f("outer", "nesterov", c.outer.nesterov, any());
 
-  f("diloco", "outer", c.diloco.outer, one_of({"sync", "delayed"}));
+  f("diloco", "outer", c.diloco.outer, one_of({"sync", "delayed", "eager", "streaming"}));
+  f("diloco", "fragments", c.diloco.fragments, ints(1, 1024));
+  f("diloco", "fragment_pattern", c.diloco.fragment_pattern, one_of({"strided", "sequential"}));
+  f("diloco", "tau", c.diloco.tau, ints(0));
+  f("diloco", "alpha", c.diloco.alpha, real_in('[', 0, 1, ']'));
 
   f("eval", "every_rounds", c.eval.every_rounds, ints(0));
   f("eval", "batches", c.eval.batches, ints(1));
@@ -661,6 +665,20 @@ void validate(const train_config& cfg) {
         fmt::format("diloco.outer = \"{}\": outer-step policies apply to run.mode = \"diloco\", "
                     "this run is \"{}\"; use diloco.outer = \"sync\"",
                     cfg.diloco.outer, cfg.run.mode));
+  }
+  if (cfg.diloco.outer == "streaming") {
+    const auto& d = cfg.diloco;
+    if (cfg.train.inner_steps % d.fragments != 0)
+      throw config_error("diloco.fragments",
+                         fmt::format("diloco.fragments = {}: train.inner_steps ({}) must be a multiple of it, "
+                                     "so that fragment f syncs at inner step f * H / P of each round",
+                                     d.fragments, cfg.train.inner_steps));
+    if (d.tau >= cfg.train.inner_steps / d.fragments)
+      throw config_error(
+          "diloco.tau",
+          fmt::format("diloco.tau = {}: must be below train.inner_steps / diloco.fragments = {} (only one "
+                      "fragment may be in flight at a time)",
+                      d.tau, cfg.train.inner_steps / d.fragments));
   }
   if (cfg.run.mode == "single" && cfg.train.workers != 1) {
     throw config_error(

@@ -60,7 +60,14 @@ struct outer_section {
 struct diloco_section {
   /// "sync": round t's average is applied at the end of round t (classic DiLoCo; workers wait for it).
   /// "delayed": one outer step late, so the all-reduce of round t overlaps the inner steps of round t+1.
+  /// "eager": the timing of "delayed", but each worker adds its own fresh pseudo-gradient (Kale et al. 2025).
+  /// "streaming": Streaming DiLoCo: P fragments of layers, each synchronised once per round at its own
+  /// offset, its all-reduce overlapping tau inner steps (Douillard et al. 2025).
   std::string outer = "sync";
+  int64_t fragments = 2;                   ///< streaming: P, fragments of layers (at most the model's layers)
+  std::string fragment_pattern = "strided";  ///< streaming: "strided" (layer l in l mod P) | "sequential"
+  int64_t tau = 1;      ///< streaming: inner steps each fragment's all-reduce overlaps (< inner_steps / P)
+  double alpha = 0.5;   ///< streaming: theta_f <- (1 - alpha) * theta_f^global + alpha * theta_f^local
 };
 
 /// [eval]: validation of theta_global.

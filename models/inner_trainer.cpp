@@ -30,6 +30,19 @@ void inner_trainer::set_params(const at::Tensor& theta) {
   if (opts_.bf16) model_.load_flat(master_);
 }
 
+void inner_trainer::mix(const at::Tensor& theta, const flat_ranges& ranges, double alpha) {
+  at::NoGradGuard no_grad;
+  for (const auto& [off, len] : ranges) {
+    auto local = master_.narrow(0, off, len);
+    auto global = theta.narrow(0, off, len);
+    if (alpha == 0.0)
+      local.copy_(global);  // exactly theta, as set_params
+    else
+      local.mul_(alpha).add_(global, 1.0 - alpha);
+  }
+  if (opts_.bf16) model_.load_flat(master_);
+}
+
 double inner_trainer::current_lr() const {
   return warmup_cosine_lr(opts_.lr, adam_.steps(), opts_.warmup_steps, opts_.total_steps, opts_.min_lr_ratio);
 }

@@ -46,6 +46,8 @@ class inner_trainer {
 
   /// Sets master and model weights to theta (fp32 flat).
   void set_params(const at::Tensor& theta);
+  /// On the ranges only: master <- (1 - alpha) * theta + alpha * master (and the model weights follow).
+  void mix(const at::Tensor& theta, const flat_ranges& ranges, double alpha);
   /// One AdamW step on the next batch; returns the training loss.
   float step();
   /// DDP: forward and backward on the next batch; the fp32 gradient is then in grad().

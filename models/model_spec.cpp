@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+#include "runtime/errors.hpp"
+
 namespace longwave::models {
 
 const std::vector<std::string>& preset_names() {
@@ -53,6 +55,36 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_layout(const
   }
   out.push_back({"final_norm", {d}});
   return out;
+}
+
+std::vector<flat_ranges> fragment_ranges(const model_spec& s, int64_t p, bool strided) {
+  LW_ASSERT(p >= 1 && p <= s.n_layers, "fragment count must be between 1 and the number of layers");
+  std::vector<flat_ranges> out(static_cast<size_t>(p));
+  auto fragment_of_layer = [&](int64_t l) { return strided ? l % p : l * p / s.n_layers; };
+  auto add = [&](int64_t f, int64_t off, int64_t len) {
+    auto& r = out[static_cast<size_t>(f)];
+    if (!r.empty() && r.back().first + r.back().second == off)
+      r.back().second += len;
+    else
+      r.emplace_back(off, len);
+  };
+  int64_t off = 0;
+  for (const auto& [name, shape] : parameter_layout(s)) {
+    int64_t len = 1;
+    for (auto d : shape) len *= d;
+    int64_t layer = s.n_layers - 1;  // final_norm
+    if (name == "tok_emb") layer = 0;
+    if (name.rfind("layers.", 0) == 0) layer = std::stoll(name.substr(7));
+    add(fragment_of_layer(layer), off, len);
+    off += len;
+  }
+  return out;
+}
+
+int64_t range_size(const flat_ranges& r) {
+  int64_t n = 0;
+  for (const auto& x : r) n += x.second;
+  return n;
 }
 
 int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16) {

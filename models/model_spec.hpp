@@ -38,6 +38,18 @@ int64_t closed_form_param_count(const model_spec& s);
 /// Parameter tensors in flat-buffer order: (name, shape). Their sizes sum to closed_form_param_count.
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_layout(const model_spec& s);
 
+/// [offset, length) ranges of the flat parameter buffer, in increasing order.
+using flat_ranges = std::vector<std::pair<int64_t, int64_t>>;
+
+/// Streaming DiLoCo's fragments: for each of p fragments, the ranges of its parameters. Layer l belongs to
+/// fragment l mod p (strided) or l * p / n_layers (sequential); the token embedding (also the output head)
+/// goes with layer 0's fragment, the final norm with the last layer's. Adjacent ranges are merged. Every
+/// parameter is in exactly one fragment. Requires 1 <= p <= n_layers.
+std::vector<flat_ranges> fragment_ranges(const model_spec& s, int64_t p, bool strided);
+
+/// Values in a set of ranges.
+int64_t range_size(const flat_ranges& r);
+
 /// Rough bytes for training one replica: weights, grads, fp32 master, AdamW moments, activations.
 int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16);
 

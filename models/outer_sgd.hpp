@@ -2,6 +2,8 @@
 // The DiLoCo outer optimizer: SGD with (Nesterov) momentum on flat fp32 buffers, as torch.optim.SGD.
 #include <ATen/core/Tensor.h>
 
+#include "models/model_spec.hpp"
+
 namespace longwave::models {
 
 /// theta <- theta - lr * (delta + mu * b) with b <- mu * b + delta (nesterov), or theta -= lr * b (classic).
@@ -10,6 +12,10 @@ class outer_sgd {
   outer_sgd(double lr, double momentum, bool nesterov) : lr_(lr), mu_(momentum), nesterov_(nesterov) {}
   /// Applies the averaged pseudo-gradient `delta` to `theta` in place; returns the L2 norm of the change.
   double step(at::Tensor& theta, const at::Tensor& delta);
+  /// The same step on a part of theta only (Streaming DiLoCo's fragments): `delta` holds the pseudo-gradient
+  /// of the ranges, concatenated. The momentum buffer is theta-sized; its other values do not change. Equal,
+  /// bit for bit, to step() when the ranges cover theta.
+  double step(at::Tensor& theta, const at::Tensor& delta, const flat_ranges& ranges);
   double lr() const { return lr_; }
   at::Tensor& momentum_buffer() { return b_; }
   void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }

@@ -16,6 +16,9 @@ struct replica_state {
   int64_t adam_steps = 0;
   uint64_t sampler_position = 0;
   int64_t steps_in_round = 0;  ///< inner steps of the current round already done
+  /// diloco.outer = "eager": this replica's own outer parameters and momentum (undefined before its first
+  /// outer step with momentum) and its pseudo-gradient of the last round; undefined under other policies.
+  at::Tensor outer_theta, outer_momentum, prev_delta;
 };
 
 /// What a worker returns at the end of its inner round.

@@ -1,7 +1,8 @@
 // Checkpoint layout: blobs "theta", "momentum" (absent before the first outer step), "pending" (delayed
 // policy: the average of round pending_round, not yet applied) and per replica r
 // "replica<r>/master", "/exp_avg", "/exp_avg_sq", "/counters" (adam_steps, sampler_position, steps_in_round
-// as three int64). meta holds "key=value" lines: mode, preset, n_params, replicas.
+// as three int64), and under diloco.outer = "eager" "/outer_theta", "/outer_momentum" (once it exists) and
+// "/prev_delta". meta holds "key=value" lines: mode, preset, n_params, replicas.
 #include "runtime/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
@@ -86,6 +87,9 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
     c.blobs.push_back(tensor_blob(p + "exp_avg_sq", r.exp_avg_sq));
     c.blobs.push_back(counters_blob(
         p + "counters", {r.adam_steps, static_cast<int64_t>(r.sampler_position), r.steps_in_round}));
+    if (r.outer_theta.defined()) c.blobs.push_back(tensor_blob(p + "outer_theta", r.outer_theta));
+    if (r.outer_momentum.defined()) c.blobs.push_back(tensor_blob(p + "outer_momentum", r.outer_momentum));
+    if (r.prev_delta.defined()) c.blobs.push_back(tensor_blob(p + "prev_delta", r.prev_delta));
   }
   return c;
 }
@@ -123,6 +127,9 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
     rs.adam_steps = v[0];
     rs.sampler_position = static_cast<uint64_t>(v[1]);
     rs.steps_in_round = v[2];
+    for (auto [name, t] : {std::pair{"outer_theta", &rs.outer_theta}, std::pair{"outer_momentum", &rs.outer_momentum},
+                           std::pair{"prev_delta", &rs.prev_delta}})
+      if (c.find(p + name)) *t = tensor_from(c, p + name, shape.n_params);
     s.replicas.push_back(std::move(rs));
   }
   return s;

@@ -37,4 +37,6 @@ CAF_ADD_ATOM(longwave, longwave::runtime, report_atom, "report")    // worker ->
 CAF_ADD_ATOM(longwave, longwave::runtime, pause_atom, "pause")      // worker: stop stepping (Ctrl-C)
 CAF_ADD_ATOM(longwave, longwave::runtime, observe_atom, "observe")  // metrics: histogram observation
 CAF_ADD_ATOM(longwave, longwave::runtime, record_atom, "record")    // metrics: append to metrics.jsonl
+CAF_ADD_ATOM(longwave, longwave::runtime, eager_atom, "eager")      // outer optimizer: eager proxy steps
+CAF_ADD_ATOM(longwave, longwave::runtime, mix_atom, "mix")          // worker: mix in a synced fragment
 CAF_END_TYPE_ID_BLOCK(longwave)

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <memory>
 
 #include "actors/training.hpp"
 #include "config/config_loader.hpp"
@@ -193,10 +195,18 @@ struct hand_nesterov {
   }
 };
 
+/// What the fake communicator saw: the workers' real contributions, by (round, fragment), in call order.
+struct reduce_log {
+  std::vector<std::pair<uint64_t, uint32_t>> keys;
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<at::Tensor>> parts;
+};
+
 /// Runs `rounds` rounds of 2 workers with the hand-set averages and returns theta_global after each round,
-/// read from the per-round checkpoints, and the pending average each holds.
+/// read from the per-round checkpoints, and the pending average each holds. The fake communicator answers
+/// fragment 0 (a round's pseudo-gradients) with hand_average and any other fragment with the true mean.
 std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir, const std::string& policy,
-                                                          int64_t rounds) {
+                                                          int64_t rounds,
+                                                          std::shared_ptr<reduce_log> log = nullptr) {
   auto cfg = small_config(dir);
   cfg.run.mode = "diloco";
   cfg.diloco.outer = policy;
@@ -212,14 +222,26 @@ std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir
   actors::run_options opts;
   opts.fresh = true;
   opts.handle_signals = false;
-  opts.communicator_override = [n](caf::actor_system& sys) {
-    return sys.spawn([n](caf::event_based_actor*) -> caf::behavior {
-      return {[n](runtime::reduce_atom, uint64_t round,
-                  std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+  if (!log) log = std::make_shared<reduce_log>();
+  opts.communicator_override = [n, log](caf::actor_system& sys) {
+    return sys.spawn([n, log](caf::event_based_actor*) -> caf::behavior {
+      auto answer = [n, log](uint64_t round, uint32_t fragment,
+                             std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
         if (parts.size() != 2 || parts[0].numel() != n)
           return caf::make_error(errc::malformed_frame, "parts");
-        return hand_average(round, n);
-      }};
+        log->keys.emplace_back(round, fragment);
+        for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
+        if (fragment == 0) return hand_average(round, n);
+        return ((parts[0] + parts[1]) / 2).contiguous();
+      };
+      return {
+          [answer](runtime::reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
+            return answer(round, 0, std::move(parts));
+          },
+          [answer](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
+            return answer(round, fragment, std::move(parts));
+          },
+      };
     });
   };
   CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
@@ -280,5 +302,144 @@ CATCH_TEST_CASE("delayed applies each round's average one round late, and the la
     CATCH_CHECK_FALSE(sync[t].pending.defined());
   }
   CATCH_CHECK(max_diff(sync[1].theta, snaps[1].theta) > 1e-3);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("eager steps each worker with its own fresh pseudo-gradient plus the others' previous ones",
+                "[integration][diloco][policy]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("eager-hand");
+  const int64_t rounds = 4;
+  auto log = std::make_shared<reduce_log>();
+  auto snaps = run_with_hand_deltas(dir, "eager", rounds, log);
+  auto spec = models::preset_spec("tiny", 256, 64);
+  const int64_t n = models::closed_form_param_count(spec);
+  // By hand, for each worker m with M = 2: proxy_m^t = A^(t-1) + (D_m^t - D_m^(t-1)) / 2 (A^0 = D_m^0 = 0),
+  // theta_m^t = nesterov_m(theta_m^(t-1), proxy_m^t); D_m^t are the workers' real contributions, A^t the
+  // communicator's hand-set averages.
+  const auto theta0 = models::gpt::init_flat(spec, 1234);
+  std::vector<hand_nesterov> opt(2, hand_nesterov{0.7, 0.9, {}});
+  std::vector<at::Tensor> theta(2, theta0), prev(2, at::zeros({n}));
+  at::Tensor avg_prev = at::zeros({n});
+  for (int64_t t = 1; t <= rounds; ++t) {
+    CATCH_INFO("round " << t);
+    const auto& parts = log->parts[{static_cast<uint64_t>(t), 0}];
+    CATCH_REQUIRE(parts.size() == 2);
+    const auto& snap = snaps[static_cast<size_t>(t - 1)];
+    for (size_t m = 0; m < 2; ++m) {
+      CATCH_INFO("worker " << m);
+      // The replica ran round t from its own theta_m^(t-1): its weights are theta_m^(t-1) - D_m^t.
+      CATCH_CHECK(max_diff(snap.replicas[m].master, theta[m] - parts[m]) < 1e-6);
+      theta[m] = opt[m].step(theta[m], avg_prev + (parts[m] - prev[m]) / 2);
+      prev[m] = parts[m];
+      CATCH_REQUIRE(snap.replicas[m].outer_theta.defined());
+      CATCH_CHECK(max_diff(snap.replicas[m].outer_theta, theta[m]) < 1e-6);
+      CATCH_CHECK(max_diff(snap.replicas[m].prev_delta, parts[m]) < 1e-7);
+    }
+    CATCH_CHECK(max_diff(theta[0], theta[1]) > 1e-4);  // the workers' outer parameters differ
+    avg_prev = hand_average(static_cast<uint64_t>(t), n);
+    if (t < rounds) {
+      CATCH_CHECK(max_diff(snap.theta, (theta[0] + theta[1]) / 2) < 1e-6);  // this node's mean
+      CATCH_REQUIRE(snap.pending.defined());
+      CATCH_CHECK(max_diff(snap.pending, avg_prev) < 1e-7);
+    }
+  }
+  // The end: the run's parameters are the mean of every worker's outer parameters (an all-reduce of them).
+  const std::pair<uint64_t, uint32_t> final_key{static_cast<uint64_t>(rounds), 1};
+  CATCH_REQUIRE(log->parts.count(final_key) == 1);
+  CATCH_CHECK(max_diff(log->parts[final_key][0], theta[0]) < 1e-6);
+  CATCH_CHECK(max_diff(snaps.back().theta, (theta[0] + theta[1]) / 2) < 1e-6);
+  CATCH_CHECK_FALSE(snaps.back().pending.defined());
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("streaming with one fragment, tau 0 and alpha 0 is sync, step for step",
+                "[integration][diloco][policy]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("streaming-p1");
+  actors::run_options opts;
+  opts.fresh = true;
+  opts.handle_signals = false;
+  std::map<std::string, runtime::train_snapshot> last;
+  for (const std::string policy : {"sync", "streaming"}) {
+    auto cfg = small_config(dir + "/" + policy);
+    cfg.run.mode = "diloco";
+    cfg.diloco.outer = policy;
+    cfg.diloco.fragments = 1;
+    cfg.diloco.tau = 0;
+    cfg.diloco.alpha = 0;
+    cfg.train.workers = 2;
+    cfg.train.inner_steps = 4;
+    cfg.train.rounds = 3;
+    cfg.eval.every_rounds = 0;
+    CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+    runtime::checkpoint_store store(cfg.run.out_dir + "/checkpoints", 3);
+    auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
+    last[policy] = runtime::from_checkpoint(*store.load_latest(),
+                                            {models::closed_form_param_count(spec), 2, "diloco", "tiny"});
+  }
+  const auto a = test::read_trace(dir + "/sync/loss_trace.tsv");
+  const auto b = test::read_trace(dir + "/streaming/loss_trace.tsv");
+  CATCH_REQUIRE(a.size() == 12);
+  CATCH_REQUIRE(b.size() == a.size());
+  for (size_t i = 0; i < a.size(); ++i) CATCH_CHECK(std::abs(a[i].second - b[i].second) < 1e-6);
+  CATCH_CHECK(max_diff(last["sync"].theta, last["streaming"].theta) < 1e-6);
+  CATCH_CHECK(max_diff(last["sync"].momentum, last["streaming"].momentum) < 1e-6);
+  // Sync's replicas keep their last local weights until the next round loads theta; streaming has mixed its
+  // one fragment (alpha 0: replaced by theta) at the sync point already.
+  for (size_t m = 0; m < 2; ++m) {
+    CATCH_CHECK(max_diff(last["streaming"].replicas[m].master, last["sync"].theta) < 1e-6);
+    CATCH_CHECK(max_diff(last["sync"].replicas[m].master, last["sync"].theta) > 1e-4);
+  }
+  CATCH_CHECK(std::abs(final_val_loss(dir + "/sync") - final_val_loss(dir + "/streaming")) < 1e-6);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("streaming syncs one fragment at a time, in order, and every fragment once more at the end",
+                "[integration][diloco][policy]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("streaming-p2");
+  auto cfg = small_config(dir);
+  cfg.run.mode = "diloco";
+  cfg.diloco.outer = "streaming";
+  cfg.diloco.fragments = 2;
+  cfg.diloco.tau = 1;
+  cfg.diloco.alpha = 0.5;
+  cfg.train.workers = 2;
+  cfg.train.inner_steps = 4;
+  cfg.train.rounds = 2;
+  cfg.eval.every_rounds = 0;
+  auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
+  const int64_t n = models::closed_form_param_count(spec);
+  const auto frags = models::fragment_ranges(spec, 2, true);
+  auto log = std::make_shared<reduce_log>();
+  actors::run_options opts;
+  opts.fresh = true;
+  opts.handle_signals = false;
+  // The true mean of each fragment's contributions (the hand averages are for whole-model rounds).
+  opts.communicator_override = [log](caf::actor_system& sys) {
+    return sys.spawn([log](caf::event_based_actor*) -> caf::behavior {
+      return {[log](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
+        log->keys.emplace_back(round, fragment);
+        for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
+        return ((parts[0] + parts[1]) / 2).contiguous();
+      }};
+    });
+  };
+  CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+  // Round t: fragment 1 at step 2 (its snapshot at step 1), fragment 0 at step 4 (snapshot at 3); after the
+  // last round fragment 1 once more, labelled (2, P + 1).
+  using key = std::pair<uint64_t, uint32_t>;
+  const std::vector<key> want{{1, 1}, {1, 2}, {2, 1}, {2, 2}, {2, 3}};
+  CATCH_CHECK(log->keys == want);
+  for (const auto& k : want) {
+    CATCH_INFO("round " << k.first << " sync " << k.second);
+    CATCH_CHECK(log->parts[k][0].numel() == models::range_size(frags[k.second % 2]));
+  }
+  CATCH_CHECK(models::range_size(frags[0]) + models::range_size(frags[1]) == n);
+  // The first sync's contributions are theta_0's fragment minus each worker's after one step: non-zero, and
+  // different per worker (their own data).
+  CATCH_CHECK(log->parts[key{1, 1}][0].abs().max().item<double>() > 0);
+  CATCH_CHECK(max_diff(log->parts[key{1, 1}][0], log->parts[key{1, 1}][1]) > 0);
   std::filesystem::remove_all(dir);
 }

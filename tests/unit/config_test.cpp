@@ -616,3 +616,20 @@ CATCH_TEST_CASE("load_config_file reports a missing file or a directory under th
   CATCH_REQUIRE_THROWS_WITH(load_config_file(std::filesystem::temp_directory_path().string(), {}),
                             Contains("is a directory"));
 }
+
+CATCH_TEST_CASE("Streaming needs inner_steps divisible by the fragments and tau below H / P", "[config]") {
+  const std::string base = "[train]\ninner_steps = 12\n[diloco]\nouter = \"streaming\"\n";
+  CATCH_CHECK_NOTHROW(parse_config(base + "fragments = 3\ntau = 3\n", {}, ""));
+  const config_error a = error_of(base + "fragments = 5\n");
+  CATCH_CHECK(a.key() == "diloco.fragments");
+  CATCH_CHECK_THAT(a.what(), Contains("train.inner_steps (12) must be a multiple"));
+  const config_error b = error_of(base + "fragments = 3\ntau = 4\n");
+  CATCH_CHECK(b.key() == "diloco.tau");
+  CATCH_CHECK_THAT(b.what(), Contains("below train.inner_steps / diloco.fragments = 4"));
+  const config_error c = error_of(base + "fragment_pattern = \"random\"\n");
+  CATCH_CHECK(c.key() == "diloco.fragment_pattern");
+  const config_error d = error_of(base + "alpha = 1.5\n");
+  CATCH_CHECK(d.key() == "diloco.alpha");
+  // The streaming rules apply only to streaming.
+  CATCH_CHECK_NOTHROW(parse_config("[train]\ninner_steps = 7\n[diloco]\nouter = \"eager\"\n", {}, ""));
+}

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "actors/communicator.hpp"
 #include "actors/outer_optimizer.hpp"
 #include "models/outer_sgd.hpp"
@@ -58,4 +60,61 @@ CATCH_TEST_CASE("outer SGD with momentum 0 and lr 1 lands exactly on theta minus
   sgd.step(theta, torch::tensor({1.0f, -1.0f}));
   CATCH_CHECK(theta[0].item<float>() == 2.0f);
   CATCH_CHECK(theta[1].item<float>() == 5.0f);
+}
+
+CATCH_TEST_CASE("fragments cover every parameter once, strided or sequential", "[models][outer]") {
+  auto spec = models::preset_spec("tiny", 256, 64);  // 4 layers
+  const int64_t n = models::closed_form_param_count(spec);
+  for (bool strided : {true, false}) {
+    for (int64_t p : {1, 2, 3, 4}) {
+      CATCH_INFO((strided ? "strided" : "sequential") << " P=" << p);
+      auto frags = models::fragment_ranges(spec, p, strided);
+      CATCH_REQUIRE(frags.size() == static_cast<size_t>(p));
+      std::vector<int> seen(static_cast<size_t>(n), 0);
+      for (const auto& f : frags) {
+        CATCH_CHECK(!f.empty());
+        for (size_t i = 0; i < f.size(); ++i) {
+          if (i > 0) CATCH_CHECK(f[i].first > f[i - 1].first + f[i - 1].second);  // sorted, merged
+          for (int64_t k = f[i].first; k < f[i].first + f[i].second; ++k) seen[static_cast<size_t>(k)]++;
+        }
+      }
+      CATCH_CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+    }
+  }
+  // Strided P=2: layers 0 and 2 (with the embedding) in fragment 0; layers 1 and 3 (with the final norm) in 1.
+  // Sequential P=2: layers 0-1 with the embedding, then 2-3 with the final norm, each one range.
+  auto seq = models::fragment_ranges(spec, 2, false);
+  CATCH_CHECK(seq[0].size() == 1);
+  CATCH_CHECK(seq[1].size() == 1);
+  auto str = models::fragment_ranges(spec, 2, true);
+  CATCH_CHECK(str[0].size() == 2);  // [emb, layer 0], [layer 2]
+  CATCH_CHECK(str[1].size() == 2);  // [layer 1], [layer 3, final norm]
+  CATCH_CHECK(str[1].back().first + str[1].back().second == n);
+}
+
+CATCH_TEST_CASE("an outer step on fragments moves only their ranges and equals the full step on all of them",
+                "[models][outer]") {
+  const models::flat_ranges all{{0, 6}}, part{{1, 2}, {4, 1}};
+  auto theta0 = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f});
+  auto d1 = torch::tensor({0.5f, -0.25f, 1.0f, 2.0f, -1.0f, 0.125f});
+  auto d2 = torch::tensor({-0.5f, 0.75f, 0.5f, 1.0f, 3.0f, -2.0f});
+  // All ranges: bit-identical to the plain step, over two steps (momentum carried).
+  models::outer_sgd full(0.7, 0.9, true), frag(0.7, 0.9, true);
+  auto a = theta0.clone(), b = theta0.clone();
+  for (const auto& d : {d1, d2}) {
+    full.step(a, d);
+    frag.step(b, d, all);
+    CATCH_CHECK(torch::equal(a, b));
+  }
+  CATCH_CHECK(torch::equal(full.momentum_buffer(), frag.momentum_buffer()));
+  // Part: values outside the ranges and their momentum stay; inside, the hand-computed Nesterov step.
+  models::outer_sgd some(0.5, 0.9, true);
+  auto c = theta0.clone();
+  const auto dp = torch::tensor({0.2f, 0.4f, -0.6f});  // for indices 1, 2, 4
+  some.step(c, dp, part);
+  // First step: b = d, theta -= lr * (d + mu * d) = lr * 1.9 * d.
+  const float want[6] = {1.0f, 2.0f - 0.95f * 0.2f, 3.0f - 0.95f * 0.4f, 4.0f, 5.0f + 0.95f * 0.6f, 6.0f};
+  for (int i = 0; i < 6; ++i) CATCH_CHECK(std::abs(c[i].item<float>() - want[i]) < 1e-6);
+  CATCH_CHECK(some.momentum_buffer()[0].item<float>() == 0.0f);
+  CATCH_CHECK(std::abs(some.momentum_buffer()[4].item<float>() + 0.6f) < 1e-7);
 }
