@@ -522,6 +522,21 @@ void after_round(self_ptr self, at::Tensor theta) {
   eval_then_continue(self, theta);
 }
 
+/// One evaluation's result, for theta as it was after `round` (inner step `step`).
+void on_eval(self_ptr self, uint64_t round, int64_t step, double loss) {
+  auto& s = self->state;
+  s.last_val_loss = loss;
+  gauge(self, "longwave_val_loss", loss);
+  gauge(self, "longwave_val_perplexity", std::exp(loss));
+  record(self, json_line("eval")
+                   .add("round", round)
+                   .add("step", step)
+                   .add("val_loss", loss)
+                   .add("val_ppl", std::exp(loss)));
+  spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", round, s.ctx->cfg.train.rounds, loss,
+               std::exp(loss));
+}
+
 void eval_then_continue(self_ptr self, at::Tensor theta) {
   auto& s = self->state;
   const auto& cfg = s.ctx->cfg;
@@ -529,23 +544,26 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
   const bool eval_due =
       last || (cfg.eval.every_rounds > 0 && s.round % static_cast<uint64_t>(cfg.eval.every_rounds) == 0);
   if (!eval_due) return save_then_continue(self);
+  const uint64_t round = s.round;
+  const int64_t step = s.last_step;
+  if (s.peers.evaluator && !last) {
+    // Off the training path, on a clone (the next outer step changes theta in place). The evaluator answers
+    // in order, so the last (waited-for) evaluation comes after every earlier one.
+    self->request(s.peers.evaluator, s.round_timeout, eval_atom_v, theta.clone(), cfg.eval.batches)
+        .then([=](double loss) { on_eval(self, round, step, loss); },
+              [=](caf::error& e) {
+                spdlog::warn("evaluation of round {} not done: {}", round, describe(e));
+              });
+    return save_then_continue(self);
+  }
   set_phase(self, phase::evaluating);
   const auto t0 = clock::now();
-  self->request(s.workers[0], s.round_timeout, eval_atom_v, theta, cfg.eval.batches)
+  const auto& by = s.peers.evaluator ? s.peers.evaluator : s.workers[0];
+  self->request(by, s.round_timeout, eval_atom_v, theta, cfg.eval.batches)
       .then(
           [=](double loss) {
-            auto& s = self->state;
-            s.eval_s += std::chrono::duration<double>(clock::now() - t0).count();
-            s.last_val_loss = loss;
-            gauge(self, "longwave_val_loss", loss);
-            gauge(self, "longwave_val_perplexity", std::exp(loss));
-            record(self, json_line("eval")
-                             .add("round", s.round)
-                             .add("step", s.last_step)
-                             .add("val_loss", loss)
-                             .add("val_ppl", std::exp(loss)));
-            spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", s.round,
-                         s.ctx->cfg.train.rounds, loss, std::exp(loss));
+            self->state.eval_s += std::chrono::duration<double>(clock::now() - t0).count();
+            on_eval(self, round, step, loss);
             save_then_continue(self);
           },
           [=](caf::error& e) { fail(self, e); });

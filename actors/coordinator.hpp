@@ -16,6 +16,7 @@ namespace longwave::actors {
 /// The coordinator's collaborators.
 struct coordinator_peers {
   caf::actor communicator, outer, checkpointer, metrics;
+  caf::actor evaluator;  ///< [eval] async: evaluations off the training path; null: worker 0 evaluates
 };
 
 /// Protocol phases. Every transition goes through one function that logs `from -> to`.

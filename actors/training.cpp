@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "actors/checkpointer.hpp"
+#include "actors/evaluator.hpp"
 #include "actors/communicator.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/metrics_sink.hpp"
@@ -296,6 +297,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   peers.outer = spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(spec, cfg.run.seed), metrics,
                                       std::move(policy));
   peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, cfg.checkpoint.keep, shape, metrics);
+  if (cfg.eval.async) peers.evaluator = spawn_evaluator(sys, ctx);
   auto coordinator = spawn_coordinator(sys, ctx, peers, std::move(resume), p.trace);
 
   if (opts.handle_signals) {
@@ -329,8 +331,9 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
                           }
                         });
     }
-    for (const auto& a : {coordinator, peers.communicator, peers.outer, peers.checkpointer, metrics})
-      self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (const auto& a :
+         {coordinator, peers.communicator, peers.outer, peers.checkpointer, peers.evaluator, metrics})
+      if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   if (opts.handle_signals) {
     std::signal(SIGINT, SIG_DFL);
@@ -421,13 +424,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     models::gpt model(spec, cfg.model.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
     model.load_flat(snap.theta);
     const int64_t n = batches > 0 ? batches : cfg.eval.batches;
-    double sum = 0;
-    for (int64_t b = 0; b < n; ++b) {
-      auto buf = models::data::validation_batch(val, b, cfg.train.batch_size, spec.seq_len);
-      auto t = at::from_blob(buf.data(), {cfg.train.batch_size, spec.seq_len + 1}, at::kLong);
-      sum += model.loss(t, false).item<double>();
-    }
-    const double loss = sum / static_cast<double>(n);
+    const double loss = models::validation_loss(model, val, cfg.train.batch_size, n);
     std::printf("checkpoint round %lu, inner step %lu: val loss %.4f, val perplexity %.3f (%ld batches)\n",
                 snap.round, snap.step, loss, std::exp(loss), n);
     return 0;

@@ -15,7 +15,7 @@ usage() {
   cat <<'EOF'
 usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from scripts/wan)
 
-  --policies LIST     comma-separated [diloco] outer policies, e.g. sync,delayed      (default sync,delayed)
+  --policies LIST     comma-separated [diloco] outer policies    (default sync,delayed,eager,streaming)
                       sync is the baseline of the ratios and of the default target; put it first
   --rounds R          outer rounds per policy                                          (default 10)
   --inner-steps H     inner steps per round                                            (default 20)
@@ -32,6 +32,10 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
   --preset P          model preset                                                     (default tiny)
   --outer-lr X        outer SGD learning rate                                          (default 0.7)
   --outer-momentum X  outer Nesterov momentum                                          (default 0.9)
+  --fragments P       streaming: fragments of layers                                   (default 2)
+  --tau T             streaming: inner steps a fragment's all-reduce overlaps; auto = 3/4 of H/P, which
+                      covers one fragment's all-reduce at --ratio 0.5                  (default auto)
+  --alpha A           streaming: mixing of local and global fragment                   (default 0.5)
   --csv PATH          CSV output                                                       (default bench/overlap.csv)
   --keep              keep the work directory (configs, logs, metrics.jsonl) and print its path
   -h, --help          this text
@@ -44,7 +48,7 @@ evaluation (which runs on the training path under every policy) from the wall ti
 EOF
 }
 
-policies=sync,delayed
+policies=sync,delayed,eager,streaming
 rounds=10
 inner=20
 rate=auto
@@ -58,6 +62,9 @@ seq_len=128
 preset=tiny
 outer_lr=0.7
 outer_momentum=0.9
+fragments=2
+tau=auto
+alpha=0.5
 csv=bench/overlap.csv
 keep=0
 die() { echo "overlap: $*" >&2; exit 2; }
@@ -77,6 +84,9 @@ while [ $# -gt 0 ]; do
     --preset) preset=${2:?}; shift 2 ;;
     --outer-lr) outer_lr=${2:?}; shift 2 ;;
     --outer-momentum) outer_momentum=${2:?}; shift 2 ;;
+    --fragments) fragments=${2:?}; shift 2 ;;
+    --tau) tau=${2:?}; shift 2 ;;
+    --alpha) alpha=${2:?}; shift 2 ;;
     --csv) csv=${2:?}; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -92,6 +102,11 @@ isint "$seq_len" || die "--seq-len must be a positive integer"
 [[ $rate == auto || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] || die "--rate must be auto or like 40mbit"
 case "$dtype" in fp32 | fp16 | bf16 | int8) ;; *) die "--dtype must be fp32, fp16, bf16 or int8" ;; esac
 [[ $outer_lr =~ ^[0-9]*\.?[0-9]+$ && $outer_momentum =~ ^[0-9]*\.?[0-9]+$ ]] || die "--outer-lr/--outer-momentum must be numbers"
+isint "$fragments" || die "--fragments must be a positive integer"
+[ $((inner % fragments)) -eq 0 ] || die "--inner-steps must be a multiple of --fragments"
+[ "$tau" != auto ] || tau=$((3 * inner / fragments / 4))
+[[ $tau =~ ^[0-9]+$ ]] && [ "$tau" -lt $((inner / fragments)) ] || die "--tau must be auto or an integer below H/P"
+[[ $alpha =~ ^[0-9]*\.?[0-9]+$ ]] || die "--alpha must be a number in [0, 1]"
 [ -z "$target" ] || [[ $target =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--target must be a number"
 IFS=, read -r -a pols <<<"$policies"
 [ ${#pols[@]} -ge 1 ] || die "--policies is empty"
@@ -179,6 +194,9 @@ momentum = $outer_momentum
 
 [diloco]
 outer = "$policy"
+fragments = $fragments
+tau = $tau
+alpha = $alpha
 
 [comm]
 dtype = "$dtype"
@@ -291,7 +309,7 @@ field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 echo "overlap: $n hosts (scripts/wan, prefix $LONGWAVE_WAN_PREFIX), 1 worker each, threads=1, $preset model,"
 echo "         batch $batch x $seq_len, H=$inner, $rounds rounds, dtype $dtype, eval every round ($eval_batches batches), outer lr $outer_lr momentum $outer_momentum"
-echo "         binary $bin, policies ${pols[*]}; the machine is shared, so absolute times are noise, ratios hold"
+echo "         binary $bin, policies ${pols[*]} (streaming: P=$fragments, tau=$tau, alpha=$alpha); the machine is shared, so absolute times are noise, ratios hold"
 
 # ---- 1. calibration: the inner phase time under the same 4-process load ----------------------------------
 if [ "$rate" = auto ]; then

@@ -141,6 +141,7 @@ void for_each_field(Config& c, Visitor&& f) {
 
   f("eval", "every_rounds", c.eval.every_rounds, ints(0));
   f("eval", "batches", c.eval.batches, ints(1));
+  f("eval", "async", c.eval.async, any());
 
   f("checkpoint", "every_rounds", c.checkpoint.every_rounds, ints(0));
   f("checkpoint", "keep", c.checkpoint.keep, ints(1));

@@ -74,6 +74,9 @@ struct diloco_section {
 struct eval_section {
   int64_t every_rounds = 5;  ///< 0 = only at the end
   int64_t batches = 16;      ///< validation batches of batch_size x seq_len
+  /// Evaluate off the training path: an evaluator actor with its own model copy scores a clone of theta while
+  /// the workers go on (the last evaluation is waited for). false: worker 0 evaluates between rounds.
+  bool async = true;
 };
 
 /// [checkpoint]: asynchronous, atomic, checksummed snapshots.

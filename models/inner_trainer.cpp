@@ -91,14 +91,21 @@ double inner_trainer::evaluate(const at::Tensor& theta, const std::vector<uint16
   // fp32: the model buffer is the master, so keep the replica's weights aside while theta is evaluated.
   at::Tensor saved = opts_.bf16 ? at::Tensor() : master_.clone();
   model_.load_flat(theta);
-  double sum = 0;
-  std::vector<int64_t> buf;
-  for (int64_t b = 0; b < n_batches; ++b) {
-    buf = data::validation_batch(val_tokens, b, opts_.batch_size, spec_.seq_len);
-    auto t = at::from_blob(buf.data(), {opts_.batch_size, spec_.seq_len + 1}, at::kLong);
-    sum += model_.loss(t, /*grad=*/false).item<double>();
-  }
+  const double loss = validation_loss(model_, val_tokens, opts_.batch_size, n_batches);
   model_.load_flat(opts_.bf16 ? master_ : saved);
+  return loss;
+}
+
+double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
+                       int64_t n_batches) {
+  at::NoGradGuard no_grad;
+  const int64_t seq_len = model.spec().seq_len;
+  double sum = 0;
+  for (int64_t b = 0; b < n_batches; ++b) {
+    auto buf = data::validation_batch(val_tokens, b, batch_size, seq_len);
+    auto t = at::from_blob(buf.data(), {batch_size, seq_len + 1}, at::kLong);
+    sum += model.loss(t, /*grad=*/false).item<double>();
+  }
   return sum / static_cast<double>(n_batches);
 }
 

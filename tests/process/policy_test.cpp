@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+const std::vector<std::string> policies{"sync", "delayed", "eager", "streaming"};
+
 // A short run of the tiny model: 120 inner steps per worker, 12 rounds; one torch thread per worker.
 const char* train_sections = R"(seed = 11
 [model]
@@ -64,7 +66,7 @@ CATCH_TEST_CASE("each outer-step policy trains stably over real processes, and i
                 "[process][policy]") {
   const auto dir = scratch_dir("policies");
   std::map<std::string, double> loss;
-  for (const std::string policy : {"sync", "delayed"}) {
+  for (const std::string& policy : policies) {
     for (const std::string dtype : {"fp32", "int8"}) {
       const auto name = policy + "-" + dtype;
       const auto sub = dir + "/" + name;
@@ -80,6 +82,10 @@ CATCH_TEST_CASE("each outer-step policy trains stably over real processes, and i
       CATCH_CHECK(n0 == n1);  // every node ends with the same theta_global
       if (policy == "delayed")
         CATCH_CHECK(log.find("delayed: applying the average of the last round (12)") != std::string::npos);
+      if (policy == "eager")
+        CATCH_CHECK(log.find("eager: final parameters = the mean of all 4 workers") != std::string::npos);
+      if (policy == "streaming")
+        CATCH_CHECK(log.find("streaming: syncing fragments 1..1 once more") != std::string::npos);
       loss[name] = n0;
     }
   }
@@ -88,7 +94,7 @@ CATCH_TEST_CASE("each outer-step policy trains stably over real processes, and i
     std::printf("policy test: %s val loss %.6f\n", name.c_str(), v);
   }
   // Quantization: int8 within 1.5% of fp32 under the same policy.
-  for (const std::string policy : {"sync", "delayed"}) {
+  for (const std::string& policy : policies) {
     const double fp32 = loss.at(policy + "-fp32"), int8 = loss.at(policy + "-int8");
     CATCH_INFO(policy << ": int8 " << int8 << " vs fp32 " << fp32);
     CATCH_CHECK(std::abs(int8 - fp32) / fp32 <= 0.015);

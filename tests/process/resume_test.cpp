@@ -44,9 +44,10 @@ std::vector<std::string> checkpoints(const std::string& dir) {
   return out;
 }
 
-/// Runs the config uninterrupted, then again SIGKILLed inside a later round and restarted; the loss traces
-/// and the final validation loss must agree. `extra` are --set overrides for both runs.
-void check_sigkill_resume(const std::string& dir, const std::vector<std::string>& extra) {
+/// Runs the config uninterrupted, then again interrupted by `signal` inside a later round and restarted; the
+/// loss traces and the final validation loss must agree. `extra` are --set overrides for both runs. SIGINT
+/// must end the first run with 130 after saving; SIGKILL leaves only the checkpoints written so far.
+void check_interrupted_resume(const std::string& dir, const std::vector<std::string>& extra, int signal) {
   auto with = [&](std::vector<std::string> args) {
     for (const auto& e : extra) args.insert(args.end(), {"--set", e});
     return args;
@@ -62,8 +63,8 @@ void check_sigkill_resume(const std::string& dir, const std::vector<std::string>
   const auto cfg_b = config_file(dir, "b");
   auto c = spawn(with({binary(), "run", cfg_b}), dir + "/b1.log");
   CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/b/loss_trace.tsv").size() >= 17; }, 300));
-  CATCH_REQUIRE(kill(c.pid, SIGKILL) == 0);
-  CATCH_CHECK(wait_exit(c, 60) == 128 + SIGKILL);
+  CATCH_REQUIRE(kill(c.pid, signal) == 0);
+  CATCH_CHECK(wait_exit(c, 120) == (signal == SIGKILL ? 128 + SIGKILL : 130));
   const auto killed_at = read_trace(dir + "/b/loss_trace.tsv").size();
   CATCH_REQUIRE(killed_at < 60);  // it really was interrupted
   CATCH_REQUIRE_FALSE(checkpoints(dir + "/b/checkpoints").empty());
@@ -92,14 +93,38 @@ void check_sigkill_resume(const std::string& dir, const std::vector<std::string>
 CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an uninterrupted run",
                 "[process][resume]") {
   const auto dir = scratch_dir("sigkill");
-  check_sigkill_resume(dir, {});
+  check_interrupted_resume(dir, {}, SIGKILL);
   fs::remove_all(dir);
 }
 
 CATCH_TEST_CASE("with delayed outer steps a run SIGKILLed mid-way resumes exactly, pending average included",
                 "[process][resume][policy]") {
   const auto dir = scratch_dir("sigkill-delayed");
-  check_sigkill_resume(dir, {"diloco.outer=delayed"});
+  check_interrupted_resume(dir, {"diloco.outer=delayed"}, SIGKILL);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("with eager outer steps a run SIGKILLed mid-way resumes exactly, per-worker outer state included",
+                "[process][resume][policy]") {
+  const auto dir = scratch_dir("sigkill-eager");
+  check_interrupted_resume(dir, {"diloco.outer=eager"}, SIGKILL);
+  fs::remove_all(dir);
+}
+
+// Streaming: H = 6 and P = 2 (events at inner steps 2, 3, 5 and 6 of each round), 10 rounds = 60 steps.
+const std::vector<std::string> streaming_sets{"diloco.outer=streaming", "diloco.fragments=2", "diloco.tau=1",
+                                              "train.inner_steps=6", "train.rounds=10"};
+
+CATCH_TEST_CASE("with streaming a run SIGKILLed mid-way resumes exactly", "[process][resume][policy]") {
+  const auto dir = scratch_dir("sigkill-streaming");
+  check_interrupted_resume(dir, streaming_sets, SIGKILL);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("with streaming Ctrl-C stops after a fragment sync, mid-round, and the resume is exact",
+                "[process][resume][policy]") {
+  const auto dir = scratch_dir("sigint-streaming");
+  check_interrupted_resume(dir, streaming_sets, SIGINT);
   fs::remove_all(dir);
 }
 

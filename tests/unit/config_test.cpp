@@ -114,9 +114,17 @@ lr = 0.5
 momentum = 0.8
 nesterov = false
 
+[diloco]
+outer = "sync"
+fragments = 4
+fragment_pattern = "sequential"
+tau = 2
+alpha = 0.25
+
 [eval]
 every_rounds = 2
 batches = 4
+async = false
 
 [checkpoint]
 every_rounds = 3
@@ -179,6 +187,12 @@ CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
   CATCH_CHECK(c.outer.nesterov == false);
   CATCH_CHECK(c.eval.every_rounds == 2);
   CATCH_CHECK(c.eval.batches == 4);
+  CATCH_CHECK(c.eval.async == false);
+  CATCH_CHECK(c.diloco.outer == "sync");  // ddp takes no overlap policy
+  CATCH_CHECK(c.diloco.fragments == 4);
+  CATCH_CHECK(c.diloco.fragment_pattern == "sequential");
+  CATCH_CHECK(c.diloco.tau == 2);
+  CATCH_CHECK(c.diloco.alpha == 0.25);
   CATCH_CHECK(c.checkpoint.every_rounds == 3);
   CATCH_CHECK(c.checkpoint.keep == 5);
   CATCH_CHECK(c.checkpoint.dir == "/tmp/lw-ckpt");

@@ -1,0 +1,48 @@
+// Evaluator actor: a detached thread with its own model replica (no optimizer state), one torch thread.
+#include "actors/evaluator.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include "models/gpt.hpp"
+#include "models/inner_trainer.hpp"
+#include "runtime/caf_errors.hpp"
+#include "runtime/type_ids.hpp"
+
+namespace longwave::actors {
+
+using namespace longwave::runtime;
+
+namespace {
+
+struct evaluator_state {
+  std::unique_ptr<models::gpt> model;
+};
+
+caf::behavior evaluator_fun(caf::stateful_actor<evaluator_state>* self, std::shared_ptr<const run_context> ctx) {
+  at::set_num_threads(1);
+  self->state.model = std::make_unique<models::gpt>(
+      ctx->spec, ctx->cfg.model.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+  return {
+      [=](eval_atom, at::Tensor theta, int64_t n_batches) -> caf::result<double> {
+        try {
+          auto& model = *self->state.model;
+          model.load_flat(theta);
+          return models::validation_loss(model, *ctx->val_tokens, ctx->cfg.train.batch_size, n_batches);
+        } catch (const c10::Error& e) {
+          return make_error(errc::torch_error, std::string("evaluation: ") + e.what_without_backtrace());
+        } catch (const std::exception& e) {
+          return make_error(errc::torch_error, std::string("evaluation: ") + e.what());
+        }
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx) {
+  return sys.spawn<caf::detached>(evaluator_fun, std::move(ctx));
+}
+
+}  // namespace longwave::actors

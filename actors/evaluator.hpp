@@ -1,0 +1,16 @@
+#pragma once
+// The evaluator actor: validation loss of theta on its own model copy and thread, so that evaluation runs off
+// the training path ([eval] async).
+#include <caf/actor.hpp>
+
+#include <memory>
+
+#include "actors/run_context.hpp"
+
+namespace longwave::actors {
+
+/// Message: (eval, theta, n_batches) -> mean validation loss. theta must not change until the answer (send a
+/// clone). Requests are answered in order. Costs one model copy of memory.
+caf::actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx);
+
+}  // namespace longwave::actors
