@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/codec.hpp"
+#include "comm/codec_kernels.hpp"
 
 using namespace longwave::comm;
 using detail::simd_isa;
@@ -24,7 +25,41 @@ struct codec_case {
   const char* name;
   wire_dtype dt;
   codec_options o;
+  /// int8 only: the same bytes through the kernel table one block at a time (an indirect call per block and
+  /// kernel, as before the fused kernels; without decode's scale check), the baseline of the fused walk.
+  bool per_block = false;
 };
+
+const detail::codec_kernels& kernels_of(simd_isa isa) {
+  switch (isa) {
+    case simd_isa::avx2: return *detail::avx2_kernels();
+    case simd_isa::avx512: return *detail::avx512_kernels();
+    case simd_isa::scalar: break;
+  }
+  return detail::scalar_kernels();
+}
+
+void encode_case(simd_isa isa, const codec_case& c, const float* src, size_t n, std::byte* dst) {
+  if (!c.per_block) {
+    detail::encode(isa, c.dt, src, n, dst, c.o);
+    return;
+  }
+  const auto& k = kernels_of(isa);
+  const size_t scale_bytes = encoded_size(c.dt, n, c.o) - n;
+  // The bench's input is finite, so no block poisons the chunk (the result is always true).
+  detail::int8_encode_walk(src, n, dst, dst + scale_bytes, k.abs_max, k.int8_quantize);
+}
+
+bool decode_case(simd_isa isa, const codec_case& c, const std::byte* src, size_t bytes, size_t n, float* out,
+                 bool add) {
+  if (!c.per_block) {
+    return add ? detail::decode_accumulate(isa, c.dt, src, bytes, n, out, c.o)
+               : detail::decode(isa, c.dt, src, bytes, n, out, c.o);
+  }
+  const auto& k = kernels_of(isa);
+  detail::int8_decode_walk(src + (bytes - n), src, n, out, add, k.int8_dequantize, k.int8_dequantize_add);
+  return true;
+}
 
 /// Best (shortest) time of each operation over the repeats, in seconds.
 struct timings {
@@ -104,6 +139,7 @@ int main(int argc, char** argv) {
                               {"fp16", wire_dtype::fp16, {}},
                               {"bf16", wire_dtype::bf16, {}},
                               {"int8", wire_dtype::int8, {}},
+                              {"int8-perblock", wire_dtype::int8, {}, true},
                               {"int8-codebook", wire_dtype::int8, {true}}};
 
   // Pseudo-gradient-like input; every buffer is written once so page faults stay out of the timings.
@@ -139,7 +175,8 @@ int main(int argc, char** argv) {
   std::printf("default simd level: %s (LONGWAVE_SIMD overrides)\n", simd_level());
   std::printf(
       "GB/s count fp32 input bytes; ratio = (4n / (t_encode + t_decode)) / (4n / t_memcpy), goal >= 0.5;\n"
-      "ratio acc uses decode_accumulate; chunk = values per encode call\n"
+      "ratio acc uses decode_accumulate; chunk = values per encode call; int8-perblock = int8 with a kernel\n"
+      "call per 256-value block (the dispatch before the fused kernels), the baseline of the fused walk\n"
       "fp32 is what the ring does: encode copies the chunk into the message it sends, the receiver decodes\n"
       "(copies) it, so its ratio is ~0.5 by construction (zero-copy sends are not safe: comm/CODEC.md, "
       "Cost)\n\n");
@@ -148,7 +185,9 @@ int main(int argc, char** argv) {
 
   int active_rows = 0;
   int active_met = 0;
+  std::string speedups;  // int8: per-block calls' time over the fused walk's, per level
   for (simd_isa isa : levels) {
+    timings fused;
     for (const codec_case& c : cases) {
       timings t;
       size_t wire_bytes = 0;
@@ -160,7 +199,7 @@ int main(int argc, char** argv) {
                                 size_t at = 0;
                                 for (size_t off = 0; off < n; off += chunk) {
                                   const size_t len = std::min(chunk, n - off);
-                                  detail::encode(isa, c.dt, src.data() + off, len, enc.data() + at, c.o);
+                                  encode_case(isa, c, src.data() + off, len, enc.data() + at);
                                   at += encoded_size(c.dt, len, c.o);
                                 }
                                 wire_bytes = at;
@@ -171,8 +210,7 @@ int main(int argc, char** argv) {
           for (size_t off = 0; off < n; off += chunk) {
             const size_t len = std::min(chunk, n - off);
             const size_t bytes = encoded_size(c.dt, len, c.o);
-            ok &= add ? detail::decode_accumulate(isa, c.dt, enc.data() + at, bytes, len, out + off, c.o)
-                      : detail::decode(isa, c.dt, enc.data() + at, bytes, len, out + off, c.o);
+            ok &= decode_case(isa, c, enc.data() + at, bytes, len, out + off, add);
             at += bytes;
           }
         };
@@ -185,16 +223,28 @@ int main(int argc, char** argv) {
       }
       const double ratio = t.memcpy_s / (t.encode_s + t.decode_s);
       const double ratio_acc = t.memcpy_s / (t.encode_s + t.accumulate_s);
-      if (isa == detail::active_isa()) {
+      if (c.dt == wire_dtype::int8 && !c.o.int8_codebook && !c.per_block) fused = t;
+      if (c.per_block) {
+        char line[160];
+        std::snprintf(line, sizeof line, "%-7s encode %.2fx, decode %.2fx, dec+acc %.2fx\n",
+                      detail::to_string(isa), t.encode_s / fused.encode_s, t.decode_s / fused.decode_s,
+                      t.accumulate_s / fused.accumulate_s);
+        speedups += line;
+      }
+      if (isa == detail::active_isa() && !c.per_block) {
         ++active_rows;
         active_met += ratio >= 0.5 ? 1 : 0;
       }
       std::printf("%-7s %-14s %9zu %9.1f %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f%s\n", detail::to_string(isa),
                   c.name, chunk, static_cast<double>(wire_bytes) / 1e6, gb / t.memcpy_s, gb / t.encode_s,
                   gb / t.decode_s, gb / t.accumulate_s, ratio, ratio_acc,
-                  c.dt == wire_dtype::fp32 ? "  (2 copies)" : (ratio >= 0.5 ? "" : "  < goal"));
+                  c.dt == wire_dtype::fp32 ? "  (2 copies)"
+                  : c.per_block            ? "  (baseline)"
+                                           : (ratio >= 0.5 ? "" : "  < goal"));
     }
   }
+  std::printf("\nint8-perblock time / int8 time (one kernel call per 256 values against the fused walk):\n%s",
+              speedups.c_str());
   if (active_rows > 0) {
     std::printf("\nratio >= 0.5 at the default level (%s): %d of %d codecs\n", simd_level(), active_met,
                 active_rows);

@@ -27,11 +27,6 @@ using detail::simd_isa;
 
 constexpr size_t codebook_bins = 256;
 constexpr size_t codebook_header_bytes = codebook_bins * 4;
-// An int8 chunk whose max |x| is below this flushes to zero, so that the scale is a normal float and its
-// reciprocal is finite (error <= max |x| < 1.5e-36).
-constexpr float min_abs_max = 127.0f * FLT_MIN;
-// The largest valid scale: any code (even -128, which encode never writes) times it stays finite.
-constexpr float max_scale = FLT_MAX / 128.0f;
 constexpr uint32_t poison_bits = 0x7fc00000u;  // quiet NaN: the header of a non-finite int8 chunk
 
 // memcpy with a null pointer is undefined even for 0 bytes; n == 0 chunks may come with null pointers.
@@ -68,20 +63,6 @@ size_t int8_blocks(size_t n) {
   return n / int8_block + (n % int8_block != 0 ? 1 : 0);
 }
 
-// The scale of a block with max |x| = float_of(m_bits) and the factor the codes are computed with. False
-// (poison) if the block holds NaN or inf, or if its scale would exceed max_scale (|x| beyond ~3.39e38). A
-// block below min_abs_max flushes to zero: s = r = 0, so every code is rne(x * 0) = 0.
-bool block_scale(uint32_t m_bits, float& scale, float& inv) {
-  scale = 0.0f;
-  inv = 0.0f;
-  if (m_bits >= 0x7f800000u) return false;  // NaN or inf in the block
-  const float m = float_of(m_bits);
-  if (m < min_abs_max) return true;
-  scale = m / 127.0f;
-  inv = 127.0f / m;
-  return scale <= max_scale;
-}
-
 void poison_int8_blocks(std::byte* dst, size_t n) {
   const size_t nb = int8_blocks(n);
   const float poison = float_of(poison_bits);
@@ -89,25 +70,16 @@ void poison_int8_blocks(std::byte* dst, size_t n) {
   zero_bytes(dst + scale_bytes * nb, n);
 }
 
+// The level's kernel walks all blocks (scales by detail::int8_block_scale, the one copy of the rule).
 void encode_int8_blocks(const codec_kernels& k, const float* src, size_t n, std::byte* dst) {
-  const size_t nb = int8_blocks(n);
-  std::byte* codes = dst + scale_bytes * nb;
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t i = b * int8_block;
-    const size_t len = std::min(int8_block, n - i);
-    float scale, inv;
-    if (!block_scale(k.abs_max(src + i, len), scale, inv)) {
-      poison_int8_blocks(dst, n);  // the whole chunk: every decoder rejects it
-      return;
-    }
-    std::memcpy(dst + scale_bytes * b, &scale, scale_bytes);
-    k.int8_quantize(src + i, len, inv, codes + i);
+  if (!k.int8_encode_blocks(src, n, dst, dst + scale_bytes * int8_blocks(n))) {
+    poison_int8_blocks(dst, n);  // the whole chunk: every decoder rejects it
   }
 }
 
-// +0, or a normal float up to max_scale; rejects NaN, inf, negatives (-0 too), denormals, huge values.
+// +0, or a normal float up to int8_max_scale; rejects NaN, inf, negatives (-0 too), denormals, huge values.
 bool valid_scale(float s) {
-  return bits_of(s) == 0u || (s >= FLT_MIN && s <= max_scale);
+  return bits_of(s) == 0u || (s >= FLT_MIN && s <= detail::int8_max_scale);
 }
 
 bool decode_int8_blocks(const codec_kernels& k, const std::byte* src, size_t n, float* out, bool add) {
@@ -118,18 +90,7 @@ bool decode_int8_blocks(const codec_kernels& k, const std::byte* src, size_t n, 
     std::memcpy(&scale, src + scale_bytes * b, scale_bytes);
     if (!valid_scale(scale)) return false;
   }
-  const std::byte* codes = src + scale_bytes * nb;
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t i = b * int8_block;
-    const size_t len = std::min(int8_block, n - i);
-    float scale;
-    std::memcpy(&scale, src + scale_bytes * b, scale_bytes);
-    if (add) {
-      k.int8_dequantize_add(codes + i, len, scale, out + i);
-    } else {
-      k.int8_dequantize(codes + i, len, scale, out + i);
-    }
-  }
+  k.int8_decode_blocks(src + scale_bytes * nb, src, n, out, add);
   return true;
 }
 

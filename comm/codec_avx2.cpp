@@ -138,6 +138,7 @@ LW_AVX2 abs_max_bits abs_max(const float* src, size_t n) {
     m1 = _mm256_max_epu32(m1, _mm256_and_si256(b, abs_mask));
   }
   const uint32_t m = hmax_u32(_mm256_max_epu32(m0, m1));
+  if (i == n) return m;  // every full int8 block
   const uint32_t t = scalar_kernels().abs_max(src + i, n - i);
   return m > t ? m : t;
 }
@@ -167,10 +168,12 @@ LW_AVX2 min_max find_min_max(const float* src, size_t n) {
   return r;
 }
 
+// rne(x * inv) as int32, in the current rounding mode (nearest even by default), as the scalar level. The
+// clamp to [-127, 127] comes after, on the bytes: the saturating packs, then a max with -127. For
+// |x * inv| <= 2^22 that is the same as clamping the product first, at one instruction per 32 codes instead
+// of two per 8.
 LW_AVX2 inline __m256i quantize8(const float* p, __m256 inv) {
-  const __m256 y = keep_rounded(_mm256_mul_ps(_mm256_loadu_ps(p), inv));
-  const __m256 c = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), y));
-  return _mm256_cvtps_epi32(c);  // current rounding mode (nearest even by default), as the scalar level
+  return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), inv));
 }
 
 // packs works per 128-bit lane; this permutation puts the four 8-value groups back in order.
@@ -184,10 +187,10 @@ LW_AVX2 void int8_quantize(const float* src, size_t n, float inv_scale, std::byt
   for (; i + 32 <= n; i += 32) {
     const __m256i ab = _mm256_packs_epi32(quantize8(src + i, inv), quantize8(src + i + 8, inv));
     const __m256i cd = _mm256_packs_epi32(quantize8(src + i + 16, inv), quantize8(src + i + 24, inv));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        unshuffle_packed_bytes(_mm256_packs_epi16(ab, cd)));
+    const __m256i q = unshuffle_packed_bytes(_mm256_packs_epi16(ab, cd));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_max_epi8(q, _mm256_set1_epi8(-127)));
   }
-  scalar_kernels().int8_quantize(src + i, n - i, inv_scale, dst + i);
+  if (i < n) scalar_kernels().int8_quantize(src + i, n - i, inv_scale, dst + i);
 }
 
 LW_AVX2 inline __m256 dequantize8(const std::byte* p, __m256 scale) {
@@ -199,16 +202,34 @@ LW_AVX2 void int8_dequantize(const std::byte* src, size_t n, float scale, float*
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, dequantize8(src + i, s));
-  scalar_kernels().int8_dequantize(src + i, n - i, scale, dst + i);
+  if (i < n) scalar_kernels().int8_dequantize(src + i, n - i, scale, dst + i);
 }
 
+// Four steps per iteration: with one, the loop inlined into int8_decode_blocks ran about 7% slower in cache
+// than the former call per block (49 against 53 GB/s); with four, 60 against 57.
 LW_AVX2 void int8_dequantize_add(const std::byte* src, size_t n, float scale, float* acc) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 32; k += 8)
+      _mm256_storeu_ps(acc + i + k, _mm256_add_ps(_mm256_loadu_ps(acc + i + k), dequantize8(src + i + k, s)));
+  }
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), dequantize8(src + i, s)));
   }
-  scalar_kernels().int8_dequantize_add(src + i, n - i, scale, acc + i);
+  if (i < n) scalar_kernels().int8_dequantize_add(src + i, n - i, scale, acc + i);
+}
+
+// The whole chunk in one call, the per-block kernels above inlined (flatten). A full block takes no scalar
+// tail; only the chunk's last, shorter block can.
+[[gnu::flatten]] LW_AVX2 bool int8_encode_blocks(const float* src, size_t n, std::byte* scales,
+                                                 std::byte* codes) {
+  return int8_encode_walk(src, n, scales, codes, abs_max, int8_quantize);
+}
+
+[[gnu::flatten]] LW_AVX2 void int8_decode_blocks(const std::byte* codes, const std::byte* scales, size_t n,
+                                                 float* out, bool add) {
+  int8_decode_walk(codes, scales, n, out, add, int8_dequantize, int8_dequantize_add);
 }
 
 // The fp32 fast path for 8 values (CODEC.md): t = (x - lo) * s8, c1 = trunc(t - margin), c2 = trunc(t +
@@ -275,6 +296,8 @@ const codec_kernels* avx2_kernels() {
                                bf16_add,
                                abs_max,
                                find_min_max,
+                               int8_encode_blocks,
+                               int8_decode_blocks,
                                int8_quantize,
                                int8_dequantize,
                                int8_dequantize_add,

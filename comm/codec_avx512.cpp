@@ -216,25 +216,43 @@ LW_AVX512 min_max find_min_max(const float* src, size_t n) {
   return {_mm512_reduce_min_ps(_mm512_min_ps(lo0, lo1)), _mm512_reduce_max_ps(_mm512_max_ps(hi0, hi1))};
 }
 
+// The bits of |x|: their unsigned maximum is exact and order-free (see abs_max).
+LW_AVX512 inline __m512i abs_bits(__m512 x) {
+  return _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+}
+
+// rne(x * inv) as int32, in the current rounding mode (nearest even by default), as the scalar level. The
+// clamp to [-127, 127] comes after, on the bytes (codes16, codes64): a saturating narrowing, then a max with
+// -127. For |x * inv| <= 2^22 that is the same as clamping the product first, at one instruction per 16 or
+// 64 codes instead of two per 16 (the fused encode, in cache: 47 GB/s with the fp32 clamp, 58-59 with this).
 LW_AVX512 inline __m512i quantize16(__m512 x, __m512 inv) {
-  const __m512 y = keep_rounded(_mm512_mul_ps(x, inv));
-  const __m512 c = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), y));
-  return _mm512_cvtps_epi32(c);  // current rounding mode (nearest even by default), as the scalar level
+  return _mm512_cvtps_epi32(_mm512_mul_ps(x, inv));
+}
+
+// 16 codes of 16 values.
+LW_AVX512 inline __m128i codes16(__m512 x, __m512 inv) {
+  return _mm_max_epi8(_mm512_cvtsepi32_epi8(quantize16(x, inv)), _mm_set1_epi8(-127));
+}
+
+// 64 codes of 64 values in four vectors: the saturating packs work within 128-bit lanes, the permutation puts
+// the 16 groups of 4 codes back in order.
+LW_AVX512 inline __m512i codes64(__m512 a, __m512 b, __m512 c, __m512 d, __m512 inv) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i ab = _mm512_packs_epi32(quantize16(a, inv), quantize16(b, inv));
+  const __m512i cd = _mm512_packs_epi32(quantize16(c, inv), quantize16(d, inv));
+  return _mm512_max_epi8(_mm512_permutexvar_epi32(order, _mm512_packs_epi16(ab, cd)), _mm512_set1_epi8(-127));
 }
 
 LW_AVX512 void int8_quantize(const float* src, size_t n, float inv_scale, std::byte* dst) {
   const __m512 inv = _mm512_set1_ps(inv_scale);
   size_t i = align_head(src, 4, n);
-  if (i != 0)
-    _mm512_mask_cvtepi32_storeu_epi8(dst, tail_mask(i),
-                                     quantize16(_mm512_maskz_loadu_ps(tail_mask(i), src), inv));
+  if (i != 0) _mm_mask_storeu_epi8(dst, tail_mask(i), codes16(_mm512_maskz_loadu_ps(tail_mask(i), src), inv));
   for (; i + 16 <= n; i += 16) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm512_cvtepi32_epi8(quantize16(_mm512_loadu_ps(src + i), inv)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), codes16(_mm512_loadu_ps(src + i), inv));
   }
   if (i < n) {
     const __mmask16 m = tail_mask(n - i);
-    _mm512_mask_cvtepi32_storeu_epi8(dst + i, m, quantize16(_mm512_maskz_loadu_ps(m, src + i), inv));
+    _mm_mask_storeu_epi8(dst + i, m, codes16(_mm512_maskz_loadu_ps(m, src + i), inv));
   }
 }
 
@@ -269,6 +287,56 @@ LW_AVX512 void int8_dequantize_add(const std::byte* src, size_t n, float scale, 
     _mm512_mask_storeu_ps(acc + i, m,
                           _mm512_add_ps(_mm512_maskz_loadu_ps(m, acc + i), dequantize16(src + i, m, s)));
   }
+}
+
+// The whole chunk in one call. Each full block is read once, into 17 registers: steps aligned to 64 bytes of
+// src (the same offset for every block, a block being a multiple of 64 bytes), the first (head values, maybe
+// none) and the last masked. The |x| maximum and the codes both come from the registers, and the codes leave
+// as 64-byte stores. In cache (one 4 MB chunk) this encodes at 58-59 GB/s against 45 for abs_max and
+// int8_quantize inlined per block, which read the block twice and store 16 codes at a time. The chunk's
+// last, shorter block takes that path.
+[[gnu::flatten]] LW_AVX512 bool int8_encode_blocks(const float* src, size_t n, std::byte* scales,
+                                                   std::byte* codes) {
+  static_assert(int8_block % 64 == 0, "codes64 takes the 16-value steps of a block four at a time");
+  constexpr int steps = int8_block / 16 + 1;
+  const size_t head = align_head(src, 4, 16);
+  const __mmask16 first = tail_mask(head);
+  const __mmask16 last = tail_mask(16 - head);
+  const __mmask64 last_codes = ~uint64_t{0} >> head;  // the block's last 64 - head codes
+  size_t i = 0;
+  for (; i + int8_block <= n; i += int8_block) {
+    const float* p = src + i + head;
+    __m512 x[steps];
+    x[0] = _mm512_maskz_loadu_ps(first, src + i);
+    for (int k = 1; k < steps - 1; ++k) x[k] = _mm512_loadu_ps(p + 16 * (k - 1));
+    x[steps - 1] = _mm512_maskz_loadu_ps(last, p + int8_block - 16);
+    __m512i m0 = abs_bits(x[0]);
+    __m512i m1 = abs_bits(x[1]);
+    for (int k = 2; k < steps; k += 2) {
+      m0 = _mm512_max_epu32(m0, abs_bits(x[k]));
+      if (k + 1 < steps) m1 = _mm512_max_epu32(m1, abs_bits(x[k + 1]));
+    }
+    float scale, inv;
+    if (!int8_block_scale(_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1)), scale, inv)) return false;
+    std::memcpy(scales + 4 * (i / int8_block), &scale, sizeof scale);
+    const __m512 r = _mm512_set1_ps(inv);
+    std::byte* q = codes + i + head;
+    _mm_mask_storeu_epi8(codes + i, first, codes16(x[0], r));
+    for (int k = 1; k < steps; k += 4) {
+      const __m512i c = codes64(x[k], x[k + 1], x[k + 2], x[k + 3], r);
+      if (k + 4 < steps) {
+        _mm512_storeu_si512(q + 16 * (k - 1), c);
+      } else {
+        _mm512_mask_storeu_epi8(q + 16 * (k - 1), last_codes, c);
+      }
+    }
+  }
+  return int8_encode_walk(src + i, n - i, scales + 4 * (i / int8_block), codes + i, abs_max, int8_quantize);
+}
+
+[[gnu::flatten]] LW_AVX512 void int8_decode_blocks(const std::byte* codes, const std::byte* scales, size_t n,
+                                                   float* out, bool add) {
+  int8_decode_walk(codes, scales, n, out, add, int8_dequantize, int8_dequantize_add);
 }
 
 // The fp32 fast path for 16 values (CODEC.md): with d = x - lo, t- = d * s8 - margin and t+ = d * s8 + margin
@@ -547,6 +615,8 @@ const codec_kernels* avx512_kernels() {
                                bf16_add,
                                abs_max,
                                find_min_max,
+                               int8_encode_blocks,
+                               int8_decode_blocks,
                                int8_quantize,
                                int8_dequantize,
                                int8_dequantize_add,

@@ -1,6 +1,7 @@
 #pragma once
 // Internal to the codecs: the per-CPU-level kernel table behind comm/codec.hpp. One instance per level
 // (codec_scalar.cpp, codec_avx2.cpp, codec_avx512.cpp); all of them produce bit-identical results.
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -22,14 +23,71 @@ inline float float_of(uint32_t u) {
   return f;
 }
 
-// The per-block int8 encode runs abs_max and int8_quantize once per block: a multiple of 32 keeps every block
-// at the chunk's offset from a 64-byte boundary (so AVX-512's aligned steps apply to each block) and lets
-// AVX2's 32-value quantize step divide it (no scalar tail except in the last block).
+// The fused int8 kernels walk a chunk block by block: a multiple of 32 keeps every block at the chunk's
+// offset from a 64-byte boundary (so AVX-512's aligned steps apply to each block) and lets AVX2's 32-value
+// quantize step divide it (no scalar tail except in the last block).
 static_assert(int8_block % 32 == 0, "int8_block must be a multiple of 32");
 
 /// Largest |x| of a chunk as raw bits of the non-negative float; >= 0x7f800000 means a NaN or inf was
 /// present. Taking the max of the bit patterns is exact, so every level returns the same value.
 using abs_max_bits = uint32_t;
+
+/// int8 blocks whose max |x| is below this flush to zero, so that every scale is a normal float and its
+/// reciprocal is finite (error <= max |x| < 1.5e-36).
+constexpr float int8_min_abs_max = 127.0f * FLT_MIN;
+/// The largest valid int8 scale: any code (even -128, which encode never writes) times it stays finite.
+constexpr float int8_max_scale = FLT_MAX / 128.0f;
+
+/// The int8 scale rule, the one copy every level uses (CODEC.md, "int8 with a symmetric scale per block",
+/// steps 2-4): the scale of a block with max |x| = float_of(m_bits) and the factor its codes are computed
+/// with. False (the chunk is poisoned) if the block holds NaN or inf, or if its scale would exceed
+/// int8_max_scale (|x| beyond ~3.39e38). A block below int8_min_abs_max flushes to zero: scale = inv = 0, so
+/// every code is rne(x * 0) = 0.
+inline bool int8_block_scale(abs_max_bits m_bits, float& scale, float& inv) {
+  scale = 0.0f;
+  inv = 0.0f;
+  if (m_bits >= 0x7f800000u) return false;  // NaN or inf in the block
+  const float m = float_of(m_bits);
+  if (m < int8_min_abs_max) return true;
+  scale = m / 127.0f;
+  inv = 127.0f / m;
+  return scale <= int8_max_scale;
+}
+
+/// The block walk of the levels' int8_encode_blocks: for each block, the level's abs_max, the scale by
+/// int8_block_scale, then the level's quantize. False as soon as a block poisons the chunk. The level passes
+/// its own per-block kernels and calls this from an [[gnu::flatten]] int8_encode_blocks, so that everything
+/// inlines into that one function (compiled for the level's target): no call per block.
+template <class AbsMax, class Quantize>
+[[gnu::always_inline]] inline bool int8_encode_walk(const float* src, size_t n, std::byte* scales,
+                                                    std::byte* codes, AbsMax abs_max, Quantize quantize) {
+  for (size_t i = 0; i < n; i += int8_block) {
+    const size_t len = n - i < int8_block ? n - i : int8_block;
+    float scale, inv;
+    if (!int8_block_scale(abs_max(src + i, len), scale, inv)) return false;
+    std::memcpy(scales + 4 * (i / int8_block), &scale, sizeof scale);
+    quantize(src + i, len, inv, codes + i);
+  }
+  return true;
+}
+
+/// The block walk of the levels' int8_decode_blocks: each block's scale, then the level's dequantize (or
+/// dequantize_add), inlined as in int8_encode_walk.
+template <class Dequantize, class DequantizeAdd>
+[[gnu::always_inline]] inline void int8_decode_walk(const std::byte* codes, const std::byte* scales, size_t n,
+                                                    float* out, bool add, Dequantize dequantize,
+                                                    DequantizeAdd dequantize_add) {
+  for (size_t i = 0; i < n; i += int8_block) {
+    const size_t len = n - i < int8_block ? n - i : int8_block;
+    float scale;
+    std::memcpy(&scale, scales + 4 * (i / int8_block), sizeof scale);
+    if (add) {
+      dequantize_add(codes + i, len, scale, out + i);
+    } else {
+      dequantize(codes + i, len, scale, out + i);
+    }
+  }
+}
 
 /// Smallest and largest value of a chunk (codebook pass 1). Exact for a chunk without NaN; +-inf shows up as
 /// lo = -inf or hi = +inf. NaN values are skipped (lo and hi are NaN only if src[0] is), so a NaN elsewhere
@@ -85,6 +143,14 @@ struct codec_kernels {
   abs_max_bits (*abs_max)(const float* src, size_t n);
   /// n >= 1. See min_max.
   min_max (*find_min_max)(const float* src, size_t n);
+  /// The plain int8 encode of a chunk of n values (CODEC.md), all blocks in one call: each block's scale by
+  /// int8_block_scale, stored at scales + 4b (fp32, little-endian, no alignment), and its codes at codes + i.
+  /// False if a block poisons the chunk; scales and codes are then unspecified (the caller poisons them).
+  bool (*int8_encode_blocks)(const float* src, size_t n, std::byte* scales, std::byte* codes);
+  /// The plain int8 decode of a chunk, all blocks in one call: out = float(q) * s_b, or with add
+  /// out += float(q) * s_b, the product rounded to fp32 first. The caller has validated every scale.
+  void (*int8_decode_blocks)(const std::byte* codes, const std::byte* scales, size_t n, float* out, bool add);
+  /// One block's pieces of the two above, used inside them (AVX2 takes the scalar ones for its tails).
   /// q = clamp(round_half_even(x * inv_scale), -127, 127); finite input with |x * inv_scale| <= 2^22.
   void (*int8_quantize)(const float* src, size_t n, float inv_scale, std::byte* dst);
   /// dst = float(q) * scale, the product rounded to fp32 (never fused with an add).

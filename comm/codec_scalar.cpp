@@ -171,6 +171,14 @@ void int8_dequantize_add(const std::byte* src, size_t n, float scale, float* acc
   for (size_t i = 0; i < n; ++i) acc[i] += keep_rounded(int8_value(src[i]) * scale);
 }
 
+bool int8_encode_blocks(const float* src, size_t n, std::byte* scales, std::byte* codes) {
+  return int8_encode_walk(src, n, scales, codes, abs_max, int8_quantize);
+}
+
+void int8_decode_blocks(const std::byte* codes, const std::byte* scales, size_t n, float* out, bool add) {
+  int8_decode_walk(codes, scales, n, out, add, int8_dequantize, int8_dequantize_add);
+}
+
 // The reference: every code by the double definition (the fp32 fast path is only for the SIMD levels).
 bool codebook_codes(const float* src, size_t n, const codebook_map& m, std::byte* codes) {
   for (size_t i = 0; i < n; ++i) {
@@ -207,6 +215,8 @@ const codec_kernels& scalar_kernels() {
                                bf16_add,
                                abs_max,
                                find_min_max,
+                               int8_encode_blocks,
+                               int8_decode_blocks,
                                int8_quantize,
                                int8_dequantize,
                                int8_dequantize_add,

@@ -141,6 +141,69 @@ size_t int8_blocks(size_t n) {
   return (n + int8_block - 1) / int8_block;
 }
 
+/// The plain int8 chunk of CODEC.md ("int8 with a symmetric scale per block"), written block by block in the
+/// plainest way and independent of the codec's kernels: the reference their fused block walk must match.
+std::vector<std::byte> int8_reference_encode(const float* x, size_t n) {
+  const size_t nb = int8_blocks(n);
+  std::vector<std::byte> out(4 * nb + n, std::byte{0});
+  const auto poisoned = [&] {
+    const float nan = float_of(0x7fc00000u);
+    for (size_t k = 0; k < nb; ++k) std::memcpy(out.data() + 4 * k, &nan, 4);
+    std::fill(out.begin() + static_cast<long>(4 * nb), out.end(), std::byte{0});
+    return out;
+  };
+  if (!std::all_of(x, x + n, [](float v) { return std::isfinite(v); })) return poisoned();
+  for (size_t k = 0; k < nb; ++k) {
+    const size_t i0 = k * int8_block;
+    const size_t len = std::min(int8_block, n - i0);
+    float m = 0.0f;
+    for (size_t j = 0; j < len; ++j) m = std::max(m, std::fabs(x[i0 + j]));
+    float s = 0.0f;  // below 127 FLT_MIN the block flushes to zero: scale +0, codes 0
+    if (m >= 127.0f * FLT_MIN) {
+      s = m / 127.0f;
+      if (s > FLT_MAX / 128.0f) return poisoned();
+      const float r = 127.0f / m;
+      for (size_t j = 0; j < len; ++j) {
+        const float q = std::clamp(std::nearbyint(x[i0 + j] * r), -127.0f, 127.0f);
+        out[4 * nb + i0 + j] = static_cast<std::byte>(static_cast<int8_t>(q));
+      }
+    }
+    std::memcpy(out.data() + 4 * k, &s, 4);
+  }
+  return out;
+}
+
+/// Decodes a reference chunk: out_i = fl(q_i * s_b), or with add out_i = fl(out_i + fl(q_i * s_b)).
+void int8_reference_decode(const std::vector<std::byte>& enc, size_t n, float* out, bool add) {
+  const size_t nb = int8_blocks(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float q = static_cast<float>(static_cast<int8_t>(std::to_integer<uint8_t>(enc[4 * nb + i])));
+    volatile float p = q * header_float(enc, i / int8_block);  // rounded before the add, never an FMA
+    out[i] = add ? out[i] + p : p;
+  }
+}
+
+/// A chunk whose blocks cycle through the cases of the int8 scale rule, starting at case `first`: ordinary
+/// values, all zeros, tiny values (flushed), max |x| exactly 127 FLT_MIN (kept) or one ulp below it
+/// (flushed), values up to 3.3e38 (the largest scales), and halves with max 127 (scale 1: rounding ties).
+std::vector<float> int8_block_cases(size_t n, size_t first, uint32_t seed) {
+  auto x = gradient_like(n, seed);
+  const float edge = 127.0f * FLT_MIN;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t j = i % int8_block;
+    switch ((i / int8_block + first) % 7) {
+      case 0: break;
+      case 1: x[i] = j % 2 == 0 ? 0.0f : -0.0f; break;
+      case 2: x[i] *= 1e-36f; break;  // below 2e-37, many subnormal
+      case 3: x[i] = j == 7 ? -edge : x[i] * 1e-36f; break;
+      case 4: x[i] = j == 7 ? std::nextafter(edge, 0.0f) : x[i] * 1e-36f; break;
+      case 5: x[i] = j == 100 ? 3.3e38f : std::ldexp(x[i], 120); break;
+      case 6: x[i] = j == 0 ? 127.0f : static_cast<float>(static_cast<int>(j) - 128) / 2.0f; break;
+    }
+  }
+  return x;
+}
+
 /// The bound CODEC.md states for a chunk x under codec c (enc is x's encoding): |x^_i - x_i| <= rel * |x_i| +
 /// abs, plus, for plain int8, (s_b / 2)(1 + 2^-14) with s_b the scale of x_i's block.
 struct bound {
@@ -371,6 +434,88 @@ CATCH_TEST_CASE("int8 uses scale max|x| / 127 per block and errs by at most half
   CATCH_CHECK(std::vector<float>(yt.begin(), yt.begin() + int8_block) ==
               std::vector<float>(int8_block, 0.0f));
   CATCH_CHECK(yt[int8_block + 2] == 3.0f);
+}
+
+CATCH_TEST_CASE(
+    "Every level's fused int8 block walk matches a plain per-block reference, flushed blocks and poison "
+    "included",
+    "[codec]") {
+  // Encode at every level (src at several float offsets, so each AVX-512 alignment head occurs; codes at an
+  // odd byte address) against int8_reference_encode, then decode the reference bytes at every level.
+  const auto check = [](const std::vector<float>& x, size_t off, size_t n) {
+    const auto ref = int8_reference_encode(x.data() + off, n);
+    const bool valid = n == 0 || !std::isnan(header_float(ref, 0));
+    std::vector<float> ref_dec(n), ref_acc(n);
+    for (size_t i = 0; i < n; ++i) ref_acc[i] = 0.25f + static_cast<float>(i % 5);
+    const auto acc0 = ref_acc;
+    if (valid) {
+      int8_reference_decode(ref, n, ref_dec.data(), false);
+      int8_reference_decode(ref, n, ref_acc.data(), true);
+    }
+    for (simd_isa isa : supported_levels()) {
+      CATCH_INFO("level " << detail::to_string(isa));
+      std::vector<std::byte> enc(ref.size() + 1);
+      detail::encode(isa, wire_dtype::int8, x.data() + off, n, enc.data() + 1);
+      CATCH_CHECK((ref.empty() || std::memcmp(enc.data() + 1, ref.data(), ref.size()) == 0));
+      std::vector<float> dec(n, -1.0f);
+      auto acc = acc0;
+      CATCH_CHECK(detail::decode(isa, wire_dtype::int8, ref.data(), ref.size(), n, dec.data()) == valid);
+      CATCH_CHECK(detail::decode_accumulate(isa, wire_dtype::int8, ref.data(), ref.size(), n, acc.data()) ==
+                  valid);
+      if (!valid) {
+        CATCH_CHECK(acc == acc0);
+        continue;
+      }
+      CATCH_CHECK(first_failure(n, [&](size_t i) { return bits_of(dec[i]) == bits_of(ref_dec[i]); }) == -1);
+      CATCH_CHECK(first_failure(n, [&](size_t i) { return bits_of(acc[i]) == bits_of(ref_acc[i]); }) == -1);
+    }
+    return valid;
+  };
+
+  // Odd sizes, sizes below one block and not a multiple of it, each block case at the first block.
+  constexpr size_t b = int8_block;
+  const size_t sizes[] = {0, 1, 7, 33, b - 1, b, b + 1, 2 * b - 1, 1000, 7 * b, 4096 + 17, 100003};
+  for (size_t n : sizes) {
+    for (size_t first = 0; first < 7; ++first) {
+      const auto x = int8_block_cases(n + 15, first, static_cast<uint32_t>(n + first));
+      for (size_t off : {size_t{0}, size_t{1}, size_t{6}, size_t{15}}) {
+        CATCH_INFO("n = " << n << ", first case " << first << ", src at +" << off);
+        // The cases start at x[0], so with an offset they shift within the blocks; both are checked.
+        CATCH_CHECK(check(x, off, n));
+      }
+    }
+  }
+  // Every alignment head of a chunk of several blocks.
+  const auto mixed = int8_block_cases(10 * int8_block + 16, 0, 41);
+  for (size_t off = 0; off < 16; ++off) {
+    CATCH_INFO("10 blocks + 3, src at +" << off);
+    CATCH_CHECK(check(mixed, off, 10 * int8_block + 3));
+  }
+
+  // Poison: a NaN, inf or a value whose scale would exceed FLT_MAX / 128 anywhere poisons the whole chunk.
+  for (size_t n : {size_t{1}, int8_block - 1, int8_block + 1, size_t{1000}, size_t{4096 + 17}}) {
+    for (size_t at : {size_t{0}, n / 2, n - 1}) {
+      for (float bad : {NAN, -NAN, INFINITY, -INFINITY, 3.4e38f, -FLT_MAX}) {
+        CATCH_INFO("n = " << n << ", " << bad << " at " << at);
+        auto x = int8_block_cases(n, 0, 43);
+        x[at] = bad;
+        CATCH_CHECK(!check(x, 0, n));
+      }
+    }
+  }
+  // Around the largest valid scale: the reference and every level agree on which chunks are poisoned, and
+  // the edge lies among these values.
+  int valid = 0;
+  float v = 127.0f * (FLT_MAX / 128.0f);
+  for (int u = 0; u < 4; ++u) v = std::nextafter(v, 0.0f);
+  for (int u = 0; u < 9; ++u, v = std::nextafter(v, INFINITY)) {
+    CATCH_INFO("max |x| = " << v);
+    auto x = int8_block_cases(3 * int8_block + 5, 0, 47);
+    x[int8_block + 9] = -v;
+    valid += check(x, 0, x.size()) ? 1 : 0;
+  }
+  CATCH_CHECK(valid > 0);
+  CATCH_CHECK(valid < 9);
 }
 
 CATCH_TEST_CASE("int8 per-block scales cut the error of heavy-tailed chunks against one scale per chunk",
