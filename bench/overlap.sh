@@ -32,6 +32,8 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
   --preset P          model preset                                                     (default tiny)
   --outer-lr X        outer SGD learning rate                                          (default 0.7)
   --outer-momentum X  outer Nesterov momentum                                          (default 0.9)
+  --outer P=LR:MU     outer lr and momentum for policy P only, e.g. --outer streaming=1.0:0 (repeatable)
+  --sync-eval         evaluate on the training path ([eval] async = false; default: off it)
   --fragments P       streaming: fragments of layers                                   (default 2)
   --tau T             streaming: inner steps a fragment's all-reduce overlaps; auto = 3/4 of H/P, which
                       covers one fragment's all-reduce at --ratio 0.5                  (default auto)
@@ -43,8 +45,9 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
 Binary: ${LW_BINARY:-build/release/longwave} (built with `cmake --build --preset release --target longwave` if
 missing; copied into the work directory so that every policy runs the same build).
 Utilization = Σ compute_s ÷ Σ wall_s over every worker and every round but the first (warm-up), from the
-"worker" lines of each node's metrics.jsonl; "all" includes round 1; "no-eval" also removes the per-round
-evaluation (which runs on the training path under every policy) from the wall time.
+"worker" lines of each node's metrics.jsonl; "all" includes round 1; with --sync-eval, "no-eval" also
+removes the per-round evaluation (then on the training path) from the wall time; by default evaluation runs
+off the training path and "no-eval" equals "util".
 EOF
 }
 
@@ -62,6 +65,8 @@ seq_len=128
 preset=tiny
 outer_lr=0.7
 outer_momentum=0.9
+declare -A policy_outer
+sync_eval=0
 fragments=2
 tau=auto
 alpha=0.5
@@ -84,6 +89,10 @@ while [ $# -gt 0 ]; do
     --preset) preset=${2:?}; shift 2 ;;
     --outer-lr) outer_lr=${2:?}; shift 2 ;;
     --outer-momentum) outer_momentum=${2:?}; shift 2 ;;
+    --outer)
+      [[ ${2:-} =~ ^([a-z_]+)=([0-9]*\.?[0-9]+):([0-9]*\.?[0-9]+)$ ]] || die "--outer takes POLICY=LR:MU, e.g. streaming=1.0:0"
+      policy_outer[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}:${BASH_REMATCH[3]}"; shift 2 ;;
+    --sync-eval) sync_eval=1; shift ;;
     --fragments) fragments=${2:?}; shift 2 ;;
     --tau) tau=${2:?}; shift 2 ;;
     --alpha) alpha=${2:?}; shift 2 ;;
@@ -162,6 +171,9 @@ addr() { echo "10.213.0.$((10 + $1))"; }
 # write_cluster FILE OUT_DIR POLICY ROUNDS EVAL_EVERY EVAL_BATCHES
 write_cluster() {
   local f=$1 out=$2 policy=$3 r=$4 every=$5 eb=$6 i
+  local o=${policy_outer[$policy]:-$outer_lr:$outer_momentum}
+  local olr=${o%%:*} omu=${o##*:} eval_async=true
+  [ "$sync_eval" = 0 ] || eval_async=false
   {
     printf '[cluster]\nid = "overlap-%s"\ncoordinator = "tcp://%s:5600"\njoin_timeout_s = 120\n' \
       "$policy" "$(addr 0)"
@@ -189,8 +201,8 @@ warmup_steps = $inner
 threads = 1
 
 [outer]
-lr = $outer_lr
-momentum = $outer_momentum
+lr = $olr
+momentum = $omu
 
 [diloco]
 outer = "$policy"
@@ -204,6 +216,7 @@ dtype = "$dtype"
 [eval]
 every_rounds = $every
 batches = $eb
+async = $eval_async
 
 [checkpoint]
 every_rounds = 0
@@ -268,7 +281,7 @@ awk_json='function jget(line, key,   v) {
 # first node's start, round, val loss) of node n0's evaluations.
 summarize() {
   local dir=$1
-  awk "$awk_json"'
+  awk -v sync_eval="$sync_eval" "$awk_json"'
     FNR == 1 { node = FILENAME; sub(/\/metrics.jsonl$/, "", node); sub(/.*\//, "", node) }
     {
       kind = jget($0, "kind"); ts = jget($0, "ts") + 0
@@ -292,8 +305,9 @@ summarize() {
       }
     }
     END {
-      # Evaluation after round r runs inside round r+1 wall time (its wall runs from round r end): subtract it.
-      for (k in ev_ts) { split(k, kk, SUBSEP); r = kk[2] + 0; nd = kk[1]
+      # Synchronous evaluation after round r runs inside round r+1 wall time (its wall runs from round r end):
+      # subtract it. Asynchronous evaluation is off the training path: nothing to subtract (no-eval = util).
+      if (sync_eval) for (k in ev_ts) { split(k, kk, SUBSEP); r = kk[2] + 0; nd = kk[1]
         if (r >= 1 && r < maxr && ((nd, r) in wts)) eval_w += (ev_ts[k] - wts[nd, r]) * wk[nd, r] }
       nar = 0; ar_sum = 0; for (r in ar) if (r + 0 >= 2) { ar_sum += ar[r]; nar++ }
       wall = 0; for (nd in end_ts) if (end_ts[nd] - first_start > wall) wall = end_ts[nd] - first_start
@@ -308,7 +322,9 @@ summarize() {
 field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 echo "overlap: $n hosts (scripts/wan, prefix $LONGWAVE_WAN_PREFIX), 1 worker each, threads=1, $preset model,"
-echo "         batch $batch x $seq_len, H=$inner, $rounds rounds, dtype $dtype, eval every round ($eval_batches batches), outer lr $outer_lr momentum $outer_momentum"
+overrides=""; for k in "${!policy_outer[@]}"; do overrides+=" $k=${policy_outer[$k]}"; done
+echo "         batch $batch x $seq_len, H=$inner, $rounds rounds, dtype $dtype, eval every round ($eval_batches batches, $([ "$sync_eval" = 1 ] && echo "on the training path" || echo "async")),"
+echo "         outer lr $outer_lr momentum $outer_momentum${overrides:+ (lr:momentum per policy:$overrides)}"
 echo "         binary $bin, policies ${pols[*]} (streaming: P=$fragments, tau=$tau, alpha=$alpha); the machine is shared, so absolute times are noise, ratios hold"
 
 # ---- 1. calibration: the inner phase time under the same 4-process load ----------------------------------
