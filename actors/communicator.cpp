@@ -25,8 +25,8 @@ struct comm_state {
   // Error-feedback residuals, one per fragment (streaming syncs fragments of different sizes); created on
   // first use.
   std::map<uint32_t, std::unique_ptr<comm::error_feedback>> residuals;
-  uint64_t sent = 0, received = 0;                 // ring counters already reported
-  double encode_s = 0, decode_s = 0;               // ring codec times already reported
+  uint64_t sent = 0, received = 0;    // ring counters already reported
+  double encode_s = 0, decode_s = 0;  // ring codec times already reported
 };
 
 /// Quantizes x in place chunk by chunk, as the ring will, carrying what is lost into the next round.
@@ -90,45 +90,46 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t 
 
 using self_ptr = caf::stateful_actor<comm_state>*;
 
-caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
-        auto& s = self->state;
-        const auto t0 = std::chrono::steady_clock::now();
-        if (parts.empty()) return make_error(errc::peer_lost, "reduce with no contributions");
-        const auto n = parts[0].numel();
-        for (const auto& p : parts)
-          if (!p.defined() || p.numel() != n)
-            return make_error(errc::malformed_frame,
-                              "contributions of round " + std::to_string(round) + " differ in size");
-        at::NoGradGuard no_grad;
-        auto sum = parts[0].to(at::kFloat).clone().contiguous();
-        for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
-        sum.div_(static_cast<double>(parts.size()));
-        if (s.opts.ring) {
-          // A non-finite contribution would poison every node's average (and int8 cannot encode it): fail
-          // here, with the reason, instead of sending it.
-          if (!at::isfinite(sum).all().item<bool>())
-            return make_error(errc::torch_error, "the pseudo-gradient of round " + std::to_string(round) +
-                                                     " has NaN or infinite values (training diverged; "
-                                                     "lower train.lr or outer.lr)");
-          float* data = sum.data_ptr<float>();
-          if (s.opts.error_feedback && s.opts.dtype != comm::wire_dtype::fp32)
-            apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
-          try {
-            s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()),
-                                   fragment);
-          } catch (const lw_error& e) {
-            if (s.opts.metrics)
-              self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
-                         std::string("reason=allreduce"), 1.0);
-            return make_error(e.code(), "all-reduce of round " + std::to_string(round) + ": " + e.what());
-          }
-        }
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s.opts.ring)
-          spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
-                        s.opts.ring->bytes_sent() - s.sent);
-        report(self, s, round, static_cast<size_t>(n), secs);
-        return sum;
+caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
+                               std::vector<at::Tensor> parts) {
+  auto& s = self->state;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (parts.empty()) return make_error(errc::peer_lost, "reduce with no contributions");
+  const auto n = parts[0].numel();
+  for (const auto& p : parts)
+    if (!p.defined() || p.numel() != n)
+      return make_error(errc::malformed_frame,
+                        "contributions of round " + std::to_string(round) + " differ in size");
+  at::NoGradGuard no_grad;
+  auto sum = parts[0].to(at::kFloat).clone().contiguous();
+  for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
+  sum.div_(static_cast<double>(parts.size()));
+  if (s.opts.ring) {
+    // A non-finite contribution would poison every node's average (and int8 cannot encode it): fail
+    // here, with the reason, instead of sending it.
+    if (!at::isfinite(sum).all().item<bool>())
+      return make_error(errc::torch_error, "the pseudo-gradient of round " + std::to_string(round) +
+                                               " has NaN or infinite values (training diverged; "
+                                               "lower train.lr or outer.lr)");
+    float* data = sum.data_ptr<float>();
+    if (s.opts.error_feedback && s.opts.dtype != comm::wire_dtype::fp32)
+      apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
+    try {
+      s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()),
+                             fragment);
+    } catch (const lw_error& e) {
+      if (s.opts.metrics)
+        self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
+                   std::string("reason=allreduce"), 1.0);
+      return make_error(e.code(), "all-reduce of round " + std::to_string(round) + ": " + e.what());
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (s.opts.ring)
+    spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
+                  s.opts.ring->bytes_sent() - s.sent);
+  report(self, s, round, static_cast<size_t>(n), secs);
+  return sum;
 }
 
 caf::behavior communicator_fun(self_ptr self, communicator_options opts) {

@@ -35,9 +35,9 @@ struct communicator_options {
 
 /// Message: (reduce, round, std::vector<at::Tensor> parts) -> at::Tensor mean. The local sum is in rank order
 /// in fp32 (deterministic, independent of arrival order); the ring result is bit-identical on every node.
-/// Non-finite values fail the round before anything is sent. (reduce, round, fragment, parts) does the same for
-/// one Streaming DiLoCo fragment (its own error-feedback residual); (round, fragment) must increase from call
-/// to call, and (reduce, round, parts) is fragment 0.
+/// Non-finite values fail the round before anything is sent. (reduce, round, fragment, parts) does the same
+/// for one Streaming DiLoCo fragment (its own error-feedback residual); (round, fragment) must increase from
+/// call to call, and (reduce, round, parts) is fragment 0.
 caf::actor spawn_communicator(caf::actor_system& sys, communicator_options opts = {});
 
 }  // namespace longwave::actors

@@ -108,7 +108,7 @@ struct coordinator_state {
   std::map<reduce_key, at::Tensor> arrived;
   std::set<reduce_key> inflight;
   std::multimap<reduce_key, std::function<void(at::Tensor)>> waiting;
-  int64_t stream_pos = 0;  // streaming: inner steps of the current round done (at a segment boundary)
+  int64_t stream_pos = 0;    // streaming: inner steps of the current round done (at a segment boundary)
   double round_stall_s = 0;  // seconds the workers of the current round waited for a late average
   bool final_applied = false;
   std::ofstream trace;
@@ -307,9 +307,9 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
 
 void when_average(self_ptr self, reduce_key key, std::function<void(at::Tensor)> k, bool final);
 
-/// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a resume
-/// continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it while
-/// training goes on.
+/// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a
+/// resume continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it
+/// while training goes on.
 void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
   auto& s = self->state;
   const auto r = snap.round;
@@ -464,11 +464,10 @@ void account_round(self_ptr self) {
     const double util = wall > 0 ? std::min(1.0, compute / wall) : 0;
     // delayed, eager: the next round starts from a theta that lacks (most of) this round's average: one
     // round stale. streaming: each fragment's average is applied tau inner steps after its snapshot.
-    const double staleness =
-        s.one_late ? 1.0
-                   : (s.streaming ? static_cast<double>(s.ctx->cfg.diloco.tau) /
-                                        static_cast<double>(s.ctx->cfg.train.inner_steps)
-                                  : 0.0);
+    const double staleness = s.one_late ? 1.0
+                                        : (s.streaming ? static_cast<double>(s.ctx->cfg.diloco.tau) /
+                                                             static_cast<double>(s.ctx->cfg.train.inner_steps)
+                                                       : 0.0);
     gauge(self, "longwave_worker_compute_utilization_ratio", util, w);
     gauge(self, "longwave_worker_staleness_rounds", staleness, w);
     self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_idle_seconds_total"), w, idle);
@@ -550,10 +549,9 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
     // Off the training path, on a clone (the next outer step changes theta in place). The evaluator answers
     // in order, so the last (waited-for) evaluation comes after every earlier one.
     self->request(s.peers.evaluator, s.round_timeout, eval_atom_v, theta.clone(), cfg.eval.batches)
-        .then([=](double loss) { on_eval(self, round, step, loss); },
-              [=](caf::error& e) {
-                spdlog::warn("evaluation of round {} not done: {}", round, describe(e));
-              });
+        .then(
+            [=](double loss) { on_eval(self, round, step, loss); },
+            [=](caf::error& e) { spdlog::warn("evaluation of round {} not done: {}", round, describe(e)); });
     return save_then_continue(self);
   }
   set_phase(self, phase::evaluating);
@@ -569,7 +567,8 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
           [=](caf::error& e) { fail(self, e); });
 }
 
-// ---- overlap policies: delayed, eager, streaming -----------------------------------------------------------
+// ---- overlap policies: delayed, eager, streaming
+// -----------------------------------------------------------
 
 /// Starts the all-reduce of `key` in the background; its average lands in `arrived` (and wakes waiters).
 /// Streaming passes the fragment's slices and its position j as the ring's fragment.
@@ -607,25 +606,25 @@ void when_average(self_ptr self, reduce_key key, std::function<void(at::Tensor)>
   s.waiting.emplace(key, [=](at::Tensor avg) {
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
     const auto& policy = self->state.ctx->cfg.diloco.outer;
-    const std::string what =
-        key.second == 0 ? fmt::format("round {}", key.first)
-        : self->state.streaming ? fmt::format("round {} fragment sync {}", key.first, key.second)
-                                : std::string("the workers' final parameters");
+    const std::string what = key.second == 0 ? fmt::format("round {}", key.first)
+                             : self->state.streaming
+                                 ? fmt::format("round {} fragment sync {}", key.first, key.second)
+                                 : std::string("the workers' final parameters");
     if (final) {
       spdlog::info("{}: waited {:.2f} s for the all-reduce of {} after the last round", policy, waited, what);
     } else {
       self->state.round_stall_s += waited;
       // Counted always; logged when it matters (tau = 0 makes every streaming sync a short wait).
       if (waited >= 0.05)
-          spdlog::info("{}: the all-reduce of {} came {:.2f} s later than needed (the workers stalled)",
-                     policy, what, waited);
+        spdlog::info("{}: the all-reduce of {} came {:.2f} s later than needed (the workers stalled)", policy,
+                     what, waited);
     }
     k(std::move(avg));
   });
 }
 
-/// The outer step of round r under delayed (the average of r-1) or eager (each replica's proxy from the average
-/// of r-1 and its own fresh pseudo-gradient); avg_prev is undefined when there is no earlier average.
+/// The outer step of round r under delayed (the average of r-1) or eager (each replica's proxy from the
+/// average of r-1 and its own fresh pseudo-gradient); avg_prev is undefined when there is no earlier average.
 void one_late_step(self_ptr self, uint64_t r, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {
   auto& s = self->state;
   set_phase(self, phase::outer_step);
@@ -640,8 +639,9 @@ void one_late_step(self_ptr self, uint64_t r, at::Tensor avg_prev, std::vector<a
       .then([=](at::Tensor& theta) { after_round(self, theta); }, [=](caf::error& e) { fail(self, e); });
 }
 
-/// End of round r under delayed or eager: start r's all-reduce, then step with r-1's average (which ran during
-/// round r) and let the workers continue at once. Round 1 (or a resume without a pending average) has none.
+/// End of round r under delayed or eager: start r's all-reduce, then step with r-1's average (which ran
+/// during round r) and let the workers continue at once. Round 1 (or a resume without a pending average) has
+/// none.
 void one_late_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
   auto& s = self->state;
   const reduce_key prev{r - 1, 0};
@@ -684,7 +684,8 @@ void eager_finish(self_ptr self) {
                         self->state.arrived.erase({r, 1});
                         spdlog::info("eager: final parameters = the mean of all {} workers' outer parameters",
                                      self->state.ctx->global_workers());
-                        self->request(self->state.peers.outer, self->state.request_timeout, theta_atom_v, mean)
+                        self->request(self->state.peers.outer, self->state.request_timeout, theta_atom_v,
+                                      mean)
                             .then([=](bool) { eval_then_continue(self, mean); },
                                   [=](caf::error& e) { fail(self, e); });
                       },
@@ -696,8 +697,8 @@ void eager_finish(self_ptr self) {
 }
 
 // ---- streaming --------------------------------------------------------------------------------------------
-// Round t's inner steps are cut into segments at the fragment events: for j = 1..P, fragment j mod P takes its
-// snapshot and starts its all-reduce at inner step j*H/P - tau, and is synced at j*H/P (outer step on its
+// Round t's inner steps are cut into segments at the fragment events: for j = 1..P, fragment j mod P takes
+// its snapshot and starts its all-reduce at inner step j*H/P - tau, and is synced at j*H/P (outer step on its
 // ranges, then mixed into every replica). Between two events the workers run freely.
 
 /// Concatenates the slices of x that make up a fragment.
@@ -780,7 +781,8 @@ void streaming_finish(self_ptr self, uint32_t f) {
   if (f >= p) {
     s.final_applied = true;
     return self->request(s.peers.outer, s.request_timeout, theta_atom_v)
-        .then([=](at::Tensor& theta) { eval_then_continue(self, theta); }, [=](caf::error& e) { fail(self, e); });
+        .then([=](at::Tensor& theta) { eval_then_continue(self, theta); },
+              [=](caf::error& e) { fail(self, e); });
   }
   if (f == 1) spdlog::info("streaming: syncing fragments 1..{} once more after the last round", p - 1);
   const uint64_t r = s.round;
@@ -811,7 +813,8 @@ void streaming_finish(self_ptr self, uint32_t f) {
           [=](caf::error& e) { fail(self, e); });
 }
 
-// ---- sync, delayed, eager rounds ----------------------------------------------------------------------------
+// ---- sync, delayed, eager rounds
+// ----------------------------------------------------------------------------
 
 /// Round t from each worker's starting parameters (one theta for all, or eager's per-replica ones).
 void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {
@@ -954,8 +957,9 @@ void install_resume(self_ptr self) {
       eager_state.push_back(r.prev_delta);
     }
     if (missing)
-      spdlog::warn("the checkpoint has no per-worker outer state (it is not from an eager run); every worker's "
-                   "outer state starts from theta_global and its momentum");
+      spdlog::warn(
+          "the checkpoint has no per-worker outer state (it is not from an eager run); every worker's "
+          "outer state starts from theta_global and its momentum");
   }
   self->request(s.peers.outer, s.request_timeout, load_atom_v, snap.theta, snap.momentum)
       .then(

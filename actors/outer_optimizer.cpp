@@ -88,8 +88,8 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
   st.theta = std::move(theta0);
   st.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
   for (int64_t m = 0; m < policy.eager_replicas; ++m)
-    st.replicas.push_back(
-        {st.theta.clone(), at::Tensor(), std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
+    st.replicas.push_back({st.theta.clone(), at::Tensor(),
+                           std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
   auto finish_step = [=](uint64_t round, uint32_t seq) {
     self->state.last = {round, seq};
     self->state.stepped = true;
@@ -208,7 +208,8 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
         for (size_t m = 0; m < s.replicas.size(); ++m) {
           auto& r = s.replicas[m];
           r.theta = triples[3 * m].clone();
-          r.opt->set_momentum_buffer(triples[3 * m + 1].defined() ? triples[3 * m + 1].clone() : at::Tensor());
+          r.opt->set_momentum_buffer(triples[3 * m + 1].defined() ? triples[3 * m + 1].clone()
+                                                                  : at::Tensor());
           r.prev_delta = triples[3 * m + 2].defined() ? triples[3 * m + 2].clone() : at::Tensor();
         }
         s.stepped = false;

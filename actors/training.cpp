@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "actors/checkpointer.hpp"
-#include "actors/evaluator.hpp"
 #include "actors/communicator.hpp"
 #include "actors/coordinator.hpp"
+#include "actors/evaluator.hpp"
 #include "actors/metrics_sink.hpp"
 #include "actors/outer_optimizer.hpp"
 #include "actors/run_context.hpp"
@@ -159,10 +159,10 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   const std::string corpus = corpus_path(cfg);
   auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
   if (cfg.run.mode == "diloco" && cfg.diloco.outer == "streaming" && cfg.diloco.fragments > spec.n_layers)
-    throw config::config_error("diloco.fragments",
-                               fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
-                                           "fragments",
-                                           cfg.diloco.fragments, spec.preset, spec.n_layers));
+    throw config::config_error(
+        "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
+                                        "fragments",
+                                        cfg.diloco.fragments, spec.preset, spec.n_layers));
   if (opts.dry_run) {
     print_dry_run(cfg, spec);
     return 0;

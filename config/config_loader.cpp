@@ -670,10 +670,11 @@ void validate(const train_config& cfg) {
   if (cfg.diloco.outer == "streaming") {
     const auto& d = cfg.diloco;
     if (cfg.train.inner_steps % d.fragments != 0)
-      throw config_error("diloco.fragments",
-                         fmt::format("diloco.fragments = {}: train.inner_steps ({}) must be a multiple of it, "
-                                     "so that fragment f syncs at inner step f * H / P of each round",
-                                     d.fragments, cfg.train.inner_steps));
+      throw config_error(
+          "diloco.fragments",
+          fmt::format("diloco.fragments = {}: train.inner_steps ({}) must be a multiple of it, "
+                      "so that fragment f syncs at inner step f * H / P of each round",
+                      d.fragments, cfg.train.inner_steps));
     if (d.tau >= cfg.train.inner_steps / d.fragments)
       throw config_error(
           "diloco.tau",

@@ -64,10 +64,10 @@ struct diloco_section {
   /// "streaming": Streaming DiLoCo: P fragments of layers, each synchronised once per round at its own
   /// offset, its all-reduce overlapping tau inner steps (Douillard et al. 2025).
   std::string outer = "sync";
-  int64_t fragments = 2;                   ///< streaming: P, fragments of layers (at most the model's layers)
+  int64_t fragments = 2;  ///< streaming: P, fragments of layers (at most the model's layers)
   std::string fragment_pattern = "strided";  ///< streaming: "strided" (layer l in l mod P) | "sequential"
-  int64_t tau = 1;      ///< streaming: inner steps each fragment's all-reduce overlaps (< inner_steps / P)
-  double alpha = 0.5;   ///< streaming: theta_f <- (1 - alpha) * theta_f^global + alpha * theta_f^local
+  int64_t tau = 1;     ///< streaming: inner steps each fragment's all-reduce overlaps (< inner_steps / P)
+  double alpha = 0.5;  ///< streaming: theta_f <- (1 - alpha) * theta_f^global + alpha * theta_f^local
 };
 
 /// [eval]: validation of theta_global.

@@ -37,7 +37,8 @@ struct inner_state {
 };
 
 /// One worker's replica and inner optimizer.
-/// Mean loss of `model` on the first n_batches validation batches (batch_size sequences of the model's length).
+/// Mean loss of `model` on the first n_batches validation batches (batch_size sequences of the model's
+/// length).
 double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
                        int64_t n_batches);
 

@@ -127,8 +127,9 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
     rs.adam_steps = v[0];
     rs.sampler_position = static_cast<uint64_t>(v[1]);
     rs.steps_in_round = v[2];
-    for (auto [name, t] : {std::pair{"outer_theta", &rs.outer_theta}, std::pair{"outer_momentum", &rs.outer_momentum},
-                           std::pair{"prev_delta", &rs.prev_delta}})
+    for (auto [name, t] :
+         {std::pair{"outer_theta", &rs.outer_theta}, std::pair{"outer_momentum", &rs.outer_momentum},
+          std::pair{"prev_delta", &rs.prev_delta}})
       if (c.find(p + name)) *t = tensor_from(c, p + name, shape.n_params);
     s.replicas.push_back(std::move(rs));
   }

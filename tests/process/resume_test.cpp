@@ -104,8 +104,9 @@ CATCH_TEST_CASE("with delayed outer steps a run SIGKILLed mid-way resumes exactl
   fs::remove_all(dir);
 }
 
-CATCH_TEST_CASE("with eager outer steps a run SIGKILLed mid-way resumes exactly, per-worker outer state included",
-                "[process][resume][policy]") {
+CATCH_TEST_CASE(
+    "with eager outer steps a run SIGKILLed mid-way resumes exactly, per-worker outer state included",
+    "[process][resume][policy]") {
   const auto dir = scratch_dir("sigkill-eager");
   check_interrupted_resume(dir, {"diloco.outer=eager"}, SIGKILL);
   fs::remove_all(dir);

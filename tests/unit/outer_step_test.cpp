@@ -81,8 +81,8 @@ CATCH_TEST_CASE("fragments cover every parameter once, strided or sequential", "
       CATCH_CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
     }
   }
-  // Strided P=2: layers 0 and 2 (with the embedding) in fragment 0; layers 1 and 3 (with the final norm) in 1.
-  // Sequential P=2: layers 0-1 with the embedding, then 2-3 with the final norm, each one range.
+  // Strided P=2: layers 0 and 2 (with the embedding) in fragment 0; layers 1 and 3 (with the final norm)
+  // in 1. Sequential P=2: layers 0-1 with the embedding, then 2-3 with the final norm, each one range.
   auto seq = models::fragment_ranges(spec, 2, false);
   CATCH_CHECK(seq[0].size() == 1);
   CATCH_CHECK(seq[1].size() == 1);
