@@ -7,8 +7,10 @@
 
 #include "actors/communicator.hpp"
 #include "actors/outer_optimizer.hpp"
+#include "comm/ring_allreduce.hpp"
 #include "models/outer_sgd.hpp"
 #include "runtime/type_ids.hpp"
+#include "tests/support/process.hpp"
 
 using namespace longwave;
 using namespace longwave::runtime;
@@ -117,4 +119,41 @@ CATCH_TEST_CASE("an outer step on fragments moves only their ranges and equals t
   for (int i = 0; i < 6; ++i) CATCH_CHECK(std::abs(c[i].item<float>() - want[i]) < 1e-6);
   CATCH_CHECK(some.momentum_buffer()[0].item<float>() == 0.0f);
   CATCH_CHECK(std::abs(some.momentum_buffer()[4].item<float>() + 0.6f) < 1e-7);
+}
+
+CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's fragments do not reset it",
+                "[actors][comm]") {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::longwave>();
+  caf::actor_system sys{cfg};
+  actors::communicator_options opts;
+  comm::ring_options ro;
+  ro.dtype = comm::wire_dtype::int8;
+  // A ring of one (this process): the communicator quantizes exactly as it would for the wire.
+  opts.ring = std::make_shared<comm::ring_allreduce>(
+      0, std::vector<std::string>{"tcp://127.0.0.1:" + std::to_string(test::free_port())}, ro);
+  opts.dtype = ro.dtype;
+  opts.error_feedback = true;
+  auto comm = actors::spawn_communicator(sys, opts);
+  caf::scoped_actor self{sys};
+  auto reduce = [&](uint64_t round, uint32_t fragment, const at::Tensor& x) {
+    at::Tensor out;
+    self->request(comm, std::chrono::seconds(10), reduce_atom_v, round, fragment, std::vector<at::Tensor>{x})
+        .receive([&](at::Tensor& t) { out = t.clone(); },
+                 [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+    return out;
+  };
+  // One 256-value block with max 1: scale 1/127, and 0.004 = 0.508 steps rounds up to 1/127 (error +0.0039).
+  auto x1 = torch::full({256}, 0.004f);
+  x1[0] = 1.0f;
+  auto x2 = torch::full({100}, 0.5f);  // fragment 2: another size
+  const auto a = reduce(1, 1, x1);
+  CATCH_CHECK(std::abs(a[1].item<float>() - 1.0f / 127) < 1e-6);
+  reduce(1, 2, x2);
+  // Round 2 of fragment 1 carries its residual: 0.004 - 0.0039 = 0.00013 rounds to 0, so over two rounds the
+  // sum is 1/127 for 0.008 (error 0.00013), not 2/127 (error 0.0077) as without the residual.
+  const auto b = reduce(2, 1, x1);
+  CATCH_CHECK(std::abs(b[1].item<float>()) < 1e-6);
+  CATCH_CHECK(std::abs((a[1] + b[1]).item<float>() - 0.008f) < 2e-4);
+  self->send_exit(comm, caf::exit_reason::user_shutdown);
 }
