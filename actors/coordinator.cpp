@@ -111,6 +111,7 @@ struct coordinator_state {
   int64_t stream_pos = 0;    // streaming: inner steps of the current round done (at a segment boundary)
   double round_stall_s = 0;  // seconds the workers of the current round waited for a late average
   bool final_applied = false;
+  bool eval_running = false;  // [eval] async: an evaluation is in flight
   std::ofstream trace;
   caf::timespan round_timeout, request_timeout;
 };
@@ -546,12 +547,25 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
   const uint64_t round = s.round;
   const int64_t step = s.last_step;
   if (s.peers.evaluator && !last) {
-    // Off the training path, on a clone (the next outer step changes theta in place). The evaluator answers
-    // in order, so the last (waited-for) evaluation comes after every earlier one.
+    // Off the training path, on a clone (the next outer step changes theta in place), at most one at a time:
+    // if the previous one still runs, this round's is skipped (memory stays one clone, and the last,
+    // waited-for evaluation queues behind at most one).
+    if (s.eval_running) {
+      spdlog::info("eval  {:>3}/{} skipped: the evaluation of an earlier round is still running", round,
+                   cfg.train.rounds);
+      return save_then_continue(self);
+    }
+    s.eval_running = true;
     self->request(s.peers.evaluator, s.round_timeout, eval_atom_v, theta.clone(), cfg.eval.batches)
         .then(
-            [=](double loss) { on_eval(self, round, step, loss); },
-            [=](caf::error& e) { spdlog::warn("evaluation of round {} not done: {}", round, describe(e)); });
+            [=](double loss) {
+              self->state.eval_running = false;
+              on_eval(self, round, step, loss);
+            },
+            [=](caf::error& e) {
+              self->state.eval_running = false;
+              spdlog::warn("evaluation of round {} not done: {}", round, describe(e));
+            });
     return save_then_continue(self);
   }
   set_phase(self, phase::evaluating);
@@ -661,23 +675,25 @@ void one_late_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts
   });
 }
 
-/// eager, after the last round: the final parameters are the mean of every worker's outer parameters over the
-/// whole run (one more all-reduce). The last round's average is waited for and dropped: each replica's last
-/// step already holds its own share, and the mean is what the run agreed on.
+/// eager, after the last round: the last average Δ^(T) is applied through one more eager step with no fresh
+/// pseudo-gradient (proxy Δ^(T) − Δ_m^(T)/M: the rest of round T's work), then the final parameters are the
+/// mean of every worker's outer parameters (one more all-reduce, ring label (T, 1)).
 void eager_finish(self_ptr self) {
   auto& s = self->state;
   s.final_applied = true;
   const uint64_t r = s.round;
+  spdlog::info("eager: applying the rest of the last round's ({}) average before the final evaluation", r);
   when_average(
       self, {r, 0},
-      [=](at::Tensor) {
+      [=](at::Tensor avg) {
         auto& s = self->state;
         s.arrived.erase({r, 0});
-        self->request(s.peers.outer, s.request_timeout, theta_atom_v, s.ctx->n_workers())
+        const std::vector<at::Tensor> none(static_cast<size_t>(s.ctx->n_workers()), at::zeros_like(avg));
+        self->request(s.peers.outer, s.request_timeout, eager_atom_v, r + 1, avg, none)
             .then(
-                [=](std::vector<at::Tensor>& thetas) {
+                [=](std::vector<at::Tensor>& out) {
                   // Ring label (r, 1): after the round's own (r, 0), before anything of a later round.
-                  start_reduce(self, {r, 1}, thetas);
+                  start_reduce(self, {r, 1}, std::vector<at::Tensor>(out.begin() + 1, out.end()));
                   when_average(
                       self, {r, 1},
                       [=](at::Tensor mean) {
@@ -917,7 +933,7 @@ void ddp_step(self_ptr self) {
 
 void begin_round(self_ptr self) {
   auto& s = self->state;
-  if (s.stop_requested) return stop_now(self, /*boundary=*/true);
+  if (s.stop_requested) return stop_now(self, /*boundary=*/!(s.streaming && s.stream_pos != 0));
   set_phase(self, phase::inner);
   if (s.ctx->cfg.run.mode == "ddp") return ddp_step(self);
   if (s.streaming) return streaming_segment(self);
@@ -944,6 +960,15 @@ void install_resume(self_ptr self) {
   if (s.streaming) {
     // The workers count segments themselves; the coordinator continues the round's schedule from here.
     s.stream_pos = snap.replicas[0].steps_in_round;
+    const int64_t len = s.ctx->cfg.train.inner_steps / s.ctx->cfg.diloco.fragments;
+    if (s.stream_pos % len != 0)
+      return fail(self,
+                  make_error(errc::invalid_config,
+                             fmt::format("the checkpoint stopped at inner step {} of its round, which is not "
+                                         "a fragment sync point of diloco.outer = \"streaming\" (every {} "
+                                         "steps); resume with the policy it was written with, or start over "
+                                         "with --fresh",
+                                         s.stream_pos, len)));
     for (auto& r : snap.replicas) r.steps_in_round = 0;
   }
   // eager: each replica's outer state (a checkpoint of another policy has none: start them from theta).
@@ -964,19 +989,21 @@ void install_resume(self_ptr self) {
   self->request(s.peers.outer, s.request_timeout, load_atom_v, snap.theta, snap.momentum)
       .then(
           [=](bool) {
-            if (!eager_state.empty())
-              self->request(self->state.peers.outer, self->state.request_timeout, load_atom_v, eager_state)
-                  .then([](bool) {}, [=](caf::error& e) { fail(self, e); });
-            auto left = std::make_shared<size_t>(snap.replicas.size());
-            for (size_t i = 0; i < snap.replicas.size(); ++i) {
-              self->request(self->state.workers[i], self->state.request_timeout, load_atom_v,
-                            snap.replicas[i])
-                  .then(
-                      [=](bool) {
-                        if (--*left == 0) begin_round(self);
-                      },
-                      [=](caf::error& e) { fail(self, e); });
-            }
+            auto load_workers = [=] {
+              auto left = std::make_shared<size_t>(snap.replicas.size());
+              for (size_t i = 0; i < snap.replicas.size(); ++i) {
+                self->request(self->state.workers[i], self->state.request_timeout, load_atom_v,
+                              snap.replicas[i])
+                    .then(
+                        [=](bool) {
+                          if (--*left == 0 && self->state.ph == phase::resuming) begin_round(self);
+                        },
+                        [=](caf::error& e) { fail(self, e); });
+              }
+            };
+            if (eager_state.empty()) return load_workers();
+            self->request(self->state.peers.outer, self->state.request_timeout, load_atom_v, eager_state)
+                .then([=](bool) { load_workers(); }, [=](caf::error& e) { fail(self, e); });
           },
           [=](caf::error& e) { fail(self, e); });
 }
