@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -201,9 +202,36 @@ struct reduce_log {
   std::map<std::pair<uint64_t, uint32_t>, std::vector<at::Tensor>> parts;
 };
 
+/// A fake communicator for 2 workers of n parameters that records every contribution in `log`. It answers
+/// fragment 0 (a round's whole pseudo-gradients) with hand_average and any other fragment (streaming's
+/// fragments, eager's final mean) with the true mean of the two contributions.
+std::function<caf::actor(caf::actor_system&)> recording_communicator(int64_t n,
+                                                                     std::shared_ptr<reduce_log> log) {
+  return [n, log](caf::actor_system& sys) {
+    return sys.spawn([n, log](caf::event_based_actor*) -> caf::behavior {
+      auto answer = [n, log](uint64_t round, uint32_t fragment,
+                             std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+        if (parts.size() != 2 || (fragment == 0 && parts[0].numel() != n))
+          return caf::make_error(errc::malformed_frame, "parts");
+        log->keys.emplace_back(round, fragment);
+        for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
+        if (fragment == 0) return hand_average(round, n);
+        return ((parts[0] + parts[1]) / 2).contiguous();
+      };
+      return {
+          [answer](runtime::reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
+            return answer(round, 0, std::move(parts));
+          },
+          [answer](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
+            return answer(round, fragment, std::move(parts));
+          },
+      };
+    });
+  };
+}
+
 /// Runs `rounds` rounds of 2 workers with the hand-set averages and returns theta_global after each round,
-/// read from the per-round checkpoints, and the pending average each holds. The fake communicator answers
-/// fragment 0 (a round's pseudo-gradients) with hand_average and any other fragment with the true mean.
+/// read from the per-round checkpoints, and the pending average each holds (recording_communicator).
 std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir, const std::string& policy,
                                                           int64_t rounds,
                                                           std::shared_ptr<reduce_log> log = nullptr) {
@@ -223,27 +251,7 @@ std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir
   opts.fresh = true;
   opts.handle_signals = false;
   if (!log) log = std::make_shared<reduce_log>();
-  opts.communicator_override = [n, log](caf::actor_system& sys) {
-    return sys.spawn([n, log](caf::event_based_actor*) -> caf::behavior {
-      auto answer = [n, log](uint64_t round, uint32_t fragment,
-                             std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
-        if (parts.size() != 2 || parts[0].numel() != n)
-          return caf::make_error(errc::malformed_frame, "parts");
-        log->keys.emplace_back(round, fragment);
-        for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
-        if (fragment == 0) return hand_average(round, n);
-        return ((parts[0] + parts[1]) / 2).contiguous();
-      };
-      return {
-          [answer](runtime::reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
-            return answer(round, 0, std::move(parts));
-          },
-          [answer](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
-            return answer(round, fragment, std::move(parts));
-          },
-      };
-    });
-  };
+  opts.communicator_override = recording_communicator(n, log);
   CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
   runtime::checkpoint_store store(dir + "/checkpoints", rounds + 1);
   std::vector<runtime::train_snapshot> out;
@@ -424,16 +432,8 @@ CATCH_TEST_CASE("streaming syncs one fragment at a time, in order, and every fra
   actors::run_options opts;
   opts.fresh = true;
   opts.handle_signals = false;
-  // The true mean of each fragment's contributions (the hand averages are for whole-model rounds).
-  opts.communicator_override = [log](caf::actor_system& sys) {
-    return sys.spawn([log](caf::event_based_actor*) -> caf::behavior {
-      return {[log](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
-        log->keys.emplace_back(round, fragment);
-        for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
-        return ((parts[0] + parts[1]) / 2).contiguous();
-      }};
-    });
-  };
+  // Streaming labels its fragments 1..2P-1, so every answer is the true mean of the contributions.
+  opts.communicator_override = recording_communicator(n, log);
   CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
   // Round t: fragment 1 at step 2 (its snapshot at step 1), fragment 0 at step 4 (snapshot at 3); after the
   // last round fragment 1 once more, labelled (2, P + 1).
