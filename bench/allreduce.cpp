@@ -17,11 +17,13 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
 #include "comm/codec.hpp"
 #include "comm/ring_allreduce.hpp"
+#include "runtime/allocator.hpp"
 #include "runtime/crc32c.hpp"
 #include "runtime/errors.hpp"
 
@@ -55,6 +57,14 @@ struct sample {
   uint64_t bytes_sent;
 };
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+constexpr int stream_port_offset = 32;  // dtype d's ring uses port + d
+
 std::string with_port_offset(const std::string& ep, int offset) {
   const auto colon = ep.rfind(':');
   if (colon == std::string::npos) throw std::runtime_error("endpoint without a port: " + ep);
@@ -85,14 +95,57 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     ring_allreduce ring(rank, eps, o);
     for (int it = 0; it < s.warmup + s.iters; ++it) {
       std::copy(original.begin(), original.end(), data.begin());
+      // A one-value all-reduce first lines the ranks up (as nccl-tests' barrier), so that no rank's time
+      // includes waiting for a peer that is still copying its input.
+      float token = 1.0f;
+      ring.allreduce(2 * static_cast<uint64_t>(it), &token, 1);
       const uint64_t sent0 = ring.bytes_sent();
       const auto t0 = std::chrono::steady_clock::now();
-      ring.allreduce(static_cast<uint64_t>(it), data.data(), s.n);
+      ring.allreduce(2 * static_cast<uint64_t>(it) + 1, data.data(), s.n);
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (it >= s.warmup) out.push_back(sample{d, it - s.warmup, sec, ring.bytes_sent() - sent0});
     }
   }
   return out;
+}
+
+// The link's own ceiling in the ring's pattern, measured in the same run: every rank PUSHes as many bytes as
+// an fp32 all-reduce sends (2(N-1)/N of the vector, in chunk-sized messages, each a fresh buffer filled by a
+// copy, as the ring's) to the next rank while PULLing the same from the previous one; no reduction, no CRC,
+// no dependency between receiving and sending. Returns this rank's seconds from the start (every rank has
+// heard from its previous one) until it has received everything; the median of up to 3 runs.
+double stream_seconds(const settings& s, int rank, const std::vector<std::string>& endpoints) {
+  const auto world = static_cast<int>(endpoints.size());
+  const size_t total = 2 * static_cast<size_t>(world - 1) * s.n * 4 / static_cast<size_t>(world);
+  const size_t msgs = (total + s.chunk_bytes - 1) / s.chunk_bytes;
+  zmq::context_t ctx(1);
+  zmq::socket_t pull(ctx, zmq::socket_type::pull), push(ctx, zmq::socket_type::push);
+  pull.set(zmq::sockopt::rcvhwm, 64);
+  push.set(zmq::sockopt::sndhwm, 64);
+  push.set(zmq::sockopt::linger, 30000);
+  pull.bind(with_port_offset(endpoints[static_cast<size_t>(rank)], stream_port_offset));
+  push.connect(with_port_offset(endpoints[static_cast<size_t>((rank + 1) % world)], stream_port_offset));
+  std::vector<char> src(s.chunk_bytes, 1);
+  std::vector<double> times;
+  for (int rep = 0; rep < std::max(1, std::min(s.iters, 3)); ++rep) {
+    zmq::message_t m;
+    push.send(zmq::str_buffer("ready"));
+    if (!pull.recv(m)) throw std::runtime_error("stream baseline: no word from the previous rank");
+    const auto t0 = std::chrono::steady_clock::now();
+    double seconds = 0.0;
+    std::thread rx([&] {  // the socket is used by one thread at a time: this one until the join
+      zmq::message_t in;
+      for (size_t k = 0; k < msgs; ++k) (void)pull.recv(in);
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    for (size_t k = 0; k < msgs; ++k) {
+      zmq::message_t out(src.data(), std::min(s.chunk_bytes, total - k * s.chunk_bytes));
+      push.send(out, zmq::send_flags::none);
+    }
+    rx.join();
+    times.push_back(seconds);
+  }
+  return median(times);
 }
 
 std::vector<std::string> free_loopback_endpoints(size_t k, int spacing) {
@@ -176,12 +229,6 @@ double p2p_baseline(size_t bytes, size_t chunk) {
   return rate;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 void print_table(const settings& s, int world, const std::vector<std::vector<sample>>& per_rank, double p2p) {
   std::printf("%-6s %10s %10s %12s %14s %14s", "dtype", "time_ms", "wire_MiB", "busbw_GB/s", "goodput_GB/s",
               "goodput/fp32");
@@ -228,6 +275,7 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
 }  // namespace
 
 int main(int argc, char** argv) {
+  longwave::runtime::keep_freed_buffers();
   settings s;
   std::string endpoints;
   CLI::App app{"Ring all-reduce benchmark (bus bandwidth, fp32 goodput, ratios per dtype)"};
@@ -248,7 +296,8 @@ int main(int argc, char** argv) {
       "comma-separated bind endpoints of all ranks (dtype d uses port + d); run one rank per process");
   app.add_option("--rank", s.rank, "this process's rank with --endpoints");
   app.add_option("--cluster-id", s.cluster_id, "cluster id (dtype d uses id + d)");
-  app.add_flag("!--no-baseline", s.baseline, "skip the raw ZeroMQ point-to-point baseline");
+  app.add_flag("!--no-baseline", s.baseline,
+               "skip the raw ZeroMQ baseline (point-to-point on loopback; ring streams with --endpoints)");
   CLI11_PARSE(app, argc, argv);
   for (const auto& d : s.dtypes)
     if (!parse_wire_dtype(d)) {
@@ -279,9 +328,20 @@ int main(int argc, char** argv) {
 
   try {
     if (!s.endpoints.empty()) {  // one rank of a distributed run
+      double stream_rate = 0.0;
+      if (s.baseline) {
+        const double sec = stream_seconds(s, s.rank, s.endpoints);
+        const double bytes = 2.0 * (world - 1) * static_cast<double>(s.n) * 4.0 / world;
+        stream_rate = bytes / sec;
+        // One line for bench/allreduce_wan.sh: "stream <ms> <GB/s> [<÷ link>]".
+        std::printf("stream %10.1f %8.3f", sec * 1e3, stream_rate / 1e9);
+        if (s.link_gbit > 0) std::printf(" %8.3f", stream_rate * 8.0 / (s.link_gbit * 1e9));
+        std::printf("   (raw ZeroMQ ring streams: %.1f MiB to the next rank while receiving as much)\n",
+                    bytes / (1 << 20));
+      }
       auto samples = run_rank(s, s.rank, s.endpoints);
       std::printf("rank %d (own times; the slowest rank's are the ring's):\n", s.rank);
-      print_table(s, world, {samples}, 0.0);
+      print_table(s, world, {samples}, stream_rate);
       return 0;
     }
     double p2p = 0.0;

@@ -16,6 +16,7 @@
 #include "config/config_loader.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/model_spec.hpp"
+#include "runtime/allocator.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/log.hpp"
 
@@ -56,6 +57,7 @@ int cmd_presets(int64_t vocab, int64_t seq_len) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  runtime::keep_freed_buffers();
   runtime::init_logging();
   CLI::App app{
       "Longwave: DiLoCo training of Llama-style language models over slow links.\n"

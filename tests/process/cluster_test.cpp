@@ -138,6 +138,7 @@ CATCH_TEST_CASE("2 nodes x 2 workers over the ring end with the theta_global of 
   // And training did move theta (a test that could not fail otherwise).
   CATCH_CHECK(max_abs_diff(a, oldest_theta(dir + "/cluster/n0/checkpoints")) > 1e-3);
   CATCH_CHECK(fs::exists(dir + "/cluster/n0/result.json"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear line", "[process][cluster]") {
@@ -152,6 +153,7 @@ CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear li
   CATCH_CHECK(s < 30);
   CATCH_CHECK(
       contains(log, "cannot reach the coordinator at tcp://127.0.0.1:" + std::to_string(ports.coordinator)));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", "[process][cluster]") {
@@ -169,6 +171,7 @@ CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", 
   CATCH_CHECK(contains(clog, "missing node(s) n0, n2 (joined: n1)"));
   CATCH_CHECK(node_code == 1);
   CATCH_CHECK(contains(nlog, "the cluster was called off"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("the coordinator turns away other clusters, other protocol versions and unknown nodes",
@@ -215,6 +218,7 @@ CATCH_TEST_CASE("the coordinator turns away other clusters, other protocol versi
   const auto clog = read_text(dir + "/coord.log");
   CATCH_CHECK(contains(clog, "turned away node 'n0'"));
   CATCH_CHECK(contains(clog, "turned away unknown node 'zz'"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, counted, and training goes on",
@@ -333,6 +337,7 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
   CATCH_CHECK(contains(log, "coordinator: dropped a control frame"));
   CATCH_CHECK(max_abs_diff(newest_theta(dir + "/cluster/n0/checkpoints"),
                            newest_theta(dir + "/cluster/n1/checkpoints")) == 0.0);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("Ctrl-C on launch stops every role with a checkpoint, and the same command resumes",
@@ -373,4 +378,5 @@ CATCH_TEST_CASE("Ctrl-C on launch stops every role with a checkpoint, and the sa
   CATCH_CHECK(contains(log2, "resuming from round"));
   CATCH_CHECK(max_abs_diff(newest_theta(dir + "/cluster/n0/checkpoints"),
                            newest_theta(dir + "/cluster/n1/checkpoints")) == 0.0);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
