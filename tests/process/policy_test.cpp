@@ -1,6 +1,8 @@
 // Outer-step policies over real processes: a 2-node x 2-worker cluster on loopback trains with each policy
-// and wire dtype. int8 on the wire must end within 1.5% of fp32 for every policy; "delayed" must train stably
-// and end near sync (its measured short-run gap is in bench/RESULTS.md).
+// and wire dtype, each policy at its best outer lr from bench/policy_quality.sh. int8 on the wire must end
+// within 1.5% of fp32 for every policy, and "streaming" within 1.5% of "sync" (the issue's goal, which it
+// meets). "delayed" and "eager" miss that goal on runs this short (about +6% and +3%, bench/RESULTS.md); for
+// them the test guards the measured order: eager closer to sync than delayed, both within a bound.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,13 +19,16 @@ namespace {
 
 const std::vector<std::string> policies{"sync", "delayed", "eager", "streaming"};
 
+/// Each policy's best outer lr (momentum 0) at 12 rounds x H=10 in bench/RESULTS.md.
+const std::map<std::string, std::string> outer_lr{
+    {"sync", "0.5"}, {"delayed", "0.3"}, {"eager", "0.4"}, {"streaming", "1.0"}};
+
 // A short run of the tiny model: 120 inner steps per worker, 12 rounds; one torch thread per worker.
 const char* train_sections = R"(seed = 11
 [model]
 seq_len = 64
 [outer]
-lr = 0.5       # plain averaging at half step: stable for "delayed" (0.7 with Nesterov 0.9 diverges there)
-momentum = 0.0
+momentum = 0.0  # "delayed" and "eager" diverge with Nesterov 0.9 here; the lr is set per policy
 [train]
 inner_steps = 10
 rounds = 12
@@ -62,8 +67,9 @@ double val_loss_of(const std::string& result_json) {
 
 }  // namespace
 
-CATCH_TEST_CASE("each outer-step policy trains stably over real processes, and int8 ends within 1.5% of fp32",
-                "[process][policy]") {
+CATCH_TEST_CASE(
+    "each outer-step policy trains over real processes, int8 ends within 1.5% of fp32, streaming of sync",
+    "[process][policy]") {
   const auto dir = scratch_dir("policies");
   std::map<std::string, double> loss;
   for (const std::string& policy : policies) {
@@ -73,7 +79,7 @@ CATCH_TEST_CASE("each outer-step policy trains stably over real processes, and i
       fs::create_directories(sub);
       const auto cluster = cluster_file(sub);
       auto [code, log] = run({binary(), "launch", cluster, "--fresh", "--set", "diloco.outer=" + policy,
-                              "--set", "comm.dtype=" + dtype},
+                              "--set", "comm.dtype=" + dtype, "--set", "outer.lr=" + outer_lr.at(policy)},
                              sub + "/launch.log", 900);
       CATCH_INFO(name << "\n" << log);
       CATCH_REQUIRE(code == 0);
@@ -99,10 +105,16 @@ CATCH_TEST_CASE("each outer-step policy trains stably over real processes, and i
     CATCH_INFO(policy << ": int8 " << int8 << " vs fp32 " << fp32);
     CATCH_CHECK(std::abs(int8 - fp32) / fp32 <= 0.015);
   }
-  // Delayed trains (the byte model starts at ln 256 = 5.5) and stays near sync; the issue's 1.5% goal for the
-  // overlap policies is not met by "delayed" on runs this short (bench/RESULTS.md).
-  const double sync = loss.at("sync-fp32"), delayed = loss.at("delayed-fp32");
-  CATCH_CHECK(delayed < 3.0);
-  CATCH_CHECK(delayed / sync < 1.10);
+  for (const std::string dtype : {"fp32", "int8"}) {
+    const double sync = loss.at("sync-" + dtype), delayed = loss.at("delayed-" + dtype),
+                 eager = loss.at("eager-" + dtype), streaming = loss.at("streaming-" + dtype);
+    CATCH_INFO(dtype << ": sync " << sync << ", delayed " << delayed << ", eager " << eager << ", streaming "
+                     << streaming);
+    CATCH_CHECK(streaming / sync <= 1.015);  // the issue's convergence goal
+    CATCH_CHECK(sync < 2.4);                 // all trained: the byte model starts at ln 256 = 5.5
+    CATCH_CHECK(eager < delayed);            // the fresh own pseudo-gradient helps
+    CATCH_CHECK(eager / sync < 1.06);
+    CATCH_CHECK(delayed / sync < 1.10);
+  }
   fs::remove_all(dir);
 }

@@ -333,7 +333,7 @@ CATCH_TEST_CASE("headless Chromium renders every chart of a resumed two-node run
 }
 
 CATCH_TEST_CASE(
-    "bad input: a missing directory or file exits 2 naming it; garbage lines are skipped with a warning",
+    "bad input: a missing directory or file exits 2 naming it, garbage lines are skipped with a warning",
     "[process][report]") {
   const auto dir = scratch_dir("report-bad");
   // No such directory.

@@ -517,7 +517,7 @@ CATCH_TEST_CASE("A window sampler is deterministic per seed and differs across s
   CATCH_CHECK(std::set<int64_t>{next_batch[0], next_batch[33], next_batch[66], next_batch[99]}.size() > 1);
 }
 
-CATCH_TEST_CASE("Every window of worker m lies inside its region [m*N/M, (m+1)*N/M)", "[data]") {
+CATCH_TEST_CASE("Every window of worker m lies inside its region, from m*N/M up to (m+1)*N/M", "[data]") {
   const int64_t n = 10000;
   const int64_t n_workers = 3;
   const int64_t seq_len = 16;
