@@ -90,8 +90,9 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t 
 
 using self_ptr = caf::stateful_actor<comm_state>*;
 
+/// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
 caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
-                               std::vector<at::Tensor> parts) {
+                               std::vector<at::Tensor> parts, bool exact) {
   auto& s = self->state;
   const auto t0 = std::chrono::steady_clock::now();
   if (parts.empty()) return make_error(errc::peer_lost, "reduce with no contributions");
@@ -112,11 +113,11 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
                                                " has NaN or infinite values (training diverged; "
                                                "lower train.lr or outer.lr)");
     float* data = sum.data_ptr<float>();
-    if (s.opts.error_feedback && s.opts.dtype != comm::wire_dtype::fp32)
+    if (s.opts.error_feedback && s.opts.dtype != comm::wire_dtype::fp32 && !exact)
       apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
     try {
-      s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()),
-                             fragment);
+      s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()), fragment,
+                             exact ? std::optional{comm::wire_dtype::fp32} : std::nullopt);
     } catch (const lw_error& e) {
       if (s.opts.metrics)
         self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
@@ -136,10 +137,13 @@ caf::behavior communicator_fun(self_ptr self, communicator_options opts) {
   self->state.opts = std::move(opts);
   return {
       [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
-        return reduce(self, round, 0, std::move(parts));
+        return reduce(self, round, 0, std::move(parts), false);
       },
       [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
-        return reduce(self, round, fragment, std::move(parts));
+        return reduce(self, round, fragment, std::move(parts), false);
+      },
+      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts, bool exact) {
+        return reduce(self, round, fragment, std::move(parts), exact);
       },
   };
 }

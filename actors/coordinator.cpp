@@ -586,10 +586,11 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
 
 /// Starts the all-reduce of `key` in the background; its average lands in `arrived` (and wakes waiters).
 /// Streaming passes the fragment's slices and its position j as the ring's fragment.
-void start_reduce(self_ptr self, reduce_key key, std::vector<at::Tensor> parts) {
+void start_reduce(self_ptr self, reduce_key key, std::vector<at::Tensor> parts, bool exact = false) {
   auto& s = self->state;
   s.inflight.insert(key);
-  self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, key.first, key.second, std::move(parts))
+  self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, key.first, key.second, std::move(parts),
+                exact)
       .then(
           [=](at::Tensor& avg) {
             auto& s = self->state;
@@ -693,7 +694,8 @@ void eager_finish(self_ptr self) {
             .then(
                 [=](std::vector<at::Tensor>& out) {
                   // Ring label (r, 1): after the round's own (r, 0), before anything of a later round.
-                  start_reduce(self, {r, 1}, std::vector<at::Tensor>(out.begin() + 1, out.end()));
+                  start_reduce(self, {r, 1}, std::vector<at::Tensor>(out.begin() + 1, out.end()),
+                               /*exact=*/true);  // parameters: fp32 on the wire
                   when_average(
                       self, {r, 1},
                       [=](at::Tensor mean) {

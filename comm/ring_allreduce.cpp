@@ -68,6 +68,17 @@ class codec_clock {
   std::chrono::steady_clock::time_point t0_;
 };
 
+/// Values per chunk from the codec's size for a large chunk, so headers (int8 scale, codebook) count too.
+size_t elements_per_chunk(const ring_options& o) {
+  constexpr size_t probe = size_t{1} << 20;
+  const size_t probe_bytes = encoded_size(o.dtype, probe, o.codec);
+  if (probe_bytes == std::numeric_limits<size_t>::max())
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: unknown wire dtype {}", static_cast<unsigned>(o.dtype)));
+  return std::max<size_t>(
+      1, static_cast<size_t>(static_cast<double>(o.chunk_bytes) * probe / static_cast<double>(probe_bytes)));
+}
+
 }  // namespace
 
 struct ring_allreduce::counters {
@@ -158,14 +169,7 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
   if (opts_.timeout.count() <= 0) throw lw_error(errc::invalid_config, "comm: timeout must be positive");
   if (opts_.send_hwm < 1 || opts_.recv_hwm < 1)
     throw lw_error(errc::invalid_config, "comm: high-water marks must be at least 1");
-  // Values per chunk from the codec's size for a large chunk, so headers (int8 scale, codebook) count too.
-  constexpr size_t probe = size_t{1} << 20;
-  const size_t probe_bytes = encoded_size(opts_.dtype, probe, opts_.codec);
-  if (probe_bytes == std::numeric_limits<size_t>::max())
-    throw lw_error(errc::invalid_config,
-                   fmt::format("comm: unknown wire dtype {}", static_cast<unsigned>(opts_.dtype)));
-  chunk_elements_ = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(opts_.chunk_bytes) * probe /
-                                                            static_cast<double>(probe_bytes)));
+  chunk_elements_ = elements_per_chunk(opts_);
   if (world == 1) return;
 
   transport_options t;
@@ -208,8 +212,13 @@ double ring_allreduce::decode_seconds() const {
   return static_cast<double>(counters_->decode_ns.load()) * 1e-9;
 }
 
-void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment) {
+void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
+                               std::optional<wire_dtype> dtype) {
   std::lock_guard<std::mutex> lk(call_mu_);
+  ring_options o = opts_;
+  if (dtype) o.dtype = *dtype;
+  // A different dtype gets its own chunk length, so its frames stay about chunk_bytes long.
+  const size_t chunk_elements = dtype ? elements_per_chunk(o) : chunk_elements_;
   LW_ASSERT(data != nullptr || n == 0, "ring_allreduce::allreduce: data is null");
   const std::pair<uint64_t, uint32_t> key{round, fragment};
   if (last_ && key <= *last_)
@@ -220,20 +229,20 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
     throw lw_error(errc::invalid_config,
                    fmt::format("comm: rank {}: weight {} must be positive and finite", rank_, weight));
   const size_t world = endpoints_.size();
-  if (n / world / chunk_elements_ >= std::numeric_limits<uint32_t>::max())
+  if (n / world / chunk_elements >= std::numeric_limits<uint32_t>::max())
     throw lw_error(
         errc::invalid_config,
         fmt::format("comm: {} values make more than 2^32 chunks per segment; raise chunk_bytes", n));
   last_ = key;
   failed_ = true;  // until the call returns normally
   if (world == 1) {
-    single_rank(data, n);
+    single_rank(data, n, o, chunk_elements);
   } else {
     // The error crosses threads as a value and is thrown afresh here.
     std::optional<std::pair<errc, std::string>> error;
     auto done = transport_->submit([&] {
       try {
-        run_round(round, fragment, data, n, weight);
+        run_round(round, fragment, data, n, weight, o, chunk_elements);
       } catch (const lw_error& e) {
         error.emplace(e.code(), e.what());
       } catch (const std::exception& e) {  // e.g. std::bad_alloc
@@ -246,23 +255,23 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
   failed_ = false;
 }
 
-void ring_allreduce::single_rank(float* data, size_t n) {
+void ring_allreduce::single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements) {
   // sum(w x) / sum(w) is x; only the codec's rounding applies, chunk by chunk as on the wire.
-  if (opts_.dtype == wire_dtype::fp32) return;
-  std::vector<std::byte> buf(payload_bytes(opts_, std::min(n, chunk_elements_)));
-  for (size_t off = 0; off < n; off += chunk_elements_) {
-    const size_t cnt = std::min(chunk_elements_, n - off);
-    const size_t bytes = payload_bytes(opts_, cnt);
+  if (o.dtype == wire_dtype::fp32) return;
+  std::vector<std::byte> buf(payload_bytes(o, std::min(n, chunk_elements)));
+  for (size_t off = 0; off < n; off += chunk_elements) {
+    const size_t cnt = std::min(chunk_elements, n - off);
+    const size_t bytes = payload_bytes(o, cnt);
     bool ok = false;
     {
       codec_clock timed(counters_->encode_ns);
-      encode(opts_.dtype, data + off, cnt, buf.data(), opts_.codec);
-      ok = decode(opts_.dtype, buf.data(), bytes, cnt, data + off, opts_.codec);
+      encode(o.dtype, data + off, cnt, buf.data(), o.codec);
+      ok = decode(o.dtype, buf.data(), bytes, cnt, data + off, o.codec);
     }
     if (!ok)
       throw lw_error(errc::malformed_frame,
                      fmt::format("comm: values {}..{} cannot be encoded as {} (not finite?)", off, off + cnt,
-                                 to_string(opts_.dtype)));
+                                 to_string(o.dtype)));
   }
 }
 
@@ -285,14 +294,15 @@ void ring_allreduce::report(const std::string& peer, const rejection& r) {
   }
 }
 
-void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight) {
+void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight,
+                               const ring_options& o, size_t chunk_elements) {
   try {
     const auto world = static_cast<uint32_t>(endpoints_.size());
     const auto rank = static_cast<uint32_t>(rank_);
     const uint32_t prev = (rank + world - 1) % world;
     const uint32_t next = (rank + 1) % world;
     zmq_transport& tr = *transport_;
-    const round_plan plan(rank, world, n, chunk_elements_, opts_);
+    const round_plan plan(rank, world, n, chunk_elements, o);
 
     if (weight != 1.0)
       for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(static_cast<double>(data[i]) * weight);
@@ -303,7 +313,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
     expect.fragment = fragment;
     expect.world_size = world;
     expect.total_elements = n;
-    expect.dtype = opts_.dtype;
+    expect.dtype = o.dtype;
     expect.sender = prev;
 
     std::vector<double> in_weight(plan.in.size(), 0.0);  // reduce-scatter: weight summed into each in item
@@ -355,24 +365,23 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       bool decoded = true;
       if (it.count != 0) {
         codec_clock timed(counters_->decode_ns);
-        decoded =
-            it.phase == ring_phase::reduce_scatter
-                ? decode_accumulate(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec)
-                : decode(opts_.dtype, src, payload.size(), it.count, data + it.offset, opts_.codec);
+        decoded = it.phase == ring_phase::reduce_scatter
+                      ? decode_accumulate(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec)
+                      : decode(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec);
       }
       if (it.phase == ring_phase::reduce_scatter) {
         if (!decoded) {
           reject(peer, rejection{reject_reason::bad_payload,
-                                 fmt::format("the {} codec refused segment {} chunk {}",
-                                             to_string(opts_.dtype), it.segment, it.chunk)});
+                                 fmt::format("the {} codec refused segment {} chunk {}", to_string(o.dtype),
+                                             it.segment, it.chunk)});
           return false;
         }
         in_weight[in_next] = h.weight + weight;
       } else {
         if (!decoded) {
           reject(peer, rejection{reject_reason::bad_payload,
-                                 fmt::format("the {} codec refused segment {} chunk {}",
-                                             to_string(opts_.dtype), it.segment, it.chunk)});
+                                 fmt::format("the {} codec refused segment {} chunk {}", to_string(o.dtype),
+                                             it.segment, it.chunk)});
           return false;
         }
         if (it.step + 2 < world) forward.push_back(forward_entry{std::move(payload), h.checksum, h.weight});
@@ -430,7 +439,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       h.chunk = it.chunk;
       h.sender = rank;
       h.world_size = world;
-      h.dtype = opts_.dtype;
+      h.dtype = o.dtype;
       h.total_elements = n;
       h.element_count = it.count;
       h.byte_count = it.bytes;
@@ -455,17 +464,17 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
         bool own_decoded = true;
         if (it.count != 0) {
           codec_clock timed(counters_->encode_ns);
-          encode(opts_.dtype, x, it.count, dst, opts_.codec);
+          encode(o.dtype, x, it.count, dst, o.codec);
           // The owner keeps exactly what the others will decode (counted as encoding: it is the owner's).
           if (it.phase == ring_phase::all_gather)
-            own_decoded = decode(opts_.dtype, dst, it.bytes, it.count, x, opts_.codec);
+            own_decoded = decode(o.dtype, dst, it.bytes, it.count, x, o.codec);
         }
         if (!own_decoded)
           throw lw_error(
               errc::malformed_frame,
               fmt::format("comm: rank {} round {}: segment {} chunk {} cannot be encoded as {} (the "
                           "average is not finite)",
-                          rank, round, it.segment, it.chunk, to_string(opts_.dtype)));
+                          rank, round, it.segment, it.chunk, to_string(o.dtype)));
         h.checksum = crc32c(payload.data(), payload.size());
       }
       const auto bytes = build_chunk_header(h);

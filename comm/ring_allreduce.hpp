@@ -76,7 +76,12 @@ class ring_allreduce {
   /// (bad weight), errc::malformed_frame (this rank's own segment cannot be encoded, e.g. int8 and
   /// non-finite values), errc::io_error (ZeroMQ failure) or errc::cancelled (destructor running). After a
   /// throw, data[0..n) holds partial sums; retry with a later round on every rank.
-  void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0);
+  ///
+  /// dtype, when given, replaces ring_options::dtype for this call (e.g. fp32 for parameters that must reach
+  /// every rank unrounded on an int8 ring); every rank must pass the same, or the frames are rejected as
+  /// bad_dtype and the call misses its deadline.
+  void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
+                 std::optional<wire_dtype> dtype = std::nullopt);
 
   /// Makes the running call (within about 50 ms) and every later one throw errc::cancelled: for a node that
   /// is stopping. Any thread.
@@ -101,8 +106,9 @@ class ring_allreduce {
   struct held_frame;
   struct round_plan;
 
-  void run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight);
-  void single_rank(float* data, size_t n);
+  void run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight,
+                 const ring_options& o, size_t chunk_elements);
+  void single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements);
   void report(const std::string& peer, const rejection& r);
 
   int rank_;

@@ -200,6 +200,7 @@ struct hand_nesterov {
 struct reduce_log {
   std::vector<std::pair<uint64_t, uint32_t>> keys;
   std::map<std::pair<uint64_t, uint32_t>, std::vector<at::Tensor>> parts;
+  std::map<std::pair<uint64_t, uint32_t>, bool> exact;  // asked for fp32 on the wire (parameters)
 };
 
 /// A fake communicator for 2 workers of n parameters that records every contribution in `log`. It answers
@@ -209,11 +210,12 @@ std::function<caf::actor(caf::actor_system&)> recording_communicator(int64_t n,
                                                                      std::shared_ptr<reduce_log> log) {
   return [n, log](caf::actor_system& sys) {
     return sys.spawn([n, log](caf::event_based_actor*) -> caf::behavior {
-      auto answer = [n, log](uint64_t round, uint32_t fragment,
-                             std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+      auto answer = [n, log](uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts,
+                             bool exact = false) -> caf::result<at::Tensor> {
         if (parts.size() != 2 || (fragment == 0 && parts[0].numel() != n))
           return caf::make_error(errc::malformed_frame, "parts");
         log->keys.emplace_back(round, fragment);
+        log->exact[{round, fragment}] = exact;
         for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
         if (fragment == 0) return hand_average(round, n);
         return ((parts[0] + parts[1]) / 2).contiguous();
@@ -225,6 +227,8 @@ std::function<caf::actor(caf::actor_system&)> recording_communicator(int64_t n,
           [answer](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
             return answer(round, fragment, std::move(parts));
           },
+          [answer](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts,
+                   bool exact) { return answer(round, fragment, std::move(parts), exact); },
       };
     });
   };
@@ -362,6 +366,9 @@ CATCH_TEST_CASE("eager steps each worker with its own fresh pseudo-gradient plus
   }
   const std::pair<uint64_t, uint32_t> final_key{static_cast<uint64_t>(rounds), 1};
   CATCH_REQUIRE(log->parts.count(final_key) == 1);
+  // Parameters cross the wire in fp32 whatever comm.dtype is; pseudo-gradients in comm.dtype.
+  CATCH_CHECK(log->exact[final_key]);
+  CATCH_CHECK_FALSE(log->exact[std::pair<uint64_t, uint32_t>{1, 0}]);
   CATCH_CHECK(max_diff(log->parts[final_key][0], theta[0]) < 1e-6);
   CATCH_CHECK(max_diff(log->parts[final_key][1], theta[1]) < 1e-6);
   CATCH_CHECK(max_diff(snaps.back().theta, (theta[0] + theta[1]) / 2) < 1e-6);
@@ -411,7 +418,7 @@ CATCH_TEST_CASE("streaming with one fragment, tau 0 and alpha 0 is sync, step fo
   std::filesystem::remove_all(dir);
 }
 
-CATCH_TEST_CASE("streaming syncs one fragment at a time, in order, and every fragment once more at the end",
+CATCH_TEST_CASE("streaming syncs one fragment at a time, in order, and fragments 1..P-1 once more at the end",
                 "[integration][diloco][policy]") {
   require_corpus();
   const auto dir = test::scratch_dir("streaming-p2");

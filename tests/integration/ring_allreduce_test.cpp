@@ -203,6 +203,7 @@ struct round_spec {
   uint32_t fragment;
   size_t n;
   bool weighted;
+  bool fp32 = false;  ///< this call overrides the ring's dtype with fp32
 };
 
 double weight_of(int rank, bool weighted) {
@@ -221,7 +222,8 @@ int ring_member(const fs::path& dir, const std::string& tag, int rank, std::vect
   ring_allreduce ring(rank, std::move(eps), opts, std::move(on_reject));
   for (const auto& s : rounds) {
     auto data = input(rank, s.n, s.round * 16 + s.fragment);
-    ring.allreduce(s.round, data.data(), s.n, weight_of(rank, s.weighted), s.fragment);
+    ring.allreduce(s.round, data.data(), s.n, weight_of(rank, s.weighted), s.fragment,
+                   s.fp32 ? std::optional{wire_dtype::fp32} : std::nullopt);
     write_floats(result_path(dir, tag, rank, s), data);
   }
   write_text(dir / (tag + "-r" + std::to_string(rank) + ".txt"),
@@ -706,8 +708,10 @@ CATCH_TEST_CASE("fp32 ring all-reduce gives the exact average, bit-identical on 
   }
 }
 
-CATCH_TEST_CASE("fp16, bf16 and int8 rings stay within the codec bound and agree bit for bit on every rank",
-                "[comm]") {
+CATCH_TEST_CASE(
+    "fp16, bf16 and int8 rings stay within the codec bound and agree bit for bit on every rank, and a call "
+    "can ask for fp32",
+    "[comm]") {
   struct variant {
     wire_dtype dtype;
     bool codebook;
@@ -716,8 +720,10 @@ CATCH_TEST_CASE("fp16, bf16 and int8 rings stay within the codec bound and agree
                                          {wire_dtype::bf16, false},
                                          {wire_dtype::int8, false},
                                          {wire_dtype::int8, true}};
-  const std::vector<round_spec> rounds = {
-      {1, 0, 1000003, false}, {2, 0, 3, false}, {3, 0, 0, false}, {4, 0, 1000, true}};
+  // Round 5 asks for fp32 on the lossy ring (parameters that must not be rounded), round 6 is lossy again.
+  const std::vector<round_spec> rounds = {{1, 0, 1000003, false},     {2, 0, 3, false},
+                                          {3, 0, 0, false},           {4, 0, 1000, true},
+                                          {5, 0, 300007, true, true}, {6, 0, 3001, false}};
   for (int world : {2, 3, 4}) {
     CATCH_INFO("world " << world);
     const auto dir = scratch("lossy-" + std::to_string(world));
@@ -745,8 +751,9 @@ CATCH_TEST_CASE("fp16, bf16 and int8 rings stay within the codec bound and agree
       CATCH_INFO("dtype " << to_string(variants[v].dtype) << (variants[v].codebook ? " codebook" : ""));
       for (const auto& s : rounds) {
         CATCH_INFO("round " << s.round << " n " << s.n);
-        const auto c = check_round(dir, "v" + std::to_string(v), world, s,
-                                   lossy_bound(variants[v].dtype, variants[v].codebook, world));
+        const auto c =
+            check_round(dir, "v" + std::to_string(v), world, s,
+                        s.fp32 ? fp32_bound : lossy_bound(variants[v].dtype, variants[v].codebook, world));
         CATCH_CHECK(c.all_present);
         CATCH_CHECK(c.identical);
         CATCH_CHECK(c.violations == 0);

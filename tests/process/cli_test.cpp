@@ -197,14 +197,21 @@ CATCH_TEST_CASE("Ctrl-C flushes a checkpoint, exits 130, and the same command re
   const auto log1 = read_text(dir + "/run1.log");
   CATCH_INFO(log1);
   CATCH_REQUIRE(code == 130);
-  CATCH_CHECK(log1.find("stopped at inner step") != std::string::npos);
+  const auto stop = log1.find("stopped at inner step ");
+  CATCH_REQUIRE(stop != std::string::npos);
+  const long stop_step = std::stol(log1.substr(stop + 22));
   const auto stopped_at = read_trace(dir + "/run/loss_trace.tsv").size();
   CATCH_CHECK(stopped_at < 150);
   // Resume: same command, finishes, and the trace covers every step once.
   auto [code2, log2] = run({binary(), "run", cfg, "--set", "train.rounds=30"}, dir + "/run2.log", 600);
   CATCH_INFO(log2);
   CATCH_CHECK(code2 == 0);
-  CATCH_CHECK(log2.find("resuming from round") != std::string::npos);
+  // From the checkpoint the stop wrote, not an older one.
+  const auto resume = log2.find("resuming from round");
+  CATCH_REQUIRE(resume != std::string::npos);
+  const auto step_at = log2.find(", inner step ", resume);
+  CATCH_REQUIRE(step_at != std::string::npos);
+  CATCH_CHECK(std::stol(log2.substr(step_at + 13)) == stop_step);
   auto trace = read_trace(dir + "/run/loss_trace.tsv");
   CATCH_REQUIRE(trace.size() == 150);
   for (size_t i = 0; i < trace.size(); ++i) CATCH_CHECK(trace[i].first == static_cast<long>(i + 1));

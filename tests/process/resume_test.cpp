@@ -44,10 +44,19 @@ std::vector<std::string> checkpoints(const std::string& dir) {
   return out;
 }
 
+/// The first number after `prefix` in text, or -1.
+long number_after(const std::string& text, const std::string& prefix) {
+  const auto pos = text.find(prefix);
+  return pos == std::string::npos ? -1 : std::stol(text.substr(pos + prefix.size()));
+}
+
 /// Runs the config uninterrupted, then again interrupted by `signal` inside a later round and restarted; the
 /// loss traces and the final validation loss must agree. `extra` are --set overrides for both runs. SIGINT
-/// must end the first run with 130 after saving; SIGKILL leaves only the checkpoints written so far.
-void check_interrupted_resume(const std::string& dir, const std::vector<std::string>& extra, int signal) {
+/// must end the first run with 130 after saving, and the restart must resume from that very step; SIGKILL
+/// leaves only the checkpoints written so far. round_steps > 0 (SIGINT only): aim the signal at the start of
+/// a round of that many steps, so that the stop comes mid-round, and check that it was saved as such.
+void check_interrupted_resume(const std::string& dir, const std::vector<std::string>& extra, int signal,
+                              long round_steps = 0) {
   auto with = [&](std::vector<std::string> args) {
     for (const auto& e : extra) args.insert(args.end(), {"--set", e});
     return args;
@@ -62,17 +71,38 @@ void check_interrupted_resume(const std::string& dir, const std::vector<std::str
   // Same config, killed after at least 3 checkpointed rounds, somewhere inside a later round.
   const auto cfg_b = config_file(dir, "b");
   auto c = spawn(with({binary(), "run", cfg_b}), dir + "/b1.log");
-  CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/b/loss_trace.tsv").size() >= 17; }, 300));
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        const auto n = static_cast<long>(read_trace(dir + "/b/loss_trace.tsv").size());
+        return n >= 17 && (round_steps == 0 || n % round_steps == 1);
+      },
+      300));
   CATCH_REQUIRE(kill(c.pid, signal) == 0);
   CATCH_CHECK(wait_exit(c, 120) == (signal == SIGKILL ? 128 + SIGKILL : 130));
   const auto killed_at = read_trace(dir + "/b/loss_trace.tsv").size();
   CATCH_REQUIRE(killed_at < 60);  // it really was interrupted
   CATCH_REQUIRE_FALSE(checkpoints(dir + "/b/checkpoints").empty());
+  long stopped_at = -1;
+  if (signal == SIGINT) {
+    const auto log_b1 = read_text(dir + "/b1.log");
+    CATCH_INFO(log_b1);
+    stopped_at = number_after(log_b1, "stopped at inner step ");
+    CATCH_REQUIRE(stopped_at > 0);
+    if (round_steps > 0 && stopped_at % round_steps == 0)
+      CATCH_WARN("the stop landed on a round boundary (step " << stopped_at << "); mid-round not exercised");
+    else if (round_steps > 0)
+      CATCH_CHECK(log_b1.find("(mid-round)") != std::string::npos);
+  }
 
   auto [code_b, log_b] = run(with({binary(), "run", cfg_b}), dir + "/b2.log", 600);
   CATCH_INFO(log_b);
   CATCH_REQUIRE(code_b == 0);
   CATCH_CHECK(log_b.find("resuming from round") != std::string::npos);
+  if (signal == SIGINT) {  // from the checkpoint the stop wrote, not an older one
+    const auto resume = log_b.find("resuming from round");
+    CATCH_CHECK(number_after(log_b.substr(resume == std::string::npos ? 0 : resume), ", inner step ") ==
+                stopped_at);
+  }
   auto trace_b = read_trace(dir + "/b/loss_trace.tsv");
   CATCH_REQUIRE(trace_b.size() == trace_a.size());
   for (size_t i = 0; i < trace_a.size(); ++i) {
@@ -125,7 +155,7 @@ CATCH_TEST_CASE("with streaming a run SIGKILLed mid-way resumes exactly", "[proc
 CATCH_TEST_CASE("with streaming Ctrl-C stops after a fragment sync, mid-round, and the resume is exact",
                 "[process][resume][policy]") {
   const auto dir = scratch_dir("sigint-streaming");
-  check_interrupted_resume(dir, streaming_sets, SIGINT);
+  check_interrupted_resume(dir, streaming_sets, SIGINT, /*round_steps=*/6);
   fs::remove_all(dir);
 }
 

@@ -38,11 +38,14 @@ bool same(const train_config& a, const train_config& b) {
          a.train.beta2 == b.train.beta2 && a.train.eps == b.train.eps &&
          a.train.grad_clip == b.train.grad_clip && a.train.threads == b.train.threads &&
          a.outer.lr == b.outer.lr && a.outer.momentum == b.outer.momentum &&
-         a.outer.nesterov == b.outer.nesterov && a.eval.every_rounds == b.eval.every_rounds &&
-         a.eval.batches == b.eval.batches && a.checkpoint.every_rounds == b.checkpoint.every_rounds &&
+         a.outer.nesterov == b.outer.nesterov && a.diloco.outer == b.diloco.outer &&
+         a.diloco.fragments == b.diloco.fragments && a.diloco.fragment_pattern == b.diloco.fragment_pattern &&
+         a.diloco.tau == b.diloco.tau && a.diloco.alpha == b.diloco.alpha &&
+         a.eval.every_rounds == b.eval.every_rounds && a.eval.batches == b.eval.batches &&
+         a.eval.async == b.eval.async && a.checkpoint.every_rounds == b.checkpoint.every_rounds &&
          a.checkpoint.keep == b.checkpoint.keep && a.checkpoint.dir == b.checkpoint.dir &&
          a.metrics.enabled == b.metrics.enabled && a.metrics.port == b.metrics.port &&
-         a.runtime.round_timeout_s == b.runtime.round_timeout_s &&
+         a.metrics.address == b.metrics.address && a.runtime.round_timeout_s == b.runtime.round_timeout_s &&
          a.runtime.request_timeout_s == b.runtime.request_timeout_s &&
          a.runtime.log_every_steps == b.runtime.log_every_steps && a.comm.dtype == b.comm.dtype &&
          a.comm.int8_codebook == b.comm.int8_codebook && a.comm.error_feedback == b.comm.error_feedback &&
@@ -134,6 +137,14 @@ dir = "/tmp/lw-ckpt"
 [metrics]
 enabled = false
 port = 0
+address = "0.0.0.0"
+
+[comm]
+dtype = "int8"
+int8_codebook = true
+error_feedback = true
+chunk_kib = 256
+timeout_s = 45.5
 
 [runtime]
 round_timeout_s = 600
@@ -198,6 +209,12 @@ CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
   CATCH_CHECK(c.checkpoint.dir == "/tmp/lw-ckpt");
   CATCH_CHECK(c.metrics.enabled == false);
   CATCH_CHECK(c.metrics.port == 0);
+  CATCH_CHECK(c.metrics.address == "0.0.0.0");
+  CATCH_CHECK(c.comm.dtype == "int8");
+  CATCH_CHECK(c.comm.int8_codebook == true);
+  CATCH_CHECK(c.comm.error_feedback == true);
+  CATCH_CHECK(c.comm.chunk_kib == 256);
+  CATCH_CHECK(c.comm.timeout_s == 45.5);
   CATCH_CHECK(c.runtime.round_timeout_s == 600.0);
   CATCH_CHECK(c.runtime.request_timeout_s == 30.5);
   CATCH_CHECK(c.runtime.log_every_steps == 1);
@@ -323,9 +340,16 @@ CATCH_TEST_CASE("to_toml writes every section and every field in struct order", 
                                              "lr = 0.7",
                                              "momentum = 0.9",
                                              "nesterov = true",
+                                             "[diloco]",
+                                             "outer = \"sync\"",
+                                             "fragments = 2",
+                                             "fragment_pattern = \"strided\"",
+                                             "tau = 1",
+                                             "alpha = 0.5",
                                              "[eval]",
                                              "every_rounds = 5",
                                              "batches = 16",
+                                             "async = true",
                                              "[checkpoint]",
                                              "every_rounds = 1",
                                              "keep = 3",
@@ -333,6 +357,13 @@ CATCH_TEST_CASE("to_toml writes every section and every field in struct order", 
                                              "[metrics]",
                                              "enabled = true",
                                              "port = 9464",
+                                             "address = \"127.0.0.1\"",
+                                             "[comm]",
+                                             "dtype = \"fp32\"",
+                                             "int8_codebook = false",
+                                             "error_feedback = false",
+                                             "chunk_kib = 1024",
+                                             "timeout_s = 300.0",
                                              "[runtime]",
                                              "round_timeout_s = 3600.0",
                                              "request_timeout_s = 120.0",

@@ -189,6 +189,7 @@ CATCH_TEST_CASE("The coordinator's /metrics exposes membership and errors, not t
   const auto types = scraped_types(text);
   CATCH_CHECK(types.count("longwave_cluster_heartbeat_age_seconds") == 1);
   CATCH_CHECK(types.count("longwave_cluster_peers_alive") == 1);
+  CATCH_CHECK(types.count("longwave_errors_total") == 1);
   CATCH_CHECK(types.count("longwave_worker_train_loss") == 0);
   const auto samples = test::parse_prom_text(text);
   using L = std::map<std::string, std::string>;
