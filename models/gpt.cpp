@@ -125,6 +125,13 @@ at::Tensor gpt::forward_logits(const at::Tensor& idx) {
   return at::linear(x, emb);  // tied head: [B, T, V]
 }
 
+at::Tensor gpt::logits(const at::Tensor& idx) {
+  LW_ASSERT(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= spec_.seq_len,
+            "logits: inputs must be [B, T] with 1 <= T <= seq_len");
+  at::NoGradGuard no_grad;
+  return forward_logits(idx);
+}
+
 at::Tensor gpt::loss(const at::Tensor& tokens, bool grad) {
   const int64_t T = tokens.size(1) - 1;
   LW_ASSERT(T >= 1 && T <= spec_.seq_len, "token batch length exceeds the model context");

@@ -31,6 +31,9 @@ class gpt {
   /// With grad = true, the gradient is accumulated into flat_grads().
   at::Tensor loss(const at::Tensor& tokens, bool grad);
 
+  /// Next-token logits [B, T, V] of inputs idx [B, T] (int64), without gradient.
+  at::Tensor logits(const at::Tensor& idx);
+
   at::Tensor& flat_params() { return flat_; }
   at::Tensor& flat_grads() { return flat_grad_; }
   /// Leaf parameter views, in parameter_layout order.

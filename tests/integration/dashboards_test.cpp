@@ -638,7 +638,9 @@ CATCH_TEST_CASE("dashboards/prometheus.yml scrapes the coordinator and every nod
     expected.emplace_back(static_cast<int>(config::node_config(spec, i).metrics.port), spec.nodes[i].name);
   CATCH_CHECK(targets == expected);
 
-  if (fs::exists("/usr/bin/promtool")) {
+  if (!fs::exists("/usr/bin/promtool")) {
+    CATCH_FAIL("/usr/bin/promtool is missing (Debian's prometheus package; scripts/setup installs it)");
+  } else {
     const auto dir = scratch_dir("promtool");
     const auto [code, out] = run(
         {"/usr/bin/promtool", "check", "config", dashboards_dir() + "/prometheus.yml"}, dir + "/out.log", 60);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -52,10 +53,19 @@ std::vector<codec> all_codecs() {
           {wire_dtype::int8, {true}, "int8 codebook"}};
 }
 
+/// The SIMD levels this CPU runs. A level the CPU lacks is not tested here: say so in the test output, and
+/// fail when LW_REQUIRE_SIMD names it ("avx2" or "avx512"), for machines that must test it.
 std::vector<simd_isa> supported_levels() {
   std::vector<simd_isa> v;
+  const char* required = std::getenv("LW_REQUIRE_SIMD");
   for (simd_isa isa : {simd_isa::scalar, simd_isa::avx2, simd_isa::avx512}) {
-    if (detail::isa_supported(isa)) v.push_back(isa);
+    if (detail::isa_supported(isa)) {
+      v.push_back(isa);
+      continue;
+    }
+    CATCH_WARN("this CPU has no " << detail::to_string(isa) << ": its kernels are not tested here");
+    if (required && std::string(required).find(detail::to_string(isa)) != std::string::npos)
+      CATCH_FAIL("LW_REQUIRE_SIMD=" << required << " but the CPU has no " << detail::to_string(isa));
   }
   return v;
 }

@@ -70,6 +70,20 @@ CATCH_TEST_CASE("the fused causal attention matches masked softmax attention", "
   CATCH_CHECK((fused - plain).abs().max().item<double>() < 1e-5);
 }
 
+CATCH_TEST_CASE("the model is causal: changing later tokens leaves earlier logits unchanged", "[models]") {
+  auto s = preset_spec("tiny", 256, 32);
+  gpt m(s, at::kFloat);
+  m.load_flat(gpt::init_flat(s, 5));
+  auto a = torch::randint(0, 256, {2, 32}, torch::kLong);
+  auto b = a.clone();
+  b.narrow(1, 20, 12).copy_((b.narrow(1, 20, 12) + 17) % 256);  // a different token at every position >= 20
+  const auto la = m.logits(a), lb = m.logits(b);
+  CATCH_REQUIRE(la.sizes() == at::IntArrayRef({2, 32, 256}));
+  CATCH_CHECK((la.narrow(1, 0, 20) - lb.narrow(1, 0, 20)).abs().max().item<double>() < 1e-5);
+  // ... and the later positions do see the change.
+  CATCH_CHECK((la.narrow(1, 20, 12) - lb.narrow(1, 20, 12)).abs().max().item<double>() > 1e-3);
+}
+
 CATCH_TEST_CASE("bf16 and fp32 models agree on the loss", "[models]") {
   auto s = preset_spec("tiny", 256, 32);
   auto theta = gpt::init_flat(s, 3);
