@@ -37,9 +37,9 @@ struct communicator_options {
 /// in fp32 (deterministic, independent of arrival order); the ring result is bit-identical on every node.
 /// Non-finite values fail the round before anything is sent. (reduce, round, fragment, parts) does the same
 /// for one Streaming DiLoCo fragment (its own error-feedback residual); (round, fragment) must increase from
-/// call to call, and (reduce, round, parts) is fragment 0. (reduce, round, fragment, parts, exact) with exact =
-/// true sends fp32 on the wire whatever comm.dtype is, without error feedback: for parameters (eager's final
-/// mean), which must reach every node unrounded.
+/// call to call, and (reduce, round, parts) is fragment 0. (reduce, round, fragment, parts, exact) with exact
+/// = true sends fp32 on the wire whatever comm.dtype is, without error feedback: for parameters (eager's
+/// final mean), which must reach every node unrounded.
 caf::actor spawn_communicator(caf::actor_system& sys, communicator_options opts = {});
 
 }  // namespace longwave::actors
