@@ -49,7 +49,9 @@ void apply_error_feedback(comm_state& s, uint32_t fragment, float* x, size_t n) 
   }
 }
 
-void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t n, double seconds) {
+/// dtype: what this reduce used on the wire (comm.dtype, or fp32 for an exact one).
+void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t n, double seconds,
+            comm::wire_dtype dtype) {
   if (!s.opts.metrics) return;
   auto& m = s.opts.metrics;
   self->send(m, observe_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
@@ -64,7 +66,7 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t 
                static_cast<double>(sent));
     self->send(m, count_atom_v, std::string("longwave_comm_bytes_received_total"), "peer=" + s.opts.prev_peer,
                static_cast<double>(received));
-    const auto wire = comm::encoded_size(s.opts.dtype, n, s.opts.codec);
+    const auto wire = comm::encoded_size(dtype, n, s.opts.codec);
     if (wire > 0) ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire);
     const double enc = s.opts.ring->encode_seconds(), dec = s.opts.ring->decode_seconds();
     self->send(m, count_atom_v, std::string("longwave_codec_encode_seconds_total"), std::string(),
@@ -84,7 +86,7 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t 
                  .add("seconds", seconds)
                  .add("bytes_sent", sent)
                  .add("bytes_received", received)
-                 .add("dtype", comm::to_string(s.opts.dtype))
+                 .add("dtype", comm::to_string(dtype))
                  .str());
 }
 
@@ -129,7 +131,7 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   if (s.opts.ring)
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                   s.opts.ring->bytes_sent() - s.sent);
-  report(self, s, round, static_cast<size_t>(n), secs);
+  report(self, s, round, static_cast<size_t>(n), secs, exact ? comm::wire_dtype::fp32 : s.opts.dtype);
   return sum;
 }
 
