@@ -329,7 +329,7 @@ int main(int argc, char** argv) {
   try {
     if (!s.endpoints.empty()) {  // one rank of a distributed run
       double stream_rate = 0.0;
-      if (s.baseline) {
+      if (s.baseline && s.n >= static_cast<size_t>(world)) {  // a stream needs something to carry
         const double sec = stream_seconds(s, s.rank, s.endpoints);
         const double bytes = 2.0 * (world - 1) * static_cast<double>(s.n) * 4.0 / world;
         stream_rate = bytes / sec;
