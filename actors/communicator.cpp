@@ -97,6 +97,7 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
                                std::vector<at::Tensor> parts, bool exact) {
   auto& s = self->state;
   const auto t0 = std::chrono::steady_clock::now();
+  const comm::wire_dtype dtype = exact ? comm::wire_dtype::fp32 : s.opts.dtype;
   if (parts.empty()) return make_error(errc::peer_lost, "reduce with no contributions");
   const auto n = parts[0].numel();
   for (const auto& p : parts)
@@ -115,11 +116,11 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
                                                " has NaN or infinite values (training diverged; "
                                                "lower train.lr or outer.lr)");
     float* data = sum.data_ptr<float>();
-    if (s.opts.error_feedback && s.opts.dtype != comm::wire_dtype::fp32 && !exact)
+    if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32)
       apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
     try {
       s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()), fragment,
-                             exact ? std::optional{comm::wire_dtype::fp32} : std::nullopt);
+                             dtype);
     } catch (const lw_error& e) {
       if (s.opts.metrics)
         self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
@@ -131,7 +132,7 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   if (s.opts.ring)
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                   s.opts.ring->bytes_sent() - s.sent);
-  report(self, s, round, static_cast<size_t>(n), secs, exact ? comm::wire_dtype::fp32 : s.opts.dtype);
+  report(self, s, round, static_cast<size_t>(n), secs, dtype);
   return sum;
 }
 

@@ -581,8 +581,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
           [=](caf::error& e) { fail(self, e); });
 }
 
-// ---- overlap policies: delayed, eager, streaming
-// -----------------------------------------------------------
+// ---- overlap policies: delayed, eager, streaming ---------------------------------------------------------
 
 /// Starts the all-reduce of `key` in the background; its average lands in `arrived` (and wakes waiters).
 /// Streaming passes the fragment's slices and its position j as the ring's fragment.
@@ -831,8 +830,7 @@ void streaming_finish(self_ptr self, uint32_t f) {
           [=](caf::error& e) { fail(self, e); });
 }
 
-// ---- sync, delayed, eager rounds
-// ----------------------------------------------------------------------------
+// ---- sync, delayed, eager rounds -------------------------------------------------------------------------
 
 /// Round t from each worker's starting parameters (one theta for all, or eager's per-replica ones).
 void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {

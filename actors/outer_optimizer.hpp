@@ -20,13 +20,13 @@ struct outer_policy {
 };
 
 /// Messages:
-///   (theta) -> theta; (theta, n) -> n tensors: each local replica's outer parameters (eager) or theta n
-///   times (theta, new_theta) -> ok: replaces theta only (eager: the cluster's mean at the end) (outer,
-///   round, avg_delta) -> theta                     sync / delayed (outer, round, seq, fragment_delta) ->
-///   theta           streaming: fragment seq % P, (round, seq) increase (eager, round, avg_prev, deltas) ->
-///   [theta, theta_0, ...]  eager: every replica's proxy step; theta is
-///                                                          their mean (avg_prev undefined: no earlier
-///                                                          average)
+///   (theta) -> theta
+///   (theta, n) -> n tensors: each local replica's outer parameters (eager), or theta n times
+///   (theta, new_theta) -> ok: replaces theta only (eager: the cluster's mean at the end)
+///   (outer, round, avg_delta) -> theta: sync / delayed
+///   (outer, round, seq, fragment_delta) -> theta: streaming, fragment seq % P; (round, seq) increase
+///   (eager, round, avg_prev, deltas) -> [theta, theta_0, ...]: eager, every replica's proxy step; theta is
+///     their mean (avg_prev undefined: no earlier average)
 ///   (state) -> [theta, momentum] (+ eager: outer_theta, outer_momentum, prev_delta per replica), clones
 ///   (load, theta, momentum) -> ok; (load, per-replica triples) -> ok (eager)
 /// The returned tensors are read-only for receivers until the next outer step. With a metrics sink, each

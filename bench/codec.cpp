@@ -30,21 +30,12 @@ struct codec_case {
   bool per_block = false;
 };
 
-const detail::codec_kernels& kernels_of(simd_isa isa) {
-  switch (isa) {
-    case simd_isa::avx2: return *detail::avx2_kernels();
-    case simd_isa::avx512: return *detail::avx512_kernels();
-    case simd_isa::scalar: break;
-  }
-  return detail::scalar_kernels();
-}
-
 void encode_case(simd_isa isa, const codec_case& c, const float* src, size_t n, std::byte* dst) {
   if (!c.per_block) {
     detail::encode(isa, c.dt, src, n, dst, c.o);
     return;
   }
-  const auto& k = kernels_of(isa);
+  const auto& k = detail::kernels_for(isa);
   const size_t scale_bytes = encoded_size(c.dt, n, c.o) - n;
   // The bench's input is finite, so no block poisons the chunk (the result is always true).
   detail::int8_encode_walk(src, n, dst, dst + scale_bytes, k.abs_max, k.int8_quantize);
@@ -56,7 +47,7 @@ bool decode_case(simd_isa isa, const codec_case& c, const std::byte* src, size_t
     return add ? detail::decode_accumulate(isa, c.dt, src, bytes, n, out, c.o)
                : detail::decode(isa, c.dt, src, bytes, n, out, c.o);
   }
-  const auto& k = kernels_of(isa);
+  const auto& k = detail::kernels_for(isa);
   detail::int8_decode_walk(src + (bytes - n), src, n, out, add, k.int8_dequantize, k.int8_dequantize_add);
   return true;
 }

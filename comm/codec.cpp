@@ -42,20 +42,8 @@ bool valid_dtype(wire_dtype dt) {
   return static_cast<uint8_t>(dt) <= static_cast<uint8_t>(wire_dtype::int8);
 }
 
-const codec_kernels& kernels_for(simd_isa isa) {
-  LW_ASSERT(detail::isa_supported(isa),
-            std::string("codec kernel level not supported here: ") + to_string(isa));
-  switch (isa) {
-    case simd_isa::avx2: return *detail::avx2_kernels();
-    case simd_isa::avx512: return *detail::avx512_kernels();
-    case simd_isa::scalar: break;
-  }
-  return detail::scalar_kernels();
-}
-
-// --- int8, symmetric per-block scales: header = fp32 scale s_b of each block of int8_block values, then
-// n int8 codes q, x^ = q * s_b
-// ------------------------------------------------------------------------------------------------------
+// --- int8, symmetric per-block scales -------------------------------------------------------------------
+// Header = fp32 scale s_b of each block of int8_block values, then n int8 codes q, x^ = q * s_b.
 
 constexpr size_t scale_bytes = 4;
 
@@ -94,8 +82,7 @@ bool decode_int8_blocks(const codec_kernels& k, const std::byte* src, size_t n, 
   return true;
 }
 
-// --- int8, codebook: header = 256 fp32 bin values, then n uint8 codes b, x^ = table[b]
-// ----------------------
+// --- int8, codebook: header = 256 fp32 bin values, then n uint8 codes b, x^ = table[b] ----------------
 //
 // Codes are defined in double: pos = min(2^28 - 1, trunc((x - min) * 2^28 / (max - min))), b = pos >> 20; the
 // SIMD levels compute them in fp32 with a margin and fall back to double near bin edges, which gives the same
@@ -329,6 +316,16 @@ const char* simd_level() {
 }
 
 namespace detail {
+
+const codec_kernels& kernels_for(simd_isa isa) {
+  LW_ASSERT(isa_supported(isa), std::string("codec kernel level not supported here: ") + to_string(isa));
+  switch (isa) {
+    case simd_isa::avx2: return *avx2_kernels();
+    case simd_isa::avx512: return *avx512_kernels();
+    case simd_isa::scalar: break;
+  }
+  return scalar_kernels();
+}
 
 const char* to_string(simd_isa isa) {
   switch (isa) {

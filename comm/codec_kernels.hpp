@@ -181,5 +181,7 @@ const codec_kernels& scalar_kernels();
 const codec_kernels* avx2_kernels();
 /// AVX-512 F/BW/VL kernels, or nullptr if this build has none.
 const codec_kernels* avx512_kernels();
+/// The kernels of a level this CPU runs (asserts isa_supported).
+const codec_kernels& kernels_for(simd_isa isa);
 
 }  // namespace longwave::comm::detail

@@ -218,7 +218,7 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
   ring_options o = opts_;
   if (dtype) o.dtype = *dtype;
   // A different dtype gets its own chunk length, so its frames stay about chunk_bytes long.
-  const size_t chunk_elements = dtype ? elements_per_chunk(o) : chunk_elements_;
+  const size_t chunk_elements = o.dtype == opts_.dtype ? chunk_elements_ : elements_per_chunk(o);
   LW_ASSERT(data != nullptr || n == 0, "ring_allreduce::allreduce: data is null");
   const std::pair<uint64_t, uint32_t> key{round, fragment};
   if (last_ && key <= *last_)

@@ -36,12 +36,12 @@ struct inner_state {
   uint64_t sampler_position = 0;
 };
 
-/// One worker's replica and inner optimizer.
 /// Mean loss of `model` on the first n_batches validation batches (batch_size sequences of the model's
 /// length).
 double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
                        int64_t n_batches);
 
+/// One worker's replica and inner optimizer.
 class inner_trainer {
  public:
   inner_trainer(const model_spec& spec, const inner_options& opts,
