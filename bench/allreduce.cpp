@@ -41,6 +41,7 @@ struct settings {
   int iters = 5;
   int warmup = 1;
   size_t chunk_bytes = size_t{1} << 20;
+  int hwm = ring_options{}.send_hwm;  // messages queued per direction (send and receive)
   int timeout_ms = 120000;
   double link_gbit = 0.0;
   std::vector<std::string> endpoints;  // one rank per process when given
@@ -88,6 +89,7 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     o.dtype = *parse_wire_dtype(s.dtypes[d]);
     o.codec.int8_codebook = s.codebook;
     o.chunk_bytes = s.chunk_bytes;
+    o.send_hwm = o.recv_hwm = s.hwm;
     o.timeout = std::chrono::milliseconds(s.timeout_ms);
     o.cluster_id = s.cluster_id + d;
     std::vector<std::string> eps;
@@ -120,8 +122,8 @@ double stream_seconds(const settings& s, int rank, const std::vector<std::string
   const size_t msgs = (total + s.chunk_bytes - 1) / s.chunk_bytes;
   zmq::context_t ctx(1);
   zmq::socket_t pull(ctx, zmq::socket_type::pull), push(ctx, zmq::socket_type::push);
-  pull.set(zmq::sockopt::rcvhwm, 64);
-  push.set(zmq::sockopt::sndhwm, 64);
+  pull.set(zmq::sockopt::rcvhwm, s.hwm);
+  push.set(zmq::sockopt::sndhwm, s.hwm);
   push.set(zmq::sockopt::linger, 30000);
   pull.bind(with_port_offset(endpoints[static_cast<size_t>(rank)], stream_port_offset));
   push.connect(with_port_offset(endpoints[static_cast<size_t>((rank + 1) % world)], stream_port_offset));
@@ -265,6 +267,8 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
                 per_rank_sent * world / (2.0 * (world - 1)) / (1 << 20), busbw / 1e9, goodput / 1e9, ratio);
     if (s.link_gbit > 0) std::printf(" %12.3f", busbw * 8.0 / (s.link_gbit * 1e9));
     if (p2p > 0) std::printf(" %12.3f", busbw / p2p);
+    std::printf("\n       each iteration (ms):");
+    for (const double x : times) std::printf(" %.1f", x * 1e3);
     std::printf("\n");
   }
   if (fp32_goodput > 0 && int8_goodput > 0)
@@ -289,6 +293,8 @@ int main(int argc, char** argv) {
   app.add_option("--iters", s.iters, "timed all-reduces per dtype")->check(CLI::Range(1, 1000));
   app.add_option("--warmup", s.warmup, "untimed all-reduces per dtype first")->check(CLI::Range(0, 100));
   app.add_option("--chunk-bytes", s.chunk_bytes, "chunk payload size")->transform(CLI::AsSizeValue(false));
+  app.add_option("--hwm", s.hwm, "ZeroMQ high-water mark in messages, each direction")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--timeout-ms", s.timeout_ms, "no-progress timeout per all-reduce");
   app.add_option("--link-gbit", s.link_gbit, "link rate in Gbit/s, to print busbw / link");
   app.add_option(
@@ -321,8 +327,8 @@ int main(int argc, char** argv) {
     std::snprintf(link, sizeof link, "%g Gbit/s", s.link_gbit);
   else
     std::snprintf(link, sizeof link, "%s", s.endpoints.empty() ? "loopback" : "not given");
-  std::printf("%s chunk_bytes=%zu iters=%d warmup=%d timeout_ms=%d simd=%s crc32c=%s link=%s\n",
-              s.codebook ? " (int8 codebook)" : "", s.chunk_bytes, s.iters, s.warmup, s.timeout_ms,
+  std::printf("%s chunk_bytes=%zu hwm=%d iters=%d warmup=%d timeout_ms=%d simd=%s crc32c=%s link=%s\n",
+              s.codebook ? " (int8 codebook)" : "", s.chunk_bytes, s.hwm, s.iters, s.warmup, s.timeout_ms,
               simd_level(), crc32c_hardware() ? "sse4.2" : "portable", link);
   std::fflush(stdout);
 
