@@ -98,7 +98,9 @@ int main(int argc, char** argv) {
   size_t chunk_bytes = size_t{1} << 20;
   int repeats = 5;
   std::string simd = "all";
-  app.add_option("--n", n, "fp32 values in the buffer")->check(CLI::PositiveNumber);
+  app.add_option("--n", n, "fp32 values in the buffer (suffixes k, M, G: powers of 1024)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(size_t{1}, size_t{1} << 36));
   app.add_option(
       "--chunk-bytes", chunk_bytes,
       "encoded bytes per encode call, as ring_options::chunk_bytes (one int8 codebook each; plain int8 has "
