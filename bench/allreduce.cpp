@@ -5,6 +5,7 @@
 // run, and each dtype's goodput ÷ fp32's.
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,6 +57,22 @@ struct sample {
   int iter;
   double seconds;
   uint64_t bytes_sent;
+  double cpu_seconds;  // this process, all threads (user + system) during the all-reduce
+  long minor_faults;   // pages the kernel faulted in for this process during the all-reduce
+};
+
+// CPU time and minor page faults of the whole process so far.
+struct process_usage {
+  double cpu_seconds;
+  long minor_faults;
+  static process_usage now() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    auto sec = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+    };
+    return {sec(ru.ru_utime) + sec(ru.ru_stime), ru.ru_minflt};
+  }
 };
 
 double median(std::vector<double> v) {
@@ -102,10 +119,14 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
       float token = 1.0f;
       ring.allreduce(2 * static_cast<uint64_t>(it), &token, 1);
       const uint64_t sent0 = ring.bytes_sent();
+      const process_usage u0 = process_usage::now();
       const auto t0 = std::chrono::steady_clock::now();
       ring.allreduce(2 * static_cast<uint64_t>(it) + 1, data.data(), s.n);
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (it >= s.warmup) out.push_back(sample{d, it - s.warmup, sec, ring.bytes_sent() - sent0});
+      const process_usage u1 = process_usage::now();
+      if (it >= s.warmup)
+        out.push_back(sample{d, it - s.warmup, sec, ring.bytes_sent() - sent0,
+                             u1.cpu_seconds - u0.cpu_seconds, u1.minor_faults - u0.minor_faults});
     }
   }
   return out;
@@ -269,6 +290,21 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
     if (p2p > 0) std::printf(" %12.3f", busbw / p2p);
     std::printf("\n       each iteration (ms):");
     for (const double x : times) std::printf(" %.1f", x * 1e3);
+    // Process CPU time and page faults per all-reduce, averaged over ranks and iterations: a rank that
+    // faults in fresh buffers (malloc handing pages back) costs CPU the other ranks and the kernel need.
+    double cpu = 0.0;
+    double faults = 0.0;
+    size_t k = 0;
+    for (const auto& samples : per_rank)
+      for (const auto& x : samples)
+        if (x.dtype_index == d) {
+          cpu += x.cpu_seconds;
+          faults += static_cast<double>(x.minor_faults);
+          ++k;
+        }
+    if (k > 0)
+      std::printf("\n       per rank and all-reduce: %.3f CPU s, %.0f minor page faults", cpu / k,
+                  faults / k);
     std::printf("\n");
   }
   if (fp32_goodput > 0 && int8_goodput > 0)
@@ -279,7 +315,7 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
 }  // namespace
 
 int main(int argc, char** argv) {
-  longwave::runtime::keep_freed_buffers();
+  const bool fixed_malloc = longwave::runtime::keep_freed_buffers();
   settings s;
   std::string endpoints;
   CLI::App app{"Ring all-reduce benchmark (bus bandwidth, fp32 goodput, ratios per dtype)"};
@@ -327,9 +363,11 @@ int main(int argc, char** argv) {
     std::snprintf(link, sizeof link, "%g Gbit/s", s.link_gbit);
   else
     std::snprintf(link, sizeof link, "%s", s.endpoints.empty() ? "loopback" : "not given");
-  std::printf("%s chunk_bytes=%zu hwm=%d iters=%d warmup=%d timeout_ms=%d simd=%s crc32c=%s link=%s\n",
-              s.codebook ? " (int8 codebook)" : "", s.chunk_bytes, s.hwm, s.iters, s.warmup, s.timeout_ms,
-              simd_level(), crc32c_hardware() ? "sse4.2" : "portable", link);
+  std::printf(
+      "%s chunk_bytes=%zu hwm=%d iters=%d warmup=%d timeout_ms=%d simd=%s crc32c=%s malloc=%s link=%s\n",
+      s.codebook ? " (int8 codebook)" : "", s.chunk_bytes, s.hwm, s.iters, s.warmup, s.timeout_ms,
+      simd_level(), crc32c_hardware() ? "sse4.2" : "portable", fixed_malloc ? "fixed-thresholds" : "default",
+      link);
   std::fflush(stdout);
 
   try {
@@ -370,7 +408,8 @@ int main(int argc, char** argv) {
         try {
           for (const auto& x : run_rank(s, r, eps))
             text += std::to_string(x.dtype_index) + " " + std::to_string(x.iter) + " " +
-                    std::to_string(x.seconds) + " " + std::to_string(x.bytes_sent) + "\n";
+                    std::to_string(x.seconds) + " " + std::to_string(x.bytes_sent) + " " +
+                    std::to_string(x.cpu_seconds) + " " + std::to_string(x.minor_faults) + "\n";
         } catch (const lw_error& e) {
           std::fprintf(stderr, "rank %d: %s: %s\n", r, to_string(e.code()), e.what());
           code = 1;
@@ -403,7 +442,8 @@ int main(int argc, char** argv) {
       ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       std::istringstream in(text);
       sample x{};
-      while (in >> x.dtype_index >> x.iter >> x.seconds >> x.bytes_sent) per_rank[r].push_back(x);
+      while (in >> x.dtype_index >> x.iter >> x.seconds >> x.bytes_sent >> x.cpu_seconds >> x.minor_faults)
+        per_rank[r].push_back(x);
     }
     if (!ok) {
       std::fprintf(stderr, "bench_allreduce: a rank failed (see above)\n");
