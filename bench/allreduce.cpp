@@ -5,7 +5,6 @@
 // run, and each dtype's goodput ÷ fp32's.
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "bench/process_usage.hpp"
 #include "comm/codec.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "runtime/allocator.hpp"
@@ -31,6 +31,7 @@
 using namespace longwave;
 using namespace longwave::comm;
 using namespace longwave::runtime;
+using longwave::bench::process_usage;
 
 namespace {
 
@@ -59,20 +60,6 @@ struct sample {
   uint64_t bytes_sent;
   double cpu_seconds;  // this process, all threads (user + system) during the all-reduce
   long minor_faults;   // pages the kernel faulted in for this process during the all-reduce
-};
-
-// CPU time and minor page faults of the whole process so far.
-struct process_usage {
-  double cpu_seconds;
-  long minor_faults;
-  static process_usage now() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    auto sec = [](const timeval& t) {
-      return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
-    };
-    return {sec(ru.ru_utime) + sec(ru.ru_stime), ru.ru_minflt};
-  }
 };
 
 double median(std::vector<double> v) {

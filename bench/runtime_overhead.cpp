@@ -11,9 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include <sys/resource.h>
-
 #include "actors/training.hpp"
+#include "bench/process_usage.hpp"
 #include "config/config_loader.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
@@ -27,14 +26,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Process CPU seconds (user + system, all threads): unlike wall time, barely moved by other tenants.
 double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return sec(u.ru_utime) + sec(u.ru_stime);
+  return bench::process_usage::now().cpu_seconds;
 }
 
 double plain_loop(const config::train_config& cfg, const std::string& train_path) {
