@@ -18,9 +18,19 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta) {
   } else {
     b_.mul_(mu_).add_(delta);
   }
-  const at::Tensor dir = nesterov_ ? delta.add(b_, mu_) : b_;
-  theta.add_(dir, -lr_);
-  return std::abs(lr_) * dir.norm().item<double>();
+  if (!nesterov_) {
+    theta.add_(b_, -lr_);
+    return std::abs(lr_) * b_.norm().item<double>();
+  }
+  at::add_out(scratch(theta), delta, b_, mu_);
+  theta.add_(dir_, -lr_);
+  return std::abs(lr_) * dir_.norm().item<double>();
+}
+
+at::Tensor& outer_sgd::scratch(const at::Tensor& like) {
+  if (!dir_.defined() || dir_.numel() != like.numel() || dir_.dtype() != like.dtype())
+    dir_ = at::empty({like.numel()}, like.options());
+  return dir_;
 }
 
 double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ranges& ranges) {
@@ -40,7 +50,11 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ra
     } else {
       auto b = b_.narrow(0, off, len);
       b.mul_(mu_).add_(d);
-      const at::Tensor dir = nesterov_ ? d.add(b, mu_) : b;
+      at::Tensor dir = b;
+      if (nesterov_) {
+        dir = scratch(theta).narrow(0, off, len);
+        at::add_out(dir, d, b, mu_);
+      }
       t.add_(dir, -lr_);
       part = lr_ * dir.norm().item<double>();
     }

@@ -21,9 +21,12 @@ class outer_sgd {
   void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }
 
  private:
+  at::Tensor& scratch(const at::Tensor& like);  // dir_, theta-sized
   double lr_, mu_;
   bool nesterov_;
-  at::Tensor b_;  // undefined until the first step, as in torch
+  at::Tensor b_;    // undefined until the first step, as in torch
+  at::Tensor dir_;  // Nesterov's direction, kept between steps: a fresh model-sized tensor per step costs a
+                    // page fault per 4 KiB (bench/RESULTS.md, session 7)
 };
 
 }  // namespace longwave::models
