@@ -380,39 +380,50 @@ if [ -z "$target" ]; then
 else
   target_why="given"
 fi
-ttt() {  # first time (s since start) at which node n0's val loss <= target
-  awk -v t="$target" '$3 + 0 <= t + 0 { printf "%.1f", $1; found = 1; exit } END { if (!found) printf "-" }' "$1/evals.tsv"
+# ttt DIR: "INTERP FIRST" for node n0's val loss reaching the target: FIRST is the time (s since start) of the
+# first evaluation at or below it; INTERP interpolates linearly between that evaluation and the one before,
+# so that the estimate does not move in steps of a whole round. "- -" if never reached.
+ttt() {
+  awk -v t="$target" '
+    $3 + 0 <= t + 0 {
+      x = $1
+      if (seen && pl > $3 + 0) x = pt + (pl - t) / (pl - $3) * ($1 - pt)
+      printf "%.1f %.1f", x, $1; found = 1; exit
+    }
+    { pt = $1; pl = $3 + 0; seen = 1 }
+    END { if (!found) printf "- -" }' "$1/evals.tsv"
 }
 mkdir -p "$(dirname "$csv")"
-echo "policy,rounds,inner_steps,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,utilization_vs_sync,speedup_to_target_vs_sync" >"$csv"
+echo "policy,rounds,inner_steps,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,time_to_first_eval_at_target_s,utilization_vs_sync,speedup_to_target_vs_sync" >"$csv"
 base_util=""; base_ttt=""
-if [ -n "$base" ]; then base_util=$(field util "${summary[sync]}"); base_ttt=$(ttt "$work/sync"); fi
+if [ -n "$base" ]; then base_util=$(field util "${summary[sync]}"); read -r base_ttt _ <<<"$(ttt "$work/sync")"; fi
 echo
 echo "overlap: $n nodes x 1 worker, $preset, batch $batch x $seq_len, H=$inner, $rounds rounds, link $rate, $dtype on the wire"
 echo "target val loss $target ($target_why); utilization over rounds 2..$rounds (all: rounds 1..$rounds; no-eval: evaluation time removed)"
-printf "%-10s %6s %6s %7s %8s %7s %7s %6s %7s %8s %9s %7s %8s\n" policy util all no-eval stall_s phase_s ar_s ar/ph wall_s final to_target util/s speedup
+printf "%-10s %6s %6s %7s %8s %7s %7s %6s %7s %8s %9s %9s %7s %8s\n" policy util all no-eval stall_s phase_s ar_s ar/ph wall_s final to_target 1st_eval util/s speedup
 for p in "${pols[@]}"; do
   s=${summary[$p]:-}
   if [ -z "$s" ]; then
     printf "%-10s %s\n" "$p" "failed (see the log tails above)"
-    echo "$p,$rounds,$inner,$rate,$dtype,,,,,,,,,,$target,,," >>"$csv"
+    echo "$p,$rounds,$inner,$rate,$dtype,,,,,,,,,,$target,,,," >>"$csv"
     continue
   fi
-  u=$(field util "$s"); tt=$(ttt "$work/$p")
+  u=$(field util "$s"); read -r tt tf <<<"$(ttt "$work/$p")"
   row=$(awk -v u="$u" -v bu="$base_util" -v tt="$tt" -v bt="$base_ttt" -v ph="$(field phase_s "$s")" \
     -v ar="$(field allreduce_s "$s")" 'BEGIN {
       ur = bu != "" && bu > 0 ? sprintf("%.3f", u / bu) : "-"
       sp = (bt != "" && bt != "-" && tt != "-" && tt > 0) ? sprintf("%.3f", bt / tt) : "-"
       printf "%.3f %s %s", (ph > 0 ? ar / ph : 0), ur, sp }')
   read -r arph ur sp <<<"$row"
-  printf "%-10s %6.3f %6.3f %7.3f %8.2f %7.2f %7.2f %6.2f %7.1f %8.4f %9s %7s %8s\n" "$p" "$u" \
+  printf "%-10s %6.3f %6.3f %7.3f %8.2f %7.2f %7.2f %6.2f %7.1f %8.4f %9s %9s %7s %8s\n" "$p" "$u" \
     "$(field util_all "$s")" "$(field util_noeval "$s")" "$(field stall_s "$s")" "$(field phase_s "$s")" \
-    "$(field allreduce_s "$s")" "$arph" "$(field wall_s "$s")" "$(field final_loss "$s")" "$tt" "$ur" "$sp"
-  echo "$p,$rounds,$inner,$rate,$dtype,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$ur,$sp" >>"$csv"
+    "$(field allreduce_s "$s")" "$arph" "$(field wall_s "$s")" "$(field final_loss "$s")" "$tt" "$tf" "$ur" "$sp"
+  echo "$p,$rounds,$inner,$rate,$dtype,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$tf,$ur,$sp" >>"$csv"
 done
 echo
 echo "util = Σ compute_s ÷ Σ wall_s (goal ≥ 0.97 for overlap policies, sync expected near 0.67); ar/ph = all-reduce"
-echo "time (slowest node, mean of rounds 2..) ÷ inner phase; to_target = s from start until node n0's val loss ≤ target;"
-echo "util/s and speedup are ratios against sync measured in this run (speedup = sync's to_target ÷ this one's)."
+echo "time (slowest node, mean of rounds 2..) ÷ inner phase; to_target = s from start until node n0's val loss ≤ target,"
+echo "interpolated linearly between the evaluation before and the first at or below it (1st_eval: that evaluation's"
+echo "time); util/s and speedup are ratios against sync measured in this run (speedup = sync's to_target ÷ this one's)."
 echo "csv: $csv"
 exit $failed
