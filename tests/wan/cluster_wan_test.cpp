@@ -32,17 +32,6 @@ struct wan_hosts {
     if (rc != 0) throw std::runtime_error("scripts/wan up failed with " + std::to_string(rc));
   }
   ~wan_hosts() { shell("LONGWAVE_WAN_PREFIX=" + prefix + " " + source_dir + "/scripts/wan down"); }
-  /// A file inside host `host`'s namespace (its /proc/sys reflects the namespace's settings).
-  std::string read_in(int host, const std::string& path) const {
-    const std::string cmd = "ip netns exec " + prefix + "-h" + std::to_string(host) + " cat " + path;
-    std::string out;
-    if (FILE* p = popen(cmd.c_str(), "r")) {
-      char buf[256];
-      while (std::fgets(buf, sizeof buf, p)) out += buf;
-      pclose(p);
-    }
-    return out;
-  }
   std::vector<std::string> in(int host, std::vector<std::string> args) const {
     args.insert(args.begin(), {"/usr/bin/env", "ip", "netns", "exec", prefix + "-h" + std::to_string(host)});
     return args;
@@ -58,9 +47,8 @@ std::string addr(int i) {
 CATCH_TEST_CASE("4 nodes in network namespaces at 100 Mbit/s train together", "[wan][cluster]") {
   if (shell(source_dir + "/scripts/wan check") != 0) {
     std::printf(
-        "LONGWAVE_TEST_SKIPPED: scripts/wan check: network namespaces cannot be created here (needs root, "
-        "ip, "
-        "tc)\n");
+        "LONGWAVE_TEST_SKIPPED: scripts/wan check: network namespaces cannot be created here "
+        "(needs root, ip, tc)\n");
     std::fflush(stdout);
     std::_Exit(0);
   }
@@ -92,10 +80,14 @@ dtype = "fp32"
   wan_hosts wan(n, "100mbit");
   // Every host runs the harness's TCP settings, not the machine's (scripts/wan: bbr stalls on the tbf queues,
   // and a 4 MiB send buffer starves fast links while the sending thread is descheduled).
+  // Read inside each host's namespace, whose /proc/sys holds the namespace's settings.
+  auto read_in = [&](int host, const std::string& path) {
+    return run(wan.in(host, {"cat", path}), dir + "/sysctl.log", 30).second;
+  };
   for (int i = 0; i < n; ++i) {
     CATCH_INFO("host " << i);
-    CATCH_CHECK(wan.read_in(i, "/proc/sys/net/ipv4/tcp_congestion_control") == "reno\n");
-    CATCH_CHECK(wan.read_in(i, "/proc/sys/net/ipv4/tcp_wmem") == "4096\t16384\t16777216\n");
+    CATCH_CHECK(read_in(i, "/proc/sys/net/ipv4/tcp_congestion_control") == "reno\n");
+    CATCH_CHECK(read_in(i, "/proc/sys/net/ipv4/tcp_wmem") == "4096\t16384\t16777216\n");
   }
   std::vector<child> roles;
   roles.push_back(spawn(wan.in(0, {binary(), "coordinator", dir + "/cluster.toml"}), dir + "/coord.log"));
