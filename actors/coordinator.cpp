@@ -387,6 +387,15 @@ void stop_now(self_ptr self, bool boundary) {
 /// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
 /// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
 /// the newest; a resume redoes this round's inner steps.
+/// Whether an all-reduce that failed with `e` was ended by a stop: after Ctrl-C the ring is cancelled, or,
+/// when every node was interrupted at once (launch), a neighbour stopped first and this node's ring lost it.
+/// Either way the round's average is dropped and the previous checkpoint stays the newest.
+bool ended_by_stop(self_ptr self, const caf::error& e) {
+  if (!self->state.stop_requested || e.category() != caf::atom("longwave")) return false;
+  const auto code = static_cast<errc>(e.code());
+  return code == errc::cancelled || code == errc::peer_lost;
+}
+
 void stop_in_allreduce(self_ptr self, uint64_t round) {
   if (self->state.ph == phase::done || self->state.ph == phase::failed) return;
   if (self->state.ph != phase::stopping) set_phase(self, phase::stopping);
@@ -604,9 +613,7 @@ void start_reduce(self_ptr self, reduce_key key, std::vector<at::Tensor> parts, 
           [=](caf::error& e) {
             auto& s = self->state;
             s.inflight.erase(key);
-            if (s.stop_requested && e.category() == caf::atom("longwave") &&
-                static_cast<errc>(e.code()) == errc::cancelled)
-              return stop_in_allreduce(self, key.first);
+            if (ended_by_stop(self, e)) return stop_in_allreduce(self, key.first);
             fail(self, e);
           });
 }
@@ -860,9 +867,7 @@ void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {
                             [=](caf::error& e) { fail(self, e); });
                 },
                 [=](caf::error& e) {
-                  if (self->state.stop_requested && e.category() == caf::atom("longwave") &&
-                      static_cast<errc>(e.code()) == errc::cancelled)
-                    return stop_in_allreduce(self, round);
+                  if (ended_by_stop(self, e)) return stop_in_allreduce(self, round);
                   fail(self, e);
                 });
       },
