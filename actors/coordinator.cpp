@@ -384,17 +384,28 @@ void stop_now(self_ptr self, bool boundary) {
       pause_atom_v);
 }
 
-/// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
-/// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
-/// the newest; a resume redoes this round's inner steps.
+bool has_code(const caf::error& e, errc code) {
+  return e.category() == caf::atom("longwave") && static_cast<errc>(e.code()) == code;
+}
+
 /// Whether an all-reduce that failed with `e` was ended by a stop: after Ctrl-C the ring is cancelled, or,
 /// when every node was interrupted at once (launch), a neighbour stopped first and this node's ring lost it.
 /// Either way the round's average is dropped and the previous checkpoint stays the newest.
+/// delayed and eager stop mid-round at once (stop_now), so there the phase says a stop is underway.
 bool ended_by_stop(self_ptr self, const caf::error& e) {
-  if (!self->state.stop_requested || e.category() != caf::atom("longwave")) return false;
-  const auto code = static_cast<errc>(e.code());
-  return code == errc::cancelled || code == errc::peer_lost;
+  const auto& s = self->state;
+  return (s.stop_requested || s.ph == phase::stopping) &&
+         (has_code(e, errc::cancelled) || has_code(e, errc::peer_lost));
 }
+
+/// How long a lost ring peer waits for this node's own Ctrl-C before it counts as a failure. launch
+/// interrupts every role at once, but the main loop forwards a signal only every 100 ms, so a neighbour
+/// that stopped first can close its ring before this node has heard of its own interrupt.
+constexpr auto lost_peer_grace = std::chrono::milliseconds(600);
+
+/// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
+/// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
+/// the newest; a resume redoes this round's inner steps.
 
 void stop_in_allreduce(self_ptr self, uint64_t round) {
   if (self->state.ph == phase::done || self->state.ph == phase::failed) return;
@@ -407,6 +418,16 @@ void stop_in_allreduce(self_ptr self, uint64_t round) {
     set_phase(self, phase::done);
     notify_main(self, 130);
   });
+}
+
+/// The all-reduce of `round` failed with `e`. After a stop it ends as one. A lost peer with no stop yet
+/// waits lost_peer_grace for this node's own interrupt (lost_atom), then fails the run.
+void allreduce_failed(self_ptr self, uint64_t round, caf::error e, bool waited = false) {
+  if (ended_by_stop(self, e)) return stop_in_allreduce(self, round);
+  if (waited || !has_code(e, errc::peer_lost)) return fail(self, e);
+  spdlog::debug("round {}: a ring peer left; failing in {} ms unless this node is stopping too", round,
+                lost_peer_grace.count());
+  self->delayed_send(self, lost_peer_grace, lost_atom_v, round, std::move(e));
 }
 
 // ---- the round ------------------------------------------------------------------------------------------
@@ -613,8 +634,7 @@ void start_reduce(self_ptr self, reduce_key key, std::vector<at::Tensor> parts, 
           [=](caf::error& e) {
             auto& s = self->state;
             s.inflight.erase(key);
-            if (ended_by_stop(self, e)) return stop_in_allreduce(self, key.first);
-            fail(self, e);
+            allreduce_failed(self, key.first, std::move(e));
           });
 }
 
@@ -866,10 +886,7 @@ void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {
                       .then([=](at::Tensor& new_theta) { after_round(self, new_theta); },
                             [=](caf::error& e) { fail(self, e); });
                 },
-                [=](caf::error& e) {
-                  if (ended_by_stop(self, e)) return stop_in_allreduce(self, round);
-                  fail(self, e);
-                });
+                [=](caf::error& e) { allreduce_failed(self, round, std::move(e)); });
       },
       [=](size_t i) { return caf::make_message(run_atom_v, round, thetas[i], h, sync); });
 }
@@ -1079,6 +1096,7 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
       [=](report_atom, const step_report& r) {
         if (self->state.ph == phase::inner || self->state.ph == phase::stopping) on_report(self, r);
       },
+      [=](lost_atom, uint64_t round, caf::error& e) { allreduce_failed(self, round, std::move(e), true); },
       [=](stop_atom) {
         auto& s = self->state;
         if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;

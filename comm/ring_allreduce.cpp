@@ -500,7 +500,6 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       return what;
     };
 
-    tr.clear_link_lost();
     std::optional<std::pair<zmq::message_t, zmq::message_t>> pending;  // built, not yet taken by ZeroMQ
     auto deadline = clock::now() + opts_.timeout;
     inbound_message msg;

@@ -184,17 +184,12 @@ void zmq_transport::drain_monitor() {
     std::memcpy(&id, event.data(), sizeof id);
     if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       connected_ = true;
+      lost_.reset();
     } else if (id == ZMQ_EVENT_DISCONNECTED && connected_) {
       connected_ = false;
       if (!lost_) lost_ = fmt::format("connection to {} lost", address.to_string());
     }
   }
-}
-
-void zmq_transport::clear_link_lost() {
-  assert_io_thread();
-  drain_monitor();
-  lost_.reset();
 }
 
 std::optional<std::string> zmq_transport::link_lost() {

@@ -81,10 +81,9 @@ class zmq_transport {
   /// next rank changes state, stopping() or `until`, whichever is first (at most 50 ms, so callers recheck).
   void wait(bool want_send, bool want_recv, std::chrono::steady_clock::time_point until);
 
-  /// Forgets connection losses seen so far (call at the start of a round).
-  void clear_link_lost();
-
-  /// A description of the first loss of the connection to the next rank since clear_link_lost(), if any.
+  /// A description of the loss of the connection to the next rank, if it was lost and has not come back
+  /// since. A link that dropped between rounds (the next rank died while this one computed) stays lost, so
+  /// the next round fails at once instead of waiting for its deadline; a reconnect forgets the loss.
   std::optional<std::string> link_lost();
 
  private:

@@ -39,4 +39,5 @@ CAF_ADD_ATOM(longwave, longwave::runtime, observe_atom, "observe")  // metrics: 
 CAF_ADD_ATOM(longwave, longwave::runtime, record_atom, "record")    // metrics: append to metrics.jsonl
 CAF_ADD_ATOM(longwave, longwave::runtime, eager_atom, "eager")      // outer optimizer: eager proxy steps
 CAF_ADD_ATOM(longwave, longwave::runtime, mix_atom, "mix")          // worker: mix in a synced fragment
+CAF_ADD_ATOM(longwave, longwave::runtime, lost_atom, "lost")        // coordinator: a ring peer left (to self)
 CAF_END_TYPE_ID_BLOCK(longwave)

@@ -67,6 +67,15 @@ std::string cluster_file(const std::string& dir, const std::vector<int>& workers
   return path;
 }
 
+/// Replaces the first `from` in the file at `path` with `to`.
+void edit_file(const std::string& path, const std::string& from, const std::string& to) {
+  auto text = read_text(path);
+  const auto at = text.find(from);
+  CATCH_REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  write_text(path, text);
+}
+
 std::vector<float> theta_of(const runtime::checkpoint& c) {
   const auto* blob = c.find("theta");
   CATCH_REQUIRE(blob != nullptr);
@@ -227,9 +236,7 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
   cluster_ports ports;
   // Enough rounds to keep the ring busy while the test peer sends; int8 on the wire.
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[comm]\ndtype = \"int8\"\n");
-  auto text = read_text(cluster);
-  text.replace(text.find("rounds = 3"), 10, "rounds = 12");
-  write_text(cluster, text);
+  edit_file(cluster, "rounds = 3", "rounds = 12");
   const auto spec = config::load_cluster_file(cluster, {});
   auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
 
@@ -347,14 +354,53 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE(
+    "a node SIGKILLed between rounds fails its neighbour at once with peer_lost, not at the deadline",
+    "[process][cluster][signal]") {
+  const auto dir = scratch_dir("cluster_peer_killed");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(cluster, "rounds = 3", "rounds = 40");
+  // Long inner phases, so that the kill most likely lands while both nodes compute, between all-reduces.
+  edit_file(cluster, "inner_steps = 3", "inner_steps = 40");
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  auto n0 = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
+  auto n1 = spawn({binary(), "node", cluster, "--node", "n1"}, dir + "/n1.log");
+  const bool trained = wait_until(
+      [&] { return runtime::checkpoint_store(dir + "/cluster/n1/checkpoints", 100).list().size() >= 2; },
+      300);
+  CATCH_REQUIRE(trained);
+  kill(n1.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(n1, 30) == 128 + SIGKILL);
+  // The ring's deadline is 300 s; the lost TCP link must end n0 long before it, whether n1 died during
+  // an all-reduce or while both computed (then the link is already down when the next round starts).
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = wait_exit(n0, 60);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto log = read_text(dir + "/n0.log");
+  CATCH_INFO(log.substr(log.size() > 20000 ? log.size() - 20000 : 0));
+  CATCH_CHECK(code == 1);
+  CATCH_CHECK(waited < 60);
+  CATCH_CHECK(contains(log, "training failed"));
+  CATCH_CHECK(contains(log, "peer_lost"));
+  CATCH_CHECK(contains(log, "(rank 1) with "));
+  CATCH_CHECK_FALSE(contains(log, "deadline_missed"));
+  // The coordinator hears n0's failure; it would wait for silent n1 for its heartbeat timeout, so stop it.
+  const auto heard = [&] { return contains(read_text(dir + "/coord.log"), "node n0 failed (peer_lost)"); };
+  CATCH_CHECK(wait_until(heard, 30));
+  kill(coord.pid, SIGINT);
+  CATCH_CHECK(wait_exit(coord, 60) >= 0);
+  // n0's checkpoints are intact: its newest still loads.
+  CATCH_CHECK_FALSE(newest_theta(dir + "/cluster/n0/checkpoints").empty());
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("Ctrl-C on launch stops every role with a checkpoint, and the same command resumes",
                 "[process][cluster][signal]") {
   const auto dir = scratch_dir("cluster_sigint");
   cluster_ports ports;
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  auto text = read_text(cluster);
-  text.replace(text.find("rounds = 3"), 10, "rounds = 40");
-  write_text(cluster, text);
+  edit_file(cluster, "rounds = 3", "rounds = 40");
   auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
   // Interrupt once both nodes have checkpointed a few rounds.
   const bool trained = wait_until(
