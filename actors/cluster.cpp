@@ -142,11 +142,11 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   role.cluster_workers = spec.train.train.workers;
   role.ring = ring_options_from(cfg, spec.cluster_id);
   auto last_beat = std::chrono::steady_clock::now();
-  role.tick = [&] {
+  role.tick = [&](uint64_t round) {
     const auto now = std::chrono::steady_clock::now();
     if (now - last_beat < std::chrono::seconds(2)) return;
     last_beat = now;
-    control->heartbeat(0);
+    control->heartbeat(round);
   };
   const int code = run_training(cfg, node_opts, &role);
   if (code == 0)

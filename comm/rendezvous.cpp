@@ -98,7 +98,7 @@ class coordinator {
         if (m.finished || m.failed || m.lost || now - m.last_seen <= o_.heartbeat_timeout) continue;
         m.lost = true;
         if (o_.on_error) o_.on_error("node_lost");
-        warn(fmt::format("coordinator: node {} lost: nothing heard for {} (last round {})",
+        warn(fmt::format("coordinator: node {} lost: nothing heard for {} (its last all-reduce: round {})",
                          o_.members[i].name, secs(o_.heartbeat_timeout), m.round));
       }
       poll_once();

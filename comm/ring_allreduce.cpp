@@ -88,6 +88,7 @@ struct ring_allreduce::counters {
   std::atomic<uint64_t> encode_ns{0};
   std::atomic<uint64_t> decode_ns{0};
   std::atomic<bool> cancelled{false};
+  std::atomic<uint64_t> completed_round{0};
   int logged = 0;  // I/O thread
 };
 
@@ -196,6 +197,9 @@ void ring_allreduce::cancel() {
   counters_->cancelled.store(true, std::memory_order_release);
 }
 
+uint64_t ring_allreduce::completed_round() const {
+  return counters_->completed_round.load();
+}
 uint64_t ring_allreduce::rejected_frames() const {
   return counters_->rejected.load();
 }
@@ -253,6 +257,7 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
     if (error) throw lw_error(error->first, error->second);
   }
   failed_ = false;
+  counters_->completed_round.store(round);
 }
 
 void ring_allreduce::single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements) {

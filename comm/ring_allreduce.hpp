@@ -87,6 +87,8 @@ class ring_allreduce {
   /// is stopping. Any thread.
   void cancel();
 
+  /// The round of the last call that completed (0 before any). Any thread.
+  uint64_t completed_round() const;
   /// Frames dropped by validation since construction.
   uint64_t rejected_frames() const;
   /// Bytes of all frames handed to ZeroMQ for the next rank.

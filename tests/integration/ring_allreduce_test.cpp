@@ -630,8 +630,10 @@ CATCH_TEST_CASE("allreduce refuses an old round, a bad weight and bad ring argum
   ring_options o;
   ring_allreduce solo(0, {"tcp://127.0.0.1:1"}, o);
   std::vector<float> x = {1.f, 2.f, 3.f};
+  CATCH_CHECK(solo.completed_round() == 0);
   solo.allreduce(5, x.data(), x.size(), 3.0);
   CATCH_CHECK(x == std::vector<float>({1.f, 2.f, 3.f}));
+  CATCH_CHECK(solo.completed_round() == 5);  // what the node's heartbeats report
   auto code_of = [](auto&& fn) {
     try {
       fn();
@@ -645,6 +647,7 @@ CATCH_TEST_CASE("allreduce refuses an old round, a bad weight and bad ring argum
   CATCH_CHECK(code_of([&] { solo.allreduce(5, x.data(), x.size(), 1.0, 1); }) == errc::none);
   CATCH_CHECK(code_of([&] { solo.allreduce(6, x.data(), x.size(), 0.0); }) == errc::invalid_config);
   CATCH_CHECK(code_of([&] { solo.allreduce(7, x.data(), x.size(), std::nan("")); }) == errc::invalid_config);
+  CATCH_CHECK(solo.completed_round() == 5);  // failed calls do not count
   CATCH_CHECK(code_of([&] { solo.allreduce(8, nullptr, 0); }) == errc::none);
   CATCH_CHECK(code_of([&] {
                 ring_allreduce(2, {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"}, o);
