@@ -406,7 +406,6 @@ constexpr auto lost_peer_grace = std::chrono::milliseconds(600);
 /// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
 /// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
 /// the newest; a resume redoes this round's inner steps.
-
 void stop_in_allreduce(self_ptr self, uint64_t round) {
   if (self->state.ph == phase::done || self->state.ph == phase::failed) return;
   if (self->state.ph != phase::stopping) set_phase(self, phase::stopping);
@@ -420,14 +419,21 @@ void stop_in_allreduce(self_ptr self, uint64_t round) {
   });
 }
 
-/// The all-reduce of `round` failed with `e`. After a stop it ends as one. A lost peer with no stop yet
-/// waits lost_peer_grace for this node's own interrupt (lost_atom), then fails the run.
-void allreduce_failed(self_ptr self, uint64_t round, caf::error e, bool waited = false) {
-  if (ended_by_stop(self, e)) return stop_in_allreduce(self, round);
-  if (waited || !has_code(e, errc::peer_lost)) return fail(self, e);
-  spdlog::debug("round {}: a ring peer left; failing in {} ms unless this node is stopping too", round,
-                lost_peer_grace.count());
-  self->delayed_send(self, lost_peer_grace, lost_atom_v, round, std::move(e));
+/// The all-reduce `key` failed with `e`. After a stop it ends as one. A lost peer with no stop yet waits
+/// lost_peer_grace for this node's own interrupt (lost_atom), then fails the run. Through that wait the key
+/// stays in flight, so a snapshot taken meanwhile (delayed, eager) waits for its average instead of being
+/// saved without it; none is saved, since the average never comes.
+void allreduce_failed(self_ptr self, reduce_key key, caf::error e, bool waited = false) {
+  const bool grace = !waited && has_code(e, errc::peer_lost) && !ended_by_stop(self, e);
+  if (grace) {
+    spdlog::debug("round {}: a ring peer left; failing in {} ms unless this node is stopping too", key.first,
+                  lost_peer_grace.count());
+    self->delayed_send(self, lost_peer_grace, lost_atom_v, key.first, key.second, std::move(e));
+    return;
+  }
+  self->state.inflight.erase(key);  // no-op for sync's all-reduce, which is never in flight
+  if (ended_by_stop(self, e)) return stop_in_allreduce(self, key.first);
+  fail(self, e);
 }
 
 // ---- the round ------------------------------------------------------------------------------------------
@@ -631,11 +637,7 @@ void start_reduce(self_ptr self, reduce_key key, std::vector<at::Tensor> parts, 
             s.waiting.erase(range.first, range.second);
             for (auto& k : ks) k(avg);
           },
-          [=](caf::error& e) {
-            auto& s = self->state;
-            s.inflight.erase(key);
-            allreduce_failed(self, key.first, std::move(e));
-          });
+          [=](caf::error& e) { allreduce_failed(self, key, std::move(e)); });
 }
 
 /// Calls k with key's average now if it arrived, else when it arrives. While training, the wait is the
@@ -886,7 +888,9 @@ void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {
                       .then([=](at::Tensor& new_theta) { after_round(self, new_theta); },
                             [=](caf::error& e) { fail(self, e); });
                 },
-                [=](caf::error& e) { allreduce_failed(self, round, std::move(e)); });
+                [=](caf::error& e) {
+                  allreduce_failed(self, reduce_key{round, 0}, std::move(e));
+                });
       },
       [=](size_t i) { return caf::make_message(run_atom_v, round, thetas[i], h, sync); });
 }
@@ -1096,7 +1100,9 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
       [=](report_atom, const step_report& r) {
         if (self->state.ph == phase::inner || self->state.ph == phase::stopping) on_report(self, r);
       },
-      [=](lost_atom, uint64_t round, caf::error& e) { allreduce_failed(self, round, std::move(e), true); },
+      [=](lost_atom, uint64_t round, uint32_t fragment, caf::error& e) {
+        allreduce_failed(self, reduce_key{round, fragment}, std::move(e), true);
+      },
       [=](stop_atom) {
         auto& s = self->state;
         if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
