@@ -390,18 +390,14 @@ bool has_code(const caf::error& e, errc code) {
 
 /// Whether an all-reduce that failed with `e` was ended by a stop: after Ctrl-C the ring is cancelled, or,
 /// when every node was interrupted at once (launch), a neighbour stopped first and this node's ring lost it.
-/// Either way the round's average is dropped and the previous checkpoint stays the newest.
-/// delayed and eager stop mid-round at once (stop_now), so there the phase says a stop is underway.
+/// Either way the round's average is dropped and the previous checkpoint stays the newest. delayed and eager
+/// stop mid-round at once (stop_now) without setting stop_requested, so there the phase says a stop is
+/// underway.
 bool ended_by_stop(self_ptr self, const caf::error& e) {
   const auto& s = self->state;
   return (s.stop_requested || s.ph == phase::stopping) &&
          (has_code(e, errc::cancelled) || has_code(e, errc::peer_lost));
 }
-
-/// How long a lost ring peer waits for this node's own Ctrl-C before it counts as a failure. launch
-/// interrupts every role at once, but the main loop forwards a signal only every 100 ms, so a neighbour
-/// that stopped first can close its ring before this node has heard of its own interrupt.
-constexpr auto lost_peer_grace = std::chrono::milliseconds(600);
 
 /// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
 /// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
@@ -419,20 +415,25 @@ void stop_in_allreduce(self_ptr self, uint64_t round) {
   });
 }
 
+/// How long a lost ring peer waits for this node's own Ctrl-C before it counts as a failure. launch
+/// interrupts every role at once, but the main loop forwards a signal only every 100 ms, so a neighbour
+/// that stopped first can close its ring before this node has heard of its own interrupt.
+constexpr auto lost_peer_grace = std::chrono::milliseconds(600);
+
 /// The all-reduce `key` failed with `e`. After a stop it ends as one. A lost peer with no stop yet waits
 /// lost_peer_grace for this node's own interrupt (lost_atom), then fails the run. Through that wait the key
 /// stays in flight, so a snapshot taken meanwhile (delayed, eager) waits for its average instead of being
 /// saved without it; none is saved, since the average never comes.
 void allreduce_failed(self_ptr self, reduce_key key, caf::error e, bool waited = false) {
-  const bool grace = !waited && has_code(e, errc::peer_lost) && !ended_by_stop(self, e);
-  if (grace) {
+  const bool stop = ended_by_stop(self, e);
+  if (!stop && !waited && has_code(e, errc::peer_lost)) {
     spdlog::debug("round {}: a ring peer left; failing in {} ms unless this node is stopping too", key.first,
                   lost_peer_grace.count());
     self->delayed_send(self, lost_peer_grace, lost_atom_v, key.first, key.second, std::move(e));
     return;
   }
   self->state.inflight.erase(key);  // no-op for sync's all-reduce, which is never in flight
-  if (ended_by_stop(self, e)) return stop_in_allreduce(self, key.first);
+  if (stop) return stop_in_allreduce(self, key.first);
   fail(self, e);
 }
 
