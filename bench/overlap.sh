@@ -32,7 +32,8 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
   --preset P          model preset                                                     (default tiny)
   --outer-lr X        outer SGD learning rate                                          (default 0.7)
   --outer-momentum X  outer Nesterov momentum                                          (default 0.9)
-  --outer P=LR:MU     outer lr and momentum for policy P only, e.g. --outer streaming=1.0:0 (repeatable)
+  --outer P=LR:MU[:hb] outer lr and momentum for policy P only, e.g. --outer streaming=1.0:0 (repeatable);
+                      MU may be negative; :hb makes it heavy-ball momentum (outer.nesterov = false)
   --sync-eval         evaluate on the training path ([eval] async = false; default: off it)
   --fragments P       streaming: fragments of layers                                   (default 2)
   --tau T             streaming: inner steps a fragment's all-reduce overlaps; auto = 3/4 of H/P, which
@@ -90,8 +91,9 @@ while [ $# -gt 0 ]; do
     --outer-lr) outer_lr=${2:?}; shift 2 ;;
     --outer-momentum) outer_momentum=${2:?}; shift 2 ;;
     --outer)
-      [[ ${2:-} =~ ^([a-z_]+)=([0-9]*\.?[0-9]+):([0-9]*\.?[0-9]+)$ ]] || die "--outer takes POLICY=LR:MU, e.g. streaming=1.0:0"
-      policy_outer[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}:${BASH_REMATCH[3]}"; shift 2 ;;
+      [[ ${2:-} =~ ^([a-z_]+)=([0-9]*\.?[0-9]+):(-?[0-9]*\.?[0-9]+)(:hb)?$ ]] ||
+        die "--outer takes POLICY=LR:MU[:hb], e.g. streaming=1.0:0 or eager=0.8:-0.5:hb"
+      policy_outer[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}:${BASH_REMATCH[3]}${BASH_REMATCH[4]}"; shift 2 ;;
     --sync-eval) sync_eval=1; shift ;;
     --fragments) fragments=${2:?}; shift 2 ;;
     --tau) tau=${2:?}; shift 2 ;;
@@ -110,7 +112,7 @@ isint "$batch" || die "--batch must be a positive integer"
 isint "$seq_len" || die "--seq-len must be a positive integer"
 [[ $rate == auto || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] || die "--rate must be auto or like 40mbit"
 case "$dtype" in fp32 | fp16 | bf16 | int8) ;; *) die "--dtype must be fp32, fp16, bf16 or int8" ;; esac
-[[ $outer_lr =~ ^[0-9]*\.?[0-9]+$ && $outer_momentum =~ ^[0-9]*\.?[0-9]+$ ]] || die "--outer-lr/--outer-momentum must be numbers"
+[[ $outer_lr =~ ^[0-9]*\.?[0-9]+$ && $outer_momentum =~ ^-?[0-9]*\.?[0-9]+$ ]] || die "--outer-lr/--outer-momentum must be numbers"
 isint "$fragments" || die "--fragments must be a positive integer"
 [ $((inner % fragments)) -eq 0 ] || die "--inner-steps must be a multiple of --fragments"
 [ "$tau" != auto ] || tau=$((3 * inner / fragments / 4))
@@ -172,7 +174,9 @@ addr() { echo "10.213.0.$((10 + $1))"; }
 write_cluster() {
   local f=$1 out=$2 policy=$3 r=$4 every=$5 eb=$6 i
   local o=${policy_outer[$policy]:-$outer_lr:$outer_momentum}
-  local olr=${o%%:*} omu=${o##*:} eval_async=true
+  local olr omu hb nesterov=true eval_async=true
+  IFS=: read -r olr omu hb <<<"$o"
+  [ "$hb" != hb ] || nesterov=false
   [ "$sync_eval" = 0 ] || eval_async=false
   {
     printf '[cluster]\nid = "overlap-%s"\ncoordinator = "tcp://%s:5600"\njoin_timeout_s = 120\n' \
@@ -203,6 +207,7 @@ threads = 1
 [outer]
 lr = $olr
 momentum = $omu
+nesterov = $nesterov
 
 [diloco]
 outer = "$policy"

@@ -2,7 +2,8 @@
 # Outer-step policy sweep: final val loss of each diloco.outer policy divided by sync's, at the same settings,
 # for each outer optimizer setting given, measured in one run on one machine (4 workers in one process; the
 # ring is exercised by tests/process/policy_test.cpp and bench/overlap.sh).
-# Usage: bench/policy_quality.sh [ROUNDS] [H] ["lr:mu" ...]   (default 12 10 "0.5:0" "1.0:0" "0.7:0.9")
+# Usage: bench/policy_quality.sh [ROUNDS] [H] ["lr:mu[:hb]" ...]   (default 12 10 "0.5:0" "1.0:0" "0.7:0.9")
+# mu may be negative; ":hb" makes it heavy-ball momentum (outer.nesterov = false).
 # Extra settings: LW_SET="--set diloco.tau=2 ..." Needs build/release/longwave. Prints a table and a CSV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,21 +27,23 @@ extra=(${LW_SET:-})
 val_loss() { sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$1/result.json"; }
 
 echo "settings: tiny model, KJV bytes, 4 workers, $rounds rounds x H=$h, seq 64, batch 8, seed 11 ${extra[*]}"
-echo "outer_lr,outer_momentum,policy,val_loss,vs_sync" >"$csv"
-printf "%-8s %-6s %-10s %9s %8s\n" outer_lr mu policy val_loss "÷sync"
+echo "outer_lr,outer_momentum,nesterov,policy,val_loss,vs_sync" >"$csv"
+printf "%-8s %-9s %-10s %9s %8s\n" outer_lr mu policy val_loss "÷sync"
 for o in "${outers[@]}"; do
-  lr=${o%%:*} mu=${o##*:}
+  IFS=: read -r lr mu hb <<<"$o"
+  nesterov=true
+  [ "${hb:-}" != hb ] || nesterov=false
   base=""
   for p in $policies; do
-    name="$p-$lr-$mu"
+    name="$p-$lr-$mu${hb:+-$hb}"
     "$B" run examples/local_diloco.toml "${common[@]}" "${extra[@]}" --set run.out_dir="$out/$name" \
-      --set diloco.outer="$p" --set outer.lr="$lr" --set outer.momentum="$mu" >"$out/$name.log" 2>&1 ||
+      --set diloco.outer="$p" --set outer.lr="$lr" --set outer.momentum="$mu" --set outer.nesterov="$nesterov" >"$out/$name.log" 2>&1 ||
       { echo "run $name failed:"; tail -5 "$out/$name.log"; exit 1; }
     v=$(val_loss "$out/$name")
     [ -n "$base" ] || base=$v
     r=$(awk -v a="$v" -v b="$base" 'BEGIN { printf "%.4f", a / b }')
-    printf "%-8s %-6s %-10s %9.4f %8s\n" "$lr" "$mu" "$p" "$v" "$r"
-    echo "$lr,$mu,$p,$v,$r" >>"$csv"
+    printf "%-8s %-9s %-10s %9.4f %8s\n" "$lr" "$mu${hb:+ $hb}" "$p" "$v" "$r"
+    echo "$lr,$mu,$nesterov,$p,$v,$r" >>"$csv"
   done
 done
 echo "csv: $csv"

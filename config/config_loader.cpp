@@ -130,7 +130,7 @@ void for_each_field(Config& c, Visitor&& f) {
   f("train", "threads", c.train.threads, ints(0));
 
   f("outer", "lr", c.outer.lr, real_above(0));
-  f("outer", "momentum", c.outer.momentum, real_in('[', 0, 1, ')'));
+  f("outer", "momentum", c.outer.momentum, real_in('(', -1, 1, ')'));
   f("outer", "nesterov", c.outer.nesterov, any());
 
   f("diloco", "outer", c.diloco.outer, one_of({"sync", "delayed", "eager", "streaming"}));

@@ -52,6 +52,8 @@ struct train_section {
 /// [outer]: the outer optimizer, SGD with Nesterov momentum.
 struct outer_section {
   double lr = 0.7;
+  /// In (-1, 1). A negative momentum (with nesterov = false) counters the momentum-like effect of a stale
+  /// average under diloco.outer = "delayed" or "eager" (ARCHITECTURE.md, "Outer-step policies").
   double momentum = 0.9;
   bool nesterov = true;
 };

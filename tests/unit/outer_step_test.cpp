@@ -64,6 +64,21 @@ CATCH_TEST_CASE("outer SGD with momentum 0 and lr 1 lands exactly on theta minus
   CATCH_CHECK(theta[1].item<float>() == 5.0f);
 }
 
+CATCH_TEST_CASE("outer SGD with negative heavy-ball momentum follows the hand-computed sequence",
+                "[models][outer]") {
+  // lr 0.5, mu -0.5, nesterov off: b1 = d1; theta1 = theta0 - 0.5 b1; b2 = -0.5 b1 + d2; theta2 = theta1 -
+  // 0.5 b2.
+  models::outer_sgd sgd(0.5, -0.5, false);
+  auto theta = torch::tensor({4.0f, -2.0f});
+  sgd.step(theta, torch::tensor({2.0f, 1.0f}));  // b1 = (2, 1), theta1 = (3, -2.5)
+  CATCH_CHECK(theta[0].item<float>() == 3.0f);
+  CATCH_CHECK(theta[1].item<float>() == -2.5f);
+  sgd.step(theta, torch::tensor({2.0f, 1.0f}));  // b2 = (-1, -0.5) + (2, 1) = (1, 0.5), theta2 = (2.5, -2.75)
+  CATCH_CHECK(sgd.momentum_buffer()[0].item<float>() == 1.0f);
+  CATCH_CHECK(theta[0].item<float>() == 2.5f);
+  CATCH_CHECK(theta[1].item<float>() == -2.75f);
+}
+
 CATCH_TEST_CASE("fragments cover every parameter once, strided or sequential", "[models][outer]") {
   auto spec = models::preset_spec("tiny", 256, 64);  // 4 layers
   const int64_t n = models::closed_form_param_count(spec);
