@@ -53,7 +53,7 @@ struct train_section {
 struct outer_section {
   double lr = 0.7;
   /// In (-1, 1). A negative momentum (with nesterov = false) counters the momentum-like effect of a stale
-  /// average under diloco.outer = "delayed" or "eager" (ARCHITECTURE.md, "Outer-step policies").
+  /// average under diloco.outer = "delayed" or "eager" (ARCHITECTURE.md, "DiLoCo step").
   double momentum = 0.9;
   bool nesterov = true;
 };

@@ -66,8 +66,7 @@ CATCH_TEST_CASE("outer SGD with momentum 0 and lr 1 lands exactly on theta minus
 
 CATCH_TEST_CASE("outer SGD with negative heavy-ball momentum follows the hand-computed sequence",
                 "[models][outer]") {
-  // lr 0.5, mu -0.5, nesterov off: b1 = d1; theta1 = theta0 - 0.5 b1; b2 = -0.5 b1 + d2; theta2 = theta1 -
-  // 0.5 b2.
+  // lr 0.5, mu -0.5, heavy ball: b1 = d1, theta1 = theta0 - b1/2; b2 = -b1/2 + d2, theta2 = theta1 - b2/2.
   models::outer_sgd sgd(0.5, -0.5, false);
   auto theta = torch::tensor({4.0f, -2.0f});
   sgd.step(theta, torch::tensor({2.0f, 1.0f}));  // b1 = (2, 1), theta1 = (3, -2.5)
