@@ -23,17 +23,18 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
                       ≈ --ratio × one H-step phase                                     (default auto)
   --ratio X           all-reduce time ÷ phase time aimed at by --rate auto             (default 0.5)
   --efficiency E      ring goodput ÷ link rate assumed by --rate auto (bench/RESULTS.md measured
-                      0.75–0.83 for the tiny model's 10.9 MB at 100 Mbit/s)             (default 0.8)
+                      0.88 for the tiny model's 10.9 MB at 23 Mbit/s)                   (default 0.88)
   --dtype D           [comm] dtype on the wire: fp32 | fp16 | bf16 | int8              (default fp32)
   --target LOSS       val loss for "time to target"; default: sync's final val loss × 1.02
   --eval-batches N    validation batches per evaluation (one evaluation every round)   (default 4)
   --batch B           sequences per worker per inner step                              (default 8)
   --seq-len T         sequence length                                                  (default 128)
   --preset P          model preset                                                     (default tiny)
-  --outer-lr X        outer SGD learning rate                                          (default 0.7)
-  --outer-momentum X  outer Nesterov momentum                                          (default 0.9)
+  --outer-lr X        outer SGD learning rate of sync and of policies without --outer  (default 1.0)
+  --outer-momentum X  outer Nesterov momentum, likewise                                (default 0)
   --outer P=LR:MU[:hb] outer lr and momentum for policy P only, e.g. --outer streaming=1.0:0 (repeatable);
                       MU may be negative; :hb makes it heavy-ball momentum (outer.nesterov = false)
+                      (defaults: delayed=0.9:-0.6:hb eager=1.3:-0.7:hb streaming=1.3:0)
   --sync-eval         evaluate on the training path ([eval] async = false; default: off it)
   --fragments P       streaming: fragments of layers                                   (default 2)
   --tau T             streaming: inner steps a fragment's all-reduce overlaps; auto = 3/4 of H/P, which
@@ -57,16 +58,17 @@ rounds=10
 inner=20
 rate=auto
 ratio=0.5
-efficiency=0.8
+efficiency=0.88
 dtype=fp32
 target=""
 eval_batches=4
 batch=8
 seq_len=128
 preset=tiny
-outer_lr=0.7
-outer_momentum=0.9
-declare -A policy_outer
+outer_lr=1.0
+outer_momentum=0
+# Each policy's best at the defaults (bench/RESULTS.md, session 10); --outer P=... replaces one.
+declare -A policy_outer=([delayed]=0.9:-0.6:hb [eager]=1.3:-0.7:hb [streaming]=1.3:0)
 sync_eval=0
 fragments=2
 tau=auto
