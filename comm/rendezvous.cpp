@@ -93,13 +93,18 @@ class coordinator {
     while (!all_settled()) {
       if (stopped()) return call_off("the coordinator was stopped", 130);
       const auto now = clock::now();
+      // Once a member has failed the run cannot succeed, so a silent member is not waited for long.
+      const bool failed = any_failed();
+      const auto limit =
+          failed ? std::min(o_.heartbeat_timeout, o_.after_failure_timeout) : o_.heartbeat_timeout;
       for (size_t i = 0; i < members_.size(); ++i) {
         auto& m = members_[i];
-        if (m.finished || m.failed || m.lost || now - m.last_seen <= o_.heartbeat_timeout) continue;
+        if (m.finished || m.failed || m.lost || now - m.last_seen <= limit) continue;
         m.lost = true;
         if (o_.on_error) o_.on_error("node_lost");
-        warn(fmt::format("coordinator: node {} lost: nothing heard for {} (its last all-reduce: round {})",
-                         o_.members[i].name, secs(o_.heartbeat_timeout), m.round));
+        warn(fmt::format("coordinator: node {} lost: nothing heard for {}{} (its last all-reduce: round {})",
+                         o_.members[i].name, secs(limit), failed ? ", after another node failed" : "",
+                         m.round));
       }
       poll_once();
       status(t0);
@@ -139,6 +144,11 @@ class coordinator {
     for (const auto& m : members_)
       if (!m.identity) return false;
     return true;
+  }
+  bool any_failed() const {
+    for (const auto& m : members_)
+      if (m.failed || m.lost) return true;
+    return false;
   }
   bool all_settled() const {
     for (const auto& m : members_)

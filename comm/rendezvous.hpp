@@ -44,6 +44,9 @@ struct coordinator_options {
   std::chrono::milliseconds join_timeout{60000};
   /// A member that sends nothing (heartbeats included) for this long is reported lost.
   std::chrono::milliseconds heartbeat_timeout{120000};
+  /// Once a member has failed or been lost the run cannot succeed: from then on a member silent this long
+  /// (if shorter than heartbeat_timeout) is reported lost. Nodes send a heartbeat every 2 s.
+  std::chrono::milliseconds after_failure_timeout{10000};
   std::function<void(const std::string&)> info;  ///< progress lines (joins, finishes)
   std::function<void(const std::string&)> warn;  ///< problems (rejections, failures, missing nodes)
   std::function<bool()> stop;                    ///< polled every 100 ms; true ends the role (exit code 130)
