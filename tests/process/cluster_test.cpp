@@ -171,7 +171,7 @@ CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", 
   const auto cluster = cluster_file(dir, {1, 1, 1}, ports, "", 4);
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
   auto node = spawn({binary(), "node", cluster, "--node", "n1"}, dir + "/n1.log");
-  const int coord_code = wait_exit(coord, 60);  // killed at 60 s (then -1)
+  const int coord_code = wait_exit(coord, 60);
   const int node_code = wait_exit(node, 60);
   const auto clog = read_text(dir + "/coord.log");
   const auto nlog = read_text(dir + "/n1.log");
