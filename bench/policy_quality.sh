@@ -13,6 +13,13 @@ h=${2:-10}
 shift 2 || shift $# || true
 outers=("$@")
 [ ${#outers[@]} -gt 0 ] || outers=("0.5:0" "1.0:0" "0.7:0.9")
+[[ $rounds =~ ^[1-9][0-9]*$ && $h =~ ^[1-9][0-9]*$ ]] ||
+  { echo "policy_quality: ROUNDS and H must be positive integers (got '$rounds' '$h')" >&2; exit 2; }
+for o in "${outers[@]}"; do
+  IFS=: read -r lr mu hb <<<"$o"
+  [[ $lr =~ ^[0-9]*\.?[0-9]+$ && $mu =~ ^-?[0-9]*\.?[0-9]+$ && ${hb:-hb} == hb ]] ||
+    { echo "policy_quality: bad outer setting '$o' (want lr:mu or lr:mu:hb, e.g. 0.7:-0.5:hb)" >&2; exit 2; }
+done
 policies=${LW_POLICIES:-"sync delayed eager streaming"}
 out=$(mktemp -d /tmp/longwave-policy.XXXXXX)
 trap 'rm -rf "$out"' EXIT
