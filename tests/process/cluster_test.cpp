@@ -156,7 +156,7 @@ CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear li
   const auto cluster = cluster_file(dir, {1, 1}, ports, "", 2);
   const auto t0 = std::chrono::steady_clock::now();
   auto [code, log] = run({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log", 60);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = seconds_since(t0);
   CATCH_INFO(log);
   CATCH_CHECK(code == 1);
   CATCH_CHECK(s < 30);
@@ -376,7 +376,7 @@ CATCH_TEST_CASE(
   // an all-reduce or while both computed (then the link is already down when the next round starts).
   const auto t0 = std::chrono::steady_clock::now();
   const int code = wait_exit(n0, 60);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited = seconds_since(t0);
   const auto log = read_text(dir + "/n0.log");
   CATCH_INFO(log.substr(log.size() > 20000 ? log.size() - 20000 : 0));
   CATCH_CHECK(code == 1);
@@ -389,7 +389,7 @@ CATCH_TEST_CASE(
   // its 120 s heartbeat timeout: it ends on its own with exit 1, naming both.
   const auto t1 = std::chrono::steady_clock::now();
   const int coord_code = wait_exit(coord, 60);  // killed at 60 s (then -1)
-  const double coord_waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const double coord_waited = seconds_since(t1);
   const auto coord_log = read_text(dir + "/coord.log");
   CATCH_INFO(coord_log);
   CATCH_CHECK(coord_code == 1);

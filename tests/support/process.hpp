@@ -75,6 +75,11 @@ inline child spawn(const std::vector<std::string>& args, const std::string& log_
   return c;
 }
 
+/// Seconds of wall time since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 /// Exit code (128+signal if killed), or -1 if it did not end within the deadline (then it is killed).
 inline int wait_exit(const child& c, double timeout_s) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
