@@ -30,6 +30,8 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
   --batch B           sequences per worker per inner step                              (default 8)
   --seq-len T         sequence length                                                  (default 128)
   --preset P          model preset                                                     (default tiny)
+  --inner-lr X        peak AdamW learning rate of the inner steps; 2e-3 beats 4e-3 for every
+                      policy at the defaults (bench/RESULTS.md, session 11)            (default 2e-3)
   --outer-lr X        outer SGD learning rate of sync and of policies without --outer  (default 1.0)
   --outer-momentum X  outer Nesterov momentum, likewise                                (default 0)
   --outer P=LR:MU[:hb] outer lr and momentum for policy P only, e.g. --outer streaming=1.0:0 (repeatable);
@@ -65,9 +67,10 @@ eval_batches=4
 batch=8
 seq_len=128
 preset=tiny
+inner_lr=2e-3
 outer_lr=1.0
 outer_momentum=0
-# Each policy's best at the defaults (bench/RESULTS.md, session 10); --outer P=... replaces one.
+# Each policy's best at the defaults (bench/RESULTS.md, sessions 10 and 11); --outer P=... replaces one.
 declare -A policy_outer=([delayed]=0.9:-0.6:hb [eager]=1.3:-0.7:hb [streaming]=1.3:0)
 sync_eval=0
 fragments=2
@@ -90,6 +93,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=${2:?}; shift 2 ;;
     --seq-len) seq_len=${2:?}; shift 2 ;;
     --preset) preset=${2:?}; shift 2 ;;
+    --inner-lr) inner_lr=${2:?}; shift 2 ;;
     --outer-lr) outer_lr=${2:?}; shift 2 ;;
     --outer-momentum) outer_momentum=${2:?}; shift 2 ;;
     --outer)
@@ -114,6 +118,7 @@ isint "$batch" || die "--batch must be a positive integer"
 isint "$seq_len" || die "--seq-len must be a positive integer"
 [[ $rate == auto || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] || die "--rate must be auto or like 40mbit"
 case "$dtype" in fp32 | fp16 | bf16 | int8) ;; *) die "--dtype must be fp32, fp16, bf16 or int8" ;; esac
+[[ $inner_lr =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "--inner-lr must be a positive number, e.g. 2e-3"
 [[ $outer_lr =~ ^[0-9]*\.?[0-9]+$ && $outer_momentum =~ ^-?[0-9]*\.?[0-9]+$ ]] || die "--outer-lr/--outer-momentum must be numbers"
 isint "$fragments" || die "--fragments must be a positive integer"
 [ $((inner % fragments)) -eq 0 ] || die "--inner-steps must be a multiple of --fragments"
@@ -202,7 +207,7 @@ seq_len = $seq_len
 inner_steps = $inner
 rounds = $r
 batch_size = $batch
-lr = 4e-3
+lr = $inner_lr
 warmup_steps = $inner
 threads = 1
 
@@ -330,7 +335,7 @@ field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 echo "overlap: $n hosts (scripts/wan, prefix $LONGWAVE_WAN_PREFIX), 1 worker each, threads=1, $preset model,"
 overrides=""; for k in "${!policy_outer[@]}"; do overrides+=" $k=${policy_outer[$k]}"; done
-echo "         batch $batch x $seq_len, H=$inner, $rounds rounds, dtype $dtype, eval every round ($eval_batches batches, $([ "$sync_eval" = 1 ] && echo "on the training path" || echo "async")),"
+echo "         batch $batch x $seq_len, H=$inner, inner lr $inner_lr, $rounds rounds, dtype $dtype, eval every round ($eval_batches batches, $([ "$sync_eval" = 1 ] && echo "on the training path" || echo "async")),"
 echo "         outer lr $outer_lr momentum $outer_momentum${overrides:+ (lr:momentum per policy:$overrides)}"
 echo "         binary $bin, policies ${pols[*]} (streaming: P=$fragments, tau=$tau, alpha=$alpha); the machine is shared, so absolute times are noise, ratios hold"
 
@@ -405,7 +410,7 @@ echo "policy,rounds,inner_steps,rate,dtype,utilization,utilization_all_rounds,ut
 base_util=""; base_ttt=""
 if [ -n "$base" ]; then base_util=$(field util "${summary[sync]}"); read -r base_ttt _ <<<"$(ttt "$work/sync")"; fi
 echo
-echo "overlap: $n nodes x 1 worker, $preset, batch $batch x $seq_len, H=$inner, $rounds rounds, link $rate, $dtype on the wire"
+echo "overlap: $n nodes x 1 worker, $preset, batch $batch x $seq_len, H=$inner, inner lr $inner_lr, $rounds rounds, link $rate, $dtype on the wire"
 echo "target val loss $target ($target_why); utilization over rounds 2..$rounds (all: rounds 1..$rounds; no-eval: evaluation time removed)"
 printf "%-10s %6s %6s %7s %8s %7s %7s %6s %7s %8s %9s %9s %7s %8s\n" policy util all no-eval stall_s phase_s ar_s ar/ph wall_s final to_target 1st_eval util/s speedup
 for p in "${pols[@]}"; do
