@@ -10,6 +10,7 @@
 #include "comm/error_feedback.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "runtime/caf_errors.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
 #include "runtime/type_ids.hpp"
@@ -128,7 +129,7 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
       return make_error(e.code(), "all-reduce of round " + std::to_string(round) + ": " + e.what());
     }
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = seconds_since(t0);
   if (s.opts.ring)
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                   s.opts.ring->bytes_sent() - s.sent);

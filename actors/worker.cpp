@@ -19,6 +19,7 @@
 #include <chrono>
 
 #include "runtime/caf_errors.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/log.hpp"
 #include "runtime/type_ids.hpp"
 
@@ -47,10 +48,6 @@ struct worker_state {
   double loss_sum = 0;
   caf::response_promise rp;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Runs f; converts foreign exceptions into a caf::error (tier 3 -> tier 1).
 template <class F>

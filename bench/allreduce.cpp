@@ -25,6 +25,7 @@
 #include "comm/codec.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "runtime/allocator.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/crc32c.hpp"
 #include "runtime/errors.hpp"
 
@@ -109,7 +110,7 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
       const process_usage u0 = process_usage::now();
       const auto t0 = std::chrono::steady_clock::now();
       ring.allreduce(2 * static_cast<uint64_t>(it) + 1, data.data(), s.n);
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double sec = seconds_since(t0);
       const process_usage u1 = process_usage::now();
       if (it >= s.warmup)
         out.push_back(sample{d, it - s.warmup, sec, ring.bytes_sent() - sent0,
@@ -146,7 +147,7 @@ double stream_seconds(const settings& s, int rank, const std::vector<std::string
     std::thread rx([&] {  // the socket is used by one thread at a time: this one until the join
       zmq::message_t in;
       for (size_t k = 0; k < msgs; ++k) (void)pull.recv(in);
-      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      seconds = seconds_since(t0);
     });
     for (size_t k = 0; k < msgs; ++k) {
       zmq::message_t out(src.data(), std::min(s.chunk_bytes, total - k * s.chunk_bytes));
@@ -212,7 +213,7 @@ double p2p_baseline(size_t bytes, size_t chunk) {
       (void)pull.recv(m);  // the first message starts the clock
       const auto t0 = std::chrono::steady_clock::now();
       for (size_t i = 1; i < n_msgs; ++i) (void)pull.recv(m);
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double sec = seconds_since(t0);
       rate = n_msgs > 1 ? static_cast<double>((n_msgs - 1) * chunk) / sec : 0.0;
     } catch (const zmq::error_t&) {
     }

@@ -15,6 +15,7 @@
 
 #include "comm/codec.hpp"
 #include "comm/codec_kernels.hpp"
+#include "runtime/clock.hpp"
 
 using namespace longwave::comm;
 using detail::simd_isa;
@@ -64,7 +65,7 @@ template <class F>
 double seconds(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return longwave::runtime::seconds_since(t0);
 }
 
 /// CPU model and the flags that matter for the codecs, from /proc/cpuinfo.

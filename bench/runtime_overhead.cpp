@@ -19,6 +19,7 @@
 #include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
 #include "models/lr_schedule.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/log.hpp"
 
 using namespace longwave;
@@ -54,7 +55,7 @@ double plain_loop(const config::train_config& cfg, const std::string& train_path
     opt.step();
     (void)loss.item<float>();
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = runtime::seconds_since(t0);
   return static_cast<double>(steps * cfg.train.batch_size * cfg.model.seq_len) / s;
 }
 

@@ -15,6 +15,7 @@
 #include "models/data/file_io.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/errors.hpp"
 
 namespace longwave::models::data {
@@ -23,13 +24,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using runtime::seconds_since;
+
 constexpr const char* stamp_header = "longwave-prepared 1";
 
 using log_fn = std::function<void(const std::string&)>;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Parses "key=value" lines after the header; returns an empty map if the header is wrong.
 std::map<std::string, std::string> parse_stamp(const std::string& text) {

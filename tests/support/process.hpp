@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/clock.hpp"
+
 namespace longwave::test {
 
 /// Path of the longwave binary (LW_BINARY from ctest, else the build tree default).
@@ -75,10 +77,7 @@ inline child spawn(const std::vector<std::string>& args, const std::string& log_
   return c;
 }
 
-/// Seconds of wall time since t0.
-inline double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using longwave::runtime::seconds_since;
 
 /// Exit code (128+signal if killed), or -1 if it did not end within the deadline (then it is killed).
 inline int wait_exit(const child& c, double timeout_s) {
