@@ -755,6 +755,14 @@ at::Tensor fragment_of(const at::Tensor& x, const models::flat_ranges& ranges) {
   return at::cat(slices);
 }
 
+/// Starts the all-reduce of one fragment of the workers' pseudo-gradients under ring label `key`.
+void reduce_fragment(self_ptr self, reduce_key key, const models::flat_ranges& ranges,
+                     const std::vector<round_result>& results) {
+  std::vector<at::Tensor> parts;
+  for (const auto& r : results) parts.push_back(fragment_of(r.delta, ranges));
+  start_reduce(self, key, std::move(parts));
+}
+
 void streaming_segment(self_ptr self);
 
 /// Sync point j of the current round: wait for its average, step the fragment, mix it into the replicas.
@@ -804,12 +812,9 @@ void streaming_segment(self_ptr self) {
           auto& s = self->state;
           if (s.ph != phase::inner) return;  // stopped meanwhile
           s.stream_pos = event == h ? 0 : event;
-          if (snapshot_next) {
-            const auto& ranges = s.ctx->fragments[static_cast<size_t>(j % d.fragments)];
-            std::vector<at::Tensor> parts;
-            for (auto& r : results) parts.push_back(fragment_of(r.delta, ranges));
-            start_reduce(self, {round, static_cast<uint32_t>(j)}, std::move(parts));
-          }
+          if (snapshot_next)
+            reduce_fragment(self, {round, static_cast<uint32_t>(j)},
+                            s.ctx->fragments[static_cast<size_t>(j % d.fragments)], results);
           if (snapshot_next && d.tau > 0) return streaming_segment(self);
           streaming_sync(self, static_cast<uint32_t>(j));
         },
@@ -840,10 +845,7 @@ void streaming_finish(self_ptr self, uint32_t f) {
             gather<round_result>(
                 self, self->state.round_timeout,
                 [=](std::vector<round_result> results) {
-                  auto& s = self->state;
-                  std::vector<at::Tensor> parts;
-                  for (auto& res : results) parts.push_back(fragment_of(res.delta, s.ctx->fragments[f]));
-                  start_reduce(self, key, std::move(parts));
+                  reduce_fragment(self, key, self->state.ctx->fragments[f], results);
                   when_average(
                       self, key,
                       [=](at::Tensor avg) {
