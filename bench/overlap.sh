@@ -340,11 +340,13 @@ echo "         outer lr $outer_lr momentum $outer_momentum${overrides:+ (lr:mome
 echo "         binary $bin, policies ${pols[*]} (streaming: P=$fragments, tau=$tau, alpha=$alpha); the machine is shared, so absolute times are noise, ratios hold"
 
 # ---- 1. calibration: the inner phase time under the same 4-process load ----------------------------------
+# With the runs' evaluation after every round: it runs off the training path, so it slows the next phase
+# (session 10 calibrated without it: a 6.88-6.91 s phase, against 7.08-7.20 s in sync's own run).
 if [ "$rate" = auto ]; then
   cal_rounds=3
   mkdir -p "$work/cal"
-  write_cluster "$work/cal.toml" "$work/cal" sync $cal_rounds 0 1
-  echo "calibrating: sync, $cal_rounds rounds at 1gbit (the all-reduce is short next to the inner phase there, so the rounds measure compute)"
+  write_cluster "$work/cal.toml" "$work/cal" sync $cal_rounds 1 "$eval_batches"
+  echo "calibrating: sync, $cal_rounds rounds at 1gbit (the all-reduce is short next to the inner phase there, so the rounds measure compute, evaluation included)"
   run_cluster cal 1gbit "$work/cal.toml" 900 || exit 1
   cal=$(summarize "$work/cal")
   phase=$(field phase_s "$cal")
