@@ -118,7 +118,8 @@ isint "$batch" || die "--batch must be a positive integer"
 isint "$seq_len" || die "--seq-len must be a positive integer"
 [[ $rate == auto || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] || die "--rate must be auto or like 40mbit"
 case "$dtype" in fp32 | fp16 | bf16 | int8) ;; *) die "--dtype must be fp32, fp16, bf16 or int8" ;; esac
-[[ $inner_lr =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "--inner-lr must be a positive number, e.g. 2e-3"
+{ [[ $inner_lr =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] && awk -v x="$inner_lr" 'BEGIN { exit !(x > 0 && x <= 10) }'; } ||
+  die "--inner-lr must be a number in (0, 10], e.g. 2e-3 (as train.lr)"
 [[ $outer_lr =~ ^[0-9]*\.?[0-9]+$ && $outer_momentum =~ ^-?[0-9]*\.?[0-9]+$ ]] || die "--outer-lr/--outer-momentum must be numbers"
 isint "$fragments" || die "--fragments must be a positive integer"
 [ $((inner % fragments)) -eq 0 ] || die "--inner-steps must be a multiple of --fragments"
@@ -408,7 +409,7 @@ ttt() {
     END { if (!found) printf "- -" }' "$1/evals.tsv"
 }
 mkdir -p "$(dirname "$csv")"
-echo "policy,rounds,inner_steps,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,time_to_first_eval_at_target_s,utilization_vs_sync,speedup_to_target_vs_sync" >"$csv"
+echo "policy,rounds,inner_steps,inner_lr,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,time_to_first_eval_at_target_s,utilization_vs_sync,speedup_to_target_vs_sync" >"$csv"
 base_util=""; base_ttt=""
 if [ -n "$base" ]; then base_util=$(field util "${summary[sync]}"); read -r base_ttt _ <<<"$(ttt "$work/sync")"; fi
 echo
@@ -419,7 +420,7 @@ for p in "${pols[@]}"; do
   s=${summary[$p]:-}
   if [ -z "$s" ]; then
     printf "%-10s %s\n" "$p" "failed (see the log tails above)"
-    echo "$p,$rounds,$inner,$rate,$dtype,,,,,,,,,,$target,,,," >>"$csv"
+    echo "$p,$rounds,$inner,$inner_lr,$rate,$dtype,,,,,,,,,,$target,,,," >>"$csv"
     continue
   fi
   u=$(field util "$s"); read -r tt tf <<<"$(ttt "$work/$p")"
@@ -432,7 +433,7 @@ for p in "${pols[@]}"; do
   printf "%-10s %6.3f %6.3f %7.3f %8.2f %7.2f %7.2f %6.2f %7.1f %8.4f %9s %9s %7s %8s\n" "$p" "$u" \
     "$(field util_all "$s")" "$(field util_noeval "$s")" "$(field stall_s "$s")" "$(field phase_s "$s")" \
     "$(field allreduce_s "$s")" "$arph" "$(field wall_s "$s")" "$(field final_loss "$s")" "$tt" "$tf" "$ur" "$sp"
-  echo "$p,$rounds,$inner,$rate,$dtype,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$tf,$ur,$sp" >>"$csv"
+  echo "$p,$rounds,$inner,$inner_lr,$rate,$dtype,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$tf,$ur,$sp" >>"$csv"
 done
 echo
 echo "util = Σ compute_s ÷ Σ wall_s (goal ≥ 0.97 for overlap policies, sync expected near 0.67); ar/ph = all-reduce"
