@@ -51,8 +51,8 @@ void apply_error_feedback(comm_state& s, uint32_t fragment, float* x, size_t n) 
 }
 
 /// dtype: what this reduce used on the wire (comm.dtype, or fp32 for an exact one).
-void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t n, double seconds,
-            comm::wire_dtype dtype) {
+void report(caf::event_based_actor* self, comm_state& s, uint64_t round, uint32_t label, size_t n,
+            double seconds, comm::wire_dtype dtype) {
   if (!s.opts.metrics) return;
   auto& m = s.opts.metrics;
   self->send(m, observe_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
@@ -84,6 +84,7 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, size_t 
   self->send(m, record_atom_v,
              json_line("allreduce")
                  .add("round", round)
+                 .add("label", label)
                  .add("seconds", seconds)
                  .add("bytes_sent", sent)
                  .add("bytes_received", received)
@@ -133,7 +134,7 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   if (s.opts.ring)
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                   s.opts.ring->bytes_sent() - s.sent);
-  report(self, s, round, static_cast<size_t>(n), secs, dtype);
+  report(self, s, round, fragment, static_cast<size_t>(n), secs, dtype);
   return sum;
 }
 

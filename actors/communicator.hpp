@@ -29,7 +29,10 @@ struct communicator_options {
   caf::actor metrics;
   /// The next and previous nodes' names (labels of the bytes-sent and bytes-received counters).
   std::string next_peer, prev_peer;
-  /// Append one "allreduce" line per reduce to metrics.jsonl (not in ddp, which reduces every step).
+  /// Append one "allreduce" line per reduce to metrics.jsonl (not in ddp, which reduces every step). Its
+  /// "label" is the ring label's second part: 0 for a round's average, j for streaming's j-th sync of the
+  /// round, higher for the reduces that finish a run (eager's mean of the parameters, streaming's last
+  /// syncs).
   bool log_events = true;
 };
 

@@ -98,6 +98,14 @@ CATCH_TEST_CASE(
         CATCH_CHECK(log.find("eager: final parameters = the mean of all 4 workers") != std::string::npos);
       if (policy == "streaming")
         CATCH_CHECK(log.find("streaming: syncing fragments 1..1 once more") != std::string::npos);
+      // Each all-reduce line carries its ring label: 0 for a round's average, streaming's syncs 1..P and
+      // its last sync of fragment 1 P+1 = 3, eager's final mean of the parameters 1.
+      const auto events = read_text(sub + "/run/n0/metrics.jsonl");
+      const auto last_label = [&](int label) {
+        return events.find("\"round\":12,\"label\":" + std::to_string(label) + ",") != std::string::npos;
+      };
+      CATCH_CHECK(last_label(policy == "streaming" ? 3 : policy == "eager" ? 1 : 0));
+      CATCH_CHECK(last_label(1) == (policy == "eager" || policy == "streaming"));
       loss[name] = n0;
     }
   }
