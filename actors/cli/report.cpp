@@ -1,5 +1,6 @@
 // `longwave report RUN_DIR`: reads metrics.jsonl files, builds SVG line charts and assembles one HTML page.
-// Three parts, top to bottom: a flat JSON-line reader, an SVG line-chart builder, and the page assembler.
+// Three parts, top to bottom: the records of each file (runtime/json_reader parses a line), an SVG line-chart
+// builder, and the page assembler.
 #include "actors/cli/report.hpp"
 
 #include <fmt/format.h>
@@ -24,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/json_reader.hpp"
+
 namespace longwave::cli {
 namespace {
 
@@ -31,235 +34,25 @@ namespace fs = std::filesystem;
 
 constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
-// ---- one metrics.jsonl line: a flat JSON object ---------------------------------------------------------
+// ---- one metrics.jsonl line: a JSON object --------------------------------------------------------------
 
-/// A JSON scalar. Numbers (true = 1, false = 0) are in `number`, strings in `text`; null and nested values
-/// (the format has none) leave `number` NaN.
-struct json_value {
-  bool is_string = false;
-  double number = nan;
-  std::string text;
-};
-using json_object = std::map<std::string, json_value, std::less<>>;
-
-/// Reads one JSON object from one line. Besides strict JSON it accepts nan/inf numbers, which a C++ writer
-/// can emit for a diverged loss. Nested objects and arrays are parsed and dropped.
-class flat_json_reader {
- public:
-  explicit flat_json_reader(std::string_view s) : s_(s) {}
-
-  /// The object, or nullopt with error() naming the first problem.
-  std::optional<json_object> read() {
-    json_object obj;
-    skip_ws();
-    if (!at('{')) {
-      fail("expected '{'");
-      return std::nullopt;
-    }
-    if (!read_object(&obj, 0)) return std::nullopt;
-    skip_ws();
-    if (i_ != s_.size()) {
-      fail("unexpected text after the object");
-      return std::nullopt;
-    }
-    return obj;
-  }
-  const std::string& error() const { return error_; }
-  /// True when the line ended before the object did (a writer killed mid-line).
-  bool truncated() const { return truncated_; }
-
- private:
-  bool at(char c) const { return i_ < s_.size() && s_[i_] == c; }
-  bool eat(char c) {
-    if (!at(c)) return false;
-    ++i_;
-    return true;
-  }
-  void skip_ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r' || s_[i_] == '\n')) ++i_;
-  }
-  bool fail(const std::string& what) {
-    if (!error_.empty()) return false;
-    truncated_ = i_ >= s_.size();
-    error_ = truncated_ ? "the line ends inside a record (truncated)"
-                        : fmt::format("{} at column {}", what, i_ + 1);
-    return false;
-  }
-
-  // At '{'; members go into *out unless out is null (a nested object, skipped).
-  bool read_object(json_object* out, int depth) {
-    ++i_;
-    skip_ws();
-    if (eat('}')) return true;
-    for (;;) {
-      skip_ws();
-      std::string key;
-      if (!at('"')) return fail("expected a quoted key");
-      if (!read_string(key)) return false;
-      skip_ws();
-      if (!eat(':')) return fail(fmt::format("expected ':' after \"{}\"", key));
-      skip_ws();
-      json_value v;
-      if (!read_value(v, depth)) return false;
-      if (out) (*out)[key] = std::move(v);
-      skip_ws();
-      if (eat(',')) continue;
-      if (eat('}')) return true;
-      return fail("expected ',' or '}'");
-    }
-  }
-
-  bool skip_array(int depth) {
-    ++i_;
-    skip_ws();
-    if (eat(']')) return true;
-    for (;;) {
-      skip_ws();
-      json_value ignored;
-      if (!read_value(ignored, depth)) return false;
-      skip_ws();
-      if (eat(',')) continue;
-      if (eat(']')) return true;
-      return fail("expected ',' or ']'");
-    }
-  }
-
-  bool read_value(json_value& out, int depth) {
-    if (i_ >= s_.size()) return fail("expected a value");
-    if (depth > 16) return fail("nesting too deep");
-    if (at('"')) {
-      out.is_string = true;
-      return read_string(out.text);
-    }
-    if (at('{')) return read_object(nullptr, depth + 1);
-    if (at('[')) return skip_array(depth + 1);
-    for (auto [word, value] : {std::pair{"true", 1.0}, {"false", 0.0}, {"null", nan}}) {
-      if (s_.substr(i_, std::strlen(word)) == word) {
-        i_ += std::strlen(word);
-        out.number = value;
-        return true;
-      }
-    }
-    return read_number(out.number);
-  }
-
-  bool read_number(double& out) {
-    const size_t start = i_;
-    constexpr std::string_view number_chars = "+-.0123456789eEnaifityNAIFTY";
-    while (i_ < s_.size() && number_chars.find(s_[i_]) != std::string_view::npos) ++i_;
-    std::string token(s_.substr(start, i_ - start));
-    std::string lower = token;
-    for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    for (auto [word, value] : {std::pair{"nan", nan},
-                               {"-nan", nan},
-                               {"inf", HUGE_VAL},
-                               {"infinity", HUGE_VAL},
-                               {"-inf", -HUGE_VAL},
-                               {"-infinity", -HUGE_VAL}}) {
-      if (lower == word) {
-        out = value;
-        return true;
-      }
-    }
-    char* end = nullptr;
-    out = token.empty() ? nan : std::strtod(token.c_str(), &end);
-    if (token.empty() || end != token.c_str() + token.size() ||
-        std::isalpha(static_cast<unsigned char>(token[0]))) {
-      if (i_ < s_.size()) i_ = start;  // point at the bad token, unless the line just ended inside it
-      return fail(token.empty() ? "expected a value" : fmt::format("bad number '{}'", token));
-    }
-    return true;
-  }
-
-  bool read_hex4(unsigned& out) {
-    if (i_ + 4 > s_.size()) {
-      i_ = s_.size();
-      return fail("truncated \\u escape");
-    }
-    out = 0;
-    for (int k = 0; k < 4; ++k, ++i_) {
-      const int c = std::tolower(static_cast<unsigned char>(s_[i_]));
-      if (!std::isxdigit(c)) return fail("bad \\u escape");
-      out = out * 16 + static_cast<unsigned>(c <= '9' ? c - '0' : c - 'a' + 10);
-    }
-    return true;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  // At '"'.
-  bool read_string(std::string& out) {
-    ++i_;
-    while (i_ < s_.size()) {
-      const char c = s_[i_++];
-      if (c == '"') return true;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) break;
-      const char e = s_[i_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/': out += e; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = 0;
-          if (!read_hex4(cp)) return false;
-          if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(i_, 2) == "\\u") {
-            i_ += 2;
-            unsigned low = 0;
-            if (!read_hex4(low)) return false;
-            cp = low >= 0xDC00 && low < 0xE000 ? 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00) : 0xFFFD;
-          } else if (cp >= 0xD800 && cp < 0xE000) {
-            cp = 0xFFFD;  // a lone surrogate
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: --i_; return fail("bad escape in a string");
-      }
-    }
-    return fail("unterminated string");
-  }
-
-  std::string_view s_;
-  size_t i_ = 0;
-  std::string error_;
-  bool truncated_ = false;
-};
+/// One record. Besides strict JSON a line may hold nan/inf numbers, which a C++ writer emits for a diverged
+/// loss, and a later duplicate key wins.
+using json_object = runtime::json;
+const runtime::json_options line_format{/*nonfinite_numbers=*/true, /*strict=*/false, /*max_depth=*/16};
 
 /// A number field, NaN when it is missing or not a number.
+/// (true = 1, false = 0.)
 double num(const json_object& o, std::string_view key) {
-  auto it = o.find(key);
-  return it == o.end() || it->second.is_string ? nan : it->second.number;
+  const auto* v = o.find(key);
+  if (!v) return nan;
+  return v->is_number() ? v->num : v->is_bool() ? (v->b ? 1.0 : 0.0) : nan;
 }
 
 /// A string field, "" when it is missing or not a string.
 std::string text(const json_object& o, std::string_view key) {
-  auto it = o.find(key);
-  return it == o.end() || !it->second.is_string ? std::string() : it->second.text;
+  const auto* v = o.find(key);
+  return v && v->is_string() ? v->str : std::string();
 }
 
 // ---- the records of one metrics.jsonl -------------------------------------------------------------------
@@ -339,23 +132,28 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
     while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
 
-    flat_json_reader reader(line);
-    auto obj = reader.read();
+    runtime::json_error error;
+    auto obj = runtime::parse_json(line, line_format, &error);
     // A run killed mid-line leaves a partial record; the resumed run's first record can follow on that line.
     for (size_t b = line.find('{', 1); !obj && b != std::string_view::npos; b = line.find('{', b + 1)) {
-      flat_json_reader tail(line.substr(b));
-      if ((obj = tail.read()) && m.n_skipped++ < max_warnings)
+      if ((obj = runtime::parse_json(line.substr(b), line_format)) && m.n_skipped++ < max_warnings)
         fmt::print(stderr, "report: warning: {}:{}: skipped a partial record before column {}\n", m.path,
                    line_no, b + 1);
     }
-    if (!obj && last && reader.truncated()) {
+    if (!obj && last && error.truncated) {
       fmt::print(stderr,
                  "report: note: {}:{}: ignored the truncated last line (the run was stopped mid-write)\n",
                  m.path, line_no);
       continue;
     }
-    std::string problem = obj ? std::string() : reader.error();
-    if (obj && text(*obj, "kind").empty()) problem = "no \"kind\" field";
+    std::string problem;
+    if (!obj)
+      problem = error.truncated ? "the line ends inside a record (truncated)"
+                                : fmt::format("{} at column {}", error.what, error.column);
+    else if (!obj->is_object())
+      problem = "not a JSON object";
+    else if (text(*obj, "kind").empty())
+      problem = "no \"kind\" field";
     if (!problem.empty()) {
       if (m.n_skipped++ < max_warnings)
         fmt::print(stderr, "report: warning: {}:{}: skipped a malformed line: {}\n", m.path, line_no,
@@ -946,9 +744,8 @@ std::string assemble_page(const report_data& r) {
   static const json_object no_start;
   const json_object& cfg = first.starts.empty() ? no_start : first.starts.front();
   auto field = [&](const char* key) {
-    auto it = cfg.find(key);
-    if (it == cfg.end()) return std::string("–");
-    return it->second.is_string ? it->second.text : compact(it->second.number);
+    if (!cfg.has(key)) return std::string("–");
+    return cfg.at(key).is_string() ? text(cfg, key) : compact(num(cfg, key));
   };
 
   std::vector<node_summary> sums;

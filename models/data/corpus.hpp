@@ -16,7 +16,8 @@ std::string read_corpus(const std::string& path);
 
 /// Parses `line` as one JSON object and returns its top-level string field `key`, or nullopt if it has none.
 /// Throws std::invalid_argument describing the problem if the line is not a single well-formed JSON object or
-/// the field is not a string. Lone UTF-16 surrogates decode to U+FFFD.
+/// the field is not a string. Lenient where Python's json module is: NaN/Infinity numbers, a later duplicate
+/// key wins, and lone UTF-16 surrogates decode to U+FFFD.
 std::optional<std::string> json_string_field(std::string_view line, std::string_view key);
 
 }  // namespace longwave::models::data

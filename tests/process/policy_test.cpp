@@ -31,8 +31,6 @@ const std::map<std::string, std::array<std::string, 3>> outer_setting{{"sync", {
 const char* train_sections = R"(seed = 11
 [model]
 seq_len = 64
-[outer]
-momentum = 0.0  # "delayed" and "eager" diverge with Nesterov 0.9 here; set per policy below
 [train]
 inner_steps = 10
 rounds = 12
