@@ -9,7 +9,7 @@ steps=${1:-200}
 shift || true
 out=$(mktemp -d /tmp/longwave-quality.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-common=(--fresh --set eval.every_rounds=0 --set eval.batches=16 --set checkpoint.every_rounds=0
+common=(--fresh --set train.lr=4e-3 --set eval.every_rounds=0 --set eval.batches=16 --set checkpoint.every_rounds=0
         --set metrics.enabled=false --set train.warmup_steps=20 "$@")
 
 ppl() { sed -n 's/.*"val_ppl": \([0-9.]*\).*/\1/p' "$1/result.json"; }

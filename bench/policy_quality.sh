@@ -24,8 +24,9 @@ policies=${LW_POLICIES:-"sync delayed eager streaming"}
 out=$(mktemp -d /tmp/longwave-policy.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 csv=${LW_CSV:-bench/policy_quality.csv}
-# The policy test's short run: tiny model, seq 64, batch 8, one torch thread per worker.
-common=(--fresh --set run.seed=11 --set model.seq_len=64 --set train.batch_size=8 --set train.warmup_steps=10
+# The policy test's short run: tiny model, seq 64, batch 8, inner lr 4e-3 (train.lr's default, which the test
+# keeps), one torch thread per worker.
+common=(--fresh --set run.seed=11 --set model.seq_len=64 --set train.batch_size=8 --set train.lr=4e-3 --set train.warmup_steps=10
         --set train.threads=1 --set train.inner_steps="$h" --set train.rounds="$rounds" --set eval.every_rounds=0
         --set eval.batches=16 --set checkpoint.every_rounds=0 --set metrics.enabled=false)
 # shellcheck disable=SC2206
