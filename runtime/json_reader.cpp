@@ -144,22 +144,19 @@ class reader {
   // Whether the text ends inside a literal (a writer stopped mid-word); then i_ is at the end.
   bool cut_word() {
     if (s_.size() - i_ >= 9) return false;  // longer than every word
-    std::string rest(s_.substr(i_));
-    for (auto& ch : rest) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    const std::string_view json_words[] = {"true", "false", "null"};
-    const std::string_view nonfinite_words[] = {"nan", "-nan", "infinity", "-infinity"};
-    for (std::string_view word : json_words)
-      if (rest.size() < word.size() && word.substr(0, rest.size()) == rest) {
-        i_ = s_.size();
-        return true;
-      }
-    if (!o_.nonfinite_numbers) return false;
-    for (std::string_view word : nonfinite_words)
-      if (rest.size() < word.size() && word.substr(0, rest.size()) == rest) {
-        i_ = s_.size();
-        return true;
-      }
-    return false;
+    const std::string_view rest = s_.substr(i_);
+    auto cut = [&](std::string_view word, std::string_view text) {
+      return text.size() < word.size() && word.substr(0, text.size()) == text;
+    };
+    bool found = cut("true", rest) || cut("false", rest) || cut("null", rest);
+    if (!found && o_.nonfinite_numbers) {  // these in any case
+      std::string lower(rest);
+      for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      for (std::string_view word : {"nan", "-nan", "infinity", "-infinity"})
+        found = found || cut(word, lower);
+    }
+    if (found) i_ = s_.size();
+    return found;
   }
 
   // nan, -nan, inf, -inf, infinity, -infinity in any case, not followed by more of a word.
@@ -236,6 +233,7 @@ class reader {
     uint32_t cp = 0;
     if (!hex4(cp)) return false;
     if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(i_, 2) == "\\u") {
+      const size_t second = i_;
       i_ += 2;
       uint32_t low = 0;
       if (!hex4(low)) return false;
@@ -244,8 +242,14 @@ class reader {
         return true;
       }
       if (o_.strict) return fail("bad low surrogate");
+      i_ = second;  // not a low half: U+FFFD, and the second escape is read on its own
       cp = 0xFFFD;
     } else if (cp >= 0xD800 && cp < 0xE000) {
+      if (cp < 0xDC00 && s_.size() - i_ < 2 &&
+          std::string_view("\\u").substr(0, s_.size() - i_) == s_.substr(i_)) {
+        i_ = s_.size();  // the text ends where the low half would start
+        return fail("unterminated string");
+      }
       if (o_.strict) return fail("lone surrogate");
       cp = 0xFFFD;
     }

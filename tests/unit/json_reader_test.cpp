@@ -69,6 +69,11 @@ CATCH_TEST_CASE("json reader: a text that ends inside a value is reported trunca
     CATCH_CHECK(error_of(cut, lenient).truncated);
     CATCH_CHECK(error_of(cut).truncated);
   }
+  CATCH_CHECK(error_of("\"\\ud83d\\").truncated);  // cut inside a surrogate pair
+  CATCH_CHECK(error_of("[N", lenient).truncated);  // NaN, cut
+  CATCH_CHECK_FALSE(error_of("[N").truncated);     // no JSON value starts with N
+  CATCH_CHECK_FALSE(error_of("[T", lenient).truncated);
+  CATCH_CHECK_FALSE(error_of("{\"a\": F", lenient).truncated);
   CATCH_CHECK_FALSE(error_of("{\"a\": tx}", lenient).truncated);
   CATCH_CHECK_FALSE(error_of("{\"a\": 1 2}", lenient).truncated);
 }
@@ -84,6 +89,14 @@ CATCH_TEST_CASE("json reader: the lenient form of metrics lines", "[unit][json]"
   CATCH_CHECK(v->at("k").num == 2);               // the later duplicate wins
   CATCH_CHECK(v->at("t").str == "a\tb");          // a raw tab kept
   CATCH_CHECK(v->at("u").str == "\xEF\xBF\xBD");  // a lone surrogate reads as U+FFFD
+  // A high surrogate without its low half is U+FFFD, and the escape after it still counts.
+  CATCH_CHECK(parse_json(R"("\ud800\u0041")", lenient)->str ==
+              "\xEF\xBF\xBD"
+              "A");
+  CATCH_CHECK(parse_json(R"("\ud83d\ud83d\ude00")", lenient)->str == "\xEF\xBF\xBD\xF0\x9F\x98\x80");
+  CATCH_CHECK(error_of(R"("\ud800\u0041")").what == "bad low surrogate");
   CATCH_CHECK(error_of("{\"a\": nanx}", lenient).what == "unexpected character 'n'");
-  CATCH_CHECK(error_of(std::string(20, '[') + std::string(20, ']'), lenient).what == "nesting too deep");
+  // max_depth 16: sixteen levels below the outermost value.
+  CATCH_CHECK(parse_json(std::string(17, '[') + std::string(17, ']'), lenient).has_value());
+  CATCH_CHECK(error_of(std::string(18, '[') + std::string(18, ']'), lenient).what == "nesting too deep");
 }
