@@ -24,6 +24,12 @@ const json& json::at(std::string_view key) const {
 
 namespace {
 
+std::string ascii_lower(std::string_view text) {
+  std::string out(text);
+  for (auto& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
 class reader {
  public:
   reader(std::string_view s, const json_options& o) : s_(s), o_(o) {}
@@ -150,8 +156,7 @@ class reader {
     };
     bool found = cut("true", rest) || cut("false", rest) || cut("null", rest);
     if (!found && o_.nonfinite_numbers) {  // these in any case
-      std::string lower(rest);
-      for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      const std::string lower = ascii_lower(rest);
       for (std::string_view word : {"nan", "-nan", "infinity", "-infinity"})
         found = found || cut(word, lower);
     }
@@ -166,8 +171,7 @@ class reader {
     if (minus) ++j;
     size_t end = j;
     while (end < s_.size() && std::isalpha(static_cast<unsigned char>(s_[end]))) ++end;
-    std::string word(s_.substr(j, end - j));
-    for (auto& ch : word) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::string word = ascii_lower(s_.substr(j, end - j));
     if (word == "nan") {
       out = std::nan("");
     } else if (word == "inf" || word == "infinity") {

@@ -744,8 +744,9 @@ std::string assemble_page(const report_data& r) {
   static const json_object no_start;
   const json_object& cfg = first.starts.empty() ? no_start : first.starts.front();
   auto field = [&](const char* key) {
-    if (!cfg.has(key)) return std::string("–");
-    return cfg.at(key).is_string() ? text(cfg, key) : compact(num(cfg, key));
+    const auto* v = cfg.find(key);
+    if (!v) return std::string("–");
+    return v->is_string() ? v->str : compact(num(cfg, key));
   };
 
   std::vector<node_summary> sums;
