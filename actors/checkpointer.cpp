@@ -1,8 +1,11 @@
 // Checkpointer actor: one detached thread owning the checkpoint_store; saves are processed in order.
 #include "actors/checkpointer.hpp"
 
+#include <ATen/ATen.h>
+
 #include <chrono>
 #include <filesystem>
+#include <utility>
 
 #include "runtime/caf_errors.hpp"
 #include "runtime/json_line.hpp"
@@ -43,6 +46,26 @@ void report(caf::event_based_actor* self, const caf::actor& metrics, const train
                  .str());
 }
 
+/// The name of the first tensor of the snapshot with NaN or infinite values ("" if none). A diverged state is
+/// never written: it would rotate the good checkpoints out.
+std::string first_non_finite(const train_snapshot& snap) {
+  auto bad = [](const at::Tensor& t) { return t.defined() && !at::isfinite(t).all().item<bool>(); };
+  if (bad(snap.theta)) return "theta";
+  if (bad(snap.momentum)) return "momentum";
+  if (bad(snap.pending)) return "pending";
+  for (const auto& r : snap.replicas) {
+    const std::string p = "replica" + std::to_string(r.rank) + "/";
+    for (auto [name, t] :
+         {std::pair{"master", &r.master}, std::pair{"exp_avg", &r.exp_avg},
+          std::pair{"exp_avg_sq", &r.exp_avg_sq}, std::pair{"outer_theta", &r.outer_theta},
+          std::pair{"outer_momentum", &r.outer_momentum}, std::pair{"prev_delta", &r.prev_delta}})
+      if (bad(*t)) return p + name;
+  }
+  for (const auto& [label, t] : snap.residuals)
+    if (bad(t)) return "ef/" + std::to_string(label);
+  return "";
+}
+
 caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, std::string dir, int64_t keep,
                                snapshot_shape shape, caf::actor metrics) {
   self->state.store = std::make_unique<checkpoint_store>(std::move(dir), keep);
@@ -50,6 +73,17 @@ caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, st
   return {
       [=](save_atom, const train_snapshot& snap) -> caf::result<std::string> {
         auto t0 = std::chrono::steady_clock::now();
+        if (const auto what = first_non_finite(snap); !what.empty()) {
+          if (metrics)
+            self->send(metrics, count_atom_v, std::string("longwave_errors_total"),
+                       std::string("reason=checkpoint_write"), 1.0);
+          return make_error(
+              errc::diverged,
+              fmt::format("the state after round {} (inner step {}) has NaN or infinite values in "
+                          "'{}': training diverged; not written, the checkpoints of earlier "
+                          "rounds are kept",
+                          snap.round, snap.step, what));
+        }
         try {
           auto path = self->state.store->write(to_checkpoint(snap, self->state.shape));
           const double ms =

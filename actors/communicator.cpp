@@ -110,13 +110,16 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   auto sum = parts[0].to(at::kFloat).clone().contiguous();
   for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
   sum.div_(static_cast<double>(parts.size()));
+  // A diverged round fails here, naming the round, in every mode: a non-finite average would otherwise be
+  // applied, checkpointed over the good states, and (in a cluster) poison every node (int8 cannot encode
+  // it). Parameters (exact) pass unchecked: the checkpointer refuses non-finite state anyway.
+  if (!exact && !at::isfinite(sum).all().item<bool>())
+    return make_error(errc::diverged,
+                      fmt::format("the averaged update of round {} has NaN or infinite values: training "
+                                  "diverged (lower train.lr, outer.lr or train.weight_decay); the "
+                                  "checkpoints of earlier rounds are kept",
+                                  round));
   if (s.opts.ring) {
-    // A non-finite contribution would poison every node's average (and int8 cannot encode it): fail
-    // here, with the reason, instead of sending it.
-    if (!at::isfinite(sum).all().item<bool>())
-      return make_error(errc::torch_error, "the pseudo-gradient of round " + std::to_string(round) +
-                                               " has NaN or infinite values (training diverged; "
-                                               "lower train.lr or outer.lr)");
     float* data = sum.data_ptr<float>();
     if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32)
       apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
@@ -138,9 +141,34 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   return sum;
 }
 
+/// Copies of the error-feedback residuals, for a snapshot. A request queued behind a running all-reduce is
+/// answered after it, so the copy holds that all-reduce's residual.
+residual_map residuals_of(const comm_state& s) {
+  residual_map out;
+  for (const auto& [label, ef] : s.residuals) {
+    if (!ef) continue;
+    const auto& r = ef->residual();
+    auto t = at::empty({static_cast<int64_t>(r.size())}, at::kFloat);
+    std::copy(r.begin(), r.end(), t.data_ptr<float>());
+    out.emplace(label, std::move(t));
+  }
+  return out;
+}
+
 caf::behavior communicator_fun(self_ptr self, communicator_options opts) {
   self->state.opts = std::move(opts);
   return {
+      [=](state_atom) { return residuals_of(self->state); },
+      [=](load_atom, const residual_map& residuals) {
+        auto& s = self->state;
+        s.residuals.clear();
+        for (const auto& [label, t] : residuals) {
+          const auto c = t.to(at::kFloat).contiguous();
+          const float* p = c.data_ptr<float>();
+          s.residuals[label] = std::make_unique<comm::error_feedback>(std::vector<float>(p, p + c.numel()));
+        }
+        return true;
+      },
       [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
         return reduce(self, round, 0, std::move(parts), false);
       },

@@ -43,6 +43,8 @@ struct communicator_options {
 /// call to call, and (reduce, round, parts) is fragment 0. (reduce, round, fragment, parts, exact) with exact
 /// = true sends fp32 on the wire whatever comm.dtype is, without error feedback: for parameters (eager's
 /// final mean), which must reach every node unrounded.
+/// (state) -> runtime::residual_map: copies of the error-feedback residuals (answered after a running
+/// reduce); (load, residual_map) -> true: installs them (a resume).
 caf::actor spawn_communicator(caf::actor_system& sys, communicator_options opts = {});
 
 }  // namespace longwave::actors

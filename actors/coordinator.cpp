@@ -112,6 +112,16 @@ struct coordinator_state {
   double round_stall_s = 0;  // seconds the workers of the current round waited for a late average
   bool final_applied = false;
   bool eval_running = false;  // [eval] async: an evaluation is in flight
+  // Checkpoints on disk: the newest written ("" before any), the consecutive failed writes and the last
+  // failure's reason. A failed latest write means the run's current state is not on disk.
+  std::string newest_on_disk;
+  int64_t failed_writes = 0;
+  std::string write_error;
+  bool has_residuals = false;  // cluster with error feedback: snapshots hold the communicator's residuals
+  // Snapshots waiting for their residuals, and what waits for them to reach the checkpointer (a flush must
+  // not overtake a save).
+  int64_t residual_waits = 0;
+  std::vector<std::function<void()>> after_residuals;
   std::ofstream trace;
   caf::timespan round_timeout, request_timeout;
 };
@@ -167,12 +177,32 @@ void notify_main(self_ptr self, int code) {
   if (s.main) self->send(s.main, done_atom_v, code, s.last_val_loss);
 }
 
+bool has_code(const caf::error& e, errc code) {
+  return e.category() == caf::atom("longwave") && static_cast<errc>(e.code()) == code;
+}
+
 void fail(self_ptr self, const caf::error& e) {
   auto& s = self->state;
   if (s.ph == phase::failed || s.ph == phase::done) return;
   spdlog::error("training failed in phase {}: {}", to_string(s.ph), describe(e));
   set_phase(self, phase::failed);
   notify_main(self, 1);
+}
+
+/// Where a resume would start from: the newest checkpoint this run wrote or resumed from.
+std::string newest_on_disk(const coordinator_state& s) {
+  return s.newest_on_disk.empty() ? std::string("none: a rerun starts over") : s.newest_on_disk;
+}
+
+/// The run's state is not on disk: checkpoint writes failed. Ends the run with exit code 3 and a last line
+/// that says so.
+void fail_unsaved(self_ptr self, const std::string& what) {
+  auto& s = self->state;
+  if (s.ph == phase::failed || s.ph == phase::done) return;
+  spdlog::error("{}: the run's state is NOT on disk (last write error: {}); newest checkpoint on disk: {}",
+                what, s.write_error, newest_on_disk(s));
+  set_phase(self, phase::failed);
+  notify_main(self, 3);
 }
 
 /// Sends msg_of(i) to worker i; calls done with the replies in rank order once all arrived.
@@ -326,29 +356,74 @@ void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_s
   s.waiting.emplace(key, attach);
 }
 
+/// Error feedback in a cluster: a snapshot also holds the communicator's residuals. Asked for now, the
+/// answer comes after any all-reduce already queued (delayed, eager: the snapshot's own round), off the
+/// training path like with_pending.
+void with_residuals(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
+  auto& s = self->state;
+  if (!s.has_residuals) return k(std::move(snap));
+  auto holder = std::make_shared<train_snapshot>(std::move(snap));
+  ++s.residual_waits;
+  self->request(s.peers.communicator, s.round_timeout, state_atom_v)
+      .then(
+          [=](residual_map& r) {
+            holder->residuals = std::move(r);
+            k(std::move(*holder));  // sends the save, unless it waits for a pending average (with_pending)
+            auto& s = self->state;
+            if (--s.residual_waits > 0) return;
+            auto waiting = std::move(s.after_residuals);
+            s.after_residuals.clear();
+            for (auto& w : waiting) w();
+          },
+          [=](caf::error& e) { fail(self, e); });
+}
+
 void save_now(self_ptr self, train_snapshot snap, std::function<void()> then);
 
 void save(self_ptr self, train_snapshot snap, std::function<void()> then) {
-  with_pending(self, std::move(snap), [=](train_snapshot full) { save_now(self, std::move(full), then); });
+  with_residuals(self, std::move(snap), [=](train_snapshot with_ef) {
+    with_pending(self, std::move(with_ef),
+                 [=](train_snapshot full) { save_now(self, std::move(full), then); });
+  });
 }
 
+/// A failed write keeps training while fewer than checkpoint.max_failed_writes failed in a row (the previous
+/// checkpoints are intact), then stops the run with exit code 3. Non-finite state is never written: the run
+/// fails, naming the round.
 void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
   auto& s = self->state;
   const auto round = snap.round;
+  const auto step = snap.step;
   self->request(s.peers.checkpointer, s.request_timeout, save_atom_v, std::move(snap))
       .then(
           [=](const std::string& path) {
+            auto& s = self->state;
             spdlog::debug("checkpoint of round {} on disk: {}", round, path);
+            if (s.failed_writes > 0) spdlog::info("checkpoint: writing works again ({})", path);
+            s.failed_writes = 0;
+            s.write_error.clear();
+            s.newest_on_disk = fmt::format("round {}, inner step {} ({})", round, step, path);
             if (then) then();
           },
           [=](caf::error& e) {
-            // A failed write never stops training: the previous checkpoints are intact.
-            spdlog::warn("checkpoint of round {} not written: {}", round, describe(e));
+            auto& s = self->state;
+            if (has_code(e, errc::diverged)) return fail(self, e);
+            ++s.failed_writes;
+            s.write_error = describe(e);
+            const auto limit = s.ctx->cfg.checkpoint.max_failed_writes;
+            spdlog::warn("checkpoint of round {} not written ({} in a row): {}", round, s.failed_writes,
+                         s.write_error);
+            if (limit > 0 && s.failed_writes >= limit)
+              return fail_unsaved(self, fmt::format("stopping after {} failed checkpoint writes in a row "
+                                                    "(checkpoint.max_failed_writes)",
+                                                    s.failed_writes));
             if (then) then();
           });
 }
 
 void flush_then(self_ptr self, std::function<void()> then) {
+  auto& s = self->state;
+  if (s.residual_waits > 0) return s.after_residuals.push_back([=] { flush_then(self, then); });
   self->request(self->state.peers.checkpointer, self->state.request_timeout, flush_atom_v)
       .then([=](bool) { then(); },
             [=](caf::error& e) {
@@ -365,6 +440,11 @@ void stop_now(self_ptr self, bool boundary) {
     const auto step = snap.step;
     save(self, std::move(snap), [=] {
       flush_then(self, [=] {
+        if (self->state.ph == phase::failed) return;
+        if (self->state.failed_writes > 0)
+          return fail_unsaved(self, fmt::format("interrupted at inner step {}, but its checkpoint could not "
+                                                "be written",
+                                                step));
         spdlog::info("stopped at inner step {}; run the same command again to resume", step);
         set_phase(self, phase::done);
         notify_main(self, 130);
@@ -382,10 +462,6 @@ void stop_now(self_ptr self, bool boundary) {
         take_snapshot(self, false, save_and_exit, target);
       },
       pause_atom_v);
-}
-
-bool has_code(const caf::error& e, errc code) {
-  return e.category() == caf::atom("longwave") && static_cast<errc>(e.code()) == code;
 }
 
 /// Whether an all-reduce that failed with `e` was ended by a stop: after Ctrl-C the ring is cancelled, or,
@@ -456,12 +532,17 @@ void finish(self_ptr self) {
   auto& s = self->state;
   flush_then(self, [=] {
     auto& s = self->state;
+    if (s.ph == phase::failed) return;  // e.g. the last checkpoint writes failed: already reported
     const double wall = std::chrono::duration<double>(clock::now() - s.t_start).count();
     spdlog::info(
         "final: val loss {:.4f} | val perplexity {:.3f} | {} rounds x {} inner steps x {} workers | {}",
         s.last_val_loss, std::exp(s.last_val_loss), s.round, s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
         format_duration(wall));
     write_result(s, wall);
+    if (s.failed_writes > 0)
+      return fail_unsaved(self, fmt::format("training finished, but the checkpoint of round {} could not be "
+                                            "written",
+                                            s.round));
     set_phase(self, phase::done);
     notify_main(self, 0);
   });
@@ -980,6 +1061,8 @@ void install_resume(self_ptr self) {
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
   if (s.ctx->cfg.run.mode == "ddp") s.ddp_step_in_round = snap.replicas[0].steps_in_round;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
+  s.newest_on_disk =
+      fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);
   if (s.one_late && snap.pending.defined()) s.arrived[{snap.pending_round, 0}] = snap.pending;
   if (!s.one_late && snap.pending.defined())
     spdlog::warn(
@@ -1030,9 +1113,19 @@ void install_resume(self_ptr self) {
                         [=](caf::error& e) { fail(self, e); });
               }
             };
-            if (eager_state.empty()) return load_workers();
-            self->request(self->state.peers.outer, self->state.request_timeout, load_atom_v, eager_state)
-                .then([=](bool) { load_workers(); }, [=](caf::error& e) { fail(self, e); });
+            auto load_eager = [=] {
+              if (eager_state.empty()) return load_workers();
+              self->request(self->state.peers.outer, self->state.request_timeout, load_atom_v, eager_state)
+                  .then([=](bool) { load_workers(); }, [=](caf::error& e) { fail(self, e); });
+            };
+            if (!self->state.has_residuals) return load_eager();
+            if (snap.residuals.empty() && snap.round > 0)
+              spdlog::warn(
+                  "the checkpoint holds no error-feedback residuals (written without error feedback or by an "
+                  "older version); they start from zero, so this resume is not exact");
+            self->request(self->state.peers.communicator, self->state.request_timeout, load_atom_v,
+                          snap.residuals)
+                .then([=](bool) { load_eager(); }, [=](caf::error& e) { fail(self, e); });
           },
           [=](caf::error& e) { fail(self, e); });
 }
@@ -1048,6 +1141,7 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
   s.eager = diloco && ctx->cfg.diloco.outer == "eager";
   s.one_late = diloco && (ctx->cfg.diloco.outer == "delayed" || s.eager);
   s.streaming = diloco && ctx->cfg.diloco.outer == "streaming";
+  s.has_residuals = ctx->cluster_workers > 0 && ctx->cfg.comm.error_feedback && ctx->cfg.comm.dtype != "fp32";
   s.round_timeout = seconds(ctx->cfg.runtime.round_timeout_s);
   s.round_compute.assign(static_cast<size_t>(ctx->n_workers()), 0.0);
   s.run_compute = s.round_compute;

@@ -25,6 +25,7 @@
 #include "models/gpt.hpp"
 #include "runtime/caf_errors.hpp"
 #include "runtime/log.hpp"
+#include "runtime/run_lock.hpp"
 #include "runtime/snapshot_codec.hpp"
 #include "runtime/type_ids.hpp"
 
@@ -106,6 +107,28 @@ void truncate_trace(const std::string& path, uint64_t step) {
   out << keep.str();
 }
 
+/// Says what the checkpoint directory holds besides checkpoints, and removes unfinished writes (a process
+/// that died mid-write leaves a .tmp, which the lock shows is nobody's now). Returns whether there was any.
+bool report_stray_files(const checkpoint_store& store) {
+  const auto strays = store.stray_files();
+  for (const auto& f : strays) {
+    std::error_code ec;
+    if (f.unfinished_write && fs::remove(f.path, ec))
+      spdlog::warn("checkpoint: removed {}: {}", f.path, f.reason);
+    else
+      spdlog::warn("checkpoint: ignoring {}: {}", f.path, f.reason);
+  }
+  return !strays.empty();
+}
+
+/// A boundary checkpoint at or past train.rounds: the run is done (a mid-round one has rounds left).
+bool run_complete(const train_snapshot& snap, const config::train_config& cfg) {
+  if (snap.round < static_cast<uint64_t>(cfg.train.rounds)) return false;
+  for (const auto& r : snap.replicas)
+    if (r.steps_in_round != 0) return false;
+  return true;
+}
+
 std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path) {
   return std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(path));
 }
@@ -168,6 +191,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
     return 0;
   }
   fs::create_directories(p.out_dir);
+  const run_lock lock(p.out_dir);  // one run per out_dir, until this process ends
   spdlog::info("longwave: {} mode, {} workers, preset {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
                cfg.train.workers, spec.preset,
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
@@ -210,6 +234,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers, cfg.run.mode, spec.preset};
   std::optional<train_snapshot> resume;
   int corrupt_checkpoints = 0;  // counted in longwave_errors_total once the metrics sink runs
+  const bool strays = report_stray_files(checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep));
   if (opts.fresh) {
     std::error_code ec;
     for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list()) fs::remove(f, ec);
@@ -222,6 +247,15 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
                                             ++corrupt_checkpoints;
                                           });
     if (latest) resume = from_checkpoint(std::move(*latest), shape);
+    if (!latest && strays)
+      spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
+  }
+  if (resume && run_complete(*resume, cfg)) {
+    spdlog::info(
+        "run complete: {} already holds round {} of train.rounds = {} (inner step {}); nothing to train. "
+        "Raise train.rounds to train more rounds, or pass --fresh to start over",
+        p.out_dir, resume->round, cfg.train.rounds, resume->step);
+    return 0;
   }
   if (resume)
     truncate_trace(p.trace, resume->step);
@@ -386,6 +420,9 @@ int run_training(const config::train_config& cfg, const run_options& opts, const
   } catch (const config::config_error& e) {
     spdlog::error("{}", e.what());
     return 2;
+  } catch (const run_lock_busy& e) {
+    spdlog::error("{}", e.what());
+    return 4;
   } catch (const lw_error& e) {
     spdlog::error("{}: {}", to_string(e.code()), e.what());
     return e.code() == errc::invalid_config ? 2 : 1;

@@ -2,6 +2,7 @@
 // Error feedback for lossy wire codecs: the part of a contribution that quantization dropped this round is
 // added to the next round's contribution, so the decoded values' running sum tracks the true running sum.
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace longwave::comm {
@@ -13,6 +14,9 @@ class error_feedback {
  public:
   /// A zero residual for a vector of n values.
   explicit error_feedback(size_t n);
+
+  /// A residual restored from a checkpoint (exact resume).
+  explicit error_feedback(std::vector<float> residual) : residual_(std::move(residual)) {}
 
   /// x[i] += residual[offset + i] for i < n (before encoding). offset + n must be <= size() (LW_ASSERT).
   void add_residual(float* x, size_t n, size_t offset);

@@ -146,6 +146,7 @@ void for_each_field(Config& c, Visitor&& f) {
   f("checkpoint", "every_rounds", c.checkpoint.every_rounds, ints(0));
   f("checkpoint", "keep", c.checkpoint.keep, ints(1));
   f("checkpoint", "dir", c.checkpoint.dir, any());
+  f("checkpoint", "max_failed_writes", c.checkpoint.max_failed_writes, ints(0, 1000));
 
   f("metrics", "enabled", c.metrics.enabled, any());
   f("metrics", "port", c.metrics.port, ints(0, 65535));

@@ -86,6 +86,10 @@ struct checkpoint_section {
   int64_t every_rounds = 1;  ///< 0 = only at the end and on Ctrl-C
   int64_t keep = 3;          ///< keep the last K valid checkpoints
   std::string dir = "";      ///< "" = <out_dir>/checkpoints
+  /// The run stops (exit code 3) once this many checkpoint writes in a row have failed (a full disk, a
+  /// read-only directory): the work since the newest checkpoint on disk is then all that can be lost. 0:
+  /// never stop for it (the exit code still says when the final state is not on disk).
+  int64_t max_failed_writes = 2;
 };
 
 /// [metrics]: Prometheus text exposition (and RUN_DIR/metrics.jsonl).

@@ -354,6 +354,23 @@ checkpoint read_checkpoint(const std::string& path) {
   return c;
 }
 
+// Why a file named like a checkpoint cannot be one, from its header and size alone ("" if it may be). Cheap
+// enough to run on every prune; the CRC is checked only when a file is loaded.
+std::string header_problem(const std::string& path) {
+  std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rbe"));
+  if (!f) return "cannot be opened: " + std::string(std::strerror(errno));
+  struct stat st {};
+  if (::fstat(::fileno(f.get()), &st) != 0) return "cannot be read: " + std::string(std::strerror(errno));
+  char h[header_size];
+  if (static_cast<uint64_t>(st.st_size) < header_size ||
+      std::fread(h, 1, header_size, f.get()) != header_size)
+    return "shorter than a checkpoint header";
+  if (std::memcmp(h, magic, sizeof magic) != 0) return "not a Longwave checkpoint (bad magic)";
+  if (get_u32(h + 8) != format_version) return "unsupported format version " + std::to_string(get_u32(h + 8));
+  if (get_u64(h + 32) != static_cast<uint64_t>(st.st_size) - header_size) return "truncated or padded";
+  return "";
+}
+
 }  // namespace
 
 // ---- checkpoint
@@ -442,8 +459,12 @@ std::string checkpoint_store::write(const checkpoint& c) {
   }
   fsync_dir(dir_);
 
-  // Prune. A failed delete leaves an extra old file, which the next write retries; it does not fail this one.
-  const auto files = list();
+  // Prune. Only files that look like checkpoints count towards keep: a stray file named like one is neither
+  // counted nor deleted (stray_files() names it). A failed delete leaves an extra old file, which the next
+  // write retries; it does not fail this one.
+  std::vector<std::string> files;
+  for (auto& f : list())
+    if (base_name(f) == base_name(final_path) || header_problem(f).empty()) files.push_back(std::move(f));
   const auto keep = static_cast<size_t>(keep_);
   size_t excess = files.size() > keep ? files.size() - keep : 0;
   for (size_t i = 0; i < files.size() && excess > 0; ++i) {
@@ -477,6 +498,28 @@ std::vector<std::string> checkpoint_store::list() const {
   paths.reserve(found.size());
   for (auto& e : found) paths.push_back(std::move(e.path));
   return paths;
+}
+
+std::vector<stray_file> checkpoint_store::stray_files() const {
+  std::vector<stray_file> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    uint64_t round = 0, step = 0;
+    std::error_code type_ec;
+    if (parse_file_name(name, &round, &step)) {
+      if (!it->is_regular_file(type_ec))
+        out.push_back({it->path().string(), "named like a checkpoint but not a regular file"});
+    } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&
+               parse_file_name(name.substr(0, name.size() - 4), &round, &step)) {
+      out.push_back(
+          {it->path().string(), "an unfinished checkpoint write (the process writing it died)", true});
+    } else {
+      out.push_back({it->path().string(), "not a checkpoint file"});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const stray_file& a, const stray_file& b) { return a.path < b.path; });
+  return out;
 }
 
 checkpoint checkpoint_store::load_file(const std::string& path) {

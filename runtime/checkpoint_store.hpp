@@ -36,6 +36,13 @@ struct checkpoint {
   const checkpoint_blob* find(std::string_view name) const;
 };
 
+/// An entry of a checkpoint directory that is not a checkpoint (checkpoint_store::stray_files).
+struct stray_file {
+  std::string path;
+  std::string reason;             ///< e.g. "not a checkpoint file"
+  bool unfinished_write = false;  ///< ckpt-<round>-<step>.lwc.tmp: a write that never finished
+};
+
 /// A directory of checkpoint files. Not thread-safe: one owner (the checkpointer) calls it.
 class checkpoint_store {
  public:
@@ -62,6 +69,11 @@ class checkpoint_store {
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores
   /// .tmp files and anything else not named ckpt-<round>-<step>.lwc.
   std::vector<std::string> list() const;
+
+  /// Entries of the directory that list() leaves out, with the reason: unfinished writes (`.tmp`) and
+  /// anything else not named like a checkpoint. The caller says what it found. (Files named like a checkpoint
+  /// that are not one are reported by load_latest, and never counted towards `keep` nor pruned by write.)
+  std::vector<stray_file> stray_files() const;
 
   /// The checkpoint directory.
   const std::string& dir() const;

@@ -19,6 +19,7 @@ const char* to_string(errc e) {
     case errc::malformed_frame: return "malformed_frame";
     case errc::torch_error: return "torch_error";
     case errc::cancelled: return "cancelled";
+    case errc::diverged: return "diverged";
   }
   return "unknown";
 }

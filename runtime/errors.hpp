@@ -19,6 +19,7 @@ enum class errc : uint8_t {
   malformed_frame,     ///< a wire frame failed validation
   torch_error,         ///< a c10::Error caught at an actor boundary
   cancelled,           ///< stopped by the user (Ctrl-C)
+  diverged,            ///< training produced NaN or infinite values
 };
 
 /// Human-readable name of an errc value.

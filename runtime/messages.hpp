@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,10 @@ struct step_report {
   int64_t tokens = 0;
 };
 
+/// A node's error-feedback residuals (comm.error_feedback), one per ring label's fragment part (0 for a
+/// round's average, j for streaming's j-th sync), fp32.
+using residual_map = std::map<uint32_t, at::Tensor>;
+
 /// Everything needed to resume a run exactly.
 struct train_snapshot {
   uint64_t round = 0;          ///< completed outer rounds
@@ -49,6 +54,9 @@ struct train_snapshot {
   at::Tensor pending;
   uint64_t pending_round = 0;
   std::vector<replica_state> replicas;
+  /// The communicator's error-feedback residuals after the last all-reduce this snapshot includes; empty
+  /// without error feedback.
+  residual_map residuals;
   std::string meta;
 };
 

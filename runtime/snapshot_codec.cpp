@@ -2,11 +2,13 @@
 // policy: the average of round pending_round, not yet applied) and per replica r
 // "replica<r>/master", "/exp_avg", "/exp_avg_sq", "/counters" (adam_steps, sampler_position, steps_in_round
 // as three int64), and under diloco.outer = "eager" "/outer_theta", "/outer_momentum" (once it exists) and
-// "/prev_delta". meta holds "key=value" lines: mode, preset, n_params, replicas.
+// "/prev_delta"; with comm.error_feedback "ef/<label>", the node's residual for that ring label (a
+// fragment's size under streaming). meta holds "key=value" lines: mode, preset, n_params, replicas.
 #include "runtime/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
 
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -91,6 +93,7 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
     if (r.outer_momentum.defined()) c.blobs.push_back(tensor_blob(p + "outer_momentum", r.outer_momentum));
     if (r.prev_delta.defined()) c.blobs.push_back(tensor_blob(p + "prev_delta", r.prev_delta));
   }
+  for (const auto& [label, t] : s.residuals) c.blobs.push_back(tensor_blob("ef/" + std::to_string(label), t));
   return c;
 }
 
@@ -132,6 +135,19 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
           std::pair{"prev_delta", &rs.prev_delta}})
       if (c.find(p + name)) *t = tensor_from(c, p + name, shape.n_params);
     s.replicas.push_back(std::move(rs));
+  }
+  for (const auto& b : c.blobs) {
+    if (b.name.rfind("ef/", 0) != 0) continue;
+    uint32_t label = 0;
+    const auto *first = b.name.data() + 3, *last = b.name.data() + b.name.size();
+    const auto [end, ec] = std::from_chars(first, last, label);
+    if (ec != std::errc() || end != last || first == last)
+      mismatch("checkpoint has an error-feedback blob with a malformed name '" + b.name + "'");
+    const int64_t n = static_cast<int64_t>(b.size / sizeof(float));
+    if (b.size % sizeof(float) != 0 || n > shape.n_params)
+      mismatch("checkpoint '" + b.name + "' holds " + std::to_string(b.size) + " bytes, not at most " +
+               std::to_string(shape.n_params) + " fp32 values");
+    s.residuals.emplace(label, tensor_from(c, b.name, n));
   }
   return s;
 }

@@ -14,6 +14,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::replica_state)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::round_result)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::train_snapshot)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::residual_map)
 
 CAF_BEGIN_TYPE_ID_BLOCK(longwave, caf::first_custom_type_id)
 CAF_ADD_ATOM(longwave, longwave::runtime, run_atom, "run")          // worker: run an inner round

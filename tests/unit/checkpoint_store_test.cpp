@@ -317,6 +317,43 @@ CATCH_TEST_CASE("A stale .tmp file from an interrupted write is ignored", "[chec
   CATCH_CHECK(fs::exists(tmp.path / "notes.txt"));
 }
 
+CATCH_TEST_CASE("stray_files names unfinished writes and other files, and says which is which",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 3);
+  store.write(small_checkpoint(1));
+  write_all(tmp.path / "ckpt-00000002-0000000020.lwc.tmp", std::vector<char>(100, 'z'));
+  write_all(tmp.path / "notes.tmp", std::vector<char>(3, 'n'));
+  const auto strays = store.stray_files();
+  CATCH_REQUIRE(strays.size() == 2);
+  CATCH_CHECK(fs::path(strays[0].path).filename() == "ckpt-00000002-0000000020.lwc.tmp");
+  CATCH_CHECK(strays[0].unfinished_write);
+  CATCH_CHECK(contains(strays[0].reason, "unfinished checkpoint write"));
+  CATCH_CHECK(fs::path(strays[1].path).filename() == "notes.tmp");
+  CATCH_CHECK_FALSE(strays[1].unfinished_write);
+  CATCH_CHECK(strays[1].reason == "not a checkpoint file");
+}
+
+CATCH_TEST_CASE("A garbage file named like a newer checkpoint is neither counted towards keep nor pruned",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 3);
+  const auto garbage = tmp.path / "ckpt-00009999-0000099990.lwc";
+  write_all(garbage, random_bytes(4096, 3));
+  for (uint64_t r = 1; r <= 5; ++r) store.write(small_checkpoint(r));
+  const auto files = store.list();
+  CATCH_REQUIRE(files.size() == 4);  // rounds 3, 4, 5 and the garbage file
+  CATCH_CHECK(fs::path(files[0]).filename() == "ckpt-00000003-0000000030.lwc");
+  CATCH_CHECK(fs::exists(garbage));
+  // Loading says what it skipped and falls back to the newest real checkpoint.
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest([&](const std::string& w) { warnings.push_back(w); });
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 5);
+  CATCH_REQUIRE(warnings.size() == 1);
+  CATCH_CHECK(contains(warnings[0], "ckpt-00009999-0000099990.lwc is corrupt (bad magic"));
+}
+
 CATCH_TEST_CASE("Lengths that claim more bytes than the file holds are rejected without huge allocations",
                 "[checkpoint]") {
   temp_dir tmp;

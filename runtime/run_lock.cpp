@@ -1,0 +1,53 @@
+// The out_dir lock: flock(LOCK_EX | LOCK_NB), then the PID written into the file for the refusal message.
+#include "runtime/run_lock.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "runtime/errors.hpp"
+
+namespace longwave::runtime {
+
+namespace {
+
+std::string read_holder(int fd) {
+  char buf[32] = {};
+  const auto n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+  return pid.empty() ? std::string("unknown") : pid;
+}
+
+}  // namespace
+
+run_lock::run_lock(const std::string& dir) : path_(dir + "/.longwave.lock") {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw lw_error(errc::io_error, "cannot open the lock file " + path_ + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    const std::string holder = read_holder(fd_);
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw run_lock_busy(errc::io_error, "run.out_dir " + dir + " is in use by another longwave run (pid " +
+                                              holder +
+                                              "); wait for it to end, or choose another run.out_dir");
+    throw lw_error(errc::io_error, "cannot lock " + path_ + ": " + std::strerror(err));
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without the PID; a second run then names the holder "unknown".
+  }
+}
+
+run_lock::~run_lock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+}  // namespace longwave::runtime

@@ -1,0 +1,34 @@
+#pragma once
+// One run per out_dir: an advisory lock (flock) on <out_dir>/.longwave.lock holding the owner's PID. The
+// kernel releases it when the process dies, however it dies.
+#include <string>
+
+#include "runtime/errors.hpp"
+
+namespace longwave::runtime {
+
+/// Another live process holds the lock (the CLI exits 4).
+class run_lock_busy : public lw_error {
+ public:
+  using lw_error::lw_error;
+};
+
+/// Held for the lifetime of the object. Not copyable.
+class run_lock {
+ public:
+  /// Takes the lock of `dir` (which must exist). Throws run_lock_busy naming the holder's PID when another
+  /// process holds it, or lw_error(io_error) with the system error when the lock file cannot be opened.
+  explicit run_lock(const std::string& dir);
+  ~run_lock();
+  run_lock(const run_lock&) = delete;
+  run_lock& operator=(const run_lock&) = delete;
+
+  /// The lock file's path.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace longwave::runtime

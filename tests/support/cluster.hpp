@@ -1,0 +1,106 @@
+#pragma once
+// Test helpers for clusters on loopback: a cluster file with free ports, file edits, and theta of the
+// checkpoints a node wrote.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint_store.hpp"
+#include "tests/support/process.hpp"
+
+namespace longwave::test {
+
+// Short runs of the tiny model: every worker one thread, so results do not depend on how many share a core.
+inline const char* cluster_train_sections = R"(
+[model]
+seq_len = 64
+[train]
+inner_steps = 3
+rounds = 3
+batch_size = 4
+warmup_steps = 3
+threads = 1
+[eval]
+every_rounds = 0
+batches = 2
+[checkpoint]
+every_rounds = 1
+)";
+
+struct cluster_ports {
+  int coordinator = 0;
+  std::vector<int> ring, metrics;
+};
+
+/// Writes a cluster file with `workers[i]` workers on node i ("n0", "n1", ...) and returns its path.
+inline std::string cluster_file(const std::string& dir, const std::vector<int>& workers, cluster_ports& ports,
+                                const std::string& extra = "", double join_timeout_s = 60) {
+  ports.coordinator = free_port();
+  std::string text = "[cluster]\nid = \"test-" + std::filesystem::path(dir).filename().string() +
+                     "\"\ncoordinator = " + "\"tcp://127.0.0.1:" + std::to_string(ports.coordinator) +
+                     "\"\njoin_timeout_s = " + std::to_string(join_timeout_s) +
+                     "\nmetrics_port = " + std::to_string(free_port()) + "\n";
+  for (size_t i = 0; i < workers.size(); ++i) {
+    ports.ring.push_back(free_port());
+    ports.metrics.push_back(free_port());
+    text += "\n[[nodes]]\nname = \"n" + std::to_string(i) +
+            "\"\nendpoint = \"tcp://127.0.0.1:" + std::to_string(ports.ring.back()) +
+            "\"\nworkers = " + std::to_string(workers[i]) +
+            "\nmetrics_port = " + std::to_string(ports.metrics.back()) + "\n";
+  }
+  text += "\n[run]\nout_dir = \"" + dir + "/cluster\"\nseed = 7\n" + cluster_train_sections + extra;
+  const auto path = dir + "/cluster.toml";
+  write_text(path, text);
+  return path;
+}
+
+/// Replaces the first `from` in the file at `path` with `to`.
+inline void edit_file(const std::string& path, const std::string& from, const std::string& to) {
+  auto text = read_text(path);
+  const auto at = text.find(from);
+  CATCH_REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  write_text(path, text);
+}
+
+inline std::vector<float> theta_of(const runtime::checkpoint& c) {
+  const auto* blob = c.find("theta");
+  CATCH_REQUIRE(blob != nullptr);
+  std::vector<float> out(blob->size / sizeof(float));
+  std::memcpy(out.data(), blob->data, blob->size);
+  return out;
+}
+
+/// theta of the newest checkpoint in a directory.
+inline std::vector<float> newest_theta(const std::string& ckpt_dir) {
+  runtime::checkpoint_store store(ckpt_dir, 100);
+  auto c = store.load_latest();
+  CATCH_REQUIRE(c.has_value());
+  return theta_of(*c);
+}
+
+/// theta of the oldest checkpoint in a directory.
+inline std::vector<float> oldest_theta(const std::string& ckpt_dir) {
+  runtime::checkpoint_store store(ckpt_dir, 100);
+  const auto files = store.list();
+  CATCH_REQUIRE(!files.empty());
+  return theta_of(runtime::checkpoint_store::load_file(files.front()));
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  CATCH_REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+inline bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+}  // namespace longwave::test
