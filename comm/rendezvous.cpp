@@ -249,7 +249,7 @@ class coordinator {
       warn(
           fmt::format("coordinator: node {} (rank {}, {}) is talking to this coordinator without having said "
                       "hello to it{}: it joined an earlier coordinator, and taking over running nodes is not "
-                      "supported yet, so its messages are ignored (counted, not logged)",
+                      "supported yet, so its messages are ignored (and not logged again)",
                       name, e.sender, peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
       return;
     }
