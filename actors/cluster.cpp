@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <optional>
 
 #include "comm/rendezvous.hpp"
 #include "config/config_loader.hpp"
@@ -24,6 +25,50 @@ void on_coordinator_signal(int) {
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
+
+/// A node's view of its coordinator while it trains: the coordinator's verdicts reach the log and the ring,
+/// and a coordinator that went away is said once, then reminded of every minute.
+class coordinator_watch {
+ public:
+  void on_tick(comm::control_client& control, comm::ring_allreduce& ring, const std::string& name,
+               std::chrono::steady_clock::time_point now) {
+    using kind = comm::control_event::kind;
+    for (const auto& ev : control.poll()) {
+      if (ev.what == kind::notice && ev.code == errc::none) {
+        spdlog::info("node {}: the coordinator says: {}", name, ev.text);
+        ring.peer_declared_lost({});
+      } else if (ev.what == kind::notice) {
+        spdlog::warn("node {}: the coordinator says: {}", name, ev.text);
+        // No node is evicted yet: a ring that is stalled (now or later) fails with this verdict instead
+        // of waiting out comm.timeout_s.
+        if (ev.code == errc::peer_lost) ring.peer_declared_lost("the coordinator says: " + ev.text);
+      } else if (ev.what == kind::connection_lost) {
+        gone_since_ = now;
+        next_reminder_ = now + reminder_every;
+        spdlog::warn(
+            "node {}: lost the connection to the coordinator at {} (was it stopped?); training goes on "
+            "without it",
+            name, ev.text);
+      } else if (ev.what == kind::connection_back && gone_since_) {
+        spdlog::info(
+            "node {}: connected to the coordinator at {} again after {:.0f} s (a restarted "
+            "coordinator cannot take over running nodes yet; training goes on)",
+            name, ev.text, std::chrono::duration<double>(now - *gone_since_).count());
+        gone_since_.reset();
+      }
+    }
+    if (gone_since_ && now >= next_reminder_) {
+      next_reminder_ = now + reminder_every;
+      spdlog::warn("node {}: still no connection to the coordinator at {} ({:.0f} s); training goes on", name,
+                   control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count());
+    }
+  }
+
+ private:
+  static constexpr auto reminder_every = std::chrono::seconds(60);
+  std::optional<std::chrono::steady_clock::time_point> gone_since_;
+  std::chrono::steady_clock::time_point next_reminder_;
+};
 
 }  // namespace
 
@@ -141,12 +186,17 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   role.rank_offset = config::worker_offset(spec, index);
   role.cluster_workers = spec.train.train.workers;
   role.ring = ring_options_from(cfg, spec.cluster_id);
+  role.ring.names = role.names;
+  // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).
+  role.ring.on_stall = [name = me.name](const std::string& line) { spdlog::warn("node {}: {}", name, line); };
   auto last_beat = std::chrono::steady_clock::now();
-  role.tick = [&](uint64_t round) {
+  coordinator_watch watch;
+  role.tick = [&](comm::ring_allreduce& ring) {
     const auto now = std::chrono::steady_clock::now();
+    watch.on_tick(*control, ring, me.name, now);
     if (now - last_beat < std::chrono::seconds(2)) return;
     last_beat = now;
-    control->heartbeat(round);
+    control->heartbeat(ring.completed_round());
   };
   const int code = run_training(cfg, node_opts, &role);
   if (code == 0)

@@ -9,11 +9,14 @@
 namespace longwave::actors {
 
 /// Admits the cluster's nodes, gives them their ring positions, and watches them until they finish.
-/// Exit codes: 0 every node finished, 1 a node failed, went silent or never joined, 130 Ctrl-C.
+/// Exit codes: 0 every node finished (one that was declared lost and came back included), 1 a node failed,
+/// went silent for good or never joined, 130 Ctrl-C.
 int run_coordinator_role(const config::cluster_spec& spec);
 
 /// Joins the cluster as node `name` and trains. Exit codes as run_training; 2 also when the coordinator turns
-/// the node away (other cluster id or protocol version, unknown name).
+/// the node away (other cluster id or protocol version, unknown name, a name another process has joined
+/// with). While it trains, the node logs the coordinator's verdicts (and hands a lost verdict to its ring), a
+/// dropped connection to the coordinator, and a stalled ring's wait.
 int run_node_role(const config::cluster_spec& spec, const std::string& name, const run_options& opts);
 
 }  // namespace longwave::actors

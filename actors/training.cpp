@@ -348,8 +348,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
       self->receive([&](done_atom, int c, double) { code = c, running = false; },
                     caf::after(std::chrono::milliseconds(100)) >>
                         [&] {
-                          if (role && role->tick)
-                            role->tick(comm_opts.ring ? comm_opts.ring->completed_round() : 0);
+                          if (role && role->tick && comm_opts.ring) role->tick(*comm_opts.ring);
                           const int n = g_signals.load();
                           if (n >= 2) {
                             spdlog::warn("second interrupt: exiting without waiting for the checkpoint");

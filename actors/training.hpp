@@ -36,9 +36,9 @@ struct cluster_role {
   int64_t rank_offset = 0;             ///< global rank of this node's first worker
   int64_t cluster_workers = 0;         ///< workers of the whole cluster
   comm::ring_options ring;
-  /// Called from the main thread about every 100 ms with the round of the last completed all-reduce
-  /// (heartbeats).
-  std::function<void(uint64_t)> tick;
+  /// Called from the main thread about every 100 ms with the node's ring (heartbeats with its completed
+  /// round, the coordinator's verdicts).
+  std::function<void(comm::ring_allreduce&)> tick;
 };
 
 /// Exit codes: 0 done, 1 runtime failure, 2 bad config or input, 130 stopped by a signal. With a role, the

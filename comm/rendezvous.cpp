@@ -3,9 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstring>
 #include <map>
 #include <optional>
+#include <random>
+#include <set>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -15,6 +20,14 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 constexpr uint32_t no_rank = 0xffffffffu;
+// A node re-sends its hello this often while it waits for its welcome; a joined member not heard from for
+// join_silence is taken to be gone, so a second process with its name may take its place.
+constexpr auto hello_every = std::chrono::seconds(2);
+constexpr auto join_silence = std::chrono::seconds(6);
+// Dropped control messages: the first 50 are logged, then every 1000th (all are counted).
+constexpr uint64_t logged_drops = 50, drop_log_every = 1000;
+// Distinct connections remembered as running nodes of an earlier coordinator (each is named once).
+constexpr size_t max_strangers = 1024;
 
 std::string secs(std::chrono::milliseconds ms) {
   return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
@@ -47,7 +60,9 @@ std::string join_names(const std::vector<std::string>& names) {
 struct member_state {
   std::optional<std::string> identity;  // ROUTER routing id once it said hello
   bool finished = false, failed = false, lost = false;
+  bool ever_lost = false;
   clock::time_point last_seen;
+  clock::time_point lost_at;
   uint64_t round = 0;
   uint64_t resume_round = 0;  // from its hello
 };
@@ -56,6 +71,9 @@ class coordinator {
  public:
   explicit coordinator(const coordinator_options& o) : o_(o), members_(o.members.size()) {
     sock_.set(zmq::sockopt::linger, 1000);
+    // A node keeps its routing id across reconnections (control_client sets one), so a connection that
+    // comes back takes over the old one instead of being refused while the old one looks alive.
+    sock_.set(zmq::sockopt::router_handover, true);
     sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
     try {
       sock_.bind(o_.bind_endpoint);
@@ -76,9 +94,15 @@ class coordinator {
         std::vector<std::string> missing, joined;
         for (size_t i = 0; i < members_.size(); ++i)
           (members_[i].identity ? joined : missing).push_back(o_.members[i].name);
-        const std::string why =
+        std::string why =
             fmt::format("join deadline of {} passed: missing node(s) {}{}", secs(o_.join_timeout),
                         join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
+        if (!running_elsewhere_.empty())
+          why += fmt::format(
+              "; node(s) {} are training under an earlier coordinator, which this one cannot "
+              "take over: stop them and restart the whole cluster to resume from its "
+              "checkpoints",
+              join_names({running_elsewhere_.begin(), running_elsewhere_.end()}));
         warn("coordinator: " + why);
         return call_off(why, 1);
       }
@@ -100,18 +124,33 @@ class coordinator {
       for (size_t i = 0; i < members_.size(); ++i) {
         auto& m = members_[i];
         if (m.finished || m.failed || m.lost || now - m.last_seen <= limit) continue;
-        m.lost = true;
+        m.lost = m.ever_lost = true;
+        m.lost_at = now;
         if (o_.on_error) o_.on_error("node_lost");
-        warn(fmt::format("coordinator: node {} lost: nothing heard for {}{} (its last all-reduce: round {})",
-                         o_.members[i].name, secs(limit), failed ? ", after another node failed" : "",
-                         m.round));
+        const auto verdict = fmt::format(
+            "node {} lost: nothing heard for {}{} (its last all-reduce: round {})", o_.members[i].name,
+            secs(limit), failed ? ", after another node failed" : "", m.round);
+        warn("coordinator: " + verdict);
+        tell_others(i, errc::peer_lost, verdict);
       }
       poll_once();
       status(t0);
     }
+    // The verdict is the run's outcome: a node once declared lost that came back and finished counts as
+    // finished.
     bool ok = true;
-    for (const auto& m : members_) ok = ok && m.finished;
-    info(ok ? "coordinator: every node finished" : "coordinator: the run ended with failed or lost nodes");
+    std::vector<std::string> came_back;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      ok = ok && members_[i].finished;
+      if (members_[i].ever_lost && members_[i].finished) came_back.push_back(o_.members[i].name);
+    }
+    if (ok)
+      info(came_back.empty() ? std::string("coordinator: every node finished")
+                             : fmt::format("coordinator: every node finished (node(s) {} had been declared "
+                                           "lost, came back and finished)",
+                                           join_names(came_back)));
+    else
+      info("coordinator: the run ended with failed or lost nodes");
     return ok ? 0 : 1;
   }
 
@@ -176,6 +215,46 @@ class coordinator {
     e.sender = no_rank;
     e.body = error_msg{static_cast<uint16_t>(code), message.substr(0, max_message_bytes)};
     reply(identity, e);
+  }
+
+  /// Sends an error envelope (errc::none: a notice) to every joined member other than `about` that is still
+  /// running.
+  void tell_others(size_t about, errc code, const std::string& message) {
+    for (size_t j = 0; j < members_.size(); ++j) {
+      const auto& m = members_[j];
+      if (j != about && m.identity && !m.finished && !m.failed && !m.lost)
+        reply_error(*m.identity, code, message);
+    }
+  }
+
+  /// A dropped control message: logged (the first logged_drops, then every drop_log_every-th) and counted.
+  void dropped(const std::string& line) {
+    const uint64_t n = ++n_dropped_;
+    if (n <= logged_drops || n % drop_log_every == 0)
+      warn(line + (n == logged_drops ? fmt::format(" ({} control messages dropped; from now on every {}th is "
+                                                   "logged)",
+                                                   n, drop_log_every)
+                   : n > logged_drops ? fmt::format(" ({} control messages dropped so far)", n)
+                                      : std::string()));
+  }
+
+  /// A message from a connection that has not said hello. A member's heartbeat, bye or error means a node
+  /// that joined an earlier coordinator (this one was restarted): named once, then only counted.
+  void from_stranger(const std::string& identity, const envelope& e, const std::string& peer) {
+    const bool claims_member = e.sender < members_.size() && !std::holds_alternative<hello_msg>(e.body);
+    if (claims_member && strangers_.size() < max_strangers && strangers_.insert(identity).second) {
+      const auto& name = o_.members[e.sender].name;
+      running_elsewhere_.insert(name);
+      const auto* hb = std::get_if<heartbeat_msg>(&e.body);
+      warn(
+          fmt::format("coordinator: node {} (rank {}, {}) is talking to this coordinator without having said "
+                      "hello to it{}: it joined an earlier coordinator, and taking over running nodes is not "
+                      "supported yet, so its messages are ignored (and not logged again)",
+                      name, e.sender, peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
+      return;
+    }
+    if (strangers_.count(identity)) return;
+    dropped(fmt::format("coordinator: dropped a control message from {}, which has not said hello", peer));
   }
 
   /// Tells every joined node that the cluster is off, then returns code.
@@ -251,16 +330,33 @@ class coordinator {
                       h.node_name, h.n_workers, h.data_endpoint, want.workers, want.endpoint));
     }
     auto& m = members_[idx];
+    if (m.identity && *m.identity == identity) {
+      // The same process again: its periodic hello while it waits, or one that crossed our welcome.
+      m.last_seen = clock::now();
+      if (all_joined()) send_welcome(static_cast<uint32_t>(idx));
+      return;
+    }
+    if (m.identity && clock::now() - m.last_seen <= join_silence) {
+      warn(
+          fmt::format("coordinator: turned away a second process for node '{}' ({}): that node has already "
+                      "joined from another process",
+                      h.node_name, peer));
+      return turn_away(identity, errc::invalid_config,
+                       fmt::format("node {} has already joined from another process{}; stop one of them",
+                                   h.node_name, all_joined() ? " and the cluster is training" : ""));
+    }
     if (all_joined()) {
       return turn_away(identity, errc::invalid_config,
                        fmt::format("node '{}' asked to join a cluster that is already training; restart the "
                                    "whole cluster to resume from its checkpoints",
                                    h.node_name));
     }
-    if (m.identity && *m.identity != identity)
-      warn(
-          fmt::format("coordinator: node '{}' said hello again from a new connection ({}); using the new one",
-                      h.node_name, peer));
+    if (m.identity)
+      warn(fmt::format(
+          "coordinator: node '{}' said hello from a new process ({}) after {} of silence from the "
+          "first; using the new one",
+          h.node_name, peer,
+          secs(std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - m.last_seen))));
     m.identity = identity;
     m.last_seen = clock::now();
     m.resume_round = h.resume_round;
@@ -275,8 +371,8 @@ class coordinator {
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
     if (parts.size() != 2) {
-      warn(fmt::format("coordinator: dropped a control message of {} frames (want 1 after the routing id)",
-                       parts.size() - 1));
+      dropped(fmt::format("coordinator: dropped a control message of {} frames (want 1 after the routing id)",
+                          parts.size() - 1));
       return;
     }
     const std::string identity = parts[0].to_string();
@@ -285,7 +381,7 @@ class coordinator {
     auto parsed = parse_envelope(parts[1].data(), parts[1].size(), o_.cluster_id);
     if (!parsed) {
       const auto& r = parsed.error();
-      warn(fmt::format("coordinator: dropped a control frame from {}: {}", peer, r.message()));
+      dropped(fmt::format("coordinator: dropped a control frame from {}: {}", peer, r.message()));
       if (o_.on_reject) o_.on_reject(to_string(r.reason));
       if (r.reason == reject_reason::wrong_cluster)
         turn_away(identity, errc::invalid_config,
@@ -295,13 +391,19 @@ class coordinator {
     const envelope& e = parsed.value();
     if (auto* h = std::get_if<hello_msg>(&e.body)) return on_hello(identity, *h, peer);
     const auto rank = rank_of_identity(identity);
-    if (!rank) {
-      warn(fmt::format("coordinator: dropped a control message from {}, which has not said hello", peer));
-      return;
-    }
+    if (!rank) return from_stranger(identity, e, peer);
     auto& m = members_[*rank];
     const std::string& name = o_.members[*rank].name;
     m.last_seen = clock::now();
+    if (m.lost) {
+      m.lost = false;
+      const auto away = std::chrono::duration_cast<std::chrono::milliseconds>(m.last_seen - m.lost_at);
+      info(fmt::format("coordinator: node {} is back ({} after it was declared lost); counting it again",
+                       name, secs(away)));
+      if (!any_failed())
+        tell_others(*rank, errc::none,
+                    fmt::format("node {} is back ({} after it was declared lost)", name, secs(away)));
+    }
     if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
       m.round = hb->round;
     } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
@@ -321,6 +423,9 @@ class coordinator {
 
   const coordinator_options& o_;
   std::vector<member_state> members_;
+  uint64_t n_dropped_ = 0;
+  std::set<std::string> strangers_;          // routing ids of running nodes of an earlier coordinator
+  std::set<std::string> running_elsewhere_;  // their names
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};
 };
@@ -340,6 +445,19 @@ control_client::control_client(std::string coordinator_endpoint, uint64_t cluste
   sock_->set(zmq::sockopt::linger, 1000);
   sock_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
   sock_->set(zmq::sockopt::sndhwm, 16);
+  // A routing id of its own, kept across reconnections: the coordinator tells this process from another one
+  // with the same node name, and knows it again after a dropped connection.
+  std::random_device rd;
+  const auto id = fmt::format("lw-node-{}-{:08x}", static_cast<long>(getpid()), rd());
+  sock_->set(zmq::sockopt::routing_id, id);
+  // The monitor must be attached before connecting, or the first connection's events are missed.
+  const std::string monitor_endpoint = "inproc://longwave-control-monitor";
+  if (zmq_socket_monitor(sock_->handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) == 0) {
+    monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(monitor_endpoint);
+  }
   try {
     sock_->connect(endpoint_);
   } catch (const zmq::error_t& e) {
@@ -348,7 +466,54 @@ control_client::control_client(std::string coordinator_endpoint, uint64_t cluste
   }
 }
 
-control_client::~control_client() = default;
+control_client::~control_client() {
+  // Stop the monitor first, so closing the DEALER does not wait on it.
+  if (monitor_) {
+    zmq_socket_monitor(sock_->handle(), nullptr, 0);
+    monitor_.reset();
+  }
+}
+
+void control_client::drain_monitor(std::vector<control_event>& out) {
+  if (!monitor_) return;
+  for (;;) {
+    zmq::message_t event;
+    if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
+    zmq::message_t address;
+    if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
+    if (event.size() < 6) continue;
+    uint16_t id = 0;
+    std::memcpy(&id, event.data(), sizeof id);
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
+      connected_ = true;
+      if (ever_connected_) out.push_back({control_event::kind::connection_back, errc::none, endpoint_});
+      ever_connected_ = true;
+    } else if (id == ZMQ_EVENT_DISCONNECTED && connected_) {
+      connected_ = false;
+      out.push_back({control_event::kind::connection_lost, errc::none, endpoint_});
+    }
+  }
+}
+
+std::vector<control_event> control_client::poll() {
+  std::vector<control_event> out;
+  drain_monitor(out);
+  for (;;) {
+    std::vector<zmq::message_t> parts;
+    try {
+      if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) break;
+    } catch (const zmq::error_t&) {
+      break;  // EINTR and the like: the next poll tries again
+    }
+    if (parts.size() != 1) continue;
+    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+    if (!parsed) continue;  // noise (the coordinator's frames are well-formed)
+    if (auto* er = std::get_if<error_msg>(&parsed.value().body))
+      out.push_back({control_event::kind::notice, static_cast<errc>(er->code), er->message});
+    // Anything else (a welcome repeated for a late hello) needs no action.
+  }
+  return out;
+}
 
 void control_client::send(const envelope& e) {
   auto msg = to_message(build_envelope(e));
@@ -362,7 +527,12 @@ welcome_msg control_client::join(const hello_msg& hello, std::chrono::millisecon
   e.body = hello;
   send(e);
   const auto deadline = clock::now() + timeout;
+  auto next_hello = clock::now() + hello_every;
   while (clock::now() < deadline) {
+    if (clock::now() >= next_hello) {
+      send(e);  // also tells the coordinator that this process is still there
+      next_hello += hello_every;
+    }
     if (!readable(*sock_, std::chrono::milliseconds(100))) continue;
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||

@@ -58,8 +58,24 @@ struct coordinator_options {
 };
 
 /// Runs the coordinator until every member has finished (0), one failed, went silent or never joined (1), or
-/// stop() (130). Throws lw_error(errc::io_error) if bind_endpoint cannot be bound (e.g. in use).
+/// stop() (130). A member silent past heartbeat_timeout is declared lost, and every other node is told so
+/// (error peer_lost, "node X lost: ..."); if it speaks again it is back (the others get an errc::none notice
+/// once no member is lost), so a run whose nodes all finish exits 0. A second process that says hello with a
+/// joined member's name while that member is still heard from is turned away. Throws
+/// lw_error(errc::io_error) if bind_endpoint cannot be bound (e.g. in use).
 int run_coordinator(const coordinator_options& opts);
+
+/// Something a node's control connection brought since the last control_client::poll.
+struct control_event {
+  enum class kind {
+    notice,           ///< an error envelope from the coordinator: code and text (errc::none: information)
+    connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
+    connection_back,  ///< connected again after a drop; text: its endpoint
+  };
+  kind what = kind::notice;
+  errc code = errc::none;
+  std::string text;
+};
 
 /// A node's connection to the coordinator. Not thread-safe: one thread (the node's main thread) uses it.
 class control_client {
@@ -70,10 +86,11 @@ class control_client {
   control_client(const control_client&) = delete;
   control_client& operator=(const control_client&) = delete;
 
-  /// Sends hello and waits for the answer. Throws lw_error with errc::deadline_missed ("cannot reach the
+  /// Sends hello (again every 2 s, which tells the coordinator this process is still there) and waits for
+  /// the answer. Throws lw_error with errc::deadline_missed ("cannot reach the
   /// coordinator at ... within N s"), errc::invalid_config (turned away: other cluster id, protocol version,
-  /// unknown or duplicate node name; the message says which) or errc::peer_lost (the cluster was called
-  /// off, e.g. other nodes missing at the join deadline).
+  /// unknown node name, a name another process has joined with; the message says which) or errc::peer_lost
+  /// (the cluster was called off, e.g. other nodes missing at the join deadline).
   welcome_msg join(const hello_msg& hello, std::chrono::milliseconds timeout);
 
   /// Tells the coordinator this node is alive and in `round`. Never blocks.
@@ -83,16 +100,23 @@ class control_client {
   /// This node failed. Waits up to 1 s for delivery.
   void error(errc code, const std::string& message);
 
+  /// What the coordinator sent since the last call (its verdicts, e.g. "node c lost") and drops of the
+  /// connection and reconnections (a socket monitor). Never blocks.
+  std::vector<control_event> poll();
+
   const std::string& endpoint() const { return endpoint_; }
 
  private:
   void send(const envelope& e);
+  void drain_monitor(std::vector<control_event>& out);
 
   std::string endpoint_;
   uint64_t cluster_id_;
   uint32_t rank_ = 0xffffffffu;
   std::unique_ptr<zmq::context_t> ctx_;
   std::unique_ptr<zmq::socket_t> sock_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // events of sock_: handshakes and disconnects
+  bool connected_ = false, ever_connected_ = false;
 };
 
 }  // namespace longwave::comm

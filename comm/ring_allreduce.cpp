@@ -90,6 +90,8 @@ struct ring_allreduce::counters {
   std::atomic<bool> cancelled{false};
   std::atomic<uint64_t> completed_round{0};
   int logged = 0;  // I/O thread
+  mutable std::mutex verdict_mu;
+  std::optional<std::string> verdict;  // from peer_declared_lost; under verdict_mu
 };
 
 struct ring_allreduce::held_frame {
@@ -166,6 +168,9 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
         throw lw_error(errc::invalid_config,
                        fmt::format("comm: ranks {} and {} have the same endpoint {}", q, r, endpoints_[r]));
   }
+  if (!opts_.names.empty() && opts_.names.size() != world)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: {} rank names for a ring of {}", opts_.names.size(), world));
   if (opts_.chunk_bytes == 0) throw lw_error(errc::invalid_config, "comm: chunk_bytes must be positive");
   if (opts_.timeout.count() <= 0) throw lw_error(errc::invalid_config, "comm: timeout must be positive");
   if (opts_.send_hwm < 1 || opts_.recv_hwm < 1)
@@ -195,6 +200,24 @@ ring_allreduce::~ring_allreduce() {
 
 void ring_allreduce::cancel() {
   counters_->cancelled.store(true, std::memory_order_release);
+}
+
+void ring_allreduce::peer_declared_lost(const std::string& verdict) {
+  std::lock_guard<std::mutex> lk(counters_->verdict_mu);
+  if (verdict.empty())
+    counters_->verdict.reset();
+  else
+    counters_->verdict = verdict;
+}
+
+std::optional<std::string> ring_allreduce::verdict() const {
+  std::lock_guard<std::mutex> lk(counters_->verdict_mu);
+  return counters_->verdict;
+}
+
+std::string ring_allreduce::rank_text(uint32_t r) const {
+  if (r < opts_.names.size()) return fmt::format("rank {} ({}, {})", r, opts_.names[r], endpoints_[r]);
+  return fmt::format("rank {} ({})", r, endpoints_[r]);
 }
 
 uint64_t ring_allreduce::completed_round() const {
@@ -258,6 +281,8 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
   }
   failed_ = false;
   counters_->completed_round.store(round);
+  std::lock_guard<std::mutex> verdict_lk(counters_->verdict_mu);
+  counters_->verdict.reset();
 }
 
 void ring_allreduce::single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements) {
@@ -490,15 +515,15 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       std::string what;
       if (in_next < plan.in.size()) {
         const item& it = plan.in[in_next];
-        what = fmt::format("waiting for {} step {} segment {} chunk {} from rank {} ({})",
-                           to_string(it.phase), it.step, it.segment, it.chunk, prev, endpoints_[prev]);
+        what = fmt::format("waiting for {} step {} segment {} chunk {} from {}", to_string(it.phase), it.step,
+                           it.segment, it.chunk, rank_text(prev));
       }
       if (out_next < plan.out.size()) {
         const item& it = plan.out[out_next];
         if (!what.empty()) what += "; ";
-        what += fmt::format("{} {} step {} segment {} chunk {} for rank {} ({})",
+        what += fmt::format("{} {} step {} segment {} chunk {} for {}",
                             it.dep == npos || it.dep < in_next ? "unable to hand over" : "still to send",
-                            to_string(it.phase), it.step, it.segment, it.chunk, next, endpoints_[next]);
+                            to_string(it.phase), it.step, it.segment, it.chunk, rank_text(next));
       }
       if (rejected_here > 0)
         what += fmt::format("; {} frames rejected, last: {}", rejected_here, last_rejection);
@@ -507,6 +532,8 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
 
     std::optional<std::pair<zmq::message_t, zmq::message_t>> pending;  // built, not yet taken by ZeroMQ
     auto deadline = clock::now() + opts_.timeout;
+    auto last_progress = clock::now();
+    auto next_stall_report = o.stall_report_after;  // since last_progress
     inbound_message msg;
     while (in_next < plan.in.size() || out_next < plan.out.size()) {
       if (tr.stopping() || counters_->cancelled.load(std::memory_order_acquire))
@@ -554,8 +581,30 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       const auto now = clock::now();
       if (progress) {
         deadline = now + opts_.timeout;
+        last_progress = now;
+        next_stall_report = o.stall_report_after;
         continue;
       }
+      // A stalled call: say what it waits for now and then, and give up early once the coordinator has
+      // declared a node lost (the stall is then most likely that node's).
+      const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress);
+      if (o.on_stall && stalled >= next_stall_report) {
+        next_stall_report += o.stall_report_every;
+        const std::string line = fmt::format(
+            "comm: rank {} round {}: no progress for {} s (deadline in {} s): {}", rank_, round,
+            stalled.count() / 1000, std::chrono::duration_cast<std::chrono::seconds>(deadline - now).count(),
+            describe_wait());
+        try {
+          o.on_stall(line);
+        } catch (const std::exception& e) {  // the callback's bug must not end the round
+          std::fprintf(stderr, "longwave comm: on_stall threw: %s\n", e.what());
+        }
+      }
+      if (stalled >= o.stall_report_after)
+        if (auto v = verdict())
+          throw lw_error(errc::peer_lost,
+                         fmt::format("comm: rank {} round {}: {}; no progress for {} s: {}", rank_, round, *v,
+                                     stalled.count() / 1000, describe_wait()));
       if (now >= deadline)  // checked before more_waiting, so a flood of bad frames cannot hold it off
         throw lw_error(errc::deadline_missed,
                        fmt::format("comm: rank {} round {}: no progress for {} ms: {}", rank_, round,

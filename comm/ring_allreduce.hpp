@@ -39,6 +39,13 @@ struct ring_options {
   int recv_hwm = 64;
   /// Frames of a later round that arrive during a round are kept for it, up to this many.
   size_t max_held_frames = 64;
+  /// Node name of every rank, for log lines (empty: ranks are named by endpoint only).
+  std::vector<std::string> names;
+  /// A call without progress for stall_report_after is reported to on_stall (on the I/O thread; it must not
+  /// block), naming the rank, node and endpoint it waits for; then again every stall_report_every.
+  std::chrono::milliseconds stall_report_after{10000};
+  std::chrono::milliseconds stall_report_every{30000};
+  std::function<void(const std::string&)> on_stall;
 };
 
 /// One member of a ring of world ranks. Owns a zmq_transport (one I/O thread, all the sockets); allreduce
@@ -87,6 +94,12 @@ class ring_allreduce {
   /// is stopping. Any thread.
   void cancel();
 
+  /// The coordinator declared a node lost (`verdict` names it). A call that has had no progress for
+  /// stall_report_after, now or later, throws errc::peer_lost with the verdict instead of waiting out
+  /// `timeout`. A call that completes withdraws it (every rank took part), and so does an empty verdict (the
+  /// node is back). Any thread.
+  void peer_declared_lost(const std::string& verdict);
+
   /// The round of the last call that completed (0 before any). Any thread.
   uint64_t completed_round() const;
   /// Frames dropped by validation since construction.
@@ -112,6 +125,8 @@ class ring_allreduce {
                  const ring_options& o, size_t chunk_elements);
   void single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements);
   void report(const std::string& peer, const rejection& r);
+  std::string rank_text(uint32_t r) const;
+  std::optional<std::string> verdict() const;
 
   int rank_;
   std::vector<std::string> endpoints_;

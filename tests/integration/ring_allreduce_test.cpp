@@ -1031,3 +1031,75 @@ CATCH_TEST_CASE("a rank whose next peer dies mid-round fails with peer_lost befo
   CATCH_CHECK((outcome == "deadline_missed" || outcome == "peer_lost"));
   fs::remove_all(dir);
 }
+
+CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the coordinator's lost verdict",
+                "[comm]") {
+  const auto dir = scratch("stall");
+  const ms timeout(20000);
+  auto codes = run_ring(
+      3,
+      [&](std::vector<std::string> eps) {
+        std::vector<body_fn> bodies;
+        for (int r = 0; r < 2; ++r)  // rank 2 ("c") never starts
+          bodies.push_back([=] {
+            auto opts = test_options(0x57A1);
+            opts.timeout = timeout;
+            opts.names = {"a", "b", "c"};
+            opts.stall_report_after = ms(300);
+            opts.stall_report_every = ms(400);
+            auto lines = std::make_shared<std::vector<std::string>>();
+            auto mu = std::make_shared<std::mutex>();
+            opts.on_stall = [lines, mu](const std::string& line) {
+              std::lock_guard<std::mutex> lk(*mu);
+              lines->push_back(line);
+            };
+            ring_allreduce ring(r, eps, opts);
+            // The coordinator's verdict arrives while the call is stalled.
+            std::thread verdict([&ring] {
+              std::this_thread::sleep_for(ms(1000));
+              ring.peer_declared_lost("the coordinator says: node c lost");
+            });
+            auto data = input(r, 1000, 1);
+            const auto t0 = std::chrono::steady_clock::now();
+            std::string outcome = "none", what;
+            try {
+              ring.allreduce(1, data.data(), data.size());
+            } catch (const lw_error& e) {
+              outcome = to_string(e.code());
+              what = e.what();
+            }
+            const auto elapsed =
+                std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - t0).count();
+            verdict.join();
+            std::lock_guard<std::mutex> lk(*mu);
+            write_text(dir / ("r" + std::to_string(r) + ".txt"),
+                       outcome + " " + std::to_string(elapsed) + " " + std::to_string(lines->size()) + "\n" +
+                           (lines->empty() ? "" : lines->front()) + "\n" + what + "\n");
+            return 0;
+          });
+        return bodies;
+      },
+      60);
+  for (int r = 0; r < 2; ++r) {
+    CATCH_CHECK(codes[r] == 0);
+    std::istringstream in(read_text(dir / ("r" + std::to_string(r) + ".txt")));
+    std::string outcome, first_line, what;
+    long elapsed = -1, n_lines = -1;
+    in >> outcome >> elapsed >> n_lines;
+    in.ignore();
+    std::getline(in, first_line);
+    std::getline(in, what);
+    CATCH_INFO("rank " << r << ": " << outcome << " after " << elapsed << " ms, " << n_lines
+                       << " stall reports; first: " << first_line << "; error: " << what);
+    CATCH_CHECK(outcome == "peer_lost");
+    CATCH_CHECK(elapsed >= 1000);
+    CATCH_CHECK(elapsed < timeout.count());
+    CATCH_CHECK(n_lines >= 2);  // at 300 ms, then every 400 ms until the verdict
+    CATCH_CHECK(first_line.find("no progress for 0 s") != std::string::npos);
+    CATCH_CHECK(what.find("node c lost") != std::string::npos);
+  }
+  // Rank 0 receives from rank 2 and names it, with its node name and endpoint.
+  const auto r0 = read_text(dir / "r0.txt");
+  CATCH_CHECK(r0.find("from rank 2 (c, tcp://") != std::string::npos);
+  fs::remove_all(dir);
+}
