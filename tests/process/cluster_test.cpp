@@ -14,104 +14,13 @@
 #include "comm/frame.hpp"
 #include "config/cluster_config.hpp"
 #include "runtime/checkpoint_store.hpp"
+#include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/prom_text.hpp"
 
 using namespace longwave;
 using namespace longwave::test;
 namespace fs = std::filesystem;
-
-namespace {
-
-// Short runs of the tiny model: every worker one thread, so results do not depend on how many share a core.
-const char* train_sections = R"(
-[model]
-seq_len = 64
-[train]
-inner_steps = 3
-rounds = 3
-batch_size = 4
-warmup_steps = 3
-threads = 1
-[eval]
-every_rounds = 0
-batches = 2
-[checkpoint]
-every_rounds = 1
-)";
-
-struct cluster_ports {
-  int coordinator = 0;
-  std::vector<int> ring, metrics;
-};
-
-/// Writes a cluster file with `workers[i]` workers on node i ("n0", "n1", ...) and returns its path.
-std::string cluster_file(const std::string& dir, const std::vector<int>& workers, cluster_ports& ports,
-                         const std::string& extra = "", double join_timeout_s = 60) {
-  ports.coordinator = free_port();
-  std::string text = "[cluster]\nid = \"test-" + fs::path(dir).filename().string() +
-                     "\"\ncoordinator = " + "\"tcp://127.0.0.1:" + std::to_string(ports.coordinator) +
-                     "\"\njoin_timeout_s = " + std::to_string(join_timeout_s) +
-                     "\nmetrics_port = " + std::to_string(free_port()) + "\n";
-  for (size_t i = 0; i < workers.size(); ++i) {
-    ports.ring.push_back(free_port());
-    ports.metrics.push_back(free_port());
-    text += "\n[[nodes]]\nname = \"n" + std::to_string(i) +
-            "\"\nendpoint = \"tcp://127.0.0.1:" + std::to_string(ports.ring.back()) +
-            "\"\nworkers = " + std::to_string(workers[i]) +
-            "\nmetrics_port = " + std::to_string(ports.metrics.back()) + "\n";
-  }
-  text += "\n[run]\nout_dir = \"" + dir + "/cluster\"\nseed = 7\n" + train_sections + extra;
-  const auto path = dir + "/cluster.toml";
-  write_text(path, text);
-  return path;
-}
-
-/// Replaces the first `from` in the file at `path` with `to`.
-void edit_file(const std::string& path, const std::string& from, const std::string& to) {
-  auto text = read_text(path);
-  const auto at = text.find(from);
-  CATCH_REQUIRE(at != std::string::npos);
-  text.replace(at, from.size(), to);
-  write_text(path, text);
-}
-
-std::vector<float> theta_of(const runtime::checkpoint& c) {
-  const auto* blob = c.find("theta");
-  CATCH_REQUIRE(blob != nullptr);
-  std::vector<float> out(blob->size / sizeof(float));
-  std::memcpy(out.data(), blob->data, blob->size);
-  return out;
-}
-
-/// theta of the newest checkpoint in a directory.
-std::vector<float> newest_theta(const std::string& ckpt_dir) {
-  runtime::checkpoint_store store(ckpt_dir, 100);
-  auto c = store.load_latest();
-  CATCH_REQUIRE(c.has_value());
-  return theta_of(*c);
-}
-
-/// theta of the oldest checkpoint in a directory.
-std::vector<float> oldest_theta(const std::string& ckpt_dir) {
-  runtime::checkpoint_store store(ckpt_dir, 100);
-  const auto files = store.list();
-  CATCH_REQUIRE(!files.empty());
-  return theta_of(runtime::checkpoint_store::load_file(files.front()));
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  CATCH_REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return m;
-}
-
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
-
-}  // namespace
 
 CATCH_TEST_CASE("2 nodes x 2 workers over the ring end with the theta_global of 1 process x 4 workers",
                 "[process][cluster]") {
@@ -126,7 +35,7 @@ CATCH_TEST_CASE("2 nodes x 2 workers over the ring end with the theta_global of 
 
   // The same training config in one process with 4 workers.
   const auto single = dir + "/single.toml";
-  write_text(single, "[run]\nout_dir = \"" + dir + "/single\"\nseed = 7\n" + train_sections +
+  write_text(single, "[run]\nout_dir = \"" + dir + "/single\"\nseed = 7\n" + cluster_train_sections +
                          "[metrics]\nenabled = false\n[train]\nworkers = 4\n");
   // ([train] appears twice above: rewrite it as one table.)
   auto text = read_text(single);
