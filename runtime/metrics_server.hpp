@@ -16,7 +16,9 @@ class Registry;
 namespace longwave::runtime {
 
 /// An HTTP server (127.0.0.1 unless configured) answering GET /metrics with the registry in the Prometheus
-/// text format.
+/// text format. Idle or slow clients cannot keep a scrape out: four connections are served at once, a
+/// request must start within 1 s (of connecting or of the previous response) and arrive whole within 2 s of
+/// its first byte, and a connection waiting for bytes is closed at once when another connection is queued.
 class metrics_server {
  public:
   /// Binds address:port (port 0 = any free port; address an IPv4 address, 127.0.0.1 by default) and serves
