@@ -85,9 +85,10 @@ struct small_tmpfs {
 
 }  // namespace
 
-CATCH_TEST_CASE("checkpoints that cannot be written end the run with exit code 3 and a last line saying so",
-                "[process][checkpoint]") {
-  const auto dir = scratch_dir("fulldisk");
+namespace {
+
+/// The full-disk case in `dir`; the tmpfs is unmounted when it returns (or a REQUIRE throws).
+void check_full_disk(const std::string& dir) {
   const auto cfg = quick_config(dir, "run");
   // One checkpoint of this run: theta, momentum and 2 replicas x (master, exp_avg, exp_avg_sq), fp32.
   auto [dry_code, dry] = run({binary(), "run", cfg, "--dry-run"}, dir + "/dry.log", 60);
@@ -123,7 +124,15 @@ CATCH_TEST_CASE("checkpoints that cannot be written end the run with exit code 3
   CATCH_CHECK(last_line(log0).find("training finished, but the checkpoint of round 8 could not be written") !=
               std::string::npos);
   CATCH_CHECK(last_line(log0).find("NOT on disk") != std::string::npos);
-  fs::remove_all(dir + "/run");
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("checkpoints that cannot be written end the run with exit code 3 and a last line saying so",
+                "[process][checkpoint]") {
+  const auto dir = scratch_dir("fulldisk");
+  check_full_disk(dir);
+  fs::remove_all(dir);
 }
 
 CATCH_TEST_CASE("a diverging run stops naming the round and writes no non-finite checkpoint",
