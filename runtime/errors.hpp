@@ -34,6 +34,10 @@ class lw_error : public std::runtime_error {
   errc code_;
 };
 
+/// e.what() for a message, except that a std::bad_alloc (whose what() is only "std::bad_alloc") becomes a
+/// sentence saying memory ran out and which settings to lower.
+std::string describe(const std::exception& e);
+
 [[noreturn]] void assert_fail(const char* cond, const char* file, int line, const std::string& msg);
 
 }  // namespace longwave

@@ -180,12 +180,14 @@ int main(int argc, char** argv) {
   if (run->parsed()) {
     runtime::init_logging(log_level);
     config::train_config cfg;
+    std::vector<std::string> warnings;
     try {
-      cfg = config::load_config_file(config_path, overrides);
+      cfg = config::load_config_file(config_path, overrides, &warnings);
     } catch (const config::config_error& e) {
       std::fprintf(stderr, "%s\n", e.what());
       return 2;
     }
+    for (const auto& w : warnings) spdlog::warn("{}", w);
     return actors::run_training(cfg, ropts);
   }
   if (coord->parsed() || node->parsed()) {

@@ -50,6 +50,7 @@ int count_lines_containing(const std::string& text, const std::string& needle) {
 
 CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[process][config]") {
   const auto dir = scratch_dir("badcfg");
+  write_text(dir + "/a_file", "not a directory\n");
   struct bad_case {
     std::string toml, key;
     std::vector<std::string> extra_args;
@@ -70,6 +71,17 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"", "train.workers", {"--set", "train.workers=abc"}},
       {"", "train.nope", {"--set", "train.nope=1"}},
       {"[data]\npath = \"/nonexistent/corpus.txt\"\n", "data.path", {}},
+      // Accepted until a sweep of --set values found them: a crash, NaN, a bare bad_alloc.
+      {"", "outer.lr", {"--set", "outer.lr=1e300"}},
+      {"", "train.weight_decay", {"--set", "train.weight_decay=1e300"}},
+      {"", "train.eps", {"--set", "train.eps=1e300"}},
+      {"", "train.batch_size", {"--set", "train.batch_size=1000000000"}},
+      // Within range, but the memory estimate is far beyond any machine: refused, by --dry-run too.
+      {"[model]\npreset = \"1b\"\nseq_len = 8192\n[train]\nbatch_size = 1048576\n",
+       "train.batch_size = 1048576: the memory estimate is",
+       {"--dry-run"}},
+      {"", "run.out_dir", {"--set", "run.out_dir=" + dir + "/a_file"}},
+      {"", "checkpoint.dir", {"--set", "checkpoint.dir=" + dir + "/a_file/checkpoints"}},
   };
   int i = 0;
   for (const auto& c : cases) {
@@ -102,7 +114,15 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(out.find("parameters: 14260608") != std::string::npos);
   CATCH_CHECK(out.find("preset = \"small\"") != std::string::npos);
   CATCH_CHECK(out.find("memory estimate") != std::string::npos);
+  CATCH_CHECK(out.find("this machine: ") != std::string::npos);
+  CATCH_CHECK(out.find("is empty") == std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints"));
+  // A config file that sets nothing runs on the defaults, and says so.
+  write_text(dir + "/empty.toml", "# nothing here\n");
+  auto [ecode, empty] = run({binary(), "run", dir + "/empty.toml", "--dry-run"}, dir + "/empty.log", 120);
+  CATCH_INFO(empty);
+  CATCH_CHECK(ecode == 0);
+  CATCH_CHECK(count_lines_containing(empty, dir + "/empty.toml is empty: every setting is its default") == 1);
   auto [hcode, help] = run({binary(), "run", "--help"}, dir + "/help.log", 60);
   CATCH_CHECK(hcode == 0);
   CATCH_CHECK(help.find("--dry-run") != std::string::npos);
