@@ -389,7 +389,8 @@ int run_training(const config::train_config& cfg, const run_options& opts, const
     return 2;
   } catch (const lw_error& e) {
     spdlog::error("{}: {}", to_string(e.code()), e.what());
-    return e.code() == errc::invalid_config ? 2 : 1;
+    // corrupt_data: the user's corpus or shards (data.path) are unusable, bad input as much as a bad key.
+    return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
   } catch (const c10::Error& e) {
     spdlog::error("torch: {}", e.what_without_backtrace());
     return 1;

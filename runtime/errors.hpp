@@ -12,7 +12,7 @@ enum class errc : uint8_t {
   invalid_config,      ///< user config rejected (CLI exits 2)
   io_error,            ///< file could not be read or written
   corrupt_checkpoint,  ///< checksum, size or magic mismatch
-  corrupt_data,        ///< token shard or tokenizer file malformed
+  corrupt_data,        ///< corpus, token shard or tokenizer file malformed (bad input: the CLI exits 2)
   deadline_missed,     ///< a request timed out
   stale_round,         ///< a message for a round that is over
   peer_lost,           ///< a peer or local worker went away

@@ -218,7 +218,11 @@ int main(int argc, char** argv) {
       return 0;
     } catch (const lw_error& e) {
       spdlog::error("{}", e.what());
-      return e.code() == errc::invalid_config ? 2 : 1;
+      // corrupt_data: the input is empty, binary or malformed, a bad argument (as in `run`).
+      return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
+    } catch (const std::exception& e) {
+      spdlog::error("{}", describe(e));
+      return 1;
     }
   }
   if (presets->parsed()) return cmd_presets(pv, pt);

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <random>
 #include <regex>
 
 #include "tests/support/process.hpp"
@@ -100,6 +101,47 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
   auto [code, out] = run({binary(), "run", dir + "/missing.toml"}, dir + "/missing.log", 60);
   CATCH_CHECK(code == 2);
   CATCH_CHECK(out.find("missing.toml") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before any training",
+                "[process][data]") {
+  const auto dir = scratch_dir("baddata");
+  std::mt19937 rng(5);
+  auto noise = [&](size_t n) {
+    std::string s(n, '\0');
+    for (auto& ch : s) ch = static_cast<char>(rng() & 0xFF);
+    return s;
+  };
+  std::filesystem::create_directories(dir + "/shards");
+  write_text(dir + "/empty.txt", "");
+  write_text(dir + "/shards/train.bin", noise(8192));
+  write_text(dir + "/shards/val.bin", noise(4096));
+  write_text(dir + "/notext.jsonl", "{\"title\": \"a\", \"body\": \"no text field\"}\n");
+  write_text(dir + "/corpus.txt", noise(64 * 1024));
+  struct bad_case {
+    std::string data_path, names, says;
+  };
+  const std::vector<bad_case> cases = {
+      {dir + "/empty.txt", dir + "/empty.txt", "is empty"},
+      {dir + "/shards", dir + "/shards/train.bin", "bad magic"},
+      {dir + "/notext.jsonl", dir + "/notext.jsonl:1", "no string field \"text\""},
+      {dir + "/corpus.txt", dir + "/corpus.txt", "is not text"},
+      {dir, dir, "has no train.bin and val.bin"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const auto log = dir + "/case" + std::to_string(i) + ".log";
+    auto [code, out] = run({binary(), "run", quick_config_file(dir), "--set", "data.path=" + c.data_path,
+                            "--set", "data.cache_dir=" + dir + "/cache" + std::to_string(i)},
+                           log, 120);
+    CATCH_INFO("case " << i << " (" << c.data_path << "): " << out);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(c.names) != std::string::npos);
+    CATCH_CHECK(count_lines_containing(out, c.says) == 1);
+    CATCH_CHECK(out.find("| step") == std::string::npos);  // no training happened
+    ++i;
+  }
   std::filesystem::remove_all(dir);
 }
 
