@@ -2,9 +2,12 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <new>
 #include <random>
 #include <regex>
+#include <stdexcept>
 
+#include "runtime/errors.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/prom_text.hpp"
 
@@ -102,6 +105,15 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
   CATCH_CHECK(code == 2);
   CATCH_CHECK(out.find("missing.toml") != std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("An out-of-memory error says so and names the settings to lower", "[process][config]") {
+  // What run_training, the workers, the evaluator and the outer optimizer print for a std::bad_alloc,
+  // whose own what() is only "std::bad_alloc".
+  const std::string oom = longwave::describe(std::bad_alloc());
+  CATCH_CHECK(oom.rfind("out of memory (std::bad_alloc): ", 0) == 0);
+  CATCH_CHECK(oom.find("train.batch_size") != std::string::npos);
+  CATCH_CHECK(longwave::describe(std::runtime_error("disk full")) == "disk full");
 }
 
 CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before any training",
