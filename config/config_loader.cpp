@@ -122,8 +122,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("train", "lr", c.train.lr, real_in('(', 0, 10, ']'));
   f("train", "warmup_steps", c.train.warmup_steps, ints(0));
   f("train", "min_lr_ratio", c.train.min_lr_ratio, real_in('[', 0, 1, ']'));
-  // Decoupled decay multiplies the weights by 1 - lr * weight_decay each step: above 1 they shrink to
-  // nothing.
+  // Decoupled decay multiplies the weights by 1 - lr * weight_decay each step: usual values are 0 to 0.1; a
+  // huge one flips and blows up the weights (1e300 trained to NaN).
   f("train", "weight_decay", c.train.weight_decay, real_in('[', 0, 1, ']'));
   f("train", "beta1", c.train.beta1, real_in('[', 0, 1, ')'));
   f("train", "beta2", c.train.beta2, real_in('[', 0, 1, ')'));

@@ -1,4 +1,5 @@
-// The real longwave binary: bad configs, --dry-run, --help, a /metrics scrape during a run, and Ctrl-C.
+// The real longwave binary: bad configs and bad data, --dry-run, --help, a /metrics scrape during a run, and
+// Ctrl-C.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
