@@ -34,7 +34,7 @@ caf::behavior evaluator_fun(caf::stateful_actor<evaluator_state>* self,
         } catch (const c10::Error& e) {
           return make_error(errc::torch_error, std::string("evaluation: ") + e.what_without_backtrace());
         } catch (const std::exception& e) {
-          return make_error(errc::torch_error, std::string("evaluation: ") + e.what());
+          return make_error(errc::torch_error, std::string("evaluation: ") + describe(e));
         }
       },
   };

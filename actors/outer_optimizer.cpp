@@ -74,7 +74,7 @@ caf::error check_size(const at::Tensor& t, int64_t n, const char* what) {
                                                " values, expected " + std::to_string(n));
 }
 
-/// Runs f, turning a torch exception into an error.
+/// Runs f, turning a torch exception (or another, such as bad_alloc) into an error.
 template <class F>
 caf::error torch_guarded(const char* what, F&& f) {
   try {
@@ -82,6 +82,8 @@ caf::error torch_guarded(const char* what, F&& f) {
     return {};
   } catch (const c10::Error& e) {
     return make_error(errc::torch_error, std::string(what) + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return make_error(errc::torch_error, std::string(what) + ": " + describe(e));
   }
 }
 

@@ -1,5 +1,10 @@
-// Config -> inner-loop options.
+// Config -> inner-loop options, and the start-up check that the run fits in memory.
 #include "actors/run_context.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "config/config_loader.hpp"
 
 namespace longwave::actors {
 
@@ -17,6 +22,31 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   o.adam.weight_decay = cfg.train.weight_decay;
   o.bf16 = cfg.model.dtype == "bf16";
   return o;
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<int64_t>(pages) * page;
+}
+
+void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec) {
+  const int64_t machine = physical_memory_bytes();
+  if (machine <= 0) return;
+  // In double: train.workers x the estimate can pass int64 even though each factor is bounded.
+  const double per_worker = static_cast<double>(
+      models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == "bf16"));
+  const double need = per_worker * static_cast<double>(cfg.train.workers);
+  if (need <= static_cast<double>(machine)) return;
+  constexpr double mib = 1 << 20;
+  throw config::config_error(
+      "train.batch_size",
+      fmt::format("train.batch_size = {}: the memory estimate is {:.1f} MiB ({:.1f} MiB per worker x {} "
+                  "workers, preset {}, model.seq_len {}), more than this machine's {:.1f} MiB of memory; "
+                  "lower train.batch_size, train.workers or model.seq_len, or use a smaller model.preset",
+                  cfg.train.batch_size, need / mib, per_worker / mib, cfg.train.workers, spec.preset,
+                  spec.seq_len, static_cast<double>(machine) / mib));
 }
 
 }  // namespace longwave::actors

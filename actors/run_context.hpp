@@ -34,4 +34,12 @@ struct run_context {
 /// Inner-loop options from the config.
 models::inner_options make_inner_options(const config::train_config& cfg);
 
+/// Bytes of physical memory of this machine (sysconf), or 0 if it cannot be told.
+int64_t physical_memory_bytes();
+
+/// Refuses (config_error naming train.batch_size, with the estimate and the memory) a run whose memory
+/// estimate for this process's workers, models::training_memory_bytes x train.workers, exceeds the machine's
+/// physical memory: it would end in a bad_alloc or the OOM killer after start-up.
+void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec);
+
 }  // namespace longwave::actors

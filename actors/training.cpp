@@ -84,9 +84,9 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
       spec.preset.c_str(), spec.dim, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden,
       spec.vocab_size, spec.seq_len);
   std::printf("# parameters: %ld (%.2fM)\n", n, static_cast<double>(n) / 1e6);
-  std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers\n",
+  std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers (this machine: %.1f MiB)\n",
               static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
-              cfg.train.workers);
+              cfg.train.workers, static_cast<double>(physical_memory_bytes()) / (1 << 20));
   std::printf("# inner steps per worker: %ld (%ld rounds x H=%ld); tokens per worker: %ld\n",
               cfg.train.rounds * cfg.train.inner_steps, cfg.train.rounds, cfg.train.inner_steps,
               cfg.train.rounds * cfg.train.inner_steps * cfg.train.batch_size * cfg.model.seq_len);
@@ -186,6 +186,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
         "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
                                         "fragments",
                                         cfg.diloco.fragments, spec.preset, spec.n_layers));
+  check_memory_fits(cfg, spec);
   if (opts.dry_run) {
     print_dry_run(cfg, spec);
     return 0;
@@ -424,12 +425,13 @@ int run_training(const config::train_config& cfg, const run_options& opts, const
     return 4;
   } catch (const lw_error& e) {
     spdlog::error("{}: {}", to_string(e.code()), e.what());
-    return e.code() == errc::invalid_config ? 2 : 1;
+    // corrupt_data: the user's corpus or shards (data.path) are unusable, bad input as much as a bad key.
+    return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
   } catch (const c10::Error& e) {
     spdlog::error("torch: {}", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
+    spdlog::error("{}", describe(e));
     return 1;
   }
 }

@@ -61,7 +61,7 @@ caf::error guarded(int64_t rank, F&& f) {
   } catch (const lw_error& e) {
     return make_error(e.code(), "worker " + std::to_string(rank) + ": " + e.what());
   } catch (const std::exception& e) {
-    return make_error(errc::torch_error, "worker " + std::to_string(rank) + ": " + e.what());
+    return make_error(errc::torch_error, "worker " + std::to_string(rank) + ": " + describe(e));
   }
 }
 

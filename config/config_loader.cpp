@@ -33,6 +33,9 @@ constexpr int64_t int64_max = std::numeric_limits<int64_t>::max();
 constexpr double inf = std::numeric_limits<double>::infinity();
 // A deadline becomes a nanosecond timespan downstream; int64 nanoseconds overflow past ~292 years.
 constexpr double max_timeout_s = 1e9;
+// Sequences per worker per step: far beyond any machine's memory at the smallest context, and small enough
+// that the memory estimate (batch x context x per-token bytes x workers) cannot overflow.
+constexpr int64_t max_batch_size = int64_t{1} << 20;
 // The byte tokenizer's vocabulary: model.vocab_size may not be smaller.
 constexpr int64_t byte_vocab = 256;
 
@@ -76,9 +79,6 @@ rule real_in(char open, double lo, double hi, char close) {
   return r;
 }
 
-rule real_above(double lo) {
-  return real_in('(', lo, inf, ')');
-}
 rule real_at_least(double lo) {
   return real_in('[', lo, inf, ')');
 }
@@ -118,18 +118,24 @@ void for_each_field(Config& c, Visitor&& f) {
   f("train", "workers", c.train.workers, ints(1, 256));
   f("train", "inner_steps", c.train.inner_steps, ints(1));
   f("train", "rounds", c.train.rounds, ints(1));
-  f("train", "batch_size", c.train.batch_size, ints(1));
+  f("train", "batch_size", c.train.batch_size, ints(1, max_batch_size));
   f("train", "lr", c.train.lr, real_in('(', 0, 10, ']'));
   f("train", "warmup_steps", c.train.warmup_steps, ints(0));
   f("train", "min_lr_ratio", c.train.min_lr_ratio, real_in('[', 0, 1, ']'));
-  f("train", "weight_decay", c.train.weight_decay, real_at_least(0));
+  // Decoupled decay multiplies the weights by 1 - lr * weight_decay each step: usual values are 0 to 0.1; a
+  // huge one flips and blows up the weights (1e300 trained to NaN).
+  f("train", "weight_decay", c.train.weight_decay, real_in('[', 0, 1, ']'));
   f("train", "beta1", c.train.beta1, real_in('[', 0, 1, ')'));
   f("train", "beta2", c.train.beta2, real_in('[', 0, 1, ')'));
-  f("train", "eps", c.train.eps, real_above(0));
+  // eps is added to a float tensor: below ~1e-38 it rounds to 0 (0/0 for a parameter that never had a
+  // gradient); above 1e-2 it swamps the second moment and AdamW stops adapting.
+  f("train", "eps", c.train.eps, real_in('[', 1e-30, 1e-2, ']'));
   f("train", "grad_clip", c.train.grad_clip, real_at_least(0));
-  f("train", "threads", c.train.threads, ints(0));
+  f("train", "threads", c.train.threads, ints(0, 1024));
 
-  f("outer", "lr", c.outer.lr, real_above(0));
+  // The outer step scales a float tensor by lr: as for train.lr, past 10 it only diverges (and past ~3e38
+  // it no longer converts to float).
+  f("outer", "lr", c.outer.lr, real_in('(', 0, 10, ']'));
   f("outer", "momentum", c.outer.momentum, real_in('(', -1, 1, ')'));
   f("outer", "nesterov", c.outer.nesterov, any());
 
@@ -467,6 +473,24 @@ void check(const std::string& key, const std::string& v, const rule& r) {
   fail_range(key, v, r);
 }
 
+/// A directory setting that names an existing file, or a path through one, could never be created: refuse it
+/// now rather than when the run first writes there. A path that does not exist yet is fine.
+void check_dir(const std::string& key, const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  for (std::filesystem::path p(dir); !p.empty(); p = p.parent_path()) {
+    const auto st = std::filesystem::status(p, ec);
+    if (std::filesystem::is_directory(st)) return;
+    if (std::filesystem::exists(st)) {
+      // Paths in full (show() would shorten them): the user needs to see which file is in the way.
+      const std::string what = p == std::filesystem::path(dir) ? std::string("it") : quote(p.string());
+      throw config_error(key, fmt::format("{} = {}: {} is a file, not a directory; choose another {}", key,
+                                          quote(dir), what, key));
+    }
+    if (p == p.parent_path()) return;
+  }
+}
+
 /// (key, node) pairs of a table in the order they appear in the source, so the first error reported is the
 /// first one in the file.
 std::vector<std::pair<std::string, const toml::node*>> in_source_order(const toml::table& t) {
@@ -705,6 +729,9 @@ void validate(const train_config& cfg) {
                                    "not fit in a 64-bit integer",
                                    cfg.train.rounds, cfg.train.inner_steps));
   }
+  check_dir("run.out_dir", cfg.run.out_dir);
+  check_dir("checkpoint.dir", cfg.checkpoint.dir);
+  check_dir("data.cache_dir", cfg.data.cache_dir);
 }
 
 train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
@@ -751,8 +778,15 @@ std::string read_config_text(const std::string& path) {
   return text;
 }
 
-train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
-  train_config cfg = parse_config(read_config_text(path), overrides, path);
+train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides,
+                              std::vector<std::string>* warnings) {
+  const std::string text = read_config_text(path);
+  train_config cfg = parse_config(text, overrides, path);
+  // parse_config accepted the text, so it parses; no table and no key in it means nothing was set.
+  if (warnings && toml::parse(text, std::string_view(path)).empty()) {
+    warnings->push_back(fmt::format("config {} is empty: every setting {}is its default", path,
+                                    overrides.empty() ? "" : "but the --set overrides "));
+  }
   if (cfg.run.name.empty()) {
     try {
       cfg.run.name = std::filesystem::path(path).stem().string();

@@ -41,11 +41,14 @@ train_config parse_config(std::string_view toml_text, const std::vector<std::str
 std::string read_config_text(const std::string& path);
 
 /// Reads the file (config_error with key "file" if it cannot be read), then parse_config. An empty run.name
-/// defaults to the file's stem. Throws config_error and nothing else.
-train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides);
+/// defaults to the file's stem. If `warnings` is given, one line is appended for each thing that is valid but
+/// likely a mistake (a file that sets nothing). Throws config_error and nothing else.
+train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides,
+                              std::vector<std::string>* warnings = nullptr);
 
-/// Range, enum and cross-field checks on a filled struct; throws config_error naming the first bad key.
-/// Called by parse_config.
+/// Range, enum and cross-field checks on a filled struct, and that run.out_dir, checkpoint.dir and
+/// data.cache_dir do not name an existing file; throws config_error naming the first bad key. Called by
+/// parse_config.
 void validate(const train_config& cfg);
 
 /// The config as TOML text: every section and every field, in struct order, doubles in shortest round-trip

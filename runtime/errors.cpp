@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 
 namespace longwave {
 
@@ -22,6 +23,14 @@ const char* to_string(errc e) {
     case errc::diverged: return "diverged";
   }
   return "unknown";
+}
+
+std::string describe(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) {
+    return "out of memory (std::bad_alloc): lower train.batch_size, train.workers or model.seq_len, or use a "
+           "smaller model.preset";
+  }
+  return e.what();
 }
 
 void assert_fail(const char* cond, const char* file, int line, const std::string& msg) {

@@ -12,7 +12,7 @@ enum class errc : uint8_t {
   invalid_config,      ///< user config rejected (CLI exits 2)
   io_error,            ///< file could not be read or written
   corrupt_checkpoint,  ///< checksum, size or magic mismatch
-  corrupt_data,        ///< token shard or tokenizer file malformed
+  corrupt_data,        ///< corpus, token shard or tokenizer file malformed (bad input: the CLI exits 2)
   deadline_missed,     ///< a request timed out
   stale_round,         ///< a message for a round that is over
   peer_lost,           ///< a peer or local worker went away
@@ -34,6 +34,10 @@ class lw_error : public std::runtime_error {
  private:
   errc code_;
 };
+
+/// e.what() for a message, except that a std::bad_alloc (whose what() is only "std::bad_alloc") becomes a
+/// sentence saying memory ran out and which settings to lower.
+std::string describe(const std::exception& e);
 
 [[noreturn]] void assert_fail(const char* cond, const char* file, int line, const std::string& msg);
 

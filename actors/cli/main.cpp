@@ -180,12 +180,14 @@ int main(int argc, char** argv) {
   if (run->parsed()) {
     runtime::init_logging(log_level);
     config::train_config cfg;
+    std::vector<std::string> warnings;
     try {
-      cfg = config::load_config_file(config_path, overrides);
+      cfg = config::load_config_file(config_path, overrides, &warnings);
     } catch (const config::config_error& e) {
       std::fprintf(stderr, "%s\n", e.what());
       return 2;
     }
+    for (const auto& w : warnings) spdlog::warn("{}", w);
     return actors::run_training(cfg, ropts);
   }
   if (coord->parsed() || node->parsed()) {
@@ -216,7 +218,11 @@ int main(int argc, char** argv) {
       return 0;
     } catch (const lw_error& e) {
       spdlog::error("{}", e.what());
-      return e.code() == errc::invalid_config ? 2 : 1;
+      // corrupt_data: the input is empty, binary or malformed, a bad argument (as in `run`).
+      return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
+    } catch (const std::exception& e) {
+      spdlog::error("{}", describe(e));
+      return 1;
     }
   }
   if (presets->parsed()) return cmd_presets(pv, pt);

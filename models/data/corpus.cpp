@@ -33,6 +33,57 @@ bool is_blank(std::string_view line) {
 
 }  // namespace
 
+text_profile profile_text(std::string_view text) {
+  text_profile p;
+  p.bytes = static_cast<int64_t>(text.size());
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      if ((c < 0x20 && (c < '\t' || c > '\r')) || c == 0x7f) ++p.control;
+      ++i;
+      continue;
+    }
+    // Length and the allowed range of the second byte (no overlong forms, surrogates or code points past
+    // U+10FFFF), as in the Unicode standard's table of well-formed UTF-8.
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    bool ok = len > 0 && i + len <= n && s[i + 1] >= lo && s[i + 1] <= hi;
+    for (size_t k = 2; ok && k < len; ++k) ok = s[i + k] >= 0x80 && s[i + k] <= 0xBF;
+    if (ok) {
+      i += len;
+    } else {
+      ++p.invalid_utf8;
+      ++i;
+    }
+  }
+  return p;
+}
+
+void check_is_text(const std::string& path, const text_profile& profile) {
+  if (profile.bytes == 0) return;
+  const double share = static_cast<double>(profile.control) / static_cast<double>(profile.bytes);
+  if (share <= max_control_share) return;
+  throw lw_error(
+      errc::corrupt_data,
+      fmt::format("corpus '{}' is not text: {:.1f} % of its {} bytes are NUL or control characters "
+                  "(text has almost none; at most {:.0f} % are allowed); pass a text or JSONL file, "
+                  "or a directory with llm.c train.bin and val.bin",
+                  path, 100 * share, profile.bytes, 100 * max_control_share));
+}
+
 std::optional<std::string> json_string_field(std::string_view line, std::string_view key) {
   runtime::json_error e;
   const auto v = runtime::parse_json(line, jsonl_format, &e);

@@ -116,7 +116,7 @@ prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
   d.val_path = (dir / "val.bin").string();
   std::error_code ec;
   if (!fs::is_regular_file(d.train_path, ec) || !fs::is_regular_file(d.val_path, ec)) {
-    throw lw_error(errc::io_error,
+    throw lw_error(errc::invalid_config,
                    fmt::format("input directory '{}' has no train.bin and val.bin; pass a corpus "
                                "file (.txt or .jsonl) or a directory of llm.c token shards",
                                dir.string()));
@@ -209,7 +209,15 @@ prepared_dataset prepare_dataset(const std::string& input_path, const std::strin
 
   auto t0 = std::chrono::steady_clock::now();
   std::string text = read_corpus(input.string());
+  const text_profile profile = profile_text(text);
+  check_is_text(input_path, profile);
   if (log) log(fmt::format("data: read corpus {} ({} bytes of text)", input.string(), text.size()));
+  if (log && profile.invalid_utf8 * 100 > profile.bytes) {
+    log(fmt::format(
+        "data: warning: {:.1f} % of the bytes of corpus {} are not UTF-8 (a legacy encoding such "
+        "as Latin-1?); the tokenizer takes them as they are",
+        100.0 * static_cast<double>(profile.invalid_utf8) / static_cast<double>(profile.bytes), input_path));
+  }
 
   std::unique_ptr<tokenizer> tok;
   if (tokenizer_kind == "bpe") {

@@ -24,9 +24,11 @@ struct prepared_dataset {
 ///   the text is tokenized and the last `val_fraction` of the tokens become val. out_dir receives train.bin,
 ///   val.bin, tokenizer.txt and prepared.txt (input path, size, mtime, tokenizer, vocab, val_fraction). A
 ///   later call with the same inputs finds prepared.txt matching and returns without re-tokenizing.
-/// `log` receives progress lines ("data: ..."). Throws lw_error(invalid_config) on bad arguments (unknown
-/// kind, BPE vocab outside 256..65536, val_fraction outside (0, 1)), lw_error(io_error) /
-/// lw_error(corrupt_data) from the files.
+/// `log` receives progress lines ("data: ..."), and a "data: warning: ..." line when more than 1 % of the
+/// corpus is not UTF-8. Throws lw_error(invalid_config) on bad arguments (unknown kind, BPE vocab outside
+/// 256..65536, val_fraction outside (0, 1), a directory without train.bin and val.bin), lw_error(io_error) /
+/// lw_error(corrupt_data) from the files, and lw_error(corrupt_data) for a corpus that is binary data rather
+/// than text (check_is_text).
 prepared_dataset prepare_dataset(const std::string& input_path, const std::string& tokenizer_kind,
                                  int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
                                  std::function<void(const std::string&)> log = {});

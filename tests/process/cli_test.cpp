@@ -1,9 +1,14 @@
-// The real longwave binary: bad configs, --dry-run, --help, a /metrics scrape during a run, and Ctrl-C.
+// The real longwave binary: bad configs and bad data, --dry-run, --help, a /metrics scrape during a run, and
+// Ctrl-C.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <new>
+#include <random>
 #include <regex>
+#include <stdexcept>
 
+#include "runtime/errors.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/prom_text.hpp"
 
@@ -50,6 +55,7 @@ int count_lines_containing(const std::string& text, const std::string& needle) {
 
 CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[process][config]") {
   const auto dir = scratch_dir("badcfg");
+  write_text(dir + "/a_file", "not a directory\n");
   struct bad_case {
     std::string toml, key;
     std::vector<std::string> extra_args;
@@ -70,6 +76,17 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"", "train.workers", {"--set", "train.workers=abc"}},
       {"", "train.nope", {"--set", "train.nope=1"}},
       {"[data]\npath = \"/nonexistent/corpus.txt\"\n", "data.path", {}},
+      // Accepted until a sweep of --set values found them: a crash, NaN, a bare bad_alloc.
+      {"", "outer.lr", {"--set", "outer.lr=1e300"}},
+      {"", "train.weight_decay", {"--set", "train.weight_decay=1e300"}},
+      {"", "train.eps", {"--set", "train.eps=1e300"}},
+      {"", "train.batch_size", {"--set", "train.batch_size=1000000000"}},
+      // Within range, but the memory estimate is far beyond any machine: refused, by --dry-run too.
+      {"[model]\npreset = \"1b\"\nseq_len = 8192\n[train]\nbatch_size = 1048576\n",
+       "train.batch_size = 1048576: the memory estimate is",
+       {"--dry-run"}},
+      {"", "run.out_dir", {"--set", "run.out_dir=" + dir + "/a_file"}},
+      {"", "checkpoint.dir", {"--set", "checkpoint.dir=" + dir + "/a_file/checkpoints"}},
   };
   int i = 0;
   for (const auto& c : cases) {
@@ -91,6 +108,56 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
   std::filesystem::remove_all(dir);
 }
 
+CATCH_TEST_CASE("An out-of-memory error says so and names the settings to lower", "[process][config]") {
+  // What run_training, the workers, the evaluator and the outer optimizer print for a std::bad_alloc,
+  // whose own what() is only "std::bad_alloc".
+  const std::string oom = longwave::describe(std::bad_alloc());
+  CATCH_CHECK(oom.rfind("out of memory (std::bad_alloc): ", 0) == 0);
+  CATCH_CHECK(oom.find("train.batch_size") != std::string::npos);
+  CATCH_CHECK(longwave::describe(std::runtime_error("disk full")) == "disk full");
+}
+
+CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before any training",
+                "[process][data]") {
+  const auto dir = scratch_dir("baddata");
+  std::mt19937 rng(5);
+  auto noise = [&](size_t n) {
+    std::string s(n, '\0');
+    for (auto& ch : s) ch = static_cast<char>(rng() & 0xFF);
+    return s;
+  };
+  std::filesystem::create_directories(dir + "/shards");
+  write_text(dir + "/empty.txt", "");
+  write_text(dir + "/shards/train.bin", noise(8192));
+  write_text(dir + "/shards/val.bin", noise(4096));
+  write_text(dir + "/notext.jsonl", "{\"title\": \"a\", \"body\": \"no text field\"}\n");
+  write_text(dir + "/corpus.txt", noise(64 * 1024));
+  struct bad_case {
+    std::string data_path, names, says;
+  };
+  const std::vector<bad_case> cases = {
+      {dir + "/empty.txt", dir + "/empty.txt", "is empty"},
+      {dir + "/shards", dir + "/shards/train.bin", "bad magic"},
+      {dir + "/notext.jsonl", dir + "/notext.jsonl:1", "no string field \"text\""},
+      {dir + "/corpus.txt", dir + "/corpus.txt", "is not text"},
+      {dir, dir, "has no train.bin and val.bin"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const auto log = dir + "/case" + std::to_string(i) + ".log";
+    auto [code, out] = run({binary(), "run", quick_config_file(dir), "--set", "data.path=" + c.data_path,
+                            "--set", "data.cache_dir=" + dir + "/cache" + std::to_string(i)},
+                           log, 120);
+    CATCH_INFO("case " << i << " (" << c.data_path << "): " << out);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(c.names) != std::string::npos);
+    CATCH_CHECK(count_lines_containing(out, c.says) == 1);
+    CATCH_CHECK(out.find("| step") == std::string::npos);  // no training happened
+    ++i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count without training",
                 "[process][config]") {
   const auto dir = scratch_dir("dryrun");
@@ -102,7 +169,15 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(out.find("parameters: 14260608") != std::string::npos);
   CATCH_CHECK(out.find("preset = \"small\"") != std::string::npos);
   CATCH_CHECK(out.find("memory estimate") != std::string::npos);
+  CATCH_CHECK(out.find("this machine: ") != std::string::npos);
+  CATCH_CHECK(out.find("is empty") == std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints"));
+  // A config file that sets nothing runs on the defaults, and says so.
+  write_text(dir + "/empty.toml", "# nothing here\n");
+  auto [ecode, empty] = run({binary(), "run", dir + "/empty.toml", "--dry-run"}, dir + "/empty.log", 120);
+  CATCH_INFO(empty);
+  CATCH_CHECK(ecode == 0);
+  CATCH_CHECK(count_lines_containing(empty, dir + "/empty.toml is empty: every setting is its default") == 1);
   auto [hcode, help] = run({binary(), "run", "--help"}, dir + "/help.log", 60);
   CATCH_CHECK(hcode == 0);
   CATCH_CHECK(help.find("--dry-run") != std::string::npos);

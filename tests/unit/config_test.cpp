@@ -287,12 +287,13 @@ CATCH_TEST_CASE("to_toml round-trips the default config exactly", "[config]") {
 
 CATCH_TEST_CASE("to_toml round-trips awkward doubles and strings exactly", "[config]") {
   train_config c = parse_config(full_file, {}, "full.toml");
-  c.train.lr = 0.1 + 0.2;  // 0.30000000000000004
-  c.train.eps = std::numeric_limits<double>::denorm_min();
+  c.train.lr = std::numeric_limits<double>::denorm_min();
+  c.diloco.alpha = 0.1 + 0.2;  // 0.30000000000000004
+  c.train.eps = std::nextafter(1e-30, 1.0);
   c.train.beta1 = 1.0 / 3.0;
-  c.train.weight_decay = 1e300;
-  c.train.grad_clip = 0.0;
-  c.outer.lr = 123456789.123456789;
+  c.train.weight_decay = std::nextafter(1.0, 0.0);
+  c.train.grad_clip = 1e300;
+  c.outer.lr = 1.23456789123456789;
   c.runtime.round_timeout_s = 3600.0;
   c.data.val_fraction = std::nextafter(0.5, 0.0);
   c.run.seed = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
@@ -469,19 +470,26 @@ CATCH_TEST_CASE("Out-of-range values name the key and the allowed range", "[conf
       {"[train]\nworkers = 257", "train.workers", "must be an integer in 1..256"},
       {"[train]\ninner_steps = 0", "train.inner_steps", "must be an integer >= 1"},
       {"[train]\nrounds = 0", "train.rounds", "must be an integer >= 1"},
-      {"[train]\nbatch_size = -1", "train.batch_size", "must be an integer >= 1"},
+      {"[train]\nbatch_size = -1", "train.batch_size", "must be an integer in 1..1048576"},
+      {"[train]\nbatch_size = 1000000000", "train.batch_size", "must be an integer in 1..1048576"},
       {"[train]\nlr = 0", "train.lr", "must be a finite number > 0 and <= 10"},
       {"[train]\nlr = 10.5", "train.lr", "must be a finite number > 0 and <= 10"},
       {"[train]\nlr = nan", "train.lr", "train.lr = nan"},
       {"[train]\nwarmup_steps = -1", "train.warmup_steps", "must be an integer >= 0"},
       {"[train]\nmin_lr_ratio = 1.5", "train.min_lr_ratio", ">= 0 and <= 1"},
-      {"[train]\nweight_decay = -0.1", "train.weight_decay", ">= 0"},
+      {"[train]\nweight_decay = -0.1", "train.weight_decay", ">= 0 and <= 1"},
+      {"[train]\nweight_decay = 1e300", "train.weight_decay", "must be a finite number >= 0 and <= 1"},
       {"[train]\nbeta1 = 1.0", "train.beta1", ">= 0 and < 1"},
       {"[train]\nbeta2 = -0.5", "train.beta2", ">= 0 and < 1"},
-      {"[train]\neps = 0", "train.eps", "> 0"},
+      {"[train]\neps = 0", "train.eps", "must be a finite number >= 1e-30 and <= 0.01"},
+      {"[train]\neps = 1e-300", "train.eps", ">= 1e-30 and <= 0.01"},
+      {"[train]\neps = 1e300", "train.eps", ">= 1e-30 and <= 0.01"},
       {"[train]\ngrad_clip = -1", "train.grad_clip", ">= 0"},
-      {"[train]\nthreads = -1", "train.threads", ">= 0"},
+      {"[train]\nthreads = -1", "train.threads", "must be an integer in 0..1024"},
+      {"[train]\nthreads = 1000000000", "train.threads", "must be an integer in 0..1024"},
       {"[outer]\nlr = 0", "outer.lr", "> 0"},
+      {"[outer]\nlr = 1e300", "outer.lr", "outer.lr = 1e+300: must be a finite number > 0 and <= 10"},
+      {"[outer]\nlr = 10.5", "outer.lr", "> 0 and <= 10"},
       {"[outer]\nlr = inf", "outer.lr", "outer.lr = inf: must be a finite number > 0"},
       {"[outer]\nmomentum = 1", "outer.momentum", "> -1 and < 1"},
       {"[outer]\nmomentum = -1", "outer.momentum", "> -1 and < 1"},
@@ -518,9 +526,13 @@ CATCH_TEST_CASE("Boundary values of the ranges are accepted", "[config]") {
   const train_config c = parse_config(
       "[model]\nseq_len = 8192\nvocab_size = 65536\n[data]\nval_fraction = 0.5\nbpe_vocab_size = 65535\n"
       "[train]\nworkers = 256\nlr = 10\nmin_lr_ratio = 1\nbeta1 = 0\ngrad_clip = 0\nwarmup_steps = 0\n"
+      "batch_size = 1048576\nweight_decay = 1\neps = 1e-2\nthreads = 1024\n[outer]\nlr = 10\n"
       "[metrics]\nport = 65535\n[eval]\nevery_rounds = 0\n[checkpoint]\nevery_rounds = 0\n",
       {}, "");
   CATCH_CHECK(c.train.workers == 256);
+  CATCH_CHECK(c.train.batch_size == 1048576);
+  CATCH_CHECK(c.outer.lr == 10.0);
+  CATCH_CHECK_NOTHROW(parse_config("[train]\neps = 1e-30\nweight_decay = 0\nthreads = 0\n", {}, ""));
   CATCH_CHECK(c.data.val_fraction == 0.5);
   CATCH_CHECK(c.metrics.port == 65535);
 }
@@ -549,6 +561,18 @@ CATCH_TEST_CASE("An integer too big for int64 is an error, not a crash", "[confi
   CATCH_CHECK_THAT(in_set.what(), Contains("--set"));
   const config_error product = error_of("[train]\nrounds = 9223372036854775807\ninner_steps = 2\n");
   CATCH_CHECK(product.key() == "train.rounds");
+}
+
+CATCH_TEST_CASE("Values that overflow float or wreck training are refused from --set too", "[config]") {
+  // Found by a sweep of --set values: each was accepted and then crashed the run or trained to NaN.
+  for (const std::string ov :
+       {"outer.lr=1e300", "train.weight_decay=1e300", "train.eps=1e300", "train.batch_size=1000000000"}) {
+    CATCH_CAPTURE(ov);
+    const config_error e = error_of("", {ov});
+    CATCH_CHECK(e.key() == ov.substr(0, ov.find('=')));
+    CATCH_CHECK_THAT(e.what(), Contains("must be"));
+    CATCH_CHECK_THAT(e.what(), Contains("(from --set)"));
+  }
 }
 
 CATCH_TEST_CASE("A bad override is named", "[config]") {
@@ -678,4 +702,51 @@ CATCH_TEST_CASE("Streaming needs inner_steps divisible by the fragments and tau 
   CATCH_CHECK(d.key() == "diloco.alpha");
   // The streaming rules apply only to streaming.
   CATCH_CHECK_NOTHROW(parse_config("[train]\ninner_steps = 7\n[diloco]\nouter = \"eager\"\n", {}, ""));
+}
+
+CATCH_TEST_CASE("A directory setting that names an existing file is refused at load time", "[config]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("lw_config_dirs_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "a_file").string();
+  std::ofstream(file) << "not a directory\n";
+  for (const std::string key : {"run.out_dir", "checkpoint.dir", "data.cache_dir"}) {
+    CATCH_CAPTURE(key);
+    const config_error e = error_of("", {key + "=" + file});
+    CATCH_CHECK(e.key() == key);
+    CATCH_CHECK_THAT(e.what(), Contains(file) && Contains("is a file, not a directory"));
+    CATCH_CHECK_THAT(e.what(), Contains("(from --set)"));
+    // A path below a file cannot be created either.
+    const config_error below = error_of("", {key + "=" + file + "/sub"});
+    CATCH_CHECK(below.key() == key);
+    CATCH_CHECK_THAT(below.what(), Contains("\"" + file + "\" is a file"));
+  }
+  // A directory that exists, or that does not exist yet, is fine.
+  CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + dir.string()}, ""));
+  CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + (dir / "new" / "deeper").string()}, ""));
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("load_config_file warns about a config file that sets nothing", "[config]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("lw_config_empty_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "empty.toml").string();
+  for (const std::string text : {"", "\n  \n# only a comment\n"}) {
+    std::ofstream(file) << text;
+    std::vector<std::string> warnings;
+    const train_config c = load_config_file(file, {}, &warnings);
+    CATCH_CHECK(c.train.workers == train_config{}.train.workers);
+    CATCH_REQUIRE(warnings.size() == 1);
+    CATCH_CHECK(warnings[0] == "config " + file + " is empty: every setting is its default");
+    warnings.clear();
+    load_config_file(file, {"train.workers=2"}, &warnings);
+    CATCH_REQUIRE(warnings.size() == 1);
+    CATCH_CHECK_THAT(warnings[0], Contains("every setting but the --set overrides is its default"));
+  }
+  std::ofstream(file) << "[train]\nworkers = 2\n";
+  std::vector<std::string> warnings;
+  load_config_file(file, {}, &warnings);
+  CATCH_CHECK(warnings.empty());
+  fs::remove_all(dir);
 }

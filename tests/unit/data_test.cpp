@@ -164,6 +164,73 @@ CATCH_TEST_CASE("A plain corpus is read as raw bytes and an empty or missing cor
   CATCH_CHECK(error_code_of([&] { read_corpus(dir.path().string()); }) == errc::io_error);
 }
 
+CATCH_TEST_CASE("profile_text counts control bytes and bytes outside well-formed UTF-8", "[data]") {
+  const text_profile plain =
+      profile_text("tab\tnewline\nreturn\r\nvt\vff\f caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  CATCH_CHECK(plain.control == 0);
+  CATCH_CHECK(plain.invalid_utf8 == 0);
+  // 0x00-0x08, 0x0E-0x1F and 0x7F; every byte from 0x80 up stands alone, so none is well-formed UTF-8.
+  const text_profile bytes = profile_text(all_bytes());
+  CATCH_CHECK(bytes.bytes == 256);
+  CATCH_CHECK(bytes.control == 9 + 18 + 1);
+  CATCH_CHECK(bytes.invalid_utf8 == 128);
+  CATCH_CHECK(profile_text(std::string("a\0b", 3)).control == 1);
+  CATCH_CHECK(profile_text("\xC0\xAF").invalid_utf8 == 2);          // overlong '/'
+  CATCH_CHECK(profile_text("\xED\xA0\x80").invalid_utf8 == 3);      // a UTF-16 surrogate
+  CATCH_CHECK(profile_text("\xF4\x90\x80\x80").invalid_utf8 == 4);  // past U+10FFFF
+  CATCH_CHECK(profile_text("ok \xE2\x82").invalid_utf8 == 2);       // cut short at the end
+  CATCH_CHECK(profile_text("caf\xE9").invalid_utf8 == 1);           // Latin-1
+}
+
+CATCH_TEST_CASE("A binary corpus is refused naming the file and its share of control bytes", "[data]") {
+  temp_dir dir;
+  std::string noise(64 * 1024, '\0');
+  std::mt19937 rng(11);
+  for (auto& ch : noise) ch = static_cast<char>(rng() & 0xFF);
+  const std::string corpus = dir.file("corpus.txt");
+  write_text(corpus, noise);
+  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out")); }) ==
+              errc::corrupt_data);
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out")),
+                            Contains(corpus) && Contains("is not text") && Contains("% of its 65536 bytes"));
+  CATCH_CHECK(!fs::exists(dir.file("out/prepared.txt")));
+  // UTF-16 text: every other byte is NUL.
+  std::string utf16;
+  for (const char ch : sample_text()) utf16 += std::string{ch, '\0'};
+  write_text(corpus, utf16);
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out")),
+                            Contains("is not text"));
+  // A JSONL whose documents decode to control bytes is no better.
+  std::string doc;
+  for (int i = 0; i < 100; ++i) doc += "\\u0001x";
+  write_text(dir.file("ctl.jsonl"), "{\"text\": \"" + doc + "\"}\n");
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(dir.file("ctl.jsonl"), "byte", 0, 0.1, dir.file("out")),
+                            Contains("ctl.jsonl") && Contains("is not text"));
+}
+
+CATCH_TEST_CASE("Text in another encoding is prepared with a warning; a few control bytes pass", "[data]") {
+  temp_dir dir;
+  const std::string corpus = dir.file("latin1.txt");
+  std::string text = sample_text();
+  for (size_t i = 0; i < text.size(); i += 20) text[i] = '\xE9';  // Latin-1 e-acute: not UTF-8
+  write_text(corpus, text);
+  std::vector<std::string> logs;
+  const prepared_dataset d = prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out"),
+                                             [&](const std::string& l) { logs.push_back(l); });
+  CATCH_CHECK(d.n_train_tokens + d.n_val_tokens == static_cast<int64_t>(text.size()));
+  int warnings = 0;
+  for (const auto& l : logs)
+    if (l.find("warning") != std::string::npos && l.find("not UTF-8") != std::string::npos &&
+        l.find(corpus) != std::string::npos)
+      ++warnings;
+  CATCH_CHECK(warnings == 1);
+
+  // Form feeds, a stray NUL and an ANSI colour or two are still text.
+  const std::string mostly = sample_text() + "\f\x1b[1mbold\x1b[0m" + std::string(1, '\0');
+  CATCH_CHECK_NOTHROW(check_is_text("mostly.txt", profile_text(mostly)));
+  CATCH_CHECK(profile_text(mostly).invalid_utf8 == 0);
+}
+
 // ------------------------------------------------------------------------------------------------ tokenizers
 
 CATCH_TEST_CASE("The byte tokenizer maps every byte to itself and back", "[data]") {
@@ -471,6 +538,9 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   temp_dir empty;
   CATCH_REQUIRE_THROWS_WITH(prepare_dataset(empty.path().string(), "byte", 0, 0.1, empty.file("out")),
                             Contains("has no train.bin and val.bin"));
+  CATCH_CHECK(error_code_of([&] {
+                prepare_dataset(empty.path().string(), "byte", 0, 0.1, empty.file("out"));
+              }) == errc::invalid_config);
 }
 
 CATCH_TEST_CASE("prepare_dataset rejects bad arguments with a clear message", "[data]") {
