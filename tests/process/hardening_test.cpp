@@ -294,7 +294,22 @@ CATCH_TEST_CASE(
     auto [code, log] = run({binary(), "launch", file}, sub + "/launch.log", 600);
     CATCH_INFO(log.substr(log.size() > 20000 ? log.size() - 20000 : 0));
     CATCH_REQUIRE(code == 0);
-    if (interrupt) CATCH_CHECK(contains(log, "resuming from round"));
+    if (interrupt) {
+      CATCH_CHECK(contains(log, "resuming from round"));
+      // The finished cluster started once more: every node says so and nothing trains.
+      auto [again, log2] = run({binary(), "launch", file}, sub + "/launch2.log", 120);
+      CATCH_INFO(log2);
+      CATCH_CHECK(again == 0);
+      CATCH_CHECK(contains(log2, "launch: exit codes: coordinator=0 n0=0 n1=0"));
+      for (const char* node : {"n0", "n1"}) {
+        CATCH_CHECK(read_trace(sub + "/cluster/" + node + "/loss_trace.tsv").size() == 30);
+      }
+      size_t complete = 0;
+      for (auto p = log2.find("run complete: "); p != std::string::npos;
+           p = log2.find("run complete: ", p + 1))
+        ++complete;
+      CATCH_CHECK(complete == 2);
+    }
     return sub + "/cluster";
   };
   const auto a = run_cluster("a", false);
