@@ -14,8 +14,9 @@
 #include <limits>
 #include <map>
 #include <numeric>
-#include <set>
 
+#include "actors/round/inflight.hpp"
+#include "actors/round/streaming_schedule.hpp"
 #include "actors/worker.hpp"
 #include "models/lr_schedule.hpp"
 #include "runtime/caf_errors.hpp"
@@ -29,44 +30,7 @@ namespace longwave::actors {
 using namespace longwave::runtime;
 using clock = std::chrono::steady_clock;
 
-const char* to_string(phase p) {
-  switch (p) {
-    case phase::idle: return "idle";
-    case phase::resuming: return "resuming";
-    case phase::inner: return "inner";
-    case phase::reducing: return "reducing";
-    case phase::outer_step: return "outer_step";
-    case phase::evaluating: return "evaluating";
-    case phase::saving: return "saving";
-    case phase::stopping: return "stopping";
-    case phase::done: return "done";
-    case phase::failed: return "failed";
-  }
-  return "?";
-}
-
-bool allowed_transition(phase from, phase to) {
-  if (to == phase::failed) return from != phase::done && from != phase::failed;
-  if (to == phase::stopping) return from != phase::done && from != phase::failed && from != phase::stopping;
-  switch (from) {
-    case phase::idle: return to == phase::resuming || to == phase::inner;
-    case phase::resuming: return to == phase::inner;
-    case phase::inner: return to == phase::reducing || to == phase::outer_step || to == phase::evaluating;
-    case phase::reducing: return to == phase::outer_step;
-    case phase::outer_step:
-      return to == phase::evaluating || to == phase::saving || to == phase::inner || to == phase::done;
-    case phase::evaluating: return to == phase::saving || to == phase::inner || to == phase::done;
-    case phase::saving: return to == phase::inner || to == phase::done;
-    case phase::stopping: return to == phase::done;
-    case phase::done:
-    case phase::failed: return false;
-  }
-  return false;
-}
-
 namespace {
-
-using reduce_key = std::pair<uint64_t, uint32_t>;
 
 struct step_agg {
   int64_t count = 0;
@@ -105,9 +69,7 @@ struct coordinator_state {
   // (round, fragment position): delayed/eager use (t, 0), streaming (t, j) for its j-th sync of round t.
   bool one_late = false;  // delayed or eager: round t applies round t-1's average
   bool eager = false, streaming = false;
-  std::map<reduce_key, at::Tensor> arrived;
-  std::set<reduce_key> inflight;
-  std::multimap<reduce_key, std::function<void(at::Tensor)>> waiting;
+  inflight_reduces reduces;
   int64_t stream_pos = 0;    // streaming: inner steps of the current round done (at a segment boundary)
   double round_stall_s = 0;  // seconds the workers of the current round waited for a late average
   bool final_applied = false;
@@ -140,14 +102,24 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-void set_phase(self_ptr self, phase to) {
+void fail(self_ptr self, const caf::error& e);
+
+/// The only place the phase changes. An illegal move fails the run naming both phases; after the run ended
+/// (a late reply), it is refused quietly. Returns whether the move was made.
+bool set_phase(self_ptr self, phase to) {
   auto& s = self->state;
   if (!allowed_transition(s.ph, to)) {
-    spdlog::error("coordinator: illegal transition {} -> {} (ignored)", to_string(s.ph), to_string(to));
-    return;
+    if (is_terminal(s.ph)) {
+      spdlog::debug("coordinator: {} -> {} refused: the run has ended", to_string(s.ph), to_string(to));
+      return false;
+    }
+    fail(self, make_error(errc::illegal_transition, fmt::format("the coordinator cannot go from {} to {}",
+                                                                to_string(s.ph), to_string(to))));
+    return false;
   }
   spdlog::debug("coordinator: {} -> {}", to_string(s.ph), to_string(to));
   s.ph = to;
+  return true;
 }
 
 void gauge(self_ptr self, const char* name, double v, const std::string& worker = "") {
@@ -336,7 +308,7 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
           [=](caf::error& e) { fail(self, e); });
 }
 
-void when_average(self_ptr self, reduce_key key, std::function<void(at::Tensor)> k, bool final);
+void when_average(self_ptr self, ring_label key, std::function<void(at::Tensor)> k, bool final);
 
 /// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a
 /// resume continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it
@@ -344,16 +316,15 @@ void when_average(self_ptr self, reduce_key key, std::function<void(at::Tensor)>
 void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
   auto& s = self->state;
   const auto r = snap.round;
-  const reduce_key key{r, 0};
-  if (!s.one_late || (s.arrived.count(key) == 0 && s.inflight.count(key) == 0)) return k(std::move(snap));
+  const ring_label key{r, 0};
+  if (!s.one_late || !s.reduces.known(key)) return k(std::move(snap));
   auto holder = std::make_shared<train_snapshot>(std::move(snap));
   auto attach = [holder, k, r](at::Tensor avg) {
     holder->pending = std::move(avg);
     holder->pending_round = r;
     k(std::move(*holder));
   };
-  if (s.arrived.count(key)) return attach(s.arrived.at(key));
-  s.waiting.emplace(key, attach);
+  s.reduces.when(key, attach);
 }
 
 /// Error feedback in a cluster: a snapshot also holds the communicator's residuals. Asked for now, the
@@ -500,7 +471,7 @@ constexpr auto lost_peer_grace = std::chrono::milliseconds(600);
 /// lost_peer_grace for this node's own interrupt (lost_atom), then fails the run. Through that wait the key
 /// stays in flight, so a snapshot taken meanwhile (delayed, eager) waits for its average instead of being
 /// saved without it; none is saved, since the average never comes.
-void allreduce_failed(self_ptr self, reduce_key key, caf::error e, bool waited = false) {
+void allreduce_failed(self_ptr self, ring_label key, caf::error e, bool waited = false) {
   const bool stop = ended_by_stop(self, e);
   if (!stop && !waited && has_code(e, errc::peer_lost)) {
     spdlog::debug("round {}: a ring peer left; failing in {} ms unless this node is stopping too", key.first,
@@ -508,7 +479,7 @@ void allreduce_failed(self_ptr self, reduce_key key, caf::error e, bool waited =
     self->delayed_send(self, lost_peer_grace, lost_atom_v, key.first, key.second, std::move(e));
     return;
   }
-  self->state.inflight.erase(key);  // no-op for sync's all-reduce, which is never in flight
+  self->state.reduces.failed(key);  // no-op for sync's all-reduce, which is never in flight
   if (stop) return stop_in_allreduce(self, key.first);
   fail(self, e);
 }
@@ -609,7 +580,7 @@ void account_round(self_ptr self) {
 
 void eval_then_continue(self_ptr self, at::Tensor theta);
 void eager_finish(self_ptr self);
-void streaming_finish(self_ptr self, uint32_t f);
+void streaming_finish(self_ptr self, size_t i);
 
 void after_round(self_ptr self, at::Tensor theta) {
   auto& s = self->state;
@@ -619,9 +590,9 @@ void after_round(self_ptr self, at::Tensor theta) {
   gauge(self, "longwave_outer_round", static_cast<double>(s.round));
   const bool last = s.round >= static_cast<uint64_t>(cfg.train.rounds);
   if (last && !s.final_applied && s.eager) return eager_finish(self);
-  if (last && !s.final_applied && s.streaming) return streaming_finish(self, 1);
-  const reduce_key key{s.round, 0};
-  if (s.one_late && last && !s.final_applied && (s.inflight.count(key) || s.arrived.count(key))) {
+  if (last && !s.final_applied && s.streaming) return streaming_finish(self, 0);
+  const ring_label key{s.round, 0};
+  if (s.one_late && last && !s.final_applied && s.reduces.known(key)) {
     // The last round's average would otherwise be computed and dropped: apply it before the final evaluation,
     // so the result holds every round's work.
     s.final_applied = true;
@@ -630,7 +601,7 @@ void after_round(self_ptr self, at::Tensor theta) {
     return when_average(
         self, key,
         [=](at::Tensor avg) {
-          self->state.arrived.erase(key);  // applied: the final snapshot must not carry it as pending
+          self->state.reduces.take(key);  // applied: the final snapshot must not carry it as pending
           self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, r, avg)
               .then([=](at::Tensor& final_theta) { eval_then_continue(self, final_theta); },
                     [=](caf::error& e) { fail(self, e); });
@@ -703,32 +674,22 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
 
 /// Starts the all-reduce of `key` in the background; its average lands in `arrived` (and wakes waiters).
 /// Streaming passes the fragment's slices and its position j as the ring's fragment.
-void start_reduce(self_ptr self, reduce_key key, std::vector<at::Tensor> parts, bool exact = false) {
+void start_reduce(self_ptr self, ring_label key, std::vector<at::Tensor> parts, bool exact = false) {
   auto& s = self->state;
-  s.inflight.insert(key);
+  s.reduces.started(key);
   self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, key.first, key.second, std::move(parts),
                 exact)
-      .then(
-          [=](at::Tensor& avg) {
-            auto& s = self->state;
-            s.inflight.erase(key);
-            s.arrived[key] = avg;
-            auto range = s.waiting.equal_range(key);
-            std::vector<std::function<void(at::Tensor)>> ks;
-            for (auto it = range.first; it != range.second; ++it) ks.push_back(std::move(it->second));
-            s.waiting.erase(range.first, range.second);
-            for (auto& k : ks) k(avg);
-          },
-          [=](caf::error& e) { allreduce_failed(self, key, std::move(e)); });
+      .then([=](at::Tensor& avg) { self->state.reduces.arrived(key, avg); },
+            [=](caf::error& e) { allreduce_failed(self, key, std::move(e)); });
 }
 
 /// Calls k with key's average now if it arrived, else when it arrives. While training, the wait is the
 /// workers' stall; after the last round (final = true) nothing computes any more, so it is only logged.
-void when_average(self_ptr self, reduce_key key, std::function<void(at::Tensor)> k, bool final = false) {
+void when_average(self_ptr self, ring_label key, std::function<void(at::Tensor)> k, bool final = false) {
   auto& s = self->state;
-  if (s.arrived.count(key)) return k(s.arrived.at(key));
+  if (s.reduces.has_average(key)) return k(s.reduces.average(key));
   const auto t0 = clock::now();
-  s.waiting.emplace(key, [=](at::Tensor avg) {
+  s.reduces.when(key, [=](at::Tensor avg) {
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
     const auto& policy = self->state.ctx->cfg.diloco.outer;
     const std::string what = key.second == 0 ? fmt::format("round {}", key.first)
@@ -769,8 +730,8 @@ void one_late_step(self_ptr self, uint64_t r, at::Tensor avg_prev, std::vector<a
 /// none.
 void one_late_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts) {
   auto& s = self->state;
-  const reduce_key prev{r - 1, 0};
-  const bool have_previous = r > 1 && (s.arrived.count(prev) || s.inflight.count(prev));
+  const ring_label prev{r - 1, 0};
+  const bool have_previous = r > 1 && s.reduces.known(prev);
   start_reduce(self, {r, 0}, parts);
   if (!have_previous) {
     spdlog::info("{}: round {} has no earlier average to apply{}", s.ctx->cfg.diloco.outer, r,
@@ -781,7 +742,7 @@ void one_late_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts
   when_average(self, prev, [=](at::Tensor avg) {
     auto& s = self->state;
     if (s.ph != phase::reducing) return;  // stopped meanwhile
-    s.arrived.erase(prev);
+    s.reduces.take(prev);
     one_late_step(self, r, avg, parts);
   });
 }
@@ -798,7 +759,7 @@ void eager_finish(self_ptr self) {
       self, {r, 0},
       [=](at::Tensor avg) {
         auto& s = self->state;
-        s.arrived.erase({r, 0});
+        s.reduces.take({r, 0});
         const std::vector<at::Tensor> none(static_cast<size_t>(s.ctx->n_workers()), at::zeros_like(avg));
         self->request(s.peers.outer, s.request_timeout, eager_atom_v, r + 1, avg, none)
             .then(
@@ -809,7 +770,7 @@ void eager_finish(self_ptr self) {
                   when_average(
                       self, {r, 1},
                       [=](at::Tensor mean) {
-                        self->state.arrived.erase({r, 1});
+                        self->state.reduces.take({r, 1});
                         spdlog::info("eager: final parameters = the mean of all {} workers' outer parameters",
                                      self->state.ctx->global_workers());
                         self->request(self->state.peers.outer, self->state.request_timeout, theta_atom_v,
@@ -837,7 +798,7 @@ at::Tensor fragment_of(const at::Tensor& x, const models::flat_ranges& ranges) {
 }
 
 /// Starts the all-reduce of one fragment of the workers' pseudo-gradients under ring label `key`.
-void reduce_fragment(self_ptr self, reduce_key key, const models::flat_ranges& ranges,
+void reduce_fragment(self_ptr self, ring_label key, const models::flat_ranges& ranges,
                      const std::vector<round_result>& results) {
   std::vector<at::Tensor> parts;
   for (const auto& r : results) parts.push_back(fragment_of(r.delta, ranges));
@@ -845,6 +806,10 @@ void reduce_fragment(self_ptr self, reduce_key key, const models::flat_ranges& r
 }
 
 void streaming_segment(self_ptr self);
+
+streaming_shape streaming_shape_of(const run_context& ctx) {
+  return {ctx.cfg.train.inner_steps, ctx.cfg.diloco.fragments, ctx.cfg.diloco.tau};
+}
 
 /// Sync point j of the current round: wait for its average, step the fragment, mix it into the replicas.
 void streaming_sync(self_ptr self, uint32_t j) {
@@ -855,7 +820,7 @@ void streaming_sync(self_ptr self, uint32_t j) {
   when_average(self, {round, j}, [=](at::Tensor avg) {
     auto& s = self->state;
     if (s.ph != phase::reducing) return;
-    s.arrived.erase({round, j});
+    s.reduces.take({round, j});
     set_phase(self, phase::outer_step);
     self->request(s.peers.outer, s.request_timeout, outer_atom_v, round, j, avg)
         .then(
@@ -876,50 +841,44 @@ void streaming_sync(self_ptr self, uint32_t j) {
 /// Runs the workers up to the next event of the round (a snapshot point or a sync point), then handles it.
 void streaming_segment(self_ptr self) {
   auto& s = self->state;
-  const auto& d = s.ctx->cfg.diloco;
-  const int64_t h = s.ctx->cfg.train.inner_steps, len = h / d.fragments;
   // Ctrl-C: stop where every replica is at the same step and no fragment is in flight.
-  if (s.stop_requested && s.inflight.empty()) return stop_now(self, /*boundary=*/s.stream_pos == 0);
-  // The next event after stream_pos: j*len - tau (snapshot) or j*len (sync).
-  int64_t j = s.stream_pos / len + 1;
-  const bool snapshot_next = s.stream_pos < j * len - d.tau;
-  const int64_t event = snapshot_next ? j * len - d.tau : j * len;
+  if (s.stop_requested && !s.reduces.any_running()) return stop_now(self, /*boundary=*/s.stream_pos == 0);
+  const auto e = next_streaming_event(streaming_shape_of(*s.ctx), s.stream_pos);
   const uint64_t round = s.round + 1;
-  const int64_t steps = event - s.stream_pos;
   auto run = [=](at::Tensor theta) {
     gather<round_result>(
         self, self->state.round_timeout,
         [=](std::vector<round_result> results) {
           auto& s = self->state;
           if (s.ph != phase::inner) return;  // stopped meanwhile
-          s.stream_pos = event == h ? 0 : event;
-          if (snapshot_next)
-            reduce_fragment(self, {round, static_cast<uint32_t>(j)},
-                            s.ctx->fragments[static_cast<size_t>(j % d.fragments)], results);
-          if (snapshot_next && d.tau > 0) return streaming_segment(self);
-          streaming_sync(self, static_cast<uint32_t>(j));
+          s.stream_pos = e.next_pos();
+          if (e.snapshot) reduce_fragment(self, {round, e.j}, s.ctx->fragments[e.fragment], results);
+          if (!e.sync) return streaming_segment(self);
+          streaming_sync(self, e.j);
         },
-        run_atom_v, round, theta, steps, false);
+        run_atom_v, round, theta, e.steps, false);
   };
-  if (!snapshot_next) return run(at::Tensor());  // no pseudo-gradient needed at a sync point
+  if (!e.snapshot) return run(at::Tensor());  // no pseudo-gradient needed at a sync point
   self->request(s.peers.outer, s.request_timeout, theta_atom_v)
       .then([=](at::Tensor& theta) { run(theta); }, [=](caf::error& e) { fail(self, e); });
 }
 
 /// After the last round: fragments 1..P-1 were last synced part-way through it. Their remaining work is
 /// all-reduced and applied one by one (ring labels (T, P+f)), so the final parameters hold every step.
-void streaming_finish(self_ptr self, uint32_t f) {
+void streaming_finish(self_ptr self, size_t i) {
   auto& s = self->state;
   const auto p = static_cast<uint32_t>(s.ctx->fragments.size());
-  if (f >= p) {
+  const auto finals = streaming_final_fragments(streaming_shape_of(*s.ctx));
+  if (i >= finals.size()) {
     s.final_applied = true;
     return self->request(s.peers.outer, s.request_timeout, theta_atom_v)
         .then([=](at::Tensor& theta) { eval_then_continue(self, theta); },
               [=](caf::error& e) { fail(self, e); });
   }
-  if (f == 1) spdlog::info("streaming: syncing fragments 1..{} once more after the last round", p - 1);
+  if (i == 0) spdlog::info("streaming: syncing fragments 1..{} once more after the last round", p - 1);
+  const uint32_t f = finals[i];
   const uint64_t r = s.round;
-  const reduce_key key{r, p + f};
+  const ring_label key{r, p + f};
   self->request(s.peers.outer, s.request_timeout, theta_atom_v)
       .then(
           [=](at::Tensor& theta) {
@@ -930,10 +889,10 @@ void streaming_finish(self_ptr self, uint32_t f) {
                   when_average(
                       self, key,
                       [=](at::Tensor avg) {
-                        self->state.arrived.erase(key);
+                        self->state.reduces.take(key);
                         self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, r,
                                       key.second, avg)
-                            .then([=](at::Tensor&) { streaming_finish(self, f + 1); },
+                            .then([=](at::Tensor&) { streaming_finish(self, i + 1); },
                                   [=](caf::error& e) { fail(self, e); });
                       },
                       /*final=*/true);
@@ -973,7 +932,7 @@ void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {
                             [=](caf::error& e) { fail(self, e); });
                 },
                 [=](caf::error& e) {
-                  allreduce_failed(self, reduce_key{round, 0}, std::move(e));
+                  allreduce_failed(self, ring_label{round, 0}, std::move(e));
                 });
       },
       [=](size_t i) { return caf::make_message(run_atom_v, round, thetas[i], h, sync); });
@@ -1063,7 +1022,7 @@ void install_resume(self_ptr self) {
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
   s.newest_on_disk =
       fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);
-  if (s.one_late && snap.pending.defined()) s.arrived[{snap.pending_round, 0}] = snap.pending;
+  if (s.one_late && snap.pending.defined()) s.reduces.restore({snap.pending_round, 0}, snap.pending);
   if (!s.one_late && snap.pending.defined())
     spdlog::warn(
         "the checkpoint holds the unapplied average of round {} from a delayed or eager run; this run is "
@@ -1072,8 +1031,8 @@ void install_resume(self_ptr self) {
   if (s.streaming) {
     // The workers count segments themselves; the coordinator continues the round's schedule from here.
     s.stream_pos = snap.replicas[0].steps_in_round;
-    const int64_t len = s.ctx->cfg.train.inner_steps / s.ctx->cfg.diloco.fragments;
-    if (s.stream_pos % len != 0)
+    const int64_t len = streaming_shape_of(*s.ctx).period();
+    if (!streaming_resumable_at(streaming_shape_of(*s.ctx), s.stream_pos))
       return fail(self,
                   make_error(errc::invalid_config,
                              fmt::format("the checkpoint stopped at inner step {} of its round, which is not "
@@ -1198,7 +1157,7 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
         if (self->state.ph == phase::inner || self->state.ph == phase::stopping) on_report(self, r);
       },
       [=](lost_atom, uint64_t round, uint32_t fragment, caf::error& e) {
-        allreduce_failed(self, reduce_key{round, fragment}, std::move(e), true);
+        allreduce_failed(self, ring_label{round, fragment}, std::move(e), true);
       },
       [=](stop_atom) {
         auto& s = self->state;

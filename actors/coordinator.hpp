@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/round/phase.hpp"
 #include "actors/run_context.hpp"
 #include "runtime/messages.hpp"
 
@@ -18,12 +19,6 @@ struct coordinator_peers {
   caf::actor communicator, outer, checkpointer, metrics;
   caf::actor evaluator;  ///< [eval] async: evaluations off the training path; null: worker 0 evaluates
 };
-
-/// Protocol phases. Every transition goes through one function that logs `from -> to`.
-enum class phase { idle, resuming, inner, reducing, outer_step, evaluating, saving, stopping, done, failed };
-const char* to_string(phase p);
-/// Whether the state machine allows from -> to.
-bool allowed_transition(phase from, phase to);
 
 /// Spawns the coordinator and its workers. `resume` is installed before the first round.
 /// Messages: (start) from the main thread; the coordinator answers that sender with

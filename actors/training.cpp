@@ -256,6 +256,11 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
         "run complete: {} already holds round {} of train.rounds = {} (inner step {}); nothing to train. "
         "Raise train.rounds to train more rounds, or pass --fresh to start over",
         p.out_dir, resume->round, cfg.train.rounds, resume->step);
+    if (!fs::exists(fs::path(p.out_dir) / "result.json"))
+      spdlog::warn(
+          "{} has no result.json (the run ended before writing it); `longwave eval {}` gives the "
+          "final validation loss",
+          p.out_dir, p.ckpt_dir);
     return 0;
   }
   if (resume)

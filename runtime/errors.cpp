@@ -21,6 +21,7 @@ const char* to_string(errc e) {
     case errc::torch_error: return "torch_error";
     case errc::cancelled: return "cancelled";
     case errc::diverged: return "diverged";
+    case errc::illegal_transition: return "illegal_transition";
   }
   return "unknown";
 }

@@ -20,6 +20,7 @@ enum class errc : uint8_t {
   torch_error,         ///< a c10::Error caught at an actor boundary
   cancelled,           ///< stopped by the user (Ctrl-C)
   diverged,            ///< training produced NaN or infinite values
+  illegal_transition,  ///< a bug: the coordinator tried a move its state machine forbids
 };
 
 /// Human-readable name of an errc value.
