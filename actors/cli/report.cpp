@@ -1,6 +1,6 @@
 // `longwave report RUN_DIR`: reads metrics.jsonl files, builds SVG line charts and assembles one HTML page.
-// Three parts, top to bottom: the records of each file (runtime/json_reader parses a line), an SVG line-chart
-// builder, and the page assembler.
+// Three parts, top to bottom: the records of each file (runtime/json_reader parses a line into a flat
+// record), an SVG line-chart builder, and the page assembler.
 #include "actors/cli/report.hpp"
 
 #include <fmt/format.h>
@@ -34,25 +34,54 @@ namespace fs = std::filesystem;
 
 constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
-// ---- one metrics.jsonl line: a JSON object --------------------------------------------------------------
+// ---- one metrics.jsonl line: a flat record ------------------------------------------------------------
 
-/// One record. Besides strict JSON a line may hold nan/inf numbers, which a C++ writer emits for a diverged
-/// loss, and a later duplicate key wins.
-using json_object = runtime::json;
-const runtime::json_options line_format{/*nonfinite_numbers=*/true, /*strict=*/false, /*max_depth=*/16};
+/// One metrics.jsonl line: the top-level members of its object (a later duplicate wins).
+struct record {
+  struct value {
+    bool is_string = false;
+    double num = std::numeric_limits<double>::quiet_NaN();  ///< true = 1, false = 0; NaN: null, [..], {..}
+    std::string str;
+  };
+  std::map<std::string, value, std::less<>> fields;
+
+  /// The member `key`, or nullptr.
+  const value* find(std::string_view key) const;
+};
+
+const record::value* record::find(std::string_view key) const {
+  auto it = fields.find(key);
+  return it == fields.end() ? nullptr : &it->second;
+}
 
 /// A number field, NaN when it is missing or not a number.
 /// (true = 1, false = 0.)
-double num(const json_object& o, std::string_view key) {
+double num(const record& o, std::string_view key) {
   const auto* v = o.find(key);
-  if (!v) return nan;
-  return v->is_number() ? v->num : v->is_bool() ? (v->b ? 1.0 : 0.0) : nan;
+  return v && !v->is_string ? v->num : std::numeric_limits<double>::quiet_NaN();
 }
 
 /// A string field, "" when it is missing or not a string.
-std::string text(const json_object& o, std::string_view key) {
+std::string text(const record& o, std::string_view key) {
   const auto* v = o.find(key);
-  return v && v->is_string() ? v->str : std::string();
+  return v && v->is_string ? v->str : std::string();
+}
+
+record to_record(const rapidjson::Value& object) {
+  record r;
+  for (const auto& m : object.GetObject()) {
+    record::value v;
+    if (m.value.IsString()) {
+      v.is_string = true;
+      v.str.assign(m.value.GetString(), m.value.GetStringLength());
+    } else if (m.value.IsNumber()) {
+      v.num = m.value.GetDouble();
+    } else if (m.value.IsBool()) {
+      v.num = m.value.GetBool() ? 1.0 : 0.0;
+    }
+    r.fields[std::string(m.name.GetString(), m.name.GetStringLength())] = std::move(v);  // later wins
+  }
+  return r;
 }
 
 // ---- the records of one metrics.jsonl -------------------------------------------------------------------
@@ -61,20 +90,20 @@ std::string text(const json_object& o, std::string_view key) {
 struct node_metrics {
   std::string name;  // the start line's "node", else the folder name
   std::string path;
-  std::vector<json_object> starts, steps, workers, allreduces, evals, checkpoints, ends;
+  std::vector<record> starts, steps, workers, allreduces, evals, checkpoints, ends;
   std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
   double bytes_sent = 0;                            // every all-reduce, redone rounds included
   size_t n_records = 0, n_skipped = 0;
 };
 
 // A resumed run restarts at its checkpoint: records past it were redone and the newer ones replace them.
-void roll_back(node_metrics& m, const json_object& start) {
+void roll_back(node_metrics& m, const record& start) {
   const double step = num(start, "resumed_step");
   if (!std::isfinite(step)) return;
   const double h = num(start, "inner_steps");
   const double round = h > 0 ? std::floor(step / h) : HUGE_VAL;
-  auto past = [](std::vector<json_object>& v, const char* key, double limit) {
-    v.erase(std::remove_if(v.begin(), v.end(), [&](const json_object& o) { return num(o, key) > limit; }),
+  auto past = [](std::vector<record>& v, const char* key, double limit) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const record& o) { return num(o, key) > limit; }),
             v.end());
   };
   past(m.steps, "step", step);
@@ -83,7 +112,7 @@ void roll_back(node_metrics& m, const json_object& start) {
   past(m.allreduces, "round", round);
 }
 
-void add_record(node_metrics& m, json_object obj) {
+void add_record(node_metrics& m, record obj) {
   const std::string kind = text(obj, "kind");
   const double ts = num(obj, "ts");
   if (kind == "start" || m.sessions.empty()) m.sessions.emplace_back(ts, ts);
@@ -132,27 +161,29 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
     while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
 
-    runtime::json_error error;
-    auto obj = runtime::parse_json(line, line_format, &error);
+    rapidjson::Document doc;
+    const auto error = runtime::parse_json(line, doc);
+    bool ok = !error;
     // A run killed mid-line leaves a partial record; the resumed run's first record can follow on that line.
-    for (size_t b = line.find('{', 1); !obj && b != std::string_view::npos; b = line.find('{', b + 1)) {
-      if ((obj = runtime::parse_json(line.substr(b), line_format)) && m.n_skipped++ < max_warnings)
+    for (size_t b = line.find('{', 1); !ok && b != std::string_view::npos; b = line.find('{', b + 1)) {
+      if ((ok = !runtime::parse_json(line.substr(b), doc)) && m.n_skipped++ < max_warnings)
         fmt::print(stderr, "report: warning: {}:{}: skipped a partial record before column {}\n", m.path,
                    line_no, b + 1);
     }
-    if (!obj && last && error.truncated) {
+    if (!ok && last && error->truncated) {
       fmt::print(stderr,
                  "report: note: {}:{}: ignored the truncated last line (the run was stopped mid-write)\n",
                  m.path, line_no);
       continue;
     }
     std::string problem;
-    if (!obj)
-      problem = error.truncated ? "the line ends inside a record (truncated)"
-                                : fmt::format("{} at column {}", error.what, error.column);
-    else if (!obj->is_object())
+    record rec;
+    if (!ok)
+      problem = error->truncated ? "the line ends inside a record (truncated)"
+                                 : fmt::format("{} at column {}", error->what, error->column);
+    else if (!doc.IsObject())
       problem = "not a JSON object";
-    else if (text(*obj, "kind").empty())
+    else if (rec = to_record(doc); text(rec, "kind").empty())
       problem = "no \"kind\" field";
     if (!problem.empty()) {
       if (m.n_skipped++ < max_warnings)
@@ -160,7 +191,7 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
                    problem);
       continue;
     }
-    add_record(m, std::move(*obj));
+    add_record(m, std::move(rec));
   }
   if (m.n_skipped > max_warnings)
     fmt::print(stderr, "report: warning: {}: {} more malformed lines skipped\n", m.path,
@@ -500,7 +531,7 @@ struct node_summary {
 node_summary summarize(const node_metrics& m) {
   node_summary s;
   // The final evaluation: the end record of the last session if there is one, else the last eval.
-  const json_object* last_end = nullptr;
+  const record* last_end = nullptr;
   if (!m.ends.empty() && (m.starts.empty() || num(m.ends.back(), "ts") >= num(m.starts.back(), "ts")))
     last_end = &m.ends.back();
   if (!m.evals.empty())
@@ -572,7 +603,7 @@ std::vector<line_chart> build_charts(const report_data& r) {
   const bool cluster = r.nodes.size() > 1;
   const auto [t_div, t_unit] = time_unit(r.t_last - r.t0);
   const std::string time_label = fmt::format("wall time since the first start ({})", t_unit);
-  auto t_of = [&, t_div = t_div](const json_object& o) { return (num(o, "ts") - r.t0) / t_div; };
+  auto t_of = [&, t_div = t_div](const record& o) { return (num(o, "ts") - r.t0) / t_div; };
 
   // Resume marks: later start lines, on the step axis and on the time axis.
   std::set<double> resumed_steps, resumed_times;
@@ -741,12 +772,12 @@ std::string table(const std::string& caption, const std::vector<std::pair<std::s
 std::string assemble_page(const report_data& r) {
   const bool cluster = r.nodes.size() > 1;
   const auto& first = r.nodes.front();
-  static const json_object no_start;
-  const json_object& cfg = first.starts.empty() ? no_start : first.starts.front();
+  static const record no_start;
+  const record& cfg = first.starts.empty() ? no_start : first.starts.front();
   auto field = [&](const char* key) {
     const auto* v = cfg.find(key);
     if (!v) return std::string("–");
-    return v->is_string() ? v->str : compact(num(cfg, key));
+    return v->is_string ? v->str : compact(num(cfg, key));
   };
 
   std::vector<node_summary> sums;
