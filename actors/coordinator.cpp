@@ -5,6 +5,8 @@
 #include "actors/coordinator.hpp"
 
 #include <ATen/ATen.h>
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
 
 #include <algorithm>
 #include <chrono>
@@ -486,17 +488,40 @@ void allreduce_failed(self_ptr self, ring_label key, caf::error e, bool waited =
 
 // ---- the round ------------------------------------------------------------------------------------------
 
-// result.json in out_dir: the numbers a sweep or a test reads back.
+// result.json in out_dir: the numbers a sweep or a test reads back, one "key": value per line. A loss or
+// perplexity that is not finite (no evaluation, or a diverged one) is null: JSON has no NaN, and
+// metrics.jsonl writes null too.
 void write_result(const coordinator_state& s, double wall) {
   const auto& c = s.ctx->cfg;
+  rapidjson::StringBuffer text;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(text);
+  w.SetIndent(' ', 2);
+  auto integer = [&](const char* key, int64_t v) {
+    w.Key(key);
+    w.Int64(v);
+  };
+  auto number = [&](const char* key, double v) {
+    w.Key(key);
+    if (std::isfinite(v))
+      w.Double(v);
+    else
+      w.Null();
+  };
+  w.StartObject();
+  w.Key("mode");
+  w.String(c.run.mode.data(), static_cast<rapidjson::SizeType>(c.run.mode.size()));
+  integer("workers", c.train.workers);
+  integer("rounds", static_cast<int64_t>(s.round));
+  integer("inner_steps", c.train.inner_steps);
+  integer("inner_steps_per_worker", s.last_step);
+  number("val_loss", s.last_val_loss);
+  number("val_ppl", std::exp(s.last_val_loss));
+  integer("tokens", s.total_tokens());
+  number("seconds", std::round(wall * 1e3) / 1e3);  // milliseconds
+  number("train_seconds", std::round((wall - s.eval_s) * 1e3) / 1e3);
+  w.EndObject();
   std::ofstream out(c.run.out_dir + "/result.json", std::ios::trunc);
-  out << fmt::format(
-      "{{\"mode\": \"{}\", \"workers\": {}, \"rounds\": {}, \"inner_steps\": {}, \"inner_steps_per_worker\": "
-      "{}, "
-      "\"val_loss\": {:.9g}, \"val_ppl\": {:.9g}, \"tokens\": {}, \"seconds\": {:.3f}, \"train_seconds\": "
-      "{:.3f}}}\n",
-      c.run.mode, c.train.workers, s.round, c.train.inner_steps, s.last_step, s.last_val_loss,
-      std::exp(s.last_val_loss), s.total_tokens(), wall, wall - s.eval_s);
+  out << text.GetString() << '\n';
 }
 
 void finish(self_ptr self) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "actors/cli/launch.hpp"
-#include "actors/cli/report.hpp"
+#include "actors/cli/report/page.hpp"
 #include "actors/cluster.hpp"
 #include "actors/training.hpp"
 #include "config/cluster_config.hpp"
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
     return cli::launch(self_exe(argv[0]), cluster_path, cluster_overrides, cluster_fresh, observe);
   if (report->parsed()) {
     runtime::init_logging("info");
-    return cli::report(report_dir, report_out);
+    return cli::report::write(report_dir, report_out);
   }
   if (eval->parsed()) return actors::run_eval(ckpt, batches);
   if (prep->parsed()) {

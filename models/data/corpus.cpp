@@ -15,10 +15,6 @@ namespace longwave::models::data {
 
 namespace {
 
-/// A corpus line as Python's json module writes it: NaN and Infinity are numbers, a later duplicate key wins,
-/// raw control characters and lone surrogates (read as U+FFFD) are tolerated.
-const runtime::json_options jsonl_format{/*nonfinite_numbers=*/true, /*strict=*/false, /*max_depth=*/256};
-
 bool ends_with_jsonl(const std::string& path) {
   constexpr std::string_view ext = ".jsonl";
   if (path.size() < ext.size()) return false;
@@ -85,14 +81,14 @@ void check_is_text(const std::string& path, const text_profile& profile) {
 }
 
 std::optional<std::string> json_string_field(std::string_view line, std::string_view key) {
-  runtime::json_error e;
-  const auto v = runtime::parse_json(line, jsonl_format, &e);
-  if (!v) throw std::invalid_argument(fmt::format("malformed JSON at column {}: {}", e.column, e.what));
-  if (!v->is_object()) throw std::invalid_argument("the line is not a JSON object");
-  const auto* field = v->find(key);
+  rapidjson::Document doc;
+  if (const auto e = runtime::parse_json(line, doc))
+    throw std::invalid_argument(fmt::format("malformed JSON at column {}: {}", e->column, e->what));
+  if (!doc.IsObject()) throw std::invalid_argument("the line is not a JSON object");
+  const auto* field = runtime::find_member(doc, key);
   if (!field) return std::nullopt;
-  if (!field->is_string()) throw std::invalid_argument(fmt::format("field \"{}\" is not a string", key));
-  return field->str;
+  if (!field->IsString()) throw std::invalid_argument(fmt::format("field \"{}\" is not a string", key));
+  return std::string(field->GetString(), field->GetStringLength());
 }
 
 std::string read_corpus(const std::string& path) {

@@ -265,13 +265,13 @@ std::string substitute_variables(const std::string& expr) {
 
 struct dashboard {
   std::string file;  // file name only
-  json doc;
+  rapidjson::Document doc;
 };
 
 std::vector<dashboard> dashboards() {
   std::vector<dashboard> out;
   for (const auto& e : fs::directory_iterator(dashboards_dir()))
-    if (e.path().extension() == ".json") out.push_back({e.path().filename().string(), {}});
+    if (e.path().extension() == ".json") out.push_back({e.path().filename().string(), rapidjson::Document()});
   std::sort(out.begin(), out.end(), [](const dashboard& a, const dashboard& b) { return a.file < b.file; });
   for (auto& d : out) {
     try {
@@ -285,16 +285,16 @@ std::vector<dashboard> dashboards() {
 
 /// Every panel, the panels inside rows included.
 void collect_panels(const json& panels, std::vector<const json*>& out) {
-  if (!panels.is_array()) return;
-  for (const auto& p : panels.arr) {
+  if (!panels.IsArray()) return;
+  for (const auto& p : panels.GetArray()) {
     out.push_back(&p);
-    if (p.has("panels")) collect_panels(p.at("panels"), out);
+    if (has(p, "panels")) collect_panels(at(p, "panels"), out);
   }
 }
 
 std::vector<const json*> all_panels(const json& doc) {
   std::vector<const json*> out;
-  if (doc.has("panels")) collect_panels(doc.at("panels"), out);
+  if (has(doc, "panels")) collect_panels(at(doc, "panels"), out);
   return out;
 }
 
@@ -306,40 +306,40 @@ struct dashboard_query {
 std::vector<dashboard_query> queries_of(const dashboard& d) {
   std::vector<dashboard_query> out;
   for (const json* p : all_panels(d.doc)) {
-    if (!p->has("targets")) continue;
-    const std::string title = p->has("title") ? p->at("title").str : "?";
-    for (const auto& t : p->at("targets").arr)
-      if (t.has("expr"))
-        out.push_back(
-            {d.file + " / " + title + " / " + (t.has("refId") ? t.at("refId").str : "?"), t.at("expr").str});
+    if (!has(*p, "targets")) continue;
+    const std::string title = has(*p, "title") ? str(at(*p, "title")) : "?";
+    for (const auto& t : at(*p, "targets").GetArray())
+      if (has(t, "expr"))
+        out.push_back({d.file + " / " + title + " / " + (has(t, "refId") ? str(at(t, "refId")) : "?"),
+                       str(at(t, "expr"))});
   }
   return out;
 }
 
 const json* variable(const json& doc, const std::string& name) {
-  if (!doc.has("templating") || !doc.at("templating").has("list")) return nullptr;
-  for (const auto& v : doc.at("templating").at("list").arr)
-    if (v.has("name") && v.at("name").str == name) return &v;
+  if (!has(doc, "templating") || !has(at(doc, "templating"), "list")) return nullptr;
+  for (const auto& v : at(at(doc, "templating"), "list").GetArray())
+    if (has(v, "name") && str(at(v, "name")) == name) return &v;
   return nullptr;
 }
 
 /// A query variable's query text (Grafana 10 stores {query: ...}; older dashboards a plain string).
 std::string variable_query(const json& v) {
-  if (!v.has("query")) return "";
-  const json& q = v.at("query");
-  if (q.is_string()) return q.str;
-  return q.has("query") ? q.at("query").str : "";
+  if (!has(v, "query")) return "";
+  const json& q = at(v, "query");
+  if (q.IsString()) return str(q);
+  return has(q, "query") ? str(at(q, "query")) : "";
 }
 
 bool is_prometheus_datasource_ref(const json& ds) {
-  return ds.is_object() && ds.has("type") && ds.at("type").str == "prometheus" && ds.has("uid") &&
-         ds.at("uid").str == "${datasource}";
+  return has(ds, "type") && str(at(ds, "type")) == "prometheus" && has(ds, "uid") &&
+         str(at(ds, "uid")) == "${datasource}";
 }
 
 // ---- a real Prometheus server
 
 /// GET /api/v1/<path> with query parameters; the parsed answer (error answers carry JSON too).
-json prom_api(int port, const std::string& path, const httplib::Params& params) {
+rapidjson::Document prom_api(int port, const std::string& path, const httplib::Params& params) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_connection_timeout(5);
   cli.set_read_timeout(30);
@@ -356,11 +356,13 @@ json prom_api(int port, const std::string& path, const httplib::Params& params) 
 /// The value of the first series an instant query returns, or nullopt (no series, or the server is not up).
 std::optional<double> prom_scalar(int port, const std::string& expr) {
   try {
-    const json a = prom_api(port, "query", {{"query", expr}});
-    if (!a.has("status") || a.at("status").str != "success") return std::nullopt;
-    const json& result = a.at("data").at("result");
-    if (!result.is_array() || result.arr.empty()) return std::nullopt;
-    return std::strtod(result.arr[0].at("value").arr.at(1).str.c_str(), nullptr);
+    const auto a = prom_api(port, "query", {{"query", expr}});
+    if (!has(a, "status") || str(at(a, "status")) != "success") return std::nullopt;
+    const json& result = at(at(a, "data"), "result");
+    if (!result.IsArray() || result.Empty()) return std::nullopt;
+    const json& value = at(result[0], "value");
+    if (!value.IsArray() || value.Size() < 2) return std::nullopt;
+    return std::strtod(str(value[1]).c_str(), nullptr);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -429,14 +431,18 @@ CATCH_TEST_CASE("the PromQL scan finds metric names and skips functions, labels,
 
 CATCH_TEST_CASE("the JSON reader reads dashboard-like documents and rejects broken ones",
                 "[integration][dashboards]") {
-  const json j = parse_json(R"({"a": [1, -2.5e3, true, null, "x\"\u00e9\n"], "b": {}})");
-  CATCH_REQUIRE(j.is_object());
-  CATCH_CHECK(j.at("a").arr.size() == 5);
-  CATCH_CHECK(j.at("a").arr[1].num == -2500.0);
-  CATCH_CHECK(j.at("a").arr[2].b);
-  CATCH_CHECK(j.at("a").arr[3].is_null());
-  CATCH_CHECK(j.at("a").arr[4].str == "x\"\xc3\xa9\n");
-  CATCH_CHECK(j.at("b").is_object());
+  const auto j = parse_json(R"({"a": [1, -2.5e3, true, null, "x\"\u00e9\n"], "b": {}})");
+  CATCH_REQUIRE(j.IsObject());
+  const json& a = at(j, "a");
+  CATCH_REQUIRE(a.Size() == 5);
+  CATCH_CHECK(a[1].GetDouble() == -2500.0);
+  CATCH_CHECK(a[2].GetBool());
+  CATCH_CHECK(a[3].IsNull());
+  CATCH_CHECK(str(a[4]) == "x\"\xc3\xa9\n");
+  CATCH_CHECK(at(j, "b").IsObject());
+  CATCH_CHECK_THROWS_WITH(at(j, "c"), "json: no member \"c\"");
+  CATCH_CHECK_THROWS_WITH(parse_json("{\n  \"a\": 1,\n}"),
+                          "json: Missing a name for object member at line 3, column 1");
   CATCH_CHECK_THROWS(parse_json(R"({"a": 1,})"));
   CATCH_CHECK_THROWS(parse_json(R"({"a": 1} x)"));
   CATCH_CHECK_THROWS(parse_json(R"({"a": 1, "a": 2})"));
@@ -482,38 +488,38 @@ CATCH_TEST_CASE("every dashboard parses and has the datasource, node and worker 
   for (const auto& d : boards) {
     CATCH_INFO("dashboard " << d.file);
     const json& doc = d.doc;
-    CATCH_REQUIRE(doc.is_object());
-    CATCH_CHECK(doc.has("title"));
-    CATCH_REQUIRE(doc.has("uid"));
-    CATCH_CHECK(uids.insert(doc.at("uid").str).second);
-    CATCH_REQUIRE(doc.has("schemaVersion"));
-    CATCH_CHECK(doc.at("schemaVersion").num >= 36);
+    CATCH_REQUIRE(doc.IsObject());
+    CATCH_CHECK(has(doc, "title"));
+    CATCH_REQUIRE(has(doc, "uid"));
+    CATCH_CHECK(uids.insert(str(at(doc, "uid"))).second);
+    CATCH_REQUIRE(has(doc, "schemaVersion"));
+    CATCH_CHECK(at(doc, "schemaVersion").GetDouble() >= 36);
     // An exported dashboard carries "id": null; a fixed id would clash on import.
-    CATCH_CHECK((!doc.has("id") || doc.at("id").is_null()));
+    CATCH_CHECK((!has(doc, "id") || at(doc, "id").IsNull()));
 
     const json* ds = variable(doc, "datasource");
     CATCH_REQUIRE(ds != nullptr);
-    CATCH_CHECK(ds->at("type").str == "datasource");
-    CATCH_CHECK(ds->at("query").str == "prometheus");
+    CATCH_CHECK(str(at(*ds, "type")) == "datasource");
+    CATCH_CHECK(str(at(*ds, "query")) == "prometheus");
 
     const json* node = variable(doc, "node");
     CATCH_REQUIRE(node != nullptr);
-    CATCH_CHECK(node->at("type").str == "query");
+    CATCH_CHECK(str(at(*node, "type")) == "query");
     CATCH_CHECK(variable_query(*node) == "label_values(longwave_build_info, node)");
-    CATCH_CHECK(is_prometheus_datasource_ref(node->at("datasource")));
-    CATCH_CHECK(node->at("multi").b);
-    CATCH_CHECK(node->at("includeAll").b);
-    CATCH_CHECK(node->at("allValue").str == ".*");
+    CATCH_CHECK(is_prometheus_datasource_ref(at(*node, "datasource")));
+    CATCH_CHECK(at(*node, "multi").GetBool());
+    CATCH_CHECK(at(*node, "includeAll").GetBool());
+    CATCH_CHECK(str(at(*node, "allValue")) == ".*");
 
     const json* worker = variable(doc, "worker");
     CATCH_REQUIRE(worker != nullptr);
-    CATCH_CHECK(worker->at("type").str == "query");
+    CATCH_CHECK(str(at(*worker, "type")) == "query");
     CATCH_CHECK(variable_query(*worker) ==
                 R"(label_values(longwave_worker_train_loss{node=~"$node"}, worker))");
-    CATCH_CHECK(is_prometheus_datasource_ref(worker->at("datasource")));
-    CATCH_CHECK(worker->at("multi").b);
-    CATCH_CHECK(worker->at("includeAll").b);
-    CATCH_CHECK(worker->at("allValue").str == ".*");
+    CATCH_CHECK(is_prometheus_datasource_ref(at(*worker, "datasource")));
+    CATCH_CHECK(at(*worker, "multi").GetBool());
+    CATCH_CHECK(at(*worker, "includeAll").GetBool());
+    CATCH_CHECK(str(at(*worker, "allValue")) == ".*");
   }
 }
 
@@ -526,32 +532,32 @@ CATCH_TEST_CASE("every dashboard panel has a unique id, the datasource variable 
     std::set<double> ids;
     size_t n_queries = 0;
     for (const json* p : panels) {
-      const std::string title = p->has("title") ? p->at("title").str : "(untitled)";
+      const std::string title = has(*p, "title") ? str(at(*p, "title")) : "(untitled)";
       CATCH_INFO("panel " << title);
-      CATCH_REQUIRE(p->has("id"));
-      CATCH_REQUIRE(p->at("id").is_number());
-      CATCH_CHECK(ids.insert(p->at("id").num).second);
-      CATCH_REQUIRE(p->has("datasource"));
-      CATCH_CHECK(is_prometheus_datasource_ref(p->at("datasource")));
-      CATCH_REQUIRE(p->has("gridPos"));
-      const json& g = p->at("gridPos");
+      CATCH_REQUIRE(has(*p, "id"));
+      CATCH_REQUIRE(at(*p, "id").IsNumber());
+      CATCH_CHECK(ids.insert(at(*p, "id").GetDouble()).second);
+      CATCH_REQUIRE(has(*p, "datasource"));
+      CATCH_CHECK(is_prometheus_datasource_ref(at(*p, "datasource")));
+      CATCH_REQUIRE(has(*p, "gridPos"));
+      const json& g = at(*p, "gridPos");
       for (const char* k : {"h", "w", "x", "y"}) {
         CATCH_INFO("gridPos." << k);
-        CATCH_REQUIRE(g.has(k));
-        CATCH_CHECK(g.at(k).is_number());
+        CATCH_REQUIRE(has(g, k));
+        CATCH_CHECK(at(g, k).IsNumber());
       }
-      CATCH_CHECK(g.at("w").num >= 1);
-      CATCH_CHECK(g.at("h").num >= 1);
-      CATCH_CHECK(g.at("x").num >= 0);
-      CATCH_CHECK(g.at("x").num + g.at("w").num <= 24);
-      if (p->at("type").str == "row") continue;
-      CATCH_REQUIRE(p->has("targets"));
-      CATCH_CHECK(!p->at("targets").arr.empty());
+      CATCH_CHECK(at(g, "w").GetDouble() >= 1);
+      CATCH_CHECK(at(g, "h").GetDouble() >= 1);
+      CATCH_CHECK(at(g, "x").GetDouble() >= 0);
+      CATCH_CHECK(at(g, "x").GetDouble() + at(g, "w").GetDouble() <= 24);
+      if (str(at(*p, "type")) == "row") continue;
+      CATCH_REQUIRE(has(*p, "targets"));
+      CATCH_CHECK(!at(*p, "targets").Empty());
       std::set<std::string> refs;
-      for (const auto& t : p->at("targets").arr) {
-        CATCH_CHECK(t.has("expr"));
-        CATCH_CHECK(refs.insert(t.at("refId").str).second);
-        if (t.has("datasource")) CATCH_CHECK(is_prometheus_datasource_ref(t.at("datasource")));
+      for (const auto& t : at(*p, "targets").GetArray()) {
+        CATCH_CHECK(has(t, "expr"));
+        CATCH_CHECK(refs.insert(str(at(t, "refId"))).second);
+        if (has(t, "datasource")) CATCH_CHECK(is_prometheus_datasource_ref(at(t, "datasource")));
         ++n_queries;
       }
     }
@@ -739,14 +745,14 @@ CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scrap
 
   // The variables list every process and the worker.
   {
-    const json nodes = prom_api(observe_port, "label/node/values", {{"match[]", "longwave_build_info"}});
+    const auto nodes = prom_api(observe_port, "label/node/values", {{"match[]", "longwave_build_info"}});
     std::set<std::string> got;
-    for (const auto& v : nodes.at("data").arr) got.insert(v.str);
+    for (const auto& v : at(nodes, "data").GetArray()) got.insert(str(v));
     CATCH_CHECK(got == std::set<std::string>{"coordinator", "n0", "n1"});
-    const json workers = prom_api(observe_port, "label/worker/values",
+    const auto workers = prom_api(observe_port, "label/worker/values",
                                   {{"match[]", R"(longwave_worker_train_loss{node=~".*"})"}});
     got.clear();
-    for (const auto& v : workers.at("data").arr) got.insert(v.str);
+    for (const auto& v : at(workers, "data").GetArray()) got.insert(str(v));
     CATCH_CHECK(got == std::set<std::string>{"0"});
   }
 
@@ -759,10 +765,10 @@ CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scrap
       const std::string expr = substitute_variables(q.expr);
       std::string problem;
       try {
-        const json a = prom_api(observe_port, "query", {{"query", expr}});
-        if (a.at("status").str != "success") {
-          problem = "status " + a.at("status").str + (a.has("error") ? ": " + a.at("error").str : "");
-        } else if (a.at("data").at("result").arr.empty()) {
+        const auto a = prom_api(observe_port, "query", {{"query", expr}});
+        if (str(at(a, "status")) != "success") {
+          problem = "status " + str(at(a, "status")) + (has(a, "error") ? ": " + str(at(a, "error")) : "");
+        } else if (at(at(a, "data"), "result").Empty()) {
           problem = "no series";
         }
       } catch (const std::exception& e) {

@@ -1,16 +1,12 @@
-// `longwave report RUN_DIR`: reads metrics.jsonl files, builds SVG line charts and assembles one HTML page.
-// Three parts, top to bottom: the records of each file (runtime/json_reader parses a line), an SVG line-chart
-// builder, and the page assembler.
-#include "actors/cli/report.hpp"
+// The report page: per-node summaries, the charts built from the records, and the HTML around them.
+#include "actors/cli/report/page.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -18,407 +14,20 @@
 #include <iterator>
 #include <limits>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
-#include "runtime/json_reader.hpp"
+#include "actors/cli/report/charts.hpp"
+#include "actors/cli/report/records.hpp"
 
-namespace longwave::cli {
+namespace longwave::cli::report {
 namespace {
 
 namespace fs = std::filesystem;
 
 constexpr double nan = std::numeric_limits<double>::quiet_NaN();
-
-// ---- one metrics.jsonl line: a JSON object --------------------------------------------------------------
-
-/// One record. Besides strict JSON a line may hold nan/inf numbers, which a C++ writer emits for a diverged
-/// loss, and a later duplicate key wins.
-using json_object = runtime::json;
-const runtime::json_options line_format{/*nonfinite_numbers=*/true, /*strict=*/false, /*max_depth=*/16};
-
-/// A number field, NaN when it is missing or not a number.
-/// (true = 1, false = 0.)
-double num(const json_object& o, std::string_view key) {
-  const auto* v = o.find(key);
-  if (!v) return nan;
-  return v->is_number() ? v->num : v->is_bool() ? (v->b ? 1.0 : 0.0) : nan;
-}
-
-/// A string field, "" when it is missing or not a string.
-std::string text(const json_object& o, std::string_view key) {
-  const auto* v = o.find(key);
-  return v && v->is_string() ? v->str : std::string();
-}
-
-// ---- the records of one metrics.jsonl -------------------------------------------------------------------
-
-/// One node's records, by kind, in file order. Records a resumed run redid are dropped (steps are global).
-struct node_metrics {
-  std::string name;  // the start line's "node", else the folder name
-  std::string path;
-  std::vector<json_object> starts, steps, workers, allreduces, evals, checkpoints, ends;
-  std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
-  double bytes_sent = 0;                            // every all-reduce, redone rounds included
-  size_t n_records = 0, n_skipped = 0;
-};
-
-// A resumed run restarts at its checkpoint: records past it were redone and the newer ones replace them.
-void roll_back(node_metrics& m, const json_object& start) {
-  const double step = num(start, "resumed_step");
-  if (!std::isfinite(step)) return;
-  const double h = num(start, "inner_steps");
-  const double round = h > 0 ? std::floor(step / h) : HUGE_VAL;
-  auto past = [](std::vector<json_object>& v, const char* key, double limit) {
-    v.erase(std::remove_if(v.begin(), v.end(), [&](const json_object& o) { return num(o, key) > limit; }),
-            v.end());
-  };
-  past(m.steps, "step", step);
-  past(m.evals, "step", step);
-  past(m.workers, "round", round);
-  past(m.allreduces, "round", round);
-}
-
-void add_record(node_metrics& m, json_object obj) {
-  const std::string kind = text(obj, "kind");
-  const double ts = num(obj, "ts");
-  if (kind == "start" || m.sessions.empty()) m.sessions.emplace_back(ts, ts);
-  if (std::isfinite(ts)) {
-    auto& s = m.sessions.back();
-    if (!std::isfinite(s.first)) s.first = ts;
-    s.second = std::isfinite(s.second) ? std::max(s.second, ts) : ts;
-  }
-  ++m.n_records;
-  if (kind == "start") {
-    roll_back(m, obj);
-    m.starts.push_back(std::move(obj));
-  } else if (kind == "step") {
-    m.steps.push_back(std::move(obj));
-  } else if (kind == "worker") {
-    m.workers.push_back(std::move(obj));
-  } else if (kind == "allreduce") {
-    if (const double b = num(obj, "bytes_sent"); std::isfinite(b)) m.bytes_sent += b;
-    m.allreduces.push_back(std::move(obj));
-  } else if (kind == "eval") {
-    m.evals.push_back(std::move(obj));
-  } else if (kind == "checkpoint") {
-    m.checkpoints.push_back(std::move(obj));
-  } else if (kind == "end") {
-    m.ends.push_back(std::move(obj));
-  }
-  // Other kinds come from a newer writer: counted, not shown.
-}
-
-/// Reads one metrics.jsonl. Malformed lines are skipped with a warning on stderr; a truncated last line is
-/// ignored with a note. Returns the error when the file cannot be read or holds no valid record.
-std::string read_metrics_file(const fs::path& path, node_metrics& m) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno));
-  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  m.path = path.string();
-  constexpr size_t max_warnings = 5;
-  size_t pos = 0, line_no = 0;
-  while (pos < data.size()) {
-    const size_t nl = data.find('\n', pos);
-    const bool last = nl == std::string::npos;
-    std::string_view line(data.data() + pos, (last ? data.size() : nl) - pos);
-    pos = last ? data.size() : nl + 1;
-    ++line_no;
-    if (line_no == 1 && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
-    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-
-    runtime::json_error error;
-    auto obj = runtime::parse_json(line, line_format, &error);
-    // A run killed mid-line leaves a partial record; the resumed run's first record can follow on that line.
-    for (size_t b = line.find('{', 1); !obj && b != std::string_view::npos; b = line.find('{', b + 1)) {
-      if ((obj = runtime::parse_json(line.substr(b), line_format)) && m.n_skipped++ < max_warnings)
-        fmt::print(stderr, "report: warning: {}:{}: skipped a partial record before column {}\n", m.path,
-                   line_no, b + 1);
-    }
-    if (!obj && last && error.truncated) {
-      fmt::print(stderr,
-                 "report: note: {}:{}: ignored the truncated last line (the run was stopped mid-write)\n",
-                 m.path, line_no);
-      continue;
-    }
-    std::string problem;
-    if (!obj)
-      problem = error.truncated ? "the line ends inside a record (truncated)"
-                                : fmt::format("{} at column {}", error.what, error.column);
-    else if (!obj->is_object())
-      problem = "not a JSON object";
-    else if (text(*obj, "kind").empty())
-      problem = "no \"kind\" field";
-    if (!problem.empty()) {
-      if (m.n_skipped++ < max_warnings)
-        fmt::print(stderr, "report: warning: {}:{}: skipped a malformed line: {}\n", m.path, line_no,
-                   problem);
-      continue;
-    }
-    add_record(m, std::move(*obj));
-  }
-  if (m.n_skipped > max_warnings)
-    fmt::print(stderr, "report: warning: {}: {} more malformed lines skipped\n", m.path,
-               m.n_skipped - max_warnings);
-  if (m.n_records == 0)
-    return fmt::format(
-        "{}: no valid metrics line ({})", m.path,
-        m.n_skipped ? fmt::format("{} malformed", m.n_skipped) : std::string("the file is empty"));
-  return {};
-}
-
-// ---- SVG line charts ------------------------------------------------------------------------------------
-
-std::string html_escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-struct point {
-  double x, y;
-};
-
-/// One line of a chart.
-struct series {
-  series(std::string name_, std::string color_) : name(std::move(name_)), color(std::move(color_)) {}
-  series() = default;
-  std::string name;  // legend label; empty: not in the legend
-  std::string color;
-  std::vector<point> points;
-  bool dashed = false;
-  bool markers = false;  // a dot at every point
-  double opacity = 1.0;
-  double width = 2.0;
-};
-
-struct line_chart {
-  std::string title, x_label, y_label;
-  std::vector<series> lines;
-  std::vector<double> x_marks;  // vertical dashed lines where a run was resumed
-  bool x_integer = false;       // rounds: integer ticks only
-  bool x_from_zero = false, y_from_zero = false;
-  std::optional<std::pair<double, double>> y_range;  // fixed y range (percentages)
-};
-
-bool has_data(const line_chart& c) {
-  for (const auto& s : c.lines)
-    for (const auto& p : s.points)
-      if (std::isfinite(p.x) && std::isfinite(p.y)) return true;
-  return false;
-}
-
-struct axis {
-  double lo = 0, hi = 1, step = 1;
-  std::vector<double> ticks;
-};
-
-// Ticks at 1, 2 or 5 times a power of ten; the range widens to whole ticks.
-axis nice_axis(double lo, double hi, int n_ticks, bool integer) {
-  if (!(hi > lo)) {  // one value: a band around it, or 0..1 for all zeros
-    const double pad = integer ? 1.0 : std::abs(lo) * 0.1;
-    if (lo == 0) {
-      hi = 1;
-    } else {
-      lo -= pad;
-      hi += pad;
-    }
-  }
-  const double raw = (hi - lo) / n_ticks;
-  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
-  const double norm = raw / mag;
-  axis a;
-  a.step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
-  if (integer) a.step = std::max(1.0, std::round(a.step));
-  a.lo = std::floor(lo / a.step + 1e-9) * a.step;
-  a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
-  for (int k = 0; a.lo + k * a.step <= a.hi + a.step * 1e-6; ++k) {
-    const double t = a.lo + k * a.step;
-    a.ticks.push_back(std::abs(t) < a.step * 1e-9 ? 0.0 : t);
-  }
-  return a;
-}
-
-std::string tick_label(double v, double step) {
-  auto fixed = [](double x, double st) {
-    const int decimals = st >= 1 ? 0 : std::min(6, static_cast<int>(std::ceil(-std::log10(st) - 1e-9)));
-    return fmt::format("{:.{}f}", x, decimals);
-  };
-  if (v == 0) return "0";
-  if (step >= 1e5) return fixed(v / 1e6, step / 1e6) + "M";
-  if (step >= 1e3) return fixed(v / 1e3, step / 1e3) + "k";
-  return fixed(v, step);
-}
-
-// Long series keep each bucket's first, min and max points, so the noise envelope survives.
-std::vector<point> decimate(const std::vector<point>& pts, size_t max_points) {
-  if (pts.size() <= max_points) return pts;
-  const size_t buckets = max_points / 3, per = (pts.size() + buckets - 1) / buckets;
-  std::vector<point> out;
-  for (size_t b = 0; b < pts.size(); b += per) {
-    const auto first = pts.begin() + static_cast<std::ptrdiff_t>(b);
-    const auto last = pts.begin() + static_cast<std::ptrdiff_t>(std::min(pts.size(), b + per));
-    auto [lo, hi] = std::minmax_element(first, last, [](point a, point c) { return a.y < c.y; });
-    std::vector<point> keep{*first, *lo, *hi};
-    std::sort(keep.begin(), keep.end(), [](point a, point c) { return a.x < c.x; });
-    out.insert(out.end(), keep.begin(), keep.end());
-  }
-  return out;
-}
-
-/// Renders a chart as an inline <svg class="chart">: title, light grid, axes with tick labels, axis labels,
-/// the lines (clipped to the plot), resume marks, and a legend below when more than one line is named.
-std::string render_svg(const line_chart& c, int id) {
-  constexpr double width = 600, left = 64, right = 18, top = 42, plot_h = 230;
-  constexpr double plot_w = width - left - right, bottom = top + plot_h;
-
-  double x_lo = HUGE_VAL, x_hi = -HUGE_VAL, y_lo = HUGE_VAL, y_hi = -HUGE_VAL;
-  for (const auto& s : c.lines)
-    for (const auto& p : s.points)
-      if (std::isfinite(p.x) && std::isfinite(p.y)) {
-        x_lo = std::min(x_lo, p.x), x_hi = std::max(x_hi, p.x);
-        y_lo = std::min(y_lo, p.y), y_hi = std::max(y_hi, p.y);
-      }
-  if (c.x_from_zero) x_lo = std::min(x_lo, 0.0);
-  if (c.y_from_zero) y_lo = std::min(y_lo, 0.0);
-  if (c.y_range) y_lo = std::min(y_lo, c.y_range->first), y_hi = std::max(y_hi, c.y_range->second);
-  const axis xa = nice_axis(x_lo, x_hi, 6, c.x_integer), ya = nice_axis(y_lo, y_hi, 5, false);
-  auto px = [&](double x) { return left + (x - xa.lo) / (xa.hi - xa.lo) * plot_w; };
-  auto py = [&](double y) { return bottom - (y - ya.lo) / (ya.hi - ya.lo) * plot_h; };
-
-  // Legend rows, laid out by an estimate of the text width (about 6.6 px per character at 11 px).
-  struct legend_item {
-    const series* s;
-    double x, y;
-  };
-  std::vector<legend_item> legend;
-  const size_t n_named =
-      std::count_if(c.lines.begin(), c.lines.end(), [](auto& s) { return !s.name.empty(); });
-  double lx = left, ly = bottom + 62;
-  if (n_named > 1) {
-    for (const auto& s : c.lines) {
-      if (s.name.empty()) continue;
-      const double w = 30 + 6.6 * static_cast<double>(s.name.size()) + 18;
-      if (lx + w > width - right && lx > left) lx = left, ly += 18;
-      legend.push_back({&s, lx, ly});
-      lx += w;
-    }
-  }
-  const double height = legend.empty() ? bottom + 50 : ly + 14;
-
-  std::string o;
-  const std::string title = html_escape(c.title);
-  o += fmt::format(
-      "<svg class=\"chart\" viewBox=\"0 0 {} {}\" width=\"{}\" height=\"{}\" role=\"img\" "
-      "aria-labelledby=\"chart{}-title\">\n",
-      width, height, width, height, id);
-  o += fmt::format("<title id=\"chart{}-title\">{}</title>\n", id, title);
-  o += fmt::format(
-      "<defs><clipPath id=\"chart{}-clip\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/></clipPath>"
-      "</defs>\n",
-      id, left - 4, top - 4, plot_w + 8, plot_h + 8);
-  o += fmt::format("<text class=\"title\" x=\"{}\" y=\"24\">{}</text>\n", left - 52, title);
-
-  // Grid and tick labels.
-  o += "<g class=\"grid\" stroke=\"#e5e7eb\" stroke-width=\"1\">\n";
-  for (double t : xa.ticks)
-    o += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\"/>\n", px(t), top, bottom);
-  for (double t : ya.ticks)
-    o += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\"/>\n", py(t), left,
-                     left + plot_w);
-  o += "</g>\n";
-  o += fmt::format(
-      "<g stroke=\"#9ca3af\" stroke-width=\"1\"><line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\"/>", left,
-      bottom, left + plot_w);
-  o += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/></g>\n", left, top, bottom);
-  o += "<g class=\"ticks\">\n";
-  for (double t : xa.ticks)
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", px(t), bottom + 16,
-                     tick_label(t, xa.step));
-  for (double t : ya.ticks)
-    o += fmt::format(
-        "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" dominant-baseline=\"middle\">{}</text>\n", left - 7,
-        py(t), tick_label(t, ya.step));
-  o += "</g>\n";
-  o += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                   left + plot_w / 2, bottom + 38, html_escape(c.x_label));
-  o += fmt::format(
-      "<text class=\"label\" transform=\"translate(16 {:.1f}) rotate(-90)\" "
-      "text-anchor=\"middle\">{}</text>\n",
-      top + plot_h / 2, html_escape(c.y_label));
-
-  // Resume marks, then the lines.
-  for (double x : c.x_marks) {
-    if (!(x >= xa.lo && x <= xa.hi)) continue;
-    o += fmt::format(
-        "<g class=\"resume\"><line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#6b7280\" "
-        "stroke-dasharray=\"4 3\"/><text x=\"{3:.1f}\" y=\"{4}\">resumed</text></g>\n",
-        px(x), top, bottom, px(x) + 3, top + 10);
-  }
-  o += fmt::format("<g clip-path=\"url(#chart{}-clip)\" fill=\"none\">\n", id);
-  for (const auto& s : c.lines) {
-    // A point that is not finite ends a segment (a resumed run's downtime is not drawn as a line).
-    std::vector<std::vector<point>> segments(1);
-    size_t n_finite = 0;
-    for (const auto& p : s.points) {
-      if (std::isfinite(p.x) && std::isfinite(p.y)) {
-        segments.back().push_back(p), ++n_finite;
-      } else if (!segments.back().empty()) {
-        segments.emplace_back();
-      }
-    }
-    for (const auto& segment : segments) {
-      if (segment.empty()) continue;
-      std::string pts;
-      for (const auto& p : decimate(segment, 2400)) pts += fmt::format("{:.1f},{:.1f} ", px(p.x), py(p.y));
-      pts.pop_back();
-      o += fmt::format(
-          "<polyline points=\"{}\" stroke=\"{}\" stroke-width=\"{}\" stroke-opacity=\"{}\" "
-          "stroke-linejoin=\"round\" stroke-linecap=\"round\"{}/>\n",
-          pts, s.color, s.width, s.opacity, s.dashed ? " stroke-dasharray=\"6 4\"" : "");
-    }
-    if (s.markers || n_finite == 1)
-      for (const auto& segment : segments)
-        for (const auto& p : segment)
-          o += fmt::format(
-              "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.2\" fill=\"{}\" stroke=\"#fff\" "
-              "stroke-width=\"1\"/>\n",
-              px(p.x), py(p.y), s.color);
-  }
-  o += "</g>\n";
-
-  for (const auto& item : legend) {
-    o += fmt::format(
-        "<g class=\"legend\"><line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
-        "stroke=\"{3}\" "
-        "stroke-width=\"2.5\"{4}/>",
-        item.x, item.y - 4, item.x + 22, item.s->color, item.s->dashed ? " stroke-dasharray=\"5 3\"" : "");
-    if (item.s->markers)
-      o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>", item.x + 11, item.y - 4,
-                       item.s->color);
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text></g>\n", item.x + 28, item.y,
-                     html_escape(item.s->name));
-  }
-  o += "</svg>\n";
-  return o;
-}
-
-// ---- the page -------------------------------------------------------------------------------------------
 
 // matplotlib's tab10: distinct, readable on white; lines past ten are dashed.
 const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -500,7 +109,7 @@ struct node_summary {
 node_summary summarize(const node_metrics& m) {
   node_summary s;
   // The final evaluation: the end record of the last session if there is one, else the last eval.
-  const json_object* last_end = nullptr;
+  const record* last_end = nullptr;
   if (!m.ends.empty() && (m.starts.empty() || num(m.ends.back(), "ts") >= num(m.starts.back(), "ts")))
     last_end = &m.ends.back();
   if (!m.evals.empty())
@@ -572,7 +181,7 @@ std::vector<line_chart> build_charts(const report_data& r) {
   const bool cluster = r.nodes.size() > 1;
   const auto [t_div, t_unit] = time_unit(r.t_last - r.t0);
   const std::string time_label = fmt::format("wall time since the first start ({})", t_unit);
-  auto t_of = [&, t_div = t_div](const json_object& o) { return (num(o, "ts") - r.t0) / t_div; };
+  auto t_of = [&, t_div = t_div](const record& o) { return (num(o, "ts") - r.t0) / t_div; };
 
   // Resume marks: later start lines, on the step axis and on the time axis.
   std::set<double> resumed_steps, resumed_times;
@@ -741,12 +350,12 @@ std::string table(const std::string& caption, const std::vector<std::pair<std::s
 std::string assemble_page(const report_data& r) {
   const bool cluster = r.nodes.size() > 1;
   const auto& first = r.nodes.front();
-  static const json_object no_start;
-  const json_object& cfg = first.starts.empty() ? no_start : first.starts.front();
+  static const record no_start;
+  const record& cfg = first.starts.empty() ? no_start : first.starts.front();
   auto field = [&](const char* key) {
     const auto* v = cfg.find(key);
     if (!v) return std::string("–");
-    return v->is_string() ? v->str : compact(num(cfg, key));
+    return v->is_string ? v->str : compact(num(cfg, key));
   };
 
   std::vector<node_summary> sums;
@@ -890,7 +499,7 @@ std::string assemble_page(const report_data& r) {
 
 }  // namespace
 
-int report(const std::string& run_dir, const std::string& out_path) {
+int write(const std::string& run_dir, const std::string& out_path) {
   auto error = [](const std::string& msg) {
     fmt::print(stderr, "report: error: {}\n", msg);
     return 2;
@@ -956,4 +565,4 @@ int report(const std::string& run_dir, const std::string& out_path) {
   return 0;
 }
 
-}  // namespace longwave::cli
+}  // namespace longwave::cli::report

@@ -3,7 +3,7 @@
 // one self-contained HTML page with inline SVG charts and a summary table.
 #include <string>
 
-namespace longwave::cli {
+namespace longwave::cli::report {
 
 /// Reads RUN_DIR/metrics.jsonl, or every RUN_DIR/<node>/metrics.jsonl of a cluster run (one series per node),
 /// and writes one HTML file with no scripts and no network references: train loss and val perplexity over
@@ -12,6 +12,6 @@ namespace longwave::cli {
 /// ignored. `out_path` empty means RUN_DIR/report.html. Returns 0 on success, 2 on bad input (no run
 /// directory, no metrics.jsonl, no valid line, no output directory), 1 when the file cannot be written;
 /// every failure prints one line to stderr naming the file.
-int report(const std::string& run_dir, const std::string& out_path);
+int write(const std::string& run_dir, const std::string& out_path);
 
-}  // namespace longwave::cli
+}  // namespace longwave::cli::report

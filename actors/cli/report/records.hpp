@@ -1,0 +1,50 @@
+#pragma once
+// The records of one metrics.jsonl for `longwave report`: each line read with runtime/json_reader into a flat
+// record, sorted by kind; records that a resumed run redid are dropped.
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace longwave::cli::report {
+
+/// One metrics.jsonl line: the top-level members of its object (a later duplicate wins).
+struct record {
+  struct value {
+    bool is_string = false;
+    double num = std::numeric_limits<double>::quiet_NaN();  ///< true = 1, false = 0; NaN: null, [..], {..}
+    std::string str;
+  };
+  std::map<std::string, value, std::less<>> fields;
+
+  /// The member `key`, or nullptr.
+  const value* find(std::string_view key) const;
+};
+
+/// A number field, NaN when it is missing or not a number.
+/// (true = 1, false = 0.)
+double num(const record& o, std::string_view key);
+
+/// A string field, "" when it is missing or not a string.
+std::string text(const record& o, std::string_view key);
+
+/// One node's records, by kind, in file order. Records a resumed run redid are dropped (steps are global).
+struct node_metrics {
+  std::string name;  // the start line's "node", else the folder name
+  std::string path;
+  std::vector<record> starts, steps, workers, allreduces, evals, checkpoints, ends;
+  std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
+  double bytes_sent = 0;                            // every all-reduce, redone rounds included
+  size_t n_records = 0, n_skipped = 0;
+};
+
+/// Reads one metrics.jsonl. Malformed lines are skipped with a warning on stderr; a truncated last line is
+/// ignored with a note. Returns the error when the file cannot be read or holds no valid record.
+std::string read_metrics_file(const std::filesystem::path& path, node_metrics& m);
+
+}  // namespace longwave::cli::report
