@@ -184,6 +184,10 @@ std::string show(bool v) {
 std::string show(const std::string& v) {
   return shorten(quote(v));
 }
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+std::string show(E v) {
+  return quote(to_string(v));
+}
 
 std::string show(const toml::node& n) {
   if (const auto* s = n.as_string()) return show(s->get());
@@ -209,6 +213,10 @@ std::string toml_value(bool v) {
 std::string toml_value(const std::string& v) {
   return quote(v);
 }
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+std::string toml_value(E v) {
+  return quote(to_string(v));
+}
 
 std::string type_name(toml::node_type t) {
   switch (t) {
@@ -228,7 +236,7 @@ std::string type_name(toml::node_type t) {
 
 template <class T>
 std::string expected_name() {
-  if constexpr (std::is_same_v<T, std::string>) {
+  if constexpr (std::is_same_v<T, std::string> || is_config_enum_v<T>) {
     return "a string";
   } else if constexpr (std::is_same_v<T, bool>) {
     return "a boolean (true or false)";
@@ -253,6 +261,8 @@ std::string describe(const rule& r) {
     if (r.lo > -inf) s += fmt::format(" {} {}", r.lo_open ? ">" : ">=", r.lo);
     if (r.hi < inf) s += fmt::format("{} {} {}", r.lo > -inf ? " and" : "", r.hi_open ? "<" : "<=", r.hi);
     return s;
+  } else if constexpr (is_config_enum_v<T>) {
+    return fmt::format("allowed values are {}", fmt::join(enum_names<T>::names, ", "));
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!r.allowed.empty()) return fmt::format("allowed values are {}", fmt::join(r.allowed, ", "));
     if (r.non_empty) return "must not be empty";
@@ -339,6 +349,25 @@ void check(const std::string& key, const std::string& v, const rule& r) {
   if (listed && !(r.non_empty && v.empty())) return;
   fail_range(key, v, r);
 }
+
+/// An enum field set from code (not the loader) may hold a number outside the enum.
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+void check(const std::string& key, E v, const rule& r) {
+  if (static_cast<size_t>(v) < enum_names<E>::names.size()) return;
+  fail_range(key, v, r);
+}
+
+/// The error for an enum field set to a text that names none of its values, e.g. `run.mode = "DiLoCo":
+/// allowed values are diloco, single, ddp`.
+template <class E>
+[[noreturn]] void fail_name(const std::string& key, const std::string& name, const rule& r) {
+  throw config_error(key, fmt::format("{} = {}: {}", key, show(name), describe<E>(r)));
+}
+
+/// Every field's rule in struct order, then the cross-field checks. `unknown_names` (dotted key -> text) are
+/// the enum fields whose last given name is none of the enum's; each is reported at its field's turn, like
+/// any other field's value that its rule refuses.
+void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names);
 
 /// A directory setting that names an existing file, or a path through one, could never be created: refuse it
 /// now rather than when the run first writes there. A path that does not exist yet is fine.
@@ -455,9 +484,14 @@ class loader {
       if (found || s != section || n != name) return;
       found = true;
       using field_type = std::decay_t<decltype(field)>;
-      if constexpr (std::is_same_v<field_type, std::string>) {
+      if constexpr (std::is_same_v<field_type, std::string> || is_config_enum_v<field_type>) {
         // A string field takes the raw text unless it is a quoted TOML string: run.name=2024 is "2024".
-        field = node && node->is_string() ? node->as_string()->get() : raw;
+        std::string text = node && node->is_string() ? node->as_string()->get() : raw;
+        if constexpr (is_config_enum_v<field_type>) {
+          assign_name(field, text, key);
+        } else {
+          field = std::move(text);
+        }
       } else if (node) {
         assign(field, *node, key, where, r);
       } else if (looks_numeric(raw)) {
@@ -475,7 +509,7 @@ class loader {
   /// validate(), with the place the bad key was set appended to the message.
   void validate_with_origin() const {
     try {
-      validate(cfg_);
+      validate_fields(cfg_, unknown_names_);
     } catch (const config_error& e) {
       const auto it = where_.find(e.key());
       if (it == where_.end()) throw;
@@ -493,10 +527,29 @@ class loader {
     for_each_field(cfg_, [&](std::string_view s, std::string_view n, auto& field, const rule& r) {
       if (found || s != section || n != name) return;
       found = true;
-      assign(field, value, key, where, r);
+      using field_type = std::decay_t<decltype(field)>;
+      if constexpr (is_config_enum_v<field_type>) {
+        const auto* v = value.as_string();
+        if (!v) fail_type<field_type>(key, value, where);
+        assign_name(field, v->get(), key);
+      } else {
+        assign(field, value, key, where, r);
+      }
     });
     if (!found) throw config_error(key, fmt::format("unknown key '{}'{}{}", key, suggest_key(key), where));
     where_[key] = where;
+  }
+
+  /// Stores an enum field from its TOML name. A name outside the enum is kept for validate_fields to report,
+  /// as a string field's bad value is: a later line or --set may still correct it.
+  template <class E>
+  void assign_name(E& field, const std::string& name, const std::string& key) {
+    if (const auto v = from_string<E>(name)) {
+      field = *v;
+      unknown_names_.erase(key);
+    } else {
+      unknown_names_[key] = name;
+    }
   }
 
   std::string position(uint32_t line, uint32_t column) const {
@@ -530,6 +583,7 @@ class loader {
   std::vector<std::string> foreign_;  // top-level keys another reader owns (e.g. [cluster], [[nodes]])
   train_config cfg_;
   std::map<std::string, std::string> where_;  // dotted key -> " (at file:line:col)" or " (from --set)"
+  std::map<std::string, std::string> unknown_names_;  // enum key -> the last text given, if it names no value
 };
 
 }  // namespace
@@ -539,9 +593,17 @@ config_error::config_error(std::string key, const std::string& message)
       key_(std::move(key)),
       message_(one_line(message)) {}
 
-void validate(const train_config& cfg) {
-  for_each_field(cfg, [](std::string_view s, std::string_view n, const auto& field, const rule& r) {
-    check(dotted(s, n), field, r);
+namespace {
+
+void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names) {
+  for_each_field(cfg, [&](std::string_view s, std::string_view n, const auto& field, const rule& r) {
+    const std::string key = dotted(s, n);
+    using field_type = std::decay_t<decltype(field)>;
+    if constexpr (is_config_enum_v<field_type>) {
+      if (const auto it = unknown_names.find(key); it != unknown_names.end())
+        fail_name<field_type>(key, it->second, r);
+    }
+    check(key, field, r);
   });
 
   {
@@ -552,14 +614,14 @@ void validate(const train_config& cfg) {
                                      "(this host only) or \"0.0.0.0\" (every interface)",
                                      cfg.metrics.address));
   }
-  if (cfg.run.mode != "diloco" && cfg.diloco.outer != "sync") {
+  if (cfg.run.mode != run_mode::diloco && cfg.diloco.outer != outer_policy_kind::sync) {
     throw config_error(
         "diloco.outer",
         fmt::format("diloco.outer = \"{}\": outer-step policies apply to run.mode = \"diloco\", "
                     "this run is \"{}\"; use diloco.outer = \"sync\"",
-                    cfg.diloco.outer, cfg.run.mode));
+                    to_string(cfg.diloco.outer), to_string(cfg.run.mode)));
   }
-  if (cfg.diloco.outer == "streaming") {
+  if (cfg.diloco.outer == outer_policy_kind::streaming) {
     const auto& d = cfg.diloco;
     if (cfg.train.inner_steps % d.fragments != 0)
       throw config_error(
@@ -574,21 +636,21 @@ void validate(const train_config& cfg) {
                       "fragment may be in flight at a time)",
                       d.tau, cfg.train.inner_steps / d.fragments));
   }
-  if (cfg.run.mode == "single" && cfg.train.workers != 1) {
+  if (cfg.run.mode == run_mode::single && cfg.train.workers != 1) {
     throw config_error(
         "train.workers",
         fmt::format("train.workers = {}: run.mode = \"single\" trains one replica, so "
                     "train.workers must be 1 (use --set train.workers=1, or run.mode = \"diloco\")",
                     cfg.train.workers));
   }
-  const bool bpe = cfg.data.tokenizer == "bpe";
+  const bool bpe = cfg.data.tokenizer == tokenizer_kind::bpe;
   const int64_t tokens = bpe ? cfg.data.bpe_vocab_size : byte_vocab;
   if (cfg.model.vocab_size != 0 && cfg.model.vocab_size < tokens) {
     throw config_error(
         "model.vocab_size",
         fmt::format("model.vocab_size = {}: smaller than the {} tokenizer's {} tokens; use 0 to "
                     "take it from the tokenizer, or at least {}",
-                    cfg.model.vocab_size, cfg.data.tokenizer, tokens, tokens));
+                    cfg.model.vocab_size, to_string(cfg.data.tokenizer), tokens, tokens));
   }
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {
     throw config_error("train.rounds",
@@ -599,6 +661,12 @@ void validate(const train_config& cfg) {
   check_dir("run.out_dir", cfg.run.out_dir);
   check_dir("checkpoint.dir", cfg.checkpoint.dir);
   check_dir("data.cache_dir", cfg.data.cache_dir);
+}
+
+}  // namespace
+
+void validate(const train_config& cfg) {
+  validate_fields(cfg, {});
 }
 
 train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,

@@ -8,11 +8,13 @@
 //   doubles        real_in('(', 0, 1, ']'), real_at_least  "must be a finite number > 0 and <= 1"
 //   bools          any()
 //   strings        any(), non_empty(), one_of({...})       "allowed values are tiny, small, 150m, 1b"
+//   config enums   listed(): the names of its enum_names   "allowed values are sync, delayed, eager, ..."
 //
 // To add a field: give it a default in its section of config/train_config.hpp, then add one line to
 // for_each_field below, in struct order. The loader then reads it from TOML and --set, checks it, names it
 // in errors (with "did you mean" for a misspelt key) and writes it in to_toml, so in every run's config.toml.
-// Checks across several fields go in validate() (config_loader.cpp).
+// A fixed set of choices is a config enum: an enum class with an enum_names table in train_config.hpp, and
+// the rule listed(). Checks across several fields go in validate() (config_loader.cpp).
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -47,6 +49,11 @@ inline rule any() {
   return {};
 }
 
+/// A config enum field: exactly the names in its enum_names table (train_config.hpp).
+inline rule listed() {
+  return {};
+}
+
 /// An integer in [lo, hi].
 inline rule ints(int64_t lo, int64_t hi = std::numeric_limits<int64_t>::max()) {
   rule r;
@@ -77,7 +84,7 @@ inline rule real_at_least(double lo) {
   return real_in('[', lo, std::numeric_limits<double>::infinity(), ')');
 }
 
-/// A string field that takes one of `values`.
+/// A string field that takes one of `values` (for a fixed set, prefer a config enum and listed()).
 inline rule one_of(std::initializer_list<std::string_view> values) {
   rule r;
   r.allowed = values;
@@ -96,18 +103,18 @@ inline rule non_empty() {
 /// config/train_config.hpp. Config is train_config or const train_config.
 template <class Config, class Visitor>
 void for_each_field(Config& c, Visitor&& f) {
-  f("run", "mode", c.run.mode, one_of({"diloco", "single", "ddp"}));
+  f("run", "mode", c.run.mode, listed());
   f("run", "seed", c.run.seed, ints(0));
   f("run", "out_dir", c.run.out_dir, non_empty());
   f("run", "name", c.run.name, any());
 
   f("model", "preset", c.model.preset, one_of({"tiny", "small", "150m", "1b"}));
-  f("model", "dtype", c.model.dtype, one_of({"fp32", "bf16"}));
+  f("model", "dtype", c.model.dtype, listed());
   f("model", "seq_len", c.model.seq_len, ints(8, 8192));
   f("model", "vocab_size", c.model.vocab_size, zero_or_ints(2, 65536));
 
   f("data", "path", c.data.path, any());
-  f("data", "tokenizer", c.data.tokenizer, one_of({"byte", "bpe"}));
+  f("data", "tokenizer", c.data.tokenizer, listed());
   f("data", "bpe_vocab_size", c.data.bpe_vocab_size, ints(257, 65535));
   f("data", "val_fraction", c.data.val_fraction, real_in('(', 0, 0.5, ']'));
   f("data", "cache_dir", c.data.cache_dir, any());
@@ -136,9 +143,9 @@ void for_each_field(Config& c, Visitor&& f) {
   f("outer", "momentum", c.outer.momentum, real_in('(', -1, 1, ')'));
   f("outer", "nesterov", c.outer.nesterov, any());
 
-  f("diloco", "outer", c.diloco.outer, one_of({"sync", "delayed", "eager", "streaming"}));
+  f("diloco", "outer", c.diloco.outer, listed());
   f("diloco", "fragments", c.diloco.fragments, ints(1, 1024));
-  f("diloco", "fragment_pattern", c.diloco.fragment_pattern, one_of({"strided", "sequential"}));
+  f("diloco", "fragment_pattern", c.diloco.fragment_pattern, listed());
   f("diloco", "tau", c.diloco.tau, ints(0));
   f("diloco", "alpha", c.diloco.alpha, real_in('[', 0, 1, ']'));
 
@@ -155,7 +162,7 @@ void for_each_field(Config& c, Visitor&& f) {
   f("metrics", "port", c.metrics.port, ints(0, 65535));
   f("metrics", "address", c.metrics.address, non_empty());
 
-  f("comm", "dtype", c.comm.dtype, one_of({"fp32", "fp16", "bf16", "int8"}));
+  f("comm", "dtype", c.comm.dtype, listed());
   f("comm", "int8_codebook", c.comm.int8_codebook, any());
   f("comm", "error_feedback", c.comm.error_feedback, any());
   f("comm", "chunk_kib", c.comm.chunk_kib, ints(1, 65536));
