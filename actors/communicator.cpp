@@ -88,7 +88,7 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, uint32_
                  .add("seconds", seconds)
                  .add("bytes_sent", sent)
                  .add("bytes_received", received)
-                 .add("dtype", comm::to_string(dtype))
+                 .add("dtype", config::to_string(dtype))
                  .str());
 }
 

@@ -289,7 +289,8 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
               for (size_t i = 0; i < reps.size(); ++i) {
                 auto& r = reps[i];
                 if (boundary) r.steps_in_round = 0;
-                if (s.ctx->cfg.run.mode == "ddp") r.steps_in_round = boundary ? 0 : s.ddp_step_in_round;
+                if (s.ctx->cfg.run.mode == config::run_mode::ddp)
+                  r.steps_in_round = boundary ? 0 : s.ddp_step_in_round;
                 if (s.streaming) r.steps_in_round = boundary ? 0 : s.stream_pos;
                 if (s.eager && outer.size() >= 2 + 3 * (i + 1)) {
                   r.outer_theta = outer[2 + 3 * i];
@@ -425,7 +426,7 @@ void stop_now(self_ptr self, bool boundary) {
     });
   };
   // ddp and streaming stop between two steps or segments, where every replica is at the same step.
-  if (boundary || self->state.ctx->cfg.run.mode == "ddp" || self->state.streaming)
+  if (boundary || self->state.ctx->cfg.run.mode == config::run_mode::ddp || self->state.streaming)
     return take_snapshot(self, boundary, save_and_exit);
   // DiLoCo mid-round: replicas run independently, so pause them, then bring all to the furthest step.
   gather<int64_t>(
@@ -1029,7 +1030,7 @@ void begin_round(self_ptr self) {
   auto& s = self->state;
   if (s.stop_requested) return stop_now(self, /*boundary=*/!(s.streaming && s.stream_pos != 0));
   set_phase(self, phase::inner);
-  if (s.ctx->cfg.run.mode == "ddp") return ddp_step(self);
+  if (s.ctx->cfg.run.mode == config::run_mode::ddp) return ddp_step(self);
   if (s.streaming) return streaming_segment(self);
   self->request(s.peers.outer, s.request_timeout, theta_atom_v, s.ctx->n_workers())
       .then([=](std::vector<at::Tensor>& thetas) { diloco_round(self, thetas); },
@@ -1043,7 +1044,7 @@ void install_resume(self_ptr self) {
   s.resume.reset();
   s.round = snap.round;
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
-  if (s.ctx->cfg.run.mode == "ddp") s.ddp_step_in_round = snap.replicas[0].steps_in_round;
+  if (s.ctx->cfg.run.mode == config::run_mode::ddp) s.ddp_step_in_round = snap.replicas[0].steps_in_round;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
   s.newest_on_disk =
       fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);
@@ -1120,12 +1121,14 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
   s.ctx = ctx;
   s.peers = std::move(peers);
   s.resume = std::move(resume);
-  s.sync_workers = ctx->cfg.run.mode != "single";
-  const bool diloco = ctx->cfg.run.mode == "diloco";
-  s.eager = diloco && ctx->cfg.diloco.outer == "eager";
-  s.one_late = diloco && (ctx->cfg.diloco.outer == "delayed" || s.eager);
-  s.streaming = diloco && ctx->cfg.diloco.outer == "streaming";
-  s.has_residuals = ctx->cluster_workers > 0 && ctx->cfg.comm.error_feedback && ctx->cfg.comm.dtype != "fp32";
+  using config::outer_policy_kind;
+  s.sync_workers = ctx->cfg.run.mode != config::run_mode::single;
+  const bool diloco = ctx->cfg.run.mode == config::run_mode::diloco;
+  s.eager = diloco && ctx->cfg.diloco.outer == outer_policy_kind::eager;
+  s.one_late = diloco && (ctx->cfg.diloco.outer == outer_policy_kind::delayed || s.eager);
+  s.streaming = diloco && ctx->cfg.diloco.outer == outer_policy_kind::streaming;
+  s.has_residuals = ctx->cluster_workers > 0 && ctx->cfg.comm.error_feedback &&
+                    ctx->cfg.comm.dtype != config::wire_dtype::fp32;
   s.round_timeout = seconds(ctx->cfg.runtime.round_timeout_s);
   s.round_compute.assign(static_cast<size_t>(ctx->n_workers()), 0.0);
   s.run_compute = s.round_compute;
@@ -1153,7 +1156,7 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
         const auto& c = s.ctx->cfg;
         record(self, json_line("start")
                          .add("node", c.run.name)
-                         .add("mode", c.run.mode)
+                         .add("mode", config::to_string(c.run.mode))
                          .add("preset", s.ctx->spec.preset)
                          .add("params", models::closed_form_param_count(s.ctx->spec))
                          .add("workers", s.ctx->n_workers())
@@ -1165,7 +1168,7 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
                          .add("inner_lr", c.train.lr)
                          .add("outer_lr", c.outer.lr)
                          .add("outer_momentum", c.outer.momentum)
-                         .add("comm_dtype", c.comm.dtype)
+                         .add("comm_dtype", config::to_string(c.comm.dtype))
                          .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
         if (s.resume) return install_resume(self);
         // Fresh run: every replica starts from theta_0.
@@ -1195,7 +1198,7 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
         // DiLoCo mid-round: workers answer (state) between two inner steps, so stop at once.
         // ddp and the round tail: stop at the next step or round boundary.
         // streaming: at the next segment boundary with no fragment in flight.
-        if (s.ph == phase::inner && s.ctx->cfg.run.mode != "ddp" && !s.streaming)
+        if (s.ph == phase::inner && s.ctx->cfg.run.mode != config::run_mode::ddp && !s.streaming)
           return stop_now(self, /*boundary=*/false);
         s.stop_requested = true;
       },

@@ -23,8 +23,8 @@ struct evaluator_state {
 caf::behavior evaluator_fun(caf::stateful_actor<evaluator_state>* self,
                             std::shared_ptr<const run_context> ctx) {
   at::set_num_threads(1);
-  self->state.model =
-      std::make_unique<models::gpt>(ctx->spec, ctx->cfg.model.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+  self->state.model = std::make_unique<models::gpt>(
+      ctx->spec, ctx->cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
   return {
       [=](eval_atom, at::Tensor theta, int64_t n_batches) -> caf::result<double> {
         try {

@@ -20,7 +20,7 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   o.adam.beta2 = cfg.train.beta2;
   o.adam.eps = cfg.train.eps;
   o.adam.weight_decay = cfg.train.weight_decay;
-  o.bf16 = cfg.model.dtype == "bf16";
+  o.bf16 = cfg.model.dtype == config::model_dtype::bf16;
   return o;
 }
 
@@ -35,8 +35,8 @@ void check_memory_fits(const config::train_config& cfg, const models::model_spec
   const int64_t machine = physical_memory_bytes();
   if (machine <= 0) return;
   // In double: train.workers x the estimate can pass int64 even though each factor is bounded.
-  const double per_worker = static_cast<double>(
-      models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == "bf16"));
+  const double per_worker = static_cast<double>(models::training_memory_bytes(
+      spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16));
   const double need = per_worker * static_cast<double>(cfg.train.workers);
   if (need <= static_cast<double>(machine)) return;
   constexpr double mib = 1 << 20;

@@ -72,12 +72,13 @@ std::string corpus_path(const config::train_config& cfg) {
 
 int64_t expected_vocab(const config::train_config& cfg) {
   if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
-  return cfg.data.tokenizer == "bpe" ? cfg.data.bpe_vocab_size : 256;
+  return cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size : 256;
 }
 
 void print_dry_run(const config::train_config& cfg, const models::model_spec& spec) {
   const int64_t n = models::closed_form_param_count(spec);
-  const int64_t mem = models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == "bf16");
+  const int64_t mem =
+      models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16);
   std::printf("%s\n", config::to_toml(cfg).c_str());
   std::printf(
       "# model: preset %s, dim %ld, layers %ld, heads %ld (kv %ld), ffn %ld, vocab %ld, context %ld\n",
@@ -181,7 +182,9 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
-  if (cfg.run.mode == "diloco" && cfg.diloco.outer == "streaming" && cfg.diloco.fragments > spec.n_layers)
+  const bool diloco = cfg.run.mode == config::run_mode::diloco;
+  const bool streaming = diloco && cfg.diloco.outer == config::outer_policy_kind::streaming;
+  if (streaming && cfg.diloco.fragments > spec.n_layers)
     throw config::config_error(
         "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
                                         "fragments",
@@ -220,9 +223,9 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
     ctx->rank_offset = role->rank_offset;
     ctx->cluster_workers = role->cluster_workers;
   }
-  if (cfg.run.mode == "diloco" && cfg.diloco.outer == "streaming") {
-    ctx->fragments =
-        models::fragment_ranges(spec, cfg.diloco.fragments, cfg.diloco.fragment_pattern == "strided");
+  if (streaming) {
+    ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,
+                                             cfg.diloco.fragment_pattern == config::fragment_layout::strided);
   }
   // Check the data against the sampling plan before any actor starts (a clear error, not a dead worker).
   models::data::window_sampler probe(ctx->train_tokens, ctx->global_workers() - 1, ctx->global_workers(),
@@ -232,7 +235,8 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
                ctx->val_tokens->size(), spec.vocab_size);
 
   // Resume or start over.
-  snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers, cfg.run.mode, spec.preset};
+  snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
+                       config::to_string(cfg.run.mode), spec.preset};
   std::optional<train_snapshot> resume;
   int corrupt_checkpoints = 0;  // counted in longwave_errors_total once the metrics sink runs
   const bool strays = report_stray_files(checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep));
@@ -304,7 +308,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   peers.metrics = metrics;
   communicator_options comm_opts;
   comm_opts.metrics = metrics;
-  comm_opts.log_events = cfg.run.mode != "ddp";
+  comm_opts.log_events = cfg.run.mode != config::run_mode::ddp;
   if (role) {
     comm_opts.ring = std::make_shared<comm::ring_allreduce>(role->rank, role->endpoints, role->ring,
                                                             rejection_logger(metrics));
@@ -327,10 +331,10 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   // single: theta_global just follows the one worker (theta - 1.0 * (theta - theta_local)); [outer] is
   // unused.
   config::outer_section outer_cfg = cfg.outer;
-  if (cfg.run.mode == "single") outer_cfg = config::outer_section{1.0, 0.0, false};
+  if (cfg.run.mode == config::run_mode::single) outer_cfg = config::outer_section{1.0, 0.0, false};
   outer_policy policy;
   policy.fragments = ctx->fragments;
-  if (cfg.run.mode == "diloco" && cfg.diloco.outer == "eager") {
+  if (diloco && cfg.diloco.outer == config::outer_policy_kind::eager) {
     policy.eager_replicas = cfg.train.workers;
     policy.global_workers = ctx->global_workers();
   }
@@ -411,7 +415,7 @@ uint64_t latest_checkpoint_round(const config::train_config& cfg) {
 
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id) {
   comm::ring_options r;
-  r.dtype = *comm::parse_wire_dtype(cfg.comm.dtype);  // validated by the config loader
+  r.dtype = cfg.comm.dtype;
   r.codec.int8_codebook = cfg.comm.int8_codebook;
   r.chunk_bytes = static_cast<size_t>(cfg.comm.chunk_kib) * 1024;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));
@@ -462,10 +466,11 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     auto spec = models::preset_spec(cfg.model.preset,
                                     cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size,
                                     cfg.model.seq_len);
-    snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers, cfg.run.mode, spec.preset};
+    snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
+                         config::to_string(cfg.run.mode), spec.preset};
     auto snap = from_checkpoint(std::move(*c), shape);
     auto val = models::data::read_shard(data.val_path);
-    models::gpt model(spec, cfg.model.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+    models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
     model.load_flat(snap.theta);
     const int64_t n = batches > 0 ? batches : cfg.eval.batches;
     const double loss = models::validation_loss(model, val, cfg.train.batch_size, n);

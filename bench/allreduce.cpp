@@ -91,7 +91,7 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
   }
   for (size_t d = 0; d < s.dtypes.size(); ++d) {
     ring_options o;
-    o.dtype = *parse_wire_dtype(s.dtypes[d]);
+    o.dtype = *config::from_string<wire_dtype>(s.dtypes[d]);
     o.codec.int8_codebook = s.codebook;
     o.chunk_bytes = s.chunk_bytes;
     o.send_hwm = o.recv_hwm = s.hwm;
@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
                "skip the raw ZeroMQ baseline (point-to-point on loopback; ring streams with --endpoints)");
   CLI11_PARSE(app, argc, argv);
   for (const auto& d : s.dtypes)
-    if (!parse_wire_dtype(d)) {
+    if (!config::from_string<wire_dtype>(d)) {
       std::fprintf(stderr, "bench_allreduce: unknown dtype '%s' (fp32, fp16, bf16, int8)\n", d.c_str());
       return 2;
     }

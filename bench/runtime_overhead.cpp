@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
 
   const auto dir = (fs::temp_directory_path() / "longwave-bench-overhead").string();
   auto cfg = config::parse_config("", {}, "bench");
-  cfg.run.mode = "single";
+  cfg.run.mode = config::run_mode::single;
   cfg.run.out_dir = dir + "/run";
   cfg.model.preset = preset;
   cfg.model.seq_len = seq_len;
@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
   cfg.checkpoint.every_rounds = 0;
   cfg.metrics.enabled = false;
   at::set_num_threads(static_cast<int>(threads));
-  auto data = models::data::prepare_dataset(actors::default_corpus_path(), "byte", 0, cfg.data.val_fraction,
-                                            dir + "/run/data");
+  auto data = models::data::prepare_dataset(actors::default_corpus_path(), cfg.data.tokenizer, 0,
+                                            cfg.data.val_fraction, dir + "/run/data");
   std::printf(
       "settings: preset %s, batch %ld x seq_len %ld, %ld steps, %ld torch threads, %ld repeats, fp32\n",
       preset.c_str(), batch, seq_len, steps, threads, repeats);

@@ -266,23 +266,6 @@ bool decode_impl(const codec_kernels& k, wire_dtype dt, const std::byte* src, si
 
 }  // namespace
 
-const char* to_string(wire_dtype dt) {
-  switch (dt) {
-    case wire_dtype::fp32: return "fp32";
-    case wire_dtype::fp16: return "fp16";
-    case wire_dtype::bf16: return "bf16";
-    case wire_dtype::int8: return "int8";
-  }
-  return "invalid";
-}
-
-std::optional<wire_dtype> parse_wire_dtype(std::string_view s) {
-  for (wire_dtype dt : {wire_dtype::fp32, wire_dtype::fp16, wire_dtype::bf16, wire_dtype::int8}) {
-    if (s == to_string(dt)) return dt;
-  }
-  return std::nullopt;
-}
-
 size_t encoded_size(wire_dtype dt, size_t n, const codec_options& o) {
   constexpr size_t max = SIZE_MAX;
   switch (dt) {

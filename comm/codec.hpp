@@ -7,16 +7,14 @@
 #include <optional>
 #include <string_view>
 
+#include "config/train_config.hpp"
+
 namespace longwave::comm {
 
-/// Element type of a chunk on the wire. The numeric values are part of the wire format.
-enum class wire_dtype : uint8_t { fp32 = 0, fp16 = 1, bf16 = 2, int8 = 3 };
-
-/// "fp32", "fp16", "bf16", "int8", or "invalid" for a value outside the enum.
-const char* to_string(wire_dtype dt);
-
-/// Parses "fp32", "fp16", "bf16" or "int8" (exact, lower case); nullopt for anything else.
-std::optional<wire_dtype> parse_wire_dtype(std::string_view s);
+/// Element type of a chunk on the wire: the enum of comm.dtype, whose numeric values are part of the wire
+/// format. Its names ("fp32", "fp16", "bf16", "int8") are the config's: config::to_string(dt) ("invalid" for
+/// a value outside the enum) and config::from_string<wire_dtype>(name).
+using wire_dtype = config::wire_dtype;
 
 /// Values per fp32 scale of the plain int8 codec: a chunk of n values has ceil(n / int8_block) scales. Part
 /// of the wire format (both ends must use the same build).

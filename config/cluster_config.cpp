@@ -228,10 +228,10 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
     total += n.workers;
     spec.nodes.push_back(std::move(n));
   }
-  if (spec.train.run.mode != "diloco")
-    throw config_error(
-        "run.mode",
-        fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"", spec.train.run.mode));
+  if (spec.train.run.mode != run_mode::diloco)
+    throw config_error("run.mode",
+                       fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"",
+                                   to_string(spec.train.run.mode)));
   spec.train.train.workers = total;
   if (spec.train.metrics.enabled && coordinator_metrics_port(spec) != 0)
     ports.insert(coordinator_metrics_port(spec));

@@ -1,5 +1,6 @@
 // TOML config loader: fills train_config from TOML text and --set overrides, validates it, and writes it back
-// as TOML. One table of fields (for_each_field) drives parsing, validation and serialisation.
+// as TOML. One table of fields (for_each_field, config/schema.hpp) drives parsing, validation and
+// serialisation.
 #include "config/config_loader.hpp"
 
 #include <arpa/inet.h>
@@ -12,7 +13,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
 #include <limits>
 #include <map>
 #include <optional>
@@ -20,6 +20,8 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+
+#include "config/schema.hpp"
 
 #if !TOML_EXCEPTIONS
 #error "config_loader expects toml++ with exceptions enabled (toml::parse throws toml::parse_error)"
@@ -31,143 +33,8 @@ namespace {
 
 constexpr int64_t int64_max = std::numeric_limits<int64_t>::max();
 constexpr double inf = std::numeric_limits<double>::infinity();
-// A deadline becomes a nanosecond timespan downstream; int64 nanoseconds overflow past ~292 years.
-constexpr double max_timeout_s = 1e9;
-// Sequences per worker per step: far beyond any machine's memory at the smallest context, and small enough
-// that the memory estimate (batch x context x per-token bytes x workers) cannot overflow.
-constexpr int64_t max_batch_size = int64_t{1} << 20;
 // The byte tokenizer's vocabulary: model.vocab_size may not be smaller.
 constexpr int64_t byte_vocab = 256;
-
-/// What one field accepts. One struct for every kind; each field uses the part for its type.
-struct rule {
-  int64_t int_lo = std::numeric_limits<int64_t>::min();
-  int64_t int_hi = int64_max;
-  bool zero_ok = false;  // integers: 0 is allowed besides [int_lo, int_hi]
-  double lo = -inf;
-  double hi = inf;
-  bool lo_open = false;
-  bool hi_open = false;
-  std::vector<std::string_view> allowed;  // strings: the enum; empty = any string
-  bool non_empty = false;
-};
-
-rule any() {
-  return {};
-}
-
-rule ints(int64_t lo, int64_t hi = int64_max) {
-  rule r;
-  r.int_lo = lo;
-  r.int_hi = hi;
-  return r;
-}
-
-rule zero_or_ints(int64_t lo, int64_t hi) {
-  rule r = ints(lo, hi);
-  r.zero_ok = true;
-  return r;
-}
-
-/// A real interval written as in maths: real_in('(', 0, 1, ']') is (0, 1].
-rule real_in(char open, double lo, double hi, char close) {
-  rule r;
-  r.lo = lo;
-  r.hi = hi;
-  r.lo_open = open == '(';
-  r.hi_open = close == ')';
-  return r;
-}
-
-rule real_at_least(double lo) {
-  return real_in('[', lo, inf, ')');
-}
-
-rule one_of(std::initializer_list<std::string_view> values) {
-  rule r;
-  r.allowed = values;
-  return r;
-}
-
-rule non_empty() {
-  rule r;
-  r.non_empty = true;
-  return r;
-}
-
-/// Calls f(section, name, field, rule) for every field of every section, in struct order. This is the one
-/// place that lists the fields: keep it in step with config/train_config.hpp.
-template <class Config, class Visitor>
-void for_each_field(Config& c, Visitor&& f) {
-  f("run", "mode", c.run.mode, one_of({"diloco", "single", "ddp"}));
-  f("run", "seed", c.run.seed, ints(0));
-  f("run", "out_dir", c.run.out_dir, non_empty());
-  f("run", "name", c.run.name, any());
-
-  f("model", "preset", c.model.preset, one_of({"tiny", "small", "150m", "1b"}));
-  f("model", "dtype", c.model.dtype, one_of({"fp32", "bf16"}));
-  f("model", "seq_len", c.model.seq_len, ints(8, 8192));
-  f("model", "vocab_size", c.model.vocab_size, zero_or_ints(2, 65536));
-
-  f("data", "path", c.data.path, any());
-  f("data", "tokenizer", c.data.tokenizer, one_of({"byte", "bpe"}));
-  f("data", "bpe_vocab_size", c.data.bpe_vocab_size, ints(257, 65535));
-  f("data", "val_fraction", c.data.val_fraction, real_in('(', 0, 0.5, ']'));
-  f("data", "cache_dir", c.data.cache_dir, any());
-
-  f("train", "workers", c.train.workers, ints(1, 256));
-  f("train", "inner_steps", c.train.inner_steps, ints(1));
-  f("train", "rounds", c.train.rounds, ints(1));
-  f("train", "batch_size", c.train.batch_size, ints(1, max_batch_size));
-  f("train", "lr", c.train.lr, real_in('(', 0, 10, ']'));
-  f("train", "warmup_steps", c.train.warmup_steps, ints(0));
-  f("train", "min_lr_ratio", c.train.min_lr_ratio, real_in('[', 0, 1, ']'));
-  // Decoupled decay multiplies the weights by 1 - lr * weight_decay each step: usual values are 0 to 0.1; a
-  // huge one flips and blows up the weights (1e300 trained to NaN).
-  f("train", "weight_decay", c.train.weight_decay, real_in('[', 0, 1, ']'));
-  f("train", "beta1", c.train.beta1, real_in('[', 0, 1, ')'));
-  f("train", "beta2", c.train.beta2, real_in('[', 0, 1, ')'));
-  // eps is added to a float tensor: below ~1e-38 it rounds to 0 (0/0 for a parameter that never had a
-  // gradient); above 1e-2 it swamps the second moment and AdamW stops adapting.
-  f("train", "eps", c.train.eps, real_in('[', 1e-30, 1e-2, ']'));
-  f("train", "grad_clip", c.train.grad_clip, real_at_least(0));
-  f("train", "threads", c.train.threads, ints(0, 1024));
-
-  // The outer step scales a float tensor by lr: as for train.lr, past 10 it only diverges (and past ~3e38
-  // it no longer converts to float).
-  f("outer", "lr", c.outer.lr, real_in('(', 0, 10, ']'));
-  f("outer", "momentum", c.outer.momentum, real_in('(', -1, 1, ')'));
-  f("outer", "nesterov", c.outer.nesterov, any());
-
-  f("diloco", "outer", c.diloco.outer, one_of({"sync", "delayed", "eager", "streaming"}));
-  f("diloco", "fragments", c.diloco.fragments, ints(1, 1024));
-  f("diloco", "fragment_pattern", c.diloco.fragment_pattern, one_of({"strided", "sequential"}));
-  f("diloco", "tau", c.diloco.tau, ints(0));
-  f("diloco", "alpha", c.diloco.alpha, real_in('[', 0, 1, ']'));
-
-  f("eval", "every_rounds", c.eval.every_rounds, ints(0));
-  f("eval", "batches", c.eval.batches, ints(1));
-  f("eval", "async", c.eval.async, any());
-
-  f("checkpoint", "every_rounds", c.checkpoint.every_rounds, ints(0));
-  f("checkpoint", "keep", c.checkpoint.keep, ints(1));
-  f("checkpoint", "dir", c.checkpoint.dir, any());
-  f("checkpoint", "max_failed_writes", c.checkpoint.max_failed_writes, ints(0, 1000));
-
-  f("metrics", "enabled", c.metrics.enabled, any());
-  f("metrics", "port", c.metrics.port, ints(0, 65535));
-  f("metrics", "address", c.metrics.address, non_empty());
-
-  f("comm", "dtype", c.comm.dtype, one_of({"fp32", "fp16", "bf16", "int8"}));
-  f("comm", "int8_codebook", c.comm.int8_codebook, any());
-  f("comm", "error_feedback", c.comm.error_feedback, any());
-  f("comm", "chunk_kib", c.comm.chunk_kib, ints(1, 65536));
-  f("comm", "timeout_s", c.comm.timeout_s, real_in('(', 0, max_timeout_s, ']'));
-
-  f("runtime", "round_timeout_s", c.runtime.round_timeout_s, real_in('(', 0, max_timeout_s, ']'));
-  f("runtime", "request_timeout_s", c.runtime.request_timeout_s, real_in('(', 0, max_timeout_s, ']'));
-  f("runtime", "log_every_steps", c.runtime.log_every_steps, ints(1));
-}
 
 std::string dotted(std::string_view section, std::string_view name) {
   return fmt::format("{}.{}", section, name);
@@ -317,6 +184,10 @@ std::string show(bool v) {
 std::string show(const std::string& v) {
   return shorten(quote(v));
 }
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+std::string show(E v) {
+  return quote(to_string(v));
+}
 
 std::string show(const toml::node& n) {
   if (const auto* s = n.as_string()) return show(s->get());
@@ -342,6 +213,10 @@ std::string toml_value(bool v) {
 std::string toml_value(const std::string& v) {
   return quote(v);
 }
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+std::string toml_value(E v) {
+  return quote(to_string(v));
+}
 
 std::string type_name(toml::node_type t) {
   switch (t) {
@@ -361,7 +236,7 @@ std::string type_name(toml::node_type t) {
 
 template <class T>
 std::string expected_name() {
-  if constexpr (std::is_same_v<T, std::string>) {
+  if constexpr (std::is_same_v<T, std::string> || is_config_enum_v<T>) {
     return "a string";
   } else if constexpr (std::is_same_v<T, bool>) {
     return "a boolean (true or false)";
@@ -386,6 +261,8 @@ std::string describe(const rule& r) {
     if (r.lo > -inf) s += fmt::format(" {} {}", r.lo_open ? ">" : ">=", r.lo);
     if (r.hi < inf) s += fmt::format("{} {} {}", r.lo > -inf ? " and" : "", r.hi_open ? "<" : "<=", r.hi);
     return s;
+  } else if constexpr (is_config_enum_v<T>) {
+    return fmt::format("allowed values are {}", fmt::join(enum_names<T>::names, ", "));
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!r.allowed.empty()) return fmt::format("allowed values are {}", fmt::join(r.allowed, ", "));
     if (r.non_empty) return "must not be empty";
@@ -472,6 +349,25 @@ void check(const std::string& key, const std::string& v, const rule& r) {
   if (listed && !(r.non_empty && v.empty())) return;
   fail_range(key, v, r);
 }
+
+/// An enum field set from code (not the loader) may hold a number outside the enum.
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+void check(const std::string& key, E v, const rule& r) {
+  if (static_cast<size_t>(v) < enum_names<E>::names.size()) return;
+  fail_range(key, v, r);
+}
+
+/// The error for an enum field set to a text that names none of its values, e.g. `run.mode = "DiLoCo":
+/// allowed values are diloco, single, ddp`.
+template <class E>
+[[noreturn]] void fail_name(const std::string& key, const std::string& name, const rule& r) {
+  throw config_error(key, fmt::format("{} = {}: {}", key, show(name), describe<E>(r)));
+}
+
+/// Every field's rule in struct order, then the cross-field checks. `unknown_names` (dotted key -> text) are
+/// the enum fields whose last given name is none of the enum's; each is reported at its field's turn, like
+/// any other field's value that its rule refuses.
+void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names);
 
 /// A directory setting that names an existing file, or a path through one, could never be created: refuse it
 /// now rather than when the run first writes there. A path that does not exist yet is fine.
@@ -588,9 +484,14 @@ class loader {
       if (found || s != section || n != name) return;
       found = true;
       using field_type = std::decay_t<decltype(field)>;
-      if constexpr (std::is_same_v<field_type, std::string>) {
+      if constexpr (std::is_same_v<field_type, std::string> || is_config_enum_v<field_type>) {
         // A string field takes the raw text unless it is a quoted TOML string: run.name=2024 is "2024".
-        field = node && node->is_string() ? node->as_string()->get() : raw;
+        std::string text = node && node->is_string() ? node->as_string()->get() : raw;
+        if constexpr (is_config_enum_v<field_type>) {
+          assign_name(field, text, key);
+        } else {
+          field = std::move(text);
+        }
       } else if (node) {
         assign(field, *node, key, where, r);
       } else if (looks_numeric(raw)) {
@@ -608,7 +509,7 @@ class loader {
   /// validate(), with the place the bad key was set appended to the message.
   void validate_with_origin() const {
     try {
-      validate(cfg_);
+      validate_fields(cfg_, unknown_names_);
     } catch (const config_error& e) {
       const auto it = where_.find(e.key());
       if (it == where_.end()) throw;
@@ -626,10 +527,29 @@ class loader {
     for_each_field(cfg_, [&](std::string_view s, std::string_view n, auto& field, const rule& r) {
       if (found || s != section || n != name) return;
       found = true;
-      assign(field, value, key, where, r);
+      using field_type = std::decay_t<decltype(field)>;
+      if constexpr (is_config_enum_v<field_type>) {
+        const auto* v = value.as_string();
+        if (!v) fail_type<field_type>(key, value, where);
+        assign_name(field, v->get(), key);
+      } else {
+        assign(field, value, key, where, r);
+      }
     });
     if (!found) throw config_error(key, fmt::format("unknown key '{}'{}{}", key, suggest_key(key), where));
     where_[key] = where;
+  }
+
+  /// Stores an enum field from its TOML name. A name outside the enum is kept for validate_fields to report,
+  /// as a string field's bad value is: a later line or --set may still correct it.
+  template <class E>
+  void assign_name(E& field, const std::string& name, const std::string& key) {
+    if (const auto v = from_string<E>(name)) {
+      field = *v;
+      unknown_names_.erase(key);
+    } else {
+      unknown_names_[key] = name;
+    }
   }
 
   std::string position(uint32_t line, uint32_t column) const {
@@ -663,6 +583,7 @@ class loader {
   std::vector<std::string> foreign_;  // top-level keys another reader owns (e.g. [cluster], [[nodes]])
   train_config cfg_;
   std::map<std::string, std::string> where_;  // dotted key -> " (at file:line:col)" or " (from --set)"
+  std::map<std::string, std::string> unknown_names_;  // enum key -> the last text given, if it names no value
 };
 
 }  // namespace
@@ -672,9 +593,17 @@ config_error::config_error(std::string key, const std::string& message)
       key_(std::move(key)),
       message_(one_line(message)) {}
 
-void validate(const train_config& cfg) {
-  for_each_field(cfg, [](std::string_view s, std::string_view n, const auto& field, const rule& r) {
-    check(dotted(s, n), field, r);
+namespace {
+
+void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names) {
+  for_each_field(cfg, [&](std::string_view s, std::string_view n, const auto& field, const rule& r) {
+    const std::string key = dotted(s, n);
+    using field_type = std::decay_t<decltype(field)>;
+    if constexpr (is_config_enum_v<field_type>) {
+      if (const auto it = unknown_names.find(key); it != unknown_names.end())
+        fail_name<field_type>(key, it->second, r);
+    }
+    check(key, field, r);
   });
 
   {
@@ -685,14 +614,14 @@ void validate(const train_config& cfg) {
                                      "(this host only) or \"0.0.0.0\" (every interface)",
                                      cfg.metrics.address));
   }
-  if (cfg.run.mode != "diloco" && cfg.diloco.outer != "sync") {
+  if (cfg.run.mode != run_mode::diloco && cfg.diloco.outer != outer_policy_kind::sync) {
     throw config_error(
         "diloco.outer",
         fmt::format("diloco.outer = \"{}\": outer-step policies apply to run.mode = \"diloco\", "
                     "this run is \"{}\"; use diloco.outer = \"sync\"",
-                    cfg.diloco.outer, cfg.run.mode));
+                    to_string(cfg.diloco.outer), to_string(cfg.run.mode)));
   }
-  if (cfg.diloco.outer == "streaming") {
+  if (cfg.diloco.outer == outer_policy_kind::streaming) {
     const auto& d = cfg.diloco;
     if (cfg.train.inner_steps % d.fragments != 0)
       throw config_error(
@@ -707,21 +636,21 @@ void validate(const train_config& cfg) {
                       "fragment may be in flight at a time)",
                       d.tau, cfg.train.inner_steps / d.fragments));
   }
-  if (cfg.run.mode == "single" && cfg.train.workers != 1) {
+  if (cfg.run.mode == run_mode::single && cfg.train.workers != 1) {
     throw config_error(
         "train.workers",
         fmt::format("train.workers = {}: run.mode = \"single\" trains one replica, so "
                     "train.workers must be 1 (use --set train.workers=1, or run.mode = \"diloco\")",
                     cfg.train.workers));
   }
-  const bool bpe = cfg.data.tokenizer == "bpe";
+  const bool bpe = cfg.data.tokenizer == tokenizer_kind::bpe;
   const int64_t tokens = bpe ? cfg.data.bpe_vocab_size : byte_vocab;
   if (cfg.model.vocab_size != 0 && cfg.model.vocab_size < tokens) {
     throw config_error(
         "model.vocab_size",
         fmt::format("model.vocab_size = {}: smaller than the {} tokenizer's {} tokens; use 0 to "
                     "take it from the tokenizer, or at least {}",
-                    cfg.model.vocab_size, cfg.data.tokenizer, tokens, tokens));
+                    cfg.model.vocab_size, to_string(cfg.data.tokenizer), tokens, tokens));
   }
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {
     throw config_error("train.rounds",
@@ -732,6 +661,12 @@ void validate(const train_config& cfg) {
   check_dir("run.out_dir", cfg.run.out_dir);
   check_dir("checkpoint.dir", cfg.checkpoint.dir);
   check_dir("data.cache_dir", cfg.data.cache_dir);
+}
+
+}  // namespace
+
+void validate(const train_config& cfg) {
+  validate_fields(cfg, {});
 }
 
 train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,

@@ -1,14 +1,115 @@
 #pragma once
-// Plain, validated structs for one Longwave run. Every field has a default; config/config_loader fills
-// them from TOML and `--set section.key=value` overrides.
+// Plain, validated structs for one Longwave run, and the enums of its fixed choices with their TOML names.
+// Every field has a default; config/config_loader fills them from TOML and `--set section.key=value`
+// overrides; the fields and their rules are listed in config/schema.hpp.
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <fmt/core.h>
 
 namespace longwave::config {
 
+/// The TOML names of a config enum's values, indexed by value. Each enum below specialises it once with a
+/// `names` array; to_string, from_string, the loader's messages and to_toml all read that one table.
+template <class E>
+struct enum_names {};
+
+/// True for the config enums: the types with an enum_names table.
+template <class T, class = void>
+struct is_config_enum : std::false_type {};
+template <class T>
+struct is_config_enum<T, std::void_t<decltype(enum_names<T>::names)>> : std::true_type {};
+template <class T>
+inline constexpr bool is_config_enum_v = is_config_enum<T>::value;
+
+/// run.mode: how the workers' updates are combined.
+enum class run_mode : uint8_t {
+  diloco,  ///< H inner steps per replica, then an outer step on the averaged pseudo-gradient
+  single,  ///< one worker that keeps its own weights (the baseline)
+  ddp,     ///< gradient averaging every step
+};
+template <>
+struct enum_names<run_mode> {
+  static constexpr std::array<const char*, 3> names{"diloco", "single", "ddp"};
+};
+
+/// diloco.outer: when the averaged pseudo-gradient is applied (ARCHITECTURE.md, "Outer-step policies").
+/// (actors/outer_optimizer.hpp's outer_policy is the optimizer's state for one policy, not this choice.)
+enum class outer_policy_kind : uint8_t {
+  sync,     ///< round t's average is applied at the end of round t (classic DiLoCo; workers wait for it)
+  delayed,  ///< one outer step late, so the all-reduce of round t overlaps the inner steps of round t+1
+  eager,    ///< the timing of delayed, but each worker adds its own fresh pseudo-gradient (Kale et al. 2025)
+  streaming,  ///< P fragments of layers, each synchronised once per round at its own offset, its all-reduce
+              ///< overlapping tau inner steps (Douillard et al. 2025)
+};
+template <>
+struct enum_names<outer_policy_kind> {
+  static constexpr std::array<const char*, 4> names{"sync", "delayed", "eager", "streaming"};
+};
+
+/// diloco.fragment_pattern: which layers make up each streaming fragment.
+enum class fragment_layout : uint8_t {
+  strided,     ///< layer l in fragment l mod P
+  sequential,  ///< layer l in fragment l * P / L (contiguous blocks)
+};
+template <>
+struct enum_names<fragment_layout> {
+  static constexpr std::array<const char*, 2> names{"strided", "sequential"};
+};
+
+/// model.dtype: the precision of the model's weights and compute.
+enum class model_dtype : uint8_t {
+  fp32,
+  bf16,  ///< bf16 model with an fp32 master copy
+};
+template <>
+struct enum_names<model_dtype> {
+  static constexpr std::array<const char*, 2> names{"fp32", "bf16"};
+};
+
+/// data.tokenizer: how the corpus becomes tokens.
+enum class tokenizer_kind : uint8_t {
+  byte,  ///< one token per byte (vocabulary 256)
+  bpe,   ///< byte-level BPE trained on the corpus (data.bpe_vocab_size)
+};
+template <>
+struct enum_names<tokenizer_kind> {
+  static constexpr std::array<const char*, 2> names{"byte", "bpe"};
+};
+
+/// comm.dtype: element type of a chunk on the wire; sums are fp32. comm uses this enum as comm::wire_dtype,
+/// so the numeric values are part of the wire format: never renumber them, only append.
+enum class wire_dtype : uint8_t { fp32 = 0, fp16 = 1, bf16 = 2, int8 = 3 };
+template <>
+struct enum_names<wire_dtype> {
+  static constexpr std::array<const char*, 4> names{"fp32", "fp16", "bf16", "int8"};
+};
+
+/// The TOML name of a config enum value, e.g. to_string(run_mode::ddp) is "ddp"; "invalid" for a number
+/// outside the enum.
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+constexpr const char* to_string(E e) {
+  const auto i = static_cast<size_t>(e);
+  return i < enum_names<E>::names.size() ? enum_names<E>::names[i] : "invalid";
+}
+
+/// The value named `name` (exact, lower case), e.g. from_string<run_mode>("ddp"); nullopt for anything else.
+template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
+constexpr std::optional<E> from_string(std::string_view name) {
+  for (size_t i = 0; i < enum_names<E>::names.size(); ++i) {
+    if (name == enum_names<E>::names[i]) return static_cast<E>(i);
+  }
+  return std::nullopt;
+}
+
 /// [run]: what to train and where to write it.
 struct run_section {
-  std::string mode = "diloco";  ///< "diloco" | "single" | "ddp"
+  run_mode mode = run_mode::diloco;  ///< "diloco" | "single" | "ddp"
   uint64_t seed = 1234;
   std::string out_dir = "runs/default";  ///< checkpoints, loss trace, resolved config
   std::string name = "";                 ///< label for logs and metrics; defaults to the config file stem
@@ -16,20 +117,20 @@ struct run_section {
 
 /// [model]: which Llama-style preset and in what precision.
 struct model_section {
-  std::string preset = "tiny";  ///< "tiny" | "small" | "150m" | "1b"
-  std::string dtype = "fp32";   ///< "fp32" | "bf16"
-  int64_t seq_len = 128;        ///< training context T
-  int64_t vocab_size = 0;       ///< 0: take it from the tokenizer
+  std::string preset = "tiny";            ///< "tiny" | "small" | "150m" | "1b"
+  model_dtype dtype = model_dtype::fp32;  ///< "fp32" | "bf16"
+  int64_t seq_len = 128;                  ///< training context T
+  int64_t vocab_size = 0;                 ///< 0: take it from the tokenizer
 };
 
 /// [data]: corpus, tokenizer and shards.
 struct data_section {
   std::string path =
       "";  ///< "" = bundled KJV; a .txt, a .jsonl (field "text") or a dir with train.bin/val.bin
-  std::string tokenizer = "byte";  ///< "byte" | "bpe"
-  int64_t bpe_vocab_size = 1024;   ///< only for tokenizer = "bpe"; 257..65535
-  double val_fraction = 0.05;      ///< share of the corpus held out for validation, (0, 0.5]
-  std::string cache_dir = "";      ///< "" = <out_dir>/data
+  tokenizer_kind tokenizer = tokenizer_kind::byte;  ///< "byte" | "bpe"
+  int64_t bpe_vocab_size = 1024;                    ///< only for tokenizer = "bpe"; 257..65535
+  double val_fraction = 0.05;                       ///< share of the corpus held out for validation, (0, 0.5]
+  std::string cache_dir = "";                       ///< "" = <out_dir>/data
 };
 
 /// [train]: the inner loop (AdamW) and the outer schedule.
@@ -60,14 +161,9 @@ struct outer_section {
 
 /// [diloco]: when the averaged pseudo-gradient is applied (ARCHITECTURE.md, "Outer-step policies").
 struct diloco_section {
-  /// "sync": round t's average is applied at the end of round t (classic DiLoCo; workers wait for it).
-  /// "delayed": one outer step late, so the all-reduce of round t overlaps the inner steps of round t+1.
-  /// "eager": the timing of "delayed", but each worker adds its own fresh pseudo-gradient (Kale et al. 2025).
-  /// "streaming": Streaming DiLoCo: P fragments of layers, each synchronised once per round at its own
-  /// offset, its all-reduce overlapping tau inner steps (Douillard et al. 2025).
-  std::string outer = "sync";
+  outer_policy_kind outer = outer_policy_kind::sync;  ///< "sync" | "delayed" | "eager" | "streaming"
   int64_t fragments = 2;  ///< streaming: P, fragments of layers (at most the model's layers)
-  std::string fragment_pattern = "strided";  ///< streaming: "strided" (layer l in l mod P) | "sequential"
+  fragment_layout fragment_pattern = fragment_layout::strided;  ///< streaming: "strided" | "sequential"
   int64_t tau = 1;     ///< streaming: inner steps each fragment's all-reduce overlaps (< inner_steps / P)
   double alpha = 0.5;  ///< streaming: theta_f <- (1 - alpha) * theta_f^global + alpha * theta_f^local
 };
@@ -101,7 +197,7 @@ struct metrics_section {
 
 /// [comm]: how pseudo-gradients travel between nodes (cluster runs; a single process averages in memory).
 struct comm_section {
-  std::string dtype = "fp32";   ///< wire element type: "fp32" | "fp16" | "bf16" | "int8"; sums are fp32
+  wire_dtype dtype = wire_dtype::fp32;  ///< wire element type: "fp32" | "fp16" | "bf16" | "int8"
   bool int8_codebook = false;   ///< int8 only: 256-bin codebook of bin means instead of one scale per chunk
   bool error_feedback = false;  ///< carry this node's quantization residual into the next round
   int64_t chunk_kib = 1024;     ///< payload of one ring chunk (pipelining granularity), KiB
@@ -131,3 +227,15 @@ struct train_config {
 };
 
 }  // namespace longwave::config
+
+/// Config enums print as their TOML names in fmt::format and spdlog: fmt::format("{}", run_mode::ddp) is
+/// "ddp".
+namespace fmt {
+template <class E>
+struct formatter<E, char, std::enable_if_t<longwave::config::is_config_enum_v<E>>> : formatter<string_view> {
+  template <class FormatContext>
+  auto format(E e, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return formatter<string_view>::format(longwave::config::to_string(e), ctx);
+  }
+};
+}  // namespace fmt

@@ -103,8 +103,9 @@ int main(int argc, char** argv) {
   double val_fraction = 0.05;
   prep->add_option("input", input, "Text file, JSONL file (field \"text\"), or '' for the bundled KJV");
   prep->add_option("--out", out_dir, "Output directory")->required();
+  const auto& tokenizer_names = config::enum_names<config::tokenizer_kind>::names;
   prep->add_option("--tokenizer", tokenizer, "byte or bpe")
-      ->check(CLI::IsMember({"byte", "bpe"}))
+      ->check(CLI::IsMember(std::vector<std::string>(tokenizer_names.begin(), tokenizer_names.end())))
       ->capture_default_str();
   prep->add_option("--vocab", vocab, "BPE vocabulary size")->capture_default_str();
   prep->add_option("--val-fraction", val_fraction, "Share of tokens held out for validation")
@@ -209,8 +210,9 @@ int main(int argc, char** argv) {
   if (eval->parsed()) return actors::run_eval(ckpt, batches);
   if (prep->parsed()) {
     try {
-      auto d = models::data::prepare_dataset(input.empty() ? actors::default_corpus_path() : input, tokenizer,
-                                             vocab, val_fraction, out_dir,
+      auto d = models::data::prepare_dataset(input.empty() ? actors::default_corpus_path() : input,
+                                             *config::from_string<config::tokenizer_kind>(tokenizer), vocab,
+                                             val_fraction, out_dir,
                                              [](const std::string& l) { spdlog::info("{}", l); });
       std::printf("train: %s (%ld tokens)\nval: %s (%ld tokens)\ntokenizer: %s (vocab %ld)\n",
                   d.train_path.c_str(), d.n_train_tokens, d.val_path.c_str(), d.n_val_tokens,

@@ -152,17 +152,18 @@ prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
 
 }  // namespace
 
-prepared_dataset prepare_dataset(const std::string& input_path, const std::string& tokenizer_kind,
+prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
                                  int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
                                  std::function<void(const std::string&)> log) {
   std::error_code ec;
   if (fs::is_directory(input_path, ec)) return use_user_shards(input_path, log);
 
-  if (tokenizer_kind != "byte" && tokenizer_kind != "bpe") {
+  const bool bpe = kind == config::tokenizer_kind::bpe;
+  if (!bpe && kind != config::tokenizer_kind::byte) {
     throw lw_error(errc::invalid_config,
-                   fmt::format("unknown tokenizer '{}' (expected 'byte' or 'bpe')", tokenizer_kind));
+                   fmt::format("unknown tokenizer {} (expected byte or bpe)", static_cast<int>(kind)));
   }
-  if (tokenizer_kind == "bpe" && (bpe_vocab_size < 256 || bpe_vocab_size > 65536)) {
+  if (bpe && (bpe_vocab_size < 256 || bpe_vocab_size > 65536)) {
     throw lw_error(errc::invalid_config,
                    fmt::format("bpe vocab size {} is out of range: tokens are uint16, so use "
                                "256..65536",
@@ -181,12 +182,12 @@ prepared_dataset prepare_dataset(const std::string& input_path, const std::strin
   if (ec)
     throw lw_error(errc::io_error, fmt::format("cannot stat corpus '{}': {}", input_path, ec.message()));
 
-  const int64_t requested_vocab = tokenizer_kind == "bpe" ? bpe_vocab_size : 256;
+  const int64_t requested_vocab = bpe ? bpe_vocab_size : 256;
   const std::map<std::string, std::string> inputs = {
       {"input", input.string()},
       {"input_size", std::to_string(input_size)},
       {"input_mtime", std::to_string(input_mtime)},
-      {"tokenizer", tokenizer_kind},
+      {"tokenizer", config::to_string(kind)},
       {"vocab", std::to_string(requested_vocab)},
       {"val_fraction", fmt::format("{}", val_fraction)},
   };
@@ -220,7 +221,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, const std::strin
   }
 
   std::unique_ptr<tokenizer> tok;
-  if (tokenizer_kind == "bpe") {
+  if (bpe) {
     if (log) log(fmt::format("data: training BPE tokenizer to vocab {}", bpe_vocab_size));
     auto t_train = std::chrono::steady_clock::now();
     int64_t last_decile = 0;

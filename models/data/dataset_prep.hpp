@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "config/train_config.hpp"
+
 namespace longwave::models::data {
 
 /// Where prepare_dataset() left the data, and its size.
@@ -20,16 +22,16 @@ struct prepared_dataset {
 /// Prepares training data.
 /// - If `input_path` is a directory holding train.bin and val.bin, they are validated and used in place;
 ///   vocab_size comes from a tokenizer.txt in that directory if present, else max token + 1.
-/// - Otherwise the corpus is read (read_corpus), a "byte" or "bpe" (of `bpe_vocab_size`) tokenizer is made,
+/// - Otherwise the corpus is read (read_corpus), the `kind` of tokenizer (BPE: of `bpe_vocab_size`) is made,
 ///   the text is tokenized and the last `val_fraction` of the tokens become val. out_dir receives train.bin,
 ///   val.bin, tokenizer.txt and prepared.txt (input path, size, mtime, tokenizer, vocab, val_fraction). A
 ///   later call with the same inputs finds prepared.txt matching and returns without re-tokenizing.
 /// `log` receives progress lines ("data: ..."), and a "data: warning: ..." line when more than 1 % of the
-/// corpus is not UTF-8. Throws lw_error(invalid_config) on bad arguments (unknown kind, BPE vocab outside
-/// 256..65536, val_fraction outside (0, 1), a directory without train.bin and val.bin), lw_error(io_error) /
-/// lw_error(corrupt_data) from the files, and lw_error(corrupt_data) for a corpus that is binary data rather
-/// than text (check_is_text).
-prepared_dataset prepare_dataset(const std::string& input_path, const std::string& tokenizer_kind,
+/// corpus is not UTF-8. Throws lw_error(invalid_config) on bad arguments (unknown tokenizer, BPE vocab
+/// outside 256..65536, val_fraction outside (0, 1), a directory without train.bin and val.bin),
+/// lw_error(io_error) / lw_error(corrupt_data) from the files, and lw_error(corrupt_data) for a corpus that
+/// is binary data rather than text (check_is_text).
+prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
                                  int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
                                  std::function<void(const std::string&)> log = {});
 

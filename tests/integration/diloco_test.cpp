@@ -58,7 +58,7 @@ CATCH_TEST_CASE("with M=1 H=1 outer lr 1 and momentum 0 DiLoCo reproduces plain 
   require_corpus();
   const auto dir = test::scratch_dir("adamw-equiv");
   auto cfg = small_config(dir);
-  cfg.run.mode = "diloco";
+  cfg.run.mode = config::run_mode::diloco;
   cfg.train.workers = 1;
   cfg.train.inner_steps = 1;
   cfg.train.rounds = 12;
@@ -76,8 +76,8 @@ CATCH_TEST_CASE("with M=1 H=1 outer lr 1 and momentum 0 DiLoCo reproduces plain 
 
   // The same model, data and schedule in a plain LibTorch loop with torch::optim::AdamW.
   at::set_num_threads(1);
-  auto data =
-      models::data::prepare_dataset(require_corpus(), "byte", 0, cfg.data.val_fraction, dir + "/data");
+  auto data = models::data::prepare_dataset(require_corpus(), config::tokenizer_kind::byte, 0,
+                                            cfg.data.val_fraction, dir + "/data");
   auto tokens = std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(data.train_path));
   auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
   models::gpt model(spec, at::kFloat);
@@ -125,12 +125,12 @@ CATCH_TEST_CASE("on KJV the loss decreases and DiLoCo with 4 workers beats one w
   opts.handle_signals = false;
 
   auto single = base;
-  single.run.mode = "single";
+  single.run.mode = config::run_mode::single;
   single.train.workers = 1;
   single.run.out_dir = dir + "/single";
   CATCH_REQUIRE(actors::run_training(single, opts) == 0);
   auto diloco = base;
-  diloco.run.mode = "diloco";
+  diloco.run.mode = config::run_mode::diloco;
   diloco.train.workers = 4;
   diloco.run.out_dir = dir + "/diloco";
   CATCH_REQUIRE(actors::run_training(diloco, opts) == 0);
@@ -153,7 +153,7 @@ CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", 
   require_corpus();
   const auto dir = test::scratch_dir("single-theta");
   auto cfg = small_config(dir);
-  cfg.run.mode = "single";
+  cfg.run.mode = config::run_mode::single;
   cfg.train.workers = 1;
   cfg.train.inner_steps = 5;
   cfg.train.rounds = 3;
@@ -236,11 +236,11 @@ std::function<caf::actor(caf::actor_system&)> recording_communicator(int64_t n,
 
 /// Runs `rounds` rounds of 2 workers with the hand-set averages and returns theta_global after each round,
 /// read from the per-round checkpoints, and the pending average each holds (recording_communicator).
-std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir, const std::string& policy,
-                                                          int64_t rounds,
+std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir,
+                                                          config::outer_policy_kind policy, int64_t rounds,
                                                           std::shared_ptr<reduce_log> log = nullptr) {
   auto cfg = small_config(dir);
-  cfg.run.mode = "diloco";
+  cfg.run.mode = config::run_mode::diloco;
   cfg.diloco.outer = policy;
   cfg.train.workers = 2;
   cfg.train.inner_steps = 1;
@@ -277,7 +277,7 @@ CATCH_TEST_CASE("delayed applies each round's average one round late, and the la
   require_corpus();
   const auto dir = test::scratch_dir("delayed-hand");
   const int64_t rounds = 4;
-  auto snaps = run_with_hand_deltas(dir + "/delayed", "delayed", rounds);
+  auto snaps = run_with_hand_deltas(dir + "/delayed", config::outer_policy_kind::delayed, rounds);
   auto spec = models::preset_spec("tiny", 256, 64);
   const int64_t n = models::closed_form_param_count(spec);
   // By hand: theta^1 = theta^0 (round 1 has no earlier average), theta^t = step(theta^(t-1), D^(t-1)), and
@@ -304,7 +304,7 @@ CATCH_TEST_CASE("delayed applies each round's average one round late, and the la
   }
 
   // The same averages under sync give the classic sequence (and a different one).
-  auto sync = run_with_hand_deltas(dir + "/sync", "sync", rounds);
+  auto sync = run_with_hand_deltas(dir + "/sync", config::outer_policy_kind::sync, rounds);
   hand_nesterov sopt{0.7, 0.9, {}};
   auto stheta = models::gpt::init_flat(spec, 1234);
   for (int64_t t = 0; t < rounds; ++t) {
@@ -323,7 +323,7 @@ CATCH_TEST_CASE("eager steps each worker with its own fresh pseudo-gradient plus
   const auto dir = test::scratch_dir("eager-hand");
   const int64_t rounds = 4;
   auto log = std::make_shared<reduce_log>();
-  auto snaps = run_with_hand_deltas(dir, "eager", rounds, log);
+  auto snaps = run_with_hand_deltas(dir, config::outer_policy_kind::eager, rounds, log);
   auto spec = models::preset_spec("tiny", 256, 64);
   const int64_t n = models::closed_form_param_count(spec);
   // By hand, for each worker m with M = 2: proxy_m^t = A^(t-1) + (D_m^t - D_m^(t-1)) / 2 (A^0 = D_m^0 = 0),
@@ -386,8 +386,8 @@ CATCH_TEST_CASE("streaming with one fragment, tau 0 and alpha 0 is sync, step fo
   std::map<std::string, runtime::train_snapshot> last;
   for (const std::string policy : {"sync", "streaming"}) {
     auto cfg = small_config(dir + "/" + policy);
-    cfg.run.mode = "diloco";
-    cfg.diloco.outer = policy;
+    cfg.run.mode = config::run_mode::diloco;
+    cfg.diloco.outer = *config::from_string<config::outer_policy_kind>(policy);
     cfg.diloco.fragments = 1;
     cfg.diloco.tau = 0;
     cfg.diloco.alpha = 0;
@@ -423,8 +423,8 @@ CATCH_TEST_CASE("streaming syncs one fragment at a time, in order, and fragments
   require_corpus();
   const auto dir = test::scratch_dir("streaming-p2");
   auto cfg = small_config(dir);
-  cfg.run.mode = "diloco";
-  cfg.diloco.outer = "streaming";
+  cfg.run.mode = config::run_mode::diloco;
+  cfg.diloco.outer = config::outer_policy_kind::streaming;
   cfg.diloco.fragments = 2;
   cfg.diloco.tau = 1;
   cfg.diloco.alpha = 0.5;

@@ -560,7 +560,7 @@ std::string fields_of(const decltype(envelope::body)& body) {
   using std::to_string;
   if (const auto* m = std::get_if<round_start_msg>(&body))
     return "round_start " + to_string(m->round) + " " + to_string(m->fragment) + " " +
-           to_string(m->n_elements) + " " + comm::to_string(m->dtype);
+           to_string(m->n_elements) + " " + config::to_string(m->dtype);
   if (const auto* m = std::get_if<heartbeat_msg>(&body))
     return "heartbeat " + to_string(m->round) + " " + to_string(m->unix_millis);
   if (const auto* m = std::get_if<done_msg>(&body))

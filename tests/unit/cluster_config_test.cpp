@@ -68,7 +68,7 @@ CATCH_TEST_CASE("A cluster file gives the nodes, the coordinator and per-node tr
   CATCH_REQUIRE(spec.nodes.size() == 2);
   CATCH_CHECK(spec.train.train.workers == 5);  // the sum over nodes
   CATCH_CHECK(spec.train.train.inner_steps == 7);
-  CATCH_CHECK(spec.train.comm.dtype == "int8");
+  CATCH_CHECK(spec.train.comm.dtype == longwave::config::wire_dtype::int8);
   CATCH_CHECK(spec.train.comm.error_feedback);
 
   const auto b = node_config(spec, node_index(spec, "b"));

@@ -28,7 +28,6 @@ using longwave::comm::encode;
 using longwave::comm::encoded_size;
 using longwave::comm::error_feedback;
 using longwave::comm::int8_block;
-using longwave::comm::parse_wire_dtype;
 using longwave::comm::wire_dtype;
 namespace detail = longwave::comm::detail;
 using detail::simd_isa;
@@ -252,15 +251,17 @@ bound stated_bound(const codec& c, const std::vector<float>& x, const std::vecto
 }  // namespace
 
 CATCH_TEST_CASE("Wire dtype names parse back to the same dtype and other names are rejected", "[codec]") {
+  // comm.dtype's enum and names are the config's (one table for both).
+  using longwave::config::from_string;
   for (wire_dtype dt : {wire_dtype::fp32, wire_dtype::fp16, wire_dtype::bf16, wire_dtype::int8}) {
-    CATCH_CHECK(parse_wire_dtype(longwave::comm::to_string(dt)) == dt);
+    CATCH_CHECK(from_string<wire_dtype>(longwave::config::to_string(dt)) == dt);
   }
-  CATCH_CHECK(parse_wire_dtype("fp32") == wire_dtype::fp32);
-  CATCH_CHECK(parse_wire_dtype("int8") == wire_dtype::int8);
-  CATCH_CHECK(!parse_wire_dtype("FP16"));
-  CATCH_CHECK(!parse_wire_dtype("uint8"));
-  CATCH_CHECK(!parse_wire_dtype(""));
-  CATCH_CHECK(std::string(longwave::comm::to_string(static_cast<wire_dtype>(9))) == "invalid");
+  CATCH_CHECK(from_string<wire_dtype>("fp32") == wire_dtype::fp32);
+  CATCH_CHECK(from_string<wire_dtype>("int8") == wire_dtype::int8);
+  CATCH_CHECK(!from_string<wire_dtype>("FP16"));
+  CATCH_CHECK(!from_string<wire_dtype>("uint8"));
+  CATCH_CHECK(!from_string<wire_dtype>(""));
+  CATCH_CHECK(std::string(longwave::config::to_string(static_cast<wire_dtype>(9))) == "invalid");
 }
 
 CATCH_TEST_CASE(
@@ -830,7 +831,7 @@ CATCH_TEST_CASE("fp16 and bf16 decode all 65536 codes bit-identically on every l
       double v = e == 0 ? std::ldexp(m, 1 - bias - mb) : std::ldexp(m + (1 << mb), e - bias - mb);
       if (i & 0x8000) v = -v;
       if (static_cast<double>(ref[i]) != v) {
-        CATCH_INFO(longwave::comm::to_string(dt) << " code " << i);
+        CATCH_INFO(longwave::config::to_string(dt) << " code " << i);
         CATCH_CHECK(static_cast<double>(ref[i]) == v);
       }
     }

@@ -15,11 +15,17 @@
 
 using Catch::Matchers::Contains;
 using longwave::config::config_error;
+using longwave::config::fragment_layout;
 using longwave::config::load_config_file;
+using longwave::config::model_dtype;
+using longwave::config::outer_policy_kind;
 using longwave::config::parse_config;
+using longwave::config::run_mode;
 using longwave::config::to_toml;
+using longwave::config::tokenizer_kind;
 using longwave::config::train_config;
 using longwave::config::validate;
+using longwave::config::wire_dtype;
 
 namespace {
 
@@ -158,7 +164,7 @@ CATCH_TEST_CASE("Empty text gives the struct defaults", "[config]") {
   const train_config cfg = parse_config("", {}, "empty.toml");
   CATCH_CHECK(same(cfg, train_config{}));
   CATCH_CHECK(cfg.train.workers == 4);
-  CATCH_CHECK(cfg.run.mode == "diloco");
+  CATCH_CHECK(cfg.run.mode == run_mode::diloco);
 }
 
 CATCH_TEST_CASE("The struct defaults are themselves valid", "[config]") {
@@ -167,16 +173,16 @@ CATCH_TEST_CASE("The struct defaults are themselves valid", "[config]") {
 
 CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
   const train_config c = parse_config(full_file, {}, "full.toml");
-  CATCH_CHECK(c.run.mode == "ddp");
+  CATCH_CHECK(c.run.mode == run_mode::ddp);
   CATCH_CHECK(c.run.seed == 42);
   CATCH_CHECK(c.run.out_dir == "/tmp/lw-run");
   CATCH_CHECK(c.run.name == "full");
   CATCH_CHECK(c.model.preset == "small");
-  CATCH_CHECK(c.model.dtype == "bf16");
+  CATCH_CHECK(c.model.dtype == model_dtype::bf16);
   CATCH_CHECK(c.model.seq_len == 256);
   CATCH_CHECK(c.model.vocab_size == 4096);
   CATCH_CHECK(c.data.path == "corpus.jsonl");
-  CATCH_CHECK(c.data.tokenizer == "bpe");
+  CATCH_CHECK(c.data.tokenizer == tokenizer_kind::bpe);
   CATCH_CHECK(c.data.bpe_vocab_size == 4000);
   CATCH_CHECK(c.data.val_fraction == 0.1);
   CATCH_CHECK(c.data.cache_dir == "/tmp/lw-cache");
@@ -199,9 +205,9 @@ CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
   CATCH_CHECK(c.eval.every_rounds == 2);
   CATCH_CHECK(c.eval.batches == 4);
   CATCH_CHECK(c.eval.async == false);
-  CATCH_CHECK(c.diloco.outer == "sync");  // ddp takes no overlap policy
+  CATCH_CHECK(c.diloco.outer == outer_policy_kind::sync);  // ddp takes no overlap policy
   CATCH_CHECK(c.diloco.fragments == 4);
-  CATCH_CHECK(c.diloco.fragment_pattern == "sequential");
+  CATCH_CHECK(c.diloco.fragment_pattern == fragment_layout::sequential);
   CATCH_CHECK(c.diloco.tau == 2);
   CATCH_CHECK(c.diloco.alpha == 0.25);
   CATCH_CHECK(c.checkpoint.every_rounds == 3);
@@ -210,7 +216,7 @@ CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
   CATCH_CHECK(c.metrics.enabled == false);
   CATCH_CHECK(c.metrics.port == 0);
   CATCH_CHECK(c.metrics.address == "0.0.0.0");
-  CATCH_CHECK(c.comm.dtype == "int8");
+  CATCH_CHECK(c.comm.dtype == wire_dtype::int8);
   CATCH_CHECK(c.comm.int8_codebook == true);
   CATCH_CHECK(c.comm.error_feedback == true);
   CATCH_CHECK(c.comm.chunk_kib == 256);
@@ -245,7 +251,7 @@ CATCH_TEST_CASE("Overrides set integer, double, string and bool fields", "[confi
   CATCH_CHECK(c.run.out_dir == "/tmp/x");
   CATCH_CHECK(c.outer.nesterov == false);
   CATCH_CHECK(c.train.min_lr_ratio == 0.0);
-  CATCH_CHECK(c.model.dtype == "bf16");
+  CATCH_CHECK(c.model.dtype == model_dtype::bf16);
   CATCH_CHECK(c.metrics.port == 8080);
 }
 
@@ -268,7 +274,7 @@ CATCH_TEST_CASE("Overrides win over the file and later overrides win over earlie
 
 CATCH_TEST_CASE("An override can repair a value that is invalid in the file", "[config]") {
   const train_config c = parse_config("[run]\nmode = \"single\"\n", {"train.workers=1"}, "f.toml");
-  CATCH_CHECK(c.run.mode == "single");
+  CATCH_CHECK(c.run.mode == run_mode::single);
   CATCH_CHECK(c.train.workers == 1);
 }
 
@@ -456,6 +462,61 @@ CATCH_TEST_CASE("A bad enum value lists the allowed values", "[config]") {
   CATCH_CHECK(error_of("[run]\nmode = \"DiLoCo\"\n").key() == "run.mode");
   CATCH_CHECK(error_of("[model]\ndtype = \"fp16\"\n").key() == "model.dtype");
   CATCH_CHECK(error_of("[data]\ntokenizer = \"word\"\n").key() == "data.tokenizer");
+  // The enum fields: each message lists its enum's names, in order.
+  CATCH_CHECK(
+      std::string(error_of("[run]\nmode = \"DiLoCo\"\n").what()) ==
+      "config error: run.mode = \"DiLoCo\": allowed values are diloco, single, ddp (at test.toml:2:8)");
+  CATCH_CHECK_THAT(error_of("[model]\ndtype = \"fp16\"\n").what(),
+                   Contains("model.dtype = \"fp16\": allowed values are fp32, bf16"));
+  CATCH_CHECK_THAT(error_of("[data]\ntokenizer = \"word\"\n").what(),
+                   Contains("data.tokenizer = \"word\": allowed values are byte, bpe"));
+  CATCH_CHECK_THAT(error_of("[diloco]\nouter = \"eagr\"\n").what(),
+                   Contains("diloco.outer = \"eagr\": allowed values are sync, delayed, eager, streaming"));
+  CATCH_CHECK_THAT(error_of("[comm]\ndtype = \"FP16\"\n").what(),
+                   Contains("comm.dtype = \"FP16\": allowed values are fp32, fp16, bf16, int8"));
+  CATCH_CHECK_THAT(error_of("[comm]\ndtype = true\n").what(),
+                   Contains("comm.dtype = true: expected a string, got a boolean"));
+}
+
+CATCH_TEST_CASE("Each config enum has one table of names, read both ways", "[config]") {
+  using longwave::config::from_string;
+  using longwave::config::to_string;
+  CATCH_CHECK(std::string(to_string(run_mode::ddp)) == "ddp");
+  CATCH_CHECK(from_string<run_mode>("single") == run_mode::single);
+  CATCH_CHECK(from_string<outer_policy_kind>("streaming") == outer_policy_kind::streaming);
+  CATCH_CHECK(from_string<fragment_layout>("sequential") == fragment_layout::sequential);
+  CATCH_CHECK(from_string<model_dtype>("bf16") == model_dtype::bf16);
+  CATCH_CHECK(from_string<tokenizer_kind>("bpe") == tokenizer_kind::bpe);
+  CATCH_CHECK(from_string<wire_dtype>("int8") == wire_dtype::int8);
+  for (const auto dt : {wire_dtype::fp32, wire_dtype::fp16, wire_dtype::bf16, wire_dtype::int8})
+    CATCH_CHECK(from_string<wire_dtype>(to_string(dt)) == dt);
+  CATCH_CHECK(!from_string<run_mode>("DDP"));
+  CATCH_CHECK(!from_string<outer_policy_kind>(""));
+  CATCH_CHECK(std::string(to_string(static_cast<wire_dtype>(9))) == "invalid");
+  // A value set from code outside the enum is refused by validate, naming the key.
+  train_config c;
+  c.diloco.outer = static_cast<outer_policy_kind>(7);
+  const config_error e = validate_error(c);
+  CATCH_CHECK(e.key() == "diloco.outer");
+  CATCH_CHECK_THAT(e.what(), Contains("diloco.outer = \"invalid\": allowed values are sync, delayed"));
+}
+
+CATCH_TEST_CASE("An enum name is checked after every line and --set, like a string's", "[config]") {
+  // A later --set may correct a bad name in the file...
+  CATCH_CHECK(parse_config("[run]\nmode = \"bad\"\n", {"run.mode=ddp"}, "").run.mode == run_mode::ddp);
+  // ... and a later bad one is the one reported, where it was set.
+  CATCH_CHECK(std::string(error_of("", {"run.mode=single", "run.mode=bad"}).what()) ==
+              "config error: run.mode = \"bad\": allowed values are diloco, single, ddp (from --set)");
+  // --set takes the bare text as the name, quoted or not.
+  const train_config c =
+      parse_config("", {"comm.dtype=\"int8\"", "model.dtype=bf16", "diloco.fragment_pattern=sequential"}, "");
+  CATCH_CHECK(c.comm.dtype == wire_dtype::int8);
+  CATCH_CHECK(c.model.dtype == model_dtype::bf16);
+  CATCH_CHECK(c.diloco.fragment_pattern == fragment_layout::sequential);
+  CATCH_CHECK(std::string(error_of("", {"comm.dtype=1"}).what()) ==
+              "config error: comm.dtype = \"1\": allowed values are fp32, fp16, bf16, int8 (from --set)");
+  // Errors come in field order, as for every other field: run.mode before train.workers.
+  CATCH_CHECK(error_of("[train]\nworkers = -1\n[run]\nmode = \"bad\"\n").key() == "run.mode");
 }
 
 CATCH_TEST_CASE("Out-of-range values name the key and the allowed range", "[config]") {

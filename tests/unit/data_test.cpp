@@ -24,6 +24,7 @@ using namespace longwave::models::data;
 using Catch::Matchers::Contains;
 using longwave::errc;
 using longwave::lw_error;
+using longwave::config::tokenizer_kind;
 
 namespace {
 
@@ -189,23 +190,25 @@ CATCH_TEST_CASE("A binary corpus is refused naming the file and its share of con
   for (auto& ch : noise) ch = static_cast<char>(rng() & 0xFF);
   const std::string corpus = dir.file("corpus.txt");
   write_text(corpus, noise);
-  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out")); }) ==
-              errc::corrupt_data);
-  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out")),
+  CATCH_CHECK(error_code_of([&] {
+                prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"));
+              }) == errc::corrupt_data);
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")),
                             Contains(corpus) && Contains("is not text") && Contains("% of its 65536 bytes"));
   CATCH_CHECK(!fs::exists(dir.file("out/prepared.txt")));
   // UTF-16 text: every other byte is NUL.
   std::string utf16;
   for (const char ch : sample_text()) utf16 += std::string{ch, '\0'};
   write_text(corpus, utf16);
-  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out")),
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")),
                             Contains("is not text"));
   // A JSONL whose documents decode to control bytes is no better.
   std::string doc;
   for (int i = 0; i < 100; ++i) doc += "\\u0001x";
   write_text(dir.file("ctl.jsonl"), "{\"text\": \"" + doc + "\"}\n");
-  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(dir.file("ctl.jsonl"), "byte", 0, 0.1, dir.file("out")),
-                            Contains("ctl.jsonl") && Contains("is not text"));
+  CATCH_REQUIRE_THROWS_WITH(
+      prepare_dataset(dir.file("ctl.jsonl"), tokenizer_kind::byte, 0, 0.1, dir.file("out")),
+      Contains("ctl.jsonl") && Contains("is not text"));
 }
 
 CATCH_TEST_CASE("Text in another encoding is prepared with a warning, and a few control bytes pass", "[data]") {
@@ -215,7 +218,7 @@ CATCH_TEST_CASE("Text in another encoding is prepared with a warning, and a few 
   for (size_t i = 0; i < text.size(); i += 20) text[i] = '\xE9';  // Latin-1 e-acute: not UTF-8
   write_text(corpus, text);
   std::vector<std::string> logs;
-  const prepared_dataset d = prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out"),
+  const prepared_dataset d = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"),
                                              [&](const std::string& l) { logs.push_back(l); });
   CATCH_CHECK(d.n_train_tokens + d.n_val_tokens == static_cast<int64_t>(text.size()));
   int warnings = 0;
@@ -441,7 +444,7 @@ CATCH_TEST_CASE("prepare_dataset splits the last val_fraction off as val and cac
   std::vector<std::string> logs;
   auto log = [&](const std::string& line) { logs.push_back(line); };
 
-  const prepared_dataset d = prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out"), log);
+  const prepared_dataset d = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
   CATCH_CHECK(d.vocab_size == 256);
   CATCH_CHECK(d.n_train_tokens == 9000);
   CATCH_CHECK(d.n_val_tokens == 1000);
@@ -454,7 +457,7 @@ CATCH_TEST_CASE("prepare_dataset splits the last val_fraction off as val and cac
   CATCH_CHECK(read_bytes(dir.file("out/prepared.txt")).find("tokenizer=byte") != std::string::npos);
 
   logs.clear();
-  const prepared_dataset again = prepare_dataset(corpus, "byte", 0, 0.1, dir.file("out"), log);
+  const prepared_dataset again = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
   CATCH_REQUIRE(logs.size() == 1);
   CATCH_CHECK_THAT(logs[0], Contains("data: using cached shards in"));
   CATCH_CHECK(again.train_path == d.train_path);
@@ -463,7 +466,7 @@ CATCH_TEST_CASE("prepare_dataset splits the last val_fraction off as val and cac
 
   // A different split is not served from the cache.
   logs.clear();
-  const prepared_dataset other = prepare_dataset(corpus, "byte", 0, 0.25, dir.file("out"), log);
+  const prepared_dataset other = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.25, dir.file("out"), log);
   CATCH_CHECK(other.n_val_tokens == 2500);
   CATCH_REQUIRE(!logs.empty());
   CATCH_CHECK_THAT(logs[0], Contains("re-preparing") && Contains("val_fraction"));
@@ -479,7 +482,7 @@ CATCH_TEST_CASE("prepare_dataset with BPE writes shards that decode back to the 
   std::string expected =
       "The first document, about training.\n\nThe second document, about the training of workers.";
   std::vector<std::string> logs;
-  const prepared_dataset d = prepare_dataset(corpus, "bpe", 280, 0.2, dir.file("out"),
+  const prepared_dataset d = prepare_dataset(corpus, tokenizer_kind::bpe, 280, 0.2, dir.file("out"),
                                              [&](const std::string& l) { logs.push_back(l); });
   CATCH_CHECK(d.vocab_size <= 280);
   CATCH_CHECK(d.vocab_size > 256);
@@ -499,14 +502,15 @@ CATCH_TEST_CASE("prepare_dataset with BPE writes shards that decode back to the 
   CATCH_CHECK(saw_progress);
 
   logs.clear();
-  prepare_dataset(corpus, "bpe", 280, 0.2, dir.file("out"), [&](const std::string& l) { logs.push_back(l); });
+  prepare_dataset(corpus, tokenizer_kind::bpe, 280, 0.2, dir.file("out"),
+                  [&](const std::string& l) { logs.push_back(l); });
   CATCH_REQUIRE(logs.size() == 1);
   CATCH_CHECK_THAT(logs[0], Contains("using cached shards"));
 
   // Editing the corpus invalidates the cache.
   write_text(corpus, "{\"text\": \"Changed text, changed text, changed.\"}\n");
   logs.clear();
-  const prepared_dataset changed = prepare_dataset(corpus, "bpe", 280, 0.2, dir.file("out"),
+  const prepared_dataset changed = prepare_dataset(corpus, tokenizer_kind::bpe, 280, 0.2, dir.file("out"),
                                                    [&](const std::string& l) { logs.push_back(l); });
   CATCH_CHECK_THAT(logs[0], Contains("re-preparing"));
   std::vector<uint16_t> all2 = read_shard(changed.train_path);
@@ -521,7 +525,8 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   train[17] = 999;
   write_shard(dir.file("train.bin"), train);
   write_shard(dir.file("val.bin"), iota_tokens(50));
-  const prepared_dataset d = prepare_dataset(dir.path().string(), "bpe", 4096, 0.1, dir.file("out"));
+  const prepared_dataset d =
+      prepare_dataset(dir.path().string(), tokenizer_kind::bpe, 4096, 0.1, dir.file("out"));
   CATCH_CHECK(d.train_path == dir.file("train.bin"));
   CATCH_CHECK(d.val_path == dir.file("val.bin"));
   CATCH_CHECK(d.tokenizer_path.empty());
@@ -531,15 +536,17 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   CATCH_CHECK(!fs::exists(dir.file("out")));
 
   make_byte_tokenizer()->save(dir.file("tokenizer.txt"));
-  const prepared_dataset with_tok = prepare_dataset(dir.path().string(), "bpe", 4096, 0.1, dir.file("out"));
+  const prepared_dataset with_tok =
+      prepare_dataset(dir.path().string(), tokenizer_kind::bpe, 4096, 0.1, dir.file("out"));
   CATCH_CHECK(with_tok.vocab_size == 256);
   CATCH_CHECK(with_tok.tokenizer_path == dir.file("tokenizer.txt"));
 
   temp_dir empty;
-  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(empty.path().string(), "byte", 0, 0.1, empty.file("out")),
-                            Contains("has no train.bin and val.bin"));
+  CATCH_REQUIRE_THROWS_WITH(
+      prepare_dataset(empty.path().string(), tokenizer_kind::byte, 0, 0.1, empty.file("out")),
+      Contains("has no train.bin and val.bin"));
   CATCH_CHECK(error_code_of([&] {
-                prepare_dataset(empty.path().string(), "byte", 0, 0.1, empty.file("out"));
+                prepare_dataset(empty.path().string(), tokenizer_kind::byte, 0, 0.1, empty.file("out"));
               }) == errc::invalid_config);
 }
 
@@ -547,17 +554,21 @@ CATCH_TEST_CASE("prepare_dataset rejects bad arguments with a clear message", "[
   temp_dir dir;
   const std::string corpus = dir.file("corpus.txt");
   write_text(corpus, sample_text());
-  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "bpe", 70000, 0.1, dir.file("out")), Contains("65536"));
-  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "bpe", 70000, 0.1, dir.file("out")); }) ==
-              errc::invalid_config);
-  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, "wordpiece", 0, 0.1, dir.file("out")),
-                            Contains("unknown tokenizer 'wordpiece'"));
-  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "byte", 0, 0.0, dir.file("out")); }) ==
-              errc::invalid_config);
-  CATCH_CHECK(error_code_of([&] { prepare_dataset(corpus, "byte", 0, 1.0, dir.file("out")); }) ==
-              errc::invalid_config);
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::bpe, 70000, 0.1, dir.file("out")),
+                            Contains("65536"));
   CATCH_CHECK(error_code_of([&] {
-                prepare_dataset(dir.file("absent.txt"), "byte", 0, 0.1, dir.file("out"));
+                prepare_dataset(corpus, tokenizer_kind::bpe, 70000, 0.1, dir.file("out"));
+              }) == errc::invalid_config);
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, static_cast<tokenizer_kind>(7), 0, 0.1, dir.file("out")),
+                            Contains("unknown tokenizer 7"));
+  CATCH_CHECK(error_code_of([&] {
+                prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.0, dir.file("out"));
+              }) == errc::invalid_config);
+  CATCH_CHECK(error_code_of([&] {
+                prepare_dataset(corpus, tokenizer_kind::byte, 0, 1.0, dir.file("out"));
+              }) == errc::invalid_config);
+  CATCH_CHECK(error_code_of([&] {
+                prepare_dataset(dir.file("absent.txt"), tokenizer_kind::byte, 0, 0.1, dir.file("out"));
               }) == errc::io_error);
 }
 
