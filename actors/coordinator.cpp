@@ -315,11 +315,16 @@ void when_average(self_ptr self, ring_label key, std::function<void(at::Tensor)>
 
 /// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a
 /// resume continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it
-/// while training goes on.
+/// while training goes on; if it failed (a stop cancelled it), no exact snapshot of the round exists and
+/// none is saved (the previous checkpoint stays the newest).
 void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
   auto& s = self->state;
   const auto r = snap.round;
   const ring_label key{r, 0};
+  if (s.one_late && s.reduces.has_failed(key)) {
+    spdlog::info("the snapshot of round {} is not saved: the all-reduce of its average failed", r);
+    return;
+  }
   if (!s.one_late || !s.reduces.known(key)) return k(std::move(snap));
   auto holder = std::make_shared<train_snapshot>(std::move(snap));
   auto attach = [holder, k, r](at::Tensor avg) {
@@ -330,9 +335,9 @@ void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_s
   s.reduces.when(key, attach);
 }
 
-/// Error feedback in a cluster: a snapshot also holds the communicator's residuals. Asked for now, the
-/// answer comes after any all-reduce already queued (delayed, eager: the snapshot's own round), off the
-/// training path like with_pending.
+/// Error feedback in a cluster: a snapshot also holds the communicator's residuals. Asked for when the
+/// snapshot is taken, the answer comes after the all-reduces already queued (delayed, eager: the snapshot's
+/// own round) and before any later one, off the training path like with_pending (which runs after it).
 void with_residuals(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
   auto& s = self->state;
   if (!s.has_residuals) return k(std::move(snap));

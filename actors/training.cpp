@@ -178,28 +178,28 @@ comm::ring_allreduce::reject_callback rejection_logger(caf::actor metrics) {
   };
 }
 
-int train(const config::train_config& cfg, const run_options& opts, const cluster_role* role) {
-  const auto p = resolve_paths(cfg);
-  const std::string corpus = corpus_path(cfg);
+bool is_streaming(const config::train_config& cfg) {
+  return cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::streaming;
+}
+
+/// The model shape of a config, checked against what the config asks of it (before any file is touched).
+models::model_spec model_spec_of(const config::train_config& cfg) {
   auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
-  const bool diloco = cfg.run.mode == config::run_mode::diloco;
-  const bool streaming = diloco && cfg.diloco.outer == config::outer_policy_kind::streaming;
-  if (streaming && cfg.diloco.fragments > spec.n_layers)
+  if (is_streaming(cfg) && cfg.diloco.fragments > spec.n_layers)
     throw config::config_error(
         "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
                                         "fragments",
                                         cfg.diloco.fragments, spec.preset, spec.n_layers));
   check_memory_fits(cfg, spec);
-  if (opts.dry_run) {
-    print_dry_run(cfg, spec);
-    return 0;
-  }
-  fs::create_directories(p.out_dir);
-  const run_lock lock(p.out_dir);  // one run per out_dir, until this process ends
-  spdlog::info("longwave: {} mode, {} workers, preset {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
-               cfg.train.workers, spec.preset,
-               static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
+  return spec;
+}
 
+/// Everything the actors share: the data (prepared or reused), the final model shape, threads, this node's
+/// place in the cluster, streaming's fragments. Checks the data against the sampling plan, so a bad corpus
+/// is a clear error before any actor starts.
+std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
+                                          const std::string& corpus, const paths& p,
+                                          const cluster_role* role) {
   auto data = models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                             cfg.data.val_fraction, p.data_dir,
                                             [](const std::string& line) { spdlog::info("{}", line); });
@@ -223,59 +223,75 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
     ctx->rank_offset = role->rank_offset;
     ctx->cluster_workers = role->cluster_workers;
   }
-  if (streaming) {
+  if (is_streaming(cfg))
     ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,
                                              cfg.diloco.fragment_pattern == config::fragment_layout::strided);
-  }
-  // Check the data against the sampling plan before any actor starts (a clear error, not a dead worker).
   models::data::window_sampler probe(ctx->train_tokens, ctx->global_workers() - 1, ctx->global_workers(),
                                      cfg.train.batch_size, spec.seq_len, cfg.run.seed);
   (void)models::data::validation_batch(*ctx->val_tokens, 0, cfg.train.batch_size, spec.seq_len);
   spdlog::info("data: {} train tokens, {} val tokens, vocab {}", ctx->train_tokens->size(),
                ctx->val_tokens->size(), spec.vocab_size);
+  return ctx;
+}
 
-  // Resume or start over.
-  snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
-                       config::to_string(cfg.run.mode), spec.preset};
+snapshot_shape shape_of(const run_context& ctx) {
+  return {models::closed_form_param_count(ctx.spec), ctx.cfg.train.workers,
+          config::to_string(ctx.cfg.run.mode), ctx.spec.preset};
+}
+
+/// Where the run starts: a snapshot to resume (none: from scratch), or nothing to do.
+struct start_point {
   std::optional<train_snapshot> resume;
-  int corrupt_checkpoints = 0;  // counted in longwave_errors_total once the metrics sink runs
+  bool complete = false;        ///< the checkpoint already holds train.rounds rounds
+  int corrupt_checkpoints = 0;  ///< skipped files, counted in longwave_errors_total once metrics run
+};
+
+/// --fresh removes the checkpoints and the trace; otherwise the newest valid checkpoint (a cluster node: at
+/// most the agreed round) is the start. Strays in the checkpoint directory are named first.
+start_point find_start(const config::train_config& cfg, const run_options& opts, const paths& p,
+                       const snapshot_shape& shape) {
+  start_point start;
   const bool strays = report_stray_files(checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep));
   if (opts.fresh) {
     std::error_code ec;
     for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list()) fs::remove(f, ec);
     fs::remove(p.trace, ec);
-  } else {
-    checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
-    auto latest = opts.max_resume_round ? load_at_most(store, *opts.max_resume_round, &corrupt_checkpoints)
-                                        : store.load_latest([&](const std::string& w) {
-                                            spdlog::warn("{}", w);
-                                            ++corrupt_checkpoints;
-                                          });
-    if (latest) resume = from_checkpoint(std::move(*latest), shape);
-    if (!latest && strays)
-      spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
+    return start;
   }
-  if (resume && run_complete(*resume, cfg)) {
-    spdlog::info(
-        "run complete: {} already holds round {} of train.rounds = {} (inner step {}); nothing to train. "
-        "Raise train.rounds to train more rounds, or pass --fresh to start over",
-        p.out_dir, resume->round, cfg.train.rounds, resume->step);
-    if (!fs::exists(fs::path(p.out_dir) / "result.json"))
-      spdlog::warn(
-          "{} has no result.json (the run ended before writing it); `longwave eval {}` gives the "
-          "final validation loss",
-          p.out_dir, p.ckpt_dir);
-    return 0;
-  }
-  if (resume)
-    truncate_trace(p.trace, resume->step);
+  checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
+  auto latest = opts.max_resume_round
+                    ? load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints)
+                    : store.load_latest([&](const std::string& w) {
+                        spdlog::warn("{}", w);
+                        ++start.corrupt_checkpoints;
+                      });
+  if (latest) start.resume = from_checkpoint(std::move(*latest), shape);
+  if (!latest && strays) spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
+  if (!start.resume || !run_complete(*start.resume, cfg)) return start;
+  start.complete = true;
+  spdlog::info(
+      "run complete: {} already holds round {} of train.rounds = {} (inner step {}); nothing to train. "
+      "Raise train.rounds to train more rounds, or pass --fresh to start over",
+      p.out_dir, start.resume->round, cfg.train.rounds, start.resume->step);
+  if (!fs::exists(fs::path(p.out_dir) / "result.json"))
+    spdlog::warn(
+        "{} has no result.json (the run ended before writing it); `longwave eval {}` gives the final "
+        "validation loss",
+        p.out_dir, p.ckpt_dir);
+  return start;
+}
+
+/// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.
+void reset_run_files(const config::train_config& cfg, const paths& p, const start_point& start) {
+  if (start.resume)
+    truncate_trace(p.trace, start.resume->step);
   else
     std::ofstream(p.trace, std::ios::trunc);
-  {
-    std::ofstream out(p.config_copy, std::ios::trunc);
-    out << config::to_toml(cfg);
-  }
+  std::ofstream out(p.config_copy, std::ios::trunc);
+  out << config::to_toml(cfg);
+}
 
+caf::actor_system_config system_config() {
   caf::actor_system_config sys_cfg;
   sys_cfg.add_message_types<caf::id_block::longwave>();
   // Compute runs on the workers' own (detached) threads. The scheduled actors (coordinator, outer optimizer,
@@ -283,67 +299,102 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   // not steal cycles from LibTorch.
   sys_cfg.set("scheduler.policy", caf::atom("sharing"));
   sys_cfg.set("scheduler.max-threads", 1);
-  caf::actor_system sys{sys_cfg};
-  metrics_sink_options sink_opts;
-  sink_opts.port = cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1;
-  sink_opts.address = cfg.metrics.address;
-  sink_opts.node = role ? role->names[static_cast<size_t>(role->rank)]
-                        : (cfg.run.name.empty() ? std::string("local") : cfg.run.name);
-  for (int64_t w = 0; w < cfg.train.workers; ++w) sink_opts.workers.push_back(std::to_string(w));
+  return sys_cfg;
+}
+
+/// The metrics sink: /metrics (if enabled) and metrics.jsonl, with every worker and peer series made.
+caf::actor spawn_metrics(caf::actor_system& sys, const config::train_config& cfg, const paths& p,
+                         const run_options& opts, const cluster_role* role, int corrupt_checkpoints) {
+  metrics_sink_options o;
+  o.port = cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1;
+  o.address = cfg.metrics.address;
+  o.node = role ? role->names[static_cast<size_t>(role->rank)]
+                : (cfg.run.name.empty() ? std::string("local") : cfg.run.name);
+  for (int64_t w = 0; w < cfg.train.workers; ++w) o.workers.push_back(std::to_string(w));
   if (role)
     for (size_t i = 0; i < role->names.size(); ++i)
-      if (static_cast<int>(i) != role->rank) sink_opts.peers.push_back(role->names[i]);
-  sink_opts.jsonl_path = (fs::path(p.out_dir) / "metrics.jsonl").string();
+      if (static_cast<int>(i) != role->rank) o.peers.push_back(role->names[i]);
+  o.jsonl_path = (fs::path(p.out_dir) / "metrics.jsonl").string();
   if (opts.fresh) {
     std::error_code ec;
-    fs::remove(sink_opts.jsonl_path, ec);
+    fs::remove(o.jsonl_path, ec);
   }
-  int metrics_port = -1;
-  auto metrics = spawn_metrics_sink(sys, sink_opts, &metrics_port);
-  if (metrics_port >= 0) spdlog::info("metrics: http://{}:{}/metrics", cfg.metrics.address, metrics_port);
+  int port = -1;
+  auto metrics = spawn_metrics_sink(sys, o, &port);
+  if (port >= 0) spdlog::info("metrics: http://{}:{}/metrics", cfg.metrics.address, port);
   if (corrupt_checkpoints > 0)
     caf::anon_send(metrics, count_atom_v, std::string("longwave_errors_total"),
                    std::string("reason=checkpoint_corrupt"), static_cast<double>(corrupt_checkpoints));
-  coordinator_peers peers;
-  peers.metrics = metrics;
-  communicator_options comm_opts;
-  comm_opts.metrics = metrics;
-  comm_opts.log_events = cfg.run.mode != config::run_mode::ddp;
-  if (role) {
-    comm_opts.ring = std::make_shared<comm::ring_allreduce>(role->rank, role->endpoints, role->ring,
-                                                            rejection_logger(metrics));
-    comm_opts.dtype = role->ring.dtype;
-    comm_opts.codec = role->ring.codec;
-    comm_opts.error_feedback = cfg.comm.error_feedback;
-    const auto world = role->names.size();
-    comm_opts.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
-    comm_opts.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
-    caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers_alive"), std::string(),
-                   static_cast<double>(world));
-    spdlog::info("ring: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", role->rank, world,
-                 role->endpoints[static_cast<size_t>(role->rank)], comm_opts.next_peer, cfg.comm.dtype,
-                 cfg.comm.error_feedback ? ", error feedback" : "");
-  }
-  if (!role)
-    caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers_alive"), std::string(), 1.0);
-  peers.communicator =
-      opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
-  // single: theta_global just follows the one worker (theta - 1.0 * (theta - theta_local)); [outer] is
-  // unused.
+  caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers_alive"), std::string(),
+                 static_cast<double>(role ? role->names.size() : 1));
+  return metrics;
+}
+
+/// The communicator's options: the local mean alone, or (a cluster node) the ring across nodes.
+communicator_options communicator_options_for(const config::train_config& cfg, const cluster_role* role,
+                                              const caf::actor& metrics) {
+  communicator_options o;
+  o.metrics = metrics;
+  o.log_events = cfg.run.mode != config::run_mode::ddp;
+  if (!role) return o;
+  o.ring = std::make_shared<comm::ring_allreduce>(role->rank, role->endpoints, role->ring,
+                                                  rejection_logger(metrics));
+  o.dtype = role->ring.dtype;
+  o.codec = role->ring.codec;
+  o.error_feedback = cfg.comm.error_feedback;
+  const auto world = role->names.size();
+  o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
+  o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
+  spdlog::info("ring: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", role->rank, world,
+               role->endpoints[static_cast<size_t>(role->rank)], o.next_peer, cfg.comm.dtype,
+               cfg.comm.error_feedback ? ", error feedback" : "");
+  return o;
+}
+
+/// The outer optimizer: theta_0, [outer], and the policy's extra state (streaming's fragments, eager's
+/// per-worker replicas). single: theta_global just follows the one worker (theta - 1.0 * (theta -
+/// theta_local)); [outer] is unused.
+caf::actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const caf::actor& metrics) {
+  const auto& cfg = ctx.cfg;
   config::outer_section outer_cfg = cfg.outer;
   if (cfg.run.mode == config::run_mode::single) outer_cfg = config::outer_section{1.0, 0.0, false};
   outer_policy policy;
-  policy.fragments = ctx->fragments;
-  if (diloco && cfg.diloco.outer == config::outer_policy_kind::eager) {
+  policy.fragments = ctx.fragments;
+  if (cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::eager) {
     policy.eager_replicas = cfg.train.workers;
-    policy.global_workers = ctx->global_workers();
+    policy.global_workers = ctx.global_workers();
   }
-  peers.outer = spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(spec, cfg.run.seed), metrics,
-                                      std::move(policy));
-  peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, cfg.checkpoint.keep, shape, metrics);
-  if (cfg.eval.async) peers.evaluator = spawn_evaluator(sys, ctx);
-  auto coordinator = spawn_coordinator(sys, ctx, peers, std::move(resume), p.trace);
+  return spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(ctx.spec, cfg.run.seed), metrics,
+                               std::move(policy));
+}
 
+/// The running actors of one process, and the ring the main loop may cancel.
+struct actor_graph {
+  caf::actor coordinator;
+  coordinator_peers peers;
+  std::shared_ptr<comm::ring_allreduce> ring;
+};
+
+actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const paths& p,
+                        const run_options& opts, const cluster_role* role, start_point start) {
+  actor_graph g;
+  g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, role, start.corrupt_checkpoints);
+  auto comm_opts = communicator_options_for(ctx->cfg, role, g.peers.metrics);
+  g.ring = comm_opts.ring;
+  g.peers.communicator =
+      opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
+  g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics);
+  g.peers.checkpointer =
+      spawn_checkpointer(sys, p.ckpt_dir, ctx->cfg.checkpoint.keep, shape_of(*ctx), g.peers.metrics);
+  if (ctx->cfg.eval.async) g.peers.evaluator = spawn_evaluator(sys, ctx);
+  g.coordinator = spawn_coordinator(sys, ctx, g.peers, std::move(start.resume), p.trace);
+  return g;
+}
+
+/// Starts the coordinator and waits for its (done, code): heartbeats every 100 ms in a cluster, the first
+/// Ctrl-C stops with a checkpoint, the second exits at once. Then every actor is told to quit.
+int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_options& opts,
+                   const cluster_role* role) {
   if (opts.handle_signals) {
     g_signals = 0;
     std::signal(SIGINT, on_signal);
@@ -352,13 +403,13 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   int code = 1;
   {
     caf::scoped_actor self{sys};
-    self->send(coordinator, start_atom_v);
+    self->send(g.coordinator, start_atom_v);
     bool running = true, stop_sent = false;
     while (running) {
       self->receive([&](done_atom, int c, double) { code = c, running = false; },
                     caf::after(std::chrono::milliseconds(100)) >>
                         [&] {
-                          if (role && role->tick && comm_opts.ring) role->tick(*comm_opts.ring);
+                          if (role && role->tick && g.ring) role->tick(*g.ring);
                           const int n = g_signals.load();
                           if (n >= 2) {
                             spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
@@ -366,17 +417,17 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
                           }
                           if (n == 1 && !stop_sent) {
                             spdlog::info(
-                                "interrupt: finishing the current inner step and saving a checkpoint "
-                                "(Ctrl-C again to abort)");
-                            self->send(coordinator, stop_atom_v);
+                                "interrupt: finishing the current inner step and saving a checkpoint (Ctrl-C "
+                                "again to abort)");
+                            self->send(g.coordinator, stop_atom_v);
                             // A running cluster all-reduce ends now instead of at its deadline.
-                            if (comm_opts.ring) comm_opts.ring->cancel();
+                            if (g.ring) g.ring->cancel();
                             stop_sent = true;
                           }
                         });
     }
-    for (const auto& a :
-         {coordinator, peers.communicator, peers.outer, peers.checkpointer, peers.evaluator, metrics})
+    for (const auto& a : {g.coordinator, g.peers.communicator, g.peers.outer, g.peers.checkpointer,
+                          g.peers.evaluator, g.peers.metrics})
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   if (opts.handle_signals) {
@@ -384,6 +435,30 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
     std::signal(SIGTERM, SIG_DFL);
   }
   return code;
+}
+
+/// One run, top to bottom: check the config, lock the out_dir, prepare the data, find where to start, start
+/// the actors, wait for them.
+int train(const config::train_config& cfg, const run_options& opts, const cluster_role* role) {
+  const auto p = resolve_paths(cfg);
+  const std::string corpus = corpus_path(cfg);
+  const auto spec = model_spec_of(cfg);
+  if (opts.dry_run) {
+    print_dry_run(cfg, spec);
+    return 0;
+  }
+  fs::create_directories(p.out_dir);
+  const run_lock lock(p.out_dir);  // one run per out_dir, until this process ends
+  spdlog::info("longwave: {} mode, {} workers, preset {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
+               cfg.train.workers, spec.preset,
+               static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
+  auto ctx = make_context(cfg, spec, corpus, p, role);
+  auto start = find_start(cfg, opts, p, shape_of(*ctx));
+  if (start.complete) return 0;
+  reset_run_files(cfg, p, start);
+  caf::actor_system sys{system_config()};
+  const auto graph = spawn_graph(sys, ctx, p, opts, role, std::move(start));
+  return run_until_done(sys, graph, opts, role);
 }
 
 }  // namespace

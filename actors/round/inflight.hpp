@@ -24,7 +24,12 @@ class inflight_reduces {
   /// Its average came: kept until taken, and handed to every waiter in the order they asked.
   void arrived(const ring_label& label, const at::Tensor& avg);
   /// It failed: no longer running (its waiters stay, and are never called).
-  void failed(const ring_label& label) { running_.erase(label); }
+  void failed(const ring_label& label) {
+    running_.erase(label);
+    failed_.insert(label);
+  }
+  /// Whether label's all-reduce failed (its average will never come).
+  bool has_failed(const ring_label& label) const { return failed_.count(label) > 0; }
   /// A resume installs an average that was in flight when the checkpoint was written.
   void restore(const ring_label& label, const at::Tensor& avg) { averages_[label] = avg; }
 
@@ -42,7 +47,7 @@ class inflight_reduces {
 
  private:
   std::map<ring_label, at::Tensor> averages_;
-  std::set<ring_label> running_;
+  std::set<ring_label> running_, failed_;
   std::multimap<ring_label, waiter> waiting_;
 };
 
