@@ -515,7 +515,8 @@ void write_result(const coordinator_state& s, double wall) {
   };
   w.StartObject();
   w.Key("mode");
-  w.String(c.run.mode.data(), static_cast<rapidjson::SizeType>(c.run.mode.size()));
+  const std::string mode = config::to_string(c.run.mode);
+  w.String(mode.data(), static_cast<rapidjson::SizeType>(mode.size()));
   integer("workers", c.train.workers);
   integer("rounds", static_cast<int64_t>(s.round));
   integer("inner_steps", c.train.inner_steps);

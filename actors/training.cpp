@@ -291,15 +291,13 @@ void reset_run_files(const config::train_config& cfg, const paths& p, const star
   out << config::to_toml(cfg);
 }
 
-caf::actor_system_config system_config() {
-  caf::actor_system_config sys_cfg;
+void configure_system(caf::actor_system_config& sys_cfg) {
   sys_cfg.add_message_types<caf::id_block::longwave>();
   // Compute runs on the workers' own (detached) threads. The scheduled actors (coordinator, outer optimizer,
   // metrics) are light: one scheduler thread on a shared queue that sleeps instead of spinning, so it does
   // not steal cycles from LibTorch.
   sys_cfg.set("scheduler.policy", caf::atom("sharing"));
   sys_cfg.set("scheduler.max-threads", 1);
-  return sys_cfg;
 }
 
 /// The metrics sink: /metrics (if enabled) and metrics.jsonl, with every worker and peer series made.
@@ -456,7 +454,9 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   auto start = find_start(cfg, opts, p, shape_of(*ctx));
   if (start.complete) return 0;
   reset_run_files(cfg, p, start);
-  caf::actor_system sys{system_config()};
+  caf::actor_system_config sys_cfg;
+  configure_system(sys_cfg);
+  caf::actor_system sys{sys_cfg};
   const auto graph = spawn_graph(sys, ctx, p, opts, role, std::move(start));
   return run_until_done(sys, graph, opts, role);
 }
