@@ -1,0 +1,397 @@
+// The coordinator as an actor, deterministically: CAF's test coordinator (one thread, virtual time) runs it
+// with fake workers, communicator, outer optimizer and checkpointer. Each case asserts on the phases it goes
+// through (its debug log of set_phase), on what it asks of its peers, and on its final (done, code, loss).
+#include <ATen/ATen.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <catch2/catch.hpp>
+
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/run_context.hpp"
+#include "models/model_spec.hpp"
+#include "runtime/caf_errors.hpp"
+#include "runtime/type_ids.hpp"
+#include "tests/support/process.hpp"
+
+// CAF's deterministic scheduler fixture, without CAF's own test main (Catch2 has the main).
+#define CAF_TEST_NO_MAIN
+#include <caf/test/dsl.hpp>
+#include <caf/test/unit_test_impl.hpp>
+
+using namespace longwave;
+using namespace longwave::runtime;
+
+namespace {
+
+/// Test only: a fake hands over the replies it holds back (see world::hold).
+using release_atom = caf::atom_constant<caf::atom("release")>;
+constexpr release_atom release_atom_v{};
+
+/// What the fakes saw and how they answer; every actor runs on the test's one thread.
+struct world {
+  std::vector<std::string> seen;  // "w0 run 1", "reduce 1", "outer 1", "save 1", "flush", "done 0", ...
+  /// (kind, round) -> whether the reply waits for (release, kind): "run", "reduce", "outer", "outer_state",
+  /// "eval", "load", "save". The answer is computed at release, so a knob set meanwhile applies.
+  std::function<bool(const std::string&, uint64_t)> hold;
+  /// A non-empty error is the communicator's answer to the reduce of that round.
+  std::function<caf::error(uint64_t)> reduce_error;
+  /// A non-empty error is the checkpointer's answer to the save of that round (0-based call count too).
+  std::function<caf::error(uint64_t round, int call)> save_error;
+  int save_calls = 0;
+  std::vector<train_snapshot> saved;  // written snapshots
+  std::vector<uint64_t> outer_rounds;
+  std::vector<float> outer_avgs;  // first element of each average the outer optimizer applied
+  std::vector<int> codes;         // every (done, code, ...) the main actor got
+  double val_loss = 0;
+  bool held(const std::string& kind, uint64_t round) const { return hold && hold(kind, round); }
+};
+
+struct held_reply {
+  std::string kind;
+  std::function<void()> deliver;
+};
+
+struct fake_state {
+  std::deque<held_reply> held;
+  int64_t steps = 0;  // worker: inner steps done
+  bool running = false;
+  at::Tensor theta;  // outer: theta_global
+  uint64_t round = 0;
+};
+
+using fake_ptr = caf::stateful_actor<fake_state>*;
+
+/// Answers now, or keeps the promise until (release, kind) when the world holds (kind, round).
+template <class T>
+caf::result<T> reply(fake_ptr self, const std::shared_ptr<world>& w, const std::string& kind, uint64_t round,
+                     std::function<caf::expected<T>()> answer) {
+  if (!w->held(kind, round)) return answer();
+  auto rp = self->make_response_promise();
+  self->state.held.push_back({kind, [rp, answer]() mutable {
+                                auto x = answer();
+                                if (x)
+                                  rp.deliver(std::move(*x));
+                                else
+                                  rp.deliver(x.error());
+                              }});
+  return caf::delegated<T>{};
+}
+
+/// The first held reply of `kind` goes out.
+auto release_handler(fake_ptr self) {
+  return [=](release_atom, const std::string& kind) {
+    auto& h = self->state.held;
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      if (it->kind != kind) continue;
+      auto f = std::move(it->deliver);
+      h.erase(it);
+      f();
+      return;
+    }
+  };
+}
+
+at::Tensor small(float v) {
+  return at::full({4}, v, at::kFloat);
+}
+
+/// Worker `rank`: Δ = 0.1 (rank + 1) every round. Paused mid-round it has done rank + 1 steps of the round.
+caf::behavior fake_worker(fake_ptr self, std::shared_ptr<world> w, int64_t rank) {
+  const std::string me = "w" + std::to_string(rank);
+  auto replica = [=](int64_t steps) {
+    replica_state r;
+    r.rank = rank;
+    r.master = small(0);
+    r.exp_avg = small(0);
+    r.exp_avg_sq = small(0);
+    r.adam_steps = steps;
+    return r;
+  };
+  return {
+      release_handler(self),
+      [=](theta_atom, const at::Tensor&) {
+        w->seen.push_back(me + " theta");
+        return true;
+      },
+      [=](run_atom, uint64_t round, const at::Tensor&, int64_t h, bool) -> caf::result<round_result> {
+        w->seen.push_back(me + " run " + std::to_string(round));
+        self->state.running = true;
+        return reply<round_result>(self, w, "run", round, [=]() -> caf::expected<round_result> {
+          self->state.running = false;
+          self->state.steps += h;
+          round_result r;
+          r.rank = rank;
+          r.round = round;
+          r.delta = small(0.1f * static_cast<float>(rank + 1));
+          r.mean_loss = 3.0;
+          return r;
+        });
+      },
+      [=](pause_atom) -> int64_t {
+        w->seen.push_back(me + " pause");
+        return self->state.steps + (self->state.running ? rank + 1 : 0);
+      },
+      [=](state_atom) {
+        w->seen.push_back(me + " state");
+        return replica(self->state.steps);
+      },
+      [=](state_atom, int64_t target) {
+        w->seen.push_back(me + " state " + std::to_string(target));
+        auto r = replica(target);
+        r.steps_in_round = target - self->state.steps;
+        return r;
+      },
+      [=](load_atom, const replica_state& r) -> caf::result<bool> {
+        w->seen.push_back(me + " load");
+        self->state.steps = r.adam_steps;
+        return reply<bool>(self, w, "load", 0, [] { return caf::expected<bool>{true}; });
+      },
+      [=](eval_atom, const at::Tensor&, int64_t) -> caf::result<double> {
+        w->seen.push_back(me + " eval");
+        return reply<double>(self, w, "eval", 0, [] { return caf::expected<double>{2.5}; });
+      },
+  };
+}
+
+/// The mean of the parts, or the world's error for that round.
+caf::behavior fake_communicator(fake_ptr self, std::shared_ptr<world> w) {
+  auto reduce = [=](uint64_t round, std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+    w->seen.push_back("reduce " + std::to_string(round));
+    return reply<at::Tensor>(self, w, "reduce", round, [=]() -> caf::expected<at::Tensor> {
+      if (w->reduce_error)
+        if (auto e = w->reduce_error(round)) return e;
+      return at::stack(parts).mean(0);
+    });
+  };
+  return {
+      release_handler(self),
+      [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
+        return reduce(round, std::move(parts));
+      },
+      [=](reduce_atom, uint64_t round, uint32_t, std::vector<at::Tensor> parts, bool) {
+        return reduce(round, std::move(parts));
+      },
+  };
+}
+
+/// theta_global starts at 0; the outer step is theta -= avg (lr 1, no momentum).
+caf::behavior fake_outer(fake_ptr self, std::shared_ptr<world> w) {
+  self->state.theta = small(0);
+  return {
+      release_handler(self),
+      [=](theta_atom) { return self->state.theta; },
+      [=](theta_atom, int64_t n) {
+        return std::vector<at::Tensor>(static_cast<size_t>(n), self->state.theta);
+      },
+      [=](outer_atom, uint64_t round, const at::Tensor& avg) -> caf::result<at::Tensor> {
+        w->seen.push_back("outer " + std::to_string(round));
+        w->outer_rounds.push_back(round);
+        w->outer_avgs.push_back(avg[0].item<float>());
+        return reply<at::Tensor>(self, w, "outer", round, [=]() -> caf::expected<at::Tensor> {
+          self->state.theta = self->state.theta - avg;
+          self->state.round = round;
+          return self->state.theta;
+        });
+      },
+      [=](state_atom) -> caf::result<std::vector<at::Tensor>> {
+        w->seen.push_back("outer state");
+        return reply<std::vector<at::Tensor>>(self, w, "outer_state", self->state.round, [=] {
+          return caf::expected<std::vector<at::Tensor>>{
+              std::vector<at::Tensor>{self->state.theta.clone(), at::Tensor()}};
+        });
+      },
+      [=](load_atom, const at::Tensor& theta, const at::Tensor&) {
+        w->seen.push_back("outer load");
+        self->state.theta = theta;
+        return true;
+      },
+  };
+}
+
+/// Keeps every written snapshot; answers the world's error instead where it has one.
+caf::behavior fake_checkpointer(fake_ptr self, std::shared_ptr<world> w) {
+  return {
+      release_handler(self),
+      [=](save_atom, train_snapshot snap) -> caf::result<std::string> {
+        w->seen.push_back("save " + std::to_string(snap.round));
+        const int call = w->save_calls++;
+        auto holder = std::make_shared<train_snapshot>(std::move(snap));
+        return reply<std::string>(self, w, "save", holder->round, [=]() -> caf::expected<std::string> {
+          if (w->save_error)
+            if (auto e = w->save_error(holder->round, call)) return e;
+          w->saved.push_back(*holder);
+          return "ckpt-" + std::to_string(holder->round) + "-" + std::to_string(holder->step);
+        });
+      },
+      [=](flush_atom) {
+        w->seen.push_back("flush");
+        return true;
+      },
+  };
+}
+
+caf::behavior metrics_sink() {
+  return {
+      [](gauge_atom, const std::string&, const std::string&, double) {},
+      [](count_atom, const std::string&, const std::string&, double) {},
+      [](observe_atom, const std::string&, const std::string&, double) {},
+      [](record_atom, const std::string&) {},
+  };
+}
+
+/// Stands for the main thread: sends (start) and keeps every (done, code, val_loss).
+caf::behavior fake_main(caf::event_based_actor* self, std::shared_ptr<world> w, caf::actor coordinator) {
+  self->send(coordinator, start_atom_v);
+  return {
+      [=](done_atom, int code, double loss) {
+        w->seen.push_back("done " + std::to_string(code));
+        w->codes.push_back(code);
+        w->val_loss = loss;
+      },
+  };
+}
+
+struct lw_config : caf::actor_system_config {
+  lw_config() { add_message_types<caf::id_block::longwave>(); }
+};
+
+struct coordinator_fixture : test_coordinator_fixture<lw_config> {
+  std::shared_ptr<world> w = std::make_shared<world>();
+  std::string dir = test::scratch_dir("coordinator");
+  std::ostringstream log;
+  std::shared_ptr<spdlog::logger> previous_logger = spdlog::default_logger();
+  config::train_config cfg;
+  caf::actor coordinator, communicator, outer, checkpointer, metrics, main;
+  std::vector<caf::actor> workers;
+
+  coordinator_fixture() {
+    // The coordinator logs every move at debug level ("coordinator: inner -> reducing"): the phase sequence.
+    auto logger = std::make_shared<spdlog::logger>("coordinator_test",
+                                                   std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+    logger->set_pattern("%v");
+    logger->set_level(spdlog::level::debug);
+    spdlog::set_default_logger(logger);
+    cfg.run.out_dir = dir;
+    cfg.metrics.enabled = false;
+    cfg.train.workers = 2;
+    cfg.train.inner_steps = 4;
+    cfg.train.rounds = 2;
+    cfg.eval.every_rounds = 0;  // only the last round, on worker 0 (no evaluator)
+    cfg.checkpoint.every_rounds = 1;
+    cfg.checkpoint.max_failed_writes = 2;
+  }
+
+  ~coordinator_fixture() override {
+    for (auto& a : {main, coordinator, communicator, outer, checkpointer, metrics})
+      if (a) caf::anon_send_exit(a, caf::exit_reason::kill);
+    for (auto& a : workers) caf::anon_send_exit(a, caf::exit_reason::kill);
+    sched.run();
+    spdlog::set_default_logger(previous_logger);
+    std::filesystem::remove_all(dir);
+  }
+
+  /// Spawns the fakes and the coordinator, sends (start) and runs until nothing is left to do (timeouts
+  /// only fire when the test advances the clock).
+  void launch(std::optional<train_snapshot> resume = std::nullopt) {
+    auto ctx = std::make_shared<actors::run_context>();
+    ctx->cfg = cfg;
+    ctx->spec = models::preset_spec("tiny", 256, 16);
+    ctx->inner = actors::make_inner_options(cfg);
+    actors::coordinator_peers peers;
+    peers.communicator = communicator = sys.spawn(fake_communicator, w);
+    peers.outer = outer = sys.spawn(fake_outer, w);
+    peers.checkpointer = checkpointer = sys.spawn(fake_checkpointer, w);
+    peers.metrics = metrics = sys.spawn(metrics_sink);
+    peers.worker_factory = [this](caf::actor_system& s, int64_t rank, caf::actor) {
+      workers.push_back(s.spawn(fake_worker, w, rank));
+      return workers.back();
+    };
+    coordinator = actors::spawn_coordinator(sys, ctx, std::move(peers), std::move(resume), "");
+    main = sys.spawn(fake_main, w, coordinator);
+    sched.run();
+  }
+
+  void settle() { sched.run(); }
+
+  void release(const caf::actor& who, const std::string& kind) {
+    caf::anon_send(who, release_atom_v, kind);
+    settle();
+  }
+
+  void stop() {
+    caf::anon_send(coordinator, stop_atom_v);
+    settle();
+  }
+
+  /// The phases the coordinator went through, from its log: "idle inner reducing ...".
+  std::string phases() const {
+    std::istringstream in(log.str());
+    std::string line, out = "idle";
+    const std::string prefix = "coordinator: ";
+    while (std::getline(in, line)) {
+      if (line.rfind(prefix, 0) != 0 || line.find("refused") != std::string::npos) continue;
+      const auto arrow = line.find(" -> ");
+      if (arrow == std::string::npos) continue;
+      out += " " + line.substr(arrow + 4);
+    }
+    return out;
+  }
+
+  /// The events the fakes saw whose text starts with one of the prefixes, in order.
+  std::vector<std::string> seen(std::initializer_list<std::string> prefixes) const {
+    std::vector<std::string> out;
+    for (const auto& e : w->seen)
+      for (const auto& p : prefixes)
+        if (e.rfind(p, 0) == 0) {
+          out.push_back(e);
+          break;
+        }
+    return out;
+  }
+
+  std::vector<uint64_t> saved_rounds() const {
+    std::vector<uint64_t> out;
+    for (const auto& s : w->saved) out.push_back(s.round);
+    return out;
+  }
+
+  bool logged(const std::string& text) const { return log.str().find(text) != std::string::npos; }
+};
+
+using strings = std::vector<std::string>;
+
+}  // namespace
+
+CATCH_TEST_CASE_METHOD(
+    coordinator_fixture,
+    "a fresh sync run of two rounds asks for run, reduce, outer and save in order and ends "
+    "with done 0",
+    "[integration][coordinator]") {
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{0});
+  CATCH_CHECK(w->val_loss == 2.5);
+  CATCH_CHECK(phases() ==
+              "idle inner reducing outer_step saving inner reducing outer_step evaluating saving done");
+  CATCH_CHECK(seen({"w", "reduce", "outer", "save", "flush", "done"}) ==
+              strings{"w0 theta",    "w1 theta", "w0 run 1", "w1 run 1",    "reduce 1", "outer 1",
+                      "outer state", "w0 state", "w1 state", "save 1",      "w0 run 2", "w1 run 2",
+                      "reduce 2",    "outer 2",  "w0 eval",  "outer state", "w0 state", "w1 state",
+                      "save 2",      "flush",    "done 0"});
+  // The average of the workers' 0.1 and 0.2, applied once per round.
+  CATCH_REQUIRE(w->outer_avgs.size() == 2);
+  CATCH_CHECK(w->outer_avgs[0] == Approx(0.15));
+  CATCH_REQUIRE(w->saved.size() == 2);
+  CATCH_CHECK(w->saved[1].round == 2);
+  CATCH_CHECK(w->saved[1].step == 8);
+  CATCH_CHECK(w->saved[1].theta[0].item<float>() == Approx(-0.3));
+}
