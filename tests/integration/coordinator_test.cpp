@@ -260,6 +260,20 @@ caf::behavior fake_main(caf::event_based_actor* self, std::shared_ptr<world> w, 
   };
 }
 
+/// Holds the first `kind` request of `round` (or of any round when round is 0); later ones are answered.
+std::function<bool(const std::string&, uint64_t)> hold_first(const std::string& kind, uint64_t round = 0) {
+  auto done = std::make_shared<bool>(false);
+  return [=](const std::string& k, uint64_t r) {
+    if (*done || k != kind || (round != 0 && r != round)) return false;
+    *done = true;
+    return true;
+  };
+}
+
+std::function<bool(const std::string&, uint64_t)> hold_all(const std::string& kind, uint64_t round = 0) {
+  return [=](const std::string& k, uint64_t r) { return k == kind && (round == 0 || r == round); };
+}
+
 struct lw_config : caf::actor_system_config {
   lw_config() { add_message_types<caf::id_block::longwave>(); }
 };
@@ -332,6 +346,18 @@ struct coordinator_fixture : test_coordinator_fixture<lw_config> {
     settle();
   }
 
+  /// Holds the first `kind` reply of `round` (from `holder()`, known once launched), sends (stop) while the
+  /// coordinator waits for it, then lets the reply go. Returns the phases at the stop.
+  std::string stop_while_held(const std::string& kind, uint64_t round, std::function<caf::actor()> holder) {
+    w->hold = hold_first(kind, round);
+    launch();
+    const auto at_stop = phases();
+    stop();
+    CATCH_CHECK(w->codes.empty());  // the stop waits for the reply
+    release(holder(), kind);
+    return at_stop;
+  }
+
   /// The phases the coordinator went through, from its log: "idle inner reducing ...".
   std::string phases() const {
     std::istringstream in(log.str());
@@ -394,4 +420,313 @@ CATCH_TEST_CASE_METHOD(
   CATCH_CHECK(w->saved[1].round == 2);
   CATCH_CHECK(w->saved[1].step == 8);
   CATCH_CHECK(w->saved[1].theta[0].item<float>() == Approx(-0.3));
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a stop in the inner phase pauses the workers, aligns them and saves a mid-round "
+                       "snapshot, then done 130",
+                       "[integration][coordinator]") {
+  w->hold = hold_all("run", 2);
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes.empty());
+  CATCH_REQUIRE(phases() == "idle inner reducing outer_step saving inner");
+  const auto before = w->seen.size();
+  // Two Ctrl-C: the second is ignored.
+  caf::anon_send(coordinator, stop_atom_v);
+  stop();
+  CATCH_REQUIRE(w->codes == std::vector<int>{130});
+  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner stopping done");
+  // Worker 0 stopped after 1 step of round 2, worker 1 after 2: both are brought to step 4 + 2.
+  CATCH_CHECK(std::vector<std::string>(w->seen.begin() + static_cast<std::ptrdiff_t>(before),
+                                       w->seen.end()) == strings{"w0 pause", "w1 pause", "outer state",
+                                                                 "w0 state 6", "w1 state 6", "save 1",
+                                                                 "flush", "done 130"});
+  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 1});
+  CATCH_CHECK(w->saved.back().step == 6);
+  CATCH_CHECK(w->saved.back().replicas.at(1).steps_in_round == 2);
+  // The paused workers' round results come late: nothing follows.
+  const auto after = w->seen.size();
+  for (auto& wk : workers) release(wk, "run");
+  CATCH_CHECK(w->seen.size() == after);
+  CATCH_CHECK(w->codes.size() == 1);
+}
+
+CATCH_TEST_CASE_METHOD(
+    coordinator_fixture,
+    "a stop while reducing takes the average that still comes, saves the round boundary and "
+    "ends with done 130",
+    "[integration][coordinator]") {
+  cfg.train.rounds = 3;
+  CATCH_CHECK(stop_while_held("reduce", 2, [this] { return communicator; }) ==
+              "idle inner reducing outer_step saving inner reducing");
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{130});
+  CATCH_CHECK(phases() ==
+              "idle inner reducing outer_step saving inner reducing outer_step saving stopping done");
+  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2});
+  CATCH_CHECK(saved_rounds().back() == 2);
+  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2"});
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a stop while reducing whose ring is cancelled keeps the previous checkpoint and ends "
+                       "with done 130",
+                       "[integration][coordinator]") {
+  cfg.train.rounds = 3;
+  w->reduce_error = [](uint64_t round) {
+    return round == 2 ? make_error(errc::cancelled, "ring cancelled") : caf::error{};
+  };
+  stop_while_held("reduce", 2, [this] { return communicator; });
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{130});
+  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing stopping done");
+  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});
+  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1});
+  CATCH_CHECK(seen({"save", "flush", "done"}) == strings{"save 1", "flush", "done 130"});
+  CATCH_CHECK(logged("the checkpoint of round 1 stays the newest"));
+}
+
+CATCH_TEST_CASE_METHOD(
+    coordinator_fixture,
+    "a stop during the outer step finishes the round, saves its boundary and ends with done "
+    "130",
+    "[integration][coordinator]") {
+  cfg.train.rounds = 3;
+  CATCH_CHECK(stop_while_held("outer", 2, [this] { return outer; }) ==
+              "idle inner reducing outer_step saving inner reducing outer_step");
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{130});
+  CATCH_CHECK(phases() ==
+              "idle inner reducing outer_step saving inner reducing outer_step saving stopping done");
+  CATCH_CHECK(saved_rounds().back() == 2);
+  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2"});
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a stop while saving lets the snapshot go out and ends with done 130 at the round "
+                       "boundary",
+                       "[integration][coordinator]") {
+  cfg.train.rounds = 3;
+  CATCH_CHECK(stop_while_held("outer_state", 1, [this] { return outer; }) ==
+              "idle inner reducing outer_step saving");
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{130});
+  CATCH_CHECK(phases() == "idle inner reducing outer_step saving stopping done");
+  CATCH_CHECK(saved_rounds().back() == 1);
+  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1"});
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a stop during the last evaluation lets the finished run end with done 0",
+                       "[integration][coordinator]") {
+  CATCH_CHECK(stop_while_held("eval", 0, [this] { return workers.at(0); }) ==
+              "idle inner reducing outer_step saving inner reducing outer_step evaluating");
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{0});
+  CATCH_CHECK(phases() ==
+              "idle inner reducing outer_step saving inner reducing outer_step evaluating saving done");
+  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1, 2});
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a stop while resuming saves the resumed round boundary and ends with done 130",
+                       "[integration][coordinator]") {
+  cfg.train.rounds = 3;
+  train_snapshot snap;
+  snap.round = 1;
+  snap.step = 4;
+  snap.theta = small(-0.15f);
+  for (int64_t r = 0; r < 2; ++r) {
+    replica_state rs;
+    rs.rank = r;
+    rs.master = small(0);
+    rs.adam_steps = 4;
+    snap.replicas.push_back(rs);
+  }
+  w->hold = hold_all("load");
+  launch(snap);
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(phases() == "idle resuming");
+  stop();
+  for (auto& wk : workers) release(wk, "load");
+  CATCH_REQUIRE(w->codes == std::vector<int>{130});
+  CATCH_CHECK(phases() == "idle resuming stopping done");
+  CATCH_CHECK(seen({"outer", "w", "save", "done"}) == strings{"outer load", "w0 load", "w1 load",
+                                                              "outer state", "w0 state", "w1 state", "save 1",
+                                                              "done 130"});
+  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1});
+  CATCH_CHECK(w->saved[0].step == 4);
+  CATCH_CHECK(w->saved[0].theta[0].item<float>() == Approx(-0.15));
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "delayed: an average that comes after the next round ended stalls the workers, then "
+                       "the outer steps apply rounds 1, 2 and 3 in order",
+                       "[integration][coordinator]") {
+  cfg.diloco.outer = "delayed";
+  cfg.train.rounds = 3;
+  w->hold = hold_all("reduce");
+  launch();
+  CATCH_INFO(log.str());
+  // Round 1 applies nothing; round 2 ended and waits for round 1's average: no round 3 yet, no save (the
+  // snapshot of round 1 carries that average and waits for it too).
+  CATCH_REQUIRE(phases() == "idle inner outer_step saving inner reducing");
+  CATCH_CHECK(seen({"reduce", "outer 1", "save", "w0 run"}) ==
+              strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2"});
+  release(communicator, "reduce");  // round 1's average
+  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1});
+  CATCH_CHECK(phases() == "idle inner outer_step saving inner reducing outer_step saving inner reducing");
+  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1});
+  CATCH_CHECK(w->saved[0].pending_round == 1);
+  CATCH_CHECK(w->saved[0].pending[0].item<float>() == Approx(0.15));
+  release(communicator, "reduce");  // round 2's
+  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2});
+  CATCH_CHECK(w->codes.empty());    // the last round's average is still running
+  release(communicator, "reduce");  // round 3's, applied before the final evaluation
+  CATCH_REQUIRE(w->codes == std::vector<int>{0});
+  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2, 3});
+  CATCH_CHECK(phases() ==
+              "idle inner outer_step saving inner reducing outer_step saving inner reducing outer_step "
+              "evaluating saving done");
+  CATCH_CHECK(seen({"reduce", "outer 1", "outer 2", "outer 3", "save", "w0 run", "w0 eval"}) ==
+              strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2", "save 1", "outer 1", "w0 run 3",
+                      "reduce 3", "save 2", "outer 2", "outer 3", "w0 eval", "save 3"});
+  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 2, 3});
+  CATCH_CHECK(w->saved[1].pending_round == 2);
+  CATCH_CHECK(!w->saved[2].pending.defined());  // applied: the final snapshot does not carry it
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a lost ring peer without a stop fails the run with done 1 when the 600 ms grace ends "
+                       "in virtual time",
+                       "[integration][coordinator]") {
+  w->reduce_error = [](uint64_t round) {
+    return round == 2 ? make_error(errc::peer_lost, "node b lost") : caf::error{};
+  };
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(phases() == "idle inner reducing outer_step saving inner reducing");
+  sched.advance_time(std::chrono::milliseconds(599));
+  settle();
+  CATCH_CHECK(w->codes.empty());
+  sched.advance_time(std::chrono::milliseconds(1));
+  settle();
+  CATCH_REQUIRE(w->codes == std::vector<int>{1});
+  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing failed");
+  CATCH_CHECK(logged("training failed in phase reducing"));
+  CATCH_CHECK(logged("node b lost"));
+  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});
+  stop();  // too late: the run has ended
+  CATCH_CHECK(w->codes.size() == 1);
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a lost ring peer followed by a stop within the grace period ends as a stop with done "
+                       "130",
+                       "[integration][coordinator]") {
+  w->reduce_error = [](uint64_t round) {
+    return round == 2 ? make_error(errc::peer_lost, "node b lost") : caf::error{};
+  };
+  launch();
+  CATCH_INFO(log.str());
+  sched.advance_time(std::chrono::milliseconds(300));
+  settle();
+  stop();
+  CATCH_CHECK(w->codes.empty());  // decided when the grace period ends
+  sched.advance_time(std::chrono::milliseconds(300));
+  settle();
+  CATCH_REQUIRE(w->codes == std::vector<int>{130});
+  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing stopping done");
+  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});  // no snapshot of round 2 exists
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture, "two failed checkpoint writes in a row end the run with done 3",
+                       "[integration][coordinator]") {
+  cfg.train.rounds = 4;
+  w->save_error = [](uint64_t round, int) {
+    return round <= 2 ? make_error(errc::io_error, "No space left on device") : caf::error{};
+  };
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{3});
+  CATCH_CHECK(seen({"save"}) == strings{"save 1", "save 2"});
+  CATCH_CHECK(saved_rounds().empty());
+  CATCH_CHECK(logged("stopping after 2 failed checkpoint writes in a row"));
+  CATCH_CHECK(phases().substr(phases().size() - 7) == " failed");
+  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2", "w0 run 3"});
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "one failed checkpoint write followed by a good one lets the run go on to done 0",
+                       "[integration][coordinator]") {
+  cfg.train.rounds = 3;
+  w->save_error = [](uint64_t round, int) {
+    return round == 1 ? make_error(errc::io_error, "No space left on device") : caf::error{};
+  };
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{0});
+  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{2, 3});
+  CATCH_CHECK(logged("writing works again"));
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a checkpointer that refuses a diverged snapshot fails the run with done 1",
+                       "[integration][coordinator]") {
+  cfg.train.rounds = 3;
+  w->save_error = [](uint64_t round, int) {
+    return round == 1 ? make_error(errc::diverged, "theta holds NaN") : caf::error{};
+  };
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(w->codes == std::vector<int>{1});
+  CATCH_CHECK(saved_rounds().empty());
+  CATCH_CHECK(logged("theta holds NaN"));
+  CATCH_CHECK(seen({"save"}) == strings{"save 1"});
+}
+
+CATCH_TEST_CASE_METHOD(
+    coordinator_fixture,
+    "a move the state machine forbids (a second start while inner) fails the run with done "
+    "1 naming both phases",
+    "[integration][coordinator]") {
+  w->hold = hold_all("run", 1);
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(phases() == "idle inner");
+  auto second = sys.spawn(fake_main, w, coordinator);
+  settle();
+  CATCH_REQUIRE(w->codes == std::vector<int>{1});
+  CATCH_CHECK(phases() == "idle inner failed");
+  CATCH_CHECK(logged("the coordinator cannot go from inner to inner"));
+  // The first round's results come after the run failed: nothing follows.
+  const auto after = w->seen.size();
+  for (auto& wk : workers) release(wk, "run");
+  CATCH_CHECK(w->seen.size() == after);
+  CATCH_CHECK(w->codes.size() == 1);
+  caf::anon_send_exit(second, caf::exit_reason::kill);
+}
+
+// Known to fail: set_phase refuses the move quietly, but its callers ignore the refusal and go on (here: an
+// outer step and a snapshot after the run failed; likewise a second (start) has the workers run round 1
+// again). Remove [!shouldfail] once the coordinator stops at a refused move.
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "after a failure a late average is refused quietly and nothing more is asked of the "
+                       "peers",
+                       "[integration][coordinator][!shouldfail]") {
+  w->hold = hold_first("reduce", 1);
+  launch();
+  CATCH_INFO(log.str());
+  CATCH_REQUIRE(phases() == "idle inner reducing");
+  caf::anon_send_exit(workers.at(1), caf::exit_reason::kill);  // a worker dies: down -> failed
+  settle();
+  CATCH_REQUIRE(w->codes == std::vector<int>{1});
+  CATCH_CHECK(phases() == "idle inner reducing failed");
+  const auto after = w->seen.size();
+  release(communicator, "reduce");
+  CATCH_CHECK(logged("failed -> outer_step refused: the run has ended"));
+  CATCH_CHECK(w->codes.size() == 1);
+  CATCH_CHECK(std::vector<std::string>(w->seen.begin() + static_cast<std::ptrdiff_t>(after), w->seen.end()) ==
+              strings{});
 }
