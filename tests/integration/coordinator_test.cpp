@@ -274,6 +274,22 @@ std::function<bool(const std::string&, uint64_t)> hold_all(const std::string& ki
   return [=](const std::string& k, uint64_t r) { return k == kind && (round == 0 || r == round); };
 }
 
+/// A round-boundary snapshot after `round` rounds of 4 steps, theta = -0.15 round, for 2 workers.
+train_snapshot resume_snapshot(uint64_t round) {
+  train_snapshot snap;
+  snap.round = round;
+  snap.step = 4 * round;
+  snap.theta = small(-0.15f * static_cast<float>(round));
+  for (int64_t r = 0; r < 2; ++r) {
+    replica_state rs;
+    rs.rank = r;
+    rs.master = small(0);
+    rs.adam_steps = static_cast<int64_t>(snap.step);
+    snap.replicas.push_back(rs);
+  }
+  return snap;
+}
+
 struct lw_config : caf::actor_system_config {
   lw_config() { add_message_types<caf::id_block::longwave>(); }
 };
@@ -397,300 +413,295 @@ using strings = std::vector<std::string>;
 
 }  // namespace
 
-CATCH_TEST_CASE_METHOD(
-    coordinator_fixture,
-    "a fresh sync run of two rounds asks for run, reduce, outer and save in order and ends "
-    "with done 0",
-    "[integration][coordinator]") {
-  launch();
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{0});
-  CATCH_CHECK(w->val_loss == 2.5);
-  CATCH_CHECK(phases() ==
-              "idle inner reducing outer_step saving inner reducing outer_step evaluating saving done");
-  CATCH_CHECK(seen({"w", "reduce", "outer", "save", "flush", "done"}) ==
-              strings{"w0 theta",    "w1 theta", "w0 run 1", "w1 run 1",    "reduce 1", "outer 1",
-                      "outer state", "w0 state", "w1 state", "save 1",      "w0 run 2", "w1 run 2",
-                      "reduce 2",    "outer 2",  "w0 eval",  "outer state", "w0 state", "w1 state",
-                      "save 2",      "flush",    "done 0"});
-  // The average of the workers' 0.1 and 0.2, applied once per round.
-  CATCH_REQUIRE(w->outer_avgs.size() == 2);
-  CATCH_CHECK(w->outer_avgs[0] == Approx(0.15));
-  CATCH_REQUIRE(w->saved.size() == 2);
-  CATCH_CHECK(w->saved[1].round == 2);
-  CATCH_CHECK(w->saved[1].step == 8);
-  CATCH_CHECK(w->saved[1].theta[0].item<float>() == Approx(-0.3));
-}
-
 CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a stop in the inner phase pauses the workers, aligns them and saves a mid-round "
-                       "snapshot, then done 130",
+                       "the coordinator drives sync and delayed rounds in order and ends with done 0",
                        "[integration][coordinator]") {
-  w->hold = hold_all("run", 2);
-  launch();
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes.empty());
-  CATCH_REQUIRE(phases() == "idle inner reducing outer_step saving inner");
-  const auto before = w->seen.size();
-  // Two Ctrl-C: the second is ignored.
-  caf::anon_send(coordinator, stop_atom_v);
-  stop();
-  CATCH_REQUIRE(w->codes == std::vector<int>{130});
-  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner stopping done");
-  // Worker 0 stopped after 1 step of round 2, worker 1 after 2: both are brought to step 4 + 2.
-  CATCH_CHECK(std::vector<std::string>(w->seen.begin() + static_cast<std::ptrdiff_t>(before),
-                                       w->seen.end()) == strings{"w0 pause", "w1 pause", "outer state",
-                                                                 "w0 state 6", "w1 state 6", "save 1",
-                                                                 "flush", "done 130"});
-  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 1});
-  CATCH_CHECK(w->saved.back().step == 6);
-  CATCH_CHECK(w->saved.back().replicas.at(1).steps_in_round == 2);
-  // The paused workers' round results come late: nothing follows.
-  const auto after = w->seen.size();
-  for (auto& wk : workers) release(wk, "run");
-  CATCH_CHECK(w->seen.size() == after);
-  CATCH_CHECK(w->codes.size() == 1);
-}
-
-CATCH_TEST_CASE_METHOD(
-    coordinator_fixture,
-    "a stop while reducing takes the average that still comes, saves the round boundary and "
-    "ends with done 130",
-    "[integration][coordinator]") {
-  cfg.train.rounds = 3;
-  CATCH_CHECK(stop_while_held("reduce", 2, [this] { return communicator; }) ==
-              "idle inner reducing outer_step saving inner reducing");
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{130});
-  CATCH_CHECK(phases() ==
-              "idle inner reducing outer_step saving inner reducing outer_step saving stopping done");
-  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2});
-  CATCH_CHECK(saved_rounds().back() == 2);
-  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2"});
-}
-
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a stop while reducing whose ring is cancelled keeps the previous checkpoint and ends "
-                       "with done 130",
-                       "[integration][coordinator]") {
-  cfg.train.rounds = 3;
-  w->reduce_error = [](uint64_t round) {
-    return round == 2 ? make_error(errc::cancelled, "ring cancelled") : caf::error{};
-  };
-  stop_while_held("reduce", 2, [this] { return communicator; });
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{130});
-  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing stopping done");
-  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});
-  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1});
-  CATCH_CHECK(seen({"save", "flush", "done"}) == strings{"save 1", "flush", "done 130"});
-  CATCH_CHECK(logged("the checkpoint of round 1 stays the newest"));
-}
-
-CATCH_TEST_CASE_METHOD(
-    coordinator_fixture,
-    "a stop during the outer step finishes the round, saves its boundary and ends with done "
-    "130",
-    "[integration][coordinator]") {
-  cfg.train.rounds = 3;
-  CATCH_CHECK(stop_while_held("outer", 2, [this] { return outer; }) ==
-              "idle inner reducing outer_step saving inner reducing outer_step");
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{130});
-  CATCH_CHECK(phases() ==
-              "idle inner reducing outer_step saving inner reducing outer_step saving stopping done");
-  CATCH_CHECK(saved_rounds().back() == 2);
-  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2"});
-}
-
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a stop while saving lets the snapshot go out and ends with done 130 at the round "
-                       "boundary",
-                       "[integration][coordinator]") {
-  cfg.train.rounds = 3;
-  CATCH_CHECK(stop_while_held("outer_state", 1, [this] { return outer; }) ==
-              "idle inner reducing outer_step saving");
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{130});
-  CATCH_CHECK(phases() == "idle inner reducing outer_step saving stopping done");
-  CATCH_CHECK(saved_rounds().back() == 1);
-  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1"});
-}
-
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a stop during the last evaluation lets the finished run end with done 0",
-                       "[integration][coordinator]") {
-  CATCH_CHECK(stop_while_held("eval", 0, [this] { return workers.at(0); }) ==
-              "idle inner reducing outer_step saving inner reducing outer_step evaluating");
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{0});
-  CATCH_CHECK(phases() ==
-              "idle inner reducing outer_step saving inner reducing outer_step evaluating saving done");
-  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1, 2});
-}
-
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a stop while resuming saves the resumed round boundary and ends with done 130",
-                       "[integration][coordinator]") {
-  cfg.train.rounds = 3;
-  train_snapshot snap;
-  snap.round = 1;
-  snap.step = 4;
-  snap.theta = small(-0.15f);
-  for (int64_t r = 0; r < 2; ++r) {
-    replica_state rs;
-    rs.rank = r;
-    rs.master = small(0);
-    rs.adam_steps = 4;
-    snap.replicas.push_back(rs);
+  CATCH_SECTION(
+      "a fresh sync run of two rounds asks for run, reduce, outer and save in order and ends with done 0") {
+    launch();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{0});
+    CATCH_CHECK(w->val_loss == 2.5);
+    CATCH_CHECK(phases() ==
+                "idle inner reducing outer_step saving inner reducing outer_step evaluating saving done");
+    CATCH_CHECK(seen({"w", "reduce", "outer", "save", "flush", "done"}) ==
+                strings{"w0 theta",    "w1 theta", "w0 run 1", "w1 run 1",    "reduce 1", "outer 1",
+                        "outer state", "w0 state", "w1 state", "save 1",      "w0 run 2", "w1 run 2",
+                        "reduce 2",    "outer 2",  "w0 eval",  "outer state", "w0 state", "w1 state",
+                        "save 2",      "flush",    "done 0"});
+    // The average of the workers' 0.1 and 0.2, applied once per round.
+    CATCH_REQUIRE(w->outer_avgs.size() == 2);
+    CATCH_CHECK(w->outer_avgs[0] == Approx(0.15));
+    CATCH_REQUIRE(w->saved.size() == 2);
+    CATCH_CHECK(w->saved[1].round == 2);
+    CATCH_CHECK(w->saved[1].step == 8);
+    CATCH_CHECK(w->saved[1].theta[0].item<float>() == Approx(-0.3));
   }
-  w->hold = hold_all("load");
-  launch(snap);
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(phases() == "idle resuming");
-  stop();
-  for (auto& wk : workers) release(wk, "load");
-  CATCH_REQUIRE(w->codes == std::vector<int>{130});
-  CATCH_CHECK(phases() == "idle resuming stopping done");
-  CATCH_CHECK(seen({"outer", "w", "save", "done"}) == strings{"outer load", "w0 load", "w1 load",
-                                                              "outer state", "w0 state", "w1 state", "save 1",
-                                                              "done 130"});
-  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1});
-  CATCH_CHECK(w->saved[0].step == 4);
-  CATCH_CHECK(w->saved[0].theta[0].item<float>() == Approx(-0.15));
+
+  CATCH_SECTION("a resumed run with checkpoints only at the end goes from round to round without saving") {
+    cfg.train.rounds = 3;
+    cfg.checkpoint.every_rounds = 0;
+    launch(resume_snapshot(1));
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{0});
+    CATCH_CHECK(phases() ==
+                "idle resuming inner reducing outer_step inner reducing outer_step evaluating saving done");
+    CATCH_CHECK(seen({"w0 run", "save"}) == strings{"w0 run 2", "w0 run 3", "save 3"});
+    CATCH_CHECK(w->saved.back().step == 12);
+  }
+
+  CATCH_SECTION("an evaluation every round on the training path comes before the next round") {
+    cfg.checkpoint.every_rounds = 0;
+    cfg.eval.every_rounds = 1;
+    launch();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{0});
+    CATCH_CHECK(phases() ==
+                "idle inner reducing outer_step evaluating inner reducing outer_step evaluating saving done");
+    CATCH_CHECK(seen({"w0 run", "w0 eval"}) == strings{"w0 run 1", "w0 eval", "w0 run 2", "w0 eval"});
+  }
+
+  CATCH_SECTION(
+      "delayed: an average that comes after the next round ended stalls the workers, then the outer steps "
+      "apply rounds 1, 2 and 3 in order") {
+    cfg.diloco.outer = "delayed";
+    cfg.train.rounds = 3;
+    w->hold = hold_all("reduce");
+    launch();
+    CATCH_INFO(log.str());
+    // Round 1 applies nothing; round 2 ended and waits for round 1's average: no round 3 yet, no save (the
+    // snapshot of round 1 carries that average and waits for it too).
+    CATCH_REQUIRE(phases() == "idle inner outer_step saving inner reducing");
+    CATCH_CHECK(seen({"reduce", "outer 1", "save", "w0 run"}) ==
+                strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2"});
+    release(communicator, "reduce");  // round 1's average
+    CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1});
+    CATCH_CHECK(phases() == "idle inner outer_step saving inner reducing outer_step saving inner reducing");
+    CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1});
+    CATCH_CHECK(w->saved[0].pending_round == 1);
+    CATCH_CHECK(w->saved[0].pending[0].item<float>() == Approx(0.15));
+    release(communicator, "reduce");  // round 2's
+    CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2});
+    CATCH_CHECK(w->codes.empty());    // the last round's average is still running
+    release(communicator, "reduce");  // round 3's, applied before the final evaluation
+    CATCH_REQUIRE(w->codes == std::vector<int>{0});
+    CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2, 3});
+    CATCH_CHECK(phases() ==
+                "idle inner outer_step saving inner reducing outer_step saving inner reducing outer_step "
+                "evaluating saving done");
+    CATCH_CHECK(seen({"reduce", "outer 1", "outer 2", "outer 3", "save", "w0 run", "w0 eval"}) ==
+                strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2", "save 1", "outer 1", "w0 run 3",
+                        "reduce 3", "save 2", "outer 2", "outer 3", "w0 eval", "save 3"});
+    CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 2, 3});
+    CATCH_CHECK(w->saved[1].pending_round == 2);
+    CATCH_CHECK(!w->saved[2].pending.defined());  // applied: the final snapshot does not carry it
+  }
 }
 
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "delayed: an average that comes after the next round ended stalls the workers, then "
-                       "the outer steps apply rounds 1, 2 and 3 in order",
+CATCH_TEST_CASE_METHOD(coordinator_fixture, "a stop in each phase ends the run as its stopping rules say",
                        "[integration][coordinator]") {
-  cfg.diloco.outer = "delayed";
-  cfg.train.rounds = 3;
-  w->hold = hold_all("reduce");
-  launch();
-  CATCH_INFO(log.str());
-  // Round 1 applies nothing; round 2 ended and waits for round 1's average: no round 3 yet, no save (the
-  // snapshot of round 1 carries that average and waits for it too).
-  CATCH_REQUIRE(phases() == "idle inner outer_step saving inner reducing");
-  CATCH_CHECK(seen({"reduce", "outer 1", "save", "w0 run"}) ==
-              strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2"});
-  release(communicator, "reduce");  // round 1's average
-  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1});
-  CATCH_CHECK(phases() == "idle inner outer_step saving inner reducing outer_step saving inner reducing");
-  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1});
-  CATCH_CHECK(w->saved[0].pending_round == 1);
-  CATCH_CHECK(w->saved[0].pending[0].item<float>() == Approx(0.15));
-  release(communicator, "reduce");  // round 2's
-  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2});
-  CATCH_CHECK(w->codes.empty());    // the last round's average is still running
-  release(communicator, "reduce");  // round 3's, applied before the final evaluation
-  CATCH_REQUIRE(w->codes == std::vector<int>{0});
-  CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2, 3});
-  CATCH_CHECK(phases() ==
-              "idle inner outer_step saving inner reducing outer_step saving inner reducing outer_step "
-              "evaluating saving done");
-  CATCH_CHECK(seen({"reduce", "outer 1", "outer 2", "outer 3", "save", "w0 run", "w0 eval"}) ==
-              strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2", "save 1", "outer 1", "w0 run 3",
-                      "reduce 3", "save 2", "outer 2", "outer 3", "w0 eval", "save 3"});
-  CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 2, 3});
-  CATCH_CHECK(w->saved[1].pending_round == 2);
-  CATCH_CHECK(!w->saved[2].pending.defined());  // applied: the final snapshot does not carry it
-}
+  CATCH_SECTION(
+      "a stop in the inner phase pauses the workers, aligns them and saves a mid-round snapshot, then done "
+      "130") {
+    w->hold = hold_all("run", 2);
+    launch();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes.empty());
+    CATCH_REQUIRE(phases() == "idle inner reducing outer_step saving inner");
+    const auto before = w->seen.size();
+    // Two Ctrl-C: the second is ignored.
+    caf::anon_send(coordinator, stop_atom_v);
+    stop();
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner stopping done");
+    // Worker 0 stopped after 1 step of round 2, worker 1 after 2: both are brought to step 4 + 2.
+    CATCH_CHECK(std::vector<std::string>(w->seen.begin() + static_cast<std::ptrdiff_t>(before),
+                                         w->seen.end()) == strings{"w0 pause", "w1 pause", "outer state",
+                                                                   "w0 state 6", "w1 state 6", "save 1",
+                                                                   "flush", "done 130"});
+    CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 1});
+    CATCH_CHECK(w->saved.back().step == 6);
+    CATCH_CHECK(w->saved.back().replicas.at(1).steps_in_round == 2);
+    // The paused workers' round results come late: nothing follows.
+    const auto after = w->seen.size();
+    for (auto& wk : workers) release(wk, "run");
+    CATCH_CHECK(w->seen.size() == after);
+    CATCH_CHECK(w->codes.size() == 1);
+  }
 
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a lost ring peer without a stop fails the run with done 1 when the 600 ms grace ends "
-                       "in virtual time",
-                       "[integration][coordinator]") {
-  w->reduce_error = [](uint64_t round) {
-    return round == 2 ? make_error(errc::peer_lost, "node b lost") : caf::error{};
-  };
-  launch();
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(phases() == "idle inner reducing outer_step saving inner reducing");
-  sched.advance_time(std::chrono::milliseconds(599));
-  settle();
-  CATCH_CHECK(w->codes.empty());
-  sched.advance_time(std::chrono::milliseconds(1));
-  settle();
-  CATCH_REQUIRE(w->codes == std::vector<int>{1});
-  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing failed");
-  CATCH_CHECK(logged("training failed in phase reducing"));
-  CATCH_CHECK(logged("node b lost"));
-  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});
-  stop();  // too late: the run has ended
-  CATCH_CHECK(w->codes.size() == 1);
-}
+  CATCH_SECTION(
+      "a stop while reducing takes the average that still comes, saves the round boundary and ends with done "
+      "130") {
+    cfg.train.rounds = 3;
+    CATCH_CHECK(stop_while_held("reduce", 2, [this] { return communicator; }) ==
+                "idle inner reducing outer_step saving inner reducing");
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() ==
+                "idle inner reducing outer_step saving inner reducing outer_step saving stopping done");
+    CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1, 2});
+    CATCH_CHECK(saved_rounds().back() == 2);
+    CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2"});
+  }
 
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a lost ring peer followed by a stop within the grace period ends as a stop with done "
-                       "130",
-                       "[integration][coordinator]") {
-  w->reduce_error = [](uint64_t round) {
-    return round == 2 ? make_error(errc::peer_lost, "node b lost") : caf::error{};
-  };
-  launch();
-  CATCH_INFO(log.str());
-  sched.advance_time(std::chrono::milliseconds(300));
-  settle();
-  stop();
-  CATCH_CHECK(w->codes.empty());  // decided when the grace period ends
-  sched.advance_time(std::chrono::milliseconds(300));
-  settle();
-  CATCH_REQUIRE(w->codes == std::vector<int>{130});
-  CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing stopping done");
-  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});  // no snapshot of round 2 exists
-}
+  CATCH_SECTION(
+      "a stop while reducing whose ring is cancelled keeps the previous checkpoint and ends with done 130") {
+    cfg.train.rounds = 3;
+    w->reduce_error = [](uint64_t round) {
+      return round == 2 ? make_error(errc::cancelled, "ring cancelled") : caf::error{};
+    };
+    stop_while_held("reduce", 2, [this] { return communicator; });
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing stopping done");
+    CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});
+    CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1});
+    CATCH_CHECK(seen({"save", "flush", "done"}) == strings{"save 1", "flush", "done 130"});
+    CATCH_CHECK(logged("the checkpoint of round 1 stays the newest"));
+  }
 
-CATCH_TEST_CASE_METHOD(coordinator_fixture, "two failed checkpoint writes in a row end the run with done 3",
-                       "[integration][coordinator]") {
-  cfg.train.rounds = 4;
-  w->save_error = [](uint64_t round, int) {
-    return round <= 2 ? make_error(errc::io_error, "No space left on device") : caf::error{};
-  };
-  launch();
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{3});
-  CATCH_CHECK(seen({"save"}) == strings{"save 1", "save 2"});
-  CATCH_CHECK(saved_rounds().empty());
-  CATCH_CHECK(logged("stopping after 2 failed checkpoint writes in a row"));
-  CATCH_CHECK(phases().substr(phases().size() - 7) == " failed");
-  CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2", "w0 run 3"});
-}
+  CATCH_SECTION(
+      "a stop during the outer step finishes the round, saves its boundary and ends with done 130") {
+    cfg.train.rounds = 3;
+    CATCH_CHECK(stop_while_held("outer", 2, [this] { return outer; }) ==
+                "idle inner reducing outer_step saving inner reducing outer_step");
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() ==
+                "idle inner reducing outer_step saving inner reducing outer_step saving stopping done");
+    CATCH_CHECK(saved_rounds().back() == 2);
+    CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2"});
+  }
 
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "one failed checkpoint write followed by a good one lets the run go on to done 0",
-                       "[integration][coordinator]") {
-  cfg.train.rounds = 3;
-  w->save_error = [](uint64_t round, int) {
-    return round == 1 ? make_error(errc::io_error, "No space left on device") : caf::error{};
-  };
-  launch();
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{0});
-  CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{2, 3});
-  CATCH_CHECK(logged("writing works again"));
-}
+  CATCH_SECTION("a stop while saving lets the snapshot go out and ends with done 130 at the round boundary") {
+    cfg.train.rounds = 3;
+    CATCH_CHECK(stop_while_held("outer_state", 1, [this] { return outer; }) ==
+                "idle inner reducing outer_step saving");
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() == "idle inner reducing outer_step saving stopping done");
+    CATCH_CHECK(saved_rounds().back() == 1);
+    CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1"});
+  }
 
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "a checkpointer that refuses a diverged snapshot fails the run with done 1",
-                       "[integration][coordinator]") {
-  cfg.train.rounds = 3;
-  w->save_error = [](uint64_t round, int) {
-    return round == 1 ? make_error(errc::diverged, "theta holds NaN") : caf::error{};
-  };
-  launch();
-  CATCH_INFO(log.str());
-  CATCH_REQUIRE(w->codes == std::vector<int>{1});
-  CATCH_CHECK(saved_rounds().empty());
-  CATCH_CHECK(logged("theta holds NaN"));
-  CATCH_CHECK(seen({"save"}) == strings{"save 1"});
+  CATCH_SECTION("a stop during the last evaluation lets the finished run end with done 0") {
+    CATCH_CHECK(stop_while_held("eval", 0, [this] { return workers.at(0); }) ==
+                "idle inner reducing outer_step saving inner reducing outer_step evaluating");
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{0});
+    CATCH_CHECK(phases() ==
+                "idle inner reducing outer_step saving inner reducing outer_step evaluating saving done");
+    CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1, 2});
+  }
+
+  CATCH_SECTION("a stop while resuming saves the resumed round boundary and ends with done 130") {
+    cfg.train.rounds = 3;
+    w->hold = hold_all("load");
+    launch(resume_snapshot(1));
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(phases() == "idle resuming");
+    stop();
+    for (auto& wk : workers) release(wk, "load");
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() == "idle resuming stopping done");
+    CATCH_CHECK(seen({"outer", "w", "save", "done"}) == strings{"outer load", "w0 load", "w1 load",
+                                                                "outer state", "w0 state", "w1 state",
+                                                                "save 1", "done 130"});
+    CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1});
+    CATCH_CHECK(w->saved[0].step == 4);
+    CATCH_CHECK(w->saved[0].theta[0].item<float>() == Approx(-0.15));
+  }
 }
 
 CATCH_TEST_CASE_METHOD(
     coordinator_fixture,
-    "a move the state machine forbids (a second start while inner) fails the run with done "
-    "1 naming both phases",
+    "lost peers, failed checkpoint writes and diverged snapshots end the run with their exit codes",
     "[integration][coordinator]") {
+  CATCH_SECTION(
+      "a lost ring peer without a stop fails the run with done 1 when the 600 ms grace ends in virtual "
+      "time") {
+    w->reduce_error = [](uint64_t round) {
+      return round == 2 ? make_error(errc::peer_lost, "node b lost") : caf::error{};
+    };
+    launch();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(phases() == "idle inner reducing outer_step saving inner reducing");
+    sched.advance_time(std::chrono::milliseconds(599));
+    settle();
+    CATCH_CHECK(w->codes.empty());
+    sched.advance_time(std::chrono::milliseconds(1));
+    settle();
+    CATCH_REQUIRE(w->codes == std::vector<int>{1});
+    CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing failed");
+    CATCH_CHECK(logged("training failed in phase reducing"));
+    CATCH_CHECK(logged("node b lost"));
+    CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});
+    stop();  // too late: the run has ended
+    CATCH_CHECK(w->codes.size() == 1);
+  }
+
+  CATCH_SECTION("a lost ring peer followed by a stop within the grace period ends as a stop with done 130") {
+    w->reduce_error = [](uint64_t round) {
+      return round == 2 ? make_error(errc::peer_lost, "node b lost") : caf::error{};
+    };
+    launch();
+    CATCH_INFO(log.str());
+    sched.advance_time(std::chrono::milliseconds(300));
+    settle();
+    stop();
+    CATCH_CHECK(w->codes.empty());  // decided when the grace period ends
+    sched.advance_time(std::chrono::milliseconds(300));
+    settle();
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner reducing stopping done");
+    CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});  // no snapshot of round 2 exists
+  }
+
+  CATCH_SECTION("two failed checkpoint writes in a row end the run with done 3") {
+    cfg.train.rounds = 4;
+    w->save_error = [](uint64_t round, int) {
+      return round <= 2 ? make_error(errc::io_error, "No space left on device") : caf::error{};
+    };
+    launch();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{3});
+    CATCH_CHECK(seen({"save"}) == strings{"save 1", "save 2"});
+    CATCH_CHECK(saved_rounds().empty());
+    CATCH_CHECK(logged("stopping after 2 failed checkpoint writes in a row"));
+    CATCH_CHECK(phases().substr(phases().size() - 7) == " failed");
+    CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2", "w0 run 3"});
+  }
+
+  CATCH_SECTION("one failed checkpoint write followed by a good one lets the run go on to done 0") {
+    cfg.train.rounds = 3;
+    w->save_error = [](uint64_t round, int) {
+      return round == 1 ? make_error(errc::io_error, "No space left on device") : caf::error{};
+    };
+    launch();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{0});
+    CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{2, 3});
+    CATCH_CHECK(logged("writing works again"));
+  }
+
+  CATCH_SECTION("a checkpointer that refuses a diverged snapshot fails the run with done 1") {
+    cfg.train.rounds = 3;
+    w->save_error = [](uint64_t round, int) {
+      return round == 1 ? make_error(errc::diverged, "theta holds NaN") : caf::error{};
+    };
+    launch();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{1});
+    CATCH_CHECK(saved_rounds().empty());
+    CATCH_CHECK(logged("theta holds NaN"));
+    CATCH_CHECK(seen({"save"}) == strings{"save 1"});
+  }
+}
+
+CATCH_TEST_CASE_METHOD(coordinator_fixture,
+                       "a move the state machine forbids (a second start while inner) fails the run with "
+                       "done 1 naming both phases",
+                       "[integration][coordinator]") {
   w->hold = hold_all("run", 1);
   launch();
   CATCH_INFO(log.str());
@@ -711,10 +722,10 @@ CATCH_TEST_CASE_METHOD(
 // Known to fail: set_phase refuses the move quietly, but its callers ignore the refusal and go on (here: an
 // outer step and a snapshot after the run failed; likewise a second (start) has the workers run round 1
 // again). Remove [!shouldfail] once the coordinator stops at a refused move.
-CATCH_TEST_CASE_METHOD(coordinator_fixture,
-                       "after a failure a late average is refused quietly and nothing more is asked of the "
-                       "peers",
-                       "[integration][coordinator][!shouldfail]") {
+CATCH_TEST_CASE_METHOD(
+    coordinator_fixture,
+    "after a failure a late average is refused quietly and nothing more is asked of the peers",
+    "[integration][coordinator][!shouldfail]") {
   w->hold = hold_first("reduce", 1);
   launch();
   CATCH_INFO(log.str());
