@@ -1141,7 +1141,9 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
   s.worker_tokens.assign(static_cast<size_t>(ctx->n_workers()), 0);
   s.request_timeout = seconds(ctx->cfg.runtime.request_timeout_s);
   for (int64_t r = 0; r < ctx->n_workers(); ++r)
-    s.workers.push_back(spawn_worker(self->system(), ctx, r, caf::actor_cast<caf::actor>(self)));
+    s.workers.push_back(s.peers.worker_factory
+                            ? s.peers.worker_factory(self->system(), r, caf::actor_cast<caf::actor>(self))
+                            : spawn_worker(self->system(), ctx, r, caf::actor_cast<caf::actor>(self)));
   if (!trace_path.empty()) s.trace.open(trace_path, std::ios::app);
   self->set_down_handler([=](caf::down_msg& dm) {
     fail(self, make_error(errc::peer_lost, "an actor went down: " + caf::to_string(dm.reason)));

@@ -2,7 +2,10 @@
 // The coordinator actor: owns the outer-round state machine (see ARCHITECTURE.md) and drives workers,
 // communicator, outer optimizer, checkpointer and metrics sink by message.
 #include <caf/actor.hpp>
+#include <caf/fwd.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +21,9 @@ namespace longwave::actors {
 struct coordinator_peers {
   caf::actor communicator, outer, checkpointer, metrics;
   caf::actor evaluator;  ///< [eval] async: evaluations off the training path; null: worker 0 evaluates
+  /// Tests only: spawns worker `rank` (reporting to `coordinator`) instead of spawn_worker, e.g. a fake that
+  /// answers (run, ...) with a set pseudo-gradient. Empty: the real worker.
+  std::function<caf::actor(caf::actor_system&, int64_t rank, caf::actor coordinator)> worker_factory;
 };
 
 /// Spawns the coordinator and its workers. `resume` is installed before the first round.
