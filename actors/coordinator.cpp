@@ -81,7 +81,8 @@ struct coordinator_state {
   std::string newest_on_disk;
   int64_t failed_writes = 0;
   std::string write_error;
-  bool has_residuals = false;  // cluster with error feedback: snapshots hold the communicator's residuals
+  uint64_t boundary_saved = 0;  // the last round whose boundary snapshot the round tail saved
+  bool has_residuals = false;   // cluster with error feedback: snapshots hold the communicator's residuals
   // Snapshots waiting for their residuals, and what waits for them to reach the checkpointer (a flush must
   // not overtake a save).
   int64_t residual_waits = 0;
@@ -412,12 +413,16 @@ void flush_then(self_ptr self, std::function<void()> then) {
 }
 
 void stop_now(self_ptr self, bool boundary) {
-  set_phase(self, phase::stopping);
-  spdlog::info("stopping: saving a checkpoint of round {} ({})", self->state.round,
+  if (!set_phase(self, phase::stopping)) return;
+  // The round tail already saved this boundary (a stop during the outer step or the save): wait for that
+  // write instead of writing the same checkpoint again. Not under delayed/eager, whose boundary save may
+  // still wait for its pending average (a flush now could overtake it).
+  const auto& s = self->state;
+  const bool saved = boundary && !s.one_late && s.round > 0 && s.boundary_saved == s.round;
+  spdlog::info("stopping: {} checkpoint of round {} ({})", saved ? "waiting for the" : "saving a", s.round,
                boundary ? "round boundary" : "mid-round");
-  auto save_and_exit = [=](train_snapshot snap) {
-    const auto step = snap.step;
-    save(self, std::move(snap), [=] {
+  auto exit_after = [=](uint64_t step) {
+    return [=] {
       flush_then(self, [=] {
         if (self->state.ph == phase::failed) return;
         if (self->state.failed_writes > 0)
@@ -425,10 +430,15 @@ void stop_now(self_ptr self, bool boundary) {
                                                 "be written",
                                                 step));
         spdlog::info("stopped at inner step {}; run the same command again to resume", step);
-        set_phase(self, phase::done);
+        if (!set_phase(self, phase::done)) return;
         notify_main(self, 130);
       });
-    });
+    };
+  };
+  if (saved) return exit_after(static_cast<uint64_t>(s.last_step))();
+  auto save_and_exit = [=](train_snapshot snap) {
+    const auto step = snap.step;
+    save(self, std::move(snap), exit_after(step));
   };
   // ddp and streaming stop between two steps or segments, where every replica is at the same step.
   if (boundary || self->state.ctx->cfg.run.mode == config::run_mode::ddp || self->state.streaming)
@@ -465,7 +475,7 @@ void stop_in_allreduce(self_ptr self, uint64_t round) {
       "resume redoes round {})",
       round, round - 1, round);
   flush_then(self, [=] {
-    set_phase(self, phase::done);
+    if (!set_phase(self, phase::done)) return;
     notify_main(self, 130);
   });
 }
@@ -546,7 +556,7 @@ void finish(self_ptr self) {
       return fail_unsaved(self, fmt::format("training finished, but the checkpoint of round {} could not be "
                                             "written",
                                             s.round));
-    set_phase(self, phase::done);
+    if (!set_phase(self, phase::done)) return;
     notify_main(self, 0);
   });
   (void)s;
@@ -564,7 +574,8 @@ void save_then_continue(self_ptr self) {
       begin_round(self);
   };
   if (!due) return next();
-  set_phase(self, phase::saving);
+  if (!set_phase(self, phase::saving)) return;
+  s.boundary_saved = s.round;
   // Saving is asynchronous: the snapshot is a set of clones, and training continues while it is written.
   take_snapshot(self, /*boundary=*/true, [=](train_snapshot snap) {
     save(self, std::move(snap), {});
@@ -689,7 +700,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
             });
     return save_then_continue(self);
   }
-  set_phase(self, phase::evaluating);
+  if (!set_phase(self, phase::evaluating)) return;
   const auto t0 = clock::now();
   const auto& by = s.peers.evaluator ? s.peers.evaluator : s.workers[0];
   self->request(by, s.round_timeout, eval_atom_v, theta, cfg.eval.batches)
@@ -745,7 +756,7 @@ void when_average(self_ptr self, ring_label key, std::function<void(at::Tensor)>
 /// average of r-1 and its own fresh pseudo-gradient); avg_prev is undefined when there is no earlier average.
 void one_late_step(self_ptr self, uint64_t r, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {
   auto& s = self->state;
-  set_phase(self, phase::outer_step);
+  if (!set_phase(self, phase::outer_step)) return;
   if (s.eager)
     return self->request(s.peers.outer, s.request_timeout, eager_atom_v, r, avg_prev, std::move(deltas))
         .then([=](std::vector<at::Tensor>& thetas) { after_round(self, thetas[0]); },
@@ -770,7 +781,7 @@ void one_late_round_end(self_ptr self, uint64_t r, std::vector<at::Tensor> parts
                  s.eager ? " (each worker steps with its own pseudo-gradient / M)" : "");
     return one_late_step(self, r, at::Tensor(), std::move(parts));
   }
-  set_phase(self, phase::reducing);
+  if (!set_phase(self, phase::reducing)) return;
   when_average(self, prev, [=](at::Tensor avg) {
     auto& s = self->state;
     if (s.ph != phase::reducing) return;  // stopped meanwhile
@@ -848,12 +859,12 @@ void streaming_sync(self_ptr self, uint32_t j) {
   auto& s = self->state;
   const uint64_t round = s.round + 1;
   const auto p = static_cast<uint32_t>(s.ctx->fragments.size());
-  set_phase(self, phase::reducing);
+  if (!set_phase(self, phase::reducing)) return;
   when_average(self, {round, j}, [=](at::Tensor avg) {
     auto& s = self->state;
     if (s.ph != phase::reducing) return;
     s.reduces.take({round, j});
-    set_phase(self, phase::outer_step);
+    if (!set_phase(self, phase::outer_step)) return;
     self->request(s.peers.outer, s.request_timeout, outer_atom_v, round, j, avg)
         .then(
             [=](at::Tensor& theta) {
@@ -861,7 +872,7 @@ void streaming_sync(self_ptr self, uint32_t j) {
                   self, self->state.request_timeout,
                   [=](std::vector<bool>) {
                     if (j == p) return after_round(self, theta);  // the round's last event
-                    set_phase(self, phase::inner);
+                    if (!set_phase(self, phase::inner)) return;
                     streaming_segment(self);
                   },
                   mix_atom_v, theta, j % p, self->state.ctx->cfg.diloco.alpha);
@@ -951,13 +962,13 @@ void diloco_round(self_ptr self, std::vector<at::Tensor> thetas) {
         std::vector<at::Tensor> parts;
         for (auto& r : results) parts.push_back(std::move(r.delta));
         if (s.one_late) return one_late_round_end(self, round, std::move(parts));
-        set_phase(self, phase::reducing);
+        if (!set_phase(self, phase::reducing)) return;
         // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
         // communicator that never answers.
         self->request(s.peers.communicator, s.round_timeout, reduce_atom_v, round, std::move(parts))
             .then(
                 [=](at::Tensor& avg) {
-                  set_phase(self, phase::outer_step);
+                  if (!set_phase(self, phase::outer_step)) return;
                   self->request(self->state.peers.outer, self->state.request_timeout, outer_atom_v, round,
                                 avg)
                       .then([=](at::Tensor& new_theta) { after_round(self, new_theta); },
@@ -984,7 +995,7 @@ void ddp_finish_round(self_ptr self) {
                 .then(
                     [=](bool) {
                       self->state.ddp_step_in_round = 0;
-                      set_phase(self, phase::outer_step);
+                      if (!set_phase(self, phase::outer_step)) return;
                       after_round(self, r.master);
                     },
                     [=](caf::error& e) { fail(self, e); });
@@ -1035,7 +1046,7 @@ void ddp_step(self_ptr self) {
 void begin_round(self_ptr self) {
   auto& s = self->state;
   if (s.stop_requested) return stop_now(self, /*boundary=*/!(s.streaming && s.stream_pos != 0));
-  set_phase(self, phase::inner);
+  if (!set_phase(self, phase::inner)) return;
   if (s.ctx->cfg.run.mode == config::run_mode::ddp) return ddp_step(self);
   if (s.streaming) return streaming_segment(self);
   self->request(s.peers.outer, s.request_timeout, theta_atom_v, s.ctx->n_workers())
@@ -1045,7 +1056,7 @@ void begin_round(self_ptr self) {
 
 void install_resume(self_ptr self) {
   auto& s = self->state;
-  set_phase(self, phase::resuming);
+  if (!set_phase(self, phase::resuming)) return;
   auto snap = std::move(*s.resume);
   s.resume.reset();
   s.round = snap.round;
@@ -1199,8 +1210,8 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
         auto& s = self->state;
         if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
         if (s.ph == phase::idle) {
-          set_phase(self, phase::stopping);
-          set_phase(self, phase::done);
+          if (!set_phase(self, phase::stopping)) return;
+          if (!set_phase(self, phase::done)) return;
           return notify_main(self, 130);
         }
         // DiLoCo mid-round: workers answer (state) between two inner steps, so stop at once.
