@@ -25,8 +25,8 @@ class outer_sgd {
   double lr_, mu_;
   bool nesterov_;
   at::Tensor b_;    // undefined until the first step, as in torch
-  at::Tensor dir_;  // Nesterov's direction, kept between steps: a fresh model-sized tensor per step costs a
-                    // page fault per 4 KiB (bench/RESULTS.md, session 7)
+  at::Tensor dir_;  // Nesterov's direction, kept between steps: a fresh model-sized tensor per step would
+                    // fault in every page again
 };
 
 }  // namespace longwave::models
