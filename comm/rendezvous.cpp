@@ -14,6 +14,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "comm/zmq_monitor.hpp"
+
 namespace longwave::comm {
 
 namespace {
@@ -476,14 +478,8 @@ control_client::~control_client() {
 
 void control_client::drain_monitor(std::vector<control_event>& out) {
   if (!monitor_) return;
-  for (;;) {
-    zmq::message_t event;
-    if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
-    zmq::message_t address;
-    if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
-    if (event.size() < 6) continue;
-    uint16_t id = 0;
-    std::memcpy(&id, event.data(), sizeof id);
+  while (const auto e = next_monitor_event(*monitor_)) {
+    const auto id = e->id;
     if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
       connected_ = true;
       if (ever_connected_) out.push_back({control_event::kind::connection_back, errc::none, endpoint_});

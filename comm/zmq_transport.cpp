@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "comm/zmq_monitor.hpp"
 #include "runtime/errors.hpp"
 
 namespace longwave::comm {
@@ -174,20 +175,13 @@ void zmq_transport::wait(bool want_send, bool want_recv, std::chrono::steady_clo
 
 void zmq_transport::drain_monitor() {
   if (!monitor_) return;
-  for (;;) {
-    zmq::message_t event;
-    if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
-    zmq::message_t address;
-    if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
-    if (event.size() < 6) continue;
-    uint16_t id = 0;
-    std::memcpy(&id, event.data(), sizeof id);
-    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+  while (const auto e = next_monitor_event(*monitor_)) {
+    if (e->id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       connected_ = true;
       lost_.reset();
-    } else if (id == ZMQ_EVENT_DISCONNECTED && connected_) {
+    } else if (e->id == ZMQ_EVENT_DISCONNECTED && connected_) {
       connected_ = false;
-      if (!lost_) lost_ = fmt::format("connection to {} lost", address.to_string());
+      if (!lost_) lost_ = fmt::format("connection to {} lost", e->address);
     }
   }
 }
