@@ -30,7 +30,7 @@ std::chrono::milliseconds to_ms(double seconds) {
 /// and a coordinator that went away is said once, then reminded of every minute.
 class coordinator_watch {
  public:
-  void on_tick(comm::control_client& control, comm::ring_allreduce& ring, const std::string& name,
+  void on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
                std::chrono::steady_clock::time_point now) {
     using kind = comm::control_event::kind;
     for (const auto& ev : control.poll()) {
@@ -191,7 +191,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   role.ring.on_stall = [name = me.name](const std::string& line) { spdlog::warn("node {}: {}", name, line); };
   auto last_beat = std::chrono::steady_clock::now();
   coordinator_watch watch;
-  role.tick = [&](comm::ring_allreduce& ring) {
+  role.tick = [&](comm::collective& ring) {
     const auto now = std::chrono::steady_clock::now();
     watch.on_tick(*control, ring, me.name, now);
     if (now - last_beat < std::chrono::seconds(2)) return;

@@ -1,4 +1,4 @@
-// Communicator: local mean of the workers' tensors, then (in a cluster) the ring all-reduce across nodes.
+// Communicator: local mean of the workers' tensors, then (in a cluster) the collective across nodes.
 #include "actors/communicator.hpp"
 
 #include <ATen/ATen.h>
@@ -7,8 +7,8 @@
 #include <map>
 #include <vector>
 
+#include "comm/collective.hpp"
 #include "comm/error_feedback.hpp"
-#include "comm/ring_allreduce.hpp"
 #include "runtime/caf_errors.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/json_line.hpp"
@@ -26,19 +26,19 @@ struct comm_state {
   // Error-feedback residuals, one per fragment (streaming syncs fragments of different sizes); created on
   // first use.
   std::map<uint32_t, std::unique_ptr<comm::error_feedback>> residuals;
-  uint64_t sent = 0, received = 0;    // ring counters already reported
-  double encode_s = 0, decode_s = 0;  // ring codec times already reported
+  uint64_t sent = 0, received = 0;    // collective counters already reported
+  double encode_s = 0, decode_s = 0;  // collective codec times already reported
 };
 
-/// Quantizes x in place chunk by chunk, as the ring will, carrying what is lost into the next round.
+/// Quantizes x in place chunk by chunk, as the collective will, carrying what is lost into the next round.
 void apply_error_feedback(comm_state& s, uint32_t fragment, float* x, size_t n) {
   auto& residual = s.residuals[fragment];
   if (!residual || residual->size() != n) residual = std::make_unique<comm::error_feedback>(n);
-  const size_t chunk = std::max<size_t>(1, s.opts.ring->chunk_elements());
+  const size_t chunk = std::max<size_t>(1, s.opts.collective->chunk_elements());
   std::vector<std::byte> wire;
   std::vector<float> back;
-  for (size_t off = 0; off < n; off += chunk) {
-    const size_t m = std::min(chunk, n - off);
+  for (size_t off = 0, m = 0; off < n; off += m) {  // chunk may be SIZE_MAX: one piece
+    m = std::min(chunk, n - off);
     residual->add_residual(x + off, m, off);
     wire.resize(comm::encoded_size(s.opts.dtype, m, s.opts.codec));
     comm::encode(s.opts.dtype, x + off, m, wire.data(), s.opts.codec);
@@ -58,9 +58,9 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, uint32_
   self->send(m, observe_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
   uint64_t sent = 0, received = 0;
   double ratio = 1.0;
-  if (s.opts.ring) {
-    sent = s.opts.ring->bytes_sent() - s.sent;
-    received = s.opts.ring->bytes_received() - s.received;
+  if (s.opts.collective) {
+    sent = s.opts.collective->bytes_sent() - s.sent;
+    received = s.opts.collective->bytes_received() - s.received;
     s.sent += sent;
     s.received += received;
     self->send(m, count_atom_v, std::string("longwave_comm_bytes_sent_total"), "peer=" + s.opts.next_peer,
@@ -69,7 +69,7 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, uint32_
                static_cast<double>(received));
     const auto wire = comm::encoded_size(dtype, n, s.opts.codec);
     if (wire > 0) ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire);
-    const double enc = s.opts.ring->encode_seconds(), dec = s.opts.ring->decode_seconds();
+    const double enc = s.opts.collective->encode_seconds(), dec = s.opts.collective->decode_seconds();
     self->send(m, count_atom_v, std::string("longwave_codec_encode_seconds_total"), std::string(),
                enc - s.encode_s);
     self->send(m, count_atom_v, std::string("longwave_codec_decode_seconds_total"), std::string(),
@@ -119,13 +119,13 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
                                   "diverged (lower train.lr, outer.lr or train.weight_decay); the "
                                   "checkpoints of earlier rounds are kept",
                                   round));
-  if (s.opts.ring) {
+  if (s.opts.collective) {
     float* data = sum.data_ptr<float>();
     if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32)
       apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
     try {
-      s.opts.ring->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()), fragment,
-                             dtype);
+      s.opts.collective->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()),
+                                   fragment, dtype);
     } catch (const lw_error& e) {
       if (s.opts.metrics)
         self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
@@ -134,9 +134,9 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
     }
   }
   const double secs = seconds_since(t0);
-  if (s.opts.ring)
+  if (s.opts.collective)
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
-                  s.opts.ring->bytes_sent() - s.sent);
+                  s.opts.collective->bytes_sent() - s.sent);
   report(self, s, round, fragment, static_cast<size_t>(n), secs, dtype);
   return sum;
 }

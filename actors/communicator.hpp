@@ -1,7 +1,8 @@
 #pragma once
 // The communicator actor: averages pseudo-gradients (or, in ddp mode, gradients). It first averages the
-// local workers' tensors in-process (fp32, rank order); in a cluster it then takes part once in the ring
-// all-reduce across nodes, weighted by its worker count, so every node gets the mean over all workers.
+// local workers' tensors in-process (fp32, rank order); in a cluster it then takes part once in the
+// all-reduce across nodes (comm.backend: the ring or NCCL), weighted by its worker count, so every node gets
+// the mean over all workers.
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
@@ -11,17 +12,18 @@
 #include "comm/codec.hpp"
 
 namespace longwave::comm {
-class ring_allreduce;
+class collective;
 }
 
 namespace longwave::actors {
 
 /// What the communicator needs beyond the local mean.
 struct communicator_options {
-  /// The ring across nodes; null when this process is the whole run.
-  std::shared_ptr<comm::ring_allreduce> ring;
-  /// Wire dtype and codec of the ring (both ends must agree), and whether this node carries its quantization
-  /// residual into the next round (only for lossy dtypes).
+  /// The all-reduce across nodes (comm/collective.hpp: the ring or NCCL); null when this process is the whole
+  /// run.
+  std::shared_ptr<comm::collective> collective;
+  /// Wire dtype and codec of the collective (every node must agree), and whether this node carries its
+  /// quantization residual into the next round (only for lossy dtypes).
   comm::wire_dtype dtype = comm::wire_dtype::fp32;
   comm::codec_options codec{};
   bool error_feedback = false;

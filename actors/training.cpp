@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "actors/checkpointer.hpp"
+#include "actors/collective_factory.hpp"
 #include "actors/communicator.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/evaluator.hpp"
@@ -328,24 +329,23 @@ caf::actor spawn_metrics(caf::actor_system& sys, const config::train_config& cfg
   return metrics;
 }
 
-/// The communicator's options: the local mean alone, or (a cluster node) the ring across nodes.
+/// The communicator's options: the local mean alone, or (a cluster node) comm.backend across nodes.
 communicator_options communicator_options_for(const config::train_config& cfg, const cluster_role* role,
                                               const caf::actor& metrics) {
   communicator_options o;
   o.metrics = metrics;
   o.log_events = cfg.run.mode != config::run_mode::ddp;
   if (!role) return o;
-  o.ring = std::make_shared<comm::ring_allreduce>(role->rank, role->endpoints, role->ring,
-                                                  rejection_logger(metrics));
+  o.collective = make_collective(cfg, *role, rejection_logger(metrics));
   o.dtype = role->ring.dtype;
   o.codec = role->ring.codec;
   o.error_feedback = cfg.comm.error_feedback;
   const auto world = role->names.size();
   o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
   o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
-  spdlog::info("ring: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", role->rank, world,
-               role->endpoints[static_cast<size_t>(role->rank)], o.next_peer, cfg.comm.dtype,
-               cfg.comm.error_feedback ? ", error feedback" : "");
+  spdlog::info("{}: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", cfg.comm.backend,
+               role->rank, world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer,
+               cfg.comm.dtype, cfg.comm.error_feedback ? ", error feedback" : "");
   return o;
 }
 
@@ -366,11 +366,11 @@ caf::actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const caf
                                std::move(policy));
 }
 
-/// The running actors of one process, and the ring the main loop may cancel.
+/// The running actors of one process, and the collective the main loop may cancel.
 struct actor_graph {
   caf::actor coordinator;
   coordinator_peers peers;
-  std::shared_ptr<comm::ring_allreduce> ring;
+  std::shared_ptr<comm::collective> collective;
 };
 
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const paths& p,
@@ -378,7 +378,7 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
   actor_graph g;
   g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, role, start.corrupt_checkpoints);
   auto comm_opts = communicator_options_for(ctx->cfg, role, g.peers.metrics);
-  g.ring = comm_opts.ring;
+  g.collective = comm_opts.collective;
   g.peers.communicator =
       opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
   g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics);
@@ -407,7 +407,7 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
       self->receive([&](done_atom, int c, double) { code = c, running = false; },
                     caf::after(std::chrono::milliseconds(100)) >>
                         [&] {
-                          if (role && role->tick && g.ring) role->tick(*g.ring);
+                          if (role && role->tick && g.collective) role->tick(*g.collective);
                           const int n = g_signals.load();
                           if (n >= 2) {
                             spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
@@ -419,7 +419,7 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
                                 "again to abort)");
                             self->send(g.coordinator, stop_atom_v);
                             // A running cluster all-reduce ends now instead of at its deadline.
-                            if (g.ring) g.ring->cancel();
+                            if (g.collective) g.collective->cancel();
                             stop_sent = true;
                           }
                         });
@@ -441,6 +441,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   const auto spec = model_spec_of(cfg);
+  check_backend(cfg, role);
   if (opts.dry_run) {
     print_dry_run(cfg, spec);
     return 0;

@@ -10,6 +10,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
 
@@ -35,14 +36,15 @@ struct cluster_role {
   std::vector<std::string> names;      ///< node name of every rank
   int64_t rank_offset = 0;             ///< global rank of this node's first worker
   int64_t cluster_workers = 0;         ///< workers of the whole cluster
-  comm::ring_options ring;
-  /// Called from the main thread about every 100 ms with the node's ring (heartbeats with its completed
-  /// round, the coordinator's verdicts).
-  std::function<void(comm::ring_allreduce&)> tick;
+  comm::ring_options ring;             ///< the ring's settings; the NCCL backend takes its dtype and timeouts
+  /// Called from the main thread about every 100 ms with the node's collective (heartbeats with its
+  /// completed round, the coordinator's verdicts).
+  std::function<void(comm::collective&)> tick;
 };
 
-/// Exit codes: 0 done, 1 runtime failure, 2 bad config or input, 130 stopped by a signal. With a role, the
-/// communicator averages across the cluster's ring.
+/// Exit codes: 0 done, 1 runtime failure, 2 bad config or input (comm.backend = "nccl" where this binary or
+/// machine cannot run it included), 130 stopped by a signal. With a role, the communicator averages across
+/// the cluster with comm.backend.
 int run_training(const config::train_config& cfg, const run_options& opts,
                  const cluster_role* role = nullptr);
 

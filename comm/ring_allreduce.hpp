@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/codec.hpp"
+#include "comm/collective.hpp"
 #include "comm/frame.hpp"
 
 namespace longwave::comm {
@@ -48,9 +49,9 @@ struct ring_options {
   std::function<void(const std::string&)> on_stall;
 };
 
-/// One member of a ring of world ranks. Owns a zmq_transport (one I/O thread, all the sockets); allreduce
-/// runs on that thread while the caller waits. Not copyable; calls are serialized.
-class ring_allreduce {
+/// One member of a ring of world ranks, the "ring" comm.backend. Owns a zmq_transport (one I/O thread, all
+/// the sockets); allreduce runs on that thread while the caller waits. Not copyable; calls are serialized.
+class ring_allreduce final : public collective {
  public:
   /// Called on the I/O thread for each dropped frame with the sending address (and the rank it claims, if
   /// any) and "<reject_reason>: <detail>". Must not block or call back into the ring.
@@ -65,7 +66,7 @@ class ring_allreduce {
 
   /// Stops the I/O thread after the running call, then closes the sockets: frames still queued for the next
   /// rank get up to `timeout` to leave (none after a failed call).
-  ~ring_allreduce();
+  ~ring_allreduce() override;
 
   ring_allreduce(const ring_allreduce&) = delete;
   ring_allreduce& operator=(const ring_allreduce&) = delete;
@@ -88,34 +89,35 @@ class ring_allreduce {
   /// every rank unrounded on an int8 ring); every rank must pass the same, or the frames are rejected as
   /// bad_dtype and the call misses its deadline.
   void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
-                 std::optional<wire_dtype> dtype = std::nullopt);
+                 std::optional<wire_dtype> dtype = std::nullopt) override;
 
   /// Makes the running call (within about 50 ms) and every later one throw errc::cancelled: for a node that
   /// is stopping. Any thread.
-  void cancel();
+  void cancel() override;
 
   /// The coordinator declared a node lost (`verdict` names it). A call that has had no progress for
   /// stall_report_after, now or later, throws errc::peer_lost with the verdict instead of waiting out
   /// `timeout`. A call that completes withdraws it (every rank took part), and so does an empty verdict (the
   /// node is back). Any thread.
-  void peer_declared_lost(const std::string& verdict);
+  void peer_declared_lost(const std::string& verdict) override;
 
   /// The round of the last call that completed (0 before any). Any thread.
-  uint64_t completed_round() const;
+  uint64_t completed_round() const override;
   /// Frames dropped by validation since construction.
   uint64_t rejected_frames() const;
   /// Bytes of all frames handed to ZeroMQ for the next rank.
-  uint64_t bytes_sent() const;
+  uint64_t bytes_sent() const override;
   /// Bytes of all frames read from the listening socket, rejected ones included.
-  uint64_t bytes_received() const;
+  uint64_t bytes_received() const override;
   /// Seconds spent encoding chunks, and decoding (or decode-accumulating) received ones, since construction.
-  double encode_seconds() const;
-  double decode_seconds() const;
+  double encode_seconds() const override;
+  double decode_seconds() const override;
 
-  int rank() const { return rank_; }
-  int world_size() const { return static_cast<int>(endpoints_.size()); }
+  int rank() const override { return rank_; }
+  int world_size() const override { return static_cast<int>(endpoints_.size()); }
+  const char* backend_name() const override { return "ring"; }
   /// Values per chunk (chunk_bytes / encoded bytes per value, at least 1).
-  size_t chunk_elements() const { return chunk_elements_; }
+  size_t chunk_elements() const override { return chunk_elements_; }
 
  private:
   struct held_frame;

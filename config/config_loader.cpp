@@ -614,6 +614,11 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                                      "(this host only) or \"0.0.0.0\" (every interface)",
                                      cfg.metrics.address));
   }
+  if (cfg.comm.backend == comm_backend::nccl && cfg.comm.dtype == wire_dtype::int8) {
+    throw config_error("comm.dtype",
+                       "comm.dtype = \"int8\": comm.backend = \"nccl\" reduces fp32, fp16 and bf16 only; use "
+                       "comm.dtype = \"fp32\", \"fp16\" or \"bf16\", or comm.backend = \"ring\"");
+  }
   if (cfg.run.mode != run_mode::diloco && cfg.diloco.outer != outer_policy_kind::sync) {
     throw config_error(
         "diloco.outer",

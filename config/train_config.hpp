@@ -90,6 +90,16 @@ struct enum_names<wire_dtype> {
   static constexpr std::array<const char*, 4> names{"fp32", "fp16", "bf16", "int8"};
 };
 
+/// comm.backend: which collective averages across nodes (comm/collective.hpp).
+enum class comm_backend : uint8_t {
+  ring,  ///< the ZeroMQ ring all-reduce on the host (every dtype, bit-identical results on every node)
+  nccl,  ///< NCCL on each node's GPU (fp32, fp16, bf16); only in a build with LONGWAVE_WITH_NCCL
+};
+template <>
+struct enum_names<comm_backend> {
+  static constexpr std::array<const char*, 2> names{"ring", "nccl"};
+};
+
 /// The TOML name of a config enum value, e.g. to_string(run_mode::ddp) is "ddp"; "invalid" for a number
 /// outside the enum.
 template <class E, class = std::enable_if_t<is_config_enum_v<E>>>
@@ -202,6 +212,7 @@ struct comm_section {
   bool error_feedback = false;  ///< carry this node's quantization residual into the next round
   int64_t chunk_kib = 1024;     ///< payload of one ring chunk (pipelining granularity), KiB
   double timeout_s = 300;       ///< an all-reduce fails after this long without progress
+  comm_backend backend = comm_backend::ring;  ///< "ring" | "nccl"
 };
 
 /// [runtime]: actor system and deadlines.

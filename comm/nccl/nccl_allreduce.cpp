@@ -4,8 +4,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "runtime/errors.hpp"
 
@@ -65,7 +67,7 @@ nccl_allreduce::nccl_allreduce(int rank, int world, const std::string& unique_id
 }
 
 nccl_allreduce::~nccl_allreduce() {
-  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (comm_ && !aborted_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));  // an abort freed it already
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
@@ -75,6 +77,51 @@ void nccl_allreduce::average(float* device_data, size_t n) {
                            stream),
              "ncclAllReduce");
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+void nccl_allreduce::abort() {
+  if (aborted_ || !comm_) return;
+  aborted_ = true;
+  ncclCommAbort(static_cast<ncclComm_t>(comm_));
+}
+
+void nccl_allreduce::sum(void* device_data, size_t n, wire_dtype dtype, const std::function<void()>& poll) {
+  if (aborted_) throw lw_error(errc::peer_lost, "nccl: the communicator was aborted by an earlier call");
+  ncclDataType_t type = ncclFloat32;
+  switch (dtype) {
+    case wire_dtype::fp32: type = ncclFloat32; break;
+    case wire_dtype::fp16: type = ncclFloat16; break;
+    case wire_dtype::bf16: type = ncclBfloat16; break;
+    default:
+      throw lw_error(errc::invalid_config,
+                     std::string("nccl: no NCCL type for wire dtype ") + config::to_string(dtype));
+  }
+  auto comm = static_cast<ncclComm_t>(comm_);
+  auto stream = static_cast<cudaStream_t>(stream_);
+  check_nccl(ncclAllReduce(device_data, device_data, n, type, ncclSum, comm, stream), "ncclAllReduce");
+  // Poll instead of cudaStreamSynchronize, so that a deadline, a cancel or a peer's failure can abort the
+  // communicator instead of hanging this thread in NCCL forever.
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) {
+      abort();
+      check_cuda(q, "cudaStreamQuery");
+    }
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess && async != ncclInProgress) {
+      abort();
+      check_nccl(async, "ncclAllReduce (asynchronous error)");
+    }
+    try {
+      if (poll) poll();
+    } catch (...) {
+      abort();
+      throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace longwave::comm

@@ -2,7 +2,10 @@
 // NCCL backend of the pseudo-gradient average for GPU nodes: ncclAllReduce with ncclAvg on device buffers.
 // Built only when CUDA and NCCL are found (LONGWAVE_WITH_NCCL); torch-free.
 #include <cstddef>
+#include <functional>
 #include <string>
+
+#include "comm/codec.hpp"
 
 namespace longwave::comm {
 
@@ -21,10 +24,19 @@ class nccl_allreduce {
   nccl_allreduce& operator=(const nccl_allreduce&) = delete;
   /// In-place average of n fp32 values in device memory across all ranks; returns when the stream is done.
   void average(float* device_data, size_t n);
+  /// In-place sum of n values of `dtype` (fp32, fp16 or bf16: NCCL's float32, float16 and bfloat16) in
+  /// device memory across all ranks. While it waits for the stream it calls `poll` about every millisecond;
+  /// an exception from poll (a deadline, a cancel) aborts the communicator (ncclCommAbort) and is rethrown,
+  /// and so is an NCCL asynchronous error (peer_lost). After an abort every call throws peer_lost.
+  /// int8 throws invalid_config.
+  void sum(void* device_data, size_t n, wire_dtype dtype, const std::function<void()>& poll);
 
  private:
+  void abort();
+
   void* comm_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t
+  bool aborted_ = false;
 };
 
 }  // namespace longwave::comm

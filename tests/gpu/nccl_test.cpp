@@ -1,10 +1,19 @@
-// NCCL backend on a real GPU (label gpu: CI compiles and links this, but runs it only where a GPU exists).
+// NCCL backend on a real GPU, alone and behind comm::collective (label gpu: CI compiles and links this, but
+// runs it only where a GPU exists).
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 
+#include <cstddef>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/codec.hpp"
 #include "comm/nccl/nccl_allreduce.hpp"
+#include "comm/nccl/nccl_collective.hpp"
+#include "runtime/errors.hpp"
 
 using longwave::comm::nccl_allreduce;
 
@@ -23,4 +32,84 @@ CATCH_TEST_CASE("a one-rank NCCL average leaves the device buffer unchanged", "[
   cudaMemcpy(back.data(), dev, back.size() * sizeof(float), cudaMemcpyDeviceToHost);
   cudaFree(dev);
   CATCH_CHECK(back == host);
+}
+
+CATCH_TEST_CASE("the NCCL collective averages host buffers through the collective interface", "[gpu][comm]") {
+  using longwave::errc;
+  using longwave::lw_error;
+  using longwave::comm::wire_dtype;
+  int devices = 0;
+  CATCH_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  CATCH_REQUIRE(devices > 0);
+  CATCH_CHECK(longwave::comm::nccl_collective::device_problem().empty());
+  longwave::comm::nccl_collective_options o;
+  o.dtype = wire_dtype::bf16;
+  auto nccl = std::make_unique<longwave::comm::nccl_collective>(0, 1, nccl_allreduce::unique_id(), o);
+  longwave::comm::collective& c = *nccl;
+  CATCH_CHECK(std::string(c.backend_name()) == "nccl");
+  CATCH_CHECK(c.world_size() == 1);
+
+  // One rank: the weighted mean is the data itself, exact in fp32.
+  std::vector<float> x{1.5f, -2.0f, 3.25f, 1.0f + 1.0f / 1024};
+  auto y = x;
+  c.allreduce(1, y.data(), y.size(), 3.0, 0, wire_dtype::fp32);
+  CATCH_CHECK(y == x);
+  CATCH_CHECK(c.completed_round() == 1);
+  // bf16 (the configured dtype): rounded once, as the codec rounds.
+  y = x;
+  c.allreduce(2, y.data(), y.size(), 1.0, 0);
+  std::vector<std::byte> wire(longwave::comm::encoded_size(wire_dtype::bf16, x.size()));
+  longwave::comm::encode(wire_dtype::bf16, x.data(), x.size(), wire.data());
+  std::vector<float> rounded(x.size());
+  CATCH_REQUIRE(longwave::comm::decode(wire_dtype::bf16, wire.data(), wire.size(), x.size(), rounded.data()));
+  CATCH_CHECK(y == rounded);
+  CATCH_CHECK(c.encode_seconds() >= 0);
+
+  // What it refuses: int8, an older round, and every call after cancel().
+  auto code_of = [&](auto&& call) {
+    try {
+      call();
+    } catch (const lw_error& e) {
+      return e.code();
+    }
+    return errc::none;
+  };
+  CATCH_CHECK(code_of([&] { c.allreduce(3, y.data(), y.size(), 1.0, 0, wire_dtype::int8); }) ==
+              errc::invalid_config);
+  CATCH_CHECK(code_of([&] { c.allreduce(2, y.data(), y.size()); }) == errc::stale_round);
+  c.cancel();
+  CATCH_CHECK(code_of([&] { c.allreduce(9, y.data(), y.size()); }) == errc::cancelled);
+
+  o.dtype = wire_dtype::int8;
+  CATCH_CHECK(code_of([&] { longwave::comm::nccl_collective(0, 1, nccl_allreduce::unique_id(), o); }) ==
+              errc::invalid_config);
+}
+
+CATCH_TEST_CASE("two NCCL ranks on two GPUs get the worker-weighted mean", "[gpu][comm]") {
+  int devices = 0;
+  CATCH_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 2) {
+    std::cout << "LONGWAVE_TEST_SKIPPED: needs 2 GPUs, found " << devices << "\n";
+    return;
+  }
+  const auto id = nccl_allreduce::unique_id();
+  std::vector<std::vector<float>> data{std::vector<float>(1000, 2.0f), std::vector<float>(1000, 5.0f)};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        longwave::comm::nccl_collective_options o;
+        o.device = r;
+        longwave::comm::nccl_collective c(r, 2, id, o);
+        c.allreduce(1, data[r].data(), data[r].size(), r == 0 ? 2.0 : 1.0);  // (2 * 2 + 5) / 3 = 3
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  CATCH_CHECK(errors[0].empty());
+  CATCH_CHECK(errors[1].empty());
+  CATCH_CHECK(data[0] == std::vector<float>(1000, 3.0f));
+  CATCH_CHECK(data[0] == data[1]);
 }

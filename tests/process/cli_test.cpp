@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <iostream>
 #include <new>
 #include <random>
 #include <regex>
@@ -85,6 +86,10 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"[model]\npreset = \"1b\"\nseq_len = 8192\n[train]\nbatch_size = 1048576\n",
        "train.batch_size = 1048576: the memory estimate is",
        {"--dry-run"}},
+      // NCCL reduces no int8, in any build.
+      {"[comm]\nbackend = \"nccl\"\ndtype = \"int8\"\n",
+       "comm.backend = \"nccl\" reduces fp32",
+       {"--dry-run"}},
       {"", "run.out_dir", {"--set", "run.out_dir=" + dir + "/a_file"}},
       {"", "checkpoint.dir", {"--set", "checkpoint.dir=" + dir + "/a_file/checkpoints"}},
   };
@@ -105,6 +110,35 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
   auto [code, out] = run({binary(), "run", dir + "/missing.toml"}, dir + "/missing.log", 60);
   CATCH_CHECK(code == 2);
   CATCH_CHECK(out.find("missing.toml") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("comm.backend = nccl where this binary or machine cannot run it exits 2 saying why",
+                "[process][config]") {
+  const auto dir = scratch_dir("nccl");
+  const auto cfg = quick_config_file(dir);
+  // --dry-run first: a binary with NCCL on a GPU machine accepts it, and then there is nothing to test here.
+  for (const std::string mode : {"--dry-run", "--fresh"}) {
+    auto [code, out] =
+        run({binary(), "run", cfg, "--set", "comm.backend=nccl", mode}, dir + "/nccl.log", 120);
+    CATCH_INFO(mode << ": " << out);
+    if (code == 0 && mode == "--dry-run") {
+      std::cout << "LONGWAVE_TEST_SKIPPED: this binary has NCCL and this machine a GPU\n";
+      std::filesystem::remove_all(dir);
+      return;
+    }
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(count_lines_containing(out, "error") == 1);
+    // Either the build lacks NCCL or the machine lacks a GPU; the line says which, and what to use instead.
+    const bool no_build =
+        out.find("comm.backend = \"nccl\": this binary was built without NCCL (LONGWAVE_WITH_NCCL") !=
+        std::string::npos;
+    const bool no_gpu =
+        out.find("comm.backend = \"nccl\": no usable GPU on this machine") != std::string::npos;
+    CATCH_CHECK((no_build || no_gpu));
+    CATCH_CHECK(out.find("use comm.backend = \"ring\"") != std::string::npos);
+    CATCH_CHECK(!std::filesystem::exists(dir + "/run/checkpoints"));
+  }
   std::filesystem::remove_all(dir);
 }
 

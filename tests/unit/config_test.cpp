@@ -14,6 +14,7 @@
 #include "config/config_loader.hpp"
 
 using Catch::Matchers::Contains;
+using longwave::config::comm_backend;
 using longwave::config::config_error;
 using longwave::config::fragment_layout;
 using longwave::config::load_config_file;
@@ -55,7 +56,8 @@ bool same(const train_config& a, const train_config& b) {
          a.runtime.request_timeout_s == b.runtime.request_timeout_s &&
          a.runtime.log_every_steps == b.runtime.log_every_steps && a.comm.dtype == b.comm.dtype &&
          a.comm.int8_codebook == b.comm.int8_codebook && a.comm.error_feedback == b.comm.error_feedback &&
-         a.comm.chunk_kib == b.comm.chunk_kib && a.comm.timeout_s == b.comm.timeout_s;
+         a.comm.chunk_kib == b.comm.chunk_kib && a.comm.timeout_s == b.comm.timeout_s &&
+         a.comm.backend == b.comm.backend;
 }
 
 /// The config_error that parse_config throws for this input; fails the test if it throws nothing.
@@ -371,6 +373,7 @@ CATCH_TEST_CASE("to_toml writes every section and every field in struct order", 
                                              "error_feedback = false",
                                              "chunk_kib = 1024",
                                              "timeout_s = 300.0",
+                                             "backend = \"ring\"",
                                              "[runtime]",
                                              "round_timeout_s = 3600.0",
                                              "request_timeout_s = 120.0",
@@ -763,6 +766,20 @@ CATCH_TEST_CASE("Streaming needs inner_steps divisible by the fragments and tau 
   CATCH_CHECK(d.key() == "diloco.alpha");
   // The streaming rules apply only to streaming.
   CATCH_CHECK_NOTHROW(parse_config("[train]\ninner_steps = 7\n[diloco]\nouter = \"eager\"\n", {}, ""));
+}
+
+CATCH_TEST_CASE("comm.backend picks ring or nccl, and nccl refuses int8 naming both keys", "[config]") {
+  CATCH_CHECK(parse_config("", {}, "").comm.backend == comm_backend::ring);
+  CATCH_CHECK(parse_config("[comm]\nbackend = \"nccl\"\ndtype = \"bf16\"\n", {}, "").comm.backend ==
+              comm_backend::nccl);
+  CATCH_CHECK(parse_config("", {"comm.backend=nccl"}, "").comm.backend == comm_backend::nccl);
+  CATCH_CHECK_THAT(error_of("[comm]\nbackend = \"gloo\"\n").what(),
+                   Contains("comm.backend = \"gloo\": allowed values are ring, nccl"));
+  const config_error e = error_of("[comm]\nbackend = \"nccl\"\ndtype = \"int8\"\n");
+  CATCH_CHECK(e.key() == "comm.dtype");
+  CATCH_CHECK_THAT(e.what(),
+                   Contains("comm.dtype = \"int8\": comm.backend = \"nccl\" reduces fp32, fp16 and bf16"));
+  CATCH_CHECK_NOTHROW(parse_config("[comm]\nbackend = \"ring\"\ndtype = \"int8\"\n", {}, ""));
 }
 
 CATCH_TEST_CASE("A directory setting that names an existing file is refused at load time", "[config]") {

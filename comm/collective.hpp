@@ -1,0 +1,52 @@
+#pragma once
+// The collective a node's communicator averages through (c10d's Backend, gloo's Pair one level up): the
+// ZeroMQ ring (comm/ring_allreduce.hpp) or NCCL (comm/nccl/nccl_collective.hpp), chosen by comm.backend.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "comm/codec.hpp"
+
+namespace longwave::comm {
+
+/// One rank's handle on a weighted all-reduce across the nodes of a cluster. Calls are serialized; the
+/// counters, cancel() and peer_declared_lost() may be called from any thread.
+class collective {
+ public:
+  virtual ~collective() = default;
+
+  /// Replaces data[0..n) (host memory) on every rank with sum_r(weight_r * data_r) / sum_r(weight_r), in
+  /// place. Every rank passes the same n, round, fragment and dtype; (round, fragment) increases from call to
+  /// call. weight is positive and finite (the node's worker count). dtype, when given, replaces the
+  /// backend's configured wire dtype for this call (fp32 for parameters). Blocks the caller. Throws lw_error
+  /// (deadline_missed, peer_lost, stale_round, invalid_config, cancelled, ...); after a throw data holds
+  /// partial results and the next call must use a later round.
+  virtual void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
+                         std::optional<wire_dtype> dtype = std::nullopt) = 0;
+
+  /// Makes the running call and every later one throw errc::cancelled: for a node that is stopping.
+  virtual void cancel() = 0;
+  /// The coordinator declared a node lost (`verdict` names it; empty: it is back). A call that is stalled
+  /// fails with errc::peer_lost and the verdict instead of waiting out its deadline.
+  virtual void peer_declared_lost(const std::string& verdict) = 0;
+
+  /// The round of the last call that completed (0 before any).
+  virtual uint64_t completed_round() const = 0;
+  /// Bytes this rank sent and received since construction (the backend's own count or estimate).
+  virtual uint64_t bytes_sent() const = 0;
+  virtual uint64_t bytes_received() const = 0;
+  /// Seconds spent encoding to, and decoding from, the wire dtype since construction.
+  virtual double encode_seconds() const = 0;
+  virtual double decode_seconds() const = 0;
+  /// Values the backend encodes together (a chunk shares its int8 scales): error feedback quantizes in
+  /// pieces of this size, as the backend will. At least 1.
+  virtual size_t chunk_elements() const = 0;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// "ring" or "nccl": comm.backend's name for this backend, for log lines.
+  virtual const char* backend_name() const = 0;
+};
+
+}  // namespace longwave::comm

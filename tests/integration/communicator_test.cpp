@@ -1,0 +1,188 @@
+// The communicator through comm::collective: a test double sees exactly what the communicator asks of any
+// backend, and two communicators on a loopback ring average their nodes' contributions by worker count.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/communicator.hpp"
+#include "comm/collective.hpp"
+#include "comm/ring_allreduce.hpp"
+#include "runtime/type_ids.hpp"
+#include "tests/support/process.hpp"
+
+using namespace longwave;
+using comm::wire_dtype;
+
+namespace {
+
+struct lw_config : caf::actor_system_config {
+  lw_config() { add_message_types<caf::id_block::longwave>(); }
+};
+
+/// A collective that records each call and doubles the data (so a test sees its result come back).
+class recording_collective final : public comm::collective {
+ public:
+  explicit recording_collective(size_t chunk = 3) : chunk_(chunk) {}
+
+  struct call {
+    uint64_t round;
+    uint32_t fragment;
+    double weight;
+    std::optional<wire_dtype> dtype;
+    size_t n;
+  };
+
+  void allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
+                 std::optional<wire_dtype> dtype) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    calls_.push_back({round, fragment, weight, dtype, n});
+    for (size_t i = 0; i < n; ++i) data[i] *= 2;
+    bytes_ += 4 * n;
+    completed_ = round;
+  }
+  void cancel() override {}
+  void peer_declared_lost(const std::string&) override {}
+  uint64_t completed_round() const override { return completed_; }
+  uint64_t bytes_sent() const override { return bytes_; }
+  uint64_t bytes_received() const override { return bytes_; }
+  double encode_seconds() const override { return 0; }
+  double decode_seconds() const override { return 0; }
+  size_t chunk_elements() const override { return chunk_; }
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  const char* backend_name() const override { return "recording"; }
+
+  std::vector<call> calls() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return calls_;
+  }
+
+ private:
+  size_t chunk_;
+  mutable std::mutex mu_;
+  std::vector<call> calls_;
+  uint64_t bytes_ = 0, completed_ = 0;
+};
+
+/// The communicator's answer to (reduce, round, fragment, parts, exact).
+at::Tensor reduce(caf::actor_system& sys, const caf::actor& communicator, uint64_t round, uint32_t fragment,
+                  std::vector<at::Tensor> parts, bool exact = false) {
+  caf::scoped_actor self{sys};
+  at::Tensor out;
+  self->request(communicator, std::chrono::seconds(30), runtime::reduce_atom_v, round, fragment,
+                std::move(parts), exact)
+      .receive([&](at::Tensor& t) { out = std::move(t); },
+               [&](caf::error& e) { throw std::runtime_error("reduce failed: " + caf::to_string(e)); });
+  return out;
+}
+
+std::vector<at::Tensor> filled(std::vector<float> values, int64_t n) {
+  std::vector<at::Tensor> parts;
+  for (float v : values) parts.push_back(at::full({n}, v, at::kFloat));
+  return parts;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("The communicator hands any collective the round, fragment, worker weight and wire dtype",
+                "[integration][communicator]") {
+  lw_config cfg;
+  caf::actor_system sys{cfg};
+  auto coll = std::make_shared<recording_collective>();
+  actors::communicator_options o;
+  o.collective = coll;
+  o.dtype = wire_dtype::bf16;
+  auto communicator = actors::spawn_communicator(sys, o);
+
+  // Two workers: local mean 2, then the collective's result (doubled).
+  auto a = reduce(sys, communicator, 1, 0, filled({1, 3}, 5));
+  CATCH_CHECK(at::equal(a, at::full({5}, 4.0f)));
+  // Parameters (exact): fp32 on the wire whatever comm.dtype is.
+  auto b = reduce(sys, communicator, 2, 7, filled({1, 1, 4}, 2), true);
+  CATCH_CHECK(at::equal(b, at::full({2}, 4.0f)));
+  const auto calls = coll->calls();
+  CATCH_REQUIRE(calls.size() == 2);
+  CATCH_CHECK(calls[0].round == 1);
+  CATCH_CHECK(calls[0].fragment == 0);
+  CATCH_CHECK(calls[0].weight == 2.0);
+  CATCH_CHECK(calls[0].dtype == wire_dtype::bf16);
+  CATCH_CHECK(calls[0].n == 5);
+  CATCH_CHECK(calls[1].round == 2);
+  CATCH_CHECK(calls[1].fragment == 7);
+  CATCH_CHECK(calls[1].weight == 3.0);
+  CATCH_CHECK(calls[1].dtype == wire_dtype::fp32);
+  caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
+}
+
+CATCH_TEST_CASE("Error feedback quantizes in the collective's chunks, also when a chunk is the whole buffer",
+                "[integration][communicator]") {
+  lw_config cfg;
+  caf::actor_system sys{cfg};
+  // bf16 keeps 8 significant bits: 1 + 2^-10 is sent as 1 until the carried residual tips it to 1 + 2^-7,
+  // so over the rounds what was sent adds up to what was meant.
+  const float x = 1.0f + 1.0f / 1024;
+  const int rounds = 8;
+  // 3: the ring's int8 chunks (a short last one); SIZE_MAX: NCCL, which has no chunks.
+  for (size_t chunk : {size_t{3}, SIZE_MAX}) {
+    CATCH_INFO("chunk " << chunk);
+    actors::communicator_options o;
+    o.collective = std::make_shared<recording_collective>(chunk);
+    o.dtype = wire_dtype::bf16;
+    o.error_feedback = true;
+    auto communicator = actors::spawn_communicator(sys, o);
+    double sent = 0;
+    for (int r = 1; r <= rounds; ++r) {
+      auto out = reduce(sys, communicator, static_cast<uint64_t>(r), 0, filled({x}, 7)) / 2;  // undo double
+      CATCH_CHECK(at::equal(out, at::full({7}, out[0].item<float>())));
+      sent += out[0].item<float>();
+    }
+    CATCH_CHECK(std::abs(sent - rounds * static_cast<double>(x)) <= 1.0 / 128);
+    CATCH_CHECK(sent != rounds * 1.0);  // without the residual every round would send exactly 1
+    caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
+  }
+}
+
+CATCH_TEST_CASE("Two communicators on a loopback ring get the worker-weighted mean through the interface",
+                "[integration][communicator]") {
+  lw_config cfg;
+  caf::actor_system sys{cfg};
+  const int p0 = test::free_port();
+  int p1 = test::free_port();
+  while (p1 == p0) p1 = test::free_port();
+  const std::vector<std::string> eps{"tcp://127.0.0.1:" + std::to_string(p0),
+                                     "tcp://127.0.0.1:" + std::to_string(p1)};
+  comm::ring_options ro;
+  ro.timeout = std::chrono::milliseconds(20000);
+  std::vector<std::shared_ptr<comm::collective>> rings;
+  std::vector<caf::actor> communicators;
+  for (int r = 0; r < 2; ++r) {
+    rings.push_back(std::make_shared<comm::ring_allreduce>(r, eps, ro));
+    actors::communicator_options o;
+    o.collective = rings.back();
+    communicators.push_back(actors::spawn_communicator(sys, o));
+  }
+  // Node 0 has two workers (mean 2, weight 2), node 1 one (5, weight 1): (2 * 2 + 5) / 3 = 3 on both.
+  const int64_t n = 100000;  // several chunks
+  at::Tensor out0, out1;
+  std::thread t1([&] { out1 = reduce(sys, communicators[1], 1, 0, filled({5}, n)); });
+  out0 = reduce(sys, communicators[0], 1, 0, filled({1, 3}, n));
+  t1.join();
+  CATCH_CHECK(at::equal(out0, at::full({n}, 3.0f)));
+  CATCH_CHECK(at::equal(out0, out1));
+  for (const auto& ring : rings) {
+    CATCH_CHECK(ring->completed_round() == 1);
+    CATCH_CHECK(ring->bytes_sent() > 0);
+    CATCH_CHECK(std::string(ring->backend_name()) == "ring");
+  }
+  for (auto& c : communicators) caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
+}
