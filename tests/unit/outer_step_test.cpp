@@ -144,7 +144,7 @@ CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's 
   comm::ring_options ro;
   ro.dtype = comm::wire_dtype::int8;
   // A ring of one (this process): the communicator quantizes exactly as it would for the wire.
-  opts.ring = std::make_shared<comm::ring_allreduce>(
+  opts.collective = std::make_shared<comm::ring_allreduce>(
       0, std::vector<std::string>{"tcp://127.0.0.1:" + std::to_string(test::free_port())}, ro);
   opts.dtype = ro.dtype;
   opts.error_feedback = true;
