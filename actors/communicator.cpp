@@ -13,6 +13,7 @@
 #include "runtime/clock.hpp"
 #include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
+#include "runtime/tensor_checks.hpp"
 #include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
@@ -118,7 +119,7 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   // A diverged round fails here, naming the round, in every mode: a non-finite average would otherwise be
   // applied, checkpointed over the good states, and (in a cluster) poison every node (int8 cannot encode
   // it). Parameters (exact) pass unchecked: the checkpointer refuses non-finite state anyway.
-  if (!exact && !at::isfinite(sum).all().item<bool>())
+  if (!exact && !all_finite(sum))
     return make_error(errc::diverged,
                       fmt::format("the averaged update of round {} has NaN or infinite values: training "
                                   "diverged (lower train.lr, outer.lr or train.weight_decay); the "
