@@ -996,8 +996,9 @@ void ddp_step(self_ptr self);
 void ddp_finish_round(self_ptr self) {
   auto& s = self->state;
   // theta_global of ddp is the (identical) replica weights; mirror it into the outer optimizer for
-  // evaluation and checkpoints.
-  self->request(s.workers[0], s.request_timeout, state_atom_v)
+  // evaluation and checkpoints. Lent, not cloned: the worker does nothing until the outer optimizer has
+  // copied it and the next round starts.
+  self->request(s.workers[0], s.request_timeout, state_atom_v, true)
       .then(
           [=](replica_state& r) {
             self->request(self->state.peers.outer, self->state.request_timeout, load_atom_v, r.master,
