@@ -10,6 +10,7 @@
 #include "runtime/caf_errors.hpp"
 #include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
+#include "runtime/tensor_checks.hpp"
 #include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
@@ -49,7 +50,7 @@ void report(caf::event_based_actor* self, const caf::actor& metrics, const train
 /// The name of the first tensor of the snapshot with NaN or infinite values ("" if none). A diverged state is
 /// never written: it would rotate the good checkpoints out.
 std::string first_non_finite(const train_snapshot& snap) {
-  auto bad = [](const at::Tensor& t) { return t.defined() && !at::isfinite(t).all().item<bool>(); };
+  auto bad = [](const at::Tensor& t) { return !all_finite(t); };
   if (bad(snap.theta)) return "theta";
   if (bad(snap.momentum)) return "momentum";
   if (bad(snap.pending)) return "pending";

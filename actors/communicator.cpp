@@ -13,6 +13,7 @@
 #include "runtime/clock.hpp"
 #include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
+#include "runtime/tensor_checks.hpp"
 #include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
@@ -107,13 +108,18 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
       return make_error(errc::malformed_frame,
                         "contributions of round " + std::to_string(round) + " differ in size");
   at::NoGradGuard no_grad;
-  auto sum = parts[0].to(at::kFloat).clone().contiguous();
+  // A contribution that nobody else holds (a worker's fresh pseudo-gradient) is summed into in place; one
+  // still held elsewhere (ddp's gradient buffer, eager's outer parameters) is copied first.
+  auto& first = parts[0];
+  const bool owned = first.use_count() == 1 && first.storage().use_count() == 1 &&
+                     first.scalar_type() == at::kFloat && first.is_contiguous();
+  auto sum = owned ? std::move(first) : first.to(at::kFloat).clone().contiguous();
   for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
   sum.div_(static_cast<double>(parts.size()));
   // A diverged round fails here, naming the round, in every mode: a non-finite average would otherwise be
   // applied, checkpointed over the good states, and (in a cluster) poison every node (int8 cannot encode
   // it). Parameters (exact) pass unchecked: the checkpointer refuses non-finite state anyway.
-  if (!exact && !at::isfinite(sum).all().item<bool>())
+  if (!exact && !all_finite(sum))
     return make_error(errc::diverged,
                       fmt::format("the averaged update of round {} has NaN or infinite values: training "
                                   "diverged (lower train.lr, outer.lr or train.weight_decay); the "
@@ -169,13 +175,14 @@ caf::behavior communicator_fun(self_ptr self, communicator_options opts) {
         }
         return true;
       },
-      [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
+      // By reference into the message, so that the tensors are moved out of it (see reduce).
+      [=](reduce_atom, uint64_t round, std::vector<at::Tensor>& parts) {
         return reduce(self, round, 0, std::move(parts), false);
       },
-      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
+      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor>& parts) {
         return reduce(self, round, fragment, std::move(parts), false);
       },
-      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts, bool exact) {
+      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor>& parts, bool exact) {
         return reduce(self, round, fragment, std::move(parts), exact);
       },
   };

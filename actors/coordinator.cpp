@@ -271,11 +271,12 @@ void on_report(self_ptr self, const step_report& r) {
 
 /// Gathers a consistent snapshot: outer state and every replica, then hands it to `then`. Boundary snapshots
 /// zero steps_in_round. A mid-round DiLoCo snapshot passes `target`: every (paused) replica first runs up to
-/// that inner step, so all replicas and the loss trace stop at the same step.
+/// that inner step, so all replicas and the loss trace stop at the same step. lend: the snapshot holds the
+/// live buffers instead of clones (a boundary snapshot that training waits for).
 void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then,
-                   int64_t target = -1) {
+                   int64_t target = -1, bool lend = false) {
   auto& s = self->state;
-  self->request(s.peers.outer, s.request_timeout, state_atom_v)
+  self->request(s.peers.outer, s.request_timeout, state_atom_v, lend)
       .then(
           [=](std::vector<at::Tensor>& outer) {
             auto theta = outer[0], momentum = outer[1];
@@ -306,6 +307,8 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
             };
             if (target >= 0)
               gather<replica_state>(self, self->state.round_timeout, assemble, state_atom_v, target);
+            else if (lend)
+              gather<replica_state>(self, self->state.request_timeout, assemble, state_atom_v, true);
             else
               gather<replica_state>(self, self->state.request_timeout, assemble, state_atom_v);
           },
@@ -576,11 +579,18 @@ void save_then_continue(self_ptr self) {
   if (!due) return next();
   if (!set_phase(self, phase::saving)) return;
   s.boundary_saved = s.round;
-  // Saving is asynchronous: the snapshot is a set of clones, and training continues while it is written.
-  take_snapshot(self, /*boundary=*/true, [=](train_snapshot snap) {
-    save(self, std::move(snap), {});
-    next();
-  });
+  // sync, streaming, single, ddp: the snapshot lends the live state (no model-sized clones) and training
+  // waits for the write. delayed, eager: clones, and training continues while they are written (a snapshot
+  // may wait for its round's average).
+  const bool lend = !s.one_late;
+  take_snapshot(
+      self, /*boundary=*/true,
+      [=](train_snapshot snap) {
+        if (lend) return save(self, std::move(snap), next);
+        save(self, std::move(snap), {});
+        next();
+      },
+      -1, lend);
 }
 
 /// Per-worker accounting of the round that just ended: its wall time runs from the previous round's end, so
@@ -986,8 +996,9 @@ void ddp_step(self_ptr self);
 void ddp_finish_round(self_ptr self) {
   auto& s = self->state;
   // theta_global of ddp is the (identical) replica weights; mirror it into the outer optimizer for
-  // evaluation and checkpoints.
-  self->request(s.workers[0], s.request_timeout, state_atom_v)
+  // evaluation and checkpoints. Lent, not cloned: the worker does nothing until the outer optimizer has
+  // copied it and the next round starts.
+  self->request(s.workers[0], s.request_timeout, state_atom_v, true)
       .then(
           [=](replica_state& r) {
             self->request(self->state.peers.outer, self->state.request_timeout, load_atom_v, r.master,

@@ -1,4 +1,6 @@
-// Evaluator actor: a detached thread with its own model replica (no optimizer state), one torch thread.
+// Evaluator actor: a detached thread, one torch thread. fp32: each evaluation runs a model over the theta it
+// is handed (the coordinator's clone, or theta itself when the training waits), so it keeps no model-sized
+// buffer between evaluations; bf16: its own bf16 model, into which theta is copied.
 #include "actors/evaluator.hpp"
 
 #include <ATen/ATen.h>
@@ -17,20 +19,24 @@ using namespace longwave::runtime;
 namespace {
 
 struct evaluator_state {
-  std::unique_ptr<models::gpt> model;
+  std::unique_ptr<models::gpt> model;  // bf16 only
 };
 
 caf::behavior evaluator_fun(caf::stateful_actor<evaluator_state>* self,
                             std::shared_ptr<const run_context> ctx) {
   at::set_num_threads(1);
-  self->state.model = std::make_unique<models::gpt>(
-      ctx->spec, ctx->cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
+  if (ctx->cfg.model.dtype == config::model_dtype::bf16)
+    self->state.model = std::make_unique<models::gpt>(ctx->spec, at::kBFloat16);
   return {
       [=](eval_atom, at::Tensor theta, int64_t n_batches) -> caf::result<double> {
         try {
-          auto& model = *self->state.model;
-          model.load_flat(theta);
-          return models::validation_loss(model, *ctx->val_tokens, ctx->cfg.train.batch_size, n_batches);
+          const auto batch = ctx->cfg.train.batch_size;
+          if (auto& model = self->state.model) {
+            model->load_flat(theta);
+            return models::validation_loss(*model, *ctx->val_tokens, batch, n_batches);
+          }
+          models::gpt over_theta(ctx->spec, theta.to(at::kFloat).contiguous());
+          return models::validation_loss(over_theta, *ctx->val_tokens, batch, n_batches);
         } catch (const c10::Error& e) {
           return make_error(errc::torch_error, std::string("evaluation: ") + e.what_without_backtrace());
         } catch (const std::exception& e) {

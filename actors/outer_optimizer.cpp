@@ -87,6 +87,18 @@ caf::error torch_guarded(const char* what, F&& f) {
   }
 }
 
+/// theta, b and (eager) each replica's theta_m, b_m, prev_delta: clones, or the live tensors if lend.
+std::vector<at::Tensor> state_of(outer_state& s, bool lend) {
+  auto copy = [lend](const at::Tensor& t) { return t.defined() && !lend ? t.clone() : t; };
+  std::vector<at::Tensor> out{copy(s.theta), copy(s.opt->momentum_buffer())};
+  for (auto& r : s.replicas) {
+    out.push_back(copy(r.theta));
+    out.push_back(copy(r.opt->momentum_buffer()));
+    out.push_back(copy(r.prev_delta));
+  }
+  return out;
+}
+
 caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor theta0, caf::actor metrics,
                         outer_policy policy) {
   auto& st = self->state;
@@ -190,17 +202,9 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
         finish_step(round, 0);
         return out;
       },
-      [=](state_atom) {
-        auto& s = self->state;
-        auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
-        std::vector<at::Tensor> out{s.theta.clone(), clone(s.opt->momentum_buffer())};
-        for (auto& r : s.replicas) {
-          out.push_back(r.theta.clone());
-          out.push_back(clone(r.opt->momentum_buffer()));
-          out.push_back(clone(r.prev_delta));
-        }
-        return out;
-      },
+      [=](state_atom) { return state_of(self->state, false); },
+      // lend: theta and b themselves; the caller steps nothing until the snapshot is written.
+      [=](state_atom, bool lend) { return state_of(self->state, lend); },
       [=](load_atom, at::Tensor theta, at::Tensor momentum) {
         auto& s = self->state;
         s.theta.copy_(theta);

@@ -9,6 +9,8 @@
 //   (eval, theta, n) -> loss                        validation loss of theta
 //   (theta, theta) -> ok                            set the replica's weights
 //   (state) -> replica_state ; (load, replica_state) -> ok
+//   (state, lend = true) -> replica_state           the live buffers: the caller sends nothing that changes
+//                                                  them until the snapshot is written
 //   (pause) -> steps done; (state, target) -> replica_state once the paused replica reached step target
 #include "actors/worker.hpp"
 
@@ -77,9 +79,9 @@ void finish_round(caf::stateful_actor<worker_state>* self) {
   s.rp.deliver(std::move(r));
 }
 
-replica_state replica_of(caf::stateful_actor<worker_state>* self) {
+replica_state replica_of(caf::stateful_actor<worker_state>* self, bool lend = false) {
   auto& s = self->state;
-  auto is = s.trainer->state();
+  auto is = s.trainer->state(lend);
   replica_state r;
   r.rank = s.rank;
   r.master = std::move(is.master);
@@ -196,6 +198,10 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
         return true;
       },
       [=](state_atom) { return replica_of(self); },
+      [=](state_atom, bool lend) -> caf::result<replica_state> {
+        if (self->state.busy) return make_error(errc::stale_round, "worker: state lent during a round");
+        return replica_of(self, lend);
+      },
       [=](pause_atom) {
         auto& s = self->state;
         s.paused = true;

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace longwave::models {
@@ -18,8 +19,18 @@ void adamw::step(at::Tensor& param, const at::Tensor& grad, double lr) {
   v_.mul_(o_.beta2).addcmul_(grad, grad, 1 - o_.beta2);
   const double bias_correction1 = 1 - std::pow(o_.beta1, static_cast<double>(t_));
   const double bias_correction2 = 1 - std::pow(o_.beta2, static_cast<double>(t_));
-  auto denom = (v_.sqrt() / std::sqrt(bias_correction2)).add_(o_.eps);
-  param.addcdiv_(m_, denom, -lr / bias_correction1);
+  // The denominator a chunk at a time: the same elementwise ops as torch's (v.sqrt() / c).add_(eps), with
+  // a scratch of one chunk instead of two model-sized temporaries.
+  constexpr int64_t chunk = int64_t{1} << 20;
+  if (!denom_.defined()) denom_ = at::empty({chunk}, at::kFloat);
+  const int64_t n = param.numel();
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t len = std::min(chunk, n - off);
+    auto denom = denom_.narrow(0, 0, len);
+    at::sqrt_out(denom, v_.narrow(0, off, len));
+    denom.div_(std::sqrt(bias_correction2)).add_(o_.eps);
+    param.narrow(0, off, len).addcdiv_(m_.narrow(0, off, len), denom, -lr / bias_correction1);
+  }
 }
 
 }  // namespace longwave::models

@@ -27,6 +27,7 @@ class adamw {
  private:
   adamw_options o_;
   at::Tensor m_, v_;
+  at::Tensor denom_;  // one chunk of the denominator, kept between steps
   int64_t t_ = 0;
 };
 

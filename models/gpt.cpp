@@ -32,20 +32,35 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }  // namespace
 
 gpt::gpt(const model_spec& spec, at::ScalarType dtype) : spec_(spec) {
-  LW_ASSERT(spec.dim % spec.n_heads == 0, "dim must be divisible by n_heads");
-  LW_ASSERT(spec.n_heads % spec.n_kv_heads == 0, "n_heads must be divisible by n_kv_heads");
-  LW_ASSERT(spec.head_dim() % 2 == 0, "head_dim must be even for RoPE");
   n_ = closed_form_param_count(spec);
   auto opts = at::TensorOptions().dtype(dtype);
   flat_ = at::zeros({n_}, opts);
   flat_grad_ = at::zeros({n_}, opts);
+  init(dtype);
+}
+
+gpt::gpt(const model_spec& spec, const at::Tensor& flat) : spec_(spec) {
+  n_ = closed_form_param_count(spec);
+  LW_ASSERT(flat.numel() == n_ && flat.scalar_type() == at::kFloat && flat.is_contiguous(),
+            "a model over a flat buffer needs n_params contiguous fp32 values");
+  flat_ = flat;
+  init(at::kFloat);
+}
+
+void gpt::init(at::ScalarType dtype) {
+  const auto& spec = spec_;
+  LW_ASSERT(spec.dim % spec.n_heads == 0, "dim must be divisible by n_heads");
+  LW_ASSERT(spec.n_heads % spec.n_kv_heads == 0, "n_heads must be divisible by n_kv_heads");
+  LW_ASSERT(spec.head_dim() % 2 == 0, "head_dim must be even for RoPE");
   int64_t off = 0;
   for (const auto& [name, shape] : parameter_layout(spec)) {
     int64_t numel = 1;
     for (auto d : shape) numel *= d;
     auto p = flat_.narrow(0, off, numel).view(shape).detach();
-    p.requires_grad_(true);
-    p.mutable_grad() = flat_grad_.narrow(0, off, numel).view(shape);
+    if (flat_grad_.defined()) {
+      p.requires_grad_(true);
+      p.mutable_grad() = flat_grad_.narrow(0, off, numel).view(shape);
+    }
     params_.push_back(p);
     off += numel;
   }
@@ -91,7 +106,7 @@ void gpt::load_flat(const at::Tensor& flat_fp32) {
 }
 
 void gpt::zero_grad() {
-  flat_grad_.zero_();
+  if (flat_grad_.defined()) flat_grad_.zero_();
 }
 
 at::Tensor gpt::forward_logits(const at::Tensor& idx) {

@@ -16,6 +16,9 @@ class gpt {
  public:
   /// dtype is at::kFloat or at::kBFloat16. Parameters start uninitialised: call load_flat or init_flat.
   gpt(const model_spec& spec, at::ScalarType dtype);
+  /// A model for evaluation over an existing flat fp32 buffer: its parameters are views of `flat` (no copy,
+  /// no gradient buffer), so `flat` must not change while the model is used.
+  gpt(const model_spec& spec, const at::Tensor& flat);
   ~gpt();
   gpt(const gpt&) = delete;
   gpt& operator=(const gpt&) = delete;
@@ -44,6 +47,7 @@ class gpt {
 
  private:
   at::Tensor forward_logits(const at::Tensor& idx);
+  void init(at::ScalarType dtype);  // parameter views of flat_ (with gradients if flat_grad_), RoPE tables
 
   model_spec spec_;
   int64_t n_ = 0;

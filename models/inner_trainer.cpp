@@ -88,11 +88,15 @@ void inner_trainer::apply_grad(const at::Tensor& grad_fp32) {
 
 double inner_trainer::evaluate(const at::Tensor& theta, const std::vector<uint16_t>& val_tokens,
                                int64_t n_batches) {
-  // fp32: the model buffer is the master, so keep the replica's weights aside while theta is evaluated.
-  at::Tensor saved = opts_.bf16 ? at::Tensor() : master_.clone();
+  // fp32: a model over theta itself (no copy; theta does not change while we evaluate), the replica
+  // untouched.
+  if (!opts_.bf16) {
+    gpt over_theta(spec_, theta.to(at::kFloat).contiguous());
+    return validation_loss(over_theta, val_tokens, opts_.batch_size, n_batches);
+  }
   model_.load_flat(theta);
   const double loss = validation_loss(model_, val_tokens, opts_.batch_size, n_batches);
-  model_.load_flat(opts_.bf16 ? master_ : saved);
+  model_.load_flat(master_);
   return loss;
 }
 
@@ -109,11 +113,11 @@ double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int6
   return sum / static_cast<double>(n_batches);
 }
 
-inner_state inner_trainer::state() const {
+inner_state inner_trainer::state(bool lend) const {
   inner_state s;
-  s.master = master_.clone();
-  s.exp_avg = adam_.exp_avg().clone();
-  s.exp_avg_sq = adam_.exp_avg_sq().clone();
+  s.master = lend ? master_ : master_.clone();
+  s.exp_avg = lend ? adam_.exp_avg() : adam_.exp_avg().clone();
+  s.exp_avg_sq = lend ? adam_.exp_avg_sq() : adam_.exp_avg_sq().clone();
   s.adam_steps = adam_.steps();
   s.sampler_position = sampler_->position();
   return s;

@@ -67,7 +67,9 @@ class inner_trainer {
   int64_t steps_done() const { return adam_.steps(); }
   double current_lr() const;
   int64_t tokens_per_step() const;
-  inner_state state() const;  ///< deep copy
+  /// A deep copy; lend: the live buffers instead, which the caller must keep from changing (no step, load
+  /// or mix) until every holder has let go of them.
+  inner_state state(bool lend = false) const;
   void load_state(const inner_state& s);
   gpt& model() { return model_; }
 

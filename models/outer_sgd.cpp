@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace longwave::models {
@@ -22,15 +23,25 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta) {
     theta.add_(b_, -lr_);
     return std::abs(lr_) * b_.norm().item<double>();
   }
-  at::add_out(scratch(theta), delta, b_, mu_);
-  theta.add_(dir_, -lr_);
-  return std::abs(lr_) * dir_.norm().item<double>();
+  return std::abs(lr_) * nesterov_apply(theta, delta, 0, 0, theta.numel());
 }
 
-at::Tensor& outer_sgd::scratch(const at::Tensor& like) {
-  if (!dir_.defined() || dir_.numel() != like.numel() || dir_.dtype() != like.dtype())
-    dir_ = at::empty({like.numel()}, like.options());
-  return dir_;
+double outer_sgd::nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off,
+                                 int64_t len) {
+  // A chunk at a time: the scratch is one chunk, not one more copy of the model. Elementwise, so the result
+  // is the same whatever the chunk size.
+  constexpr int64_t chunk = int64_t{1} << 20;
+  if (!dir_.defined() || dir_.dtype() != theta.dtype()) dir_ = at::empty({chunk}, theta.options());
+  double sq = 0;
+  for (int64_t i = 0; i < len; i += chunk) {
+    const int64_t m = std::min(chunk, len - i);
+    auto dir = dir_.narrow(0, 0, m);
+    at::add_out(dir, delta.narrow(0, d_off + i, m), b_.narrow(0, off + i, m), mu_);
+    theta.narrow(0, off + i, m).add_(dir, -lr_);
+    const double part = dir.norm().item<double>();
+    sq += part * part;
+  }
+  return std::sqrt(sq);
 }
 
 double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ranges& ranges) {
@@ -50,13 +61,12 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ra
     } else {
       auto b = b_.narrow(0, off, len);
       b.mul_(mu_).add_(d);
-      at::Tensor dir = b;
       if (nesterov_) {
-        dir = scratch(theta).narrow(0, off, len);
-        at::add_out(dir, d, b, mu_);
+        part = lr_ * nesterov_apply(theta, delta, off, at - len, len);
+      } else {
+        t.add_(b, -lr_);
+        part = lr_ * b.norm().item<double>();
       }
-      t.add_(dir, -lr_);
-      part = lr_ * dir.norm().item<double>();
     }
     sq += part * part;
   }

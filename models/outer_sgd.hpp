@@ -21,12 +21,14 @@ class outer_sgd {
   void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }
 
  private:
-  at::Tensor& scratch(const at::Tensor& like);  // dir_, theta-sized
+  /// Nesterov: theta[off, off+len) -= lr * (delta[d_off, d_off+len) + mu * b[off, off+len)); returns the
+  /// norm of that direction.
+  double nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off, int64_t len);
   double lr_, mu_;
   bool nesterov_;
   at::Tensor b_;    // undefined until the first step, as in torch
-  at::Tensor dir_;  // Nesterov's direction, kept between steps: a fresh model-sized tensor per step would
-                    // fault in every page again
+  at::Tensor dir_;  // Nesterov's direction, one chunk, kept between steps (a fresh tensor per step would
+                    // fault its pages in again)
 };
 
 }  // namespace longwave::models

@@ -144,6 +144,10 @@ caf::behavior fake_worker(fake_ptr self, std::shared_ptr<world> w, int64_t rank)
         w->seen.push_back(me + " state");
         return replica(self->state.steps);
       },
+      [=](state_atom, bool) {  // lent: the same state, by handle
+        w->seen.push_back(me + " state");
+        return replica(self->state.steps);
+      },
       [=](state_atom, int64_t target) {
         w->seen.push_back(me + " state " + std::to_string(target));
         auto r = replica(target);
@@ -207,6 +211,13 @@ caf::behavior fake_outer(fake_ptr self, std::shared_ptr<world> w) {
         return reply<std::vector<at::Tensor>>(self, w, "outer_state", self->state.round, [=] {
           return caf::expected<std::vector<at::Tensor>>{
               std::vector<at::Tensor>{self->state.theta.clone(), at::Tensor()}};
+        });
+      },
+      [=](state_atom, bool lend) -> caf::result<std::vector<at::Tensor>> {
+        w->seen.push_back("outer state");
+        return reply<std::vector<at::Tensor>>(self, w, "outer_state", self->state.round, [=] {
+          auto theta = lend ? self->state.theta : self->state.theta.clone();
+          return caf::expected<std::vector<at::Tensor>>{std::vector<at::Tensor>{theta, at::Tensor()}};
         });
       },
       [=](load_atom, const at::Tensor& theta, const at::Tensor&) {

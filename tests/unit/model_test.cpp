@@ -99,13 +99,15 @@ CATCH_TEST_CASE("bf16 and fp32 models agree on the loss", "[models]") {
 
 CATCH_TEST_CASE("flat AdamW reproduces torch::optim::AdamW", "[models]") {
   torch::manual_seed(0);
-  auto p_ref = torch::randn({1000}).requires_grad_(true);
+  // Two and a half of AdamW's 2^20-value chunks and a ragged tail: chunking must not change a bit.
+  const int64_t n = (int64_t{5} << 19) + 123;
+  auto p_ref = torch::randn({n}).requires_grad_(true);
   auto p_flat = p_ref.detach().clone();
   torch::optim::AdamW ref({p_ref},
                           torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
-  adamw flat(1000, adamw_options{0.9, 0.95, 1e-8, 0.1});
+  adamw flat(n, adamw_options{0.9, 0.95, 1e-8, 0.1});
   for (int i = 0; i < 5; ++i) {
-    auto g = torch::randn({1000});
+    auto g = torch::randn({n});
     p_ref.mutable_grad() = g.clone();
     ref.step();
     flat.step(p_flat, g, 1e-2);
