@@ -680,7 +680,8 @@ CATCH_TEST_CASE_METHOD(
     CATCH_CHECK(saved_rounds().empty());
     CATCH_CHECK(logged("stopping after 2 failed checkpoint writes in a row"));
     CATCH_CHECK(phases().substr(phases().size() - 7) == " failed");
-    CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2", "w0 run 3"});
+    // Training waits for a lent boundary snapshot's write, so round 3 never starts.
+    CATCH_CHECK(seen({"w0 run"}) == strings{"w0 run 1", "w0 run 2"});
   }
 
   CATCH_SECTION("one failed checkpoint write followed by a good one lets the run go on to done 0") {

@@ -1080,6 +1080,7 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
         return bodies;
       },
       60);
+  int verdicts = 0;
   for (int r = 0; r < 2; ++r) {
     CATCH_CHECK(codes[r] == 0);
     std::istringstream in(read_text(dir / ("r" + std::to_string(r) + ".txt")));
@@ -1096,8 +1097,13 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
     CATCH_CHECK(elapsed < timeout.count());
     CATCH_CHECK(n_lines >= 2);  // at 300 ms, then every 400 ms until the verdict
     CATCH_CHECK(first_line.find("no progress for 0 s") != std::string::npos);
-    CATCH_CHECK(what.find("node c lost") != std::string::npos);
+    // Each rank ends on the verdict, or on its neighbour's connection closing because that one took the
+    // verdict a moment earlier (both get it at 1 s): never on the deadline.
+    const bool verdict = what.find("node c lost") != std::string::npos;
+    verdicts += verdict ? 1 : 0;
+    CATCH_CHECK((verdict || what.find("connection to") != std::string::npos));
   }
+  CATCH_CHECK(verdicts >= 1);
   // Rank 0 receives from rank 2 and names it, with its node name and endpoint.
   const auto r0 = read_text(dir / "r0.txt");
   CATCH_CHECK(r0.find("from rank 2 (c, tcp://") != std::string::npos);
