@@ -211,7 +211,8 @@ CATCH_TEST_CASE("A binary corpus is refused naming the file and its share of con
       Contains("ctl.jsonl") && Contains("is not text"));
 }
 
-CATCH_TEST_CASE("Text in another encoding is prepared with a warning, and a few control bytes pass", "[data]") {
+CATCH_TEST_CASE("Text in another encoding is prepared with a warning, and a few control bytes pass",
+                "[data]") {
   temp_dir dir;
   const std::string corpus = dir.file("latin1.txt");
   std::string text = sample_text();
