@@ -1,0 +1,219 @@
+// The coordinator's side of round_engine: each call a policy makes becomes a request to a worker, the outer
+// optimizer or the communicator, answered on the coordinator.
+#include <ATen/ATen.h>
+
+#include "actors/coordinator/state.hpp"
+#include "runtime/log.hpp"
+
+namespace longwave::actors::coordinator_parts {
+
+using namespace longwave::runtime;
+
+template <class T, class... Ts>
+void coordinator_engine::ask(const caf::actor& to, caf::timespan timeout, then<T> k, Ts&&... xs) {
+  auto self = self_;
+  self->request(to, timeout, std::forward<Ts>(xs)...)
+      .then([k](T& answer) { k(std::move(answer)); },
+            [self](caf::error& e) { coordinator_parts::fail(self, e); });
+}
+
+const run_context& coordinator_engine::context() const {
+  return *self_->state.ctx;
+}
+uint64_t coordinator_engine::rounds_done() const {
+  return self_->state.round;
+}
+bool coordinator_engine::stop_requested() const {
+  return self_->state.stop_requested;
+}
+phase coordinator_engine::current_phase() const {
+  return self_->state.ph;
+}
+bool coordinator_engine::set_phase(phase to) {
+  return coordinator_parts::set_phase(self_, to);
+}
+void coordinator_engine::fail(const caf::error& e) {
+  coordinator_parts::fail(self_, e);
+}
+void coordinator_engine::stop_now(bool boundary) {
+  coordinator_parts::stop_now(self_, boundary);
+}
+void coordinator_engine::round_done(at::Tensor theta) {
+  after_round(self_, std::move(theta));
+}
+void coordinator_engine::run_trained(at::Tensor theta) {
+  eval_then_continue(self_, std::move(theta));
+}
+inflight_reduces& coordinator_engine::reduces() {
+  return self_->state.reduces;
+}
+
+// ---- workers ---------------------------------------------------------------------------------------------
+
+void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps,
+                                     bool reset, then<results> k) {
+  gather_each<round_result>(self_, self_->state.round_timeout, std::move(k), [=](size_t i) {
+    return caf::make_message(run_atom_v, round, thetas.size() == 1 ? thetas[0] : thetas[i], steps, reset);
+  });
+}
+
+void coordinator_engine::mix(at::Tensor theta, uint32_t fragment, double alpha, then<bool> k) {
+  gather<bool>(
+      self_, self_->state.request_timeout, [k](std::vector<bool>) { k(true); }, mix_atom_v, std::move(theta),
+      fragment, alpha);
+}
+
+void coordinator_engine::gradients(then<results> k) {
+  gather<round_result>(self_, self_->state.round_timeout, std::move(k), grad_atom_v);
+}
+
+void coordinator_engine::apply_gradient(at::Tensor avg, then<std::vector<double>> k) {
+  gather<double>(self_, self_->state.request_timeout, std::move(k), apply_atom_v, std::move(avg));
+}
+
+void coordinator_engine::lend_replica(then<replica_state> k) {
+  ask(self_->state.workers[0], self_->state.request_timeout, std::move(k), state_atom_v, true);
+}
+
+void coordinator_engine::report(const step_report& r) {
+  on_report(self_, r);
+}
+
+// ---- outer optimizer -------------------------------------------------------------------------------------
+
+void coordinator_engine::theta(then<at::Tensor> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), theta_atom_v);
+}
+
+void coordinator_engine::thetas(then<std::vector<at::Tensor>> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), theta_atom_v,
+      self_->state.ctx->n_workers());
+}
+
+void coordinator_engine::set_theta(at::Tensor theta, then<bool> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), theta_atom_v, std::move(theta));
+}
+
+void coordinator_engine::mirror_theta(at::Tensor weights, then<bool> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), load_atom_v, std::move(weights),
+      at::Tensor());
+}
+
+void coordinator_engine::outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) {
+  const auto& s = self_->state;
+  if (fragment == 0)
+    return ask(s.peers.outer, s.request_timeout, std::move(k), outer_atom_v, round, std::move(avg));
+  ask(s.peers.outer, s.request_timeout, std::move(k), outer_atom_v, round, fragment, std::move(avg));
+}
+
+void coordinator_engine::eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
+                                    then<std::vector<at::Tensor>> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), eager_atom_v, round,
+      std::move(avg_prev), std::move(deltas));
+}
+
+// ---- communicator ----------------------------------------------------------------------------------------
+
+void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) {
+  auto self = self_;
+  // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
+  // communicator that never answers.
+  self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v, label.first,
+                std::move(parts))
+      .then([k](at::Tensor& avg) { k(std::move(avg)); },
+            [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
+}
+
+void coordinator_engine::reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) {
+  ask(self_->state.peers.communicator, self_->state.request_timeout, std::move(k), reduce_atom_v, round,
+      std::move(parts));
+}
+
+void coordinator_engine::start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) {
+  auto self = self_;
+  self->state.reduces.started(label);
+  self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v, label.first,
+                label.second, std::move(parts), exact)
+      .then([self, label](at::Tensor& avg) { self->state.reduces.arrived(label, avg); },
+            [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
+}
+
+void coordinator_engine::when_average(ring_label label, then<at::Tensor> k, bool final) {
+  auto self = self_;
+  auto& s = self->state;
+  if (s.reduces.has_average(label)) return k(s.reduces.average(label));
+  const auto t0 = clock::now();
+  s.reduces.when(label, [self, label, k, final, t0](at::Tensor avg) {
+    auto& s = self->state;
+    const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+    const auto& policy = s.ctx->cfg.diloco.outer;
+    const std::string what = s.policy->describe(label);
+    if (final) {
+      spdlog::info("{}: waited {:.2f} s for the all-reduce of {} after the last round", policy, waited, what);
+    } else {
+      s.round_stall_s += waited;
+      // Counted always; logged when it matters (tau = 0 makes every streaming sync a short wait).
+      if (waited >= 0.05)
+        spdlog::info("{}: the all-reduce of {} came {:.2f} s later than needed (the workers stalled)", policy,
+                     what, waited);
+    }
+    k(std::move(avg));
+  });
+}
+
+// ---- failed all-reduces ----------------------------------------------------------------------------------
+
+namespace {
+
+/// How long a lost ring peer waits for this node's own Ctrl-C before it counts as a failure. launch
+/// interrupts every role at once, but the main loop forwards a signal only every 100 ms, so a neighbour
+/// that stopped first can close its ring before this node has heard of its own interrupt.
+constexpr auto lost_peer_grace = std::chrono::milliseconds(600);
+
+/// Whether an all-reduce that failed with `e` was ended by a stop: after Ctrl-C the ring is cancelled, or,
+/// when every node was interrupted at once (launch), a neighbour stopped first and this node's ring lost it.
+/// Either way the round's average is dropped and the previous checkpoint stays the newest. delayed and eager
+/// stop mid-round at once (stop_now) without setting stop_requested, so there the phase says a stop is
+/// underway.
+bool ended_by_stop(self_ptr self, const caf::error& e) {
+  const auto& s = self->state;
+  return (s.stop_requested || s.ph == phase::stopping) &&
+         (has_code(e, errc::cancelled) || has_code(e, errc::peer_lost));
+}
+
+/// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
+/// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
+/// the newest; a resume redoes this round's inner steps.
+void stop_in_allreduce(self_ptr self, uint64_t round) {
+  if (is_terminal(self->state.ph)) return;
+  if (self->state.ph != phase::stopping) set_phase(self, phase::stopping);
+  spdlog::info(
+      "stopped during the all-reduce of round {}; the checkpoint of round {} stays the newest (a "
+      "resume redoes round {})",
+      round, round - 1, round);
+  flush_then(self, [=] {
+    if (!set_phase(self, phase::done)) return;
+    notify_main(self, 130);
+  });
+}
+
+}  // namespace
+
+/// After a stop the failure ends as one. A lost peer with no stop yet waits lost_peer_grace for this node's
+/// own interrupt (lost_atom), then fails the run. Through that wait the label stays in flight, so a snapshot
+/// taken meanwhile (delayed, eager) waits for its average instead of being saved without it; none is saved,
+/// since the average never comes.
+void allreduce_failed(self_ptr self, ring_label label, caf::error e, bool waited) {
+  const bool stop = ended_by_stop(self, e);
+  if (!stop && !waited && has_code(e, errc::peer_lost)) {
+    spdlog::debug("round {}: a ring peer left; failing in {} ms unless this node is stopping too",
+                  label.first, lost_peer_grace.count());
+    self->delayed_send(self, lost_peer_grace, lost_atom_v, label.first, label.second, std::move(e));
+    return;
+  }
+  self->state.reduces.failed(label);  // no-op for sync's all-reduce, which is never in flight
+  if (stop) return stop_in_allreduce(self, label.first);
+  fail(self, e);
+}
+
+}  // namespace longwave::actors::coordinator_parts

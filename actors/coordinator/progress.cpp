@@ -1,0 +1,195 @@
+// The coordinator's progress lines, metrics and result.json: what a run reports, apart from how it runs.
+#include <ATen/ATen.h>
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "actors/coordinator/state.hpp"
+#include "models/lr_schedule.hpp"
+#include "runtime/log.hpp"
+
+namespace longwave::actors::coordinator_parts {
+
+using namespace longwave::runtime;
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+void gauge(self_ptr self, const char* name, double v, const std::string& worker) {
+  self->send(self->state.peers.metrics, gauge_atom_v, std::string(name), worker, v);
+}
+
+double since_start(const coordinator_state& s) {
+  return std::chrono::duration<double>(clock::now() - s.t_start).count();
+}
+
+void record(self_ptr self, const json_line& line) {
+  self->send(self->state.peers.metrics, record_atom_v, line.str());
+}
+
+void record_start(self_ptr self) {
+  const auto& s = self->state;
+  const auto& c = s.ctx->cfg;
+  record(self, json_line("start")
+                   .add("node", c.run.name)
+                   .add("mode", config::to_string(c.run.mode))
+                   .add("preset", s.ctx->spec.preset)
+                   .add("params", models::closed_form_param_count(s.ctx->spec))
+                   .add("workers", s.ctx->n_workers())
+                   .add("cluster_workers", s.ctx->global_workers())
+                   .add("rounds", c.train.rounds)
+                   .add("inner_steps", c.train.inner_steps)
+                   .add("batch_size", c.train.batch_size)
+                   .add("seq_len", s.ctx->spec.seq_len)
+                   .add("inner_lr", c.train.lr)
+                   .add("outer_lr", c.outer.lr)
+                   .add("outer_momentum", c.outer.momentum)
+                   .add("comm_dtype", config::to_string(c.comm.dtype))
+                   .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
+}
+
+void on_report(self_ptr self, const step_report& r) {
+  auto& s = self->state;
+  const auto& cfg = s.ctx->cfg;
+  const std::string w = std::to_string(r.rank);
+  const auto wi = static_cast<size_t>(r.rank);
+  const double wall = since_start(s);
+  LW_ASSERT(wi < s.run_compute.size(), "step report from a worker this node does not have");
+  s.round_compute[wi] += r.compute_s;
+  s.run_compute[wi] += r.compute_s;
+  s.worker_tokens[wi] += r.tokens;
+  gauge(self, "longwave_worker_tokens_per_second", wall > 0 ? s.worker_tokens[wi] / wall : 0, w);
+  gauge(self, "longwave_worker_compute_utilization_run_ratio", wall > 0 ? s.run_compute[wi] / wall : 0, w);
+  gauge(self, "longwave_worker_train_loss", r.loss, w);
+  self->send(s.peers.metrics, observe_atom_v, std::string("longwave_worker_inner_step_seconds"), w,
+             r.compute_s);
+  self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_inner_steps_total"), w, 1.0);
+  self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_tokens_total"), w,
+             static_cast<double>(r.tokens));
+  auto& agg = s.steps[r.step];
+  agg.count++;
+  agg.loss_sum += r.loss;
+  if (agg.count < s.ctx->n_workers()) return;
+  const double loss = agg.loss_sum / static_cast<double>(agg.count);
+  s.steps.erase(r.step);
+  s.last_step = std::max(s.last_step, r.step);
+  if (s.trace)
+    s.trace << r.step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
+  const double tok_s = wall > 0 ? static_cast<double>(s.total_tokens()) / wall : 0;
+  const double busy = wall * static_cast<double>(s.ctx->n_workers());
+  const int64_t total = s.ctx->total_inner_steps();
+  // The rate the step just taken used (step is 1-based, the schedule 0-based).
+  const double lr = models::warmup_cosine_lr(cfg.train.lr, r.step - 1, cfg.train.warmup_steps, total,
+                                             cfg.train.min_lr_ratio);
+  gauge(self, "longwave_train_loss", loss);
+  gauge(self, "longwave_train_tokens_per_second", tok_s);
+  gauge(self, "longwave_compute_utilization_ratio", busy > 0 ? s.total_compute() / busy : 0);
+  gauge(self, "longwave_inner_learning_rate", lr);
+  record(self, json_line("step")
+                   .add("step", r.step)
+                   .add("round", s.round + 1)
+                   .add("loss", loss)
+                   .add("tokens_per_second", tok_s)
+                   .add("lr", lr));
+  if (r.step % cfg.runtime.log_every_steps == 0 || r.step == total) {
+    const double done = static_cast<double>(r.step - s.first_step);
+    const double eta = done > 0 ? wall / done * static_cast<double>(total - r.step) : NAN;
+    spdlog::info("round {:>3}/{} | step {:>5}/{} | loss {:.4f} | {:>7.0f} tok/s | eta {}",
+                 std::min<uint64_t>(s.round + 1, cfg.train.rounds), cfg.train.rounds, r.step, total, loss,
+                 tok_s, format_duration(eta));
+  }
+}
+
+/// Per-worker accounting of the round that just ended: its wall time runs from the previous round's end, so
+/// the all-reduce, the outer step, evaluation and checkpoint hand-off all count as idle.
+void account_round(self_ptr self) {
+  auto& s = self->state;
+  const auto now = clock::now();
+  const double wall = std::chrono::duration<double>(now - s.t_round_start).count();
+  s.t_round_start = now;
+  for (size_t i = 0; i < s.round_compute.size(); ++i) {
+    const std::string w = std::to_string(i);
+    const double compute = s.round_compute[i];
+    const double idle = std::max(0.0, wall - compute);
+    const double util = wall > 0 ? std::min(1.0, compute / wall) : 0;
+    const double staleness = s.policy->staleness();
+    gauge(self, "longwave_worker_compute_utilization_ratio", util, w);
+    gauge(self, "longwave_worker_staleness_rounds", staleness, w);
+    self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_idle_seconds_total"), w, idle);
+    self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_stall_seconds_total"), w,
+               s.round_stall_s);
+    record(self, json_line("worker")
+                     .add("round", s.round)
+                     .add("worker", static_cast<int64_t>(i))
+                     .add("compute_s", compute)
+                     .add("wall_s", wall)
+                     .add("idle_s", idle)
+                     .add("stall_s", s.round_stall_s)
+                     .add("utilization", util)
+                     .add("staleness", staleness)
+                     .add("tokens", s.worker_tokens[i]));
+    s.round_compute[i] = 0;
+  }
+  s.round_stall_s = 0;
+}
+
+/// One evaluation's result, for theta as it was after `round` (inner step `step`).
+void on_eval(self_ptr self, uint64_t round, int64_t step, double loss) {
+  auto& s = self->state;
+  s.last_val_loss = loss;
+  gauge(self, "longwave_val_loss", loss);
+  gauge(self, "longwave_val_perplexity", std::exp(loss));
+  record(self, json_line("eval")
+                   .add("round", round)
+                   .add("step", step)
+                   .add("val_loss", loss)
+                   .add("val_ppl", std::exp(loss)));
+  spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", round, s.ctx->cfg.train.rounds, loss,
+               std::exp(loss));
+}
+
+// result.json in out_dir: the numbers a sweep or a test reads back, one "key": value per line. A loss or
+// perplexity that is not finite (no evaluation, or a diverged one) is null: JSON has no NaN, and
+// metrics.jsonl writes null too.
+void write_result(const coordinator_state& s, double wall) {
+  const auto& c = s.ctx->cfg;
+  rapidjson::StringBuffer text;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(text);
+  w.SetIndent(' ', 2);
+  auto integer = [&](const char* key, int64_t v) {
+    w.Key(key);
+    w.Int64(v);
+  };
+  auto number = [&](const char* key, double v) {
+    w.Key(key);
+    if (std::isfinite(v))
+      w.Double(v);
+    else
+      w.Null();
+  };
+  w.StartObject();
+  w.Key("mode");
+  const std::string mode = config::to_string(c.run.mode);
+  w.String(mode.data(), static_cast<rapidjson::SizeType>(mode.size()));
+  integer("workers", c.train.workers);
+  integer("rounds", static_cast<int64_t>(s.round));
+  integer("inner_steps", c.train.inner_steps);
+  integer("inner_steps_per_worker", s.last_step);
+  number("val_loss", s.last_val_loss);
+  number("val_ppl", std::exp(s.last_val_loss));
+  integer("tokens", s.total_tokens());
+  number("seconds", std::round(wall * 1e3) / 1e3);  // milliseconds
+  number("train_seconds", std::round((wall - s.eval_s) * 1e3) / 1e3);
+  w.EndObject();
+  std::ofstream out(c.run.out_dir + "/result.json", std::ios::trunc);
+  out << text.GetString() << '\n';
+}
+
+}  // namespace longwave::actors::coordinator_parts

@@ -1,0 +1,68 @@
+// Installs a resume snapshot before the first round: the policy takes its part, then the outer optimizer,
+// the communicator's residuals and every replica are loaded, in that order.
+#include <ATen/ATen.h>
+
+#include "actors/coordinator/state.hpp"
+#include "runtime/log.hpp"
+
+namespace longwave::actors::coordinator_parts {
+
+using namespace longwave::runtime;
+
+namespace {
+
+/// Requests `msg` from `to`; k runs on success, an error fails the run.
+template <class... Ts>
+void then_do(self_ptr self, const caf::actor& to, std::function<void()> k, Ts... msg) {
+  self->request(to, self->state.request_timeout, std::move(msg)...)
+      .then([k](bool) { k(); }, [self](caf::error& e) { fail(self, e); });
+}
+
+void load_workers(self_ptr self, std::shared_ptr<const train_snapshot> snap) {
+  auto left = std::make_shared<size_t>(snap->replicas.size());
+  for (size_t i = 0; i < snap->replicas.size(); ++i)
+    then_do(
+        self, self->state.workers[i],
+        [self, left] {
+          if (--*left == 0 && self->state.ph == phase::resuming) begin_round(self);
+        },
+        load_atom_v, snap->replicas[i]);
+}
+
+void load_residuals(self_ptr self, std::shared_ptr<const train_snapshot> snap, std::function<void()> k) {
+  if (!self->state.has_residuals) return k();
+  if (snap->residuals.empty() && snap->round > 0)
+    spdlog::warn(
+        "the checkpoint holds no error-feedback residuals (written without error feedback or by an older "
+        "version); they start from zero, so this resume is not exact");
+  then_do(self, self->state.peers.communicator, std::move(k), load_atom_v, snap->residuals);
+}
+
+}  // namespace
+
+void install_resume(self_ptr self) {
+  auto& s = self->state;
+  if (!set_phase(self, phase::resuming)) return;
+  auto snap = std::move(*s.resume);
+  s.resume.reset();
+  s.round = snap.round;
+  s.first_step = s.last_step = static_cast<int64_t>(snap.step);
+  spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
+  s.newest_on_disk =
+      fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);
+  if (auto e = s.policy->resume_from(snap)) return fail(self, e);
+  const auto replica_outer = s.policy->replica_outer_state(snap);
+  const auto shared = std::make_shared<const train_snapshot>(std::move(snap));
+  auto load_replica_outer = [self, shared, replica_outer] {
+    if (replica_outer.empty()) return load_workers(self, shared);
+    then_do(
+        self, self->state.peers.outer, [self, shared] { load_workers(self, shared); }, load_atom_v,
+        replica_outer);
+  };
+  then_do(
+      self, s.peers.outer,
+      [self, shared, load_replica_outer] { load_residuals(self, shared, load_replica_outer); }, load_atom_v,
+      shared->theta, shared->momentum);
+}
+
+}  // namespace longwave::actors::coordinator_parts

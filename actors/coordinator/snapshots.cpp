@@ -1,0 +1,195 @@
+// Snapshots, checkpoint writes and stops: a consistent snapshot of the outer state and every replica, what
+// it must wait for (residuals, a pending average), its write, and a Ctrl-C that ends in one.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "actors/coordinator/state.hpp"
+#include "runtime/log.hpp"
+#include "runtime/snapshot_codec.hpp"
+
+namespace longwave::actors::coordinator_parts {
+
+using namespace longwave::runtime;
+
+/// Gathers a consistent snapshot: outer state and every replica, then hands it to `then`. Boundary snapshots
+/// zero steps_in_round. A mid-round DiLoCo snapshot passes `target`: every (paused) replica first runs up to
+/// that inner step, so all replicas and the loss trace stop at the same step. lend: the snapshot holds the
+/// live buffers instead of clones (a boundary snapshot that training waits for).
+void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then, int64_t target,
+                   bool lend) {
+  auto& s = self->state;
+  self->request(s.peers.outer, s.request_timeout, state_atom_v, lend)
+      .then(
+          [=](std::vector<at::Tensor>& outer) {
+            auto theta = outer[0], momentum = outer[1];
+            auto assemble = [=](std::vector<replica_state> reps) {
+              auto& s = self->state;
+              train_snapshot snap;
+              snap.round = s.round;
+              snap.theta = theta;
+              snap.momentum = momentum;
+              snap.meta = std::string(config_marker) + s.ctx->config_toml;
+              snap.step = static_cast<uint64_t>(reps[0].adam_steps);
+              for (const auto& r : reps)
+                LW_ASSERT(static_cast<uint64_t>(r.adam_steps) == snap.step,
+                          "replicas of a snapshot differ in step");
+              snap.replicas = std::move(reps);
+              s.policy->fill_snapshot(snap, outer, boundary);
+              then(std::move(snap));
+            };
+            if (target >= 0)
+              gather<replica_state>(self, self->state.round_timeout, assemble, state_atom_v, target);
+            else if (lend)
+              gather<replica_state>(self, self->state.request_timeout, assemble, state_atom_v, true);
+            else
+              gather<replica_state>(self, self->state.request_timeout, assemble, state_atom_v);
+          },
+          [=](caf::error& e) { fail(self, e); });
+}
+
+namespace {
+
+/// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a
+/// resume continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it
+/// while training goes on; if it failed (a stop cancelled it), no exact snapshot of the round exists and
+/// none is saved (the previous checkpoint stays the newest).
+void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
+  auto& s = self->state;
+  const auto r = snap.round;
+  const auto pending = s.policy->pending_average(r);
+  if (!pending) return k(std::move(snap));
+  const ring_label key = *pending;
+  if (s.reduces.has_failed(key)) {
+    spdlog::info("the snapshot of round {} is not saved: the all-reduce of its average failed", r);
+    return;
+  }
+  if (!s.reduces.known(key)) return k(std::move(snap));
+  auto holder = std::make_shared<train_snapshot>(std::move(snap));
+  auto attach = [holder, k, r](at::Tensor avg) {
+    holder->pending = std::move(avg);
+    holder->pending_round = r;
+    k(std::move(*holder));
+  };
+  s.reduces.when(key, attach);
+}
+
+/// Error feedback in a cluster: a snapshot also holds the communicator's residuals. Asked for when the
+/// snapshot is taken, the answer comes after the all-reduces already queued (delayed, eager: the snapshot's
+/// own round) and before any later one, off the training path like with_pending (which runs after it).
+void with_residuals(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
+  auto& s = self->state;
+  if (!s.has_residuals) return k(std::move(snap));
+  auto holder = std::make_shared<train_snapshot>(std::move(snap));
+  ++s.residual_waits;
+  self->request(s.peers.communicator, s.round_timeout, state_atom_v)
+      .then(
+          [=](residual_map& r) {
+            holder->residuals = std::move(r);
+            k(std::move(*holder));  // sends the save, unless it waits for a pending average (with_pending)
+            auto& s = self->state;
+            if (--s.residual_waits > 0) return;
+            auto waiting = std::move(s.after_residuals);
+            s.after_residuals.clear();
+            for (auto& w : waiting) w();
+          },
+          [=](caf::error& e) { fail(self, e); });
+}
+
+/// A failed write keeps training while fewer than checkpoint.max_failed_writes failed in a row (the previous
+/// checkpoints are intact), then stops the run with exit code 3. Non-finite state is never written: the run
+/// fails, naming the round.
+void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
+  auto& s = self->state;
+  const auto round = snap.round;
+  const auto step = snap.step;
+  self->request(s.peers.checkpointer, s.request_timeout, save_atom_v, std::move(snap))
+      .then(
+          [=](const std::string& path) {
+            auto& s = self->state;
+            spdlog::debug("checkpoint of round {} on disk: {}", round, path);
+            if (s.failed_writes > 0) spdlog::info("checkpoint: writing works again ({})", path);
+            s.failed_writes = 0;
+            s.write_error.clear();
+            s.newest_on_disk = fmt::format("round {}, inner step {} ({})", round, step, path);
+            if (then) then();
+          },
+          [=](caf::error& e) {
+            auto& s = self->state;
+            if (has_code(e, errc::diverged)) return fail(self, e);
+            ++s.failed_writes;
+            s.write_error = describe(e);
+            const auto limit = s.ctx->cfg.checkpoint.max_failed_writes;
+            spdlog::warn("checkpoint of round {} not written ({} in a row): {}", round, s.failed_writes,
+                         s.write_error);
+            if (limit > 0 && s.failed_writes >= limit)
+              return fail_unsaved(self, fmt::format("stopping after {} failed checkpoint writes in a row "
+                                                    "(checkpoint.max_failed_writes)",
+                                                    s.failed_writes));
+            if (then) then();
+          });
+}
+
+}  // namespace
+
+void save(self_ptr self, train_snapshot snap, std::function<void()> then) {
+  with_residuals(self, std::move(snap), [=](train_snapshot with_ef) {
+    with_pending(self, std::move(with_ef),
+                 [=](train_snapshot full) { save_now(self, std::move(full), then); });
+  });
+}
+
+void flush_then(self_ptr self, std::function<void()> then) {
+  auto& s = self->state;
+  if (s.residual_waits > 0) return s.after_residuals.push_back([=] { flush_then(self, then); });
+  self->request(self->state.peers.checkpointer, self->state.request_timeout, flush_atom_v)
+      .then([=](bool) { then(); },
+            [=](caf::error& e) {
+              spdlog::warn("checkpointer flush: {}", describe(e));
+              then();
+            });
+}
+
+void stop_now(self_ptr self, bool boundary) {
+  if (!set_phase(self, phase::stopping)) return;
+  // The round tail already saved this boundary (a stop during the outer step or the save): wait for that
+  // write instead of writing the same checkpoint again. Not for a cloned boundary snapshot (delayed, eager),
+  // whose save may still wait for its pending average (a flush now could overtake it).
+  const auto& s = self->state;
+  const bool saved =
+      boundary && s.policy->lends_boundary_snapshot() && s.round > 0 && s.boundary_saved == s.round;
+  spdlog::info("stopping: {} checkpoint of round {} ({})", saved ? "waiting for the" : "saving a", s.round,
+               boundary ? "round boundary" : "mid-round");
+  auto exit_after = [=](uint64_t step) {
+    return [=] {
+      flush_then(self, [=] {
+        if (self->state.ph == phase::failed) return;
+        if (self->state.failed_writes > 0)
+          return fail_unsaved(self, fmt::format("interrupted at inner step {}, but its checkpoint could not "
+                                                "be written",
+                                                step));
+        spdlog::info("stopped at inner step {}; run the same command again to resume", step);
+        if (!set_phase(self, phase::done)) return;
+        notify_main(self, 130);
+      });
+    };
+  };
+  if (saved) return exit_after(static_cast<uint64_t>(s.last_step))();
+  auto save_and_exit = [=](train_snapshot snap) {
+    const auto step = snap.step;
+    save(self, std::move(snap), exit_after(step));
+  };
+  // ddp and streaming stop between two steps or segments, where every replica is at the same step.
+  if (boundary || s.policy->stops() == stop_rule::at_next_boundary)
+    return take_snapshot(self, boundary, save_and_exit);
+  // DiLoCo mid-round: replicas run independently, so pause them, then bring all to the furthest step.
+  gather<int64_t>(
+      self, self->state.request_timeout,
+      [=](std::vector<int64_t> steps) {
+        const int64_t target = *std::max_element(steps.begin(), steps.end());
+        take_snapshot(self, false, save_and_exit, target);
+      },
+      pause_atom_v);
+}
+
+}  // namespace longwave::actors::coordinator_parts

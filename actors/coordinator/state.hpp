@@ -1,0 +1,197 @@
+#pragma once
+// The coordinator's state and the functions its files share (actors/coordinator.cpp holds the state machine
+// and the actor; this folder its parts). Internal to the coordinator: nothing outside it includes this.
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/round/inflight.hpp"
+#include "actors/round/round_engine.hpp"
+#include "actors/round/round_policy.hpp"
+#include "runtime/caf_errors.hpp"
+#include "runtime/json_line.hpp"
+#include "runtime/type_ids.hpp"
+
+namespace longwave::actors::coordinator_parts {
+
+using clock = std::chrono::steady_clock;
+using runtime::train_snapshot;
+
+struct coordinator_state;
+using self_ptr = caf::stateful_actor<coordinator_state>*;
+
+/// round_engine for the policies: each call is a request to a peer actor made by the coordinator.
+class coordinator_engine final : public round_engine {
+ public:
+  explicit coordinator_engine(self_ptr self) : self_(self) {}
+
+  const run_context& context() const override;
+  uint64_t rounds_done() const override;
+  bool stop_requested() const override;
+  phase current_phase() const override;
+  bool set_phase(phase to) override;
+  void fail(const caf::error& e) override;
+  void stop_now(bool boundary) override;
+  void round_done(at::Tensor theta) override;
+  void run_trained(at::Tensor theta) override;
+
+  void run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps, bool reset,
+                   then<results> k) override;
+  void mix(at::Tensor theta, uint32_t fragment, double alpha, then<bool> k) override;
+  void gradients(then<results> k) override;
+  void apply_gradient(at::Tensor avg, then<std::vector<double>> k) override;
+  void lend_replica(then<runtime::replica_state> k) override;
+  void report(const runtime::step_report& r) override;
+
+  void theta(then<at::Tensor> k) override;
+  void thetas(then<std::vector<at::Tensor>> k) override;
+  void set_theta(at::Tensor theta, then<bool> k) override;
+  void mirror_theta(at::Tensor weights, then<bool> k) override;
+  void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) override;
+  void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
+                  then<std::vector<at::Tensor>> k) override;
+
+  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
+  void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
+  void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override;
+  void when_average(ring_label label, then<at::Tensor> k, bool final) override;
+  inflight_reduces& reduces() override;
+
+ private:
+  /// A request to `to` whose answer goes to k and whose error fails the run.
+  template <class T, class... Ts>
+  void ask(const caf::actor& to, caf::timespan timeout, then<T> k, Ts&&... xs);
+
+  self_ptr self_;
+};
+
+struct step_agg {
+  int64_t count = 0;
+  double loss_sum = 0;
+};
+
+struct coordinator_state {
+  std::shared_ptr<const run_context> ctx;
+  coordinator_peers peers;
+  std::vector<caf::actor> workers;
+  caf::actor main;
+  phase ph = phase::idle;
+  std::unique_ptr<coordinator_engine> engine;
+  std::unique_ptr<round_policy> policy;
+  std::optional<train_snapshot> resume;
+  uint64_t round = 0;  // completed outer rounds
+  bool stop_requested = false;
+  // Progress and metrics.
+  std::map<int64_t, step_agg> steps;
+  int64_t last_step = 0, first_step = 0;
+  clock::time_point t_start;
+  double last_val_loss = std::numeric_limits<double>::quiet_NaN();
+  double eval_s = 0;  // wall time spent evaluating (excluded from train_seconds)
+  // Per local worker: compute seconds in the current round and since start, tokens since start (the node's
+  // totals are their sums).
+  std::vector<double> round_compute, run_compute;
+  std::vector<int64_t> worker_tokens;
+  double total_compute() const { return std::accumulate(run_compute.begin(), run_compute.end(), 0.0); }
+  int64_t total_tokens() const {
+    return std::accumulate(worker_tokens.begin(), worker_tokens.end(), int64_t{0});
+  }
+  clock::time_point t_round_start;
+  bool ended = false;  // the "end" event is written
+  // All-reduces running in the background and their averages not yet applied (the policies' bookkeeping).
+  inflight_reduces reduces;
+  double round_stall_s = 0;   // seconds the workers of the current round waited for a late average
+  bool eval_running = false;  // [eval] async: an evaluation is in flight
+  // Checkpoints on disk: the newest written ("" before any), the consecutive failed writes and the last
+  // failure's reason. A failed latest write means the run's current state is not on disk.
+  std::string newest_on_disk;
+  int64_t failed_writes = 0;
+  std::string write_error;
+  uint64_t boundary_saved = 0;  // the last round whose boundary snapshot the round tail saved
+  bool has_residuals = false;   // cluster with error feedback: snapshots hold the communicator's residuals
+  // Snapshots waiting for their residuals, and what waits for them to reach the checkpointer (a flush must
+  // not overtake a save).
+  int64_t residual_waits = 0;
+  std::vector<std::function<void()>> after_residuals;
+  std::ofstream trace;
+  caf::timespan round_timeout, request_timeout;
+};
+
+// ---- the state machine (actors/coordinator.cpp) ----------------------------------------------------------
+bool set_phase(self_ptr self, phase to);
+void fail(self_ptr self, const caf::error& e);
+/// The run's state is not on disk (checkpoint writes failed): ends with exit code 3 and says so.
+void fail_unsaved(self_ptr self, const std::string& what);
+void notify_main(self_ptr self, int code);
+void begin_round(self_ptr self);
+void after_round(self_ptr self, at::Tensor theta);
+void eval_then_continue(self_ptr self, at::Tensor theta);
+bool has_code(const caf::error& e, errc code);
+
+// ---- progress and metrics (progress.cpp) -----------------------------------------------------------------
+void gauge(self_ptr self, const char* name, double v, const std::string& worker = "");
+void record(self_ptr self, const runtime::json_line& line);
+void record_start(self_ptr self);
+double since_start(const coordinator_state& s);
+std::string format_duration(double s);
+void on_report(self_ptr self, const runtime::step_report& r);
+void account_round(self_ptr self);
+void on_eval(self_ptr self, uint64_t round, int64_t step, double loss);
+void write_result(const coordinator_state& s, double wall);
+
+// ---- snapshots, saves and stops (snapshots.cpp) ----------------------------------------------------------
+void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then,
+                   int64_t target = -1, bool lend = false);
+/// Hands a snapshot to the checkpointer once it holds its residuals and pending average; then() after the
+/// write (or a tolerated failed write).
+void save(self_ptr self, train_snapshot snap, std::function<void()> then);
+void flush_then(self_ptr self, std::function<void()> then);
+void stop_now(self_ptr self, bool boundary);
+/// The all-reduce `label` failed with `e`: a stop, a lost peer's grace period, or a failed run.
+void allreduce_failed(self_ptr self, ring_label label, caf::error e, bool waited = false);
+
+// ---- resume (resume.cpp) ---------------------------------------------------------------------------------
+void install_resume(self_ptr self);
+
+// ---- requests to the workers -----------------------------------------------------------------------------
+
+/// Sends msg_of(i) to worker i; calls done with the replies in rank order once all arrived.
+template <class T>
+void gather_each(self_ptr self, caf::timespan timeout, std::function<void(std::vector<T>)> done,
+                 std::function<caf::message(size_t)> msg_of) {
+  const auto n = self->state.workers.size();
+  auto results = std::make_shared<std::vector<T>>(n);
+  auto left = std::make_shared<size_t>(n);
+  auto failed = std::make_shared<bool>(false);
+  for (size_t i = 0; i < n; ++i) {
+    self->request(self->state.workers[i], timeout, msg_of(i))
+        .then(
+            [=](T& r) {
+              (*results)[i] = std::move(r);
+              if (--*left == 0 && !*failed) done(std::move(*results));
+            },
+            [=](caf::error& e) {
+              if (*failed) return;
+              *failed = true;
+              fail(self, e);
+            });
+  }
+}
+
+/// Sends the same message to every worker (gather_each).
+template <class T, class... Ts>
+void gather(self_ptr self, caf::timespan timeout, std::function<void(std::vector<T>)> done, Ts... msg) {
+  auto m = caf::make_message(std::move(msg)...);
+  gather_each<T>(self, timeout, std::move(done), [m](size_t) { return m; });
+}
+
+}  // namespace longwave::actors::coordinator_parts

@@ -1,0 +1,90 @@
+#pragma once
+// What a round policy may ask of the coordinator: the narrow interface between actors/round/ and the actor
+// that owns the state machine. Every call is asynchronous: the continuation runs on the coordinator when the
+// answer comes; a failed request fails the run (the continuation is never called).
+#include <ATen/core/Tensor.h>
+
+#include <caf/error.hpp>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "actors/round/inflight.hpp"
+#include "actors/round/phase.hpp"
+#include "actors/run_context.hpp"
+#include "runtime/messages.hpp"
+
+namespace longwave::actors {
+
+class round_engine {
+ public:
+  template <class T>
+  using then = std::function<void(T)>;
+  using results = std::vector<runtime::round_result>;
+
+  virtual ~round_engine() = default;
+
+  // ---- the run -------------------------------------------------------------------------------------------
+  virtual const run_context& context() const = 0;
+  /// Completed outer rounds: the round being trained is rounds_done() + 1.
+  virtual uint64_t rounds_done() const = 0;
+  /// Ctrl-C came and waits for a point where the policy can stop (stop_rule::at_next_boundary).
+  virtual bool stop_requested() const = 0;
+  virtual phase current_phase() const = 0;
+  /// Moves the state machine; false if the move was refused (the run has failed or ended): return at once.
+  virtual bool set_phase(phase to) = 0;
+  virtual void fail(const caf::error& e) = 0;
+  /// Stops here: saves a snapshot (of a round boundary, or mid-round) and ends with exit code 130.
+  virtual void stop_now(bool boundary) = 0;
+  /// The round's outer step is done and theta is the new theta_global: evaluation, checkpoint, next round
+  /// (or the policy's finish_run after the last round).
+  virtual void round_done(at::Tensor theta) = 0;
+  /// After finish_run: theta is the run's final theta_global (the final evaluation, checkpoint, exit 0).
+  virtual void run_trained(at::Tensor theta) = 0;
+
+  // ---- workers -------------------------------------------------------------------------------------------
+  /// Worker i runs `steps` inner steps of `round`, its pseudo-gradient measured from thetas[i] (one tensor:
+  /// the same for all; undefined: none needed). reset: the replica first loads thetas[i]; false: it goes on
+  /// from its own weights (single mode, streaming). Answers in rank order.
+  virtual void run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps, bool reset,
+                           then<results> k) = 0;
+  /// Mixes the synced fragment of theta into every replica (streaming, weight alpha on the replica).
+  virtual void mix(at::Tensor theta, uint32_t fragment, double alpha, then<bool> k) = 0;
+  /// ddp: every worker's gradient of one batch; then apply the averaged gradient (seconds each took).
+  virtual void gradients(then<results> k) = 0;
+  virtual void apply_gradient(at::Tensor avg, then<std::vector<double>> k) = 0;
+  /// ddp: worker 0's live state (lent: the worker steps nothing until the next round starts).
+  virtual void lend_replica(then<runtime::replica_state> k) = 0;
+  /// Progress of one inner step (ddp reports its steps itself: the workers only compute).
+  virtual void report(const runtime::step_report& r) = 0;
+
+  // ---- outer optimizer -----------------------------------------------------------------------------------
+  virtual void theta(then<at::Tensor> k) = 0;
+  /// One starting theta per local worker (eager: each replica's own outer parameters).
+  virtual void thetas(then<std::vector<at::Tensor>> k) = 0;
+  virtual void set_theta(at::Tensor theta, then<bool> k) = 0;
+  /// ddp: theta_global becomes the replicas' weights (copied, no momentum).
+  virtual void mirror_theta(at::Tensor weights, then<bool> k) = 0;
+  /// Applies the average of `round` (fragment 0: the whole of theta; j > 0: streaming's j-th sync).
+  virtual void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) = 0;
+  /// eager: each replica's proxy step from avg_prev and its own pseudo-gradient; answers theta_global and
+  /// then every replica's outer parameters.
+  virtual void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
+                          then<std::vector<at::Tensor>> k) = 0;
+
+  // ---- communicator --------------------------------------------------------------------------------------
+  /// The all-reduce of `label` now, while the workers wait. A failure ends as a stop, waits for this node's
+  /// own interrupt after a lost peer, or fails the run.
+  virtual void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;
+  /// ddp: one gradient all-reduce (any failure fails the run).
+  virtual void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;
+  /// Starts the all-reduce of `label` in the background (exact: fp32 on the wire).
+  virtual void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact = false) = 0;
+  /// Calls k with label's average now if it arrived, else when it arrives. During training the wait counts
+  /// as the workers' stall; after the last round (final) it is only logged.
+  virtual void when_average(ring_label label, then<at::Tensor> k, bool final = false) = 0;
+  virtual inflight_reduces& reduces() = 0;
+};
+
+}  // namespace longwave::actors

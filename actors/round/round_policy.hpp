@@ -1,0 +1,69 @@
+#pragma once
+// A round policy: how one outer round runs (which workers compute what, which all-reduces run when, when
+// the outer step applies them) and what that means for stops, snapshots and resumes. The coordinator owns
+// the state machine and the round tail (evaluation, checkpoints); the policy drives the rest through
+// round_engine. One policy per file; make_round_policy (policy_factory.cpp) picks it from the config.
+#include <ATen/core/Tensor.h>
+
+#include <caf/error.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/round/round_engine.hpp"
+
+namespace longwave::actors {
+
+/// Where a Ctrl-C may land.
+enum class stop_rule {
+  /// At once: the replicas run independently, so they are paused and brought to the furthest step.
+  pause_and_align,
+  /// At the policy's next stop point (a step or segment boundary), where every replica is at the same step.
+  at_next_boundary,
+};
+
+class round_policy {
+ public:
+  explicit round_policy(round_engine& engine) : engine_(engine) {}
+  virtual ~round_policy() = default;
+  round_policy(const round_policy&) = delete;
+  round_policy& operator=(const round_policy&) = delete;
+
+  /// Runs round rounds_done() + 1 from phase inner; ends in engine.round_done(theta), a stop or a failure.
+  virtual void begin_round() = 0;
+  /// After the last round's outer step: what finishes the run (an average still to apply, a final mean),
+  /// then engine.run_trained(theta).
+  virtual void finish_run(at::Tensor theta) { engine_.run_trained(std::move(theta)); }
+
+  virtual stop_rule stops() const { return stop_rule::pause_and_align; }
+  /// Whether the run stands at a round boundary between rounds (streaming may stand between segments).
+  virtual bool at_round_boundary() const { return true; }
+  /// Fills in what the policy keeps in a snapshot: the replicas' position in the round (boundary: 0), and
+  /// `outer`, the outer optimizer's state (theta, momentum, then eager's per-replica triples).
+  virtual void fill_snapshot(runtime::train_snapshot& snap, const std::vector<at::Tensor>& outer,
+                             bool boundary) const;
+  /// The all-reduce whose average a snapshot of `round` must carry (delayed, eager: its own round's).
+  virtual std::optional<ring_label> pending_average(uint64_t /*round*/) const { return std::nullopt; }
+  /// A boundary snapshot lends the live state and training waits for the write; false: it is cloned and
+  /// training goes on (it may wait for its pending average).
+  virtual bool lends_boundary_snapshot() const { return true; }
+  /// How many rounds behind the average the next round's theta is (metrics).
+  virtual double staleness() const { return 0; }
+  /// Takes what the policy needs from a resume snapshot (and adjusts it); an error refuses the resume.
+  virtual caf::error resume_from(runtime::train_snapshot& snap);
+  /// eager: the per-replica outer state to load into the outer optimizer on resume; empty otherwise.
+  virtual std::vector<at::Tensor> replica_outer_state(const runtime::train_snapshot& /*snap*/) const {
+    return {};
+  }
+  /// How a stall log names the all-reduce of `label`.
+  virtual std::string describe(const ring_label& label) const;
+
+ protected:
+  round_engine& engine_;
+};
+
+/// The policy of run.mode and diloco.outer.
+std::unique_ptr<round_policy> make_round_policy(round_engine& engine, const run_context& ctx);
+
+}  // namespace longwave::actors
