@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "runtime/caf_errors.hpp"
+#include "runtime/interfaces.hpp"
 #include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
 #include "runtime/tensor_checks.hpp"
-#include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
 
@@ -24,8 +24,9 @@ struct checkpointer_state {
   snapshot_shape shape;
 };
 
-void report(caf::event_based_actor* self, const caf::actor& metrics, const train_snapshot& snap,
-            const std::string& path, double seconds) {
+template <class Self>
+void report(Self* self, const metrics_actor& metrics, const train_snapshot& snap, const std::string& path,
+            double seconds) {
   if (!metrics) return;
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(path, ec);
@@ -67,8 +68,9 @@ std::string first_non_finite(const train_snapshot& snap) {
   return "";
 }
 
-caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, std::string dir, int64_t keep,
-                               snapshot_shape shape, caf::actor metrics) {
+checkpointer_actor::behavior_type checkpointer_fun(
+    checkpointer_actor::stateful_pointer<checkpointer_state> self, std::string dir, int64_t keep,
+    snapshot_shape shape, metrics_actor metrics) {
   self->state.store = std::make_unique<checkpoint_store>(std::move(dir), keep);
   self->state.shape = std::move(shape);
   return {
@@ -101,14 +103,14 @@ caf::behavior checkpointer_fun(caf::stateful_actor<checkpointer_state>* self, st
           return make_error(errc::io_error, e.what());
         }
       },
-      [=](flush_atom) { return true; },
+      [=](flush_atom) -> caf::result<bool> { return true; },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep, snapshot_shape shape,
-                              caf::actor metrics) {
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
+                                      snapshot_shape shape, metrics_actor metrics) {
   return sys.spawn<caf::detached>(checkpointer_fun, std::move(dir), keep, std::move(shape),
                                   std::move(metrics));
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/interfaces.hpp"
 #include "runtime/snapshot_codec.hpp"
 
 namespace longwave::actors {
@@ -13,7 +14,8 @@ namespace longwave::actors {
 /// Messages: (save, train_snapshot) -> path; (flush) -> true once every earlier save is on disk.
 /// With a metrics sink, each write reports its seconds, bytes and time (and a "checkpoint" line of
 /// metrics.jsonl); a failed write counts longwave_errors_total{reason="checkpoint_write"}.
-caf::actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
-                              runtime::snapshot_shape shape, caf::actor metrics = {});
+runtime::checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
+                                               runtime::snapshot_shape shape,
+                                               runtime::metrics_actor metrics = {});
 
 }  // namespace longwave::actors

@@ -11,10 +11,10 @@
 #include "comm/error_feedback.hpp"
 #include "runtime/caf_errors.hpp"
 #include "runtime/clock.hpp"
+#include "runtime/interfaces.hpp"
 #include "runtime/json_line.hpp"
 #include "runtime/log.hpp"
 #include "runtime/tensor_checks.hpp"
-#include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
 
@@ -24,16 +24,16 @@ namespace {
 
 struct comm_state {
   communicator_options opts;
-  // Error-feedback residuals, one per fragment (streaming syncs fragments of different sizes); created on
-  // first use.
+  // Error-feedback residuals, one per ring label part (streaming syncs fragments of different sizes);
+  // created on first use.
   std::map<uint32_t, std::unique_ptr<comm::error_feedback>> residuals;
   uint64_t sent = 0, received = 0;    // collective counters already reported
   double encode_s = 0, decode_s = 0;  // collective codec times already reported
 };
 
 /// Quantizes x in place chunk by chunk, as the collective will, carrying what is lost into the next round.
-void apply_error_feedback(comm_state& s, uint32_t fragment, float* x, size_t n) {
-  auto& residual = s.residuals[fragment];
+void apply_error_feedback(comm_state& s, uint32_t part, float* x, size_t n) {
+  auto& residual = s.residuals[part];
   if (!residual || residual->size() != n) residual = std::make_unique<comm::error_feedback>(n);
   const size_t chunk = std::max<size_t>(1, s.opts.collective->chunk_elements());
   std::vector<std::byte> wire;
@@ -52,8 +52,9 @@ void apply_error_feedback(comm_state& s, uint32_t fragment, float* x, size_t n) 
 }
 
 /// dtype: what this reduce used on the wire (comm.dtype, or fp32 for an exact one).
-void report(caf::event_based_actor* self, comm_state& s, uint64_t round, uint32_t label, size_t n,
-            double seconds, comm::wire_dtype dtype) {
+template <class Self>
+void report(Self* self, comm_state& s, const ring_label& label, size_t n, double seconds,
+            comm::wire_dtype dtype) {
   if (!s.opts.metrics) return;
   auto& m = s.opts.metrics;
   self->send(m, observe_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
@@ -84,8 +85,8 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, uint32_
   if (!s.opts.log_events) return;
   self->send(m, record_atom_v,
              json_line("allreduce")
-                 .add("round", round)
-                 .add("label", label)
+                 .add("round", label.first)
+                 .add("label", label.second)
                  .add("seconds", seconds)
                  .add("bytes_sent", sent)
                  .add("bytes_received", received)
@@ -93,12 +94,13 @@ void report(caf::event_based_actor* self, comm_state& s, uint64_t round, uint32_
                  .str());
 }
 
-using self_ptr = caf::stateful_actor<comm_state>*;
+using self_ptr = communicator_actor::stateful_pointer<comm_state>;
 
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
-caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
-                               std::vector<at::Tensor> parts, bool exact) {
+caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vector<at::Tensor> parts,
+                               bool exact) {
   auto& s = self->state;
+  const uint64_t round = label.first;
   const auto t0 = std::chrono::steady_clock::now();
   const comm::wire_dtype dtype = exact ? comm::wire_dtype::fp32 : s.opts.dtype;
   if (parts.empty()) return make_error(errc::peer_lost, "reduce with no contributions");
@@ -128,10 +130,10 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   if (s.opts.collective) {
     float* data = sum.data_ptr<float>();
     if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32)
-      apply_error_feedback(s, fragment, data, static_cast<size_t>(n));
+      apply_error_feedback(s, label.second, data, static_cast<size_t>(n));
     try {
       s.opts.collective->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()),
-                                   fragment, dtype);
+                                   label.second, dtype);
     } catch (const lw_error& e) {
       if (s.opts.metrics)
         self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
@@ -143,7 +145,7 @@ caf::result<at::Tensor> reduce(self_ptr self, uint64_t round, uint32_t fragment,
   if (s.opts.collective)
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                   s.opts.collective->bytes_sent() - s.sent);
-  report(self, s, round, fragment, static_cast<size_t>(n), secs, dtype);
+  report(self, s, label, static_cast<size_t>(n), secs, dtype);
   return sum;
 }
 
@@ -161,11 +163,11 @@ residual_map residuals_of(const comm_state& s) {
   return out;
 }
 
-caf::behavior communicator_fun(self_ptr self, communicator_options opts) {
+communicator_actor::behavior_type communicator_fun(self_ptr self, communicator_options opts) {
   self->state.opts = std::move(opts);
   return {
-      [=](state_atom) { return residuals_of(self->state); },
-      [=](load_atom, const residual_map& residuals) {
+      [=](state_atom) -> caf::result<residual_map> { return residuals_of(self->state); },
+      [=](load_atom, const residual_map& residuals) -> caf::result<bool> {
         auto& s = self->state;
         s.residuals.clear();
         for (const auto& [label, t] : residuals) {
@@ -176,21 +178,15 @@ caf::behavior communicator_fun(self_ptr self, communicator_options opts) {
         return true;
       },
       // By reference into the message, so that the tensors are moved out of it (see reduce).
-      [=](reduce_atom, uint64_t round, std::vector<at::Tensor>& parts) {
-        return reduce(self, round, 0, std::move(parts), false);
-      },
-      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor>& parts) {
-        return reduce(self, round, fragment, std::move(parts), false);
-      },
-      [=](reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor>& parts, bool exact) {
-        return reduce(self, round, fragment, std::move(parts), exact);
+      [=](reduce_atom, reduce_request& req) {
+        return reduce(self, req.label, std::move(req.parts), req.exact);
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_communicator(caf::actor_system& sys, communicator_options opts) {
+communicator_actor spawn_communicator(caf::actor_system& sys, communicator_options opts) {
   return sys.spawn<caf::detached>(communicator_fun, std::move(opts));
 }
 

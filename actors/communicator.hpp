@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm/codec.hpp"
+#include "runtime/interfaces.hpp"
 
 namespace longwave::comm {
 class collective;
@@ -28,7 +29,7 @@ struct communicator_options {
   comm::codec_options codec{};
   bool error_feedback = false;
   /// Metrics sink for all-reduce time and bytes; may be null.
-  caf::actor metrics;
+  runtime::metrics_actor metrics;
   /// The next and previous nodes' names (labels of the bytes-sent and bytes-received counters).
   std::string next_peer, prev_peer;
   /// Append one "allreduce" line per reduce to metrics.jsonl (not in ddp, which reduces every step). Its
@@ -38,15 +39,13 @@ struct communicator_options {
   bool log_events = true;
 };
 
-/// Message: (reduce, round, std::vector<at::Tensor> parts) -> at::Tensor mean. The local sum is in rank order
-/// in fp32 (deterministic, independent of arrival order); the ring result is bit-identical on every node.
-/// Non-finite values fail the round before anything is sent. (reduce, round, fragment, parts) does the same
-/// for one Streaming DiLoCo fragment (its own error-feedback residual); (round, fragment) must increase from
-/// call to call, and (reduce, round, parts) is fragment 0. (reduce, round, fragment, parts, exact) with exact
-/// = true sends fp32 on the wire whatever comm.dtype is, without error feedback: for parameters (eager's
-/// final mean), which must reach every node unrounded.
-/// (state) -> runtime::residual_map: copies of the error-feedback residuals (answered after a running
+/// Messages: runtime::communicator_actor. (reduce, request) -> the mean of request.parts. The local sum is in
+/// rank order in fp32 (deterministic, independent of arrival order); the ring result is bit-identical on
+/// every node. Non-finite values fail the round before anything is sent. Each ring label part has its own
+/// error-feedback residual; labels must increase from call to call. An exact request sends fp32 on the wire
+/// whatever comm.dtype is, without error feedback: for parameters (eager's final mean), which must reach
+/// every node unrounded. (state) -> copies of the error-feedback residuals (answered after a running
 /// reduce); (load, residual_map) -> true: installs them (a resume).
-caf::actor spawn_communicator(caf::actor_system& sys, communicator_options opts = {});
+runtime::communicator_actor spawn_communicator(caf::actor_system& sys, communicator_options opts = {});
 
 }  // namespace longwave::actors

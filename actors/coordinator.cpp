@@ -62,7 +62,7 @@ void notify_main(self_ptr self, int code) {
                      .add("steps", s.last_step)
                      .add("rounds", s.round));
   }
-  if (s.main) self->send(s.main, done_atom_v, code, s.last_val_loss);
+  if (s.main) caf::anon_send(s.main, done_atom_v, code, s.last_val_loss);  // main is not a typed actor
 }
 
 void fail(self_ptr self, const caf::error& e) {
@@ -191,7 +191,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
   }
   if (!set_phase(self, phase::evaluating)) return;
   const auto t0 = clock::now();
-  const auto& by = s.peers.evaluator ? s.peers.evaluator : s.workers[0];
+  const evaluator_actor by = s.peers.evaluator ? s.peers.evaluator : evaluator_actor{s.workers[0]};
   self->request(by, s.round_timeout, eval_atom_v, theta, cfg.eval.batches)
       .then(
           [=](double loss) {
@@ -204,8 +204,10 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
 
 namespace {
 
-caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> ctx, coordinator_peers peers,
-                              std::optional<train_snapshot> resume, std::string trace_path) {
+coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<const run_context> ctx,
+                                                 coordinator_peers peers,
+                                                 std::optional<train_snapshot> resume,
+                                                 std::string trace_path) {
   auto& s = self->state;
   s.ctx = ctx;
   s.peers = std::move(peers);
@@ -220,9 +222,10 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
   s.worker_tokens.assign(static_cast<size_t>(ctx->n_workers()), 0);
   s.request_timeout = seconds(ctx->cfg.runtime.request_timeout_s);
   for (int64_t r = 0; r < ctx->n_workers(); ++r)
-    s.workers.push_back(s.peers.worker_factory
-                            ? s.peers.worker_factory(self->system(), r, caf::actor_cast<caf::actor>(self))
-                            : spawn_worker(self->system(), ctx, r, caf::actor_cast<caf::actor>(self)));
+    s.workers.push_back(
+        s.peers.worker_factory
+            ? s.peers.worker_factory(self->system(), r, caf::actor_cast<coordinator_actor>(self))
+            : spawn_worker(self->system(), ctx, r, caf::actor_cast<coordinator_actor>(self)));
   if (!trace_path.empty()) s.trace.open(trace_path, std::ios::app);
   self->set_down_handler([=](caf::down_msg& dm) {
     fail(self, make_error(errc::peer_lost, "an actor went down: " + caf::to_string(dm.reason)));
@@ -248,16 +251,14 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
                 [=](at::Tensor& theta) {
                   gather<bool>(
                       self, self->state.request_timeout, [=](std::vector<bool>) { begin_round(self); },
-                      theta_atom_v, theta);
+                      set_atom_v, theta);
                 },
                 [=](caf::error& e) { fail(self, e); });
       },
       [=](report_atom, const step_report& r) {
         if (self->state.ph == phase::inner || self->state.ph == phase::stopping) on_report(self, r);
       },
-      [=](lost_atom, uint64_t round, uint32_t fragment, caf::error& e) {
-        allreduce_failed(self, ring_label{round, fragment}, std::move(e), true);
-      },
+      [=](lost_atom, ring_label label, caf::error& e) { allreduce_failed(self, label, std::move(e), true); },
       [=](stop_atom) {
         auto& s = self->state;
         if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
@@ -278,9 +279,10 @@ caf::behavior coordinator_fun(self_ptr self, std::shared_ptr<const run_context> 
 
 }  // namespace coordinator_parts
 
-caf::actor spawn_coordinator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx,
-                             coordinator_peers peers, std::optional<runtime::train_snapshot> resume,
-                             std::string trace_path) {
+runtime::coordinator_actor spawn_coordinator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx,
+                                             coordinator_peers peers,
+                                             std::optional<runtime::train_snapshot> resume,
+                                             std::string trace_path) {
   return sys.spawn(coordinator_parts::coordinator_fun, std::move(ctx), std::move(peers), std::move(resume),
                    std::move(trace_path));
 }

@@ -10,7 +10,7 @@
 #include "models/gpt.hpp"
 #include "models/inner_trainer.hpp"
 #include "runtime/caf_errors.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/interfaces.hpp"
 
 namespace longwave::actors {
 
@@ -22,8 +22,8 @@ struct evaluator_state {
   std::unique_ptr<models::gpt> model;  // bf16 only
 };
 
-caf::behavior evaluator_fun(caf::stateful_actor<evaluator_state>* self,
-                            std::shared_ptr<const run_context> ctx) {
+evaluator_actor::behavior_type evaluator_fun(evaluator_actor::stateful_pointer<evaluator_state> self,
+                                             std::shared_ptr<const run_context> ctx) {
   at::set_num_threads(1);
   if (ctx->cfg.model.dtype == config::model_dtype::bf16)
     self->state.model = std::make_unique<models::gpt>(ctx->spec, at::kBFloat16);
@@ -48,7 +48,7 @@ caf::behavior evaluator_fun(caf::stateful_actor<evaluator_state>* self,
 
 }  // namespace
 
-caf::actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx) {
+evaluator_actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx) {
   return sys.spawn<caf::detached>(evaluator_fun, std::move(ctx));
 }
 

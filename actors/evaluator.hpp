@@ -6,11 +6,12 @@
 #include <memory>
 
 #include "actors/run_context.hpp"
+#include "runtime/interfaces.hpp"
 
 namespace longwave::actors {
 
 /// Message: (eval, theta, n_batches) -> mean validation loss. theta must not change until the answer (send a
 /// clone). Requests are answered in order. Costs one model copy of memory.
-caf::actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx);
+runtime::evaluator_actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx);
 
 }  // namespace longwave::actors

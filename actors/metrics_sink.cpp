@@ -5,10 +5,10 @@
 #include <fstream>
 #include <memory>
 
+#include "runtime/interfaces.hpp"
 #include "runtime/log.hpp"
 #include "runtime/metrics_registry.hpp"
 #include "runtime/metrics_server.hpp"
-#include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
 
@@ -24,7 +24,8 @@ struct sink_state {
   bool jsonl_failed = false;
 };
 
-caf::behavior sink_fun(caf::stateful_actor<sink_state>* self, std::shared_ptr<sink_state> init) {
+metrics_actor::behavior_type sink_fun(metrics_actor::stateful_pointer<sink_state> self,
+                                      std::shared_ptr<sink_state> init) {
   self->state = std::move(*init);
   return {
       [=](gauge_atom, const std::string& name, const std::string& labels, double v) {
@@ -51,7 +52,7 @@ caf::behavior sink_fun(caf::stateful_actor<sink_state>* self, std::shared_ptr<si
 
 }  // namespace
 
-caf::actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_options& opts, int* bound_port) {
+metrics_actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_options& opts, int* bound_port) {
   // Built here, on the caller's thread, so that a port in use is an lw_error for the caller.
   auto s = std::make_shared<sink_state>();
   s->registry = std::make_unique<metrics_registry>(metric_role::node, opts.node, opts.workers, opts.peers);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/interfaces.hpp"
+
 namespace longwave::actors {
 
 /// Where and as whom the sink exposes metrics.
@@ -24,6 +26,7 @@ struct metrics_sink_options {
 /// metrics.jsonl. `labels` is "" (none), "3" (worker="3") or "key=value[,key=value]".
 /// The bound port (port 0: the one chosen) is written to *bound_port. Throws lw_error(io_error) if the port
 /// cannot be bound, lw_error(invalid_config) for a bad address.
-caf::actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_options& opts, int* bound_port);
+runtime::metrics_actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_options& opts,
+                                          int* bound_port);
 
 }  // namespace longwave::actors

@@ -10,8 +10,8 @@
 
 #include "models/outer_sgd.hpp"
 #include "runtime/caf_errors.hpp"
+#include "runtime/interfaces.hpp"
 #include "runtime/json_line.hpp"
-#include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
 
@@ -20,7 +20,7 @@ using namespace longwave::runtime;
 namespace {
 
 /// eager: one replica's outer state.
-struct eager_replica {
+struct replica_outer {
   at::Tensor theta, prev_delta;  // prev_delta undefined before its first round
   std::unique_ptr<models::outer_sgd> opt;
 };
@@ -28,17 +28,17 @@ struct eager_replica {
 struct outer_state {
   at::Tensor theta;
   std::unique_ptr<models::outer_sgd> opt;
-  std::pair<uint64_t, uint32_t> last{0, 0};  // (round, seq) of the last step
+  ring_label last{0, 0};  // the label of the last step
   bool stepped = false;
-  std::vector<eager_replica> replicas;
+  std::vector<replica_outer> replicas;
   // eager: theta-sized buffers reused by every step. A fresh model-sized tensor faults in every page again
   // (about 1,800 faults for the tiny model), which cost 100-500 ms per round on a busy machine.
   at::Tensor proxy, mean_proxy, mean_theta;
 };
 
-using self_ptr = caf::stateful_actor<outer_state>*;
+using self_ptr = outer_actor::stateful_pointer<outer_state>;
 
-void report(self_ptr self, const caf::actor& metrics, uint64_t round, double lr, double delta_norm,
+void report(self_ptr self, const metrics_actor& metrics, uint64_t round, double lr, double delta_norm,
             double update_norm) {
   if (!metrics) return;
   auto gauge = [&](const char* name, double v) {
@@ -56,12 +56,11 @@ void report(self_ptr self, const caf::actor& metrics, uint64_t round, double lr,
                  .str());
 }
 
-/// Rejects a step that does not follow the last one; records it otherwise.
-caf::error check_order(outer_state& s, uint64_t round, uint32_t seq) {
-  const std::pair<uint64_t, uint32_t> key{round, seq};
-  if (s.stepped && key <= s.last)
-    return make_error(errc::stale_round, "outer step for round " + std::to_string(round) + " (" +
-                                             std::to_string(seq) + ") after round " +
+/// Rejects a step that does not follow the last one.
+caf::error check_order(outer_state& s, const ring_label& label) {
+  if (s.stepped && label <= s.last)
+    return make_error(errc::stale_round, "outer step for round " + std::to_string(label.first) + " (" +
+                                             std::to_string(label.second) + ") after round " +
                                              std::to_string(s.last.first) + " (" +
                                              std::to_string(s.last.second) + ")");
   return {};
@@ -88,32 +87,29 @@ caf::error torch_guarded(const char* what, F&& f) {
 }
 
 /// theta, b and (eager) each replica's theta_m, b_m, prev_delta: clones, or the live tensors if lend.
-std::vector<at::Tensor> state_of(outer_state& s, bool lend) {
+outer_snapshot state_of(outer_state& s, bool lend) {
   auto copy = [lend](const at::Tensor& t) { return t.defined() && !lend ? t.clone() : t; };
-  std::vector<at::Tensor> out{copy(s.theta), copy(s.opt->momentum_buffer())};
-  for (auto& r : s.replicas) {
-    out.push_back(copy(r.theta));
-    out.push_back(copy(r.opt->momentum_buffer()));
-    out.push_back(copy(r.prev_delta));
-  }
+  outer_snapshot out{copy(s.theta), copy(s.opt->momentum_buffer()), {}};
+  for (auto& r : s.replicas)
+    out.replicas.push_back({copy(r.theta), copy(r.opt->momentum_buffer()), copy(r.prev_delta)});
   return out;
 }
 
-caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor theta0, caf::actor metrics,
-                        outer_policy policy) {
+outer_actor::behavior_type outer_fun(self_ptr self, config::outer_section cfg, at::Tensor theta0,
+                                     metrics_actor metrics, outer_policy policy) {
   auto& st = self->state;
   st.theta = std::move(theta0);
   st.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
   for (int64_t m = 0; m < policy.eager_replicas; ++m)
     st.replicas.push_back({st.theta.clone(), at::Tensor(),
                            std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
-  auto finish_step = [=](uint64_t round, uint32_t seq) {
-    self->state.last = {round, seq};
+  auto finish_step = [=](const ring_label& label) {
+    self->state.last = label;
     self->state.stepped = true;
   };
   return {
-      [=](theta_atom) { return self->state.theta; },
-      [=](theta_atom, int64_t n) {
+      [=](theta_atom) -> caf::result<at::Tensor> { return self->state.theta; },
+      [=](replicas_atom, int64_t n) -> caf::result<std::vector<at::Tensor>> {
         auto& s = self->state;
         std::vector<at::Tensor> out;
         for (int64_t m = 0; m < n; ++m)
@@ -121,54 +117,44 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
                                                                    : s.theta);
         return out;
       },
-      [=](theta_atom, at::Tensor theta) -> caf::result<bool> {
+      [=](set_atom, at::Tensor theta) -> caf::result<bool> {
         if (auto e = check_size(theta, self->state.theta.numel(), "theta")) return e;
         self->state.theta = theta.clone();
         return true;
       },
-      [=](outer_atom, uint64_t round, at::Tensor delta) -> caf::result<at::Tensor> {
+      [=](outer_atom, ring_label label, at::Tensor delta) -> caf::result<at::Tensor> {
         auto& s = self->state;
-        if (auto e = check_order(s, round, 0)) return e;
-        if (auto e = check_size(delta, s.theta.numel(), "pseudo-gradient")) return e;
-        auto e = torch_guarded("outer step", [&] {
-          const double delta_norm = delta.norm().item<double>();
-          const double update_norm = s.opt->step(s.theta, delta);
-          report(self, metrics, round, s.opt->lr(), delta_norm, update_norm);
-        });
-        if (e) return e;
-        finish_step(round, 0);
-        return s.theta;
-      },
-      [=](outer_atom, uint64_t round, uint32_t seq, at::Tensor delta) -> caf::result<at::Tensor> {
-        auto& s = self->state;
-        if (policy.fragments.empty())
+        const bool whole = label.second == 0;
+        if (!whole && policy.fragments.empty())
           return make_error(errc::invalid_config, "fragment outer step without streaming fragments");
-        if (auto e = check_order(s, round, seq)) return e;
-        const auto& ranges = policy.fragments[seq % policy.fragments.size()];
-        if (auto e = check_size(delta, models::range_size(ranges), "fragment pseudo-gradient")) return e;
+        if (auto e = check_order(s, label)) return e;
+        const auto* ranges = whole ? nullptr : &policy.fragments[label.second % policy.fragments.size()];
+        const int64_t n = whole ? s.theta.numel() : models::range_size(*ranges);
+        if (auto e = check_size(delta, n, whole ? "pseudo-gradient" : "fragment pseudo-gradient")) return e;
         auto e = torch_guarded("outer step", [&] {
           const double delta_norm = delta.norm().item<double>();
-          const double update_norm = s.opt->step(s.theta, delta, ranges);
-          report(self, metrics, round, s.opt->lr(), delta_norm, update_norm);
+          const double update_norm =
+              whole ? s.opt->step(s.theta, delta) : s.opt->step(s.theta, delta, *ranges);
+          report(self, metrics, label.first, s.opt->lr(), delta_norm, update_norm);
         });
         if (e) return e;
-        finish_step(round, seq);
+        finish_step(label);
         return s.theta;
       },
       [=](eager_atom, uint64_t round, at::Tensor avg_prev,
-          std::vector<at::Tensor> deltas) -> caf::result<std::vector<at::Tensor>> {
+          std::vector<at::Tensor> deltas) -> caf::result<eager_thetas> {
         auto& s = self->state;
         const int64_t n = s.theta.numel();
         if (deltas.size() != s.replicas.size())
           return make_error(errc::malformed_frame, "eager step with " + std::to_string(deltas.size()) +
                                                        " pseudo-gradients for " +
                                                        std::to_string(s.replicas.size()) + " replicas");
-        if (auto e = check_order(s, round, 0)) return e;
+        if (auto e = check_order(s, {round, 0})) return e;
         if (avg_prev.defined())
           if (auto e = check_size(avg_prev, n, "average")) return e;
         for (const auto& d : deltas)
           if (auto e = check_size(d, n, "pseudo-gradient")) return e;
-        std::vector<at::Tensor> out{at::Tensor()};
+        eager_thetas out;
         auto e = torch_guarded("eager outer step", [&] {
           at::NoGradGuard no_grad;
           const double inv_m = 1.0 / static_cast<double>(policy.global_workers);
@@ -187,7 +173,7 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
             r.prev_delta = deltas[m];
             mean_proxy.add_(proxy);
             mean_theta.add_(r.theta);
-            out.push_back(r.theta);
+            out.replicas.push_back(r.theta);
           }
           const double k = static_cast<double>(deltas.size());
           mean_proxy.div_(k);
@@ -195,35 +181,29 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
           const double update_norm = at::sub_out(proxy, mean_theta, s.theta).norm().item<double>();
           // In place, as the other outer steps update theta: whoever must keep a theta clones it.
           s.theta.copy_(mean_theta);
-          out[0] = s.theta;
+          out.theta = s.theta;
           report(self, metrics, round, s.opt->lr(), mean_proxy.norm().item<double>(), update_norm);
         });
         if (e) return e;
-        finish_step(round, 0);
+        finish_step({round, 0});
         return out;
       },
-      [=](state_atom) { return state_of(self->state, false); },
       // lend: theta and b themselves; the caller steps nothing until the snapshot is written.
-      [=](state_atom, bool lend) { return state_of(self->state, lend); },
-      [=](load_atom, at::Tensor theta, at::Tensor momentum) {
+      [=](state_atom, bool lend) -> caf::result<outer_snapshot> { return state_of(self->state, lend); },
+      [=](load_atom, const outer_snapshot& snap) -> caf::result<bool> {
         auto& s = self->state;
-        s.theta.copy_(theta);
-        s.opt->set_momentum_buffer(momentum.defined() ? momentum.clone() : at::Tensor());
-        s.stepped = false;
-        return true;
-      },
-      [=](load_atom, std::vector<at::Tensor> triples) -> caf::result<bool> {
-        auto& s = self->state;
-        if (triples.size() != 3 * s.replicas.size())
-          return make_error(errc::corrupt_checkpoint, "eager outer state for " +
-                                                          std::to_string(triples.size() / 3) + " replicas, " +
-                                                          std::to_string(s.replicas.size()) + " expected");
-        for (size_t m = 0; m < s.replicas.size(); ++m) {
+        if (!snap.replicas.empty() && snap.replicas.size() != s.replicas.size())
+          return make_error(errc::corrupt_checkpoint,
+                            "eager outer state for " + std::to_string(snap.replicas.size()) + " replicas, " +
+                                std::to_string(s.replicas.size()) + " expected");
+        s.theta.copy_(snap.theta);
+        s.opt->set_momentum_buffer(snap.momentum.defined() ? snap.momentum.clone() : at::Tensor());
+        for (size_t m = 0; m < snap.replicas.size(); ++m) {
           auto& r = s.replicas[m];
-          r.theta = triples[3 * m].clone();
-          r.opt->set_momentum_buffer(triples[3 * m + 1].defined() ? triples[3 * m + 1].clone()
-                                                                  : at::Tensor());
-          r.prev_delta = triples[3 * m + 2].defined() ? triples[3 * m + 2].clone() : at::Tensor();
+          const auto& in = snap.replicas[m];
+          r.theta = in.theta.clone();
+          r.opt->set_momentum_buffer(in.momentum.defined() ? in.momentum.clone() : at::Tensor());
+          r.prev_delta = in.prev_delta.defined() ? in.prev_delta.clone() : at::Tensor();
         }
         s.stepped = false;
         return true;
@@ -233,8 +213,8 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
 
 }  // namespace
 
-caf::actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg, at::Tensor theta0,
-                                 caf::actor metrics, outer_policy policy) {
+outer_actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg, at::Tensor theta0,
+                                  metrics_actor metrics, outer_policy policy) {
   return sys.spawn(outer_fun, cfg, std::move(theta0), std::move(metrics), std::move(policy));
 }
 

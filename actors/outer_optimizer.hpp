@@ -9,6 +9,7 @@
 
 #include "config/train_config.hpp"
 #include "models/model_spec.hpp"
+#include "runtime/interfaces.hpp"
 
 namespace longwave::actors {
 
@@ -19,20 +20,11 @@ struct outer_policy {
   int64_t global_workers = 1;                  ///< eager: M, the workers of the whole run
 };
 
-/// Messages:
-///   (theta) -> theta
-///   (theta, n) -> n tensors: each local replica's outer parameters (eager), or theta n times
-///   (theta, new_theta) -> ok: replaces theta only (eager: the cluster's mean at the end)
-///   (outer, round, avg_delta) -> theta: sync / delayed
-///   (outer, round, seq, fragment_delta) -> theta: streaming, fragment seq % P; (round, seq) increase
-///   (eager, round, avg_prev, deltas) -> [theta, theta_0, ...]: eager, every replica's proxy step; theta is
-///     their mean (avg_prev undefined: no earlier average)
-///   (state) -> [theta, momentum] (+ eager: outer_theta, outer_momentum, prev_delta per replica), clones
-///   (load, theta, momentum) -> ok; (load, per-replica triples) -> ok (eager)
-/// The returned tensors are read-only for receivers until the next outer step. With a metrics sink, each
-/// outer step reports the pseudo-gradient and update norms and the outer learning rate (gauges, and an
-/// "outer" line of metrics.jsonl).
-caf::actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg, at::Tensor theta0,
-                                 caf::actor metrics = {}, outer_policy policy = {});
+/// Messages: runtime::outer_actor. The returned tensors are read-only for receivers until the next outer
+/// step. With a metrics sink, each outer step reports the pseudo-gradient and update norms and the outer
+/// learning rate (gauges, and an "outer" line of metrics.jsonl).
+runtime::outer_actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg,
+                                           at::Tensor theta0, runtime::metrics_actor metrics = {},
+                                           outer_policy policy = {});
 
 }  // namespace longwave::actors

@@ -166,7 +166,7 @@ std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t m
 }
 
 /// Logs rejected frames (the first 50, then every 1000th) and counts them by reason.
-comm::ring_allreduce::reject_callback rejection_logger(caf::actor metrics) {
+comm::ring_allreduce::reject_callback rejection_logger(metrics_actor metrics) {
   auto count = std::make_shared<std::atomic<uint64_t>>(0);
   return [metrics, count](const std::string& peer, const std::string& why) {
     const auto n = count->fetch_add(1) + 1;
@@ -302,8 +302,8 @@ void configure_system(caf::actor_system_config& sys_cfg) {
 }
 
 /// The metrics sink: /metrics (if enabled) and metrics.jsonl, with every worker and peer series made.
-caf::actor spawn_metrics(caf::actor_system& sys, const config::train_config& cfg, const paths& p,
-                         const run_options& opts, const cluster_role* role, int corrupt_checkpoints) {
+metrics_actor spawn_metrics(caf::actor_system& sys, const config::train_config& cfg, const paths& p,
+                            const run_options& opts, const cluster_role* role, int corrupt_checkpoints) {
   metrics_sink_options o;
   o.port = cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1;
   o.address = cfg.metrics.address;
@@ -331,7 +331,7 @@ caf::actor spawn_metrics(caf::actor_system& sys, const config::train_config& cfg
 
 /// The communicator's options: the local mean alone, or (a cluster node) comm.backend across nodes.
 communicator_options communicator_options_for(const config::train_config& cfg, const cluster_role* role,
-                                              const caf::actor& metrics) {
+                                              const metrics_actor& metrics) {
   communicator_options o;
   o.metrics = metrics;
   o.log_events = cfg.run.mode != config::run_mode::ddp;
@@ -352,7 +352,7 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
 /// The outer optimizer: theta_0, [outer], and the policy's extra state (streaming's fragments, eager's
 /// per-worker replicas). single: theta_global just follows the one worker (theta - 1.0 * (theta -
 /// theta_local)); [outer] is unused.
-caf::actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const caf::actor& metrics) {
+outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const metrics_actor& metrics) {
   const auto& cfg = ctx.cfg;
   config::outer_section outer_cfg = cfg.outer;
   if (cfg.run.mode == config::run_mode::single) outer_cfg = config::outer_section{1.0, 0.0, false};
@@ -368,7 +368,7 @@ caf::actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const caf
 
 /// The running actors of one process, and the collective the main loop may cancel.
 struct actor_graph {
-  caf::actor coordinator;
+  coordinator_actor coordinator;
   coordinator_peers peers;
   std::shared_ptr<comm::collective> collective;
 };
@@ -424,8 +424,10 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
                           }
                         });
     }
-    for (const auto& a : {g.coordinator, g.peers.communicator, g.peers.outer, g.peers.checkpointer,
-                          g.peers.evaluator, g.peers.metrics})
+    for (const auto& a :
+         {caf::actor_cast<caf::actor>(g.coordinator), caf::actor_cast<caf::actor>(g.peers.communicator),
+          caf::actor_cast<caf::actor>(g.peers.outer), caf::actor_cast<caf::actor>(g.peers.checkpointer),
+          caf::actor_cast<caf::actor>(g.peers.evaluator), caf::actor_cast<caf::actor>(g.peers.metrics)})
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   if (opts.handle_signals) {

@@ -13,6 +13,7 @@
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
+#include "runtime/interfaces.hpp"
 
 namespace longwave::actors {
 
@@ -26,7 +27,7 @@ struct run_options {
   std::optional<uint64_t> max_resume_round;
   /// Tests only: spawns the communicator instead of the real one (e.g. one that answers (reduce, round,
   /// parts) with hand-set averages). Empty: the real communicator.
-  std::function<caf::actor(caf::actor_system&)> communicator_override;
+  std::function<runtime::communicator_actor(caf::actor_system&)> communicator_override;
 };
 
 /// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).

@@ -1,16 +1,8 @@
-// Worker actor. Messages:
-//   (run, round, theta, H, sync) -> round_result   run H inner steps from theta (sync: load theta first);
-//                                                  delta = theta - local (none if theta is undefined)
-//   (mix, theta, fragment, alpha) -> ok             streaming: local <- (1-alpha) theta + alpha local on
-//                                                  the fragment's ranges
-//   (step)                                          one inner step, to self
-//   (grad) -> round_result                          ddp: loss and gradient of the next batch
-//   (apply, avg_grad) -> ok                         ddp: AdamW step with the averaged gradient
-//   (eval, theta, n) -> loss                        validation loss of theta
-//   (theta, theta) -> ok                            set the replica's weights
-//   (state) -> replica_state ; (load, replica_state) -> ok
-//   (state, lend = true) -> replica_state           the live buffers: the caller sends nothing that changes
-//                                                  them until the snapshot is written
+// Worker actor (runtime::worker_actor). Notes beyond the interface:
+//   run: delta = theta - local (none if theta is undefined)
+//   mix: local <- (1-alpha) theta + alpha local on the fragment's ranges
+//   (state, lend = true): the live buffers; the caller sends nothing that changes them until the snapshot is
+//   written
 //   (pause) -> steps done; (state, target) -> replica_state once the paused replica reached step target
 #include "actors/worker.hpp"
 
@@ -22,8 +14,8 @@
 
 #include "runtime/caf_errors.hpp"
 #include "runtime/clock.hpp"
+#include "runtime/interfaces.hpp"
 #include "runtime/log.hpp"
-#include "runtime/type_ids.hpp"
 
 namespace longwave::actors {
 
@@ -35,7 +27,7 @@ struct worker_state {
   std::shared_ptr<const run_context> ctx;
   std::unique_ptr<models::inner_trainer> trainer;
   int64_t rank = 0;
-  caf::actor coordinator;
+  coordinator_actor coordinator;
   // The current inner round.
   bool busy = false;
   uint64_t round = 0;
@@ -45,11 +37,13 @@ struct worker_state {
   // Stopping mid-round: paused replicas step only up to pause_target, then answer the state request.
   bool paused = false;
   int64_t pause_target = -1;
-  caf::response_promise state_rp;
+  caf::typed_response_promise<replica_state> state_rp;
   int64_t steps_run = 0;  // steps executed by this process in this round
   double loss_sum = 0;
-  caf::response_promise rp;
+  caf::typed_response_promise<round_result> rp;
 };
+
+using self_ptr = worker_actor::stateful_pointer<worker_state>;
 
 // Runs f; converts foreign exceptions into a caf::error (tier 3 -> tier 1).
 template <class F>
@@ -67,7 +61,7 @@ caf::error guarded(int64_t rank, F&& f) {
   }
 }
 
-void finish_round(caf::stateful_actor<worker_state>* self) {
+void finish_round(self_ptr self) {
   auto& s = self->state;
   round_result r;
   r.rank = s.rank;
@@ -79,7 +73,7 @@ void finish_round(caf::stateful_actor<worker_state>* self) {
   s.rp.deliver(std::move(r));
 }
 
-replica_state replica_of(caf::stateful_actor<worker_state>* self, bool lend = false) {
+replica_state replica_of(self_ptr self, bool lend = false) {
   auto& s = self->state;
   auto is = s.trainer->state(lend);
   replica_state r;
@@ -94,8 +88,8 @@ replica_state replica_of(caf::stateful_actor<worker_state>* self, bool lend = fa
   return r;
 }
 
-caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_ptr<const run_context> ctx,
-                         int64_t rank, caf::actor coordinator) {
+worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_context> ctx, int64_t rank,
+                                       coordinator_actor coordinator) {
   auto& st = self->state;
   st.ctx = ctx;
   st.rank = rank;
@@ -121,7 +115,7 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
           if (sync && s.theta_ref.defined()) s.trainer->set_params(s.theta_ref);
         }
         s.busy = true;
-        s.rp = self->make_response_promise();
+        s.rp = self->make_response_promise<round_result>();
         if (s.steps_in_round >= s.steps_target) {
           finish_round(self);
         } else {
@@ -183,7 +177,7 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
           return err;
         return loss;
       },
-      [=](theta_atom, at::Tensor theta) -> caf::result<bool> {
+      [=](set_atom, at::Tensor theta) -> caf::result<bool> {
         auto& s = self->state;
         if (auto err = guarded(s.rank, [&] { s.trainer->set_params(theta); })) return err;
         return true;
@@ -197,12 +191,12 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
         if (auto err = guarded(s.rank, [&] { s.trainer->mix(theta, frags[fragment], alpha); })) return err;
         return true;
       },
-      [=](state_atom) { return replica_of(self); },
+      [=](state_atom) -> caf::result<replica_state> { return replica_of(self); },
       [=](state_atom, bool lend) -> caf::result<replica_state> {
         if (self->state.busy) return make_error(errc::stale_round, "worker: state lent during a round");
         return replica_of(self, lend);
       },
-      [=](pause_atom) {
+      [=](pause_atom) -> caf::result<int64_t> {
         auto& s = self->state;
         s.paused = true;
         return s.trainer->steps_done();
@@ -211,7 +205,7 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
         auto& s = self->state;
         s.pause_target = target;
         if (!s.busy || s.trainer->steps_done() >= target) return replica_of(self);
-        s.state_rp = self->make_response_promise();
+        s.state_rp = self->make_response_promise<replica_state>();
         self->send(self, step_atom_v);  // restart the paused step chain
         return s.state_rp;
       },
@@ -227,8 +221,8 @@ caf::behavior worker_fun(caf::stateful_actor<worker_state>* self, std::shared_pt
 
 }  // namespace
 
-caf::actor spawn_worker(caf::actor_system& sys, std::shared_ptr<const run_context> ctx, int64_t rank,
-                        const caf::actor& coordinator) {
+worker_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<const run_context> ctx, int64_t rank,
+                          const coordinator_actor& coordinator) {
   return sys.spawn<caf::detached>(worker_fun, std::move(ctx), rank, coordinator);
 }
 

@@ -7,11 +7,12 @@
 #include <memory>
 
 #include "actors/run_context.hpp"
+#include "runtime/interfaces.hpp"
 
 namespace longwave::actors {
 
 /// Spawns worker `rank`. Step reports go to `coordinator` as (report_atom, step_report).
-caf::actor spawn_worker(caf::actor_system& sys, std::shared_ptr<const run_context> ctx, int64_t rank,
-                        const caf::actor& coordinator);
+runtime::worker_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<const run_context> ctx,
+                                   int64_t rank, const runtime::coordinator_actor& coordinator);
 
 }  // namespace longwave::actors

@@ -6,9 +6,42 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace longwave::runtime {
+
+/// The ring label of one all-reduce, (round, part), the same name from the policy to the wire: part 0 is a
+/// round's average, j = 1..P streaming's j-th sync of the round, higher parts the reduces that finish a run.
+/// Labels increase from call to call.
+using ring_label = std::pair<uint64_t, uint32_t>;
+
+/// What the communicator averages: this node's workers' tensors (rank order) under one ring label. exact:
+/// fp32 on the wire and no error feedback, whatever comm.dtype says (parameters, not pseudo-gradients).
+struct reduce_request {
+  ring_label label;
+  std::vector<at::Tensor> parts;
+  bool exact = false;
+};
+
+/// diloco.outer = "eager": one replica's own outer parameters, momentum (undefined before its first step with
+/// momentum) and last pseudo-gradient (undefined before its first round).
+struct eager_outer {
+  at::Tensor theta, momentum, prev_delta;
+};
+
+/// The outer optimizer's resumable state: theta_global, its momentum (undefined before the first outer step)
+/// and, under eager, each local replica's own outer state (empty otherwise).
+struct outer_snapshot {
+  at::Tensor theta, momentum;
+  std::vector<eager_outer> replicas;
+};
+
+/// The answer of an eager step: theta_global (the replicas' mean) and each local replica's outer parameters.
+struct eager_thetas {
+  at::Tensor theta;
+  std::vector<at::Tensor> replicas;
+};
 
 /// The resumable state of one worker replica, fp32 flat buffers.
 struct replica_state {

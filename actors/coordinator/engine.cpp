@@ -9,8 +9,8 @@ namespace longwave::actors::coordinator_parts {
 
 using namespace longwave::runtime;
 
-template <class T, class... Ts>
-void coordinator_engine::ask(const caf::actor& to, caf::timespan timeout, then<T> k, Ts&&... xs) {
+template <class T, class Handle, class... Ts>
+void coordinator_engine::ask(const Handle& to, caf::timespan timeout, then<T> k, Ts&&... xs) {
   auto self = self_;
   self->request(to, timeout, std::forward<Ts>(xs)...)
       .then([k](T& answer) { k(std::move(answer)); },
@@ -52,8 +52,11 @@ inflight_reduces& coordinator_engine::reduces() {
 
 void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps,
                                      bool reset, then<results> k) {
-  gather_each<round_result>(self_, self_->state.round_timeout, std::move(k), [=](size_t i) {
-    return caf::make_message(run_atom_v, round, thetas.size() == 1 ? thetas[0] : thetas[i], steps, reset);
+  auto self = self_;
+  const auto timeout = self->state.round_timeout;
+  gather_each<round_result>(self, std::move(k), [=](size_t i) {
+    return self->request(self->state.workers[i], timeout, run_atom_v, round,
+                         thetas.size() == 1 ? thetas[0] : thetas[i], steps, reset);
   });
 }
 
@@ -86,28 +89,26 @@ void coordinator_engine::theta(then<at::Tensor> k) {
 }
 
 void coordinator_engine::thetas(then<std::vector<at::Tensor>> k) {
-  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), theta_atom_v,
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), replicas_atom_v,
       self_->state.ctx->n_workers());
 }
 
 void coordinator_engine::set_theta(at::Tensor theta, then<bool> k) {
-  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), theta_atom_v, std::move(theta));
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), set_atom_v, std::move(theta));
 }
 
 void coordinator_engine::mirror_theta(at::Tensor weights, then<bool> k) {
-  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), load_atom_v, std::move(weights),
-      at::Tensor());
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), load_atom_v,
+      outer_snapshot{std::move(weights), at::Tensor(), {}});
 }
 
 void coordinator_engine::outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) {
-  const auto& s = self_->state;
-  if (fragment == 0)
-    return ask(s.peers.outer, s.request_timeout, std::move(k), outer_atom_v, round, std::move(avg));
-  ask(s.peers.outer, s.request_timeout, std::move(k), outer_atom_v, round, fragment, std::move(avg));
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), outer_atom_v,
+      ring_label{round, fragment}, std::move(avg));
 }
 
 void coordinator_engine::eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
-                                    then<std::vector<at::Tensor>> k) {
+                                    then<eager_thetas> k) {
   ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), eager_atom_v, round,
       std::move(avg_prev), std::move(deltas));
 }
@@ -118,22 +119,22 @@ void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> pa
   auto self = self_;
   // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
   // communicator that never answers.
-  self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v, label.first,
-                std::move(parts))
+  self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
+                reduce_request{label, std::move(parts), false})
       .then([k](at::Tensor& avg) { k(std::move(avg)); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
 
 void coordinator_engine::reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) {
-  ask(self_->state.peers.communicator, self_->state.request_timeout, std::move(k), reduce_atom_v, round,
-      std::move(parts));
+  ask(self_->state.peers.communicator, self_->state.request_timeout, std::move(k), reduce_atom_v,
+      reduce_request{{round, 0}, std::move(parts), false});
 }
 
 void coordinator_engine::start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) {
   auto self = self_;
   self->state.reduces.started(label);
-  self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v, label.first,
-                label.second, std::move(parts), exact)
+  self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
+                reduce_request{label, std::move(parts), exact})
       .then([self, label](at::Tensor& avg) { self->state.reduces.arrived(label, avg); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
@@ -208,7 +209,7 @@ void allreduce_failed(self_ptr self, ring_label label, caf::error e, bool waited
   if (!stop && !waited && has_code(e, errc::peer_lost)) {
     spdlog::debug("round {}: a ring peer left; failing in {} ms unless this node is stopping too",
                   label.first, lost_peer_grace.count());
-    self->delayed_send(self, lost_peer_grace, lost_atom_v, label.first, label.second, std::move(e));
+    self->delayed_send(self, lost_peer_grace, lost_atom_v, label, std::move(e));
     return;
   }
   self->state.reduces.failed(label);  // no-op for sync's all-reduce, which is never in flight

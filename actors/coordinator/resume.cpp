@@ -1,5 +1,6 @@
-// Installs a resume snapshot before the first round: the policy takes its part, then the outer optimizer,
-// the communicator's residuals and every replica are loaded, in that order.
+// Installs a resume snapshot before the first round: the policy takes its part, then the outer optimizer
+// (with eager's per-replica state), the communicator's residuals and every replica are loaded, in that
+// order.
 #include <ATen/ATen.h>
 
 #include "actors/coordinator/state.hpp"
@@ -12,8 +13,8 @@ using namespace longwave::runtime;
 namespace {
 
 /// Requests `msg` from `to`; k runs on success, an error fails the run.
-template <class... Ts>
-void then_do(self_ptr self, const caf::actor& to, std::function<void()> k, Ts... msg) {
+template <class Handle, class... Ts>
+void then_do(self_ptr self, const Handle& to, std::function<void()> k, Ts... msg) {
   self->request(to, self->state.request_timeout, std::move(msg)...)
       .then([k](bool) { k(); }, [self](caf::error& e) { fail(self, e); });
 }
@@ -51,18 +52,12 @@ void install_resume(self_ptr self) {
   s.newest_on_disk =
       fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);
   if (auto e = s.policy->resume_from(snap)) return fail(self, e);
-  const auto replica_outer = s.policy->replica_outer_state(snap);
+  outer_snapshot outer{snap.theta, snap.momentum, s.policy->replica_outer_state(snap)};
   const auto shared = std::make_shared<const train_snapshot>(std::move(snap));
-  auto load_replica_outer = [self, shared, replica_outer] {
-    if (replica_outer.empty()) return load_workers(self, shared);
-    then_do(
-        self, self->state.peers.outer, [self, shared] { load_workers(self, shared); }, load_atom_v,
-        replica_outer);
-  };
   then_do(
       self, s.peers.outer,
-      [self, shared, load_replica_outer] { load_residuals(self, shared, load_replica_outer); }, load_atom_v,
-      shared->theta, shared->momentum);
+      [self, shared] { load_residuals(self, shared, [self, shared] { load_workers(self, shared); }); },
+      load_atom_v, std::move(outer));
 }
 
 }  // namespace longwave::actors::coordinator_parts

@@ -21,14 +21,13 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
   auto& s = self->state;
   self->request(s.peers.outer, s.request_timeout, state_atom_v, lend)
       .then(
-          [=](std::vector<at::Tensor>& outer) {
-            auto theta = outer[0], momentum = outer[1];
+          [=](outer_snapshot& outer) {
             auto assemble = [=](std::vector<replica_state> reps) {
               auto& s = self->state;
               train_snapshot snap;
               snap.round = s.round;
-              snap.theta = theta;
-              snap.momentum = momentum;
+              snap.theta = outer.theta;
+              snap.momentum = outer.momentum;
               snap.meta = std::string(config_marker) + s.ctx->config_toml;
               snap.step = static_cast<uint64_t>(reps[0].adam_steps);
               for (const auto& r : reps)

@@ -19,8 +19,8 @@
 #include "actors/round/round_engine.hpp"
 #include "actors/round/round_policy.hpp"
 #include "runtime/caf_errors.hpp"
+#include "runtime/interfaces.hpp"
 #include "runtime/json_line.hpp"
-#include "runtime/type_ids.hpp"
 
 namespace longwave::actors::coordinator_parts {
 
@@ -28,7 +28,7 @@ using clock = std::chrono::steady_clock;
 using runtime::train_snapshot;
 
 struct coordinator_state;
-using self_ptr = caf::stateful_actor<coordinator_state>*;
+using self_ptr = runtime::coordinator_actor::stateful_pointer<coordinator_state>;
 
 /// round_engine for the policies: each call is a request to a peer actor made by the coordinator.
 class coordinator_engine final : public round_engine {
@@ -59,7 +59,7 @@ class coordinator_engine final : public round_engine {
   void mirror_theta(at::Tensor weights, then<bool> k) override;
   void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) override;
   void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
-                  then<std::vector<at::Tensor>> k) override;
+                  then<runtime::eager_thetas> k) override;
 
   void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
   void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
@@ -69,8 +69,8 @@ class coordinator_engine final : public round_engine {
 
  private:
   /// A request to `to` whose answer goes to k and whose error fails the run.
-  template <class T, class... Ts>
-  void ask(const caf::actor& to, caf::timespan timeout, then<T> k, Ts&&... xs);
+  template <class T, class Handle, class... Ts>
+  void ask(const Handle& to, caf::timespan timeout, then<T> k, Ts&&... xs);
 
   self_ptr self_;
 };
@@ -83,7 +83,7 @@ struct step_agg {
 struct coordinator_state {
   std::shared_ptr<const run_context> ctx;
   coordinator_peers peers;
-  std::vector<caf::actor> workers;
+  std::vector<runtime::worker_actor> workers;
   caf::actor main;
   phase ph = phase::idle;
   std::unique_ptr<coordinator_engine> engine;
@@ -164,34 +164,33 @@ void install_resume(self_ptr self);
 
 // ---- requests to the workers -----------------------------------------------------------------------------
 
-/// Sends msg_of(i) to worker i; calls done with the replies in rank order once all arrived.
-template <class T>
-void gather_each(self_ptr self, caf::timespan timeout, std::function<void(std::vector<T>)> done,
-                 std::function<caf::message(size_t)> msg_of) {
+/// Calls request(i) for every worker i (a request to it); calls done with the replies in rank order once all
+/// arrived. The first error fails the run.
+template <class T, class Request>
+void gather_each(self_ptr self, std::function<void(std::vector<T>)> done, Request request) {
   const auto n = self->state.workers.size();
   auto results = std::make_shared<std::vector<T>>(n);
   auto left = std::make_shared<size_t>(n);
   auto failed = std::make_shared<bool>(false);
   for (size_t i = 0; i < n; ++i) {
-    self->request(self->state.workers[i], timeout, msg_of(i))
-        .then(
-            [=](T& r) {
-              (*results)[i] = std::move(r);
-              if (--*left == 0 && !*failed) done(std::move(*results));
-            },
-            [=](caf::error& e) {
-              if (*failed) return;
-              *failed = true;
-              fail(self, e);
-            });
+    request(i).then(
+        [=](T& r) {
+          (*results)[i] = std::move(r);
+          if (--*left == 0 && !*failed) done(std::move(*results));
+        },
+        [=](caf::error& e) {
+          if (*failed) return;
+          *failed = true;
+          fail(self, e);
+        });
   }
 }
 
 /// Sends the same message to every worker (gather_each).
 template <class T, class... Ts>
 void gather(self_ptr self, caf::timespan timeout, std::function<void(std::vector<T>)> done, Ts... msg) {
-  auto m = caf::make_message(std::move(msg)...);
-  gather_each<T>(self, timeout, std::move(done), [m](size_t) { return m; });
+  gather_each<T>(self, std::move(done),
+                 [=](size_t i) { return self->request(self->state.workers[i], timeout, msg...); });
 }
 
 }  // namespace longwave::actors::coordinator_parts

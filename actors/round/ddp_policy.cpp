@@ -15,7 +15,7 @@ class ddp_policy final : public round_policy {
 
   stop_rule stops() const override { return stop_rule::at_next_boundary; }
 
-  void fill_snapshot(runtime::train_snapshot& snap, const std::vector<at::Tensor>& /*outer*/,
+  void fill_snapshot(runtime::train_snapshot& snap, const runtime::outer_snapshot& /*outer*/,
                      bool boundary) const override {
     for (auto& r : snap.replicas) r.steps_in_round = boundary ? 0 : step_in_round_;
   }

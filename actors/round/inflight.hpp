@@ -9,11 +9,11 @@
 #include <set>
 #include <utility>
 
+#include "runtime/messages.hpp"
+
 namespace longwave::actors {
 
-/// The ring label of one all-reduce: (round, j), j = 0 for a round's average, streaming's j-th sync 1..P,
-/// higher for the reduces that finish a run. Labels increase from call to call.
-using ring_label = std::pair<uint64_t, uint32_t>;
+using runtime::ring_label;
 
 class inflight_reduces {
  public:

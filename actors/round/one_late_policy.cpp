@@ -46,15 +46,15 @@ class one_late_policy final : public round_policy {
         /*final=*/true);
   }
 
-  void fill_snapshot(runtime::train_snapshot& snap, const std::vector<at::Tensor>& outer,
+  void fill_snapshot(runtime::train_snapshot& snap, const runtime::outer_snapshot& outer,
                      bool boundary) const override {
     round_policy::fill_snapshot(snap, outer, boundary);
     if (!eager_) return;
-    for (size_t i = 0; i < snap.replicas.size() && outer.size() >= 2 + 3 * (i + 1); ++i) {
+    for (size_t i = 0; i < snap.replicas.size() && i < outer.replicas.size(); ++i) {
       auto& r = snap.replicas[i];
-      r.outer_theta = outer[2 + 3 * i];
-      r.outer_momentum = outer[3 + 3 * i];
-      r.prev_delta = outer[4 + 3 * i];
+      r.outer_theta = outer.replicas[i].theta;
+      r.outer_momentum = outer.replicas[i].momentum;
+      r.prev_delta = outer.replicas[i].prev_delta;
     }
   }
 
@@ -68,15 +68,16 @@ class one_late_policy final : public round_policy {
   }
 
   /// eager: each replica's outer state (a checkpoint of another policy has none: start them from theta).
-  std::vector<at::Tensor> replica_outer_state(const runtime::train_snapshot& snap) const override {
-    std::vector<at::Tensor> out;
+  std::vector<runtime::eager_outer> replica_outer_state(const runtime::train_snapshot& snap) const override {
+    std::vector<runtime::eager_outer> out;
     if (!eager_) return out;
     bool missing = false;
     for (const auto& r : snap.replicas) {
       missing = missing || !r.outer_theta.defined();
-      out.push_back(r.outer_theta.defined() ? r.outer_theta : snap.theta);
-      out.push_back(r.outer_theta.defined() ? r.outer_momentum : snap.momentum);
-      out.push_back(r.prev_delta);
+      if (r.outer_theta.defined())
+        out.push_back({r.outer_theta, r.outer_momentum, r.prev_delta});
+      else
+        out.push_back({snap.theta, snap.momentum, r.prev_delta});
     }
     if (missing)
       spdlog::warn(
@@ -112,7 +113,7 @@ class one_late_policy final : public round_policy {
     auto done = [this](at::Tensor theta) { engine_.round_done(std::move(theta)); };
     if (eager_)
       return engine_.eager_step(r, std::move(avg_prev), std::move(deltas),
-                                [done](std::vector<at::Tensor> thetas) { done(thetas[0]); });
+                                [done](runtime::eager_thetas out) { done(std::move(out.theta)); });
     if (!avg_prev.defined()) return engine_.theta(done);
     engine_.outer_step(r - 1, 0, std::move(avg_prev), done);
   }
@@ -128,10 +129,10 @@ class one_late_policy final : public round_policy {
           engine_.reduces().take({r, 0});
           const std::vector<at::Tensor> none(static_cast<size_t>(engine_.context().n_workers()),
                                              at::zeros_like(avg));
-          engine_.eager_step(r + 1, avg, none, [this, r](std::vector<at::Tensor> out) {
+          engine_.eager_step(r + 1, avg, none, [this, r](runtime::eager_thetas out) {
             // Ring label (r, 1): after the round's own (r, 0), before anything of a later round. Parameters
             // go in fp32 on the wire.
-            engine_.start_reduce({r, 1}, std::vector<at::Tensor>(out.begin() + 1, out.end()), /*exact=*/true);
+            engine_.start_reduce({r, 1}, std::move(out.replicas), /*exact=*/true);
             engine_.when_average(
                 {r, 1}, [this, r](at::Tensor mean) { final_mean(r, std::move(mean)); },
                 /*final=*/true);

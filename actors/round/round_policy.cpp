@@ -6,7 +6,7 @@
 
 namespace longwave::actors {
 
-void round_policy::fill_snapshot(runtime::train_snapshot& snap, const std::vector<at::Tensor>& /*outer*/,
+void round_policy::fill_snapshot(runtime::train_snapshot& snap, const runtime::outer_snapshot& /*outer*/,
                                  bool boundary) const {
   if (boundary)
     for (auto& r : snap.replicas) r.steps_in_round = 0;

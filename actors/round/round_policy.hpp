@@ -40,8 +40,8 @@ class round_policy {
   /// Whether the run stands at a round boundary between rounds (streaming may stand between segments).
   virtual bool at_round_boundary() const { return true; }
   /// Fills in what the policy keeps in a snapshot: the replicas' position in the round (boundary: 0), and
-  /// `outer`, the outer optimizer's state (theta, momentum, then eager's per-replica triples).
-  virtual void fill_snapshot(runtime::train_snapshot& snap, const std::vector<at::Tensor>& outer,
+  /// its part of the outer optimizer's state (eager's per-replica outer state).
+  virtual void fill_snapshot(runtime::train_snapshot& snap, const runtime::outer_snapshot& outer,
                              bool boundary) const;
   /// The all-reduce whose average a snapshot of `round` must carry (delayed, eager: its own round's).
   virtual std::optional<ring_label> pending_average(uint64_t /*round*/) const { return std::nullopt; }
@@ -53,7 +53,8 @@ class round_policy {
   /// Takes what the policy needs from a resume snapshot (and adjusts it); an error refuses the resume.
   virtual caf::error resume_from(runtime::train_snapshot& snap);
   /// eager: the per-replica outer state to load into the outer optimizer on resume; empty otherwise.
-  virtual std::vector<at::Tensor> replica_outer_state(const runtime::train_snapshot& /*snap*/) const {
+  virtual std::vector<runtime::eager_outer> replica_outer_state(
+      const runtime::train_snapshot& /*snap*/) const {
     return {};
   }
   /// How a stall log names the all-reduce of `label`.

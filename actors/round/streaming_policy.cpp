@@ -39,7 +39,7 @@ class streaming_policy final : public round_policy {
   stop_rule stops() const override { return stop_rule::at_next_boundary; }
   bool at_round_boundary() const override { return pos_ == 0; }
 
-  void fill_snapshot(runtime::train_snapshot& snap, const std::vector<at::Tensor>& /*outer*/,
+  void fill_snapshot(runtime::train_snapshot& snap, const runtime::outer_snapshot& /*outer*/,
                      bool boundary) const override {
     for (auto& r : snap.replicas) r.steps_in_round = boundary ? 0 : pos_;
   }

@@ -17,7 +17,7 @@
 #include "actors/communicator.hpp"
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/interfaces.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
@@ -74,13 +74,13 @@ class recording_collective final : public comm::collective {
   uint64_t bytes_ = 0, completed_ = 0;
 };
 
-/// The communicator's answer to (reduce, round, fragment, parts, exact).
-at::Tensor reduce(caf::actor_system& sys, const caf::actor& communicator, uint64_t round, uint32_t fragment,
-                  std::vector<at::Tensor> parts, bool exact = false) {
+/// The communicator's answer to (reduce, {(round, part), parts, exact}).
+at::Tensor reduce(caf::actor_system& sys, const runtime::communicator_actor& communicator, uint64_t round,
+                  uint32_t part, std::vector<at::Tensor> parts, bool exact = false) {
   caf::scoped_actor self{sys};
   at::Tensor out;
-  self->request(communicator, std::chrono::seconds(30), runtime::reduce_atom_v, round, fragment,
-                std::move(parts), exact)
+  self->request(communicator, std::chrono::seconds(30), runtime::reduce_atom_v,
+                runtime::reduce_request{{round, part}, std::move(parts), exact})
       .receive([&](at::Tensor& t) { out = std::move(t); },
                [&](caf::error& e) { throw std::runtime_error("reduce failed: " + caf::to_string(e)); });
   return out;
@@ -164,7 +164,7 @@ CATCH_TEST_CASE("Two communicators on a loopback ring get the worker-weighted me
   comm::ring_options ro;
   ro.timeout = std::chrono::milliseconds(20000);
   std::vector<std::shared_ptr<comm::collective>> rings;
-  std::vector<caf::actor> communicators;
+  std::vector<runtime::communicator_actor> communicators;
   for (int r = 0; r < 2; ++r) {
     rings.push_back(std::make_shared<comm::ring_allreduce>(r, eps, ro));
     actors::communicator_options o;

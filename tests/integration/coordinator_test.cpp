@@ -1,6 +1,8 @@
 // The coordinator as an actor, deterministically: CAF's test coordinator (one thread, virtual time) runs it
 // with fake workers, communicator, outer optimizer and checkpointer. Each case asserts on the phases it goes
 // through (its debug log of set_phase), on what it asks of its peers, and on its final (done, code, loss).
+// The fakes are dynamically typed (they also take the test's own release message) and handed to the
+// coordinator through actor_cast: their handlers follow runtime/interfaces.hpp by hand.
 #include <ATen/ATen.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
@@ -19,7 +21,7 @@
 #include "actors/run_context.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/caf_errors.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/interfaces.hpp"
 #include "tests/support/process.hpp"
 
 // CAF's deterministic scheduler fixture, without CAF's own test main (Catch2 has the main).
@@ -118,7 +120,7 @@ caf::behavior fake_worker(fake_ptr self, std::shared_ptr<world> w, int64_t rank)
   };
   return {
       release_handler(self),
-      [=](theta_atom, const at::Tensor&) {
+      [=](set_atom, const at::Tensor&) {
         w->seen.push_back(me + " theta");
         return true;
       },
@@ -178,12 +180,7 @@ caf::behavior fake_communicator(fake_ptr self, std::shared_ptr<world> w) {
   };
   return {
       release_handler(self),
-      [=](reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
-        return reduce(round, std::move(parts));
-      },
-      [=](reduce_atom, uint64_t round, uint32_t, std::vector<at::Tensor> parts, bool) {
-        return reduce(round, std::move(parts));
-      },
+      [=](reduce_atom, reduce_request& r) { return reduce(r.label.first, std::move(r.parts)); },
   };
 }
 
@@ -193,10 +190,11 @@ caf::behavior fake_outer(fake_ptr self, std::shared_ptr<world> w) {
   return {
       release_handler(self),
       [=](theta_atom) { return self->state.theta; },
-      [=](theta_atom, int64_t n) {
+      [=](replicas_atom, int64_t n) {
         return std::vector<at::Tensor>(static_cast<size_t>(n), self->state.theta);
       },
-      [=](outer_atom, uint64_t round, const at::Tensor& avg) -> caf::result<at::Tensor> {
+      [=](outer_atom, ring_label label, const at::Tensor& avg) -> caf::result<at::Tensor> {
+        const uint64_t round = label.first;
         w->seen.push_back("outer " + std::to_string(round));
         w->outer_rounds.push_back(round);
         w->outer_avgs.push_back(avg[0].item<float>());
@@ -206,23 +204,16 @@ caf::behavior fake_outer(fake_ptr self, std::shared_ptr<world> w) {
           return self->state.theta;
         });
       },
-      [=](state_atom) -> caf::result<std::vector<at::Tensor>> {
+      [=](state_atom, bool lend) -> caf::result<outer_snapshot> {
         w->seen.push_back("outer state");
-        return reply<std::vector<at::Tensor>>(self, w, "outer_state", self->state.round, [=] {
-          return caf::expected<std::vector<at::Tensor>>{
-              std::vector<at::Tensor>{self->state.theta.clone(), at::Tensor()}};
-        });
-      },
-      [=](state_atom, bool lend) -> caf::result<std::vector<at::Tensor>> {
-        w->seen.push_back("outer state");
-        return reply<std::vector<at::Tensor>>(self, w, "outer_state", self->state.round, [=] {
+        return reply<outer_snapshot>(self, w, "outer_state", self->state.round, [=] {
           auto theta = lend ? self->state.theta : self->state.theta.clone();
-          return caf::expected<std::vector<at::Tensor>>{std::vector<at::Tensor>{theta, at::Tensor()}};
+          return caf::expected<outer_snapshot>{outer_snapshot{theta, at::Tensor(), {}}};
         });
       },
-      [=](load_atom, const at::Tensor& theta, const at::Tensor&) {
+      [=](load_atom, const outer_snapshot& snap) {
         w->seen.push_back("outer load");
-        self->state.theta = theta;
+        self->state.theta = snap.theta;
         return true;
       },
   };
@@ -348,15 +339,16 @@ struct coordinator_fixture : test_coordinator_fixture<lw_config> {
     ctx->spec = models::preset_spec("tiny", 256, 16);
     ctx->inner = actors::make_inner_options(cfg);
     actors::coordinator_peers peers;
-    peers.communicator = communicator = sys.spawn(fake_communicator, w);
-    peers.outer = outer = sys.spawn(fake_outer, w);
-    peers.checkpointer = checkpointer = sys.spawn(fake_checkpointer, w);
-    peers.metrics = metrics = sys.spawn(metrics_sink);
-    peers.worker_factory = [this](caf::actor_system& s, int64_t rank, caf::actor) {
+    peers.communicator = caf::actor_cast<communicator_actor>(communicator = sys.spawn(fake_communicator, w));
+    peers.outer = caf::actor_cast<outer_actor>(outer = sys.spawn(fake_outer, w));
+    peers.checkpointer = caf::actor_cast<checkpointer_actor>(checkpointer = sys.spawn(fake_checkpointer, w));
+    peers.metrics = caf::actor_cast<metrics_actor>(metrics = sys.spawn(metrics_sink));
+    peers.worker_factory = [this](caf::actor_system& s, int64_t rank, coordinator_actor) {
       workers.push_back(s.spawn(fake_worker, w, rank));
-      return workers.back();
+      return caf::actor_cast<worker_actor>(workers.back());
     };
-    coordinator = actors::spawn_coordinator(sys, ctx, std::move(peers), std::move(resume), "");
+    coordinator = caf::actor_cast<caf::actor>(
+        actors::spawn_coordinator(sys, ctx, std::move(peers), std::move(resume), ""));
     main = sys.spawn(fake_main, w, coordinator);
     sched.run();
   }

@@ -17,8 +17,8 @@
 #include "models/gpt.hpp"
 #include "models/lr_schedule.hpp"
 #include "runtime/checkpoint_store.hpp"
+#include "runtime/interfaces.hpp"
 #include "runtime/snapshot_codec.hpp"
-#include "runtime/type_ids.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
@@ -206,10 +206,11 @@ struct reduce_log {
 /// A fake communicator for 2 workers of n parameters that records every contribution in `log`. It answers
 /// fragment 0 (a round's whole pseudo-gradients) with hand_average and any other fragment (streaming's
 /// fragments, eager's final mean) with the true mean of the two contributions.
-std::function<caf::actor(caf::actor_system&)> recording_communicator(int64_t n,
-                                                                     std::shared_ptr<reduce_log> log) {
+std::function<runtime::communicator_actor(caf::actor_system&)> recording_communicator(
+    int64_t n, std::shared_ptr<reduce_log> log) {
   return [n, log](caf::actor_system& sys) {
-    return sys.spawn([n, log](caf::event_based_actor*) -> caf::behavior {
+    return sys.spawn([n, log](
+                         runtime::communicator_actor::pointer) -> runtime::communicator_actor::behavior_type {
       auto answer = [n, log](uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts,
                              bool exact = false) -> caf::result<at::Tensor> {
         if (parts.size() != 2 || (fragment == 0 && parts[0].numel() != n))
@@ -221,14 +222,11 @@ std::function<caf::actor(caf::actor_system&)> recording_communicator(int64_t n,
         return ((parts[0] + parts[1]) / 2).contiguous();
       };
       return {
-          [answer](runtime::reduce_atom, uint64_t round, std::vector<at::Tensor> parts) {
-            return answer(round, 0, std::move(parts));
+          [answer](runtime::reduce_atom, runtime::reduce_request& r) {
+            return answer(r.label.first, r.label.second, std::move(r.parts), r.exact);
           },
-          [answer](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts) {
-            return answer(round, fragment, std::move(parts));
-          },
-          [answer](runtime::reduce_atom, uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts,
-                   bool exact) { return answer(round, fragment, std::move(parts), exact); },
+          [](runtime::state_atom) -> caf::result<runtime::residual_map> { return runtime::residual_map{}; },
+          [](runtime::load_atom, const runtime::residual_map&) -> caf::result<bool> { return true; },
       };
     });
   };

@@ -34,22 +34,22 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
   for (int r = 0; r < 3; ++r) {
     std::vector<at::Tensor> parts{torch::tensor({da[r], -da[r]}), torch::tensor({db[r], -db[r]})};
     at::Tensor avg;
-    self->request(comm, std::chrono::seconds(10), reduce_atom_v, uint64_t(r + 1), parts)
+    self->request(comm, std::chrono::seconds(10), reduce_atom_v, reduce_request{{uint64_t(r + 1), 0}, parts})
         .receive([&](at::Tensor& t) { avg = t; }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     at::Tensor theta;
-    self->request(outer, std::chrono::seconds(10), outer_atom_v, uint64_t(r + 1), avg)
+    self->request(outer, std::chrono::seconds(10), outer_atom_v, ring_label{uint64_t(r + 1), 0}, avg)
         .receive([&](at::Tensor& t) { theta = t.clone(); },
                  [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     CATCH_CHECK(std::abs(theta[0].item<double>() - expected[r]) < 1e-6);
     CATCH_CHECK(std::abs(theta[1].item<double>() - (-2.0 - (expected[r] - 1.0))) < 1e-6);
   }
   // A stale round is refused, and theta is unchanged.
-  self->request(outer, std::chrono::seconds(10), outer_atom_v, uint64_t(2), torch::tensor({1.0f, 1.0f}))
+  self->request(outer, std::chrono::seconds(10), outer_atom_v, ring_label{2, 0}, torch::tensor({1.0f, 1.0f}))
       .receive([&](at::Tensor&) { CATCH_FAIL("stale round accepted"); },
                [&](caf::error& e) { CATCH_CHECK(e.code() == static_cast<uint8_t>(errc::stale_round)); });
   // Contributions of different sizes are refused by the communicator.
-  self->request(comm, std::chrono::seconds(10), reduce_atom_v, uint64_t(4),
-                std::vector<at::Tensor>{torch::ones({2}), torch::ones({3})})
+  self->request(comm, std::chrono::seconds(10), reduce_atom_v,
+                reduce_request{{4, 0}, std::vector<at::Tensor>{torch::ones({2}), torch::ones({3})}})
       .receive([&](at::Tensor&) { CATCH_FAIL("mismatched sizes accepted"); },
                [&](caf::error& e) { CATCH_CHECK(e.code() == static_cast<uint8_t>(errc::malformed_frame)); });
   self->send_exit(comm, caf::exit_reason::user_shutdown);
@@ -152,7 +152,7 @@ CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's 
   caf::scoped_actor self{sys};
   auto reduce = [&](uint64_t round, uint32_t fragment, const at::Tensor& x) {
     at::Tensor out;
-    self->request(comm, std::chrono::seconds(10), reduce_atom_v, round, fragment, std::vector<at::Tensor>{x})
+    self->request(comm, std::chrono::seconds(10), reduce_atom_v, reduce_request{{round, fragment}, {x}})
         .receive([&](at::Tensor& t) { out = t.clone(); },
                  [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     return out;
