@@ -1,0 +1,384 @@
+// Each round policy alone, against a fake round_engine that answers at once and writes down every call: the
+// policies need nothing of the coordinator, so a new policy can be tested the same way before it is wired.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/round/round_policy.hpp"
+
+using namespace longwave;
+using namespace longwave::actors;
+using runtime::ring_label;
+
+namespace {
+
+std::string label_text(const ring_label& l) {
+  return "(" + std::to_string(l.first) + "," + std::to_string(l.second) + ")";
+}
+
+/// Answers every call at once. Worker m's pseudo-gradient is 0.1 (m + 1) everywhere; an all-reduce's average
+/// is the mean of its parts; the outer step is theta -= avg on the label's fragment (lr 1, no momentum).
+/// Background all-reduces finish at once, or on a slow link when the test says so (finish_reduces).
+struct fake_engine final : round_engine {
+  run_context ctx;
+  std::vector<std::string> calls;
+  inflight_reduces inflight;
+  std::deque<std::pair<ring_label, at::Tensor>> running;  // started, not yet finished
+  uint64_t done = 0;
+  bool stop = false;
+  phase ph = phase::idle;
+  at::Tensor global = at::zeros({4});
+  at::Tensor trained;  // the final theta, once run_trained was called
+  bool round_ended = false;
+  bool slow_link = false;
+
+  explicit fake_engine(config::train_config cfg) {
+    ctx.cfg = std::move(cfg);
+    ctx.fragments = {{{0, 2}}, {{2, 2}}};  // two fragments of a 4-value theta
+  }
+
+  void note(std::string s) { calls.push_back(std::move(s)); }
+  at::Tensor mean(const std::vector<at::Tensor>& parts) { return at::stack(parts).mean(0); }
+  void finish_reduces() {
+    while (!running.empty()) {
+      auto [label, avg] = running.front();
+      running.pop_front();
+      inflight.arrived(label, avg);
+    }
+  }
+
+  const run_context& context() const override { return ctx; }
+  uint64_t rounds_done() const override { return done; }
+  bool stop_requested() const override { return stop; }
+  phase current_phase() const override { return ph; }
+  bool set_phase(phase to) override {
+    if (!allowed_transition(ph, to)) {
+      note(std::string("illegal ") + to_string(ph) + " -> " + to_string(to));
+      return false;
+    }
+    ph = to;
+    return true;
+  }
+  void fail(const caf::error&) override { note("fail"); }
+  void stop_now(bool boundary) override { note(boundary ? "stop boundary" : "stop mid-round"); }
+  void round_done(at::Tensor theta) override {
+    note("round_done");
+    global = theta;
+    ++done;
+    round_ended = true;
+  }
+  void run_trained(at::Tensor theta) override {
+    note("trained");
+    trained = theta;
+  }
+
+  void run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps, bool reset,
+                   then<results> k) override {
+    note("run " + std::to_string(round) + " x" + std::to_string(steps) + (reset ? " reset" : "") +
+         (thetas.size() == 1 && !thetas[0].defined() ? " no-theta" : ""));
+    results rs;
+    for (int64_t m = 0; m < ctx.n_workers(); ++m)
+      rs.push_back({m, round, at::full({4}, 0.1f * static_cast<float>(m + 1)), 3.0, 0.01});
+    k(std::move(rs));
+  }
+  void mix(at::Tensor, uint32_t fragment, double, then<bool> k) override {
+    note("mix " + std::to_string(fragment));
+    k(true);
+  }
+  void gradients(then<results> k) override {
+    note("grad");
+    run_workers(done + 1, {at::Tensor()}, 0, false, [this, k](results rs) {
+      calls.pop_back();  // the helper's own "run" line
+      k(std::move(rs));
+    });
+  }
+  void apply_gradient(at::Tensor, then<std::vector<double>> k) override {
+    note("apply");
+    k(std::vector<double>(static_cast<size_t>(ctx.n_workers()), 0.0));
+  }
+  void lend_replica(then<runtime::replica_state> k) override {
+    note("lend");
+    runtime::replica_state r;
+    r.master = at::full({4}, 7.0f);
+    k(r);
+  }
+  void report(const runtime::step_report& r) override {
+    note("report " + std::to_string(r.rank) + "@" + std::to_string(r.step));
+  }
+  void theta(then<at::Tensor> k) override {
+    note("theta");
+    k(global);
+  }
+  void thetas(then<std::vector<at::Tensor>> k) override {
+    note("thetas");
+    k(std::vector<at::Tensor>(static_cast<size_t>(ctx.n_workers()), global));
+  }
+  void set_theta(at::Tensor theta, then<bool> k) override {
+    note("set_theta");
+    global = theta;
+    k(true);
+  }
+  void mirror_theta(at::Tensor weights, then<bool> k) override {
+    note("mirror");
+    global = weights;
+    k(true);
+  }
+  void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) override {
+    note("outer " + label_text({round, fragment}));
+    if (fragment == 0) {
+      global = global - avg;
+    } else {
+      const auto& [off, len] = ctx.fragments[fragment % ctx.fragments.size()][0];
+      global = global.clone();
+      global.narrow(0, off, len).sub_(avg);
+    }
+    k(global);
+  }
+  void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
+                  then<runtime::eager_thetas> k) override {
+    note("eager " + std::to_string(round) + (avg_prev.defined() ? " with-avg" : " no-avg"));
+    runtime::eager_thetas out;
+    for (auto& d : deltas) out.replicas.push_back(global - d);
+    out.theta = mean(out.replicas);
+    global = out.theta;
+    k(out);
+  }
+  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) override {
+    note("reduce_now " + label_text(label));
+    k(mean(parts));
+  }
+  void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) override {
+    note("reduce_gradients " + std::to_string(round));
+    k(mean(parts));
+  }
+  void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override {
+    note("start_reduce " + label_text(label) + (exact ? " exact" : ""));
+    inflight.started(label);
+    running.emplace_back(label, mean(parts));
+    if (!slow_link) finish_reduces();
+  }
+  void when_average(ring_label label, then<at::Tensor> k, bool final) override {
+    note("when_average " + label_text(label) + (final ? " final" : ""));
+    if (final) finish_reduces();  // nothing computes any more: let the ring finish
+    inflight.when(label, std::move(k));
+  }
+  inflight_reduces& reduces() override { return inflight; }
+};
+
+config::train_config two_workers(config::run_mode mode, config::outer_policy_kind outer, int64_t rounds) {
+  config::train_config cfg;
+  cfg.run.mode = mode;
+  cfg.diloco.outer = outer;
+  cfg.train.workers = 2;
+  cfg.train.inner_steps = 4;
+  cfg.train.rounds = rounds;
+  cfg.diloco.fragments = 2;
+  cfg.diloco.tau = 1;
+  return cfg;
+}
+
+/// Runs every round as the coordinator would (phase inner, begin_round), then finish_run.
+void run_all(fake_engine& e, round_policy& p) {
+  const auto rounds = static_cast<uint64_t>(e.ctx.cfg.train.rounds);
+  while (e.done < rounds) {
+    e.ph = phase::idle;
+    CATCH_REQUIRE(e.set_phase(phase::inner));
+    e.round_ended = false;
+    e.note("-- round " + std::to_string(e.done + 1));
+    p.begin_round();
+    CATCH_REQUIRE(e.round_ended);
+  }
+  e.note("-- finish");
+  p.finish_run(e.global);
+}
+
+std::vector<std::string> lines_of(const fake_engine& e, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& c : e.calls)
+    if (c.rfind(prefix, 0) == 0) out.push_back(c);
+  return out;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("sync all-reduces each round while the workers wait and steps theta by the mean",
+                "[unit][round]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::sync, 2));
+  auto p = make_round_policy(e, e.ctx);
+  run_all(e, *p);
+  const std::vector<std::string> expected{
+      "-- round 1",  "thetas",     "run 1 x4 reset", "reduce_now (1,0)", "outer (1,0)",
+      "round_done",  "-- round 2", "thetas",         "run 2 x4 reset",   "reduce_now (2,0)",
+      "outer (2,0)", "round_done", "-- finish",      "trained"};
+  CATCH_CHECK(e.calls == expected);
+  CATCH_CHECK(at::allclose(e.trained, at::full({4}, -0.3f)));  // two rounds of mean 0.15
+  CATCH_CHECK(p->stops() == stop_rule::pause_and_align);
+  CATCH_CHECK(p->lends_boundary_snapshot());
+  CATCH_CHECK(!p->pending_average(1));
+  CATCH_CHECK(p->staleness() == 0);
+}
+
+CATCH_TEST_CASE("single runs the sync round with a replica that keeps its own weights", "[unit][round]") {
+  auto cfg = two_workers(config::run_mode::single, config::outer_policy_kind::sync, 1);
+  cfg.train.workers = 1;
+  fake_engine e(cfg);
+  auto p = make_round_policy(e, e.ctx);
+  run_all(e, *p);
+  CATCH_CHECK(lines_of(e, "run") == std::vector<std::string>{"run 1 x4"});
+}
+
+CATCH_TEST_CASE("delayed applies round t-1's average at the end of round t and the last one before the end",
+                "[unit][round]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::delayed, 3));
+  auto p = make_round_policy(e, e.ctx);
+  run_all(e, *p);
+  const std::vector<std::string> expected{"-- round 1",
+                                          "thetas",
+                                          "run 1 x4 reset",
+                                          "start_reduce (1,0)",
+                                          "theta",
+                                          "round_done",
+                                          "-- round 2",
+                                          "thetas",
+                                          "run 2 x4 reset",
+                                          "start_reduce (2,0)",
+                                          "when_average (1,0)",
+                                          "outer (1,0)",
+                                          "round_done",
+                                          "-- round 3",
+                                          "thetas",
+                                          "run 3 x4 reset",
+                                          "start_reduce (3,0)",
+                                          "when_average (2,0)",
+                                          "outer (2,0)",
+                                          "round_done",
+                                          "-- finish",
+                                          "when_average (3,0) final",
+                                          "outer (3,0)",
+                                          "trained"};
+  CATCH_CHECK(e.calls == expected);
+  CATCH_CHECK(at::allclose(e.trained, at::full({4}, -0.45f)));  // every round's average applied once
+  CATCH_CHECK(p->pending_average(2) == ring_label{2, 0});
+  CATCH_CHECK(!p->lends_boundary_snapshot());
+  CATCH_CHECK(p->staleness() == 1);
+  CATCH_CHECK(!e.inflight.has_average({3, 0}));  // taken: a final snapshot does not carry it as pending
+}
+
+CATCH_TEST_CASE("delayed waits in reducing for an average that is late, and not for one that came",
+                "[unit][round]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::delayed, 2));
+  e.slow_link = true;
+  auto p = make_round_policy(e, e.ctx);
+  e.ph = phase::inner;
+  p->begin_round();  // round 1: no earlier average
+  CATCH_REQUIRE(e.done == 1);
+  e.ph = phase::idle;
+  CATCH_REQUIRE(e.set_phase(phase::inner));
+  e.round_ended = false;
+  p->begin_round();  // round 2 ends while round 1's all-reduce still runs
+  CATCH_CHECK(!e.round_ended);
+  CATCH_CHECK(e.ph == phase::reducing);
+  e.finish_reduces();  // it comes: the outer step of round 2 goes on
+  CATCH_CHECK(e.round_ended);
+  CATCH_CHECK(lines_of(e, "outer") == std::vector<std::string>{"outer (1,0)"});
+}
+
+CATCH_TEST_CASE(
+    "eager steps every replica with its own pseudo-gradient and ends on the mean of the parameters",
+    "[unit][round]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::eager, 2));
+  auto p = make_round_policy(e, e.ctx);
+  run_all(e, *p);
+  CATCH_CHECK(lines_of(e, "eager") ==
+              std::vector<std::string>{"eager 1 no-avg", "eager 2 with-avg", "eager 3 with-avg"});
+  // The final mean of the parameters goes in fp32 under ring label (T, 1), then replaces theta.
+  CATCH_CHECK(lines_of(e, "start_reduce") == std::vector<std::string>{"start_reduce (1,0)",
+                                                                      "start_reduce (2,0)",
+                                                                      "start_reduce (2,1) exact"});
+  CATCH_CHECK(e.calls.back() == "trained");
+  CATCH_CHECK(e.calls[e.calls.size() - 2] == "set_theta");
+  // A resume snapshot without per-replica outer state starts every replica from theta.
+  runtime::train_snapshot snap;
+  snap.theta = at::ones({4});
+  snap.replicas.resize(2);
+  const auto outer = p->replica_outer_state(snap);
+  CATCH_REQUIRE(outer.size() == 2);
+  CATCH_CHECK(at::equal(outer[1].theta, snap.theta));
+}
+
+CATCH_TEST_CASE("streaming runs segments between fragment events and syncs the fragments left at the end",
+                "[unit][round]") {
+  // H = 4, P = 2, tau = 1: fragment 1 snapshots at 1 and syncs at 2, fragment 0 snapshots at 3, syncs at 4.
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::streaming, 1));
+  auto p = make_round_policy(e, e.ctx);
+  CATCH_CHECK(p->stops() == stop_rule::at_next_boundary);
+  run_all(e, *p);
+  const std::vector<std::string> expected{"-- round 1",
+                                          "theta",
+                                          "run 1 x1",
+                                          "start_reduce (1,1)",
+                                          "run 1 x1 no-theta",
+                                          "when_average (1,1)",
+                                          "outer (1,1)",
+                                          "mix 1",
+                                          "theta",
+                                          "run 1 x1",
+                                          "start_reduce (1,2)",
+                                          "run 1 x1 no-theta",
+                                          "when_average (1,2)",
+                                          "outer (1,2)",
+                                          "mix 0",
+                                          "round_done",
+                                          "-- finish",
+                                          "theta",
+                                          "run 1 x0",
+                                          "start_reduce (1,3)",
+                                          "when_average (1,3) final",
+                                          "outer (1,3)",
+                                          "theta",
+                                          "trained"};
+  CATCH_CHECK(e.calls == expected);
+  CATCH_CHECK(p->at_round_boundary());
+}
+
+CATCH_TEST_CASE("a streaming Ctrl-C lands at the next segment boundary with no fragment in flight",
+                "[unit][round]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::streaming, 1));
+  auto p = make_round_policy(e, e.ctx);
+  e.stop = true;
+  e.ph = phase::inner;
+  p->begin_round();  // at step 0 nothing is in flight: it stops at once, at the round boundary
+  CATCH_CHECK(e.calls == std::vector<std::string>{"stop boundary"});
+  // A checkpoint stopped at step 1 (fragment 1's all-reduce would be in flight) is refused on resume.
+  runtime::train_snapshot snap;
+  snap.replicas.resize(2);
+  snap.replicas[0].steps_in_round = 1;
+  CATCH_CHECK(p->resume_from(snap));
+  snap.replicas[0].steps_in_round = 2;
+  CATCH_CHECK(!p->resume_from(snap));
+  CATCH_CHECK(!p->at_round_boundary());
+}
+
+CATCH_TEST_CASE("ddp runs H synchronous grad, reduce, apply steps and mirrors the replica into theta",
+                "[unit][round]") {
+  fake_engine e(two_workers(config::run_mode::ddp, config::outer_policy_kind::sync, 1));
+  auto p = make_round_policy(e, e.ctx);
+  run_all(e, *p);
+  CATCH_CHECK(lines_of(e, "grad").size() == 4);
+  CATCH_CHECK(lines_of(e, "reduce_gradients").size() == 4);
+  CATCH_CHECK(lines_of(e, "report 1@") ==
+              std::vector<std::string>{"report 1@1", "report 1@2", "report 1@3", "report 1@4"});
+  CATCH_CHECK(at::equal(e.trained, at::full({4}, 7.0f)));  // the lent replica's weights
+  CATCH_CHECK(p->stops() == stop_rule::at_next_boundary);
+  // Ctrl-C between two steps: stop there, mid-round.
+  fake_engine s(two_workers(config::run_mode::ddp, config::outer_policy_kind::sync, 1));
+  auto q = make_round_policy(s, s.ctx);
+  s.stop = true;
+  s.ph = phase::inner;
+  q->begin_round();
+  CATCH_CHECK(s.calls == std::vector<std::string>{"stop mid-round"});
+}
