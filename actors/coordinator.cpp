@@ -99,6 +99,7 @@ void after_round(self_ptr self, at::Tensor theta) {
   auto& s = self->state;
   ++s.round;
   account_round(self);
+  record_round(self, theta);
   gauge(self, "longwave_outer_round", static_cast<double>(s.round));
   if (s.round >= static_cast<uint64_t>(s.ctx->cfg.train.rounds))
     return s.policy->finish_run(std::move(theta));

@@ -8,6 +8,7 @@
 
 #include "actors/coordinator/state.hpp"
 #include "models/lr_schedule.hpp"
+#include "runtime/crc32c.hpp"
 #include "runtime/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
@@ -32,6 +33,16 @@ double since_start(const coordinator_state& s) {
 
 void record(self_ptr self, const json_line& line) {
   self->send(self->state.peers.metrics, record_atom_v, line.str());
+}
+
+void record_round(self_ptr self, const at::Tensor& theta) {
+  const auto& s = self->state;
+  const auto flat = theta.contiguous();
+  const uint32_t crc = crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
+  record(self, json_line("round")
+                   .add("round", s.round)
+                   .add("step", s.last_step)
+                   .add("theta_crc32c", fmt::format("{:08x}", crc)));
 }
 
 void record_start(self_ptr self) {

@@ -141,6 +141,9 @@ bool has_code(const caf::error& e, errc code);
 void gauge(self_ptr self, const char* name, double v, const std::string& worker = "");
 void record(self_ptr self, const runtime::json_line& line);
 void record_start(self_ptr self);
+/// A "round" line: theta_global's CRC-32C after the round, the same on every node of a cluster (eager: this
+/// node's mean of its replicas, until the final mean).
+void record_round(self_ptr self, const at::Tensor& theta);
 double since_start(const coordinator_state& s);
 std::string format_duration(double s);
 void on_report(self_ptr self, const runtime::step_report& r);

@@ -13,6 +13,7 @@
 
 #include "runtime/checkpoint_store.hpp"
 #include "tests/support/cluster.hpp"
+#include "tests/support/json.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
@@ -47,6 +48,17 @@ struct fingerprint {
   uint32_t crc = 0;
   double sum = 0, sum_abs = 0, sum_sq = 0;
 };
+
+/// theta_crc32c of each "round" record of a node's metrics.jsonl, in order.
+std::vector<std::string> round_checksums(const std::string& out_dir) {
+  std::vector<std::string> out;
+  std::istringstream in(read_text(out_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto doc = parse_json(line);
+    if (std::string(doc["kind"].GetString()) == "round") out.push_back(doc["theta_crc32c"].GetString());
+  }
+  return out;
+}
 
 fingerprint of_run(const std::string& out_dir) {
   fingerprint f;
@@ -163,6 +175,11 @@ CATCH_TEST_CASE("a 2-node cluster on fp32 and int8, sync and streaming, keeps it
       CATCH_REQUIRE(code == 0);
       for (const char* node : {"n0", "n1"})
         check_against_golden(name + "_" + node, of_run(sub + "/cluster/" + node));
+      // Every node commits the same theta_global after every round.
+      const auto c0 = round_checksums(sub + "/cluster/n0"), c1 = round_checksums(sub + "/cluster/n1");
+      CATCH_REQUIRE(c0.size() == 4);
+      CATCH_CHECK(c0 == c1);
+      CATCH_CHECK(c0[0] != c0[1]);  // it follows theta
     }
   }
   fs::remove_all(dir);
