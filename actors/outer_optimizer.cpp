@@ -99,6 +99,80 @@ std::vector<at::Tensor> state_of(outer_state& s, bool lend) {
   return out;
 }
 
+/// Records a step as the last one (check_order compares the next with it).
+void finish_step(outer_state& s, uint64_t round, uint32_t seq) {
+  s.last = {round, seq};
+  s.stepped = true;
+}
+
+/// eager: each replica's outer step on its proxy pseudo-gradient avg_prev + (delta_m - prev_delta_m) / M,
+/// then theta = the replicas' mean. Returns [theta, theta_0, ...].
+caf::result<std::vector<at::Tensor>> eager_step(self_ptr self, const caf::actor& metrics,
+                                                int64_t global_workers, uint64_t round,
+                                                const at::Tensor& avg_prev,
+                                                const std::vector<at::Tensor>& deltas) {
+  auto& s = self->state;
+  const int64_t n = s.theta.numel();
+  if (deltas.size() != s.replicas.size())
+    return make_error(errc::malformed_frame, "eager step with " + std::to_string(deltas.size()) +
+                                                 " pseudo-gradients for " +
+                                                 std::to_string(s.replicas.size()) + " replicas");
+  if (auto e = check_order(s, round, 0)) return e;
+  if (avg_prev.defined())
+    if (auto e = check_size(avg_prev, n, "average")) return e;
+  for (const auto& d : deltas)
+    if (auto e = check_size(d, n, "pseudo-gradient")) return e;
+  std::vector<at::Tensor> out{at::Tensor()};
+  auto e = torch_guarded("eager outer step", [&] {
+    at::NoGradGuard no_grad;
+    const double inv_m = 1.0 / static_cast<double>(global_workers);
+    for (auto* t : {&s.proxy, &s.mean_proxy, &s.mean_theta})
+      if (!t->defined() || t->numel() != n) *t = at::empty_like(s.theta);
+    auto& proxy = s.proxy;
+    auto& mean_proxy = s.mean_proxy.zero_();
+    auto& mean_theta = s.mean_theta.zero_();
+    for (size_t m = 0; m < deltas.size(); ++m) {
+      auto& r = s.replicas[m];
+      // proxy = avg_prev + (delta_m - prev_delta_m) / M, with absent terms as 0.
+      at::mul_out(proxy, deltas[m], inv_m);
+      if (r.prev_delta.defined()) proxy.sub_(r.prev_delta, inv_m);
+      if (avg_prev.defined()) proxy.add_(avg_prev);
+      r.opt->step(r.theta, proxy);
+      r.prev_delta = deltas[m];
+      mean_proxy.add_(proxy);
+      mean_theta.add_(r.theta);
+      out.push_back(r.theta);
+    }
+    const double k = static_cast<double>(deltas.size());
+    mean_proxy.div_(k);
+    mean_theta.div_(k);
+    const double update_norm = at::sub_out(proxy, mean_theta, s.theta).norm().item<double>();
+    // In place, as the other outer steps update theta: whoever must keep a theta clones it.
+    s.theta.copy_(mean_theta);
+    out[0] = s.theta;
+    report(self, metrics, round, s.opt->lr(), mean_proxy.norm().item<double>(), update_norm);
+  });
+  if (e) return e;
+  finish_step(s, round, 0);
+  return out;
+}
+
+/// eager: each replica's (theta_m, b_m, prev_delta_m), cloned, from a checkpoint.
+caf::result<bool> load_replicas(outer_state& s, const std::vector<at::Tensor>& triples) {
+  if (triples.size() != 3 * s.replicas.size())
+    return make_error(errc::corrupt_checkpoint, "eager outer state for " +
+                                                    std::to_string(triples.size() / 3) + " replicas, " +
+                                                    std::to_string(s.replicas.size()) + " expected");
+  for (size_t m = 0; m < s.replicas.size(); ++m) {
+    auto& r = s.replicas[m];
+    r.theta = triples[3 * m].clone();
+    r.opt->set_momentum_buffer(triples[3 * m + 1].defined() ? triples[3 * m + 1].clone() : at::Tensor());
+    r.prev_delta = triples[3 * m + 2].defined() ? triples[3 * m + 2].clone() : at::Tensor();
+  }
+  s.stepped = false;
+  return true;
+}
+
 caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor theta0, caf::actor metrics,
                         outer_policy policy) {
   auto& st = self->state;
@@ -107,10 +181,6 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
   for (int64_t m = 0; m < policy.eager_replicas; ++m)
     st.replicas.push_back({st.theta.clone(), at::Tensor(),
                            std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
-  auto finish_step = [=](uint64_t round, uint32_t seq) {
-    self->state.last = {round, seq};
-    self->state.stepped = true;
-  };
   return {
       [=](theta_atom) { return self->state.theta; },
       [=](theta_atom, int64_t n) {
@@ -136,7 +206,7 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
           report(self, metrics, round, s.opt->lr(), delta_norm, update_norm);
         });
         if (e) return e;
-        finish_step(round, 0);
+        finish_step(s, round, 0);
         return s.theta;
       },
       [=](outer_atom, uint64_t round, uint32_t seq, at::Tensor delta) -> caf::result<at::Tensor> {
@@ -152,55 +222,11 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
           report(self, metrics, round, s.opt->lr(), delta_norm, update_norm);
         });
         if (e) return e;
-        finish_step(round, seq);
+        finish_step(s, round, seq);
         return s.theta;
       },
-      [=](eager_atom, uint64_t round, at::Tensor avg_prev,
-          std::vector<at::Tensor> deltas) -> caf::result<std::vector<at::Tensor>> {
-        auto& s = self->state;
-        const int64_t n = s.theta.numel();
-        if (deltas.size() != s.replicas.size())
-          return make_error(errc::malformed_frame, "eager step with " + std::to_string(deltas.size()) +
-                                                       " pseudo-gradients for " +
-                                                       std::to_string(s.replicas.size()) + " replicas");
-        if (auto e = check_order(s, round, 0)) return e;
-        if (avg_prev.defined())
-          if (auto e = check_size(avg_prev, n, "average")) return e;
-        for (const auto& d : deltas)
-          if (auto e = check_size(d, n, "pseudo-gradient")) return e;
-        std::vector<at::Tensor> out{at::Tensor()};
-        auto e = torch_guarded("eager outer step", [&] {
-          at::NoGradGuard no_grad;
-          const double inv_m = 1.0 / static_cast<double>(policy.global_workers);
-          for (auto* t : {&s.proxy, &s.mean_proxy, &s.mean_theta})
-            if (!t->defined() || t->numel() != n) *t = at::empty_like(s.theta);
-          auto& proxy = s.proxy;
-          auto& mean_proxy = s.mean_proxy.zero_();
-          auto& mean_theta = s.mean_theta.zero_();
-          for (size_t m = 0; m < deltas.size(); ++m) {
-            auto& r = s.replicas[m];
-            // proxy = avg_prev + (delta_m - prev_delta_m) / M, with absent terms as 0.
-            at::mul_out(proxy, deltas[m], inv_m);
-            if (r.prev_delta.defined()) proxy.sub_(r.prev_delta, inv_m);
-            if (avg_prev.defined()) proxy.add_(avg_prev);
-            r.opt->step(r.theta, proxy);
-            r.prev_delta = deltas[m];
-            mean_proxy.add_(proxy);
-            mean_theta.add_(r.theta);
-            out.push_back(r.theta);
-          }
-          const double k = static_cast<double>(deltas.size());
-          mean_proxy.div_(k);
-          mean_theta.div_(k);
-          const double update_norm = at::sub_out(proxy, mean_theta, s.theta).norm().item<double>();
-          // In place, as the other outer steps update theta: whoever must keep a theta clones it.
-          s.theta.copy_(mean_theta);
-          out[0] = s.theta;
-          report(self, metrics, round, s.opt->lr(), mean_proxy.norm().item<double>(), update_norm);
-        });
-        if (e) return e;
-        finish_step(round, 0);
-        return out;
+      [=](eager_atom, uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {
+        return eager_step(self, metrics, policy.global_workers, round, avg_prev, deltas);
       },
       [=](state_atom) { return state_of(self->state, false); },
       // lend: theta and b themselves; the caller steps nothing until the snapshot is written.
@@ -212,22 +238,7 @@ caf::behavior outer_fun(self_ptr self, config::outer_section cfg, at::Tensor the
         s.stepped = false;
         return true;
       },
-      [=](load_atom, std::vector<at::Tensor> triples) -> caf::result<bool> {
-        auto& s = self->state;
-        if (triples.size() != 3 * s.replicas.size())
-          return make_error(errc::corrupt_checkpoint, "eager outer state for " +
-                                                          std::to_string(triples.size() / 3) + " replicas, " +
-                                                          std::to_string(s.replicas.size()) + " expected");
-        for (size_t m = 0; m < s.replicas.size(); ++m) {
-          auto& r = s.replicas[m];
-          r.theta = triples[3 * m].clone();
-          r.opt->set_momentum_buffer(triples[3 * m + 1].defined() ? triples[3 * m + 1].clone()
-                                                                  : at::Tensor());
-          r.prev_delta = triples[3 * m + 2].defined() ? triples[3 * m + 2].clone() : at::Tensor();
-        }
-        s.stepped = false;
-        return true;
-      },
+      [=](load_atom, std::vector<at::Tensor> triples) { return load_replicas(self->state, triples); },
   };
 }
 
