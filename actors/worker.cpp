@@ -95,7 +95,7 @@ replica_state replica_of(caf::stateful_actor<worker_state>* self, bool lend = fa
 }
 
 /// (run): starts a round of h inner steps from theta (sync: loaded first, unless a checkpoint interrupted the
-/// round); the promise is kept by finish_round.
+/// round); the reply comes from finish_round, or the error of a failed inner step.
 caf::result<round_result> begin_round(caf::stateful_actor<worker_state>* self, uint64_t round,
                                       at::Tensor theta, int64_t h, bool sync) {
   auto& s = self->state;
