@@ -70,6 +70,42 @@ class coordinator_watch {
   std::chrono::steady_clock::time_point next_reminder_;
 };
 
+/// Joins the cluster as node `index`, with resume_round its newest checkpoint's round: sets role's rank and
+/// every rank's endpoint and name from the welcome, and returns the round the cluster resumes after. Throws
+/// lw_error when the welcome is malformed or does not match this cluster file.
+uint64_t join(comm::control_client& control, const config::cluster_spec& spec, size_t index,
+              uint64_t resume_round, cluster_role& role) {
+  const auto& me = spec.nodes[index];
+  comm::hello_msg hello;
+  hello.protocol_version = comm::protocol_version();
+  hello.cluster_id = spec.cluster_id;
+  hello.node_name = me.name;
+  hello.n_workers = static_cast<uint32_t>(me.workers);
+  hello.data_endpoint = me.endpoint;
+  hello.resume_round = resume_round;
+  // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
+  // says so instead of timing out here.
+  const double wait_s = spec.join_timeout_s + 5;
+  spdlog::info("node {}: joining cluster '{}' at {} (waiting up to {:g} s)", me.name, spec.id,
+               spec.coordinator, wait_s);
+  const auto welcome = control.join(hello, to_ms(wait_s));
+  role.rank = static_cast<int>(welcome.rank);
+  for (const auto& p : welcome.peers) {
+    if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
+      throw lw_error(errc::malformed_frame, "the coordinator's welcome lists endpoint '" + p.endpoint +
+                                                "' for " + p.name + ": " + problem);
+    role.endpoints.push_back(p.endpoint);
+    role.names.push_back(p.name);
+  }
+  if (welcome.rank != index || role.endpoints[index] != me.endpoint)
+    throw lw_error(errc::invalid_config,
+                   "the coordinator placed this node at rank " + std::to_string(welcome.rank) +
+                       " with another endpoint: its cluster file differs from this one");
+  spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
+               welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
+  return welcome.start_round;
+}
+
 }  // namespace
 
 int run_coordinator_role(const config::cluster_spec& spec) {
@@ -150,35 +186,8 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   std::unique_ptr<comm::control_client> control;
   try {
     control = std::make_unique<comm::control_client>(spec.coordinator, spec.cluster_id);
-    comm::hello_msg hello;
-    hello.protocol_version = comm::protocol_version();
-    hello.cluster_id = spec.cluster_id;
-    hello.node_name = me.name;
-    hello.n_workers = static_cast<uint32_t>(me.workers);
-    hello.data_endpoint = me.endpoint;
-    hello.resume_round = opts.fresh ? 0 : latest_checkpoint_round(cfg);
-    // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
-    // says so instead of timing out here.
-    const double wait_s = spec.join_timeout_s + 5;
-    spdlog::info("node {}: joining cluster '{}' at {} (waiting up to {:g} s)", me.name, spec.id,
-                 spec.coordinator, wait_s);
-    const auto welcome = control->join(hello, to_ms(wait_s));
-    role.rank = static_cast<int>(welcome.rank);
-    for (const auto& p : welcome.peers) {
-      if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
-        throw lw_error(errc::malformed_frame, "the coordinator's welcome lists endpoint '" + p.endpoint +
-                                                  "' for " + p.name + ": " + problem);
-      role.endpoints.push_back(p.endpoint);
-      role.names.push_back(p.name);
-    }
-    if (welcome.rank != index || role.endpoints[index] != me.endpoint)
-      throw lw_error(errc::invalid_config,
-                     "the coordinator placed this node at rank " + std::to_string(welcome.rank) +
-                         " with another endpoint: its cluster file differs from this one");
-    spdlog::info(
-        "node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
-        welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
-    node_opts.max_resume_round = welcome.start_round;
+    node_opts.max_resume_round =
+        join(*control, spec, index, opts.fresh ? 0 : latest_checkpoint_round(cfg), role);
   } catch (const lw_error& e) {
     spdlog::error("node {}: {}", me.name, e.what());
     return e.code() == errc::invalid_config ? 2 : 1;

@@ -95,6 +95,104 @@ outer_snapshot state_of(outer_state& s, bool lend) {
   return out;
 }
 
+/// Records a step as the last one (check_order compares the next with it).
+void finish_step(outer_state& s, const ring_label& label) {
+  s.last = label;
+  s.stepped = true;
+}
+
+/// The outer step of a ring label's average: part 0 on the whole of theta, part j on streaming fragment
+/// j % P.
+caf::result<at::Tensor> outer_step(self_ptr self, const metrics_actor& metrics, const outer_policy& policy,
+                                   const ring_label& label, const at::Tensor& delta) {
+  auto& s = self->state;
+  const bool whole = label.second == 0;
+  if (!whole && policy.fragments.empty())
+    return make_error(errc::invalid_config, "fragment outer step without streaming fragments");
+  if (auto e = check_order(s, label)) return e;
+  const auto* ranges = whole ? nullptr : &policy.fragments[label.second % policy.fragments.size()];
+  const int64_t n = whole ? s.theta.numel() : models::range_size(*ranges);
+  if (auto e = check_size(delta, n, whole ? "pseudo-gradient" : "fragment pseudo-gradient")) return e;
+  auto e = torch_guarded("outer step", [&] {
+    const double delta_norm = delta.norm().item<double>();
+    const double update_norm = whole ? s.opt->step(s.theta, delta) : s.opt->step(s.theta, delta, *ranges);
+    report(self, metrics, label.first, s.opt->lr(), delta_norm, update_norm);
+  });
+  if (e) return e;
+  finish_step(s, label);
+  return s.theta;
+}
+
+/// eager: each replica's outer step on its proxy pseudo-gradient avg_prev + (delta_m - prev_delta_m) / M,
+/// then theta = the replicas' mean.
+caf::result<eager_thetas> eager_step(self_ptr self, const metrics_actor& metrics, int64_t global_workers,
+                                     uint64_t round, const at::Tensor& avg_prev,
+                                     const std::vector<at::Tensor>& deltas) {
+  auto& s = self->state;
+  const int64_t n = s.theta.numel();
+  if (deltas.size() != s.replicas.size())
+    return make_error(errc::malformed_frame, "eager step with " + std::to_string(deltas.size()) +
+                                                 " pseudo-gradients for " +
+                                                 std::to_string(s.replicas.size()) + " replicas");
+  if (auto e = check_order(s, {round, 0})) return e;
+  if (avg_prev.defined())
+    if (auto e = check_size(avg_prev, n, "average")) return e;
+  for (const auto& d : deltas)
+    if (auto e = check_size(d, n, "pseudo-gradient")) return e;
+  eager_thetas out;
+  auto e = torch_guarded("eager outer step", [&] {
+    at::NoGradGuard no_grad;
+    const double inv_m = 1.0 / static_cast<double>(global_workers);
+    for (auto* t : {&s.proxy, &s.mean_proxy, &s.mean_theta})
+      if (!t->defined() || t->numel() != n) *t = at::empty_like(s.theta);
+    auto& proxy = s.proxy;
+    auto& mean_proxy = s.mean_proxy.zero_();
+    auto& mean_theta = s.mean_theta.zero_();
+    for (size_t m = 0; m < deltas.size(); ++m) {
+      auto& r = s.replicas[m];
+      // proxy = avg_prev + (delta_m - prev_delta_m) / M, with absent terms as 0.
+      at::mul_out(proxy, deltas[m], inv_m);
+      if (r.prev_delta.defined()) proxy.sub_(r.prev_delta, inv_m);
+      if (avg_prev.defined()) proxy.add_(avg_prev);
+      r.opt->step(r.theta, proxy);
+      r.prev_delta = deltas[m];
+      mean_proxy.add_(proxy);
+      mean_theta.add_(r.theta);
+      out.replicas.push_back(r.theta);
+    }
+    const double k = static_cast<double>(deltas.size());
+    mean_proxy.div_(k);
+    mean_theta.div_(k);
+    const double update_norm = at::sub_out(proxy, mean_theta, s.theta).norm().item<double>();
+    // In place, as the other outer steps update theta: whoever must keep a theta clones it.
+    s.theta.copy_(mean_theta);
+    out.theta = s.theta;
+    report(self, metrics, round, s.opt->lr(), mean_proxy.norm().item<double>(), update_norm);
+  });
+  if (e) return e;
+  finish_step(s, {round, 0});
+  return out;
+}
+
+/// Installs theta, b and (if given) eager's per-replica state, cloned.
+caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
+  if (!snap.replicas.empty() && snap.replicas.size() != s.replicas.size())
+    return make_error(errc::corrupt_checkpoint, "eager outer state for " +
+                                                    std::to_string(snap.replicas.size()) + " replicas, " +
+                                                    std::to_string(s.replicas.size()) + " expected");
+  auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
+  s.theta.copy_(snap.theta);
+  s.opt->set_momentum_buffer(clone(snap.momentum));
+  for (size_t m = 0; m < snap.replicas.size(); ++m) {
+    auto& r = s.replicas[m];
+    r.theta = snap.replicas[m].theta.clone();
+    r.opt->set_momentum_buffer(clone(snap.replicas[m].momentum));
+    r.prev_delta = clone(snap.replicas[m].prev_delta);
+  }
+  s.stepped = false;
+  return true;
+}
+
 outer_actor::behavior_type outer_fun(self_ptr self, config::outer_section cfg, at::Tensor theta0,
                                      metrics_actor metrics, outer_policy policy) {
   auto& st = self->state;
@@ -103,10 +201,6 @@ outer_actor::behavior_type outer_fun(self_ptr self, config::outer_section cfg, a
   for (int64_t m = 0; m < policy.eager_replicas; ++m)
     st.replicas.push_back({st.theta.clone(), at::Tensor(),
                            std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
-  auto finish_step = [=](const ring_label& label) {
-    self->state.last = label;
-    self->state.stepped = true;
-  };
   return {
       [=](theta_atom) -> caf::result<at::Tensor> { return self->state.theta; },
       [=](replicas_atom, int64_t n) -> caf::result<std::vector<at::Tensor>> {
@@ -122,92 +216,15 @@ outer_actor::behavior_type outer_fun(self_ptr self, config::outer_section cfg, a
         self->state.theta = theta.clone();
         return true;
       },
-      [=](outer_atom, ring_label label, at::Tensor delta) -> caf::result<at::Tensor> {
-        auto& s = self->state;
-        const bool whole = label.second == 0;
-        if (!whole && policy.fragments.empty())
-          return make_error(errc::invalid_config, "fragment outer step without streaming fragments");
-        if (auto e = check_order(s, label)) return e;
-        const auto* ranges = whole ? nullptr : &policy.fragments[label.second % policy.fragments.size()];
-        const int64_t n = whole ? s.theta.numel() : models::range_size(*ranges);
-        if (auto e = check_size(delta, n, whole ? "pseudo-gradient" : "fragment pseudo-gradient")) return e;
-        auto e = torch_guarded("outer step", [&] {
-          const double delta_norm = delta.norm().item<double>();
-          const double update_norm =
-              whole ? s.opt->step(s.theta, delta) : s.opt->step(s.theta, delta, *ranges);
-          report(self, metrics, label.first, s.opt->lr(), delta_norm, update_norm);
-        });
-        if (e) return e;
-        finish_step(label);
-        return s.theta;
+      [=](outer_atom, ring_label label, at::Tensor delta) {
+        return outer_step(self, metrics, policy, label, delta);
       },
-      [=](eager_atom, uint64_t round, at::Tensor avg_prev,
-          std::vector<at::Tensor> deltas) -> caf::result<eager_thetas> {
-        auto& s = self->state;
-        const int64_t n = s.theta.numel();
-        if (deltas.size() != s.replicas.size())
-          return make_error(errc::malformed_frame, "eager step with " + std::to_string(deltas.size()) +
-                                                       " pseudo-gradients for " +
-                                                       std::to_string(s.replicas.size()) + " replicas");
-        if (auto e = check_order(s, {round, 0})) return e;
-        if (avg_prev.defined())
-          if (auto e = check_size(avg_prev, n, "average")) return e;
-        for (const auto& d : deltas)
-          if (auto e = check_size(d, n, "pseudo-gradient")) return e;
-        eager_thetas out;
-        auto e = torch_guarded("eager outer step", [&] {
-          at::NoGradGuard no_grad;
-          const double inv_m = 1.0 / static_cast<double>(policy.global_workers);
-          for (auto* t : {&s.proxy, &s.mean_proxy, &s.mean_theta})
-            if (!t->defined() || t->numel() != n) *t = at::empty_like(s.theta);
-          auto& proxy = s.proxy;
-          auto& mean_proxy = s.mean_proxy.zero_();
-          auto& mean_theta = s.mean_theta.zero_();
-          for (size_t m = 0; m < deltas.size(); ++m) {
-            auto& r = s.replicas[m];
-            // proxy = avg_prev + (delta_m - prev_delta_m) / M, with absent terms as 0.
-            at::mul_out(proxy, deltas[m], inv_m);
-            if (r.prev_delta.defined()) proxy.sub_(r.prev_delta, inv_m);
-            if (avg_prev.defined()) proxy.add_(avg_prev);
-            r.opt->step(r.theta, proxy);
-            r.prev_delta = deltas[m];
-            mean_proxy.add_(proxy);
-            mean_theta.add_(r.theta);
-            out.replicas.push_back(r.theta);
-          }
-          const double k = static_cast<double>(deltas.size());
-          mean_proxy.div_(k);
-          mean_theta.div_(k);
-          const double update_norm = at::sub_out(proxy, mean_theta, s.theta).norm().item<double>();
-          // In place, as the other outer steps update theta: whoever must keep a theta clones it.
-          s.theta.copy_(mean_theta);
-          out.theta = s.theta;
-          report(self, metrics, round, s.opt->lr(), mean_proxy.norm().item<double>(), update_norm);
-        });
-        if (e) return e;
-        finish_step({round, 0});
-        return out;
+      [=](eager_atom, uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {
+        return eager_step(self, metrics, policy.global_workers, round, avg_prev, deltas);
       },
       // lend: theta and b themselves; the caller steps nothing until the snapshot is written.
       [=](state_atom, bool lend) -> caf::result<outer_snapshot> { return state_of(self->state, lend); },
-      [=](load_atom, const outer_snapshot& snap) -> caf::result<bool> {
-        auto& s = self->state;
-        if (!snap.replicas.empty() && snap.replicas.size() != s.replicas.size())
-          return make_error(errc::corrupt_checkpoint,
-                            "eager outer state for " + std::to_string(snap.replicas.size()) + " replicas, " +
-                                std::to_string(s.replicas.size()) + " expected");
-        s.theta.copy_(snap.theta);
-        s.opt->set_momentum_buffer(snap.momentum.defined() ? snap.momentum.clone() : at::Tensor());
-        for (size_t m = 0; m < snap.replicas.size(); ++m) {
-          auto& r = s.replicas[m];
-          const auto& in = snap.replicas[m];
-          r.theta = in.theta.clone();
-          r.opt->set_momentum_buffer(in.momentum.defined() ? in.momentum.clone() : at::Tensor());
-          r.prev_delta = in.prev_delta.defined() ? in.prev_delta.clone() : at::Tensor();
-        }
-        s.stepped = false;
-        return true;
-      },
+      [=](load_atom, const outer_snapshot& snap) { return load(self->state, snap); },
   };
 }
 

@@ -88,6 +88,78 @@ replica_state replica_of(self_ptr self, bool lend = false) {
   return r;
 }
 
+/// (run): starts a round of h inner steps from theta (reset: loaded first, unless a checkpoint interrupted
+/// the round); the reply comes from finish_round, or the error of a failed inner step.
+caf::result<round_result> begin_round(self_ptr self, uint64_t round, at::Tensor theta, int64_t h,
+                                      bool reset) {
+  auto& s = self->state;
+  if (s.busy) return make_error(errc::stale_round, "worker already in a round");
+  s.round = round;
+  s.theta_ref = std::move(theta);
+  s.steps_target = h;
+  s.loss_sum = 0;
+  s.steps_run = 0;
+  if (s.resume_steps > 0) {  // continue a round that a checkpoint interrupted
+    s.steps_in_round = s.resume_steps;
+    s.resume_steps = 0;
+  } else {
+    s.steps_in_round = 0;
+    if (reset && s.theta_ref.defined()) s.trainer->set_params(s.theta_ref);
+  }
+  s.busy = true;
+  s.rp = self->make_response_promise<round_result>();
+  if (s.steps_in_round >= s.steps_target) {
+    finish_round(self);
+  } else {
+    self->send(self, step_atom_v);
+  }
+  return s.rp;
+}
+
+/// (step): one inner step, reported to the coordinator; then the next step, the round's end, or (paused) the
+/// state that was asked for.
+void inner_step(self_ptr self) {
+  auto& s = self->state;
+  if (!s.busy) return;
+  if (s.paused && (s.pause_target < 0 || s.trainer->steps_done() >= s.pause_target)) return;
+  step_report rep;
+  auto t0 = std::chrono::steady_clock::now();
+  auto err = guarded(s.rank, [&] { rep.loss = s.trainer->step(); });
+  if (err) {
+    s.busy = false;
+    s.rp.deliver(std::move(err));
+    return;
+  }
+  rep.compute_s = seconds_since(t0);
+  rep.rank = s.rank;
+  rep.step = s.trainer->steps_done();
+  rep.tokens = s.trainer->tokens_per_step();
+  s.loss_sum += rep.loss;
+  ++s.steps_run;
+  ++s.steps_in_round;
+  self->send(s.coordinator, report_atom_v, rep);
+  if (s.paused && s.trainer->steps_done() >= s.pause_target) {
+    s.state_rp.deliver(replica_of(self));
+    return;
+  }
+  if (s.steps_in_round >= s.steps_target) {
+    finish_round(self);
+  } else {
+    self->send(self, step_atom_v);
+  }
+}
+
+/// (mix): streaming's local <- (1 - alpha) theta + alpha local on one fragment, between rounds only.
+caf::result<bool> mix_fragment(self_ptr self, const at::Tensor& theta, uint32_t fragment, double alpha) {
+  auto& s = self->state;
+  const auto& frags = s.ctx->fragments;
+  if (s.busy || fragment >= frags.size())
+    return make_error(errc::stale_round, "worker: mix of fragment " + std::to_string(fragment) +
+                                             (s.busy ? " during a round" : " that does not exist"));
+  if (auto err = guarded(s.rank, [&] { s.trainer->mix(theta, frags[fragment], alpha); })) return err;
+  return true;
+}
+
 worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_context> ctx, int64_t rank,
                                        coordinator_actor coordinator) {
   auto& st = self->state;
@@ -99,60 +171,10 @@ worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_
                                                        ctx->rank_offset + rank, ctx->global_workers(),
                                                        ctx->cfg.run.seed);
   return {
-      [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool sync) -> caf::result<round_result> {
-        auto& s = self->state;
-        if (s.busy) return make_error(errc::stale_round, "worker already in a round");
-        s.round = round;
-        s.theta_ref = std::move(theta);
-        s.steps_target = h;
-        s.loss_sum = 0;
-        s.steps_run = 0;
-        if (s.resume_steps > 0) {  // continue a round that a checkpoint interrupted
-          s.steps_in_round = s.resume_steps;
-          s.resume_steps = 0;
-        } else {
-          s.steps_in_round = 0;
-          if (sync && s.theta_ref.defined()) s.trainer->set_params(s.theta_ref);
-        }
-        s.busy = true;
-        s.rp = self->make_response_promise<round_result>();
-        if (s.steps_in_round >= s.steps_target) {
-          finish_round(self);
-        } else {
-          self->send(self, step_atom_v);
-        }
-        return s.rp;
+      [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool reset) {
+        return begin_round(self, round, std::move(theta), h, reset);
       },
-      [=](step_atom) {
-        auto& s = self->state;
-        if (!s.busy) return;
-        if (s.paused && (s.pause_target < 0 || s.trainer->steps_done() >= s.pause_target)) return;
-        step_report rep;
-        auto t0 = std::chrono::steady_clock::now();
-        auto err = guarded(s.rank, [&] { rep.loss = s.trainer->step(); });
-        if (err) {
-          s.busy = false;
-          s.rp.deliver(std::move(err));
-          return;
-        }
-        rep.compute_s = seconds_since(t0);
-        rep.rank = s.rank;
-        rep.step = s.trainer->steps_done();
-        rep.tokens = s.trainer->tokens_per_step();
-        s.loss_sum += rep.loss;
-        ++s.steps_run;
-        ++s.steps_in_round;
-        self->send(s.coordinator, report_atom_v, rep);
-        if (s.paused && s.trainer->steps_done() >= s.pause_target) {
-          s.state_rp.deliver(replica_of(self));
-          return;
-        }
-        if (s.steps_in_round >= s.steps_target) {
-          finish_round(self);
-        } else {
-          self->send(self, step_atom_v);
-        }
-      },
+      [=](step_atom) { inner_step(self); },
       [=](grad_atom) -> caf::result<round_result> {
         auto& s = self->state;
         round_result r;
@@ -182,14 +204,8 @@ worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_
         if (auto err = guarded(s.rank, [&] { s.trainer->set_params(theta); })) return err;
         return true;
       },
-      [=](mix_atom, at::Tensor theta, uint32_t fragment, double alpha) -> caf::result<bool> {
-        auto& s = self->state;
-        const auto& frags = s.ctx->fragments;
-        if (s.busy || fragment >= frags.size())
-          return make_error(errc::stale_round, "worker: mix of fragment " + std::to_string(fragment) +
-                                                   (s.busy ? " during a round" : " that does not exist"));
-        if (auto err = guarded(s.rank, [&] { s.trainer->mix(theta, frags[fragment], alpha); })) return err;
-        return true;
+      [=](mix_atom, at::Tensor theta, uint32_t fragment, double alpha) {
+        return mix_fragment(self, theta, fragment, alpha);
       },
       [=](state_atom) -> caf::result<replica_state> { return replica_of(self); },
       [=](state_atom, bool lend) -> caf::result<replica_state> {

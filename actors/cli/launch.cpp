@@ -147,19 +147,10 @@ std::string write_prometheus_config(const config::cluster_spec& spec, const obse
   return {};
 }
 
-}  // namespace
-
-int launch(const std::string& exe, const std::string& cluster_path, const std::vector<std::string>& overrides,
-           bool fresh, const observe_options& observe) {
-  config::cluster_spec spec;
-  try {
-    spec = config::load_cluster_file(cluster_path, overrides);
-  } catch (const config::config_error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  }
-  std::vector<child> children;
-  std::vector<std::vector<std::string>> args;
+/// The coordinator and every node, each with its command line (overrides passed on, --fresh to the nodes).
+void add_roles(const std::string& exe, const std::string& cluster_path, const config::cluster_spec& spec,
+               const std::vector<std::string>& overrides, bool fresh, std::vector<child>& children,
+               std::vector<std::vector<std::string>>& args) {
   auto role = [](std::string name, bool is_node) {
     child c;
     c.name = std::move(name);
@@ -178,32 +169,186 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
       args[i].push_back("--set");
       args[i].push_back(ov);
     }
-  std::string observer_log;
-  if (observe.enabled) {
-    if (access(observe.prometheus.c_str(), X_OK) != 0) {
-      std::fprintf(stderr,
-                   "launch: --observe needs Prometheus at %s (Debian package prometheus; scripts/setup "
-                   "installs it)\n",
-                   observe.prometheus.c_str());
-      return 2;
-    }
-    const auto dir = std::filesystem::path(spec.train.run.out_dir) / "prometheus";
-    const auto yml = dir / "prometheus.yml";
-    size_t targets = 0;
-    if (const auto problem = write_prometheus_config(spec, observe, yml, &targets); !problem.empty()) {
-      std::fprintf(stderr, "launch: --observe: %s\n", problem.c_str());
-      return 2;
-    }
-    observer_log = (dir / "prometheus.log").string();
-    children.push_back(role("prometheus", false));
-    children.back().is_observer = true;
-    args.push_back({observe.prometheus, "--config.file=" + yml.string(),
-                    "--storage.tsdb.path=" + (dir / "data").string(),
-                    "--web.listen-address=127.0.0.1:" + std::to_string(observe.port)});
-    std::printf(
-        "observe: Prometheus at http://127.0.0.1:%d (scraping %zu targets every %s; config %s, log %s)\n",
-        observe.port, targets, observe.scrape_interval.c_str(), yml.c_str(), observer_log.c_str());
+}
+
+/// --observe: writes prometheus.yml and adds Prometheus as the last child, its output to *log. Returns 0, or
+/// 2 after saying why it cannot.
+int add_observer(const config::cluster_spec& spec, const observe_options& observe,
+                 std::vector<child>& children, std::vector<std::vector<std::string>>& args,
+                 std::string* log) {
+  if (access(observe.prometheus.c_str(), X_OK) != 0) {
+    std::fprintf(stderr,
+                 "launch: --observe needs Prometheus at %s (Debian package prometheus; scripts/setup "
+                 "installs it)\n",
+                 observe.prometheus.c_str());
+    return 2;
   }
+  const auto dir = std::filesystem::path(spec.train.run.out_dir) / "prometheus";
+  const auto yml = dir / "prometheus.yml";
+  size_t targets = 0;
+  if (const auto problem = write_prometheus_config(spec, observe, yml, &targets); !problem.empty()) {
+    std::fprintf(stderr, "launch: --observe: %s\n", problem.c_str());
+    return 2;
+  }
+  *log = (dir / "prometheus.log").string();
+  child c;
+  c.name = "prometheus";
+  c.is_node = false;
+  c.is_observer = true;
+  children.push_back(std::move(c));
+  args.push_back({observe.prometheus, "--config.file=" + yml.string(),
+                  "--storage.tsdb.path=" + (dir / "data").string(),
+                  "--web.listen-address=127.0.0.1:" + std::to_string(observe.port)});
+  std::printf(
+      "observe: Prometheus at http://127.0.0.1:%d (scraping %zu targets every %s; config %s, log %s)\n",
+      observe.port, targets, observe.scrape_interval.c_str(), yml.c_str(), log->c_str());
+  return 0;
+}
+
+/// What the supervising loop has seen and done so far.
+struct launch_state {
+  int handled_signals = 0;
+  bool stopping = false;  // launch asked the roles to stop
+  int first_failure = 0;
+  std::chrono::steady_clock::time_point nodes_done_at = std::chrono::steady_clock::time_point::max();
+};
+
+/// Waits up to 200 ms for output and prints what came.
+void pump_output(std::vector<child>& children, size_t width) {
+  std::vector<pollfd> fds;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < children.size(); ++i)
+    if (children[i].out_fd >= 0) {
+      fds.push_back({children[i].out_fd, POLLIN, 0});
+      which.push_back(i);
+    }
+  if (!fds.empty())
+    poll(fds.data(), fds.size(), 200);
+  else
+    usleep(100 * 1000);
+  for (size_t k = 0; k < fds.size(); ++k)
+    if (fds[k].revents) drain(children[which[k]], width);
+}
+
+/// A new Ctrl-C: the first asks every role to stop, a later one kills them. Returns the signals so far.
+int forward_signals(std::vector<child>& children, launch_state& st) {
+  const int sigs = g_launch_signals.load();
+  if (sigs > st.handled_signals) {
+    st.handled_signals = sigs;
+    if (sigs == 1) {
+      std::printf(
+          "launch: interrupt: stopping every role; each node saves a checkpoint (Ctrl-C again to kill)\n");
+      signal_all(children, SIGINT);
+      st.stopping = true;
+    } else {
+      std::printf("launch: second interrupt: killing every role\n");
+      signal_all(children, SIGKILL);
+    }
+    std::fflush(stdout);
+  }
+  return sigs;
+}
+
+/// Collects a child that ended: its exit code, its last output; a failed role stops the others (unless
+/// launch is stopping them already), an ended Prometheus is only reported.
+void on_child_exit(std::vector<child>& children, child& c, int status, size_t width, launch_state& st,
+                   int sigs, const std::string& observer_log) {
+  c.running = false;
+  c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (c.out_fd >= 0) drain(c, width);
+  if (c.is_observer) {
+    if (!st.stopping && sigs == 0)
+      std::printf("launch: Prometheus ended with exit code %d (see %s); training goes on\n", c.code,
+                  observer_log.c_str());
+    std::fflush(stdout);
+    return;
+  }
+  if (c.code != 0 && c.code != 130 && st.first_failure == 0) st.first_failure = c.code;
+  if (c.code != 0 && !st.stopping && sigs == 0) {
+    std::printf("launch: %s %s ended with exit code %d; stopping the others\n", c.is_node ? "node" : "the",
+                c.name.c_str(), c.code);
+    std::fflush(stdout);
+    signal_all(children, SIGINT);
+    st.stopping = true;
+  }
+}
+
+/// Stops Prometheus once the cluster is done (its data stays in the run directory).
+void stop_observer(std::vector<child>& children, const std::string& out_dir) {
+  for (auto& c : children)
+    if (c.is_observer && c.running) {
+      kill(c.pid, SIGTERM);
+      int status = 0;
+      waitpid(c.pid, &status, 0);
+      c.running = false;
+      c.code = 0;
+      std::printf("observe: Prometheus stopped; its data is in %s/prometheus/data\n", out_dir.c_str());
+    }
+}
+
+/// Runs the started children until every role has ended: output, Ctrl-C, exits, the coordinator's stop.
+void supervise(std::vector<child>& children, size_t width, const std::string& observer_log,
+               const std::string& out_dir, launch_state& st) {
+  for (;;) {
+    pump_output(children, width);
+    const int sigs = forward_signals(children, st);
+    bool nodes_running = false, any_running = false;
+    for (auto& c : children) {
+      int status = 0;
+      if (c.running && waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        on_child_exit(children, c, status, width, st, sigs, observer_log);
+        if (c.is_observer) continue;
+      }
+      if (!c.is_observer) any_running = any_running || c.running || c.out_fd >= 0;
+      nodes_running = nodes_running || (c.is_node && c.running);
+    }
+    if (!any_running) {
+      stop_observer(children, out_dir);
+      return;
+    }
+    // The coordinator ends by itself once every node said bye; give it 10 s, then stop it.
+    if (!nodes_running) {
+      const auto now = std::chrono::steady_clock::now();
+      if (st.nodes_done_at == std::chrono::steady_clock::time_point::max()) st.nodes_done_at = now;
+      if (now - st.nodes_done_at > std::chrono::seconds(10) && children[0].running) {
+        kill(children[0].pid, SIGINT);
+        st.nodes_done_at = now;
+      }
+    }
+  }
+}
+
+/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first failure, else the
+/// first non-zero role.
+int exit_code(const std::vector<child>& children, const launch_state& st) {
+  std::string summary;
+  for (const auto& c : children) summary += " " + c.name + "=" + std::to_string(c.code);
+  std::printf("launch: exit codes:%s\n", summary.c_str());
+  std::fflush(stdout);
+  if (st.handled_signals > 0) return 130;
+  if (st.first_failure != 0) return st.first_failure;
+  for (const auto& c : children)
+    if (c.code != 0 && !c.is_observer) return c.code;
+  return 0;
+}
+
+}  // namespace
+
+int launch(const std::string& exe, const std::string& cluster_path, const std::vector<std::string>& overrides,
+           bool fresh, const observe_options& observe) {
+  config::cluster_spec spec;
+  try {
+    spec = config::load_cluster_file(cluster_path, overrides);
+  } catch (const config::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  std::vector<child> children;
+  std::vector<std::vector<std::string>> args;
+  add_roles(exe, cluster_path, spec, overrides, fresh, children, args);
+  std::string observer_log;
+  if (observe.enabled)
+    if (const int code = add_observer(spec, observe, children, args, &observer_log); code != 0) return code;
   size_t width = 0;
   for (const auto& c : children) width = std::max(width, c.name.size());
 
@@ -225,102 +370,9 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
       if (c.is_observer && c.running) kill(c.pid, SIGKILL);
     return 1;
   }
-
-  int handled_signals = 0;
-  bool stopping = false;  // launch asked the roles to stop
-  int first_failure = 0;
-  auto nodes_done_at = std::chrono::steady_clock::time_point::max();
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < children.size(); ++i)
-      if (children[i].out_fd >= 0) {
-        fds.push_back({children[i].out_fd, POLLIN, 0});
-        which.push_back(i);
-      }
-    if (!fds.empty())
-      poll(fds.data(), fds.size(), 200);
-    else
-      usleep(100 * 1000);
-    for (size_t k = 0; k < fds.size(); ++k)
-      if (fds[k].revents) drain(children[which[k]], width);
-
-    const int sigs = g_launch_signals.load();
-    if (sigs > handled_signals) {
-      handled_signals = sigs;
-      if (sigs == 1) {
-        std::printf(
-            "launch: interrupt: stopping every role; each node saves a checkpoint (Ctrl-C again to kill)\n");
-        signal_all(children, SIGINT);
-        stopping = true;
-      } else {
-        std::printf("launch: second interrupt: killing every role\n");
-        signal_all(children, SIGKILL);
-      }
-      std::fflush(stdout);
-    }
-
-    bool nodes_running = false, any_running = false;
-    for (auto& c : children) {
-      if (c.running) {
-        int status = 0;
-        if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-          c.running = false;
-          c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          if (c.out_fd >= 0) drain(c, width);
-          if (c.is_observer) {
-            if (!stopping && sigs == 0)
-              std::printf("launch: Prometheus ended with exit code %d (see %s); training goes on\n", c.code,
-                          observer_log.c_str());
-            std::fflush(stdout);
-            continue;
-          }
-          if (c.code != 0 && c.code != 130 && first_failure == 0) first_failure = c.code;
-          if (c.code != 0 && !stopping && sigs == 0) {
-            std::printf("launch: %s %s ended with exit code %d; stopping the others\n",
-                        c.is_node ? "node" : "the", c.name.c_str(), c.code);
-            std::fflush(stdout);
-            signal_all(children, SIGINT);
-            stopping = true;
-          }
-        }
-      }
-      if (!c.is_observer) any_running = any_running || c.running || c.out_fd >= 0;
-      nodes_running = nodes_running || (c.is_node && c.running);
-    }
-    if (!any_running) {
-      // The cluster is done: stop Prometheus (its data stays in the run directory).
-      for (auto& c : children)
-        if (c.is_observer && c.running) {
-          kill(c.pid, SIGTERM);
-          int status = 0;
-          waitpid(c.pid, &status, 0);
-          c.running = false;
-          c.code = 0;
-          std::printf("observe: Prometheus stopped; its data is in %s/prometheus/data\n",
-                      spec.train.run.out_dir.c_str());
-        }
-      break;
-    }
-    // The coordinator ends by itself once every node said bye; give it 10 s, then stop it.
-    if (!nodes_running) {
-      const auto now = std::chrono::steady_clock::now();
-      if (nodes_done_at == std::chrono::steady_clock::time_point::max()) nodes_done_at = now;
-      if (now - nodes_done_at > std::chrono::seconds(10) && children[0].running) {
-        kill(children[0].pid, SIGINT);
-        nodes_done_at = now;
-      }
-    }
-  }
-  std::string summary;
-  for (const auto& c : children) summary += " " + c.name + "=" + std::to_string(c.code);
-  std::printf("launch: exit codes:%s\n", summary.c_str());
-  std::fflush(stdout);
-  if (handled_signals > 0) return 130;
-  if (first_failure != 0) return first_failure;
-  for (const auto& c : children)
-    if (c.code != 0 && !c.is_observer) return c.code;
-  return 0;
+  launch_state st;
+  supervise(children, width, observer_log, spec.train.run.out_dir, st);
+  return exit_code(children, st);
 }
 
 }  // namespace longwave::cli

@@ -54,6 +54,211 @@ int cmd_presets(int64_t vocab, int64_t seq_len) {
   return 0;
 }
 
+/// What the command line fills in; the subcommands' options point into it.
+struct cli_values {
+  // run (log_level also for coordinator and node)
+  std::string config_path;
+  std::vector<std::string> overrides;
+  actors::run_options ropts;
+  std::string log_level = "info";
+  // eval
+  std::string ckpt;
+  int64_t batches = 0;
+  // data prepare
+  std::string input, out_dir, tokenizer = "byte";
+  int64_t vocab = 1024;
+  double val_fraction = 0.05;
+  // coordinator, node, launch
+  std::string cluster_path, node_name;
+  std::vector<std::string> cluster_overrides;
+  bool cluster_fresh = false, node_dry_run = false;
+  cli::observe_options observe;
+  // report
+  std::string report_dir, report_out;
+  // presets
+  int64_t pv = 256, pt = 128;
+};
+
+/// The subcommands, to tell which one was given.
+struct subcommands {
+  CLI::App *run, *eval, *prep, *coord, *node, *launch, *report, *presets;
+};
+
+CLI::App* add_run(CLI::App& app, cli_values& v) {
+  auto* run = app.add_subcommand("run", "Train from a TOML config (resumes from the latest checkpoint)");
+  run->add_option("config", v.config_path, "TOML config file (see examples/)")->required();
+  run->add_option("--set", v.overrides, "Override a field: --set section.key=value (repeatable)");
+  run->add_flag("--dry-run", v.ropts.dry_run,
+                "Validate, print the resolved config, parameter count and memory estimate; do not train");
+  run->add_flag("--fresh", v.ropts.fresh, "Start over: delete this run's checkpoints and loss trace first");
+  run->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  run->footer(
+      "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation "
+      "perplexity.\n"
+      "Ctrl-C saves a checkpoint and exits with code 130; the same command then resumes exactly.\n"
+      "Files in run.out_dir: config.toml, loss_trace.tsv, checkpoints/, data/ (token shards).");
+  return run;
+}
+
+CLI::App* add_eval(CLI::App& app, cli_values& v) {
+  auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint's theta_global");
+  eval->add_option("checkpoint", v.ckpt, "A .lwc checkpoint file or a checkpoint directory (newest valid)")
+      ->required();
+  eval->add_option("--batches", v.batches, "Validation batches (default: the run's eval.batches)");
+  return eval;
+}
+
+/// `data prepare`; returns the prepare subcommand.
+CLI::App* add_data_prepare(CLI::App& app, cli_values& v) {
+  auto* data = app.add_subcommand("data", "Data tools");
+  auto* prep =
+      data->add_subcommand("prepare", "Tokenize a corpus into llm.c .bin shards (train.bin, val.bin)");
+  data->require_subcommand(1);
+  prep->add_option("input", v.input, "Text file, JSONL file (field \"text\"), or '' for the bundled KJV");
+  prep->add_option("--out", v.out_dir, "Output directory")->required();
+  const auto& tokenizer_names = config::enum_names<config::tokenizer_kind>::names;
+  prep->add_option("--tokenizer", v.tokenizer, "byte or bpe")
+      ->check(CLI::IsMember(std::vector<std::string>(tokenizer_names.begin(), tokenizer_names.end())))
+      ->capture_default_str();
+  prep->add_option("--vocab", v.vocab, "BPE vocabulary size")->capture_default_str();
+  prep->add_option("--val-fraction", v.val_fraction, "Share of tokens held out for validation")
+      ->capture_default_str();
+  return prep;
+}
+
+const char* const cluster_footer =
+    "A cluster file is a training config plus [cluster] (id, coordinator, join_timeout_s,\n"
+    "heartbeat_timeout_s) and one [[nodes]] entry per node (name, endpoint, workers, metrics_port).\n"
+    "See examples/cluster_4nodes.toml. Each node writes to <run.out_dir>/<node name>.";
+
+CLI::App* add_coordinator(CLI::App& app, cli_values& v) {
+  auto* coord = app.add_subcommand("coordinator",
+                                   "Cluster role: admit the nodes, give them ring positions, watch them");
+  coord->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  coord->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  coord->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  coord->footer(cluster_footer);
+  return coord;
+}
+
+CLI::App* add_node(CLI::App& app, cli_values& v) {
+  auto* node = app.add_subcommand("node", "Cluster role: join the coordinator as one node and train");
+  node->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  node->add_option("--node", v.node_name, "This node's name in the cluster file")->required();
+  node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  node->add_flag("--fresh", v.cluster_fresh,
+                 "Start over: delete this node's checkpoints and loss trace first");
+  node->add_flag("--dry-run", v.node_dry_run, "Validate and print this node's resolved config; do not join");
+  node->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  node->footer(cluster_footer);
+  return node;
+}
+
+CLI::App* add_launch(CLI::App& app, cli_values& v) {
+  auto* launch = app.add_subcommand(
+      "launch",
+      "Start the coordinator and every node of a cluster file as local processes (Ctrl-C stops all)");
+  launch->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  launch->add_option("--set", v.cluster_overrides, "Override a field for every role (repeatable)");
+  launch->add_flag("--fresh", v.cluster_fresh, "Every node starts over (deletes its checkpoints first)");
+  launch->add_flag("--observe", v.observe.enabled,
+                   "Also start Debian's Prometheus server scraping every role (data in RUN_DIR/prometheus)");
+  launch->add_option("--observe-port", v.observe.port, "Port of Prometheus on 127.0.0.1")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  launch
+      ->add_option("--scrape-interval", v.observe.scrape_interval, "Prometheus scrape interval, e.g. 1s, 15s")
+      ->check([](const std::string& s) {
+        const bool ok = s.size() >= 2 && s.find_first_not_of("0123456789") == s.size() - 1 &&
+                        std::string("smh").find(s.back()) != std::string::npos && s[0] != '0';
+        return ok ? std::string() : std::string("a Prometheus duration such as 1s, 15s or 1m");
+      })
+      ->capture_default_str();
+  launch->footer(
+      "Output lines are prefixed with [coordinator] or [node name]. The exit code is 0 when every role\n"
+      "succeeded, 130 after Ctrl-C, else the first failing role's code. With --observe, the Prometheus UI\n"
+      "is at http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into Grafana.");
+  return launch;
+}
+
+CLI::App* add_report(CLI::App& app, cli_values& v) {
+  auto* report = app.add_subcommand(
+      "report", "Write one self-contained HTML report (inline SVG charts) of a run from its metrics.jsonl");
+  report->add_option("run_dir", v.report_dir, "The run's out_dir (a cluster's out_dir: one series per node)")
+      ->required();
+  report->add_option("--out", v.report_out, "Output file (default: RUN_DIR/report.html)");
+  return report;
+}
+
+CLI::App* add_presets(CLI::App& app, cli_values& v) {
+  auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
+  presets->add_option("--vocab", v.pv, "Vocabulary size")->capture_default_str();
+  presets->add_option("--seq-len", v.pt, "Context length")->capture_default_str();
+  return presets;
+}
+
+int cmd_run(const cli_values& v) {
+  runtime::init_logging(v.log_level);
+  config::train_config cfg;
+  std::vector<std::string> warnings;
+  try {
+    cfg = config::load_config_file(v.config_path, v.overrides, &warnings);
+  } catch (const config::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  return actors::run_training(cfg, v.ropts);
+}
+
+/// `coordinator` (as_coordinator) or `node`.
+int cmd_role(const cli_values& v, bool as_coordinator) {
+  runtime::init_logging(v.log_level);
+  auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
+  if (!spec) return 2;
+  if (as_coordinator) return actors::run_coordinator_role(*spec);
+  actors::run_options nopts;
+  nopts.fresh = v.cluster_fresh;
+  nopts.dry_run = v.node_dry_run;
+  return actors::run_node_role(*spec, v.node_name, nopts);
+}
+
+int cmd_prepare(const cli_values& v) {
+  try {
+    auto d = models::data::prepare_dataset(v.input.empty() ? actors::default_corpus_path() : v.input,
+                                           *config::from_string<config::tokenizer_kind>(v.tokenizer), v.vocab,
+                                           v.val_fraction, v.out_dir,
+                                           [](const std::string& l) { spdlog::info("{}", l); });
+    std::printf("train: %s (%ld tokens)\nval: %s (%ld tokens)\ntokenizer: %s (vocab %ld)\n",
+                d.train_path.c_str(), d.n_train_tokens, d.val_path.c_str(), d.n_val_tokens,
+                d.tokenizer_path.c_str(), d.vocab_size);
+    return 0;
+  } catch (const lw_error& e) {
+    spdlog::error("{}", e.what());
+    // corrupt_data: the input is empty, binary or malformed, a bad argument (as in `run`).
+    return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", describe(e));
+    return 1;
+  }
+}
+
+/// Runs the subcommand that was given.
+int dispatch(const subcommands& sub, const cli_values& v, const char* argv0) {
+  if (sub.run->parsed()) return cmd_run(v);
+  if (sub.coord->parsed() || sub.node->parsed()) return cmd_role(v, sub.coord->parsed());
+  if (sub.launch->parsed())
+    return cli::launch(self_exe(argv0), v.cluster_path, v.cluster_overrides, v.cluster_fresh, v.observe);
+  if (sub.report->parsed()) {
+    runtime::init_logging("info");
+    return cli::report::write(v.report_dir, v.report_out);
+  }
+  if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches);
+  if (sub.prep->parsed()) return cmd_prepare(v);
+  if (sub.presets->parsed()) return cmd_presets(v.pv, v.pt);
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,167 +271,22 @@ int main(int argc, char** argv) {
       "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 "
       "interrupted."};
   app.require_subcommand(1);
-
-  // run
-  auto* run = app.add_subcommand("run", "Train from a TOML config (resumes from the latest checkpoint)");
-  std::string config_path;
-  std::vector<std::string> overrides;
-  actors::run_options ropts;
-  std::string log_level = "info";
-  run->add_option("config", config_path, "TOML config file (see examples/)")->required();
-  run->add_option("--set", overrides, "Override a field: --set section.key=value (repeatable)");
-  run->add_flag("--dry-run", ropts.dry_run,
-                "Validate, print the resolved config, parameter count and memory estimate; do not train");
-  run->add_flag("--fresh", ropts.fresh, "Start over: delete this run's checkpoints and loss trace first");
-  run->add_option("--log-level", log_level, "trace, debug, info, warn or error")->capture_default_str();
-  run->footer(
-      "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation "
-      "perplexity.\n"
-      "Ctrl-C saves a checkpoint and exits with code 130; the same command then resumes exactly.\n"
-      "Files in run.out_dir: config.toml, loss_trace.tsv, checkpoints/, data/ (token shards).");
-
-  // eval
-  auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint's theta_global");
-  std::string ckpt;
-  int64_t batches = 0;
-  eval->add_option("checkpoint", ckpt, "A .lwc checkpoint file or a checkpoint directory (newest valid)")
-      ->required();
-  eval->add_option("--batches", batches, "Validation batches (default: the run's eval.batches)");
-
-  // data prepare
-  auto* data = app.add_subcommand("data", "Data tools");
-  auto* prep =
-      data->add_subcommand("prepare", "Tokenize a corpus into llm.c .bin shards (train.bin, val.bin)");
-  data->require_subcommand(1);
-  std::string input, out_dir, tokenizer = "byte";
-  int64_t vocab = 1024;
-  double val_fraction = 0.05;
-  prep->add_option("input", input, "Text file, JSONL file (field \"text\"), or '' for the bundled KJV");
-  prep->add_option("--out", out_dir, "Output directory")->required();
-  const auto& tokenizer_names = config::enum_names<config::tokenizer_kind>::names;
-  prep->add_option("--tokenizer", tokenizer, "byte or bpe")
-      ->check(CLI::IsMember(std::vector<std::string>(tokenizer_names.begin(), tokenizer_names.end())))
-      ->capture_default_str();
-  prep->add_option("--vocab", vocab, "BPE vocabulary size")->capture_default_str();
-  prep->add_option("--val-fraction", val_fraction, "Share of tokens held out for validation")
-      ->capture_default_str();
-
-  // cluster roles
-  const char* cluster_footer =
-      "A cluster file is a training config plus [cluster] (id, coordinator, join_timeout_s,\n"
-      "heartbeat_timeout_s) and one [[nodes]] entry per node (name, endpoint, workers, metrics_port).\n"
-      "See examples/cluster_4nodes.toml. Each node writes to <run.out_dir>/<node name>.";
-  std::string cluster_path, node_name;
-  std::vector<std::string> cluster_overrides;
-  bool cluster_fresh = false, node_dry_run = false;
-  auto* coord = app.add_subcommand("coordinator",
-                                   "Cluster role: admit the nodes, give them ring positions, watch them");
-  coord->add_option("cluster", cluster_path, "Cluster TOML file")->required();
-  coord->add_option("--set", cluster_overrides, "Override a field: --set section.key=value (repeatable)");
-  coord->add_option("--log-level", log_level, "trace, debug, info, warn or error")->capture_default_str();
-  coord->footer(cluster_footer);
-  auto* node = app.add_subcommand("node", "Cluster role: join the coordinator as one node and train");
-  node->add_option("cluster", cluster_path, "Cluster TOML file")->required();
-  node->add_option("--node", node_name, "This node's name in the cluster file")->required();
-  node->add_option("--set", cluster_overrides, "Override a field: --set section.key=value (repeatable)");
-  node->add_flag("--fresh", cluster_fresh, "Start over: delete this node's checkpoints and loss trace first");
-  node->add_flag("--dry-run", node_dry_run, "Validate and print this node's resolved config; do not join");
-  node->add_option("--log-level", log_level, "trace, debug, info, warn or error")->capture_default_str();
-  node->footer(cluster_footer);
-  auto* launch = app.add_subcommand(
-      "launch",
-      "Start the coordinator and every node of a cluster file as local processes (Ctrl-C stops all)");
-  launch->add_option("cluster", cluster_path, "Cluster TOML file")->required();
-  launch->add_option("--set", cluster_overrides, "Override a field for every role (repeatable)");
-  launch->add_flag("--fresh", cluster_fresh, "Every node starts over (deletes its checkpoints first)");
-  cli::observe_options observe;
-  launch->add_flag("--observe", observe.enabled,
-                   "Also start Debian's Prometheus server scraping every role (data in RUN_DIR/prometheus)");
-  launch->add_option("--observe-port", observe.port, "Port of Prometheus on 127.0.0.1")
-      ->check(CLI::Range(1, 65535))
-      ->capture_default_str();
-  launch->add_option("--scrape-interval", observe.scrape_interval, "Prometheus scrape interval, e.g. 1s, 15s")
-      ->check([](const std::string& v) {
-        const bool ok = v.size() >= 2 && v.find_first_not_of("0123456789") == v.size() - 1 &&
-                        std::string("smh").find(v.back()) != std::string::npos && v[0] != '0';
-        return ok ? std::string() : std::string("a Prometheus duration such as 1s, 15s or 1m");
-      })
-      ->capture_default_str();
-  launch->footer(
-      "Output lines are prefixed with [coordinator] or [node name]. The exit code is 0 when every role\n"
-      "succeeded, 130 after Ctrl-C, else the first failing role's code. With --observe, the Prometheus UI\n"
-      "is at http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into Grafana.");
-
-  // report
-  auto* report = app.add_subcommand(
-      "report", "Write one self-contained HTML report (inline SVG charts) of a run from its metrics.jsonl");
-  std::string report_dir, report_out;
-  report->add_option("run_dir", report_dir, "The run's out_dir (a cluster's out_dir: one series per node)")
-      ->required();
-  report->add_option("--out", report_out, "Output file (default: RUN_DIR/report.html)");
-
-  // presets
-  auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
-  int64_t pv = 256, pt = 128;
-  presets->add_option("--vocab", pv, "Vocabulary size")->capture_default_str();
-  presets->add_option("--seq-len", pt, "Context length")->capture_default_str();
-
+  cli_values v;
+  subcommands sub;
+  // In this order in --help.
+  sub.run = add_run(app, v);
+  sub.eval = add_eval(app, v);
+  sub.prep = add_data_prepare(app, v);
+  sub.coord = add_coordinator(app, v);
+  sub.node = add_node(app, v);
+  sub.launch = add_launch(app, v);
+  sub.report = add_report(app, v);
+  sub.presets = add_presets(app, v);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-
-  if (run->parsed()) {
-    runtime::init_logging(log_level);
-    config::train_config cfg;
-    std::vector<std::string> warnings;
-    try {
-      cfg = config::load_config_file(config_path, overrides, &warnings);
-    } catch (const config::config_error& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      return 2;
-    }
-    for (const auto& w : warnings) spdlog::warn("{}", w);
-    return actors::run_training(cfg, ropts);
-  }
-  if (coord->parsed() || node->parsed()) {
-    runtime::init_logging(log_level);
-    auto spec = load_cluster(cluster_path, cluster_overrides);
-    if (!spec) return 2;
-    if (coord->parsed()) return actors::run_coordinator_role(*spec);
-    actors::run_options nopts;
-    nopts.fresh = cluster_fresh;
-    nopts.dry_run = node_dry_run;
-    return actors::run_node_role(*spec, node_name, nopts);
-  }
-  if (launch->parsed())
-    return cli::launch(self_exe(argv[0]), cluster_path, cluster_overrides, cluster_fresh, observe);
-  if (report->parsed()) {
-    runtime::init_logging("info");
-    return cli::report::write(report_dir, report_out);
-  }
-  if (eval->parsed()) return actors::run_eval(ckpt, batches);
-  if (prep->parsed()) {
-    try {
-      auto d = models::data::prepare_dataset(input.empty() ? actors::default_corpus_path() : input,
-                                             *config::from_string<config::tokenizer_kind>(tokenizer), vocab,
-                                             val_fraction, out_dir,
-                                             [](const std::string& l) { spdlog::info("{}", l); });
-      std::printf("train: %s (%ld tokens)\nval: %s (%ld tokens)\ntokenizer: %s (vocab %ld)\n",
-                  d.train_path.c_str(), d.n_train_tokens, d.val_path.c_str(), d.n_val_tokens,
-                  d.tokenizer_path.c_str(), d.vocab_size);
-      return 0;
-    } catch (const lw_error& e) {
-      spdlog::error("{}", e.what());
-      // corrupt_data: the input is empty, binary or malformed, a bad argument (as in `run`).
-      return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
-    } catch (const std::exception& e) {
-      spdlog::error("{}", describe(e));
-      return 1;
-    }
-  }
-  if (presets->parsed()) return cmd_presets(pv, pt);
-  return 2;
+  return dispatch(sub, v, argv[0]);
 }

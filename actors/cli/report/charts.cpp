@@ -92,12 +92,18 @@ std::vector<point> decimate(const std::vector<point>& pts, size_t max_points) {
   return out;
 }
 
-}  // namespace
+// The chart's geometry in SVG user units: the plot area and the margins around it.
+constexpr double width = 600, left = 64, right = 18, top = 42, plot_h = 230;
+constexpr double plot_w = width - left - right, bottom = top + plot_h;
 
-std::string render_svg(const line_chart& c, int id) {
-  constexpr double width = 600, left = 64, right = 18, top = 42, plot_h = 230;
-  constexpr double plot_w = width - left - right, bottom = top + plot_h;
+/// The axes of a chart, fitted to its finite points and its axis options, and the data-to-pixel mapping.
+struct plot_frame {
+  axis xa, ya;
+  double px(double x) const { return left + (x - xa.lo) / (xa.hi - xa.lo) * plot_w; }
+  double py(double y) const { return bottom - (y - ya.lo) / (ya.hi - ya.lo) * plot_h; }
+};
 
+plot_frame frame_of(const line_chart& c) {
   double x_lo = HUGE_VAL, x_hi = -HUGE_VAL, y_lo = HUGE_VAL, y_hi = -HUGE_VAL;
   for (const auto& s : c.lines)
     for (const auto& p : s.points)
@@ -108,15 +114,17 @@ std::string render_svg(const line_chart& c, int id) {
   if (c.x_from_zero) x_lo = std::min(x_lo, 0.0);
   if (c.y_from_zero) y_lo = std::min(y_lo, 0.0);
   if (c.y_range) y_lo = std::min(y_lo, c.y_range->first), y_hi = std::max(y_hi, c.y_range->second);
-  const axis xa = nice_axis(x_lo, x_hi, 6, c.x_integer), ya = nice_axis(y_lo, y_hi, 5, false);
-  auto px = [&](double x) { return left + (x - xa.lo) / (xa.hi - xa.lo) * plot_w; };
-  auto py = [&](double y) { return bottom - (y - ya.lo) / (ya.hi - ya.lo) * plot_h; };
+  return {nice_axis(x_lo, x_hi, 6, c.x_integer), nice_axis(y_lo, y_hi, 5, false)};
+}
 
-  // Legend rows, laid out by an estimate of the text width (about 6.6 px per character at 11 px).
-  struct legend_item {
-    const series* s;
-    double x, y;
-  };
+struct legend_item {
+  const series* s;
+  double x, y;
+};
+
+/// Legend rows, laid out by an estimate of the text width (about 6.6 px per character at 11 px); none
+/// unless more than one line is named. Sets *height to the whole chart's height.
+std::vector<legend_item> layout_legend(const line_chart& c, double* height) {
   std::vector<legend_item> legend;
   const size_t n_named =
       std::count_if(c.lines.begin(), c.lines.end(), [](auto& s) { return !s.name.empty(); });
@@ -130,8 +138,12 @@ std::string render_svg(const line_chart& c, int id) {
       lx += w;
     }
   }
-  const double height = legend.empty() ? bottom + 50 : ly + 14;
+  *height = legend.empty() ? bottom + 50 : ly + 14;
+  return legend;
+}
 
+/// The <svg> element's start: its size, accessible title, the plot's clip path and the visible title.
+std::string svg_start(const line_chart& c, int id, double height) {
   std::string o;
   const std::string title = html_escape(c.title);
   o += fmt::format(
@@ -144,13 +156,16 @@ std::string render_svg(const line_chart& c, int id) {
       "</defs>\n",
       id, left - 4, top - 4, plot_w + 8, plot_h + 8);
   o += fmt::format("<text class=\"title\" x=\"{}\" y=\"24\">{}</text>\n", left - 52, title);
+  return o;
+}
 
-  // Grid and tick labels.
-  o += "<g class=\"grid\" stroke=\"#e5e7eb\" stroke-width=\"1\">\n";
-  for (double t : xa.ticks)
-    o += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\"/>\n", px(t), top, bottom);
-  for (double t : ya.ticks)
-    o += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\"/>\n", py(t), left,
+/// Grid, axis lines, tick labels and axis labels.
+std::string svg_axes(const line_chart& c, const plot_frame& f) {
+  std::string o = "<g class=\"grid\" stroke=\"#e5e7eb\" stroke-width=\"1\">\n";
+  for (double t : f.xa.ticks)
+    o += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\"/>\n", f.px(t), top, bottom);
+  for (double t : f.ya.ticks)
+    o += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\"/>\n", f.py(t), left,
                      left + plot_w);
   o += "</g>\n";
   o += fmt::format(
@@ -158,13 +173,13 @@ std::string render_svg(const line_chart& c, int id) {
       bottom, left + plot_w);
   o += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/></g>\n", left, top, bottom);
   o += "<g class=\"ticks\">\n";
-  for (double t : xa.ticks)
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", px(t), bottom + 16,
-                     tick_label(t, xa.step));
-  for (double t : ya.ticks)
+  for (double t : f.xa.ticks)
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", f.px(t), bottom + 16,
+                     tick_label(t, f.xa.step));
+  for (double t : f.ya.ticks)
     o += fmt::format(
         "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" dominant-baseline=\"middle\">{}</text>\n", left - 7,
-        py(t), tick_label(t, ya.step));
+        f.py(t), tick_label(t, f.ya.step));
   o += "</g>\n";
   o += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
                    left + plot_w / 2, bottom + 38, html_escape(c.x_label));
@@ -172,47 +187,56 @@ std::string render_svg(const line_chart& c, int id) {
       "<text class=\"label\" transform=\"translate(16 {:.1f}) rotate(-90)\" "
       "text-anchor=\"middle\">{}</text>\n",
       top + plot_h / 2, html_escape(c.y_label));
+  return o;
+}
 
-  // Resume marks, then the lines.
+std::string svg_resume_marks(const line_chart& c, const plot_frame& f) {
+  std::string o;
   for (double x : c.x_marks) {
-    if (!(x >= xa.lo && x <= xa.hi)) continue;
+    if (!(x >= f.xa.lo && x <= f.xa.hi)) continue;
     o += fmt::format(
         "<g class=\"resume\"><line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#6b7280\" "
         "stroke-dasharray=\"4 3\"/><text x=\"{3:.1f}\" y=\"{4}\">resumed</text></g>\n",
-        px(x), top, bottom, px(x) + 3, top + 10);
+        f.px(x), top, bottom, f.px(x) + 3, top + 10);
   }
-  o += fmt::format("<g clip-path=\"url(#chart{}-clip)\" fill=\"none\">\n", id);
-  for (const auto& s : c.lines) {
-    // A point that is not finite ends a segment (a resumed run's downtime is not drawn as a line).
-    std::vector<std::vector<point>> segments(1);
-    size_t n_finite = 0;
-    for (const auto& p : s.points) {
-      if (std::isfinite(p.x) && std::isfinite(p.y)) {
-        segments.back().push_back(p), ++n_finite;
-      } else if (!segments.back().empty()) {
-        segments.emplace_back();
-      }
-    }
-    for (const auto& segment : segments) {
-      if (segment.empty()) continue;
-      std::string pts;
-      for (const auto& p : decimate(segment, 2400)) pts += fmt::format("{:.1f},{:.1f} ", px(p.x), py(p.y));
-      pts.pop_back();
-      o += fmt::format(
-          "<polyline points=\"{}\" stroke=\"{}\" stroke-width=\"{}\" stroke-opacity=\"{}\" "
-          "stroke-linejoin=\"round\" stroke-linecap=\"round\"{}/>\n",
-          pts, s.color, s.width, s.opacity, s.dashed ? " stroke-dasharray=\"6 4\"" : "");
-    }
-    if (s.markers || n_finite == 1)
-      for (const auto& segment : segments)
-        for (const auto& p : segment)
-          o += fmt::format(
-              "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.2\" fill=\"{}\" stroke=\"#fff\" "
-              "stroke-width=\"1\"/>\n",
-              px(p.x), py(p.y), s.color);
-  }
-  o += "</g>\n";
+  return o;
+}
 
+/// One series as polylines (decimated), with a dot per point if it asks for markers or has one point.
+std::string svg_series(const series& s, const plot_frame& f) {
+  // A point that is not finite ends a segment (a resumed run's downtime is not drawn as a line).
+  std::vector<std::vector<point>> segments(1);
+  size_t n_finite = 0;
+  for (const auto& p : s.points) {
+    if (std::isfinite(p.x) && std::isfinite(p.y)) {
+      segments.back().push_back(p), ++n_finite;
+    } else if (!segments.back().empty()) {
+      segments.emplace_back();
+    }
+  }
+  std::string o;
+  for (const auto& segment : segments) {
+    if (segment.empty()) continue;
+    std::string pts;
+    for (const auto& p : decimate(segment, 2400)) pts += fmt::format("{:.1f},{:.1f} ", f.px(p.x), f.py(p.y));
+    pts.pop_back();
+    o += fmt::format(
+        "<polyline points=\"{}\" stroke=\"{}\" stroke-width=\"{}\" stroke-opacity=\"{}\" "
+        "stroke-linejoin=\"round\" stroke-linecap=\"round\"{}/>\n",
+        pts, s.color, s.width, s.opacity, s.dashed ? " stroke-dasharray=\"6 4\"" : "");
+  }
+  if (s.markers || n_finite == 1)
+    for (const auto& segment : segments)
+      for (const auto& p : segment)
+        o += fmt::format(
+            "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.2\" fill=\"{}\" stroke=\"#fff\" "
+            "stroke-width=\"1\"/>\n",
+            f.px(p.x), f.py(p.y), s.color);
+  return o;
+}
+
+std::string svg_legend(const std::vector<legend_item>& legend) {
+  std::string o;
   for (const auto& item : legend) {
     o += fmt::format(
         "<g class=\"legend\"><line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
@@ -225,6 +249,23 @@ std::string render_svg(const line_chart& c, int id) {
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text></g>\n", item.x + 28, item.y,
                      html_escape(item.s->name));
   }
+  return o;
+}
+
+}  // namespace
+
+std::string render_svg(const line_chart& c, int id) {
+  const plot_frame f = frame_of(c);
+  double height = 0;
+  const auto legend = layout_legend(c, &height);
+  std::string o = svg_start(c, id, height);
+  o += svg_axes(c, f);
+  // Resume marks, then the lines.
+  o += svg_resume_marks(c, f);
+  o += fmt::format("<g clip-path=\"url(#chart{}-clip)\" fill=\"none\">\n", id);
+  for (const auto& s : c.lines) o += svg_series(s, f);
+  o += "</g>\n";
+  o += svg_legend(legend);
   o += "</svg>\n";
   return o;
 }

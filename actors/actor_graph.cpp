@@ -1,0 +1,192 @@
+// The actor graph of one run: who gets spawned with what, and the main thread's wait for the end.
+#include "actors/actor_graph.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+
+#include "actors/checkpointer.hpp"
+#include "actors/collective_factory.hpp"
+#include "actors/communicator.hpp"
+#include "actors/evaluator.hpp"
+#include "actors/metrics_sink.hpp"
+#include "actors/outer_optimizer.hpp"
+#include "actors/run_setup.hpp"
+#include "models/gpt.hpp"
+#include "runtime/interfaces.hpp"
+#include "runtime/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace longwave::actors {
+
+using namespace longwave::runtime;
+
+namespace {
+
+std::atomic<int> g_signals{0};
+
+void on_signal(int) {
+  g_signals.fetch_add(1);
+}
+
+/// Logs rejected frames (the first 50, then every 1000th) and counts them by reason.
+comm::ring_allreduce::reject_callback rejection_logger(metrics_actor metrics) {
+  auto count = std::make_shared<std::atomic<uint64_t>>(0);
+  return [metrics, count](const std::string& peer, const std::string& why) {
+    const auto n = count->fetch_add(1) + 1;
+    if (n <= 50 || n % 1000 == 0)
+      spdlog::warn("comm: dropped a frame from {}: {}{}", peer, why,
+                   n == 50 ? " (further rejections are logged every 1000th)" : "");
+    const auto colon = why.find(':');
+    caf::anon_send(metrics, count_atom_v, std::string("longwave_comm_rejected_frames_total"),
+                   "reason=" + why.substr(0, colon), 1.0);
+  };
+}
+
+/// The metrics sink: /metrics (if enabled) and metrics.jsonl, with every worker and peer series made.
+metrics_actor spawn_metrics(caf::actor_system& sys, const config::train_config& cfg, const run_paths& p,
+                            const run_options& opts, const cluster_role* role, int corrupt_checkpoints) {
+  metrics_sink_options o;
+  o.port = cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1;
+  o.address = cfg.metrics.address;
+  o.node = role ? role->names[static_cast<size_t>(role->rank)]
+                : (cfg.run.name.empty() ? std::string("local") : cfg.run.name);
+  for (int64_t w = 0; w < cfg.train.workers; ++w) o.workers.push_back(std::to_string(w));
+  if (role)
+    for (size_t i = 0; i < role->names.size(); ++i)
+      if (static_cast<int>(i) != role->rank) o.peers.push_back(role->names[i]);
+  o.jsonl_path = (fs::path(p.out_dir) / "metrics.jsonl").string();
+  if (opts.fresh) {
+    std::error_code ec;
+    fs::remove(o.jsonl_path, ec);
+  }
+  int port = -1;
+  auto metrics = spawn_metrics_sink(sys, o, &port);
+  if (port >= 0) spdlog::info("metrics: http://{}:{}/metrics", cfg.metrics.address, port);
+  if (corrupt_checkpoints > 0)
+    caf::anon_send(metrics, count_atom_v, std::string("longwave_errors_total"),
+                   std::string("reason=checkpoint_corrupt"), static_cast<double>(corrupt_checkpoints));
+  caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers_alive"), std::string(),
+                 static_cast<double>(role ? role->names.size() : 1));
+  return metrics;
+}
+
+/// The communicator's options: the local mean alone, or (a cluster node) comm.backend across nodes.
+communicator_options communicator_options_for(const config::train_config& cfg, const cluster_role* role,
+                                              const metrics_actor& metrics) {
+  communicator_options o;
+  o.metrics = metrics;
+  o.log_events = cfg.run.mode != config::run_mode::ddp;
+  if (!role) return o;
+  o.collective = make_collective(cfg, *role, rejection_logger(metrics));
+  o.dtype = role->ring.dtype;
+  o.codec = role->ring.codec;
+  o.error_feedback = cfg.comm.error_feedback;
+  const auto world = role->names.size();
+  o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
+  o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
+  spdlog::info("{}: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", cfg.comm.backend,
+               role->rank, world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer,
+               cfg.comm.dtype, cfg.comm.error_feedback ? ", error feedback" : "");
+  return o;
+}
+
+/// The outer optimizer: theta_0, [outer], and the policy's extra state (streaming's fragments, eager's
+/// per-worker replicas). single: theta_global just follows the one worker (theta - 1.0 * (theta -
+/// theta_local)); [outer] is unused.
+outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const metrics_actor& metrics) {
+  const auto& cfg = ctx.cfg;
+  config::outer_section outer_cfg = cfg.outer;
+  if (cfg.run.mode == config::run_mode::single) outer_cfg = config::outer_section{1.0, 0.0, false};
+  outer_policy policy;
+  policy.fragments = ctx.fragments;
+  if (cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::eager) {
+    policy.eager_replicas = cfg.train.workers;
+    policy.global_workers = ctx.global_workers();
+  }
+  return spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(ctx.spec, cfg.run.seed), metrics,
+                               std::move(policy));
+}
+
+/// One wait of the main loop that timed out: the cluster tick, then Ctrl-C (a stop with a checkpoint, or
+/// at the second one an exit without it).
+void on_idle(caf::scoped_actor& self, const actor_graph& g, const cluster_role* role, bool* stop_sent) {
+  if (role && role->tick && g.collective) role->tick(*g.collective);
+  const int n = g_signals.load();
+  if (n >= 2) {
+    spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
+    std::_Exit(130);
+  }
+  if (n == 1 && !*stop_sent) {
+    spdlog::info(
+        "interrupt: finishing the current inner step and saving a checkpoint (Ctrl-C again to abort)");
+    self->send(g.coordinator, stop_atom_v);
+    // A running cluster all-reduce ends now instead of at its deadline.
+    if (g.collective) g.collective->cancel();
+    *stop_sent = true;
+  }
+}
+
+}  // namespace
+
+void configure_system(caf::actor_system_config& sys_cfg) {
+  sys_cfg.add_message_types<caf::id_block::longwave>();
+  // Compute runs on the workers' own (detached) threads. The scheduled actors (coordinator, outer optimizer,
+  // metrics) are light: one scheduler thread on a shared queue that sleeps instead of spinning, so it does
+  // not steal cycles from LibTorch.
+  sys_cfg.set("scheduler.policy", caf::atom("sharing"));
+  sys_cfg.set("scheduler.max-threads", 1);
+}
+
+actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
+                        const run_options& opts, const cluster_role* role, start_point start) {
+  actor_graph g;
+  g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, role, start.corrupt_checkpoints);
+  auto comm_opts = communicator_options_for(ctx->cfg, role, g.peers.metrics);
+  g.collective = comm_opts.collective;
+  g.peers.communicator =
+      opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
+  g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics);
+  g.peers.checkpointer =
+      spawn_checkpointer(sys, p.ckpt_dir, ctx->cfg.checkpoint.keep, shape_of(*ctx), g.peers.metrics);
+  if (ctx->cfg.eval.async) g.peers.evaluator = spawn_evaluator(sys, ctx);
+  g.coordinator = spawn_coordinator(sys, ctx, g.peers, std::move(start.resume), p.trace);
+  return g;
+}
+
+int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_options& opts,
+                   const cluster_role* role) {
+  if (opts.handle_signals) {
+    g_signals = 0;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+  }
+  int code = 1;
+  {
+    caf::scoped_actor self{sys};
+    self->send(g.coordinator, start_atom_v);
+    bool running = true, stop_sent = false;
+    while (running) {
+      self->receive(
+          [&](done_atom, int c, double) { code = c, running = false; },
+          caf::after(std::chrono::milliseconds(100)) >> [&] { on_idle(self, g, role, &stop_sent); });
+    }
+    using caf::actor_cast;
+    for (const auto& a : {actor_cast<caf::actor>(g.coordinator), actor_cast<caf::actor>(g.peers.communicator),
+                          actor_cast<caf::actor>(g.peers.outer), actor_cast<caf::actor>(g.peers.checkpointer),
+                          actor_cast<caf::actor>(g.peers.evaluator), actor_cast<caf::actor>(g.peers.metrics)})
+      if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  if (opts.handle_signals) {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+  return code;
+}
+
+}  // namespace longwave::actors

@@ -1,0 +1,39 @@
+#pragma once
+// The actors of one run: spawned once, each handed what it needs, then driven from the main thread until the
+// coordinator says done (a cluster node's heartbeats, Ctrl-C).
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include <memory>
+
+#include "actors/coordinator.hpp"
+#include "actors/run_context.hpp"
+#include "actors/run_files.hpp"
+#include "actors/training.hpp"
+#include "comm/collective.hpp"
+
+namespace longwave::actors {
+
+/// The run's message types and scheduler: one scheduler thread on a shared queue for the light actors.
+void configure_system(caf::actor_system_config& sys_cfg);
+
+/// The running actors of one process, and the collective the main loop may cancel.
+struct actor_graph {
+  runtime::coordinator_actor coordinator;
+  coordinator_peers peers;
+  std::shared_ptr<comm::collective> collective;
+};
+
+/// Spawns the metrics sink, communicator (opts.communicator_override, else the real one over role's
+/// collective), outer optimizer, checkpointer, evaluator ([eval] async) and the coordinator with its workers,
+/// which resumes from start.resume.
+actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
+                        const run_options& opts, const cluster_role* role, start_point start);
+
+/// Starts the coordinator and waits for its (done, code): heartbeats every 100 ms in a cluster, the first
+/// Ctrl-C stops with a checkpoint, the second exits at once. Then every actor is told to quit. Returns the
+/// coordinator's exit code.
+int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_options& opts,
+                   const cluster_role* role);
+
+}  // namespace longwave::actors

@@ -1,0 +1,151 @@
+// The run's files: its paths, the checkpoint it resumes from, and the trace and config it rewrites.
+#include "actors/run_files.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "config/config_loader.hpp"
+#include "runtime/checkpoint_store.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace longwave::actors {
+
+using namespace longwave::runtime;
+
+namespace {
+
+// Keeps the lines of an earlier trace up to `step` (a resume rewrites the steps after its checkpoint).
+void truncate_trace(const std::string& path, uint64_t step) {
+  std::ifstream in(path);
+  std::ostringstream keep;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto tab = line.find('\t');
+    if (tab == std::string::npos) continue;
+    if (std::strtoull(line.substr(0, tab).c_str(), nullptr, 10) <= step) keep << line << '\n';
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  out << keep.str();
+}
+
+/// Says what the checkpoint directory holds besides checkpoints, and removes unfinished writes (a process
+/// that died mid-write leaves a .tmp, which the lock shows is nobody's now). Returns whether there was any.
+bool report_stray_files(const checkpoint_store& store) {
+  const auto strays = store.stray_files();
+  for (const auto& f : strays) {
+    std::error_code ec;
+    if (f.unfinished_write && fs::remove(f.path, ec))
+      spdlog::warn("checkpoint: removed {}: {}", f.path, f.reason);
+    else
+      spdlog::warn("checkpoint: ignoring {}: {}", f.path, f.reason);
+  }
+  return !strays.empty();
+}
+
+/// A boundary checkpoint at or past train.rounds: the run is done (a mid-round one has rounds left).
+bool run_complete(const train_snapshot& snap, const config::train_config& cfg) {
+  if (snap.round < static_cast<uint64_t>(cfg.train.rounds)) return false;
+  for (const auto& r : snap.replicas)
+    if (r.steps_in_round != 0) return false;
+  return true;
+}
+
+/// The newest valid checkpoint of at most `max_round` completed rounds (a cluster's agreed round). Newer ones
+/// stay on disk (training is deterministic: the resumed run writes the same states again).
+std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t max_round, int* skipped) {
+  const auto files = store.list();
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      auto c = checkpoint_store::load_file(*it);
+      if (c.round > max_round) continue;
+      spdlog::info("resuming from {} (the cluster resumes after round {})", *it, max_round);
+      return c;
+    } catch (const lw_error& e) {
+      spdlog::warn("checkpoint {} skipped: {}", *it, e.what());
+      ++*skipped;
+    }
+  }
+  if (max_round > 0)
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("the cluster resumes after round {}, but {} holds no valid checkpoint at or before "
+                    "it; restore one, or start every node with --fresh",
+                    max_round, store.dir()));
+  if (!files.empty())
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("this node has checkpoints in {} but another node has none, so the cluster would "
+                    "start over; start every node with --fresh, or restore the other nodes' checkpoints",
+                    store.dir()));
+  return std::nullopt;
+}
+
+/// Nothing to train: says so, and how to get the final validation loss when result.json is missing.
+void report_complete(const config::train_config& cfg, const run_paths& p, const train_snapshot& snap) {
+  spdlog::info(
+      "run complete: {} already holds round {} of train.rounds = {} (inner step {}); nothing to train. "
+      "Raise train.rounds to train more rounds, or pass --fresh to start over",
+      p.out_dir, snap.round, cfg.train.rounds, snap.step);
+  if (!fs::exists(fs::path(p.out_dir) / "result.json"))
+    spdlog::warn(
+        "{} has no result.json (the run ended before writing it); `longwave eval {}` gives the final "
+        "validation loss",
+        p.out_dir, p.ckpt_dir);
+}
+
+}  // namespace
+
+run_paths resolve_paths(const config::train_config& cfg) {
+  run_paths p;
+  p.out_dir = cfg.run.out_dir;
+  p.data_dir = cfg.data.cache_dir.empty() ? (fs::path(p.out_dir) / "data").string() : cfg.data.cache_dir;
+  p.ckpt_dir =
+      cfg.checkpoint.dir.empty() ? (fs::path(p.out_dir) / "checkpoints").string() : cfg.checkpoint.dir;
+  p.trace = (fs::path(p.out_dir) / "loss_trace.tsv").string();
+  p.config_copy = (fs::path(p.out_dir) / "config.toml").string();
+  return p;
+}
+
+start_point find_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
+                       const snapshot_shape& shape) {
+  start_point start;
+  const bool strays = report_stray_files(checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep));
+  if (opts.fresh) {
+    std::error_code ec;
+    for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list()) fs::remove(f, ec);
+    fs::remove(p.trace, ec);
+    return start;
+  }
+  checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
+  auto latest = opts.max_resume_round
+                    ? load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints)
+                    : store.load_latest([&](const std::string& w) {
+                        spdlog::warn("{}", w);
+                        ++start.corrupt_checkpoints;
+                      });
+  if (latest) start.resume = from_checkpoint(std::move(*latest), shape);
+  if (!latest && strays) spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
+  if (!start.resume || !run_complete(*start.resume, cfg)) return start;
+  start.complete = true;
+  report_complete(cfg, p, *start.resume);
+  return start;
+}
+
+void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start) {
+  if (start.resume)
+    truncate_trace(p.trace, start.resume->step);
+  else
+    std::ofstream(p.trace, std::ios::trunc);
+  std::ofstream out(p.config_copy, std::ios::trunc);
+  out << config::to_toml(cfg);
+}
+
+}  // namespace longwave::actors

@@ -1,0 +1,38 @@
+#pragma once
+// Where one run keeps its files and where it starts: the out_dir's paths, the checkpoint to resume (or
+// --fresh), and the loss trace and config copy made ready for this session.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "actors/training.hpp"
+#include "config/train_config.hpp"
+#include "runtime/messages.hpp"
+#include "runtime/snapshot_codec.hpp"
+
+namespace longwave::actors {
+
+/// The files of one run: run.out_dir, data.cache_dir (default out_dir/data), checkpoint.dir (default
+/// out_dir/checkpoints), the loss trace and the resolved config's copy.
+struct run_paths {
+  std::string out_dir, data_dir, ckpt_dir, trace, config_copy;
+};
+
+run_paths resolve_paths(const config::train_config& cfg);
+
+/// Where the run starts: a snapshot to resume (none: from scratch), or nothing to do.
+struct start_point {
+  std::optional<runtime::train_snapshot> resume;
+  bool complete = false;        ///< the checkpoint already holds train.rounds rounds
+  int corrupt_checkpoints = 0;  ///< skipped files, counted in longwave_errors_total once metrics run
+};
+
+/// --fresh removes the checkpoints and the trace; otherwise the newest valid checkpoint (a cluster node: at
+/// most the agreed round) is the start. Strays in the checkpoint directory are named first.
+start_point find_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
+                       const runtime::snapshot_shape& shape);
+
+/// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.
+void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start);
+
+}  // namespace longwave::actors

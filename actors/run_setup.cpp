@@ -1,0 +1,121 @@
+// Start-up of one run before any actor: the corpus, the model shape, --dry-run, the shared run_context.
+#include "actors/run_setup.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "config/config_loader.hpp"
+#include "models/data/dataset_prep.hpp"
+#include "models/data/shard.hpp"
+#include "models/data/window_sampler.hpp"
+#include "runtime/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace longwave::actors {
+
+namespace {
+
+int64_t expected_vocab(const config::train_config& cfg) {
+  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
+  return cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size : 256;
+}
+
+bool is_streaming(const config::train_config& cfg) {
+  return cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::streaming;
+}
+
+std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path) {
+  return std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(path));
+}
+
+}  // namespace
+
+std::string corpus_path(const config::train_config& cfg) {
+  const std::string path = cfg.data.path.empty() ? default_corpus_path() : cfg.data.path;
+  if (!fs::exists(path)) {
+    if (cfg.data.path.empty())
+      throw config::config_error("data.path", "data.path: the default corpus " + path +
+                                                  " is missing; run scripts/setup (it writes the KJV text) "
+                                                  "or set data.path to a text, JSONL or shard directory");
+    throw config::config_error("data.path", "data.path = \"" + path + "\": no such file or directory");
+  }
+  return path;
+}
+
+models::model_spec model_spec_of(const config::train_config& cfg) {
+  auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
+  if (is_streaming(cfg) && cfg.diloco.fragments > spec.n_layers)
+    throw config::config_error(
+        "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
+                                        "fragments",
+                                        cfg.diloco.fragments, spec.preset, spec.n_layers));
+  check_memory_fits(cfg, spec);
+  return spec;
+}
+
+void print_dry_run(const config::train_config& cfg, const models::model_spec& spec) {
+  const int64_t n = models::closed_form_param_count(spec);
+  const int64_t mem =
+      models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16);
+  std::printf("%s\n", config::to_toml(cfg).c_str());
+  std::printf(
+      "# model: preset %s, dim %ld, layers %ld, heads %ld (kv %ld), ffn %ld, vocab %ld, context %ld\n",
+      spec.preset.c_str(), spec.dim, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden,
+      spec.vocab_size, spec.seq_len);
+  std::printf("# parameters: %ld (%.2fM)\n", n, static_cast<double>(n) / 1e6);
+  std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers (this machine: %.1f MiB)\n",
+              static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
+              cfg.train.workers, static_cast<double>(physical_memory_bytes()) / (1 << 20));
+  std::printf("# inner steps per worker: %ld (%ld rounds x H=%ld); tokens per worker: %ld\n",
+              cfg.train.rounds * cfg.train.inner_steps, cfg.train.rounds, cfg.train.inner_steps,
+              cfg.train.rounds * cfg.train.inner_steps * cfg.train.batch_size * cfg.model.seq_len);
+}
+
+std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
+                                          const std::string& corpus, const std::string& data_dir,
+                                          const cluster_role* role) {
+  auto data = models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
+                                            cfg.data.val_fraction, data_dir,
+                                            [](const std::string& line) { spdlog::info("{}", line); });
+  if (cfg.model.vocab_size > 0 && cfg.model.vocab_size < data.vocab_size)
+    throw config::config_error("model.vocab_size",
+                               "model.vocab_size = " + std::to_string(cfg.model.vocab_size) +
+                                   ": the data has token ids up to " + std::to_string(data.vocab_size - 1));
+  spec.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size;
+
+  auto ctx = std::make_shared<run_context>();
+  ctx->cfg = cfg;
+  ctx->spec = spec;
+  ctx->inner = make_inner_options(cfg);
+  ctx->config_toml = config::to_toml(cfg);
+  ctx->train_tokens = load_tokens(data.train_path);
+  ctx->val_tokens = load_tokens(data.val_path);
+  const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  ctx->threads_per_worker =
+      cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);
+  if (role) {
+    ctx->rank_offset = role->rank_offset;
+    ctx->cluster_workers = role->cluster_workers;
+  }
+  if (is_streaming(cfg))
+    ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,
+                                             cfg.diloco.fragment_pattern == config::fragment_layout::strided);
+  models::data::window_sampler probe(ctx->train_tokens, ctx->global_workers() - 1, ctx->global_workers(),
+                                     cfg.train.batch_size, spec.seq_len, cfg.run.seed);
+  (void)models::data::validation_batch(*ctx->val_tokens, 0, cfg.train.batch_size, spec.seq_len);
+  spdlog::info("data: {} train tokens, {} val tokens, vocab {}", ctx->train_tokens->size(),
+               ctx->val_tokens->size(), spec.vocab_size);
+  return ctx;
+}
+
+runtime::snapshot_shape shape_of(const run_context& ctx) {
+  return {models::closed_form_param_count(ctx.spec), ctx.cfg.train.workers,
+          config::to_string(ctx.cfg.run.mode), ctx.spec.preset};
+}
+
+}  // namespace longwave::actors

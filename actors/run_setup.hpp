@@ -1,0 +1,34 @@
+#pragma once
+// The start-up checks of one run and the state its actors share: the corpus, the model shape checked against
+// the config, --dry-run's summary, and the run_context with the prepared data.
+#include <memory>
+#include <string>
+
+#include "actors/run_context.hpp"
+#include "actors/training.hpp"
+#include "config/train_config.hpp"
+#include "models/model_spec.hpp"
+#include "runtime/snapshot_codec.hpp"
+
+namespace longwave::actors {
+
+/// data.path, or the bundled default corpus; a config_error on data.path when the file is missing.
+std::string corpus_path(const config::train_config& cfg);
+
+/// The model shape of a config, checked against what the config asks of it (before any file is touched).
+models::model_spec model_spec_of(const config::train_config& cfg);
+
+/// --dry-run: the resolved config, the model's size and the memory estimate, on stdout.
+void print_dry_run(const config::train_config& cfg, const models::model_spec& spec);
+
+/// Everything the actors share: the data (prepared in data_dir or reused), the final model shape, threads,
+/// this node's place in the cluster (role, may be null), streaming's fragments. Checks the data against the
+/// sampling plan, so a bad corpus is a clear error before any actor starts.
+std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
+                                          const std::string& corpus, const std::string& data_dir,
+                                          const cluster_role* role);
+
+/// What a checkpoint must match to be resumed by this run.
+runtime::snapshot_shape shape_of(const run_context& ctx);
+
+}  // namespace longwave::actors
