@@ -93,7 +93,7 @@ std::string run_name(const std::string& policy, const std::string& dtype) {
 
 std::string run_key(const std::string& policy, const std::string& dtype) {
   std::string what = train_sections;
-  for (const fs::path bin : {fs::path(binary()), fs::read_symlink("/proc/self/exe")})
+  for (const fs::path& bin : {fs::path(binary()), fs::read_symlink("/proc/self/exe")})
     what += " " + std::to_string(fs::file_size(bin)) + " " +
             std::to_string(fs::last_write_time(bin).time_since_epoch().count());
   for (const auto& a : settings(policy, dtype)) what += " " + a;
