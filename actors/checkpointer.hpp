@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
 
 namespace longwave::actors {
 

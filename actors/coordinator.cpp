@@ -21,11 +21,11 @@
 #include "actors/round/streaming_schedule.hpp"
 #include "actors/worker.hpp"
 #include "models/lr_schedule.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/json_line.hpp"
-#include "runtime/log.hpp"
-#include "runtime/snapshot_codec.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/json/json_line.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/type_ids.hpp"
 
 namespace longwave::actors {
 

@@ -9,8 +9,8 @@
 
 #include "models/gpt.hpp"
 #include "models/inner_trainer.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/type_ids.hpp"
 
 namespace longwave::actors {
 

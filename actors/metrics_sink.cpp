@@ -1,14 +1,14 @@
-// Metrics sink: the catalogue's registry (runtime/metrics_registry), served by runtime/metrics_server, and
-// the run's metrics.jsonl.
+// Metrics sink: the catalogue's registry (runtime/metrics/metrics_registry), served by
+// runtime/metrics/metrics_server, and the run's metrics.jsonl.
 #include "actors/metrics_sink.hpp"
 
 #include <fstream>
 #include <memory>
 
-#include "runtime/log.hpp"
-#include "runtime/metrics_registry.hpp"
-#include "runtime/metrics_server.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/type_ids.hpp"
+#include "runtime/metrics/metrics_registry.hpp"
+#include "runtime/metrics/metrics_server.hpp"
 
 namespace longwave::actors {
 

@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "models/outer_sgd.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/json_line.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/json/json_line.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/type_ids.hpp"
 
 namespace longwave::actors {
 

@@ -24,11 +24,11 @@
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/log.hpp"
-#include "runtime/run_lock.hpp"
-#include "runtime/snapshot_codec.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/type_ids.hpp"
 
 namespace fs = std::filesystem;
 

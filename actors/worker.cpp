@@ -20,10 +20,10 @@
 
 #include <chrono>
 
-#include "runtime/caf_errors.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/log.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/clock/clock.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/type_ids.hpp"
 
 namespace longwave::actors {
 

@@ -18,8 +18,8 @@
 #include "actors/coordinator.hpp"
 #include "actors/run_context.hpp"
 #include "models/model_spec.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/type_ids.hpp"
 #include "tests/support/process.hpp"
 
 // CAF's deterministic scheduler fixture, without CAF's own test main (Catch2 has the main).
