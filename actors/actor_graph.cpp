@@ -17,8 +17,8 @@
 #include "actors/outer_optimizer.hpp"
 #include "actors/run_setup.hpp"
 #include "models/gpt.hpp"
-#include "runtime/interfaces.hpp"
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace fs = std::filesystem;
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/interfaces.hpp"
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

@@ -8,9 +8,9 @@
 
 #include "comm/rendezvous.hpp"
 #include "config/config_loader.hpp"
-#include "runtime/log.hpp"
-#include "runtime/metrics_registry.hpp"
-#include "runtime/metrics_server.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/metrics/metrics_registry.hpp"
+#include "runtime/metrics/metrics_server.hpp"
 
 namespace longwave::actors {
 

@@ -9,12 +9,12 @@
 
 #include "comm/collective.hpp"
 #include "comm/error_feedback.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/interfaces.hpp"
-#include "runtime/json_line.hpp"
-#include "runtime/log.hpp"
-#include "runtime/tensor_checks.hpp"
+#include "runtime/clock/clock.hpp"
+#include "runtime/json/json_line.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/interfaces.hpp"
+#include "runtime/tensor/tensor_checks.hpp"
 
 namespace longwave::actors {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "comm/codec.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::comm {
 class collective;

@@ -11,7 +11,7 @@
 
 #include "actors/coordinator/state.hpp"
 #include "actors/worker.hpp"
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
 
 namespace longwave::actors {
 

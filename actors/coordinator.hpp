@@ -13,7 +13,7 @@
 
 #include "actors/round/phase.hpp"
 #include "actors/run_context.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

@@ -9,8 +9,8 @@
 
 #include "models/gpt.hpp"
 #include "models/inner_trainer.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

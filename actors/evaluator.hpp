@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "actors/run_context.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

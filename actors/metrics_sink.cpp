@@ -5,10 +5,10 @@
 #include <fstream>
 #include <memory>
 
-#include "runtime/interfaces.hpp"
-#include "runtime/log.hpp"
-#include "runtime/metrics_registry.hpp"
-#include "runtime/metrics_server.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/interfaces.hpp"
+#include "runtime/metrics/metrics_registry.hpp"
+#include "runtime/metrics/metrics_server.hpp"
 
 namespace longwave::actors {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 
@@ -20,7 +20,7 @@ struct metrics_sink_options {
   std::string jsonl_path;             ///< metrics.jsonl to append to; "" = none
 };
 
-/// Messages (names and labels must match runtime/metric_catalogue.cpp; wrong ones are logged once and
+/// Messages (names and labels must match runtime/metrics/metric_catalogue.cpp; wrong ones are logged once and
 /// dropped): (gauge, name, labels, value) sets a gauge; (count, name, labels, amount) adds to a counter;
 /// (observe, name, labels, value) records a histogram observation; (record, json_line) appends one line to
 /// metrics.jsonl. `labels` is "" (none), "3" (worker="3") or "key=value[,key=value]".

@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "models/outer_sgd.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/interfaces.hpp"
-#include "runtime/json_line.hpp"
+#include "runtime/json/json_line.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

@@ -9,7 +9,7 @@
 
 #include "config/train_config.hpp"
 #include "models/model_spec.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

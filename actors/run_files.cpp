@@ -9,9 +9,9 @@
 #include <sstream>
 
 #include "config/config_loader.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/errors.hpp"
-#include "runtime/log.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
 

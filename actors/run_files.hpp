@@ -7,8 +7,8 @@
 
 #include "actors/training.hpp"
 #include "config/train_config.hpp"
-#include "runtime/messages.hpp"
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/messages/messages.hpp"
 
 namespace longwave::actors {
 

@@ -12,7 +12,7 @@
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
 

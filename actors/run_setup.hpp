@@ -8,7 +8,7 @@
 #include "actors/training.hpp"
 #include "config/train_config.hpp"
 #include "models/model_spec.hpp"
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
 
 namespace longwave::actors {
 

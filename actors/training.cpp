@@ -19,11 +19,11 @@
 #include "models/data/shard.hpp"
 #include "models/gpt.hpp"
 #include "models/inner_trainer.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/errors.hpp"
-#include "runtime/log.hpp"
-#include "runtime/run_lock.hpp"
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
 

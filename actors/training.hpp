@@ -13,7 +13,7 @@
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

@@ -12,10 +12,10 @@
 
 #include <chrono>
 
-#include "runtime/caf_errors.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/interfaces.hpp"
-#include "runtime/log.hpp"
+#include "runtime/clock/clock.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
 

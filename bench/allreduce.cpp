@@ -24,10 +24,10 @@
 #include "bench/process_usage.hpp"
 #include "comm/codec.hpp"
 #include "comm/ring_allreduce.hpp"
-#include "runtime/allocator.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/crc32c.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/checksum/crc32c.hpp"
+#include "runtime/clock/clock.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/memory/allocator.hpp"
 
 using namespace longwave;
 using namespace longwave::comm;

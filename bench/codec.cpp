@@ -15,7 +15,7 @@
 
 #include "comm/codec.hpp"
 #include "comm/codec_kernels.hpp"
-#include "runtime/clock.hpp"
+#include "runtime/clock/clock.hpp"
 
 using namespace longwave::comm;
 using detail::simd_isa;

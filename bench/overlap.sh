@@ -285,7 +285,7 @@ run_cluster() {
   return $rc
 }
 
-# The JSON lines are flat (runtime/json_line.hpp), so one awk function reads a field.
+# The JSON lines are flat (runtime/json/json_line.hpp), so one awk function reads a field.
 awk_json='function jget(line, key,   v) {
   if (!match(line, "\"" key "\":(\"[^\"]*\"|[^,}]*)")) return "";
   v = substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3); gsub(/"/, "", v); return v }'

@@ -19,8 +19,8 @@
 #include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
 #include "models/lr_schedule.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/log.hpp"
+#include "runtime/clock/clock.hpp"
+#include "runtime/log/log.hpp"
 
 using namespace longwave;
 namespace fs = std::filesystem;

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "comm/codec_kernels.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 static_assert(sizeof(float) == 4, "fp32 is 4 bytes");

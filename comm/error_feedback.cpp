@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::comm {
 namespace {

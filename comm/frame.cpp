@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "comm/wire.capnp.h"
-#include "runtime/crc32c.hpp"
+#include "runtime/checksum/crc32c.hpp"
 
 namespace longwave::comm {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/frame.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace zmq {
 class context_t;

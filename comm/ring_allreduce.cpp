@@ -20,8 +20,8 @@
 #include <limits>
 
 #include "comm/zmq_transport.hpp"
-#include "runtime/crc32c.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/checksum/crc32c.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::comm {
 

@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "comm/zmq_monitor.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::comm {
 namespace {

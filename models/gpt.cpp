@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models {
 

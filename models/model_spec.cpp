@@ -3,7 +3,7 @@
 
 #include <stdexcept>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models {
 

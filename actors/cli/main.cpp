@@ -16,9 +16,9 @@
 #include "config/config_loader.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/model_spec.hpp"
-#include "runtime/allocator.hpp"
-#include "runtime/errors.hpp"
-#include "runtime/log.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/memory/allocator.hpp"
 
 using namespace longwave;
 

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "actors/coordinator/state.hpp"
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
 

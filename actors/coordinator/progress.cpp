@@ -8,8 +8,8 @@
 
 #include "actors/coordinator/state.hpp"
 #include "models/lr_schedule.hpp"
-#include "runtime/crc32c.hpp"
-#include "runtime/log.hpp"
+#include "runtime/checksum/crc32c.hpp"
+#include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "actors/coordinator/state.hpp"
-#include "runtime/log.hpp"
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
 

@@ -18,9 +18,9 @@
 #include "actors/round/inflight.hpp"
 #include "actors/round/round_engine.hpp"
 #include "actors/round/round_policy.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/interfaces.hpp"
-#include "runtime/json_line.hpp"
+#include "runtime/json/json_line.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors::coordinator_parts {
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <utility>
 
-#include "runtime/messages.hpp"
+#include "runtime/messages/messages.hpp"
 
 namespace longwave::actors {
 

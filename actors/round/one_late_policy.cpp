@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "actors/round/round_policy.hpp"
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
 
 namespace longwave::actors {
 

@@ -13,7 +13,7 @@
 #include "actors/round/inflight.hpp"
 #include "actors/round/phase.hpp"
 #include "actors/run_context.hpp"
-#include "runtime/messages.hpp"
+#include "runtime/messages/messages.hpp"
 
 namespace longwave::actors {
 

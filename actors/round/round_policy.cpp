@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
 
 namespace longwave::actors {
 

@@ -8,8 +8,8 @@
 
 #include "actors/round/round_policy.hpp"
 #include "actors/round/streaming_schedule.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/messages/caf_errors.hpp"
 
 namespace longwave::actors {
 

@@ -1,7 +1,7 @@
 // Streaming DiLoCo's per-round schedule (ARCHITECTURE.md, "Outer-step policies").
 #include "actors/round/streaming_schedule.hpp"
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::actors {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <thread>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::comm {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/nccl/nccl_allreduce.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::comm {
 

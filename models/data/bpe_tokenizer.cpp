@@ -9,7 +9,7 @@
 #include <queue>
 
 #include "models/data/file_io.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
 

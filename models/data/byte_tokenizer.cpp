@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "models/data/file_io.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
 

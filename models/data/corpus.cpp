@@ -8,8 +8,8 @@
 #include <stdexcept>
 
 #include "models/data/file_io.hpp"
-#include "runtime/errors.hpp"
-#include "runtime/json_reader.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/json/json_reader.hpp"
 
 namespace longwave::models::data {
 

@@ -15,8 +15,8 @@
 #include "models/data/file_io.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/clock/clock.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
 

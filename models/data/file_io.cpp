@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
 

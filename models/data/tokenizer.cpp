@@ -6,7 +6,7 @@
 #include "models/data/bpe_tokenizer.hpp"
 #include "models/data/byte_tokenizer.hpp"
 #include "models/data/file_io.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
 

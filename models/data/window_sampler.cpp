@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
 

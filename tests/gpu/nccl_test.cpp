@@ -13,7 +13,7 @@
 #include "comm/codec.hpp"
 #include "comm/nccl/nccl_allreduce.hpp"
 #include "comm/nccl/nccl_collective.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 using longwave::comm::nccl_allreduce;
 

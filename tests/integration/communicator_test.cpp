@@ -17,7 +17,7 @@
 #include "actors/communicator.hpp"
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/interfaces.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;

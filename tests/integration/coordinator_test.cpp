@@ -2,7 +2,7 @@
 // with fake workers, communicator, outer optimizer and checkpointer. Each case asserts on the phases it goes
 // through (its debug log of set_phase), on what it asks of its peers, and on its final (done, code, loss).
 // The fakes are dynamically typed (they also take the test's own release message) and handed to the
-// coordinator through actor_cast: their handlers follow runtime/interfaces.hpp by hand.
+// coordinator through actor_cast: their handlers follow runtime/messages/interfaces.hpp by hand.
 #include <ATen/ATen.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
@@ -20,8 +20,8 @@
 #include "actors/coordinator.hpp"
 #include "actors/run_context.hpp"
 #include "models/model_spec.hpp"
-#include "runtime/caf_errors.hpp"
-#include "runtime/interfaces.hpp"
+#include "runtime/messages/caf_errors.hpp"
+#include "runtime/messages/interfaces.hpp"
 #include "tests/support/process.hpp"
 
 // CAF's deterministic scheduler fixture, without CAF's own test main (Catch2 has the main).

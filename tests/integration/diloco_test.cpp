@@ -16,9 +16,9 @@
 #include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
 #include "models/lr_schedule.hpp"
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/interfaces.hpp"
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/messages/interfaces.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;

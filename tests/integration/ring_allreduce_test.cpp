@@ -36,8 +36,8 @@
 #include "comm/frame.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "comm/wire.capnp.h"
-#include "runtime/crc32c.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/checksum/crc32c.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/checkpoint_store.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/json.hpp"
 #include "tests/support/process.hpp"

@@ -9,7 +9,7 @@
 #include <regex>
 #include <stdexcept>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/prom_text.hpp"
 

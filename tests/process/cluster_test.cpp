@@ -13,7 +13,7 @@
 
 #include "comm/frame.hpp"
 #include "config/cluster_config.hpp"
-#include "runtime/checkpoint_store.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/prom_text.hpp"

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <regex>
 
-#include "runtime/checkpoint_store.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 

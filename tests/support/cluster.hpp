@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint_store.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 #include "tests/support/process.hpp"
 
 namespace longwave::test {

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/clock.hpp"
+#include "runtime/clock/clock.hpp"
 
 namespace longwave::test {
 

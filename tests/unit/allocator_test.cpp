@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/allocator.hpp"
+#include "runtime/memory/allocator.hpp"
 
 namespace {
 

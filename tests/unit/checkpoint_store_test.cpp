@@ -1,4 +1,5 @@
-// Tests of runtime/checkpoint_store: round trips, pruning, corruption detection and fallback, CRC-32C.
+// Tests of runtime/checkpoint/checkpoint_store: round trips, pruning, corruption detection and fallback,
+// CRC-32C.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -10,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace fs = std::filesystem;
 using longwave::errc;

@@ -17,7 +17,7 @@
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace fs = std::filesystem;
 using namespace longwave::models::data;

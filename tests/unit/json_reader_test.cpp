@@ -1,11 +1,11 @@
-// runtime/json_reader: RapidJSON with what the corpus and `longwave report` rely on: Python's NaN and
+// runtime/json/json_reader: RapidJSON with what the corpus and `longwave report` rely on: Python's NaN and
 // Infinity, lone surrogates as U+FFFD, a later duplicate winning, error positions and truncation detected.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <string>
 
-#include "runtime/json_reader.hpp"
+#include "runtime/json/json_reader.hpp"
 
 using longwave::runtime::find_member;
 using longwave::runtime::json_error;

@@ -1,5 +1,5 @@
-// The metric catalogue: dashboards/README.md and runtime/metric_catalogue.cpp list the same metrics, and a
-// registry of each role exposes exactly its part of the catalogue, every series labelled with the node.
+// The metric catalogue: dashboards/README.md and runtime/metrics/metric_catalogue.cpp list the same metrics,
+// and a registry of each role exposes exactly its part of the catalogue, every series labelled with the node.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -10,9 +10,9 @@
 #include <string>
 
 #include "comm/frame.hpp"
-#include "runtime/metric_catalogue.hpp"
-#include "runtime/metrics_registry.hpp"
-#include "runtime/metrics_server.hpp"
+#include "runtime/metrics/metric_catalogue.hpp"
+#include "runtime/metrics/metrics_registry.hpp"
+#include "runtime/metrics/metrics_server.hpp"
 #include "tests/support/prom_text.hpp"
 
 using namespace longwave;

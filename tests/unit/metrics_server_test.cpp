@@ -1,4 +1,4 @@
-// Tests of runtime/metrics_server and of the Prometheus text parser the tests use.
+// Tests of runtime/metrics/metrics_server and of the Prometheus text parser the tests use.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/errors.hpp"
-#include "runtime/metrics_server.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/metrics/metrics_server.hpp"
 #include "tests/support/prom_text.hpp"
 
 using longwave::errc;

@@ -9,7 +9,7 @@
 #include "actors/outer_optimizer.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "models/outer_sgd.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/messages/type_ids.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;

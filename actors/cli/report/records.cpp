@@ -12,7 +12,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "runtime/json_reader.hpp"
+#include "runtime/json/json_reader.hpp"
 
 namespace longwave::cli::report {
 

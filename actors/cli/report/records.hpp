@@ -1,6 +1,6 @@
 #pragma once
-// The records of one metrics.jsonl for `longwave report`: each line read with runtime/json_reader into a flat
-// record, sorted by kind; records that a resumed run redid are dropped.
+// The records of one metrics.jsonl for `longwave report`: each line read with runtime/json/json_reader into a
+// flat record, sorted by kind; records that a resumed run redid are dropped.
 #include <cstddef>
 #include <filesystem>
 #include <functional>

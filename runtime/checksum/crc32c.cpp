@@ -1,5 +1,5 @@
 // CRC-32C: slicing-by-8 tables built at compile time, and an SSE4.2 path chosen once at run time.
-#include "runtime/crc32c.hpp"
+#include "runtime/checksum/crc32c.hpp"
 
 #include <array>
 #include <cstring>

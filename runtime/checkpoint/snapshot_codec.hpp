@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/checkpoint_store.hpp"
-#include "runtime/messages.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/messages/messages.hpp"
 
 namespace longwave::runtime {
 

@@ -1,5 +1,5 @@
 // metrics_registry: the catalogue's families on a prometheus-cpp registry, with checked updates.
-#include "runtime/metrics_registry.hpp"
+#include "runtime/metrics/metrics_registry.hpp"
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>

@@ -3,7 +3,7 @@
 // kernel releases it when the process dies, however it dies.
 #include <string>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::runtime {
 

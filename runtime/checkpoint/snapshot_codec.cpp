@@ -4,7 +4,7 @@
 // as three int64), and under diloco.outer = "eager" "/outer_theta", "/outer_momentum" (once it exists) and
 // "/prev_delta"; with comm.error_feedback "ef/<label>", the node's residual for that ring label (a
 // fragment's size under streaming). meta holds "key=value" lines: mode, preset, n_params, replicas.
-#include "runtime/snapshot_codec.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
 
@@ -14,7 +14,7 @@
 #include <map>
 #include <sstream>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::runtime {
 

@@ -6,7 +6,7 @@
 
 namespace longwave {
 
-/// Expected failures. Registered with CAF in runtime/type_ids.hpp.
+/// Expected failures. Registered with CAF in runtime/messages/type_ids.hpp.
 enum class errc : uint8_t {
   none = 0,
   invalid_config,      ///< user config rejected (CLI exits 2)

@@ -1,7 +1,7 @@
 // errc <-> caf::error.
-#include "runtime/caf_errors.hpp"
+#include "runtime/messages/caf_errors.hpp"
 
-#include "runtime/type_ids.hpp"
+#include "runtime/messages/type_ids.hpp"
 
 namespace longwave::runtime {
 

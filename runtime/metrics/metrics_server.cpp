@@ -1,5 +1,5 @@
 // The metrics HTTP endpoint: cpp-httplib on a thread of its own, serializing the registry per scrape.
-#include "runtime/metrics_server.hpp"
+#include "runtime/metrics/metrics_server.hpp"
 
 #include <arpa/inet.h>
 #include <httplib.h>
@@ -17,7 +17,7 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::runtime {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/metric_catalogue.hpp"
+#include "runtime/metrics/metric_catalogue.hpp"
 
 namespace prometheus {
 class Registry;

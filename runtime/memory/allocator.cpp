@@ -1,5 +1,5 @@
 // glibc's mallopt: fixed thresholds instead of the dynamic ones.
-#include "runtime/allocator.hpp"
+#include "runtime/memory/allocator.hpp"
 
 // <cstddef> pulls in <features.h> on glibc, which defines __GLIBC__: test it only after a libc header.
 #include <cstddef>

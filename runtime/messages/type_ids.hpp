@@ -2,8 +2,8 @@
 // All CAF atoms and message types of Longwave, in one type-ID block. Atom text is at most 10 characters.
 #include <caf/all.hpp>
 
-#include "runtime/errors.hpp"
-#include "runtime/messages.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/messages/messages.hpp"
 
 CAF_ERROR_CODE_ENUM(longwave::errc, "longwave")
 

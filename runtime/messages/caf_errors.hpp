@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::runtime {
 

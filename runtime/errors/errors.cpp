@@ -1,5 +1,5 @@
 // Names of errc values and the LW_ASSERT failure path.
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 #include <cstdio>
 #include <cstdlib>

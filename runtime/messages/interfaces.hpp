@@ -1,13 +1,13 @@
 #pragma once
 // The typed actor protocol: one caf::typed_actor alias per actor, listing every message it takes and what it
 // answers. A request that does not match the receiver's interface does not compile. Atoms are in
-// runtime/type_ids.hpp (one meaning each), payload structs in runtime/messages.hpp.
+// runtime/messages/type_ids.hpp (one meaning each), payload structs in runtime/messages/messages.hpp.
 #include <caf/typed_actor.hpp>
 
 #include <string>
 
-#include "runtime/messages.hpp"
-#include "runtime/type_ids.hpp"
+#include "runtime/messages/messages.hpp"
+#include "runtime/messages/type_ids.hpp"
 
 namespace longwave::runtime {
 

@@ -1,5 +1,5 @@
 // all_finite, a chunk at a time.
-#include "runtime/tensor_checks.hpp"
+#include "runtime/tensor/tensor_checks.hpp"
 
 #include <ATen/ATen.h>
 

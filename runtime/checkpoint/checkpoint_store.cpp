@@ -21,9 +21,9 @@
 // read past it. The CRC covers the payload only; the header is guarded by the magic, the version, the zero
 // fields, the length check and, when the file has its canonical name ckpt-<round>-<step>.lwc, by comparing
 // round and step with the name. Blob bytes are stored as given (host byte order for tensor data).
-#include "runtime/checkpoint_store.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 
-#include "runtime/crc32c.hpp"
+#include "runtime/checksum/crc32c.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -39,7 +39,7 @@
 #include <filesystem>
 #include <tuple>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint_store.cpp assumes a little-endian host (slicing-by-8 CRC and tensor byte order)"

@@ -1,5 +1,5 @@
 // The metric catalogue (see dashboards/README.md, which a unit test keeps identical to this table).
-#include "runtime/metric_catalogue.hpp"
+#include "runtime/metrics/metric_catalogue.hpp"
 
 #ifndef LW_VERSION
 #define LW_VERSION "0.0.0"

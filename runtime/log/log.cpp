@@ -1,5 +1,5 @@
 // Default spdlog logger: stdout, "[hh:mm:ss] message", level shown only for warnings and errors.
-#include "runtime/log.hpp"
+#include "runtime/log/log.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
 

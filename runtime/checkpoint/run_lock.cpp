@@ -1,5 +1,5 @@
 // The out_dir lock: flock(LOCK_EX | LOCK_NB), then the PID written into the file for the refusal message.
-#include "runtime/run_lock.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/errors.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::runtime {
 

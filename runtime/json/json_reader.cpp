@@ -1,5 +1,5 @@
 // RapidJSON with Python's leniencies: NaN/Infinity numbers, and lone surrogate escapes read as U+FFFD.
-#include "runtime/json_reader.hpp"
+#include "runtime/json/json_reader.hpp"
 
 #include <rapidjson/error/en.h>
 
