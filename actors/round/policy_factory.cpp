@@ -1,5 +1,5 @@
 // Picks the round policy of run.mode and diloco.outer. A new policy is one file that defines its maker, and
-// a line here.
+// here its declaration and its case.
 #include "actors/round/round_policy.hpp"
 
 namespace longwave::actors {
