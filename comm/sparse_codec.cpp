@@ -102,30 +102,58 @@ class bit_reader {
   unsigned n_ = 0;
 };
 
-// The k largest |x| of a chunk, exactly, ties to the lower index: indices ascending into idx. mag holds the
-// chunk's |x| bits (the order of non-negative floats is the order of their bits); scratch has len entries.
-void select_top_k(const uint32_t* mag, size_t len, size_t k, uint32_t* scratch, uint32_t* idx) {
-  std::copy(mag, mag + len, scratch);
-  std::nth_element(scratch, scratch + (k - 1), scratch + len, std::greater<uint32_t>());
-  const uint32_t t = scratch[k - 1];  // the k-th largest magnitude
-  size_t above = 0;
-  for (size_t j = 0; j + 1 < k; ++j) above += scratch[j] > t ? 1 : 0;
+// Buckets of the top 11 bits of |x| (exponent and 3 significand bits): the bucket holding the k-th largest
+// magnitude is found from a histogram, and only its values are sorted.
+constexpr int bucket_shift = 20;
+constexpr size_t buckets = size_t{1} << (31 - bucket_shift);
+
+// Scratch of one encode call, sized for its largest chunk.
+struct select_scratch {
+  explicit select_scratch(size_t len) : mag(len), candidates(len), idx(len), hist(buckets) {}
+  std::vector<uint32_t> mag;  // |x| bits of the chunk (non-negative floats order as their bits)
+  std::vector<uint32_t> candidates;
+  std::vector<uint32_t> idx;  // the kept indices, ascending
+  std::vector<uint32_t> hist;
+};
+
+// The k largest |x| of the chunk in s.mag, exactly, ties to the lower index: indices ascending into s.idx.
+// Returns the k-th largest |x| bits. Every selection with the same keys gives the same set, so any exact
+// method gives the same bytes.
+uint32_t select_top_k(size_t len, size_t k, select_scratch& s) {
+  const uint32_t* mag = s.mag.data();
+  uint32_t* hist = s.hist.data();
+  std::fill(hist, hist + buckets, 0u);
+  for (size_t i = 0; i < len; ++i) ++hist[mag[i] >> bucket_shift];
+  size_t above = 0;  // values in buckets above b
+  uint32_t b = buckets - 1;
+  while (above + hist[b] < k) above += hist[b--];
+  size_t m = 0;
+  for (size_t i = 0; i < len; ++i) {
+    if ((mag[i] >> bucket_shift) == b) s.candidates[m++] = mag[i];
+  }
+  const size_t need = k - above;  // 1 .. m values of bucket b are kept
+  uint32_t* c = s.candidates.data();
+  std::nth_element(c, c + (need - 1), c + m, std::greater<uint32_t>());
+  const uint32_t t = c[need - 1];
+  for (size_t j = 0; j + 1 < need; ++j) above += c[j] > t ? 1 : 0;
   size_t ties = k - above;  // values equal to t that are kept: the first ones in index order
   size_t out = 0;
   for (size_t i = 0; i < len; ++i) {
     if (mag[i] > t || (mag[i] == t && ties > 0)) {
       if (mag[i] == t) --ties;
-      idx[out++] = static_cast<uint32_t>(i);
+      s.idx[out++] = static_cast<uint32_t>(i);
     }
   }
+  return t;
 }
 
 // Encodes one chunk; false if it was written poisoned.
-bool encode_chunk(const float* x, size_t len, const sparse_options& o, uint32_t* mag, uint32_t* scratch,
-                  uint32_t* idx, std::byte* dst) {
+bool encode_chunk(const float* x, size_t len, const sparse_options& o, select_scratch& s, std::byte* dst) {
   const size_t k = sparse_kept(len, o);
   const unsigned w = index_bits(len);
   const uint32_t top_level = levels(o) - 1;
+  uint32_t* mag = s.mag.data();
+  const uint32_t* idx = s.idx.data();
   bool finite = true;
   uint32_t hi_bits = 0;
   for (size_t i = 0; i < len; ++i) {
@@ -133,8 +161,7 @@ bool encode_chunk(const float* x, size_t len, const sparse_options& o, uint32_t*
     finite &= mag[i] < inf_bits;
     hi_bits = std::max(hi_bits, mag[i]);
   }
-  select_top_k(mag, len, k, scratch, idx);
-  const float lo = float_of(scratch[k - 1]);  // the smallest kept magnitude
+  const float lo = float_of(select_top_k(len, k, s));  // the smallest kept magnitude
   const float hi = float_of(hi_bits);
   const float step = level_step(lo, hi, top_level);
   const bool ok = finite;
@@ -188,9 +215,10 @@ bool walk(const std::byte* src, size_t bytes, size_t n, const sparse_options& o,
     std::memcpy(header, src, header_bytes);
     const float lo = header[0];
     const float hi = header[1];
-    const std::string where = "chunk " + std::to_string(c);
+    // Built only for a refusal: a string per chunk would cost more than the decode.
+    const auto where = [c] { return "chunk " + std::to_string(c); };
     if (!valid_header(lo, hi)) {
-      return fail(why, where + ": bad scale (lo " + std::to_string(lo) + ", hi " + std::to_string(hi) +
+      return fail(why, where() + ": bad scale (lo " + std::to_string(lo) + ", hi " + std::to_string(hi) +
                            "): must be finite with 0 <= lo <= hi");
     }
     const float step = level_step(lo, hi, top_level);
@@ -201,16 +229,16 @@ bool walk(const std::byte* src, size_t bytes, size_t n, const sparse_options& o,
     for (size_t j = 0; j < k; ++j) {
       const uint32_t i = ir.get(w);
       if (i >= len)
-        return fail(
-            why, where + ": index " + std::to_string(i) + " outside its " + std::to_string(len) + " values");
-      if (j > 0 && i <= prev) return fail(why, where + ": indices not increasing");
+        return fail(why, where() + ": index " + std::to_string(i) + " outside its " + std::to_string(len) +
+                             " values");
+      if (j > 0 && i <= prev) return fail(why, where() + ": indices not increasing");
       prev = i;
       const uint32_t code = cr.get(vb);
       const uint32_t q = code & top_level;
       const float m = q == top_level ? hi : lo + static_cast<float>(q) * step;
       apply(start + i, (code >> (vb - 1)) != 0 ? -m : m);
     }
-    if (!ir.padding_zero() || !cr.padding_zero()) return fail(why, where + ": nonzero padding bits");
+    if (!ir.padding_zero() || !cr.padding_zero()) return fail(why, where() + ": nonzero padding bits");
     src += chunk_bytes(len, o);
   }
   return true;
@@ -259,11 +287,11 @@ bool sparse_encode(const float* src, size_t n, std::byte* dst, const sparse_opti
   const std::string bad = sparse_options_error(o);
   LW_ASSERT(bad.empty(), "sparse codec: " + bad);
   const size_t c = std::min(o.chunk, n);
-  std::vector<uint32_t> mag(c), scratch(c), idx(c);
+  select_scratch s(c);
   bool ok = true;
   for (size_t start = 0; start < n; start += o.chunk) {
     const size_t len = std::min(o.chunk, n - start);
-    ok &= encode_chunk(src + start, len, o, mag.data(), scratch.data(), idx.data(), dst);
+    ok &= encode_chunk(src + start, len, o, s, dst);
     dst += chunk_bytes(len, o);
   }
   return ok;
