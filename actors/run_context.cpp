@@ -44,7 +44,8 @@ void check_memory_fits(const config::train_config& cfg, const models::model_spec
       "train.batch_size",
       fmt::format("train.batch_size = {}: the memory estimate is {:.1f} MiB ({:.1f} MiB per worker x {} "
                   "workers, model {}, model.seq_len {}), more than this machine's {:.1f} MiB of memory; "
-                  "lower train.batch_size, train.workers or model.seq_len, or use a smaller model.preset",
+                  "lower train.batch_size, train.workers or model.seq_len, or use a smaller model.preset "
+                  "or shape (model.dim, model.layers, ...)",
                   cfg.train.batch_size, need / mib, per_worker / mib, cfg.train.workers,
                   models::model_label(spec), spec.seq_len, static_cast<double>(machine) / mib));
 }
