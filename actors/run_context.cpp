@@ -43,10 +43,11 @@ void check_memory_fits(const config::train_config& cfg, const models::model_spec
   throw config::config_error(
       "train.batch_size",
       fmt::format("train.batch_size = {}: the memory estimate is {:.1f} MiB ({:.1f} MiB per worker x {} "
-                  "workers, preset {}, model.seq_len {}), more than this machine's {:.1f} MiB of memory; "
-                  "lower train.batch_size, train.workers or model.seq_len, or use a smaller model.preset",
-                  cfg.train.batch_size, need / mib, per_worker / mib, cfg.train.workers, spec.preset,
-                  spec.seq_len, static_cast<double>(machine) / mib));
+                  "workers, model {}, model.seq_len {}), more than this machine's {:.1f} MiB of memory; "
+                  "lower train.batch_size, train.workers or model.seq_len, or use a smaller model.preset "
+                  "or shape (model.dim, model.layers, ...)",
+                  cfg.train.batch_size, need / mib, per_worker / mib, cfg.train.workers,
+                  models::model_label(spec), spec.seq_len, static_cast<double>(machine) / mib));
 }
 
 }  // namespace longwave::actors

@@ -48,12 +48,12 @@ std::string corpus_path(const config::train_config& cfg) {
 }
 
 models::model_spec model_spec_of(const config::train_config& cfg) {
-  auto spec = models::preset_spec(cfg.model.preset, expected_vocab(cfg), cfg.model.seq_len);
+  auto spec = models::spec_of(cfg.model, expected_vocab(cfg));
   if (is_streaming(cfg) && cfg.diloco.fragments > spec.n_layers)
     throw config::config_error(
         "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
                                         "fragments",
-                                        cfg.diloco.fragments, spec.preset, spec.n_layers));
+                                        cfg.diloco.fragments, models::model_label(spec), spec.n_layers));
   check_memory_fits(cfg, spec);
   return spec;
 }
@@ -115,7 +115,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
 
 runtime::snapshot_shape shape_of(const run_context& ctx) {
   return {models::closed_form_param_count(ctx.spec), ctx.cfg.train.workers,
-          config::to_string(ctx.cfg.run.mode), ctx.spec.preset};
+          config::to_string(ctx.cfg.run.mode), models::model_label(ctx.spec)};
 }
 
 }  // namespace longwave::actors

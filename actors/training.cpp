@@ -46,8 +46,8 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   }
   fs::create_directories(p.out_dir);
   const run_lock lock(p.out_dir);  // one run per out_dir, until this process ends
-  spdlog::info("longwave: {} mode, {} workers, preset {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
-               cfg.train.workers, spec.preset,
+  spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
+               cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
   auto ctx = make_context(cfg, spec, corpus, p.data_dir, role);
   auto start = find_start(cfg, opts, p, shape_of(*ctx));
@@ -137,11 +137,9 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     auto data = models::data::prepare_dataset(corpus_path(cfg), cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                               cfg.data.val_fraction, p.data_dir,
                                               [](const std::string& line) { spdlog::info("{}", line); });
-    auto spec = models::preset_spec(cfg.model.preset,
-                                    cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size,
-                                    cfg.model.seq_len);
+    auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
-                         config::to_string(cfg.run.mode), spec.preset};
+                         config::to_string(cfg.run.mode), models::model_label(spec)};
     auto snap = from_checkpoint(std::move(*c), shape);
     auto val = models::data::read_shard(data.val_path);
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "config/model_shape.hpp"
 #include "config/schema.hpp"
 
 #if !TOML_EXCEPTIONS
@@ -657,6 +658,7 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                     "take it from the tokenizer, or at least {}",
                     cfg.model.vocab_size, to_string(cfg.data.tokenizer), tokens, tokens));
   }
+  check_shape(cfg.model);
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {
     throw config_error("train.rounds",
                        fmt::format("train.rounds = {}: train.rounds * train.inner_steps ({}) does "

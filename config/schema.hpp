@@ -109,6 +109,12 @@ void for_each_field(Config& c, Visitor&& f) {
   f("run", "name", c.run.name, any());
 
   f("model", "preset", c.model.preset, one_of({"tiny", "small", "150m", "1b"}));
+  // Shape overrides, 0 = the preset's value; validate() checks they fit together (config/model_shape.hpp).
+  f("model", "dim", c.model.dim, zero_or_ints(8, 16384));
+  f("model", "layers", c.model.layers, zero_or_ints(1, 256));
+  f("model", "heads", c.model.heads, zero_or_ints(1, 256));
+  f("model", "kv_heads", c.model.kv_heads, zero_or_ints(1, 256));
+  f("model", "ffn_hidden", c.model.ffn_hidden, zero_or_ints(8, 65536));
   f("model", "dtype", c.model.dtype, listed());
   f("model", "seq_len", c.model.seq_len, ints(8, 8192));
   f("model", "vocab_size", c.model.vocab_size, zero_or_ints(2, 65536));

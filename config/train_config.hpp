@@ -125,9 +125,14 @@ struct run_section {
   std::string name = "";                 ///< label for logs and metrics; defaults to the config file stem
 };
 
-/// [model]: which Llama-style preset and in what precision.
+/// [model]: which Llama-style preset, its shape overrides and the precision.
 struct model_section {
   std::string preset = "tiny";            ///< "tiny" | "small" | "150m" | "1b"
+  int64_t dim = 0;                        ///< model width; 0: the preset's (config/model_shape.hpp)
+  int64_t layers = 0;                     ///< decoder layers; 0: the preset's
+  int64_t heads = 0;                      ///< attention heads, must divide dim; 0: the preset's
+  int64_t kv_heads = 0;                   ///< key/value heads, must divide heads; 0: the preset's
+  int64_t ffn_hidden = 0;                 ///< SwiGLU hidden width; 0: the preset's
   model_dtype dtype = model_dtype::fp32;  ///< "fp32" | "bf16"
   int64_t seq_len = 128;                  ///< training context T
   int64_t vocab_size = 0;                 ///< 0: take it from the tokenizer

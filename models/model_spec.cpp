@@ -1,6 +1,7 @@
 // Preset table, closed-form parameter count and memory estimate of the Llama-style GPT.
 #include "models/model_spec.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "runtime/errors/errors.hpp"
@@ -12,23 +13,41 @@ const std::vector<std::string>& preset_names() {
   return names;
 }
 
-model_spec preset_spec(const std::string& name, int64_t vocab_size, int64_t seq_len) {
+namespace {
+
+model_spec with_shape(const std::string& name, const config::model_shape& sh, int64_t vocab_size,
+                      int64_t seq_len) {
   model_spec s;
   s.preset = name;
   s.vocab_size = vocab_size;
   s.seq_len = seq_len;
-  if (name == "tiny") {  // ~1.8M parameters with the byte vocabulary: the CPU demo and tests
-    s.dim = 192, s.n_layers = 4, s.n_heads = 6, s.n_kv_heads = 6, s.ffn_hidden = 512;
-  } else if (name == "small") {  // ~14M
-    s.dim = 384, s.n_layers = 8, s.n_heads = 6, s.n_kv_heads = 6, s.ffn_hidden = 1024;
-  } else if (name == "150m") {  // OpenDiLoCo's 150M Llama: hidden 1024, 12 layers, 16 heads
-    s.dim = 1024, s.n_layers = 12, s.n_heads = 16, s.n_kv_heads = 16, s.ffn_hidden = 2688;
-  } else if (name == "1b") {  // TinyLlama-1.1B: hidden 2048, 22 layers, 32 heads, 4 KV heads, 5632 MLP
-    s.dim = 2048, s.n_layers = 22, s.n_heads = 32, s.n_kv_heads = 4, s.ffn_hidden = 5632;
-  } else {
-    throw std::invalid_argument("unknown model preset '" + name + "' (allowed: tiny, small, 150m, 1b)");
-  }
+  s.dim = sh.dim, s.n_layers = sh.layers, s.n_heads = sh.heads, s.n_kv_heads = sh.kv_heads;
+  s.ffn_hidden = sh.ffn_hidden;
   return s;
+}
+
+config::model_shape shape_of(const model_spec& s) {
+  return {s.dim, s.n_layers, s.n_heads, s.n_kv_heads, s.ffn_hidden};
+}
+
+}  // namespace
+
+model_spec preset_spec(const std::string& name, int64_t vocab_size, int64_t seq_len) {
+  if (std::find(preset_names().begin(), preset_names().end(), name) == preset_names().end())
+    throw std::invalid_argument("unknown model preset '" + name + "' (allowed: tiny, small, 150m, 1b)");
+  return with_shape(name, config::preset_shape(name), vocab_size, seq_len);
+}
+
+model_spec spec_of(const config::model_section& m, int64_t vocab_size) {
+  return with_shape(m.preset, config::resolved_shape(m), vocab_size, m.seq_len);
+}
+
+std::string model_label(const model_spec& s) {
+  const auto sh = shape_of(s);
+  if (sh == config::preset_shape(s.preset)) return s.preset;
+  return s.preset + " dim=" + std::to_string(sh.dim) + " layers=" + std::to_string(sh.layers) +
+         " heads=" + std::to_string(sh.heads) + " kv_heads=" + std::to_string(sh.kv_heads) +
+         " ffn_hidden=" + std::to_string(sh.ffn_hidden);
 }
 
 int64_t closed_form_param_count(const model_spec& s) {

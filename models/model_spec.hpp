@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "config/model_shape.hpp"
+
 namespace longwave::models {
 
 /// Architecture of one Llama-style decoder: RMSNorm, RoPE, causal attention (optionally grouped-query),
@@ -28,6 +30,13 @@ struct model_spec {
 
 /// The named preset with the given vocabulary and context. Throws std::invalid_argument on an unknown name.
 model_spec preset_spec(const std::string& name, int64_t vocab_size, int64_t seq_len);
+
+/// The model of a [model] section: its preset with the shape overrides applied (config::resolved_shape).
+model_spec spec_of(const config::model_section& m, int64_t vocab_size);
+
+/// The model's name in checkpoints and logs: the preset's name, plus the shape when it differs from the
+/// preset's, e.g. "tiny dim=256 layers=4 heads=4 kv_heads=4 ffn_hidden=512". A resume checks it.
+std::string model_label(const model_spec& s);
 
 /// Names of all presets, in size order.
 const std::vector<std::string>& preset_names();

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -42,15 +43,43 @@ std::optional<config::cluster_spec> load_cluster(const std::string& path,
   }
 }
 
-int cmd_presets(int64_t vocab, int64_t seq_len) {
+void print_preset_row(const std::string& name, const models::model_spec& s) {
+  std::printf("%-6s %6ld %7ld %6ld %8ld %6ld %14ld\n", name.c_str(), s.dim, s.n_layers, s.n_heads,
+              s.n_kv_heads, s.ffn_hidden, models::closed_form_param_count(s));
+}
+
+/// `presets`: the preset table; with a config or shape options, also the parameter count of that shape.
+int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
+                const std::vector<std::string>& shape_overrides) {
+  std::optional<models::model_spec> given;
+  if (!config_path.empty() || !shape_overrides.empty()) {
+    // Through the config loader, so a shape gets the checks and error messages of `run`.
+    try {
+      const auto cfg = config_path.empty() ? config::parse_config("", shape_overrides, "command line")
+                                           : config::load_config_file(config_path, shape_overrides);
+      if (!config_path.empty()) {
+        seq_len = cfg.model.seq_len;
+        vocab = cfg.model.vocab_size > 0                            ? cfg.model.vocab_size
+                : cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size
+                                                                    : 256;
+      }
+      auto m = cfg.model;
+      m.seq_len = seq_len;
+      given = models::spec_of(m, vocab);
+    } catch (const config::config_error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+  }
   std::printf("%-6s %6s %7s %6s %8s %6s %14s\n", "preset", "dim", "layers", "heads", "kv_heads", "ffn",
               "parameters");
-  for (const auto& name : models::preset_names()) {
-    auto s = models::preset_spec(name, vocab, seq_len);
-    std::printf("%-6s %6ld %7ld %6ld %8ld %6ld %14ld\n", name.c_str(), s.dim, s.n_layers, s.n_heads,
-                s.n_kv_heads, s.ffn_hidden, models::closed_form_param_count(s));
-  }
+  for (const auto& name : models::preset_names())
+    print_preset_row(name, models::preset_spec(name, vocab, seq_len));
+  if (given) print_preset_row("shape", *given);
   std::printf("(vocab %ld, context %ld; parameters include the tied embedding)\n", vocab, seq_len);
+  if (given)
+    std::printf("shape: %s, %ld parameters\n", models::model_label(*given).c_str(),
+                models::closed_form_param_count(*given));
   return 0;
 }
 
@@ -75,8 +104,10 @@ struct cli_values {
   cli::observe_options observe;
   // report
   std::string report_dir, report_out;
-  // presets
+  // presets: --vocab, --seq-len, a config and the shape options as model.* overrides
   int64_t pv = 256, pt = 128;
+  std::string presets_config;
+  std::vector<std::string> shape_overrides;
 };
 
 /// The subcommands, to tell which one was given.
@@ -194,6 +225,21 @@ CLI::App* add_presets(CLI::App& app, cli_values& v) {
   auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
   presets->add_option("--vocab", v.pv, "Vocabulary size")->capture_default_str();
   presets->add_option("--seq-len", v.pt, "Context length")->capture_default_str();
+  presets->add_option("--config", v.presets_config,
+                      "Also count the parameters of this config's model (its vocab and context too)");
+  // Each shape option becomes a model.<key> override, checked as in `run`.
+  for (const char* key : {"preset", "dim", "layers", "heads", "kv_heads", "ffn_hidden"}) {
+    std::string flag = std::string("--") + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    presets->add_option_function<std::string>(
+        flag,
+        [&v, key](const std::string& x) {
+          v.shape_overrides.push_back(std::string("model.") + key + "=" + x);
+        },
+        std::string("Also count the parameters of this shape: model.") + key);
+  }
+  presets->footer(
+      "e.g. longwave presets --dim 256 --layers 4 --heads 4 (other keys: the preset's, tiny by default)");
   return presets;
 }
 
@@ -255,7 +301,7 @@ int dispatch(const subcommands& sub, const cli_values& v, const char* argv0) {
   }
   if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches);
   if (sub.prep->parsed()) return cmd_prepare(v);
-  if (sub.presets->parsed()) return cmd_presets(v.pv, v.pt);
+  if (sub.presets->parsed()) return cmd_presets(v.pv, v.pt, v.presets_config, v.shape_overrides);
   return 2;
 }
 
@@ -282,6 +328,15 @@ int main(int argc, char** argv) {
   sub.launch = add_launch(app, v);
   sub.report = add_report(app, v);
   sub.presets = add_presets(app, v);
+  // CLI11 would treat `longwave nosuch --help` as a request for the main help (exit 0).
+  if (argc > 1 && argv[1][0] != '-') {
+    try {
+      (void)app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {
+      std::fprintf(stderr, "longwave: unknown command '%s' (see longwave --help)\n", argv[1]);
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

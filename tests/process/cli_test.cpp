@@ -71,6 +71,8 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"[trainer]\nworkers = 2\n", "trainer", {}},
       {"[model]\npreset = \"huge\"\n", "model.preset", {}},
       {"[model]\nseq_len = 12.5\n", "model.seq_len", {}},
+      {"[model]\nheads = 5\n", "model.heads = 5: model.heads (5) must divide model.dim (192)", {}},
+      {"", "model.kv_heads", {"--set", "model.kv_heads=4"}},
       {"[outer]\nmomentum = 1.0\n", "outer.momentum", {}},
       {"[metrics]\nport = 70000\n", "metrics.port", {}},
       {"[run]\nmode = \"single\"\n", "train.workers", {}},
@@ -218,6 +220,63 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(help.find("--set") != std::string::npos);
   auto [ucode, usage] = run({binary(), "frobnicate"}, dir + "/usage.log", 60);
   CATCH_CHECK(ucode == 2);
+  CATCH_CHECK(usage.find("longwave: unknown command 'frobnicate' (see longwave --help)") !=
+              std::string::npos);
+  // With --help too: not the main help and exit 0.
+  auto [uhcode, uhelp] = run({binary(), "nosuch", "--help"}, dir + "/usage_help.log", 60);
+  CATCH_CHECK(uhcode == 2);
+  CATCH_CHECK(uhelp.find("unknown command 'nosuch'") != std::string::npos);
+  auto [mcode, mhelp] = run({binary(), "--help"}, dir + "/main_help.log", 60);
+  CATCH_CHECK(mcode == 0);
+  CATCH_CHECK(mhelp.find("presets") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a shape given over the preset trains, counts its parameters and refuses a resume as another shape",
+    "[process][config]") {
+  const auto dir = scratch_dir("shape");
+  const auto cfg = quick_config_file(dir, "");
+  // tiny with dim 128, 4 heads over 2 KV heads, 2 layers, ffn 256: 256*128 + 2*(2*128 + 2*128^2 +
+  // 2*128*64 + 3*128*256) + 128 = 328320.
+  const std::vector<std::string> shape{"--set", "model.dim=128",        "--set", "model.heads=4",
+                                       "--set", "model.kv_heads=2",     "--set", "model.layers=2",
+                                       "--set", "model.ffn_hidden=256", "--set", "train.rounds=2"};
+  auto with = [&](std::vector<std::string> args, const std::vector<std::string>& more) {
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  auto [dcode, dry] = run(with({binary(), "run", cfg, "--dry-run"}, shape), dir + "/dry.log", 120);
+  CATCH_INFO(dry);
+  CATCH_CHECK(dcode == 0);
+  CATCH_CHECK(dry.find("parameters: 328320") != std::string::npos);
+  CATCH_CHECK(dry.find("dim 128, layers 2, heads 4 (kv 2), ffn 256") != std::string::npos);
+  CATCH_CHECK(dry.find("kv_heads = 2") != std::string::npos);  // the resolved config, as checkpoints store it
+  auto [tcode, trained] = run(with({binary(), "run", cfg}, shape), dir + "/train.log", 300);
+  CATCH_INFO(trained);
+  CATCH_REQUIRE(tcode == 0);
+  CATCH_CHECK(read_trace(dir + "/run/loss_trace.tsv").size() == 10);
+  // Another shape with the same preset may not load these weights.
+  auto other = shape;
+  other[5] = "model.kv_heads=4";
+  auto [rcode, refused] = run(with({binary(), "run", cfg}, other), dir + "/resume.log", 120);
+  CATCH_INFO(refused);
+  CATCH_CHECK(rcode != 0);
+  CATCH_CHECK(refused.find("written for model 'tiny dim=128 layers=2 heads=4 kv_heads=2 ffn_hidden=256'") !=
+              std::string::npos);
+  // presets counts the same shape from the options or from a config.
+  auto [pcode, table] = run({binary(), "presets", "--dim", "128", "--heads", "4", "--kv-heads", "2",
+                             "--layers", "2", "--ffn-hidden", "256", "--seq-len", "64"},
+                            dir + "/presets.log", 60);
+  CATCH_INFO(table);
+  CATCH_CHECK(pcode == 0);
+  CATCH_CHECK(
+      table.find("shape: tiny dim=128 layers=2 heads=4 kv_heads=2 ffn_hidden=256, 328320 parameters") !=
+      std::string::npos);
+  CATCH_CHECK(table.find("1b") != std::string::npos);
+  auto [bcode, bad] = run({binary(), "presets", "--heads", "5"}, dir + "/presets_bad.log", 60);
+  CATCH_CHECK(bcode == 2);
+  CATCH_CHECK(bad.find("model.heads = 5") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "config/config_loader.hpp"
+#include "config/model_shape.hpp"
 
 using Catch::Matchers::Contains;
 using longwave::config::comm_backend;
@@ -33,16 +34,18 @@ namespace {
 /// Field-by-field equality, doubles compared exactly.
 bool same(const train_config& a, const train_config& b) {
   return a.run.mode == b.run.mode && a.run.seed == b.run.seed && a.run.out_dir == b.run.out_dir &&
-         a.run.name == b.run.name && a.model.preset == b.model.preset && a.model.dtype == b.model.dtype &&
-         a.model.seq_len == b.model.seq_len && a.model.vocab_size == b.model.vocab_size &&
-         a.data.path == b.data.path && a.data.tokenizer == b.data.tokenizer &&
-         a.data.bpe_vocab_size == b.data.bpe_vocab_size && a.data.val_fraction == b.data.val_fraction &&
-         a.data.cache_dir == b.data.cache_dir && a.train.workers == b.train.workers &&
-         a.train.inner_steps == b.train.inner_steps && a.train.rounds == b.train.rounds &&
-         a.train.batch_size == b.train.batch_size && a.train.lr == b.train.lr &&
-         a.train.warmup_steps == b.train.warmup_steps && a.train.min_lr_ratio == b.train.min_lr_ratio &&
-         a.train.weight_decay == b.train.weight_decay && a.train.beta1 == b.train.beta1 &&
-         a.train.beta2 == b.train.beta2 && a.train.eps == b.train.eps &&
+         a.run.name == b.run.name && a.model.preset == b.model.preset && a.model.dim == b.model.dim &&
+         a.model.layers == b.model.layers && a.model.heads == b.model.heads &&
+         a.model.kv_heads == b.model.kv_heads && a.model.ffn_hidden == b.model.ffn_hidden &&
+         a.model.dtype == b.model.dtype && a.model.seq_len == b.model.seq_len &&
+         a.model.vocab_size == b.model.vocab_size && a.data.path == b.data.path &&
+         a.data.tokenizer == b.data.tokenizer && a.data.bpe_vocab_size == b.data.bpe_vocab_size &&
+         a.data.val_fraction == b.data.val_fraction && a.data.cache_dir == b.data.cache_dir &&
+         a.train.workers == b.train.workers && a.train.inner_steps == b.train.inner_steps &&
+         a.train.rounds == b.train.rounds && a.train.batch_size == b.train.batch_size &&
+         a.train.lr == b.train.lr && a.train.warmup_steps == b.train.warmup_steps &&
+         a.train.min_lr_ratio == b.train.min_lr_ratio && a.train.weight_decay == b.train.weight_decay &&
+         a.train.beta1 == b.train.beta1 && a.train.beta2 == b.train.beta2 && a.train.eps == b.train.eps &&
          a.train.grad_clip == b.train.grad_clip && a.train.threads == b.train.threads &&
          a.outer.lr == b.outer.lr && a.outer.momentum == b.outer.momentum &&
          a.outer.nesterov == b.outer.nesterov && a.diloco.outer == b.diloco.outer &&
@@ -94,6 +97,11 @@ name = "full"
 
 [model]
 preset = "small"
+dim = 512
+layers = 6
+heads = 8
+kv_heads = 2
+ffn_hidden = 1536
 dtype = "bf16"
 seq_len = 256
 vocab_size = 4096
@@ -180,6 +188,11 @@ CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
   CATCH_CHECK(c.run.out_dir == "/tmp/lw-run");
   CATCH_CHECK(c.run.name == "full");
   CATCH_CHECK(c.model.preset == "small");
+  CATCH_CHECK(c.model.dim == 512);
+  CATCH_CHECK(c.model.layers == 6);
+  CATCH_CHECK(c.model.heads == 8);
+  CATCH_CHECK(c.model.kv_heads == 2);
+  CATCH_CHECK(c.model.ffn_hidden == 1536);
   CATCH_CHECK(c.model.dtype == model_dtype::bf16);
   CATCH_CHECK(c.model.seq_len == 256);
   CATCH_CHECK(c.model.vocab_size == 4096);
@@ -322,6 +335,11 @@ CATCH_TEST_CASE("to_toml writes every section and every field in struct order", 
                                              "name = \"\"",
                                              "[model]",
                                              "preset = \"tiny\"",
+                                             "dim = 0",
+                                             "layers = 0",
+                                             "heads = 0",
+                                             "kv_heads = 0",
+                                             "ffn_hidden = 0",
                                              "dtype = \"fp32\"",
                                              "seq_len = 128",
                                              "vocab_size = 0",
@@ -827,4 +845,45 @@ CATCH_TEST_CASE("load_config_file warns about a config file that sets nothing", 
   load_config_file(file, {}, &warnings);
   CATCH_CHECK(warnings.empty());
   fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("Shape overrides replace the preset's values and 0 keeps them", "[config]") {
+  using longwave::config::model_shape;
+  using longwave::config::resolved_shape;
+  const train_config c = parse_config("[model]\npreset = \"tiny\"\ndim = 384\n", {}, "");
+  CATCH_CHECK(c.model.dim == 384);
+  CATCH_CHECK(c.model.layers == 0);
+  CATCH_CHECK(resolved_shape(c.model) == model_shape{384, 4, 6, 6, 512});
+  const train_config o = parse_config(
+      "", {"model.dim=256", "model.heads=4", "model.kv_heads=2", "model.layers=3", "model.ffn_hidden=640"},
+      "");
+  CATCH_CHECK(resolved_shape(o.model) == model_shape{256, 3, 4, 2, 640});
+  CATCH_CHECK(resolved_shape(train_config{}.model) == longwave::config::preset_shape("tiny"));
+  CATCH_CHECK(resolved_shape(parse_config("", {"model.preset=1b", "model.layers=2"}, "").model) ==
+              model_shape{2048, 2, 32, 4, 5632});
+}
+
+CATCH_TEST_CASE("Each shape rule names the key that broke it", "[config]") {
+  // heads must divide dim: blame heads when it was set, dim when only dim was.
+  const config_error h = error_of("[model]\nheads = 5\n");
+  CATCH_CHECK(h.key() == "model.heads");
+  CATCH_CHECK_THAT(h.what(), Contains("must divide model.dim (192)"));
+  CATCH_CHECK(error_of("[model]\ndim = 200\n").key() == "model.dim");
+  // kv_heads must divide heads.
+  const config_error kv = error_of("[model]\nkv_heads = 4\n");
+  CATCH_CHECK(kv.key() == "model.kv_heads");
+  CATCH_CHECK_THAT(kv.what(), Contains("must divide model.heads (6)"));
+  CATCH_CHECK(error_of("[model]\ndim = 256\nheads = 8\nkv_heads = 16\n").key() == "model.kv_heads");
+  // The preset's kv_heads no longer divides an overridden heads: heads is what changed.
+  CATCH_CHECK(error_of("[model]\ndim = 256\nheads = 4\n").key() == "model.heads");
+  // RoPE needs an even head dim: 192 / 64 = 3.
+  const config_error rope = error_of("[model]\nheads = 64\nkv_heads = 64\n");
+  CATCH_CHECK(rope.key() == "model.heads");
+  CATCH_CHECK_THAT(rope.what(), Contains("even"));
+  // Ranges: positive and bounded.
+  for (const char* key : {"dim", "layers", "heads", "kv_heads", "ffn_hidden"}) {
+    CATCH_CHECK(error_of("", {std::string("model.") + key + "=-1"}).key() == std::string("model.") + key);
+    CATCH_CHECK(error_of("", {std::string("model.") + key + "=1000000"}).key() ==
+                std::string("model.") + key);
+  }
 }

@@ -41,6 +41,28 @@ CATCH_TEST_CASE("every preset's layout matches the closed-form parameter count",
   CATCH_CHECK_THROWS(preset_spec("huge", 256, 128));
 }
 
+CATCH_TEST_CASE("a preset with shape overrides resolves to that shape and its parameter count", "[models]") {
+  longwave::config::model_section m;  // tiny, context 128
+  m.dim = 256, m.heads = 4, m.kv_heads = 4;
+  const auto s = spec_of(m, 256);
+  CATCH_CHECK(
+      (s.dim == 256 && s.n_layers == 4 && s.n_heads == 4 && s.n_kv_heads == 4 && s.ffn_hidden == 512));
+  // 256*256 + 4*(2*256 + 2*256^2 + 2*256*256 + 3*256*512) + 256
+  CATCH_CHECK(closed_form_param_count(s) == 2'689'280);
+  CATCH_CHECK(model_label(s) == "tiny dim=256 layers=4 heads=4 kv_heads=4 ffn_hidden=512");
+  // Overrides equal to the preset's values are the preset: a checkpoint of either resumes the other.
+  m = {};
+  m.dim = 192;
+  CATCH_CHECK(model_label(spec_of(m, 256)) == "tiny");
+  // The model builds and runs with the overridden shape (grouped-query, 3 layers).
+  m.dim = 128, m.heads = 4, m.kv_heads = 2, m.layers = 3, m.ffn_hidden = 256, m.seq_len = 16;
+  const auto g = spec_of(m, 256);
+  gpt model(g, at::kFloat);
+  model.load_flat(gpt::init_flat(g, 1));
+  CATCH_CHECK(model.flat_params().numel() == closed_form_param_count(g));
+  CATCH_CHECK(std::isfinite(model.loss(torch::randint(0, 256, {2, 17}, torch::kLong), false).item<double>()));
+}
+
 CATCH_TEST_CASE("initialisation is deterministic from the seed", "[models]") {
   auto s = preset_spec("tiny", 256, 32);
   auto a = gpt::init_flat(s, 7), b = gpt::init_flat(s, 7), c = gpt::init_flat(s, 8);
