@@ -17,15 +17,8 @@ class one_late_policy final : public round_policy {
   one_late_policy(round_engine& engine, bool eager) : round_policy(engine), eager_(eager) {}
 
   void begin_round() override {
-    engine_.thetas([this](std::vector<at::Tensor> thetas) {
-      const uint64_t round = engine_.rounds_done() + 1;
-      engine_.run_workers(round, std::move(thetas), engine_.context().cfg.train.inner_steps, true,
-                          [this, round](round_engine::results results) {
-                            if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
-                            std::vector<at::Tensor> parts;
-                            for (auto& r : results) parts.push_back(std::move(r.delta));
-                            round_end(round, std::move(parts));
-                          });
+    run_inner_round(/*reset=*/true, [this](uint64_t round, std::vector<at::Tensor> parts) {
+      round_end(round, std::move(parts));
     });
   }
 

@@ -16,19 +16,12 @@ class sync_policy final : public round_policy {
   sync_policy(round_engine& engine, bool reset_workers) : round_policy(engine), reset_(reset_workers) {}
 
   void begin_round() override {
-    engine_.thetas([this](std::vector<at::Tensor> thetas) {
-      const uint64_t round = engine_.rounds_done() + 1;
-      engine_.run_workers(
-          round, std::move(thetas), engine_.context().cfg.train.inner_steps, reset_,
-          [this, round](round_engine::results results) { reduce(round, std::move(results)); });
-    });
+    run_inner_round(
+        reset_, [this](uint64_t round, std::vector<at::Tensor> parts) { reduce(round, std::move(parts)); });
   }
 
  private:
-  void reduce(uint64_t round, round_engine::results results) {
-    if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
-    std::vector<at::Tensor> parts;
-    for (auto& r : results) parts.push_back(std::move(r.delta));
+  void reduce(uint64_t round, std::vector<at::Tensor> parts) {
     if (!engine_.set_phase(phase::reducing)) return;
     engine_.reduce_now({round, 0}, std::move(parts), [this, round](at::Tensor avg) {
       if (!engine_.set_phase(phase::outer_step)) return;
