@@ -6,6 +6,7 @@
 #include <csignal>
 #include <optional>
 
+#include "comm/elastic_ring.hpp"
 #include "comm/rendezvous.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/log/log.hpp"
@@ -26,35 +27,29 @@ std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-/// A node's view of its coordinator while it trains: the coordinator's verdicts reach the log and the ring,
-/// and a coordinator that went away is said once, then reminded of every minute.
+/// A node's view of its coordinator while it trains: membership changes reach the ring (fence, next epoch,
+/// removal), the ring's answers and failures reach the coordinator, and a coordinator that went away is said
+/// once, then reminded of every minute.
 class coordinator_watch {
  public:
   void on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
                std::chrono::steady_clock::time_point now) {
-    using kind = comm::control_event::kind;
-    for (const auto& ev : control.poll()) {
-      if (ev.what == kind::notice && ev.code == errc::none) {
-        spdlog::info("node {}: the coordinator says: {}", name, ev.text);
-        ring.peer_declared_lost({});
-      } else if (ev.what == kind::notice) {
-        spdlog::warn("node {}: the coordinator says: {}", name, ev.text);
-        // No node is evicted yet: a ring that is stalled (now or later) fails with this verdict instead
-        // of waiting out comm.timeout_s.
-        if (ev.code == errc::peer_lost) ring.peer_declared_lost("the coordinator says: " + ev.text);
-      } else if (ev.what == kind::connection_lost) {
-        gone_since_ = now;
-        next_reminder_ = now + reminder_every;
-        spdlog::warn(
-            "node {}: lost the connection to the coordinator at {} (was it stopped?); training goes on "
-            "without it",
-            name, ev.text);
-      } else if (ev.what == kind::connection_back && gone_since_) {
-        spdlog::info(
-            "node {}: connected to the coordinator at {} again after {:.0f} s (a restarted "
-            "coordinator cannot take over running nodes yet; training goes on)",
-            name, ev.text, std::chrono::duration<double>(now - *gone_since_).count());
-        gone_since_.reset();
+    auto* elastic = dynamic_cast<comm::elastic_ring*>(&ring);
+    for (const auto& ev : control.poll()) on_event(ev, ring, elastic, control, name, now);
+    if (elastic) {
+      if (const auto ack = elastic->fence_report()) {
+        control.fence_ack(*ack);
+        spdlog::info("node {}: ready for epoch {}: applied round {} fragment {}{}", name, ack->epoch,
+                     ack->committed.round, ack->committed.fragment,
+                     ack->has_pending ? fmt::format("; all-reduce of round {} fragment {} in flight{}",
+                                                    ack->pending.round, ack->pending.fragment,
+                                                    ack->have_result ? " (result held)" : "")
+                                      : std::string());
+      }
+      if (const auto f = elastic->take_failure()) {
+        spdlog::warn("node {}: the ring of epoch {} failed{}: {}; asking the coordinator for a new epoch", name,
+                     f->epoch, f->suspect.empty() ? "" : " (lost " + f->suspect + ")", f->reason);
+        control.ring_failed({f->epoch, f->suspect, f->reason});
       }
     }
     if (gone_since_ && now >= next_reminder_) {
@@ -65,6 +60,58 @@ class coordinator_watch {
   }
 
  private:
+  void on_event(const comm::control_event& ev, comm::collective& ring, comm::elastic_ring* elastic,
+                comm::control_client& control, const std::string& name,
+                std::chrono::steady_clock::time_point now) {
+    using kind = comm::control_event::kind;
+    if (ev.what == kind::fence) {
+      spdlog::info("node {}: the membership is changing to epoch {}: the all-reduce in flight is abandoned",
+                   name, ev.epoch);
+      if (elastic) elastic->fence(ev.epoch);
+    } else if (ev.what == kind::membership) {
+      const auto& m = ev.membership;
+      comm::epoch_view v;
+      v.epoch = m.epoch;
+      v.rank = m.rank;
+      std::string ring_text;
+      for (const auto& p : m.peers) {
+        v.names.push_back(p.name);
+        v.endpoints.push_back(p.endpoint);
+        ring_text += (ring_text.empty() ? "" : " -> ") + p.name;
+      }
+      spdlog::info("node {}: epoch {}: rank {} of {} (ring {}); keeps the all-reduce of round {} fragment {}, "
+                   "redoes later ones",
+                   name, m.epoch, m.rank, m.peers.size(), ring_text, m.commit.round, m.commit.fragment);
+      if (elastic) elastic->enter(v, m.commit);
+    } else if (ev.what == kind::notice && ev.code == errc::evicted) {
+      spdlog::error("node {}: the coordinator says: {}", name, ev.text);
+      if (elastic)
+        elastic->evict("the coordinator says: " + ev.text);
+      else
+        ring.cancel();
+    } else if (ev.what == kind::notice && ev.code == errc::none) {
+      spdlog::info("node {}: the coordinator says: {}", name, ev.text);
+      ring.peer_declared_lost({});
+    } else if (ev.what == kind::notice) {
+      spdlog::warn("node {}: the coordinator says: {}", name, ev.text);
+      if (ev.code == errc::peer_lost) ring.peer_declared_lost("the coordinator says: " + ev.text);
+    } else if (ev.what == kind::connection_lost) {
+      gone_since_ = now;
+      next_reminder_ = now + reminder_every;
+      spdlog::warn(
+          "node {}: lost the connection to the coordinator at {} (was it stopped?); training goes on "
+          "without it",
+          name, ev.text);
+    } else if (ev.what == kind::connection_back && gone_since_) {
+      spdlog::info(
+          "node {}: connected to the coordinator at {} again after {:.0f} s (a restarted "
+          "coordinator cannot take over running nodes yet; training goes on)",
+          name, ev.text, std::chrono::duration<double>(now - *gone_since_).count());
+      gone_since_.reset();
+    }
+    (void)control;
+  }
+
   static constexpr auto reminder_every = std::chrono::seconds(60);
   std::optional<std::chrono::steady_clock::time_point> gone_since_;
   std::chrono::steady_clock::time_point next_reminder_;
@@ -90,6 +137,7 @@ uint64_t join(comm::control_client& control, const config::cluster_spec& spec, s
                spec.coordinator, wait_s);
   const auto welcome = control.join(hello, to_ms(wait_s));
   role.rank = static_cast<int>(welcome.rank);
+  role.epoch = welcome.epoch;
   for (const auto& p : welcome.peers) {
     if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
       throw lw_error(errc::malformed_frame, "the coordinator's welcome lists endpoint '" + p.endpoint +
@@ -116,6 +164,8 @@ int run_coordinator_role(const config::cluster_spec& spec) {
     o.members.push_back({n.name, n.endpoint, static_cast<uint32_t>(n.workers)});
   o.join_timeout = to_ms(spec.join_timeout_s);
   o.heartbeat_timeout = to_ms(spec.heartbeat_timeout_s);
+  o.min_nodes = static_cast<size_t>(spec.min_nodes);
+  o.quorum_timeout = to_ms(spec.quorum_timeout_s);
   o.info = [](const std::string& s) { spdlog::info("{}", s); };
   o.warn = [](const std::string& s) { spdlog::warn("{}", s); };
   g_coordinator_signals = 0;
@@ -151,6 +201,11 @@ int run_coordinator_role(const config::cluster_spec& spec) {
       };
       o.on_error = [m](const std::string& reason) {
         m->add("longwave_errors_total", {{"reason", reason}}, 1);
+      };
+      o.on_epoch = [m](uint64_t epoch, size_t members, const std::string& reason) {
+        m->set("longwave_cluster_epoch", {}, static_cast<double>(epoch));
+        m->set("longwave_cluster_members", {}, static_cast<double>(members));
+        if (reason != "start") m->add("longwave_cluster_membership_changes_total", {{"reason", reason}}, 1);
       };
     }
     code = comm::run_coordinator(o);
@@ -205,7 +260,8 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     watch.on_tick(*control, ring, me.name, now);
     if (now - last_beat < std::chrono::seconds(2)) return;
     last_beat = now;
-    control->heartbeat(ring.completed_round());
+    const auto* elastic = dynamic_cast<const comm::elastic_ring*>(&ring);
+    control->heartbeat(ring.completed_round(), elastic ? elastic->epoch() : 0);
   };
   const int code = run_training(cfg, node_opts, &role);
   if (code == 0)

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "comm/elastic_ring.hpp"
 #include "config/config_loader.hpp"
 
 #ifdef LONGWAVE_WITH_NCCL
@@ -53,8 +54,11 @@ void check_backend(const config::train_config& cfg, const cluster_role* role) {
 std::shared_ptr<comm::collective> make_collective(const config::train_config& cfg, const cluster_role& role,
                                                   comm::ring_allreduce::reject_callback on_reject) {
   check_backend(cfg, &role);
-  if (cfg.comm.backend == config::comm_backend::ring)
-    return std::make_shared<comm::ring_allreduce>(role.rank, role.endpoints, role.ring, std::move(on_reject));
+  if (cfg.comm.backend == config::comm_backend::ring) {
+    // Membership changes by epochs: the ring is rebuilt among each epoch's members.
+    comm::epoch_view first{role.epoch, static_cast<uint32_t>(role.rank), role.names, role.endpoints};
+    return std::make_shared<comm::elastic_ring>(std::move(first), role.ring, std::move(on_reject));
+  }
 #ifdef LONGWAVE_WITH_NCCL
   comm::nccl_collective_options o;
   o.dtype = role.ring.dtype;

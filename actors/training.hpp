@@ -35,6 +35,7 @@ struct cluster_role {
   int rank = 0;
   std::vector<std::string> endpoints;  ///< ring endpoint of every rank
   std::vector<std::string> names;      ///< node name of every rank
+  uint64_t epoch = 1;                  ///< the membership epoch the ring starts in
   int64_t rank_offset = 0;             ///< global rank of this node's first worker
   int64_t cluster_workers = 0;         ///< workers of the whole cluster
   comm::ring_options ring;             ///< the ring's settings; the NCCL backend takes its dtype and timeouts

@@ -283,6 +283,45 @@ frame_result<chunk_header> validate_chunk(const void* header, size_t header_size
 
 // ---- control messages ----------------------------------------------------------------------------------
 
+namespace {
+
+void set_peers(capnp::List<wire::Peer>::Builder out, const std::vector<peer_entry>& peers) {
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const auto k = static_cast<unsigned>(i);
+    out[k].setRank(peers[i].rank);
+    out[k].setName(txt(peers[i].name));
+    out[k].setEndpoint(txt(peers[i].endpoint));
+  }
+}
+
+void set_key(wire::ReduceKey::Builder out, const reduce_key& k) {
+  out.setRound(k.round);
+  out.setFragment(k.fragment);
+}
+
+reduce_key key_of(wire::ReduceKey::Reader r) {
+  return {r.getRound(), r.getFragment()};
+}
+
+/// A peer list within max_peers whose texts are within their limits; `what` names the message.
+std::optional<rejection> read_peers(capnp::List<wire::Peer>::Reader peers, const char* what,
+                                    std::vector<peer_entry>& out) {
+  if (peers.size() > max_peers)
+    return rejection{reject_reason::bad_size, fmt::format("{} lists {} peers, limit {}", what, peers.size(),
+                                                          max_peers)};
+  for (auto p : peers) {
+    auto name = p.getName();
+    auto ep = p.getEndpoint();
+    if (auto bad = check_text(name, max_name_bytes, fmt::format("{} peer name", what).c_str())) return bad;
+    if (auto bad = check_text(ep, max_endpoint_bytes, fmt::format("{} peer endpoint", what).c_str()))
+      return bad;
+    out.push_back(peer_entry{p.getRank(), text_of(name), text_of(ep)});
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::vector<std::byte> build_envelope(const envelope& e) {
   capnp::MallocMessageBuilder mb;
   auto w = mb.initRoot<wire::Envelope>();
@@ -305,12 +344,32 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setRank(m.rank);
       x.setWorldSize(m.world_size);
       x.setStartRound(m.start_round);
-      auto peers = x.initPeers(static_cast<unsigned>(m.peers.size()));
-      for (size_t i = 0; i < m.peers.size(); ++i) {
-        peers[i].setRank(m.peers[i].rank);
-        peers[i].setName(txt(m.peers[i].name));
-        peers[i].setEndpoint(txt(m.peers[i].endpoint));
-      }
+      x.setEpoch(m.epoch);
+      set_peers(x.initPeers(static_cast<unsigned>(m.peers.size())), m.peers);
+    }
+    void operator()(const fence_msg& m) { b.initFence().setEpoch(m.epoch); }
+    void operator()(const fence_ack_msg& m) {
+      auto x = b.initFenceAck();
+      x.setEpoch(m.epoch);
+      set_key(x.initCommitted(), m.committed);
+      x.setHasPending(m.has_pending);
+      set_key(x.initPending(), m.pending);
+      x.setHaveResult(m.have_result);
+    }
+    void operator()(const membership_msg& m) {
+      auto x = b.initMembership();
+      x.setEpoch(m.epoch);
+      x.setRank(m.rank);
+      set_peers(x.initPeers(static_cast<unsigned>(m.peers.size())), m.peers);
+      auto w = x.initWorkers(static_cast<unsigned>(m.workers.size()));
+      for (size_t i = 0; i < m.workers.size(); ++i) w.set(static_cast<unsigned>(i), m.workers[i]);
+      set_key(x.initCommit(), m.commit);
+    }
+    void operator()(const ring_failed_msg& m) {
+      auto x = b.initRingFailed();
+      x.setEpoch(m.epoch);
+      x.setSuspect(txt(m.suspect));
+      x.setReason(txt(m.reason));
     }
     void operator()(const round_start_msg& m) {
       auto x = b.initRoundStart();
@@ -323,6 +382,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       auto x = b.initHeartbeat();
       x.setRound(m.round);
       x.setUnixMillis(m.unix_millis);
+      x.setEpoch(m.epoch);
     }
     void operator()(const done_msg& m) {
       auto x = b.initDone();
@@ -379,20 +439,45 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.rank = x.getRank();
         m.world_size = x.getWorldSize();
         m.start_round = x.getStartRound();
-        auto peers = x.getPeers();
-        if (peers.size() > max_peers) {
+        m.epoch = x.getEpoch();
+        if ((bad = read_peers(x.getPeers(), "welcome", m.peers))) break;
+        out.body = std::move(m);
+        break;
+      }
+      case wire::Envelope::Body::FENCE:
+        out.body = fence_msg{b.getFence().getEpoch()};
+        break;
+      case wire::Envelope::Body::FENCE_ACK: {
+        auto x = b.getFenceAck();
+        out.body = fence_ack_msg{x.getEpoch(), key_of(x.getCommitted()), x.getHasPending(),
+                                 key_of(x.getPending()), x.getHaveResult()};
+        break;
+      }
+      case wire::Envelope::Body::MEMBERSHIP: {
+        auto x = b.getMembership();
+        membership_msg m;
+        m.epoch = x.getEpoch();
+        m.rank = x.getRank();
+        m.commit = key_of(x.getCommit());
+        if ((bad = read_peers(x.getPeers(), "membership", m.peers))) break;
+        auto w = x.getWorkers();
+        if (w.size() != m.peers.size() || m.rank >= m.peers.size()) {
           bad = reject(reject_reason::bad_size,
-                       fmt::format("welcome lists {} peers, limit {}", peers.size(), max_peers));
+                       fmt::format("membership of {} peers has {} worker counts and rank {}", m.peers.size(),
+                                   w.size(), m.rank));
           break;
         }
-        for (auto p : peers) {
-          auto name = p.getName();
-          auto ep = p.getEndpoint();
-          if ((bad = check_text(name, max_name_bytes, "welcome peer name"))) break;
-          if ((bad = check_text(ep, max_endpoint_bytes, "welcome peer endpoint"))) break;
-          m.peers.push_back(peer_entry{p.getRank(), text_of(name), text_of(ep)});
-        }
+        for (auto v : w) m.workers.push_back(v);
         out.body = std::move(m);
+        break;
+      }
+      case wire::Envelope::Body::RING_FAILED: {
+        auto x = b.getRingFailed();
+        auto suspect = x.getSuspect();
+        auto reason = x.getReason();
+        if ((bad = check_text(suspect, max_name_bytes, "ringFailed suspect"))) break;
+        if ((bad = check_text(reason, max_message_bytes, "ringFailed reason"))) break;
+        out.body = ring_failed_msg{x.getEpoch(), text_of(suspect), text_of(reason)};
         break;
       }
       case wire::Envelope::Body::ROUND_START: {
@@ -408,7 +493,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
       }
       case wire::Envelope::Body::HEARTBEAT: {
         auto x = b.getHeartbeat();
-        out.body = heartbeat_msg{x.getRound(), x.getUnixMillis()};
+        out.body = heartbeat_msg{x.getRound(), x.getUnixMillis(), x.getEpoch()};
         break;
       }
       case wire::Envelope::Body::DONE: {

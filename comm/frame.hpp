@@ -156,6 +156,45 @@ struct welcome_msg {
   uint32_t world_size = 0;
   std::vector<peer_entry> peers;
   uint64_t start_round = 0;  ///< the round every node resumes from (the oldest of the nodes' resume rounds)
+  uint64_t epoch = 0;        ///< the membership epoch the ring starts in
+};
+/// One all-reduce of a run: (round, fragment), increasing from call to call.
+struct reduce_key {
+  uint64_t round = 0;
+  uint32_t fragment = 0;
+  friend bool operator==(const reduce_key& a, const reduce_key& b) {
+    return a.round == b.round && a.fragment == b.fragment;
+  }
+  friend bool operator!=(const reduce_key& a, const reduce_key& b) { return !(a == b); }
+  friend bool operator<(const reduce_key& a, const reduce_key& b) {
+    return a.round != b.round ? a.round < b.round : a.fragment < b.fragment;
+  }
+};
+/// Membership is changing to `epoch`: abandon the all-reduce in flight and report (fence_ack_msg).
+struct fence_msg {
+  uint64_t epoch = 0;
+};
+/// A node's answer to a fence, once its ring is idle.
+struct fence_ack_msg {
+  uint64_t epoch = 0;
+  reduce_key committed;       ///< the last all-reduce the node applied ({0, 0}: none)
+  bool has_pending = false;   ///< an all-reduce was in flight
+  reduce_key pending;         ///< ... this one
+  bool have_result = false;   ///< ... and its result had arrived (its confirmation had not)
+};
+/// The members of an epoch in ring order, the receiver's rank, and which interrupted all-reduce is kept.
+struct membership_msg {
+  uint64_t epoch = 0;
+  uint32_t rank = 0;
+  std::vector<peer_entry> peers;  ///< indexed by rank
+  std::vector<uint32_t> workers;  ///< each member's worker count, indexed by rank
+  reduce_key commit;              ///< nodes holding this all-reduce's result keep it; others redo theirs
+};
+/// A node's ring failed in `epoch` (e.g. the next rank's connection dropped).
+struct ring_failed_msg {
+  uint64_t epoch = 0;
+  std::string suspect;  ///< the node the ring lost, if known
+  std::string reason;
 };
 struct round_start_msg {
   uint64_t round = 0;
@@ -166,6 +205,7 @@ struct round_start_msg {
 struct heartbeat_msg {
   uint64_t round = 0;
   uint64_t unix_millis = 0;
+  uint64_t epoch = 0;
 };
 struct done_msg {
   uint64_t round = 0;
@@ -183,7 +223,9 @@ struct bye_msg {
 struct envelope {
   uint64_t cluster_id = 0;
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
-  std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg> body;
+  std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg, fence_msg,
+               fence_ack_msg, membership_msg, ring_failed_msg>
+      body;
 };
 
 /// Limits parse_envelope enforces on text and lists.

@@ -61,12 +61,23 @@ std::string join_names(const std::vector<std::string>& names) {
 /// One member's state at the coordinator.
 struct member_state {
   std::optional<std::string> identity;  // ROUTER routing id once it said hello
-  bool finished = false, failed = false, lost = false;
-  bool ever_lost = false;
-  clock::time_point last_seen;
-  clock::time_point lost_at;
+  bool member = false;                  // in the current epoch's membership and training
+  bool finished = false;                // said bye("done")
+  std::string removed;                  // why it left the membership ("lost", "left", "failed"), if it did
+  bool heard = false;                   // a heartbeat since the welcome
+  bool suspected = false;               // a neighbour's ring lost it
+  clock::time_point last_seen, suspected_at, told_removed;
   uint64_t round = 0;
   uint64_t resume_round = 0;  // from its hello
+  bool acked = false;         // answered the fence in progress
+  fence_ack_msg ack;
+};
+
+/// A membership change in progress: every training member must answer the fence of `epoch`.
+struct fence_state {
+  uint64_t epoch = 0;
+  clock::time_point started;
+  std::string reason;
 };
 
 class coordinator {
@@ -111,49 +122,22 @@ class coordinator {
       poll_once();
       status(t0);
     }
+    for (auto& m : members_) m.member = true;
+    welcomed_ = true;
     for (size_t i = 0; i < members_.size(); ++i) send_welcome(static_cast<uint32_t>(i));
     info(fmt::format("coordinator: all {} nodes joined; ring {}; {}", members_.size(), ring_text(),
                      start_round() == 0 ? std::string("starting at round 1")
                                         : fmt::format("resuming after round {}", start_round())));
-    // Training: watch until everyone is done.
-    while (!all_settled()) {
+    if (o_.on_epoch) o_.on_epoch(epoch_, members_.size(), "start");
+    // Training: watch the members, change the membership when one goes, until none is left training.
+    while (any_training()) {
       if (stopped()) return call_off("the coordinator was stopped", 130);
-      const auto now = clock::now();
-      // Once a member has failed the run cannot succeed, so a silent member is not waited for long.
-      const bool failed = any_failed();
-      const auto limit =
-          failed ? std::min(o_.heartbeat_timeout, o_.after_failure_timeout) : o_.heartbeat_timeout;
-      for (size_t i = 0; i < members_.size(); ++i) {
-        auto& m = members_[i];
-        if (m.finished || m.failed || m.lost || now - m.last_seen <= limit) continue;
-        m.lost = m.ever_lost = true;
-        m.lost_at = now;
-        if (o_.on_error) o_.on_error("node_lost");
-        const auto verdict = fmt::format(
-            "node {} lost: nothing heard for {}{} (its last all-reduce: round {})", o_.members[i].name,
-            secs(limit), failed ? ", after another node failed" : "", m.round);
-        warn("coordinator: " + verdict);
-        tell_others(i, errc::peer_lost, verdict);
-      }
+      watch(clock::now());
+      if (quorum_deadline_ && clock::now() > *quorum_deadline_) return call_off(quorum_text(), 1);
       poll_once();
       status(t0);
     }
-    // The verdict is the run's outcome: a node once declared lost that came back and finished counts as
-    // finished.
-    bool ok = true;
-    std::vector<std::string> came_back;
-    for (size_t i = 0; i < members_.size(); ++i) {
-      ok = ok && members_[i].finished;
-      if (members_[i].ever_lost && members_[i].finished) came_back.push_back(o_.members[i].name);
-    }
-    if (ok)
-      info(came_back.empty() ? std::string("coordinator: every node finished")
-                             : fmt::format("coordinator: every node finished (node(s) {} had been declared "
-                                           "lost, came back and finished)",
-                                           join_names(came_back)));
-    else
-      info("coordinator: the run ended with failed or lost nodes");
-    return ok ? 0 : 1;
+    return outcome();
   }
 
  private:
@@ -174,7 +158,7 @@ class coordinator {
       member_status st;
       st.name = o_.members[i].name;
       st.joined = m.identity.has_value();
-      st.alive = st.joined && !m.finished && !m.failed && !m.lost;
+      st.alive = st.joined && (m.member || (!welcomed_ && m.removed.empty())) && !m.finished;
       st.age_s = std::chrono::duration<double>(now - (st.joined ? m.last_seen : t0)).count();
       out.push_back(std::move(st));
     }
@@ -186,15 +170,177 @@ class coordinator {
       if (!m.identity) return false;
     return true;
   }
-  bool any_failed() const {
-    for (const auto& m : members_)
-      if (m.failed || m.lost) return true;
+  bool training(size_t i) const { return members_[i].member && !members_[i].finished; }
+  bool any_training() const {
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (training(i)) return true;
     return false;
   }
-  bool all_settled() const {
-    for (const auto& m : members_)
-      if (!m.finished && !m.failed && !m.lost) return false;
-    return true;
+  std::vector<size_t> training_members() const {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (training(i)) out.push_back(i);
+    return out;
+  }
+  std::string names_of(const std::vector<size_t>& idx) const {
+    std::vector<std::string> names;
+    for (auto i : idx) names.push_back(o_.members[i].name);
+    return join_names(names);
+  }
+
+  /// Silent members leave the membership; a fence completes or times out; a ring reset waits for its
+  /// suspects to be heard from (alive) or to be removed.
+  void watch(clock::time_point now) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      auto& m = members_[i];
+      if (!training(i)) continue;
+      const auto silence = now - m.last_seen;
+      // Before its first heartbeat a member is still loading its data and model.
+      const auto limit = m.heard ? o_.heartbeat_timeout : std::max(o_.heartbeat_timeout, o_.join_timeout);
+      if (m.suspected && m.last_seen > m.suspected_at) m.suspected = false;
+      if (m.suspected && silence > o_.suspect_silence)
+        remove(i, "lost",
+               fmt::format("node {} lost: its neighbour's ring dropped it and nothing heard for {} (its last "
+                           "all-reduce: round {})",
+                           o_.members[i].name, secs(o_.suspect_silence), m.round));
+      else if (silence > limit)
+        remove(i, "lost",
+               fmt::format("node {} lost: nothing heard for {} (its last all-reduce: round {})",
+                           o_.members[i].name, secs(std::chrono::duration_cast<std::chrono::milliseconds>(limit)),
+                           m.round));
+    }
+    if (fence_) {
+      for (size_t i = 0; i < members_.size(); ++i)
+        if (fence_ && training(i) && !members_[i].acked && now - fence_->started > o_.fence_timeout)
+          remove(i, "lost",
+                 fmt::format("node {} lost: no answer to the fence of epoch {} within {}", o_.members[i].name,
+                             fence_->epoch, secs(o_.fence_timeout)));
+      if (fence_ && !quorum_deadline_) {
+        bool all = true;
+        for (auto i : training_members()) all = all && members_[i].acked;
+        if (all) conclude_fence();
+      }
+      return;
+    }
+    if (reset_wanted_) {
+      for (auto i : training_members())
+        if (members_[i].suspected) return;
+      start_fence("ring_reset", "a ring failed");
+    }
+  }
+
+  /// Takes member i out of the membership and starts the next epoch without it; `why` is logged and, if it
+  /// is still running, sent to it.
+  void remove(size_t i, const std::string& reason, const std::string& why) {
+    auto& m = members_[i];
+    if (!m.member) return;
+    m.member = false;
+    m.removed = reason;
+    warn("coordinator: " + why);
+    if (o_.on_error && reason == "lost") o_.on_error("node_lost");
+    if (m.identity && reason != "left") tell_removed(m, why);
+    start_fence(reason, why);
+  }
+
+  void tell_removed(member_state& m, const std::string& why) {
+    m.told_removed = clock::now();
+    reply_error(*m.identity, errc::evicted,
+                "this node was removed from the cluster (" + why +
+                    "); rejoining a running cluster is not supported yet");
+  }
+
+  void send_to(size_t i, envelope e) {
+    e.cluster_id = o_.cluster_id;
+    e.sender = no_rank;
+    reply(*members_[i].identity, e);
+  }
+
+  /// Every training member abandons its all-reduce and reports what it holds; restarts a fence in progress.
+  void start_fence(const std::string& reason, const std::string& why) {
+    reset_wanted_ = false;
+    const auto members = training_members();
+    if (members.empty()) {
+      fence_.reset();
+      return;
+    }
+    const uint64_t epoch = std::max(epoch_, fence_ ? fence_->epoch : 0) + 1;
+    fence_ = fence_state{epoch, clock::now(), fence_ ? fence_->reason + ", " + reason : reason};
+    for (auto i : members) {
+      members_[i].acked = false;
+      envelope e;
+      e.body = fence_msg{epoch};
+      send_to(i, std::move(e));
+    }
+    info(fmt::format("coordinator: membership changes ({}): fencing epoch {} for {}", why, epoch,
+                     names_of(members)));
+  }
+
+  /// Every member answered: the next epoch's ring (file order), and the all-reduce every member holds.
+  void conclude_fence() {
+    const auto members = training_members();
+    if (members.size() < o_.min_nodes) {
+      quorum_deadline_ = clock::now() + o_.quorum_timeout;
+      warn("coordinator: " + quorum_text() +
+           fmt::format("; the members keep their state and wait up to {} for nodes to join",
+                       secs(o_.quorum_timeout)));
+      return;
+    }
+    // A member holds the all-reduce it committed last, or the one in flight whose result had arrived.
+    std::optional<reduce_key> commit;
+    for (auto i : members) {
+      const auto& a = members_[i].ack;
+      const reduce_key reached = a.has_pending && a.have_result ? a.pending : a.committed;
+      if (!commit || reached < *commit) commit = reached;
+    }
+    epoch_ = fence_->epoch;
+    membership_msg mm;
+    mm.epoch = epoch_;
+    mm.commit = *commit;
+    for (size_t r = 0; r < members.size(); ++r) {
+      const auto& spec = o_.members[members[r]];
+      mm.peers.push_back({static_cast<uint32_t>(r), spec.name, spec.endpoint});
+      mm.workers.push_back(spec.workers);
+    }
+    for (size_t r = 0; r < members.size(); ++r) {
+      mm.rank = static_cast<uint32_t>(r);
+      envelope e;
+      e.body = mm;
+      send_to(members[r], std::move(e));
+    }
+    info(fmt::format("coordinator: epoch {} ({}): ring {}; all-reduces after round {} fragment {} are redone",
+                     epoch_, fence_->reason, names_of(members), commit->round, commit->fragment));
+    if (o_.on_epoch) o_.on_epoch(epoch_, members.size(), fence_->reason);
+    fence_.reset();
+  }
+
+  std::string quorum_text() const {
+    std::vector<size_t> gone;
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (!members_[i].removed.empty()) gone.push_back(i);
+    const auto live = training_members();
+    return fmt::format("quorum lost: {} live node(s) ({}), [cluster] min_nodes = {}; missing: {}", live.size(),
+                       names_of(live), o_.min_nodes, names_of(gone));
+  }
+
+  /// 0 when a member finished the run, else 1; names the members that left on the way.
+  int outcome() const {
+    std::vector<size_t> finished, gone;
+    for (size_t i = 0; i < members_.size(); ++i)
+      (members_[i].finished ? finished : gone).push_back(i);
+    if (finished.empty()) {
+      info("coordinator: no node finished the run (failed, lost or left: " + names_of(gone) + ")");
+      return 1;
+    }
+    if (gone.empty())
+      info("coordinator: every node finished");
+    else {
+      std::string detail;
+      for (auto i : gone)
+        detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", o_.members[i].name, members_[i].removed);
+      info(fmt::format("coordinator: the run finished on {}; removed on the way: {}", names_of(finished),
+                       detail));
+    }
+    return 0;
   }
 
   std::string ring_text() const {
@@ -217,16 +363,6 @@ class coordinator {
     e.sender = no_rank;
     e.body = error_msg{static_cast<uint16_t>(code), message.substr(0, max_message_bytes)};
     reply(identity, e);
-  }
-
-  /// Sends an error envelope (errc::none: a notice) to every joined member other than `about` that is still
-  /// running.
-  void tell_others(size_t about, errc code, const std::string& message) {
-    for (size_t j = 0; j < members_.size(); ++j) {
-      const auto& m = members_[j];
-      if (j != about && m.identity && !m.finished && !m.failed && !m.lost)
-        reply_error(*m.identity, code, message);
-    }
   }
 
   /// A dropped control message: logged (the first logged_drops, then every drop_log_every-th) and counted.
@@ -261,9 +397,10 @@ class coordinator {
 
   /// Tells every joined node that the cluster is off, then returns code.
   int call_off(const std::string& why, int code) {
+    // A training node stops on errc::evicted; a joining one reports peer_lost.
     for (const auto& m : members_)
-      if (m.identity && !m.finished)
-        reply_error(*m.identity, errc::peer_lost, "the cluster was called off: " + why);
+      if (m.identity && !m.finished && m.removed.empty())
+        reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost, "the cluster was called off: " + why);
     return code;
   }
 
@@ -272,6 +409,7 @@ class coordinator {
     w.rank = rank;
     w.world_size = static_cast<uint32_t>(members_.size());
     w.start_round = start_round();
+    w.epoch = epoch_;
     for (size_t i = 0; i < members_.size(); ++i)
       w.peers.push_back({static_cast<uint32_t>(i), o_.members[i].name, o_.members[i].endpoint});
     envelope e;
@@ -335,7 +473,7 @@ class coordinator {
     if (m.identity && *m.identity == identity) {
       // The same process again: its periodic hello while it waits, or one that crossed our welcome.
       m.last_seen = clock::now();
-      if (all_joined()) send_welcome(static_cast<uint32_t>(idx));
+      if (all_joined() && epoch_ == 1) send_welcome(static_cast<uint32_t>(idx));
       return;
     }
     if (m.identity && clock::now() - m.last_seen <= join_silence) {
@@ -397,29 +535,41 @@ class coordinator {
     auto& m = members_[*rank];
     const std::string& name = o_.members[*rank].name;
     m.last_seen = clock::now();
-    if (m.lost) {
-      m.lost = false;
-      const auto away = std::chrono::duration_cast<std::chrono::milliseconds>(m.last_seen - m.lost_at);
-      info(fmt::format("coordinator: node {} is back ({} after it was declared lost); counting it again",
-                       name, secs(away)));
-      if (!any_failed())
-        tell_others(*rank, errc::none,
-                    fmt::format("node {} is back ({} after it was declared lost)", name, secs(away)));
+    if (!m.removed.empty()) {
+      // Not a member any more: it stops when it hears so (said again at most every 10 s).
+      if (m.removed != "left" && m.identity && clock::now() - m.told_removed > std::chrono::seconds(10) &&
+          !std::holds_alternative<bye_msg>(e.body) && !std::holds_alternative<error_msg>(e.body))
+        tell_removed(m, "node " + name + " was removed in an earlier epoch");
+      return;
     }
     if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
       m.round = hb->round;
+      m.heard = true;
     } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
-      m.finished = b->reason == "done";
-      m.failed = !m.finished;
-      const auto line = fmt::format("coordinator: node {} left: {}", name, b->reason);
-      if (m.finished)
-        info(line);
-      else
-        warn(line);
+      if (b->reason == "done") {
+        m.finished = true;
+        info(fmt::format("coordinator: node {} finished", name));
+      } else {
+        remove(*rank, "left", fmt::format("node {} left: {}", name, b->reason));
+      }
     } else if (auto* er = std::get_if<error_msg>(&e.body)) {
-      m.failed = true;
-      warn(fmt::format("coordinator: node {} failed ({}): {}", name, to_string(static_cast<errc>(er->code)),
-                       er->message));
+      remove(*rank, "failed",
+             fmt::format("node {} failed ({}): {}", name, to_string(static_cast<errc>(er->code)), er->message));
+    } else if (auto* fa = std::get_if<fence_ack_msg>(&e.body)) {
+      if (fence_ && fa->epoch == fence_->epoch && m.member) {
+        m.acked = true;
+        m.ack = *fa;
+      }
+    } else if (auto* rf = std::get_if<ring_failed_msg>(&e.body)) {
+      if (rf->epoch != epoch_ || fence_) return;  // already being dealt with
+      warn(fmt::format("coordinator: node {}'s ring failed in epoch {}{}: {}", name, rf->epoch,
+                       rf->suspect.empty() ? "" : " (it lost " + rf->suspect + ")", rf->reason));
+      reset_wanted_ = true;
+      for (size_t j = 0; j < members_.size(); ++j)
+        if (training(j) && o_.members[j].name == rf->suspect && !members_[j].suspected) {
+          members_[j].suspected = true;
+          members_[j].suspected_at = clock::now();
+        }
     }
   }
 
@@ -428,6 +578,11 @@ class coordinator {
   uint64_t n_dropped_ = 0;
   std::set<std::string> strangers_;          // routing ids of running nodes of an earlier coordinator
   std::set<std::string> running_elsewhere_;  // their names
+  bool welcomed_ = false;                     // training began
+  uint64_t epoch_ = 1;                        // the current membership's epoch
+  std::optional<fence_state> fence_;          // a membership change in progress
+  bool reset_wanted_ = false;                 // a ring failed: fence once its suspects are settled
+  std::optional<clock::time_point> quorum_deadline_;
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};
 };
@@ -504,8 +659,21 @@ std::vector<control_event> control_client::poll() {
     if (parts.size() != 1) continue;
     auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
     if (!parsed) continue;  // noise (the coordinator's frames are well-formed)
-    if (auto* er = std::get_if<error_msg>(&parsed.value().body))
+    const auto& body = parsed.value().body;
+    if (auto* er = std::get_if<error_msg>(&body)) {
       out.push_back({control_event::kind::notice, static_cast<errc>(er->code), er->message});
+    } else if (auto* f = std::get_if<fence_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::fence;
+      ev.epoch = f->epoch;
+      out.push_back(std::move(ev));
+    } else if (auto* mm = std::get_if<membership_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::membership;
+      ev.epoch = mm->epoch;
+      ev.membership = *mm;
+      out.push_back(std::move(ev));
+    }
     // Anything else (a welcome repeated for a late hello) needs no action.
   }
   return out;
@@ -565,13 +733,34 @@ welcome_msg control_client::join(const hello_msg& hello, std::chrono::millisecon
                   endpoint_, secs(timeout)));
 }
 
-void control_client::heartbeat(uint64_t round) {
+void control_client::heartbeat(uint64_t round, uint64_t epoch) {
   envelope e;
   e.cluster_id = cluster_id_;
   e.sender = rank_;
-  e.body = heartbeat_msg{round, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                          std::chrono::system_clock::now().time_since_epoch())
-                                                          .count())};
+  e.body = heartbeat_msg{round,
+                         static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   std::chrono::system_clock::now().time_since_epoch())
+                                                   .count()),
+                         epoch};
+  send(e);
+}
+
+void control_client::fence_ack(const fence_ack_msg& ack) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = ack;
+  send(e);
+}
+
+void control_client::ring_failed(const ring_failed_msg& failure) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  ring_failed_msg f = failure;
+  f.suspect = f.suspect.substr(0, max_name_bytes);
+  f.reason = f.reason.substr(0, max_message_bytes);
+  e.body = std::move(f);
   send(e);
 }
 

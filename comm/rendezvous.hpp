@@ -42,11 +42,17 @@ struct coordinator_options {
   std::vector<member_spec> members;
   /// Every member must have said hello within this time of start, else the run is called off.
   std::chrono::milliseconds join_timeout{60000};
-  /// A member that sends nothing (heartbeats included) for this long is reported lost.
-  std::chrono::milliseconds heartbeat_timeout{120000};
-  /// Once a member has failed or been lost the run cannot succeed: from then on a member silent this long
-  /// (if shorter than heartbeat_timeout) is reported lost. Nodes send a heartbeat every 2 s.
-  std::chrono::milliseconds after_failure_timeout{10000};
+  /// A member that sends nothing (heartbeats included) for this long is removed from the membership (a new
+  /// epoch without it). Nodes send a heartbeat every 2 s; before a member's first heartbeat after the
+  /// welcome (while it loads its data and model) join_timeout applies instead.
+  std::chrono::milliseconds heartbeat_timeout{6000};
+  /// A member whose neighbour's ring lost it is removed once silent this long.
+  std::chrono::milliseconds suspect_silence{2500};
+  /// A member that does not answer a fence within this time is removed.
+  std::chrono::milliseconds fence_timeout{4000};
+  /// Fewer live members than this: the others wait up to quorum_timeout, then the run is stopped.
+  size_t min_nodes = 1;
+  std::chrono::milliseconds quorum_timeout{60000};
   std::function<void(const std::string&)> info;  ///< progress lines (joins, finishes)
   std::function<void(const std::string&)> warn;  ///< problems (rejections, failures, missing nodes)
   std::function<bool()> stop;                    ///< polled every 100 ms; true ends the role (exit code 130)
@@ -55,26 +61,34 @@ struct coordinator_options {
   /// A dropped control frame (its reject_reason name), and errors by reason ("node_lost", "rejected_join").
   std::function<void(const std::string& reason)> on_reject;
   std::function<void(const std::string& reason)> on_error;
+  /// A new epoch began: its number, its member count, and why ("lost", "left", "failed", "ring_reset").
+  std::function<void(uint64_t epoch, size_t members, const std::string& reason)> on_epoch;
 };
 
-/// Runs the coordinator until every member has finished (0), one failed, went silent or never joined (1), or
-/// stop() (130). A member silent past heartbeat_timeout is declared lost, and every other node is told so
-/// (error peer_lost, "node X lost: ..."); if it speaks again it is back (the others get an errc::none notice
-/// once no member is lost), so a run whose nodes all finish exits 0. A second process that says hello with a
-/// joined member's name while that member is still heard from is turned away. Throws
+/// Runs the coordinator until no member is left training: 0 when at least one finished the run, 1 when none
+/// did (every one failed, was lost, or some never joined, or the quorum was lost), 130 on stop(). Membership
+/// goes by epochs: a member that is silent past heartbeat_timeout, fails, or leaves is removed; the others
+/// get a fence (abandon the all-reduce in flight, report what they hold) and then the next epoch's
+/// membership, with the all-reduce every one of them holds the result of (see comm/elastic_ring.hpp). A
+/// removed member that speaks again is told it was removed (errc::evicted). A second process that says
+/// hello with a joined member's name while that member is still heard from is turned away. Throws
 /// lw_error(errc::io_error) if bind_endpoint cannot be bound (e.g. in use).
 int run_coordinator(const coordinator_options& opts);
 
 /// Something a node's control connection brought since the last control_client::poll.
 struct control_event {
   enum class kind {
-    notice,           ///< an error envelope from the coordinator: code and text (errc::none: information)
+    notice,      ///< an error envelope from the coordinator: code and text (errc::none: information)
+    fence,       ///< membership is changing to `epoch`
+    membership,  ///< the members of a new epoch (`membership`)
     connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
     connection_back,  ///< connected again after a drop; text: its endpoint
   };
   kind what = kind::notice;
   errc code = errc::none;
   std::string text;
+  uint64_t epoch = 0;
+  membership_msg membership;
 };
 
 /// A node's connection to the coordinator. Not thread-safe: one thread (the node's main thread) uses it.
@@ -93,8 +107,12 @@ class control_client {
   /// (the cluster was called off, e.g. other nodes missing at the join deadline).
   welcome_msg join(const hello_msg& hello, std::chrono::milliseconds timeout);
 
-  /// Tells the coordinator this node is alive and in `round`. Never blocks.
-  void heartbeat(uint64_t round);
+  /// Tells the coordinator this node is alive, in `round` and `epoch`. Never blocks.
+  void heartbeat(uint64_t round, uint64_t epoch = 0);
+  /// The answer to a fence (once the node's ring is idle). Never blocks.
+  void fence_ack(const fence_ack_msg& ack);
+  /// A ring call failed without a fence. Never blocks.
+  void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.
   void bye(const std::string& reason);
   /// This node failed. Waits up to 1 s for delivery.

@@ -44,6 +44,46 @@ struct Welcome {
   worldSize @1 :UInt32;
   peers @2 :List(Peer);    # indexed by rank
   startRound @3 :UInt64;   # every node resumes from its newest checkpoint at or before this round
+  epoch @4 :UInt64;        # the membership epoch the ring starts in
+}
+
+struct ReduceKey {
+  # One all-reduce of the run: (round, fragment), increasing from call to call.
+  round @0 :UInt64;
+  fragment @1 :UInt32;
+}
+
+struct Fence {
+  # Coordinator -> node: membership is changing to `epoch`: abandon the all-reduce in flight, start none, and
+  # report what you hold (FenceAck).
+  epoch @0 :UInt64;
+}
+
+struct FenceAck {
+  # Node -> coordinator, once its ring is idle after a Fence.
+  epoch @0 :UInt64;
+  committed @1 :ReduceKey;  # the last all-reduce this node applied (0, 0: none)
+  hasPending @2 :Bool;      # an all-reduce was in flight
+  pending @3 :ReduceKey;
+  haveResult @4 :Bool;      # ... and its result had arrived (only its confirmation was missing)
+}
+
+struct Membership {
+  # Coordinator -> node: the members of `epoch` in ring order, the receiver's rank, and the fate of the
+  # all-reduce the fence interrupted: the one at `commit` is kept by nodes that hold its result, every other
+  # one is redone in this epoch.
+  epoch @0 :UInt64;
+  rank @1 :UInt32;
+  peers @2 :List(Peer);
+  commit @3 :ReduceKey;
+  workers @4 :List(UInt32);  # each member's worker count, indexed by rank
+}
+
+struct RingFailed {
+  # Node -> coordinator: an all-reduce of `epoch` failed (e.g. the next rank's connection dropped).
+  epoch @0 :UInt64;
+  suspect @1 :Text;        # the node the ring lost, if it knows one
+  reason @2 :Text;
 }
 
 struct RoundStart {
@@ -56,6 +96,7 @@ struct RoundStart {
 struct Heartbeat {
   round @0 :UInt64;
   unixMillis @1 :UInt64;
+  epoch @2 :UInt64;        # the membership epoch the node trains in
 }
 
 struct Done {
@@ -83,6 +124,10 @@ struct Envelope {
     done @6 :Done;
     error @7 :Error;
     bye @8 :Bye;
+    fence @9 :Fence;
+    fenceAck @10 :FenceAck;
+    membership @11 :Membership;
+    ringFailed @12 :RingFailed;
   }
 }
 

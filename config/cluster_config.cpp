@@ -86,9 +86,13 @@ void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::
     spec.heartbeat_timeout_s = get_seconds(value, key);
   } else if (name == "metrics_port") {
     spec.metrics_port = get_int(value, key, 0, 65535);
+  } else if (name == "min_nodes") {
+    spec.min_nodes = get_int(value, key, 1, 4096);
+  } else if (name == "quorum_timeout_s") {
+    spec.quorum_timeout_s = get_seconds(value, key);
   } else {
     throw config_error(key, fmt::format("unknown key '{}'{}: [cluster] has id, coordinator, join_timeout_s, "
-                                        "heartbeat_timeout_s and metrics_port",
+                                        "heartbeat_timeout_s, min_nodes, quorum_timeout_s and metrics_port",
                                         key, where(value)));
   }
 }
@@ -233,6 +237,10 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
                        fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"",
                                    to_string(spec.train.run.mode)));
   spec.train.train.workers = total;
+  if (spec.min_nodes > static_cast<int64_t>(spec.nodes.size()))
+    throw config_error("cluster.min_nodes",
+                       fmt::format("cluster.min_nodes = {}: the cluster file lists only {} node(s)",
+                                   spec.min_nodes, spec.nodes.size()));
   if (spec.train.metrics.enabled && coordinator_metrics_port(spec) != 0)
     ports.insert(coordinator_metrics_port(spec));
   for (size_t i = 0; i < spec.nodes.size(); ++i) {

@@ -22,6 +22,7 @@ const char* to_string(errc e) {
     case errc::cancelled: return "cancelled";
     case errc::diverged: return "diverged";
     case errc::illegal_transition: return "illegal_transition";
+    case errc::evicted: return "evicted";
   }
   return "unknown";
 }

@@ -21,6 +21,7 @@ enum class errc : uint8_t {
   cancelled,           ///< stopped by the user (Ctrl-C)
   diverged,            ///< training produced NaN or infinite values
   illegal_transition,  ///< a bug: the coordinator tried a move its state machine forbids
+  evicted,             ///< this node was removed from its cluster's membership
 };
 
 /// Human-readable name of an errc value.

@@ -1,0 +1,284 @@
+// The ring of a cluster with changing membership (see elastic_ring.hpp).
+#include "comm/elastic_ring.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace longwave::comm {
+
+namespace {
+
+/// The ring key of a main all-reduce and of its confirmation: both increase from call to call.
+uint32_t main_fragment(uint32_t fragment) {
+  return fragment * 2;
+}
+uint32_t confirm_fragment(uint32_t fragment) {
+  return fragment * 2 + 1;
+}
+
+}  // namespace
+
+elastic_ring::elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject)
+    : opts_(std::move(opts)), on_reject_(std::move(on_reject)), view_(std::move(first)) {
+  if (view_.names.size() != view_.endpoints.size() || view_.rank >= view_.endpoints.size())
+    throw lw_error(errc::invalid_config, "elastic_ring: rank or member lists disagree");
+  std::lock_guard<std::mutex> lk(mu_);
+  build_ring();
+  if (evicted_) throw lw_error(errc::io_error, *evicted_);
+  chunk_elements_ = ring_->chunk_elements();
+}
+
+elastic_ring::~elastic_ring() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ring_.reset();
+}
+
+void elastic_ring::build_ring() {
+  auto o = opts_;
+  o.epoch = view_.epoch;
+  o.names = view_.names;
+  try {
+    ring_ = std::make_shared<ring_allreduce>(static_cast<int>(view_.rank), view_.endpoints, o, on_reject_);
+    if (!verdict_.empty()) ring_->peer_declared_lost(verdict_);
+  } catch (const lw_error& e) {
+    ring_.reset();
+    evicted_ = fmt::format("cannot start the ring of epoch {}: {}", view_.epoch, e.what());
+    cv_.notify_all();
+  }
+}
+
+void elastic_ring::retire_ring() {
+  if (!ring_) return;
+  sent_ += ring_->bytes_sent();
+  received_ += ring_->bytes_received();
+  encode_s_ += ring_->encode_seconds();
+  decode_s_ += ring_->decode_seconds();
+  ring_->cancel();  // nothing more goes out: the destructor does not wait for the next rank
+  ring_.reset();
+}
+
+elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, float* data, size_t n, double weight,
+                                            std::optional<wire_dtype> dtype, std::string& error, errc& code) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto ring = ring_;
+  const uint64_t epoch = view_.epoch;
+  in_call_ = true;
+  lk.unlock();
+  bool ok = true;
+  try {
+    if (!ring) throw lw_error(errc::peer_lost, "no ring in epoch " + std::to_string(epoch));
+    ring->allreduce(key.round, data, n, weight, main_fragment(key.fragment), dtype);
+    lk.lock();
+    have_result_ = true;
+    lk.unlock();
+    // Nobody applies a result before every member holds it: a member that fails before this point makes
+    // every member redo the all-reduce, and none has applied it yet.
+    if (ring->world_size() > 1) {
+      float token = 1.0f;
+      ring->allreduce(key.round, &token, 1, 1.0, confirm_fragment(key.fragment), wire_dtype::fp32);
+    }
+  } catch (const lw_error& e) {
+    ok = false;
+    error = e.what();
+    code = e.code();
+  }
+  if (!lk.owns_lock()) lk.lock();
+  in_call_ = false;
+  cv_.notify_all();
+  if (ok) return outcome::done;
+  if (cancelled_ || evicted_ || fenced_ || view_.epoch != epoch) return outcome::parked;
+  // A failure the coordinator has not fenced (yet): it hears of it from the node's main thread.
+  ring_failure f;
+  f.epoch = epoch;
+  f.reason = error;
+  if (code == errc::peer_lost && view_.endpoints.size() > 1)
+    f.suspect = view_.names[(view_.rank + 1) % view_.names.size()];
+  failure_ = std::move(f);
+  return outcome::failed;
+}
+
+void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
+                             std::optional<wire_dtype> dtype) {
+  const reduce_key key{round, fragment};
+  const std::vector<float> input(data, data + n);  // for a redo among other members
+  std::unique_lock<std::mutex> lk(mu_);
+  pending_ = key;
+  have_result_ = false;
+  entered_ = false;
+  auto finish = [&] {
+    pending_.reset();
+    have_result_ = false;
+    entered_ = false;
+  };
+  for (;;) {
+    cv_.wait(lk, [&] { return cancelled_ || evicted_ || !fenced_; });
+    if (cancelled_) {
+      finish();
+      throw lw_error(errc::cancelled, "all-reduce cancelled");
+    }
+    if (evicted_) {
+      finish();
+      throw lw_error(errc::peer_lost, *evicted_);
+    }
+    if (entered_) {
+      // Back from a membership change: keep the result every member holds, else redo from the input.
+      entered_ = false;
+      if (have_result_ && commit_ && *commit_ == key) {
+        committed_ = key;
+        finish();
+        return;
+      }
+      std::copy(input.begin(), input.end(), data);
+      have_result_ = false;
+    }
+    lk.unlock();
+    std::string error;
+    errc code = errc::none;
+    const auto result = attempt(key, data, n, weight, dtype, error, code);
+    lk.lock();
+    if (result == outcome::done) {
+      committed_ = key;
+      finish();
+      return;
+    }
+    if (result == outcome::failed) {
+      const uint64_t epoch = view_.epoch;
+      const bool answered = cv_.wait_for(lk, opts_.timeout, [&] {
+        return cancelled_ || evicted_ || fenced_ || view_.epoch != epoch;
+      });
+      if (!answered) {
+        finish();
+        throw lw_error(code, error + " (and the coordinator changed no membership within the ring's timeout)");
+      }
+    }
+  }
+}
+
+void elastic_ring::cancel() {
+  std::lock_guard<std::mutex> lk(mu_);
+  cancelled_ = true;
+  if (ring_) ring_->cancel();
+  cv_.notify_all();
+}
+
+void elastic_ring::peer_declared_lost(const std::string& verdict) {
+  std::lock_guard<std::mutex> lk(mu_);
+  verdict_ = verdict;
+  if (ring_) ring_->peer_declared_lost(verdict);
+}
+
+void elastic_ring::fence(uint64_t epoch) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (epoch <= view_.epoch) return;  // an old fence, already entered
+  if (fenced_ && epoch == fence_epoch_) {
+    reported_ = false;  // asked again (an answer may have been lost): report again
+    return;
+  }
+  fenced_ = true;
+  fence_epoch_ = std::max(fence_epoch_, epoch);
+  reported_ = false;
+  if (ring_) ring_->cancel();  // the call in flight ends within about 50 ms
+  cv_.notify_all();
+}
+
+std::optional<fence_ack_msg> elastic_ring::fence_report() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!fenced_ || reported_ || in_call_) return std::nullopt;
+  reported_ = true;
+  fence_ack_msg a;
+  a.epoch = fence_epoch_;
+  a.committed = committed_;
+  a.has_pending = pending_.has_value();
+  if (pending_) a.pending = *pending_;
+  a.have_result = pending_ && have_result_;
+  return a;
+}
+
+void elastic_ring::enter(const epoch_view& next, reduce_key commit) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (next.epoch <= view_.epoch || next.rank >= next.endpoints.size() ||
+      next.names.size() != next.endpoints.size())
+    return;
+  if (in_call_) {  // a membership without its fence (e.g. the fence was lost): abandon the call first
+    fenced_ = true;
+    if (ring_) ring_->cancel();
+    cv_.wait(lk, [&] { return !in_call_; });
+  }
+  retire_ring();
+  view_ = next;
+  build_ring();
+  fenced_ = false;
+  reported_ = false;
+  failure_.reset();
+  fence_epoch_ = std::max(fence_epoch_, next.epoch);
+  if (pending_) {
+    commit_ = commit;
+    entered_ = true;
+  }
+  cv_.notify_all();
+}
+
+void elastic_ring::evict(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!evicted_) evicted_ = why;
+  if (ring_) ring_->cancel();
+  cv_.notify_all();
+}
+
+std::optional<ring_failure> elastic_ring::take_failure() {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto f = std::move(failure_);
+  failure_.reset();
+  return f;
+}
+
+uint64_t elastic_ring::epoch() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return view_.epoch;
+}
+
+reduce_key elastic_ring::committed() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return committed_;
+}
+
+uint64_t elastic_ring::completed_round() const {
+  return committed().round;
+}
+
+uint64_t elastic_ring::bytes_sent() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return sent_ + (ring_ ? ring_->bytes_sent() : 0);
+}
+
+uint64_t elastic_ring::bytes_received() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return received_ + (ring_ ? ring_->bytes_received() : 0);
+}
+
+double elastic_ring::encode_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return encode_s_ + (ring_ ? ring_->encode_seconds() : 0);
+}
+
+double elastic_ring::decode_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return decode_s_ + (ring_ ? ring_->decode_seconds() : 0);
+}
+
+size_t elastic_ring::chunk_elements() const {
+  return chunk_elements_;  // the same options in every epoch
+}
+
+int elastic_ring::rank() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return static_cast<int>(view_.rank);
+}
+
+int elastic_ring::world_size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return static_cast<int>(view_.endpoints.size());
+}
+
+}  // namespace longwave::comm

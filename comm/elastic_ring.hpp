@@ -1,0 +1,109 @@
+#pragma once
+// The ring all-reduce of a cluster whose membership changes by epochs. Each epoch has its own ring_allreduce
+// among that epoch's members; a fence from the coordinator abandons the call in flight, and the next
+// membership either keeps its result (every member holds it) or redoes it among the new members from the
+// kept input. Results are applied only after a one-value confirmation all-reduce, so no member applies an
+// average that another member may have to redo.
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/collective.hpp"
+#include "comm/frame.hpp"
+#include "comm/ring_allreduce.hpp"
+#include "runtime/errors/errors.hpp"
+
+namespace longwave::comm {
+
+/// One epoch's ring, in rank order.
+struct epoch_view {
+  uint64_t epoch = 0;
+  uint32_t rank = 0;
+  std::vector<std::string> names;
+  std::vector<std::string> endpoints;
+};
+
+/// A ring call that failed without a fence: what the node tells the coordinator (ring_failed_msg).
+struct ring_failure {
+  uint64_t epoch = 0;
+  std::string suspect;  ///< the next rank's name when its connection dropped, else empty
+  std::string reason;
+};
+
+/// The collective of a cluster node on the "ring" backend. allreduce runs on the communicator's thread; the
+/// membership calls (fence, enter, evict, fence_report, take_failure) come from the node's main thread.
+class elastic_ring final : public collective {
+ public:
+  elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject = {});
+  ~elastic_ring() override;
+
+  /// As ring_allreduce::allreduce, across the current epoch's members. A fence during the call parks it
+  /// until the next membership; then its result is kept or the call is redone from the input it was given.
+  /// Throws peer_lost when this node is evicted, cancelled after cancel(), and the ring's error when a
+  /// failure brings no fence within the ring's timeout.
+  void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
+                 std::optional<wire_dtype> dtype = std::nullopt) override;
+
+  void cancel() override;
+  void peer_declared_lost(const std::string& verdict) override;
+
+  /// Membership is changing to `epoch`: the call in flight is abandoned and no new one starts until enter().
+  void fence(uint64_t epoch);
+  /// Once the ring is idle after fence(): what this node holds, for the coordinator (once per fence).
+  std::optional<fence_ack_msg> fence_report();
+  /// The next epoch's members and the kept all-reduce (commit): rebuilds the ring and resumes a parked call.
+  void enter(const epoch_view& next, reduce_key commit);
+  /// This node is no longer a member: the running and every later call throw peer_lost with `why`.
+  void evict(const std::string& why);
+  /// A call that failed without a fence since the last call of this (the coordinator should hear of it).
+  std::optional<ring_failure> take_failure();
+
+  uint64_t epoch() const;
+  /// The last all-reduce applied.
+  reduce_key committed() const;
+
+  uint64_t completed_round() const override;
+  uint64_t bytes_sent() const override;
+  uint64_t bytes_received() const override;
+  double encode_seconds() const override;
+  double decode_seconds() const override;
+  size_t chunk_elements() const override;
+  int rank() const override;
+  int world_size() const override;
+  const char* backend_name() const override { return "ring"; }
+
+ private:
+  enum class outcome { done, parked, failed };
+  outcome attempt(const reduce_key& key, float* data, size_t n, double weight, std::optional<wire_dtype> dtype,
+                  std::string& error, errc& code);
+  void retire_ring();  // under mu_
+  void build_ring();   // under mu_
+
+  ring_options opts_;
+  ring_allreduce::reject_callback on_reject_;
+  size_t chunk_elements_ = 1;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  epoch_view view_;
+  std::shared_ptr<ring_allreduce> ring_;  // the current epoch's ring; shared with a call in flight
+  bool fenced_ = false, reported_ = false, in_call_ = false, cancelled_ = false;
+  uint64_t fence_epoch_ = 0;
+  std::optional<std::string> evicted_;
+  std::optional<ring_failure> failure_;
+  std::optional<reduce_key> pending_;  // the call in flight or parked
+  bool have_result_ = false;           // pending_'s main all-reduce completed
+  std::optional<reduce_key> commit_;   // the coordinator's verdict for a parked call
+  bool entered_ = false;               // enter() since the call parked
+  reduce_key committed_;
+  std::string verdict_;  // the coordinator's lost verdict, handed to every new ring
+  // Counters of retired rings.
+  uint64_t sent_ = 0, received_ = 0;
+  double encode_s_ = 0, decode_s_ = 0;
+};
+
+}  // namespace longwave::comm
