@@ -135,6 +135,7 @@ const char* to_string(reject_reason r) {
     case reject_reason::wrong_sender: return "wrong_sender";
     case reject_reason::bad_checksum: return "bad_checksum";
     case reject_reason::bad_payload: return "bad_payload";
+    case reject_reason::wrong_epoch: return "wrong_epoch";
   }
   return "invalid";
 }
@@ -175,6 +176,7 @@ std::vector<std::byte> build_chunk_header(const chunk_header& h) {
   w.setByteCount(h.byte_count);
   w.setChecksum(h.checksum);
   w.setWeight(h.weight);
+  w.setEpoch(h.epoch);
   return flat_bytes(mb);
 }
 
@@ -204,6 +206,7 @@ frame_result<chunk_header> parse_chunk_header(const void* data, size_t size) {
     h.byte_count = r.getByteCount();
     h.checksum = r.getChecksum();
     h.weight = r.getWeight();
+    h.epoch = r.getEpoch();
   } catch (const kj::Exception& e) {
     return reject(reject_reason::malformed, "chunk header does not decode: " + kj_text(e));
   }
@@ -226,6 +229,7 @@ frame_result<chunk_header> parse_chunk_header(const void* data, size_t size) {
 }
 
 bool is_later_round(const chunk_header& h, const chunk_expectation& e) {
+  if (h.cluster_id != e.cluster_id || h.epoch != e.epoch) return false;
   return h.round > e.round || (h.round == e.round && h.fragment > e.fragment);
 }
 
@@ -234,6 +238,9 @@ std::optional<rejection> check_chunk(const chunk_header& h, const void* payload,
   if (h.cluster_id != e.cluster_id)
     return reject(reject_reason::wrong_cluster,
                   fmt::format("cluster id {:#x}, this ring is {:#x}", h.cluster_id, e.cluster_id));
+  if (h.epoch != e.epoch)
+    return reject(reject_reason::wrong_epoch,
+                  fmt::format("epoch {}, this ring is in epoch {}", h.epoch, e.epoch));
   if (h.round != e.round || h.fragment != e.fragment)
     return reject(reject_reason::wrong_round,
                   fmt::format("round {} fragment {}, this rank is in round {} fragment {}", h.round,

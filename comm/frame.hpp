@@ -26,10 +26,14 @@ enum class reject_reason : uint8_t {
   wrong_sender,   ///< sender is not the previous rank in the ring
   bad_checksum,   ///< CRC-32C of the payload differs from the header's
   bad_payload,    ///< the codec refused the payload (e.g. an int8 scale that is NaN)
+  wrong_epoch,    ///< membership epoch is not this ring's (a frame from before or after a membership change)
 };
 
+/// The last reject_reason: values 0 .. last_reject_reason are all the reasons.
+inline constexpr reject_reason last_reject_reason = reject_reason::wrong_epoch;
+
 /// "truncated", "bad_size", "malformed", "bad_version", "bad_dtype", "wrong_cluster", "wrong_round",
-/// "wrong_step", "wrong_sender", "bad_checksum" or "bad_payload".
+/// "wrong_step", "wrong_sender", "bad_checksum", "bad_payload" or "wrong_epoch".
 const char* to_string(reject_reason r);
 
 /// A rejected frame: the reason and one line saying what exactly was wrong.
@@ -70,6 +74,7 @@ const char* to_string(ring_phase p);
 /// it).
 struct chunk_header {
   uint64_t cluster_id = 0;
+  uint64_t epoch = 0;  ///< membership epoch the all-reduce runs in
   uint64_t round = 0;
   uint32_t fragment = 0;
   ring_phase phase = ring_phase::reduce_scatter;
@@ -89,6 +94,7 @@ struct chunk_header {
 /// What the receiver expects of the next chunk: everything a header is compared with.
 struct chunk_expectation {
   uint64_t cluster_id = 0;
+  uint64_t epoch = 0;
   uint64_t round = 0;
   uint32_t fragment = 0;
   uint32_t world_size = 0;
@@ -119,13 +125,15 @@ std::vector<std::byte> build_chunk_header(const chunk_header& h);
 /// total_elements. The frame need not be aligned (it is copied).
 frame_result<chunk_header> parse_chunk_header(const void* data, size_t size);
 
-/// True when (h.round, h.fragment) comes after the expected one: a frame from a peer that is already in a
-/// later round, which the receiver keeps for later instead of rejecting.
+/// True when h is of e's cluster and epoch and (h.round, h.fragment) comes after the expected one: a frame
+/// from a peer that is already in a later round, which the receiver keeps for later instead of rejecting.
+/// A frame of another epoch is never kept (its ring's membership is not this one's).
 bool is_later_round(const chunk_header& h, const chunk_expectation& e);
 
-/// Checks a parsed header and its payload frame against e, cheapest first: cluster, round and fragment, the
-/// header's byte count against payload_size, world size and vector length, dtype, sender, position (phase,
-/// step, segment, chunk), element and byte counts against e, and last the CRC-32C. nullopt: decode it.
+/// Checks a parsed header and its payload frame against e, cheapest first: cluster, epoch, round and
+/// fragment, the header's byte count against payload_size, world size and vector length, dtype, sender,
+/// position (phase, step, segment, chunk), element and byte counts against e, and last the CRC-32C.
+/// nullopt: decode it.
 std::optional<rejection> check_chunk(const chunk_header& h, const void* payload, size_t payload_size,
                                      const chunk_expectation& e);
 

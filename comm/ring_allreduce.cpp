@@ -194,7 +194,10 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
 }
 
 ring_allreduce::~ring_allreduce() {
-  if (transport_ && failed_) transport_->drop_queued_on_close();
+  // After a failure or a cancel nobody waits for the queued frames: close at once, so the endpoint can be
+  // bound again by the next ring (a new epoch) right away.
+  if (transport_ && (failed_ || counters_->cancelled.load(std::memory_order_acquire)))
+    transport_->drop_queued_on_close();
   transport_.reset();
 }
 
@@ -339,6 +342,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
 
     chunk_expectation expect;
     expect.cluster_id = opts_.cluster_id;
+    expect.epoch = opts_.epoch;
     expect.round = round;
     expect.fragment = fragment;
     expect.world_size = world;
@@ -442,7 +446,8 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
         return false;
       }
       const std::string peer = fmt::format("{} (claims rank {})", m.peer, h.value().sender);
-      if (h.value().cluster_id == opts_.cluster_id && is_later_round(h.value(), expect)) {
+      // Only frames of this cluster and epoch are held; any other goes to check_chunk and is rejected.
+      if (is_later_round(h.value(), expect)) {
         if (held_->size() >= opts_.max_held_frames) {
           reject(peer, rejection{reject_reason::wrong_round,
                                  fmt::format("round {} fragment {} is later than this one and {} frames are "
@@ -461,6 +466,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       const item& it = plan.out[i];
       chunk_header h;
       h.cluster_id = opts_.cluster_id;
+      h.epoch = opts_.epoch;
       h.round = round;
       h.fragment = fragment;
       h.phase = it.phase;

@@ -21,7 +21,7 @@ namespace longwave::comm {
 
 class zmq_transport;
 
-/// Settings of a ring; every rank must use the same dtype, codec, chunk_bytes and cluster_id.
+/// Settings of a ring; every rank must use the same dtype, codec, chunk_bytes, cluster_id and epoch.
 struct ring_options {
   /// Element type on the wire. Accumulation is always fp32.
   wire_dtype dtype = wire_dtype::fp32;
@@ -35,6 +35,9 @@ struct ring_options {
   std::chrono::milliseconds timeout{30000};
   /// Frames carrying another cluster id are rejected (wrong_cluster).
   uint64_t cluster_id = 0;
+  /// Membership epoch this ring's members belong to: written into every frame sent; frames of another epoch
+  /// are rejected (wrong_epoch), never held. A node builds a new ring when the epoch changes.
+  uint64_t epoch = 0;
   /// ZeroMQ high-water marks, in chunks, towards the next rank and from each incoming connection.
   int send_hwm = 64;
   int recv_hwm = 64;
@@ -65,7 +68,8 @@ class ring_allreduce final : public collective {
                  reject_callback on_reject = {});
 
   /// Stops the I/O thread after the running call, then closes the sockets: frames still queued for the next
-  /// rank get up to `timeout` to leave (none after a failed call).
+  /// rank get up to `timeout` to leave after a successful call; after a failed call or cancel() they are
+  /// dropped, so destruction is quick and a new ring may bind the same endpoint at once.
   ~ring_allreduce() override;
 
   ring_allreduce(const ring_allreduce&) = delete;

@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 1;
+const protocolVersion :UInt16 = 2;
 
 enum Dtype {
   fp32 @0;
@@ -150,4 +150,5 @@ struct ChunkHeader {
   byteCount @13 :UInt64;     # exact length of the payload frame
   checksum @14 :UInt32;      # CRC-32C (Castagnoli) of the payload frame
   weight @15 :Float64;       # reduce-scatter: sum of the weights in the payload; all-gather: the total weight
+  epoch @16 :UInt64;         # membership epoch the all-reduce runs in
 }

@@ -136,8 +136,8 @@ const std::vector<std::string>& rejection_reasons() {
   // comm::to_string(reject_reason); runtime does not depend on comm, so the names are listed here and a
   // unit test compares the two lists.
   static const std::vector<std::string> reasons = {
-      "truncated",   "bad_size",   "malformed",    "bad_version",  "bad_dtype",  "wrong_cluster",
-      "wrong_round", "wrong_step", "wrong_sender", "bad_checksum", "bad_payload"};
+      "truncated",   "bad_size",   "malformed",    "bad_version",  "bad_dtype",   "wrong_cluster",
+      "wrong_round", "wrong_step", "wrong_sender", "bad_checksum", "bad_payload", "wrong_epoch"};
   return reasons;
 }
 

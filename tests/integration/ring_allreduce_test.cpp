@@ -233,6 +233,22 @@ int ring_member(const fs::path& dir, const std::string& tag, int rank, std::vect
   return 0;
 }
 
+// How a call ended: "none" if it returned, else the name of its lw_error's code.
+template <class Fn>
+std::string outcome_of(Fn&& call) {
+  try {
+    call();
+  } catch (const lw_error& e) {
+    return to_string(e.code());
+  }
+  return "none";
+}
+
+// Where ring member r writes how its call ended, for the parent to check.
+fs::path rank_file(const fs::path& dir, int r) {
+  return dir / ("r" + std::to_string(r) + ".txt");
+}
+
 uint64_t counter(const fs::path& dir, const std::string& tag, int rank, const std::string& name) {
   std::istringstream in(read_text(dir / (tag + "-r" + std::to_string(rank) + ".txt")));
   std::string key;
@@ -360,6 +376,7 @@ namespace {
 chunk_header sample_header() {
   chunk_header h;
   h.cluster_id = 0xC0FFEE;
+  h.epoch = 2;
   h.round = 12;
   h.fragment = 2;
   h.phase = ring_phase::all_gather;
@@ -379,6 +396,7 @@ chunk_header sample_header() {
 chunk_expectation expectation_for(const chunk_header& h) {
   chunk_expectation e;
   e.cluster_id = h.cluster_id;
+  e.epoch = h.epoch;
   e.round = h.round;
   e.fragment = h.fragment;
   e.world_size = h.world_size;
@@ -415,6 +433,7 @@ std::vector<std::byte> raw_header(const chunk_header& h, Fn&& tweak) {
   w.setByteCount(h.byte_count);
   w.setChecksum(h.checksum);
   w.setWeight(h.weight);
+  w.setEpoch(h.epoch);
   tweak(w);
   auto words = capnp::messageToFlatArray(mb);
   auto bytes = words.asBytes();
@@ -442,6 +461,7 @@ CATCH_TEST_CASE("a chunk header round-trips and each wrong field is rejected wit
   CATCH_REQUIRE(ok.ok());
   const auto& p = ok.value();
   CATCH_CHECK(p.cluster_id == h.cluster_id);
+  CATCH_CHECK(p.epoch == 2);
   CATCH_CHECK(p.round == h.round);
   CATCH_CHECK(p.fragment == h.fragment);
   CATCH_CHECK(p.phase == h.phase);
@@ -459,6 +479,24 @@ CATCH_TEST_CASE("a chunk header round-trips and each wrong field is rejected wit
     return r ? std::string("accepted") : std::string(to_string(r.error().reason));
   };
   CATCH_CHECK(reason_with([](chunk_header& m) { m.cluster_id = 1; }) == "wrong_cluster");
+  CATCH_CHECK(reason_with([](chunk_header& m) { m.epoch = 3; }) == "wrong_epoch");
+  CATCH_CHECK(reason_with([](chunk_header& m) { m.epoch = 1; }) == "wrong_epoch");
+  // Epoch is checked after the cluster and before the round.
+  CATCH_CHECK(reason_with([](chunk_header& m) {
+                m.epoch = 3;
+                m.cluster_id = 1;
+              }) == "wrong_cluster");
+  CATCH_CHECK(reason_with([](chunk_header& m) {
+                m.epoch = 3;
+                m.round = 11;
+              }) == "wrong_epoch");
+  {
+    chunk_header m = h;
+    m.epoch = 3;
+    const auto r = check_chunk(m, payload, sizeof payload, e);
+    CATCH_REQUIRE(r.has_value());
+    CATCH_CHECK(r->message() == "wrong_epoch: epoch 3, this ring is in epoch 2");
+  }
   CATCH_CHECK(reason_with([](chunk_header& m) { m.round = 11; }) == "wrong_round");
   CATCH_CHECK(reason_with([](chunk_header& m) { m.fragment = 1; }) == "wrong_round");
   CATCH_CHECK(reason_with([](chunk_header& m) { m.sender = 2; }) == "wrong_sender");
@@ -486,6 +524,12 @@ CATCH_TEST_CASE("a chunk header round-trips and each wrong field is rejected wit
   later.fragment = 3;
   CATCH_CHECK(is_later_round(later, e));
   CATCH_CHECK_FALSE(is_later_round(h, e));
+  // A later round of another epoch or cluster is not kept for later: it is rejected.
+  later.epoch = 3;
+  CATCH_CHECK_FALSE(is_later_round(later, e));
+  later.epoch = h.epoch;
+  later.cluster_id = 1;
+  CATCH_CHECK_FALSE(is_later_round(later, e));
 }
 
 CATCH_TEST_CASE("malformed header frames are rejected without throwing", "[comm]") {
@@ -835,7 +879,13 @@ std::vector<std::vector<std::vector<std::byte>>> hostile_messages(uint64_t clust
   m.push_back({good, std::vector<std::byte>(396)});                          // truncated: payload < header
   m.push_back({with([](chunk_header& x) { x.round = 6; }), payload});        // wrong_round (older)
   m.push_back({with([](chunk_header& x) { x.cluster_id ^= 1; }), payload});  // wrong_cluster
-  m.push_back({with([](chunk_header& x) { x.sender = 2; }), payload});       // wrong_sender
+  // wrong_epoch, although its round is the next one's: frames of another epoch are never held.
+  m.push_back({with([](chunk_header& x) {
+                 x.round = 8;
+                 x.epoch = 1;
+               }),
+               payload});
+  m.push_back({with([](chunk_header& x) { x.sender = 2; }), payload});              // wrong_sender
   m.push_back({raw_header(h, [](auto& w) { w.setProtocolVersion(9); }), payload});  // bad_version
   m.push_back(
       {raw_header(h, [](auto& w) { w.setDtype(static_cast<wire::Dtype>(9)); }), payload});  // bad_dtype
@@ -927,12 +977,127 @@ CATCH_TEST_CASE("a rank drops a hostile peer's malformed frames, reports each, a
   CATCH_CHECK(counter(dir, "h", 2, "rejected") == 0);
   const std::string reports = read_text(dir / "reports-r1.txt");
   CATCH_INFO(reports);
-  for (const char* reason : {"truncated", "bad_size", "wrong_round", "wrong_cluster", "wrong_sender",
-                             "bad_version", "bad_dtype", "malformed"})
+  for (const char* reason : {"truncated", "bad_size", "wrong_round", "wrong_cluster", "wrong_epoch",
+                             "wrong_sender", "bad_version", "bad_dtype", "malformed"})
     CATCH_CHECK(("\n" + reports).find("\n" + std::string(reason) + ":") != std::string::npos);
   CATCH_CHECK((reports.find("\nbad_checksum:") != std::string::npos ||
                reports.find("\nwrong_step:") != std::string::npos));
   CATCH_CHECK(reports.find("127.0.0.1") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a cancelled ring is torn down at once and rebuilt on the same endpoints in the next epoch",
+                "[comm]") {
+  const auto dir = scratch("epoch");
+  const round_spec first{1, 0, 5000, true}, second{3, 0, 1000003, true};
+  auto codes = run_ring(
+      2,
+      [&](std::vector<std::string> eps) {
+        // Both ranks in one child, each on its own thread, as a node rebuilding its ring would.
+        return std::vector<body_fn>{[=] {
+          auto both = [&](ring_allreduce& a, ring_allreduce& b, const std::string& tag, const round_spec& s) {
+            std::thread t([&] {
+              auto d = input(1, s.n, s.round * 16);
+              b.allreduce(s.round, d.data(), s.n, weight_of(1, s.weighted));
+              write_floats(result_path(dir, tag, 1, s), d);
+            });
+            auto d = input(0, s.n, s.round * 16);
+            a.allreduce(s.round, d.data(), s.n, weight_of(0, s.weighted));
+            write_floats(result_path(dir, tag, 0, s), d);
+            t.join();
+          };
+          auto opts = test_options(0xE90C);
+          opts.epoch = 1;
+          std::string outcome = "none";
+          std::chrono::steady_clock::time_point t0;
+          {
+            ring_allreduce r0(0, eps, opts), r1(1, eps, opts);
+            both(r0, r1, "e1", first);
+            // Rank 0 starts the next round alone: 32 MiB for rank 1, more than the socket buffers hold, so
+            // frames are still queued in ZeroMQ when the cancel comes.
+            auto d = input(0, size_t{1} << 23, 2);
+            std::thread t([&] { outcome = outcome_of([&] { r0.allreduce(2, d.data(), d.size()); }); });
+            std::this_thread::sleep_for(ms(300));
+            r0.cancel();
+            r1.cancel();
+            t.join();
+            t0 = std::chrono::steady_clock::now();
+          }
+          const auto teardown = std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - t0).count();
+          opts.epoch = 2;
+          ring_allreduce r0(0, eps, opts), r1(1, eps, opts);
+          both(r0, r1, "e2", second);
+          write_text(dir / "epoch.txt", outcome + " " + std::to_string(teardown) + " " +
+                                            std::to_string(r0.rejected_frames() + r1.rejected_frames()) +
+                                            "\n");
+          return 0;
+        }};
+      },
+      120);
+  CATCH_CHECK(codes[0] == 0);
+  std::istringstream in(read_text(dir / "epoch.txt"));
+  std::string outcome;
+  long teardown = -1, rejected = -1;
+  in >> outcome >> teardown >> rejected;
+  CATCH_INFO("cancelled call: " << outcome << ", teardown " << teardown
+                                << " ms, rejected in epoch 2: " << rejected);
+  CATCH_CHECK(outcome == "cancelled");
+  CATCH_CHECK(teardown >= 0);
+  CATCH_CHECK(teardown < 1000);  // no linger for frames nobody will read (the timeout is 20 s)
+  CATCH_CHECK(rejected == 0);
+  for (const auto& [tag, s] : {std::pair{"e1", first}, std::pair{"e2", second}}) {
+    CATCH_INFO(tag);
+    const auto c = check_round(dir, tag, 2, s, fp32_bound);
+    CATCH_CHECK(c.all_present);
+    CATCH_CHECK(c.identical);
+    CATCH_CHECK(c.violations == 0);
+  }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("ranks in different epochs reject each other's frames as wrong_epoch and the call fails",
+                "[comm]") {
+  const auto dir = scratch("wrong-epoch");
+  auto codes = run_ring(
+      2,
+      [&](std::vector<std::string> eps) {
+        std::vector<body_fn> bodies;
+        for (int r = 0; r < 2; ++r)
+          bodies.push_back([=] {
+            auto opts = test_options(0xE90C);
+            opts.epoch = 2 + r;
+            opts.timeout = ms(1500);
+            auto first_reason = std::make_shared<std::string>();
+            auto mu = std::make_shared<std::mutex>();
+            ring_allreduce ring(r, eps, opts, [first_reason, mu](const std::string&, const std::string& why) {
+              std::lock_guard<std::mutex> lk(*mu);
+              if (first_reason->empty()) *first_reason = why;
+            });
+            auto data = input(r, 5000, 1);
+            const auto outcome = outcome_of([&] { ring.allreduce(1, data.data(), data.size()); });
+            std::lock_guard<std::mutex> lk(*mu);
+            write_text(rank_file(dir, r),
+                       outcome + " " + std::to_string(ring.rejected_frames()) + "\n" + *first_reason + "\n");
+            return 0;
+          });
+        return bodies;
+      },
+      60);
+  for (int r = 0; r < 2; ++r) {
+    CATCH_CHECK(codes[r] == 0);
+    std::istringstream in(read_text(rank_file(dir, r)));
+    std::string outcome, reason;
+    long rejected = -1;
+    in >> outcome >> rejected;
+    in.ignore();
+    std::getline(in, reason);
+    CATCH_INFO("rank " << r << ": " << outcome << ", " << rejected << " rejected; first: " << reason);
+    // Both send at once; the one that fails first closes its socket, so the other may end on peer_lost.
+    CATCH_CHECK((outcome == "deadline_missed" || outcome == "peer_lost"));
+    CATCH_CHECK(rejected > 0);
+    CATCH_CHECK(reason.rfind("wrong_epoch: epoch ", 0) == 0);
+  }
+  CATCH_CHECK(read_text(rank_file(dir, 0)).find("epoch 3, this ring is in epoch 2") != std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -960,8 +1125,7 @@ CATCH_TEST_CASE("a ring with a rank that never starts fails with deadline_missed
             }
             const auto elapsed =
                 std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - t0).count();
-            write_text(dir / ("r" + std::to_string(r) + ".txt"),
-                       outcome + " " + std::to_string(elapsed) + "\n");
+            write_text(rank_file(dir, r), outcome + " " + std::to_string(elapsed) + "\n");
             return 0;
           });
         return bodies;
@@ -969,7 +1133,7 @@ CATCH_TEST_CASE("a ring with a rank that never starts fails with deadline_missed
       60);
   for (int r = 0; r < 2; ++r) {
     CATCH_CHECK(codes[r] == 0);
-    std::istringstream in(read_text(dir / ("r" + std::to_string(r) + ".txt")));
+    std::istringstream in(read_text(rank_file(dir, r)));
     std::string outcome;
     long elapsed = -1;
     in >> outcome >> elapsed;
@@ -1004,8 +1168,7 @@ CATCH_TEST_CASE("a rank whose next peer dies mid-round fails with peer_lost befo
             }
             const auto elapsed =
                 std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - t0).count();
-            write_text(dir / ("r" + std::to_string(r) + ".txt"),
-                       outcome + " " + std::to_string(elapsed) + "\n");
+            write_text(rank_file(dir, r), outcome + " " + std::to_string(elapsed) + "\n");
             return 0;
           });
         bodies.push_back([=] {  // rank 2 joins the ring, never calls allreduce, and is killed
@@ -1020,12 +1183,12 @@ CATCH_TEST_CASE("a rank whose next peer dies mid-round fails with peer_lost befo
   CATCH_CHECK(codes[2] == 128 + SIGKILL);
   std::string outcome;
   long elapsed = -1;
-  std::istringstream in(read_text(dir / "r1.txt"));
+  std::istringstream in(read_text(rank_file(dir, 1)));
   in >> outcome >> elapsed;
   CATCH_INFO("rank 1: " << outcome << " after " << elapsed << " ms");
   CATCH_CHECK(outcome == "peer_lost");
   CATCH_CHECK(elapsed < timeout.count());
-  std::istringstream in0(read_text(dir / "r0.txt"));
+  std::istringstream in0(read_text(rank_file(dir, 0)));
   in0 >> outcome >> elapsed;
   CATCH_INFO("rank 0: " << outcome << " after " << elapsed << " ms");
   CATCH_CHECK((outcome == "deadline_missed" || outcome == "peer_lost"));
@@ -1072,9 +1235,9 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
                 std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - t0).count();
             verdict.join();
             std::lock_guard<std::mutex> lk(*mu);
-            write_text(dir / ("r" + std::to_string(r) + ".txt"),
-                       outcome + " " + std::to_string(elapsed) + " " + std::to_string(lines->size()) + "\n" +
-                           (lines->empty() ? "" : lines->front()) + "\n" + what + "\n");
+            write_text(rank_file(dir, r), outcome + " " + std::to_string(elapsed) + " " +
+                                              std::to_string(lines->size()) + "\n" +
+                                              (lines->empty() ? "" : lines->front()) + "\n" + what + "\n");
             return 0;
           });
         return bodies;
@@ -1083,7 +1246,7 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
   int verdicts = 0;
   for (int r = 0; r < 2; ++r) {
     CATCH_CHECK(codes[r] == 0);
-    std::istringstream in(read_text(dir / ("r" + std::to_string(r) + ".txt")));
+    std::istringstream in(read_text(rank_file(dir, r)));
     std::string outcome, first_line, what;
     long elapsed = -1, n_lines = -1;
     in >> outcome >> elapsed >> n_lines;
@@ -1105,7 +1268,7 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
   }
   CATCH_CHECK(verdicts >= 1);
   // Rank 0 receives from rank 2 and names it, with its node name and endpoint.
-  const auto r0 = read_text(dir / "r0.txt");
+  const auto r0 = read_text(rank_file(dir, 0));
   CATCH_CHECK(r0.find("from rank 2 (c, tcp://") != std::string::npos);
   fs::remove_all(dir);
 }

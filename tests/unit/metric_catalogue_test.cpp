@@ -153,7 +153,7 @@ CATCH_TEST_CASE("Metric names are longwave_<subsystem>_<what> in base units, and
 
 CATCH_TEST_CASE("The catalogue's rejection reasons are the wire's reject_reason names", "[metrics]") {
   std::vector<std::string> wire;
-  for (int r = 0; r <= static_cast<int>(comm::reject_reason::bad_payload); ++r)
+  for (int r = 0; r <= static_cast<int>(comm::last_reject_reason); ++r)
     wire.push_back(comm::to_string(static_cast<comm::reject_reason>(r)));
   CATCH_CHECK(wire == rejection_reasons());
 }
