@@ -186,6 +186,9 @@ std::optional<fence_ack_msg> elastic_ring::fence_report() {
   std::lock_guard<std::mutex> lk(mu_);
   if (!fenced_ || reported_ || in_call_) return std::nullopt;
   reported_ = true;
+  // Closed before the coordinator hears this, so that no member of the next epoch connects to this node's
+  // old socket (whose closing would then fail its fresh ring).
+  retire_ring();
   fence_ack_msg a;
   a.epoch = fence_epoch_;
   a.committed = committed_;
