@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "comm/elastic_ring.hpp"
@@ -251,6 +253,15 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   role.cluster_workers = spec.train.train.workers;
   role.ring = ring_options_from(cfg, spec.cluster_id);
   role.ring.names = role.names;
+  if (const char* fault = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE")) {
+    unsigned long long r = 0, c = 0;
+    if (std::sscanf(fault, "%llu:%llu", &r, &c) == 2) {
+      role.ring.die_in_round = r;
+      role.ring.die_after_chunks = c;
+      spdlog::warn("node {}: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: this node kills itself in round {} after {} chunks",
+                   me.name, r, c);
+    }
+  }
   // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).
   role.ring.on_stall = [name = me.name](const std::string& line) { spdlog::warn("node {}: {}", name, line); };
   auto last_beat = std::chrono::steady_clock::now();

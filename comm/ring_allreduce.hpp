@@ -50,6 +50,10 @@ struct ring_options {
   std::chrono::milliseconds stall_report_after{10000};
   std::chrono::milliseconds stall_report_every{30000};
   std::function<void(const std::string&)> on_stall;
+  /// Fault injection for tests (LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS on a node): the process kills
+  /// itself with SIGKILL 50 ms after handing its CHUNKS-th chunk of round ROUND to ZeroMQ. 0: never.
+  uint64_t die_in_round = 0;
+  size_t die_after_chunks = 0;
 };
 
 /// One member of a ring of world ranks, the "ring" comm.backend. Owns a zmq_transport (one I/O thread, all
