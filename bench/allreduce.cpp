@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <map>
 #include <sstream>
 #include <string>
@@ -23,6 +25,7 @@
 
 #include "bench/process_usage.hpp"
 #include "comm/codec.hpp"
+#include "comm/elastic_ring.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/clock/clock.hpp"
@@ -52,6 +55,18 @@ struct settings {
   uint64_t cluster_id = 0x4c57424e;
   bool baseline = true;
 };
+
+constexpr const char* elastic_suffix = "/elastic";
+
+bool is_elastic(const std::string& dtype) {
+  return dtype.size() > std::strlen(elastic_suffix) &&
+         dtype.compare(dtype.size() - std::strlen(elastic_suffix), std::string::npos, elastic_suffix) == 0;
+}
+
+/// "int8/elastic" -> "int8".
+std::string base_dtype(const std::string& dtype) {
+  return is_elastic(dtype) ? dtype.substr(0, dtype.size() - std::strlen(elastic_suffix)) : dtype;
+}
 
 // One timed all-reduce of one rank.
 struct sample {
@@ -91,7 +106,7 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
   }
   for (size_t d = 0; d < s.dtypes.size(); ++d) {
     ring_options o;
-    o.dtype = *config::from_string<wire_dtype>(s.dtypes[d]);
+    o.dtype = *config::from_string<wire_dtype>(base_dtype(s.dtypes[d]));
     o.codec.int8_codebook = s.codebook;
     o.chunk_bytes = s.chunk_bytes;
     o.send_hwm = o.recv_hwm = s.hwm;
@@ -99,7 +114,13 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     o.cluster_id = s.cluster_id + d;
     std::vector<std::string> eps;
     for (const auto& ep : endpoints) eps.push_back(with_port_offset(ep, static_cast<int>(d)));
-    ring_allreduce ring(rank, eps, o);
+    // "<dtype>/elastic": the cluster's collective (its input copy and confirmation all-reduce included).
+    std::unique_ptr<collective> made;
+    if (is_elastic(s.dtypes[d]))
+      made = std::make_unique<elastic_ring>(epoch_view{1, static_cast<uint32_t>(rank), eps, eps}, o);
+    else
+      made = std::make_unique<ring_allreduce>(rank, eps, o);
+    collective& ring = *made;
     for (int it = 0; it < s.warmup + s.iters; ++it) {
       std::copy(original.begin(), original.end(), data.begin());
       // A one-value all-reduce first lines the ranks up (as nccl-tests' barrier), so that no rank's time
@@ -248,6 +269,7 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
   std::printf("\n");
   double fp32_goodput = 0.0;
   double int8_goodput = 0.0;
+  std::map<std::string, double> median_ms;
   for (size_t d = 0; d < s.dtypes.size(); ++d) {
     // Per iteration the slowest rank's time (the all-reduce is done when the last rank is done).
     std::vector<double> times;
@@ -263,6 +285,7 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
       times.push_back(t);
     }
     const double t = median(times);
+    median_ms[s.dtypes[d]] = t * 1e3;
     // Each rank sends 2(N-1)/N of the vector's wire bytes (headers included), so busbw = 2(N-1)/N * wire
     // bytes / t is simply one rank's sent bytes / t (averaged over the ranks whose samples are here).
     const double per_rank_sent = static_cast<double>(wire) / static_cast<double>(per_rank.size());
@@ -298,6 +321,10 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
   if (fp32_goodput > 0 && int8_goodput > 0)
     std::printf("int8 / fp32 effective goodput (fp32 bytes averaged per second): %.3f\n",
                 int8_goodput / fp32_goodput);
+  for (const auto& [name, ms] : median_ms)
+    if (is_elastic(name) && median_ms.count(base_dtype(name)))
+      std::printf("%s / %s time (input copy and confirmation all-reduce): %.3f\n", name.c_str(),
+                  base_dtype(name).c_str(), ms / median_ms.at(base_dtype(name)));
 }
 
 }  // namespace
@@ -330,8 +357,11 @@ int main(int argc, char** argv) {
                "skip the raw ZeroMQ baseline (point-to-point on loopback; ring streams with --endpoints)");
   CLI11_PARSE(app, argc, argv);
   for (const auto& d : s.dtypes)
-    if (!config::from_string<wire_dtype>(d)) {
-      std::fprintf(stderr, "bench_allreduce: unknown dtype '%s' (fp32, fp16, bf16, int8)\n", d.c_str());
+    if (!config::from_string<wire_dtype>(base_dtype(d))) {
+      std::fprintf(stderr,
+                   "bench_allreduce: unknown dtype '%s' (fp32, fp16, bf16, int8; '/elastic' appended: the "
+                   "cluster's elastic ring)\n",
+                   d.c_str());
       return 2;
     }
   if (!endpoints.empty()) {

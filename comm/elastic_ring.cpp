@@ -101,7 +101,10 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, float* data, 
 void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
                              std::optional<wire_dtype> dtype) {
   const reduce_key key{round, fragment};
-  const std::vector<float> input(data, data + n);  // for a redo among other members
+  // The input, for a redo among other members; the buffer is kept between calls (calls are serialized), so
+  // that the copy costs no page faults.
+  if (input_.size() < n) input_.resize(n);
+  std::copy(data, data + n, input_.begin());
   std::unique_lock<std::mutex> lk(mu_);
   pending_ = key;
   have_result_ = false;
@@ -129,7 +132,7 @@ void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weigh
         finish();
         return;
       }
-      std::copy(input.begin(), input.end(), data);
+      std::copy(input_.begin(), input_.begin() + static_cast<std::ptrdiff_t>(n), data);
       have_result_ = false;
     }
     lk.unlock();

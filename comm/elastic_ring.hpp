@@ -86,6 +86,7 @@ class elastic_ring final : public collective {
   ring_options opts_;
   ring_allreduce::reject_callback on_reject_;
   size_t chunk_elements_ = 1;
+  std::vector<float> input_;  // the running call's input (allreduce's thread only)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
