@@ -43,14 +43,14 @@ class coordinator_watch {
         control.fence_ack(*ack);
         spdlog::info("node {}: ready for epoch {}: applied round {} fragment {}{}", name, ack->epoch,
                      ack->committed.round, ack->committed.fragment,
-                     ack->has_pending ? fmt::format("; all-reduce of round {} fragment {} in flight{}",
-                                                    ack->pending.round, ack->pending.fragment,
-                                                    ack->have_result ? " (result held)" : "")
-                                      : std::string());
+                     ack->has_pending
+                         ? fmt::format("; all-reduce of round {} fragment {} in flight{}", ack->pending.round,
+                                       ack->pending.fragment, ack->have_result ? " (result held)" : "")
+                         : std::string());
       }
       if (const auto f = elastic->take_failure()) {
-        spdlog::warn("node {}: the ring of epoch {} failed{}: {}; asking the coordinator for a new epoch", name,
-                     f->epoch, f->suspect.empty() ? "" : " (lost " + f->suspect + ")", f->reason);
+        spdlog::warn("node {}: the ring of epoch {} failed{}: {}; asking the coordinator for a new epoch",
+                     name, f->epoch, f->suspect.empty() ? "" : " (lost " + f->suspect + ")", f->reason);
         control.ring_failed({f->epoch, f->suspect, f->reason});
       }
     }
@@ -81,9 +81,10 @@ class coordinator_watch {
         v.endpoints.push_back(p.endpoint);
         ring_text += (ring_text.empty() ? "" : " -> ") + p.name;
       }
-      spdlog::info("node {}: epoch {}: rank {} of {} (ring {}); keeps the all-reduce of round {} fragment {}, "
-                   "redoes later ones",
-                   name, m.epoch, m.rank, m.peers.size(), ring_text, m.commit.round, m.commit.fragment);
+      spdlog::info(
+          "node {}: epoch {}: rank {} of {} (ring {}); keeps the all-reduce of round {} fragment {}, "
+          "redoes later ones",
+          name, m.epoch, m.rank, m.peers.size(), ring_text, m.commit.round, m.commit.fragment);
       if (elastic) elastic->enter(v, m.commit);
     } else if (ev.what == kind::notice && ev.code == errc::evicted) {
       spdlog::error("node {}: the coordinator says: {}", name, ev.text);
@@ -258,8 +259,9 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     if (std::sscanf(fault, "%llu:%llu", &r, &c) == 2) {
       role.ring.die_in_round = r;
       role.ring.die_after_chunks = c;
-      spdlog::warn("node {}: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: this node kills itself in round {} after {} chunks",
-                   me.name, r, c);
+      spdlog::warn(
+          "node {}: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: this node kills itself in round {} after {} chunks",
+          me.name, r, c);
     }
   }
   // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).

@@ -15,8 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>

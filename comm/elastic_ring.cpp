@@ -147,12 +147,12 @@ void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weigh
     }
     if (result == outcome::failed) {
       const uint64_t epoch = view_.epoch;
-      const bool answered = cv_.wait_for(lk, opts_.timeout, [&] {
-        return cancelled_ || evicted_ || fenced_ || view_.epoch != epoch;
-      });
+      const bool answered = cv_.wait_for(
+          lk, opts_.timeout, [&] { return cancelled_ || evicted_ || fenced_ || view_.epoch != epoch; });
       if (!answered) {
         finish();
-        throw lw_error(code, error + " (and the coordinator changed no membership within the ring's timeout)");
+        throw lw_error(code,
+                       error + " (and the coordinator changed no membership within the ring's timeout)");
       }
     }
   }

@@ -78,8 +78,8 @@ class elastic_ring final : public collective {
 
  private:
   enum class outcome { done, parked, failed };
-  outcome attempt(const reduce_key& key, float* data, size_t n, double weight, std::optional<wire_dtype> dtype,
-                  std::string& error, errc& code);
+  outcome attempt(const reduce_key& key, float* data, size_t n, double weight,
+                  std::optional<wire_dtype> dtype, std::string& error, errc& code);
   void retire_ring();  // under mu_
   void build_ring();   // under mu_
 

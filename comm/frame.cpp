@@ -314,8 +314,8 @@ reduce_key key_of(wire::ReduceKey::Reader r) {
 std::optional<rejection> read_peers(capnp::List<wire::Peer>::Reader peers, const char* what,
                                     std::vector<peer_entry>& out) {
   if (peers.size() > max_peers)
-    return rejection{reject_reason::bad_size, fmt::format("{} lists {} peers, limit {}", what, peers.size(),
-                                                          max_peers)};
+    return rejection{reject_reason::bad_size,
+                     fmt::format("{} lists {} peers, limit {}", what, peers.size(), max_peers)};
   for (auto p : peers) {
     auto name = p.getName();
     auto ep = p.getEndpoint();
@@ -451,9 +451,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         out.body = std::move(m);
         break;
       }
-      case wire::Envelope::Body::FENCE:
-        out.body = fence_msg{b.getFence().getEpoch()};
-        break;
+      case wire::Envelope::Body::FENCE: out.body = fence_msg{b.getFence().getEpoch()}; break;
       case wire::Envelope::Body::FENCE_ACK: {
         auto x = b.getFenceAck();
         out.body = fence_ack_msg{x.getEpoch(), key_of(x.getCommitted()), x.getHasPending(),

@@ -185,10 +185,10 @@ struct fence_msg {
 /// A node's answer to a fence, once its ring is idle.
 struct fence_ack_msg {
   uint64_t epoch = 0;
-  reduce_key committed;       ///< the last all-reduce the node applied ({0, 0}: none)
-  bool has_pending = false;   ///< an all-reduce was in flight
-  reduce_key pending;         ///< ... this one
-  bool have_result = false;   ///< ... and its result had arrived (its confirmation had not)
+  reduce_key committed;      ///< the last all-reduce the node applied ({0, 0}: none)
+  bool has_pending = false;  ///< an all-reduce was in flight
+  reduce_key pending;        ///< ... this one
+  bool have_result = false;  ///< ... and its result had arrived (its confirmation had not)
 };
 /// The members of an epoch in ring order, the receiver's rank, and which interrupted all-reduce is kept.
 struct membership_msg {
@@ -231,8 +231,8 @@ struct bye_msg {
 struct envelope {
   uint64_t cluster_id = 0;
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
-  std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg, fence_msg,
-               fence_ack_msg, membership_msg, ring_failed_msg>
+  std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
+               fence_msg, fence_ack_msg, membership_msg, ring_failed_msg>
       body;
 };
 

@@ -206,8 +206,8 @@ class coordinator {
       else if (silence > limit)
         remove(i, "lost",
                fmt::format("node {} lost: nothing heard for {} (its last all-reduce: round {})",
-                           o_.members[i].name, secs(std::chrono::duration_cast<std::chrono::milliseconds>(limit)),
-                           m.round));
+                           o_.members[i].name,
+                           secs(std::chrono::duration_cast<std::chrono::milliseconds>(limit)), m.round));
     }
     if (fence_) {
       for (size_t i = 0; i < members_.size(); ++i)
@@ -318,15 +318,14 @@ class coordinator {
     for (size_t i = 0; i < members_.size(); ++i)
       if (!members_[i].removed.empty()) gone.push_back(i);
     const auto live = training_members();
-    return fmt::format("quorum lost: {} live node(s) ({}), [cluster] min_nodes = {}; missing: {}", live.size(),
-                       names_of(live), o_.min_nodes, names_of(gone));
+    return fmt::format("quorum lost: {} live node(s) ({}), [cluster] min_nodes = {}; missing: {}",
+                       live.size(), names_of(live), o_.min_nodes, names_of(gone));
   }
 
   /// 0 when a member finished the run, else 1; names the members that left on the way.
   int outcome() const {
     std::vector<size_t> finished, gone;
-    for (size_t i = 0; i < members_.size(); ++i)
-      (members_[i].finished ? finished : gone).push_back(i);
+    for (size_t i = 0; i < members_.size(); ++i) (members_[i].finished ? finished : gone).push_back(i);
     if (finished.empty()) {
       info("coordinator: no node finished the run (failed, lost or left: " + names_of(gone) + ")");
       return 1;
@@ -336,7 +335,8 @@ class coordinator {
     else {
       std::string detail;
       for (auto i : gone)
-        detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", o_.members[i].name, members_[i].removed);
+        detail +=
+            fmt::format("{}{} ({})", detail.empty() ? "" : ", ", o_.members[i].name, members_[i].removed);
       info(fmt::format("coordinator: the run finished on {}; removed on the way: {}", names_of(finished),
                        detail));
     }
@@ -400,7 +400,8 @@ class coordinator {
     // A training node stops on errc::evicted; a joining one reports peer_lost.
     for (const auto& m : members_)
       if (m.identity && !m.finished && m.removed.empty())
-        reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost, "the cluster was called off: " + why);
+        reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost,
+                    "the cluster was called off: " + why);
     return code;
   }
 
@@ -553,8 +554,9 @@ class coordinator {
         remove(*rank, "left", fmt::format("node {} left: {}", name, b->reason));
       }
     } else if (auto* er = std::get_if<error_msg>(&e.body)) {
-      remove(*rank, "failed",
-             fmt::format("node {} failed ({}): {}", name, to_string(static_cast<errc>(er->code)), er->message));
+      remove(
+          *rank, "failed",
+          fmt::format("node {} failed ({}): {}", name, to_string(static_cast<errc>(er->code)), er->message));
     } else if (auto* fa = std::get_if<fence_ack_msg>(&e.body)) {
       if (fence_ && fa->epoch == fence_->epoch && m.member) {
         m.acked = true;
@@ -578,10 +580,10 @@ class coordinator {
   uint64_t n_dropped_ = 0;
   std::set<std::string> strangers_;          // routing ids of running nodes of an earlier coordinator
   std::set<std::string> running_elsewhere_;  // their names
-  bool welcomed_ = false;                     // training began
-  uint64_t epoch_ = 1;                        // the current membership's epoch
-  std::optional<fence_state> fence_;          // a membership change in progress
-  bool reset_wanted_ = false;                 // a ring failed: fence once its suspects are settled
+  bool welcomed_ = false;                    // training began
+  uint64_t epoch_ = 1;                       // the current membership's epoch
+  std::optional<fence_state> fence_;         // a membership change in progress
+  bool reset_wanted_ = false;                // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};

@@ -78,9 +78,9 @@ int run_coordinator(const coordinator_options& opts);
 /// Something a node's control connection brought since the last control_client::poll.
 struct control_event {
   enum class kind {
-    notice,      ///< an error envelope from the coordinator: code and text (errc::none: information)
-    fence,       ///< membership is changing to `epoch`
-    membership,  ///< the members of a new epoch (`membership`)
+    notice,           ///< an error envelope from the coordinator: code and text (errc::none: information)
+    fence,            ///< membership is changing to `epoch`
+    membership,       ///< the members of a new epoch (`membership`)
     connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
     connection_back,  ///< connected again after a drop; text: its endpoint
   };

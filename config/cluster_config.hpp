@@ -25,20 +25,20 @@ struct cluster_spec {
   std::string id = "longwave";  ///< cluster name; nodes of another cluster are turned away
   uint64_t cluster_id = 0;      ///< cluster_id_of(id), carried in every frame
   std::string coordinator = "tcp://127.0.0.1:5600";  ///< the coordinator's control endpoint
-  double join_timeout_s = 60;        ///< coordinator: wait this long for every node; node: for the welcome
-  double heartbeat_timeout_s = 6;    ///< coordinator: a node silent this long leaves the membership
-  int64_t min_nodes = 1;             ///< fewer live nodes: wait quorum_timeout_s for joiners, then stop
-  double quorum_timeout_s = 60;      ///< how long the members wait below min_nodes
-  int64_t metrics_port = -1;         ///< the coordinator's /metrics port; -1: [metrics] port
-  std::vector<cluster_node> nodes;   ///< ring order: rank i is nodes[i]
-  train_config train;                ///< shared config; train.workers is the sum over nodes
+  double join_timeout_s = 60;       ///< coordinator: wait this long for every node; node: for the welcome
+  double heartbeat_timeout_s = 6;   ///< coordinator: a node silent this long leaves the membership
+  int64_t min_nodes = 1;            ///< fewer live nodes: wait quorum_timeout_s for joiners, then stop
+  double quorum_timeout_s = 60;     ///< how long the members wait below min_nodes
+  int64_t metrics_port = -1;        ///< the coordinator's /metrics port; -1: [metrics] port
+  std::vector<cluster_node> nodes;  ///< ring order: rank i is nodes[i]
+  train_config train;               ///< shared config; train.workers is the sum over nodes
 };
 
 /// 64-bit FNV-1a of the cluster id text (never 0).
 uint64_t cluster_id_of(std::string_view id);
 
-/// Parses a cluster file's text. Overrides "cluster.<key>" set [cluster] fields; all others go to the training config. Throws
-/// config_error naming the key ("nodes[2].endpoint", "cluster.coordinator", ...).
+/// Parses a cluster file's text. Overrides "cluster.<key>" set [cluster] fields; all others go to the
+/// training config. Throws config_error naming the key ("nodes[2].endpoint", "cluster.coordinator", ...).
 cluster_spec parse_cluster(std::string_view toml_text, const std::vector<std::string>& overrides,
                            std::string_view source_name);
 

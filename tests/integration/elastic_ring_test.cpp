@@ -1,0 +1,192 @@
+// The elastic ring on real ZeroMQ sockets on loopback, every member a thread of this process and the test
+// playing the coordinator: a fence parks a call that a dead member stalls, the next epoch redoes it among
+// the survivors from the kept input, a call that held no result is never kept, a removed member's call
+// fails with the coordinator's words, and a ring failure without a fence is reported with its suspect.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/elastic_ring.hpp"
+#include "runtime/errors/errors.hpp"
+#include "tests/support/process.hpp"
+
+using namespace longwave;
+using namespace longwave::comm;
+
+namespace {
+
+struct members {
+  std::vector<std::string> names, endpoints;
+};
+
+members make_members(size_t n) {
+  members m;
+  for (size_t i = 0; i < n; ++i) {
+    m.names.push_back("n" + std::to_string(i));
+    m.endpoints.push_back("tcp://127.0.0.1:" + std::to_string(test::free_port()));
+  }
+  return m;
+}
+
+/// Members `keep` of m, in order, as epoch `epoch`'s view for the member at position `rank` of keep.
+epoch_view view_of(const members& m, const std::vector<size_t>& keep, uint64_t epoch, uint32_t rank) {
+  epoch_view v;
+  v.epoch = epoch;
+  v.rank = rank;
+  for (auto i : keep) {
+    v.names.push_back(m.names[i]);
+    v.endpoints.push_back(m.endpoints[i]);
+  }
+  return v;
+}
+
+ring_options options() {
+  ring_options o;
+  o.timeout = std::chrono::milliseconds(20000);
+  o.cluster_id = 0xe1a5;
+  o.chunk_bytes = 4096;  // several chunks per segment
+  return o;
+}
+
+/// Rank r's input: n values that differ per rank.
+std::vector<float> input_of(size_t r, size_t n) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>((r + 1) * 0.25 + static_cast<double>(i % 97) * 1e-3);
+  return x;
+}
+
+/// Polls until f() has a value (or 10 s pass).
+template <class F>
+auto poll(F f) -> decltype(f()) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    auto v = f();
+    if (v || std::chrono::steady_clock::now() > deadline) return v;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among the survivors after a fence",
+                "[elastic]") {
+  const size_t n = 10000;
+  const auto m = make_members(3);
+  std::vector<std::unique_ptr<elastic_ring>> rings;
+  for (uint32_t r = 0; r < 3; ++r)
+    rings.push_back(std::make_unique<elastic_ring>(view_of(m, {0, 1, 2}, 1, r), options()));
+
+  // Round 1 with all three: the mean, the same bits everywhere.
+  {
+    std::vector<std::vector<float>> data;
+    for (size_t r = 0; r < 3; ++r) data.push_back(input_of(r, n));
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < 3; ++r)
+      threads.emplace_back([&, r] { rings[r]->allreduce(1, data[r].data(), n); });
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < n; i += 997)
+      CATCH_CHECK(std::fabs(data[0][i] - (input_of(0, n)[i] + input_of(1, n)[i] + input_of(2, n)[i]) / 3) <
+                  1e-6);
+    CATCH_CHECK(data[0] == data[1]);
+    CATCH_CHECK(data[1] == data[2]);
+    for (auto& r : rings) CATCH_CHECK(r->committed() == reduce_key{1, 0});
+  }
+
+  // Round 2: n2 never calls (it "died"); n0 and n1 stall until the fence.
+  std::vector<std::vector<float>> data{input_of(0, n), input_of(1, n)};
+  std::vector<std::future<void>> calls;
+  for (size_t r = 0; r < 2; ++r)
+    calls.push_back(std::async(std::launch::async, [&, r] { rings[r]->allreduce(2, data[r].data(), n); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CATCH_CHECK(calls[0].wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  rings[2].reset();
+  for (size_t r = 0; r < 2; ++r) rings[r]->fence(2);
+  std::vector<fence_ack_msg> acks;
+  for (size_t r = 0; r < 2; ++r) {
+    const auto a = poll([&] { return rings[r]->fence_report(); });
+    CATCH_REQUIRE(a.has_value());
+    acks.push_back(*a);
+  }
+  for (const auto& a : acks) {
+    CATCH_CHECK(a.epoch == 2);
+    CATCH_CHECK(a.committed == reduce_key{1, 0});
+    CATCH_CHECK(a.has_pending);
+    CATCH_CHECK(a.pending == reduce_key{2, 0});
+    CATCH_CHECK_FALSE(a.have_result);  // nobody can hold a result the dead member never contributed to
+  }
+  CATCH_CHECK_FALSE(rings[0]->fence_report().has_value());  // once per fence
+  // The coordinator keeps round 1 (everyone applied it) and so round 2 is redone among n0 and n1.
+  for (uint32_t r = 0; r < 2; ++r) rings[r]->enter(view_of(m, {0, 1}, 2, r), reduce_key{1, 0});
+  for (auto& c : calls) CATCH_CHECK(c.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  for (auto& c : calls) c.get();  // rethrows a failure
+  for (size_t i = 0; i < n; i += 997)
+    CATCH_CHECK(std::fabs(data[0][i] - (input_of(0, n)[i] + input_of(1, n)[i]) / 2) < 1e-6);
+  CATCH_CHECK(data[0] == data[1]);
+  for (size_t r = 0; r < 2; ++r) {
+    CATCH_CHECK(rings[r]->epoch() == 2);
+    CATCH_CHECK(rings[r]->world_size() == 2);
+    CATCH_CHECK(rings[r]->committed() == reduce_key{2, 0});
+  }
+
+  // And the next round runs in epoch 2 without further ado.
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < 2; ++r) threads.emplace_back([&, r] { rings[r]->allreduce(3, data[r].data(), n); });
+  for (auto& t : threads) t.join();
+  CATCH_CHECK(rings[0]->completed_round() == 3);
+}
+
+CATCH_TEST_CASE("elastic ring: a removed member's call fails with the coordinator's words", "[elastic]") {
+  const auto m = make_members(2);
+  elastic_ring a(view_of(m, {0, 1}, 1, 0), options());
+  std::vector<float> x(100, 1.0f);
+  auto call = std::async(std::launch::async, [&] { a.allreduce(1, x.data(), x.size()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  a.fence(2);
+  CATCH_REQUIRE(poll([&] { return a.fence_report(); }).has_value());
+  a.evict("the coordinator says: this node was removed from the cluster (quorum lost)");
+  CATCH_REQUIRE(call.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  try {
+    call.get();
+    CATCH_FAIL("the parked call returned");
+  } catch (const lw_error& e) {
+    CATCH_CHECK(e.code() == errc::peer_lost);
+    CATCH_CHECK(std::string(e.what()).find("quorum lost") != std::string::npos);
+  }
+  // Every later call fails the same way.
+  CATCH_CHECK_THROWS_AS(a.allreduce(2, x.data(), x.size()), lw_error);
+}
+
+CATCH_TEST_CASE(
+    "elastic ring: a neighbour that dies mid-call is reported as the suspect, then a fence heals it",
+    "[elastic]") {
+  const size_t n = 200000;
+  const auto m = make_members(2);
+  auto a = std::make_unique<elastic_ring>(view_of(m, {0, 1}, 1, 0), options());
+  auto b = std::make_unique<elastic_ring>(view_of(m, {0, 1}, 1, 1), options());
+  std::vector<float> x = input_of(0, n), y = input_of(1, n);
+  // n1 does not take part; n0's call sends to it, and n1 goes away: n0's ring loses its next rank.
+  auto call = std::async(std::launch::async, [&] { a->allreduce(1, x.data(), n); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  b.reset();
+  const auto failure = poll([&] { return a->take_failure(); });
+  CATCH_REQUIRE(failure.has_value());
+  CATCH_CHECK(failure->epoch == 1);
+  CATCH_CHECK(failure->suspect == "n1");
+  CATCH_CHECK_FALSE(a->take_failure().has_value());  // reported once
+  // The coordinator removes n1: n0 alone redoes the call (decode(encode(x)) = x in fp32).
+  a->fence(2);
+  CATCH_REQUIRE(poll([&] { return a->fence_report(); }).has_value());
+  a->enter(view_of(m, {0}, 2, 0), reduce_key{});
+  CATCH_REQUIRE(call.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  call.get();
+  CATCH_CHECK(x == input_of(0, n));
+  CATCH_CHECK(a->committed() == reduce_key{1, 0});
+}
