@@ -34,10 +34,23 @@ std::chrono::milliseconds to_ms(double seconds) {
 /// once, then reminded of every minute.
 class coordinator_watch {
  public:
+  /// hello: this node's hello, re-sent (running) to a coordinator that comes back.
+  explicit coordinator_watch(comm::hello_msg hello) : hello_(std::move(hello)) {}
+
   void on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
                std::chrono::steady_clock::time_point now) {
     auto* elastic = dynamic_cast<comm::elastic_ring*>(&ring);
     for (const auto& ev : control.poll()) on_event(ev, ring, elastic, control, name, now);
+    if (elastic && reannounce_ && now >= next_announce_) {
+      // Until the coordinator answers: a restarted one takes the running cluster over from these.
+      next_announce_ = now + std::chrono::seconds(2);
+      auto h = hello_;
+      h.running = true;
+      h.epoch = elastic->epoch();
+      h.world_size = static_cast<uint32_t>(elastic->world_size());
+      h.committed = elastic->committed();
+      control.reannounce(h);
+    }
     if (elastic) {
       if (const auto ack = elastic->fence_report()) {
         control.fence_ack(*ack);
@@ -66,7 +79,12 @@ class coordinator_watch {
                 comm::control_client& control, const std::string& name,
                 std::chrono::steady_clock::time_point now) {
     using kind = comm::control_event::kind;
-    if (ev.what == kind::fence) {
+    if (ev.what == kind::fence || ev.what == kind::membership || ev.what == kind::welcome ||
+        ev.what == kind::notice)
+      reannounce_ = false;  // the coordinator knows this node
+    if (ev.what == kind::welcome) {
+      spdlog::info("node {}: the coordinator took this node on in epoch {}", name, ev.epoch);
+    } else if (ev.what == kind::fence) {
       spdlog::info("node {}: the membership is changing to epoch {}: the all-reduce in flight is abandoned",
                    name, ev.epoch);
       if (elastic) elastic->fence(ev.epoch);
@@ -107,24 +125,26 @@ class coordinator_watch {
           name, ev.text);
     } else if (ev.what == kind::connection_back && gone_since_) {
       spdlog::info(
-          "node {}: connected to the coordinator at {} again after {:.0f} s (a restarted "
-          "coordinator cannot take over running nodes yet; training goes on)",
+          "node {}: connected to the coordinator at {} again after {:.0f} s; re-announcing this node (round, "
+          "epoch) so that a restarted coordinator can take the running cluster over",
           name, ev.text, std::chrono::duration<double>(now - *gone_since_).count());
       gone_since_.reset();
+      reannounce_ = true;
+      next_announce_ = now;
     }
     (void)control;
   }
 
   static constexpr auto reminder_every = std::chrono::seconds(60);
+  comm::hello_msg hello_;
   std::optional<std::chrono::steady_clock::time_point> gone_since_;
   std::chrono::steady_clock::time_point next_reminder_;
+  bool reannounce_ = false;
+  std::chrono::steady_clock::time_point next_announce_;
 };
 
-/// Joins the cluster as node `index`, with resume_round its newest checkpoint's round: sets role's rank and
-/// every rank's endpoint and name from the welcome, and returns the round the cluster resumes after. Throws
-/// lw_error when the welcome is malformed or does not match this cluster file.
-uint64_t join(comm::control_client& control, const config::cluster_spec& spec, size_t index,
-              uint64_t resume_round, cluster_role& role) {
+/// Node `index`'s hello, with resume_round its newest checkpoint's round.
+comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round) {
   const auto& me = spec.nodes[index];
   comm::hello_msg hello;
   hello.protocol_version = comm::protocol_version();
@@ -133,6 +153,16 @@ uint64_t join(comm::control_client& control, const config::cluster_spec& spec, s
   hello.n_workers = static_cast<uint32_t>(me.workers);
   hello.data_endpoint = me.endpoint;
   hello.resume_round = resume_round;
+  return hello;
+}
+
+/// Joins the cluster as node `index`, with resume_round its newest checkpoint's round: sets role's rank and
+/// every rank's endpoint and name from the welcome, and returns the round the cluster resumes after. Throws
+/// lw_error when the welcome is malformed or does not match this cluster file.
+uint64_t join(comm::control_client& control, const config::cluster_spec& spec, size_t index,
+              uint64_t resume_round, cluster_role& role) {
+  const auto& me = spec.nodes[index];
+  const auto hello = hello_of(spec, index, resume_round);
   // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
   // says so instead of timing out here.
   const double wait_s = spec.join_timeout_s + 5;
@@ -267,7 +297,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).
   role.ring.on_stall = [name = me.name](const std::string& line) { spdlog::warn("node {}: {}", name, line); };
   auto last_beat = std::chrono::steady_clock::now();
-  coordinator_watch watch;
+  coordinator_watch watch(hello_of(spec, index, 0));
   role.tick = [&](comm::collective& ring) {
     const auto now = std::chrono::steady_clock::now();
     watch.on_tick(*control, ring, me.name, now);

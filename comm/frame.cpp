@@ -345,6 +345,10 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setNWorkers(m.n_workers);
       x.setDataEndpoint(txt(m.data_endpoint));
       x.setResumeRound(m.resume_round);
+      x.setRunning(m.running);
+      x.setEpoch(m.epoch);
+      x.setWorldSize(m.world_size);
+      set_key(x.initCommitted(), m.committed);
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -431,6 +435,10 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.cluster_id = x.getClusterId();
         m.n_workers = x.getNWorkers();
         m.resume_round = x.getResumeRound();
+        m.running = x.getRunning();
+        m.epoch = x.getEpoch();
+        m.world_size = x.getWorldSize();
+        m.committed = key_of(x.getCommitted());
         auto name = x.getNodeName();
         auto ep = x.getDataEndpoint();
         if ((bad = check_text(name, max_name_bytes, "hello nodeName"))) break;

@@ -143,7 +143,19 @@ frame_result<chunk_header> validate_chunk(const void* header, size_t header_size
 
 // ---- control messages (one Envelope frame each) ----
 
-/// A node asks to join.
+/// One all-reduce of a run: (round, fragment), increasing from call to call.
+struct reduce_key {
+  uint64_t round = 0;
+  uint32_t fragment = 0;
+  friend bool operator==(const reduce_key& a, const reduce_key& b) {
+    return a.round == b.round && a.fragment == b.fragment;
+  }
+  friend bool operator!=(const reduce_key& a, const reduce_key& b) { return !(a == b); }
+  friend bool operator<(const reduce_key& a, const reduce_key& b) {
+    return a.round != b.round ? a.round < b.round : a.fragment < b.fragment;
+  }
+};
+/// A node asks to join (or, running, re-announces itself to a restarted coordinator).
 struct hello_msg {
   uint16_t protocol_version = 0;
   uint64_t cluster_id = 0;
@@ -151,6 +163,10 @@ struct hello_msg {
   uint32_t n_workers = 0;
   std::string data_endpoint;
   uint64_t resume_round = 0;  ///< completed rounds of the node's newest checkpoint (0: none)
+  bool running = false;       ///< a training node re-announcing itself: the fields below are set
+  uint64_t epoch = 0;         ///< its epoch
+  uint32_t world_size = 0;    ///< that epoch's member count
+  reduce_key committed;       ///< the last all-reduce it applied
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
@@ -165,18 +181,6 @@ struct welcome_msg {
   std::vector<peer_entry> peers;
   uint64_t start_round = 0;  ///< the round every node resumes from (the oldest of the nodes' resume rounds)
   uint64_t epoch = 0;        ///< the membership epoch the ring starts in
-};
-/// One all-reduce of a run: (round, fragment), increasing from call to call.
-struct reduce_key {
-  uint64_t round = 0;
-  uint32_t fragment = 0;
-  friend bool operator==(const reduce_key& a, const reduce_key& b) {
-    return a.round == b.round && a.fragment == b.fragment;
-  }
-  friend bool operator!=(const reduce_key& a, const reduce_key& b) { return !(a == b); }
-  friend bool operator<(const reduce_key& a, const reduce_key& b) {
-    return a.round != b.round ? a.round < b.round : a.fragment < b.fragment;
-  }
 };
 /// Membership is changing to `epoch`: abandon the all-reduce in flight and report (fence_ack_msg).
 struct fence_msg {

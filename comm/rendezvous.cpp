@@ -71,6 +71,7 @@ struct member_state {
   uint64_t resume_round = 0;  // from its hello
   bool acked = false;         // answered the fence in progress
   fence_ack_msg ack;
+  std::optional<hello_msg> announce;  // its re-announcement to a restarted coordinator
 };
 
 /// A membership change in progress: every training member must answer the fence of `epoch`.
@@ -100,10 +101,17 @@ class coordinator {
     const auto t0 = clock::now();
     info(fmt::format("coordinator: cluster of {} nodes, waiting up to {} for them on {}", members_.size(),
                      secs(o_.join_timeout), o_.bind_endpoint));
-    // Joining.
-    while (!all_joined()) {
+    // Joining, or taking over nodes that are already training (this coordinator was restarted).
+    for (;;) {
       if (stopped()) return call_off("the coordinator was stopped", 130);
-      if (clock::now() - t0 > o_.join_timeout) {
+      if (takeover_since_) {
+        if (all_announced() || clock::now() - *takeover_since_ > o_.heartbeat_timeout) {
+          take_over();
+          break;
+        }
+      } else if (all_joined()) {
+        break;
+      } else if (clock::now() - t0 > o_.join_timeout) {
         std::vector<std::string> missing, joined;
         for (size_t i = 0; i < members_.size(); ++i)
           (members_[i].identity ? joined : missing).push_back(o_.members[i].name);
@@ -122,13 +130,15 @@ class coordinator {
       poll_once();
       status(t0);
     }
-    for (auto& m : members_) m.member = true;
-    welcomed_ = true;
-    for (size_t i = 0; i < members_.size(); ++i) send_welcome(static_cast<uint32_t>(i));
-    info(fmt::format("coordinator: all {} nodes joined; ring {}; {}", members_.size(), ring_text(),
-                     start_round() == 0 ? std::string("starting at round 1")
-                                        : fmt::format("resuming after round {}", start_round())));
-    if (o_.on_epoch) o_.on_epoch(epoch_, members_.size(), "start");
+    if (!welcomed_) {
+      for (auto& m : members_) m.member = true;
+      welcomed_ = true;
+      for (size_t i = 0; i < members_.size(); ++i) send_welcome(static_cast<uint32_t>(i));
+      info(fmt::format("coordinator: all {} nodes joined; ring {}; {}", members_.size(), ring_text(),
+                       start_round() == 0 ? std::string("starting at round 1")
+                                          : fmt::format("resuming after round {}", start_round())));
+      if (o_.on_epoch) o_.on_epoch(epoch_, members_.size(), "start");
+    }
     // Training: watch the members, change the membership when one goes, until none is left training.
     while (any_training()) {
       if (stopped()) return call_off("the coordinator was stopped", 130);
@@ -171,6 +181,49 @@ class coordinator {
     return true;
   }
   bool training(size_t i) const { return members_[i].member && !members_[i].finished; }
+
+  bool all_announced() const {
+    for (const auto& m : members_)
+      if (!m.announce) return false;
+    return true;
+  }
+
+  /// Adopts the nodes that re-announced themselves: their epoch as it stands when they all report the same
+  /// one with all its members, else a fence into the next epoch among them. Those that did not re-announce
+  /// within heartbeat_timeout of the first are taken as gone.
+  void take_over() {
+    welcomed_ = true;
+    uint64_t top = 0;
+    bool same = true;
+    std::vector<size_t> present;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      auto& m = members_[i];
+      if (!m.announce) {
+        m.removed = "lost";
+        continue;
+      }
+      present.push_back(i);
+      m.member = m.heard = true;
+      m.round = m.announce->committed.round;
+      same = same && (top == 0 || m.announce->epoch == top);
+      top = std::max(top, m.announce->epoch);
+    }
+    same = same && present.size() == members_[present.front()].announce->world_size;
+    epoch_ = top;
+    info(fmt::format("coordinator: took over the running cluster: {} in epoch {} (last applied round {})",
+                     names_of(present), top, members_[present.front()].announce->committed.round));
+    if (same) {
+      // Nothing changed while there was no coordinator: the nodes carry on in their epoch.
+      for (auto i : present) {
+        envelope e;
+        e.body = welcome_msg{0, static_cast<uint32_t>(present.size()), {}, 0, epoch_};
+        send_to(i, std::move(e));
+      }
+      if (o_.on_epoch) o_.on_epoch(epoch_, present.size(), "start");
+      return;
+    }
+    start_fence("takeover", "a restarted coordinator found the nodes in different epochs or some missing");
+  }
   bool any_training() const {
     for (size_t i = 0; i < members_.size(); ++i)
       if (training(i)) return true;
@@ -384,11 +437,9 @@ class coordinator {
       const auto& name = o_.members[e.sender].name;
       running_elsewhere_.insert(name);
       const auto* hb = std::get_if<heartbeat_msg>(&e.body);
-      warn(
-          fmt::format("coordinator: node {} (rank {}, {}) is talking to this coordinator without having said "
-                      "hello to it{}: it joined an earlier coordinator, and taking over running nodes is not "
-                      "supported yet, so its messages are ignored (and not logged again)",
-                      name, e.sender, peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
+      info(fmt::format("coordinator: node {} ({}) is training under an earlier coordinator{}; waiting for it to "
+                       "re-announce itself",
+                       name, peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
       return;
     }
     if (strangers_.count(identity)) return;
@@ -471,12 +522,18 @@ class coordinator {
                       h.node_name, h.n_workers, h.data_endpoint, want.workers, want.endpoint));
     }
     auto& m = members_[idx];
+    if (h.running) return on_reannounce(idx, identity, h);
     if (m.identity && *m.identity == identity) {
       // The same process again: its periodic hello while it waits, or one that crossed our welcome.
       m.last_seen = clock::now();
-      if (all_joined() && epoch_ == 1) send_welcome(static_cast<uint32_t>(idx));
+      if (welcomed_ && epoch_ == 1 && m.member) send_welcome(static_cast<uint32_t>(idx));
       return;
     }
+    if (takeover_since_ && !welcomed_)
+      return turn_away(identity, errc::invalid_config,
+                       fmt::format("node '{}' asked to join while this coordinator takes over a cluster that is "
+                                   "already training; joining a running cluster is not supported yet",
+                                   h.node_name));
     if (m.identity && clock::now() - m.last_seen <= join_silence) {
       warn(
           fmt::format("coordinator: turned away a second process for node '{}' ({}): that node has already "
@@ -486,7 +543,7 @@ class coordinator {
                        fmt::format("node {} has already joined from another process{}; stop one of them",
                                    h.node_name, all_joined() ? " and the cluster is training" : ""));
     }
-    if (all_joined()) {
+    if (welcomed_) {
       return turn_away(identity, errc::invalid_config,
                        fmt::format("node '{}' asked to join a cluster that is already training; restart the "
                                    "whole cluster to resume from its checkpoints",
@@ -505,6 +562,38 @@ class coordinator {
     for (const auto& x : members_) joined += x.identity ? 1 : 0;
     info(fmt::format("coordinator: node {} joined ({} workers, ring endpoint {}) [{}/{}]", h.node_name,
                      h.n_workers, h.data_endpoint, joined, members_.size()));
+  }
+
+  /// A training node re-announces itself: to a restarted coordinator (which then takes the cluster over),
+  /// or to this one again after a dropped connection (it is answered with the current epoch).
+  void on_reannounce(size_t idx, const std::string& identity, const hello_msg& h) {
+    auto& m = members_[idx];
+    const auto now = clock::now();
+    if (welcomed_) {
+      if (m.identity && *m.identity == identity && m.member) {
+        m.last_seen = now;
+        envelope e;
+        e.body = welcome_msg{0, 0, {}, 0, epoch_};
+        send_to(idx, std::move(e));
+      } else if (!m.member && m.identity && *m.identity == identity) {
+        tell_removed(m, "node " + h.node_name + " was removed in an earlier epoch");
+      } else {
+        reply_error(identity, errc::evicted,
+                    fmt::format("node {} re-announced itself after the coordinator had taken the cluster over "
+                                "without it; rejoining a running cluster is not supported yet",
+                                h.node_name));
+      }
+      return;
+    }
+    if (!takeover_since_) {
+      takeover_since_ = now;
+      info(fmt::format("coordinator: node {} is already training (epoch {}, last applied round {}): taking "
+                       "the running cluster over; waiting up to {} for its other nodes",
+                       h.node_name, h.epoch, h.committed.round, secs(o_.heartbeat_timeout)));
+    }
+    m.identity = identity;
+    m.last_seen = now;
+    m.announce = h;
   }
 
   void poll_once() {
@@ -585,6 +674,7 @@ class coordinator {
   std::optional<fence_state> fence_;         // a membership change in progress
   bool reset_wanted_ = false;                // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;
+  std::optional<clock::time_point> takeover_since_;  // the first re-announcement of a running node
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};
 };
@@ -669,6 +759,11 @@ std::vector<control_event> control_client::poll() {
       ev.what = control_event::kind::fence;
       ev.epoch = f->epoch;
       out.push_back(std::move(ev));
+    } else if (auto* w = std::get_if<welcome_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::welcome;
+      ev.epoch = w->epoch;
+      out.push_back(std::move(ev));
     } else if (auto* mm = std::get_if<membership_msg>(&body)) {
       control_event ev;
       ev.what = control_event::kind::membership;
@@ -744,6 +839,14 @@ void control_client::heartbeat(uint64_t round, uint64_t epoch) {
                                                    std::chrono::system_clock::now().time_since_epoch())
                                                    .count()),
                          epoch};
+  send(e);
+}
+
+void control_client::reannounce(const hello_msg& hello) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = hello;
   send(e);
 }
 

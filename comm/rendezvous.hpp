@@ -81,6 +81,7 @@ struct control_event {
     notice,           ///< an error envelope from the coordinator: code and text (errc::none: information)
     fence,            ///< membership is changing to `epoch`
     membership,       ///< the members of a new epoch (`membership`)
+    welcome,          ///< a (restarted) coordinator took this running node on in `epoch`
     connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
     connection_back,  ///< connected again after a drop; text: its endpoint
   };
@@ -111,6 +112,9 @@ class control_client {
   void heartbeat(uint64_t round, uint64_t epoch = 0);
   /// The answer to a fence (once the node's ring is idle). Never blocks.
   void fence_ack(const fence_ack_msg& ack);
+  /// A training node re-announces itself (hello with running set) after its connection to the coordinator
+  /// came back, e.g. to a restarted coordinator. Never blocks.
+  void reannounce(const hello_msg& hello);
   /// A ring call failed without a fence. Never blocks.
   void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.

@@ -30,6 +30,10 @@ struct Hello {
   nWorkers @3 :UInt32;
   dataEndpoint @4 :Text;   # where this node's ring socket is bound, e.g. "tcp://10.0.0.5:5601"
   resumeRound @5 :UInt64;  # completed outer rounds of this node's newest checkpoint (0: none)
+  running @6 :Bool;        # a training node re-announcing itself to a restarted coordinator:
+  epoch @7 :UInt64;        #   its epoch,
+  worldSize @8 :UInt32;    #   that epoch's member count,
+  committed @9 :ReduceKey; #   and the last all-reduce it applied
 }
 
 struct Peer {
