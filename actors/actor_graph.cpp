@@ -116,7 +116,10 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
 /// One wait of the main loop that timed out: the cluster tick, then Ctrl-C (a stop with a checkpoint, or
 /// at the second one an exit without it).
 void on_idle(caf::scoped_actor& self, const actor_graph& g, const cluster_role* role, bool* stop_sent) {
-  if (role && role->tick && g.collective) role->tick(*g.collective);
+  if (role && role->tick && g.collective)
+    role->tick(*g.collective, [&g](std::string line) {
+      caf::anon_send(g.peers.metrics, record_atom_v, std::move(line));
+    });
   const int n = g_signals.load();
   if (n >= 2) {
     spdlog::warn("second interrupt: exiting without waiting for the checkpoint");

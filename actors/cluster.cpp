@@ -11,6 +11,7 @@
 #include "comm/elastic_ring.hpp"
 #include "comm/rendezvous.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
 #include "runtime/metrics/metrics_server.hpp"
@@ -38,9 +39,23 @@ class coordinator_watch {
   explicit coordinator_watch(comm::hello_msg hello) : hello_(std::move(hello)) {}
 
   void on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
-               std::chrono::steady_clock::time_point now) {
+               std::chrono::steady_clock::time_point now, const std::function<void(std::string)>& record) {
     auto* elastic = dynamic_cast<comm::elastic_ring*>(&ring);
-    for (const auto& ev : control.poll()) on_event(ev, ring, elastic, control, name, now);
+    for (const auto& ev : control.poll()) {
+      on_event(ev, ring, elastic, name, now);
+      if (ev.what == comm::control_event::kind::membership) {
+        // metrics.jsonl: membership over time, for `longwave report`.
+        std::string members;
+        for (const auto& p : ev.membership.peers) members += (members.empty() ? "" : ",") + p.name;
+        record(runtime::json_line("membership")
+                   .add("epoch", ev.epoch)
+                   .add("rank", static_cast<uint64_t>(ev.membership.rank))
+                   .add("members", members)
+                   .add("kept_round", ev.membership.commit.round)
+                   .add("kept_fragment", static_cast<uint64_t>(ev.membership.commit.fragment))
+                   .str());
+      }
+    }
     if (elastic && reannounce_ && now >= next_announce_) {
       // Until the coordinator answers: a restarted one takes the running cluster over from these.
       next_announce_ = now + std::chrono::seconds(2);
@@ -76,8 +91,7 @@ class coordinator_watch {
 
  private:
   void on_event(const comm::control_event& ev, comm::collective& ring, comm::elastic_ring* elastic,
-                comm::control_client& control, const std::string& name,
-                std::chrono::steady_clock::time_point now) {
+                const std::string& name, std::chrono::steady_clock::time_point now) {
     using kind = comm::control_event::kind;
     if (ev.what == kind::fence || ev.what == kind::membership || ev.what == kind::welcome ||
         ev.what == kind::notice)
@@ -132,7 +146,6 @@ class coordinator_watch {
       reannounce_ = true;
       next_announce_ = now;
     }
-    (void)control;
   }
 
   static constexpr auto reminder_every = std::chrono::seconds(60);
@@ -298,9 +311,9 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   role.ring.on_stall = [name = me.name](const std::string& line) { spdlog::warn("node {}: {}", name, line); };
   auto last_beat = std::chrono::steady_clock::now();
   coordinator_watch watch(hello_of(spec, index, 0));
-  role.tick = [&](comm::collective& ring) {
+  role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record) {
     const auto now = std::chrono::steady_clock::now();
-    watch.on_tick(*control, ring, me.name, now);
+    watch.on_tick(*control, ring, me.name, now, record);
     if (now - last_beat < std::chrono::seconds(2)) return;
     last_beat = now;
     const auto* elastic = dynamic_cast<const comm::elastic_ring*>(&ring);

@@ -40,8 +40,8 @@ struct cluster_role {
   int64_t cluster_workers = 0;         ///< workers of the whole cluster
   comm::ring_options ring;             ///< the ring's settings; the NCCL backend takes its dtype and timeouts
   /// Called from the main thread about every 100 ms with the node's collective (heartbeats with its
-  /// completed round, the coordinator's verdicts).
-  std::function<void(comm::collective&)> tick;
+  /// completed round, the coordinator's verdicts and membership changes) and a sink for metrics.jsonl lines.
+  std::function<void(comm::collective&, const std::function<void(std::string)>& record)> tick;
 };
 
 /// Exit codes: 0 done, 1 runtime failure, 2 bad config or input (comm.backend = "nccl" where this binary or
