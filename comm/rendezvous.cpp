@@ -437,9 +437,10 @@ class coordinator {
       const auto& name = o_.members[e.sender].name;
       running_elsewhere_.insert(name);
       const auto* hb = std::get_if<heartbeat_msg>(&e.body);
-      info(fmt::format("coordinator: node {} ({}) is training under an earlier coordinator{}; waiting for it to "
-                       "re-announce itself",
-                       name, peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
+      info(fmt::format(
+          "coordinator: node {} ({}) is training under an earlier coordinator{}; waiting for it to "
+          "re-announce itself",
+          name, peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
       return;
     }
     if (strangers_.count(identity)) return;
@@ -530,10 +531,11 @@ class coordinator {
       return;
     }
     if (takeover_since_ && !welcomed_)
-      return turn_away(identity, errc::invalid_config,
-                       fmt::format("node '{}' asked to join while this coordinator takes over a cluster that is "
-                                   "already training; joining a running cluster is not supported yet",
-                                   h.node_name));
+      return turn_away(
+          identity, errc::invalid_config,
+          fmt::format("node '{}' asked to join while this coordinator takes over a cluster that is "
+                      "already training; joining a running cluster is not supported yet",
+                      h.node_name));
     if (m.identity && clock::now() - m.last_seen <= join_silence) {
       warn(
           fmt::format("coordinator: turned away a second process for node '{}' ({}): that node has already "
@@ -578,18 +580,20 @@ class coordinator {
       } else if (!m.member && m.identity && *m.identity == identity) {
         tell_removed(m, "node " + h.node_name + " was removed in an earlier epoch");
       } else {
-        reply_error(identity, errc::evicted,
-                    fmt::format("node {} re-announced itself after the coordinator had taken the cluster over "
-                                "without it; rejoining a running cluster is not supported yet",
-                                h.node_name));
+        reply_error(
+            identity, errc::evicted,
+            fmt::format("node {} re-announced itself after the coordinator had taken the cluster over "
+                        "without it; rejoining a running cluster is not supported yet",
+                        h.node_name));
       }
       return;
     }
     if (!takeover_since_) {
       takeover_since_ = now;
-      info(fmt::format("coordinator: node {} is already training (epoch {}, last applied round {}): taking "
-                       "the running cluster over; waiting up to {} for its other nodes",
-                       h.node_name, h.epoch, h.committed.round, secs(o_.heartbeat_timeout)));
+      info(
+          fmt::format("coordinator: node {} is already training (epoch {}, last applied round {}): taking "
+                      "the running cluster over; waiting up to {} for its other nodes",
+                      h.node_name, h.epoch, h.committed.round, secs(o_.heartbeat_timeout)));
     }
     m.identity = identity;
     m.last_seen = now;

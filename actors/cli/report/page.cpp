@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -181,6 +182,38 @@ std::string nodes_table(const report_data& r, const run_summary& sum) {
   return o + "</tbody></table>\n";
 }
 
+// A cluster's memberships over time: one row per epoch that a node entered after the first.
+std::string membership_table(const report_data& r) {
+  struct epoch_row {
+    double ts = HUGE_VAL;
+    std::string members;
+    double kept_round = 0, kept_fragment = 0;
+    std::vector<std::string> nodes;
+  };
+  std::map<double, epoch_row> epochs;
+  for (const auto& m : r.nodes)
+    for (const auto& rec : m.memberships) {
+      auto& e = epochs[num(rec, "epoch")];
+      e.ts = std::min(e.ts, num(rec, "ts"));
+      e.members = text(rec, "members");
+      e.kept_round = num(rec, "kept_round");
+      e.kept_fragment = num(rec, "kept_fragment");
+      e.nodes.push_back(m.name);
+    }
+  if (epochs.empty()) return {};
+  std::string o =
+      "<h2>Membership</h2>\n<table><thead><tr><th>epoch</th><th>from (UTC)</th><th>members</th>"
+      "<th>kept all-reduce (round, fragment)</th><th>reported by</th></tr></thead><tbody>\n";
+  for (const auto& [epoch, e] : epochs) {
+    std::string by;
+    for (const auto& n : e.nodes) by += (by.empty() ? "" : ", ") + n;
+    o += fmt::format("<tr><th>{}</th><td>{}</td><td>{}</td><td>{}, {}</td><td>{}</td></tr>\n", compact(epoch),
+                     html_escape(utc_text(e.ts)), html_escape(e.members), compact(e.kept_round),
+                     compact(e.kept_fragment), html_escape(by));
+  }
+  return o + "</tbody></table>\n";
+}
+
 std::string charts_section(const report_data& r) {
   std::string o = "<h2>Charts</h2>\n<section class=\"charts\">\n";
   int id = 0;
@@ -220,7 +253,7 @@ std::string assemble_page(const report_data& r) {
   o += configuration_table(cluster, sum, field);
   o += outcome_table(r, sum, field);
   o += "</section>\n";
-  if (cluster) o += nodes_table(r, sum);
+  if (cluster) o += nodes_table(r, sum) + membership_table(r);
   o += charts_section(r);
   o += page_footer(r);
   return o;

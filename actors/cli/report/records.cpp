@@ -94,6 +94,8 @@ void add_record(node_metrics& m, record obj) {
     m.checkpoints.push_back(std::move(obj));
   } else if (kind == "end") {
     m.ends.push_back(std::move(obj));
+  } else if (kind == "membership") {
+    m.memberships.push_back(std::move(obj));
   }
   // Other kinds come from a newer writer: counted, not shown.
 }
