@@ -84,7 +84,7 @@ const std::vector<metric_def>& metric_catalogue() {
        "The membership epoch: it changes with every node that is lost, fails or leaves"},
       {"longwave_cluster_members", t::gauge, "", r::coordinator, "Nodes in the current epoch's membership"},
       {"longwave_cluster_membership_changes_total", t::counter, "reason", r::coordinator,
-       "New epochs, by reason (lost, failed, left, ring_reset; several at once are joined by commas)"},
+       "New epochs, by reason (lost, failed, left, ring_reset, takeover; several at once joined by commas)"},
       // Checkpoints.
       {"longwave_checkpoints_total", t::counter, "", r::node, "Checkpoints written"},
       {"longwave_checkpoint_write_seconds", t::gauge, "", r::node,
