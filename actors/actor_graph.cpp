@@ -117,8 +117,10 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
 /// at the second one an exit without it).
 void on_idle(caf::scoped_actor& self, const actor_graph& g, const cluster_role* role, bool* stop_sent) {
   if (role && role->tick && g.collective)
-    role->tick(*g.collective,
-               [&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); });
+    role->tick(
+        *g.collective,
+        [&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
+        [&g] { caf::anon_send(g.coordinator, stop_atom_v, done_atom_v); });
   const int n = g_signals.load();
   if (n >= 2) {
     spdlog::warn("second interrupt: exiting without waiting for the checkpoint");

@@ -38,10 +38,13 @@ class coordinator_watch {
   /// hello: this node's hello, re-sent (running) to a coordinator that comes back.
   explicit coordinator_watch(comm::hello_msg hello) : hello_(std::move(hello)) {}
 
-  void on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
+  /// True when the coordinator asked this node to leave.
+  bool on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
                std::chrono::steady_clock::time_point now, const std::function<void(std::string)>& record) {
     auto* elastic = dynamic_cast<comm::elastic_ring*>(&ring);
+    bool leave = false;
     for (const auto& ev : control.poll()) {
+      leave = leave || ev.what == comm::control_event::kind::leave;
       on_event(ev, ring, elastic, name, now);
       if (ev.what == comm::control_event::kind::membership) {
         // metrics.jsonl: membership over time, for `longwave report`.
@@ -87,6 +90,7 @@ class coordinator_watch {
       spdlog::warn("node {}: still no connection to the coordinator at {} ({:.0f} s); training goes on", name,
                    control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count());
     }
+    return leave;
   }
 
  private:
@@ -200,6 +204,24 @@ uint64_t join(comm::control_client& control, const config::cluster_spec& spec, s
   return welcome.start_round;
 }
 
+/// `longwave node CLUSTER --node NAME --leave`: asks the coordinator to make NAME leave at its next round
+/// boundary. 0 when it will, 2 when it cannot (not training, unknown), 1 when the coordinator cannot be reached.
+int request_leave(const config::cluster_spec& spec, const std::string& name) {
+  try {
+    comm::control_client control(spec.coordinator, spec.cluster_id);
+    const auto [code, text] = control.request_leave(name, std::chrono::seconds(10));
+    if (code == errc::none) {
+      spdlog::info("the coordinator says: {}", text);
+      return 0;
+    }
+    spdlog::error("the coordinator says: {}", text);
+    return 2;
+  } catch (const lw_error& e) {
+    spdlog::error("{}", e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+}
+
 }  // namespace
 
 int run_coordinator_role(const config::cluster_spec& spec) {
@@ -275,6 +297,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     return 2;
   }
   const auto& me = spec.nodes[index];
+  if (opts.leave) return request_leave(spec, name);
   if (opts.dry_run) {
     spdlog::info("node {}: rank {} of {}, {} workers (global ranks {}..{}), ring endpoint {}", me.name, index,
                  spec.nodes.size(), me.workers, config::worker_offset(spec, index),
@@ -309,17 +332,30 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   }
   // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).
   role.ring.on_stall = [name = me.name](const std::string& line) { spdlog::warn("node {}: {}", name, line); };
-  auto last_beat = std::chrono::steady_clock::now();
+  // The first tick heartbeats at once: the coordinator allows a member join_timeout_s of silence only until
+  // its first heartbeat (while it loads its data and model).
+  std::chrono::steady_clock::time_point last_beat{};
   coordinator_watch watch(hello_of(spec, index, 0));
-  role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record) {
+  bool leaving = false;
+  role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record,
+                  const std::function<void()>& leave) {
     const auto now = std::chrono::steady_clock::now();
-    watch.on_tick(*control, ring, me.name, now, record);
+    if (watch.on_tick(*control, ring, me.name, now, record) && !leaving) {
+      leaving = true;
+      spdlog::info("node {}: asked to leave the cluster: stopping at the next round boundary", me.name);
+      leave();
+    }
     if (now - last_beat < std::chrono::seconds(2)) return;
     last_beat = now;
     const auto* elastic = dynamic_cast<const comm::elastic_ring*>(&ring);
     control->heartbeat(ring.completed_round(), elastic ? elastic->epoch() : 0);
   };
-  const int code = run_training(cfg, node_opts, &role);
+  int code = run_training(cfg, node_opts, &role);
+  if (leaving && code == 130) {
+    control->bye("left at a round boundary (longwave node --leave)");
+    spdlog::info("node {}: left the cluster; its checkpoint is saved", me.name);
+    return 0;
+  }
   if (code == 0)
     control->bye("done");
   else if (code == 130)

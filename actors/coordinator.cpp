@@ -273,6 +273,16 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
           return stop_now(self, /*boundary=*/false);
         s.stop_requested = true;
       },
+      [=](stop_atom, done_atom) {
+        auto& s = self->state;
+        if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
+        if (s.ph == phase::idle) {
+          if (!set_phase(self, phase::stopping)) return;
+          if (!set_phase(self, phase::done)) return;
+          return notify_main(self, 130);
+        }
+        s.stop_requested = true;  // the round tail (or the policy's next boundary) stops
+      },
   };
 }
 

@@ -22,6 +22,7 @@ struct run_options {
   bool fresh = false;          ///< ignore (and remove) earlier checkpoints of this out_dir
   bool dry_run = false;        ///< validate, print the resolved config and the model size, do not train
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
+  bool leave = false;          ///< cluster node: ask the coordinator to make the running node leave
   /// Cluster nodes: resume from the newest valid checkpoint whose completed round is at most this (the round
   /// the coordinator agreed on); unset: the newest valid checkpoint.
   std::optional<uint64_t> max_resume_round;
@@ -41,7 +42,10 @@ struct cluster_role {
   comm::ring_options ring;             ///< the ring's settings; the NCCL backend takes its dtype and timeouts
   /// Called from the main thread about every 100 ms with the node's collective (heartbeats with its
   /// completed round, the coordinator's verdicts and membership changes) and a sink for metrics.jsonl lines.
-  std::function<void(comm::collective&, const std::function<void(std::string)>& record)> tick;
+  /// leave: stops this node at its next round boundary.
+  std::function<void(comm::collective&, const std::function<void(std::string)>& record,
+                     const std::function<void()>& leave)>
+      tick;
 };
 
 /// Exit codes: 0 done, 1 runtime failure, 2 bad config or input (comm.backend = "nccl" where this binary or

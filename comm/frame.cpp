@@ -376,6 +376,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       for (size_t i = 0; i < m.workers.size(); ++i) w.set(static_cast<unsigned>(i), m.workers[i]);
       set_key(x.initCommit(), m.commit);
     }
+    void operator()(const leave_msg& m) { b.initLeave().setNode(txt(m.node)); }
     void operator()(const ring_failed_msg& m) {
       auto x = b.initRingFailed();
       x.setEpoch(m.epoch);
@@ -482,6 +483,12 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         }
         for (auto v : w) m.workers.push_back(v);
         out.body = std::move(m);
+        break;
+      }
+      case wire::Envelope::Body::LEAVE: {
+        auto node = b.getLeave().getNode();
+        if ((bad = check_text(node, max_name_bytes, "leave node"))) break;
+        out.body = leave_msg{text_of(node)};
         break;
       }
       case wire::Envelope::Body::RING_FAILED: {

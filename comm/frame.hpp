@@ -202,6 +202,10 @@ struct membership_msg {
   std::vector<uint32_t> workers;  ///< each member's worker count, indexed by rank
   reduce_key commit;              ///< nodes holding this all-reduce's result keep it; others redo theirs
 };
+/// Node `node` is asked to leave the cluster at its next round boundary.
+struct leave_msg {
+  std::string node;
+};
 /// A node's ring failed in `epoch` (e.g. the next rank's connection dropped).
 struct ring_failed_msg {
   uint64_t epoch = 0;
@@ -236,7 +240,7 @@ struct envelope {
   uint64_t cluster_id = 0;
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
-               fence_msg, fence_ack_msg, membership_msg, ring_failed_msg>
+               fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg>
       body;
 };
 

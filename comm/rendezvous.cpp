@@ -600,6 +600,25 @@ class coordinator {
     m.announce = h;
   }
 
+  /// `longwave node --leave`: forwards the request to the node and answers the requester.
+  void on_leave(const std::string& identity, const leave_msg& l) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (o_.members[i].name != l.node) continue;
+      if (!welcomed_ || !training(i))
+        return reply_error(identity, errc::invalid_config,
+                           fmt::format("node {} is not training in this cluster{}", l.node,
+                                       members_[i].removed.empty() ? "" : " (" + members_[i].removed + ")"));
+      envelope e;
+      e.body = l;
+      send_to(i, std::move(e));
+      info(fmt::format("coordinator: node {} was asked to leave at its next round boundary", l.node));
+      return reply_error(identity, errc::none,
+                         fmt::format("node {} leaves at its next round boundary (last applied round {})", l.node,
+                                     members_[i].round));
+    }
+    reply_error(identity, errc::invalid_config, fmt::format("node '{}' is not in this cluster", l.node));
+  }
+
   void poll_once() {
     if (!readable(sock_, std::chrono::milliseconds(100))) return;
     std::vector<zmq::message_t> parts;
@@ -624,6 +643,7 @@ class coordinator {
     }
     const envelope& e = parsed.value();
     if (auto* h = std::get_if<hello_msg>(&e.body)) return on_hello(identity, *h, peer);
+    if (auto* l = std::get_if<leave_msg>(&e.body)) return on_leave(identity, *l);
     const auto rank = rank_of_identity(identity);
     if (!rank) return from_stranger(identity, e, peer);
     auto& m = members_[*rank];
@@ -636,9 +656,9 @@ class coordinator {
         tell_removed(m, "node " + name + " was removed in an earlier epoch");
       return;
     }
+    m.heard = true;  // anything but a hello comes from its main loop
     if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
       m.round = hb->round;
-      m.heard = true;
     } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
       if (b->reason == "done") {
         m.finished = true;
@@ -763,6 +783,10 @@ std::vector<control_event> control_client::poll() {
       ev.what = control_event::kind::fence;
       ev.epoch = f->epoch;
       out.push_back(std::move(ev));
+    } else if (std::holds_alternative<leave_msg>(body)) {
+      control_event ev;
+      ev.what = control_event::kind::leave;
+      out.push_back(std::move(ev));
     } else if (auto* w = std::get_if<welcome_msg>(&body)) {
       control_event ev;
       ev.what = control_event::kind::welcome;
@@ -844,6 +868,33 @@ void control_client::heartbeat(uint64_t round, uint64_t epoch) {
                                                    .count()),
                          epoch};
   send(e);
+}
+
+std::pair<errc, std::string> control_client::request_leave(const std::string& name,
+                                                           std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = leave_msg{name};
+  send(e);
+  const auto deadline = clock::now() + timeout;
+  while (clock::now() < deadline) {
+    if (!readable(*sock_, std::chrono::milliseconds(100))) continue;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
+        parts.size() != 1)
+      continue;
+    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+    if (!parsed) {
+      if (parsed.error().reason == reject_reason::wrong_cluster)
+        return {errc::invalid_config, "the coordinator at " + endpoint_ + " serves a different cluster"};
+      continue;
+    }
+    if (auto* er = std::get_if<error_msg>(&parsed.value().body))
+      return {static_cast<errc>(er->code), er->message};
+  }
+  throw lw_error(errc::deadline_missed,
+                 fmt::format("cannot reach the coordinator at {}: no answer within {}", endpoint_, secs(timeout)));
 }
 
 void control_client::reannounce(const hello_msg& hello) {

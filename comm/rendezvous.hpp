@@ -82,6 +82,7 @@ struct control_event {
     fence,            ///< membership is changing to `epoch`
     membership,       ///< the members of a new epoch (`membership`)
     welcome,          ///< a (restarted) coordinator took this running node on in `epoch`
+    leave,            ///< this node is asked to leave at its next round boundary
     connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
     connection_back,  ///< connected again after a drop; text: its endpoint
   };
@@ -115,6 +116,10 @@ class control_client {
   /// A training node re-announces itself (hello with running set) after its connection to the coordinator
   /// came back, e.g. to a restarted coordinator. Never blocks.
   void reannounce(const hello_msg& hello);
+  /// Asks the coordinator to make node `name` leave at its next round boundary (`longwave node --leave`);
+  /// returns the coordinator's answer: errc::none and what will happen, or the reason it cannot (e.g. the
+  /// node is not training). Throws lw_error(errc::deadline_missed) when no answer comes within timeout.
+  std::pair<errc, std::string> request_leave(const std::string& name, std::chrono::milliseconds timeout);
   /// A ring call failed without a fence. Never blocks.
   void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.

@@ -83,6 +83,12 @@ struct Membership {
   workers @4 :List(UInt32);  # each member's worker count, indexed by rank
 }
 
+struct Leave {
+  # Asks node `node` to leave the cluster at its next round boundary (from `longwave node --leave` to the
+  # coordinator, which forwards it to the node).
+  node @0 :Text;
+}
+
 struct RingFailed {
   # Node -> coordinator: an all-reduce of `epoch` failed (e.g. the next rank's connection dropped).
   epoch @0 :UInt64;
@@ -132,6 +138,7 @@ struct Envelope {
     fenceAck @10 :FenceAck;
     membership @11 :Membership;
     ringFailed @12 :RingFailed;
+    leave @13 :Leave;
   }
 }
 

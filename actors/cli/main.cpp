@@ -100,7 +100,7 @@ struct cli_values {
   // coordinator, node, launch
   std::string cluster_path, node_name;
   std::vector<std::string> cluster_overrides;
-  bool cluster_fresh = false, node_dry_run = false;
+  bool cluster_fresh = false, node_dry_run = false, node_leave = false;
   cli::observe_options observe;
   // report
   std::string report_dir, report_out;
@@ -181,6 +181,9 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
   node->add_flag("--fresh", v.cluster_fresh,
                  "Start over: delete this node's checkpoints and loss trace first");
   node->add_flag("--dry-run", v.node_dry_run, "Validate and print this node's resolved config; do not join");
+  node->add_flag("--leave", v.node_leave,
+                 "Ask the running node NAME to leave the cluster at its next round boundary (it saves its "
+                 "checkpoint and exits 0; the others go on), then exit");
   node->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
   node->footer(cluster_footer);
   return node;
@@ -267,6 +270,7 @@ int cmd_role(const cli_values& v, bool as_coordinator) {
   actors::run_options nopts;
   nopts.fresh = v.cluster_fresh;
   nopts.dry_run = v.node_dry_run;
+  nopts.leave = v.node_leave;
   return actors::run_node_role(*spec, v.node_name, nopts);
 }
 

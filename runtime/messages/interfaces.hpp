@@ -71,6 +71,8 @@ using metrics_actor = caf::typed_actor<caf::reacts_to<gauge_atom, std::string, s
 /// The outer-round state machine. Answers the sender of start with (done, exit code, final val loss) when
 /// the run ends.
 using coordinator_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<stop_atom>,
+                                           /// Stop at the next round boundary (a node leaving its cluster).
+                                           caf::reacts_to<stop_atom, done_atom>,
                                            /// A worker's inner step.
                                            caf::reacts_to<report_atom, step_report>,
                                            /// To itself: the grace period after a lost ring peer ended.
