@@ -364,8 +364,11 @@ CATCH_TEST_CASE(
   const auto cluster = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n");
   edit_file(cluster, "join_timeout_s = ", "heartbeat_timeout_s = 4\njoin_timeout_s = ");
   edit_file(cluster, "rounds = 3", "rounds = 12");
+  edit_file(cluster, "inner_steps = 3", "inner_steps = 20");
   auto [coord, nodes] = start_cluster(dir, cluster, 3);
-  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n2"); }, 120));
+  // Two rounds of 20 steps take seconds: n2 has sent heartbeats (before its first one, the coordinator
+  // allows a node join_timeout_s to load).
+  CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n2") >= 2; }, 120));
   kill(nodes[2].pid, SIGSTOP);
   // The ring's deadline (comm.timeout_s) is 300 s: n2 must be removed long before it.
   const auto t0 = std::chrono::steady_clock::now();
@@ -404,8 +407,11 @@ CATCH_TEST_CASE("a node removed while stopped that comes back is told so and exi
   const auto cluster = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n");
   edit_file(cluster, "join_timeout_s = ", "heartbeat_timeout_s = 4\njoin_timeout_s = ");
   edit_file(cluster, "rounds = 3", "rounds = 12");
+  edit_file(cluster, "inner_steps = 3", "inner_steps = 20");
   auto [coord, nodes] = start_cluster(dir, cluster, 3);
-  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n2"); }, 120));
+  // Two rounds of 20 steps take seconds: n2 has sent heartbeats (before its first one, the coordinator
+  // allows a node join_timeout_s to load).
+  CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n2") >= 2; }, 120));
   // Longer than heartbeat_timeout_s: n2 is removed while stopped, and wakes while the others still train.
   kill(nodes[2].pid, SIGSTOP);
   std::this_thread::sleep_for(std::chrono::seconds(7));
