@@ -7,10 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
+#include "tests/support/json.hpp"
 #include "tests/support/process.hpp"
 
 namespace longwave::test {
@@ -101,6 +105,58 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
 
 inline bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
+}
+
+inline int occurrences(const std::string& text, const std::string& what) {
+  int k = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++k;
+  return k;
+}
+
+/// The last `n` characters of a (log) text.
+inline std::string tail(const std::string& text, size_t n = 6000) {
+  return text.substr(text.size() > n ? text.size() - n : 0);
+}
+
+/// Starts the coordinator and one node per entry of the cluster file; logs go to dir/coord.log, dir/nI.log.
+/// `node_env[i]`, where given, is added to node i's environment ("NAME=VALUE" each).
+inline std::pair<child, std::vector<child>> start_cluster(
+    const std::string& dir, const std::string& cluster, size_t n_nodes,
+    const std::vector<std::vector<std::string>>& node_env = {}) {
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  std::vector<child> nodes;
+  for (size_t i = 0; i < n_nodes; ++i) {
+    const auto name = "n" + std::to_string(i);
+    nodes.push_back(spawn({binary(), "node", cluster, "--node", name}, dir + "/" + name + ".log", false,
+                          i < node_env.size() ? node_env[i] : std::vector<std::string>{}));
+  }
+  return {coord, nodes};
+}
+
+/// How many checkpoints node `node` of the cluster in `dir` has written.
+inline size_t checkpoint_count(const std::string& dir, const std::string& node) {
+  return runtime::checkpoint_store(dir + "/cluster/" + node + "/checkpoints", 100).list().size();
+}
+
+inline bool has_checkpoint(const std::string& dir, const std::string& node) {
+  return checkpoint_count(dir, node) > 0;
+}
+
+/// theta_crc32c of each "round" record of a node's metrics.jsonl (in out_dir), by round. A round recorded
+/// twice must carry the same CRC both times.
+inline std::map<int64_t, std::string> round_crcs(const std::string& out_dir) {
+  std::map<int64_t, std::string> out;
+  std::istringstream in(read_text(out_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto doc = parse_json(line);
+    if (std::string(doc["kind"].GetString()) != "round") continue;
+    const int64_t round = doc["round"].GetInt64();
+    const std::string crc = doc["theta_crc32c"].GetString();
+    const auto [at, fresh] = out.emplace(round, crc);
+    CATCH_INFO(out_dir << ": round " << round << " recorded twice");
+    CATCH_CHECK((fresh || at->second == crc));
+  }
+  return out;
 }
 
 }  // namespace longwave::test

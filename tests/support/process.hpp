@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -56,9 +57,24 @@ struct child {
 };
 
 /// Starts args with output to log_path; with own_group, in a process group of its own (pgid = pid), so that
-/// the test can signal it and all its children at once.
-inline child spawn(const std::vector<std::string>& args, const std::string& log_path,
-                   bool own_group = false) {
+/// the test can signal it and all its children at once. `env` ("NAME=VALUE" each) is added to the test's own
+/// environment, replacing a variable of the same name.
+inline child spawn(const std::vector<std::string>& args, const std::string& log_path, bool own_group = false,
+                   const std::vector<std::string>& env = {}) {
+  // The child's environment is built before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> vars(env);
+  for (char** e = environ; *e; ++e) {
+    const std::string var(*e);
+    const auto name = var.substr(0, var.find('=') + 1);
+    if (std::none_of(env.begin(), env.end(), [&](const std::string& v) { return v.rfind(name, 0) == 0; }))
+      vars.push_back(var);
+  }
+  std::vector<char*> envp;
+  for (auto& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   child c;
   c.log = log_path;
   c.pid = fork();
@@ -67,10 +83,7 @@ inline child spawn(const std::vector<std::string>& args, const std::string& log_
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   if (own_group && c.pid > 0) setpgid(c.pid, c.pid);  // also here, so the group exists before any kill

@@ -86,6 +86,38 @@ CATCH_TEST_CASE("A cluster file gives the nodes, the coordinator and per-node tr
   CATCH_CHECK(o.cluster_id == cluster_id_of("other"));
 }
 
+CATCH_TEST_CASE("[cluster] membership keys: heartbeat_timeout_s, min_nodes and quorum_timeout_s",
+                "[config][cluster]") {
+  using Catch::Matchers::Contains;
+  const auto d = parse_cluster(good, {}, "cluster.toml");
+  CATCH_CHECK(d.heartbeat_timeout_s == 6);  // a silent node leaves the membership after 6 s
+  CATCH_CHECK(d.min_nodes == 1);
+  CATCH_CHECK(d.quorum_timeout_s == 60);
+
+  const auto set = parse_cluster(replaced(good, "join_timeout_s = 30",
+                                          "join_timeout_s = 30\nheartbeat_timeout_s = 2.5\nmin_nodes = 2\n"
+                                          "quorum_timeout_s = 15"),
+                                 {}, "cluster.toml");
+  CATCH_CHECK(set.heartbeat_timeout_s == 2.5);
+  CATCH_CHECK(set.min_nodes == 2);
+  CATCH_CHECK(set.quorum_timeout_s == 15);
+  const auto o = parse_cluster(good, {"cluster.min_nodes=2", "cluster.quorum_timeout_s=5"}, "c");
+  CATCH_CHECK(o.min_nodes == 2);
+  CATCH_CHECK(o.quorum_timeout_s == 5);
+
+  const auto with = [&](const std::string& line) {
+    return error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\n" + line));
+  };
+  CATCH_CHECK_THAT(with("min_nodes = 3"),
+                   Contains("cluster.min_nodes = 3: the cluster file lists only 2 node(s)"));
+  CATCH_CHECK_THAT(with("min_nodes = 0"), Contains("cluster.min_nodes = 0"));
+  CATCH_CHECK_THAT(with("quorum_timeout_s = 0"), Contains("cluster.quorum_timeout_s = 0"));
+  CATCH_CHECK_THAT(with("heartbeat_timeout_s = -1"), Contains("cluster.heartbeat_timeout_s = -1"));
+  CATCH_CHECK_THAT(with("min_node = 2"), Contains("unknown key 'cluster.min_node'") && Contains("min_nodes"));
+  CATCH_CHECK_THAT(error_of(good, {"cluster.min_nodes=4"}),
+                   Contains("cluster.min_nodes = 4: the cluster file lists only 2 node(s)"));
+}
+
 CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
   using Catch::Matchers::Contains;
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),

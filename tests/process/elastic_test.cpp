@@ -1,0 +1,186 @@
+// Clusters that lose a node (issue 20): 3 real node processes on loopback, one of them SIGKILLed in the
+// inner phase or inside an all-reduce (LONGWAVE_FAULT_DIE_IN_ALLREDUCE), interrupted with Ctrl-C, or lost
+// below [cluster] min_nodes. The survivors finish the run, and agree on theta after every round.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/support/cluster.hpp"
+#include "tests/support/process.hpp"
+
+using namespace longwave;
+using namespace longwave::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const int64_t rounds = 8;
+
+/// A 3-node cluster (1 worker each) of `rounds` rounds x 20 inner steps, started; `extra` is appended to the
+/// cluster file, `node_env[i]` added to node i's environment.
+struct elastic_cluster {
+  std::string dir, file;
+  child coord;
+  std::vector<child> nodes;
+
+  elastic_cluster(const std::string& name, const std::string& extra,
+                  const std::vector<std::vector<std::string>>& node_env = {},
+                  const std::string& cluster_keys = "") {
+    dir = scratch_dir(name);
+    cluster_ports ports;
+    file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n" + extra);
+    edit_file(file, "rounds = 3", "rounds = " + std::to_string(rounds));
+    edit_file(file, "inner_steps = 3", "inner_steps = 20");
+    if (!cluster_keys.empty()) edit_file(file, "join_timeout_s = ", cluster_keys + "join_timeout_s = ");
+    std::tie(coord, nodes) = start_cluster(dir, file, 3, node_env);
+  }
+
+  /// Waits until node `i` has written `n` checkpoints (it is then past round n - 1, most likely computing).
+  bool wait_checkpoints(size_t i, size_t n) const {
+    return wait_until([&] { return checkpoint_count(dir, "n" + std::to_string(i)) >= n; }, 300);
+  }
+
+  std::string log(size_t i) const { return read_text(dir + "/n" + std::to_string(i) + ".log"); }
+  std::string coord_log() const { return read_text(dir + "/coord.log"); }
+  std::string out(const std::string& node) const { return dir + "/cluster/" + node; }
+};
+
+/// The survivors agree on theta after every round they both committed, and each committed every round.
+void check_rounds(const elastic_cluster& c, const std::vector<std::string>& survivors) {
+  std::vector<std::map<int64_t, std::string>> crcs;
+  for (const auto& n : survivors) crcs.push_back(round_crcs(c.out(n)));
+  for (size_t k = 0; k < survivors.size(); ++k) {
+    CATCH_INFO(survivors[k] << " recorded " << crcs[k].size() << " rounds");
+    for (int64_t r = 1; r <= rounds; ++r) {
+      CATCH_INFO("round " << r);
+      CATCH_CHECK(crcs[k].count(r) == 1);
+    }
+  }
+  int common = 0;
+  for (const auto& [round, crc] : crcs[0])
+    for (size_t k = 1; k < crcs.size(); ++k)
+      if (const auto it = crcs[k].find(round); it != crcs[k].end()) {
+        CATCH_INFO("round " << round << ": " << survivors[0] << " " << crc << ", " << survivors[k] << " "
+                            << it->second);
+        CATCH_CHECK(it->second == crc);
+        ++common;
+      }
+  CATCH_CHECK(common >= rounds);
+}
+
+/// n2 is gone (`how` in the coordinator's words); n0 and n1 finish with exit 0, the coordinator too, and
+/// both end on the same theta, which training moved. Returns the coordinator's log.
+std::string check_survivors_finish(elastic_cluster& c, const std::string& how) {
+  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
+  const int coord_code = wait_exit(c.coord, 60);
+  const auto clog = c.coord_log();
+  CATCH_INFO(tail(c.log(0)) << "\n--- n1\n" << tail(c.log(1)) << "\n--- coordinator\n" << clog);
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(
+      contains(clog, "coordinator: the run finished on n0, n1; removed on the way: n2 (" + how + ")"));
+  check_rounds(c, {"n0", "n1"});
+  const auto a = newest_theta(c.out("n0") + "/checkpoints"), b = newest_theta(c.out("n1") + "/checkpoints");
+  CATCH_CHECK(max_abs_diff(a, b) == 0.0);
+  CATCH_CHECK(max_abs_diff(a, oldest_theta(c.out("n0") + "/checkpoints")) > 1e-3);
+  return clog;
+}
+
+/// Kills n2 with SIGKILL once it has written 2 checkpoints: with 20 inner steps a round, most likely while
+/// every node computes.
+void kill_in_inner_phase(elastic_cluster& c) {
+  CATCH_REQUIRE(c.wait_checkpoints(2, 2));
+  kill(c.nodes[2].pid, SIGKILL);
+  CATCH_CHECK(wait_exit(c.nodes[2], 30) == 128 + SIGKILL);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a node SIGKILLed in the inner phase is removed and the other two finish on the same theta",
+                "[process][cluster][elastic]") {
+  elastic_cluster c("elastic_kill", "");
+  kill_in_inner_phase(c);
+  check_survivors_finish(c, "lost");
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
+    "a node that dies inside the all-reduce of round 4 is removed and the round is redone without it or kept",
+    "[process][cluster][elastic]") {
+  // Each rank hands 12 chunks to ZeroMQ per all-reduce of the tiny model over 3 ranks: 6 in the
+  // reduce-scatter, 6 in the all-gather.
+  for (const int chunks : {2, 9, 12}) {
+    CATCH_DYNAMIC_SECTION("dies after " << chunks << " chunks") {
+      elastic_cluster c("elastic_die_" + std::to_string(chunks), "",
+                        {{}, {}, {"LONGWAVE_FAULT_DIE_IN_ALLREDUCE=4:" + std::to_string(chunks)}});
+      CATCH_CHECK(wait_exit(c.nodes[2], 300) == 128 + SIGKILL);
+      CATCH_CHECK(contains(c.log(2), "this node kills itself in round 4 after " + std::to_string(chunks)));
+      const auto clog = check_survivors_finish(c, "lost");
+      if (chunks == 2) {  // in the reduce-scatter: nobody holds round 4's result
+        CATCH_CHECK(contains(clog, "all-reduces after round 3 fragment 0 are redone"));
+      } else if (chunks == 12) {  // after its last chunk: both survivors hold it, and it is kept
+        CATCH_CHECK(contains(clog, "all-reduces after round 4 fragment 0 are redone"));
+        CATCH_CHECK((contains(c.log(0), "(result held)") || contains(c.log(1), "(result held)")));
+      }
+      fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+    }
+  }
+}
+
+CATCH_TEST_CASE(
+    "int8 with error feedback: a node SIGKILLed in the inner phase is removed and the others "
+    "finish on the same theta",
+    "[process][cluster][elastic]") {
+  elastic_cluster c("elastic_kill_int8", "[comm]\ndtype = \"int8\"\nerror_feedback = true\n");
+  kill_in_inner_phase(c);
+  check_survivors_finish(c, "lost");
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("a node stopped with Ctrl-C leaves the cluster and the others finish",
+                "[process][cluster][elastic][signal]") {
+  elastic_cluster c("elastic_sigint", "");
+  CATCH_REQUIRE(c.wait_checkpoints(2, 2));
+  kill(c.nodes[2].pid, SIGINT);
+  CATCH_CHECK(wait_exit(c.nodes[2], 60) == 130);
+  const auto clog = check_survivors_finish(c, "left");
+  CATCH_CHECK(contains(clog, "node n2 left:"));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is called off",
+                "[process][cluster][elastic]") {
+  elastic_cluster c("elastic_quorum", "", {}, "min_nodes = 3\nquorum_timeout_s = 5\n");
+  kill_in_inner_phase(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int coord_code = wait_exit(c.coord, 60);
+  const double waited = seconds_since(t0);
+  const int code0 = wait_exit(c.nodes[0], 60), code1 = wait_exit(c.nodes[1], 60);
+  const auto clog = c.coord_log(), log0 = c.log(0), log1 = c.log(1);
+  CATCH_INFO(tail(log0) << "\n--- n1\n" << tail(log1) << "\n--- coordinator\n" << clog);
+  CATCH_CHECK(coord_code == 1);
+  CATCH_CHECK(waited < 30);
+  CATCH_CHECK(contains(clog, "quorum lost: 2 live node(s) (n0, n1), [cluster] min_nodes = 3; missing: n2"));
+  CATCH_CHECK(code0 == 1);
+  CATCH_CHECK(code1 == 1);
+  for (const auto* log : {&log0, &log1}) CATCH_CHECK(contains(*log, "quorum lost"));
+  // What they saved before is intact.
+  for (const char* n : {"n0", "n1"}) CATCH_CHECK_FALSE(newest_theta(c.out(n) + "/checkpoints").empty());
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("the delayed and streaming policies go on without a SIGKILLed node",
+                "[process][cluster][elastic]") {
+  for (const std::string policy : {"delayed", "streaming"}) {
+    CATCH_DYNAMIC_SECTION("diloco.outer = " << policy) {
+      elastic_cluster c("elastic_" + policy, "[diloco]\nouter = \"" + policy + "\"\n");
+      kill_in_inner_phase(c);
+      check_survivors_finish(c, "lost");
+      fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+    }
+  }
+}
