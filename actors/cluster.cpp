@@ -205,7 +205,8 @@ uint64_t join(comm::control_client& control, const config::cluster_spec& spec, s
 }
 
 /// `longwave node CLUSTER --node NAME --leave`: asks the coordinator to make NAME leave at its next round
-/// boundary. 0 when it will, 2 when it cannot (not training, unknown), 1 when the coordinator cannot be reached.
+/// boundary. 0 when it will, 2 when it cannot (not training, unknown), 1 when the coordinator cannot be
+/// reached.
 int request_leave(const config::cluster_spec& spec, const std::string& name) {
   try {
     comm::control_client control(spec.coordinator, spec.cluster_id);

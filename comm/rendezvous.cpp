@@ -613,8 +613,8 @@ class coordinator {
       send_to(i, std::move(e));
       info(fmt::format("coordinator: node {} was asked to leave at its next round boundary", l.node));
       return reply_error(identity, errc::none,
-                         fmt::format("node {} leaves at its next round boundary (last applied round {})", l.node,
-                                     members_[i].round));
+                         fmt::format("node {} leaves at its next round boundary (last applied round {})",
+                                     l.node, members_[i].round));
     }
     reply_error(identity, errc::invalid_config, fmt::format("node '{}' is not in this cluster", l.node));
   }
@@ -893,8 +893,8 @@ std::pair<errc, std::string> control_client::request_leave(const std::string& na
     if (auto* er = std::get_if<error_msg>(&parsed.value().body))
       return {static_cast<errc>(er->code), er->message};
   }
-  throw lw_error(errc::deadline_missed,
-                 fmt::format("cannot reach the coordinator at {}: no answer within {}", endpoint_, secs(timeout)));
+  throw lw_error(errc::deadline_missed, fmt::format("cannot reach the coordinator at {}: no answer within {}",
+                                                    endpoint_, secs(timeout)));
 }
 
 void control_client::reannounce(const hello_msg& hello) {
