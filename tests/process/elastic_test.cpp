@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/cluster.hpp"
@@ -105,6 +106,50 @@ CATCH_TEST_CASE("a node SIGKILLed in the inner phase is removed and the other tw
   elastic_cluster c("elastic_kill", "");
   kill_in_inner_phase(c);
   check_survivors_finish(c, "lost");
+  // The survivors logged the membership they entered, and the report shows it.
+  const auto rounds_line = [&](const std::string& node) { return read_text(c.out(node) + "/metrics.jsonl"); };
+  CATCH_CHECK(contains(rounds_line("n0"), R"("kind":"membership")"));
+  CATCH_CHECK(contains(rounds_line("n0"), R"("members":"n0,n1")"));
+  auto [code, out] = run({binary(), "report", c.dir + "/cluster"}, c.dir + "/report.log", 60);
+  CATCH_CHECK(code == 0);
+  const auto html = read_text(c.dir + "/cluster/report.html");
+  CATCH_CHECK(contains(html, "<h2>Membership</h2>"));
+  CATCH_CHECK(contains(html, "<td>n0,n1</td>"));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("longwave node --leave makes a running node leave at its next round boundary",
+                "[process][cluster][elastic]") {
+  elastic_cluster c("elastic_leave", "");
+  CATCH_REQUIRE(c.wait_checkpoints(2, 2));
+  auto [code, out] = run({binary(), "node", c.file, "--node", "n2", "--leave"}, c.dir + "/leave.log", 60);
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 0);
+  CATCH_CHECK(contains(out, "node n2 leaves at its next round boundary"));
+  CATCH_CHECK(wait_exit(c.nodes[2], 120) == 0);
+  CATCH_CHECK(contains(c.log(2), "node n2: left the cluster; its checkpoint is saved"));
+  const auto clog = check_survivors_finish(c, "left");
+  CATCH_CHECK(contains(clog, "node n2 left: left at a round boundary (longwave node --leave)"));
+  // n2 stopped at a round boundary on the survivors' theta of that round.
+  const auto left = round_crcs(c.out("n2")), kept = round_crcs(c.out("n0"));
+  CATCH_REQUIRE_FALSE(left.empty());
+  CATCH_CHECK(left.rbegin()->second == kept.at(left.rbegin()->first));
+  // A node that is not training any more cannot be asked again.
+  auto [code2, out2] = run({binary(), "node", c.file, "--node", "n2", "--leave"}, c.dir + "/leave2.log", 60);
+  CATCH_CHECK(code2 != 0);
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("a coordinator restarted after a node died while it was down fences the survivors on",
+                "[process][cluster][elastic][signal]") {
+  elastic_cluster c("elastic_takeover", "");
+  kill_in_inner_phase(c);      // the first coordinator may or may not see this one...
+  kill(c.coord.pid, SIGKILL);  // ...before it dies too
+  CATCH_CHECK(wait_exit(c.coord, 30) == 128 + SIGKILL);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  c.coord = spawn({binary(), "coordinator", c.file}, c.dir + "/coord.log");
+  const auto clog = check_survivors_finish(c, "lost");
+  CATCH_CHECK(contains(clog, "took over the running cluster"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
