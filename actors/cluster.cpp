@@ -195,10 +195,11 @@ uint64_t join(comm::control_client& control, const config::cluster_spec& spec, s
     role.endpoints.push_back(p.endpoint);
     role.names.push_back(p.name);
   }
-  if (welcome.rank != index || role.endpoints[index] != me.endpoint)
+  // The ring holds the nodes that joined, in file order; this node's data stays that of its file position.
+  if (role.names[welcome.rank] != me.name || role.endpoints[welcome.rank] != me.endpoint)
     throw lw_error(errc::invalid_config,
                    "the coordinator placed this node at rank " + std::to_string(welcome.rank) +
-                       " with another endpoint: its cluster file differs from this one");
+                       " with another name or endpoint: its cluster file differs from this one");
   spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
                welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
   return welcome.start_round;

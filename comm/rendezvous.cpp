@@ -115,6 +115,14 @@ class coordinator {
         std::vector<std::string> missing, joined;
         for (size_t i = 0; i < members_.size(); ++i)
           (members_[i].identity ? joined : missing).push_back(o_.members[i].name);
+        if (!joined.empty() && joined.size() >= o_.min_nodes && o_.min_nodes < members_.size()) {
+          info(
+              fmt::format("coordinator: join deadline of {} passed with {} of {} nodes ({}); [cluster] "
+                          "min_nodes = {}: starting without {}",
+                          secs(o_.join_timeout), joined.size(), members_.size(), join_names(joined),
+                          o_.min_nodes, join_names(missing)));
+          break;
+        }
         std::string why =
             fmt::format("join deadline of {} passed: missing node(s) {}{}", secs(o_.join_timeout),
                         join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
@@ -131,13 +139,22 @@ class coordinator {
       status(t0);
     }
     if (!welcomed_) {
-      for (auto& m : members_) m.member = true;
+      // Every listed node, or (past the join deadline) at least min_nodes of them.
+      for (auto& m : members_) {
+        m.member = m.identity.has_value();
+        if (!m.member) m.removed = "absent";
+      }
       welcomed_ = true;
-      for (size_t i = 0; i < members_.size(); ++i) send_welcome(static_cast<uint32_t>(i));
-      info(fmt::format("coordinator: all {} nodes joined; ring {}; {}", members_.size(), ring_text(),
+      const auto members = training_members();
+      for (size_t r = 0; r < members.size(); ++r) send_welcome(members, r);
+      info(fmt::format("coordinator: {} nodes joined; ring {}; {}",
+                       members.size() == members_.size()
+                           ? fmt::format("all {}", members.size())
+                           : fmt::format("{} of {}", members.size(), members_.size()),
+                       ring_text(members),
                        start_round() == 0 ? std::string("starting at round 1")
                                           : fmt::format("resuming after round {}", start_round())));
-      if (o_.on_epoch) o_.on_epoch(epoch_, members_.size(), "start");
+      if (o_.on_epoch) o_.on_epoch(epoch_, members.size(), "start");
     }
     // Training: watch the members, change the membership when one goes, until none is left training.
     while (any_training()) {
@@ -396,10 +413,10 @@ class coordinator {
     return 0;
   }
 
-  std::string ring_text() const {
+  std::string ring_text(const std::vector<size_t>& members) const {
     std::string out;
-    for (size_t i = 0; i < members_.size(); ++i)
-      out += fmt::format("{}{}={}", i ? " -> " : "", i, o_.members[i].name);
+    for (size_t r = 0; r < members.size(); ++r)
+      out += fmt::format("{}{}={}", r ? " -> " : "", r, o_.members[members[r]].name);
     return out;
   }
 
@@ -457,27 +474,30 @@ class coordinator {
     return code;
   }
 
-  void send_welcome(uint32_t rank) {
+  /// The welcome of the member at position `rank` of `members` (file indices in ring order).
+  void send_welcome(const std::vector<size_t>& members, size_t rank) {
     welcome_msg w;
-    w.rank = rank;
-    w.world_size = static_cast<uint32_t>(members_.size());
+    w.rank = static_cast<uint32_t>(rank);
+    w.world_size = static_cast<uint32_t>(members.size());
     w.start_round = start_round();
     w.epoch = epoch_;
-    for (size_t i = 0; i < members_.size(); ++i)
-      w.peers.push_back({static_cast<uint32_t>(i), o_.members[i].name, o_.members[i].endpoint});
+    for (size_t r = 0; r < members.size(); ++r)
+      w.peers.push_back(
+          {static_cast<uint32_t>(r), o_.members[members[r]].name, o_.members[members[r]].endpoint});
     envelope e;
     e.cluster_id = o_.cluster_id;
     e.sender = no_rank;
     e.body = std::move(w);
-    reply(*members_[rank].identity, e);
-    members_[rank].last_seen = clock::now();
+    reply(*members_[members[rank]].identity, e);
+    members_[members[rank]].last_seen = clock::now();
   }
 
-  /// The oldest of the members' resume rounds: a round every node has a checkpoint for.
+  /// The oldest of the joined members' resume rounds: a round every one of them has a checkpoint for.
   uint64_t start_round() const {
-    uint64_t r = members_.empty() ? 0 : members_[0].resume_round;
-    for (const auto& m : members_) r = std::min(r, m.resume_round);
-    return r;
+    std::optional<uint64_t> r;
+    for (const auto& m : members_)
+      if (m.identity) r = std::min(r.value_or(m.resume_round), m.resume_round);
+    return r.value_or(0);
   }
 
   std::optional<size_t> rank_of_identity(const std::string& id) const {
@@ -527,7 +547,11 @@ class coordinator {
     if (m.identity && *m.identity == identity) {
       // The same process again: its periodic hello while it waits, or one that crossed our welcome.
       m.last_seen = clock::now();
-      if (welcomed_ && epoch_ == 1 && m.member) send_welcome(static_cast<uint32_t>(idx));
+      if (welcomed_ && epoch_ == 1 && m.member) {
+        const auto members = training_members();
+        for (size_t r = 0; r < members.size(); ++r)
+          if (members[r] == idx) send_welcome(members, r);
+      }
       return;
     }
     if (takeover_since_ && !welcomed_)

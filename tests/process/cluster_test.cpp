@@ -78,6 +78,8 @@ CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", 
   const auto dir = scratch_dir("cluster_missing");
   cluster_ports ports;
   const auto cluster = cluster_file(dir, {1, 1, 1}, ports, "", 4);
+  // Every node is needed (with the default min_nodes = 1 the cluster would start with n1 alone).
+  edit_file(cluster, "join_timeout_s = ", "min_nodes = 3\njoin_timeout_s = ");
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
   auto node = spawn({binary(), "node", cluster, "--node", "n1"}, dir + "/n1.log");
   const int coord_code = wait_exit(coord, 60);

@@ -218,6 +218,38 @@ CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is calle
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts at its join deadline with the 2 that joined",
+                "[process][cluster][elastic]") {
+  const auto dir = scratch_dir("elastic_start_short");
+  cluster_ports ports;
+  const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n", 8);
+  edit_file(file, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
+  auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
+  auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
+  auto n1 = spawn({binary(), "node", file, "--node", "n1"}, dir + "/n1.log");
+  CATCH_REQUIRE(
+      wait_until([&] { return contains(read_text(dir + "/coord.log"), "2 of 3 nodes joined"); }, 60));
+  // The third comes too late: the cluster is training.
+  auto [code2, log2] = run({binary(), "node", file, "--node", "n2"}, dir + "/n2.log", 60);
+  const int code0 = wait_exit(n0, 300), code1 = wait_exit(n1, 300), coord_code = wait_exit(coord, 60);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_INFO(clog << "\n--- n2\n" << log2);
+  CATCH_CHECK(contains(clog,
+                       "join deadline of 8 s passed with 2 of 3 nodes (n0, n1); [cluster] min_nodes = 2: "
+                       "starting without n2"));
+  CATCH_CHECK(contains(clog, "ring 0=n0 -> 1=n1;"));
+  CATCH_CHECK(code2 == 2);
+  CATCH_CHECK(contains(log2, "already training"));
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(contains(clog, "removed on the way: n2 (absent)"));
+  const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
+  CATCH_CHECK(a.size() == 3);
+  CATCH_CHECK(a == b);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("the delayed and streaming policies go on without a SIGKILLed node",
                 "[process][cluster][elastic]") {
   for (const std::string policy : {"delayed", "streaming"}) {
