@@ -280,11 +280,14 @@ class coordinator {
                            secs(std::chrono::duration_cast<std::chrono::milliseconds>(limit)), m.round));
     }
     if (fence_) {
-      for (size_t i = 0; i < members_.size(); ++i)
-        if (fence_ && training(i) && !members_[i].acked && now - fence_->started > o_.fence_timeout)
+      for (size_t i = 0; i < members_.size(); ++i) {
+        // A node still starting (no heartbeat yet) answers once its main loop runs.
+        const auto limit = members_[i].heard ? o_.fence_timeout : std::max(o_.fence_timeout, o_.join_timeout);
+        if (fence_ && training(i) && !members_[i].acked && now - fence_->started > limit)
           remove(i, "lost",
                  fmt::format("node {} lost: no answer to the fence of epoch {} within {}", o_.members[i].name,
-                             fence_->epoch, secs(o_.fence_timeout)));
+                             fence_->epoch, secs(limit)));
+      }
       if (fence_ && !quorum_deadline_) {
         bool all = true;
         for (auto i : training_members()) all = all && members_[i].acked;
