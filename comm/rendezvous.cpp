@@ -161,6 +161,10 @@ class coordinator {
       if (stopped()) return call_off("the coordinator was stopped", 130);
       watch(clock::now());
       if (quorum_deadline_ && clock::now() > *quorum_deadline_) return call_off(quorum_text(), 1);
+      if (give_up_) {
+        warn("coordinator: " + *give_up_);
+        return call_off(*give_up_, 1);
+      }
       poll_once();
       status(t0);
     }
@@ -364,6 +368,21 @@ class coordinator {
       const auto& a = members_[i].ack;
       const reduce_key reached = a.has_pending && a.have_result ? a.pending : a.committed;
       if (!commit || reached < *commit) commit = reached;
+    }
+    // A ring that fails again and again among live members (a blocked link, say) would otherwise be reset
+    // for ever: after max_resets resets without an all-reduce completing in between, the run is called off.
+    if (fence_->reason == "ring_reset") {
+      resets_without_progress_ =
+          last_reset_commit_ && *last_reset_commit_ == *commit ? resets_without_progress_ + 1 : 1;
+      last_reset_commit_ = *commit;
+      if (resets_without_progress_ > max_resets) {
+        give_up_ = fmt::format(
+            "the ring failed {} times in a row among live nodes without completing an "
+            "all-reduce (after round {} fragment {}); last failure: {}; check the links "
+            "between the nodes (firewalls, endpoints)",
+            resets_without_progress_, commit->round, commit->fragment, last_ring_failure_);
+        return;
+      }
     }
     epoch_ = fence_->epoch;
     membership_msg mm;
@@ -707,6 +726,7 @@ class coordinator {
       warn(fmt::format("coordinator: node {}'s ring failed in epoch {}{}: {}", name, rf->epoch,
                        rf->suspect.empty() ? "" : " (it lost " + rf->suspect + ")", rf->reason));
       reset_wanted_ = true;
+      last_ring_failure_ = fmt::format("node {}: {}", name, rf->reason);
       for (size_t j = 0; j < members_.size(); ++j)
         if (training(j) && o_.members[j].name == rf->suspect && !members_[j].suspected) {
           members_[j].suspected = true;
@@ -726,6 +746,11 @@ class coordinator {
   bool reset_wanted_ = false;                // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;
   std::optional<clock::time_point> takeover_since_;  // the first re-announcement of a running node
+  static constexpr int max_resets = 3;
+  int resets_without_progress_ = 0;
+  std::optional<reduce_key> last_reset_commit_;
+  std::string last_ring_failure_;
+  std::optional<std::string> give_up_;  // why the run is called off
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};
 };

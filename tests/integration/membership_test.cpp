@@ -1,0 +1,137 @@
+// The coordinator's membership protocol on real ZeroMQ sockets, with the test playing two nodes through
+// control_client: a ring failure fences both, the membership keeps the all-reduce that every member holds
+// (the smallest reached key) and redoes the rest, and a ring that keeps failing without progress ends the run
+// with a line that says so.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "comm/rendezvous.hpp"
+#include "tests/support/process.hpp"
+
+using namespace longwave;
+using namespace longwave::comm;
+
+namespace {
+
+constexpr uint64_t cluster = 0x6d656d62;
+
+/// Polls c until an event of kind k arrives (or 10 s pass).
+std::optional<control_event> next_event(control_client& c, control_event::kind k) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (auto& ev : c.poll())
+      if (ev.what == k) return ev;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+fence_ack_msg ack(uint64_t epoch, reduce_key committed, std::optional<reduce_key> pending, bool held) {
+  fence_ack_msg a;
+  a.epoch = epoch;
+  a.committed = committed;
+  a.has_pending = pending.has_value();
+  if (pending) a.pending = *pending;
+  a.have_result = held;
+  return a;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and endless resets end the run",
+                "[integration][membership]") {
+  coordinator_options o;
+  o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
+  o.cluster_id = cluster;
+  o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
+  o.join_timeout = std::chrono::seconds(20);
+  std::vector<std::string> lines;
+  std::mutex lines_mu;
+  o.info = o.warn = [&](const std::string& s) {
+    std::lock_guard<std::mutex> lk(lines_mu);
+    lines.push_back(s);
+  };
+  std::atomic<bool> stop{false};
+  o.stop = [&] { return stop.load(); };
+  auto coord = std::async(std::launch::async, [&] { return run_coordinator(o); });
+
+  control_client a(o.bind_endpoint, cluster), b(o.bind_endpoint, cluster);
+  auto hello = [&](const std::string& name, const std::string& ep) {
+    hello_msg h;
+    h.protocol_version = protocol_version();
+    h.cluster_id = cluster;
+    h.node_name = name;
+    h.n_workers = 1;
+    h.data_endpoint = ep;
+    return h;
+  };
+  auto wa = std::async(std::launch::async,
+                       [&] { return a.join(hello("a", "tcp://127.0.0.1:1"), std::chrono::seconds(20)); });
+  const auto wb = b.join(hello("b", "tcp://127.0.0.1:2"), std::chrono::seconds(20));
+  const auto welcome_a = wa.get();
+  CATCH_REQUIRE(welcome_a.epoch == 1);
+  CATCH_REQUIRE(wb.rank == 1);
+  a.heartbeat(3, 1);
+  b.heartbeat(3, 1);
+
+  // Each step: a reports a ring failure, both answer the fence (holding the pending result or not), and the
+  // membership keeps `kept`.
+  uint64_t epoch = 1;
+  // 1: a holds round 4's result, b does not: round 3 is kept and round 4 redone.
+  // 2: both hold round 4's result: it is kept. 3, 4: nothing new (no progress).
+  const std::vector<std::tuple<bool, bool, reduce_key>> steps{
+      {true, false, {3, 0}}, {true, true, {4, 0}}, {false, false, {4, 0}}, {false, false, {4, 0}}};
+  reduce_key committed{3, 0};
+  for (const auto& [held_a, held_b, kept] : steps) {
+    a.ring_failed({epoch, "", "test: the next rank went away"});
+    const auto fa = next_event(a, control_event::kind::fence), fb = next_event(b, control_event::kind::fence);
+    CATCH_REQUIRE(fa.has_value());
+    CATCH_REQUIRE(fb.has_value());
+    CATCH_CHECK(fa->epoch == epoch + 1);
+    const std::optional<reduce_key> pending =
+        committed == reduce_key{4, 0} ? std::optional<reduce_key>({5, 0}) : std::optional<reduce_key>({4, 0});
+    a.fence_ack(ack(fa->epoch, committed, pending, held_a));
+    b.fence_ack(ack(fb->epoch, committed, pending, held_b));
+    const auto ma = next_event(a, control_event::kind::membership);
+    const auto mb = next_event(b, control_event::kind::membership);
+    CATCH_REQUIRE(ma.has_value());
+    CATCH_REQUIRE(mb.has_value());
+    CATCH_CHECK(ma->membership.commit == kept);
+    CATCH_CHECK(mb->membership.commit == kept);
+    CATCH_CHECK(ma->membership.peers.size() == 2);
+    CATCH_CHECK(mb->membership.rank == 1);
+    epoch = ma->epoch;
+    committed = kept;
+    a.heartbeat(kept.round, epoch);
+    b.heartbeat(kept.round, epoch);
+  }
+  CATCH_CHECK(epoch == 5);
+
+  // A fourth reset at the same key: the run is called off, and both nodes are told why.
+  a.ring_failed({epoch, "", "test: the next rank went away"});
+  const auto fa = next_event(a, control_event::kind::fence), fb = next_event(b, control_event::kind::fence);
+  CATCH_REQUIRE(fa.has_value());
+  CATCH_REQUIRE(fb.has_value());
+  a.fence_ack(ack(fa->epoch, committed, reduce_key{5, 0}, false));
+  b.fence_ack(ack(fb->epoch, committed, reduce_key{5, 0}, false));
+  const auto na = next_event(a, control_event::kind::notice);
+  CATCH_REQUIRE(na.has_value());
+  CATCH_CHECK(na->code == errc::evicted);
+  CATCH_CHECK(na->text.find("the ring failed 4 times in a row") != std::string::npos);
+  CATCH_CHECK(na->text.find("test: the next rank went away") != std::string::npos);
+  CATCH_REQUIRE(coord.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CATCH_CHECK(coord.get() == 1);
+  std::lock_guard<std::mutex> lk(lines_mu);
+  bool said = false;
+  for (const auto& l : lines) said = said || l.find("coordinator: the ring failed 4 times in a row") == 0;
+  CATCH_CHECK(said);
+}
