@@ -170,6 +170,7 @@ comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_
   hello.n_workers = static_cast<uint32_t>(me.workers);
   hello.data_endpoint = me.endpoint;
   hello.resume_round = resume_round;
+  hello.config_hash = config::training_fingerprint(config::node_config(spec, index));
   return hello;
 }
 
@@ -230,6 +231,7 @@ int run_coordinator_role(const config::cluster_spec& spec) {
   comm::coordinator_options o;
   o.bind_endpoint = spec.coordinator;
   o.cluster_id = spec.cluster_id;
+  o.config_hash = config::training_fingerprint(spec.train);
   for (const auto& n : spec.nodes)
     o.members.push_back({n.name, n.endpoint, static_cast<uint32_t>(n.workers)});
   o.join_timeout = to_ms(spec.join_timeout_s);

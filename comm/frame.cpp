@@ -349,6 +349,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setEpoch(m.epoch);
       x.setWorldSize(m.world_size);
       set_key(x.initCommitted(), m.committed);
+      x.setConfigHash(m.config_hash);
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -440,6 +441,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.epoch = x.getEpoch();
         m.world_size = x.getWorldSize();
         m.committed = key_of(x.getCommitted());
+        m.config_hash = x.getConfigHash();
         auto name = x.getNodeName();
         auto ep = x.getDataEndpoint();
         if ((bad = check_text(name, max_name_bytes, "hello nodeName"))) break;

@@ -167,6 +167,7 @@ struct hello_msg {
   uint64_t epoch = 0;         ///< its epoch
   uint32_t world_size = 0;    ///< that epoch's member count
   reduce_key committed;       ///< the last all-reduce it applied
+  uint64_t config_hash = 0;   ///< the node's training fingerprint (config::training_fingerprint)
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {

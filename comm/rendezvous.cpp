@@ -564,6 +564,15 @@ class coordinator {
                       "start every role from the same cluster file",
                       h.node_name, h.n_workers, h.data_endpoint, want.workers, want.endpoint));
     }
+    if (o_.config_hash != 0 && h.config_hash != o_.config_hash) {
+      warn(fmt::format("coordinator: turned away node '{}': its training settings differ", h.node_name));
+      return turn_away(
+          identity, errc::invalid_config,
+          fmt::format("node '{}' trains with other settings than the coordinator (fingerprint "
+                      "{:016x}, the coordinator's {:016x}): start every role from the same cluster "
+                      "file and the same --set options",
+                      h.node_name, h.config_hash, o_.config_hash));
+    }
     auto& m = members_[idx];
     if (h.running) return on_reannounce(idx, identity, h);
     if (m.identity && *m.identity == identity) {

@@ -39,6 +39,8 @@ struct member_status {
 struct coordinator_options {
   std::string bind_endpoint;  ///< e.g. "tcp://127.0.0.1:5600"
   uint64_t cluster_id = 0;
+  /// The training fingerprint every hello must carry (0: not checked).
+  uint64_t config_hash = 0;
   std::vector<member_spec> members;
   /// Every member must have said hello within this time of start, else the run is called off.
   std::chrono::milliseconds join_timeout{60000};

@@ -34,6 +34,7 @@ struct Hello {
   epoch @7 :UInt64;        #   its epoch,
   worldSize @8 :UInt32;    #   that epoch's member count,
   committed @9 :ReduceKey; #   and the last all-reduce it applied
+  configHash @10 :UInt64;  # the node's training fingerprint: it must equal the coordinator's
 }
 
 struct Peer {

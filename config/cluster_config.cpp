@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <sstream>
 
 #include "config/config_loader.hpp"
 
@@ -148,6 +149,26 @@ uint64_t cluster_id_of(std::string_view id) {
     h *= 1099511628211ull;
   }
   return h == 0 ? 1 : h;
+}
+
+uint64_t training_fingerprint(const train_config& cfg) {
+  static const std::set<std::string> skipped_sections{"eval", "checkpoint", "metrics", "runtime"};
+  static const std::set<std::string> skipped_keys{"run.out_dir",    "run.name",      "data.path",
+                                                  "data.cache_dir", "train.workers", "train.threads",
+                                                  "comm.timeout_s"};
+  std::istringstream in(to_toml(cfg));
+  std::string section, kept;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const std::string key = section + "." + line.substr(0, line.find(' '));
+    if (skipped_sections.count(section) || skipped_keys.count(key)) continue;
+    kept += line + "\n";
+  }
+  return cluster_id_of(kept);
 }
 
 std::string endpoint_problem(std::string_view ep) {

@@ -37,6 +37,12 @@ struct cluster_spec {
 /// 64-bit FNV-1a of the cluster id text (never 0).
 uint64_t cluster_id_of(std::string_view id);
 
+/// FNV-1a of the resolved settings every node must share to compute the same averages (the resolved TOML
+/// without what may differ per machine: run.out_dir and name, data paths, train.workers and threads,
+/// comm.timeout_s, [eval], [checkpoint], [metrics], [runtime]). The coordinator turns away a node whose
+/// fingerprint differs from its own.
+uint64_t training_fingerprint(const train_config& cfg);
+
 /// Parses a cluster file's text. Overrides "cluster.<key>" set [cluster] fields; all others go to the
 /// training config. Throws config_error naming the key ("nodes[2].endpoint", "cluster.coordinator", ...).
 cluster_spec parse_cluster(std::string_view toml_text, const std::vector<std::string>& overrides,

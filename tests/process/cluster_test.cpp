@@ -74,6 +74,31 @@ CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear li
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("a node started with other training settings is turned away with one line",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_other_settings");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 6);
+  edit_file(cluster, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  auto n0 = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
+  auto [code, log] =
+      run({binary(), "node", cluster, "--node", "n1", "--set", "train.lr=0.01"}, dir + "/n1.log", 60);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(contains(log, "node 'n1' trains with other settings than the coordinator"));
+  CATCH_CHECK(contains(log, "the same --set options"));
+  // A per-machine setting is fine: n1 with more torch threads joins and the run completes.
+  auto [code1, log1] =
+      run({binary(), "node", cluster, "--node", "n1", "--set", "train.threads=2"}, dir + "/n1b.log", 300);
+  CATCH_INFO(log1);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(wait_exit(n0, 300) == 0);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  CATCH_CHECK(contains(read_text(dir + "/coord.log"), "turned away node 'n1': its training settings differ"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", "[process][cluster]") {
   const auto dir = scratch_dir("cluster_missing");
   cluster_ports ports;

@@ -156,3 +156,19 @@ CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") 
                      Contains("--node zz: the cluster file has no such node (nodes: a, b)"));
   }
 }
+
+CATCH_TEST_CASE(
+    "The training fingerprint is the same for every node and changes with the math, not the machine",
+    "[config]") {
+  const auto spec = parse_cluster(good, {}, "cluster.toml");
+  const uint64_t f = training_fingerprint(spec.train);
+  for (size_t i = 0; i < spec.nodes.size(); ++i) CATCH_CHECK(training_fingerprint(node_config(spec, i)) == f);
+  // Per-machine settings do not count...
+  for (const char* o : {"train.threads=3", "run.out_dir=/elsewhere", "comm.timeout_s=17",
+                        "eval.every_rounds=7", "metrics.enabled=false", "checkpoint.keep=9"})
+    CATCH_CHECK(training_fingerprint(parse_cluster(good, {o}, "cluster.toml").train) == f);
+  // ...what every node must share does.
+  for (const char* o : {"train.lr=0.01", "outer.momentum=0.5", "comm.dtype=bf16", "model.seq_len=32",
+                        "diloco.outer=delayed", "run.seed=99", "comm.chunk_kib=64"})
+    CATCH_CHECK(training_fingerprint(parse_cluster(good, {o}, "cluster.toml").train) != f);
+}
