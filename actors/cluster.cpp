@@ -65,7 +65,9 @@ class coordinator_watch {
       auto h = hello_;
       h.running = true;
       h.epoch = elastic->epoch();
-      h.world_size = static_cast<uint32_t>(elastic->world_size());
+      // Fenced (the old coordinator died between its fence and the membership): a member count of 0 makes
+      // the new coordinator fence again instead of adopting an epoch these nodes are leaving.
+      h.world_size = elastic->fenced() ? 0 : static_cast<uint32_t>(elastic->world_size());
       h.committed = elastic->committed();
       control.reannounce(h);
     }

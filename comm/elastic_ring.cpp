@@ -244,6 +244,11 @@ uint64_t elastic_ring::epoch() const {
   return view_.epoch;
 }
 
+bool elastic_ring::fenced() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return fenced_;
+}
+
 reduce_key elastic_ring::committed() const {
   std::lock_guard<std::mutex> lk(mu_);
   return committed_;

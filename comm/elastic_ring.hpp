@@ -63,6 +63,8 @@ class elastic_ring final : public collective {
   std::optional<ring_failure> take_failure();
 
   uint64_t epoch() const;
+  /// Between a fence and the next membership.
+  bool fenced() const;
   /// The last all-reduce applied.
   reduce_key committed() const;
 
