@@ -1,0 +1,248 @@
+// A node's connection to the coordinator (see rendezvous.hpp).
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <random>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "comm/control_common.hpp"
+#include "comm/rendezvous.hpp"
+#include "comm/zmq_monitor.hpp"
+
+namespace longwave::comm {
+
+using namespace control;
+
+control_client::control_client(std::string coordinator_endpoint, uint64_t cluster_id)
+    : endpoint_(std::move(coordinator_endpoint)), cluster_id_(cluster_id) {
+  ctx_ = std::make_unique<zmq::context_t>(1);
+  sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::dealer);
+  sock_->set(zmq::sockopt::linger, 1000);
+  sock_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
+  sock_->set(zmq::sockopt::sndhwm, 16);
+  // A routing id of its own, kept across reconnections: the coordinator tells this process from another one
+  // with the same node name, and knows it again after a dropped connection.
+  std::random_device rd;
+  const auto id = fmt::format("lw-node-{}-{:08x}", static_cast<long>(getpid()), rd());
+  sock_->set(zmq::sockopt::routing_id, id);
+  // The monitor must be attached before connecting, or the first connection's events are missed.
+  const std::string monitor_endpoint = "inproc://longwave-control-monitor";
+  if (zmq_socket_monitor(sock_->handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) == 0) {
+    monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(monitor_endpoint);
+  }
+  try {
+    sock_->connect(endpoint_);
+  } catch (const zmq::error_t& e) {
+    throw lw_error(errc::invalid_config,
+                   fmt::format("cannot connect to the coordinator at {}: {}", endpoint_, e.what()));
+  }
+}
+
+control_client::~control_client() {
+  // Stop the monitor first, so closing the DEALER does not wait on it.
+  if (monitor_) {
+    zmq_socket_monitor(sock_->handle(), nullptr, 0);
+    monitor_.reset();
+  }
+}
+
+void control_client::drain_monitor(std::vector<control_event>& out) {
+  if (!monitor_) return;
+  while (const auto e = next_monitor_event(*monitor_)) {
+    const auto id = e->id;
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
+      connected_ = true;
+      if (ever_connected_)
+        out.push_back({control_event::kind::connection_back, errc::none, endpoint_, 0, {}});
+      ever_connected_ = true;
+    } else if (id == ZMQ_EVENT_DISCONNECTED && connected_) {
+      connected_ = false;
+      out.push_back({control_event::kind::connection_lost, errc::none, endpoint_, 0, {}});
+    }
+  }
+}
+
+std::vector<control_event> control_client::poll() {
+  std::vector<control_event> out;
+  drain_monitor(out);
+  for (;;) {
+    std::vector<zmq::message_t> parts;
+    try {
+      if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) break;
+    } catch (const zmq::error_t&) {
+      break;  // EINTR and the like: the next poll tries again
+    }
+    if (parts.size() != 1) continue;
+    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+    if (!parsed) continue;  // noise (the coordinator's frames are well-formed)
+    const auto& body = parsed.value().body;
+    if (auto* er = std::get_if<error_msg>(&body)) {
+      out.push_back({control_event::kind::notice, static_cast<errc>(er->code), er->message, 0, {}});
+    } else if (auto* f = std::get_if<fence_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::fence;
+      ev.epoch = f->epoch;
+      out.push_back(std::move(ev));
+    } else if (std::holds_alternative<leave_msg>(body)) {
+      control_event ev;
+      ev.what = control_event::kind::leave;
+      out.push_back(std::move(ev));
+    } else if (auto* w = std::get_if<welcome_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::welcome;
+      ev.epoch = w->epoch;
+      out.push_back(std::move(ev));
+    } else if (auto* mm = std::get_if<membership_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::membership;
+      ev.epoch = mm->epoch;
+      ev.membership = *mm;
+      out.push_back(std::move(ev));
+    }
+    // Anything else (a welcome repeated for a late hello) needs no action.
+  }
+  return out;
+}
+
+void control_client::send(const envelope& e) {
+  auto msg = to_message(build_envelope(e));
+  (void)sock_->send(msg, zmq::send_flags::dontwait);
+}
+
+welcome_msg control_client::join(const hello_msg& hello, std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = hello;
+  send(e);
+  const auto deadline = clock::now() + timeout;
+  auto next_hello = clock::now() + hello_every;
+  while (clock::now() < deadline) {
+    if (clock::now() >= next_hello) {
+      send(e);  // also tells the coordinator that this process is still there
+      next_hello += hello_every;
+    }
+    if (!readable(*sock_, std::chrono::milliseconds(100))) continue;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
+        parts.size() != 1)
+      continue;
+    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+    if (!parsed) {
+      if (parsed.error().reason == reject_reason::wrong_cluster)
+        throw lw_error(
+            errc::invalid_config,
+            fmt::format("the coordinator at {} serves a different cluster (its cluster.id differs from "
+                        "this node's): start every role from the same cluster file",
+                        endpoint_));
+      continue;  // noise; keep waiting
+    }
+    const auto& body = parsed.value().body;
+    if (auto* w = std::get_if<welcome_msg>(&body)) {
+      if (w->rank >= w->world_size || w->peers.size() != w->world_size)
+        throw lw_error(errc::malformed_frame,
+                       "the coordinator's welcome is inconsistent (rank or peer list)");
+      rank_ = w->rank;
+      return *w;
+    }
+    if (auto* er = std::get_if<error_msg>(&body)) {
+      const auto code = static_cast<errc>(er->code);
+      throw lw_error(code == errc::peer_lost ? errc::peer_lost : errc::invalid_config,
+                     fmt::format("the coordinator at {} turned this node away: {}", endpoint_, er->message));
+    }
+  }
+  throw lw_error(
+      errc::deadline_missed,
+      fmt::format("cannot reach the coordinator at {}: no answer within {} (is `longwave coordinator` "
+                  "running there, and is the address right?)",
+                  endpoint_, secs(timeout)));
+}
+
+void control_client::heartbeat(uint64_t round, uint64_t epoch) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = heartbeat_msg{round,
+                         static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   std::chrono::system_clock::now().time_since_epoch())
+                                                   .count()),
+                         epoch};
+  send(e);
+}
+
+std::pair<errc, std::string> control_client::request_leave(const std::string& name,
+                                                           std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = leave_msg{name};
+  send(e);
+  const auto deadline = clock::now() + timeout;
+  while (clock::now() < deadline) {
+    if (!readable(*sock_, std::chrono::milliseconds(100))) continue;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
+        parts.size() != 1)
+      continue;
+    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+    if (!parsed) {
+      if (parsed.error().reason == reject_reason::wrong_cluster)
+        return {errc::invalid_config, "the coordinator at " + endpoint_ + " serves a different cluster"};
+      continue;
+    }
+    if (auto* er = std::get_if<error_msg>(&parsed.value().body))
+      return {static_cast<errc>(er->code), er->message};
+  }
+  throw lw_error(errc::deadline_missed, fmt::format("cannot reach the coordinator at {}: no answer within {}",
+                                                    endpoint_, secs(timeout)));
+}
+
+void control_client::reannounce(const hello_msg& hello) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = hello;
+  send(e);
+}
+
+void control_client::fence_ack(const fence_ack_msg& ack) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = ack;
+  send(e);
+}
+
+void control_client::ring_failed(const ring_failed_msg& failure) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  ring_failed_msg f = failure;
+  f.suspect = f.suspect.substr(0, max_name_bytes);
+  f.reason = f.reason.substr(0, max_message_bytes);
+  e.body = std::move(f);
+  send(e);
+}
+
+void control_client::bye(const std::string& reason) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = bye_msg{reason.substr(0, max_message_bytes)};
+  send(e);
+}
+
+void control_client::error(errc code, const std::string& message) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = error_msg{static_cast<uint16_t>(code), message.substr(0, max_message_bytes)};
+  send(e);
+}
+
+}  // namespace longwave::comm
