@@ -202,31 +202,27 @@ std::pair<errc, std::string> control_client::request_leave(const std::string& na
                                                     endpoint_, secs(timeout)));
 }
 
-void control_client::reannounce(const hello_msg& hello) {
+void control_client::send_body(decltype(envelope::body) body) {
   envelope e;
   e.cluster_id = cluster_id_;
   e.sender = rank_;
-  e.body = hello;
+  e.body = std::move(body);
   send(e);
+}
+
+void control_client::reannounce(const hello_msg& hello) {
+  send_body(hello);
 }
 
 void control_client::fence_ack(const fence_ack_msg& ack) {
-  envelope e;
-  e.cluster_id = cluster_id_;
-  e.sender = rank_;
-  e.body = ack;
-  send(e);
+  send_body(ack);
 }
 
 void control_client::ring_failed(const ring_failed_msg& failure) {
-  envelope e;
-  e.cluster_id = cluster_id_;
-  e.sender = rank_;
   ring_failed_msg f = failure;
   f.suspect = f.suspect.substr(0, max_name_bytes);
   f.reason = f.reason.substr(0, max_message_bytes);
-  e.body = std::move(f);
-  send(e);
+  send_body(std::move(f));
 }
 
 void control_client::bye(const std::string& reason) {

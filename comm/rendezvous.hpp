@@ -137,6 +137,8 @@ class control_client {
 
  private:
   void send(const envelope& e);
+  /// Sends body as this node (cluster id and rank filled in).
+  void send_body(decltype(envelope::body) body);
   void drain_monitor(std::vector<control_event>& out);
 
   std::string endpoint_;
