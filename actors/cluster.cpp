@@ -132,10 +132,8 @@ class coordinator_watch {
         ring.cancel();
     } else if (ev.what == kind::notice && ev.code == errc::none) {
       spdlog::info("node {}: the coordinator says: {}", name, ev.text);
-      ring.peer_declared_lost({});
     } else if (ev.what == kind::notice) {
       spdlog::warn("node {}: the coordinator says: {}", name, ev.text);
-      if (ev.code == errc::peer_lost) ring.peer_declared_lost("the coordinator says: " + ev.text);
     } else if (ev.what == kind::connection_lost) {
       gone_since_ = now;
       next_reminder_ = now + reminder_every;

@@ -88,6 +88,22 @@ bool has_code(const caf::error& e, errc code) {
   return e.category() == caf::atom("longwave") && static_cast<errc>(e.code()) == code;
 }
 
+/// Ctrl-C (at_boundary false: mid-round where the policy allows it) or a node leaving its cluster (at the
+/// next round boundary, or the policy's next boundary).
+void request_stop(self_ptr self, bool at_boundary) {
+  auto& s = self->state;
+  if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
+  if (s.ph == phase::idle) {
+    if (!set_phase(self, phase::stopping)) return;
+    if (!set_phase(self, phase::done)) return;
+    return notify_main(self, 130);
+  }
+  // Mid-round, the policy says where a stop lands; the round tail stops at the next round boundary.
+  if (!at_boundary && s.ph == phase::inner && s.policy->stops() == stop_rule::pause_and_align)
+    return stop_now(self, /*boundary=*/false);
+  s.stop_requested = true;
+}
+
 void begin_round(self_ptr self) {
   auto& s = self->state;
   if (s.stop_requested) return stop_now(self, /*boundary=*/s.policy->at_round_boundary());
@@ -260,29 +276,8 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
         if (self->state.ph == phase::inner || self->state.ph == phase::stopping) on_report(self, r);
       },
       [=](lost_atom, ring_label label, caf::error& e) { allreduce_failed(self, label, std::move(e), true); },
-      [=](stop_atom) {
-        auto& s = self->state;
-        if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
-        if (s.ph == phase::idle) {
-          if (!set_phase(self, phase::stopping)) return;
-          if (!set_phase(self, phase::done)) return;
-          return notify_main(self, 130);
-        }
-        // Mid-round, the policy says where a stop lands; the round tail stops at the next round boundary.
-        if (s.ph == phase::inner && s.policy->stops() == stop_rule::pause_and_align)
-          return stop_now(self, /*boundary=*/false);
-        s.stop_requested = true;
-      },
-      [=](stop_atom, done_atom) {
-        auto& s = self->state;
-        if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
-        if (s.ph == phase::idle) {
-          if (!set_phase(self, phase::stopping)) return;
-          if (!set_phase(self, phase::done)) return;
-          return notify_main(self, 130);
-        }
-        s.stop_requested = true;  // the round tail (or the policy's next boundary) stops
-      },
+      [=](stop_atom) { request_stop(self, /*at_boundary=*/false); },
+      [=](stop_atom, done_atom) { request_stop(self, /*at_boundary=*/true); },
   };
 }
 

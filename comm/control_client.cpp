@@ -109,6 +109,14 @@ std::vector<control_event> control_client::poll() {
   return out;
 }
 
+std::optional<frame_result<envelope>> control_client::receive(std::chrono::milliseconds wait) {
+  if (!readable(*sock_, wait)) return std::nullopt;
+  std::vector<zmq::message_t> parts;
+  if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) || parts.size() != 1)
+    return std::nullopt;
+  return parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+}
+
 void control_client::send(const envelope& e) {
   auto msg = to_message(build_envelope(e));
   (void)sock_->send(msg, zmq::send_flags::dontwait);
@@ -127,14 +135,10 @@ welcome_msg control_client::join(const hello_msg& hello, std::chrono::millisecon
       send(e);  // also tells the coordinator that this process is still there
       next_hello += hello_every;
     }
-    if (!readable(*sock_, std::chrono::milliseconds(100))) continue;
-    std::vector<zmq::message_t> parts;
-    if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
-        parts.size() != 1)
-      continue;
-    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
-    if (!parsed) {
-      if (parsed.error().reason == reject_reason::wrong_cluster)
+    auto parsed = receive(std::chrono::milliseconds(100));
+    if (!parsed) continue;
+    if (!*parsed) {
+      if (parsed->error().reason == reject_reason::wrong_cluster)
         throw lw_error(
             errc::invalid_config,
             fmt::format("the coordinator at {} serves a different cluster (its cluster.id differs from "
@@ -142,7 +146,7 @@ welcome_msg control_client::join(const hello_msg& hello, std::chrono::millisecon
                         endpoint_));
       continue;  // noise; keep waiting
     }
-    const auto& body = parsed.value().body;
+    const auto& body = parsed->value().body;
     if (auto* w = std::get_if<welcome_msg>(&body)) {
       if (w->rank >= w->world_size || w->peers.size() != w->world_size)
         throw lw_error(errc::malformed_frame,
@@ -184,18 +188,14 @@ std::pair<errc, std::string> control_client::request_leave(const std::string& na
   send(e);
   const auto deadline = clock::now() + timeout;
   while (clock::now() < deadline) {
-    if (!readable(*sock_, std::chrono::milliseconds(100))) continue;
-    std::vector<zmq::message_t> parts;
-    if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
-        parts.size() != 1)
-      continue;
-    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
-    if (!parsed) {
-      if (parsed.error().reason == reject_reason::wrong_cluster)
+    auto parsed = receive(std::chrono::milliseconds(100));
+    if (!parsed) continue;
+    if (!*parsed) {
+      if (parsed->error().reason == reject_reason::wrong_cluster)
         return {errc::invalid_config, "the coordinator at " + endpoint_ + " serves a different cluster"};
       continue;
     }
-    if (auto* er = std::get_if<error_msg>(&parsed.value().body))
+    if (auto* er = std::get_if<error_msg>(&parsed->value().body))
       return {static_cast<errc>(er->code), er->message};
   }
   throw lw_error(errc::deadline_missed, fmt::format("cannot reach the coordinator at {}: no answer within {}",

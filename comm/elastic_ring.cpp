@@ -40,7 +40,6 @@ void elastic_ring::build_ring() {
   o.names = view_.names;
   try {
     ring_ = std::make_shared<ring_allreduce>(static_cast<int>(view_.rank), view_.endpoints, o, on_reject_);
-    if (!verdict_.empty()) ring_->peer_declared_lost(verdict_);
   } catch (const lw_error& e) {
     ring_.reset();
     evicted_ = fmt::format("cannot start the ring of epoch {}: {}", view_.epoch, e.what());
@@ -167,7 +166,6 @@ void elastic_ring::cancel() {
 
 void elastic_ring::peer_declared_lost(const std::string& verdict) {
   std::lock_guard<std::mutex> lk(mu_);
-  verdict_ = verdict;
   if (ring_) ring_->peer_declared_lost(verdict);
 }
 

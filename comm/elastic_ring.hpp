@@ -103,7 +103,6 @@ class elastic_ring final : public collective {
   std::optional<reduce_key> commit_;   // the coordinator's verdict for a parked call
   bool entered_ = false;               // enter() since the call parked
   reduce_key committed_;
-  std::string verdict_;  // the coordinator's lost verdict, handed to every new ring
   // Counters of retired rings.
   uint64_t sent_ = 0, received_ = 0;
   double encode_s_ = 0, decode_s_ = 0;

@@ -94,9 +94,9 @@ class coordinator {
                         join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
         if (!running_elsewhere_.empty())
           why += fmt::format(
-              "; node(s) {} are training under an earlier coordinator, which this one cannot "
-              "take over: stop them and restart the whole cluster to resume from its "
-              "checkpoints",
+              "; node(s) {} are training under an earlier coordinator but did not re-announce "
+              "themselves (a Longwave without takeover?): stop them and restart the whole cluster to "
+              "resume from its checkpoints",
               join_names({running_elsewhere_.begin(), running_elsewhere_.end()}));
         warn("coordinator: " + why);
         return call_off(why, 1);

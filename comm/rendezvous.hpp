@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,9 @@ class control_client {
 
  private:
   void send(const envelope& e);
+  /// One control frame from the coordinator, parsed, if one arrives within wait (nullopt: none, or a message
+  /// of more than one frame).
+  std::optional<frame_result<envelope>> receive(std::chrono::milliseconds wait);
   /// Sends body as this node (cluster id and rank filled in).
   void send_body(decltype(envelope::body) body);
   void drain_monitor(std::vector<control_event>& out);
