@@ -215,7 +215,7 @@ CATCH_TEST_CASE("A server of another cluster refuses the joiner", "[integration]
   CATCH_CHECK(servers[0]->bytes_served() == 0);
 }
 
-CATCH_TEST_CASE("Publishing during a download keeps its state; a second publish makes it gone",
+CATCH_TEST_CASE("Publishing during a download keeps its state, and a second publish makes it gone",
                 "[integration]") {
   auto first = random_blob(blob_bytes, 9);
   state_server server("tcp://127.0.0.1:*", cluster);
