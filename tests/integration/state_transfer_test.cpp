@@ -1,0 +1,339 @@
+// State transfer over real sockets on loopback: several serving peers, failover, corrupt and gone states,
+// refused clusters, and garbage sent to the server and to the fetcher.
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <zmq.hpp>
+
+#include "comm/state_transfer.hpp"
+#include "comm/wire.capnp.h"
+#include "runtime/errors/errors.hpp"
+
+using namespace longwave;
+using namespace longwave::comm;
+
+namespace {
+
+constexpr uint64_t cluster = 0x5eed;
+constexpr size_t blob_bytes = 20u << 20;
+
+std::shared_ptr<std::vector<std::byte>> random_blob(size_t n, uint64_t seed) {
+  auto v = std::make_shared<std::vector<std::byte>>(n);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t x = rng();
+    std::memcpy(v->data() + i, &x, 8);
+  }
+  for (size_t i = n / 8 * 8; i < n; ++i) (*v)[i] = static_cast<std::byte>(rng());
+  return v;
+}
+
+std::vector<std::string> endpoints(const std::vector<std::unique_ptr<state_server>>& servers) {
+  std::vector<std::string> out;
+  for (auto& s : servers) out.push_back(s->endpoint());
+  return out;
+}
+
+std::vector<std::unique_ptr<state_server>> serving(size_t n, reduce_key key,
+                                                   const std::shared_ptr<std::vector<std::byte>>& blob) {
+  std::vector<std::unique_ptr<state_server>> servers;
+  for (size_t i = 0; i < n; ++i) {
+    servers.push_back(std::make_unique<state_server>("tcp://127.0.0.1:*", cluster));
+    servers.back()->publish(key, key.round, blob);
+  }
+  return servers;
+}
+
+template <class Fn>
+errc error_of(Fn&& fn, std::string* message = nullptr) {
+  try {
+    fn();
+  } catch (const lw_error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return errc::none;
+}
+
+zmq::message_t request_frame(uint64_t cluster_id, bool chunk, reduce_key key, uint64_t offset,
+                             uint64_t length, uint16_t version = wire::PROTOCOL_VERSION) {
+  capnp::MallocMessageBuilder mb;
+  auto w = mb.initRoot<wire::StateRequest>();
+  w.setProtocolVersion(version);
+  w.setClusterId(cluster_id);
+  w.setKind(chunk ? wire::StateRequestKind::CHUNK : wire::StateRequestKind::OFFER);
+  w.setRequestId(99);
+  w.initKey().setRound(key.round);
+  w.getKey().setFragment(key.fragment);
+  w.setOffset(offset);
+  w.setLength(length);
+  auto words = capnp::messageToFlatArray(mb);
+  return zmq::message_t(words.asBytes().begin(), words.asBytes().size());
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("A joiner downloads the state from one peer and gets identical bytes", "[integration]") {
+  auto blob = random_blob(blob_bytes, 1);
+  auto servers = serving(1, {3, 0}, blob);
+  uint64_t last_done = 0, calls = 0;
+  fetch_options opts;
+  opts.progress = [&](uint64_t done, uint64_t total) {
+    CATCH_CHECK(total == blob_bytes);
+    CATCH_CHECK(done >= last_done);
+    last_done = done;
+    ++calls;
+  };
+  const auto got = fetch_state(endpoints(servers), cluster, opts);
+  CATCH_CHECK(got.key == reduce_key{3, 0});
+  CATCH_CHECK(got.round == 3);
+  CATCH_REQUIRE(got.bytes == *blob);
+  CATCH_CHECK(got.bytes_per_peer == std::vector<uint64_t>{blob_bytes});
+  CATCH_CHECK(servers[0]->bytes_served() == blob_bytes);
+  CATCH_CHECK(last_done == blob_bytes);
+  CATCH_CHECK(calls >= 2);
+}
+
+CATCH_TEST_CASE("Three peers serving the same state each send a part of it", "[integration]") {
+  auto blob = random_blob(blob_bytes + 12345, 2);  // not a multiple of the block size
+  auto servers = serving(3, {5, 1}, blob);
+  fetch_options opts;
+  opts.in_flight = 2;  // so that every peer gets chunks
+  const auto got = fetch_state(endpoints(servers), cluster, opts);
+  CATCH_REQUIRE(got.bytes == *blob);
+  CATCH_REQUIRE(got.bytes_per_peer.size() == 3);
+  uint64_t sum = 0;
+  for (auto b : got.bytes_per_peer) {
+    CATCH_CHECK(b > 0);
+    sum += b;
+  }
+  CATCH_CHECK(sum == blob->size());
+  CATCH_CHECK(got.dropped.empty());
+}
+
+CATCH_TEST_CASE("want fetches that key, and the newest key is the default", "[integration]") {
+  auto old_blob = random_blob(3u << 20, 3);
+  auto new_blob = random_blob(2u << 20, 4);
+  state_server server("tcp://127.0.0.1:*", cluster);
+  server.publish({1, 0}, 1, old_blob);
+  server.publish({2, 0}, 2, new_blob);
+  fetch_options opts;
+  opts.want = reduce_key{1, 0};
+  const auto old_got = fetch_state({server.endpoint()}, cluster, opts);
+  CATCH_CHECK(old_got.key == reduce_key{1, 0});
+  CATCH_CHECK(old_got.bytes == *old_blob);
+  const auto new_got = fetch_state({server.endpoint()}, cluster);
+  CATCH_CHECK(new_got.key == reduce_key{2, 0});
+  CATCH_CHECK(new_got.bytes == *new_blob);
+  opts.want = reduce_key{7, 0};
+  std::string msg;
+  CATCH_CHECK(error_of([&] { fetch_state({server.endpoint()}, cluster, opts); }, &msg) == errc::peer_lost);
+  CATCH_CHECK(msg.find("no peer offers state (round 7, fragment 0)") != std::string::npos);
+}
+
+CATCH_TEST_CASE("A peer destroyed mid-download is dropped and the others finish", "[integration]") {
+  auto blob = random_blob(blob_bytes, 5);
+  auto servers = serving(3, {4, 0}, blob);
+  const auto peers = endpoints(servers);
+  fetch_options opts;
+  opts.in_flight = 2;
+  opts.progress = [&](uint64_t done, uint64_t total) {
+    if (servers[0] && done >= total / 5) servers[0].reset();
+  };
+  const auto got = fetch_state(peers, cluster, opts);
+  CATCH_CHECK(servers[0] == nullptr);
+  CATCH_REQUIRE(got.bytes == *blob);
+  CATCH_CHECK(got.bytes_per_peer[1] > 0);
+  CATCH_CHECK(got.bytes_per_peer[2] > 0);
+  CATCH_REQUIRE(got.dropped.size() == 1);
+  CATCH_CHECK(got.dropped[0].find(peers[0]) == 0);
+}
+
+CATCH_TEST_CASE("A peer serving a corrupt copy of the state is dropped and the others finish",
+                "[integration]") {
+  auto blob = random_blob(blob_bytes, 6);
+  auto servers = serving(2, {4, 0}, blob);
+  auto bad = std::make_unique<state_server>("tcp://127.0.0.1:*", cluster);
+
+  CATCH_SECTION("its offer differs from the others' (different bytes under the same key)") {
+    auto other = random_blob(blob_bytes, 7);
+    bad->publish({4, 0}, 4, other);
+    servers.push_back(std::move(bad));
+    const auto got = fetch_state(endpoints(servers), cluster);
+    CATCH_REQUIRE(got.bytes == *blob);
+    CATCH_CHECK(got.bytes_per_peer[2] == 0);
+    CATCH_REQUIRE(got.dropped.size() == 1);
+    CATCH_CHECK(got.dropped[0].find("other contents") != std::string::npos);
+  }
+  CATCH_SECTION("its offer matches but its bytes rotted after it was checksummed") {
+    auto copy = std::make_shared<std::vector<std::byte>>(*blob);
+    bad->publish({4, 0}, 4, copy);
+    fetch_state({bad->endpoint()}, cluster);  // the server checksums the state on the first request
+    for (size_t i = 0; i < copy->size(); i += 4096) (*copy)[i] ^= std::byte{0x5a};  // every block
+    servers.insert(servers.begin(), std::move(bad));
+    fetch_options opts;
+    opts.in_flight = 2;
+    const auto got = fetch_state(endpoints(servers), cluster, opts);
+    CATCH_REQUIRE(got.bytes == *blob);
+    CATCH_CHECK(got.bytes_per_peer[0] == 0);
+    CATCH_REQUIRE(got.dropped.size() == 1);
+    CATCH_CHECK(got.dropped[0].find("corrupt copy") != std::string::npos);
+  }
+}
+
+CATCH_TEST_CASE("No reachable peer: deadline_missed within the timeout", "[integration]") {
+  fetch_options opts;
+  opts.timeout = std::chrono::milliseconds(800);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string msg;
+  CATCH_CHECK(error_of(
+                  [&] {
+                    fetch_state({"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"}, cluster, opts);
+                  },
+                  &msg) == errc::deadline_missed);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CATCH_CHECK(took < std::chrono::seconds(3));
+  CATCH_CHECK(msg.find("tcp://127.0.0.1:2: never answered") != std::string::npos);
+  CATCH_CHECK(error_of([&] { fetch_state({}, cluster, opts); }) == errc::peer_lost);
+  CATCH_CHECK(error_of([&] { fetch_state({"not an endpoint"}, cluster, opts); }) == errc::peer_lost);
+}
+
+CATCH_TEST_CASE("A server of another cluster refuses the joiner", "[integration]") {
+  auto servers = serving(1, {1, 0}, random_blob(1u << 20, 8));
+  std::string msg;
+  CATCH_CHECK(error_of([&] { fetch_state(endpoints(servers), cluster + 1, {}); }, &msg) ==
+              errc::invalid_config);
+  CATCH_CHECK(msg.find(servers[0]->endpoint()) != std::string::npos);
+  CATCH_CHECK(msg.find("cluster") != std::string::npos);
+  CATCH_CHECK(servers[0]->rejected(state_reject::wrong_cluster) == 1);
+  CATCH_CHECK(servers[0]->bytes_served() == 0);
+}
+
+CATCH_TEST_CASE("Publishing during a download keeps its state, and a second publish makes it gone",
+                "[integration]") {
+  auto first = random_blob(blob_bytes, 9);
+  state_server server("tcp://127.0.0.1:*", cluster);
+  server.publish({1, 0}, 1, first);
+  fetch_options opts;
+  opts.in_flight = 1;
+
+  CATCH_SECTION("one publish mid-download: the joiner still gets the state it started") {
+    bool published = false;
+    opts.progress = [&](uint64_t done, uint64_t) {
+      if (!published && done > 0) server.publish({2, 0}, 2, random_blob(1u << 20, 10));
+      published = done > 0;
+    };
+    const auto got = fetch_state({server.endpoint()}, cluster, opts);
+    CATCH_CHECK(published);
+    CATCH_CHECK(got.key == reduce_key{1, 0});
+    CATCH_CHECK(got.bytes == *first);
+  }
+  CATCH_SECTION("two publishes mid-download: the server answers gone and the joiner says so") {
+    bool published = false;
+    opts.progress = [&](uint64_t done, uint64_t) {
+      if (!published && done > 0) {
+        server.publish({2, 0}, 2, random_blob(1u << 20, 10));
+        server.publish({3, 0}, 3, random_blob(1u << 20, 11));
+        published = true;
+      }
+    };
+    std::string msg;
+    CATCH_CHECK(error_of([&] { fetch_state({server.endpoint()}, cluster, opts); }, &msg) == errc::peer_lost);
+    CATCH_CHECK(msg.find("no longer holds the state") != std::string::npos);
+    CATCH_CHECK(server.rejected(state_reject::gone) >= 1);
+    // The newest is served as usual.
+    const auto got = fetch_state({server.endpoint()}, cluster);
+    CATCH_CHECK(got.key == reduce_key{3, 0});
+  }
+}
+
+CATCH_TEST_CASE("Garbage sent to the server is answered or dropped and counted; it serves afterwards",
+                "[integration]") {
+  auto blob = random_blob(2u << 20, 12);
+  state_server server("tcp://127.0.0.1:*", cluster);
+  server.publish({1, 0}, 1, blob);
+  zmq::context_t ctx(1);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::rcvtimeo, 2000);
+  raw.connect(server.endpoint());
+  const auto send_one = [&](zmq::message_t m) { (void)raw.send(m, zmq::send_flags::none); };
+  const auto expect_reply = [&](wire::StateStatus want) {
+    zmq::message_t m;
+    CATCH_REQUIRE(raw.recv(m, zmq::recv_flags::none));
+    CATCH_REQUIRE(m.size() % 8 == 0);
+    std::vector<capnp::word> words(m.size() / 8);
+    std::memcpy(words.data(), m.data(), m.size());
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()));
+    CATCH_CHECK(reader.getRoot<wire::StateReply>().getStatus() == want);
+    while (m.more()) (void)raw.recv(m, zmq::recv_flags::none);
+  };
+  std::mt19937 rng(13);
+  std::string noise(200, '\0');
+  for (auto& c : noise) c = static_cast<char>(rng());
+  send_one(zmq::message_t(noise.data(), noise.size()));
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  send_one(zmq::message_t());
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  (void)raw.send(zmq::str_buffer("a"), zmq::send_flags::sndmore);
+  (void)raw.send(zmq::str_buffer("b"), zmq::send_flags::none);
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  send_one(request_frame(cluster, false, {}, 0, 0, 1));  // another protocol version
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  send_one(request_frame(cluster, true, {9, 0}, 0, 1024));
+  expect_reply(wire::StateStatus::GONE);
+  send_one(request_frame(cluster, true, {1, 0}, 1u << 20, ~0ull));
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  send_one(request_frame(cluster, true, {1, 0}, ~0ull - 10, 100));
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  send_one(request_frame(cluster, true, {1, 0}, 100, 100));  // not block-aligned
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  send_one(request_frame(cluster, true, {1, 0}, 0, 0));
+  expect_reply(wire::StateStatus::BAD_REQUEST);
+  send_one(request_frame(cluster, true, {1, 0}, 1u << 20, 1u << 20));  // the last block, valid
+  expect_reply(wire::StateStatus::CHUNK);
+  std::string big(4096, 'x');  // over the request size limit: ZeroMQ drops the connection
+  send_one(zmq::message_t(big.data(), big.size()));
+
+  CATCH_CHECK(server.rejected(state_reject::bad_framing) == 1);
+  CATCH_CHECK(server.rejected(state_reject::malformed) == 3);  // noise, empty, version
+  CATCH_CHECK(server.rejected(state_reject::gone) == 1);
+  CATCH_CHECK(server.rejected(state_reject::bad_range) == 4);
+  const auto got = fetch_state({server.endpoint()}, cluster);
+  CATCH_CHECK(got.bytes == *blob);
+}
+
+CATCH_TEST_CASE("A fetcher whose every peer sends garbage reports malformed_frame", "[integration]") {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  const std::string ep = router.get(zmq::sockopt::last_endpoint);
+  std::atomic<bool> stop{false};
+  std::thread liar([&] {
+    router.set(zmq::sockopt::rcvtimeo, 50);
+    std::mt19937 rng(14);
+    while (!stop) {
+      zmq::message_t id, req;
+      if (!router.recv(id, zmq::recv_flags::none)) continue;
+      (void)router.recv(req, zmq::recv_flags::none);
+      std::string noise(64, '\0');
+      for (auto& c : noise) c = static_cast<char>(rng());
+      (void)router.send(id, zmq::send_flags::sndmore);
+      (void)router.send(zmq::message_t(noise.data(), noise.size()), zmq::send_flags::none);
+    }
+  });
+  std::string msg;
+  fetch_options opts;
+  opts.timeout = std::chrono::milliseconds(3000);
+  CATCH_CHECK(error_of([&] { fetch_state({ep}, cluster, opts); }, &msg) == errc::malformed_frame);
+  CATCH_CHECK(msg.find(ep + ": sent garbage") != std::string::npos);
+  stop = true;
+  liar.join();
+}
