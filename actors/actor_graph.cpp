@@ -87,6 +87,7 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   o.dtype = role->ring.dtype;
   o.codec = role->ring.codec;
   o.error_feedback = cfg.comm.error_feedback;
+  o.observe_round = role->observe_round;
   const auto world = role->names.size();
   o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
   o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];

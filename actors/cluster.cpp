@@ -3,14 +3,19 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "comm/elastic_ring.hpp"
 #include "comm/rendezvous.hpp"
+#include "comm/state_transfer.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/checkpoint/checkpoint_bytes.hpp"
 #include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
@@ -28,6 +33,18 @@ void on_coordinator_signal(int) {
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+/// The epoch view of a membership message.
+comm::epoch_view view_of(const comm::membership_msg& m) {
+  comm::epoch_view v;
+  v.epoch = m.epoch;
+  v.rank = m.rank;
+  for (const auto& p : m.peers) {
+    v.names.push_back(p.name);
+    v.endpoints.push_back(p.endpoint);
+  }
+  return v;
 }
 
 /// A node's view of its coordinator while it trains: membership changes reach the ring (fence, next epoch,
@@ -110,15 +127,8 @@ class coordinator_watch {
       if (elastic) elastic->fence(ev.epoch);
     } else if (ev.what == kind::membership) {
       const auto& m = ev.membership;
-      comm::epoch_view v;
-      v.epoch = m.epoch;
-      v.rank = m.rank;
-      std::string ring_text;
-      for (const auto& p : m.peers) {
-        v.names.push_back(p.name);
-        v.endpoints.push_back(p.endpoint);
-        ring_text += (ring_text.empty() ? "" : " -> ") + p.name;
-      }
+      const auto v = view_of(m);
+      const std::string ring_text = fmt::format("{}", fmt::join(v.names, " -> "));
       spdlog::info(
           "node {}: epoch {}: rank {} of {} (ring {}); keeps the all-reduce of round {} fragment {}, "
           "redoes later ones",
@@ -160,8 +170,9 @@ class coordinator_watch {
   std::chrono::steady_clock::time_point next_announce_;
 };
 
-/// Node `index`'s hello, with resume_round its newest checkpoint's round.
-comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round) {
+/// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
+comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
+                         const std::string& state_endpoint) {
   const auto& me = spec.nodes[index];
   comm::hello_msg hello;
   hello.protocol_version = comm::protocol_version();
@@ -171,40 +182,263 @@ comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_
   hello.data_endpoint = me.endpoint;
   hello.resume_round = resume_round;
   hello.config_hash = config::training_fingerprint(config::node_config(spec, index));
+  hello.state_endpoint = state_endpoint;
   return hello;
 }
 
-/// Joins the cluster as node `index`, with resume_round its newest checkpoint's round: sets role's rank and
-/// every rank's endpoint and name from the welcome, and returns the round the cluster resumes after. Throws
-/// lw_error when the welcome is malformed or does not match this cluster file.
+/// Sets role's rank, epoch and every rank's name and endpoint; throws lw_error when an endpoint is malformed
+/// or this node's place does not carry its own name and endpoint (another cluster file).
+void place_in_ring(cluster_role& role, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
+                   const std::vector<comm::peer_entry>& peers, const char* what) {
+  role.rank = static_cast<int>(rank);
+  role.epoch = epoch;
+  role.endpoints.clear();
+  role.names.clear();
+  for (const auto& p : peers) {
+    if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
+      throw lw_error(errc::malformed_frame, fmt::format("the coordinator's {} lists endpoint '{}' for {}: {}",
+                                                        what, p.endpoint, p.name, problem));
+    role.endpoints.push_back(p.endpoint);
+    role.names.push_back(p.name);
+  }
+  // The ring holds the members in file order; this node's data stays that of its file position.
+  if (rank >= role.names.size() || role.names[rank] != me.name || role.endpoints[rank] != me.endpoint)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("the coordinator placed this node at rank {} with another name or endpoint: "
+                               "its cluster file differs from this one",
+                               rank));
+}
+
+/// The two parts of a served state: (round, shared_part) and (round, own_part).
+constexpr uint32_t shared_part = 0, own_part = 1;
+
+/// Serves this node's round-boundary states to joiners: the training thread hands over a checkpoint (no
+/// copy), a thread of its own turns the newest into bytes and publishes it, off the training path.
+class state_publisher {
+ public:
+  /// Listens on the host of this node's ring endpoint, on a port the system picks.
+  state_publisher(const std::string& ring_endpoint, uint64_t cluster_id)
+      : server_(ring_endpoint.substr(0, ring_endpoint.rfind(':')) + ":*", cluster_id),
+        thread_([this] { run(); }) {}
+  ~state_publisher() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  std::string endpoint() const { return server_.endpoint(); }
+  /// Newest wins: a state still waiting when the next one comes is dropped.
+  void publish(runtime::checkpoint c) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      slot_ = std::move(c);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      runtime::checkpoint c;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || slot_; });
+        if (stop_) return;
+        c = std::move(*slot_);
+        slot_.reset();
+      }
+      // Two states per round: what every member holds alike (theta, momentum, a pending average), which a
+      // joiner fetches from all members at once, and this node's worker state (with the meta, which names
+      // this node's files), which it fetches from one.
+      runtime::checkpoint shared, own;
+      shared.round = own.round = c.round;
+      shared.step = own.step = c.step;
+      own.meta = std::move(c.meta);
+      for (auto& b : c.blobs) (b.name.rfind("replica", 0) == 0 ? own : shared).blobs.push_back(std::move(b));
+      auto publish = [&](uint32_t part, const runtime::checkpoint& x) {
+        server_.publish(comm::reduce_key{c.round, part}, c.round,
+                        std::make_shared<const std::vector<std::byte>>(runtime::checkpoint_to_bytes(x)));
+      };
+      publish(own_part, own);
+      publish(shared_part, shared);
+    }
+  }
+
+  comm::state_server server_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<runtime::checkpoint> slot_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+/// Joins the cluster as node `index`, with resume_round its newest checkpoint's round. A cluster that is
+/// starting answers with a welcome: sets role's place in the ring and returns the round the cluster resumes
+/// after. A cluster already training answers with where to fetch its state: returned in *recover (the node
+/// then joins through cluster_role::join). Throws lw_error when the answer is malformed or does not match
+/// this cluster file, or the node is turned away.
 uint64_t join(comm::control_client& control, const config::cluster_spec& spec, size_t index,
-              uint64_t resume_round, cluster_role& role) {
+              uint64_t resume_round, const std::string& state_endpoint, cluster_role& role,
+              std::optional<comm::recover_msg>& recover) {
   const auto& me = spec.nodes[index];
-  const auto hello = hello_of(spec, index, resume_round);
+  const auto hello = hello_of(spec, index, resume_round, state_endpoint);
   // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
   // says so instead of timing out here.
   const double wait_s = spec.join_timeout_s + 5;
   spdlog::info("node {}: joining cluster '{}' at {} (waiting up to {:g} s)", me.name, spec.id,
                spec.coordinator, wait_s);
-  const auto welcome = control.join(hello, to_ms(wait_s));
-  role.rank = static_cast<int>(welcome.rank);
-  role.epoch = welcome.epoch;
-  for (const auto& p : welcome.peers) {
-    if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
-      throw lw_error(errc::malformed_frame, "the coordinator's welcome lists endpoint '" + p.endpoint +
-                                                "' for " + p.name + ": " + problem);
-    role.endpoints.push_back(p.endpoint);
-    role.names.push_back(p.name);
+  const auto answer = control.join(hello, to_ms(wait_s));
+  if (const auto* r = std::get_if<comm::recover_msg>(&answer)) {
+    recover = *r;
+    return 0;
   }
-  // The ring holds the nodes that joined, in file order; this node's data stays that of its file position.
-  if (role.names[welcome.rank] != me.name || role.endpoints[welcome.rank] != me.endpoint)
-    throw lw_error(errc::invalid_config,
-                   "the coordinator placed this node at rank " + std::to_string(welcome.rank) +
-                       " with another name or endpoint: its cluster file differs from this one");
+  const auto& welcome = std::get<comm::welcome_msg>(answer);
+  place_in_ring(role, me, welcome.rank, welcome.epoch, welcome.peers, "welcome");
   spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
                welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
   return welcome.start_round;
 }
+
+/// A node joining a running cluster (cluster_role::join): fetches the members' state from the sources the
+/// coordinator named (or takes its own checkpoint when that is at the members' round), says it is ready,
+/// and is admitted at a fence or sent to fetch again (the members moved on meanwhile).
+class joiner {
+ public:
+  joiner(comm::control_client& control, const config::cluster_spec& spec, size_t index,
+         comm::recover_msg first, cluster_role& role)
+      : control_(control), spec_(spec), me_(spec.nodes[index]), recover_(std::move(first)), role_(role) {}
+
+  joined_state operator()(const runtime::snapshot_shape& shape, uint64_t own_round) {
+    constexpr int max_attempts = 5;
+    for (int attempt = 1;; ++attempt) {
+      joined_state got;
+      if (own_round > 0 && own_round == recover_.round && attempt == 1) {
+        got.round = own_round;
+        spdlog::info(
+            "node {}: the members are at round {}, as is this node's own newest checkpoint: starting "
+            "from it instead of fetching the state",
+            me_.name, own_round);
+      } else {
+        got = fetch(shape);
+      }
+      const auto answer = control_.join_ready({comm::reduce_key{got.round, 0}, got.round},
+                                              to_ms(std::max(60.0, spec_.join_timeout_s)));
+      if (const auto* m = std::get_if<comm::membership_msg>(&answer)) {
+        place_in_ring(role_, me_, m->rank, m->epoch, m->peers, "membership");
+        role_.ring.names = role_.names;
+        role_.committed = m->commit;
+        role_.observe_round = got.round + 1;
+        spdlog::info(
+            "node {}: admitted in epoch {} as rank {} of {} with the state of round {}; round {} it "
+            "only observes (no inner steps, weight 0), then it trains",
+            me_.name, m->epoch, m->rank, m->peers.size(), got.round, got.round + 1);
+        return got;
+      }
+      recover_ = std::get<comm::recover_msg>(answer);
+      if (attempt >= max_attempts)
+        throw lw_error(errc::peer_lost,
+                       fmt::format("the members moved on {} times while this node fetched their state ({}); "
+                                   "its link may be too slow for the round time",
+                                   attempt, recover_.note));
+      spdlog::warn("node {}: {} (attempt {} of {})", me_.name, recover_.note, attempt + 1, max_attempts);
+    }
+  }
+
+ private:
+  joined_state fetch(const runtime::snapshot_shape& shape) {
+    std::vector<std::string> sources, names;
+    for (const auto& p : recover_.sources) {
+      sources.push_back(p.endpoint);
+      names.push_back(p.name);
+    }
+    if (sources.empty())
+      throw lw_error(errc::peer_lost, "the coordinator named no member that serves the training state");
+    // Sent back because the members moved on: the state of the round they hold, once they serve it.
+    const std::optional<uint64_t> want =
+        recover_.note.empty() ? std::nullopt : std::optional<uint64_t>(recover_.round);
+    spdlog::info("node {}: fetching the training state{} from {} member(s) ({})", me_.name,
+                 want ? fmt::format(" of round {}", *want) : "", sources.size(), fmt::join(names, ", "));
+    auto last_beat = std::chrono::steady_clock::now();
+    auto beat = [&] {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_beat < std::chrono::seconds(1)) return;
+      last_beat = now;
+      control_.heartbeat(0, 0);  // the coordinator keeps a joiner that is heard from
+    };
+    comm::fetch_options o;
+    o.progress = [&](uint64_t done, uint64_t total) {
+      spdlog::info("node {}: fetched {:.1f} of {:.1f} MB", me_.name, static_cast<double>(done) / 1e6,
+                   static_cast<double>(total) / 1e6);
+      beat();
+    };
+    o.fragment = shared_part;
+    if (want) o.want = comm::reduce_key{*want, shared_part};
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto deadline = t0 + std::chrono::seconds(60);
+    std::optional<comm::fetched_state> shared;
+    while (!shared) {
+      try {
+        shared = comm::fetch_state(sources, spec_.cluster_id, o);
+      } catch (const lw_error& e) {
+        // Not served yet (the members publish a round's state once its outer step is done).
+        if (!want || e.code() != errc::peer_lost || std::chrono::steady_clock::now() > deadline) throw;
+        beat();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+    // This node's workers start from one member's worker state (its Adam moments and counters).
+    o.want = comm::reduce_key{shared->key.round, own_part};
+    std::optional<comm::fetched_state> own;
+    std::string donor, failures;
+    for (size_t i = 0; i < sources.size() && !own; ++i) {
+      try {
+        own = comm::fetch_state({sources[i]}, spec_.cluster_id, o);
+        donor = names[i];
+      } catch (const lw_error& e) {
+        failures += fmt::format("; {}: {}", names[i], e.what());
+      }
+    }
+    if (!own)
+      throw lw_error(errc::peer_lost, fmt::format("no member served its worker state of round {}{}",
+                                                  shared->key.round, failures));
+    auto whole = runtime::checkpoint_from_bytes(shared->bytes);
+    auto part = runtime::checkpoint_from_bytes(own->bytes);
+    whole.meta = std::move(part.meta);
+    for (auto& b : part.blobs) whole.blobs.push_back(std::move(b));
+    auto shape1 = shape;
+    shape1.n_replicas = 1;  // a served state carries one replica; joined_start copies it for each worker
+    joined_state got;
+    got.fetched = runtime::from_checkpoint(std::move(whole), shape1);
+    got.round = got.fetched->round;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto bytes = shared->bytes.size() + own->bytes.size();
+    std::string per_peer;
+    for (size_t i = 0; i < shared->bytes_per_peer.size() && i < names.size(); ++i)
+      per_peer += fmt::format("{}{} {:.1f} MB", per_peer.empty() ? "" : ", ", names[i],
+                              static_cast<double>(shared->bytes_per_peer[i]) / 1e6);
+    spdlog::info(
+        "node {}: fetched the state of round {}: {:.1f} MB in {:.2f} s ({:.1f} MB/s; shared part "
+        "{}; worker state from {})",
+        me_.name, got.round, static_cast<double>(bytes) / 1e6, secs,
+        static_cast<double>(bytes) / 1e6 / std::max(secs, 1e-9), per_peer, donor);
+    for (const auto& d : shared->dropped) spdlog::warn("node {}: state source dropped: {}", me_.name, d);
+    last_fetch_bytes_ = bytes;
+    last_fetch_seconds_ = secs;
+    return got;
+  }
+
+  comm::control_client& control_;
+  const config::cluster_spec& spec_;
+  const config::cluster_node& me_;
+  comm::recover_msg recover_;
+  cluster_role& role_;
+
+ public:
+  uint64_t last_fetch_bytes_ = 0;
+  double last_fetch_seconds_ = 0;
+};
 
 /// `longwave node CLUSTER --node NAME --leave`: asks the coordinator to make NAME leave at its next round
 /// boundary. 0 when it will, 2 when it cannot (not training, unknown), 1 when the coordinator cannot be
@@ -312,14 +546,26 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   cluster_role role;
   run_options node_opts = opts;
   std::unique_ptr<comm::control_client> control;
+  std::unique_ptr<state_publisher> publisher;
+  std::optional<comm::recover_msg> recover;
   try {
+    // Joiners fetch the running cluster's state from its members (the ring backend's clusters are elastic).
+    if (spec.train.comm.backend == config::comm_backend::ring)
+      publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id);
     control = std::make_unique<comm::control_client>(spec.coordinator, spec.cluster_id);
-    node_opts.max_resume_round =
-        join(*control, spec, index, opts.fresh ? 0 : latest_checkpoint_round(cfg), role);
+    node_opts.max_resume_round = join(*control, spec, index, opts.fresh ? 0 : latest_checkpoint_round(cfg),
+                                      publisher ? publisher->endpoint() : "", role, recover);
   } catch (const lw_error& e) {
     spdlog::error("node {}: {}", me.name, e.what());
     return e.code() == errc::invalid_config ? 2 : 1;
   }
+  if (recover) {
+    spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it", me.name,
+                 recover->epoch, recover->round);
+    node_opts.max_resume_round.reset();
+    role.join = joiner(*control, spec, index, *recover, role);
+  }
+  if (publisher) role.publish = [p = publisher.get()](runtime::checkpoint c) { p->publish(std::move(c)); };
   role.rank_offset = config::worker_offset(spec, index);
   role.cluster_workers = spec.train.train.workers;
   role.ring = ring_options_from(cfg, spec.cluster_id);
@@ -339,7 +585,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
   // The first tick heartbeats at once: the coordinator allows a member join_timeout_s of silence only until
   // its first heartbeat (while it loads its data and model).
   std::chrono::steady_clock::time_point last_beat{};
-  coordinator_watch watch(hello_of(spec, index, 0));
+  coordinator_watch watch(hello_of(spec, index, 0, publisher ? publisher->endpoint() : ""));
   bool leaving = false;
   role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record,
                   const std::function<void()>& leave) {

@@ -129,11 +129,12 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
                                   round));
   if (s.opts.collective) {
     float* data = sum.data_ptr<float>();
-    if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32)
+    const bool observe = round == s.opts.observe_round;
+    if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32 && !observe)
       apply_error_feedback(s, label.second, data, static_cast<size_t>(n));
     try {
-      s.opts.collective->allreduce(round, data, static_cast<size_t>(n), static_cast<double>(parts.size()),
-                                   label.second, dtype);
+      s.opts.collective->allreduce(round, data, static_cast<size_t>(n),
+                                   observe ? 0.0 : static_cast<double>(parts.size()), label.second, dtype);
     } catch (const lw_error& e) {
       if (s.opts.metrics)
         self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),

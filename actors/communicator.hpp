@@ -37,6 +37,8 @@ struct communicator_options {
   /// round, higher for the reduces that finish a run (eager's mean of the parameters, streaming's last
   /// syncs).
   bool log_events = true;
+  /// A node that joined a running cluster: in this round it contributes weight 0 (it trained no steps).
+  uint64_t observe_round = 0;
 };
 
 /// Messages: runtime::communicator_actor. (reduce, request) -> the mean of request.parts. The local sum is in

@@ -154,7 +154,7 @@ void save_then_continue(self_ptr self) {
     if (self->state.round >= static_cast<uint64_t>(self->state.ctx->cfg.train.rounds))
       finish(self);
     else
-      begin_round(self);
+      publish_boundary(self, [=] { begin_round(self); });
   };
   if (!due) return next();
   if (!set_phase(self, phase::saving)) return;

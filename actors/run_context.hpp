@@ -1,6 +1,7 @@
 #pragma once
 // What every actor of one training run shares read-only: the resolved config, the model shape and the data.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "config/train_config.hpp"
 #include "models/inner_trainer.hpp"
 #include "models/model_spec.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 
 namespace longwave::actors {
 
@@ -26,6 +28,10 @@ struct run_context {
   int64_t cluster_workers = 0;  ///< 0: this process is the whole run
   /// diloco.outer = "streaming": the ranges of theta of each fragment (models::fragment_ranges); else empty.
   std::vector<models::flat_ranges> fragments;
+  /// A node that joined a running cluster: its first round, in which it only observes (cluster_role).
+  uint64_t observe_round = 0;
+  /// Cluster members: where round-boundary states go to be served to joiners (cluster_role::publish).
+  std::function<void(runtime::checkpoint)> publish_state;
   int64_t n_workers() const { return cfg.train.workers; }
   int64_t global_workers() const { return cluster_workers > 0 ? cluster_workers : cfg.train.workers; }
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }

@@ -139,6 +139,46 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
   return start;
 }
 
+start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
+                         const snapshot_shape& shape, joined_state joined) {
+  start_point start;
+  if (joined.fetched) {
+    if (opts.fresh) (void)find_start(cfg, opts, p, shape);  // removes the old checkpoints and trace
+    auto snap = std::move(*joined.fetched);
+    LW_ASSERT(!snap.replicas.empty(), "a fetched state carries one replica");
+    const auto donor = std::move(snap.replicas[0]);
+    snap.replicas.clear();
+    for (int64_t r = 0; r < shape.n_replicas; ++r) {
+      replica_state rep = donor;
+      rep.rank = r;
+      rep.master = donor.master.clone();
+      rep.exp_avg = donor.exp_avg.clone();
+      rep.exp_avg_sq = donor.exp_avg_sq.clone();
+      if (donor.outer_theta.defined()) rep.outer_theta = donor.outer_theta.clone();
+      if (donor.outer_momentum.defined()) rep.outer_momentum = donor.outer_momentum.clone();
+      if (donor.prev_delta.defined()) rep.prev_delta = donor.prev_delta.clone();
+      snap.replicas.push_back(std::move(rep));
+    }
+    start.resume = std::move(snap);
+  } else {
+    run_options own = opts;
+    own.fresh = false;
+    own.max_resume_round = joined.round;
+    start = find_start(cfg, own, p, shape);
+    if (!start.resume || start.resume->round != joined.round)
+      throw lw_error(errc::corrupt_checkpoint,
+                     fmt::format("the checkpoint of round {} this node joins with cannot be loaded from {}",
+                                 joined.round, p.ckpt_dir));
+  }
+  // The observed round's inner steps are skipped: the counters move on as if they had run.
+  for (auto& r : start.resume->replicas) {
+    r.adam_steps += cfg.train.inner_steps;
+    r.sampler_position += static_cast<uint64_t>(cfg.train.inner_steps);
+    r.steps_in_round = 0;
+  }
+  return start;
+}
+
 void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start) {
   if (start.resume)
     truncate_trace(p.trace, start.resume->step);

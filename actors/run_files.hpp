@@ -32,6 +32,14 @@ struct start_point {
 start_point find_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
                        const runtime::snapshot_shape& shape);
 
+/// A node that joined a running cluster starts from the members' state, its replicas copies of the one that
+/// state carries, or from its own checkpoint of the same round. Either way every replica's step count and
+/// data position move past the round it observes (cluster_role::observe_round), so it reads the windows
+/// its global ranks read at that step and trains at the cluster's place in the LR schedule. Throws
+/// lw_error(corrupt_checkpoint) when its own checkpoint of that round cannot be loaded.
+start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
+                         const runtime::snapshot_shape& shape, joined_state joined);
+
 /// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.
 void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start);
 

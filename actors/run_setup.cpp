@@ -101,6 +101,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   if (role) {
     ctx->rank_offset = role->rank_offset;
     ctx->cluster_workers = role->cluster_workers;
+    ctx->publish_state = role->publish;
   }
   if (is_streaming(cfg))
     ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,

@@ -50,7 +50,15 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
   auto ctx = make_context(cfg, spec, corpus, p.data_dir, role);
-  auto start = find_start(cfg, opts, p, shape_of(*ctx));
+  start_point start;
+  if (role && role->join) {
+    // Joining a running cluster: fetch the members' state and wait to be admitted (fills in the role).
+    start = joined_start(cfg, opts, p, shape_of(*ctx),
+                         role->join(shape_of(*ctx), opts.fresh ? 0 : latest_checkpoint_round(cfg)));
+    ctx->observe_round = role->observe_round;
+  } else {
+    start = find_start(cfg, opts, p, shape_of(*ctx));
+  }
   if (start.complete) return 0;
   reset_run_files(cfg, p, start);
   caf::actor_system_config sys_cfg;

@@ -13,6 +13,7 @@
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
@@ -31,6 +32,13 @@ struct run_options {
   std::function<runtime::communicator_actor(caf::actor_system&)> communicator_override;
 };
 
+/// What a node that joins a running cluster starts from: the members' state (fetched), or its own newest
+/// checkpoint when that is at the cluster's round (fetched empty).
+struct joined_state {
+  std::optional<runtime::train_snapshot> fetched;
+  uint64_t round = 0;  ///< the completed round of that state
+};
+
 /// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).
 struct cluster_role {
   int rank = 0;
@@ -40,6 +48,18 @@ struct cluster_role {
   int64_t rank_offset = 0;             ///< global rank of this node's first worker
   int64_t cluster_workers = 0;         ///< workers of the whole cluster
   comm::ring_options ring;             ///< the ring's settings; the NCCL backend takes its dtype and timeouts
+  comm::reduce_key committed;          ///< the last all-reduce the starting state includes (a joiner's)
+  /// Joining a running cluster: called once the data are loaded, before any actor starts, with the run's
+  /// snapshot shape and the round of this node's own newest checkpoint (0: none). Fetches the state, waits
+  /// to be admitted, and fills in rank, endpoints, names, epoch, committed and observe_round. Throws
+  /// lw_error when the node is turned away or the state cannot be had.
+  std::function<joined_state(const runtime::snapshot_shape&, uint64_t own_round)> join;
+  /// A joiner's first round: its workers train no steps and it adds weight 0 to the round's all-reduces
+  /// (the members do not wait for it), then it trains from the next round on. 0: none.
+  uint64_t observe_round = 0;
+  /// Members: gets a copy of the state at each round boundary (replica 0 only; pending average included), as
+  /// a checkpoint, to serve to joiners. Called on the training coordinator's thread: must not block.
+  std::function<void(runtime::checkpoint)> publish;
   /// Called from the main thread about every 100 ms with the node's collective (heartbeats with its
   /// completed round, the coordinator's verdicts and membership changes) and a sink for metrics.jsonl lines.
   /// leave: stops this node at its next round boundary.

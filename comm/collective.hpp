@@ -18,10 +18,10 @@ class collective {
 
   /// Replaces data[0..n) (host memory) on every rank with sum_r(weight_r * data_r) / sum_r(weight_r), in
   /// place. Every rank passes the same n, round, fragment and dtype; (round, fragment) increases from call to
-  /// call. weight is positive and finite (the node's worker count). dtype, when given, replaces the
-  /// backend's configured wire dtype for this call (fp32 for parameters). Blocks the caller. Throws lw_error
-  /// (deadline_missed, peer_lost, stale_round, invalid_config, cancelled, ...); after a throw data holds
-  /// partial results and the next call must use a later round.
+  /// call. weight is finite and >= 0 (the node's worker count; 0 while a joiner observes its first round).
+  /// dtype, when given, replaces the backend's configured wire dtype for this call (fp32 for parameters).
+  /// Blocks the caller. Throws lw_error (deadline_missed, peer_lost, stale_round, invalid_config, cancelled,
+  /// ...); after a throw data holds partial results and the next call must use a later round.
   virtual void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
                          std::optional<wire_dtype> dtype = std::nullopt) = 0;
 

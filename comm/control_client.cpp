@@ -122,7 +122,8 @@ void control_client::send(const envelope& e) {
   (void)sock_->send(msg, zmq::send_flags::dontwait);
 }
 
-welcome_msg control_client::join(const hello_msg& hello, std::chrono::milliseconds timeout) {
+std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hello,
+                                                            std::chrono::milliseconds timeout) {
   envelope e;
   e.cluster_id = cluster_id_;
   e.sender = no_rank;
@@ -154,6 +155,7 @@ welcome_msg control_client::join(const hello_msg& hello, std::chrono::millisecon
       rank_ = w->rank;
       return *w;
     }
+    if (auto* r = std::get_if<recover_msg>(&body)) return *r;
     if (auto* er = std::get_if<error_msg>(&body)) {
       const auto code = static_cast<errc>(er->code);
       throw lw_error(code == errc::peer_lost ? errc::peer_lost : errc::invalid_config,
@@ -165,6 +167,36 @@ welcome_msg control_client::join(const hello_msg& hello, std::chrono::millisecon
       fmt::format("cannot reach the coordinator at {}: no answer within {} (is `longwave coordinator` "
                   "running there, and is the address right?)",
                   endpoint_, secs(timeout)));
+}
+
+std::variant<membership_msg, recover_msg> control_client::join_ready(const join_ready_msg& ready,
+                                                                     std::chrono::milliseconds timeout) {
+  send_body(ready);
+  const auto deadline = clock::now() + timeout;
+  auto next_ready = clock::now() + hello_every;
+  while (clock::now() < deadline) {
+    if (clock::now() >= next_ready) {
+      send_body(ready);  // idempotent at the coordinator; also says this process is still there
+      next_ready += hello_every;
+    }
+    auto parsed = receive(std::chrono::milliseconds(100));
+    if (!parsed || !*parsed) continue;
+    const auto& body = parsed->value().body;
+    if (auto* m = std::get_if<membership_msg>(&body)) {
+      rank_ = m->rank;
+      return *m;
+    }
+    if (auto* r = std::get_if<recover_msg>(&body)) return *r;
+    if (auto* er = std::get_if<error_msg>(&body)) {
+      const auto code = static_cast<errc>(er->code);
+      if (code == errc::none) continue;
+      throw lw_error(
+          code == errc::invalid_config ? errc::invalid_config : errc::peer_lost,
+          fmt::format("the coordinator at {} did not admit this node: {}", endpoint_, er->message));
+    }
+  }
+  throw lw_error(errc::deadline_missed, fmt::format("the coordinator at {} did not admit this node within {}",
+                                                    endpoint_, secs(timeout)));
 }
 
 void control_client::heartbeat(uint64_t round, uint64_t epoch) {

@@ -19,8 +19,12 @@ uint32_t confirm_fragment(uint32_t fragment) {
 
 }  // namespace
 
-elastic_ring::elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject)
-    : opts_(std::move(opts)), on_reject_(std::move(on_reject)), view_(std::move(first)) {
+elastic_ring::elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject,
+                           reduce_key committed)
+    : opts_(std::move(opts)),
+      on_reject_(std::move(on_reject)),
+      view_(std::move(first)),
+      committed_(committed) {
   if (view_.names.size() != view_.endpoints.size() || view_.rank >= view_.endpoints.size())
     throw lw_error(errc::invalid_config, "elastic_ring: rank or member lists disagree");
   std::lock_guard<std::mutex> lk(mu_);

@@ -38,7 +38,9 @@ struct ring_failure {
 /// membership calls (fence, enter, evict, fence_report, take_failure) come from the node's main thread.
 class elastic_ring final : public collective {
  public:
-  elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject = {});
+  /// committed: the last all-reduce the node's starting state includes (a joiner's; else none).
+  elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject = {},
+               reduce_key committed = {});
   ~elastic_ring() override;
 
   /// As ring_allreduce::allreduce, across the current epoch's members. A fence during the call parks it

@@ -218,9 +218,8 @@ frame_result<chunk_header> parse_chunk_header(const void* data, size_t size) {
   if (phase > static_cast<uint16_t>(ring_phase::all_gather))
     return reject(reject_reason::malformed, fmt::format("unknown phase {}", phase));
   h.phase = static_cast<ring_phase>(phase);
-  if (!std::isfinite(h.weight) || h.weight <= 0.0)
-    return reject(reject_reason::malformed,
-                  fmt::format("weight {} is not a positive finite number", h.weight));
+  if (!std::isfinite(h.weight) || h.weight < 0.0)
+    return reject(reject_reason::malformed, fmt::format("weight {} is not a finite number >= 0", h.weight));
   if (h.world_size == 0) return reject(reject_reason::malformed, "world size 0");
   if (h.element_count > h.total_elements)
     return reject(reject_reason::bad_size,
@@ -350,6 +349,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setWorldSize(m.world_size);
       set_key(x.initCommitted(), m.committed);
       x.setConfigHash(m.config_hash);
+      x.setStateEndpoint(txt(m.state_endpoint));
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -378,6 +378,18 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       set_key(x.initCommit(), m.commit);
     }
     void operator()(const leave_msg& m) { b.initLeave().setNode(txt(m.node)); }
+    void operator()(const recover_msg& m) {
+      auto x = b.initRecover();
+      x.setEpoch(m.epoch);
+      set_peers(x.initSources(static_cast<unsigned>(m.sources.size())), m.sources);
+      x.setNote(txt(m.note));
+      x.setRound(m.round);
+    }
+    void operator()(const join_ready_msg& m) {
+      auto x = b.initJoinReady();
+      set_key(x.initKey(), m.key);
+      x.setRound(m.round);
+    }
     void operator()(const ring_failed_msg& m) {
       auto x = b.initRingFailed();
       x.setEpoch(m.epoch);
@@ -444,10 +456,13 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.config_hash = x.getConfigHash();
         auto name = x.getNodeName();
         auto ep = x.getDataEndpoint();
+        auto state_ep = x.getStateEndpoint();
         if ((bad = check_text(name, max_name_bytes, "hello nodeName"))) break;
         if ((bad = check_text(ep, max_endpoint_bytes, "hello dataEndpoint"))) break;
+        if ((bad = check_text(state_ep, max_endpoint_bytes, "hello stateEndpoint"))) break;
         m.node_name = text_of(name);
         m.data_endpoint = text_of(ep);
+        m.state_endpoint = text_of(state_ep);
         out.body = std::move(m);
         break;
       }
@@ -491,6 +506,23 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         auto node = b.getLeave().getNode();
         if ((bad = check_text(node, max_name_bytes, "leave node"))) break;
         out.body = leave_msg{text_of(node)};
+        break;
+      }
+      case wire::Envelope::Body::RECOVER: {
+        auto x = b.getRecover();
+        recover_msg m;
+        m.epoch = x.getEpoch();
+        m.round = x.getRound();
+        auto note = x.getNote();
+        if ((bad = check_text(note, max_message_bytes, "recover note"))) break;
+        m.note = text_of(note);
+        if ((bad = read_peers(x.getSources(), "recover", m.sources))) break;
+        out.body = std::move(m);
+        break;
+      }
+      case wire::Envelope::Body::JOIN_READY: {
+        auto x = b.getJoinReady();
+        out.body = join_ready_msg{key_of(x.getKey()), x.getRound()};
         break;
       }
       case wire::Envelope::Body::RING_FAILED: {

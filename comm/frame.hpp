@@ -121,7 +121,7 @@ std::vector<std::byte> build_chunk_header(const chunk_header& h);
 
 /// Decodes a header frame on its own: length a multiple of 8 and at most max_chunk_header_bytes, segment
 /// table consistent with the length, explicit ReaderOptions (traversal and nesting limits), Cap'n Proto
-/// errors caught; protocol version, dtype and phase in range, weight finite and positive, element_count <=
+/// errors caught; protocol version, dtype and phase in range, weight finite and >= 0, element_count <=
 /// total_elements. The frame need not be aligned (it is copied).
 frame_result<chunk_header> parse_chunk_header(const void* data, size_t size);
 
@@ -162,12 +162,13 @@ struct hello_msg {
   std::string node_name;
   uint32_t n_workers = 0;
   std::string data_endpoint;
-  uint64_t resume_round = 0;  ///< completed rounds of the node's newest checkpoint (0: none)
-  bool running = false;       ///< a training node re-announcing itself: the fields below are set
-  uint64_t epoch = 0;         ///< its epoch
-  uint32_t world_size = 0;    ///< that epoch's member count
-  reduce_key committed;       ///< the last all-reduce it applied
-  uint64_t config_hash = 0;   ///< the node's training fingerprint (config::training_fingerprint)
+  uint64_t resume_round = 0;   ///< completed rounds of the node's newest checkpoint (0: none)
+  bool running = false;        ///< a training node re-announcing itself: the fields below are set
+  uint64_t epoch = 0;          ///< its epoch
+  uint32_t world_size = 0;     ///< that epoch's member count
+  reduce_key committed;        ///< the last all-reduce it applied
+  uint64_t config_hash = 0;    ///< the node's training fingerprint (config::training_fingerprint)
+  std::string state_endpoint;  ///< where the node serves its training state to joiners ("": nowhere)
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
@@ -213,6 +214,19 @@ struct ring_failed_msg {
   std::string suspect;  ///< the node the ring lost, if known
   std::string reason;
 };
+/// The coordinator lets a node join the running cluster: fetch the state from `sources` (each member's state
+/// server), then send join_ready_msg. Sent again (with a note) when the state fetched was stale.
+struct recover_msg {
+  uint64_t epoch = 0;
+  std::vector<peer_entry> sources;
+  std::string note;
+  uint64_t round = 0;  ///< the round the members last reported completing
+};
+/// A joiner holds the state after all-reduce `key` (completed round `round`) and asks to be admitted.
+struct join_ready_msg {
+  reduce_key key;
+  uint64_t round = 0;
+};
 struct round_start_msg {
   uint64_t round = 0;
   uint32_t fragment = 0;
@@ -241,7 +255,8 @@ struct envelope {
   uint64_t cluster_id = 0;
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
-               fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg>
+               fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
+               join_ready_msg>
       body;
 };
 

@@ -19,6 +19,9 @@ using namespace control;
 // A joined member not heard from for join_silence is taken to be gone, so a second process with its name may
 // take its place.
 constexpr auto join_silence = std::chrono::seconds(6);
+// A live member is heard from every 2 s: a process that says hello with its name after this much silence
+// replaces it (the node was restarted).
+constexpr auto restart_silence = std::chrono::seconds(3);
 // Dropped control messages: the first 50 are logged, then every 1000th (all are counted).
 constexpr uint64_t logged_drops = 50, drop_log_every = 1000;
 // Distinct connections remembered as running nodes of an earlier coordinator (each is named once).
@@ -38,6 +41,13 @@ struct member_state {
   bool acked = false;         // answered the fence in progress
   fence_ack_msg ack;
   std::optional<hello_msg> announce;  // its re-announcement to a restarted coordinator
+  std::string state_endpoint;         // where it serves its training state to joiners
+  // Joining the running cluster: fetching the state (joining), then holding the state after ready->key.
+  bool joining = false;
+  std::optional<join_ready_msg> ready;
+  // A second process that said hello with this live member's name, waiting for the first to fall silent.
+  std::optional<std::string> contender;
+  clock::time_point contender_since;
 };
 
 /// A membership change in progress: every training member must answer the fence of `epoch`.
@@ -249,6 +259,16 @@ class coordinator {
                            o_.members[i].name,
                            secs(std::chrono::duration_cast<std::chrono::milliseconds>(limit)), m.round));
     }
+    for (size_t i = 0; i < members_.size(); ++i) {
+      auto& m = members_[i];
+      // A joiner fetching the state sends a heartbeat at least every few seconds.
+      if (m.joining && now - m.last_seen > std::max(o_.heartbeat_timeout, o_.join_timeout)) {
+        m.joining = false;
+        m.ready.reset();
+        warn(fmt::format("coordinator: node {} stopped joining: nothing heard for {}", o_.members[i].name,
+                         secs(std::max(o_.heartbeat_timeout, o_.join_timeout))));
+      }
+    }
     if (fence_) {
       for (size_t i = 0; i < members_.size(); ++i) {
         // A node still starting (no heartbeat yet) answers once its main loop runs.
@@ -258,7 +278,8 @@ class coordinator {
                  fmt::format("node {} lost: no answer to the fence of epoch {} within {}", o_.members[i].name,
                              fence_->epoch, secs(limit)));
       }
-      if (fence_ && !quorum_deadline_) {
+      // Below the quorum the fence stays until joiners make it up (or quorum_timeout passes).
+      if (fence_ && (!quorum_deadline_ || any_ready())) {
         bool all = true;
         for (auto i : training_members()) all = all && members_[i].acked;
         if (all) conclude_fence();
@@ -289,7 +310,7 @@ class coordinator {
     m.told_removed = clock::now();
     reply_error(*m.identity, errc::evicted,
                 "this node was removed from the cluster (" + why +
-                    "); rejoining a running cluster is not supported yet");
+                    "); start it again with the same command to rejoin");
   }
 
   void send_to(size_t i, envelope e) {
@@ -318,22 +339,38 @@ class coordinator {
                      names_of(members)));
   }
 
+  bool any_ready() const {
+    for (const auto& m : members_)
+      if (m.joining && m.ready) return true;
+    return false;
+  }
+
   /// Every member answered: the next epoch's ring (file order), and the all-reduce every member holds.
+  /// Joiners that hold the state after exactly that all-reduce are admitted; the others fetch again.
   void conclude_fence() {
-    const auto members = training_members();
-    if (members.size() < o_.min_nodes) {
-      quorum_deadline_ = clock::now() + o_.quorum_timeout;
-      warn("coordinator: " + quorum_text() +
-           fmt::format("; the members keep their state and wait up to {} for nodes to join",
-                       secs(o_.quorum_timeout)));
-      return;
-    }
+    auto members = training_members();
     // A member holds the all-reduce it committed last, or the one in flight whose result had arrived.
     std::optional<reduce_key> commit;
     for (auto i : members) {
       const auto& a = members_[i].ack;
       const reduce_key reached = a.has_pending && a.have_result ? a.pending : a.committed;
       if (!commit || reached < *commit) commit = reached;
+    }
+    if (!commit) return;
+    admit_joiners(*commit);
+    members = training_members();
+    if (members.size() < o_.min_nodes) {
+      if (!quorum_deadline_) {
+        quorum_deadline_ = clock::now() + o_.quorum_timeout;
+        warn("coordinator: " + quorum_text() +
+             fmt::format("; the members keep their state and wait up to {} for nodes to join",
+                         secs(o_.quorum_timeout)));
+      }
+      return;
+    }
+    if (quorum_deadline_) {
+      info(fmt::format("coordinator: quorum back: {} live nodes ({})", members.size(), names_of(members)));
+      quorum_deadline_.reset();
     }
     // A ring that fails again and again among live members (a blocked link, say) would otherwise be reset
     // for ever: after max_resets resets without an all-reduce completing in between, the run is called off.
@@ -369,6 +406,57 @@ class coordinator {
                      epoch_, fence_->reason, names_of(members), commit->round, commit->fragment));
     if (o_.on_epoch) o_.on_epoch(epoch_, members.size(), fence_->reason);
     fence_.reset();
+  }
+
+  /// Joiners ready with the state after `commit` become members (they answer this fence as holding it);
+  /// joiners ready with another state are sent back to fetch the current one.
+  void admit_joiners(const reduce_key& commit) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      auto& m = members_[i];
+      if (!m.joining || !m.ready) continue;
+      // The members' state after `commit` is that of its round once the round's last all-reduce is in
+      // (a published state covers whole rounds, and every member has reached at least its last key).
+      if (m.ready->round == commit.round) {
+        m.joining = false;
+        m.member = true;
+        m.removed.clear();
+        m.heard = false;  // join_timeout applies until its first heartbeat, while it starts its workers
+        m.suspected = false;
+        m.last_seen = clock::now();
+        m.acked = true;
+        m.ack = fence_ack_msg{fence_->epoch, commit, false, {}, false};
+        m.round = m.ready->round;
+        info(fmt::format("coordinator: node {} admitted in epoch {} with the state of round {}",
+                         o_.members[i].name, fence_->epoch, m.ready->round));
+        if (o_.on_join) o_.on_join(o_.members[i].name, m.ready->round);
+      } else {
+        const auto note = fmt::format(
+            "the state of round {} (all-reduce {}/{}) is stale: the members hold all-reduce {}/{}; fetch "
+            "again",
+            m.ready->round, m.ready->key.round, m.ready->key.fragment, commit.round, commit.fragment);
+        info(fmt::format("coordinator: node {}: {}", o_.members[i].name, note));
+        m.ready.reset();
+        send_recover(i, note, commit.round);
+      }
+    }
+  }
+
+  /// Tells joiner i where to fetch the state: every training member that serves it, and the round the
+  /// members hold (`want`, when its state was stale; else the round they last reported).
+  void send_recover(size_t i, const std::string& note, std::optional<uint64_t> want = std::nullopt) {
+    recover_msg r;
+    r.epoch = epoch_;
+    r.note = note;
+    std::optional<uint64_t> round;
+    for (auto j : training_members()) {
+      round = std::min(round.value_or(members_[j].round), members_[j].round);
+      if (!members_[j].state_endpoint.empty())
+        r.sources.push_back({static_cast<uint32_t>(j), o_.members[j].name, members_[j].state_endpoint});
+    }
+    r.round = want.value_or(round.value_or(0));
+    envelope e;
+    e.body = std::move(r);
+    send_to(i, std::move(e));
   }
 
   std::string quorum_text() const {
@@ -542,21 +630,21 @@ class coordinator {
     auto& m = members_[idx];
     if (h.running) return on_reannounce(idx, identity, h);
     if (m.identity && *m.identity == identity) {
-      // The same process again: its periodic hello while it waits, or one that crossed our welcome.
+      // The same process again: its periodic hello while it waits, or one that crossed our welcome (or our
+      // recover).
       m.last_seen = clock::now();
       if (welcomed_ && epoch_ == 1 && m.member) {
         const auto members = training_members();
         for (size_t r = 0; r < members.size(); ++r)
           if (members[r] == idx) send_welcome(members, r);
       }
+      if (m.joining && !m.ready) send_recover(idx, "");
       return;
     }
-    if (takeover_since_ && !welcomed_)
-      return turn_away(
-          identity, errc::invalid_config,
-          fmt::format("node '{}' asked to join while this coordinator takes over a cluster that is "
-                      "already training; joining a running cluster is not supported yet",
-                      h.node_name));
+    if (welcomed_) return on_join(idx, identity, h, peer);
+    // Taking a running cluster over: the hello is answered (with where to fetch the state) once that is
+    // done; the node says hello again every 2 s.
+    if (takeover_since_ && !welcomed_) return;
     if (m.identity && clock::now() - m.last_seen <= join_silence) {
       warn(
           fmt::format("coordinator: turned away a second process for node '{}' ({}): that node has already "
@@ -565,12 +653,6 @@ class coordinator {
       return turn_away(identity, errc::invalid_config,
                        fmt::format("node {} has already joined from another process{}; stop one of them",
                                    h.node_name, all_joined() ? " and the cluster is training" : ""));
-    }
-    if (welcomed_) {
-      return turn_away(identity, errc::invalid_config,
-                       fmt::format("node '{}' asked to join a cluster that is already training; restart the "
-                                   "whole cluster to resume from its checkpoints",
-                                   h.node_name));
     }
     if (m.identity)
       warn(fmt::format(
@@ -581,10 +663,73 @@ class coordinator {
     m.identity = identity;
     m.last_seen = clock::now();
     m.resume_round = h.resume_round;
+    m.state_endpoint = h.state_endpoint;
     size_t joined = 0;
     for (const auto& x : members_) joined += x.identity ? 1 : 0;
     info(fmt::format("coordinator: node {} joined ({} workers, ring endpoint {}) [{}/{}]", h.node_name,
                      h.n_workers, h.data_endpoint, joined, members_.size()));
+  }
+
+  /// A node asks to join the running cluster (absent at the start, removed, or restarted after a crash): it
+  /// is told where to fetch the state, then admitted at a fence (join_ready).
+  void on_join(size_t idx, const std::string& identity, const hello_msg& h, const std::string& peer) {
+    auto& m = members_[idx];
+    const auto now = clock::now();
+    const auto& name = h.node_name;
+    if (m.finished)
+      return turn_away(identity, errc::invalid_config, fmt::format("node {} has finished the run", name));
+    if (m.member || m.joining) {
+      // Another process has this name. A restarted node's predecessor falls silent (it died): once it has
+      // been silent for restart_silence the newcomer takes its place; a live one keeps it.
+      if (now - m.last_seen < restart_silence) {
+        if (!m.contender || *m.contender != identity) {
+          m.contender = identity;
+          m.contender_since = now;
+        } else if (now - m.contender_since > join_silence) {
+          m.contender.reset();
+          warn(
+              fmt::format("coordinator: turned away a second process for node '{}' ({}): that node is "
+                          "live in the cluster",
+                          name, peer));
+          return turn_away(
+              identity, errc::invalid_config,
+              fmt::format("node {} is live in the cluster (heard from {} ago) from another "
+                          "process; stop one of them",
+                          name,
+                          secs(std::chrono::duration_cast<std::chrono::milliseconds>(now - m.last_seen))));
+        }
+        return;  // no answer yet: its next hello (every 2 s) is looked at again
+      }
+      m.contender.reset();
+      if (m.member)
+        remove(idx, "lost",
+               fmt::format("node {} lost: a new process ({}) said hello with its name after {} of silence "
+                           "(restarted?)",
+                           name, peer,
+                           secs(std::chrono::duration_cast<std::chrono::milliseconds>(now - m.last_seen))));
+    }
+    if (training_members().empty())
+      return turn_away(identity, errc::peer_lost, "no node is training in this cluster any more");
+    m.identity = identity;
+    m.last_seen = now;
+    m.joining = true;
+    m.ready.reset();
+    m.state_endpoint = h.state_endpoint;
+    info(fmt::format(
+        "coordinator: node {} ({}) asks to join the running cluster (epoch {}{}): it fetches the "
+        "state from {}",
+        name, peer, epoch_, m.removed.empty() ? "" : ", it was " + m.removed, names_of(training_members())));
+    send_recover(idx, "");
+  }
+
+  /// A joiner holds the state after all-reduce r.key: a fence admits it (conclude_fence).
+  void on_join_ready(size_t idx, const join_ready_msg& r) {
+    auto& m = members_[idx];
+    if (m.ready && m.ready->key == r.key) return;  // its periodic repeat
+    m.ready = r;
+    info(fmt::format("coordinator: node {} holds the state of round {}: admitting it at a fence",
+                     o_.members[idx].name, r.round));
+    if (!fence_) start_fence("join", "node " + o_.members[idx].name + " joins");
   }
 
   /// A training node re-announces itself: to a restarted coordinator (which then takes the cluster over),
@@ -604,7 +749,7 @@ class coordinator {
         reply_error(
             identity, errc::evicted,
             fmt::format("node {} re-announced itself after the coordinator had taken the cluster over "
-                        "without it; rejoining a running cluster is not supported yet",
+                        "without it; start it again with the same command to rejoin",
                         h.node_name));
       }
       return;
@@ -619,6 +764,7 @@ class coordinator {
     m.identity = identity;
     m.last_seen = now;
     m.announce = h;
+    m.state_endpoint = h.state_endpoint;
   }
 
   /// `longwave node --leave`: forwards the request to the node and answers the requester.
@@ -670,6 +816,15 @@ class coordinator {
     auto& m = members_[*rank];
     const std::string& name = o_.members[*rank].name;
     m.last_seen = clock::now();
+    if (m.joining) {
+      if (auto* r = std::get_if<join_ready_msg>(&e.body)) return on_join_ready(*rank, *r);
+      if (std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body)) {
+        m.joining = false;
+        m.ready.reset();
+        warn(fmt::format("coordinator: node {} gave up joining", name));
+      }
+      return;  // heartbeats while it fetches
+    }
     if (!m.removed.empty()) {
       // Not a member any more: it stops when it hears so (said again at most every 10 s).
       if (m.removed != "left" && m.identity && clock::now() - m.told_removed > std::chrono::seconds(10) &&

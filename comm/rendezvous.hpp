@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "comm/frame.hpp"
@@ -66,6 +67,8 @@ struct coordinator_options {
   std::function<void(const std::string& reason)> on_error;
   /// A new epoch began: its number, its member count, and why ("lost", "left", "failed", "ring_reset").
   std::function<void(uint64_t epoch, size_t members, const std::string& reason)> on_epoch;
+  /// A node joined the running cluster with the state of `round`.
+  std::function<void(const std::string& name, uint64_t round)> on_join;
 };
 
 /// Runs the coordinator until no member is left training: 0 when at least one finished the run, 1 when none
@@ -73,8 +76,12 @@ struct coordinator_options {
 /// goes by epochs: a member that is silent past heartbeat_timeout, fails, or leaves is removed; the others
 /// get a fence (abandon the all-reduce in flight, report what they hold) and then the next epoch's
 /// membership, with the all-reduce every one of them holds the result of (see comm/elastic_ring.hpp). A
-/// removed member that speaks again is told it was removed (errc::evicted). A second process that says
-/// hello with a joined member's name while that member is still heard from is turned away. Throws
+/// removed member that speaks again is told it was removed (errc::evicted). A listed node that is not
+/// training (absent at the start, removed, restarted) may join the running cluster: it is told which
+/// members serve the state (recover_msg), fetches it, says join_ready, and is admitted at the next fence if
+/// its state is the one the members hold (else sent to fetch again). A hello with a live member's name from
+/// another process waits until that member has been silent restart_silence (3 s; then it is removed and the
+/// newcomer joins) and is turned away if the member is still heard from 6 s later. Throws
 /// lw_error(errc::io_error) if bind_endpoint cannot be bound (e.g. in use).
 int run_coordinator(const coordinator_options& opts);
 
@@ -110,7 +117,14 @@ class control_client {
   /// coordinator at ... within N s"), errc::invalid_config (turned away: other cluster id, protocol version,
   /// unknown node name, a name another process has joined with; the message says which) or errc::peer_lost
   /// (the cluster was called off, e.g. other nodes missing at the join deadline).
-  welcome_msg join(const hello_msg& hello, std::chrono::milliseconds timeout);
+  /// A cluster already training answers with recover_msg instead (the members to fetch the state from): the
+  /// node then fetches it and calls join_ready.
+  std::variant<welcome_msg, recover_msg> join(const hello_msg& hello, std::chrono::milliseconds timeout);
+  /// A joiner holds the state after `ready.key`: waits (re-sending every 2 s) for its membership (admitted;
+  /// this node's rank in it) or a new recover_msg (the state it fetched is stale: fetch again). Throws
+  /// lw_error with the coordinator's reason when it is turned away, errc::deadline_missed on no answer.
+  std::variant<membership_msg, recover_msg> join_ready(const join_ready_msg& ready,
+                                                       std::chrono::milliseconds timeout);
 
   /// Tells the coordinator this node is alive, in `round` and `epoch`. Never blocks.
   void heartbeat(uint64_t round, uint64_t epoch = 0);

@@ -258,10 +258,14 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
     throw lw_error(errc::stale_round,
                    fmt::format("comm: rank {}: round {} fragment {} does not follow round {} fragment {}",
                                rank_, round, fragment, last_->first, last_->second));
-  if (!std::isfinite(weight) || weight <= 0.0)
+  // Weight 0: this rank contributes nothing (a node that joined and has not trained a round yet).
+  if (!std::isfinite(weight) || weight < 0.0)
     throw lw_error(errc::invalid_config,
-                   fmt::format("comm: rank {}: weight {} must be positive and finite", rank_, weight));
+                   fmt::format("comm: rank {}: weight {} must be finite and >= 0", rank_, weight));
   const size_t world = endpoints_.size();
+  if (world == 1 && weight == 0.0)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
   if (n / world / chunk_elements >= std::numeric_limits<uint32_t>::max())
     throw lw_error(
         errc::invalid_config,
@@ -495,6 +499,10 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
         } else {
           // This rank owns the segment: average, encode once, and keep exactly what the others will decode.
           h.weight = in_weight[it.dep];
+          if (!(h.weight > 0.0))
+            throw lw_error(
+                errc::invalid_config,
+                fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
           const double inv = 1.0 / h.weight;
           for (size_t j = 0; j < it.count; ++j) x[j] = static_cast<float>(static_cast<double>(x[j]) * inv);
         }

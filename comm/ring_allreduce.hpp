@@ -83,8 +83,8 @@ class ring_allreduce final : public collective {
   /// bits on every rank (each segment's owner encodes it once and everyone, the owner included, decodes those
   /// bytes). Every rank must pass the same n, round and fragment; (round, fragment) must increase from call
   /// to call (lexicographically) and frames of older ones are rejected as wrong_round. weight must be
-  /// positive and finite (e.g. the rank's local worker count). With one rank the result is
-  /// decode(encode(data)). Blocks the caller.
+  /// finite and >= 0 (e.g. the rank's local worker count; 0: contributes nothing), and some rank's positive.
+  /// With one rank the result is decode(encode(data)). Blocks the caller.
   ///
   /// Throws lw_error with errc::deadline_missed (no progress for `timeout`; the message names what was
   /// awaited and the last rejection), errc::peer_lost (the connection to the next rank dropped while chunks

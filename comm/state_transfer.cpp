@@ -298,9 +298,11 @@ void state_server::publish(reduce_key key, uint64_t round, bytes_ptr bytes) {
   p->bytes = std::move(bytes);
   std::shared_ptr<published> dropped;  // released outside the lock
   std::lock_guard<std::mutex> lk(mu_);
-  dropped = std::move(previous_);
-  previous_ = std::move(newest_);
-  newest_ = std::move(p);
+  held_.insert(held_.begin(), std::move(p));
+  if (held_.size() > max_held_states) {
+    dropped = std::move(held_.back());
+    held_.pop_back();
+  }
 }
 
 uint64_t state_server::rejected_total() const {
@@ -375,11 +377,10 @@ void state_server::run() {
                           req.cluster_id));
         continue;
       }
-      std::shared_ptr<published> held[2];
+      std::vector<std::shared_ptr<published>> held;
       {
         std::lock_guard<std::mutex> lk(mu_);
-        held[0] = newest_;
-        held[1] = previous_;
+        held = held_;
       }
       if (!req.chunk) {
         capnp::MallocMessageBuilder mb;
@@ -388,7 +389,7 @@ void state_server::run() {
         w.setClusterId(cluster_id_);
         w.setStatus(wire::StateStatus::OFFER);
         w.setRequestId(req.request_id);
-        const unsigned n = (held[0] ? 1u : 0u) + (held[1] ? 1u : 0u);
+        const auto n = static_cast<unsigned>(held.size());
         auto offers = w.initOffers(n);
         for (unsigned i = 0; i < n; ++i) {
           auto& p = *held[i];
@@ -413,7 +414,7 @@ void state_server::run() {
         count(state_reject::gone);
         reply(parts[0], wire::StateStatus::GONE, req.request_id,
               fmt::format("state {} is not held here (newest: {})", key_text(req.key),
-                          held[0] ? key_text(held[0]->key) : std::string("none")));
+                          held.empty() ? std::string("none") : key_text(held[0]->key)));
         continue;
       }
       p->sum();
@@ -726,7 +727,7 @@ class fetcher {
     if (!key)
       for (auto& p : peers_)
         for (auto& o : p.offers)
-          if (!key || *key < o.key) key = o.key;
+          if ((!opts_.fragment || o.key.fragment == *opts_.fragment) && (!key || *key < o.key)) key = o.key;
     if (!key) return;  // nobody offers anything (yet): check_nothing_offered decides
     const offer_info* best = nullptr;
     size_t best_votes = 0;

@@ -24,6 +24,8 @@ inline constexpr uint64_t max_state_chunk_bytes = 64ull << 20;
 inline constexpr size_t max_state_request_bytes = 512;
 /// Largest reply header frame a fetcher accepts (an offer with its block checksums).
 inline constexpr size_t max_state_reply_bytes = 2u << 20;
+/// States a server holds: the newest first (a joiner mid-download keeps its source while newer ones come).
+inline constexpr size_t max_held_states = 4;
 /// Most blocks an offer may list (a server picks its block size so that a state has at most 65536).
 inline constexpr uint64_t max_state_blocks = 1u << 18;
 
@@ -50,10 +52,10 @@ class state_server {
   /// The bound endpoint with its port resolved (what joiners connect to).
   std::string endpoint() const { return endpoint_; }
 
-  /// Makes `bytes` the newest state under `key` (round = completed outer rounds); keeps the previous one
-  /// too (a joiner mid-download keeps its source). Thread-safe, O(1): never copies bytes, never waits for a
-  /// transfer. The bytes must not change while published. Checksums are computed on the server's thread
-  /// when a joiner first asks for the state.
+  /// Makes `bytes` the newest state under `key` (round = completed outer rounds); keeps the previous
+  /// max_held_states - 1 too (a joiner mid-download keeps its source). Thread-safe, O(1): never copies bytes,
+  /// never waits for a transfer. The bytes must not change while published. Checksums are computed on the
+  /// server's thread when a joiner first asks for the state.
   void publish(reduce_key key, uint64_t round, std::shared_ptr<const std::vector<std::byte>> bytes);
 
   /// Payload bytes sent in chunk replies so far.
@@ -74,8 +76,8 @@ class state_server {
   std::string endpoint_;
   struct sockets;
   std::unique_ptr<sockets> sockets_;
-  std::mutex mu_;  // guards newest_ and previous_ (publish vs. the server thread)
-  std::shared_ptr<published> newest_, previous_;
+  std::mutex mu_;                                 // guards held_ (publish vs. the server thread)
+  std::vector<std::shared_ptr<published>> held_;  // newest first, at most max_held_states
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> rejected_[n_state_rejects] = {};
@@ -86,6 +88,7 @@ struct fetch_options {
   std::chrono::milliseconds timeout{30000};  ///< no progress from any peer this long: give up
   size_t chunk_bytes = 1 << 20;              ///< rounded up to a multiple of the offer's block size
   std::optional<reduce_key> want;            ///< this key only (else the newest key any peer offers)
+  std::optional<uint32_t> fragment;          ///< without want: the newest key with this fragment
   /// About every 10 % or every second: bytes verified so far, and the state's size.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
   /// Requests in flight per peer; 0: enough for 16 MiB (at least 2), so that one peer can fill a long link.

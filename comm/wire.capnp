@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 2;
+const protocolVersion :UInt16 = 3;
 
 enum Dtype {
   fp32 @0;
@@ -35,6 +35,7 @@ struct Hello {
   worldSize @8 :UInt32;    #   that epoch's member count,
   committed @9 :ReduceKey; #   and the last all-reduce it applied
   configHash @10 :UInt64;  # the node's training fingerprint: it must equal the coordinator's
+  stateEndpoint @11 :Text; # where this node serves its training state to joiners ("" : nowhere)
 }
 
 struct Peer {
@@ -97,6 +98,21 @@ struct RingFailed {
   reason @2 :Text;
 }
 
+struct Recover {
+  # The coordinator lets a node join the running cluster: fetch the state from these members' state
+  # servers, then say joinReady. Sent again when the state it fetched is stale.
+  epoch @0 :UInt64;
+  sources @1 :List(Peer);  # endpoint: each member's state server
+  note @2 :Text;           # why, when sent again
+  round @3 :UInt64;        # the round the members last reported (a joiner with a checkpoint of it uses that)
+}
+
+struct JoinReady {
+  # A joiner holds the state after the all-reduce `key` (round `round`) and is ready to be admitted.
+  key @0 :ReduceKey;
+  round @1 :UInt64;
+}
+
 struct RoundStart {
   round @0 :UInt64;
   fragment @1 :UInt32;
@@ -140,6 +156,8 @@ struct Envelope {
     membership @11 :Membership;
     ringFailed @12 :RingFailed;
     leave @13 :Leave;
+    recover @14 :Recover;
+    joinReady @15 :JoinReady;
   }
 }
 

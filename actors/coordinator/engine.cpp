@@ -54,6 +54,7 @@ void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> the
                                      bool reset, then<results> k) {
   auto self = self_;
   const auto timeout = self->state.round_timeout;
+  if (round == self->state.ctx->observe_round) steps = 0;  // a joiner's first round: it only observes
   gather_each<round_result>(self, std::move(k), [=](size_t i) {
     return self->request(self->state.workers[i], timeout, run_atom_v, round,
                          thetas.size() == 1 ? thetas[0] : thetas[i], steps, reset);

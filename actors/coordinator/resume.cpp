@@ -32,7 +32,7 @@ void load_workers(self_ptr self, std::shared_ptr<const train_snapshot> snap) {
 
 void load_residuals(self_ptr self, std::shared_ptr<const train_snapshot> snap, std::function<void()> k) {
   if (!self->state.has_residuals) return k();
-  if (snap->residuals.empty() && snap->round > 0)
+  if (snap->residuals.empty() && snap->round > 0 && self->state.ctx->observe_round == 0)
     spdlog::warn(
         "the checkpoint holds no error-feedback residuals (written without error feedback or by an older "
         "version); they start from zero, so this resume is not exact");

@@ -5,12 +5,28 @@
 #include <algorithm>
 
 #include "actors/coordinator/state.hpp"
+#include "actors/run_setup.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
 
 using namespace longwave::runtime;
+
+namespace {
+
+/// A snapshot of the current round with the outer state, at inner step `step`; no replicas yet.
+train_snapshot outer_part(const coordinator_state& s, const outer_snapshot& outer, int64_t step) {
+  train_snapshot snap;
+  snap.round = s.round;
+  snap.theta = outer.theta;
+  snap.momentum = outer.momentum;
+  snap.meta = std::string(config_marker) + s.ctx->config_toml;
+  snap.step = static_cast<uint64_t>(step);
+  return snap;
+}
+
+}  // namespace
 
 /// Gathers a consistent snapshot: outer state and every replica, then hands it to `then`. Boundary snapshots
 /// zero steps_in_round. A mid-round DiLoCo snapshot passes `target`: every (paused) replica first runs up to
@@ -23,18 +39,12 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
       .then(
           [=](outer_snapshot& outer) {
             auto assemble = [=](std::vector<replica_state> reps) {
-              auto& s = self->state;
-              train_snapshot snap;
-              snap.round = s.round;
-              snap.theta = outer.theta;
-              snap.momentum = outer.momentum;
-              snap.meta = std::string(config_marker) + s.ctx->config_toml;
-              snap.step = static_cast<uint64_t>(reps[0].adam_steps);
+              train_snapshot snap = outer_part(self->state, outer, reps[0].adam_steps);
               for (const auto& r : reps)
                 LW_ASSERT(static_cast<uint64_t>(r.adam_steps) == snap.step,
                           "replicas of a snapshot differ in step");
               snap.replicas = std::move(reps);
-              s.policy->fill_snapshot(snap, outer, boundary);
+              self->state.policy->fill_snapshot(snap, outer, boundary);
               then(std::move(snap));
             };
             if (target >= 0)
@@ -130,6 +140,30 @@ void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
 }
 
 }  // namespace
+
+void publish_boundary(self_ptr self, std::function<void()> then) {
+  auto& s = self->state;
+  if (!s.ctx->publish_state) return then();
+  self->request(s.peers.outer, s.request_timeout, state_atom_v, false)
+      .then(
+          [=](outer_snapshot& outer) {
+            self->request(self->state.workers[0], self->state.request_timeout, state_atom_v, false)
+                .then(
+                    [=](replica_state& rep) {
+                      train_snapshot snap = outer_part(self->state, outer, rep.adam_steps);
+                      snap.replicas.push_back(std::move(rep));
+                      self->state.policy->fill_snapshot(snap, outer, /*boundary=*/true);
+                      // delayed, eager: served once its round's average is there; training goes on.
+                      with_pending(self, std::move(snap), [self](train_snapshot full) {
+                        const auto& ctx = *self->state.ctx;
+                        ctx.publish_state(to_checkpoint(full, shape_of(ctx)));
+                      });
+                      then();
+                    },
+                    [=](caf::error& e) { fail(self, e); });
+          },
+          [=](caf::error& e) { fail(self, e); });
+}
 
 void save(self_ptr self, train_snapshot snap, std::function<void()> then) {
   with_residuals(self, std::move(snap), [=](train_snapshot with_ef) {

@@ -215,7 +215,7 @@ CATCH_TEST_CASE("A server of another cluster refuses the joiner", "[integration]
   CATCH_CHECK(servers[0]->bytes_served() == 0);
 }
 
-CATCH_TEST_CASE("Publishing during a download keeps its state, and a second publish makes it gone",
+CATCH_TEST_CASE("Publishing during a download keeps its state, and max_held_states more make it gone",
                 "[integration]") {
   auto first = random_blob(blob_bytes, 9);
   state_server server("tcp://127.0.0.1:*", cluster);
@@ -234,12 +234,12 @@ CATCH_TEST_CASE("Publishing during a download keeps its state, and a second publ
     CATCH_CHECK(got.key == reduce_key{1, 0});
     CATCH_CHECK(got.bytes == *first);
   }
-  CATCH_SECTION("two publishes mid-download: the server answers gone and the joiner says so") {
+  CATCH_SECTION("max_held_states publishes mid-download: the server answers gone and the joiner says so") {
     bool published = false;
     opts.progress = [&](uint64_t done, uint64_t) {
       if (!published && done > 0) {
-        server.publish({2, 0}, 2, random_blob(1u << 20, 10));
-        server.publish({3, 0}, 3, random_blob(1u << 20, 11));
+        for (uint64_t r = 2; r < 2 + max_held_states; ++r)
+          server.publish({r, 0}, r, random_blob(1u << 20, r));
         published = true;
       }
     };
@@ -249,7 +249,7 @@ CATCH_TEST_CASE("Publishing during a download keeps its state, and a second publ
     CATCH_CHECK(server.rejected(state_reject::gone) >= 1);
     // The newest is served as usual.
     const auto got = fetch_state({server.endpoint()}, cluster);
-    CATCH_CHECK(got.key == reduce_key{3, 0});
+    CATCH_CHECK(got.key == reduce_key{1 + max_held_states, 0});
   }
 }
 

@@ -143,7 +143,13 @@ CATCH_TEST_CASE("the coordinator turns away other clusters, other protocol versi
     s.connect(spec.coordinator);
     comm::envelope e;
     e.cluster_id = spec.cluster_id;
-    e.body = comm::hello_msg{version, spec.cluster_id, name, 1, spec.nodes[0].endpoint};
+    comm::hello_msg h;
+    h.protocol_version = version;
+    h.cluster_id = spec.cluster_id;
+    h.node_name = name;
+    h.n_workers = 1;
+    h.data_endpoint = spec.nodes[0].endpoint;
+    e.body = h;
     auto bytes = comm::build_envelope(e);
     s.send(zmq::buffer(bytes.data(), bytes.size()));
     zmq::message_t reply;

@@ -218,36 +218,79 @@ CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is calle
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
-CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts at its join deadline with the 2 that joined",
-                "[process][cluster][elastic]") {
+/// `joiner` joined the running cluster: it says it was admitted, and from its first round on (the one it
+/// observes) it agrees with `member` on theta every round up to the last.
+void check_joined(const std::string& joiner_log, const std::string& joiner_out,
+                  const std::string& member_out) {
+  CATCH_CHECK(contains(joiner_log, "admitted in epoch"));
+  const auto j = round_crcs(joiner_out), m = round_crcs(member_out);
+  CATCH_REQUIRE_FALSE(j.empty());
+  CATCH_CHECK(j.rbegin()->first == rounds);
+  for (const auto& [round, crc] : j) {
+    CATCH_INFO("round " << round);
+    CATCH_CHECK(m.count(round) == 1);
+    if (m.count(round)) CATCH_CHECK(m.at(round) == crc);
+  }
+}
+
+CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third joins the running cluster",
+                "[process][cluster][elastic][join]") {
   const auto dir = scratch_dir("elastic_start_short");
   cluster_ports ports;
   const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n", 8);
   edit_file(file, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(rounds));
+  edit_file(file, "inner_steps = 3", "inner_steps = 20");
   auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
   auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
   auto n1 = spawn({binary(), "node", file, "--node", "n1"}, dir + "/n1.log");
   CATCH_REQUIRE(
       wait_until([&] { return contains(read_text(dir + "/coord.log"), "2 of 3 nodes joined"); }, 60));
-  // The third comes too late: the cluster is training.
-  auto [code2, log2] = run({binary(), "node", file, "--node", "n2"}, dir + "/n2.log", 60);
-  const int code0 = wait_exit(n0, 300), code1 = wait_exit(n1, 300), coord_code = wait_exit(coord, 60);
-  const auto clog = read_text(dir + "/coord.log");
-  CATCH_INFO(clog << "\n--- n2\n" << log2);
+  CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n0") >= 2; }, 300));
+  // The third comes late: it fetches the running cluster's state from n0 and n1 and is admitted.
+  auto n2 = spawn({binary(), "node", file, "--node", "n2"}, dir + "/n2.log");
+  const int code0 = wait_exit(n0, 300), code1 = wait_exit(n1, 300), code2 = wait_exit(n2, 300);
+  const int coord_code = wait_exit(coord, 60);
+  const auto clog = read_text(dir + "/coord.log"), log2 = read_text(dir + "/n2.log");
+  CATCH_INFO(clog << "\n--- n2\n" << tail(log2));
   CATCH_CHECK(contains(clog,
                        "join deadline of 8 s passed with 2 of 3 nodes (n0, n1); [cluster] min_nodes = 2: "
                        "starting without n2"));
   CATCH_CHECK(contains(clog, "ring 0=n0 -> 1=n1;"));
-  CATCH_CHECK(code2 == 2);
-  CATCH_CHECK(contains(log2, "already training"));
+  CATCH_CHECK(contains(clog, "node n2 admitted in epoch 2"));
+  CATCH_CHECK(contains(log2, "fetched the state of round"));
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(code2 == 0);
   CATCH_CHECK(coord_code == 0);
-  CATCH_CHECK(contains(clog, "removed on the way: n2 (absent)"));
+  CATCH_CHECK(contains(clog, "every node finished"));
   const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
-  CATCH_CHECK(a.size() == 3);
+  CATCH_CHECK(a.size() == static_cast<size_t>(rounds));
   CATCH_CHECK(a == b);
+  check_joined(log2, dir + "/cluster/n2", dir + "/cluster/n0");
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("a SIGKILLed node started again with the same command rejoins the running cluster",
+                "[process][cluster][elastic][join]") {
+  elastic_cluster c("elastic_rejoin", "");
+  kill_in_inner_phase(c);
+  // The same command again, at once: the coordinator may not have noticed the death yet.
+  auto again = spawn({binary(), "node", c.file, "--node", "n2"}, c.dir + "/n2-again.log");
+  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
+  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
+  const auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
+  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
+  CATCH_CHECK(contains(clog, "every node finished"));
+  check_rounds(c, {"n0", "n1"});
+  check_joined(log2, c.out("n2"), c.out("n0"));
+  fs::remove_all(
+      c.dir);  // kept only when a REQUIRE stopped the test  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("the delayed and streaming policies go on without a SIGKILLed node",
