@@ -664,6 +664,11 @@ class fetcher {
     switch (r.status) {
       case wire::StateStatus::OFFER:
         if (p.phase != peer_phase::asking) return;  // a duplicate: nothing new
+        for (auto& o : r.offers)
+          if (o.total > opts_.max_bytes)
+            return drop(i, drop_kind::malformed,
+                        fmt::format("offers {} of {} bytes, more than fetch_options::max_bytes ({})",
+                                    key_text(o.key), o.total, opts_.max_bytes));
         p.offers = std::move(r.offers);
         p.phase = peer_phase::offered;
         p.last_heard = last_progress_ = clock::now();
@@ -918,6 +923,8 @@ fetched_state fetch_state(const std::vector<std::string>& peers, uint64_t cluste
     return f.run();
   } catch (const zmq::error_t& e) {
     throw lw_error(errc::io_error, fmt::format("state transfer: {}", e.what()));
+  } catch (const std::bad_alloc& e) {
+    throw lw_error(errc::io_error, "state transfer: " + describe(e));
   }
 }
 

@@ -58,7 +58,7 @@ class state_server {
   /// server's thread when a joiner first asks for the state.
   void publish(reduce_key key, uint64_t round, std::shared_ptr<const std::vector<std::byte>> bytes);
 
-  /// Payload bytes sent in chunk replies so far.
+  /// Payload bytes of the chunk replies handed to ZeroMQ so far (queued for sending).
   uint64_t bytes_served() const { return bytes_served_.load(std::memory_order_relaxed); }
   /// Requests dropped or refused for `why` so far.
   uint64_t rejected(state_reject why) const {
@@ -96,6 +96,8 @@ struct fetch_options {
   /// A peer that owes replies and sends nothing this long is dropped and its chunks go to the others
   /// (a peer whose connection drops is dropped at once). 0: timeout / 3, at least 1 s.
   std::chrono::milliseconds peer_stall{0};
+  /// A peer offering a larger state is dropped (malformed): the joiner allocates the whole state up front.
+  uint64_t max_bytes = 256ull << 30;
 };
 
 struct fetched_state {

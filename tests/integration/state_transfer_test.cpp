@@ -131,6 +131,13 @@ CATCH_TEST_CASE("want fetches that key, and the newest key is the default", "[in
   const auto new_got = fetch_state({server.endpoint()}, cluster);
   CATCH_CHECK(new_got.key == reduce_key{2, 0});
   CATCH_CHECK(new_got.bytes == *new_blob);
+  opts.want.reset();
+  opts.max_bytes = 1u << 20;  // smaller than either state
+  std::string big;
+  CATCH_CHECK(error_of([&] { fetch_state({server.endpoint()}, cluster, opts); }, &big) ==
+              errc::malformed_frame);
+  CATCH_CHECK(big.find("more than fetch_options::max_bytes") != std::string::npos);
+  opts.max_bytes = fetch_options{}.max_bytes;
   opts.want = reduce_key{7, 0};
   std::string msg;
   CATCH_CHECK(error_of([&] { fetch_state({server.endpoint()}, cluster, opts); }, &msg) == errc::peer_lost);
