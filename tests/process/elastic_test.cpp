@@ -313,6 +313,34 @@ CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on 
   }
 }
 
+CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line and training goes on",
+                "[process][cluster][elastic][join]") {
+  elastic_cluster c("elastic_bad_joiners", "");
+  CATCH_REQUIRE(c.wait_checkpoints(0, 2));
+  // A second process with a live member's name waits while that member is heard from, then is turned away.
+  auto [live_code, live] = run({binary(), "node", c.file, "--node", "n1"}, c.dir + "/n1-twice.log", 120);
+  CATCH_INFO(live);
+  CATCH_CHECK(live_code == 2);
+  CATCH_CHECK(contains(live, "node n1 is live in the cluster"));
+  // n2 dies; started again with other training settings, or as a node the cluster does not have, it is
+  // turned away before it fetches anything.
+  kill(c.nodes[2].pid, SIGKILL);
+  CATCH_CHECK(wait_exit(c.nodes[2], 30) == 128 + SIGKILL);
+  auto [lr_code, lr] =
+      run({binary(), "node", c.file, "--node", "n2", "--set", "train.lr=0.01"}, c.dir + "/n2-lr.log", 120);
+  CATCH_INFO(lr);
+  CATCH_CHECK(lr_code == 2);
+  CATCH_CHECK(contains(lr, "trains with other settings than the coordinator"));
+  CATCH_CHECK_FALSE(contains(lr, "fetching the training state"));
+  auto [id_code, id] = run({binary(), "node", c.file, "--node", "n2", "--set", "cluster.id=someone-else"},
+                           c.dir + "/n2-id.log", 120);
+  CATCH_INFO(id);
+  CATCH_CHECK(id_code == 2);
+  CATCH_CHECK(contains(id, "serves a different cluster"));
+  check_survivors_finish(c, "lost");
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("the delayed and streaming policies go on without a SIGKILLed node",
                 "[process][cluster][elastic]") {
   for (const std::string policy : {"delayed", "streaming"}) {
