@@ -330,6 +330,15 @@ class joiner {
         role_.ring.names = role_.names;
         role_.committed = m->commit;
         role_.observe_round = got.round + 1;
+        recovery_info info;
+        info.round = got.round;
+        info.epoch = m->epoch;
+        info.rank = m->rank;
+        info.members = fmt::format("{}", fmt::join(role_.names, ","));
+        info.source = got.fetched ? last_source_ : "own checkpoint";
+        info.bytes = got.fetched ? last_fetch_bytes_ : 0;
+        info.seconds = got.fetched ? last_fetch_seconds_ : 0;
+        role_.recovery = info;
         spdlog::info(
             "node {}: admitted in epoch {} as rank {} of {} with the state of round {}; round {} it "
             "only observes (no inner steps, weight 0), then it trains",
@@ -426,6 +435,7 @@ class joiner {
     for (const auto& d : shared->dropped) spdlog::warn("node {}: state source dropped: {}", me_.name, d);
     last_fetch_bytes_ = bytes;
     last_fetch_seconds_ = secs;
+    last_source_ = fmt::format("{}", fmt::join(names, ", "));
     return got;
   }
 
@@ -434,10 +444,9 @@ class joiner {
   const config::cluster_node& me_;
   comm::recover_msg recover_;
   cluster_role& role_;
-
- public:
   uint64_t last_fetch_bytes_ = 0;
   double last_fetch_seconds_ = 0;
+  std::string last_source_;
 };
 
 /// `longwave node CLUSTER --node NAME --leave`: asks the coordinator to make NAME leave at its next round
@@ -508,6 +517,8 @@ int run_coordinator_role(const config::cluster_spec& spec) {
       o.on_error = [m](const std::string& reason) {
         m->add("longwave_errors_total", {{"reason", reason}}, 1);
       };
+      o.on_join = [m](const std::string&, uint64_t) { m->add("longwave_cluster_joins_total", {}, 1); };
+      o.on_quorum_wait = [m](double s) { m->set("longwave_cluster_quorum_wait_seconds", {}, s); };
       o.on_epoch = [m](uint64_t epoch, size_t members, const std::string& reason) {
         m->set("longwave_cluster_epoch", {}, static_cast<double>(epoch));
         m->set("longwave_cluster_members", {}, static_cast<double>(members));

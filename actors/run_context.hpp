@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,17 @@
 #include "runtime/checkpoint/checkpoint_store.hpp"
 
 namespace longwave::actors {
+
+/// How a node that joined a running cluster got its state (metrics.jsonl "recovery", /metrics).
+struct recovery_info {
+  uint64_t round = 0;   ///< the completed round of the state
+  uint64_t epoch = 0;   ///< the epoch it was admitted in
+  uint32_t rank = 0;    ///< its rank there
+  std::string members;  ///< that epoch's members, "n0,n1,n2"
+  std::string source;   ///< "n0, n1" (fetched from), or "own checkpoint"
+  uint64_t bytes = 0;   ///< fetched (0: its own checkpoint)
+  double seconds = 0;   ///< fetching took
+};
 
 /// Immutable after start-up; actors hold it by shared_ptr.
 struct run_context {
@@ -32,6 +44,8 @@ struct run_context {
   uint64_t observe_round = 0;
   /// Cluster members: where round-boundary states go to be served to joiners (cluster_role::publish).
   std::function<void(runtime::checkpoint)> publish_state;
+  /// A node that joined a running cluster: how it got its state.
+  std::optional<recovery_info> recovery;
   int64_t n_workers() const { return cfg.train.workers; }
   int64_t global_workers() const { return cluster_workers > 0 ? cluster_workers : cfg.train.workers; }
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }

@@ -56,6 +56,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
     start = joined_start(cfg, opts, p, shape_of(*ctx),
                          role->join(shape_of(*ctx), opts.fresh ? 0 : latest_checkpoint_round(cfg)));
     ctx->observe_round = role->observe_round;
+    ctx->recovery = role->recovery;
   } else {
     start = find_start(cfg, opts, p, shape_of(*ctx));
   }

@@ -10,6 +10,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "actors/run_context.hpp"
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
@@ -57,6 +58,8 @@ struct cluster_role {
   /// A joiner's first round: its workers train no steps and it adds weight 0 to the round's all-reduces
   /// (the members do not wait for it), then it trains from the next round on. 0: none.
   uint64_t observe_round = 0;
+  /// Set by join: how the state was had.
+  std::optional<recovery_info> recovery;
   /// Members: gets a copy of the state at each round boundary (replica 0 only; pending average included), as
   /// a checkpoint, to serve to joiners. Called on the training coordinator's thread: must not block.
   std::function<void(runtime::checkpoint)> publish;

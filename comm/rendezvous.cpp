@@ -157,6 +157,11 @@ class coordinator {
   bool stopped() const { return o_.stop && o_.stop(); }
 
   void status(clock::time_point t0) const {
+    if (o_.on_quorum_wait)
+      o_.on_quorum_wait(
+          quorum_deadline_
+              ? std::chrono::duration<double>(o_.quorum_timeout - (*quorum_deadline_ - clock::now())).count()
+              : 0.0);
     if (!o_.on_status) return;
     const auto now = clock::now();
     std::vector<member_status> out;

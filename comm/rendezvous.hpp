@@ -69,6 +69,8 @@ struct coordinator_options {
   std::function<void(uint64_t epoch, size_t members, const std::string& reason)> on_epoch;
   /// A node joined the running cluster with the state of `round`.
   std::function<void(const std::string& name, uint64_t round)> on_join;
+  /// About every 100 ms: seconds the members have waited below min_nodes (0: quorum).
+  std::function<void(double waited_s)> on_quorum_wait;
 };
 
 /// Runs the coordinator until no member is left training: 0 when at least one finished the run, 1 when none

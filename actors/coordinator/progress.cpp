@@ -64,6 +64,23 @@ void record_start(self_ptr self) {
                    .add("outer_momentum", c.outer.momentum)
                    .add("comm_dtype", config::to_string(c.comm.dtype))
                    .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
+  if (const auto& j = s.ctx->recovery) {
+    // Joined a running cluster: the membership it entered, and how it got the state.
+    record(self, json_line("membership")
+                     .add("epoch", j->epoch)
+                     .add("rank", static_cast<uint64_t>(j->rank))
+                     .add("members", j->members)
+                     .add("kept_round", j->round)
+                     .add("kept_fragment", uint64_t{0}));
+    record(self, json_line("recovery")
+                     .add("round", j->round)
+                     .add("epoch", j->epoch)
+                     .add("source", j->source)
+                     .add("bytes", j->bytes)
+                     .add("seconds", j->seconds));
+    gauge(self, "longwave_recovery_bytes", static_cast<double>(j->bytes));
+    gauge(self, "longwave_recovery_seconds", j->seconds);
+  }
 }
 
 void on_report(self_ptr self, const step_report& r) {

@@ -84,7 +84,15 @@ const std::vector<metric_def>& metric_catalogue() {
        "The membership epoch: it changes with every node that is lost, fails or leaves"},
       {"longwave_cluster_members", t::gauge, "", r::coordinator, "Nodes in the current epoch's membership"},
       {"longwave_cluster_membership_changes_total", t::counter, "reason", r::coordinator,
-       "New epochs, by reason (lost, failed, left, ring_reset, takeover; several at once joined by commas)"},
+       "New epochs, by reason (lost, failed, left, ring_reset, takeover, join; several at once joined by "
+       "commas)"},
+      {"longwave_cluster_joins_total", t::counter, "", r::coordinator,
+       "Nodes admitted into the running cluster (late, restarted or returning)"},
+      {"longwave_cluster_quorum_wait_seconds", t::gauge, "", r::coordinator,
+       "Seconds the members have waited below [cluster] min_nodes (0: quorum)"},
+      {"longwave_recovery_bytes", t::gauge, "", r::node,
+       "State this node fetched from the members when it joined the running cluster (0: its own checkpoint)"},
+      {"longwave_recovery_seconds", t::gauge, "", r::node, "Time it took to fetch that state"},
       // Checkpoints.
       {"longwave_checkpoints_total", t::counter, "", r::node, "Checkpoints written"},
       {"longwave_checkpoint_write_seconds", t::gauge, "", r::node,

@@ -268,6 +268,15 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   CATCH_CHECK(a.size() == static_cast<size_t>(rounds));
   CATCH_CHECK(a == b);
   check_joined(log2, dir + "/cluster/n2", dir + "/cluster/n0");
+  // n2 logged the membership it entered and how it got the state; the report shows both.
+  const auto jsonl = read_text(dir + "/cluster/n2/metrics.jsonl");
+  CATCH_CHECK(contains(jsonl, R"("kind":"recovery")"));
+  CATCH_CHECK(contains(jsonl, R"("members":"n0,n1,n2")"));
+  auto [rcode, rout] = run({binary(), "report", dir + "/cluster"}, dir + "/report.log", 60);
+  CATCH_CHECK(rcode == 0);
+  const auto html = read_text(dir + "/cluster/report.html");
+  CATCH_CHECK(contains(html, "<h2>Joins</h2>"));
+  CATCH_CHECK(contains(html, "<td>n0, n1</td>"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 

@@ -214,6 +214,27 @@ std::string membership_table(const report_data& r) {
   return o + "</tbody></table>\n";
 }
 
+// Nodes that joined the running cluster: where their state came from, its size and how long it took.
+std::string recovery_table(const report_data& r) {
+  std::string rows;
+  for (const auto& m : r.nodes)
+    for (const auto& rec : m.recoveries) {
+      const double mb = num(rec, "bytes") / 1e6, s = num(rec, "seconds");
+      rows += fmt::format(
+          "<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.2f}</td><td>{}</"
+          "td>"
+          "</tr>\n",
+          html_escape(m.name), html_escape(utc_text(num(rec, "ts"))), compact(num(rec, "epoch")),
+          compact(num(rec, "round")), html_escape(text(rec, "source")), mb, s,
+          s > 0 ? fmt::format("{:.1f}", mb / s) : std::string("—"));
+    }
+  if (rows.empty()) return {};
+  return "<h2>Joins</h2>\n<table><thead><tr><th>node</th><th>at (UTC)</th><th>epoch</th><th>state of "
+         "round</th>"
+         "<th>from</th><th>MB</th><th>seconds</th><th>MB/s</th></tr></thead><tbody>\n" +
+         rows + "</tbody></table>\n";
+}
+
 std::string charts_section(const report_data& r) {
   std::string o = "<h2>Charts</h2>\n<section class=\"charts\">\n";
   int id = 0;
@@ -253,7 +274,7 @@ std::string assemble_page(const report_data& r) {
   o += configuration_table(cluster, sum, field);
   o += outcome_table(r, sum, field);
   o += "</section>\n";
-  if (cluster) o += nodes_table(r, sum) + membership_table(r);
+  if (cluster) o += nodes_table(r, sum) + membership_table(r) + recovery_table(r);
   o += charts_section(r);
   o += page_footer(r);
   return o;

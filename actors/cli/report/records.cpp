@@ -96,6 +96,8 @@ void add_record(node_metrics& m, record obj) {
     m.ends.push_back(std::move(obj));
   } else if (kind == "membership") {
     m.memberships.push_back(std::move(obj));
+  } else if (kind == "recovery") {
+    m.recoveries.push_back(std::move(obj));
   }
   // Other kinds come from a newer writer: counted, not shown.
 }

@@ -39,6 +39,7 @@ struct node_metrics {
   std::string path;
   std::vector<record> starts, steps, workers, allreduces, evals, checkpoints, ends;
   std::vector<record> memberships;                  // each cluster membership (epoch) the node entered
+  std::vector<record> recoveries;                   // how it got the state when it joined a running cluster
   std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
   double bytes_sent = 0;                            // every all-reduce, redone rounds included
   size_t n_records = 0, n_skipped = 0;
