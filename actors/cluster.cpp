@@ -454,7 +454,7 @@ class joiner {
 /// reached.
 int request_leave(const config::cluster_spec& spec, const std::string& name) {
   try {
-    comm::control_client control(spec.coordinator, spec.cluster_id);
+    comm::control_client control(spec.coordinators, spec.cluster_id);
     const auto [code, text] = control.request_leave(name, std::chrono::seconds(10));
     if (code == errc::none) {
       spdlog::info("the coordinator says: {}", text);
@@ -470,9 +470,17 @@ int request_leave(const config::cluster_spec& spec, const std::string& name) {
 
 }  // namespace
 
-int run_coordinator_role(const config::cluster_spec& spec) {
+int run_coordinator_role(const config::cluster_spec& spec, const std::string& bind) {
   comm::coordinator_options o;
-  o.bind_endpoint = spec.coordinator;
+  o.bind_endpoint = bind.empty() ? spec.coordinator : bind;
+  if (std::find(spec.coordinators.begin(), spec.coordinators.end(), o.bind_endpoint) ==
+      spec.coordinators.end()) {
+    spdlog::error(
+        "coordinator: --bind {} is not one of [cluster] coordinator's addresses ({}): the nodes would "
+        "not find it",
+        o.bind_endpoint, fmt::join(spec.coordinators, ", "));
+    return 2;
+  }
   o.cluster_id = spec.cluster_id;
   o.config_hash = config::training_fingerprint(spec.train);
   for (const auto& n : spec.nodes)
@@ -563,7 +571,7 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     // Joiners fetch the running cluster's state from its members (the ring backend's clusters are elastic).
     if (spec.train.comm.backend == config::comm_backend::ring)
       publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id);
-    control = std::make_unique<comm::control_client>(spec.coordinator, spec.cluster_id);
+    control = std::make_unique<comm::control_client>(spec.coordinators, spec.cluster_id);
     node_opts.max_resume_round = join(*control, spec, index, opts.fresh ? 0 : latest_checkpoint_round(cfg),
                                       publisher ? publisher->endpoint() : "", role, recover);
   } catch (const lw_error& e) {

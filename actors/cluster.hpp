@@ -8,10 +8,11 @@
 
 namespace longwave::actors {
 
-/// Admits the cluster's nodes, gives them their ring positions, and watches them until they finish.
+/// Admits the cluster's nodes, gives them their ring positions, and watches them until they finish. bind:
+/// which of [cluster] coordinator's addresses to listen on (empty: the first); another is refused (exit 2).
 /// Exit codes: 0 every node finished (one that was declared lost and came back included), 1 a node failed,
 /// went silent for good or never joined, 130 Ctrl-C.
-int run_coordinator_role(const config::cluster_spec& spec);
+int run_coordinator_role(const config::cluster_spec& spec, const std::string& bind = "");
 
 /// Joins the cluster as node `name` and trains. Exit codes as run_training; 2 also when the coordinator turns
 /// the node away (other cluster id or protocol version, unknown name, a name another process has joined

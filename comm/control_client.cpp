@@ -16,12 +16,17 @@ namespace longwave::comm {
 using namespace control;
 
 control_client::control_client(std::string coordinator_endpoint, uint64_t cluster_id)
-    : endpoint_(std::move(coordinator_endpoint)), cluster_id_(cluster_id) {
+    : control_client(std::vector<std::string>{std::move(coordinator_endpoint)}, cluster_id) {}
+
+control_client::control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id)
+    : endpoint_(join_names(coordinator_endpoints)), cluster_id_(cluster_id) {
   ctx_ = std::make_unique<zmq::context_t>(1);
   sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::dealer);
   sock_->set(zmq::sockopt::linger, 1000);
   sock_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
   sock_->set(zmq::sockopt::sndhwm, 16);
+  // Several addresses: only to a connection that is up, not queued for an address where no coordinator runs.
+  if (coordinator_endpoints.size() > 1) sock_->set(zmq::sockopt::immediate, true);
   // A routing id of its own, kept across reconnections: the coordinator tells this process from another one
   // with the same node name, and knows it again after a dropped connection.
   std::random_device rd;
@@ -35,11 +40,13 @@ control_client::control_client(std::string coordinator_endpoint, uint64_t cluste
     monitor_->set(zmq::sockopt::linger, 0);
     monitor_->connect(monitor_endpoint);
   }
-  try {
-    sock_->connect(endpoint_);
-  } catch (const zmq::error_t& e) {
-    throw lw_error(errc::invalid_config,
-                   fmt::format("cannot connect to the coordinator at {}: {}", endpoint_, e.what()));
+  for (const auto& ep : coordinator_endpoints) {
+    try {
+      sock_->connect(ep);
+    } catch (const zmq::error_t& e) {
+      throw lw_error(errc::invalid_config,
+                     fmt::format("cannot connect to the coordinator at {}: {}", ep, e.what()));
+    }
   }
 }
 

@@ -110,6 +110,9 @@ class control_client {
  public:
   /// Connects (lazily; ZeroMQ retries) to the coordinator's endpoint.
   control_client(std::string coordinator_endpoint, uint64_t cluster_id);
+  /// Connects to every address a coordinator may run at; messages go to the one that is connected (a
+  /// message sent while none is, is dropped: hellos and heartbeats are repeated anyway).
+  control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id);
   ~control_client();
   control_client(const control_client&) = delete;
   control_client& operator=(const control_client&) = delete;

@@ -77,10 +77,24 @@ void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::
     if (spec.id.empty() || spec.id.size() > 128)
       throw config_error(key, fmt::format("cluster.id = \"{}\": must be 1..128 characters", spec.id));
   } else if (name == "coordinator") {
-    spec.coordinator = get_string(value, key);
-    if (auto p = endpoint_problem(spec.coordinator); !p.empty())
-      throw config_error(
-          key, fmt::format("cluster.coordinator = \"{}\": {}{}", spec.coordinator, p, where(value)));
+    // One address, or a list of the addresses a coordinator may be started at.
+    spec.coordinators.clear();
+    if (const auto* list = value.as_array()) {
+      if (list->empty() || list->size() > 8)
+        throw config_error(key, fmt::format("cluster.coordinator: a list of 1 to 8 addresses, got {}{}",
+                                            list->size(), where(value)));
+      for (size_t i = 0; i < list->size(); ++i)
+        spec.coordinators.push_back(get_string(*list->get(i), fmt::format("{}[{}]", key, i)));
+    } else {
+      spec.coordinators.push_back(get_string(value, key));
+    }
+    for (const auto& c : spec.coordinators) {
+      if (auto p = endpoint_problem(c); !p.empty())
+        throw config_error(key, fmt::format("cluster.coordinator = \"{}\": {}{}", c, p, where(value)));
+      if (std::count(spec.coordinators.begin(), spec.coordinators.end(), c) > 1)
+        throw config_error(key, fmt::format("cluster.coordinator lists \"{}\" twice{}", c, where(value)));
+    }
+    spec.coordinator = spec.coordinators.front();
   } else if (name == "join_timeout_s") {
     spec.join_timeout_s = get_seconds(value, key);
   } else if (name == "heartbeat_timeout_s") {
@@ -246,7 +260,7 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
       throw config_error(
           fmt::format("nodes[{}].endpoint", i),
           fmt::format("nodes[{}].endpoint = \"{}\": another node uses this endpoint", i, n.endpoint));
-    if (n.endpoint == spec.coordinator)
+    if (std::count(spec.coordinators.begin(), spec.coordinators.end(), n.endpoint) > 0)
       throw config_error(
           fmt::format("nodes[{}].endpoint", i),
           fmt::format("nodes[{}].endpoint = \"{}\": this is the coordinator's endpoint", i, n.endpoint));

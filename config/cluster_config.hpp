@@ -24,7 +24,10 @@ struct cluster_node {
 struct cluster_spec {
   std::string id = "longwave";  ///< cluster name; nodes of another cluster are turned away
   uint64_t cluster_id = 0;      ///< cluster_id_of(id), carried in every frame
-  std::string coordinator = "tcp://127.0.0.1:5600";  ///< the coordinator's control endpoint
+  std::string coordinator = "tcp://127.0.0.1:5600";  ///< the coordinator's control endpoint (the first)
+  /// Every address a coordinator may run at (`coordinator = ["tcp://a:5600", "tcp://b:5600"]`): nodes
+  /// connect to all of them and talk to the one that runs; `longwave coordinator --bind` picks which.
+  std::vector<std::string> coordinators = {"tcp://127.0.0.1:5600"};
   double join_timeout_s = 60;       ///< coordinator: wait this long for every node; node: for the welcome
   double heartbeat_timeout_s = 6;   ///< coordinator: a node silent this long leaves the membership
   int64_t min_nodes = 1;            ///< fewer live nodes: wait quorum_timeout_s for joiners, then stop

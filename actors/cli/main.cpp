@@ -101,6 +101,7 @@ struct cli_values {
   std::string cluster_path, node_name;
   std::vector<std::string> cluster_overrides;
   bool cluster_fresh = false, node_dry_run = false, node_leave = false;
+  std::string coordinator_bind;  // coordinator --bind
   cli::observe_options observe;
   // report
   std::string report_dir, report_out;
@@ -168,6 +169,9 @@ CLI::App* add_coordinator(CLI::App& app, cli_values& v) {
                                    "Cluster role: admit the nodes, give them ring positions, watch them");
   coord->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
   coord->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  coord->add_option("--bind", v.coordinator_bind,
+                    "Which of [cluster] coordinator's addresses to listen on (default: the first); a standby "
+                    "coordinator started elsewhere takes the running cluster over");
   coord->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
   coord->footer(cluster_footer);
   return coord;
@@ -266,7 +270,7 @@ int cmd_role(const cli_values& v, bool as_coordinator) {
   runtime::init_logging(v.log_level);
   auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
   if (!spec) return 2;
-  if (as_coordinator) return actors::run_coordinator_role(*spec);
+  if (as_coordinator) return actors::run_coordinator_role(*spec, v.coordinator_bind);
   actors::run_options nopts;
   nopts.fresh = v.cluster_fresh;
   nopts.dry_run = v.node_dry_run;

@@ -350,6 +350,38 @@ CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line 
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("a standby coordinator at the second address of [cluster] coordinator takes the cluster over",
+                "[process][cluster][elastic]") {
+  const auto dir = scratch_dir("elastic_standby");
+  cluster_ports ports;
+  const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  const auto first = "tcp://127.0.0.1:" + std::to_string(ports.coordinator);
+  const auto second = "tcp://127.0.0.1:" + std::to_string(free_port());
+  edit_file(file, "coordinator = \"" + first + "\"", "coordinator = [\"" + first + "\", \"" + second + "\"]");
+  edit_file(file, "rounds = 3", "rounds = 30");
+  auto [coord, nodes] = start_cluster(dir, file, 2);
+  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
+  kill(coord.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(coord, 30) == 128 + SIGKILL);
+  // An address that is not in the list is refused: the nodes would never find it.
+  auto [bad_code, bad] =
+      run({binary(), "coordinator", file, "--bind", "tcp://127.0.0.1:" + std::to_string(free_port())},
+          dir + "/coord-bad.log", 30);
+  CATCH_CHECK(bad_code == 2);
+  CATCH_CHECK(contains(bad, "is not one of [cluster] coordinator's addresses"));
+  auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
+  std::vector<int> codes;
+  for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
+  const int standby_code = wait_exit(standby, 60);
+  const auto clog = read_text(dir + "/coord2.log");
+  CATCH_INFO(clog << "\n--- n0\n" << tail(read_text(dir + "/n0.log")));
+  CATCH_CHECK(codes == std::vector<int>{0, 0});
+  CATCH_CHECK(standby_code == 0);
+  CATCH_CHECK(contains(clog, "took over the running cluster: n0, n1 in epoch 1"));
+  CATCH_CHECK(contains(clog, "coordinator: every node finished"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("the delayed and streaming policies go on without a SIGKILLed node",
                 "[process][cluster][elastic]") {
   for (const std::string policy : {"delayed", "streaming"}) {

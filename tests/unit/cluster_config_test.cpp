@@ -118,6 +118,24 @@ CATCH_TEST_CASE("[cluster] membership keys: heartbeat_timeout_s, min_nodes and q
                    Contains("cluster.min_nodes = 4: the cluster file lists only 2 node(s)"));
 }
 
+CATCH_TEST_CASE("[cluster] coordinator may list the addresses a coordinator can run at",
+                "[config][cluster]") {
+  using Catch::Matchers::Contains;
+  const auto list = [](const std::string& v) {
+    return replaced(good, "coordinator = \"tcp://10.0.0.1:5600\"", "coordinator = " + v);
+  };
+  const auto two = parse_cluster(list(R"(["tcp://10.0.0.1:5600", "tcp://10.0.0.9:5600"])"), {}, "c");
+  CATCH_CHECK(two.coordinators == std::vector<std::string>{"tcp://10.0.0.1:5600", "tcp://10.0.0.9:5600"});
+  CATCH_CHECK(two.coordinator == "tcp://10.0.0.1:5600");
+  CATCH_CHECK(parse_cluster(good, {}, "c").coordinators == std::vector<std::string>{"tcp://10.0.0.1:5600"});
+  CATCH_CHECK_THAT(error_of(list("[]")), Contains("a list of 1 to 8 addresses, got 0"));
+  CATCH_CHECK_THAT(error_of(list(R"(["tcp://10.0.0.1:5600", "tcp://10.0.0.1:5600"])")), Contains("twice"));
+  CATCH_CHECK_THAT(error_of(list(R"(["tcp://10.0.0.1:5600", 5])")),
+                   Contains("cluster.coordinator[1]") && Contains("expected a string"));
+  CATCH_CHECK_THAT(error_of(list(R"(["tcp://10.0.0.1:5600", "tcp://10.0.0.2:5601"])")),
+                   Contains("this is the coordinator's endpoint"));
+}
+
 CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
   using Catch::Matchers::Contains;
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),
