@@ -170,6 +170,13 @@ class coordinator_watch {
   std::chrono::steady_clock::time_point next_announce_;
 };
 
+/// The training fingerprint a node's hello carries and the coordinator checks: the training settings and how
+/// the data is split (which windows each global rank reads).
+uint64_t cluster_fingerprint(const config::cluster_spec& spec, const config::train_config& cfg) {
+  return config::training_fingerprint(cfg) ^
+         (static_cast<uint64_t>(config::data_partitions(spec)) * 0x9E3779B97F4A7C15ull);
+}
+
 /// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
 comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
                          const std::string& state_endpoint) {
@@ -181,7 +188,7 @@ comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_
   hello.n_workers = static_cast<uint32_t>(me.workers);
   hello.data_endpoint = me.endpoint;
   hello.resume_round = resume_round;
-  hello.config_hash = config::training_fingerprint(config::node_config(spec, index));
+  hello.config_hash = cluster_fingerprint(spec, config::node_config(spec, index));
   hello.state_endpoint = state_endpoint;
   return hello;
 }
@@ -482,7 +489,9 @@ int run_coordinator_role(const config::cluster_spec& spec, const std::string& bi
     return 2;
   }
   o.cluster_id = spec.cluster_id;
-  o.config_hash = config::training_fingerprint(spec.train);
+  o.config_hash = cluster_fingerprint(spec, spec.train);
+  o.open = spec.open;
+  o.open_workers = static_cast<uint32_t>(spec.open_workers);
   for (const auto& n : spec.nodes)
     o.members.push_back({n.name, n.endpoint, static_cast<uint32_t>(n.workers)});
   o.join_timeout = to_ms(spec.join_timeout_s);
@@ -543,11 +552,22 @@ int run_coordinator_role(const config::cluster_spec& spec, const std::string& bi
   return code;
 }
 
-int run_node_role(const config::cluster_spec& spec, const std::string& name, const run_options& opts) {
+int run_node_role(const config::cluster_spec& file_spec, const std::string& name, const run_options& opts) {
   config::train_config cfg;
   size_t index = 0;
+  auto spec = file_spec;  // with this node appended when it is not in the file
   try {
-    index = config::node_index(spec, name);
+    const bool listed =
+        std::any_of(spec.nodes.begin(), spec.nodes.end(), [&](const auto& n) { return n.name == name; });
+    if (listed && !opts.endpoint.empty())
+      throw config::config_error("--endpoint",
+                                 fmt::format("--endpoint: node {} is in the cluster file, which gives "
+                                             "its endpoint; --endpoint is for nodes that are not",
+                                             name));
+    if (!listed && !opts.endpoint.empty() && !opts.leave)
+      index = config::add_open_node(spec, name, opts.endpoint, opts.workers);
+    else
+      index = config::node_index(spec, name);
     cfg = config::node_config(spec, index);
   } catch (const config::config_error& e) {
     spdlog::error("{}", e.what());
@@ -585,8 +605,12 @@ int run_node_role(const config::cluster_spec& spec, const std::string& name, con
     role.join = joiner(*control, spec, index, *recover, role);
   }
   if (publisher) role.publish = [p = publisher.get()](runtime::checkpoint c) { p->publish(std::move(c)); };
-  role.rank_offset = config::worker_offset(spec, index);
+  // A node not in the file reads the data regions the coordinator gave it.
+  role.rank_offset = index < file_spec.nodes.size() || !recover
+                         ? config::worker_offset(spec, index)
+                         : static_cast<int64_t>(recover->worker_offset);
   role.cluster_workers = spec.train.train.workers;
+  role.data_partitions = config::data_partitions(spec);
   role.ring = ring_options_from(cfg, spec.cluster_id);
   role.ring.names = role.names;
   if (const char* fault = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE")) {

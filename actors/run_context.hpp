@@ -38,6 +38,9 @@ struct run_context {
   /// samples the data region of its global rank.
   int64_t rank_offset = 0;
   int64_t cluster_workers = 0;  ///< 0: this process is the whole run
+  /// Parts the training data is split into (one per global rank; more than cluster_workers in a cluster
+  /// that nodes not in the file may join). 0: global_workers().
+  int64_t data_partitions = 0;
   /// diloco.outer = "streaming": the ranges of theta of each fragment (models::fragment_ranges); else empty.
   std::vector<models::flat_ranges> fragments;
   /// A node that joined a running cluster: its first round, in which it only observes (cluster_role).
@@ -48,6 +51,7 @@ struct run_context {
   std::optional<recovery_info> recovery;
   int64_t n_workers() const { return cfg.train.workers; }
   int64_t global_workers() const { return cluster_workers > 0 ? cluster_workers : cfg.train.workers; }
+  int64_t data_parts() const { return data_partitions > 0 ? data_partitions : global_workers(); }
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }
 };
 

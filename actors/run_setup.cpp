@@ -101,12 +101,13 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   if (role) {
     ctx->rank_offset = role->rank_offset;
     ctx->cluster_workers = role->cluster_workers;
+    ctx->data_partitions = role->data_partitions;
     ctx->publish_state = role->publish;
   }
   if (is_streaming(cfg))
     ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,
                                              cfg.diloco.fragment_pattern == config::fragment_layout::strided);
-  models::data::window_sampler probe(ctx->train_tokens, ctx->global_workers() - 1, ctx->global_workers(),
+  models::data::window_sampler probe(ctx->train_tokens, ctx->data_parts() - 1, ctx->data_parts(),
                                      cfg.train.batch_size, spec.seq_len, cfg.run.seed);
   (void)models::data::validation_batch(*ctx->val_tokens, 0, cfg.train.batch_size, spec.seq_len);
   spdlog::info("data: {} train tokens, {} val tokens, vocab {}", ctx->train_tokens->size(),

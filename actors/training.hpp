@@ -25,6 +25,9 @@ struct run_options {
   bool dry_run = false;        ///< validate, print the resolved config and the model size, do not train
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
   bool leave = false;          ///< cluster node: ask the coordinator to make the running node leave
+  /// Cluster node not in the file ([cluster] open): its ring endpoint and workers (--endpoint, --workers).
+  std::string endpoint;
+  int64_t workers = 1;
   /// Cluster nodes: resume from the newest valid checkpoint whose completed round is at most this (the round
   /// the coordinator agreed on); unset: the newest valid checkpoint.
   std::optional<uint64_t> max_resume_round;
@@ -48,8 +51,9 @@ struct cluster_role {
   uint64_t epoch = 1;                  ///< the membership epoch the ring starts in
   int64_t rank_offset = 0;             ///< global rank of this node's first worker
   int64_t cluster_workers = 0;         ///< workers of the whole cluster
-  comm::ring_options ring;             ///< the ring's settings; the NCCL backend takes its dtype and timeouts
-  comm::reduce_key committed;          ///< the last all-reduce the starting state includes (a joiner's)
+  int64_t data_partitions = 0;  ///< parts of the training data, one per global rank (0: cluster_workers)
+  comm::ring_options ring;      ///< the ring's settings; the NCCL backend takes its dtype and timeouts
+  comm::reduce_key committed;   ///< the last all-reduce the starting state includes (a joiner's)
   /// Joining a running cluster: called once the data are loaded, before any actor starts, with the run's
   /// snapshot shape and the round of this node's own newest checkpoint (0: none). Fetches the state, waits
   /// to be admitted, and fills in rank, endpoints, names, epoch, committed and observe_round. Throws

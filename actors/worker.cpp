@@ -167,9 +167,9 @@ worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_
   st.rank = rank;
   st.coordinator = std::move(coordinator);
   at::set_num_threads(static_cast<int>(ctx->threads_per_worker));
-  st.trainer = std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens,
-                                                       ctx->rank_offset + rank, ctx->global_workers(),
-                                                       ctx->cfg.run.seed);
+  st.trainer =
+      std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens,
+                                              ctx->rank_offset + rank, ctx->data_parts(), ctx->cfg.run.seed);
   return {
       [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool reset) {
         return begin_round(self, round, std::move(theta), h, reset);

@@ -384,6 +384,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       set_peers(x.initSources(static_cast<unsigned>(m.sources.size())), m.sources);
       x.setNote(txt(m.note));
       x.setRound(m.round);
+      x.setWorkerOffset(m.worker_offset);
     }
     void operator()(const join_ready_msg& m) {
       auto x = b.initJoinReady();
@@ -513,6 +514,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         recover_msg m;
         m.epoch = x.getEpoch();
         m.round = x.getRound();
+        m.worker_offset = x.getWorkerOffset();
         auto note = x.getNote();
         if ((bad = check_text(note, max_message_bytes, "recover note"))) break;
         m.note = text_of(note);

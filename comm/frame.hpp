@@ -220,7 +220,8 @@ struct recover_msg {
   uint64_t epoch = 0;
   std::vector<peer_entry> sources;
   std::string note;
-  uint64_t round = 0;  ///< the round the members last reported completing
+  uint64_t round = 0;          ///< the round the members last reported completing
+  uint64_t worker_offset = 0;  ///< the global rank of the joiner's first worker
 };
 /// A joiner holds the state after all-reduce `key` (completed round `round`) and asks to be admitted.
 struct join_ready_msg {

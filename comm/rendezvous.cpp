@@ -59,7 +59,11 @@ struct fence_state {
 
 class coordinator {
  public:
-  explicit coordinator(const coordinator_options& o) : o_(o), members_(o.members.size()) {
+  explicit coordinator(const coordinator_options& o) : o_(o), specs_(o.members), members_(o.members.size()) {
+    for (auto& sp : specs_) {
+      sp.worker_offset = listed_workers_;
+      listed_workers_ += sp.workers;
+    }
     sock_.set(zmq::sockopt::linger, 1000);
     // A node keeps its routing id across reconnections (control_client sets one), so a connection that
     // comes back takes over the old one instead of being refused while the old one looks alive.
@@ -90,7 +94,7 @@ class coordinator {
       } else if (clock::now() - t0 > o_.join_timeout) {
         std::vector<std::string> missing, joined;
         for (size_t i = 0; i < members_.size(); ++i)
-          (members_[i].identity ? joined : missing).push_back(o_.members[i].name);
+          (members_[i].identity ? joined : missing).push_back(specs_[i].name);
         if (!joined.empty() && joined.size() >= o_.min_nodes && o_.min_nodes < members_.size()) {
           info(
               fmt::format("coordinator: join deadline of {} passed with {} of {} nodes ({}); [cluster] "
@@ -168,7 +172,7 @@ class coordinator {
     for (size_t i = 0; i < members_.size(); ++i) {
       const auto& m = members_[i];
       member_status st;
-      st.name = o_.members[i].name;
+      st.name = specs_[i].name;
       st.joined = m.identity.has_value();
       st.alive = st.joined && (m.member || (!welcomed_ && m.removed.empty())) && !m.finished;
       st.age_s = std::chrono::duration<double>(now - (st.joined ? m.last_seen : t0)).count();
@@ -239,7 +243,7 @@ class coordinator {
   }
   std::string names_of(const std::vector<size_t>& idx) const {
     std::vector<std::string> names;
-    for (auto i : idx) names.push_back(o_.members[i].name);
+    for (auto i : idx) names.push_back(specs_[i].name);
     return join_names(names);
   }
 
@@ -257,12 +261,12 @@ class coordinator {
         remove(i, "lost",
                fmt::format("node {} lost: its neighbour's ring dropped it and nothing heard for {} (its last "
                            "all-reduce: round {})",
-                           o_.members[i].name, secs(o_.suspect_silence), m.round));
+                           specs_[i].name, secs(o_.suspect_silence), m.round));
       else if (silence > limit)
-        remove(i, "lost",
-               fmt::format("node {} lost: nothing heard for {} (its last all-reduce: round {})",
-                           o_.members[i].name,
-                           secs(std::chrono::duration_cast<std::chrono::milliseconds>(limit)), m.round));
+        remove(
+            i, "lost",
+            fmt::format("node {} lost: nothing heard for {} (its last all-reduce: round {})", specs_[i].name,
+                        secs(std::chrono::duration_cast<std::chrono::milliseconds>(limit)), m.round));
     }
     for (size_t i = 0; i < members_.size(); ++i) {
       auto& m = members_[i];
@@ -270,7 +274,7 @@ class coordinator {
       if (m.joining && now - m.last_seen > std::max(o_.heartbeat_timeout, o_.join_timeout)) {
         m.joining = false;
         m.ready.reset();
-        warn(fmt::format("coordinator: node {} stopped joining: nothing heard for {}", o_.members[i].name,
+        warn(fmt::format("coordinator: node {} stopped joining: nothing heard for {}", specs_[i].name,
                          secs(std::max(o_.heartbeat_timeout, o_.join_timeout))));
       }
     }
@@ -280,7 +284,7 @@ class coordinator {
         const auto limit = members_[i].heard ? o_.fence_timeout : std::max(o_.fence_timeout, o_.join_timeout);
         if (fence_ && training(i) && !members_[i].acked && now - fence_->started > limit)
           remove(i, "lost",
-                 fmt::format("node {} lost: no answer to the fence of epoch {} within {}", o_.members[i].name,
+                 fmt::format("node {} lost: no answer to the fence of epoch {} within {}", specs_[i].name,
                              fence_->epoch, secs(limit)));
       }
       // Below the quorum the fence stays until joiners make it up (or quorum_timeout passes).
@@ -397,7 +401,7 @@ class coordinator {
     mm.epoch = epoch_;
     mm.commit = *commit;
     for (size_t r = 0; r < members.size(); ++r) {
-      const auto& spec = o_.members[members[r]];
+      const auto& spec = specs_[members[r]];
       mm.peers.push_back({static_cast<uint32_t>(r), spec.name, spec.endpoint});
       mm.workers.push_back(spec.workers);
     }
@@ -432,14 +436,14 @@ class coordinator {
         m.ack = fence_ack_msg{fence_->epoch, commit, false, {}, false};
         m.round = m.ready->round;
         info(fmt::format("coordinator: node {} admitted in epoch {} with the state of round {}",
-                         o_.members[i].name, fence_->epoch, m.ready->round));
-        if (o_.on_join) o_.on_join(o_.members[i].name, m.ready->round);
+                         specs_[i].name, fence_->epoch, m.ready->round));
+        if (o_.on_join) o_.on_join(specs_[i].name, m.ready->round);
       } else {
         const auto note = fmt::format(
             "the state of round {} (all-reduce {}/{}) is stale: the members hold all-reduce {}/{}; fetch "
             "again",
             m.ready->round, m.ready->key.round, m.ready->key.fragment, commit.round, commit.fragment);
-        info(fmt::format("coordinator: node {}: {}", o_.members[i].name, note));
+        info(fmt::format("coordinator: node {}: {}", specs_[i].name, note));
         m.ready.reset();
         send_recover(i, note, commit.round);
       }
@@ -456,9 +460,10 @@ class coordinator {
     for (auto j : training_members()) {
       round = std::min(round.value_or(members_[j].round), members_[j].round);
       if (!members_[j].state_endpoint.empty())
-        r.sources.push_back({static_cast<uint32_t>(j), o_.members[j].name, members_[j].state_endpoint});
+        r.sources.push_back({static_cast<uint32_t>(j), specs_[j].name, members_[j].state_endpoint});
     }
     r.round = want.value_or(round.value_or(0));
+    r.worker_offset = specs_[i].worker_offset;
     envelope e;
     e.body = std::move(r);
     send_to(i, std::move(e));
@@ -486,8 +491,7 @@ class coordinator {
     else {
       std::string detail;
       for (auto i : gone)
-        detail +=
-            fmt::format("{}{} ({})", detail.empty() ? "" : ", ", o_.members[i].name, members_[i].removed);
+        detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", specs_[i].name, members_[i].removed);
       info(fmt::format("coordinator: the run finished on {}; removed on the way: {}", names_of(finished),
                        detail));
     }
@@ -497,7 +501,7 @@ class coordinator {
   std::string ring_text(const std::vector<size_t>& members) const {
     std::string out;
     for (size_t r = 0; r < members.size(); ++r)
-      out += fmt::format("{}{}={}", r ? " -> " : "", r, o_.members[members[r]].name);
+      out += fmt::format("{}{}={}", r ? " -> " : "", r, specs_[members[r]].name);
     return out;
   }
 
@@ -532,7 +536,7 @@ class coordinator {
   void from_stranger(const std::string& identity, const envelope& e, const std::string& peer) {
     const bool claims_member = e.sender < members_.size() && !std::holds_alternative<hello_msg>(e.body);
     if (claims_member && strangers_.size() < max_strangers && strangers_.insert(identity).second) {
-      const auto& name = o_.members[e.sender].name;
+      const auto& name = specs_[e.sender].name;
       running_elsewhere_.insert(name);
       const auto* hb = std::get_if<heartbeat_msg>(&e.body);
       info(fmt::format(
@@ -563,8 +567,7 @@ class coordinator {
     w.start_round = start_round();
     w.epoch = epoch_;
     for (size_t r = 0; r < members.size(); ++r)
-      w.peers.push_back(
-          {static_cast<uint32_t>(r), o_.members[members[r]].name, o_.members[members[r]].endpoint});
+      w.peers.push_back({static_cast<uint32_t>(r), specs_[members[r]].name, specs_[members[r]].endpoint});
     envelope e;
     e.cluster_id = o_.cluster_id;
     e.sender = no_rank;
@@ -604,17 +607,23 @@ class coordinator {
                       h.protocol_version, protocol_version()));
     }
     size_t idx = members_.size();
-    for (size_t i = 0; i < o_.members.size(); ++i)
-      if (o_.members[i].name == h.node_name) idx = i;
+    for (size_t i = 0; i < specs_.size(); ++i)
+      if (specs_[i].name == h.node_name) idx = i;
+    if (idx == members_.size() && o_.open) {
+      if (!welcomed_) return;  // it joins once the cluster trains; its hello comes again every 2 s
+      const auto added = add_open_node(identity, h, peer);
+      if (!added) return;
+      idx = *added;
+    }
     if (idx == members_.size()) {
       std::vector<std::string> names;
-      for (const auto& m : o_.members) names.push_back(m.name);
+      for (const auto& m : specs_) names.push_back(m.name);
       warn(fmt::format("coordinator: turned away unknown node '{}' ({})", h.node_name, peer));
       return turn_away(
           identity, errc::invalid_config,
           fmt::format("node '{}' is not in this cluster (nodes: {})", h.node_name, join_names(names)));
     }
-    const auto& want = o_.members[idx];
+    const auto& want = specs_[idx];
     if (h.n_workers != want.workers || h.data_endpoint != want.endpoint) {
       warn(fmt::format("coordinator: turned away node '{}': its cluster file differs", h.node_name));
       return turn_away(
@@ -675,6 +684,40 @@ class coordinator {
                      h.n_workers, h.data_endpoint, joined, members_.size()));
   }
 
+  /// A node not in the cluster file asks to join ([cluster] open): it gets the next free data regions
+  /// (global worker ranks after the listed nodes'), kept for it if it comes back. nullopt: turned away.
+  std::optional<size_t> add_open_node(const std::string& identity, const hello_msg& h,
+                                      const std::string& peer) {
+    uint64_t used = 0;
+    for (size_t i = o_.members.size(); i < specs_.size(); ++i) used += specs_[i].workers;
+    std::string problem;
+    if (h.node_name.empty() || h.node_name.size() > 32)
+      problem = "a node name is 1..32 characters";
+    else if (h.n_workers == 0 || used + h.n_workers > o_.open_workers)
+      problem = fmt::format(
+          "{} workers do not fit: {} of [cluster] open_workers = {} are taken by other nodes not "
+          "in the file; raise open_workers",
+          h.n_workers, used, o_.open_workers);
+    for (const auto& sp : specs_)
+      if (sp.endpoint == h.data_endpoint)
+        problem = fmt::format("node {} has ring endpoint {}", sp.name, sp.endpoint);
+    if (!problem.empty()) {
+      warn(fmt::format("coordinator: turned away node '{}' ({}), not in the cluster file: {}", h.node_name,
+                       peer, problem));
+      turn_away(identity, errc::invalid_config, fmt::format("node '{}': {}", h.node_name, problem));
+      return std::nullopt;
+    }
+    specs_.push_back({h.node_name, h.data_endpoint, h.n_workers, listed_workers_ + used});
+    members_.emplace_back();
+    members_.back().removed = "absent";
+    info(fmt::format(
+        "coordinator: node {} is not in the cluster file ([cluster] open): {} workers, global ranks "
+        "{}..{}",
+        h.node_name, h.n_workers, specs_.back().worker_offset,
+        specs_.back().worker_offset + h.n_workers - 1));
+    return specs_.size() - 1;
+  }
+
   /// A node asks to join the running cluster (absent at the start, removed, or restarted after a crash): it
   /// is told where to fetch the state, then admitted at a fence (join_ready).
   void on_join(size_t idx, const std::string& identity, const hello_msg& h, const std::string& peer) {
@@ -733,8 +776,8 @@ class coordinator {
     if (m.ready && m.ready->key == r.key) return;  // its periodic repeat
     m.ready = r;
     info(fmt::format("coordinator: node {} holds the state of round {}: admitting it at a fence",
-                     o_.members[idx].name, r.round));
-    if (!fence_) start_fence("join", "node " + o_.members[idx].name + " joins");
+                     specs_[idx].name, r.round));
+    if (!fence_) start_fence("join", "node " + specs_[idx].name + " joins");
   }
 
   /// A training node re-announces itself: to a restarted coordinator (which then takes the cluster over),
@@ -775,7 +818,7 @@ class coordinator {
   /// `longwave node --leave`: forwards the request to the node and answers the requester.
   void on_leave(const std::string& identity, const leave_msg& l) {
     for (size_t i = 0; i < members_.size(); ++i) {
-      if (o_.members[i].name != l.node) continue;
+      if (specs_[i].name != l.node) continue;
       if (!welcomed_ || !training(i))
         return reply_error(identity, errc::invalid_config,
                            fmt::format("node {} is not training in this cluster{}", l.node,
@@ -819,7 +862,7 @@ class coordinator {
     const auto rank = rank_of_identity(identity);
     if (!rank) return from_stranger(identity, e, peer);
     auto& m = members_[*rank];
-    const std::string& name = o_.members[*rank].name;
+    const std::string& name = specs_[*rank].name;
     m.last_seen = clock::now();
     if (m.joining) {
       if (auto* r = std::get_if<join_ready_msg>(&e.body)) return on_join_ready(*rank, *r);
@@ -863,7 +906,7 @@ class coordinator {
       reset_wanted_ = true;
       last_ring_failure_ = fmt::format("node {}: {}", name, rf->reason);
       for (size_t j = 0; j < members_.size(); ++j)
-        if (training(j) && o_.members[j].name == rf->suspect && !members_[j].suspected) {
+        if (training(j) && specs_[j].name == rf->suspect && !members_[j].suspected) {
           members_[j].suspected = true;
           members_[j].suspected_at = clock::now();
         }
@@ -871,7 +914,9 @@ class coordinator {
   }
 
   const coordinator_options& o_;
-  std::vector<member_state> members_;
+  std::vector<member_spec> specs_;     // the listed nodes in file order, then nodes not in the file
+  std::vector<member_state> members_;  // one per spec
+  uint64_t listed_workers_ = 0;
   uint64_t n_dropped_ = 0;
   std::set<std::string> strangers_;          // routing ids of running nodes of an earlier coordinator
   std::set<std::string> running_elsewhere_;  // their names

@@ -27,6 +27,7 @@ struct member_spec {
   std::string name;
   std::string endpoint;  ///< the node's ring endpoint, as the cluster file gives it
   uint32_t workers = 1;
+  uint64_t worker_offset = 0;  ///< global rank of its first worker (the coordinator fills it in)
 };
 
 /// One member as the coordinator sees it.
@@ -54,6 +55,9 @@ struct coordinator_options {
   std::chrono::milliseconds suspect_silence{2500};
   /// A member that does not answer a fence within this time is removed.
   std::chrono::milliseconds fence_timeout{4000};
+  /// Nodes not in `members` may join the running cluster, with at most open_workers workers in all.
+  bool open = false;
+  uint32_t open_workers = 0;
   /// Fewer live members than this: the others wait up to quorum_timeout, then the run is stopped.
   size_t min_nodes = 1;
   std::chrono::milliseconds quorum_timeout{60000};

@@ -105,6 +105,7 @@ struct Recover {
   sources @1 :List(Peer);  # endpoint: each member's state server
   note @2 :Text;           # why, when sent again
   round @3 :UInt64;        # the round the members last reported (a joiner with a checkpoint of it uses that)
+  workerOffset @4 :UInt64; # the global rank of the joiner's first worker (its data regions)
 }
 
 struct JoinReady {

@@ -105,10 +105,20 @@ void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::
     spec.min_nodes = get_int(value, key, 1, 4096);
   } else if (name == "quorum_timeout_s") {
     spec.quorum_timeout_s = get_seconds(value, key);
+  } else if (name == "open") {
+    if (auto v = value.value_exact<bool>())
+      spec.open = *v;
+    else
+      throw config_error(
+          key, fmt::format("{}: expected true or false, got {}{}", key, type_of(value), where(value)));
+  } else if (name == "open_workers") {
+    spec.open_workers = get_int(value, key, 0, 4096);
   } else {
-    throw config_error(key, fmt::format("unknown key '{}'{}: [cluster] has id, coordinator, join_timeout_s, "
-                                        "heartbeat_timeout_s, min_nodes, quorum_timeout_s and metrics_port",
-                                        key, where(value)));
+    throw config_error(key,
+                       fmt::format("unknown key '{}'{}: [cluster] has id, coordinator, join_timeout_s, "
+                                   "heartbeat_timeout_s, min_nodes, quorum_timeout_s, open, open_workers and "
+                                   "metrics_port",
+                                   key, where(value)));
   }
 }
 
@@ -272,6 +282,11 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
                        fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"",
                                    to_string(spec.train.run.mode)));
   spec.train.train.workers = total;
+  if (spec.open && spec.open_workers == 0) spec.open_workers = 4;
+  if (!spec.open && spec.open_workers > 0)
+    throw config_error(
+        "cluster.open_workers",
+        fmt::format("cluster.open_workers = {}: only with cluster.open = true", spec.open_workers));
   if (spec.min_nodes > static_cast<int64_t>(spec.nodes.size()))
     throw config_error("cluster.min_nodes",
                        fmt::format("cluster.min_nodes = {}: the cluster file lists only {} node(s)",
@@ -323,6 +338,35 @@ train_config node_config(const cluster_spec& spec, size_t index) {
   c.run.name = spec.train.run.name.empty() ? n.name : spec.train.run.name + "/" + n.name;
   validate(c);
   return c;
+}
+
+int64_t data_partitions(const cluster_spec& spec) {
+  return spec.train.train.workers + (spec.open ? spec.open_workers : 0);
+}
+
+size_t add_open_node(cluster_spec& spec, const std::string& name, const std::string& endpoint,
+                     int64_t workers) {
+  if (!spec.open)
+    throw config_error("--node",
+                       fmt::format("--node {}: the cluster file has no such node, and [cluster] open is "
+                                   "not true (nodes not in the file may not join)",
+                                   name));
+  if (!valid_name(name))
+    throw config_error("--node", fmt::format("--node {}: a node name is 1..32 of a-z A-Z 0-9 _ -", name));
+  if (auto p = endpoint_problem(endpoint); !p.empty())
+    throw config_error("--endpoint", fmt::format("--endpoint {}: {}", endpoint, p));
+  if (workers < 1 || workers > spec.open_workers)
+    throw config_error("--workers", fmt::format("--workers {}: must be in [1, {}] ([cluster] open_workers)",
+                                                workers, spec.open_workers));
+  for (const auto& n : spec.nodes)
+    if (n.endpoint == endpoint)
+      throw config_error("--endpoint", fmt::format("--endpoint {}: node {} has it", endpoint, n.name));
+  cluster_node n;
+  n.name = name;
+  n.endpoint = endpoint;
+  n.workers = workers;
+  spec.nodes.push_back(std::move(n));
+  return spec.nodes.size() - 1;
 }
 
 int64_t worker_offset(const cluster_spec& spec, size_t index) {

@@ -33,6 +33,8 @@ struct cluster_spec {
   int64_t min_nodes = 1;            ///< fewer live nodes: wait quorum_timeout_s for joiners, then stop
   double quorum_timeout_s = 60;     ///< how long the members wait below min_nodes
   int64_t metrics_port = -1;        ///< the coordinator's /metrics port; -1: [metrics] port
+  bool open = false;                ///< nodes not in the file may join (`longwave node --endpoint --workers`)
+  int64_t open_workers = 0;         ///< data regions kept for their workers (default 4 when open)
   std::vector<cluster_node> nodes;  ///< ring order: rank i is nodes[i]
   train_config train;               ///< shared config; train.workers is the sum over nodes
 };
@@ -65,6 +67,16 @@ train_config node_config(const cluster_spec& spec, size_t index);
 
 /// Global rank of the node's first worker (the workers of nodes before it).
 int64_t worker_offset(const cluster_spec& spec, size_t index);
+
+/// How many parts the training data is split into, one per global worker rank: the listed nodes' workers
+/// plus [cluster] open_workers.
+int64_t data_partitions(const cluster_spec& spec);
+
+/// A node not in the file ([cluster] open): spec with it appended (its metrics port as for a listed node at
+/// that position); returns its index. Throws config_error naming what is wrong (not open, a bad name or
+/// endpoint, workers out of range, a name or endpoint the file has).
+size_t add_open_node(cluster_spec& spec, const std::string& name, const std::string& endpoint,
+                     int64_t workers);
 
 /// Checks "tcp://HOST:PORT" (HOST non-empty and not "*", PORT 1..65535); returns "" or what is wrong.
 std::string endpoint_problem(std::string_view endpoint);

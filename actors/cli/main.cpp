@@ -102,6 +102,8 @@ struct cli_values {
   std::vector<std::string> cluster_overrides;
   bool cluster_fresh = false, node_dry_run = false, node_leave = false;
   std::string coordinator_bind;  // coordinator --bind
+  std::string node_endpoint;     // node --endpoint, --workers: a node not in the cluster file
+  int64_t node_workers = 1;
   cli::observe_options observe;
   // report
   std::string report_dir, report_out;
@@ -180,7 +182,16 @@ CLI::App* add_coordinator(CLI::App& app, cli_values& v) {
 CLI::App* add_node(CLI::App& app, cli_values& v) {
   auto* node = app.add_subcommand("node", "Cluster role: join the coordinator as one node and train");
   node->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
-  node->add_option("--node", v.node_name, "This node's name in the cluster file")->required();
+  node->add_option("--node", v.node_name,
+                   "This node's name in the cluster file (or, when [cluster] open = true, a new name with "
+                   "--endpoint and --workers)")
+      ->required();
+  node->add_option(
+      "--endpoint", v.node_endpoint,
+      "A node not in the cluster file: its ring endpoint, tcp://HOST:PORT (joins a running cluster "
+      "whose [cluster] open = true)");
+  node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers")
+      ->capture_default_str();
   node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
   node->add_flag("--fresh", v.cluster_fresh,
                  "Start over: delete this node's checkpoints and loss trace first");
@@ -275,6 +286,8 @@ int cmd_role(const cli_values& v, bool as_coordinator) {
   nopts.fresh = v.cluster_fresh;
   nopts.dry_run = v.node_dry_run;
   nopts.leave = v.node_leave;
+  nopts.endpoint = v.node_endpoint;
+  nopts.workers = v.node_workers;
   return actors::run_node_role(*spec, v.node_name, nopts);
 }
 

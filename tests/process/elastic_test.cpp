@@ -322,6 +322,37 @@ CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on 
   }
 }
 
+CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [cluster] open is true",
+                "[process][cluster][elastic][join]") {
+  elastic_cluster c("elastic_open", "", {}, "open = true\nopen_workers = 2\n");
+  CATCH_REQUIRE(c.wait_checkpoints(0, 2));
+  const auto endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
+  // Too many workers for the data regions the file keeps for such nodes: refused before it starts.
+  auto [big_code, big] =
+      run({binary(), "node", c.file, "--node", "n9", "--endpoint", endpoint, "--workers", "3"},
+          c.dir + "/n9.log", 60);
+  CATCH_CHECK(big_code == 2);
+  CATCH_CHECK(contains(big, "--workers 3: must be in [1, 2] ([cluster] open_workers)"));
+  auto n3 = spawn({binary(), "node", c.file, "--node", "n3", "--endpoint", endpoint, "--workers", "1"},
+                  c.dir + "/n3.log");
+  const int code3 = wait_exit(n3, 300);
+  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300),
+            code2 = wait_exit(c.nodes[2], 300);
+  const int coord_code = wait_exit(c.coord, 60);
+  const auto clog = c.coord_log(), log3 = read_text(c.dir + "/n3.log");
+  CATCH_INFO(clog << "\n--- n3\n" << tail(log3));
+  CATCH_CHECK(code3 == 0);
+  CATCH_CHECK(code0 + code1 + code2 + coord_code == 0);
+  // Its workers read the first data region kept for such nodes: global rank 3, after n0..n2's 0..2.
+  CATCH_CHECK(
+      contains(clog, "node n3 is not in the cluster file ([cluster] open): 1 workers, global ranks 3..3"));
+  CATCH_CHECK(contains(clog, "node n3 admitted in epoch"));
+  CATCH_CHECK(contains(clog, "every node finished"));
+  check_rounds(c, {"n0", "n1", "n2"});
+  check_joined(log3, c.out("n3"), c.out("n0"));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line and training goes on",
                 "[process][cluster][elastic][join]") {
   elastic_cluster c("elastic_bad_joiners", "");
@@ -341,6 +372,12 @@ CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line 
   CATCH_CHECK(lr_code == 2);
   CATCH_CHECK(contains(lr, "trains with other settings than the coordinator"));
   CATCH_CHECK_FALSE(contains(lr, "fetching the training state"));
+  auto [new_code, newcomer] =
+      run({binary(), "node", c.file, "--node", "n7", "--endpoint", "tcp://127.0.0.1:1", "--workers", "1"},
+          c.dir + "/n7.log", 60);
+  CATCH_INFO(newcomer);
+  CATCH_CHECK(new_code == 2);
+  CATCH_CHECK(contains(newcomer, "[cluster] open is not true"));
   auto [id_code, id] = run({binary(), "node", c.file, "--node", "n2", "--set", "cluster.id=someone-else"},
                            c.dir + "/n2-id.log", 120);
   CATCH_INFO(id);
