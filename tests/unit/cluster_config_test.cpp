@@ -136,6 +136,33 @@ CATCH_TEST_CASE("[cluster] coordinator may list the addresses a coordinator can 
                    Contains("this is the coordinator's endpoint"));
 }
 
+CATCH_TEST_CASE(
+    "[cluster] open lets nodes not in the file join, with open_workers data regions kept for them",
+    "[config][cluster]") {
+  using Catch::Matchers::Contains;
+  const auto closed = parse_cluster(good, {}, "c");
+  CATCH_CHECK_FALSE(closed.open);
+  CATCH_CHECK(data_partitions(closed) == closed.train.train.workers);
+  auto open =
+      parse_cluster(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\nopen = true"), {}, "c");
+  CATCH_CHECK(open.open_workers == 4);
+  CATCH_CHECK(data_partitions(open) == open.train.train.workers + 4);
+  const auto listed = open.nodes.size();
+  CATCH_CHECK(add_open_node(open, "late", "tcp://10.0.0.7:5601", 2) == listed);
+  CATCH_CHECK(node_config(open, listed).train.workers == 2);
+  CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\nopen_workers = 2")),
+                   Contains("only with cluster.open = true"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\nopen = 1")),
+                   Contains("cluster.open: expected true or false"));
+  auto again = parse_cluster(good, {}, "c");
+  CATCH_CHECK_THROWS_WITH(add_open_node(again, "late", "tcp://10.0.0.7:5601", 1),
+                          Contains("open is not true"));
+  CATCH_CHECK_THROWS_WITH(add_open_node(open, "x y", "tcp://10.0.0.8:5601", 1), Contains("a node name is"));
+  CATCH_CHECK_THROWS_WITH(add_open_node(open, "other", "tcp://10.0.0.7:5601", 1),
+                          Contains("node late has it"));
+  CATCH_CHECK_THROWS_WITH(add_open_node(open, "other", "tcp://10.0.0.9:5601", 5), Contains("open_workers"));
+}
+
 CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
   using Catch::Matchers::Contains;
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),
