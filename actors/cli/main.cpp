@@ -162,8 +162,9 @@ CLI::App* add_data_prepare(CLI::App& app, cli_values& v) {
 
 const char* const cluster_footer =
     "A cluster file is a training config plus [cluster] (id, coordinator, join_timeout_s,\n"
-    "heartbeat_timeout_s, min_nodes, quorum_timeout_s) and one [[nodes]] entry per node (name,\n"
-    "endpoint, workers, metrics_port). A node that dies or leaves is removed and the others go on.\n"
+    "heartbeat_timeout_s, min_nodes, quorum_timeout_s, open, open_workers) and one [[nodes]] entry per\n"
+    "node (name, endpoint, workers, metrics_port). A node that dies or leaves is removed and the others\n"
+    "go on; started again with the same command, it rejoins the running cluster with the members' state.\n"
     "See examples/cluster_4nodes.toml. Each node writes to <run.out_dir>/<node name>.";
 
 CLI::App* add_coordinator(CLI::App& app, cli_values& v) {
