@@ -233,6 +233,24 @@ void check_joined(const std::string& joiner_log, const std::string& joiner_out,
   }
 }
 
+CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that comes back restores the quorum",
+                "[process][cluster][elastic][join]") {
+  elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n");
+  kill_in_inner_phase(c);
+  CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "quorum lost"); }, 60));
+  auto again = spawn({binary(), "node", c.file, "--node", "n2"}, c.dir + "/n2-again.log");
+  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
+  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
+  const auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
+  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
+  CATCH_CHECK(code0 + code1 + code2 + coord_code == 0);
+  CATCH_CHECK(contains(clog, "coordinator: quorum back: 3 live nodes (n0, n1, n2)"));
+  CATCH_CHECK(contains(clog, "every node finished"));
+  check_rounds(c, {"n0", "n1"});
+  check_joined(log2, c.out("n2"), c.out("n0"));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third joins the running cluster",
                 "[process][cluster][elastic][join]") {
   const auto dir = scratch_dir("elastic_start_short");
