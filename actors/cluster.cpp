@@ -372,10 +372,10 @@ class joiner {
     if (sources.empty())
       throw lw_error(errc::peer_lost, "the coordinator named no member that serves the training state");
     // Sent back because the members moved on: the state of the round they hold, once they serve it.
-    const std::optional<uint64_t> want =
-        recover_.note.empty() ? std::nullopt : std::optional<uint64_t>(recover_.round);
+    const uint64_t min_round = recover_.note.empty() ? 0 : recover_.round;
     spdlog::info("node {}: fetching the training state{} from {} member(s) ({})", me_.name,
-                 want ? fmt::format(" of round {}", *want) : "", sources.size(), fmt::join(names, ", "));
+                 min_round > 0 ? fmt::format(" of round {} or later", min_round) : "", sources.size(),
+                 fmt::join(names, ", "));
     auto last_beat = std::chrono::steady_clock::now();
     auto beat = [&] {
       const auto now = std::chrono::steady_clock::now();
@@ -389,36 +389,47 @@ class joiner {
                    static_cast<double>(total) / 1e6);
       beat();
     };
-    o.fragment = shared_part;
-    if (want) o.want = comm::reduce_key{*want, shared_part};
     const auto t0 = std::chrono::steady_clock::now();
-    const auto deadline = t0 + std::chrono::seconds(60);
-    std::optional<comm::fetched_state> shared;
-    while (!shared) {
+    const auto deadline =
+        t0 + std::chrono::seconds(static_cast<int64_t>(std::max(120.0, spec_.join_timeout_s)));
+    auto next_note = t0;
+    std::optional<comm::fetched_state> shared, own;
+    std::string donor;
+    for (;;) {
+      std::string failure;
       try {
+        o.fragment = shared_part;
+        o.min_round = min_round;
         shared = comm::fetch_state(sources, spec_.cluster_id, o);
+        // This node's workers start from one member's worker state (its Adam moments and counters).
+        auto own_opts = o;
+        own_opts.want = comm::reduce_key{shared->key.round, own_part};
+        for (size_t i = 0; i < sources.size() && !own; ++i) {
+          try {
+            own = comm::fetch_state({sources[i]}, spec_.cluster_id, own_opts);
+            donor = names[i];
+          } catch (const lw_error& e) {
+            failure += fmt::format("; {}: {}", names[i], e.what());
+          }
+        }
+        if (own) break;
+        failure = fmt::format("no member served its worker state of round {}{}", shared->key.round, failure);
       } catch (const lw_error& e) {
-        // Not served yet (the members publish a round's state once its outer step is done).
-        if (!want || e.code() != errc::peer_lost || std::chrono::steady_clock::now() > deadline) throw;
-        beat();
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        if (e.code() != errc::peer_lost) throw;
+        failure = e.what();
       }
-    }
-    // This node's workers start from one member's worker state (its Adam moments and counters).
-    o.want = comm::reduce_key{shared->key.round, own_part};
-    std::optional<comm::fetched_state> own;
-    std::string donor, failures;
-    for (size_t i = 0; i < sources.size() && !own; ++i) {
-      try {
-        own = comm::fetch_state({sources[i]}, spec_.cluster_id, o);
-        donor = names[i];
-      } catch (const lw_error& e) {
-        failures += fmt::format("; {}: {}", names[i], e.what());
+      // Not served yet (a member serves a round once its outer step is done), or the members moved on
+      // during the download (a server keeps its newest round only): fetch the newest again.
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline) throw lw_error(errc::peer_lost, "no state to fetch from the members: " + failure);
+      if (now >= next_note) {
+        spdlog::info("node {}: no state fetched yet ({}); trying again", me_.name, failure);
+        next_note = now + std::chrono::seconds(10);
       }
+      shared.reset();
+      beat();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    if (!own)
-      throw lw_error(errc::peer_lost, fmt::format("no member served its worker state of round {}{}",
-                                                  shared->key.round, failures));
     auto whole = runtime::checkpoint_from_bytes(shared->bytes);
     auto part = runtime::checkpoint_from_bytes(own->bytes);
     whole.meta = std::move(part.meta);

@@ -732,7 +732,9 @@ class fetcher {
     if (!key)
       for (auto& p : peers_)
         for (auto& o : p.offers)
-          if ((!opts_.fragment || o.key.fragment == *opts_.fragment) && (!key || *key < o.key)) key = o.key;
+          if ((!opts_.fragment || o.key.fragment == *opts_.fragment) && o.key.round >= opts_.min_round &&
+              (!key || *key < o.key))
+            key = o.key;
     if (!key) return;  // nobody offers anything (yet): check_nothing_offered decides
     const offer_info* best = nullptr;
     size_t best_votes = 0;

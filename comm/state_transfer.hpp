@@ -25,7 +25,7 @@ inline constexpr size_t max_state_request_bytes = 512;
 /// Largest reply header frame a fetcher accepts (an offer with its block checksums).
 inline constexpr size_t max_state_reply_bytes = 2u << 20;
 /// States a server holds: the newest first (a joiner mid-download keeps its source while newer ones come).
-inline constexpr size_t max_held_states = 4;
+inline constexpr size_t max_held_states = 2;
 /// Most blocks an offer may list (a server picks its block size so that a state has at most 65536).
 inline constexpr uint64_t max_state_blocks = 1u << 18;
 
@@ -89,6 +89,7 @@ struct fetch_options {
   size_t chunk_bytes = 1 << 20;              ///< rounded up to a multiple of the offer's block size
   std::optional<reduce_key> want;            ///< this key only (else the newest key any peer offers)
   std::optional<uint32_t> fragment;          ///< without want: the newest key with this fragment
+  uint64_t min_round = 0;                    ///< without want: only keys of this round or later
   /// About every 10 % or every second: bytes verified so far, and the state's size.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
   /// Requests in flight per peer; 0: enough for 16 MiB (at least 2), so that one peer can fill a long link.
