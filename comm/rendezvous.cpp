@@ -691,8 +691,13 @@ class coordinator {
     uint64_t used = 0;
     for (size_t i = o_.members.size(); i < specs_.size(); ++i) used += specs_[i].workers;
     std::string problem;
+    const auto& ep = h.data_endpoint;
+    const auto colon = ep.rfind(':');
     if (h.node_name.empty() || h.node_name.size() > 32)
       problem = "a node name is 1..32 characters";
+    else if (ep.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon <= 6 ||
+             colon + 1 == ep.size() || ep.find('*') != std::string::npos)
+      problem = fmt::format("ring endpoint '{}' is not tcp://HOST:PORT", ep);
     else if (h.n_workers == 0 || used + h.n_workers > o_.open_workers)
       problem = fmt::format(
           "{} workers do not fit: {} of [cluster] open_workers = {} are taken by other nodes not "
