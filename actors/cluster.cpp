@@ -567,6 +567,8 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   config::train_config cfg;
   size_t index = 0;
   auto spec = file_spec;  // with this node appended when it is not in the file
+  // Any running node, one not in the file included: the coordinator knows it by name.
+  if (opts.leave) return request_leave(spec, name);
   try {
     const bool listed =
         std::any_of(spec.nodes.begin(), spec.nodes.end(), [&](const auto& n) { return n.name == name; });
@@ -575,7 +577,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
                                  fmt::format("--endpoint: node {} is in the cluster file, which gives "
                                              "its endpoint; --endpoint is for nodes that are not",
                                              name));
-    if (!listed && !opts.endpoint.empty() && !opts.leave)
+    if (!listed && !opts.endpoint.empty())
       index = config::add_open_node(spec, name, opts.endpoint, opts.workers);
     else
       index = config::node_index(spec, name);
@@ -585,7 +587,6 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     return 2;
   }
   const auto& me = spec.nodes[index];
-  if (opts.leave) return request_leave(spec, name);
   if (opts.dry_run) {
     spdlog::info("node {}: rank {} of {}, {} workers (global ranks {}..{}), ring endpoint {}", me.name, index,
                  spec.nodes.size(), me.workers, config::worker_offset(spec, index),
