@@ -100,7 +100,8 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
 /// The outer optimizer: theta_0, [outer], and the policy's extra state (streaming's fragments, eager's
 /// per-worker replicas). single: theta_global just follows the one worker (theta - 1.0 * (theta -
 /// theta_local)); [outer] is unused.
-outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const metrics_actor& metrics) {
+outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const metrics_actor& metrics,
+                        const std::shared_ptr<comm::collective>& collective) {
   const auto& cfg = ctx.cfg;
   config::outer_section outer_cfg = cfg.outer;
   if (cfg.run.mode == config::run_mode::single) outer_cfg = config::outer_section{1.0, 0.0, false};
@@ -109,6 +110,7 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
   if (cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::eager) {
     policy.eager_replicas = cfg.train.workers;
     policy.global_workers = ctx.global_workers();
+    if (collective) policy.live_workers = [collective] { return collective->last_total_weight(); };
   }
   return spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(ctx.spec, cfg.run.seed), metrics,
                                std::move(policy));
@@ -156,7 +158,7 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
   g.collective = comm_opts.collective;
   g.peers.communicator =
       opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
-  g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics);
+  g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics, g.collective);
   g.peers.checkpointer =
       spawn_checkpointer(sys, p.ckpt_dir, ctx->cfg.checkpoint.keep, shape_of(*ctx), g.peers.metrics);
   if (ctx->cfg.eval.async) g.peers.evaluator = spawn_evaluator(sys, ctx);

@@ -125,7 +125,7 @@ caf::result<at::Tensor> outer_step(self_ptr self, const metrics_actor& metrics, 
 
 /// eager: each replica's outer step on its proxy pseudo-gradient avg_prev + (delta_m - prev_delta_m) / M,
 /// then theta = the replicas' mean.
-caf::result<eager_thetas> eager_step(self_ptr self, const metrics_actor& metrics, int64_t global_workers,
+caf::result<eager_thetas> eager_step(self_ptr self, const metrics_actor& metrics, double global_workers,
                                      uint64_t round, const at::Tensor& avg_prev,
                                      const std::vector<at::Tensor>& deltas) {
   auto& s = self->state;
@@ -142,7 +142,7 @@ caf::result<eager_thetas> eager_step(self_ptr self, const metrics_actor& metrics
   eager_thetas out;
   auto e = torch_guarded("eager outer step", [&] {
     at::NoGradGuard no_grad;
-    const double inv_m = 1.0 / static_cast<double>(global_workers);
+    const double inv_m = 1.0 / global_workers;
     for (auto* t : {&s.proxy, &s.mean_proxy, &s.mean_theta})
       if (!t->defined() || t->numel() != n) *t = at::empty_like(s.theta);
     auto& proxy = s.proxy;
@@ -220,7 +220,9 @@ outer_actor::behavior_type outer_fun(self_ptr self, config::outer_section cfg, a
         return outer_step(self, metrics, policy, label, delta);
       },
       [=](eager_atom, uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {
-        return eager_step(self, metrics, policy.global_workers, round, avg_prev, deltas);
+        const double live = policy.live_workers ? policy.live_workers() : 0.0;
+        return eager_step(self, metrics, live > 0 ? live : static_cast<double>(policy.global_workers), round,
+                          avg_prev, deltas);
       },
       // lend: theta and b themselves; the caller steps nothing until the snapshot is written.
       [=](state_atom, bool lend) -> caf::result<outer_snapshot> { return state_of(self->state, lend); },

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 #include "config/train_config.hpp"
@@ -18,6 +19,9 @@ struct outer_policy {
   std::vector<models::flat_ranges> fragments;  ///< streaming: the P fragments' ranges of theta
   int64_t eager_replicas = 0;                  ///< eager: local workers, each with its own outer state
   int64_t global_workers = 1;                  ///< eager: M, the workers of the whole run
+  /// eager in a cluster: the workers the last average was over (the live members' workers; 0: unknown);
+  /// M follows it as nodes come and go.
+  std::function<double()> live_workers;
 };
 
 /// Messages: runtime::outer_actor. The returned tensors are read-only for receivers until the next outer

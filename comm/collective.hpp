@@ -33,6 +33,9 @@ class collective {
 
   /// The round of the last call that completed (0 before any).
   virtual uint64_t completed_round() const = 0;
+  /// The weights of every rank summed, in the last all-reduce that completed (0: not known). The average is
+  /// over this many workers (eager's proxy step divides by it).
+  virtual double last_total_weight() const { return 0; }
   /// Bytes this rank sent and received since construction (the backend's own count or estimate).
   virtual uint64_t bytes_sent() const = 0;
   virtual uint64_t bytes_received() const = 0;

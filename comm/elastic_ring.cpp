@@ -72,6 +72,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, float* data, 
   try {
     if (!ring) throw lw_error(errc::peer_lost, "no ring in epoch " + std::to_string(epoch));
     ring->allreduce(key.round, data, n, weight, main_fragment(key.fragment), dtype);
+    const double total = ring->last_total_weight();  // before the confirmation's weights replace it
     lk.lock();
     have_result_ = true;
     lk.unlock();
@@ -81,6 +82,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, float* data, 
       float token = 1.0f;
       ring->allreduce(key.round, &token, 1, 1.0, confirm_fragment(key.fragment), wire_dtype::fp32);
     }
+    total_weight_.store(total);
   } catch (const lw_error& e) {
     ok = false;
     error = e.what();

@@ -4,6 +4,7 @@
 // membership either keeps its result (every member holds it) or redoes it among the new members from the
 // kept input. Results are applied only after a one-value confirmation all-reduce, so no member applies an
 // average that another member may have to redo.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -71,6 +72,7 @@ class elastic_ring final : public collective {
   reduce_key committed() const;
 
   uint64_t completed_round() const override;
+  double last_total_weight() const override { return total_weight_.load(); }
   uint64_t bytes_sent() const override;
   uint64_t bytes_received() const override;
   double encode_seconds() const override;
@@ -105,6 +107,7 @@ class elastic_ring final : public collective {
   std::optional<reduce_key> commit_;   // the coordinator's verdict for a parked call
   bool entered_ = false;               // enter() since the call parked
   reduce_key committed_;
+  std::atomic<double> total_weight_{0};  // of the last main all-reduce that completed
   // Counters of retired rings.
   uint64_t sent_ = 0, received_ = 0;
   double encode_s_ = 0, decode_s_ = 0;

@@ -92,7 +92,8 @@ struct ring_allreduce::counters {
   std::atomic<uint64_t> decode_ns{0};
   std::atomic<bool> cancelled{false};
   std::atomic<uint64_t> completed_round{0};
-  int logged = 0;  // I/O thread
+  std::atomic<double> total_weight{0};  // of the last call: every rank's weight summed
+  int logged = 0;                       // I/O thread
   mutable std::mutex verdict_mu;
   std::optional<std::string> verdict;  // from peer_declared_lost; under verdict_mu
 };
@@ -226,6 +227,10 @@ std::string ring_allreduce::rank_text(uint32_t r) const {
   return fmt::format("rank {} ({})", r, endpoints_[r]);
 }
 
+double ring_allreduce::last_total_weight() const {
+  return counters_->total_weight.load();
+}
+
 uint64_t ring_allreduce::completed_round() const {
   return counters_->completed_round.load();
 }
@@ -273,6 +278,7 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
   last_ = key;
   failed_ = true;  // until the call returns normally
   if (world == 1) {
+    counters_->total_weight.store(weight);
     single_rank(data, n, o, chunk_elements);
   } else {
     // The error crosses threads as a value and is thrown afresh here.
@@ -499,6 +505,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
         } else {
           // This rank owns the segment: average, encode once, and keep exactly what the others will decode.
           h.weight = in_weight[it.dep];
+          counters_->total_weight.store(h.weight);
           if (!(h.weight > 0.0))
             throw lw_error(
                 errc::invalid_config,

@@ -111,6 +111,7 @@ class ring_allreduce final : public collective {
 
   /// The round of the last call that completed (0 before any). Any thread.
   uint64_t completed_round() const override;
+  double last_total_weight() const override;
   /// Frames dropped by validation since construction.
   uint64_t rejected_frames() const;
   /// Bytes of all frames handed to ZeroMQ for the next rank.

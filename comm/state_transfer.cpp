@@ -756,10 +756,15 @@ class fetcher {
     buffer_.resize(chosen_->total);
     done_.assign(n_chunks_, false);
     for (size_t c = 0; c < n_chunks_; ++c) pending_.push_back(c);
-    window_ = opts_.in_flight ? opts_.in_flight
-                              : static_cast<size_t>(std::max<uint64_t>(2, (16u << 20) / chunk_len_));
     for (size_t i = 0; i < peers_.size(); ++i)
       if (peers_[i].phase == peer_phase::offered) consider(i);
+    // Enough requests in flight to fill a long link (16 MiB), but no more than a fair share of the chunks,
+    // so that a state smaller than the window still comes from every source at once.
+    size_t sources = 0;
+    for (const auto& p : peers_) sources += p.phase == peer_phase::source ? 1 : 0;
+    const size_t share = (n_chunks_ + std::max<size_t>(sources, 1) - 1) / std::max<size_t>(sources, 1);
+    window_ = opts_.in_flight ? opts_.in_flight
+                              : std::max<size_t>(2, std::min<size_t>((16u << 20) / chunk_len_, share));
   }
 
   // A peer that answered: a source if it offers the chosen contents, otherwise left out with the reason.
