@@ -10,72 +10,15 @@
 #include <vector>
 
 #include "tests/support/process.hpp"
+#include "tests/support/wan.hpp"
 
 using namespace longwave::test;
 
-namespace {
-
-const std::string source_dir = LW_SOURCE_DIR;
-
-int shell(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-/// Brings the namespaces up for the test's lifetime and always tears them down.
-struct wan_hosts {
-  std::string prefix;
-  wan_hosts(int n, const std::string& rate) : prefix("lwt" + std::to_string(getpid())) {
-    // The harness's defaults, whatever the caller's environment says.
-    const int rc = shell("env -u LONGWAVE_WAN_CC -u LONGWAVE_WAN_SNDBUF LONGWAVE_WAN_PREFIX=" + prefix + " " +
-                         source_dir + "/scripts/wan up " + std::to_string(n) + " " + rate + " >/dev/null");
-    if (rc != 0) throw std::runtime_error("scripts/wan up failed with " + std::to_string(rc));
-  }
-  ~wan_hosts() { shell("LONGWAVE_WAN_PREFIX=" + prefix + " " + source_dir + "/scripts/wan down"); }
-  std::vector<std::string> in(int host, std::vector<std::string> args) const {
-    args.insert(args.begin(), {"/usr/bin/env", "ip", "netns", "exec", prefix + "-h" + std::to_string(host)});
-    return args;
-  }
-};
-
-std::string addr(int i) {
-  return "10.213.0." + std::to_string(10 + i);
-}
-
-}  // namespace
-
 CATCH_TEST_CASE("4 nodes in network namespaces at 100 Mbit/s train together", "[wan][cluster]") {
-  if (shell(source_dir + "/scripts/wan check") != 0) {
-    std::printf(
-        "LONGWAVE_TEST_SKIPPED: scripts/wan check: network namespaces cannot be created here "
-        "(needs root, ip, tc)\n");
-    std::fflush(stdout);
-    std::_Exit(0);
-  }
+  skip_without_namespaces();
   const auto dir = scratch_dir("wan4");
   const int n = 4;
-  std::string text =
-      "[cluster]\nid = \"wan4\"\ncoordinator = \"tcp://" + addr(0) + ":5600\"\njoin_timeout_s = 60\n";
-  for (int i = 0; i < n; ++i)
-    text += "[[nodes]]\nname = \"n" + std::to_string(i) + "\"\nendpoint = \"tcp://" + addr(i) + ":5601\"\n";
-  text += "[run]\nout_dir = \"" + dir + "/run\"\n" + R"(
-[model]
-seq_len = 64
-[train]
-inner_steps = 5
-rounds = 3
-batch_size = 4
-warmup_steps = 3
-threads = 1
-[eval]
-every_rounds = 0
-batches = 2
-[metrics]
-enabled = false
-[comm]
-dtype = "fp32"
-)";
-  write_text(dir + "/cluster.toml", text);
+  const auto file = wan_cluster_file(dir, "wan4", n, 3, 5);
 
   wan_hosts wan(n, "100mbit");
   // Every host runs the harness's TCP settings, not the machine's (scripts/wan: bbr stalls on the tbf queues,
@@ -90,11 +33,11 @@ dtype = "fp32"
     CATCH_CHECK(read_in(i, "/proc/sys/net/ipv4/tcp_wmem") == "4096\t16384\t16777216\n");
   }
   std::vector<child> roles;
-  roles.push_back(spawn(wan.in(0, {binary(), "coordinator", dir + "/cluster.toml"}), dir + "/coord.log"));
+  roles.push_back(spawn(wan.in(0, {binary(), "coordinator", file}), dir + "/coord.log"));
   for (int i = 0; i < n; ++i)
-    roles.push_back(spawn(wan.in(i, {binary(), "node", dir + "/cluster.toml", "--node",
-                                     "n" + std::to_string(i), "--log-level", "debug"}),
-                          dir + "/n" + std::to_string(i) + ".log"));
+    roles.push_back(
+        spawn(wan.in(i, {binary(), "node", file, "--node", "n" + std::to_string(i), "--log-level", "debug"}),
+              dir + "/n" + std::to_string(i) + ".log"));
   std::vector<int> codes;
   for (auto& r : roles) codes.push_back(wait_exit(r, 900));
   for (size_t i = 0; i < roles.size(); ++i) {
