@@ -330,6 +330,7 @@ class joiner {
       } else {
         got = fetch(shape);
       }
+      slow_link_fault();
       const auto answer = control_.join_ready({comm::reduce_key{got.round, 0}, got.round},
                                               to_ms(std::max(60.0, spec_.join_timeout_s)));
       if (const auto* m = std::get_if<comm::membership_msg>(&answer)) {
@@ -363,6 +364,21 @@ class joiner {
   }
 
  private:
+  /// Tests: LONGWAVE_FAULT_SLOW_JOIN_MS=N holds each fetched state N ms before saying it is ready, as a link
+  /// slower than the round time would.
+  void slow_link_fault() {
+    const char* v = std::getenv("LONGWAVE_FAULT_SLOW_JOIN_MS");
+    const long ms = v ? std::strtol(v, nullptr, 10) : 0;
+    if (ms <= 0) return;
+    spdlog::warn("node {}: LONGWAVE_FAULT_SLOW_JOIN_MS: waiting {} ms before saying it is ready", me_.name,
+                 ms);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < until) {
+      control_.heartbeat(0, 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+
   joined_state fetch(const runtime::snapshot_shape& shape) {
     std::vector<std::string> sources, names;
     for (const auto& p : recover_.sources) {

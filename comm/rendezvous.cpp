@@ -45,6 +45,8 @@ struct member_state {
   // Joining the running cluster: fetching the state (joining), then holding the state after ready->key.
   bool joining = false;
   std::optional<join_ready_msg> ready;
+  int stale = 0;      // its state was stale this many times
+  bool held = false;  // the members were held at a fence for it once
   // A second process that said hello with this live member's name, waiting for the first to fall silent.
   std::optional<std::string> contender;
   clock::time_point contender_since;
@@ -288,7 +290,9 @@ class coordinator {
                              fence_->epoch, secs(limit)));
       }
       // Below the quorum the fence stays until joiners make it up (or quorum_timeout passes).
-      if (fence_ && (!quorum_deadline_ || any_ready())) {
+      // Below the quorum, or held for a slow joiner: until a joiner is ready (or the hold runs out).
+      if (fence_ && (!quorum_deadline_ || any_ready()) &&
+          (!hold_until_ || any_ready() || now > *hold_until_)) {
         bool all = true;
         for (auto i : training_members()) all = all && members_[i].acked;
         if (all) conclude_fence();
@@ -366,7 +370,15 @@ class coordinator {
       if (!commit || reached < *commit) commit = reached;
     }
     if (!commit) return;
-    admit_joiners(*commit);
+    hold_until_.reset();
+    if (admit_joiners(*commit, members)) {
+      hold_until_ = clock::now() + max_hold;
+      info(
+          fmt::format("coordinator: the members wait at the fence of epoch {} (up to {}) for a joiner that "
+                      "fetches the state of round {}",
+                      fence_->epoch, secs(max_hold), commit->round));
+      return;
+    }
     members = training_members();
     if (members.size() < o_.min_nodes) {
       if (!quorum_deadline_) {
@@ -419,7 +431,13 @@ class coordinator {
 
   /// Joiners ready with the state after `commit` become members (they answer this fence as holding it);
   /// joiners ready with another state are sent back to fetch the current one.
-  void admit_joiners(const reduce_key& commit) {
+  /// Returns true to hold the fence: a joiner's state was stale (its fetch took longer than what was left of
+  /// a round), and every member has applied `commit`, so each serves that round's state while it waits. Once
+  /// per joiner: its first attempt stalls nobody, its second is waited for.
+  bool admit_joiners(const reduce_key& commit, const std::vector<size_t>& members) {
+    bool all_applied = true;
+    for (auto j : members) all_applied = all_applied && members_[j].ack.committed == commit;
+    bool hold = false;
     for (size_t i = 0; i < members_.size(); ++i) {
       auto& m = members_[i];
       if (!m.joining || !m.ready) continue;
@@ -439,15 +457,20 @@ class coordinator {
                          specs_[i].name, fence_->epoch, m.ready->round));
         if (o_.on_join) o_.on_join(specs_[i].name, m.ready->round);
       } else {
+        const bool hold_now = ++m.stale >= 1 && !m.held && all_applied;
+        m.held = m.held || hold_now;
+        hold = hold || hold_now;
         const auto note = fmt::format(
             "the state of round {} (all-reduce {}/{}) is stale: the members hold all-reduce {}/{}; fetch "
-            "again",
-            m.ready->round, m.ready->key.round, m.ready->key.fragment, commit.round, commit.fragment);
+            "again{}",
+            m.ready->round, m.ready->key.round, m.ready->key.fragment, commit.round, commit.fragment,
+            hold_now ? fmt::format(" (the members wait for it up to {})", secs(max_hold)) : "");
         info(fmt::format("coordinator: node {}: {}", specs_[i].name, note));
         m.ready.reset();
         send_recover(i, note, commit.round);
       }
     }
+    return hold;
   }
 
   /// Tells joiner i where to fetch the state: every training member that serves it, and the round the
@@ -767,6 +790,8 @@ class coordinator {
     m.last_seen = now;
     m.joining = true;
     m.ready.reset();
+    m.stale = 0;
+    m.held = false;
     m.state_endpoint = h.state_endpoint;
     info(fmt::format(
         "coordinator: node {} ({}) asks to join the running cluster (epoch {}{}): it fetches the "
@@ -930,6 +955,8 @@ class coordinator {
   std::optional<fence_state> fence_;         // a membership change in progress
   bool reset_wanted_ = false;                // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;
+  std::optional<clock::time_point> hold_until_;  // the fence is held for a slow joiner until then
+  static constexpr std::chrono::seconds max_hold{30};
   std::optional<clock::time_point> takeover_since_;  // the first re-announcement of a running node
   static constexpr int max_resets = 3;
   int resets_without_progress_ = 0;

@@ -328,6 +328,26 @@ CATCH_TEST_CASE("a SIGKILLed node started again with the same command rejoins th
   rejoin("elastic_rejoin", "");
 }
 
+CATCH_TEST_CASE("a joiner slower than a round is waited for at a fence once its state was stale",
+                "[process][cluster][elastic][join]") {
+  elastic_cluster c("elastic_slow_joiner", "");
+  kill_in_inner_phase(c);
+  // Each fetched state is held 3 s before the joiner says it is ready: longer than a round here.
+  auto again = spawn({binary(), "node", c.file, "--node", "n2", "--fresh"}, c.dir + "/n2-again.log", false,
+                     {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
+  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
+  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
+  const auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
+  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
+  CATCH_CHECK(code0 + code1 + code2 + coord_code == 0);
+  CATCH_CHECK(contains(clog, "is stale"));
+  CATCH_CHECK(contains(clog, "the members wait at the fence of epoch"));
+  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
+  check_rounds(c, {"n0", "n1"});
+  check_joined(log2, c.out("n2"), c.out("n0"));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on int8 with error feedback",
                 "[process][cluster][elastic][join]") {
   for (const std::string policy : {"delayed", "eager", "streaming"}) {
