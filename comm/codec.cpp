@@ -14,6 +14,10 @@
 #include "comm/codec_kernels.hpp"
 #include "runtime/errors/errors.hpp"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 static_assert(sizeof(float) == 4, "fp32 is 4 bytes");
 
@@ -326,13 +330,21 @@ std::optional<simd_isa> parse_simd_isa(std::string_view s) {
   return std::nullopt;
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// CPUID leaf 1, ECX bit 29: clang 14's __builtin_cpu_supports does not know "f16c" (GCC's does).
+static bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
+
 bool isa_supported(simd_isa isa) {
   switch (isa) {
     case simd_isa::scalar: return true;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     case simd_isa::avx2:
       __builtin_cpu_init();
-      return avx2_kernels() != nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+      return avx2_kernels() != nullptr && __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case simd_isa::avx512:
       __builtin_cpu_init();
       return avx512_kernels() != nullptr && __builtin_cpu_supports("avx512f") &&

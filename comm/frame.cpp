@@ -7,6 +7,7 @@
 #include <capnp/serialize.h>
 #include <fmt/format.h>
 
+#include <kj/array.h>
 #include <kj/exception.h>
 #include <cmath>
 #include <cstring>
@@ -27,7 +28,7 @@ rejection reject(reject_reason r, std::string detail) {
 // that Cap'n Proto would otherwise report as exceptions: length a multiple of 8 and within the limit, and a
 // segment table whose sizes add up to exactly the frame length.
 struct aligned_frame {
-  std::vector<capnp::word> words;
+  kj::Array<capnp::word> words;
 };
 
 frame_result<aligned_frame> check_framing(const void* data, size_t size, size_t max_bytes, const char* what) {
@@ -43,9 +44,9 @@ frame_result<aligned_frame> check_framing(const void* data, size_t size, size_t 
         fmt::format("{} frame has {} bytes, not a multiple of 8 (not an unpacked Cap'n Proto message)", what,
                     size));
   aligned_frame f;
-  f.words.resize(size / 8);
-  std::memcpy(f.words.data(), data, size);
-  const auto* bytes = reinterpret_cast<const unsigned char*>(f.words.data());
+  f.words = kj::heapArray<capnp::word>(size / 8);
+  std::memcpy(f.words.begin(), data, size);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(f.words.begin());
   uint32_t first = 0;
   std::memcpy(&first, bytes, 4);
   const uint64_t n_segments = uint64_t{first} + 1;
@@ -187,7 +188,7 @@ frame_result<chunk_header> parse_chunk_header(const void* data, size_t size) {
   chunk_header h;
   uint16_t version = 0, dtype = 0, phase = 0;
   try {
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()),
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.begin(), words.size()),
                                          reader_options(words.size(), 4));
     auto r = reader.getRoot<wire::ChunkHeader>();
     version = r.getProtocolVersion();
@@ -433,7 +434,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
   envelope out;
   std::optional<rejection> bad;
   try {
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()),
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.begin(), words.size()),
                                          reader_options(words.size(), 8));
     auto r = reader.getRoot<wire::Envelope>();
     out.cluster_id = r.getClusterId();

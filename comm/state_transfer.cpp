@@ -8,6 +8,7 @@
 #include <capnp/serialize.h>
 #include <fmt/format.h>
 
+#include <kj/array.h>
 #include <kj/exception.h>
 #include <algorithm>
 #include <cerrno>
@@ -83,12 +84,12 @@ bool recv_message(zmq::socket_t& sock, std::vector<zmq::message_t>& parts, size_
 // The framing checks Cap'n Proto would otherwise report as exceptions (as in frame.cpp): length a multiple of
 // 8 and within the limit, and a segment table that accounts for exactly the frame. Copies into aligned words.
 std::optional<std::string> check_framing(const void* data, size_t size, size_t max_bytes,
-                                         std::vector<capnp::word>& words) {
+                                         kj::Array<capnp::word>& words) {
   if (size < 8 || size > max_bytes || size % 8 != 0)
     return fmt::format("frame of {} bytes (needs a multiple of 8, from 8 to {})", size, max_bytes);
-  words.resize(size / 8);
-  std::memcpy(words.data(), data, size);
-  const auto* bytes = reinterpret_cast<const unsigned char*>(words.data());
+  words = kj::heapArray<capnp::word>(size / 8);
+  std::memcpy(words.begin(), data, size);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(words.begin());
   uint32_t first = 0;
   std::memcpy(&first, bytes, 4);
   const uint64_t n_segments = uint64_t{first} + 1;
@@ -146,12 +147,12 @@ zmq::message_t build_request(const state_request& r) {
   return flat_message(mb);
 }
 
-std::optional<std::string> parse_request(const zmq::message_t& m, state_request& out) {
-  std::vector<capnp::word> words;
-  if (auto bad = check_framing(m.data(), m.size(), max_state_request_bytes, words)) return bad;
+std::optional<std::string> parse_request(const void* data, size_t size, state_request& out) {
+  kj::Array<capnp::word> words;
+  if (auto bad = check_framing(data, size, max_state_request_bytes, words)) return bad;
   uint16_t version = 0, kind = 0;
   try {
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()),
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.begin(), words.size()),
                                          reader_options(words.size()));
     auto r = reader.getRoot<wire::StateRequest>();
     version = r.getProtocolVersion();
@@ -186,12 +187,12 @@ struct state_reply {
   std::string message;
 };
 
-std::optional<std::string> parse_reply(const zmq::message_t& m, state_reply& out) {
-  std::vector<capnp::word> words;
-  if (auto bad = check_framing(m.data(), m.size(), max_state_reply_bytes, words)) return bad;
+std::optional<std::string> parse_reply(const void* data, size_t size, state_reply& out) {
+  kj::Array<capnp::word> words;
+  if (auto bad = check_framing(data, size, max_state_reply_bytes, words)) return bad;
   uint16_t version = 0, status = 0;
   try {
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()),
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.begin(), words.size()),
                                          reader_options(words.size()));
     auto r = reader.getRoot<wire::StateReply>();
     version = r.getProtocolVersion();
@@ -236,6 +237,16 @@ std::optional<std::string> parse_reply(const zmq::message_t& m, state_reply& out
 }
 
 }  // namespace
+
+std::optional<std::string> check_state_request(const void* data, size_t size) {
+  state_request r;
+  return parse_request(data, size, r);
+}
+
+std::optional<std::string> check_state_reply(const void* data, size_t size) {
+  state_reply r;
+  return parse_reply(data, size, r);
+}
 
 // ---- server ----
 
@@ -365,7 +376,7 @@ void state_server::run() {
         continue;
       }
       state_request req;
-      if (auto bad = parse_request(parts[1], req)) {
+      if (auto bad = parse_request(parts[1].data(), parts[1].size(), req)) {
         count(state_reject::malformed);
         reply(parts[0], wire::StateStatus::BAD_REQUEST, 0, *bad);
         continue;
@@ -653,7 +664,8 @@ class fetcher {
     auto& p = peers_[i];
     state_reply r;
     if (n_parts > 2) return drop(i, drop_kind::malformed, fmt::format("sent a reply of {} frames", n_parts));
-    if (auto bad = parse_reply(parts[0], r)) return drop(i, drop_kind::malformed, "sent garbage: " + *bad);
+    if (auto bad = parse_reply(parts[0].data(), parts[0].size(), r))
+      return drop(i, drop_kind::malformed, "sent garbage: " + *bad);
     if (r.cluster_id != cluster_id_)
       return drop(i, drop_kind::wrong_cluster,
                   fmt::format("serves cluster {}, not {}{}", r.cluster_id, cluster_id_,

@@ -120,4 +120,12 @@ struct fetched_state {
 fetched_state fetch_state(const std::vector<std::string>& peers, uint64_t cluster_id,
                           const fetch_options& opts = {});
 
+/// The checks state_server runs on a request frame (framing, Cap'n Proto limits, protocol version, kind):
+/// nullopt if it passes, else why not (what the server answers badRequest with). For tests and fuzz/.
+std::optional<std::string> check_state_request(const void* data, size_t size);
+
+/// The checks fetch_state runs on a reply's header frame (framing, limits, version, status, each offer's
+/// block size and checksum count): nullopt if it passes, else why not. For tests and fuzz/.
+std::optional<std::string> check_state_reply(const void* data, size_t size);
+
 }  // namespace longwave::comm

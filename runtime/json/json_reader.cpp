@@ -8,8 +8,7 @@ namespace longwave::runtime {
 namespace {
 
 // Iterative: a line of 100,000 '[' fails with an error instead of overflowing the stack.
-constexpr unsigned parse_flags =
-    rapidjson::kParseIterativeFlag | rapidjson::kParseNanAndInfFlag | rapidjson::kParseFullPrecisionFlag;
+constexpr unsigned parse_flags = rapidjson::kParseIterativeFlag | rapidjson::kParseNanAndInfFlag;
 
 bool hex4(std::string_view s, size_t at, unsigned& cp) {
   if (s.size() < at + 4) return false;
@@ -57,10 +56,16 @@ std::optional<std::string> replace_lone_surrogates(std::string_view s) {
 
 }  // namespace
 
-std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc) {
+std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc, json_numbers numbers) {
   const auto replaced = replace_lone_surrogates(text);
   const std::string_view parsed = replaced ? std::string_view(*replaced) : text;
-  doc.Parse<parse_flags>(parsed.data(), parsed.size());
+  // RapidJSON 1.1.0's full precision passes 0 to __builtin_clzll for a zero with many digits or an exponent
+  // ("0.000...0", "0e100"; Tencent/rapidjson#1249, fixed after 1.1.0): undefined behaviour on a text from
+  // outside, so only callers that need exact doubles ask for it.
+  if (numbers == json_numbers::exact)
+    doc.Parse<parse_flags | rapidjson::kParseFullPrecisionFlag>(parsed.data(), parsed.size());
+  else
+    doc.Parse<parse_flags>(parsed.data(), parsed.size());
   json_error e;
   if (doc.HasParseError()) {
     e.what = rapidjson::GetParseError_En(doc.GetParseError());

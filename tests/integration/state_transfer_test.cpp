@@ -344,3 +344,31 @@ CATCH_TEST_CASE("A fetcher whose every peer sends garbage reports malformed_fram
   stop = true;
   liar.join();
 }
+
+CATCH_TEST_CASE("check_state_request and check_state_reply accept real frames and say why they refuse others",
+                "[integration]") {
+  const auto req = request_frame(cluster, true, {1, 0}, 0, 1024);
+  CATCH_CHECK_FALSE(check_state_request(req.data(), req.size()));
+  const auto old = request_frame(cluster, false, {}, 0, 0, 1);
+  const auto why = check_state_request(old.data(), old.size());
+  CATCH_REQUIRE(why);
+  CATCH_CHECK(why->find("protocol version") != std::string::npos);
+  CATCH_CHECK(check_state_request(req.data(), req.size() - 8));
+
+  capnp::MallocMessageBuilder mb;
+  auto w = mb.initRoot<wire::StateReply>();
+  w.setProtocolVersion(wire::PROTOCOL_VERSION);
+  w.setClusterId(cluster);
+  w.setStatus(wire::StateStatus::OFFER);
+  auto o = w.initOffers(1)[0];
+  o.setTotalBytes(3u << 20);
+  o.setBlockBytes(1u << 20);
+  o.initBlockChecksums(3);
+  auto words = capnp::messageToFlatArray(mb);
+  CATCH_CHECK_FALSE(check_state_reply(words.asBytes().begin(), words.asBytes().size()));
+  o.setBlockBytes(0);
+  words = capnp::messageToFlatArray(mb);
+  const auto bad = check_state_reply(words.asBytes().begin(), words.asBytes().size());
+  CATCH_REQUIRE(bad);
+  CATCH_CHECK(bad->find("block size") != std::string::npos);
+}

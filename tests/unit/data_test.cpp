@@ -121,6 +121,22 @@ CATCH_TEST_CASE("A jsonl corpus joins the text fields of its lines and decodes e
   CATCH_CHECK(read_corpus(path) == expected);
 }
 
+// Found by fuzz/corpus_fuzz: RapidJSON 1.1.0's full-precision conversion passed 0 to __builtin_clzll for
+// these zeros (undefined behaviour; the dev preset's UBSan stops here if the corpus reader asks for it
+// again).
+CATCH_TEST_CASE("A jsonl line with a long or scaled zero reads its text", "[data]") {
+  temp_dir dir;
+  const std::string path = dir.file("zeros.jsonl");
+  write_text(path,
+             "{\"text\": 0.0000000000000000000000000000000000000000, \"n\": 0e100}\n"
+             "{\"n\": 0.000000000000000000000000000000000000000e-400, \"text\": \"a\"}\n");
+  CATCH_CHECK_THROWS_WITH(read_corpus(path),
+                          Catch::Contains("zeros.jsonl:1") && Catch::Contains("not a string"));
+  write_text(path,
+             "{\"n\": 0.000000000000000000000000000000000000000e-400, \"m\": -0e100, \"text\": \"a\"}\n");
+  CATCH_CHECK(read_corpus(path) == "a");
+}
+
 CATCH_TEST_CASE("A malformed jsonl line is reported with its file and line number", "[data]") {
   temp_dir dir;
   const std::string path = dir.file("bad.jsonl");
