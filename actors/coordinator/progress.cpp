@@ -78,8 +78,8 @@ void record_start(self_ptr self) {
                      .add("source", j->source)
                      .add("bytes", j->bytes)
                      .add("seconds", j->seconds));
-    gauge(self, "longwave_recovery_bytes", static_cast<double>(j->bytes));
-    gauge(self, "longwave_recovery_seconds", j->seconds);
+    gauge(self, "longwave_cluster_recovery_bytes", static_cast<double>(j->bytes));
+    gauge(self, "longwave_cluster_recovery_seconds", j->seconds);
   }
 }
 

@@ -90,9 +90,9 @@ const std::vector<metric_def>& metric_catalogue() {
        "Nodes admitted into the running cluster (late, restarted or returning)"},
       {"longwave_cluster_quorum_wait_seconds", t::gauge, "", r::coordinator,
        "Seconds the members have waited below [cluster] min_nodes (0: quorum)"},
-      {"longwave_recovery_bytes", t::gauge, "", r::node,
+      {"longwave_cluster_recovery_bytes", t::gauge, "", r::node,
        "State this node fetched from the members when it joined the running cluster (0: its own checkpoint)"},
-      {"longwave_recovery_seconds", t::gauge, "", r::node, "Time it took to fetch that state"},
+      {"longwave_cluster_recovery_seconds", t::gauge, "", r::node, "Time it took to fetch that state"},
       // Checkpoints.
       {"longwave_checkpoints_total", t::counter, "", r::node, "Checkpoints written"},
       {"longwave_checkpoint_write_seconds", t::gauge, "", r::node,

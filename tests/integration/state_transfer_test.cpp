@@ -260,7 +260,7 @@ CATCH_TEST_CASE("Publishing during a download keeps its state, and max_held_stat
   }
 }
 
-CATCH_TEST_CASE("Garbage sent to the server is answered or dropped and counted; it serves afterwards",
+CATCH_TEST_CASE("Garbage sent to the server is answered or dropped and counted and it serves afterwards",
                 "[integration]") {
   auto blob = random_blob(2u << 20, 12);
   state_server server("tcp://127.0.0.1:*", cluster);
