@@ -45,7 +45,6 @@ struct member_state {
   // Joining the running cluster: fetching the state (joining), then holding the state after ready->key.
   bool joining = false;
   std::optional<join_ready_msg> ready;
-  int stale = 0;      // its state was stale this many times
   bool held = false;  // the members were held at a fence for it once
   // A second process that said hello with this live member's name, waiting for the first to fall silent.
   std::optional<std::string> contender;
@@ -457,7 +456,7 @@ class coordinator {
                          specs_[i].name, fence_->epoch, m.ready->round));
         if (o_.on_join) o_.on_join(specs_[i].name, m.ready->round);
       } else {
-        const bool hold_now = ++m.stale >= 1 && !m.held && all_applied;
+        const bool hold_now = !m.held && all_applied;
         m.held = m.held || hold_now;
         hold = hold || hold_now;
         const auto note = fmt::format(
@@ -790,7 +789,6 @@ class coordinator {
     m.last_seen = now;
     m.joining = true;
     m.ready.reset();
-    m.stale = 0;
     m.held = false;
     m.state_endpoint = h.state_endpoint;
     info(fmt::format(

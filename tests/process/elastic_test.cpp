@@ -233,19 +233,36 @@ void check_joined(const std::string& joiner_log, const std::string& joiner_out,
   }
 }
 
+/// Starts n2 again with the same command (plus `args`, with `env`), waits for every role to end, and checks
+/// that all exit 0 and that the coordinator admitted n2 and saw every node finish. Returns the coordinator's
+/// log and the new n2's.
+std::pair<std::string, std::string> restart_n2_and_finish(elastic_cluster& c,
+                                                          const std::vector<std::string>& args = {},
+                                                          const std::vector<std::string>& env = {}) {
+  std::vector<std::string> cmd{binary(), "node", c.file, "--node", "n2"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  auto again = spawn(cmd, c.dir + "/n2-again.log", false, env);
+  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
+  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
+  auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
+  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
+  CATCH_CHECK(contains(clog, "every node finished"));
+  return {clog, log2};
+}
+
 CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that comes back restores the quorum",
                 "[process][cluster][elastic][join]") {
   elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n");
   kill_in_inner_phase(c);
   CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "quorum lost"); }, 60));
-  auto again = spawn({binary(), "node", c.file, "--node", "n2"}, c.dir + "/n2-again.log");
-  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
-  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
-  const auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
-  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
-  CATCH_CHECK(code0 + code1 + code2 + coord_code == 0);
+  const auto [clog, log2] = restart_n2_and_finish(c);
+  CATCH_INFO(clog);
   CATCH_CHECK(contains(clog, "coordinator: quorum back: 3 live nodes (n0, n1, n2)"));
-  CATCH_CHECK(contains(clog, "every node finished"));
   check_rounds(c, {"n0", "n1"});
   check_joined(log2, c.out("n2"), c.out("n0"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
@@ -304,17 +321,7 @@ void rejoin(const std::string& name, const std::string& extra, bool same_theta =
   elastic_cluster c(name, extra);
   kill_in_inner_phase(c);
   // The same command again, at once: the coordinator may not have noticed the death yet.
-  auto again = spawn({binary(), "node", c.file, "--node", "n2"}, c.dir + "/n2-again.log");
-  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
-  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
-  const auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
-  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
-  CATCH_CHECK(code0 == 0);
-  CATCH_CHECK(code1 == 0);
-  CATCH_CHECK(code2 == 0);
-  CATCH_CHECK(coord_code == 0);
-  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
-  CATCH_CHECK(contains(clog, "every node finished"));
+  const auto [clog, log2] = restart_n2_and_finish(c);
   CATCH_CHECK(contains(log2, "admitted in epoch"));
   if (same_theta) {
     check_rounds(c, {"n0", "n1"});
@@ -333,16 +340,10 @@ CATCH_TEST_CASE("a joiner slower than a round is waited for at a fence once its 
   elastic_cluster c("elastic_slow_joiner", "");
   kill_in_inner_phase(c);
   // Each fetched state is held 3 s before the joiner says it is ready: longer than a round here.
-  auto again = spawn({binary(), "node", c.file, "--node", "n2", "--fresh"}, c.dir + "/n2-again.log", false,
-                     {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
-  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
-  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
-  const auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
-  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
-  CATCH_CHECK(code0 + code1 + code2 + coord_code == 0);
+  const auto [clog, log2] = restart_n2_and_finish(c, {"--fresh"}, {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
+  CATCH_INFO(clog);
   CATCH_CHECK(contains(clog, "is stale"));
   CATCH_CHECK(contains(clog, "the members wait at the fence of epoch"));
-  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
   check_rounds(c, {"n0", "n1"});
   check_joined(log2, c.out("n2"), c.out("n0"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
