@@ -129,19 +129,15 @@ void control_client::send(const envelope& e) {
   (void)sock_->send(msg, zmq::send_flags::dontwait);
 }
 
-std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hello,
-                                                            std::chrono::milliseconds timeout) {
-  envelope e;
-  e.cluster_id = cluster_id_;
-  e.sender = no_rank;
-  e.body = hello;
+bool control_client::converse(const envelope& e, std::chrono::milliseconds timeout,
+                              const std::function<bool(const envelope&)>& done) {
   send(e);
   const auto deadline = clock::now() + timeout;
-  auto next_hello = clock::now() + hello_every;
+  auto next_send = clock::now() + hello_every;
   while (clock::now() < deadline) {
-    if (clock::now() >= next_hello) {
-      send(e);  // also tells the coordinator that this process is still there
-      next_hello += hello_every;
+    if (clock::now() >= next_send) {
+      send(e);  // idempotent at the coordinator; also tells it that this process is still there
+      next_send += hello_every;
     }
     auto parsed = receive(std::chrono::milliseconds(100));
     if (!parsed) continue;
@@ -154,21 +150,36 @@ std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hel
                         endpoint_));
       continue;  // noise; keep waiting
     }
-    const auto& body = parsed->value().body;
+    if (done(parsed->value())) return true;
+  }
+  return false;
+}
+
+std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hello,
+                                                            std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = hello;
+  std::optional<std::variant<welcome_msg, recover_msg>> answer;
+  const bool answered = converse(e, timeout, [&](const envelope& in) {
+    const auto& body = in.body;
     if (auto* w = std::get_if<welcome_msg>(&body)) {
       if (w->rank >= w->world_size || w->peers.size() != w->world_size)
         throw lw_error(errc::malformed_frame,
                        "the coordinator's welcome is inconsistent (rank or peer list)");
       rank_ = w->rank;
-      return *w;
-    }
-    if (auto* r = std::get_if<recover_msg>(&body)) return *r;
-    if (auto* er = std::get_if<error_msg>(&body)) {
+      answer = *w;
+    } else if (auto* r = std::get_if<recover_msg>(&body)) {
+      answer = *r;
+    } else if (auto* er = std::get_if<error_msg>(&body)) {
       const auto code = static_cast<errc>(er->code);
       throw lw_error(code == errc::peer_lost ? errc::peer_lost : errc::invalid_config,
                      fmt::format("the coordinator at {} turned this node away: {}", endpoint_, er->message));
     }
-  }
+    return answer.has_value();
+  });
+  if (answered) return *answer;
   throw lw_error(
       errc::deadline_missed,
       fmt::format("cannot reach the coordinator at {}: no answer within {} (is `longwave coordinator` "
@@ -178,30 +189,28 @@ std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hel
 
 std::variant<membership_msg, recover_msg> control_client::join_ready(const join_ready_msg& ready,
                                                                      std::chrono::milliseconds timeout) {
-  send_body(ready);
-  const auto deadline = clock::now() + timeout;
-  auto next_ready = clock::now() + hello_every;
-  while (clock::now() < deadline) {
-    if (clock::now() >= next_ready) {
-      send_body(ready);  // idempotent at the coordinator; also says this process is still there
-      next_ready += hello_every;
-    }
-    auto parsed = receive(std::chrono::milliseconds(100));
-    if (!parsed || !*parsed) continue;
-    const auto& body = parsed->value().body;
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = ready;
+  std::optional<std::variant<membership_msg, recover_msg>> answer;
+  const bool answered = converse(e, timeout, [&](const envelope& in) {
+    const auto& body = in.body;
     if (auto* m = std::get_if<membership_msg>(&body)) {
       rank_ = m->rank;
-      return *m;
-    }
-    if (auto* r = std::get_if<recover_msg>(&body)) return *r;
-    if (auto* er = std::get_if<error_msg>(&body)) {
+      answer = *m;
+    } else if (auto* r = std::get_if<recover_msg>(&body)) {
+      answer = *r;
+    } else if (auto* er = std::get_if<error_msg>(&body)) {
       const auto code = static_cast<errc>(er->code);
-      if (code == errc::none) continue;
-      throw lw_error(
-          code == errc::invalid_config ? errc::invalid_config : errc::peer_lost,
-          fmt::format("the coordinator at {} did not admit this node: {}", endpoint_, er->message));
+      if (code != errc::none)
+        throw lw_error(
+            code == errc::invalid_config ? errc::invalid_config : errc::peer_lost,
+            fmt::format("the coordinator at {} did not admit this node: {}", endpoint_, er->message));
     }
-  }
+    return answer.has_value();
+  });
+  if (answered) return *answer;
   throw lw_error(errc::deadline_missed, fmt::format("the coordinator at {} did not admit this node within {}",
                                                     endpoint_, secs(timeout)));
 }

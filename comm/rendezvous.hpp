@@ -161,6 +161,11 @@ class control_client {
 
  private:
   void send(const envelope& e);
+  /// Sends e now and again every 2 s, and passes each control frame that arrives to `done` until it returns
+  /// true (then true) or timeout passes (false). A frame of another cluster throws lw_error(invalid_config);
+  /// other malformed frames are dropped.
+  bool converse(const envelope& e, std::chrono::milliseconds timeout,
+                const std::function<bool(const envelope&)>& done);
   /// One control frame from the coordinator, parsed, if one arrives within wait (nullopt: none, or a message
   /// of more than one frame).
   std::optional<frame_result<envelope>> receive(std::chrono::milliseconds wait);
