@@ -157,8 +157,7 @@ CATCH_TEST_CASE("Two communicators on a loopback ring get the worker-weighted me
   lw_config cfg;
   caf::actor_system sys{cfg};
   const int p0 = test::free_port();
-  int p1 = test::free_port();
-  while (p1 == p0) p1 = test::free_port();
+  const int p1 = test::free_port();
   const std::vector<std::string> eps{"tcp://127.0.0.1:" + std::to_string(p0),
                                      "tcp://127.0.0.1:" + std::to_string(p1)};
   comm::ring_options ro;

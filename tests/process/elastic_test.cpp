@@ -39,9 +39,13 @@ struct elastic_cluster {
     std::tie(coord, nodes) = start_cluster(dir, file, 3, node_env);
   }
 
-  /// Waits until node `i` has written `n` checkpoints (it is then past round n - 1, most likely computing).
-  bool wait_checkpoints(size_t i, size_t n) const {
-    return wait_until([&] { return checkpoint_count(dir, "n" + std::to_string(i)) >= n; }, 300);
+  /// Waits until node `i` has written `n` checkpoints (it is then past round n - 1, most likely computing);
+  /// on a timeout the test fails with the coordinator's log and the nodes' tails.
+  void wait_checkpoints(size_t i, size_t n) const {
+    if (wait_until([&] { return checkpoint_count(dir, "n" + std::to_string(i)) >= n; }, 300)) return;
+    std::string logs = "--- coordinator\n" + coord_log();
+    for (size_t k = 0; k < nodes.size(); ++k) logs += "\n--- n" + std::to_string(k) + "\n" + tail(log(k), 3000);
+    CATCH_FAIL("n" << i << " wrote fewer than " << n << " checkpoints in 300 s\n" << logs);
   }
 
   std::string log(size_t i) const { return read_text(dir + "/n" + std::to_string(i) + ".log"); }
@@ -94,7 +98,7 @@ std::string check_survivors_finish(elastic_cluster& c, const std::string& how) {
 /// Kills n2 with SIGKILL once it has written 2 checkpoints: with 20 inner steps a round, most likely while
 /// every node computes.
 void kill_in_inner_phase(elastic_cluster& c) {
-  CATCH_REQUIRE(c.wait_checkpoints(2, 2));
+  c.wait_checkpoints(2, 2);
   kill(c.nodes[2].pid, SIGKILL);
   CATCH_CHECK(wait_exit(c.nodes[2], 30) == 128 + SIGKILL);
 }
@@ -121,7 +125,7 @@ CATCH_TEST_CASE("a node SIGKILLed in the inner phase is removed and the other tw
 CATCH_TEST_CASE("longwave node --leave makes a running node leave at its next round boundary",
                 "[process][cluster][elastic]") {
   elastic_cluster c("elastic_leave", "");
-  CATCH_REQUIRE(c.wait_checkpoints(2, 2));
+  c.wait_checkpoints(2, 2);
   auto [code, out] = run({binary(), "node", c.file, "--node", "n2", "--leave"}, c.dir + "/leave.log", 60);
   CATCH_INFO(out);
   CATCH_CHECK(code == 0);
@@ -189,7 +193,7 @@ CATCH_TEST_CASE(
 CATCH_TEST_CASE("a node stopped with Ctrl-C leaves the cluster and the others finish",
                 "[process][cluster][elastic][signal]") {
   elastic_cluster c("elastic_sigint", "");
-  CATCH_REQUIRE(c.wait_checkpoints(2, 2));
+  c.wait_checkpoints(2, 2);
   kill(c.nodes[2].pid, SIGINT);
   CATCH_CHECK(wait_exit(c.nodes[2], 60) == 130);
   const auto clog = check_survivors_finish(c, "left");
@@ -364,7 +368,7 @@ CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on 
 CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [cluster] open is true",
                 "[process][cluster][elastic][join]") {
   elastic_cluster c("elastic_open", "", {}, "open = true\nopen_workers = 2\n");
-  CATCH_REQUIRE(c.wait_checkpoints(0, 2));
+  c.wait_checkpoints(0, 2);
   const auto endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
   // Too many workers for the data regions the file keeps for such nodes: refused before it starts.
   auto [big_code, big] =
@@ -395,7 +399,7 @@ CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [c
 CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line and training goes on",
                 "[process][cluster][elastic][join]") {
   elastic_cluster c("elastic_bad_joiners", "");
-  CATCH_REQUIRE(c.wait_checkpoints(0, 2));
+  c.wait_checkpoints(0, 2);
   // A second process with a live member's name waits while that member is heard from, then is turned away.
   auto [live_code, live] = run({binary(), "node", c.file, "--node", "n1"}, c.dir + "/n1-twice.log", 120);
   CATCH_INFO(live);

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -125,20 +127,40 @@ bool wait_until(Pred pred, double timeout_s) {
   return false;
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed).
+/// A TCP port on 127.0.0.1 that is free now and was not handed out before in this process. Ports come from
+/// below the kernel's ephemeral range, so no outgoing connection (ZeroMQ's, Prometheus's) can take one
+/// between this call and the bind of the process it is meant for; bind(port 0) drew from that range and,
+/// on a busy machine, sometimes twice the same port.
 inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error("free_port: no socket");
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
+  static std::set<int> handed_out;
+  static std::mt19937 draw{std::random_device{}()};
+  int lo = 20000, hi = 32000;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) {
+    int first = 0, last = 0;
+    if (range >> first >> last) {
+      lo = std::max(1024, first - 12000), hi = first;
+      if (hi - lo < 1000) lo = last + 1, hi = std::min(65536, last + 12001);
+    }
+  }
+  const int span = hi - lo;
+  const int start = std::uniform_int_distribution<int>(0, span - 1)(draw);
+  for (int i = 0; i < span; ++i) {
+    const int port = lo + (start + i) % span;
+    if (handed_out.count(port)) continue;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw std::runtime_error("free_port: no socket");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (ok) {
+      handed_out.insert(port);
+      return port;
+    }
+  }
+  throw std::runtime_error("free_port: no free port in " + std::to_string(lo) + "-" + std::to_string(hi));
 }
 
 /// Lines of a loss trace (step \t round \t loss) as (step, loss) pairs.
