@@ -376,21 +376,6 @@ bool prom_ready(int port) {
   return res && res->status == 200;
 }
 
-/// Whether nothing listens on 127.0.0.1:port (a bind succeeds).
-bool port_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
-}
-
 /// Stops the launched cluster if a failed check left it running: SIGINT (launch forwards it to every role and
 /// to Prometheus), then SIGKILL to its process group.
 struct stop_on_exit {

@@ -44,7 +44,8 @@ struct elastic_cluster {
   void wait_checkpoints(size_t i, size_t n) const {
     if (wait_until([&] { return checkpoint_count(dir, "n" + std::to_string(i)) >= n; }, 300)) return;
     std::string logs = "--- coordinator\n" + coord_log();
-    for (size_t k = 0; k < nodes.size(); ++k) logs += "\n--- n" + std::to_string(k) + "\n" + tail(log(k), 3000);
+    for (size_t k = 0; k < nodes.size(); ++k)
+      logs += "\n--- n" + std::to_string(k) + "\n" + tail(log(k), 3000);
     CATCH_FAIL("n" << i << " wrote fewer than " << n << " checkpoints in 300 s\n" << logs);
   }
 

@@ -127,6 +127,22 @@ bool wait_until(Pred pred, double timeout_s) {
   return false;
 }
 
+/// Whether nothing listens on 127.0.0.1:port (a bind with SO_REUSEADDR, as ZeroMQ's and the HTTP servers'
+/// listeners use, succeeds).
+inline bool port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
 /// A TCP port on 127.0.0.1 that is free now and was not handed out before in this process. Ports come from
 /// below the kernel's ephemeral range, so no outgoing connection (ZeroMQ's, Prometheus's) can take one
 /// between this call and the bind of the process it is meant for; bind(port 0) drew from that range and,
@@ -147,18 +163,9 @@ inline int free_port() {
   for (int i = 0; i < span; ++i) {
     const int port = lo + (start + i) % span;
     if (handed_out.count(port)) continue;
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw std::runtime_error("free_port: no socket");
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    if (ok) {
-      handed_out.insert(port);
-      return port;
-    }
+    if (!port_free(port)) continue;
+    handed_out.insert(port);
+    return port;
   }
   throw std::runtime_error("free_port: no free port in " + std::to_string(lo) + "-" + std::to_string(hi));
 }
