@@ -42,6 +42,7 @@ void zero_bytes(void* dst, size_t bytes) {
   if (bytes != 0) std::memset(dst, 0, bytes);
 }
 
+/// The dense dtypes this file codes chunk by chunk (sparse messages are sparse_codec.hpp's).
 bool valid_dtype(wire_dtype dt) {
   return static_cast<uint8_t>(dt) <= static_cast<uint8_t>(wire_dtype::int8);
 }
@@ -264,6 +265,7 @@ bool decode_impl(const codec_kernels& k, wire_dtype dt, const std::byte* src, si
     case wire_dtype::int8:
       return o.int8_codebook ? decode_int8_codebook(k, src, n, out, add)
                              : decode_int8_blocks(k, src, n, out, add);
+    case wire_dtype::sparse: return false;
   }
   return false;
 }
@@ -281,6 +283,7 @@ size_t encoded_size(wire_dtype dt, size_t n, const codec_options& o) {
       const size_t header = o.int8_codebook ? codebook_header_bytes : scale_bytes * int8_blocks(n);
       return n <= max - header ? header + n : max;
     }
+    case wire_dtype::sparse: return max;  // not a chunk codec: sparse_encoded_size
   }
   return max;
 }
@@ -401,6 +404,7 @@ void encode(simd_isa isa, wire_dtype dt, const float* src, size_t n, std::byte* 
         encode_int8_blocks(k, src, n, dst);
       }
       return;
+    case wire_dtype::sparse: return;  // refused by the assertion above
   }
 }
 

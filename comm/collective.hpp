@@ -5,10 +5,19 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/codec.hpp"
+#include "runtime/errors/errors.hpp"
 
 namespace longwave::comm {
+
+/// Every rank's message of an all-gather, in rank order: the same bytes on every rank.
+struct gathered {
+  size_t bytes = 0;                 ///< bytes of each message (the same on every rank)
+  std::vector<double> weights;      ///< weights[r]: rank r's weight
+  std::vector<std::byte> messages;  ///< weights.size() * bytes: rank r's message at offset r * bytes
+};
 
 /// One rank's handle on a weighted all-reduce across the nodes of a cluster. Calls are serialized; the
 /// counters, cancel() and peer_declared_lost() may be called from any thread.
@@ -24,6 +33,19 @@ class collective {
   /// ...); after a throw data holds partial results and the next call must use a later round.
   virtual void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
                          std::optional<wire_dtype> dtype = std::nullopt) = 0;
+
+  /// Gathers one message of `bytes` bytes (the same count on every rank) and its weight from every rank: the
+  /// transport of the sparse codec, whose top-k indices differ between ranks, so contributions cannot be
+  /// summed on the way. Returns every rank's message, this rank's included, in rank order. allreduce and
+  /// allgather share one (round, fragment) sequence; weights, errors and failures follow allreduce's rules,
+  /// and last_total_weight() is the weights' sum afterwards. Backends without it throw invalid_config.
+  virtual gathered allgather(uint64_t round, const std::byte* message, size_t bytes, double weight = 1.0,
+                             uint32_t fragment = 0) {
+    (void)round, (void)message, (void)bytes, (void)weight, (void)fragment;
+    throw lw_error(errc::invalid_config,
+                   std::string("comm.dtype = \"sparse\" needs comm.backend = \"ring\", not \"") +
+                       backend_name() + "\"");
+  }
 
   /// Makes the running call and every later one throw errc::cancelled: for a node that is stopping.
   virtual void cancel() = 0;

@@ -87,7 +87,7 @@ capnp::ReaderOptions reader_options(size_t words, int nesting) {
 }
 
 bool known_dtype(uint16_t v) {
-  return v <= static_cast<uint16_t>(wire_dtype::int8);
+  return v <= static_cast<uint16_t>(wire_dtype::sparse);
 }
 
 wire::Dtype to_wire(wire_dtype d) {

@@ -13,6 +13,7 @@ enum Dtype {
   fp16 @1;
   bf16 @2;
   int8 @3;
+  sparse @4;   # all-gather frames of sparse messages: element and byte counts are bytes
 }
 
 enum Phase {

@@ -620,6 +620,14 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                        "comm.dtype = \"int8\": comm.backend = \"nccl\" reduces fp32, fp16 and bf16 only; use "
                        "comm.dtype = \"fp32\", \"fp16\" or \"bf16\", or comm.backend = \"ring\"");
   }
+  if (cfg.comm.backend == comm_backend::nccl && cfg.comm.dtype == wire_dtype::sparse) {
+    throw config_error("comm.dtype",
+                       "comm.dtype = \"sparse\": its messages are all-gathered over the ZeroMQ ring; use "
+                       "comm.backend = \"ring\"");
+  }
+  if (cfg.comm.value_bits == 3) {
+    throw config_error("comm.value_bits", "comm.value_bits = 3: the sparse codec sends 2 or 4 bits per value");
+  }
   if (cfg.run.mode != run_mode::diloco && cfg.diloco.outer != outer_policy_kind::sync) {
     throw config_error(
         "diloco.outer",

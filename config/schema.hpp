@@ -169,6 +169,11 @@ void for_each_field(Config& c, Visitor&& f) {
   f("metrics", "address", c.metrics.address, non_empty());
 
   f("comm", "dtype", c.comm.dtype, listed());
+  f("comm", "density", c.comm.density, real_in('(', 0, 1, ']'));
+  f("comm", "value_bits", c.comm.value_bits, ints(2, 4));
+  f("comm", "sparse_chunk", c.comm.sparse_chunk, ints(1, int64_t{1} << 24));
+  f("comm", "ef_decay", c.comm.ef_decay, real_in('[', 0, 1, ']'));
+  f("comm", "robust_clip", c.comm.robust_clip, any());
   f("comm", "int8_codebook", c.comm.int8_codebook, any());
   f("comm", "error_feedback", c.comm.error_feedback, any());
   f("comm", "chunk_kib", c.comm.chunk_kib, ints(1, 65536));

@@ -84,10 +84,11 @@ struct enum_names<tokenizer_kind> {
 
 /// comm.dtype: element type of a chunk on the wire; sums are fp32. comm uses this enum as comm::wire_dtype,
 /// so the numeric values are part of the wire format: never renumber them, only append.
-enum class wire_dtype : uint8_t { fp32 = 0, fp16 = 1, bf16 = 2, int8 = 3 };
+/// sparse: the top-k low-bit codec (comm/sparse_codec.hpp); its messages are all-gathered, not ring-summed.
+enum class wire_dtype : uint8_t { fp32 = 0, fp16 = 1, bf16 = 2, int8 = 3, sparse = 4 };
 template <>
 struct enum_names<wire_dtype> {
-  static constexpr std::array<const char*, 4> names{"fp32", "fp16", "bf16", "int8"};
+  static constexpr std::array<const char*, 5> names{"fp32", "fp16", "bf16", "int8", "sparse"};
 };
 
 /// comm.backend: which collective averages across nodes (comm/collective.hpp).
@@ -212,7 +213,12 @@ struct metrics_section {
 
 /// [comm]: how pseudo-gradients travel between nodes (cluster runs; a single process averages in memory).
 struct comm_section {
-  wire_dtype dtype = wire_dtype::fp32;  ///< wire element type: "fp32" | "fp16" | "bf16" | "int8"
+  wire_dtype dtype = wire_dtype::fp32;  ///< wire element type: "fp32" | "fp16" | "bf16" | "int8" | "sparse"
+  double density = 0.0156;              ///< sparse: kept fraction of each sparse_chunk (top-k by magnitude)
+  int64_t value_bits = 2;               ///< sparse: bits per kept value (sign + magnitude level): 2 or 4
+  int64_t sparse_chunk = 4096;          ///< sparse: values per top-k chunk (each has its own scale)
+  double ef_decay = 0.95;       ///< sparse: error feedback e <- ef_decay * e + delta (always on for sparse)
+  bool robust_clip = false;     ///< sparse: scale each node's contribution down to the round's median norm
   bool int8_codebook = false;   ///< int8 only: 256-bin codebook of bin means instead of one scale per chunk
   bool error_feedback = false;  ///< carry this node's quantization residual into the next round
   int64_t chunk_kib = 1024;     ///< payload of one ring chunk (pipelining granularity), KiB

@@ -320,7 +320,8 @@ bound_fn lossy_bound(wire_dtype dt, bool codebook, int world) {
     case wire_dtype::int8:
       if (codebook) return [k](double, double m, double w) { return k * 2.0 * m / 256.0 / w * 1.01 + 1e-30; };
       return [k](double, double m, double w) { return k * m / 254.0 / w * 1.01 + 1e-30; };
-    case wire_dtype::fp32: break;
+    case wire_dtype::fp32:
+    case wire_dtype::sparse: break;
   }
   return fp32_bound;
 }

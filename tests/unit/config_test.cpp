@@ -535,7 +535,7 @@ CATCH_TEST_CASE("An enum name is checked after every line and --set, like a stri
   CATCH_CHECK(c.model.dtype == model_dtype::bf16);
   CATCH_CHECK(c.diloco.fragment_pattern == fragment_layout::sequential);
   CATCH_CHECK(std::string(error_of("", {"comm.dtype=1"}).what()) ==
-              "config error: comm.dtype = \"1\": allowed values are fp32, fp16, bf16, int8 (from --set)");
+              "config error: comm.dtype = \"1\": allowed values are fp32, fp16, bf16, int8, sparse (from --set)");
   // Errors come in field order, as for every other field: run.mode before train.workers.
   CATCH_CHECK(error_of("[train]\nworkers = -1\n[run]\nmode = \"bad\"\n").key() == "run.mode");
 }
