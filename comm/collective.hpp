@@ -42,9 +42,9 @@ class collective {
   virtual gathered allgather(uint64_t round, const std::byte* message, size_t bytes, double weight = 1.0,
                              uint32_t fragment = 0) {
     (void)round, (void)message, (void)bytes, (void)weight, (void)fragment;
-    throw lw_error(errc::invalid_config,
-                   std::string("comm.dtype = \"sparse\" needs comm.backend = \"ring\", not \"") +
-                       backend_name() + "\"");
+    throw lw_error(
+        errc::invalid_config,
+        std::string("comm.dtype = \"sparse\" needs comm.backend = \"ring\", not \"") + backend_name() + "\"");
   }
 
   /// Makes the running call and every later one throw errc::cancelled: for a node that is stopping.
