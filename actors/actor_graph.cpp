@@ -84,16 +84,24 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   o.log_events = cfg.run.mode != config::run_mode::ddp;
   if (!role) return o;
   o.collective = make_collective(cfg, *role, rejection_logger(metrics));
-  o.dtype = role->ring.dtype;
+  o.dtype = cfg.comm.dtype;
   o.codec = role->ring.codec;
   o.error_feedback = cfg.comm.error_feedback;
+  o.sparse = sparse_options_from(cfg);
+  o.ef_decay = static_cast<float>(cfg.comm.ef_decay);
+  o.robust_clip = cfg.comm.robust_clip;
   o.observe_round = role->observe_round;
   const auto world = role->names.size();
   o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
   o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
   spdlog::info("{}: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", cfg.comm.backend,
                role->rank, world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer,
-               cfg.comm.dtype, cfg.comm.error_feedback ? ", error feedback" : "");
+               cfg.comm.dtype,
+               cfg.comm.dtype == config::wire_dtype::sparse
+                   ? fmt::format(" at density {} and {} bits, error feedback decay {}{}", cfg.comm.density,
+                                 cfg.comm.value_bits, cfg.comm.ef_decay,
+                                 cfg.comm.robust_clip ? ", clipped to the median norm" : "")
+                   : std::string(cfg.comm.error_feedback ? ", error feedback" : ""));
   return o;
 }
 

@@ -4,11 +4,15 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "comm/collective.hpp"
 #include "comm/error_feedback.hpp"
+#include "comm/sparse_error_feedback.hpp"
+#include "comm/sparse_sum.hpp"
 #include "runtime/clock/clock.hpp"
 #include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
@@ -27,8 +31,12 @@ struct comm_state {
   // Error-feedback residuals, one per ring label part (streaming syncs fragments of different sizes);
   // created on first use.
   std::map<uint32_t, std::unique_ptr<comm::error_feedback>> residuals;
-  uint64_t sent = 0, received = 0;    // collective counters already reported
-  double encode_s = 0, decode_s = 0;  // collective codec times already reported
+  // comm.dtype = "sparse": its residuals instead, by the same labels.
+  std::map<uint32_t, std::unique_ptr<comm::sparse_error_feedback>> sparse_residuals;
+  uint64_t sent = 0, received = 0;                  // collective counters already reported
+  uint64_t clipped = 0, clipped_reported = 0;       // sparse contributions clipped to the median norm
+  double sparse_encode_s = 0, sparse_decode_s = 0;  // the sparse codec's time (it runs here, not in the ring)
+  double encode_s = 0, decode_s = 0;                // collective codec times already reported
 };
 
 /// Quantizes x in place chunk by chunk, as the collective will, carrying what is lost into the next round.
@@ -51,6 +59,54 @@ void apply_error_feedback(comm_state& s, uint32_t part, float* x, size_t n) {
   }
 }
 
+/// comm.dtype = "sparse": error feedback encodes this node's contribution (weight 0 in an observed round:
+/// sent without error feedback, and skipped by every node), the collective gathers every node's message, and
+/// data becomes their rank-ordered mean (comm/sparse_sum.hpp).
+void sparse_reduce(comm_state& s, uint64_t round, uint32_t part, float* data, size_t n, double weight) {
+  const auto& o = s.opts.sparse;
+  std::vector<std::byte> message(comm::sparse_encoded_size(n, o));
+  auto t0 = std::chrono::steady_clock::now();
+  if (weight > 0) {
+    auto& residual = s.sparse_residuals[part];
+    if (!residual || residual->size() != n)
+      residual = std::make_unique<comm::sparse_error_feedback>(n, s.opts.ef_decay);
+    if (!residual->encode(data, n, 0, message.data(), o))
+      throw lw_error(errc::diverged, "the error-feedback residual has NaN or infinite values");
+  } else {
+    comm::sparse_encode(data, n, message.data(), o);
+  }
+  s.sparse_encode_s += seconds_since(t0);
+  const auto gathered = s.opts.collective->allgather(round, message.data(), message.size(), weight, part);
+  std::string why;
+  comm::sparse_mean_stats stats;
+  t0 = std::chrono::steady_clock::now();
+  const bool ok = comm::sparse_mean(gathered, n, o, s.opts.robust_clip, data, &why, &stats);
+  s.sparse_decode_s += seconds_since(t0);
+  if (!ok) throw lw_error(errc::malformed_frame, why);
+  s.clipped += stats.clipped;
+}
+
+/// Fraction of n values that the wire carries in dtype.
+double density_of(const comm_state& s, comm::wire_dtype dtype, size_t n) {
+  if (dtype != comm::wire_dtype::sparse || n == 0) return 1.0;
+  const size_t c = s.opts.sparse.chunk;
+  const size_t kept = n / c * comm::sparse_kept(c, s.opts.sparse) + comm::sparse_kept(n % c, s.opts.sparse);
+  return static_cast<double>(kept) / static_cast<double>(n);
+}
+
+/// L2 norm of the error-feedback residual of a ring label part, if there is one.
+std::optional<double> residual_norm(const comm_state& s, uint32_t part) {
+  const std::vector<float>* r = nullptr;
+  if (const auto it = s.residuals.find(part); it != s.residuals.end() && it->second)
+    r = &it->second->residual();
+  if (const auto it = s.sparse_residuals.find(part); it != s.sparse_residuals.end() && it->second)
+    r = &it->second->residual();
+  if (!r) return std::nullopt;
+  double sum = 0;
+  for (const float v : *r) sum += static_cast<double>(v) * v;
+  return std::sqrt(sum);
+}
+
 /// dtype: what this reduce used on the wire (comm.dtype, or fp32 for an exact one).
 template <class Self>
 void report(Self* self, comm_state& s, const ring_label& label, size_t n, double seconds,
@@ -69,9 +125,11 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
                static_cast<double>(sent));
     self->send(m, count_atom_v, std::string("longwave_comm_bytes_received_total"), "peer=" + s.opts.prev_peer,
                static_cast<double>(received));
-    const auto wire = comm::encoded_size(dtype, n, s.opts.codec);
+    const auto wire = dtype == comm::wire_dtype::sparse ? comm::sparse_encoded_size(n, s.opts.sparse)
+                                                        : comm::encoded_size(dtype, n, s.opts.codec);
     if (wire > 0) ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire);
-    const double enc = s.opts.collective->encode_seconds(), dec = s.opts.collective->decode_seconds();
+    const double enc = s.opts.collective->encode_seconds() + s.sparse_encode_s,
+                 dec = s.opts.collective->decode_seconds() + s.sparse_decode_s;
     self->send(m, count_atom_v, std::string("longwave_codec_encode_seconds_total"), std::string(),
                enc - s.encode_s);
     self->send(m, count_atom_v, std::string("longwave_codec_decode_seconds_total"), std::string(),
@@ -82,6 +140,14 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
   self->send(m, gauge_atom_v, std::string("longwave_allreduce_wire_bytes"), std::string(),
              static_cast<double>(sent));
   self->send(m, gauge_atom_v, std::string("longwave_comm_compression_ratio"), std::string(), ratio);
+  self->send(m, gauge_atom_v, std::string("longwave_comm_density"), std::string(), density_of(s, dtype, n));
+  if (const auto norm = residual_norm(s, label.second))
+    self->send(m, gauge_atom_v, std::string("longwave_comm_residual_norm"), std::string(), *norm);
+  if (s.clipped > s.clipped_reported) {
+    self->send(m, count_atom_v, std::string("longwave_comm_clipped_total"), std::string(),
+               static_cast<double>(s.clipped - s.clipped_reported));
+    s.clipped_reported = s.clipped;
+  }
   if (!s.opts.log_events) return;
   self->send(m, record_atom_v,
              json_line("allreduce")
@@ -130,11 +196,15 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
   if (s.opts.collective) {
     float* data = sum.data_ptr<float>();
     const bool observe = round == s.opts.observe_round;
-    if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32 && !observe)
+    if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32 && dtype != comm::wire_dtype::sparse &&
+        !observe)
       apply_error_feedback(s, label.second, data, static_cast<size_t>(n));
+    const double weight = observe ? 0.0 : static_cast<double>(parts.size());
     try {
-      s.opts.collective->allreduce(round, data, static_cast<size_t>(n),
-                                   observe ? 0.0 : static_cast<double>(parts.size()), label.second, dtype);
+      if (dtype == comm::wire_dtype::sparse)
+        sparse_reduce(s, round, label.second, data, static_cast<size_t>(n), weight);
+      else
+        s.opts.collective->allreduce(round, data, static_cast<size_t>(n), weight, label.second, dtype);
     } catch (const lw_error& e) {
       if (s.opts.metrics)
         self->send(s.opts.metrics, count_atom_v, std::string("longwave_errors_total"),
@@ -154,13 +224,15 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
 /// answered after it, so the copy holds that all-reduce's residual.
 residual_map residuals_of(const comm_state& s) {
   residual_map out;
-  for (const auto& [label, ef] : s.residuals) {
-    if (!ef) continue;
-    const auto& r = ef->residual();
+  auto add = [&](uint32_t label, const std::vector<float>& r) {
     auto t = at::empty({static_cast<int64_t>(r.size())}, at::kFloat);
     std::copy(r.begin(), r.end(), t.data_ptr<float>());
     out.emplace(label, std::move(t));
-  }
+  };
+  for (const auto& [label, ef] : s.residuals)
+    if (ef) add(label, ef->residual());
+  for (const auto& [label, ef] : s.sparse_residuals)
+    if (ef) add(label, ef->residual());
   return out;
 }
 
@@ -171,10 +243,16 @@ communicator_actor::behavior_type communicator_fun(self_ptr self, communicator_o
       [=](load_atom, const residual_map& residuals) -> caf::result<bool> {
         auto& s = self->state;
         s.residuals.clear();
+        s.sparse_residuals.clear();
         for (const auto& [label, t] : residuals) {
           const auto c = t.to(at::kFloat).contiguous();
           const float* p = c.data_ptr<float>();
-          s.residuals[label] = std::make_unique<comm::error_feedback>(std::vector<float>(p, p + c.numel()));
+          std::vector<float> r(p, p + c.numel());
+          if (s.opts.dtype == comm::wire_dtype::sparse)
+            s.sparse_residuals[label] =
+                std::make_unique<comm::sparse_error_feedback>(std::move(r), s.opts.ef_decay);
+          else
+            s.residuals[label] = std::make_unique<comm::error_feedback>(std::move(r));
         }
         return true;
       },

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm/codec.hpp"
+#include "comm/sparse_codec.hpp"
 #include "runtime/messages/interfaces.hpp"
 
 namespace longwave::comm {
@@ -28,6 +29,11 @@ struct communicator_options {
   comm::wire_dtype dtype = comm::wire_dtype::fp32;
   comm::codec_options codec{};
   bool error_feedback = false;
+  /// comm.dtype = "sparse": the codec's parameters, error feedback's decay (always on for sparse) and whether
+  /// each node's contribution is clipped to the round's median norm.
+  comm::sparse_options sparse{};
+  float ef_decay = 0.95f;
+  bool robust_clip = false;
   /// Metrics sink for all-reduce time and bytes; may be null.
   runtime::metrics_actor metrics;
   /// The next and previous nodes' names (labels of the bytes-sent and bytes-received counters).

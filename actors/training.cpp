@@ -96,9 +96,19 @@ uint64_t latest_checkpoint_round(const config::train_config& cfg) {
   return 0;
 }
 
+comm::sparse_options sparse_options_from(const config::train_config& cfg) {
+  comm::sparse_options o;
+  o.chunk = static_cast<size_t>(cfg.comm.sparse_chunk);
+  o.density = cfg.comm.density;
+  o.value_bits = static_cast<unsigned>(cfg.comm.value_bits);
+  return o;
+}
+
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id) {
   comm::ring_options r;
-  r.dtype = cfg.comm.dtype;
+  // Sparse messages are all-gathered (collective::allgather); the ring's own dense calls (exact ones) are
+  // fp32.
+  r.dtype = cfg.comm.dtype == config::wire_dtype::sparse ? config::wire_dtype::fp32 : cfg.comm.dtype;
   r.codec.int8_codebook = cfg.comm.int8_codebook;
   r.chunk_bytes = static_cast<size_t>(cfg.comm.chunk_kib) * 1024;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));

@@ -13,6 +13,7 @@
 #include "actors/run_context.hpp"
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
+#include "comm/sparse_codec.hpp"
 #include "config/train_config.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/messages/interfaces.hpp"
@@ -83,6 +84,9 @@ int run_training(const config::train_config& cfg, const run_options& opts,
 
 /// Completed rounds of the newest valid checkpoint of this config's run (0: none). Corrupt files are skipped.
 uint64_t latest_checkpoint_round(const config::train_config& cfg);
+
+/// The sparse codec's settings of a config's [comm] section (used when comm.dtype = "sparse").
+comm::sparse_options sparse_options_from(const config::train_config& cfg);
 
 /// The ring settings of a config's [comm] section (cluster id from the cluster file).
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id);

@@ -534,8 +534,9 @@ CATCH_TEST_CASE("An enum name is checked after every line and --set, like a stri
   CATCH_CHECK(c.comm.dtype == wire_dtype::int8);
   CATCH_CHECK(c.model.dtype == model_dtype::bf16);
   CATCH_CHECK(c.diloco.fragment_pattern == fragment_layout::sequential);
-  CATCH_CHECK(std::string(error_of("", {"comm.dtype=1"}).what()) ==
-              "config error: comm.dtype = \"1\": allowed values are fp32, fp16, bf16, int8, sparse (from --set)");
+  CATCH_CHECK(
+      std::string(error_of("", {"comm.dtype=1"}).what()) ==
+      "config error: comm.dtype = \"1\": allowed values are fp32, fp16, bf16, int8, sparse (from --set)");
   // Errors come in field order, as for every other field: run.mode before train.workers.
   CATCH_CHECK(error_of("[train]\nworkers = -1\n[run]\nmode = \"bad\"\n").key() == "run.mode");
 }
@@ -798,6 +799,29 @@ CATCH_TEST_CASE("comm.backend picks ring or nccl, and nccl refuses int8 naming b
   CATCH_CHECK_THAT(e.what(),
                    Contains("comm.dtype = \"int8\": comm.backend = \"nccl\" reduces fp32, fp16 and bf16"));
   CATCH_CHECK_NOTHROW(parse_config("[comm]\nbackend = \"ring\"\ndtype = \"int8\"\n", {}, ""));
+}
+
+CATCH_TEST_CASE("comm.dtype = sparse takes its codec keys, checked, and refuses nccl and 3 bits",
+                "[config]") {
+  const train_config c = parse_config(
+      "[comm]\ndtype = \"sparse\"\ndensity = 0.03\nvalue_bits = 4\nsparse_chunk = 1024\nef_decay = 0.9\n"
+      "robust_clip = true\n",
+      {}, "");
+  CATCH_CHECK(c.comm.dtype == wire_dtype::sparse);
+  CATCH_CHECK(c.comm.density == 0.03);
+  CATCH_CHECK(c.comm.value_bits == 4);
+  CATCH_CHECK(c.comm.sparse_chunk == 1024);
+  CATCH_CHECK(c.comm.ef_decay == Approx(0.9));
+  CATCH_CHECK(c.comm.robust_clip);
+  CATCH_CHECK(error_of("[comm]\ndensity = 0\n").key() == "comm.density");
+  CATCH_CHECK(error_of("[comm]\ndensity = 1.5\n").key() == "comm.density");
+  CATCH_CHECK(error_of("[comm]\nef_decay = -0.1\n").key() == "comm.ef_decay");
+  CATCH_CHECK(error_of("[comm]\nsparse_chunk = 0\n").key() == "comm.sparse_chunk");
+  CATCH_CHECK_THAT(error_of("[comm]\nvalue_bits = 3\n").what(), Contains("2 or 4 bits"));
+  CATCH_CHECK_THAT(error_of("[comm]\nvalue_bits = 8\n").what(), Contains("comm.value_bits"));
+  const config_error e = error_of("[comm]\nbackend = \"nccl\"\ndtype = \"sparse\"\n");
+  CATCH_CHECK(e.key() == "comm.dtype");
+  CATCH_CHECK_THAT(e.what(), Contains("use comm.backend = \"ring\""));
 }
 
 CATCH_TEST_CASE("A directory setting that names an existing file is refused at load time", "[config]") {
