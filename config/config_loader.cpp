@@ -626,7 +626,8 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                        "comm.backend = \"ring\"");
   }
   if (cfg.comm.value_bits == 3) {
-    throw config_error("comm.value_bits", "comm.value_bits = 3: the sparse codec sends 2 or 4 bits per value");
+    throw config_error("comm.value_bits",
+                       "comm.value_bits = 3: the sparse codec sends 2 or 4 bits per value");
   }
   if (cfg.run.mode != run_mode::diloco && cfg.diloco.outer != outer_policy_kind::sync) {
     throw config_error(
