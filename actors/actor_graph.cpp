@@ -82,14 +82,24 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   communicator_options o;
   o.metrics = metrics;
   o.log_events = cfg.run.mode != config::run_mode::ddp;
-  if (!role) return o;
+  // In a single process only the sparse codec applies (each worker coded as a one-worker node would be).
+  o.sparse = sparse_options_from(cfg);
+  o.ef_decay = static_cast<float>(cfg.comm.ef_decay);
+  o.robust_clip = cfg.comm.robust_clip;
+  if (cfg.comm.dtype == config::wire_dtype::sparse) o.dtype = cfg.comm.dtype;
+  if (!role) {
+    if (o.dtype == config::wire_dtype::sparse)
+      spdlog::info(
+          "comm: each worker's pseudo-gradient is coded as a node of one worker would code it: sparse "
+          "at density {}, {} bits, error feedback decay {}{}",
+          cfg.comm.density, cfg.comm.value_bits, cfg.comm.ef_decay,
+          cfg.comm.robust_clip ? ", clipped to the median norm" : "");
+    return o;
+  }
   o.collective = make_collective(cfg, *role, rejection_logger(metrics));
   o.dtype = cfg.comm.dtype;
   o.codec = role->ring.codec;
   o.error_feedback = cfg.comm.error_feedback;
-  o.sparse = sparse_options_from(cfg);
-  o.ef_decay = static_cast<float>(cfg.comm.ef_decay);
-  o.robust_clip = cfg.comm.robust_clip;
   o.observe_round = role->observe_round;
   const auto world = role->names.size();
   o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];

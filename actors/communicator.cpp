@@ -86,6 +86,34 @@ void sparse_reduce(comm_state& s, uint64_t round, uint32_t part, float* data, si
   s.clipped += stats.clipped;
 }
 
+/// Key of worker w's residual for ring label part `part` in a single process (sparse_local).
+uint32_t local_residual_key(size_t worker, uint32_t part) {
+  LW_ASSERT(part < (1u << 16) && worker < (1u << 15), "sparse residual key out of range");
+  return static_cast<uint32_t>(worker) << 16 | part;
+}
+
+/// A single process with comm.dtype = "sparse": each worker's contribution is encoded as the node of one
+/// worker that it stands for would encode it (its own error feedback), so a local run measures the codec and
+/// equals a cluster of one-worker nodes. sparse_mean of the result is that cluster's average.
+comm::gathered sparse_local(comm_state& s, uint32_t part, const std::vector<at::Tensor>& parts) {
+  const auto& o = s.opts.sparse;
+  const auto n = static_cast<size_t>(parts[0].numel());
+  comm::gathered g;
+  g.bytes = comm::sparse_encoded_size(n, o);
+  g.weights.assign(parts.size(), 1.0);
+  g.messages.resize(parts.size() * g.bytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t w = 0; w < parts.size(); ++w) {
+    const auto x = parts[w].to(at::kFloat).contiguous();
+    auto& residual = s.sparse_residuals[local_residual_key(w, part)];
+    if (!residual || residual->size() != n)
+      residual = std::make_unique<comm::sparse_error_feedback>(n, s.opts.ef_decay);
+    residual->encode(x.data_ptr<float>(), n, 0, g.messages.data() + w * g.bytes, o);  // NaN: checked later
+  }
+  s.sparse_encode_s += seconds_since(t0);
+  return g;
+}
+
 /// Fraction of n values that the wire carries in dtype.
 double density_of(const comm_state& s, comm::wire_dtype dtype, size_t n) {
   if (dtype != comm::wire_dtype::sparse || n == 0) return 1.0;
@@ -94,16 +122,21 @@ double density_of(const comm_state& s, comm::wire_dtype dtype, size_t n) {
   return static_cast<double>(kept) / static_cast<double>(n);
 }
 
-/// L2 norm of the error-feedback residual of a ring label part, if there is one.
+/// L2 norm of the error-feedback residuals of a ring label part (every local worker's, in a single process),
+/// if there are any.
 std::optional<double> residual_norm(const comm_state& s, uint32_t part) {
-  const std::vector<float>* r = nullptr;
-  if (const auto it = s.residuals.find(part); it != s.residuals.end() && it->second)
-    r = &it->second->residual();
-  if (const auto it = s.sparse_residuals.find(part); it != s.sparse_residuals.end() && it->second)
-    r = &it->second->residual();
-  if (!r) return std::nullopt;
   double sum = 0;
-  for (const float v : *r) sum += static_cast<double>(v) * v;
+  bool any = false;
+  auto add = [&](uint32_t key, const std::vector<float>& r) {
+    if ((key & 0xffffu) != part) return;
+    any = true;
+    for (const float v : r) sum += static_cast<double>(v) * v;
+  };
+  for (const auto& [key, ef] : s.residuals)
+    if (ef) add(key, ef->residual());
+  for (const auto& [key, ef] : s.sparse_residuals)
+    if (ef) add(key, ef->residual());
+  if (!any) return std::nullopt;
   return std::sqrt(sum);
 }
 
@@ -125,11 +158,17 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
                static_cast<double>(sent));
     self->send(m, count_atom_v, std::string("longwave_comm_bytes_received_total"), "peer=" + s.opts.prev_peer,
                static_cast<double>(received));
+  }
+  // A single process codes only for comm.dtype = "sparse" (sparse_local).
+  if (s.opts.collective || dtype == comm::wire_dtype::sparse) {
     const auto wire = dtype == comm::wire_dtype::sparse ? comm::sparse_encoded_size(n, s.opts.sparse)
                                                         : comm::encoded_size(dtype, n, s.opts.codec);
     if (wire > 0) ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire);
-    const double enc = s.opts.collective->encode_seconds() + s.sparse_encode_s,
-                 dec = s.opts.collective->decode_seconds() + s.sparse_decode_s;
+    double enc = s.sparse_encode_s, dec = s.sparse_decode_s;
+    if (s.opts.collective) {
+      enc += s.opts.collective->encode_seconds();
+      dec += s.opts.collective->decode_seconds();
+    }
     self->send(m, count_atom_v, std::string("longwave_codec_encode_seconds_total"), std::string(),
                enc - s.encode_s);
     self->send(m, count_atom_v, std::string("longwave_codec_decode_seconds_total"), std::string(),
@@ -176,6 +215,9 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
       return make_error(errc::malformed_frame,
                         "contributions of round " + std::to_string(round) + " differ in size");
   at::NoGradGuard no_grad;
+  std::optional<comm::gathered> local;
+  if (!s.opts.collective && !exact && dtype == comm::wire_dtype::sparse)
+    local = sparse_local(s, label.second, parts);
   // A contribution that nobody else holds (a worker's fresh pseudo-gradient) is summed into in place; one
   // still held elsewhere (ddp's gradient buffer, eager's outer parameters) is copied first.
   auto& first = parts[0];
@@ -193,6 +235,16 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
                                   "diverged (lower train.lr, outer.lr or train.weight_decay); the "
                                   "checkpoints of earlier rounds are kept",
                                   round));
+  if (local) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string why;
+    comm::sparse_mean_stats stats;
+    if (!comm::sparse_mean(*local, static_cast<size_t>(n), s.opts.sparse, s.opts.robust_clip,
+                           sum.data_ptr<float>(), &why, &stats))
+      return make_error(errc::malformed_frame, "round " + std::to_string(round) + ": " + why);
+    s.sparse_decode_s += seconds_since(t0);
+    s.clipped += stats.clipped;
+  }
   if (s.opts.collective) {
     float* data = sum.data_ptr<float>();
     const bool observe = round == s.opts.observe_round;

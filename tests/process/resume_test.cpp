@@ -203,3 +203,16 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
   CATCH_CHECK(log3.find("corrupt") != std::string::npos);
   fs::remove_all(dir);
 }
+
+CATCH_TEST_CASE(
+    "with the sparse codec and streaming a run SIGKILLed mid-way resumes exactly, each worker's residual "
+    "included",
+    "[process][resume][policy][sparse]") {
+  // In one process each worker is coded as a one-worker node, with an error-feedback residual per worker and
+  // fragment: without them in the checkpoint, the rounds after the restart would differ.
+  const auto dir = scratch_dir("sigkill-sparse");
+  auto sets = streaming_sets;
+  sets.insert(sets.end(), {"comm.dtype=sparse", "comm.density=0.05", "comm.value_bits=4"});
+  check_interrupted_resume(dir, sets, SIGKILL);
+  fs::remove_all(dir);
+}
