@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 namespace longwave::comm {
 
@@ -61,8 +62,8 @@ void elastic_ring::retire_ring() {
   ring_.reset();
 }
 
-elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, float* data, size_t n, double weight,
-                                            std::optional<wire_dtype> dtype, std::string& error, errc& code) {
+elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_call& main, std::string& error,
+                                            errc& code) {
   std::unique_lock<std::mutex> lk(mu_);
   auto ring = ring_;
   const uint64_t epoch = view_.epoch;
@@ -71,13 +72,13 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, float* data, 
   bool ok = true;
   try {
     if (!ring) throw lw_error(errc::peer_lost, "no ring in epoch " + std::to_string(epoch));
-    ring->allreduce(key.round, data, n, weight, main_fragment(key.fragment), dtype);
+    main(*ring, main_fragment(key.fragment));
     const double total = ring->last_total_weight();  // before the confirmation's weights replace it
     lk.lock();
     have_result_ = true;
     lk.unlock();
     // Nobody applies a result before every member holds it: a member that fails before this point makes
-    // every member redo the all-reduce, and none has applied it yet.
+    // every member redo the main call, and none has applied it yet.
     if (ring->world_size() > 1) {
       float token = 1.0f;
       ring->allreduce(key.round, &token, 1, 1.0, confirm_fragment(key.fragment), wire_dtype::fp32);
@@ -103,13 +104,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, float* data, 
   return outcome::failed;
 }
 
-void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
-                             std::optional<wire_dtype> dtype) {
-  const reduce_key key{round, fragment};
-  // The input, for a redo among other members; the buffer is kept between calls (calls are serialized), so
-  // that the copy costs no page faults.
-  if (input_.size() < n) input_.resize(n);
-  std::copy(data, data + n, input_.begin());
+void elastic_ring::run(const reduce_key& key, const main_call& main, const std::function<void()>& restore) {
   std::unique_lock<std::mutex> lk(mu_);
   pending_ = key;
   have_result_ = false;
@@ -123,7 +118,7 @@ void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weigh
     cv_.wait(lk, [&] { return cancelled_ || evicted_ || !fenced_; });
     if (cancelled_) {
       finish();
-      throw lw_error(errc::cancelled, "all-reduce cancelled");
+      throw lw_error(errc::cancelled, "ring call cancelled");
     }
     if (evicted_) {
       finish();
@@ -137,13 +132,13 @@ void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weigh
         finish();
         return;
       }
-      std::copy(input_.begin(), input_.begin() + static_cast<std::ptrdiff_t>(n), data);
+      restore();
       have_result_ = false;
     }
     lk.unlock();
     std::string error;
     errc code = errc::none;
-    const auto result = attempt(key, data, n, weight, dtype, error, code);
+    const auto result = attempt(key, main, error, code);
     lk.lock();
     if (result == outcome::done) {
       committed_ = key;
@@ -161,6 +156,30 @@ void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weigh
       }
     }
   }
+}
+
+void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
+                             std::optional<wire_dtype> dtype) {
+  // The input, for a redo among other members; the buffer is kept between calls (calls are serialized), so
+  // that the copy costs no page faults.
+  if (input_.size() < n) input_.resize(n);
+  std::copy(data, data + n, input_.begin());
+  run(
+      reduce_key{round, fragment},
+      [&](ring_allreduce& ring, uint32_t f) { ring.allreduce(round, data, n, weight, f, dtype); },
+      [&] { std::copy(input_.begin(), input_.begin() + static_cast<std::ptrdiff_t>(n), data); });
+}
+
+gathered elastic_ring::allgather(uint64_t round, const std::byte* message, size_t bytes, double weight,
+                                 uint32_t fragment) {
+  // The caller's message is the kept input: it is const and outlives this blocking call, so a redo resends
+  // it unchanged and nothing needs restoring. The kept result is the last main call's.
+  gathered result;
+  run(
+      reduce_key{round, fragment},
+      [&](ring_allreduce& ring, uint32_t f) { result = ring.allgather(round, message, bytes, weight, f); },
+      [] {});
+  return result;
 }
 
 void elastic_ring::cancel() {

@@ -1,12 +1,13 @@
 #pragma once
-// The ring all-reduce of a cluster whose membership changes by epochs. Each epoch has its own ring_allreduce
-// among that epoch's members; a fence from the coordinator abandons the call in flight, and the next
-// membership either keeps its result (every member holds it) or redoes it among the new members from the
-// kept input. Results are applied only after a one-value confirmation all-reduce, so no member applies an
-// average that another member may have to redo.
+// The ring all-reduce (and all-gather) of a cluster whose membership changes by epochs. Each epoch has its
+// own ring_allreduce among that epoch's members; a fence from the coordinator abandons the call in flight,
+// and the next membership either keeps its result (every member holds it) or redoes it among the new members
+// from the kept input. Results are applied only after a one-value confirmation all-reduce, so no member
+// applies an average that another member may have to redo.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,8 +36,9 @@ struct ring_failure {
   std::string reason;
 };
 
-/// The collective of a cluster node on the "ring" backend. allreduce runs on the communicator's thread; the
-/// membership calls (fence, enter, evict, fence_report, take_failure) come from the node's main thread.
+/// The collective of a cluster node on the "ring" backend. allreduce and allgather run on the
+/// communicator's thread; the membership calls (fence, enter, evict, fence_report, take_failure) come from
+/// the node's main thread.
 class elastic_ring final : public collective {
  public:
   /// committed: the last all-reduce the node's starting state includes (a joiner's; else none).
@@ -50,6 +52,12 @@ class elastic_ring final : public collective {
   /// failure brings no fence within the ring's timeout.
   void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
                  std::optional<wire_dtype> dtype = std::nullopt) override;
+
+  /// As ring_allreduce::allgather, across the current epoch's members, with allreduce's fence, redo and
+  /// confirmation rules: a parked call keeps its gathered result or gathers again among the new members
+  /// from the same message, so every member returns the same messages.
+  gathered allgather(uint64_t round, const std::byte* message, size_t bytes, double weight = 1.0,
+                     uint32_t fragment = 0) override;
 
   void cancel() override;
   void peer_declared_lost(const std::string& verdict) override;
@@ -84,8 +92,12 @@ class elastic_ring final : public collective {
 
  private:
   enum class outcome { done, parked, failed };
-  outcome attempt(const reduce_key& key, float* data, size_t n, double weight,
-                  std::optional<wire_dtype> dtype, std::string& error, errc& code);
+  /// The main collective of a call on one epoch's ring, with the ring fragment to use.
+  using main_call = std::function<void(ring_allreduce& ring, uint32_t fragment)>;
+  // One call through fences and membership changes: main then its confirmation, redone (after restore()
+  // puts the kept input back) until it is done, kept, or fails.
+  void run(const reduce_key& key, const main_call& main, const std::function<void()>& restore);
+  outcome attempt(const reduce_key& key, const main_call& main, std::string& error, errc& code);
   void retire_ring();  // under mu_
   void build_ring();   // under mu_
 

@@ -84,11 +84,12 @@ struct chunk_header {
   uint32_t sender = 0;   ///< sender's rank
   uint32_t world_size = 0;
   wire_dtype dtype = wire_dtype::fp32;
-  uint64_t total_elements = 0;  ///< length of the whole vector
-  uint64_t element_count = 0;   ///< values in this chunk
+  uint64_t total_elements = 0;  ///< length of the whole vector (dtype sparse: bytes of one rank's message)
+  uint64_t element_count = 0;   ///< values in this chunk (dtype sparse: bytes, = byte_count)
   uint64_t byte_count = 0;      ///< payload frame length
   uint32_t checksum = 0;        ///< CRC-32C of the payload
-  double weight = 0.0;          ///< reduce-scatter: weight already summed in; all-gather: total weight
+  /// Reduce-scatter: weight already summed in; all-gather: total weight; allgather: the origin rank's.
+  double weight = 0.0;
 };
 
 /// What the receiver expects of the next chunk: everything a header is compared with.

@@ -1,5 +1,6 @@
-// Ring all-reduce: the chunk schedule of both phases, the event loop that runs it on the transport's I/O
-// thread (send as soon as a chunk is ready, receive and reduce as frames arrive), and frame rejection.
+// Ring all-reduce and all-gather: the chunk schedule of both phases, the event loop that runs it on the
+// transport's I/O thread (send as soon as a chunk is ready, receive and reduce as frames arrive), and frame
+// rejection.
 //
 // Ranks r = 0..N-1, prev = r-1, next = r+1 (mod N). The vector is cut into N segments (the first n % N one
 // value longer), each segment into chunks of chunk_elements() values; an empty segment is one empty chunk.
@@ -9,6 +10,9 @@
 // all-gather. All-gather step t: r sends segment r+1-t and receives segment r-t, decodes it, and forwards
 // the same bytes (unless t = N-2). Chunk k of a step depends only on chunk k of the previous step, so the
 // steps overlap chunk by chunk; frames between a pair of ranks keep their order (one ZeroMQ connection).
+//
+// allgather runs the all-gather phase alone on byte messages: segment s is rank s's message, step t sends
+// segment r-t (its own first) and receives r-t-1; the same loop runs both plans (round_ops differ).
 #include "comm/ring_allreduce.hpp"
 
 #include <csignal>
@@ -20,6 +24,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "comm/zmq_transport.hpp"
@@ -44,10 +49,12 @@ struct item {
   uint32_t step;
   uint32_t segment;
   uint32_t chunk;
-  size_t offset;  // into data
-  size_t count;   // values
-  size_t bytes;   // encoded payload bytes (0 for an empty chunk)
-  size_t dep;     // out items: the in item whose arrival makes this one ready; npos: ready at once
+  size_t offset;         // into data (all-reduce) or into the segment's message (all-gather)
+  size_t count;          // values (all-gather: bytes)
+  size_t bytes;          // encoded payload bytes (0 for an empty chunk)
+  size_t dep = npos;     // out items: the in item whose arrival makes this one ready; npos: ready at once
+  bool keep = false;     // in items: the payload is passed on unchanged by a later out item
+  bool forward = false;  // out items: sends the kept payload of its dep instead of building one
 };
 
 size_t payload_bytes(const ring_options& o, size_t count) {
@@ -109,45 +116,95 @@ struct ring_allreduce::round_plan {
   std::vector<item> in;
   std::vector<item> out;
 
-  round_plan(uint32_t rank, uint32_t world, size_t n, size_t chunk_elems, const ring_options& o) {
+  // The all-reduce of n values: N segments, reduce-scatter then all-gather.
+  static round_plan reduce(uint32_t rank, uint32_t world, size_t n, size_t chunk_elems,
+                           const ring_options& o) {
+    round_plan p;
     const size_t base = n / world;
     const size_t rem = n % world;
     auto seg_offset = [&](uint32_t s) { return s * base + std::min<size_t>(s, rem); };
     auto seg_len = [&](uint32_t s) { return base + (s < rem ? 1 : 0); };
-    auto n_chunks = [&](uint32_t s) {
-      const size_t len = seg_len(s);
-      return len == 0 ? size_t{1} : (len + chunk_elems - 1) / chunk_elems;
-    };
-    auto mod = [&](int64_t v) { return static_cast<uint32_t>(((v % world) + world) % world); };
-    auto add = [&](std::vector<item>& v, ring_phase p, uint32_t t, uint32_t seg) {
-      const size_t k_max = n_chunks(seg);
-      const size_t len = seg_len(seg);
-      for (size_t k = 0; k < k_max; ++k) {
-        const size_t off = std::min(len, k * chunk_elems);
-        const size_t cnt = std::min(len - off, chunk_elems);
-        v.push_back(item{p, t, seg, static_cast<uint32_t>(k), seg_offset(seg) + off, cnt,
-                         payload_bytes(o, cnt), npos});
-      }
-    };
+    auto bytes_of = [&](size_t count) { return payload_bytes(o, count); };
     const int64_t r = rank;
     // in_start[p][t]: index of the first in item of (phase p, step t).
     std::vector<size_t> in_start[2];
-    for (int p = 0; p < 2; ++p) {
-      const auto phase = static_cast<ring_phase>(p);
+    for (int ph = 0; ph < 2; ++ph) {
+      const auto phase = static_cast<ring_phase>(ph);
       for (uint32_t t = 0; t + 1 < world; ++t) {
-        in_start[p].push_back(in.size());
-        add(in, phase, t, p == 0 ? mod(r - t - 1) : mod(r - t));
-        const size_t first_out = out.size();
-        add(out, phase, t, p == 0 ? mod(r - t) : mod(r + 1 - t));
+        const uint32_t in_seg = ph == 0 ? mod(r - t - 1, world) : mod(r - t, world);
+        const uint32_t out_seg = ph == 0 ? mod(r - t, world) : mod(r + 1 - t, world);
+        in_start[ph].push_back(p.in.size());
+        add(p.in, phase, t, in_seg, seg_offset(in_seg), seg_len(in_seg), chunk_elems, bytes_of);
+        const size_t first_out = p.out.size();
+        add(p.out, phase, t, out_seg, seg_offset(out_seg), seg_len(out_seg), chunk_elems, bytes_of);
         // Dependencies: the same segment's chunk k one step earlier (the reduce-scatter's last step for the
         // all-gather's first).
-        if (p == 0 && t == 0) continue;
-        const size_t dep_start =
-            p == 0 ? in_start[0][t - 1] : (t == 0 ? in_start[0][world - 2] : in_start[1][t - 1]);
-        for (size_t i = first_out; i < out.size(); ++i) out[i].dep = dep_start + (i - first_out);
+        if (ph == 0 && t == 0) continue;
+        p.link(first_out,
+               ph == 0 ? in_start[0][t - 1] : (t == 0 ? in_start[0][world - 2] : in_start[1][t - 1]));
       }
     }
+    p.mark_forwarding(world);
+    return p;
   }
+
+  // The all-gather of one message of `bytes` bytes per rank: segment s is rank s's message. Step t sends
+  // segment r-t (this rank's own at step 0, then what arrived at step t-1) and receives segment r-t-1.
+  static round_plan gather(uint32_t rank, uint32_t world, size_t bytes, size_t chunk_bytes) {
+    round_plan p;
+    auto bytes_of = [](size_t count) { return count; };
+    const int64_t r = rank;
+    size_t prev_in = 0;  // the first in item of step t-1
+    for (uint32_t t = 0; t + 1 < world; ++t) {
+      const size_t in_start = p.in.size();
+      add(p.in, ring_phase::all_gather, t, mod(r - t - 1, world), 0, bytes, chunk_bytes, bytes_of);
+      const size_t first_out = p.out.size();
+      add(p.out, ring_phase::all_gather, t, mod(r - t, world), 0, bytes, chunk_bytes, bytes_of);
+      if (t > 0) p.link(first_out, prev_in);
+      prev_in = in_start;
+    }
+    p.mark_forwarding(world);
+    return p;
+  }
+
+ private:
+  static uint32_t mod(int64_t v, uint32_t world) {
+    return static_cast<uint32_t>(((v % world) + world) % world);
+  }
+
+  // Appends the chunks of segment seg (len values from offset off) to v; an empty segment is one empty chunk.
+  template <class BytesOf>
+  static void add(std::vector<item>& v, ring_phase p, uint32_t t, uint32_t seg, size_t off, size_t len,
+                  size_t chunk, BytesOf&& bytes_of) {
+    const size_t k_max = len == 0 ? size_t{1} : (len + chunk - 1) / chunk;
+    for (size_t k = 0; k < k_max; ++k) {
+      const size_t at = std::min(len, k * chunk);
+      const size_t cnt = std::min(len - at, chunk);
+      v.push_back(item{p, t, seg, static_cast<uint32_t>(k), off + at, cnt, bytes_of(cnt)});
+    }
+  }
+
+  // The out items from first_out on depend, chunk by chunk, on the in items from dep_start on.
+  void link(size_t first_out, size_t dep_start) {
+    for (size_t i = first_out; i < out.size(); ++i) out[i].dep = dep_start + (i - first_out);
+  }
+
+  // The all-gather forwards what it receives unchanged, except at its last step (nobody needs it then).
+  void mark_forwarding(uint32_t world) {
+    for (auto& it : in) it.keep = it.phase == ring_phase::all_gather && it.step + 2 < world;
+    for (auto& it : out) it.forward = it.phase == ring_phase::all_gather && it.step > 0;
+  }
+};
+
+// What a call does with its plan's payloads; run_round's loop does the rest (validation, sending, holding,
+// forwarding, deadlines), the same for the all-reduce and the all-gather.
+struct ring_allreduce::round_ops {
+  // Takes the payload of in item i, already validated against the plan (decode, reduce or copy it); a
+  // rejection drops the frame instead.
+  std::function<std::optional<rejection>(size_t i, const chunk_header& h, const zmq::message_t& payload)>
+      take;
+  // Builds the payload of out item i, which forwards nothing, and sets h's weight and checksum.
+  std::function<void(size_t i, chunk_header& h, zmq::message_t& payload)> make;
 };
 
 ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, ring_options opts,
@@ -250,14 +307,7 @@ double ring_allreduce::decode_seconds() const {
   return static_cast<double>(counters_->decode_ns.load()) * 1e-9;
 }
 
-void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
-                               std::optional<wire_dtype> dtype) {
-  std::lock_guard<std::mutex> lk(call_mu_);
-  ring_options o = opts_;
-  if (dtype) o.dtype = *dtype;
-  // A different dtype gets its own chunk length, so its frames stay about chunk_bytes long.
-  const size_t chunk_elements = o.dtype == opts_.dtype ? chunk_elements_ : elements_per_chunk(o);
-  LW_ASSERT(data != nullptr || n == 0, "ring_allreduce::allreduce: data is null");
+void ring_allreduce::check_call(uint64_t round, uint32_t fragment, double weight) const {
   const std::pair<uint64_t, uint32_t> key{round, fragment};
   if (last_ && key <= *last_)
     throw lw_error(errc::stale_round,
@@ -267,25 +317,22 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
   if (!std::isfinite(weight) || weight < 0.0)
     throw lw_error(errc::invalid_config,
                    fmt::format("comm: rank {}: weight {} must be finite and >= 0", rank_, weight));
-  const size_t world = endpoints_.size();
-  if (world == 1 && weight == 0.0)
+  if (endpoints_.size() == 1 && weight == 0.0)
     throw lw_error(errc::invalid_config,
                    fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
-  if (n / world / chunk_elements >= std::numeric_limits<uint32_t>::max())
-    throw lw_error(
-        errc::invalid_config,
-        fmt::format("comm: {} values make more than 2^32 chunks per segment; raise chunk_bytes", n));
-  last_ = key;
+}
+
+void ring_allreduce::run_call(uint64_t round, uint32_t fragment, const std::function<void()>& body) {
+  last_ = std::make_pair(round, fragment);
   failed_ = true;  // until the call returns normally
-  if (world == 1) {
-    counters_->total_weight.store(weight);
-    single_rank(data, n, o, chunk_elements);
+  if (endpoints_.size() == 1) {
+    body();
   } else {
     // The error crosses threads as a value and is thrown afresh here.
     std::optional<std::pair<errc, std::string>> error;
     auto done = transport_->submit([&] {
       try {
-        run_round(round, fragment, data, n, weight, o, chunk_elements);
+        body();
       } catch (const lw_error& e) {
         error.emplace(e.code(), e.what());
       } catch (const std::exception& e) {  // e.g. std::bad_alloc
@@ -299,6 +346,58 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
   counters_->completed_round.store(round);
   std::lock_guard<std::mutex> verdict_lk(counters_->verdict_mu);
   counters_->verdict.reset();
+}
+
+void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double weight, uint32_t fragment,
+                               std::optional<wire_dtype> dtype) {
+  std::lock_guard<std::mutex> lk(call_mu_);
+  ring_options o = opts_;
+  if (dtype) o.dtype = *dtype;
+  // A different dtype gets its own chunk length, so its frames stay about chunk_bytes long.
+  const size_t chunk_elements = o.dtype == opts_.dtype ? chunk_elements_ : elements_per_chunk(o);
+  LW_ASSERT(data != nullptr || n == 0, "ring_allreduce::allreduce: data is null");
+  check_call(round, fragment, weight);
+  if (n / endpoints_.size() / chunk_elements >= std::numeric_limits<uint32_t>::max())
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("comm: {} values make more than 2^32 chunks per segment; raise chunk_bytes", n));
+  run_call(round, fragment, [&] {
+    if (endpoints_.size() == 1) {
+      counters_->total_weight.store(weight);
+      single_rank(data, n, o, chunk_elements);
+    } else {
+      reduce_round(round, fragment, data, n, weight, o, chunk_elements);
+    }
+  });
+}
+
+gathered ring_allreduce::allgather(uint64_t round, const std::byte* message, size_t bytes, double weight,
+                                   uint32_t fragment) {
+  std::lock_guard<std::mutex> lk(call_mu_);
+  LW_ASSERT(message != nullptr || bytes == 0, "ring_allreduce::allgather: message is null");
+  check_call(round, fragment, weight);
+  if (bytes / opts_.chunk_bytes >= std::numeric_limits<uint32_t>::max())
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("comm: a message of {} bytes makes more than 2^32 chunks; raise chunk_bytes", bytes));
+  const size_t world = endpoints_.size();
+  gathered g;
+  g.bytes = bytes;
+  g.weights.assign(world, 0.0);
+  g.weights[static_cast<size_t>(rank_)] = weight;
+  g.messages.resize(world * bytes);
+  if (bytes != 0) std::memcpy(g.messages.data() + static_cast<size_t>(rank_) * bytes, message, bytes);
+  run_call(round, fragment, [&] {
+    if (world > 1) gather_round(round, fragment, message, weight, g);
+    // Every rank sums the same weights in the same order, so all agree on the total (and on a refusal).
+    double total = 0;
+    for (double w : g.weights) total += w;
+    if (!(total > 0.0))
+      throw lw_error(errc::invalid_config,
+                     fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
+    counters_->total_weight.store(total);
+  });
+  return g;
 }
 
 void ring_allreduce::single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements) {
@@ -340,18 +439,107 @@ void ring_allreduce::report(const std::string& peer, const rejection& r) {
   }
 }
 
-void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight,
-                               const ring_options& o, size_t chunk_elements) {
+void ring_allreduce::reduce_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight,
+                                  const ring_options& o, size_t chunk_elements) {
+  const auto world = static_cast<uint32_t>(endpoints_.size());
+  const auto rank = static_cast<uint32_t>(rank_);
+  const round_plan plan = round_plan::reduce(rank, world, n, chunk_elements, o);
+  if (weight != 1.0)
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(static_cast<double>(data[i]) * weight);
+  std::vector<double> in_weight(plan.in.size(), 0.0);  // reduce-scatter: weight summed into each in item
+
+  round_ops ops;
+  // Reduce-scatter: add to this rank's values; all-gather: take the owner's average.
+  ops.take = [&](size_t i, const chunk_header& h, const zmq::message_t& payload) -> std::optional<rejection> {
+    const item& it = plan.in[i];
+    const auto* src = static_cast<const std::byte*>(payload.data());
+    bool decoded = true;
+    if (it.count != 0) {
+      codec_clock timed(counters_->decode_ns);
+      decoded = it.phase == ring_phase::reduce_scatter
+                    ? decode_accumulate(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec)
+                    : decode(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec);
+    }
+    if (!decoded)
+      return rejection{reject_reason::bad_payload, fmt::format("the {} codec refused segment {} chunk {}",
+                                                               to_string(o.dtype), it.segment, it.chunk)};
+    if (it.phase == ring_phase::reduce_scatter) in_weight[i] = h.weight + weight;
+    return std::nullopt;
+  };
+  // Reduce-scatter: the partial sum so far; the all-gather's first step finalizes the segment.
+  ops.make = [&](size_t i, chunk_header& h, zmq::message_t& payload) {
+    const item& it = plan.out[i];
+    float* x = data + it.offset;
+    if (it.phase == ring_phase::reduce_scatter) {
+      h.weight = it.dep == npos ? weight : in_weight[it.dep];
+    } else {
+      // This rank owns the segment: average, encode once, and keep exactly what the others will decode.
+      h.weight = in_weight[it.dep];
+      counters_->total_weight.store(h.weight);
+      if (!(h.weight > 0.0))
+        throw lw_error(
+            errc::invalid_config,
+            fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
+      const double inv = 1.0 / h.weight;
+      for (size_t j = 0; j < it.count; ++j) x[j] = static_cast<float>(static_cast<double>(x[j]) * inv);
+    }
+    payload = zmq::message_t(it.bytes);
+    auto* dst = static_cast<std::byte*>(payload.data());
+    bool own_decoded = true;
+    if (it.count != 0) {
+      codec_clock timed(counters_->encode_ns);
+      encode(o.dtype, x, it.count, dst, o.codec);
+      // The owner keeps exactly what the others will decode (counted as encoding: it is the owner's).
+      if (it.phase == ring_phase::all_gather)
+        own_decoded = decode(o.dtype, dst, it.bytes, it.count, x, o.codec);
+    }
+    if (!own_decoded)
+      throw lw_error(errc::malformed_frame,
+                     fmt::format("comm: rank {} round {}: segment {} chunk {} cannot be encoded as {} (the "
+                                 "average is not finite)",
+                                 rank, round, it.segment, it.chunk, to_string(o.dtype)));
+    h.checksum = crc32c(payload.data(), payload.size());
+  };
+  run_round(round, fragment, plan, o.dtype, n, o, ops);
+}
+
+void ring_allreduce::gather_round(uint64_t round, uint32_t fragment, const std::byte* message, double weight,
+                                  gathered& g) {
+  const auto world = static_cast<uint32_t>(endpoints_.size());
+  const round_plan plan = round_plan::gather(static_cast<uint32_t>(rank_), world, g.bytes, opts_.chunk_bytes);
+  round_ops ops;
+  // A segment's bytes go to its rank's slot; its weight is the origin rank's, the same in every chunk.
+  ops.take = [&](size_t i, const chunk_header& h, const zmq::message_t& payload) -> std::optional<rejection> {
+    const item& it = plan.in[i];
+    double& w = g.weights[it.segment];
+    if (it.chunk == 0)
+      w = h.weight;
+    else if (h.weight != w)
+      return rejection{reject_reason::malformed,
+                       fmt::format("segment {} chunk {} has weight {}, its chunk 0 had {}", it.segment,
+                                   it.chunk, h.weight, w)};
+    if (it.count != 0)
+      std::memcpy(g.messages.data() + it.segment * g.bytes + it.offset, payload.data(), it.count);
+    return std::nullopt;
+  };
+  // Only step 0 builds a payload: this rank's own message, as it is.
+  ops.make = [&](size_t i, chunk_header& h, zmq::message_t& payload) {
+    const item& it = plan.out[i];
+    payload = it.count == 0 ? zmq::message_t() : zmq::message_t(message + it.offset, it.count);
+    h.weight = weight;
+    h.checksum = crc32c(payload.data(), payload.size());
+  };
+  run_round(round, fragment, plan, wire_dtype::sparse, g.bytes, opts_, ops);
+}
+
+void ring_allreduce::run_round(uint64_t round, uint32_t fragment, const round_plan& plan, wire_dtype dtype,
+                               uint64_t total_elements, const ring_options& o, const round_ops& ops) {
   try {
     const auto world = static_cast<uint32_t>(endpoints_.size());
     const auto rank = static_cast<uint32_t>(rank_);
     const uint32_t prev = (rank + world - 1) % world;
     const uint32_t next = (rank + 1) % world;
     zmq_transport& tr = *transport_;
-    const round_plan plan(rank, world, n, chunk_elements, o);
-
-    if (weight != 1.0)
-      for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(static_cast<double>(data[i]) * weight);
 
     chunk_expectation expect;
     expect.cluster_id = opts_.cluster_id;
@@ -359,11 +547,10 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
     expect.round = round;
     expect.fragment = fragment;
     expect.world_size = world;
-    expect.total_elements = n;
-    expect.dtype = o.dtype;
+    expect.total_elements = total_elements;
+    expect.dtype = dtype;
     expect.sender = prev;
 
-    std::vector<double> in_weight(plan.in.size(), 0.0);  // reduce-scatter: weight summed into each in item
     struct forward_entry {
       zmq::message_t payload;
       uint32_t checksum;
@@ -395,7 +582,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       report(peer, r);
     };
 
-    // Validates a parsed chunk against the next in item and, if it fits, reduces or decodes it.
+    // Validates a parsed chunk against the next in item and, if it fits, lets ops take it.
     auto accept = [&](const chunk_header& h, zmq::message_t& payload, const std::string& peer) -> bool {
       const item& it = plan.in[in_next];
       expect.phase = it.phase;
@@ -404,35 +591,13 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       expect.chunk = it.chunk;
       expect.element_count = it.count;
       expect.byte_count = it.bytes;
-      if (auto bad = check_chunk(h, payload.data(), payload.size(), expect)) {
+      auto bad = check_chunk(h, payload.data(), payload.size(), expect);
+      if (!bad) bad = ops.take(in_next, h, payload);
+      if (bad) {
         reject(peer, *bad);
         return false;
       }
-      const auto* src = static_cast<const std::byte*>(payload.data());
-      bool decoded = true;
-      if (it.count != 0) {
-        codec_clock timed(counters_->decode_ns);
-        decoded = it.phase == ring_phase::reduce_scatter
-                      ? decode_accumulate(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec)
-                      : decode(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec);
-      }
-      if (it.phase == ring_phase::reduce_scatter) {
-        if (!decoded) {
-          reject(peer, rejection{reject_reason::bad_payload,
-                                 fmt::format("the {} codec refused segment {} chunk {}", to_string(o.dtype),
-                                             it.segment, it.chunk)});
-          return false;
-        }
-        in_weight[in_next] = h.weight + weight;
-      } else {
-        if (!decoded) {
-          reject(peer, rejection{reject_reason::bad_payload,
-                                 fmt::format("the {} codec refused segment {} chunk {}", to_string(o.dtype),
-                                             it.segment, it.chunk)});
-          return false;
-        }
-        if (it.step + 2 < world) forward.push_back(forward_entry{std::move(payload), h.checksum, h.weight});
-      }
+      if (it.keep) forward.push_back(forward_entry{std::move(payload), h.checksum, h.weight});
       ++in_next;
       return true;
     };
@@ -474,7 +639,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       return accept(h.value(), m.parts[1], peer);
     };
 
-    // Builds the frames of out item i (which is ready). The all-gather's first step finalizes the segment.
+    // Builds the frames of out item i (which is ready): forwarded bytes as they came, else ops makes them.
     auto build = [&](size_t i, zmq::message_t& header, zmq::message_t& payload) {
       const item& it = plan.out[i];
       chunk_header h;
@@ -488,48 +653,18 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, float* data, s
       h.chunk = it.chunk;
       h.sender = rank;
       h.world_size = world;
-      h.dtype = o.dtype;
-      h.total_elements = n;
+      h.dtype = dtype;
+      h.total_elements = total_elements;
       h.element_count = it.count;
       h.byte_count = it.bytes;
-      float* x = data + it.offset;
-      if (it.phase == ring_phase::all_gather && it.step > 0) {
+      if (it.forward) {
         forward_entry f = std::move(forward.front());
         forward.pop_front();
         payload = std::move(f.payload);
         h.checksum = f.checksum;
         h.weight = f.weight;
       } else {
-        if (it.phase == ring_phase::reduce_scatter) {
-          h.weight = it.dep == npos ? weight : in_weight[it.dep];
-        } else {
-          // This rank owns the segment: average, encode once, and keep exactly what the others will decode.
-          h.weight = in_weight[it.dep];
-          counters_->total_weight.store(h.weight);
-          if (!(h.weight > 0.0))
-            throw lw_error(
-                errc::invalid_config,
-                fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
-          const double inv = 1.0 / h.weight;
-          for (size_t j = 0; j < it.count; ++j) x[j] = static_cast<float>(static_cast<double>(x[j]) * inv);
-        }
-        payload = zmq::message_t(it.bytes);
-        auto* dst = static_cast<std::byte*>(payload.data());
-        bool own_decoded = true;
-        if (it.count != 0) {
-          codec_clock timed(counters_->encode_ns);
-          encode(o.dtype, x, it.count, dst, o.codec);
-          // The owner keeps exactly what the others will decode (counted as encoding: it is the owner's).
-          if (it.phase == ring_phase::all_gather)
-            own_decoded = decode(o.dtype, dst, it.bytes, it.count, x, o.codec);
-        }
-        if (!own_decoded)
-          throw lw_error(
-              errc::malformed_frame,
-              fmt::format("comm: rank {} round {}: segment {} chunk {} cannot be encoded as {} (the "
-                          "average is not finite)",
-                          rank, round, it.segment, it.chunk, to_string(o.dtype)));
-        h.checksum = crc32c(payload.data(), payload.size());
+        ops.make(i, h, payload);
       }
       const auto bytes = build_chunk_header(h);
       header = zmq::message_t(bytes.data(), bytes.size());

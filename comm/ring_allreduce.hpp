@@ -1,6 +1,7 @@
 #pragma once
 // Weighted ring all-reduce of a flat fp32 vector over ZeroMQ: pipelined reduce-scatter then all-gather of
-// encoded chunks, every received frame validated (comm/frame.hpp), bit-identical results on every rank.
+// encoded chunks, every received frame validated (comm/frame.hpp), bit-identical results on every rank; and
+// the ring all-gather of equal-sized byte messages (sparse top-k) over the same loop.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -99,6 +100,15 @@ class ring_allreduce final : public collective {
   void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
                  std::optional<wire_dtype> dtype = std::nullopt) override;
 
+  /// Gathers every rank's message of `bytes` bytes (segment r is rank r's) in a pipelined ring: step t sends
+  /// segment r-t, this rank's own at step 0 and then the bytes received at step t-1 unchanged (same payload
+  /// and CRC), in chunks of about chunk_bytes, as dtype sparse frames. For messages that cannot be summed on
+  /// the way (sparse top-k indices differ per rank); the caller decodes and sums them in rank order, so
+  /// every rank gets the same bits. Preconditions, errors and the shared (round, fragment) sequence are
+  /// allreduce's; some rank's weight must be positive. Blocks the caller.
+  gathered allgather(uint64_t round, const std::byte* message, size_t bytes, double weight = 1.0,
+                     uint32_t fragment = 0) override;
+
   /// Makes the running call (within about 50 ms) and every later one throw errc::cancelled: for a node that
   /// is stopping. Any thread.
   void cancel() override;
@@ -131,9 +141,19 @@ class ring_allreduce final : public collective {
  private:
   struct held_frame;
   struct round_plan;
+  struct round_ops;
 
-  void run_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight,
-                 const ring_options& o, size_t chunk_elements);
+  // The checks every call makes before it starts (stale key, weight); under call_mu_.
+  void check_call(uint64_t round, uint32_t fragment, double weight) const;
+  // Claims (round, fragment) and runs body on the I/O thread (here with one rank), rethrowing its error.
+  void run_call(uint64_t round, uint32_t fragment, const std::function<void()>& body);
+  // The all-reduce's and the all-gather's arithmetic around run_round (I/O thread).
+  void reduce_round(uint64_t round, uint32_t fragment, float* data, size_t n, double weight,
+                    const ring_options& o, size_t chunk_elements);
+  void gather_round(uint64_t round, uint32_t fragment, const std::byte* message, double weight, gathered& g);
+  // The event loop that runs a plan's frames: one for both collectives.
+  void run_round(uint64_t round, uint32_t fragment, const round_plan& plan, wire_dtype dtype,
+                 uint64_t total_elements, const ring_options& o, const round_ops& ops);
   void single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements);
   void report(const std::string& peer, const rejection& r);
   std::string rank_text(uint32_t r) const;
@@ -145,7 +165,7 @@ class ring_allreduce final : public collective {
   reject_callback on_reject_;
   size_t chunk_elements_ = 1;
 
-  std::mutex call_mu_;                                 // serializes allreduce calls
+  std::mutex call_mu_;                                 // serializes allreduce and allgather calls
   std::optional<std::pair<uint64_t, uint32_t>> last_;  // (round, fragment) of the last call; under call_mu_
   bool failed_ = false;                                // the last call threw; under call_mu_
 

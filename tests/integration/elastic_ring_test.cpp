@@ -15,44 +15,19 @@
 
 #include "comm/elastic_ring.hpp"
 #include "runtime/errors/errors.hpp"
-#include "tests/support/process.hpp"
+#include "tests/support/ring_members.hpp"
 
 using namespace longwave;
 using namespace longwave::comm;
 
 namespace {
 
-struct members {
-  std::vector<std::string> names, endpoints;
-};
-
-members make_members(size_t n) {
-  members m;
-  for (size_t i = 0; i < n; ++i) {
-    m.names.push_back("n" + std::to_string(i));
-    m.endpoints.push_back("tcp://127.0.0.1:" + std::to_string(test::free_port()));
-  }
-  return m;
-}
-
-/// Members `keep` of m, in order, as epoch `epoch`'s view for the member at position `rank` of keep.
-epoch_view view_of(const members& m, const std::vector<size_t>& keep, uint64_t epoch, uint32_t rank) {
-  epoch_view v;
-  v.epoch = epoch;
-  v.rank = rank;
-  for (auto i : keep) {
-    v.names.push_back(m.names[i]);
-    v.endpoints.push_back(m.endpoints[i]);
-  }
-  return v;
-}
+using test::make_members;
+using test::poll;
+using test::view_of;
 
 ring_options options() {
-  ring_options o;
-  o.timeout = std::chrono::milliseconds(20000);
-  o.cluster_id = 0xe1a5;
-  o.chunk_bytes = 4096;  // several chunks per segment
-  return o;
+  return test::ring_test_options(0xe1a5);
 }
 
 /// Rank r's input: n values that differ per rank.
@@ -61,17 +36,6 @@ std::vector<float> input_of(size_t r, size_t n) {
   for (size_t i = 0; i < n; ++i)
     x[i] = static_cast<float>((r + 1) * 0.25 + static_cast<double>(i % 97) * 1e-3);
   return x;
-}
-
-/// Polls until f() has a value (or 10 s pass).
-template <class F>
-auto poll(F f) -> decltype(f()) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    auto v = f();
-    if (v || std::chrono::steady_clock::now() > deadline) return v;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
 }
 
 }  // namespace

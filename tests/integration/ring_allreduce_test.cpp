@@ -38,6 +38,7 @@
 #include "comm/wire.capnp.h"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
+#include "tests/support/raw_frames.hpp"
 
 namespace {
 
@@ -970,10 +971,7 @@ CATCH_TEST_CASE("a rank drops a hostile peer's malformed frames, reports each, a
           zmq::socket_t push(ctx, zmq::socket_type::push);
           push.set(zmq::sockopt::linger, 0);
           push.connect(eps[1]);
-          for (const auto& msg : messages)
-            for (size_t i = 0; i < msg.size(); ++i)
-              push.send(zmq::buffer(msg[i].data(), msg[i].size()),
-                        i + 1 < msg.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+          for (const auto& msg : messages) test::send_frames(push, msg);
           std::this_thread::sleep_for(ms(500));  // delivered into rank 1's queue before the ring starts
           write_text(dir / "hostile-sent", "");
           wait_for_file(dir / "done-r1", ms(60000));  // stay connected until rank 1 has read everything
