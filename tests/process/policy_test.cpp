@@ -308,6 +308,28 @@ CATCH_TEST_CASE(
   check_run("streaming", "int8", streaming_records);
 }
 
+// The sparse codec (comm defaults: 1.56 % of each chunk at 2 bits, error feedback): each node's message is
+// all-gathered and every node sums them in rank order, so theta stays the same on both.
+CATCH_TEST_CASE("policy sync over sparse: the round averages are gathered, the same theta on both nodes",
+                "[process][policy][sparse]") {
+  check_run("sync", "sparse", sync_records);
+}
+
+CATCH_TEST_CASE("policy delayed over sparse: workers one round stale, the same theta on both nodes",
+                "[process][policy][sparse]") {
+  check_run("delayed", "sparse", delayed_records);
+}
+
+CATCH_TEST_CASE("policy eager over sparse: the final mean of the parameters goes as fp32, not sparse",
+                "[process][policy][sparse]") {
+  check_run("eager", "sparse", eager_records);
+}
+
+CATCH_TEST_CASE("policy streaming over sparse: each fragment gathered with its own residual",
+                "[process][policy][sparse]") {
+  check_run("streaming", "sparse", streaming_records);
+}
+
 CATCH_TEST_CASE(
     "policy comparison: int8 within 1.5% of fp32, streaming within 1.5% of sync, eager nearer than delayed",
     "[process][policy]") {
