@@ -27,6 +27,8 @@
 #include "comm/codec.hpp"
 #include "comm/elastic_ring.hpp"
 #include "comm/ring_allreduce.hpp"
+#include "comm/sparse_error_feedback.hpp"
+#include "comm/sparse_sum.hpp"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/clock/clock.hpp"
 #include "runtime/errors/errors.hpp"
@@ -54,6 +56,7 @@ struct settings {
   int rank = -1;
   uint64_t cluster_id = 0x4c57424e;
   bool baseline = true;
+  sparse_options sparse;  // dtype "sparse": encode with error feedback, all-gather, rank-ordered mean
 };
 
 constexpr const char* elastic_suffix = "/elastic";
@@ -107,6 +110,8 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
   for (size_t d = 0; d < s.dtypes.size(); ++d) {
     ring_options o;
     o.dtype = *config::from_string<wire_dtype>(base_dtype(s.dtypes[d]));
+    const bool sparse = o.dtype == wire_dtype::sparse;
+    if (sparse) o.dtype = wire_dtype::fp32;  // the ring's own dense calls (the barrier token)
     o.codec.int8_codebook = s.codebook;
     o.chunk_bytes = s.chunk_bytes;
     o.send_hwm = o.recv_hwm = s.hwm;
@@ -121,6 +126,17 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     else
       made = std::make_unique<ring_allreduce>(rank, eps, o);
     collective& ring = *made;
+    // Sparse, as the communicator does it: this rank's message through error feedback, every rank's
+    // gathered, and their mean in rank order.
+    sparse_error_feedback ef(sparse ? s.n : 0, 0.95f);
+    std::vector<std::byte> message(sparse ? sparse_encoded_size(s.n, s.sparse) : 0);
+    auto reduce = [&](uint64_t round) {
+      if (!sparse) return ring.allreduce(round, data.data(), s.n);
+      ef.encode(data.data(), s.n, 0, message.data(), s.sparse);
+      const auto g = ring.allgather(round, message.data(), message.size());
+      std::string why;
+      if (!sparse_mean(g, s.n, s.sparse, false, data.data(), &why)) throw std::runtime_error(why);
+    };
     for (int it = 0; it < s.warmup + s.iters; ++it) {
       std::copy(original.begin(), original.end(), data.begin());
       // A one-value all-reduce first lines the ranks up (as nccl-tests' barrier), so that no rank's time
@@ -130,7 +146,7 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
       const uint64_t sent0 = ring.bytes_sent();
       const process_usage u0 = process_usage::now();
       const auto t0 = std::chrono::steady_clock::now();
-      ring.allreduce(2 * static_cast<uint64_t>(it) + 1, data.data(), s.n);
+      reduce(2 * static_cast<uint64_t>(it) + 1);
       const double sec = seconds_since(t0);
       const process_usage u1 = process_usage::now();
       if (it >= s.warmup)
@@ -269,6 +285,7 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
   std::printf("\n");
   double fp32_goodput = 0.0;
   double int8_goodput = 0.0;
+  double sparse_goodput = 0.0;
   std::map<std::string, double> median_ms;
   for (size_t d = 0; d < s.dtypes.size(); ++d) {
     // Per iteration the slowest rank's time (the all-reduce is done when the last rank is done).
@@ -295,8 +312,13 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
     char ratio[32] = "-";
     if (fp32_goodput > 0) std::snprintf(ratio, sizeof ratio, "%.3fx", goodput / fp32_goodput);
     if (s.dtypes[d] == "int8") int8_goodput = goodput;
+    if (base_dtype(s.dtypes[d]) == "sparse") sparse_goodput = goodput;
+    // wire_MiB: one rank's message (an all-gather sends N-1 of them; a ring all-reduce 2(N-1)/N of one).
+    const double message_bytes = base_dtype(s.dtypes[d]) == "sparse"
+                                     ? per_rank_sent / (world - 1)
+                                     : per_rank_sent * world / (2.0 * (world - 1));
     std::printf("%-6s %10.1f %10.1f %12.3f %14.3f %14s", s.dtypes[d].c_str(), t * 1e3,
-                per_rank_sent * world / (2.0 * (world - 1)) / (1 << 20), busbw / 1e9, goodput / 1e9, ratio);
+                message_bytes / (1 << 20), busbw / 1e9, goodput / 1e9, ratio);
     if (s.link_gbit > 0) std::printf(" %12.3f", busbw * 8.0 / (s.link_gbit * 1e9));
     if (p2p > 0) std::printf(" %12.3f", busbw / p2p);
     std::printf("\n       each iteration (ms):");
@@ -321,6 +343,9 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
   if (fp32_goodput > 0 && int8_goodput > 0)
     std::printf("int8 / fp32 effective goodput (fp32 bytes averaged per second): %.3f\n",
                 int8_goodput / fp32_goodput);
+  if (int8_goodput > 0 && sparse_goodput > 0)
+    std::printf("sparse / int8 effective goodput: %.3f (density %g, %u bits)\n",
+                sparse_goodput / int8_goodput, s.sparse.density, s.sparse.value_bits);
   for (const auto& [name, ms] : median_ms)
     if (is_elastic(name) && median_ms.count(base_dtype(name)))
       std::printf("%s / %s time (input copy and confirmation all-reduce): %.3f\n", name.c_str(),
@@ -353,15 +378,20 @@ int main(int argc, char** argv) {
       "comma-separated bind endpoints of all ranks (dtype d uses port + d); run one rank per process");
   app.add_option("--rank", s.rank, "this process's rank with --endpoints");
   app.add_option("--cluster-id", s.cluster_id, "cluster id (dtype d uses id + d)");
+  app.add_option("--density", s.sparse.density, "sparse: kept fraction of each chunk")
+      ->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--value-bits", s.sparse.value_bits, "sparse: bits per kept value")
+      ->check(CLI::IsMember({2, 4}));
   app.add_flag("!--no-baseline", s.baseline,
                "skip the raw ZeroMQ baseline (point-to-point on loopback; ring streams with --endpoints)");
   CLI11_PARSE(app, argc, argv);
   for (const auto& d : s.dtypes)
     if (!config::from_string<wire_dtype>(base_dtype(d))) {
-      std::fprintf(stderr,
-                   "bench_allreduce: unknown dtype '%s' (fp32, fp16, bf16, int8; '/elastic' appended: the "
-                   "cluster's elastic ring)\n",
-                   d.c_str());
+      std::fprintf(
+          stderr,
+          "bench_allreduce: unknown dtype '%s' (fp32, fp16, bf16, int8, sparse; '/elastic' appended: the "
+          "cluster's elastic ring)\n",
+          d.c_str());
       return 2;
     }
   if (!endpoints.empty()) {

@@ -305,8 +305,16 @@ bool sparse_decode(const std::byte* src, size_t bytes, size_t n, float* dst, con
 }
 
 bool sparse_decode_accumulate(const std::byte* src, size_t bytes, size_t n, float* acc,
-                              const sparse_options& o, std::string* why) {
-  return validate_then_apply(src, bytes, n, o, why, [acc](size_t i, float v) { acc[i] += v; });
+                              const sparse_options& o, std::string* why, float scale) {
+  return validate_then_apply(src, bytes, n, o, why, [acc, scale](size_t i, float v) { acc[i] += scale * v; });
+}
+
+bool sparse_sum_squares(const std::byte* src, size_t bytes, size_t n, const sparse_options& o, double* sum_sq,
+                        std::string* why) {
+  double s = 0;
+  if (!walk(src, bytes, n, o, why, [&s](size_t, float v) { s += static_cast<double>(v) * v; })) return false;
+  *sum_sq = s;
+  return true;
 }
 
 bool sparse_decode_subtract(const std::byte* src, size_t bytes, size_t n, float* acc, const sparse_options& o,

@@ -40,10 +40,14 @@ bool sparse_encode(const float* src, size_t n, std::byte* dst, const sparse_opti
 bool sparse_decode(const std::byte* src, size_t bytes, size_t n, float* dst, const sparse_options& o,
                    std::string* why = nullptr);
 
-/// acc[i] += decoded value of i (only the sent ones are touched); validates like sparse_decode and leaves acc
-/// unchanged on false.
+/// acc[i] += scale * decoded value of i (only the sent ones are touched; one fp32 product and one sum);
+/// validates like sparse_decode and leaves acc unchanged on false.
 bool sparse_decode_accumulate(const std::byte* src, size_t bytes, size_t n, float* acc,
-                              const sparse_options& o, std::string* why = nullptr);
+                              const sparse_options& o, std::string* why = nullptr, float scale = 1.0f);
+
+/// *sum_sq = the sum of the squared decoded values (in double, in index order); validates like sparse_decode.
+bool sparse_sum_squares(const std::byte* src, size_t bytes, size_t n, const sparse_options& o, double* sum_sq,
+                        std::string* why = nullptr);
 
 /// acc[i] -= decoded value of i: what error feedback removes from its residual. Validates like sparse_decode.
 bool sparse_decode_subtract(const std::byte* src, size_t bytes, size_t n, float* acc, const sparse_options& o,

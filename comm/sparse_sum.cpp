@@ -10,12 +10,6 @@ namespace longwave::comm {
 
 namespace {
 
-double l2(const std::vector<float>& x) {
-  double s = 0;
-  for (const float v : x) s += static_cast<double>(v) * v;
-  return std::sqrt(s);
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
@@ -37,19 +31,17 @@ bool sparse_mean(const gathered& g, size_t n, const sparse_options& o, bool clip
   double total = 0;
   for (const double w : g.weights) total += w;
   if (!(total > 0)) return fail("no rank contributed a positive weight");
-  // Every message of positive weight is decoded (and so validated) before out is touched; the second pass
-  // decodes again rather than holding world decoded vectors.
-  std::vector<float> x(n);
+  // Every message of positive weight is validated (and its norm taken) before out is touched; then only the
+  // sent values are added, so the cost is the k values per chunk of each rank, not world dense vectors.
+  auto message = [&](size_t r) { return g.messages.data() + r * g.bytes; };
   std::vector<double> norms(world, 0.0);
-  auto decode_rank = [&](size_t r, std::string* reason) {
-    return sparse_decode(g.messages.data() + r * g.bytes, g.bytes, n, x.data(), o, reason);
-  };
   for (size_t r = 0; r < world; ++r) {
     if (!(g.weights[r] > 0)) continue;
     std::string reason;
-    if (!decode_rank(r, &reason))
+    double sum_sq = 0;
+    if (!sparse_sum_squares(message(r), g.bytes, n, o, &sum_sq, &reason))
       return fail(fmt::format("the sparse message of rank {} does not decode: {}", r, reason));
-    norms[r] = l2(x);
+    norms[r] = std::sqrt(sum_sq);
   }
   std::vector<double> scale(world, 1.0);
   double med = 0;
@@ -68,12 +60,10 @@ bool sparse_mean(const gathered& g, size_t n, const sparse_options& o, bool clip
   std::fill(out, out + n, 0.0f);
   for (size_t r = 0; r < world; ++r) {
     if (!(g.weights[r] > 0)) continue;
-    decode_rank(r, nullptr);  // valid: the first pass checked it
-    const auto c = static_cast<float>(g.weights[r] * scale[r]);
-    for (size_t i = 0; i < n; ++i) out[i] += c * x[i];
+    // The division by the total weight rides on each rank's factor: no pass over the n values.
+    const auto c = static_cast<float>(g.weights[r] * scale[r] / total);
+    sparse_decode_accumulate(message(r), g.bytes, n, out, o, nullptr, c);  // valid: checked above
   }
-  const auto w = static_cast<float>(total);
-  for (size_t i = 0; i < n; ++i) out[i] /= w;
   if (stats) {
     stats->norms = std::move(norms);
     stats->median_norm = med;

@@ -17,7 +17,7 @@ struct sparse_mean_stats {
   size_t clipped = 0;         ///< contributions scaled down to the median
 };
 
-/// out[i] = sum_r c_r * x_r[i] / sum_r w_r for i < n, ranks in order, where x_r is the decoding of rank r's
+/// out[i] = sum_r (c_r / sum_r w_r) * x_r[i] for i < n, ranks in order, where x_r is the decoding of rank r's
 /// message and c_r = w_r, or with clip w_r * min(1, median / |x_r|), the median over the ranks of positive
 /// weight (Templar's robust aggregation: a diverging or faulty node cannot dominate). Ranks of weight 0 are
 /// skipped. The result depends only on g, n and o (plain fp32 loops, no FMA). Returns false, out unchanged
