@@ -317,7 +317,7 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
     const double message_bytes = base_dtype(s.dtypes[d]) == "sparse"
                                      ? per_rank_sent / (world - 1)
                                      : per_rank_sent * world / (2.0 * (world - 1));
-    std::printf("%-6s %10.1f %10.1f %12.3f %14.3f %14s", s.dtypes[d].c_str(), t * 1e3,
+    std::printf("%-6s %10.1f %10.3f %12.3f %14.3f %14s", s.dtypes[d].c_str(), t * 1e3,
                 message_bytes / (1 << 20), busbw / 1e9, goodput / 1e9, ratio);
     if (s.link_gbit > 0) std::printf(" %12.3f", busbw * 8.0 / (s.link_gbit * 1e9));
     if (p2p > 0) std::printf(" %12.3f", busbw / p2p);

@@ -34,18 +34,20 @@ rc=0
 scripts/wan exec 0 "$bin" --endpoints "$eps" --rank 0 --link-gbit "$gbit" "$@" | tee "$logs/rank0.txt" || rc=$?
 for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 for i in $(seq 1 $((n - 1))); do echo; cat "$logs/rank$i.txt"; done
-# The ring's figures: per dtype, the slowest rank's time.
+# The ring's figures: per dtype, the slowest rank's time (sparse: the all-gather of sparse messages).
 echo
 echo "ring (slowest of the $n ranks per dtype; link $rate):"
 cat "$logs"/rank*.txt | awk -v n="$n" -v gbit="$gbit" '
-  $1 ~ /^(fp32|fp16|bf16|int8)$/ && $2 ~ /^[0-9.]+$/ && NF >= 7 { if ($2 > t[$1]) t[$1] = $2; mib[$1] = $3; seen[$1] = 1 }
+  $1 ~ /^(fp32|fp16|bf16|int8|sparse)$/ && $2 ~ /^[0-9.]+$/ && NF >= 7 { if ($2 > t[$1]) t[$1] = $2; mib[$1] = $3; seen[$1] = 1 }
   $1 == "stream" && $2 ~ /^[0-9.]+$/ { if ($2 > ts) ts = $2 }
   END {
     printf "%-6s %10s %12s %14s\n", "dtype", "time_ms", "busbw/link", "goodput/fp32";
-    split("fp32 fp16 bf16 int8", order, " ");
-    for (k = 1; k <= 4; ++k) { d = order[k]; if (!seen[d]) continue;
-      bus = 2 * (n - 1) / n * mib[d] * 1048576 / (t[d] / 1000);
+    split("fp32 fp16 bf16 int8 sparse", order, " ");
+    for (k = 1; k <= 5; ++k) { d = order[k]; if (!seen[d]) continue;
+      # sparse: mib is one message, and an all-gather sends n - 1 of them.
+      bus = (d == "sparse" ? n - 1 : 2 * (n - 1) / n) * mib[d] * 1048576 / (t[d] / 1000);
       printf "%-6s %10.1f %12.3f %13.3fx\n", d, t[d], bus / (gbit * 1.25e8), t["fp32"] / t[d] }
+    if (seen["int8"] && seen["sparse"]) printf "sparse vs int8 time: %.2fx faster\n", t["int8"] / t["sparse"]
     if (ts > 0 && seen["fp32"]) {
       # The streams carry exactly the fp32 ring'"'"'s bytes, so the rate ratio is the inverse time ratio.
       stream = 2 * (n - 1) / n * mib["fp32"] * 1048576 / (ts / 1000);
