@@ -37,6 +37,10 @@ done
   { echo "elastic_soak.sh: need 10 <= --every-min <= --every-max" >&2; exit 2; }
 
 dir=$(mktemp -d /tmp/lw-elastic-soak.XXXXXX)
+# A copy, so that a rebuild during the soak does not hand restarted nodes another binary (whose settings
+# fingerprint may differ from the coordinator's: it would turn them away).
+cp "$binary" "$dir/longwave"
+binary=$dir/longwave
 declare -A pid
 cleanup() {
   for p in "${pid[@]}"; do kill -9 "$p" 2>/dev/null || true; done
@@ -115,6 +119,14 @@ def flat(col, name):
     a, b = statistics.median(early), statistics.median(late)
     print(f"{name}: resident {a / 1024:.0f} MiB at 5-10 min, {b / 1024:.0f} MiB in the last 5 min: "
           f"{(b - a) / a * 100:+.1f} % (goal within 5 %)")
+    # The trend: a leak grows with time (or joins); allocator warm-up steps up early and then stays.
+    span = rss[-1][0] - t0
+    quarters = []
+    for q in range(4):
+        v = [r[col] for r in rss if q * span / 4 <= r[0] - t0 < (q + 1) * span / 4]
+        quarters.append(f"{statistics.median(v) / 1024:.0f}" if v else "-")
+    print(f"{name}: median resident MiB per quarter of the run: {', '.join(quarters)}; "
+          f"max {max(r[col] for r in rss) / 1024:.0f}")
 flat(1, "n0")
 flat(2, "coordinator")
 crcs = {}
