@@ -76,6 +76,13 @@ metrics_actor spawn_metrics(caf::actor_system& sys, const config::train_config& 
   return metrics;
 }
 
+/// How comm.dtype = "sparse" sends its values, for the start-up line.
+std::string sparse_values(const config::train_config& cfg) {
+  if (cfg.comm.sparse_indices == config::sparse_index_mode::shared)
+    return "shared indices, values as int8 on the ring";
+  return fmt::format("top-k at {} bits", cfg.comm.value_bits);
+}
+
 /// The communicator's options: the local mean alone, or (a cluster node) comm.backend across nodes.
 communicator_options communicator_options_for(const config::train_config& cfg, const cluster_role* role,
                                               const metrics_actor& metrics) {
@@ -86,13 +93,16 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   o.sparse = sparse_options_from(cfg);
   o.ef_decay = static_cast<float>(cfg.comm.ef_decay);
   o.robust_clip = cfg.comm.robust_clip;
+  o.shared_indices = cfg.comm.sparse_indices == config::sparse_index_mode::shared;
+  o.mask_seed = cfg.run.seed;
+  o.codec.int8_codebook = cfg.comm.int8_codebook;  // shared indices quantize as the ring's int8 would
   if (cfg.comm.dtype == config::wire_dtype::sparse) o.dtype = cfg.comm.dtype;
   if (!role) {
     if (o.dtype == config::wire_dtype::sparse)
       spdlog::info(
           "comm: each worker's pseudo-gradient is coded as a node of one worker would code it: sparse "
-          "at density {}, {} bits, error feedback decay {}{}",
-          cfg.comm.density, cfg.comm.value_bits, cfg.comm.ef_decay,
+          "at density {}, {}, error feedback decay {}{}",
+          cfg.comm.density, sparse_values(cfg), cfg.comm.ef_decay,
           cfg.comm.robust_clip ? ", clipped to the median norm" : "");
     return o;
   }
@@ -104,14 +114,13 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   const auto world = role->names.size();
   o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
   o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
-  spdlog::info("{}: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", cfg.comm.backend,
-               role->rank, world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer,
-               cfg.comm.dtype,
-               cfg.comm.dtype == config::wire_dtype::sparse
-                   ? fmt::format(" at density {} and {} bits, error feedback decay {}{}", cfg.comm.density,
-                                 cfg.comm.value_bits, cfg.comm.ef_decay,
-                                 cfg.comm.robust_clip ? ", clipped to the median norm" : "")
-                   : std::string(cfg.comm.error_feedback ? ", error feedback" : ""));
+  spdlog::info(
+      "{}: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", cfg.comm.backend, role->rank,
+      world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer, cfg.comm.dtype,
+      cfg.comm.dtype == config::wire_dtype::sparse
+          ? fmt::format(" at density {}, {}, error feedback decay {}{}", cfg.comm.density, sparse_values(cfg),
+                        cfg.comm.ef_decay, cfg.comm.robust_clip ? ", clipped to the median norm" : "")
+          : std::string(cfg.comm.error_feedback ? ", error feedback" : ""));
   return o;
 }
 

@@ -11,6 +11,7 @@
 
 #include "comm/collective.hpp"
 #include "comm/error_feedback.hpp"
+#include "comm/shared_mask.hpp"
 #include "comm/sparse_error_feedback.hpp"
 #include "comm/sparse_sum.hpp"
 #include "runtime/clock/clock.hpp"
@@ -39,24 +40,56 @@ struct comm_state {
   double encode_s = 0, decode_s = 0;                // collective codec times already reported
 };
 
+/// Values that the collective encodes together (a chunk shares its int8 scales or codebook); SIZE_MAX (one
+/// piece) in a single process.
+size_t codec_chunk(const comm_state& s) {
+  return s.opts.collective ? std::max<size_t>(1, s.opts.collective->chunk_elements()) : SIZE_MAX;
+}
+
+/// back[0..m) = what every receiver decodes once x[0..m) went out as one chunk of dtype (x and back may be
+/// the same). False if the codec refused the values (int8 of NaN or inf); back is then unchanged.
+bool round_trip(const comm_state& s, comm::wire_dtype dtype, const float* x, size_t m, float* back,
+                std::vector<std::byte>& wire) {
+  wire.resize(comm::encoded_size(dtype, m, s.opts.codec));
+  comm::encode(dtype, x, m, wire.data(), s.opts.codec);
+  return comm::decode(dtype, wire.data(), wire.size(), m, back, s.opts.codec);
+}
+
 /// Quantizes x in place chunk by chunk, as the collective will, carrying what is lost into the next round.
 void apply_error_feedback(comm_state& s, uint32_t part, float* x, size_t n) {
   auto& residual = s.residuals[part];
   if (!residual || residual->size() != n) residual = std::make_unique<comm::error_feedback>(n);
-  const size_t chunk = std::max<size_t>(1, s.opts.collective->chunk_elements());
+  const size_t chunk = codec_chunk(s);
   std::vector<std::byte> wire;
   std::vector<float> back;
   for (size_t off = 0, m = 0; off < n; off += m) {  // chunk may be SIZE_MAX: one piece
     m = std::min(chunk, n - off);
     residual->add_residual(x + off, m, off);
-    wire.resize(comm::encoded_size(s.opts.dtype, m, s.opts.codec));
-    comm::encode(s.opts.dtype, x + off, m, wire.data(), s.opts.codec);
     back.resize(m);
-    LW_ASSERT(comm::decode(s.opts.dtype, wire.data(), wire.size(), m, back.data(), s.opts.codec),
-              "own encoding did not decode");
+    LW_ASSERT(round_trip(s, s.opts.dtype, x + off, m, back.data(), wire), "own encoding did not decode");
     residual->update(x + off, back.data(), m, off);
     std::copy(back.begin(), back.end(), x + off);
   }
+}
+
+/// comm.sparse_indices = "shared": v[0..k) becomes what the ring's int8 codec makes of it, chunk by chunk as
+/// apply_error_feedback does. False if v held NaN or inf.
+bool quantize_shared(const comm_state& s, float* v, size_t k) {
+  const size_t chunk = codec_chunk(s);
+  std::vector<std::byte> wire;
+  for (size_t off = 0, m = 0; off < k; off += m) {
+    m = std::min(chunk, k - off);
+    if (!round_trip(s, comm::wire_dtype::int8, v + off, m, v + off, wire)) return false;
+  }
+  return true;
+}
+
+/// The sparse residual under key for n values, created (zero) on first use or when n changed.
+comm::sparse_error_feedback& sparse_residual(comm_state& s, uint32_t key, size_t n) {
+  auto& residual = s.sparse_residuals[key];
+  if (!residual || residual->size() != n)
+    residual = std::make_unique<comm::sparse_error_feedback>(n, s.opts.ef_decay);
+  return *residual;
 }
 
 /// comm.dtype = "sparse": error feedback encodes this node's contribution (weight 0 in an observed round:
@@ -67,10 +100,7 @@ void sparse_reduce(comm_state& s, uint64_t round, uint32_t part, float* data, si
   std::vector<std::byte> message(comm::sparse_encoded_size(n, o));
   auto t0 = std::chrono::steady_clock::now();
   if (weight > 0) {
-    auto& residual = s.sparse_residuals[part];
-    if (!residual || residual->size() != n)
-      residual = std::make_unique<comm::sparse_error_feedback>(n, s.opts.ef_decay);
-    if (!residual->encode(data, n, 0, message.data(), o))
+    if (!sparse_residual(s, part, n).encode(data, n, 0, message.data(), o))
       throw lw_error(errc::diverged, "the error-feedback residual has NaN or infinite values");
   } else {
     comm::sparse_encode(data, n, message.data(), o);
@@ -105,21 +135,82 @@ comm::gathered sparse_local(comm_state& s, uint32_t part, const std::vector<at::
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t w = 0; w < parts.size(); ++w) {
     const auto x = parts[w].to(at::kFloat).contiguous();
-    auto& residual = s.sparse_residuals[local_residual_key(w, part)];
-    if (!residual || residual->size() != n)
-      residual = std::make_unique<comm::sparse_error_feedback>(n, s.opts.ef_decay);
-    residual->encode(x.data_ptr<float>(), n, 0, g.messages.data() + w * g.bytes, o);  // NaN: checked later
+    auto& residual = sparse_residual(s, local_residual_key(w, part), n);
+    residual.encode(x.data_ptr<float>(), n, 0, g.messages.data() + w * g.bytes, o);  // NaN: checked later
   }
   s.sparse_encode_s += seconds_since(t0);
   return g;
 }
 
+/// comm.sparse_indices = "shared" in a cluster (SparseLoCo's rule with a shared mask): e <- ef_decay * e +
+/// data, v = e[mask] quantized as the int8 ring will, e[mask] -= v; the ring averages every node's v (the
+/// same indices everywhere, so they add up on the way and the bytes do not grow with the nodes), and data
+/// becomes 0 except data[mask] = that average. Weight 0 (an observed round): v = data[mask], e untouched.
+void shared_reduce(comm_state& s, uint64_t round, uint32_t part, float* data, size_t n, double weight) {
+  const auto mask = comm::shared_mask(n, s.opts.sparse, {s.opts.mask_seed, round, part});
+  const size_t k = mask.size();
+  std::vector<float> v(k);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (weight > 0) {
+    auto& residual = sparse_residual(s, part, n);
+    if (!residual.accumulate_and_gather(data, mask.data(), k, v.data()) || !quantize_shared(s, v.data(), k))
+      throw lw_error(errc::diverged, "the error-feedback residual has NaN or infinite values");
+    residual.subtract(mask.data(), k, v.data());
+  } else {
+    for (size_t i = 0; i < k; ++i) v[i] = data[mask[i]];
+  }
+  s.sparse_encode_s += seconds_since(t0);
+  s.opts.collective->allreduce(round, v.data(), k, weight, part, comm::wire_dtype::int8);
+  std::fill(data, data + n, 0.0f);
+  for (size_t i = 0; i < k; ++i) data[mask[i]] = v[i];
+}
+
+/// comm.sparse_indices = "shared" in a single process: each worker's v is built and quantized as a node of
+/// one worker would (its own residual, key local_residual_key), and *mean = the workers' quantized v summed
+/// in rank order over the workers' count. A cluster of one-worker nodes gets the same up to the ring's
+/// re-quantization of partial sums. False if a residual went non-finite.
+bool shared_local(comm_state& s, const ring_label& label, const std::vector<at::Tensor>& parts,
+                  const std::vector<size_t>& mask, std::vector<float>* mean) {
+  const auto n = static_cast<size_t>(parts[0].numel());
+  const size_t k = mask.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> v(k);
+  mean->assign(k, 0.0f);
+  bool finite = true;
+  for (size_t w = 0; w < parts.size(); ++w) {
+    const auto x = parts[w].to(at::kFloat).contiguous();
+    auto& residual = sparse_residual(s, local_residual_key(w, label.second), n);
+    if (!residual.accumulate_and_gather(x.data_ptr<float>(), mask.data(), k, v.data()) ||
+        !quantize_shared(s, v.data(), k)) {
+      finite = false;
+      continue;
+    }
+    residual.subtract(mask.data(), k, v.data());
+    for (size_t i = 0; i < k; ++i) (*mean)[i] += v[i];
+  }
+  const float inv = 1.0f / static_cast<float>(parts.size());
+  for (float& m : *mean) m *= inv;
+  s.sparse_encode_s += seconds_since(t0);
+  return finite;
+}
+
+/// Values that comm.dtype = "sparse" sends out of n (top-k or shared: the same count per chunk).
+size_t kept_of(const comm_state& s, size_t n) {
+  const size_t c = s.opts.sparse.chunk;
+  return n / c * comm::sparse_kept(c, s.opts.sparse) + comm::sparse_kept(n % c, s.opts.sparse);
+}
+
 /// Fraction of n values that the wire carries in dtype.
 double density_of(const comm_state& s, comm::wire_dtype dtype, size_t n) {
   if (dtype != comm::wire_dtype::sparse || n == 0) return 1.0;
-  const size_t c = s.opts.sparse.chunk;
-  const size_t kept = n / c * comm::sparse_kept(c, s.opts.sparse) + comm::sparse_kept(n % c, s.opts.sparse);
-  return static_cast<double>(kept) / static_cast<double>(n);
+  return static_cast<double>(kept_of(s, n)) / static_cast<double>(n);
+}
+
+/// Bytes that n values take on the wire in dtype (the compression ratio compares them with fp32's).
+size_t wire_bytes_of(const comm_state& s, comm::wire_dtype dtype, size_t n) {
+  if (dtype != comm::wire_dtype::sparse) return comm::encoded_size(dtype, n, s.opts.codec);
+  if (s.opts.shared_indices) return comm::encoded_size(comm::wire_dtype::int8, kept_of(s, n), s.opts.codec);
+  return comm::sparse_encoded_size(n, s.opts.sparse);
 }
 
 /// L2 norm of the error-feedback residuals of a ring label part (every local worker's, in a single process),
@@ -161,8 +252,7 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
   }
   // A single process codes only for comm.dtype = "sparse" (sparse_local).
   if (s.opts.collective || dtype == comm::wire_dtype::sparse) {
-    const auto wire = dtype == comm::wire_dtype::sparse ? comm::sparse_encoded_size(n, s.opts.sparse)
-                                                        : comm::encoded_size(dtype, n, s.opts.codec);
+    const auto wire = wire_bytes_of(s, dtype, n);
     if (wire > 0) ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire);
     double enc = s.sparse_encode_s, dec = s.sparse_decode_s;
     if (s.opts.collective) {
@@ -216,8 +306,18 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
                         "contributions of round " + std::to_string(round) + " differ in size");
   at::NoGradGuard no_grad;
   std::optional<comm::gathered> local;
-  if (!s.opts.collective && !exact && dtype == comm::wire_dtype::sparse)
-    local = sparse_local(s, label.second, parts);
+  std::vector<size_t> mask;        // shared indices in a single process
+  std::vector<float> shared_mean;  // and the workers' mean at them
+  bool shared_finite = true;
+  if (!s.opts.collective && !exact && dtype == comm::wire_dtype::sparse) {
+    if (s.opts.shared_indices) {
+      mask =
+          comm::shared_mask(static_cast<size_t>(n), s.opts.sparse, {s.opts.mask_seed, round, label.second});
+      shared_finite = shared_local(s, label, parts, mask, &shared_mean);
+    } else {
+      local = sparse_local(s, label.second, parts);
+    }
+  }
   // A contribution that nobody else holds (a worker's fresh pseudo-gradient) is summed into in place; one
   // still held elsewhere (ddp's gradient buffer, eager's outer parameters) is copied first.
   auto& first = parts[0];
@@ -235,6 +335,14 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
                                   "diverged (lower train.lr, outer.lr or train.weight_decay); the "
                                   "checkpoints of earlier rounds are kept",
                                   round));
+  if (!shared_finite)
+    return make_error(errc::diverged, "round " + std::to_string(round) +
+                                          ": the error-feedback residual has NaN or infinite values");
+  if (!mask.empty()) {
+    sum.zero_();
+    float* data = sum.data_ptr<float>();
+    for (size_t i = 0; i < mask.size(); ++i) data[mask[i]] = shared_mean[i];
+  }
   if (local) {
     const auto t0 = std::chrono::steady_clock::now();
     std::string why;
@@ -253,7 +361,9 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
       apply_error_feedback(s, label.second, data, static_cast<size_t>(n));
     const double weight = observe ? 0.0 : static_cast<double>(parts.size());
     try {
-      if (dtype == comm::wire_dtype::sparse)
+      if (dtype == comm::wire_dtype::sparse && s.opts.shared_indices)
+        shared_reduce(s, round, label.second, data, static_cast<size_t>(n), weight);
+      else if (dtype == comm::wire_dtype::sparse)
         sparse_reduce(s, round, label.second, data, static_cast<size_t>(n), weight);
       else
         s.opts.collective->allreduce(round, data, static_cast<size_t>(n), weight, label.second, dtype);

@@ -34,6 +34,11 @@ struct communicator_options {
   comm::sparse_options sparse{};
   float ef_decay = 0.95f;
   bool robust_clip = false;
+  /// comm.sparse_indices = "shared": every node sends the values at the same seeded indices
+  /// (comm/shared_mask.hpp, from mask_seed = run.seed) as int8 over the dense ring, instead of its own top-k
+  /// all-gathered.
+  bool shared_indices = false;
+  uint64_t mask_seed = 0;
   /// Metrics sink for all-reduce time and bytes; may be null.
   runtime::metrics_actor metrics;
   /// The next and previous nodes' names (labels of the bytes-sent and bytes-received counters).

@@ -2,6 +2,7 @@
 #include "comm/sparse_error_feedback.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "runtime/errors/errors.hpp"
@@ -37,6 +38,24 @@ bool sparse_error_feedback::encode(const float* delta, size_t n, size_t offset, 
   const bool decoded = sparse_decode_subtract(dst, sparse_encoded_size(n, o), n, e, o);
   LW_ASSERT(decoded, "sparse_error_feedback: a message this node encoded does not decode");
   return true;
+}
+
+bool sparse_error_feedback::accumulate_and_gather(const float* delta, const size_t* mask, size_t k,
+                                                  float* v) {
+  LW_ASSERT(k == 0 || mask[k - 1] < residual_.size(), "sparse_error_feedback: mask index out of range");
+  float* e = residual_.data();
+  for (size_t i = 0; i < residual_.size(); ++i) e[i] = decay_ * e[i] + delta[i];
+  bool finite = true;
+  for (size_t i = 0; i < k; ++i) {
+    v[i] = e[mask[i]];
+    finite = finite && std::isfinite(v[i]);
+  }
+  return finite;
+}
+
+void sparse_error_feedback::subtract(const size_t* mask, size_t k, const float* sent) {
+  LW_ASSERT(k == 0 || mask[k - 1] < residual_.size(), "sparse_error_feedback: mask index out of range");
+  for (size_t i = 0; i < k; ++i) residual_[mask[i]] -= sent[i];
 }
 
 void sparse_error_feedback::reset() {

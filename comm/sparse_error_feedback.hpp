@@ -27,6 +27,16 @@ class sparse_error_feedback {
   /// and e keeps decay * e_old + delta. offset + n must be <= size() (LW_ASSERT).
   bool encode(const float* delta, size_t n, size_t offset, std::byte* dst, const sparse_options& o);
 
+  /// comm.sparse_indices = "shared", where the indices are given rather than picked: e <- decay * e + delta
+  /// over all size() values (delta holds size() values), then, for a strictly increasing mask, v[i] =
+  /// e[mask[i]] for i < k. The caller quantizes v as the wire will and hands the result to subtract. Returns
+  /// false if v holds NaN or inf.
+  bool accumulate_and_gather(const float* delta, const size_t* mask, size_t k, float* v);
+
+  /// e[mask[i]] -= sent[i] for i < k: removes what this node put on the wire (mask strictly increasing, <
+  /// size()).
+  void subtract(const size_t* mask, size_t k, const float* sent);
+
   /// Zeroes the residual (e.g. after a round was abandoned or the global parameters were reloaded).
   void reset();
 

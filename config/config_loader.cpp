@@ -625,6 +625,11 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                        "comm.dtype = \"sparse\": its messages are all-gathered over the ZeroMQ ring; use "
                        "comm.backend = \"ring\"");
   }
+  if (cfg.comm.robust_clip && cfg.comm.sparse_indices == sparse_index_mode::shared) {
+    throw config_error("comm.robust_clip",
+                       "comm.robust_clip = true: shared indices are summed on the ring, there is no node's "
+                       "message to clip; use comm.sparse_indices = \"topk\" or comm.robust_clip = false");
+  }
   if (cfg.comm.value_bits == 3) {
     throw config_error("comm.value_bits",
                        "comm.value_bits = 3: the sparse codec sends 2 or 4 bits per value");

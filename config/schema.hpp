@@ -172,6 +172,7 @@ void for_each_field(Config& c, Visitor&& f) {
   f("comm", "density", c.comm.density, real_in('(', 0, 1, ']'));
   f("comm", "value_bits", c.comm.value_bits, ints(2, 4));
   f("comm", "sparse_chunk", c.comm.sparse_chunk, ints(1, int64_t{1} << 24));
+  f("comm", "sparse_indices", c.comm.sparse_indices, listed());
   f("comm", "ef_decay", c.comm.ef_decay, real_in('[', 0, 1, ']'));
   f("comm", "robust_clip", c.comm.robust_clip, any());
   f("comm", "int8_codebook", c.comm.int8_codebook, any());

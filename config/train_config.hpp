@@ -91,6 +91,16 @@ struct enum_names<wire_dtype> {
   static constexpr std::array<const char*, 5> names{"fp32", "fp16", "bf16", "int8", "sparse"};
 };
 
+/// comm.sparse_indices: how comm.dtype = "sparse" picks the values each node sends.
+enum class sparse_index_mode : uint8_t {
+  topk,    ///< each node its own top-k per chunk; the messages differ, so they are all-gathered
+  shared,  ///< every node the same seeded indices per round; the values are summed on the dense int8 ring
+};
+template <>
+struct enum_names<sparse_index_mode> {
+  static constexpr std::array<const char*, 2> names{"topk", "shared"};
+};
+
 /// comm.backend: which collective averages across nodes (comm/collective.hpp).
 enum class comm_backend : uint8_t {
   ring,  ///< the ZeroMQ ring all-reduce on the host (every dtype, bit-identical results on every node)
@@ -217,6 +227,7 @@ struct comm_section {
   double density = 0.0156;              ///< sparse: kept fraction of each sparse_chunk (top-k by magnitude)
   int64_t value_bits = 2;               ///< sparse: bits per kept value (sign + magnitude level): 2 or 4
   int64_t sparse_chunk = 4096;          ///< sparse: values per top-k chunk (each has its own scale)
+  sparse_index_mode sparse_indices = sparse_index_mode::topk;  ///< sparse: "topk" | "shared"
   double ef_decay = 0.95;       ///< sparse: error feedback e <- ef_decay * e + delta (always on for sparse)
   bool robust_clip = false;     ///< sparse: scale each node's contribution down to the round's median norm
   bool int8_codebook = false;   ///< int8 only: 256-bin codebook of bin means instead of one scale per chunk

@@ -5,18 +5,14 @@
 #include <fmt/format.h>
 #include <algorithm>
 
+#include "runtime/checksum/splitmix64.hpp"
 #include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using runtime::splitmix64;
 
 // A uniform value in [0, range) from a 64-bit hash (Lemire's multiply-shift; bias < range / 2^64).
 uint64_t reduce(uint64_t hash, uint64_t range) {

@@ -68,13 +68,19 @@ std::string cluster_file(const std::string& dir) {
   return path;
 }
 
+/// The comm.dtype of a run's dtype name: "sparse-shared" is comm.dtype = "sparse" with shared indices.
+std::string wire_name(const std::string& dtype) {
+  return dtype.substr(0, dtype.find('-'));
+}
+
 /// The --set arguments of one run.
 std::vector<std::string> settings(const std::string& policy, const std::string& dtype) {
   const auto& [lr, mu, nesterov] = outer_setting.at(policy);
   std::vector<std::string> args;
-  for (const auto& kv : {"diloco.outer=" + policy, "comm.dtype=" + dtype, "outer.lr=" + lr,
+  for (const auto& kv : {"diloco.outer=" + policy, "comm.dtype=" + wire_name(dtype), "outer.lr=" + lr,
                          "outer.momentum=" + mu, "outer.nesterov=" + nesterov})
     args.insert(args.end(), {"--set", kv});
+  if (dtype == "sparse-shared") args.insert(args.end(), {"--set", "comm.sparse_indices=shared"});
   return args;
 }
 
@@ -228,7 +234,7 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
     const auto records = read_records(dir + "/run/" + node + "/metrics.jsonl");
     const auto starts = of_kind(records, "start"), ends = of_kind(records, "end");
     CATCH_REQUIRE(starts.size() == 1);
-    CATCH_CHECK(str(at(*starts[0], "comm_dtype")) == dtype);
+    CATCH_CHECK(str(at(*starts[0], "comm_dtype")) == wire_name(dtype));
     CATCH_CHECK(at(*starts[0], "cluster_workers").GetInt64() == 4);
     CATCH_REQUIRE(ends.size() == 1);
     CATCH_CHECK(at(*ends[0], "exit_code").GetInt64() == 0);
@@ -238,8 +244,9 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
       node_labels.emplace_back(at(*a, "round").GetInt64(), label);
       const auto& exact = expected.exact_labels;
       CATCH_INFO("all-reduce of round " << node_labels.back().first << ", label " << label);
-      CATCH_CHECK(str(at(*a, "dtype")) ==
-                  (std::count(exact.begin(), exact.end(), label) > 0 ? std::string("fp32") : dtype));
+      CATCH_CHECK(
+          str(at(*a, "dtype")) ==
+          (std::count(exact.begin(), exact.end(), label) > 0 ? std::string("fp32") : wire_name(dtype)));
     }
     std::sort(node_labels.begin(), node_labels.end());
     CATCH_CHECK(node_labels == expected.allreduces);
@@ -328,6 +335,14 @@ CATCH_TEST_CASE("policy eager over sparse: the final mean of the parameters goes
 CATCH_TEST_CASE("policy streaming over sparse: each fragment gathered with its own residual",
                 "[process][policy][sparse]") {
   check_run("streaming", "sparse", streaming_records);
+}
+
+// Shared indices (comm.sparse_indices = "shared"): every node sends the same seeded indices, as int8 over the
+// dense ring, so the bytes do not grow with the nodes; theta stays the same on both.
+CATCH_TEST_CASE(
+    "policy sync over sparse with shared indices: the values are ring-summed, the same theta on both",
+    "[process][policy][sparse]") {
+  check_run("sync", "sparse-shared", sync_records);
 }
 
 CATCH_TEST_CASE(

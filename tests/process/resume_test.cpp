@@ -204,15 +204,32 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
   fs::remove_all(dir);
 }
 
+namespace {
+
+/// Streaming over the sparse codec with `sparse_sets`, SIGKILLed mid-way: the resume must be exact. In one
+/// process each worker is coded as a one-worker node, with an error-feedback residual per worker and
+/// fragment: without them in the checkpoint, the rounds after the restart would differ.
+void check_sparse_resume(const std::string& name, const std::vector<std::string>& sparse_sets) {
+  const auto dir = scratch_dir(name);
+  auto sets = streaming_sets;
+  sets.insert(sets.end(), sparse_sets.begin(), sparse_sets.end());
+  check_interrupted_resume(dir, sets, SIGKILL);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
 CATCH_TEST_CASE(
     "with the sparse codec and streaming a run SIGKILLed mid-way resumes exactly, each worker's residual "
     "included",
     "[process][resume][policy][sparse]") {
-  // In one process each worker is coded as a one-worker node, with an error-feedback residual per worker and
-  // fragment: without them in the checkpoint, the rounds after the restart would differ.
-  const auto dir = scratch_dir("sigkill-sparse");
-  auto sets = streaming_sets;
-  sets.insert(sets.end(), {"comm.dtype=sparse", "comm.density=0.05", "comm.value_bits=4"});
-  check_interrupted_resume(dir, sets, SIGKILL);
-  fs::remove_all(dir);
+  check_sparse_resume("sigkill-sparse", {"comm.dtype=sparse", "comm.density=0.05", "comm.value_bits=4"});
+}
+
+// The shared mask depends only on run.seed and the ring label, so after the restart the same indices come up.
+CATCH_TEST_CASE(
+    "with shared sparse indices and streaming a run SIGKILLed mid-way resumes exactly, residuals included",
+    "[process][resume][policy][sparse]") {
+  check_sparse_resume("sigkill-sparse-shared",
+                      {"comm.dtype=sparse", "comm.density=0.05", "comm.sparse_indices=shared"});
 }

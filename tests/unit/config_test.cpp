@@ -23,6 +23,7 @@ using longwave::config::model_dtype;
 using longwave::config::outer_policy_kind;
 using longwave::config::parse_config;
 using longwave::config::run_mode;
+using longwave::config::sparse_index_mode;
 using longwave::config::to_toml;
 using longwave::config::tokenizer_kind;
 using longwave::config::train_config;
@@ -60,7 +61,7 @@ bool same(const train_config& a, const train_config& b) {
          a.runtime.log_every_steps == b.runtime.log_every_steps && a.comm.dtype == b.comm.dtype &&
          a.comm.int8_codebook == b.comm.int8_codebook && a.comm.error_feedback == b.comm.error_feedback &&
          a.comm.chunk_kib == b.comm.chunk_kib && a.comm.timeout_s == b.comm.timeout_s &&
-         a.comm.backend == b.comm.backend;
+         a.comm.backend == b.comm.backend && a.comm.sparse_indices == b.comm.sparse_indices;
 }
 
 /// The config_error that parse_config throws for this input; fails the test if it throws nothing.
@@ -822,6 +823,23 @@ CATCH_TEST_CASE("comm.dtype = sparse takes its codec keys, checked, and refuses 
   const config_error e = error_of("[comm]\nbackend = \"nccl\"\ndtype = \"sparse\"\n");
   CATCH_CHECK(e.key() == "comm.dtype");
   CATCH_CHECK_THAT(e.what(), Contains("use comm.backend = \"ring\""));
+}
+
+CATCH_TEST_CASE(
+    "comm.sparse_indices is topk by default, takes shared, and refuses other names and robust_clip",
+    "[config]") {
+  CATCH_CHECK(parse_config("", {}, "").comm.sparse_indices == sparse_index_mode::topk);
+  const train_config c = parse_config("[comm]\ndtype = \"sparse\"\nsparse_indices = \"shared\"\n", {}, "");
+  CATCH_CHECK(c.comm.sparse_indices == sparse_index_mode::shared);
+  CATCH_CHECK(parse_config("", {"comm.sparse_indices=shared"}, "").comm.sparse_indices ==
+              sparse_index_mode::shared);
+  CATCH_CHECK_THAT(error_of("[comm]\nsparse_indices = \"random\"\n").what(),
+                   Contains("comm.sparse_indices = \"random\": allowed values are topk, shared"));
+  // Shared indices are summed on the ring: there is no per-node message to clip.
+  const config_error e =
+      error_of("[comm]\ndtype = \"sparse\"\nsparse_indices = \"shared\"\nrobust_clip = true\n");
+  CATCH_CHECK(e.key() == "comm.robust_clip");
+  CATCH_CHECK_THAT(e.what(), Contains("sparse_indices = \"topk\""));
 }
 
 CATCH_TEST_CASE("A directory setting that names an existing file is refused at load time", "[config]") {
