@@ -630,6 +630,16 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                        "comm.robust_clip = true: shared indices are summed on the ring, there is no node's "
                        "message to clip; use comm.sparse_indices = \"topk\" or comm.robust_clip = false");
   }
+  // Measured (bench/RESULTS.md, issue 22): with shared indices a value waits up to 1/density rounds, and a
+  // slowly decaying residual then applies that many rounds' worth at once; at 0.95 the run diverges.
+  if (cfg.comm.dtype == wire_dtype::sparse && cfg.comm.sparse_indices == sparse_index_mode::shared &&
+      cfg.comm.ef_decay > 0.5) {
+    throw config_error(
+        "comm.ef_decay",
+        fmt::format("comm.ef_decay = {}: with comm.sparse_indices = \"shared\" a decay above 0.5 "
+                    "diverges (measured at 0.95); use comm.ef_decay = 0 to 0.5",
+                    cfg.comm.ef_decay));
+  }
   if (cfg.comm.value_bits == 3) {
     throw config_error("comm.value_bits",
                        "comm.value_bits = 3: the sparse codec sends 2 or 4 bits per value");

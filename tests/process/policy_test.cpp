@@ -80,7 +80,8 @@ std::vector<std::string> settings(const std::string& policy, const std::string& 
   for (const auto& kv : {"diloco.outer=" + policy, "comm.dtype=" + wire_name(dtype), "outer.lr=" + lr,
                          "outer.momentum=" + mu, "outer.nesterov=" + nesterov})
     args.insert(args.end(), {"--set", kv});
-  if (dtype == "sparse-shared") args.insert(args.end(), {"--set", "comm.sparse_indices=shared"});
+  if (dtype == "sparse-shared")
+    args.insert(args.end(), {"--set", "comm.sparse_indices=shared", "--set", "comm.ef_decay=0.5"});
   return args;
 }
 

@@ -230,6 +230,6 @@ CATCH_TEST_CASE(
 CATCH_TEST_CASE(
     "with shared sparse indices and streaming a run SIGKILLed mid-way resumes exactly, residuals included",
     "[process][resume][policy][sparse]") {
-  check_sparse_resume("sigkill-sparse-shared",
-                      {"comm.dtype=sparse", "comm.density=0.05", "comm.sparse_indices=shared"});
+  check_sparse_resume("sigkill-sparse-shared", {"comm.dtype=sparse", "comm.density=0.05",
+                                                "comm.sparse_indices=shared", "comm.ef_decay=0.5"});
 }

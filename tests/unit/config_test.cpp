@@ -817,6 +817,11 @@ CATCH_TEST_CASE("comm.dtype = sparse takes its codec keys, checked, and refuses 
   CATCH_CHECK(error_of("[comm]\ndensity = 0\n").key() == "comm.density");
   CATCH_CHECK(error_of("[comm]\ndensity = 1.5\n").key() == "comm.density");
   CATCH_CHECK(error_of("[comm]\nef_decay = -0.1\n").key() == "comm.ef_decay");
+  // Shared indices diverge with a slowly decaying residual (measured): above 0.5 is refused.
+  CATCH_CHECK_THAT(error_of("[comm]\ndtype = \"sparse\"\nsparse_indices = \"shared\"\n").what(),
+                   Contains("comm.ef_decay = 0.95: with comm.sparse_indices = \"shared\""));
+  CATCH_CHECK_NOTHROW(
+      parse_config("[comm]\ndtype = \"sparse\"\nsparse_indices = \"shared\"\nef_decay = 0.5\n", {}, ""));
   CATCH_CHECK(error_of("[comm]\nsparse_chunk = 0\n").key() == "comm.sparse_chunk");
   CATCH_CHECK_THAT(error_of("[comm]\nvalue_bits = 3\n").what(), Contains("2 or 4 bits"));
   CATCH_CHECK_THAT(error_of("[comm]\nvalue_bits = 8\n").what(), Contains("comm.value_bits"));
@@ -829,7 +834,8 @@ CATCH_TEST_CASE(
     "comm.sparse_indices is topk by default, takes shared, and refuses other names and robust_clip",
     "[config]") {
   CATCH_CHECK(parse_config("", {}, "").comm.sparse_indices == sparse_index_mode::topk);
-  const train_config c = parse_config("[comm]\ndtype = \"sparse\"\nsparse_indices = \"shared\"\n", {}, "");
+  const train_config c =
+      parse_config("[comm]\ndtype = \"sparse\"\nsparse_indices = \"shared\"\nef_decay = 0\n", {}, "");
   CATCH_CHECK(c.comm.sparse_indices == sparse_index_mode::shared);
   CATCH_CHECK(parse_config("", {"comm.sparse_indices=shared"}, "").comm.sparse_indices ==
               sparse_index_mode::shared);
