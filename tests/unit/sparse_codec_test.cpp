@@ -403,3 +403,33 @@ CATCH_TEST_CASE("Random mutations and truncations of a sparse message never deco
   CATCH_INFO("accepted " << accepted << " of 5000 mutations");
   CATCH_CHECK(accepted < 5000);
 }
+
+CATCH_TEST_CASE(
+    "error feedback on a vector large enough for several encode threads gives the bytes of one pass",
+    "[unit][comm][sparse]") {
+  // 3M values and a partial last chunk: the ranges split at whole chunks, each written at its own offset.
+  sparse_options o;
+  o.chunk = 4096;
+  o.density = 0.02;
+  const size_t n = (size_t{3} << 20) + 1234;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  std::vector<float> e0(n), delta(n);
+  for (auto& v : e0) v = gauss(rng);
+  for (auto& v : delta) v = gauss(rng);
+  sparse_error_feedback ef(e0, 0.9f);
+  std::vector<std::byte> got(sparse_encoded_size(n, o));
+  CATCH_REQUIRE(ef.encode(delta.data(), n, 0, got.data(), o));
+  // The reference, serially: e = 0.9 e0 + delta, its encoding, and e minus its own decoding.
+  std::vector<float> e(n);
+  for (size_t i = 0; i < n; ++i) e[i] = 0.9f * e0[i] + delta[i];
+  const auto want = encode_vec(e, o);
+  CATCH_CHECK(got == want);
+  CATCH_REQUIRE(sparse_decode_subtract(want.data(), want.size(), n, e.data(), o));
+  CATCH_CHECK(ef.residual() == e);
+  // A NaN in the last range poisons the message and leaves every value at decay * e_old + delta.
+  delta[n - 5] = std::numeric_limits<float>::quiet_NaN();
+  const auto before = ef.residual();
+  CATCH_CHECK_FALSE(ef.encode(delta.data(), n, 0, got.data(), o));
+  for (size_t i : {size_t{0}, n / 2, n - 6}) CATCH_CHECK(ef.residual()[i] == 0.9f * before[i] + delta[i]);
+}
