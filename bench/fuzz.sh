@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all=(envelope_fuzz chunk_fuzz state_request_fuzz state_reply_fuzz checkpoint_bytes_fuzz checkpoint_file_fuzz
+all=(envelope_fuzz chunk_fuzz sparse_fuzz state_request_fuzz state_reply_fuzz checkpoint_bytes_fuzz checkpoint_file_fuzz
   config_fuzz cluster_fuzz corpus_fuzz)
 limit=(-max_total_time=10)
 parallel=1
