@@ -110,6 +110,11 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   o.dtype = cfg.comm.dtype;
   o.codec = role->ring.codec;
   o.error_feedback = cfg.comm.error_feedback;
+  if (cfg.comm.dtype == config::wire_dtype::sparse && cfg.comm.backend == config::comm_backend::ring) {
+    auto int8_ring = role->ring;
+    int8_ring.dtype = config::wire_dtype::int8;
+    o.shared_chunk = comm::elements_per_chunk(int8_ring);
+  }
   o.observe_round = role->observe_round;
   const auto world = role->names.size();
   o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];

@@ -75,7 +75,7 @@ void apply_error_feedback(comm_state& s, uint32_t part, float* x, size_t n) {
 /// comm.sparse_indices = "shared": v[0..k) becomes what the ring's int8 codec makes of it, chunk by chunk as
 /// apply_error_feedback does. False if v held NaN or inf.
 bool quantize_shared(const comm_state& s, float* v, size_t k) {
-  const size_t chunk = codec_chunk(s);
+  const size_t chunk = s.opts.collective ? s.opts.shared_chunk : SIZE_MAX;
   std::vector<std::byte> wire;
   for (size_t off = 0, m = 0; off < k; off += m) {
     m = std::min(chunk, k - off);
@@ -125,21 +125,21 @@ uint32_t local_residual_key(size_t worker, uint32_t part) {
 /// A single process with comm.dtype = "sparse": each worker's contribution is encoded as the node of one
 /// worker that it stands for would encode it (its own error feedback), so a local run measures the codec and
 /// equals a cluster of one-worker nodes. sparse_mean of the result is that cluster's average.
-comm::gathered sparse_local(comm_state& s, uint32_t part, const std::vector<at::Tensor>& parts) {
+bool sparse_local(comm_state& s, uint32_t part, const std::vector<at::Tensor>& parts, comm::gathered& g) {
   const auto& o = s.opts.sparse;
   const auto n = static_cast<size_t>(parts[0].numel());
-  comm::gathered g;
   g.bytes = comm::sparse_encoded_size(n, o);
   g.weights.assign(parts.size(), 1.0);
   g.messages.resize(parts.size() * g.bytes);
   const auto t0 = std::chrono::steady_clock::now();
+  bool finite = true;
   for (size_t w = 0; w < parts.size(); ++w) {
     const auto x = parts[w].to(at::kFloat).contiguous();
     auto& residual = sparse_residual(s, local_residual_key(w, part), n);
-    residual.encode(x.data_ptr<float>(), n, 0, g.messages.data() + w * g.bytes, o);  // NaN: checked later
+    finite = residual.encode(x.data_ptr<float>(), n, 0, g.messages.data() + w * g.bytes, o) && finite;
   }
   s.sparse_encode_s += seconds_since(t0);
-  return g;
+  return finite;
 }
 
 /// comm.sparse_indices = "shared" in a cluster (SparseLoCo's rule with a shared mask): e <- ef_decay * e +
@@ -308,14 +308,23 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
   std::optional<comm::gathered> local;
   std::vector<size_t> mask;        // shared indices in a single process
   std::vector<float> shared_mean;  // and the workers' mean at them
-  bool shared_finite = true;
+  bool local_finite = true;
   if (!s.opts.collective && !exact && dtype == comm::wire_dtype::sparse) {
-    if (s.opts.shared_indices) {
+    // A non-finite contribution fails the round before any residual takes it in (see below).
+    for (const auto& p : parts)
+      if (!all_finite(p)) {
+        local_finite = false;
+        break;
+      }
+    if (!local_finite) {
+      // falls through to the diverged error below
+    } else if (s.opts.shared_indices) {
       mask =
           comm::shared_mask(static_cast<size_t>(n), s.opts.sparse, {s.opts.mask_seed, round, label.second});
-      shared_finite = shared_local(s, label, parts, mask, &shared_mean);
+      local_finite = shared_local(s, label, parts, mask, &shared_mean);
     } else {
-      local = sparse_local(s, label.second, parts);
+      local.emplace();
+      local_finite = sparse_local(s, label.second, parts, *local);
     }
   }
   // A contribution that nobody else holds (a worker's fresh pseudo-gradient) is summed into in place; one
@@ -335,7 +344,7 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
                                   "diverged (lower train.lr, outer.lr or train.weight_decay); the "
                                   "checkpoints of earlier rounds are kept",
                                   round));
-  if (!shared_finite)
+  if (!local_finite)
     return make_error(errc::diverged, "round " + std::to_string(round) +
                                           ": the error-feedback residual has NaN or infinite values");
   if (!mask.empty()) {

@@ -6,6 +6,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,8 @@ struct communicator_options {
   /// (comm/shared_mask.hpp, from mask_seed = run.seed) as int8 over the dense ring, instead of its own top-k
   /// all-gathered.
   bool shared_indices = false;
+  /// Values the ring's int8 encodes together (its chunk length for int8): shared indices quantize so.
+  size_t shared_chunk = SIZE_MAX;
   uint64_t mask_seed = 0;
   /// Metrics sink for all-reduce time and bytes; may be null.
   runtime::metrics_actor metrics;

@@ -78,6 +78,8 @@ class codec_clock {
   std::chrono::steady_clock::time_point t0_;
 };
 
+}  // namespace
+
 /// Values per chunk from the codec's size for a large chunk, so headers (int8 scale, codebook) count too.
 size_t elements_per_chunk(const ring_options& o) {
   constexpr size_t probe = size_t{1} << 20;
@@ -88,8 +90,6 @@ size_t elements_per_chunk(const ring_options& o) {
   return std::max<size_t>(
       1, static_cast<size_t>(static_cast<double>(o.chunk_bytes) * probe / static_cast<double>(probe_bytes)));
 }
-
-}  // namespace
 
 struct ring_allreduce::counters {
   std::atomic<uint64_t> rejected{0};

@@ -21,6 +21,12 @@
 namespace longwave::comm {
 
 class zmq_transport;
+struct ring_options;
+
+/// Values per chunk of a ring with these options (chunk_bytes over the codec's bytes per value, headers
+/// counted): the pieces the ring encodes together. Throws invalid_config for a dtype that is not a chunk
+/// codec.
+size_t elements_per_chunk(const ring_options& o);
 
 /// Settings of a ring; every rank must use the same dtype, codec, chunk_bytes, cluster_id and epoch.
 struct ring_options {

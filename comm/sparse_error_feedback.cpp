@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,13 +20,28 @@ size_t max_encode_threads() {
 }
 constexpr size_t min_values_per_thread = size_t{1} << 20;
 
-/// fn(0 .. count-1), fn(0) on this thread and the others on threads of their own.
+/// fn(0 .. count-1), fn(0) on this thread and the others on threads of their own; every thread is joined
+/// before the first exception (of any of them, or of starting one) is rethrown here.
 template <class Fn>
 void in_parallel(size_t count, Fn fn) {
+  std::vector<std::exception_ptr> errors(count);
+  auto guarded = [&](size_t t) {
+    try {
+      fn(t);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < count; ++t) pool.emplace_back([&fn, t] { fn(t); });
-  fn(0);
+  try {
+    for (size_t t = 1; t < count; ++t) pool.emplace_back(guarded, t);
+  } catch (...) {
+    errors[0] = std::current_exception();  // no thread: run nothing more, join what started
+  }
+  if (!errors[0]) guarded(0);
   for (auto& th : pool) th.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 void check_decay(float decay) {

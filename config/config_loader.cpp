@@ -625,7 +625,8 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                        "comm.dtype = \"sparse\": its messages are all-gathered over the ZeroMQ ring; use "
                        "comm.backend = \"ring\"");
   }
-  if (cfg.comm.robust_clip && cfg.comm.sparse_indices == sparse_index_mode::shared) {
+  if (cfg.comm.dtype == wire_dtype::sparse && cfg.comm.robust_clip &&
+      cfg.comm.sparse_indices == sparse_index_mode::shared) {
     throw config_error("comm.robust_clip",
                        "comm.robust_clip = true: shared indices are summed on the ring, there is no node's "
                        "message to clip; use comm.sparse_indices = \"topk\" or comm.robust_clip = false");
@@ -639,6 +640,12 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
         fmt::format("comm.ef_decay = {}: with comm.sparse_indices = \"shared\" a decay above 0.5 "
                     "diverges (measured at 0.95); use comm.ef_decay = 0 to 0.5",
                     cfg.comm.ef_decay));
+  }
+  if (cfg.comm.dtype == wire_dtype::sparse && cfg.run.mode == run_mode::ddp) {
+    throw config_error(
+        "comm.dtype",
+        "comm.dtype = \"sparse\" codes DiLoCo's pseudo-gradients with error feedback; run.mode = "
+        "\"ddp\" averages gradients every step: use comm.dtype = \"fp32\" (or \"int8\") with ddp");
   }
   if (cfg.comm.value_bits == 3) {
     throw config_error("comm.value_bits",

@@ -825,6 +825,8 @@ CATCH_TEST_CASE("comm.dtype = sparse takes its codec keys, checked, and refuses 
   CATCH_CHECK(error_of("[comm]\nsparse_chunk = 0\n").key() == "comm.sparse_chunk");
   CATCH_CHECK_THAT(error_of("[comm]\nvalue_bits = 3\n").what(), Contains("2 or 4 bits"));
   CATCH_CHECK_THAT(error_of("[comm]\nvalue_bits = 8\n").what(), Contains("comm.value_bits"));
+  CATCH_CHECK_THAT(error_of("[run]\nmode = \"ddp\"\n[comm]\ndtype = \"sparse\"\n").what(),
+                   Contains("run.mode = \"ddp\" averages gradients every step"));
   const config_error e = error_of("[comm]\nbackend = \"nccl\"\ndtype = \"sparse\"\n");
   CATCH_CHECK(e.key() == "comm.dtype");
   CATCH_CHECK_THAT(e.what(), Contains("use comm.backend = \"ring\""));
