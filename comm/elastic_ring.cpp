@@ -76,6 +76,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
     const double total = ring->last_total_weight();  // before the confirmation's weights replace it
     lk.lock();
     have_result_ = true;
+    result_total_ = total;  // what last_total_weight() says if a membership change keeps this result
     lk.unlock();
     // Nobody applies a result before every member holds it: a member that fails before this point makes
     // every member redo the main call, and none has applied it yet.
@@ -129,6 +130,7 @@ void elastic_ring::run(const reduce_key& key, const main_call& main, const std::
       entered_ = false;
       if (have_result_ && commit_ && *commit_ == key) {
         committed_ = key;
+        total_weight_.store(result_total_);
         finish();
         return;
       }

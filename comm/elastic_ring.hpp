@@ -120,6 +120,7 @@ class elastic_ring final : public collective {
   bool entered_ = false;               // enter() since the call parked
   reduce_key committed_;
   std::atomic<double> total_weight_{0};  // of the last main all-reduce that completed
+  double result_total_ = 0;              // the parked call's main total weight (under mu_, with have_result_)
   // Counters of retired rings.
   uint64_t sent_ = 0, received_ = 0;
   double encode_s_ = 0, decode_s_ = 0;
