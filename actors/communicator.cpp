@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -40,12 +41,6 @@ struct comm_state {
   double encode_s = 0, decode_s = 0;                // collective codec times already reported
 };
 
-/// Values that the collective encodes together (a chunk shares its int8 scales or codebook); SIZE_MAX (one
-/// piece) in a single process.
-size_t codec_chunk(const comm_state& s) {
-  return s.opts.collective ? std::max<size_t>(1, s.opts.collective->chunk_elements()) : SIZE_MAX;
-}
-
 /// back[0..m) = what every receiver decodes once x[0..m) went out as one chunk of dtype (x and back may be
 /// the same). False if the codec refused the values (int8 of NaN or inf); back is then unchanged.
 bool round_trip(const comm_state& s, comm::wire_dtype dtype, const float* x, size_t m, float* back,
@@ -59,7 +54,7 @@ bool round_trip(const comm_state& s, comm::wire_dtype dtype, const float* x, siz
 void apply_error_feedback(comm_state& s, uint32_t part, float* x, size_t n) {
   auto& residual = s.residuals[part];
   if (!residual || residual->size() != n) residual = std::make_unique<comm::error_feedback>(n);
-  const size_t chunk = codec_chunk(s);
+  const size_t chunk = std::max<size_t>(1, s.opts.collective->chunk_elements());
   std::vector<std::byte> wire;
   std::vector<float> back;
   for (size_t off = 0, m = 0; off < n; off += m) {  // chunk may be SIZE_MAX: one piece
@@ -81,6 +76,16 @@ bool quantize_shared(const comm_state& s, float* v, size_t k) {
     m = std::min(chunk, k - off);
     if (!round_trip(s, comm::wire_dtype::int8, v + off, m, v + off, wire)) return false;
   }
+  return true;
+}
+
+/// Shared indices, one node's contribution (SparseLoCo's rule at the mask): e <- ef_decay * e + x, v =
+/// e[mask] quantized as the int8 ring will, e[mask] -= v. False, e[mask] untouched, if v is not finite.
+bool code_shared(const comm_state& s, comm::sparse_error_feedback& residual, const float* x,
+                 const std::vector<size_t>& mask, float* v) {
+  if (!residual.accumulate_and_gather(x, mask.data(), mask.size(), v) || !quantize_shared(s, v, mask.size()))
+    return false;
+  residual.subtract(mask.data(), mask.size(), v);
   return true;
 }
 
@@ -152,10 +157,8 @@ void shared_reduce(comm_state& s, uint64_t round, uint32_t part, float* data, si
   std::vector<float> v(k);
   const auto t0 = std::chrono::steady_clock::now();
   if (weight > 0) {
-    auto& residual = sparse_residual(s, part, n);
-    if (!residual.accumulate_and_gather(data, mask.data(), k, v.data()) || !quantize_shared(s, v.data(), k))
+    if (!code_shared(s, sparse_residual(s, part, n), data, mask, v.data()))
       throw lw_error(errc::diverged, "the error-feedback residual has NaN or infinite values");
-    residual.subtract(mask.data(), k, v.data());
   } else {
     for (size_t i = 0; i < k; ++i) v[i] = data[mask[i]];
   }
@@ -179,13 +182,11 @@ bool shared_local(comm_state& s, const ring_label& label, const std::vector<at::
   bool finite = true;
   for (size_t w = 0; w < parts.size(); ++w) {
     const auto x = parts[w].to(at::kFloat).contiguous();
-    auto& residual = sparse_residual(s, local_residual_key(w, label.second), n);
-    if (!residual.accumulate_and_gather(x.data_ptr<float>(), mask.data(), k, v.data()) ||
-        !quantize_shared(s, v.data(), k)) {
+    if (!code_shared(s, sparse_residual(s, local_residual_key(w, label.second), n), x.data_ptr<float>(), mask,
+                     v.data())) {
       finite = false;
       continue;
     }
-    residual.subtract(mask.data(), k, v.data());
     for (size_t i = 0; i < k; ++i) (*mean)[i] += v[i];
   }
   const float inv = 1.0f / static_cast<float>(parts.size());
@@ -309,16 +310,11 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
   std::vector<size_t> mask;        // shared indices in a single process
   std::vector<float> shared_mean;  // and the workers' mean at them
   bool local_finite = true;
-  if (!s.opts.collective && !exact && dtype == comm::wire_dtype::sparse) {
-    // A non-finite contribution fails the round before any residual takes it in (see below).
-    for (const auto& p : parts)
-      if (!all_finite(p)) {
-        local_finite = false;
-        break;
-      }
-    if (!local_finite) {
-      // falls through to the diverged error below
-    } else if (s.opts.shared_indices) {
+  // A non-finite contribution is not coded: no residual takes it in, and the mean's check below fails the
+  // round.
+  if (!s.opts.collective && !exact && dtype == comm::wire_dtype::sparse &&
+      std::all_of(parts.begin(), parts.end(), [](const at::Tensor& p) { return all_finite(p); })) {
+    if (s.opts.shared_indices) {
       mask =
           comm::shared_mask(static_cast<size_t>(n), s.opts.sparse, {s.opts.mask_seed, round, label.second});
       local_finite = shared_local(s, label, parts, mask, &shared_mean);
