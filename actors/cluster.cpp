@@ -43,8 +43,16 @@ comm::epoch_view view_of(const comm::membership_msg& m) {
   for (const auto& p : m.peers) {
     v.names.push_back(p.name);
     v.endpoints.push_back(p.endpoint);
+    if (!p.public_key.empty()) v.public_keys.push_back(p.public_key);
   }
   return v;
+}
+
+/// CURVE: admits the node keys the coordinator listed (a welcome's or a membership's) on this node's sockets.
+void admit(const std::shared_ptr<comm::key_ring>& ring, const std::vector<comm::peer_entry>& keys) {
+  if (!ring) return;
+  for (const auto& k : keys)
+    if (!k.public_key.empty()) ring->allow(k.public_key, k.name);
 }
 
 /// A node's view of its coordinator while it trains: membership changes reach the ring (fence, next epoch,
@@ -53,7 +61,9 @@ comm::epoch_view view_of(const comm::membership_msg& m) {
 class coordinator_watch {
  public:
   /// hello: this node's hello, re-sent (running) to a coordinator that comes back.
-  explicit coordinator_watch(comm::hello_msg hello) : hello_(std::move(hello)) {}
+  /// admitted: CURVE's admitted node keys, which each membership extends (nullptr without CURVE).
+  coordinator_watch(comm::hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
+      : hello_(std::move(hello)), admitted_(std::move(admitted)) {}
 
   /// True when the coordinator asked this node to leave.
   bool on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
@@ -64,6 +74,7 @@ class coordinator_watch {
       leave = leave || ev.what == comm::control_event::kind::leave;
       on_event(ev, ring, elastic, name, now);
       if (ev.what == comm::control_event::kind::membership) {
+        admit(admitted_, ev.membership.keys);
         // metrics.jsonl: membership over time, for `longwave report`.
         std::string members;
         for (const auto& p : ev.membership.peers) members += (members.empty() ? "" : ",") + p.name;
@@ -164,6 +175,7 @@ class coordinator_watch {
 
   static constexpr auto reminder_every = std::chrono::seconds(60);
   comm::hello_msg hello_;
+  std::shared_ptr<comm::key_ring> admitted_;
   std::optional<std::chrono::steady_clock::time_point> gone_since_;
   std::chrono::steady_clock::time_point next_reminder_;
   bool reannounce_ = false;
@@ -201,12 +213,21 @@ void place_in_ring(cluster_role& role, const config::cluster_node& me, uint32_t 
   role.epoch = epoch;
   role.endpoints.clear();
   role.names.clear();
+  role.public_keys.clear();
   for (const auto& p : peers) {
     if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
       throw lw_error(errc::malformed_frame, fmt::format("the coordinator's {} lists endpoint '{}' for {}: {}",
                                                         what, p.endpoint, p.name, problem));
     role.endpoints.push_back(p.endpoint);
     role.names.push_back(p.name);
+    if (role.admitted) {
+      if (p.public_key.empty())
+        throw lw_error(errc::invalid_config,
+                       fmt::format("the coordinator's {} gives no CURVE key for {}: it runs with [security] "
+                                   "mode = \"none\" and this node with CURVE",
+                                   what, p.name));
+      role.public_keys.push_back(p.public_key);
+    }
   }
   // The ring holds the members in file order; this node's data stays that of its file position.
   if (rank >= role.names.size() || role.names[rank] != me.name || role.endpoints[rank] != me.endpoint)
@@ -223,9 +244,11 @@ constexpr uint32_t shared_part = 0, own_part = 1;
 /// copy), a thread of its own turns the newest into bytes and publishes it, off the training path.
 class state_publisher {
  public:
-  /// Listens on the host of this node's ring endpoint, on a port the system picks.
-  state_publisher(const std::string& ring_endpoint, uint64_t cluster_id)
-      : server_(ring_endpoint.substr(0, ring_endpoint.rfind(':')) + ":*", cluster_id),
+  /// Listens on the host of this node's ring endpoint, on a port the system picks (CURVE: admitting the
+  /// cluster's node keys).
+  state_publisher(const std::string& ring_endpoint, uint64_t cluster_id,
+                  std::optional<comm::curve_server_keys> curve)
+      : server_(ring_endpoint.substr(0, ring_endpoint.rfind(':')) + ":*", cluster_id, std::move(curve)),
         thread_([this] { run(); }) {}
   ~state_publisher() {
     {
@@ -302,6 +325,7 @@ uint64_t join(comm::control_client& control, const config::cluster_spec& spec, s
     return 0;
   }
   const auto& welcome = std::get<comm::welcome_msg>(answer);
+  admit(role.admitted, welcome.keys);
   place_in_ring(role, me, welcome.rank, welcome.epoch, welcome.peers, "welcome");
   spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
                welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
@@ -334,6 +358,7 @@ class joiner {
       const auto answer = control_.join_ready({comm::reduce_key{got.round, 0}, got.round},
                                               to_ms(std::max(60.0, spec_.join_timeout_s)));
       if (const auto* m = std::get_if<comm::membership_msg>(&answer)) {
+        admit(role_.admitted, m->keys);
         place_in_ring(role_, me_, m->rank, m->epoch, m->peers, "membership");
         role_.ring.names = role_.names;
         role_.committed = m->commit;
@@ -380,10 +405,11 @@ class joiner {
   }
 
   joined_state fetch(const runtime::snapshot_shape& shape) {
-    std::vector<std::string> sources, names;
+    std::vector<std::string> sources, names, keys;
     for (const auto& p : recover_.sources) {
       sources.push_back(p.endpoint);
       names.push_back(p.name);
+      keys.push_back(p.public_key);
     }
     if (sources.empty())
       throw lw_error(errc::peer_lost, "the coordinator named no member that serves the training state");
@@ -400,6 +426,10 @@ class joiner {
       control_.heartbeat(0, 0);  // the coordinator keeps a joiner that is heard from
     };
     comm::fetch_options o;
+    if (role_.ring.curve) {
+      o.curve = role_.ring.curve->own;
+      o.peer_keys = keys;
+    }
     o.progress = [&](uint64_t done, uint64_t total) {
       spdlog::info("node {}: fetched {:.1f} of {:.1f} MB", me_.name, static_cast<double>(done) / 1e6,
                    static_cast<double>(total) / 1e6);
@@ -422,6 +452,7 @@ class joiner {
         own_opts.want = comm::reduce_key{shared->key.round, own_part};
         for (size_t i = 0; i < sources.size() && !own; ++i) {
           try {
+            if (o.curve) own_opts.peer_keys = {keys[i]};
             own = comm::fetch_state({sources[i]}, spec_.cluster_id, own_opts);
             donor = names[i];
           } catch (const lw_error& e) {
@@ -483,12 +514,34 @@ class joiner {
   std::string last_source_;
 };
 
+/// [security] mode = "none": said once at the start of each role.
+void warn_if_unsecured(const config::cluster_spec& spec, const std::string& role) {
+  if (spec.security.mode == config::security_mode::none)
+    spdlog::warn(
+        "{}: [security] mode = \"none\": this cluster's links are neither authenticated nor encrypted; "
+        "anyone who reaches its ports can join and send frames (make keys with `longwave keys new`)",
+        role);
+}
+
+/// CURVE: node `name`'s keys (nullopt without CURVE). Throws lw_error (invalid_config) naming a missing or
+/// bad key file.
+std::optional<comm::cluster_keys> node_keys(const config::cluster_spec& spec, const std::string& name) {
+  if (spec.security.mode != config::security_mode::curve) return std::nullopt;
+  return comm::load_node_keys(spec.security.keys, name);
+}
+
+/// CURVE: what the node's control connection needs: its keys and the coordinator's public key.
+std::optional<comm::curve_peer> control_curve(const std::optional<comm::cluster_keys>& keys) {
+  if (!keys) return std::nullopt;
+  return comm::curve_peer{keys->own, keys->coordinator_public};
+}
+
 /// `longwave node CLUSTER --node NAME --leave`: asks the coordinator to make NAME leave at its next round
 /// boundary. 0 when it will, 2 when it cannot (not training, unknown), 1 when the coordinator cannot be
 /// reached.
 int request_leave(const config::cluster_spec& spec, const std::string& name) {
   try {
-    comm::control_client control(spec.coordinators, spec.cluster_id);
+    comm::control_client control(spec.coordinators, spec.cluster_id, control_curve(node_keys(spec, name)));
     const auto [code, text] = control.request_leave(name, std::chrono::seconds(10));
     if (code == errc::none) {
       spdlog::info("the coordinator says: {}", text);
@@ -527,6 +580,21 @@ int run_coordinator_role(const config::cluster_spec& spec, const std::string& bi
   o.quorum_timeout = to_ms(spec.quorum_timeout_s);
   o.info = [](const std::string& s) { spdlog::info("{}", s); };
   o.warn = [](const std::string& s) { spdlog::warn("{}", s); };
+  warn_if_unsecured(spec, "coordinator");
+  if (spec.security.mode == config::security_mode::curve) {
+    try {
+      auto keys = comm::load_coordinator_keys(spec.security.keys, spec.security.revoked);
+      o.curve = keys.own;
+      o.node_keys = keys.nodes;
+      spdlog::info("coordinator: CURVE with keys from {}: {} node key(s) admitted{}", spec.security.keys,
+                   keys.nodes->entries().size(),
+                   spec.security.revoked.empty() ? std::string()
+                                                 : fmt::format(", {} revoked", spec.security.revoked.size()));
+    } catch (const lw_error& e) {
+      spdlog::error("coordinator: {}", e.what());
+      return 2;
+    }
+  }
   g_coordinator_signals = 0;
   std::signal(SIGINT, on_coordinator_signal);
   std::signal(SIGTERM, on_coordinator_signal);
@@ -563,6 +631,9 @@ int run_coordinator_role(const config::cluster_spec& spec, const std::string& bi
       };
       o.on_join = [m](const std::string&, uint64_t) { m->add("longwave_cluster_joins_total", {}, 1); };
       o.on_quorum_wait = [m](double s) { m->set("longwave_cluster_quorum_wait_seconds", {}, s); };
+      o.on_refused = [m](const comm::handshake_refusal& r) {
+        m->add("longwave_security_refused_handshakes_total", {{"reason", r.reason}}, 1);
+      };
       o.on_epoch = [m](uint64_t epoch, size_t members, const std::string& reason) {
         m->set("longwave_cluster_epoch", {}, static_cast<double>(epoch));
         m->set("longwave_cluster_members", {}, static_cast<double>(members));
@@ -603,6 +674,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     return 2;
   }
   const auto& me = spec.nodes[index];
+  warn_if_unsecured(spec, "node " + me.name);
   if (opts.dry_run) {
     spdlog::info("node {}: rank {} of {}, {} workers (global ranks {}..{}), ring endpoint {}", me.name, index,
                  spec.nodes.size(), me.workers, config::worker_offset(spec, index),
@@ -615,11 +687,25 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   std::unique_ptr<comm::control_client> control;
   std::unique_ptr<state_publisher> publisher;
   std::optional<comm::recover_msg> recover;
+  std::optional<comm::curve_server_keys> curve;  // this node's ring and state sockets
   try {
+    const auto keys = node_keys(spec, me.name);
+    if (keys) {
+      role.admitted = std::make_shared<comm::key_ring>();
+      // Refusals on the ring and state sockets (a stranger, a removed node's old key): logged, the first 20
+      // and then every 1000th (a flood must not fill the log).
+      auto refused = std::make_shared<std::atomic<uint64_t>>(0);
+      curve =
+          comm::curve_server_keys{keys->own, role.admitted, [refused, name = me.name](const auto& r) {
+                                    const uint64_t n = ++*refused;
+                                    if (n <= 20 || n % 1000 == 0)
+                                      spdlog::warn("node {}: {} ({} refused so far)", name, r.describe(), n);
+                                  }};
+    }
     // Joiners fetch the running cluster's state from its members (the ring backend's clusters are elastic).
     if (spec.train.comm.backend == config::comm_backend::ring)
-      publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id);
-    control = std::make_unique<comm::control_client>(spec.coordinators, spec.cluster_id);
+      publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id, curve);
+    control = std::make_unique<comm::control_client>(spec.coordinators, spec.cluster_id, control_curve(keys));
     node_opts.max_resume_round = join(*control, spec, index, opts.fresh ? 0 : latest_checkpoint_round(cfg),
                                       publisher ? publisher->endpoint() : "", role, recover);
   } catch (const lw_error& e) {
@@ -640,6 +726,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   role.cluster_workers = spec.train.train.workers;
   role.data_partitions = config::data_partitions(spec);
   role.ring = ring_options_from(cfg, spec.cluster_id);
+  role.ring.curve = curve;
   role.ring.names = role.names;
   if (const char* fault = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE")) {
     unsigned long long r = 0, c = 0;
@@ -656,7 +743,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   // The first tick heartbeats at once: the coordinator allows a member join_timeout_s of silence only until
   // its first heartbeat (while it loads its data and model).
   std::chrono::steady_clock::time_point last_beat{};
-  coordinator_watch watch(hello_of(spec, index, 0, publisher ? publisher->endpoint() : ""));
+  coordinator_watch watch(hello_of(spec, index, 0, publisher ? publisher->endpoint() : ""), role.admitted);
   bool leaving = false;
   role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record,
                   const std::function<void()>& leave) {

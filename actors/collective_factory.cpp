@@ -56,7 +56,8 @@ std::shared_ptr<comm::collective> make_collective(const config::train_config& cf
   check_backend(cfg, &role);
   if (cfg.comm.backend == config::comm_backend::ring) {
     // Membership changes by epochs: the ring is rebuilt among each epoch's members.
-    comm::epoch_view first{role.epoch, static_cast<uint32_t>(role.rank), role.names, role.endpoints};
+    comm::epoch_view first{role.epoch, static_cast<uint32_t>(role.rank), role.names, role.endpoints,
+                           role.public_keys};
     return std::make_shared<comm::elastic_ring>(std::move(first), role.ring, std::move(on_reject),
                                                 role.committed);
   }

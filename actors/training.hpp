@@ -47,11 +47,15 @@ struct joined_state {
 /// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).
 struct cluster_role {
   int rank = 0;
-  std::vector<std::string> endpoints;  ///< ring endpoint of every rank
-  std::vector<std::string> names;      ///< node name of every rank
-  uint64_t epoch = 1;                  ///< the membership epoch the ring starts in
-  int64_t rank_offset = 0;             ///< global rank of this node's first worker
-  int64_t cluster_workers = 0;         ///< workers of the whole cluster
+  std::vector<std::string> endpoints;    ///< ring endpoint of every rank
+  std::vector<std::string> names;        ///< node name of every rank
+  std::vector<std::string> public_keys;  ///< CURVE: every rank's public key (empty without CURVE)
+  /// CURVE: the node keys this node's ring and state sockets admit, as the coordinator lists them (it grows
+  /// with each welcome and membership); ring.curve holds it too. nullptr without CURVE.
+  std::shared_ptr<comm::key_ring> admitted;
+  uint64_t epoch = 1;           ///< the membership epoch the ring starts in
+  int64_t rank_offset = 0;      ///< global rank of this node's first worker
+  int64_t cluster_workers = 0;  ///< workers of the whole cluster
   int64_t data_partitions = 0;  ///< parts of the training data, one per global rank (0: cluster_workers)
   comm::ring_options ring;      ///< the ring's settings; the NCCL backend takes its dtype and timeouts
   comm::reduce_key committed;   ///< the last all-reduce the starting state includes (a joiner's)

@@ -59,16 +59,38 @@ struct settings {
   sparse_options sparse;  // dtype "sparse": encode with error feedback, all-gather, rank-ordered mean
 };
 
-constexpr const char* elastic_suffix = "/elastic";
+/// A dtype may name a variant: "int8/elastic" (the cluster's elastic ring, its input copy and confirmation
+/// all-reduce included) or "int8/curve" (the plain ring over CURVE-encrypted links).
+std::string variant_of(const std::string& dtype) {
+  const auto slash = dtype.find('/');
+  return slash == std::string::npos ? std::string() : dtype.substr(slash + 1);
+}
 
 bool is_elastic(const std::string& dtype) {
-  return dtype.size() > std::strlen(elastic_suffix) &&
-         dtype.compare(dtype.size() - std::strlen(elastic_suffix), std::string::npos, elastic_suffix) == 0;
+  return variant_of(dtype) == "elastic";
 }
 
 /// "int8/elastic" -> "int8".
 std::string base_dtype(const std::string& dtype) {
-  return is_elastic(dtype) ? dtype.substr(0, dtype.size() - std::strlen(elastic_suffix)) : dtype;
+  return dtype.substr(0, dtype.find('/'));
+}
+
+/// Rank r's CURVE key pair, the same in every process: a secret key is any 32 bytes (Curve25519 clamps it).
+curve_key bench_key(int rank) {
+  uint8_t secret[32];
+  uint64_t x = 0xC0FFEE1234567ull + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull;
+  for (auto& b : secret) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x >> 24);
+  }
+  char z85[41] = {};
+  zmq_z85_encode(z85, secret, 32);
+  curve_key k;
+  k.secret_key = std::string(z85, 40);
+  k.public_key = public_of(k.secret_key);
+  return k;
 }
 
 // One timed all-reduce of one rank.
@@ -119,6 +141,14 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     o.cluster_id = s.cluster_id + d;
     std::vector<std::string> eps;
     for (const auto& ep : endpoints) eps.push_back(with_port_offset(ep, static_cast<int>(d)));
+    if (variant_of(s.dtypes[d]) == "curve") {
+      auto admitted = std::make_shared<key_ring>();
+      for (size_t r = 0; r < eps.size(); ++r) {
+        o.public_keys.push_back(bench_key(static_cast<int>(r)).public_key);
+        admitted->allow(o.public_keys.back(), "rank" + std::to_string(r));
+      }
+      o.curve = curve_server_keys{bench_key(rank), admitted, {}};
+    }
     // "<dtype>/elastic": the cluster's collective (its input copy and confirmation all-reduce included).
     std::unique_ptr<collective> made;
     if (is_elastic(s.dtypes[d]))
@@ -347,9 +377,10 @@ void print_table(const settings& s, int world, const std::vector<std::vector<sam
     std::printf("sparse / int8 effective goodput: %.3f (density %g, %u bits)\n",
                 sparse_goodput / int8_goodput, s.sparse.density, s.sparse.value_bits);
   for (const auto& [name, ms] : median_ms)
-    if (is_elastic(name) && median_ms.count(base_dtype(name)))
-      std::printf("%s / %s time (input copy and confirmation all-reduce): %.3f\n", name.c_str(),
-                  base_dtype(name).c_str(), ms / median_ms.at(base_dtype(name)));
+    if (!variant_of(name).empty() && median_ms.count(base_dtype(name)))
+      std::printf("%s / %s time (%s): %.3f\n", name.c_str(), base_dtype(name).c_str(),
+                  is_elastic(name) ? "input copy and confirmation all-reduce" : "CURVE-encrypted links",
+                  ms / median_ms.at(base_dtype(name)));
 }
 
 }  // namespace
@@ -385,15 +416,17 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-baseline", s.baseline,
                "skip the raw ZeroMQ baseline (point-to-point on loopback; ring streams with --endpoints)");
   CLI11_PARSE(app, argc, argv);
-  for (const auto& d : s.dtypes)
-    if (!config::from_string<wire_dtype>(base_dtype(d))) {
+  for (const auto& d : s.dtypes) {
+    const auto v = variant_of(d);
+    if (!config::from_string<wire_dtype>(base_dtype(d)) || !(v.empty() || v == "elastic" || v == "curve")) {
       std::fprintf(
           stderr,
           "bench_allreduce: unknown dtype '%s' (fp32, fp16, bf16, int8, sparse; '/elastic' appended: the "
-          "cluster's elastic ring)\n",
+          "cluster's elastic ring; '/curve': CURVE-encrypted links)\n",
           d.c_str());
       return 2;
     }
+  }
   if (!endpoints.empty()) {
     std::stringstream ss(endpoints);
     for (std::string ep; std::getline(ss, ep, ',');) s.endpoints.push_back(ep);

@@ -43,6 +43,8 @@ write_cluster() {  # $1: directory
   {
     printf '[cluster]\nid = "bench-%s"\ncoordinator = "tcp://127.0.0.1:%s"\nheartbeat_timeout_s = %s\n' \
       "$(basename "$d")" "$(free_port)" "$heartbeat"
+    # Plain TCP, as the figures in bench/RESULTS.md (CURVE's cost: bench_allreduce --curve).
+    printf '[security]\nmode = "none"\n'
     for n in n0 n1 n2; do
       printf '[[nodes]]\nname = "%s"\nendpoint = "tcp://127.0.0.1:%s"\nworkers = 1\n' "$n" "$(free_port)"
     done

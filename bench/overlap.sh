@@ -6,7 +6,7 @@
 # with ratios against sync, and writes a CSV. Needs root (exit 3 if namespaces cannot be created); tears its
 # namespaces down on exit and kills only the processes it started.
 #   bench/overlap.sh [--policies sync,delayed] [--rounds R] [--inner-steps H] [--rate RATE|auto] [--dtype fp32]
-#                    [--csv PATH] [--target LOSS] [--eval-batches N] [--batch B] [--seq-len T] [--keep] ...
+#                    [--dtypes fp32,int8,sparse] [--csv PATH] [--target LOSS] [--eval-batches N] [--keep] ...
 #   bench/overlap.sh --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,17 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
   --ratio X           all-reduce time ÷ phase time aimed at by --rate auto             (default 0.5)
   --efficiency E      ring goodput ÷ link rate assumed by --rate auto (bench/RESULTS.md measured
                       0.88 for the tiny model's 10.9 MB at 23 Mbit/s)                   (default 0.88)
-  --dtype D           [comm] dtype on the wire: fp32 | fp16 | bf16 | int8              (default fp32)
+  --dtype D           [comm] dtype on the wire: fp32 | fp16 | bf16 | int8 | sparse     (default fp32)
+  --dtypes LIST       comma-separated dtypes: every policy runs with each (runs are named POLICY-DTYPE);
+                      the first dtype's sync run is the baseline, and with int8 in the list each run is
+                      also compared with int8 under the same policy                     (default: --dtype)
+  --rounds-of D=R     rounds of the runs with dtype D (repeatable), e.g. sparse=36: a codec that sends less
+                      may need more rounds to reach the target, and its rounds cost less  (default --rounds)
+  --density X         sparse: [comm] density, kept values per chunk                    (default 0.0156)
+  --value-bits B      sparse: [comm] value_bits, 2 or 4                                (default 2)
+  --sparse-outer LR:MU  sparse runs' outer lr and momentum, whatever the policy: top-k with error
+                      feedback applies part of each average, and a larger outer lr makes up for it
+                      (bench/RESULTS.md)                                  (default: the policy's)
   --target LOSS       val loss for "time to target"; default: sync's final val loss × 1.02
   --eval-batches N    validation batches per evaluation (one evaluation every round)   (default 4)
   --batch B           sequences per worker per inner step                              (default 8)
@@ -62,6 +72,11 @@ rate=auto
 ratio=0.5
 efficiency=0.88
 dtype=fp32
+dtypes=""
+declare -A dtype_rounds=()
+density=0.0156
+value_bits=2
+sparse_outer=""
 target=""
 eval_batches=4
 batch=8
@@ -88,6 +103,16 @@ while [ $# -gt 0 ]; do
     --ratio) ratio=${2:?}; shift 2 ;;
     --efficiency) efficiency=${2:?}; shift 2 ;;
     --dtype) dtype=${2:?}; shift 2 ;;
+    --dtypes) dtypes=${2:?}; shift 2 ;;
+    --rounds-of)
+      [[ ${2:-} =~ ^([a-z0-9]+)=([0-9]+)$ ]] && [ "${BASH_REMATCH[2]}" -ge 2 ] ||
+        die "--rounds-of takes DTYPE=ROUNDS with ROUNDS ≥ 2, e.g. sparse=36"
+      dtype_rounds[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift 2 ;;
+    --density) density=${2:?}; shift 2 ;;
+    --value-bits) value_bits=${2:?}; shift 2 ;;
+    --sparse-outer)
+      [[ ${2:-} =~ ^[0-9]*\.?[0-9]+:-?[0-9]*\.?[0-9]+$ ]] || die "--sparse-outer takes LR:MU, e.g. 2.0:0"
+      sparse_outer=$2; shift 2 ;;
     --target) target=${2:?}; shift 2 ;;
     --eval-batches) eval_batches=${2:?}; shift 2 ;;
     --batch) batch=${2:?}; shift 2 ;;
@@ -117,7 +142,14 @@ isint "$eval_batches" || die "--eval-batches must be a positive integer"
 isint "$batch" || die "--batch must be a positive integer"
 isint "$seq_len" || die "--seq-len must be a positive integer"
 [[ $rate == auto || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] || die "--rate must be auto or like 40mbit"
-case "$dtype" in fp32 | fp16 | bf16 | int8) ;; *) die "--dtype must be fp32, fp16, bf16 or int8" ;; esac
+IFS=, read -r -a dts <<<"${dtypes:-$dtype}"
+[ ${#dts[@]} -ge 1 ] || die "--dtypes is empty"
+for d in "${dts[@]}"; do
+  case "$d" in fp32 | fp16 | bf16 | int8 | sparse) ;; *) die "dtype '$d': must be fp32, fp16, bf16, int8 or sparse" ;; esac
+done
+dtype=${dts[0]}
+[[ $density =~ ^0?\.[0-9]+$ ]] || die "--density must be a number in (0, 1), e.g. 0.0156"
+case "$value_bits" in 2 | 4) ;; *) die "--value-bits must be 2 or 4" ;; esac
 { [[ $inner_lr =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] && awk -v x="$inner_lr" 'BEGIN { exit !(x > 0 && x <= 10) }'; } ||
   die "--inner-lr must be a number in (0, 10], e.g. 2e-3 (as train.lr)"
 [[ $outer_lr =~ ^[0-9]*\.?[0-9]+$ && $outer_momentum =~ ^-?[0-9]*\.?[0-9]+$ ]] || die "--outer-lr/--outer-momentum must be numbers"
@@ -178,10 +210,11 @@ lw="$work/longwave"
 # ---- one cluster run -------------------------------------------------------------------------------------
 addr() { echo "10.213.0.$((10 + $1))"; }
 
-# write_cluster FILE OUT_DIR POLICY ROUNDS EVAL_EVERY EVAL_BATCHES
+# write_cluster FILE OUT_DIR POLICY ROUNDS EVAL_EVERY EVAL_BATCHES DTYPE
 write_cluster() {
-  local f=$1 out=$2 policy=$3 r=$4 every=$5 eb=$6 i
+  local f=$1 out=$2 policy=$3 r=$4 every=$5 eb=$6 dt=$7 i
   local o=${policy_outer[$policy]:-$outer_lr:$outer_momentum}
+  [ "$dt" != sparse ] || [ -z "$sparse_outer" ] || o=$sparse_outer
   local olr omu hb nesterov=true eval_async=true
   IFS=: read -r olr omu hb <<<"$o"
   [ "$hb" != hb ] || nesterov=false
@@ -190,6 +223,8 @@ write_cluster() {
     printf '[cluster]\nid = "overlap-%s"\ncoordinator = "tcp://%s:5600"\njoin_timeout_s = 120\n' \
       "$policy" "$(addr 0)"
     printf 'heartbeat_timeout_s = 300\n'
+    # Plain TCP, as the figures in bench/RESULTS.md (CURVE's cost: bench_allreduce --curve).
+    printf '[security]\nmode = "none"\n'
     for i in $(seq 0 $((n - 1))); do
       printf '\n[[nodes]]\nname = "n%d"\nendpoint = "tcp://%s:5601"\nworkers = 1\n' "$i" "$(addr "$i")"
     done
@@ -224,7 +259,8 @@ tau = $tau
 alpha = $alpha
 
 [comm]
-dtype = "$dtype"
+dtype = "$dt"
+$([ "$dt" != sparse ] || printf 'density = %s\nvalue_bits = %s\n' "$density" "$value_bits")
 
 [eval]
 every_rounds = $every
@@ -290,13 +326,13 @@ awk_json='function jget(line, key,   v) {
   if (!match(line, "\"" key "\":(\"[^\"]*\"|[^,}]*)")) return "";
   v = substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3); gsub(/"/, "", v); return v }'
 
-# summarize DIR: one line of key=value from the nodes' metrics.jsonl; DIR/evals.tsv gets (seconds since the
+# summarize DIR POLICY: one line of key=value from the nodes' metrics.jsonl; DIR/evals.tsv gets (seconds since the
 # first node's start, round, val loss) of node n0's evaluations. allreduce_s and bytes are of the rounds'
 # all-reduces only, not of those that finish the run (label above P for streaming, above 0 otherwise): eager's
 # final mean of the parameters goes in fp32 whatever the dtype, and took 14 s at int8's 7 mbit.
 summarize() {
   local dir=$1 maxlabel=0
-  [ "$(basename "$dir")" != streaming ] || maxlabel=$fragments
+  [ "$2" != streaming ] || maxlabel=$fragments
   awk -v sync_eval="$sync_eval" -v maxlabel="$maxlabel" "$awk_json"'
     FNR == 1 { node = FILENAME; sub(/\/metrics.jsonl$/, "", node); sub(/.*\//, "", node) }
     {
@@ -339,7 +375,7 @@ field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 echo "overlap: $n hosts (scripts/wan, prefix $LONGWAVE_WAN_PREFIX), 1 worker each, threads=1, $preset model,"
 overrides=""; for k in "${!policy_outer[@]}"; do overrides+=" $k=${policy_outer[$k]}"; done
-echo "         batch $batch x $seq_len, H=$inner, inner lr $inner_lr, $rounds rounds, dtype $dtype, eval every round ($eval_batches batches, $([ "$sync_eval" = 1 ] && echo "on the training path" || echo "async")),"
+echo "         batch $batch x $seq_len, H=$inner, inner lr $inner_lr, $rounds rounds$(for d in "${!dtype_rounds[@]}"; do printf ' (%s: %s)' "$d" "${dtype_rounds[$d]}"; done), dtypes ${dts[*]}$([[ " ${dts[*]} " != *" sparse "* ]] || echo " (sparse density $density, $value_bits bits)"), eval every round ($eval_batches batches, $([ "$sync_eval" = 1 ] && echo "on the training path" || echo "async")),"
 echo "         outer lr $outer_lr momentum $outer_momentum${overrides:+ (lr:momentum per policy:$overrides)}"
 echo "         binary $bin, policies ${pols[*]} (streaming: P=$fragments, tau=$tau, alpha=$alpha); the machine is shared, so absolute times are noise, ratios hold"
 
@@ -349,13 +385,13 @@ echo "         binary $bin, policies ${pols[*]} (streaming: P=$fragments, tau=$t
 if [ "$rate" = auto ]; then
   cal_rounds=3
   mkdir -p "$work/cal"
-  write_cluster "$work/cal.toml" "$work/cal" sync $cal_rounds 1 "$eval_batches"
+  write_cluster "$work/cal.toml" "$work/cal" sync $cal_rounds 1 "$eval_batches" "$dtype"
   echo "calibrating: sync, $cal_rounds rounds at 1gbit (the all-reduce is short next to the inner phase there, so the rounds measure compute, evaluation included)"
   run_cluster cal 1gbit "$work/cal.toml" 900 || exit 1
-  cal=$(summarize "$work/cal")
+  cal=$(summarize "$work/cal" sync)
   phase=$(field phase_s "$cal")
   params=$(field params "$cal")
-  case "$dtype" in fp32) bpe=4 ;; fp16 | bf16) bpe=2 ;; int8) bpe=1 ;; esac
+  case "$dtype" in fp32) bpe=4 ;; fp16 | bf16) bpe=2 ;; int8) bpe=1 ;; *) die "--rate auto calibrates for a dense dtype: put one first in --dtypes" ;; esac
   # Ring: each node sends 2(N-1)/N of the model per round (int8 adds a small per-chunk header, ignored here).
   rate_mbit=$(awk -v n=$n -v p="$params" -v b="$bpe" -v ph="$phase" -v ra="$ratio" -v e="$efficiency" \
     'BEGIN { bytes = 2 * (n - 1) / n * b * p; m = bytes * 8 / (ra * ph * e) / 1e6; printf "%d", (m < 1 ? 1 : m + 0.5) }')
@@ -369,29 +405,42 @@ else
   echo "rate: $rate (given)"
 fi
 
-# ---- 2. one run per policy -------------------------------------------------------------------------------
-declare -A summary
+# ---- 2. one run per policy and dtype --------------------------------------------------------------------
+runs=()
+declare -A run_policy run_dtype summary
+for d in "${dts[@]}"; do
+  for p in "${pols[@]}"; do
+    id=$p
+    [ ${#dts[@]} -eq 1 ] || id="$p-$d"
+    runs+=("$id"); run_policy[$id]=$p; run_dtype[$id]=$d
+  done
+done
+run_rounds() { echo "${dtype_rounds[${run_dtype[$1]}]:-$rounds}"; }
 failed=0
-for p in "${pols[@]}"; do
-  mkdir -p "$work/$p"
-  write_cluster "$work/$p.toml" "$work/$p" "$p" "$rounds" 1 "$eval_batches"
-  echo "running $p: $rounds rounds at $rate ..."
+for id in "${runs[@]}"; do
+  p=${run_policy[$id]}
+  mkdir -p "$work/$id"
+  write_cluster "$work/$id.toml" "$work/$id" "$p" "$(run_rounds "$id")" 1 "$eval_batches" "${run_dtype[$id]}"
+  echo "running $id: $(run_rounds "$id") rounds at $rate, ${run_dtype[$id]} on the wire ..."
   t0=$(date +%s)
-  if run_cluster "$p" "$rate" "$work/$p.toml" 1800; then
-    summary[$p]=$(summarize "$work/$p")
-    echo "  done in $(($(date +%s) - t0)) s: ${summary[$p]}"
-    grep -h "later than needed" "$work/$p".n*.log | head -3 | sed 's/^/  log: /' || true
+  if run_cluster "$id" "$rate" "$work/$id.toml" 3600; then
+    summary[$id]=$(summarize "$work/$id" "$p")
+    echo "  done in $(($(date +%s) - t0)) s: ${summary[$id]}"
+    grep -h "later than needed" "$work/$id".n*.log | head -3 | sed 's/^/  log: /' || true
   else
     failed=1
   fi
 done
 
 # ---- 3. report -------------------------------------------------------------------------------------------
+# The baseline: sync with the first dtype.
 base=""
-for p in "${pols[@]}"; do [ "$p" = sync ] && [ -n "${summary[sync]:-}" ] && base=sync; done
+for id in "${runs[@]}"; do
+  [ "${run_policy[$id]}" = sync ] && [ "${run_dtype[$id]}" = "$dtype" ] && [ -n "${summary[$id]:-}" ] && base=$id
+done
 if [ -z "$target" ]; then
   ref=${base:-}
-  if [ -z "$ref" ]; then for p in "${pols[@]}"; do [ -n "${summary[$p]:-}" ] && ref=$p && break; done; fi
+  if [ -z "$ref" ]; then for id in "${runs[@]}"; do [ -n "${summary[$id]:-}" ] && ref=$id && break; done; fi
   [ -n "$ref" ] || { echo "overlap: no policy finished" >&2; exit 1; }
   target=$(awk -v l="$(field final_loss "${summary[$ref]}")" 'BEGIN { printf "%.4f", l * 1.02 }')
   target_why="$ref's final val loss x 1.02"
@@ -412,36 +461,50 @@ ttt() {
     END { if (!found) printf "- -" }' "$1/evals.tsv"
 }
 mkdir -p "$(dirname "$csv")"
-echo "policy,rounds,inner_steps,inner_lr,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,time_to_first_eval_at_target_s,utilization_vs_sync,speedup_to_target_vs_sync" >"$csv"
+echo "policy,rounds,inner_steps,inner_lr,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,time_to_first_eval_at_target_s,utilization_vs_sync,speedup_to_target_vs_sync,bytes_sent_per_node,speedup_to_target_vs_int8" >"$csv"
 base_util=""; base_ttt=""
-if [ -n "$base" ]; then base_util=$(field util "${summary[sync]}"); read -r base_ttt _ <<<"$(ttt "$work/sync")"; fi
+if [ -n "$base" ]; then base_util=$(field util "${summary[$base]}"); read -r base_ttt _ <<<"$(ttt "$work/$base")"; fi
+# int8_ttt POLICY: the time to target of POLICY's int8 run, when there is one and it reached the target.
+int8_ttt() {
+  local id
+  for id in "${runs[@]}"; do
+    if [ "${run_policy[$id]}" = "$1" ] && [ "${run_dtype[$id]}" = int8 ] && [ -n "${summary[$id]:-}" ]; then
+      ttt "$work/$id" | cut -d' ' -f1
+      return
+    fi
+  done
+  echo "-"
+}
 echo
 echo "overlap: $n nodes x 1 worker, $preset, batch $batch x $seq_len, H=$inner, inner lr $inner_lr, $rounds rounds, link $rate, $dtype on the wire"
 echo "target val loss $target ($target_why); utilization over rounds 2..$rounds (all: rounds 1..$rounds; no-eval: evaluation time removed)"
-printf "%-10s %6s %6s %7s %8s %7s %7s %6s %7s %8s %9s %9s %7s %8s\n" policy util all no-eval stall_s phase_s ar_s ar/ph wall_s final to_target 1st_eval util/s speedup
-for p in "${pols[@]}"; do
-  s=${summary[$p]:-}
+printf "%-16s %6s %6s %7s %8s %7s %7s %6s %7s %8s %9s %9s %7s %8s %9s\n" run util all no-eval stall_s phase_s ar_s ar/ph wall_s final to_target 1st_eval util/s speedup vs_int8
+for id in "${runs[@]}"; do
+  s=${summary[$id]:-}
+  p=${run_policy[$id]}; d=${run_dtype[$id]}
   if [ -z "$s" ]; then
-    printf "%-10s %s\n" "$p" "failed (see the log tails above)"
-    echo "$p,$rounds,$inner,$inner_lr,$rate,$dtype,,,,,,,,,,$target,,,," >>"$csv"
+    printf "%-16s %s\n" "$id" "failed (see the log tails above)"
+    echo "$p,$(run_rounds "$id"),$inner,$inner_lr,$rate,$d,,,,,,,,,,$target,,,,,," >>"$csv"
     continue
   fi
-  u=$(field util "$s"); read -r tt tf <<<"$(ttt "$work/$p")"
+  u=$(field util "$s"); read -r tt tf <<<"$(ttt "$work/$id")"
   row=$(awk -v u="$u" -v bu="$base_util" -v tt="$tt" -v bt="$base_ttt" -v ph="$(field phase_s "$s")" \
-    -v ar="$(field allreduce_s "$s")" 'BEGIN {
+    -v ar="$(field allreduce_s "$s")" -v it="$(int8_ttt "$p")" 'BEGIN {
       ur = bu != "" && bu > 0 ? sprintf("%.3f", u / bu) : "-"
       sp = (bt != "" && bt != "-" && tt != "-" && tt > 0) ? sprintf("%.3f", bt / tt) : "-"
-      printf "%.3f %s %s", (ph > 0 ? ar / ph : 0), ur, sp }')
-  read -r arph ur sp <<<"$row"
-  printf "%-10s %6.3f %6.3f %7.3f %8.2f %7.2f %7.2f %6.2f %7.1f %8.4f %9s %9s %7s %8s\n" "$p" "$u" \
+      vi = (it != "-" && tt != "-" && tt > 0) ? sprintf("%.3f", it / tt) : "-"
+      printf "%.3f %s %s %s", (ph > 0 ? ar / ph : 0), ur, sp, vi }')
+  read -r arph ur sp vi <<<"$row"
+  printf "%-16s %6.3f %6.3f %7.3f %8.2f %7.2f %7.2f %6.2f %7.1f %8.4f %9s %9s %7s %8s %9s\n" "$id" "$u" \
     "$(field util_all "$s")" "$(field util_noeval "$s")" "$(field stall_s "$s")" "$(field phase_s "$s")" \
-    "$(field allreduce_s "$s")" "$arph" "$(field wall_s "$s")" "$(field final_loss "$s")" "$tt" "$tf" "$ur" "$sp"
-  echo "$p,$rounds,$inner,$inner_lr,$rate,$dtype,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$tf,$ur,$sp" >>"$csv"
+    "$(field allreduce_s "$s")" "$arph" "$(field wall_s "$s")" "$(field final_loss "$s")" "$tt" "$tf" "$ur" "$sp" "$vi"
+  echo "$p,$(run_rounds "$id"),$inner,$inner_lr,$rate,$d,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$tf,$ur,$sp,$(field bytes "$s"),$vi" >>"$csv"
 done
 echo
 echo "util = Σ compute_s ÷ Σ wall_s (goal ≥ 0.97 for overlap policies, sync expected near 0.67); ar/ph = all-reduce"
 echo "time (slowest node, mean of rounds 2..) ÷ inner phase; to_target = s from start until node n0's val loss ≤ target,"
 echo "interpolated linearly between the evaluation before and the first at or below it (1st_eval: that evaluation's"
-echo "time); util/s and speedup are ratios against sync measured in this run (speedup = sync's to_target ÷ this one's)."
+echo "time); util/s and speedup are ratios against ${base:-sync} measured in this run (speedup = its to_target ÷ this"
+echo "one's); vs_int8 = to_target of the same policy with int8 ÷ this one's."
 echo "csv: $csv"
 exit $failed

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -18,8 +19,9 @@ using namespace control;
 control_client::control_client(std::string coordinator_endpoint, uint64_t cluster_id)
     : control_client(std::vector<std::string>{std::move(coordinator_endpoint)}, cluster_id) {}
 
-control_client::control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id)
-    : endpoint_(join_names(coordinator_endpoints)), cluster_id_(cluster_id) {
+control_client::control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id,
+                               std::optional<curve_peer> curve)
+    : endpoint_(join_names(coordinator_endpoints)), cluster_id_(cluster_id), curve_(curve.has_value()) {
   ctx_ = std::make_unique<zmq::context_t>(1);
   sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::dealer);
   sock_->set(zmq::sockopt::linger, 1000);
@@ -32,10 +34,13 @@ control_client::control_client(std::vector<std::string> coordinator_endpoints, u
   std::random_device rd;
   const auto id = fmt::format("lw-node-{}-{:08x}", static_cast<long>(getpid()), rd());
   sock_->set(zmq::sockopt::routing_id, id);
+  if (curve) make_curve_client(*sock_, curve->own, curve->server_public);
   // The monitor must be attached before connecting, or the first connection's events are missed.
   const std::string monitor_endpoint = "inproc://longwave-control-monitor";
   if (zmq_socket_monitor(sock_->handle(), monitor_endpoint.c_str(),
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) == 0) {
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
     monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
     monitor_->set(zmq::sockopt::linger, 0);
     monitor_->connect(monitor_endpoint);
@@ -62,7 +67,16 @@ void control_client::drain_monitor(std::vector<control_event>& out) {
   if (!monitor_) return;
   while (const auto e = next_monitor_event(*monitor_)) {
     const auto id = e->id;
-    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
+    if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+      auth_refused_ = true;
+    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+      // A protocol error (another security mechanism, a key that does not decrypt): libzmq does not
+      // reconnect after it, so it is decisive at once.
+      handshake_failures_ = std::max(handshake_failures_, 3);
+    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+      ++handshake_failures_;  // the peer dropped the connection mid-handshake: maybe a restart, count
+    } else if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
+      handshake_failures_ = 0;
       connected_ = true;
       if (ever_connected_)
         out.push_back({control_event::kind::connection_back, errc::none, endpoint_, 0, {}});
@@ -74,8 +88,28 @@ void control_client::drain_monitor(std::vector<control_event>& out) {
   }
 }
 
+void control_client::check_handshake() {
+  drain_monitor(pending_);
+  if (auth_refused_)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("the coordinator at {} refused this node's CURVE key (its public key is not "
+                               "among the coordinator's keys/nodes/*.public, or it is revoked)",
+                               endpoint_));
+  if (!ever_connected_ && handshake_failures_ >= 3)
+    throw lw_error(
+        errc::invalid_config,
+        curve_ ? fmt::format("the CURVE handshake with the coordinator at {} failed {} times: the "
+                             "coordinator's key is not this node's keys/cluster.public (keys of another "
+                             "cluster?), or it runs with [security] mode = \"none\"",
+                             endpoint_, handshake_failures_)
+               : fmt::format("the handshake with the coordinator at {} failed {} times: it runs with CURVE "
+                             "([security] mode = \"curve\") and this node with mode = \"none\"",
+                             endpoint_, handshake_failures_));
+}
+
 std::vector<control_event> control_client::poll() {
-  std::vector<control_event> out;
+  std::vector<control_event> out = std::move(pending_);
+  pending_.clear();
   drain_monitor(out);
   for (;;) {
     std::vector<zmq::message_t> parts;
@@ -139,6 +173,7 @@ bool control_client::converse(const envelope& e, std::chrono::milliseconds timeo
       send(e);  // idempotent at the coordinator; also tells it that this process is still there
       next_send += hello_every;
     }
+    check_handshake();
     auto parsed = receive(std::chrono::milliseconds(100));
     if (!parsed) continue;
     if (!*parsed) {
@@ -236,6 +271,7 @@ std::pair<errc, std::string> control_client::request_leave(const std::string& na
   send(e);
   const auto deadline = clock::now() + timeout;
   while (clock::now() < deadline) {
+    check_handshake();
     auto parsed = receive(std::chrono::milliseconds(100));
     if (!parsed) continue;
     if (!*parsed) {

@@ -43,6 +43,7 @@ void elastic_ring::build_ring() {
   auto o = opts_;
   o.epoch = view_.epoch;
   o.names = view_.names;
+  o.public_keys = view_.public_keys;
   try {
     ring_ = std::make_shared<ring_allreduce>(static_cast<int>(view_.rank), view_.endpoints, o, on_reject_);
   } catch (const lw_error& e) {

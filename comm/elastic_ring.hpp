@@ -27,6 +27,7 @@ struct epoch_view {
   uint32_t rank = 0;
   std::vector<std::string> names;
   std::vector<std::string> endpoints;
+  std::vector<std::string> public_keys;  ///< CURVE: each member's key (empty without CURVE)
 };
 
 /// A ring call that failed without a fence: what the node tells the coordinator (ring_failed_msg).

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "comm/curve.hpp"
 #include "comm/wire.capnp.h"
 #include "runtime/checksum/crc32c.hpp"
 
@@ -298,6 +299,7 @@ void set_peers(capnp::List<wire::Peer>::Builder out, const std::vector<peer_entr
     out[k].setRank(peers[i].rank);
     out[k].setName(txt(peers[i].name));
     out[k].setEndpoint(txt(peers[i].endpoint));
+    out[k].setPublicKey(txt(peers[i].public_key));
   }
 }
 
@@ -319,10 +321,17 @@ std::optional<rejection> read_peers(capnp::List<wire::Peer>::Reader peers, const
   for (auto p : peers) {
     auto name = p.getName();
     auto ep = p.getEndpoint();
+    auto key = p.getPublicKey();
     if (auto bad = check_text(name, max_name_bytes, fmt::format("{} peer name", what).c_str())) return bad;
     if (auto bad = check_text(ep, max_endpoint_bytes, fmt::format("{} peer endpoint", what).c_str()))
       return bad;
-    out.push_back(peer_entry{p.getRank(), text_of(name), text_of(ep)});
+    if (auto bad = check_text(key, 40, fmt::format("{} peer key", what).c_str())) return bad;
+    auto key_text = text_of(key);
+    if (!key_text.empty() && !is_z85_key(key_text))
+      return rejection{
+          reject_reason::malformed,
+          fmt::format("{} peer {}: its public key is not 40 characters of Z85", what, text_of(name))};
+    out.push_back(peer_entry{p.getRank(), text_of(name), text_of(ep), std::move(key_text)});
   }
   return std::nullopt;
 }
@@ -359,6 +368,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setStartRound(m.start_round);
       x.setEpoch(m.epoch);
       set_peers(x.initPeers(static_cast<unsigned>(m.peers.size())), m.peers);
+      set_peers(x.initKeys(static_cast<unsigned>(m.keys.size())), m.keys);
     }
     void operator()(const fence_msg& m) { b.initFence().setEpoch(m.epoch); }
     void operator()(const fence_ack_msg& m) {
@@ -377,6 +387,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       auto w = x.initWorkers(static_cast<unsigned>(m.workers.size()));
       for (size_t i = 0; i < m.workers.size(); ++i) w.set(static_cast<unsigned>(i), m.workers[i]);
       set_key(x.initCommit(), m.commit);
+      set_peers(x.initKeys(static_cast<unsigned>(m.keys.size())), m.keys);
     }
     void operator()(const leave_msg& m) { b.initLeave().setNode(txt(m.node)); }
     void operator()(const recover_msg& m) {
@@ -476,6 +487,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.start_round = x.getStartRound();
         m.epoch = x.getEpoch();
         if ((bad = read_peers(x.getPeers(), "welcome", m.peers))) break;
+        if ((bad = read_peers(x.getKeys(), "welcome keys", m.keys))) break;
         out.body = std::move(m);
         break;
       }
@@ -493,6 +505,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.rank = x.getRank();
         m.commit = key_of(x.getCommit());
         if ((bad = read_peers(x.getPeers(), "membership", m.peers))) break;
+        if ((bad = read_peers(x.getKeys(), "membership keys", m.keys))) break;
         auto w = x.getWorkers();
         if (w.size() != m.peers.size() || m.rank >= m.peers.size()) {
           bad = reject(reject_reason::bad_size,

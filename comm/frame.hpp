@@ -176,6 +176,7 @@ struct peer_entry {
   uint32_t rank = 0;
   std::string name;
   std::string endpoint;
+  std::string public_key;  ///< CURVE public key (Z85); "" without CURVE
 };
 /// The answer to hello: the receiver's rank and every member's data endpoint.
 struct welcome_msg {
@@ -184,6 +185,7 @@ struct welcome_msg {
   std::vector<peer_entry> peers;
   uint64_t start_round = 0;  ///< the round every node resumes from (the oldest of the nodes' resume rounds)
   uint64_t epoch = 0;        ///< the membership epoch the ring starts in
+  std::vector<peer_entry> keys;  ///< CURVE: every node key the cluster admits (name, public_key)
 };
 /// Membership is changing to `epoch`: abandon the all-reduce in flight and report (fence_ack_msg).
 struct fence_msg {
@@ -204,6 +206,7 @@ struct membership_msg {
   std::vector<peer_entry> peers;  ///< indexed by rank
   std::vector<uint32_t> workers;  ///< each member's worker count, indexed by rank
   reduce_key commit;              ///< nodes holding this all-reduce's result keep it; others redo theirs
+  std::vector<peer_entry> keys;   ///< CURVE: every node key the cluster admits (name, public_key)
 };
 /// Node `node` is asked to leave the cluster at its next round boundary.
 struct leave_msg {

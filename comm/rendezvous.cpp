@@ -10,6 +10,7 @@
 
 #include "comm/control_common.hpp"
 #include "comm/rendezvous.hpp"
+#include "comm/zmq_monitor.hpp"
 
 namespace longwave::comm {
 
@@ -70,6 +71,23 @@ class coordinator {
     // comes back takes over the old one instead of being refused while the old one looks alive.
     sock_.set(zmq::sockopt::router_handover, true);
     sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
+    if (o_.node_keys) {
+      zap_ = std::make_unique<zap_handler>(ctx_, o_.node_keys, [this](const handshake_refusal& r) {
+        warn("coordinator: " + r.describe());
+        if (o_.on_refused) o_.on_refused(r);
+      });
+      make_curve_server(sock_, o_.curve);
+      // Handshakes that fail before the ZAP handler sees a key: no CURVE, or a client that pinned another
+      // server key (another cluster's).
+      const char* monitor_endpoint = "inproc://longwave-coordinator-monitor";
+      if (zmq_socket_monitor(sock_.handle(), monitor_endpoint,
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) ==
+          0) {
+        monitor_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
+        monitor_->set(zmq::sockopt::linger, 0);
+        monitor_->connect(monitor_endpoint);
+      }
+    }
     try {
       sock_.bind(o_.bind_endpoint);
     } catch (const zmq::error_t& e) {
@@ -77,6 +95,16 @@ class coordinator {
                      fmt::format("coordinator: cannot listen on {}: {}", o_.bind_endpoint, e.what()));
     }
   }
+
+  ~coordinator() {
+    // Stop the monitor first, so closing the ROUTER does not wait on it.
+    if (monitor_) {
+      zmq_socket_monitor(sock_.handle(), nullptr, 0);
+      monitor_.reset();
+    }
+  }
+  coordinator(const coordinator&) = delete;
+  coordinator& operator=(const coordinator&) = delete;
 
   int run() {
     const auto t0 = clock::now();
@@ -413,9 +441,10 @@ class coordinator {
     mm.commit = *commit;
     for (size_t r = 0; r < members.size(); ++r) {
       const auto& spec = specs_[members[r]];
-      mm.peers.push_back({static_cast<uint32_t>(r), spec.name, spec.endpoint});
+      mm.peers.push_back(peer_of(r, members[r]));
       mm.workers.push_back(spec.workers);
     }
+    mm.keys = all_keys();
     for (size_t r = 0; r < members.size(); ++r) {
       mm.rank = static_cast<uint32_t>(r);
       envelope e;
@@ -482,7 +511,8 @@ class coordinator {
     for (auto j : training_members()) {
       round = std::min(round.value_or(members_[j].round), members_[j].round);
       if (!members_[j].state_endpoint.empty())
-        r.sources.push_back({static_cast<uint32_t>(j), specs_[j].name, members_[j].state_endpoint});
+        r.sources.push_back(
+            {static_cast<uint32_t>(j), specs_[j].name, members_[j].state_endpoint, key_of(specs_[j].name)});
     }
     r.round = want.value_or(round.value_or(0));
     r.worker_offset = specs_[i].worker_offset;
@@ -588,14 +618,45 @@ class coordinator {
     w.world_size = static_cast<uint32_t>(members.size());
     w.start_round = start_round();
     w.epoch = epoch_;
-    for (size_t r = 0; r < members.size(); ++r)
-      w.peers.push_back({static_cast<uint32_t>(r), specs_[members[r]].name, specs_[members[r]].endpoint});
+    for (size_t r = 0; r < members.size(); ++r) w.peers.push_back(peer_of(r, members[r]));
+    w.keys = all_keys();
     envelope e;
     e.cluster_id = o_.cluster_id;
     e.sender = no_rank;
     e.body = std::move(w);
     reply(*members_[members[rank]].identity, e);
     members_[members[rank]].last_seen = clock::now();
+  }
+
+  /// CURVE: node `name`'s public key ("" without CURVE).
+  std::string key_of(const std::string& name) const { return o_.node_keys ? o_.node_keys->key_of(name) : ""; }
+
+  /// The member at file index i, at position `rank` of a ring.
+  peer_entry peer_of(size_t rank, size_t i) const {
+    return {static_cast<uint32_t>(rank), specs_[i].name, specs_[i].endpoint, key_of(specs_[i].name)};
+  }
+
+  /// CURVE: every node key admitted (what members admit on their ring and state sockets).
+  std::vector<peer_entry> all_keys() const {
+    std::vector<peer_entry> out;
+    if (o_.node_keys)
+      for (const auto& [name, key] : o_.node_keys->entries()) out.push_back({0, name, "", key});
+    return out;
+  }
+
+  /// Reports handshakes the monitor saw fail (CURVE only).
+  void drain_monitor() {
+    if (!monitor_) return;
+    while (const auto ev = next_monitor_event(*monitor_)) {
+      handshake_refusal r;
+      r.reason = "handshake";
+      r.address = "a connection to " + ev->address;
+      const uint64_t n = ++n_handshake_failures_;
+      if (n <= logged_drops || n % drop_log_every == 0)
+        warn("coordinator: " + r.describe() +
+             (n > logged_drops ? fmt::format(" ({} failed handshakes so far)", n) : std::string()));
+      if (o_.on_refused) o_.on_refused(r);
+    }
   }
 
   /// The oldest of the joined members' resume rounds: a round every one of them has a checkpoint for.
@@ -863,6 +924,7 @@ class coordinator {
   }
 
   void poll_once() {
+    drain_monitor();
     if (!readable(sock_, std::chrono::milliseconds(100))) return;
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
@@ -874,6 +936,8 @@ class coordinator {
     const std::string identity = parts[0].to_string();
     const char* addr = zmq_msg_gets(parts[1].handle(), "Peer-Address");
     const std::string peer = addr ? addr : "unknown";
+    // CURVE: the node name the connection's key belongs to (the ZAP handler's user id).
+    const std::string keyed_as = o_.node_keys ? user_id_of(parts[1].handle()) : std::string();
     auto parsed = parse_envelope(parts[1].data(), parts[1].size(), o_.cluster_id);
     if (!parsed) {
       const auto& r = parsed.error();
@@ -885,10 +949,27 @@ class coordinator {
       return;
     }
     const envelope& e = parsed.value();
-    if (auto* h = std::get_if<hello_msg>(&e.body)) return on_hello(identity, *h, peer);
+    if (auto* h = std::get_if<hello_msg>(&e.body)) {
+      if (o_.node_keys && keyed_as != h->node_name) {
+        warn(
+            fmt::format("coordinator: turned away a hello as node '{}' from {}: it came with node '{}''s key",
+                        h->node_name, peer, keyed_as));
+        return turn_away(identity, errc::invalid_config,
+                         fmt::format("this connection's CURVE key is node '{}''s, not node '{}''s: each node "
+                                     "uses its own keys/nodes/NAME.secret",
+                                     keyed_as, h->node_name));
+      }
+      return on_hello(identity, *h, peer);
+    }
     if (auto* l = std::get_if<leave_msg>(&e.body)) return on_leave(identity, *l);
     const auto rank = rank_of_identity(identity);
     if (!rank) return from_stranger(identity, e, peer);
+    if (o_.node_keys && keyed_as != specs_[*rank].name) {
+      // Another node's key using this member's routing id: never let it speak for the member.
+      dropped(fmt::format("coordinator: dropped a message for node {} from {}: it came with node '{}''s key",
+                          specs_[*rank].name, peer, keyed_as));
+      return;
+    }
     auto& m = members_[*rank];
     const std::string& name = specs_[*rank].name;
     m.last_seen = clock::now();
@@ -961,8 +1042,11 @@ class coordinator {
   std::optional<reduce_key> last_reset_commit_;
   std::string last_ring_failure_;
   std::optional<std::string> give_up_;  // why the run is called off
+  uint64_t n_handshake_failures_ = 0;
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};
+  std::unique_ptr<zmq::socket_t> monitor_;  // CURVE: failed handshakes of sock_
+  std::unique_ptr<zap_handler> zap_;        // CURVE: admits the node keys; closed before ctx_
 };
 
 }  // namespace

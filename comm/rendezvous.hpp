@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "comm/curve.hpp"
 #include "comm/frame.hpp"
 #include "runtime/errors/errors.hpp"
 
@@ -61,6 +62,12 @@ struct coordinator_options {
   /// Fewer live members than this: the others wait up to quorum_timeout, then the run is stopped.
   size_t min_nodes = 1;
   std::chrono::milliseconds quorum_timeout{60000};
+  /// CURVE: the coordinator's key pair, and the node keys it admits (each bound to its node name: a hello
+  /// must come with its name's key). nullptr: no CURVE.
+  curve_key curve;
+  std::shared_ptr<const key_ring> node_keys;
+  /// A refused handshake (a key not admitted, revoked, or no CURVE at all); from any thread.
+  std::function<void(const handshake_refusal&)> on_refused;
   std::function<void(const std::string&)> info;  ///< progress lines (joins, finishes)
   std::function<void(const std::string&)> warn;  ///< problems (rejections, failures, missing nodes)
   std::function<bool()> stop;                    ///< polled every 100 ms; true ends the role (exit code 130)
@@ -115,8 +122,10 @@ class control_client {
   /// Connects (lazily; ZeroMQ retries) to the coordinator's endpoint.
   control_client(std::string coordinator_endpoint, uint64_t cluster_id);
   /// Connects to every address a coordinator may run at; messages go to the one that is connected (a
-  /// message sent while none is, is dropped: hellos and heartbeats are repeated anyway).
-  control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id);
+  /// message sent while none is, is dropped: hellos and heartbeats are repeated anyway). With `curve`, the
+  /// connection is CURVE with this node's keys, pinned to the coordinator's public key.
+  control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id,
+                 std::optional<curve_peer> curve = std::nullopt);
   ~control_client();
   control_client(const control_client&) = delete;
   control_client& operator=(const control_client&) = delete;
@@ -172,6 +181,9 @@ class control_client {
   /// Sends body as this node (cluster id and rank filled in).
   void send_body(decltype(envelope::body) body);
   void drain_monitor(std::vector<control_event>& out);
+  /// Throws lw_error(invalid_config) naming the cause when the coordinator refused this node's key, or when
+  /// handshakes keep failing before this node ever connected (keys of another cluster, CURVE on one side).
+  void check_handshake();
 
   std::string endpoint_;
   uint64_t cluster_id_;
@@ -180,6 +192,10 @@ class control_client {
   std::unique_ptr<zmq::socket_t> sock_;
   std::unique_ptr<zmq::socket_t> monitor_;  // events of sock_: handshakes and disconnects
   bool connected_ = false, ever_connected_ = false;
+  bool curve_ = false;
+  bool auth_refused_ = false;           // the coordinator's ZAP handler refused this node's key
+  int handshake_failures_ = 0;          // since the last successful handshake
+  std::vector<control_event> pending_;  // drained by check_handshake, returned by the next poll
 };
 
 }  // namespace longwave::comm

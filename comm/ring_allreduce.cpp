@@ -251,6 +251,17 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
   t.max_frame_bytes =
       static_cast<int64_t>(std::min<size_t>(2 * largest + 65536, std::numeric_limits<int64_t>::max()));
   t.linger = opts_.timeout;
+  if (opts_.curve) {
+    if (opts_.public_keys.size() != world)
+      throw lw_error(errc::invalid_config,
+                     fmt::format("comm: CURVE needs every rank's public key: {} for a ring of {}",
+                                 opts_.public_keys.size(), world));
+    t.curve = opts_.curve;
+    t.server_public = opts_.public_keys[(rank_ + 1) % world];
+    if (!is_z85_key(t.server_public))
+      throw lw_error(errc::invalid_config,
+                     fmt::format("comm: rank {} has no CURVE public key", (rank_ + 1) % world));
+  }
   transport_ = std::make_unique<zmq_transport>(std::move(t));
 }
 

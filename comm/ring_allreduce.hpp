@@ -16,6 +16,7 @@
 
 #include "comm/codec.hpp"
 #include "comm/collective.hpp"
+#include "comm/curve.hpp"
 #include "comm/frame.hpp"
 
 namespace longwave::comm {
@@ -57,6 +58,10 @@ struct ring_options {
   std::chrono::milliseconds stall_report_after{10000};
   std::chrono::milliseconds stall_report_every{30000};
   std::function<void(const std::string&)> on_stall;
+  /// CURVE: this node's keys and the node keys its listening socket admits, and every rank's public key
+  /// (indexed like the endpoints; the next rank's is pinned). Unset: plain TCP.
+  std::optional<curve_server_keys> curve;
+  std::vector<std::string> public_keys;
   /// Fault injection for tests (LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS on a node): the process kills
   /// itself with SIGKILL 50 ms after handing its CHUNKS-th chunk of round ROUND to ZeroMQ. 0: never.
   uint64_t die_in_round = 0;

@@ -276,11 +276,17 @@ struct state_server::published {
 struct state_server::sockets {
   zmq::context_t ctx{1};
   zmq::socket_t router{ctx, zmq::socket_type::router};
+  std::unique_ptr<zap_handler> zap;  // CURVE: closed before the context
 };
 
-state_server::state_server(const std::string& bind_endpoint, uint64_t cluster_id)
+state_server::state_server(const std::string& bind_endpoint, uint64_t cluster_id,
+                           std::optional<curve_server_keys> curve)
     : cluster_id_(cluster_id), sockets_(std::make_unique<sockets>()) {
   auto& r = sockets_->router;
+  if (curve) {
+    sockets_->zap = std::make_unique<zap_handler>(sockets_->ctx, curve->admitted, curve->on_refused);
+    make_curve_server(r, curve->own);
+  }
   try {
     r.set(zmq::sockopt::linger, 0);
     r.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_state_request_bytes));
@@ -548,8 +554,17 @@ class fetcher {
     p.sock->set(zmq::sockopt::linger, 0);
     p.sock->set(zmq::sockopt::maxmsgsize,
                 static_cast<int64_t>(std::max<uint64_t>(max_state_chunk_bytes, max_state_reply_bytes)));
+    if (opts_.curve) {
+      if (i >= opts_.peer_keys.size() || !is_z85_key(opts_.peer_keys[i])) {
+        drop(i, drop_kind::io, "no CURVE public key for this peer");
+        return;
+      }
+      make_curve_client(*p.sock, *opts_.curve, opts_.peer_keys[i]);
+    }
     const auto monitor_endpoint = fmt::format("inproc://longwave-state-fetch-{}", i);
-    if (zmq_socket_monitor(p.sock->handle(), monitor_endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) == 0) {
+    if (zmq_socket_monitor(p.sock->handle(), monitor_endpoint.c_str(),
+                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
       p.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
       p.monitor->set(zmq::sockopt::linger, 0);
       p.monitor->connect(monitor_endpoint);
@@ -630,6 +645,11 @@ class fetcher {
           const auto e = next_monitor_event(*peers_[i].monitor);
           if (!e) break;
           if (e->id == ZMQ_EVENT_DISCONNECTED) drop(i, drop_kind::io, "connection lost");
+          if (e->id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            drop(i, drop_kind::io, "it refused this node's CURVE key");
+          if (e->id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            drop(i, drop_kind::io,
+                 "the CURVE handshake failed (its key is not the one the coordinator named)");
         }
       } else {
         receive(i);

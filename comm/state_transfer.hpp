@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/curve.hpp"
 #include "comm/frame.hpp"
 
 namespace longwave::comm {
@@ -44,7 +45,9 @@ class state_server {
  public:
   /// Binds bind_endpoint, e.g. "tcp://127.0.0.1:*" (an ephemeral port) or "tcp://10.0.0.2:5700".
   /// Throws lw_error(errc::io_error) naming the endpoint when it cannot bind.
-  state_server(const std::string& bind_endpoint, uint64_t cluster_id);
+  /// With `curve`, only the admitted node keys get in and replies are encrypted.
+  state_server(const std::string& bind_endpoint, uint64_t cluster_id,
+               std::optional<curve_server_keys> curve = std::nullopt);
   ~state_server();  // stops the thread promptly
   state_server(const state_server&) = delete;
   state_server& operator=(const state_server&) = delete;
@@ -99,6 +102,9 @@ struct fetch_options {
   std::chrono::milliseconds peer_stall{0};
   /// A peer offering a larger state is dropped (malformed): the joiner allocates the whole state up front.
   uint64_t max_bytes = 256ull << 30;
+  /// CURVE: this node's key pair, and each peer's public key (indexed like the peers; pinned).
+  std::optional<curve_key> curve;
+  std::vector<std::string> peer_keys;
 };
 
 struct fetched_state {

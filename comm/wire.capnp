@@ -43,6 +43,7 @@ struct Peer {
   rank @0 :UInt32;
   name @1 :Text;
   endpoint @2 :Text;
+  publicKey @3 :Text;      # the node's CURVE public key (Z85), "" when the cluster runs without CURVE
 }
 
 struct Welcome {
@@ -52,6 +53,7 @@ struct Welcome {
   peers @2 :List(Peer);    # indexed by rank
   startRound @3 :UInt64;   # every node resumes from its newest checkpoint at or before this round
   epoch @4 :UInt64;        # the membership epoch the ring starts in
+  keys @5 :List(Peer);     # CURVE: every node key the cluster admits (name, publicKey), for ring and state links
 }
 
 struct ReduceKey {
@@ -84,6 +86,7 @@ struct Membership {
   peers @2 :List(Peer);
   commit @3 :ReduceKey;
   workers @4 :List(UInt32);  # each member's worker count, indexed by rank
+  keys @5 :List(Peer);       # CURVE: every node key the cluster admits, as in Welcome
 }
 
 struct Leave {

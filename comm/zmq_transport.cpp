@@ -89,12 +89,17 @@ void zmq_transport::open_sockets() {
   pull_->set(zmq::sockopt::rcvhwm, opts_.recv_hwm);
   pull_->set(zmq::sockopt::maxmsgsize, opts_.max_frame_bytes);
   pull_->set(zmq::sockopt::linger, 0);
+  if (opts_.curve) {
+    zap_ = std::make_unique<zap_handler>(*ctx_, opts_.curve->admitted, opts_.curve->on_refused);
+    make_curve_server(*pull_, opts_.curve->own);
+  }
   pull_->bind(opts_.bind_endpoint);
   bound_endpoint_ = pull_->get(zmq::sockopt::last_endpoint);
   if (opts_.connect_endpoint.empty()) return;
   push_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::push);
   push_->set(zmq::sockopt::sndhwm, opts_.send_hwm);
   push_->set(zmq::sockopt::linger, to_int_ms(opts_.linger));
+  if (opts_.curve) make_curve_client(*push_, opts_.curve->own, opts_.server_public);
   // The monitor must be attached before connecting, or the first connection's events are missed.
   if (zmq_socket_monitor(push_->handle(), monitor_endpoint,
                          ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0)
@@ -113,6 +118,7 @@ void zmq_transport::close_sockets() {
     if (push_ && drop_on_close_.load(std::memory_order_acquire)) push_->set(zmq::sockopt::linger, 0);
     push_.reset();
     pull_.reset();
+    zap_.reset();
     ctx_.reset();  // waits up to the linger time for frames still queued for the next rank
   } catch (const zmq::error_t& e) {
     std::fprintf(stderr, "longwave comm: error while closing sockets: %s\n", e.what());

@@ -18,6 +18,8 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "comm/curve.hpp"
+
 namespace longwave::comm {
 
 /// Sockets and limits of a transport.
@@ -34,6 +36,9 @@ struct transport_options {
   int64_t max_frame_bytes = -1;
   /// How long closing waits for frames still queued for the next rank.
   std::chrono::milliseconds linger{30000};
+  /// CURVE: the listening socket admits the ring's node keys, and the next rank must hold server_public.
+  std::optional<curve_server_keys> curve;
+  std::string server_public;
 };
 
 /// One complete multipart message taken from the listening socket.
@@ -101,6 +106,7 @@ class zmq_transport {
   std::unique_ptr<zmq::socket_t> pull_;
   std::unique_ptr<zmq::socket_t> push_;
   std::unique_ptr<zmq::socket_t> monitor_;
+  std::unique_ptr<zap_handler> zap_;  // CURVE: closed before the context
   bool connected_ = false;
   std::optional<std::string> lost_;
 

@@ -16,7 +16,7 @@ namespace longwave::config {
 
 namespace {
 
-const std::vector<std::string> k_foreign = {"cluster", "nodes"};
+const std::vector<std::string> k_foreign = {"cluster", "nodes", "security"};
 constexpr size_t max_nodes = 64;
 
 std::string where(const toml::node& n) {
@@ -122,6 +122,53 @@ void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::
   }
 }
 
+void set_security_field(security_spec& sec, const std::string& name, const toml::node& value) {
+  const std::string key = "security." + name;
+  if (name == "mode") {
+    const auto m = get_string(value, key);
+    if (m == "curve")
+      sec.mode = security_mode::curve;
+    else if (m == "none")
+      sec.mode = security_mode::none;
+    else
+      throw config_error(
+          key, fmt::format("security.mode = \"{}\": must be \"curve\" or \"none\"{}", m, where(value)));
+  } else if (name == "keys") {
+    sec.keys = get_string(value, key);
+  } else if (name == "revoked") {
+    sec.revoked.clear();
+    const auto* list = value.as_array();
+    if (!list)
+      throw config_error(key, fmt::format("security.revoked: expected a list of node names or public keys, "
+                                          "got {}{}",
+                                          type_of(value), where(value)));
+    for (size_t i = 0; i < list->size(); ++i)
+      sec.revoked.push_back(get_string(*list->get(i), fmt::format("{}[{}]", key, i)));
+  } else {
+    throw config_error(
+        key, fmt::format("unknown key '{}'{}: [security] has mode, keys and revoked", key, where(value)));
+  }
+}
+
+/// A --set override's value as a TOML node ("v = RAW", or RAW as a bare string).
+toml::table override_value(const std::string& ov, size_t prefix) {
+  const auto eq = ov.find('=');
+  if (eq == std::string::npos || eq <= prefix)
+    throw config_error(ov, fmt::format("override '{}' has no '=': write --set section.key=value", ov));
+  const std::string raw = ov.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + raw);
+  } catch (const toml::parse_error&) {
+    parsed.insert("v", raw);  // a bare string
+  }
+  return parsed;
+}
+
+std::string override_name(const std::string& ov, size_t prefix) {
+  return ov.substr(prefix, ov.find('=') - prefix);
+}
+
 cluster_node read_node(const toml::node& entry, size_t i) {
   const std::string base = fmt::format("nodes[{}]", i);
   const toml::table* t = entry.as_table();
@@ -215,9 +262,12 @@ std::string endpoint_problem(std::string_view ep) {
 cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>& overrides,
                            std::string_view source_name) {
   cluster_spec spec;
-  std::vector<std::string> train_overrides, cluster_overrides;
+  std::vector<std::string> train_overrides, cluster_overrides, security_overrides;
   for (const auto& ov : overrides)
-    (ov.rfind("cluster.", 0) == 0 ? cluster_overrides : train_overrides).push_back(ov);
+    (ov.rfind("cluster.", 0) == 0    ? cluster_overrides
+     : ov.rfind("security.", 0) == 0 ? security_overrides
+                                     : train_overrides)
+        .push_back(ov);
   // The training sections first: syntax errors are reported there with positions.
   spec.train = parse_config(text, train_overrides, source_name, k_foreign);
   toml::table root = toml::parse(text, std::string_view(source_name));
@@ -229,20 +279,17 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
           "cluster", fmt::format("cluster: expected a table [cluster], got {}{}", type_of(*c), where(*c)));
     for (const auto& [k, v] : *t) set_cluster_field(spec, std::string(k.str()), v);
   }
-  for (const auto& ov : cluster_overrides) {
-    const auto eq = ov.find('=');
-    if (eq == std::string::npos)
-      throw config_error(ov, fmt::format("override '{}' has no '=': write --set cluster.key=value", ov));
-    const std::string name = ov.substr(8, eq - 8);
-    const std::string raw = ov.substr(eq + 1);
-    toml::table parsed;
-    try {
-      parsed = toml::parse("v = " + raw);
-    } catch (const toml::parse_error&) {
-      parsed.insert("v", raw);  // a bare string
-    }
-    set_cluster_field(spec, name, *parsed.get("v"));
+  for (const auto& ov : cluster_overrides)
+    set_cluster_field(spec, override_name(ov, 8), *override_value(ov, 8).get("v"));
+  if (const toml::node* s = root.get("security")) {
+    const toml::table* t = s->as_table();
+    if (!t)
+      throw config_error(
+          "security", fmt::format("security: expected a table [security], got {}{}", type_of(*s), where(*s)));
+    for (const auto& [k, v] : *t) set_security_field(spec.security, std::string(k.str()), v);
   }
+  for (const auto& ov : security_overrides)
+    set_security_field(spec.security, override_name(ov, 9), *override_value(ov, 9).get("v"));
   spec.cluster_id = cluster_id_of(spec.id);
 
   const toml::node* nodes = root.get("nodes");
@@ -303,6 +350,14 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
               "set metrics_port per node and [cluster] metrics_port",
               i, port));
   }
+  if (spec.security.mode == security_mode::curve && spec.security.keys.empty())
+    throw config_error(
+        "security.keys",
+        "security.keys: not set. A cluster's links are authenticated and encrypted by default "
+        "([security] mode = \"curve\"): make keys with `longwave keys new --out keys --cluster FILE` and set "
+        "[security] keys = \"keys\", or set [security] mode = \"none\" to run without (then anyone who "
+        "reaches "
+        "the ports can join and send frames)");
   return spec;
 }
 

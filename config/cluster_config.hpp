@@ -20,6 +20,19 @@ struct cluster_node {
   int64_t metrics_port = -1;  ///< /metrics port; -1: [metrics] port + 1 + index (0 there: pick a free one)
 };
 
+/// How the cluster's links are secured ([security]).
+enum class security_mode {
+  curve,  ///< ZeroMQ CURVE: nodes authenticated by key, every link encrypted (the default)
+  none,   ///< plain TCP: anyone who reaches a port can join and send frames (must be chosen explicitly)
+};
+
+/// [security]: mode, the key directory of `longwave keys new`, and revoked keys.
+struct security_spec {
+  security_mode mode = security_mode::curve;
+  std::string keys;                  ///< key directory (relative: to the working directory)
+  std::vector<std::string> revoked;  ///< node names or Z85 public keys the coordinator refuses
+};
+
 /// The whole cluster.
 struct cluster_spec {
   std::string id = "longwave";  ///< cluster name; nodes of another cluster are turned away
@@ -36,7 +49,8 @@ struct cluster_spec {
   bool open = false;                ///< nodes not in the file may join (`longwave node --endpoint --workers`)
   int64_t open_workers = 0;         ///< data regions kept for their workers (default 4 when open)
   std::vector<cluster_node> nodes;  ///< ring order: rank i is nodes[i]
-  train_config train;               ///< shared config; train.workers is the sum over nodes
+  security_spec security;
+  train_config train;  ///< shared config; train.workers is the sum over nodes
 };
 
 /// 64-bit FNV-1a of the cluster id text (never 0).
@@ -48,8 +62,9 @@ uint64_t cluster_id_of(std::string_view id);
 /// fingerprint differs from its own.
 uint64_t training_fingerprint(const train_config& cfg);
 
-/// Parses a cluster file's text. Overrides "cluster.<key>" set [cluster] fields; all others go to the
-/// training config. Throws config_error naming the key ("nodes[2].endpoint", "cluster.coordinator", ...).
+/// Parses a cluster file's text. Overrides "cluster.<key>" and "security.<key>" set [cluster] and
+/// [security] fields; all others go to the training config. Throws config_error naming the key
+/// ("nodes[2].endpoint", "cluster.coordinator", ...).
 cluster_spec parse_cluster(std::string_view toml_text, const std::vector<std::string>& overrides,
                            std::string_view source_name);
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "actors/cli/report/page.hpp"
 #include "actors/cluster.hpp"
 #include "actors/training.hpp"
+#include "comm/curve.hpp"
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "models/data/dataset_prep.hpp"
@@ -111,11 +113,14 @@ struct cli_values {
   int64_t pv = 256, pt = 128;
   std::string presets_config;
   std::vector<std::string> shape_overrides;
+  // keys new
+  std::string keys_dir, keys_cluster;
+  std::vector<std::string> keys_nodes;
 };
 
 /// The subcommands, to tell which one was given.
 struct subcommands {
-  CLI::App *run, *eval, *prep, *coord, *node, *launch, *report, *presets;
+  CLI::App *run, *eval, *prep, *coord, *node, *launch, *report, *presets, *keys_new;
 };
 
 CLI::App* add_run(CLI::App& app, cli_values& v) {
@@ -263,6 +268,65 @@ CLI::App* add_presets(CLI::App& app, cli_values& v) {
   return presets;
 }
 
+CLI::App* add_keys(CLI::App& app, cli_values& v) {
+  auto* keys =
+      app.add_subcommand("keys", "CURVE keys that authenticate a cluster's nodes and encrypt its links");
+  keys->require_subcommand(1);
+  auto* make = keys->add_subcommand(
+      "new", "Make the cluster's key pair (the coordinator's) and one key pair per node in a key directory");
+  make->add_option("--out", v.keys_dir, "Key directory (made if missing; [security] keys names it)")
+      ->required();
+  make->add_option("--cluster", v.keys_cluster, "A key pair for every node of this cluster file");
+  make->add_option("--nodes", v.keys_nodes, "A key pair for each of these node names (comma-separated)")
+      ->delimiter(',');
+  make->footer(
+      "Writes DIR/cluster.{public,secret} (unless DIR already has them) and DIR/nodes/NAME.{public,secret},\n"
+      "every file mode 0600; an existing node key is never overwritten (exit 2). The coordinator needs\n"
+      "cluster.secret and nodes/*.public; node NAME needs cluster.public and nodes/NAME.secret. A key can "
+      "be\n"
+      "revoked with [security] revoked = [\"NAME\"] in the coordinator's cluster file.");
+  return make;
+}
+
+/// `keys new`: the key files of a cluster (see add_keys).
+int cmd_keys_new(const cli_values& v) {
+  runtime::init_logging("info");
+  std::vector<std::string> names = v.keys_nodes;
+  if (!v.keys_cluster.empty()) {
+    // The cluster file may already name this key directory, or not yet: it is read without [security].
+    auto spec = load_cluster(v.keys_cluster, {"security.mode=none"});
+    if (!spec) return 2;
+    for (const auto& n : spec->nodes) names.push_back(n.name);
+  }
+  if (names.empty()) {
+    std::fprintf(stderr, "keys new: name the nodes with --cluster FILE or --nodes a,b,c\n");
+    return 2;
+  }
+  for (const auto& n : names) {
+    const bool ok = !n.empty() && n.size() <= 32 && std::all_of(n.begin(), n.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    if (!ok || std::count(names.begin(), names.end(), n) > 1) {
+      std::fprintf(stderr, "keys new: node name '%s': %s\n", n.c_str(),
+                   ok ? "given twice" : "names are 1..32 characters of A-Z a-z 0-9 _ -");
+      return 2;
+    }
+  }
+  try {
+    const auto written = comm::make_key_directory(v.keys_dir, names);
+    for (const auto& f : written) std::printf("wrote %s\n", f.c_str());
+    std::printf(
+        "keys of %zu node(s) in %s. In the cluster file: [security] keys = \"%s\". Give the coordinator's "
+        "machine cluster.secret and nodes/*.public, and node NAME's machine cluster.public and "
+        "nodes/NAME.secret (keep secrets private: 0600).\n",
+        names.size(), v.keys_dir.c_str(), v.keys_dir.c_str());
+    return 0;
+  } catch (const lw_error& e) {
+    std::fprintf(stderr, "keys new: %s\n", e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+}
+
 int cmd_run(const cli_values& v) {
   runtime::init_logging(v.log_level);
   config::train_config cfg;
@@ -325,6 +389,7 @@ int dispatch(const subcommands& sub, const cli_values& v, const char* argv0) {
   if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches);
   if (sub.prep->parsed()) return cmd_prepare(v);
   if (sub.presets->parsed()) return cmd_presets(v.pv, v.pt, v.presets_config, v.shape_overrides);
+  if (sub.keys_new->parsed()) return cmd_keys_new(v);
   return 2;
 }
 
@@ -351,6 +416,7 @@ int main(int argc, char** argv) {
   sub.launch = add_launch(app, v);
   sub.report = add_report(app, v);
   sub.presets = add_presets(app, v);
+  sub.keys_new = add_keys(app, v);
   // CLI11 would treat `longwave nosuch --help` as a request for the main help (exit 0).
   if (argc > 1 && argv[1][0] != '-') {
     try {

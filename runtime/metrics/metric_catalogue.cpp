@@ -80,6 +80,8 @@ const std::vector<metric_def>& metric_catalogue() {
        "Time spent decoding (and accumulating) received chunks"},
       {"longwave_comm_rejected_frames_total", t::counter, "reason", r::both,
        "Received frames dropped by validation, by reason"},
+      {"longwave_security_refused_handshakes_total", t::counter, "reason", r::coordinator,
+       "CURVE handshakes refused, by reason (unknown_key, revoked, handshake)"},
       // Membership.
       {"longwave_cluster_peers_alive", t::gauge, "", r::both,
        "Nodes alive as this process sees them (node: the ring's size; coordinator: nodes heard from within "
@@ -152,6 +154,11 @@ const std::vector<std::string>& rejection_reasons() {
   static const std::vector<std::string> reasons = {
       "truncated",   "bad_size",   "malformed",    "bad_version",  "bad_dtype",   "wrong_cluster",
       "wrong_round", "wrong_step", "wrong_sender", "bad_checksum", "bad_payload", "wrong_epoch"};
+  return reasons;
+}
+
+const std::vector<std::string>& handshake_refusal_reasons() {
+  static const std::vector<std::string> reasons = {"unknown_key", "revoked", "handshake"};
   return reasons;
 }
 

@@ -46,8 +46,12 @@ std::vector<metric_labels> initial_series(const metric_def& d, const std::vector
   const std::vector<std::string>* values = nullptr;
   if (key == "worker") values = &workers;
   if (key == "peer") values = &peers;
-  if (key == "reason")
-    values = std::string_view(d.name) == "longwave_errors_total" ? &error_reasons() : &rejection_reasons();
+  if (key == "reason") {
+    const std::string_view name(d.name);
+    values = name == "longwave_errors_total"                        ? &error_reasons()
+             : name == "longwave_security_refused_handshakes_total" ? &handshake_refusal_reasons()
+                                                                    : &rejection_reasons();
+  }
   std::vector<metric_labels> out;
   if (values)
     for (const auto& v : *values) out.push_back({{key, v}});

@@ -673,7 +673,7 @@ CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scrap
           "[eval]\nevery_rounds = 1\nbatches = 2\n"
           "[checkpoint]\nevery_rounds = 1\n"
           "[metrics]\nport = " +
-          std::to_string(coord_metrics) + "\n";
+          std::to_string(coord_metrics) + "\n" + curve_keys(dir);
   const auto cluster = dir + "/cluster.toml";
   write_text(cluster, text);
 

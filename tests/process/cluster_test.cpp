@@ -17,6 +17,7 @@
 #include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/prom_text.hpp"
+#include "tests/support/raw_frames.hpp"
 
 using namespace longwave;
 using namespace longwave::test;
@@ -176,8 +177,10 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
                 "[process][cluster][malformed]") {
   const auto dir = scratch_dir("cluster_fuzz");
   cluster_ports ports;
-  // Enough rounds to keep the ring busy while the test peer sends; int8 on the wire.
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[comm]\ndtype = \"int8\"\n");
+  // Enough rounds to keep the ring busy while the test peer sends; int8 on the wire. Without CURVE, so that
+  // the frames reach validation (with it they are refused at the handshake: tests/process/security_test.cpp).
+  const auto cluster =
+      cluster_file(dir, {1, 1}, ports, "[comm]\ndtype = \"int8\"\n[security]\nmode = \"none\"\n");
   edit_file(cluster, "rounds = 3", "rounds = 12");
   const auto spec = config::load_cluster_file(cluster, {});
   auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
@@ -187,19 +190,10 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
   std::atomic<bool> stop{false};
   std::atomic<int> sent{0};
   std::thread fuzz([&] {
-    zmq::context_t ctx;
     std::mt19937 rng(5);
-    std::vector<zmq::socket_t> ring;
-    for (int p : ports.ring) {
-      ring.emplace_back(ctx, zmq::socket_type::push);
-      ring.back().set(zmq::sockopt::linger, 0);
-      ring.back().set(zmq::sockopt::sndtimeo, 100);
-      ring.back().connect("tcp://127.0.0.1:" + std::to_string(p));
-    }
-    zmq::socket_t control(ctx, zmq::socket_type::dealer);
-    control.set(zmq::sockopt::linger, 0);
-    control.set(zmq::sockopt::sndtimeo, 100);
-    control.connect(spec.coordinator);
+    raw_peer peer(ports.ring, spec.coordinator);
+    auto& ring = peer.ring;
+    auto& control = peer.control;
     auto random_bytes = [&](size_t n) {
       std::vector<std::byte> b(n);
       for (auto& x : b) x = static_cast<std::byte>(rng());
@@ -497,7 +491,8 @@ CATCH_TEST_CASE(
     "[process][cluster][signal]") {
   const auto dir = scratch_dir("cluster_coord_killed");
   cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports);
+  // Without CURVE: the junk control frames must reach the coordinator's validation.
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[security]\nmode = \"none\"\n");
   edit_file(cluster, "rounds = 3", "rounds = 30");
   auto [coord, nodes] = start_cluster(dir, cluster, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));

@@ -63,6 +63,7 @@ std::string cluster_file(const std::string& dir) {
             "\"\nworkers = 2\nmetrics_port = " + std::to_string(free_port()) + "\n";
   text += "\n[run]\nout_dir = \"" + dir + "/run\"\n";
   text += train_sections;
+  text += curve_keys(dir);
   const auto path = dir + "/cluster.toml";
   write_text(path, text);
   return path;

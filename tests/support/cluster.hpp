@@ -41,7 +41,8 @@ struct cluster_ports {
   std::vector<int> ring, metrics;
 };
 
-/// Writes a cluster file with `workers[i]` workers on node i ("n0", "n1", ...) and returns its path.
+/// Writes a cluster file with `workers[i]` workers on node i ("n0", "n1", ...) and returns its path. The
+/// cluster runs with CURVE (keys made in DIR/keys) unless `extra` has a [security] section.
 inline std::string cluster_file(const std::string& dir, const std::vector<int>& workers, cluster_ports& ports,
                                 const std::string& extra = "", double join_timeout_s = 60) {
   ports.coordinator = free_port();
@@ -58,6 +59,7 @@ inline std::string cluster_file(const std::string& dir, const std::vector<int>& 
             "\nmetrics_port = " + std::to_string(ports.metrics.back()) + "\n";
   }
   text += "\n[run]\nout_dir = \"" + dir + "/cluster\"\nseed = 7\n" + cluster_train_sections + extra;
+  if (extra.find("[security]") == std::string::npos) text += curve_keys(dir);
   const auto path = dir + "/cluster.toml";
   write_text(path, text);
   return path;

@@ -116,6 +116,16 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& args, con
   return {code, read_text(log_path)};
 }
 
+/// Makes DIR/keys with `longwave keys new` (the cluster's pair and n0..n9's, listed or not) and returns
+/// the [security] section that names it: test clusters run with CURVE, the default.
+inline std::string curve_keys(const std::string& dir) {
+  const auto [code, out] =
+      run({binary(), "keys", "new", "--out", dir + "/keys", "--nodes", "n0,n1,n2,n3,n4,n5,n6,n7,n8,n9"},
+          dir + "/keys.log", 60);
+  if (code != 0) throw std::runtime_error("longwave keys new failed: " + out);
+  return "\n[security]\nkeys = \"" + dir + "/keys\"\n";
+}
+
 /// Waits until `pred()` holds, polling; false on timeout.
 template <class Pred>
 bool wait_until(Pred pred, double timeout_s) {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/process.hpp"
+
 namespace longwave::test {
 
 inline int shell(const std::string& cmd) {
@@ -70,7 +72,7 @@ batches = 2
 enabled = false
 [comm]
 dtype = "fp32"
-)";
+)" + curve_keys(dir);
   const auto path = dir + "/cluster.toml";
   std::ofstream(path) << text;
   return path;

@@ -17,6 +17,9 @@ id = "lab"
 coordinator = "tcp://10.0.0.1:5600"
 join_timeout_s = 30
 
+[security]
+keys = "keys"
+
 [[nodes]]
 name = "a"
 endpoint = "tcp://10.0.0.2:5601"
@@ -109,13 +112,15 @@ CATCH_TEST_CASE("[cluster] membership keys: heartbeat_timeout_s, min_nodes and q
     return error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\n" + line));
   };
   CATCH_CHECK_THAT(with("min_nodes = 3"),
-                   Contains("cluster.min_nodes = 3: the cluster file lists only 2 node(s)"));
-  CATCH_CHECK_THAT(with("min_nodes = 0"), Contains("cluster.min_nodes = 0"));
-  CATCH_CHECK_THAT(with("quorum_timeout_s = 0"), Contains("cluster.quorum_timeout_s = 0"));
-  CATCH_CHECK_THAT(with("heartbeat_timeout_s = -1"), Contains("cluster.heartbeat_timeout_s = -1"));
-  CATCH_CHECK_THAT(with("min_node = 2"), Contains("unknown key 'cluster.min_node'") && Contains("min_nodes"));
+                   Catch::Matchers::Contains("cluster.min_nodes = 3: the cluster file lists only 2 node(s)"));
+  CATCH_CHECK_THAT(with("min_nodes = 0"), Catch::Matchers::Contains("cluster.min_nodes = 0"));
+  CATCH_CHECK_THAT(with("quorum_timeout_s = 0"), Catch::Matchers::Contains("cluster.quorum_timeout_s = 0"));
+  CATCH_CHECK_THAT(with("heartbeat_timeout_s = -1"),
+                   Catch::Matchers::Contains("cluster.heartbeat_timeout_s = -1"));
+  CATCH_CHECK_THAT(with("min_node = 2"),
+                   Catch::Matchers::Contains("unknown key 'cluster.min_node'") && Contains("min_nodes"));
   CATCH_CHECK_THAT(error_of(good, {"cluster.min_nodes=4"}),
-                   Contains("cluster.min_nodes = 4: the cluster file lists only 2 node(s)"));
+                   Catch::Matchers::Contains("cluster.min_nodes = 4: the cluster file lists only 2 node(s)"));
 }
 
 CATCH_TEST_CASE("[cluster] coordinator may list the addresses a coordinator can run at",
@@ -128,12 +133,13 @@ CATCH_TEST_CASE("[cluster] coordinator may list the addresses a coordinator can 
   CATCH_CHECK(two.coordinators == std::vector<std::string>{"tcp://10.0.0.1:5600", "tcp://10.0.0.9:5600"});
   CATCH_CHECK(two.coordinator == "tcp://10.0.0.1:5600");
   CATCH_CHECK(parse_cluster(good, {}, "c").coordinators == std::vector<std::string>{"tcp://10.0.0.1:5600"});
-  CATCH_CHECK_THAT(error_of(list("[]")), Contains("a list of 1 to 8 addresses, got 0"));
-  CATCH_CHECK_THAT(error_of(list(R"(["tcp://10.0.0.1:5600", "tcp://10.0.0.1:5600"])")), Contains("twice"));
+  CATCH_CHECK_THAT(error_of(list("[]")), Catch::Matchers::Contains("a list of 1 to 8 addresses, got 0"));
+  CATCH_CHECK_THAT(error_of(list(R"(["tcp://10.0.0.1:5600", "tcp://10.0.0.1:5600"])")),
+                   Catch::Matchers::Contains("twice"));
   CATCH_CHECK_THAT(error_of(list(R"(["tcp://10.0.0.1:5600", 5])")),
-                   Contains("cluster.coordinator[1]") && Contains("expected a string"));
+                   Catch::Matchers::Contains("cluster.coordinator[1]") && Contains("expected a string"));
   CATCH_CHECK_THAT(error_of(list(R"(["tcp://10.0.0.1:5600", "tcp://10.0.0.2:5601"])")),
-                   Contains("this is the coordinator's endpoint"));
+                   Catch::Matchers::Contains("this is the coordinator's endpoint"));
 }
 
 CATCH_TEST_CASE(
@@ -151,9 +157,9 @@ CATCH_TEST_CASE(
   CATCH_CHECK(add_open_node(open, "late", "tcp://10.0.0.7:5601", 2) == listed);
   CATCH_CHECK(node_config(open, listed).train.workers == 2);
   CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\nopen_workers = 2")),
-                   Contains("only with cluster.open = true"));
+                   Catch::Matchers::Contains("only with cluster.open = true"));
   CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\nopen = 1")),
-                   Contains("cluster.open: expected true or false"));
+                   Catch::Matchers::Contains("cluster.open: expected true or false"));
   auto again = parse_cluster(good, {}, "c");
   CATCH_CHECK_THROWS_WITH(add_open_node(again, "late", "tcp://10.0.0.7:5601", 1),
                           Contains("open is not true"));
@@ -166,32 +172,36 @@ CATCH_TEST_CASE(
 CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
   using Catch::Matchers::Contains;
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),
-                   Contains("nodes[1].name = \"a\": another node has this name"));
-  CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.3:5601", "tcp://10.0.0.2:5601")),
-                   Contains("nodes[1].endpoint") && Contains("another node uses this endpoint"));
+                   Catch::Matchers::Contains("nodes[1].name = \"a\": another node has this name"));
+  CATCH_CHECK_THAT(
+      error_of(replaced(good, "tcp://10.0.0.3:5601", "tcp://10.0.0.2:5601")),
+      Catch::Matchers::Contains("nodes[1].endpoint") && Contains("another node uses this endpoint"));
   CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.3:5601", "10.0.0.3:5601")),
-                   Contains("nodes[1].endpoint") && Contains("must be tcp://HOST:PORT"));
+                   Catch::Matchers::Contains("nodes[1].endpoint") && Contains("must be tcp://HOST:PORT"));
   CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.3:5601", "tcp://10.0.0.3:99999")),
-                   Contains("PORT must be a number in 1..65535"));
+                   Catch::Matchers::Contains("PORT must be a number in 1..65535"));
   CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.1:5600", "tcp://*:5600")),
-                   Contains("cluster.coordinator") && Contains("not '*'"));
+                   Catch::Matchers::Contains("cluster.coordinator") && Contains("not '*'"));
   CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3", "workers = 0")),
-                   Contains("nodes[1].workers = 0: must be an integer in [1, 256]"));
+                   Catch::Matchers::Contains("nodes[1].workers = 0: must be an integer in [1, 256]"));
   CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3", "worker = 3")),
-                   Contains("unknown key 'nodes[1].worker'"));
+                   Catch::Matchers::Contains("unknown key 'nodes[1].worker'"));
   CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout = 30")),
-                   Contains("unknown key 'cluster.join_timeout'"));
+                   Catch::Matchers::Contains("unknown key 'cluster.join_timeout'"));
   CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = -1")),
-                   Contains("cluster.join_timeout_s = -1"));
+                   Catch::Matchers::Contains("cluster.join_timeout_s = -1"));
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"a\"", "name = \"a b\"")),
-                   Contains("nodes[0].name = \"a b\": use 1..32 letters"));
-  CATCH_CHECK_THAT(error_of(replaced(good, "name = \"a\"\n", "")), Contains("nodes[0].name is missing"));
+                   Catch::Matchers::Contains("nodes[0].name = \"a b\": use 1..32 letters"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "name = \"a\"\n", "")),
+                   Catch::Matchers::Contains("nodes[0].name is missing"));
   CATCH_CHECK_THAT(error_of(replaced(good, "metrics_port = 9000", "metrics_port = 9465")),
-                   Contains("nodes[1].metrics_port") && Contains("9465"));
-  CATCH_CHECK_THAT(error_of(replaced(good, "[run]\n", "[run]\nmode = \"ddp\"\n")),
-                   Contains("run.mode = \"ddp\": a cluster trains with run.mode = \"diloco\""));
-  CATCH_CHECK_THAT(error_of(replaced(good, "dtype = \"int8\"", "dtype = \"int4\"")), Contains("comm.dtype"));
-  CATCH_CHECK_THAT(error_of("[cluster]\nid = \"x\"\n"), Contains("no [[nodes]] entries"));
+                   Catch::Matchers::Contains("nodes[1].metrics_port") && Contains("9465"));
+  CATCH_CHECK_THAT(
+      error_of(replaced(good, "[run]\n", "[run]\nmode = \"ddp\"\n")),
+      Catch::Matchers::Contains("run.mode = \"ddp\": a cluster trains with run.mode = \"diloco\""));
+  CATCH_CHECK_THAT(error_of(replaced(good, "dtype = \"int8\"", "dtype = \"int4\"")),
+                   Catch::Matchers::Contains("comm.dtype"));
+  CATCH_CHECK_THAT(error_of("[cluster]\nid = \"x\"\n"), Catch::Matchers::Contains("no [[nodes]] entries"));
   const auto spec = parse_cluster(good, {}, "cluster.toml");
   try {
     node_index(spec, "zz");
@@ -216,4 +226,34 @@ CATCH_TEST_CASE(
   for (const char* o : {"train.lr=0.01", "outer.momentum=0.5", "comm.dtype=bf16", "model.seq_len=32",
                         "diloco.outer=delayed", "run.seed=99", "comm.chunk_kib=64"})
     CATCH_CHECK(training_fingerprint(parse_cluster(good, {o}, "cluster.toml").train) != f);
+}
+
+CATCH_TEST_CASE("[security]: CURVE by default with a key directory, mode none must be said, revoked keys",
+                "[unit][config][cluster][security]") {
+  const auto spec = parse_cluster(good, {}, "cluster.toml");
+  CATCH_CHECK(spec.security.mode == security_mode::curve);
+  CATCH_CHECK(spec.security.keys == "keys");
+  CATCH_CHECK(spec.security.revoked.empty());
+  // No keys and no mode: refused, with the way to make keys and the way out.
+  const auto keyless = replaced(good, "[security]\nkeys = \"keys\"\n", "");
+  const auto why = error_of(keyless);
+  CATCH_CHECK_THAT(why, Catch::Matchers::Contains("security.keys: not set"));
+  CATCH_CHECK_THAT(why, Catch::Matchers::Contains("longwave keys new"));
+  CATCH_CHECK_THAT(why, Catch::Matchers::Contains("mode = \"none\""));
+  CATCH_CHECK(parse_cluster(keyless, {"security.mode=none"}, "c").security.mode == security_mode::none);
+  CATCH_CHECK(parse_cluster(keyless, {"security.keys=elsewhere"}, "c").security.keys == "elsewhere");
+  const auto revoked =
+      parse_cluster(replaced(good, "keys = \"keys\"", "keys = \"keys\"\nrevoked = [\"b\", \"c\"]"), {}, "c");
+  CATCH_CHECK(revoked.security.revoked == std::vector<std::string>{"b", "c"});
+  CATCH_CHECK_THAT(error_of(good, {"security.mode=tls"}),
+                   Catch::Matchers::Contains("must be \"curve\" or \"none\""));
+  CATCH_CHECK_THAT(error_of(replaced(good, "keys = \"keys\"", "keys = \"keys\"\nallow = 1")),
+                   Catch::Matchers::Contains("unknown key 'security.allow'"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "keys = \"keys\"", "keys = \"keys\"\nrevoked = \"b\"")),
+                   Catch::Matchers::Contains("security.revoked: expected a list"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "keys = \"keys\"", "keys = 3")),
+                   Catch::Matchers::Contains("security.keys: expected a string"));
+  // Security settings are per cluster, not training settings: the fingerprint ignores them.
+  CATCH_CHECK(training_fingerprint(parse_cluster(good, {"security.keys=other"}, "c").train) ==
+              training_fingerprint(spec.train));
 }
