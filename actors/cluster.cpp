@@ -632,7 +632,7 @@ int run_coordinator_role(const config::cluster_spec& spec, const std::string& bi
       o.on_join = [m](const std::string&, uint64_t) { m->add("longwave_cluster_joins_total", {}, 1); };
       o.on_quorum_wait = [m](double s) { m->set("longwave_cluster_quorum_wait_seconds", {}, s); };
       o.on_refused = [m](const comm::handshake_refusal& r) {
-        m->add("longwave_security_refused_handshakes_total", {{"reason", r.reason}}, 1);
+        m->add("longwave_cluster_refused_handshakes_total", {{"reason", r.reason}}, 1);
       };
       o.on_epoch = [m](uint64_t epoch, size_t members, const std::string& reason) {
         m->set("longwave_cluster_epoch", {}, static_cast<double>(epoch));

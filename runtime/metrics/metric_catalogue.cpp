@@ -80,7 +80,7 @@ const std::vector<metric_def>& metric_catalogue() {
        "Time spent decoding (and accumulating) received chunks"},
       {"longwave_comm_rejected_frames_total", t::counter, "reason", r::both,
        "Received frames dropped by validation, by reason"},
-      {"longwave_security_refused_handshakes_total", t::counter, "reason", r::coordinator,
+      {"longwave_cluster_refused_handshakes_total", t::counter, "reason", r::coordinator,
        "CURVE handshakes refused, by reason (unknown_key, revoked, handshake)"},
       // Membership.
       {"longwave_cluster_peers_alive", t::gauge, "", r::both,

@@ -34,7 +34,7 @@ const char* to_string(metric_role r);
 const std::vector<std::string>& error_reasons();
 /// Label values of `reason` for longwave_comm_rejected_frames_total (comm::reject_reason names).
 const std::vector<std::string>& rejection_reasons();
-/// Label values of `reason` for longwave_security_refused_handshakes_total (comm::handshake_refusal).
+/// Label values of `reason` for longwave_cluster_refused_handshakes_total (comm::handshake_refusal).
 const std::vector<std::string>& handshake_refusal_reasons();
 
 /// Build facts for longwave_build_info.

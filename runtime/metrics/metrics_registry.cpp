@@ -49,7 +49,7 @@ std::vector<metric_labels> initial_series(const metric_def& d, const std::vector
   if (key == "reason") {
     const std::string_view name(d.name);
     values = name == "longwave_errors_total"                        ? &error_reasons()
-             : name == "longwave_security_refused_handshakes_total" ? &handshake_refusal_reasons()
+             : name == "longwave_cluster_refused_handshakes_total" ? &handshake_refusal_reasons()
                                                                     : &rejection_reasons();
   }
   std::vector<metric_labels> out;

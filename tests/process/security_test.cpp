@@ -136,11 +136,11 @@ CATCH_TEST_CASE(
   const bool counted = wait_until(
       [&] {
         try {
-          return counter(coord_metrics, "longwave_security_refused_handshakes_total",
+          return counter(coord_metrics, "longwave_cluster_refused_handshakes_total",
                          {"reason", "handshake"}) > 0 &&
-                 counter(coord_metrics, "longwave_security_refused_handshakes_total", {"reason", "revoked"}) >
+                 counter(coord_metrics, "longwave_cluster_refused_handshakes_total", {"reason", "revoked"}) >
                      0 &&
-                 counter(coord_metrics, "longwave_security_refused_handshakes_total",
+                 counter(coord_metrics, "longwave_cluster_refused_handshakes_total",
                          {"reason", "unknown_key"}) > 0;
         } catch (const std::exception&) {
           return false;
