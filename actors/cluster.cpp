@@ -48,11 +48,14 @@ comm::epoch_view view_of(const comm::membership_msg& m) {
   return v;
 }
 
-/// CURVE: admits the node keys the coordinator listed (a welcome's or a membership's) on this node's sockets.
+/// CURVE: admits exactly the node keys the coordinator listed (a welcome's or a membership's, each the whole
+/// list) on this node's state socket: a key it no longer lists (revoked) is no longer admitted.
 void admit(const std::shared_ptr<comm::key_ring>& ring, const std::vector<comm::peer_entry>& keys) {
   if (!ring) return;
+  std::vector<std::pair<std::string, std::string>> entries;
   for (const auto& k : keys)
-    if (!k.public_key.empty()) ring->allow(k.public_key, k.name);
+    if (!k.public_key.empty()) entries.emplace_back(k.name, k.public_key);
+  ring->assign(entries);
 }
 
 /// A node's view of its coordinator while it trains: membership changes reach the ring (fence, next epoch,
@@ -72,9 +75,10 @@ class coordinator_watch {
     bool leave = false;
     for (const auto& ev : control.poll()) {
       leave = leave || ev.what == comm::control_event::kind::leave;
+      // The new membership's keys first, then its ring.
+      if (ev.what == comm::control_event::kind::membership) admit(admitted_, ev.membership.keys);
       on_event(ev, ring, elastic, name, now);
       if (ev.what == comm::control_event::kind::membership) {
-        admit(admitted_, ev.membership.keys);
         // metrics.jsonl: membership over time, for `longwave report`.
         std::string members;
         for (const auto& p : ev.membership.peers) members += (members.empty() ? "" : ",") + p.name;

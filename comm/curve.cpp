@@ -118,6 +118,12 @@ void key_ring::allow(const std::string& public_key, const std::string& name) {
   names_[public_key] = name;
 }
 
+void key_ring::assign(const std::vector<std::pair<std::string, std::string>>& entries) {
+  std::lock_guard<std::mutex> lk(mu_);
+  names_.clear();
+  for (const auto& [name, key] : entries) names_[key] = name;
+}
+
 void key_ring::revoke(const std::string& public_key) {
   std::lock_guard<std::mutex> lk(mu_);
   revoked_.insert(public_key);
@@ -319,10 +325,11 @@ cluster_keys load_node_keys(const std::string& dir, const std::string& name) {
 std::vector<std::string> make_key_directory(const std::string& dir, const std::vector<std::string>& names) {
   std::vector<std::string> written;
   std::error_code ec;
+  const bool fresh = !fs::exists(dir);
   fs::create_directories(join_path(dir, "nodes"), ec);
   if (ec)
     throw config_problem(fmt::format("{}: cannot be created: {}", join_path(dir, "nodes"), ec.message()));
-  ::chmod(dir.c_str(), 0700);
+  if (fresh) ::chmod(dir.c_str(), 0700);  // never an existing directory's mode (--out ~)
   // Check everything first: nothing is written when one file would be overwritten.
   const auto cluster_pub = join_path(dir, "cluster.public"), cluster_sec = join_path(dir, "cluster.secret");
   const bool have_cluster = fs::exists(cluster_sec) || fs::exists(cluster_pub);

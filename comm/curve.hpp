@@ -60,6 +60,8 @@ class key_ring {
  public:
   /// Admits `public_key` as node `name` (a key already known is renamed).
   void allow(const std::string& public_key, const std::string& name);
+  /// Admits exactly these (name, public key) pairs from now on: keys not listed are no longer admitted.
+  void assign(const std::vector<std::pair<std::string, std::string>>& entries);
   /// Refuses `public_key` from now on, even if allowed.
   void revoke(const std::string& public_key);
   /// The node name of an admitted key; nullopt for an unknown or revoked key.

@@ -2,6 +2,7 @@
 // cluster over after a restart.
 #include <fmt/format.h>
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <set>
@@ -73,10 +74,17 @@ class coordinator {
     sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
     if (o_.node_keys) {
       zap_ = std::make_unique<zap_handler>(ctx_, o_.node_keys, [this](const handshake_refusal& r) {
-        warn("coordinator: " + r.describe());
+        const uint64_t n = ++n_key_refusals_;  // the ZAP thread: logged sparingly, as dropped frames are
+        if (n <= logged_drops || n % drop_log_every == 0)
+          warn("coordinator: " + r.describe() +
+               (n > logged_drops ? fmt::format(" ({} refused keys so far)", n) : std::string()));
         if (o_.on_refused) o_.on_refused(r);
       });
-      make_curve_server(sock_, o_.curve);
+      try {
+        make_curve_server(sock_, o_.curve);
+      } catch (const zmq::error_t& e) {
+        throw lw_error(errc::io_error, fmt::format("coordinator: cannot set up CURVE: {}", e.what()));
+      }
       // Handshakes that fail before the ZAP handler sees a key: no CURVE, or a client that pinned another
       // server key (another cluster's).
       const char* monitor_endpoint = "inproc://longwave-coordinator-monitor";
@@ -961,7 +969,15 @@ class coordinator {
       }
       return on_hello(identity, *h, peer);
     }
-    if (auto* l = std::get_if<leave_msg>(&e.body)) return on_leave(identity, *l);
+    if (auto* l = std::get_if<leave_msg>(&e.body)) {
+      if (o_.node_keys && keyed_as != l->node)
+        return reply_error(
+            identity, errc::invalid_config,
+            fmt::format("only node '{}''s own key may ask it to leave (this connection has node "
+                        "'{}''s)",
+                        l->node, keyed_as));
+      return on_leave(identity, *l);
+    }
     const auto rank = rank_of_identity(identity);
     if (!rank) return from_stranger(identity, e, peer);
     if (o_.node_keys && keyed_as != specs_[*rank].name) {
@@ -1043,6 +1059,7 @@ class coordinator {
   std::string last_ring_failure_;
   std::optional<std::string> give_up_;  // why the run is called off
   uint64_t n_handshake_failures_ = 0;
+  std::atomic<uint64_t> n_key_refusals_{0};
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};
   std::unique_ptr<zmq::socket_t> monitor_;  // CURVE: failed handshakes of sock_

@@ -258,6 +258,13 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
                                  opts_.public_keys.size(), world));
     t.curve = opts_.curve;
     t.server_public = opts_.public_keys[(rank_ + 1) % world];
+    // The listening socket admits the previous rank's key only: no other key holder can pass frames off as
+    // that rank's.
+    const size_t prev = (static_cast<size_t>(rank_) + world - 1) % world;
+    auto only_prev = std::make_shared<key_ring>();
+    only_prev->allow(opts_.public_keys[prev],
+                     prev < opts_.names.size() ? opts_.names[prev] : "previous rank");
+    t.curve->admitted = std::move(only_prev);
     if (!is_z85_key(t.server_public))
       throw lw_error(errc::invalid_config,
                      fmt::format("comm: rank {} has no CURVE public key", (rank_ + 1) % world));

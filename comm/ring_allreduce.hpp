@@ -58,8 +58,9 @@ struct ring_options {
   std::chrono::milliseconds stall_report_after{10000};
   std::chrono::milliseconds stall_report_every{30000};
   std::function<void(const std::string&)> on_stall;
-  /// CURVE: this node's keys and the node keys its listening socket admits, and every rank's public key
-  /// (indexed like the endpoints; the next rank's is pinned). Unset: plain TCP.
+  /// CURVE: this node's keys, and every rank's public key (indexed like the endpoints): the next rank's is
+  /// pinned, and the listening socket admits the previous rank's only (curve->admitted is not used).
+  /// Unset: plain TCP.
   std::optional<curve_server_keys> curve;
   std::vector<std::string> public_keys;
   /// Fault injection for tests (LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS on a node): the process kills

@@ -283,11 +283,11 @@ state_server::state_server(const std::string& bind_endpoint, uint64_t cluster_id
                            std::optional<curve_server_keys> curve)
     : cluster_id_(cluster_id), sockets_(std::make_unique<sockets>()) {
   auto& r = sockets_->router;
-  if (curve) {
-    sockets_->zap = std::make_unique<zap_handler>(sockets_->ctx, curve->admitted, curve->on_refused);
-    make_curve_server(r, curve->own);
-  }
   try {
+    if (curve) {
+      sockets_->zap = std::make_unique<zap_handler>(sockets_->ctx, curve->admitted, curve->on_refused);
+      make_curve_server(r, curve->own);
+    }
     r.set(zmq::sockopt::linger, 0);
     r.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_state_request_bytes));
     // No send limit: a queued chunk holds only a reference to its blob (zero-copy), and each joiner keeps a

@@ -92,6 +92,12 @@ CATCH_TEST_CASE("a key directory: the coordinator's and each node's keys, revoke
   CATCH_CHECK_FALSE(coord.nodes->name_of(b.own.public_key).has_value());  // revoked by name
   CATCH_CHECK(coord.nodes->is_revoked(b.own.public_key));
   CATCH_CHECK(coord.nodes->entries().size() == 2);  // a and c
+  // assign: exactly the listed keys from now on (a node's view of the coordinator's list).
+  key_ring view;
+  view.allow(b.own.public_key, "b");
+  view.assign({{"a", a.own.public_key}});
+  CATCH_CHECK(view.name_of(a.own.public_key) == std::optional<std::string>("a"));
+  CATCH_CHECK_FALSE(view.name_of(b.own.public_key).has_value());
   // Revoked by key, and an entry that is neither a node nor a key.
   CATCH_CHECK(load_coordinator_keys(dir, {a.own.public_key}).nodes->is_revoked(a.own.public_key));
   CATCH_CHECK_THAT(error_of([&] { load_coordinator_keys(dir, {"zz"}); }), Contains("security.revoked: 'zz'"));
