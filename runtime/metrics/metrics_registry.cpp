@@ -48,9 +48,9 @@ std::vector<metric_labels> initial_series(const metric_def& d, const std::vector
   if (key == "peer") values = &peers;
   if (key == "reason") {
     const std::string_view name(d.name);
-    values = name == "longwave_errors_total"                        ? &error_reasons()
+    values = name == "longwave_errors_total"                       ? &error_reasons()
              : name == "longwave_cluster_refused_handshakes_total" ? &handshake_refusal_reasons()
-                                                                    : &rejection_reasons();
+                                                                   : &rejection_reasons();
   }
   std::vector<metric_labels> out;
   if (values)
