@@ -110,8 +110,7 @@ void write_key_file(const std::string& path, const std::string& key, const std::
   }
 }
 
-// ---- key_ring
-// ----------------------------------------------------------------------------------------------
+// ---- key_ring ----
 
 void key_ring::allow(const std::string& public_key, const std::string& name) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -158,8 +157,7 @@ std::vector<std::pair<std::string, std::string>> key_ring::entries() const {
   return out;
 }
 
-// ---- ZAP
-// ---------------------------------------------------------------------------------------------------
+// ---- ZAP ----
 
 std::string handshake_refusal::describe() const {
   const std::string from = address.empty() ? "a peer" : address;
@@ -257,8 +255,7 @@ std::string user_id_of(const void* zmq_msg) {
   return v ? std::string(v) : std::string();
 }
 
-// ---- key directories
-// ---------------------------------------------------------------------------------------
+// ---- key directories ----
 
 namespace {
 

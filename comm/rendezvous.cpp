@@ -74,11 +74,7 @@ class coordinator {
     sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
     if (o_.node_keys) {
       zap_ = std::make_unique<zap_handler>(ctx_, o_.node_keys, [this](const handshake_refusal& r) {
-        const uint64_t n = ++n_key_refusals_;  // the ZAP thread: logged sparingly, as dropped frames are
-        if (n <= logged_drops || n % drop_log_every == 0)
-          warn("coordinator: " + r.describe() +
-               (n > logged_drops ? fmt::format(" ({} refused keys so far)", n) : std::string()));
-        if (o_.on_refused) o_.on_refused(r);
+        refused(r, n_key_refusals_, "refused keys");  // on the ZAP thread
       });
       try {
         make_curve_server(sock_, o_.curve);
@@ -659,12 +655,17 @@ class coordinator {
       handshake_refusal r;
       r.reason = "handshake";
       r.address = "a connection to " + ev->address;
-      const uint64_t n = ++n_handshake_failures_;
-      if (n <= logged_drops || n % drop_log_every == 0)
-        warn("coordinator: " + r.describe() +
-             (n > logged_drops ? fmt::format(" ({} failed handshakes so far)", n) : std::string()));
-      if (o_.on_refused) o_.on_refused(r);
+      refused(r, n_handshake_failures_, "failed handshakes");
     }
+  }
+
+  /// A refused handshake: logged sparingly (as dropped control messages are), counted by on_refused.
+  void refused(const handshake_refusal& r, std::atomic<uint64_t>& counter, const char* counted) {
+    const uint64_t n = ++counter;
+    if (n <= logged_drops || n % drop_log_every == 0)
+      warn("coordinator: " + r.describe() +
+           (n > logged_drops ? fmt::format(" ({} {} so far)", n, counted) : std::string()));
+    if (o_.on_refused) o_.on_refused(r);
   }
 
   /// The oldest of the joined members' resume rounds: a round every one of them has a checkpoint for.
@@ -1058,8 +1059,8 @@ class coordinator {
   std::optional<reduce_key> last_reset_commit_;
   std::string last_ring_failure_;
   std::optional<std::string> give_up_;  // why the run is called off
-  uint64_t n_handshake_failures_ = 0;
-  std::atomic<uint64_t> n_key_refusals_{0};
+  std::atomic<uint64_t> n_handshake_failures_{0};
+  std::atomic<uint64_t> n_key_refusals_{0};  // counted on the ZAP thread
   zmq::context_t ctx_{1};
   zmq::socket_t sock_{ctx_, zmq::socket_type::router};
   std::unique_ptr<zmq::socket_t> monitor_;  // CURVE: failed handshakes of sock_
