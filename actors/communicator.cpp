@@ -293,8 +293,9 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
 using self_ptr = communicator_actor::stateful_pointer<comm_state>;
 
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
+/// contributors: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
 caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vector<at::Tensor> parts,
-                               bool exact) {
+                               bool exact, int64_t contributors) {
   auto& s = self->state;
   const uint64_t round = label.first;
   const auto t0 = std::chrono::steady_clock::now();
@@ -360,11 +361,13 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
   }
   if (s.opts.collective) {
     float* data = sum.data_ptr<float>();
-    const bool observe = round == s.opts.observe_round;
+    const bool observe = round == s.opts.observe_round || contributors == 0;
     if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32 && dtype != comm::wire_dtype::sparse &&
         !observe)
       apply_error_feedback(s, label.second, data, static_cast<size_t>(n));
-    const double weight = observe ? 0.0 : static_cast<double>(parts.size());
+    const double weight =
+        observe ? 0.0
+                : static_cast<double>(contributors > 0 ? contributors : static_cast<int64_t>(parts.size()));
     try {
       if (dtype == comm::wire_dtype::sparse && s.opts.shared_indices)
         shared_reduce(s, round, label.second, data, static_cast<size_t>(n), weight);
@@ -425,7 +428,7 @@ communicator_actor::behavior_type communicator_fun(self_ptr self, communicator_o
       },
       // By reference into the message, so that the tensors are moved out of it (see reduce).
       [=](reduce_atom, reduce_request& req) {
-        return reduce(self, req.label, std::move(req.parts), req.exact);
+        return reduce(self, req.label, std::move(req.parts), req.exact, req.contributors);
       },
   };
 }

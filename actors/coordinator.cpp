@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "actors/coordinator/state.hpp"
@@ -114,6 +115,9 @@ void begin_round(self_ptr self) {
 void after_round(self_ptr self, at::Tensor theta) {
   auto& s = self->state;
   ++s.round;
+  // A node none of whose workers was drawn reported no steps this round.
+  if (const auto step = s.policy->schedule_step())
+    s.last_step = std::max(s.last_step, static_cast<int64_t>(*step));
   account_round(self);
   record_round(self, theta);
   gauge(self, "longwave_outer_round", static_cast<double>(s.round));

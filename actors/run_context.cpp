@@ -24,6 +24,11 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   return o;
 }
 
+std::vector<models::data::token_span> run_context::data_spans(int64_t global_rank) const {
+  return models::data::partition_spans(cfg.data.partition, static_cast<int64_t>(train_tokens->size()),
+                                       train_docs, global_rank, data_parts(), spec.seq_len + 1);
+}
+
 int64_t physical_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page = ::sysconf(_SC_PAGE_SIZE);

@@ -33,6 +33,8 @@ struct run_context {
   models::inner_options inner;
   std::shared_ptr<const std::vector<uint16_t>> train_tokens;
   std::shared_ptr<const std::vector<uint16_t>> val_tokens;
+  /// Token offsets of the train documents' starts (data::document_starts); empty when the data has none.
+  std::vector<int64_t> train_docs;
   int64_t threads_per_worker = 1;
   /// Cluster runs: global rank of this node's first worker and the workers of the whole cluster. Each worker
   /// samples the data region of its global rank.
@@ -52,6 +54,8 @@ struct run_context {
   int64_t n_workers() const { return cfg.train.workers; }
   int64_t global_workers() const { return cluster_workers > 0 ? cluster_workers : cfg.train.workers; }
   int64_t data_parts() const { return data_partitions > 0 ? data_partitions : global_workers(); }
+  /// The train tokens global rank `global_rank` reads (data.partition over data_parts()).
+  std::vector<models::data::token_span> data_spans(int64_t global_rank) const;
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }
 };
 

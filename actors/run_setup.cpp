@@ -107,8 +107,32 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   if (is_streaming(cfg))
     ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,
                                              cfg.diloco.fragment_pattern == config::fragment_layout::strided);
-  models::data::window_sampler probe(ctx->train_tokens, ctx->data_parts() - 1, ctx->data_parts(),
-                                     cfg.train.batch_size, spec.seq_len, cfg.run.seed);
+  if (const int64_t k = cfg.federated.clients_per_round; k > 0) {
+    if (k > ctx->data_parts())
+      throw config::config_error(
+          "federated.clients_per_round",
+          fmt::format("federated.clients_per_round = {}: the run has {} clients (workers) to draw from", k,
+                      ctx->data_parts()));
+    // A client trains in k of M rounds on average: its learning-rate schedule spans the steps it expects.
+    ctx->inner.total_steps = std::max<int64_t>(1, ctx->inner.total_steps * k / ctx->data_parts());
+    spdlog::info("federated: {} of {} clients train each round (seed {}); a client's schedule spans {} steps",
+                 k, ctx->data_parts(), cfg.run.seed, ctx->inner.total_steps);
+  }
+  if (cfg.data.partition == config::data_partition::books && !data.docs_path.empty())
+    ctx->train_docs = models::data::read_document_starts(data.docs_path);
+  // Every part must hold a window (the errors name data.partition and the sizes).
+  int64_t smallest = INT64_MAX, largest = 0;
+  for (int64_t part = 0; part < ctx->data_parts(); ++part) {
+    models::data::window_sampler probe(ctx->train_tokens, ctx->data_spans(part), part, cfg.train.batch_size,
+                                       spec.seq_len, cfg.run.seed);
+    int64_t tokens = 0;
+    for (const auto& s : probe.spans()) tokens += s.end - s.begin;
+    smallest = std::min(smallest, tokens);
+    largest = std::max(largest, tokens);
+  }
+  spdlog::info("data: partition {}: {} parts of {}..{} train tokens{}", config::to_string(cfg.data.partition),
+               ctx->data_parts(), smallest, largest,
+               ctx->train_docs.empty() ? "" : fmt::format(" ({} documents)", ctx->train_docs.size()));
   (void)models::data::validation_batch(*ctx->val_tokens, 0, cfg.train.batch_size, spec.seq_len);
   spdlog::info("data: {} train tokens, {} val tokens, vocab {}", ctx->train_tokens->size(),
                ctx->val_tokens->size(), spec.vocab_size);

@@ -132,7 +132,10 @@ void inner_step(self_ptr self) {
   }
   rep.compute_s = seconds_since(t0);
   rep.rank = s.rank;
-  rep.step = s.trainer->steps_done();
+  // The run's inner step: under client sampling the replicas' own step counts differ, so the round's.
+  rep.step = s.ctx->cfg.federated.clients_per_round > 0
+                 ? static_cast<int64_t>(s.round - 1) * s.ctx->cfg.train.inner_steps + s.steps_in_round + 1
+                 : s.trainer->steps_done();
   rep.tokens = s.trainer->tokens_per_step();
   s.loss_sum += rep.loss;
   ++s.steps_run;
@@ -167,9 +170,9 @@ worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_
   st.rank = rank;
   st.coordinator = std::move(coordinator);
   at::set_num_threads(static_cast<int>(ctx->threads_per_worker));
-  st.trainer =
-      std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens,
-                                              ctx->rank_offset + rank, ctx->data_parts(), ctx->cfg.run.seed);
+  st.trainer = std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens,
+                                                       ctx->data_spans(ctx->rank_offset + rank),
+                                                       ctx->rank_offset + rank, ctx->cfg.run.seed);
   return {
       [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool reset) {
         return begin_round(self, round, std::move(theta), h, reset);

@@ -673,6 +673,14 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                       "fragment may be in flight at a time)",
                       d.tau, cfg.train.inner_steps / d.fragments));
   }
+  if (cfg.federated.clients_per_round > 0 &&
+      (cfg.run.mode != run_mode::diloco || cfg.diloco.outer != outer_policy_kind::sync)) {
+    throw config_error(
+        "federated.clients_per_round",
+        fmt::format("federated.clients_per_round = {}: client sampling runs with run.mode = \"diloco\" and "
+                    "diloco.outer = \"sync\" (this run: \"{}\", \"{}\")",
+                    cfg.federated.clients_per_round, to_string(cfg.run.mode), to_string(cfg.diloco.outer)));
+  }
   if (cfg.run.mode == run_mode::single && cfg.train.workers != 1) {
     throw config_error(
         "train.workers",

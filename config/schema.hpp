@@ -124,6 +124,7 @@ void for_each_field(Config& c, Visitor&& f) {
   f("data", "bpe_vocab_size", c.data.bpe_vocab_size, ints(257, 65535));
   f("data", "val_fraction", c.data.val_fraction, real_in('(', 0, 0.5, ']'));
   f("data", "cache_dir", c.data.cache_dir, any());
+  f("data", "partition", c.data.partition, listed());
 
   f("train", "workers", c.train.workers, ints(1, 256));
   f("train", "inner_steps", c.train.inner_steps, ints(1));
@@ -154,6 +155,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("diloco", "fragment_pattern", c.diloco.fragment_pattern, listed());
   f("diloco", "tau", c.diloco.tau, ints(0));
   f("diloco", "alpha", c.diloco.alpha, real_in('[', 0, 1, ']'));
+
+  f("federated", "clients_per_round", c.federated.clients_per_round, ints(0, 65536));
 
   f("eval", "every_rounds", c.eval.every_rounds, ints(0));
   f("eval", "batches", c.eval.batches, ints(1));

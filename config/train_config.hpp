@@ -82,6 +82,17 @@ struct enum_names<tokenizer_kind> {
   static constexpr std::array<const char*, 2> names{"byte", "bpe"};
 };
 
+/// data.partition: which train windows each worker (global rank) reads; the parts never overlap.
+enum class data_partition : uint8_t {
+  contiguous,  ///< rank m of M reads the tokens [m*N/M, (m+1)*N/M)
+  iid,         ///< blocks of 8 windows spread over the whole corpus, block b to rank b mod M
+  books,       ///< whole documents (the default corpus: whole books), contiguous runs of them per rank
+};
+template <>
+struct enum_names<data_partition> {
+  static constexpr std::array<const char*, 3> names{"contiguous", "iid", "books"};
+};
+
 /// comm.dtype: element type of a chunk on the wire; sums are fp32. comm uses this enum as comm::wire_dtype,
 /// so the numeric values are part of the wire format: never renumber them, only append.
 /// sparse: the top-k low-bit codec (comm/sparse_codec.hpp); its messages are all-gathered, not ring-summed.
@@ -157,6 +168,7 @@ struct data_section {
   int64_t bpe_vocab_size = 1024;                    ///< only for tokenizer = "bpe"; 257..65535
   double val_fraction = 0.05;                       ///< share of the corpus held out for validation, (0, 0.5]
   std::string cache_dir = "";                       ///< "" = <out_dir>/data
+  data_partition partition = data_partition::contiguous;  ///< how the train tokens are split among workers
 };
 
 /// [train]: the inner loop (AdamW) and the outer schedule.
@@ -237,6 +249,12 @@ struct comm_section {
   comm_backend backend = comm_backend::ring;  ///< "ring" | "nccl"
 };
 
+/// [federated]: client sampling (Photon, Sani et al. 2025): the workers are clients, and each round only a
+/// seeded draw of them trains and is averaged; the others idle.
+struct federated_section {
+  int64_t clients_per_round = 0;  ///< K clients drawn per round out of all of them; 0: every client, always
+};
+
 /// [runtime]: actor system and deadlines.
 struct runtime_section {
   double round_timeout_s = 3600;   ///< deadline for one worker's inner round
@@ -252,6 +270,7 @@ struct train_config {
   train_section train;
   outer_section outer;
   diloco_section diloco;
+  federated_section federated;
   eval_section eval;
   checkpoint_section checkpoint;
   metrics_section metrics;

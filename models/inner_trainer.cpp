@@ -9,15 +9,15 @@
 namespace longwave::models {
 
 inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
-                             std::shared_ptr<const std::vector<uint16_t>> train_tokens, int64_t worker,
-                             int64_t n_workers, uint64_t seed)
+                             std::shared_ptr<const std::vector<uint16_t>> train_tokens,
+                             std::vector<data::token_span> spans, int64_t worker, uint64_t seed)
     : spec_(spec),
       opts_(opts),
       model_(spec, opts.bf16 ? at::kBFloat16 : at::kFloat),
       adam_(model_.n_params(), opts.adam),
       // fp32: the master is the model's own flat buffer; bf16: a separate fp32 copy.
       master_(opts.bf16 ? at::zeros({model_.n_params()}, at::kFloat) : model_.flat_params()),
-      sampler_(std::make_unique<data::window_sampler>(std::move(train_tokens), worker, n_workers,
+      sampler_(std::make_unique<data::window_sampler>(std::move(train_tokens), std::move(spans), worker,
                                                       opts.batch_size, spec.seq_len, seed)) {
   batch_buf_.resize(static_cast<size_t>(opts.batch_size * (spec.seq_len + 1)));
   grad_fp32_ = opts.bf16 ? at::zeros({model_.n_params()}, at::kFloat) : model_.flat_grads();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "models/adamw.hpp"
+#include "models/data/partition.hpp"
 #include "models/gpt.hpp"
 #include "models/model_spec.hpp"
 
@@ -44,9 +45,10 @@ double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int6
 /// One worker's replica and inner optimizer.
 class inner_trainer {
  public:
+  /// Worker `worker` (its global rank) reads the windows of `spans` (data::partition_spans).
   inner_trainer(const model_spec& spec, const inner_options& opts,
-                std::shared_ptr<const std::vector<uint16_t>> train_tokens, int64_t worker, int64_t n_workers,
-                uint64_t seed);
+                std::shared_ptr<const std::vector<uint16_t>> train_tokens,
+                std::vector<data::token_span> spans, int64_t worker, uint64_t seed);
   ~inner_trainer();
 
   /// Sets master and model weights to theta (fp32 flat).

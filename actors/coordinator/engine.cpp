@@ -2,6 +2,8 @@
 // optimizer or the communicator, answered on the coordinator.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "actors/coordinator/state.hpp"
 #include "runtime/log/log.hpp"
 
@@ -50,14 +52,18 @@ inflight_reduces& coordinator_engine::reduces() {
 
 // ---- workers ---------------------------------------------------------------------------------------------
 
-void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps,
-                                     bool reset, then<results> k) {
+void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> thetas,
+                                     std::vector<int64_t> steps, bool reset, then<results> k) {
   auto self = self_;
   const auto timeout = self->state.round_timeout;
-  if (round == self->state.ctx->observe_round) steps = 0;  // a joiner's first round: it only observes
+  if (round == self->state.ctx->observe_round) steps = {0};  // a joiner's first round: it only observes
+  const auto n = static_cast<int64_t>(self->state.workers.size());
+  self->state.reporting_workers =
+      steps.size() == 1 ? n : std::count_if(steps.begin(), steps.end(), [](int64_t k) { return k > 0; });
   gather_each<round_result>(self, std::move(k), [=](size_t i) {
     return self->request(self->state.workers[i], timeout, run_atom_v, round,
-                         thetas.size() == 1 ? thetas[0] : thetas[i], steps, reset);
+                         thetas.size() == 1 ? thetas[0] : thetas[i], steps.size() == 1 ? steps[0] : steps[i],
+                         reset);
   });
 }
 
@@ -116,12 +122,13 @@ void coordinator_engine::eager_step(uint64_t round, at::Tensor avg_prev, std::ve
 
 // ---- communicator ----------------------------------------------------------------------------------------
 
-void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) {
+void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
+                                    int64_t contributors) {
   auto self = self_;
   // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
   // communicator that never answers.
   self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
-                reduce_request{label, std::move(parts), false})
+                reduce_request{label, std::move(parts), false, contributors})
       .then([k](at::Tensor& avg) { k(std::move(avg)); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }

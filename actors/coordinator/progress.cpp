@@ -104,7 +104,7 @@ void on_report(self_ptr self, const step_report& r) {
   auto& agg = s.steps[r.step];
   agg.count++;
   agg.loss_sum += r.loss;
-  if (agg.count < s.ctx->n_workers()) return;
+  if (agg.count < (s.reporting_workers > 0 ? s.reporting_workers : s.ctx->n_workers())) return;
   const double loss = agg.loss_sum / static_cast<double>(agg.count);
   s.steps.erase(r.step);
   s.last_step = std::max(s.last_step, r.step);

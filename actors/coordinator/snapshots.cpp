@@ -39,9 +39,11 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
       .then(
           [=](outer_snapshot& outer) {
             auto assemble = [=](std::vector<replica_state> reps) {
-              train_snapshot snap = outer_part(self->state, outer, reps[0].adam_steps);
+              const auto schedule = self->state.policy->schedule_step();
+              train_snapshot snap = outer_part(
+                  self->state, outer, schedule ? static_cast<int64_t>(*schedule) : reps[0].adam_steps);
               for (const auto& r : reps)
-                LW_ASSERT(static_cast<uint64_t>(r.adam_steps) == snap.step,
+                LW_ASSERT(schedule || static_cast<uint64_t>(r.adam_steps) == snap.step,
                           "replicas of a snapshot differ in step");
               snap.replicas = std::move(reps);
               self->state.policy->fill_snapshot(snap, outer, boundary);
@@ -150,7 +152,9 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
             self->request(self->state.workers[0], self->state.request_timeout, state_atom_v, false)
                 .then(
                     [=](replica_state& rep) {
-                      train_snapshot snap = outer_part(self->state, outer, rep.adam_steps);
+                      const auto schedule = self->state.policy->schedule_step();
+                      train_snapshot snap = outer_part(
+                          self->state, outer, schedule ? static_cast<int64_t>(*schedule) : rep.adam_steps);
                       snap.replicas.push_back(std::move(rep));
                       self->state.policy->fill_snapshot(snap, outer, /*boundary=*/true);
                       // delayed, eager: served once its round's average is there; training goes on.

@@ -45,7 +45,7 @@ class coordinator_engine final : public round_engine {
   void round_done(at::Tensor theta) override;
   void run_trained(at::Tensor theta) override;
 
-  void run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps, bool reset,
+  void run_workers(uint64_t round, std::vector<at::Tensor> thetas, std::vector<int64_t> steps, bool reset,
                    then<results> k) override;
   void mix(at::Tensor theta, uint32_t fragment, double alpha, then<bool> k) override;
   void gradients(then<results> k) override;
@@ -61,7 +61,8 @@ class coordinator_engine final : public round_engine {
   void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
                   then<runtime::eager_thetas> k) override;
 
-  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
+  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
+                  int64_t contributors) override;
   void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
   void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override;
   void when_average(ring_label label, then<at::Tensor> k, bool final) override;
@@ -94,6 +95,8 @@ struct coordinator_state {
   // Progress and metrics.
   std::map<int64_t, step_agg> steps;
   int64_t last_step = 0, first_step = 0;
+  /// Workers that step in the current run_workers call, whose reports make up a step; 0: all of them.
+  int64_t reporting_workers = 0;
   clock::time_point t_start;
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
   double eval_s = 0;  // wall time spent evaluating (excluded from train_seconds)

@@ -44,11 +44,12 @@ class round_engine {
   virtual void run_trained(at::Tensor theta) = 0;
 
   // ---- workers -------------------------------------------------------------------------------------------
-  /// Worker i runs `steps` inner steps of `round`, its pseudo-gradient measured from thetas[i] (one tensor:
-  /// the same for all; undefined: none needed). reset: the replica first loads thetas[i]; false: it goes on
-  /// from its own weights (single mode, streaming). Answers in rank order.
-  virtual void run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps, bool reset,
-                           then<results> k) = 0;
+  /// Worker i runs steps[i] inner steps of `round` (one count: the same for all), its pseudo-gradient
+  /// measured from thetas[i] (one tensor: the same for all; undefined: none needed). reset: the replica
+  /// first loads thetas[i]; false: it goes on from its own weights (single mode, streaming). Answers in rank
+  /// order.
+  virtual void run_workers(uint64_t round, std::vector<at::Tensor> thetas, std::vector<int64_t> steps,
+                           bool reset, then<results> k) = 0;
   /// Mixes the synced fragment of theta into every replica (streaming, weight alpha on the replica).
   virtual void mix(at::Tensor theta, uint32_t fragment, double alpha, then<bool> k) = 0;
   /// ddp: every worker's gradient of one batch; then apply the averaged gradient (seconds each took).
@@ -74,8 +75,10 @@ class round_engine {
 
   // ---- communicator --------------------------------------------------------------------------------------
   /// The all-reduce of `label` now, while the workers wait. A failure ends as a stop, waits for this node's
-  /// own interrupt after a lost peer, or fails the run.
-  virtual void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;
+  /// own interrupt after a lost peer, or fails the run. contributors: the workers behind parts, this node's
+  /// weight (-1: parts.size(); 0: parts is one zero tensor, and the node only relays).
+  virtual void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
+                          int64_t contributors = -1) = 0;
   /// ddp: one gradient all-reduce (any failure fails the run).
   virtual void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;
   /// Starts the all-reduce of `label` in the background (exact: fp32 on the wire).

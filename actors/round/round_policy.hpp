@@ -48,6 +48,9 @@ class round_policy {
   /// A boundary snapshot lends the live state and training waits for the write; false: it is cloned and
   /// training goes on (it may wait for its pending average).
   virtual bool lends_boundary_snapshot() const { return true; }
+  /// The run's inner step at a round boundary when the replicas' step counts differ (client sampling: each
+  /// trained only in its drawn rounds); nullopt: every replica is at the run's step.
+  virtual std::optional<uint64_t> schedule_step() const { return std::nullopt; }
   /// How many rounds behind the average the next round's theta is (metrics).
   virtual double staleness() const { return 0; }
   /// Takes what the policy needs from a resume snapshot (and adjusts it); an error refuses the resume.

@@ -76,7 +76,7 @@ class streaming_policy final : public round_policy {
     const auto e = next_streaming_event(shape_, pos_);
     const uint64_t round = engine_.rounds_done() + 1;
     auto run = [this, e, round](at::Tensor theta) {
-      engine_.run_workers(round, {theta}, e.steps, /*reset=*/false,
+      engine_.run_workers(round, {theta}, {e.steps}, /*reset=*/false,
                           [this, e, round](round_engine::results rs) {
                             if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
                             pos_ = e.next_pos();
@@ -123,7 +123,7 @@ class streaming_policy final : public round_policy {
     const uint64_t r = engine_.rounds_done();
     const ring_label label{r, p_ + f};
     engine_.theta([this, i, f, r, label](at::Tensor theta) {
-      engine_.run_workers(r, {theta}, 0, /*reset=*/false, [this, i, f, r, label](round_engine::results rs) {
+      engine_.run_workers(r, {theta}, {0}, /*reset=*/false, [this, i, f, r, label](round_engine::results rs) {
         reduce_fragment(label, f, rs);
         engine_.when_average(
             label,

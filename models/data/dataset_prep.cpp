@@ -13,6 +13,7 @@
 #include "models/data/bpe_tokenizer.hpp"
 #include "models/data/corpus.hpp"
 #include "models/data/file_io.hpp"
+#include "models/data/partition.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
 #include "runtime/clock/clock.hpp"
@@ -87,6 +88,7 @@ bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& 
   d.train_path = (dir / "train.bin").string();
   d.val_path = (dir / "val.bin").string();
   d.tokenizer_path = (dir / "tokenizer.txt").string();
+  d.docs_path = (dir / "train.docs").string();
   if (!parse_i64(kv, "vocab_size", d.vocab_size) || !parse_i64(kv, "n_train_tokens", d.n_train_tokens) ||
       !parse_i64(kv, "n_val_tokens", d.n_val_tokens)) {
     why = "prepared.txt lacks its results";
@@ -102,6 +104,7 @@ bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& 
       why = "tokenizer.txt differs from prepared.txt";
       return false;
     }
+    (void)read_document_starts(d.docs_path);
   } catch (const lw_error& e) {
     why = e.what();
     return false;
@@ -121,6 +124,7 @@ prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
                                "file (.txt or .jsonl) or a directory of llm.c token shards",
                                dir.string()));
   }
+  if (fs::exists(dir / "train.docs", ec)) d.docs_path = (dir / "train.docs").string();
   const fs::path tok = dir / "tokenizer.txt";
   if (fs::exists(tok, ec)) {
     d.tokenizer_path = tok.string();
@@ -190,6 +194,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
       {"tokenizer", config::to_string(kind)},
       {"vocab", std::to_string(requested_vocab)},
       {"val_fraction", fmt::format("{}", val_fraction)},
+      {"documents", "1"},  // train.docs is written (older caches lack it)
   };
 
   const fs::path dir(out_dir);
@@ -243,6 +248,10 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
 
   auto t_encode = std::chrono::steady_clock::now();
   std::vector<uint16_t> train = tok->encode(text);
+  std::vector<int64_t> token_bytes(static_cast<size_t>(tok->vocab_size()));
+  for (size_t id = 0; id < token_bytes.size(); ++id)
+    token_bytes[id] = static_cast<int64_t>(tok->decode({static_cast<uint16_t>(id)}).size());
+  const std::vector<int64_t> doc_starts = document_starts(text, train, token_bytes);
   const auto n_bytes = text.size();
   std::string().swap(text);
   const auto n = static_cast<int64_t>(train.size());
@@ -262,12 +271,14 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   result.train_path = (dir / "train.bin").string();
   result.val_path = (dir / "val.bin").string();
   result.tokenizer_path = (dir / "tokenizer.txt").string();
+  result.docs_path = (dir / "train.docs").string();
   result.vocab_size = tok->vocab_size();
   result.n_train_tokens = n - n_val;
   result.n_val_tokens = n_val;
   write_shard(result.train_path, train);
   write_shard(result.val_path, val);
   tok->save(result.tokenizer_path);
+  write_document_starts(result.docs_path, doc_starts, result.n_train_tokens);
 
   std::string stamp = std::string(stamp_header) + "\n";
   for (const auto& [key, value] : inputs) stamp += fmt::format("{}={}\n", key, value);

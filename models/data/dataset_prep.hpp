@@ -14,6 +14,7 @@ struct prepared_dataset {
   std::string train_path;      ///< llm.c .bin shard of train tokens
   std::string val_path;        ///< llm.c .bin shard of validation tokens
   std::string tokenizer_path;  ///< load_tokenizer() file; empty for user shards that came without one
+  std::string docs_path;       ///< read_document_starts() file of the train tokens; empty if there is none
   int64_t vocab_size = 0;      ///< every token id is below this
   int64_t n_train_tokens = 0;
   int64_t n_val_tokens = 0;
@@ -24,8 +25,9 @@ struct prepared_dataset {
 ///   vocab_size comes from a tokenizer.txt in that directory if present, else max token + 1.
 /// - Otherwise the corpus is read (read_corpus), the `kind` of tokenizer (BPE: of `bpe_vocab_size`) is made,
 ///   the text is tokenized and the last `val_fraction` of the tokens become val. out_dir receives train.bin,
-///   val.bin, tokenizer.txt and prepared.txt (input path, size, mtime, tokenizer, vocab, val_fraction). A
-///   later call with the same inputs finds prepared.txt matching and returns without re-tokenizing.
+///   val.bin, tokenizer.txt, train.docs (where documents start, data/partition.hpp) and prepared.txt (input
+///   path, size, mtime, tokenizer, vocab, val_fraction). A later call with the same inputs finds prepared.txt
+///   matching and returns without re-tokenizing.
 /// `log` receives progress lines ("data: ..."), and a "data: warning: ..." line when more than 1 % of the
 /// corpus is not UTF-8. Throws lw_error(invalid_config) on bad arguments (unknown tokenizer, BPE vocab
 /// outside 256..65536, val_fraction outside (0, 1), a directory without train.bin and val.bin),

@@ -41,39 +41,70 @@ int64_t n_validation_windows(const std::vector<uint16_t>& val_tokens, int64_t ba
 
 }  // namespace
 
-window_sampler::window_sampler(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t worker,
-                               int64_t n_workers, int64_t batch_size, int64_t seq_len, uint64_t seed)
-    : tokens_(std::move(tokens)), worker_(worker), batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
+window_sampler::window_sampler(std::shared_ptr<const std::vector<uint16_t>> tokens,
+                               std::vector<token_span> spans, int64_t worker, int64_t batch_size,
+                               int64_t seq_len, uint64_t seed)
+    : tokens_(std::move(tokens)),
+      worker_(worker),
+      batch_size_(batch_size),
+      seq_len_(seq_len),
+      seed_(seed),
+      spans_(std::move(spans)) {
   if (!tokens_) throw lw_error(errc::invalid_config, "window_sampler: no train tokens given");
-  check_positive(n_workers, "n_workers");
   check_positive(batch_size, "batch_size");
   check_positive(seq_len, "seq_len");
-  if (worker < 0 || worker >= n_workers) {
-    throw lw_error(errc::invalid_config, fmt::format("worker {} is outside [0, {})", worker, n_workers));
+  if (spans_.empty()) {
+    throw lw_error(errc::invalid_config,
+                   fmt::format("corpus too small: worker {} has no tokens to read; use fewer workers or a "
+                               "larger corpus",
+                               worker));
   }
-  const auto n = static_cast<__int128>(tokens_->size());
-  begin_ = static_cast<int64_t>(worker * n / n_workers);
-  end_ = static_cast<int64_t>((worker + 1) * n / n_workers);
-  if (end_ - begin_ < seq_len + 2) {
+  const int64_t row_len = seq_len + 1;
+  const auto n = static_cast<int64_t>(tokens_->size());
+  int64_t tokens_in_spans = 0;
+  starts_before_.push_back(0);
+  for (const auto& s : spans_) {
+    if (s.begin < 0 || s.end < s.begin || s.end > n) {
+      throw lw_error(errc::invalid_config,
+                     fmt::format("worker {}: span [{}, {}) lies outside the {} train tokens", worker, s.begin,
+                                 s.end, n));
+    }
+    tokens_in_spans += s.end - s.begin;
+    starts_before_.push_back(starts_before_.back() +
+                             static_cast<uint64_t>(std::max<int64_t>(0, s.end - s.begin - row_len + 1)));
+  }
+  if (starts_before_.back() < 2) {
     throw lw_error(
         errc::invalid_config,
         fmt::format("corpus too small: worker region of {} tokens < seq_len+2 = {}; use fewer workers, "
                     "shorter seq_len or a larger corpus",
-                    end_ - begin_, seq_len + 2));
+                    tokens_in_spans, seq_len + 2));
   }
 }
+
+window_sampler::window_sampler(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t worker,
+                               int64_t n_workers, int64_t batch_size, int64_t seq_len, uint64_t seed)
+    : window_sampler(tokens,
+                     partition_spans(config::data_partition::contiguous,
+                                     tokens ? static_cast<int64_t>(tokens->size()) : 0, {}, worker, n_workers,
+                                     seq_len + 1),
+                     worker, batch_size, seq_len, seed) {}
 
 void window_sampler::next(std::vector<int64_t>& out) {
   const int64_t row_len = seq_len_ + 1;
   out.resize(static_cast<size_t>(batch_size_ * row_len));
-  // Window starts lie in [begin_, end_ - row_len], so every window ends inside the region.
-  const auto n_starts = static_cast<uint64_t>(end_ - begin_ - row_len + 1);
+  // Window starts are numbered across the spans; start k of span i is spans_[i].begin + k, and every
+  // window ends inside its span.
+  const uint64_t n_starts = starts_before_.back();
   const uint64_t base =
       splitmix64(splitmix64(splitmix64(seed_) ^ static_cast<uint64_t>(worker_)) ^ position_);
   const uint16_t* src = tokens_->data();
   for (int64_t r = 0; r < batch_size_; ++r) {
     const uint64_t h = splitmix64(base ^ splitmix64(static_cast<uint64_t>(r)));
-    const int64_t start = begin_ + static_cast<int64_t>(reduce(h, n_starts));
+    const uint64_t k = reduce(h, n_starts);
+    const auto i = static_cast<size_t>(std::upper_bound(starts_before_.begin(), starts_before_.end(), k) -
+                                       starts_before_.begin() - 1);
+    const int64_t start = spans_[i].begin + static_cast<int64_t>(k - starts_before_[i]);
     int64_t* dst = out.data() + r * row_len;
     for (int64_t t = 0; t < row_len; ++t) dst[t] = src[start + t];
   }

@@ -5,14 +5,21 @@
 #include <memory>
 #include <vector>
 
+#include "models/data/partition.hpp"
+
 namespace longwave::models::data {
 
-/// Draws batches of B windows of T+1 tokens from worker m's region [m*N/M, (m+1)*N/M) of the train tokens.
-/// Batch p depends only on (seed, worker, p), never on earlier calls, so seek(p) resumes a run exactly.
+/// Draws batches of B windows of T+1 tokens from worker m's spans of the train tokens (partition_spans),
+/// each window inside one span, every start equally likely. Batch p depends only on (seed, worker, p), never
+/// on earlier calls, so seek(p) resumes a run exactly.
 class window_sampler {
  public:
-  /// Throws lw_error(invalid_config) on non-positive sizes, worker outside [0, n_workers), null tokens, or a
-  /// region shorter than seq_len + 2 tokens ("corpus too small: ...").
+  /// Worker m of M reads the spans `spans`. Throws lw_error(invalid_config) on non-positive sizes, null
+  /// tokens, a span outside the tokens, or spans with room for fewer than two window starts ("corpus too
+  /// small: ...").
+  window_sampler(std::shared_ptr<const std::vector<uint16_t>> tokens, std::vector<token_span> spans,
+                 int64_t worker, int64_t batch_size, int64_t seq_len, uint64_t seed);
+  /// The contiguous partition: worker m of M reads [m*N/M, (m+1)*N/M).
   window_sampler(std::shared_ptr<const std::vector<uint16_t>> tokens, int64_t worker, int64_t n_workers,
                  int64_t batch_size, int64_t seq_len, uint64_t seed);
 
@@ -25,10 +32,12 @@ class window_sampler {
   /// Makes the next batch the one a fresh sampler returns after `pos` calls to next().
   void seek(uint64_t pos) { position_ = pos; }
 
-  /// First token index of this worker's region.
-  int64_t region_begin() const { return begin_; }
-  /// One past the last token index of this worker's region.
-  int64_t region_end() const { return end_; }
+  /// The spans this worker reads.
+  const std::vector<token_span>& spans() const { return spans_; }
+  /// First token index of this worker's first span (its region, for the contiguous partition).
+  int64_t region_begin() const { return spans_.front().begin; }
+  /// One past the last token index of its last span.
+  int64_t region_end() const { return spans_.back().end; }
 
  private:
   std::shared_ptr<const std::vector<uint16_t>> tokens_;
@@ -36,8 +45,8 @@ class window_sampler {
   int64_t batch_size_;
   int64_t seq_len_;
   uint64_t seed_;
-  int64_t begin_;
-  int64_t end_;
+  std::vector<token_span> spans_;
+  std::vector<uint64_t> starts_before_;  ///< window starts in the spans before span i; back(): all of them
   uint64_t position_ = 0;
 };
 

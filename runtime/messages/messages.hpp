@@ -22,6 +22,9 @@ struct reduce_request {
   ring_label label;
   std::vector<at::Tensor> parts;
   bool exact = false;
+  /// The workers whose pseudo-gradients parts are: the node's weight in a cluster's average. -1:
+  /// parts.size(); 0: parts is one zero tensor (no worker of this node was drawn this round).
+  int64_t contributors = -1;
 };
 
 /// diloco.outer = "eager": one replica's own outer parameters, momentum (undefined before its first step with

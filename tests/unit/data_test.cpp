@@ -14,6 +14,7 @@
 #include "models/data/bpe_tokenizer.hpp"
 #include "models/data/corpus.hpp"
 #include "models/data/dataset_prep.hpp"
+#include "models/data/partition.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
@@ -24,6 +25,7 @@ using namespace longwave::models::data;
 using Catch::Matchers::Contains;
 using longwave::errc;
 using longwave::lw_error;
+using longwave::config::data_partition;
 using longwave::config::tokenizer_kind;
 
 namespace {
@@ -677,6 +679,175 @@ CATCH_TEST_CASE("A worker region shorter than seq_len+2 tokens is rejected", "[d
   CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 4, 4, 2, 8, 1); }) == errc::invalid_config);
   CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 0, 1, 0, 8, 1); }) == errc::invalid_config);
   CATCH_CHECK(error_code_of([&] { window_sampler(nullptr, 0, 1, 2, 8, 1); }) == errc::invalid_config);
+}
+
+// ------------------------------------------------------------------------------------------------ partitions
+
+namespace {
+
+// Every token of [0, n) belongs to exactly one part's spans.
+void check_parts_cover_once(data_partition kind, int64_t n, const std::vector<int64_t>& docs, int64_t parts,
+                            int64_t row_len) {
+  std::vector<int> owner(static_cast<size_t>(n), -1);
+  for (int64_t p = 0; p < parts; ++p) {
+    for (const auto& s : partition_spans(kind, n, docs, p, parts, row_len)) {
+      CATCH_REQUIRE(s.begin >= 0);
+      CATCH_REQUIRE(s.end <= n);
+      for (int64_t t = s.begin; t < s.end; ++t) {
+        CATCH_REQUIRE(owner[static_cast<size_t>(t)] == -1);
+        owner[static_cast<size_t>(t)] = static_cast<int>(p);
+      }
+    }
+  }
+  CATCH_CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("Every partition gives each token to exactly one part", "[data][partition]") {
+  const std::vector<int64_t> docs = {0, 900, 2500, 2600, 4000, 7000, 9100};
+  for (auto kind : {data_partition::contiguous, data_partition::iid, data_partition::books}) {
+    CATCH_INFO("partition " << longwave::config::to_string(kind));
+    for (int64_t parts : {1, 3, 4}) check_parts_cover_once(kind, 10000, docs, parts, 33);
+  }
+}
+
+CATCH_TEST_CASE("The contiguous partition is today's split, m*N/M up to (m+1)*N/M", "[data][partition]") {
+  for (int64_t m = 0; m < 3; ++m) {
+    const auto spans = partition_spans(data_partition::contiguous, 10000, {}, m, 3, 17);
+    CATCH_REQUIRE(spans.size() == 1);
+    CATCH_CHECK(spans[0] == token_span{m * 10000 / 3, (m + 1) * 10000 / 3});
+  }
+}
+
+CATCH_TEST_CASE("The iid partition spreads each part's blocks over the whole corpus", "[data][partition]") {
+  const int64_t n = 100000, row_len = 65, parts = 4;
+  for (int64_t p = 0; p < parts; ++p) {
+    const auto spans = partition_spans(data_partition::iid, n, {}, p, parts, row_len);
+    CATCH_REQUIRE(spans.size() > 40);
+    CATCH_CHECK(spans.front().begin < n / 10);   // from the start of the corpus ...
+    CATCH_CHECK(spans.back().end > n - n / 10);  // ... to its end
+    for (size_t i = 0; i + 1 < spans.size(); ++i) {
+      CATCH_CHECK(spans[i].end - spans[i].begin == iid_block_windows * row_len);
+      CATCH_CHECK(spans[i + 1].begin - spans[i].begin == parts * iid_block_windows * row_len);
+    }
+  }
+  // A small corpus still gives every part at least 4 blocks.
+  CATCH_CHECK(partition_spans(data_partition::iid, 4000, {}, 3, 4, 65).size() >= 4);
+}
+
+CATCH_TEST_CASE("The books partition gives each part whole documents, split near m*N/M",
+                "[data][partition]") {
+  const std::vector<int64_t> docs = {0, 900, 2500, 2600, 4000, 7000, 9100};
+  const auto starts = std::set<int64_t>(docs.begin(), docs.end());
+  // Boundaries 2500 (nearest 10000/4), 5000 -> 4000 (nearer than 7000), 7500 -> 7000.
+  const std::vector<token_span> want = {{0, 2500}, {2500, 4000}, {4000, 7000}, {7000, 10000}};
+  for (int64_t p = 0; p < 4; ++p) {
+    const auto spans = partition_spans(data_partition::books, 10000, docs, p, 4, 33);
+    CATCH_REQUIRE(spans.size() == 1);
+    CATCH_CHECK(spans[0] == want[static_cast<size_t>(p)]);
+    CATCH_CHECK(starts.count(spans[0].begin) == 1);
+  }
+  // More parts than documents: a part gets no whole document, and the message says so.
+  CATCH_REQUIRE_THROWS_WITH(
+      partition_spans(data_partition::books, 10000, docs, 5, 9, 33),
+      Contains("data.partition = books: part 5 of 9 gets 0 tokens") && Contains("7 documents for 9 parts"));
+  // Data without document starts (ready shards) cannot be split by documents.
+  CATCH_REQUIRE_THROWS_WITH(partition_spans(data_partition::books, 10000, {}, 0, 2, 33),
+                            Contains("needs the documents' starts"));
+  CATCH_CHECK(error_code_of([&] { partition_spans(data_partition::books, 10000, {}, 0, 2, 33); }) ==
+              errc::invalid_config);
+  CATCH_CHECK(error_code_of([&] { partition_spans(data_partition::iid, 10000, {}, 2, 2, 33); }) ==
+              errc::invalid_config);
+}
+
+CATCH_TEST_CASE("A sampler over several spans draws whole windows inside one span, from all of them",
+                "[data][partition]") {
+  auto tokens = std::make_shared<const std::vector<uint16_t>>(iota_tokens(5000));
+  const std::vector<token_span> spans = {{100, 140}, {1000, 1010}, {3000, 3100}};  // the middle one: no room
+  window_sampler s(tokens, spans, 2, 8, 16, 7);
+  std::set<size_t> used;
+  std::vector<int64_t> batch;
+  for (int step = 0; step < 200; ++step) {
+    s.next(batch);
+    for (int64_t r = 0; r < 8; ++r) {
+      const int64_t start = batch[static_cast<size_t>(r * 17)];
+      bool inside = false;
+      for (size_t i = 0; i < spans.size(); ++i) {
+        if (start >= spans[i].begin && start + 17 <= spans[i].end) {
+          inside = true;
+          used.insert(i);
+        }
+      }
+      CATCH_REQUIRE(inside);
+      for (int64_t t = 0; t <= 16; ++t) CATCH_REQUIRE(batch[static_cast<size_t>(r * 17 + t)] == start + t);
+    }
+  }
+  CATCH_CHECK(used == std::set<size_t>{0, 2});
+  // The one-span sampler and the contiguous constructor draw the same windows.
+  window_sampler a(tokens, 1, 3, 4, 16, 9),
+      b(tokens, partition_spans(data_partition::contiguous, 5000, {}, 1, 3, 17), 1, 4, 16, 9);
+  std::vector<int64_t> xa, xb;
+  a.next(xa);
+  b.next(xb);
+  CATCH_CHECK(xa == xb);
+  CATCH_REQUIRE_THROWS_WITH(window_sampler(tokens, std::vector<token_span>{{0, 10}}, 0, 2, 16, 1),
+                            Contains("corpus too small"));
+  CATCH_REQUIRE_THROWS_WITH(window_sampler(tokens, std::vector<token_span>{{4000, 6000}}, 0, 2, 16, 1),
+                            Contains("outside the 5000 train tokens"));
+}
+
+CATCH_TEST_CASE("Document starts are the first tokens after each blank line, with any tokenizer",
+                "[data][partition]") {
+  const std::string text = "first doc line one\nline two\n\nsecond doc\n\n\nthird\n\n";
+  auto bytes = make_byte_tokenizer();
+  const auto tokens = bytes->encode(text);
+  const std::vector<int64_t> one(256, 1);
+  const auto starts = document_starts(text, tokens, one);
+  CATCH_CHECK(starts == std::vector<int64_t>{0, static_cast<int64_t>(text.find("second")),
+                                             static_cast<int64_t>(text.find("third"))});
+  // A BPE token may span the boundary: the document starts at the first token at or after it.
+  const auto bpe = bpe_tokenizer::train(sample_text(), 300);
+  const std::string corpus = sample_text();
+  const auto bt = bpe.encode(corpus);
+  std::vector<int64_t> lens(static_cast<size_t>(bpe.vocab_size()));
+  for (size_t id = 0; id < lens.size(); ++id)
+    lens[id] = static_cast<int64_t>(bpe.decode({static_cast<uint16_t>(id)}).size());
+  const auto bstarts = document_starts(corpus, bt, lens);
+  CATCH_CHECK(bstarts.size() == 18);  // 120 sentences, a blank line after every 7th: 17 of them inside
+  for (size_t i = 1; i < bstarts.size(); ++i) {
+    const auto before = bpe.decode(std::vector<uint16_t>(bt.begin(), bt.begin() + bstarts[i]));
+    CATCH_CHECK(before.size() >= 2);
+    CATCH_CHECK(before.find("\n\n", before.size() - 4) != std::string::npos);
+  }
+}
+
+CATCH_TEST_CASE("prepare_dataset records where documents start, and a bad record is refused",
+                "[data][partition]") {
+  temp_dir dir;
+  const std::string corpus = dir.file("books.txt");
+  write_text(corpus, sample_text());
+  const prepared_dataset d = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"));
+  CATCH_REQUIRE_FALSE(d.docs_path.empty());
+  const auto starts = read_document_starts(d.docs_path);
+  CATCH_CHECK(starts.front() == 0);
+  CATCH_CHECK(starts.size() > 10);
+  CATCH_CHECK(starts.back() < d.n_train_tokens);  // only the train tokens' documents
+  const auto train = read_shard(d.train_path);
+  for (size_t i = 1; i < starts.size(); ++i) {
+    CATCH_CHECK(train[static_cast<size_t>(starts[i] - 1)] == '\n');
+    CATCH_CHECK(train[static_cast<size_t>(starts[i])] != '\n');
+  }
+  write_text(d.docs_path, "longwave-docs 1\n0\n50\n40\n");
+  CATCH_REQUIRE_THROWS_WITH(read_document_starts(d.docs_path), Contains("train.docs:4: '40'"));
+  write_text(d.docs_path, "something else\n0\n");
+  CATCH_CHECK(error_code_of([&] { read_document_starts(d.docs_path); }) == errc::corrupt_data);
+  // The cache sees the damaged record and prepares the data again.
+  std::vector<std::string> logs;
+  prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"),
+                  [&](const std::string& l) { logs.push_back(l); });
+  CATCH_CHECK_THAT(logs[0], Contains("re-preparing"));
+  CATCH_CHECK(read_document_starts(d.docs_path) == starts);
 }
 
 CATCH_TEST_CASE("Validation batches are consecutive windows that wrap around a short set", "[data]") {

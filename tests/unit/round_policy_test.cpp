@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/round/client_sampling.hpp"
 #include "actors/round/round_policy.hpp"
 
 using namespace longwave;
@@ -76,13 +77,22 @@ struct fake_engine final : round_engine {
     trained = theta;
   }
 
-  void run_workers(uint64_t round, std::vector<at::Tensor> thetas, int64_t steps, bool reset,
+  /// "run R xH", or with counts per worker "run R x[H,0,...]"; a worker that runs 0 steps returns 0.
+  void run_workers(uint64_t round, std::vector<at::Tensor> thetas, std::vector<int64_t> steps, bool reset,
                    then<results> k) override {
-    note("run " + std::to_string(round) + " x" + std::to_string(steps) + (reset ? " reset" : "") +
+    std::string counts = std::to_string(steps[0]);
+    if (steps.size() > 1) {
+      counts = "[";
+      for (size_t i = 0; i < steps.size(); ++i) counts += (i ? "," : "") + std::to_string(steps[i]);
+      counts += "]";
+    }
+    note("run " + std::to_string(round) + " x" + counts + (reset ? " reset" : "") +
          (thetas.size() == 1 && !thetas[0].defined() ? " no-theta" : ""));
     results rs;
-    for (int64_t m = 0; m < ctx.n_workers(); ++m)
-      rs.push_back({m, round, at::full({4}, 0.1f * static_cast<float>(m + 1)), 3.0, 0.01});
+    for (int64_t m = 0; m < ctx.n_workers(); ++m) {
+      const bool idle = steps.size() > 1 && steps[static_cast<size_t>(m)] == 0;
+      rs.push_back({m, round, at::full({4}, idle ? 0.0f : 0.1f * static_cast<float>(m + 1)), 3.0, 0.01});
+    }
     k(std::move(rs));
   }
   void mix(at::Tensor, uint32_t fragment, double, then<bool> k) override {
@@ -91,7 +101,7 @@ struct fake_engine final : round_engine {
   }
   void gradients(then<results> k) override {
     note("grad");
-    run_workers(done + 1, {at::Tensor()}, 0, false, [this, k](results rs) {
+    run_workers(done + 1, {at::Tensor()}, {0}, false, [this, k](results rs) {
       calls.pop_back();  // the helper's own "run" line
       k(std::move(rs));
     });
@@ -147,8 +157,10 @@ struct fake_engine final : round_engine {
     global = out.theta;
     k(out);
   }
-  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k) override {
-    note("reduce_now " + label_text(label));
+  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
+                  int64_t contributors) override {
+    note("reduce_now " + label_text(label) +
+         (contributors >= 0 ? " of " + std::to_string(contributors) : std::string()));
     k(mean(parts));
   }
   void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) override {
@@ -220,6 +232,53 @@ CATCH_TEST_CASE("sync all-reduces each round while the workers wait and steps th
   CATCH_CHECK(p->lends_boundary_snapshot());
   CATCH_CHECK(!p->pending_average(1));
   CATCH_CHECK(p->staleness() == 0);
+}
+
+CATCH_TEST_CASE("client sampling runs only the drawn workers and averages their pseudo-gradients",
+                "[unit][round][federated]") {
+  auto cfg = two_workers(config::run_mode::diloco, config::outer_policy_kind::sync, 3);
+  cfg.train.workers = 4;
+  cfg.federated.clients_per_round = 2;
+  cfg.run.seed = 5;
+  fake_engine e(cfg);
+  auto p = make_round_policy(e, e.ctx);
+  run_all(e, *p);
+  const auto runs = lines_of(e, "run ");
+  const auto reduces = lines_of(e, "reduce_now");
+  CATCH_REQUIRE(runs.size() == 3);
+  at::Tensor want = at::zeros({4});
+  for (uint64_t r = 1; r <= 3; ++r) {
+    const auto drawn = draw_clients(5, r, 4, 2);
+    CATCH_REQUIRE(drawn.size() == 2);
+    std::string counts = "[";
+    for (int64_t m = 0; m < 4; ++m)
+      counts += std::string(m ? "," : "") + (std::count(drawn.begin(), drawn.end(), m) ? "4" : "0");
+    CATCH_CHECK(runs[r - 1] == "run " + std::to_string(r) + " x" + counts + "]" + " reset");
+    CATCH_CHECK(reduces[r - 1] == "reduce_now (" + std::to_string(r) + ",0) of 2");
+    want -= 0.1f * static_cast<float>(drawn[0] + 1 + drawn[1] + 1) / 2;  // the drawn workers' mean only
+  }
+  CATCH_CHECK(at::allclose(e.trained, want));
+}
+
+CATCH_TEST_CASE("The client draw is seeded, distinct, and fair over many rounds",
+                "[unit][round][federated]") {
+  CATCH_CHECK(draw_clients(1, 7, 8, 3) == draw_clients(1, 7, 8, 3));
+  CATCH_CHECK(draw_clients(1, 7, 8, 0) == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  CATCH_CHECK(draw_clients(1, 7, 3, 5) == std::vector<int64_t>{0, 1, 2});
+  std::vector<int> seen(8, 0);
+  int differ_by_seed = 0, differ_by_round = 0;
+  for (uint64_t r = 1; r <= 4000; ++r) {
+    const auto d = draw_clients(1, r, 8, 3);
+    CATCH_REQUIRE(d.size() == 3);
+    CATCH_REQUIRE(std::is_sorted(d.begin(), d.end()));
+    CATCH_REQUIRE(std::adjacent_find(d.begin(), d.end()) == d.end());
+    for (auto c : d) ++seen[static_cast<size_t>(c)];
+    differ_by_seed += d != draw_clients(2, r, 8, 3);
+    differ_by_round += d != draw_clients(1, r + 1, 8, 3);
+  }
+  for (int n : seen) CATCH_CHECK(std::abs(n - 1500) < 150);  // 4000 x 3/8 each, about 3.5 sigma
+  CATCH_CHECK(differ_by_seed > 3000);
+  CATCH_CHECK(differ_by_round > 3000);
 }
 
 CATCH_TEST_CASE("single runs the sync round with a replica that keeps its own weights", "[unit][round]") {

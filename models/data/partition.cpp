@@ -1,0 +1,149 @@
+// Which train tokens each worker reads (data.partition), and the document starts behind `books`.
+#include "models/data/partition.hpp"
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <charconv>
+
+#include "models/data/file_io.hpp"
+#include "runtime/errors/errors.hpp"
+
+namespace longwave::models::data {
+
+namespace {
+
+constexpr const char* docs_header = "longwave-docs 1";
+
+// part*n/parts without overflow.
+int64_t share(int64_t part, int64_t n, int64_t parts) {
+  return static_cast<int64_t>(static_cast<__int128>(part) * n / parts);
+}
+
+// The document start nearest to `at` (the earlier one on a tie); 0 when there is none.
+int64_t nearest_start(const std::vector<int64_t>& starts, int64_t at) {
+  auto it = std::lower_bound(starts.begin(), starts.end(), at);
+  if (it == starts.end()) return starts.empty() ? 0 : starts.back();
+  if (it == starts.begin() || *it == at) return *it;
+  const int64_t before = *std::prev(it);
+  return at - before <= *it - at ? before : *it;
+}
+
+std::vector<token_span> iid_spans(int64_t n, int64_t part, int64_t parts, int64_t row_len) {
+  int64_t block = iid_block_windows * row_len;
+  if (n / block < 4 * parts) block = std::max(row_len, n / (4 * parts));  // at least 4 blocks a part
+  std::vector<token_span> spans;
+  for (int64_t b = part; b * block < n; b += parts)
+    spans.push_back({b * block, std::min(n, (b + 1) * block)});
+  return spans;
+}
+
+std::vector<token_span> book_spans(int64_t n, const std::vector<int64_t>& doc_starts, int64_t part,
+                                   int64_t parts, int64_t row_len) {
+  std::vector<int64_t> starts;
+  for (int64_t s : doc_starts)
+    if (s > 0 && s < n) starts.push_back(s);
+  const auto boundary = [&](int64_t m) {
+    return m == 0 ? 0 : m == parts ? n : nearest_start(starts, share(m, n, parts));
+  };
+  const token_span span{boundary(part), boundary(part + 1)};
+  if (span.end - span.begin < row_len + 1) {
+    const auto docs = std::count_if(starts.begin(), starts.end(),
+                                    [&](int64_t s) { return s >= span.begin && s < span.end; });
+    throw lw_error(errc::invalid_config,
+                   fmt::format("data.partition = books: part {} of {} gets {} tokens ({} whole documents), "
+                               "too few for one window of {} tokens; the train tokens hold {} documents for "
+                               "{} parts: use fewer workers, or data.partition = contiguous or iid",
+                               part, parts, span.end - span.begin, docs + (span.begin == 0 ? 1 : 0), row_len,
+                               starts.size() + 1, parts));
+  }
+  return {span};
+}
+
+}  // namespace
+
+std::vector<token_span> partition_spans(config::data_partition kind, int64_t n_tokens,
+                                        const std::vector<int64_t>& doc_starts, int64_t part, int64_t parts,
+                                        int64_t row_len) {
+  if (parts <= 0 || part < 0 || part >= parts || row_len <= 0 || n_tokens < 0) {
+    throw lw_error(errc::invalid_config, fmt::format("data part {} of {} (windows of {} tokens, {} tokens) "
+                                                     "is not a valid partition",
+                                                     part, parts, row_len, n_tokens));
+  }
+  switch (kind) {
+    case config::data_partition::contiguous:
+      return {{share(part, n_tokens, parts), share(part + 1, n_tokens, parts)}};
+    case config::data_partition::iid: return iid_spans(n_tokens, part, parts, row_len);
+    case config::data_partition::books:
+      if (doc_starts.empty()) {
+        throw lw_error(errc::invalid_config,
+                       "data.partition = books needs the documents' starts, which longwave records when it "
+                       "prepares a corpus (train.docs); a directory of ready token shards has none: use "
+                       "data.partition = contiguous or iid");
+      }
+      return book_spans(n_tokens, doc_starts, part, parts, row_len);
+  }
+  throw lw_error(errc::invalid_config, fmt::format("data.partition {} is unknown", static_cast<int>(kind)));
+}
+
+std::vector<int64_t> document_starts(const std::string& text, const std::vector<uint16_t>& tokens,
+                                     const std::vector<int64_t>& token_bytes) {
+  std::vector<int64_t> starts{0};
+  size_t search = 0;
+  // Where the next document begins: after the next run of two or more newlines.
+  const auto next_begin = [&]() -> size_t {
+    size_t p = text.find("\n\n", search);
+    if (p == std::string::npos) return p;
+    while (p < text.size() && text[p] == '\n') ++p;
+    return p;
+  };
+  size_t doc_begin = next_begin();
+  size_t byte = 0;  // where token t begins in text
+  for (size_t t = 0; t < tokens.size() && doc_begin != std::string::npos; ++t) {
+    while (doc_begin != std::string::npos && byte >= doc_begin) {
+      if (starts.back() != static_cast<int64_t>(t)) starts.push_back(static_cast<int64_t>(t));
+      search = doc_begin;
+      doc_begin = next_begin();
+    }
+    byte += static_cast<size_t>(token_bytes[tokens[t]]);
+  }
+  return starts;
+}
+
+void write_document_starts(const std::string& path, const std::vector<int64_t>& starts, int64_t n_tokens) {
+  std::string out = std::string(docs_header) + "\n";
+  for (int64_t s : starts)
+    if (s < n_tokens) out += fmt::format("{}\n", s);
+  write_file_atomic(path, {out});
+}
+
+std::vector<int64_t> read_document_starts(const std::string& path) {
+  const std::string text = read_file(path, "document starts");
+  std::vector<int64_t> starts;
+  size_t pos = 0;
+  for (int line = 1; pos < text.size(); ++line) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view l(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (line == 1) {
+      if (l != docs_header) {
+        throw lw_error(errc::corrupt_data,
+                       fmt::format("{}:1: expected '{}', found '{}'", path, docs_header, std::string(l)));
+      }
+      continue;
+    }
+    int64_t v = -1;
+    const auto [p, ec] = std::from_chars(l.data(), l.data() + l.size(), v);
+    if (ec != std::errc() || p != l.data() + l.size() || v < 0 || (!starts.empty() && v <= starts.back())) {
+      throw lw_error(errc::corrupt_data,
+                     fmt::format("{}:{}: '{}' is not a token offset above the previous one", path, line,
+                                 std::string(l)));
+    }
+    starts.push_back(v);
+  }
+  if (starts.empty() || starts.front() != 0)
+    throw lw_error(errc::corrupt_data, fmt::format("{}: no document starts at token 0", path));
+  return starts;
+}
+
+}  // namespace longwave::models::data
