@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -186,6 +187,22 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
     std::ofstream(p.trace, std::ios::trunc);
   std::ofstream out(p.config_copy, std::ios::trunc);
   out << config::to_toml(cfg);
+}
+
+named_checkpoint load_named_checkpoint(const std::string& path) {
+  std::optional<checkpoint> c;
+  if (!fs::exists(path)) throw lw_error(errc::io_error, path + ": no such file or directory");
+  if (fs::is_directory(path)) {
+    checkpoint_store store(path, 1 << 30);
+    c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
+    if (!c) throw lw_error(errc::io_error, path + ": no checkpoint in this directory");
+  } else {
+    c = checkpoint_store::load_file(path);
+  }
+  const auto pos = c->meta.find(config_marker);
+  if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, path + ": no config in meta");
+  auto cfg = config::parse_config(c->meta.substr(pos + std::strlen(config_marker)), {}, path);
+  return {std::move(*c), std::move(cfg)};
 }
 
 }  // namespace longwave::actors

@@ -40,6 +40,18 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
 start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
                          const runtime::snapshot_shape& shape, joined_state joined);
 
+/// A checkpoint named on the command line (`eval`, `export`) and the resolved config its meta holds.
+struct named_checkpoint {
+  runtime::checkpoint ckpt;
+  config::train_config cfg;
+};
+
+/// Loads a .lwc file, or the newest valid checkpoint of a directory (a corrupt newer one is named with
+/// spdlog::warn). Throws lw_error(io_error) when the path does not exist or the directory holds no
+/// checkpoint, lw_error(corrupt_checkpoint) when the file (in a directory: every file) is invalid or its
+/// meta has no config, and config_error when that config is invalid.
+named_checkpoint load_named_checkpoint(const std::string& path);
+
 /// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.
 void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start);
 

@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 
 #include "actors/actor_graph.hpp"
@@ -140,18 +139,7 @@ int run_training(const config::train_config& cfg, const run_options& opts, const
 
 int run_eval(const std::string& checkpoint_path, int64_t batches) {
   try {
-    std::optional<checkpoint> c;
-    if (fs::is_directory(checkpoint_path)) {
-      checkpoint_store store(checkpoint_path, 1 << 30);
-      c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
-      if (!c) throw lw_error(errc::io_error, checkpoint_path + ": no checkpoint in this directory");
-    } else {
-      c = checkpoint_store::load_file(checkpoint_path);
-    }
-    const auto pos = c->meta.find(config_marker);
-    if (pos == std::string::npos)
-      throw lw_error(errc::corrupt_checkpoint, checkpoint_path + ": no config in meta");
-    auto cfg = config::parse_config(c->meta.substr(pos + std::strlen(config_marker)), {}, checkpoint_path);
+    auto [c, cfg] = load_named_checkpoint(checkpoint_path);
     const auto p = resolve_paths(cfg);
     auto data = models::data::prepare_dataset(corpus_path(cfg), cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                               cfg.data.val_fraction, p.data_dir,
@@ -159,7 +147,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
                          config::to_string(cfg.run.mode), models::model_label(spec)};
-    auto snap = from_checkpoint(std::move(*c), shape);
+    auto snap = from_checkpoint(std::move(c), shape);
     auto val = models::data::read_shard(data.val_path);
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
     model.load_flat(snap.theta);

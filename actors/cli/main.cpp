@@ -1,4 +1,4 @@
-// The `longwave` command line: run, eval, data prepare, presets.
+// The `longwave` command line: run, eval, export, data prepare, presets.
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/cli/export.hpp"
 #include "actors/cli/launch.hpp"
 #include "actors/cli/report/page.hpp"
 #include "actors/cluster.hpp"
@@ -95,6 +96,8 @@ struct cli_values {
   // eval
   std::string ckpt;
   int64_t batches = 0;
+  // export
+  cli::export_options exp;
   // data prepare
   std::string input, out_dir, tokenizer = "byte";
   int64_t vocab = 1024;
@@ -120,7 +123,7 @@ struct cli_values {
 
 /// The subcommands, to tell which one was given.
 struct subcommands {
-  CLI::App *run, *eval, *prep, *coord, *node, *launch, *report, *presets, *keys_new;
+  CLI::App *run, *eval, *exp, *prep, *coord, *node, *launch, *report, *presets, *keys_new;
 };
 
 CLI::App* add_run(CLI::App& app, cli_values& v) {
@@ -145,6 +148,30 @@ CLI::App* add_eval(CLI::App& app, cli_values& v) {
       ->required();
   eval->add_option("--batches", v.batches, "Validation batches (default: the run's eval.batches)");
   return eval;
+}
+
+CLI::App* add_export(CLI::App& app, cli_values& v) {
+  auto* exp = app.add_subcommand(
+      "export",
+      "Write a checkpoint's theta_global as Hugging Face Llama weights (safetensors + config.json)");
+  exp->add_option("checkpoint", v.exp.checkpoint,
+                  "A .lwc checkpoint file or a checkpoint directory (newest valid), as for eval")
+      ->required();
+  exp->add_option("--format", v.exp.format, "Output format: safetensors")->capture_default_str();
+  exp->add_option("--out", v.exp.out_dir, "Output directory (made if missing)")->required();
+  exp->add_flag("--force", v.exp.force, "Overwrite the files of an earlier export in a non-empty --out");
+  // Diagnostics for checking an export against another implementation (the export test); not in --help.
+  exp->add_option("--logits-for", v.exp.logits_for, "")->group("");
+  exp->add_option("--logits-out", v.exp.logits_out, "")->group("");
+  exp->footer(
+      "Writes DIR/model.safetensors (fp32, LlamaForCausalLM names: model.embed_tokens.weight,\n"
+      "model.layers.N.self_attn.{q,k,v,o}_proj.weight, model.layers.N.mlp.{gate,up,down}_proj.weight, the\n"
+      "norms, model.norm.weight; the output head is tied to the embedding), DIR/config.json (Llama\n"
+      "config: shape, rope_theta, rms_norm_eps, tie_word_embeddings) and, when the run has one, its\n"
+      "tokenizer.txt (Longwave's format). q_proj and k_proj rows are reordered for Llama's rotate-half "
+      "RoPE,\n"
+      "so Llama's forward pass computes our logits. A non-empty DIR is refused unless --force.");
+  return exp;
 }
 
 /// `data prepare`; returns the prepare subcommand.
@@ -387,6 +414,7 @@ int dispatch(const subcommands& sub, const cli_values& v, const char* argv0) {
     return cli::report::write(v.report_dir, v.report_out);
   }
   if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches);
+  if (sub.exp->parsed()) return cli::export_checkpoint(v.exp);
   if (sub.prep->parsed()) return cmd_prepare(v);
   if (sub.presets->parsed()) return cmd_presets(v.pv, v.pt, v.presets_config, v.shape_overrides);
   if (sub.keys_new->parsed()) return cmd_keys_new(v);
@@ -410,6 +438,7 @@ int main(int argc, char** argv) {
   // In this order in --help.
   sub.run = add_run(app, v);
   sub.eval = add_eval(app, v);
+  sub.exp = add_export(app, v);
   sub.prep = add_data_prepare(app, v);
   sub.coord = add_coordinator(app, v);
   sub.node = add_node(app, v);

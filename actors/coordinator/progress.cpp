@@ -1,7 +1,5 @@
 // The coordinator's progress lines, metrics and result.json: what a run reports, apart from how it runs.
 #include <ATen/ATen.h>
-#include <rapidjson/prettywriter.h>
-#include <rapidjson/stringbuffer.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +7,7 @@
 #include "actors/coordinator/state.hpp"
 #include "models/lr_schedule.hpp"
 #include "runtime/checksum/crc32c.hpp"
+#include "runtime/json/json_pretty.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
@@ -188,36 +187,19 @@ void on_eval(self_ptr self, uint64_t round, int64_t step, double loss) {
 // metrics.jsonl writes null too.
 void write_result(const coordinator_state& s, double wall) {
   const auto& c = s.ctx->cfg;
-  rapidjson::StringBuffer text;
-  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(text);
-  w.SetIndent(' ', 2);
-  auto integer = [&](const char* key, int64_t v) {
-    w.Key(key);
-    w.Int64(v);
-  };
-  auto number = [&](const char* key, double v) {
-    w.Key(key);
-    if (std::isfinite(v))
-      w.Double(v);
-    else
-      w.Null();
-  };
-  w.StartObject();
-  w.Key("mode");
-  const std::string mode = config::to_string(c.run.mode);
-  w.String(mode.data(), static_cast<rapidjson::SizeType>(mode.size()));
-  integer("workers", c.train.workers);
-  integer("rounds", static_cast<int64_t>(s.round));
-  integer("inner_steps", c.train.inner_steps);
-  integer("inner_steps_per_worker", s.last_step);
-  number("val_loss", s.last_val_loss);
-  number("val_ppl", std::exp(s.last_val_loss));
-  integer("tokens", s.total_tokens());
-  number("seconds", std::round(wall * 1e3) / 1e3);  // milliseconds
-  number("train_seconds", std::round((wall - s.eval_s) * 1e3) / 1e3);
-  w.EndObject();
+  json_pretty j;
+  j.add("mode", config::to_string(c.run.mode))
+      .add("workers", c.train.workers)
+      .add("rounds", static_cast<int64_t>(s.round))
+      .add("inner_steps", c.train.inner_steps)
+      .add("inner_steps_per_worker", s.last_step)
+      .add("val_loss", s.last_val_loss)
+      .add("val_ppl", std::exp(s.last_val_loss))
+      .add("tokens", s.total_tokens())
+      .add("seconds", std::round(wall * 1e3) / 1e3)  // milliseconds
+      .add("train_seconds", std::round((wall - s.eval_s) * 1e3) / 1e3);
   std::ofstream out(c.run.out_dir + "/result.json", std::ios::trunc);
-  out << text.GetString() << '\n';
+  out << j.str() << '\n';
 }
 
 }  // namespace longwave::actors::coordinator_parts

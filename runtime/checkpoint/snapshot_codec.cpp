@@ -56,6 +56,8 @@ at::Tensor tensor_from(const checkpoint& c, const std::string& name, int64_t n) 
   return t;
 }
 
+}  // namespace
+
 std::map<std::string, std::string> parse_meta(const std::string& meta) {
   std::map<std::string, std::string> kv;
   std::istringstream in(meta);
@@ -67,8 +69,6 @@ std::map<std::string, std::string> parse_meta(const std::string& meta) {
   }
   return kv;
 }
-
-}  // namespace
 
 checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   checkpoint c;

@@ -1,6 +1,7 @@
 #pragma once
 // train_snapshot <-> checkpoint blobs: names, sizes and meta, validated against the run that loads them.
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
@@ -18,6 +19,9 @@ struct snapshot_shape {
   std::string mode;
   std::string preset;
 };
+
+/// The key=value lines of a checkpoint's meta (mode, preset, n_params, replicas, ...), up to config_marker.
+std::map<std::string, std::string> parse_meta(const std::string& meta);
 
 /// Blobs share the tensors' storage (no copy); the tensors must be contiguous fp32 and not change afterwards.
 checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape);

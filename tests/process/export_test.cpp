@@ -1,0 +1,315 @@
+// `longwave export`: a trained checkpoint as Hugging Face Llama safetensors, read back byte by byte, run
+// through an independent PyTorch Llama forward pass (tests/support/llama_forward.py) that must give our
+// logits; and the refusals (unknown format, missing or corrupt checkpoint, a non-empty --out).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/json/json_reader.hpp"
+#include "tests/support/process.hpp"
+
+using namespace longwave::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The exported model's shape: grouped-query attention (4 heads, 2 KV heads), head_dim 16, byte vocab.
+constexpr int64_t dim = 64, layers = 2, heads = 4, kv_heads = 2, ffn = 96, vocab = 256, context = 32;
+
+std::string tiny_run_config(const std::string& dir) {
+  std::string corpus;
+  for (int i = 0; i < 400; ++i)
+    corpus += "In the beginning God created the heaven and the earth. Line " + std::to_string(i) + ".\n";
+  write_text(dir + "/corpus.txt", corpus);
+  const auto path = dir + "/tiny.toml";
+  write_text(path, "[run]\nout_dir = \"" + dir + "/run\"\n[data]\npath = \"" + dir + "/corpus.txt\"\n" +
+                       R"([model]
+seq_len = 32
+dim = 64
+layers = 2
+heads = 4
+kv_heads = 2
+ffn_hidden = 96
+[train]
+workers = 2
+inner_steps = 4
+rounds = 2
+batch_size = 4
+warmup_steps = 2
+[eval]
+every_rounds = 2
+batches = 1
+[metrics]
+enabled = false
+)");
+  return path;
+}
+
+/// One tensor the export must hold: its HF name and shape, and where its values are in theta.
+struct expected_tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset;
+  int64_t heads = 0;  ///< q/k projections: rows reordered per head from (2i, 2i+1) pairs to (i, i + D/2)
+};
+
+/// Written out from the model's flat layout (models/model_spec.cpp), independently of the exporter.
+std::vector<expected_tensor> expected_tensors() {
+  std::vector<expected_tensor> out;
+  int64_t off = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t h = 0) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    out.push_back({std::move(name), std::move(shape), off, h});
+    off += n;
+  };
+  add("model.embed_tokens.weight", {vocab, dim});
+  const int64_t kv = kv_heads * (dim / heads);
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {dim});
+    add(p + "self_attn.q_proj.weight", {dim, dim}, heads);
+    add(p + "self_attn.k_proj.weight", {kv, dim}, kv_heads);
+    add(p + "self_attn.v_proj.weight", {kv, dim});
+    add(p + "self_attn.o_proj.weight", {dim, dim});
+    add(p + "post_attention_layernorm.weight", {dim});
+    add(p + "mlp.gate_proj.weight", {ffn, dim});
+    add(p + "mlp.up_proj.weight", {ffn, dim});
+    add(p + "mlp.down_proj.weight", {dim, ffn});
+  }
+  add("model.norm.weight", {dim});
+  return out;
+}
+
+/// The values the export must hold for `t`: theta's slice, q/k rows in rotate-half order.
+std::vector<float> expected_values(const expected_tensor& t, const std::vector<float>& theta) {
+  const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1, rows = t.shape[0];
+  std::vector<float> out(theta.begin() + t.offset, theta.begin() + t.offset + rows * cols);
+  if (t.heads == 0) return out;
+  const int64_t hd = rows / t.heads, half = hd / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t h = r / hd, j = r % hd;
+    const int64_t from = h * hd + (j < half ? 2 * j : 2 * (j - half) + 1);
+    std::copy_n(theta.begin() + t.offset + from * cols, cols, out.begin() + r * cols);
+  }
+  return out;
+}
+
+std::vector<float> checkpoint_theta(const std::string& ckpt_dir) {
+  const auto c = longwave::runtime::checkpoint_store(ckpt_dir, 100).load_latest();
+  if (!c) throw std::runtime_error("no checkpoint in " + ckpt_dir);
+  const auto* b = c->find("theta");
+  if (!b) throw std::runtime_error("no theta in the checkpoint");
+  std::vector<float> theta(b->size / sizeof(float));
+  std::memcpy(theta.data(), b->data, b->size);
+  return theta;
+}
+
+/// Checks model.safetensors against theta: the header's framing, every tensor's name, dtype, shape and
+/// offsets, and its bytes.
+void check_round_trip(const std::string& path, const std::vector<float>& theta) {
+  const std::string file = read_text(path);
+  CATCH_REQUIRE(file.size() >= 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<size_t>(i)]);
+  CATCH_REQUIRE(8 + n <= file.size());
+  CATCH_CHECK((8 + n) % 8 == 0);
+  rapidjson::Document header;
+  const auto err = longwave::runtime::parse_json(std::string_view(file).substr(8, n), header);
+  CATCH_REQUIRE(!err);
+  CATCH_REQUIRE(header.IsObject());
+  const auto* meta = longwave::runtime::find_member(header, "__metadata__");
+  CATCH_REQUIRE(meta);
+  CATCH_CHECK(std::string((*meta)["format"].GetString()) == "pt");
+  const auto expected = expected_tensors();
+  CATCH_CHECK(header.MemberCount() == expected.size() + 1);  // + __metadata__; no lm_head: tied
+  const size_t data = 8 + n;
+  uint64_t covered = 0;
+  bool any_reordered = false;
+  for (const auto& t : expected) {
+    CATCH_INFO(t.name);
+    const auto* v = longwave::runtime::find_member(header, t.name);
+    CATCH_REQUIRE(v);
+    CATCH_CHECK(std::string((*v)["dtype"].GetString()) == "F32");
+    std::vector<int64_t> shape;
+    for (const auto& d : (*v)["shape"].GetArray()) shape.push_back(d.GetInt64());
+    CATCH_CHECK(shape == t.shape);
+    const uint64_t begin = (*v)["data_offsets"][0].GetUint64(), end = (*v)["data_offsets"][1].GetUint64();
+    const auto want = expected_values(t, theta);
+    CATCH_REQUIRE(end - begin == want.size() * sizeof(float));
+    CATCH_REQUIRE(data + end <= file.size());
+    CATCH_CHECK(std::memcmp(file.data() + data + begin, want.data(), end - begin) == 0);
+    if (t.heads) any_reordered |= std::memcmp(want.data(), theta.data() + t.offset, end - begin) != 0;
+    covered += end - begin;
+  }
+  CATCH_CHECK(covered == file.size() - data);
+  CATCH_CHECK(covered == theta.size() * sizeof(float));
+  CATCH_CHECK(any_reordered);  // the q/k check above is not vacuous
+}
+
+void check_config_json(const std::string& path) {
+  rapidjson::Document c;
+  CATCH_REQUIRE(!longwave::runtime::parse_json(read_text(path), c));
+  auto integer = [&](const char* key) { return c[key].GetInt64(); };
+  CATCH_CHECK(std::string(c["architectures"][0].GetString()) == "LlamaForCausalLM");
+  CATCH_CHECK(std::string(c["model_type"].GetString()) == "llama");
+  CATCH_CHECK(std::string(c["torch_dtype"].GetString()) == "float32");
+  CATCH_CHECK(integer("hidden_size") == dim);
+  CATCH_CHECK(integer("num_hidden_layers") == layers);
+  CATCH_CHECK(integer("num_attention_heads") == heads);
+  CATCH_CHECK(integer("num_key_value_heads") == kv_heads);
+  CATCH_CHECK(integer("intermediate_size") == ffn);
+  CATCH_CHECK(integer("vocab_size") == vocab);
+  CATCH_CHECK(integer("max_position_embeddings") == context);
+  CATCH_CHECK(c["rope_theta"].GetDouble() == 10000.0);
+  CATCH_CHECK(c["rms_norm_eps"].GetDouble() == 1e-5);
+  CATCH_CHECK(c["tie_word_embeddings"].GetBool());
+}
+
+/// "T V" then T lines of V values (our --logits-out, the script's output).
+std::vector<std::vector<double>> read_logits(const std::string& path) {
+  std::istringstream in(read_text(path));
+  size_t t = 0, v = 0;
+  in >> t >> v;
+  std::vector<std::vector<double>> out(t, std::vector<double>(v));
+  for (auto& row : out)
+    for (auto& x : row)
+      if (!(in >> x)) throw std::runtime_error(path + ": fewer values than its first line says");
+  return out;
+}
+
+const char* const python = "/usr/bin/python3";
+
+}  // namespace
+
+CATCH_TEST_CASE(
+    "an exported checkpoint holds theta as Llama tensors and a plain PyTorch Llama gives our logits",
+    "[process][export]") {
+  const auto dir = scratch_dir("export");
+  {
+    const auto [code, out] = run({binary(), "run", tiny_run_config(dir)}, dir + "/run.log", 600);
+    CATCH_INFO(out);
+    CATCH_REQUIRE(code == 0);
+  }
+  const auto ckpt_dir = dir + "/run/checkpoints";
+  const auto exp = dir + "/hf";
+  // "In the beginning" in bytes, then a few other ids: 20 positions of the 32-token context.
+  const std::string ids = "73,110,32,116,104,101,32,98,101,103,105,110,110,105,110,103,0,255,17,200";
+  const auto [code, out] = run({binary(), "export", ckpt_dir, "--format", "safetensors", "--out", exp,
+                                "--logits-for", ids, "--logits-out", dir + "/ours.txt"},
+                               dir + "/export.log", 300);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(out.find("wrote " + exp + "/model.safetensors (20 tensors, ") != std::string::npos);
+  CATCH_CHECK(out.find("wrote " + exp + "/config.json") != std::string::npos);
+  CATCH_CHECK(out.find("tokenizer.txt") != std::string::npos);
+  CATCH_CHECK(fs::is_regular_file(exp + "/tokenizer.txt"));
+
+  const auto theta = checkpoint_theta(ckpt_dir);
+  CATCH_CHECK(out.find(std::to_string(theta.size()) + " parameters") != std::string::npos);
+  check_round_trip(exp + "/model.safetensors", theta);
+  check_config_json(exp + "/config.json");
+
+  // The independent forward pass: Debian's python3 and python3-torch (scripts/setup installs both).
+  if (access(python, X_OK) != 0)
+    CATCH_FAIL(python << " is missing: run scripts/setup (it installs python3 and python3-torch)");
+  const auto [pcode, pout] = run(
+      {python, std::string(LW_SOURCE_DIR) + "/tests/support/llama_forward.py", exp, ids, dir + "/theirs.txt"},
+      dir + "/python.log", 300);
+  CATCH_INFO(pout);
+  if (pcode == 3)
+    CATCH_FAIL("python3-torch is not installed: run scripts/setup (apt-get install python3-torch)");
+  CATCH_REQUIRE(pcode == 0);
+  const auto ours = read_logits(dir + "/ours.txt"), theirs = read_logits(dir + "/theirs.txt");
+  CATCH_REQUIRE(ours.size() == 20);
+  CATCH_REQUIRE(theirs.size() == ours.size());
+  double max_diff = 0, max_abs = 0;
+  for (size_t t = 0; t < ours.size(); ++t) {
+    CATCH_REQUIRE(ours[t].size() == static_cast<size_t>(vocab));
+    CATCH_REQUIRE(theirs[t].size() == ours[t].size());
+    for (size_t j = 0; j < ours[t].size(); ++j) {
+      max_diff = std::max(max_diff, std::abs(ours[t][j] - theirs[t][j]));
+      max_abs = std::max(max_abs, std::abs(ours[t][j]));
+    }
+  }
+  std::cout << "export: max |logit difference| " << max_diff << " (largest |logit| " << max_abs << ")\n";
+  CATCH_CHECK(max_abs > 0.1);  // trained logits, not a degenerate all-zero comparison
+  CATCH_CHECK(max_diff <= 1e-4);
+
+  // A second export into the same directory is refused, and allowed with --force (from a .lwc file).
+  {
+    const auto [c2, o2] = run({binary(), "export", ckpt_dir, "--out", exp}, dir + "/again.log", 120);
+    CATCH_INFO(o2);
+    CATCH_CHECK(c2 == 2);
+    CATCH_CHECK(o2.find("not empty") != std::string::npos);
+    CATCH_CHECK(o2.find("--force") != std::string::npos);
+  }
+  {
+    const auto files = longwave::runtime::checkpoint_store(ckpt_dir, 100).list();
+    CATCH_REQUIRE(!files.empty());
+    const auto before = read_text(exp + "/model.safetensors");
+    fs::remove(exp + "/model.safetensors");
+    const auto [c3, o3] =
+        run({binary(), "export", files.back(), "--out", exp, "--force"}, dir + "/force.log", 120);
+    CATCH_INFO(o3);
+    CATCH_CHECK(c3 == 0);
+    CATCH_CHECK(read_text(exp + "/model.safetensors") == before);
+    CATCH_CHECK(!fs::exists(exp + "/model.safetensors.tmp"));
+  }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "export refuses an unknown format, a missing or corrupt checkpoint and a file as --out with exit 2",
+    "[process][export]") {
+  const auto dir = scratch_dir("export-bad");
+  {
+    const auto [code, out] = run({binary(), "export", "--help"}, dir + "/help.log", 60);
+    CATCH_INFO(out);
+    CATCH_CHECK(code == 0);
+    for (const char* s : {"safetensors", "--out", "--force", "config.json", "model.embed_tokens.weight"})
+      CATCH_CHECK(out.find(s) != std::string::npos);
+    CATCH_CHECK(out.find("--logits-for") == std::string::npos);  // a diagnostic, not in --help
+  }
+  {
+    const auto [code, out] = run({binary(), "--help"}, dir + "/main-help.log", 60);
+    CATCH_CHECK(out.find("export") != std::string::npos);
+  }
+  fs::create_directories(dir + "/empty");
+  write_text(dir + "/ckpt-00000001-0000000004.lwc", "LWCKPT01 but not really a checkpoint\n");
+  fs::create_directories(dir + "/corrupt");
+  fs::copy_file(dir + "/ckpt-00000001-0000000004.lwc", dir + "/corrupt/ckpt-00000001-0000000004.lwc");
+  write_text(dir + "/a_file", "x\n");
+  struct bad_case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<bad_case> cases = {
+      {{dir + "/corrupt", "--format", "gguf"}, "--format 'gguf': unknown format"},
+      {{dir + "/nope"}, "checkpoint '" + dir + "/nope': no such file or directory"},
+      {{dir + "/empty"}, "no checkpoint in this directory"},
+      {{dir + "/ckpt-00000001-0000000004.lwc"}, "corrupt_checkpoint"},
+      {{dir + "/corrupt"}, "corrupt_checkpoint"},
+      {{dir + "/corrupt", "--out", dir + "/a_file"}, "is a file"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    std::vector<std::string> args{binary(), "export"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    if (std::find(c.args.begin(), c.args.end(), "--out") == c.args.end())
+      args.insert(args.end(), {"--out", dir + "/out"});
+    const auto [code, out] = run(args, dir + "/bad" + std::to_string(i++) + ".log", 60);
+    CATCH_INFO(c.says << ": " << out);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(c.says) != std::string::npos);
+    CATCH_CHECK(!fs::exists(dir + "/out/model.safetensors"));
+  }
+  fs::remove_all(dir);
+}
