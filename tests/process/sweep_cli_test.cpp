@@ -74,12 +74,6 @@ std::vector<std::map<std::string, std::string>> read_csv(const std::string& path
   return rows;
 }
 
-size_t count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++n;
-  return n;
-}
-
 double number(const std::string& s) {
   return s.empty() ? NAN : std::stod(s);
 }
@@ -100,7 +94,7 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_REQUIRE(code == 0);
   CATCH_CHECK(out.find("4 points (0 done earlier, 4 to run)") != std::string::npos);
   CATCH_CHECK(out.find("parallel = auto") != std::string::npos);
-  CATCH_CHECK(count(out, " started; log: ") == 4);
+  CATCH_CHECK(occurrences(out, " started; log: ") == 4);
   CATCH_CHECK(out.find("point 4/4 (train.inner_steps=4 train.lr=0.003)") != std::string::npos);
   CATCH_CHECK(out.find("4/4 done") != std::string::npos);
   const auto rows = read_csv(dir + "/out/results.csv");
@@ -122,13 +116,13 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(ids.size() == 4);
   CATCH_CHECK(rows[0].at("train.inner_steps") == "2");
   CATCH_CHECK(rows[3].at("train.lr") == "0.003");
-  CATCH_CHECK(count(read_text(dir + "/out/results.jsonl"), "\"status\":\"done\"") == 4);
+  CATCH_CHECK(occurrences(read_text(dir + "/out/results.jsonl"), "\"status\":\"done\"") == 4);
   const auto page = read_text(dir + "/out/sweep.html");
   CATCH_CHECK(page.find("Final val loss against train.inner_steps") != std::string::npos);
   CATCH_CHECK(page.find("Final val loss against train.lr") != std::string::npos);
   CATCH_CHECK(page.find("Val loss per point") != std::string::npos);
   CATCH_CHECK(page.find("train.inner_steps (rows) by train.lr (columns)") != std::string::npos);
-  CATCH_CHECK(count(page, "<svg") >= 5);
+  CATCH_CHECK(occurrences(page, "<svg") >= 5);
   CATCH_CHECK(page.find("http") == std::string::npos);  // self-contained
 
   // Again: every point is skipped, and no point's run starts again.
@@ -137,8 +131,32 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(code2 == 0);
   CATCH_CHECK(out2.find("4 points (4 done earlier, 0 to run)") != std::string::npos);
   CATCH_CHECK(out2.find("started") == std::string::npos);
-  for (const auto& r : rows) CATCH_CHECK(count(read_text(r.at("log")), "=== longwave sweep") == 1);
+  for (const auto& r : rows) CATCH_CHECK(occurrences(read_text(r.at("log")), "=== longwave sweep") == 1);
   CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+  auto [code3, out3] = run({binary(), "sweep", file, "--results-only"}, dir + "/third.log", 300);
+  CATCH_INFO(out3);
+  CATCH_CHECK(code3 == 0);
+  CATCH_CHECK(out3.find("(4 of 4 points done)") != std::string::npos);
+  CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a sweep over model sizes prints the fitted scaling law and writes it to fit.json",
+                "[process][sweep]") {
+  const auto dir = scratch_dir("sweep-fit");
+  const auto file = sweep_file(dir, "fit", "out", "[grid]\n\"model.dim\" = [48, 96, 192]\n[fit]\n");
+  auto [code, out] = run({binary(), "sweep", file}, dir + "/fit.log", 600);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(out.find("fit: L(N) = A·N^-alpha + E, A=") != std::string::npos);
+  CATCH_CHECK(out.find("(rms residual ") != std::string::npos);
+  CATCH_CHECK(out.find("3 points, 3 distinct sizes)") != std::string::npos);
+  // Two evaluations per run: each L(D) is refused with a line saying why.
+  CATCH_CHECK(occurrences(out, "L(D) = A·D^-alpha + E: not fitted: 2 distinct token counts") == 3);
+  const auto json = read_text(dir + "/out/fit.json");
+  CATCH_CHECK(json.find("\"alpha\":") != std::string::npos);
+  CATCH_CHECK(json.find("\"ok\":true") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/out/sweep.html").find("Scaling fits") != std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -228,6 +246,7 @@ CATCH_TEST_CASE("bad sweep files and options exit 2 naming the entry before anyt
       {"[grid]\n\"train.inner_steps\" = []\n", "grid \"train.inner_steps\": empty list"},
       {"[grid]\n\"train.workers\" = [1, \"two\"]\n", "grid \"train.workers\": config error: train.workers"},
       {"[[points]]\n\"model.preset\" = \"huge\"\n", "[[points]] #1 \"model.preset\": config error"},
+      {"[grid]\n\"model.dim\" = [48, 96]\n[fit]\n", "fit: has 2 distinct sizes (params)"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto file = sweep_file(dir, "bad" + std::to_string(i), "out", cases[i].body);
@@ -236,7 +255,7 @@ CATCH_TEST_CASE("bad sweep files and options exit 2 naming the entry before anyt
     CATCH_CHECK(code == 2);
     CATCH_CHECK(out.find(cases[i].says) != std::string::npos);
     CATCH_CHECK(out.find(file) != std::string::npos);
-    CATCH_CHECK(count(out, "\n") == 1);
+    CATCH_CHECK(occurrences(out, "\n") == 1);
     CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
   }
   auto [hcode, help] = run({binary(), "sweep", "--help"}, dir + "/help.log", 60);

@@ -172,7 +172,7 @@ double power_law::at(double x) const {
   return a * std::pow(x, -alpha) + e;
 }
 
-power_law fit_power_law(const std::vector<double>& x, const std::vector<double>& y) {
+power_law fit_power_law(const std::vector<double>& x, const std::vector<double>& y, const std::string& what) {
   power_law out;
   std::vector<sample> s;
   std::set<double> distinct;
@@ -186,9 +186,8 @@ power_law fit_power_law(const std::vector<double>& x, const std::vector<double>&
   out.n = s.size();
   out.n_distinct = distinct.size();
   if (distinct.size() < 3) {
-    out.problem =
-        fmt::format("{} distinct size{} with a finite loss; fitting A, alpha and E needs at least 3",
-                    distinct.size(), distinct.size() == 1 ? "" : "s");
+    out.problem = fmt::format("{} distinct {} with a finite loss; fitting A, alpha and E needs at least 3",
+                              distinct.size(), what);
     return out;
   }
   for (const auto& q : s)

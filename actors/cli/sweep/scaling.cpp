@@ -110,7 +110,7 @@ scaling_fits fit_scaling(const sweep_spec& s, const std::vector<point_result>& r
     out.sizes.push_back(std::move(g));
   }
   for (auto& [k, t] : by_size) {
-    t.fit = fit_power_law(t.x, t.y);
+    t.fit = fit_power_law(t.x, t.y, "token counts");
     out.tokens.push_back(std::move(t));
   }
   return out;

@@ -15,6 +15,7 @@
 
 #include "config/config_loader.hpp"
 #include "config/schema.hpp"
+#include "config/toml_types.hpp"
 
 namespace longwave::cli::sweep {
 
@@ -86,15 +87,7 @@ std::optional<setting> to_setting(const std::string& key, const toml::node& n) {
 }
 
 std::string type_of(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::array: return "a list";
-    case toml::node_type::table: return "a table";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    default: return "a date or time";
-  }
+  return config::toml_type_name(n.type());
 }
 
 /// 8 hex digits of FNV-1a: a short, stable tag for ids that must be told apart.
