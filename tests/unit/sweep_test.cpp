@@ -183,7 +183,7 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
   CATCH_CHECK_THAT(error_of(d, "[grid]\n\"model.dim\" = [1]\n"), Contains("[sweep]"));
 }
 
-CATCH_TEST_CASE("a fit's sizes are checked before anything runs when the parameter count is known",
+CATCH_TEST_CASE("a sweep checks its fit sizes before anything runs when the parameter count is known",
                 "[unit][sweep]") {
   scratch d;
   const auto text = d.text(R"(
@@ -212,8 +212,9 @@ name = "b"
                    Contains("fit: has 2 distinct sizes (params); fitting A, alpha and E needs at least 3"));
 }
 
-CATCH_TEST_CASE("parallel = auto packs points by their threads and pins train.threads = 0 to one per worker",
-                "[unit][sweep]") {
+CATCH_TEST_CASE(
+    "sweep parallel = auto packs points by their threads and pins train.threads = 0 to one per worker",
+    "[unit][sweep]") {
   scratch d;
   const auto s = parse_sweep(d.text("[grid]\n\"train.workers\" = [1, 2, 4]\n"), d.sweep_path());
   std::vector<const sweep_point*> all;
@@ -236,7 +237,7 @@ CATCH_TEST_CASE("parallel = auto packs points by their threads and pins train.th
   CATCH_CHECK(usable_cores() >= 1);
 }
 
-CATCH_TEST_CASE("the fit recovers A, alpha and E of exact and of noisy power laws", "[unit][sweep]") {
+CATCH_TEST_CASE("the sweep fit recovers A, alpha and E of exact and of noisy power laws", "[unit][sweep]") {
   const double a = 420, alpha = 0.34, e = 1.69;
   std::vector<double> n, loss;
   for (const double x : {1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 1e8})
@@ -284,7 +285,8 @@ CATCH_TEST_CASE("the fit recovers A, alpha and E of exact and of noisy power law
   CATCH_CHECK_THAT(two.problem, Contains("2 distinct sizes"));
 }
 
-CATCH_TEST_CASE("results are one row per point in CSV and JSONL, and fits group by method", "[unit][sweep]") {
+CATCH_TEST_CASE("sweep results are one row per point in CSV and JSONL, and fits group by method",
+                "[unit][sweep]") {
   scratch d;
   auto s = parse_sweep(d.text("[grid]\n\"model.dim\" = [96, 192, 384]\n[[points]]\nname = \"a\"\n[[points]]\n"
                               "name = \"b\"\n\"train.lr\" = 1e-3\n[fit]\n"),

@@ -21,6 +21,16 @@ namespace longwave::cli::sweep {
 namespace {
 
 using report::html_escape;
+
+// On top of the report's style sheet: a results table as wide as its columns (scrolls sideways), a small
+// value in a card.
+const char* const sweep_css = R"(
+.wide { overflow-x: auto; }
+.wide table { width: max-content; min-width: 100%; }
+.wide th, .wide td { white-space: nowrap; overflow-wrap: normal; }
+.card .v.long { font-size: 13px; font-weight: 500; overflow-wrap: anywhere; }
+)";
+
 constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
 bool numeric(const std::string& s, double* v = nullptr) {
@@ -68,13 +78,37 @@ key_axis axis_of(const sweep_spec& s, const std::string& key) {
   return a;
 }
 
-/// Keys with at least two values: the ones worth a chart.
-std::vector<std::string> varying_keys(const sweep_spec& s) {
-  std::vector<std::string> out;
+/// A key worth a chart: it takes two values or more, and the keys that follow it one to one.
+struct chart_key {
+  std::string key;
+  std::vector<std::string> along;  ///< keys whose values change with it (the [[points]] keys set together)
+};
+
+/// Whether key b's values follow key a's one to one over the points.
+bool one_to_one(const sweep_spec& s, const std::string& a, const std::string& b) {
+  std::map<std::string, std::string> fwd, bwd;
+  for (const auto& p : s.points) {
+    const auto va = p.value_of(a), vb = p.value_of(b);
+    // emplace keeps an earlier pairing: a value paired twice differently breaks the correspondence.
+    if (fwd.emplace(va, vb).first->second != vb || bwd.emplace(vb, va).first->second != va) return false;
+  }
+  return true;
+}
+
+/// The swept keys with two values or more, each charted once: a key that follows an earlier one one to one
+/// goes with it.
+std::vector<chart_key> chart_keys(const sweep_spec& s) {
+  std::vector<chart_key> out;
   for (const auto& k : s.keys) {
     std::set<std::string> values;
     for (const auto& p : s.points) values.insert(p.value_of(k));
-    if (values.size() > 1) out.push_back(k);
+    if (values.size() < 2) continue;
+    auto same =
+        std::find_if(out.begin(), out.end(), [&](const chart_key& c) { return one_to_one(s, c.key, k); });
+    if (same != out.end())
+      same->along.push_back(k);
+    else
+      out.push_back({k, {}});
   }
   return out;
 }
@@ -86,11 +120,13 @@ bool finished(const point_result& r) {
 /// Final val loss against `key`: one series per combination of the other varying keys, the mean over seeds
 /// with a min-max bar.
 report::line_chart loss_against(const sweep_spec& s, const std::vector<point_result>& results,
-                                const std::string& key, const std::vector<std::string>& keys) {
+                                const chart_key& ck, const std::vector<chart_key>& keys) {
+  const std::string& key = ck.key;
   const key_axis ax = axis_of(s, key);
   report::line_chart c;
   c.title = "Final val loss against " + key;
   c.x_label = ax.label;
+  for (size_t i = 0; i < ck.along.size(); ++i) c.x_label += (i ? ", " : "; with ") + ck.along[i];
   c.y_label = s.has_repeats ? "final val loss (mean; bar: min-max over seeds)" : "final val loss";
   c.x_integer = ax.categorical;
   std::map<std::string, std::map<double, std::vector<double>>> lines;  // other keys -> x -> losses
@@ -98,7 +134,7 @@ report::line_chart loss_against(const sweep_spec& s, const std::vector<point_res
   for (size_t i = 0; i < s.points.size(); ++i) {
     std::string other;
     for (const auto& k : keys)
-      if (k != key) other += (other.empty() ? "" : " ") + k + "=" + s.points[i].value_of(k);
+      if (k.key != key) other += (other.empty() ? "" : " ") + k.key + "=" + s.points[i].value_of(k.key);
     if (!lines.count(other)) order.push_back(other);
     auto& at = lines[other][ax.x_of(s.points[i].value_of(key))];
     if (finished(results[i])) at.push_back(results[i].val_loss);
@@ -273,7 +309,7 @@ std::string fit_table(const scaling_fits& f) {
 }
 
 std::string results_table(const sweep_spec& s, const std::vector<point_result>& results) {
-  std::string o = "<table><thead><tr><th>#</th><th>id</th>";
+  std::string o = "<div class=\"wide\"><table><thead><tr><th>#</th><th>id</th>";
   for (const auto& k : s.keys) o += "<th>" + html_escape(k) + "</th>";
   o += "<th>seed</th><th>status</th><th>val loss</th><th>val ppl</th><th>tokens</th><th>wall</th>"
        "<th>bytes sent</th><th>utilization</th><th>parameters</th></tr></thead><tbody>\n";
@@ -293,7 +329,7 @@ std::string results_table(const sweep_spec& s, const std::vector<point_result>& 
         std::isfinite(r.utilization) ? report::fixed(r.utilization * 100, 1) + " %" : "–",
         std::isfinite(r.params) ? report::with_commas(r.params) : "–");
   }
-  return o + "</tbody></table>\n";
+  return o + "</tbody></table></div>\n";
 }
 
 std::string cards(const sweep_spec& s, const std::vector<point_result>& results) {
@@ -315,7 +351,7 @@ std::string cards(const sweep_spec& s, const std::vector<point_result>& results)
             done == s.points.size() ? "ok" : "");
   o += card("failed", fmt::format("{}", failed), failed ? "warn" : "");
   o += card("best val loss", best < s.points.size() ? report::fixed(results[best].val_loss, 4) : "–");
-  o += card("best point", best < s.points.size() ? s.points[best].label(s.has_repeats) : "–");
+  o += card("best point", best < s.points.size() ? s.points[best].label(s.has_repeats) : "–", "long");
   o += card("training time (sum)", report::duration_text(wall));
   return o + "</section>\n";
 }
@@ -327,19 +363,20 @@ std::string sweep_page(const sweep_spec& s, const std::vector<point_result>& res
   const std::string name = std::filesystem::path(s.path).stem().string();
   std::string o = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
-  o += fmt::format("<title>Longwave sweep: {}</title>\n<style>{}</style>\n</head>\n<body>\n<main>\n",
-                   html_escape(name), report::page_css());
+  o += fmt::format("<title>Longwave sweep: {}</title>\n<style>{}{}</style>\n</head>\n<body>\n<main>\n",
+                   html_escape(name), report::page_css(), sweep_css);
   o += fmt::format(
       "<h1>Longwave sweep: {}</h1>\n<p class=\"sub\">{} &middot; base {} &middot; {} points</p>\n",
       html_escape(name), html_escape(s.out_dir), html_escape(s.base), s.points.size());
   o += cards(s, results);
   o += "<h2>Charts</h2>\n<section class=\"charts\">\n";
   int id = 0;
-  const auto keys = varying_keys(s);
+  const auto keys = chart_keys(s);
   for (const auto& k : keys) o += figure(loss_against(s, results, k, keys), ++id);
   o += figure(curves(s, results, true), ++id);
   o += figure(curves(s, results, false), ++id);
-  if (keys.size() >= 2) o += "<figure>\n" + heat_map(s, results, keys[0], keys[1], ++id) + "</figure>\n";
+  if (keys.size() >= 2)
+    o += "<figure>\n" + heat_map(s, results, keys[0].key, keys[1].key, ++id) + "</figure>\n";
   if (!fits.sizes.empty()) o += figure(fit_chart(fits), ++id);
   o += "</section>\n";
   if (!fits.sizes.empty()) o += "<h2>Scaling-law fits</h2>\n" + fit_table(fits);
