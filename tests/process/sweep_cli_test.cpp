@@ -1,12 +1,17 @@
 // `longwave sweep` with the real binary: a 2x2 grid of tiny runs (results, page, a second invocation that
-// reruns nothing), Ctrl-C and resume against an uninterrupted sweep, a failing point, and bad sweep files.
+// reruns nothing), points packed two at a time, a fit over model sizes, Ctrl-C and resume against an
+// uninterrupted sweep, a failing point, and bad sweep files.
 #include <catch2/catch.hpp>
+
+#include <sched.h>
 
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "tests/support/process.hpp"
 
@@ -138,6 +143,36 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(code3 == 0);
   CATCH_CHECK(out3.find("(4 of 4 points done)") != std::string::npos);
   CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("parallel = auto runs one-worker points two at a time, one thread each, over repeated seeds",
+                "[process][sweep]") {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2) {
+    std::cout << "LONGWAVE_TEST_SKIPPED: needs 2 cores to run two points at once\n";
+    return;
+  }
+  const auto dir = scratch_dir("sweep-pack");
+  const auto file = sweep_file(dir, "pack", "out", "[grid]\n\"train.lr\" = [1e-3, 3e-3]\n",
+                               "repeats = 2\nset = [\"train.workers=1\", \"train.threads=0\"]\n");
+  auto [code, out] = run({binary(), "sweep", file}, dir + "/pack.log", 600);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(out.find("each point needs 1 thread") != std::string::npos);
+  CATCH_CHECK(out.find("parallel = auto runs up to 2 points at once") != std::string::npos);
+  // The second point starts before the first ends.
+  CATCH_CHECK(out.find("point 2/4 (train.lr=0.003 seed=5) started") <
+              out.find("point 1/4 (train.lr=0.001 seed=5) done"));
+  const auto rows = read_csv(dir + "/out/results.csv");
+  CATCH_REQUIRE(rows.size() == 4);
+  CATCH_CHECK(rows[2].at("seed") == "6");
+  CATCH_CHECK(rows[2].at("id") == "lr=0.001_s6");
+  for (const auto& r : rows) {
+    CATCH_CHECK(r.at("status") == "done");
+    CATCH_CHECK(read_text(r.at("log")).find("--set train.threads=1") != std::string::npos);
+  }
   fs::remove_all(dir);
 }
 
