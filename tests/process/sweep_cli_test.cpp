@@ -146,8 +146,9 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   fs::remove_all(dir);
 }
 
-CATCH_TEST_CASE("parallel = auto runs one-worker points two at a time, one thread each, over repeated seeds",
-                "[process][sweep]") {
+CATCH_TEST_CASE(
+    "a sweep with parallel = auto runs one-worker points two at a time, one thread each, over seeds",
+    "[process][sweep]") {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2) {
