@@ -23,6 +23,7 @@
 
 #include "config/model_shape.hpp"
 #include "config/schema.hpp"
+#include "config/toml_types.hpp"
 
 #if !TOML_EXCEPTIONS
 #error "config_loader expects toml++ with exceptions enabled (toml::parse throws toml::parse_error)"
@@ -219,22 +220,6 @@ std::string toml_value(E v) {
   return quote(to_string(v));
 }
 
-std::string type_name(toml::node_type t) {
-  switch (t) {
-    case toml::node_type::none: return "nothing";
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-  }
-  return "an unknown value";
-}
-
 template <class T>
 std::string expected_name() {
   if constexpr (std::is_same_v<T, std::string> || is_config_enum_v<T>) {
@@ -282,7 +267,7 @@ template <class T>
 template <class T>
 [[noreturn]] void fail_type(const std::string& key, const toml::node& n, const std::string& where) {
   throw config_error(key, fmt::format("{} = {}: expected {}, got {}{}", key, show(n), expected_name<T>(),
-                                      type_name(n.type()), where));
+                                      toml_type_name(n.type()), where));
 }
 
 /// Stores a TOML value in a field after checking its type (not its range: that is validate's job).
@@ -436,7 +421,7 @@ class loader {
       const toml::table* table = node->as_table();
       if (!table) {
         throw config_error(section, fmt::format("{} = {}: expected a table [{}], got {}{}", section,
-                                                show(*node), section, type_name(node->type()), where));
+                                                show(*node), section, toml_type_name(node->type()), where));
       }
       for (const auto& [name, value] : in_source_order(*table)) set(section, name, *value, at(*value));
     }
@@ -710,6 +695,22 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
 }
 
 }  // namespace
+
+std::string toml_type_name(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::none: return "nothing";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+  }
+  return "an unknown value";
+}
 
 void validate(const train_config& cfg) {
   validate_fields(cfg, {});

@@ -1,4 +1,4 @@
-// The `longwave` command line: run, eval, export, data prepare, presets.
+// The `longwave` command line: run, eval, export, data prepare, presets, sweep.
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "actors/cli/export.hpp"
 #include "actors/cli/launch.hpp"
 #include "actors/cli/report/page.hpp"
+#include "actors/cli/sweep/runner.hpp"
+#include "actors/cli/sweep/sweep_file.hpp"
 #include "actors/cluster.hpp"
 #include "actors/training.hpp"
 #include "comm/curve.hpp"
@@ -51,6 +54,13 @@ void print_preset_row(const std::string& name, const models::model_spec& s) {
               s.n_kv_heads, s.ffn_hidden, models::closed_form_param_count(s));
 }
 
+/// The vocabulary a config's model gets: model.vocab_size, else the tokenizer's (BPE: its target size).
+int64_t config_vocab(const config::train_config& cfg) {
+  return cfg.model.vocab_size > 0                            ? cfg.model.vocab_size
+         : cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size
+                                                             : 256;
+}
+
 /// `presets`: the preset table; with a config or shape options, also the parameter count of that shape.
 int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
                 const std::vector<std::string>& shape_overrides) {
@@ -62,9 +72,7 @@ int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
                                            : config::load_config_file(config_path, shape_overrides);
       if (!config_path.empty()) {
         seq_len = cfg.model.seq_len;
-        vocab = cfg.model.vocab_size > 0                            ? cfg.model.vocab_size
-                : cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size
-                                                                    : 256;
+        vocab = config_vocab(cfg);
       }
       auto m = cfg.model;
       m.seq_len = seq_len;
@@ -119,11 +127,14 @@ struct cli_values {
   // keys new
   std::string keys_dir, keys_cluster;
   std::vector<std::string> keys_nodes;
+  // sweep
+  std::string sweep_path, sweep_parallel;
+  cli::sweep::sweep_options sweep;
 };
 
 /// The subcommands, to tell which one was given.
 struct subcommands {
-  CLI::App *run, *eval, *exp, *prep, *coord, *node, *launch, *report, *presets, *keys_new;
+  CLI::App *run, *eval, *exp, *prep, *coord, *node, *launch, *report, *presets, *keys_new, *sweep;
 };
 
 CLI::App* add_run(CLI::App& app, cli_values& v) {
@@ -315,6 +326,64 @@ CLI::App* add_keys(CLI::App& app, cli_values& v) {
   return make;
 }
 
+CLI::App* add_sweep(CLI::App& app, cli_values& v) {
+  auto* sweep = app.add_subcommand(
+      "sweep",
+      "Run a grid or list of configs over seeds (resumable); results table, HTML page, scaling fits");
+  sweep->add_option("sweep_file", v.sweep_path, "Sweep TOML file (see examples/sweeps/)")->required();
+  sweep->add_flag("--dry-run", v.sweep.dry_run, "Check every point and print the plan; run nothing");
+  sweep->add_flag(
+      "--fresh", v.sweep.fresh,
+      "Start every point over (longwave run --fresh), ignoring what earlier invocations finished");
+  sweep->add_flag("--results-only", v.sweep.results_only,
+                  "Rewrite results, page and fits from the points finished so far; run nothing");
+  sweep
+      ->add_option("--parallel", v.sweep_parallel,
+                   "Points at once: auto or a number (overrides [sweep] parallel)")
+      ->check([](const std::string& s) {
+        char* end = nullptr;
+        const long n = std::strtol(s.c_str(), &end, 10);
+        return s == "auto" || (!s.empty() && *end == '\0' && n >= 1 && n <= 1024)
+                   ? std::string()
+                   : std::string("auto or 1..1024");
+      });
+  sweep->footer(
+      "A sweep file: [sweep] base = CONFIG (relative to the sweep file), out_dir, repeats (seeds run.seed +\n"
+      "0..repeats-1) or seeds = [..], parallel = \"auto\" or N, set = [\"section.key=value\", ...]; [grid]\n"
+      "\"section.key\" = [values] (every combination); [[points]] tables of key = value with an optional "
+      "name\n"
+      "(crossed with the grid); [fit] size = \"params\" or a key, group_by = [keys] (L(N) = A*N^-alpha + E "
+      "per\n"
+      "group), tokens = true. Each point runs `longwave run BASE --set ...` in out_dir/points/<id>/ "
+      "(log.txt).\n"
+      "Parallelism: with N cores and points needing train.workers x train.threads threads each (0 counted "
+      "as\n"
+      "1), auto runs points at once while their threads fit the cores, giving train.threads = 0 points one\n"
+      "thread per worker; if no two fit, one at a time. Finished points are skipped on the next run and\n"
+      "interrupted ones resume from their checkpoints. Writes out_dir/results.csv, results.jsonl, "
+      "sweep.html\n"
+      "(and fit.json). Exit codes: 0 all done, 1 a point failed, 2 bad sweep file, 4 out_dir in use, 130\n"
+      "interrupted.");
+  return sweep;
+}
+
+/// `sweep`: checks the sweep file (exit 2 naming the entry), then runs it.
+int cmd_sweep(cli_values& v, const char* argv0) {
+  cli::sweep::sweep_spec spec;
+  try {
+    spec = cli::sweep::load_sweep(v.sweep_path, [](const config::train_config& c) {
+      return static_cast<double>(models::closed_form_param_count(models::spec_of(c.model, config_vocab(c))));
+    });
+  } catch (const cli::sweep::sweep_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  v.sweep.exe = self_exe(argv0);
+  if (!v.sweep_parallel.empty())
+    v.sweep.parallel = v.sweep_parallel == "auto" ? 0 : std::stol(v.sweep_parallel);
+  return cli::sweep::run_sweep(spec, v.sweep);
+}
+
 /// `keys new`: the key files of a cluster (see add_keys).
 int cmd_keys_new(const cli_values& v) {
   runtime::init_logging("info");
@@ -404,7 +473,7 @@ int cmd_prepare(const cli_values& v) {
 }
 
 /// Runs the subcommand that was given.
-int dispatch(const subcommands& sub, const cli_values& v, const char* argv0) {
+int dispatch(const subcommands& sub, cli_values& v, const char* argv0) {
   if (sub.run->parsed()) return cmd_run(v);
   if (sub.coord->parsed() || sub.node->parsed()) return cmd_role(v, sub.coord->parsed());
   if (sub.launch->parsed())
@@ -418,6 +487,7 @@ int dispatch(const subcommands& sub, const cli_values& v, const char* argv0) {
   if (sub.prep->parsed()) return cmd_prepare(v);
   if (sub.presets->parsed()) return cmd_presets(v.pv, v.pt, v.presets_config, v.shape_overrides);
   if (sub.keys_new->parsed()) return cmd_keys_new(v);
+  if (sub.sweep->parsed()) return cmd_sweep(v, argv0);
   return 2;
 }
 
@@ -446,6 +516,7 @@ int main(int argc, char** argv) {
   sub.report = add_report(app, v);
   sub.presets = add_presets(app, v);
   sub.keys_new = add_keys(app, v);
+  sub.sweep = add_sweep(app, v);
   // CLI11 would treat `longwave nosuch --help` as a request for the main help (exit 0).
   if (argc > 1 && argv[1][0] != '-') {
     try {

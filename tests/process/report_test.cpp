@@ -218,12 +218,6 @@ std::vector<size_t> points_per_svg(const std::string& html) {
   return out;
 }
 
-size_t count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
-}
-
 // Self-contained: nothing the browser would fetch, no script.
 void check_self_contained(const std::string& html) {
   CATCH_CHECK(html.find("http://") == std::string::npos);
@@ -257,7 +251,7 @@ CATCH_TEST_CASE("a real short run gives a self-contained report with its summary
   CATCH_REQUIRE(code == 0);
   const auto metrics = read_text(run_dir + "/metrics.jsonl");
   CATCH_INFO("metrics.jsonl:\n" << metrics);
-  CATCH_REQUIRE(count(metrics, "\"kind\"") > 15);
+  CATCH_REQUIRE(occurrences(metrics, "\"kind\"") > 15);
 
   auto [rcode, rlog] = run({binary(), "report", run_dir}, dir + "/report.log", 120);
   CATCH_INFO(rlog);
@@ -265,7 +259,7 @@ CATCH_TEST_CASE("a real short run gives a self-contained report with its summary
   CATCH_REQUIRE(fs::exists(run_dir + "/report.html"));
   const auto html = read_text(run_dir + "/report.html");
   check_self_contained(html);
-  CATCH_CHECK(count(html, "<svg class=\"chart\"") == n_charts);
+  CATCH_CHECK(occurrences(html, "<svg class=\"chart\"") == n_charts);
 
   // The summary shows the run's own numbers: val perplexity as in result.json, and the config.
   std::smatch m;
@@ -312,7 +306,7 @@ CATCH_TEST_CASE("headless Chromium renders every chart of a resumed two-node run
 
   const auto dom = chromium_dom(run_dir + "/report.html", dir);
   check_rendered_charts(dom);
-  CATCH_CHECK(count(dom, "<svg") == n_charts);
+  CATCH_CHECK(occurrences(dom, "<svg") == n_charts);
   CATCH_CHECK(dom.find("Validation perplexity") != std::string::npos);
   CATCH_CHECK(dom.find("<i>x</i>") == std::string::npos);  // the name stayed text
 
@@ -341,7 +335,7 @@ CATCH_TEST_CASE(
   CATCH_INFO(o1);
   CATCH_CHECK(c1 == 2);
   CATCH_CHECK(o1.find(dir + "/nope") != std::string::npos);
-  CATCH_CHECK(count(o1, "error") == 1);
+  CATCH_CHECK(occurrences(o1, "error") == 1);
 
   // A directory without metrics.jsonl.
   fs::create_directories(dir + "/empty");
@@ -349,7 +343,7 @@ CATCH_TEST_CASE(
   CATCH_INFO(o2);
   CATCH_CHECK(c2 == 2);
   CATCH_CHECK(o2.find(dir + "/empty/metrics.jsonl") != std::string::npos);
-  CATCH_CHECK(count(o2, "error") == 1);
+  CATCH_CHECK(occurrences(o2, "error") == 1);
 
   // Garbage between valid lines: skipped with a warning naming the line; a truncated last line is ignored.
   fs::create_directories(dir + "/garbage");
@@ -363,7 +357,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(c3 == 0);
   CATCH_CHECK(o3.find("metrics.jsonl:3:") != std::string::npos);
   CATCH_CHECK(o3.find("metrics.jsonl:4:") != std::string::npos);
-  CATCH_CHECK(count(o3, "warning") == 2);
+  CATCH_CHECK(occurrences(o3, "warning") == 2);
   CATCH_CHECK(fs::exists(dir + "/garbage/report.html"));
   CATCH_CHECK(read_text(dir + "/garbage/report.html").find("2 malformed lines skipped") != std::string::npos);
 

@@ -52,6 +52,13 @@ inline void write_text(const std::string& path, const std::string& text) {
   out << text;
 }
 
+/// How many times `needle` occurs in `text` (overlapping ones too).
+inline size_t occurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
 /// A child process whose stdout and stderr go to one log file.
 struct child {
   pid_t pid = -1;

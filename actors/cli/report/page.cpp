@@ -29,7 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* const page_css = R"(
+const char* const css = R"(
 :root { color-scheme: light; }
 body { margin: 0; background: #f5f6f8; color: #1f2937;
   font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", "Liberation Sans", Arial, sans-serif; }
@@ -91,7 +91,7 @@ std::string page_head(const report_data& r, const start_fields& field, const std
   o += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   o += fmt::format("<title>Longwave report: {}</title>\n", html_escape(first.name));
-  o += fmt::format("<style>{}</style>\n</head>\n<body>\n<main>\n", page_css);
+  o += fmt::format("<style>{}</style>\n</head>\n<body>\n<main>\n", page_css());
   o += fmt::format("<h1>Longwave run report: {}</h1>\n",
                    html_escape(cluster ? fs::path(r.run_dir).filename().string() : first.name));
   o += fmt::format("<p class=\"sub\">{} &middot; {} {} &middot; started {} &middot; {}</p>\n",
@@ -314,6 +314,10 @@ int write_page(const std::string& out, const std::string& page) {
 }
 
 }  // namespace
+
+const char* page_css() {
+  return css;
+}
 
 int write(const std::string& run_dir, const std::string& out_path) {
   auto error = [](const std::string& msg) {

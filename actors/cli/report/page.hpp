@@ -14,4 +14,7 @@ namespace longwave::cli::report {
 /// every failure prints one line to stderr naming the file.
 int write(const std::string& run_dir, const std::string& out_path);
 
+/// The report's style sheet (cards, tables, chart figures), for other pages in the same look (the sweep's).
+const char* page_css();
+
 }  // namespace longwave::cli::report

@@ -1,0 +1,314 @@
+// `longwave sweep` with the real binary: a 2x2 grid of tiny runs (results, page, a second invocation that
+// reruns nothing), points packed two at a time, a fit over model sizes, Ctrl-C and resume against an
+// uninterrupted sweep, a failing point, and bad sweep files.
+#include <catch2/catch.hpp>
+
+#include <sched.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/process.hpp"
+
+using namespace longwave::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A tiny, quick run: 2 workers of one thread each, 8 inner steps of short sequences.
+const char* base_config = R"(
+[run]
+seed = 5
+[model]
+seq_len = 32
+[train]
+workers = 2
+inner_steps = 2
+rounds = 4
+batch_size = 4
+warmup_steps = 2
+threads = 1
+[eval]
+every_rounds = 2
+batches = 2
+[checkpoint]
+every_rounds = 1
+keep = 2
+[metrics]
+enabled = false
+)";
+
+/// DIR/base.toml and DIR/NAME.toml, a sweep of `body` writing to DIR/OUT.
+std::string sweep_file(const std::string& dir, const std::string& name, const std::string& out,
+                       const std::string& body, const std::string& extra_sweep = "") {
+  write_text(dir + "/base.toml", base_config);
+  const auto path = dir + "/" + name + ".toml";
+  write_text(path,
+             "[sweep]\nbase = \"base.toml\"\nout_dir = \"" + dir + "/" + out + "\"\n" + extra_sweep + body);
+  return path;
+}
+
+/// results.csv as rows of column -> value.
+std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
+  std::istringstream in(read_text(path));
+  std::string line;
+  std::vector<std::string> header;
+  std::vector<std::map<std::string, std::string>> rows;
+  auto split = [](const std::string& l) {
+    std::vector<std::string> out(1);
+    for (const char c : l) {
+      if (c == ',')
+        out.emplace_back();
+      else
+        out.back().push_back(c);
+    }
+    return out;
+  };
+  if (std::getline(in, line)) header = split(line);
+  while (std::getline(in, line)) {
+    const auto cells = split(line);
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < header.size() && i < cells.size(); ++i) row[header[i]] = cells[i];
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+double number(const std::string& s) {
+  return s.empty() ? NAN : std::stod(s);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a second run reruns nothing",
+                "[process][sweep]") {
+  const auto dir = scratch_dir("sweep-grid");
+  const auto file = sweep_file(dir, "grid", "out", R"(
+[grid]
+"train.inner_steps" = [2, 4]
+"train.lr" = [1e-3, 3e-3]
+)",
+                               "parallel = \"auto\"\n");
+  auto [code, out] = run({binary(), "sweep", file}, dir + "/first.log", 600);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(out.find("4 points (0 done earlier, 4 to run)") != std::string::npos);
+  CATCH_CHECK(out.find("parallel = auto") != std::string::npos);
+  CATCH_CHECK(occurrences(out, " started; log: ") == 4);
+  CATCH_CHECK(out.find("point 4/4 (train.inner_steps=4 train.lr=0.003)") != std::string::npos);
+  CATCH_CHECK(out.find("4/4 done") != std::string::npos);
+  const auto rows = read_csv(dir + "/out/results.csv");
+  CATCH_REQUIRE(rows.size() == 4);
+  std::set<std::string> ids;
+  for (const auto& r : rows) {
+    CATCH_INFO(r.at("id"));
+    ids.insert(r.at("id"));
+    CATCH_CHECK(r.at("status") == "done");
+    CATCH_CHECK(r.at("exit_code") == "0");
+    CATCH_CHECK(std::isfinite(number(r.at("val_loss"))));
+    CATCH_CHECK(number(r.at("val_ppl")) == Approx(std::exp(number(r.at("val_loss")))).epsilon(1e-6));
+    CATCH_CHECK(number(r.at("tokens")) > 0);
+    CATCH_CHECK(number(r.at("wall_s")) > 0);
+    CATCH_CHECK(number(r.at("params")) > 1e6);
+    CATCH_CHECK(number(r.at("steps")) == 4 * number(r.at("train.inner_steps")));
+    CATCH_CHECK(fs::exists(r.at("log")));
+  }
+  CATCH_CHECK(ids.size() == 4);
+  CATCH_CHECK(rows[0].at("train.inner_steps") == "2");
+  CATCH_CHECK(rows[3].at("train.lr") == "0.003");
+  CATCH_CHECK(occurrences(read_text(dir + "/out/results.jsonl"), "\"status\":\"done\"") == 4);
+  const auto page = read_text(dir + "/out/sweep.html");
+  CATCH_CHECK(page.find("Final val loss against train.inner_steps") != std::string::npos);
+  CATCH_CHECK(page.find("Final val loss against train.lr") != std::string::npos);
+  CATCH_CHECK(page.find("Val loss per point") != std::string::npos);
+  CATCH_CHECK(page.find("train.inner_steps (rows) by train.lr (columns)") != std::string::npos);
+  CATCH_CHECK(occurrences(page, "<svg") >= 5);
+  CATCH_CHECK(page.find("http") == std::string::npos);  // self-contained
+
+  // Again: every point is skipped, and no point's run starts again.
+  auto [code2, out2] = run({binary(), "sweep", file}, dir + "/second.log", 300);
+  CATCH_INFO(out2);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(out2.find("4 points (4 done earlier, 0 to run)") != std::string::npos);
+  CATCH_CHECK(out2.find("started") == std::string::npos);
+  for (const auto& r : rows) CATCH_CHECK(occurrences(read_text(r.at("log")), "=== longwave sweep") == 1);
+  CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+  auto [code3, out3] = run({binary(), "sweep", file, "--results-only"}, dir + "/third.log", 300);
+  CATCH_INFO(out3);
+  CATCH_CHECK(code3 == 0);
+  CATCH_CHECK(out3.find("(4 of 4 points done)") != std::string::npos);
+  CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a sweep with parallel = auto runs one-worker points two at a time, one thread each, over seeds",
+    "[process][sweep]") {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2) {
+    std::cout << "LONGWAVE_TEST_SKIPPED: needs 2 cores to run two points at once\n";
+    return;
+  }
+  const auto dir = scratch_dir("sweep-pack");
+  const auto file = sweep_file(dir, "pack", "out", "[grid]\n\"train.lr\" = [1e-3, 3e-3]\n",
+                               "repeats = 2\nset = [\"train.workers=1\", \"train.threads=0\"]\n");
+  auto [code, out] = run({binary(), "sweep", file}, dir + "/pack.log", 600);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(out.find("each point needs 1 thread") != std::string::npos);
+  CATCH_CHECK(out.find("parallel = auto runs up to 2 points at once") != std::string::npos);
+  // The second point starts before the first ends.
+  CATCH_CHECK(out.find("point 2/4 (train.lr=0.003 seed=5) started") <
+              out.find("point 1/4 (train.lr=0.001 seed=5) done"));
+  const auto rows = read_csv(dir + "/out/results.csv");
+  CATCH_REQUIRE(rows.size() == 4);
+  CATCH_CHECK(rows[2].at("seed") == "6");
+  CATCH_CHECK(rows[2].at("id") == "lr=0.001_s6");
+  for (const auto& r : rows) {
+    CATCH_CHECK(r.at("status") == "done");
+    CATCH_CHECK(read_text(r.at("log")).find("--set train.threads=1") != std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a sweep over model sizes prints the fitted scaling law and writes it to fit.json",
+                "[process][sweep]") {
+  const auto dir = scratch_dir("sweep-fit");
+  const auto file = sweep_file(dir, "fit", "out", "[grid]\n\"model.dim\" = [48, 96, 192]\n[fit]\n");
+  auto [code, out] = run({binary(), "sweep", file}, dir + "/fit.log", 600);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(out.find("fit: L(N) = A·N^-alpha + E, A=") != std::string::npos);
+  CATCH_CHECK(out.find("(rms residual ") != std::string::npos);
+  CATCH_CHECK(out.find("3 points, 3 distinct sizes)") != std::string::npos);
+  // Two evaluations per run: each L(D) is refused with a line saying why.
+  CATCH_CHECK(occurrences(out, "L(D) = A·D^-alpha + E: not fitted: 2 distinct token counts") == 3);
+  const auto json = read_text(dir + "/out/fit.json");
+  CATCH_CHECK(json.find("\"alpha\":") != std::string::npos);
+  CATCH_CHECK(json.find("\"ok\":true") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/out/sweep.html").find("Scaling fits") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "Ctrl-C on a sweep stops its running point, and the same command resumes it to the same result",
+    "[process][sweep]") {
+  const auto dir = scratch_dir("sweep-resume");
+  const std::string body = "[grid]\n\"train.lr\" = [1e-3, 3e-3]\n";
+  const std::string settings = "parallel = 1\nset = [\"train.rounds=10\"]\n";
+  // Uninterrupted reference.
+  auto [code_a, out_a] =
+      run({binary(), "sweep", sweep_file(dir, "a", "a", body, settings)}, dir + "/a.log", 600);
+  CATCH_INFO(out_a);
+  CATCH_REQUIRE(code_a == 0);
+
+  const auto file = sweep_file(dir, "b", "b", body, settings);
+  auto c = spawn({binary(), "sweep", file}, dir + "/b1.log");
+  // Only the first point's folder exists while it runs (parallel = 1).
+  const auto first_dir = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir + "/b/points", ec)) return e.path().string();
+    return std::string();
+  };
+  // Interrupt once the first point has trained 6 of its 20 steps.
+  CATCH_REQUIRE(wait_until(
+      [&] { return !first_dir().empty() && read_trace(first_dir() + "/loss_trace.tsv").size() >= 6; }, 300));
+  const auto interrupted_dir = first_dir();
+  CATCH_REQUIRE(kill(c.pid, SIGINT) == 0);
+  CATCH_CHECK(wait_exit(c, 120) == 130);
+  const auto out_b1 = read_text(dir + "/b1.log");
+  CATCH_INFO(out_b1);
+  CATCH_CHECK(out_b1.find("run the same command again to resume") != std::string::npos);
+  CATCH_CHECK(out_b1.find("stopped (exit 130)") != std::string::npos);
+  CATCH_CHECK(out_b1.find("point 2/2") == std::string::npos);  // the second point never started
+  const auto rows_b1 = read_csv(dir + "/b/results.csv");
+  CATCH_REQUIRE(rows_b1.size() == 2);
+  CATCH_CHECK(rows_b1[0].at("status") == "interrupted");
+  CATCH_CHECK(rows_b1[1].at("status") == "pending");
+
+  auto [code_b, out_b] = run({binary(), "sweep", file}, dir + "/b2.log", 600);
+  CATCH_INFO(out_b);
+  CATCH_REQUIRE(code_b == 0);
+  CATCH_CHECK(out_b.find("2 points (0 done earlier, 2 to run)") != std::string::npos);
+  CATCH_CHECK(read_text(interrupted_dir + "/log.txt").find("resuming from round") != std::string::npos);
+  const auto rows_a = read_csv(dir + "/a/results.csv"), rows_b = read_csv(dir + "/b/results.csv");
+  CATCH_REQUIRE(rows_b.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CATCH_CHECK(rows_b[i].at("status") == "done");
+    CATCH_CHECK(rows_b[i].at("id") == rows_a[i].at("id"));
+    CATCH_CHECK(rows_b[i].at("tokens") == rows_a[i].at("tokens"));
+    CATCH_CHECK(std::abs(number(rows_b[i].at("val_loss")) - number(rows_a[i].at("val_loss"))) <= 1e-6);
+  }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep goes on, then exits 1",
+                "[process][sweep]") {
+  const auto dir = scratch_dir("sweep-fail");
+  write_text(dir + "/empty.txt", "");
+  const auto file =
+      sweep_file(dir, "f", "out",
+                 "[[points]]\n\"data.path\" = \"" + dir + "/empty.txt\"\n[[points]]\n\"train.lr\" = 2e-3\n");
+  auto [code, out] = run({binary(), "sweep", file}, dir + "/f.log", 600);
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 1);
+  CATCH_CHECK(out.find("point 1/2") != std::string::npos);
+  CATCH_CHECK(out.find("FAILED: exit code 2") != std::string::npos);
+  CATCH_CHECK(out.find("is empty") != std::string::npos);  // the log's last line says why
+  CATCH_CHECK(out.find("1 point(s) failed") != std::string::npos);
+  const auto rows = read_csv(dir + "/out/results.csv");
+  CATCH_REQUIRE(rows.size() == 2);
+  CATCH_CHECK(rows[0].at("status") == "failed");
+  CATCH_CHECK(rows[0].at("exit_code") == "2");
+  CATCH_CHECK(rows[1].at("status") == "done");
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("bad sweep files and options exit 2 naming the entry before anything runs",
+                "[process][sweep]") {
+  const auto dir = scratch_dir("sweep-bad");
+  struct bad_case {
+    std::string body, says;
+  };
+  const std::vector<bad_case> cases = {
+      {"[grid]\n\"train.workerz\" = [1, 2]\n",
+       "grid \"train.workerz\": config error: unknown key 'train.workerz'"},
+      {"[grid]\n\"train.inner_steps\" = []\n", "grid \"train.inner_steps\": empty list"},
+      {"[grid]\n\"train.workers\" = [1, \"two\"]\n", "grid \"train.workers\": config error: train.workers"},
+      {"[[points]]\n\"model.preset\" = \"huge\"\n", "[[points]] #1 \"model.preset\": config error"},
+      {"[grid]\n\"model.dim\" = [48, 96]\n[fit]\n", "fit: has 2 distinct sizes (params)"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto file = sweep_file(dir, "bad" + std::to_string(i), "out", cases[i].body);
+    auto [code, out] = run({binary(), "sweep", file}, dir + "/bad.log", 60);
+    CATCH_INFO(out);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(cases[i].says) != std::string::npos);
+    CATCH_CHECK(out.find(file) != std::string::npos);
+    CATCH_CHECK(occurrences(out, "\n") == 1);
+    CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
+  }
+  auto [hcode, help] = run({binary(), "sweep", "--help"}, dir + "/help.log", 60);
+  CATCH_CHECK(hcode == 0);
+  CATCH_CHECK(help.find("--parallel") != std::string::npos);
+  CATCH_CHECK(help.find("[grid]") != std::string::npos);
+  const auto good = sweep_file(dir, "good", "out", "[grid]\n\"train.lr\" = [1e-3, 2e-3]\n");
+  auto [ucode, unknown] = run({binary(), "sweep", good, "--nope"}, dir + "/unknown.log", 60);
+  CATCH_CHECK(ucode == 2);
+  auto [pcode, parallel] = run({binary(), "sweep", good, "--parallel", "lots"}, dir + "/parallel.log", 60);
+  CATCH_CHECK(pcode == 2);
+  // --dry-run checks and prints the plan, and runs nothing.
+  auto [dcode, dry] = run({binary(), "sweep", good, "--dry-run"}, dir + "/dry.log", 60);
+  CATCH_INFO(dry);
+  CATCH_CHECK(dcode == 0);
+  CATCH_CHECK(dry.find("2 points (0 done earlier, 2 to run)") != std::string::npos);
+  CATCH_CHECK(dry.find("point 1 runs: ") != std::string::npos);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
+  fs::remove_all(dir);
+}

@@ -1,0 +1,332 @@
+// Unit tests for `longwave sweep`'s torch-free parts: expanding a sweep file (grid x points x seeds), the
+// errors that name the entry at fault, the parallelism decision, the results files and the scaling-law fit.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "actors/cli/sweep/fit.hpp"
+#include "actors/cli/sweep/results.hpp"
+#include "actors/cli/sweep/runner.hpp"
+#include "actors/cli/sweep/scaling.hpp"
+#include "actors/cli/sweep/sweep_file.hpp"
+
+using Catch::Matchers::Contains;
+using namespace longwave::cli::sweep;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A scratch directory with base.toml, removed at the end of the test.
+struct scratch {
+  fs::path dir;
+  scratch() {
+    dir = fs::temp_directory_path() / ("longwave-sweep-unit-" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir / "configs");
+    std::ofstream(dir / "configs" / "base.toml") << "[run]\nseed = 100\n[train]\nworkers = 2\nrounds = 3\n";
+  }
+  ~scratch() { fs::remove_all(dir); }
+  std::string sweep_path() const { return (dir / "s.toml").string(); }
+  /// A sweep file's [sweep] section with the base one folder down, plus `rest`.
+  std::string text(const std::string& rest, const std::string& extra_sweep = "") const {
+    return "[sweep]\nbase = \"configs/base.toml\"\nout_dir = \"" + (dir / "out").string() + "\"\n" +
+           extra_sweep + rest;
+  }
+};
+
+/// parse_sweep's error message, or "" when the text is accepted.
+std::string error_of(const scratch& s, const std::string& text) {
+  try {
+    (void)parse_sweep(text, s.sweep_path());
+  } catch (const sweep_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+/// Counts parameters like a model whose size is its width: what a param_counter does, without libtorch.
+double width_squared(const longwave::config::train_config& c) {
+  return static_cast<double>(c.model.dim * c.model.dim);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a sweep expands to repeats x points x grid, in that order, each with its own overrides",
+                "[unit][sweep]") {
+  scratch d;
+  const auto s = parse_sweep(d.text(R"(
+[grid]
+"train.inner_steps" = [5, 10]
+model.preset = ["tiny", "small"]
+[[points]]
+name = "diloco"
+"run.mode" = "diloco"
+[[points]]
+name = "single"
+run.mode = "single"
+train.workers = 1
+)",
+                                    "repeats = 2\nset = [\"train.rounds=4\"]\n"),
+                             d.sweep_path());
+  CATCH_REQUIRE(s.points.size() == 16);
+  CATCH_CHECK(s.base == (d.dir / "configs" / "base.toml").lexically_normal().string());
+  CATCH_CHECK(s.keys == std::vector<std::string>{"name", "run.mode", "train.workers", "train.inner_steps",
+                                                 "model.preset"});
+  // The first grid key varies slowest, the repeat slowest of all.
+  const auto& p0 = s.points[0];
+  CATCH_CHECK(p0.name == "diloco");
+  CATCH_CHECK(p0.label(true) == "name=diloco run.mode=diloco train.inner_steps=5 model.preset=tiny seed=100");
+  CATCH_CHECK(s.points[1].label(false) ==
+              "name=diloco run.mode=diloco train.inner_steps=5 model.preset=small");
+  CATCH_CHECK(s.points[2].value_of("train.inner_steps") == "10");
+  CATCH_CHECK(s.points[4].name == "single");
+  CATCH_CHECK(s.points[4].cfg.train.workers == 1);
+  CATCH_CHECK(s.points[8].seed == 101);
+  CATCH_CHECK(s.points[8].label(false) == p0.label(false));
+  // The resolved configs: the base, [sweep] set, then the point's values, seed and out_dir.
+  CATCH_CHECK(p0.cfg.train.rounds == 4);
+  CATCH_CHECK(p0.cfg.train.workers == 2);
+  CATCH_CHECK(p0.cfg.model.preset == "tiny");
+  CATCH_CHECK(p0.cfg.run.out_dir == p0.out_dir);
+  CATCH_CHECK(p0.out_dir == (d.dir / "out" / "points" / p0.id).string());
+  CATCH_CHECK(has(p0.overrides, "train.rounds=4"));
+  CATCH_CHECK(has(p0.overrides, "model.preset=\"tiny\""));
+  CATCH_CHECK(has(p0.overrides, "run.seed=100"));
+  CATCH_CHECK(p0.value_of("train.workers") == "2");  // not swept by this point: the resolved value
+  CATCH_CHECK(p0.thread_need() == 2);
+  std::set<std::string> ids;
+  for (const auto& p : s.points) {
+    ids.insert(p.id);
+    CATCH_CHECK(p.id.find('/') == std::string::npos);
+  }
+  CATCH_CHECK(ids.size() == s.points.size());
+  CATCH_CHECK(p0.id == "diloco_mode=diloco_inner_steps=5_preset=tiny_s100");
+}
+
+CATCH_TEST_CASE("a sweep with explicit seeds and no grid runs each point once per seed", "[unit][sweep]") {
+  scratch d;
+  const auto s = parse_sweep(d.text("[[points]]\n\"train.lr\" = 1e-3\n[[points]]\n\"train.lr\" = 2e-3\n",
+                                    "seeds = [7, 9]\nparallel = 3\n"),
+                             d.sweep_path());
+  CATCH_REQUIRE(s.points.size() == 4);
+  CATCH_CHECK(s.parallel == 3);
+  CATCH_CHECK(s.points[0].seed == 7);
+  CATCH_CHECK(s.points[3].seed == 9);
+  CATCH_CHECK(s.points[1].cfg.train.lr == Approx(2e-3));
+  CATCH_CHECK(s.points[0].value_of("train.lr") == "0.001");
+  // A sweep of nothing is the base config once.
+  const auto one = parse_sweep(d.text(""), d.sweep_path());
+  CATCH_REQUIRE(one.points.size() == 1);
+  CATCH_CHECK(one.points[0].id == "base");
+}
+
+CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[unit][sweep]") {
+  scratch d;
+  struct bad {
+    std::string text, extra_sweep, expect;
+  };
+  const std::vector<bad> cases = {
+      {"[grid]\n\"train.workerz\" = [1, 2]\n", "", "grid \"train.workerz\": config error: unknown key"},
+      {"[grid]\n\"train.workerz\" = [1, 2]\n", "", "did you mean 'train.workers'"},
+      {"[grid]\n\"train.workers\" = [1, \"four\"]\n", "",
+       "grid \"train.workers\": config error: train.workers"},
+      {"[grid]\n\"train.inner_steps\" = []\n", "", "grid \"train.inner_steps\": empty list"},
+      {"[grid]\n\"train.inner_steps\" = 5\n", "", "grid \"train.inner_steps\": expected a list of values"},
+      {"[grid]\n\"train.inner_steps\" = [5, 5]\n", "", "5 is listed twice"},
+      {"[grid]\n\"train.lr\" = [[1.0]]\n", "", "grid \"train.lr\": a value is an array"},
+      {"[[points]]\n\"train.workers\" = \"four\"\n", "", "[[points]] #1 \"train.workers\": config error"},
+      {"[[points]]\n\"run.mode\" = \"single\"\n", "", "point run.mode=single: config error: train.workers"},
+      {"[grid]\n\"train.workers\" = [1, 2]\n[[points]]\n\"train.workers\" = 1\n", "",
+       "grid \"train.workers\": also set in [[points]]"},
+      {"[[points]]\nname = \"a\"\n[[points]]\n\"train.lr\" = 0.1\n", "",
+       "[[points]] #2: name every point or none"},
+      {"[grid]\n\"run.out_dir\" = [\"x\"]\n", "", "grid \"run.out_dir\": each point's run.out_dir"},
+      {"[grid]\n\"run.seed\" = [1, 2]\n", "repeats = 2\n",
+       "grid \"run.seed\": repeats or seeds set run.seed"},
+      {"", "repeats = 0\n", "sweep.repeats: must be an integer in 1..10000"},
+      {"", "parallel = \"lots\"\n", "sweep.parallel: must be \"auto\" or an integer"},
+      {"", "threads = 2\n", "sweep.threads: unknown key"},
+      {"", "set = [\"train.bogus=1\"]\n", "sweep.set \"train.bogus=1\": config error: unknown key"},
+      {"[gird]\n", "", "gird: unknown entry"},
+      {"[[points]]\n\"train.lr\" = 0.1\n[[points]]\n\"train.lr\" = 0.1\n", "",
+       "the same settings as point 1"},
+      {"[grid]\n\"train.lr\" = [0.1, 0.2]\n[fit]\nsize = \"model.dim\"\n", "",
+       "fit.size: \"model.dim\" is not a swept key"},
+      {"[grid]\n\"model.dim\" = [96, 192]\n[fit]\nsize = \"model.dim\"\n", "", "fit: has 2 distinct sizes"},
+      {"[grid]\n\"model.dim\" = [96, 192, 384]\n[fit]\nsize = \"model.dim\"\ngroup_by = [\"run.mode\"]\n", "",
+       "fit.group_by \"run.mode\": is not a swept key"},
+      {"[sweep]\n", "", "syntax error"},  // [sweep] twice
+  };
+  for (const auto& c : cases) {
+    const auto msg = error_of(d, d.text(c.text, c.extra_sweep));
+    CATCH_INFO(c.text << " -> " << msg);
+    CATCH_CHECK_THAT(msg, Contains(c.expect));
+    CATCH_CHECK_THAT(msg, Contains(d.sweep_path()));
+    CATCH_CHECK(msg.find('\n') == std::string::npos);
+  }
+  CATCH_CHECK_THAT(error_of(d, "[sweep]\nout_dir = \"x\"\n"), Contains("sweep.base: missing"));
+  CATCH_CHECK_THAT(error_of(d, "[sweep]\nbase = \"nope.toml\"\nout_dir = \"x\"\n"),
+                   Contains("sweep.base: config error: cannot read config file"));
+  CATCH_CHECK_THAT(error_of(d, "[grid]\n\"model.dim\" = [1]\n"), Contains("[sweep]"));
+}
+
+CATCH_TEST_CASE("a sweep checks its fit sizes before anything runs when the parameter count is known",
+                "[unit][sweep]") {
+  scratch d;
+  const auto text = d.text(R"(
+[grid]
+"model.dim" = [96, 192, 384]
+[[points]]
+name = "a"
+[[points]]
+name = "b"
+"train.workers" = 1
+"run.mode" = "single"
+[fit]
+)");
+  const auto s = parse_sweep(text, d.sweep_path(), width_squared);
+  CATCH_CHECK(s.fit.enabled);
+  CATCH_CHECK(s.fit.size == "params");
+  CATCH_CHECK(s.fit.group_by == std::vector<std::string>{"name", "train.workers", "run.mode"});
+  CATCH_CHECK(s.points[2].params == 384.0 * 384.0);
+  std::string msg;
+  try {
+    (void)parse_sweep(d.text("[grid]\n\"model.dim\" = [96, 192]\n[fit]\n"), d.sweep_path(), width_squared);
+  } catch (const sweep_error& e) {
+    msg = e.what();
+  }
+  CATCH_CHECK_THAT(msg,
+                   Contains("fit: has 2 distinct sizes (params); fitting A, alpha and E needs at least 3"));
+}
+
+CATCH_TEST_CASE(
+    "sweep parallel = auto packs points by their threads and pins train.threads = 0 to one per worker",
+    "[unit][sweep]") {
+  scratch d;
+  const auto s = parse_sweep(d.text("[grid]\n\"train.workers\" = [1, 2, 4]\n"), d.sweep_path());
+  std::vector<const sweep_point*> all;
+  for (const auto& p : s.points) all.push_back(&p);
+  const auto pl = plan_parallel(0, 8, all);
+  CATCH_CHECK(pl.pack_by_threads);
+  CATCH_CHECK(pl.at_once == 3);
+  CATCH_CHECK(pl.threads_for(s.points[2]) == 1);
+  CATCH_CHECK_THAT(pl.text, Contains("8 cores; each point needs 1-4 threads"));
+  // No two points fit: one at a time, threads left to the run.
+  const auto serial = plan_parallel(0, 1, all);
+  CATCH_CHECK_FALSE(serial.pack_by_threads);
+  CATCH_CHECK(serial.limit == 1);
+  CATCH_CHECK(serial.threads_for(s.points[0]) == 0);
+  CATCH_CHECK_THAT(serial.text, Contains("one point at a time"));
+  // An integer: that many at once, the cores shared out.
+  const auto two = plan_parallel(2, 8, all);
+  CATCH_CHECK(two.limit == 2);
+  CATCH_CHECK(two.threads_for(s.points[1]) == 2);  // 8 / (2 x 2 workers)
+  CATCH_CHECK(usable_cores() >= 1);
+}
+
+CATCH_TEST_CASE("the sweep fit recovers A, alpha and E of exact and of noisy power laws", "[unit][sweep]") {
+  const double a = 420, alpha = 0.34, e = 1.69;
+  std::vector<double> n, loss;
+  for (const double x : {1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 1e8})
+    n.push_back(x), loss.push_back(a * std::pow(x, -alpha) + e);
+  const auto exact = fit_power_law(n, loss);
+  CATCH_REQUIRE(exact.ok);
+  CATCH_CHECK(exact.a == Approx(a).epsilon(1e-4));
+  CATCH_CHECK(exact.alpha == Approx(alpha).epsilon(1e-5));
+  CATCH_CHECK(exact.e == Approx(e).epsilon(1e-5));
+  CATCH_CHECK(exact.rms < 1e-6);
+  CATCH_CHECK(exact.n == 7);
+  CATCH_CHECK(exact.at(1e6) == Approx(a * std::pow(1e6, -alpha) + e));
+
+  // 1 % noise, two seeds per size: the truth lies within a few standard errors.
+  std::mt19937 rng(7);
+  std::normal_distribution<double> noise(0, 0.01);
+  std::vector<double> n2, loss2;
+  for (size_t i = 0; i < n.size(); ++i)
+    for (int k = 0; k < 2; ++k) n2.push_back(n[i]), loss2.push_back(loss[i] * (1 + noise(rng)));
+  const auto noisy = fit_power_law(n2, loss2);
+  CATCH_REQUIRE(noisy.ok);
+  CATCH_CHECK(std::isfinite(noisy.alpha_err));
+  CATCH_CHECK(std::abs(noisy.alpha - alpha) < 4 * noisy.alpha_err + 0.02);
+  CATCH_CHECK(std::abs(noisy.e - e) < 4 * noisy.e_err + 0.05);
+  CATCH_CHECK(noisy.rms > 0.005);
+  CATCH_CHECK(noisy.rms < 0.1);
+
+  // No floor: E at 0.
+  std::vector<double> pure;
+  for (const double x : n) pure.push_back(3 * std::pow(x, -0.1));
+  const auto zero = fit_power_law(n, pure);
+  CATCH_REQUIRE(zero.ok);
+  CATCH_CHECK(zero.e == Approx(0).margin(1e-6));
+  CATCH_CHECK(zero.alpha == Approx(0.1).epsilon(1e-4));
+
+  // Three sizes are enough for an exact fit (no error estimate), two are refused.
+  const auto three = fit_power_law(
+      {1e6, 1e7, 1e8},
+      {a * std::pow(1e6, -alpha) + e, a * std::pow(1e7, -alpha) + e, a * std::pow(1e8, -alpha) + e});
+  CATCH_REQUIRE(three.ok);
+  CATCH_CHECK(three.alpha == Approx(alpha).epsilon(1e-4));
+  CATCH_CHECK(std::isnan(three.alpha_err));
+  const auto two = fit_power_law({1e6, 1e6, 1e7}, {3.0, 3.1, 2.5});
+  CATCH_CHECK_FALSE(two.ok);
+  CATCH_CHECK_THAT(two.problem, Contains("2 distinct sizes"));
+}
+
+CATCH_TEST_CASE("sweep results are one row per point in CSV and JSONL, and fits group by method",
+                "[unit][sweep]") {
+  scratch d;
+  auto s = parse_sweep(d.text("[grid]\n\"model.dim\" = [96, 192, 384]\n[[points]]\nname = \"a\"\n[[points]]\n"
+                              "name = \"b\"\n\"train.lr\" = 1e-3\n[fit]\n"),
+                       d.sweep_path(), width_squared);
+  fs::create_directories(s.out_dir);
+  std::vector<point_result> results(s.points.size());
+  for (size_t i = 0; i < s.points.size(); ++i) {
+    auto& r = results[i];
+    r.status = i == 5 ? "failed" : "done";
+    r.exit_code = i == 5 ? 1 : 0;
+    const double n = s.points[i].params, scale = s.points[i].name == "a" ? 1.0 : 2.0;
+    r.val_loss = i == 5 ? NAN : 1.5 + scale * 30 * std::pow(n, -0.3);
+    r.params = n;
+    r.val_curve = {{1000, r.val_loss + 1}, {2000, r.val_loss + 0.5}, {4000, r.val_loss}};
+  }
+  CATCH_REQUIRE(write_results(s, results).empty());
+  std::ifstream csv(fs::path(s.out_dir) / "results.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  CATCH_CHECK(header ==
+              "id,name,train.lr,model.dim,seed,status,exit_code,val_loss,val_ppl,tokens,wall_s,bytes_sent,"
+              "utilization,params,steps,log");
+  size_t rows = 0;
+  while (std::getline(csv, row)) ++rows;
+  CATCH_CHECK(rows == s.points.size());
+  std::ifstream jsonl(fs::path(s.out_dir) / "results.jsonl");
+  std::getline(jsonl, row);
+  CATCH_CHECK_THAT(row, Contains("\"model.dim\":96"));
+  CATCH_CHECK_THAT(row, Contains("\"name\":\"a\""));
+
+  const auto fits = fit_scaling(s, results);
+  CATCH_REQUIRE(fits.sizes.size() == 2);
+  CATCH_CHECK(fits.sizes[0].group == "name=a train.lr=0.004");
+  CATCH_CHECK(fits.sizes[0].fit.ok);
+  CATCH_CHECK(fits.sizes[0].fit.alpha == Approx(0.3).epsilon(1e-3));
+  CATCH_CHECK_FALSE(fits.sizes[1].fit.ok);  // its 384 point failed: two sizes left
+  const auto lines = fit_lines(fits);
+  CATCH_CHECK_THAT(lines[0], Contains("fit name=a train.lr=0.004: L(N) = A·N^-alpha + E, A="));
+  CATCH_CHECK_THAT(lines[0], Contains("alpha=0.3"));
+  CATCH_CHECK_THAT(lines[1], Contains("not fitted: 2 distinct sizes"));
+  CATCH_CHECK(fits.tokens.size() == 5);  // L(D) per group and size that finished
+  CATCH_CHECK_THAT(fits_json(fits), Contains("\"alpha\":"));
+}
