@@ -89,7 +89,7 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   communicator_options o;
   o.metrics = metrics;
   o.log_events = cfg.run.mode != config::run_mode::ddp;
-  // In a single process only the sparse codec applies (each worker coded as a one-worker node would be).
+  // In a single process each worker's contribution is coded as a one-worker node would code it.
   o.sparse = sparse_options_from(cfg);
   o.ef_decay = static_cast<float>(cfg.comm.ef_decay);
   o.robust_clip = cfg.comm.robust_clip;
@@ -97,6 +97,13 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
   o.mask_seed = cfg.run.seed;
   o.codec.int8_codebook = cfg.comm.int8_codebook;  // shared indices quantize as the ring's int8 would
   if (cfg.comm.dtype == config::wire_dtype::sparse) o.dtype = cfg.comm.dtype;
+  if (!role && cfg.run.mode != config::run_mode::single && cfg.comm.dtype != config::wire_dtype::fp32 &&
+      cfg.comm.dtype != config::wire_dtype::sparse) {
+    o.dtype = cfg.comm.dtype;
+    spdlog::info("comm: each worker's {} is rounded to {} as a node would send it{}",
+                 cfg.run.mode == config::run_mode::ddp ? "gradient" : "pseudo-gradient", cfg.comm.dtype,
+                 cfg.comm.error_feedback ? " (error feedback applies to clusters only)" : "");
+  }
   if (!role) {
     if (o.dtype == config::wire_dtype::sparse)
       spdlog::info(

@@ -324,6 +324,18 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
       local_finite = sparse_local(s, label.second, parts, *local);
     }
   }
+  // In one process, fp16, bf16 and int8 round each worker's contribution as a node's encoding would (one
+  // codec chunk over the whole tensor); a contribution held elsewhere is copied first.
+  if (!s.opts.collective && !exact && dtype != comm::wire_dtype::fp32 && dtype != comm::wire_dtype::sparse) {
+    std::vector<std::byte> wire;
+    for (auto& p : parts) {
+      if (!(p.use_count() == 1 && p.storage().use_count() == 1 && p.scalar_type() == at::kFloat &&
+            p.is_contiguous()))
+        p = p.to(at::kFloat).clone().contiguous();
+      float* x = p.data_ptr<float>();
+      local_finite = local_finite && round_trip(s, dtype, x, static_cast<size_t>(n), x, wire);
+    }
+  }
   // A contribution that nobody else holds (a worker's fresh pseudo-gradient) is summed into in place; one
   // still held elsewhere (ddp's gradient buffer, eager's outer parameters) is copied first.
   auto& first = parts[0];

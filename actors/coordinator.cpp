@@ -244,6 +244,7 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
   s.round_compute.assign(static_cast<size_t>(ctx->n_workers()), 0.0);
   s.run_compute = s.round_compute;
   s.worker_tokens.assign(static_cast<size_t>(ctx->n_workers()), 0);
+  s.tokens_before = s.worker_tokens;
   s.request_timeout = seconds(ctx->cfg.runtime.request_timeout_s);
   for (int64_t r = 0; r < ctx->n_workers(); ++r)
     s.workers.push_back(

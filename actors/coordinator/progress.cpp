@@ -62,6 +62,7 @@ void record_start(self_ptr self) {
                    .add("outer_lr", c.outer.lr)
                    .add("outer_momentum", c.outer.momentum)
                    .add("comm_dtype", config::to_string(c.comm.dtype))
+                   .add("clients_per_round", c.federated.clients_per_round)
                    .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
   if (const auto& j = s.ctx->recovery) {
     // Joined a running cluster: the membership it entered, and how it got the state.
@@ -161,7 +162,7 @@ void account_round(self_ptr self) {
                      .add("stall_s", s.round_stall_s)
                      .add("utilization", util)
                      .add("staleness", staleness)
-                     .add("tokens", s.worker_tokens[i]));
+                     .add("tokens", s.run_tokens(i)));
     s.round_compute[i] = 0;
   }
   s.round_stall_s = 0;

@@ -48,6 +48,10 @@ void install_resume(self_ptr self) {
   s.resume.reset();
   s.round = snap.round;
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
+  // Every inner step drew one batch, so a replica's sampler position counts the tokens it trained on.
+  const int64_t batch_tokens = s.ctx->inner.batch_size * s.ctx->spec.seq_len;
+  for (size_t i = 0; i < snap.replicas.size() && i < s.tokens_before.size(); ++i)
+    s.tokens_before[i] = static_cast<int64_t>(snap.replicas[i].sampler_position) * batch_tokens;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
   s.newest_on_disk =
       fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);

@@ -100,13 +100,16 @@ struct coordinator_state {
   clock::time_point t_start;
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();
   double eval_s = 0;  // wall time spent evaluating (excluded from train_seconds)
-  // Per local worker: compute seconds in the current round and since start, tokens since start (the node's
-  // totals are their sums).
+  // Per local worker: compute seconds in the current round and since start, tokens since start, and tokens
+  // of the run before this session (a resume: its sampler position x the tokens of a batch). The node's
+  // totals are their sums.
   std::vector<double> round_compute, run_compute;
-  std::vector<int64_t> worker_tokens;
+  std::vector<int64_t> worker_tokens, tokens_before;
   double total_compute() const { return std::accumulate(run_compute.begin(), run_compute.end(), 0.0); }
+  int64_t run_tokens(size_t worker) const { return tokens_before[worker] + worker_tokens[worker]; }
   int64_t total_tokens() const {
-    return std::accumulate(worker_tokens.begin(), worker_tokens.end(), int64_t{0});
+    return std::accumulate(worker_tokens.begin(), worker_tokens.end(), int64_t{0}) +
+           std::accumulate(tokens_before.begin(), tokens_before.end(), int64_t{0});
   }
   clock::time_point t_round_start;
   bool ended = false;  // the "end" event is written

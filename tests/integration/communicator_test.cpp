@@ -124,6 +124,41 @@ CATCH_TEST_CASE("The communicator hands any collective the round, fragment, work
   caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
 }
 
+CATCH_TEST_CASE("In one process int8 and fp16 round each worker's contribution as a node would send it",
+                "[integration][communicator]") {
+  lw_config cfg;
+  caf::actor_system sys{cfg};
+  const auto x = at::linspace(-1.0, 1.0, 1000, at::kFloat), y = at::sin(at::arange(1000, at::kFloat));
+  const auto exact_mean = (x + y) / 2;
+  // With the collective's weight contributions (none: one process), and the worker-weighted count kept.
+  for (auto dt : {wire_dtype::int8, wire_dtype::fp16}) {
+    actors::communicator_options o;
+    o.dtype = dt;
+    auto communicator = actors::spawn_communicator(sys, o);
+    const auto got = reduce(sys, communicator, 1, 0, {x.clone(), y.clone()});
+    // Each worker's tensor through the codec, then the mean.
+    auto coded = [&](const at::Tensor& t) {
+      std::vector<std::byte> wire(comm::encoded_size(dt, 1000));
+      comm::encode(dt, t.data_ptr<float>(), 1000, wire.data());
+      auto back = at::empty({1000}, at::kFloat);
+      CATCH_REQUIRE(comm::decode(dt, wire.data(), wire.size(), 1000, back.data_ptr<float>()));
+      return back;
+    };
+    const auto want = (coded(x) + coded(y)) / 2;
+    CATCH_CHECK(at::equal(got, want));
+    CATCH_CHECK_FALSE(at::equal(got, exact_mean));                      // it was rounded ...
+    CATCH_CHECK((got - exact_mean).abs().max().item<float>() < 0.01f);  // ... a little
+    // Parameters (exact) and a tensor held elsewhere are not touched.
+    const auto held = x.clone();
+    const auto p = reduce(sys, communicator, 2, 1, {held}, true);
+    CATCH_CHECK(at::equal(p, x));
+    const auto held_delta = y.clone();
+    (void)reduce(sys, communicator, 3, 0, {held_delta});
+    CATCH_CHECK(at::equal(held_delta, y));
+    caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
+  }
+}
+
 CATCH_TEST_CASE("Error feedback quantizes in the collective's chunks, also when a chunk is the whole buffer",
                 "[integration][communicator]") {
   lw_config cfg;

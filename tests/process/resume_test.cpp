@@ -116,6 +116,14 @@ void check_interrupted_resume(const std::string& dir, const std::vector<std::str
     return std::stod(text.substr(pos + 12));
   };
   CATCH_CHECK(std::abs(val_loss(dir + "/a/result.json") - val_loss(dir + "/b/result.json")) <= 1e-6);
+  // The token count covers the whole run, not only the session after the resume.
+  auto tokens = [](const std::string& result) {
+    const auto text = read_text(result);
+    const auto pos = text.find("\"tokens\": ");
+    CATCH_REQUIRE(pos != std::string::npos);
+    return std::stoll(text.substr(pos + 10));
+  };
+  CATCH_CHECK(tokens(dir + "/b/result.json") == tokens(dir + "/a/result.json"));
 }
 
 }  // namespace

@@ -109,12 +109,6 @@ inline bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-inline int occurrences(const std::string& text, const std::string& what) {
-  int k = 0;
-  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++k;
-  return k;
-}
-
 /// The last `n` characters of a (log) text.
 inline std::string tail(const std::string& text, size_t n = 6000) {
   return text.substr(text.size() > n ? text.size() - n : 0);

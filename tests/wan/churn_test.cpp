@@ -214,10 +214,10 @@ CATCH_TEST_CASE(
       const auto log = read_text(p.c.log);
       CATCH_INFO(p.c.log);
       CATCH_CHECK(contains(log, "admitted in epoch"));
-      std::printf("churn: %s: %d stale fetch(es) before it was admitted\n", p.c.log.c_str(),
+      std::printf("churn: %s: %zu stale fetch(es) before it was admitted\n", p.c.log.c_str(),
                   occurrences(log, "fetch again (attempt"));
     }
-    CATCH_CHECK(occurrences(clog, " admitted in epoch ") == cycles);
+    CATCH_CHECK(occurrences(clog, " admitted in epoch ") == static_cast<size_t>(cycles));
 
     // For every round, every node that recorded it has the same theta; each round was recorded by at least
     // min_nodes of them, and every node recorded the last.

@@ -100,10 +100,13 @@ void read_run(const std::string& run_dir, point_result& r) {
   if (!m.starts.empty()) {
     const auto& st = m.starts.front();
     r.params = report::num(st, "params");
-    per_step = report::num(st, "workers") * report::num(st, "batch_size") * report::num(st, "seq_len");
+    // Client sampling: only clients_per_round of the workers train each round.
+    const double clients = report::num(st, "clients_per_round");
+    const double training = std::isfinite(clients) && clients > 0 ? clients : report::num(st, "workers");
+    per_step = training * report::num(st, "batch_size") * report::num(st, "seq_len");
   }
-  // Steps are counted across sessions, so this holds after a resume too (result.json's tokens are the last
-  // session's); without a start record, result.json's ratio.
+  // Steps are counted across sessions, so this holds after a resume too; without a start record,
+  // result.json's ratio.
   if (!std::isfinite(per_step)) {
     rapidjson::Document doc;
     const std::string result = slurp(fs::path(run_dir) / "result.json");
