@@ -110,7 +110,7 @@ void on_report(self_ptr self, const step_report& r) {
   s.last_step = std::max(s.last_step, r.step);
   if (s.trace)
     s.trace << r.step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
-  const double tok_s = wall > 0 ? static_cast<double>(s.total_tokens()) / wall : 0;
+  const double tok_s = wall > 0 ? static_cast<double>(s.session_tokens()) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
   const int64_t total = s.ctx->total_inner_steps();
   // The rate the step just taken used (step is 1-based, the schedule 0-based).

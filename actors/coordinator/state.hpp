@@ -107,9 +107,11 @@ struct coordinator_state {
   std::vector<int64_t> worker_tokens, tokens_before;
   double total_compute() const { return std::accumulate(run_compute.begin(), run_compute.end(), 0.0); }
   int64_t run_tokens(size_t worker) const { return tokens_before[worker] + worker_tokens[worker]; }
+  int64_t session_tokens() const {
+    return std::accumulate(worker_tokens.begin(), worker_tokens.end(), int64_t{0});
+  }
   int64_t total_tokens() const {
-    return std::accumulate(worker_tokens.begin(), worker_tokens.end(), int64_t{0}) +
-           std::accumulate(tokens_before.begin(), tokens_before.end(), int64_t{0});
+    return session_tokens() + std::accumulate(tokens_before.begin(), tokens_before.end(), int64_t{0});
   }
   clock::time_point t_round_start;
   bool ended = false;  // the "end" event is written

@@ -91,9 +91,9 @@ std::vector<int64_t> document_starts(const std::string& text, const std::vector<
   size_t search = 0;
   // Where the next document begins: after the next run of two or more newlines.
   const auto next_begin = [&]() -> size_t {
-    size_t p = text.find("\n\n", search);
+    size_t p = std::min(text.find("\n\n", search), text.find("\n\r\n", search));  // CRLF text too
     if (p == std::string::npos) return p;
-    while (p < text.size() && text[p] == '\n') ++p;
+    while (p < text.size() && (text[p] == '\n' || text[p] == '\r')) ++p;
     return p;
   };
   size_t doc_begin = next_begin();

@@ -35,7 +35,8 @@ std::vector<token_span> partition_spans(config::data_partition kind, int64_t n_t
                                         int64_t row_len);
 
 /// Token offsets at which documents start in `tokens`' text: offset 0 and the first token that begins at or
-/// after each run of two or more newlines (a blank line; a JSONL corpus's documents are joined by one).
+/// after each blank line (two or more newlines, with or without CR; a JSONL corpus's documents are joined by
+/// one).
 /// `token_bytes[id]` is the byte length of token id.
 std::vector<int64_t> document_starts(const std::string& text, const std::vector<uint16_t>& tokens,
                                      const std::vector<int64_t>& token_bytes);

@@ -806,6 +806,11 @@ CATCH_TEST_CASE("Document starts are the first tokens after each blank line, wit
   const auto starts = document_starts(text, tokens, one);
   CATCH_CHECK(starts == std::vector<int64_t>{0, static_cast<int64_t>(text.find("second")),
                                              static_cast<int64_t>(text.find("third"))});
+  // CRLF text: a blank line is "\r\n\r\n".
+  const std::string crlf = "one\r\nstill one\r\n\r\ntwo\r\n\r\n\r\nthree";
+  CATCH_CHECK(document_starts(crlf, bytes->encode(crlf), one) ==
+              std::vector<int64_t>{0, static_cast<int64_t>(crlf.find("two")),
+                                   static_cast<int64_t>(crlf.find("three"))});
   // A BPE token may span the boundary: the document starts at the first token at or after it.
   const auto bpe = bpe_tokenizer::train(sample_text(), 300);
   const std::string corpus = sample_text();
