@@ -143,6 +143,24 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(code3 == 0);
   CATCH_CHECK(out3.find("(4 of 4 points done)") != std::string::npos);
   CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+
+  // The base config changes: every point's record is stale, so each starts over (not "run complete" from
+  // the old checkpoints) and its numbers are the new run's.
+  auto base = read_text(dir + "/base.toml");
+  base.replace(base.find("warmup_steps = 2"), 16, "warmup_steps = 3");
+  write_text(dir + "/base.toml", base);
+  auto [code4, out4] = run({binary(), "sweep", file}, dir + "/fourth.log", 600);
+  CATCH_INFO(out4);
+  CATCH_CHECK(code4 == 0);
+  CATCH_CHECK(out4.find("4 points (0 done earlier, 4 to run)") != std::string::npos);
+  const auto rows4 = read_csv(dir + "/out/results.csv");
+  CATCH_REQUIRE(rows4.size() == 4);
+  for (size_t i = 0; i < rows4.size(); ++i) {
+    CATCH_INFO(rows4[i].at("id"));
+    CATCH_CHECK(rows4[i].at("status") == "done");
+    CATCH_CHECK(read_text(rows4[i].at("log")).find("run complete") == std::string::npos);
+    CATCH_CHECK(number(rows4[i].at("val_loss")) != number(rows[i].at("val_loss")));
+  }
   fs::remove_all(dir);
 }
 

@@ -17,6 +17,7 @@
 
 #include "actors/cli/report/records.hpp"
 #include "actors/cli/report/summary.hpp"
+#include "config/config_loader.hpp"
 #include "runtime/json/json_reader.hpp"
 
 namespace longwave::cli::sweep {
@@ -120,12 +121,19 @@ void read_run(const std::string& run_dir, point_result& r) {
     r.train_curve.emplace_back(report::num(st, "step") * per_step, report::num(st, "loss"));
 }
 
+std::string config_fingerprint(const sweep_point& p) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the resolved config
+  for (const unsigned char c : config::to_toml(p.cfg)) h = (h ^ c) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
 void write_point_record(const sweep_point& p, const point_result& r) {
   rapidjson::StringBuffer buf;
   json_writer w(buf);
   w.StartObject();
   put(w, "id", std::string_view(p.id));
   put(w, "status", std::string_view(r.status));
+  put(w, "config", std::string_view(config_fingerprint(p)));
   put(w, "exit_code", static_cast<double>(r.exit_code));
   w.Key("overrides");
   w.StartArray();
@@ -147,7 +155,11 @@ point_result recorded(const sweep_point& p) {
   std::vector<std::string> settings;
   for (const auto& o : ov->GetArray())
     if (o.IsString()) settings.emplace_back(o.GetString(), o.GetStringLength());
-  if (settings != identity(p)) return r;
+  const auto* fp = runtime::find_member(doc, "config");
+  if (settings != identity(p) || !fp || !fp->IsString() || fp->GetString() != config_fingerprint(p)) {
+    r.status = "stale";  // run with other settings (or another base config) in this folder
+    return r;
+  }
   r.status.assign(status->GetString(), status->GetStringLength());
   const double code = json_number(doc, "exit_code");
   r.exit_code = std::isfinite(code) ? static_cast<int>(code) : -1;

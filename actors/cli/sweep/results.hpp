@@ -13,7 +13,9 @@ namespace longwave::cli::sweep {
 
 /// One point's outcome and its curves.
 struct point_result {
-  /// "pending" (not run yet), "done", "failed" (exit_code says how), "interrupted" (Ctrl-C on the sweep).
+  /// "pending" (not run yet), "running" (started, not ended: it resumes), "done", "failed" (exit_code says
+  /// how), "interrupted" (Ctrl-C on the sweep), "stale" (its folder holds a run of other settings or another
+  /// base config: it starts over).
   std::string status = "pending";
   int exit_code = -1;
   double val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -37,6 +39,8 @@ void read_run(const std::string& run_dir, point_result& r);
 /// out_dir/points/<id>/point.json: written when the point's run ends (status, exit code, the overrides it
 /// ran with).
 void write_point_record(const sweep_point& p, const point_result& r);
+/// A hash of the point's resolved config (its settings and the base config's text as loaded).
+std::string config_fingerprint(const sweep_point& p);
 
 /// What an earlier invocation recorded for p: status ("done", "failed", "interrupted") and exit code; status
 /// "pending" when there is no record or it was made for other settings (the sweep file changed). The

@@ -83,6 +83,13 @@ std::pair<std::string, std::string> log_tail(const std::string& path) {
   return {last, progress};
 }
 
+/// Whether p's folder holds checkpoints (of a run this sweep has no record of).
+bool has_checkpoints(const sweep_point& p) {
+  std::error_code ec;
+  const fs::path dir = fs::path(p.out_dir) / "checkpoints";
+  return fs::is_directory(dir, ec) && !fs::is_empty(dir, ec);
+}
+
 /// Starts `longwave run BASE --set ...` for p with its output appended to out_dir/points/<id>/log.txt.
 pid_t start_point(const sweep_spec& s, const sweep_point& p, const sweep_options& o, int64_t threads,
                   bool fresh) {
@@ -207,11 +214,17 @@ struct sweep_run {
       r.point = p.index;
       r.need = p.thread_need();
       r.started = steady::now();
-      r.pid = start_point(s, p, o, plan.threads_for(p), o.fresh);
-      active.push_back(r);
-      used_threads += r.need;
+      // Starts over when asked, or when the folder's run is not this point's (other settings, or no record).
+      const bool fresh = o.fresh || results[p.index].status == "stale" ||
+                         (results[p.index].status == "pending" && has_checkpoints(p));
       results[p.index] = point_result{};
       results[p.index].status = "running";
+      std::error_code ec;
+      fs::create_directories(p.out_dir, ec);    // start_point reports a failure to make it
+      write_point_record(p, results[p.index]);  // a crash from here on leaves "running": it resumes
+      r.pid = start_point(s, p, o, plan.threads_for(p), fresh);
+      active.push_back(r);
+      used_threads += r.need;
       results[p.index].log = (fs::path(p.out_dir) / "log.txt").string();
       say("{} started; log: {}", point_name(p), results[p.index].log);
       write_outputs();

@@ -502,6 +502,8 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
         p.out_dir = (fs::path(s.out_dir) / "points" / p.id).string();
         ov.push_back(fmt::format("run.seed={}", p.seed));
         ov.push_back("run.out_dir=" + toml_quote(p.out_dir));
+        // A base config's checkpoint.dir would be shared by every point: each keeps its own.
+        ov.push_back("checkpoint.dir=" + toml_quote(p.out_dir + "/checkpoints"));
         ov.insert(ov.begin() + 1, "run.name=" + toml_quote(p.id));  // [sweep] set may rename it
         p.cfg = build_config(r, base_text, s, ov, origins, p.label(true));
         p.overrides = std::move(ov);
