@@ -186,6 +186,13 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   if (ec)
     throw lw_error(errc::io_error, fmt::format("cannot stat corpus '{}': {}", input_path, ec.message()));
 
+  // Document starts given beside the corpus (CORPUS.docs, byte offsets) win over blank lines.
+  const std::string sidecar = input.string() + ".docs";
+  std::string sidecar_stamp = "none";
+  if (fs::is_regular_file(sidecar, ec)) {
+    sidecar_stamp = fmt::format("{}:{}", fs::file_size(sidecar, ec),
+                                fs::last_write_time(sidecar, ec).time_since_epoch().count());
+  }
   const int64_t requested_vocab = bpe ? bpe_vocab_size : 256;
   const std::map<std::string, std::string> inputs = {
       {"input", input.string()},
@@ -195,6 +202,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
       {"vocab", std::to_string(requested_vocab)},
       {"val_fraction", fmt::format("{}", val_fraction)},
       {"documents", "1"},  // train.docs is written (older caches lack it)
+      {"documents_file", sidecar_stamp},
   };
 
   const fs::path dir(out_dir);
@@ -251,7 +259,9 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   std::vector<int64_t> token_bytes(static_cast<size_t>(tok->vocab_size()));
   for (size_t id = 0; id < token_bytes.size(); ++id)
     token_bytes[id] = static_cast<int64_t>(tok->decode({static_cast<uint16_t>(id)}).size());
-  const std::vector<int64_t> doc_starts = document_starts(text, train, token_bytes);
+  const std::vector<int64_t> doc_starts =
+      sidecar_stamp == "none" ? document_starts(text, train, token_bytes)
+                              : token_starts(read_document_bytes(sidecar), train, token_bytes);
   const auto n_bytes = text.size();
   std::string().swap(text);
   const auto n = static_cast<int64_t>(train.size());

@@ -25,7 +25,8 @@ struct prepared_dataset {
 ///   vocab_size comes from a tokenizer.txt in that directory if present, else max token + 1.
 /// - Otherwise the corpus is read (read_corpus), the `kind` of tokenizer (BPE: of `bpe_vocab_size`) is made,
 ///   the text is tokenized and the last `val_fraction` of the tokens become val. out_dir receives train.bin,
-///   val.bin, tokenizer.txt, train.docs (where documents start, data/partition.hpp) and prepared.txt (input
+///   val.bin, tokenizer.txt, train.docs (where documents start: the byte offsets of CORPUS.docs when it
+///   exists, else after each blank line; data/partition.hpp) and prepared.txt (input
 ///   path, size, mtime, tokenizer, vocab, val_fraction). A later call with the same inputs finds prepared.txt
 ///   matching and returns without re-tokenizing.
 /// `log` receives progress lines ("data: ..."), and a "data: warning: ..." line when more than 1 % of the

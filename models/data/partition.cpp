@@ -85,28 +85,37 @@ std::vector<token_span> partition_spans(config::data_partition kind, int64_t n_t
   throw lw_error(errc::invalid_config, fmt::format("data.partition {} is unknown", static_cast<int>(kind)));
 }
 
-std::vector<int64_t> document_starts(const std::string& text, const std::vector<uint16_t>& tokens,
-                                     const std::vector<int64_t>& token_bytes) {
+std::vector<int64_t> blank_line_starts(const std::string& text) {
   std::vector<int64_t> starts{0};
-  size_t search = 0;
-  // Where the next document begins: after the next run of two or more newlines.
-  const auto next_begin = [&]() -> size_t {
+  for (size_t search = 0;;) {
     size_t p = std::min(text.find("\n\n", search), text.find("\n\r\n", search));  // CRLF text too
-    if (p == std::string::npos) return p;
-    while (p < text.size() && (text[p] == '\n' || text[p] == '\r')) ++p;
-    return p;
-  };
-  size_t doc_begin = next_begin();
-  size_t byte = 0;  // where token t begins in text
-  for (size_t t = 0; t < tokens.size() && doc_begin != std::string::npos; ++t) {
-    while (doc_begin != std::string::npos && byte >= doc_begin) {
-      if (starts.back() != static_cast<int64_t>(t)) starts.push_back(static_cast<int64_t>(t));
-      search = doc_begin;
-      doc_begin = next_begin();
-    }
-    byte += static_cast<size_t>(token_bytes[tokens[t]]);
+    if (p == std::string::npos) break;
+    while (p < text.size() && (text[p] == '\n' || text[p] == '\r')) ++p;  // after the whole run
+    if (p < text.size()) starts.push_back(static_cast<int64_t>(p));
+    search = p;
   }
   return starts;
+}
+
+std::vector<int64_t> token_starts(const std::vector<int64_t>& byte_starts,
+                                  const std::vector<uint16_t>& tokens,
+                                  const std::vector<int64_t>& token_bytes) {
+  std::vector<int64_t> starts{0};
+  size_t next = 0;   // the first byte start not yet placed
+  int64_t byte = 0;  // where token t begins in the text
+  for (size_t t = 0; t < tokens.size() && next < byte_starts.size(); ++t) {
+    while (next < byte_starts.size() && byte >= byte_starts[next]) {
+      if (starts.back() != static_cast<int64_t>(t)) starts.push_back(static_cast<int64_t>(t));
+      ++next;
+    }
+    byte += token_bytes[tokens[t]];
+  }
+  return starts;
+}
+
+std::vector<int64_t> document_starts(const std::string& text, const std::vector<uint16_t>& tokens,
+                                     const std::vector<int64_t>& token_bytes) {
+  return token_starts(blank_line_starts(text), tokens, token_bytes);
 }
 
 void write_document_starts(const std::string& path, const std::vector<int64_t>& starts, int64_t n_tokens) {
@@ -116,7 +125,10 @@ void write_document_starts(const std::string& path, const std::vector<int64_t>& 
   write_file_atomic(path, {out});
 }
 
-std::vector<int64_t> read_document_starts(const std::string& path) {
+namespace {
+
+// A header line, then one increasing offset per line, the first 0.
+std::vector<int64_t> read_offsets(const std::string& path, std::string_view header, const char* unit) {
   const std::string text = read_file(path, "document starts");
   std::vector<int64_t> starts;
   size_t pos = 0;
@@ -126,24 +138,33 @@ std::vector<int64_t> read_document_starts(const std::string& path) {
     const std::string_view l(text.data() + pos, end - pos);
     pos = end + 1;
     if (line == 1) {
-      if (l != docs_header) {
-        throw lw_error(errc::corrupt_data,
-                       fmt::format("{}:1: expected '{}', found '{}'", path, docs_header, std::string(l)));
+      if (l != header) {
+        throw lw_error(errc::corrupt_data, fmt::format("{}:1: expected '{}', found '{}'", path,
+                                                       std::string(header), std::string(l)));
       }
       continue;
     }
     int64_t v = -1;
     const auto [p, ec] = std::from_chars(l.data(), l.data() + l.size(), v);
     if (ec != std::errc() || p != l.data() + l.size() || v < 0 || (!starts.empty() && v <= starts.back())) {
-      throw lw_error(errc::corrupt_data,
-                     fmt::format("{}:{}: '{}' is not a token offset above the previous one", path, line,
-                                 std::string(l)));
+      throw lw_error(errc::corrupt_data, fmt::format("{}:{}: '{}' is not a {} offset above the previous one",
+                                                     path, line, std::string(l), unit));
     }
     starts.push_back(v);
   }
   if (starts.empty() || starts.front() != 0)
-    throw lw_error(errc::corrupt_data, fmt::format("{}: no document starts at token 0", path));
+    throw lw_error(errc::corrupt_data, fmt::format("{}: no document starts at {} 0", path, unit));
   return starts;
+}
+
+}  // namespace
+
+std::vector<int64_t> read_document_starts(const std::string& path) {
+  return read_offsets(path, docs_header, "token");
+}
+
+std::vector<int64_t> read_document_bytes(const std::string& path) {
+  return read_offsets(path, "longwave-doc-bytes 1", "byte");
 }
 
 }  // namespace longwave::models::data

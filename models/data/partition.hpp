@@ -34,12 +34,24 @@ std::vector<token_span> partition_spans(config::data_partition kind, int64_t n_t
                                         const std::vector<int64_t>& doc_starts, int64_t part, int64_t parts,
                                         int64_t row_len);
 
-/// Token offsets at which documents start in `tokens`' text: offset 0 and the first token that begins at or
-/// after each blank line (two or more newlines, with or without CR; a JSONL corpus's documents are joined by
-/// one).
+/// Byte offsets at which documents start in `text`: 0 and the first byte after each blank line (two or more
+/// newlines, with or without CR; a JSONL corpus's documents are joined by one).
+std::vector<int64_t> blank_line_starts(const std::string& text);
+
+/// Token offsets of increasing byte offsets: 0 and, for each, the first token that begins at or after it.
 /// `token_bytes[id]` is the byte length of token id.
+std::vector<int64_t> token_starts(const std::vector<int64_t>& byte_starts,
+                                  const std::vector<uint16_t>& tokens,
+                                  const std::vector<int64_t>& token_bytes);
+
+/// token_starts(blank_line_starts(text), ...): where `tokens`' documents start.
 std::vector<int64_t> document_starts(const std::string& text, const std::vector<uint16_t>& tokens,
                                      const std::vector<int64_t>& token_bytes);
+
+/// Reads CORPUS.docs, the byte offsets where a corpus's documents start when they are not marked by blank
+/// lines (scripts/setup writes one for the KJV: its books): "longwave-doc-bytes 1", then one offset per line,
+/// the first 0. Throws lw_error(io_error) / lw_error(corrupt_data) naming file:line.
+std::vector<int64_t> read_document_bytes(const std::string& path);
 
 /// Writes document starts below n_tokens to `path` atomically: "longwave-docs 1", then one offset per line.
 /// Throws lw_error(io_error).

@@ -827,6 +827,38 @@ CATCH_TEST_CASE("Document starts are the first tokens after each blank line, wit
   }
 }
 
+CATCH_TEST_CASE("Byte offsets beside the corpus (CORPUS.docs) mark its documents instead of blank lines",
+                "[data][partition]") {
+  temp_dir dir;
+  const std::string corpus = dir.file("verses.txt");
+  std::string text;
+  for (int v = 0; v < 300; ++v) text += "verse " + std::to_string(v) + " of the book\n";  // no blank line
+  write_text(corpus, text);
+  const int64_t second = static_cast<int64_t>(text.find("verse 100 ")),
+                third = static_cast<int64_t>(text.find("verse 200 "));
+  write_text(corpus + ".docs",
+             "longwave-doc-bytes 1\n0\n" + std::to_string(second) + "\n" + std::to_string(third) + "\n");
+  const prepared_dataset d = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"));
+  CATCH_CHECK(read_document_starts(d.docs_path) == std::vector<int64_t>{0, second, third});
+  // A changed file prepares the data again; a malformed one names its line.
+  write_text(corpus + ".docs", "longwave-doc-bytes 1\n0\n" + std::to_string(third) + "\n5\n");
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")),
+                            Contains("verses.txt.docs:4: '5' is not a byte offset"));
+  write_text(corpus + ".docs", "longwave-doc-bytes 1\n0\n" + std::to_string(third) + "\n");
+  std::vector<std::string> logs;
+  const auto again = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"),
+                                     [&](const std::string& l) { logs.push_back(l); });
+  CATCH_CHECK_THAT(logs[0], !Contains("using cached shards"));
+  CATCH_CHECK(read_document_starts(again.docs_path) == std::vector<int64_t>{0, third});
+  // Changing the offsets again (a valid file) is seen by the cache too.
+  write_text(corpus + ".docs", "longwave-doc-bytes 1\n0\n" + std::to_string(second) + "\n");
+  logs.clear();
+  const auto third_time = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"),
+                                          [&](const std::string& l) { logs.push_back(l); });
+  CATCH_CHECK_THAT(logs[0], Contains("re-preparing"));
+  CATCH_CHECK(read_document_starts(third_time.docs_path) == std::vector<int64_t>{0, second});
+}
+
 CATCH_TEST_CASE("prepare_dataset records where documents start, and a bad record is refused",
                 "[data][partition]") {
   temp_dir dir;
