@@ -292,6 +292,15 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
 
 using self_ptr = communicator_actor::stateful_pointer<comm_state>;
 
+/// t itself when nobody else holds it (a worker's fresh pseudo-gradient) and it is contiguous fp32, else a
+/// contiguous fp32 copy (ddp's gradient buffer, eager's outer parameters): a tensor the caller may write.
+at::Tensor writable(at::Tensor t) {
+  if (t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == at::kFloat &&
+      t.is_contiguous())
+    return t;
+  return t.to(at::kFloat).clone().contiguous();
+}
+
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
 /// contributors: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
 caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vector<at::Tensor> parts,
@@ -325,23 +334,17 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
     }
   }
   // In one process, fp16, bf16 and int8 round each worker's contribution as a node's encoding would (one
-  // codec chunk over the whole tensor); a contribution held elsewhere is copied first.
+  // codec chunk over the whole tensor), in a writable tensor.
   if (!s.opts.collective && !exact && dtype != comm::wire_dtype::fp32 && dtype != comm::wire_dtype::sparse) {
     std::vector<std::byte> wire;
     for (auto& p : parts) {
-      if (!(p.use_count() == 1 && p.storage().use_count() == 1 && p.scalar_type() == at::kFloat &&
-            p.is_contiguous()))
-        p = p.to(at::kFloat).clone().contiguous();
+      p = writable(std::move(p));
       float* x = p.data_ptr<float>();
       local_finite = local_finite && round_trip(s, dtype, x, static_cast<size_t>(n), x, wire);
     }
   }
-  // A contribution that nobody else holds (a worker's fresh pseudo-gradient) is summed into in place; one
-  // still held elsewhere (ddp's gradient buffer, eager's outer parameters) is copied first.
-  auto& first = parts[0];
-  const bool owned = first.use_count() == 1 && first.storage().use_count() == 1 &&
-                     first.scalar_type() == at::kFloat && first.is_contiguous();
-  auto sum = owned ? std::move(first) : first.to(at::kFloat).clone().contiguous();
+  // The sum goes into the first contribution when it is writable, else into a copy.
+  auto sum = writable(std::move(parts[0]));
   for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
   sum.div_(static_cast<double>(parts.size()));
   // A diverged round fails here, naming the round, in every mode: a non-finite average would otherwise be

@@ -17,6 +17,7 @@
 
 #include "actors/cli/report/records.hpp"
 #include "actors/cli/report/summary.hpp"
+#include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/json/json_reader.hpp"
 
@@ -122,9 +123,7 @@ void read_run(const std::string& run_dir, point_result& r) {
 }
 
 std::string config_fingerprint(const sweep_point& p) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the resolved config
-  for (const unsigned char c : config::to_toml(p.cfg)) h = (h ^ c) * 1099511628211ull;
-  return fmt::format("{:016x}", h);
+  return fmt::format("{:016x}", config::cluster_id_of(config::to_toml(p.cfg)));  // FNV-1a of the config
 }
 
 void write_point_record(const sweep_point& p, const point_result& r) {
