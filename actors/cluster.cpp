@@ -121,8 +121,9 @@ class coordinator_watch {
     }
     if (gone_since_ && now >= next_reminder_) {
       next_reminder_ = now + reminder_every;
-      spdlog::warn("node {}: still no connection to the coordinator at {} ({:.0f} s); training goes on", name,
-                   control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count());
+      spdlog::warn("node {}: still no connection to the coordinator at {} ({:.0f} s){}; training goes on",
+                   name, control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count(),
+                   refused_.empty() ? "" : ": " + refused_);
     }
     return leave;
   }
@@ -166,12 +167,26 @@ class coordinator_watch {
           "node {}: lost the connection to the coordinator at {} (was it stopped?); training goes on "
           "without it",
           name, ev.text);
+    } else if (ev.what == kind::refused) {
+      // Said once per change of reason and then with the reminders: the socket retries every 5 s.
+      if (!gone_since_) {
+        gone_since_ = now;
+        next_reminder_ = now + reminder_every;
+      }
+      if (ev.text != refused_) {
+        refused_ = ev.text;
+        spdlog::error(
+            "node {}: {}; training goes on among this epoch's members, and membership changes wait "
+            "until the coordinator admits this node again (it retries every 5 s)",
+            name, ev.text);
+      }
     } else if (ev.what == kind::connection_back && gone_since_) {
       spdlog::info(
           "node {}: connected to the coordinator at {} again after {:.0f} s; re-announcing this node (round, "
           "epoch) so that a restarted coordinator can take the running cluster over",
           name, ev.text, std::chrono::duration<double>(now - *gone_since_).count());
       gone_since_.reset();
+      refused_.clear();
       reannounce_ = true;
       next_announce_ = now;
     }
@@ -181,6 +196,7 @@ class coordinator_watch {
   comm::hello_msg hello_;
   std::shared_ptr<comm::key_ring> admitted_;
   std::optional<std::chrono::steady_clock::time_point> gone_since_;
+  std::string refused_;  // why the coordinator refuses this node's handshake now ("" while it does not)
   std::chrono::steady_clock::time_point next_reminder_;
   bool reannounce_ = false;
   std::chrono::steady_clock::time_point next_announce_;
@@ -730,7 +746,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   role.cluster_workers = spec.train.train.workers;
   role.data_partitions = config::data_partitions(spec);
   role.ring = ring_options_from(cfg, spec.cluster_id);
-  role.ring.curve = curve;
+  if (curve) role.ring.curve = comm::ring_curve{curve->own, curve->on_refused};
   role.ring.names = role.names;
   if (const char* fault = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE")) {
     unsigned long long r = 0, c = 0;

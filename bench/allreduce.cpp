@@ -142,12 +142,9 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     std::vector<std::string> eps;
     for (const auto& ep : endpoints) eps.push_back(with_port_offset(ep, static_cast<int>(d)));
     if (variant_of(s.dtypes[d]) == "curve") {
-      auto admitted = std::make_shared<key_ring>();
-      for (size_t r = 0; r < eps.size(); ++r) {
+      for (size_t r = 0; r < eps.size(); ++r)
         o.public_keys.push_back(bench_key(static_cast<int>(r)).public_key);
-        admitted->allow(o.public_keys.back(), "rank" + std::to_string(r));
-      }
-      o.curve = curve_server_keys{bench_key(rank), admitted, {}};
+      o.curve = ring_curve{bench_key(rank), {}};
     }
     // "<dtype>/elastic": the cluster's collective (its input copy and confirmation all-reduce included).
     std::unique_ptr<collective> made;

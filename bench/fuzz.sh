@@ -4,7 +4,7 @@
 # (fuzz/corpus/<target>, never modified) for N executions or N seconds. Prints per target the executions,
 # exec/s and crashes (crashes, leaks, sanitizer reports, timeouts: 0 expected); exits 1 if there was one,
 # keeping the inputs that caused it. Needs clang and its libFuzzer runtime (Debian 12: clang and
-# libclang-rt-14-dev; not in scripts/setup, since CI does not fuzz).
+# libclang-rt-14-dev, which scripts/setup installs; CI runs every target briefly through scripts/sanitize).
 #   bench/fuzz.sh [--seconds N | --runs N] [--parallel P] [--seeds] [TARGET ...]
 #     --seconds N   each target for N seconds (default: 10, a short run)
 #     --runs N      each target for N executions (e.g. 1000000, the issue's goal)
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 all=(envelope_fuzz chunk_fuzz sparse_fuzz state_request_fuzz state_reply_fuzz checkpoint_bytes_fuzz checkpoint_file_fuzz
-  config_fuzz cluster_fuzz corpus_fuzz)
+  config_fuzz cluster_fuzz corpus_fuzz metrics_jsonl_fuzz)
 limit=(-max_total_time=10)
 parallel=1
 seeds=0

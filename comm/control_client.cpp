@@ -21,22 +21,31 @@ control_client::control_client(std::string coordinator_endpoint, uint64_t cluste
 
 control_client::control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id,
                                std::optional<curve_peer> curve)
-    : endpoint_(join_names(coordinator_endpoints)), cluster_id_(cluster_id), curve_(curve.has_value()) {
+    : endpoint_(join_names(coordinator_endpoints)),
+      endpoints_(std::move(coordinator_endpoints)),
+      cluster_id_(cluster_id),
+      curve_peer_(std::move(curve)),
+      curve_(curve_peer_.has_value()) {
   ctx_ = std::make_unique<zmq::context_t>(1);
+  // A routing id of its own, kept across reconnections: the coordinator tells this process from another one
+  // with the same node name, and knows it again after a dropped connection.
+  std::random_device rd;
+  routing_id_ = fmt::format("lw-node-{}-{:08x}", static_cast<long>(getpid()), rd());
+  open();
+}
+
+void control_client::open() {
   sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::dealer);
   sock_->set(zmq::sockopt::linger, 1000);
   sock_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
   sock_->set(zmq::sockopt::sndhwm, 16);
   // Several addresses: only to a connection that is up, not queued for an address where no coordinator runs.
-  if (coordinator_endpoints.size() > 1) sock_->set(zmq::sockopt::immediate, true);
-  // A routing id of its own, kept across reconnections: the coordinator tells this process from another one
-  // with the same node name, and knows it again after a dropped connection.
-  std::random_device rd;
-  const auto id = fmt::format("lw-node-{}-{:08x}", static_cast<long>(getpid()), rd());
-  sock_->set(zmq::sockopt::routing_id, id);
-  if (curve) make_curve_client(*sock_, curve->own, curve->server_public);
+  if (endpoints_.size() > 1) sock_->set(zmq::sockopt::immediate, true);
+  sock_->set(zmq::sockopt::routing_id, routing_id_);
+  if (curve_peer_) make_curve_client(*sock_, curve_peer_->own, curve_peer_->server_public);
   // The monitor must be attached before connecting, or the first connection's events are missed.
-  const std::string monitor_endpoint = "inproc://longwave-control-monitor";
+  // A new name each time: the endpoint of a monitor stopped in close() may still be bound for a while.
+  const std::string monitor_endpoint = fmt::format("inproc://longwave-control-monitor-{}", ++opened_);
   if (zmq_socket_monitor(sock_->handle(), monitor_endpoint.c_str(),
                          ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
@@ -45,7 +54,7 @@ control_client::control_client(std::vector<std::string> coordinator_endpoints, u
     monitor_->set(zmq::sockopt::linger, 0);
     monitor_->connect(monitor_endpoint);
   }
-  for (const auto& ep : coordinator_endpoints) {
+  for (const auto& ep : endpoints_) {
     try {
       sock_->connect(ep);
     } catch (const zmq::error_t& e) {
@@ -56,18 +65,42 @@ control_client::control_client(std::vector<std::string> coordinator_endpoints, u
 }
 
 control_client::~control_client() {
+  close();
+}
+
+void control_client::close() {
   // Stop the monitor first, so closing the DEALER does not wait on it.
   if (monitor_) {
     zmq_socket_monitor(sock_->handle(), nullptr, 0);
     monitor_.reset();
   }
+  sock_.reset();
 }
 
 void control_client::drain_monitor(std::vector<control_event>& out) {
   if (!monitor_) return;
   while (const auto e = next_monitor_event(*monitor_)) {
     const auto id = e->id;
-    if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+    if (ever_connected_ &&
+        (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)) {
+      // A coordinator this node was connected to now refuses it (restarted with other keys, or without
+      // CURVE). libzmq never reconnects after a failed handshake: the socket is opened again a little later,
+      // so the node gets back once the coordinator runs with the cluster's keys again.
+      connected_ = false;
+      reopen_at_ = clock::now() + reopen_after;
+      out.push_back(
+          {control_event::kind::refused,
+           errc::invalid_config,
+           id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+               ? fmt::format("the coordinator at {} now refuses this node's CURVE key (was it restarted "
+                             "with another key directory, or is the key revoked?)",
+                             endpoint_)
+               : fmt::format("the CURVE handshake with the coordinator at {} failed (was it restarted "
+                             "with another cluster's keys, or with [security] mode = \"none\"?)",
+                             endpoint_),
+           0,
+           {}});
+    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
       auth_refused_ = true;
     } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
       // A protocol error (another security mechanism, a key that does not decrypt): libzmq does not
@@ -111,6 +144,11 @@ std::vector<control_event> control_client::poll() {
   std::vector<control_event> out = std::move(pending_);
   pending_.clear();
   drain_monitor(out);
+  if (reopen_at_ && clock::now() >= *reopen_at_) {
+    reopen_at_.reset();
+    close();
+    open();
+  }
   for (;;) {
     std::vector<zmq::message_t> parts;
     try {

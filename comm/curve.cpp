@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <zmq.hpp>
 
@@ -239,9 +241,21 @@ void zap_handler::run() {
 void make_curve_server(zmq::socket_t& sock, const curve_key& own) {
   sock.set(zmq::sockopt::curve_server, true);
   sock.set(zmq::sockopt::curve_secretkey, own.secret_key);
-  // Handshakes go through the context's ZAP handler (libzmq 4.3 admits every key when a context has none:
-  // the callers create it before binding).
+  // Handshakes go through the context's ZAP handler; ZMQ_ZAP_ENFORCE_DOMAIN makes a context without one
+  // refuse every client instead of admitting it (libzmq 4.3's default). It is a draft option, so it has no
+  // name in the stable header; a libzmq built without drafts rejects it, and then the callers' order (handler
+  // before bind) is the only guard, which the log says.
   sock.set(zmq::sockopt::zap_domain, "longwave");
+  constexpr int zap_enforce_domain = 93;  // ZMQ_ZAP_ENFORCE_DOMAIN in zmq.h's draft section
+  const int one = 1;
+  if (zmq_setsockopt(sock.handle(), zap_enforce_domain, &one, sizeof one) != 0) {
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      fprintf(stderr,
+              "longwave: this libzmq lacks ZMQ_ZAP_ENFORCE_DOMAIN: a CURVE server relies on its ZAP "
+              "handler being bound first\n");
+    });
+  }
 }
 
 void make_curve_client(zmq::socket_t& sock, const curve_key& own, const std::string& server_public) {

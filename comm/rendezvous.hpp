@@ -108,6 +108,7 @@ struct control_event {
     leave,            ///< this node is asked to leave at its next round boundary
     connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
     connection_back,  ///< connected again after a drop; text: its endpoint
+    refused,          ///< the coordinator this node was connected to refuses its handshake now; text: why
   };
   kind what = kind::notice;
   errc code = errc::none;
@@ -163,7 +164,8 @@ class control_client {
   void error(errc code, const std::string& message);
 
   /// What the coordinator sent since the last call (its verdicts, e.g. "node c lost") and drops of the
-  /// connection and reconnections (a socket monitor). Never blocks.
+  /// connection and reconnections (a socket monitor). After a refused handshake (kind::refused) the socket
+  /// is opened again 5 s later, since libzmq does not reconnect after one. Never blocks.
   std::vector<control_event> poll();
 
   const std::string& endpoint() const { return endpoint_; }
@@ -180,13 +182,22 @@ class control_client {
   std::optional<frame_result<envelope>> receive(std::chrono::milliseconds wait);
   /// Sends body as this node (cluster id and rank filled in).
   void send_body(decltype(envelope::body) body);
+  /// Opens the DEALER (and its monitor) and connects it to every endpoint; close() undoes it.
+  void open();
+  void close();
   void drain_monitor(std::vector<control_event>& out);
   /// Throws lw_error(invalid_config) naming the cause when the coordinator refused this node's key, or when
   /// handshakes keep failing before this node ever connected (keys of another cluster, CURVE on one side).
   void check_handshake();
 
+  static constexpr std::chrono::seconds reopen_after{5};
   std::string endpoint_;
+  std::vector<std::string> endpoints_;
   uint64_t cluster_id_;
+  std::optional<curve_peer> curve_peer_;
+  std::string routing_id_;
+  std::optional<std::chrono::steady_clock::time_point> reopen_at_;  // open the socket again then
+  unsigned opened_ = 0;                                             // times open() ran
   uint32_t rank_ = 0xffffffffu;
   std::unique_ptr<zmq::context_t> ctx_;
   std::unique_ptr<zmq::socket_t> sock_;

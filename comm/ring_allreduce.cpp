@@ -256,7 +256,6 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
       throw lw_error(errc::invalid_config,
                      fmt::format("comm: CURVE needs every rank's public key: {} for a ring of {}",
                                  opts_.public_keys.size(), world));
-    t.curve = opts_.curve;
     t.server_public = opts_.public_keys[(rank_ + 1) % world];
     // The listening socket admits the previous rank's key only: no other key holder can pass frames off as
     // that rank's.
@@ -264,7 +263,7 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
     auto only_prev = std::make_shared<key_ring>();
     only_prev->allow(opts_.public_keys[prev],
                      prev < opts_.names.size() ? opts_.names[prev] : "previous rank");
-    t.curve->admitted = std::move(only_prev);
+    t.curve = curve_server_keys{opts_.curve->own, std::move(only_prev), opts_.curve->on_refused};
     if (!is_z85_key(t.server_public))
       throw lw_error(errc::invalid_config,
                      fmt::format("comm: rank {} has no CURVE public key", (rank_ + 1) % world));

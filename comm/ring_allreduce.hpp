@@ -21,6 +21,13 @@
 
 namespace longwave::comm {
 
+/// A ring's CURVE settings: this node's key pair, and who hears of a refused handshake on its listening
+/// socket (from the ZAP handler's thread).
+struct ring_curve {
+  curve_key own;
+  std::function<void(const handshake_refusal&)> on_refused;
+};
+
 class zmq_transport;
 struct ring_options;
 
@@ -59,9 +66,8 @@ struct ring_options {
   std::chrono::milliseconds stall_report_every{30000};
   std::function<void(const std::string&)> on_stall;
   /// CURVE: this node's keys, and every rank's public key (indexed like the endpoints): the next rank's is
-  /// pinned, and the listening socket admits the previous rank's only (curve->admitted is not used).
-  /// Unset: plain TCP.
-  std::optional<curve_server_keys> curve;
+  /// pinned, and the listening socket admits the previous rank's only. Unset: plain TCP.
+  std::optional<ring_curve> curve;
   std::vector<std::string> public_keys;
   /// Fault injection for tests (LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS on a node): the process kills
   /// itself with SIGKILL 50 ms after handing its CHUNKS-th chunk of round ROUND to ZeroMQ. 0: never.

@@ -55,3 +55,11 @@ void seeds_mode(Write&& write) {
 }
 
 }  // namespace longwave::fuzz
+
+/// Defines LLVMFuzzerInitialize for a target that needs nothing else at start: its seeds mode writes with
+/// `write` (a function of the seed folder).
+#define LW_FUZZ_INITIALIZE(write)                      \
+  extern "C" int LLVMFuzzerInitialize(int*, char***) { \
+    longwave::fuzz::seeds_mode(write);                 \
+    return 0;                                          \
+  }

@@ -50,10 +50,7 @@ void write_seeds(const std::string& dir) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  longwave::fuzz::seeds_mode(write_seeds);
-  return 0;
-}
+LW_FUZZ_INITIALIZE(write_seeds)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using longwave::fuzz::fail;

@@ -54,18 +54,78 @@ std::optional<std::string> replace_lone_surrogates(std::string_view s) {
   return out;
 }
 
+// RapidJSON 1.1.0's full precision passes 0 to __builtin_clzll for a zero written with many digits or an
+// exponent ("0.000...0", "0e100"; Tencent/rapidjson#1249, fixed after 1.1.0) and reads garbage (0e100 as
+// -2e235). Each such zero outside a string becomes "0.0" or "-0.0" padded with spaces: the same value and
+// kind, and the same length, so error offsets hold.
+std::optional<std::string> plain_zeros(std::string_view s) {
+  std::optional<std::string> out;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    if (c != '-' && (c < '0' || c > '9')) continue;
+    // A number token, read by JSON's grammar: -?int(.digits)?([eE][+-]?digits)?. Only a valid zero other
+    // than 0 or -0 (int "0", every fraction digit 0, and a fraction or an exponent) is rewritten.
+    auto digits = [&](size_t at, bool& all_zero) {
+      size_t k = at;
+      for (; k < s.size() && s[k] >= '0' && s[k] <= '9'; ++k) all_zero = all_zero && s[k] == '0';
+      return k;
+    };
+    bool zero = true, valid = true, plain = true;
+    size_t j = i + (c == '-');
+    const size_t int_end = digits(j, zero);
+    valid = int_end == j + 1 && s[j] == '0';  // a zero's integer part is one 0 (JSON has no leading zeros)
+    j = int_end;
+    if (j < s.size() && s[j] == '.') {
+      const size_t frac_end = digits(j + 1, zero);
+      valid = valid && frac_end > j + 1;
+      j = frac_end;
+      plain = false;
+    }
+    if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
+      size_t k = j + 1;
+      if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+      bool ignored = true;
+      const size_t exp_end = digits(k, ignored);
+      valid = valid && exp_end > k;
+      j = exp_end;
+      plain = false;
+    }
+    const std::string_view zero_text = c == '-' ? "-0.0" : "0.0";
+    if (zero && valid && !plain && j - i > zero_text.size()) {
+      if (!out) out.emplace(s);
+      out->replace(i, j - i, std::string(zero_text) + std::string(j - i - zero_text.size(), ' '));
+    }
+    i = j == i ? i : j - 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc, json_numbers numbers) {
-  const auto replaced = replace_lone_surrogates(text);
-  const std::string_view parsed = replaced ? std::string_view(*replaced) : text;
-  // RapidJSON 1.1.0's full precision passes 0 to __builtin_clzll for a zero with many digits or an exponent
-  // ("0.000...0", "0e100"; Tencent/rapidjson#1249, fixed after 1.1.0): undefined behaviour on a text from
-  // outside, so only callers that need exact doubles ask for it.
-  if (numbers == json_numbers::exact)
+  auto replaced = replace_lone_surrogates(text);
+  std::string_view parsed = replaced ? std::string_view(*replaced) : text;
+  if (numbers == json_numbers::exact) {
+    if (auto zeros = plain_zeros(parsed)) {
+      replaced = std::move(zeros);
+      parsed = *replaced;
+    }
     doc.Parse<parse_flags | rapidjson::kParseFullPrecisionFlag>(parsed.data(), parsed.size());
-  else
+  } else {
     doc.Parse<parse_flags>(parsed.data(), parsed.size());
+  }
   json_error e;
   if (doc.HasParseError()) {
     e.what = rapidjson::GetParseError_En(doc.GetParseError());

@@ -178,6 +178,9 @@ CATCH_TEST_CASE("A peer serving a corrupt copy of the state is dropped and the o
     CATCH_REQUIRE(got.dropped.size() == 1);
     CATCH_CHECK(got.dropped[0].find("other contents") != std::string::npos);
   }
+#ifndef __SANITIZE_THREAD__
+  // Left out under ThreadSanitizer: the test rots the bytes behind the server's back, and the server's last
+  // read of them is ordered before that only through ZeroMQ messages, which TSan cannot see.
   CATCH_SECTION("its offer matches but its bytes rotted after it was checksummed") {
     auto copy = std::make_shared<std::vector<std::byte>>(*blob);
     bad->publish({4, 0}, 4, copy);
@@ -192,6 +195,7 @@ CATCH_TEST_CASE("A peer serving a corrupt copy of the state is dropped and the o
     CATCH_REQUIRE(got.dropped.size() == 1);
     CATCH_CHECK(got.dropped[0].find("corrupt copy") != std::string::npos);
   }
+#endif
 }
 
 CATCH_TEST_CASE("No reachable peer: deadline_missed within the timeout", "[integration]") {

@@ -208,3 +208,51 @@ CATCH_TEST_CASE(
   CATCH_CHECK(contains(plain, "neither authenticated nor encrypted"));
   fs::remove_all(dir);
 }
+
+CATCH_TEST_CASE(
+    "running nodes whose coordinator comes back with other keys say so, and reconnect once it has the "
+    "cluster's keys again",
+    "[process][cluster][security][elastic]") {
+  const auto dir = scratch_dir("security_rekeyed");
+  cluster_ports ports;
+  const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(file, "rounds = 3", "rounds = 30");
+  edit_file(file, "inner_steps = 3", "inner_steps = 20");  // about a minute: still running when it comes back
+  auto [coord, nodes] = start_cluster(dir, file, 2);
+  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
+  kill(coord.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(coord, 30) == 128 + SIGKILL);
+  // The same cluster key, but a node directory without n0 and n1: its ZAP handler refuses both.
+  fs::copy(dir + "/keys", dir + "/keys-other", fs::copy_options::recursive);
+  for (const char* n : {"n0", "n1"}) fs::remove(dir + "/keys-other/nodes/" + std::string(n) + ".public");
+  const auto other = dir + "/cluster-other.toml";
+  fs::copy_file(file, other);
+  edit_file(other, "keys = \"" + dir + "/keys\"", "keys = \"" + dir + "/keys-other\"");
+  auto wrong = spawn({binary(), "coordinator", other}, dir + "/coord-wrong.log");
+  const std::string said = "now refuses this node's CURVE key";
+  const bool both_said = wait_until(
+      [&] {
+        return contains(read_text(dir + "/n0.log"), said) && contains(read_text(dir + "/n1.log"), said);
+      },
+      60);
+  CATCH_INFO(tail(read_text(dir + "/n0.log")) << "\n--- wrong coordinator\n"
+                                              << read_text(dir + "/coord-wrong.log"));
+  CATCH_CHECK(both_said);
+  kill(wrong.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(wrong, 30) == 128 + SIGKILL);
+  // The right coordinator again: the nodes open their sockets again and it takes the running cluster over.
+  auto right = spawn({binary(), "coordinator", file}, dir + "/coord2.log");
+  std::vector<int> codes;
+  for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
+  const int right_code = wait_exit(right, 60);
+  const auto clog = read_text(dir + "/coord2.log");
+  CATCH_INFO(clog << "\n--- n0\n" << tail(read_text(dir + "/n0.log")));
+  CATCH_CHECK(codes == std::vector<int>{0, 0});
+  CATCH_CHECK(right_code == 0);
+  CATCH_CHECK(contains(clog, "took over the running cluster"));
+  CATCH_CHECK(contains(read_text(dir + "/n0.log"), "connected to the coordinator at"));
+  const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
+  CATCH_CHECK(a.size() >= 30);
+  CATCH_CHECK(a == b);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}

@@ -158,3 +158,22 @@ CATCH_TEST_CASE("the ZAP handler admits the ring's keys only, and names each ref
   CATCH_CHECK(zap.refused() >= 2);
   for (const auto& r : refused) CATCH_CHECK_THAT(r.describe(), Contains("refused 127.0.0.1"));
 }
+
+CATCH_TEST_CASE("a CURVE server whose context has no ZAP handler admits no one", "[unit][curve]") {
+  // libzmq 4.3 admits every key when no handler is bound; make_curve_server enforces the ZAP domain instead.
+  zmq::context_t ctx;
+  const auto server_key = new_curve_key(), client_key = new_curve_key();
+  zmq::socket_t server(ctx, zmq::socket_type::pull);
+  server.set(zmq::sockopt::linger, 0);
+  make_curve_server(server, server_key);
+  server.bind("tcp://127.0.0.1:*");
+  zmq::context_t client_ctx;
+  zmq::socket_t client(client_ctx, zmq::socket_type::push);
+  client.set(zmq::sockopt::linger, 0);
+  make_curve_client(client, client_key, server_key.public_key);
+  client.connect(server.get(zmq::sockopt::last_endpoint));
+  (void)client.send(zmq::str_buffer("hello"), zmq::send_flags::dontwait);
+  server.set(zmq::sockopt::rcvtimeo, 1500);
+  zmq::message_t m;
+  CATCH_CHECK_FALSE(server.recv(m));
+}

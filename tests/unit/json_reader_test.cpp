@@ -80,7 +80,8 @@ CATCH_TEST_CASE("json reader: a text that ends inside a value is reported trunca
 }
 
 // Found by fuzz/corpus_fuzz. RapidJSON 1.1.0's full precision (json_numbers::exact) passes 0 to
-// __builtin_clzll here and reads garbage (0e100 as -2e235 in a GCC build); the corpus reader does not use it.
+// __builtin_clzll here and reads garbage (0e100 as -2e235 in a GCC build); parse_json writes such zeros
+// plainly first (longwave report reads metrics.jsonl with exact numbers).
 CATCH_TEST_CASE("json reader: zeros with many digits or an exponent read as 0 with approximate numbers",
                 "[unit][json]") {
   rapidjson::Document doc;
@@ -90,4 +91,32 @@ CATCH_TEST_CASE("json reader: zeros with many digits or an exponent read as 0 wi
   CATCH_CHECK(doc[1].GetDouble() == 0.0);
   CATCH_CHECK(doc[2].GetDouble() == 0.0);
   CATCH_CHECK(doc[3].GetDouble() == 1.5);
+}
+
+CATCH_TEST_CASE("json reader: zeros with many digits or an exponent read as 0 with exact numbers too",
+                "[unit][json]") {
+  rapidjson::Document doc;
+  const std::string text =
+      R"({"a": 0.0000000000000000000000000000000000000000, "b": [0e100, -0E-400, 0.0e+5, 0, -0, 0.0],)"
+      R"( "c": "0e100 in a string stays", "d": 1e-320, "e": 0.1, "f": 100e-2, "g": -Infinity})";
+  CATCH_REQUIRE_FALSE(parse_json(text, doc, longwave::runtime::json_numbers::exact));
+  CATCH_CHECK(doc["a"].IsDouble());
+  CATCH_CHECK(doc["a"].GetDouble() == 0.0);
+  const auto& b = doc["b"];
+  CATCH_CHECK(b[0].GetDouble() == 0.0);
+  CATCH_CHECK(b[1].GetDouble() == 0.0);
+  CATCH_CHECK(std::signbit(b[1].GetDouble()));
+  CATCH_CHECK(b[2].GetDouble() == 0.0);
+  CATCH_CHECK(b[3].IsInt());  // plain integers keep their kind
+  CATCH_CHECK(b[4].IsInt());
+  CATCH_CHECK(b[5].IsDouble());
+  CATCH_CHECK(std::string(doc["c"].GetString()) == "0e100 in a string stays");
+  CATCH_CHECK(doc["d"].GetDouble() == 1e-320);  // exact: a subnormal, and 0.1 to the last bit
+  CATCH_CHECK(doc["e"].GetDouble() == 0.1);
+  CATCH_CHECK(doc["f"].GetDouble() == 1.0);
+  CATCH_CHECK(std::isinf(doc["g"].GetDouble()));
+  // An error after a rewritten zero still names its own column.
+  const auto e = parse_json("[0e100, x]", doc, longwave::runtime::json_numbers::exact);
+  CATCH_REQUIRE(e);
+  CATCH_CHECK(e->column == 9);
 }
