@@ -606,6 +606,13 @@ int run_coordinator_role(const config::cluster_spec& spec, const std::string& bi
       auto keys = comm::load_coordinator_keys(spec.security.keys, spec.security.revoked);
       o.curve = keys.own;
       o.node_keys = keys.nodes;
+      // Keys made after the start (a new node of an open cluster, a listed node keyed late) are read when
+      // they first knock.
+      o.refresh_keys = [dir = spec.security.keys, ring = keys.nodes] {
+        const size_t added = comm::admit_new_node_keys(dir, *ring);
+        if (added > 0) spdlog::info("coordinator: admitted {} node key(s) added to {}/nodes", added, dir);
+        return added > 0;
+      };
       spdlog::info("coordinator: CURVE with keys from {}: {} node key(s) admitted{}", spec.security.keys,
                    keys.nodes->entries().size(),
                    spec.security.revoked.empty() ? std::string()

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -174,8 +175,9 @@ std::string handshake_refusal::describe() const {
 }
 
 zap_handler::zap_handler(zmq::context_t& ctx, std::shared_ptr<const key_ring> keys,
-                         std::function<void(const handshake_refusal&)> on_refused)
-    : keys_(std::move(keys)), on_refused_(std::move(on_refused)) {
+                         std::function<void(const handshake_refusal&)> on_refused,
+                         std::function<bool()> refresh)
+    : keys_(std::move(keys)), on_refused_(std::move(on_refused)), refresh_(std::move(refresh)) {
   sock_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::rep);
   sock_->set(zmq::sockopt::linger, 0);
   try {
@@ -193,6 +195,15 @@ zap_handler::~zap_handler() {
 }
 
 void zap_handler::run() {
+  std::optional<std::chrono::steady_clock::time_point> refreshed;
+  // A key not in the ring: read what refresh adds (at most once a second, so unknown keys cannot make it
+  // read the key directory in a loop), then look again.
+  auto known_after_refresh = [&](const std::string& key) -> std::optional<std::string> {
+    const auto now = std::chrono::steady_clock::now();
+    if (!refresh_ || (refreshed && now - *refreshed < std::chrono::seconds(1))) return std::nullopt;
+    refreshed = now;
+    return refresh_() ? keys_->name_of(key) : std::nullopt;
+  };
   while (!stop_.load(std::memory_order_acquire)) {
     zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
     try {
@@ -222,6 +233,8 @@ void zap_handler::run() {
         r.reason = "revoked";
       } else if (auto name = keys_->name_of(r.public_key)) {
         user = *name;
+      } else if (auto added = known_after_refresh(r.public_key)) {
+        user = *added;
       } else {
         r.reason = "unknown_key";
       }
@@ -324,6 +337,25 @@ cluster_keys load_coordinator_keys(const std::string& dir, const std::vector<std
     out.nodes->revoke(key);
   }
   return out;
+}
+
+size_t admit_new_node_keys(const std::string& dir, key_ring& ring) {
+  std::error_code ec;
+  size_t added = 0;
+  for (const auto& e : fs::directory_iterator(join_path(dir, "nodes"), ec)) {
+    if (e.path().extension() != ".public") continue;
+    const std::string name = e.path().stem().string();
+    if (!ring.key_of(name).empty()) continue;
+    try {
+      const auto key = read_key_file(e.path().string(), false);
+      if (ring.is_revoked(key) || ring.name_of(key)) continue;
+      ring.allow(key, name);
+      ++added;
+    } catch (const lw_error&) {
+      // Being written, or malformed: the next refresh reads it again.
+    }
+  }
+  return added;
 }
 
 cluster_keys load_node_keys(const std::string& dir, const std::string& name) {

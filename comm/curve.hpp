@@ -97,12 +97,15 @@ struct curve_server_keys {
 
 /// Answers the ZAP requests of one ZeroMQ context on its own thread (RFC 27): a CURVE client whose public
 /// key is in the ring gets in with its node name as the connection's user id ("User-Id" of its messages);
-/// any other is refused and reported to on_refused (from that thread). Must be created before any CURVE
-/// server socket of the context binds, and destroyed before the context.
+/// any other is refused and reported to on_refused (from that thread). Before refusing an unknown key it
+/// calls refresh, at most once a second (e.g. to read keys added to the key directory since); when refresh
+/// returns true the key is looked up again. Must be created before any CURVE server socket of the context
+/// binds, and destroyed before the context.
 class zap_handler {
  public:
   zap_handler(zmq::context_t& ctx, std::shared_ptr<const key_ring> keys,
-              std::function<void(const handshake_refusal&)> on_refused = {});
+              std::function<void(const handshake_refusal&)> on_refused = {},
+              std::function<bool()> refresh = {});
   ~zap_handler();
   zap_handler(const zap_handler&) = delete;
   zap_handler& operator=(const zap_handler&) = delete;
@@ -114,6 +117,7 @@ class zap_handler {
   std::unique_ptr<zmq::socket_t> sock_;
   std::shared_ptr<const key_ring> keys_;
   std::function<void(const handshake_refusal&)> on_refused_;
+  std::function<bool()> refresh_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
   std::thread thread_;
@@ -140,6 +144,11 @@ struct cluster_keys {
 /// The coordinator's keys: cluster.secret (0600), and every nodes/NAME.public as node NAME; `revoked` lists
 /// node names or Z85 public keys that are refused. Throws lw_error(invalid_config) naming the file or entry.
 cluster_keys load_coordinator_keys(const std::string& dir, const std::vector<std::string>& revoked);
+
+/// Admits the nodes/NAME.public files of key directory `dir` whose node name the ring does not know yet
+/// (keys made after the coordinator started; a revoked key stays refused, and a node's key is not replaced).
+/// Returns how many were admitted; files that cannot be read are skipped.
+size_t admit_new_node_keys(const std::string& dir, key_ring& ring);
 
 /// A node's keys: cluster.public and nodes/NAME.secret (0600). Throws lw_error(invalid_config) naming the
 /// file.

@@ -73,9 +73,12 @@ class coordinator {
     sock_.set(zmq::sockopt::router_handover, true);
     sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
     if (o_.node_keys) {
-      zap_ = std::make_unique<zap_handler>(ctx_, o_.node_keys, [this](const handshake_refusal& r) {
-        refused(r, n_key_refusals_, "refused keys");  // on the ZAP thread
-      });
+      zap_ = std::make_unique<zap_handler>(
+          ctx_, o_.node_keys,
+          [this](const handshake_refusal& r) {
+            refused(r, n_key_refusals_, "refused keys");  // on the ZAP thread
+          },
+          o_.refresh_keys);
       try {
         make_curve_server(sock_, o_.curve);
       } catch (const zmq::error_t& e) {
@@ -449,6 +452,7 @@ class coordinator {
       mm.workers.push_back(spec.workers);
     }
     mm.keys = all_keys();
+    remember_announced(mm.keys);
     for (size_t r = 0; r < members.size(); ++r) {
       mm.rank = static_cast<uint32_t>(r);
       envelope e;
@@ -624,6 +628,7 @@ class coordinator {
     w.epoch = epoch_;
     for (size_t r = 0; r < members.size(); ++r) w.peers.push_back(peer_of(r, members[r]));
     w.keys = all_keys();
+    remember_announced(w.keys);
     envelope e;
     e.cluster_id = o_.cluster_id;
     e.sender = no_rank;
@@ -646,6 +651,11 @@ class coordinator {
     if (o_.node_keys)
       for (const auto& [name, key] : o_.node_keys->entries()) out.push_back({0, name, "", key});
     return out;
+  }
+
+  /// The node keys the members were told of, so that a key read later is announced with a new epoch.
+  void remember_announced(const std::vector<peer_entry>& keys) {
+    for (const auto& k : keys) keys_announced_.insert(k.public_key);
   }
 
   /// Reports handshakes the monitor saw fail (CURVE only).
@@ -866,6 +876,11 @@ class coordinator {
         "state from {}",
         name, peer, epoch_, m.removed.empty() ? "" : ", it was " + m.removed, names_of(training_members())));
     send_recover(idx, "");
+    // A key the coordinator read after the members learned the keys (added to nodes/ later): their state
+    // servers admit it from the next membership on, so a fence brings one now (the joiner fetches again).
+    if (o_.node_keys && !fence_ && !keys_announced_.count(key_of(name)))
+      start_fence("join",
+                  fmt::format("the members learn node {}'s key, added to the key directory since", name));
   }
 
   /// A joiner holds the state after all-reduce r.key: a fence admits it (conclude_fence).
@@ -1049,6 +1064,7 @@ class coordinator {
   bool welcomed_ = false;                    // training began
   uint64_t epoch_ = 1;                       // the current membership's epoch
   std::optional<fence_state> fence_;         // a membership change in progress
+  std::set<std::string> keys_announced_;     // node public keys sent in a welcome or membership
   bool reset_wanted_ = false;                // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;
   std::optional<clock::time_point> hold_until_;  // the fence is held for a slow joiner until then

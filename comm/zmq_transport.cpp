@@ -102,7 +102,9 @@ void zmq_transport::open_sockets() {
   if (opts_.curve) make_curve_client(*push_, opts_.curve->own, opts_.server_public);
   // The monitor must be attached before connecting, or the first connection's events are missed.
   if (zmq_socket_monitor(push_->handle(), monitor_endpoint,
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0)
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
     throw zmq::error_t();
   monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
   monitor_->set(zmq::sockopt::linger, 0);
@@ -184,10 +186,23 @@ void zmq_transport::drain_monitor() {
   while (const auto e = next_monitor_event(*monitor_)) {
     if (e->id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       connected_ = true;
+      dropped_handshakes_ = 0;
       lost_.reset();
     } else if (e->id == ZMQ_EVENT_DISCONNECTED && connected_) {
       connected_ = false;
       if (!lost_) lost_ = fmt::format("connection to {} lost", e->address);
+    } else if (e->id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+      // libzmq never retries after a refused handshake: say why now instead of stalling until the timeout.
+      if (!lost_) lost_ = fmt::format("{} refused this node's CURVE key", e->address);
+    } else if (e->id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+               (e->id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && ++dropped_handshakes_ >= 3)) {
+      // A server that cannot read this node's hello (pinned to another key) drops it, and libzmq tries again:
+      // three drops in a row with no handshake between them are taken as the answer.
+      if (!lost_)
+        lost_ = fmt::format(
+            "the CURVE handshake with {} failed (its key is not the one the coordinator named, "
+            "or it runs without CURVE)",
+            e->address);
     }
   }
 }

@@ -87,7 +87,8 @@ class zmq_transport {
   void wait(bool want_send, bool want_recv, std::chrono::steady_clock::time_point until);
 
   /// A description of the loss of the connection to the next rank, if it was lost and has not come back
-  /// since. A link that dropped between rounds (the next rank died while this one computed) stays lost, so
+  /// since, or of a failed CURVE handshake with it (a refused or unexpected key; libzmq does not retry one).
+  /// A link that dropped between rounds (the next rank died while this one computed) stays lost, so
   /// the next round fails at once instead of waiting for its deadline; a reconnect forgets the loss.
   std::optional<std::string> link_lost();
 
@@ -108,6 +109,7 @@ class zmq_transport {
   std::unique_ptr<zmq::socket_t> monitor_;
   std::unique_ptr<zap_handler> zap_;  // CURVE: closed before the context
   bool connected_ = false;
+  int dropped_handshakes_ = 0;  // in a row, since the last handshake that succeeded
   std::optional<std::string> lost_;
 
   std::mutex mu_;

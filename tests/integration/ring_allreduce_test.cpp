@@ -1288,3 +1288,63 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
   CATCH_CHECK(r0.find("from rank 2 (c, tcp://") != std::string::npos);
   fs::remove_all(dir);
 }
+
+CATCH_TEST_CASE(
+    "a CURVE ring whose next rank refuses this rank's key, or has another key, fails at once naming it",
+    "[comm][curve]") {
+  // libzmq never retries a refused handshake, and a server that cannot read a hello drops it again and again:
+  // either used to stall the call until its timeout.
+  const ms timeout(8000);  // the ranks that only wait stall until then
+  const std::vector<curve_key> keys = {new_curve_key(), new_curve_key(), new_curve_key()};
+  const curve_key stranger = new_curve_key();
+  for (const bool refused : {true, false}) {
+    // Of 3 ranks, rank 0 pins rank 1's key and admits rank 2's, so pinning a stranger breaks one link only.
+    CATCH_DYNAMIC_SECTION((refused ? "rank 1 admits another key than rank 0's" : "rank 0 pins another key")) {
+      const int n = refused ? 2 : 3;
+      const auto dir = scratch(refused ? "curve-refused" : "curve-pinned");
+      auto codes = run_ring(
+          n,
+          [&](std::vector<std::string> eps) {
+            std::vector<body_fn> bodies;
+            for (int r = 0; r < n; ++r)
+              bodies.push_back([=] {
+                auto opts = test_options(0xC0DE);
+                opts.timeout = timeout;
+                opts.curve = ring_curve{keys[r], {}};
+                // What each rank believes the ranks' keys are.
+                for (int k = 0; k < n; ++k) opts.public_keys.push_back(keys[k].public_key);
+                if (refused && r == 1) opts.public_keys[0] = stranger.public_key;
+                if (!refused && r == 0) opts.public_keys[1] = stranger.public_key;
+                ring_allreduce ring(r, eps, opts);
+                auto data = input(r, 100000, 1);
+                const auto t0 = std::chrono::steady_clock::now();
+                std::string outcome = "none", why;
+                try {
+                  ring.allreduce(1, data.data(), data.size());
+                } catch (const lw_error& e) {
+                  outcome = to_string(e.code());
+                  why = e.what();
+                }
+                const auto elapsed =
+                    std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - t0).count();
+                write_text(rank_file(dir, r), outcome + " " + std::to_string(elapsed) + " " + why + "\n");
+                return 0;
+              });
+            return bodies;
+          },
+          60);
+      CATCH_CHECK(codes == std::vector<int>(n, 0));
+      std::istringstream in(read_text(rank_file(dir, 0)));
+      std::string outcome, why;
+      long elapsed = -1;
+      in >> outcome >> elapsed;
+      std::getline(in, why);
+      CATCH_INFO("rank 0: " << outcome << " after " << elapsed << " ms: " << why);
+      CATCH_CHECK(outcome == "peer_lost");
+      CATCH_CHECK(elapsed < 4000);
+      CATCH_CHECK_THAT(why,
+                       Catch::Contains(refused ? "refused this node's CURVE key" : "CURVE handshake with"));
+      fs::remove_all(dir);
+    }
+  }
+}

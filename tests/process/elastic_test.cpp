@@ -377,23 +377,28 @@ CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [c
           c.dir + "/n9.log", 60);
   CATCH_CHECK(big_code == 2);
   CATCH_CHECK(contains(big, "--workers 3: must be in [1, 2] ([cluster] open_workers)"));
-  auto n3 = spawn({binary(), "node", c.file, "--node", "n3", "--endpoint", endpoint, "--workers", "1"},
-                  c.dir + "/n3.log");
+  // Its key is made now, after the coordinator read the key directory: read when it first knocks.
+  const auto [keys_code, keys_out] =
+      run({binary(), "keys", "new", "--out", c.dir + "/keys", "--nodes", "n10"}, c.dir + "/keys-n10.log", 60);
+  CATCH_REQUIRE(keys_code == 0);
+  auto n3 = spawn({binary(), "node", c.file, "--node", "n10", "--endpoint", endpoint, "--workers", "1"},
+                  c.dir + "/n10.log");
   const int code3 = wait_exit(n3, 300);
   const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300),
             code2 = wait_exit(c.nodes[2], 300);
   const int coord_code = wait_exit(c.coord, 60);
-  const auto clog = c.coord_log(), log3 = read_text(c.dir + "/n3.log");
+  const auto clog = c.coord_log(), log3 = read_text(c.dir + "/n10.log");
   CATCH_INFO(clog << "\n--- n3\n" << tail(log3));
   CATCH_CHECK(code3 == 0);
   CATCH_CHECK(code0 + code1 + code2 + coord_code == 0);
   // Its workers read the first data region kept for such nodes: global rank 3, after n0..n2's 0..2.
   CATCH_CHECK(
-      contains(clog, "node n3 is not in the cluster file ([cluster] open): 1 workers, global ranks 3..3"));
-  CATCH_CHECK(contains(clog, "node n3 admitted in epoch"));
+      contains(clog, "node n10 is not in the cluster file ([cluster] open): 1 workers, global ranks 3..3"));
+  CATCH_CHECK(contains(clog, "node n10 admitted in epoch"));
+  CATCH_CHECK(contains(clog, "admitted 1 node key(s) added to " + c.dir + "/keys/nodes"));
   CATCH_CHECK(contains(clog, "every node finished"));
   check_rounds(c, {"n0", "n1", "n2"});
-  check_joined(log3, c.out("n3"), c.out("n0"));
+  check_joined(log3, c.out("n10"), c.out("n0"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
