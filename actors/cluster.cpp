@@ -123,7 +123,7 @@ class coordinator_watch {
       next_reminder_ = now + reminder_every;
       spdlog::warn("node {}: still no connection to the coordinator at {} ({:.0f} s){}; training goes on",
                    name, control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count(),
-                   refused_.empty() ? "" : ": " + refused_);
+                   refused_.empty() ? "" : "; last refusal: " + refused_);
     }
     return leave;
   }
@@ -608,11 +608,10 @@ int run_coordinator_role(const config::cluster_spec& spec, const std::string& bi
       o.node_keys = keys.nodes;
       // Keys made after the start (a new node of an open cluster, a listed node keyed late) are read when
       // they first knock.
-      o.refresh_keys = [dir = spec.security.keys, ring = keys.nodes] {
-        const size_t added = comm::admit_new_node_keys(dir, *ring);
-        if (added > 0) spdlog::info("coordinator: admitted {} node key(s) added to {}/nodes", added, dir);
-        return added > 0;
-      };
+      o.refresh_keys =
+          comm::node_key_refresh(spec.security.keys, keys.nodes, [dir = spec.security.keys](size_t n) {
+            spdlog::info("coordinator: admitted {} node key(s) added to {}/nodes", n, dir);
+          });
       spdlog::info("coordinator: CURVE with keys from {}: {} node key(s) admitted{}", spec.security.keys,
                    keys.nodes->entries().size(),
                    spec.security.revoked.empty() ? std::string()

@@ -81,25 +81,35 @@ void control_client::drain_monitor(std::vector<control_event>& out) {
   if (!monitor_) return;
   while (const auto e = next_monitor_event(*monitor_)) {
     const auto id = e->id;
-    if (ever_connected_ &&
-        (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)) {
-      // A coordinator this node was connected to now refuses it (restarted with other keys, or without
-      // CURVE). libzmq never reconnects after a failed handshake: the socket is opened again a little later,
-      // so the node gets back once the coordinator runs with the cluster's keys again.
+    const bool failed = id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                        id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+    if (ever_connected_ && failed) {
+      // A coordinator this node was connected to now refuses it: restarted with another key directory (its
+      // ZAP handler refuses this key), with another cluster's keys (it cannot read this node's hello and
+      // drops it: three in a row answer), or without CURVE. libzmq retries only dropped hellos: after the
+      // others the socket is opened again a little later, so the node gets back once the coordinator is
+      // fixed.
+      if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && ++handshake_failures_ != 3) continue;
+      if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) auth_refused_ = true;  // a join in progress stops, naming it
+      if (id != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) reopen_at_ = clock::now() + reopen_after;
       connected_ = false;
-      reopen_at_ = clock::now() + reopen_after;
-      out.push_back(
-          {control_event::kind::refused,
-           errc::invalid_config,
-           id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
-               ? fmt::format("the coordinator at {} now refuses this node's CURVE key (was it restarted "
-                             "with another key directory, or is the key revoked?)",
-                             endpoint_)
-               : fmt::format("the CURVE handshake with the coordinator at {} failed (was it restarted "
-                             "with another cluster's keys, or with [security] mode = \"none\"?)",
-                             endpoint_),
-           0,
-           {}});
+      std::string why;
+      if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        why = fmt::format(
+            "the coordinator at {} now refuses this node's CURVE key (was it restarted with "
+            "another key directory, or is the key revoked?)",
+            e->address);
+      else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        why = fmt::format(
+            "the handshake with the coordinator at {} failed: it runs without CURVE ([security] "
+            "mode = \"none\")",
+            e->address);
+      else
+        why = fmt::format(
+            "the coordinator at {} drops this node's CURVE hellos: its key is not this node's "
+            "keys/cluster.public (was it restarted with another cluster's keys?)",
+            e->address);
+      out.push_back({control_event::kind::refused, errc::invalid_config, std::move(why), 0, {}});
     } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
       auth_refused_ = true;
     } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
@@ -110,6 +120,7 @@ void control_client::drain_monitor(std::vector<control_event>& out) {
       ++handshake_failures_;  // the peer dropped the connection mid-handshake: maybe a restart, count
     } else if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
       handshake_failures_ = 0;
+      auth_refused_ = false;
       connected_ = true;
       if (ever_connected_)
         out.push_back({control_event::kind::connection_back, errc::none, endpoint_, 0, {}});

@@ -151,6 +151,13 @@ std::string key_ring::key_of(const std::string& name) const {
   return "";
 }
 
+bool key_ring::knows_name(const std::string& name) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [key, n] : names_)
+    if (n == name) return true;
+  return false;
+}
+
 std::vector<std::pair<std::string, std::string>> key_ring::entries() const {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<std::pair<std::string, std::string>> out;
@@ -195,14 +202,10 @@ zap_handler::~zap_handler() {
 }
 
 void zap_handler::run() {
-  std::optional<std::chrono::steady_clock::time_point> refreshed;
-  // A key not in the ring: read what refresh adds (at most once a second, so unknown keys cannot make it
-  // read the key directory in a loop), then look again.
+  // A key not in the ring: let refresh add keys (it decides whether anything is worth reading), then look
+  // again.
   auto known_after_refresh = [&](const std::string& key) -> std::optional<std::string> {
-    const auto now = std::chrono::steady_clock::now();
-    if (!refresh_ || (refreshed && now - *refreshed < std::chrono::seconds(1))) return std::nullopt;
-    refreshed = now;
-    return refresh_() ? keys_->name_of(key) : std::nullopt;
+    return refresh_ && refresh_() ? keys_->name_of(key) : std::nullopt;
   };
   while (!stop_.load(std::memory_order_acquire)) {
     zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
@@ -255,9 +258,9 @@ void make_curve_server(zmq::socket_t& sock, const curve_key& own) {
   sock.set(zmq::sockopt::curve_server, true);
   sock.set(zmq::sockopt::curve_secretkey, own.secret_key);
   // Handshakes go through the context's ZAP handler; ZMQ_ZAP_ENFORCE_DOMAIN makes a context without one
-  // refuse every client instead of admitting it (libzmq 4.3's default). It is a draft option, so it has no
-  // name in the stable header; a libzmq built without drafts rejects it, and then the callers' order (handler
-  // before bind) is the only guard, which the log says.
+  // refuse every client instead of admitting it (libzmq 4.3's default). Its name is only in zmq.h's draft
+  // section; a libzmq that rejects it leaves the callers' order (handler before bind) as the only guard, as
+  // the log says.
   sock.set(zmq::sockopt::zap_domain, "longwave");
   constexpr int zap_enforce_domain = 93;  // ZMQ_ZAP_ENFORCE_DOMAIN in zmq.h's draft section
   const int one = 1;
@@ -339,23 +342,40 @@ cluster_keys load_coordinator_keys(const std::string& dir, const std::vector<std
   return out;
 }
 
-size_t admit_new_node_keys(const std::string& dir, key_ring& ring) {
+size_t admit_new_node_keys(const std::string& dir, key_ring& ring, bool* all_read) {
   std::error_code ec;
   size_t added = 0;
+  if (all_read) *all_read = true;
   for (const auto& e : fs::directory_iterator(join_path(dir, "nodes"), ec)) {
     if (e.path().extension() != ".public") continue;
     const std::string name = e.path().stem().string();
-    if (!ring.key_of(name).empty()) continue;
+    if (ring.knows_name(name)) continue;  // admitted already, or revoked: a new key file does not undo that
     try {
       const auto key = read_key_file(e.path().string(), false);
       if (ring.is_revoked(key) || ring.name_of(key)) continue;
       ring.allow(key, name);
       ++added;
     } catch (const lw_error&) {
-      // Being written, or malformed: the next refresh reads it again.
+      if (all_read) *all_read = false;  // being written, or malformed: the next refresh reads it again
     }
   }
+  if (ec && all_read) *all_read = false;
   return added;
+}
+
+std::function<bool()> node_key_refresh(std::string dir, std::shared_ptr<key_ring> ring,
+                                       std::function<void(size_t)> on_added) {
+  auto read_at = std::make_shared<std::optional<fs::file_time_type>>();
+  return [dir = std::move(dir), ring = std::move(ring), on_added = std::move(on_added), read_at] {
+    std::error_code ec;
+    const auto changed = fs::last_write_time(join_path(dir, "nodes"), ec);
+    if (ec || (*read_at && **read_at == changed)) return false;  // a new file changes the folder's time
+    bool all_read = true;
+    const size_t added = admit_new_node_keys(dir, *ring, &all_read);
+    if (all_read) *read_at = changed;
+    if (added > 0 && on_added) on_added(added);
+    return added > 0;
+  };
 }
 
 cluster_keys load_node_keys(const std::string& dir, const std::string& name) {

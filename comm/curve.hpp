@@ -69,6 +69,8 @@ class key_ring {
   bool is_revoked(const std::string& public_key) const;
   /// The public key of node `name` ("" if none is admitted).
   std::string key_of(const std::string& name) const;
+  /// True when `name` has a key in the ring, admitted or revoked.
+  bool knows_name(const std::string& name) const;
   /// Every admitted (name, public key), by name.
   std::vector<std::pair<std::string, std::string>> entries() const;
 
@@ -98,9 +100,9 @@ struct curve_server_keys {
 /// Answers the ZAP requests of one ZeroMQ context on its own thread (RFC 27): a CURVE client whose public
 /// key is in the ring gets in with its node name as the connection's user id ("User-Id" of its messages);
 /// any other is refused and reported to on_refused (from that thread). Before refusing an unknown key it
-/// calls refresh, at most once a second (e.g. to read keys added to the key directory since); when refresh
-/// returns true the key is looked up again. Must be created before any CURVE server socket of the context
-/// binds, and destroyed before the context.
+/// calls refresh (e.g. node_key_refresh: keys added to the key directory since; it must be cheap, as any
+/// stranger can make it run); when refresh returns true the key is looked up again. Must be created before
+/// any CURVE server socket of the context binds, and destroyed before the context.
 class zap_handler {
  public:
   zap_handler(zmq::context_t& ctx, std::shared_ptr<const key_ring> keys,
@@ -147,8 +149,13 @@ cluster_keys load_coordinator_keys(const std::string& dir, const std::vector<std
 
 /// Admits the nodes/NAME.public files of key directory `dir` whose node name the ring does not know yet
 /// (keys made after the coordinator started; a revoked key stays refused, and a node's key is not replaced).
-/// Returns how many were admitted; files that cannot be read are skipped.
-size_t admit_new_node_keys(const std::string& dir, key_ring& ring);
+/// Returns how many were admitted; files that cannot be read are skipped (all_read then says false).
+size_t admit_new_node_keys(const std::string& dir, key_ring& ring, bool* all_read = nullptr);
+
+/// A zap_handler refresh for a coordinator: admit_new_node_keys(dir, *ring) when dir/nodes changed since its
+/// last complete read (one stat otherwise), calling on_added with how many it admitted.
+std::function<bool()> node_key_refresh(std::string dir, std::shared_ptr<key_ring> ring,
+                                       std::function<void(size_t)> on_added);
 
 /// A node's keys: cluster.public and nodes/NAME.secret (0600). Throws lw_error(invalid_config) naming the
 /// file.

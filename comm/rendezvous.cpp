@@ -876,11 +876,13 @@ class coordinator {
         "state from {}",
         name, peer, epoch_, m.removed.empty() ? "" : ", it was " + m.removed, names_of(training_members())));
     send_recover(idx, "");
-    // A key the coordinator read after the members learned the keys (added to nodes/ later): their state
-    // servers admit it from the next membership on, so a fence brings one now (the joiner fetches again).
+    // A key the members were not sent (added to nodes/ later, or a coordinator that took the cluster over):
+    // their state servers admit it from the next membership on, so a fence brings one now (the joiner
+    // fetches again).
     if (o_.node_keys && !fence_ && !keys_announced_.count(key_of(name)))
-      start_fence("join",
-                  fmt::format("the members learn node {}'s key, added to the key directory since", name));
+      start_fence(
+          "join",
+          fmt::format("the members learn node {}'s key, which no membership sent to them held", name));
   }
 
   /// A joiner holds the state after all-reduce r.key: a fence admits it (conclude_fence).

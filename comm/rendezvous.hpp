@@ -66,8 +66,8 @@ struct coordinator_options {
   /// must come with its name's key). nullptr: no CURVE.
   curve_key curve;
   std::shared_ptr<const key_ring> node_keys;
-  /// Called before an unknown key is refused (at most once a second): true when it admitted new node keys
-  /// (the coordinator reads key files added to its key directory since it started).
+  /// Called before an unknown key is refused: true when it admitted new node keys (the coordinator reads key
+  /// files added to its key directory since it started: comm::node_key_refresh).
   std::function<bool()> refresh_keys;
   /// A refused handshake (a key not admitted, revoked, or no CURVE at all); from any thread.
   std::function<void(const handshake_refusal&)> on_refused;

@@ -199,10 +199,12 @@ void zmq_transport::drain_monitor() {
       // A server that cannot read this node's hello (pinned to another key) drops it, and libzmq tries again:
       // three drops in a row with no handshake between them are taken as the answer.
       if (!lost_)
-        lost_ = fmt::format(
-            "the CURVE handshake with {} failed (its key is not the one the coordinator named, "
-            "or it runs without CURVE)",
-            e->address);
+        lost_ = opts_.curve
+                    ? fmt::format(
+                          "the CURVE handshake with {} failed (its key is not the one the "
+                          "coordinator named, or it runs without CURVE)",
+                          e->address)
+                    : fmt::format("the handshake with {} failed (does it run with CURVE?)", e->address);
     }
   }
 }

@@ -216,7 +216,7 @@ CATCH_TEST_CASE(
   const auto dir = scratch_dir("security_rekeyed");
   cluster_ports ports;
   const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  edit_file(file, "rounds = 3", "rounds = 30");
+  edit_file(file, "rounds = 3", "rounds = 40");
   edit_file(file, "inner_steps = 3", "inner_steps = 20");  // about a minute: still running when it comes back
   auto [coord, nodes] = start_cluster(dir, file, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
@@ -240,6 +240,25 @@ CATCH_TEST_CASE(
   CATCH_CHECK(both_said);
   kill(wrong.pid, SIGKILL);
   CATCH_CHECK(wait_exit(wrong, 30) == 128 + SIGKILL);
+  // Another cluster's keys: it cannot read the nodes' hellos and drops them.
+  const auto [foreign_code, foreign_out] =
+      run({binary(), "keys", "new", "--out", dir + "/keys-foreign", "--nodes", "n0,n1"},
+          dir + "/keys-foreign.log", 60);
+  CATCH_REQUIRE(foreign_code == 0);
+  const auto foreign_file = dir + "/cluster-foreign.toml";
+  fs::copy_file(file, foreign_file);
+  edit_file(foreign_file, "keys = \"" + dir + "/keys\"", "keys = \"" + dir + "/keys-foreign\"");
+  auto foreign = spawn({binary(), "coordinator", foreign_file}, dir + "/coord-foreign.log");
+  const std::string dropped = "drops this node's CURVE hellos";
+  const bool both_dropped = wait_until(
+      [&] {
+        return contains(read_text(dir + "/n0.log"), dropped) && contains(read_text(dir + "/n1.log"), dropped);
+      },
+      60);
+  CATCH_INFO(tail(read_text(dir + "/n0.log")));
+  CATCH_CHECK(both_dropped);
+  kill(foreign.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(foreign, 30) == 128 + SIGKILL);
   // The right coordinator again: the nodes open their sockets again and it takes the running cluster over.
   auto right = spawn({binary(), "coordinator", file}, dir + "/coord2.log");
   std::vector<int> codes;
@@ -252,7 +271,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(contains(clog, "took over the running cluster"));
   CATCH_CHECK(contains(read_text(dir + "/n0.log"), "connected to the coordinator at"));
   const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
-  CATCH_CHECK(a.size() >= 30);
+  CATCH_CHECK(a.size() >= 40);
   CATCH_CHECK(a == b);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
