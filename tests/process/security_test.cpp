@@ -222,43 +222,34 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
   kill(coord.pid, SIGKILL);
   CATCH_CHECK(wait_exit(coord, 30) == 128 + SIGKILL);
+  // A coordinator started from the cluster file with the key directory `keys` instead: both nodes say
+  // `said`, then it is killed.
+  const auto coordinator_with = [&](const std::string& keys, const std::string& said) {
+    const auto other = dir + "/cluster-" + keys + ".toml";
+    fs::copy_file(file, other);
+    edit_file(other, "keys = \"" + dir + "/keys\"", "keys = \"" + dir + "/" + keys + "\"");
+    auto wrong = spawn({binary(), "coordinator", other}, dir + "/coord-" + keys + ".log");
+    const bool both_said = wait_until(
+        [&] {
+          return contains(read_text(dir + "/n0.log"), said) && contains(read_text(dir + "/n1.log"), said);
+        },
+        60);
+    CATCH_INFO(tail(read_text(dir + "/n0.log")) << "\n--- coordinator with " << keys << "\n"
+                                                << read_text(dir + "/coord-" + keys + ".log"));
+    CATCH_CHECK(both_said);
+    kill(wrong.pid, SIGKILL);
+    CATCH_CHECK(wait_exit(wrong, 30) == 128 + SIGKILL);
+  };
   // The same cluster key, but a node directory without n0 and n1: its ZAP handler refuses both.
   fs::copy(dir + "/keys", dir + "/keys-other", fs::copy_options::recursive);
   for (const char* n : {"n0", "n1"}) fs::remove(dir + "/keys-other/nodes/" + std::string(n) + ".public");
-  const auto other = dir + "/cluster-other.toml";
-  fs::copy_file(file, other);
-  edit_file(other, "keys = \"" + dir + "/keys\"", "keys = \"" + dir + "/keys-other\"");
-  auto wrong = spawn({binary(), "coordinator", other}, dir + "/coord-wrong.log");
-  const std::string said = "now refuses this node's CURVE key";
-  const bool both_said = wait_until(
-      [&] {
-        return contains(read_text(dir + "/n0.log"), said) && contains(read_text(dir + "/n1.log"), said);
-      },
-      60);
-  CATCH_INFO(tail(read_text(dir + "/n0.log")) << "\n--- wrong coordinator\n"
-                                              << read_text(dir + "/coord-wrong.log"));
-  CATCH_CHECK(both_said);
-  kill(wrong.pid, SIGKILL);
-  CATCH_CHECK(wait_exit(wrong, 30) == 128 + SIGKILL);
+  coordinator_with("keys-other", "now refuses this node's CURVE key");
   // Another cluster's keys: it cannot read the nodes' hellos and drops them.
   const auto [foreign_code, foreign_out] =
       run({binary(), "keys", "new", "--out", dir + "/keys-foreign", "--nodes", "n0,n1"},
           dir + "/keys-foreign.log", 60);
   CATCH_REQUIRE(foreign_code == 0);
-  const auto foreign_file = dir + "/cluster-foreign.toml";
-  fs::copy_file(file, foreign_file);
-  edit_file(foreign_file, "keys = \"" + dir + "/keys\"", "keys = \"" + dir + "/keys-foreign\"");
-  auto foreign = spawn({binary(), "coordinator", foreign_file}, dir + "/coord-foreign.log");
-  const std::string dropped = "drops this node's CURVE hellos";
-  const bool both_dropped = wait_until(
-      [&] {
-        return contains(read_text(dir + "/n0.log"), dropped) && contains(read_text(dir + "/n1.log"), dropped);
-      },
-      60);
-  CATCH_INFO(tail(read_text(dir + "/n0.log")));
-  CATCH_CHECK(both_dropped);
-  kill(foreign.pid, SIGKILL);
-  CATCH_CHECK(wait_exit(foreign, 30) == 128 + SIGKILL);
+  coordinator_with("keys-foreign", "drops this node's CURVE hellos");
   // The right coordinator again: the nodes open their sockets again and it takes the running cluster over.
   auto right = spawn({binary(), "coordinator", file}, dir + "/coord2.log");
   std::vector<int> codes;
