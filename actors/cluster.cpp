@@ -18,6 +18,7 @@
 #include "runtime/checkpoint/checkpoint_bytes.hpp"
 #include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
+#include "runtime/memory/allocator.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
 #include "runtime/metrics/metrics_server.hpp"
 
@@ -150,6 +151,11 @@ class coordinator_watch {
           "redoes later ones",
           name, m.epoch, m.rank, m.peers.size(), ring_text, m.commit.round, m.commit.fragment);
       if (elastic) elastic->enter(v, m.commit);
+      // The last epoch's ring threads and the state served to a joiner freed their buffers in arenas the
+      // next threads may not reuse: without this a node's resident memory climbs over a run's first joins.
+      if (const size_t freed = runtime::release_freed_memory(); freed >= (size_t{1} << 20))
+        spdlog::info("node {}: epoch {}: returned {:.0f} MB of freed buffers to the system", name, m.epoch,
+                     static_cast<double>(freed) / 1e6);
     } else if (ev.what == kind::notice && ev.code == errc::evicted) {
       spdlog::error("node {}: the coordinator says: {}", name, ev.text);
       if (elastic)

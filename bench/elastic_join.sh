@@ -9,15 +9,13 @@
 #   bench/elastic_join.sh [--binary PATH] [--inner-steps H] [--rounds N] [--dim D] [--runs K] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
-# The newer of the ci and release builds.
-binary=build/ci/longwave
-[ build/release/longwave -nt "$binary" ] && binary=build/release/longwave
+binary=$(lw_default_binary)
 inner=40
 rounds=15
 dim=0
 runs=1
-keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --binary) binary=$2; shift 2 ;;
@@ -25,38 +23,15 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --dim) dim=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
-    --keep) keep=1; shift ;;
+    --keep) lw_keep=1; shift ;;
     -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "elastic_join.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -x "$binary" ] || { echo "elastic_join.sh: no longwave binary at $binary (build first)" >&2; exit 2; }
 
-dir=$(mktemp -d /tmp/lw-elastic-join.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [ "$keep" = 1 ] && echo "kept $dir" || rm -rf "$dir"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-write_cluster() {  # $1: directory
-  local d=$1
-  {
-    printf '[cluster]\nid = "bench-%s"\ncoordinator = "tcp://127.0.0.1:%s"\n' "$(basename "$d")" "$(free_port)"
-    # Plain TCP, as the figures in bench/RESULTS.md (CURVE's cost: bench_allreduce --curve).
-    printf '[security]\nmode = "none"\n'
-    for n in n0 n1 n2; do
-      printf '[[nodes]]\nname = "%s"\nendpoint = "tcp://127.0.0.1:%s"\nworkers = 1\n' "$n" "$(free_port)"
-    done
-    printf '[run]\nout_dir = "%s/run"\nseed = 7\n[model]\nseq_len = 64\n' "$d"
-    [ "$dim" != 0 ] && printf 'dim = %s\n' "$dim"
-    printf '[train]\ninner_steps = %s\nrounds = %s\nbatch_size = 4\nwarmup_steps = 3\nthreads = 1\n' "$inner" "$rounds"
-    printf '[eval]\nevery_rounds = 0\n[checkpoint]\nevery_rounds = 1\n[metrics]\nenabled = false\n'
-  } >"$d/cluster.toml"
-}
+lw_work_dir elastic-join
+dir=$lw_dir
 
 n_rounds() {  # committed rounds in a metrics.jsonl (0 before it exists)
   [ -f "$1" ] || { echo 0; return; }
@@ -76,39 +51,41 @@ wait_for() {
 run_case() {
   local d="$dir/run$1"
   mkdir -p "$d"
-  write_cluster "$d"
+  local model=()
+  [ "$dim" != 0 ] && model=(--model "dim = $dim")
+  lw_cluster_toml "$d" "bench-$(basename "$d")" --inner-steps "$inner" --rounds "$rounds" "${model[@]}"
   local m0="$d/run/n0/metrics.jsonl"
-  "$binary" coordinator "$d/cluster.toml" >"$d/coord.log" 2>&1 & local coord=$!; pids+=("$coord")
+  "$binary" coordinator "$d/cluster.toml" >"$d/coord.log" 2>&1 & local coord=$!
   local n0 n1 n2 again
-  "$binary" node "$d/cluster.toml" --node n0 >"$d/n0.log" 2>&1 & n0=$!; pids+=("$n0")
-  "$binary" node "$d/cluster.toml" --node n1 >"$d/n1.log" 2>&1 & n1=$!; pids+=("$n1")
-  "$binary" node "$d/cluster.toml" --node n2 >"$d/n2.log" 2>&1 & n2=$!; pids+=("$n2")
+  "$binary" node "$d/cluster.toml" --node n0 >"$d/n0.log" 2>&1 & n0=$!
+  "$binary" node "$d/cluster.toml" --node n1 >"$d/n1.log" 2>&1 & n1=$!
+  "$binary" node "$d/cluster.toml" --node n2 >"$d/n2.log" 2>&1 & n2=$!
   # n2 dies in round 4's inner phase, with 3 checkpoints on disk.
   wait_for '[ "$(n_rounds "$d/run/n2/metrics.jsonl")" -ge 3 ]' 300 "run $1: n2 did not commit 3 rounds; see $d" ||
-    { keep=1; return 1; }
+    { lw_keep=1; return 1; }
   sleep 1
   kill -9 "$n2"
   wait "$n2" 2>/dev/null || true
   local killed; killed=$(date +%s.%N)
   wait_for 'grep -q "node n2 lost" "$d/coord.log"' 60 "run $1: the coordinator did not remove n2; see $d" ||
-    { keep=1; return 1; }
+    { lw_keep=1; return 1; }
   # The round in flight at the removal, then three rounds of the survivors alone.
   local alone; alone=$(( $(n_rounds "$m0") + 4 ))
   wait_for '[ "$(n_rounds "$m0")" -ge "$alone" ]' 300 "run $1: the survivors did not go on; see $d" ||
-    { keep=1; return 1; }
-  [ $((alone + 2)) -le "$rounds" ] || { echo "run $1: no rounds left for the join; raise --rounds" >&2; keep=1; return 1; }
+    { lw_keep=1; return 1; }
+  [ $((alone + 2)) -le "$rounds" ] || { echo "run $1: no rounds left for the join; raise --rounds" >&2; lw_keep=1; return 1; }
   local started; started=$(date +%s.%N)
-  "$binary" node "$d/cluster.toml" --node n2 --fresh >"$d/n2-again.log" 2>&1 & again=$!; pids+=("$again")
+  "$binary" node "$d/cluster.toml" --node n2 --fresh >"$d/n2-again.log" 2>&1 & again=$!
   local codes=() p
   for p in "$n0" "$n1" "$again" "$coord"; do
     local code=0
     wait_for '! kill -0 "$p" 2>/dev/null' 600 "run $1: process $p still running after 10 min; see $d" ||
-      { keep=1; return 1; }
+      { lw_keep=1; return 1; }
     wait "$p" 2>/dev/null || code=$?
     codes+=("$code")
   done
   [ "${codes[*]}" = "0 0 0 0" ] ||
-    { echo "run $1: exit codes n0 n1 n2(again) coordinator: ${codes[*]}; see $d" >&2; keep=1; }
+    { echo "run $1: exit codes n0 n1 n2(again) coordinator: ${codes[*]}; see $d" >&2; lw_keep=1; }
   python3 - "$1" "$killed" "$started" "$d" <<'PY'
 import json, re, statistics, sys
 run, killed, started, d = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]

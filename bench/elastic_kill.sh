@@ -7,52 +7,27 @@
 #   bench/elastic_kill.sh [--binary PATH] [--inner-steps H] [--heartbeat S] [--chunks C] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
-# The newer of the ci and release builds.
-binary=build/ci/longwave
-[ build/release/longwave -nt "$binary" ] && binary=build/release/longwave
+binary=$(lw_default_binary)
 inner=40
 heartbeat=6
 chunks=9
-keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --binary) binary=$2; shift 2 ;;
     --inner-steps) inner=$2; shift 2 ;;
     --heartbeat) heartbeat=$2; shift 2 ;;
     --chunks) chunks=$2; shift 2 ;;
-    --keep) keep=1; shift ;;
+    --keep) lw_keep=1; shift ;;
     -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "elastic_kill.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -x "$binary" ] || { echo "elastic_kill.sh: no longwave binary at $binary (build first)" >&2; exit 2; }
 
-dir=$(mktemp -d /tmp/lw-elastic-kill.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [ "$keep" = 1 ] && echo "kept $dir" || rm -rf "$dir"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-write_cluster() {  # $1: directory
-  local d=$1
-  {
-    printf '[cluster]\nid = "bench-%s"\ncoordinator = "tcp://127.0.0.1:%s"\nheartbeat_timeout_s = %s\n' \
-      "$(basename "$d")" "$(free_port)" "$heartbeat"
-    # Plain TCP, as the figures in bench/RESULTS.md (CURVE's cost: bench_allreduce --curve).
-    printf '[security]\nmode = "none"\n'
-    for n in n0 n1 n2; do
-      printf '[[nodes]]\nname = "%s"\nendpoint = "tcp://127.0.0.1:%s"\nworkers = 1\n' "$n" "$(free_port)"
-    done
-    printf '[run]\nout_dir = "%s/run"\nseed = 7\n[model]\nseq_len = 64\n' "$d"
-    printf '[train]\ninner_steps = %s\nrounds = 10\nbatch_size = 4\nwarmup_steps = 3\nthreads = 1\n' "$inner"
-    printf '[eval]\nevery_rounds = 0\n[checkpoint]\nevery_rounds = 1\n[metrics]\nenabled = false\n'
-  } >"$d/cluster.toml"
-}
+lw_work_dir elastic-kill
+dir=$lw_dir
 
 # Unix time of each committed round of a node: "round ts" lines.
 round_times() { python3 -c '
@@ -65,13 +40,14 @@ for line in open(sys.argv[1]):
 run_case() {
   local name=$1 how=$2 d="$dir/$1"
   mkdir -p "$d"
-  write_cluster "$d"
-  "$binary" coordinator "$d/cluster.toml" >"$d/coord.log" 2>&1 & local coord=$!; pids+=("$coord")
+  lw_cluster_toml "$d" "bench-$(basename "$d")" --inner-steps "$inner" --rounds 10 \
+    --cluster "heartbeat_timeout_s = $heartbeat"
+  "$binary" coordinator "$d/cluster.toml" >"$d/coord.log" 2>&1 & local coord=$!
   local n0 n1 n2
-  "$binary" node "$d/cluster.toml" --node n0 >"$d/n0.log" 2>&1 & n0=$!; pids+=("$n0")
-  "$binary" node "$d/cluster.toml" --node n1 >"$d/n1.log" 2>&1 & n1=$!; pids+=("$n1")
+  "$binary" node "$d/cluster.toml" --node n0 >"$d/n0.log" 2>&1 & n0=$!
+  "$binary" node "$d/cluster.toml" --node n1 >"$d/n1.log" 2>&1 & n1=$!
   if [ "$how" = inner ]; then
-    "$binary" node "$d/cluster.toml" --node n2 >"$d/n2.log" 2>&1 & n2=$!; pids+=("$n2")
+    "$binary" node "$d/cluster.toml" --node n2 >"$d/n2.log" 2>&1 & n2=$!
     # Half way through round 4's inner phase.
     until [ -f "$d/run/n2/metrics.jsonl" ] && [ "$(round_times "$d/run/n2/metrics.jsonl" | wc -l)" -ge 3 ]; do
       sleep 0.2
@@ -84,11 +60,11 @@ run_case() {
     kill -9 "$n2"
   else
     LONGWAVE_FAULT_DIE_IN_ALLREDUCE="4:$chunks" "$binary" node "$d/cluster.toml" --node n2 >"$d/n2.log" 2>&1 &
-    n2=$!; pids+=("$n2")
+    n2=$!
   fi
   wait "$n2" 2>/dev/null || true
   local killed; killed=$(date +%s.%N)
-  wait "$n0" && wait "$n1" && wait "$coord" || { echo "$name: a survivor or the coordinator failed; see $d" >&2; keep=1; return 1; }
+  wait "$n0" && wait "$n1" && wait "$coord" || { echo "$name: a survivor or the coordinator failed; see $d" >&2; lw_keep=1; return 1; }
   python3 - "$name" "$killed" "$heartbeat" "$d/run/n0/metrics.jsonl" "$d/run/n1/metrics.jsonl" <<'PY'
 import json, statistics, sys
 name, killed, hb = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])

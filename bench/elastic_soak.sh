@@ -10,15 +10,14 @@
 #                         [--seed N] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
-binary=build/ci/longwave
-[ build/release/longwave -nt "$binary" ] && binary=build/release/longwave
+binary=$(lw_default_binary)
 minutes=60
 every_min=120
 every_max=240
 inner=40
 seed=1
-keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --binary) binary=$2; shift 2 ;;
@@ -27,7 +26,7 @@ while [ $# -gt 0 ]; do
     --every-max) every_max=$2; shift 2 ;;
     --inner-steps) inner=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
-    --keep) keep=1; shift ;;
+    --keep) lw_keep=1; shift ;;
     -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "elastic_soak.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -36,30 +35,15 @@ done
 [ "$every_min" -ge 10 ] && [ "$every_max" -ge "$every_min" ] ||
   { echo "elastic_soak.sh: need 10 <= --every-min <= --every-max" >&2; exit 2; }
 
-dir=$(mktemp -d /tmp/lw-elastic-soak.XXXXXX)
+lw_work_dir elastic-soak
+dir=$lw_dir
 # A copy, so that a rebuild during the soak does not hand restarted nodes another binary (whose settings
 # fingerprint may differ from the coordinator's: it would turn them away).
 cp "$binary" "$dir/longwave"
 binary=$dir/longwave
 declare -A pid
-cleanup() {
-  for p in "${pid[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  [ "$keep" = 1 ] && echo "kept $dir" || rm -rf "$dir"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-{
-  printf '[cluster]\nid = "soak-%s"\ncoordinator = "tcp://127.0.0.1:%s"\nmin_nodes = 1\n' "$(basename "$dir")" "$(free_port)"
-  # Plain TCP, as the figures in bench/RESULTS.md (CURVE's cost: bench_allreduce --curve).
-  printf '[security]\nmode = "none"\n'
-  for n in n0 n1 n2; do
-    printf '[[nodes]]\nname = "%s"\nendpoint = "tcp://127.0.0.1:%s"\nworkers = 1\n' "$n" "$(free_port)"
-  done
-  printf '[run]\nout_dir = "%s/run"\nseed = 7\n[model]\nseq_len = 64\n' "$dir"
-  printf '[train]\ninner_steps = %s\nrounds = 1000000\nbatch_size = 4\nwarmup_steps = 3\nthreads = 1\n' "$inner"
-  printf '[eval]\nevery_rounds = 0\n[checkpoint]\nevery_rounds = 5\nkeep = 2\n[metrics]\nenabled = false\n'
-} >"$dir/cluster.toml"
+lw_cluster_toml "$dir" "soak-$(basename "$dir")" --inner-steps "$inner" --rounds 1000000 --cluster "min_nodes = 1" \
+  --checkpoint-every 5 --checkpoint-keep 2
 
 start() {  # $1: role name ("coord" or a node); its log is appended to
   if [ "$1" = coord ]; then
@@ -83,7 +67,7 @@ kills=0
 while [ "$(date +%s)" -lt "$t_end" ]; do
   now=$(date +%s)
   kill -0 "${pid[coord]}" 2>/dev/null && kill -0 "${pid[n0]}" 2>/dev/null ||
-    { echo "soak: the coordinator or n0 ended early; see $dir" >&2; keep=1; exit 1; }
+    { echo "soak: the coordinator or n0 ended early; see $dir" >&2; lw_keep=1; exit 1; }
   printf '%s\t%s\t%s\n' "$now" "$(rss_kb "${pid[n0]}")" "$(rss_kb "${pid[coord]}")" >>"$dir/rss.tsv"
   if [ "$now" -ge "$next_kill" ]; then
     victim=n$((1 + RANDOM % 2))

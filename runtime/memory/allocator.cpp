@@ -4,6 +4,10 @@
 // <cstddef> pulls in <features.h> on glibc, which defines __GLIBC__: test it only after a libc header.
 #include <cstddef>
 
+#include <unistd.h>
+
+#include <fstream>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -18,6 +22,24 @@ bool keep_freed_buffers() {
   return mmap_ok && trim_ok;
 #else
   return false;
+#endif
+}
+
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages_total = 0, pages_resident = 0;
+  if (!(statm >> pages_total >> pages_resident)) return 0;
+  return pages_resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+size_t release_freed_memory() {
+#if defined(__GLIBC__)
+  const size_t before = resident_bytes();
+  malloc_trim(0);
+  const size_t after = resident_bytes();
+  return before > after ? before - after : 0;
+#else
+  return 0;
 #endif
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 // Process-wide malloc settings for a node that streams large buffers.
+#include <cstddef>
 
 namespace longwave::runtime {
 
@@ -11,5 +12,17 @@ namespace longwave::runtime {
 /// peak RSS went from about 0.9 to 1.06 GB. Call at the start of main, before threads start. Idempotent.
 /// Returns whether the settings took effect: false on C libraries without mallopt.
 bool keep_freed_buffers();
+
+/// Hands freed blocks that keep_freed_buffers keeps back to the kernel (glibc's malloc_trim: the free
+/// chunks in every arena's bins and the main arena's free top; a thread arena's top stays, as glibc 2.36
+/// trims it only on a free beyond M_TRIM_THRESHOLD). For rare events after which the working set changes,
+/// such as a membership change: the state served to a joiner and the last epoch's ring threads freed their
+/// buffers in arenas that later threads may not reuse, and without it a node's resident memory climbs
+/// over a run's first joins (bench/RESULTS.md, the churn soak). Returns the bytes by which resident memory
+/// fell (0 where unsupported).
+size_t release_freed_memory();
+
+/// This process's resident memory in bytes (/proc/self/statm; 0 where unreadable).
+size_t resident_bytes();
 
 }  // namespace longwave::runtime

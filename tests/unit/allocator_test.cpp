@@ -51,3 +51,25 @@ CATCH_TEST_CASE("After keep_freed_buffers, reusing freed frames faults in almost
   // glibc's defaults trim the freed frames and fault every page in again (measured: ~100% of the pages).
   CATCH_CHECK(faults < pages / 10);
 }
+
+CATCH_TEST_CASE("release_freed_memory hands freed frames back to the kernel", "[allocator]") {
+  CATCH_REQUIRE(longwave::runtime::keep_freed_buffers());
+  const size_t bytes = blocks * block;
+  longwave::runtime::release_freed_memory();  // what earlier tests kept
+  const size_t start = longwave::runtime::resident_bytes();
+  CATCH_REQUIRE(start > 0);
+  std::vector<void*> v;
+  for (size_t i = 0; i < blocks; ++i) {
+    v.push_back(std::malloc(block));
+    std::memset(v.back(), 1, block);
+  }
+  for (void* x : v) std::free(x);
+  const size_t kept = longwave::runtime::resident_bytes();
+  CATCH_INFO("resident at the start " << start << ", after writing and freeing the frames " << kept);
+  CATCH_REQUIRE(kept >= start + bytes * 9 / 10);  // kept for reuse, as keep_freed_buffers asks
+  const size_t released = longwave::runtime::release_freed_memory();
+  const size_t after = longwave::runtime::resident_bytes();
+  CATCH_INFO("released " << released << ", resident after " << after);
+  CATCH_CHECK(released >= bytes * 9 / 10);
+  CATCH_CHECK(after <= start + bytes / 10);
+}
