@@ -154,8 +154,8 @@ class coordinator_watch {
       // The last epoch's ring threads and the state served to a joiner freed their buffers in arenas the
       // next threads may not reuse: without this a node's resident memory climbs over a run's first joins.
       if (const size_t freed = runtime::release_freed_memory(); freed >= (size_t{1} << 20))
-        spdlog::info("node {}: epoch {}: returned {:.0f} MB of freed buffers to the system", name, m.epoch,
-                     static_cast<double>(freed) / 1e6);
+        spdlog::info("node {}: epoch {}: freed buffers handed back; resident memory fell by {:.0f} MB", name,
+                     m.epoch, static_cast<double>(freed) / 1e6);
     } else if (ev.what == kind::notice && ev.code == errc::evicted) {
       spdlog::error("node {}: the coordinator says: {}", name, ev.text);
       if (elastic)

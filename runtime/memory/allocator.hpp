@@ -13,13 +13,14 @@ namespace longwave::runtime {
 /// Returns whether the settings took effect: false on C libraries without mallopt.
 bool keep_freed_buffers();
 
-/// Hands freed blocks that keep_freed_buffers keeps back to the kernel (glibc's malloc_trim: the free
-/// chunks in every arena's bins and the main arena's free top; a thread arena's top stays, as glibc 2.36
-/// trims it only on a free beyond M_TRIM_THRESHOLD). For rare events after which the working set changes,
-/// such as a membership change: the state served to a joiner and the last epoch's ring threads freed their
-/// buffers in arenas that later threads may not reuse, and without it a node's resident memory climbs
-/// over a run's first joins (bench/RESULTS.md, the churn soak). Returns the bytes by which resident memory
-/// fell (0 where unsupported).
+/// Hands the free blocks that keep_freed_buffers keeps back to the kernel (glibc's malloc_trim): those in
+/// every arena's bins and the main arena's free top. A thread arena's free top is never returned with these
+/// settings: glibc trims it only beyond M_TRIM_THRESHOLD, and a thread arena's heap is at most 64 MiB. For
+/// rare events after which the working set changes, such as a membership change: the state served to a
+/// joiner and the last epoch's ring threads freed their buffers in arenas that later threads may not
+/// reuse, and without it a node's resident memory climbs over a run's first joins (bench/RESULTS.md, the
+/// churn soak). Returns how far this process's resident memory fell meanwhile (other threads run on, so it
+/// is approximate; 0 where unsupported).
 size_t release_freed_memory();
 
 /// This process's resident memory in bytes (/proc/self/statm; 0 where unreadable).
