@@ -21,18 +21,23 @@ long thread_minor_faults() {
   return ru.ru_minflt;
 }
 
+// `blocks` frames, each allocated and filled with `fill`.
+std::vector<void*> written_frames(int fill) {
+  std::vector<void*> v;
+  for (size_t i = 0; i < blocks; ++i) {
+    v.push_back(std::malloc(block));
+    std::memset(v.back(), fill, block);
+  }
+  return v;
+}
+
 // Allocates, writes and frees `blocks` frames; returns the minor page faults of the last of `passes` passes.
 long faults_of_last_pass(int passes) {
   long faults = 0;
   std::thread t([&] {  // a thread of its own, as the ring's I/O threads (a non-main arena)
     for (int p = 0; p < passes; ++p) {
       const long before = thread_minor_faults();
-      std::vector<void*> v;
-      for (size_t i = 0; i < blocks; ++i) {
-        v.push_back(std::malloc(block));
-        std::memset(v.back(), p + 1, block);
-      }
-      for (void* x : v) std::free(x);
+      for (void* x : written_frames(p + 1)) std::free(x);
       faults = thread_minor_faults() - before;
     }
   });
@@ -58,11 +63,7 @@ namespace {
 // (so that the freed frames sit in the arena's bins instead of merging into its top, as between a
 // node's live buffers).
 void* frames_freed_before_a_live_block() {
-  std::vector<void*> v;
-  for (size_t i = 0; i < blocks; ++i) {
-    v.push_back(std::malloc(block));
-    std::memset(v.back(), 1, block);
-  }
+  const std::vector<void*> v = written_frames(1);
   void* live = std::malloc(block);
   for (void* x : v) std::free(x);
   return live;
@@ -85,8 +86,8 @@ CATCH_TEST_CASE("release_freed_memory hands freed frames back to the kernel", "[
     live = frames_freed_before_a_live_block();
   const size_t kept = longwave::runtime::resident_bytes();
   CATCH_INFO("resident at the start " << start << ", after writing and freeing the frames " << kept);
-  // Kept for reuse, as keep_freed_buffers asks; a thread that reuses an arena whose top an earlier thread
-  // left kept (glibc never trims it here) writes its frames into pages that were resident already.
+  // No check that `kept` grew: a thread that reuses an arena whose top an earlier thread left (glibc never
+  // trims it here) writes its frames into pages that were resident already.
   const size_t released = longwave::runtime::release_freed_memory();
   const size_t after = longwave::runtime::resident_bytes();
   std::free(live);
