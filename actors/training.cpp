@@ -14,6 +14,7 @@
 #include "actors/run_files.hpp"
 #include "actors/run_setup.hpp"
 #include "config/config_loader.hpp"
+#include "models/cpu_kernels.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/gpt.hpp"
@@ -48,6 +49,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
+  spdlog::info("cpu: {}", models::cpu_kernels());
   auto ctx = make_context(cfg, spec, corpus, p.data_dir, role);
   start_point start;
   if (role && role->join) {

@@ -21,6 +21,7 @@
 #include "comm/curve.hpp"
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "models/cpu_kernels.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/errors/errors.hpp"
@@ -502,6 +503,9 @@ int main(int argc, char** argv) {
       "an\n"
       "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 "
       "interrupted."};
+  app.set_version_flag(
+      "--version", [] { return "longwave on " + models::cpu_kernels(); },
+      "Print the LibTorch version and the CPU kernels it uses, and exit");
   app.require_subcommand(1);
   cli_values v;
   subcommands sub;
