@@ -28,9 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* sections = R"(
-[model]
-seq_len = 64
+const std::string sections = std::string("\n[model]\nseq_len = 64\n") + mechanics_model + R"(
 [train]
 workers = 2
 inner_steps = 4
@@ -84,9 +82,9 @@ fingerprint of_run(const std::string& out_dir) {
 const char* reference_kernels = "libtorch-1-13-aten-avx2-openblas-haswell";
 
 // How far a run on other kernels may drift from the reference in 16 inner steps: about ten times the largest
-// difference measured between kernel sets on these cases (ATen without AVX against AVX2: loss 1.1e-4,
-// theta's sums 1.0e-5 relative; AVX-512 against AVX2: 2.6e-5 and 5.3e-6; bench/RESULTS.md, golden traces).
-constexpr double cross_kernel_loss = 1e-3, cross_kernel_sums = 1e-4;
+// difference measured between kernel sets on these cases (ATen without AVX against AVX2: loss 1.5e-4, theta's
+// sums 1.7e-4; bench/RESULTS.md, golden traces).
+constexpr double cross_kernel_loss = 2e-3, cross_kernel_sums = 2e-3;
 
 /// Pins the kernels of every process these tests start (they inherit the environment), where the CPU can
 /// run them; a variable already set is kept (ATEN_CPU_CAPABILITY=default runs the cross-kernel comparison).

@@ -18,7 +18,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Rounds of a run that only has to outlive a kill: about 0.4 s each (20 inner steps of the mechanics model).
 const int64_t rounds = 8;
+// Rounds of a run that must outlive a kill, a new process's start and its join (several seconds).
+const int64_t join_rounds = 30;
 
 /// A 3-node cluster (1 worker each) of `rounds` rounds x 20 inner steps, started; `extra` is appended to the
 /// cluster file, `node_env[i]` added to node i's environment.
@@ -26,10 +29,12 @@ struct elastic_cluster {
   std::string dir, file;
   child coord;
   std::vector<child> nodes;
+  int64_t rounds;
 
   elastic_cluster(const std::string& name, const std::string& extra,
                   const std::vector<std::vector<std::string>>& node_env = {},
-                  const std::string& cluster_keys = "") {
+                  const std::string& cluster_keys = "", int64_t rounds = ::rounds)
+      : rounds(rounds) {
     dir = scratch_dir(name);
     cluster_ports ports;
     file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n" + extra);
@@ -60,7 +65,7 @@ void check_rounds(const elastic_cluster& c, const std::vector<std::string>& surv
   for (const auto& n : survivors) crcs.push_back(round_crcs(c.out(n)));
   for (size_t k = 0; k < survivors.size(); ++k) {
     CATCH_INFO(survivors[k] << " recorded " << crcs[k].size() << " rounds");
-    for (int64_t r = 1; r <= rounds; ++r) {
+    for (int64_t r = 1; r <= c.rounds; ++r) {
       CATCH_INFO("round " << r);
       CATCH_CHECK(crcs[k].count(r) == 1);
     }
@@ -74,7 +79,7 @@ void check_rounds(const elastic_cluster& c, const std::vector<std::string>& surv
         CATCH_CHECK(it->second == crc);
         ++common;
       }
-  CATCH_CHECK(common >= rounds);
+  CATCH_CHECK(common >= c.rounds);
 }
 
 /// n2 is gone (`how` in the coordinator's words); n0 and n1 finish with exit 0, the coordinator too, and
@@ -161,11 +166,11 @@ CATCH_TEST_CASE("a coordinator restarted after a node died while it was down fen
 CATCH_TEST_CASE(
     "a node that dies inside the all-reduce of round 4 is removed and the round is redone without it or kept",
     "[process][cluster][elastic]") {
-  // Each rank hands 12 chunks to ZeroMQ per all-reduce of the tiny model over 3 ranks: 6 in the
-  // reduce-scatter, 6 in the all-gather.
+  // Each rank hands 12 chunks to ZeroMQ per all-reduce of the mechanics model (98,624 values) over 3 ranks
+  // with 44 KiB chunks: 6 in the reduce-scatter, 6 in the all-gather.
   for (const int chunks : {2, 9, 12}) {
     CATCH_DYNAMIC_SECTION("dies after " << chunks << " chunks") {
-      elastic_cluster c("elastic_die_" + std::to_string(chunks), "",
+      elastic_cluster c("elastic_die_" + std::to_string(chunks), "[comm]\nchunk_kib = 44\n",
                         {{}, {}, {"LONGWAVE_FAULT_DIE_IN_ALLREDUCE=4:" + std::to_string(chunks)}});
       CATCH_CHECK(wait_exit(c.nodes[2], 300) == 128 + SIGKILL);
       CATCH_CHECK(contains(c.log(2), "this node kills itself in round 4 after " + std::to_string(chunks)));
@@ -225,12 +230,12 @@ CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is calle
 
 /// `joiner` joined the running cluster: it says it was admitted, and from its first round on (the one it
 /// observes) it agrees with `member` on theta every round up to the last.
-void check_joined(const std::string& joiner_log, const std::string& joiner_out,
-                  const std::string& member_out) {
+void check_joined(const std::string& joiner_log, const std::string& joiner_out, const std::string& member_out,
+                  int64_t last_round) {
   CATCH_CHECK(contains(joiner_log, "admitted in epoch"));
   const auto j = round_crcs(joiner_out), m = round_crcs(member_out);
   CATCH_REQUIRE_FALSE(j.empty());
-  CATCH_CHECK(j.rbegin()->first == rounds);
+  CATCH_CHECK(j.rbegin()->first == last_round);
   for (const auto& [round, crc] : j) {
     CATCH_INFO("round " << round);
     CATCH_CHECK(m.count(round) == 1);
@@ -262,14 +267,14 @@ std::pair<std::string, std::string> restart_n2_and_finish(elastic_cluster& c,
 
 CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that comes back restores the quorum",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n");
+  elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n", join_rounds);
   kill_in_inner_phase(c);
   CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "quorum lost"); }, 60));
   const auto [clog, log2] = restart_n2_and_finish(c);
   CATCH_INFO(clog);
   CATCH_CHECK(contains(clog, "coordinator: quorum back: 3 live nodes (n0, n1, n2)"));
   check_rounds(c, {"n0", "n1"});
-  check_joined(log2, c.out("n2"), c.out("n0"));
+  check_joined(log2, c.out("n2"), c.out("n0"), c.rounds);
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -279,7 +284,7 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   cluster_ports ports;
   const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n", 8);
   edit_file(file, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
-  edit_file(file, "rounds = 3", "rounds = " + std::to_string(rounds));
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(join_rounds));
   edit_file(file, "inner_steps = 3", "inner_steps = 20");
   auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
   auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
@@ -305,9 +310,9 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   CATCH_CHECK(coord_code == 0);
   CATCH_CHECK(contains(clog, "every node finished"));
   const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
-  CATCH_CHECK(a.size() == static_cast<size_t>(rounds));
+  CATCH_CHECK(a.size() == static_cast<size_t>(join_rounds));
   CATCH_CHECK(a == b);
-  check_joined(log2, dir + "/cluster/n2", dir + "/cluster/n0");
+  check_joined(log2, dir + "/cluster/n2", dir + "/cluster/n0", join_rounds);
   // n2 logged the membership it entered and how it got the state; the report shows both.
   const auto jsonl = read_text(dir + "/cluster/n2/metrics.jsonl");
   CATCH_CHECK(contains(jsonl, R"("kind":"recovery")"));
@@ -323,14 +328,14 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
 /// Kills n2 in the inner phase and starts it again with the same command; everyone finishes, n2 admitted.
 /// same_theta: the nodes agree on theta every round (not under eager, where each mixes in its own delta).
 void rejoin(const std::string& name, const std::string& extra, bool same_theta = true) {
-  elastic_cluster c(name, extra);
+  elastic_cluster c(name, extra, {}, "", join_rounds);
   kill_in_inner_phase(c);
   // The same command again, at once: the coordinator may not have noticed the death yet.
   const auto [clog, log2] = restart_n2_and_finish(c);
   CATCH_CHECK(contains(log2, "admitted in epoch"));
   if (same_theta) {
     check_rounds(c, {"n0", "n1"});
-    check_joined(log2, c.out("n2"), c.out("n0"));
+    check_joined(log2, c.out("n2"), c.out("n0"), c.rounds);
   }
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
@@ -342,7 +347,7 @@ CATCH_TEST_CASE("a SIGKILLed node started again with the same command rejoins th
 
 CATCH_TEST_CASE("a joiner slower than a round is waited for at a fence once its state was stale",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_slow_joiner", "");
+  elastic_cluster c("elastic_slow_joiner", "", {}, "", join_rounds);
   kill_in_inner_phase(c);
   // Each fetched state is held 3 s before the joiner says it is ready: longer than a round here.
   const auto [clog, log2] = restart_n2_and_finish(c, {"--fresh"}, {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
@@ -350,7 +355,7 @@ CATCH_TEST_CASE("a joiner slower than a round is waited for at a fence once its 
   CATCH_CHECK(contains(clog, "is stale"));
   CATCH_CHECK(contains(clog, "the members wait at the fence of epoch"));
   check_rounds(c, {"n0", "n1"});
-  check_joined(log2, c.out("n2"), c.out("n0"));
+  check_joined(log2, c.out("n2"), c.out("n0"), c.rounds);
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -368,7 +373,7 @@ CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on 
 
 CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [cluster] open is true",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_open", "", {}, "open = true\nopen_workers = 2\n");
+  elastic_cluster c("elastic_open", "", {}, "open = true\nopen_workers = 2\n", join_rounds);
   c.wait_checkpoints(0, 2);
   const auto endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
   // Too many workers for the data regions the file keeps for such nodes: refused before it starts.
@@ -398,13 +403,13 @@ CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [c
   CATCH_CHECK(contains(clog, "admitted 1 node key(s) added to " + c.dir + "/keys/nodes"));
   CATCH_CHECK(contains(clog, "every node finished"));
   check_rounds(c, {"n0", "n1", "n2"});
-  check_joined(log3, c.out("n10"), c.out("n0"));
+  check_joined(log3, c.out("n10"), c.out("n0"), c.rounds);
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line and training goes on",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_bad_joiners", "");
+  elastic_cluster c("elastic_bad_joiners", "", {}, "", join_rounds);
   c.wait_checkpoints(0, 2);
   // A second process with a live member's name waits while that member is heard from, then is turned away.
   auto [live_code, live] = run({binary(), "node", c.file, "--node", "n1"}, c.dir + "/n1-twice.log", 120);

@@ -20,9 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* quick_sections = R"(
-[model]
-seq_len = 64
+const std::string quick_sections = std::string("\n[model]\nseq_len = 64\n") + mechanics_model + R"(
 [train]
 workers = 2
 inner_steps = 5

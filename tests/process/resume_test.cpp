@@ -13,9 +13,8 @@ namespace {
 
 std::string config_file(const std::string& dir, const std::string& name) {
   const auto path = dir + "/" + name + ".toml";
-  write_text(path, "[run]\nout_dir = \"" + dir + "/" + name + "\"\nseed = 99\n" + R"(
-[model]
-seq_len = 64
+  write_text(path, "[run]\nout_dir = \"" + dir + "/" + name + "\"\nseed = 99\n[model]\nseq_len = 64\n" +
+                       mechanics_model + R"(
 [train]
 workers = 2
 inner_steps = 5
@@ -76,7 +75,7 @@ void check_interrupted_resume(const std::string& dir, const std::vector<std::str
         const auto n = static_cast<long>(read_trace(dir + "/b/loss_trace.tsv").size());
         return n >= 17 && (round_steps == 0 || n % round_steps == 1);
       },
-      300));
+      300, 5));  // a step takes about 30 ms: polled often enough to land at a round's start
   CATCH_REQUIRE(kill(c.pid, signal) == 0);
   CATCH_CHECK(wait_exit(c, 120) == (signal == SIGKILL ? 128 + SIGKILL : 130));
   const auto killed_at = read_trace(dir + "/b/loss_trace.tsv").size();
@@ -163,7 +162,12 @@ CATCH_TEST_CASE("with streaming a run SIGKILLed mid-way resumes exactly", "[proc
 CATCH_TEST_CASE("with streaming Ctrl-C stops after a fragment sync, mid-round, and the resume is exact",
                 "[process][resume][policy]") {
   const auto dir = scratch_dir("sigint-streaming");
-  check_interrupted_resume(dir, streaming_sets, SIGINT, /*round_steps=*/6);
+  // H = 20 (fragment 1 synced at step 10): the run notices a signal within 0.1 s, about 4 steps here, so the
+  // signal, sent as a round starts, reaches it before the mid-round sync.
+  check_interrupted_resume(dir,
+                           {"diloco.outer=streaming", "diloco.fragments=2", "diloco.tau=1",
+                            "train.inner_steps=20", "train.rounds=3"},
+                           SIGINT, /*round_steps=*/20);
   fs::remove_all(dir);
 }
 

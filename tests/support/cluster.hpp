@@ -19,10 +19,10 @@
 
 namespace longwave::test {
 
-// Short runs of the tiny model: every worker one thread, so results do not depend on how many share a core.
-inline const char* cluster_train_sections = R"(
-[model]
-seq_len = 64
+// Short runs of the mechanics model (tests/support/process.hpp): every worker one thread, so results do not
+// depend on how many share a core.
+inline const std::string cluster_train_sections =
+    std::string("\n[model]\nseq_len = 64\n") + mechanics_model + R"(
 [train]
 inner_steps = 3
 rounds = 3
