@@ -81,6 +81,11 @@ std::vector<std::string> settings(const std::string& policy, const std::string& 
   for (const auto& kv : {"diloco.outer=" + policy, "comm.dtype=" + wire_name(dtype), "outer.lr=" + lr,
                          "outer.momentum=" + mu, "outer.nesterov=" + nesterov})
     args.insert(args.end(), {"--set", kv});
+  if (dtype.rfind("sparse", 0) == 0)
+    // The sparse runs check records, not quality against the others: the mechanics model is enough.
+    for (const auto& kv :
+         {"model.dim=64", "model.layers=2", "model.heads=2", "model.kv_heads=2", "model.ffn_hidden=128"})
+      args.insert(args.end(), {"--set", kv});
   if (dtype == "sparse-shared")
     // A comb sends a value every 1/density rounds: at 12 rounds it needs a higher density than top-k
     // (bench/RESULTS.md, shared indices: density 0.1 with ef_decay 0 ends below fp32 at 50 rounds).
@@ -265,7 +270,9 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
     for (const auto* w : workers) CATCH_CHECK(at(*w, "staleness").GetDouble() == Approx(expected.staleness));
   }
   CATCH_CHECK(losses[0] == losses[1]);  // every node ends with the same theta_global
-  CATCH_CHECK(losses[0] < 3.5);         // and it trained: the byte model starts at ln 256 = 5.5
+  // And it trained: the byte model starts at ln 256 = 5.5 (the mechanics model of the sparse runs learns
+  // slower: 3.5 to 4.2 after these 120 steps).
+  CATCH_CHECK(losses[0] < (dtype.rfind("sparse", 0) == 0 ? 4.8 : 3.5));
   CATCH_CHECK(labels[0] == labels[1]);  // and took part in the same all-reduces
   fs::remove_all(dir);
 }
