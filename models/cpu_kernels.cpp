@@ -2,7 +2,9 @@
 
 #include <ATen/Version.h>
 #include <dlfcn.h>
+
 #include <torch/version.h>
+#include <fstream>
 
 namespace longwave::models {
 
@@ -27,11 +29,22 @@ std::string blas_core() {
   return std::string("OpenBLAS ") + (name != nullptr ? name : "unknown");
 }
 
+/// /proc/cpuinfo's first "model name" (x86 Linux).
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
+    }
+  return "unknown CPU";
+}
+
 }  // namespace
 
 std::string cpu_kernels() {
-  return "LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
-         ", ATen " + aten_capability() + ", " + blas_core();
+  return cpu_model() + ", LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
+         std::to_string(TORCH_VERSION_MINOR) + ", ATen " + aten_capability() + ", " + blas_core();
 }
 
 }  // namespace longwave::models

@@ -5,8 +5,9 @@
 
 namespace longwave::models {
 
-/// "LibTorch 1.13, ATen AVX2, OpenBLAS Haswell": ATen's dispatch level (ATEN_CPU_CAPABILITY caps it) and
-/// OpenBLAS's core (OPENBLAS_CORETYPE sets it); "unknown" for a part this process cannot tell.
+/// "AMD EPYC, LibTorch 1.13, ATen AVX2, OpenBLAS Haswell": the CPU's model name, ATen's dispatch level
+/// (ATEN_CPU_CAPABILITY caps it) and OpenBLAS's core (OPENBLAS_CORETYPE sets it); "unknown" for a part this
+/// process cannot tell. The CPU is named because the same kernels may block their sums by its cache sizes.
 std::string cpu_kernels();
 
 }  // namespace longwave::models

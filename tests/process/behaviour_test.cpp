@@ -6,8 +6,8 @@
 //
 // Float results depend on the CPU kernels (AVX-512 and AVX2 sum in different orders), so the runs pin them
 // to ATen's AVX2 level and OpenBLAS's Haswell core wherever the CPU has AVX2 and FMA, and the records sit in
-// a folder named after `longwave --version`'s kernels. On kernels with no records the runs are compared with
-// the pinned records within the cross-kernel tolerance below, and the test says so.
+// a folder named after `longwave --version`'s CPU and kernels. A CPU or kernels with no records are compared
+// with the reference records within the cross-kernel tolerance below, and the test says so.
 #include <catch2/catch.hpp>
 
 #include <cctype>
@@ -78,8 +78,8 @@ fingerprint of_run(const std::string& out_dir) {
   return f;
 }
 
-// The records of the pinned kernels; the reference for kernels that have none.
-const char* reference_kernels = "libtorch-1-13-aten-avx2-openblas-haswell";
+// The records of the pinned kernels on the CPU they were made on; the reference for those with none.
+const char* reference_kernels = "amd-epyc-libtorch-1-13-aten-avx2-openblas-haswell";
 
 // How far a run on other kernels may drift from the reference in 16 inner steps: about ten times the largest
 // difference measured between kernel sets on these cases (ATen without AVX against AVX2: loss 1.5e-4, theta's
@@ -95,8 +95,8 @@ void pin_kernels() {
   setenv("DNNL_MAX_CPU_ISA", "AVX2", 0);
 }
 
-/// This machine's kernels as a folder name: "longwave on LibTorch 1.13, ATen AVX2, OpenBLAS Haswell" ->
-/// "libtorch-1-13-aten-avx2-openblas-haswell".
+/// This machine's kernels as a folder name: "longwave on AMD EPYC, LibTorch 1.13, ATen AVX2, OpenBLAS
+/// Haswell" -> "amd-epyc-libtorch-1-13-aten-avx2-openblas-haswell".
 std::string kernels_key(const std::string& dir) {
   auto [code, out] = run({binary(), "--version"}, dir + "/version.log", 60);
   CATCH_REQUIRE(code == 0);
