@@ -505,7 +505,7 @@ int main(int argc, char** argv) {
       "interrupted."};
   app.set_version_flag(
       "--version", [] { return "longwave on " + models::cpu_kernels(); },
-      "Print the LibTorch version and the CPU kernels it uses, and exit");
+      "Print the CPU, the LibTorch version and the kernels it uses, and exit");
   app.require_subcommand(1);
   cli_values v;
   subcommands sub;
