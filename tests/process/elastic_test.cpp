@@ -449,7 +449,9 @@ CATCH_TEST_CASE("a standby coordinator at the second address of [cluster] coordi
   const auto first = "tcp://127.0.0.1:" + std::to_string(ports.coordinator);
   const auto second = "tcp://127.0.0.1:" + std::to_string(free_port());
   edit_file(file, "coordinator = \"" + first + "\"", "coordinator = [\"" + first + "\", \"" + second + "\"]");
+  // 30 rounds of 20 steps (about 12 s): the run must outlive the kill, the refused address and the takeover.
   edit_file(file, "rounds = 3", "rounds = 30");
+  edit_file(file, "inner_steps = 3", "inner_steps = 20");
   auto [coord, nodes] = start_cluster(dir, file, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
   kill(coord.pid, SIGKILL);
