@@ -494,7 +494,9 @@ CATCH_TEST_CASE(
   cluster_ports ports;
   // Without CURVE: the junk control frames must reach the coordinator's validation.
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[security]\nmode = \"none\"\n");
+  // About 12 s: the run must outlive the kill and the new coordinator's takeover on a loaded machine.
   edit_file(cluster, "rounds = 3", "rounds = 30");
+  edit_file(cluster, "inner_steps = 3", "inner_steps = 20");
   auto [coord, nodes] = start_cluster(dir, cluster, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
   kill(coord.pid, SIGKILL);

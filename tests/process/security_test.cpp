@@ -41,8 +41,9 @@ CATCH_TEST_CASE(
   const auto dir = scratch_dir("security_keyed");
   cluster_ports ports;
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[comm]\ndtype = \"int8\"\n");
-  // Long enough to outlast the refused joiners and the raw senders (about 0.4 s a round on 2 cores).
+  // Long enough to outlast the refused joiners and the raw senders (150 rounds of 10 steps, about 20 s).
   edit_file(cluster, "rounds = 3", "rounds = 150");
+  edit_file(cluster, "inner_steps = 3", "inner_steps = 10");
   edit_file(cluster, "keys = \"" + dir + "/keys\"", "keys = \"" + dir + "/keys\"\nrevoked = [\"n9\"]");
   edit_file(cluster, "[cluster]\n", "[cluster]\nopen = true\n");
   const auto spec = config::load_cluster_file(cluster, {});
@@ -216,8 +217,8 @@ CATCH_TEST_CASE(
   const auto dir = scratch_dir("security_rekeyed");
   cluster_ports ports;
   const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  edit_file(file, "rounds = 3", "rounds = 40");
-  edit_file(file, "inner_steps = 3", "inner_steps = 20");  // about a minute: still running when it comes back
+  edit_file(file, "rounds = 3", "rounds = 60");
+  edit_file(file, "inner_steps = 3", "inner_steps = 20");  // about 20 s: still running when it comes back
   auto [coord, nodes] = start_cluster(dir, file, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
   kill(coord.pid, SIGKILL);
