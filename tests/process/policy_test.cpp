@@ -81,11 +81,11 @@ std::vector<std::string> settings(const std::string& policy, const std::string& 
   for (const auto& kv : {"diloco.outer=" + policy, "comm.dtype=" + wire_name(dtype), "outer.lr=" + lr,
                          "outer.momentum=" + mu, "outer.nesterov=" + nesterov})
     args.insert(args.end(), {"--set", kv});
-  if (dtype.rfind("sparse", 0) == 0)
+  if (dtype.rfind("sparse", 0) == 0) {
     // The sparse runs check records, not quality against the others: the mechanics model is enough.
-    for (const auto& kv :
-         {"model.dim=64", "model.layers=2", "model.heads=2", "model.kv_heads=2", "model.ffn_hidden=128"})
-      args.insert(args.end(), {"--set", kv});
+    const auto model = mechanics_model_sets();
+    args.insert(args.end(), model.begin(), model.end());
+  }
   if (dtype == "sparse-shared")
     // A comb sends a value every 1/density rounds: at 12 rounds it needs a higher density than top-k
     // (bench/RESULTS.md, shared indices: density 0.1 with ef_decay 0 ends below fp32 at 50 rounds).

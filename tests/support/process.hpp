@@ -25,12 +25,21 @@
 
 namespace longwave::test {
 
-/// Path of the longwave binary (LW_BINARY from ctest, else the build tree default).
 /// The model of the tests about mechanics (membership, kills, resumes, security), not about quality: the
 /// tiny preset narrowed to 0.10M parameters, 6x less compute per step (0.016 against 0.095 s at batch 4 x 64,
 /// one thread), so the suite fits CI's time. Lines of a [model] table.
 inline const char* mechanics_model = "dim = 64\nlayers = 2\nheads = 2\nkv_heads = 2\nffn_hidden = 128\n";
 
+/// mechanics_model as command-line overrides: "--set", "model.dim=64", ...
+inline std::vector<std::string> mechanics_model_sets() {
+  std::vector<std::string> args;
+  std::istringstream in(mechanics_model);
+  for (std::string key, eq, value; in >> key >> eq >> value;)
+    args.insert(args.end(), {"--set", "model." + key + "=" + value});
+  return args;
+}
+
+/// Path of the longwave binary (LW_BINARY from ctest, else the build tree default).
 inline std::string binary() {
   if (const char* b = std::getenv("LW_BINARY"); b && *b) return b;
   throw std::runtime_error("LW_BINARY is not set (run the tests through ctest)");
