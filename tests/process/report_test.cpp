@@ -361,6 +361,23 @@ CATCH_TEST_CASE(
   CATCH_CHECK(fs::exists(dir + "/garbage/report.html"));
   CATCH_CHECK(read_text(dir + "/garbage/report.html").find("2 malformed lines skipped") != std::string::npos);
 
+  // A writer killed mid-line, the resumed run's first record on the same line: the record is kept. A line of
+  // nested records that never closes is skipped like any malformed line.
+  fs::create_directories(dir + "/partial");
+  lines = synthetic_metrics("p", 1.7e9, 2, 3, 5, 0);
+  const size_t second = lines.find('\n') + 1;
+  lines.insert(second, "{\"kind\":\"step\",\"ts\":1,\"st{\"kind\":\"membership\",\"ts\":1700000000.5}\n");
+  std::string nested;
+  for (int i = 0; i < 2000; ++i) nested += "{\"kind\":";
+  lines.insert(second, nested + "\n");
+  write_text(dir + "/partial/metrics.jsonl", lines);
+  auto [c6, o6] = run({binary(), "report", dir + "/partial"}, dir + "/6.log", 60);
+  CATCH_INFO(o6);
+  CATCH_CHECK(c6 == 0);
+  CATCH_CHECK(o6.find("metrics.jsonl:2: skipped a malformed line") != std::string::npos);
+  CATCH_CHECK(o6.find("metrics.jsonl:3: skipped a partial record before column 26") != std::string::npos);
+  CATCH_CHECK(occurrences(o6, "warning") == 2);
+
   // Nothing valid at all, and an empty file.
   fs::create_directories(dir + "/junk");
   write_text(dir + "/junk/metrics.jsonl", "garbage\n<html>\n{\"kind\":\n");

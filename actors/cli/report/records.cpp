@@ -125,7 +125,13 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
     const auto error = runtime::parse_json(line, doc);
     bool ok = !error;
     // A run killed mid-line leaves a partial record; the resumed run's first record can follow on that line.
-    for (size_t b = line.find('{', 1); !ok && b != std::string_view::npos; b = line.find('{', b + 1)) {
+    // Records begin with {"kind": (json_line), so only there, and at most a few times: a line of nested
+    // objects must not cost a parse per '{'.
+    constexpr std::string_view record_start = R"({"kind":)";
+    constexpr int max_retries = 4;
+    int retries = 0;
+    for (size_t b = line.find(record_start, 1); !ok && b != std::string_view::npos && retries++ < max_retries;
+         b = line.find(record_start, b + 1)) {
       if ((ok = !runtime::parse_json(line.substr(b), doc)) && m.n_skipped++ < max_warnings)
         fmt::print(stderr, "report: warning: {}:{}: skipped a partial record before column {}\n", m.path,
                    line_no, b + 1);
