@@ -18,6 +18,7 @@
 #include "actors/run_setup.hpp"
 #include "models/gpt.hpp"
 #include "runtime/log/log.hpp"
+#include "runtime/messages/caf_errors.hpp"
 #include "runtime/messages/interfaces.hpp"
 
 namespace fs = std::filesystem;
@@ -158,11 +159,24 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
 /// One wait of the main loop that timed out: the cluster tick, then Ctrl-C (a stop with a checkpoint, or
 /// at the second one an exit without it).
 void on_idle(caf::scoped_actor& self, const actor_graph& g, const cluster_role* role, bool* stop_sent) {
-  if (role && role->tick && g.collective)
+  if (role && role->tick && g.collective) {
+    node_controls controls;
+    controls.leave = [&g] { caf::anon_send(g.coordinator, stop_atom_v, done_atom_v); };
+    controls.hold = [&]() -> std::optional<uint64_t> {
+      std::optional<uint64_t> round;
+      self->request(g.coordinator, std::chrono::seconds(10), hold_atom_v)
+          .receive([&](uint64_t r) { round = r; },
+                   [&](caf::error& e) {
+                     spdlog::warn("a cluster stop: training did not answer: {}", describe(e));
+                   });
+      return round;
+    };
+    controls.stop_after = [&g](uint64_t round) { caf::anon_send(g.coordinator, stop_atom_v, round); };
     role->tick(
         *g.collective,
         [&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
-        [&g] { caf::anon_send(g.coordinator, stop_atom_v, done_atom_v); });
+        controls);
+  }
   const int n = g_signals.load();
   if (n >= 2) {
     spdlog::warn("second interrupt: exiting without waiting for the checkpoint");

@@ -59,6 +59,13 @@ void admit(const std::shared_ptr<comm::key_ring>& ring, const std::vector<comm::
   ring->assign(entries);
 }
 
+/// What the coordinator asked of a training node since the last tick.
+struct coordinator_asks {
+  bool leave = false;                  ///< leave at the next round boundary (longwave node --leave)
+  bool stop_query = false;             ///< the cluster stops: where can this node stop?
+  std::optional<uint64_t> stop_round;  ///< the cluster stops after this round
+};
+
 /// A node's view of its coordinator while it trains: membership changes reach the ring (fence, next epoch,
 /// removal), the ring's answers and failures reach the coordinator, and a coordinator that went away is said
 /// once, then reminded of every minute.
@@ -69,13 +76,20 @@ class coordinator_watch {
   coordinator_watch(comm::hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
       : hello_(std::move(hello)), admitted_(std::move(admitted)) {}
 
-  /// True when the coordinator asked this node to leave.
-  bool on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
-               std::chrono::steady_clock::time_point now, const std::function<void(std::string)>& record) {
+  /// What the coordinator asked of this node (leave, a cluster stop).
+  coordinator_asks on_tick(comm::control_client& control, comm::collective& ring, const std::string& name,
+                           std::chrono::steady_clock::time_point now,
+                           const std::function<void(std::string)>& record) {
     auto* elastic = dynamic_cast<comm::elastic_ring*>(&ring);
-    bool leave = false;
+    coordinator_asks asks;
     for (const auto& ev : control.poll()) {
-      leave = leave || ev.what == comm::control_event::kind::leave;
+      asks.leave = asks.leave || ev.what == comm::control_event::kind::leave;
+      if (ev.what == comm::control_event::kind::stop) {
+        if (ev.round == 0)
+          asks.stop_query = true;
+        else
+          asks.stop_round = ev.round;
+      }
       // The new membership's keys first, then its ring.
       if (ev.what == comm::control_event::kind::membership) admit(admitted_, ev.membership.keys);
       on_event(ev, ring, elastic, name, now);
@@ -126,7 +140,7 @@ class coordinator_watch {
                    name, control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count(),
                    refused_.empty() ? "" : "; last refusal: " + refused_);
     }
-    return leave;
+    return asks;
   }
 
  private:
@@ -206,6 +220,55 @@ class coordinator_watch {
   std::chrono::steady_clock::time_point next_reminder_;
   bool reannounce_ = false;
   std::chrono::steady_clock::time_point next_announce_;
+};
+
+/// A cluster stop (longwave stop) as one node follows it: asked where it can stop, it holds at the boundary
+/// after its current round and says which; told the round after which every node stops, it trains to it,
+/// saves its checkpoint and exits. Without that round within max_hold (the coordinator went away) it stops
+/// where it holds.
+class stop_follower {
+ public:
+  explicit stop_follower(std::string name) : name_(std::move(name)) {}
+
+  void on_tick(const coordinator_asks& asks, comm::control_client& control, const node_controls& controls,
+               const std::function<void(std::string)>& record, std::chrono::steady_clock::time_point now) {
+    if (round_) return;
+    if (asks.stop_query) {
+      if (!hold_ && (hold_ = controls.hold())) {
+        held_since_ = now;
+        spdlog::info(
+            "node {}: the cluster is stopping: this node holds after round {} until the coordinator says "
+            "after which round every node stops",
+            name_, *hold_);
+      }
+      if (hold_) control.stop_ack(*hold_);
+    }
+    if (asks.stop_round) return stop(*asks.stop_round, controls, record);
+    if (hold_ && now - held_since_ > max_hold) {
+      spdlog::warn("node {}: no stop round from the coordinator within {} s: stopping after round {}", name_,
+                   max_hold.count(), *hold_);
+      stop(*hold_, controls, record);
+    }
+  }
+
+  /// The round after which this node stops (nullopt: it is not stopping).
+  std::optional<uint64_t> round() const { return round_; }
+
+ private:
+  void stop(uint64_t round, const node_controls& controls, const std::function<void(std::string)>& record) {
+    round_ = round;
+    spdlog::info(
+        "node {}: the cluster stops after round {}: this node finishes it, saves its checkpoint and "
+        "exits",
+        name_, round);
+    record(runtime::json_line("stop").add("round", round).str());
+    controls.stop_after(round);
+  }
+
+  static constexpr std::chrono::seconds max_hold{60};
+  std::string name_;
+  std::optional<uint64_t> hold_, round_;
+  std::chrono::steady_clock::time_point held_since_;
 };
 
 /// The training fingerprint a node's hello carries and the coordinator checks: the training settings and how
@@ -450,6 +513,9 @@ class joiner {
       if (now - last_beat < std::chrono::seconds(1)) return;
       last_beat = now;
       control_.heartbeat(0, 0);  // the coordinator keeps a joiner that is heard from
+      for (const auto& ev : control_.poll())
+        if (ev.what == comm::control_event::kind::notice && ev.code == errc::cancelled)
+          throw lw_error(errc::cancelled, ev.text);  // the cluster stops (longwave stop)
     };
     comm::fetch_options o;
     if (role_.ring.curve) {
@@ -482,6 +548,7 @@ class joiner {
             own = comm::fetch_state({sources[i]}, spec_.cluster_id, own_opts);
             donor = names[i];
           } catch (const lw_error& e) {
+            if (e.code() == errc::cancelled) throw;
             failure += fmt::format("; {}: {}", names[i], e.what());
           }
         }
@@ -582,6 +649,27 @@ int request_leave(const config::cluster_spec& spec, const std::string& name) {
 }
 
 }  // namespace
+
+int request_cluster_stop(const config::cluster_spec& spec) {
+  try {
+    std::optional<comm::curve_peer> curve;
+    if (spec.security.mode == config::security_mode::curve) {
+      const auto keys = comm::load_coordinator_keys(spec.security.keys, {});
+      curve = comm::curve_peer{keys.own, keys.coordinator_public};
+    }
+    comm::control_client control(spec.coordinators, spec.cluster_id, curve);
+    const auto [code, text] = control.request_stop(std::chrono::seconds(10));
+    if (code == errc::none) {
+      spdlog::info("the coordinator says: {}", text);
+      return 0;
+    }
+    spdlog::error("the coordinator says: {}", text);
+    return code == errc::invalid_config ? 2 : 1;
+  } catch (const lw_error& e) {
+    spdlog::error("stop: {}", e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+}
 
 int run_coordinator_role(const config::cluster_spec& spec, const std::string& bind) {
   comm::coordinator_options o;
@@ -720,6 +808,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   std::unique_ptr<state_publisher> publisher;
   std::optional<comm::recover_msg> recover;
   std::optional<comm::curve_server_keys> curve;  // this node's ring and state sockets
+  bool cluster_stopped = false;                  // turned away while joining: the cluster stops
   try {
     const auto keys = node_keys(spec, me.name);
     if (keys) {
@@ -741,6 +830,10 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     node_opts.max_resume_round = join(*control, spec, index, opts.fresh ? 0 : latest_checkpoint_round(cfg),
                                       publisher ? publisher->endpoint() : "", role, recover);
   } catch (const lw_error& e) {
+    if (e.code() == errc::cancelled) {
+      spdlog::info("node {}: {}", me.name, e.what());
+      return 0;
+    }
     spdlog::error("node {}: {}", me.name, e.what());
     return e.code() == errc::invalid_config ? 2 : 1;
   }
@@ -748,7 +841,15 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it", me.name,
                  recover->epoch, recover->round);
     node_opts.max_resume_round.reset();
-    role.join = joiner(*control, spec, index, *recover, role);
+    role.join = [j = joiner(*control, spec, index, *recover, role), &cluster_stopped](
+                    const runtime::snapshot_shape& shape, uint64_t own_round) mutable {
+      try {
+        return j(shape, own_round);
+      } catch (const lw_error& e) {
+        cluster_stopped = e.code() == errc::cancelled;  // not admitted: the cluster is stopping
+        throw;
+      }
+    };
   }
   if (publisher) role.publish = [p = publisher.get()](runtime::checkpoint c) { p->publish(std::move(c)); };
   // A node not in the file reads the data regions the coordinator gave it.
@@ -777,20 +878,32 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   std::chrono::steady_clock::time_point last_beat{};
   coordinator_watch watch(hello_of(spec, index, 0, publisher ? publisher->endpoint() : ""), role.admitted);
   bool leaving = false;
+  stop_follower stop(me.name);
   role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record,
-                  const std::function<void()>& leave) {
+                  const node_controls& controls) {
     const auto now = std::chrono::steady_clock::now();
-    if (watch.on_tick(*control, ring, me.name, now, record) && !leaving) {
+    const auto asks = watch.on_tick(*control, ring, me.name, now, record);
+    if (asks.leave && !leaving) {
       leaving = true;
       spdlog::info("node {}: asked to leave the cluster: stopping at the next round boundary", me.name);
-      leave();
+      controls.leave();
     }
+    stop.on_tick(asks, *control, controls, record, now);
     if (now - last_beat < std::chrono::seconds(2)) return;
     last_beat = now;
     const auto* elastic = dynamic_cast<const comm::elastic_ring*>(&ring);
     control->heartbeat(ring.completed_round(), elastic ? elastic->epoch() : 0);
   };
   int code = run_training(cfg, node_opts, &role);
+  if ((stop.round() || cluster_stopped) && code == 130) {
+    control->bye("stopped");
+    if (stop.round())
+      spdlog::info(
+          "node {}: stopped with the cluster after round {}; its checkpoint is saved (the same "
+          "command resumes)",
+          me.name, *stop.round());
+    return 0;
+  }
   if (leaving && code == 130) {
     control->bye("left at a round boundary (longwave node --leave)");
     spdlog::info("node {}: left the cluster; its checkpoint is saved", me.name);

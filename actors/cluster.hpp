@@ -14,6 +14,12 @@ namespace longwave::actors {
 /// went silent for good or never joined, 130 Ctrl-C.
 int run_coordinator_role(const config::cluster_spec& spec, const std::string& bind = "");
 
+/// `longwave stop CLUSTER.toml`: asks the coordinator to stop the whole cluster (every node finishes its
+/// current round, saves its checkpoint and exits 0; then the coordinator exits 0). With CURVE it connects
+/// with the cluster's own key pair (keys/cluster.secret, the coordinator's machine). Returns once the
+/// coordinator answered: 0 it stops, 1 no answer or a refusal, 2 a refused key or bad key files.
+int request_cluster_stop(const config::cluster_spec& spec);
+
 /// Joins the cluster as node `name` and trains. Exit codes as run_training; 2 also when the coordinator turns
 /// the node away (other cluster id or protocol version, unknown name, a name another process has joined
 /// with). While it trains, the node logs the coordinator's verdicts (and hands a lost verdict to its ring), a

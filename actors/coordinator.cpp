@@ -103,11 +103,43 @@ void request_stop(self_ptr self, bool at_boundary) {
   if (!at_boundary && s.ph == phase::inner && s.policy->stops() == stop_rule::pause_and_align)
     return stop_now(self, /*boundary=*/false);
   s.stop_requested = true;
+  if (s.holding) {  // held at a boundary for a cluster stop: stop there
+    s.holding = false;
+    begin_round(self);
+  }
+}
+
+/// A cluster stop asks where this node can stop: at the boundary after the round it is in (it holds there
+/// until stop_after). Asked again, the same answer.
+uint64_t hold_for_stop(self_ptr self) {
+  auto& s = self->state;
+  if (!s.hold_after) s.hold_after = s.round + 1;
+  return *s.hold_after;
+}
+
+/// A cluster stop: stop at the boundary after `round` (every node of the cluster stops there).
+void stop_after(self_ptr self, uint64_t round) {
+  auto& s = self->state;
+  if (s.stop_after) return;
+  s.stop_after = round;
+  if (s.round > round)
+    spdlog::warn("the cluster stops after round {}, which this node has passed: it stops after round {}",
+                 round, s.round + 1);
+  if (s.holding) {
+    s.holding = false;
+    begin_round(self);
+  }
 }
 
 void begin_round(self_ptr self) {
   auto& s = self->state;
+  if (s.stop_after && s.round >= *s.stop_after) s.stop_requested = true;
   if (s.stop_requested) return stop_now(self, /*boundary=*/s.policy->at_round_boundary());
+  if (s.hold_after && !s.stop_after && s.round >= *s.hold_after) {
+    s.holding = true;
+    spdlog::info("round {} done: holding until the cluster says after which round it stops", s.round);
+    return;
+  }
   if (!set_phase(self, phase::inner)) return;
   s.policy->begin_round();
 }
@@ -286,6 +318,8 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
       [=](lost_atom, ring_label label, caf::error& e) { allreduce_failed(self, label, std::move(e), true); },
       [=](stop_atom) { request_stop(self, /*at_boundary=*/false); },
       [=](stop_atom, done_atom) { request_stop(self, /*at_boundary=*/true); },
+      [=](hold_atom) { return hold_for_stop(self); },
+      [=](stop_atom, uint64_t round) { stop_after(self, round); },
   };
 }
 

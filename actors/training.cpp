@@ -127,6 +127,10 @@ int run_training(const config::train_config& cfg, const run_options& opts, const
     spdlog::error("{}", e.what());
     return 4;
   } catch (const lw_error& e) {
+    if (e.code() == errc::cancelled) {  // e.g. a joiner turned away because its cluster stops
+      spdlog::info("{}", e.what());
+      return 130;
+    }
     spdlog::error("{}: {}", to_string(e.code()), e.what());
     // corrupt_data: the user's corpus or shards (data.path) are unusable, bad input as much as a bad key.
     return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;

@@ -44,6 +44,15 @@ struct joined_state {
   uint64_t round = 0;  ///< the completed round of that state
 };
 
+/// What a cluster may ask of a node's training (cluster_role::tick), from the main thread.
+struct node_controls {
+  std::function<void()> leave;  ///< stop at the next round boundary (this node leaves the cluster)
+  /// A cluster stop: hold at the boundary after the current round until stop_after; returns that round
+  /// (nullopt: training did not answer). Idempotent.
+  std::function<std::optional<uint64_t>()> hold;
+  std::function<void(uint64_t round)> stop_after;  ///< a cluster stop: stop at the boundary after `round`
+};
+
 /// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).
 struct cluster_role {
   int rank = 0;
@@ -73,10 +82,10 @@ struct cluster_role {
   /// a checkpoint, to serve to joiners. Called on the training coordinator's thread: must not block.
   std::function<void(runtime::checkpoint)> publish;
   /// Called from the main thread about every 100 ms with the node's collective (heartbeats with its
-  /// completed round, the coordinator's verdicts and membership changes) and a sink for metrics.jsonl lines.
-  /// leave: stops this node at its next round boundary.
+  /// completed round, the coordinator's verdicts and membership changes), a sink for metrics.jsonl lines and
+  /// what the cluster may ask of this node's training.
   std::function<void(comm::collective&, const std::function<void(std::string)>& record,
-                     const std::function<void()>& leave)>
+                     const node_controls& controls)>
       tick;
 };
 

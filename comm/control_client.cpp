@@ -182,6 +182,11 @@ std::vector<control_event> control_client::poll() {
       control_event ev;
       ev.what = control_event::kind::leave;
       out.push_back(std::move(ev));
+    } else if (auto* st = std::get_if<stop_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::stop;
+      ev.round = st->round;
+      out.push_back(std::move(ev));
     } else if (auto* w = std::get_if<welcome_msg>(&body)) {
       control_event ev;
       ev.what = control_event::kind::welcome;
@@ -258,7 +263,7 @@ std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hel
       answer = *r;
     } else if (auto* er = std::get_if<error_msg>(&body)) {
       const auto code = static_cast<errc>(er->code);
-      throw lw_error(code == errc::peer_lost ? errc::peer_lost : errc::invalid_config,
+      throw lw_error(code == errc::peer_lost || code == errc::cancelled ? code : errc::invalid_config,
                      fmt::format("the coordinator at {} turned this node away: {}", endpoint_, er->message));
     }
     return answer.has_value();
@@ -289,7 +294,7 @@ std::variant<membership_msg, recover_msg> control_client::join_ready(const join_
       const auto code = static_cast<errc>(er->code);
       if (code != errc::none)
         throw lw_error(
-            code == errc::invalid_config ? errc::invalid_config : errc::peer_lost,
+            code == errc::invalid_config || code == errc::cancelled ? code : errc::peer_lost,
             fmt::format("the coordinator at {} did not admit this node: {}", endpoint_, er->message));
     }
     return answer.has_value();
@@ -333,6 +338,25 @@ std::pair<errc, std::string> control_client::request_leave(const std::string& na
   }
   throw lw_error(errc::deadline_missed, fmt::format("cannot reach the coordinator at {}: no answer within {}",
                                                     endpoint_, secs(timeout)));
+}
+
+std::pair<errc, std::string> control_client::request_stop(std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = stop_msg{0};
+  std::optional<std::pair<errc, std::string>> answer;
+  const bool answered = converse(e, timeout, [&](const envelope& in) {
+    if (auto* er = std::get_if<error_msg>(&in.body)) answer = {static_cast<errc>(er->code), er->message};
+    return answer.has_value();
+  });
+  if (answered) return *answer;
+  throw lw_error(errc::deadline_missed, fmt::format("cannot reach the coordinator at {}: no answer within {}",
+                                                    endpoint_, secs(timeout)));
+}
+
+void control_client::stop_ack(uint64_t round) {
+  send_body(stop_msg{round});
 }
 
 void control_client::send_body(decltype(envelope::body) body) {

@@ -183,8 +183,11 @@ std::string handshake_refusal::describe() const {
 
 zap_handler::zap_handler(zmq::context_t& ctx, std::shared_ptr<const key_ring> keys,
                          std::function<void(const handshake_refusal&)> on_refused,
-                         std::function<bool()> refresh)
-    : keys_(std::move(keys)), on_refused_(std::move(on_refused)), refresh_(std::move(refresh)) {
+                         std::function<bool()> refresh, std::string operator_public)
+    : keys_(std::move(keys)),
+      on_refused_(std::move(on_refused)),
+      refresh_(std::move(refresh)),
+      operator_public_(std::move(operator_public)) {
   sock_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::rep);
   sock_->set(zmq::sockopt::linger, 0);
   try {
@@ -234,6 +237,8 @@ void zap_handler::run() {
       r.public_key = z85_of(static_cast<const uint8_t*>(parts[6].data()));
       if (keys_->is_revoked(r.public_key)) {
         r.reason = "revoked";
+      } else if (!operator_public_.empty() && r.public_key == operator_public_) {
+        user = operator_user_id;
       } else if (auto name = keys_->name_of(r.public_key)) {
         user = *name;
       } else if (auto added = known_after_refresh(r.public_key)) {

@@ -97,6 +97,10 @@ struct curve_server_keys {
   std::function<void(const handshake_refusal&)> on_refused;
 };
 
+/// The ZAP user id of a connection made with the cluster's own key pair (cluster.secret): `longwave stop`.
+/// No node name can take it (names are letters, digits, _ and -).
+inline constexpr const char* operator_user_id = "@cluster";
+
 /// Answers the ZAP requests of one ZeroMQ context on its own thread (RFC 27): a CURVE client whose public
 /// key is in the ring gets in with its node name as the connection's user id ("User-Id" of its messages);
 /// any other is refused and reported to on_refused (from that thread). Before refusing an unknown key it
@@ -105,9 +109,11 @@ struct curve_server_keys {
 /// any CURVE server socket of the context binds, and destroyed before the context.
 class zap_handler {
  public:
+  /// operator_public: a key admitted besides the ring's, as user id operator_user_id (the coordinator's own
+  /// public key: whoever holds cluster.secret may stop the cluster). Empty: none.
   zap_handler(zmq::context_t& ctx, std::shared_ptr<const key_ring> keys,
               std::function<void(const handshake_refusal&)> on_refused = {},
-              std::function<bool()> refresh = {});
+              std::function<bool()> refresh = {}, std::string operator_public = {});
   ~zap_handler();
   zap_handler(const zap_handler&) = delete;
   zap_handler& operator=(const zap_handler&) = delete;
@@ -120,6 +126,7 @@ class zap_handler {
   std::shared_ptr<const key_ring> keys_;
   std::function<void(const handshake_refusal&)> on_refused_;
   std::function<bool()> refresh_;
+  std::string operator_public_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
   std::thread thread_;

@@ -390,6 +390,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       set_peers(x.initKeys(static_cast<unsigned>(m.keys.size())), m.keys);
     }
     void operator()(const leave_msg& m) { b.initLeave().setNode(txt(m.node)); }
+    void operator()(const stop_msg& m) { b.initStop().setRound(m.round); }
     void operator()(const recover_msg& m) {
       auto x = b.initRecover();
       x.setEpoch(m.epoch);
@@ -523,6 +524,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         out.body = leave_msg{text_of(node)};
         break;
       }
+      case wire::Envelope::Body::STOP: out.body = stop_msg{b.getStop().getRound()}; break;
       case wire::Envelope::Body::RECOVER: {
         auto x = b.getRecover();
         recover_msg m;

@@ -212,6 +212,12 @@ struct membership_msg {
 struct leave_msg {
   std::string node;
 };
+/// Stopping the whole cluster at one round boundary (`longwave stop`): requester -> coordinator and
+/// coordinator -> member with round 0 (stop, or: where can you stop?), member -> coordinator with the round
+/// after which it holds, coordinator -> member with the round after which every member stops.
+struct stop_msg {
+  uint64_t round = 0;
+};
 /// A node's ring failed in `epoch` (e.g. the next rank's connection dropped).
 struct ring_failed_msg {
   uint64_t epoch = 0;
@@ -261,7 +267,7 @@ struct envelope {
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
                fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
-               join_ready_msg>
+               join_ready_msg, stop_msg>
       body;
 };
 

@@ -2,7 +2,9 @@
 // cluster over after a restart.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <map>
 #include <optional>
 #include <set>
@@ -35,6 +37,8 @@ struct member_state {
   bool member = false;                  // in the current epoch's membership and training
   bool finished = false;                // said bye("done")
   std::string removed;                  // why it left the membership ("lost", "left", "failed"), if it did
+  bool stopped = false;                 // said bye("stopped"): it stopped with the cluster (longwave stop)
+  std::optional<uint64_t> stop_hold;    // a stop: the round after which it holds (its answer to the query)
   bool heard = false;                   // a heartbeat since the welcome
   bool suspected = false;               // a neighbour's ring lost it
   clock::time_point last_seen, suspected_at, told_removed;
@@ -51,6 +55,13 @@ struct member_state {
   // A second process that said hello with this live member's name, waiting for the first to fall silent.
   std::optional<std::string> contender;
   clock::time_point contender_since;
+};
+
+/// `longwave stop` in progress: the members are asked where they can stop, then told the round after which
+/// all stop (the largest of their answers); each trains to it, saves its checkpoint and says bye "stopped".
+struct stop_state {
+  std::optional<uint64_t> round;  // the round after which every member stops, once all have answered
+  clock::time_point sent;         // when the query or the round was last sent (re-sent every 2 s)
 };
 
 /// A membership change in progress: every training member must answer the fence of `epoch`.
@@ -78,7 +89,7 @@ class coordinator {
           [this](const handshake_refusal& r) {
             refused(r, n_key_refusals_, "refused keys");  // on the ZAP thread
           },
-          o_.refresh_keys);
+          o_.refresh_keys, o_.curve.public_key);
       try {
         make_curve_server(sock_, o_.curve);
       } catch (const zmq::error_t& e) {
@@ -120,6 +131,7 @@ class coordinator {
     // Joining, or taking over nodes that are already training (this coordinator was restarted).
     for (;;) {
       if (stopped()) return call_off("the coordinator was stopped", 130);
+      if (stop_) return stop_before_start();
       if (takeover_since_) {
         if (all_announced() || clock::now() - *takeover_since_ > o_.heartbeat_timeout) {
           take_over();
@@ -176,6 +188,7 @@ class coordinator {
     while (any_training()) {
       if (stopped()) return call_off("the coordinator was stopped", 130);
       watch(clock::now());
+      if (stop_) watch_stop(clock::now());
       if (quorum_deadline_ && clock::now() > *quorum_deadline_) return call_off(quorum_text(), 1);
       if (give_up_) {
         warn("coordinator: " + *give_up_);
@@ -477,6 +490,10 @@ class coordinator {
     for (size_t i = 0; i < members_.size(); ++i) {
       auto& m = members_[i];
       if (!m.joining || !m.ready) continue;
+      if (stop_) {
+        cancel_join(i);
+        continue;
+      }
       // The members' state after `commit` is that of its round once the round's last all-reduce is in
       // (a published state covers whole rounds, and every member has reached at least its last key).
       if (m.ready->round == commit.round) {
@@ -507,6 +524,17 @@ class coordinator {
       }
     }
     return hold;
+  }
+
+  /// A joiner while the cluster stops: it is not admitted, and told so (it exits 0).
+  void cancel_join(size_t i) {
+    auto& m = members_[i];
+    m.joining = false;
+    m.ready.reset();
+    info(fmt::format("coordinator: node {} is not admitted: the cluster is stopping", specs_[i].name));
+    if (m.identity)
+      reply_error(*m.identity, errc::cancelled,
+                  "the cluster is stopping (longwave stop): start this node again with the cluster");
   }
 
   /// Tells joiner i where to fetch the state: every training member that serves it, and the round the
@@ -546,7 +574,13 @@ class coordinator {
       info("coordinator: no node finished the run (failed, lost or left: " + names_of(gone) + ")");
       return 1;
     }
-    if (gone.empty())
+    const bool all_stopped =
+        std::all_of(finished.begin(), finished.end(), [&](size_t i) { return members_[i].stopped; });
+    if (gone.empty() && stop_ && stop_->round && all_stopped)
+      info(fmt::format(
+          "coordinator: every node stopped after round {} (longwave stop); the same commands resume the run",
+          *stop_->round));
+    else if (gone.empty())
       info("coordinator: every node finished");
     else {
       std::string detail;
@@ -795,8 +829,12 @@ class coordinator {
     std::string problem;
     const auto& ep = h.data_endpoint;
     const auto colon = ep.rfind(':');
-    if (h.node_name.empty() || h.node_name.size() > 32)
-      problem = "a node name is 1..32 characters";
+    const bool name_ok = !h.node_name.empty() && h.node_name.size() <= 32 &&
+                         std::all_of(h.node_name.begin(), h.node_name.end(), [](char c) {
+                           return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+                         });
+    if (!name_ok)
+      problem = "a node name is 1..32 of a-z A-Z 0-9 _ -";
     else if (ep.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon <= 6 ||
              colon + 1 == ep.size() || ep.find('*') != std::string::npos)
       problem = fmt::format("ring endpoint '{}' is not tcp://HOST:PORT", ep);
@@ -865,6 +903,9 @@ class coordinator {
     }
     if (training_members().empty())
       return turn_away(identity, errc::peer_lost, "no node is training in this cluster any more");
+    if (stop_)
+      return reply_error(identity, errc::cancelled,
+                         "the cluster is stopping (longwave stop): start this node again with the cluster");
     m.identity = identity;
     m.last_seen = now;
     m.joining = true;
@@ -928,6 +969,80 @@ class coordinator {
     m.last_seen = now;
     m.announce = h;
     m.state_endpoint = h.state_endpoint;
+  }
+
+  /// `longwave stop`: every member is asked where it can stop (watch_stop sends the query and, once all have
+  /// answered, the round); the requester is told what happens. Before training began, the coordinator and
+  /// the nodes that joined stop at once (run: stop_before_start).
+  void on_stop_request(const std::string& identity) {
+    if (stop_)
+      return reply_error(identity, errc::none,
+                         stop_->round ? fmt::format("the cluster is already stopping: every node stops after "
+                                                    "round {}",
+                                                    *stop_->round)
+                                      : std::string("the cluster is already stopping: its nodes are "
+                                                    "finishing their current round"));
+    if (takeover_since_ && !welcomed_)
+      return reply_error(identity, errc::deadline_missed,
+                         "the coordinator is taking the running cluster over (its nodes are re-announcing "
+                         "themselves): try again in a few seconds");
+    stop_ = stop_state{};
+    if (!welcomed_)
+      return reply_error(identity, errc::none,
+                         "the cluster had not begun training: the coordinator and the nodes that joined stop "
+                         "now");
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (members_[i].joining) cancel_join(i);
+    const auto members = training_members();
+    uint64_t top = 0;
+    for (auto i : members) {
+      members_[i].stop_hold.reset();
+      top = std::max(top, members_[i].round);
+    }
+    info(fmt::format("coordinator: stopping the cluster (longwave stop): asking {} where they can stop",
+                     names_of(members)));
+    reply_error(identity, errc::none,
+                fmt::format("the cluster stops at its next round boundary: {} finish their current round "
+                            "(last reported round {}), save their checkpoints and exit",
+                            names_of(members), top));
+  }
+
+  /// A stop in progress: once every member said where it holds, the round after which all stop is the
+  /// largest of those (no member has passed it). The query, then the round, is re-sent every 2 s to the
+  /// members that still need it (a dropped connection loses messages; both are idempotent at the node).
+  void watch_stop(clock::time_point now) {
+    const auto members = training_members();
+    if (!stop_->round) {
+      std::optional<uint64_t> top;
+      bool all = true;
+      for (auto i : members) {
+        if (!members_[i].stop_hold) all = false;
+        top = std::max(top.value_or(0), members_[i].stop_hold.value_or(0));
+      }
+      if (all && top) {
+        stop_->round = *top;
+        stop_->sent = {};
+        info(fmt::format("coordinator: every node stops after round {} ({})", *top, names_of(members)));
+      }
+    }
+    if (now - stop_->sent < hello_every) return;
+    stop_->sent = now;
+    for (auto i : members) {
+      if (!stop_->round && members_[i].stop_hold) continue;
+      envelope e;
+      e.body = stop_msg{stop_->round.value_or(0)};
+      send_to(i, std::move(e));
+    }
+  }
+
+  /// Stopped (longwave stop) before training began: the nodes that joined are told, and stop too (exit 0).
+  int stop_before_start() {
+    for (const auto& m : members_)
+      if (m.identity && m.removed.empty())
+        reply_error(*m.identity, errc::cancelled,
+                    "the cluster was stopped (longwave stop) before it began training");
+    info("coordinator: stopped (longwave stop) before the cluster began training");
+    return 0;
   }
 
   /// `longwave node --leave`: forwards the request to the node and answers the requester.
@@ -997,6 +1112,14 @@ class coordinator {
       return on_leave(identity, *l);
     }
     const auto rank = rank_of_identity(identity);
+    if (std::holds_alternative<stop_msg>(e.body) && !rank) {
+      if (o_.node_keys && keyed_as != operator_user_id)
+        return reply_error(identity, errc::invalid_config,
+                           fmt::format("only the cluster's own key (keys/cluster.secret, the coordinator's) "
+                                       "may stop the cluster; this connection has node '{}''s",
+                                       keyed_as));
+      return on_stop_request(identity);
+    }
     if (!rank) return from_stranger(identity, e, peer);
     if (o_.node_keys && keyed_as != specs_[*rank].name) {
       // Another node's key using this member's routing id: never let it speak for the member.
@@ -1008,7 +1131,10 @@ class coordinator {
     const std::string& name = specs_[*rank].name;
     m.last_seen = clock::now();
     if (m.joining) {
-      if (auto* r = std::get_if<join_ready_msg>(&e.body)) return on_join_ready(*rank, *r);
+      if (auto* r = std::get_if<join_ready_msg>(&e.body)) {
+        if (stop_) return cancel_join(*rank);
+        return on_join_ready(*rank, *r);
+      }
       if (std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body)) {
         m.joining = false;
         m.ready.reset();
@@ -1026,10 +1152,15 @@ class coordinator {
     m.heard = true;  // anything but a hello comes from its main loop
     if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
       m.round = hb->round;
+    } else if (auto* st = std::get_if<stop_msg>(&e.body)) {
+      if (stop_ && m.member && st->round > 0 && !m.stop_hold) m.stop_hold = st->round;
     } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
-      if (b->reason == "done") {
+      if (b->reason == "done" || b->reason == "stopped") {
         m.finished = true;
-        info(fmt::format("coordinator: node {} finished", name));
+        m.stopped = b->reason == "stopped";
+        info(m.stopped ? fmt::format("coordinator: node {} stopped after round {} with its checkpoint", name,
+                                     stop_ && stop_->round ? *stop_->round : m.round)
+                       : fmt::format("coordinator: node {} finished", name));
       } else {
         remove(*rank, "left", fmt::format("node {} left: {}", name, b->reason));
       }
@@ -1066,6 +1197,7 @@ class coordinator {
   bool welcomed_ = false;                    // training began
   uint64_t epoch_ = 1;                       // the current membership's epoch
   std::optional<fence_state> fence_;         // a membership change in progress
+  std::optional<stop_state> stop_;           // longwave stop in progress
   std::set<std::string> keys_announced_;     // node public keys sent in a welcome or membership
   bool reset_wanted_ = false;                // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;

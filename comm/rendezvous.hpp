@@ -109,6 +109,7 @@ struct control_event {
     membership,       ///< the members of a new epoch (`membership`)
     welcome,          ///< a (restarted) coordinator took this running node on in `epoch`
     leave,            ///< this node is asked to leave at its next round boundary
+    stop,             ///< the cluster stops: round 0 asks where this node can stop, else stop after `round`
     connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
     connection_back,  ///< connected again after a drop; text: its endpoint
     refused,          ///< the coordinator this node was connected to refuses its handshake now; text: why
@@ -118,6 +119,7 @@ struct control_event {
   std::string text;
   uint64_t epoch = 0;
   membership_msg membership;
+  uint64_t round = 0;  ///< kind::stop
 };
 
 /// A node's connection to the coordinator. Not thread-safe: one thread (the node's main thread) uses it.
@@ -159,6 +161,13 @@ class control_client {
   /// returns the coordinator's answer: errc::none and what will happen, or the reason it cannot (e.g. the
   /// node is not training). Throws lw_error(errc::deadline_missed) when no answer comes within timeout.
   std::pair<errc, std::string> request_leave(const std::string& name, std::chrono::milliseconds timeout);
+  /// Asks the coordinator to stop the whole cluster (`longwave stop`): every member finishes its current
+  /// round, saves its checkpoint and exits. Returns the coordinator's answer (errc::none and what happens,
+  /// or why it cannot); re-sent every 2 s until answered. Throws lw_error(errc::deadline_missed) when no
+  /// answer comes within timeout, lw_error(invalid_config) when the handshake is refused.
+  std::pair<errc, std::string> request_stop(std::chrono::milliseconds timeout);
+  /// The answer to a stop query: this node holds after completing `round`. Never blocks.
+  void stop_ack(uint64_t round);
   /// A ring call failed without a fence. Never blocks.
   void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.

@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 3;
+const protocolVersion :UInt16 = 4;  # 4: Stop (longwave stop)
 
 enum Dtype {
   fp32 @0;
@@ -95,6 +95,14 @@ struct Leave {
   node @0 :Text;
 }
 
+struct Stop {
+  # Stopping the whole cluster at one round boundary (`longwave stop`). The requester sends round 0 to the
+  # coordinator; the coordinator asks every member (round 0); each member answers with the round after which
+  # it holds (its current round, round S); once all have, the coordinator tells every member the round after
+  # which all stop (round R, the largest S): each trains to R, saves its checkpoint and says bye "stopped".
+  round @0 :UInt64;
+}
+
 struct RingFailed {
   # Node -> coordinator: an all-reduce of `epoch` failed (e.g. the next rank's connection dropped).
   epoch @0 :UInt64;
@@ -163,6 +171,7 @@ struct Envelope {
     leave @13 :Leave;
     recover @14 :Recover;
     joinReady @15 :JoinReady;
+    stop @16 :Stop;
   }
 }
 

@@ -135,7 +135,7 @@ struct cli_values {
 
 /// The subcommands, to tell which one was given.
 struct subcommands {
-  CLI::App *run, *eval, *exp, *prep, *coord, *node, *launch, *report, *presets, *keys_new, *sweep;
+  CLI::App *run, *eval, *exp, *prep, *coord, *node, *stop, *launch, *report, *presets, *keys_new, *sweep;
 };
 
 CLI::App* add_run(CLI::App& app, cli_values& v) {
@@ -247,6 +247,20 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
   node->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
   node->footer(cluster_footer);
   return node;
+}
+
+CLI::App* add_stop(CLI::App& app, cli_values& v) {
+  auto* stop = app.add_subcommand(
+      "stop", "Stop a running cluster: every node finishes its current round, saves its checkpoint, exits 0");
+  stop->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  stop->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  stop->footer(
+      "The coordinator asks every node where it can stop and tells all of them the same round, so their\n"
+      "checkpoints agree; then it exits 0 too. The same `coordinator` and `node` commands resume the run.\n"
+      "With CURVE this needs the cluster's own key pair (keys/cluster.secret, as the coordinator's machine\n"
+      "has it). Returns once the coordinator answered: exit 0 when it stops, 1 when it cannot be reached,\n"
+      "2 for a refused key. To stop one node only: longwave node CLUSTER.toml --node NAME --leave.");
+  return stop;
 }
 
 CLI::App* add_launch(CLI::App& app, cli_values& v) {
@@ -477,6 +491,11 @@ int cmd_prepare(const cli_values& v) {
 int dispatch(const subcommands& sub, cli_values& v, const char* argv0) {
   if (sub.run->parsed()) return cmd_run(v);
   if (sub.coord->parsed() || sub.node->parsed()) return cmd_role(v, sub.coord->parsed());
+  if (sub.stop->parsed()) {
+    runtime::init_logging("info");
+    auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
+    return spec ? actors::request_cluster_stop(*spec) : 2;
+  }
   if (sub.launch->parsed())
     return cli::launch(self_exe(argv0), v.cluster_path, v.cluster_overrides, v.cluster_fresh, v.observe);
   if (sub.report->parsed()) {
@@ -516,6 +535,7 @@ int main(int argc, char** argv) {
   sub.prep = add_data_prepare(app, v);
   sub.coord = add_coordinator(app, v);
   sub.node = add_node(app, v);
+  sub.stop = add_stop(app, v);
   sub.launch = add_launch(app, v);
   sub.report = add_report(app, v);
   sub.presets = add_presets(app, v);

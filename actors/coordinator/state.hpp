@@ -92,6 +92,10 @@ struct coordinator_state {
   std::optional<train_snapshot> resume;
   uint64_t round = 0;  // completed outer rounds
   bool stop_requested = false;
+  // A cluster stop (longwave stop): hold at the boundary after hold_after until stop_after is known, then
+  // stop at the boundary after stop_after.
+  std::optional<uint64_t> hold_after, stop_after;
+  bool holding = false;  // waiting at a boundary for stop_after
   // Progress and metrics.
   std::map<int64_t, step_agg> steps;
   int64_t last_step = 0, first_step = 0;

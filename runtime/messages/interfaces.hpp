@@ -73,6 +73,12 @@ using metrics_actor = caf::typed_actor<caf::reacts_to<gauge_atom, std::string, s
 using coordinator_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<stop_atom>,
                                            /// Stop at the next round boundary (a node leaving its cluster).
                                            caf::reacts_to<stop_atom, done_atom>,
+                                           /// A cluster stop (longwave stop): hold at the boundary after
+                                           /// the current round until told where to stop; answers that
+                                           /// round.
+                                           caf::replies_to<hold_atom>::with<uint64_t>,
+                                           /// A cluster stop: stop at the boundary after this round.
+                                           caf::reacts_to<stop_atom, uint64_t>,
                                            /// A worker's inner step.
                                            caf::reacts_to<report_atom, step_report>,
                                            /// To itself: the grace period after a lost ring peer ended.

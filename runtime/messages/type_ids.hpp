@@ -47,4 +47,5 @@ CAF_ADD_ATOM(longwave, longwave::runtime, record_atom, "record")    // metrics: 
 CAF_ADD_ATOM(longwave, longwave::runtime, eager_atom, "eager")      // outer optimizer: eager proxy steps
 CAF_ADD_ATOM(longwave, longwave::runtime, mix_atom, "mix")          // worker: mix in a synced fragment
 CAF_ADD_ATOM(longwave, longwave::runtime, lost_atom, "lost")        // coordinator: a ring peer left (to self)
+CAF_ADD_ATOM(longwave, longwave::runtime, hold_atom, "hold")        // coordinator: a cluster stop's hold
 CAF_END_TYPE_ID_BLOCK(longwave)

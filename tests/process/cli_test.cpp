@@ -284,7 +284,7 @@ CATCH_TEST_CASE("/metrics can be scraped and parsed during a run", "[process][me
   const auto dir = scratch_dir("metrics");
   const auto cfg = quick_config_file(dir, "");
   auto c = spawn({binary(), "run", cfg, "--set", "metrics.enabled=true", "--set", "metrics.port=0", "--set",
-                  "train.rounds=40"},
+                  "train.rounds=1000000"},
                  dir + "/run.log");
   int port = 0;
   CATCH_REQUIRE(wait_until(

@@ -1,8 +1,10 @@
 // Clusters that lose a node (issue 20): 3 real node processes on loopback, one of them SIGKILLed in the
 // inner phase or inside an all-reduce (LONGWAVE_FAULT_DIE_IN_ALLREDUCE), interrupted with Ctrl-C, or lost
-// below [cluster] min_nodes. The survivors finish the run, and agree on theta after every round.
+// below [cluster] min_nodes. The survivors go on and agree on theta after every round. Runs are endless:
+// each test waits for records of what it checks, then ends the cluster with `longwave stop` (issue 35).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -18,27 +20,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Rounds of a run that only has to outlive a kill: about 0.4 s each (20 inner steps of the mechanics model).
-const int64_t rounds = 8;
-// Rounds of a run that must outlive a kill, a new process's start and its join (several seconds).
-const int64_t join_rounds = 30;
-
-/// A 3-node cluster (1 worker each) of `rounds` rounds x 20 inner steps, started; `extra` is appended to the
+/// A 3-node cluster (1 worker each) of endless rounds x 20 inner steps, started; `extra` is appended to the
 /// cluster file, `node_env[i]` added to node i's environment.
 struct elastic_cluster {
   std::string dir, file;
   child coord;
   std::vector<child> nodes;
-  int64_t rounds;
 
   elastic_cluster(const std::string& name, const std::string& extra,
                   const std::vector<std::vector<std::string>>& node_env = {},
-                  const std::string& cluster_keys = "", int64_t rounds = ::rounds)
-      : rounds(rounds) {
+                  const std::string& cluster_keys = "") {
     dir = scratch_dir(name);
     cluster_ports ports;
     file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n" + extra);
-    edit_file(file, "rounds = 3", "rounds = " + std::to_string(rounds));
+    edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
     edit_file(file, "inner_steps = 3", "inner_steps = 20");
     if (!cluster_keys.empty()) edit_file(file, "join_timeout_s = ", cluster_keys + "join_timeout_s = ");
     std::tie(coord, nodes) = start_cluster(dir, file, 3, node_env);
@@ -57,15 +52,46 @@ struct elastic_cluster {
   std::string log(size_t i) const { return read_text(dir + "/n" + std::to_string(i) + ".log"); }
   std::string coord_log() const { return read_text(dir + "/coord.log"); }
   std::string out(const std::string& node) const { return dir + "/cluster/" + node; }
+
+  /// Waits until every node of `nodes` has recorded `n` rounds in the membership `members` ("n0,n1"); on a
+  /// timeout the test fails with the logs.
+  void wait_rounds_in(const std::vector<std::string>& names, const std::string& members, int n) const {
+    const bool ok = wait_until(
+        [&] {
+          return std::all_of(names.begin(), names.end(), [&](const std::string& x) {
+            return rounds_in_membership(out(x), members) >= n;
+          });
+        },
+        300);
+    if (ok) return;
+    CATCH_FAIL("no " << n << " rounds in membership " << members << " within 300 s\n--- coordinator\n"
+                     << coord_log() << "\n--- n0\n"
+                     << tail(log(0), 3000));
+  }
 };
 
-/// The survivors agree on theta after every round they both committed, and each committed every round.
+/// The round after which the survivors stopped: the same for all, and recorded as their last round.
+int64_t last_round(const elastic_cluster& c, const std::vector<std::string>& survivors) {
+  const int64_t last = stop_round(c.out(survivors[0]));
+  CATCH_CHECK(last > 0);
+  for (const auto& n : survivors) {
+    CATCH_INFO(n);
+    CATCH_CHECK(stop_round(c.out(n)) == last);
+    const auto crcs = round_crcs(c.out(n));
+    CATCH_CHECK((!crcs.empty() && crcs.rbegin()->first == last));
+  }
+  return last;
+}
+
+/// The survivors agree on theta after every round they both committed, and each committed every round up to
+/// the one after which they stopped.
 void check_rounds(const elastic_cluster& c, const std::vector<std::string>& survivors) {
+  const int64_t rounds = last_round(c, survivors);
   std::vector<std::map<int64_t, std::string>> crcs;
   for (const auto& n : survivors) crcs.push_back(round_crcs(c.out(n)));
   for (size_t k = 0; k < survivors.size(); ++k) {
     CATCH_INFO(survivors[k] << " recorded " << crcs[k].size() << " rounds");
-    for (int64_t r = 1; r <= c.rounds; ++r) {
+    for (int64_t r = 1; r <= rounds; ++r) {
       CATCH_INFO("round " << r);
       CATCH_CHECK(crcs[k].count(r) == 1);
     }
@@ -79,12 +105,15 @@ void check_rounds(const elastic_cluster& c, const std::vector<std::string>& surv
         CATCH_CHECK(it->second == crc);
         ++common;
       }
-  CATCH_CHECK(common >= c.rounds);
+  CATCH_CHECK(common >= rounds);
 }
 
-/// n2 is gone (`how` in the coordinator's words); n0 and n1 finish with exit 0, the coordinator too, and
-/// both end on the same theta, which training moved. Returns the coordinator's log.
+/// n2 is gone (`how` in the coordinator's words); n0 and n1 train 2 rounds without it, are stopped and exit
+/// 0, the coordinator too, and both end on the same theta, which training moved. Returns the coordinator's
+/// log.
 std::string check_survivors_finish(elastic_cluster& c, const std::string& how) {
+  c.wait_rounds_in({"n0", "n1"}, "n0,n1", 2);
+  stop_cluster(c.dir, c.file);
   const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
   const int coord_code = wait_exit(c.coord, 60);
   const auto clog = c.coord_log();
@@ -156,8 +185,11 @@ CATCH_TEST_CASE("a coordinator restarted after a node died while it was down fen
   kill_in_inner_phase(c);      // the first coordinator may or may not see this one...
   kill(c.coord.pid, SIGKILL);  // ...before it dies too
   CATCH_CHECK(wait_exit(c.coord, 30) == 128 + SIGKILL);
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  for (size_t i : {0, 1})
+    CATCH_REQUIRE(
+        wait_until([&] { return contains(c.log(i), "lost the connection to the coordinator"); }, 60));
   c.coord = spawn({binary(), "coordinator", c.file}, c.dir + "/coord.log");
+  CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "took over the running cluster"); }, 60));
   const auto clog = check_survivors_finish(c, "lost");
   CATCH_CHECK(contains(clog, "took over the running cluster"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
@@ -229,7 +261,7 @@ CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is calle
 }
 
 /// `joiner` joined the running cluster: it says it was admitted, and from its first round on (the one it
-/// observes) it agrees with `member` on theta every round up to the last.
+/// observes) it agrees with `member` on theta every round up to the last, after which the cluster stopped.
 void check_joined(const std::string& joiner_log, const std::string& joiner_out, const std::string& member_out,
                   int64_t last_round) {
   CATCH_CHECK(contains(joiner_log, "admitted in epoch"));
@@ -243,15 +275,17 @@ void check_joined(const std::string& joiner_log, const std::string& joiner_out, 
   }
 }
 
-/// Starts n2 again with the same command (plus `args`, with `env`), waits for every role to end, and checks
-/// that all exit 0 and that the coordinator admitted n2 and saw every node finish. Returns the coordinator's
-/// log and the new n2's.
+/// Starts n2 again with the same command (plus `args`, with `env`), waits until the three have trained 2
+/// rounds together, stops the cluster, and checks that all exit 0 and that the coordinator admitted n2 and
+/// saw every node stop. Returns the coordinator's log and the new n2's.
 std::pair<std::string, std::string> restart_n2_and_finish(elastic_cluster& c,
                                                           const std::vector<std::string>& args = {},
                                                           const std::vector<std::string>& env = {}) {
   std::vector<std::string> cmd{binary(), "node", c.file, "--node", "n2"};
   cmd.insert(cmd.end(), args.begin(), args.end());
   auto again = spawn(cmd, c.dir + "/n2-again.log", false, env);
+  c.wait_rounds_in({"n0", "n1"}, "n0,n1,n2", 2);
+  stop_cluster(c.dir, c.file);
   const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
   const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
   auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
@@ -261,20 +295,20 @@ std::pair<std::string, std::string> restart_n2_and_finish(elastic_cluster& c,
   CATCH_CHECK(code2 == 0);
   CATCH_CHECK(coord_code == 0);
   CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
-  CATCH_CHECK(contains(clog, "every node finished"));
+  CATCH_CHECK(contains(clog, "every node stopped after round"));
   return {clog, log2};
 }
 
 CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that comes back restores the quorum",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n", join_rounds);
+  elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n");
   kill_in_inner_phase(c);
   CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "quorum lost"); }, 60));
   const auto [clog, log2] = restart_n2_and_finish(c);
   CATCH_INFO(clog);
   CATCH_CHECK(contains(clog, "coordinator: quorum back: 3 live nodes (n0, n1, n2)"));
   check_rounds(c, {"n0", "n1"});
-  check_joined(log2, c.out("n2"), c.out("n0"), c.rounds);
+  check_joined(log2, c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -284,7 +318,7 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   cluster_ports ports;
   const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n", 8);
   edit_file(file, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
-  edit_file(file, "rounds = 3", "rounds = " + std::to_string(join_rounds));
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   edit_file(file, "inner_steps = 3", "inner_steps = 20");
   auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
   auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
@@ -294,6 +328,13 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n0") >= 2; }, 300));
   // The third comes late: it fetches the running cluster's state from n0 and n1 and is admitted.
   auto n2 = spawn({binary(), "node", file, "--node", "n2"}, dir + "/n2.log");
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        return rounds_in_membership(dir + "/cluster/n0", "n0,n1,n2") >= 2 &&
+               rounds_in_membership(dir + "/cluster/n1", "n0,n1,n2") >= 2;
+      },
+      300));
+  stop_cluster(dir, file);
   const int code0 = wait_exit(n0, 300), code1 = wait_exit(n1, 300), code2 = wait_exit(n2, 300);
   const int coord_code = wait_exit(coord, 60);
   const auto clog = read_text(dir + "/coord.log"), log2 = read_text(dir + "/n2.log");
@@ -308,11 +349,13 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   CATCH_CHECK(code1 == 0);
   CATCH_CHECK(code2 == 0);
   CATCH_CHECK(coord_code == 0);
-  CATCH_CHECK(contains(clog, "every node finished"));
+  CATCH_CHECK(contains(clog, "every node stopped after round"));
   const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
-  CATCH_CHECK(a.size() == static_cast<size_t>(join_rounds));
+  const int64_t last = stop_round(dir + "/cluster/n0");
+  CATCH_CHECK(last > 0);
+  CATCH_CHECK(a.size() == static_cast<size_t>(last));
   CATCH_CHECK(a == b);
-  check_joined(log2, dir + "/cluster/n2", dir + "/cluster/n0", join_rounds);
+  check_joined(log2, dir + "/cluster/n2", dir + "/cluster/n0", last);
   // n2 logged the membership it entered and how it got the state; the report shows both.
   const auto jsonl = read_text(dir + "/cluster/n2/metrics.jsonl");
   CATCH_CHECK(contains(jsonl, R"("kind":"recovery")"));
@@ -328,14 +371,14 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
 /// Kills n2 in the inner phase and starts it again with the same command; everyone finishes, n2 admitted.
 /// same_theta: the nodes agree on theta every round (not under eager, where each mixes in its own delta).
 void rejoin(const std::string& name, const std::string& extra, bool same_theta = true) {
-  elastic_cluster c(name, extra, {}, "", join_rounds);
+  elastic_cluster c(name, extra);
   kill_in_inner_phase(c);
   // The same command again, at once: the coordinator may not have noticed the death yet.
   const auto [clog, log2] = restart_n2_and_finish(c);
   CATCH_CHECK(contains(log2, "admitted in epoch"));
   if (same_theta) {
     check_rounds(c, {"n0", "n1"});
-    check_joined(log2, c.out("n2"), c.out("n0"), c.rounds);
+    check_joined(log2, c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
   }
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
@@ -347,7 +390,7 @@ CATCH_TEST_CASE("a SIGKILLed node started again with the same command rejoins th
 
 CATCH_TEST_CASE("a joiner slower than a round is waited for at a fence once its state was stale",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_slow_joiner", "", {}, "", join_rounds);
+  elastic_cluster c("elastic_slow_joiner", "");
   kill_in_inner_phase(c);
   // Each fetched state is held 3 s before the joiner says it is ready: longer than a round here.
   const auto [clog, log2] = restart_n2_and_finish(c, {"--fresh"}, {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
@@ -355,7 +398,7 @@ CATCH_TEST_CASE("a joiner slower than a round is waited for at a fence once its 
   CATCH_CHECK(contains(clog, "is stale"));
   CATCH_CHECK(contains(clog, "the members wait at the fence of epoch"));
   check_rounds(c, {"n0", "n1"});
-  check_joined(log2, c.out("n2"), c.out("n0"), c.rounds);
+  check_joined(log2, c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -373,7 +416,7 @@ CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on 
 
 CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [cluster] open is true",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_open", "", {}, "open = true\nopen_workers = 2\n", join_rounds);
+  elastic_cluster c("elastic_open", "", {}, "open = true\nopen_workers = 2\n");
   c.wait_checkpoints(0, 2);
   const auto endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
   // Too many workers for the data regions the file keeps for such nodes: refused before it starts.
@@ -388,6 +431,8 @@ CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [c
   CATCH_REQUIRE(keys_code == 0);
   auto n3 = spawn({binary(), "node", c.file, "--node", "n10", "--endpoint", endpoint, "--workers", "1"},
                   c.dir + "/n10.log");
+  c.wait_rounds_in({"n0", "n1", "n2"}, "n0,n1,n2,n10", 2);
+  stop_cluster(c.dir, c.file);
   const int code3 = wait_exit(n3, 300);
   const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300),
             code2 = wait_exit(c.nodes[2], 300);
@@ -401,15 +446,15 @@ CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [c
       contains(clog, "node n10 is not in the cluster file ([cluster] open): 1 workers, global ranks 3..3"));
   CATCH_CHECK(contains(clog, "node n10 admitted in epoch"));
   CATCH_CHECK(contains(clog, "admitted 1 node key(s) added to " + c.dir + "/keys/nodes"));
-  CATCH_CHECK(contains(clog, "every node finished"));
+  CATCH_CHECK(contains(clog, "every node stopped after round"));
   check_rounds(c, {"n0", "n1", "n2"});
-  check_joined(log3, c.out("n10"), c.out("n0"), c.rounds);
+  check_joined(log3, c.out("n10"), c.out("n0"), last_round(c, {"n0", "n1", "n2"}));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line and training goes on",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_bad_joiners", "", {}, "", join_rounds);
+  elastic_cluster c("elastic_bad_joiners", "");
   c.wait_checkpoints(0, 2);
   // A second process with a live member's name waits while that member is heard from, then is turned away.
   auto [live_code, live] = run({binary(), "node", c.file, "--node", "n1"}, c.dir + "/n1-twice.log", 120);
@@ -449,8 +494,8 @@ CATCH_TEST_CASE("a standby coordinator at the second address of [cluster] coordi
   const auto first = "tcp://127.0.0.1:" + std::to_string(ports.coordinator);
   const auto second = "tcp://127.0.0.1:" + std::to_string(free_port());
   edit_file(file, "coordinator = \"" + first + "\"", "coordinator = [\"" + first + "\", \"" + second + "\"]");
-  // 30 rounds of 20 steps (about 12 s): the run must outlive the kill, the refused address and the takeover.
-  edit_file(file, "rounds = 3", "rounds = 30");
+  // Endless: the test stops the cluster once the standby has taken it over and it trained on.
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   edit_file(file, "inner_steps = 3", "inner_steps = 20");
   auto [coord, nodes] = start_cluster(dir, file, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
@@ -463,6 +508,10 @@ CATCH_TEST_CASE("a standby coordinator at the second address of [cluster] coordi
   CATCH_CHECK(bad_code == 2);
   CATCH_CHECK(contains(bad, "is not one of [cluster] coordinator's addresses"));
   auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
+  CATCH_REQUIRE(wait_until(
+      [&] { return contains(read_text(dir + "/coord2.log"), "took over the running cluster"); }, 60));
+  CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
+  stop_cluster(dir, file);
   std::vector<int> codes;
   for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
   const int standby_code = wait_exit(standby, 60);
@@ -471,7 +520,7 @@ CATCH_TEST_CASE("a standby coordinator at the second address of [cluster] coordi
   CATCH_CHECK(codes == std::vector<int>{0, 0});
   CATCH_CHECK(standby_code == 0);
   CATCH_CHECK(contains(clog, "took over the running cluster: n0, n1 in epoch 1"));
-  CATCH_CHECK(contains(clog, "coordinator: every node finished"));
+  CATCH_CHECK(contains(clog, "coordinator: every node stopped after round"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -485,4 +534,72 @@ CATCH_TEST_CASE("the delayed and streaming policies go on without a SIGKILLed no
       fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
     }
   }
+}
+
+CATCH_TEST_CASE(
+    "longwave stop ends every node at one round boundary with its checkpoint, and the same commands "
+    "resume",
+    "[process][cluster][elastic][stop]") {
+  elastic_cluster c("elastic_stop", "");
+  CATCH_REQUIRE(wait_until([&] { return rounds_recorded(c.out("n2")) >= 2; }, 300));
+  // Another cluster's keys cannot stop it: the coordinator's CURVE refuses the handshake.
+  const auto [keys_code, keys_out] =
+      run({binary(), "keys", "new", "--out", c.dir + "/other", "--nodes", "n0"}, c.dir + "/other.log", 60);
+  CATCH_REQUIRE(keys_code == 0);
+  const auto [bad_code, bad] = run({binary(), "stop", c.file, "--set", "security.keys=" + c.dir + "/other"},
+                                   c.dir + "/stop-other.log", 120);
+  CATCH_INFO(bad);
+  CATCH_CHECK(bad_code == 2);
+  CATCH_CHECK(contains(bad, "CURVE"));
+  stop_cluster(c.dir, c.file);
+  CATCH_CHECK(contains(read_text(c.dir + "/stop.log"), "the cluster stops at its next round boundary"));
+  for (size_t i = 0; i < 3; ++i) {
+    CATCH_INFO(tail(c.log(i)));
+    CATCH_CHECK(wait_exit(c.nodes[i], 300) == 0);
+  }
+  CATCH_CHECK(wait_exit(c.coord, 60) == 0);
+  const auto clog = c.coord_log();
+  CATCH_INFO(clog);
+  const int64_t last = last_round(c, {"n0", "n1", "n2"});
+  CATCH_CHECK(contains(clog, "every node stops after round " + std::to_string(last)));
+  CATCH_CHECK(contains(clog, "coordinator: every node stopped after round " + std::to_string(last)));
+  check_rounds(c, {"n0", "n1", "n2"});
+  for (const char* n : {"n0", "n1", "n2"}) {
+    CATCH_INFO(n);
+    runtime::checkpoint_store store(c.out(n) + "/checkpoints", 100);
+    const auto newest = store.load_latest();
+    CATCH_REQUIRE(newest.has_value());
+    CATCH_CHECK(newest->round == static_cast<uint64_t>(last));
+    CATCH_CHECK(contains(read_text(c.dir + "/" + n + ".log"), "stopped with the cluster after round"));
+  }
+  CATCH_CHECK(max_abs_diff(newest_theta(c.out("n0") + "/checkpoints"),
+                           newest_theta(c.out("n2") + "/checkpoints")) == 0.0);
+
+  // The same commands resume after that round, and a second stop ends them again.
+  std::tie(c.coord, c.nodes) = start_cluster(c.dir, c.file, 3);
+  CATCH_REQUIRE(wait_until([&] { return rounds_recorded(c.out("n0")) >= last + 2; }, 300));
+  stop_cluster(c.dir, c.file);
+  for (size_t i = 0; i < 3; ++i) CATCH_CHECK(wait_exit(c.nodes[i], 300) == 0);
+  CATCH_CHECK(wait_exit(c.coord, 60) == 0);
+  CATCH_CHECK(contains(c.coord_log(), "resuming after round " + std::to_string(last)));
+  CATCH_CHECK(last_round(c, {"n0", "n1", "n2"}) > last);
+  check_rounds(c, {"n0", "n1", "n2"});
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("longwave stop before the cluster trains ends the coordinator and the nodes that joined",
+                "[process][cluster][elastic][stop]") {
+  const auto dir = scratch_dir("elastic_stop_early");
+  cluster_ports ports;
+  const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
+  auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
+  CATCH_REQUIRE(wait_until([&] { return contains(read_text(dir + "/coord.log"), "node n0 joined"); }, 60));
+  stop_cluster(dir, file);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  CATCH_CHECK(wait_exit(n0, 60) == 0);
+  CATCH_INFO(read_text(dir + "/n0.log"));
+  CATCH_CHECK(contains(read_text(dir + "/n0.log"), "stopped (longwave stop) before it began training"));
+  CATCH_CHECK(contains(read_text(dir + "/coord.log"), "stopped (longwave stop) before the cluster began"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }

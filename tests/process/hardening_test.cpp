@@ -206,7 +206,7 @@ CATCH_TEST_CASE(
     "[process][checkpoint]") {
   const auto dir = scratch_dir("lock");
   const auto cfg = quick_config(dir, "run");
-  const std::vector<std::string> long_run = {"train.rounds=400"};
+  const std::vector<std::string> long_run = {"train.rounds=1000000"};  // the test ends it
   auto first = spawn(args({binary(), "run", cfg}, long_run), dir + "/first.log");
   CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/run/loss_trace.tsv").size() >= 3; }, 120));
   auto [code, log] = run(args({binary(), "run", cfg}, long_run), dir + "/second.log", 60);

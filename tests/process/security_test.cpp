@@ -41,8 +41,8 @@ CATCH_TEST_CASE(
   const auto dir = scratch_dir("security_keyed");
   cluster_ports ports;
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[comm]\ndtype = \"int8\"\n");
-  // Long enough to outlast the refused joiners and the raw senders (150 rounds of 10 steps, about 20 s).
-  edit_file(cluster, "rounds = 3", "rounds = 150");
+  // Endless: the test stops the cluster once the refusals are counted and it trained on.
+  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   edit_file(cluster, "inner_steps = 3", "inner_steps = 10");
   edit_file(cluster, "keys = \"" + dir + "/keys\"", "keys = \"" + dir + "/keys\"\nrevoked = [\"n9\"]");
   edit_file(cluster, "[cluster]\n", "[cluster]\nopen = true\n");
@@ -156,11 +156,14 @@ CATCH_TEST_CASE(
   }
   stop = true;
   raw.join();
+  const bool trained = wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2);
+  stop_cluster(dir, cluster);
   const int c0 = wait_exit(nodes[0], 300), c1 = wait_exit(nodes[1], 300);
   const int cc = wait_exit(coord, 60);
   const auto clog = read_text(dir + "/coord.log"), n0 = read_text(dir + "/n0.log");
   CATCH_INFO(tail(clog, 8000) << "\n---\n" << tail(n0, 8000));
   CATCH_CHECK(counted);
+  CATCH_CHECK(trained);
   CATCH_CHECK(sent > 0);
   // Not one raw frame got as far as validation: the handshake stopped them.
   CATCH_CHECK(node_rejections == 0);
@@ -217,8 +220,8 @@ CATCH_TEST_CASE(
   const auto dir = scratch_dir("security_rekeyed");
   cluster_ports ports;
   const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  edit_file(file, "rounds = 3", "rounds = 60");
-  edit_file(file, "inner_steps = 3", "inner_steps = 20");  // about 20 s: still running when it comes back
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  edit_file(file, "inner_steps = 3", "inner_steps = 20");
   auto [coord, nodes] = start_cluster(dir, file, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
   kill(coord.pid, SIGKILL);
@@ -253,6 +256,10 @@ CATCH_TEST_CASE(
   coordinator_with("keys-foreign", "drops this node's CURVE hellos");
   // The right coordinator again: the nodes open their sockets again and it takes the running cluster over.
   auto right = spawn({binary(), "coordinator", file}, dir + "/coord2.log");
+  CATCH_REQUIRE(wait_until(
+      [&] { return contains(read_text(dir + "/coord2.log"), "took over the running cluster"); }, 60));
+  CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
+  stop_cluster(dir, file);
   std::vector<int> codes;
   for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
   const int right_code = wait_exit(right, 60);
@@ -263,7 +270,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(contains(clog, "took over the running cluster"));
   CATCH_CHECK(contains(read_text(dir + "/n0.log"), "connected to the coordinator at"));
   const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
-  CATCH_CHECK(a.size() >= 40);
+  CATCH_CHECK(a.size() == static_cast<size_t>(stop_round(dir + "/cluster/n0")));
   CATCH_CHECK(a == b);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -153,6 +154,82 @@ inline std::map<int64_t, std::string> round_crcs(const std::string& out_dir) {
     CATCH_CHECK((fresh || at->second == crc));
   }
   return out;
+}
+
+/// train.rounds of a run that the test ends itself (stop_cluster): more than any test trains, so the run
+/// never ends before the test has seen what it waits for.
+inline constexpr int64_t endless_rounds = 1000000;
+
+/// The records of a node's metrics.jsonl (in out_dir) in order; a line being written (not yet whole) is
+/// left out.
+inline std::vector<rapidjson::Document> records_of(const std::string& out_dir) {
+  std::vector<rapidjson::Document> out;
+  std::istringstream in(read_text(out_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    try {
+      out.push_back(parse_json(line));
+    } catch (const std::runtime_error&) {
+      // the last line, still being written
+    }
+  }
+  return out;
+}
+
+/// Rounds a node (out_dir) recorded since it entered a membership of exactly `members` ("n0,n1", ring
+/// order), from its metrics.jsonl; 0 while it is not in one.
+inline int rounds_in_membership(const std::string& out_dir, const std::string& members) {
+  int rounds = 0;
+  bool in = false;
+  for (const auto& r : records_of(out_dir)) {
+    const std::string kind = r["kind"].GetString();
+    if (kind == "membership") {
+      in = str(at(r, "members")) == members;
+      rounds = 0;
+    } else if (kind == "round" && in) {
+      ++rounds;
+    }
+  }
+  return rounds;
+}
+
+/// Rounds a node (out_dir) has recorded (its metrics.jsonl).
+inline int rounds_recorded(const std::string& out_dir) {
+  int rounds = 0;
+  for (const auto& r : records_of(out_dir)) rounds += std::string(r["kind"].GetString()) == "round";
+  return rounds;
+}
+
+/// Waits until each node (out_dir) has recorded `n` more rounds than it had at the call; false on a
+/// timeout.
+inline bool wait_more_rounds(const std::vector<std::string>& out_dirs, int n, double timeout_s = 300) {
+  std::vector<int> before;
+  for (const auto& d : out_dirs) before.push_back(rounds_recorded(d));
+  return wait_until(
+      [&] {
+        for (size_t i = 0; i < out_dirs.size(); ++i)
+          if (rounds_recorded(out_dirs[i]) < before[i] + n) return false;
+        return true;
+      },
+      timeout_s);
+}
+
+/// `longwave stop CLUSTER`: the coordinator agrees to stop the cluster at its next round boundary (every
+/// node saves its checkpoint and exits 0, then the coordinator). Output in dir/stop.log. `in` runs the
+/// command elsewhere (e.g. wan_hosts::in, inside a namespace host).
+inline void stop_cluster(const std::string& dir, const std::string& cluster,
+                         const std::function<std::vector<std::string>(std::vector<std::string>)>& in = {}) {
+  std::vector<std::string> cmd{binary(), "stop", cluster};
+  const auto [code, out] = run(in ? in(cmd) : cmd, dir + "/stop.log", 120);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+}
+
+/// The round after which a stopped node stopped: its metrics.jsonl's "stop" record (0: none).
+inline int64_t stop_round(const std::string& out_dir) {
+  int64_t round = 0;
+  for (const auto& r : records_of(out_dir))
+    if (std::string(r["kind"].GetString()) == "stop") round = at(r, "round").GetInt64();
+  return round;
 }
 
 }  // namespace longwave::test

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Flake hunt (issue 35): runs a selection of the ctest suite (preset ci) several times, with one core kept
+# busy by a spinning process, and prints per test binary how many tests ran, how often, and which failed.
+# Every run's JUnit file and log stay in the output folder.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+  cat <<'EOF'
+usage: bench/flake_hunt.sh [--runs N] [--no-busy] [--out DIR] [-L LABEL | -R REGEX]...
+  --runs N    runs of the selection (default 10)
+  --no-busy   leave the machine quiet (default: one spinning process keeps a core busy throughout)
+  --out DIR   where each run's log and JUnit file go (default bench/results/flake_hunt-<date>)
+  -L, -R      ctest's label and name regular expressions (default: -L 'process|wan', both labels)
+Prints one line per run, then a table: test binary | tests | runs | failures | failing tests (runs).
+Build first: cmake --build --preset ci.
+EOF
+}
+
+runs=10
+busy=1
+out=""
+sel=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs="$2"; shift 2 ;;
+    --no-busy) busy=0; shift ;;
+    --out) out="$2"; shift 2 ;;
+    -L|-R) sel+=("$1" "$2"); shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "flake_hunt: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "flake_hunt: --runs $runs: want a positive number" >&2; exit 2; }
+[ ${#sel[@]} -gt 0 ] || sel=(-L 'process|wan')
+[ -n "$out" ] || out="bench/results/flake_hunt-$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$out"
+[ -x build/ci/longwave ] || { echo "flake_hunt: build/ci/longwave is missing: cmake --build --preset ci" >&2; exit 2; }
+
+spinner=""
+cleanup() { [ -z "$spinner" ] || kill "$spinner" 2>/dev/null || true; }
+trap cleanup EXIT
+if [ "$busy" -eq 1 ]; then
+  bash -c 'while :; do :; done' &
+  spinner=$!
+  echo "flake_hunt: pid $spinner keeps a core busy"
+fi
+
+# Test name -> binary, from ctest's own listing.
+ctest --preset ci -N "${sel[@]}" --show-only=json-v1 >"$out/tests.json"
+
+for i in $(seq 1 "$runs"); do
+  t0=$(date +%s)
+  rc=0
+  ctest --preset ci "${sel[@]}" --output-junit "$PWD/$out/run$i.xml" >"$out/run$i.log" 2>&1 || rc=$?
+  echo "flake_hunt: run $i of $runs: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -m1 'tests passed' "$out/run$i.log" || echo 'no summary'))"
+done
+
+python3 - "$out" "$runs" <<'EOF'
+import glob, json, os, sys, xml.etree.ElementTree as ET
+out, runs = sys.argv[1], int(sys.argv[2])
+tests = json.load(open(os.path.join(out, "tests.json")))["tests"]
+binary = {t["name"]: os.path.basename(t["command"][0]) if t.get("command") else "?" for t in tests}
+stats = {}  # binary -> [tests, test runs, failures, {test: failures}]
+for b in set(binary.values()):
+    stats[b] = [sum(1 for v in binary.values() if v == b), 0, 0, {}]
+for f in sorted(glob.glob(os.path.join(out, "run*.xml"))):
+    for case in ET.parse(f).getroot().iter("testcase"):
+        name = case.get("name")
+        b = binary.get(name, "?")
+        s = stats.setdefault(b, [0, 0, 0, {}])
+        if case.get("status") == "notrun" or case.find("skipped") is not None:
+            continue
+        s[1] += 1
+        if case.find("failure") is not None or case.get("status") == "fail":
+            s[2] += 1
+            s[3][name] = s[3].get(name, 0) + 1
+print(f"| test binary | tests | runs of the selection | test runs | failures | failing tests (times) |")
+print("|---|---|---|---|---|---|")
+for b in sorted(stats):
+    n, tr, fl, which = stats[b]
+    names = "; ".join(f"{k} ({v})" for k, v in sorted(which.items())) or "-"
+    print(f"| {b} | {n} | {runs} | {tr} | {fl} | {names} |")
+EOF
