@@ -10,6 +10,8 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "comm/elastic_ring.hpp"
 #include "comm/rendezvous.hpp"
@@ -220,6 +222,25 @@ class coordinator_watch {
   std::chrono::steady_clock::time_point next_reminder_;
   bool reannounce_ = false;
   std::chrono::steady_clock::time_point next_announce_;
+};
+
+/// theta_global's CRC after each round, handed from the training coordinator's thread to the main loop,
+/// which sends them to the coordinator (it compares the members').
+class committed_rounds {
+ public:
+  void push(uint64_t round, uint32_t crc) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (items_.size() < max_items) items_.emplace_back(round, crc);
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> take() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return std::exchange(items_, {});
+  }
+
+ private:
+  static constexpr size_t max_items = 1024;  // a main loop that stalls drops the oldest news, not memory
+  std::mutex mu_;
+  std::vector<std::pair<uint64_t, uint32_t>> items_;
 };
 
 /// A cluster stop (longwave stop) as one node follows it: asked where it can stop, it holds at the boundary
@@ -879,6 +900,10 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   coordinator_watch watch(hello_of(spec, index, 0, publisher ? publisher->endpoint() : ""), role.admitted);
   bool leaving = false;
   stop_follower stop(me.name);
+  // Every policy but eager keeps one theta_global on every node (eager mixes in each node's own delta).
+  auto committed = std::make_shared<committed_rounds>();
+  if (cfg.diloco.outer != config::outer_policy_kind::eager)
+    role.round_committed = [committed](uint64_t round, uint32_t crc) { committed->push(round, crc); };
   role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record,
                   const node_controls& controls) {
     const auto now = std::chrono::steady_clock::now();
@@ -889,6 +914,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
       controls.leave();
     }
     stop.on_tick(asks, *control, controls, record, now);
+    for (const auto& [round, crc] : committed->take()) control->committed(round, crc);
     if (now - last_beat < std::chrono::seconds(2)) return;
     last_beat = now;
     const auto* elastic = dynamic_cast<const comm::elastic_ring*>(&ring);

@@ -15,6 +15,7 @@
 #include "comm/shared_mask.hpp"
 #include "comm/sparse_error_feedback.hpp"
 #include "comm/sparse_sum.hpp"
+#include "models/torch_compat.hpp"
 #include "runtime/clock/clock.hpp"
 #include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
@@ -315,7 +316,7 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
     if (!p.defined() || p.numel() != n)
       return make_error(errc::malformed_frame,
                         "contributions of round " + std::to_string(round) + " differ in size");
-  at::NoGradGuard no_grad;
+  models::no_grad_guard no_grad;
   std::optional<comm::gathered> local;
   std::vector<size_t> mask;        // shared indices in a single process
   std::vector<float> shared_mean;  // and the workers' mean at them
@@ -376,7 +377,7 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
   }
   if (s.opts.collective) {
     float* data = sum.data_ptr<float>();
-    const bool observe = round == s.opts.observe_round || contributors == 0;
+    const bool observe = (s.opts.observe_round > 0 && round == s.opts.observe_round) || contributors == 0;
     if (s.opts.error_feedback && dtype != comm::wire_dtype::fp32 && dtype != comm::wire_dtype::sparse &&
         !observe)
       apply_error_feedback(s, label.second, data, static_cast<size_t>(n));

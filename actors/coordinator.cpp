@@ -257,6 +257,25 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
 
 namespace {
 
+/// A cluster's fresh start: theta_0 depends on the CPU kernels that draw it (ATen's vector and scalar normal
+/// samplers differ), so every node takes the ring's rank 0's, as an exact all-reduce (label 0/1, before any
+/// round's) to which only rank 0 contributes weight. One process: its own.
+void adopt_initial_theta(self_ptr self, at::Tensor theta, std::function<void(at::Tensor)> k) {
+  auto& s = self->state;
+  if (s.ctx->cluster_workers == 0) return k(std::move(theta));
+  const ring_label label{0, 1};
+  self->request(s.peers.communicator, s.round_timeout, reduce_atom_v,
+                reduce_request{label, {theta.clone()}, /*exact=*/true, s.ctx->theta_source ? 1 : 0})
+      .then(
+          [=](at::Tensor& theta0) {
+            spdlog::info("theta_0: {}", self->state.ctx->theta_source
+                                            ? "this node's, sent to every node (ring rank 0)"
+                                            : "the ring's rank 0's, as every node starts");
+            self->state.engine->set_theta(theta0, [=](bool) { k(theta0); });
+          },
+          [=](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
+}
+
 coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<const run_context> ctx,
                                                  coordinator_peers peers,
                                                  std::optional<train_snapshot> resume,
@@ -302,13 +321,15 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
         s.t_start = s.t_round_start = clock::now();
         record_start(self);
         if (s.resume) return install_resume(self);
-        // Fresh run: every replica starts from theta_0.
+        // Fresh run: every replica starts from theta_0 (in a cluster, the ring's rank 0's).
         self->request(s.peers.outer, s.request_timeout, theta_atom_v)
             .then(
                 [=](at::Tensor& theta) {
-                  gather<bool>(
-                      self, self->state.request_timeout, [=](std::vector<bool>) { begin_round(self); },
-                      set_atom_v, theta);
+                  adopt_initial_theta(self, theta, [=](at::Tensor theta) {
+                    gather<bool>(
+                        self, self->state.request_timeout, [=](std::vector<bool>) { begin_round(self); },
+                        set_atom_v, theta);
+                  });
                 },
                 [=](caf::error& e) { fail(self, e); });
       },

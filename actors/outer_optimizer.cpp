@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "models/outer_sgd.hpp"
+#include "models/torch_compat.hpp"
 #include "runtime/json/json_line.hpp"
 #include "runtime/messages/caf_errors.hpp"
 #include "runtime/messages/interfaces.hpp"
@@ -141,7 +142,7 @@ caf::result<eager_thetas> eager_step(self_ptr self, const metrics_actor& metrics
     if (auto e = check_size(d, n, "pseudo-gradient")) return e;
   eager_thetas out;
   auto e = torch_guarded("eager outer step", [&] {
-    at::NoGradGuard no_grad;
+    models::no_grad_guard no_grad;
     const double inv_m = 1.0 / global_workers;
     for (auto* t : {&s.proxy, &s.mean_proxy, &s.mean_theta})
       if (!t->defined() || t->numel() != n) *t = at::empty_like(s.theta);

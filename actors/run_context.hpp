@@ -49,6 +49,12 @@ struct run_context {
   uint64_t observe_round = 0;
   /// Cluster members: where round-boundary states go to be served to joiners (cluster_role::publish).
   std::function<void(runtime::checkpoint)> publish_state;
+  /// Cluster members: theta_global's CRC-32C after each round, for the coordinator to compare across nodes
+  /// (cluster_role::round_committed).
+  std::function<void(uint64_t round, uint32_t theta_crc)> round_committed;
+  /// Cluster, fresh start: this node is the ring's rank 0, whose theta_0 every node starts from (each node's
+  /// own initialisation rounds by its CPU's kernels).
+  bool theta_source = false;
   /// A node that joined a running cluster: how it got its state.
   std::optional<recovery_info> recovery;
   int64_t n_workers() const { return cfg.train.workers; }

@@ -12,6 +12,7 @@
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
+#include "runtime/errors/errors.hpp"
 #include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
@@ -58,7 +59,20 @@ models::model_spec model_spec_of(const config::train_config& cfg) {
   return spec;
 }
 
-void print_dry_run(const config::train_config& cfg, const models::model_spec& spec) {
+models::device_plan plan_devices(const config::train_config& cfg) {
+  auto plan = models::plan_devices(cfg.train.device, cfg.train.workers);
+  for (const auto& d : plan.workers) (void)models::resolve_autocast(cfg.train.autocast, d);
+  if (plan.any_cuda())
+    throw lw_error(
+        errc::invalid_config,
+        fmt::format("train.device = \"{}\": inner steps on CUDA are not in this build yet ({}); use "
+                    "train.device = \"cpu\"",
+                    cfg.train.device, plan.describe()));
+  return plan;
+}
+
+void print_dry_run(const config::train_config& cfg, const models::model_spec& spec,
+                   const models::device_plan& devices) {
   const int64_t n = models::closed_form_param_count(spec);
   const int64_t mem =
       models::training_memory_bytes(spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16);
@@ -68,6 +82,8 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
       spec.preset.c_str(), spec.dim, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden,
       spec.vocab_size, spec.seq_len);
   std::printf("# parameters: %ld (%.2fM)\n", n, static_cast<double>(n) / 1e6);
+  std::printf("# device: %s; autocast: %s\n", devices.describe().c_str(),
+              config::to_string(models::resolve_autocast(cfg.train.autocast, devices.workers.front())));
   std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers (this machine: %.1f MiB)\n",
               static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
               cfg.train.workers, static_cast<double>(physical_memory_bytes()) / (1 << 20));
@@ -103,6 +119,8 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
     ctx->cluster_workers = role->cluster_workers;
     ctx->data_partitions = role->data_partitions;
     ctx->publish_state = role->publish;
+    ctx->round_committed = role->round_committed;
+    ctx->theta_source = role->rank == 0;
   }
   if (is_streaming(cfg))
     ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,

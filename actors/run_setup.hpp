@@ -7,6 +7,7 @@
 #include "actors/run_context.hpp"
 #include "actors/training.hpp"
 #include "config/train_config.hpp"
+#include "models/device.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 
@@ -18,8 +19,13 @@ std::string corpus_path(const config::train_config& cfg);
 /// The model shape of a config, checked against what the config asks of it (before any file is touched).
 models::model_spec model_spec_of(const config::train_config& cfg);
 
-/// --dry-run: the resolved config, the model's size and the memory estimate, on stdout.
-void print_dry_run(const config::train_config& cfg, const models::model_spec& spec);
+/// Where each worker runs (train.device, train.autocast), checked before any file is touched: throws
+/// lw_error(invalid_config) naming the key when this build or machine cannot run it.
+models::device_plan plan_devices(const config::train_config& cfg);
+
+/// --dry-run: the resolved config, the model's size, the devices and the memory estimate, on stdout.
+void print_dry_run(const config::train_config& cfg, const models::model_spec& spec,
+                   const models::device_plan& devices);
 
 /// Everything the actors share: the data (prepared in data_dir or reused), the final model shape, threads,
 /// this node's place in the cluster (role, may be null), streaming's fragments. Checks the data against the

@@ -81,6 +81,9 @@ struct cluster_role {
   /// Members: gets a copy of the state at each round boundary (replica 0 only; pending average included), as
   /// a checkpoint, to serve to joiners. Called on the training coordinator's thread: must not block.
   std::function<void(runtime::checkpoint)> publish;
+  /// Members: theta_global's CRC-32C after each round (the coordinator compares them across nodes). Called on
+  /// the training coordinator's thread: must not block.
+  std::function<void(uint64_t round, uint32_t theta_crc)> round_committed;
   /// Called from the main thread about every 100 ms with the node's collective (heartbeats with its
   /// completed round, the coordinator's verdicts and membership changes), a sink for metrics.jsonl lines and
   /// what the cluster may ask of this node's training.

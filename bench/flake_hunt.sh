@@ -7,11 +7,13 @@ cd "$(dirname "$0")/.."
 
 usage() {
   cat <<'EOF'
-usage: bench/flake_hunt.sh [--runs N] [--no-busy] [--out DIR] [-L LABEL | -R REGEX]...
+usage: bench/flake_hunt.sh [--runs N] [--no-busy] [--out DIR] [-L LABEL | -R REGEX]... [--binaries a,b]
   --runs N    runs of the selection (default 10)
   --no-busy   leave the machine quiet (default: one spinning process keeps a core busy throughout)
   --out DIR   where each run's log and JUnit file go (default bench/results/flake_hunt-<date>)
   -L, -R      ctest's label and name regular expressions (default: -L 'process|wan', both labels)
+  --binaries  run these test binaries of build/ci/tests (e.g. lw_elastic_test,lw_cluster_test) directly, each
+              whole, instead of a ctest selection
 Prints one line per run, then a table: test binary | tests | runs | failures | failing tests (runs).
 Build first: cmake --build --preset ci.
 EOF
@@ -21,12 +23,14 @@ runs=10
 busy=1
 out=""
 sel=()
+binaries=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
     --no-busy) busy=0; shift ;;
     --out) out="$2"; shift 2 ;;
     -L|-R) sel+=("$1" "$2"); shift 2 ;;
+    --binaries) IFS=, read -r -a binaries <<<"$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "flake_hunt: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -36,6 +40,9 @@ done
 [ -n "$out" ] || out="bench/results/flake_hunt-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
 [ -x build/ci/longwave ] || { echo "flake_hunt: build/ci/longwave is missing: cmake --build --preset ci" >&2; exit 2; }
+for b in "${binaries[@]}"; do
+  [ -x "build/ci/tests/$b" ] || { echo "flake_hunt: build/ci/tests/$b is not a test binary" >&2; exit 2; }
+done
 
 spinner=""
 cleanup() { [ -z "$spinner" ] || kill "$spinner" 2>/dev/null || true; }
@@ -46,14 +53,21 @@ if [ "$busy" -eq 1 ]; then
   echo "flake_hunt: pid $spinner keeps a core busy"
 fi
 
-# Test name -> binary, from ctest's own listing.
+# Test name -> binary, from ctest's own listing (a direct run names its binary in its file name).
 ctest --preset ci -N "${sel[@]}" --show-only=json-v1 >"$out/tests.json"
 
 for i in $(seq 1 "$runs"); do
   t0=$(date +%s)
   rc=0
-  ctest --preset ci "${sel[@]}" --output-junit "$PWD/$out/run$i.xml" >"$out/run$i.log" 2>&1 || rc=$?
-  echo "flake_hunt: run $i of $runs: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -m1 'tests passed' "$out/run$i.log" || echo 'no summary'))"
+  if [ ${#binaries[@]} -gt 0 ]; then
+    for b in "${binaries[@]}"; do
+      LW_BINARY="$PWD/build/ci/longwave" LW_SOURCE_DIR="$PWD" "build/ci/tests/$b" -r junit \
+        -o "$out/run$i-$b.xml" >>"$out/run$i.log" 2>&1 || rc=$?
+    done
+  else
+    ctest --preset ci "${sel[@]}" --output-junit "$PWD/$out/run$i.xml" >"$out/run$i.log" 2>&1 || rc=$?
+  fi
+  echo "flake_hunt: run $i of $runs: exit $rc in $(( $(date +%s) - t0 )) s"
 done
 
 python3 - "$out" "$runs" <<'EOF'
@@ -65,20 +79,23 @@ stats = {}  # binary -> [tests, test runs, failures, {test: failures}]
 for b in set(binary.values()):
     stats[b] = [sum(1 for v in binary.values() if v == b), 0, 0, {}]
 for f in sorted(glob.glob(os.path.join(out, "run*.xml"))):
+    direct = os.path.basename(f).split("-", 1)[1][:-4] if "-" in os.path.basename(f) else None
     for case in ET.parse(f).getroot().iter("testcase"):
         name = case.get("name")
-        b = binary.get(name, "?")
+        b = direct or binary.get(name, "?")
         s = stats.setdefault(b, [0, 0, 0, {}])
         if case.get("status") == "notrun" or case.find("skipped") is not None:
             continue
         s[1] += 1
-        if case.find("failure") is not None or case.get("status") == "fail":
+        if case.find("failure") is not None or case.find("error") is not None or case.get("status") == "fail":
             s[2] += 1
             s[3][name] = s[3].get(name, 0) + 1
 print(f"| test binary | tests | runs of the selection | test runs | failures | failing tests (times) |")
 print("|---|---|---|---|---|---|")
 for b in sorted(stats):
     n, tr, fl, which = stats[b]
+    if tr == 0:
+        continue
     names = "; ".join(f"{k} ({v})" for k, v in sorted(which.items())) or "-"
     print(f"| {b} | {n} | {runs} | {tr} | {fl} | {names} |")
 EOF

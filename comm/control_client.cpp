@@ -359,6 +359,10 @@ void control_client::stop_ack(uint64_t round) {
   send_body(stop_msg{round});
 }
 
+void control_client::committed(uint64_t round, uint32_t theta_crc) {
+  send_body(committed_msg{round, theta_crc});
+}
+
 void control_client::send_body(decltype(envelope::body) body) {
   envelope e;
   e.cluster_id = cluster_id_;

@@ -391,6 +391,11 @@ std::vector<std::byte> build_envelope(const envelope& e) {
     }
     void operator()(const leave_msg& m) { b.initLeave().setNode(txt(m.node)); }
     void operator()(const stop_msg& m) { b.initStop().setRound(m.round); }
+    void operator()(const committed_msg& m) {
+      auto x = b.initCommitted();
+      x.setRound(m.round);
+      x.setThetaCrc(m.theta_crc);
+    }
     void operator()(const recover_msg& m) {
       auto x = b.initRecover();
       x.setEpoch(m.epoch);
@@ -525,6 +530,9 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         break;
       }
       case wire::Envelope::Body::STOP: out.body = stop_msg{b.getStop().getRound()}; break;
+      case wire::Envelope::Body::COMMITTED:
+        out.body = committed_msg{b.getCommitted().getRound(), b.getCommitted().getThetaCrc()};
+        break;
       case wire::Envelope::Body::RECOVER: {
         auto x = b.getRecover();
         recover_msg m;

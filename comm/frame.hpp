@@ -218,6 +218,11 @@ struct leave_msg {
 struct stop_msg {
   uint64_t round = 0;
 };
+/// theta_global after round `round` has CRC-32C `theta_crc` (node -> coordinator, once per round).
+struct committed_msg {
+  uint64_t round = 0;
+  uint32_t theta_crc = 0;
+};
 /// A node's ring failed in `epoch` (e.g. the next rank's connection dropped).
 struct ring_failed_msg {
   uint64_t epoch = 0;
@@ -267,7 +272,7 @@ struct envelope {
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
                fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
-               join_ready_msg, stop_msg>
+               join_ready_msg, stop_msg, committed_msg>
       body;
 };
 

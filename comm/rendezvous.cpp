@@ -1045,6 +1045,24 @@ class coordinator {
     return 0;
   }
 
+  /// A member's theta_global CRC after a round, against the first one reported for that round: a mismatch
+  /// means the members no longer train one model (named once per round, counted as theta_mismatch).
+  void compare_theta(size_t i, const committed_msg& c) {
+    auto [at, fresh] = theta_crcs_.emplace(c.round, std::make_pair(c.theta_crc, i));
+    if (!fresh && at->second.first != c.theta_crc && mismatched_rounds_.insert(c.round).second) {
+      warn(fmt::format(
+          "coordinator: theta after round {} differs between nodes: {} has {:08x}, {} has {:08x}; "
+          "they no longer train one model",
+          c.round, specs_[at->second.second].name, at->second.first, specs_[i].name, c.theta_crc));
+      if (o_.on_error) o_.on_error("theta_mismatch");
+    }
+    // Rounds far behind the newest are settled: keep the tables small.
+    const uint64_t newest = theta_crcs_.rbegin()->first;
+    while (theta_crcs_.begin()->first + 64 < newest) theta_crcs_.erase(theta_crcs_.begin());
+    while (!mismatched_rounds_.empty() && *mismatched_rounds_.begin() + 64 < newest)
+      mismatched_rounds_.erase(mismatched_rounds_.begin());
+  }
+
   /// `longwave node --leave`: forwards the request to the node and answers the requester.
   void on_leave(const std::string& identity, const leave_msg& l) {
     for (size_t i = 0; i < members_.size(); ++i) {
@@ -1154,6 +1172,8 @@ class coordinator {
       m.round = hb->round;
     } else if (auto* st = std::get_if<stop_msg>(&e.body)) {
       if (stop_ && m.member && st->round > 0 && !m.stop_hold) m.stop_hold = st->round;
+    } else if (auto* c = std::get_if<committed_msg>(&e.body)) {
+      if (m.member) compare_theta(*rank, *c);
     } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
       if (b->reason == "done" || b->reason == "stopped") {
         m.finished = true;
@@ -1198,8 +1218,10 @@ class coordinator {
   uint64_t epoch_ = 1;                       // the current membership's epoch
   std::optional<fence_state> fence_;         // a membership change in progress
   std::optional<stop_state> stop_;           // longwave stop in progress
-  std::set<std::string> keys_announced_;     // node public keys sent in a welcome or membership
-  bool reset_wanted_ = false;                // a ring failed: fence once its suspects are settled
+  std::map<uint64_t, std::pair<uint32_t, size_t>> theta_crcs_;  // round -> first CRC reported, by whom
+  std::set<uint64_t> mismatched_rounds_;                        // rounds already named as mismatched
+  std::set<std::string> keys_announced_;  // node public keys sent in a welcome or membership
+  bool reset_wanted_ = false;             // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;
   std::optional<clock::time_point> hold_until_;  // the fence is held for a slow joiner until then
   static constexpr std::chrono::seconds max_hold{30};

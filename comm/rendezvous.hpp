@@ -168,6 +168,8 @@ class control_client {
   std::pair<errc, std::string> request_stop(std::chrono::milliseconds timeout);
   /// The answer to a stop query: this node holds after completing `round`. Never blocks.
   void stop_ack(uint64_t round);
+  /// theta_global after `round` has CRC-32C theta_crc (the coordinator compares the members'). Never blocks.
+  void committed(uint64_t round, uint32_t theta_crc);
   /// A ring call failed without a fence. Never blocks.
   void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.

@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 4;  # 4: Stop (longwave stop)
+const protocolVersion :UInt16 = 4;  # 4: Stop (longwave stop), Committed
 
 enum Dtype {
   fp32 @0;
@@ -103,6 +103,13 @@ struct Stop {
   round @0 :UInt64;
 }
 
+struct Committed {
+  # Node -> coordinator: theta_global after round `round` has CRC-32C `thetaCrc` (the coordinator compares
+  # the members' and names a mismatch: they no longer train one model).
+  round @0 :UInt64;
+  thetaCrc @1 :UInt32;
+}
+
 struct RingFailed {
   # Node -> coordinator: an all-reduce of `epoch` failed (e.g. the next rank's connection dropped).
   epoch @0 :UInt64;
@@ -172,6 +179,7 @@ struct Envelope {
     recover @14 :Recover;
     joinReady @15 :JoinReady;
     stop @16 :Stop;
+    committed @17 :Committed;
   }
 }
 

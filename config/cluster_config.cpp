@@ -190,10 +190,14 @@ cluster_node read_node(const toml::node& entry, size_t i) {
       n.workers = get_int(v, key, 1, 256);
     } else if (name == "metrics_port") {
       n.metrics_port = get_int(v, key, 0, 65535);
+    } else if (name == "device") {
+      n.device = get_string(v, key);
+      if (const auto problem = device_problem(n.device); !problem.empty())
+        throw config_error(key, fmt::format("{} = \"{}\": {}", key, n.device, problem));
     } else {
       throw config_error(key,
-                         fmt::format("unknown key '{}'{}: a [[nodes]] entry has name, endpoint, workers and "
-                                     "metrics_port",
+                         fmt::format("unknown key '{}'{}: a [[nodes]] entry has name, endpoint, workers, "
+                                     "metrics_port and device",
                                      key, where(v)));
     }
   }
@@ -226,7 +230,7 @@ uint64_t training_fingerprint(const train_config& cfg) {
   static const std::set<std::string> skipped_sections{"eval", "checkpoint", "metrics", "runtime"};
   static const std::set<std::string> skipped_keys{"run.out_dir",    "run.name",      "data.path",
                                                   "data.cache_dir", "train.workers", "train.threads",
-                                                  "comm.timeout_s"};
+                                                  "train.device",   "comm.timeout_s"};
   std::istringstream in(to_toml(cfg));
   std::string section, kept;
   for (std::string line; std::getline(in, line);) {
@@ -385,6 +389,7 @@ train_config node_config(const cluster_spec& spec, size_t index) {
   const auto& n = spec.nodes.at(index);
   train_config c = spec.train;
   c.train.workers = n.workers;
+  if (!n.device.empty()) c.train.device = n.device;
   c.run.out_dir = (std::filesystem::path(spec.train.run.out_dir) / n.name).string();
   if (n.metrics_port >= 0)
     c.metrics.port = n.metrics_port;

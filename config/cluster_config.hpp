@@ -18,6 +18,7 @@ struct cluster_node {
       endpoint;  ///< where the node's ring socket binds and its previous rank connects, tcp://host:port
   int64_t workers = 1;        ///< local workers (replicas) of this node
   int64_t metrics_port = -1;  ///< /metrics port; -1: [metrics] port + 1 + index (0 there: pick a free one)
+  std::string device;         ///< train.device of this node ("": the file's [train] device)
 };
 
 /// How the cluster's links are secured ([security]).

@@ -666,6 +666,8 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                     "diloco.outer = \"sync\" (this run: \"{}\", \"{}\")",
                     cfg.federated.clients_per_round, to_string(cfg.run.mode), to_string(cfg.diloco.outer)));
   }
+  if (const auto problem = device_problem(cfg.train.device); !problem.empty())
+    throw config_error("train.device", fmt::format("train.device = \"{}\": {}", cfg.train.device, problem));
   if (cfg.run.mode == run_mode::single && cfg.train.workers != 1) {
     throw config_error(
         "train.workers",
@@ -695,6 +697,14 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
 }
 
 }  // namespace
+
+std::string device_problem(const std::string& d) {
+  if (d == "cpu" || d == "cuda" || d == "auto") return "";
+  if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+      std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return "";
+  return "allowed values are cpu, cuda, cuda:N (a GPU index) and auto";
+}
 
 std::string toml_type_name(toml::node_type t) {
   switch (t) {

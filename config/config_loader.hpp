@@ -51,6 +51,9 @@ train_config load_config_file(const std::string& path, const std::vector<std::st
 /// parse_config.
 void validate(const train_config& cfg);
 
+/// What is wrong with a train.device value, "" when nothing: "cpu", "cuda", "cuda:N" or "auto" are allowed.
+std::string device_problem(const std::string& device);
+
 /// The config as TOML text: every section and every field, in struct order, doubles in shortest round-trip
 /// form. For a valid config, parse_config(to_toml(c), {}, "") gives back c exactly.
 std::string to_toml(const train_config& cfg);

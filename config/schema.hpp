@@ -143,6 +143,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("train", "eps", c.train.eps, real_in('[', 1e-30, 1e-2, ']'));
   f("train", "grad_clip", c.train.grad_clip, real_at_least(0));
   f("train", "threads", c.train.threads, ints(0, 1024));
+  f("train", "device", c.train.device, non_empty());  // its form is checked in validate()
+  f("train", "autocast", c.train.autocast, listed());
 
   // The outer step scales a float tensor by lr: as for train.lr, past 10 it only diverges (and past ~3e38
   // it no longer converts to float).

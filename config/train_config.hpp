@@ -72,6 +72,17 @@ struct enum_names<model_dtype> {
   static constexpr std::array<const char*, 2> names{"fp32", "bf16"};
 };
 
+/// train.autocast: the precision of the inner steps' compute, resolved per worker device (models/device.hpp).
+enum class autocast_mode : uint8_t {
+  off,        ///< the model's own dtype (model.dtype)
+  bf16,       ///< bf16 autocast of matrix products (a CUDA device)
+  automatic,  ///< "auto": bf16 on a CUDA device, off on the CPU
+};
+template <>
+struct enum_names<autocast_mode> {
+  static constexpr std::array<const char*, 3> names{"off", "bf16", "auto"};
+};
+
 /// data.tokenizer: how the corpus becomes tokens.
 enum class tokenizer_kind : uint8_t {
   byte,  ///< one token per byte (vocabulary 256)
@@ -186,6 +197,11 @@ struct train_section {
   double eps = 1e-8;
   double grad_clip = 1.0;  ///< max global grad norm; 0 disables
   int64_t threads = 0;     ///< torch threads per worker; 0 = cores / workers (at least 1)
+  /// Where the inner steps run: "cpu", "cuda" (workers round-robin over the visible GPUs), "cuda:N" or
+  /// "auto" (cuda when a GPU is visible, else cpu). Per node in a cluster file; not part of the training
+  /// fingerprint, so a cluster may mix CPU and GPU nodes.
+  std::string device = "cpu";
+  autocast_mode autocast = autocast_mode::automatic;
 };
 
 /// [outer]: the outer optimizer, SGD with Nesterov momentum.

@@ -6,13 +6,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/torch_compat.hpp"
+
 namespace longwave::models {
 
 adamw::adamw(int64_t n, adamw_options opts)
     : o_(opts), m_(at::zeros({n}, at::kFloat)), v_(at::zeros({n}, at::kFloat)) {}
 
 void adamw::step(at::Tensor& param, const at::Tensor& grad, double lr) {
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
   ++t_;
   param.mul_(1 - lr * o_.weight_decay);
   m_.mul_(o_.beta1).add_(grad, 1 - o_.beta1);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "models/torch_compat.hpp"
 #include "runtime/errors/errors.hpp"
 
 namespace longwave::models {
@@ -101,7 +102,7 @@ at::Tensor gpt::init_flat(const model_spec& spec, uint64_t seed) {
 
 void gpt::load_flat(const at::Tensor& flat_fp32) {
   LW_ASSERT(flat_fp32.numel() == n_, "flat buffer size does not match the model");
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
   flat_.copy_(flat_fp32);
 }
 
@@ -130,7 +131,7 @@ at::Tensor gpt::forward_logits(const at::Tensor& idx) {
       k = k.repeat_interleave(H / Hkv, 1);
       v = v.repeat_interleave(H / Hkv, 1);
     }
-    auto y = std::get<0>(at::_scaled_dot_product_attention(q, k, v, {}, 0.0, false, true));
+    auto y = causal_attention(q, k, v);
     y = y.transpose(1, 2).reshape({B, T, s.dim});
     x = x + at::linear(y, wo);
     auto m = rms_norm(x, mlp_norm, s.norm_eps);
@@ -143,7 +144,7 @@ at::Tensor gpt::forward_logits(const at::Tensor& idx) {
 at::Tensor gpt::logits(const at::Tensor& idx) {
   LW_ASSERT(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= spec_.seq_len,
             "logits: inputs must be [B, T] with 1 <= T <= seq_len");
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
   return forward_logits(idx);
 }
 
@@ -153,7 +154,7 @@ at::Tensor gpt::loss(const at::Tensor& tokens, bool grad) {
   auto idx = tokens.narrow(1, 0, T);
   auto targets = tokens.narrow(1, 1, T).reshape({-1});
   if (!grad) {
-    at::NoGradGuard no_grad;
+    no_grad_guard no_grad;
     auto logits = forward_logits(idx);
     return at::cross_entropy_loss(logits.reshape({-1, spec_.vocab_size}).to(at::kFloat), targets);
   }

@@ -5,6 +5,7 @@
 
 #include "models/data/window_sampler.hpp"
 #include "models/lr_schedule.hpp"
+#include "models/torch_compat.hpp"
 
 namespace longwave::models {
 
@@ -31,7 +32,7 @@ void inner_trainer::set_params(const at::Tensor& theta) {
 }
 
 void inner_trainer::mix(const at::Tensor& theta, const flat_ranges& ranges, double alpha) {
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
   for (const auto& [off, len] : ranges) {
     auto local = master_.narrow(0, off, len);
     auto global = theta.narrow(0, off, len);
@@ -65,7 +66,7 @@ float inner_trainer::compute_grad() {
 }
 
 void inner_trainer::apply_update(at::Tensor& g) {
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
   if (opts_.grad_clip > 0) {
     const double norm = g.norm().item<double>();
     const double coef = opts_.grad_clip / (norm + 1e-6);
@@ -102,7 +103,7 @@ double inner_trainer::evaluate(const at::Tensor& theta, const std::vector<uint16
 
 double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
                        int64_t n_batches) {
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
   const int64_t seq_len = model.spec().seq_len;
   double sum = 0;
   for (int64_t b = 0; b < n_batches; ++b) {

@@ -6,24 +6,72 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/torch_compat.hpp"
+#include "runtime/errors/errors.hpp"
+
 namespace longwave::models {
 
+namespace {
+
+// The outer step's elementwise updates, written out instead of ATen's kernels: ATen rounds a + alpha * b
+// once where its vector kernels fuse it (AVX2, AVX-512) and twice where they do not (ATEN_CPU_CAPABILITY=
+// default), so nodes on other kernel sets (or a GPU node's host) would drift apart on theta_global. Each
+// operation here rounds as the fused kernels do, a fused multiply-add being exact wherever it runs: the
+// "fma" clone uses the instruction, the default one libm's fmaf. This file builds with -ffp-contract=off.
+
+/// y[i] = a * x[i] + y[i], rounded once (ATen: y.add_(x, a)).
+__attribute__((target_clones("fma", "default"))) void fused_axpy(float* y, const float* x, float a,
+                                                                 int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(x[i], a, y[i]);
+}
+
+/// out[i] = a * x[i] + y[i], rounded once (ATen: at::add_out(out, y, x, a)).
+__attribute__((target_clones("fma", "default"))) void fused_axpy_out(float* out, const float* y,
+                                                                     const float* x, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::fma(x[i], a, y[i]);
+}
+
+/// b[i] = b[i] * mu + d[i]: two roundings, as ATen's b.mul_(mu).add_(d).
+void scale_add(float* b, const float* d, float mu, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float scaled = b[i] * mu;
+    b[i] = scaled + d[i];
+  }
+}
+
+float* data(at::Tensor& t) {
+  return t.data_ptr<float>();
+}
+const float* data(const at::Tensor& t) {
+  return t.data_ptr<float>();
+}
+
+}  // namespace
+
 double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta) {
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
+  check_flat(theta, delta);
+  const int64_t n = theta.numel();
   if (mu_ == 0.0) {
-    theta.add_(delta, -lr_);
+    fused_axpy(data(theta), data(delta), static_cast<float>(-lr_), n);
     return std::abs(lr_) * delta.norm().item<double>();
   }
   if (!b_.defined()) {
     b_ = delta.clone();  // torch: first step initialises the buffer with the gradient
   } else {
-    b_.mul_(mu_).add_(delta);
+    scale_add(data(b_), data(delta), static_cast<float>(mu_), n);
   }
   if (!nesterov_) {
-    theta.add_(b_, -lr_);
+    fused_axpy(data(theta), data(b_), static_cast<float>(-lr_), n);
     return std::abs(lr_) * b_.norm().item<double>();
   }
-  return std::abs(lr_) * nesterov_apply(theta, delta, 0, 0, theta.numel());
+  return std::abs(lr_) * nesterov_apply(theta, delta, 0, 0, n);
+}
+
+void outer_sgd::check_flat(const at::Tensor& theta, const at::Tensor& delta) {
+  LW_ASSERT(theta.scalar_type() == at::kFloat && delta.scalar_type() == at::kFloat && theta.is_contiguous() &&
+                delta.is_contiguous() && theta.device().is_cpu() && delta.device().is_cpu(),
+            "the outer step takes contiguous fp32 host tensors");
 }
 
 double outer_sgd::nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off,
@@ -36,8 +84,8 @@ double outer_sgd::nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int
   for (int64_t i = 0; i < len; i += chunk) {
     const int64_t m = std::min(chunk, len - i);
     auto dir = dir_.narrow(0, 0, m);
-    at::add_out(dir, delta.narrow(0, d_off + i, m), b_.narrow(0, off + i, m), mu_);
-    theta.narrow(0, off + i, m).add_(dir, -lr_);
+    fused_axpy_out(data(dir), data(delta) + d_off + i, data(b_) + off + i, static_cast<float>(mu_), m);
+    fused_axpy(data(theta) + off + i, data(dir), static_cast<float>(-lr_), m);
     const double part = dir.norm().item<double>();
     sq += part * part;
   }
@@ -45,26 +93,26 @@ double outer_sgd::nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int
 }
 
 double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ranges& ranges) {
-  at::NoGradGuard no_grad;
+  no_grad_guard no_grad;
+  check_flat(theta, delta);
   // Starting from a zero buffer, mu * 0 + delta is delta exactly: the same first step as torch's clone.
   if (mu_ != 0.0 && !b_.defined()) b_ = at::zeros_like(theta);
   double sq = 0;
   int64_t at = 0;
   for (const auto& [off, len] : ranges) {
-    auto t = theta.narrow(0, off, len);
     auto d = delta.narrow(0, at, len);
     at += len;
     double part = 0;
     if (mu_ == 0.0) {
-      t.add_(d, -lr_);
+      fused_axpy(data(theta) + off, data(delta) + at - len, static_cast<float>(-lr_), len);
       part = lr_ * d.norm().item<double>();
     } else {
       auto b = b_.narrow(0, off, len);
-      b.mul_(mu_).add_(d);
+      scale_add(data(b_) + off, data(delta) + at - len, static_cast<float>(mu_), len);
       if (nesterov_) {
         part = lr_ * nesterov_apply(theta, delta, off, at - len, len);
       } else {
-        t.add_(b, -lr_);
+        fused_axpy(data(theta) + off, data(b_) + off, static_cast<float>(-lr_), len);
         part = lr_ * b.norm().item<double>();
       }
     }

@@ -21,6 +21,8 @@ class outer_sgd {
   void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }
 
  private:
+  /// The step's tensors are contiguous fp32 on the host (a broken invariant aborts).
+  static void check_flat(const at::Tensor& theta, const at::Tensor& delta);
   /// Nesterov: theta[off, off+len) -= lr * (delta[d_off, d_off+len) + mu * b[off, off+len)); returns the
   /// norm of that direction.
   double nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off, int64_t len);

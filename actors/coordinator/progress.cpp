@@ -42,6 +42,7 @@ void record_round(self_ptr self, const at::Tensor& theta) {
                    .add("round", s.round)
                    .add("step", s.last_step)
                    .add("theta_crc32c", fmt::format("{:08x}", crc)));
+  if (s.ctx->round_committed) s.ctx->round_committed(s.round, crc);
 }
 
 void record_start(self_ptr self) {

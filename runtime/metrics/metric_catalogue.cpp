@@ -143,8 +143,8 @@ const char* to_string(metric_role role) {
 }
 
 const std::vector<std::string>& error_reasons() {
-  static const std::vector<std::string> reasons = {"checkpoint_write", "checkpoint_corrupt", "allreduce",
-                                                   "node_lost", "rejected_join"};
+  static const std::vector<std::string> reasons = {
+      "checkpoint_write", "checkpoint_corrupt", "allreduce", "node_lost", "rejected_join", "theta_mismatch"};
   return reasons;
 }
 

@@ -7,11 +7,13 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include "comm/rendezvous.hpp"
@@ -136,4 +138,134 @@ CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and end
   bool said = false;
   for (const auto& l : lines) said = said || l.find("coordinator: the ring failed 4 times in a row") == 0;
   CATCH_CHECK(said);
+}
+
+namespace {
+
+/// A coordinator of nodes a and b on a free loopback port, run on its own thread, with its lines and error
+/// reasons kept; `a` and `b` are the test's control clients, joined.
+struct two_node_cluster {
+  coordinator_options o;
+  std::vector<std::string> lines, errors;
+  std::mutex mu;
+  std::atomic<bool> stop{false};
+  std::future<int> coord;
+  std::unique_ptr<control_client> a, b;
+
+  two_node_cluster() {
+    o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
+    o.cluster_id = cluster;
+    o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
+    o.join_timeout = std::chrono::seconds(20);
+    o.info = o.warn = [&](const std::string& s) {
+      std::lock_guard<std::mutex> lk(mu);
+      lines.push_back(s);
+    };
+    o.on_error = [&](const std::string& reason) {
+      std::lock_guard<std::mutex> lk(mu);
+      errors.push_back(reason);
+    };
+    o.stop = [&] { return stop.load(); };
+    coord = std::async(std::launch::async, [&] { return run_coordinator(o); });
+    a = std::make_unique<control_client>(o.bind_endpoint, cluster);
+    b = std::make_unique<control_client>(o.bind_endpoint, cluster);
+    auto wa =
+        std::async(std::launch::async, [&] { return a->join(hello("a", 1), std::chrono::seconds(20)); });
+    CATCH_REQUIRE(std::holds_alternative<welcome_msg>(b->join(hello("b", 2), std::chrono::seconds(20))));
+    CATCH_REQUIRE(std::holds_alternative<welcome_msg>(wa.get()));
+    a->heartbeat(0, 1);
+    b->heartbeat(0, 1);
+  }
+  ~two_node_cluster() {
+    stop = true;
+    if (coord.valid()) coord.wait();
+  }
+
+  static hello_msg hello(const std::string& name, int port) {
+    hello_msg h;
+    h.protocol_version = protocol_version();
+    h.cluster_id = cluster;
+    h.node_name = name;
+    h.n_workers = 1;
+    h.data_endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+    return h;
+  }
+  /// The round after which the coordinator tells `node` to stop (queries, round 0, are skipped); 0 if none
+  /// comes within 10 s.
+  static uint64_t stop_round(control_client& node) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (auto& ev : node.poll())
+        if (ev.what == control_event::kind::stop && ev.round > 0) return ev.round;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return 0;
+  }
+  /// How many of the coordinator's lines contain `text` (waiting up to 10 s for at least `want`).
+  size_t said(const std::string& text, size_t want = 1) {
+    size_t n = 0;
+    test::wait_until(
+        [&] {
+          std::lock_guard<std::mutex> lk(mu);
+          n = 0;
+          for (const auto& l : lines) n += l.find(text) != std::string::npos;
+          return n >= want;
+        },
+        10);
+    return n;
+  }
+};
+
+}  // namespace
+
+CATCH_TEST_CASE(
+    "longwave stop: each member says where it holds, all are told the largest, and they stop there",
+    "[integration][membership][stop]") {
+  two_node_cluster c;
+  control_client requester(c.o.bind_endpoint, cluster);
+  const auto [code, text] = requester.request_stop(std::chrono::seconds(10));
+  CATCH_CHECK(code == errc::none);
+  CATCH_CHECK(text.find("the cluster stops at its next round boundary: a, b finish their current round") ==
+              0);
+  // Both are asked where they can stop (round 0); a is in round 7, b already in round 8.
+  const auto qa = next_event(*c.a, control_event::kind::stop),
+             qb = next_event(*c.b, control_event::kind::stop);
+  CATCH_REQUIRE(qa.has_value());
+  CATCH_REQUIRE(qb.has_value());
+  CATCH_CHECK(qa->round == 0);
+  CATCH_CHECK(qb->round == 0);
+  c.a->stop_ack(7);
+  // Until b has answered, no round is decided; a second request is told the cluster is already stopping.
+  const auto again = requester.request_stop(std::chrono::seconds(10));
+  CATCH_CHECK(again.second == "the cluster is already stopping: its nodes are finishing their current round");
+  c.b->stop_ack(8);
+  CATCH_CHECK(two_node_cluster::stop_round(*c.a) == 8);
+  CATCH_CHECK(two_node_cluster::stop_round(*c.b) == 8);
+  CATCH_CHECK(c.said("coordinator: every node stops after round 8 (a, b)") == 1);
+  c.a->bye("stopped");
+  c.b->bye("stopped");
+  CATCH_REQUIRE(c.coord.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CATCH_CHECK(c.coord.get() == 0);
+  CATCH_CHECK(c.said("coordinator: every node stopped after round 8 (longwave stop)") == 1);
+}
+
+CATCH_TEST_CASE("members report theta's CRC each round and the coordinator names and counts a mismatch once",
+                "[integration][membership]") {
+  two_node_cluster c;
+  c.a->committed(1, 0x11111111);
+  c.b->committed(1, 0x11111111);
+  c.a->committed(2, 0x22222222);
+  c.b->committed(2, 0x2222222f);
+  c.b->committed(2, 0x2222222f);  // a repeat names nothing new
+  c.a->committed(3, 0x33333333);
+  c.b->committed(3, 0x33333333);
+  c.a->bye("done");
+  c.b->bye("done");
+  CATCH_REQUIRE(c.coord.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CATCH_CHECK(c.coord.get() == 0);
+  CATCH_CHECK(
+      c.said("coordinator: theta after round 2 differs between nodes: a has 22222222, b has 2222222f") == 1);
+  CATCH_CHECK(c.said("theta after round") == 1);
+  std::lock_guard<std::mutex> lk(c.mu);
+  CATCH_CHECK(c.errors == std::vector<std::string>{"theta_mismatch"});
 }

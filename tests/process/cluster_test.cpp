@@ -601,3 +601,27 @@ CATCH_TEST_CASE(
   CATCH_CHECK(crcs0 == crcs1);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
+
+CATCH_TEST_CASE("nodes on different CPU kernel sets (AVX2 and none) keep one theta_global every round",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_kernels");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(cluster, "rounds = 3", "rounds = 6");
+  // n1 computes with ATen's scalar kernels; the outer step must round the same way on both.
+  auto [coord, nodes] = start_cluster(dir, cluster, 2, {{}, {"ATEN_CPU_CAPABILITY=default"}});
+  std::vector<int> codes;
+  for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
+  const int coord_code = wait_exit(coord, 60);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_INFO(clog << "\n--- n1\n" << tail(read_text(dir + "/n1.log")));
+  CATCH_CHECK(codes == std::vector<int>{0, 0});
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(contains(read_text(dir + "/n1.log"), "ATen NO AVX"));
+  CATCH_CHECK_FALSE(contains(read_text(dir + "/n0.log"), "ATen NO AVX"));
+  const auto a = round_crcs(dir + "/cluster/n0"), b = round_crcs(dir + "/cluster/n1");
+  CATCH_CHECK(a.size() == 6);
+  CATCH_CHECK(a == b);
+  CATCH_CHECK_FALSE(contains(clog, "differs between nodes"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}

@@ -169,6 +169,21 @@ CATCH_TEST_CASE(
   CATCH_CHECK_THROWS_WITH(add_open_node(open, "other", "tcp://10.0.0.9:5601", 5), Contains("open_workers"));
 }
 
+CATCH_TEST_CASE("[[nodes]] device sets one node's train.device; a bad one names the node's key",
+                "[config][cluster]") {
+  const auto spec = parse_cluster(replaced(good, "workers = 3\n", "workers = 3\ndevice = \"cuda:1\"\n"), {},
+                                  "cluster.toml");
+  CATCH_CHECK(node_config(spec, 0).train.device == "cpu");
+  CATCH_CHECK(node_config(spec, 1).train.device == "cuda:1");
+  // Not part of the fingerprint the coordinator checks: a CPU node and a GPU node train together.
+  CATCH_CHECK(training_fingerprint(node_config(spec, 0)) == training_fingerprint(node_config(spec, 1)));
+  const auto all = parse_cluster(good, {"train.device=auto"}, "cluster.toml");
+  CATCH_CHECK(node_config(all, 0).train.device == "auto");
+  CATCH_CHECK(error_of(replaced(good, "workers = 3\n", "workers = 3\ndevice = \"gpu\"\n")) ==
+              "config error: nodes[1].device = \"gpu\": allowed values are cpu, cuda, cuda:N (a GPU index) "
+              "and auto");
+}
+
 CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
   using Catch::Matchers::Contains;
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),

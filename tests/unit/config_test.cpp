@@ -11,10 +11,12 @@
 
 #include <unistd.h>
 
+#include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "config/model_shape.hpp"
 
 using Catch::Matchers::Contains;
+using longwave::config::autocast_mode;
 using longwave::config::comm_backend;
 using longwave::config::config_error;
 using longwave::config::fragment_layout;
@@ -364,6 +366,8 @@ CATCH_TEST_CASE("to_toml writes every section and every field in struct order", 
                                              "eps = 1e-08",
                                              "grad_clip = 1.0",
                                              "threads = 0",
+                                             "device = \"cpu\"",
+                                             "autocast = \"auto\"",
                                              "[outer]",
                                              "lr = 0.7",
                                              "momentum = 0.9",
@@ -800,6 +804,32 @@ CATCH_TEST_CASE("comm.backend picks ring or nccl, and nccl refuses int8 naming b
   CATCH_CHECK_THAT(e.what(),
                    Contains("comm.dtype = \"int8\": comm.backend = \"nccl\" reduces fp32, fp16 and bf16"));
   CATCH_CHECK_NOTHROW(parse_config("[comm]\nbackend = \"ring\"\ndtype = \"int8\"\n", {}, ""));
+}
+
+CATCH_TEST_CASE("train.device takes cpu, cuda, cuda:N and auto; train.autocast off, bf16 and auto",
+                "[config]") {
+  CATCH_CHECK(parse_config("", {}, "").train.device == "cpu");
+  CATCH_CHECK(parse_config("", {}, "").train.autocast == autocast_mode::automatic);
+  for (const std::string d : {"cpu", "cuda", "cuda:0", "cuda:7", "cuda:123", "auto"})
+    CATCH_CHECK(parse_config("[train]\ndevice = \"" + d + "\"\n", {}, "").train.device == d);
+  CATCH_CHECK(parse_config("", {"train.device=cuda:1"}, "").train.device == "cuda:1");
+  for (const std::string d : {"gpu", "cuda:", "cuda:x", "cuda:1234", "CUDA", "cuda0", "cpu:0", ""}) {
+    CATCH_INFO(d);
+    const config_error e = error_of("[train]\ndevice = \"" + d + "\"\n");
+    CATCH_CHECK(e.key() == "train.device");
+    if (!d.empty())
+      CATCH_CHECK_THAT(e.what(), Contains("train.device = \"" + d +
+                                          "\": allowed values are cpu, cuda, cuda:N (a GPU index) and auto"));
+  }
+  CATCH_CHECK(parse_config("[train]\nautocast = \"bf16\"\n", {}, "").train.autocast == autocast_mode::bf16);
+  CATCH_CHECK(parse_config("", {"train.autocast=off"}, "").train.autocast == autocast_mode::off);
+  CATCH_CHECK_THAT(error_of("[train]\nautocast = \"fp16\"\n").what(),
+                   Contains("train.autocast = \"fp16\": allowed values are off, bf16, auto"));
+  // The device is per node: it is not part of the training fingerprint (a cluster may mix CPUs and GPUs).
+  const auto cpu = parse_config("", {}, ""), gpu = parse_config("", {"train.device=cuda"}, "");
+  CATCH_CHECK(longwave::config::training_fingerprint(cpu) == longwave::config::training_fingerprint(gpu));
+  CATCH_CHECK(longwave::config::training_fingerprint(cpu) !=
+              longwave::config::training_fingerprint(parse_config("", {"train.autocast=off"}, "")));
 }
 
 CATCH_TEST_CASE("comm.dtype = sparse takes its codec keys, checked, and refuses nccl and 3 bits",

@@ -1,0 +1,54 @@
+# LibTorch for Longwave: Debian's 1.13 (CPU) by default, the default and CI's build; with LONGWAVE_CUDA (the
+# "cuda" preset) a GPU user's CUDA LibTorch 2.x with the C++11 ABI, from Torch_DIR or from the pip torch that
+# python3 imports. A LibTorch the cuda build cannot use is refused here, with one line saying why.
+option(LONGWAVE_CUDA "Build against a CUDA LibTorch 2.x (Torch_DIR, or python3's pip torch)" OFF)
+
+if(LONGWAVE_CUDA AND NOT Torch_DIR)
+  execute_process(COMMAND python3 -c "import torch; print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE lw_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE lw_torch_rc ERROR_QUIET)
+  if(NOT lw_torch_rc EQUAL 0 OR NOT lw_torch_prefix)
+    message(FATAL_ERROR "longwave: LONGWAVE_CUDA needs a CUDA LibTorch 2.x: set -DTorch_DIR=<libtorch>/share/"
+      "cmake/Torch, or install a pip torch that `python3 -c 'import torch'` finds")
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH "${lw_torch_prefix}")
+endif()
+
+find_package(Torch REQUIRED)  # Debian's reports 1.13.0: no version is pinned
+
+if(LONGWAVE_CUDA)
+  if(Torch_VERSION VERSION_LESS 2.0)
+    message(FATAL_ERROR "longwave: LibTorch ${Torch_VERSION} at ${Torch_DIR} is older than 2.0: the cuda build "
+      "needs LibTorch 2.x")
+  endif()
+  if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=0")
+    message(FATAL_ERROR "longwave: the LibTorch at ${Torch_DIR} uses the pre-C++11 ABI, which Debian's "
+      "libraries cannot link with: take a cxx11-ABI LibTorch (a pip wheel, or pytorch.org's cxx11 ABI zip)")
+  endif()
+  if(NOT TORCH_CUDA_LIBRARIES)
+    message(FATAL_ERROR "longwave: the LibTorch ${Torch_VERSION} at ${Torch_DIR} is built without CUDA: the "
+      "cuda build needs a CUDA LibTorch")
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(NOT CUDAToolkit_FOUND)
+    message(FATAL_ERROR "longwave: no CUDA toolkit found for the cuda build: set -DCUDAToolkit_ROOT "
+      "(e.g. /usr/local/cuda)")
+  endif()
+  # NCCL from beside this LibTorch (a wheel's nvidia/nccl, or the LibTorch's own lib/), so that one process
+  # never loads two NCCLs. The NCCL block of CMakeLists.txt takes the cached NCCL_LIBRARY.
+  get_filename_component(lw_torch_root "${Torch_DIR}/../../.." ABSOLUTE)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+    HINTS "${lw_torch_root}/../nvidia/nccl/lib" "${lw_torch_root}/lib" NO_DEFAULT_PATH)
+  find_path(NCCL_INCLUDE_DIR nccl.h
+    HINTS "${lw_torch_root}/../nvidia/nccl/include" "${lw_torch_root}/include" NO_DEFAULT_PATH)
+  if(NOT NCCL_LIBRARY)
+    message(WARNING "longwave: no NCCL beside the LibTorch at ${lw_torch_root}: the NCCL backend takes the "
+      "system's, and a process may then load two NCCLs")
+  endif()
+  message(STATUS "longwave: cuda build on LibTorch ${Torch_VERSION} (${Torch_DIR}), CUDA "
+    "${CUDAToolkit_VERSION}, NCCL ${NCCL_LIBRARY}")
+endif()
+
+# A pip wheel's libtorch.so exports its own copy of std::filesystem; an executable that lists libtorch.so
+# before libstdc++.so.6 binds to it, and remove_all(path, error_code&) there jumps to address 0. Every
+# executable names libstdc++ first (tests/unit/filesystem_binding_test.cpp checks the call and the order).
+add_link_options("LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
