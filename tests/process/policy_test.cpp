@@ -253,8 +253,15 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
     CATCH_REQUIRE(ends.size() == 1);
     CATCH_CHECK(at(*ends[0], "exit_code").GetInt64() == 0);
     std::vector<ring_label> node_labels;
+    int theta0 = 0;  // the fresh start's exact all-reduce of rank 0's theta_0 (round 0, label 1)
     for (const auto* a : of_kind(records, "allreduce")) {
       const int64_t label = at(*a, "label").GetInt64();
+      if (at(*a, "round").GetInt64() == 0) {
+        ++theta0;
+        CATCH_CHECK(label == 1);
+        CATCH_CHECK(str(at(*a, "dtype")) == "fp32");
+        continue;
+      }
       node_labels.emplace_back(at(*a, "round").GetInt64(), label);
       const auto& exact = expected.exact_labels;
       CATCH_INFO("all-reduce of round " << node_labels.back().first << ", label " << label);
@@ -262,6 +269,7 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
           str(at(*a, "dtype")) ==
           (std::count(exact.begin(), exact.end(), label) > 0 ? std::string("fp32") : wire_name(dtype)));
     }
+    CATCH_CHECK(theta0 == 1);
     std::sort(node_labels.begin(), node_labels.end());
     CATCH_CHECK(node_labels == expected.allreduces);
     labels.push_back(node_labels);

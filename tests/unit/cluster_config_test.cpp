@@ -169,7 +169,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK_THROWS_WITH(add_open_node(open, "other", "tcp://10.0.0.9:5601", 5), Contains("open_workers"));
 }
 
-CATCH_TEST_CASE("[[nodes]] device sets one node's train.device; a bad one names the node's key",
+CATCH_TEST_CASE("[[nodes]] device sets one node's train.device, and a bad one names the node's key",
                 "[config][cluster]") {
   const auto spec = parse_cluster(replaced(good, "workers = 3\n", "workers = 3\ndevice = \"cuda:1\"\n"), {},
                                   "cluster.toml");

@@ -806,7 +806,7 @@ CATCH_TEST_CASE("comm.backend picks ring or nccl, and nccl refuses int8 naming b
   CATCH_CHECK_NOTHROW(parse_config("[comm]\nbackend = \"ring\"\ndtype = \"int8\"\n", {}, ""));
 }
 
-CATCH_TEST_CASE("train.device takes cpu, cuda, cuda:N and auto; train.autocast off, bf16 and auto",
+CATCH_TEST_CASE("train.device takes cpu, cuda, cuda:N and auto, and train.autocast off, bf16 and auto",
                 "[config]") {
   CATCH_CHECK(parse_config("", {}, "").train.device == "cpu");
   CATCH_CHECK(parse_config("", {}, "").train.autocast == autocast_mode::automatic);

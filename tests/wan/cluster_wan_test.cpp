@@ -55,6 +55,7 @@ CATCH_TEST_CASE("4 nodes in network namespaces at 100 Mbit/s train together", "[
     const auto log = read_text(dir + "/n" + std::to_string(i) + ".log");
     for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) {
       const int round = std::stoi((*it)[1]);
+      if (round == 0) continue;  // the fresh start's theta_0 from rank 0, in fp32
       longest[round] = std::max(longest[round], std::stod((*it)[2]));
       bytes_max[round] = std::max(bytes_max[round], std::stod((*it)[3]));
       ++lines;
