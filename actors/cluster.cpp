@@ -238,7 +238,7 @@ class committed_rounds {
   }
 
  private:
-  static constexpr size_t max_items = 1024;  // a main loop that stalls drops the oldest news, not memory
+  static constexpr size_t max_items = 1024;  // a main loop that stalls loses later reports, not memory
   std::mutex mu_;
   std::vector<std::pair<uint64_t, uint32_t>> items_;
 };

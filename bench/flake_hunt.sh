@@ -80,7 +80,12 @@ for b in set(binary.values()):
     stats[b] = [sum(1 for v in binary.values() if v == b), 0, 0, {}]
 for f in sorted(glob.glob(os.path.join(out, "run*.xml"))):
     direct = os.path.basename(f).split("-", 1)[1][:-4] if "-" in os.path.basename(f) else None
-    for case in ET.parse(f).getroot().iter("testcase"):
+    try:
+        cases = list(ET.parse(f).getroot().iter("testcase"))
+    except ET.ParseError:
+        print(f"{os.path.basename(f)}: incomplete (a run stopped mid-way), left out")
+        continue
+    for case in cases:
         name = case.get("name")
         b = direct or binary.get(name, "?")
         s = stats.setdefault(b, [0, 0, 0, {}])
