@@ -167,11 +167,13 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, const cluster_role* 
       self->request(g.coordinator, std::chrono::seconds(10), hold_atom_v)
           .receive([&](uint64_t r) { round = r; },
                    [&](caf::error& e) {
-                     spdlog::warn("a cluster stop: training did not answer: {}", describe(e));
+                     spdlog::warn("holding at a round boundary: training did not answer: {}", describe(e));
                    });
       return round;
     };
     controls.stop_after = [&g](uint64_t round) { caf::anon_send(g.coordinator, stop_atom_v, round); };
+    controls.hold_until = [&g](uint64_t round) { caf::anon_send(g.coordinator, hold_atom_v, round); };
+    controls.release = [&g] { caf::anon_send(g.coordinator, hold_atom_v, done_atom_v); };
     role->tick(
         *g.collective,
         [&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },

@@ -109,9 +109,9 @@ void request_stop(self_ptr self, bool at_boundary) {
   }
 }
 
-/// A cluster stop asks where this node can stop: at the boundary after the round it is in (it holds there
-/// until stop_after). Asked again, the same answer.
-uint64_t hold_for_stop(self_ptr self) {
+/// A cluster stop or a pin asks where this node can hold: at the boundary after the round it is in (it holds
+/// there until stop_after, hold_until or release). Asked again, the same answer.
+uint64_t hold_at_next_boundary(self_ptr self) {
   auto& s = self->state;
   if (!s.hold_after) s.hold_after = s.round + 1;
   return *s.hold_after;
@@ -131,13 +131,36 @@ void stop_after(self_ptr self, uint64_t round) {
   }
 }
 
+/// A pin: hold at the boundary after `round` instead (training on to it if held before it). A stop wins.
+void hold_until(self_ptr self, uint64_t round) {
+  auto& s = self->state;
+  if (s.stop_after) return;
+  s.hold_after = round;
+  if (s.holding && s.round < round) {
+    s.holding = false;
+    begin_round(self);
+  }
+}
+
+/// A pin is over: go on from the boundary. A stop wins.
+void release_hold(self_ptr self) {
+  auto& s = self->state;
+  if (s.stop_after) return;
+  s.hold_after.reset();
+  if (s.holding) {
+    s.holding = false;
+    begin_round(self);
+  }
+}
+
 void begin_round(self_ptr self) {
   auto& s = self->state;
   if (s.stop_after && s.round >= *s.stop_after) s.stop_requested = true;
   if (s.stop_requested) return stop_now(self, /*boundary=*/s.policy->at_round_boundary());
   if (s.hold_after && !s.stop_after && s.round >= *s.hold_after) {
     s.holding = true;
-    spdlog::info("round {} done: holding until the cluster says after which round it stops", s.round);
+    spdlog::info("round {} done: holding at this boundary until the cluster says to go on or where to stop",
+                 s.round);
     return;
   }
   if (!set_phase(self, phase::inner)) return;
@@ -339,8 +362,10 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
       [=](lost_atom, ring_label label, caf::error& e) { allreduce_failed(self, label, std::move(e), true); },
       [=](stop_atom) { request_stop(self, /*at_boundary=*/false); },
       [=](stop_atom, done_atom) { request_stop(self, /*at_boundary=*/true); },
-      [=](hold_atom) { return hold_for_stop(self); },
+      [=](hold_atom) { return hold_at_next_boundary(self); },
       [=](stop_atom, uint64_t round) { stop_after(self, round); },
+      [=](hold_atom, uint64_t round) { hold_until(self, round); },
+      [=](hold_atom, done_atom) { release_hold(self); },
   };
 }
 

@@ -47,10 +47,13 @@ struct joined_state {
 /// What a cluster may ask of a node's training (cluster_role::tick), from the main thread.
 struct node_controls {
   std::function<void()> leave;  ///< stop at the next round boundary (this node leaves the cluster)
-  /// A cluster stop: hold at the boundary after the current round until stop_after; returns that round
-  /// (nullopt: training did not answer). Idempotent.
+  /// A cluster stop or a pin (the members hold while a joiner fetches): hold at the boundary after the
+  /// current round until stop_after, hold_until or release; returns that round (nullopt: training did not
+  /// answer). Idempotent.
   std::function<std::optional<uint64_t>()> hold;
   std::function<void(uint64_t round)> stop_after;  ///< a cluster stop: stop at the boundary after `round`
+  std::function<void(uint64_t round)> hold_until;  ///< a pin: hold at the boundary after `round` instead
+  std::function<void()> release;                   ///< a pin is over: go on from the boundary
 };
 
 /// This process as one node of a cluster: its place in the ring (from the coordinator's welcome).

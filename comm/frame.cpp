@@ -391,6 +391,11 @@ std::vector<std::byte> build_envelope(const envelope& e) {
     }
     void operator()(const leave_msg& m) { b.initLeave().setNode(txt(m.node)); }
     void operator()(const stop_msg& m) { b.initStop().setRound(m.round); }
+    void operator()(const pin_msg& m) {
+      auto x = b.initPin();
+      x.setRound(m.round);
+      x.setRelease(m.release);
+    }
     void operator()(const committed_msg& m) {
       auto x = b.initCommitted();
       x.setRound(m.round);
@@ -530,6 +535,9 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         break;
       }
       case wire::Envelope::Body::STOP: out.body = stop_msg{b.getStop().getRound()}; break;
+      case wire::Envelope::Body::PIN:
+        out.body = pin_msg{b.getPin().getRound(), b.getPin().getRelease()};
+        break;
       case wire::Envelope::Body::COMMITTED:
         out.body = committed_msg{b.getCommitted().getRound(), b.getCommitted().getThetaCrc()};
         break;

@@ -218,6 +218,13 @@ struct leave_msg {
 struct stop_msg {
   uint64_t round = 0;
 };
+/// Holding the members at one round boundary while a joiner fetches that round's state: coordinator ->
+/// member with round 0 (where can you hold?), round R (hold after R) or release (go on); member ->
+/// coordinator with the round after which it holds.
+struct pin_msg {
+  uint64_t round = 0;
+  bool release = false;
+};
 /// theta_global after round `round` has CRC-32C `theta_crc` (node -> coordinator, once per round).
 struct committed_msg {
   uint64_t round = 0;
@@ -272,7 +279,7 @@ struct envelope {
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
                fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
-               join_ready_msg, stop_msg, committed_msg>
+               join_ready_msg, stop_msg, committed_msg, pin_msg>
       body;
 };
 

@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 4;  # 4: Stop (longwave stop), Committed
+const protocolVersion :UInt16 = 5;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in)
 
 enum Dtype {
   fp32 @0;
@@ -103,6 +103,15 @@ struct Stop {
   round @0 :UInt64;
 }
 
+struct Pin {
+  # Holding the members at one round boundary while a joiner fetches that round's state, so that a fetch
+  # slower than a round still gets in. Coordinator -> member: round 0 asks where it can hold (it answers with
+  # the round S after which it holds, as for Stop); round R > 0: hold after round R (training on to it if it
+  # is behind); release: go on. Member -> coordinator: round S.
+  round @0 :UInt64;
+  release @1 :Bool;
+}
+
 struct Committed {
   # Node -> coordinator: theta_global after round `round` has CRC-32C `thetaCrc` (the coordinator compares
   # the members' and names a mismatch: they no longer train one model).
@@ -180,6 +189,7 @@ struct Envelope {
     joinReady @15 :JoinReady;
     stop @16 :Stop;
     committed @17 :Committed;
+    pin @18 :Pin;
   }
 }
 

@@ -44,6 +44,8 @@ void write_seeds(const std::string& dir) {
   es.push_back({cluster, 2, join_ready_msg{{9, 0}, 9}});
   es.push_back({cluster, 1, stop_msg{12}});
   es.push_back({cluster, 1, committed_msg{12, 0xdeadbeef}});
+  es.push_back({cluster, 1, pin_msg{12, false}});
+  es.push_back({cluster, 1, pin_msg{0, true}});
   for (size_t i = 0; i < es.size(); ++i) {
     const auto bytes = build_envelope(es[i]);
     longwave::fuzz::write_seed(dir, "envelope_" + std::to_string(es[i].body.index()), bytes.data(),

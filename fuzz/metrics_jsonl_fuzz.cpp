@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "actors/cli/report/records.hpp"
+#include "cli/report/records.hpp"
 #include "fuzz/fuzz_seeds.hpp"
 #include "runtime/json/json_reader.hpp"
 

@@ -92,10 +92,11 @@ struct coordinator_state {
   std::optional<train_snapshot> resume;
   uint64_t round = 0;  // completed outer rounds
   bool stop_requested = false;
-  // A cluster stop (longwave stop): hold at the boundary after hold_after until stop_after is known, then
-  // stop at the boundary after stop_after.
+  // A cluster stop (longwave stop), or a pin (holding while a joiner fetches): hold at the boundary after
+  // hold_after until stop_after is known (then stop at the boundary after it), a pin moves hold_after, or a
+  // pin is released.
   std::optional<uint64_t> hold_after, stop_after;
-  bool holding = false;  // waiting at a boundary for stop_after
+  bool holding = false;  // waiting at a boundary for stop_after, or a pin's release
   // Progress and metrics.
   std::map<int64_t, step_agg> steps;
   int64_t last_step = 0, first_step = 0;

@@ -79,6 +79,11 @@ using coordinator_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reac
                                            caf::replies_to<hold_atom>::with<uint64_t>,
                                            /// A cluster stop: stop at the boundary after this round.
                                            caf::reacts_to<stop_atom, uint64_t>,
+                                           /// A pin (the members hold while a joiner fetches): hold at
+                                           /// the boundary after this round instead.
+                                           caf::reacts_to<hold_atom, uint64_t>,
+                                           /// A pin is over: go on.
+                                           caf::reacts_to<hold_atom, done_atom>,
                                            /// A worker's inner step.
                                            caf::reacts_to<report_atom, step_report>,
                                            /// To itself: the grace period after a lost ring peer ended.

@@ -16,15 +16,17 @@
 #include <variant>
 #include <vector>
 
-#include "comm/rendezvous.hpp"
+#include "cluster/control_client.hpp"
+#include "cluster/master.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
 using namespace longwave::comm;
+using namespace longwave::cluster;
 
 namespace {
 
-constexpr uint64_t cluster = 0x6d656d62;
+constexpr uint64_t cluster_id = 0x6d656d62;
 
 /// Polls c until an event of kind k arrives (or 10 s pass).
 std::optional<control_event> next_event(control_client& c, control_event::kind k) {
@@ -51,9 +53,9 @@ fence_ack_msg ack(uint64_t epoch, reduce_key committed, std::optional<reduce_key
 
 CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and endless resets end the run",
                 "[integration][membership]") {
-  coordinator_options o;
+  master_options o;
   o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
-  o.cluster_id = cluster;
+  o.cluster_id = cluster_id;
   o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
   o.join_timeout = std::chrono::seconds(20);
   std::vector<std::string> lines;
@@ -64,13 +66,13 @@ CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and end
   };
   std::atomic<bool> stop{false};
   o.stop = [&] { return stop.load(); };
-  auto coord = std::async(std::launch::async, [&] { return run_coordinator(o); });
+  auto coord = std::async(std::launch::async, [&] { return run_master(o); });
 
-  control_client a(o.bind_endpoint, cluster), b(o.bind_endpoint, cluster);
+  control_client a(o.bind_endpoint, cluster_id), b(o.bind_endpoint, cluster_id);
   auto hello = [&](const std::string& name, const std::string& ep) {
     hello_msg h;
     h.protocol_version = protocol_version();
-    h.cluster_id = cluster;
+    h.cluster_id = cluster_id;
     h.node_name = name;
     h.n_workers = 1;
     h.data_endpoint = ep;
@@ -145,7 +147,7 @@ namespace {
 /// A coordinator of nodes a and b on a free loopback port, run on its own thread, with its lines and error
 /// reasons kept; `a` and `b` are the test's control clients, joined.
 struct two_node_cluster {
-  coordinator_options o;
+  master_options o;
   std::vector<std::string> lines, errors;
   std::mutex mu;
   std::atomic<bool> stop{false};
@@ -154,7 +156,7 @@ struct two_node_cluster {
 
   two_node_cluster() {
     o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
-    o.cluster_id = cluster;
+    o.cluster_id = cluster_id;
     o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
     o.join_timeout = std::chrono::seconds(20);
     o.info = o.warn = [&](const std::string& s) {
@@ -166,9 +168,9 @@ struct two_node_cluster {
       errors.push_back(reason);
     };
     o.stop = [&] { return stop.load(); };
-    coord = std::async(std::launch::async, [&] { return run_coordinator(o); });
-    a = std::make_unique<control_client>(o.bind_endpoint, cluster);
-    b = std::make_unique<control_client>(o.bind_endpoint, cluster);
+    coord = std::async(std::launch::async, [&] { return run_master(o); });
+    a = std::make_unique<control_client>(o.bind_endpoint, cluster_id);
+    b = std::make_unique<control_client>(o.bind_endpoint, cluster_id);
     auto wa =
         std::async(std::launch::async, [&] { return a->join(hello("a", 1), std::chrono::seconds(20)); });
     CATCH_REQUIRE(std::holds_alternative<welcome_msg>(b->join(hello("b", 2), std::chrono::seconds(20))));
@@ -184,7 +186,7 @@ struct two_node_cluster {
   static hello_msg hello(const std::string& name, int port) {
     hello_msg h;
     h.protocol_version = protocol_version();
-    h.cluster_id = cluster;
+    h.cluster_id = cluster_id;
     h.node_name = name;
     h.n_workers = 1;
     h.data_endpoint = "tcp://127.0.0.1:" + std::to_string(port);
@@ -222,7 +224,7 @@ CATCH_TEST_CASE(
     "longwave stop: each member says where it holds, all are told the largest, and they stop there",
     "[integration][membership][stop]") {
   two_node_cluster c;
-  control_client requester(c.o.bind_endpoint, cluster);
+  control_client requester(c.o.bind_endpoint, cluster_id);
   const auto [code, text] = requester.request_stop(std::chrono::seconds(10));
   CATCH_CHECK(code == errc::none);
   CATCH_CHECK(text.find("the cluster stops at its next round boundary: a, b finish their current round") ==

@@ -614,6 +614,8 @@ std::string fields_of(const decltype(envelope::body)& body) {
   if (const auto* m = std::get_if<error_msg>(&body)) return "error " + to_string(m->code) + " " + m->message;
   if (const auto* m = std::get_if<bye_msg>(&body)) return "bye " + m->reason;
   if (const auto* m = std::get_if<stop_msg>(&body)) return "stop " + to_string(m->round);
+  if (const auto* m = std::get_if<pin_msg>(&body))
+    return "pin " + to_string(m->round) + (m->release ? " release" : "");
   if (const auto* m = std::get_if<committed_msg>(&body))
     return "committed " + to_string(m->round) + " " + to_string(m->theta_crc);
   return "other";
@@ -661,7 +663,8 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   for (const envelope& e : {envelope{7, 2, round_start_msg{9, 1, 1000, wire_dtype::int8}},
                             envelope{7, 2, heartbeat_msg{9, 1700000000123}}, envelope{7, 2, done_msg{9, 3}},
                             envelope{7, 2, error_msg{5, "deadline"}}, envelope{7, 2, bye_msg{"done"}},
-                            envelope{7, 2, stop_msg{41}}, envelope{7, 2, committed_msg{41, 0xfeedbeef}}}) {
+                            envelope{7, 2, stop_msg{41}}, envelope{7, 2, committed_msg{41, 0xfeedbeef}},
+                            envelope{7, 2, pin_msg{41, false}}, envelope{7, 2, pin_msg{0, true}}}) {
     f = build_envelope(e);
     r = parse_envelope(f.data(), f.size(), 7);
     CATCH_REQUIRE(r.ok());

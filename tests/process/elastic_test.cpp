@@ -343,7 +343,7 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
                        "join deadline of 8 s passed with 2 of 3 nodes (n0, n1); [cluster] min_nodes = 2: "
                        "starting without n2"));
   CATCH_CHECK(contains(clog, "ring 0=n0 -> 1=n1;"));
-  CATCH_CHECK(contains(clog, "node n2 admitted in epoch 2"));
+  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));  // 2, or 3 when its first fetch was overtaken
   CATCH_CHECK(contains(log2, "fetched the state of round"));
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
@@ -388,18 +388,25 @@ CATCH_TEST_CASE("a SIGKILLed node started again with the same command rejoins th
   rejoin("elastic_rejoin", "");
 }
 
-CATCH_TEST_CASE("a joiner slower than a round is waited for at a fence once its state was stale",
+CATCH_TEST_CASE("a joiner slower than a round gets in: the members hold at one round boundary for it",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_slow_joiner", "");
-  kill_in_inner_phase(c);
-  // Each fetched state is held 3 s before the joiner says it is ready: longer than a round here.
-  const auto [clog, log2] = restart_n2_and_finish(c, {"--fresh"}, {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
-  CATCH_INFO(clog);
-  CATCH_CHECK(contains(clog, "is stale"));
-  CATCH_CHECK(contains(clog, "the members wait at the fence of epoch"));
-  check_rounds(c, {"n0", "n1"});
-  check_joined(log2, c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
-  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+  // Streaming's fence keys fall inside rounds, where no round's state is served: a hold at a fence could
+  // never help it (issue 37), a hold at a round boundary does.
+  for (const std::string policy : {"sync", "streaming"}) {
+    CATCH_DYNAMIC_SECTION("diloco.outer = " << policy) {
+      elastic_cluster c("elastic_slow_joiner_" + policy, "[diloco]\nouter = \"" + policy + "\"\n");
+      kill_in_inner_phase(c);
+      // Each fetched state is held 3 s before the joiner says it is ready: longer than a round here.
+      const auto [clog, log2] = restart_n2_and_finish(c, {"--fresh"}, {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
+      CATCH_INFO(clog);
+      CATCH_CHECK(contains(clog, "is stale"));
+      CATCH_CHECK(contains(clog, "while n2 fetch its state"));
+      CATCH_CHECK(contains(clog, "the members go on after round"));
+      check_rounds(c, {"n0", "n1"});
+      check_joined(log2, c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
+      fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+    }
+  }
 }
 
 CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on int8 with error feedback",

@@ -19,11 +19,38 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "runtime/clock/clock.hpp"
 
 namespace longwave::test {
+
+/// Every child spawn() started (pid, in a process group of its own?): a test that fails (a REQUIRE throws)
+/// before it reaps them would leave its endless cluster running into the next tests, slowing them down.
+inline std::vector<std::pair<pid_t, bool>>& spawned_children() {
+  static std::vector<std::pair<pid_t, bool>> children;
+  return children;
+}
+
+/// When each test case ends, its children still running are SIGKILLed (their group, if they have one) and
+/// reaped. waitpid answers only for this process's own unreaped children, so a pid the test already reaped is
+/// never signalled.
+struct reap_leftover_children : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testCaseEnded(const Catch::TestCaseStats& stats) override {
+    for (const auto& [pid, group] : spawned_children()) {
+      if (waitpid(pid, nullptr, WNOHANG) != 0) continue;  // reaped, or not ours
+      kill(group ? -pid : pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    spawned_children().clear();
+    TestEventListenerBase::testCaseEnded(stats);
+  }
+};
+CATCH_REGISTER_LISTENER(reap_leftover_children)
 
 /// The model of the tests about mechanics (membership, kills, resumes, security), not about quality: the
 /// tiny preset narrowed to 0.10M parameters, 6x less compute per step (0.016 against 0.095 s at batch 4 x 64,
@@ -110,6 +137,7 @@ inline child spawn(const std::vector<std::string>& args, const std::string& log_
     _exit(127);
   }
   if (own_group && c.pid > 0) setpgid(c.pid, c.pid);  // also here, so the group exists before any kill
+  if (c.pid > 0) spawned_children().emplace_back(c.pid, own_group);
   return c;
 }
 

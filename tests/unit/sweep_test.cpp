@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "actors/cli/sweep/fit.hpp"
-#include "actors/cli/sweep/results.hpp"
-#include "actors/cli/sweep/runner.hpp"
-#include "actors/cli/sweep/scaling.hpp"
-#include "actors/cli/sweep/sweep_file.hpp"
+#include "cli/sweep/fit.hpp"
+#include "cli/sweep/results.hpp"
+#include "cli/sweep/runner.hpp"
+#include "cli/sweep/scaling.hpp"
+#include "cli/sweep/sweep_file.hpp"
 
 using Catch::Matchers::Contains;
 using namespace longwave::cli::sweep;

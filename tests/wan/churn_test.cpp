@@ -15,7 +15,6 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,8 +37,8 @@ constexpr double heartbeat_timeout_s = 6;  // [cluster] heartbeat_timeout_s's de
 /// exit code once reaped.
 struct started {
   child c;
-  int node = -1;           // -1: the coordinator
-  size_t rounds_at_start;  // round records in the node's metrics.jsonl when this life began
+  int node = -1;        // -1: the coordinator
+  int rounds_at_start;  // round records in the node's metrics.jsonl when this life began
   std::optional<int> code;
 };
 
@@ -70,28 +69,17 @@ struct processes {
 
 /// The records of one kind in a node's metrics.jsonl.
 std::vector<rapidjson::Document> records(const std::string& out_dir, const std::string& kind) {
+  auto all = records_of(out_dir);
   std::vector<rapidjson::Document> out;
-  std::istringstream in(read_text(out_dir + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto doc = parse_json(line);
-    if (doc["kind"].GetString() == kind) out.push_back(std::move(doc));
-  }
+  for (auto& r : all)
+    if (r["kind"].GetString() == kind) out.push_back(std::move(r));
   return out;
-}
-
-/// Round records so far, read while the node may be writing (the sink writes each line with one flush).
-size_t round_count(const std::string& out_dir) {
-  return static_cast<size_t>(occurrences(read_text(out_dir + "/metrics.jsonl"), R"("kind":"round")"));
 }
 
 /// The newest round a node has recorded, 0 before its first.
 int64_t last_round(const std::string& out_dir) {
-  static const std::regex round(R"re("kind":"round","ts":[0-9.]+,"round":([0-9]+))re");
-  const auto text = read_text(out_dir + "/metrics.jsonl");
-  int64_t last = 0;
-  for (std::sregex_iterator it(text.begin(), text.end(), round), end; it != end; ++it)
-    last = std::stoll((*it)[1]);
-  return last;
+  const auto rounds = records(out_dir, "round");
+  return rounds.empty() ? 0 : rounds.back()["round"].GetInt64();
 }
 
 double median(std::vector<double> v) {
@@ -128,7 +116,7 @@ CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 4 tim
     std::vector<size_t> current(n_nodes);  // index in procs.all of each node's current life
     auto start_node = [&](int i) {
       const auto log = dir + "/n" + std::to_string(i) + "." + std::to_string(++lives[i]) + ".log";
-      const size_t before = round_count(out(i));
+      const int before = rounds_recorded(out(i));
       procs.all.push_back({spawn(wan.in(i, {binary(), "node", file, "--node", "n" + std::to_string(i)}), log),
                            i, before, std::nullopt});
       current[i] = procs.all.size() - 1;
@@ -151,7 +139,7 @@ CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 4 tim
     CATCH_REQUIRE(wait_until(
         [&] {
           for (int i = 0; i < n_nodes; ++i)
-            if (round_count(out(i)) < 1) return false;
+            if (rounds_recorded(out(i)) < 1) return false;
           return true;
         },
         120));
@@ -165,7 +153,7 @@ CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 4 tim
           [&] {
             if (!none_died()) return true;
             for (int i = 0; i < n_nodes; ++i)
-              if (round_count(out(i)) < procs.all[current[i]].rounds_at_start + 2) return false;
+              if (rounds_recorded(out(i)) < procs.all[current[i]].rounds_at_start + 2) return false;
             return true;
           },
           900);

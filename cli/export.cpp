@@ -1,0 +1,221 @@
+// `longwave export`: loads theta_global and the resolved config of a checkpoint as `eval` does, and writes
+// them as a Hugging Face LlamaForCausalLM directory.
+#include "cli/export.hpp"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "actors/run_files.hpp"
+#include "config/config_loader.hpp"
+#include "models/data/file_io.hpp"
+#include "models/data/tokenizer.hpp"
+#include "models/gpt.hpp"
+#include "models/llama_export.hpp"
+#include "models/model_spec.hpp"
+#include "models/safetensors.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/log/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace longwave::cli {
+
+namespace {
+
+/// theta_global of a checkpoint and the model it belongs to.
+struct exported_model {
+  models::model_spec spec;
+  std::vector<float> theta;
+  config::train_config cfg;
+  uint64_t round = 0, step = 0;
+};
+
+/// The model of a checkpoint's config. With model.vocab_size 0 the run took its vocabulary from the data,
+/// so it is read off theta's size (the embedding is the only part that depends on it).
+models::model_spec spec_for(const config::train_config& cfg, int64_t n_theta, const std::string& path) {
+  auto spec = models::spec_of(cfg.model, 0);
+  const int64_t without_embedding = models::closed_form_param_count(spec);
+  spec.vocab_size = cfg.model.vocab_size;
+  if (spec.vocab_size <= 0 && (n_theta - without_embedding) % spec.dim == 0)
+    spec.vocab_size = (n_theta - without_embedding) / spec.dim;
+  if (spec.vocab_size <= 0 || models::closed_form_param_count(spec) != n_theta)
+    throw lw_error(errc::corrupt_checkpoint,
+                   fmt::format("{}: theta holds {} values, which no vocabulary of model '{}' gives", path,
+                               n_theta, models::model_label(spec)));
+  return spec;
+}
+
+/// Throws lw_error (io_error, corrupt_checkpoint) or config_error: all bad input.
+exported_model load(const std::string& path) {
+  auto named = actors::load_named_checkpoint(path);
+  const auto* blob = named.ckpt.find("theta");
+  if (!blob || blob->size % sizeof(float) != 0)
+    throw lw_error(errc::corrupt_checkpoint, path + ": no theta of whole fp32 values in this checkpoint");
+  exported_model m;
+  m.spec = spec_for(named.cfg, static_cast<int64_t>(blob->size / sizeof(float)), path);
+  const auto meta = runtime::parse_meta(named.ckpt.meta);
+  if (const auto it = meta.find("preset"); it != meta.end() && it->second != models::model_label(m.spec))
+    throw lw_error(errc::corrupt_checkpoint, fmt::format("{}: meta names model '{}', its config gives '{}'",
+                                                         path, it->second, models::model_label(m.spec)));
+  m.theta.resize(blob->size / sizeof(float));  // a copy: the blob's bytes need not be float-aligned
+  std::memcpy(m.theta.data(), blob->data, blob->size);
+  m.cfg = std::move(named.cfg);
+  m.round = named.ckpt.round;
+  m.step = named.ckpt.step;
+  return m;
+}
+
+/// The run's tokenizer file (data_dir/tokenizer.txt; beside the checkpoint directory; in data.path), if one
+/// matches the model's vocabulary.
+std::optional<std::string> find_tokenizer(const exported_model& m, const std::string& ckpt_path) {
+  const fs::path ckpt_dir =
+      fs::is_directory(ckpt_path) ? fs::path(ckpt_path) : fs::path(ckpt_path).parent_path();
+  std::vector<fs::path> candidates{fs::path(actors::resolve_paths(m.cfg).data_dir) / "tokenizer.txt",
+                                   fs::absolute(ckpt_dir).parent_path() / "data" / "tokenizer.txt"};
+  if (!m.cfg.data.path.empty() && fs::is_directory(m.cfg.data.path))
+    candidates.push_back(fs::path(m.cfg.data.path) / "tokenizer.txt");
+  for (const auto& c : candidates) {
+    if (!fs::is_regular_file(c)) continue;
+    try {
+      if (models::data::load_tokenizer(c.string())->vocab_size() <= m.spec.vocab_size) return c.string();
+    } catch (const lw_error&) {
+      // not a tokenizer of ours: the next candidate
+    }
+  }
+  return std::nullopt;
+}
+
+/// Parses "1,2,3" into token ids below vocab, at most seq_len of them; throws lw_error(invalid_config).
+std::vector<int64_t> parse_ids(const std::string& text, const models::model_spec& s) {
+  std::vector<int64_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v >= s.vocab_size)
+      throw lw_error(errc::invalid_config,
+                     fmt::format("--logits-for: '{}' is not a token id below {}", item, s.vocab_size));
+    ids.push_back(v);
+    pos = comma + 1;
+  }
+  if (static_cast<int64_t>(ids.size()) > s.seq_len)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("--logits-for: {} tokens, the model's context is {}", ids.size(), s.seq_len));
+  return ids;
+}
+
+/// Our model's logits of one sequence, as text: "T V", then T lines of V values.
+std::string logits_text(const exported_model& m, const std::vector<int64_t>& ids) {
+  auto flat = at::empty({static_cast<int64_t>(m.theta.size())}, at::kFloat);
+  std::memcpy(flat.data_ptr<float>(), m.theta.data(), m.theta.size() * sizeof(float));
+  models::gpt model(m.spec, flat);
+  auto idx = at::tensor(ids, at::kLong).view({1, static_cast<int64_t>(ids.size())});
+  const auto logits = model.logits(idx).contiguous();
+  const float* v = logits.data_ptr<float>();
+  std::string out = fmt::format("{} {}\n", ids.size(), m.spec.vocab_size);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (int64_t j = 0; j < m.spec.vocab_size; ++j)
+      out += fmt::format("{}{:.9g}", j ? " " : "", v[static_cast<int64_t>(t) * m.spec.vocab_size + j]);
+    out += '\n';
+  }
+  return out;
+}
+
+/// Writes the export; throws lw_error(io_error) when a file cannot be written.
+void write_export(const exported_model& m, const export_options& o) {
+  const fs::path out(o.out_dir);
+  fs::create_directories(out);
+  const models::llama_weights weights(m.spec, m.theta.data());
+  const auto model_path = (out / "model.safetensors").string();
+  const uint64_t bytes = models::write_safetensors(model_path, weights.tensors(), {{"format", "pt"}});
+  std::printf("export: wrote %s (%zu tensors, %zu parameters, %.2f MiB, float32)\n", model_path.c_str(),
+              weights.tensors().size(), m.theta.size(), static_cast<double>(bytes) / (1 << 20));
+  const auto config_path = (out / "config.json").string();
+  const std::string config = models::llama_config_json(m.spec);
+  models::data::write_file_atomic(config_path, {config});
+  std::printf(
+      "export: wrote %s (LlamaForCausalLM: hidden %ld, layers %ld, heads %ld, kv heads %ld, ffn %ld, vocab "
+      "%ld, context %ld, tied embeddings)\n",
+      config_path.c_str(), m.spec.dim, m.spec.n_layers, m.spec.n_heads, m.spec.n_kv_heads, m.spec.ffn_hidden,
+      m.spec.vocab_size, m.spec.seq_len);
+  if (const auto tok = find_tokenizer(m, o.checkpoint)) {
+    const auto tok_path = (out / "tokenizer.txt").string();
+    const std::string text = models::data::read_file(*tok, "tokenizer");
+    models::data::write_file_atomic(tok_path, {text});
+    std::printf("export: copied %s to %s (Longwave's %s tokenizer format, not a Hugging Face tokenizer)\n",
+                tok->c_str(), tok_path.c_str(), models::data::load_tokenizer(tok_path)->kind().c_str());
+  } else {
+    std::printf("export: no tokenizer file of this run found; none copied\n");
+  }
+}
+
+}  // namespace
+
+int export_checkpoint(const export_options& o) {
+  if (o.format != "safetensors") {
+    std::fprintf(stderr, "export: --format '%s': unknown format (the one format is safetensors)\n",
+                 o.format.c_str());
+    return 2;
+  }
+  if (o.logits_for.empty() != o.logits_out.empty()) {
+    std::fprintf(stderr, "export: --logits-for and --logits-out go together\n");
+    return 2;
+  }
+  std::error_code ec;
+  if (!fs::exists(o.checkpoint, ec)) {
+    std::fprintf(stderr, "export: checkpoint '%s': no such file or directory\n", o.checkpoint.c_str());
+    return 2;
+  }
+  if (fs::exists(o.out_dir, ec) && !fs::is_directory(o.out_dir, ec)) {
+    std::fprintf(stderr, "export: --out '%s' is a file, not a directory\n", o.out_dir.c_str());
+    return 2;
+  }
+  if (fs::is_directory(o.out_dir, ec) && !fs::is_empty(o.out_dir, ec) && !o.force) {
+    std::fprintf(stderr,
+                 "export: --out '%s' is not empty (an earlier export?); use --force to overwrite its files\n",
+                 o.out_dir.c_str());
+    return 2;
+  }
+  exported_model m;
+  std::vector<int64_t> ids;
+  try {
+    m = load(o.checkpoint);
+    if (!o.logits_for.empty()) ids = parse_ids(o.logits_for, m.spec);
+  } catch (const config::config_error& e) {
+    std::fprintf(stderr, "export: checkpoint '%s': %s\n", o.checkpoint.c_str(), e.what());
+    return 2;
+  } catch (const lw_error& e) {
+    std::fprintf(stderr, "export: %s: %s\n", to_string(e.code()), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "export: checkpoint '%s': %s\n", o.checkpoint.c_str(), describe(e).c_str());
+    return 1;
+  }
+  std::printf("export: checkpoint round %lu, inner step %lu: model %s, %zu parameters\n", m.round, m.step,
+              models::model_label(m.spec).c_str(), m.theta.size());
+  try {
+    write_export(m, o);
+    if (!ids.empty()) {
+      models::data::write_file_atomic(o.logits_out, {logits_text(m, ids)});
+      std::printf("export: wrote our logits of %zu tokens to %s\n", ids.size(), o.logits_out.c_str());
+    }
+    return 0;
+  } catch (const lw_error& e) {
+    std::fprintf(stderr, "export: %s: %s\n", to_string(e.code()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "export: %s\n", describe(e).c_str());
+    return 1;
+  }
+}
+
+}  // namespace longwave::cli

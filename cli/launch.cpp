@@ -1,0 +1,378 @@
+// `longwave launch CLUSTER.toml`: the coordinator and every node as local child processes, their output
+// prefixed and merged, Ctrl-C forwarded to all of them.
+#include "cli/launch.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <filesystem>
+#include <fstream>
+
+#include "config/cluster_config.hpp"
+#include "config/config_loader.hpp"
+
+namespace longwave::cli {
+
+namespace {
+
+std::atomic<int> g_launch_signals{0};
+
+void on_launch_signal(int) {
+  g_launch_signals.fetch_add(1);
+}
+
+struct child {
+  std::string name;
+  bool is_node = true;
+  bool is_observer = false;  // Prometheus: its output goes to a log file; it never stops the cluster
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string pending;  // a partial line
+  bool running = false;
+  int code = -1;  // exit code once it ended (128 + signal if killed)
+};
+
+void print_line(const child& c, size_t width, const std::string& line) {
+  std::printf("[%-*s] %s\n", static_cast<int>(width), c.name.c_str(), line.c_str());
+  std::fflush(stdout);
+}
+
+void start(child& c, const std::vector<std::string>& args, const std::string& log_path = "") {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  int log_fd = -1;
+  if (!log_path.empty()) {
+    log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw std::runtime_error("cannot write " + log_path + ": " + std::strerror(errno));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);                     // Ctrl-C reaches the children through launch only (once, in order)
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // and they stop (with a checkpoint) if launch itself dies
+    dup2(log_fd >= 0 ? log_fd : fds[1], STDOUT_FILENO);
+    dup2(log_fd >= 0 ? log_fd : fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "cannot start %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  if (log_fd >= 0) close(log_fd);
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  c.pid = pid;
+  c.out_fd = fds[0];
+  c.running = true;
+}
+
+/// Reads what the child wrote; prints complete lines. Closes the pipe at EOF.
+void drain(child& c, size_t width) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(c.out_fd, buf, sizeof buf);
+    if (n > 0) {
+      c.pending.append(buf, static_cast<size_t>(n));
+      size_t nl;
+      while ((nl = c.pending.find('\n')) != std::string::npos) {
+        print_line(c, width, c.pending.substr(0, nl));
+        c.pending.erase(0, nl + 1);
+      }
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (!c.pending.empty()) print_line(c, width, c.pending);
+    c.pending.clear();
+    close(c.out_fd);
+    c.out_fd = -1;
+    return;
+  }
+}
+
+void signal_all(std::vector<child>& children, int sig, bool nodes_only = false) {
+  for (auto& c : children)
+    if (c.running && !c.is_observer && (!nodes_only || c.is_node)) kill(c.pid, sig);
+}
+
+/// Where Prometheus reaches a role's /metrics: its address, or loopback for a wildcard bind.
+std::string scrape_host(const std::string& address) {
+  return address == "0.0.0.0" ? "127.0.0.1" : address;
+}
+
+/// Writes prometheus.yml for the cluster: one job, one target per role, each labelled with its node name
+/// (the coordinator as "coordinator"). Returns "" or what is wrong.
+std::string write_prometheus_config(const config::cluster_spec& spec, const observe_options& o,
+                                    const std::filesystem::path& path, size_t* targets) {
+  std::vector<std::pair<std::string, int64_t>> roles = {
+      {"coordinator", config::coordinator_metrics_port(spec)}};
+  for (size_t i = 0; i < spec.nodes.size(); ++i)
+    roles.emplace_back(spec.nodes[i].name, config::node_config(spec, i).metrics.port);
+  if (!spec.train.metrics.enabled) return "[metrics] enabled = false: there is nothing to scrape";
+  for (const auto& [name, port] : roles)
+    if (port == 0)
+      return "the metrics port of " + name +
+             " is 0 (picked at start), so Prometheus cannot be told where to scrape; set [metrics] port "
+             "(and [[nodes]] metrics_port) to fixed ports";
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  std::ofstream out(path, std::ios::trunc);
+  out << "# Written by `longwave launch --observe` for cluster '" << spec.id << "'.\n"
+      << "global:\n  scrape_interval: " << o.scrape_interval
+      << "\n  evaluation_interval: " << o.scrape_interval
+      << "\nscrape_configs:\n  - job_name: longwave\n    honor_labels: true  # keep each series' own node "
+         "label\n"
+      << "    static_configs:\n";
+  const auto host = scrape_host(spec.train.metrics.address);
+  for (const auto& [name, port] : roles)
+    out << "      - targets: ['" << host << ":" << port << "']\n        labels: {node: '" << name << "'}\n";
+  out.close();
+  if (!out) return "cannot write " + path.string();
+  *targets = roles.size();
+  return {};
+}
+
+/// The coordinator and every node, each with its command line (overrides passed on, --fresh to the nodes).
+void add_roles(const std::string& exe, const std::string& cluster_path, const config::cluster_spec& spec,
+               const std::vector<std::string>& overrides, bool fresh, std::vector<child>& children,
+               std::vector<std::vector<std::string>>& args) {
+  auto role = [](std::string name, bool is_node) {
+    child c;
+    c.name = std::move(name);
+    c.is_node = is_node;
+    return c;
+  };
+  children.push_back(role("coordinator", false));
+  args.push_back({exe, "coordinator", cluster_path});
+  for (const auto& n : spec.nodes) {
+    children.push_back(role(n.name, true));
+    args.push_back({exe, "node", cluster_path, "--node", n.name});
+    if (fresh) args.back().push_back("--fresh");
+  }
+  for (size_t i = 0; i < children.size(); ++i)
+    for (const auto& ov : overrides) {
+      args[i].push_back("--set");
+      args[i].push_back(ov);
+    }
+}
+
+/// --observe: writes prometheus.yml and adds Prometheus as the last child, its output to *log. Returns 0, or
+/// 2 after saying why it cannot.
+int add_observer(const config::cluster_spec& spec, const observe_options& observe,
+                 std::vector<child>& children, std::vector<std::vector<std::string>>& args,
+                 std::string* log) {
+  if (access(observe.prometheus.c_str(), X_OK) != 0) {
+    std::fprintf(stderr,
+                 "launch: --observe needs Prometheus at %s (Debian package prometheus; scripts/setup "
+                 "installs it)\n",
+                 observe.prometheus.c_str());
+    return 2;
+  }
+  const auto dir = std::filesystem::path(spec.train.run.out_dir) / "prometheus";
+  const auto yml = dir / "prometheus.yml";
+  size_t targets = 0;
+  if (const auto problem = write_prometheus_config(spec, observe, yml, &targets); !problem.empty()) {
+    std::fprintf(stderr, "launch: --observe: %s\n", problem.c_str());
+    return 2;
+  }
+  *log = (dir / "prometheus.log").string();
+  child c;
+  c.name = "prometheus";
+  c.is_node = false;
+  c.is_observer = true;
+  children.push_back(std::move(c));
+  args.push_back({observe.prometheus, "--config.file=" + yml.string(),
+                  "--storage.tsdb.path=" + (dir / "data").string(),
+                  "--web.listen-address=127.0.0.1:" + std::to_string(observe.port)});
+  std::printf(
+      "observe: Prometheus at http://127.0.0.1:%d (scraping %zu targets every %s; config %s, log %s)\n",
+      observe.port, targets, observe.scrape_interval.c_str(), yml.c_str(), log->c_str());
+  return 0;
+}
+
+/// What the supervising loop has seen and done so far.
+struct launch_state {
+  int handled_signals = 0;
+  bool stopping = false;  // launch asked the roles to stop
+  int first_failure = 0;
+  std::chrono::steady_clock::time_point nodes_done_at = std::chrono::steady_clock::time_point::max();
+};
+
+/// Waits up to 200 ms for output and prints what came.
+void pump_output(std::vector<child>& children, size_t width) {
+  std::vector<pollfd> fds;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < children.size(); ++i)
+    if (children[i].out_fd >= 0) {
+      fds.push_back({children[i].out_fd, POLLIN, 0});
+      which.push_back(i);
+    }
+  if (!fds.empty())
+    poll(fds.data(), fds.size(), 200);
+  else
+    usleep(100 * 1000);
+  for (size_t k = 0; k < fds.size(); ++k)
+    if (fds[k].revents) drain(children[which[k]], width);
+}
+
+/// A new Ctrl-C: the first asks every role to stop, a later one kills them. Returns the signals so far.
+int forward_signals(std::vector<child>& children, launch_state& st) {
+  const int sigs = g_launch_signals.load();
+  if (sigs > st.handled_signals) {
+    st.handled_signals = sigs;
+    if (sigs == 1) {
+      std::printf(
+          "launch: interrupt: stopping every role; each node saves a checkpoint (Ctrl-C again to kill)\n");
+      signal_all(children, SIGINT);
+      st.stopping = true;
+    } else {
+      std::printf("launch: second interrupt: killing every role\n");
+      signal_all(children, SIGKILL);
+    }
+    std::fflush(stdout);
+  }
+  return sigs;
+}
+
+/// Collects a child that ended: its exit code, its last output; a failed role stops the others (unless
+/// launch is stopping them already), an ended Prometheus is only reported.
+void on_child_exit(std::vector<child>& children, child& c, int status, size_t width, launch_state& st,
+                   int sigs, const std::string& observer_log) {
+  c.running = false;
+  c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (c.out_fd >= 0) drain(c, width);
+  if (c.is_observer) {
+    if (!st.stopping && sigs == 0)
+      std::printf("launch: Prometheus ended with exit code %d (see %s); training goes on\n", c.code,
+                  observer_log.c_str());
+    std::fflush(stdout);
+    return;
+  }
+  if (c.code != 0 && c.code != 130 && st.first_failure == 0) st.first_failure = c.code;
+  if (c.code != 0 && !st.stopping && sigs == 0) {
+    std::printf("launch: %s %s ended with exit code %d; stopping the others\n", c.is_node ? "node" : "the",
+                c.name.c_str(), c.code);
+    std::fflush(stdout);
+    signal_all(children, SIGINT);
+    st.stopping = true;
+  }
+}
+
+/// Stops Prometheus once the cluster is done (its data stays in the run directory).
+void stop_observer(std::vector<child>& children, const std::string& out_dir) {
+  for (auto& c : children)
+    if (c.is_observer && c.running) {
+      kill(c.pid, SIGTERM);
+      int status = 0;
+      waitpid(c.pid, &status, 0);
+      c.running = false;
+      c.code = 0;
+      std::printf("observe: Prometheus stopped; its data is in %s/prometheus/data\n", out_dir.c_str());
+    }
+}
+
+/// Runs the started children until every role has ended: output, Ctrl-C, exits, the coordinator's stop.
+void supervise(std::vector<child>& children, size_t width, const std::string& observer_log,
+               const std::string& out_dir, launch_state& st) {
+  for (;;) {
+    pump_output(children, width);
+    const int sigs = forward_signals(children, st);
+    bool nodes_running = false, any_running = false;
+    for (auto& c : children) {
+      int status = 0;
+      if (c.running && waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        on_child_exit(children, c, status, width, st, sigs, observer_log);
+        if (c.is_observer) continue;
+      }
+      if (!c.is_observer) any_running = any_running || c.running || c.out_fd >= 0;
+      nodes_running = nodes_running || (c.is_node && c.running);
+    }
+    if (!any_running) {
+      stop_observer(children, out_dir);
+      return;
+    }
+    // The coordinator ends by itself once every node said bye; give it 10 s, then stop it.
+    if (!nodes_running) {
+      const auto now = std::chrono::steady_clock::now();
+      if (st.nodes_done_at == std::chrono::steady_clock::time_point::max()) st.nodes_done_at = now;
+      if (now - st.nodes_done_at > std::chrono::seconds(10) && children[0].running) {
+        kill(children[0].pid, SIGINT);
+        st.nodes_done_at = now;
+      }
+    }
+  }
+}
+
+/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first failure, else the
+/// first non-zero role.
+int exit_code(const std::vector<child>& children, const launch_state& st) {
+  std::string summary;
+  for (const auto& c : children) summary += " " + c.name + "=" + std::to_string(c.code);
+  std::printf("launch: exit codes:%s\n", summary.c_str());
+  std::fflush(stdout);
+  if (st.handled_signals > 0) return 130;
+  if (st.first_failure != 0) return st.first_failure;
+  for (const auto& c : children)
+    if (c.code != 0 && !c.is_observer) return c.code;
+  return 0;
+}
+
+}  // namespace
+
+int launch(const std::string& exe, const std::string& cluster_path, const std::vector<std::string>& overrides,
+           bool fresh, const observe_options& observe) {
+  config::cluster_spec spec;
+  try {
+    spec = config::load_cluster_file(cluster_path, overrides);
+  } catch (const config::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  std::vector<child> children;
+  std::vector<std::vector<std::string>> args;
+  add_roles(exe, cluster_path, spec, overrides, fresh, children, args);
+  std::string observer_log;
+  if (observe.enabled)
+    if (const int code = add_observer(spec, observe, children, args, &observer_log); code != 0) return code;
+  size_t width = 0;
+  for (const auto& c : children) width = std::max(width, c.name.size());
+
+  std::printf("launch: cluster '%s': coordinator on %s and %zu nodes (%ld workers); Ctrl-C stops them all\n",
+              spec.id.c_str(), spec.coordinator.c_str(), spec.nodes.size(), spec.train.train.workers);
+  std::fflush(stdout);
+  g_launch_signals = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_launch_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  try {
+    for (size_t i = 0; i < children.size(); ++i)
+      start(children[i], args[i], children[i].is_observer ? observer_log : "");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch: %s\n", e.what());
+    signal_all(children, SIGKILL);
+    for (auto& c : children)
+      if (c.is_observer && c.running) kill(c.pid, SIGKILL);
+    return 1;
+  }
+  launch_state st;
+  supervise(children, width, observer_log, spec.train.run.out_dir, st);
+  return exit_code(children, st);
+}
+
+}  // namespace longwave::cli

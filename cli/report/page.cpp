@@ -1,0 +1,365 @@
+// The report page: the HTML around the summary, the tables and the charts, written from RUN_DIR's
+// metrics.jsonl files.
+#include "cli/report/page.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/report/charts.hpp"
+#include "cli/report/format.hpp"
+#include "cli/report/records.hpp"
+#include "cli/report/run_charts.hpp"
+#include "cli/report/summary.hpp"
+
+namespace longwave::cli::report {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const css = R"(
+:root { color-scheme: light; }
+body { margin: 0; background: #f5f6f8; color: #1f2937;
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", "Liberation Sans", Arial, sans-serif; }
+main { max-width: 1240px; margin: 0 auto; padding: 24px 28px 40px; }
+h1 { font-size: 22px; font-weight: 650; margin: 0 0 2px; }
+h2 { font-size: 16px; font-weight: 600; margin: 26px 0 10px; }
+.sub { color: #6b7280; margin: 0 0 18px; overflow-wrap: anywhere; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(170px, 1fr)); gap: 12px; }
+.card, table, figure, .empty { background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; }
+.card { padding: 10px 14px; }
+.card .k { color: #6b7280; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 20px; font-weight: 600; font-variant-numeric: tabular-nums; }
+.tables { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; align-items: start; }
+table { border-collapse: separate; border-spacing: 0; width: 100%; overflow: hidden; }
+th, td { text-align: left; padding: 5px 12px; border-bottom: 1px solid #f0f1f3; vertical-align: top; }
+tr:last-child td { border-bottom: none; }
+thead th { background: #f9fafb; font-weight: 600; }
+tbody th { color: #4b5563; font-weight: 500; }
+table.kv tbody th { width: 42%; }
+td { font-variant-numeric: tabular-nums; overflow-wrap: anywhere; }
+.ok { color: #15803d; } .warn { color: #b45309; }
+.charts { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 16px; }
+figure { margin: 0; padding: 10px 8px 4px; }
+svg.chart { display: block; width: 100%; height: auto; }
+.chart text { font-family: inherit; font-size: 11px; fill: #4b5563; }
+.chart .title { font-size: 14px; font-weight: 600; fill: #111827; }
+.chart .label { font-size: 12px; fill: #374151; }
+.chart .resume text { font-size: 10px; fill: #6b7280; }
+.chart .legend text { font-size: 11.5px; fill: #374151; }
+.empty { padding: 16px; color: #6b7280; }
+.empty b { color: #111827; display: block; margin-bottom: 4px; }
+footer { color: #6b7280; font-size: 12px; margin-top: 28px; overflow-wrap: anywhere; }
+@media (max-width: 900px) { .charts, .tables { grid-template-columns: 1fr; } }
+)";
+
+/// Table rows: (label, value); values are escaped here.
+std::string table(const std::string& caption, const std::vector<std::pair<std::string, std::string>>& rows) {
+  std::string o = fmt::format(
+      "<table class=\"kv\"><thead><tr><th colspan=\"2\">{}</th></tr></thead><tbody>\n", html_escape(caption));
+  for (const auto& [k, v] : rows)
+    o += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", html_escape(k), html_escape(v));
+  return o + "</tbody></table>\n";
+}
+
+/// The run's settings as the first node's first start line recorded them ("–" where it did not).
+struct start_fields {
+  const record& cfg;
+  std::string operator()(const char* key) const {
+    const auto* v = cfg.find(key);
+    if (!v) return std::string("–");
+    return v->is_string ? v->str : compact(num(cfg, key));
+  }
+};
+
+std::string page_head(const report_data& r, const start_fields& field, const std::string& status) {
+  const bool cluster = r.nodes.size() > 1;
+  const auto& first = r.nodes.front();
+  std::string o;
+  o += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
+  o += fmt::format("<title>Longwave report: {}</title>\n", html_escape(first.name));
+  o += fmt::format("<style>{}</style>\n</head>\n<body>\n<main>\n", page_css());
+  o += fmt::format("<h1>Longwave run report: {}</h1>\n",
+                   html_escape(cluster ? fs::path(r.run_dir).filename().string() : first.name));
+  o += fmt::format("<p class=\"sub\">{} &middot; {} {} &middot; started {} &middot; {}</p>\n",
+                   html_escape(r.run_dir), html_escape(field("mode")),
+                   cluster ? fmt::format("&middot; {} nodes", r.nodes.size()) : "", utc_text(r.t0),
+                   html_escape(status));
+  return o;
+}
+
+std::string utilization_text(double util) {
+  return std::isfinite(util) ? fixed(util * 100, 1) + " %" : "–";
+}
+
+// Headline numbers.
+std::string headline_cards(const run_summary& sum, double total_s) {
+  auto card = [](const std::string& k, const std::string& v, const char* cls = "") {
+    return fmt::format("<div class=\"card\"><div class=\"k\">{}</div><div class=\"v {}\">{}</div></div>\n", k,
+                       cls, html_escape(v));
+  };
+  std::string o = "<section class=\"cards\">\n";
+  o += card("final val perplexity", fixed(sum.overall.final_val_ppl, 3));
+  o += card("total time", duration_text(total_s));
+  o += card("avg utilization", utilization_text(sum.utilization));
+  o += card("bytes sent", bytes_short(sum.bytes));
+  o += card("status", sum.status, sum.status == "completed" ? "ok" : "warn");
+  return o + "</section>\n";
+}
+
+std::string configuration_table(bool cluster, const run_summary& sum, const start_fields& field) {
+  const double params = num(field.cfg, "params");
+  return table(
+      "Configuration",
+      {{"mode", field("mode")},
+       {"model preset", field("preset")},
+       {"parameters",
+        std::isfinite(params) ? fmt::format("{:.2f} M ({})", params / 1e6, with_commas(params)) : "–"},
+       {cluster ? "workers (all nodes)" : "workers", cluster ? compact(sum.workers) : field("workers")},
+       {"outer rounds", field("rounds")},
+       {"inner steps per round (H)", field("inner_steps")},
+       {"batch size × sequence length", field("batch_size") + " × " + field("seq_len")},
+       {"inner learning rate (AdamW)", field("inner_lr")},
+       {"outer learning rate / momentum", field("outer_lr") + " / " + field("outer_momentum")},
+       {"all-reduce dtype", field("comm_dtype")}});
+}
+
+std::string outcome_table(const report_data& r, const run_summary& sum, const start_fields& field) {
+  const double rounds = num(field.cfg, "rounds"), h = num(field.cfg, "inner_steps");
+  const double total_s = r.t_last - r.t0, last_step = sum.overall.last_step;
+  const size_t sessions = sum.sessions;
+  return table("Outcome",
+               {{"status", sum.status},
+                {"started", utc_text(r.t0)},
+                {"total time (first start to last record)", duration_text(total_s)},
+                {"training time (sum of sessions)", duration_text(sum.active_s)},
+                {"sessions", sessions > 1 ? fmt::format("{} (resumed {})", sessions,
+                                                        sessions == 2 ? std::string("once")
+                                                                      : fmt::format("{} times", sessions - 1))
+                                          : compact(double(sessions))},
+                {"inner steps per worker",
+                 std::isfinite(rounds * h) ? fmt::format("{} of {}", compact(last_step), compact(rounds * h))
+                                           : compact(last_step)},
+                {"final val loss", fixed(sum.overall.final_val_loss, 4)},
+                {"final val perplexity", fixed(sum.overall.final_val_ppl, 3)},
+                {"average compute utilization", utilization_text(sum.utilization)},
+                {"stall seconds (all workers)", fixed(sum.stall_s, 2)},
+                {"total bytes sent", bytes_text(sum.bytes)},
+                {"checkpoints written", compact(double(sum.n_checkpoints))}});
+}
+
+// A cluster's row per node.
+std::string nodes_table(const report_data& r, const run_summary& sum) {
+  std::string o =
+      "<h2>Nodes</h2>\n<table><thead><tr><th>node</th><th>workers</th><th>sessions</th><th>inner steps</th>"
+      "<th>final val ppl</th><th>utilization</th><th>mean all-reduce</th><th>bytes sent</th><th>status</th>"
+      "</tr></thead><tbody>\n";
+  for (size_t i = 0; i < r.nodes.size(); ++i) {
+    const auto& m = r.nodes[i];
+    const auto& s = sum.nodes[i];
+    o += fmt::format(
+        "<tr><th><span style=\"color:{}\">&#9632;</span> "
+        "{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+        color(i), html_escape(m.name), m.starts.empty() ? "–" : compact(num(m.starts.front(), "workers")),
+        m.starts.size(), compact(s.last_step), fixed(s.final_val_ppl, 3), utilization_text(s.utilization),
+        std::isfinite(s.allreduce_mean_s) ? fixed(s.allreduce_mean_s, 3) + " s" : "–",
+        html_escape(bytes_short(m.bytes_sent)), html_escape(s.status));
+  }
+  return o + "</tbody></table>\n";
+}
+
+// A cluster's memberships over time: one row per epoch that a node entered after the first.
+std::string membership_table(const report_data& r) {
+  struct epoch_row {
+    double ts = HUGE_VAL;
+    std::string members;
+    double kept_round = 0, kept_fragment = 0;
+    std::vector<std::string> nodes;
+  };
+  std::map<double, epoch_row> epochs;
+  for (const auto& m : r.nodes)
+    for (const auto& rec : m.memberships) {
+      auto& e = epochs[num(rec, "epoch")];
+      e.ts = std::min(e.ts, num(rec, "ts"));
+      e.members = text(rec, "members");
+      e.kept_round = num(rec, "kept_round");
+      e.kept_fragment = num(rec, "kept_fragment");
+      e.nodes.push_back(m.name);
+    }
+  if (epochs.empty()) return {};
+  std::string o =
+      "<h2>Membership</h2>\n<table><thead><tr><th>epoch</th><th>from (UTC)</th><th>members</th>"
+      "<th>kept all-reduce (round, fragment)</th><th>reported by</th></tr></thead><tbody>\n";
+  for (const auto& [epoch, e] : epochs) {
+    std::string by;
+    for (const auto& n : e.nodes) by += (by.empty() ? "" : ", ") + n;
+    o += fmt::format("<tr><th>{}</th><td>{}</td><td>{}</td><td>{}, {}</td><td>{}</td></tr>\n", compact(epoch),
+                     html_escape(utc_text(e.ts)), html_escape(e.members), compact(e.kept_round),
+                     compact(e.kept_fragment), html_escape(by));
+  }
+  return o + "</tbody></table>\n";
+}
+
+// Nodes that joined the running cluster: where their state came from, its size and how long it took.
+std::string recovery_table(const report_data& r) {
+  std::string rows;
+  for (const auto& m : r.nodes)
+    for (const auto& rec : m.recoveries) {
+      const double mb = num(rec, "bytes") / 1e6, s = num(rec, "seconds");
+      rows += fmt::format(
+          "<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.2f}</td><td>{}</"
+          "td>"
+          "</tr>\n",
+          html_escape(m.name), html_escape(utc_text(num(rec, "ts"))), compact(num(rec, "epoch")),
+          compact(num(rec, "round")), html_escape(text(rec, "source")), mb, s,
+          s > 0 ? fmt::format("{:.1f}", mb / s) : std::string("—"));
+    }
+  if (rows.empty()) return {};
+  return "<h2>Joins</h2>\n<table><thead><tr><th>node</th><th>at (UTC)</th><th>epoch</th><th>state of "
+         "round</th>"
+         "<th>from</th><th>MB</th><th>seconds</th><th>MB/s</th></tr></thead><tbody>\n" +
+         rows + "</tbody></table>\n";
+}
+
+std::string charts_section(const report_data& r) {
+  std::string o = "<h2>Charts</h2>\n<section class=\"charts\">\n";
+  int id = 0;
+  for (const auto& c : build_charts(r)) {
+    ++id;
+    if (has_data(c))
+      o += "<figure>\n" + render_svg(c, id) + "</figure>\n";
+    else
+      o += fmt::format("<div class=\"empty\"><b>{}</b>No records for this chart in metrics.jsonl.</div>\n",
+                       html_escape(c.title));
+  }
+  return o + "</section>\n";
+}
+
+std::string page_footer(const report_data& r) {
+  std::string o = "<footer>\n";
+  for (const auto& m : r.nodes)
+    o += fmt::format(
+        "<div>{}: {} records{}</div>\n", html_escape(m.path), m.n_records,
+        m.n_skipped ? fmt::format(", {} malformed line{} skipped", m.n_skipped, m.n_skipped > 1 ? "s" : "")
+                    : "");
+  std::time_t now = std::time(nullptr);
+  o += fmt::format("<div>generated by longwave report, {}</div>\n", utc_text(static_cast<double>(now)));
+  return o + "</footer>\n</main>\n</body>\n</html>\n";
+}
+
+std::string assemble_page(const report_data& r) {
+  const bool cluster = r.nodes.size() > 1;
+  static const record no_start;
+  const auto& first = r.nodes.front();
+  const start_fields field{first.starts.empty() ? no_start : first.starts.front()};
+  const run_summary sum = summarize_run(r);
+
+  std::string o = page_head(r, field, sum.status);
+  o += headline_cards(sum, r.t_last - r.t0);
+  o += "<h2>Summary</h2>\n<section class=\"tables\">\n";
+  o += configuration_table(cluster, sum, field);
+  o += outcome_table(r, sum, field);
+  o += "</section>\n";
+  if (cluster) o += nodes_table(r, sum) + membership_table(r) + recovery_table(r);
+  o += charts_section(r);
+  o += page_footer(r);
+  return o;
+}
+
+/// RUN_DIR/metrics.jsonl (a single run), then every RUN_DIR/<node>/metrics.jsonl (a cluster run) by name.
+std::vector<fs::path> metrics_files(const std::string& run_dir) {
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_regular_file(fs::path(run_dir) / "metrics.jsonl", ec))
+    files.push_back(fs::path(run_dir) / "metrics.jsonl");
+  std::vector<fs::path> node_files;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.is_directory(ec) && fs::is_regular_file(e.path() / "metrics.jsonl", ec))
+      node_files.push_back(e.path() / "metrics.jsonl");
+  std::sort(node_files.begin(), node_files.end());
+  files.insert(files.end(), node_files.begin(), node_files.end());
+  return files;
+}
+
+/// Writes `page` to out through out.tmp; returns 0, or 1 after printing what failed.
+int write_page(const std::string& out, const std::string& page) {
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << page;
+    if (!f.flush()) {
+      fmt::print(stderr, "report: error: {}: cannot write: {}\n", tmp, std::strerror(errno));
+      return 1;
+    }
+  }
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    fmt::print(stderr, "report: error: {}: cannot write: {}\n", out, std::strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* page_css() {
+  return css;
+}
+
+int write(const std::string& run_dir, const std::string& out_path) {
+  auto error = [](const std::string& msg) {
+    fmt::print(stderr, "report: error: {}\n", msg);
+    return 2;
+  };
+  std::error_code ec;
+  if (!fs::exists(run_dir, ec)) return error(fmt::format("{}: no such run directory", run_dir));
+  if (!fs::is_directory(run_dir, ec))
+    return error(fmt::format("{}: not a directory (pass the run's out_dir)", run_dir));
+  const auto files = metrics_files(run_dir);
+  if (files.empty())
+    return error(
+        fmt::format("{}: not found, nor any {}/<node>/metrics.jsonl (is this a run's out_dir, from a "
+                    "longwave that writes "
+                    "metrics.jsonl?)",
+                    (fs::path(run_dir) / "metrics.jsonl").string(), run_dir));
+
+  report_data r;
+  r.run_dir = run_dir;
+  std::set<std::string> names;
+  for (const auto& f : files) {
+    node_metrics m;
+    if (auto err = read_metrics_file(f, m); !err.empty()) return error(err);
+    m.name = m.starts.empty() ? std::string() : text(m.starts.front(), "node");
+    const std::string folder = fs::absolute(f).parent_path().filename().string();
+    if (m.name.empty()) m.name = folder;
+    if (!names.insert(m.name).second) m.name += " (" + folder + ")";
+    r.nodes.push_back(std::move(m));
+  }
+  find_time_span(r);
+
+  const std::string out = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
+  const fs::path parent = fs::absolute(out).parent_path();
+  if (!fs::is_directory(parent, ec))
+    return error(fmt::format("{}: the output directory does not exist", parent.string()));
+  if (const int code = write_page(out, assemble_page(r)); code != 0) return code;
+  size_t n_records = 0;
+  for (const auto& m : r.nodes) n_records += m.n_records;
+  fmt::print("report: wrote {} ({} records from {} file{})\n", out, n_records, files.size(),
+             files.size() > 1 ? "s" : "");
+  return 0;
+}
+
+}  // namespace longwave::cli::report

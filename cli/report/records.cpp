@@ -1,0 +1,172 @@
+// Reads metrics.jsonl lines into records and keeps one node's records by kind.
+#include "cli/report/records.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "runtime/json/json_reader.hpp"
+
+namespace longwave::cli::report {
+
+namespace fs = std::filesystem;
+
+const record::value* record::find(std::string_view key) const {
+  auto it = fields.find(key);
+  return it == fields.end() ? nullptr : &it->second;
+}
+
+double num(const record& o, std::string_view key) {
+  const auto* v = o.find(key);
+  return v && !v->is_string ? v->num : std::numeric_limits<double>::quiet_NaN();
+}
+
+std::string text(const record& o, std::string_view key) {
+  const auto* v = o.find(key);
+  return v && v->is_string ? v->str : std::string();
+}
+
+namespace {
+
+record to_record(const rapidjson::Value& object) {
+  record r;
+  for (const auto& m : object.GetObject()) {
+    record::value v;
+    if (m.value.IsString()) {
+      v.is_string = true;
+      v.str.assign(m.value.GetString(), m.value.GetStringLength());
+    } else if (m.value.IsNumber()) {
+      v.num = m.value.GetDouble();
+    } else if (m.value.IsBool()) {
+      v.num = m.value.GetBool() ? 1.0 : 0.0;
+    }
+    r.fields[std::string(m.name.GetString(), m.name.GetStringLength())] = std::move(v);  // later wins
+  }
+  return r;
+}
+
+// A resumed run restarts at its checkpoint: records past it were redone and the newer ones replace them.
+void roll_back(node_metrics& m, const record& start) {
+  const double step = num(start, "resumed_step");
+  if (!std::isfinite(step)) return;
+  const double h = num(start, "inner_steps");
+  const double round = h > 0 ? std::floor(step / h) : HUGE_VAL;
+  auto past = [](std::vector<record>& v, const char* key, double limit) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const record& o) { return num(o, key) > limit; }),
+            v.end());
+  };
+  past(m.steps, "step", step);
+  past(m.evals, "step", step);
+  past(m.workers, "round", round);
+  past(m.allreduces, "round", round);
+}
+
+void add_record(node_metrics& m, record obj) {
+  const std::string kind = text(obj, "kind");
+  const double ts = num(obj, "ts");
+  if (kind == "start" || m.sessions.empty()) m.sessions.emplace_back(ts, ts);
+  if (std::isfinite(ts)) {
+    auto& s = m.sessions.back();
+    if (!std::isfinite(s.first)) s.first = ts;
+    s.second = std::isfinite(s.second) ? std::max(s.second, ts) : ts;
+  }
+  ++m.n_records;
+  if (kind == "start") {
+    roll_back(m, obj);
+    m.starts.push_back(std::move(obj));
+  } else if (kind == "step") {
+    m.steps.push_back(std::move(obj));
+  } else if (kind == "worker") {
+    m.workers.push_back(std::move(obj));
+  } else if (kind == "allreduce") {
+    if (const double b = num(obj, "bytes_sent"); std::isfinite(b)) m.bytes_sent += b;
+    m.allreduces.push_back(std::move(obj));
+  } else if (kind == "eval") {
+    m.evals.push_back(std::move(obj));
+  } else if (kind == "checkpoint") {
+    m.checkpoints.push_back(std::move(obj));
+  } else if (kind == "end") {
+    m.ends.push_back(std::move(obj));
+  } else if (kind == "membership") {
+    m.memberships.push_back(std::move(obj));
+  } else if (kind == "recovery") {
+    m.recoveries.push_back(std::move(obj));
+  }
+  // Other kinds come from a newer writer: counted, not shown.
+}
+
+}  // namespace
+
+std::string read_metrics_file(const fs::path& path, node_metrics& m) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  m.path = path.string();
+  constexpr size_t max_warnings = 5;
+  size_t pos = 0, line_no = 0;
+  while (pos < data.size()) {
+    const size_t nl = data.find('\n', pos);
+    const bool last = nl == std::string::npos;
+    std::string_view line(data.data() + pos, (last ? data.size() : nl) - pos);
+    pos = last ? data.size() : nl + 1;
+    ++line_no;
+    if (line_no == 1 && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+
+    rapidjson::Document doc;
+    const auto error = runtime::parse_json(line, doc);
+    bool ok = !error;
+    // A run killed mid-line leaves a partial record; the resumed run's first record can follow on that line.
+    // Records begin with {"kind": (json_line), so only there, and at most a few times: a line of nested
+    // objects must not cost a parse per '{'.
+    constexpr std::string_view record_start = R"({"kind":)";
+    constexpr int max_retries = 4;
+    int retries = 0;
+    for (size_t b = line.find(record_start, 1); !ok && b != std::string_view::npos && retries++ < max_retries;
+         b = line.find(record_start, b + 1)) {
+      if ((ok = !runtime::parse_json(line.substr(b), doc)) && m.n_skipped++ < max_warnings)
+        fmt::print(stderr, "report: warning: {}:{}: skipped a partial record before column {}\n", m.path,
+                   line_no, b + 1);
+    }
+    if (!ok && last && error->truncated) {
+      fmt::print(stderr,
+                 "report: note: {}:{}: ignored the truncated last line (the run was stopped mid-write)\n",
+                 m.path, line_no);
+      continue;
+    }
+    std::string problem;
+    record rec;
+    if (!ok)
+      problem = error->truncated ? "the line ends inside a record (truncated)"
+                                 : fmt::format("{} at column {}", error->what, error->column);
+    else if (!doc.IsObject())
+      problem = "not a JSON object";
+    else if (rec = to_record(doc); text(rec, "kind").empty())
+      problem = "no \"kind\" field";
+    if (!problem.empty()) {
+      if (m.n_skipped++ < max_warnings)
+        fmt::print(stderr, "report: warning: {}:{}: skipped a malformed line: {}\n", m.path, line_no,
+                   problem);
+      continue;
+    }
+    add_record(m, std::move(rec));
+  }
+  if (m.n_skipped > max_warnings)
+    fmt::print(stderr, "report: warning: {}: {} more malformed lines skipped\n", m.path,
+               m.n_skipped - max_warnings);
+  if (m.n_records == 0)
+    return fmt::format(
+        "{}: no valid metrics line ({})", m.path,
+        m.n_skipped ? fmt::format("{} malformed", m.n_skipped) : std::string("the file is empty"));
+  return {};
+}
+
+}  // namespace longwave::cli::report

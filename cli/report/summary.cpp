@@ -1,0 +1,118 @@
+// Per-node and whole-run summaries of the report.
+#include "cli/report/summary.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cli/report/format.hpp"
+
+namespace longwave::cli::report {
+namespace {
+
+constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+
+// The final evaluation: the end record of the last session if there is one, else the last eval.
+void find_final_validation(const node_metrics& m, const record* last_end, node_summary& s) {
+  if (!m.evals.empty())
+    s.final_val_loss = num(m.evals.back(), "val_loss"), s.final_val_ppl = num(m.evals.back(), "val_ppl");
+  if (last_end && std::isfinite(num(*last_end, "val_ppl")))
+    s.final_val_loss = num(*last_end, "val_loss"), s.final_val_ppl = num(*last_end, "val_ppl");
+  if (!std::isfinite(s.final_val_ppl) && std::isfinite(s.final_val_loss))
+    s.final_val_ppl = std::exp(s.final_val_loss);
+}
+
+// Utilization (compute / wall time, else the mean of the recorded figures) and stall seconds.
+void sum_workers(const node_metrics& m, node_summary& s) {
+  double compute = 0, wall = 0, util_sum = 0;
+  size_t n_util = 0;
+  for (const auto& w : m.workers) {
+    const double cs = num(w, "compute_s"), ws = num(w, "wall_s"), u = num(w, "utilization"),
+                 st = num(w, "stall_s");
+    if (std::isfinite(cs) && std::isfinite(ws)) compute += cs, wall += ws;
+    if (std::isfinite(u)) util_sum += u, ++n_util;
+    if (std::isfinite(st)) s.stall_s += st;
+  }
+  s.utilization = wall > 0 ? compute / wall : n_util ? util_sum / static_cast<double>(n_util) : nan;
+}
+
+std::string status_of(const record* last_end) {
+  if (!last_end) return "no end record (still running, or killed)";
+  const double code = num(*last_end, "exit_code");
+  return code == 0     ? "completed"
+         : code == 130 ? "interrupted (Ctrl-C)"
+                       : fmt::format("failed (exit {})", compact(code));
+}
+
+}  // namespace
+
+void find_time_span(report_data& r) {
+  double first_start = HUGE_VAL, first_any = HUGE_VAL, last = -HUGE_VAL;
+  for (const auto& m : r.nodes) {
+    if (!m.starts.empty() && std::isfinite(num(m.starts.front(), "ts")))
+      first_start = std::min(first_start, num(m.starts.front(), "ts"));
+    for (const auto& [a, b] : m.sessions) {
+      if (std::isfinite(a)) first_any = std::min(first_any, a);
+      if (std::isfinite(b)) last = std::max(last, b);
+    }
+  }
+  r.t0 = std::isfinite(first_start) ? first_start : std::isfinite(first_any) ? first_any : nan;
+  r.t_last = std::isfinite(last) ? last : nan;
+}
+
+node_summary summarize(const node_metrics& m) {
+  node_summary s;
+  const record* last_end = nullptr;
+  if (!m.ends.empty() && (m.starts.empty() || num(m.ends.back(), "ts") >= num(m.starts.back(), "ts")))
+    last_end = &m.ends.back();
+  find_final_validation(m, last_end, s);
+  sum_workers(m, s);
+  for (const auto& st : m.steps)
+    s.last_step = std::isfinite(s.last_step) ? std::max(s.last_step, num(st, "step")) : num(st, "step");
+  double ar_sum = 0;
+  size_t n_ar = 0;
+  for (const auto& a : m.allreduces)
+    if (const double x = num(a, "seconds"); std::isfinite(x)) ar_sum += x, ++n_ar;
+  if (n_ar) s.allreduce_mean_s = ar_sum / static_cast<double>(n_ar);
+  for (const auto& [first, last] : m.sessions)
+    if (std::isfinite(first) && std::isfinite(last)) s.active_s += last - first;
+  s.status = status_of(last_end);
+  return s;
+}
+
+run_summary summarize_run(const report_data& r) {
+  run_summary t;
+  double compute = 0, wall = 0;
+  for (const auto& m : r.nodes) {
+    t.nodes.push_back(summarize(m));
+    t.bytes += m.bytes_sent;
+    t.sessions = std::max(t.sessions, m.starts.size());
+    t.n_checkpoints += m.checkpoints.size();
+    t.active_s = std::max(t.active_s, t.nodes.back().active_s);
+    t.stall_s += t.nodes.back().stall_s;
+    if (!m.starts.empty()) t.workers += num(m.starts.front(), "workers");
+    for (const auto& w : m.workers)
+      if (std::isfinite(num(w, "compute_s")) && std::isfinite(num(w, "wall_s")))
+        compute += num(w, "compute_s"), wall += num(w, "wall_s");
+  }
+  t.overall = t.nodes.front();
+  for (const auto& s : t.nodes)
+    if (std::isfinite(s.final_val_ppl)) {
+      t.overall.final_val_ppl = s.final_val_ppl, t.overall.final_val_loss = s.final_val_loss;
+      break;
+    }
+  t.utilization = wall > 0 ? compute / wall : nan;
+  if (!std::isfinite(t.utilization)) {  // no compute/wall split recorded: mean of the per-node figures
+    double sum = 0, n = 0;
+    for (const auto& s : t.nodes)
+      if (std::isfinite(s.utilization)) sum += s.utilization, ++n;
+    if (n > 0) t.utilization = sum / n;
+  }
+  t.status = t.nodes.front().status;
+  for (const auto& s : t.nodes)
+    if (s.status != "completed") t.status = s.status;
+  return t;
+}
+
+}  // namespace longwave::cli::report

@@ -1,0 +1,56 @@
+#pragma once
+// What the report says about each node and about the whole run: final validation, utilization, stalls,
+// sessions, bytes and status, from the nodes' records.
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cli/report/records.hpp"
+
+namespace longwave::cli::report {
+
+/// The records of every node of a run, and the run's time span.
+struct report_data {
+  std::string run_dir;
+  std::vector<node_metrics> nodes;
+  double t0 = std::numeric_limits<double>::quiet_NaN();      ///< first start, unix seconds
+  double t_last = std::numeric_limits<double>::quiet_NaN();  ///< last record, unix seconds
+};
+
+/// Sets r.t0 (the first start line, else the first record) and r.t_last (the last record).
+void find_time_span(report_data& r);
+
+/// A per-node view of what the page shows.
+struct node_summary {
+  double final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  double final_val_ppl = std::numeric_limits<double>::quiet_NaN();
+  double utilization = std::numeric_limits<double>::quiet_NaN();
+  double stall_s = 0;
+  double last_step = std::numeric_limits<double>::quiet_NaN();
+  double allreduce_mean_s = std::numeric_limits<double>::quiet_NaN();
+  double active_s = 0;
+  std::string status;
+};
+
+node_summary summarize(const node_metrics& m);
+
+/// The whole run: each node's summary and the sums and maxima over the nodes.
+struct run_summary {
+  std::vector<node_summary> nodes;  ///< in report_data::nodes order
+  /// The first node's summary, with the final validation of the first node that has one (cluster nodes
+  /// evaluate the same global parameters).
+  node_summary overall;
+  double bytes = 0;     ///< sent by all nodes
+  double workers = 0;   ///< of all nodes, from their first start lines
+  double active_s = 0;  ///< the longest node's sum of sessions
+  double stall_s = 0;   ///< of all workers
+  double utilization = std::numeric_limits<double>::quiet_NaN();  ///< compute / wall time of all workers
+  size_t sessions = 0;                                            ///< the most of any node
+  size_t n_checkpoints = 0;
+  std::string status;  ///< "completed", or the last node's status that is not
+};
+
+run_summary summarize_run(const report_data& r);
+
+}  // namespace longwave::cli::report

@@ -1,0 +1,222 @@
+// A sweep point's numbers from its run's files, its point.json, and the sweep's results.csv / results.jsonl.
+#include "cli/sweep/results.hpp"
+
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "cli/report/records.hpp"
+#include "cli/report/summary.hpp"
+#include "config/cluster_config.hpp"
+#include "config/config_loader.hpp"
+#include "runtime/json/json_reader.hpp"
+
+namespace longwave::cli::sweep {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json_writer = rapidjson::Writer<rapidjson::StringBuffer>;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return in ? std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) : "";
+}
+
+/// A number member of a JSON object, NaN when missing or null.
+double json_number(const rapidjson::Value& o, std::string_view key) {
+  const auto* v = runtime::find_member(o, key);
+  return v && v->IsNumber() ? v->GetDouble() : std::numeric_limits<double>::quiet_NaN();
+}
+
+/// A number: an integer when it is one (exit codes, seeds, tokens), null when not finite.
+void put(json_writer& w, std::string_view key, double v) {
+  w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+  if (!std::isfinite(v))
+    w.Null();
+  else if (v == std::floor(v) && std::abs(v) < 9e15)
+    w.Int64(static_cast<int64_t>(v));
+  else
+    w.Double(v);
+}
+
+void put(json_writer& w, std::string_view key, std::string_view v) {
+  w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+  w.String(v.data(), static_cast<rapidjson::SizeType>(v.size()));
+}
+
+/// A swept value: a JSON number when it reads as one, else a string.
+void put_value(json_writer& w, std::string_view key, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (!text.empty() && *end == '\0' && std::isfinite(v))
+    put(w, key, v);
+  else
+    put(w, key, std::string_view(text));
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (const char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string csv_number(double v) {
+  return std::isfinite(v) ? fmt::format("{:.10g}", v) : "";
+}
+
+/// The sweep's key for a point: every override but the ones the sweep adds for the run's own sake.
+std::vector<std::string> identity(const sweep_point& p) {
+  std::vector<std::string> out;
+  for (const auto& o : p.overrides)
+    if (o.rfind("metrics.port=", 0) != 0) out.push_back(o);
+  return out;
+}
+
+}  // namespace
+
+void read_run(const std::string& run_dir, point_result& r) {
+  report::node_metrics m;
+  const fs::path metrics = fs::path(run_dir) / "metrics.jsonl";
+  std::error_code ec;
+  if (!fs::exists(metrics, ec) || !report::read_metrics_file(metrics, m).empty()) return;
+  const auto sum = report::summarize(m);
+  r.val_loss = sum.final_val_loss;
+  r.val_ppl = sum.final_val_ppl;
+  r.utilization = sum.utilization;
+  r.wall_s = sum.active_s;
+  r.steps = sum.last_step;
+  r.bytes_sent = m.bytes_sent;
+  double per_step = std::numeric_limits<double>::quiet_NaN();
+  if (!m.starts.empty()) {
+    const auto& st = m.starts.front();
+    r.params = report::num(st, "params");
+    // Client sampling: only clients_per_round of the workers train each round.
+    const double clients = report::num(st, "clients_per_round");
+    const double training = std::isfinite(clients) && clients > 0 ? clients : report::num(st, "workers");
+    per_step = training * report::num(st, "batch_size") * report::num(st, "seq_len");
+  }
+  // Steps are counted across sessions, so this holds after a resume too; without a start record,
+  // result.json's ratio.
+  if (!std::isfinite(per_step)) {
+    rapidjson::Document doc;
+    const std::string result = slurp(fs::path(run_dir) / "result.json");
+    if (!result.empty() && !runtime::parse_json(result, doc) && doc.IsObject())
+      per_step = json_number(doc, "tokens") / json_number(doc, "inner_steps_per_worker");
+  }
+  r.tokens = r.steps * per_step;
+  for (const auto& e : m.evals)
+    r.val_curve.emplace_back(report::num(e, "step") * per_step, report::num(e, "val_loss"));
+  for (const auto& st : m.steps)
+    r.train_curve.emplace_back(report::num(st, "step") * per_step, report::num(st, "loss"));
+}
+
+std::string config_fingerprint(const sweep_point& p) {
+  return fmt::format("{:016x}", config::cluster_id_of(config::to_toml(p.cfg)));  // FNV-1a of the config
+}
+
+void write_point_record(const sweep_point& p, const point_result& r) {
+  rapidjson::StringBuffer buf;
+  json_writer w(buf);
+  w.StartObject();
+  put(w, "id", std::string_view(p.id));
+  put(w, "status", std::string_view(r.status));
+  put(w, "config", std::string_view(config_fingerprint(p)));
+  put(w, "exit_code", static_cast<double>(r.exit_code));
+  w.Key("overrides");
+  w.StartArray();
+  for (const auto& o : identity(p)) w.String(o.c_str(), static_cast<rapidjson::SizeType>(o.size()));
+  w.EndArray();
+  w.EndObject();
+  (void)write_atomically((fs::path(p.out_dir) / "point.json").string(), std::string(buf.GetString()) + "\n");
+}
+
+point_result recorded(const sweep_point& p) {
+  point_result r;
+  r.log = (fs::path(p.out_dir) / "log.txt").string();
+  const std::string text = slurp(fs::path(p.out_dir) / "point.json");
+  rapidjson::Document doc;
+  if (text.empty() || runtime::parse_json(text, doc) || !doc.IsObject()) return r;
+  const auto* status = runtime::find_member(doc, "status");
+  const auto* ov = runtime::find_member(doc, "overrides");
+  if (!status || !status->IsString() || !ov || !ov->IsArray()) return r;
+  std::vector<std::string> settings;
+  for (const auto& o : ov->GetArray())
+    if (o.IsString()) settings.emplace_back(o.GetString(), o.GetStringLength());
+  const auto* fp = runtime::find_member(doc, "config");
+  if (settings != identity(p) || !fp || !fp->IsString() || fp->GetString() != config_fingerprint(p)) {
+    r.status = "stale";  // run with other settings (or another base config) in this folder
+    return r;
+  }
+  r.status.assign(status->GetString(), status->GetStringLength());
+  const double code = json_number(doc, "exit_code");
+  r.exit_code = std::isfinite(code) ? static_cast<int>(code) : -1;
+  return r;
+}
+
+std::string write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f.flush()) return fmt::format("{}: cannot write: {}", tmp, std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return fmt::format("{}: cannot rename to {}: {}", tmp, path, std::strerror(errno));
+  return {};
+}
+
+std::string write_results(const sweep_spec& s, const std::vector<point_result>& results) {
+  std::string csv = "id";
+  for (const auto& k : s.keys) csv += "," + csv_field(k);
+  csv += ",seed,status,exit_code,val_loss,val_ppl,tokens,wall_s,bytes_sent,utilization,params,steps,log\n";
+  std::string jsonl;
+  for (size_t i = 0; i < s.points.size() && i < results.size(); ++i) {
+    const auto& p = s.points[i];
+    const auto& r = results[i];
+    const double code = r.status == "pending" ? std::numeric_limits<double>::quiet_NaN() : r.exit_code;
+    csv += csv_field(p.id);
+    for (const auto& k : s.keys) csv += "," + csv_field(p.value_of(k));
+    csv += fmt::format(",{},{},{}", p.seed, r.status, csv_number(code));
+    for (const double v :
+         {r.val_loss, r.val_ppl, r.tokens, r.wall_s, r.bytes_sent, r.utilization, r.params, r.steps})
+      csv += "," + csv_number(v);
+    csv += "," + csv_field(r.log) + "\n";
+
+    rapidjson::StringBuffer buf;
+    json_writer w(buf);
+    w.StartObject();
+    put(w, "id", std::string_view(p.id));
+    for (const auto& k : s.keys) put_value(w, k, p.value_of(k));
+    put(w, "seed", static_cast<double>(p.seed));
+    put(w, "status", std::string_view(r.status));
+    put(w, "exit_code", code);
+    put(w, "val_loss", r.val_loss);
+    put(w, "val_ppl", r.val_ppl);
+    put(w, "tokens", r.tokens);
+    put(w, "wall_s", r.wall_s);
+    put(w, "bytes_sent", r.bytes_sent);
+    put(w, "utilization", r.utilization);
+    put(w, "params", r.params);
+    put(w, "steps", r.steps);
+    put(w, "log", std::string_view(r.log));
+    w.EndObject();
+    jsonl += std::string(buf.GetString()) + "\n";
+  }
+  const fs::path dir(s.out_dir);
+  if (auto e = write_atomically((dir / "results.csv").string(), csv); !e.empty()) return e;
+  return write_atomically((dir / "results.jsonl").string(), jsonl);
+}
+
+}  // namespace longwave::cli::sweep

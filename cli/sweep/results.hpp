@@ -1,0 +1,58 @@
+#pragma once
+// What each point of a sweep gave: read from its run's out_dir (metrics.jsonl, result.json), kept as one row
+// per point in out_dir/results.csv and results.jsonl, and the per-point record that lets a resumed sweep
+// skip the points that finished.
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/sweep/sweep_file.hpp"
+
+namespace longwave::cli::sweep {
+
+/// One point's outcome and its curves.
+struct point_result {
+  /// "pending" (not run yet), "running" (started, not ended: it resumes), "done", "failed" (exit_code says
+  /// how), "interrupted" (Ctrl-C on the sweep), "stale" (its folder holds a run of other settings or another
+  /// base config: it starts over).
+  std::string status = "pending";
+  int exit_code = -1;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  double val_ppl = std::numeric_limits<double>::quiet_NaN();
+  double tokens = std::numeric_limits<double>::quiet_NaN();  ///< trained, all workers
+  double wall_s = std::numeric_limits<double>::quiet_NaN();  ///< the run's sessions, summed
+  double bytes_sent = std::numeric_limits<double>::quiet_NaN();
+  double utilization = std::numeric_limits<double>::quiet_NaN();  ///< workers' compute / wall time
+  double params = std::numeric_limits<double>::quiet_NaN();
+  double steps = std::numeric_limits<double>::quiet_NaN();  ///< inner steps per worker
+  std::vector<std::pair<double, double>> val_curve;         ///< (tokens, val loss) of each evaluation
+  std::vector<std::pair<double, double>> train_curve;       ///< (tokens, train loss) of each step
+  std::string log;                                          ///< the run's output: out_dir/points/<id>/log.txt
+};
+
+/// Fills r's numbers and curves from a run's out_dir's metrics.jsonl (tokens: inner steps x workers x batch x
+/// seq_len).
+/// Leaves them NaN where the run wrote nothing (it failed before training). Never throws.
+void read_run(const std::string& run_dir, point_result& r);
+
+/// out_dir/points/<id>/point.json: written when the point's run ends (status, exit code, the overrides it
+/// ran with).
+void write_point_record(const sweep_point& p, const point_result& r);
+/// A hash of the point's resolved config (its settings and the base config's text as loaded).
+std::string config_fingerprint(const sweep_point& p);
+
+/// What an earlier invocation recorded for p: status ("done", "failed", "interrupted") and exit code; status
+/// "pending" when there is no record or it was made for other settings (the sweep file changed). The
+/// numbers are not read here (read_run).
+point_result recorded(const sweep_point& p);
+
+/// Writes out_dir/results.csv and out_dir/results.jsonl, each through a temporary file renamed over the
+/// old one: id, every swept key, seed, status, exit code, final val loss and perplexity, tokens, wall
+/// seconds, bytes sent, utilization, parameters, steps, log. Returns "" or what failed.
+std::string write_results(const sweep_spec& s, const std::vector<point_result>& results);
+
+/// Writes `text` to path through path.tmp and a rename. Returns "" or what failed.
+std::string write_atomically(const std::string& path, const std::string& text);
+
+}  // namespace longwave::cli::sweep

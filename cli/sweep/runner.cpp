@@ -1,0 +1,464 @@
+// Runs a sweep's points as `longwave run` children: scheduling by cores, progress and ETA, Ctrl-C, resume,
+// and the results, page and fits after each point.
+#include "cli/sweep/runner.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+#include "cli/report/format.hpp"
+#include "cli/sweep/page.hpp"
+#include "cli/sweep/results.hpp"
+#include "cli/sweep/scaling.hpp"
+
+namespace longwave::cli::sweep {
+
+namespace {
+
+namespace fs = std::filesystem;
+using steady = std::chrono::steady_clock;
+
+std::atomic<int> g_signals{0};
+
+void on_signal(int) {
+  g_signals.fetch_add(1);
+}
+
+template <class... Args>
+void say(fmt::format_string<Args...> f, Args&&... args) {
+  fmt::print("sweep: {}\n", fmt::format(f, std::forward<Args>(args)...));
+  std::fflush(stdout);
+}
+
+double seconds_since(steady::time_point t) {
+  return std::chrono::duration<double>(steady::now() - t).count();
+}
+
+/// A point's run in progress.
+struct running {
+  size_t point = 0;
+  pid_t pid = -1;
+  int64_t need = 1;
+  steady::time_point started;
+};
+
+/// The last non-empty line of a log, and the last progress line's "round ... | step ..." part.
+std::pair<std::string, std::string> log_tail(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::streamoff>(in.tellg());
+  in.seekg(std::max<std::streamoff>(0, size - 8192));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string last, progress;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    last = line;
+    if (const auto r = line.find("round "), st = line.find("| step ");
+        r != std::string::npos && st != std::string::npos)
+      progress = line.substr(
+          r, line.find(" |", st + 2) == std::string::npos ? std::string::npos : line.find(" |", st + 2) - r);
+  }
+  return {last, progress};
+}
+
+/// Whether p's folder holds checkpoints (of a run this sweep has no record of).
+bool has_checkpoints(const sweep_point& p) {
+  std::error_code ec;
+  const fs::path dir = fs::path(p.out_dir) / "checkpoints";
+  return fs::is_directory(dir, ec) && !fs::is_empty(dir, ec);
+}
+
+/// Starts `longwave run BASE --set ...` for p with its output appended to out_dir/points/<id>/log.txt.
+pid_t start_point(const sweep_spec& s, const sweep_point& p, const sweep_options& o, int64_t threads,
+                  bool fresh) {
+  std::error_code ec;
+  fs::create_directories(p.out_dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("cannot make {}: {}", p.out_dir, ec.message()));
+  std::vector<std::string> args = {o.exe, "run", s.base};
+  for (const auto& ov : p.overrides) args.insert(args.end(), {"--set", ov});
+  if (threads > 0) args.insert(args.end(), {"--set", fmt::format("train.threads={}", threads)});
+  if (fresh) args.push_back("--fresh");
+  const std::string log = (fs::path(p.out_dir) / "log.txt").string();
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot write {}: {}", log, std::strerror(errno)));
+  std::string header =
+      fmt::format("=== longwave sweep, {}:", report::utc_text(static_cast<double>(std::time(nullptr))));
+  for (const auto& a : args) header += " " + a;
+  header += "\n";
+  (void)!write(fd, header.data(), header.size());
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);                     // the terminal's Ctrl-C reaches the sweep only, which forwards it
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a point stops (with its checkpoint) if the sweep dies
+    if (getppid() != parent) _exit(130);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    const char msg[] = "sweep: cannot start the longwave binary\n";
+    (void)!write(fd, msg, sizeof msg - 1);
+    _exit(127);
+  }
+  close(fd);
+  return pid;
+}
+
+/// out_dir/sweep.lock, held (flock) while the sweep runs; -1 after saying who holds it.
+int lock_out_dir(const std::string& out_dir) {
+  const std::string path = (fs::path(out_dir) / "sweep.lock").string();
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    say("error: cannot open {}: {}", path, std::strerror(errno));
+    return -1;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    (void)!pread(fd, buf, sizeof buf - 1, 0);
+    say("error: {} is in use by another sweep (pid {}); wait for it or stop it", out_dir,
+        std::string(buf).substr(0, std::string(buf).find('\n')));
+    close(fd);
+    return -1;
+  }
+  const std::string pid = std::to_string(getpid()) + "\n";
+  (void)!ftruncate(fd, 0);
+  (void)!pwrite(fd, pid.data(), pid.size(), 0);
+  return fd;
+}
+
+/// The sweep's state while it runs.
+struct sweep_run {
+  sweep_run(sweep_spec& spec, const sweep_options& opts) : s(spec), o(opts), results(spec.points.size()) {}
+
+  sweep_spec& s;
+  const sweep_options& o;
+  parallel_plan plan;
+  std::vector<point_result> results;
+  std::vector<const sweep_point*> to_run;
+  std::vector<running> active;
+  size_t next = 0, finished_now = 0;
+  int64_t used_threads = 0;
+  bool stopping = false;
+  int handled_signals = 0;
+  steady::time_point t0 = steady::now(), last_heartbeat = steady::now();
+
+  size_t n_done() const {
+    return static_cast<size_t>(
+        std::count_if(results.begin(), results.end(), [](auto& r) { return r.status == "done"; }));
+  }
+
+  std::string point_name(const sweep_point& p) const {
+    return fmt::format("point {}/{} ({})", p.index + 1, s.points.size(),
+                       p.label(s.has_repeats).empty() ? p.id : p.label(s.has_repeats));
+  }
+
+  /// ", ETA ..." from the points finished in this invocation; "" once none is left.
+  std::string eta() const {
+    if (finished_now >= to_run.size()) return "";
+    if (finished_now == 0) return ", ETA after the first point";
+    const double left = static_cast<double>(to_run.size() - finished_now);
+    return ", ETA " + report::duration_text(seconds_since(t0) / static_cast<double>(finished_now) * left);
+  }
+
+  /// results.csv, results.jsonl, fit.json and sweep.html as they stand.
+  void write_outputs(const scaling_fits& fits) {
+    if (auto e = write_results(s, results); !e.empty()) say("warning: {}", e);
+    if (s.fit.enabled)
+      if (auto e = write_atomically((fs::path(s.out_dir) / "fit.json").string(), fits_json(fits)); !e.empty())
+        say("warning: {}", e);
+    if (auto e =
+            write_atomically((fs::path(s.out_dir) / "sweep.html").string(), sweep_page(s, results, fits));
+        !e.empty())
+      say("warning: {}", e);
+  }
+  void write_outputs() { write_outputs(fit_scaling(s, results)); }
+
+  bool can_start(const sweep_point& p) const {
+    if (active.empty()) return true;
+    if (static_cast<int64_t>(active.size()) >= plan.limit) return false;
+    return !plan.pack_by_threads || used_threads + p.thread_need() <= static_cast<int64_t>(plan.cores);
+  }
+
+  void start_next() {
+    while (!stopping && next < to_run.size() && can_start(*to_run[next])) {
+      const auto& p = *to_run[next++];
+      running r;
+      r.point = p.index;
+      r.need = p.thread_need();
+      r.started = steady::now();
+      // Starts over when asked, or when the folder's run is not this point's (other settings, or no record).
+      const bool fresh = o.fresh || results[p.index].status == "stale" ||
+                         (results[p.index].status == "pending" && has_checkpoints(p));
+      results[p.index] = point_result{};
+      results[p.index].status = "running";
+      std::error_code ec;
+      fs::create_directories(p.out_dir, ec);    // start_point reports a failure to make it
+      write_point_record(p, results[p.index]);  // a crash from here on leaves "running": it resumes
+      r.pid = start_point(s, p, o, plan.threads_for(p), fresh);
+      active.push_back(r);
+      used_threads += r.need;
+      results[p.index].log = (fs::path(p.out_dir) / "log.txt").string();
+      say("{} started; log: {}", point_name(p), results[p.index].log);
+      write_outputs();
+    }
+  }
+
+  void on_exit(const running& r, int code) {
+    const auto& p = s.points[r.point];
+    auto& res = results[r.point];
+    res = point_result{};
+    res.log = (fs::path(p.out_dir) / "log.txt").string();
+    res.exit_code = code;
+    read_run(p.out_dir, res);
+    const double took = seconds_since(r.started);
+    const bool signalled =
+        code == 130 || code == 128 + SIGINT || code == 128 + SIGKILL || code == 128 + SIGTERM;
+    res.status = code == 0 ? "done" : stopping && signalled ? "interrupted" : "failed";
+    write_point_record(p, res);
+    ++finished_now;
+    if (res.status == "done") {
+      say("{} done in {}, val loss {}; {}/{} done{}", point_name(p), report::duration_text(took),
+          report::fixed(res.val_loss, 4), n_done(), s.points.size(), eta());
+    } else if (res.status == "interrupted") {
+      say("{} stopped (exit {}); it resumes from its checkpoint next time", point_name(p), code);
+    } else {
+      say("{} FAILED: exit code {} after {}; log: {} (last line: {})", point_name(p), code,
+          report::duration_text(took), res.log, log_tail(res.log).first);
+    }
+    write_outputs();
+  }
+
+  void reap() {
+    for (size_t i = 0; i < active.size();) {
+      int status = 0;
+      if (waitpid(active[i].pid, &status, WNOHANG) != active[i].pid) {
+        ++i;
+        continue;
+      }
+      const running r = active[i];
+      active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+      used_threads -= r.need;
+      on_exit(r, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    }
+  }
+
+  void forward_signals() {
+    const int sigs = g_signals.load();
+    if (sigs <= handled_signals) return;
+    handled_signals = sigs;
+    if (sigs == 1) {
+      say("interrupt: stopping {} running point(s); each saves a checkpoint (Ctrl-C again to kill them)",
+          active.size());
+      for (const auto& r : active) kill(r.pid, SIGINT);
+      stopping = true;
+    } else {
+      say("second interrupt: killing the running points (they resume from their last checkpoint)");
+      for (const auto& r : active) kill(r.pid, SIGKILL);
+    }
+  }
+
+  void heartbeat() {
+    if (seconds_since(last_heartbeat) < 60 || active.empty()) return;
+    last_heartbeat = steady::now();
+    std::string now;
+    for (const auto& r : active) {
+      const auto& p = s.points[r.point];
+      const auto progress = log_tail((fs::path(p.out_dir) / "log.txt").string()).second;
+      now += fmt::format("{}{} {}{}", now.empty() ? "" : "; ", point_name(p),
+                         report::duration_text(seconds_since(r.started)),
+                         progress.empty() ? "" : " [" + progress + "]");
+    }
+    say("{}/{} done; running: {}{}", n_done(), s.points.size(), now, eta());
+  }
+
+  void loop() {
+    for (;;) {
+      forward_signals();
+      start_next();
+      if (active.empty() && (stopping || next >= to_run.size())) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      reap();
+      heartbeat();
+    }
+  }
+};
+
+void print_plan(const sweep_spec& s, const sweep_run& run) {
+  say("{}: {} point{} ({} done earlier, {} to run); base {}; out_dir {}", s.path, s.points.size(),
+      s.points.size() == 1 ? "" : "s", s.points.size() - run.to_run.size(), run.to_run.size(), s.base,
+      s.out_dir);
+  say("{}", run.plan.text);
+}
+
+}  // namespace
+
+int64_t parallel_plan::threads_for(const sweep_point& p) const {
+  if (p.cfg.train.threads > 0) return 0;
+  if (pack_by_threads) return 1;
+  if (limit > 1) return std::max<int64_t>(1, static_cast<int64_t>(cores) / (limit * p.cfg.train.workers));
+  return 0;
+}
+
+parallel_plan plan_parallel(int64_t parallel, size_t cores, const std::vector<const sweep_point*>& to_run) {
+  parallel_plan pl;
+  pl.cores = std::max<size_t>(1, cores);
+  if (to_run.empty()) {
+    pl.text = "nothing to run";
+    return pl;
+  }
+  int64_t lo = INT64_MAX, hi = 0;
+  for (const auto* p : to_run) lo = std::min(lo, p->thread_need()), hi = std::max(hi, p->thread_need());
+  const std::string needs = fmt::format(
+      "{} cores; each point needs {} (train.workers x train.threads, 0 threads counted as 1)", pl.cores,
+      lo == hi ? fmt::format("{} thread{}", lo, lo == 1 ? "" : "s") : fmt::format("{}-{} threads", lo, hi));
+  const auto c = static_cast<int64_t>(pl.cores);
+  if (parallel == 0) {
+    if (2 * lo > c || to_run.size() < 2) {
+      pl.text =
+          needs + ": parallel = auto runs one point at a time (train.threads = 0 stays cores / workers)";
+      return pl;
+    }
+    pl.pack_by_threads = true;
+    pl.limit = static_cast<int64_t>(to_run.size());
+    pl.at_once = static_cast<size_t>(std::min<int64_t>(pl.limit, c / lo));
+    pl.text = fmt::format(
+        "{}: parallel = auto runs up to {} points at once while their threads fit the cores; a point whose "
+        "train.threads is 0 gets 1 thread per worker",
+        needs, pl.at_once);
+    return pl;
+  }
+  pl.limit = parallel;
+  pl.at_once = static_cast<size_t>(std::min<int64_t>(parallel, static_cast<int64_t>(to_run.size())));
+  pl.text = fmt::format("{}: parallel = {} runs {} point{} at once", needs, parallel, parallel,
+                        parallel == 1 ? "" : "s");
+  if (parallel > 1)
+    pl.text += fmt::format(
+        "; a point whose train.threads is 0 gets cores / ({} x workers) threads per worker (at least 1)",
+        parallel);
+  if (parallel * lo > c) pl.text += "; more threads than cores: the points slow each other down";
+  return pl;
+}
+
+size_t usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return static_cast<size_t>(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int run_sweep(sweep_spec& s, const sweep_options& o) {
+  if (o.parallel >= 0) s.parallel = o.parallel;
+  sweep_run run(s, o);
+  for (const auto& p : s.points) {
+    auto& r = run.results[p.index];
+    if (!o.fresh) r = recorded(p);
+    r.log = (fs::path(p.out_dir) / "log.txt").string();
+    if (r.status == "done" || (o.results_only && r.status != "pending")) read_run(p.out_dir, r);
+    if (r.status != "done") run.to_run.push_back(&p);
+  }
+  run.plan = plan_parallel(s.parallel, usable_cores(), run.to_run);
+  if (o.dry_run) {
+    print_plan(s, run);
+    for (const auto& p : s.points)
+      fmt::print("  {:>3}/{} {} [{}]\n", p.index + 1, s.points.size(), p.id,
+                 p.label(s.has_repeats).empty() ? "base config" : p.label(s.has_repeats));
+    if (!s.points.empty()) {
+      std::string cmd = o.exe + " run " + s.base;
+      for (const auto& ov : s.points.front().overrides) cmd += " --set '" + ov + "'";
+      fmt::print("point 1 runs: {}\n", cmd);
+    }
+    return 0;
+  }
+  std::error_code ec;
+  fs::create_directories(s.out_dir, ec);
+  if (ec) {
+    say("error: cannot make {}: {}", s.out_dir, ec.message());
+    return 1;
+  }
+  const int lock = lock_out_dir(s.out_dir);
+  if (lock < 0) return 4;
+  if (o.results_only) {
+    const auto fits = fit_scaling(s, run.results);
+    run.write_outputs(fits);
+    for (const auto& line : fit_lines(fits)) fmt::print("{}\n", line);
+    say("wrote {}/results.csv, results.jsonl and sweep.html ({} of {} points done)", s.out_dir, run.n_done(),
+        s.points.size());
+    close(lock);
+    return 0;
+  }
+  print_plan(s, run);
+  g_signals = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  int code = 0;
+  try {
+    run.write_outputs();
+    run.loop();
+  } catch (const std::exception& e) {
+    say("error: {}; stopping the running points", e.what());
+    for (const auto& r : run.active) kill(r.pid, SIGINT);
+    for (const auto& r : run.active) waitpid(r.pid, nullptr, 0);
+    code = 1;
+  }
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  const auto fits = fit_scaling(s, run.results);
+  run.write_outputs(fits);
+  const size_t done = run.n_done();
+  if (run.stopping) {
+    say("interrupted: {} of {} points done; run the same command again to resume (finished points are "
+        "skipped, "
+        "interrupted ones resume from their checkpoints)",
+        done, s.points.size());
+    close(lock);
+    return 130;
+  }
+  for (const auto& line : fit_lines(fits)) fmt::print("{}\n", line);
+  std::string failed;
+  size_t n_failed = 0;
+  for (size_t i = 0; i < s.points.size(); ++i)
+    if (run.results[i].status == "failed" && ++n_failed)
+      failed += fmt::format("{}  point {} {}: exit code {}, log {}", failed.empty() ? "" : "\n", i + 1,
+                            s.points[i].id, run.results[i].exit_code, run.results[i].log);
+  say("finished: {} of {} points done in {}; results: {}/results.csv (and .jsonl), page: {}/sweep.html", done,
+      s.points.size(), report::duration_text(seconds_since(run.t0)), s.out_dir, s.out_dir);
+  if (!failed.empty()) {
+    say("{} point(s) failed (they run again next time):\n{}", n_failed, failed);
+    code = 1;
+  }
+  close(lock);
+  return code;
+}
+
+}  // namespace longwave::cli::sweep

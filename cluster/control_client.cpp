@@ -1,0 +1,421 @@
+// A node's connection to the cluster's master (see control_client.hpp).
+#include "cluster/control_client.hpp"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "comm/control_common.hpp"
+#include "comm/zmq_monitor.hpp"
+
+namespace longwave::cluster {
+
+using namespace comm;
+using namespace comm::control;
+
+control_client::control_client(std::string coordinator_endpoint, uint64_t cluster_id)
+    : control_client(std::vector<std::string>{std::move(coordinator_endpoint)}, cluster_id) {}
+
+control_client::control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id,
+                               std::optional<curve_peer> curve)
+    : endpoint_(join_names(coordinator_endpoints)),
+      endpoints_(std::move(coordinator_endpoints)),
+      cluster_id_(cluster_id),
+      curve_peer_(std::move(curve)),
+      curve_(curve_peer_.has_value()) {
+  ctx_ = std::make_unique<zmq::context_t>(1);
+  // A routing id of its own, kept across reconnections: the coordinator tells this process from another one
+  // with the same node name, and knows it again after a dropped connection.
+  std::random_device rd;
+  routing_id_ = fmt::format("lw-node-{}-{:08x}", static_cast<long>(getpid()), rd());
+  open();
+}
+
+void control_client::open() {
+  sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::dealer);
+  sock_->set(zmq::sockopt::linger, 1000);
+  sock_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
+  sock_->set(zmq::sockopt::sndhwm, 16);
+  // Several addresses: only to a connection that is up, not queued for an address where no coordinator runs.
+  if (endpoints_.size() > 1) sock_->set(zmq::sockopt::immediate, true);
+  sock_->set(zmq::sockopt::routing_id, routing_id_);
+  if (curve_peer_) make_curve_client(*sock_, curve_peer_->own, curve_peer_->server_public);
+  // The monitor must be attached before connecting, or the first connection's events are missed.
+  // A new name each time: the endpoint of a monitor stopped in close() may still be bound for a while.
+  const std::string monitor_endpoint = fmt::format("inproc://longwave-control-monitor-{}", ++opened_);
+  if (zmq_socket_monitor(sock_->handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+    monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(monitor_endpoint);
+  }
+  for (const auto& ep : endpoints_) {
+    try {
+      sock_->connect(ep);
+    } catch (const zmq::error_t& e) {
+      throw lw_error(errc::invalid_config,
+                     fmt::format("cannot connect to the coordinator at {}: {}", ep, e.what()));
+    }
+  }
+}
+
+control_client::~control_client() {
+  close();
+}
+
+void control_client::close() {
+  // Stop the monitor first, so closing the DEALER does not wait on it.
+  if (monitor_) {
+    zmq_socket_monitor(sock_->handle(), nullptr, 0);
+    monitor_.reset();
+  }
+  sock_.reset();
+}
+
+void control_client::drain_monitor(std::vector<control_event>& out) {
+  if (!monitor_) return;
+  while (const auto e = next_monitor_event(*monitor_)) {
+    const auto id = e->id;
+    const bool failed = id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                        id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+    if (ever_connected_ && failed) {
+      if (auto refusal = refused_again(id, e->address)) out.push_back(std::move(*refusal));
+    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+      auth_refused_ = true;
+    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+      // A protocol error (another security mechanism, a key that does not decrypt): libzmq does not
+      // reconnect after it, so it is decisive at once.
+      handshake_failures_ = std::max(handshake_failures_, 3);
+    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+      ++handshake_failures_;  // the peer dropped the connection mid-handshake: maybe a restart, count
+    } else if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
+      handshake_failures_ = 0;
+      auth_refused_ = false;
+      connected_ = true;
+      if (ever_connected_)
+        out.push_back({control_event::kind::connection_back, errc::none, endpoint_, 0, {}});
+      ever_connected_ = true;
+    } else if (id == ZMQ_EVENT_DISCONNECTED && connected_) {
+      connected_ = false;
+      out.push_back({control_event::kind::connection_lost, errc::none, endpoint_, 0, {}});
+    }
+  }
+}
+
+std::optional<control_event> control_client::refused_again(int id, const std::string& address) {
+  // A coordinator this node was connected to now refuses it: restarted with another key directory (its ZAP
+  // handler refuses this key), with another cluster's keys (it cannot read this node's hello and drops it:
+  // three in a row answer), or without CURVE. libzmq retries only dropped hellos: after the others the socket
+  // is opened again a little later, so the node gets back once the coordinator is fixed.
+  if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && ++handshake_failures_ != 3) return std::nullopt;
+  if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) auth_refused_ = true;  // a join in progress stops, naming it
+  if (id != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) reopen_at_ = clock::now() + reopen_after;
+  connected_ = false;
+  std::string why;
+  if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+    why = fmt::format(
+        "the coordinator at {} now refuses this node's CURVE key (was it restarted with another key "
+        "directory, "
+        "or is the key revoked?)",
+        address);
+  else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    why = fmt::format(
+        "the handshake with the coordinator at {} failed: it runs without CURVE ([security] mode = \"none\")",
+        address);
+  else
+    why = fmt::format(
+        "the coordinator at {} drops this node's CURVE hellos: its key is not this node's "
+        "keys/cluster.public "
+        "(was it restarted with another cluster's keys?)",
+        address);
+  return control_event{control_event::kind::refused, errc::invalid_config, std::move(why), 0, {}};
+}
+
+void control_client::check_handshake() {
+  drain_monitor(pending_);
+  if (auth_refused_)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("the coordinator at {} refused this node's CURVE key (its public key is not "
+                               "among the coordinator's keys/nodes/*.public, or it is revoked)",
+                               endpoint_));
+  if (!ever_connected_ && handshake_failures_ >= 3)
+    throw lw_error(
+        errc::invalid_config,
+        curve_ ? fmt::format("the CURVE handshake with the coordinator at {} failed {} times: the "
+                             "coordinator's key is not this node's keys/cluster.public (keys of another "
+                             "cluster?), or it runs with [security] mode = \"none\"",
+                             endpoint_, handshake_failures_)
+               : fmt::format("the handshake with the coordinator at {} failed {} times: it runs with CURVE "
+                             "([security] mode = \"curve\") and this node with mode = \"none\"",
+                             endpoint_, handshake_failures_));
+}
+
+std::vector<control_event> control_client::poll() {
+  std::vector<control_event> out = std::move(pending_);
+  pending_.clear();
+  drain_monitor(out);
+  if (reopen_at_ && clock::now() >= *reopen_at_) {
+    reopen_at_.reset();
+    close();
+    open();
+  }
+  for (;;) {
+    std::vector<zmq::message_t> parts;
+    try {
+      if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) break;
+    } catch (const zmq::error_t&) {
+      break;  // EINTR and the like: the next poll tries again
+    }
+    if (parts.size() != 1) continue;
+    auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+    if (!parsed) continue;  // noise (the coordinator's frames are well-formed)
+    const auto& body = parsed.value().body;
+    if (auto* er = std::get_if<error_msg>(&body)) {
+      out.push_back({control_event::kind::notice, static_cast<errc>(er->code), er->message, 0, {}});
+    } else if (auto* f = std::get_if<fence_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::fence;
+      ev.epoch = f->epoch;
+      out.push_back(std::move(ev));
+    } else if (std::holds_alternative<leave_msg>(body)) {
+      control_event ev;
+      ev.what = control_event::kind::leave;
+      out.push_back(std::move(ev));
+    } else if (auto* p = std::get_if<pin_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::pin;
+      ev.round = p->round;
+      ev.release = p->release;
+      out.push_back(std::move(ev));
+    } else if (auto* st = std::get_if<stop_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::stop;
+      ev.round = st->round;
+      out.push_back(std::move(ev));
+    } else if (auto* w = std::get_if<welcome_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::welcome;
+      ev.epoch = w->epoch;
+      out.push_back(std::move(ev));
+    } else if (auto* mm = std::get_if<membership_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::membership;
+      ev.epoch = mm->epoch;
+      ev.membership = *mm;
+      out.push_back(std::move(ev));
+    }
+    // Anything else (a welcome repeated for a late hello) needs no action.
+  }
+  return out;
+}
+
+std::optional<frame_result<envelope>> control_client::receive(std::chrono::milliseconds wait) {
+  if (!readable(*sock_, wait)) return std::nullopt;
+  std::vector<zmq::message_t> parts;
+  if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) || parts.size() != 1)
+    return std::nullopt;
+  return parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+}
+
+void control_client::send(const envelope& e) {
+  auto msg = to_message(build_envelope(e));
+  (void)sock_->send(msg, zmq::send_flags::dontwait);
+}
+
+bool control_client::converse(const envelope& e, std::chrono::milliseconds timeout,
+                              const std::function<bool(const envelope&)>& done) {
+  send(e);
+  const auto deadline = clock::now() + timeout;
+  auto next_send = clock::now() + hello_every;
+  while (clock::now() < deadline) {
+    if (clock::now() >= next_send) {
+      send(e);  // idempotent at the coordinator; also tells it that this process is still there
+      next_send += hello_every;
+    }
+    check_handshake();
+    auto parsed = receive(std::chrono::milliseconds(100));
+    if (!parsed) continue;
+    if (!*parsed) {
+      if (parsed->error().reason == reject_reason::wrong_cluster)
+        throw lw_error(
+            errc::invalid_config,
+            fmt::format("the coordinator at {} serves a different cluster (its cluster.id differs from "
+                        "this node's): start every role from the same cluster file",
+                        endpoint_));
+      continue;  // noise; keep waiting
+    }
+    if (done(parsed->value())) return true;
+  }
+  return false;
+}
+
+std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hello,
+                                                            std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = hello;
+  std::optional<std::variant<welcome_msg, recover_msg>> answer;
+  const bool answered = converse(e, timeout, [&](const envelope& in) {
+    const auto& body = in.body;
+    if (auto* w = std::get_if<welcome_msg>(&body)) {
+      if (w->rank >= w->world_size || w->peers.size() != w->world_size)
+        throw lw_error(errc::malformed_frame,
+                       "the coordinator's welcome is inconsistent (rank or peer list)");
+      rank_ = w->rank;
+      answer = *w;
+    } else if (auto* r = std::get_if<recover_msg>(&body)) {
+      answer = *r;
+    } else if (auto* er = std::get_if<error_msg>(&body)) {
+      const auto code = static_cast<errc>(er->code);
+      throw lw_error(code == errc::peer_lost || code == errc::cancelled ? code : errc::invalid_config,
+                     fmt::format("the coordinator at {} turned this node away: {}", endpoint_, er->message));
+    }
+    return answer.has_value();
+  });
+  if (answered) return *answer;
+  throw lw_error(
+      errc::deadline_missed,
+      fmt::format("cannot reach the coordinator at {}: no answer within {} (is `longwave coordinator` "
+                  "running there, and is the address right?)",
+                  endpoint_, secs(timeout)));
+}
+
+std::variant<membership_msg, recover_msg> control_client::join_ready(const join_ready_msg& ready,
+                                                                     std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = ready;
+  std::optional<std::variant<membership_msg, recover_msg>> answer;
+  const bool answered = converse(e, timeout, [&](const envelope& in) {
+    const auto& body = in.body;
+    if (auto* m = std::get_if<membership_msg>(&body)) {
+      rank_ = m->rank;
+      answer = *m;
+    } else if (auto* r = std::get_if<recover_msg>(&body)) {
+      answer = *r;
+    } else if (auto* er = std::get_if<error_msg>(&body)) {
+      const auto code = static_cast<errc>(er->code);
+      if (code != errc::none)
+        throw lw_error(
+            code == errc::invalid_config || code == errc::cancelled ? code : errc::peer_lost,
+            fmt::format("the coordinator at {} did not admit this node: {}", endpoint_, er->message));
+    }
+    return answer.has_value();
+  });
+  if (answered) return *answer;
+  throw lw_error(errc::deadline_missed, fmt::format("the coordinator at {} did not admit this node within {}",
+                                                    endpoint_, secs(timeout)));
+}
+
+void control_client::heartbeat(uint64_t round, uint64_t epoch) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = heartbeat_msg{round,
+                         static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   std::chrono::system_clock::now().time_since_epoch())
+                                                   .count()),
+                         epoch};
+  send(e);
+}
+
+std::pair<errc, std::string> control_client::request_leave(const std::string& name,
+                                                           std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = leave_msg{name};
+  send(e);
+  const auto deadline = clock::now() + timeout;
+  while (clock::now() < deadline) {
+    check_handshake();
+    auto parsed = receive(std::chrono::milliseconds(100));
+    if (!parsed) continue;
+    if (!*parsed) {
+      if (parsed->error().reason == reject_reason::wrong_cluster)
+        return {errc::invalid_config, "the coordinator at " + endpoint_ + " serves a different cluster"};
+      continue;
+    }
+    if (auto* er = std::get_if<error_msg>(&parsed->value().body))
+      return {static_cast<errc>(er->code), er->message};
+  }
+  throw lw_error(errc::deadline_missed, fmt::format("cannot reach the coordinator at {}: no answer within {}",
+                                                    endpoint_, secs(timeout)));
+}
+
+std::pair<errc, std::string> control_client::request_stop(std::chrono::milliseconds timeout) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = stop_msg{0};
+  std::optional<std::pair<errc, std::string>> answer;
+  const bool answered = converse(e, timeout, [&](const envelope& in) {
+    if (auto* er = std::get_if<error_msg>(&in.body)) answer = {static_cast<errc>(er->code), er->message};
+    return answer.has_value();
+  });
+  if (answered) return *answer;
+  throw lw_error(errc::deadline_missed, fmt::format("cannot reach the coordinator at {}: no answer within {}",
+                                                    endpoint_, secs(timeout)));
+}
+
+void control_client::pin_ack(uint64_t round) {
+  send_body(pin_msg{round, false});
+}
+
+void control_client::stop_ack(uint64_t round) {
+  send_body(stop_msg{round});
+}
+
+void control_client::committed(uint64_t round, uint32_t theta_crc) {
+  send_body(committed_msg{round, theta_crc});
+}
+
+void control_client::send_body(decltype(envelope::body) body) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = std::move(body);
+  send(e);
+}
+
+void control_client::reannounce(const hello_msg& hello) {
+  send_body(hello);
+}
+
+void control_client::fence_ack(const fence_ack_msg& ack) {
+  send_body(ack);
+}
+
+void control_client::ring_failed(const ring_failed_msg& failure) {
+  ring_failed_msg f = failure;
+  f.suspect = f.suspect.substr(0, max_name_bytes);
+  f.reason = f.reason.substr(0, max_message_bytes);
+  send_body(std::move(f));
+}
+
+void control_client::bye(const std::string& reason) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = bye_msg{reason.substr(0, max_message_bytes)};
+  send(e);
+}
+
+void control_client::error(errc code, const std::string& message) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = rank_;
+  e.body = error_msg{static_cast<uint16_t>(code), message.substr(0, max_message_bytes)};
+  send(e);
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,156 @@
+#pragma once
+// A node's side of the control plane: its connection to the cluster's master (cluster/master.hpp): hello ->
+// welcome, heartbeats, fence answers, bye or error. One Envelope frame per message (comm/wire.capnp); every
+// frame is validated by parse_envelope before use.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "comm/curve.hpp"
+#include "comm/frame.hpp"
+#include "runtime/errors/errors.hpp"
+
+namespace zmq {
+class context_t;
+class socket_t;
+}  // namespace zmq
+
+namespace longwave::cluster {
+
+/// Something a node's control connection brought since the last control_client::poll.
+struct control_event {
+  enum class kind {
+    notice,           ///< an error envelope from the coordinator: code and text (errc::none: information)
+    fence,            ///< membership is changing to `epoch`
+    membership,       ///< the members of a new epoch (`membership`)
+    welcome,          ///< a (restarted) coordinator took this running node on in `epoch`
+    leave,            ///< this node is asked to leave at its next round boundary
+    stop,             ///< the cluster stops: round 0 asks where this node can stop, else stop after `round`
+    pin,              ///< hold for a joiner: round 0 asks where this node can hold, else hold after `round`;
+                      ///< `release`: go on
+    connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
+    connection_back,  ///< connected again after a drop; text: its endpoint
+    refused,          ///< the coordinator this node was connected to refuses its handshake now; text: why
+  };
+  kind what = kind::notice;
+  errc code = errc::none;
+  std::string text;
+  uint64_t epoch = 0;
+  comm::membership_msg membership;
+  uint64_t round = 0;    ///< kind::stop, kind::pin
+  bool release = false;  ///< kind::pin
+};
+
+/// A node's connection to the coordinator. Not thread-safe: one thread (the node's main thread) uses it.
+class control_client {
+ public:
+  /// Connects (lazily; ZeroMQ retries) to the coordinator's endpoint.
+  control_client(std::string coordinator_endpoint, uint64_t cluster_id);
+  /// Connects to every address a coordinator may run at; messages go to the one that is connected (a
+  /// message sent while none is, is dropped: hellos and heartbeats are repeated anyway). With `curve`, the
+  /// connection is CURVE with this node's keys, pinned to the coordinator's public key.
+  control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id,
+                 std::optional<comm::curve_peer> curve = std::nullopt);
+  ~control_client();
+  control_client(const control_client&) = delete;
+  control_client& operator=(const control_client&) = delete;
+
+  /// Sends hello (again every 2 s, which tells the coordinator this process is still there) and waits for
+  /// the answer. Throws lw_error with errc::deadline_missed ("cannot reach the
+  /// coordinator at ... within N s"), errc::invalid_config (turned away: other cluster id, protocol version,
+  /// unknown node name, a name another process has joined with; the message says which) or errc::peer_lost
+  /// (the cluster was called off, e.g. other nodes missing at the join deadline).
+  /// A cluster already training answers with recover_msg instead (the members to fetch the state from): the
+  /// node then fetches it and calls join_ready.
+  std::variant<comm::welcome_msg, comm::recover_msg> join(const comm::hello_msg& hello,
+                                                          std::chrono::milliseconds timeout);
+  /// A joiner holds the state after `ready.key`: waits (re-sending every 2 s) for its membership (admitted;
+  /// this node's rank in it) or a new recover_msg (the state it fetched is stale: fetch again). Throws
+  /// lw_error with the coordinator's reason when it is turned away, errc::deadline_missed on no answer.
+  std::variant<comm::membership_msg, comm::recover_msg> join_ready(const comm::join_ready_msg& ready,
+                                                                   std::chrono::milliseconds timeout);
+
+  /// Tells the coordinator this node is alive, in `round` and `epoch`. Never blocks.
+  void heartbeat(uint64_t round, uint64_t epoch = 0);
+  /// The answer to a fence (once the node's ring is idle). Never blocks.
+  void fence_ack(const comm::fence_ack_msg& ack);
+  /// A training node re-announces itself (hello with running set) after its connection to the coordinator
+  /// came back, e.g. to a restarted coordinator. Never blocks.
+  void reannounce(const comm::hello_msg& hello);
+  /// Asks the coordinator to make node `name` leave at its next round boundary (`longwave node --leave`);
+  /// returns the coordinator's answer: errc::none and what will happen, or the reason it cannot (e.g. the
+  /// node is not training). Throws lw_error(errc::deadline_missed) when no answer comes within timeout.
+  std::pair<errc, std::string> request_leave(const std::string& name, std::chrono::milliseconds timeout);
+  /// Asks the coordinator to stop the whole cluster (`longwave stop`): every member finishes its current
+  /// round, saves its checkpoint and exits. Returns the coordinator's answer (errc::none and what happens,
+  /// or why it cannot); re-sent every 2 s until answered. Throws lw_error(errc::deadline_missed) when no
+  /// answer comes within timeout, lw_error(invalid_config) when the handshake is refused.
+  std::pair<errc, std::string> request_stop(std::chrono::milliseconds timeout);
+  /// The answer to a pin query: this node holds after completing `round`. Never blocks.
+  void pin_ack(uint64_t round);
+  /// The answer to a stop query: this node holds after completing `round`. Never blocks.
+  void stop_ack(uint64_t round);
+  /// theta_global after `round` has CRC-32C theta_crc (the coordinator compares the members'). Never blocks.
+  void committed(uint64_t round, uint32_t theta_crc);
+  /// A ring call failed without a fence. Never blocks.
+  void ring_failed(const comm::ring_failed_msg& failure);
+  /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.
+  void bye(const std::string& reason);
+  /// This node failed. Waits up to 1 s for delivery.
+  void error(errc code, const std::string& message);
+
+  /// What the coordinator sent since the last call (its verdicts, e.g. "node c lost") and drops of the
+  /// connection and reconnections (a socket monitor). After a refused handshake (kind::refused) the socket
+  /// is opened again 5 s later, since libzmq does not reconnect after one. Never blocks.
+  std::vector<control_event> poll();
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void send(const comm::envelope& e);
+  /// Sends e now and again every 2 s, and passes each control frame that arrives to `done` until it returns
+  /// true (then true) or timeout passes (false). A frame of another cluster throws lw_error(invalid_config);
+  /// other malformed frames are dropped.
+  bool converse(const comm::envelope& e, std::chrono::milliseconds timeout,
+                const std::function<bool(const comm::envelope&)>& done);
+  /// One control frame from the coordinator, parsed, if one arrives within wait (nullopt: none, or a message
+  /// of more than one frame).
+  std::optional<comm::frame_result<comm::envelope>> receive(std::chrono::milliseconds wait);
+  /// Sends body as this node (cluster id and rank filled in).
+  void send_body(decltype(comm::envelope::body) body);
+  /// Opens the DEALER (and its monitor) and connects it to every endpoint; close() undoes it.
+  void open();
+  void close();
+  void drain_monitor(std::vector<control_event>& out);
+  /// A handshake of a node that was connected failed (monitor event `id`): the refusal event to report, once
+  /// it is decisive.
+  std::optional<control_event> refused_again(int id, const std::string& address);
+  /// Throws lw_error(invalid_config) naming the cause when the coordinator refused this node's key, or when
+  /// handshakes keep failing before this node ever connected (keys of another cluster, CURVE on one side).
+  void check_handshake();
+
+  static constexpr std::chrono::seconds reopen_after{5};
+  std::string endpoint_;
+  std::vector<std::string> endpoints_;
+  uint64_t cluster_id_;
+  std::optional<comm::curve_peer> curve_peer_;
+  std::string routing_id_;
+  std::optional<std::chrono::steady_clock::time_point> reopen_at_;  // open the socket again then
+  unsigned opened_ = 0;                                             // times open() ran
+  uint32_t rank_ = 0xffffffffu;
+  std::unique_ptr<zmq::context_t> ctx_;
+  std::unique_ptr<zmq::socket_t> sock_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // events of sock_: handshakes and disconnects
+  bool connected_ = false, ever_connected_ = false;
+  bool curve_ = false;
+  bool auth_refused_ = false;           // the coordinator's ZAP handler refused this node's key
+  int handshake_failures_ = 0;          // since the last successful handshake
+  std::vector<control_event> pending_;  // drained by check_handshake, returned by the next poll
+};
+
+}  // namespace longwave::cluster

@@ -1,0 +1,262 @@
+// Joining a cluster (see joiner.hpp): the hello, the first answer, a place in the ring, the joiner.
+#include "cluster/joiner.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "cluster/cluster_file.hpp"
+#include "cluster/node_watch.hpp"
+#include "cluster/state_publisher.hpp"
+#include "config/config_loader.hpp"
+
+namespace longwave::cluster {
+
+/// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
+comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
+                         const std::string& state_endpoint) {
+  const auto& me = spec.nodes[index];
+  comm::hello_msg hello;
+  hello.protocol_version = comm::protocol_version();
+  hello.cluster_id = spec.cluster_id;
+  hello.node_name = me.name;
+  hello.n_workers = static_cast<uint32_t>(me.workers);
+  hello.data_endpoint = me.endpoint;
+  hello.resume_round = resume_round;
+  hello.config_hash = cluster_fingerprint(spec, config::node_config(spec, index));
+  hello.state_endpoint = state_endpoint;
+  return hello;
+}
+
+void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
+                   const std::vector<comm::peer_entry>& peers, const char* what) {
+  role.rank = static_cast<int>(rank);
+  role.epoch = epoch;
+  role.endpoints.clear();
+  role.names.clear();
+  role.public_keys.clear();
+  for (const auto& p : peers) {
+    if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
+      throw lw_error(errc::malformed_frame, fmt::format("the coordinator's {} lists endpoint '{}' for {}: {}",
+                                                        what, p.endpoint, p.name, problem));
+    role.endpoints.push_back(p.endpoint);
+    role.names.push_back(p.name);
+    if (role.admitted) {
+      if (p.public_key.empty())
+        throw lw_error(errc::invalid_config,
+                       fmt::format("the coordinator's {} gives no CURVE key for {}: it runs with [security] "
+                                   "mode = \"none\" and this node with CURVE",
+                                   what, p.name));
+      role.public_keys.push_back(p.public_key);
+    }
+  }
+  // The ring holds the members in file order; this node's data stays that of its file position.
+  if (rank >= role.names.size() || role.names[rank] != me.name || role.endpoints[rank] != me.endpoint)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("the coordinator placed this node at rank {} with another name or endpoint: "
+                               "its cluster file differs from this one",
+                               rank));
+}
+
+uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index, uint64_t resume_round,
+              const std::string& state_endpoint, actors::cluster_role& role,
+              std::optional<comm::recover_msg>& recover) {
+  const auto& me = spec.nodes[index];
+  const auto hello = hello_of(spec, index, resume_round, state_endpoint);
+  // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
+  // says so instead of timing out here.
+  const double wait_s = spec.join_timeout_s + 5;
+  spdlog::info("node {}: joining cluster '{}' at {} (waiting up to {:g} s)", me.name, spec.id,
+               spec.coordinator, wait_s);
+  const auto answer = control.join(hello, to_ms(wait_s));
+  if (const auto* r = std::get_if<comm::recover_msg>(&answer)) {
+    recover = *r;
+    return 0;
+  }
+  const auto& welcome = std::get<comm::welcome_msg>(answer);
+  admit_keys(role.admitted, welcome.keys);
+  place_in_ring(role, me, welcome.rank, welcome.epoch, welcome.peers, "welcome");
+  spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
+               welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
+  return welcome.start_round;
+}
+
+actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, uint64_t own_round) {
+  constexpr int max_attempts = 5;
+  for (int attempt = 1;; ++attempt) {
+    actors::joined_state got;
+    if (own_round > 0 && own_round == recover_.round && attempt == 1) {
+      got.round = own_round;
+      spdlog::info(
+          "node {}: the members are at round {}, as is this node's own newest checkpoint: starting "
+          "from it instead of fetching the state",
+          me_.name, own_round);
+    } else {
+      got = fetch(shape);
+    }
+    slow_link_fault();
+    const auto answer = control_.join_ready({comm::reduce_key{got.round, 0}, got.round},
+                                            to_ms(std::max(60.0, spec_.join_timeout_s)));
+    if (const auto* m = std::get_if<comm::membership_msg>(&answer)) {
+      admit_keys(role_.admitted, m->keys);
+      place_in_ring(role_, me_, m->rank, m->epoch, m->peers, "membership");
+      role_.ring.names = role_.names;
+      role_.committed = m->commit;
+      role_.observe_round = got.round + 1;
+      actors::recovery_info info;
+      info.round = got.round;
+      info.epoch = m->epoch;
+      info.rank = m->rank;
+      info.members = fmt::format("{}", fmt::join(role_.names, ","));
+      info.source = got.fetched ? last_source_ : "own checkpoint";
+      info.bytes = got.fetched ? last_fetch_bytes_ : 0;
+      info.seconds = got.fetched ? last_fetch_seconds_ : 0;
+      role_.recovery = info;
+      spdlog::info(
+          "node {}: admitted in epoch {} as rank {} of {} with the state of round {}; round {} it "
+          "only observes (no inner steps, weight 0), then it trains",
+          me_.name, m->epoch, m->rank, m->peers.size(), got.round, got.round + 1);
+      return got;
+    }
+    recover_ = std::get<comm::recover_msg>(answer);
+    if (attempt >= max_attempts)
+      throw lw_error(errc::peer_lost,
+                     fmt::format("the members moved on {} times while this node fetched their state ({}); "
+                                 "its link may be too slow for the round time",
+                                 attempt, recover_.note));
+    spdlog::warn("node {}: {} (attempt {} of {})", me_.name, recover_.note, attempt + 1, max_attempts);
+  }
+}
+
+void joiner::slow_link_fault() {
+  const char* v = std::getenv("LONGWAVE_FAULT_SLOW_JOIN_MS");
+  const long ms = v ? std::strtol(v, nullptr, 10) : 0;
+  if (ms <= 0) return;
+  spdlog::warn("node {}: LONGWAVE_FAULT_SLOW_JOIN_MS: waiting {} ms before saying it is ready", me_.name, ms);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < until) {
+    control_.heartbeat(0, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+actors::joined_state joiner::fetch(const runtime::snapshot_shape& shape) {
+  sources src;
+  for (const auto& p : recover_.sources) {
+    src.endpoints.push_back(p.endpoint);
+    src.names.push_back(p.name);
+    src.keys.push_back(p.public_key);
+  }
+  if (src.endpoints.empty())
+    throw lw_error(errc::peer_lost, "the coordinator named no member that serves the training state");
+  // Sent back because the members moved on: the state of the round they hold, once they serve it.
+  const uint64_t min_round = recover_.note.empty() ? 0 : recover_.round;
+  spdlog::info("node {}: fetching the training state{} from {} member(s) ({})", me_.name,
+               min_round > 0 ? fmt::format(" of round {} or later", min_round) : "", src.endpoints.size(),
+               fmt::join(src.names, ", "));
+  last_beat_ = std::chrono::steady_clock::now();
+  comm::fetch_options o;
+  if (role_.ring.curve) {
+    o.curve = role_.ring.curve->own;
+    o.peer_keys = src.keys;
+  }
+  o.progress = [&](uint64_t done, uint64_t total) {
+    spdlog::info("node {}: fetched {:.1f} of {:.1f} MB", me_.name, static_cast<double>(done) / 1e6,
+                 static_cast<double>(total) / 1e6);
+    beat();
+  };
+  o.fragment = shared_part;
+  o.min_round = min_round;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline =
+      t0 + std::chrono::seconds(static_cast<int64_t>(std::max(120.0, spec_.join_timeout_s)));
+  auto next_note = t0;
+  fetched_parts got;
+  for (;;) {
+    const auto failure = fetch_once(src, o, got);
+    if (failure.empty()) break;
+    // Not served yet (a member serves a round once its outer step is done), or the members moved on during
+    // the download (a server keeps its newest round only): fetch the newest again.
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) throw lw_error(errc::peer_lost, "no state to fetch from the members: " + failure);
+    if (now >= next_note) {
+      spdlog::info("node {}: no state fetched yet ({}); trying again", me_.name, failure);
+      next_note = now + std::chrono::seconds(10);
+    }
+    beat();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return assemble(got, shape, src,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+std::string joiner::fetch_once(const sources& src, comm::fetch_options& o, fetched_parts& got) {
+  got = {};
+  std::string failure;
+  try {
+    got.shared = comm::fetch_state(src.endpoints, spec_.cluster_id, o);
+    // This node's workers start from one member's worker state (its Adam moments and counters).
+    auto own_opts = o;
+    own_opts.want = comm::reduce_key{got.shared->key.round, own_part};
+    for (size_t i = 0; i < src.endpoints.size() && !got.own; ++i) {
+      try {
+        if (o.curve) own_opts.peer_keys = {src.keys[i]};
+        got.own = comm::fetch_state({src.endpoints[i]}, spec_.cluster_id, own_opts);
+        got.donor = src.names[i];
+      } catch (const lw_error& e) {
+        if (e.code() == errc::cancelled) throw;
+        failure += fmt::format("; {}: {}", src.names[i], e.what());
+      }
+    }
+    if (got.own) return "";
+    return fmt::format("no member served its worker state of round {}{}", got.shared->key.round, failure);
+  } catch (const lw_error& e) {
+    if (e.code() != errc::peer_lost) throw;
+    return e.what();
+  }
+}
+
+void joiner::beat() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_beat_ < std::chrono::seconds(1)) return;
+  last_beat_ = now;
+  control_.heartbeat(0, 0);
+  for (const auto& ev : control_.poll())
+    if (ev.what == control_event::kind::notice && ev.code == errc::cancelled)
+      throw lw_error(errc::cancelled, ev.text);  // the cluster stops (longwave stop)
+}
+
+actors::joined_state joiner::assemble(fetched_parts& got, const runtime::snapshot_shape& shape,
+                                      const sources& src, double secs) {
+  auto whole = runtime::checkpoint_from_bytes(got.shared->bytes);
+  auto part = runtime::checkpoint_from_bytes(got.own->bytes);
+  whole.meta = std::move(part.meta);
+  for (auto& b : part.blobs) whole.blobs.push_back(std::move(b));
+  auto shape1 = shape;
+  shape1.n_replicas = 1;  // a served state carries one replica; joined_start copies it for each worker
+  actors::joined_state out;
+  out.fetched = runtime::from_checkpoint(std::move(whole), shape1);
+  out.round = out.fetched->round;
+  const auto bytes = got.shared->bytes.size() + got.own->bytes.size();
+  std::string per_peer;
+  for (size_t i = 0; i < got.shared->bytes_per_peer.size() && i < src.names.size(); ++i)
+    per_peer += fmt::format("{}{} {:.1f} MB", per_peer.empty() ? "" : ", ", src.names[i],
+                            static_cast<double>(got.shared->bytes_per_peer[i]) / 1e6);
+  spdlog::info(
+      "node {}: fetched the state of round {}: {:.1f} MB in {:.2f} s ({:.1f} MB/s; shared part {}; worker "
+      "state "
+      "from {})",
+      me_.name, out.round, static_cast<double>(bytes) / 1e6, secs,
+      static_cast<double>(bytes) / 1e6 / std::max(secs, 1e-9), per_peer, got.donor);
+  for (const auto& d : got.shared->dropped) spdlog::warn("node {}: state source dropped: {}", me_.name, d);
+  last_fetch_bytes_ = bytes;
+  last_fetch_seconds_ = secs;
+  last_source_ = fmt::format("{}", fmt::join(src.names, ", "));
+  return out;
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,373 @@
+// The master's state machine (see master_state.hpp): the start of training, the takeover of a running
+// cluster, watching the members, and the end of the run.
+#include "cluster/master_state.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace longwave::cluster {
+
+using namespace comm::control;
+
+const char* to_string(member_phase p) {
+  switch (p) {
+    case member_phase::absent: return "absent";
+    case member_phase::waiting: return "waiting";
+    case member_phase::announced: return "announced";
+    case member_phase::member: return "member";
+    case member_phase::joining: return "joining";
+    case member_phase::ready: return "ready";
+    case member_phase::finished: return "finished";
+    case member_phase::removed: return "removed";
+  }
+  return "?";
+}
+
+const char* to_string(removal r) {
+  switch (r) {
+    case removal::none: return "";
+    case removal::absent: return "absent";
+    case removal::lost: return "lost";
+    case removal::left: return "left";
+    case removal::failed: return "failed";
+  }
+  return "?";
+}
+
+master_state::master_state(master_settings s, clock::time_point start)
+    : s_(std::move(s)), start_(start), now_(start), specs_(s_.members), members_(s_.members.size()) {
+  if (specs_.empty()) throw lw_error(errc::invalid_config, "coordinator: the cluster has no nodes");
+  for (auto& sp : specs_) {
+    sp.worker_offset = listed_workers_;
+    listed_workers_ += sp.workers;
+  }
+}
+
+std::vector<action> master_state::take_actions() {
+  std::vector<action> out;
+  out.swap(actions_);
+  return out;
+}
+
+void master_state::tick(clock::time_point now) {
+  now_ = now;
+  if (exit_code_) return;
+  if (!welcomed_)
+    tick_before_start();
+  else
+    tick_training();
+}
+
+void master_state::interrupt() {
+  if (!exit_code_) call_off("the coordinator was stopped", 130);
+}
+
+/// Joining, or taking over nodes that are already training (this master was restarted); then the welcome.
+void master_state::tick_before_start() {
+  if (stop_) return stop_before_start();
+  if (takeover_since_) {
+    if (all_announced() || now_ - *takeover_since_ > s_.heartbeat_timeout) take_over();
+    return;
+  }
+  if (all_joined()) return welcome_all();
+  if (now_ - start_ > s_.join_timeout) call_off_at_join_deadline();
+}
+
+/// The join deadline passed: training begins with the nodes that joined if they make min_nodes, else the
+/// run is called off naming the missing ones.
+void master_state::call_off_at_join_deadline() {
+  std::vector<std::string> missing, joined;
+  for (size_t i = 0; i < members_.size(); ++i)
+    (members_[i].identity ? joined : missing).push_back(specs_[i].name);
+  if (!joined.empty() && joined.size() >= s_.min_nodes && s_.min_nodes < members_.size()) {
+    info(
+        fmt::format("coordinator: join deadline of {} passed with {} of {} nodes ({}); [cluster] min_nodes = "
+                    "{}: starting "
+                    "without {}",
+                    secs(s_.join_timeout), joined.size(), members_.size(), join_names(joined), s_.min_nodes,
+                    join_names(missing)));
+    return welcome_all();
+  }
+  std::string why =
+      fmt::format("join deadline of {} passed: missing node(s) {}{}", secs(s_.join_timeout),
+                  join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
+  if (!running_elsewhere_.empty())
+    why += fmt::format(
+        "; node(s) {} are training under an earlier coordinator but did not re-announce themselves (a "
+        "Longwave without takeover?): stop them and restart the whole cluster to resume from its checkpoints",
+        join_names({running_elsewhere_.begin(), running_elsewhere_.end()}));
+  warn("coordinator: " + why);
+  call_off(why, 1);
+}
+
+/// Every listed node, or (past the join deadline) at least min_nodes of them, begins training.
+void master_state::welcome_all() {
+  for (auto& m : members_) {
+    if (m.phase == member_phase::waiting) {
+      m.phase = member_phase::member;
+    } else if (m.phase == member_phase::absent) {
+      m.phase = member_phase::removed;
+      m.removed = removal::absent;
+    }
+  }
+  welcomed_ = true;
+  const auto members = training_members();
+  for (size_t r = 0; r < members.size(); ++r) send_welcome(members, r);
+  info(fmt::format("coordinator: {} nodes joined; ring {}; {}",
+                   members.size() == members_.size()
+                       ? fmt::format("all {}", members.size())
+                       : fmt::format("{} of {}", members.size(), members_.size()),
+                   ring_text(members),
+                   start_round() == 0 ? std::string("starting at round 1")
+                                      : fmt::format("resuming after round {}", start_round())));
+  actions_.push_back(epoch_began{epoch_, members.size(), "start"});
+}
+
+/// Adopts the nodes that re-announced themselves: their epoch as it stands when they all report the same
+/// one with all its members, else a fence into the next epoch among them. Those that did not re-announce
+/// within heartbeat_timeout of the first are taken as gone.
+void master_state::take_over() {
+  welcomed_ = true;
+  uint64_t top = 0;
+  bool same = true;
+  std::vector<size_t> present;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    auto& m = members_[i];
+    if (m.phase != member_phase::announced) {
+      m.phase = member_phase::removed;
+      m.removed = removal::lost;
+      continue;
+    }
+    present.push_back(i);
+    m.phase = member_phase::member;
+    m.heard = true;
+    m.round = m.announce->committed.round;
+    same = same && (top == 0 || m.announce->epoch == top);
+    top = std::max(top, m.announce->epoch);
+  }
+  same = same && present.size() == members_[present.front()].announce->world_size;
+  epoch_ = top;
+  info(fmt::format("coordinator: took over the running cluster: {} in epoch {} (last applied round {})",
+                   names_of(present), top, members_[present.front()].announce->committed.round));
+  if (same) {
+    // Nothing changed while there was no master: the nodes carry on in their epoch.
+    comm::welcome_msg w;
+    w.world_size = static_cast<uint32_t>(present.size());
+    w.epoch = epoch_;
+    for (auto i : present) send_to(i, w);
+    actions_.push_back(epoch_began{epoch_, present.size(), "start"});
+    return;
+  }
+  start_fence("takeover", "a restarted coordinator found the nodes in different epochs or some missing");
+}
+
+/// Training: watch the members and change the membership when one goes, until none is left training.
+void master_state::tick_training() {
+  if (!any_training()) return outcome();
+  watch();
+  if (stop_) watch_stop();
+  watch_pin();
+  if (quorum_deadline_ && now_ > *quorum_deadline_) return call_off(quorum_text(), 1);
+}
+
+/// Silent members leave the membership; a fence completes or times out; a ring reset waits for its
+/// suspects to be heard from (alive) or to be removed.
+void master_state::watch() {
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (training(i)) watch_silence(i);
+  const auto join_limit = std::max(s_.heartbeat_timeout, s_.join_timeout);
+  for (size_t i = 0; i < members_.size(); ++i) {
+    auto& m = members_[i];
+    // A joiner fetching the state sends a heartbeat at least every few seconds.
+    const bool joiner = m.phase == member_phase::joining || m.phase == member_phase::ready;
+    if (joiner && now_ - m.last_seen > join_limit) {
+      m.phase = member_phase::removed;
+      m.ready.reset();
+      warn(fmt::format("coordinator: node {} stopped joining: nothing heard for {}", specs_[i].name,
+                       secs(join_limit)));
+    }
+  }
+  if (fence_) return watch_fence();
+  if (!reset_wanted_) return;
+  for (auto i : training_members())
+    if (members_[i].suspected) return;
+  start_fence("ring_reset", "a ring failed");
+}
+
+/// Removes member i once silent past its limit (shorter once a neighbour's ring lost it).
+void master_state::watch_silence(size_t i) {
+  auto& m = members_[i];
+  const auto silence = since(m.last_seen);
+  // Before its first heartbeat a member is still loading its data and model.
+  const auto limit = m.heard ? s_.heartbeat_timeout : std::max(s_.heartbeat_timeout, s_.join_timeout);
+  if (m.suspected && m.last_seen > m.suspected_at) m.suspected = false;
+  if (m.suspected && silence > s_.suspect_silence)
+    remove(i, removal::lost,
+           fmt::format("node {} lost: its neighbour's ring dropped it and nothing heard for {} (its last "
+                       "all-reduce: round {})",
+                       specs_[i].name, secs(s_.suspect_silence), m.round));
+  else if (silence > limit)
+    remove(i, removal::lost,
+           fmt::format("node {} lost: nothing heard for {} (its last all-reduce: round {})", specs_[i].name,
+                       secs(limit), m.round));
+}
+
+/// A fence in progress: members that do not answer in time are removed; it concludes once every member
+/// answered, unless the quorum is short.
+void master_state::watch_fence() {
+  for (size_t i = 0; i < members_.size() && fence_; ++i) {
+    // A node still starting (no heartbeat yet) answers once its main loop runs.
+    const auto limit = members_[i].heard ? s_.fence_timeout : std::max(s_.fence_timeout, s_.join_timeout);
+    if (training(i) && !members_[i].acked && now_ - fence_->started > limit)
+      remove(i, removal::lost,
+             fmt::format("node {} lost: no answer to the fence of epoch {} within {}", specs_[i].name,
+                         fence_->epoch, secs(limit)));
+  }
+  // Below the quorum: until a joiner is ready (or quorum_timeout passes).
+  if (!fence_ || (quorum_deadline_ && !any_ready())) return;
+  for (auto i : training_members())
+    if (!members_[i].acked) return;
+  conclude_fence();
+}
+
+/// A stop in progress: once every member said where it holds, the round after which all stop is the
+/// largest of those (no member has passed it). The query, then the round, is re-sent every 2 s to the
+/// members that still need it (a dropped connection loses messages; both are idempotent at the node).
+void master_state::watch_stop() {
+  const auto members = training_members();
+  if (!stop_->round) {
+    std::optional<uint64_t> top;
+    bool all = true;
+    for (auto i : members) {
+      if (!members_[i].stop_hold) all = false;
+      top = std::max(top.value_or(0), members_[i].stop_hold.value_or(0));
+    }
+    if (all && top) {
+      stop_->round = *top;
+      stop_->sent = {};
+      info(fmt::format("coordinator: every node stops after round {} ({})", *top, names_of(members)));
+    }
+  }
+  if (now_ - stop_->sent < hello_every) return;
+  stop_->sent = now_;
+  for (auto i : members)
+    if (stop_->round || !members_[i].stop_hold) send_to(i, comm::stop_msg{stop_->round.value_or(0)});
+}
+
+/// Joiners whose fetch was overtaken: once every member said where it can hold, all hold after the largest of
+/// those rounds (R), and the joiners are told to fetch R's state; the query, then R, is re-sent every 2 s.
+/// Once no joiner waits for it (admitted, gave up, or silent), the members go on.
+void master_state::watch_pin() {
+  if (!pin_) return;
+  const bool waiting = std::any_of(members_.begin(), members_.end(), [](const member& m) {
+    return m.pinned && (m.phase == member_phase::joining || m.phase == member_phase::ready);
+  });
+  if (!waiting) return release_pin();
+  const auto members = training_members();
+  const bool all_answered =
+      std::all_of(members.begin(), members.end(), [&](size_t i) { return members_[i].pin_hold; });
+  if (!pin_->round && all_answered) {
+    uint64_t top = 0;
+    for (auto i : members) top = std::max(top, *members_[i].pin_hold);
+    pin_->round = top;
+    pin_->sent = {};
+    std::vector<size_t> joiners;
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (members_[i].pinned && members_[i].phase == member_phase::joining) joiners.push_back(i);
+    info(fmt::format("coordinator: the members ({}) hold after round {} while {} fetch its state",
+                     names_of(members), top, names_of(joiners)));
+    for (auto i : joiners)
+      send_recover(
+          i, fmt::format("fetch the state of round {}: the members hold after it for this node", top), top);
+  }
+  if (now_ - pin_->sent < hello_every) return;
+  pin_->sent = now_;
+  for (auto i : members)
+    if (pin_->round || !members_[i].pin_hold) send_to(i, comm::pin_msg{pin_->round.value_or(0), false});
+}
+
+/// No joiner waits for the pin any more: the members go on.
+void master_state::release_pin() {
+  for (auto i : training_members()) send_to(i, comm::pin_msg{0, true});
+  for (auto& m : members_) m.pin_hold.reset();
+  if (pin_->round) info(fmt::format("coordinator: the members go on after round {}", *pin_->round));
+  pin_.reset();
+}
+
+/// No member is left training: 0 when one finished the run, else 1; names the members that left on the way.
+void master_state::outcome() {
+  std::vector<size_t> finished, gone;
+  for (size_t i = 0; i < members_.size(); ++i)
+    (members_[i].phase == member_phase::finished ? finished : gone).push_back(i);
+  if (finished.empty()) {
+    info("coordinator: no node finished the run (failed, lost or left: " + names_of(gone) + ")");
+    exit_code_ = 1;
+    return;
+  }
+  const bool all_stopped =
+      std::all_of(finished.begin(), finished.end(), [&](size_t i) { return members_[i].stopped; });
+  if (gone.empty() && stop_ && stop_->round && all_stopped) {
+    info(fmt::format(
+        "coordinator: every node stopped after round {} (longwave stop); the same commands resume the run",
+        *stop_->round));
+  } else if (gone.empty()) {
+    info("coordinator: every node finished");
+  } else {
+    std::string detail;
+    for (auto i : gone)
+      detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", specs_[i].name,
+                            to_string(members_[i].removed));
+    info(fmt::format("coordinator: the run finished on {}; removed on the way: {}", names_of(finished),
+                     detail));
+  }
+  exit_code_ = 0;
+}
+
+/// Tells every joined node that the cluster is off; done() is `code`.
+void master_state::call_off(const std::string& why, int code) {
+  // A training node stops on errc::evicted; a joining one reports peer_lost.
+  for (const auto& m : members_)
+    if (m.identity && m.phase != member_phase::finished && m.removed == removal::none)
+      reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost,
+                  "the cluster was called off: " + why);
+  exit_code_ = code;
+}
+
+/// Stopped (longwave stop) before training began: the nodes that joined are told, and stop too (exit 0).
+void master_state::stop_before_start() {
+  for (const auto& m : members_)
+    if (m.identity && m.removed == removal::none)
+      reply_error(*m.identity, errc::cancelled,
+                  "the cluster was stopped (longwave stop) before it began training");
+  info("coordinator: stopped (longwave stop) before the cluster began training");
+  exit_code_ = 0;
+}
+
+std::vector<member_status> master_state::statuses(clock::time_point now) const {
+  std::vector<member_status> out;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const auto& m = members_[i];
+    member_status st;
+    st.name = specs_[i].name;
+    st.joined = m.identity.has_value();
+    const bool starting = m.phase == member_phase::waiting || m.phase == member_phase::announced;
+    st.alive = st.joined && (m.phase == member_phase::member || (!welcomed_ && starting));
+    st.age_s = std::chrono::duration<double>(now - (st.joined ? m.last_seen : start_)).count();
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+double master_state::quorum_waited_s(clock::time_point now) const {
+  if (!quorum_deadline_) return 0.0;
+  return std::chrono::duration<double>(s_.quorum_timeout - (*quorum_deadline_ - now)).count();
+}
+
+member_phase master_state::phase_of(const std::string& name) const {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return members_[i].phase;
+  throw lw_error(errc::invalid_config, "no member named " + name);
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,320 @@
+#pragma once
+// The cluster's master as a pure state machine: control messages and the passing of time go in, replies,
+// log lines and metric events come out. No sockets, no threads, no clock of its own (every event carries
+// `now`), so tests drive it through scripted event tables in virtual time (tests/unit/master_state_test.cpp).
+// cluster/master.cpp is the ZeroMQ shell around it.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "comm/control_text.hpp"
+#include "comm/curve.hpp"
+#include "comm/frame.hpp"
+#include "runtime/errors/errors.hpp"
+
+namespace longwave::cluster {
+
+using clock = std::chrono::steady_clock;
+using ms = std::chrono::milliseconds;
+
+/// Dropped control messages and refused handshakes: the first 50 are logged, then every 1000th (all are
+/// counted).
+inline constexpr uint64_t logged_drops = 50, drop_log_every = 1000;
+
+/// One node the master expects, in ring order.
+struct member_spec {
+  std::string name;
+  std::string endpoint;  ///< the node's ring endpoint, as the cluster file gives it
+  uint32_t workers = 1;
+  uint64_t worker_offset = 0;  ///< global rank of its first worker (the master fills it in)
+};
+
+/// Where a member stands. Each value says when it is entered and what may follow.
+enum class member_phase : uint8_t {
+  /// No process has said hello as this node (every listed node at the start). -> waiting, or removed
+  /// (absent) when training begins without it.
+  absent,
+  /// Said hello before training began; waits for its welcome. -> member (training begins), finished.
+  waiting,
+  /// A node already training re-announced itself to a restarted master. -> member (the takeover).
+  announced,
+  /// In the current epoch's membership, training. -> finished, removed (lost, left, failed).
+  member,
+  /// Asked to join the running cluster: fetching the state from the members. -> ready, removed (gave up).
+  joining,
+  /// A joiner holding a fetched state, admitted at the next fence if the members hold it. -> member,
+  /// joining (its state was stale: fetch again), removed (gave up).
+  ready,
+  /// Said bye "done" (finished the run) or "stopped" (longwave stop). Final.
+  finished,
+  /// Out of the membership (`removal` says why); a new process with its name may join again. -> joining.
+  removed,
+};
+const char* to_string(member_phase p);
+
+/// Why a member left the membership. Kept while it joins again, cleared when it is admitted.
+enum class removal : uint8_t {
+  none,
+  absent,  ///< it had not said hello when training began (or is a node not in the file, [cluster] open)
+  lost,    ///< silent past the heartbeat timeout, its ring dropped it, or a fence went unanswered
+  left,    ///< said bye with a reason other than done or stopped (`longwave node --leave`, Ctrl-C)
+  failed,  ///< reported an error
+};
+const char* to_string(removal r);
+
+/// One member as status lines and metrics see it.
+struct member_status {
+  std::string name;
+  bool joined = false;  ///< said hello
+  bool alive = false;   ///< joined, and neither finished, failed nor silent past heartbeat_timeout
+  double age_s = 0;     ///< seconds since its last message (since the master started, before it joined)
+};
+
+/// The master's rules and limits (cluster/master.hpp's master_options carries them).
+struct master_settings {
+  uint64_t cluster_id = 0;
+  /// The training fingerprint every hello must carry (0: not checked).
+  uint64_t config_hash = 0;
+  std::vector<member_spec> members;
+  /// Every member must have said hello within this time of start, else the run is called off.
+  ms join_timeout{60000};
+  /// A member that sends nothing (heartbeats included) for this long is removed from the membership (a new
+  /// epoch without it). Nodes send a heartbeat every 2 s; before a member's first heartbeat after the
+  /// welcome (while it loads its data and model) join_timeout applies instead.
+  ms heartbeat_timeout{6000};
+  /// A member whose neighbour's ring lost it is removed once silent this long.
+  ms suspect_silence{2500};
+  /// A member that does not answer a fence within this time is removed.
+  ms fence_timeout{4000};
+  /// Nodes not in `members` may join the running cluster, with at most open_workers workers in all.
+  bool open = false;
+  uint32_t open_workers = 0;
+  /// Fewer live members than this: the others wait up to quorum_timeout, then the run is stopped.
+  size_t min_nodes = 1;
+  ms quorum_timeout{60000};
+  /// CURVE: the node keys admitted (each bound to its node name); nullptr without CURVE.
+  std::shared_ptr<const comm::key_ring> node_keys;
+};
+
+/// Who sent a control message: the ROUTER routing id, the peer's address, and (CURVE) the node name its key
+/// belongs to (comm::operator_user_id for the cluster's own key).
+struct sender {
+  std::string identity;
+  std::string peer;
+  std::optional<std::string> keyed_as;
+};
+
+/// What the master does, in order: the shell carries each out.
+struct send {  ///< a frame to one connection (cluster id and sender filled in)
+  std::string to;
+  comm::envelope envelope;
+};
+struct line {  ///< a progress line, or a problem
+  bool warning = false;
+  std::string text;
+};
+struct error_counted {  ///< an error by reason ("node_lost", "rejected_join", "theta_mismatch")
+  std::string reason;
+};
+struct frame_rejected {  ///< a dropped control frame, by comm::reject_reason name
+  std::string reason;
+};
+struct epoch_began {  ///< a new epoch: its number, member count and why ("start", "lost", "join", ...)
+  uint64_t epoch = 0;
+  size_t members = 0;
+  std::string reason;
+};
+struct node_joined {  ///< a node joined the running cluster with the state of `round`
+  std::string name;
+  uint64_t round = 0;
+};
+using action = std::variant<send, line, error_counted, frame_rejected, epoch_began, node_joined>;
+
+class master_state {
+ public:
+  /// Throws lw_error(invalid_config) for a cluster without nodes.
+  master_state(master_settings s, clock::time_point start);
+
+  // ---- events ----
+  /// A parsed control frame of this cluster.
+  void on_frame(const sender& from, const comm::envelope& e, clock::time_point now);
+  /// A frame that did not parse (`why`: the rejection's message and reason); wrong_cluster is turned away.
+  void on_bad_frame(const sender& from, const comm::rejection& why);
+  /// A message of `parts` frames after the routing id (want 1).
+  void on_bad_parts(size_t parts);
+  /// Time passed: joins and deadlines, silent members, fences, a stop in progress.
+  void tick(clock::time_point now);
+  /// The process is stopping (Ctrl-C): every node is told the cluster was called off; done() is 130.
+  void interrupt();
+
+  // ---- outputs ----
+  /// The actions since the last call, in order.
+  std::vector<action> take_actions();
+  /// Set once the master's work is over: 0 when a member finished the run, 1 when none did (or the run was
+  /// called off), 130 after interrupt().
+  std::optional<int> done() const { return exit_code_; }
+  /// One entry per member in ring order.
+  std::vector<member_status> statuses(clock::time_point now) const;
+  /// Seconds the members have waited below min_nodes (0: quorum).
+  double quorum_waited_s(clock::time_point now) const;
+  /// Where member `name` stands (tests).
+  member_phase phase_of(const std::string& name) const;
+  uint64_t epoch() const { return epoch_; }
+
+ private:
+  /// One member's state.
+  struct member {
+    member_phase phase = member_phase::absent;
+    removal removed = removal::none;
+    bool stopped = false;                 // finished by bye("stopped"): it stopped with the cluster
+    std::optional<std::string> identity;  // ROUTER routing id once it said hello
+    std::optional<uint64_t> stop_hold;    // a stop: the round after which it holds (its answer to the query)
+    bool heard = false;                   // a heartbeat since the welcome
+    bool suspected = false;               // a neighbour's ring lost it
+    clock::time_point last_seen, suspected_at, told_removed;
+    uint64_t round = 0;
+    uint64_t resume_round = 0;  // from its hello
+    bool acked = false;         // answered the fence in progress
+    comm::fence_ack_msg ack;
+    std::optional<comm::hello_msg> announce;      // its re-announcement to a restarted master
+    std::string state_endpoint;                   // where it serves its training state to joiners
+    std::optional<comm::join_ready_msg> ready;    // phase ready: the state it holds
+    std::optional<comm::reduce_key> turned_back;  // a joiner's state found stale (its repeats are ignored)
+    bool pinned = false;                          // a joiner the members hold at a round boundary for
+    std::optional<uint64_t> pin_hold;             // a pin: the round after which it holds (its answer)
+    // A second process that said hello with this live member's name, waiting for the first to fall silent.
+    std::optional<std::string> contender;
+    clock::time_point contender_since;
+  };
+  /// `longwave stop` in progress: the members are asked where they can stop, then told the round after
+  /// which all stop (the largest of their answers).
+  struct stop_state {
+    std::optional<uint64_t> round;  // once all have answered
+    clock::time_point sent;         // when the query or the round was last sent (re-sent every 2 s)
+  };
+  /// Joiners whose fetch was overtaken: the members hold at one round boundary (the largest of the rounds
+  /// they can hold after) until those joiners fetched that round's state and were admitted.
+  struct pin_state {
+    std::optional<uint64_t> round;  // once all have answered
+    clock::time_point sent;         // when the query or the round was last sent (re-sent every 2 s)
+  };
+  /// A membership change in progress: every training member must answer the fence of `epoch`.
+  struct fence_state {
+    uint64_t epoch = 0;
+    clock::time_point started;
+    std::string reason;
+  };
+
+  // master_state.cpp: start, takeover, watching the members, the end.
+  void tick_before_start();
+  void tick_training();
+  void call_off_at_join_deadline();
+  void welcome_all();
+  void take_over();
+  void watch();
+  void watch_silence(size_t i);
+  void watch_fence();
+  void watch_stop();
+  void watch_pin();
+  void release_pin();
+  void outcome();
+  void call_off(const std::string& why, int code);
+  void stop_before_start();
+
+  // master_fence.cpp: removals, fences, admitting joiners, the quorum.
+  void remove(size_t i, removal why, const std::string& text);
+  void tell_removed(member& m, const std::string& why);
+  void start_fence(const std::string& reason, const std::string& why);
+  void conclude_fence();
+  bool below_quorum(const std::vector<size_t>& members);
+  bool ring_keeps_failing(const comm::reduce_key& commit);
+  void send_membership(const std::vector<size_t>& members, const comm::reduce_key& commit);
+  void admit_joiners(const comm::reduce_key& commit);
+  void turn_back(size_t i, const comm::reduce_key& commit);
+  void admit(size_t i, const comm::reduce_key& commit);
+  void cancel_join(size_t i);
+  void send_recover(size_t i, const std::string& note, std::optional<uint64_t> want = std::nullopt);
+  std::string quorum_text() const;
+
+  // master_hello.cpp: hellos, joins and re-announcements.
+  void on_hello(const sender& from, const comm::hello_msg& h);
+  std::optional<size_t> member_for_hello(const sender& from, const comm::hello_msg& h);
+  std::optional<std::pair<std::string, std::string>> hello_mismatch(size_t idx,
+                                                                    const comm::hello_msg& h) const;
+  void on_first_hello(size_t idx, const sender& from, const comm::hello_msg& h);
+  std::optional<size_t> add_open_node(const sender& from, const comm::hello_msg& h);
+  void on_join(size_t idx, const sender& from, const comm::hello_msg& h);
+  bool second_process_waits(size_t idx, const sender& from);
+  void on_join_ready(size_t idx, const comm::join_ready_msg& r);
+  void on_reannounce(size_t idx, const sender& from, const comm::hello_msg& h);
+
+  // master_messages.cpp: everything else a connection may send.
+  void on_member_message(size_t i, const comm::envelope& e);
+  void on_joiner_message(size_t i, const comm::envelope& e);
+  void on_bye(size_t i, const comm::bye_msg& b);
+  void on_ring_failed(size_t i, const comm::ring_failed_msg& rf);
+  void on_stop_request(const sender& from);
+  void on_leave(const sender& from, const comm::leave_msg& l);
+  void compare_theta(size_t i, const comm::committed_msg& c);
+  void from_stranger(const sender& from, const comm::envelope& e);
+  void dropped(const std::string& text);
+
+  // Helpers.
+  void info(std::string s) { actions_.push_back(line{false, std::move(s)}); }
+  void warn(std::string s) { actions_.push_back(line{true, std::move(s)}); }
+  void count_error(std::string reason) { actions_.push_back(error_counted{std::move(reason)}); }
+  void send_to(size_t i, decltype(comm::envelope::body) body);
+  void reply(const std::string& identity, decltype(comm::envelope::body) body);
+  void reply_error(const std::string& identity, errc code, const std::string& message);
+  void turn_away(const std::string& identity, errc code, const std::string& message);
+  void send_welcome(const std::vector<size_t>& members, size_t rank);
+  bool training(size_t i) const { return members_[i].phase == member_phase::member; }
+  bool any_training() const;
+  bool any_ready() const;
+  bool all_joined() const;
+  bool all_announced() const;
+  std::vector<size_t> training_members() const;
+  std::string names_of(const std::vector<size_t>& idx) const;
+  std::string ring_text(const std::vector<size_t>& members) const;
+  uint64_t start_round() const;
+  std::optional<size_t> index_of_identity(const std::string& id) const;
+  std::string key_of(const std::string& name) const;
+  comm::peer_entry peer_of(size_t rank, size_t i) const;
+  std::vector<comm::peer_entry> all_keys() const;
+  void remember_announced(const std::vector<comm::peer_entry>& keys);
+  ms since(clock::time_point t) const { return std::chrono::duration_cast<ms>(now_ - t); }
+
+  master_settings s_;
+  clock::time_point start_, now_;
+  std::vector<member_spec> specs_;  // the listed nodes in file order, then nodes not in the file
+  std::vector<member> members_;     // one per spec
+  uint64_t listed_workers_ = 0;
+  std::vector<action> actions_;
+  std::optional<int> exit_code_;
+  uint64_t n_dropped_ = 0;
+  std::set<std::string> strangers_;          // routing ids of running nodes of an earlier master
+  std::set<std::string> running_elsewhere_;  // their names
+  bool welcomed_ = false;                    // training began
+  uint64_t epoch_ = 1;                       // the current membership's epoch
+  std::optional<fence_state> fence_;         // a membership change in progress
+  std::optional<stop_state> stop_;           // longwave stop in progress
+  std::optional<pin_state> pin_;             // members held at a boundary for overtaken joiners
+  std::map<uint64_t, std::pair<uint32_t, size_t>> theta_crcs_;  // round -> first CRC reported, by whom
+  std::set<uint64_t> mismatched_rounds_;                        // rounds already named as mismatched
+  std::set<std::string> keys_announced_;  // node public keys sent in a welcome or membership
+  bool reset_wanted_ = false;             // a ring failed: fence once its suspects are settled
+  std::optional<clock::time_point> quorum_deadline_;
+  std::optional<clock::time_point> takeover_since_;  // the first re-announcement of a running node
+  int resets_without_progress_ = 0;
+  std::optional<comm::reduce_key> last_reset_commit_;
+  std::string last_ring_failure_;
+};
+
+}  // namespace longwave::cluster

@@ -1,0 +1,228 @@
+// The master's state machine (see master_state.hpp): removals, fences, admitting joiners, the quorum.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "cluster/master_state.hpp"
+
+namespace longwave::cluster {
+
+using namespace comm::control;
+
+namespace {
+// A ring that fails again and again among live members (a blocked link, say) would be reset for ever: after
+// this many resets without an all-reduce completing in between, the run is called off.
+constexpr int max_resets = 3;
+}  // namespace
+
+/// Takes member i out of the membership and starts the next epoch without it; `text` is logged and, if it
+/// is still running, sent to it.
+void master_state::remove(size_t i, removal why, const std::string& text) {
+  auto& m = members_[i];
+  if (m.phase != member_phase::member) return;
+  m.phase = member_phase::removed;
+  m.removed = why;
+  warn("coordinator: " + text);
+  if (why == removal::lost) count_error("node_lost");
+  if (m.identity && why != removal::left) tell_removed(m, text);
+  start_fence(to_string(why), text);
+}
+
+void master_state::tell_removed(member& m, const std::string& why) {
+  m.told_removed = now_;
+  reply_error(
+      *m.identity, errc::evicted,
+      "this node was removed from the cluster (" + why + "); start it again with the same command to rejoin");
+}
+
+/// Every training member abandons its all-reduce and reports what it holds; restarts a fence in progress.
+void master_state::start_fence(const std::string& reason, const std::string& why) {
+  reset_wanted_ = false;
+  const auto members = training_members();
+  if (members.empty()) {
+    fence_.reset();
+    return;
+  }
+  const uint64_t epoch = std::max(epoch_, fence_ ? fence_->epoch : 0) + 1;
+  fence_ = fence_state{epoch, now_, fence_ ? fence_->reason + ", " + reason : reason};
+  for (auto i : members) {
+    members_[i].acked = false;
+    send_to(i, comm::fence_msg{epoch});
+  }
+  info(fmt::format("coordinator: membership changes ({}): fencing epoch {} for {}", why, epoch,
+                   names_of(members)));
+}
+
+/// Every member answered: the next epoch's ring (file order), and the all-reduce every member holds.
+/// Joiners that hold the state after exactly that all-reduce are admitted; the others fetch again.
+void master_state::conclude_fence() {
+  auto members = training_members();
+  // A member holds the all-reduce it committed last, or the one in flight whose result had arrived.
+  std::optional<comm::reduce_key> commit;
+  for (auto i : members) {
+    const auto& a = members_[i].ack;
+    const comm::reduce_key reached = a.has_pending && a.have_result ? a.pending : a.committed;
+    if (!commit || reached < *commit) commit = reached;
+  }
+  if (!commit) return;
+  admit_joiners(*commit);
+  members = training_members();
+  if (below_quorum(members)) return;
+  if (fence_->reason == "ring_reset" && ring_keeps_failing(*commit)) return;
+  send_membership(members, *commit);
+}
+
+/// Fewer members than min_nodes: the fence stays (the members keep their state) until joiners make the
+/// quorum up or quorum_timeout passes.
+bool master_state::below_quorum(const std::vector<size_t>& members) {
+  if (members.size() < s_.min_nodes) {
+    if (!quorum_deadline_) {
+      quorum_deadline_ = now_ + s_.quorum_timeout;
+      warn("coordinator: " + quorum_text() +
+           fmt::format("; the members keep their state and wait up to {} for nodes to join",
+                       secs(s_.quorum_timeout)));
+    }
+    return true;
+  }
+  if (quorum_deadline_) {
+    info(fmt::format("coordinator: quorum back: {} live nodes ({})", members.size(), names_of(members)));
+    quorum_deadline_.reset();
+  }
+  return false;
+}
+
+/// A ring reset among live members: true (and the run is called off) after max_resets in a row without an
+/// all-reduce completing in between.
+bool master_state::ring_keeps_failing(const comm::reduce_key& commit) {
+  resets_without_progress_ =
+      last_reset_commit_ && *last_reset_commit_ == commit ? resets_without_progress_ + 1 : 1;
+  last_reset_commit_ = commit;
+  if (resets_without_progress_ <= max_resets) return false;
+  const auto why = fmt::format(
+      "the ring failed {} times in a row among live nodes without completing an all-reduce (after round {} "
+      "fragment {}); last failure: {}; check the links between the nodes (firewalls, endpoints)",
+      resets_without_progress_, commit.round, commit.fragment, last_ring_failure_);
+  warn("coordinator: " + why);
+  call_off(why, 1);
+  return true;
+}
+
+/// The next epoch begins: every member gets its ring, its rank and the all-reduce they all keep.
+void master_state::send_membership(const std::vector<size_t>& members, const comm::reduce_key& commit) {
+  epoch_ = fence_->epoch;
+  comm::membership_msg mm;
+  mm.epoch = epoch_;
+  mm.commit = commit;
+  for (size_t r = 0; r < members.size(); ++r) {
+    mm.peers.push_back(peer_of(r, members[r]));
+    mm.workers.push_back(specs_[members[r]].workers);
+  }
+  mm.keys = all_keys();
+  remember_announced(mm.keys);
+  for (size_t r = 0; r < members.size(); ++r) {
+    mm.rank = static_cast<uint32_t>(r);
+    send_to(members[r], mm);
+  }
+  info(fmt::format("coordinator: epoch {} ({}): ring {}; all-reduces after round {} fragment {} are redone",
+                   epoch_, fence_->reason, names_of(members), commit.round, commit.fragment));
+  actions_.push_back(epoch_began{epoch_, members.size(), fence_->reason});
+  fence_.reset();
+}
+
+/// Joiners ready with the state after `commit` become members (they answer this fence as holding it); the
+/// others' fetch was overtaken (it took longer than what was left of a round): turn_back.
+void master_state::admit_joiners(const comm::reduce_key& commit) {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    auto& m = members_[i];
+    if (m.phase != member_phase::ready) continue;
+    // The members' state after `commit` is that of its round once the round's last all-reduce is in (a
+    // published state covers whole rounds, and every member has reached at least its last key).
+    if (m.ready->round == commit.round)
+      admit(i, commit);
+    else
+      turn_back(i, commit);
+  }
+}
+
+/// Joiner i's state is stale. Fetching the newest again could be overtaken for ever (a slow link, fast
+/// rounds), so the members hold at their next round boundary (watch_pin) and the joiner fetches that round's
+/// state; it hears which once every member has said where it holds.
+void master_state::turn_back(size_t i, const comm::reduce_key& commit) {
+  auto& m = members_[i];
+  const auto note = fmt::format(
+      "the state of round {} (all-reduce {}/{}) is stale: the members hold all-reduce {}/{}; they hold at a "
+      "round "
+      "boundary for it",
+      m.ready->round, m.ready->key.round, m.ready->key.fragment, commit.round, commit.fragment);
+  info(fmt::format("coordinator: node {}: {}", specs_[i].name, note));
+  m.turned_back = m.ready->key;
+  m.ready.reset();
+  m.phase = member_phase::joining;
+  m.pinned = true;
+  if (!pin_) {
+    pin_ = pin_state{};
+    for (auto& x : members_) x.pin_hold.reset();
+  }
+  if (pin_->round)
+    send_recover(
+        i, fmt::format("fetch the state of round {}: the members hold after it for this node", *pin_->round),
+        *pin_->round);
+}
+
+/// Joiner i holds the members' state: a member from this fence's epoch on (it answers this fence).
+void master_state::admit(size_t i, const comm::reduce_key& commit) {
+  auto& m = members_[i];
+  m.phase = member_phase::member;
+  m.removed = removal::none;
+  m.heard = false;  // join_timeout applies until its first heartbeat, while it starts its workers
+  m.suspected = false;
+  m.last_seen = now_;
+  m.acked = true;
+  m.pinned = false;
+  m.turned_back.reset();
+  m.ack = comm::fence_ack_msg{fence_->epoch, commit, false, {}, false};
+  m.round = m.ready->round;
+  info(fmt::format("coordinator: node {} admitted in epoch {} with the state of round {}", specs_[i].name,
+                   fence_->epoch, m.ready->round));
+  actions_.push_back(node_joined{specs_[i].name, m.ready->round});
+}
+
+/// A joiner while the cluster stops: it is not admitted, and told so (it exits 0).
+void master_state::cancel_join(size_t i) {
+  auto& m = members_[i];
+  m.phase = member_phase::removed;
+  m.ready.reset();
+  info(fmt::format("coordinator: node {} is not admitted: the cluster is stopping", specs_[i].name));
+  if (m.identity)
+    reply_error(*m.identity, errc::cancelled,
+                "the cluster is stopping (longwave stop): start this node again with the cluster");
+}
+
+/// Tells joiner i where to fetch the state: every training member that serves it, and the round the
+/// members hold (`want`, when its state was stale; else the round they last reported).
+void master_state::send_recover(size_t i, const std::string& note, std::optional<uint64_t> want) {
+  comm::recover_msg r;
+  r.epoch = epoch_;
+  r.note = note;
+  std::optional<uint64_t> round;
+  for (auto j : training_members()) {
+    round = std::min(round.value_or(members_[j].round), members_[j].round);
+    if (!members_[j].state_endpoint.empty())
+      r.sources.push_back(
+          {static_cast<uint32_t>(j), specs_[j].name, members_[j].state_endpoint, key_of(specs_[j].name)});
+  }
+  r.round = want.value_or(round.value_or(0));
+  r.worker_offset = specs_[i].worker_offset;
+  send_to(i, std::move(r));
+}
+
+std::string master_state::quorum_text() const {
+  std::vector<size_t> gone;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].removed != removal::none) gone.push_back(i);
+  const auto live = training_members();
+  return fmt::format("quorum lost: {} live node(s) ({}), [cluster] min_nodes = {}; missing: {}", live.size(),
+                     names_of(live), s_.min_nodes, names_of(gone));
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,288 @@
+// The master's state machine (see master_state.hpp): hellos, joins of the running cluster, and the
+// re-announcements of nodes that train under a restarted master.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "cluster/master_state.hpp"
+
+namespace longwave::cluster {
+
+using namespace comm::control;
+
+namespace {
+// A joined member not heard from for join_silence is taken to be gone, so a second process with its name may
+// take its place.
+constexpr auto join_silence = std::chrono::seconds(6);
+// A live member is heard from every 2 s: a process that says hello with its name after this much silence
+// replaces it (the node was restarted).
+constexpr auto restart_silence = std::chrono::seconds(3);
+
+bool valid_node_name(const std::string& name) {
+  return !name.empty() && name.size() <= 32 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+}  // namespace
+
+void master_state::on_hello(const sender& from, const comm::hello_msg& h) {
+  const auto idx = member_for_hello(from, h);
+  if (!idx) return;
+  if (const auto problem = hello_mismatch(*idx, h)) {
+    warn(problem->first);
+    return turn_away(from.identity, errc::invalid_config, problem->second);
+  }
+  auto& m = members_[*idx];
+  if (h.running) return on_reannounce(*idx, from, h);
+  if (m.identity && *m.identity == from.identity) {
+    // The same process again: its periodic hello while it waits, or one that crossed our welcome (or our
+    // recover).
+    m.last_seen = now_;
+    if (welcomed_ && epoch_ == 1 && training(*idx)) {
+      const auto members = training_members();
+      for (size_t r = 0; r < members.size(); ++r)
+        if (members[r] == *idx) send_welcome(members, r);
+    }
+    if (m.phase == member_phase::joining) send_recover(*idx, "");
+    return;
+  }
+  if (welcomed_) return on_join(*idx, from, h);
+  // Taking a running cluster over: the hello is answered (with where to fetch the state) once that is done;
+  // the node says hello again every 2 s.
+  if (takeover_since_) return;
+  on_first_hello(*idx, from, h);
+}
+
+/// The member a hello speaks for: a listed node, or (open cluster, training) a node added now. nullopt: the
+/// hello was turned away (other protocol version, unknown node) or is answered later.
+std::optional<size_t> master_state::member_for_hello(const sender& from, const comm::hello_msg& h) {
+  if (h.protocol_version != comm::protocol_version()) {
+    warn(fmt::format("coordinator: turned away node '{}' ({}): protocol version {}, ours is {}", h.node_name,
+                     from.peer, h.protocol_version, comm::protocol_version()));
+    turn_away(
+        from.identity, errc::invalid_config,
+        fmt::format("protocol version {} is not the coordinator's {}: build every node and the coordinator "
+                    "from the same Longwave release",
+                    h.protocol_version, comm::protocol_version()));
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == h.node_name) return i;
+  if (s_.open) {
+    if (!welcomed_) return std::nullopt;  // it joins once the cluster trains; its hello comes again every 2 s
+    return add_open_node(from, h);
+  }
+  std::vector<std::string> names;
+  for (const auto& m : specs_) names.push_back(m.name);
+  warn(fmt::format("coordinator: turned away unknown node '{}' ({})", h.node_name, from.peer));
+  turn_away(from.identity, errc::invalid_config,
+            fmt::format("node '{}' is not in this cluster (nodes: {})", h.node_name, join_names(names)));
+  return std::nullopt;
+}
+
+/// Why a hello for listed node idx is turned away, as the master's line and as the reply: its cluster file or
+/// its training settings differ.
+std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(
+    size_t idx, const comm::hello_msg& h) const {
+  const auto& want = specs_[idx];
+  if (h.n_workers != want.workers || h.data_endpoint != want.endpoint) {
+    return std::make_pair(
+        fmt::format("coordinator: turned away node '{}': its cluster file differs", h.node_name),
+        fmt::format(
+            "node '{}' says {} workers at {}, the coordinator's cluster file says {} at {}: start every "
+            "role from the same cluster file",
+            h.node_name, h.n_workers, h.data_endpoint, want.workers, want.endpoint));
+  }
+  if (s_.config_hash != 0 && h.config_hash != s_.config_hash) {
+    return std::make_pair(
+        fmt::format("coordinator: turned away node '{}': its training settings differ", h.node_name),
+        fmt::format("node '{}' trains with other settings than the coordinator (fingerprint {:016x}, the "
+                    "coordinator's {:016x}): start every role from the same cluster file and the same --set "
+                    "options",
+                    h.node_name, h.config_hash, s_.config_hash));
+  }
+  return std::nullopt;
+}
+
+/// A hello before training began: the node waits for its welcome. A second process with a joined node's name
+/// is turned away while the first is heard from, and takes its place after join_silence.
+void master_state::on_first_hello(size_t idx, const sender& from, const comm::hello_msg& h) {
+  auto& m = members_[idx];
+  if (m.identity && now_ - m.last_seen <= join_silence) {
+    warn(fmt::format(
+        "coordinator: turned away a second process for node '{}' ({}): that node has already joined from "
+        "another process",
+        h.node_name, from.peer));
+    return turn_away(from.identity, errc::invalid_config,
+                     fmt::format("node {} has already joined from another process{}; stop one of them",
+                                 h.node_name, all_joined() ? " and the cluster is training" : ""));
+  }
+  if (m.identity)
+    warn(fmt::format(
+        "coordinator: node '{}' said hello from a new process ({}) after {} of silence from the first; using "
+        "the new one",
+        h.node_name, from.peer, secs(since(m.last_seen))));
+  m.identity = from.identity;
+  m.phase = member_phase::waiting;
+  m.last_seen = now_;
+  m.resume_round = h.resume_round;
+  m.state_endpoint = h.state_endpoint;
+  size_t joined = 0;
+  for (const auto& x : members_) joined += x.identity ? 1 : 0;
+  info(fmt::format("coordinator: node {} joined ({} workers, ring endpoint {}) [{}/{}]", h.node_name,
+                   h.n_workers, h.data_endpoint, joined, members_.size()));
+}
+
+/// A node not in the cluster file asks to join ([cluster] open): it gets the next free data regions (global
+/// worker ranks after the listed nodes'), kept for it if it comes back. nullopt: turned away.
+std::optional<size_t> master_state::add_open_node(const sender& from, const comm::hello_msg& h) {
+  uint64_t used = 0;
+  for (size_t i = s_.members.size(); i < specs_.size(); ++i) used += specs_[i].workers;
+  std::string problem;
+  const auto& ep = h.data_endpoint;
+  const auto colon = ep.rfind(':');
+  if (!valid_node_name(h.node_name))
+    problem = "a node name is 1..32 of a-z A-Z 0-9 _ -";
+  else if (ep.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon <= 6 || colon + 1 == ep.size() ||
+           ep.find('*') != std::string::npos)
+    problem = fmt::format("ring endpoint '{}' is not tcp://HOST:PORT", ep);
+  else if (h.n_workers == 0 || used + h.n_workers > s_.open_workers)
+    problem = fmt::format(
+        "{} workers do not fit: {} of [cluster] open_workers = {} are taken by other nodes not in the file; "
+        "raise open_workers",
+        h.n_workers, used, s_.open_workers);
+  for (const auto& sp : specs_)
+    if (sp.endpoint == h.data_endpoint)
+      problem = fmt::format("node {} has ring endpoint {}", sp.name, sp.endpoint);
+  if (!problem.empty()) {
+    warn(fmt::format("coordinator: turned away node '{}' ({}), not in the cluster file: {}", h.node_name,
+                     from.peer, problem));
+    turn_away(from.identity, errc::invalid_config, fmt::format("node '{}': {}", h.node_name, problem));
+    return std::nullopt;
+  }
+  specs_.push_back({h.node_name, h.data_endpoint, h.n_workers, listed_workers_ + used});
+  members_.emplace_back();
+  members_.back().phase = member_phase::removed;
+  members_.back().removed = removal::absent;
+  info(fmt::format(
+      "coordinator: node {} is not in the cluster file ([cluster] open): {} workers, global ranks {}..{}",
+      h.node_name, h.n_workers, specs_.back().worker_offset, specs_.back().worker_offset + h.n_workers - 1));
+  return specs_.size() - 1;
+}
+
+/// A node asks to join the running cluster (absent at the start, removed, or restarted after a crash): it is
+/// told where to fetch the state, then admitted at a fence (join_ready).
+void master_state::on_join(size_t idx, const sender& from, const comm::hello_msg& h) {
+  auto& m = members_[idx];
+  const auto& name = h.node_name;
+  if (m.phase == member_phase::finished)
+    return turn_away(from.identity, errc::invalid_config, fmt::format("node {} has finished the run", name));
+  const bool joiner = m.phase == member_phase::joining || m.phase == member_phase::ready;
+  if (training(idx) || joiner) {
+    if (second_process_waits(idx, from)) return;
+    if (training(idx))
+      remove(idx, removal::lost,
+             fmt::format(
+                 "node {} lost: a new process ({}) said hello with its name after {} of silence (restarted?)",
+                 name, from.peer, secs(since(m.last_seen))));
+  }
+  if (training_members().empty())
+    return turn_away(from.identity, errc::peer_lost, "no node is training in this cluster any more");
+  if (stop_)
+    return reply_error(from.identity, errc::cancelled,
+                       "the cluster is stopping (longwave stop): start this node again with the cluster");
+  m.identity = from.identity;
+  m.last_seen = now_;
+  m.phase = member_phase::joining;
+  m.ready.reset();
+  m.pinned = false;
+  m.turned_back.reset();
+  m.state_endpoint = h.state_endpoint;
+  info(fmt::format(
+      "coordinator: node {} ({}) asks to join the running cluster (epoch {}{}): it fetches the state "
+      "from {}",
+      name, from.peer, epoch_,
+      m.removed == removal::none ? "" : fmt::format(", it was {}", to_string(m.removed)),
+      names_of(training_members())));
+  send_recover(idx, "");
+  // A key the members were not sent (added to nodes/ later, or a master that took the cluster over): their
+  // state servers admit it from the next membership on, so a fence brings one now (the joiner fetches again).
+  if (s_.node_keys && !fence_ && !keys_announced_.count(key_of(name)))
+    start_fence("join",
+                fmt::format("the members learn node {}'s key, which no membership sent to them held", name));
+}
+
+/// Another process has the name of a member or joiner idx. A restarted node's predecessor falls silent (it
+/// died): once it has been silent for restart_silence the newcomer takes its place (false); a live one keeps
+/// it (true: the newcomer waits, and is turned away after join_silence).
+bool master_state::second_process_waits(size_t idx, const sender& from) {
+  auto& m = members_[idx];
+  if (now_ - m.last_seen >= restart_silence) {
+    m.contender.reset();
+    return false;
+  }
+  if (!m.contender || *m.contender != from.identity) {
+    m.contender = from.identity;
+    m.contender_since = now_;
+  } else if (now_ - m.contender_since > join_silence) {
+    m.contender.reset();
+    warn(fmt::format(
+        "coordinator: turned away a second process for node '{}' ({}): that node is live in the cluster",
+        specs_[idx].name, from.peer));
+    turn_away(from.identity, errc::invalid_config,
+              fmt::format(
+                  "node {} is live in the cluster (heard from {} ago) from another process; stop one of them",
+                  specs_[idx].name, secs(since(m.last_seen))));
+  }
+  return true;  // no answer yet: its next hello (every 2 s) is looked at again
+}
+
+/// A joiner holds the state after all-reduce r.key: a fence admits it (conclude_fence).
+void master_state::on_join_ready(size_t idx, const comm::join_ready_msg& r) {
+  auto& m = members_[idx];
+  if (m.ready && m.ready->key == r.key) return;          // its periodic repeat
+  if (m.turned_back && *m.turned_back == r.key) return;  // a repeat of a state found stale
+  m.ready = r;
+  m.phase = member_phase::ready;
+  info(fmt::format("coordinator: node {} holds the state of round {}: admitting it at a fence",
+                   specs_[idx].name, r.round));
+  if (!fence_) start_fence("join", "node " + specs_[idx].name + " joins");
+}
+
+/// A training node re-announces itself: to a restarted master (which then takes the cluster over), or to this
+/// one again after a dropped connection (it is answered with the current epoch).
+void master_state::on_reannounce(size_t idx, const sender& from, const comm::hello_msg& h) {
+  auto& m = members_[idx];
+  const bool same_process = m.identity && *m.identity == from.identity;
+  if (welcomed_) {
+    if (same_process && (training(idx) || m.phase == member_phase::finished)) {
+      m.last_seen = now_;
+      comm::welcome_msg w;
+      w.epoch = epoch_;
+      send_to(idx, w);
+    } else if (same_process) {
+      tell_removed(m, "node " + h.node_name + " was removed in an earlier epoch");
+    } else {
+      reply_error(from.identity, errc::evicted,
+                  fmt::format("node {} re-announced itself after the coordinator had taken the cluster over "
+                              "without it; start it again with the same command to rejoin",
+                              h.node_name));
+    }
+    return;
+  }
+  if (!takeover_since_) {
+    takeover_since_ = now_;
+    info(
+        fmt::format("coordinator: node {} is already training (epoch {}, last applied round {}): taking the "
+                    "running cluster over; waiting up to {} for its other nodes",
+                    h.node_name, h.epoch, h.committed.round, secs(s_.heartbeat_timeout)));
+  }
+  m.identity = from.identity;
+  m.phase = member_phase::announced;
+  m.last_seen = now_;
+  m.announce = h;
+  m.state_endpoint = h.state_endpoint;
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,372 @@
+// The master's state machine (see master_state.hpp): what a connection may send besides a hello (members'
+// heartbeats, fence answers, byes and errors, joiners' readiness, stop and leave requests), and the helpers
+// that address the members.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "cluster/master_state.hpp"
+
+namespace longwave::cluster {
+
+using namespace comm::control;
+
+namespace {
+// Distinct connections remembered as running nodes of an earlier master (each is named once).
+constexpr size_t max_strangers = 1024;
+}  // namespace
+
+void master_state::on_frame(const sender& from, const comm::envelope& e, clock::time_point now) {
+  now_ = now;
+  if (exit_code_) return;
+  if (auto* h = std::get_if<comm::hello_msg>(&e.body)) {
+    if (from.keyed_as && *from.keyed_as != h->node_name) {
+      warn(fmt::format("coordinator: turned away a hello as node '{}' from {}: it came with node '{}''s key",
+                       h->node_name, from.peer, *from.keyed_as));
+      return turn_away(
+          from.identity, errc::invalid_config,
+          fmt::format("this connection's CURVE key is node '{}''s, not node '{}''s: each node uses its "
+                      "own keys/nodes/NAME.secret",
+                      *from.keyed_as, h->node_name));
+    }
+    return on_hello(from, *h);
+  }
+  if (auto* l = std::get_if<comm::leave_msg>(&e.body)) {
+    if (from.keyed_as && *from.keyed_as != l->node)
+      return reply_error(
+          from.identity, errc::invalid_config,
+          fmt::format("only node '{}''s own key may ask it to leave (this connection has node '{}''s)",
+                      l->node, *from.keyed_as));
+    return on_leave(from, *l);
+  }
+  const auto idx = index_of_identity(from.identity);
+  if (std::holds_alternative<comm::stop_msg>(e.body) && !idx) {
+    if (from.keyed_as && *from.keyed_as != comm::operator_user_id)
+      return reply_error(
+          from.identity, errc::invalid_config,
+          fmt::format("only the cluster's own key (keys/cluster.secret, the coordinator's) may stop "
+                      "the cluster; this connection has node '{}''s",
+                      *from.keyed_as));
+    return on_stop_request(from);
+  }
+  if (!idx) return from_stranger(from, e);
+  if (from.keyed_as && *from.keyed_as != specs_[*idx].name) {
+    // Another node's key using this member's routing id: never let it speak for the member.
+    return dropped(
+        fmt::format("coordinator: dropped a message for node {} from {}: it came with node '{}''s key",
+                    specs_[*idx].name, from.peer, *from.keyed_as));
+  }
+  on_member_message(*idx, e);
+}
+
+void master_state::on_bad_frame(const sender& from, const comm::rejection& why) {
+  dropped(fmt::format("coordinator: dropped a control frame from {}: {}", from.peer, why.message()));
+  actions_.push_back(frame_rejected{comm::to_string(why.reason)});
+  if (why.reason == comm::reject_reason::wrong_cluster)
+    turn_away(from.identity, errc::invalid_config,
+              "wrong cluster id: this coordinator serves another cluster");
+}
+
+void master_state::on_bad_parts(size_t parts) {
+  dropped(fmt::format("coordinator: dropped a control message of {} frames (want 1 after the routing id)",
+                      parts));
+}
+
+/// A message from the process that holds member i's name.
+void master_state::on_member_message(size_t i, const comm::envelope& e) {
+  auto& m = members_[i];
+  m.last_seen = now_;
+  if (m.phase == member_phase::joining || m.phase == member_phase::ready) return on_joiner_message(i, e);
+  if (m.removed != removal::none) {
+    // Not a member any more: it stops when it hears so (said again at most every 10 s).
+    const bool last_words =
+        std::holds_alternative<comm::bye_msg>(e.body) || std::holds_alternative<comm::error_msg>(e.body);
+    if (m.removed != removal::left && now_ - m.told_removed > std::chrono::seconds(10) && !last_words)
+      tell_removed(m, "node " + specs_[i].name + " was removed in an earlier epoch");
+    return;
+  }
+  m.heard = true;  // anything but a hello comes from its main loop
+  if (auto* hb = std::get_if<comm::heartbeat_msg>(&e.body)) {
+    m.round = hb->round;
+  } else if (auto* st = std::get_if<comm::stop_msg>(&e.body)) {
+    if (stop_ && training(i) && st->round > 0 && !m.stop_hold) m.stop_hold = st->round;
+  } else if (auto* p = std::get_if<comm::pin_msg>(&e.body)) {
+    if (pin_ && training(i) && p->round > 0 && !m.pin_hold) m.pin_hold = p->round;
+  } else if (auto* c = std::get_if<comm::committed_msg>(&e.body)) {
+    if (training(i)) compare_theta(i, *c);
+  } else if (auto* b = std::get_if<comm::bye_msg>(&e.body)) {
+    on_bye(i, *b);
+  } else if (auto* er = std::get_if<comm::error_msg>(&e.body)) {
+    remove(i, removal::failed,
+           fmt::format("node {} failed ({}): {}", specs_[i].name, to_string(static_cast<errc>(er->code)),
+                       er->message));
+  } else if (auto* fa = std::get_if<comm::fence_ack_msg>(&e.body)) {
+    if (fence_ && fa->epoch == fence_->epoch && training(i)) {
+      m.acked = true;
+      m.ack = *fa;
+    }
+  } else if (auto* rf = std::get_if<comm::ring_failed_msg>(&e.body)) {
+    on_ring_failed(i, *rf);
+  }
+}
+
+/// A joiner's messages: heartbeats while it fetches, join_ready once it holds a state, bye or error when it
+/// gives up. (A stop turns every joiner away first: on_stop_request.)
+void master_state::on_joiner_message(size_t i, const comm::envelope& e) {
+  auto& m = members_[i];
+  if (auto* r = std::get_if<comm::join_ready_msg>(&e.body)) return on_join_ready(i, *r);
+  if (std::holds_alternative<comm::bye_msg>(e.body) || std::holds_alternative<comm::error_msg>(e.body)) {
+    m.phase = member_phase::removed;
+    m.ready.reset();
+    warn(fmt::format("coordinator: node {} gave up joining", specs_[i].name));
+  }
+}
+
+void master_state::on_bye(size_t i, const comm::bye_msg& b) {
+  auto& m = members_[i];
+  if (b.reason != "done" && b.reason != "stopped")
+    return remove(i, removal::left, fmt::format("node {} left: {}", specs_[i].name, b.reason));
+  m.phase = member_phase::finished;
+  m.stopped = b.reason == "stopped";
+  info(m.stopped ? fmt::format("coordinator: node {} stopped after round {} with its checkpoint",
+                               specs_[i].name, stop_ && stop_->round ? *stop_->round : m.round)
+                 : fmt::format("coordinator: node {} finished", specs_[i].name));
+}
+
+/// A member's ring failed: a fence follows once the node it lost (if named) is heard from or removed.
+void master_state::on_ring_failed(size_t i, const comm::ring_failed_msg& rf) {
+  if (rf.epoch != epoch_ || fence_) return;  // already being dealt with
+  warn(fmt::format("coordinator: node {}'s ring failed in epoch {}{}: {}", specs_[i].name, rf.epoch,
+                   rf.suspect.empty() ? "" : " (it lost " + rf.suspect + ")", rf.reason));
+  reset_wanted_ = true;
+  last_ring_failure_ = fmt::format("node {}: {}", specs_[i].name, rf.reason);
+  for (size_t j = 0; j < members_.size(); ++j)
+    if (training(j) && specs_[j].name == rf.suspect && !members_[j].suspected) {
+      members_[j].suspected = true;
+      members_[j].suspected_at = now_;
+    }
+}
+
+/// `longwave stop`: every member is asked where it can stop (watch_stop sends the query and, once all have
+/// answered, the round); the requester is told what happens. Before training began, the master and the
+/// nodes that joined stop at once (stop_before_start).
+void master_state::on_stop_request(const sender& from) {
+  if (stop_)
+    return reply_error(
+        from.identity, errc::none,
+        stop_->round
+            ? fmt::format("the cluster is already stopping: every node stops after round {}", *stop_->round)
+            : std::string("the cluster is already stopping: its nodes are finishing their "
+                          "current round"));
+  if (takeover_since_ && !welcomed_)
+    return reply_error(from.identity, errc::deadline_missed,
+                       "the coordinator is taking the running cluster over (its nodes are re-announcing "
+                       "themselves): try again in a few seconds");
+  stop_ = stop_state{};
+  pin_.reset();  // the stop's hold takes over from a pin: the members hold at the same boundary
+  if (!welcomed_)
+    return reply_error(
+        from.identity, errc::none,
+        "the cluster had not begun training: the coordinator and the nodes that joined stop now");
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].phase == member_phase::joining || members_[i].phase == member_phase::ready)
+      cancel_join(i);
+  const auto members = training_members();
+  uint64_t top = 0;
+  for (auto i : members) {
+    members_[i].stop_hold.reset();
+    top = std::max(top, members_[i].round);
+  }
+  info(fmt::format("coordinator: stopping the cluster (longwave stop): asking {} where they can stop",
+                   names_of(members)));
+  reply_error(from.identity, errc::none,
+              fmt::format("the cluster stops at its next round boundary: {} finish their current round (last "
+                          "reported round {}), save their checkpoints and exit",
+                          names_of(members), top));
+}
+
+/// `longwave node --leave`: forwards the request to the node and answers the requester.
+void master_state::on_leave(const sender& from, const comm::leave_msg& l) {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (specs_[i].name != l.node) continue;
+    if (!welcomed_ || !training(i))
+      return reply_error(from.identity, errc::invalid_config,
+                         fmt::format("node {} is not training in this cluster{}", l.node,
+                                     members_[i].removed == removal::none
+                                         ? ""
+                                         : fmt::format(" ({})", to_string(members_[i].removed))));
+    send_to(i, l);
+    info(fmt::format("coordinator: node {} was asked to leave at its next round boundary", l.node));
+    return reply_error(from.identity, errc::none,
+                       fmt::format("node {} leaves at its next round boundary (last applied round {})",
+                                   l.node, members_[i].round));
+  }
+  reply_error(from.identity, errc::invalid_config, fmt::format("node '{}' is not in this cluster", l.node));
+}
+
+/// A member's theta_global CRC after a round, against the first one reported for that round: a mismatch means
+/// the members no longer train one model (named once per round, counted as theta_mismatch).
+void master_state::compare_theta(size_t i, const comm::committed_msg& c) {
+  auto [at, fresh] = theta_crcs_.emplace(c.round, std::make_pair(c.theta_crc, i));
+  if (!fresh && at->second.first != c.theta_crc && mismatched_rounds_.insert(c.round).second) {
+    warn(
+        fmt::format("coordinator: theta after round {} differs between nodes: {} has {:08x}, {} has {:08x}; "
+                    "they no longer "
+                    "train one model",
+                    c.round, specs_[at->second.second].name, at->second.first, specs_[i].name, c.theta_crc));
+    count_error("theta_mismatch");
+  }
+  // Rounds far behind the newest are settled: keep the tables small.
+  const uint64_t newest = theta_crcs_.rbegin()->first;
+  while (theta_crcs_.begin()->first + 64 < newest) theta_crcs_.erase(theta_crcs_.begin());
+  while (!mismatched_rounds_.empty() && *mismatched_rounds_.begin() + 64 < newest)
+    mismatched_rounds_.erase(mismatched_rounds_.begin());
+}
+
+/// A message from a connection that has not said hello. A member's heartbeat, bye or error means a node that
+/// joined an earlier master (this one was restarted): named once, then only counted.
+void master_state::from_stranger(const sender& from, const comm::envelope& e) {
+  const bool claims_member = e.sender < members_.size() && !std::holds_alternative<comm::hello_msg>(e.body);
+  if (claims_member && strangers_.size() < max_strangers && strangers_.insert(from.identity).second) {
+    const auto& name = specs_[e.sender].name;
+    running_elsewhere_.insert(name);
+    const auto* hb = std::get_if<comm::heartbeat_msg>(&e.body);
+    info(fmt::format(
+        "coordinator: node {} ({}) is training under an earlier coordinator{}; waiting for it to re-announce "
+        "itself",
+        name, from.peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
+    return;
+  }
+  if (strangers_.count(from.identity)) return;
+  dropped(fmt::format("coordinator: dropped a control message from {}, which has not said hello", from.peer));
+}
+
+/// A dropped control message: logged (the first logged_drops, then every drop_log_every-th) and counted.
+void master_state::dropped(const std::string& text) {
+  const uint64_t n = ++n_dropped_;
+  if (n > logged_drops && n % drop_log_every != 0) return;
+  std::string note;
+  if (n == logged_drops)
+    note = fmt::format(" ({} control messages dropped; from now on every {}th is logged)", n, drop_log_every);
+  else if (n > logged_drops)
+    note = fmt::format(" ({} control messages dropped so far)", n);
+  warn(text + note);
+}
+
+// ---- helpers ----
+
+void master_state::reply(const std::string& identity, decltype(comm::envelope::body) body) {
+  comm::envelope e;
+  e.cluster_id = s_.cluster_id;
+  e.sender = no_rank;
+  e.body = std::move(body);
+  actions_.push_back(send{identity, std::move(e)});
+}
+
+void master_state::send_to(size_t i, decltype(comm::envelope::body) body) {
+  reply(*members_[i].identity, std::move(body));
+}
+
+void master_state::reply_error(const std::string& identity, errc code, const std::string& message) {
+  reply(identity, comm::error_msg{static_cast<uint16_t>(code), message.substr(0, comm::max_message_bytes)});
+}
+
+/// Turns a hello away with an error reply, counted as a rejected join.
+void master_state::turn_away(const std::string& identity, errc code, const std::string& message) {
+  count_error("rejected_join");
+  reply_error(identity, code, message);
+}
+
+/// The welcome of the member at position `rank` of `members` (file indices in ring order).
+void master_state::send_welcome(const std::vector<size_t>& members, size_t rank) {
+  comm::welcome_msg w;
+  w.rank = static_cast<uint32_t>(rank);
+  w.world_size = static_cast<uint32_t>(members.size());
+  w.start_round = start_round();
+  w.epoch = epoch_;
+  for (size_t r = 0; r < members.size(); ++r) w.peers.push_back(peer_of(r, members[r]));
+  w.keys = all_keys();
+  remember_announced(w.keys);
+  send_to(members[rank], std::move(w));
+  members_[members[rank]].last_seen = now_;
+}
+
+bool master_state::any_training() const {
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (training(i)) return true;
+  return false;
+}
+
+bool master_state::any_ready() const {
+  return std::any_of(members_.begin(), members_.end(),
+                     [](const member& m) { return m.phase == member_phase::ready; });
+}
+
+bool master_state::all_joined() const {
+  return std::all_of(members_.begin(), members_.end(),
+                     [](const member& m) { return m.identity.has_value(); });
+}
+
+bool master_state::all_announced() const {
+  return std::all_of(members_.begin(), members_.end(),
+                     [](const member& m) { return m.phase == member_phase::announced; });
+}
+
+std::vector<size_t> master_state::training_members() const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (training(i)) out.push_back(i);
+  return out;
+}
+
+std::string master_state::names_of(const std::vector<size_t>& idx) const {
+  std::vector<std::string> names;
+  for (auto i : idx) names.push_back(specs_[i].name);
+  return join_names(names);
+}
+
+std::string master_state::ring_text(const std::vector<size_t>& members) const {
+  std::string out;
+  for (size_t r = 0; r < members.size(); ++r)
+    out += fmt::format("{}{}={}", r ? " -> " : "", r, specs_[members[r]].name);
+  return out;
+}
+
+/// The oldest of the joined members' resume rounds: a round every one of them has a checkpoint for.
+uint64_t master_state::start_round() const {
+  std::optional<uint64_t> r;
+  for (const auto& m : members_)
+    if (m.identity) r = std::min(r.value_or(m.resume_round), m.resume_round);
+  return r.value_or(0);
+}
+
+std::optional<size_t> master_state::index_of_identity(const std::string& id) const {
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].identity && *members_[i].identity == id) return i;
+  return std::nullopt;
+}
+
+/// CURVE: node `name`'s public key ("" without CURVE).
+std::string master_state::key_of(const std::string& name) const {
+  return s_.node_keys ? s_.node_keys->key_of(name) : "";
+}
+
+/// The member at file index i, at position `rank` of a ring.
+comm::peer_entry master_state::peer_of(size_t rank, size_t i) const {
+  return {static_cast<uint32_t>(rank), specs_[i].name, specs_[i].endpoint, key_of(specs_[i].name)};
+}
+
+/// CURVE: every node key admitted (what members admit on their ring and state sockets).
+std::vector<comm::peer_entry> master_state::all_keys() const {
+  std::vector<comm::peer_entry> out;
+  if (s_.node_keys)
+    for (const auto& [name, key] : s_.node_keys->entries()) out.push_back({0, name, "", key});
+  return out;
+}
+
+/// The node keys the members were told of, so that a key read later is announced with a new epoch.
+void master_state::remember_announced(const std::vector<comm::peer_entry>& keys) {
+  for (const auto& k : keys) keys_announced_.insert(k.public_key);
+}
+
+}  // namespace longwave::cluster

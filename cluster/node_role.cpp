@@ -1,0 +1,220 @@
+// `longwave node CLUSTER.toml --node NAME`: joins the cluster and trains, ticking the control plane from the
+// training's main loop.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+
+#include "cluster/cluster_file.hpp"
+#include "cluster/joiner.hpp"
+#include "cluster/node_watch.hpp"
+#include "cluster/roles.hpp"
+#include "cluster/state_publisher.hpp"
+#include "config/config_loader.hpp"
+
+namespace longwave::cluster {
+
+namespace {
+
+/// This node's place in the cluster file (a node not in it, with --endpoint, is appended to spec), and its
+/// training settings. Throws config::config_error.
+size_t place_of(config::cluster_spec& spec, const std::string& name, const actors::run_options& opts) {
+  const bool listed =
+      std::any_of(spec.nodes.begin(), spec.nodes.end(), [&](const auto& n) { return n.name == name; });
+  if (listed && !opts.endpoint.empty())
+    throw config::config_error("--endpoint",
+                               fmt::format("--endpoint: node {} is in the cluster file, which gives its "
+                                           "endpoint; --endpoint is for nodes that are not",
+                                           name));
+  if (!listed && !opts.endpoint.empty())
+    return config::add_open_node(spec, name, opts.endpoint, opts.workers);
+  return config::node_index(spec, name);
+}
+
+/// A node's connection to its cluster while it trains: what the training sees (role), and what the node
+/// holds for it (the control connection, the state it serves, where to fetch the running cluster's state).
+struct node_session {
+  actors::cluster_role role;
+  std::unique_ptr<control_client> control;
+  std::unique_ptr<state_publisher> publisher;
+  std::optional<comm::recover_msg> recover;
+  std::optional<comm::curve_server_keys> curve;  // this node's ring and state sockets
+  bool cluster_stopped = false;                  // turned away while joining: the cluster stops
+};
+
+/// CURVE: this node's keys for its ring and state sockets, and the node keys it admits (role.admitted).
+/// Refusals (a stranger, a removed node's old key) are logged, the first 20 and then every 1000th.
+void set_up_curve(node_session& s, const comm::cluster_keys& keys, const std::string& name) {
+  s.role.admitted = std::make_shared<comm::key_ring>();
+  auto refused = std::make_shared<std::atomic<uint64_t>>(0);
+  s.curve =
+      comm::curve_server_keys{keys.own, s.role.admitted, [refused, name](const auto& r) {
+                                const uint64_t n = ++*refused;
+                                if (n <= 20 || n % 1000 == 0)
+                                  spdlog::warn("node {}: {} ({} refused so far)", name, r.describe(), n);
+                              }};
+}
+
+/// Sets the role's ring from the config and this node's place; test faults from the environment.
+void set_up_ring(node_session& s, const config::cluster_spec& spec, const config::cluster_spec& file_spec,
+                 size_t index, const config::train_config& cfg) {
+  const auto& me = spec.nodes[index];
+  // A node not in the file reads the data regions the master gave it.
+  s.role.rank_offset = index < file_spec.nodes.size() || !s.recover
+                           ? config::worker_offset(spec, index)
+                           : static_cast<int64_t>(s.recover->worker_offset);
+  s.role.cluster_workers = spec.train.train.workers;
+  s.role.data_partitions = config::data_partitions(spec);
+  s.role.ring = actors::ring_options_from(cfg, spec.cluster_id);
+  if (s.curve) s.role.ring.curve = comm::ring_curve{s.curve->own, s.curve->on_refused};
+  s.role.ring.names = s.role.names;
+  if (const char* fault = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE")) {
+    unsigned long long r = 0, c = 0;
+    if (std::sscanf(fault, "%llu:%llu", &r, &c) == 2) {
+      s.role.ring.die_in_round = r;
+      s.role.ring.die_after_chunks = c;
+      spdlog::warn(
+          "node {}: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: this node kills itself in round {} after {} chunks",
+          me.name, r, c);
+    }
+  }
+  // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).
+  s.role.ring.on_stall = [name = me.name](const std::string& line) {
+    spdlog::warn("node {}: {}", name, line);
+  };
+}
+
+/// A joiner's way in: cluster_role::join fetches the state and waits to be admitted.
+void set_up_join(node_session& s, const config::cluster_spec& spec, size_t index) {
+  spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it",
+               spec.nodes[index].name, s.recover->epoch, s.recover->round);
+  s.role.join = [j = joiner(*s.control, spec, index, *s.recover, s.role), &stopped = s.cluster_stopped](
+                    const runtime::snapshot_shape& shape, uint64_t own_round) mutable {
+    try {
+      return j(shape, own_round);
+    } catch (const lw_error& e) {
+      stopped = e.code() == errc::cancelled;  // not admitted: the cluster is stopping
+      throw;
+    }
+  };
+}
+
+/// What the node tells the master as it exits, and its exit code.
+int say_goodbye(control_client& control, const std::string& name, int code,
+                std::optional<uint64_t> stopped_after, bool cluster_stopped, bool leaving) {
+  if ((stopped_after || cluster_stopped) && code == 130) {
+    control.bye("stopped");
+    if (stopped_after)
+      spdlog::info(
+          "node {}: stopped with the cluster after round {}; its checkpoint is saved (the same command "
+          "resumes)",
+          name, *stopped_after);
+    return 0;
+  }
+  if (leaving && code == 130) {
+    control.bye("left at a round boundary (longwave node --leave)");
+    spdlog::info("node {}: left the cluster; its checkpoint is saved", name);
+    return 0;
+  }
+  if (code == 0)
+    control.bye("done");
+  else if (code == 130)
+    control.bye("interrupted (Ctrl-C); its checkpoint is saved");
+  else
+    control.error(errc::peer_lost,
+                  "node " + name + " stopped with exit code " + std::to_string(code) + "; see its log");
+  return code;
+}
+
+}  // namespace
+
+int run_node_role(const config::cluster_spec& file_spec, const std::string& name,
+                  const actors::run_options& opts) {
+  auto spec = file_spec;  // with this node appended when it is not in the file
+  // Any running node, one not in the file included: the master knows it by name.
+  if (opts.leave) return request_leave(spec, name);
+  size_t index = 0;
+  config::train_config cfg;
+  try {
+    index = place_of(spec, name, opts);
+    cfg = config::node_config(spec, index);
+  } catch (const config::config_error& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  }
+  const auto& me = spec.nodes[index];
+  warn_if_unsecured(spec, "node " + me.name);
+  if (opts.dry_run) {
+    spdlog::info("node {}: rank {} of {}, {} workers (global ranks {}..{}), ring endpoint {}", me.name, index,
+                 spec.nodes.size(), me.workers, config::worker_offset(spec, index),
+                 config::worker_offset(spec, index) + me.workers - 1, me.endpoint);
+    return actors::run_training(cfg, opts);
+  }
+
+  node_session s;
+  actors::run_options node_opts = opts;
+  try {
+    const auto keys = node_keys(spec, me.name);
+    if (keys) set_up_curve(s, *keys, me.name);
+    // Joiners fetch the running cluster's state from its members (the ring backend's clusters are elastic).
+    if (spec.train.comm.backend == config::comm_backend::ring)
+      s.publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id, s.curve);
+    s.control = std::make_unique<control_client>(spec.coordinators, spec.cluster_id, control_curve(keys));
+    node_opts.max_resume_round =
+        join(*s.control, spec, index, opts.fresh ? 0 : actors::latest_checkpoint_round(cfg),
+             s.publisher ? s.publisher->endpoint() : "", s.role, s.recover);
+  } catch (const lw_error& e) {
+    if (e.code() == errc::cancelled) {
+      spdlog::info("node {}: {}", me.name, e.what());
+      return 0;
+    }
+    spdlog::error("node {}: {}", me.name, e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+  if (s.recover) {
+    node_opts.max_resume_round.reset();
+    set_up_join(s, spec, index);
+  }
+  if (s.publisher)
+    s.role.publish = [p = s.publisher.get()](runtime::checkpoint c) { p->publish(std::move(c)); };
+  set_up_ring(s, spec, file_spec, index, cfg);
+
+  // The first tick heartbeats at once: the master allows a member join_timeout_s of silence only until its
+  // first heartbeat (while it loads its data and model).
+  std::chrono::steady_clock::time_point last_beat{};
+  master_watch watch(hello_of(spec, index, 0, s.publisher ? s.publisher->endpoint() : ""), s.role.admitted);
+  bool leaving = false;
+  stop_follower stop(me.name);
+  pin_follower pin(me.name);
+  // Every policy but eager keeps one theta_global on every node (eager mixes in each node's own delta).
+  auto committed = std::make_shared<committed_rounds>();
+  if (cfg.diloco.outer != config::outer_policy_kind::eager)
+    s.role.round_committed = [committed](uint64_t round, uint32_t crc) { committed->push(round, crc); };
+  auto& control = *s.control;
+  s.role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record,
+                    const actors::node_controls& controls) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto asks = watch.on_tick(control, ring, me.name, now, record);
+    if (asks.leave && !leaving) {
+      leaving = true;
+      spdlog::info("node {}: asked to leave the cluster: stopping at the next round boundary", me.name);
+      controls.leave();
+    }
+    stop.on_tick(asks, control, controls, record, now);
+    if (!stop.round()) pin.on_tick(asks, control, controls);
+    for (const auto& [round, crc] : committed->take()) control.committed(round, crc);
+    if (now - last_beat < std::chrono::seconds(2)) return;
+    last_beat = now;
+    const auto* elastic = dynamic_cast<const comm::elastic_ring*>(&ring);
+    control.heartbeat(ring.completed_round(), elastic ? elastic->epoch() : 0);
+  };
+  const int code = actors::run_training(cfg, node_opts, &s.role);
+  return say_goodbye(control, me.name, code, stop.round(), s.cluster_stopped, leaving);
+}
+
+}  // namespace longwave::cluster

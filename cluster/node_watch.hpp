@@ -1,0 +1,127 @@
+#pragma once
+// A training node's side of the control plane, ticked from its main loop: what the master asks of it
+// (membership changes, leave, a cluster stop), what it reports (fence answers, ring failures, theta's CRC per
+// round), and a master that went away and comes back (re-announcement, for a takeover).
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/training.hpp"
+#include "cluster/control_client.hpp"
+#include "comm/elastic_ring.hpp"
+
+namespace longwave::cluster {
+
+using steady = std::chrono::steady_clock;
+
+/// CURVE: admits exactly the node keys the master listed (a welcome's or a membership's, each the whole list)
+/// on this node's state socket: a key it no longer lists (revoked) is no longer admitted.
+void admit_keys(const std::shared_ptr<comm::key_ring>& ring, const std::vector<comm::peer_entry>& keys);
+
+/// What the master asked of a training node since the last tick.
+struct master_asks {
+  bool leave = false;                  ///< leave at the next round boundary (longwave node --leave)
+  bool stop_query = false;             ///< the cluster stops: where can this node stop?
+  std::optional<uint64_t> stop_round;  ///< the cluster stops after this round
+  bool pin_query = false;              ///< a joiner's fetch was overtaken: where can this node hold?
+  std::optional<uint64_t> pin_round;   ///< hold after this round while joiners fetch its state
+  bool pin_release = false;            ///< the pin is over: go on
+};
+
+/// A node's view of its master while it trains: membership changes reach the ring (fence, next epoch,
+/// removal), the ring's answers and failures reach the master, and a master that went away is said once,
+/// then reminded of every minute.
+class master_watch {
+ public:
+  /// hello: this node's hello, re-sent (running) to a master that comes back.
+  /// admitted: CURVE's admitted node keys, which each membership extends (nullptr without CURVE).
+  master_watch(comm::hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
+      : hello_(std::move(hello)), admitted_(std::move(admitted)) {}
+
+  /// What the master asked of this node (leave, a cluster stop).
+  master_asks on_tick(control_client& control, comm::collective& ring, const std::string& name,
+                      steady::time_point now, const std::function<void(std::string)>& record);
+
+ private:
+  void on_event(const control_event& ev, comm::collective& ring, comm::elastic_ring* elastic,
+                const std::string& name, steady::time_point now);
+  void enter(const comm::membership_msg& m, comm::elastic_ring* elastic, const std::string& name);
+  void on_connection(const control_event& ev, const std::string& name, steady::time_point now);
+  /// Until the master answers: a restarted one takes the running cluster over from these.
+  void reannounce(control_client& control, const comm::elastic_ring& elastic, steady::time_point now);
+  /// Fence answers and ring failures, to the master.
+  void report(control_client& control, comm::elastic_ring& elastic, const std::string& name);
+
+  static constexpr auto reminder_every = std::chrono::seconds(60);
+  comm::hello_msg hello_;
+  std::shared_ptr<comm::key_ring> admitted_;
+  std::optional<steady::time_point> gone_since_;
+  std::string refused_;  // why the master refuses this node's handshake now ("" while it does not)
+  steady::time_point next_reminder_;
+  bool reannounce_ = false;
+  steady::time_point next_announce_;
+};
+
+/// theta_global's CRC after each round, handed from the training coordinator's thread to the main loop,
+/// which sends them to the master (it compares the members').
+class committed_rounds {
+ public:
+  void push(uint64_t round, uint32_t crc) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (items_.size() < max_items) items_.emplace_back(round, crc);
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> take() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return std::exchange(items_, {});
+  }
+
+ private:
+  static constexpr size_t max_items = 1024;  // a main loop that stalls loses later reports, not memory
+  std::mutex mu_;
+  std::vector<std::pair<uint64_t, uint32_t>> items_;
+};
+
+/// A pin as one node follows it: asked where it can hold, it holds at the boundary after its current round
+/// and says which; told the round R after which every member holds, it trains on to R (if behind) and holds
+/// there while joiners fetch R's state; released, it goes on.
+class pin_follower {
+ public:
+  explicit pin_follower(std::string name) : name_(std::move(name)) {}
+  void on_tick(const master_asks& asks, control_client& control, const actors::node_controls& controls);
+
+ private:
+  std::string name_;
+  std::optional<uint64_t> hold_, round_;
+};
+
+/// A cluster stop (longwave stop) as one node follows it: asked where it can stop, it holds at the boundary
+/// after its current round and says which; told the round after which every node stops, it trains to it,
+/// saves its checkpoint and exits. Without that round within max_hold (the master went away) it stops where
+/// it holds.
+class stop_follower {
+ public:
+  explicit stop_follower(std::string name) : name_(std::move(name)) {}
+
+  void on_tick(const master_asks& asks, control_client& control, const actors::node_controls& controls,
+               const std::function<void(std::string)>& record, steady::time_point now);
+
+  /// The round after which this node stops (nullopt: it is not stopping).
+  std::optional<uint64_t> round() const { return round_; }
+
+ private:
+  void stop(uint64_t round, const actors::node_controls& controls,
+            const std::function<void(std::string)>& record);
+
+  static constexpr std::chrono::seconds max_hold{60};
+  std::string name_;
+  std::optional<uint64_t> hold_, round_;
+  steady::time_point held_since_;
+};
+
+}  // namespace longwave::cluster

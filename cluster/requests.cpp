@@ -1,0 +1,50 @@
+// One-shot requests to a running cluster's master: `longwave node --leave` and `longwave stop`.
+#include <spdlog/spdlog.h>
+
+#include "cluster/cluster_file.hpp"
+#include "cluster/control_client.hpp"
+#include "cluster/roles.hpp"
+
+namespace longwave::cluster {
+
+/// `longwave node CLUSTER --node NAME --leave`: asks the coordinator to make NAME leave at its next round
+/// boundary. 0 when it will, 2 when it cannot (not training, unknown), 1 when the coordinator cannot be
+/// reached.
+int request_leave(const config::cluster_spec& spec, const std::string& name) {
+  try {
+    control_client control(spec.coordinators, spec.cluster_id, control_curve(node_keys(spec, name)));
+    const auto [code, text] = control.request_leave(name, std::chrono::seconds(10));
+    if (code == errc::none) {
+      spdlog::info("the coordinator says: {}", text);
+      return 0;
+    }
+    spdlog::error("the coordinator says: {}", text);
+    return 2;
+  } catch (const lw_error& e) {
+    spdlog::error("{}", e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+}
+
+int request_cluster_stop(const config::cluster_spec& spec) {
+  try {
+    std::optional<comm::curve_peer> curve;
+    if (spec.security.mode == config::security_mode::curve) {
+      const auto keys = comm::load_coordinator_keys(spec.security.keys, {});
+      curve = comm::curve_peer{keys.own, keys.coordinator_public};
+    }
+    control_client control(spec.coordinators, spec.cluster_id, curve);
+    const auto [code, text] = control.request_stop(std::chrono::seconds(10));
+    if (code == errc::none) {
+      spdlog::info("the coordinator says: {}", text);
+      return 0;
+    }
+    spdlog::error("the coordinator says: {}", text);
+    return code == errc::invalid_config ? 2 : 1;
+  } catch (const lw_error& e) {
+    spdlog::error("stop: {}", e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,58 @@
+// A member's state publisher (see state_publisher.hpp).
+#include "cluster/state_publisher.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace longwave::cluster {
+
+state_publisher::state_publisher(const std::string& ring_endpoint, uint64_t cluster_id,
+                                 std::optional<comm::curve_server_keys> curve)
+    : server_(ring_endpoint.substr(0, ring_endpoint.rfind(':')) + ":*", cluster_id, std::move(curve)),
+      thread_([this] { run(); }) {}
+
+state_publisher::~state_publisher() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void state_publisher::publish(runtime::checkpoint c) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    slot_ = std::move(c);
+  }
+  cv_.notify_all();
+}
+
+void state_publisher::run() {
+  for (;;) {
+    runtime::checkpoint c;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || slot_; });
+      if (stop_) return;
+      c = std::move(*slot_);
+      slot_.reset();
+    }
+    // Two states per round: what every member holds alike (theta, momentum, a pending average), which a
+    // joiner fetches from all members at once, and this node's worker state (with the meta, which names this
+    // node's files), which it fetches from one.
+    runtime::checkpoint shared, own;
+    shared.round = own.round = c.round;
+    shared.step = own.step = c.step;
+    own.meta = std::move(c.meta);
+    for (auto& b : c.blobs) (b.name.rfind("replica", 0) == 0 ? own : shared).blobs.push_back(std::move(b));
+    auto publish = [&](uint32_t part, const runtime::checkpoint& x) {
+      server_.publish(comm::reduce_key{c.round, part}, c.round,
+                      std::make_shared<const std::vector<std::byte>>(runtime::checkpoint_to_bytes(x)));
+    };
+    publish(own_part, own);
+    publish(shared_part, shared);
+  }
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,945 @@
+// The master's membership rules as scripted event tables in virtual time: each row is a moment, a sender and
+// an event, and what the master must do (and must not) in answer. No sockets and no clock: a table of a
+// minute's cluster life plays in microseconds.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cluster/master_state.hpp"
+
+using namespace longwave;
+using namespace longwave::cluster;
+
+namespace {
+
+/// One row: at `t` seconds, `who` sends `what` (or "tick": time passes); `expect` lists texts the master's
+/// actions must contain, each in one action ("!text": in none of them).
+///
+/// who: a node name ("n0"), with a trailing ' for each newer process of that node ("n0'"), "op" for an
+/// operator's request (`longwave stop`, `--leave`) or "?" for a connection that never said hello.
+/// what: hello [resume=R] [workers=W] [hash=H] [version=V] [badendpoint] | running epoch=E world=W round=R |
+/// heartbeat R | ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready R |
+/// stop [R] | pin R | committed R CRC | leave NODE | tick.
+/// Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0
+/// [n0,n2] keep 3/0", "n0 <- recover round 3 from [n0,n1]", "n0 <- stop 8", "n0 <- leave n0",
+/// "n0 <- pin 5", "n0 <- pin release", "n0 <- error evicted: TEXT", "info: LINE", "warn: LINE", "count
+/// node_lost", "rejected wrong_cluster", "epoch 2 (1 members, lost)", "joined n2 at round 3".
+struct row {
+  double t;
+  std::string who;
+  std::string what;
+  std::vector<std::string> expect;
+};
+
+/// The node a sender speaks as: "n0'" -> n0, "?n1" (a connection that never said hello) -> n1.
+std::string node_of(const std::string& who) {
+  const auto name = who.substr(0, who.find('\''));
+  return !name.empty() && name[0] == '?' ? name.substr(1) : name;
+}
+
+std::string names(const std::vector<comm::peer_entry>& peers) {
+  std::string out;
+  for (const auto& p : peers) out += (out.empty() ? "" : ",") + p.name;
+  return "[" + out + "]";
+}
+
+std::string describe_body(const comm::envelope& e) {
+  if (auto* w = std::get_if<comm::welcome_msg>(&e.body))
+    return "welcome rank " + std::to_string(w->rank) + " of " + std::to_string(w->world_size) + " epoch " +
+           std::to_string(w->epoch) + " start " + std::to_string(w->start_round);
+  if (auto* f = std::get_if<comm::fence_msg>(&e.body)) return "fence " + std::to_string(f->epoch);
+  if (auto* m = std::get_if<comm::membership_msg>(&e.body))
+    return "membership epoch " + std::to_string(m->epoch) + " rank " + std::to_string(m->rank) + " " +
+           names(m->peers) + " keep " + std::to_string(m->commit.round) + "/" +
+           std::to_string(m->commit.fragment);
+  if (auto* r = std::get_if<comm::recover_msg>(&e.body))
+    return "recover round " + std::to_string(r->round) + " from " + names(r->sources) + " offset " +
+           std::to_string(r->worker_offset) + (r->note.empty() ? "" : " note " + r->note);
+  if (auto* s = std::get_if<comm::stop_msg>(&e.body)) return "stop " + std::to_string(s->round);
+  if (auto* p = std::get_if<comm::pin_msg>(&e.body))
+    return p->release ? std::string("pin release") : "pin " + std::to_string(p->round);
+  if (auto* l = std::get_if<comm::leave_msg>(&e.body)) return "leave " + l->node;
+  if (auto* er = std::get_if<comm::error_msg>(&e.body))
+    return std::string("error ") + to_string(static_cast<errc>(er->code)) + ": " + er->message;
+  return "?";
+}
+
+class table {
+ public:
+  explicit table(master_settings s) : names_(names_in(s)), m_(std::move(s), t0_) {}
+
+  /// Plays the rows in order, checking each row's expectations against the actions of its event and of the
+  /// tick at its time.
+  void play(const std::vector<row>& rows) {
+    for (const auto& r : rows) {
+      const auto now = t0_ + std::chrono::milliseconds(std::llround(r.t * 1000));
+      if (r.what != "tick") {
+        if (r.what == "bad_parts")
+          m_.on_bad_parts(3);
+        else if (r.what == "wrong_cluster")
+          m_.on_bad_frame(sender_of(r.who),
+                          comm::rejection{comm::reject_reason::wrong_cluster, "cluster id 7"});
+        else
+          m_.on_frame(sender_of(r.who), envelope_of(r.who, r.what), now);
+      }
+      m_.tick(now);
+      std::vector<std::string> out;
+      for (auto& a : m_.take_actions()) out.push_back(describe(a));
+      all_.insert(all_.end(), out.begin(), out.end());
+      check(r, out);
+    }
+  }
+
+  master_state& master() { return m_; }
+  /// Every action so far, one per line.
+  std::string transcript() const {
+    std::string s;
+    for (const auto& a : all_) s += a + "\n";
+    return s;
+  }
+
+ private:
+  static std::vector<std::string> names_in(const master_settings& s) {
+    std::vector<std::string> out;
+    for (const auto& m : s.members) out.push_back(m.name);
+    return out;
+  }
+
+  static std::string describe(const action& a) {
+    if (auto* s = std::get_if<send>(&a)) return s->to + " <- " + describe_body(s->envelope);
+    if (auto* l = std::get_if<line>(&a)) return (l->warning ? "warn: " : "info: ") + l->text;
+    if (auto* e = std::get_if<error_counted>(&a)) return "count " + e->reason;
+    if (auto* f = std::get_if<frame_rejected>(&a)) return "rejected " + f->reason;
+    if (auto* ep = std::get_if<epoch_began>(&a))
+      return "epoch " + std::to_string(ep->epoch) + " (" + std::to_string(ep->members) + " members, " +
+             ep->reason + ")";
+    if (auto* j = std::get_if<node_joined>(&a))
+      return "joined " + j->name + " at round " + std::to_string(j->round);
+    return "?";
+  }
+
+  void check(const row& r, const std::vector<std::string>& out) {
+    std::string said;
+    for (const auto& o : out) said += "  " + o + "\n";
+    for (const auto& want : r.expect) {
+      const bool negate = !want.empty() && want[0] == '!';
+      const std::string text = negate ? want.substr(1) : want;
+      bool found = false;
+      for (const auto& o : out) found = found || o.find(text) != std::string::npos;
+      CATCH_INFO("at " << r.t << " s, " << r.who << " " << r.what << ": the master did\n" << said);
+      if (negate)
+        CATCH_CHECK_FALSE(found);
+      else
+        CATCH_CHECK(found);
+    }
+  }
+
+  sender sender_of(const std::string& who) const {
+    sender s;
+    s.identity = who;
+    s.peer = "10.0.0.1";
+    return s;
+  }
+
+  comm::envelope envelope_of(const std::string& who, const std::string& what) const {
+    std::istringstream in(what);
+    std::string verb;
+    in >> verb;
+    comm::envelope e;
+    e.cluster_id = 1;
+    e.sender = comm::control::no_rank;
+    const auto node = node_of(who);
+    for (size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == node) e.sender = static_cast<uint32_t>(i);
+    std::vector<std::string> args;
+    for (std::string a; in >> a;) args.push_back(a);
+    auto opt = [&](const std::string& key, uint64_t dflt) {
+      for (const auto& a : args)
+        if (a.rfind(key + "=", 0) == 0) return static_cast<uint64_t>(std::stoull(a.substr(key.size() + 1)));
+      return dflt;
+    };
+    auto num = [&](size_t i) { return static_cast<uint64_t>(std::stoull(args.at(i))); };
+    auto key = [](const std::string& k) {
+      const auto slash = k.find('/');
+      return comm::reduce_key{std::stoull(k.substr(0, slash)),
+                              static_cast<uint32_t>(std::stoul(k.substr(slash + 1)))};
+    };
+    if (verb == "hello" || verb == "running") {
+      comm::hello_msg h;
+      h.protocol_version = static_cast<uint16_t>(opt("version", comm::protocol_version()));
+      h.cluster_id = 1;
+      h.node_name = node;
+      h.n_workers = static_cast<uint32_t>(opt("workers", 1));
+      h.data_endpoint = "tcp://10.0.0.1:" + std::to_string(7000 + node.back());
+      if (std::find(args.begin(), args.end(), "badendpoint") != args.end()) h.data_endpoint = "10.0.0.1:7000";
+      h.resume_round = opt("resume", 0);
+      h.config_hash = opt("hash", 42);
+      h.state_endpoint = "tcp://10.0.0.1:" + std::to_string(8000 + node.back());
+      if (verb == "running") {
+        h.running = true;
+        h.epoch = opt("epoch", 1);
+        h.world_size = static_cast<uint32_t>(opt("world", 2));
+        h.committed = comm::reduce_key{opt("round", 1), 0};
+      }
+      e.body = h;
+    } else if (verb == "heartbeat") {
+      e.body = comm::heartbeat_msg{num(0), 0, 1};
+    } else if (verb == "ack") {
+      comm::fence_ack_msg a;
+      a.epoch = num(0);
+      a.committed = key(args.at(1));
+      if (args.size() > 3 && args[2] == "pending") {
+        a.has_pending = true;
+        a.pending = key(args[3]);
+        a.have_result = args.size() > 4 && args[4] == "held";
+      }
+      e.body = a;
+    } else if (verb == "bye") {
+      e.body = comm::bye_msg{args.at(0)};
+    } else if (verb == "error") {
+      e.body = comm::error_msg{static_cast<uint16_t>(errc::peer_lost), "it broke"};
+    } else if (verb == "ring_failed") {
+      e.body = comm::ring_failed_msg{num(0), args.size() > 1 ? args[1] : "", "connection dropped"};
+    } else if (verb == "join_ready") {
+      e.body = comm::join_ready_msg{comm::reduce_key{num(0), 0}, num(0)};
+    } else if (verb == "stop") {
+      e.body = comm::stop_msg{args.empty() ? 0 : num(0)};
+    } else if (verb == "pin") {
+      e.body = comm::pin_msg{num(0), false};
+    } else if (verb == "committed") {
+      e.body = comm::committed_msg{num(0), static_cast<uint32_t>(num(1))};
+    } else if (verb == "leave") {
+      e.body = comm::leave_msg{args.at(0)};
+    } else {
+      throw std::runtime_error("table: unknown event '" + what + "'");
+    }
+    return e;
+  }
+
+  clock::time_point t0_ = clock::time_point(std::chrono::hours(1000));
+  std::vector<std::string> names_;
+  master_state m_;
+  std::vector<std::string> all_;
+};
+
+master_settings cluster_of(int n, size_t min_nodes = 1) {
+  master_settings s;
+  s.cluster_id = 1;
+  s.config_hash = 42;
+  for (int i = 0; i < n; ++i) {
+    const std::string name = "n" + std::to_string(i);
+    s.members.push_back({name, "tcp://10.0.0.1:" + std::to_string(7000 + name.back()), 1, 0});
+  }
+  s.min_nodes = min_nodes;
+  return s;
+}
+
+/// A listed node's hello as its own process sends it (for tests that drive the master directly).
+comm::envelope hello_as(const std::string& name) {
+  comm::envelope e;
+  comm::hello_msg h;
+  h.protocol_version = comm::protocol_version();
+  h.node_name = name;
+  h.data_endpoint = "tcp://10.0.0.1:" + std::to_string(7000 + name.back());
+  h.n_workers = 1;
+  h.config_hash = 42;
+  e.body = h;
+  return e;
+}
+
+/// Two nodes joined and training from t = 1, both heard at t = 1.
+const std::vector<row> two_training = {
+    {0.0, "n0", "hello", {"info: coordinator: node n0 joined (1 workers", "!welcome"}},
+    {0.5,
+     "n1",
+     "hello resume=3",
+     {"n0 <- welcome rank 0 of 2 epoch 1 start 0", "n1 <- welcome rank 1 of 2 epoch 1 start 0",
+      "epoch 1 (2 members, start)", "ring 0=n0 -> 1=n1; starting at round 1"}},
+    {1.0, "n0", "heartbeat 0", {}},
+    {1.0, "n1", "heartbeat 0", {}},
+};
+
+/// Three nodes joined and training from t = 1, all heard at t = 1.
+const std::vector<row> three_training = {
+    {0, "n0", "hello", {}},
+    {0, "n1", "hello", {}},
+    {0, "n2", "hello", {"epoch 1 (3 members, start)"}},
+    {1, "n0", "heartbeat 1", {}},
+    {1, "n1", "heartbeat 1", {}},
+    {1, "n2", "heartbeat 1", {}},
+};
+
+std::vector<row> operator+(std::vector<row> a, const std::vector<row>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("master: every listed node joins, then all are welcomed into epoch 1", "[unit][master]") {
+  table t(cluster_of(2));
+  t.play(two_training +
+         std::vector<row>{{1.5, "n0", "hello", {"n0 <- welcome rank 0 of 2 epoch 1", "!n1 <-"}}});
+  CATCH_CHECK(t.master().phase_of("n0") == member_phase::member);
+  CATCH_CHECK(t.master().phase_of("n1") == member_phase::member);
+  CATCH_CHECK(t.master().epoch() == 1);
+  const auto st = t.master().statuses(clock::time_point(std::chrono::hours(1000)) + std::chrono::seconds(2));
+  CATCH_REQUIRE(st.size() == 2);
+  CATCH_CHECK(st[0].alive);
+  CATCH_CHECK(st[0].age_s == Approx(0.5));
+  CATCH_CHECK_THROWS(t.master().phase_of("n9"));
+}
+
+CATCH_TEST_CASE("master: every phase and removal reason has its own name", "[unit][master]") {
+  std::set<std::string> phases;
+  for (int p = 0; p <= static_cast<int>(member_phase::removed); ++p)
+    phases.insert(to_string(static_cast<member_phase>(p)));
+  CATCH_CHECK(phases.size() == 8);
+  CATCH_CHECK(std::string(to_string(removal::none)).empty());
+  CATCH_CHECK(std::string(to_string(removal::failed)) == "failed");
+}
+
+CATCH_TEST_CASE("master: resuming nodes start after the oldest round every node has a checkpoint for",
+                "[unit][master]") {
+  table t(cluster_of(2));
+  t.play(
+      {{0, "n0", "hello resume=7", {}},
+       {0, "n1", "hello resume=5", {"n0 <- welcome rank 0 of 2 epoch 1 start 5", "resuming after round 5"}}});
+}
+
+CATCH_TEST_CASE(
+    "master: the join deadline starts without the missing nodes at min_nodes, else calls the run off",
+    "[unit][master]") {
+  CATCH_SECTION("min_nodes met") {
+    table t(cluster_of(3, 2));
+    t.play({{0, "n0", "hello", {}},
+            {1, "n1", "hello", {"!welcome"}},
+            {59, "n0", "tick", {"!welcome"}},
+            {61,
+             "n0",
+             "tick",
+             {"join deadline of 60 s passed with 2 of 3 nodes (n0, n1); [cluster] min_nodes = 2: starting "
+              "without n2",
+              "n1 <- welcome rank 1 of 2", "epoch 1 (2 members, start)"}}});
+    CATCH_CHECK(t.master().phase_of("n2") == member_phase::removed);
+  }
+  CATCH_SECTION("min_nodes not met") {
+    table t(cluster_of(3, 3));
+    t.play({{0, "n0", "hello", {}},
+            {61,
+             "n0",
+             "tick",
+             {"warn: coordinator: join deadline of 60 s passed: missing node(s) n1, n2 (joined: n0)",
+              "n0 <- error peer_lost: the cluster was called off: join deadline"}}});
+    CATCH_CHECK(t.master().done() == 1);
+  }
+  CATCH_SECTION("nodes training under an earlier master are named") {
+    table t(cluster_of(2, 2));
+    t.play({{0, "n0", "hello", {}},
+            {1,
+             "?n1",
+             "heartbeat 9",
+             {"node n1 (10.0.0.1) is training under an earlier coordinator (heartbeat of round 9)"}},
+            {2, "?n1", "heartbeat 9", {"!n1"}},
+            {2, "?", "heartbeat 9", {"dropped a control message from 10.0.0.1, which has not said hello"}},
+            {61,
+             "n0",
+             "tick",
+             {"node(s) n1 are training under an earlier coordinator but did not re-announce"}}});
+    CATCH_CHECK(t.master().done() == 1);
+  }
+}
+
+CATCH_TEST_CASE("master: a silent member is lost, fenced out, and told so", "[unit][master]") {
+  table t(cluster_of(3));
+  t.play({{0, "n0", "hello", {}},
+          {0, "n1", "hello", {}},
+          {0, "n2", "hello", {"epoch 1 (3 members, start)"}},
+          {1, "n0", "heartbeat 1", {}},
+          {1, "n1", "heartbeat 1", {}},
+          {1, "n2", "heartbeat 1", {}},
+          {5, "n0", "heartbeat 2", {}},
+          {5, "n2", "heartbeat 2", {}},
+          {7.5,
+           "n0",
+           "tick",
+           {"warn: coordinator: node n1 lost: nothing heard for 6 s (its last all-reduce: round 1)",
+            "count node_lost", "n1 <- error evicted: this node was removed from the cluster (node n1 lost",
+            "n0 <- fence 2", "n2 <- fence 2", "!n1 <- fence"}},
+          {8, "n0", "ack 2 2/0", {"!membership"}},
+          {8.5,
+           "n2",
+           "ack 2 2/0 pending 3/0 held",
+           {"n0 <- membership epoch 2 rank 0 [n0,n2] keep 2/0",
+            "n2 <- membership epoch 2 rank 1 [n0,n2] keep 2/0", "epoch 2 (2 members, lost)",
+            "all-reduces after round 2 fragment 0 are redone"}},
+          // The removed node speaks again: it is told (again after 10 s), its bye is not answered.
+          {9, "n1", "heartbeat 2", {"!evicted"}},
+          {12, "n0", "heartbeat 2", {}},
+          {12, "n2", "heartbeat 2", {}},
+          {16, "n0", "heartbeat 2", {}},
+          {16, "n2", "heartbeat 2", {}},
+          {18,
+           "n1",
+           "heartbeat 2",
+           {"n1 <- error evicted: this node was removed from the cluster (node n1 was removed in an earlier "
+            "epoch)"}},
+          {19, "n1", "bye done", {"!n1 <-"}}});
+  CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
+  CATCH_CHECK(t.master().epoch() == 2);
+}
+
+CATCH_TEST_CASE("master: the members keep the smallest all-reduce any of them holds", "[unit][master]") {
+  table t(cluster_of(3));
+  t.play(
+      three_training +
+      std::vector<row>{
+          {2, "n1", "error", {"node n1 failed (peer_lost): it broke", "n0 <- fence 2", "!count node_lost"}},
+          {2.5, "n0", "ack 2 4/1 pending 5/0 held", {}},
+          {2.6, "n2", "ack 2 4/1 pending 5/0", {"keep 4/1", "epoch 2 (2 members, failed)"}}});
+}
+
+CATCH_TEST_CASE("master: a ring failure suspects the lost node, which is removed once silent",
+                "[unit][master]") {
+  CATCH_SECTION("silent: removed") {
+    table t(cluster_of(3));
+    t.play(
+        {{0, "n0", "hello", {}},
+         {0, "n1", "hello", {}},
+         {0, "n2", "hello", {}},
+         {1, "n0", "heartbeat 1", {}},
+         {1, "n1", "heartbeat 1", {}},
+         {1, "n2", "heartbeat 1", {}},
+         {2,
+          "n0",
+          "ring_failed 1 n1",
+          {"warn: coordinator: node n0's ring failed in epoch 1 (it lost n1): connection dropped", "!fence"}},
+         {2.2, "n2", "ring_failed 1 n1", {"node n2's ring failed in epoch 1 (it lost n1)", "!fence"}},
+         {3.6,
+          "n0",
+          "tick",
+          {"node n1 lost: its neighbour's ring dropped it and nothing heard for 2.5 s", "n0 <- fence 2"}}});
+  }
+  CATCH_SECTION("heard from: a ring reset among all") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{{2, "n0", "ring_failed 1 n1", {"!fence"}},
+                            {2.5, "n1", "heartbeat 1", {"n0 <- fence 2", "n1 <- fence 2", "a ring failed"}},
+                            {3, "n0", "ring_failed 1 n1", {"!ring failed"}},  // fenced: already dealt with
+                            {3, "n0", "ack 2 1/0", {}},
+                            {3, "n1", "ack 2 1/0", {"epoch 2 (2 members, ring_reset)"}}});
+  }
+}
+
+CATCH_TEST_CASE("master: a ring that keeps failing without progress ends the run", "[unit][master]") {
+  table t(cluster_of(2));
+  std::vector<row> rows = two_training;
+  double now = 2;
+  for (uint64_t epoch = 2; epoch <= 5; ++epoch) {
+    rows.push_back({now, "n0", "ring_failed " + std::to_string(epoch - 1), {}});
+    rows.push_back({now, "n0", "ack " + std::to_string(epoch) + " 3/0", {}});
+    rows.push_back(
+        {now,
+         "n1",
+         "ack " + std::to_string(epoch) + " 3/0",
+         {epoch < 5 ? "membership epoch " + std::to_string(epoch) : "the ring failed 4 times in a row"}});
+    now += 0.5;
+  }
+  t.play(rows);
+  CATCH_CHECK(t.master().done() == 1);
+}
+
+CATCH_TEST_CASE("master: a member that does not answer a fence is removed", "[unit][master]") {
+  table t(cluster_of(3));
+  t.play(
+      three_training +
+      std::vector<row>{
+          {2, "n2", "bye interrupted", {"node n2 left: interrupted", "n0 <- fence 2", "!n2 <- error"}},
+          {2.1, "n0", "ack 2 1/0", {}},
+          {3, "n1", "heartbeat 1", {}},
+          {5, "n1", "heartbeat 1", {}},
+          {5, "n0", "heartbeat 1", {}},
+          {6.2,
+           "n0",
+           "tick",
+           {"node n1 lost: no answer to the fence of epoch 2 within 4 s", "n0 <- fence 3",
+            "n1 <- error evicted"}},
+          {6.5, "n0", "ack 3 1/0", {"membership epoch 3 rank 0 [n0]", "epoch 3 (1 members, left, lost)"}}});
+}
+
+CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the run is called off",
+                "[unit][master]") {
+  CATCH_SECTION("nobody comes") {
+    table t(cluster_of(2, 2));
+    t.play(two_training +
+           std::vector<row>{
+               {2, "n1", "error", {"n0 <- fence 2"}},
+               {2.5,
+                "n0",
+                "ack 2 1/0",
+                {"warn: coordinator: quorum lost: 1 live node(s) (n0), [cluster] min_nodes = 2; "
+                 "missing: n1; the members keep their state and wait up to 60 s",
+                 "!membership"}},
+               {30, "n0", "heartbeat 1", {}},
+               {60, "n0", "heartbeat 1", {}},
+               {63, "n0", "tick", {"n0 <- error evicted: the cluster was called off: quorum lost"}}});
+    CATCH_CHECK(t.master().done() == 1);
+  }
+  CATCH_SECTION("the wait is reported") {
+    table t(cluster_of(2, 2));
+    t.play(two_training +
+           std::vector<row>{{2, "n1", "error", {}}, {2.5, "n0", "ack 2 1/0", {"quorum lost"}}});
+    CATCH_CHECK(t.master().quorum_waited_s(clock::time_point(std::chrono::hours(1000)) +
+                                           std::chrono::seconds(12)) == Approx(9.5));
+  }
+  CATCH_SECTION("a joiner makes it up") {
+    table t(cluster_of(2, 2));
+    t.play(two_training +
+           std::vector<row>{
+               {2, "n1", "error", {}},
+               {2.5, "n0", "ack 2 1/0", {"quorum lost"}},
+               {3,
+                "n1'",
+                "hello",
+                {"node n1 (10.0.0.1) asks to join the running cluster (epoch 1, it was failed)",
+                 "n1' <- recover round 0 from [n0] offset 1"}},
+               {4, "n1'", "heartbeat 0", {}},
+               {5,
+                "n1'",
+                "join_ready 1",
+                {"node n1 admitted in epoch 2 with the state of round 1", "joined n1 at round 1",
+                 "quorum back: 2 live nodes (n0, n1)", "n1' <- membership epoch 2 rank 1 [n0,n1]"}}});
+    CATCH_CHECK(t.master().quorum_waited_s(clock::time_point(std::chrono::hours(1000)) +
+                                           std::chrono::seconds(6)) == 0);
+  }
+}
+
+/// Three nodes; n2 fails and a new process of it fetches the state of round 1, which the members have passed
+/// by the time it is ready.
+const std::vector<row> overtaken_joiner = {
+    {0, "n0", "hello", {}},
+    {0, "n1", "hello", {}},
+    {0, "n2", "hello", {}},
+    {1, "n0", "heartbeat 1", {}},
+    {1, "n1", "heartbeat 1", {}},
+    {1, "n2", "heartbeat 1", {}},
+    {2, "n2", "error", {"n0 <- fence 2"}},
+    {2, "n0", "ack 2 1/0", {}},
+    {2, "n1", "ack 2 1/0", {"epoch 2 (2 members, failed)"}},
+    {3, "n2'", "hello", {"n2' <- recover round 1 from [n0,n1]"}},
+    {4, "n0", "heartbeat 3", {}},
+    {4, "n1", "heartbeat 3", {}},
+    {5,
+     "n2'",
+     "join_ready 1",
+     {"node n2 holds the state of round 1: admitting it at a fence", "n0 <- fence 3"}},
+    {5, "n0", "ack 3 3/0", {}},
+    {5,
+     "n1",
+     "ack 3 3/0",
+     {"node n2: the state of round 1 (all-reduce 1/0) is stale: the members hold all-reduce 3/0; they hold "
+      "at a "
+      "round boundary for it",
+      "n0 <- membership epoch 3 rank 0 [n0,n1]", "n0 <- pin 0", "n1 <- pin 0", "!n2' <- recover"}},
+    {5.5, "n0", "pin 4", {"!pin"}},
+    {5.6, "n2'", "join_ready 1", {"!fence"}},  // a repeat of the stale state: ignored
+};
+
+CATCH_TEST_CASE("master: a joiner overtaken by the rounds gets in: the members hold at one boundary for it",
+                "[unit][master]") {
+  CATCH_SECTION("admitted with the held round's state, then the members go on") {
+    table t(cluster_of(3));
+    t.play(overtaken_joiner +
+           std::vector<row>{{6,
+                             "n1",
+                             "pin 5",
+                             {"the members (n0, n1) hold after round 5 while n2 fetch its state",
+                              "n2' <- recover round 5 from [n0,n1] offset 2 note fetch the state of round 5",
+                              "n0 <- pin 5", "n1 <- pin 5"}},
+                            {7, "n2'", "heartbeat 0", {"!pin"}},
+                            {8, "n0", "heartbeat 5", {"n0 <- pin 5"}},
+                            {8, "n1", "heartbeat 5", {}},
+                            {10, "n0", "heartbeat 5", {}},
+                            {10, "n1", "heartbeat 5", {}},
+                            {11, "n2'", "join_ready 5", {"n0 <- fence 4"}},
+                            {11, "n0", "ack 4 5/0", {}},
+                            {11,
+                             "n1",
+                             "ack 4 5/0",
+                             {"node n2 admitted in epoch 4 with the state of round 5",
+                              "n2' <- membership epoch 4 rank 2 [n0,n1,n2]", "n0 <- pin release",
+                              "n2' <- pin release", "the members go on after round 5"}}});
+    CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
+  }
+  CATCH_SECTION("the joiner gives up: the members go on") {
+    table t(cluster_of(3));
+    t.play(overtaken_joiner +
+           std::vector<row>{{6, "n1", "pin 5", {"n0 <- pin 5"}},
+                            {7, "n2'", "bye gave-up", {"n0 <- pin release", "n1 <- pin release"}}});
+  }
+  CATCH_SECTION("a stop takes the members' hold over") {
+    table t(cluster_of(3));
+    t.play(overtaken_joiner +
+           std::vector<row>{{6, "n1", "pin 5", {}},
+                            {6.5, "op", "stop", {"n2' <- error cancelled", "!pin release"}},
+                            {7, "n0", "stop 5", {}},
+                            {7, "n1", "stop 5", {"n0 <- stop 5"}}});
+  }
+}
+
+CATCH_TEST_CASE("master: a second process with a live node's name waits, then is turned away or takes over",
+                "[unit][master]") {
+  CATCH_SECTION("before training") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "hello", {}},
+            {1,
+             "n0'",
+             "hello",
+             {"n0' <- error invalid_config: node n0 has already joined from another process",
+              "count rejected_join"}},
+            {8,
+             "n0'",
+             "hello",
+             {"said hello from a new process (10.0.0.1) after 8 s of silence from the first"}}});
+  }
+  CATCH_SECTION("the first is live") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{
+               {2, "n0'", "hello", {"!n0' <-"}},
+               {3, "n0", "heartbeat 1", {}},
+               {4, "n0'", "hello", {"!n0' <-"}},
+               {5, "n0", "heartbeat 1", {}},
+               {5, "n1", "heartbeat 1", {}},
+               {7, "n0", "heartbeat 1", {}},
+               {7, "n1", "heartbeat 1", {}},
+               {8.5, "n0'", "hello", {"n0' <- error invalid_config: node n0 is live in the cluster"}}});
+  }
+  CATCH_SECTION("the first fell silent: the newcomer joins") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{
+               {3, "n1", "heartbeat 1", {}},
+               {4.5,
+                "n0'",
+                "hello",
+                {"node n0 lost: a new process (10.0.0.1) said hello with its name after 3.5 s of silence",
+                 "n0 <- error evicted", "n1 <- fence 2", "n0' <- recover"}}});
+    CATCH_CHECK(t.master().phase_of("n0") == member_phase::joining);
+  }
+}
+
+CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[unit][master]") {
+  CATCH_SECTION("all in one epoch: they carry on") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "running epoch=3 world=2 round=7", {"taking the running cluster over", "!welcome"}},
+            {0.5,
+             "n1",
+             "running epoch=3 world=2 round=7",
+             {"took over the running cluster: n0, n1 in epoch 3 (last applied round 7)",
+              "n0 <- welcome rank 0 of 2 epoch 3", "epoch 3 (2 members, start)"}}});
+    CATCH_CHECK(t.master().epoch() == 3);
+  }
+  CATCH_SECTION("one missing: a fence among the others") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "running epoch=3 world=2 round=7", {}},
+            {0.2,
+             "op",
+             "stop",
+             {"op <- error deadline_missed: the coordinator is taking the running cluster over"}},
+            {6.5, "n0", "tick", {"took over the running cluster: n0 in epoch 3", "n0 <- fence 4"}},
+            {7, "n0", "ack 4 7/0", {"membership epoch 4 rank 0 [n0]", "epoch 4 (1 members, takeover)"}}});
+    CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
+  }
+  CATCH_SECTION("a removed node that re-announces itself is told it was removed") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{
+               {2, "n1", "error", {}},
+               {2.5,
+                "n1",
+                "running epoch=1 world=2 round=1",
+                {"n1 <- error evicted: this node was removed from the cluster (node n1 was removed in an "
+                 "earlier epoch)"}}});
+  }
+  CATCH_SECTION("a node that re-announces after the takeover is told to start again") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "running epoch=3 world=2 round=7", {}},
+            {6.5, "n0", "tick", {}},
+            {7, "n0", "heartbeat 7", {}},
+            {7,
+             "n1",
+             "running epoch=3 world=2 round=7",
+             {"n1 <- error evicted: node n1 re-announced itself after"}},
+            {7.5, "n0", "running epoch=3 world=2 round=7", {"n0 <- welcome rank 0 of 0 epoch 3"}}});
+  }
+}
+
+CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary", "[unit][master]") {
+  CATCH_SECTION("while training") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{
+               {2, "n0", "heartbeat 6", {}},
+               {2,
+                "op",
+                "stop",
+                {"op <- error none: the cluster stops at its next round boundary: n0, n1 finish their "
+                 "current round (last reported round 6)",
+                 "n0 <- stop 0", "n1 <- stop 0"}},
+               {2.5, "op", "stop", {"op <- error none: the cluster is already stopping"}},
+               {3, "n0", "stop 7", {"!n0 <- stop"}},
+               {4.1, "n1", "heartbeat 6", {"n1 <- stop 0", "!n0 <- stop"}},
+               {4.5,
+                "n1",
+                "stop 8",
+                {"every node stops after round 8 (n0, n1)", "n0 <- stop 8", "n1 <- stop 8"}},
+               {4.6,
+                "op",
+                "stop",
+                {"op <- error none: the cluster is already stopping: every node stops after round 8"}},
+               {5, "n0", "bye stopped", {"node n0 stopped after round 8 with its checkpoint"}},
+               {5,
+                "n1",
+                "bye stopped",
+                {"every node stopped after round 8 (longwave stop); the same commands resume the run"}}});
+    CATCH_CHECK(t.master().done() == 0);
+  }
+  CATCH_SECTION("a joiner in flight is turned away") {
+    table t(cluster_of(2));
+    t.play(
+        two_training +
+        std::vector<row>{
+            {2, "n1", "error", {}},
+            {2, "n0", "ack 2 1/0", {}},
+            {3, "n1'", "hello", {"n1' <- recover"}},
+            {4,
+             "op",
+             "stop",
+             {"node n1 is not admitted: the cluster is stopping", "n1' <- error cancelled", "n0 <- stop 0"}},
+            {5, "n1''", "hello", {"n1'' <- error cancelled: the cluster is stopping"}},
+            {5, "n0", "stop 3", {"n0 <- stop 3"}},
+            {6, "n0", "bye stopped", {"the run finished on n0; removed on the way: n1 (failed)"}}});
+  }
+  CATCH_SECTION("before training began") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "hello", {}},
+            {1,
+             "op",
+             "stop",
+             {"op <- error none: the cluster had not begun training",
+              "n0 <- error cancelled: the cluster was stopped (longwave stop) before it began training"}}});
+    CATCH_CHECK(t.master().done() == 0);
+  }
+}
+
+CATCH_TEST_CASE("master: hellos that do not fit the cluster are turned away with the reason",
+                "[unit][master]") {
+  table t(cluster_of(2));
+  t.play(
+      {{0, "n0", "hello version=1", {"protocol version 1 is not the coordinator's", "count rejected_join"}},
+       {0, "n7", "hello", {"n7 <- error invalid_config: node 'n7' is not in this cluster (nodes: n0, n1)"}},
+       {0,
+        "n0",
+        "hello workers=4",
+        {"node 'n0' says 4 workers at",
+         "warn: coordinator: turned away node 'n0': its cluster file differs"}},
+       {0,
+        "n0",
+        "hello hash=9",
+        {"fingerprint 0000000000000009, the coordinator's 000000000000002a",
+         "turned away node 'n0': its training settings differ"}},
+       {0, "?", "wrong_cluster", {"rejected wrong_cluster", "? <- error invalid_config: wrong cluster id"}},
+       {0, "?", "bad_parts", {"dropped a control message of 3 frames"}}});
+}
+
+CATCH_TEST_CASE("master: CURVE keys speak only for their own node", "[unit][master]") {
+  auto s = cluster_of(2);
+  auto ring = std::make_shared<comm::key_ring>();
+  ring->allow("KEY0", "n0");
+  ring->allow("KEY1", "n1");
+  s.node_keys = ring;
+  master_state m(s, clock::time_point{});
+  auto said = [&] {
+    std::string out;
+    for (auto& a : m.take_actions()) {
+      if (auto* l = std::get_if<line>(&a)) out += l->text + "\n";
+      if (auto* snd = std::get_if<send>(&a)) out += snd->to + " <- " + describe_body(snd->envelope) + "\n";
+    }
+    return out;
+  };
+  const auto t = clock::time_point{};
+  m.on_frame({"x", "10.0.0.9", "n1"}, hello_as("n0"), t);
+  CATCH_CHECK(said().find("it came with node 'n1''s key") != std::string::npos);
+  m.on_frame({"a", "10.0.0.1", "n0"}, hello_as("n0"), t);
+  m.on_frame({"b", "10.0.0.2", "n1"}, hello_as("n1"), t);
+  m.tick(t);
+  const auto welcome = said();
+  CATCH_CHECK(welcome.find("a <- welcome rank 0 of 2") != std::string::npos);
+  comm::envelope stop;
+  stop.body = comm::stop_msg{0};
+  m.on_frame({"op", "10.0.0.3", "n0"}, stop, t);
+  CATCH_CHECK(said().find("only the cluster's own key") != std::string::npos);
+  comm::envelope leave;
+  leave.body = comm::leave_msg{"n1"};
+  m.on_frame({"op", "10.0.0.3", "n0"}, leave, t);
+  CATCH_CHECK(said().find("only node 'n1''s own key may ask it to leave") != std::string::npos);
+  comm::envelope hb;
+  hb.body = comm::heartbeat_msg{1, 0, 1};
+  m.on_frame({"b", "10.0.0.2", "n0"}, hb, t);
+  CATCH_CHECK(said().find("dropped a message for node n1 from 10.0.0.2: it came with node 'n0''s key") !=
+              std::string::npos);
+  m.on_frame({"op", "10.0.0.3", comm::operator_user_id}, stop, t);
+  CATCH_CHECK(said().find("op <- error none: the cluster stops at its next round boundary") !=
+              std::string::npos);
+}
+
+CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][master]") {
+  CATCH_SECTION("a node asked to leave goes without an eviction") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{
+               {2,
+                "op",
+                "leave n1",
+                {"n1 <- leave n1", "op <- error none: node n1 leaves at its next round boundary"}},
+               {2, "op", "leave n9", {"op <- error invalid_config: node 'n9' is not in this cluster"}},
+               {3, "n1", "bye left", {"node n1 left: left", "!n1 <- error", "n0 <- fence 2"}},
+               {3, "op", "leave n1", {"node n1 is not training in this cluster (left)"}},
+               {3.5, "n0", "ack 2 1/0", {}},
+               {4,
+                "n0",
+                "bye done",
+                {"coordinator: node n0 finished", "the run finished on n0; removed on the way: n1 (left)"}}});
+    CATCH_CHECK(t.master().done() == 0);
+  }
+  CATCH_SECTION("theta differs between nodes") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{{2, "n0", "committed 3 11", {}},
+                            {2,
+                             "n1",
+                             "committed 3 12",
+                             {"theta after round 3 differs between nodes: n0 has 0000000b, n1 has 0000000c",
+                              "count theta_mismatch"}},
+                            {2, "n1", "committed 3 13", {"!differs"}},
+                            {2, "n0", "committed 100 1", {}}});
+  }
+  CATCH_SECTION("every node finished") {
+    table t(cluster_of(2));
+    t.play(two_training + std::vector<row>{{2, "n0", "bye done", {"!every node"}},
+                                           {2, "n1", "bye done", {"every node finished"}},
+                                           {3, "n1'", "hello", {}}});
+    CATCH_CHECK(t.master().done() == 0);
+  }
+  CATCH_SECTION("a node that finished is not taken again") {
+    table t(cluster_of(2));
+    t.play(
+        two_training +
+        std::vector<row>{{2, "n0", "bye done", {}},
+                         {3, "n0'", "hello", {"n0' <- error invalid_config: node n0 has finished the run"}}});
+  }
+  CATCH_SECTION("the last member restarted: nothing to join") {
+    table t(cluster_of(1));
+    t.play({{0, "n0", "hello", {}},
+            {1, "n0", "heartbeat 1", {}},
+            {4.5,
+             "n0'",
+             "hello",
+             {"node n0 lost", "n0' <- error peer_lost: no node is training in this cluster any more"}}});
+  }
+  CATCH_SECTION("none finished") {
+    table t(cluster_of(1));
+    t.play({{0, "n0", "hello", {}},
+            {1, "n0", "error", {"no node finished the run (failed, lost or left: n0)"}}});
+    CATCH_CHECK(t.master().done() == 1);
+  }
+  CATCH_SECTION("interrupted") {
+    table t(cluster_of(2));
+    t.play(two_training);
+    t.master().interrupt();
+    bool told = false;
+    for (auto& a : t.master().take_actions())
+      if (auto* s = std::get_if<send>(&a))
+        told = told || describe_body(s->envelope).find("evicted") != std::string::npos;
+    CATCH_CHECK(told);
+    CATCH_CHECK(t.master().done() == 130);
+  }
+}
+
+CATCH_TEST_CASE("master: an open cluster admits nodes not in the file into the free worker ranks",
+                "[unit][master]") {
+  auto s = cluster_of(2);
+  s.open = true;
+  s.open_workers = 2;
+  table t(s);
+  t.play(
+      two_training +
+      std::vector<row>{
+          {2,
+           "x9",
+           "hello",
+           {"node x9 is not in the cluster file ([cluster] open): 1 workers, global ranks 2..2",
+            "x9 <- recover round 0 from [n0,n1] offset 2"}},
+          {2, "bad name!", "hello", {"a node name is 1..32 of a-z A-Z 0-9 _ -"}},
+          {2, "z7", "hello badendpoint", {"ring endpoint '10.0.0.1:7000' is not tcp://HOST:PORT"}},
+          {2, "y8", "hello workers=5", {"5 workers do not fit: 1 of [cluster] open_workers = 2 are taken"}},
+          {3, "x9", "hello", {"x9 <- recover round 0"}},
+          {4, "x9", "bye gave-up", {"node x9 gave up joining"}},
+          {5, "x9", "heartbeat 0", {"x9 <- error evicted"}}});
+}
+
+CATCH_TEST_CASE("master: a joiner that falls silent stops joining", "[unit][master]") {
+  table t(cluster_of(2));
+  t.play(two_training +
+         std::vector<row>{{2, "n1", "error", {}},
+                          {2, "n0", "ack 2 1/0", {}},
+                          {3, "n1'", "hello", {"n1' <- recover"}},
+                          {30, "n0", "heartbeat 2", {}},
+                          {60, "n0", "heartbeat 2", {}},
+                          {64, "n0", "tick", {"node n1 stopped joining: nothing heard for 60 s"}}});
+  CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
+}
+
+CATCH_TEST_CASE("master: dropped messages are logged sparingly", "[unit][master]") {
+  table t(cluster_of(1));
+  std::vector<row> rows;
+  for (int i = 1; i <= 1000; ++i) {
+    std::vector<std::string> want{i <= 49   ? "dropped a control message"
+                                  : i == 50 ? "from now on every 1000th is logged"
+                                            : "!dropped"};
+    if (i == 1000) want = {"(1000 control messages dropped so far)"};
+    rows.push_back({0, "?", "bad_parts", want});
+  }
+  t.play(rows);
+}
+
+CATCH_TEST_CASE("master: a node key the members were never sent brings a fence when its node joins",
+                "[unit][master]") {
+  auto s = cluster_of(3, 2);
+  auto ring = std::make_shared<comm::key_ring>();
+  ring->allow("KEY0", "n0");
+  ring->allow("KEY1", "n1");
+  s.node_keys = ring;
+  master_state m(s, clock::time_point{});
+  auto t = clock::time_point{};
+  m.on_frame({"a", "10.0.0.1", "n0"}, hello_as("n0"), t);
+  m.on_frame({"b", "10.0.0.2", "n1"}, hello_as("n1"), t);
+  t += std::chrono::seconds(61);
+  m.tick(t);
+  (void)m.take_actions();
+  ring->allow("KEY2", "n2");
+  m.on_frame({"c", "10.0.0.3", "n2"}, hello_as("n2"), t);
+  std::string said;
+  for (auto& a : m.take_actions())
+    if (auto* l = std::get_if<line>(&a)) said += l->text + "\n";
+  CATCH_CHECK(said.find("the members learn node n2's key, which no membership sent to them held") !=
+              std::string::npos);
+}
