@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <thread>
 
+#include "actors/run_setup.hpp"
 #include "cluster/cluster_file.hpp"
 #include "cluster/node_watch.hpp"
 #include "cluster/state_publisher.hpp"
 #include "config/config_loader.hpp"
+#include "models/data/data_fingerprint.hpp"
 
 namespace longwave::cluster {
 
@@ -29,6 +31,8 @@ comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_
   hello.resume_round = resume_round;
   hello.config_hash = cluster_fingerprint(spec, config::node_config(spec, index));
   hello.state_endpoint = state_endpoint;
+  hello.data_fingerprint =
+      models::data::data_fingerprint(actors::corpus_path(config::node_config(spec, index)));
   return hello;
 }
 

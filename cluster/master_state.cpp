@@ -168,7 +168,12 @@ void master_state::tick_training() {
   watch();
   if (stop_) watch_stop();
   watch_pin();
-  if (quorum_deadline_ && now_ > *quorum_deadline_) return call_off(quorum_text(), 1);
+  if (quorum_deadline_ && now_ > *quorum_deadline_) {
+    const auto why =
+        quorum_text() + fmt::format(": no node joined within quorum_timeout_s ({})", secs(s_.quorum_timeout));
+    warn("coordinator: " + why + "; calling the run off");
+    return call_off(why, 1);
+  }
 }
 
 /// Silent members leave the membership; a fence completes or times out; a ring reset waits for its

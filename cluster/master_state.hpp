@@ -246,6 +246,7 @@ class master_state {
   // master_hello.cpp: hellos, joins and re-announcements.
   void on_hello(const sender& from, const comm::hello_msg& h);
   std::optional<size_t> member_for_hello(const sender& from, const comm::hello_msg& h);
+  std::optional<std::pair<std::string, std::string>> data_mismatch(size_t idx, const comm::hello_msg& h);
   std::optional<std::pair<std::string, std::string>> hello_mismatch(size_t idx,
                                                                     const comm::hello_msg& h) const;
   void on_first_hello(size_t idx, const sender& from, const comm::hello_msg& h);
@@ -309,7 +310,8 @@ class master_state {
   std::map<uint64_t, std::pair<uint32_t, size_t>> theta_crcs_;  // round -> first CRC reported, by whom
   std::set<uint64_t> mismatched_rounds_;                        // rounds already named as mismatched
   std::set<std::string> keys_announced_;  // node public keys sent in a welcome or membership
-  bool reset_wanted_ = false;             // a ring failed: fence once its suspects are settled
+  std::optional<std::pair<uint64_t, std::string>> data_fingerprint_;  // the first hello's, and whose
+  bool reset_wanted_ = false;  // a ring failed: fence once its suspects are settled
   std::optional<clock::time_point> quorum_deadline_;
   std::optional<clock::time_point> takeover_since_;  // the first re-announcement of a running node
   int resets_without_progress_ = 0;

@@ -29,7 +29,9 @@ bool valid_node_name(const std::string& name) {
 void master_state::on_hello(const sender& from, const comm::hello_msg& h) {
   const auto idx = member_for_hello(from, h);
   if (!idx) return;
-  if (const auto problem = hello_mismatch(*idx, h)) {
+  auto problem = hello_mismatch(*idx, h);
+  if (!problem) problem = data_mismatch(*idx, h);
+  if (problem) {
     warn(problem->first);
     return turn_away(from.identity, errc::invalid_config, problem->second);
   }
@@ -103,6 +105,23 @@ std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(
                     h.node_name, h.config_hash, s_.config_hash));
   }
   return std::nullopt;
+}
+
+/// Why a hello is turned away for its training data: another fingerprint than the first node's that said
+/// hello with one (the master reads no data itself). Records the first.
+std::optional<std::pair<std::string, std::string>> master_state::data_mismatch(size_t idx,
+                                                                               const comm::hello_msg& h) {
+  if (h.data_fingerprint == 0) return std::nullopt;
+  if (!data_fingerprint_) data_fingerprint_ = std::make_pair(h.data_fingerprint, specs_[idx].name);
+  const auto& [want, first] = *data_fingerprint_;
+  if (h.data_fingerprint == want) return std::nullopt;
+  return std::make_pair(
+      fmt::format("coordinator: turned away node '{}': it reads other training data than node {}",
+                  h.node_name, first),
+      fmt::format(
+          "node '{}' reads other training data than node {} (data fingerprint {:016x}, {}'s {:016x}): "
+          "give every node the same corpus (data.path)",
+          h.node_name, first, h.data_fingerprint, first, want));
 }
 
 /// A hello before training began: the node waits for its welcome. A second process with a joined node's name

@@ -360,6 +360,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       set_key(x.initCommitted(), m.committed);
       x.setConfigHash(m.config_hash);
       x.setStateEndpoint(txt(m.state_endpoint));
+      x.setDataFingerprint(m.data_fingerprint);
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -478,6 +479,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.world_size = x.getWorldSize();
         m.committed = key_of(x.getCommitted());
         m.config_hash = x.getConfigHash();
+        m.data_fingerprint = x.getDataFingerprint();
         auto name = x.getNodeName();
         auto ep = x.getDataEndpoint();
         auto state_ep = x.getStateEndpoint();

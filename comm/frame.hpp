@@ -170,6 +170,8 @@ struct hello_msg {
   reduce_key committed;        ///< the last all-reduce it applied
   uint64_t config_hash = 0;    ///< the node's training fingerprint (config::training_fingerprint)
   std::string state_endpoint;  ///< where the node serves its training state to joiners ("": nowhere)
+  uint64_t data_fingerprint =
+      0;  ///< its training data's fingerprint (models::data::data_fingerprint; 0: none)
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {

@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 5;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in)
+const protocolVersion :UInt16 = 5;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint
 
 enum Dtype {
   fp32 @0;
@@ -37,6 +37,7 @@ struct Hello {
   committed @9 :ReduceKey; #   and the last all-reduce it applied
   configHash @10 :UInt64;  # the node's training fingerprint: it must equal the coordinator's
   stateEndpoint @11 :Text; # where this node serves its training state to joiners ("" : nowhere)
+  dataFingerprint @12 :UInt64;  # its training data's fingerprint (0: not checked); must match the first node's
 }
 
 struct Peer {

@@ -100,6 +100,35 @@ CATCH_TEST_CASE("a node started with other training settings is turned away with
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("a node that reads another corpus is turned away with one line naming it",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_other_data");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 30);
+  edit_file(cluster, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  auto n0 = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
+  // n0's is the cluster's data: n1 says hello after it.
+  CATCH_REQUIRE(wait_until([&] { return contains(read_text(dir + "/coord.log"), "node n0 joined"); }, 60));
+  write_text(dir + "/other.txt", "In the beginning was another corpus.\n");
+  auto [code, log] =
+      run({binary(), "node", cluster, "--node", "n1", "--set", "data.path=" + dir + "/other.txt"},
+          dir + "/n1.log", 60);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(contains(log, "node 'n1' reads other training data than node n0"));
+  CATCH_CHECK(contains(log, "give every node the same corpus (data.path)"));
+  // With the same corpus it joins and the run completes.
+  auto [code1, log1] = run({binary(), "node", cluster, "--node", "n1"}, dir + "/n1b.log", 300);
+  CATCH_INFO(log1);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(wait_exit(n0, 300) == 0);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  CATCH_CHECK(contains(read_text(dir + "/coord.log"),
+                       "turned away node 'n1': it reads other training data than node n0"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", "[process][cluster]") {
   const auto dir = scratch_dir("cluster_missing");
   cluster_ports ports;

@@ -252,6 +252,7 @@ CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is calle
   CATCH_CHECK(coord_code == 1);
   CATCH_CHECK(waited < 30);
   CATCH_CHECK(contains(clog, "quorum lost: 2 live node(s) (n0, n1), [cluster] min_nodes = 3; missing: n2"));
+  CATCH_CHECK(contains(clog, "no node joined within quorum_timeout_s (5 s); calling the run off"));
   CATCH_CHECK(code0 == 1);
   CATCH_CHECK(code1 == 1);
   for (const auto* log : {&log0, &log1}) CATCH_CHECK(contains(*log, "quorum lost"));

@@ -14,6 +14,12 @@
 
 #include "cluster/master_state.hpp"
 
+// The state machine stands without sockets, actors or wire encoding: none of their headers come with it.
+#if defined(ZMQ_VERSION_MAJOR) || defined(CAF_VERSION) || defined(CAPNP_VERSION_MAJOR) || \
+    defined(TORCH_VERSION)
+#error "cluster/master_state.hpp must not include ZeroMQ, CAF, Cap'n Proto or libtorch"
+#endif
+
 using namespace longwave;
 using namespace longwave::cluster;
 
@@ -24,13 +30,13 @@ namespace {
 ///
 /// who: a node name ("n0"), with a trailing ' for each newer process of that node ("n0'"), "op" for an
 /// operator's request (`longwave stop`, `--leave`) or "?" for a connection that never said hello.
-/// what: hello [resume=R] [workers=W] [hash=H] [version=V] [badendpoint] | running epoch=E world=W round=R |
-/// heartbeat R | ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready R |
-/// stop [R] | pin R | committed R CRC | leave NODE | tick.
-/// Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0
-/// [n0,n2] keep 3/0", "n0 <- recover round 3 from [n0,n1]", "n0 <- stop 8", "n0 <- leave n0",
-/// "n0 <- pin 5", "n0 <- pin release", "n0 <- error evicted: TEXT", "info: LINE", "warn: LINE", "count
-/// node_lost", "rejected wrong_cluster", "epoch 2 (1 members, lost)", "joined n2 at round 3".
+/// what: hello [resume=R] [workers=W] [hash=H] [data=D] [version=V] [badendpoint] | running epoch=E world=W
+/// round=R | heartbeat R | ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready
+/// R | stop [R] | pin R | committed R CRC | leave NODE | tick. Actions read: "n0 <- welcome rank 0 of 2 epoch
+/// 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover round 3 from
+/// [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5", "n0 <- pin release", "n0 <- error evicted:
+/// TEXT", "info: LINE", "warn: LINE", "count node_lost", "rejected wrong_cluster", "epoch 2 (1 members,
+/// lost)", "joined n2 at round 3".
 struct row {
   double t;
   std::string who;
@@ -182,6 +188,7 @@ class table {
       h.resume_round = opt("resume", 0);
       h.config_hash = opt("hash", 42);
       h.state_endpoint = "tcp://10.0.0.1:" + std::to_string(8000 + node.back());
+      h.data_fingerprint = opt("data", 7);
       if (verb == "running") {
         h.running = true;
         h.epoch = opt("epoch", 1);
@@ -489,7 +496,12 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                  "!membership"}},
                {30, "n0", "heartbeat 1", {}},
                {60, "n0", "heartbeat 1", {}},
-               {63, "n0", "tick", {"n0 <- error evicted: the cluster was called off: quorum lost"}}});
+               {63,
+                "n0",
+                "tick",
+                {"warn: coordinator: quorum lost: 1 live node(s) (n0), [cluster] min_nodes = 2; missing: "
+                 "n1: no node joined within quorum_timeout_s (60 s); calling the run off",
+                 "n0 <- error evicted: the cluster was called off: quorum lost"}}});
     CATCH_CHECK(t.master().done() == 1);
   }
   CATCH_SECTION("the wait is reported") {
@@ -756,6 +768,14 @@ CATCH_TEST_CASE("master: hellos that do not fit the cluster are turned away with
         "hello hash=9",
         {"fingerprint 0000000000000009, the coordinator's 000000000000002a",
          "turned away node 'n0': its training settings differ"}},
+       {0, "n1", "hello data=8", {"!turned away"}},  // the first fingerprint is the cluster's
+       {0,
+        "n0",
+        "hello data=9",
+        {"warn: coordinator: turned away node 'n0': it reads other training data than node n1",
+         "n0 <- error invalid_config: node 'n0' reads other training data than node n1 (data fingerprint "
+         "0000000000000009, n1's 0000000000000008): give every node the same corpus (data.path)"}},
+       {0, "n0", "hello data=0", {"!turned away"}},  // a node without a fingerprint is not checked
        {0, "?", "wrong_cluster", {"rejected wrong_cluster", "? <- error invalid_config: wrong cluster id"}},
        {0, "?", "bad_parts", {"dropped a control message of 3 frames"}}});
 }

@@ -398,7 +398,7 @@ struct stop_on_exit {
 // ======================================================================== structure (fast)
 
 CATCH_TEST_CASE("the PromQL scan finds metric names and skips functions, labels, durations and variables",
-                "[integration][dashboards]") {
+                "[process][dashboards]") {
   using names = std::set<std::string>;
   CATCH_CHECK(promql_metric_names(R"(longwave_val_loss{node=~"$node"})") == names{"longwave_val_loss"});
   CATCH_CHECK(
@@ -415,7 +415,7 @@ CATCH_TEST_CASE("the PromQL scan finds metric names and skips functions, labels,
 }
 
 CATCH_TEST_CASE("the JSON reader reads dashboard-like documents and rejects broken ones",
-                "[integration][dashboards]") {
+                "[process][dashboards]") {
   const auto j = parse_json(R"({"a": [1, -2.5e3, true, null, "x\"\u00e9\n"], "b": {}})");
   CATCH_REQUIRE(j.IsObject());
   const json& a = at(j, "a");
@@ -436,7 +436,7 @@ CATCH_TEST_CASE("the JSON reader reads dashboard-like documents and rejects brok
 }
 
 CATCH_TEST_CASE("the metric catalogue in dashboards/README.md is one well-formed table",
-                "[integration][dashboards]") {
+                "[process][dashboards]") {
   const auto rows = read_catalogue(read_text(dashboards_dir() + "/README.md"));
   CATCH_CHECK(rows.size() >= 30);
   const std::set<std::string> bounded = {"node", "worker", "peer", "reason"};
@@ -466,7 +466,7 @@ CATCH_TEST_CASE("the metric catalogue in dashboards/README.md is one well-formed
 }
 
 CATCH_TEST_CASE("every dashboard parses and has the datasource, node and worker variables",
-                "[integration][dashboards]") {
+                "[process][dashboards]") {
   const auto boards = dashboards();
   CATCH_REQUIRE(boards.size() >= 4);
   std::set<std::string> uids;
@@ -509,7 +509,7 @@ CATCH_TEST_CASE("every dashboard parses and has the datasource, node and worker 
 }
 
 CATCH_TEST_CASE("every dashboard panel has a unique id, the datasource variable and a gridPos",
-                "[integration][dashboards]") {
+                "[process][dashboards]") {
   for (const auto& d : dashboards()) {
     const auto panels = all_panels(d.doc);
     CATCH_INFO("dashboard " << d.file);
@@ -552,7 +552,7 @@ CATCH_TEST_CASE("every dashboard panel has a unique id, the datasource variable 
 
 CATCH_TEST_CASE(
     "every metric a dashboard query names is in the catalogue, and every catalogued metric is shown",
-    "[integration][dashboards]") {
+    "[process][dashboards]") {
   const auto cat = catalogue();
   CATCH_REQUIRE(!cat.empty());
   std::set<std::string> shown;
@@ -602,7 +602,7 @@ CATCH_TEST_CASE(
 }
 
 CATCH_TEST_CASE("dashboards/prometheus.yml scrapes the coordinator and every node of cluster_4nodes.toml",
-                "[integration][dashboards]") {
+                "[process][dashboards]") {
   const auto text = read_text(dashboards_dir() + "/prometheus.yml");
   CATCH_REQUIRE(!text.empty());
   // (port, node label) pairs in file order: each "- targets: [...]" line followed by its "labels:" line.
@@ -644,7 +644,7 @@ CATCH_TEST_CASE("dashboards/prometheus.yml scrapes the coordinator and every nod
 // ======================================================================== real Prometheus (integration)
 
 CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scraping a real cluster",
-                "[integration][dashboards][prometheus]") {
+                "[process][dashboards][prometheus]") {
   const std::string prometheus = "/usr/bin/prometheus";
   if (!fs::exists(prometheus))
     CATCH_FAIL(prometheus << " is missing: install Debian's prometheus package (scripts/setup does: "
