@@ -66,11 +66,10 @@ void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, u
                                rank));
 }
 
-uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-              const std::string& state_endpoint, actors::cluster_role& role,
+uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index,
+              const comm::hello_msg& hello, actors::cluster_role& role,
               std::optional<comm::recover_msg>& recover) {
   const auto& me = spec.nodes[index];
-  const auto hello = hello_of(spec, index, resume_round, state_endpoint);
   // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
   // says so instead of timing out here.
   const double wait_s = spec.join_timeout_s + 5;

@@ -24,13 +24,13 @@ comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_
 void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
                    const std::vector<comm::peer_entry>& peers, const char* what);
 
-/// Joins the cluster as node `index`, with resume_round its newest checkpoint's round. A cluster that is
+/// Joins the cluster as node `index` with `hello` (hello_of). A cluster that is
 /// starting answers with a welcome: sets role's place in the ring and returns the round the cluster resumes
 /// after. A cluster already training answers with where to fetch its state: returned in *recover (the node
 /// then joins through cluster_role::join). Throws lw_error when the answer is malformed or does not match
 /// this cluster file, or the node is turned away.
-uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-              const std::string& state_endpoint, actors::cluster_role& role,
+uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index,
+              const comm::hello_msg& hello, actors::cluster_role& role,
               std::optional<comm::recover_msg>& recover);
 
 /// A node joining a running cluster (actors::cluster_role::join): fetches the members' state from the sources

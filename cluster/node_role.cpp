@@ -43,6 +43,7 @@ struct node_session {
   std::unique_ptr<control_client> control;
   std::unique_ptr<state_publisher> publisher;
   std::optional<comm::recover_msg> recover;
+  comm::hello_msg hello;                         // what it says to the master when it joins
   std::optional<comm::curve_server_keys> curve;  // this node's ring and state sockets
   bool cluster_stopped = false;                  // turned away while joining: the cluster stops
 };
@@ -165,9 +166,11 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     if (spec.train.comm.backend == config::comm_backend::ring)
       s.publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id, s.curve);
     s.control = std::make_unique<control_client>(spec.coordinators, spec.cluster_id, control_curve(keys));
-    node_opts.max_resume_round =
-        join(*s.control, spec, index, opts.fresh ? 0 : actors::latest_checkpoint_round(cfg),
-             s.publisher ? s.publisher->endpoint() : "", s.role, s.recover);
+    // One hello, built once (its data fingerprint reads the corpus): the join's, and the one a restarted
+    // master is re-announced with.
+    s.hello = hello_of(spec, index, opts.fresh ? 0 : actors::latest_checkpoint_round(cfg),
+                       s.publisher ? s.publisher->endpoint() : "");
+    node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.role, s.recover);
   } catch (const lw_error& e) {
     if (e.code() == errc::cancelled) {
       spdlog::info("node {}: {}", me.name, e.what());
@@ -187,7 +190,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   // The first tick heartbeats at once: the master allows a member join_timeout_s of silence only until its
   // first heartbeat (while it loads its data and model).
   std::chrono::steady_clock::time_point last_beat{};
-  master_watch watch(hello_of(spec, index, 0, s.publisher ? s.publisher->endpoint() : ""), s.role.admitted);
+  master_watch watch(s.hello, s.role.admitted);
   bool leaving = false;
   stop_follower stop(me.name);
   pin_follower pin(me.name);
