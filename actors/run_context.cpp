@@ -24,6 +24,14 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   return o;
 }
 
+models::inner_options run_context::inner_of(int64_t rank) const {
+  auto o = inner;
+  if (rank < static_cast<int64_t>(devices.workers.size()))
+    o.device = devices.workers[static_cast<size_t>(rank)];
+  o.autocast = models::resolve_autocast(cfg.train.autocast, o.device) == config::autocast_mode::bf16;
+  return o;
+}
+
 std::vector<models::data::token_span> run_context::data_spans(int64_t global_rank) const {
   return models::data::partition_spans(cfg.data.partition, static_cast<int64_t>(train_tokens->size()),
                                        train_docs, global_rank, data_parts(), spec.seq_len + 1);

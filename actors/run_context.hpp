@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/train_config.hpp"
+#include "models/device.hpp"
 #include "models/inner_trainer.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
@@ -31,6 +32,8 @@ struct run_context {
   std::string config_toml;  ///< the resolved config, stored in every checkpoint
   models::model_spec spec;
   models::inner_options inner;
+  /// Where each local worker steps (train.device planned for this process).
+  models::device_plan devices;
   std::shared_ptr<const std::vector<uint16_t>> train_tokens;
   std::shared_ptr<const std::vector<uint16_t>> val_tokens;
   /// Token offsets of the train documents' starts (data::document_starts); empty when the data has none.
@@ -63,6 +66,8 @@ struct run_context {
   /// The train tokens global rank `global_rank` reads (data.partition over data_parts()).
   std::vector<models::data::token_span> data_spans(int64_t global_rank) const;
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }
+  /// The inner options of local worker `rank`: `inner` on its device, with its autocast.
+  models::inner_options inner_of(int64_t rank) const;
 };
 
 /// Inner-loop options from the config.

@@ -62,12 +62,6 @@ models::model_spec model_spec_of(const config::train_config& cfg) {
 models::device_plan plan_devices(const config::train_config& cfg) {
   auto plan = models::plan_devices(cfg.train.device, cfg.train.workers);
   for (const auto& d : plan.workers) (void)models::resolve_autocast(cfg.train.autocast, d);
-  if (plan.any_cuda())
-    throw lw_error(
-        errc::invalid_config,
-        fmt::format("train.device = \"{}\": inner steps on CUDA are not in this build yet ({}); use "
-                    "train.device = \"cpu\"",
-                    cfg.train.device, plan.describe()));
   return plan;
 }
 
@@ -94,7 +88,7 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
 
 std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
                                           const std::string& corpus, const std::string& data_dir,
-                                          const cluster_role* role) {
+                                          const models::device_plan& devices, const cluster_role* role) {
   auto data = models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                             cfg.data.val_fraction, data_dir,
                                             [](const std::string& line) { spdlog::info("{}", line); });
@@ -108,6 +102,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   ctx->cfg = cfg;
   ctx->spec = spec;
   ctx->inner = make_inner_options(cfg);
+  ctx->devices = devices;
   ctx->config_toml = config::to_toml(cfg);
   ctx->train_tokens = load_tokens(data.train_path);
   ctx->val_tokens = load_tokens(data.val_path);

@@ -51,7 +51,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
   spdlog::info("cpu: {}", models::cpu_kernels());
-  auto ctx = make_context(cfg, spec, corpus, p.data_dir, role);
+  auto ctx = make_context(cfg, spec, corpus, p.data_dir, devices, role);
   start_point start;
   if (role && role->join) {
     // Joining a running cluster: fetch the members' state and wait to be admitted (fills in the role).

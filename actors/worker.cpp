@@ -45,12 +45,21 @@ struct worker_state {
 
 using self_ptr = worker_actor::stateful_pointer<worker_state>;
 
+std::string first_line(const std::string& text) {
+  return text.substr(0, text.find('\n'));
+}
+
 // Runs f; converts foreign exceptions into a caf::error (tier 3 -> tier 1).
 template <class F>
 caf::error guarded(int64_t rank, F&& f) {
   try {
     f();
     return {};
+  } catch (const c10::OutOfMemoryError& e) {
+    // The worker's device is full: one line naming what to change (the checkpoints stay as they are).
+    return make_error(errc::torch_error, "worker " + std::to_string(rank) +
+                                             ": out of memory on its device; lower train.batch_size (" +
+                                             first_line(e.what_without_backtrace()) + ")");
   } catch (const c10::Error& e) {
     return make_error(errc::torch_error,
                       "worker " + std::to_string(rank) + ": " + e.what_without_backtrace());
@@ -66,7 +75,7 @@ void finish_round(self_ptr self) {
   round_result r;
   r.rank = s.rank;
   r.round = s.round;
-  if (s.theta_ref.defined()) r.delta = s.theta_ref - s.trainer->master();
+  if (s.theta_ref.defined()) r.delta = s.trainer->pseudo_gradient(s.theta_ref);
   r.mean_loss = s.steps_run > 0 ? s.loss_sum / static_cast<double>(s.steps_run) : 0.0;
   s.busy = false;
   s.theta_ref = at::Tensor();
@@ -170,7 +179,7 @@ worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_
   st.rank = rank;
   st.coordinator = std::move(coordinator);
   at::set_num_threads(static_cast<int>(ctx->threads_per_worker));
-  st.trainer = std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner, ctx->train_tokens,
+  st.trainer = std::make_unique<models::inner_trainer>(ctx->spec, ctx->inner_of(rank), ctx->train_tokens,
                                                        ctx->data_spans(ctx->rank_offset + rank),
                                                        ctx->rank_offset + rank, ctx->cfg.run.seed);
   return {

@@ -23,6 +23,7 @@
 #include "config/config_loader.hpp"
 #include "models/cpu_kernels.hpp"
 #include "models/data/dataset_prep.hpp"
+#include "models/gpu_info.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/log/log.hpp"
@@ -523,8 +524,8 @@ int main(int argc, char** argv) {
       "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 "
       "interrupted."};
   app.set_version_flag(
-      "--version", [] { return "longwave on " + models::cpu_kernels(); },
-      "Print the CPU, the LibTorch version and the kernels it uses, and exit");
+      "--version", [] { return "longwave on " + models::cpu_kernels() + "\ngpu: " + models::gpu_summary(); },
+      "Print the CPU, the LibTorch version and the kernels it uses, the GPUs and CUDA, and exit");
   app.require_subcommand(1);
   cli_values v;
   subcommands sub;

@@ -10,12 +10,20 @@
 
 namespace longwave::models {
 
-adamw::adamw(int64_t n, adamw_options opts)
-    : o_(opts), m_(at::zeros({n}, at::kFloat)), v_(at::zeros({n}, at::kFloat)) {}
+adamw::adamw(int64_t n, adamw_options opts, const at::Device& device)
+    : o_(opts),
+      m_(at::zeros({n}, at::dtype(at::kFloat).device(device))),
+      v_(at::zeros({n}, at::dtype(at::kFloat).device(device))) {}
 
 void adamw::step(at::Tensor& param, const at::Tensor& grad, double lr) {
   no_grad_guard no_grad;
   ++t_;
+  if (has_fused_adamw(param)) {
+    if (!step_.defined()) step_ = at::empty({1}, at::dtype(at::kFloat).device(param.device()));
+    step_.fill_(static_cast<double>(t_));  // a host-to-device write of one value, no synchronisation
+    fused_adamw(param, grad, m_, v_, step_, lr, o_.beta1, o_.beta2, o_.weight_decay, o_.eps);
+    return;
+  }
   param.mul_(1 - lr * o_.weight_decay);
   m_.mul_(o_.beta1).add_(grad, 1 - o_.beta1);
   v_.mul_(o_.beta2).addcmul_(grad, grad, 1 - o_.beta2);

@@ -11,10 +11,11 @@ struct adamw_options {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
 };
 
-/// Flat AdamW. State: exp_avg, exp_avg_sq (fp32, like the parameters) and the step count.
+/// Flat AdamW. State: exp_avg, exp_avg_sq (fp32, like the parameters, on their device) and the step count.
+/// On CUDA with LibTorch 2.x the update is ATen's fused kernel; on the CPU it is op for op torch's.
 class adamw {
  public:
-  adamw(int64_t n, adamw_options opts);
+  adamw(int64_t n, adamw_options opts, const at::Device& device = at::kCPU);
   /// One update of `param` (fp32, in place) from `grad` (fp32) with learning rate lr.
   void step(at::Tensor& param, const at::Tensor& grad, double lr);
   at::Tensor& exp_avg() { return m_; }
@@ -28,6 +29,7 @@ class adamw {
   adamw_options o_;
   at::Tensor m_, v_;
   at::Tensor denom_;  // one chunk of the denominator, kept between steps
+  at::Tensor step_;   // the fused kernel's step count, on the device
   int64_t t_ = 0;
 };
 

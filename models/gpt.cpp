@@ -24,7 +24,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   const auto T = x.size(2), D = x.size(3);
   auto xr = x.reshape({x.size(0), x.size(1), T, D / 2, 2});
   auto x0 = xr.select(-1, 0), x1 = xr.select(-1, 1);
-  auto c = cos.narrow(0, 0, T), s = sin.narrow(0, 0, T);  // [T, D/2]
+  // [T, D/2], in x's dtype (under autocast x is bf16 while the tables are fp32; otherwise a no-op)
+  auto c = cos.narrow(0, 0, T).to(x.scalar_type()), s = sin.narrow(0, 0, T).to(x.scalar_type());
   auto y0 = x0 * c - x1 * s;
   auto y1 = x0 * s + x1 * c;
   return at::stack({y0, y1}, -1).reshape_as(x);
@@ -32,9 +33,9 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 }  // namespace
 
-gpt::gpt(const model_spec& spec, at::ScalarType dtype) : spec_(spec) {
+gpt::gpt(const model_spec& spec, at::ScalarType dtype, const at::Device& device) : spec_(spec) {
   n_ = closed_form_param_count(spec);
-  auto opts = at::TensorOptions().dtype(dtype);
+  auto opts = at::TensorOptions().dtype(dtype).device(device);
   flat_ = at::zeros({n_}, opts);
   flat_grad_ = at::zeros({n_}, opts);
   init(dtype);
@@ -72,8 +73,8 @@ void gpt::init(at::ScalarType dtype) {
                           at::arange(0, half, at::kDouble) * (-2.0 / static_cast<double>(spec.head_dim())));
   auto t = at::arange(0, spec.seq_len, at::kDouble);
   auto freqs = at::outer(t, inv_freq);  // [T, D/2]
-  rope_cos_ = freqs.cos().to(dtype);
-  rope_sin_ = freqs.sin().to(dtype);
+  rope_cos_ = freqs.cos().to(flat_.device(), dtype);
+  rope_sin_ = freqs.sin().to(flat_.device(), dtype);
 }
 
 gpt::~gpt() = default;
@@ -155,11 +156,16 @@ at::Tensor gpt::loss(const at::Tensor& tokens, bool grad) {
   auto targets = tokens.narrow(1, 1, T).reshape({-1});
   if (!grad) {
     no_grad_guard no_grad;
+    cuda_autocast autocast(autocast_);
     auto logits = forward_logits(idx);
     return at::cross_entropy_loss(logits.reshape({-1, spec_.vocab_size}).to(at::kFloat), targets);
   }
-  auto logits = forward_logits(idx);
-  auto l = at::cross_entropy_loss(logits.reshape({-1, spec_.vocab_size}).to(at::kFloat), targets);
+  at::Tensor l;
+  {
+    cuda_autocast autocast(autocast_);
+    auto logits = forward_logits(idx);
+    l = at::cross_entropy_loss(logits.reshape({-1, spec_.vocab_size}).to(at::kFloat), targets);
+  }
   l.backward();
   return l.detach();
 }

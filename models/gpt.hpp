@@ -14,10 +14,11 @@ namespace longwave::models {
 /// `flat_grads()`, so optimizers and the pseudo-gradient work on two contiguous buffers.
 class gpt {
  public:
-  /// dtype is at::kFloat or at::kBFloat16. Parameters start uninitialised: call load_flat or init_flat.
-  gpt(const model_spec& spec, at::ScalarType dtype);
-  /// A model for evaluation over an existing flat fp32 buffer: its parameters are views of `flat` (no copy,
-  /// no gradient buffer), so `flat` must not change while the model is used.
+  /// dtype is at::kFloat or at::kBFloat16; the parameters and gradients live on `device`. Parameters start
+  /// uninitialised: call load_flat or init_flat.
+  gpt(const model_spec& spec, at::ScalarType dtype, const at::Device& device = at::kCPU);
+  /// A model for evaluation over an existing flat fp32 buffer (on any device): its parameters are views of
+  /// `flat` (no copy, no gradient buffer), so `flat` must not change while the model is used.
   gpt(const model_spec& spec, const at::Tensor& flat);
   ~gpt();
   gpt(const gpt&) = delete;
@@ -30,8 +31,9 @@ class gpt {
   /// Copies a flat fp32 buffer into the parameters (converting to the model dtype).
   void load_flat(const at::Tensor& flat_fp32);
 
-  /// Mean next-token cross-entropy of tokens [B, T+1] (int64): inputs [:, :T], targets [:, 1:].
-  /// With grad = true, the gradient is accumulated into flat_grads().
+  /// Mean next-token cross-entropy of tokens [B, T+1] (int64, on the model's device): inputs [:, :T],
+  /// targets [:, 1:]. With grad = true, the gradient is accumulated into flat_grads() (the backward pass runs
+  /// outside autocast, as PyTorch recommends).
   at::Tensor loss(const at::Tensor& tokens, bool grad);
 
   /// Next-token logits [B, T, V] of inputs idx [B, T] (int64), without gradient.
@@ -43,6 +45,9 @@ class gpt {
   const std::vector<at::Tensor>& parameters() const { return params_; }
   void zero_grad();
   const model_spec& spec() const { return spec_; }
+  at::Device device() const { return flat_.device(); }
+  /// bf16 autocast of the forward pass (CUDA only: models::resolve_autocast refuses it on the CPU).
+  void set_autocast(bool on) { autocast_ = on; }
   int64_t n_params() const { return n_; }
 
  private:
@@ -54,6 +59,7 @@ class gpt {
   at::Tensor flat_, flat_grad_;
   std::vector<at::Tensor> params_;
   at::Tensor rope_cos_, rope_sin_;  // [T, head_dim/2]
+  bool autocast_ = false;
 };
 
 }  // namespace longwave::models

@@ -1,7 +1,11 @@
-// Inner step: batch -> loss/backward -> clip -> AdamW on the fp32 master -> copy into the model dtype.
+// Inner step: batch -> loss/backward -> clip -> AdamW on the fp32 master -> copy into the model dtype. On the
+// CPU this is op for op what it always was (the golden traces); on CUDA the batch goes through pinned memory,
+// clipping stays on the device and the loss is read once the optimizer's kernels are queued.
 #include "models/inner_trainer.hpp"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 #include "models/data/window_sampler.hpp"
 #include "models/lr_schedule.hpp"
@@ -14,14 +18,22 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
                              std::vector<data::token_span> spans, int64_t worker, uint64_t seed)
     : spec_(spec),
       opts_(opts),
-      model_(spec, opts.bf16 ? at::kBFloat16 : at::kFloat),
-      adam_(model_.n_params(), opts.adam),
+      device_(opts.device),
+      model_(spec, opts.bf16 ? at::kBFloat16 : at::kFloat, device_),
+      adam_(model_.n_params(), opts.adam, device_),
       // fp32: the master is the model's own flat buffer; bf16: a separate fp32 copy.
-      master_(opts.bf16 ? at::zeros({model_.n_params()}, at::kFloat) : model_.flat_params()),
+      master_(opts.bf16 ? at::zeros({model_.n_params()}, at::dtype(at::kFloat).device(device_))
+                        : model_.flat_params()),
       sampler_(std::make_unique<data::window_sampler>(std::move(train_tokens), std::move(spans), worker,
                                                       opts.batch_size, spec.seq_len, seed)) {
   batch_buf_.resize(static_cast<size_t>(opts.batch_size * (spec.seq_len + 1)));
-  grad_fp32_ = opts.bf16 ? at::zeros({model_.n_params()}, at::kFloat) : model_.flat_grads();
+  grad_fp32_ =
+      opts.bf16 ? at::zeros({model_.n_params()}, at::dtype(at::kFloat).device(device_)) : model_.flat_grads();
+  model_.set_autocast(opts.autocast);
+  if (device_.is_cuda()) {
+    batch_pinned_ = at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).pinned_memory(true));
+    batch_ = at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).device(device_));
+  }
 }
 
 inner_trainer::~inner_trainer() = default;
@@ -35,7 +47,7 @@ void inner_trainer::mix(const at::Tensor& theta, const flat_ranges& ranges, doub
   no_grad_guard no_grad;
   for (const auto& [off, len] : ranges) {
     auto local = master_.narrow(0, off, len);
-    auto global = theta.narrow(0, off, len);
+    auto global = theta.narrow(0, off, len).to(device_);
     if (alpha == 0.0)
       local.copy_(global);  // exactly theta, as set_params
     else
@@ -54,20 +66,33 @@ int64_t inner_trainer::tokens_per_step() const {
 
 void inner_trainer::next_batch() {
   sampler_->next(batch_buf_);
-  batch_ = at::from_blob(batch_buf_.data(), {opts_.batch_size, spec_.seq_len + 1}, at::kLong);
+  if (!device_.is_cuda()) {
+    batch_ = at::from_blob(batch_buf_.data(), {opts_.batch_size, spec_.seq_len + 1}, at::kLong);
+    return;
+  }
+  // The staging buffer is free: every step synchronises (reads its loss) before the next batch is drawn.
+  std::copy(batch_buf_.begin(), batch_buf_.end(), batch_pinned_.data_ptr<int64_t>());
+  batch_.copy_(batch_pinned_, /*non_blocking=*/true);
 }
 
-float inner_trainer::compute_grad() {
+at::Tensor inner_trainer::forward_backward() {
   next_batch();
   model_.zero_grad();
   auto l = model_.loss(batch_, /*grad=*/true);
   if (opts_.bf16) grad_fp32_.copy_(model_.flat_grads());
-  return l.item<float>();
+  return l;
+}
+
+float inner_trainer::compute_grad() {
+  return forward_backward().item<float>();
 }
 
 void inner_trainer::apply_update(at::Tensor& g) {
   no_grad_guard no_grad;
-  if (opts_.grad_clip > 0) {
+  if (opts_.grad_clip > 0 && device_.is_cuda()) {
+    // torch's clip_grad_norm_: the coefficient stays on the device (no synchronisation)
+    g.mul_((g.norm() + 1e-6).reciprocal_().mul_(opts_.grad_clip).clamp_max_(1.0));
+  } else if (opts_.grad_clip > 0) {
     const double norm = g.norm().item<double>();
     const double coef = opts_.grad_clip / (norm + 1e-6);
     if (coef < 1.0) g.mul_(coef);
@@ -77,9 +102,17 @@ void inner_trainer::apply_update(at::Tensor& g) {
 }
 
 float inner_trainer::step() {
-  const float l = compute_grad();
+  auto l = forward_backward();
   apply_update(grad_fp32_);
-  return l;
+  return l.item<float>();
+}
+
+at::Tensor inner_trainer::grad() const {
+  return device_.is_cuda() ? grad_fp32_.to(at::kCPU) : grad_fp32_;
+}
+
+at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta) const {
+  return theta - (device_.is_cuda() ? master_.to(at::kCPU) : master_);
 }
 
 void inner_trainer::apply_grad(const at::Tensor& grad_fp32) {
@@ -92,7 +125,8 @@ double inner_trainer::evaluate(const at::Tensor& theta, const std::vector<uint16
   // fp32: a model over theta itself (no copy; theta does not change while we evaluate), the replica
   // untouched.
   if (!opts_.bf16) {
-    gpt over_theta(spec_, theta.to(at::kFloat).contiguous());
+    gpt over_theta(spec_, theta.to(device_, at::kFloat).contiguous());
+    over_theta.set_autocast(opts_.autocast);
     return validation_loss(over_theta, val_tokens, opts_.batch_size, n_batches);
   }
   model_.load_flat(theta);
@@ -108,17 +142,22 @@ double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int6
   double sum = 0;
   for (int64_t b = 0; b < n_batches; ++b) {
     auto buf = data::validation_batch(val_tokens, b, batch_size, seq_len);
-    auto t = at::from_blob(buf.data(), {batch_size, seq_len + 1}, at::kLong);
+    auto t = at::from_blob(buf.data(), {batch_size, seq_len + 1}, at::kLong).to(model.device());
     sum += model.loss(t, /*grad=*/false).item<double>();
   }
   return sum / static_cast<double>(n_batches);
 }
 
+at::Tensor inner_trainer::to_host(const at::Tensor& t, bool lend) const {
+  if (device_.is_cuda()) return t.to(at::kCPU);
+  return lend ? t : t.clone();
+}
+
 inner_state inner_trainer::state(bool lend) const {
   inner_state s;
-  s.master = lend ? master_ : master_.clone();
-  s.exp_avg = lend ? adam_.exp_avg() : adam_.exp_avg().clone();
-  s.exp_avg_sq = lend ? adam_.exp_avg_sq() : adam_.exp_avg_sq().clone();
+  s.master = to_host(master_, lend);
+  s.exp_avg = to_host(adam_.exp_avg(), lend);
+  s.exp_avg_sq = to_host(adam_.exp_avg_sq(), lend);
   s.adam_steps = adam_.steps();
   s.sampler_position = sampler_->position();
   return s;

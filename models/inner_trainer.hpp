@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "models/adamw.hpp"
@@ -28,9 +29,11 @@ struct inner_options {
   double grad_clip = 1.0;  ///< 0 disables
   adamw_options adam;
   bool bf16 = false;
+  std::string device = "cpu";  ///< "cpu" or "cuda:N" (models::device_plan)
+  bool autocast = false;       ///< bf16 autocast of the forward pass (CUDA only)
 };
 
-/// The resumable state of one replica (all tensors fp32, owned by the caller of `state()`).
+/// The resumable state of one replica (all tensors fp32 on the host, owned by the caller of `state()`).
 struct inner_state {
   at::Tensor master, exp_avg, exp_avg_sq;
   int64_t adam_steps = 0;
@@ -38,11 +41,13 @@ struct inner_state {
 };
 
 /// Mean loss of `model` on the first n_batches validation batches (batch_size sequences of the model's
-/// length).
+/// length), computed on the model's device.
 double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
                        int64_t n_batches);
 
-/// One worker's replica and inner optimizer.
+/// One worker's replica and inner optimizer, on its device (options.device). What goes in and out (theta, the
+/// pseudo-gradient, DDP's gradient, the state) is fp32 on the host: the rest of Longwave never sees a device
+/// tensor. On CUDA a step queues its work and synchronises once, at its end, to read the loss.
 class inner_trainer {
  public:
   /// Worker `worker` (its global rank) reads the windows of `spans` (data::partition_spans).
@@ -59,13 +64,18 @@ class inner_trainer {
   float step();
   /// DDP: forward and backward on the next batch; the fp32 gradient is then in grad().
   float compute_grad();
-  const at::Tensor& grad() const { return grad_fp32_; }
+  /// The fp32 gradient on the host (on the CPU the live buffer: read-only until the next apply_grad).
+  at::Tensor grad() const;
+  /// theta - master, fp32 on the host: the round's pseudo-gradient.
+  at::Tensor pseudo_gradient(const at::Tensor& theta) const;
   /// DDP: clip and apply an (averaged) fp32 gradient.
   void apply_grad(const at::Tensor& grad_fp32);
   /// Mean validation loss of theta over n_batches fixed windows; the replica's own weights are restored.
   double evaluate(const at::Tensor& theta, const std::vector<uint16_t>& val_tokens, int64_t n_batches);
 
+  /// The fp32 master weights, on the replica's device.
   at::Tensor& master() { return master_; }
+  const at::Device& device() const { return device_; }
   int64_t steps_done() const { return adam_.steps(); }
   double current_lr() const;
   int64_t tokens_per_step() const;
@@ -77,14 +87,20 @@ class inner_trainer {
 
  private:
   void next_batch();
+  /// Forward and backward on the next batch: the loss, not yet read (no synchronisation).
+  at::Tensor forward_backward();
   void apply_update(at::Tensor& grad_fp32);
+  /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
+  at::Tensor to_host(const at::Tensor& t, bool lend) const;
 
   model_spec spec_;
   inner_options opts_;
+  at::Device device_;
   gpt model_;
   adamw adam_;
   at::Tensor master_, grad_fp32_, batch_;
   std::vector<int64_t> batch_buf_;
+  at::Tensor batch_pinned_;  // CUDA: the batch's staging buffer in pinned host memory
   std::unique_ptr<data::window_sampler> sampler_;
 };
 
