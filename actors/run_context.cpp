@@ -21,6 +21,7 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   o.adam.eps = cfg.train.eps;
   o.adam.weight_decay = cfg.train.weight_decay;
   o.bf16 = cfg.model.dtype == config::model_dtype::bf16;
+  o.micro_batches = cfg.train.micro_batches;
   return o;
 }
 

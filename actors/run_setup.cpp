@@ -1,7 +1,9 @@
 // Start-up of one run before any actor: the corpus, the model shape, --dry-run, the shared run_context.
 #include "actors/run_setup.hpp"
 
+#include <ATen/Context.h>
 #include <fmt/format.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
+#include "models/gpu_info.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/log/log.hpp"
 
@@ -59,9 +62,37 @@ models::model_spec model_spec_of(const config::train_config& cfg) {
   return spec;
 }
 
-models::device_plan plan_devices(const config::train_config& cfg) {
+int64_t gpu_worker_bytes(const config::train_config& cfg, const models::model_spec& spec) {
+  return models::training_memory_bytes(spec, cfg.train.batch_size / cfg.train.micro_batches,
+                                       cfg.model.dtype == config::model_dtype::bf16);
+}
+
+namespace {
+
+/// train.deterministic: deterministic kernels, no TF32, and cuBLAS's fixed workspace (read when CUDA starts).
+void apply_determinism(const config::train_config& cfg) {
+  if (!cfg.train.deterministic) return;
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
+}  // namespace
+
+models::device_plan plan_devices(const config::train_config& cfg, const models::model_spec& spec) {
   auto plan = models::plan_devices(cfg.train.device, cfg.train.workers);
   for (const auto& d : plan.workers) (void)models::resolve_autocast(cfg.train.autocast, d);
+  if (plan.any_cuda()) {
+    const auto over = models::gpu_overcommit(plan, gpu_worker_bytes(cfg, spec), models::gpu_total_memory);
+    if (!over.empty())
+      throw config::config_error(
+          "train.batch_size",
+          fmt::format("train.batch_size = {}: the memory estimate does not fit ({}); lower train.batch_size, "
+                      "raise train.micro_batches (now {}) or use fewer workers per GPU",
+                      cfg.train.batch_size, over, cfg.train.micro_batches));
+  }
+  apply_determinism(cfg);
   return plan;
 }
 
@@ -76,8 +107,16 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
       spec.preset.c_str(), spec.dim, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden,
       spec.vocab_size, spec.seq_len);
   std::printf("# parameters: %ld (%.2fM)\n", n, static_cast<double>(n) / 1e6);
-  std::printf("# device: %s; autocast: %s\n", devices.describe().c_str(),
-              config::to_string(models::resolve_autocast(cfg.train.autocast, devices.workers.front())));
+  std::printf("# device: %s; autocast: %s; micro-batches: %ld; deterministic: %s\n",
+              devices.describe().c_str(),
+              config::to_string(models::resolve_autocast(cfg.train.autocast, devices.workers.front())),
+              cfg.train.micro_batches, cfg.train.deterministic ? "yes" : "no");
+  if (devices.any_cuda()) {
+    const auto& first = devices.workers.front() == "cpu" ? devices.workers.back() : devices.workers.front();
+    std::printf("# GPU memory estimate: %.1f GiB per worker (%s has %.1f GiB)\n",
+                static_cast<double>(gpu_worker_bytes(cfg, spec)) / (1 << 30), first.c_str(),
+                static_cast<double>(models::gpu_total_memory(std::stoi(first.substr(5)))) / (1 << 30));
+  }
   std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers (this machine: %.1f MiB)\n",
               static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
               cfg.train.workers, static_cast<double>(physical_memory_bytes()) / (1 << 20));

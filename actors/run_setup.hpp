@@ -20,8 +20,12 @@ std::string corpus_path(const config::train_config& cfg);
 models::model_spec model_spec_of(const config::train_config& cfg);
 
 /// Where each worker runs (train.device, train.autocast), checked before any file is touched: throws
-/// lw_error(invalid_config) naming the key when this build or machine cannot run it.
-models::device_plan plan_devices(const config::train_config& cfg);
+/// lw_error(invalid_config) naming the key when this build or machine cannot run it, or config_error naming
+/// train.batch_size when the workers' memory estimate over-fills a GPU. Applies train.deterministic.
+models::device_plan plan_devices(const config::train_config& cfg, const models::model_spec& spec);
+
+/// The memory estimate of one worker on a GPU (models::training_memory_bytes of one micro-batch).
+int64_t gpu_worker_bytes(const config::train_config& cfg, const models::model_spec& spec);
 
 /// --dry-run: the resolved config, the model's size, the devices and the memory estimate, on stdout.
 void print_dry_run(const config::train_config& cfg, const models::model_spec& spec,

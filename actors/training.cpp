@@ -40,7 +40,7 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   const std::string corpus = corpus_path(cfg);
   const auto spec = model_spec_of(cfg);
   check_backend(cfg, role);
-  const auto devices = plan_devices(cfg);
+  const auto devices = plan_devices(cfg, spec);
   if (opts.dry_run) {
     print_dry_run(cfg, spec, devices);
     return 0;

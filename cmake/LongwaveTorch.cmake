@@ -50,5 +50,18 @@ endif()
 
 # A pip wheel's libtorch.so exports its own copy of std::filesystem; an executable that lists libtorch.so
 # before libstdc++.so.6 binds to it, and remove_all(path, error_code&) there jumps to address 0. Every
-# executable names libstdc++ first (tests/unit/filesystem_binding_test.cpp checks the call and the order).
-add_link_options("LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
+# executable names libstdc++ first (tests/unit/filesystem_binding_test.cpp checks the call and the order),
+# by its path: a compiler outside /usr (a GPU image's /opt/gcc) may ship no libstdc++.so, and there a bare
+# -lstdc++ left the executable taking std:: from libtorch.so with no libstdc++ entry at all.
+execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so
+  OUTPUT_VARIABLE lw_stdcxx OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(NOT IS_ABSOLUTE "${lw_stdcxx}" OR NOT EXISTS "${lw_stdcxx}")
+  find_library(LW_STDCXX_LIBRARY NAMES libstdc++.so.6 stdc++
+    PATHS /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib64 /usr/lib64 /usr/lib)
+  set(lw_stdcxx "${LW_STDCXX_LIBRARY}")
+endif()
+if(NOT lw_stdcxx)
+  message(FATAL_ERROR "longwave: no libstdc++.so found for ${CMAKE_CXX_COMPILER}: set -DLW_STDCXX_LIBRARY=<path to "
+    "libstdc++.so.6>")
+endif()
+add_link_options("LINKER:--push-state,--no-as-needed" "${lw_stdcxx}" "LINKER:--pop-state")

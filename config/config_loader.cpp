@@ -668,6 +668,11 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
   }
   if (const auto problem = device_problem(cfg.train.device); !problem.empty())
     throw config_error("train.device", fmt::format("train.device = \"{}\": {}", cfg.train.device, problem));
+  if (cfg.train.batch_size % cfg.train.micro_batches != 0)
+    throw config_error("train.micro_batches",
+                       fmt::format("train.micro_batches = {}: must divide train.batch_size = {} (each inner "
+                                   "step splits its batch into equal micro-batches)",
+                                   cfg.train.micro_batches, cfg.train.batch_size));
   if (cfg.run.mode == run_mode::single && cfg.train.workers != 1) {
     throw config_error(
         "train.workers",

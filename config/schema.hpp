@@ -145,6 +145,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("train", "threads", c.train.threads, ints(0, 1024));
   f("train", "device", c.train.device, non_empty());  // its form is checked in validate()
   f("train", "autocast", c.train.autocast, listed());
+  f("train", "micro_batches", c.train.micro_batches, ints(1, max_batch_size));  // a divisor: validate()
+  f("train", "deterministic", c.train.deterministic, any());
 
   // The outer step scales a float tensor by lr: as for train.lr, past 10 it only diverges (and past ~3e38
   // it no longer converts to float).

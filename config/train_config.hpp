@@ -202,6 +202,11 @@ struct train_section {
   /// fingerprint, so a cluster may mix CPU and GPU nodes.
   std::string device = "cpu";
   autocast_mode autocast = autocast_mode::automatic;
+  /// Each inner step's batch_size sequences as this many micro-batches whose gradients add up (a divisor of
+  /// batch_size): the step is the same, its activations 1/micro_batches the size. Per node, like device.
+  int64_t micro_batches = 1;
+  /// Deterministic kernels and no TF32: a resumed run continues identically on the same GPU. Per node.
+  bool deterministic = false;
 };
 
 /// [outer]: the outer optimizer, SGD with Nesterov momentum.

@@ -58,6 +58,22 @@ device_plan plan_devices(const std::string& setting, int64_t workers, int64_t vi
   return plan;
 }
 
+std::string gpu_overcommit(const device_plan& plan, int64_t per_worker,
+                           const std::function<int64_t(int)>& total) {
+  std::map<std::string, int64_t> workers;
+  for (const auto& d : plan.workers)
+    if (d != "cpu") ++workers[d];
+  constexpr double gib = 1 << 30;
+  for (const auto& [device, n] : workers) {
+    const int64_t have = total(std::stoi(device.substr(5)));
+    if (n * per_worker > have)
+      return fmt::format("{}: {} worker{} x {:.1f} GiB = {:.1f} GiB, and it has {:.1f} GiB", device, n,
+                         n == 1 ? "" : "s", static_cast<double>(per_worker) / gib,
+                         static_cast<double>(n * per_worker) / gib, static_cast<double>(have) / gib);
+  }
+  return "";
+}
+
 device_plan plan_devices(const std::string& setting, int64_t workers) {
   const bool built = at::hasCUDA();
   return plan_devices(setting, workers, built ? static_cast<int64_t>(torch::cuda::device_count()) : 0, built);

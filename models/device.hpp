@@ -2,6 +2,7 @@
 // Where a process's workers run their inner steps (train.device) and in what precision (train.autocast):
 // the plan is made once at start-up, from the setting and the GPUs this process sees.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,11 @@ struct device_plan {
 /// GPU N; "auto" cuda where a GPU is visible, else cpu. Throws lw_error(invalid_config) naming train.device
 /// when the setting cannot be met (no CUDA in this LibTorch, no visible GPU, N out of range).
 device_plan plan_devices(const std::string& setting, int64_t workers, int64_t visible, bool cuda_built);
+
+/// What over-fills a GPU of the plan when each worker needs `per_worker` bytes and GPU N has total(N) bytes:
+/// "cuda:0: 2 workers x 23.1 GiB = 46.2 GiB, and it has 40.0 GiB"; "" when every GPU has room.
+std::string gpu_overcommit(const device_plan& plan, int64_t per_worker,
+                           const std::function<int64_t(int)>& total);
 
 /// plan_devices with this process's LibTorch and GPUs.
 device_plan plan_devices(const std::string& setting, int64_t workers);

@@ -149,7 +149,7 @@ at::Tensor gpt::logits(const at::Tensor& idx) {
   return forward_logits(idx);
 }
 
-at::Tensor gpt::loss(const at::Tensor& tokens, bool grad) {
+at::Tensor gpt::loss(const at::Tensor& tokens, bool grad, double scale) {
   const int64_t T = tokens.size(1) - 1;
   LW_ASSERT(T >= 1 && T <= spec_.seq_len, "token batch length exceeds the model context");
   auto idx = tokens.narrow(1, 0, T);
@@ -166,7 +166,10 @@ at::Tensor gpt::loss(const at::Tensor& tokens, bool grad) {
     auto logits = forward_logits(idx);
     l = at::cross_entropy_loss(logits.reshape({-1, spec_.vocab_size}).to(at::kFloat), targets);
   }
-  l.backward();
+  if (scale == 1.0)
+    l.backward();
+  else
+    (l * scale).backward();
   return l.detach();
 }
 

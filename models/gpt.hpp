@@ -34,7 +34,9 @@ class gpt {
   /// Mean next-token cross-entropy of tokens [B, T+1] (int64, on the model's device): inputs [:, :T],
   /// targets [:, 1:]. With grad = true, the gradient is accumulated into flat_grads() (the backward pass runs
   /// outside autocast, as PyTorch recommends).
-  at::Tensor loss(const at::Tensor& tokens, bool grad);
+  /// `scale` multiplies the loss before the backward pass (1/k for one of k micro-batches); the loss returned
+  /// is unscaled.
+  at::Tensor loss(const at::Tensor& tokens, bool grad, double scale = 1.0);
 
   /// Next-token logits [B, T, V] of inputs idx [B, T] (int64), without gradient.
   at::Tensor logits(const at::Tensor& idx);

@@ -78,7 +78,19 @@ void inner_trainer::next_batch() {
 at::Tensor inner_trainer::forward_backward() {
   next_batch();
   model_.zero_grad();
-  auto l = model_.loss(batch_, /*grad=*/true);
+  at::Tensor l;
+  if (opts_.micro_batches <= 1) {
+    l = model_.loss(batch_, /*grad=*/true);
+  } else {
+    // Each part's mean loss scaled by 1/k: the gradients add up to the whole batch's mean-loss gradient.
+    const int64_t k = opts_.micro_batches, rows = opts_.batch_size / k;
+    const double scale = 1.0 / static_cast<double>(k);
+    for (int64_t i = 0; i < k; ++i) {
+      auto part = model_.loss(batch_.narrow(0, i * rows, rows), /*grad=*/true, scale);
+      l = i == 0 ? part : l + part;
+    }
+    l = l * scale;
+  }
   if (opts_.bf16) grad_fp32_.copy_(model_.flat_grads());
   return l;
 }

@@ -31,6 +31,8 @@ struct inner_options {
   bool bf16 = false;
   std::string device = "cpu";  ///< "cpu" or "cuda:N" (models::device_plan)
   bool autocast = false;       ///< bf16 autocast of the forward pass (CUDA only)
+  int64_t micro_batches =
+      1;  ///< the batch's rows in this many equal parts, gradients added (divides batch_size)
 };
 
 /// The resumable state of one replica (all tensors fp32 on the host, owned by the caller of `state()`).

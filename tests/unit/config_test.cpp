@@ -832,6 +832,25 @@ CATCH_TEST_CASE("train.device takes cpu, cuda, cuda:N and auto, and train.autoca
               longwave::config::training_fingerprint(parse_config("", {"train.autocast=off"}, "")));
 }
 
+CATCH_TEST_CASE("train.micro_batches divides the batch, and it and train.deterministic are per node",
+                "[config]") {
+  CATCH_CHECK(parse_config("", {}, "").train.micro_batches == 1);
+  CATCH_CHECK_FALSE(parse_config("", {}, "").train.deterministic);
+  const auto c = parse_config("[train]\nbatch_size = 32\nmicro_batches = 4\ndeterministic = true\n", {}, "");
+  CATCH_CHECK(c.train.micro_batches == 4);
+  CATCH_CHECK(c.train.deterministic);
+  const config_error e = error_of("[train]\nbatch_size = 8\nmicro_batches = 3\n");
+  CATCH_CHECK(e.key() == "train.micro_batches");
+  CATCH_CHECK_THAT(e.what(), Contains("train.micro_batches = 3: must divide train.batch_size = 8"));
+  CATCH_CHECK(error_of("[train]\nmicro_batches = 0\n").key() == "train.micro_batches");
+  CATCH_CHECK(error_of("[train]\ndeterministic = \"yes\"\n").key() == "train.deterministic");
+  // A node's memory and its kernels' settings are its own: neither is part of the training fingerprint.
+  const auto base = parse_config("[train]\nbatch_size = 8\n", {}, "");
+  CATCH_CHECK(longwave::config::training_fingerprint(base) ==
+              longwave::config::training_fingerprint(parse_config(
+                  "[train]\nbatch_size = 8\nmicro_batches = 2\ndeterministic = true\n", {}, "")));
+}
+
 CATCH_TEST_CASE("comm.dtype = sparse takes its codec keys, checked, and refuses nccl and 3 bits",
                 "[config]") {
   const train_config c = parse_config(

@@ -45,6 +45,18 @@ CATCH_TEST_CASE("workers map round-robin onto the visible GPUs, and cpu or auto 
   CATCH_CHECK(plan_devices("auto", 1, 1, true).any_cuda());
 }
 
+CATCH_TEST_CASE("the workers sharing a GPU must fit in its memory together", "[models][device]") {
+  constexpr int64_t gib = int64_t{1} << 30;
+  const auto total = [](int index) { return index == 0 ? 40 * gib : 80 * gib; };
+  const auto plan = plan_devices("cuda", 3, 2, true);  // cuda:0 (workers 0, 2), cuda:1 (worker 1)
+  CATCH_CHECK(gpu_overcommit(plan, 20 * gib, total).empty());
+  CATCH_CHECK(gpu_overcommit(plan, 21 * gib, total) ==
+              "cuda:0: 2 workers x 21.0 GiB = 42.0 GiB, and it has 40.0 GiB");
+  CATCH_CHECK(gpu_overcommit(plan_devices("cuda:1", 1, 2, true), 81 * gib, total) ==
+              "cuda:1: 1 worker x 81.0 GiB = 81.0 GiB, and it has 80.0 GiB");
+  CATCH_CHECK(gpu_overcommit(plan_devices("cpu", 4, 0, false), 1000 * gib, total).empty());  // no GPU asked
+}
+
 CATCH_TEST_CASE("a device the build or the machine cannot give is refused naming train.device",
                 "[models][device]") {
   CATCH_CHECK_THAT(refusal("cuda", 1, 0, false),

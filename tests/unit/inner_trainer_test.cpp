@@ -1,0 +1,108 @@
+// models::inner_trainer at its host boundary (issue 36): what goes in and out is fp32 on the host whatever
+// the device, micro-batches add up to the whole batch, and a state written to a checkpoint file and read back
+// continues bit for bit. The device here is the CPU; scripts/gpu-check runs the same paths on CUDA.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "models/gpt.hpp"
+#include "models/inner_trainer.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+
+using namespace longwave;
+namespace fs = std::filesystem;
+
+namespace {
+
+const models::model_spec spec = models::preset_spec("tiny", 64, 16);
+
+std::shared_ptr<const std::vector<uint16_t>> tokens() {
+  std::vector<uint16_t> t(20000);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>((i * 7 + i / 5) % 64);
+  return std::make_shared<const std::vector<uint16_t>>(std::move(t));
+}
+
+std::unique_ptr<models::inner_trainer> trainer(int64_t micro_batches = 1) {
+  models::inner_options o;
+  o.batch_size = 4;
+  o.warmup_steps = 2;
+  o.total_steps = 20;
+  o.micro_batches = micro_batches;
+  auto t = std::make_unique<models::inner_trainer>(spec, o, tokens(),
+                                                   std::vector<models::data::token_span>{{0, 20000}}, 0, 7);
+  t->set_params(models::gpt::init_flat(spec, 7));
+  return t;
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("the trainer hands out fp32 host tensors: theta - master, the gradient and its state",
+                "[models][trainer]") {
+  auto t = trainer();
+  const auto theta = models::gpt::init_flat(spec, 7);
+  for (int i = 0; i < 3; ++i) t->step();
+  const auto delta = t->pseudo_gradient(theta);
+  CATCH_CHECK(delta.device().is_cpu());
+  CATCH_CHECK(delta.scalar_type() == at::kFloat);
+  CATCH_CHECK(same_bits(delta, theta - t->master()));
+  CATCH_CHECK(delta.abs().max().item<float>() > 0);  // the steps moved the replica
+  t->compute_grad();
+  CATCH_CHECK(t->grad().device().is_cpu());
+  const auto s = t->state();
+  for (const auto* x : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
+    CATCH_CHECK(x->device().is_cpu());
+    CATCH_CHECK(x->scalar_type() == at::kFloat);
+  }
+  CATCH_CHECK(s.adam_steps == 3);
+}
+
+CATCH_TEST_CASE("micro-batches add up to the whole batch's gradient and loss", "[models][trainer]") {
+  auto whole = trainer(1), parts = trainer(2), quarters = trainer(4);
+  const float l1 = whole->compute_grad(), l2 = parts->compute_grad(), l4 = quarters->compute_grad();
+  CATCH_CHECK(l2 == Approx(l1).epsilon(1e-5));
+  CATCH_CHECK(l4 == Approx(l1).epsilon(1e-5));
+  const auto g = whole->grad();
+  const double scale = g.abs().max().item<double>();
+  CATCH_CHECK((parts->grad() - g).abs().max().item<double>() < 1e-5 * scale);
+  CATCH_CHECK((quarters->grad() - g).abs().max().item<double>() < 1e-5 * scale);
+}
+
+CATCH_TEST_CASE("a trainer's state written to a checkpoint file and read back continues bit for bit",
+                "[models][trainer]") {
+  const auto dir = fs::temp_directory_path() / ("lw_trainer_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto a = trainer();
+  for (int i = 0; i < 5; ++i) a->step();
+  runtime::train_snapshot snap;
+  snap.round = 1;
+  snap.step = 5;
+  snap.theta = a->master().clone();
+  const auto is = a->state();
+  runtime::replica_state r;
+  r.master = is.master, r.exp_avg = is.exp_avg, r.exp_avg_sq = is.exp_avg_sq;
+  r.adam_steps = is.adam_steps, r.sampler_position = is.sampler_position;
+  snap.replicas.push_back(r);
+  const runtime::snapshot_shape shape{models::closed_form_param_count(spec), 1, "diloco", "tiny"};
+  {
+    runtime::checkpoint_store store(dir.string(), 1);
+    store.write(runtime::to_checkpoint(snap, shape));
+  }
+  auto loaded = runtime::from_checkpoint(*runtime::checkpoint_store(dir.string(), 1).load_latest(), shape);
+  const auto& lr = loaded.replicas.at(0);
+  auto b = trainer();
+  b->load_state({lr.master, lr.exp_avg, lr.exp_avg_sq, lr.adam_steps, lr.sampler_position});
+  CATCH_CHECK(same_bits(b->master(), a->master()));
+  for (int i = 0; i < 3; ++i) CATCH_CHECK(b->step() == a->step());  // same data, same arithmetic
+  CATCH_CHECK(same_bits(b->master(), a->master()));
+  fs::remove_all(dir);
+}
