@@ -1,6 +1,8 @@
 // comm.backend -> ring_allreduce or nccl_collective; a build without NCCL refuses "nccl" with one line.
 #include "actors/collective_factory.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -29,6 +31,19 @@ bool built_with_nccl() {
   return true;
 #else
   return false;
+#endif
+}
+
+std::string nccl_summary() {
+#ifdef LONGWAVE_WITH_NCCL
+  try {
+    const int v = comm::nccl_allreduce::version();  // major * 10000 + minor * 100 + patch since 2.9
+    return fmt::format("NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+  } catch (const std::exception& e) {
+    return std::string("NCCL (its version could not be read: ") + e.what() + ")";
+  }
+#else
+  return "no NCCL in this build";
 #endif
 }
 

@@ -13,6 +13,9 @@ namespace longwave::actors {
 /// True if this binary was built with the NCCL backend (LONGWAVE_WITH_NCCL found CUDA and NCCL).
 bool built_with_nccl();
 
+/// "NCCL 2.28.9" (the library this process loads), or "no NCCL in this build".
+std::string nccl_summary();
+
 /// Refuses, as a config_error on comm.backend (exit 2), a backend this binary or machine cannot run: "nccl"
 /// in a build without NCCL or where no CUDA device is visible, and (for a cluster node, role set) without
 /// NCCL_COMM_ID. Call it before anything starts, --dry-run included.

@@ -1,6 +1,7 @@
-// Evaluator actor: a detached thread, one torch thread. fp32: each evaluation runs a model over the theta it
-// is handed (the coordinator's clone, or theta itself when the training waits), so it keeps no model-sized
-// buffer between evaluations; bf16: its own bf16 model, into which theta is copied.
+// Evaluator actor: a detached thread, one torch thread, on the device of the node's first worker (a GPU node
+// evaluates on its GPU, with the workers' autocast). fp32: each evaluation runs a model over the theta it is
+// handed (the coordinator's clone, or theta itself when the training waits; a copy on a GPU), so it keeps no
+// model-sized buffer between evaluations; bf16: its own bf16 model, into which theta is copied.
 #include "actors/evaluator.hpp"
 
 #include <ATen/ATen.h>
@@ -20,13 +21,20 @@ namespace {
 
 struct evaluator_state {
   std::unique_ptr<models::gpt> model;  // bf16 only
+  at::Device device = at::kCPU;
+  bool autocast = false;
 };
 
 evaluator_actor::behavior_type evaluator_fun(evaluator_actor::stateful_pointer<evaluator_state> self,
                                              std::shared_ptr<const run_context> ctx) {
   at::set_num_threads(1);
-  if (ctx->cfg.model.dtype == config::model_dtype::bf16)
-    self->state.model = std::make_unique<models::gpt>(ctx->spec, at::kBFloat16);
+  const auto opts = ctx->inner_of(0);
+  self->state.device = at::Device(opts.device);
+  self->state.autocast = opts.autocast;
+  if (ctx->cfg.model.dtype == config::model_dtype::bf16) {
+    self->state.model = std::make_unique<models::gpt>(ctx->spec, at::kBFloat16, self->state.device);
+    self->state.model->set_autocast(opts.autocast);
+  }
   return {
       [=](eval_atom, at::Tensor theta, int64_t n_batches) -> caf::result<double> {
         try {
@@ -35,7 +43,8 @@ evaluator_actor::behavior_type evaluator_fun(evaluator_actor::stateful_pointer<e
             model->load_flat(theta);
             return models::validation_loss(*model, *ctx->val_tokens, batch, n_batches);
           }
-          models::gpt over_theta(ctx->spec, theta.to(at::kFloat).contiguous());
+          models::gpt over_theta(ctx->spec, theta.to(self->state.device, at::kFloat).contiguous());
+          over_theta.set_autocast(self->state.autocast);
           return models::validation_loss(over_theta, *ctx->val_tokens, batch, n_batches);
         } catch (const c10::Error& e) {
           return make_error(errc::torch_error, std::string("evaluation: ") + e.what_without_backtrace());

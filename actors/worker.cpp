@@ -146,6 +146,11 @@ void inner_step(self_ptr self) {
                  ? static_cast<int64_t>(s.round - 1) * s.ctx->cfg.train.inner_steps + s.steps_in_round + 1
                  : s.trainer->steps_done();
   rep.tokens = s.trainer->tokens_per_step();
+  if (s.trainer->device().is_cuda()) {
+    const auto mem = s.trainer->gpu_memory_now();
+    rep.gpu_s = s.trainer->last_gpu_seconds();
+    rep.gpu_allocated = mem.allocated, rep.gpu_reserved = mem.reserved, rep.gpu_peak = mem.peak;
+  }
   s.loss_sum += rep.loss;
   ++s.steps_run;
   ++s.steps_in_round;

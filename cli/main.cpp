@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/collective_factory.hpp"
 #include "actors/training.hpp"
 #include "cli/export.hpp"
 #include "cli/launch.hpp"
@@ -524,7 +525,11 @@ int main(int argc, char** argv) {
       "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 "
       "interrupted."};
   app.set_version_flag(
-      "--version", [] { return "longwave on " + models::cpu_kernels() + "\ngpu: " + models::gpu_summary(); },
+      "--version",
+      [] {
+        return "longwave on " + models::cpu_kernels() + "\ngpu: " + models::gpu_summary() + "; " +
+               actors::nccl_summary();
+      },
       "Print the CPU, the LibTorch version and the kernels it uses, the GPUs and CUDA, and exit");
   app.require_subcommand(1);
   cli_values v;

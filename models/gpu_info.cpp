@@ -6,8 +6,13 @@
 #ifdef LONGWAVE_CUDA_BUILD
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
+
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace longwave::models {
 
@@ -51,6 +56,50 @@ int64_t gpu_total_memory(int device_index) {
   return static_cast<int64_t>(p.totalGlobalMem);
 }
 
+double dense_bf16_peak_flops(int device_index) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device_index) != cudaSuccess) return 0;
+  const std::string name = p.name;
+  // The first entry whose text the name holds, so "H100 PCIe" comes before "H100".
+  static const std::vector<std::pair<std::string, double>> table{
+      {"H100 PCIe", 756e12}, {"H100", 989e12}, {"H200", 989e12}, {"GH200", 989e12},
+      {"A100", 312e12},      {"L40S", 362e12}, {"L4", 121e12}};
+  for (const auto& [part, flops] : table)
+    if (name.find(part) != std::string::npos) return flops;
+  return 0;
+}
+
+gpu_timer::gpu_timer(int device_index) : device_(device_index) {
+  cudaEvent_t a = nullptr, b = nullptr;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  start_ = a, stop_ = b;
+}
+
+gpu_timer::~gpu_timer() {
+  if (start_) cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  if (stop_) cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+void gpu_timer::start() {
+  const auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
+  cudaEventRecord(static_cast<cudaEvent_t>(start_), stream.stream());
+}
+
+void gpu_timer::stop() {
+  const auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
+  cudaEventRecord(static_cast<cudaEvent_t>(stop_), stream.stream());
+}
+
+double gpu_timer::seconds() {
+  float ms = 0;
+  if (cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)) !=
+          cudaSuccess)
+    return -1;
+  return static_cast<double>(ms) / 1e3;
+}
+
 #else
 
 std::string gpu_summary() {
@@ -62,6 +111,16 @@ gpu_memory memory_of_gpu(int) {
 void reset_gpu_peak(int) {}
 int64_t gpu_total_memory(int) {
   return 0;
+}
+double dense_bf16_peak_flops(int) {
+  return 0;
+}
+gpu_timer::gpu_timer(int device_index) : device_(device_index) {}
+gpu_timer::~gpu_timer() = default;
+void gpu_timer::start() {}
+void gpu_timer::stop() {}
+double gpu_timer::seconds() {
+  return -1;
 }
 
 #endif

@@ -21,4 +21,27 @@ void reset_gpu_peak(int device_index);
 /// The GPU's total memory in bytes (0 without one).
 int64_t gpu_total_memory(int device_index);
 
+/// The GPU's dense bf16 peak in FLOP/s, from its name (H100 SXM and H200 989e12, H100 PCIe 756e12, A100
+/// 312e12, L40S 362e12, L4 121e12); 0 for a GPU not in the table, or none.
+double dense_bf16_peak_flops(int device_index);
+
+/// GPU time of a span of work on one device, from two CUDA events on its current stream: start() and stop()
+/// queue them (no synchronisation); seconds() waits for the stop event. Without CUDA it measures nothing
+/// (seconds() is -1).
+class gpu_timer {
+ public:
+  explicit gpu_timer(int device_index);
+  ~gpu_timer();
+  gpu_timer(const gpu_timer&) = delete;
+  gpu_timer& operator=(const gpu_timer&) = delete;
+  void start();
+  void stop();
+  double seconds();
+
+ private:
+  int device_;
+  void* start_ = nullptr;  // cudaEvent_t
+  void* stop_ = nullptr;
+};
+
 }  // namespace longwave::models

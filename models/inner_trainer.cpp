@@ -13,12 +13,20 @@
 
 namespace longwave::models {
 
+namespace {
+/// "cuda" is the current GPU, 0: a trainer always knows its device's index.
+at::Device device_of(const std::string& name) {
+  const at::Device d(name);
+  return d.is_cuda() && !d.has_index() ? at::Device(at::kCUDA, 0) : d;
+}
+}  // namespace
+
 inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
                              std::shared_ptr<const std::vector<uint16_t>> train_tokens,
                              std::vector<data::token_span> spans, int64_t worker, uint64_t seed)
     : spec_(spec),
       opts_(opts),
-      device_(opts.device),
+      device_(device_of(opts.device)),
       model_(spec, opts.bf16 ? at::kBFloat16 : at::kFloat, device_),
       adam_(model_.n_params(), opts.adam, device_),
       // fp32: the master is the model's own flat buffer; bf16: a separate fp32 copy.
@@ -33,6 +41,7 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
   if (device_.is_cuda()) {
     batch_pinned_ = at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).pinned_memory(true));
     batch_ = at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).device(device_));
+    timer_ = std::make_unique<gpu_timer>(device_.index());
   }
 }
 
@@ -114,9 +123,17 @@ void inner_trainer::apply_update(at::Tensor& g) {
 }
 
 float inner_trainer::step() {
+  if (timer_) timer_->start();
   auto l = forward_backward();
   apply_update(grad_fp32_);
-  return l.item<float>();
+  if (timer_) timer_->stop();
+  const float loss = l.item<float>();  // the step's one synchronisation
+  if (timer_) gpu_seconds_ = timer_->seconds();
+  return loss;
+}
+
+gpu_memory inner_trainer::gpu_memory_now() const {
+  return device_.is_cuda() ? memory_of_gpu(device_.index()) : gpu_memory{};
 }
 
 at::Tensor inner_trainer::grad() const {

@@ -11,6 +11,7 @@
 #include "models/adamw.hpp"
 #include "models/data/partition.hpp"
 #include "models/gpt.hpp"
+#include "models/gpu_info.hpp"
 #include "models/model_spec.hpp"
 
 namespace longwave::models::data {
@@ -64,6 +65,9 @@ class inner_trainer {
   void mix(const at::Tensor& theta, const flat_ranges& ranges, double alpha);
   /// One AdamW step on the next batch; returns the training loss.
   float step();
+  /// On a GPU: the device time of the last step() (CUDA events), its memory figures; -1 / zeros on the CPU.
+  double last_gpu_seconds() const { return gpu_seconds_; }
+  gpu_memory gpu_memory_now() const;
   /// DDP: forward and backward on the next batch; the fp32 gradient is then in grad().
   float compute_grad();
   /// The fp32 gradient on the host (on the CPU the live buffer: read-only until the next apply_grad).
@@ -102,7 +106,9 @@ class inner_trainer {
   adamw adam_;
   at::Tensor master_, grad_fp32_, batch_;
   std::vector<int64_t> batch_buf_;
-  at::Tensor batch_pinned_;  // CUDA: the batch's staging buffer in pinned host memory
+  at::Tensor batch_pinned_;           // CUDA: the batch's staging buffer in pinned host memory
+  std::unique_ptr<gpu_timer> timer_;  // CUDA: the step's device time
+  double gpu_seconds_ = -1;
   std::unique_ptr<data::window_sampler> sampler_;
 };
 

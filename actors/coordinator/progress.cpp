@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "actors/coordinator/state.hpp"
+#include "models/gpu_info.hpp"
 #include "models/lr_schedule.hpp"
+#include "models/model_spec.hpp"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/json/json_pretty.hpp"
 #include "runtime/log/log.hpp"
@@ -84,6 +87,34 @@ void record_start(self_ptr self) {
   }
 }
 
+namespace {
+
+/// Model FLOP/s utilization of a worker on GPU `device` ("cuda:N") at `tokens_per_s`: 6·N·tokens/s over the
+/// GPU's dense bf16 peak (6N leaves attention out); NaN for a GPU not in models::dense_bf16_peak_flops.
+double model_flops_utilization(const run_context& ctx, const std::string& device, double tokens_per_s) {
+  const double peak = models::dense_bf16_peak_flops(std::stoi(device.substr(5)));
+  const double n = static_cast<double>(models::closed_form_param_count(ctx.spec));
+  return peak > 0 ? 6 * n * tokens_per_s / peak : std::numeric_limits<double>::quiet_NaN();
+}
+
+/// A GPU worker's step: device seconds, memory, and its utilization of the GPU's peak.
+void on_gpu_report(self_ptr self, const step_report& r, double worker_tokens_per_s) {
+  auto& s = self->state;
+  const std::string w = std::to_string(r.rank);
+  const auto wi = static_cast<size_t>(r.rank);
+  s.round_gpu_s[wi] = std::max(0.0, s.round_gpu_s[wi]) + r.gpu_s;
+  s.gpu_peak[wi] = std::max(s.gpu_peak[wi], r.gpu_peak);
+  self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_gpu_busy_seconds_total"), w,
+             r.gpu_s);
+  gauge(self, "longwave_worker_gpu_memory_allocated_bytes", static_cast<double>(r.gpu_allocated), w);
+  gauge(self, "longwave_worker_gpu_memory_reserved_bytes", static_cast<double>(r.gpu_reserved), w);
+  gauge(self, "longwave_worker_gpu_memory_peak_bytes", static_cast<double>(r.gpu_peak), w);
+  const double mfu = model_flops_utilization(*s.ctx, s.ctx->devices.workers.at(wi), worker_tokens_per_s);
+  if (std::isfinite(mfu)) gauge(self, "longwave_worker_model_flops_utilization_ratio", mfu, w);
+}
+
+}  // namespace
+
 void on_report(self_ptr self, const step_report& r) {
   auto& s = self->state;
   const auto& cfg = s.ctx->cfg;
@@ -95,6 +126,7 @@ void on_report(self_ptr self, const step_report& r) {
   s.run_compute[wi] += r.compute_s;
   s.worker_tokens[wi] += r.tokens;
   gauge(self, "longwave_worker_tokens_per_second", wall > 0 ? s.worker_tokens[wi] / wall : 0, w);
+  if (r.gpu_s >= 0) on_gpu_report(self, r, wall > 0 ? s.worker_tokens[wi] / wall : 0);
   gauge(self, "longwave_worker_compute_utilization_run_ratio", wall > 0 ? s.run_compute[wi] / wall : 0, w);
   gauge(self, "longwave_worker_train_loss", r.loss, w);
   self->send(s.peers.metrics, observe_atom_v, std::string("longwave_worker_inner_step_seconds"), w,
@@ -154,16 +186,27 @@ void account_round(self_ptr self) {
     self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_idle_seconds_total"), w, idle);
     self->send(s.peers.metrics, count_atom_v, std::string("longwave_worker_stall_seconds_total"), w,
                s.round_stall_s);
-    record(self, json_line("worker")
-                     .add("round", s.round)
-                     .add("worker", static_cast<int64_t>(i))
-                     .add("compute_s", compute)
-                     .add("wall_s", wall)
-                     .add("idle_s", idle)
-                     .add("stall_s", s.round_stall_s)
-                     .add("utilization", util)
-                     .add("staleness", staleness)
-                     .add("tokens", s.run_tokens(i)));
+    auto line = json_line("worker")
+                    .add("round", s.round)
+                    .add("worker", static_cast<int64_t>(i))
+                    .add("compute_s", compute)
+                    .add("wall_s", wall)
+                    .add("idle_s", idle)
+                    .add("stall_s", s.round_stall_s)
+                    .add("utilization", util)
+                    .add("staleness", staleness)
+                    .add("tokens", s.run_tokens(i));
+    if (s.round_gpu_s[i] >= 0) {  // a GPU worker: its device's busy time and memory over the round
+      const double run_wall = since_start(s);
+      const double mfu = model_flops_utilization(*s.ctx, s.ctx->devices.workers.at(i),
+                                                 run_wall > 0 ? s.worker_tokens[i] / run_wall : 0);
+      line.add("gpu_busy_s", s.round_gpu_s[i])
+          .add("gpu_utilization", wall > 0 ? std::min(1.0, s.round_gpu_s[i] / wall) : 0.0)
+          .add("gpu_memory_peak_bytes", s.gpu_peak[i]);
+      if (std::isfinite(mfu)) line.add("mfu", mfu);
+      s.round_gpu_s[i] = 0;
+    }
+    record(self, std::move(line));
     s.round_compute[i] = 0;
   }
   s.round_stall_s = 0;

@@ -110,6 +110,10 @@ struct coordinator_state {
   // totals are their sums.
   std::vector<double> round_compute, run_compute;
   std::vector<int64_t> worker_tokens, tokens_before;
+  /// Per local worker on a GPU: device seconds of the current round's steps (CUDA events), and its GPU's peak
+  /// allocated bytes; -1 for a worker on the CPU.
+  std::vector<double> round_gpu_s;
+  std::vector<int64_t> gpu_peak;
   double total_compute() const { return std::accumulate(run_compute.begin(), run_compute.end(), 0.0); }
   int64_t run_tokens(size_t worker) const { return tokens_before[worker] + worker_tokens[worker]; }
   int64_t session_tokens() const {

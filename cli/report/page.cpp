@@ -141,24 +141,30 @@ std::string outcome_table(const report_data& r, const run_summary& sum, const st
   const double rounds = num(field.cfg, "rounds"), h = num(field.cfg, "inner_steps");
   const double total_s = r.t_last - r.t0, last_step = sum.overall.last_step;
   const size_t sessions = sum.sessions;
-  return table("Outcome",
-               {{"status", sum.status},
-                {"started", utc_text(r.t0)},
-                {"total time (first start to last record)", duration_text(total_s)},
-                {"training time (sum of sessions)", duration_text(sum.active_s)},
-                {"sessions", sessions > 1 ? fmt::format("{} (resumed {})", sessions,
-                                                        sessions == 2 ? std::string("once")
-                                                                      : fmt::format("{} times", sessions - 1))
-                                          : compact(double(sessions))},
-                {"inner steps per worker",
-                 std::isfinite(rounds * h) ? fmt::format("{} of {}", compact(last_step), compact(rounds * h))
-                                           : compact(last_step)},
-                {"final val loss", fixed(sum.overall.final_val_loss, 4)},
-                {"final val perplexity", fixed(sum.overall.final_val_ppl, 3)},
-                {"average compute utilization", utilization_text(sum.utilization)},
-                {"stall seconds (all workers)", fixed(sum.stall_s, 2)},
-                {"total bytes sent", bytes_text(sum.bytes)},
-                {"checkpoints written", compact(double(sum.n_checkpoints))}});
+  auto rows = std::vector<std::pair<std::string, std::string>>{
+      {"status", sum.status},
+      {"started", utc_text(r.t0)},
+      {"total time (first start to last record)", duration_text(total_s)},
+      {"training time (sum of sessions)", duration_text(sum.active_s)},
+      {"sessions",
+       sessions > 1 ? fmt::format("{} (resumed {})", sessions,
+                                  sessions == 2 ? std::string("once") : fmt::format("{} times", sessions - 1))
+                    : compact(double(sessions))},
+      {"inner steps per worker", std::isfinite(rounds * h)
+                                     ? fmt::format("{} of {}", compact(last_step), compact(rounds * h))
+                                     : compact(last_step)},
+      {"final val loss", fixed(sum.overall.final_val_loss, 4)},
+      {"final val perplexity", fixed(sum.overall.final_val_ppl, 3)},
+      {"average compute utilization", utilization_text(sum.utilization)},
+      {"stall seconds (all workers)", fixed(sum.stall_s, 2)},
+      {"total bytes sent", bytes_text(sum.bytes)},
+      {"checkpoints written", compact(double(sum.n_checkpoints))}};
+  if (std::isfinite(sum.gpu_utilization) || std::isfinite(sum.gpu_peak_bytes)) {  // workers on GPUs
+    rows.push_back({"GPU busy / wall time (GPU workers)", utilization_text(sum.gpu_utilization)});
+    rows.push_back({"peak GPU memory (one GPU)", bytes_text(sum.gpu_peak_bytes)});
+    rows.push_back({"model FLOP/s utilization (6N, no attention)", utilization_text(sum.mfu)});
+  }
+  return table("Outcome", rows);
 }
 
 // A cluster's row per node.

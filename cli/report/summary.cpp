@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "cli/report/format.hpp"
 
@@ -81,8 +82,37 @@ node_summary summarize(const node_metrics& m) {
   return s;
 }
 
+namespace {
+
+// The GPU workers' figures (records without gpu_busy_s are CPU workers').
+void sum_gpus(const report_data& r, run_summary& t) {
+  double busy = 0, wall = 0, peak = 0, mfu_sum = 0;
+  size_t n_gpu = 0, n_mfu = 0;
+  for (const auto& m : r.nodes) {
+    std::map<double, double> last_mfu;  // worker -> its last round's figure
+    for (const auto& w : m.workers) {
+      const double b = num(w, "gpu_busy_s");
+      if (!std::isfinite(b)) continue;
+      ++n_gpu;
+      busy += b;
+      if (std::isfinite(num(w, "wall_s"))) wall += num(w, "wall_s");
+      if (std::isfinite(num(w, "gpu_memory_peak_bytes")))
+        peak = std::max(peak, num(w, "gpu_memory_peak_bytes"));
+      if (std::isfinite(num(w, "mfu"))) last_mfu[num(w, "worker")] = num(w, "mfu");
+    }
+    for (const auto& [worker, x] : last_mfu) mfu_sum += x, ++n_mfu;
+  }
+  if (n_gpu == 0) return;
+  t.gpu_utilization = wall > 0 ? busy / wall : nan;
+  t.gpu_peak_bytes = peak;
+  if (n_mfu) t.mfu = mfu_sum / static_cast<double>(n_mfu);
+}
+
+}  // namespace
+
 run_summary summarize_run(const report_data& r) {
   run_summary t;
+  sum_gpus(r, t);
   double compute = 0, wall = 0;
   for (const auto& m : r.nodes) {
     t.nodes.push_back(summarize(m));

@@ -48,6 +48,11 @@ struct run_summary {
   double utilization = std::numeric_limits<double>::quiet_NaN();  ///< compute / wall time of all workers
   size_t sessions = 0;                                            ///< the most of any node
   size_t n_checkpoints = 0;
+  /// Workers on GPUs (their "worker" records carry gpu_busy_s): device seconds over their wall seconds, the
+  /// highest peak of GPU memory, and the mean model FLOP/s utilization of their last rounds; NaN without.
+  double gpu_utilization = std::numeric_limits<double>::quiet_NaN();
+  double gpu_peak_bytes = std::numeric_limits<double>::quiet_NaN();
+  double mfu = std::numeric_limits<double>::quiet_NaN();
   std::string status;  ///< "completed", or the last node's status that is not
 };
 

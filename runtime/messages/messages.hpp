@@ -74,6 +74,10 @@ struct step_report {
   double loss = 0;
   double compute_s = 0;  ///< forward + backward + update
   int64_t tokens = 0;
+  /// A worker on a GPU: the step's device time (CUDA events) and its GPU's caching-allocator bytes; -1 and
+  /// zeros on the CPU.
+  double gpu_s = -1;
+  int64_t gpu_allocated = 0, gpu_reserved = 0, gpu_peak = 0;
 };
 
 /// A node's error-feedback residuals (comm.error_feedback), one per ring label's fragment part (0 for a

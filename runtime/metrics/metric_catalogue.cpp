@@ -42,6 +42,18 @@ const std::vector<metric_def>& metric_catalogue() {
        "Time the worker waited on a communicator result later than needed (overlap policies; 0 in sync)"},
       {"longwave_worker_staleness_rounds", t::gauge, "worker", r::node,
        "Outer rounds between the parameters the worker computes on and the newest theta_global (0 in sync)"},
+      // Per worker on a GPU (train.device); absent for workers on the CPU.
+      {"longwave_worker_gpu_busy_seconds_total", t::counter, "worker", r::node,
+       "Device time of the worker's inner steps on its GPU, from CUDA events"},
+      {"longwave_worker_gpu_memory_allocated_bytes", t::gauge, "worker", r::node,
+       "Bytes the caching allocator has handed out on the worker's GPU (after its last step)"},
+      {"longwave_worker_gpu_memory_reserved_bytes", t::gauge, "worker", r::node,
+       "Bytes the caching allocator holds from the driver on the worker's GPU"},
+      {"longwave_worker_gpu_memory_peak_bytes", t::gauge, "worker", r::node,
+       "Peak allocated bytes on the worker's GPU since the process started"},
+      {"longwave_worker_model_flops_utilization_ratio", t::gauge, "worker", r::node,
+       "6 x parameters x worker tokens/s / the GPU's dense bf16 peak (6N leaves attention out; known GPUs "
+       "only)"},
       // Per node.
       {"longwave_train_loss", t::gauge, "", r::node,
        "Mean training loss of the last inner step over local workers"},

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 
 #include "tests/support/process.hpp"
 
@@ -323,6 +324,45 @@ CATCH_TEST_CASE("headless Chromium renders every chart of a resumed two-node run
   CATCH_CHECK(be32(16) == 1280);
   CATCH_CHECK(be32(20) == 2000);
   CATCH_CHECK(png.size() > 50000);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "workers on GPUs add their busy time, peak memory and model FLOP/s utilization to the outcome",
+    "[process][report]") {
+  const auto dir = scratch_dir("report-gpu");
+  fs::create_directories(dir + "/cpu");
+  fs::create_directories(dir + "/gpu");
+  const auto cpu = synthetic_metrics("n0", 1.7e9, 2, 3, 5, 0);
+  write_text(dir + "/cpu/metrics.jsonl", cpu);
+  // The same run with its workers on GPUs: 1.5 busy seconds of each 2-second round; worker 1's peak is the
+  // highest; worker 0's last round 40 % MFU, worker 1's 44 %.
+  std::string gpu;
+  std::istringstream in(cpu);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"kind\":\"worker\"") != std::string::npos) {
+      const bool w1 = line.find("\"worker\":1,") != std::string::npos;
+      char fields[160];
+      std::snprintf(
+          fields, sizeof fields,
+          ",\"gpu_busy_s\":1.5,\"gpu_utilization\":0.75,\"gpu_memory_peak_bytes\":%lld,\"mfu\":%.2f",
+          w1 ? 21474836480LL : 10737418240LL, w1 ? 0.44 : 0.40);
+      line.insert(line.rfind('}'), fields);
+    }
+    gpu += line + "\n";
+  }
+  write_text(dir + "/gpu/metrics.jsonl", gpu);
+  for (const char* which : {"cpu", "gpu"}) {
+    auto [code, log] = run({binary(), "report", dir + "/" + which}, dir + "/" + which + ".log", 60);
+    CATCH_INFO(log);
+    CATCH_REQUIRE(code == 0);
+  }
+  const auto with = read_text(dir + "/gpu/report.html"), without = read_text(dir + "/cpu/report.html");
+  CATCH_CHECK(with.find("<th>GPU busy / wall time (GPU workers)</th><td>75.0 %</td>") != std::string::npos);
+  CATCH_CHECK(with.find("<th>peak GPU memory (one GPU)</th><td>21.47 GB") != std::string::npos);
+  CATCH_CHECK(with.find("<th>model FLOP/s utilization (6N, no attention)</th><td>42.0 %</td>") !=
+              std::string::npos);
+  CATCH_CHECK(without.find("GPU") == std::string::npos);
   fs::remove_all(dir);
 }
 

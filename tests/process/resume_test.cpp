@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include "tests/support/process.hpp"
@@ -58,6 +59,10 @@ void check_interrupted_resume(const std::string& dir, const std::vector<std::str
                               long round_steps = 0) {
   auto with = [&](std::vector<std::string> args) {
     for (const auto& e : extra) args.insert(args.end(), {"--set", e});
+    // LW_TEST_DEVICE=cuda (scripts/gpu-check): the same check on a GPU, in deterministic mode.
+    if (const char* device = std::getenv("LW_TEST_DEVICE"); device && *device)
+      args.insert(args.end(),
+                  {"--set", std::string("train.device=") + device, "--set", "train.deterministic=true"});
     return args;
   };
   // Uninterrupted reference.
