@@ -160,6 +160,12 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
       if (donor.prev_delta.defined()) rep.prev_delta = donor.prev_delta.clone();
       snap.replicas.push_back(std::move(rep));
     }
+    // The fetched state is this node's own checkpoint of its round before it trains: a crash of the whole
+    // cluster soon after resumes with the same commands (else this node's newest checkpoint would be one the
+    // members pruned long ago).
+    snap.meta = std::string(config_marker) + config::to_toml(cfg);
+    const auto path = checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).write(to_checkpoint(snap, shape));
+    spdlog::info("the fetched state of round {} is this node's checkpoint {}", snap.round, path);
     start.resume = std::move(snap);
   } else {
     run_options own = opts;

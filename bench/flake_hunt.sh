@@ -14,6 +14,8 @@ usage: bench/flake_hunt.sh [--runs N] [--no-busy] [--out DIR] [-L LABEL | -R REG
   -L, -R      ctest's label and name regular expressions (default: -L 'process|wan', both labels)
   --binaries  run these test binaries of build/ci/tests (e.g. lw_elastic_test,lw_cluster_test) directly, each
               whole, instead of a ctest selection
+  --build DIR with --binaries: take longwave and tests/<binary> from DIR instead of build/ci (a copy, so that
+              build/ci can be rebuilt while the hunt runs)
 Prints one line per run, then a table: test binary | tests | runs | failures | failing tests (runs).
 Build first: cmake --build --preset ci.
 EOF
@@ -24,6 +26,7 @@ busy=1
 out=""
 sel=()
 binaries=()
+bdir=build/ci
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
@@ -31,6 +34,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     -L|-R) sel+=("$1" "$2"); shift 2 ;;
     --binaries) IFS=, read -r -a binaries <<<"$2"; shift 2 ;;
+    --build) bdir="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "flake_hunt: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -39,9 +43,9 @@ done
 [ ${#sel[@]} -gt 0 ] || sel=(-L 'process|wan')
 [ -n "$out" ] || out="bench/results/flake_hunt-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
-[ -x build/ci/longwave ] || { echo "flake_hunt: build/ci/longwave is missing: cmake --build --preset ci" >&2; exit 2; }
+[ -x "$bdir/longwave" ] || { echo "flake_hunt: $bdir/longwave is missing: cmake --build --preset ci" >&2; exit 2; }
 for b in "${binaries[@]}"; do
-  [ -x "build/ci/tests/$b" ] || { echo "flake_hunt: build/ci/tests/$b is not a test binary" >&2; exit 2; }
+  [ -x "$bdir/tests/$b" ] || { echo "flake_hunt: $bdir/tests/$b is not a test binary" >&2; exit 2; }
 done
 
 spinner=""
@@ -61,7 +65,7 @@ for i in $(seq 1 "$runs"); do
   rc=0
   if [ ${#binaries[@]} -gt 0 ]; then
     for b in "${binaries[@]}"; do
-      LW_BINARY="$PWD/build/ci/longwave" LW_SOURCE_DIR="$PWD" "build/ci/tests/$b" -r junit \
+      LW_BINARY="$PWD/$bdir/longwave" LW_SOURCE_DIR="$PWD" "$bdir/tests/$b" -r junit \
         -o "$out/run$i-$b.xml" >>"$out/run$i.log" 2>&1 || rc=$?
     done
   else

@@ -306,7 +306,9 @@ std::variant<membership_msg, recover_msg> control_client::join_ready(const join_
       const auto code = static_cast<errc>(er->code);
       if (code != errc::none)
         throw lw_error(
-            code == errc::invalid_config || code == errc::cancelled ? code : errc::peer_lost,
+            code == errc::invalid_config || code == errc::cancelled || code == errc::not_announced
+                ? code
+                : errc::peer_lost,
             fmt::format("the coordinator at {} did not admit this node: {}", endpoint_, er->message));
     }
     return answer.has_value();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "actors/run_setup.hpp"
@@ -102,8 +103,7 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
       got = fetch(shape);
     }
     slow_link_fault();
-    const auto answer = control_.join_ready({comm::reduce_key{got.round, 0}, got.round},
-                                            to_ms(std::max(60.0, spec_.join_timeout_s)));
+    const auto answer = ready(got);
     if (const auto* m = std::get_if<comm::membership_msg>(&answer)) {
       admit_keys(role_.admitted, m->keys);
       place_in_ring(role_, me_, m->rank, m->epoch, m->peers, "membership");
@@ -135,7 +135,41 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
   }
 }
 
+std::variant<comm::membership_msg, comm::recover_msg> joiner::ready(const actors::joined_state& got) {
+  for (int hellos = 0;; ++hellos) {
+    try {
+      return control_.join_ready({comm::reduce_key{got.round, 0}, got.round},
+                                 to_ms(std::max(60.0, spec_.join_timeout_s)));
+    } catch (const lw_error& e) {
+      if (e.code() != errc::not_announced || hellos >= 3) throw;
+      spdlog::warn("node {}: {}; saying hello again", me_.name, e.what());
+    }
+    const auto again = control_.join(hello_, to_ms(spec_.join_timeout_s + 5));
+    const auto* r = std::get_if<comm::recover_msg>(&again);
+    if (!r)
+      throw lw_error(
+          errc::peer_lost,
+          fmt::format("the restarted coordinator at {} welcomed this node as a cluster that is not "
+                      "training yet; restart the node",
+                      spec_.coordinator));
+    recover_ = *r;
+    if (recover_.round != got.round) return recover_;  // the members moved on while the master restarted
+    spdlog::info(
+        "node {}: the restarted coordinator knows this node again; the members are still at round {}",
+        me_.name, got.round);
+  }
+}
+
 void joiner::slow_link_fault() {
+  if (const char* gate = std::getenv("LONGWAVE_FAULT_JOIN_GATE"); gate && *gate && !gate_passed_) {
+    gate_passed_ = true;  // the first fetched state only
+    spdlog::warn("node {}: LONGWAVE_FAULT_JOIN_GATE: waiting for {} before saying it is ready", me_.name,
+                 gate);
+    while (!std::filesystem::exists(gate)) {
+      control_.heartbeat(0, 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
   const char* v = std::getenv("LONGWAVE_FAULT_SLOW_JOIN_MS");
   const long ms = v ? std::strtol(v, nullptr, 10) : 0;
   if (ms <= 0) return;
@@ -172,6 +206,7 @@ actors::joined_state joiner::fetch(const runtime::snapshot_shape& shape) {
                  static_cast<double>(total) / 1e6);
     beat();
   };
+  o.tick = [this] { beat(); };  // heartbeats go on while a dead source stalls the fetch
   o.fragment = shared_part;
   o.min_round = min_round;
   const auto t0 = std::chrono::steady_clock::now();
@@ -202,10 +237,17 @@ std::string joiner::fetch_once(const sources& src, comm::fetch_options& o, fetch
   std::string failure;
   try {
     got.shared = comm::fetch_state(src.endpoints, spec_.cluster_id, o);
-    // This node's workers start from one member's worker state (its Adam moments and counters).
+    // This node's workers start from one member's worker state (its Adam moments and counters), asked of
+    // the sources that served the shared part first: one dropped from it (dead, or stalled) comes last.
     auto own_opts = o;
     own_opts.want = comm::reduce_key{got.shared->key.round, own_part};
-    for (size_t i = 0; i < src.endpoints.size() && !got.own; ++i) {
+    std::vector<size_t> order(src.endpoints.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    const auto& sent = got.shared->bytes_per_peer;
+    std::stable_partition(order.begin(), order.end(),
+                          [&](size_t i) { return i < sent.size() && sent[i] > 0; });
+    for (const size_t i : order) {
+      if (got.own) break;
       try {
         if (o.curve) own_opts.peer_keys = {src.keys[i]};
         got.own = comm::fetch_state({src.endpoints[i]}, spec_.cluster_id, own_opts);

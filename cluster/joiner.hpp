@@ -38,9 +38,14 @@ uint64_t join(control_client& control, const config::cluster_spec& spec, size_t 
 /// is admitted at a fence or sent to fetch again (the members moved on meanwhile).
 class joiner {
  public:
-  joiner(control_client& control, const config::cluster_spec& spec, size_t index, comm::recover_msg first,
-         actors::cluster_role& role)
-      : control_(control), spec_(spec), me_(spec.nodes[index]), recover_(std::move(first)), role_(role) {}
+  joiner(control_client& control, const config::cluster_spec& spec, size_t index, comm::hello_msg hello,
+         comm::recover_msg first, actors::cluster_role& role)
+      : control_(control),
+        spec_(spec),
+        me_(spec.nodes[index]),
+        hello_(std::move(hello)),
+        recover_(std::move(first)),
+        role_(role) {}
 
   actors::joined_state operator()(const runtime::snapshot_shape& shape, uint64_t own_round);
 
@@ -55,8 +60,12 @@ class joiner {
     std::string donor;  // the member whose worker state it is
   };
   /// Tests: LONGWAVE_FAULT_SLOW_JOIN_MS=N holds each fetched state N ms before saying it is ready, as a link
-  /// slower than the round time would.
+  /// slower than the round time would; LONGWAVE_FAULT_JOIN_GATE=PATH holds the first until PATH exists.
   void slow_link_fault();
+  /// Says it holds `got` and waits to be admitted. A master restarted since the hello does not know the node
+  /// (errc::not_announced): it says hello again, and says ready again while the members are still at
+  /// got.round; else the new master's answer (a recover_msg) is the reply, and the caller fetches again.
+  std::variant<comm::membership_msg, comm::recover_msg> ready(const actors::joined_state& got);
   actors::joined_state fetch(const runtime::snapshot_shape& shape);
   /// One try: the shared part from every source, then the worker state from the first that serves it; the
   /// failure ("" when both came).
@@ -69,12 +78,14 @@ class joiner {
   control_client& control_;
   const config::cluster_spec& spec_;
   const config::cluster_node& me_;
+  comm::hello_msg hello_;
   comm::recover_msg recover_;
   actors::cluster_role& role_;
   std::chrono::steady_clock::time_point last_beat_;
   uint64_t last_fetch_bytes_ = 0;
   double last_fetch_seconds_ = 0;
   std::string last_source_;
+  bool gate_passed_ = false;
 };
 
 }  // namespace longwave::cluster

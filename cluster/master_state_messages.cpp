@@ -238,6 +238,19 @@ void master_state::from_stranger(const sender& from, const comm::envelope& e) {
     return;
   }
   if (strangers_.count(from.identity)) return;
+  if (std::holds_alternative<comm::join_ready_msg>(e.body)) {
+    // A joiner that said hello to an earlier coordinator (this one restarted while it fetched): it must
+    // announce itself again before it can be admitted.
+    reply_error(
+        from.identity, errc::not_announced,
+        "this coordinator does not know this node (it was restarted while the node joined): say hello "
+        "again");
+    dropped(
+        fmt::format("coordinator: a node at {} says it is ready to join but has not said hello to this "
+                    "coordinator; told it to say hello again",
+                    from.peer));
+    return;
+  }
   dropped(fmt::format("coordinator: dropped a control message from {}, which has not said hello", from.peer));
 }
 

@@ -94,8 +94,9 @@ void set_up_ring(node_session& s, const config::cluster_spec& spec, const config
 void set_up_join(node_session& s, const config::cluster_spec& spec, size_t index) {
   spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it",
                spec.nodes[index].name, s.recover->epoch, s.recover->round);
-  s.role.join = [j = joiner(*s.control, spec, index, *s.recover, s.role), &stopped = s.cluster_stopped](
-                    const runtime::snapshot_shape& shape, uint64_t own_round) mutable {
+  s.role.join = [j = joiner(*s.control, spec, index, s.hello, *s.recover, s.role),
+                 &stopped = s.cluster_stopped](const runtime::snapshot_shape& shape,
+                                               uint64_t own_round) mutable {
     try {
       return j(shape, own_round);
     } catch (const lw_error& e) {

@@ -522,9 +522,15 @@ class fetcher {
     last_progress_ = start;
     if (peers_.empty()) throw lw_error(errc::peer_lost, "state transfer: no peers to fetch the state from");
     for (size_t i = 0; i < peers_.size(); ++i) open(i);
+    auto next_tick = start + std::chrono::seconds(1);
     while (!done()) {
       step();
-      if (clock::now() - last_progress_ > opts_.timeout) fail_deadline();
+      const auto now = clock::now();
+      if (now - last_progress_ > opts_.timeout) fail_deadline();
+      if (opts_.tick && now >= next_tick) {
+        next_tick = now + std::chrono::seconds(1);
+        opts_.tick();
+      }
     }
     fetched_state out;
     out.key = chosen_->key;

@@ -95,6 +95,9 @@ struct fetch_options {
   uint64_t min_round = 0;                    ///< without want: only keys of this round or later
   /// About every 10 % or every second: bytes verified so far, and the state's size.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
+  /// About every second while the fetch runs, progress or not (a joiner's heartbeats go on while a dead
+  /// peer stalls it); it may throw to abandon the fetch.
+  std::function<void()> tick;
   /// Requests in flight per peer; 0: enough for 16 MiB (at least 2), so that one peer can fill a long link.
   size_t in_flight = 0;
   /// A peer that owes replies and sends nothing this long is dropped and its chunks go to the others

@@ -23,6 +23,7 @@ const char* to_string(errc e) {
     case errc::diverged: return "diverged";
     case errc::illegal_transition: return "illegal_transition";
     case errc::evicted: return "evicted";
+    case errc::not_announced: return "not_announced";
   }
   return "unknown";
 }

@@ -22,6 +22,7 @@ enum class errc : uint8_t {
   diverged,            ///< training produced NaN or infinite values
   illegal_transition,  ///< a bug: the coordinator tried a move its state machine forbids
   evicted,             ///< this node was removed from its cluster's membership
+  not_announced,       ///< the cluster's master does not know this node (it restarted): say hello again
 };
 
 /// Human-readable name of an errc value.

@@ -224,6 +224,20 @@ CATCH_TEST_CASE("No reachable peer: deadline_missed within the timeout", "[integ
   CATCH_CHECK(error_of([&] { fetch_state({"not an endpoint"}, cluster, opts); }) == errc::peer_lost);
 }
 
+CATCH_TEST_CASE("The fetch ticks about every second while nothing arrives, and a tick can abandon it",
+                "[integration]") {
+  // A joiner's heartbeats ride on the tick: a dead source must not silence it until the fetch gives up.
+  fetch_options opts;
+  opts.timeout = std::chrono::milliseconds(2500);
+  int ticks = 0;
+  opts.tick = [&] { ++ticks; };
+  CATCH_CHECK(error_of([&] { fetch_state({"tcp://127.0.0.1:1"}, cluster, opts); }) == errc::deadline_missed);
+  CATCH_CHECK(ticks >= 1);
+  opts.timeout = std::chrono::milliseconds(60000);
+  opts.tick = [] { throw lw_error(errc::cancelled, "the cluster stops"); };
+  CATCH_CHECK(error_of([&] { fetch_state({"tcp://127.0.0.1:1"}, cluster, opts); }) == errc::cancelled);
+}
+
 CATCH_TEST_CASE("A server of another cluster refuses the joiner", "[integration]") {
   auto servers = serving(1, {1, 0}, random_blob(1u << 20, 8));
   std::string msg;

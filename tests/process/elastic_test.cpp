@@ -410,6 +410,42 @@ CATCH_TEST_CASE("a joiner slower than a round gets in: the members hold at one r
   }
 }
 
+CATCH_TEST_CASE("a joiner in flight when the coordinator restarts says hello again and is admitted",
+                "[process][cluster][elastic][join][signal]") {
+  elastic_cluster c("elastic_join_restart", "");
+  kill_in_inner_phase(c);
+  // n2 holds its first fetched state until the gate file exists; the coordinator is restarted meanwhile, and
+  // the gate opens once the new one has taken the cluster over.
+  const auto gate = c.dir + "/gate";
+  std::vector<std::string> cmd{binary(), "node", c.file, "--node", "n2", "--fresh"};
+  auto again = spawn(cmd, c.dir + "/n2-again.log", false, {"LONGWAVE_FAULT_JOIN_GATE=" + gate});
+  CATCH_REQUIRE(wait_until(
+      [&] { return contains(read_text(c.dir + "/n2-again.log"), "before saying it is ready"); }, 120));
+  kill(c.coord.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(c.coord, 30) == 128 + SIGKILL);
+  c.coord = spawn({binary(), "coordinator", c.file}, c.dir + "/coord.log");
+  CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "took over the running cluster:"); }, 120));
+  write_text(gate, "open\n");
+  c.wait_rounds_in({"n0", "n1"}, "n0,n1,n2", 2);
+  stop_cluster(c.dir, c.file);
+  const int code0 = wait_exit(c.nodes[0], 300), code1 = wait_exit(c.nodes[1], 300);
+  const int code2 = wait_exit(again, 300), coord_code = wait_exit(c.coord, 60);
+  const auto clog = c.coord_log(), log2 = read_text(c.dir + "/n2-again.log");
+  CATCH_INFO(clog << "\n--- n2 again\n" << tail(log2));
+  CATCH_CHECK(contains(log2, "this coordinator does not know this node"));
+  CATCH_CHECK(contains(log2, "saying hello again"));
+  CATCH_CHECK(contains(clog, "told it to say hello again"));
+  CATCH_CHECK(contains(log2, "is this node's checkpoint"));  // the fetched state, kept before it trains
+  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(coord_code == 0);
+  check_rounds(c, {"n0", "n1"});
+  check_joined(log2, c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a restarted node rejoins under every overlapping policy and on int8 with error feedback",
                 "[process][cluster][elastic][join]") {
   for (const std::string policy : {"delayed", "eager", "streaming"}) {

@@ -681,6 +681,30 @@ CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[u
                 {"n1 <- error evicted: this node was removed from the cluster (node n1 was removed in an "
                  "earlier epoch)"}}});
   }
+  CATCH_SECTION("a joiner that said hello to the earlier master is told to say hello again, then admitted") {
+    table t(cluster_of(3));
+    t.play(
+        {{0, "n0", "running epoch=3 world=2 round=7", {}},
+         {0.5, "n1", "running epoch=3 world=2 round=7", {}},
+         {3, "n0", "heartbeat 7", {}},
+         {3, "n1", "heartbeat 7", {}},
+         {6.5, "n0", "tick", {"took over the running cluster: n0, n1 in epoch 3"}},
+         {7, "n0", "heartbeat 7", {}},
+         {7, "n1", "heartbeat 7", {}},
+         {7.5,
+          "?",
+          "join_ready 7",
+          {"? <- error not_announced: this coordinator does not know this node (it was restarted while the "
+           "node joined): say hello again",
+           "says it is ready to join but has not said hello to this coordinator"}},
+         {8, "n2'", "hello", {"n2' <- recover round 7 from [n0,n1]"}},
+         {8.5, "n0", "heartbeat 7", {}},
+         {8.5, "n1", "heartbeat 7", {}},
+         {8.5,
+          "n2'",
+          "join_ready 7",
+          {"node n2 holds the state of round 7: admitting it at a fence", "n0 <- fence 4"}}});
+  }
   CATCH_SECTION("a node that re-announces after the takeover is told to start again") {
     table t(cluster_of(2));
     t.play({{0, "n0", "running epoch=3 world=2 round=7", {}},
