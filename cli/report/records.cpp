@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 
 #include "runtime/json/json_reader.hpp"
 
@@ -62,7 +61,9 @@ void roll_back(node_metrics& m, const record& start) {
     v.erase(std::remove_if(v.begin(), v.end(), [&](const record& o) { return num(o, key) > limit; }),
             v.end());
   };
-  past(m.steps, "step", step);
+  m.steps.erase(
+      std::remove_if(m.steps.begin(), m.steps.end(), [&](const step_point& p) { return p.step > step; }),
+      m.steps.end());
   past(m.evals, "step", step);
   past(m.workers, "round", round);
   past(m.allreduces, "round", round);
@@ -82,7 +83,7 @@ void add_record(node_metrics& m, record obj) {
     roll_back(m, obj);
     m.starts.push_back(std::move(obj));
   } else if (kind == "step") {
-    m.steps.push_back(std::move(obj));
+    m.steps.push_back({num(obj, "step"), num(obj, "loss")});
   } else if (kind == "worker") {
     m.workers.push_back(std::move(obj));
   } else if (kind == "allreduce") {
@@ -107,15 +108,13 @@ void add_record(node_metrics& m, record obj) {
 std::string read_metrics_file(const fs::path& path, node_metrics& m) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno));
-  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   m.path = path.string();
   constexpr size_t max_warnings = 5;
-  size_t pos = 0, line_no = 0;
-  while (pos < data.size()) {
-    const size_t nl = data.find('\n', pos);
-    const bool last = nl == std::string::npos;
-    std::string_view line(data.data() + pos, (last ? data.size() : nl) - pos);
-    pos = last ? data.size() : nl + 1;
+  size_t line_no = 0;
+  std::string buffer;
+  while (std::getline(in, buffer)) {
+    const bool last = in.eof();  // no newline after it: a writer may have stopped mid-line
+    std::string_view line(buffer);
     ++line_no;
     if (line_no == 1 && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
     while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);

@@ -33,11 +33,19 @@ double num(const record& o, std::string_view key);
 /// A string field, "" when it is missing or not a string.
 std::string text(const record& o, std::string_view key);
 
+/// A step record, kept as the two numbers the report uses: the bulk of a long run's file (one line per
+/// inner step) costs 16 bytes a step in memory instead of a record's fields.
+struct step_point {
+  double step = std::numeric_limits<double>::quiet_NaN();
+  double loss = std::numeric_limits<double>::quiet_NaN();
+};
+
 /// One node's records, by kind, in file order. Records a resumed run redid are dropped (steps are global).
 struct node_metrics {
   std::string name;  // the start line's "node", else the folder name
   std::string path;
-  std::vector<record> starts, steps, workers, allreduces, evals, checkpoints, ends;
+  std::vector<step_point> steps;
+  std::vector<record> starts, workers, allreduces, evals, checkpoints, ends;
   std::vector<record> memberships;                  // each cluster membership (epoch) the node entered
   std::vector<record> recoveries;                   // how it got the state when it joined a running cluster
   std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
@@ -45,8 +53,9 @@ struct node_metrics {
   size_t n_records = 0, n_skipped = 0;
 };
 
-/// Reads one metrics.jsonl. Malformed lines are skipped with a warning on stderr; a truncated last line is
-/// ignored with a note. Returns the error when the file cannot be read or holds no valid record.
+/// Reads one metrics.jsonl, a line at a time (the file is never held whole). Malformed lines are skipped with
+/// a warning on stderr; a truncated last line is ignored with a note. Returns the error when the file cannot
+/// be read or holds no valid record.
 std::string read_metrics_file(const std::filesystem::path& path, node_metrics& m);
 
 }  // namespace longwave::cli::report

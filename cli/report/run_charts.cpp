@@ -74,7 +74,7 @@ run_chart_set empty_charts(const report_data& r, const time_axis& t_of, const st
 void add_loss_lines(run_chart_set& c, const node_metrics& m, const std::string& node_color, bool cluster) {
   const std::string prefix = cluster ? m.name + " " : "";
   series raw{prefix + "train", node_color};
-  for (const auto& s : m.steps) raw.points.push_back({num(s, "step"), num(s, "loss")});
+  for (const auto& s : m.steps) raw.points.push_back({s.step, s.loss});
   std::sort(raw.points.begin(), raw.points.end(), [](point a, point b) { return a.x < b.x; });
   if (raw.points.size() > 60) {
     series smooth{raw.name + " (moving average)", node_color};

@@ -70,7 +70,7 @@ node_summary summarize(const node_metrics& m) {
   find_final_validation(m, last_end, s);
   sum_workers(m, s);
   for (const auto& st : m.steps)
-    s.last_step = std::isfinite(s.last_step) ? std::max(s.last_step, num(st, "step")) : num(st, "step");
+    s.last_step = std::isfinite(s.last_step) ? std::max(s.last_step, st.step) : st.step;
   double ar_sum = 0;
   size_t n_ar = 0;
   for (const auto& a : m.allreduces)
