@@ -104,6 +104,10 @@ int run_training(const config::train_config& cfg, const run_options& opts,
 /// Completed rounds of the newest valid checkpoint of this config's run (0: none). Corrupt files are skipped.
 uint64_t latest_checkpoint_round(const config::train_config& cfg);
 
+/// The rounds of the checkpoint files in cfg's checkpoint directory up to `newest` (its newest valid one),
+/// oldest first, read from their names.
+std::vector<uint64_t> checkpoint_rounds(const config::train_config& cfg, uint64_t newest);
+
 /// The sparse codec's settings of a config's [comm] section (used when comm.dtype = "sparse").
 comm::sparse_options sparse_options_from(const config::train_config& cfg);
 

@@ -21,7 +21,7 @@ namespace longwave::cluster {
 
 /// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
 comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-                         const std::string& state_endpoint) {
+                         std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint) {
   const auto& me = spec.nodes[index];
   comm::hello_msg hello;
   hello.protocol_version = comm::protocol_version();
@@ -30,6 +30,7 @@ comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_
   hello.n_workers = static_cast<uint32_t>(me.workers);
   hello.data_endpoint = me.endpoint;
   hello.resume_round = resume_round;
+  hello.checkpoint_rounds = std::move(checkpoint_rounds);
   hello.config_hash = cluster_fingerprint(spec, config::node_config(spec, index));
   hello.state_endpoint = state_endpoint;
   hello.data_fingerprint =

@@ -17,7 +17,7 @@ namespace longwave::cluster {
 
 /// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
 comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-                         const std::string& state_endpoint);
+                         std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint);
 
 /// Sets role's rank, epoch and every rank's name and endpoint; throws lw_error when an endpoint is malformed
 /// or this node's place does not carry its own name and endpoint (another cluster file).

@@ -180,8 +180,9 @@ class master_state {
     bool suspected = false;               // a neighbour's ring lost it
     clock::time_point last_seen, suspected_at, told_removed;
     uint64_t round = 0;
-    uint64_t resume_round = 0;  // from its hello
-    bool acked = false;         // answered the fence in progress
+    uint64_t resume_round = 0;                // from its hello
+    std::vector<uint64_t> checkpoint_rounds;  // from its hello: every round it holds a checkpoint of
+    bool acked = false;                       // answered the fence in progress
     comm::fence_ack_msg ack;
     std::optional<comm::hello_msg> announce;      // its re-announcement to a restarted master
     std::string state_endpoint;                   // where it serves its training state to joiners

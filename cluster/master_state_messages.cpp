@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
+#include <set>
 
 #include "cluster/master_state.hpp"
 
@@ -345,12 +347,28 @@ std::string master_state::ring_text(const std::vector<size_t>& members) const {
   return out;
 }
 
-/// The oldest of the joined members' resume rounds: a round every one of them has a checkpoint for.
+/// The round the joined members resume after: the newest round every one of them holds a checkpoint of (their
+/// hellos list them), so a node whose newest checkpoint is older than the others' does not drag the cluster
+/// back to a round they pruned; 0 when one holds none. Without lists in common: the oldest newest round.
 uint64_t master_state::start_round() const {
-  std::optional<uint64_t> r;
-  for (const auto& m : members_)
-    if (m.identity) r = std::min(r.value_or(m.resume_round), m.resume_round);
-  return r.value_or(0);
+  std::optional<uint64_t> oldest_newest;
+  std::optional<std::set<uint64_t>> common;
+  for (const auto& m : members_) {
+    if (!m.identity) continue;
+    oldest_newest = std::min(oldest_newest.value_or(m.resume_round), m.resume_round);
+    std::set<uint64_t> mine(m.checkpoint_rounds.begin(), m.checkpoint_rounds.end());
+    mine.erase(0);
+    if (!common) {
+      common = std::move(mine);
+    } else {
+      std::set<uint64_t> both;
+      std::set_intersection(common->begin(), common->end(), mine.begin(), mine.end(),
+                            std::inserter(both, both.begin()));
+      common = std::move(both);
+    }
+  }
+  if (!oldest_newest || *oldest_newest == 0) return 0;
+  return common && !common->empty() ? *common->rbegin() : *oldest_newest;
 }
 
 std::optional<size_t> master_state::index_of_identity(const std::string& id) const {

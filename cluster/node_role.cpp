@@ -169,7 +169,9 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     s.control = std::make_unique<control_client>(spec.coordinators, spec.cluster_id, control_curve(keys));
     // One hello, built once (its data fingerprint reads the corpus): the join's, and the one a restarted
     // master is re-announced with.
-    s.hello = hello_of(spec, index, opts.fresh ? 0 : actors::latest_checkpoint_round(cfg),
+    const uint64_t newest = opts.fresh ? 0 : actors::latest_checkpoint_round(cfg);
+    s.hello = hello_of(spec, index, newest,
+                       newest > 0 ? actors::checkpoint_rounds(cfg, newest) : std::vector<uint64_t>{},
                        s.publisher ? s.publisher->endpoint() : "");
     node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.role, s.recover);
   } catch (const lw_error& e) {

@@ -361,6 +361,10 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setConfigHash(m.config_hash);
       x.setStateEndpoint(txt(m.state_endpoint));
       x.setDataFingerprint(m.data_fingerprint);
+      const size_t n = std::min(m.checkpoint_rounds.size(), max_checkpoint_rounds);
+      auto rounds = x.initCheckpointRounds(static_cast<unsigned>(n));
+      for (size_t i = 0; i < n; ++i)
+        rounds.set(static_cast<unsigned>(i), m.checkpoint_rounds[m.checkpoint_rounds.size() - n + i]);
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -480,6 +484,13 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
         m.committed = key_of(x.getCommitted());
         m.config_hash = x.getConfigHash();
         m.data_fingerprint = x.getDataFingerprint();
+        const auto rounds = x.getCheckpointRounds();
+        if (rounds.size() > max_checkpoint_rounds) {
+          bad = reject(reject_reason::bad_size, fmt::format("hello checkpointRounds has {} entries, limit {}",
+                                                            rounds.size(), max_checkpoint_rounds));
+          break;
+        }
+        for (const auto r : rounds) m.checkpoint_rounds.push_back(r);
         auto name = x.getNodeName();
         auto ep = x.getDataEndpoint();
         auto state_ep = x.getStateEndpoint();

@@ -172,6 +172,9 @@ struct hello_msg {
   std::string state_endpoint;  ///< where the node serves its training state to joiners ("": nowhere)
   uint64_t data_fingerprint =
       0;  ///< its training data's fingerprint (models::data::data_fingerprint; 0: none)
+  /// The completed rounds of every checkpoint it holds, oldest first (at most max_checkpoint_rounds, the
+  /// newest): a cluster resumes after the newest round they all hold.
+  std::vector<uint64_t> checkpoint_rounds;
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
@@ -290,6 +293,7 @@ inline constexpr size_t max_name_bytes = 256;
 inline constexpr size_t max_endpoint_bytes = 1024;
 inline constexpr size_t max_message_bytes = 4096;
 inline constexpr size_t max_peers = 4096;
+inline constexpr size_t max_checkpoint_rounds = 64;
 
 /// Serializes e as an unpacked Cap'n Proto Envelope (one frame). Texts longer than the limits above are
 /// refused by the receiver, so keep them short.

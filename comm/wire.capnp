@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 5;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint
+const protocolVersion :UInt16 = 6;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint; 6: Hello.checkpointRounds, Error not_announced
 
 enum Dtype {
   fp32 @0;
@@ -38,6 +38,7 @@ struct Hello {
   configHash @10 :UInt64;  # the node's training fingerprint: it must equal the coordinator's
   stateEndpoint @11 :Text; # where this node serves its training state to joiners ("" : nowhere)
   dataFingerprint @12 :UInt64;  # its training data's fingerprint (0: not checked); must match the first node's
+  checkpointRounds @13 :List(UInt64);  # the completed rounds of the checkpoints it holds, newest last
 }
 
 struct Peer {

@@ -650,6 +650,17 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_CHECK(hm->n_workers == 4);
   CATCH_CHECK(hm->data_endpoint == "tcp://10.0.0.1:5601");
   CATCH_CHECK(hm->protocol_version == protocol_version());
+  // The rounds a node holds checkpoints of travel in order; more than max_checkpoint_rounds are cut to the
+  // newest on sending.
+  auto h2 = make_hello(protocol_version(), "node-b", 1, "tcp://10.0.0.2:5601");
+  for (uint64_t round = 1; round <= max_checkpoint_rounds + 6; ++round) h2.checkpoint_rounds.push_back(round);
+  f = build_envelope(envelope{7, 0xffffffffu, h2});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  const auto& rounds = std::get<hello_msg>(r.value().body).checkpoint_rounds;
+  CATCH_REQUIRE(rounds.size() == max_checkpoint_rounds);
+  CATCH_CHECK(rounds.front() == 7);
+  CATCH_CHECK(rounds.back() == max_checkpoint_rounds + 6);
 
   welcome_msg wm{1, 3, {{0, "a", "tcp://a:1"}, {1, "b", "tcp://b:1"}, {2, "c", "tcp://c:1"}}};
   f = build_envelope(envelope{7, 0, wm});

@@ -189,6 +189,13 @@ class table {
       h.config_hash = opt("hash", 42);
       h.state_endpoint = "tcp://10.0.0.1:" + std::to_string(8000 + node.back());
       h.data_fingerprint = opt("data", 7);
+      for (const auto& a : args)  // rounds=13:14:15, the rounds of its checkpoints
+        if (a.rfind("rounds=", 0) == 0)
+          for (size_t p = 7; p < a.size();) {
+            const size_t colon = std::min(a.find(':', p), a.size());
+            h.checkpoint_rounds.push_back(std::stoull(a.substr(p, colon - p)));
+            p = colon + 1;
+          }
       if (verb == "running") {
         h.running = true;
         h.epoch = opt("epoch", 1);
@@ -313,12 +320,32 @@ CATCH_TEST_CASE("master: every phase and removal reason has its own name", "[uni
   CATCH_CHECK(std::string(to_string(removal::failed)) == "failed");
 }
 
-CATCH_TEST_CASE("master: resuming nodes start after the oldest round every node has a checkpoint for",
+CATCH_TEST_CASE("master: resuming nodes start after the newest round every node has a checkpoint for",
                 "[unit][master]") {
-  table t(cluster_of(2));
-  t.play(
-      {{0, "n0", "hello resume=7", {}},
-       {0, "n1", "hello resume=5", {"n0 <- welcome rank 0 of 2 epoch 1 start 5", "resuming after round 5"}}});
+  CATCH_SECTION("hellos without their lists: the oldest newest round") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "hello resume=7", {}},
+            {0,
+             "n1",
+             "hello resume=5",
+             {"n0 <- welcome rank 0 of 2 epoch 1 start 5", "resuming after round 5"}}});
+  }
+  CATCH_SECTION("a joiner's fetched round behind the members' newest: the newest round all three hold") {
+    // Fault 3 of issue 37: n2 joined at round 10 (its fetched state is its checkpoint) and wrote 13; the
+    // members pruned 10 and hold 13 to 15.
+    table t(cluster_of(3));
+    t.play({{0, "n0", "hello resume=15 rounds=13:14:15", {}},
+            {0, "n1", "hello resume=15 rounds=13:14:15", {}},
+            {0,
+             "n2",
+             "hello resume=13 rounds=10:13",
+             {"n0 <- welcome rank 0 of 3 epoch 1 start 13", "resuming after round 13"}}});
+  }
+  CATCH_SECTION("one node without a checkpoint: every node starts from the beginning") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "hello resume=15 rounds=13:14:15", {}},
+            {0, "n1", "hello", {"n0 <- welcome rank 0 of 2 epoch 1 start 0"}}});
+  }
 }
 
 CATCH_TEST_CASE(
