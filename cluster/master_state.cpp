@@ -150,6 +150,8 @@ void master_state::take_over() {
   epoch_ = top;
   info(fmt::format("coordinator: took over the running cluster: {} in epoch {} (last applied round {})",
                    names_of(present), top, members_[present.front()].announce->committed.round));
+  // A hold the earlier master set for a joiner (Pin) is not this one's: the members go on.
+  for (auto i : present) send_to(i, comm::pin_msg{0, true});
   if (same) {
     // Nothing changed while there was no master: the nodes carry on in their epoch.
     comm::welcome_msg w;

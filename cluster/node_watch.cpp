@@ -61,8 +61,6 @@ master_asks master_watch::on_tick(control_client& control, comm::collective& rin
       if (ev.round > 0) asks.pin_round = ev.round;
       asks.pin_release = asks.pin_release || ev.release;
     }
-    // A hold belongs to the master that set it: one that took the running cluster over knows of none.
-    if (ev.what == control_event::kind::welcome) asks.pin_release = true;
     // The new membership's keys first, then its ring.
     if (ev.what == control_event::kind::membership) admit_keys(admitted_, ev.membership.keys);
     on_event(ev, ring, elastic, name, now);
