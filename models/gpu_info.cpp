@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,7 +58,8 @@ int64_t gpu_total_memory(int device_index) {
   return static_cast<int64_t>(p.totalGlobalMem);
 }
 
-double dense_bf16_peak_flops(int device_index) {
+namespace {
+double peak_of(int device_index) {
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, device_index) != cudaSuccess) return 0;
   const std::string name = p.name;
@@ -67,6 +70,16 @@ double dense_bf16_peak_flops(int device_index) {
   for (const auto& [part, flops] : table)
     if (name.find(part) != std::string::npos) return flops;
   return 0;
+}
+}  // namespace
+
+double dense_bf16_peak_flops(int device_index) {
+  // Asked at every GPU worker's step: the driver is asked once per device.
+  static std::mutex mu;
+  static std::map<int, double> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(device_index);
+  return it != known.end() ? it->second : known[device_index] = peak_of(device_index);
 }
 
 gpu_timer::gpu_timer(int device_index) : device_(device_index) {

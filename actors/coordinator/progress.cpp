@@ -125,8 +125,9 @@ void on_report(self_ptr self, const step_report& r) {
   s.round_compute[wi] += r.compute_s;
   s.run_compute[wi] += r.compute_s;
   s.worker_tokens[wi] += r.tokens;
-  gauge(self, "longwave_worker_tokens_per_second", wall > 0 ? s.worker_tokens[wi] / wall : 0, w);
-  if (r.gpu_s >= 0) on_gpu_report(self, r, wall > 0 ? s.worker_tokens[wi] / wall : 0);
+  const double worker_tokens_per_s = wall > 0 ? s.worker_tokens[wi] / wall : 0;
+  gauge(self, "longwave_worker_tokens_per_second", worker_tokens_per_s, w);
+  if (r.gpu_s >= 0) on_gpu_report(self, r, worker_tokens_per_s);
   gauge(self, "longwave_worker_compute_utilization_run_ratio", wall > 0 ? s.run_compute[wi] / wall : 0, w);
   gauge(self, "longwave_worker_train_loss", r.loss, w);
   self->send(s.peers.metrics, observe_atom_v, std::string("longwave_worker_inner_step_seconds"), w,

@@ -118,8 +118,7 @@ void read_run(const std::string& run_dir, point_result& r) {
   r.tokens = r.steps * per_step;
   for (const auto& e : m.evals)
     r.val_curve.emplace_back(report::num(e, "step") * per_step, report::num(e, "val_loss"));
-  for (const auto& st : m.steps)
-    r.train_curve.emplace_back(st.step * per_step, st.loss);
+  for (const auto& st : m.steps) r.train_curve.emplace_back(st.step * per_step, st.loss);
 }
 
 std::string config_fingerprint(const sweep_point& p) {
