@@ -15,6 +15,7 @@
 #include "cluster/node_watch.hpp"
 #include "cluster/roles.hpp"
 #include "cluster/state_publisher.hpp"
+#include "comm/fault_transport.hpp"
 #include "config/config_loader.hpp"
 
 namespace longwave::cluster {
@@ -74,15 +75,15 @@ void set_up_ring(node_session& s, const config::cluster_spec& spec, const config
   s.role.ring = actors::ring_options_from(cfg, spec.cluster_id);
   if (s.curve) s.role.ring.curve = comm::ring_curve{s.curve->own, s.curve->on_refused};
   s.role.ring.names = s.role.names;
-  if (const char* fault = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE")) {
-    unsigned long long r = 0, c = 0;
-    if (std::sscanf(fault, "%llu:%llu", &r, &c) == 2) {
-      s.role.ring.die_in_round = r;
-      s.role.ring.die_after_chunks = c;
+  if (const auto faults = comm::transport_faults_from_env()) {
+    s.role.ring.transport = comm::with_faults({}, *faults);
+    if (faults->die_in_round != 0)
       spdlog::warn(
           "node {}: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: this node kills itself in round {} after {} chunks",
-          me.name, r, c);
-    }
+          me.name, faults->die_in_round, faults->die_after_chunks);
+    if (faults->send_bytes_per_s > 0)
+      spdlog::warn("node {}: LONGWAVE_FAULT_RING_RATE: ring frames leave at most {} bytes/s", me.name,
+                   faults->send_bytes_per_s);
   }
   // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).
   s.role.ring.on_stall = [name = me.name](const std::string& line) {

@@ -15,7 +15,6 @@
 // segment r-t (its own first) and receives r-t-1; the same loop runs both plans (round_ops differ).
 #include "comm/ring_allreduce.hpp"
 
-#include <csignal>
 #include <thread>
 
 #include <fmt/format.h>
@@ -27,7 +26,6 @@
 #include <cstring>
 #include <limits>
 
-#include "comm/zmq_transport.hpp"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
 
@@ -268,7 +266,7 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
       throw lw_error(errc::invalid_config,
                      fmt::format("comm: rank {} has no CURVE public key", (rank_ + 1) % world));
   }
-  transport_ = std::make_unique<zmq_transport>(std::move(t));
+  transport_ = opts_.transport ? opts_.transport(std::move(t)) : make_zmq_transport(std::move(t));
 }
 
 ring_allreduce::~ring_allreduce() {
@@ -556,7 +554,7 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, const round_pl
     const auto rank = static_cast<uint32_t>(rank_);
     const uint32_t prev = (rank + world - 1) % world;
     const uint32_t next = (rank + 1) % world;
-    zmq_transport& tr = *transport_;
+    transport& tr = *transport_;
 
     chunk_expectation expect;
     expect.cluster_id = opts_.cluster_id;
@@ -734,10 +732,6 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, const round_pl
         pending.reset();
         ++out_next;
         progress = true;
-        if (o.die_in_round == round && o.die_after_chunks == out_next) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let ZeroMQ hand the frames over
-          std::raise(SIGKILL);
-        }
       }
       // Then a batch of incoming frames: held ones of this round first.
       bool more_waiting = false;

@@ -18,6 +18,7 @@
 #include "comm/collective.hpp"
 #include "comm/curve.hpp"
 #include "comm/frame.hpp"
+#include "comm/transport.hpp"
 
 namespace longwave::comm {
 
@@ -28,7 +29,6 @@ struct ring_curve {
   std::function<void(const handshake_refusal&)> on_refused;
 };
 
-class zmq_transport;
 struct ring_options;
 
 /// Values per chunk of a ring with these options (chunk_bytes over the codec's bytes per value, headers
@@ -69,14 +69,13 @@ struct ring_options {
   /// pinned, and the listening socket admits the previous rank's only. Unset: plain TCP.
   std::optional<ring_curve> curve;
   std::vector<std::string> public_keys;
-  /// Fault injection for tests (LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS on a node): the process kills
-  /// itself with SIGKILL 50 ms after handing its CHUNKS-th chunk of round ROUND to ZeroMQ. 0: never.
-  uint64_t die_in_round = 0;
-  size_t die_after_chunks = 0;
+  /// Builds the links (comm/transport.hpp): empty means ZeroMQ; tests use the in-process hub, and faults
+  /// or a rate limit wrap either (comm/fault_transport.hpp).
+  transport_factory transport;
 };
 
-/// One member of a ring of world ranks, the "ring" comm.backend. Owns a zmq_transport (one I/O thread, all
-/// the sockets); allreduce runs on that thread while the caller waits. Not copyable; calls are serialized.
+/// One member of a ring of world ranks, the "ring" comm.backend. Owns a transport (one I/O thread, all
+/// the links); allreduce runs on that thread while the caller waits. Not copyable; calls are serialized.
 class ring_allreduce final : public collective {
  public:
   /// Called on the I/O thread for each dropped frame with the sending address (and the rank it claims, if
@@ -190,7 +189,7 @@ class ring_allreduce final : public collective {
   std::unique_ptr<std::deque<held_frame>> held_;  // later-round frames kept for their round (I/O thread)
   struct counters;
   std::unique_ptr<counters> counters_;
-  std::unique_ptr<zmq_transport> transport_;  // last: destroyed first, joining the I/O thread
+  std::unique_ptr<transport> transport_;  // last: destroyed first, joining the I/O thread
 };
 
 }  // namespace longwave::comm

@@ -1,5 +1,5 @@
-// The single I/O thread of a ring member and its sockets. Jobs are queued under a mutex and run one at a time
-// on that thread; inside a job, try_send / try_recv / wait drive the sockets without ever blocking for long.
+// The ZeroMQ sockets of a ring member, opened, used and closed on its I/O thread: inside a job, try_send /
+// try_recv / wait drive them without ever blocking for long.
 #include "comm/zmq_transport.hpp"
 
 #include <fmt/format.h>
@@ -25,62 +25,19 @@ int to_int_ms(std::chrono::milliseconds ms) {
 }  // namespace
 
 zmq_transport::zmq_transport(transport_options opts) : opts_(std::move(opts)) {
-  // The I/O thread reports its start-up as a message, not an exception object shared across threads.
-  std::promise<std::string> started;
-  auto ready = started.get_future();
-  thread_ = std::thread([this, &started] { run(started); });
-  const std::string error = ready.get();
-  if (!error.empty()) {
-    thread_.join();
-    throw lw_error(errc::io_error, error);
-  }
+  thread_.start([this] { open_sockets(); }, [this] { close_sockets(); },
+                [this](const char* e) {
+                  return fmt::format("comm: cannot open the ring sockets (bind {}, connect {}): {}",
+                                     opts_.bind_endpoint, opts_.connect_endpoint, e);
+                });
 }
 
 zmq_transport::~zmq_transport() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_requested_ = true;
-  }
-  stopping_.store(true, std::memory_order_release);
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  thread_.stop();
 }
 
-std::future<void> zmq_transport::submit(std::function<void()> fn) {
-  std::packaged_task<void()> task(std::move(fn));
-  auto fut = task.get_future();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    LW_ASSERT(!stop_requested_, "zmq_transport::submit after shutdown began");
-    jobs_.push_back(std::move(task));
-  }
-  cv_.notify_one();
-  return fut;
-}
-
-void zmq_transport::run(std::promise<std::string>& started) {
-  io_thread_id_ = std::this_thread::get_id();
-  try {
-    open_sockets();
-  } catch (const std::exception& e) {  // zmq::error_t, std::bad_alloc
-    close_sockets();
-    started.set_value(fmt::format("comm: cannot open the ring sockets (bind {}, connect {}): {}",
-                                  opts_.bind_endpoint, opts_.connect_endpoint, e.what()));
-    return;
-  }
-  started.set_value({});  // `started` lives on the constructor's stack: not touched after this
-  for (;;) {
-    std::packaged_task<void()> job;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_requested_ || !jobs_.empty(); });
-      if (jobs_.empty()) break;  // stop requested and nothing left
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    job();  // exceptions land in the job's future; jobs queued at shutdown see stopping() and end quickly
-  }
-  close_sockets();
+std::unique_ptr<transport> make_zmq_transport(transport_options opts) {
+  return std::make_unique<zmq_transport>(std::move(opts));
 }
 
 void zmq_transport::open_sockets() {
@@ -128,7 +85,7 @@ void zmq_transport::close_sockets() {
 }
 
 void zmq_transport::assert_io_thread() const {
-  LW_ASSERT(std::this_thread::get_id() == io_thread_id_, "zmq_transport socket call outside the I/O thread");
+  LW_ASSERT(thread_.on_thread(), "zmq_transport socket call outside the I/O thread");
 }
 
 bool zmq_transport::try_send(zmq::message_t& header, zmq::message_t& payload) {

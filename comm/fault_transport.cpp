@@ -1,0 +1,125 @@
+// The fault decorator: counts this node's chunks by the round in their header (comm/frame.hpp), and meters
+// the bytes handed to the next rank.
+#include "comm/fault_transport.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "comm/frame.hpp"
+#include "runtime/errors/errors.hpp"
+
+namespace longwave::comm {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+class fault_transport final : public transport {
+ public:
+  fault_transport(std::unique_ptr<transport> inner, transport_faults f)
+      : inner_(std::move(inner)), f_(f), tokens_(bucket()), last_refill_(clock::now()) {}
+
+  std::future<void> submit(std::function<void()> fn) override { return inner_->submit(std::move(fn)); }
+  bool stopping() const override { return inner_->stopping(); }
+  void drop_queued_on_close() override { inner_->drop_queued_on_close(); }
+  const std::string& bound_endpoint() const override { return inner_->bound_endpoint(); }
+  bool try_recv(inbound_message& out, size_t max_parts) override { return inner_->try_recv(out, max_parts); }
+  std::optional<std::string> link_lost() override { return inner_->link_lost(); }
+
+  bool try_send(zmq::message_t& header, zmq::message_t& payload) override {
+    const size_t bytes = header.size() + payload.size();
+    if (f_.send_bytes_per_s > 0 && !refill()) return false;
+    const auto h = parse_chunk_header(header.data(), header.size());
+    if (!inner_->try_send(header, payload)) return false;
+    if (f_.send_bytes_per_s > 0) tokens_ -= static_cast<double>(bytes);
+    if (h && f_.die_in_round != 0) count(h.value());
+    return true;
+  }
+
+  void wait(bool want_send, bool want_recv, clock::time_point until) override {
+    if (want_send && f_.send_bytes_per_s > 0 && !refill()) {
+      // Out of tokens: a send can succeed only once the bucket is positive again.
+      const auto refilled = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                               std::chrono::duration<double>(-tokens_ / f_.send_bytes_per_s));
+      inner_->wait(false, want_recv, std::min(until, refilled));
+      return;
+    }
+    inner_->wait(want_send, want_recv, until);
+  }
+
+ private:
+  double bucket() const { return 0.05 * f_.send_bytes_per_s; }
+
+  // Adds the tokens earned since the last call (the bucket holds 50 ms of the rate); true when positive.
+  bool refill() {
+    const auto now = clock::now();
+    const double earned = std::chrono::duration<double>(now - last_refill_).count() * f_.send_bytes_per_s;
+    tokens_ = std::min(tokens_ + earned, bucket());
+    last_refill_ = now;
+    return tokens_ > 0;
+  }
+
+  void count(const chunk_header& h) {
+    if (h.round != f_.die_in_round) return;
+    const std::pair<uint64_t, uint32_t> call{h.round, h.fragment};
+    if (call != call_) {  // a new call (a fragment of a streaming round): count afresh
+      call_ = call;
+      sent_ = 0;
+    }
+    if (++sent_ != f_.die_after_chunks) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the frames leave this process
+    std::raise(SIGKILL);
+  }
+
+  std::unique_ptr<transport> inner_;
+  transport_faults f_;
+  double tokens_;
+  clock::time_point last_refill_;
+  std::pair<uint64_t, uint32_t> call_{0, 0};
+  size_t sent_ = 0;
+};
+
+}  // namespace
+
+transport_factory with_faults(transport_factory inner, transport_faults faults) {
+  return [inner = std::move(inner), faults](transport_options opts) -> std::unique_ptr<transport> {
+    auto t = inner ? inner(std::move(opts)) : make_zmq_transport(std::move(opts));
+    return std::make_unique<fault_transport>(std::move(t), faults);
+  };
+}
+
+std::optional<transport_faults> transport_faults_from_env() {
+  const char* die = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE");
+  const char* rate = std::getenv("LONGWAVE_FAULT_RING_RATE");
+  if ((die == nullptr || *die == '\0') && (rate == nullptr || *rate == '\0')) return std::nullopt;
+  transport_faults f;
+  if (die != nullptr && *die != '\0') {
+    unsigned long long r = 0, c = 0;
+    char tail = 0;
+    if (std::sscanf(die, "%llu:%llu%c", &r, &c, &tail) != 2 || r == 0 || c == 0)
+      throw lw_error(
+          errc::invalid_config,
+          fmt::format("LONGWAVE_FAULT_DIE_IN_ALLREDUCE={}: want ROUND:CHUNKS, both positive", die));
+    f.die_in_round = r;
+    f.die_after_chunks = c;
+  }
+  if (rate != nullptr && *rate != '\0') {
+    char* end = nullptr;
+    const double v = std::strtod(rate, &end);
+    if (end == rate || *end != '\0' || !(v > 0) || !std::isfinite(v))
+      throw lw_error(
+          errc::invalid_config,
+          fmt::format("LONGWAVE_FAULT_RING_RATE={}: want a positive number of bytes per second", rate));
+    f.send_bytes_per_s = v;
+  }
+  return f;
+}
+
+}  // namespace longwave::comm

@@ -1,0 +1,30 @@
+#pragma once
+// Test faults and a rate limit as a transport decorator, installed when a ring is built (a node reads them
+// from its environment at start-up): the ring's loop has no branch for them.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "comm/transport.hpp"
+
+namespace longwave::comm {
+
+struct transport_faults {
+  /// The process kills itself with SIGKILL 50 ms after handing over its die_after_chunks-th chunk of the
+  /// first call (round, fragment) of round die_in_round. 0: never.
+  uint64_t die_in_round = 0;
+  size_t die_after_chunks = 0;
+  /// Frames towards the next rank leave at most at this rate (a token bucket of about 50 ms of it, at
+  /// least one frame): a slow link where network namespaces are not at hand. 0: no limit.
+  double send_bytes_per_s = 0;
+};
+
+/// Wraps the transports `inner` builds (empty: ZeroMQ) with these faults.
+transport_factory with_faults(transport_factory inner, transport_faults faults);
+
+/// The faults a node's environment asks for: LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS and
+/// LONGWAVE_FAULT_RING_RATE=BYTES_PER_S. nullopt when neither is set; lw_error(errc::invalid_config) naming
+/// the variable when one is malformed.
+std::optional<transport_faults> transport_faults_from_env();
+
+}  // namespace longwave::comm
