@@ -40,6 +40,7 @@ struct comm_state {
   uint64_t clipped = 0, clipped_reported = 0;       // sparse contributions clipped to the median norm
   double sparse_encode_s = 0, sparse_decode_s = 0;  // the sparse codec's time (it runs here, not in the ring)
   double encode_s = 0, decode_s = 0;                // collective codec times already reported
+  double send_wait_s = 0, receive_wait_s = 0;       // collective wait times already reported
 };
 
 /// back[0..m) = what every receiver decodes once x[0..m) went out as one chunk of dtype (x and back may be
@@ -233,6 +234,30 @@ std::optional<double> residual_norm(const comm_state& s, uint32_t part) {
   return std::sqrt(sum);
 }
 
+/// This reduce's waits (seconds held up by the next node, by the previous one) into the metrics, and a line
+/// naming the next node when waiting to send to it took most of a long all-reduce: the link to it (or it) is
+/// the ring's slowest, since on a ring only the rank before a slow link waits to send.
+template <class Self>
+std::pair<double, double> report_waits(Self* self, comm_state& s, const ring_label& label, double seconds) {
+  const double send_total = s.opts.collective->send_wait_seconds();
+  const double receive_total = s.opts.collective->receive_wait_seconds();
+  const std::pair<double, double> waits{send_total - s.send_wait_s, receive_total - s.receive_wait_s};
+  s.send_wait_s = send_total;
+  s.receive_wait_s = receive_total;
+  auto& m = s.opts.metrics;
+  self->send(m, count_atom_v, std::string("longwave_comm_send_wait_seconds_total"),
+             "peer=" + s.opts.next_peer, waits.first);
+  self->send(m, count_atom_v, std::string("longwave_comm_receive_wait_seconds_total"),
+             "peer=" + s.opts.prev_peer, waits.second);
+  if (seconds >= 1.0 && waits.first > 0.5 * seconds)
+    spdlog::warn(
+        "all-reduce of round {}: {:.1f} of {:.1f} s waiting for {} to take this node's chunks: the link to "
+        "it "
+        "(or {} itself) is the ring's slowest",
+        label.first, waits.first, seconds, s.opts.next_peer, s.opts.next_peer);
+  return waits;
+}
+
 /// dtype: what this reduce used on the wire (comm.dtype, or fp32 for an exact one).
 template <class Self>
 void report(Self* self, comm_state& s, const ring_label& label, size_t n, double seconds,
@@ -242,7 +267,9 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
   self->send(m, observe_atom_v, std::string("longwave_allreduce_seconds"), std::string(), seconds);
   uint64_t sent = 0, received = 0;
   double ratio = 1.0;
+  std::pair<double, double> waits{0, 0};
   if (s.opts.collective) {
+    waits = report_waits(self, s, label, seconds);
     sent = s.opts.collective->bytes_sent() - s.sent;
     received = s.opts.collective->bytes_received() - s.received;
     s.sent += sent;
@@ -287,6 +314,9 @@ void report(Self* self, comm_state& s, const ring_label& label, size_t n, double
                  .add("seconds", seconds)
                  .add("bytes_sent", sent)
                  .add("bytes_received", received)
+                 .add("send_wait_seconds", waits.first)
+                 .add("receive_wait_seconds", waits.second)
+                 .add("next", s.opts.next_peer)
                  .add("dtype", config::to_string(dtype))
                  .str());
 }

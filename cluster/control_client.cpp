@@ -11,7 +11,6 @@
 #include <zmq_addon.hpp>
 
 #include "comm/control_common.hpp"
-#include "comm/zmq_monitor.hpp"
 
 namespace longwave::cluster {
 
@@ -36,125 +35,8 @@ control_client::control_client(std::vector<std::string> coordinator_endpoints, u
   open();
 }
 
-void control_client::open() {
-  sock_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::dealer);
-  sock_->set(zmq::sockopt::linger, 1000);
-  sock_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
-  sock_->set(zmq::sockopt::sndhwm, 16);
-  // Several addresses: only to a connection that is up, not queued for an address where no coordinator runs.
-  if (endpoints_.size() > 1) sock_->set(zmq::sockopt::immediate, true);
-  sock_->set(zmq::sockopt::routing_id, routing_id_);
-  if (curve_peer_) make_curve_client(*sock_, curve_peer_->own, curve_peer_->server_public);
-  // The monitor must be attached before connecting, or the first connection's events are missed.
-  // A new name each time: the endpoint of a monitor stopped in close() may still be bound for a while.
-  const std::string monitor_endpoint = fmt::format("inproc://longwave-control-monitor-{}", ++opened_);
-  if (zmq_socket_monitor(sock_->handle(), monitor_endpoint.c_str(),
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
-    monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
-    monitor_->set(zmq::sockopt::linger, 0);
-    monitor_->connect(monitor_endpoint);
-  }
-  for (const auto& ep : endpoints_) {
-    try {
-      sock_->connect(ep);
-    } catch (const zmq::error_t& e) {
-      throw lw_error(errc::invalid_config,
-                     fmt::format("cannot connect to the coordinator at {}: {}", ep, e.what()));
-    }
-  }
-}
-
 control_client::~control_client() {
   close();
-}
-
-void control_client::close() {
-  // Stop the monitor first, so closing the DEALER does not wait on it.
-  if (monitor_) {
-    zmq_socket_monitor(sock_->handle(), nullptr, 0);
-    monitor_.reset();
-  }
-  sock_.reset();
-}
-
-void control_client::drain_monitor(std::vector<control_event>& out) {
-  if (!monitor_) return;
-  while (const auto e = next_monitor_event(*monitor_)) {
-    const auto id = e->id;
-    const bool failed = id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
-                        id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
-    if (ever_connected_ && failed) {
-      if (auto refusal = refused_again(id, e->address)) out.push_back(std::move(*refusal));
-    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-      auth_refused_ = true;
-    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
-      // A protocol error (another security mechanism, a key that does not decrypt): libzmq does not
-      // reconnect after it, so it is decisive at once.
-      handshake_failures_ = std::max(handshake_failures_, 3);
-    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-      ++handshake_failures_;  // the peer dropped the connection mid-handshake: maybe a restart, count
-    } else if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !connected_) {
-      handshake_failures_ = 0;
-      auth_refused_ = false;
-      connected_ = true;
-      if (ever_connected_)
-        out.push_back({control_event::kind::connection_back, errc::none, endpoint_, 0, {}});
-      ever_connected_ = true;
-    } else if (id == ZMQ_EVENT_DISCONNECTED && connected_) {
-      connected_ = false;
-      out.push_back({control_event::kind::connection_lost, errc::none, endpoint_, 0, {}});
-    }
-  }
-}
-
-std::optional<control_event> control_client::refused_again(int id, const std::string& address) {
-  // A coordinator this node was connected to now refuses it: restarted with another key directory (its ZAP
-  // handler refuses this key), with another cluster's keys (it cannot read this node's hello and drops it:
-  // three in a row answer), or without CURVE. libzmq retries only dropped hellos: after the others the socket
-  // is opened again a little later, so the node gets back once the coordinator is fixed.
-  if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && ++handshake_failures_ != 3) return std::nullopt;
-  if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) auth_refused_ = true;  // a join in progress stops, naming it
-  if (id != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) reopen_at_ = clock::now() + reopen_after;
-  connected_ = false;
-  std::string why;
-  if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-    why = fmt::format(
-        "the coordinator at {} now refuses this node's CURVE key (was it restarted with another key "
-        "directory, "
-        "or is the key revoked?)",
-        address);
-  else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-    why = fmt::format(
-        "the handshake with the coordinator at {} failed: it runs without CURVE ([security] mode = \"none\")",
-        address);
-  else
-    why = fmt::format(
-        "the coordinator at {} drops this node's CURVE hellos: its key is not this node's "
-        "keys/cluster.public "
-        "(was it restarted with another cluster's keys?)",
-        address);
-  return control_event{control_event::kind::refused, errc::invalid_config, std::move(why), 0, {}};
-}
-
-void control_client::check_handshake() {
-  drain_monitor(pending_);
-  if (auth_refused_)
-    throw lw_error(errc::invalid_config,
-                   fmt::format("the coordinator at {} refused this node's CURVE key (its public key is not "
-                               "among the coordinator's keys/nodes/*.public, or it is revoked)",
-                               endpoint_));
-  if (!ever_connected_ && handshake_failures_ >= 3)
-    throw lw_error(
-        errc::invalid_config,
-        curve_ ? fmt::format("the CURVE handshake with the coordinator at {} failed {} times: the "
-                             "coordinator's key is not this node's keys/cluster.public (keys of another "
-                             "cluster?), or it runs with [security] mode = \"none\"",
-                             endpoint_, handshake_failures_)
-               : fmt::format("the handshake with the coordinator at {} failed {} times: it runs with CURVE "
-                             "([security] mode = \"curve\") and this node with mode = \"none\"",
-                             endpoint_, handshake_failures_));
 }
 
 std::vector<control_event> control_client::poll() {
@@ -166,16 +48,12 @@ std::vector<control_event> control_client::poll() {
     close();
     open();
   }
-  for (;;) {
-    std::vector<zmq::message_t> parts;
-    try {
-      if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait)) break;
-    } catch (const zmq::error_t&) {
-      break;  // EINTR and the like: the next poll tries again
-    }
+  size_t from = 0;
+  for (std::vector<zmq::message_t> parts; recv_one(from, parts);) {
     if (parts.size() != 1) continue;
     auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
     if (!parsed) continue;  // noise (the coordinator's frames are well-formed)
+    if (!follows(parsed.value(), from)) continue;
     const auto& body = parsed.value().body;
     if (auto* er = std::get_if<error_msg>(&body)) {
       out.push_back({control_event::kind::notice, static_cast<errc>(er->code), er->message, 0, {}});
@@ -213,20 +91,66 @@ std::vector<control_event> control_client::poll() {
     }
     // Anything else (a welcome repeated for a late hello) needs no action.
   }
+  out.insert(out.end(), pending_.begin(), pending_.end());  // older terms seen meanwhile
+  pending_.clear();
   return out;
 }
 
+void control_client::tell_term(size_t i) {
+  envelope news;
+  news.cluster_id = cluster_id_;
+  news.sender = rank_;
+  news.term = term_;
+  news.body = heartbeat_msg{0, 0, 0};
+  auto msg = to_message(build_envelope(news));
+  (void)links_[i].sock->send(msg, zmq::send_flags::dontwait);
+}
+
+bool control_client::follows(const envelope& e, size_t from) {
+  if (e.term >= term_) {
+    term_ = e.term;
+    leader_ = from;
+    return true;
+  }
+  tell_term(from);
+  if (older_told_ != e.term) {
+    older_told_ = e.term;
+    control_event ev;
+    ev.what = control_event::kind::older_coordinator;
+    ev.round = e.term;
+    ev.epoch = term_;
+    pending_.push_back(std::move(ev));
+  }
+  return false;
+}
+
 std::optional<frame_result<envelope>> control_client::receive(std::chrono::milliseconds wait) {
-  if (!readable(*sock_, wait)) return std::nullopt;
+  std::vector<zmq::pollitem_t> items;
+  for (auto& l : links_) items.push_back({static_cast<void*>(*l.sock), 0, ZMQ_POLLIN, 0});
+  try {
+    zmq::poll(items.data(), items.size(), wait);
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+  }
   std::vector<zmq::message_t> parts;
-  if (!zmq::recv_multipart(*sock_, std::back_inserter(parts), zmq::recv_flags::dontwait) || parts.size() != 1)
-    return std::nullopt;
-  return parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+  size_t from = 0;
+  if (!recv_one(from, parts) || parts.size() != 1) return std::nullopt;
+  auto parsed = parse_envelope(parts[0].data(), parts[0].size(), cluster_id_);
+  if (parsed && !follows(parsed.value(), from)) return std::nullopt;
+  return parsed;
 }
 
 void control_client::send(const envelope& e) {
-  auto msg = to_message(build_envelope(e));
-  (void)sock_->send(msg, zmq::send_flags::dontwait);
+  envelope out = e;
+  out.term = term_;
+  const auto bytes = build_envelope(out);
+  // To the coordinator this node follows while its connection is up; else to every connected one.
+  const bool to_leader = leader_ && links_[*leader_].up;
+  for (size_t i = 0; i < links_.size(); ++i) {
+    if (to_leader && i != *leader_) continue;
+    auto msg = to_message(bytes);
+    (void)links_[i].sock->send(msg, zmq::send_flags::dontwait);
+  }
 }
 
 bool control_client::converse(const envelope& e, std::chrono::milliseconds timeout,

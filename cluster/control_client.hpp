@@ -17,6 +17,7 @@
 
 namespace zmq {
 class context_t;
+class message_t;
 class socket_t;
 }  // namespace zmq
 
@@ -36,6 +37,8 @@ struct control_event {
     connection_lost,  ///< the connection to the coordinator dropped (e.g. it was killed); text: its endpoint
     connection_back,  ///< connected again after a drop; text: its endpoint
     refused,          ///< the coordinator this node was connected to refuses its handshake now; text: why
+    older_coordinator,  ///< a coordinator of an older term than this node follows spoke (ignored; once per
+                        ///< term): `round` is its term, `epoch` the term followed
   };
   kind what = kind::notice;
   errc code = errc::none;
@@ -51,9 +54,11 @@ class control_client {
  public:
   /// Connects (lazily; ZeroMQ retries) to the coordinator's endpoint.
   control_client(std::string coordinator_endpoint, uint64_t cluster_id);
-  /// Connects to every address a coordinator may run at; messages go to the one that is connected (a
-  /// message sent while none is, is dropped: hellos and heartbeats are repeated anyway). With `curve`, the
-  /// connection is CURVE with this node's keys, pinned to the coordinator's public key.
+  /// Connects to every address a coordinator may run at, a connection each; messages go to the coordinator
+  /// this node follows (the one whose term is the newest it heard), or to every connected one before it
+  /// follows any (a message sent while none is connected is dropped: hellos and heartbeats are repeated
+  /// anyway). With `curve`, the connections are CURVE with this node's keys, pinned to the coordinator's
+  /// public key.
   control_client(std::vector<std::string> coordinator_endpoints, uint64_t cluster_id,
                  std::optional<comm::curve_peer> curve = std::nullopt);
   ~control_client();
@@ -110,6 +115,9 @@ class control_client {
   std::vector<control_event> poll();
 
   const std::string& endpoint() const { return endpoint_; }
+  /// The newest coordinator term this node has heard (0: none yet). Every message it sends carries it; a
+  /// coordinator's message of an older term is ignored (two coordinators: the newer leads).
+  uint64_t term() const { return term_; }
 
  private:
   void send(const comm::envelope& e);
@@ -123,16 +131,32 @@ class control_client {
   std::optional<comm::frame_result<comm::envelope>> receive(std::chrono::milliseconds wait);
   /// Sends body as this node (cluster id and rank filled in).
   void send_body(decltype(comm::envelope::body) body);
-  /// Opens the DEALER (and its monitor) and connects it to every endpoint; close() undoes it.
+  /// One coordinator address: its DEALER and the monitor of that DEALER's handshakes.
+  struct link {
+    std::string endpoint;
+    std::unique_ptr<zmq::socket_t> sock;
+    std::unique_ptr<zmq::socket_t> monitor;
+    bool up = false;
+  };
+  /// Opens a DEALER (and its monitor) per endpoint and connects it; close() undoes it.
   void open();
+  link open_link(const std::string& endpoint);
   void close();
   void drain_monitor(std::vector<control_event>& out);
+  void on_monitor_event(size_t i, int id, const std::string& address, std::vector<control_event>& out);
+  /// One message from any connection, if one is waiting: its parts and the link it came by.
+  bool recv_one(size_t& from, std::vector<zmq::message_t>& parts);
   /// A handshake of a node that was connected failed (monitor event `id`): the refusal event to report, once
   /// it is decisive.
   std::optional<control_event> refused_again(int id, const std::string& address);
   /// Throws lw_error(invalid_config) naming the cause when the coordinator refused this node's key, or when
   /// handshakes keep failing before this node ever connected (keys of another cluster, CURVE on one side).
   void check_handshake();
+  /// Follows a newer term (and the link it came by); false for an older one, whose coordinator is then told
+  /// the newer term (so it steps down) and, once per term, an older_coordinator event.
+  bool follows(const comm::envelope& e, size_t from);
+  /// Sends the term this node follows to the coordinator at link i (a heartbeat of round 0).
+  void tell_term(size_t i);
 
   static constexpr std::chrono::seconds reopen_after{5};
   std::string endpoint_;
@@ -143,10 +167,12 @@ class control_client {
   std::optional<std::chrono::steady_clock::time_point> reopen_at_;  // open the socket again then
   unsigned opened_ = 0;                                             // times open() ran
   uint32_t rank_ = 0xffffffffu;
+  uint64_t term_ = 0;
+  uint64_t older_told_ = 0;  // the older term last reported
   std::unique_ptr<zmq::context_t> ctx_;
-  std::unique_ptr<zmq::socket_t> sock_;
-  std::unique_ptr<zmq::socket_t> monitor_;  // events of sock_: handshakes and disconnects
-  bool connected_ = false, ever_connected_ = false;
+  std::vector<link> links_;                          // one per endpoint
+  std::optional<size_t> leader_;                     // the link of the coordinator this node follows
+  bool connected_ = false, ever_connected_ = false;  // some link is up; one was, once
   bool curve_ = false;
   bool auth_refused_ = false;           // the coordinator's ZAP handler refused this node's key
   int handshake_failures_ = 0;          // since the last successful handshake

@@ -49,9 +49,15 @@ class master_shell {
     if (o_.info)
       o_.info(fmt::format("coordinator: cluster of {} nodes, waiting up to {} for them on {}",
                           o_.members.size(), secs(o_.join_timeout), o_.bind_endpoint));
+    auto last = clock::now();
     for (;;) {
       if (o_.stop && o_.stop()) state_.interrupt();
-      state_.tick(clock::now());
+      // The loop turns every 100 ms or so: a much longer gap means this process was not running.
+      const auto now = clock::now();
+      if (now - last > o_.heartbeat_timeout / 2)
+        state_.on_paused(std::chrono::duration_cast<ms>(now - last), now);
+      last = now;
+      state_.tick(now);
       carry_out();
       if (const auto code = state_.done()) return *code;
       poll_once();

@@ -12,6 +12,7 @@
 #include "cluster/cluster_file.hpp"
 #include "cluster/master.hpp"
 #include "cluster/roles.hpp"
+#include "cluster/standby.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
 #include "runtime/metrics/metrics_server.hpp"
@@ -26,19 +27,11 @@ void on_coordinator_signal(int) {
   g_coordinator_signals.fetch_add(1);
 }
 
-}  // namespace
-
-int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
+/// The master's rules and endpoint from the cluster file.
+master_options options_of(const config::cluster_spec& spec, const std::string& bind, size_t slot) {
   master_options o;
-  o.bind_endpoint = bind.empty() ? spec.coordinator : bind;
-  if (std::find(spec.coordinators.begin(), spec.coordinators.end(), o.bind_endpoint) ==
-      spec.coordinators.end()) {
-    spdlog::error(
-        "coordinator: --bind {} is not one of [cluster] coordinator's addresses ({}): the nodes would "
-        "not find it",
-        o.bind_endpoint, fmt::join(spec.coordinators, ", "));
-    return 2;
-  }
+  o.bind_endpoint = bind;
+  o.term_slot = static_cast<uint32_t>(slot);
   o.cluster_id = spec.cluster_id;
   o.config_hash = cluster_fingerprint(spec, spec.train);
   o.open = spec.open;
@@ -51,34 +44,92 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
   o.quorum_timeout = to_ms(spec.quorum_timeout_s);
   o.info = [](const std::string& s) { spdlog::info("{}", s); };
   o.warn = [](const std::string& s) { spdlog::warn("{}", s); };
-  warn_if_unsecured(spec, "coordinator");
-  if (spec.security.mode == config::security_mode::curve) {
-    try {
-      auto keys = comm::load_coordinator_keys(spec.security.keys, spec.security.revoked);
-      o.curve = keys.own;
-      o.node_keys = keys.nodes;
-      // Keys made after the start (a new node of an open cluster, a listed node keyed late) are read when
-      // they first knock.
-      o.refresh_keys =
-          comm::node_key_refresh(spec.security.keys, keys.nodes, [dir = spec.security.keys](size_t n) {
-            spdlog::info("coordinator: admitted {} node key(s) added to {}/nodes", n, dir);
-          });
-      spdlog::info("coordinator: CURVE with keys from {}: {} node key(s) admitted{}", spec.security.keys,
-                   keys.nodes->entries().size(),
-                   spec.security.revoked.empty() ? std::string()
-                                                 : fmt::format(", {} revoked", spec.security.revoked.size()));
-    } catch (const lw_error& e) {
-      spdlog::error("coordinator: {}", e.what());
-      return 2;
-    }
+  return o;
+}
+
+/// CURVE: the coordinator's keys and the node keys it admits (read again when an unknown key knocks). False
+/// (logged) when the key directory cannot be read.
+bool load_keys(const config::cluster_spec& spec, master_options& o) {
+  try {
+    auto keys = comm::load_coordinator_keys(spec.security.keys, spec.security.revoked);
+    o.curve = keys.own;
+    o.node_keys = keys.nodes;
+    // Keys made after the start (a new node of an open cluster, a listed node keyed late) are read when
+    // they first knock.
+    o.refresh_keys =
+        comm::node_key_refresh(spec.security.keys, keys.nodes, [dir = spec.security.keys](size_t n) {
+          spdlog::info("coordinator: admitted {} node key(s) added to {}/nodes", n, dir);
+        });
+    spdlog::info("coordinator: CURVE with keys from {}: {} node key(s) admitted{}", spec.security.keys,
+                 keys.nodes->entries().size(),
+                 spec.security.revoked.empty() ? std::string()
+                                               : fmt::format(", {} revoked", spec.security.revoked.size()));
+    return true;
+  } catch (const lw_error& e) {
+    spdlog::error("coordinator: {}", e.what());
+    return false;
   }
+}
+
+/// The coordinator's own /metrics: membership, heartbeat ages, rejected control frames, errors.
+void report_to(runtime::metrics_registry* m, master_options& o) {
+  o.on_status = [m](const std::vector<member_status>& members) {
+    double alive = 0;
+    for (const auto& s : members) {
+      alive += s.alive ? 1 : 0;
+      m->set("longwave_cluster_heartbeat_age_seconds", {{"peer", s.name}}, s.age_s);
+    }
+    m->set("longwave_cluster_peers_alive", {}, alive);
+  };
+  o.on_reject = [m](const std::string& reason) {
+    m->add("longwave_comm_rejected_frames_total", {{"reason", reason}}, 1);
+  };
+  o.on_error = [m](const std::string& reason) { m->add("longwave_errors_total", {{"reason", reason}}, 1); };
+  o.on_join = [m](const std::string&, uint64_t) { m->add("longwave_cluster_joins_total", {}, 1); };
+  o.on_quorum_wait = [m](double s) { m->set("longwave_cluster_quorum_wait_seconds", {}, s); };
+  o.on_refused = [m](const comm::handshake_refusal& r) {
+    m->add("longwave_cluster_refused_handshakes_total", {{"reason", r.reason}}, 1);
+  };
+  o.on_epoch = [m](uint64_t epoch, size_t members, const std::string& reason) {
+    m->set("longwave_cluster_epoch", {}, static_cast<double>(epoch));
+    m->set("longwave_cluster_members", {}, static_cast<double>(members));
+    if (reason != "start") m->add("longwave_cluster_membership_changes_total", {{"reason", reason}}, 1);
+  };
+}
+
+/// Stands by while a master at another of the cluster's addresses answers, then runs this one.
+int lead(const config::cluster_spec& spec, const master_options& o) {
+  standby_options sb;
+  for (const auto& c : spec.coordinators)
+    if (c != o.bind_endpoint) sb.others.push_back(c);
+  if (o.node_keys) sb.curve = o.curve;
+  sb.silence = o.heartbeat_timeout;
+  sb.stop = o.stop;
+  sb.info = o.info;
+  return stand_by(sb) ? run_master(o) : 130;
+}
+
+}  // namespace
+
+int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
+  const std::string endpoint = bind.empty() ? spec.coordinator : bind;
+  const auto slot = std::find(spec.coordinators.begin(), spec.coordinators.end(), endpoint);
+  if (slot == spec.coordinators.end()) {
+    spdlog::error(
+        "coordinator: --bind {} is not one of [cluster] coordinator's addresses ({}): the nodes would "
+        "not find it",
+        endpoint, fmt::join(spec.coordinators, ", "));
+    return 2;
+  }
+  auto o = options_of(spec, endpoint, static_cast<size_t>(slot - spec.coordinators.begin()));
+  warn_if_unsecured(spec, "coordinator");
+  if (spec.security.mode == config::security_mode::curve && !load_keys(spec, o)) return 2;
   g_coordinator_signals = 0;
   std::signal(SIGINT, on_coordinator_signal);
   std::signal(SIGTERM, on_coordinator_signal);
   o.stop = [] { return g_coordinator_signals.load() > 0; };
   int code = 1;
   try {
-    // The coordinator's own /metrics: membership, heartbeat ages, rejected control frames, errors.
     std::unique_ptr<runtime::metrics_registry> metrics;
     std::unique_ptr<runtime::metrics_server> server;
     if (spec.train.metrics.enabled) {
@@ -91,33 +142,9 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
           spec.train.metrics.address);
       spdlog::info("coordinator: metrics on http://{}:{}/metrics", spec.train.metrics.address,
                    server->port());
-      auto* m = metrics.get();
-      o.on_status = [m](const std::vector<member_status>& members) {
-        double alive = 0;
-        for (const auto& s : members) {
-          alive += s.alive ? 1 : 0;
-          m->set("longwave_cluster_heartbeat_age_seconds", {{"peer", s.name}}, s.age_s);
-        }
-        m->set("longwave_cluster_peers_alive", {}, alive);
-      };
-      o.on_reject = [m](const std::string& reason) {
-        m->add("longwave_comm_rejected_frames_total", {{"reason", reason}}, 1);
-      };
-      o.on_error = [m](const std::string& reason) {
-        m->add("longwave_errors_total", {{"reason", reason}}, 1);
-      };
-      o.on_join = [m](const std::string&, uint64_t) { m->add("longwave_cluster_joins_total", {}, 1); };
-      o.on_quorum_wait = [m](double s) { m->set("longwave_cluster_quorum_wait_seconds", {}, s); };
-      o.on_refused = [m](const comm::handshake_refusal& r) {
-        m->add("longwave_cluster_refused_handshakes_total", {{"reason", r.reason}}, 1);
-      };
-      o.on_epoch = [m](uint64_t epoch, size_t members, const std::string& reason) {
-        m->set("longwave_cluster_epoch", {}, static_cast<double>(epoch));
-        m->set("longwave_cluster_members", {}, static_cast<double>(members));
-        if (reason != "start") m->add("longwave_cluster_membership_changes_total", {{"reason", reason}}, 1);
-      };
+      report_to(metrics.get(), o);
     }
-    code = run_master(o);
+    code = lead(spec, o);
   } catch (const lw_error& e) {
     spdlog::error("{}", e.what());
     code = e.code() == errc::invalid_config ? 2 : 1;

@@ -38,6 +38,10 @@ const char* to_string(removal r) {
 master_state::master_state(master_settings s, clock::time_point start)
     : s_(std::move(s)), start_(start), now_(start), specs_(s_.members), members_(s_.members.size()) {
   if (specs_.empty()) throw lw_error(errc::invalid_config, "coordinator: the cluster has no nodes");
+  if (s_.term_slot >= term_slots)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("coordinator: at most {} coordinator addresses", term_slots));
+  term_ = term_slots + s_.term_slot;
   for (auto& sp : specs_) {
     sp.worker_offset = listed_workers_;
     listed_workers_ += sp.workers;
@@ -57,6 +61,18 @@ void master_state::tick(clock::time_point now) {
     tick_before_start();
   else
     tick_training();
+}
+
+void master_state::on_paused(ms gap, clock::time_point now) {
+  now_ = now;
+  if (exit_code_ || !welcomed_) return;
+  warn(fmt::format(
+      "coordinator: this process did not run for {} (suspended?); the members get {} to be heard again "
+      "before any is judged lost",
+      secs(gap), secs(s_.heartbeat_timeout)));
+  for (auto& m : members_) m.last_seen = std::max(m.last_seen, now_);
+  if (fence_) fence_->started += gap;
+  if (quorum_deadline_) *quorum_deadline_ += gap;
 }
 
 void master_state::interrupt() {
@@ -129,6 +145,7 @@ void master_state::welcome_all() {
 /// within heartbeat_timeout of the first are taken as gone.
 void master_state::take_over() {
   welcomed_ = true;
+  term_ = (std::max(term_, newest_term_) / term_slots + 1) * term_slots + s_.term_slot;
   uint64_t top = 0;
   bool same = true;
   std::vector<size_t> present;
@@ -148,8 +165,9 @@ void master_state::take_over() {
   }
   same = same && present.size() == members_[present.front()].announce->world_size;
   epoch_ = top;
-  info(fmt::format("coordinator: took over the running cluster: {} in epoch {} (last applied round {})",
-                   names_of(present), top, members_[present.front()].announce->committed.round));
+  info(fmt::format(
+      "coordinator: took over the running cluster: {} in epoch {} (last applied round {}, term {})",
+      names_of(present), top, members_[present.front()].announce->committed.round, term_));
   // A hold the earlier master set for a joiner (Pin) is not this one's: the members go on.
   for (auto i : present) send_to(i, comm::pin_msg{0, true});
   if (same) {
@@ -162,6 +180,17 @@ void master_state::take_over() {
     return;
   }
   start_fence("takeover", "a restarted coordinator found the nodes in different epochs or some missing");
+}
+
+/// A node follows a master of a newer term: another master took the cluster over (it was cut off from this
+/// one, or both started at once). This one leads no more: it says so and ends without a run summary.
+void master_state::step_down(const sender& from, uint64_t newer) {
+  const auto idx = index_of_identity(from.identity);
+  warn(fmt::format(
+      "coordinator: {} follows the coordinator of term {}, newer than this one's ({}): another coordinator "
+      "leads the cluster; this one steps down",
+      idx ? "node " + specs_[*idx].name : "a node at " + from.peer, newer, term_));
+  exit_code_ = 0;
 }
 
 /// Training: watch the members and change the membership when one goes, until none is left training.

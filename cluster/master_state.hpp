@@ -101,7 +101,13 @@ struct master_settings {
   ms quorum_timeout{60000};
   /// CURVE: the node keys admitted (each bound to its node name); nullptr without CURVE.
   std::shared_ptr<const comm::key_ring> node_keys;
+  /// The position of this master's address in [cluster] coordinator: it makes the master's terms its own
+  /// (term = generation * term_slots + term_slot), so two masters never share one.
+  uint32_t term_slot = 0;
 };
+
+/// Terms per generation: a cluster lists at most this many coordinator addresses.
+inline constexpr uint64_t term_slots = 256;
 
 /// Who sent a control message: the ROUTER routing id, the peer's address, and (CURVE) the node name its key
 /// belongs to (comm::operator_user_id for the cluster's own key).
@@ -153,6 +159,9 @@ class master_state {
   void tick(clock::time_point now);
   /// The process is stopping (Ctrl-C): every node is told the cluster was called off; done() is 130.
   void interrupt();
+  /// The master's own loop did not run for `gap` (the process was suspended, its host hung): the members'
+  /// silence, a fence and the quorum wait are not theirs, so each gets its time again from `now`.
+  void on_paused(ms gap, clock::time_point now);
 
   // ---- outputs ----
   /// The actions since the last call, in order.
@@ -167,6 +176,9 @@ class master_state {
   /// Where member `name` stands (tests).
   member_phase phase_of(const std::string& name) const;
   uint64_t epoch() const { return epoch_; }
+  /// This master's term, carried by every frame it sends: generation 1 at a fresh start, the next
+  /// generation after the newest its nodes followed when it takes a running cluster over.
+  uint64_t term() const { return term_; }
 
  private:
   /// One member's state.
@@ -227,6 +239,7 @@ class master_state {
   void release_pin();
   void outcome();
   void call_off(const std::string& why, int code);
+  void step_down(const sender& from, uint64_t newer);
   void stop_before_start();
 
   // master_fence.cpp: removals, fences, admitting joiners, the quorum.
@@ -260,6 +273,7 @@ class master_state {
   // master_messages.cpp: everything else a connection may send.
   void on_member_message(size_t i, const comm::envelope& e);
   void on_joiner_message(size_t i, const comm::envelope& e);
+  void on_removed_message(size_t i, const comm::envelope& e);
   void on_bye(size_t i, const comm::bye_msg& b);
   void on_ring_failed(size_t i, const comm::ring_failed_msg& rf);
   void on_stop_request(const sender& from);
@@ -304,6 +318,8 @@ class master_state {
   std::set<std::string> strangers_;          // routing ids of running nodes of an earlier master
   std::set<std::string> running_elsewhere_;  // their names
   bool welcomed_ = false;                    // training began
+  uint64_t term_ = 0;                        // this master's (see term())
+  uint64_t newest_term_ = 0;                 // the newest a running node named before this master led
   uint64_t epoch_ = 1;                       // the current membership's epoch
   std::optional<fence_state> fence_;         // a membership change in progress
   std::optional<stop_state> stop_;           // longwave stop in progress

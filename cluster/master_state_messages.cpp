@@ -21,6 +21,10 @@ constexpr size_t max_strangers = 1024;
 void master_state::on_frame(const sender& from, const comm::envelope& e, clock::time_point now) {
   now_ = now;
   if (exit_code_) return;
+  if (e.term > term_) {
+    if (welcomed_) return step_down(from, e.term);
+    newest_term_ = std::max(newest_term_, e.term);  // running nodes' master, for the takeover's term
+  }
   if (auto* h = std::get_if<comm::hello_msg>(&e.body)) {
     if (from.keyed_as && *from.keyed_as != h->node_name) {
       warn(fmt::format("coordinator: turned away a hello as node '{}' from {}: it came with node '{}''s key",
@@ -79,14 +83,7 @@ void master_state::on_member_message(size_t i, const comm::envelope& e) {
   auto& m = members_[i];
   m.last_seen = now_;
   if (m.phase == member_phase::joining || m.phase == member_phase::ready) return on_joiner_message(i, e);
-  if (m.removed != removal::none) {
-    // Not a member any more: it stops when it hears so (said again at most every 10 s).
-    const bool last_words =
-        std::holds_alternative<comm::bye_msg>(e.body) || std::holds_alternative<comm::error_msg>(e.body);
-    if (m.removed != removal::left && now_ - m.told_removed > std::chrono::seconds(10) && !last_words)
-      tell_removed(m, "node " + specs_[i].name + " was removed in an earlier epoch");
-    return;
-  }
+  if (m.removed != removal::none) return on_removed_message(i, e);
   m.heard = true;  // anything but a hello comes from its main loop
   if (auto* hb = std::get_if<comm::heartbeat_msg>(&e.body)) {
     m.round = hb->round;
@@ -110,6 +107,16 @@ void master_state::on_member_message(size_t i, const comm::envelope& e) {
   } else if (auto* rf = std::get_if<comm::ring_failed_msg>(&e.body)) {
     on_ring_failed(i, *rf);
   }
+}
+
+/// A message from a node that is not a member any more: it stops when it hears so (said again at most every
+/// 10 s).
+void master_state::on_removed_message(size_t i, const comm::envelope& e) {
+  auto& m = members_[i];
+  const bool last_words =
+      std::holds_alternative<comm::bye_msg>(e.body) || std::holds_alternative<comm::error_msg>(e.body);
+  if (m.removed != removal::left && now_ - m.told_removed > std::chrono::seconds(10) && !last_words)
+    tell_removed(m, "node " + specs_[i].name + " was removed in an earlier epoch");
 }
 
 /// A joiner's messages: heartbeats while it fetches, join_ready once it holds a state, bye or error when it
@@ -274,6 +281,7 @@ void master_state::reply(const std::string& identity, decltype(comm::envelope::b
   comm::envelope e;
   e.cluster_id = s_.cluster_id;
   e.sender = no_rank;
+  e.term = term_;
   e.body = std::move(body);
   actions_.push_back(send{identity, std::move(e)});
 }

@@ -136,6 +136,40 @@ int say_goodbye(control_client& control, const std::string& name, int code,
 
 }  // namespace
 
+namespace {
+
+/// Keys, the state server, the control connection and the join. The exit code when the node ends here (0:
+/// the cluster stopped meanwhile; 1 or 2 with the reason logged), nullopt when it trains.
+std::optional<int> connect_and_join(node_session& s, const config::cluster_spec& spec, size_t index,
+                                    const config::train_config& cfg, actors::run_options& node_opts) {
+  const auto& me = spec.nodes[index];
+  try {
+    const auto keys = node_keys(spec, me.name);
+    if (keys) set_up_curve(s, *keys, me.name);
+    // Joiners fetch the running cluster's state from its members (the ring backend's clusters are elastic).
+    if (spec.train.comm.backend == config::comm_backend::ring)
+      s.publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id, s.curve);
+    s.control = std::make_unique<control_client>(spec.coordinators, spec.cluster_id, control_curve(keys));
+    // One hello, built once (its data fingerprint reads the corpus): the join's, and the one a restarted
+    // master is re-announced with.
+    const uint64_t newest = node_opts.fresh ? 0 : actors::latest_checkpoint_round(cfg);
+    s.hello = hello_of(spec, index, newest,
+                       newest > 0 ? actors::checkpoint_rounds(cfg, newest) : std::vector<uint64_t>{},
+                       s.publisher ? s.publisher->endpoint() : "");
+    node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.role, s.recover);
+  } catch (const lw_error& e) {
+    if (e.code() == errc::cancelled) {
+      spdlog::info("node {}: {}", me.name, e.what());
+      return 0;
+    }
+    spdlog::error("node {}: {}", me.name, e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 int run_node_role(const config::cluster_spec& file_spec, const std::string& name,
                   const actors::run_options& opts) {
   auto spec = file_spec;  // with this node appended when it is not in the file
@@ -161,28 +195,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
 
   node_session s;
   actors::run_options node_opts = opts;
-  try {
-    const auto keys = node_keys(spec, me.name);
-    if (keys) set_up_curve(s, *keys, me.name);
-    // Joiners fetch the running cluster's state from its members (the ring backend's clusters are elastic).
-    if (spec.train.comm.backend == config::comm_backend::ring)
-      s.publisher = std::make_unique<state_publisher>(me.endpoint, spec.cluster_id, s.curve);
-    s.control = std::make_unique<control_client>(spec.coordinators, spec.cluster_id, control_curve(keys));
-    // One hello, built once (its data fingerprint reads the corpus): the join's, and the one a restarted
-    // master is re-announced with.
-    const uint64_t newest = opts.fresh ? 0 : actors::latest_checkpoint_round(cfg);
-    s.hello = hello_of(spec, index, newest,
-                       newest > 0 ? actors::checkpoint_rounds(cfg, newest) : std::vector<uint64_t>{},
-                       s.publisher ? s.publisher->endpoint() : "");
-    node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.role, s.recover);
-  } catch (const lw_error& e) {
-    if (e.code() == errc::cancelled) {
-      spdlog::info("node {}: {}", me.name, e.what());
-      return 0;
-    }
-    spdlog::error("node {}: {}", me.name, e.what());
-    return e.code() == errc::invalid_config ? 2 : 1;
-  }
+  if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return *failed;
   if (s.recover) {
     node_opts.max_resume_round.reset();
     set_up_join(s, spec, index);

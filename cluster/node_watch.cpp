@@ -38,6 +38,17 @@ std::string membership_record(const control_event& ev) {
       .str();
 }
 
+/// What a control event asks of the node's main loop (leave, stop, pin), added to `asks`.
+void add_ask(const control_event& ev, master_asks& asks) {
+  asks.leave = asks.leave || ev.what == control_event::kind::leave;
+  if (ev.what == control_event::kind::stop && ev.round == 0) asks.stop_query = true;
+  if (ev.what == control_event::kind::stop && ev.round > 0) asks.stop_round = ev.round;
+  if (ev.what != control_event::kind::pin) return;
+  asks.pin_query = asks.pin_query || (ev.round == 0 && !ev.release);
+  if (ev.round > 0) asks.pin_round = ev.round;
+  asks.pin_release = asks.pin_release || ev.release;
+}
+
 }  // namespace
 
 void admit_keys(const std::shared_ptr<comm::key_ring>& ring, const std::vector<comm::peer_entry>& keys) {
@@ -53,14 +64,7 @@ master_asks master_watch::on_tick(control_client& control, comm::collective& rin
   auto* elastic = dynamic_cast<comm::elastic_ring*>(&ring);
   master_asks asks;
   for (const auto& ev : control.poll()) {
-    asks.leave = asks.leave || ev.what == control_event::kind::leave;
-    if (ev.what == control_event::kind::stop && ev.round == 0) asks.stop_query = true;
-    if (ev.what == control_event::kind::stop && ev.round > 0) asks.stop_round = ev.round;
-    if (ev.what == control_event::kind::pin) {
-      asks.pin_query = asks.pin_query || (ev.round == 0 && !ev.release);
-      if (ev.round > 0) asks.pin_round = ev.round;
-      asks.pin_release = asks.pin_release || ev.release;
-    }
+    add_ask(ev, asks);
     // The new membership's keys first, then its ring.
     if (ev.what == control_event::kind::membership) admit_keys(admitted_, ev.membership.keys);
     on_event(ev, ring, elastic, name, now);
@@ -127,6 +131,11 @@ void master_watch::on_event(const control_event& ev, comm::collective& ring, com
       elastic->evict("the coordinator says: " + ev.text);
     else
       ring.cancel();
+  } else if (ev.what == kind::older_coordinator) {
+    spdlog::warn(
+        "node {}: ignoring a coordinator of term {}: this node follows the coordinator of term {} (two "
+        "coordinators ran at once; the older steps down)",
+        name, ev.round, ev.epoch);
   } else if (ev.what == kind::notice) {
     if (ev.code == errc::none)
       spdlog::info("node {}: the coordinator says: {}", name, ev.text);

@@ -64,6 +64,11 @@ class collective {
   /// Seconds spent encoding to, and decoding from, the wire dtype since construction.
   virtual double encode_seconds() const = 0;
   virtual double decode_seconds() const = 0;
+  /// Seconds this rank's calls waited since construction: holding a ready chunk that the next rank's queue
+  /// would not take (the link to it, or it, is slow), and with nothing to send while a chunk was due from the
+  /// previous rank. On a ring with one slow link, the rank before it is the one that waits to send.
+  virtual double send_wait_seconds() const { return 0; }
+  virtual double receive_wait_seconds() const { return 0; }
   /// Values the backend encodes together (a chunk shares its int8 scales): error feedback quantizes in
   /// pieces of this size, as the backend will. At least 1.
   virtual size_t chunk_elements() const = 0;

@@ -59,6 +59,8 @@ void elastic_ring::retire_ring() {
   received_ += ring_->bytes_received();
   encode_s_ += ring_->encode_seconds();
   decode_s_ += ring_->decode_seconds();
+  send_wait_s_ += ring_->send_wait_seconds();
+  receive_wait_s_ += ring_->receive_wait_seconds();
   ring_->cancel();  // nothing more goes out: the destructor does not wait for the next rank
   ring_.reset();
 }
@@ -302,6 +304,16 @@ double elastic_ring::encode_seconds() const {
 double elastic_ring::decode_seconds() const {
   std::lock_guard<std::mutex> lk(mu_);
   return decode_s_ + (ring_ ? ring_->decode_seconds() : 0);
+}
+
+double elastic_ring::send_wait_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return send_wait_s_ + (ring_ ? ring_->send_wait_seconds() : 0);
+}
+
+double elastic_ring::receive_wait_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return receive_wait_s_ + (ring_ ? ring_->receive_wait_seconds() : 0);
 }
 
 size_t elastic_ring::chunk_elements() const {

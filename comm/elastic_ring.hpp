@@ -85,6 +85,8 @@ class elastic_ring final : public collective {
   uint64_t bytes_sent() const override;
   uint64_t bytes_received() const override;
   double encode_seconds() const override;
+  double send_wait_seconds() const override;
+  double receive_wait_seconds() const override;
   double decode_seconds() const override;
   size_t chunk_elements() const override;
   int rank() const override;
@@ -125,6 +127,7 @@ class elastic_ring final : public collective {
   // Counters of retired rings.
   uint64_t sent_ = 0, received_ = 0;
   double encode_s_ = 0, decode_s_ = 0;
+  double send_wait_s_ = 0, receive_wait_s_ = 0;
 };
 
 }  // namespace longwave::comm

@@ -343,6 +343,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
   auto w = mb.initRoot<wire::Envelope>();
   w.setClusterId(e.cluster_id);
   w.setSender(e.sender);
+  w.setTerm(e.term);
   auto body = w.initBody();
   struct visitor {
     wire::Envelope::Body::Builder& b;
@@ -466,6 +467,7 @@ frame_result<envelope> parse_envelope(const void* data, size_t size, uint64_t ex
     auto r = reader.getRoot<wire::Envelope>();
     out.cluster_id = r.getClusterId();
     out.sender = r.getSender();
+    out.term = r.getTerm();
     if (out.cluster_id != expected_cluster_id)
       return reject(reject_reason::wrong_cluster, fmt::format("cluster id {:#x}, this node is in {:#x}",
                                                               out.cluster_id, expected_cluster_id));

@@ -286,6 +286,8 @@ struct envelope {
                fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
                join_ready_msg, stop_msg, committed_msg, pin_msg>
       body;
+  /// The sending coordinator's term, or the newest term a node follows (0: none yet): one coordinator leads.
+  uint64_t term = 0;
 };
 
 /// Limits parse_envelope enforces on text and lists.

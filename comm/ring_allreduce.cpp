@@ -95,6 +95,8 @@ struct ring_allreduce::counters {
   std::atomic<uint64_t> received{0};
   std::atomic<uint64_t> encode_ns{0};
   std::atomic<uint64_t> decode_ns{0};
+  std::atomic<uint64_t> send_wait_ns{0};  // in wait() with a chunk the next rank's queue would not take
+  std::atomic<uint64_t> recv_wait_ns{0};  // in wait() for the previous rank's next chunk
   std::atomic<bool> cancelled{false};
   std::atomic<uint64_t> completed_round{0};
   std::atomic<double> total_weight{0};  // of the last call: every rank's weight summed
@@ -320,6 +322,12 @@ double ring_allreduce::encode_seconds() const {
 }
 double ring_allreduce::decode_seconds() const {
   return static_cast<double>(counters_->decode_ns.load()) * 1e-9;
+}
+double ring_allreduce::send_wait_seconds() const {
+  return static_cast<double>(counters_->send_wait_ns.load()) * 1e-9;
+}
+double ring_allreduce::receive_wait_seconds() const {
+  return static_cast<double>(counters_->recv_wait_ns.load()) * 1e-9;
 }
 
 void ring_allreduce::check_call(uint64_t round, uint32_t fragment, double weight) const {
@@ -785,6 +793,10 @@ void ring_allreduce::run_round(uint64_t round, uint32_t fragment, const round_pl
                                    opts_.timeout.count(), describe_wait()));
       if (more_waiting) continue;
       tr.wait(blocked_send, in_next < plan.in.size(), deadline);
+      // Who held this rank up: the next rank (a full queue towards it) or the previous one (nothing to send).
+      const auto waited = static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - now).count());
+      (blocked_send ? counters_->send_wait_ns : counters_->recv_wait_ns).fetch_add(waited);
     }
     // Held frames of this round that were not needed (duplicates or forgeries) are dropped now.
     for (auto& f : replay)

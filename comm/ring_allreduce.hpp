@@ -148,6 +148,8 @@ class ring_allreduce final : public collective {
   /// Seconds spent encoding chunks, and decoding (or decode-accumulating) received ones, since construction.
   double encode_seconds() const override;
   double decode_seconds() const override;
+  double send_wait_seconds() const override;
+  double receive_wait_seconds() const override;
 
   int rank() const override { return rank_; }
   int world_size() const override { return static_cast<int>(endpoints_.size()); }

@@ -6,7 +6,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 6;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint; 6: Hello.checkpointRounds, Error not_announced
+const protocolVersion :UInt16 = 7;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint; 6: Hello.checkpointRounds, Error not_announced; 7: Envelope.term
 
 enum Dtype {
   fp32 @0;
@@ -193,6 +193,9 @@ struct Envelope {
     committed @17 :Committed;
     pin @18 :Pin;
   }
+  # The sending coordinator's term, or the newest term a node follows (0: none yet). A node ignores a
+  # coordinator of an older term; a coordinator that hears of a newer one steps down.
+  term @19 :UInt64;
 }
 
 # ---- data plane: the first of two ZeroMQ frames; the second is the payload ----

@@ -159,6 +159,7 @@ std::string outcome_table(const report_data& r, const run_summary& sum, const st
       {"stall seconds (all workers)", fixed(sum.stall_s, 2)},
       {"total bytes sent", bytes_text(sum.bytes)},
       {"checkpoints written", compact(double(sum.n_checkpoints))}};
+  if (!sum.slowest_link.empty()) rows.push_back({"slowest ring link", sum.slowest_link});
   if (std::isfinite(sum.gpu_utilization) || std::isfinite(sum.gpu_peak_bytes)) {  // workers on GPUs
     rows.push_back({"GPU busy / wall time (GPU workers)", utilization_text(sum.gpu_utilization)});
     rows.push_back({"peak GPU memory (one GPU)", bytes_text(sum.gpu_peak_bytes)});

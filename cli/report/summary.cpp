@@ -71,11 +71,15 @@ node_summary summarize(const node_metrics& m) {
   sum_workers(m, s);
   for (const auto& st : m.steps)
     s.last_step = std::isfinite(s.last_step) ? std::max(s.last_step, st.step) : st.step;
-  double ar_sum = 0;
+  double ar_sum = 0, wait_sum = 0;
   size_t n_ar = 0;
-  for (const auto& a : m.allreduces)
+  for (const auto& a : m.allreduces) {
     if (const double x = num(a, "seconds"); std::isfinite(x)) ar_sum += x, ++n_ar;
+    if (const double w = num(a, "send_wait_seconds"); std::isfinite(w))
+      wait_sum += w, s.next_node = text(a, "next");
+  }
   if (n_ar) s.allreduce_mean_s = ar_sum / static_cast<double>(n_ar);
+  if (!s.next_node.empty() && ar_sum > 0) s.send_wait_share = wait_sum / ar_sum;
   for (const auto& [first, last] : m.sessions)
     if (std::isfinite(first) && std::isfinite(last)) s.active_s += last - first;
   s.status = status_of(last_end);
@@ -138,6 +142,17 @@ run_summary summarize_run(const report_data& r) {
     for (const auto& s : t.nodes)
       if (std::isfinite(s.utilization)) sum += s.utilization, ++n;
     if (n > 0) t.utilization = sum / n;
+  }
+  // On a ring only the node before a slow link waits to send: the largest such share names the link.
+  const node_summary* slow = nullptr;
+  for (const auto& s : t.nodes)
+    if (std::isfinite(s.send_wait_share) && s.send_wait_share >= 0.25 &&
+        (!slow || s.send_wait_share > slow->send_wait_share))
+      slow = &s;
+  if (slow) {
+    const auto& name = r.nodes[static_cast<size_t>(slow - t.nodes.data())].name;
+    t.slowest_link = fmt::format("{} -> {} ({:.0f} % of {}'s all-reduce time waiting to send)", name,
+                                 slow->next_node, 100 * slow->send_wait_share, name);
   }
   t.status = t.nodes.front().status;
   for (const auto& s : t.nodes)

@@ -29,6 +29,10 @@ struct node_summary {
   double stall_s = 0;
   double last_step = std::numeric_limits<double>::quiet_NaN();
   double allreduce_mean_s = std::numeric_limits<double>::quiet_NaN();
+  /// Share of its all-reduce time the node held chunks the next node would not take, and that node's name
+  /// (allreduce records' send_wait_seconds and next; NaN without).
+  double send_wait_share = std::numeric_limits<double>::quiet_NaN();
+  std::string next_node;
   double active_s = 0;
   std::string status;
 };
@@ -53,6 +57,9 @@ struct run_summary {
   double gpu_utilization = std::numeric_limits<double>::quiet_NaN();
   double gpu_peak_bytes = std::numeric_limits<double>::quiet_NaN();
   double mfu = std::numeric_limits<double>::quiet_NaN();
+  /// The ring's slowest link, when one node waited to send for at least a quarter of its all-reduce time:
+  /// "n0 -> n1 (48 % of n0's all-reduce time waiting to send)"; empty otherwise.
+  std::string slowest_link;
   std::string status;  ///< "completed", or the last node's status that is not
 };
 

@@ -557,7 +557,7 @@ CATCH_TEST_CASE("malformed header frames are rejected without throwing", "[comm]
   const uint32_t n_seg = 99;
   std::memcpy(many.data(), &n_seg, 4);
   CATCH_CHECK(parse_reason(many) == reject_reason::malformed);
-  CATCH_CHECK(parse_reason(raw_header(h, [](auto& w) { w.setProtocolVersion(7); })) ==
+  CATCH_CHECK(parse_reason(raw_header(h, [](auto& w) { w.setProtocolVersion(protocol_version() + 1); })) ==
               reject_reason::bad_version);
   CATCH_CHECK(parse_reason(raw_header(h, [](auto& w) { w.setDtype(static_cast<wire::Dtype>(9)); })) ==
               reject_reason::bad_dtype);
@@ -663,6 +663,12 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_CHECK(rounds.back() == max_checkpoint_rounds + 6);
 
   welcome_msg wm{1, 3, {{0, "a", "tcp://a:1"}, {1, "b", "tcp://b:1"}, {2, "c", "tcp://c:1"}}};
+  // The coordinator term travels with every envelope (0 when the sender follows none yet).
+  CATCH_CHECK(r.value().term == 0);
+  f = build_envelope(envelope{7, 0, wm, 513});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  CATCH_CHECK(r.value().term == 513);
   f = build_envelope(envelope{7, 0, wm});
   r = parse_envelope(f.data(), f.size(), 7);
   CATCH_REQUIRE(r.ok());
@@ -922,8 +928,9 @@ std::vector<std::vector<std::vector<std::byte>>> hostile_messages(uint64_t clust
                  x.epoch = 1;
                }),
                payload});
-  m.push_back({with([](chunk_header& x) { x.sender = 2; }), payload});              // wrong_sender
-  m.push_back({raw_header(h, [](auto& w) { w.setProtocolVersion(9); }), payload});  // bad_version
+  m.push_back({with([](chunk_header& x) { x.sender = 2; }), payload});  // wrong_sender
+  m.push_back({raw_header(h, [](auto& w) { w.setProtocolVersion(protocol_version() + 2); }),
+               payload});  // bad_version
   m.push_back(
       {raw_header(h, [](auto& w) { w.setDtype(static_cast<wire::Dtype>(9)); }), payload});  // bad_dtype
   std::vector<std::byte> bogus(16, std::byte{0xff});

@@ -654,3 +654,33 @@ CATCH_TEST_CASE("nodes on different CPU kernel sets (AVX2 and none) keep one the
   CATCH_CHECK_FALSE(contains(clog, "differs between nodes"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
+
+CATCH_TEST_CASE("a slow link is named: the node before it waits to send, and its log and the report say so",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_straggler");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  // n0's ring frames leave at 200 kB/s (the fault decorator): about 2 s per all-reduce of the mechanics
+  // model (394 kB of fp32 each way), far more than the rest of a round.
+  auto [coord, nodes] = start_cluster(dir, cluster, 2, {{"LONGWAVE_FAULT_RING_RATE=200000"}});
+  std::vector<int> codes;
+  for (auto& n : nodes) codes.push_back(wait_exit(n, 600));
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  const auto n0 = read_text(dir + "/n0.log"), n1 = read_text(dir + "/n1.log");
+  CATCH_INFO(tail(n0));
+  CATCH_CHECK(codes == std::vector<int>{0, 0});
+  CATCH_CHECK(contains(n0, "LONGWAVE_FAULT_RING_RATE: ring frames leave at most 200000 bytes/s"));
+  CATCH_CHECK(contains(n0,
+                       "waiting for n1 to take this node's chunks: the link to it (or n1 itself) is the "
+                       "ring's slowest"));
+  CATCH_CHECK_FALSE(contains(n1, "to take this node's chunks"));
+  CATCH_CHECK(contains(read_text(dir + "/cluster/n0/metrics.jsonl"), R"("next":"n1")"));
+  auto [rcode, rlog] = run({binary(), "report", dir + "/cluster"}, dir + "/report.log", 120);
+  CATCH_INFO(rlog);
+  CATCH_CHECK(rcode == 0);
+  const auto html = read_text(dir + "/cluster/report.html");
+  CATCH_CHECK(contains(html, "slowest ring link"));
+  CATCH_CHECK(contains(html, "n0 -&gt; n1 ("));
+  CATCH_CHECK(contains(html, "n0&#39;s all-reduce time waiting to send)"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}

@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tests/support/cluster.hpp"
@@ -530,31 +531,33 @@ CATCH_TEST_CASE("bad joiners of a running cluster are turned away with one line 
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
-CATCH_TEST_CASE("a standby coordinator at the second address of [cluster] coordinator takes the cluster over",
-                "[process][cluster][elastic]") {
-  const auto dir = scratch_dir("elastic_standby");
+namespace {
+
+/// A two-node cluster whose file lists a second coordinator address, started (endless: the test stops it)
+/// with its coordinator at the first, once both nodes hold a checkpoint.
+struct standby_cluster {
+  std::string file, first, second;
+  child coord;
+  std::vector<child> nodes;
+};
+standby_cluster start_with_standby_address(const std::string& dir) {
   cluster_ports ports;
-  const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  const auto first = "tcp://127.0.0.1:" + std::to_string(ports.coordinator);
-  const auto second = "tcp://127.0.0.1:" + std::to_string(free_port());
-  edit_file(file, "coordinator = \"" + first + "\"", "coordinator = [\"" + first + "\", \"" + second + "\"]");
-  // Endless: the test stops the cluster once the standby has taken it over and it trained on.
-  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
-  edit_file(file, "inner_steps = 3", "inner_steps = 20");
-  auto [coord, nodes] = start_cluster(dir, file, 2);
+  standby_cluster c;
+  c.file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  c.first = "tcp://127.0.0.1:" + std::to_string(ports.coordinator);
+  c.second = "tcp://127.0.0.1:" + std::to_string(free_port());
+  edit_file(c.file, "coordinator = \"" + c.first + "\"",
+            "coordinator = [\"" + c.first + "\", \"" + c.second + "\"]");
+  edit_file(c.file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  edit_file(c.file, "inner_steps = 3", "inner_steps = 20");
+  std::tie(c.coord, c.nodes) = start_cluster(dir, c.file, 2);
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 120));
-  kill(coord.pid, SIGKILL);
-  CATCH_CHECK(wait_exit(coord, 30) == 128 + SIGKILL);
-  // An address that is not in the list is refused: the nodes would never find it.
-  auto [bad_code, bad] =
-      run({binary(), "coordinator", file, "--bind", "tcp://127.0.0.1:" + std::to_string(free_port())},
-          dir + "/coord-bad.log", 30);
-  CATCH_CHECK(bad_code == 2);
-  CATCH_CHECK(contains(bad, "is not one of [cluster] coordinator's addresses"));
-  auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
-  CATCH_REQUIRE(wait_until(
-      [&] { return contains(read_text(dir + "/coord2.log"), "took over the running cluster"); }, 60));
-  CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
+  return c;
+}
+
+/// Stops the cluster the standby leads: every node and the standby exit 0. Returns the standby's log.
+std::string stop_under_standby(const std::string& dir, const std::string& file, std::vector<child>& nodes,
+                               child& standby) {
   stop_cluster(dir, file);
   std::vector<int> codes;
   for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
@@ -563,8 +566,76 @@ CATCH_TEST_CASE("a standby coordinator at the second address of [cluster] coordi
   CATCH_INFO(clog << "\n--- n0\n" << tail(read_text(dir + "/n0.log")));
   CATCH_CHECK(codes == std::vector<int>{0, 0});
   CATCH_CHECK(standby_code == 0);
-  CATCH_CHECK(contains(clog, "took over the running cluster: n0, n1 in epoch 1"));
   CATCH_CHECK(contains(clog, "coordinator: every node stopped after round"));
+  return clog;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE(
+    "a standby coordinator at the second address of [cluster] coordinator stands by, then takes the cluster "
+    "over",
+    "[process][cluster][elastic]") {
+  const auto dir = scratch_dir("elastic_standby");
+  auto [file, first, second, coord, nodes] = start_with_standby_address(dir);
+  // Started while the first leads, the standby stands by: the nodes keep talking to the first only.
+  auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        return contains(read_text(dir + "/coord2.log"),
+                        "coordinator at " + first + " leads the cluster; this one stands by");
+      },
+      60));
+  CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
+  CATCH_CHECK_FALSE(contains(read_text(dir + "/coord2.log"), "took over"));
+  kill(coord.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(coord, 30) == 128 + SIGKILL);
+  // An address that is not in the list is refused: the nodes would never find it.
+  auto [bad_code, bad] =
+      run({binary(), "coordinator", file, "--bind", "tcp://127.0.0.1:" + std::to_string(free_port())},
+          dir + "/coord-bad.log", 30);
+  CATCH_CHECK(bad_code == 2);
+  CATCH_CHECK(contains(bad, "is not one of [cluster] coordinator's addresses"));
+  CATCH_REQUIRE(wait_until(
+      [&] { return contains(read_text(dir + "/coord2.log"), "took over the running cluster"); }, 60));
+  CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
+  const auto clog = stop_under_standby(dir, file, nodes, standby);
+  CATCH_CHECK(contains(clog, "coordinator at " + first + " has been unreachable for"));
+  CATCH_CHECK(contains(clog, "took over the running cluster: n0, n1 in epoch 1"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
+    "two coordinators at once: a suspended one wakes to find the standby leading in a newer term and steps "
+    "down, and no node is lost",
+    "[process][cluster][elastic]") {
+  const auto dir = scratch_dir("elastic_two_masters");
+  auto [file, first, second, coord, nodes] = start_with_standby_address(dir);
+  const std::vector<std::string> outs{dir + "/cluster/n0", dir + "/cluster/n1"};
+  auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
+  CATCH_REQUIRE(
+      wait_until([&] { return contains(read_text(dir + "/coord2.log"), "this one stands by"); }, 60));
+  // The first coordinator stops running without closing anything: the standby and the nodes find it
+  // unreachable, the standby takes over in term 513 (generation 2, slot 1), the nodes follow it.
+  kill(coord.pid, SIGSTOP);
+  CATCH_REQUIRE(wait_until(
+      [&] { return contains(read_text(dir + "/coord2.log"), "took over the running cluster"); }, 120));
+  CATCH_REQUIRE(wait_more_rounds(outs, 2));
+  // Woken, the first still believes it leads, in term 256: the nodes tell it otherwise.
+  kill(coord.pid, SIGCONT);
+  const int first_code = wait_exit(coord, 60);
+  const auto log1 = read_text(dir + "/coord.log");
+  CATCH_INFO(log1);
+  CATCH_CHECK(first_code == 0);
+  CATCH_CHECK(contains(log1, "(suspended?)"));
+  CATCH_CHECK(contains(log1, "follows the coordinator of term 513, newer than this one's (256)"));
+  CATCH_CHECK(contains(log1, "this one steps down"));
+  CATCH_CHECK_FALSE(contains(log1, "no node finished"));
+  CATCH_REQUIRE(wait_more_rounds(outs, 2));
+  const auto clog = stop_under_standby(dir, file, nodes, standby);
+  CATCH_CHECK(contains(clog, "term 513)"));
+  for (const char* n : {"n0", "n1"})
+    CATCH_CHECK_FALSE(contains(read_text(dir + "/" + n + ".log"), "removed from the cluster"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 

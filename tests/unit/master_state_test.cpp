@@ -31,12 +31,13 @@ namespace {
 /// who: a node name ("n0"), with a trailing ' for each newer process of that node ("n0'"), "op" for an
 /// operator's request (`longwave stop`, `--leave`) or "?" for a connection that never said hello.
 /// what: hello [resume=R] [workers=W] [hash=H] [data=D] [version=V] [badendpoint] | running epoch=E world=W
-/// round=R | heartbeat R | ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready
-/// R | stop [R] | pin R | committed R CRC | leave NODE | tick. Actions read: "n0 <- welcome rank 0 of 2 epoch
-/// 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover round 3 from
-/// [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5", "n0 <- pin release", "n0 <- error evicted:
-/// TEXT", "info: LINE", "warn: LINE", "count node_lost", "rejected wrong_cluster", "epoch 2 (1 members,
-/// lost)", "joined n2 at round 3".
+/// round=R | heartbeat R | (any of them) term=T | ack E C [pending P held] | bye REASON | error | ring_failed
+/// E SUSPECT | join_ready R | stop [R] | pin R | committed R CRC | leave NODE | tick | paused S (the master's
+/// own loop stalled S seconds). Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <-
+/// membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover round 3 from [n0,n1]", "n0 <- stop 8", "n0 <-
+/// leave n0", "n0 <- pin 5", "n0 <- pin release", "n0
+/// <- error evicted: TEXT", "info: LINE", "warn: LINE", "count node_lost", "rejected wrong_cluster", "epoch 2
+/// (1 members, lost)", "joined n2 at round 3".
 struct row {
   double t;
   std::string who;
@@ -89,6 +90,8 @@ class table {
       if (r.what != "tick") {
         if (r.what == "bad_parts")
           m_.on_bad_parts(3);
+        else if (r.what.rfind("paused ", 0) == 0)
+          m_.on_paused(std::chrono::milliseconds(std::llround(std::stod(r.what.substr(7)) * 1000)), now);
         else if (r.what == "wrong_cluster")
           m_.on_bad_frame(sender_of(r.who),
                           comm::rejection{comm::reject_reason::wrong_cluster, "cluster id 7"});
@@ -119,7 +122,8 @@ class table {
   }
 
   static std::string describe(const action& a) {
-    if (auto* s = std::get_if<send>(&a)) return s->to + " <- " + describe_body(s->envelope);
+    if (auto* s = std::get_if<send>(&a))
+      return s->to + " <- " + describe_body(s->envelope) + " (term " + std::to_string(s->envelope.term) + ")";
     if (auto* l = std::get_if<line>(&a)) return (l->warning ? "warn: " : "info: ") + l->text;
     if (auto* e = std::get_if<error_counted>(&a)) return "count " + e->reason;
     if (auto* f = std::get_if<frame_rejected>(&a)) return "rejected " + f->reason;
@@ -234,6 +238,7 @@ class table {
     } else {
       throw std::runtime_error("table: unknown event '" + what + "'");
     }
+    e.term = opt("term", 0);  // the coordinator term the node follows
     return e;
   }
 
@@ -682,7 +687,7 @@ CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[u
             {0.5,
              "n1",
              "running epoch=3 world=2 round=7",
-             {"took over the running cluster: n0, n1 in epoch 3 (last applied round 7)",
+             {"took over the running cluster: n0, n1 in epoch 3 (last applied round 7, term 512)",
               "n0 <- welcome rank 0 of 2 epoch 3", "epoch 3 (2 members, start)"}}});
     CATCH_CHECK(t.master().epoch() == 3);
   }
@@ -747,6 +752,70 @@ CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[u
              {"n1 <- error evicted: node n1 re-announced itself after"}},
             {7.5, "n0", "running epoch=3 world=2 round=7", {"n0 <- welcome rank 0 of 0 epoch 3"}}});
   }
+}
+
+CATCH_TEST_CASE("master: of two masters the newer term leads and the older steps down, saying so",
+                "[unit][master]") {
+  CATCH_SECTION("a fresh master's term is generation 1 in its slot, on every frame it sends") {
+    auto s = cluster_of(2);
+    s.term_slot = 1;
+    table t(s);
+    t.play({{0, "n0", "hello", {}},
+            {0.5, "n1", "hello", {"n0 <- welcome rank 0 of 2 epoch 1 start 0 (term 257)"}}});
+    CATCH_CHECK(t.master().term() == 257);
+  }
+  CATCH_SECTION("a leading master that hears of a newer term steps down and sends nothing more") {
+    table t(cluster_of(2));
+    t.play(
+        two_training +
+        std::vector<row>{
+            {2, "n0", "heartbeat 1 term=256", {"!steps down"}},
+            {3,
+             "n1",
+             "heartbeat 1 term=513",
+             {"warn: coordinator: node n1 follows the coordinator of term 513, newer than this one's (256): "
+              "another coordinator leads the cluster; this one steps down"}},
+            {20, "n0", "tick", {"!<-", "!lost"}},
+            {21, "n0", "ack 2 1/0 term=513", {"!<-"}}});
+    CATCH_REQUIRE(t.master().done().has_value());
+    CATCH_CHECK(*t.master().done() == 0);
+    CATCH_CHECK(t.transcript().find("coordinator: the run") == std::string::npos);  // no run summary
+  }
+  CATCH_SECTION("fresh masters that started at once: the one in the later slot leads") {
+    table t(cluster_of(2));
+    t.play(two_training + std::vector<row>{{2, "n0", "heartbeat 1 term=257", {"steps down"}}});
+    CATCH_CHECK(t.master().done() == std::optional<int>(0));
+  }
+  CATCH_SECTION("a master taking a running cluster over leads in the generation after the newest it hears") {
+    table t(cluster_of(2));  // slot 0, term 256, restarted while a standby in slot 1 had led (term 513)
+    t.play({{0, "n0", "running epoch=3 world=2 round=7 term=513", {"!steps down"}},
+            {0.5,
+             "n1",
+             "running epoch=3 world=2 round=7 term=513",
+             {"took over the running cluster: n0, n1 in epoch 3 (last applied round 7, term 768)",
+              "n0 <- welcome rank 0 of 2 epoch 3 start 0 (term 768)"}},
+            {1, "n0", "heartbeat 7 term=768", {"!steps down"}}});
+    CATCH_CHECK(t.master().term() == 768);
+    CATCH_CHECK_FALSE(t.master().done().has_value());
+  }
+}
+
+CATCH_TEST_CASE("master: a master whose own process was suspended gives the members their time again",
+                "[unit][master]") {
+  table t(cluster_of(2));
+  t.play(two_training +
+         std::vector<row>{{11,
+                           "n0",
+                           "paused 9",
+                           {"warn: coordinator: this process did not run for 9 s (suspended?); the "
+                            "members get 6 s to be heard again",
+                            "!node n0 lost", "!node n1 lost"}},
+                          {12, "n0", "heartbeat 1", {"!node n1 lost"}},
+                          {16.5, "n0", "tick", {"!node n1 lost"}},
+                          // Silent for its full heartbeat_timeout since the pause: lost now.
+                          {17.5, "n0", "heartbeat 1", {"node n1 lost: nothing heard for 6 s", "!n0 lost"}}});
+  CATCH_CHECK(t.master().phase_of("n0") == member_phase::member);
+  CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
 }
 
 CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary", "[unit][master]") {

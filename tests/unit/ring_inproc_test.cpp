@@ -232,3 +232,29 @@ CATCH_TEST_CASE("transport faults are read from the environment and a malformed 
   CATCH_CHECK_THROWS_WITH(transport_faults_from_env(), Catch::Contains("LONGWAVE_FAULT_RING_RATE=fast"));
   unsetenv("LONGWAVE_FAULT_RING_RATE");
 }
+
+CATCH_TEST_CASE("inproc ring: the rank before a slow link is the one that waits to send", "[comm][inproc]") {
+  auto hub = inproc_hub::make();
+  transport_faults slow;
+  slow.send_bytes_per_s = 1e6;  // rank 1 -> rank 2 only
+  std::vector<std::unique_ptr<ring_allreduce>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ring_options o;
+    o.chunk_bytes = 4096;
+    o.transport = r == 1 ? with_faults(hub->factory(), slow) : hub->factory();
+    ranks.push_back(std::make_unique<ring_allreduce>(r, names_of(3), o));
+  }
+  const size_t n = 100000;
+  std::vector<std::vector<float>> data{values(0, n), values(1, n), values(2, n)};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) threads.emplace_back([&, r] { ranks[r]->allreduce(1, data[r].data(), n); });
+  for (auto& t : threads) t.join();
+  CATCH_CHECK(data[1] == data[0]);
+  // Rank 1 sends about 4/3 of 400 kB at 1 MB/s after a 50 kB bucket: it waits most of that to send.
+  const double slow_wait = ranks[1]->send_wait_seconds();
+  CATCH_CHECK(slow_wait > 0.3);
+  for (int r : {0, 2}) {
+    CATCH_CHECK(ranks[r]->send_wait_seconds() < slow_wait / 2);
+    CATCH_CHECK(ranks[r]->receive_wait_seconds() > 0);
+  }
+}

@@ -1,0 +1,106 @@
+// The standby's look at the other coordinator addresses (see standby.hpp): a DEALER per address that never
+// sends, whose handshakes and ZMTP heartbeats say whether a master listens there.
+#include "cluster/standby.hpp"
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <thread>
+#include <zmq.hpp>
+
+#include "comm/control_common.hpp"
+#include "comm/zmq_monitor.hpp"
+
+namespace longwave::cluster {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+struct look {
+  std::string endpoint;
+  std::unique_ptr<zmq::socket_t> sock;
+  std::unique_ptr<zmq::socket_t> monitor;
+  bool up = false;
+};
+
+// Connects one look; heartbeats make a hung leader (stopped, not closed) count as unreachable.
+look open_look(zmq::context_t& ctx, const std::string& endpoint, const std::optional<comm::curve_key>& curve,
+               int n) {
+  look l;
+  l.endpoint = endpoint;
+  l.sock = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+  l.sock->set(zmq::sockopt::linger, 0);
+  l.sock->set(zmq::sockopt::heartbeat_ivl, 1000);
+  l.sock->set(zmq::sockopt::heartbeat_timeout, 3000);
+  if (curve) comm::make_curve_client(*l.sock, *curve, curve->public_key);
+  const std::string monitor = fmt::format("inproc://longwave-standby-monitor-{}", n);
+  if (zmq_socket_monitor(l.sock->handle(), monitor.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0)
+    throw zmq::error_t();
+  l.monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
+  l.monitor->set(zmq::sockopt::linger, 0);
+  l.monitor->connect(monitor);
+  l.sock->connect(endpoint);
+  return l;
+}
+
+// Reads the looks' monitors; the first that answers, if any.
+const look* update(std::vector<look>& looks) {
+  const look* answering = nullptr;
+  for (auto& l : looks) {
+    while (const auto e = comm::next_monitor_event(*l.monitor)) l.up = e->id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
+    if (l.up && !answering) answering = &l;
+  }
+  return answering;
+}
+
+void close_looks(std::vector<look>& looks) {
+  for (auto& l : looks) {
+    zmq_socket_monitor(l.sock->handle(), nullptr, 0);
+    l.monitor.reset();
+    l.sock.reset();
+  }
+}
+
+}  // namespace
+
+bool stand_by(const standby_options& o) {
+  if (o.others.empty()) return true;
+  zmq::context_t ctx(1);
+  std::vector<look> looks;
+  for (const auto& ep : o.others)
+    looks.push_back(open_look(ctx, ep, o.curve, static_cast<int>(looks.size())));
+  const auto started = clock::now();
+  std::optional<clock::time_point> last_up;
+  std::string leader;
+  bool result = true;
+  for (;;) {
+    if (o.stop && o.stop()) {
+      result = false;
+      break;
+    }
+    const auto now = clock::now();
+    if (const look* l = update(looks)) {
+      if (!last_up && o.info)
+        o.info(fmt::format(
+            "coordinator: the coordinator at {} leads the cluster; this one stands by until it has been "
+            "unreachable for {}",
+            l->endpoint, comm::control::secs(o.silence)));
+      last_up = now;
+      leader = l->endpoint;
+    } else if (!last_up && now - started >= o.first_look) {
+      break;  // nobody else listens: this master leads
+    } else if (last_up && now - *last_up >= o.silence) {
+      if (o.info)
+        o.info(
+            fmt::format("coordinator: the coordinator at {} has been unreachable for {}: this one takes over",
+                        leader, comm::control::secs(o.silence)));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  close_looks(looks);
+  return result;
+}
+
+}  // namespace longwave::cluster

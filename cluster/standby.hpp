@@ -1,0 +1,34 @@
+#pragma once
+// A master that is about to listen at one of several [cluster] coordinator addresses first looks for another
+// master that leads: while one answers at another address, this one stands by (a lease held by the leader's
+// liveness: ZeroMQ handshakes and ZMTP heartbeats), and listens only once it has been unreachable for a
+// while.
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/curve.hpp"
+
+namespace longwave::cluster {
+
+struct standby_options {
+  /// The cluster's other coordinator addresses.
+  std::vector<std::string> others;
+  /// CURVE: the coordinator's key pair (the cluster key): the look is a client of that key, which a leader
+  /// admits as the operator's.
+  std::optional<comm::curve_key> curve;
+  /// How long the first look waits for another master to answer.
+  std::chrono::milliseconds first_look{1500};
+  /// The leader unreachable this long (heartbeat_timeout_s): this master takes over.
+  std::chrono::milliseconds silence{6000};
+  std::function<bool()> stop;                    ///< polled every 100 ms: true ends the wait
+  std::function<void(const std::string&)> info;  ///< standing by, taking over
+};
+
+/// True when this master should listen now: no other answered within first_look, or the one that led has
+/// been unreachable for `silence`. False when stop() asked to end first.
+bool stand_by(const standby_options& o);
+
+}  // namespace longwave::cluster
