@@ -111,7 +111,7 @@ CATCH_TEST_CASE("inproc ring: all-gather hands every rank every message in rank 
 }
 
 CATCH_TEST_CASE(
-    "inproc ring: a cut link fails the sender's round with peer_lost; after healing the ring goes on",
+    "inproc ring: a cut link fails the sender's round with peer_lost, and after healing the ring goes on",
     "[comm][inproc]") {
   ring_options o;
   o.stall_report_after = std::chrono::milliseconds(100);  // a declared loss ends a stalled call this soon
