@@ -68,8 +68,14 @@ bool stand_by(const standby_options& o) {
   if (o.others.empty()) return true;
   zmq::context_t ctx(1);
   std::vector<look> looks;
-  for (const auto& ep : o.others)
-    looks.push_back(open_look(ctx, ep, o.curve, static_cast<int>(looks.size())));
+  int n = 0;  // each look's monitor gets a name of its own, a failed one's included
+  for (const auto& ep : o.others) {
+    try {
+      looks.push_back(open_look(ctx, ep, o.curve, n++));
+    } catch (const zmq::error_t& e) {  // e.g. a malformed address: nobody leads from there
+      if (o.info) o.info(fmt::format("coordinator: cannot look for a coordinator at {}: {}", ep, e.what()));
+    }
+  }
   const auto started = clock::now();
   std::optional<clock::time_point> last_up;
   std::string leader;
