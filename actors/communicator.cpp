@@ -251,9 +251,8 @@ std::pair<double, double> report_waits(Self* self, comm_state& s, const ring_lab
              "peer=" + s.opts.prev_peer, waits.second);
   if (seconds >= 1.0 && waits.first > 0.5 * seconds)
     spdlog::warn(
-        "all-reduce of round {}: {:.1f} of {:.1f} s waiting for {} to take this node's chunks: the link to "
-        "it "
-        "(or {} itself) is the ring's slowest",
+        "all-reduce of round {}: {:.1f} of {:.1f} s waiting for {} to take this node's chunks: "
+        "the link to it (or {} itself) is the ring's slowest",
         label.first, waits.first, seconds, s.opts.next_peer, s.opts.next_peer);
   return waits;
 }
