@@ -97,13 +97,7 @@ std::vector<control_event> control_client::poll() {
 }
 
 void control_client::tell_term(size_t i) {
-  envelope news;
-  news.cluster_id = cluster_id_;
-  news.sender = rank_;
-  news.term = term_;
-  news.body = heartbeat_msg{0, 0, 0};
-  auto msg = to_message(build_envelope(news));
-  (void)links_[i].sock->send(msg, zmq::send_flags::dontwait);
+  send_body(heartbeat_msg{0, 0, 0}, i);
 }
 
 bool control_client::follows(const envelope& e, size_t from) {
@@ -140,14 +134,13 @@ std::optional<frame_result<envelope>> control_client::receive(std::chrono::milli
   return parsed;
 }
 
-void control_client::send(const envelope& e) {
+void control_client::send(const envelope& e, std::optional<size_t> only) {
   envelope out = e;
   out.term = term_;
   const auto bytes = build_envelope(out);
-  // To the coordinator this node follows while its connection is up; else to every connected one.
-  const bool to_leader = leader_ && links_[*leader_].up;
+  if (!only && leader_ && links_[*leader_].up) only = leader_;
   for (size_t i = 0; i < links_.size(); ++i) {
-    if (to_leader && i != *leader_) continue;
+    if (only && i != *only) continue;
     auto msg = to_message(bytes);
     (void)links_[i].sock->send(msg, zmq::send_flags::dontwait);
   }
@@ -305,12 +298,12 @@ void control_client::committed(uint64_t round, uint32_t theta_crc) {
   send_body(committed_msg{round, theta_crc});
 }
 
-void control_client::send_body(decltype(envelope::body) body) {
+void control_client::send_body(decltype(envelope::body) body, std::optional<size_t> only) {
   envelope e;
   e.cluster_id = cluster_id_;
   e.sender = rank_;
   e.body = std::move(body);
-  send(e);
+  send(e, only);
 }
 
 void control_client::reannounce(const hello_msg& hello) {

@@ -120,7 +120,9 @@ class control_client {
   uint64_t term() const { return term_; }
 
  private:
-  void send(const comm::envelope& e);
+  /// Sends e with this node's term: over link `only` when given, else to the coordinator it follows while
+  /// that connection is up, else to every connected one.
+  void send(const comm::envelope& e, std::optional<size_t> only = std::nullopt);
   /// Sends e now and again every 2 s, and passes each control frame that arrives to `done` until it returns
   /// true (then true) or timeout passes (false). A frame of another cluster throws lw_error(invalid_config);
   /// other malformed frames are dropped.
@@ -129,8 +131,8 @@ class control_client {
   /// One control frame from the coordinator, parsed, if one arrives within wait (nullopt: none, or a message
   /// of more than one frame).
   std::optional<comm::frame_result<comm::envelope>> receive(std::chrono::milliseconds wait);
-  /// Sends body as this node (cluster id and rank filled in).
-  void send_body(decltype(comm::envelope::body) body);
+  /// Sends body as this node (cluster id and rank filled in), as send() does.
+  void send_body(decltype(comm::envelope::body) body, std::optional<size_t> only = std::nullopt);
   /// One coordinator address: its DEALER and the monitor of that DEALER's handshakes.
   struct link {
     std::string endpoint;

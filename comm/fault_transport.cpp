@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -36,10 +37,13 @@ class fault_transport final : public transport {
   bool try_send(zmq::message_t& header, zmq::message_t& payload) override {
     const size_t bytes = header.size() + payload.size();
     if (f_.send_bytes_per_s > 0 && !refill()) return false;
-    const auto h = parse_chunk_header(header.data(), header.size());
+    // The round a chunk belongs to is read before the send takes the header away.
+    std::optional<chunk_header> h;
+    if (f_.die_in_round != 0)
+      if (auto parsed = parse_chunk_header(header.data(), header.size())) h = parsed.value();
     if (!inner_->try_send(header, payload)) return false;
     if (f_.send_bytes_per_s > 0) tokens_ -= static_cast<double>(bytes);
-    if (h && f_.die_in_round != 0) count(h.value());
+    if (h) count(*h);
     return true;
   }
 

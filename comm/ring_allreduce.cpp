@@ -15,8 +15,6 @@
 // segment r-t (its own first) and receives r-t-1; the same loop runs both plans (round_ops differ).
 #include "comm/ring_allreduce.hpp"
 
-#include <thread>
-
 #include <fmt/format.h>
 
 #include <algorithm>
