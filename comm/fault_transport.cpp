@@ -8,8 +8,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <optional>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
