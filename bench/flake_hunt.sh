@@ -8,12 +8,15 @@ cd "$(dirname "$0")/.."
 usage() {
   cat <<'EOF'
 usage: bench/flake_hunt.sh [--runs N] [--no-busy] [--out DIR] [-L LABEL | -R REGEX]... [--binaries a,b]
+                          [--only BINARY=SPEC]...
   --runs N    runs of the selection (default 10)
   --no-busy   leave the machine quiet (default: one spinning process keeps a core busy throughout)
   --out DIR   where each run's log and JUnit file go (default bench/results/flake_hunt-<date>)
   -L, -R      ctest's label and name regular expressions (default: -L 'process|wan', both labels)
   --binaries  run these test binaries of build/ci/tests (e.g. lw_elastic_test,lw_cluster_test) directly, each
               whole, instead of a ctest selection
+  --only B=S  with --binaries: run only the tests of binary B that Catch's test spec S selects (e.g.
+              'lw_cli_test=/metrics can be scraped*'); B must be one of --binaries
   --build DIR with --binaries: take longwave and tests/<binary> from DIR instead of build/ci (a copy, so that
               build/ci can be rebuilt while the hunt runs)
 Prints one line per run, then a table: test binary | tests | runs | failures | failing tests (runs).
@@ -26,6 +29,7 @@ busy=1
 out=""
 sel=()
 binaries=()
+declare -A only=()
 bdir=build/ci
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,6 +39,9 @@ while [ $# -gt 0 ]; do
     -L|-R) sel+=("$1" "$2"); shift 2 ;;
     --binaries) IFS=, read -r -a binaries <<<"$2"; shift 2 ;;
     --build) bdir="$2"; shift 2 ;;
+    --only)
+      [[ "$2" == *=* ]] || { echo "flake_hunt: --only $2: want BINARY=SPEC" >&2; exit 2; }
+      only["${2%%=*}"]="${2#*=}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "flake_hunt: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -46,6 +53,9 @@ mkdir -p "$out"
 [ -x "$bdir/longwave" ] || { echo "flake_hunt: $bdir/longwave is missing: cmake --build --preset ci" >&2; exit 2; }
 for b in "${binaries[@]}"; do
   [ -x "$bdir/tests/$b" ] || { echo "flake_hunt: $bdir/tests/$b is not a test binary" >&2; exit 2; }
+done
+for b in "${!only[@]}"; do
+  [[ " ${binaries[*]} " == *" $b "* ]] || { echo "flake_hunt: --only $b: not one of --binaries" >&2; exit 2; }
 done
 
 spinner=""
@@ -65,7 +75,9 @@ for i in $(seq 1 "$runs"); do
   rc=0
   if [ ${#binaries[@]} -gt 0 ]; then
     for b in "${binaries[@]}"; do
-      LW_BINARY="$PWD/$bdir/longwave" LW_SOURCE_DIR="$PWD" "$bdir/tests/$b" -r junit \
+      spec=()
+      [ -z "${only[$b]:-}" ] || spec=("${only[$b]}")
+      LW_BINARY="$PWD/$bdir/longwave" LW_SOURCE_DIR="$PWD" "$bdir/tests/$b" "${spec[@]}" -r junit \
         -o "$out/run$i-$b.xml" >>"$out/run$i.log" 2>&1 || rc=$?
     done
   else
@@ -79,9 +91,7 @@ import glob, json, os, sys, xml.etree.ElementTree as ET
 out, runs = sys.argv[1], int(sys.argv[2])
 tests = json.load(open(os.path.join(out, "tests.json")))["tests"]
 binary = {t["name"]: os.path.basename(t["command"][0]) if t.get("command") else "?" for t in tests}
-stats = {}  # binary -> [tests, test runs, failures, {test: failures}]
-for b in set(binary.values()):
-    stats[b] = [sum(1 for v in binary.values() if v == b), 0, 0, {}]
+stats = {}  # binary -> [names that ran, test runs, failures, {test: failures}]
 for f in sorted(glob.glob(os.path.join(out, "run*.xml"))):
     direct = os.path.basename(f).split("-", 1)[1][:-4] if "-" in os.path.basename(f) else None
     try:
@@ -92,9 +102,10 @@ for f in sorted(glob.glob(os.path.join(out, "run*.xml"))):
     for case in cases:
         name = case.get("name")
         b = direct or binary.get(name, "?")
-        s = stats.setdefault(b, [0, 0, 0, {}])
+        s = stats.setdefault(b, [set(), 0, 0, {}])
         if case.get("status") == "notrun" or case.find("skipped") is not None:
             continue
+        s[0].add(name)
         s[1] += 1
         if case.find("failure") is not None or case.find("error") is not None or case.get("status") == "fail":
             s[2] += 1
@@ -106,5 +117,5 @@ for b in sorted(stats):
     if tr == 0:
         continue
     names = "; ".join(f"{k} ({v})" for k, v in sorted(which.items())) or "-"
-    print(f"| {b} | {n} | {runs} | {tr} | {fl} | {names} |")
+    print(f"| {b} | {len(n)} | {runs} | {tr} | {fl} | {names} |")
 EOF
