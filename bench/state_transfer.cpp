@@ -1,4 +1,5 @@
-// State transfer throughput (comm/state_transfer.hpp) and what serving costs the serving process.
+// State transfer throughput (cluster/state_server.hpp, cluster/state_fetcher.hpp) and what serving costs the
+// serving process.
 //   --role local: --peers servers and the joiner in this process, over loopback; prints MB/s.
 //   --role serve: one server bound to --bind; a thread doing fixed busy work (standing in for training) runs
 //     throughout, and the process reports its iteration rate and longest gap before serving (the 2.5 s before
@@ -18,12 +19,14 @@
 #include <random>
 #include <thread>
 
-#include "comm/state_transfer.hpp"
+#include "cluster/state_fetcher.hpp"
+#include "cluster/state_server.hpp"
 #include "runtime/clock/clock.hpp"
 #include "runtime/errors/errors.hpp"
 
 using namespace longwave;
 using namespace longwave::comm;
+using namespace longwave::cluster;
 using clk = std::chrono::steady_clock;
 
 namespace {

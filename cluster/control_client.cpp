@@ -10,12 +10,12 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "comm/control_common.hpp"
+#include "cluster/control_common.hpp"
 
 namespace longwave::cluster {
 
 using namespace comm;
-using namespace comm::control;
+using namespace control;
 
 control_client::control_client(std::string coordinator_endpoint, uint64_t cluster_id)
     : control_client(std::vector<std::string>{std::move(coordinator_endpoint)}, cluster_id) {}

@@ -11,8 +11,8 @@
 #include <variant>
 #include <vector>
 
+#include "cluster/envelope.hpp"
 #include "comm/curve.hpp"
-#include "comm/frame.hpp"
 #include "runtime/errors/errors.hpp"
 
 namespace zmq {
@@ -44,7 +44,7 @@ struct control_event {
   errc code = errc::none;
   std::string text;
   uint64_t epoch = 0;
-  comm::membership_msg membership;
+  membership_msg membership;
   uint64_t round = 0;    ///< kind::stop, kind::pin
   bool release = false;  ///< kind::pin
 };
@@ -72,21 +72,20 @@ class control_client {
   /// (the cluster was called off, e.g. other nodes missing at the join deadline).
   /// A cluster already training answers with recover_msg instead (the members to fetch the state from): the
   /// node then fetches it and calls join_ready.
-  std::variant<comm::welcome_msg, comm::recover_msg> join(const comm::hello_msg& hello,
-                                                          std::chrono::milliseconds timeout);
+  std::variant<welcome_msg, recover_msg> join(const hello_msg& hello, std::chrono::milliseconds timeout);
   /// A joiner holds the state after `ready.key`: waits (re-sending every 2 s) for its membership (admitted;
   /// this node's rank in it) or a new recover_msg (the state it fetched is stale: fetch again). Throws
   /// lw_error with the coordinator's reason when it is turned away, errc::deadline_missed on no answer.
-  std::variant<comm::membership_msg, comm::recover_msg> join_ready(const comm::join_ready_msg& ready,
-                                                                   std::chrono::milliseconds timeout);
+  std::variant<membership_msg, recover_msg> join_ready(const join_ready_msg& ready,
+                                                       std::chrono::milliseconds timeout);
 
   /// Tells the coordinator this node is alive, in `round` and `epoch`. Never blocks.
   void heartbeat(uint64_t round, uint64_t epoch = 0);
   /// The answer to a fence (once the node's ring is idle). Never blocks.
-  void fence_ack(const comm::fence_ack_msg& ack);
+  void fence_ack(const fence_ack_msg& ack);
   /// A training node re-announces itself (hello with running set) after its connection to the coordinator
   /// came back, e.g. to a restarted coordinator. Never blocks.
-  void reannounce(const comm::hello_msg& hello);
+  void reannounce(const hello_msg& hello);
   /// Asks the coordinator to make node `name` leave at its next round boundary (`longwave node --leave`);
   /// returns the coordinator's answer: errc::none and what will happen, or the reason it cannot (e.g. the
   /// node is not training). Throws lw_error(errc::deadline_missed) when no answer comes within timeout.
@@ -103,7 +102,7 @@ class control_client {
   /// theta_global after `round` has CRC-32C theta_crc (the coordinator compares the members'). Never blocks.
   void committed(uint64_t round, uint32_t theta_crc);
   /// A ring call failed without a fence. Never blocks.
-  void ring_failed(const comm::ring_failed_msg& failure);
+  void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.
   void bye(const std::string& reason);
   /// This node failed. Waits up to 1 s for delivery.
@@ -122,17 +121,17 @@ class control_client {
  private:
   /// Sends e with this node's term: over link `only` when given, else to the coordinator it follows while
   /// that connection is up, else to every connected one.
-  void send(const comm::envelope& e, std::optional<size_t> only = std::nullopt);
+  void send(const envelope& e, std::optional<size_t> only = std::nullopt);
   /// Sends e now and again every 2 s, and passes each control frame that arrives to `done` until it returns
   /// true (then true) or timeout passes (false). A frame of another cluster throws lw_error(invalid_config);
   /// other malformed frames are dropped.
-  bool converse(const comm::envelope& e, std::chrono::milliseconds timeout,
-                const std::function<bool(const comm::envelope&)>& done);
+  bool converse(const envelope& e, std::chrono::milliseconds timeout,
+                const std::function<bool(const envelope&)>& done);
   /// One control frame from the coordinator, parsed, if one arrives within wait (nullopt: none, or a message
   /// of more than one frame).
-  std::optional<comm::frame_result<comm::envelope>> receive(std::chrono::milliseconds wait);
+  std::optional<comm::frame_result<envelope>> receive(std::chrono::milliseconds wait);
   /// Sends body as this node (cluster id and rank filled in), as send() does.
-  void send_body(decltype(comm::envelope::body) body, std::optional<size_t> only = std::nullopt);
+  void send_body(decltype(envelope::body) body, std::optional<size_t> only = std::nullopt);
   /// One coordinator address: its DEALER and the monitor of that DEALER's handshakes.
   struct link {
     std::string endpoint;
@@ -156,7 +155,7 @@ class control_client {
   void check_handshake();
   /// Follows a newer term (and the link it came by); false for an older one, whose coordinator is then told
   /// the newer term (so it steps down) and, once per term, an older_coordinator event.
-  bool follows(const comm::envelope& e, size_t from);
+  bool follows(const envelope& e, size_t from);
   /// Sends the term this node follows to the coordinator at link i (a heartbeat of round 0).
   void tell_term(size_t i);
 

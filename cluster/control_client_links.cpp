@@ -7,13 +7,13 @@
 #include <zmq_addon.hpp>
 
 #include "cluster/control_client.hpp"
-#include "comm/control_common.hpp"
+#include "cluster/control_common.hpp"
 #include "comm/zmq_monitor.hpp"
 
 namespace longwave::cluster {
 
 using namespace comm;
-using namespace comm::control;
+using namespace control;
 
 void control_client::open() {
   links_.clear();

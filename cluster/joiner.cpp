@@ -20,10 +20,10 @@
 namespace longwave::cluster {
 
 /// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
-comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-                         std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint) {
+hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
+                   std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint) {
   const auto& me = spec.nodes[index];
-  comm::hello_msg hello;
+  hello_msg hello;
   hello.protocol_version = comm::protocol_version();
   hello.cluster_id = spec.cluster_id;
   hello.node_name = me.name;
@@ -39,7 +39,7 @@ comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_
 }
 
 void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
-                   const std::vector<comm::peer_entry>& peers, const char* what) {
+                   const std::vector<peer_entry>& peers, const char* what) {
   role.rank = static_cast<int>(rank);
   role.epoch = epoch;
   role.endpoints.clear();
@@ -68,9 +68,8 @@ void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, u
                                rank));
 }
 
-uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index,
-              const comm::hello_msg& hello, actors::cluster_role& role,
-              std::optional<comm::recover_msg>& recover) {
+uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index, const hello_msg& hello,
+              actors::cluster_role& role, std::optional<recover_msg>& recover) {
   const auto& me = spec.nodes[index];
   // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
   // says so instead of timing out here.
@@ -78,11 +77,11 @@ uint64_t join(control_client& control, const config::cluster_spec& spec, size_t 
   spdlog::info("node {}: joining cluster '{}' at {} (waiting up to {:g} s)", me.name, spec.id,
                spec.coordinator, wait_s);
   const auto answer = control.join(hello, to_ms(wait_s));
-  if (const auto* r = std::get_if<comm::recover_msg>(&answer)) {
+  if (const auto* r = std::get_if<recover_msg>(&answer)) {
     recover = *r;
     return 0;
   }
-  const auto& welcome = std::get<comm::welcome_msg>(answer);
+  const auto& welcome = std::get<welcome_msg>(answer);
   admit_keys(role.admitted, welcome.keys);
   place_in_ring(role, me, welcome.rank, welcome.epoch, welcome.peers, "welcome");
   spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
@@ -105,7 +104,7 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
     }
     slow_link_fault();
     const auto answer = ready(got);
-    if (const auto* m = std::get_if<comm::membership_msg>(&answer)) {
+    if (const auto* m = std::get_if<membership_msg>(&answer)) {
       admit_keys(role_.admitted, m->keys);
       place_in_ring(role_, me_, m->rank, m->epoch, m->peers, "membership");
       role_.ring.names = role_.names;
@@ -126,7 +125,7 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
           me_.name, m->epoch, m->rank, m->peers.size(), got.round, got.round + 1);
       return got;
     }
-    recover_ = std::get<comm::recover_msg>(answer);
+    recover_ = std::get<recover_msg>(answer);
     if (attempt >= max_attempts)
       throw lw_error(errc::peer_lost,
                      fmt::format("the members moved on {} times while this node fetched their state ({}); "
@@ -136,7 +135,7 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
   }
 }
 
-std::variant<comm::membership_msg, comm::recover_msg> joiner::ready(const actors::joined_state& got) {
+std::variant<membership_msg, recover_msg> joiner::ready(const actors::joined_state& got) {
   for (int hellos = 0;; ++hellos) {
     try {
       return control_.join_ready({comm::reduce_key{got.round, 0}, got.round},
@@ -146,7 +145,7 @@ std::variant<comm::membership_msg, comm::recover_msg> joiner::ready(const actors
       spdlog::warn("node {}: {}; saying hello again", me_.name, e.what());
     }
     const auto again = control_.join(hello_, to_ms(spec_.join_timeout_s + 5));
-    const auto* r = std::get_if<comm::recover_msg>(&again);
+    const auto* r = std::get_if<recover_msg>(&again);
     if (!r)
       throw lw_error(
           errc::peer_lost,
@@ -197,7 +196,7 @@ actors::joined_state joiner::fetch(const runtime::snapshot_shape& shape) {
                min_round > 0 ? fmt::format(" of round {} or later", min_round) : "", src.endpoints.size(),
                fmt::join(src.names, ", "));
   last_beat_ = std::chrono::steady_clock::now();
-  comm::fetch_options o;
+  fetch_options o;
   if (role_.ring.curve) {
     o.curve = role_.ring.curve->own;
     o.peer_keys = src.keys;
@@ -233,11 +232,11 @@ actors::joined_state joiner::fetch(const runtime::snapshot_shape& shape) {
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
-std::string joiner::fetch_once(const sources& src, comm::fetch_options& o, fetched_parts& got) {
+std::string joiner::fetch_once(const sources& src, fetch_options& o, fetched_parts& got) {
   got = {};
   std::string failure;
   try {
-    got.shared = comm::fetch_state(src.endpoints, spec_.cluster_id, o);
+    got.shared = fetch_state(src.endpoints, spec_.cluster_id, o);
     // This node's workers start from one member's worker state (its Adam moments and counters), asked of
     // the sources that served the shared part first: one dropped from it (dead, or stalled) comes last.
     auto own_opts = o;
@@ -251,7 +250,7 @@ std::string joiner::fetch_once(const sources& src, comm::fetch_options& o, fetch
       if (got.own) break;
       try {
         if (o.curve) own_opts.peer_keys = {src.keys[i]};
-        got.own = comm::fetch_state({src.endpoints[i]}, spec_.cluster_id, own_opts);
+        got.own = fetch_state({src.endpoints[i]}, spec_.cluster_id, own_opts);
         got.donor = src.names[i];
       } catch (const lw_error& e) {
         if (e.code() == errc::cancelled) throw;

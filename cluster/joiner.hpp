@@ -10,36 +10,36 @@
 #include "actors/training.hpp"
 #include "cluster/cluster_file.hpp"
 #include "cluster/control_client.hpp"
-#include "comm/state_transfer.hpp"
+#include "cluster/state_fetcher.hpp"
+#include "cluster/state_server.hpp"
 #include "config/cluster_config.hpp"
 
 namespace longwave::cluster {
 
 /// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
-comm::hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-                         std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint);
+hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
+                   std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint);
 
 /// Sets role's rank, epoch and every rank's name and endpoint; throws lw_error when an endpoint is malformed
 /// or this node's place does not carry its own name and endpoint (another cluster file).
 void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
-                   const std::vector<comm::peer_entry>& peers, const char* what);
+                   const std::vector<peer_entry>& peers, const char* what);
 
 /// Joins the cluster as node `index` with `hello` (hello_of). A cluster that is
 /// starting answers with a welcome: sets role's place in the ring and returns the round the cluster resumes
 /// after. A cluster already training answers with where to fetch its state: returned in *recover (the node
 /// then joins through cluster_role::join). Throws lw_error when the answer is malformed or does not match
 /// this cluster file, or the node is turned away.
-uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index,
-              const comm::hello_msg& hello, actors::cluster_role& role,
-              std::optional<comm::recover_msg>& recover);
+uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index, const hello_msg& hello,
+              actors::cluster_role& role, std::optional<recover_msg>& recover);
 
 /// A node joining a running cluster (actors::cluster_role::join): fetches the members' state from the sources
 /// the master named (or takes its own checkpoint when that is at the members' round), says it is ready, and
 /// is admitted at a fence or sent to fetch again (the members moved on meanwhile).
 class joiner {
  public:
-  joiner(control_client& control, const config::cluster_spec& spec, size_t index, comm::hello_msg hello,
-         comm::recover_msg first, actors::cluster_role& role)
+  joiner(control_client& control, const config::cluster_spec& spec, size_t index, hello_msg hello,
+         recover_msg first, actors::cluster_role& role)
       : control_(control),
         spec_(spec),
         me_(spec.nodes[index]),
@@ -56,7 +56,7 @@ class joiner {
   };
   /// The shared part and one member's worker state of one round.
   struct fetched_parts {
-    std::optional<comm::fetched_state> shared, own;
+    std::optional<fetched_state> shared, own;
     std::string donor;  // the member whose worker state it is
   };
   /// Tests: LONGWAVE_FAULT_SLOW_JOIN_MS=N holds each fetched state N ms before saying it is ready, as a link
@@ -65,11 +65,11 @@ class joiner {
   /// Says it holds `got` and waits to be admitted. A master restarted since the hello does not know the node
   /// (errc::not_announced): it says hello again, and says ready again while the members are still at
   /// got.round; else the new master's answer (a recover_msg) is the reply, and the caller fetches again.
-  std::variant<comm::membership_msg, comm::recover_msg> ready(const actors::joined_state& got);
+  std::variant<membership_msg, recover_msg> ready(const actors::joined_state& got);
   actors::joined_state fetch(const runtime::snapshot_shape& shape);
   /// One try: the shared part from every source, then the worker state from the first that serves it; the
   /// failure ("" when both came).
-  std::string fetch_once(const sources& src, comm::fetch_options& o, fetched_parts& got);
+  std::string fetch_once(const sources& src, fetch_options& o, fetched_parts& got);
   /// Heartbeats while it fetches (the master keeps a joiner that is heard from); a stop turns it away.
   void beat();
   actors::joined_state assemble(fetched_parts& got, const runtime::snapshot_shape& shape, const sources& src,
@@ -78,8 +78,8 @@ class joiner {
   control_client& control_;
   const config::cluster_spec& spec_;
   const config::cluster_node& me_;
-  comm::hello_msg hello_;
-  comm::recover_msg recover_;
+  hello_msg hello_;
+  recover_msg recover_;
   actors::cluster_role& role_;
   std::chrono::steady_clock::time_point last_beat_;
   uint64_t last_fetch_bytes_ = 0;

@@ -9,12 +9,12 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "comm/control_common.hpp"
+#include "cluster/control_common.hpp"
 #include "comm/zmq_monitor.hpp"
 
 namespace longwave::cluster {
 
-using namespace comm::control;
+using namespace control;
 
 namespace {
 
@@ -25,7 +25,7 @@ class master_shell {
     // A node keeps its routing id across reconnections (control_client sets one), so a connection that comes
     // back takes over the old one instead of being refused while the old one looks alive.
     sock_.set(zmq::sockopt::router_handover, true);
-    sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(comm::max_envelope_bytes));
+    sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
     if (o_.node_keys) set_up_curve();
     try {
       sock_.bind(o_.bind_endpoint);
@@ -103,7 +103,7 @@ class master_shell {
     from.peer = addr ? addr : "unknown";
     // CURVE: the node name the connection's key belongs to (the ZAP handler's user id).
     if (o_.node_keys) from.keyed_as = comm::user_id_of(parts[1].handle());
-    auto parsed = comm::parse_envelope(parts[1].data(), parts[1].size(), o_.cluster_id);
+    auto parsed = parse_envelope(parts[1].data(), parts[1].size(), o_.cluster_id);
     if (!parsed) return state_.on_bad_frame(from, parsed.error());
     state_.on_frame(from, parsed.value(), clock::now());
   }
@@ -115,7 +115,7 @@ class master_shell {
   void carry(const send& s) {
     std::vector<zmq::message_t> parts;
     parts.emplace_back(s.to.data(), s.to.size());
-    parts.push_back(to_message(comm::build_envelope(s.envelope)));
+    parts.push_back(to_message(build_envelope(s.envelope)));
     (void)zmq::send_multipart(sock_, parts, zmq::send_flags::dontwait);
   }
   void carry(const line& l) {

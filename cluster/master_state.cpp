@@ -8,7 +8,7 @@
 
 namespace longwave::cluster {
 
-using namespace comm::control;
+using namespace control;
 
 const char* to_string(member_phase p) {
   switch (p) {
@@ -169,10 +169,10 @@ void master_state::take_over() {
       "coordinator: took over the running cluster: {} in epoch {} (last applied round {}, term {})",
       names_of(present), top, members_[present.front()].announce->committed.round, term_));
   // A hold the earlier master set for a joiner (Pin) is not this one's: the members go on.
-  for (auto i : present) send_to(i, comm::pin_msg{0, true});
+  for (auto i : present) send_to(i, pin_msg{0, true});
   if (same) {
     // Nothing changed while there was no master: the nodes carry on in their epoch.
-    comm::welcome_msg w;
+    welcome_msg w;
     w.world_size = static_cast<uint32_t>(present.size());
     w.epoch = epoch_;
     for (auto i : present) send_to(i, w);
@@ -288,7 +288,7 @@ void master_state::watch_stop() {
   if (now_ - stop_->sent < hello_every) return;
   stop_->sent = now_;
   for (auto i : members)
-    if (stop_->round || !members_[i].stop_hold) send_to(i, comm::stop_msg{stop_->round.value_or(0)});
+    if (stop_->round || !members_[i].stop_hold) send_to(i, stop_msg{stop_->round.value_or(0)});
 }
 
 /// Joiners whose fetch was overtaken: once every member said where it can hold, all hold after the largest of
@@ -320,12 +320,12 @@ void master_state::watch_pin() {
   if (now_ - pin_->sent < hello_every) return;
   pin_->sent = now_;
   for (auto i : members)
-    if (pin_->round || !members_[i].pin_hold) send_to(i, comm::pin_msg{pin_->round.value_or(0), false});
+    if (pin_->round || !members_[i].pin_hold) send_to(i, pin_msg{pin_->round.value_or(0), false});
 }
 
 /// No joiner waits for the pin any more: the members go on.
 void master_state::release_pin() {
-  for (auto i : training_members()) send_to(i, comm::pin_msg{0, true});
+  for (auto i : training_members()) send_to(i, pin_msg{0, true});
   for (auto& m : members_) m.pin_hold.reset();
   if (pin_->round) info(fmt::format("coordinator: the members go on after round {}", *pin_->round));
   pin_.reset();

@@ -14,9 +14,9 @@
 #include <variant>
 #include <vector>
 
-#include "comm/control_text.hpp"
+#include "cluster/control_text.hpp"
+#include "cluster/envelope.hpp"
 #include "comm/curve.hpp"
-#include "comm/frame.hpp"
 #include "runtime/errors/errors.hpp"
 
 namespace longwave::cluster {
@@ -120,7 +120,7 @@ struct sender {
 /// What the master does, in order: the shell carries each out.
 struct send {  ///< a frame to one connection (cluster id and sender filled in)
   std::string to;
-  comm::envelope envelope;
+  cluster::envelope envelope;
 };
 struct line {  ///< a progress line, or a problem
   bool warning = false;
@@ -150,7 +150,7 @@ class master_state {
 
   // ---- events ----
   /// A parsed control frame of this cluster.
-  void on_frame(const sender& from, const comm::envelope& e, clock::time_point now);
+  void on_frame(const sender& from, const envelope& e, clock::time_point now);
   /// A frame that did not parse (`why`: the rejection's message and reason); wrong_cluster is turned away.
   void on_bad_frame(const sender& from, const comm::rejection& why);
   /// A message of `parts` frames after the routing id (want 1).
@@ -195,10 +195,10 @@ class master_state {
     uint64_t resume_round = 0;                // from its hello
     std::vector<uint64_t> checkpoint_rounds;  // from its hello: every round it holds a checkpoint of
     bool acked = false;                       // answered the fence in progress
-    comm::fence_ack_msg ack;
-    std::optional<comm::hello_msg> announce;      // its re-announcement to a restarted master
+    fence_ack_msg ack;
+    std::optional<hello_msg> announce;            // its re-announcement to a restarted master
     std::string state_endpoint;                   // where it serves its training state to joiners
-    std::optional<comm::join_ready_msg> ready;    // phase ready: the state it holds
+    std::optional<join_ready_msg> ready;          // phase ready: the state it holds
     std::optional<comm::reduce_key> turned_back;  // a joiner's state found stale (its repeats are ignored)
     bool pinned = false;                          // a joiner the members hold at a round boundary for
     std::optional<uint64_t> pin_hold;             // a pin: the round after which it holds (its answer)
@@ -258,36 +258,35 @@ class master_state {
   std::string quorum_text() const;
 
   // master_hello.cpp: hellos, joins and re-announcements.
-  void on_hello(const sender& from, const comm::hello_msg& h);
-  std::optional<size_t> member_for_hello(const sender& from, const comm::hello_msg& h);
-  std::optional<std::pair<std::string, std::string>> data_mismatch(size_t idx, const comm::hello_msg& h);
-  std::optional<std::pair<std::string, std::string>> hello_mismatch(size_t idx,
-                                                                    const comm::hello_msg& h) const;
-  void on_first_hello(size_t idx, const sender& from, const comm::hello_msg& h);
-  std::optional<size_t> add_open_node(const sender& from, const comm::hello_msg& h);
-  void on_join(size_t idx, const sender& from, const comm::hello_msg& h);
+  void on_hello(const sender& from, const hello_msg& h);
+  std::optional<size_t> member_for_hello(const sender& from, const hello_msg& h);
+  std::optional<std::pair<std::string, std::string>> data_mismatch(size_t idx, const hello_msg& h);
+  std::optional<std::pair<std::string, std::string>> hello_mismatch(size_t idx, const hello_msg& h) const;
+  void on_first_hello(size_t idx, const sender& from, const hello_msg& h);
+  std::optional<size_t> add_open_node(const sender& from, const hello_msg& h);
+  void on_join(size_t idx, const sender& from, const hello_msg& h);
   bool second_process_waits(size_t idx, const sender& from);
-  void on_join_ready(size_t idx, const comm::join_ready_msg& r);
-  void on_reannounce(size_t idx, const sender& from, const comm::hello_msg& h);
+  void on_join_ready(size_t idx, const join_ready_msg& r);
+  void on_reannounce(size_t idx, const sender& from, const hello_msg& h);
 
   // master_messages.cpp: everything else a connection may send.
-  void on_member_message(size_t i, const comm::envelope& e);
-  void on_joiner_message(size_t i, const comm::envelope& e);
-  void on_removed_message(size_t i, const comm::envelope& e);
-  void on_bye(size_t i, const comm::bye_msg& b);
-  void on_ring_failed(size_t i, const comm::ring_failed_msg& rf);
+  void on_member_message(size_t i, const envelope& e);
+  void on_joiner_message(size_t i, const envelope& e);
+  void on_removed_message(size_t i, const envelope& e);
+  void on_bye(size_t i, const bye_msg& b);
+  void on_ring_failed(size_t i, const ring_failed_msg& rf);
   void on_stop_request(const sender& from);
-  void on_leave(const sender& from, const comm::leave_msg& l);
-  void compare_theta(size_t i, const comm::committed_msg& c);
-  void from_stranger(const sender& from, const comm::envelope& e);
+  void on_leave(const sender& from, const leave_msg& l);
+  void compare_theta(size_t i, const committed_msg& c);
+  void from_stranger(const sender& from, const envelope& e);
   void dropped(const std::string& text);
 
   // Helpers.
   void info(std::string s) { actions_.push_back(line{false, std::move(s)}); }
   void warn(std::string s) { actions_.push_back(line{true, std::move(s)}); }
   void count_error(std::string reason) { actions_.push_back(error_counted{std::move(reason)}); }
-  void send_to(size_t i, decltype(comm::envelope::body) body);
-  void reply(const std::string& identity, decltype(comm::envelope::body) body);
+  void send_to(size_t i, decltype(envelope::body) body);
+  void reply(const std::string& identity, decltype(envelope::body) body);
   void reply_error(const std::string& identity, errc code, const std::string& message);
   void turn_away(const std::string& identity, errc code, const std::string& message);
   void send_welcome(const std::vector<size_t>& members, size_t rank);
@@ -302,9 +301,9 @@ class master_state {
   uint64_t start_round() const;
   std::optional<size_t> index_of_identity(const std::string& id) const;
   std::string key_of(const std::string& name) const;
-  comm::peer_entry peer_of(size_t rank, size_t i) const;
-  std::vector<comm::peer_entry> all_keys() const;
-  void remember_announced(const std::vector<comm::peer_entry>& keys);
+  peer_entry peer_of(size_t rank, size_t i) const;
+  std::vector<peer_entry> all_keys() const;
+  void remember_announced(const std::vector<peer_entry>& keys);
   ms since(clock::time_point t) const { return std::chrono::duration_cast<ms>(now_ - t); }
 
   master_settings s_;

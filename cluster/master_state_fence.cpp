@@ -7,7 +7,7 @@
 
 namespace longwave::cluster {
 
-using namespace comm::control;
+using namespace control;
 
 namespace {
 // A ring that fails again and again among live members (a blocked link, say) would be reset for ever: after
@@ -47,7 +47,7 @@ void master_state::start_fence(const std::string& reason, const std::string& why
   fence_ = fence_state{epoch, now_, fence_ ? fence_->reason + ", " + reason : reason};
   for (auto i : members) {
     members_[i].acked = false;
-    send_to(i, comm::fence_msg{epoch});
+    send_to(i, fence_msg{epoch});
   }
   info(fmt::format("coordinator: membership changes ({}): fencing epoch {} for {}", why, epoch,
                    names_of(members)));
@@ -110,7 +110,7 @@ bool master_state::ring_keeps_failing(const comm::reduce_key& commit) {
 /// The next epoch begins: every member gets its ring, its rank and the all-reduce they all keep.
 void master_state::send_membership(const std::vector<size_t>& members, const comm::reduce_key& commit) {
   epoch_ = fence_->epoch;
-  comm::membership_msg mm;
+  membership_msg mm;
   mm.epoch = epoch_;
   mm.commit = commit;
   for (size_t r = 0; r < members.size(); ++r) {
@@ -180,7 +180,7 @@ void master_state::admit(size_t i, const comm::reduce_key& commit) {
   m.acked = true;
   m.pinned = false;
   m.turned_back.reset();
-  m.ack = comm::fence_ack_msg{fence_->epoch, commit, false, {}, false};
+  m.ack = fence_ack_msg{fence_->epoch, commit, false, {}, false};
   m.round = m.ready->round;
   info(fmt::format("coordinator: node {} admitted in epoch {} with the state of round {}", specs_[i].name,
                    fence_->epoch, m.ready->round));
@@ -201,7 +201,7 @@ void master_state::cancel_join(size_t i) {
 /// Tells joiner i where to fetch the state: every training member that serves it, and the round the
 /// members hold (`want`, when its state was stale; else the round they last reported).
 void master_state::send_recover(size_t i, const std::string& note, std::optional<uint64_t> want) {
-  comm::recover_msg r;
+  recover_msg r;
   r.epoch = epoch_;
   r.note = note;
   std::optional<uint64_t> round;

@@ -9,7 +9,7 @@
 
 namespace longwave::cluster {
 
-using namespace comm::control;
+using namespace control;
 
 namespace {
 // A joined member not heard from for join_silence is taken to be gone, so a second process with its name may
@@ -26,7 +26,7 @@ bool valid_node_name(const std::string& name) {
 }
 }  // namespace
 
-void master_state::on_hello(const sender& from, const comm::hello_msg& h) {
+void master_state::on_hello(const sender& from, const hello_msg& h) {
   const auto idx = member_for_hello(from, h);
   if (!idx) return;
   auto problem = hello_mismatch(*idx, h);
@@ -58,7 +58,7 @@ void master_state::on_hello(const sender& from, const comm::hello_msg& h) {
 
 /// The member a hello speaks for: a listed node, or (open cluster, training) a node added now. nullopt: the
 /// hello was turned away (other protocol version, unknown node) or is answered later.
-std::optional<size_t> master_state::member_for_hello(const sender& from, const comm::hello_msg& h) {
+std::optional<size_t> master_state::member_for_hello(const sender& from, const hello_msg& h) {
   if (h.protocol_version != comm::protocol_version()) {
     warn(fmt::format("coordinator: turned away node '{}' ({}): protocol version {}, ours is {}", h.node_name,
                      from.peer, h.protocol_version, comm::protocol_version()));
@@ -85,8 +85,8 @@ std::optional<size_t> master_state::member_for_hello(const sender& from, const c
 
 /// Why a hello for listed node idx is turned away, as the master's line and as the reply: its cluster file or
 /// its training settings differ.
-std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(
-    size_t idx, const comm::hello_msg& h) const {
+std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(size_t idx,
+                                                                                const hello_msg& h) const {
   const auto& want = specs_[idx];
   if (h.n_workers != want.workers || h.data_endpoint != want.endpoint) {
     return std::make_pair(
@@ -110,7 +110,7 @@ std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(
 /// Why a hello is turned away for its training data: another fingerprint than the first node's that said
 /// hello with one (the master reads no data itself). Records the first.
 std::optional<std::pair<std::string, std::string>> master_state::data_mismatch(size_t idx,
-                                                                               const comm::hello_msg& h) {
+                                                                               const hello_msg& h) {
   if (h.data_fingerprint == 0) return std::nullopt;
   if (!data_fingerprint_) data_fingerprint_ = std::make_pair(h.data_fingerprint, specs_[idx].name);
   const auto& [want, first] = *data_fingerprint_;
@@ -126,7 +126,7 @@ std::optional<std::pair<std::string, std::string>> master_state::data_mismatch(s
 
 /// A hello before training began: the node waits for its welcome. A second process with a joined node's name
 /// is turned away while the first is heard from, and takes its place after join_silence.
-void master_state::on_first_hello(size_t idx, const sender& from, const comm::hello_msg& h) {
+void master_state::on_first_hello(size_t idx, const sender& from, const hello_msg& h) {
   auto& m = members_[idx];
   if (m.identity && now_ - m.last_seen <= join_silence) {
     warn(fmt::format(
@@ -156,7 +156,7 @@ void master_state::on_first_hello(size_t idx, const sender& from, const comm::he
 
 /// A node not in the cluster file asks to join ([cluster] open): it gets the next free data regions (global
 /// worker ranks after the listed nodes'), kept for it if it comes back. nullopt: turned away.
-std::optional<size_t> master_state::add_open_node(const sender& from, const comm::hello_msg& h) {
+std::optional<size_t> master_state::add_open_node(const sender& from, const hello_msg& h) {
   uint64_t used = 0;
   for (size_t i = s_.members.size(); i < specs_.size(); ++i) used += specs_[i].workers;
   std::string problem;
@@ -193,7 +193,7 @@ std::optional<size_t> master_state::add_open_node(const sender& from, const comm
 
 /// A node asks to join the running cluster (absent at the start, removed, or restarted after a crash): it is
 /// told where to fetch the state, then admitted at a fence (join_ready).
-void master_state::on_join(size_t idx, const sender& from, const comm::hello_msg& h) {
+void master_state::on_join(size_t idx, const sender& from, const hello_msg& h) {
   auto& m = members_[idx];
   const auto& name = h.node_name;
   if (m.phase == member_phase::finished)
@@ -259,7 +259,7 @@ bool master_state::second_process_waits(size_t idx, const sender& from) {
 }
 
 /// A joiner holds the state after all-reduce r.key: a fence admits it (conclude_fence).
-void master_state::on_join_ready(size_t idx, const comm::join_ready_msg& r) {
+void master_state::on_join_ready(size_t idx, const join_ready_msg& r) {
   auto& m = members_[idx];
   if (m.ready && m.ready->key == r.key) return;          // its periodic repeat
   if (m.turned_back && *m.turned_back == r.key) return;  // a repeat of a state found stale
@@ -272,13 +272,13 @@ void master_state::on_join_ready(size_t idx, const comm::join_ready_msg& r) {
 
 /// A training node re-announces itself: to a restarted master (which then takes the cluster over), or to this
 /// one again after a dropped connection (it is answered with the current epoch).
-void master_state::on_reannounce(size_t idx, const sender& from, const comm::hello_msg& h) {
+void master_state::on_reannounce(size_t idx, const sender& from, const hello_msg& h) {
   auto& m = members_[idx];
   const bool same_process = m.identity && *m.identity == from.identity;
   if (welcomed_) {
     if (same_process && (training(idx) || m.phase == member_phase::finished)) {
       m.last_seen = now_;
-      comm::welcome_msg w;
+      welcome_msg w;
       w.epoch = epoch_;
       send_to(idx, w);
     } else if (same_process) {

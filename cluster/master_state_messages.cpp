@@ -11,21 +11,21 @@
 
 namespace longwave::cluster {
 
-using namespace comm::control;
+using namespace control;
 
 namespace {
 // Distinct connections remembered as running nodes of an earlier master (each is named once).
 constexpr size_t max_strangers = 1024;
 }  // namespace
 
-void master_state::on_frame(const sender& from, const comm::envelope& e, clock::time_point now) {
+void master_state::on_frame(const sender& from, const envelope& e, clock::time_point now) {
   now_ = now;
   if (exit_code_) return;
   if (e.term > term_) {
     if (welcomed_) return step_down(from, e.term);
     newest_term_ = std::max(newest_term_, e.term);  // running nodes' master, for the takeover's term
   }
-  if (auto* h = std::get_if<comm::hello_msg>(&e.body)) {
+  if (auto* h = std::get_if<hello_msg>(&e.body)) {
     if (from.keyed_as && *from.keyed_as != h->node_name) {
       warn(fmt::format("coordinator: turned away a hello as node '{}' from {}: it came with node '{}''s key",
                        h->node_name, from.peer, *from.keyed_as));
@@ -37,7 +37,7 @@ void master_state::on_frame(const sender& from, const comm::envelope& e, clock::
     }
     return on_hello(from, *h);
   }
-  if (auto* l = std::get_if<comm::leave_msg>(&e.body)) {
+  if (auto* l = std::get_if<leave_msg>(&e.body)) {
     if (from.keyed_as && *from.keyed_as != l->node)
       return reply_error(
           from.identity, errc::invalid_config,
@@ -46,7 +46,7 @@ void master_state::on_frame(const sender& from, const comm::envelope& e, clock::
     return on_leave(from, *l);
   }
   const auto idx = index_of_identity(from.identity);
-  if (std::holds_alternative<comm::stop_msg>(e.body) && !idx) {
+  if (std::holds_alternative<stop_msg>(e.body) && !idx) {
     if (from.keyed_as && *from.keyed_as != comm::operator_user_id)
       return reply_error(
           from.identity, errc::invalid_config,
@@ -79,59 +79,59 @@ void master_state::on_bad_parts(size_t parts) {
 }
 
 /// A message from the process that holds member i's name.
-void master_state::on_member_message(size_t i, const comm::envelope& e) {
+void master_state::on_member_message(size_t i, const envelope& e) {
   auto& m = members_[i];
   m.last_seen = now_;
   if (m.phase == member_phase::joining || m.phase == member_phase::ready) return on_joiner_message(i, e);
   if (m.removed != removal::none) return on_removed_message(i, e);
   m.heard = true;  // anything but a hello comes from its main loop
-  if (auto* hb = std::get_if<comm::heartbeat_msg>(&e.body)) {
+  if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
     m.round = hb->round;
-  } else if (auto* st = std::get_if<comm::stop_msg>(&e.body)) {
+  } else if (auto* st = std::get_if<stop_msg>(&e.body)) {
     if (stop_ && training(i) && st->round > 0 && !m.stop_hold) m.stop_hold = st->round;
-  } else if (auto* p = std::get_if<comm::pin_msg>(&e.body)) {
+  } else if (auto* p = std::get_if<pin_msg>(&e.body)) {
     if (pin_ && training(i) && p->round > 0 && !m.pin_hold) m.pin_hold = p->round;
-  } else if (auto* c = std::get_if<comm::committed_msg>(&e.body)) {
+  } else if (auto* c = std::get_if<committed_msg>(&e.body)) {
     if (training(i)) compare_theta(i, *c);
-  } else if (auto* b = std::get_if<comm::bye_msg>(&e.body)) {
+  } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
     on_bye(i, *b);
-  } else if (auto* er = std::get_if<comm::error_msg>(&e.body)) {
+  } else if (auto* er = std::get_if<error_msg>(&e.body)) {
     remove(i, removal::failed,
            fmt::format("node {} failed ({}): {}", specs_[i].name, to_string(static_cast<errc>(er->code)),
                        er->message));
-  } else if (auto* fa = std::get_if<comm::fence_ack_msg>(&e.body)) {
+  } else if (auto* fa = std::get_if<fence_ack_msg>(&e.body)) {
     if (fence_ && fa->epoch == fence_->epoch && training(i)) {
       m.acked = true;
       m.ack = *fa;
     }
-  } else if (auto* rf = std::get_if<comm::ring_failed_msg>(&e.body)) {
+  } else if (auto* rf = std::get_if<ring_failed_msg>(&e.body)) {
     on_ring_failed(i, *rf);
   }
 }
 
 /// A message from a node that is not a member any more: it stops when it hears so (said again at most every
 /// 10 s).
-void master_state::on_removed_message(size_t i, const comm::envelope& e) {
+void master_state::on_removed_message(size_t i, const envelope& e) {
   auto& m = members_[i];
   const bool last_words =
-      std::holds_alternative<comm::bye_msg>(e.body) || std::holds_alternative<comm::error_msg>(e.body);
+      std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body);
   if (m.removed != removal::left && now_ - m.told_removed > std::chrono::seconds(10) && !last_words)
     tell_removed(m, "node " + specs_[i].name + " was removed in an earlier epoch");
 }
 
 /// A joiner's messages: heartbeats while it fetches, join_ready once it holds a state, bye or error when it
 /// gives up. (A stop turns every joiner away first: on_stop_request.)
-void master_state::on_joiner_message(size_t i, const comm::envelope& e) {
+void master_state::on_joiner_message(size_t i, const envelope& e) {
   auto& m = members_[i];
-  if (auto* r = std::get_if<comm::join_ready_msg>(&e.body)) return on_join_ready(i, *r);
-  if (std::holds_alternative<comm::bye_msg>(e.body) || std::holds_alternative<comm::error_msg>(e.body)) {
+  if (auto* r = std::get_if<join_ready_msg>(&e.body)) return on_join_ready(i, *r);
+  if (std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body)) {
     m.phase = member_phase::removed;
     m.ready.reset();
     warn(fmt::format("coordinator: node {} gave up joining", specs_[i].name));
   }
 }
 
-void master_state::on_bye(size_t i, const comm::bye_msg& b) {
+void master_state::on_bye(size_t i, const bye_msg& b) {
   auto& m = members_[i];
   if (b.reason != "done" && b.reason != "stopped")
     return remove(i, removal::left, fmt::format("node {} left: {}", specs_[i].name, b.reason));
@@ -143,7 +143,7 @@ void master_state::on_bye(size_t i, const comm::bye_msg& b) {
 }
 
 /// A member's ring failed: a fence follows once the node it lost (if named) is heard from or removed.
-void master_state::on_ring_failed(size_t i, const comm::ring_failed_msg& rf) {
+void master_state::on_ring_failed(size_t i, const ring_failed_msg& rf) {
   if (rf.epoch != epoch_ || fence_) return;  // already being dealt with
   warn(fmt::format("coordinator: node {}'s ring failed in epoch {}{}: {}", specs_[i].name, rf.epoch,
                    rf.suspect.empty() ? "" : " (it lost " + rf.suspect + ")", rf.reason));
@@ -195,7 +195,7 @@ void master_state::on_stop_request(const sender& from) {
 }
 
 /// `longwave node --leave`: forwards the request to the node and answers the requester.
-void master_state::on_leave(const sender& from, const comm::leave_msg& l) {
+void master_state::on_leave(const sender& from, const leave_msg& l) {
   for (size_t i = 0; i < members_.size(); ++i) {
     if (specs_[i].name != l.node) continue;
     if (!welcomed_ || !training(i))
@@ -215,7 +215,7 @@ void master_state::on_leave(const sender& from, const comm::leave_msg& l) {
 
 /// A member's theta_global CRC after a round, against the first one reported for that round: a mismatch means
 /// the members no longer train one model (named once per round, counted as theta_mismatch).
-void master_state::compare_theta(size_t i, const comm::committed_msg& c) {
+void master_state::compare_theta(size_t i, const committed_msg& c) {
   auto [at, fresh] = theta_crcs_.emplace(c.round, std::make_pair(c.theta_crc, i));
   if (!fresh && at->second.first != c.theta_crc && mismatched_rounds_.insert(c.round).second) {
     warn(
@@ -234,12 +234,12 @@ void master_state::compare_theta(size_t i, const comm::committed_msg& c) {
 
 /// A message from a connection that has not said hello. A member's heartbeat, bye or error means a node that
 /// joined an earlier master (this one was restarted): named once, then only counted.
-void master_state::from_stranger(const sender& from, const comm::envelope& e) {
-  const bool claims_member = e.sender < members_.size() && !std::holds_alternative<comm::hello_msg>(e.body);
+void master_state::from_stranger(const sender& from, const envelope& e) {
+  const bool claims_member = e.sender < members_.size() && !std::holds_alternative<hello_msg>(e.body);
   if (claims_member && strangers_.size() < max_strangers && strangers_.insert(from.identity).second) {
     const auto& name = specs_[e.sender].name;
     running_elsewhere_.insert(name);
-    const auto* hb = std::get_if<comm::heartbeat_msg>(&e.body);
+    const auto* hb = std::get_if<heartbeat_msg>(&e.body);
     info(fmt::format(
         "coordinator: node {} ({}) is training under an earlier coordinator{}; waiting for it to re-announce "
         "itself",
@@ -247,7 +247,7 @@ void master_state::from_stranger(const sender& from, const comm::envelope& e) {
     return;
   }
   if (strangers_.count(from.identity)) return;
-  if (std::holds_alternative<comm::join_ready_msg>(e.body)) {
+  if (std::holds_alternative<join_ready_msg>(e.body)) {
     // A joiner that said hello to an earlier coordinator (this one restarted while it fetched): it must
     // announce itself again before it can be admitted.
     reply_error(
@@ -277,8 +277,8 @@ void master_state::dropped(const std::string& text) {
 
 // ---- helpers ----
 
-void master_state::reply(const std::string& identity, decltype(comm::envelope::body) body) {
-  comm::envelope e;
+void master_state::reply(const std::string& identity, decltype(envelope::body) body) {
+  envelope e;
   e.cluster_id = s_.cluster_id;
   e.sender = no_rank;
   e.term = term_;
@@ -286,12 +286,12 @@ void master_state::reply(const std::string& identity, decltype(comm::envelope::b
   actions_.push_back(send{identity, std::move(e)});
 }
 
-void master_state::send_to(size_t i, decltype(comm::envelope::body) body) {
+void master_state::send_to(size_t i, decltype(envelope::body) body) {
   reply(*members_[i].identity, std::move(body));
 }
 
 void master_state::reply_error(const std::string& identity, errc code, const std::string& message) {
-  reply(identity, comm::error_msg{static_cast<uint16_t>(code), message.substr(0, comm::max_message_bytes)});
+  reply(identity, error_msg{static_cast<uint16_t>(code), message.substr(0, max_message_bytes)});
 }
 
 /// Turns a hello away with an error reply, counted as a rejected join.
@@ -302,7 +302,7 @@ void master_state::turn_away(const std::string& identity, errc code, const std::
 
 /// The welcome of the member at position `rank` of `members` (file indices in ring order).
 void master_state::send_welcome(const std::vector<size_t>& members, size_t rank) {
-  comm::welcome_msg w;
+  welcome_msg w;
   w.rank = static_cast<uint32_t>(rank);
   w.world_size = static_cast<uint32_t>(members.size());
   w.start_round = start_round();
@@ -391,20 +391,20 @@ std::string master_state::key_of(const std::string& name) const {
 }
 
 /// The member at file index i, at position `rank` of a ring.
-comm::peer_entry master_state::peer_of(size_t rank, size_t i) const {
+peer_entry master_state::peer_of(size_t rank, size_t i) const {
   return {static_cast<uint32_t>(rank), specs_[i].name, specs_[i].endpoint, key_of(specs_[i].name)};
 }
 
 /// CURVE: every node key admitted (what members admit on their ring and state sockets).
-std::vector<comm::peer_entry> master_state::all_keys() const {
-  std::vector<comm::peer_entry> out;
+std::vector<peer_entry> master_state::all_keys() const {
+  std::vector<peer_entry> out;
   if (s_.node_keys)
     for (const auto& [name, key] : s_.node_keys->entries()) out.push_back({0, name, "", key});
   return out;
 }
 
 /// The node keys the members were told of, so that a key read later is announced with a new epoch.
-void master_state::remember_announced(const std::vector<comm::peer_entry>& keys) {
+void master_state::remember_announced(const std::vector<peer_entry>& keys) {
   for (const auto& k : keys) keys_announced_.insert(k.public_key);
 }
 

@@ -43,8 +43,8 @@ struct node_session {
   actors::cluster_role role;
   std::unique_ptr<control_client> control;
   std::unique_ptr<state_publisher> publisher;
-  std::optional<comm::recover_msg> recover;
-  comm::hello_msg hello;                         // what it says to the master when it joins
+  std::optional<recover_msg> recover;
+  hello_msg hello;                               // what it says to the master when it joins
   std::optional<comm::curve_server_keys> curve;  // this node's ring and state sockets
   bool cluster_stopped = false;                  // turned away while joining: the cluster stops
 };

@@ -13,7 +13,7 @@ namespace longwave::cluster {
 namespace {
 
 /// The epoch view of a membership message.
-comm::epoch_view view_of(const comm::membership_msg& m) {
+comm::epoch_view view_of(const membership_msg& m) {
   comm::epoch_view v;
   v.epoch = m.epoch;
   v.rank = m.rank;
@@ -51,7 +51,7 @@ void add_ask(const control_event& ev, master_asks& asks) {
 
 }  // namespace
 
-void admit_keys(const std::shared_ptr<comm::key_ring>& ring, const std::vector<comm::peer_entry>& keys) {
+void admit_keys(const std::shared_ptr<comm::key_ring>& ring, const std::vector<peer_entry>& keys) {
   if (!ring) return;
   std::vector<std::pair<std::string, std::string>> entries;
   for (const auto& k : keys)
@@ -146,8 +146,7 @@ void master_watch::on_event(const control_event& ev, comm::collective& ring, com
   }
 }
 
-void master_watch::enter(const comm::membership_msg& m, comm::elastic_ring* elastic,
-                         const std::string& name) {
+void master_watch::enter(const membership_msg& m, comm::elastic_ring* elastic, const std::string& name) {
   const auto v = view_of(m);
   spdlog::info(
       "node {}: epoch {}: rank {} of {} (ring {}); keeps the all-reduce of round {} fragment {}, redoes "

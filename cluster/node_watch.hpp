@@ -22,7 +22,7 @@ using steady = std::chrono::steady_clock;
 
 /// CURVE: admits exactly the node keys the master listed (a welcome's or a membership's, each the whole list)
 /// on this node's state socket: a key it no longer lists (revoked) is no longer admitted.
-void admit_keys(const std::shared_ptr<comm::key_ring>& ring, const std::vector<comm::peer_entry>& keys);
+void admit_keys(const std::shared_ptr<comm::key_ring>& ring, const std::vector<peer_entry>& keys);
 
 /// What the master asked of a training node since the last tick.
 struct master_asks {
@@ -41,7 +41,7 @@ class master_watch {
  public:
   /// hello: this node's hello, re-sent (running) to a master that comes back.
   /// admitted: CURVE's admitted node keys, which each membership extends (nullptr without CURVE).
-  master_watch(comm::hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
+  master_watch(hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
       : hello_(std::move(hello)), admitted_(std::move(admitted)) {}
 
   /// What the master asked of this node (leave, a cluster stop).
@@ -51,7 +51,7 @@ class master_watch {
  private:
   void on_event(const control_event& ev, comm::collective& ring, comm::elastic_ring* elastic,
                 const std::string& name, steady::time_point now);
-  void enter(const comm::membership_msg& m, comm::elastic_ring* elastic, const std::string& name);
+  void enter(const membership_msg& m, comm::elastic_ring* elastic, const std::string& name);
   void on_connection(const control_event& ev, const std::string& name, steady::time_point now);
   /// Until the master answers: a restarted one takes the running cluster over from these.
   void reannounce(control_client& control, const comm::elastic_ring& elastic, steady::time_point now);
@@ -59,7 +59,7 @@ class master_watch {
   void report(control_client& control, comm::elastic_ring& elastic, const std::string& name);
 
   static constexpr auto reminder_every = std::chrono::seconds(60);
-  comm::hello_msg hello_;
+  hello_msg hello_;
   std::shared_ptr<comm::key_ring> admitted_;
   std::optional<steady::time_point> gone_since_;
   std::string refused_;  // why the master refuses this node's handshake now ("" while it does not)

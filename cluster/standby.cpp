@@ -8,7 +8,7 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "comm/control_common.hpp"
+#include "cluster/control_common.hpp"
 #include "comm/zmq_monitor.hpp"
 
 namespace longwave::cluster {
@@ -91,7 +91,7 @@ bool stand_by(const standby_options& o) {
         o.info(fmt::format(
             "coordinator: the coordinator at {} leads the cluster; this one stands by until it has been "
             "unreachable for {}",
-            l->endpoint, comm::control::secs(o.silence)));
+            l->endpoint, cluster::control::secs(o.silence)));
       last_up = now;
       leader = l->endpoint;
     } else if (!last_up && now - started >= o.first_look) {
@@ -100,7 +100,7 @@ bool stand_by(const standby_options& o) {
       if (o.info)
         o.info(
             fmt::format("coordinator: the coordinator at {} has been unreachable for {}: this one takes over",
-                        leader, comm::control::secs(o.silence)));
+                        leader, cluster::control::secs(o.silence)));
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -1,5 +1,5 @@
 #pragma once
-// A member serves its round-boundary states to joiners (comm::state_server), turning each into bytes on a
+// A member serves its round-boundary states to joiners (state_server), turning each into bytes on a
 // thread of its own, off the training path.
 #include <condition_variable>
 #include <cstdint>
@@ -8,8 +8,9 @@
 #include <string>
 #include <thread>
 
+#include "cluster/state_fetcher.hpp"
+#include "cluster/state_server.hpp"
 #include "comm/curve.hpp"
-#include "comm/state_transfer.hpp"
 #include "runtime/checkpoint/checkpoint_bytes.hpp"
 
 namespace longwave::cluster {
@@ -36,7 +37,7 @@ class state_publisher {
  private:
   void run();
 
-  comm::state_server server_;
+  state_server server_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<runtime::checkpoint> slot_;

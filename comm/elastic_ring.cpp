@@ -213,14 +213,14 @@ void elastic_ring::fence(uint64_t epoch) {
   cv_.notify_all();
 }
 
-std::optional<fence_ack_msg> elastic_ring::fence_report() {
+std::optional<fence_state> elastic_ring::fence_report() {
   std::lock_guard<std::mutex> lk(mu_);
   if (!fenced_ || reported_ || in_call_) return std::nullopt;
   reported_ = true;
   // Closed before the coordinator hears this, so that no member of the next epoch connects to this node's
   // old socket (whose closing would then fail its fresh ring).
   retire_ring();
-  fence_ack_msg a;
+  fence_state a;
   a.epoch = fence_epoch_;
   a.committed = committed_;
   a.has_pending = pending_.has_value();

@@ -66,7 +66,7 @@ class elastic_ring final : public collective {
   /// Membership is changing to `epoch`: the call in flight is abandoned and no new one starts until enter().
   void fence(uint64_t epoch);
   /// Once the ring is idle after fence(): what this node holds, for the coordinator (once per fence).
-  std::optional<fence_ack_msg> fence_report();
+  std::optional<fence_state> fence_report();
   /// The next epoch's members and the kept all-reduce (commit): rebuilds the ring and resumes a parked call.
   void enter(const epoch_view& next, reduce_key commit);
   /// This node is no longer a member: the running and every later call throw peer_lost with `why`.

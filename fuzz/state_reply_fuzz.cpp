@@ -1,25 +1,29 @@
 // libFuzzer target: the StateReply header frame fetch_state reads from a member's state server
-// (comm::check_state_reply, the fetcher's own parse): offers with their block checksums, chunk headers, and
-// the gone / refused / badRequest answers.
+// (cluster::check_state_reply, the fetcher's own parse): offers with their block checksums, chunk headers,
+// and the gone / refused / badRequest answers.
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "comm/state_transfer.hpp"
+#include "cluster/state.capnp.h"
+#include "cluster/state_fetcher.hpp"
+#include "cluster/state_server.hpp"
 #include "comm/wire.capnp.h"
 #include "fuzz/fuzz_seeds.hpp"
 
 using namespace longwave::comm;
+using namespace longwave::cluster;
 
 namespace {
 
 // A reply of ours with the given status, as the server starts each one.
-wire::StateReply::Builder start_reply(capnp::MallocMessageBuilder& mb, wire::StateStatus status,
-                                      uint64_t id) {
-  auto w = mb.initRoot<wire::StateReply>();
-  w.setProtocolVersion(wire::PROTOCOL_VERSION);
+longwave::cluster::wire::StateReply::Builder start_reply(capnp::MallocMessageBuilder& mb,
+                                                         longwave::cluster::wire::StateStatus status,
+                                                         uint64_t id) {
+  auto w = mb.initRoot<longwave::cluster::wire::StateReply>();
+  w.setProtocolVersion(longwave::comm::wire::PROTOCOL_VERSION);
   w.setClusterId(0x5eed);
   w.setStatus(status);
   w.setRequestId(id);
@@ -33,7 +37,7 @@ void write_seeds(const std::string& dir) {
   };
   {
     capnp::MallocMessageBuilder mb;
-    auto w = start_reply(mb, wire::StateStatus::OFFER, 1);
+    auto w = start_reply(mb, longwave::cluster::wire::StateStatus::OFFER, 1);
     auto offers = w.initOffers(2);
     for (unsigned i = 0; i < 2; ++i) {
       auto o = offers[i];
@@ -49,7 +53,7 @@ void write_seeds(const std::string& dir) {
   }
   {
     capnp::MallocMessageBuilder mb;
-    auto w = start_reply(mb, wire::StateStatus::CHUNK, 2);
+    auto w = start_reply(mb, longwave::cluster::wire::StateStatus::CHUNK, 2);
     w.initKey().setRound(9);
     w.setOffset(1u << 20);
     w.setLength(1u << 20);
@@ -58,7 +62,7 @@ void write_seeds(const std::string& dir) {
   }
   {
     capnp::MallocMessageBuilder mb;
-    auto w = start_reply(mb, wire::StateStatus::GONE, 3);
+    auto w = start_reply(mb, longwave::cluster::wire::StateStatus::GONE, 3);
     w.setMessage("state (round 9, fragment 0) is not held here (newest: (round 11, fragment 0))");
     put("reply_gone", mb);
   }

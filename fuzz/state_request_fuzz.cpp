@@ -1,26 +1,30 @@
-// libFuzzer target: the StateRequest frame a state_server reads from a joiner (comm::check_state_request, the
-// server's own parse).
+// libFuzzer target: the StateRequest frame a state_server reads from a joiner (cluster::check_state_request,
+// the server's own parse).
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "comm/state_transfer.hpp"
+#include "cluster/state.capnp.h"
+#include "cluster/state_fetcher.hpp"
+#include "cluster/state_server.hpp"
 #include "comm/wire.capnp.h"
 #include "fuzz/fuzz_seeds.hpp"
 
 using namespace longwave::comm;
+using namespace longwave::cluster;
 
 namespace {
 
 void write_seeds(const std::string& dir) {
   for (int kind = 0; kind < 2; ++kind) {
     capnp::MallocMessageBuilder mb;
-    auto w = mb.initRoot<wire::StateRequest>();
-    w.setProtocolVersion(wire::PROTOCOL_VERSION);
+    auto w = mb.initRoot<longwave::cluster::wire::StateRequest>();
+    w.setProtocolVersion(longwave::comm::wire::PROTOCOL_VERSION);
     w.setClusterId(0x5eed);
-    w.setKind(kind ? wire::StateRequestKind::CHUNK : wire::StateRequestKind::OFFER);
+    w.setKind(kind ? longwave::cluster::wire::StateRequestKind::CHUNK
+                   : longwave::cluster::wire::StateRequestKind::OFFER);
     w.setRequestId(17);
     w.initKey().setRound(9);
     w.getKey().setFragment(1);

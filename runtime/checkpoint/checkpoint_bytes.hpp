@@ -1,6 +1,6 @@
 #pragma once
 // A checkpoint as one byte string in memory, for sending the training state to a node that joins a running
-// cluster (comm/state_transfer.hpp). The file format (checkpoint_store) streams to disk with fsync; this one
+// cluster (cluster/state_server.hpp). The file format (checkpoint_store) streams to disk with fsync; this one
 // is built and read in memory. The transfer checks its own CRCs; the reader still checks every length.
 #include <cstddef>
 #include <vector>

@@ -73,7 +73,7 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
   CATCH_CHECK(calls[0].wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
   rings[2].reset();
   for (size_t r = 0; r < 2; ++r) rings[r]->fence(2);
-  std::vector<fence_ack_msg> acks;
+  std::vector<comm::fence_state> acks;
   for (size_t r = 0; r < 2; ++r) {
     const auto a = poll([&] { return rings[r]->fence_report(); });
     CATCH_REQUIRE(a.has_value());

@@ -79,10 +79,10 @@ CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and end
     return h;
   };
   auto wa = std::async(std::launch::async, [&] {
-    return std::get<comm::welcome_msg>(a.join(hello("a", "tcp://127.0.0.1:1"), std::chrono::seconds(20)));
+    return std::get<cluster::welcome_msg>(a.join(hello("a", "tcp://127.0.0.1:1"), std::chrono::seconds(20)));
   });
   const auto wb =
-      std::get<comm::welcome_msg>(b.join(hello("b", "tcp://127.0.0.1:2"), std::chrono::seconds(20)));
+      std::get<cluster::welcome_msg>(b.join(hello("b", "tcp://127.0.0.1:2"), std::chrono::seconds(20)));
   const auto welcome_a = wa.get();
   CATCH_REQUIRE(welcome_a.epoch == 1);
   CATCH_REQUIRE(wb.rank == 1);

@@ -12,7 +12,7 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "comm/frame.hpp"
+#include "cluster/envelope.hpp"
 #include "config/cluster_config.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "tests/support/cluster.hpp"
@@ -173,22 +173,22 @@ CATCH_TEST_CASE("the coordinator turns away other clusters, other protocol versi
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::rcvtimeo, 10000);
     s.connect(spec.coordinator);
-    comm::envelope e;
+    cluster::envelope e;
     e.cluster_id = spec.cluster_id;
-    comm::hello_msg h;
+    cluster::hello_msg h;
     h.protocol_version = version;
     h.cluster_id = spec.cluster_id;
     h.node_name = name;
     h.n_workers = 1;
     h.data_endpoint = spec.nodes[0].endpoint;
     e.body = h;
-    auto bytes = comm::build_envelope(e);
+    auto bytes = cluster::build_envelope(e);
     s.send(zmq::buffer(bytes.data(), bytes.size()));
     zmq::message_t reply;
     CATCH_REQUIRE(s.recv(reply));
-    auto parsed = comm::parse_envelope(reply.data(), reply.size(), spec.cluster_id);
+    auto parsed = cluster::parse_envelope(reply.data(), reply.size(), spec.cluster_id);
     CATCH_REQUIRE(parsed.ok());
-    const auto* err = std::get_if<comm::error_msg>(&parsed.value().body);
+    const auto* err = std::get_if<cluster::error_msg>(&parsed.value().body);
     CATCH_REQUIRE(err != nullptr);
     return err->message;
   };

@@ -11,7 +11,7 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "comm/frame.hpp"
+#include "cluster/envelope.hpp"
 #include "config/cluster_config.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
@@ -116,13 +116,13 @@ CATCH_TEST_CASE(
     raw_peer peer(ports.ring, spec.coordinator);
     auto& ring = peer.ring;
     auto& control = peer.control;
-    comm::envelope hello;
+    cluster::envelope hello;
     hello.cluster_id = spec.cluster_id;
     hello.sender = 0xffffffffu;
-    comm::hello_msg h;
+    cluster::hello_msg h;
     h.node_name = "n0";
     hello.body = h;
-    const auto hello_bytes = comm::build_envelope(hello);
+    const auto hello_bytes = cluster::build_envelope(hello);
     while (!stop) {
       for (size_t r = 0; r < ring.size(); ++r) {
         comm::chunk_header c;

@@ -51,29 +51,29 @@ std::string node_of(const std::string& who) {
   return !name.empty() && name[0] == '?' ? name.substr(1) : name;
 }
 
-std::string names(const std::vector<comm::peer_entry>& peers) {
+std::string names(const std::vector<cluster::peer_entry>& peers) {
   std::string out;
   for (const auto& p : peers) out += (out.empty() ? "" : ",") + p.name;
   return "[" + out + "]";
 }
 
-std::string describe_body(const comm::envelope& e) {
-  if (auto* w = std::get_if<comm::welcome_msg>(&e.body))
+std::string describe_body(const cluster::envelope& e) {
+  if (auto* w = std::get_if<cluster::welcome_msg>(&e.body))
     return "welcome rank " + std::to_string(w->rank) + " of " + std::to_string(w->world_size) + " epoch " +
            std::to_string(w->epoch) + " start " + std::to_string(w->start_round);
-  if (auto* f = std::get_if<comm::fence_msg>(&e.body)) return "fence " + std::to_string(f->epoch);
-  if (auto* m = std::get_if<comm::membership_msg>(&e.body))
+  if (auto* f = std::get_if<cluster::fence_msg>(&e.body)) return "fence " + std::to_string(f->epoch);
+  if (auto* m = std::get_if<cluster::membership_msg>(&e.body))
     return "membership epoch " + std::to_string(m->epoch) + " rank " + std::to_string(m->rank) + " " +
            names(m->peers) + " keep " + std::to_string(m->commit.round) + "/" +
            std::to_string(m->commit.fragment);
-  if (auto* r = std::get_if<comm::recover_msg>(&e.body))
+  if (auto* r = std::get_if<cluster::recover_msg>(&e.body))
     return "recover round " + std::to_string(r->round) + " from " + names(r->sources) + " offset " +
            std::to_string(r->worker_offset) + (r->note.empty() ? "" : " note " + r->note);
-  if (auto* s = std::get_if<comm::stop_msg>(&e.body)) return "stop " + std::to_string(s->round);
-  if (auto* p = std::get_if<comm::pin_msg>(&e.body))
+  if (auto* s = std::get_if<cluster::stop_msg>(&e.body)) return "stop " + std::to_string(s->round);
+  if (auto* p = std::get_if<cluster::pin_msg>(&e.body))
     return p->release ? std::string("pin release") : "pin " + std::to_string(p->round);
-  if (auto* l = std::get_if<comm::leave_msg>(&e.body)) return "leave " + l->node;
-  if (auto* er = std::get_if<comm::error_msg>(&e.body))
+  if (auto* l = std::get_if<cluster::leave_msg>(&e.body)) return "leave " + l->node;
+  if (auto* er = std::get_if<cluster::error_msg>(&e.body))
     return std::string("error ") + to_string(static_cast<errc>(er->code)) + ": " + er->message;
   return "?";
 }
@@ -158,13 +158,13 @@ class table {
     return s;
   }
 
-  comm::envelope envelope_of(const std::string& who, const std::string& what) const {
+  cluster::envelope envelope_of(const std::string& who, const std::string& what) const {
     std::istringstream in(what);
     std::string verb;
     in >> verb;
-    comm::envelope e;
+    cluster::envelope e;
     e.cluster_id = 1;
-    e.sender = comm::control::no_rank;
+    e.sender = cluster::control::no_rank;
     const auto node = node_of(who);
     for (size_t i = 0; i < names_.size(); ++i)
       if (names_[i] == node) e.sender = static_cast<uint32_t>(i);
@@ -182,7 +182,7 @@ class table {
                               static_cast<uint32_t>(std::stoul(k.substr(slash + 1)))};
     };
     if (verb == "hello" || verb == "running") {
-      comm::hello_msg h;
+      cluster::hello_msg h;
       h.protocol_version = static_cast<uint16_t>(opt("version", comm::protocol_version()));
       h.cluster_id = 1;
       h.node_name = node;
@@ -208,9 +208,9 @@ class table {
       }
       e.body = h;
     } else if (verb == "heartbeat") {
-      e.body = comm::heartbeat_msg{num(0), 0, 1};
+      e.body = cluster::heartbeat_msg{num(0), 0, 1};
     } else if (verb == "ack") {
-      comm::fence_ack_msg a;
+      cluster::fence_ack_msg a;
       a.epoch = num(0);
       a.committed = key(args.at(1));
       if (args.size() > 3 && args[2] == "pending") {
@@ -220,21 +220,21 @@ class table {
       }
       e.body = a;
     } else if (verb == "bye") {
-      e.body = comm::bye_msg{args.at(0)};
+      e.body = cluster::bye_msg{args.at(0)};
     } else if (verb == "error") {
-      e.body = comm::error_msg{static_cast<uint16_t>(errc::peer_lost), "it broke"};
+      e.body = cluster::error_msg{static_cast<uint16_t>(errc::peer_lost), "it broke"};
     } else if (verb == "ring_failed") {
-      e.body = comm::ring_failed_msg{num(0), args.size() > 1 ? args[1] : "", "connection dropped"};
+      e.body = cluster::ring_failed_msg{num(0), args.size() > 1 ? args[1] : "", "connection dropped"};
     } else if (verb == "join_ready") {
-      e.body = comm::join_ready_msg{comm::reduce_key{num(0), 0}, num(0)};
+      e.body = cluster::join_ready_msg{comm::reduce_key{num(0), 0}, num(0)};
     } else if (verb == "stop") {
-      e.body = comm::stop_msg{args.empty() ? 0 : num(0)};
+      e.body = cluster::stop_msg{args.empty() ? 0 : num(0)};
     } else if (verb == "pin") {
-      e.body = comm::pin_msg{num(0), false};
+      e.body = cluster::pin_msg{num(0), false};
     } else if (verb == "committed") {
-      e.body = comm::committed_msg{num(0), static_cast<uint32_t>(num(1))};
+      e.body = cluster::committed_msg{num(0), static_cast<uint32_t>(num(1))};
     } else if (verb == "leave") {
-      e.body = comm::leave_msg{args.at(0)};
+      e.body = cluster::leave_msg{args.at(0)};
     } else {
       throw std::runtime_error("table: unknown event '" + what + "'");
     }
@@ -261,9 +261,9 @@ master_settings cluster_of(int n, size_t min_nodes = 1) {
 }
 
 /// A listed node's hello as its own process sends it (for tests that drive the master directly).
-comm::envelope hello_as(const std::string& name) {
-  comm::envelope e;
-  comm::hello_msg h;
+cluster::envelope hello_as(const std::string& name) {
+  cluster::envelope e;
+  cluster::hello_msg h;
   h.protocol_version = comm::protocol_version();
   h.node_name = name;
   h.data_endpoint = "tcp://10.0.0.1:" + std::to_string(7000 + name.back());
@@ -927,16 +927,16 @@ CATCH_TEST_CASE("master: CURVE keys speak only for their own node", "[unit][mast
   m.tick(t);
   const auto welcome = said();
   CATCH_CHECK(welcome.find("a <- welcome rank 0 of 2") != std::string::npos);
-  comm::envelope stop;
-  stop.body = comm::stop_msg{0};
+  cluster::envelope stop;
+  stop.body = cluster::stop_msg{0};
   m.on_frame({"op", "10.0.0.3", "n0"}, stop, t);
   CATCH_CHECK(said().find("only the cluster's own key") != std::string::npos);
-  comm::envelope leave;
-  leave.body = comm::leave_msg{"n1"};
+  cluster::envelope leave;
+  leave.body = cluster::leave_msg{"n1"};
   m.on_frame({"op", "10.0.0.3", "n0"}, leave, t);
   CATCH_CHECK(said().find("only node 'n1''s own key may ask it to leave") != std::string::npos);
-  comm::envelope hb;
-  hb.body = comm::heartbeat_msg{1, 0, 1};
+  cluster::envelope hb;
+  hb.body = cluster::heartbeat_msg{1, 0, 1};
   m.on_frame({"b", "10.0.0.2", "n0"}, hb, t);
   CATCH_CHECK(said().find("dropped a message for node n1 from 10.0.0.2: it came with node 'n0''s key") !=
               std::string::npos);

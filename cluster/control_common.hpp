@@ -1,14 +1,14 @@
 #pragma once
 // Pieces the master (cluster/master.cpp) and the node's control_client (cluster/control_client.cpp)
-// share: the control socket's helpers (and, through comm/control_text.hpp, timings and text helpers).
+// share: the control socket's helpers (and, through cluster/control_text.hpp, timings and text helpers).
 #include <chrono>
 #include <cstddef>
 #include <vector>
 #include <zmq.hpp>
 
-#include "comm/control_text.hpp"
+#include "cluster/control_text.hpp"
 
-namespace longwave::comm::control {
+namespace longwave::cluster::control {
 
 zmq::message_t to_message(const std::vector<std::byte>& bytes);
 
@@ -16,4 +16,4 @@ zmq::message_t to_message(const std::vector<std::byte>& bytes);
 /// recheck.
 bool readable(zmq::socket_t& sock, std::chrono::milliseconds timeout);
 
-}  // namespace longwave::comm::control
+}  // namespace longwave::cluster::control

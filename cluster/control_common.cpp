@@ -1,15 +1,11 @@
 // The control socket's helpers (see control_common.hpp).
-#include "comm/control_common.hpp"
+#include "cluster/control_common.hpp"
 
 #include <fmt/format.h>
 
 #include <cerrno>
 
-namespace longwave::comm::control {
-
-std::string secs(std::chrono::milliseconds ms) {
-  return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
-}
+namespace longwave::cluster::control {
 
 zmq::message_t to_message(const std::vector<std::byte>& bytes) {
   return zmq::message_t(bytes.data(), bytes.size());
@@ -26,10 +22,4 @@ bool readable(zmq::socket_t& sock, std::chrono::milliseconds timeout) {
   return (item.revents & ZMQ_POLLIN) != 0;
 }
 
-std::string join_names(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
-}  // namespace longwave::comm::control
+}  // namespace longwave::cluster::control

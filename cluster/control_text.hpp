@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace longwave::comm::control {
+namespace longwave::cluster::control {
 
 using clock = std::chrono::steady_clock;
 constexpr uint32_t no_rank = 0xffffffffu;
@@ -19,4 +19,4 @@ std::string secs(std::chrono::milliseconds ms);
 /// "a, b, c".
 std::string join_names(const std::vector<std::string>& names);
 
-}  // namespace longwave::comm::control
+}  // namespace longwave::cluster::control
