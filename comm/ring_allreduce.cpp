@@ -15,6 +15,8 @@
 // segment r-t (its own first) and receives r-t-1; the same loop runs both plans (round_ops differ).
 #include "comm/ring_allreduce.hpp"
 
+#include "comm/ring_parts.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -32,30 +34,9 @@ namespace longwave::comm {
 using runtime::crc32c;
 namespace {
 
-constexpr size_t npos = std::numeric_limits<size_t>::max();
-// Messages taken from the socket before the loop turns back to sending, so neither side starves.
-constexpr int recv_batch = 16;
 constexpr int max_logged_rejections = 32;
 
 using clock = std::chrono::steady_clock;
-
-// One chunk of the schedule, as sent or as expected.
-struct item {
-  ring_phase phase;
-  uint32_t step;
-  uint32_t segment;
-  uint32_t chunk;
-  size_t offset;         // into data (all-reduce) or into the segment's message (all-gather)
-  size_t count;          // values (all-gather: bytes)
-  size_t bytes;          // encoded payload bytes (0 for an empty chunk)
-  size_t dep = npos;     // out items: the in item whose arrival makes this one ready; npos: ready at once
-  bool keep = false;     // in items: the payload is passed on unchanged by a later out item
-  bool forward = false;  // out items: sends the kept payload of its dep instead of building one
-};
-
-size_t payload_bytes(const ring_options& o, size_t count) {
-  return count == 0 ? 0 : encoded_size(o.dtype, count, o.codec);
-}
 
 /// Adds the time from construction to destruction to a nanosecond counter (codec time for the metrics).
 class codec_clock {
@@ -74,6 +55,50 @@ class codec_clock {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// Decodes a received chunk into x: added to it in the reduce-scatter, replacing it in the all-gather. False
+// when the codec refuses the payload.
+bool take_values(const item& it, const ring_options& o, const std::byte* src, size_t size, float* x,
+                 std::atomic<uint64_t>& decode_ns) {
+  if (it.count == 0) return true;
+  codec_clock timed(decode_ns);
+  return it.phase == ring_phase::reduce_scatter ? decode_accumulate(o.dtype, src, size, it.count, x, o.codec)
+                                                : decode(o.dtype, src, size, it.count, x, o.codec);
+}
+
+// This rank owns the segment: its sum divided by the total weight (every rank's weight summed).
+void average_owned(float* x, size_t count, double total_weight, int rank, uint64_t round) {
+  if (!(total_weight > 0.0))
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank, round));
+  const double inv = 1.0 / total_weight;
+  for (size_t j = 0; j < count; ++j) x[j] = static_cast<float>(static_cast<double>(x[j]) * inv);
+}
+
+// The arguments a ring refuses: endpoints (1..65536, none empty or repeated), names, chunk size, timeout and
+// high-water marks.
+void check_ring(int rank, const std::vector<std::string>& endpoints, const ring_options& o) {
+  const size_t world = endpoints.size();
+  if (world == 0 || world > 65536)
+    throw lw_error(errc::invalid_config, fmt::format("comm: a ring needs 1..65536 endpoints, got {}", world));
+  if (rank < 0 || static_cast<size_t>(rank) >= world)
+    throw lw_error(errc::invalid_config, fmt::format("comm: rank {} is outside the ring of {}", rank, world));
+  for (size_t r = 0; r < world; ++r) {
+    if (endpoints[r].empty())
+      throw lw_error(errc::invalid_config, fmt::format("comm: endpoint of rank {} is empty", r));
+    for (size_t q = 0; q < r; ++q)
+      if (endpoints[q] == endpoints[r])
+        throw lw_error(errc::invalid_config,
+                       fmt::format("comm: ranks {} and {} have the same endpoint {}", q, r, endpoints[r]));
+  }
+  if (!o.names.empty() && o.names.size() != world)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("comm: {} rank names for a ring of {}", o.names.size(), world));
+  if (o.chunk_bytes == 0) throw lw_error(errc::invalid_config, "comm: chunk_bytes must be positive");
+  if (o.timeout.count() <= 0) throw lw_error(errc::invalid_config, "comm: timeout must be positive");
+  if (o.send_hwm < 1 || o.recv_hwm < 1)
+    throw lw_error(errc::invalid_config, "comm: high-water marks must be at least 1");
+}
+
 }  // namespace
 
 /// Values per chunk from the codec's size for a large chunk, so headers (int8 scale, codebook) count too.
@@ -87,124 +112,6 @@ size_t elements_per_chunk(const ring_options& o) {
       1, static_cast<size_t>(static_cast<double>(o.chunk_bytes) * probe / static_cast<double>(probe_bytes)));
 }
 
-struct ring_allreduce::counters {
-  std::atomic<uint64_t> rejected{0};
-  std::atomic<uint64_t> sent{0};
-  std::atomic<uint64_t> received{0};
-  std::atomic<uint64_t> encode_ns{0};
-  std::atomic<uint64_t> decode_ns{0};
-  std::atomic<uint64_t> send_wait_ns{0};  // in wait() with a chunk the next rank's queue would not take
-  std::atomic<uint64_t> recv_wait_ns{0};  // in wait() for the previous rank's next chunk
-  std::atomic<bool> cancelled{false};
-  std::atomic<uint64_t> completed_round{0};
-  std::atomic<double> total_weight{0};  // of the last call: every rank's weight summed
-  int logged = 0;                       // I/O thread
-  mutable std::mutex verdict_mu;
-  std::optional<std::string> verdict;  // from peer_declared_lost; under verdict_mu
-};
-
-struct ring_allreduce::held_frame {
-  chunk_header header;
-  zmq::message_t payload;
-  std::string peer;
-};
-
-// The schedule of one call: what this rank sends (out) and expects (in), in wire order.
-struct ring_allreduce::round_plan {
-  std::vector<item> in;
-  std::vector<item> out;
-
-  // The all-reduce of n values: N segments, reduce-scatter then all-gather.
-  static round_plan reduce(uint32_t rank, uint32_t world, size_t n, size_t chunk_elems,
-                           const ring_options& o) {
-    round_plan p;
-    const size_t base = n / world;
-    const size_t rem = n % world;
-    auto seg_offset = [&](uint32_t s) { return s * base + std::min<size_t>(s, rem); };
-    auto seg_len = [&](uint32_t s) { return base + (s < rem ? 1 : 0); };
-    auto bytes_of = [&](size_t count) { return payload_bytes(o, count); };
-    const int64_t r = rank;
-    // in_start[p][t]: index of the first in item of (phase p, step t).
-    std::vector<size_t> in_start[2];
-    for (int ph = 0; ph < 2; ++ph) {
-      const auto phase = static_cast<ring_phase>(ph);
-      for (uint32_t t = 0; t + 1 < world; ++t) {
-        const uint32_t in_seg = ph == 0 ? mod(r - t - 1, world) : mod(r - t, world);
-        const uint32_t out_seg = ph == 0 ? mod(r - t, world) : mod(r + 1 - t, world);
-        in_start[ph].push_back(p.in.size());
-        add(p.in, phase, t, in_seg, seg_offset(in_seg), seg_len(in_seg), chunk_elems, bytes_of);
-        const size_t first_out = p.out.size();
-        add(p.out, phase, t, out_seg, seg_offset(out_seg), seg_len(out_seg), chunk_elems, bytes_of);
-        // Dependencies: the same segment's chunk k one step earlier (the reduce-scatter's last step for the
-        // all-gather's first).
-        if (ph == 0 && t == 0) continue;
-        p.link(first_out,
-               ph == 0 ? in_start[0][t - 1] : (t == 0 ? in_start[0][world - 2] : in_start[1][t - 1]));
-      }
-    }
-    p.mark_forwarding(world);
-    return p;
-  }
-
-  // The all-gather of one message of `bytes` bytes per rank: segment s is rank s's message. Step t sends
-  // segment r-t (this rank's own at step 0, then what arrived at step t-1) and receives segment r-t-1.
-  static round_plan gather(uint32_t rank, uint32_t world, size_t bytes, size_t chunk_bytes) {
-    round_plan p;
-    auto bytes_of = [](size_t count) { return count; };
-    const int64_t r = rank;
-    size_t prev_in = 0;  // the first in item of step t-1
-    for (uint32_t t = 0; t + 1 < world; ++t) {
-      const size_t in_start = p.in.size();
-      add(p.in, ring_phase::all_gather, t, mod(r - t - 1, world), 0, bytes, chunk_bytes, bytes_of);
-      const size_t first_out = p.out.size();
-      add(p.out, ring_phase::all_gather, t, mod(r - t, world), 0, bytes, chunk_bytes, bytes_of);
-      if (t > 0) p.link(first_out, prev_in);
-      prev_in = in_start;
-    }
-    p.mark_forwarding(world);
-    return p;
-  }
-
- private:
-  static uint32_t mod(int64_t v, uint32_t world) {
-    return static_cast<uint32_t>(((v % world) + world) % world);
-  }
-
-  // Appends the chunks of segment seg (len values from offset off) to v; an empty segment is one empty chunk.
-  template <class BytesOf>
-  static void add(std::vector<item>& v, ring_phase p, uint32_t t, uint32_t seg, size_t off, size_t len,
-                  size_t chunk, BytesOf&& bytes_of) {
-    const size_t k_max = len == 0 ? size_t{1} : (len + chunk - 1) / chunk;
-    for (size_t k = 0; k < k_max; ++k) {
-      const size_t at = std::min(len, k * chunk);
-      const size_t cnt = std::min(len - at, chunk);
-      v.push_back(item{p, t, seg, static_cast<uint32_t>(k), off + at, cnt, bytes_of(cnt)});
-    }
-  }
-
-  // The out items from first_out on depend, chunk by chunk, on the in items from dep_start on.
-  void link(size_t first_out, size_t dep_start) {
-    for (size_t i = first_out; i < out.size(); ++i) out[i].dep = dep_start + (i - first_out);
-  }
-
-  // The all-gather forwards what it receives unchanged, except at its last step (nobody needs it then).
-  void mark_forwarding(uint32_t world) {
-    for (auto& it : in) it.keep = it.phase == ring_phase::all_gather && it.step + 2 < world;
-    for (auto& it : out) it.forward = it.phase == ring_phase::all_gather && it.step > 0;
-  }
-};
-
-// What a call does with its plan's payloads; run_round's loop does the rest (validation, sending, holding,
-// forwarding, deadlines), the same for the all-reduce and the all-gather.
-struct ring_allreduce::round_ops {
-  // Takes the payload of in item i, already validated against the plan (decode, reduce or copy it); a
-  // rejection drops the frame instead.
-  std::function<std::optional<rejection>(size_t i, const chunk_header& h, const zmq::message_t& payload)>
-      take;
-  // Builds the payload of out item i, which forwards nothing, and sets h's weight and checksum.
-  std::function<void(size_t i, chunk_header& h, zmq::message_t& payload)> make;
-};
-
 ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, ring_options opts,
                                reject_callback on_reject)
     : rank_(rank),
@@ -213,27 +120,8 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
       on_reject_(std::move(on_reject)),
       held_(std::make_unique<std::deque<held_frame>>()),
       counters_(std::make_unique<counters>()) {
+  check_ring(rank_, endpoints_, opts_);
   const size_t world = endpoints_.size();
-  if (world == 0 || world > 65536)
-    throw lw_error(errc::invalid_config, fmt::format("comm: a ring needs 1..65536 endpoints, got {}", world));
-  if (rank_ < 0 || static_cast<size_t>(rank_) >= world)
-    throw lw_error(errc::invalid_config,
-                   fmt::format("comm: rank {} is outside the ring of {}", rank_, world));
-  for (size_t r = 0; r < world; ++r) {
-    if (endpoints_[r].empty())
-      throw lw_error(errc::invalid_config, fmt::format("comm: endpoint of rank {} is empty", r));
-    for (size_t q = 0; q < r; ++q)
-      if (endpoints_[q] == endpoints_[r])
-        throw lw_error(errc::invalid_config,
-                       fmt::format("comm: ranks {} and {} have the same endpoint {}", q, r, endpoints_[r]));
-  }
-  if (!opts_.names.empty() && opts_.names.size() != world)
-    throw lw_error(errc::invalid_config,
-                   fmt::format("comm: {} rank names for a ring of {}", opts_.names.size(), world));
-  if (opts_.chunk_bytes == 0) throw lw_error(errc::invalid_config, "comm: chunk_bytes must be positive");
-  if (opts_.timeout.count() <= 0) throw lw_error(errc::invalid_config, "comm: timeout must be positive");
-  if (opts_.send_hwm < 1 || opts_.recv_hwm < 1)
-    throw lw_error(errc::invalid_config, "comm: high-water marks must be at least 1");
   chunk_elements_ = elements_per_chunk(opts_);
   if (world == 1) return;
 
@@ -464,7 +352,7 @@ void ring_allreduce::reduce_round(uint64_t round, uint32_t fragment, float* data
                                   const ring_options& o, size_t chunk_elements) {
   const auto world = static_cast<uint32_t>(endpoints_.size());
   const auto rank = static_cast<uint32_t>(rank_);
-  const round_plan plan = round_plan::reduce(rank, world, n, chunk_elements, o);
+  const ring_plan plan = ring_plan::reduce(rank, world, n, chunk_elements, o);
   if (weight != 1.0)
     for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(static_cast<double>(data[i]) * weight);
   std::vector<double> in_weight(plan.in.size(), 0.0);  // reduce-scatter: weight summed into each in item
@@ -474,14 +362,7 @@ void ring_allreduce::reduce_round(uint64_t round, uint32_t fragment, float* data
   ops.take = [&](size_t i, const chunk_header& h, const zmq::message_t& payload) -> std::optional<rejection> {
     const item& it = plan.in[i];
     const auto* src = static_cast<const std::byte*>(payload.data());
-    bool decoded = true;
-    if (it.count != 0) {
-      codec_clock timed(counters_->decode_ns);
-      decoded = it.phase == ring_phase::reduce_scatter
-                    ? decode_accumulate(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec)
-                    : decode(o.dtype, src, payload.size(), it.count, data + it.offset, o.codec);
-    }
-    if (!decoded)
+    if (!take_values(it, o, src, payload.size(), data + it.offset, counters_->decode_ns))
       return rejection{reject_reason::bad_payload, fmt::format("the {} codec refused segment {} chunk {}",
                                                                to_string(o.dtype), it.segment, it.chunk)};
     if (it.phase == ring_phase::reduce_scatter) in_weight[i] = h.weight + weight;
@@ -497,12 +378,7 @@ void ring_allreduce::reduce_round(uint64_t round, uint32_t fragment, float* data
       // This rank owns the segment: average, encode once, and keep exactly what the others will decode.
       h.weight = in_weight[it.dep];
       counters_->total_weight.store(h.weight);
-      if (!(h.weight > 0.0))
-        throw lw_error(
-            errc::invalid_config,
-            fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
-      const double inv = 1.0 / h.weight;
-      for (size_t j = 0; j < it.count; ++j) x[j] = static_cast<float>(static_cast<double>(x[j]) * inv);
+      average_owned(x, it.count, h.weight, rank_, round);
     }
     payload = zmq::message_t(it.bytes);
     auto* dst = static_cast<std::byte*>(payload.data());
@@ -527,7 +403,7 @@ void ring_allreduce::reduce_round(uint64_t round, uint32_t fragment, float* data
 void ring_allreduce::gather_round(uint64_t round, uint32_t fragment, const std::byte* message, double weight,
                                   gathered& g) {
   const auto world = static_cast<uint32_t>(endpoints_.size());
-  const round_plan plan = round_plan::gather(static_cast<uint32_t>(rank_), world, g.bytes, opts_.chunk_bytes);
+  const ring_plan plan = ring_plan::gather(static_cast<uint32_t>(rank_), world, g.bytes, opts_.chunk_bytes);
   round_ops ops;
   // A segment's bytes go to its rank's slot; its weight is the origin rank's, the same in every chunk.
   ops.take = [&](size_t i, const chunk_header& h, const zmq::message_t& payload) -> std::optional<rejection> {
@@ -551,262 +427,6 @@ void ring_allreduce::gather_round(uint64_t round, uint32_t fragment, const std::
     h.checksum = crc32c(payload.data(), payload.size());
   };
   run_round(round, fragment, plan, wire_dtype::sparse, g.bytes, opts_, ops);
-}
-
-void ring_allreduce::run_round(uint64_t round, uint32_t fragment, const round_plan& plan, wire_dtype dtype,
-                               uint64_t total_elements, const ring_options& o, const round_ops& ops) {
-  try {
-    const auto world = static_cast<uint32_t>(endpoints_.size());
-    const auto rank = static_cast<uint32_t>(rank_);
-    const uint32_t prev = (rank + world - 1) % world;
-    const uint32_t next = (rank + 1) % world;
-    transport& tr = *transport_;
-
-    chunk_expectation expect;
-    expect.cluster_id = opts_.cluster_id;
-    expect.epoch = opts_.epoch;
-    expect.round = round;
-    expect.fragment = fragment;
-    expect.world_size = world;
-    expect.total_elements = total_elements;
-    expect.dtype = dtype;
-    expect.sender = prev;
-
-    struct forward_entry {
-      zmq::message_t payload;
-      uint32_t checksum;
-      double weight;
-    };
-    std::deque<forward_entry> forward;  // all-gather payloads received, still to pass on, in order
-    size_t in_next = 0;
-    size_t out_next = 0;
-    uint64_t rejected_here = 0;
-    std::string last_rejection;
-
-    // Held frames of this round go first (they arrived before anything still in the socket); older ones are
-    // stale, later ones stay held.
-    std::deque<held_frame> replay;
-    {
-      std::deque<held_frame> keep;
-      for (auto& f : *held_) {
-        if (is_later_round(f.header, expect))
-          keep.push_back(std::move(f));
-        else
-          replay.push_back(std::move(f));
-      }
-      held_->swap(keep);
-    }
-
-    auto reject = [&](const std::string& peer, const rejection& r) {
-      ++rejected_here;
-      last_rejection = fmt::format("{} from {}", r.message(), peer);
-      report(peer, r);
-    };
-
-    // Validates a parsed chunk against the next in item and, if it fits, lets ops take it.
-    auto accept = [&](const chunk_header& h, zmq::message_t& payload, const std::string& peer) -> bool {
-      const item& it = plan.in[in_next];
-      expect.phase = it.phase;
-      expect.step = it.step;
-      expect.segment = it.segment;
-      expect.chunk = it.chunk;
-      expect.element_count = it.count;
-      expect.byte_count = it.bytes;
-      auto bad = check_chunk(h, payload.data(), payload.size(), expect);
-      if (!bad) bad = ops.take(in_next, h, payload);
-      if (bad) {
-        reject(peer, *bad);
-        return false;
-      }
-      if (it.keep) forward.push_back(forward_entry{std::move(payload), h.checksum, h.weight});
-      ++in_next;
-      return true;
-    };
-
-    // A message straight from the socket: framing, header, then either held (later round) or accepted.
-    auto on_message = [&](inbound_message& m) -> bool {
-      counters_->received.fetch_add(m.bytes);
-      const size_t n_parts = m.parts.size() + m.extra_parts;
-      if (n_parts < 2) {
-        reject(m.peer,
-               rejection{reject_reason::truncated,
-                         fmt::format("message has {} frame, a chunk needs 2 (header, payload)", n_parts)});
-        return false;
-      }
-      if (n_parts > 2) {
-        reject(m.peer,
-               rejection{reject_reason::bad_size,
-                         fmt::format("message has {} frames, a chunk has 2 (header, payload)", n_parts)});
-        return false;
-      }
-      auto h = parse_chunk_header(m.parts[0].data(), m.parts[0].size());
-      if (!h) {
-        reject(m.peer, h.error());
-        return false;
-      }
-      const std::string peer = fmt::format("{} (claims rank {})", m.peer, h.value().sender);
-      // Only frames of this cluster and epoch are held; any other goes to check_chunk and is rejected.
-      if (is_later_round(h.value(), expect)) {
-        if (held_->size() >= opts_.max_held_frames) {
-          reject(peer, rejection{reject_reason::wrong_round,
-                                 fmt::format("round {} fragment {} is later than this one and {} frames are "
-                                             "already held",
-                                             h.value().round, h.value().fragment, held_->size())});
-          return false;
-        }
-        held_->push_back(held_frame{h.value(), std::move(m.parts[1]), peer});
-        return false;
-      }
-      return accept(h.value(), m.parts[1], peer);
-    };
-
-    // Builds the frames of out item i (which is ready): forwarded bytes as they came, else ops makes them.
-    auto build = [&](size_t i, zmq::message_t& header, zmq::message_t& payload) {
-      const item& it = plan.out[i];
-      chunk_header h;
-      h.cluster_id = opts_.cluster_id;
-      h.epoch = opts_.epoch;
-      h.round = round;
-      h.fragment = fragment;
-      h.phase = it.phase;
-      h.step = it.step;
-      h.segment = it.segment;
-      h.chunk = it.chunk;
-      h.sender = rank;
-      h.world_size = world;
-      h.dtype = dtype;
-      h.total_elements = total_elements;
-      h.element_count = it.count;
-      h.byte_count = it.bytes;
-      if (it.forward) {
-        forward_entry f = std::move(forward.front());
-        forward.pop_front();
-        payload = std::move(f.payload);
-        h.checksum = f.checksum;
-        h.weight = f.weight;
-      } else {
-        ops.make(i, h, payload);
-      }
-      const auto bytes = build_chunk_header(h);
-      header = zmq::message_t(bytes.data(), bytes.size());
-    };
-
-    auto describe_wait = [&] {
-      std::string what;
-      if (in_next < plan.in.size()) {
-        const item& it = plan.in[in_next];
-        what = fmt::format("waiting for {} step {} segment {} chunk {} from {}", to_string(it.phase), it.step,
-                           it.segment, it.chunk, rank_text(prev));
-      }
-      if (out_next < plan.out.size()) {
-        const item& it = plan.out[out_next];
-        if (!what.empty()) what += "; ";
-        what += fmt::format("{} {} step {} segment {} chunk {} for {}",
-                            it.dep == npos || it.dep < in_next ? "unable to hand over" : "still to send",
-                            to_string(it.phase), it.step, it.segment, it.chunk, rank_text(next));
-      }
-      if (rejected_here > 0)
-        what += fmt::format("; {} frames rejected, last: {}", rejected_here, last_rejection);
-      return what;
-    };
-
-    std::optional<std::pair<zmq::message_t, zmq::message_t>> pending;  // built, not yet taken by ZeroMQ
-    auto deadline = clock::now() + opts_.timeout;
-    auto last_progress = clock::now();
-    auto next_stall_report = o.stall_report_after;  // since last_progress
-    inbound_message msg;
-    while (in_next < plan.in.size() || out_next < plan.out.size()) {
-      if (tr.stopping() || counters_->cancelled.load(std::memory_order_acquire))
-        throw lw_error(errc::cancelled,
-                       fmt::format("comm: rank {} round {}: ring is shutting down", rank_, round));
-      bool progress = false;
-      bool blocked_send = false;
-      // Send every ready chunk ZeroMQ will take.
-      while (out_next < plan.out.size()) {
-        const item& it = plan.out[out_next];
-        if (it.dep != npos && it.dep >= in_next) break;
-        if (!pending) {
-          pending.emplace();
-          build(out_next, pending->first, pending->second);
-        }
-        const size_t bytes = pending->first.size() + pending->second.size();
-        if (!tr.try_send(pending->first, pending->second)) {
-          blocked_send = true;
-          break;
-        }
-        counters_->sent.fetch_add(bytes);
-        pending.reset();
-        ++out_next;
-        progress = true;
-      }
-      // Then a batch of incoming frames: held ones of this round first.
-      bool more_waiting = false;
-      for (int b = 0; b < recv_batch && in_next < plan.in.size(); ++b) {
-        if (!replay.empty()) {
-          held_frame f = std::move(replay.front());
-          replay.pop_front();
-          if (accept(f.header, f.payload, f.peer)) progress = true;
-        } else if (tr.try_recv(msg, 2)) {
-          if (on_message(msg)) progress = true;
-        } else {
-          break;
-        }
-        if (b + 1 == recv_batch) more_waiting = true;
-      }
-      if (out_next < plan.out.size())
-        if (auto lost = tr.link_lost())
-          throw lw_error(errc::peer_lost,
-                         fmt::format("comm: rank {} round {}: {} (rank {}) with {} chunks still to send",
-                                     rank_, round, *lost, next, plan.out.size() - out_next));
-      const auto now = clock::now();
-      if (progress) {
-        deadline = now + opts_.timeout;
-        last_progress = now;
-        next_stall_report = o.stall_report_after;
-        continue;
-      }
-      // A stalled call: say what it waits for now and then, and give up early once the coordinator has
-      // declared a node lost (the stall is then most likely that node's).
-      const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress);
-      if (o.on_stall && stalled >= next_stall_report) {
-        next_stall_report += o.stall_report_every;
-        const std::string line = fmt::format(
-            "comm: rank {} round {}: no progress for {} s (deadline in {} s): {}", rank_, round,
-            stalled.count() / 1000, std::chrono::duration_cast<std::chrono::seconds>(deadline - now).count(),
-            describe_wait());
-        try {
-          o.on_stall(line);
-        } catch (const std::exception& e) {  // the callback's bug must not end the round
-          std::fprintf(stderr, "longwave comm: on_stall threw: %s\n", e.what());
-        }
-      }
-      if (stalled >= o.stall_report_after)
-        if (auto v = verdict())
-          throw lw_error(errc::peer_lost,
-                         fmt::format("comm: rank {} round {}: {}; no progress for {} s: {}", rank_, round, *v,
-                                     stalled.count() / 1000, describe_wait()));
-      if (now >= deadline)  // checked before more_waiting, so a flood of bad frames cannot hold it off
-        throw lw_error(errc::deadline_missed,
-                       fmt::format("comm: rank {} round {}: no progress for {} ms: {}", rank_, round,
-                                   opts_.timeout.count(), describe_wait()));
-      if (more_waiting) continue;
-      tr.wait(blocked_send, in_next < plan.in.size(), deadline);
-      // Who held this rank up: the next rank (a full queue towards it) or the previous one (nothing to send).
-      const auto waited = static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - now).count());
-      (blocked_send ? counters_->send_wait_ns : counters_->recv_wait_ns).fetch_add(waited);
-    }
-    // Held frames of this round that were not needed (duplicates or forgeries) are dropped now.
-    for (auto& f : replay)
-      reject(
-          f.peer,
-          rejection{reject_reason::wrong_step,
-                    fmt::format("{} step {} segment {} chunk {} arrived after the round was complete",
-                                to_string(f.header.phase), f.header.step, f.header.segment, f.header.chunk)});
-  } catch (const zmq::error_t& e) {
-    throw lw_error(errc::io_error,
-                   fmt::format("comm: rank {} round {}: ZeroMQ error: {}", rank_, round, e.what()));
-  }
 }
 
 }  // namespace longwave::comm

@@ -76,6 +76,8 @@ struct ring_options {
 
 /// One member of a ring of world ranks, the "ring" comm.backend. Owns a transport (one I/O thread, all
 /// the links); allreduce runs on that thread while the caller waits. Not copyable; calls are serialized.
+struct ring_plan;
+
 class ring_allreduce final : public collective {
  public:
   /// Called on the I/O thread for each dropped frame with the sending address (and the rank it claims, if
@@ -159,8 +161,8 @@ class ring_allreduce final : public collective {
 
  private:
   struct held_frame;
-  struct round_plan;
   struct round_ops;
+  class round_run;  // one call's event loop (ring_round.cpp)
 
   // The checks every call makes before it starts (stale key, weight); under call_mu_.
   void check_call(uint64_t round, uint32_t fragment, double weight) const;
@@ -171,7 +173,7 @@ class ring_allreduce final : public collective {
                     const ring_options& o, size_t chunk_elements);
   void gather_round(uint64_t round, uint32_t fragment, const std::byte* message, double weight, gathered& g);
   // The event loop that runs a plan's frames: one for both collectives.
-  void run_round(uint64_t round, uint32_t fragment, const round_plan& plan, wire_dtype dtype,
+  void run_round(uint64_t round, uint32_t fragment, const ring_plan& plan, wire_dtype dtype,
                  uint64_t total_elements, const ring_options& o, const round_ops& ops);
   void single_rank(float* data, size_t n, const ring_options& o, size_t chunk_elements);
   void report(const std::string& peer, const rejection& r);

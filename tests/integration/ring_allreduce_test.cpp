@@ -39,6 +39,7 @@
 #include "comm/wire.capnp.h"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
+#include "tests/support/errors.hpp"
 #include "tests/support/raw_frames.hpp"
 
 namespace {
@@ -238,12 +239,7 @@ int ring_member(const fs::path& dir, const std::string& tag, int rank, std::vect
 // How a call ended: "none" if it returned, else the name of its lw_error's code.
 template <class Fn>
 std::string outcome_of(Fn&& call) {
-  try {
-    call();
-  } catch (const lw_error& e) {
-    return to_string(e.code());
-  }
-  return "none";
+  return to_string(test::error_of(call));
 }
 
 // Where ring member r writes how its call ended, for the parent to check.

@@ -17,6 +17,7 @@
 #include "cluster/state_server.hpp"
 #include "comm/wire.capnp.h"
 #include "runtime/errors/errors.hpp"
+#include "tests/support/errors.hpp"
 
 // ThreadSanitizer: GCC defines __SANITIZE_THREAD__, clang answers __has_feature(thread_sanitizer).
 #if defined(__SANITIZE_THREAD__)
@@ -30,6 +31,7 @@
 using namespace longwave;
 using namespace longwave::comm;
 using namespace longwave::cluster;
+using longwave::test::error_of;
 
 namespace {
 
@@ -61,17 +63,6 @@ std::vector<std::unique_ptr<state_server>> serving(size_t n, reduce_key key,
     servers.back()->publish(key, key.round, blob);
   }
   return servers;
-}
-
-template <class Fn>
-errc error_of(Fn&& fn, std::string* message = nullptr) {
-  try {
-    fn();
-  } catch (const lw_error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return errc::none;
 }
 
 zmq::message_t request_frame(uint64_t cluster_id, bool chunk, reduce_key key, uint64_t offset,

@@ -15,6 +15,7 @@
 
 #include "comm/curve.hpp"
 #include "runtime/errors/errors.hpp"
+#include "tests/support/errors.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
@@ -24,17 +25,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// The message of the lw_error fn throws; fails the test if it throws none.
+/// The message of the invalid_config error fn throws (the check fails when it throws another or none).
 template <class Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const lw_error& e) {
-    CATCH_CHECK(e.code() == errc::invalid_config);
-    return e.what();
-  }
-  CATCH_FAIL("no error");
-  return {};
+std::string refusal_of(Fn fn) {
+  std::string message;
+  CATCH_CHECK(test::error_of(fn, &message) == errc::invalid_config);
+  return message;
 }
 
 }  // namespace
@@ -56,21 +52,22 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(::stat(path.c_str(), &st) == 0);
   CATCH_CHECK((st.st_mode & 0777) == 0600);
   CATCH_CHECK(read_key_file(path, true) == k.secret_key);
-  CATCH_CHECK_THAT(error_of([&] { write_key_file(path, k.secret_key, "again"); }),
+  CATCH_CHECK_THAT(refusal_of([&] { write_key_file(path, k.secret_key, "again"); }),
                    Contains("never overwritten"));
   CATCH_CHECK(read_key_file(path, true) == k.secret_key);  // untouched
 
   ::chmod(path.c_str(), 0644);
-  const auto open = error_of([&] { read_key_file(path, true); });
+  const auto open = refusal_of([&] { read_key_file(path, true); });
   CATCH_CHECK_THAT(open, Contains(path));
   CATCH_CHECK_THAT(open, Contains("0644"));
   CATCH_CHECK(read_key_file(path, false) == k.secret_key);  // a public key file may be readable
-  CATCH_CHECK_THAT(error_of([&] { read_key_file(dir + "/missing.public", false); }),
+  CATCH_CHECK_THAT(refusal_of([&] { read_key_file(dir + "/missing.public", false); }),
                    Contains(dir + "/missing.public"));
   std::ofstream(dir + "/bad.public") << "# comment\nnot a key\n";
-  CATCH_CHECK_THAT(error_of([&] { read_key_file(dir + "/bad.public", false); }), Contains("not a CURVE key"));
+  CATCH_CHECK_THAT(refusal_of([&] { read_key_file(dir + "/bad.public", false); }),
+                   Contains("not a CURVE key"));
   std::ofstream(dir + "/two.public") << k.public_key << "\n" << k.public_key << "\n";
-  CATCH_CHECK_THAT(error_of([&] { read_key_file(dir + "/two.public", false); }), Contains("more than one"));
+  CATCH_CHECK_THAT(refusal_of([&] { read_key_file(dir + "/two.public", false); }), Contains("more than one"));
   fs::remove_all(dir);
 }
 
@@ -83,7 +80,7 @@ CATCH_TEST_CASE("a key directory: the coordinator's and each node's keys, revoke
   const auto cluster_public = read_key_file(dir + "/cluster.public", false);
   CATCH_CHECK(make_key_directory(dir, {"c"}).size() == 2);
   CATCH_CHECK(read_key_file(dir + "/cluster.public", false) == cluster_public);
-  CATCH_CHECK_THAT(error_of([&] { make_key_directory(dir, {"d", "b"}); }), Contains("b.public"));
+  CATCH_CHECK_THAT(refusal_of([&] { make_key_directory(dir, {"d", "b"}); }), Contains("b.public"));
   CATCH_CHECK_FALSE(fs::exists(dir + "/nodes/d.secret"));
 
   const auto coord = load_coordinator_keys(dir, {"b"});
@@ -103,11 +100,12 @@ CATCH_TEST_CASE("a key directory: the coordinator's and each node's keys, revoke
   CATCH_CHECK_FALSE(view.name_of(b.own.public_key).has_value());
   // Revoked by key, and an entry that is neither a node nor a key.
   CATCH_CHECK(load_coordinator_keys(dir, {a.own.public_key}).nodes->is_revoked(a.own.public_key));
-  CATCH_CHECK_THAT(error_of([&] { load_coordinator_keys(dir, {"zz"}); }), Contains("security.revoked: 'zz'"));
-  CATCH_CHECK_THAT(error_of([&] { load_node_keys(dir, "zz"); }), Contains("nodes/zz.secret"));
+  CATCH_CHECK_THAT(refusal_of([&] { load_coordinator_keys(dir, {"zz"}); }),
+                   Contains("security.revoked: 'zz'"));
+  CATCH_CHECK_THAT(refusal_of([&] { load_node_keys(dir, "zz"); }), Contains("nodes/zz.secret"));
   // A public file of another pair beside a secret: said, not used.
   fs::copy_file(dir + "/nodes/b.public", dir + "/nodes/a.public", fs::copy_options::overwrite_existing);
-  CATCH_CHECK_THAT(error_of([&] { load_node_keys(dir, "a"); }), Contains("not the public half"));
+  CATCH_CHECK_THAT(refusal_of([&] { load_node_keys(dir, "a"); }), Contains("not the public half"));
   fs::remove_all(fs::path(dir).parent_path());
 }
 

@@ -19,6 +19,7 @@
 #include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
 #include "runtime/errors/errors.hpp"
+#include "tests/support/errors.hpp"
 
 namespace fs = std::filesystem;
 using namespace longwave::models::data;
@@ -59,16 +60,6 @@ void write_text(const std::string& path, const std::string& text) {
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-template <typename F>
-errc error_code_of(F&& f) {
-  try {
-    f();
-  } catch (const lw_error& e) {
-    return e.code();
-  }
-  return errc::none;
 }
 
 // A few kilobytes of varied English-like text.
@@ -145,7 +136,7 @@ CATCH_TEST_CASE("A malformed jsonl line is reported with its file and line numbe
 
   write_text(path, "{\"text\": \"fine\"}\n{\"text\": \"unterminated}\n");
   CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:2") && Contains("closing quotation mark"));
-  CATCH_CHECK(error_code_of([&] { read_corpus(path); }) == errc::corrupt_data);
+  CATCH_CHECK(longwave::test::error_of([&] { read_corpus(path); }) == errc::corrupt_data);
 
   write_text(path, "{\"text\": \"fine\"}\n\n{\"title\": \"no text here\"}\n");
   CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("bad.jsonl:3") && Contains("\"text\""));
@@ -174,13 +165,13 @@ CATCH_TEST_CASE("A plain corpus is read as raw bytes and an empty or missing cor
 
   write_text(path, "");
   CATCH_REQUIRE_THROWS_WITH(read_corpus(path), Contains("raw.txt") && Contains("empty"));
-  CATCH_CHECK(error_code_of([&] { read_corpus(path); }) == errc::corrupt_data);
+  CATCH_CHECK(longwave::test::error_of([&] { read_corpus(path); }) == errc::corrupt_data);
 
   write_text(dir.file("blank.jsonl"), "\n\n{\"text\": \"\"}\n");
   CATCH_REQUIRE_THROWS_WITH(read_corpus(dir.file("blank.jsonl")), Contains("empty"));
 
-  CATCH_CHECK(error_code_of([&] { read_corpus(dir.file("missing.txt")); }) == errc::io_error);
-  CATCH_CHECK(error_code_of([&] { read_corpus(dir.path().string()); }) == errc::io_error);
+  CATCH_CHECK(longwave::test::error_of([&] { read_corpus(dir.file("missing.txt")); }) == errc::io_error);
+  CATCH_CHECK(longwave::test::error_of([&] { read_corpus(dir.path().string()); }) == errc::io_error);
 }
 
 CATCH_TEST_CASE("profile_text counts control bytes and bytes outside well-formed UTF-8", "[data]") {
@@ -208,7 +199,7 @@ CATCH_TEST_CASE("A binary corpus is refused naming the file and its share of con
   for (auto& ch : noise) ch = static_cast<char>(rng() & 0xFF);
   const std::string corpus = dir.file("corpus.txt");
   write_text(corpus, noise);
-  CATCH_CHECK(error_code_of([&] {
+  CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"));
               }) == errc::corrupt_data);
   CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")),
@@ -264,7 +255,7 @@ CATCH_TEST_CASE("The byte tokenizer maps every byte to itself and back", "[data]
   CATCH_REQUIRE(ids.size() == 256);
   for (int b = 0; b < 256; ++b) CATCH_CHECK(ids[static_cast<size_t>(b)] == b);
   CATCH_CHECK(tok->decode(ids) == bytes);
-  CATCH_CHECK(error_code_of([&] { tok->decode({65, 256}); }) == errc::corrupt_data);
+  CATCH_CHECK(longwave::test::error_of([&] { tok->decode({65, 256}); }) == errc::corrupt_data);
 
   temp_dir dir;
   tok->save(dir.file("tokenizer.txt"));
@@ -330,8 +321,8 @@ CATCH_TEST_CASE("A BPE tokenizer trained to vocab 300 round-trips any bytes and 
     CATCH_CHECK(tok.merges()[r].first < 256 + r);
     CATCH_CHECK(tok.merges()[r].second < 256 + r);
   }
-  CATCH_CHECK(error_code_of([&] { tok.decode({300}); }) == errc::corrupt_data);
-  CATCH_CHECK(error_code_of([&] { bpe_tokenizer::train(text, 70000); }) == errc::invalid_config);
+  CATCH_CHECK(longwave::test::error_of([&] { tok.decode({300}); }) == errc::corrupt_data);
+  CATCH_CHECK(longwave::test::error_of([&] { bpe_tokenizer::train(text, 70000); }) == errc::invalid_config);
 }
 
 CATCH_TEST_CASE("BPE training stops early when the text runs out of pairs", "[data]") {
@@ -383,11 +374,11 @@ CATCH_TEST_CASE("A malformed tokenizer file is rejected naming the file and line
     CATCH_INFO("contents: " << c.contents);
     write_text(path, c.contents);
     CATCH_CHECK_THROWS_WITH(load_tokenizer(path), Contains(c.expected));
-    CATCH_CHECK(error_code_of([&] { load_tokenizer(path); }) == errc::corrupt_data);
+    CATCH_CHECK(longwave::test::error_of([&] { load_tokenizer(path); }) == errc::corrupt_data);
   }
   write_text(path, "longwave-bpe 1\r\n258\r\n97 98\r\n98 99\r\n\r\n");
   CATCH_CHECK(load_tokenizer(path)->vocab_size() == 258);
-  CATCH_CHECK(error_code_of([&] { load_tokenizer(dir.file("absent.txt")); }) == errc::io_error);
+  CATCH_CHECK(longwave::test::error_of([&] { load_tokenizer(dir.file("absent.txt")); }) == errc::io_error);
 }
 
 // ---------------------------------------------------------------------------------------------------- shards
@@ -427,7 +418,7 @@ CATCH_TEST_CASE("A shard with a bad magic, version, length or count is rejected 
   write_text(path, set_le32(bytes, 0, 123));
   CATCH_REQUIRE_THROWS_WITH(read_shard(path),
                             Contains("bad.bin") && Contains("bad magic 123 (expected 20240520)"));
-  CATCH_CHECK(error_code_of([&] { read_shard(path); }) == errc::corrupt_data);
+  CATCH_CHECK(longwave::test::error_of([&] { read_shard(path); }) == errc::corrupt_data);
 
   write_text(path, set_le32(bytes, 4, 2));
   CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("unsupported version 2"));
@@ -449,7 +440,7 @@ CATCH_TEST_CASE("A shard with a bad magic, version, length or count is rejected 
   write_text(path, bytes.substr(0, 100));
   CATCH_REQUIRE_THROWS_WITH(read_shard(path), Contains("shorter than the 1024-byte header"));
 
-  CATCH_CHECK(error_code_of([&] { read_shard(dir.file("absent.bin")); }) == errc::io_error);
+  CATCH_CHECK(longwave::test::error_of([&] { read_shard(dir.file("absent.bin")); }) == errc::io_error);
 }
 
 // ------------------------------------------------------------------------------------------- preparation
@@ -564,7 +555,7 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   CATCH_REQUIRE_THROWS_WITH(
       prepare_dataset(empty.path().string(), tokenizer_kind::byte, 0, 0.1, empty.file("out")),
       Contains("has no train.bin and val.bin"));
-  CATCH_CHECK(error_code_of([&] {
+  CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(empty.path().string(), tokenizer_kind::byte, 0, 0.1, empty.file("out"));
               }) == errc::invalid_config);
 }
@@ -575,18 +566,18 @@ CATCH_TEST_CASE("prepare_dataset rejects bad arguments with a clear message", "[
   write_text(corpus, sample_text());
   CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::bpe, 70000, 0.1, dir.file("out")),
                             Contains("65536"));
-  CATCH_CHECK(error_code_of([&] {
+  CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(corpus, tokenizer_kind::bpe, 70000, 0.1, dir.file("out"));
               }) == errc::invalid_config);
   CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, static_cast<tokenizer_kind>(7), 0, 0.1, dir.file("out")),
                             Contains("unknown tokenizer 7"));
-  CATCH_CHECK(error_code_of([&] {
+  CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.0, dir.file("out"));
               }) == errc::invalid_config);
-  CATCH_CHECK(error_code_of([&] {
+  CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(corpus, tokenizer_kind::byte, 0, 1.0, dir.file("out"));
               }) == errc::invalid_config);
-  CATCH_CHECK(error_code_of([&] {
+  CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(dir.file("absent.txt"), tokenizer_kind::byte, 0, 0.1, dir.file("out"));
               }) == errc::io_error);
 }
@@ -674,11 +665,15 @@ CATCH_TEST_CASE("A worker region shorter than seq_len+2 tokens is rejected", "[d
   auto tokens = std::make_shared<const std::vector<uint16_t>>(iota_tokens(100));
   CATCH_REQUIRE_THROWS_WITH(window_sampler(tokens, 0, 4, 2, 24, 1),
                             Contains("corpus too small: worker region of 25 tokens < seq_len+2 = 26"));
-  CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 0, 4, 2, 24, 1); }) == errc::invalid_config);
+  CATCH_CHECK(longwave::test::error_of([&] { window_sampler(tokens, 0, 4, 2, 24, 1); }) ==
+              errc::invalid_config);
   CATCH_CHECK_NOTHROW(window_sampler(tokens, 0, 4, 2, 23, 1));
-  CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 4, 4, 2, 8, 1); }) == errc::invalid_config);
-  CATCH_CHECK(error_code_of([&] { window_sampler(tokens, 0, 1, 0, 8, 1); }) == errc::invalid_config);
-  CATCH_CHECK(error_code_of([&] { window_sampler(nullptr, 0, 1, 2, 8, 1); }) == errc::invalid_config);
+  CATCH_CHECK(longwave::test::error_of([&] { window_sampler(tokens, 4, 4, 2, 8, 1); }) ==
+              errc::invalid_config);
+  CATCH_CHECK(longwave::test::error_of([&] { window_sampler(tokens, 0, 1, 0, 8, 1); }) ==
+              errc::invalid_config);
+  CATCH_CHECK(longwave::test::error_of([&] { window_sampler(nullptr, 0, 1, 2, 8, 1); }) ==
+              errc::invalid_config);
 }
 
 // ------------------------------------------------------------------------------------------------ partitions
@@ -755,9 +750,10 @@ CATCH_TEST_CASE("The books partition gives each part whole documents, split near
   // Data without document starts (ready shards) cannot be split by documents.
   CATCH_REQUIRE_THROWS_WITH(partition_spans(data_partition::books, 10000, {}, 0, 2, 33),
                             Contains("needs the documents' starts"));
-  CATCH_CHECK(error_code_of([&] { partition_spans(data_partition::books, 10000, {}, 0, 2, 33); }) ==
-              errc::invalid_config);
-  CATCH_CHECK(error_code_of([&] { partition_spans(data_partition::iid, 10000, {}, 2, 2, 33); }) ==
+  CATCH_CHECK(longwave::test::error_of([&] {
+                partition_spans(data_partition::books, 10000, {}, 0, 2, 33);
+              }) == errc::invalid_config);
+  CATCH_CHECK(longwave::test::error_of([&] { partition_spans(data_partition::iid, 10000, {}, 2, 2, 33); }) ==
               errc::invalid_config);
 }
 
@@ -878,7 +874,7 @@ CATCH_TEST_CASE("prepare_dataset records where documents start, and a bad record
   write_text(d.docs_path, "longwave-docs 1\n0\n50\n40\n");
   CATCH_REQUIRE_THROWS_WITH(read_document_starts(d.docs_path), Contains("train.docs:4: '40'"));
   write_text(d.docs_path, "something else\n0\n");
-  CATCH_CHECK(error_code_of([&] { read_document_starts(d.docs_path); }) == errc::corrupt_data);
+  CATCH_CHECK(longwave::test::error_of([&] { read_document_starts(d.docs_path); }) == errc::corrupt_data);
   // The cache sees the damaged record and prepares the data again.
   std::vector<std::string> logs;
   prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"),
@@ -906,7 +902,7 @@ CATCH_TEST_CASE("Validation batches are consecutive windows that wrap around a s
   }
   CATCH_REQUIRE_THROWS_WITH(validation_batch(iota_tokens(11), 0, 1, seq_len),
                             Contains("validation set too small"));
-  CATCH_CHECK(error_code_of([&] { max_validation_batches(iota_tokens(11), 1, seq_len); }) ==
+  CATCH_CHECK(longwave::test::error_of([&] { max_validation_batches(iota_tokens(11), 1, seq_len); }) ==
               errc::invalid_config);
   CATCH_CHECK(validation_batch(iota_tokens(12), 5, 3, seq_len).size() == 3 * 11);
 }
