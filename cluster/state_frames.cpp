@@ -82,7 +82,7 @@ std::optional<std::string> parse_request(const void* data, size_t size, state_re
     out.offset = r.getOffset();
     out.length = r.getLength();
   } catch (const kj::Exception& e) {
-    return "request does not decode: " + std::string(e.getDescription().cStr());
+    return "request does not decode: " + comm::kj_text(e);
   }
   if (version != comm::wire::PROTOCOL_VERSION)
     return fmt::format("protocol version {}, this server speaks {}", version, comm::wire::PROTOCOL_VERSION);
@@ -169,7 +169,7 @@ std::optional<std::string> parse_reply(const void* data, size_t size, state_repl
       out.offers.push_back(std::move(info));
     }
   } catch (const kj::Exception& e) {
-    return "reply does not decode: " + std::string(e.getDescription().cStr());
+    return "reply does not decode: " + comm::kj_text(e);
   }
   if (version != comm::wire::PROTOCOL_VERSION)
     return fmt::format("protocol version {}, this node speaks {}", version, comm::wire::PROTOCOL_VERSION);
