@@ -84,56 +84,41 @@ std::string sparse_values(const config::train_config& cfg) {
   return fmt::format("top-k at {} bits", cfg.comm.value_bits);
 }
 
-/// The communicator's options: the local mean alone, or (a cluster node) comm.backend across nodes.
+/// The communicator's options: one process is one node on a ring of one rank, a cluster node reduces across
+/// nodes through comm.backend.
 communicator_options communicator_options_for(const config::train_config& cfg, const cluster_role* role,
                                               const metrics_actor& metrics) {
   communicator_options o;
   o.metrics = metrics;
   o.log_events = cfg.run.mode != config::run_mode::ddp;
-  // In a single process each worker's contribution is coded as a one-worker node would code it.
-  o.sparse = sparse_options_from(cfg);
-  o.ef_decay = static_cast<float>(cfg.comm.ef_decay);
-  o.robust_clip = cfg.comm.robust_clip;
-  o.shared_indices = cfg.comm.sparse_indices == config::sparse_index_mode::shared;
-  o.mask_seed = cfg.run.seed;
-  o.codec.int8_codebook = cfg.comm.int8_codebook;  // shared indices quantize as the ring's int8 would
-  if (cfg.comm.dtype == config::wire_dtype::sparse) o.dtype = cfg.comm.dtype;
-  if (!role && cfg.run.mode != config::run_mode::single && cfg.comm.dtype != config::wire_dtype::fp32 &&
-      cfg.comm.dtype != config::wire_dtype::sparse) {
-    o.dtype = cfg.comm.dtype;
-    spdlog::info("comm: each worker's {} is rounded to {} as a node would send it{}",
-                 cfg.run.mode == config::run_mode::ddp ? "gradient" : "pseudo-gradient", cfg.comm.dtype,
-                 cfg.comm.error_feedback ? " (error feedback applies to clusters only)" : "");
+  o.reduction = reduction_options_from(cfg);
+  const std::string coding =
+      cfg.comm.dtype == config::wire_dtype::sparse
+          ? fmt::format("sparse at density {}, {}, error feedback decay {}{}", cfg.comm.density,
+                        sparse_values(cfg), cfg.comm.ef_decay,
+                        cfg.comm.robust_clip ? ", clipped to the median norm" : "")
+          : fmt::format("{}{}", cfg.comm.dtype, cfg.comm.error_feedback ? ", error feedback" : "");
+  // Shared indices quantize in the chunks of the ring's int8 (NCCL has none).
+  if (cfg.comm.dtype == config::wire_dtype::sparse &&
+      (!role || cfg.comm.backend == config::comm_backend::ring)) {
+    auto int8_ring = ring_options_from(cfg, 0);
+    int8_ring.dtype = config::wire_dtype::int8;
+    o.reduction.shared_chunk = comm::elements_per_chunk(int8_ring);
   }
   if (!role) {
-    if (o.dtype == config::wire_dtype::sparse)
-      spdlog::info(
-          "comm: each worker's pseudo-gradient is coded as a node of one worker would code it: sparse "
-          "at density {}, {}, error feedback decay {}{}",
-          cfg.comm.density, sparse_values(cfg), cfg.comm.ef_decay,
-          cfg.comm.robust_clip ? ", clipped to the median norm" : "");
+    o.local = ring_options_from(cfg, 0);
+    if (cfg.comm.dtype != config::wire_dtype::fp32 && cfg.run.mode != config::run_mode::single)
+      spdlog::info("comm: one process is one node: the workers' mean {} is coded as a node sends it ({})",
+                   cfg.run.mode == config::run_mode::ddp ? "gradient" : "pseudo-gradient", coding);
     return o;
   }
   o.collective = make_collective(cfg, *role, rejection_logger(metrics));
-  o.dtype = cfg.comm.dtype;
-  o.codec = role->ring.codec;
-  o.error_feedback = cfg.comm.error_feedback;
-  if (cfg.comm.dtype == config::wire_dtype::sparse && cfg.comm.backend == config::comm_backend::ring) {
-    auto int8_ring = role->ring;
-    int8_ring.dtype = config::wire_dtype::int8;
-    o.shared_chunk = comm::elements_per_chunk(int8_ring);
-  }
   o.observe_round = role->observe_round;
   const auto world = role->names.size();
   o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
   o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
-  spdlog::info(
-      "{}: rank {} of {}, listening on {}, sending to {} ({} on the wire{})", cfg.comm.backend, role->rank,
-      world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer, cfg.comm.dtype,
-      cfg.comm.dtype == config::wire_dtype::sparse
-          ? fmt::format(" at density {}, {}, error feedback decay {}{}", cfg.comm.density, sparse_values(cfg),
-                        cfg.comm.ef_decay, cfg.comm.robust_clip ? ", clipped to the median norm" : "")
-          : std::string(cfg.comm.error_feedback ? ", error feedback" : ""));
+  spdlog::info("{}: rank {} of {}, listening on {}, sending to {} ({} on the wire)", cfg.comm.backend,
+               role->rank, world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer, coding);
   return o;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
-// The communicator actor: averages pseudo-gradients (or, in ddp mode, gradients). It first averages the
-// local workers' tensors in-process (fp32, rank order); in a cluster it then takes part once in the
-// all-reduce across nodes (comm.backend: the ring or NCCL), weighted by its worker count, so every node gets
-// the mean over all workers.
+// The communicator actor: averages pseudo-gradients (or, in ddp mode, gradients), hierarchically: first the
+// local workers' tensors in process (fp32, rank order), then the node's reduction (comm/reduction.hpp, picked
+// once from comm.dtype) across nodes through the collective (comm.backend: the ring or NCCL), weighted by
+// the node's worker count, so every node gets the mean over all workers. One process is one node.
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
@@ -10,38 +10,20 @@
 #include <memory>
 #include <string>
 
-#include "comm/codec.hpp"
-#include "comm/sparse_codec.hpp"
+#include "comm/reduction.hpp"
+#include "comm/ring_allreduce.hpp"
 #include "runtime/messages/interfaces.hpp"
-
-namespace longwave::comm {
-class collective;
-}
 
 namespace longwave::actors {
 
 /// What the communicator needs beyond the local mean.
 struct communicator_options {
   /// The all-reduce across nodes (comm/collective.hpp: the ring or NCCL); null when this process is the whole
-  /// run.
+  /// run: it is then one node, on a ring of one rank that rounds as a node's ring would (`local`'s chunks).
   std::shared_ptr<comm::collective> collective;
-  /// Wire dtype and codec of the collective (every node must agree), and whether this node carries its
-  /// quantization residual into the next round (only for lossy dtypes).
-  comm::wire_dtype dtype = comm::wire_dtype::fp32;
-  comm::codec_options codec{};
-  bool error_feedback = false;
-  /// comm.dtype = "sparse": the codec's parameters, error feedback's decay (always on for sparse) and whether
-  /// each node's contribution is clipped to the round's median norm.
-  comm::sparse_options sparse{};
-  float ef_decay = 0.95f;
-  bool robust_clip = false;
-  /// comm.sparse_indices = "shared": every node sends the values at the same seeded indices
-  /// (comm/shared_mask.hpp, from mask_seed = run.seed) as int8 over the dense ring, instead of its own top-k
-  /// all-gathered.
-  bool shared_indices = false;
-  /// Values the ring's int8 encodes together (its chunk length for int8): shared indices quantize so.
-  size_t shared_chunk = SIZE_MAX;
-  uint64_t mask_seed = 0;
+  comm::ring_options local{};
+  /// comm.dtype and the settings of its reduction (comm/reduction.hpp), the same on every node.
+  comm::reduction_options reduction{};
   /// Metrics sink for all-reduce time and bytes; may be null.
   runtime::metrics_actor metrics;
   /// The next and previous nodes' names (labels of the bytes-sent and bytes-received counters).

@@ -172,12 +172,6 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
               "federated.clients_per_round = {}: client sampling draws from the cluster file's workers, "
               "and [cluster] open = true adds data parts for nodes not in the file; set open = false",
               k));
-    if (!role && cfg.comm.dtype == config::wire_dtype::sparse)
-      throw config::config_error(
-          "comm.dtype", fmt::format("comm.dtype = \"sparse\" with federated.clients_per_round = {} in one "
-                                    "process is not supported yet (each worker's residual follows its "
-                                    "position among the drawn workers); run it as a cluster or use int8",
-                                    k));
     // A client trains in k of M rounds on average: its learning-rate schedule spans the steps it expects.
     ctx->inner.total_steps = std::max<int64_t>(1, ctx->inner.total_steps * k / ctx->data_parts());
     spdlog::info("federated: {} of {} clients train each round (seed {}); a client's schedule spans {} steps",

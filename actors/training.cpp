@@ -116,11 +116,22 @@ comm::sparse_options sparse_options_from(const config::train_config& cfg) {
   return o;
 }
 
+comm::reduction_options reduction_options_from(const config::train_config& cfg) {
+  comm::reduction_options o;
+  o.dtype = cfg.comm.dtype;
+  o.codec.int8_codebook = cfg.comm.int8_codebook;
+  o.error_feedback = cfg.comm.error_feedback;
+  o.sparse = sparse_options_from(cfg);
+  o.ef_decay = static_cast<float>(cfg.comm.ef_decay);
+  o.robust_clip = cfg.comm.robust_clip;
+  o.shared_indices = cfg.comm.sparse_indices == config::sparse_index_mode::shared;
+  o.mask_seed = cfg.run.seed;
+  return o;
+}
+
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id) {
   comm::ring_options r;
-  // Sparse messages are all-gathered (collective::allgather); the ring's own dense calls (exact ones) are
-  // fp32.
-  r.dtype = cfg.comm.dtype == config::wire_dtype::sparse ? config::wire_dtype::fp32 : cfg.comm.dtype;
+  r.dtype = comm::dense_dtype(cfg.comm.dtype);
   r.codec.int8_codebook = cfg.comm.int8_codebook;
   r.chunk_bytes = static_cast<size_t>(cfg.comm.chunk_kib) * 1024;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));

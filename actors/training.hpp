@@ -12,6 +12,7 @@
 
 #include "actors/run_context.hpp"
 #include "comm/collective.hpp"
+#include "comm/reduction.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "comm/sparse_codec.hpp"
 #include "config/train_config.hpp"
@@ -110,6 +111,10 @@ std::vector<uint64_t> checkpoint_rounds(const config::train_config& cfg, uint64_
 
 /// The sparse codec's settings of a config's [comm] section (used when comm.dtype = "sparse").
 comm::sparse_options sparse_options_from(const config::train_config& cfg);
+
+/// The reduction settings of a config's [comm] section (comm/reduction.hpp), but for shared_chunk, which
+/// depends on the backend.
+comm::reduction_options reduction_options_from(const config::train_config& cfg);
 
 /// The ring settings of a config's [comm] section (cluster id from the cluster file).
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sparse codec quality (issue 22): final val loss of fp32 and of the sparse codec at several densities and
-# bits, each ÷ fp32's at the same outer setting, with the bytes each sends per value against fp32. One
-# process, 4 workers: each worker's pseudo-gradient is coded as a one-worker node would code it (its own
-# error feedback), so this equals a 4-node cluster (tests/process/policy_test.cpp runs the real one).
+# bits, each ÷ fp32's at the same outer setting, with the bytes each sends per value against fp32. A cluster
+# of 4 one-worker nodes on this machine (examples/cluster_4nodes.toml, plain TCP on loopback): each node codes
+# its own pseudo-gradient with its own error feedback (one process would be one node, coding the mean once).
 # Usage: bench/sparse_quality.sh [ROUNDS] [H] ["lr:mu" ...]   (default 50 10 "0.7:0.9" "1.0:0")
 # Grid: LW_GRID="density:bits ..." (default "0.01:2 0.01:4 0.03:2 0.03:4 0.1:2 0.1:4").
 # Extra settings: LW_SET="--set comm.ef_decay=1 ..."; binary: LONGWAVE (default build/release/longwave, else
@@ -25,23 +25,24 @@ trap 'rm -rf "$out"' EXIT
 csv=${LW_CSV:-bench/sparse_quality.csv}
 common=(--fresh --set run.seed=11 --set model.seq_len=64 --set train.batch_size=8 --set train.lr=4e-3
         --set train.warmup_steps=10 --set train.threads=1 --set train.inner_steps="$h" --set train.rounds="$rounds"
-        --set eval.every_rounds=0 --set eval.batches=16 --set checkpoint.every_rounds=0 --set metrics.enabled=false)
+        --set eval.every_rounds=0 --set eval.batches=16 --set checkpoint.every_rounds=0 --set metrics.enabled=false
+        --set security.mode=none --set comm.dtype=fp32 --set comm.error_feedback=false)
 # shellcheck disable=SC2206
 extra=(${LW_SET:-})
 
-val_loss() { sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$1/result.json"; }
+val_loss() { sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$1/a/result.json"; }  # every node has the same theta
 # fp32 bytes ÷ sparse bytes for a chunk of 4096 values (comm/CODEC.md: 8 header bytes, 12-bit indices).
 ratio() { awk -v d="$1" -v b="$2" 'BEGIN { k = int(d * 4096 + 0.5); if (k < 1) k = 1;
   printf "%.1f", 4 * 4096 / (8 + int((k * 12 + 7) / 8) + int((k * b + 7) / 8)) }'; }
 
-echo "settings: tiny model, KJV bytes, 4 workers, $rounds rounds x H=$h, seq 64, batch 8, seed 11 ${extra[*]}"
+echo "settings: tiny model, KJV bytes, 4 one-worker nodes, $rounds rounds x H=$h, seq 64, batch 8, seed 11 ${extra[*]}"
 echo "outer_lr,outer_momentum,codec,density,value_bits,bytes_vs_fp32,val_loss,vs_fp32" >"$csv"
 printf "%-8s %-6s %-8s %8s %5s %9s %9s %8s\n" outer_lr mu codec density bits "÷bytes" val_loss "÷fp32"
 for o in "${outers[@]}"; do
   IFS=: read -r lr mu <<<"$o"
   run() {  # name, then --set overrides
     local name=$1; shift
-    "$B" run examples/local_diloco.toml "${common[@]}" "${extra[@]}" --set run.out_dir="$out/$name" \
+    "$B" launch examples/cluster_4nodes.toml "${common[@]}" "${extra[@]}" --set run.out_dir="$out/$name" \
       --set outer.lr="$lr" --set outer.momentum="$mu" "$@" >"$out/$name.log" 2>&1 ||
       { echo "run $name failed:"; tail -5 "$out/$name.log"; exit 1; }
   }

@@ -133,9 +133,9 @@ void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> pa
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
 
-void coordinator_engine::reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) {
+void coordinator_engine::reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) {
   ask(self_->state.peers.communicator, self_->state.request_timeout, std::move(k), reduce_atom_v,
-      reduce_request{{round, 0}, std::move(parts), false});
+      reduce_request{{step, 0}, std::move(parts), false});
 }
 
 void coordinator_engine::start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) {

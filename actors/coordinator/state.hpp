@@ -63,7 +63,7 @@ class coordinator_engine final : public round_engine {
 
   void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
                   int64_t contributors) override;
-  void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
+  void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
   void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override;
   void when_average(ring_label label, then<at::Tensor> k, bool final) override;
   inflight_reduces& reduces() override;

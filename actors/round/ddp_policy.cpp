@@ -37,21 +37,21 @@ class ddp_policy final : public round_policy {
         reports.push_back({g.rank, 0, g.mean_loss, g.compute_s, ctx.inner.batch_size * ctx.spec.seq_len});
         parts.push_back(std::move(g.delta));
       }
-      engine_.reduce_gradients(engine_.rounds_done() + 1, std::move(parts), [this, reports](at::Tensor avg) {
-        engine_.apply_gradient(std::move(avg), [this, reports](std::vector<double> apply_s) {
-          ++step_in_round_;
-          const int64_t at =
-              static_cast<int64_t>(engine_.rounds_done()) * engine_.context().cfg.train.inner_steps +
-              step_in_round_;
-          for (size_t i = 0; i < reports.size(); ++i) {
-            auto r = reports[i];
-            r.step = at;
-            r.compute_s += apply_s[i];
-            engine_.report(r);
-          }
-          step();
-        });
-      });
+      const int64_t at =
+          static_cast<int64_t>(engine_.rounds_done()) * ctx.cfg.train.inner_steps + step_in_round_ + 1;
+      engine_.reduce_gradients(
+          static_cast<uint64_t>(at), std::move(parts), [this, reports, at](at::Tensor avg) {
+            engine_.apply_gradient(std::move(avg), [this, reports, at](std::vector<double> apply_s) {
+              ++step_in_round_;
+              for (size_t i = 0; i < reports.size(); ++i) {
+                auto r = reports[i];
+                r.step = at;
+                r.compute_s += apply_s[i];
+                engine_.report(r);
+              }
+              step();
+            });
+          });
     });
   }
 

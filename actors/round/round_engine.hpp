@@ -79,8 +79,9 @@ class round_engine {
   /// weight (-1: parts.size(); 0: parts is one zero tensor, and the node only relays).
   virtual void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
                           int64_t contributors = -1) = 0;
-  /// ddp: one gradient all-reduce (any failure fails the run).
-  virtual void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;
+  /// ddp: one gradient all-reduce (any failure fails the run). step: the run's step it is for, counted from
+  /// 1 (the all-reduce's label, which increases from call to call).
+  virtual void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;
   /// Starts the all-reduce of `label` in the background (exact: fp32 on the wire).
   virtual void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact = false) = 0;
   /// Calls k with label's average now if it arrived, else when it arrives. During training the wait counts

@@ -17,6 +17,8 @@
 #include "actors/communicator.hpp"
 #include "comm/collective.hpp"
 #include "comm/ring_allreduce.hpp"
+#include "comm/sparse_error_feedback.hpp"
+#include "comm/sparse_sum.hpp"
 #include "runtime/messages/interfaces.hpp"
 #include "tests/support/process.hpp"
 
@@ -101,7 +103,7 @@ CATCH_TEST_CASE("The communicator hands any collective the round, fragment, work
   auto coll = std::make_shared<recording_collective>();
   actors::communicator_options o;
   o.collective = coll;
-  o.dtype = wire_dtype::bf16;
+  o.reduction.dtype = wire_dtype::bf16;
   auto communicator = actors::spawn_communicator(sys, o);
 
   // Two workers: local mean 2, then the collective's result (doubled).
@@ -124,28 +126,39 @@ CATCH_TEST_CASE("The communicator hands any collective the round, fragment, work
   caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
 }
 
-CATCH_TEST_CASE("In one process int8 and fp16 round each worker's contribution as a node would send it",
-                "[integration][communicator]") {
+CATCH_TEST_CASE(
+    "In one process int8 and fp16 round the workers' mean in the ring's chunks, as one node would",
+    "[integration][communicator]") {
   lw_config cfg;
   caf::actor_system sys{cfg};
   const auto x = at::linspace(-1.0, 1.0, 1000, at::kFloat), y = at::sin(at::arange(1000, at::kFloat));
   const auto exact_mean = (x + y) / 2;
-  // With the collective's weight contributions (none: one process), and the worker-weighted count kept.
   for (auto dt : {wire_dtype::int8, wire_dtype::fp16}) {
+    CATCH_INFO(config::to_string(dt));
     actors::communicator_options o;
-    o.dtype = dt;
+    o.reduction.dtype = dt;
+    o.local.chunk_bytes = 256;  // several chunks, each with its own int8 scale
     auto communicator = actors::spawn_communicator(sys, o);
     const auto got = reduce(sys, communicator, 1, 0, {x.clone(), y.clone()});
-    // Each worker's tensor through the codec, then the mean.
-    auto coded = [&](const at::Tensor& t) {
-      std::vector<std::byte> wire(comm::encoded_size(dt, 1000));
-      comm::encode(dt, t.data_ptr<float>(), 1000, wire.data());
-      auto back = at::empty({1000}, at::kFloat);
-      CATCH_REQUIRE(comm::decode(dt, wire.data(), wire.size(), 1000, back.data_ptr<float>()));
-      return back;
+    // The mean in fp32, then through the codec chunk by chunk, as a ring of one rank does.
+    comm::ring_options ro;
+    ro.dtype = dt;
+    ro.chunk_bytes = 256;
+    const size_t chunk = comm::elements_per_chunk(ro);
+    CATCH_REQUIRE(chunk < 1000);
+    auto coded = [&](at::Tensor t, size_t piece) {
+      t = t.clone();
+      float* p = t.data_ptr<float>();
+      for (size_t off = 0; off < 1000; off += piece) {
+        const size_t m = std::min<size_t>(piece, 1000 - off);
+        std::vector<std::byte> wire(comm::encoded_size(dt, m));
+        comm::encode(dt, p + off, m, wire.data());
+        CATCH_REQUIRE(comm::decode(dt, wire.data(), wire.size(), m, p + off));
+      }
+      return t;
     };
-    const auto want = (coded(x) + coded(y)) / 2;
-    CATCH_CHECK(at::equal(got, want));
+    CATCH_CHECK(at::equal(got, coded(exact_mean, chunk)));
+    if (dt == wire_dtype::int8) CATCH_CHECK_FALSE(at::equal(got, coded(exact_mean, 1000)));  // chunks count
     CATCH_CHECK_FALSE(at::equal(got, exact_mean));                      // it was rounded ...
     CATCH_CHECK((got - exact_mean).abs().max().item<float>() < 0.01f);  // ... a little
     // Parameters (exact) and a tensor held elsewhere are not touched.
@@ -155,8 +168,64 @@ CATCH_TEST_CASE("In one process int8 and fp16 round each worker's contribution a
     const auto held_delta = y.clone();
     (void)reduce(sys, communicator, 3, 0, {held_delta});
     CATCH_CHECK(at::equal(held_delta, y));
+    // Labels must increase, in one process as on a ring.
+    CATCH_CHECK_THROWS_WITH(reduce(sys, communicator, 3, 0, {y.clone()}),
+                            Catch::Contains("does not follow round 3"));
     caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
   }
+}
+
+CATCH_TEST_CASE("In one process the sparse codec codes the workers' mean once, with one residual per part",
+                "[integration][communicator]") {
+  lw_config cfg;
+  caf::actor_system sys{cfg};
+  const int64_t n = 3000;
+  const auto x = at::sin(at::arange(n, at::kFloat) * 0.37f), y = at::cos(at::arange(n, at::kFloat) * 0.11f);
+  actors::communicator_options o;
+  o.reduction.dtype = wire_dtype::sparse;
+  o.reduction.sparse.chunk = 512;
+  o.reduction.sparse.density = 0.05;
+  o.reduction.ef_decay = 0.9f;
+  auto communicator = actors::spawn_communicator(sys, o);
+  // What one node does: error feedback encodes the mean, the all-gather of one message decodes it.
+  comm::sparse_error_feedback ef(static_cast<size_t>(n), 0.9f);
+  auto node = [&](const at::Tensor& mean) {
+    comm::gathered g;
+    g.bytes = comm::sparse_encoded_size(static_cast<size_t>(n), o.reduction.sparse);
+    g.weights = {2.0};
+    g.messages.resize(g.bytes);
+    const auto m = mean.contiguous();
+    CATCH_REQUIRE(
+        ef.encode(m.data_ptr<float>(), static_cast<size_t>(n), 0, g.messages.data(), o.reduction.sparse));
+    auto out = at::empty({n}, at::kFloat);
+    CATCH_REQUIRE(
+        comm::sparse_mean(g, static_cast<size_t>(n), o.reduction.sparse, false, out.data_ptr<float>()));
+    return out;
+  };
+  for (uint64_t round = 1; round <= 3; ++round) {  // the residual carries over
+    const auto got = reduce(sys, communicator, round, 0, {x.clone(), y.clone()});
+    CATCH_CHECK(at::equal(got, node((x + y) / 2)));
+    CATCH_CHECK(at::count_nonzero(got).item<int64_t>() < n / 10);
+  }
+  // One residual, under the part's label, and it is the node's.
+  caf::scoped_actor self{sys};
+  runtime::residual_map residuals;
+  self->request(communicator, std::chrono::seconds(30), runtime::state_atom_v)
+      .receive([&](runtime::residual_map& r) { residuals = std::move(r); },
+               [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+  CATCH_REQUIRE(residuals.size() == 1);
+  CATCH_REQUIRE(residuals.count(0) == 1);
+  const auto& r = ef.residual();
+  CATCH_CHECK(at::equal(residuals.at(0), at::from_blob(const_cast<float*>(r.data()), {n}, at::kFloat)));
+  // A checkpoint of the older one-process path (a residual per worker, keys above 16 bits) loads without
+  // them: error feedback starts afresh.
+  runtime::residual_map old{{0u | (1u << 16), at::ones({n})}, {1u << 16 | 1u, at::ones({n})}};
+  self->request(communicator, std::chrono::seconds(30), runtime::load_atom_v, old)
+      .receive([](bool ok) { CATCH_CHECK(ok); }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+  self->request(communicator, std::chrono::seconds(30), runtime::state_atom_v)
+      .receive([&](runtime::residual_map& r) { CATCH_CHECK(r.empty()); },
+               [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+  caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
 }
 
 CATCH_TEST_CASE("Error feedback quantizes in the collective's chunks, also when a chunk is the whole buffer",
@@ -172,8 +241,8 @@ CATCH_TEST_CASE("Error feedback quantizes in the collective's chunks, also when 
     CATCH_INFO("chunk " << chunk);
     actors::communicator_options o;
     o.collective = std::make_shared<recording_collective>(chunk);
-    o.dtype = wire_dtype::bf16;
-    o.error_feedback = true;
+    o.reduction.dtype = wire_dtype::bf16;
+    o.reduction.error_feedback = true;
     auto communicator = actors::spawn_communicator(sys, o);
     double sent = 0;
     for (int r = 1; r <= rounds; ++r) {

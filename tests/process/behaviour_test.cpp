@@ -100,10 +100,12 @@ void pin_kernels() {
 std::string kernels_key(const std::string& dir) {
   auto [code, out] = run({binary(), "--version"}, dir + "/version.log", 60);
   CATCH_REQUIRE(code == 0);
-  const auto on = out.find(" on ");
+  // The first line only: the second names the GPU side (CUDA, NCCL), which does not change the CPU's bits.
+  const auto line = out.substr(0, out.find('\n'));
+  const auto on = line.find(" on ");
   CATCH_REQUIRE(on != std::string::npos);
   std::string key;
-  for (char c : out.substr(on + 4)) {
+  for (char c : line.substr(on + 4)) {
     if (std::isalnum(static_cast<unsigned char>(c)))
       key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     else if (!key.empty() && key.back() != '-')
@@ -189,14 +191,15 @@ CATCH_TEST_CASE("every mode and outer policy in one process keeps its recorded l
       {"delayed", {"diloco.outer=delayed", "outer.nesterov=false", "outer.momentum=-0.5"}},
       {"eager", {"diloco.outer=eager"}},
       {"streaming", {"diloco.outer=streaming", "diloco.fragments=2", "diloco.tau=1", "diloco.alpha=0.5"}},
-      // The reduction paths one process takes apart from the ring's (recorded before issue 37 merges them):
-      // each worker's part through the int8 codec, sparse top-k with error feedback, shared sparse indices,
-      // and federated client sampling.
-      {"int8", {"comm.dtype=int8"}},
+      // One process is one node on a ring of one rank: the workers' mean through the int8 codec in the
+      // ring's chunks (with error feedback), sparse top-k, shared sparse indices, and federated client
+      // sampling (also with the sparse codec, one residual for the node whichever clients train).
+      {"int8", {"comm.dtype=int8", "comm.error_feedback=true"}},
       {"sparse", {"comm.dtype=sparse"}},
       {"sparse_shared",
        {"comm.dtype=sparse", "comm.sparse_indices=shared", "comm.ef_decay=0", "comm.density=0.1"}},
       {"federated", {"federated.clients_per_round=1"}},
+      {"federated_sparse", {"federated.clients_per_round=2", "comm.dtype=sparse"}},
   };
   for (const auto& [name, sets] : cases) {
     const auto cfg = dir + "/" + name + ".toml";

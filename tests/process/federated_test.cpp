@@ -152,8 +152,6 @@ CATCH_TEST_CASE("Bad client sampling and partition settings exit 2 naming the ke
       {"[federated]\nclients_per_round = 2\n[diloco]\nouter = \"delayed\"\n",
        "federated.clients_per_round = 2: client sampling runs with"},
       {"[data]\npartition = \"chapters\"\n", "data.partition"},
-      {"[federated]\nclients_per_round = 2\n[comm]\ndtype = \"sparse\"\n",
-       "in one process is not supported yet"},
   };
   for (const auto& c : cases) {
     const auto cfg = single_config(dir, c.extra);

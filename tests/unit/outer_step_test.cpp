@@ -7,10 +7,8 @@
 
 #include "actors/communicator.hpp"
 #include "actors/outer_optimizer.hpp"
-#include "comm/ring_allreduce.hpp"
 #include "models/outer_sgd.hpp"
 #include "runtime/messages/type_ids.hpp"
-#include "tests/support/process.hpp"
 
 using namespace longwave;
 using namespace longwave::runtime;
@@ -141,13 +139,9 @@ CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's 
   cfg.add_message_types<caf::id_block::longwave>();
   caf::actor_system sys{cfg};
   actors::communicator_options opts;
-  comm::ring_options ro;
-  ro.dtype = comm::wire_dtype::int8;
-  // A ring of one (this process): the communicator quantizes exactly as it would for the wire.
-  opts.collective = std::make_shared<comm::ring_allreduce>(
-      0, std::vector<std::string>{"tcp://127.0.0.1:" + std::to_string(test::free_port())}, ro);
-  opts.dtype = ro.dtype;
-  opts.error_feedback = true;
+  // One process: one node on a ring of one rank, which quantizes exactly as it would for the wire.
+  opts.reduction.dtype = comm::wire_dtype::int8;
+  opts.reduction.error_feedback = true;
   auto comm = actors::spawn_communicator(sys, opts);
   caf::scoped_actor self{sys};
   auto reduce = [&](uint64_t round, uint32_t fragment, const at::Tensor& x) {

@@ -163,8 +163,8 @@ struct fake_engine final : round_engine {
          (contributors >= 0 ? " of " + std::to_string(contributors) : std::string()));
     k(mean(parts));
   }
-  void reduce_gradients(uint64_t round, std::vector<at::Tensor> parts, then<at::Tensor> k) override {
-    note("reduce_gradients " + std::to_string(round));
+  void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) override {
+    note("reduce_gradients " + std::to_string(step));
     k(mean(parts));
   }
   void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override {
@@ -428,7 +428,10 @@ CATCH_TEST_CASE("ddp runs H synchronous grad, reduce, apply steps and mirrors th
   auto p = make_round_policy(e, e.ctx);
   run_all(e, *p);
   CATCH_CHECK(lines_of(e, "grad").size() == 4);
-  CATCH_CHECK(lines_of(e, "reduce_gradients").size() == 4);
+  // Each step's all-reduce has a label of its own, increasing across the rounds.
+  CATCH_CHECK(lines_of(e, "reduce_gradients") ==
+              std::vector<std::string>{"reduce_gradients 1", "reduce_gradients 2", "reduce_gradients 3",
+                                       "reduce_gradients 4"});
   CATCH_CHECK(lines_of(e, "report 1@") ==
               std::vector<std::string>{"report 1@1", "report 1@2", "report 1@3", "report 1@4"});
   CATCH_CHECK(at::equal(e.trained, at::full({4}, 7.0f)));  // the lent replica's weights
