@@ -135,6 +135,7 @@ comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t c
   r.codec.int8_codebook = cfg.comm.int8_codebook;
   r.chunk_bytes = static_cast<size_t>(cfg.comm.chunk_kib) * 1024;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));
+  r.link_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.link_timeout_s * 1000));
   r.cluster_id = cluster_id;
   return r;
 }

@@ -27,7 +27,7 @@ done
 c++ "${flags[@]}" -c tests/unit/master_state_test.cpp -o "$work/test.o"
 printf '#define CATCH_CONFIG_MAIN\n#include <catch2/catch.hpp>\n' >"$work/main.cpp"
 c++ "${flags[@]}" -c "$work/main.cpp" -o "$work/main.o"
-c++ --coverage -o "$work/t" "$work"/*.o build/ci/liblw_comm.a build/ci/liblw_checksum.a build/ci/liblw_errors.a \
+c++ --coverage -o "$work/t" "$work"/*.o build/ci/liblw_membership.a build/ci/liblw_comm.a build/ci/liblw_checksum.a build/ci/liblw_errors.a \
   -lzmq -lcapnp -lkj -lfmt -lpthread
 "$work/t" | tail -2
 cd "$work"

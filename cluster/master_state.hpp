@@ -333,6 +333,13 @@ class master_state {
   int resets_without_progress_ = 0;
   std::optional<comm::reduce_key> last_reset_commit_;
   std::string last_ring_failure_;
+  struct failed_link {
+    size_t from = 0;     // the member that reported it
+    std::string to;      // the node it lost
+    uint64_t epoch = 0;  // the epoch whose ring failed
+    uint64_t round = 0;  // the last round the reporter had completed
+  };
+  std::optional<failed_link> last_failed_link_;  // the last ring failure that named a node
 };
 
 }  // namespace longwave::cluster

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <utility>
 
 #include "cluster/master_state.hpp"
 
@@ -142,18 +143,38 @@ void master_state::on_bye(size_t i, const bye_msg& b) {
                  : fmt::format("coordinator: node {} finished", specs_[i].name));
 }
 
-/// A member's ring failed: a fence follows once the node it lost (if named) is heard from or removed.
+/// A member's ring failed: a fence follows once the node it lost (if named) is heard from or removed. The
+/// same link failing again in the ring re-formed around it (no round completed in between) while both its
+/// ends answer is a cut link: the
+/// node at its far end leaves the membership (and is told so), and the others go on without it.
 void master_state::on_ring_failed(size_t i, const ring_failed_msg& rf) {
   if (rf.epoch != epoch_ || fence_) return;  // already being dealt with
   warn(fmt::format("coordinator: node {}'s ring failed in epoch {}{}: {}", specs_[i].name, rf.epoch,
                    rf.suspect.empty() ? "" : " (it lost " + rf.suspect + ")", rf.reason));
-  reset_wanted_ = true;
   last_ring_failure_ = fmt::format("node {}: {}", specs_[i].name, rf.reason);
-  for (size_t j = 0; j < members_.size(); ++j)
-    if (training(j) && specs_[j].name == rf.suspect && !members_[j].suspected) {
+  const auto previous = std::exchange(last_failed_link_, std::nullopt);
+  if (rf.suspect.empty()) {
+    reset_wanted_ = true;
+    return;
+  }
+  last_failed_link_ = failed_link{i, rf.suspect, rf.epoch, members_[i].round};
+  for (size_t j = 0; j < members_.size(); ++j) {
+    if (!training(j) || specs_[j].name != rf.suspect) continue;
+    // Again, in a later epoch, with no round completed in between.
+    if (previous && previous->from == i && previous->to == rf.suspect && previous->epoch < rf.epoch &&
+        previous->round == members_[i].round)
+      return remove(
+          j, removal::lost,
+          fmt::format("node {} lost: the ring link {} -> {} failed in epochs {} and {} while both "
+                      "nodes answer the coordinator (the link between them is cut): the cluster "
+                      "goes on without {}",
+                      rf.suspect, specs_[i].name, rf.suspect, previous->epoch, rf.epoch, rf.suspect));
+    if (!members_[j].suspected) {
       members_[j].suspected = true;
       members_[j].suspected_at = now_;
     }
+  }
+  reset_wanted_ = true;
 }
 
 /// `longwave stop`: every member is asked where it can stop (watch_stop sends the query and, once all have

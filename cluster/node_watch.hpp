@@ -56,9 +56,16 @@ class master_watch {
   /// Until the master answers: a restarted one takes the running cluster over from these.
   void reannounce(control_client& control, const comm::elastic_ring& elastic, steady::time_point now);
   /// Fence answers and ring failures, to the master.
-  void report(control_client& control, comm::elastic_ring& elastic, const std::string& name);
+  void report(control_client& control, comm::elastic_ring& elastic, const std::string& name,
+              steady::time_point now);
+
+  /// The ring failed and the master is unreachable: after this long the node takes itself to be cut off
+  /// (the master removes a node it cannot hear within heartbeat_timeout_s) and stops.
+  void check_cut_off(comm::elastic_ring& elastic, const std::string& name, steady::time_point now);
 
   static constexpr auto reminder_every = std::chrono::seconds(60);
+  static constexpr auto cut_off_after = std::chrono::seconds(30);
+  std::optional<steady::time_point> failed_since_;  // the ring failed; no fence or membership since
   hello_msg hello_;
   std::shared_ptr<comm::key_ring> admitted_;
   std::optional<steady::time_point> gone_since_;

@@ -137,6 +137,7 @@ ring_allreduce::ring_allreduce(int rank, std::vector<std::string> endpoints, rin
   t.max_frame_bytes =
       static_cast<int64_t>(std::min<size_t>(2 * largest + 65536, std::numeric_limits<int64_t>::max()));
   t.linger = opts_.timeout;
+  t.link_timeout = opts_.link_timeout;
   if (opts_.curve) {
     if (opts_.public_keys.size() != world)
       throw lw_error(errc::invalid_config,

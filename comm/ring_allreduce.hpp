@@ -48,6 +48,9 @@ struct ring_options {
   /// The longest time a call may go without progress (a chunk accepted from the previous rank or handed to
   /// ZeroMQ for the next) before it throws deadline_missed. It must cover the skew between the ranks' calls.
   std::chrono::milliseconds timeout{30000};
+  /// A ring link silent this long (transport_options::link_timeout) fails the call naming the next rank,
+  /// long before `timeout`; 0: only `timeout`.
+  std::chrono::milliseconds link_timeout{0};
   /// Frames carrying another cluster id are rejected (wrong_cluster).
   uint64_t cluster_id = 0;
   /// Membership epoch this ring's members belong to: written into every frame sent; frames of another epoch

@@ -34,6 +34,11 @@ struct transport_options {
   int64_t max_frame_bytes = -1;
   /// How long closing waits for frames still queued for the next rank.
   std::chrono::milliseconds linger{30000};
+  /// A link that goes silent is dropped after about this long (0: never; ZeroMQ's ZMTP heartbeats): the
+  /// listening side drops a connection that delivered no complete frame within it, the sending side allows
+  /// four times as long (its pings wait behind the data it queued), and a next rank that stays unconnected
+  /// this long is reported by link_lost. A live link must deliver a chunk well within it.
+  std::chrono::milliseconds link_timeout{0};
   /// CURVE (ZeroMQ only): the listening socket admits the ring's node keys, and the next rank must hold
   /// server_public.
   std::optional<curve_server_keys> curve;
@@ -73,8 +78,8 @@ class transport {
   /// Blocks until a send may succeed (want_send), a message is waiting (want_recv), the link to the next
   /// rank changes, stopping() or `until`, whichever is first: at most 50 ms, so callers recheck.
   virtual void wait(bool want_send, bool want_recv, std::chrono::steady_clock::time_point until) = 0;
-  /// Why the link to the next rank is down (lost after it was up, or a refused handshake), if it is; a
-  /// reconnect forgets the loss.
+  /// Why the link to the next rank is down (lost after it was up, a refused handshake, or no connection for
+  /// link_timeout), if it is; a reconnect forgets the loss.
   virtual std::optional<std::string> link_lost() = 0;
 };
 

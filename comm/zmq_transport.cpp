@@ -50,6 +50,12 @@ void zmq_transport::open_sockets() {
     zap_ = std::make_unique<zap_handler>(*ctx_, opts_.curve->admitted, opts_.curve->on_refused);
     make_curve_server(*pull_, opts_.curve->own);
   }
+  if (opts_.link_timeout.count() > 0) {
+    // The previous rank's frames keep arriving on a live link; nothing, pings included, for link_timeout and
+    // the connection is closed (the sender hears of it when the way back still works).
+    pull_->set(zmq::sockopt::heartbeat_ivl, heartbeat_interval());
+    pull_->set(zmq::sockopt::heartbeat_timeout, to_int_ms(opts_.link_timeout));
+  }
   pull_->bind(opts_.bind_endpoint);
   bound_endpoint_ = pull_->get(zmq::sockopt::last_endpoint);
   if (opts_.connect_endpoint.empty()) return;
@@ -57,6 +63,14 @@ void zmq_transport::open_sockets() {
   push_->set(zmq::sockopt::sndhwm, opts_.send_hwm);
   push_->set(zmq::sockopt::linger, to_int_ms(opts_.linger));
   if (opts_.curve) make_curve_client(*push_, opts_.curve->own, opts_.server_public);
+  if (opts_.link_timeout.count() > 0) {
+    // This side's pings wait behind the data queued in the kernel, so it allows more; a connect that hangs
+    // (its packets dropped) is abandoned and retried.
+    push_->set(zmq::sockopt::heartbeat_ivl, heartbeat_interval());
+    push_->set(zmq::sockopt::heartbeat_timeout, to_int_ms(4 * opts_.link_timeout));
+    push_->set(zmq::sockopt::connect_timeout, to_int_ms(opts_.link_timeout));
+  }
+  unconnected_since_ = std::chrono::steady_clock::now();
   // The monitor must be attached before connecting, or the first connection's events are missed.
   if (zmq_socket_monitor(push_->handle(), monitor_endpoint,
                          ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
@@ -147,6 +161,7 @@ void zmq_transport::drain_monitor() {
       lost_.reset();
     } else if (e->id == ZMQ_EVENT_DISCONNECTED && connected_) {
       connected_ = false;
+      unconnected_since_ = std::chrono::steady_clock::now();
       if (!lost_) lost_ = fmt::format("connection to {} lost", e->address);
     } else if (e->id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
       // libzmq never retries after a refused handshake: say why now instead of stalling until the timeout.
@@ -169,7 +184,16 @@ void zmq_transport::drain_monitor() {
 std::optional<std::string> zmq_transport::link_lost() {
   assert_io_thread();
   drain_monitor();
-  return lost_;
+  if (lost_ || connected_ || !push_ || opts_.link_timeout.count() <= 0) return lost_;
+  const auto apart = std::chrono::steady_clock::now() - unconnected_since_;
+  if (apart < opts_.link_timeout) return std::nullopt;
+  return fmt::format("no connection to {} for {:.0f} s (comm.link_timeout_s)", opts_.connect_endpoint,
+                     std::chrono::duration<double>(apart).count());
+}
+
+int zmq_transport::heartbeat_interval() const {
+  return to_int_ms(
+      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(200), opts_.link_timeout / 5));
 }
 
 }  // namespace longwave::comm

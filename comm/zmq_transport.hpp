@@ -29,7 +29,8 @@ class zmq_transport final : public transport {
   bool try_recv(inbound_message& out, size_t max_parts) override;
   void wait(bool want_send, bool want_recv, std::chrono::steady_clock::time_point until) override;
   /// A dropped connection (the next rank died, even between rounds: the next round then fails at once
-  /// instead of waiting for its deadline) or a failed CURVE handshake (libzmq does not retry a refused key).
+  /// instead of waiting for its deadline; or the link went silent), a failed CURVE handshake (libzmq does not
+  /// retry a refused key), or no connection for link_timeout.
   std::optional<std::string> link_lost() override;
 
  private:
@@ -37,6 +38,7 @@ class zmq_transport final : public transport {
   void close_sockets();
   void drain_monitor();
   void assert_io_thread() const;
+  int heartbeat_interval() const;  // ms between ZMTP pings: a fifth of link_timeout
 
   transport_options opts_;
   std::string bound_endpoint_;
@@ -48,6 +50,7 @@ class zmq_transport final : public transport {
   std::unique_ptr<zmq::socket_t> monitor_;
   std::unique_ptr<zap_handler> zap_;  // CURVE: closed before the context
   bool connected_ = false;
+  std::chrono::steady_clock::time_point unconnected_since_;  // opened, or the last disconnect
   int dropped_handshakes_ = 0;  // in a row, since the last handshake that succeeded
   std::optional<std::string> lost_;
   std::atomic<bool> drop_on_close_{false};

@@ -229,8 +229,9 @@ uint64_t cluster_id_of(std::string_view id) {
 uint64_t training_fingerprint(const train_config& cfg) {
   static const std::set<std::string> skipped_sections{"eval", "checkpoint", "metrics", "runtime"};
   static const std::set<std::string> skipped_keys{
-      "run.out_dir",   "run.name",     "data.path",      "data.cache_dir",      "train.workers",
-      "train.threads", "train.device", "comm.timeout_s", "train.micro_batches", "train.deterministic"};
+      "run.out_dir",        "run.name",     "data.path",      "data.cache_dir",      "train.workers",
+      "train.threads",      "train.device", "comm.timeout_s", "comm.link_timeout_s", "train.micro_batches",
+      "train.deterministic"};
   std::istringstream in(to_toml(cfg));
   std::string section, kept;
   for (std::string line; std::getline(in, line);) {

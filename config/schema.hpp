@@ -186,6 +186,7 @@ void for_each_field(Config& c, Visitor&& f) {
   f("comm", "error_feedback", c.comm.error_feedback, any());
   f("comm", "chunk_kib", c.comm.chunk_kib, ints(1, 65536));
   f("comm", "timeout_s", c.comm.timeout_s, real_in('(', 0, max_timeout_s, ']'));
+  f("comm", "link_timeout_s", c.comm.link_timeout_s, real_in('[', 0, max_timeout_s, ']'));
   f("comm", "backend", c.comm.backend, listed());
 
   f("runtime", "round_timeout_s", c.runtime.round_timeout_s, real_in('(', 0, max_timeout_s, ']'));

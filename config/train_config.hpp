@@ -267,6 +267,7 @@ struct comm_section {
   bool error_feedback = false;  ///< carry this node's quantization residual into the next round
   int64_t chunk_kib = 1024;     ///< payload of one ring chunk (pipelining granularity), KiB
   double timeout_s = 300;       ///< an all-reduce fails after this long without progress
+  double link_timeout_s = 15;   ///< a ring link that delivers nothing this long is dropped (0: never)
   comm_backend backend = comm_backend::ring;  ///< "ring" | "nccl"
 };
 

@@ -477,6 +477,55 @@ CATCH_TEST_CASE("master: a ring failure suspects the lost node, which is removed
   }
 }
 
+CATCH_TEST_CASE("master: a cut link fails again in the ring re-formed around it: its far end is removed",
+                "[unit][master]") {
+  // n1 -> n2 is cut; both still answer the coordinator, so the first failure is a ring reset among all.
+  const std::vector<row> first_failure = {
+      {2, "n1", "ring_failed 1 n2", {"node n1's ring failed in epoch 1 (it lost n2)", "!fence"}},
+      {2.5, "n2", "heartbeat 1", {"n0 <- fence 2", "n2 <- fence 2", "a ring failed"}},
+      {3, "n0", "ack 2 1/0", {}},
+      {3, "n1", "ack 2 1/0", {}},
+      {3,
+       "n2",
+       "ack 2 1/0",
+       {"n2 <- membership epoch 2 rank 2 [n0,n1,n2]", "epoch 2 (3 members, ring_reset)"}},
+      {5, "n0", "heartbeat 1", {}},
+      {5, "n1", "heartbeat 1", {}},
+      {5, "n2", "heartbeat 1", {}},
+  };
+  CATCH_SECTION("again with no round in between: n2 leaves, told why; n0 and n1 go on") {
+    table t(cluster_of(3));
+    t.play(
+        three_training + first_failure +
+        std::vector<row>{{6,
+                          "n1",
+                          "ring_failed 2 n2",
+                          {"warn: coordinator: node n2 lost: the ring link n1 -> n2 failed in epochs 1 and 2 "
+                           "while both nodes answer the coordinator (the link between them is cut)",
+                           "n2 <- error evicted: this node was removed from the cluster (node n2 lost: the "
+                           "ring link n1 -> n2",
+                           "count node_lost", "n0 <- fence 3", "n1 <- fence 3", "!n2 <- fence"}},
+                         {6.5, "n0", "ack 3 1/0", {}},
+                         {6.5, "n1", "ack 3 1/0", {"n1 <- membership epoch 3 rank 1 [n0,n1]"}}});
+    CATCH_CHECK(t.master().phase_of("n2") == member_phase::removed);
+  }
+  CATCH_SECTION("a round completed in between: a flaky link, reset again") {
+    table t(cluster_of(3));
+    t.play(three_training + first_failure +
+           std::vector<row>{{5.5, "n1", "heartbeat 2", {}},
+                            {6, "n1", "ring_failed 2 n2", {"!node n2 lost", "!fence"}},
+                            {6.2, "n2", "heartbeat 2", {"n0 <- fence 3", "n1 <- fence 3", "n2 <- fence 3"}}});
+    CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
+  }
+  CATCH_SECTION("another node's link next: not the same link") {
+    table t(cluster_of(3));
+    t.play(three_training + first_failure +
+           std::vector<row>{{6, "n0", "ring_failed 2 n1", {"!node n1 lost", "!fence"}},
+                            {6.2, "n1", "heartbeat 1", {"n0 <- fence 3", "n2 <- fence 3"}}});
+    CATCH_CHECK(t.master().phase_of("n1") == member_phase::member);
+  }
+}
+
 CATCH_TEST_CASE("master: a ring that keeps failing without progress ends the run", "[unit][master]") {
   table t(cluster_of(2));
   std::vector<row> rows = two_training;
