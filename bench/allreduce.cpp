@@ -149,7 +149,7 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     // "<dtype>/elastic": the cluster's collective (its input copy and confirmation all-reduce included).
     std::unique_ptr<collective> made;
     if (is_elastic(s.dtypes[d]))
-      made = std::make_unique<elastic_ring>(epoch_view{1, static_cast<uint32_t>(rank), eps, eps}, o);
+      made = std::make_unique<elastic_ring>(epoch_view{1, static_cast<uint32_t>(rank), eps, eps, {}}, o);
     else
       made = std::make_unique<ring_allreduce>(rank, eps, o);
     collective& ring = *made;

@@ -205,11 +205,6 @@ zap_handler::~zap_handler() {
 }
 
 void zap_handler::run() {
-  // A key not in the ring: let refresh add keys (it decides whether anything is worth reading), then look
-  // again.
-  auto known_after_refresh = [&](const std::string& key) -> std::optional<std::string> {
-    return refresh_ && refresh_() ? keys_->name_of(key) : std::nullopt;
-  };
   while (!stop_.load(std::memory_order_acquire)) {
     zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
     try {
@@ -217,45 +212,59 @@ void zap_handler::run() {
     } catch (const zmq::error_t&) {
       continue;  // EINTR
     }
-    std::vector<zmq::message_t> parts;
-    for (;;) {
-      zmq::message_t m;
-      if (!sock_->recv(m, zmq::recv_flags::dontwait)) break;
-      const bool more = m.more();
-      parts.push_back(std::move(m));
-      if (!more) break;
-    }
-    if (parts.empty()) continue;
-    // [version, request id, domain, address, identity, mechanism, credentials...]
-    const auto text = [&](size_t i) { return i < parts.size() ? parts[i].to_string() : std::string(); };
-    handshake_refusal r;
-    r.address = text(3);
-    std::string user;
-    if (parts.size() < 7 || text(0) != "1.0" || text(5) != "CURVE" || parts[6].size() != 32) {
-      r.reason = "handshake";
-    } else {
-      r.public_key = z85_of(static_cast<const uint8_t*>(parts[6].data()));
-      if (keys_->is_revoked(r.public_key)) {
-        r.reason = "revoked";
-      } else if (!operator_public_.empty() && r.public_key == operator_public_) {
-        user = operator_user_id;
-      } else if (auto name = keys_->name_of(r.public_key)) {
-        user = *name;
-      } else if (auto added = known_after_refresh(r.public_key)) {
-        user = *added;
-      } else {
-        r.reason = "unknown_key";
-      }
-    }
-    const bool ok = r.reason.empty();
-    std::array<std::string, 6> reply = {"1.0", text(1), ok ? "200" : "400", ok ? "OK" : r.reason, user, ""};
-    for (size_t i = 0; i < reply.size(); ++i)
-      sock_->send(zmq::buffer(reply[i]),
-                  i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    if (!ok) {
-      refused_.fetch_add(1, std::memory_order_relaxed);
-      if (on_refused_) on_refused_(r);
-    }
+    auto parts = receive_request();
+    if (!parts.empty()) answer(parts);
+  }
+}
+
+std::vector<zmq::message_t> zap_handler::receive_request() {
+  std::vector<zmq::message_t> parts;
+  for (;;) {
+    zmq::message_t m;
+    if (!sock_->recv(m, zmq::recv_flags::dontwait)) break;
+    const bool more = m.more();
+    parts.push_back(std::move(m));
+    if (!more) break;
+  }
+  return parts;
+}
+
+/// The user id a request's key speaks as, or (empty) the refusal's reason in r.
+std::string zap_handler::judge(const std::vector<zmq::message_t>& parts, handshake_refusal& r) const {
+  const auto text = [&](size_t i) { return i < parts.size() ? parts[i].to_string() : std::string(); };
+  if (parts.size() < 7 || text(0) != "1.0" || text(5) != "CURVE" || parts[6].size() != 32) {
+    r.reason = "handshake";
+    return "";
+  }
+  r.public_key = z85_of(static_cast<const uint8_t*>(parts[6].data()));
+  if (keys_->is_revoked(r.public_key)) {
+    r.reason = "revoked";
+    return "";
+  }
+  if (!operator_public_.empty() && r.public_key == operator_public_) return operator_user_id;
+  if (auto name = keys_->name_of(r.public_key)) return *name;
+  // A key not in the ring: let refresh add keys (it decides whether anything is worth reading), then look
+  // again.
+  if (refresh_ && refresh_())
+    if (auto added = keys_->name_of(r.public_key)) return *added;
+  r.reason = "unknown_key";
+  return "";
+}
+
+/// Answers one request: [version, request id, domain, address, identity, mechanism, credentials...].
+void zap_handler::answer(const std::vector<zmq::message_t>& parts) {
+  handshake_refusal r;
+  r.address = parts.size() > 3 ? parts[3].to_string() : std::string();
+  const std::string user = judge(parts, r);
+  const bool ok = r.reason.empty();
+  const std::string id = parts.size() > 1 ? parts[1].to_string() : std::string();
+  std::array<std::string, 6> reply = {"1.0", id, ok ? "200" : "400", ok ? "OK" : r.reason, user, ""};
+  for (size_t i = 0; i < reply.size(); ++i)
+    sock_->send(zmq::buffer(reply[i]),
+                i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  if (!ok) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    if (on_refused_) on_refused_(r);
   }
 }
 

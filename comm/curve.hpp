@@ -18,6 +18,7 @@
 
 namespace zmq {
 class context_t;
+class message_t;
 class socket_t;
 }  // namespace zmq
 
@@ -122,6 +123,9 @@ class zap_handler {
 
  private:
   void run();
+  std::vector<zmq::message_t> receive_request();
+  std::string judge(const std::vector<zmq::message_t>& parts, handshake_refusal& r) const;
+  void answer(const std::vector<zmq::message_t>& parts);
   std::unique_ptr<zmq::socket_t> sock_;
   std::shared_ptr<const key_ring> keys_;
   std::function<void(const handshake_refusal&)> on_refused_;

@@ -16,6 +16,24 @@ double median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+/// Each rank's factor under robust clipping: min(1, median norm / its norm) over the ranks of positive
+/// weight (1 for the others); *med and *clipped say what it did.
+std::vector<double> clip_scales(const gathered& g, const std::vector<double>& norms, double* med,
+                                size_t* clipped) {
+  const size_t world = g.weights.size();
+  std::vector<double> scale(world, 1.0);
+  std::vector<double> live;
+  for (size_t r = 0; r < world; ++r)
+    if (g.weights[r] > 0) live.push_back(norms[r]);
+  *med = median(live);
+  for (size_t r = 0; r < world; ++r)
+    if (g.weights[r] > 0 && norms[r] > *med) {
+      scale[r] = *med / norms[r];
+      ++*clipped;
+    }
+  return scale;
+}
+
 }  // namespace
 
 bool sparse_mean(const gathered& g, size_t n, const sparse_options& o, bool clip, float* out,
@@ -43,20 +61,9 @@ bool sparse_mean(const gathered& g, size_t n, const sparse_options& o, bool clip
       return fail(fmt::format("the sparse message of rank {} does not decode: {}", r, reason));
     norms[r] = std::sqrt(sum_sq);
   }
-  std::vector<double> scale(world, 1.0);
   double med = 0;
   size_t clipped = 0;
-  if (clip) {
-    std::vector<double> live;
-    for (size_t r = 0; r < world; ++r)
-      if (g.weights[r] > 0) live.push_back(norms[r]);
-    med = median(live);
-    for (size_t r = 0; r < world; ++r)
-      if (g.weights[r] > 0 && norms[r] > med) {
-        scale[r] = med / norms[r];
-        ++clipped;
-      }
-  }
+  const auto scale = clip ? clip_scales(g, norms, &med, &clipped) : std::vector<double>(world, 1.0);
   std::fill(out, out + n, 0.0f);
   for (size_t r = 0; r < world; ++r) {
     if (!(g.weights[r] > 0)) continue;

@@ -9,10 +9,27 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/wan.hpp"
 
 using namespace longwave::test;
+
+namespace {
+
+/// The coordinator on host 0 and node i on host i (debug logs: each all-reduce's line), logging to
+/// dir/coord.log and dir/n<i>.log.
+std::vector<child> start_roles(const wan_hosts& wan, const std::string& file, const std::string& dir, int n) {
+  std::vector<child> roles;
+  roles.push_back(spawn(wan.in(0, {binary(), "coordinator", file}), dir + "/coord.log"));
+  for (int i = 0; i < n; ++i)
+    roles.push_back(
+        spawn(wan.in(i, {binary(), "node", file, "--node", "n" + std::to_string(i), "--log-level", "debug"}),
+              dir + "/n" + std::to_string(i) + ".log"));
+  return roles;
+}
+
+}  // namespace
 
 CATCH_TEST_CASE("4 nodes in network namespaces at 100 Mbit/s train together", "[wan][cluster]") {
   skip_without_namespaces();
@@ -32,12 +49,7 @@ CATCH_TEST_CASE("4 nodes in network namespaces at 100 Mbit/s train together", "[
     CATCH_CHECK(read_in(i, "/proc/sys/net/ipv4/tcp_congestion_control") == "reno\n");
     CATCH_CHECK(read_in(i, "/proc/sys/net/ipv4/tcp_wmem") == "4096\t16384\t16777216\n");
   }
-  std::vector<child> roles;
-  roles.push_back(spawn(wan.in(0, {binary(), "coordinator", file}), dir + "/coord.log"));
-  for (int i = 0; i < n; ++i)
-    roles.push_back(
-        spawn(wan.in(i, {binary(), "node", file, "--node", "n" + std::to_string(i), "--log-level", "debug"}),
-              dir + "/n" + std::to_string(i) + ".log"));
+  auto roles = start_roles(wan, file, dir, n);
   std::vector<int> codes;
   for (auto& r : roles) codes.push_back(wait_exit(r, 900));
   for (size_t i = 0; i < roles.size(); ++i) {
@@ -71,4 +83,66 @@ CATCH_TEST_CASE("4 nodes in network namespaces at 100 Mbit/s train together", "[
     CATCH_CHECK(mbit > 20);  // and the ring kept the links reasonably busy
   }
   std::filesystem::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+namespace {
+
+bool has(const std::string& path, const std::string& text) {
+  return read_text(path).find(text) != std::string::npos;
+}
+
+}  // namespace
+
+// Issue 37, fault 6: one link between two live nodes goes silent (host 1's packets to host 2 are dropped by a
+// blackhole route, so no reset tells either end). The ring's heartbeats fail the all-reduce within
+// comm.link_timeout_s instead of comm.timeout_s; the re-formed ring fails on the same link again, so the
+// coordinator removes n2, which is told and stops; n0 and n1 train on. Paced by log lines, not durations.
+CATCH_TEST_CASE(
+    "a cut link between two live nodes: the ring fails within link_timeout_s, n2 is removed and told",
+    "[wan][cluster][elastic]") {
+  skip_without_namespaces();
+  const auto dir = scratch_dir("wancut");
+  const int n = 3;
+  // comm.timeout_s far above the test's waits: only the link timeout can end the stalled all-reduce.
+  const auto file = wan_cluster_file(dir, "wancut", n, 100000, 2, "heartbeat_timeout_s = 6\n");
+  auto text = read_text(file);
+  text.replace(text.find("dtype = \"fp32\"\n"), 15,
+               "dtype = \"fp32\"\ntimeout_s = 3000\nlink_timeout_s = 5\n");
+  write_text(file, text);
+  wan_hosts wan(n, "100mbit");
+  auto roles = start_roles(wan, file, dir, n);
+  auto dump = [&] {
+    std::string out;
+    for (const auto& r : roles) out += r.log + ":\n" + tail(read_text(r.log), 4000) + "\n";
+    return out;
+  };
+  if (!wait_until([&] { return has(dir + "/n1.log", "all-reduce of round 2:"); }, 600))
+    CATCH_FAIL("n1 never completed round 2\n" << dump());
+  CATCH_REQUIRE(shell("ip -n " + wan.prefix + "-h1 route add blackhole " + wan_addr(2) + "/32") == 0);
+  const auto clog = dir + "/coord.log";
+  if (!wait_until([&] { return has(clog, "the ring link n1 -> n2 failed in epochs"); }, 600))
+    CATCH_FAIL("the coordinator never named the cut link\n" << dump());
+  // n1 named the silent link itself, before any deadline: a closed connection, then none at all.
+  const auto coord = read_text(clog);
+  CATCH_INFO(coord);
+  CATCH_CHECK(contains(coord, "node n1's ring failed in epoch 1 (it lost n2)"));
+  CATCH_CHECK(contains(coord, "connection to tcp://" + wan_addr(2) + ":5601"));
+  CATCH_CHECK_FALSE(contains(coord, "no progress for"));  // the deadline's reason
+  // n2 is told and stops; the others form a ring of two and complete rounds in it.
+  CATCH_CHECK(wait_exit(roles[3], 300) != 0);
+  CATCH_CHECK(has(dir + "/n2.log", "removed from the cluster"));
+  CATCH_CHECK(has(dir + "/n2.log", "the ring link n1 -> n2"));
+  if (!wait_until([&] { return has(clog, "(lost): ring n0, n1;"); }, 300))
+    CATCH_FAIL("no ring of two after the removal\n" << dump());
+  const auto before = occurrences(read_text(dir + "/n1.log"), "all-reduce of round");
+  CATCH_CHECK(wait_until(
+      [&] { return occurrences(read_text(dir + "/n1.log"), "all-reduce of round") > before + 2; }, 300));
+  // Stop the rest with the same command a user would.
+  const auto [stop_code, stop_out] = run(wan.in(0, {binary(), "stop", file}), dir + "/stop.log", 120);
+  CATCH_INFO(stop_out << "\n" << dump());
+  CATCH_CHECK(stop_code == 0);
+  CATCH_CHECK(wait_exit(roles[1], 300) == 0);
+  CATCH_CHECK(wait_exit(roles[2], 300) == 0);
+  CATCH_CHECK(wait_exit(roles[0], 120) == 0);
+  std::filesystem::remove_all(dir);
 }
