@@ -86,13 +86,8 @@ std::string default_corpus_path() {
 }
 
 std::vector<uint64_t> checkpoint_rounds(const config::train_config& cfg, uint64_t newest) {
-  std::vector<uint64_t> out;
-  for (const auto& f : checkpoint_store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep).list()) {
-    const auto name = fs::path(f).filename().string();  // ckpt-<round>-<step>.lwc
-    const uint64_t round = std::strtoull(name.c_str() + 5, nullptr, 10);
-    if (round > 0 && round <= newest && (out.empty() || out.back() != round)) out.push_back(round);
-  }
-  return out;
+  return checkpoint_store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep)
+      .valid_rounds(newest, [](const std::string& line) { spdlog::warn("{}", line); });
 }
 
 uint64_t latest_checkpoint_round(const config::train_config& cfg) {

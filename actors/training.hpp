@@ -105,8 +105,8 @@ int run_training(const config::train_config& cfg, const run_options& opts,
 /// Completed rounds of the newest valid checkpoint of this config's run (0: none). Corrupt files are skipped.
 uint64_t latest_checkpoint_round(const config::train_config& cfg);
 
-/// The rounds of the checkpoint files in cfg's checkpoint directory up to `newest` (its newest valid one),
-/// oldest first, read from their names.
+/// The rounds of the valid checkpoints in cfg's checkpoint directory up to `newest` (its newest valid one),
+/// oldest first: each file is read and checked, a corrupt one left out with a warning.
 std::vector<uint64_t> checkpoint_rounds(const config::train_config& cfg, uint64_t newest);
 
 /// The sparse codec's settings of a config's [comm] section (used when comm.dtype = "sparse").

@@ -34,10 +34,10 @@ struct transport_options {
   int64_t max_frame_bytes = -1;
   /// How long closing waits for frames still queued for the next rank.
   std::chrono::milliseconds linger{30000};
-  /// A link that goes silent is dropped after about this long (0: never; ZeroMQ's ZMTP heartbeats): the
-  /// listening side drops a connection that delivered no complete frame within it, the sending side allows
-  /// four times as long (its pings wait behind the data it queued), and a next rank that stays unconnected
-  /// this long is reported by link_lost. A live link must deliver a chunk well within it.
+  /// A link that goes silent is dropped after about this long (0: never): the listening side drops a
+  /// connection that delivered no complete frame within it (ZMTP heartbeats), the sending side one whose data
+  /// went unacknowledged that long (TCP_USER_TIMEOUT; idle, its pings are that data), and a next rank that
+  /// stays unconnected this long is reported by link_lost. A live link must deliver a chunk well within it.
   std::chrono::milliseconds link_timeout{0};
   /// CURVE (ZeroMQ only): the listening socket admits the ring's node keys, and the next rank must hold
   /// server_public.

@@ -64,8 +64,11 @@ void zmq_transport::open_sockets() {
   push_->set(zmq::sockopt::linger, to_int_ms(opts_.linger));
   if (opts_.curve) make_curve_client(*push_, opts_.curve->own, opts_.server_public);
   if (opts_.link_timeout.count() > 0) {
-    // This side's pings wait behind the data queued in the kernel, so it allows more; a connect that hangs
-    // (its packets dropped) is abandoned and retried.
+    // Data the next rank has not acknowledged for link_timeout ends the connection (TCP_USER_TIMEOUT): a
+    // sender whose send buffer filled on a dead link produces no ping, and may never hear the far end's
+    // close. Idle, the pings are that data. Its pings wait behind the data queued in the kernel, so their
+    // own timeout allows more; a connect that hangs (its packets dropped) is abandoned and retried.
+    push_->set(zmq::sockopt::tcp_maxrt, to_int_ms(opts_.link_timeout));
     push_->set(zmq::sockopt::heartbeat_ivl, heartbeat_interval());
     push_->set(zmq::sockopt::heartbeat_timeout, to_int_ms(4 * opts_.link_timeout));
     push_->set(zmq::sockopt::connect_timeout, to_int_ms(opts_.link_timeout));

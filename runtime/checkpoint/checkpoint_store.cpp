@@ -476,6 +476,21 @@ std::string checkpoint_store::write(const checkpoint& c) {
   return final_path;
 }
 
+std::vector<uint64_t> checkpoint_store::valid_rounds(
+    uint64_t newest, const std::function<void(const std::string&)>& warn) const {
+  std::vector<uint64_t> out;
+  for (const auto& f : list()) {
+    try {
+      const uint64_t round = load_file(f).round;
+      if (round > 0 && round <= newest && (out.empty() || out.back() != round)) out.push_back(round);
+    } catch (const lw_error& e) {
+      if (warn)
+        warn(std::string("checkpoint ") + f + " is left out of the rounds this node offers: " + e.what());
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> checkpoint_store::list() const {
   struct entry {
     uint64_t round, step;

@@ -66,6 +66,11 @@ class checkpoint_store {
   /// and lw_error(io_error) if it cannot be opened or read.
   static checkpoint load_file(const std::string& path);
 
+  /// The rounds of the valid checkpoints up to `newest`, oldest first, each once: what a node can resume
+  /// from. Every file is read and checked; a corrupt one is left out with one line to `warn`.
+  std::vector<uint64_t> valid_rounds(uint64_t newest,
+                                     const std::function<void(const std::string&)>& warn = {}) const;
+
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores
   /// .tmp files and anything else not named ckpt-<round>-<step>.lwc.
   std::vector<std::string> list() const;

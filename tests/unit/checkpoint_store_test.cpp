@@ -180,6 +180,22 @@ CATCH_TEST_CASE("With keep=2 only the two newest checkpoints remain, listed olde
   CATCH_CHECK(latest->round == 5);
 }
 
+CATCH_TEST_CASE("The rounds a node offers for a resume leave out a corrupt older checkpoint",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  for (uint64_t r = 1; r <= 4; ++r) store.write(small_checkpoint(r));
+  CATCH_CHECK(store.valid_rounds(4) == std::vector<uint64_t>{1, 2, 3, 4});
+  CATCH_CHECK(store.valid_rounds(3) == std::vector<uint64_t>{1, 2, 3});
+  const auto second = store.list()[1];
+  fs::resize_file(second, fs::file_size(second) / 2);
+  std::vector<std::string> warnings;
+  CATCH_CHECK(store.valid_rounds(4, [&](const std::string& w) { warnings.push_back(w); }) ==
+              std::vector<uint64_t>{1, 3, 4});
+  CATCH_REQUIRE(warnings.size() == 1);
+  CATCH_CHECK(warnings[0].find(fs::path(second).filename().string()) != std::string::npos);
+}
+
 CATCH_TEST_CASE("Checkpoints are ordered by round and step numerically, not by file name", "[checkpoint]") {
   temp_dir tmp;
   checkpoint_store store(tmp.path.string(), 10);

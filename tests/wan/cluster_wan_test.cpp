@@ -177,7 +177,7 @@ CATCH_TEST_CASE(
 // Issue 37, fault 6: a partition cuts host 2 off from the others (and from the coordinator). The coordinator
 // removes n2 for its silence and goes on with n0 and n1; n2 cannot be told, so it sees for itself: its ring
 // failed and the coordinator stayed unreachable, and it stops saying so instead of waiting out its deadlines.
-CATCH_TEST_CASE("a partitioned node sees that it is cut off and stops; the others go on",
+CATCH_TEST_CASE("a partitioned node sees that it is cut off and stops, and the others go on",
                 "[wan][cluster][elastic]") {
   skip_without_namespaces();
   link_cluster c("wanpart", 2);
