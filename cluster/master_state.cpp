@@ -237,8 +237,10 @@ void master_state::watch_silence(size_t i) {
   const auto silence = since(m.last_seen);
   // Before its first heartbeat a member is still loading its data and model.
   const auto limit = m.heard ? s_.heartbeat_timeout : std::max(s_.heartbeat_timeout, s_.join_timeout);
-  if (m.suspected && m.last_seen > m.suspected_at) m.suspected = false;
-  if (m.suspected && silence > s_.suspect_silence)
+  if (m.suspected && m.last_seen > m.suspected_at && m.heard) m.suspected = false;
+  // A member still starting (no heartbeat yet: loading its data and model) is not lost for a ring that could
+  // not reach it; the reset waits for its first heartbeat.
+  if (m.suspected && m.heard && silence > s_.suspect_silence)
     remove(i, removal::lost,
            fmt::format("node {} lost: its neighbour's ring dropped it and nothing heard for {} (its last "
                        "all-reduce: round {})",

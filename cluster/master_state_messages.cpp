@@ -162,7 +162,7 @@ void master_state::on_ring_failed(size_t i, const ring_failed_msg& rf) {
     if (!training(j) || specs_[j].name != rf.suspect) continue;
     // Again, in a later epoch, with no round completed in between.
     if (previous && previous->from == i && previous->to == rf.suspect && previous->epoch < rf.epoch &&
-        previous->round == members_[i].round)
+        previous->round == members_[i].round && members_[j].heard)
       return remove(
           j, removal::lost,
           fmt::format("node {} lost: the ring link {} -> {} failed in epochs {} and {} while both "

@@ -102,8 +102,8 @@ void master_watch::check_cut_off(comm::elastic_ring& elastic, const std::string&
   if (now - since < cut_off_after) return;
   const auto text = fmt::format(
       "cut off from the cluster: this node's ring failed and the coordinator has not been reachable for "
-      "{:.0f} s, so it has removed this node (a partition, or this node's links are down); the others go on. "
-      "Its checkpoints are kept: start it again with the same command to rejoin",
+      "{:.0f} s; a coordinator removes a node it cannot hear (a partition, or this node's links are down), "
+      "and the others go on. Its checkpoints are kept: start it again with the same command to rejoin",
       std::chrono::duration<double>(now - *gone_since_).count());
   spdlog::error("node {}: {}", name, text);
   elastic.evict(text);

@@ -526,6 +526,23 @@ CATCH_TEST_CASE("master: a cut link fails again in the ring re-formed around it:
   }
 }
 
+CATCH_TEST_CASE("master: a ring that cannot reach a member still loading waits for its first heartbeat",
+                "[unit][master]") {
+  // n2 said hello but has not sent a heartbeat (it loads its data and model): n1's ring finds no connection
+  // to it. It is neither lost nor cut off; the ring is reset once it is heard.
+  table t(cluster_of(3));
+  t.play({{0, "n0", "hello", {}},
+          {0, "n1", "hello", {}},
+          {0, "n2", "hello", {"epoch 1 (3 members, start)"}},
+          {1, "n0", "heartbeat 0", {}},
+          {1, "n1", "heartbeat 0", {}},
+          {2, "n1", "ring_failed 1 n2", {"node n1's ring failed in epoch 1 (it lost n2)", "!fence"}},
+          {5, "n0", "heartbeat 0", {"!node n2 lost", "!fence"}},
+          {5, "n1", "ring_failed 1 n2", {"!node n2 lost", "!fence"}},
+          {6, "n2", "heartbeat 0", {"n0 <- fence 2", "n1 <- fence 2", "n2 <- fence 2", "a ring failed"}}});
+  CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
+}
+
 CATCH_TEST_CASE("master: a ring that keeps failing without progress ends the run", "[unit][master]") {
   table t(cluster_of(2));
   std::vector<row> rows = two_training;
