@@ -49,9 +49,7 @@ class dense_reduction final : public reduction {
       m = std::min(chunk, n - off);
       ef->add_residual(x + off, m, off);
       back.resize(m);
-      wire.resize(encoded_size(dtype_, m, codec_));
-      encode(dtype_, x + off, m, wire.data(), codec_);
-      if (!decode(dtype_, wire.data(), wire.size(), m, back.data(), codec_))
+      if (!round_trip(dtype_, codec_, x + off, m, back.data(), wire))
         throw lw_error(errc::diverged, "the error-feedback residual has NaN or infinite values");
       ef->update(x + off, back.data(), m, off);
       std::copy(back.begin(), back.end(), x + off);
@@ -65,6 +63,13 @@ class dense_reduction final : public reduction {
 };
 
 }  // namespace
+
+bool round_trip(wire_dtype dtype, const codec_options& codec, const float* x, size_t m, float* back,
+                std::vector<std::byte>& wire) {
+  wire.resize(encoded_size(dtype, m, codec));
+  encode(dtype, x, m, wire.data(), codec);
+  return decode(dtype, wire.data(), wire.size(), m, back, codec);
+}
 
 wire_dtype dense_dtype(wire_dtype comm_dtype) {
   return comm_dtype == wire_dtype::sparse ? wire_dtype::fp32 : comm_dtype;

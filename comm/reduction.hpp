@@ -40,6 +40,11 @@ struct reduction_options {
 /// sparse run's dense calls (parameters) are fp32.
 wire_dtype dense_dtype(wire_dtype comm_dtype);
 
+/// back[0..m) = what every receiver decodes once x[0..m) went out as one chunk of dtype (x and back may be
+/// the same); wire is scratch. False if the codec refused the values (int8 of NaN or inf).
+bool round_trip(wire_dtype dtype, const codec_options& codec, const float* x, size_t m, float* back,
+                std::vector<std::byte>& wire);
+
 /// Error-feedback residuals by ring label part (the second half of a reduce's label).
 using residual_vectors = std::map<uint32_t, std::vector<float>>;
 

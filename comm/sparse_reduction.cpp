@@ -121,9 +121,7 @@ class shared_sparse final : public sparse_base {
     std::vector<std::byte> wire;
     for (size_t off = 0, m = 0; off < k; off += m) {
       m = std::min(o_.shared_chunk, k - off);
-      wire.resize(encoded_size(wire_dtype::int8, m, o_.codec));
-      encode(wire_dtype::int8, v + off, m, wire.data(), o_.codec);
-      if (!decode(wire_dtype::int8, wire.data(), wire.size(), m, v + off, o_.codec)) return false;
+      if (!round_trip(wire_dtype::int8, o_.codec, v + off, m, v + off, wire)) return false;
     }
     return true;
   }
