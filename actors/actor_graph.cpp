@@ -51,16 +51,15 @@ comm::ring_allreduce::reject_callback rejection_logger(metrics_actor metrics) {
 
 /// The metrics sink: /metrics (if enabled) and metrics.jsonl, with every worker and peer series made.
 metrics_actor spawn_metrics(caf::actor_system& sys, const config::train_config& cfg, const run_paths& p,
-                            const run_options& opts, const cluster_role* role, int corrupt_checkpoints) {
+                            const run_options& opts, const ring_place* place, int corrupt_checkpoints) {
   metrics_sink_options o;
   o.port = cfg.metrics.enabled ? static_cast<int>(cfg.metrics.port) : -1;
   o.address = cfg.metrics.address;
-  o.node = role ? role->names[static_cast<size_t>(role->rank)]
-                : (cfg.run.name.empty() ? std::string("local") : cfg.run.name);
+  o.node = place ? place->name() : (cfg.run.name.empty() ? std::string("local") : cfg.run.name);
   for (int64_t w = 0; w < cfg.train.workers; ++w) o.workers.push_back(std::to_string(w));
-  if (role)
-    for (size_t i = 0; i < role->names.size(); ++i)
-      if (static_cast<int>(i) != role->rank) o.peers.push_back(role->names[i]);
+  if (place)
+    for (size_t i = 0; i < place->names.size(); ++i)
+      if (static_cast<int>(i) != place->rank) o.peers.push_back(place->names[i]);
   o.jsonl_path = (fs::path(p.out_dir) / "metrics.jsonl").string();
   if (opts.fresh) {
     std::error_code ec;
@@ -73,7 +72,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, const config::train_config& 
     caf::anon_send(metrics, count_atom_v, std::string("longwave_errors_total"),
                    std::string("reason=checkpoint_corrupt"), static_cast<double>(corrupt_checkpoints));
   caf::anon_send(metrics, gauge_atom_v, std::string("longwave_cluster_peers_alive"), std::string(),
-                 static_cast<double>(role ? role->names.size() : 1));
+                 static_cast<double>(place ? place->names.size() : 1));
   return metrics;
 }
 
@@ -86,8 +85,9 @@ std::string sparse_values(const config::train_config& cfg) {
 
 /// The communicator's options: one process is one node on a ring of one rank, a cluster node reduces across
 /// nodes through comm.backend.
-communicator_options communicator_options_for(const config::train_config& cfg, const cluster_role* role,
+communicator_options communicator_options_for(const config::train_config& cfg, cluster_link& cluster,
                                               const metrics_actor& metrics) {
+  const ring_place* place = cluster.place();
   communicator_options o;
   o.metrics = metrics;
   o.log_events = cfg.run.mode != config::run_mode::ddp;
@@ -100,25 +100,25 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
           : fmt::format("{}{}", cfg.comm.dtype, cfg.comm.error_feedback ? ", error feedback" : "");
   // Shared indices quantize in the chunks of the ring's int8 (NCCL has none).
   if (cfg.comm.dtype == config::wire_dtype::sparse &&
-      (!role || cfg.comm.backend == config::comm_backend::ring)) {
+      (!place || cfg.comm.backend == config::comm_backend::ring)) {
     auto int8_ring = ring_options_from(cfg, 0);
     int8_ring.dtype = config::wire_dtype::int8;
     o.reduction.shared_chunk = comm::elements_per_chunk(int8_ring);
   }
-  if (!role) {
+  if (!place) {
     o.local = ring_options_from(cfg, 0);
     if (cfg.comm.dtype != config::wire_dtype::fp32 && cfg.run.mode != config::run_mode::single)
       spdlog::info("comm: one process is one node: the workers' mean {} is coded as a node sends it ({})",
                    cfg.run.mode == config::run_mode::ddp ? "gradient" : "pseudo-gradient", coding);
     return o;
   }
-  o.collective = make_collective(cfg, *role, rejection_logger(metrics));
-  o.observe_round = role->observe_round;
-  const auto world = role->names.size();
-  o.next_peer = role->names[(static_cast<size_t>(role->rank) + 1) % world];
-  o.prev_peer = role->names[(static_cast<size_t>(role->rank) + world - 1) % world];
+  o.collective = cluster.collective(cfg, rejection_logger(metrics));
+  o.observe_round = place->observe_round;
+  const auto world = place->names.size();
+  o.next_peer = place->names[(static_cast<size_t>(place->rank) + 1) % world];
+  o.prev_peer = place->names[(static_cast<size_t>(place->rank) + world - 1) % world];
   spdlog::info("{}: rank {} of {}, listening on {}, sending to {} ({} on the wire)", cfg.comm.backend,
-               role->rank, world, role->endpoints[static_cast<size_t>(role->rank)], o.next_peer, coding);
+               place->rank, world, place->endpoints[static_cast<size_t>(place->rank)], o.next_peer, coding);
   return o;
 }
 
@@ -143,8 +143,8 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
 
 /// One wait of the main loop that timed out: the cluster tick, then Ctrl-C (a stop with a checkpoint, or
 /// at the second one an exit without it).
-void on_idle(caf::scoped_actor& self, const actor_graph& g, const cluster_role* role, bool* stop_sent) {
-  if (role && role->tick && g.collective) {
+void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluster, bool* stop_sent) {
+  if (cluster.place()) {
     node_controls controls;
     controls.leave = [&g] { caf::anon_send(g.coordinator, stop_atom_v, done_atom_v); };
     controls.hold = [&]() -> std::optional<uint64_t> {
@@ -159,10 +159,8 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, const cluster_role* 
     controls.stop_after = [&g](uint64_t round) { caf::anon_send(g.coordinator, stop_atom_v, round); };
     controls.hold_until = [&g](uint64_t round) { caf::anon_send(g.coordinator, hold_atom_v, round); };
     controls.release = [&g] { caf::anon_send(g.coordinator, hold_atom_v, done_atom_v); };
-    role->tick(
-        *g.collective,
-        [&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
-        controls);
+    cluster.tick([&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
+                 controls);
   }
   const int n = g_signals.load();
   if (n >= 2) {
@@ -191,10 +189,10 @@ void configure_system(caf::actor_system_config& sys_cfg) {
 }
 
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
-                        const run_options& opts, const cluster_role* role, start_point start) {
+                        const run_options& opts, cluster_link& cluster, start_point start) {
   actor_graph g;
-  g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, role, start.corrupt_checkpoints);
-  auto comm_opts = communicator_options_for(ctx->cfg, role, g.peers.metrics);
+  g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, cluster.place(), start.corrupt_checkpoints);
+  auto comm_opts = communicator_options_for(ctx->cfg, cluster, g.peers.metrics);
   g.collective = comm_opts.collective;
   g.peers.communicator =
       opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
@@ -207,7 +205,7 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
 }
 
 int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_options& opts,
-                   const cluster_role* role) {
+                   cluster_link& cluster) {
   if (opts.handle_signals) {
     g_signals = 0;
     std::signal(SIGINT, on_signal);
@@ -221,7 +219,7 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
     while (running) {
       self->receive(
           [&](done_atom, int c, double) { code = c, running = false; },
-          caf::after(std::chrono::milliseconds(100)) >> [&] { on_idle(self, g, role, &stop_sent); });
+          caf::after(std::chrono::milliseconds(100)) >> [&] { on_idle(self, g, cluster, &stop_sent); });
     }
     using caf::actor_cast;
     for (const auto& a : {actor_cast<caf::actor>(g.coordinator), actor_cast<caf::actor>(g.peers.communicator),

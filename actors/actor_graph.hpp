@@ -24,16 +24,16 @@ struct actor_graph {
   std::shared_ptr<comm::collective> collective;
 };
 
-/// Spawns the metrics sink, communicator (opts.communicator_override, else the real one over role's
+/// Spawns the metrics sink, communicator (opts.communicator_override, else the real one over the cluster's
 /// collective), outer optimizer, checkpointer, evaluator ([eval] async) and the coordinator with its workers,
 /// which resumes from start.resume.
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
-                        const run_options& opts, const cluster_role* role, start_point start);
+                        const run_options& opts, cluster_link& cluster, start_point start);
 
 /// Starts the coordinator and waits for its (done, code): heartbeats every 100 ms in a cluster, the first
 /// Ctrl-C stops with a checkpoint, the second exits at once. Then every actor is told to quit. Returns the
 /// coordinator's exit code.
 int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_options& opts,
-                   const cluster_role* role);
+                   cluster_link& cluster);
 
 }  // namespace longwave::actors

@@ -1,4 +1,4 @@
-// comm.backend -> ring_allreduce or nccl_collective; a build without NCCL refuses "nccl" with one line.
+// comm.backend = "nccl" -> nccl_collective; a build without NCCL refuses it with one line.
 #include "actors/collective_factory.hpp"
 
 #include <fmt/format.h>
@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "comm/elastic_ring.hpp"
 #include "config/config_loader.hpp"
 
 #ifdef LONGWAVE_WITH_NCCL
@@ -47,7 +46,7 @@ std::string nccl_summary() {
 #endif
 }
 
-void check_backend(const config::train_config& cfg, const cluster_role* role) {
+void check_backend(const config::train_config& cfg, bool cluster_node) {
   if (cfg.comm.backend != config::comm_backend::nccl) return;
   if (!built_with_nccl())
     throw config::config_error("comm.backend",
@@ -59,33 +58,27 @@ void check_backend(const config::train_config& cfg, const cluster_role* role) {
     throw config::config_error("comm.backend", "comm.backend = \"nccl\": no usable GPU on this machine (" +
                                                    problem + "); use comm.backend = \"ring\"");
 #endif
-  if (role && nccl_comm_id().empty())
+  if (cluster_node && nccl_comm_id().empty())
     throw config::config_error(
         "comm.backend",
         "comm.backend = \"nccl\" needs NCCL_COMM_ID=<host>:<port> (rank 0's host and a free port) in every "
         "node's environment: the cluster rendezvous does not carry NCCL's unique id yet");
 }
 
-std::shared_ptr<comm::collective> make_collective(const config::train_config& cfg, const cluster_role& role,
-                                                  comm::ring_allreduce::reject_callback on_reject) {
-  check_backend(cfg, &role);
-  if (cfg.comm.backend == config::comm_backend::ring) {
-    // Membership changes by epochs: the ring is rebuilt among each epoch's members.
-    comm::epoch_view first{role.epoch, static_cast<uint32_t>(role.rank), role.names, role.endpoints,
-                           role.public_keys};
-    return std::make_shared<comm::elastic_ring>(std::move(first), role.ring, std::move(on_reject),
-                                                role.committed);
-  }
+std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
+                                                       const ring_place& place) {
+  check_backend(cfg, true);
 #ifdef LONGWAVE_WITH_NCCL
   comm::nccl_collective_options o;
-  o.dtype = role.ring.dtype;
-  o.timeout = role.ring.timeout;
-  o.stall_after = role.ring.stall_report_after;
+  o.dtype = place.ring.dtype;
+  o.timeout = place.ring.timeout;
+  o.stall_after = place.ring.stall_report_after;
   // With NCCL_COMM_ID set, every rank computes the same id from it, and rank 0's ncclCommInitRank starts
   // NCCL's bootstrap root there.
-  return std::make_shared<comm::nccl_collective>(role.rank, static_cast<int>(role.endpoints.size()),
+  return std::make_shared<comm::nccl_collective>(place.rank, static_cast<int>(place.endpoints.size()),
                                                  comm::nccl_allreduce::unique_id(), o);
 #else
+  (void)place;
   return nullptr;  // unreachable: check_backend refused it
 #endif
 }

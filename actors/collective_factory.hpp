@@ -1,11 +1,10 @@
 #pragma once
-// comm.backend -> the node's collective: the ZeroMQ ring, or NCCL in a build with LONGWAVE_WITH_NCCL. The one
-// place that knows which backends this binary has.
+// Which backends this binary has, and NCCL's collective in a build with LONGWAVE_WITH_NCCL (the ZeroMQ ring
+// of a cluster node is the cluster's elastic ring, cluster/node_link.cpp).
 #include <memory>
 
-#include "actors/training.hpp"
+#include "actors/cluster_link.hpp"
 #include "comm/collective.hpp"
-#include "comm/ring_allreduce.hpp"
 #include "config/train_config.hpp"
 
 namespace longwave::actors {
@@ -17,15 +16,15 @@ bool built_with_nccl();
 std::string nccl_summary();
 
 /// Refuses, as a config_error on comm.backend (exit 2), a backend this binary or machine cannot run: "nccl"
-/// in a build without NCCL or where no CUDA device is visible, and (for a cluster node, role set) without
-/// NCCL_COMM_ID. Call it before anything starts, --dry-run included.
-void check_backend(const config::train_config& cfg, const cluster_role* role);
+/// in a build without NCCL or where no CUDA device is visible, and (for a cluster node) without NCCL_COMM_ID.
+/// Call it before anything starts, --dry-run included.
+void check_backend(const config::train_config& cfg, bool cluster_node);
 
-/// The collective of a cluster node for cfg.comm.backend: the ring on role's endpoints (rejections reported
-/// to on_reject), or NCCL on CUDA device 0 (choose the GPU with CUDA_VISIBLE_DEVICES). NCCL's unique id is
-/// not carried by the rendezvous yet: every node must have NCCL_COMM_ID=<host>:<port> in its environment
-/// (rank 0's host and a free port there; NCCL's own bootstrap then listens on it).
-std::shared_ptr<comm::collective> make_collective(const config::train_config& cfg, const cluster_role& role,
-                                                  comm::ring_allreduce::reject_callback on_reject);
+/// comm.backend = "nccl" for a cluster node at `place`: NCCL on CUDA device 0 (choose the GPU with
+/// CUDA_VISIBLE_DEVICES), with the ring settings' dtype and timeouts. NCCL's unique id is not carried by the
+/// rendezvous yet: every node must have NCCL_COMM_ID=<host>:<port> in its environment (rank 0's host and a
+/// free port there; NCCL's own bootstrap then listens on it). Throws config_error as check_backend does.
+std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
+                                                       const ring_place& place);
 
 }  // namespace longwave::actors

@@ -15,6 +15,9 @@
 
 namespace longwave::actors {
 
+class cluster_link;
+cluster_link& no_cluster();
+
 /// How a node that joined a running cluster got its state (metrics.jsonl "recovery", /metrics).
 struct recovery_info {
   uint64_t round = 0;   ///< the completed round of the state
@@ -48,13 +51,11 @@ struct run_context {
   int64_t data_partitions = 0;
   /// diloco.outer = "streaming": the ranges of theta of each fragment (models::fragment_ranges); else empty.
   std::vector<models::flat_ranges> fragments;
-  /// A node that joined a running cluster: its first round, in which it only observes (cluster_role).
+  /// A node that joined a running cluster: its first round, in which it only observes (ring_place).
   uint64_t observe_round = 0;
-  /// Cluster members: where round-boundary states go to be served to joiners (cluster_role::publish).
-  std::function<void(runtime::checkpoint)> publish_state;
-  /// Cluster members: theta_global's CRC-32C after each round, for the coordinator to compare across nodes
-  /// (cluster_role::round_committed).
-  std::function<void(uint64_t round, uint32_t theta_crc)> round_committed;
+  /// The cluster this node belongs to: round-boundary states to serve to joiners, theta_global's CRC-32C
+  /// after each round (cluster_link.hpp). Outlives the actors; no_cluster() for one process alone.
+  cluster_link* cluster = &no_cluster();
   /// Cluster, fresh start: this node is the ring's rank 0, whose theta_0 every node starts from (each node's
   /// own initialisation rounds by its CPU's kernels).
   bool theta_source = false;

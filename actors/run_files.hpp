@@ -34,7 +34,7 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
 
 /// A node that joined a running cluster starts from the members' state, its replicas copies of the one that
 /// state carries, or from its own checkpoint of the same round. Either way every replica's step count and
-/// data position move past the round it observes (cluster_role::observe_round), so it reads the windows
+/// data position move past the round it observes (ring_place::observe_round), so it reads the windows
 /// its global ranks read at that step and trains at the cluster's place in the LR schedule. Throws
 /// lw_error(corrupt_checkpoint) when its own checkpoint of that round cannot be loaded.
 start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,

@@ -127,7 +127,7 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
 
 std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
                                           const std::string& corpus, const std::string& data_dir,
-                                          const models::device_plan& devices, const cluster_role* role) {
+                                          const models::device_plan& devices, cluster_link& cluster) {
   auto data = models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                             cfg.data.val_fraction, data_dir,
                                             [](const std::string& line) { spdlog::info("{}", line); });
@@ -148,13 +148,13 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   ctx->threads_per_worker =
       cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);
-  if (role) {
-    ctx->rank_offset = role->rank_offset;
-    ctx->cluster_workers = role->cluster_workers;
-    ctx->data_partitions = role->data_partitions;
-    ctx->publish_state = role->publish;
-    ctx->round_committed = role->round_committed;
-    ctx->theta_source = role->rank == 0;
+  ctx->cluster = &cluster;
+  const ring_place* place = cluster.place();
+  if (place) {
+    ctx->rank_offset = place->rank_offset;
+    ctx->cluster_workers = place->cluster_workers;
+    ctx->data_partitions = place->data_partitions;
+    ctx->theta_source = place->rank == 0;
   }
   if (is_streaming(cfg))
     ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,
@@ -165,7 +165,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
           "federated.clients_per_round",
           fmt::format("federated.clients_per_round = {}: the run has {} clients (workers) to draw from", k,
                       ctx->data_parts()));
-    if (role && ctx->data_parts() > ctx->global_workers())
+    if (place && ctx->data_parts() > ctx->global_workers())
       throw config::config_error(
           "federated.clients_per_round",
           fmt::format(

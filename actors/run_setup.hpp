@@ -32,11 +32,11 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
                    const models::device_plan& devices);
 
 /// Everything the actors share: the data (prepared in data_dir or reused), the final model shape, threads,
-/// the workers' devices, this node's place in the cluster (role, may be null), streaming's fragments. Checks
+/// the workers' devices, this node's cluster and its place there (none alone), streaming's fragments. Checks
 /// the data against the sampling plan, so a bad corpus is a clear error before any actor starts.
 std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
                                           const std::string& corpus, const std::string& data_dir,
-                                          const models::device_plan& devices, const cluster_role* role);
+                                          const models::device_plan& devices, cluster_link& cluster);
 
 /// What a checkpoint must match to be resumed by this run.
 runtime::snapshot_shape shape_of(const run_context& ctx);

@@ -35,11 +35,11 @@ namespace {
 
 /// One run, top to bottom: check the config, lock the out_dir, prepare the data, find where to start, start
 /// the actors, wait for them.
-int train(const config::train_config& cfg, const run_options& opts, const cluster_role* role) {
+int train(const config::train_config& cfg, const run_options& opts, cluster_link& cluster) {
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   const auto spec = model_spec_of(cfg);
-  check_backend(cfg, role);
+  check_backend(cfg, cluster.place() != nullptr);
   const auto devices = plan_devices(cfg, spec);
   if (opts.dry_run) {
     print_dry_run(cfg, spec, devices);
@@ -51,14 +51,14 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
   spdlog::info("cpu: {}", models::cpu_kernels());
-  auto ctx = make_context(cfg, spec, corpus, p.data_dir, devices, role);
+  auto ctx = make_context(cfg, spec, corpus, p.data_dir, devices, cluster);
   start_point start;
-  if (role && role->join) {
-    // Joining a running cluster: fetch the members' state and wait to be admitted (fills in the role).
+  if (cluster.joining()) {
+    // Joining a running cluster: fetch the members' state and wait to be admitted (completes the place).
     start = joined_start(cfg, opts, p, shape_of(*ctx),
-                         role->join(shape_of(*ctx), opts.fresh ? 0 : latest_checkpoint_round(cfg)));
-    ctx->observe_round = role->observe_round;
-    ctx->recovery = role->recovery;
+                         cluster.join(shape_of(*ctx), opts.fresh ? 0 : latest_checkpoint_round(cfg)));
+    ctx->observe_round = cluster.place()->observe_round;
+    ctx->recovery = cluster.place()->recovery;
   } else {
     start = find_start(cfg, opts, p, shape_of(*ctx));
   }
@@ -67,8 +67,8 @@ int train(const config::train_config& cfg, const run_options& opts, const cluste
   caf::actor_system_config sys_cfg;
   configure_system(sys_cfg);
   caf::actor_system sys{sys_cfg};
-  const auto graph = spawn_graph(sys, ctx, p, opts, role, std::move(start));
-  return run_until_done(sys, graph, opts, role);
+  const auto graph = spawn_graph(sys, ctx, p, opts, cluster, std::move(start));
+  return run_until_done(sys, graph, opts, cluster);
 }
 
 }  // namespace
@@ -135,9 +135,9 @@ comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t c
   return r;
 }
 
-int run_training(const config::train_config& cfg, const run_options& opts, const cluster_role* role) {
+int run_training(const config::train_config& cfg, const run_options& opts, cluster_link& cluster) {
   try {
-    return train(cfg, opts, role);
+    return train(cfg, opts, cluster);
   } catch (const config::config_error& e) {
     spdlog::error("{}", e.what());
     return 2;

@@ -88,6 +88,11 @@ std::vector<control_event> control_client::poll() {
       ev.epoch = mm->epoch;
       ev.membership = *mm;
       out.push_back(std::move(ev));
+    } else if (auto* r = std::get_if<recover_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::recover;
+      ev.recover = *r;
+      out.push_back(std::move(ev));
     }
     // Anything else (a welcome repeated for a late hello) needs no action.
   }

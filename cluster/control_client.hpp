@@ -39,14 +39,16 @@ struct control_event {
     refused,          ///< the coordinator this node was connected to refuses its handshake now; text: why
     older_coordinator,  ///< a coordinator of an older term than this node follows spoke (ignored; once per
                         ///< term): `round` is its term, `epoch` the term followed
+    recover,            ///< a joiner: fetch the state `recover` names instead (the members hold for it)
   };
   kind what = kind::notice;
   errc code = errc::none;
   std::string text;
   uint64_t epoch = 0;
   membership_msg membership;
-  uint64_t round = 0;    ///< kind::stop, kind::pin
-  bool release = false;  ///< kind::pin
+  uint64_t round = 0;     ///< kind::stop, kind::pin
+  bool release = false;   ///< kind::pin
+  recover_msg recover{};  ///< kind::recover
 };
 
 /// A node's connection to the coordinator. Not thread-safe: one thread (the node's main thread) uses it.

@@ -38,30 +38,30 @@ hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resu
   return hello;
 }
 
-void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
+void place_in_ring(actors::ring_place& place, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
                    const std::vector<peer_entry>& peers, const char* what) {
-  role.rank = static_cast<int>(rank);
-  role.epoch = epoch;
-  role.endpoints.clear();
-  role.names.clear();
-  role.public_keys.clear();
+  place.rank = static_cast<int>(rank);
+  place.epoch = epoch;
+  place.endpoints.clear();
+  place.names.clear();
+  place.public_keys.clear();
   for (const auto& p : peers) {
     if (const auto problem = config::endpoint_problem(p.endpoint); !problem.empty())
       throw lw_error(errc::malformed_frame, fmt::format("the coordinator's {} lists endpoint '{}' for {}: {}",
                                                         what, p.endpoint, p.name, problem));
-    role.endpoints.push_back(p.endpoint);
-    role.names.push_back(p.name);
-    if (role.admitted) {
+    place.endpoints.push_back(p.endpoint);
+    place.names.push_back(p.name);
+    if (place.admitted) {
       if (p.public_key.empty())
         throw lw_error(errc::invalid_config,
                        fmt::format("the coordinator's {} gives no CURVE key for {}: it runs with [security] "
                                    "mode = \"none\" and this node with CURVE",
                                    what, p.name));
-      role.public_keys.push_back(p.public_key);
+      place.public_keys.push_back(p.public_key);
     }
   }
   // The ring holds the members in file order; this node's data stays that of its file position.
-  if (rank >= role.names.size() || role.names[rank] != me.name || role.endpoints[rank] != me.endpoint)
+  if (rank >= place.names.size() || place.names[rank] != me.name || place.endpoints[rank] != me.endpoint)
     throw lw_error(errc::invalid_config,
                    fmt::format("the coordinator placed this node at rank {} with another name or endpoint: "
                                "its cluster file differs from this one",
@@ -69,7 +69,7 @@ void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, u
 }
 
 uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index, const hello_msg& hello,
-              actors::cluster_role& role, std::optional<recover_msg>& recover) {
+              actors::ring_place& place, std::optional<recover_msg>& recover) {
   const auto& me = spec.nodes[index];
   // A little longer than the coordinator's own deadline, so that a cluster called off for missing nodes
   // says so instead of timing out here.
@@ -82,8 +82,8 @@ uint64_t join(control_client& control, const config::cluster_spec& spec, size_t 
     return 0;
   }
   const auto& welcome = std::get<welcome_msg>(answer);
-  admit_keys(role.admitted, welcome.keys);
-  place_in_ring(role, me, welcome.rank, welcome.epoch, welcome.peers, "welcome");
+  admit_keys(place.admitted, welcome.keys);
+  place_in_ring(place, me, welcome.rank, welcome.epoch, welcome.peers, "welcome");
   spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
                welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
   return welcome.start_round;
@@ -103,28 +103,11 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
       got = fetch(shape);
     }
     slow_link_fault();
-    const auto answer = ready(got);
-    if (const auto* m = std::get_if<membership_msg>(&answer)) {
-      admit_keys(role_.admitted, m->keys);
-      place_in_ring(role_, me_, m->rank, m->epoch, m->peers, "membership");
-      role_.ring.names = role_.names;
-      role_.committed = m->commit;
-      role_.observe_round = got.round + 1;
-      actors::recovery_info info;
-      info.round = got.round;
-      info.epoch = m->epoch;
-      info.rank = m->rank;
-      info.members = fmt::format("{}", fmt::join(role_.names, ","));
-      info.source = got.fetched ? last_source_ : "own checkpoint";
-      info.bytes = got.fetched ? last_fetch_bytes_ : 0;
-      info.seconds = got.fetched ? last_fetch_seconds_ : 0;
-      role_.recovery = info;
-      spdlog::info(
-          "node {}: admitted in epoch {} as rank {} of {} with the state of round {}; round {} it "
-          "only observes (no inner steps, weight 0), then it trains",
-          me_.name, m->epoch, m->rank, m->peers.size(), got.round, got.round + 1);
-      return got;
-    }
+    auto answer = ready(got);
+    // The master's word that the members hold for this node crossed its ready and names the round it holds:
+    // it says ready again.
+    if (const auto* r = std::get_if<recover_msg>(&answer); r && r->round == got.round) answer = ready(got);
+    if (const auto* m = std::get_if<membership_msg>(&answer)) return admitted(*m, std::move(got));
     recover_ = std::get<recover_msg>(answer);
     if (attempt >= max_attempts)
       throw lw_error(errc::peer_lost,
@@ -133,6 +116,28 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
                                  attempt, recover_.note));
     spdlog::warn("node {}: {} (attempt {} of {})", me_.name, recover_.note, attempt + 1, max_attempts);
   }
+}
+
+actors::joined_state joiner::admitted(const membership_msg& m, actors::joined_state got) {
+  admit_keys(place_.admitted, m.keys);
+  place_in_ring(place_, me_, m.rank, m.epoch, m.peers, "membership");
+  place_.ring.names = place_.names;
+  place_.committed = m.commit;
+  place_.observe_round = got.round + 1;
+  actors::recovery_info info;
+  info.round = got.round;
+  info.epoch = m.epoch;
+  info.rank = m.rank;
+  info.members = fmt::format("{}", fmt::join(place_.names, ","));
+  info.source = got.fetched ? last_source_ : "own checkpoint";
+  info.bytes = got.fetched ? last_fetch_bytes_ : 0;
+  info.seconds = got.fetched ? last_fetch_seconds_ : 0;
+  place_.recovery = info;
+  spdlog::info(
+      "node {}: admitted in epoch {} as rank {} of {} with the state of round {}; round {} it "
+      "only observes (no inner steps, weight 0), then it trains",
+      me_.name, m.epoch, m.rank, m.peers.size(), got.round, got.round + 1);
+  return got;
 }
 
 std::variant<membership_msg, recover_msg> joiner::ready(const actors::joined_state& got) {
@@ -181,7 +186,25 @@ void joiner::slow_link_fault() {
   }
 }
 
+namespace {
+
+/// Thrown from a fetch's callbacks when the master names another state to fetch (the members hold for this
+/// node at a round boundary): the fetch in progress is abandoned for it.
+struct new_plan {};
+
+}  // namespace
+
 actors::joined_state joiner::fetch(const runtime::snapshot_shape& shape) {
+  for (;;) {
+    try {
+      return fetch_planned(shape);
+    } catch (const new_plan&) {
+      // recover_ names the state and its sources now.
+    }
+  }
+}
+
+actors::joined_state joiner::fetch_planned(const runtime::snapshot_shape& shape) {
   sources src;
   for (const auto& p : recover_.sources) {
     src.endpoints.push_back(p.endpoint);
@@ -197,8 +220,8 @@ actors::joined_state joiner::fetch(const runtime::snapshot_shape& shape) {
                fmt::join(src.names, ", "));
   last_beat_ = std::chrono::steady_clock::now();
   fetch_options o;
-  if (role_.ring.curve) {
-    o.curve = role_.ring.curve->own;
+  if (place_.ring.curve) {
+    o.curve = place_.ring.curve->own;
     o.peer_keys = src.keys;
   }
   o.progress = [&](uint64_t done, uint64_t total) {
@@ -260,7 +283,8 @@ std::string joiner::fetch_once(const sources& src, fetch_options& o, fetched_par
     if (got.own) return "";
     return fmt::format("no member served its worker state of round {}{}", got.shared->key.round, failure);
   } catch (const lw_error& e) {
-    if (e.code() != errc::peer_lost) throw;
+    // Every source dead, gone or stalled: try again (the master may name others meanwhile).
+    if (e.code() != errc::peer_lost && e.code() != errc::deadline_missed) throw;
     return e.what();
   }
 }
@@ -270,9 +294,16 @@ void joiner::beat() {
   if (now - last_beat_ < std::chrono::seconds(1)) return;
   last_beat_ = now;
   control_.heartbeat(0, 0);
-  for (const auto& ev : control_.poll())
+  for (const auto& ev : control_.poll()) {
     if (ev.what == control_event::kind::notice && ev.code == errc::cancelled)
       throw lw_error(errc::cancelled, ev.text);  // the cluster stops (longwave stop)
+    // The members hold for this node: their state of that round, from the members the master names now.
+    if (ev.what == control_event::kind::recover && ev.recover.round != recover_.round) {
+      recover_ = ev.recover;
+      spdlog::info("node {}: {}", me_.name, recover_.note);
+      throw new_plan{};
+    }
+  }
 }
 
 actors::joined_state joiner::assemble(fetched_parts& got, const runtime::snapshot_shape& shape,

@@ -20,32 +20,32 @@ namespace longwave::cluster {
 hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
                    std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint);
 
-/// Sets role's rank, epoch and every rank's name and endpoint; throws lw_error when an endpoint is malformed
+/// Sets place's rank, epoch and every rank's name and endpoint; throws lw_error when an endpoint is malformed
 /// or this node's place does not carry its own name and endpoint (another cluster file).
-void place_in_ring(actors::cluster_role& role, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
+void place_in_ring(actors::ring_place& place, const config::cluster_node& me, uint32_t rank, uint64_t epoch,
                    const std::vector<peer_entry>& peers, const char* what);
 
 /// Joins the cluster as node `index` with `hello` (hello_of). A cluster that is
-/// starting answers with a welcome: sets role's place in the ring and returns the round the cluster resumes
+/// starting answers with a welcome: sets its place in the ring and returns the round the cluster resumes
 /// after. A cluster already training answers with where to fetch its state: returned in *recover (the node
-/// then joins through cluster_role::join). Throws lw_error when the answer is malformed or does not match
+/// then joins through its link's join). Throws lw_error when the answer is malformed or does not match
 /// this cluster file, or the node is turned away.
 uint64_t join(control_client& control, const config::cluster_spec& spec, size_t index, const hello_msg& hello,
-              actors::cluster_role& role, std::optional<recover_msg>& recover);
+              actors::ring_place& place, std::optional<recover_msg>& recover);
 
-/// A node joining a running cluster (actors::cluster_role::join): fetches the members' state from the sources
+/// A node joining a running cluster (actors::cluster_link::join): fetches the members' state from the sources
 /// the master named (or takes its own checkpoint when that is at the members' round), says it is ready, and
 /// is admitted at a fence or sent to fetch again (the members moved on meanwhile).
 class joiner {
  public:
   joiner(control_client& control, const config::cluster_spec& spec, size_t index, hello_msg hello,
-         recover_msg first, actors::cluster_role& role)
+         recover_msg first, actors::ring_place& place)
       : control_(control),
         spec_(spec),
         me_(spec.nodes[index]),
         hello_(std::move(hello)),
         recover_(std::move(first)),
-        role_(role) {}
+        place_(place) {}
 
   actors::joined_state operator()(const runtime::snapshot_shape& shape, uint64_t own_round);
 
@@ -66,11 +66,17 @@ class joiner {
   /// (errc::not_announced): it says hello again, and says ready again while the members are still at
   /// got.round; else the new master's answer (a recover_msg) is the reply, and the caller fetches again.
   std::variant<membership_msg, recover_msg> ready(const actors::joined_state& got);
+  /// Fetches the state recover_ names; the master may name another meanwhile (the members hold for this
+  /// node): then that one.
   actors::joined_state fetch(const runtime::snapshot_shape& shape);
+  actors::joined_state fetch_planned(const runtime::snapshot_shape& shape);
+  /// Admitted with `got` into the membership `m`: its place in the ring and how it got the state.
+  actors::joined_state admitted(const membership_msg& m, actors::joined_state got);
   /// One try: the shared part from every source, then the worker state from the first that serves it; the
   /// failure ("" when both came).
   std::string fetch_once(const sources& src, fetch_options& o, fetched_parts& got);
-  /// Heartbeats while it fetches (the master keeps a joiner that is heard from); a stop turns it away.
+  /// Heartbeats while it fetches (the master keeps a joiner that is heard from); a stop turns it away, and
+  /// the master's word that the members hold for it abandons the fetch in progress for that round's state.
   void beat();
   actors::joined_state assemble(fetched_parts& got, const runtime::snapshot_shape& shape, const sources& src,
                                 double secs);
@@ -80,7 +86,7 @@ class joiner {
   const config::cluster_node& me_;
   hello_msg hello_;
   recover_msg recover_;
-  actors::cluster_role& role_;
+  actors::ring_place& place_;
   std::chrono::steady_clock::time_point last_beat_;
   uint64_t last_fetch_bytes_ = 0;
   double last_fetch_seconds_ = 0;

@@ -198,6 +198,7 @@ void master_state::tick_training() {
   if (!any_training()) return outcome();
   watch();
   if (stop_) watch_stop();
+  watch_fetches();
   watch_pin();
   if (quorum_deadline_ && now_ > *quorum_deadline_) {
     const auto why =
@@ -296,6 +297,29 @@ void master_state::watch_stop() {
 /// Joiners whose fetch was overtaken: once every member said where it can hold, all hold after the largest of
 /// those rounds (R), and the joiners are told to fetch R's state; the query, then R, is re-sent every 2 s.
 /// Once no joiner waits for it (admitted, gave up, or silent), the members go on.
+std::optional<uint64_t> master_state::lowest_round() const {
+  std::optional<uint64_t> low;
+  for (auto j : training_members()) low = std::min(low.value_or(members_[j].round), members_[j].round);
+  return low;
+}
+
+/// A joiner still fetching after the members completed two more rounds than when its fetch began: its
+/// download is slower than their rounds, and a member serves only its two newest states, so each try would
+/// be overtaken before it ends. The members hold at a round boundary for it, as for a stale state.
+void master_state::watch_fetches() {
+  const auto low = lowest_round();
+  if (!low || stop_) return;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    auto& m = members_[i];
+    if (m.phase != member_phase::joining || m.pinned || !m.fetch_from || *low < *m.fetch_from + 2) continue;
+    info(fmt::format(
+        "coordinator: node {} is still fetching the state it began with at round {}, and the members "
+        "completed round {}: they hold at a round boundary for it",
+        specs_[i].name, *m.fetch_from, *low));
+    pin_for(i);
+  }
+}
+
 void master_state::watch_pin() {
   if (!pin_) return;
   const bool waiting = std::any_of(members_.begin(), members_.end(), [](const member& m) {

@@ -201,7 +201,9 @@ class master_state {
     std::optional<join_ready_msg> ready;          // phase ready: the state it holds
     std::optional<comm::reduce_key> turned_back;  // a joiner's state found stale (its repeats are ignored)
     bool pinned = false;                          // a joiner the members hold at a round boundary for
-    std::optional<uint64_t> pin_hold;             // a pin: the round after which it holds (its answer)
+    std::optional<uint64_t>
+        fetch_from;                    // a joiner fetching: the members' lowest round at its first heartbeat
+    std::optional<uint64_t> pin_hold;  // a pin: the round after which it holds (its answer)
     // A second process that said hello with this live member's name, waiting for the first to fall silent.
     std::optional<std::string> contender;
     clock::time_point contender_since;
@@ -235,6 +237,8 @@ class master_state {
   void watch_silence(size_t i);
   void watch_fence();
   void watch_stop();
+  void watch_fetches();
+  std::optional<uint64_t> lowest_round() const;  // of the training members (nullopt: none)
   void watch_pin();
   void release_pin();
   void outcome();
@@ -252,6 +256,7 @@ class master_state {
   void send_membership(const std::vector<size_t>& members, const comm::reduce_key& commit);
   void admit_joiners(const comm::reduce_key& commit);
   void turn_back(size_t i, const comm::reduce_key& commit);
+  void pin_for(size_t i);
   void admit(size_t i, const comm::reduce_key& commit);
   void cancel_join(size_t i);
   void send_recover(size_t i, const std::string& note, std::optional<uint64_t> want = std::nullopt);

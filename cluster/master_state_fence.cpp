@@ -158,7 +158,13 @@ void master_state::turn_back(size_t i, const comm::reduce_key& commit) {
   m.turned_back = m.ready->key;
   m.ready.reset();
   m.phase = member_phase::joining;
-  m.pinned = true;
+  pin_for(i);
+}
+
+/// The members hold at a round boundary for joiner i (watch_pin): once they all said where, it is told to
+/// fetch that round's state (at once when a pin already holds them).
+void master_state::pin_for(size_t i) {
+  members_[i].pinned = true;
   if (!pin_) {
     pin_ = pin_state{};
     for (auto& x : members_) x.pin_hold.reset();
@@ -179,6 +185,7 @@ void master_state::admit(size_t i, const comm::reduce_key& commit) {
   m.last_seen = now_;
   m.acked = true;
   m.pinned = false;
+  m.fetch_from.reset();
   m.turned_back.reset();
   m.ack = fence_ack_msg{fence_->epoch, commit, false, {}, false};
   m.round = m.ready->round;
@@ -213,6 +220,7 @@ void master_state::send_recover(size_t i, const std::string& note, std::optional
   }
   r.round = want.value_or(round.value_or(0));
   r.worker_offset = specs_[i].worker_offset;
+  members_[i].fetch_from.reset();  // its next heartbeat says it fetches
   send_to(i, std::move(r));
 }
 

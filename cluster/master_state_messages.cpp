@@ -125,6 +125,9 @@ void master_state::on_removed_message(size_t i, const envelope& e) {
 void master_state::on_joiner_message(size_t i, const envelope& e) {
   auto& m = members_[i];
   if (auto* r = std::get_if<join_ready_msg>(&e.body)) return on_join_ready(i, *r);
+  // Its first heartbeat after it was told where to fetch: the fetch has begun (watch_fetches).
+  if (std::holds_alternative<heartbeat_msg>(e.body) && m.phase == member_phase::joining && !m.fetch_from)
+    m.fetch_from = lowest_round();
   if (std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body)) {
     m.phase = member_phase::removed;
     m.ready.reset();

@@ -12,7 +12,7 @@
 
 #include "cluster/cluster_file.hpp"
 #include "cluster/joiner.hpp"
-#include "cluster/node_watch.hpp"
+#include "cluster/node_link.hpp"
 #include "cluster/roles.hpp"
 #include "cluster/state_publisher.hpp"
 #include "comm/fault_transport.hpp"
@@ -37,46 +37,46 @@ size_t place_of(config::cluster_spec& spec, const std::string& name, const actor
   return config::node_index(spec, name);
 }
 
-/// A node's connection to its cluster while it trains: what the training sees (role), and what the node
-/// holds for it (the control connection, the state it serves, where to fetch the running cluster's state).
+/// What a node sets up before it trains: its place in the ring, the control connection, the state it
+/// serves, and where to fetch the running cluster's state (its link to the cluster holds them while it
+/// trains).
 struct node_session {
-  actors::cluster_role role;
+  actors::ring_place place;
   std::unique_ptr<control_client> control;
   std::unique_ptr<state_publisher> publisher;
   std::optional<recover_msg> recover;
   hello_msg hello;                               // what it says to the master when it joins
   std::optional<comm::curve_server_keys> curve;  // this node's ring and state sockets
-  bool cluster_stopped = false;                  // turned away while joining: the cluster stops
 };
 
-/// CURVE: this node's keys for its ring and state sockets, and the node keys it admits (role.admitted).
+/// CURVE: this node's keys for its ring and state sockets, and the node keys it admits (place.admitted).
 /// Refusals (a stranger, a removed node's old key) are logged, the first 20 and then every 1000th.
 void set_up_curve(node_session& s, const comm::cluster_keys& keys, const std::string& name) {
-  s.role.admitted = std::make_shared<comm::key_ring>();
+  s.place.admitted = std::make_shared<comm::key_ring>();
   auto refused = std::make_shared<std::atomic<uint64_t>>(0);
   s.curve =
-      comm::curve_server_keys{keys.own, s.role.admitted, [refused, name](const auto& r) {
+      comm::curve_server_keys{keys.own, s.place.admitted, [refused, name](const auto& r) {
                                 const uint64_t n = ++*refused;
                                 if (n <= 20 || n % 1000 == 0)
                                   spdlog::warn("node {}: {} ({} refused so far)", name, r.describe(), n);
                               }};
 }
 
-/// Sets the role's ring from the config and this node's place; test faults from the environment.
+/// Sets the place's ring from the config and this node's place; test faults from the environment.
 void set_up_ring(node_session& s, const config::cluster_spec& spec, const config::cluster_spec& file_spec,
                  size_t index, const config::train_config& cfg) {
   const auto& me = spec.nodes[index];
   // A node not in the file reads the data regions the master gave it.
-  s.role.rank_offset = index < file_spec.nodes.size() || !s.recover
-                           ? config::worker_offset(spec, index)
-                           : static_cast<int64_t>(s.recover->worker_offset);
-  s.role.cluster_workers = spec.train.train.workers;
-  s.role.data_partitions = config::data_partitions(spec);
-  s.role.ring = actors::ring_options_from(cfg, spec.cluster_id);
-  if (s.curve) s.role.ring.curve = comm::ring_curve{s.curve->own, s.curve->on_refused};
-  s.role.ring.names = s.role.names;
+  s.place.rank_offset = index < file_spec.nodes.size() || !s.recover
+                            ? config::worker_offset(spec, index)
+                            : static_cast<int64_t>(s.recover->worker_offset);
+  s.place.cluster_workers = spec.train.train.workers;
+  s.place.data_partitions = config::data_partitions(spec);
+  s.place.ring = actors::ring_options_from(cfg, spec.cluster_id);
+  if (s.curve) s.place.ring.curve = comm::ring_curve{s.curve->own, s.curve->on_refused};
+  s.place.ring.names = s.place.names;
   if (const auto faults = comm::transport_faults_from_env()) {
-    s.role.ring.transport = comm::with_faults({}, *faults);
+    s.place.ring.transport = comm::with_faults({}, *faults);
     if (faults->die_in_round != 0)
       spdlog::warn(
           "node {}: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: this node kills itself in round {} after {} chunks",
@@ -86,24 +86,8 @@ void set_up_ring(node_session& s, const config::cluster_spec& spec, const config
                    faults->send_bytes_per_s);
   }
   // A stalled ring says which rank, node and endpoint it waits for (after 10 s, then every 30 s).
-  s.role.ring.on_stall = [name = me.name](const std::string& line) {
+  s.place.ring.on_stall = [name = me.name](const std::string& line) {
     spdlog::warn("node {}: {}", name, line);
-  };
-}
-
-/// A joiner's way in: cluster_role::join fetches the state and waits to be admitted.
-void set_up_join(node_session& s, const config::cluster_spec& spec, size_t index) {
-  spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it",
-               spec.nodes[index].name, s.recover->epoch, s.recover->round);
-  s.role.join = [j = joiner(*s.control, spec, index, s.hello, *s.recover, s.role),
-                 &stopped = s.cluster_stopped](const runtime::snapshot_shape& shape,
-                                               uint64_t own_round) mutable {
-    try {
-      return j(shape, own_round);
-    } catch (const lw_error& e) {
-      stopped = e.code() == errc::cancelled;  // not admitted: the cluster is stopping
-      throw;
-    }
   };
 }
 
@@ -156,7 +140,7 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
     s.hello = hello_of(spec, index, newest,
                        newest > 0 ? actors::checkpoint_rounds(cfg, newest) : std::vector<uint64_t>{},
                        s.publisher ? s.publisher->endpoint() : "");
-    node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.role, s.recover);
+    node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.place, s.recover);
   } catch (const lw_error& e) {
     if (e.code() == errc::cancelled) {
       spdlog::info("node {}: {}", me.name, e.what());
@@ -196,45 +180,17 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   node_session s;
   actors::run_options node_opts = opts;
   if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return *failed;
+  set_up_ring(s, spec, file_spec, index, cfg);
+  node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(),
+                 cfg.diloco.outer != config::outer_policy_kind::eager);
   if (s.recover) {
     node_opts.max_resume_round.reset();
-    set_up_join(s, spec, index);
+    spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it", me.name,
+                 s.recover->epoch, s.recover->round);
+    link.join_with(joiner(*s.control, spec, index, s.hello, *s.recover, s.place));
   }
-  if (s.publisher)
-    s.role.publish = [p = s.publisher.get()](runtime::checkpoint c) { p->publish(std::move(c)); };
-  set_up_ring(s, spec, file_spec, index, cfg);
-
-  // The first tick heartbeats at once: the master allows a member join_timeout_s of silence only until its
-  // first heartbeat (while it loads its data and model).
-  std::chrono::steady_clock::time_point last_beat{};
-  master_watch watch(s.hello, s.role.admitted);
-  bool leaving = false;
-  stop_follower stop(me.name);
-  pin_follower pin(me.name);
-  // Every policy but eager keeps one theta_global on every node (eager mixes in each node's own delta).
-  auto committed = std::make_shared<committed_rounds>();
-  if (cfg.diloco.outer != config::outer_policy_kind::eager)
-    s.role.round_committed = [committed](uint64_t round, uint32_t crc) { committed->push(round, crc); };
-  auto& control = *s.control;
-  s.role.tick = [&](comm::collective& ring, const std::function<void(std::string)>& record,
-                    const actors::node_controls& controls) {
-    const auto now = std::chrono::steady_clock::now();
-    const auto asks = watch.on_tick(control, ring, me.name, now, record);
-    if (asks.leave && !leaving) {
-      leaving = true;
-      spdlog::info("node {}: asked to leave the cluster: stopping at the next round boundary", me.name);
-      controls.leave();
-    }
-    stop.on_tick(asks, control, controls, record, now);
-    if (!stop.round()) pin.on_tick(asks, control, controls);
-    for (const auto& [round, crc] : committed->take()) control.committed(round, crc);
-    if (now - last_beat < std::chrono::seconds(2)) return;
-    last_beat = now;
-    const auto* elastic = dynamic_cast<const comm::elastic_ring*>(&ring);
-    control.heartbeat(ring.completed_round(), elastic ? elastic->epoch() : 0);
-  };
-  const int code = actors::run_training(cfg, node_opts, &s.role);
-  return say_goodbye(control, me.name, code, stop.round(), s.cluster_stopped, leaving);
+  const int code = actors::run_training(cfg, node_opts, link);
+  return say_goodbye(*s.control, me.name, code, link.stopped_after(), link.cluster_stopped(), link.leaving());
 }
 
 }  // namespace longwave::cluster

@@ -59,9 +59,9 @@ void admit_keys(const std::shared_ptr<comm::key_ring>& ring, const std::vector<p
   ring->assign(entries);
 }
 
-master_asks master_watch::on_tick(control_client& control, comm::collective& ring, const std::string& name,
+master_asks master_watch::on_tick(control_client& control, comm::collective& ring,
+                                  comm::elastic_ring* elastic, const std::string& name,
                                   steady::time_point now, const std::function<void(std::string)>& record) {
-  auto* elastic = dynamic_cast<comm::elastic_ring*>(&ring);
   master_asks asks;
   for (const auto& ev : control.poll()) {
     add_ask(ev, asks);

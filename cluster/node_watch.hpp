@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/training.hpp"
+#include "actors/cluster_link.hpp"
 #include "cluster/control_client.hpp"
 #include "comm/elastic_ring.hpp"
 
@@ -44,9 +44,11 @@ class master_watch {
   master_watch(hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
       : hello_(std::move(hello)), admitted_(std::move(admitted)) {}
 
-  /// What the master asked of this node (leave, a cluster stop).
-  master_asks on_tick(control_client& control, comm::collective& ring, const std::string& name,
-                      steady::time_point now, const std::function<void(std::string)>& record);
+  /// What the master asked of this node (leave, a cluster stop). elastic: the ring when it is elastic (the
+  /// ring backend), nullptr for NCCL (no membership changes reach it).
+  master_asks on_tick(control_client& control, comm::collective& ring, comm::elastic_ring* elastic,
+                      const std::string& name, steady::time_point now,
+                      const std::function<void(std::string)>& record);
 
  private:
   void on_event(const control_event& ev, comm::collective& ring, comm::elastic_ring* elastic,

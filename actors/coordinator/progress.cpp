@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
 #include "models/gpu_info.hpp"
 #include "models/lr_schedule.hpp"
@@ -45,7 +46,7 @@ void record_round(self_ptr self, const at::Tensor& theta) {
                    .add("round", s.round)
                    .add("step", s.last_step)
                    .add("theta_crc32c", fmt::format("{:08x}", crc)));
-  if (s.ctx->round_committed) s.ctx->round_committed(s.round, crc);
+  s.ctx->cluster->round_committed(s.round, crc);
 }
 
 void record_start(self_ptr self) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
 #include "actors/run_setup.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
@@ -145,7 +146,7 @@ void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
 
 void publish_boundary(self_ptr self, std::function<void()> then) {
   auto& s = self->state;
-  if (!s.ctx->publish_state) return then();
+  if (!s.ctx->cluster->serves_state()) return then();
   self->request(s.peers.outer, s.request_timeout, state_atom_v, false)
       .then(
           [=](outer_snapshot& outer) {
@@ -160,7 +161,7 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
                       // delayed, eager: served once its round's average is there; training goes on.
                       with_pending(self, std::move(snap), [self](train_snapshot full) {
                         const auto& ctx = *self->state.ctx;
-                        ctx.publish_state(to_checkpoint(full, shape_of(ctx)));
+                        ctx.cluster->publish(to_checkpoint(full, shape_of(ctx)));
                       });
                       then();
                     },

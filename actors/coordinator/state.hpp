@@ -176,8 +176,8 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
 void save(self_ptr self, train_snapshot snap, std::function<void()> then);
 void flush_then(self_ptr self, std::function<void()> then);
 /// Cluster members: a copy of the state at this round boundary (outer state, replica 0, the policy's part
-/// and, once it is there, the pending average) goes to run_context::publish_state for joiners; then() once
-/// the copies are taken. Without publish_state, then() at once.
+/// and, once it is there, the pending average) goes to the cluster link (publish) for joiners; then() once
+/// the copies are taken. Without a link that serves_state, then() at once.
 void publish_boundary(self_ptr self, std::function<void()> then);
 void stop_now(self_ptr self, bool boundary);
 /// The all-reduce `label` failed with `e`: a stop, a lost peer's grace period, or a failed run.

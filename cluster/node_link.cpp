@@ -1,0 +1,70 @@
+// A training node's link to its cluster (see node_link.hpp).
+#include "cluster/node_link.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "actors/collective_factory.hpp"
+
+namespace longwave::cluster {
+
+node_link::node_link(std::string name, actors::ring_place& place, control_client& control, hello_msg hello,
+                     state_publisher* publisher, bool check_theta)
+    : name_(std::move(name)),
+      place_(place),
+      control_(control),
+      publisher_(publisher),
+      check_theta_(check_theta),
+      watch_(std::move(hello), place.admitted),
+      stop_(name_),
+      pin_(name_) {}
+
+actors::joined_state node_link::join(const runtime::snapshot_shape& shape, uint64_t own_round) {
+  try {
+    return (*joiner_)(shape, own_round);
+  } catch (const lw_error& e) {
+    cluster_stopped_ = e.code() == errc::cancelled;  // not admitted: the cluster is stopping
+    throw;
+  }
+}
+
+std::shared_ptr<comm::collective> node_link::collective(const config::train_config& cfg,
+                                                        comm::ring_allreduce::reject_callback on_reject) {
+  if (cfg.comm.backend == config::comm_backend::ring) {
+    // Membership changes by epochs: the ring is rebuilt among each epoch's members.
+    comm::epoch_view first{place_.epoch, static_cast<uint32_t>(place_.rank), place_.names, place_.endpoints,
+                           place_.public_keys};
+    elastic_ = std::make_shared<comm::elastic_ring>(std::move(first), place_.ring, std::move(on_reject),
+                                                    place_.committed);
+    ring_ = elastic_;
+  } else {
+    ring_ = actors::make_nccl_collective(cfg, place_);
+  }
+  return ring_;
+}
+
+void node_link::publish(runtime::checkpoint state) {
+  if (publisher_) publisher_->publish(std::move(state));
+}
+
+void node_link::round_committed(uint64_t round, uint32_t theta_crc) {
+  if (check_theta_) committed_.push(round, theta_crc);
+}
+
+void node_link::tick(const std::function<void(std::string)>& record, const actors::node_controls& controls) {
+  if (!ring_) return;
+  const auto now = steady::now();
+  const auto asks = watch_.on_tick(control_, *ring_, elastic_.get(), name_, now, record);
+  if (asks.leave && !leaving_) {
+    leaving_ = true;
+    spdlog::info("node {}: asked to leave the cluster: stopping at the next round boundary", name_);
+    controls.leave();
+  }
+  stop_.on_tick(asks, control_, controls, record, now);
+  if (!stop_.round()) pin_.on_tick(asks, control_, controls);
+  for (const auto& [round, crc] : committed_.take()) control_.committed(round, crc);
+  if (now - last_beat_ < beat_every) return;
+  last_beat_ = now;
+  control_.heartbeat(ring_->completed_round(), elastic_ ? elastic_->epoch() : 0);
+}
+
+}  // namespace longwave::cluster

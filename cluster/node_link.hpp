@@ -1,0 +1,70 @@
+#pragma once
+// A training node's link to its cluster (actors::cluster_link): its place in the ring, the join of a running
+// cluster, the states it serves, its elastic ring, and the control plane ticked from the training's main
+// loop.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "actors/cluster_link.hpp"
+#include "cluster/control_client.hpp"
+#include "cluster/joiner.hpp"
+#include "cluster/node_watch.hpp"
+#include "cluster/state_publisher.hpp"
+#include "comm/elastic_ring.hpp"
+
+namespace longwave::cluster {
+
+class node_link final : public actors::cluster_link {
+ public:
+  /// name: this node's. place: its place in the ring (the joiner completes a joiner's), which outlives the
+  /// link. hello: what it said to the master, re-sent to one that comes back. publisher: where it serves
+  /// its states to joiners (nullptr: it serves none, as with NCCL). check_theta: report theta's CRC each
+  /// round (every policy but eager keeps one theta_global on every node).
+  node_link(std::string name, actors::ring_place& place, control_client& control, hello_msg hello,
+            state_publisher* publisher, bool check_theta);
+
+  /// The cluster is already training: this node joins it through `j` (join()).
+  void join_with(joiner j) { joiner_.emplace(std::move(j)); }
+  /// Turned away while joining because the cluster stops.
+  bool cluster_stopped() const { return cluster_stopped_; }
+  /// The round after which this node stops with the cluster (nullopt: it is not stopping).
+  std::optional<uint64_t> stopped_after() const { return stop_.round(); }
+  /// The master asked this node to leave (longwave node --leave).
+  bool leaving() const { return leaving_; }
+
+  const actors::ring_place* place() const override { return &place_; }
+  bool joining() const override { return joiner_.has_value(); }
+  actors::joined_state join(const runtime::snapshot_shape& shape, uint64_t own_round) override;
+  std::shared_ptr<comm::collective> collective(const config::train_config& cfg,
+                                               comm::ring_allreduce::reject_callback on_reject) override;
+  bool serves_state() const override { return publisher_ != nullptr; }
+  void publish(runtime::checkpoint state) override;
+  void round_committed(uint64_t round, uint32_t theta_crc) override;
+  void tick(const std::function<void(std::string)>& record, const actors::node_controls& controls) override;
+
+ private:
+  static constexpr auto beat_every = std::chrono::seconds(2);
+  std::string name_;
+  actors::ring_place& place_;
+  control_client& control_;
+  state_publisher* publisher_;
+  bool check_theta_;
+  std::optional<joiner> joiner_;
+  std::shared_ptr<comm::collective> ring_;
+  std::shared_ptr<comm::elastic_ring> elastic_;  // ring_ when it is the elastic ring (not NCCL)
+  master_watch watch_;
+  stop_follower stop_;
+  pin_follower pin_;
+  committed_rounds committed_;
+  bool leaving_ = false;
+  bool cluster_stopped_ = false;
+  // The first tick heartbeats at once: the master allows a member join_timeout_s of silence only until its
+  // first heartbeat (while it loads its data and model).
+  steady::time_point last_beat_{};
+};
+
+}  // namespace longwave::cluster
