@@ -110,7 +110,7 @@ CATCH_TEST_CASE("a node that reads another corpus is turned away with one line n
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
   auto n0 = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
   // n0's is the cluster's data: n1 says hello after it.
-  CATCH_REQUIRE(wait_until([&] { return contains(read_text(dir + "/coord.log"), "node n0 joined"); }, 60));
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "node n0 joined", 60));
   write_text(dir + "/other.txt", "In the beginning was another corpus.\n");
   auto [code, log] =
       run({binary(), "node", cluster, "--node", "n1", "--set", "data.path=" + dir + "/other.txt"},
@@ -217,7 +217,7 @@ CATCH_TEST_CASE("malformed frames sent to every listening port are dropped, coun
   auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
 
   // Wait until training runs, then fuzz until every reason is counted; then the cluster is stopped.
-  CATCH_REQUIRE(wait_until([&] { return contains(read_text(dir + "/launch.log"), "step "); }, 120));
+  CATCH_REQUIRE(wait_for_text(dir + "/launch.log", "step ", 120));
   std::atomic<bool> stop{false};
   std::atomic<int> sent{0};
   std::thread fuzz([&] {
@@ -341,8 +341,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(wait_exit(nodes[1], 30) == 128 + SIGKILL);
   // The ring's deadline is 300 s: the coordinator removes n1 after heartbeat_timeout_s (6 s) of silence at
   // the latest, sooner when n0's ring reports the lost link.
-  const bool removed = wait_until(
-      [&] { return contains(read_text(dir + "/coord.log"), "coordinator: epoch 2 (lost): ring n0;"); }, 30);
+  const bool removed = wait_for_text(dir + "/coord.log", "coordinator: epoch 2 (lost): ring n0;", 30);
   const double noticed = seconds_since(t0);
   CATCH_REQUIRE(wait_until([&] { return rounds_in_membership(dir + "/cluster/n0", "n0") >= 2; }, 300));
   stop_cluster(dir, cluster);
@@ -442,9 +441,7 @@ CATCH_TEST_CASE(
   kill(nodes[2].pid, SIGSTOP);
   // The ring's deadline (comm.timeout_s) is 300 s: n2 must be removed long before it.
   const auto t0 = std::chrono::steady_clock::now();
-  const bool removed = wait_until(
-      [&] { return contains(read_text(dir + "/coord.log"), "coordinator: epoch 2 (lost): ring n0, n1;"); },
-      60);
+  const bool removed = wait_for_text(dir + "/coord.log", "coordinator: epoch 2 (lost): ring n0, n1;", 60);
   const double waited = seconds_since(t0);
   const bool went_on = wait_until(
       [&] {
@@ -492,8 +489,7 @@ CATCH_TEST_CASE("a node removed while stopped that comes back is told so and exi
   CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n2") >= 2; }, 120));
   // n2 is removed while stopped, and wakes while the others still train.
   kill(nodes[2].pid, SIGSTOP);
-  const bool removed =
-      wait_until([&] { return contains(read_text(dir + "/coord.log"), "node n2 lost: nothing heard"); }, 60);
+  const bool removed = wait_for_text(dir + "/coord.log", "node n2 lost: nothing heard", 60);
   kill(nodes[2].pid, SIGCONT);
   const int code2 = wait_exit(nodes[2], 300);
   stop_cluster(dir, cluster);
@@ -520,7 +516,7 @@ CATCH_TEST_CASE("a second process with a joined node's name is turned away and t
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 20);
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
   auto first = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
-  CATCH_REQUIRE(wait_until([&] { return contains(read_text(dir + "/coord.log"), "node n0 joined"); }, 30));
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "node n0 joined", 30));
   const auto t0 = std::chrono::steady_clock::now();
   auto [code, log] = run({binary(), "node", cluster, "--node", "n0"}, dir + "/n0-second.log", 60);
   const double s = seconds_since(t0);
@@ -567,7 +563,7 @@ CATCH_TEST_CASE(
 
   // A new coordinator on the same address: the running nodes re-announce themselves and it adopts them.
   auto coord2 = spawn({binary(), "coordinator", cluster}, dir + "/coord2.log");
-  CATCH_REQUIRE(wait_until([&] { return contains(read_text(dir + "/coord2.log"), "waiting up to"); }, 30));
+  CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "waiting up to", 30));
   const auto spec = config::load_cluster_file(cluster, {});
   const int n_junk = 300;
   {
@@ -597,8 +593,7 @@ CATCH_TEST_CASE(
         }
       },
       6);
-  CATCH_REQUIRE(wait_until(
-      [&] { return contains(read_text(dir + "/coord2.log"), "took over the running cluster"); }, 60));
+  CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "took over the running cluster", 60));
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   stop_cluster(dir, cluster);
   std::vector<int> codes;

@@ -263,8 +263,7 @@ CATCH_TEST_CASE(
   coordinator_with("keys-foreign", "drops this node's CURVE hellos");
   // The right coordinator again: the nodes open their sockets again and it takes the running cluster over.
   auto right = spawn({binary(), "coordinator", file}, dir + "/coord2.log");
-  CATCH_REQUIRE(wait_until(
-      [&] { return contains(read_text(dir + "/coord2.log"), "took over the running cluster"); }, 60));
+  CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "took over the running cluster", 60));
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   stop_cluster(dir, file);
   std::vector<int> codes;

@@ -199,6 +199,13 @@ inline int rounds_recorded(const std::string& out_dir) {
   return rounds;
 }
 
+/// How many records of `kind` ("recovery", "membership", ...) a node's metrics.jsonl (in out_dir) holds.
+inline int record_count(const std::string& out_dir, const std::string& kind) {
+  int n = 0;
+  for (const auto& r : records_of(out_dir)) n += kind == r["kind"].GetString();
+  return n;
+}
+
 /// Waits until each node (out_dir) has recorded `n` more rounds than it had at the call; false on a
 /// timeout.
 inline bool wait_more_rounds(const std::vector<std::string>& out_dirs, int n, double timeout_s = 300) {

@@ -186,6 +186,11 @@ bool wait_until(Pred pred, double timeout_s, int poll_ms = 50) {
   return false;
 }
 
+/// Waits until the file at `path` (a log) holds `text`; false on timeout.
+inline bool wait_for_text(const std::string& path, const std::string& text, double timeout_s) {
+  return wait_until([&] { return read_text(path).find(text) != std::string::npos; }, timeout_s);
+}
+
 /// Whether nothing listens on 127.0.0.1:port (a bind with SO_REUSEADDR, as ZeroMQ's and the HTTP servers'
 /// listeners use, succeeds).
 inline bool port_free(int port) {

@@ -631,9 +631,8 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
   }
 }
 
-/// Three nodes; n2 fails and a new process of it fetches the state of round 1, which the members have passed
-/// by the time it is ready.
-const std::vector<row> overtaken_joiner = {
+/// Three nodes; n2 fails and a new process of it is told to fetch the state of round 1.
+const std::vector<row> n2_rejoins = {
     {0, "n0", "hello", {}},
     {0, "n1", "hello", {}},
     {0, "n2", "hello", {}},
@@ -644,23 +643,30 @@ const std::vector<row> overtaken_joiner = {
     {2, "n0", "ack 2 1/0", {}},
     {2, "n1", "ack 2 1/0", {"epoch 2 (2 members, failed)"}},
     {3, "n2'", "hello", {"n2' <- recover round 1 from [n0,n1]"}},
-    {4, "n0", "heartbeat 3", {}},
-    {4, "n1", "heartbeat 3", {}},
-    {5,
-     "n2'",
-     "join_ready 1",
-     {"node n2 holds the state of round 1: admitting it at a fence", "n0 <- fence 3"}},
-    {5, "n0", "ack 3 3/0", {}},
-    {5,
-     "n1",
-     "ack 3 3/0",
-     {"node n2: the state of round 1 (all-reduce 1/0) is stale: the members hold all-reduce 3/0; they hold "
-      "at a "
-      "round boundary for it",
-      "n0 <- membership epoch 3 rank 0 [n0,n1]", "n0 <- pin 0", "n1 <- pin 0", "!n2' <- recover"}},
-    {5.5, "n0", "pin 4", {"!pin"}},
-    {5.6, "n2'", "join_ready 1", {"!fence"}},  // a repeat of the stale state: ignored
 };
+
+/// n2 rejoins with the state of round 1, which the members have passed by the time it is ready.
+const std::vector<row> overtaken_joiner =
+    n2_rejoins +
+    std::vector<row>{
+        {4, "n0", "heartbeat 3", {}},
+        {4, "n1", "heartbeat 3", {}},
+        {5,
+         "n2'",
+         "join_ready 1",
+         {"node n2 holds the state of round 1: admitting it at a fence", "n0 <- fence 3"}},
+        {5, "n0", "ack 3 3/0", {}},
+        {5,
+         "n1",
+         "ack 3 3/0",
+         {"node n2: the state of round 1 (all-reduce 1/0) is stale: the members hold all-reduce 3/0; they "
+          "hold "
+          "at a "
+          "round boundary for it",
+          "n0 <- membership epoch 3 rank 0 [n0,n1]", "n0 <- pin 0", "n1 <- pin 0", "!n2' <- recover"}},
+        {5.5, "n0", "pin 4", {"!pin"}},
+        {5.6, "n2'", "join_ready 1", {"!fence"}},  // a repeat of the stale state: ignored
+    };
 
 CATCH_TEST_CASE("master: a joiner overtaken by the rounds gets in: the members hold at one boundary for it",
                 "[unit][master]") {
@@ -702,6 +708,40 @@ CATCH_TEST_CASE("master: a joiner overtaken by the rounds gets in: the members h
                             {7, "n0", "stop 5", {}},
                             {7, "n1", "stop 5", {"n0 <- stop 5"}}});
   }
+}
+
+CATCH_TEST_CASE("master: a joiner still fetching after the members completed two more rounds is held for",
+                "[unit][master]") {
+  // A slow link: the fetch outlasts the two newest states a member serves, so it can never end unless the
+  // members hold. Its first heartbeat says the fetch has begun, at the members' round 1.
+  table t(cluster_of(3));
+  t.play(n2_rejoins +
+         std::vector<row>{{4, "n2'", "heartbeat 0", {}},
+                          {5, "n0", "heartbeat 2", {}},
+                          {5, "n1", "heartbeat 2", {"!pin"}},  // one round on: its fetch may still end
+                          {6, "n0", "heartbeat 3", {"!pin"}},  // the slowest member decides
+                          {6,
+                           "n1",
+                           "heartbeat 3",
+                           {"node n2 is still fetching the state it began with at round 1, and the members "
+                            "completed round 3: "
+                            "they hold at a round boundary for it",
+                            "n0 <- pin 0", "n1 <- pin 0"}},
+                          {6.5, "n0", "pin 4", {}},
+                          {6.5,
+                           "n1",
+                           "pin 4",
+                           {"the members (n0, n1) hold after round 4 while n2 fetch its state",
+                            "n2' <- recover round 4 from [n0,n1] offset 2 note fetch the state of round 4"}},
+                          {7, "n2'", "heartbeat 0", {"!recover", "!still fetching"}},
+                          {9, "n2'", "join_ready 4", {"n0 <- fence 3"}},
+                          {9, "n0", "ack 3 4/0", {}},
+                          {9,
+                           "n1",
+                           "ack 3 4/0",
+                           {"node n2 admitted in epoch 3 with the state of round 4", "n0 <- pin release",
+                            "the members go on after round 4"}}});
+  CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
 }
 
 CATCH_TEST_CASE("master: a second process with a live node's name waits, then is turned away or takes over",

@@ -100,11 +100,9 @@ CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 4 tim
 
   const auto dir = scratch_dir("churn");
   // A joiner fetches ~36 MB of state (theta, momentum, one worker's Adam state) at under 12.5 MB/s, ~4 s,
-  // and is admitted only if the members have not committed another round meanwhile (else it fetches again,
-  // 5 times at most), so a round must last longer than that fetch. With 10 inner steps (3-4 s rounds)
-  // joiners gave up; 40 made 8-12 s rounds on 2 cores shared with other builds but 5 s on quieter ones; 50
-  // leave headroom.
-  const auto file = wan_cluster_file(dir, "churn", n_nodes, endless_rounds, 50, "min_nodes = 2\n");
+  // longer than a round of 15 inner steps: its first fetch is most often overtaken, and the members hold
+  // at a round boundary while it fetches again (issue 37, fault 1).
+  const auto file = wan_cluster_file(dir, "churn", n_nodes, endless_rounds, 15, "min_nodes = 2\n");
   auto out = [&](int node) { return dir + "/run/n" + std::to_string(node); };
 
   std::string prefix;
@@ -205,16 +203,18 @@ CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 4 tim
     CATCH_CHECK(contains(clog, "every node stopped after round"));
     const int64_t rounds = stop_round(out(0));
     CATCH_REQUIRE(rounds > 0);
-    // Every restarted life was admitted into the running cluster.
-    for (const auto& p : procs.all) {
-      if (p.node < 0 || p.c.log.substr(p.c.log.size() - 6) == ".1.log") continue;
-      const auto log = read_text(p.c.log);
-      CATCH_INFO(p.c.log);
-      CATCH_CHECK(contains(log, "admitted in epoch"));
-      std::printf("churn: %s: %zu stale fetch(es) before it was admitted\n", p.c.log.c_str(),
-                  occurrences(log, "fetch again (attempt"));
+    // Every restarted life was admitted into the running cluster: it recorded how it got the state.
+    int recovered = 0;
+    for (int i = 0; i < n_nodes; ++i) {
+      CATCH_INFO("n" << i << " lived " << lives[i] << " times");
+      CATCH_CHECK(record_count(out(i), "recovery") == lives[i] - 1);
+      recovered += record_count(out(i), "recovery");
     }
-    CATCH_CHECK(occurrences(clog, " admitted in epoch ") == static_cast<size_t>(cycles));
+    CATCH_CHECK(recovered == cycles);
+    for (const auto& p : procs.all)
+      if (p.node >= 0 && p.c.log.substr(p.c.log.size() - 6) != ".1.log")
+        std::printf("churn: %s: %zu stale fetch(es) before it was admitted\n", p.c.log.c_str(),
+                    occurrences(read_text(p.c.log), "fetch again (attempt"));
 
     // For every round, every node that recorded it has the same theta; each round was recorded by at least
     // min_nodes of them, and every node recorded the last.
