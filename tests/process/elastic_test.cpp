@@ -450,16 +450,6 @@ std::vector<uint64_t> checkpoint_rounds_of(const elastic_cluster& c, const std::
   return rounds;
 }
 
-/// theta's CRC by round in node `out_dir`'s round records after its first `skip` records.
-std::map<int64_t, std::string> round_crcs_since(const std::string& out_dir, size_t skip) {
-  std::map<int64_t, std::string> out;
-  const auto records = records_of(out_dir);
-  for (size_t i = skip; i < records.size(); ++i)
-    if (std::string(records[i]["kind"].GetString()) == "round")
-      out[records[i]["round"].GetInt64()] = records[i]["theta_crc32c"].GetString();
-  return out;
-}
-
 CATCH_TEST_CASE(
     "a full crash soon after a rejoin resumes with the same commands from a round every node holds",
     "[process][cluster][elastic][join][signal]") {

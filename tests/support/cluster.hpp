@@ -199,6 +199,16 @@ inline int rounds_recorded(const std::string& out_dir) {
   return rounds;
 }
 
+/// theta's CRC by round in node `out_dir`'s round records after its first `skip` records.
+std::map<int64_t, std::string> round_crcs_since(const std::string& out_dir, size_t skip) {
+  std::map<int64_t, std::string> out;
+  const auto records = records_of(out_dir);
+  for (size_t i = skip; i < records.size(); ++i)
+    if (std::string(records[i]["kind"].GetString()) == "round")
+      out[records[i]["round"].GetInt64()] = records[i]["theta_crc32c"].GetString();
+  return out;
+}
+
 /// How many records of `kind` ("recovery", "membership", ...) a node's metrics.jsonl (in out_dir) holds.
 inline int record_count(const std::string& out_dir, const std::string& kind) {
   int n = 0;
