@@ -11,6 +11,7 @@
 
 #include "cluster/control_common.hpp"
 #include "comm/zmq_monitor.hpp"
+#include "runtime/json/json_line.hpp"
 
 namespace longwave::cluster {
 
@@ -133,6 +134,13 @@ class master_shell {
   }
   void carry(const node_joined& j) {
     if (o_.on_join) o_.on_join(j.name, j.round);
+  }
+  void carry(const record& r) {
+    if (!o_.on_record) return;
+    runtime::json_line out(r.kind);
+    for (const auto& [key, value] : r.fields)
+      std::visit([&, &k = key](const auto& v) { out.add(k, v); }, value);
+    o_.on_record(out.str());
   }
 
   void report_status() {

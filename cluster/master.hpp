@@ -36,6 +36,8 @@ struct master_options : master_settings {
   std::function<void(const std::string& name, uint64_t round)> on_join;
   /// About every 100 ms: seconds the members have waited below min_nodes (0: quorum).
   std::function<void(double waited_s)> on_quorum_wait;
+  /// One line of the event log (a JSON object, no newline): see cluster::record.
+  std::function<void(const std::string& json)> on_record;
 };
 
 /// Runs the master until no member is left training: 0 when at least one finished the run, 1 when none did

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "cluster/cluster_file.hpp"
@@ -97,6 +99,31 @@ void report_to(runtime::metrics_registry* m, master_options& o) {
   };
 }
 
+/// The event log, <run.out_dir>/coordinator.jsonl (no node directory has a '.' in its name): appended to by
+/// every master of the cluster that leads on this machine, so a takeover continues it. A log that cannot be
+/// written is named once; the master goes on without it.
+void record_to(const std::string& out_dir, master_options& o) {
+  const auto path = std::filesystem::path(out_dir) / "coordinator.jsonl";
+  auto out = std::make_shared<std::ofstream>();
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  out->open(path, std::ios::app);
+  if (!*out) {
+    spdlog::warn("coordinator: cannot write its event log {}: {}", path.string(),
+                 ec ? ec.message() : "cannot open it for appending");
+    return;
+  }
+  spdlog::info("coordinator: event log {}", path.string());
+  o.on_record = [out, path, failed = false](const std::string& json) mutable {
+    *out << json << '\n' << std::flush;
+    if (!*out && !failed) {
+      failed = true;
+      spdlog::warn("coordinator: cannot append to its event log {}; later events are not in it",
+                   path.string());
+    }
+  };
+}
+
 /// Stands by while a master at another of the cluster's addresses answers, then runs this one.
 int lead(const config::cluster_spec& spec, const master_options& o) {
   standby_options sb;
@@ -128,6 +155,7 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
   std::signal(SIGINT, on_coordinator_signal);
   std::signal(SIGTERM, on_coordinator_signal);
   o.stop = [] { return g_coordinator_signals.load() > 0; };
+  record_to(spec.train.run.out_dir, o);
   int code = 1;
   try {
     std::unique_ptr<runtime::metrics_registry> metrics;

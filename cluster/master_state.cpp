@@ -42,10 +42,28 @@ master_state::master_state(master_settings s, clock::time_point start)
     throw lw_error(errc::invalid_config,
                    fmt::format("coordinator: at most {} coordinator addresses", term_slots));
   term_ = term_slots + s_.term_slot;
+  std::vector<size_t> all;
   for (auto& sp : specs_) {
     sp.worker_offset = listed_workers_;
     listed_workers_ += sp.workers;
+    all.push_back(all.size());
   }
+  note("start", {{"term", static_cast<int64_t>(term_)},
+                 {"nodes", list_of(all)},
+                 {"min_nodes", static_cast<int64_t>(s_.min_nodes)}});
+}
+
+void master_state::info(std::string s) {
+  actions_.push_back(line{false, std::move(s)});
+}
+void master_state::warn(std::string s) {
+  actions_.push_back(line{true, std::move(s)});
+}
+void master_state::count_error(std::string reason) {
+  actions_.push_back(error_counted{std::move(reason)});
+}
+void master_state::note(std::string kind, std::vector<std::pair<std::string, record::value>> fields) {
+  actions_.push_back(record{std::move(kind), std::move(fields)});
 }
 
 std::vector<action> master_state::take_actions() {
@@ -119,12 +137,15 @@ void master_state::call_off_at_join_deadline() {
 
 /// Every listed node, or (past the join deadline) at least min_nodes of them, begins training.
 void master_state::welcome_all() {
-  for (auto& m : members_) {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    auto& m = members_[i];
     if (m.phase == member_phase::waiting) {
       m.phase = member_phase::member;
     } else if (m.phase == member_phase::absent) {
       m.phase = member_phase::removed;
       m.removed = removal::absent;
+      note("removed",
+           {{"node", specs_[i].name}, {"reason", "absent"}, {"epoch", static_cast<int64_t>(epoch_)}});
     }
   }
   welcomed_ = true;
@@ -138,6 +159,10 @@ void master_state::welcome_all() {
                    start_round() == 0 ? std::string("starting at round 1")
                                       : fmt::format("resuming after round {}", start_round())));
   actions_.push_back(epoch_began{epoch_, members.size(), "start"});
+  note("epoch", {{"epoch", static_cast<int64_t>(epoch_)},
+                 {"reason", "start"},
+                 {"members", list_of(members)},
+                 {"round", static_cast<int64_t>(start_round())}});
 }
 
 /// Adopts the nodes that re-announced themselves: their epoch as it stands when they all report the same
@@ -154,6 +179,10 @@ void master_state::take_over() {
     if (m.phase != member_phase::announced) {
       m.phase = member_phase::removed;
       m.removed = removal::lost;
+      note("removed", {{"node", specs_[i].name},
+                       {"reason", "lost"},
+                       {"why", "it did not announce itself to this coordinator, which took the cluster over"},
+                       {"epoch", static_cast<int64_t>(epoch_)}});
       continue;
     }
     present.push_back(i);
@@ -168,6 +197,10 @@ void master_state::take_over() {
   info(fmt::format(
       "coordinator: took over the running cluster: {} in epoch {} (last applied round {}, term {})",
       names_of(present), top, members_[present.front()].announce->committed.round, term_));
+  note("takeover", {{"epoch", static_cast<int64_t>(top)},
+                    {"members", list_of(present)},
+                    {"round", static_cast<int64_t>(members_[present.front()].announce->committed.round)},
+                    {"term", static_cast<int64_t>(term_)}});
   // A hold the earlier master set for a joiner (Pin) is not this one's: the members go on.
   for (auto i : present) send_to(i, pin_msg{0, true});
   if (same) {
@@ -191,6 +224,7 @@ void master_state::step_down(const sender& from, uint64_t newer) {
       "leads the cluster; this one steps down",
       idx ? "node " + specs_[*idx].name : "a node at " + from.peer, newer, term_));
   exit_code_ = 0;
+  note_end("stepped_down", {{"newer_term", static_cast<int64_t>(newer)}});
 }
 
 /// Training: watch the members and change the membership when one goes, until none is left training.
@@ -339,6 +373,9 @@ void master_state::watch_pin() {
       if (members_[i].pinned && members_[i].phase == member_phase::joining) joiners.push_back(i);
     info(fmt::format("coordinator: the members ({}) hold after round {} while {} fetch its state",
                      names_of(members), top, names_of(joiners)));
+    note(
+        "pin",
+        {{"round", static_cast<int64_t>(top)}, {"members", list_of(members)}, {"joiners", list_of(joiners)}});
     for (auto i : joiners)
       send_recover(
           i, fmt::format("fetch the state of round {}: the members hold after it for this node", top), top);
@@ -353,7 +390,10 @@ void master_state::watch_pin() {
 void master_state::release_pin() {
   for (auto i : training_members()) send_to(i, pin_msg{0, true});
   for (auto& m : members_) m.pin_hold.reset();
-  if (pin_->round) info(fmt::format("coordinator: the members go on after round {}", *pin_->round));
+  if (pin_->round) {
+    info(fmt::format("coordinator: the members go on after round {}", *pin_->round));
+    note("release", {{"round", static_cast<int64_t>(*pin_->round)}});
+  }
   pin_.reset();
 }
 
@@ -362,10 +402,14 @@ void master_state::outcome() {
   std::vector<size_t> finished, gone;
   for (size_t i = 0; i < members_.size(); ++i)
     (members_[i].phase == member_phase::finished ? finished : gone).push_back(i);
+  std::string removed;  // "n2:lost,n3:left"
+  for (auto i : gone)
+    removed +=
+        fmt::format("{}{}:{}", removed.empty() ? "" : ",", specs_[i].name, to_string(members_[i].removed));
   if (finished.empty()) {
     info("coordinator: no node finished the run (failed, lost or left: " + names_of(gone) + ")");
     exit_code_ = 1;
-    return;
+    return note_end("none_finished", {{"removed", removed}});
   }
   const bool all_stopped =
       std::all_of(finished.begin(), finished.end(), [&](size_t i) { return members_[i].stopped; });
@@ -384,6 +428,20 @@ void master_state::outcome() {
                      detail));
   }
   exit_code_ = 0;
+  const bool stopped = gone.empty() && stop_ && stop_->round && all_stopped;
+  std::vector<std::pair<std::string, record::value>> fields{{"finished", list_of(finished)},
+                                                            {"removed", removed}};
+  if (stopped) fields.emplace_back("stop_round", static_cast<int64_t>(*stop_->round));
+  note_end(stopped ? "stopped" : "finished", std::move(fields));
+}
+
+/// The event log's last record: how the master's work ended (`outcome`) and its exit code.
+void master_state::note_end(const std::string& outcome,
+                            std::vector<std::pair<std::string, record::value>> fields) {
+  fields.insert(fields.begin(),
+                {{"outcome", outcome}, {"exit_code", static_cast<int64_t>(exit_code_.value_or(0))}});
+  fields.emplace_back("epoch", static_cast<int64_t>(epoch_));
+  note("end", std::move(fields));
 }
 
 /// Tells every joined node that the cluster is off; done() is `code`.
@@ -394,6 +452,7 @@ void master_state::call_off(const std::string& why, int code) {
       reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost,
                   "the cluster was called off: " + why);
   exit_code_ = code;
+  note_end(code == 130 ? "interrupted" : "called_off", {{"why", why}});
 }
 
 /// Stopped (longwave stop) before training began: the nodes that joined are told, and stop too (exit 0).
@@ -404,6 +463,7 @@ void master_state::stop_before_start() {
                   "the cluster was stopped (longwave stop) before it began training");
   info("coordinator: stopped (longwave stop) before the cluster began training");
   exit_code_ = 0;
+  note_end("stopped_before_start");
 }
 
 std::vector<member_status> master_state::statuses(clock::time_point now) const {

@@ -141,7 +141,14 @@ struct node_joined {  ///< a node joined the running cluster with the state of `
   std::string name;
   uint64_t round = 0;
 };
-using action = std::variant<send, line, error_counted, frame_rejected, epoch_began, node_joined>;
+/// One line of the master's event log (`<run.out_dir>/coordinator.jsonl`): what happened to the cluster, as
+/// flat fields. Kinds: start, epoch, removed, admitted, takeover, quorum, pin, release, end (README).
+struct record {
+  using value = std::variant<std::string, int64_t>;
+  std::string kind;
+  std::vector<std::pair<std::string, value>> fields;
+};
+using action = std::variant<send, line, error_counted, frame_rejected, epoch_began, node_joined, record>;
 
 class master_state {
  public:
@@ -287,9 +294,13 @@ class master_state {
   void dropped(const std::string& text);
 
   // Helpers.
-  void info(std::string s) { actions_.push_back(line{false, std::move(s)}); }
-  void warn(std::string s) { actions_.push_back(line{true, std::move(s)}); }
-  void count_error(std::string reason) { actions_.push_back(error_counted{std::move(reason)}); }
+  // Out of line (master_state.cpp): GCC 12 inlines a push of the action variant into callers and warns
+  // falsely (-Wrestrict, GCC bug 105651).
+  void info(std::string s);
+  void warn(std::string s);
+  void count_error(std::string reason);
+  void note(std::string kind, std::vector<std::pair<std::string, record::value>> fields);
+  void note_end(const std::string& outcome, std::vector<std::pair<std::string, record::value>> fields = {});
   void send_to(size_t i, decltype(envelope::body) body);
   void reply(const std::string& identity, decltype(envelope::body) body);
   void reply_error(const std::string& identity, errc code, const std::string& message);
@@ -302,6 +313,7 @@ class master_state {
   bool all_announced() const;
   std::vector<size_t> training_members() const;
   std::string names_of(const std::vector<size_t>& idx) const;
+  std::string list_of(const std::vector<size_t>& idx) const;  // "n0,n1", as records name members
   std::string ring_text(const std::vector<size_t>& members) const;
   uint64_t start_round() const;
   std::optional<size_t> index_of_identity(const std::string& id) const;

@@ -23,6 +23,10 @@ void master_state::remove(size_t i, removal why, const std::string& text) {
   m.phase = member_phase::removed;
   m.removed = why;
   warn("coordinator: " + text);
+  note("removed", {{"node", specs_[i].name},
+                   {"reason", to_string(why)},
+                   {"why", text},
+                   {"epoch", static_cast<int64_t>(epoch_)}});
   if (why == removal::lost) count_error("node_lost");
   if (m.identity && why != removal::left) tell_removed(m, text);
   start_fence(to_string(why), text);
@@ -81,11 +85,17 @@ bool master_state::below_quorum(const std::vector<size_t>& members) {
       warn("coordinator: " + quorum_text() +
            fmt::format("; the members keep their state and wait up to {} for nodes to join",
                        secs(s_.quorum_timeout)));
+      note("quorum", {{"state", "lost"},
+                      {"members", list_of(members)},
+                      {"min_nodes", static_cast<int64_t>(s_.min_nodes)}});
     }
     return true;
   }
   if (quorum_deadline_) {
     info(fmt::format("coordinator: quorum back: {} live nodes ({})", members.size(), names_of(members)));
+    note("quorum", {{"state", "back"},
+                    {"members", list_of(members)},
+                    {"min_nodes", static_cast<int64_t>(s_.min_nodes)}});
     quorum_deadline_.reset();
   }
   return false;
@@ -126,6 +136,11 @@ void master_state::send_membership(const std::vector<size_t>& members, const com
   info(fmt::format("coordinator: epoch {} ({}): ring {}; all-reduces after round {} fragment {} are redone",
                    epoch_, fence_->reason, names_of(members), commit.round, commit.fragment));
   actions_.push_back(epoch_began{epoch_, members.size(), fence_->reason});
+  note("epoch", {{"epoch", static_cast<int64_t>(epoch_)},
+                 {"reason", fence_->reason},
+                 {"members", list_of(members)},
+                 {"round", static_cast<int64_t>(commit.round)},
+                 {"fragment", static_cast<int64_t>(commit.fragment)}});
   fence_.reset();
 }
 
@@ -192,6 +207,9 @@ void master_state::admit(size_t i, const comm::reduce_key& commit) {
   info(fmt::format("coordinator: node {} admitted in epoch {} with the state of round {}", specs_[i].name,
                    fence_->epoch, m.ready->round));
   actions_.push_back(node_joined{specs_[i].name, m.ready->round});
+  note("admitted", {{"node", specs_[i].name},
+                    {"round", static_cast<int64_t>(m.ready->round)},
+                    {"epoch", static_cast<int64_t>(fence_->epoch)}});
 }
 
 /// A joiner while the cluster stops: it is not admitted, and told so (it exits 0).

@@ -372,6 +372,12 @@ std::string master_state::names_of(const std::vector<size_t>& idx) const {
   return join_names(names);
 }
 
+std::string master_state::list_of(const std::vector<size_t>& idx) const {
+  std::string out;
+  for (auto i : idx) out += (out.empty() ? "" : ",") + specs_[i].name;
+  return out;
+}
+
 std::string master_state::ring_text(const std::vector<size_t>& members) const {
   std::string out;
   for (size_t r = 0; r < members.size(); ++r)

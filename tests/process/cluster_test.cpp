@@ -34,6 +34,7 @@ CATCH_TEST_CASE("2 nodes x 2 workers over the ring end with the theta_global of 
   CATCH_REQUIRE(code == 0);
   CATCH_CHECK(contains(log, "[n0         ]"));  // merged output, prefixed by role
   CATCH_CHECK(contains(log, "coordinator: every node finished"));
+  check_master_end(dir + "/cluster", "finished", "n0,n1", "");
 
   // The same training config in one process with 4 workers.
   const auto single = dir + "/single.toml";
@@ -341,7 +342,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(wait_exit(nodes[1], 30) == 128 + SIGKILL);
   // The ring's deadline is 300 s: the coordinator removes n1 after heartbeat_timeout_s (6 s) of silence at
   // the latest, sooner when n0's ring reports the lost link.
-  const bool removed = wait_for_text(dir + "/coord.log", "coordinator: epoch 2 (lost): ring n0;", 30);
+  const bool removed = wait_master_epoch(dir + "/cluster", 2, "lost", "n0", 30);
   const double noticed = seconds_since(t0);
   CATCH_REQUIRE(wait_until([&] { return rounds_in_membership(dir + "/cluster/n0", "n0") >= 2; }, 300));
   stop_cluster(dir, cluster);
@@ -351,12 +352,12 @@ CATCH_TEST_CASE(
   CATCH_INFO(tail(log, 20000) << "\n---\n" << clog);
   CATCH_CHECK(removed);
   CATCH_CHECK(noticed < 10);
-  CATCH_CHECK(contains(clog, "node n1 lost: "));
+  CATCH_CHECK(master_removal(dir + "/cluster", "n1").first == "lost");
   CATCH_CHECK(code == 0);
   CATCH_CHECK_FALSE(contains(log, "training failed"));
   CATCH_CHECK_FALSE(contains(log, "deadline_missed"));
   CATCH_CHECK(coord_code == 0);
-  CATCH_CHECK(contains(clog, "coordinator: the run finished on n0; removed on the way: n1 (lost)"));
+  check_master_end(dir + "/cluster", "finished", "n0", "n1:lost");
   // n0 trained every round up to the stop, the last ones alone, on a theta that training moved.
   const int64_t last = stop_round(dir + "/cluster/n0");
   CATCH_CHECK(last > 2);
@@ -441,7 +442,7 @@ CATCH_TEST_CASE(
   kill(nodes[2].pid, SIGSTOP);
   // The ring's deadline (comm.timeout_s) is 300 s: n2 must be removed long before it.
   const auto t0 = std::chrono::steady_clock::now();
-  const bool removed = wait_for_text(dir + "/coord.log", "coordinator: epoch 2 (lost): ring n0, n1;", 60);
+  const bool removed = wait_master_epoch(dir + "/cluster", 2, "lost", "n0,n1", 60);
   const double waited = seconds_since(t0);
   const bool went_on = wait_until(
       [&] {
@@ -461,7 +462,9 @@ CATCH_TEST_CASE(
   CATCH_CHECK(removed);
   CATCH_CHECK(went_on);
   CATCH_CHECK(waited < 15);
-  CATCH_CHECK(contains(clog, "node n2 lost: nothing heard for 4 s"));
+  const auto [reason, why] = master_removal(dir + "/cluster", "n2");
+  CATCH_CHECK(reason == "lost");
+  CATCH_CHECK(why.rfind("node n2 lost: nothing heard for 4 s", 0) == 0);
   for (const auto* log : {&log0, &log1}) {
     CATCH_CHECK_FALSE(contains(*log, "training failed"));
     CATCH_CHECK_FALSE(contains(*log, "deadline_missed"));
@@ -469,7 +472,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
   CATCH_CHECK(coord_code == 0);
-  CATCH_CHECK(contains(clog, "coordinator: the run finished on n0, n1; removed on the way: n2 (lost)"));
+  check_master_end(dir + "/cluster", "finished", "n0,n1", "n2:lost");
   CATCH_CHECK(code2 != 0);  // n2 wakes up to a cluster that went on without it
   CATCH_CHECK(code2 != -1);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
@@ -489,7 +492,7 @@ CATCH_TEST_CASE("a node removed while stopped that comes back is told so and exi
   CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n2") >= 2; }, 120));
   // n2 is removed while stopped, and wakes while the others still train.
   kill(nodes[2].pid, SIGSTOP);
-  const bool removed = wait_for_text(dir + "/coord.log", "node n2 lost: nothing heard", 60);
+  const bool removed = wait_until([&] { return master_removal(dir + "/cluster", "n2").first == "lost"; }, 60);
   kill(nodes[2].pid, SIGCONT);
   const int code2 = wait_exit(nodes[2], 300);
   stop_cluster(dir, cluster);
@@ -501,11 +504,13 @@ CATCH_TEST_CASE("a node removed while stopped that comes back is told so and exi
   CATCH_INFO(tail(log2) << "\n---\n" << clog);
   CATCH_CHECK(removed);
   CATCH_CHECK(codes == std::vector<int>{0, 0, 1});
-  CATCH_CHECK(contains(clog, "node n2 lost: nothing heard for 4 s"));
+  const auto [reason, why] = master_removal(dir + "/cluster", "n2");
+  CATCH_CHECK(reason == "lost");
+  CATCH_CHECK(why.rfind("node n2 lost: nothing heard for 4 s", 0) == 0);
   CATCH_CHECK(contains(log2, "this node was removed from the cluster (node n2 lost: nothing heard for 4 s"));
   CATCH_CHECK(contains(log2, "start it again with the same command to rejoin"));
   CATCH_CHECK(coord_code == 0);  // the run's outcome: n0 and n1 trained on until stopped
-  CATCH_CHECK(contains(clog, "coordinator: the run finished on n0, n1; removed on the way: n2 (lost)"));
+  check_master_end(dir + "/cluster", "finished", "n0,n1", "n2:lost");
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -593,7 +598,7 @@ CATCH_TEST_CASE(
         }
       },
       6);
-  CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "took over the running cluster", 60));
+  CATCH_REQUIRE(wait_master_records(dir + "/cluster", "takeover", 1, 60));
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   stop_cluster(dir, cluster);
   std::vector<int> codes;
@@ -604,9 +609,14 @@ CATCH_TEST_CASE(
   CATCH_CHECK(counted);
   CATCH_CHECK(rejected == n_junk);
   CATCH_CHECK(contains(clog, "is already training (epoch 1"));
-  CATCH_CHECK(contains(clog, "took over the running cluster: n0, n1 in epoch 1"));
-  CATCH_CHECK_FALSE(contains(clog, "fencing"));  // nothing changed meanwhile: no round is redone
-  CATCH_CHECK(contains(clog, "coordinator: every node stopped after round"));
+  const auto takeover = master_records(dir + "/cluster", "takeover");
+  CATCH_REQUIRE(takeover.size() == 1);
+  CATCH_CHECK(str(at(takeover[0], "members")) == "n0,n1");
+  CATCH_CHECK(at(takeover[0], "epoch").GetInt64() == 1);
+  // Nothing changed meanwhile: no fence, so no epoch after the first coordinator's, and no round is redone.
+  CATCH_CHECK(master_records(dir + "/cluster", "epoch").size() == 1);
+  CATCH_CHECK_FALSE(contains(clog, "fencing"));
+  check_master_end(dir + "/cluster", "stopped", "n0,n1", "");
   CATCH_CHECK(coord2_code == 0);
   CATCH_CHECK_FALSE(contains(clog, "which has not said hello"));
   CATCH_CHECK(occurrences(clog, "dropped a control frame from") == 50);

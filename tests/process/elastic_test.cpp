@@ -53,6 +53,12 @@ struct elastic_cluster {
   std::string log(size_t i) const { return read_text(dir + "/n" + std::to_string(i) + ".log"); }
   std::string coord_log() const { return read_text(dir + "/coord.log"); }
   std::string out(const std::string& node) const { return dir + "/cluster/" + node; }
+  /// The cluster's run.out_dir, where the coordinator keeps its event log.
+  std::string cluster_out() const { return dir + "/cluster"; }
+  /// The coordinator's records of `kind`.
+  std::vector<rapidjson::Document> master(const std::string& kind) const {
+    return master_records(cluster_out(), kind);
+  }
 
   /// Waits until every node of `nodes` has recorded `n` rounds in the membership `members` ("n0,n1"); on a
   /// timeout the test fails with the logs.
@@ -122,8 +128,8 @@ std::string check_survivors_finish(elastic_cluster& c, const std::string& how) {
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
   CATCH_CHECK(coord_code == 0);
-  CATCH_CHECK(
-      contains(clog, "coordinator: the run finished on n0, n1; removed on the way: n2 (" + how + ")"));
+  check_master_end(c.cluster_out(), "finished", "n0,n1", "n2:" + how);
+  CATCH_CHECK(master_removal(c.cluster_out(), "n2").first == how);
   check_rounds(c, {"n0", "n1"});
   const auto a = newest_theta(c.out("n0") + "/checkpoints"), b = newest_theta(c.out("n1") + "/checkpoints");
   CATCH_CHECK(max_abs_diff(a, b) == 0.0);
@@ -168,8 +174,9 @@ CATCH_TEST_CASE("longwave node --leave makes a running node leave at its next ro
   CATCH_CHECK(contains(out, "node n2 leaves at its next round boundary"));
   CATCH_CHECK(wait_exit(c.nodes[2], 120) == 0);
   CATCH_CHECK(contains(c.log(2), "node n2: left the cluster; its checkpoint is saved"));
-  const auto clog = check_survivors_finish(c, "left");
-  CATCH_CHECK(contains(clog, "node n2 left: left at a round boundary (longwave node --leave)"));
+  check_survivors_finish(c, "left");
+  CATCH_CHECK(master_removal(c.cluster_out(), "n2").second ==
+              "node n2 left: left at a round boundary (longwave node --leave)");
   // n2 stopped at a round boundary on the survivors' theta of that round.
   const auto left = round_crcs(c.out("n2")), kept = round_crcs(c.out("n0"));
   CATCH_REQUIRE_FALSE(left.empty());
@@ -190,9 +197,10 @@ CATCH_TEST_CASE("a coordinator restarted after a node died while it was down fen
     CATCH_REQUIRE(
         wait_until([&] { return contains(c.log(i), "lost the connection to the coordinator"); }, 60));
   c.coord = spawn({binary(), "coordinator", c.file}, c.dir + "/coord.log");
-  CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "took over the running cluster"); }, 60));
-  const auto clog = check_survivors_finish(c, "lost");
-  CATCH_CHECK(contains(clog, "took over the running cluster"));
+  CATCH_REQUIRE(wait_master_records(c.cluster_out(), "takeover", 1, 60));
+  check_survivors_finish(c, "lost");
+  // It found n2 gone: a fence into the next epoch without it.
+  CATCH_CHECK(str(at(c.master("takeover").at(0), "members")) == "n0,n1");
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -207,11 +215,17 @@ CATCH_TEST_CASE(
                         {{}, {}, {"LONGWAVE_FAULT_DIE_IN_ALLREDUCE=4:" + std::to_string(chunks)}});
       CATCH_CHECK(wait_exit(c.nodes[2], 300) == 128 + SIGKILL);
       CATCH_CHECK(contains(c.log(2), "this node kills itself in round 4 after " + std::to_string(chunks)));
-      const auto clog = check_survivors_finish(c, "lost");
+      check_survivors_finish(c, "lost");
+      const auto epochs = c.master("epoch");
+      CATCH_REQUIRE(epochs.size() == 2);  // the start, and the one without n2
+      CATCH_CHECK(str(at(epochs[1], "reason")) == "lost");
+      CATCH_CHECK(at(epochs[1], "fragment").GetInt64() == 0);
+      // The all-reduces after this round are redone by the new epoch's ring.
+      const int64_t kept = at(epochs[1], "round").GetInt64();
       if (chunks == 2) {  // in the reduce-scatter: nobody holds round 4's result
-        CATCH_CHECK(contains(clog, "all-reduces after round 3 fragment 0 are redone"));
+        CATCH_CHECK(kept == 3);
       } else if (chunks == 12) {  // after its last chunk: both survivors hold it, and it is kept
-        CATCH_CHECK(contains(clog, "all-reduces after round 4 fragment 0 are redone"));
+        CATCH_CHECK(kept == 4);
         CATCH_CHECK((contains(c.log(0), "(result held)") || contains(c.log(1), "(result held)")));
       }
       fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
@@ -235,8 +249,7 @@ CATCH_TEST_CASE("a node stopped with Ctrl-C leaves the cluster and the others fi
   c.wait_checkpoints(2, 2);
   kill(c.nodes[2].pid, SIGINT);
   CATCH_CHECK(wait_exit(c.nodes[2], 60) == 130);
-  const auto clog = check_survivors_finish(c, "left");
-  CATCH_CHECK(contains(clog, "node n2 left:"));
+  check_survivors_finish(c, "left");
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -254,6 +267,14 @@ CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is calle
   CATCH_CHECK(waited < 30);
   CATCH_CHECK(contains(clog, "quorum lost: 2 live node(s) (n0, n1), [cluster] min_nodes = 3; missing: n2"));
   CATCH_CHECK(contains(clog, "no node joined within quorum_timeout_s (5 s); calling the run off"));
+  const auto quorum = c.master("quorum");
+  CATCH_REQUIRE(quorum.size() == 1);
+  CATCH_CHECK(str(at(quorum[0], "state")) == "lost");
+  CATCH_CHECK(str(at(quorum[0], "members")) == "n0,n1");
+  const auto end = master_end(c.cluster_out());
+  CATCH_CHECK(str(at(end, "outcome")) == "called_off");
+  CATCH_CHECK(at(end, "exit_code").GetInt64() == 1);
+  CATCH_CHECK(contains(str(at(end, "why")), "no node joined within quorum_timeout_s (5 s)"));
   CATCH_CHECK(code0 == 1);
   CATCH_CHECK(code1 == 1);
   for (const auto* log : {&log0, &log1}) CATCH_CHECK(contains(*log, "quorum lost"));
@@ -304,10 +325,14 @@ CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that come
                 "[process][cluster][elastic][join]") {
   elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n");
   kill_in_inner_phase(c);
-  CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "quorum lost"); }, 60));
+  CATCH_REQUIRE(wait_master_records(c.cluster_out(), "quorum", 1, 60));
   const auto [clog, log2] = restart_n2_and_finish(c);
   CATCH_INFO(clog);
-  CATCH_CHECK(contains(clog, "coordinator: quorum back: 3 live nodes (n0, n1, n2)"));
+  const auto quorum = c.master("quorum");
+  CATCH_REQUIRE(quorum.size() == 2);
+  CATCH_CHECK(str(at(quorum[0], "state")) == "lost");
+  CATCH_CHECK(str(at(quorum[1], "state")) == "back");
+  CATCH_CHECK(str(at(quorum[1], "members")) == "n0,n1,n2");
   check_rounds(c, {"n0", "n1"});
   check_joined(c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
@@ -398,8 +423,12 @@ CATCH_TEST_CASE("a joiner slower than a round gets in: the members hold at one r
       const auto [clog, log2] = restart_n2_and_finish(c, {"--fresh"}, {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
       CATCH_INFO(clog);
       CATCH_CHECK(contains(clog, "is stale"));
-      CATCH_CHECK(contains(clog, "while n2 fetch its state"));
-      CATCH_CHECK(contains(clog, "the members go on after round"));
+      // The members held after one round while n2 fetched it, and went on after the same round.
+      const auto pins = c.master("pin"), releases = c.master("release");
+      CATCH_REQUIRE(pins.size() >= 1);
+      CATCH_CHECK(str(at(pins[0], "joiners")) == "n2");
+      CATCH_REQUIRE(releases.size() == pins.size());
+      CATCH_CHECK(at(releases[0], "round").GetInt64() == at(pins[0], "round").GetInt64());
       check_rounds(c, {"n0", "n1"});
       check_joined(c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
       fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
@@ -420,7 +449,7 @@ CATCH_TEST_CASE("a joiner in flight when the coordinator restarts says hello aga
   kill(c.coord.pid, SIGKILL);
   CATCH_CHECK(wait_exit(c.coord, 30) == 128 + SIGKILL);
   c.coord = spawn({binary(), "coordinator", c.file}, c.dir + "/coord.log");
-  CATCH_REQUIRE(wait_until([&] { return contains(c.coord_log(), "took over the running cluster:"); }, 120));
+  CATCH_REQUIRE(wait_master_records(c.cluster_out(), "takeover", 1, 120));
   write_text(gate, "open\n");
   c.wait_rounds_in({"n0", "n1"}, "n0,n1,n2", 2);
   stop_cluster(c.dir, c.file);
@@ -432,7 +461,9 @@ CATCH_TEST_CASE("a joiner in flight when the coordinator restarts says hello aga
   CATCH_CHECK(contains(log2, "saying hello again"));
   CATCH_CHECK(contains(clog, "told it to say hello again"));
   CATCH_CHECK(contains(log2, "is this node's checkpoint"));  // the fetched state, kept before it trains
-  CATCH_CHECK(contains(clog, "node n2 admitted in epoch"));
+  const auto admitted = c.master("admitted");
+  CATCH_REQUIRE(admitted.size() == 1);
+  CATCH_CHECK(str(at(admitted[0], "node")) == "n2");
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
   CATCH_CHECK(code2 == 0);
@@ -558,7 +589,7 @@ CATCH_TEST_CASE("a node not in the cluster file joins a running cluster whose [c
       contains(clog, "node n10 is not in the cluster file ([cluster] open): 1 workers, global ranks 3..3"));
   CATCH_CHECK(record_count(c.out("n10"), "recovery") == 1);
   CATCH_CHECK(contains(clog, "admitted 1 node key(s) added to " + c.dir + "/keys/nodes"));
-  CATCH_CHECK(contains(clog, "every node stopped after round"));
+  check_master_end(c.cluster_out(), "stopped", "n0,n1,n2,n10", "");
   check_rounds(c, {"n0", "n1", "n2"});
   check_joined(c.out("n10"), c.out("n0"), last_round(c, {"n0", "n1", "n2"}));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
@@ -633,7 +664,13 @@ std::string stop_under_standby(const std::string& dir, const std::string& file, 
   CATCH_INFO(clog << "\n--- n0\n" << tail(read_text(dir + "/n0.log")));
   CATCH_CHECK(codes == std::vector<int>{0, 0});
   CATCH_CHECK(standby_code == 0);
-  CATCH_CHECK(contains(clog, "coordinator: every node stopped after round"));
+  check_master_end(dir + "/cluster", "stopped", "n0,n1", "");
+  // The standby took the cluster over in its own term (generation 2, slot 1), in the epoch it found.
+  const auto takeover = master_records(dir + "/cluster", "takeover");
+  CATCH_REQUIRE(takeover.size() == 1);
+  CATCH_CHECK(at(takeover[0], "term").GetInt64() == 513);
+  CATCH_CHECK(str(at(takeover[0], "members")) == "n0,n1");
+  CATCH_CHECK(at(takeover[0], "epoch").GetInt64() == 1);
   return clog;
 }
 
@@ -663,11 +700,10 @@ CATCH_TEST_CASE(
           dir + "/coord-bad.log", 30);
   CATCH_CHECK(bad_code == 2);
   CATCH_CHECK(contains(bad, "is not one of [cluster] coordinator's addresses"));
-  CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "took over the running cluster", 60));
+  CATCH_REQUIRE(wait_master_records(dir + "/cluster", "takeover", 1, 60));
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   const auto clog = stop_under_standby(dir, file, nodes, standby);
   CATCH_CHECK(contains(clog, "coordinator at " + first + " has been unreachable for"));
-  CATCH_CHECK(contains(clog, "took over the running cluster: n0, n1 in epoch 1"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -683,7 +719,7 @@ CATCH_TEST_CASE(
   // The first coordinator stops running without closing anything: the standby and the nodes find it
   // unreachable, the standby takes over in term 513 (generation 2, slot 1), the nodes follow it.
   kill(coord.pid, SIGSTOP);
-  CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "took over the running cluster", 120));
+  CATCH_REQUIRE(wait_master_records(dir + "/cluster", "takeover", 1, 120));
   CATCH_REQUIRE(wait_more_rounds(outs, 2));
   // Woken, the first still believes it leads, in term 256: the nodes tell it otherwise.
   kill(coord.pid, SIGCONT);
@@ -695,9 +731,14 @@ CATCH_TEST_CASE(
   CATCH_CHECK(contains(log1, "follows the coordinator of term 513, newer than this one's (256)"));
   CATCH_CHECK(contains(log1, "this one steps down"));
   CATCH_CHECK_FALSE(contains(log1, "no node finished"));
+  // Its event log says so: the first coordinator's record ends with its stepping down (the standby's comes
+  // later, in the same cluster out_dir).
+  const auto stepped = master_end(dir + "/cluster");
+  CATCH_CHECK(str(at(stepped, "outcome")) == "stepped_down");
+  CATCH_CHECK(at(stepped, "newer_term").GetInt64() == 513);
+  CATCH_CHECK(at(stepped, "exit_code").GetInt64() == 0);
   CATCH_REQUIRE(wait_more_rounds(outs, 2));
-  const auto clog = stop_under_standby(dir, file, nodes, standby);
-  CATCH_CHECK(contains(clog, "term 513)"));
+  stop_under_standby(dir, file, nodes, standby);
   for (const char* n : {"n0", "n1"})
     CATCH_CHECK_FALSE(contains(read_text(dir + "/" + n + ".log"), "removed from the cluster"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
@@ -741,7 +782,8 @@ CATCH_TEST_CASE(
   CATCH_INFO(clog);
   const int64_t last = last_round(c, {"n0", "n1", "n2"});
   CATCH_CHECK(contains(clog, "every node stops after round " + std::to_string(last)));
-  CATCH_CHECK(contains(clog, "coordinator: every node stopped after round " + std::to_string(last)));
+  check_master_end(c.cluster_out(), "stopped", "n0,n1,n2", "");
+  CATCH_CHECK(at(master_end(c.cluster_out()), "stop_round").GetInt64() == last);
   check_rounds(c, {"n0", "n1", "n2"});
   for (const char* n : {"n0", "n1", "n2"}) {
     CATCH_INFO(n);
@@ -763,6 +805,10 @@ CATCH_TEST_CASE(
   for (size_t i = 0; i < 3; ++i) CATCH_CHECK(wait_exit(c.nodes[i], 300) == 0);
   CATCH_CHECK(wait_exit(c.coord, 60) == 0);
   CATCH_CHECK(contains(c.coord_log(), "resuming after round " + std::to_string(last)));
+  // The second run's first epoch begins after the round the first stopped after.
+  const auto epochs = c.master("epoch");
+  CATCH_REQUIRE(epochs.size() == 2);
+  CATCH_CHECK(at(epochs[1], "round").GetInt64() == last);
   CATCH_CHECK(last_round(c, {"n0", "n1", "n2"}) > last);
   check_rounds(c, {"n0", "n1", "n2"});
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test

@@ -160,11 +160,10 @@ inline std::map<int64_t, std::string> round_crcs(const std::string& out_dir) {
 /// never ends before the test has seen what it waits for.
 inline constexpr int64_t endless_rounds = 1000000;
 
-/// The records of a node's metrics.jsonl (in out_dir) in order; a line being written (not yet whole) is
-/// left out.
-inline std::vector<rapidjson::Document> records_of(const std::string& out_dir) {
+/// The records of a JSON-lines file in order; a line being written (not yet whole) is left out.
+inline std::vector<rapidjson::Document> records_in(const std::string& path) {
   std::vector<rapidjson::Document> out;
-  std::istringstream in(read_text(out_dir + "/metrics.jsonl"));
+  std::istringstream in(read_text(path));
   for (std::string line; std::getline(in, line);) {
     try {
       out.push_back(parse_json(line));
@@ -173,6 +172,72 @@ inline std::vector<rapidjson::Document> records_of(const std::string& out_dir) {
     }
   }
   return out;
+}
+
+/// The records of a node's metrics.jsonl (in out_dir) in order.
+inline std::vector<rapidjson::Document> records_of(const std::string& out_dir) {
+  return records_in(out_dir + "/metrics.jsonl");
+}
+
+/// The coordinator's event log records of `kind` (cluster/master_state.hpp's record) in order; `cluster_out`
+/// is the cluster's run.out_dir.
+inline std::vector<rapidjson::Document> master_records(const std::string& cluster_out,
+                                                       const std::string& kind) {
+  auto all = records_in(cluster_out + "/coordinator.jsonl");
+  std::vector<rapidjson::Document> out;
+  for (auto& r : all)
+    if (kind == r["kind"].GetString()) out.push_back(std::move(r));
+  return out;
+}
+
+/// The coordinator's last "end" record: how its work ended; the test fails if there is none.
+inline rapidjson::Document master_end(const std::string& cluster_out) {
+  auto ends = master_records(cluster_out, "end");
+  CATCH_REQUIRE(ends.size() >= 1);
+  return std::move(ends.back());
+}
+
+/// The coordinator's event log ends with `outcome` ("finished", "stopped") and exit code 0: the run finished
+/// (or stopped) on the nodes `finished` ("n0,n1"), with `removed` ("n2:lost", "" for none) on the way.
+inline void check_master_end(const std::string& cluster_out, const std::string& outcome,
+                             const std::string& finished, const std::string& removed) {
+  const auto end = master_end(cluster_out);
+  CATCH_CHECK(str(at(end, "outcome")) == outcome);
+  CATCH_CHECK(at(end, "exit_code").GetInt64() == 0);
+  CATCH_CHECK(str(at(end, "finished")) == finished);
+  CATCH_CHECK(str(at(end, "removed")) == removed);
+}
+
+/// Waits until the coordinator's event log holds `n` records of `kind`; false on a timeout.
+inline bool wait_master_records(const std::string& cluster_out, const std::string& kind, size_t n,
+                                double timeout_s) {
+  return wait_until([&] { return master_records(cluster_out, kind).size() >= n; }, timeout_s);
+}
+
+/// Why the coordinator last removed `node`: its "removed" record's reason ("lost", "left", "failed",
+/// "absent") and text; {"", ""} when it has none.
+inline std::pair<std::string, std::string> master_removal(const std::string& cluster_out,
+                                                          const std::string& node) {
+  std::pair<std::string, std::string> out;
+  for (const auto& r : master_records(cluster_out, "removed"))
+    if (str(at(r, "node")) == node)
+      out = {str(at(r, "reason")), r.HasMember("why") ? str(at(r, "why")) : std::string()};
+  return out;
+}
+
+/// Waits until the coordinator has recorded an epoch `epoch` (its "epoch" record) whose reason and members
+/// ("n0,n1", ring order) are the given ones; false on a timeout.
+inline bool wait_master_epoch(const std::string& cluster_out, int64_t epoch, const std::string& reason,
+                              const std::string& members, double timeout_s) {
+  return wait_until(
+      [&] {
+        for (const auto& r : master_records(cluster_out, "epoch"))
+          if (at(r, "epoch").GetInt64() == epoch && str(at(r, "reason")) == reason &&
+              str(at(r, "members")) == members)
+            return true;
+        return false;
+      },
+      timeout_s);
 }
 
 /// Rounds a node (out_dir) recorded since it entered a membership of exactly `members` ("n0,n1", ring

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -207,10 +208,26 @@ inline bool port_free(int port) {
   return ok;
 }
 
-/// A TCP port on 127.0.0.1 that is free now and was not handed out before in this process. Ports come from
-/// below the kernel's ephemeral range, so no outgoing connection (ZeroMQ's, Prometheus's) can take one
-/// between this call and the bind of the process it is meant for; bind(port 0) drew from that range and,
-/// on a busy machine, sometimes twice the same port.
+/// Reserves `port` for this process among the test processes of the machine (ctest runs two at once): an
+/// exclusive flock on /tmp/longwave-test-ports/PORT, held until the process exits (the kernel drops it then,
+/// however it ends). Without it two test processes could draw the same free port before either bound it.
+inline bool reserve_port(int port) {
+  const std::string dir = "/tmp/longwave-test-ports";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const int fd = ::open((dir + "/" + std::to_string(port)).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return true;  // no place for locks: the draw alone decides, as before
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return false;
+  }
+  return true;  // fd stays open (and locked) for the life of the process
+}
+
+/// A TCP port on 127.0.0.1 that is free now and was not handed out before to this or another running test
+/// process (reserve_port). Ports come from below the kernel's ephemeral range, so no outgoing connection
+/// (ZeroMQ's, Prometheus's) can take one between this call and the bind of the process it is meant for;
+/// bind(port 0) drew from that range and, on a busy machine, sometimes twice the same port.
 inline int free_port() {
   static std::set<int> handed_out;
   static std::mt19937 draw{std::random_device{}()};
@@ -227,7 +244,7 @@ inline int free_port() {
   for (int i = 0; i < span; ++i) {
     const int port = lo + (start + i) % span;
     if (handed_out.count(port)) continue;
-    if (!port_free(port)) continue;
+    if (!port_free(port) || !reserve_port(port)) continue;
     handed_out.insert(port);
     return port;
   }

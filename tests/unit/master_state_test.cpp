@@ -132,6 +132,20 @@ class table {
              ep->reason + ")";
     if (auto* j = std::get_if<node_joined>(&a))
       return "joined " + j->name + " at round " + std::to_string(j->round);
+    if (auto* rec = std::get_if<record>(&a)) {  // "record end outcome=finished exit_code=0 ..."
+      std::string out = "record " + rec->kind;
+      for (const auto& [key, value] : rec->fields)
+        out += " " + key + "=" +
+               std::visit(
+                   [](const auto& v) -> std::string {
+                     if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
+                       return v;
+                     else
+                       return std::to_string(v);
+                   },
+                   value);
+      return out;
+    }
     return "?";
   }
 
@@ -275,12 +289,17 @@ cluster::envelope hello_as(const std::string& name) {
 
 /// Two nodes joined and training from t = 1, both heard at t = 1.
 const std::vector<row> two_training = {
-    {0.0, "n0", "hello", {"info: coordinator: node n0 joined (1 workers", "!welcome"}},
+    {0.0,
+     "n0",
+     "hello",
+     {"info: coordinator: node n0 joined (1 workers", "!welcome",
+      "record start term=256 nodes=n0,n1 min_nodes="}},
     {0.5,
      "n1",
      "hello resume=3",
      {"n0 <- welcome rank 0 of 2 epoch 1 start 0", "n1 <- welcome rank 1 of 2 epoch 1 start 0",
-      "epoch 1 (2 members, start)", "ring 0=n0 -> 1=n1; starting at round 1"}},
+      "epoch 1 (2 members, start)", "record epoch epoch=1 reason=start members=n0,n1 round=0",
+      "ring 0=n0 -> 1=n1; starting at round 1"}},
     {1.0, "n0", "heartbeat 0", {}},
     {1.0, "n1", "heartbeat 0", {}},
 };
@@ -591,7 +610,7 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                 "ack 2 1/0",
                 {"warn: coordinator: quorum lost: 1 live node(s) (n0), [cluster] min_nodes = 2; "
                  "missing: n1; the members keep their state and wait up to 60 s",
-                 "!membership"}},
+                 "record quorum state=lost members=n0 min_nodes=2", "!membership"}},
                {30, "n0", "heartbeat 1", {}},
                {60, "n0", "heartbeat 1", {}},
                {63,
@@ -599,7 +618,8 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                 "tick",
                 {"warn: coordinator: quorum lost: 1 live node(s) (n0), [cluster] min_nodes = 2; missing: "
                  "n1: no node joined within quorum_timeout_s (60 s); calling the run off",
-                 "n0 <- error evicted: the cluster was called off: quorum lost"}}});
+                 "n0 <- error evicted: the cluster was called off: quorum lost",
+                 "record end outcome=called_off exit_code=1 why=quorum lost: 1 live node(s) (n0)"}}});
     CATCH_CHECK(t.master().done() == 1);
   }
   CATCH_SECTION("the wait is reported") {
@@ -625,7 +645,9 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                 "n1'",
                 "join_ready 1",
                 {"node n1 admitted in epoch 2 with the state of round 1", "joined n1 at round 1",
-                 "quorum back: 2 live nodes (n0, n1)", "n1' <- membership epoch 2 rank 1 [n0,n1]"}}});
+                 "record admitted node=n1 round=1 epoch=2", "quorum back: 2 live nodes (n0, n1)",
+                 "record quorum state=back members=n0,n1", "n1' <- membership epoch 2 rank 1 [n0,n1]",
+                 "record epoch epoch=2 reason=failed members=n0,n1 round=1 fragment=0"}}});
     CATCH_CHECK(t.master().quorum_waited_s(clock::time_point(std::chrono::hours(1000)) +
                                            std::chrono::seconds(6)) == 0);
   }
@@ -673,25 +695,27 @@ CATCH_TEST_CASE("master: a joiner overtaken by the rounds gets in: the members h
   CATCH_SECTION("admitted with the held round's state, then the members go on") {
     table t(cluster_of(3));
     t.play(overtaken_joiner +
-           std::vector<row>{{6,
-                             "n1",
-                             "pin 5",
-                             {"the members (n0, n1) hold after round 5 while n2 fetch its state",
-                              "n2' <- recover round 5 from [n0,n1] offset 2 note fetch the state of round 5",
-                              "n0 <- pin 5", "n1 <- pin 5"}},
-                            {7, "n2'", "heartbeat 0", {"!pin"}},
-                            {8, "n0", "heartbeat 5", {"n0 <- pin 5"}},
-                            {8, "n1", "heartbeat 5", {}},
-                            {10, "n0", "heartbeat 5", {}},
-                            {10, "n1", "heartbeat 5", {}},
-                            {11, "n2'", "join_ready 5", {"n0 <- fence 4"}},
-                            {11, "n0", "ack 4 5/0", {}},
-                            {11,
-                             "n1",
-                             "ack 4 5/0",
-                             {"node n2 admitted in epoch 4 with the state of round 5",
-                              "n2' <- membership epoch 4 rank 2 [n0,n1,n2]", "n0 <- pin release",
-                              "n2' <- pin release", "the members go on after round 5"}}});
+           std::vector<row>{
+               {6,
+                "n1",
+                "pin 5",
+                {"the members (n0, n1) hold after round 5 while n2 fetch its state",
+                 "record pin round=5 members=n0,n1 joiners=n2",
+                 "n2' <- recover round 5 from [n0,n1] offset 2 note fetch the state of round 5",
+                 "n0 <- pin 5", "n1 <- pin 5"}},
+               {7, "n2'", "heartbeat 0", {"!pin"}},
+               {8, "n0", "heartbeat 5", {"n0 <- pin 5"}},
+               {8, "n1", "heartbeat 5", {}},
+               {10, "n0", "heartbeat 5", {}},
+               {10, "n1", "heartbeat 5", {}},
+               {11, "n2'", "join_ready 5", {"n0 <- fence 4"}},
+               {11, "n0", "ack 4 5/0", {}},
+               {11,
+                "n1",
+                "ack 4 5/0",
+                {"node n2 admitted in epoch 4 with the state of round 5",
+                 "n2' <- membership epoch 4 rank 2 [n0,n1,n2]", "n0 <- pin release", "n2' <- pin release",
+                 "the members go on after round 5", "record release round=5"}}});
     CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
   }
   CATCH_SECTION("the joiner gives up: the members go on") {
@@ -794,7 +818,8 @@ CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[u
              "n1",
              "running epoch=3 world=2 round=7",
              {"took over the running cluster: n0, n1 in epoch 3 (last applied round 7, term 512)",
-              "n0 <- welcome rank 0 of 2 epoch 3", "epoch 3 (2 members, start)"}}});
+              "record takeover epoch=3 members=n0,n1 round=7 term=512", "n0 <- welcome rank 0 of 2 epoch 3",
+              "epoch 3 (2 members, start)"}}});
     CATCH_CHECK(t.master().epoch() == 3);
   }
   CATCH_SECTION("one missing: a fence among the others") {
@@ -804,7 +829,11 @@ CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[u
              "op",
              "stop",
              {"op <- error deadline_missed: the coordinator is taking the running cluster over"}},
-            {6.5, "n0", "tick", {"took over the running cluster: n0 in epoch 3", "n0 <- fence 4"}},
+            {6.5,
+             "n0",
+             "tick",
+             {"took over the running cluster: n0 in epoch 3", "n0 <- fence 4",
+              "record removed node=n1 reason=lost why=it did not announce itself"}},
             {7, "n0", "ack 4 7/0", {"membership epoch 4 rank 0 [n0]", "epoch 4 (1 members, takeover)"}}});
     CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
   }
@@ -880,7 +909,8 @@ CATCH_TEST_CASE("master: of two masters the newer term leads and the older steps
              "n1",
              "heartbeat 1 term=513",
              {"warn: coordinator: node n1 follows the coordinator of term 513, newer than this one's (256): "
-              "another coordinator leads the cluster; this one steps down"}},
+              "another coordinator leads the cluster; this one steps down",
+              "record end outcome=stepped_down exit_code=0 newer_term=513 epoch=1"}},
             {20, "n0", "tick", {"!<-", "!lost"}},
             {21, "n0", "ack 2 1/0 term=513", {"!<-"}}});
     CATCH_REQUIRE(t.master().done().has_value());
@@ -951,7 +981,8 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
                {5,
                 "n1",
                 "bye stopped",
-                {"every node stopped after round 8 (longwave stop); the same commands resume the run"}}});
+                {"every node stopped after round 8 (longwave stop); the same commands resume the run",
+                 "record end outcome=stopped exit_code=0 finished=n0,n1 removed= stop_round=8"}}});
     CATCH_CHECK(t.master().done() == 0);
   }
   CATCH_SECTION("a joiner in flight is turned away") {
@@ -968,7 +999,11 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
              {"node n1 is not admitted: the cluster is stopping", "n1' <- error cancelled", "n0 <- stop 0"}},
             {5, "n1''", "hello", {"n1'' <- error cancelled: the cluster is stopping"}},
             {5, "n0", "stop 3", {"n0 <- stop 3"}},
-            {6, "n0", "bye stopped", {"the run finished on n0; removed on the way: n1 (failed)"}}});
+            {6,
+             "n0",
+             "bye stopped",
+             {"the run finished on n0; removed on the way: n1 (failed)",
+              "record end outcome=finished exit_code=0 finished=n0 removed=n1:failed epoch=2"}}});
   }
   CATCH_SECTION("before training began") {
     table t(cluster_of(2));
@@ -1061,7 +1096,11 @@ CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][m
                 "leave n1",
                 {"n1 <- leave n1", "op <- error none: node n1 leaves at its next round boundary"}},
                {2, "op", "leave n9", {"op <- error invalid_config: node 'n9' is not in this cluster"}},
-               {3, "n1", "bye left", {"node n1 left: left", "!n1 <- error", "n0 <- fence 2"}},
+               {3,
+                "n1",
+                "bye left",
+                {"node n1 left: left", "!n1 <- error", "n0 <- fence 2",
+                 "record removed node=n1 reason=left why=node n1 left: left epoch=1"}},
                {3, "op", "leave n1", {"node n1 is not training in this cluster (left)"}},
                {3.5, "n0", "ack 2 1/0", {}},
                {4,
@@ -1084,9 +1123,14 @@ CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][m
   }
   CATCH_SECTION("every node finished") {
     table t(cluster_of(2));
-    t.play(two_training + std::vector<row>{{2, "n0", "bye done", {"!every node"}},
-                                           {2, "n1", "bye done", {"every node finished"}},
-                                           {3, "n1'", "hello", {}}});
+    t.play(two_training +
+           std::vector<row>{
+               {2, "n0", "bye done", {"!every node"}},
+               {2,
+                "n1",
+                "bye done",
+                {"every node finished", "record end outcome=finished exit_code=0 finished=n0,n1 removed="}},
+               {3, "n1'", "hello", {}}});
     CATCH_CHECK(t.master().done() == 0);
   }
   CATCH_SECTION("a node that finished is not taken again") {

@@ -203,6 +203,9 @@ CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 4 tim
     CATCH_CHECK(contains(clog, "every node stopped after round"));
     const int64_t rounds = stop_round(out(0));
     CATCH_REQUIRE(rounds > 0);
+    const auto end = master_end(dir + "/run");  // the coordinator's event log agrees
+    CATCH_CHECK(str(at(end, "outcome")) == "stopped");
+    CATCH_CHECK(at(end, "stop_round").GetInt64() == rounds);
     // Every restarted life was admitted into the running cluster: it recorded how it got the state.
     int recovered = 0;
     for (int i = 0; i < n_nodes; ++i) {
