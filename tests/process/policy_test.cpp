@@ -1,4 +1,4 @@
-// Outer-step policies over real processes: a 2-node x 2-worker cluster on loopback trains with each policy
+// Outer-step policies over real processes: a 2-node x 1-worker cluster on loopback trains with each policy
 // and wire dtype, each policy at its best outer setting from bench/policy_quality.sh. One test case per run
 // checks what its records show; one more compares the runs' losses. int8 on the wire must end within 1.5% of
 // fp32 for every policy, and "streaming" within 1.5% of "sync" (the issue's goal, which it meets). "delayed"
@@ -27,6 +27,9 @@ namespace {
 
 const std::vector<std::string> policies{"sync", "delayed", "eager", "streaming"};
 constexpr int64_t rounds = 12;
+// One worker a node: every order of the comparison holds as with two (bench/RESULTS.md, "CI's time", session
+// 31), in about half the time; the averaging of a node's workers is the cluster and behaviour tests' part.
+constexpr int64_t workers_per_node = 1;
 
 /// Each policy's best outer setting at 12 rounds x H=10 in bench/RESULTS.md: {lr, momentum, nesterov}.
 /// delayed and eager use heavy-ball momentum -0.5, which offsets their stale average (session 9).
@@ -52,7 +55,7 @@ batches = 16
 every_rounds = 4
 )";
 
-/// Writes a 2-node cluster file (2 workers each) on free loopback ports; out_dir is dir/run.
+/// Writes a 2-node cluster file (workers_per_node each) on free loopback ports; out_dir is dir/run.
 std::string cluster_file(const std::string& dir) {
   std::string text = "[cluster]\nid = \"policy-" + fs::path(dir).filename().string() +
                      "\"\ncoordinator = \"tcp://127.0.0.1:" + std::to_string(free_port()) +
@@ -60,7 +63,8 @@ std::string cluster_file(const std::string& dir) {
   for (int i = 0; i < 2; ++i)
     text += "\n[[nodes]]\nname = \"n" + std::to_string(i) +
             "\"\nendpoint = \"tcp://127.0.0.1:" + std::to_string(free_port()) +
-            "\"\nworkers = 2\nmetrics_port = " + std::to_string(free_port()) + "\n";
+            "\"\nworkers = " + std::to_string(workers_per_node) +
+            "\nmetrics_port = " + std::to_string(free_port()) + "\n";
   text += "\n[run]\nout_dir = \"" + dir + "/run\"\n";
   text += train_sections;
   text += curve_keys(dir);
@@ -249,7 +253,7 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
     const auto starts = of_kind(records, "start"), ends = of_kind(records, "end");
     CATCH_REQUIRE(starts.size() == 1);
     CATCH_CHECK(str(at(*starts[0], "comm_dtype")) == wire_name(dtype));
-    CATCH_CHECK(at(*starts[0], "cluster_workers").GetInt64() == 4);
+    CATCH_CHECK(at(*starts[0], "cluster_workers").GetInt64() == 2 * workers_per_node);
     CATCH_REQUIRE(ends.size() == 1);
     CATCH_CHECK(at(*ends[0], "exit_code").GetInt64() == 0);
     std::vector<ring_label> node_labels;
@@ -278,7 +282,7 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
     std::sort(outer.begin(), outer.end());
     CATCH_CHECK(outer == expected.outer_rounds);
     const auto workers = of_kind(records, "worker");
-    CATCH_CHECK(workers.size() == 2 * rounds);
+    CATCH_CHECK(workers.size() == workers_per_node * rounds);
     for (const auto* w : workers) CATCH_CHECK(at(*w, "staleness").GetDouble() == Approx(expected.staleness));
   }
   CATCH_CHECK(losses[0] == losses[1]);  // every node ends with the same theta_global

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -166,13 +167,31 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& args, con
   return {code, read_text(log_path)};
 }
 
-/// Makes DIR/keys with `longwave keys new` (the cluster's pair and n0..n9's, listed or not) and returns
-/// the [security] section that names it: test clusters run with CURVE, the default.
+/// Makes DIR/keys (the cluster's pair and n0..n9's, listed or not) and returns the [security] section that
+/// names it: test clusters run with CURVE, the default. The keys are made once per build of the binary by
+/// `longwave keys new` (a process that loads LibTorch, about 1 s) into a cache in the temporary directory,
+/// then copied with their modes; each test changes only its own copy.
 inline std::string curve_keys(const std::string& dir) {
-  const auto [code, out] =
-      run({binary(), "keys", "new", "--out", dir + "/keys", "--nodes", "n0,n1,n2,n3,n4,n5,n6,n7,n8,n9"},
-          dir + "/keys.log", 60);
-  if (code != 0) throw std::runtime_error("longwave keys new failed: " + out);
+  namespace fs = std::filesystem;
+  const fs::path bin = binary();
+  const auto stamp = std::to_string(
+      std::hash<std::string>{}(bin.string() + " " + std::to_string(fs::file_size(bin)) + " " +
+                               std::to_string(fs::last_write_time(bin).time_since_epoch().count())));
+  const auto cache = fs::temp_directory_path() / ("longwave-test-keys-" + stamp);
+  if (!fs::exists(cache / "keys" / "cluster.secret")) {
+    // Made aside and renamed into place, so a test running beside this one sees all of it or none.
+    const auto made = cache.string() + ".tmp" + std::to_string(::getpid());
+    fs::remove_all(made);
+    fs::create_directories(made);
+    const auto [code, out] = run(
+        {bin.string(), "keys", "new", "--out", made + "/keys", "--nodes", "n0,n1,n2,n3,n4,n5,n6,n7,n8,n9"},
+        made + "/keys.log", 60);
+    if (code != 0) throw std::runtime_error("longwave keys new failed: " + out);
+    std::error_code ec;
+    fs::rename(made, cache, ec);  // fails when another test made it first: theirs is as good
+    if (ec) fs::remove_all(made);
+  }
+  fs::copy(cache / "keys", dir + "/keys", fs::copy_options::recursive);
   return "\n[security]\nkeys = \"" + dir + "/keys\"\n";
 }
 
