@@ -89,7 +89,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 4 times, stopped on one theta",
+CATCH_TEST_CASE("churn: 4 nodes at 100 Mbit/s, one SIGKILLed and restarted 3 times, stopped on one theta",
                 "[wan][cluster][elastic][churn]") {
   skip_without_namespaces();
   const char* seed_env = std::getenv("LONGWAVE_CHURN_SEED");
