@@ -40,6 +40,9 @@ struct worker_state {
   caf::typed_response_promise<replica_state> state_rp;
   int64_t steps_run = 0;  // steps executed by this process in this round
   double loss_sum = 0;
+  // train.pace_step_s: when the last step began, and the steps that took longer than paced (named).
+  std::chrono::steady_clock::time_point step_began;
+  int64_t paced_steps = 0, late_steps = 0;
   caf::typed_response_promise<round_result> rp;
 };
 
@@ -125,14 +128,47 @@ caf::result<round_result> begin_round(self_ptr self, uint64_t round, at::Tensor 
   return s.rp;
 }
 
+/// train.pace_step_s: a step that began later than 5 % past its paced time after the one before it (the
+/// device, not the pace, sets the rate) is named, at the first and then every 100th.
+void check_pace(self_ptr self, std::chrono::steady_clock::time_point began, double paced) {
+  auto& s = self->state;
+  if (s.steps_run > 0) {
+    const double took = std::chrono::duration<double>(began - s.step_began).count();
+    ++s.paced_steps;
+    if (took > paced * 1.05 && ++s.late_steps % 100 == 1)
+      spdlog::warn(
+          "worker {}: an inner step took {:.3g} s against its paced {:.3g} s (train.pace_step_s / speed); "
+          "{} of {} paced steps so far were slower: this device, not the pace, sets the rate",
+          s.rank, took, paced, s.late_steps, s.paced_steps);
+  }
+  s.step_began = began;
+}
+
+/// Sends `what` to this worker at once, or (train.pace_step_s) once the current step has taken its paced
+/// time.
+template <class Atom>
+void after_paced(self_ptr self, Atom what) {
+  auto& s = self->state;
+  const double paced = s.ctx->cfg.train.paced_step_s();
+  const double left = paced - seconds_since(s.step_began);
+  if (paced > 0 && left > 0)
+    self->delayed_send(
+        self, std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(left)),
+        what);
+  else
+    self->send(self, what);
+}
+
 /// (step): one inner step, reported to the coordinator; then the next step, the round's end, or (paused) the
-/// state that was asked for.
+/// state that was asked for. A paced round ends once its last step has taken its paced time.
 void inner_step(self_ptr self) {
   auto& s = self->state;
   if (!s.busy) return;
   if (s.paused && (s.pause_target < 0 || s.trainer->steps_done() >= s.pause_target)) return;
+  if (s.steps_in_round >= s.steps_target) return finish_round(self);  // a paced round's last wait is over
   step_report rep;
   auto t0 = std::chrono::steady_clock::now();
+  if (const double paced = s.ctx->cfg.train.paced_step_s(); paced > 0) check_pace(self, t0, paced);
   auto err = guarded(s.rank, [&] { rep.loss = s.trainer->step(); });
   if (err) {
     s.busy = false;
@@ -159,11 +195,10 @@ void inner_step(self_ptr self) {
     s.state_rp.deliver(replica_of(self));
     return;
   }
-  if (s.steps_in_round >= s.steps_target) {
+  if (s.steps_in_round >= s.steps_target && s.ctx->cfg.train.paced_step_s() <= 0)
     finish_round(self);
-  } else {
-    self->send(self, step_atom_v);
-  }
+  else
+    after_paced(self, step_atom_v);
 }
 
 /// (mix): streaming's local <- (1 - alpha) theta + alpha local on one fragment, between rounds only.

@@ -63,6 +63,18 @@ double get_seconds(const toml::node& n, const std::string& key) {
   return *v;
 }
 
+/// A number (integers too) in (0, 1000]: a node's speed.
+double get_speed(const toml::node& n, const std::string& key) {
+  auto v = n.value<double>();
+  if (!v || n.is_boolean() || n.is_string())
+    throw config_error(key, fmt::format("{}: expected a number, got {}{}", key, type_of(n), where(n)));
+  if (!(std::isfinite(*v) && *v > 0 && *v <= 1000))
+    throw config_error(key, fmt::format("{} = {}: must be a number in (0, 1000] (its inner steps take "
+                                        "train.pace_step_s / speed seconds){}",
+                                        key, *v, where(n)));
+  return *v;
+}
+
 bool valid_name(const std::string& s) {
   if (s.empty() || s.size() > 32) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -194,10 +206,12 @@ cluster_node read_node(const toml::node& entry, size_t i) {
       n.device = get_string(v, key);
       if (const auto problem = device_problem(n.device); !problem.empty())
         throw config_error(key, fmt::format("{} = \"{}\": {}", key, n.device, problem));
+    } else if (name == "speed") {
+      n.speed = get_speed(v, key);
     } else {
       throw config_error(key,
                          fmt::format("unknown key '{}'{}: a [[nodes]] entry has name, endpoint, workers, "
-                                     "metrics_port and device",
+                                     "metrics_port, device and speed",
                                      key, where(v)));
     }
   }
@@ -228,10 +242,13 @@ uint64_t cluster_id_of(std::string_view id) {
 
 uint64_t training_fingerprint(const train_config& cfg) {
   static const std::set<std::string> skipped_sections{"eval", "checkpoint", "metrics", "runtime"};
-  static const std::set<std::string> skipped_keys{
-      "run.out_dir",        "run.name",     "data.path",      "data.cache_dir",      "train.workers",
-      "train.threads",      "train.device", "comm.timeout_s", "comm.link_timeout_s", "train.micro_batches",
-      "train.deterministic"};
+  static const std::set<std::string> skipped_keys{"run.out_dir",         "run.name",
+                                                  "data.path",           "data.cache_dir",
+                                                  "train.workers",       "train.threads",
+                                                  "train.device",        "comm.timeout_s",
+                                                  "comm.link_timeout_s", "train.micro_batches",
+                                                  "train.deterministic", "train.pace_step_s",
+                                                  "train.speed"};
   std::istringstream in(to_toml(cfg));
   std::string section, kept;
   for (std::string line; std::getline(in, line);) {
@@ -391,6 +408,7 @@ train_config node_config(const cluster_spec& spec, size_t index) {
   train_config c = spec.train;
   c.train.workers = n.workers;
   if (!n.device.empty()) c.train.device = n.device;
+  if (n.speed) c.train.speed = *n.speed;
   c.run.out_dir = (std::filesystem::path(spec.train.run.out_dir) / n.name).string();
   if (n.metrics_port >= 0)
     c.metrics.port = n.metrics_port;

@@ -3,6 +3,7 @@
 // [[nodes]] entry is one node process (ring endpoint, local workers, metrics port), and every other section
 // is the shared training config (config/train_config.hpp). Example: examples/cluster_4nodes.toml.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,8 @@ struct cluster_node {
   int64_t workers = 1;        ///< local workers (replicas) of this node
   int64_t metrics_port = -1;  ///< /metrics port; -1: [metrics] port + 1 + index (0 there: pick a free one)
   std::string device;         ///< train.device of this node ("": the file's [train] device)
+  /// train.speed of this node (unset: the file's [train] speed): its inner steps take pace_step_s / speed.
+  std::optional<double> speed;
 };
 
 /// How the cluster's links are secured ([security]).

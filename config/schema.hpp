@@ -147,6 +147,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("train", "autocast", c.train.autocast, listed());
   f("train", "micro_batches", c.train.micro_batches, ints(1, max_batch_size));  // a divisor: validate()
   f("train", "deterministic", c.train.deterministic, any());
+  f("train", "pace_step_s", c.train.pace_step_s, real_in('[', 0, 3600, ']'));
+  f("train", "speed", c.train.speed, real_in('(', 0, 1000, ']'));
 
   // The outer step scales a float tensor by lr: as for train.lr, past 10 it only diverges (and past ~3e38
   // it no longer converts to float).

@@ -207,6 +207,13 @@ struct train_section {
   int64_t micro_batches = 1;
   /// Deterministic kernels and no TF32: a resumed run continues identically on the same GPU. Per node.
   bool deterministic = false;
+  /// Nodes of chosen speeds, for experiments and tests: each inner step takes pace_step_s / speed seconds
+  /// (the worker waits out what its compute leaves; a step slower than that is named). 0: as fast as the
+  /// device. speed is per node in a cluster file; neither is part of the training fingerprint.
+  double pace_step_s = 0;
+  double speed = 1;
+  /// The paced time of one inner step (0: not paced).
+  double paced_step_s() const { return pace_step_s > 0 ? pace_step_s / speed : 0.0; }
 };
 
 /// [outer]: the outer optimizer, SGD with Nesterov momentum.

@@ -392,6 +392,23 @@ CATCH_TEST_CASE("Ctrl-C flushes a checkpoint, exits 130, and the same command re
   std::filesystem::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a pace the device cannot keep is named: its steps take longer than train.pace_step_s",
+                "[process][pace]") {
+  const auto dir = scratch_dir("pace_too_fast");
+  const auto cfg = quick_config_file(dir, "");
+  // 0.1 ms a step: no device computes a step that fast, so every paced step is late.
+  std::vector<std::string> cmd{
+      binary(), "run", cfg, "--set", "train.rounds=2", "--set", "train.pace_step_s=0.0001"};
+  const auto model = mechanics_model_sets();
+  cmd.insert(cmd.end(), model.begin(), model.end());
+  auto [code, log] = run(cmd, dir + "/run.log", 600);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 0);
+  CATCH_CHECK(log.find("against its paced 0.0001 s (train.pace_step_s / speed)") != std::string::npos);
+  CATCH_CHECK(log.find("this device, not the pace, sets the rate") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 CATCH_TEST_CASE("A metrics port already in use stops the run at start-up with a line naming the port",
                 "[process][metrics]") {
   const auto dir = scratch_dir("port_in_use");

@@ -62,6 +62,32 @@ CATCH_TEST_CASE("2 nodes x 2 workers over the ring end with the theta_global of 
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE(
+    "a node of speed 0.2 paces its inner steps at train.pace_step_s / 0.2, and its peer waits for it",
+    "[process][cluster][pace]") {
+  const auto dir = scratch_dir("cluster_pace");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.02");
+  edit_file(cluster, "name = \"n1\"", "name = \"n1\"\nspeed = 0.2");  // 0.1 s a step
+  auto [code, log] = run({binary(), "launch", cluster}, dir + "/launch.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  // Each round of 3 paced steps takes at least 3 x 0.1 s on n1, and n0 waits for it at the all-reduce: a
+  // lower bound on both, whatever the machine.
+  for (const std::string node : {"n0", "n1"}) {
+    int rounds = 0;
+    for (const auto& r : records_of(dir + "/cluster/" + node)) {
+      if (std::string(r["kind"].GetString()) != "worker" || at(r, "round").GetInt64() < 1) continue;
+      CATCH_INFO(node << " round " << at(r, "round").GetInt64());
+      CATCH_CHECK(at(r, "wall_s").GetDouble() >= 3 * 0.1 * 0.999);
+      ++rounds;
+    }
+    CATCH_CHECK(rounds == 3);
+  }
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear line", "[process][cluster]") {
   const auto dir = scratch_dir("cluster_nocoord");
   cluster_ports ports;

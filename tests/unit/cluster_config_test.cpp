@@ -184,6 +184,27 @@ CATCH_TEST_CASE("[[nodes]] device sets one node's train.device, and a bad one na
               "and auto");
 }
 
+CATCH_TEST_CASE(
+    "[[nodes]] speed paces one node's inner steps at train.pace_step_s / speed, outside the fingerprint",
+    "[config][cluster]") {
+  const auto spec = parse_cluster(replaced(good, "workers = 3\n", "workers = 3\nspeed = 0.25\n"),
+                                  {"train.pace_step_s=0.2"}, "cluster.toml");
+  CATCH_CHECK(node_config(spec, 0).train.paced_step_s() == Approx(0.2));
+  CATCH_CHECK(node_config(spec, 1).train.speed == 0.25);
+  CATCH_CHECK(node_config(spec, 1).train.paced_step_s() == Approx(0.8));
+  // Nodes of different speeds, or a paced cluster and an unpaced one, train together.
+  const uint64_t plain = training_fingerprint(parse_cluster(good, {}, "cluster.toml").train);
+  CATCH_CHECK(training_fingerprint(node_config(spec, 0)) == plain);
+  CATCH_CHECK(training_fingerprint(node_config(spec, 1)) == plain);
+  CATCH_CHECK(parse_cluster(good, {}, "cluster.toml").train.train.paced_step_s() == 0);  // not paced
+  CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3\n", "workers = 3\nspeed = 0\n")),
+                   Catch::Matchers::Contains("nodes[1].speed = 0: must be a number in (0, 1000] (its inner "
+                                             "steps take train.pace_step_s / speed seconds)"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3\n", "workers = 3\nspeed = \"fast\"\n")),
+                   Catch::Matchers::Contains("nodes[1].speed: expected a number, got a string"));
+  CATCH_CHECK_THAT(error_of(good, {"train.pace_step_s=-1"}), Catch::Matchers::Contains("train.pace_step_s"));
+}
+
 CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
   using Catch::Matchers::Contains;
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),
