@@ -411,9 +411,10 @@ void master_state::outcome() {
     exit_code_ = 1;
     return note_end("none_finished", {{"removed", removed}});
   }
-  const bool all_stopped =
+  const bool stopped =
+      gone.empty() && stop_ && stop_->round &&
       std::all_of(finished.begin(), finished.end(), [&](size_t i) { return members_[i].stopped; });
-  if (gone.empty() && stop_ && stop_->round && all_stopped) {
+  if (stopped) {
     info(fmt::format(
         "coordinator: every node stopped after round {} (longwave stop); the same commands resume the run",
         *stop_->round));
@@ -428,7 +429,6 @@ void master_state::outcome() {
                      detail));
   }
   exit_code_ = 0;
-  const bool stopped = gone.empty() && stop_ && stop_->round && all_stopped;
   std::vector<std::pair<std::string, record::value>> fields{{"finished", list_of(finished)},
                                                             {"removed", removed}};
   if (stopped) fields.emplace_back("stop_round", static_cast<int64_t>(*stop_->round));

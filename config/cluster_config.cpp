@@ -52,27 +52,30 @@ int64_t get_int(const toml::node& n, const std::string& key, int64_t lo, int64_t
   return *v;
 }
 
-double get_seconds(const toml::node& n, const std::string& key) {
-  auto v = n.value<double>();  // integers are accepted too
+/// A number (integers are accepted too); `what` names it in the error ("a number of seconds").
+double get_number(const toml::node& n, const std::string& key, const char* what) {
+  auto v = n.value<double>();
   if (!v || n.is_boolean() || n.is_string())
-    throw config_error(key,
-                       fmt::format("{}: expected a number of seconds, got {}{}", key, type_of(n), where(n)));
-  if (!(std::isfinite(*v) && *v > 0 && *v <= 1e7))
-    throw config_error(key,
-                       fmt::format("{} = {}: must be a number of seconds in (0, 1e7]{}", key, *v, where(n)));
+    throw config_error(key, fmt::format("{}: expected {}, got {}{}", key, what, type_of(n), where(n)));
   return *v;
 }
 
-/// A number (integers too) in (0, 1000]: a node's speed.
+double get_seconds(const toml::node& n, const std::string& key) {
+  const auto v = get_number(n, key, "a number of seconds");
+  if (!(std::isfinite(v) && v > 0 && v <= 1e7))
+    throw config_error(key,
+                       fmt::format("{} = {}: must be a number of seconds in (0, 1e7]{}", key, v, where(n)));
+  return v;
+}
+
+/// A number in (0, 1000]: a node's speed.
 double get_speed(const toml::node& n, const std::string& key) {
-  auto v = n.value<double>();
-  if (!v || n.is_boolean() || n.is_string())
-    throw config_error(key, fmt::format("{}: expected a number, got {}{}", key, type_of(n), where(n)));
-  if (!(std::isfinite(*v) && *v > 0 && *v <= 1000))
+  const auto v = get_number(n, key, "a number");
+  if (!(std::isfinite(v) && v > 0 && v <= 1000))
     throw config_error(key, fmt::format("{} = {}: must be a number in (0, 1000] (its inner steps take "
                                         "train.pace_step_s / speed seconds){}",
-                                        key, *v, where(n)));
-  return *v;
+                                        key, v, where(n)));
+  return v;
 }
 
 bool valid_name(const std::string& s) {
