@@ -5,11 +5,12 @@
 # exec/s and crashes (crashes, leaks, sanitizer reports, timeouts: 0 expected); exits 1 if there was one,
 # keeping the inputs that caused it. Needs clang and its libFuzzer runtime (Debian 12: clang and
 # libclang-rt-14-dev, which scripts/setup installs; CI runs every target briefly through scripts/sanitize).
-#   bench/fuzz.sh [--seconds N | --runs N] [--parallel P] [--seeds] [TARGET ...]
+#   bench/fuzz.sh [--seconds N | --runs N] [--parallel P] [--seeds | --build-only] [TARGET ...]
 #     --seconds N   each target for N seconds (default: 10, a short run)
 #     --runs N      each target for N executions (e.g. 1000000, the issue's goal)
 #     --parallel P  P targets at a time (default 1; these machines have 2 cores)
 #     --seeds       write fuzz/corpus/ again from the targets' seeds mode instead of fuzzing
+#     --build-only  configure and build the targets, and fuzz nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,7 @@ all=(envelope_fuzz chunk_fuzz sparse_fuzz state_request_fuzz state_reply_fuzz ch
 limit=(-max_total_time=10)
 parallel=1
 seeds=0
+build_only=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,7 +27,8 @@ while [ $# -gt 0 ]; do
     --runs) limit=(-runs="$2"); shift 2 ;;
     --parallel) parallel=$2; shift 2 ;;
     --seeds) seeds=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -44,6 +47,7 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -DLONGWAVE_FUZZ=ON -DLONGWAVE_TESTS=
 cmake --build "$build" -j"${JOBS:-2}" --target "${targets[@]}" >"$build.build.log" 2>&1 ||
   { tail -40 "$build.build.log" >&2; exit 2; }
 echo "fuzz.sh: configured and built ${#targets[@]} targets in $(($(date +%s) - start)) s ($build)"
+[ "$build_only" = 1 ] && exit 0
 
 if [ "$seeds" = 1 ]; then
   for t in "${targets[@]}"; do

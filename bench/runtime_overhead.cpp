@@ -1,7 +1,11 @@
 // Runtime overhead benchmark: the same model, batch and data in a plain LibTorch loop (torch::optim::AdamW)
 // and inside the actor runtime (single mode, one worker), alternated in one run. Prints runtime tokens/s
 // divided by plain tokens/s. Goal: >= 0.98.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <ATen/Parallel.h>
+#include <torch/nn/utils/clip_grad.h>  // needs torch/types.h first: not self-contained
 #include <CLI/CLI.hpp>
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // B batch, T time, C channels (dim), H heads, Hkv key/value heads, D head_dim, V vocab.
 #include "models/gpt.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 

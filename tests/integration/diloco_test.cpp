@@ -1,6 +1,9 @@
 // The actor runtime end to end, in process, on the bundled KJV corpus: equivalence with plain AdamW and
 // the DiLoCo-beats-single-worker check.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>

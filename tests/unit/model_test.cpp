@@ -1,6 +1,7 @@
 // The Llama-style GPT: parameter counts, deterministic initialisation, attention, bf16, and flat AdamW
 // against torch::optim::AdamW.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>

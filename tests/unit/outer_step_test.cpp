@@ -1,6 +1,6 @@
 // The outer step through the real communicator and outer-optimizer actors, against a hand-computed
 // Nesterov sequence.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -20,7 +20,7 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
   caf::actor_system sys{cfg};
   config::outer_section outer_cfg;  // defaults: lr 0.7, momentum 0.9, nesterov
   auto comm = actors::spawn_communicator(sys);
-  auto outer = actors::spawn_outer_optimizer(sys, outer_cfg, torch::tensor({1.0f, -2.0f}));
+  auto outer = actors::spawn_outer_optimizer(sys, outer_cfg, at::tensor({1.0f, -2.0f}));
   caf::scoped_actor self{sys};
   // Pseudo-gradients of worker a and b per round; the second element is the first negated.
   const float da[3] = {0.2f, 0.1f, -0.5f}, db[3] = {0.4f, -0.1f, -0.3f};
@@ -30,7 +30,7 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
   //   b3 = 0.243 - 0.4    theta3 = 0.4309 - 0.7*(-0.4 - 0.1413) = 0.80981
   const double expected[3] = {0.601, 0.4309, 0.80981};
   for (int r = 0; r < 3; ++r) {
-    std::vector<at::Tensor> parts{torch::tensor({da[r], -da[r]}), torch::tensor({db[r], -db[r]})};
+    std::vector<at::Tensor> parts{at::tensor({da[r], -da[r]}), at::tensor({db[r], -db[r]})};
     at::Tensor avg;
     self->request(comm, std::chrono::seconds(10), reduce_atom_v, reduce_request{{uint64_t(r + 1), 0}, parts})
         .receive([&](at::Tensor& t) { avg = t; }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
@@ -42,12 +42,12 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
     CATCH_CHECK(std::abs(theta[1].item<double>() - (-2.0 - (expected[r] - 1.0))) < 1e-6);
   }
   // A stale round is refused, and theta is unchanged.
-  self->request(outer, std::chrono::seconds(10), outer_atom_v, ring_label{2, 0}, torch::tensor({1.0f, 1.0f}))
+  self->request(outer, std::chrono::seconds(10), outer_atom_v, ring_label{2, 0}, at::tensor({1.0f, 1.0f}))
       .receive([&](at::Tensor&) { CATCH_FAIL("stale round accepted"); },
                [&](caf::error& e) { CATCH_CHECK(e.code() == static_cast<uint8_t>(errc::stale_round)); });
   // Contributions of different sizes are refused by the communicator.
   self->request(comm, std::chrono::seconds(10), reduce_atom_v,
-                reduce_request{{4, 0}, std::vector<at::Tensor>{torch::ones({2}), torch::ones({3})}})
+                reduce_request{{4, 0}, std::vector<at::Tensor>{at::ones({2}), at::ones({3})}})
       .receive([&](at::Tensor&) { CATCH_FAIL("mismatched sizes accepted"); },
                [&](caf::error& e) { CATCH_CHECK(e.code() == static_cast<uint8_t>(errc::malformed_frame)); });
   self->send_exit(comm, caf::exit_reason::user_shutdown);
@@ -56,8 +56,8 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
 
 CATCH_TEST_CASE("outer SGD with momentum 0 and lr 1 lands exactly on theta minus delta", "[models][outer]") {
   models::outer_sgd sgd(1.0, 0.0, true);
-  auto theta = torch::tensor({3.0f, 4.0f});
-  sgd.step(theta, torch::tensor({1.0f, -1.0f}));
+  auto theta = at::tensor({3.0f, 4.0f});
+  sgd.step(theta, at::tensor({1.0f, -1.0f}));
   CATCH_CHECK(theta[0].item<float>() == 2.0f);
   CATCH_CHECK(theta[1].item<float>() == 5.0f);
 }
@@ -66,11 +66,11 @@ CATCH_TEST_CASE("outer SGD with negative heavy-ball momentum follows the hand-co
                 "[models][outer]") {
   // lr 0.5, mu -0.5, heavy ball: b1 = d1, theta1 = theta0 - b1/2; b2 = -b1/2 + d2, theta2 = theta1 - b2/2.
   models::outer_sgd sgd(0.5, -0.5, false);
-  auto theta = torch::tensor({4.0f, -2.0f});
-  sgd.step(theta, torch::tensor({2.0f, 1.0f}));  // b1 = (2, 1), theta1 = (3, -2.5)
+  auto theta = at::tensor({4.0f, -2.0f});
+  sgd.step(theta, at::tensor({2.0f, 1.0f}));  // b1 = (2, 1), theta1 = (3, -2.5)
   CATCH_CHECK(theta[0].item<float>() == 3.0f);
   CATCH_CHECK(theta[1].item<float>() == -2.5f);
-  sgd.step(theta, torch::tensor({2.0f, 1.0f}));  // b2 = (-1, -0.5) + (2, 1) = (1, 0.5), theta2 = (2.5, -2.75)
+  sgd.step(theta, at::tensor({2.0f, 1.0f}));  // b2 = (-1, -0.5) + (2, 1) = (1, 0.5), theta2 = (2.5, -2.75)
   CATCH_CHECK(sgd.momentum_buffer()[0].item<float>() == 1.0f);
   CATCH_CHECK(theta[0].item<float>() == 2.5f);
   CATCH_CHECK(theta[1].item<float>() == -2.75f);
@@ -109,22 +109,22 @@ CATCH_TEST_CASE("fragments cover every parameter once, strided or sequential", "
 CATCH_TEST_CASE("an outer step on fragments moves only their ranges and equals the full step on all of them",
                 "[models][outer]") {
   const models::flat_ranges all{{0, 6}}, part{{1, 2}, {4, 1}};
-  auto theta0 = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f});
-  auto d1 = torch::tensor({0.5f, -0.25f, 1.0f, 2.0f, -1.0f, 0.125f});
-  auto d2 = torch::tensor({-0.5f, 0.75f, 0.5f, 1.0f, 3.0f, -2.0f});
+  auto theta0 = at::tensor({1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f});
+  auto d1 = at::tensor({0.5f, -0.25f, 1.0f, 2.0f, -1.0f, 0.125f});
+  auto d2 = at::tensor({-0.5f, 0.75f, 0.5f, 1.0f, 3.0f, -2.0f});
   // All ranges: bit-identical to the plain step, over two steps (momentum carried).
   models::outer_sgd full(0.7, 0.9, true), frag(0.7, 0.9, true);
   auto a = theta0.clone(), b = theta0.clone();
   for (const auto& d : {d1, d2}) {
     full.step(a, d);
     frag.step(b, d, all);
-    CATCH_CHECK(torch::equal(a, b));
+    CATCH_CHECK(at::equal(a, b));
   }
-  CATCH_CHECK(torch::equal(full.momentum_buffer(), frag.momentum_buffer()));
+  CATCH_CHECK(at::equal(full.momentum_buffer(), frag.momentum_buffer()));
   // Part: values outside the ranges and their momentum stay; inside, the hand-computed Nesterov step.
   models::outer_sgd some(0.5, 0.9, true);
   auto c = theta0.clone();
-  const auto dp = torch::tensor({0.2f, 0.4f, -0.6f});  // for indices 1, 2, 4
+  const auto dp = at::tensor({0.2f, 0.4f, -0.6f});  // for indices 1, 2, 4
   some.step(c, dp, part);
   // First step: b = d, theta -= lr * (d + mu * d) = lr * 1.9 * d.
   const float want[6] = {1.0f, 2.0f - 0.95f * 0.2f, 3.0f - 0.95f * 0.4f, 4.0f, 5.0f + 0.95f * 0.6f, 6.0f};
@@ -152,9 +152,9 @@ CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's 
     return out;
   };
   // One 256-value block with max 1: scale 1/127, and 0.004 = 0.508 steps rounds up to 1/127 (error +0.0039).
-  auto x1 = torch::full({256}, 0.004f);
+  auto x1 = at::full({256}, 0.004f);
   x1[0] = 1.0f;
-  auto x2 = torch::full({100}, 0.5f);  // fragment 2: another size
+  auto x2 = at::full({100}, 0.5f);  // fragment 2: another size
   const auto a = reduce(1, 1, x1);
   CATCH_CHECK(std::abs(a[1].item<float>() - 1.0f / 127) < 1e-6);
   reduce(1, 2, x2);
