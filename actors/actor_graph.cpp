@@ -15,6 +15,7 @@
 #include "actors/evaluator.hpp"
 #include "actors/metrics_sink.hpp"
 #include "actors/outer_optimizer.hpp"
+#include "actors/round/adaptive_steps.hpp"
 #include "actors/run_setup.hpp"
 #include "models/gpt.hpp"
 #include "runtime/log/log.hpp"
@@ -135,7 +136,11 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
   if (cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::eager) {
     policy.eager_replicas = cfg.train.workers;
     policy.global_workers = ctx.global_workers();
-    if (collective) policy.live_workers = [collective] { return collective->last_total_weight(); };
+    // The average's weight counts workers, unless adaptive steps weigh nodes by tokens: then the notes do.
+    if (collective && cfg.diloco.adaptive_steps)
+      policy.live_workers = [collective] { return contributing_workers(collective->notes()); };
+    else if (collective)
+      policy.live_workers = [collective] { return collective->last_total_weight(); };
   }
   return spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(ctx.spec, cfg.run.seed), metrics,
                                std::move(policy));
@@ -197,6 +202,7 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
   g.peers.communicator =
       opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
   g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics, g.collective);
+  g.peers.collective = g.collective;
   g.peers.checkpointer =
       spawn_checkpointer(sys, p.ckpt_dir, ctx->cfg.checkpoint.keep, shape_of(*ctx), g.peers.metrics);
   if (ctx->cfg.eval.async) g.peers.evaluator = spawn_evaluator(sys, ctx);

@@ -135,9 +135,9 @@ at::Tensor writable(at::Tensor t) {
 }
 
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
-/// contributors: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
+/// node_weight: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
 caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vector<at::Tensor> parts,
-                               bool exact, int64_t contributors) {
+                               bool exact, double node_weight) {
   auto& s = self->state;
   const uint64_t round = label.first;
   const auto t0 = std::chrono::steady_clock::now();
@@ -162,10 +162,8 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
                                   "checkpoints of earlier rounds are kept",
                                   round));
   // Across nodes: the node's reduction through the collective, weighted by its workers.
-  const bool observe = (s.opts.observe_round > 0 && round == s.opts.observe_round) || contributors == 0;
-  const double weight =
-      observe ? 0.0
-              : static_cast<double>(contributors > 0 ? contributors : static_cast<int64_t>(parts.size()));
+  const bool observe = (s.opts.observe_round > 0 && round == s.opts.observe_round) || node_weight == 0;
+  const double weight = observe ? 0.0 : node_weight > 0 ? node_weight : static_cast<double>(parts.size());
   auto& r = exact ? *s.exact : *s.chosen;
   try {
     r.apply(*s.net, round, label.second, sum.data_ptr<float>(), static_cast<size_t>(n), weight);
@@ -239,7 +237,7 @@ communicator_actor::behavior_type communicator_fun(self_ptr self, communicator_o
       },
       // By reference into the message, so that the tensors are moved out of it (see reduce).
       [=](reduce_atom, reduce_request& req) {
-        return reduce(self, req.label, std::move(req.parts), req.exact, req.contributors);
+        return reduce(self, req.label, std::move(req.parts), req.exact, req.weight);
       },
   };
 }

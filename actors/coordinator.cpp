@@ -288,7 +288,7 @@ void adopt_initial_theta(self_ptr self, at::Tensor theta, std::function<void(at:
   if (s.ctx->cluster_workers == 0) return k(std::move(theta));
   const ring_label label{0, 1};
   self->request(s.peers.communicator, s.round_timeout, reduce_atom_v,
-                reduce_request{label, {theta.clone()}, /*exact=*/true, s.ctx->theta_source ? 1 : 0})
+                reduce_request{label, {theta.clone()}, /*exact=*/true, s.ctx->theta_source ? 1.0 : 0.0})
       .then(
           [=](at::Tensor& theta0) {
             spdlog::info("theta_0: {}", self->state.ctx->theta_source

@@ -13,6 +13,7 @@
 
 #include "actors/round/phase.hpp"
 #include "actors/run_context.hpp"
+#include "comm/collective.hpp"
 #include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
@@ -24,6 +25,9 @@ struct coordinator_peers {
   runtime::checkpointer_actor checkpointer;
   runtime::metrics_actor metrics;
   runtime::evaluator_actor evaluator;  ///< [eval] async: evaluations off the training path; null: worker 0
+  /// The cluster's collective (null alone): diloco.adaptive_steps sets this node's note on it (workers, step
+  /// time) and reads every node's from it.
+  std::shared_ptr<comm::collective> collective;
   /// Tests only: spawns worker `rank` (reporting to `coordinator`) instead of spawn_worker, e.g. a fake that
   /// answers (run, ...) with a set pseudo-gradient. Empty: the real worker.
   std::function<runtime::worker_actor(caf::actor_system&, int64_t rank,

@@ -12,6 +12,7 @@
 
 #include <chrono>
 
+#include "models/lr_schedule.hpp"
 #include "runtime/clock/clock.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
@@ -169,7 +170,15 @@ void inner_step(self_ptr self) {
   step_report rep;
   auto t0 = std::chrono::steady_clock::now();
   if (const double paced = s.ctx->cfg.train.paced_step_s(); paced > 0) check_pace(self, t0, paced);
-  auto err = guarded(s.rank, [&] { rep.loss = s.trainer->step(); });
+  // Under client sampling or adaptive steps the replicas' own step counts differ: the step's place in the
+  // run is its round's (adaptive: each step advances the schedule by its share of the round).
+  const auto& cfg = s.ctx->cfg;
+  const bool by_round = cfg.federated.clients_per_round > 0 || cfg.diloco.adaptive_steps;
+  const auto at = [&](int64_t k) {
+    return models::schedule_step(s.round, k, s.steps_target, cfg.train.inner_steps);
+  };
+  auto err = guarded(
+      s.rank, [&] { rep.loss = s.trainer->step(cfg.diloco.adaptive_steps ? at(s.steps_in_round) : -1); });
   if (err) {
     s.busy = false;
     s.rp.deliver(std::move(err));
@@ -177,10 +186,7 @@ void inner_step(self_ptr self) {
   }
   rep.compute_s = seconds_since(t0);
   rep.rank = s.rank;
-  // The run's inner step: under client sampling the replicas' own step counts differ, so the round's.
-  rep.step = s.ctx->cfg.federated.clients_per_round > 0
-                 ? static_cast<int64_t>(s.round - 1) * s.ctx->cfg.train.inner_steps + s.steps_in_round + 1
-                 : s.trainer->steps_done();
+  rep.step = by_round ? at(s.steps_in_round + 1) : s.trainer->steps_done();  // the round's last: round * H
   rep.tokens = s.trainer->tokens_per_step();
   if (s.trainer->device().is_cuda()) {
     const auto mem = s.trainer->gpu_memory_now();

@@ -19,6 +19,13 @@ struct gathered {
   std::vector<std::byte> messages;  ///< weights.size() * bytes: rank r's message at offset r * bytes
 };
 
+/// What a rank says of itself with its calls, gathered with each all-reduce's confirmation so that every rank
+/// knows every other's (diloco.adaptive_steps: each node's inner steps follow the fastest node's step time).
+struct rank_note {
+  float contributors = 0;  ///< workers behind this rank's contribution (0: it only relays)
+  float step_seconds = 0;  ///< its measured seconds per inner step (0: not known yet)
+};
+
 /// One rank's handle on a weighted all-reduce across the nodes of a cluster. Calls are serialized; the
 /// counters, cancel() and peer_declared_lost() may be called from any thread.
 class collective {
@@ -58,6 +65,11 @@ class collective {
   /// The weights of every rank summed, in the last all-reduce that completed (0: not known). The average is
   /// over this many workers (eager's proxy step divides by it).
   virtual double last_total_weight() const { return 0; }
+  /// The note this rank sends with its next calls (any thread).
+  virtual void set_note(const rank_note& note) { (void)note; }
+  /// Every rank's note as the last completed call gathered it, in rank order; empty where the backend
+  /// gathers none (NCCL, a ring without confirmations).
+  virtual std::vector<rank_note> notes() const { return {}; }
   /// Bytes this rank sent and received since construction (the backend's own count or estimate).
   virtual uint64_t bytes_sent() const = 0;
   virtual uint64_t bytes_received() const = 0;

@@ -82,11 +82,12 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
     result_total_ = total;  // what last_total_weight() says if a membership change keeps this result
     lk.unlock();
     // Nobody applies a result before every member holds it: a member that fails before this point makes
-    // every member redo the main call, and none has applied it yet.
-    if (ring->world_size() > 1) {
-      float token = 1.0f;
-      ring->allreduce(key.round, &token, 1, 1.0, confirm_fragment(key.fragment), wire_dtype::fp32);
-    }
+    // every member redo the main call, and none has applied it yet. The confirmation carries each rank's
+    // note in its own slots, so every member learns every other's.
+    auto notes = confirm(*ring, key);
+    lk.lock();
+    notes_ = std::move(notes);
+    lk.unlock();
     total_weight_.store(total);
   } catch (const lw_error& e) {
     ok = false;
@@ -106,6 +107,35 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
     f.suspect = view_.names[(view_.rank + 1) % view_.names.size()];
   failure_ = std::move(f);
   return outcome::failed;
+}
+
+std::vector<rank_note> elastic_ring::confirm(ring_allreduce& ring, const reduce_key& key) {
+  const auto world = static_cast<size_t>(ring.world_size());
+  const auto me = static_cast<size_t>(ring.rank());
+  std::unique_lock<std::mutex> lk(mu_);
+  const rank_note mine = note_;
+  lk.unlock();
+  if (world == 1) return {mine};
+  // Two slots a rank, zero but its own: the mean of equal weights is then each rank's note / world.
+  std::vector<float> slots(2 * world, 0.0f);
+  slots[2 * me] = mine.contributors;
+  slots[2 * me + 1] = mine.step_seconds;
+  ring.allreduce(key.round, slots.data(), slots.size(), 1.0, confirm_fragment(key.fragment),
+                 wire_dtype::fp32);
+  std::vector<rank_note> notes(world);
+  const auto w = static_cast<float>(world);
+  for (size_t r = 0; r < world; ++r) notes[r] = {slots[2 * r] * w, slots[2 * r + 1] * w};
+  return notes;
+}
+
+void elastic_ring::set_note(const rank_note& note) {
+  std::lock_guard<std::mutex> lk(mu_);
+  note_ = note;
+}
+
+std::vector<rank_note> elastic_ring::notes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return notes_;
 }
 
 void elastic_ring::run(const reduce_key& key, const main_call& main, const std::function<void()>& restore) {

@@ -81,6 +81,8 @@ class elastic_ring final : public collective {
   reduce_key committed() const;
 
   uint64_t completed_round() const override;
+  void set_note(const rank_note& note) override;
+  std::vector<rank_note> notes() const override;
   double last_total_weight() const override { return total_weight_.load(); }
   uint64_t bytes_sent() const override;
   uint64_t bytes_received() const override;
@@ -101,6 +103,8 @@ class elastic_ring final : public collective {
   // puts the kept input back) until it is done, kept, or fails.
   void run(const reduce_key& key, const main_call& main, const std::function<void()>& restore);
   outcome attempt(const reduce_key& key, const main_call& main, std::string& error, errc& code);
+  /// The call's confirmation on `ring`: every rank's note, in rank order.
+  std::vector<rank_note> confirm(ring_allreduce& ring, const reduce_key& key);
   void retire_ring();  // under mu_
   void build_ring();   // under mu_
 
@@ -123,6 +127,8 @@ class elastic_ring final : public collective {
   bool entered_ = false;               // enter() since the call parked
   reduce_key committed_;
   std::atomic<double> total_weight_{0};  // of the last main all-reduce that completed
+  rank_note note_;                       // this rank's, sent with each confirmation (under mu_)
+  std::vector<rank_note> notes_;         // every rank's, from the last confirmation (under mu_)
   double result_total_ = 0;              // the parked call's main total weight (under mu_, with have_result_)
   // Counters of retired rings.
   uint64_t sent_ = 0, received_ = 0;

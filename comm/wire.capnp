@@ -8,7 +8,10 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("longwave::comm::wire");
 
-const protocolVersion :UInt16 = 7;  # 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint; 6: Hello.checkpointRounds, Error not_announced; 7: Envelope.term
+# Versions: 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint;
+# 6: Hello.checkpointRounds, Error not_announced; 7: Envelope.term; 8: an all-reduce's confirmation carries
+# every rank's note (its contributors and step time).
+const protocolVersion :UInt16 = 8;
 
 enum Dtype {
   fp32 @0;

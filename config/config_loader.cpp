@@ -581,6 +581,31 @@ config_error::config_error(std::string key, const std::string& message)
 
 namespace {
 
+/// diloco.adaptive_steps: the policies whose rounds have one all-reduce at the round's end, on a backend
+/// that gathers the nodes' step times.
+void check_adaptive(const train_config& cfg) {
+  const auto& d = cfg.diloco;
+  if (d.min_steps > cfg.train.inner_steps)
+    throw config_error("diloco.min_steps",
+                       fmt::format("diloco.min_steps = {}: above train.inner_steps = {} (a node never runs "
+                                   "more than H inner steps a round)",
+                                   d.min_steps, cfg.train.inner_steps));
+  if (!d.adaptive_steps) return;
+  if (cfg.run.mode != run_mode::diloco || cfg.federated.clients_per_round > 0)
+    throw config_error("diloco.adaptive_steps",
+                       fmt::format("diloco.adaptive_steps = true: runs with run.mode = \"diloco\" without "
+                                   "client sampling (this run: \"{}\", federated.clients_per_round = {})",
+                                   to_string(cfg.run.mode), cfg.federated.clients_per_round));
+  if (d.outer == outer_policy_kind::streaming)
+    throw config_error("diloco.adaptive_steps",
+                       "diloco.adaptive_steps = true: diloco.outer = \"streaming\" syncs its fragments at "
+                       "fixed inner steps of the round; use \"sync\", \"delayed\" or \"eager\"");
+  if (cfg.comm.backend == comm_backend::nccl)
+    throw config_error("diloco.adaptive_steps",
+                       "diloco.adaptive_steps = true: the nodes' step times travel with the ring's "
+                       "confirmations; use comm.backend = \"ring\"");
+}
+
 void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names) {
   for_each_field(cfg, [&](std::string_view s, std::string_view n, const auto& field, const rule& r) {
     const std::string key = dotted(s, n);
@@ -690,6 +715,7 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                     cfg.model.vocab_size, to_string(cfg.data.tokenizer), tokens, tokens));
   }
   check_shape(cfg.model);
+  check_adaptive(cfg);
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {
     throw config_error("train.rounds",
                        fmt::format("train.rounds = {}: train.rounds * train.inner_steps ({}) does "

@@ -161,6 +161,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("diloco", "fragment_pattern", c.diloco.fragment_pattern, listed());
   f("diloco", "tau", c.diloco.tau, ints(0));
   f("diloco", "alpha", c.diloco.alpha, real_in('[', 0, 1, ']'));
+  f("diloco", "adaptive_steps", c.diloco.adaptive_steps, any());
+  f("diloco", "min_steps", c.diloco.min_steps, ints(0));  // at most train.inner_steps: validate()
 
   f("federated", "clients_per_round", c.federated.clients_per_round, ints(0, 65536));
 

@@ -2,6 +2,7 @@
 // Plain, validated structs for one Longwave run, and the enums of its fixed choices with their TOML names.
 // Every field has a default; config/config_loader fills them from TOML and `--set section.key=value`
 // overrides; the fields and their rules are listed in config/schema.hpp.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -232,6 +233,15 @@ struct diloco_section {
   fragment_layout fragment_pattern = fragment_layout::strided;  ///< streaming: "strided" | "sequential"
   int64_t tau = 1;     ///< streaming: inner steps each fragment's all-reduce overlaps (< inner_steps / P)
   double alpha = 0.5;  ///< streaming: theta_f <- (1 - alpha) * theta_f^global + alpha * theta_f^local
+  /// Dynamic local updates (sync, delayed, eager): each node runs the inner steps that fit in the fastest
+  /// node's H-step time (measured), at least min_steps; the average weights each node by its tokens, and the
+  /// learning-rate schedule advances by a step's share of its round.
+  bool adaptive_steps = false;
+  int64_t min_steps = 0;  ///< adaptive_steps' floor; 0: train.inner_steps / 8 (at least 1)
+  /// The floor of a node's inner steps under adaptive_steps, for H = train.inner_steps.
+  int64_t step_floor(int64_t h) const {
+    return min_steps > 0 ? std::min(min_steps, h) : std::max<int64_t>(1, h / 8);
+  }
 };
 
 /// [eval]: validation of theta_global.

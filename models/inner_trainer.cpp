@@ -66,7 +66,8 @@ void inner_trainer::mix(const at::Tensor& theta, const flat_ranges& ranges, doub
 }
 
 double inner_trainer::current_lr() const {
-  return warmup_cosine_lr(opts_.lr, adam_.steps(), opts_.warmup_steps, opts_.total_steps, opts_.min_lr_ratio);
+  return warmup_cosine_lr(opts_.lr, lr_step_ >= 0 ? lr_step_ : adam_.steps(), opts_.warmup_steps,
+                          opts_.total_steps, opts_.min_lr_ratio);
 }
 
 int64_t inner_trainer::tokens_per_step() const {
@@ -122,10 +123,12 @@ void inner_trainer::apply_update(at::Tensor& g) {
   if (opts_.bf16) model_.load_flat(master_);
 }
 
-float inner_trainer::step() {
+float inner_trainer::step(int64_t schedule_step) {
   if (timer_) timer_->start();
   auto l = forward_backward();
+  lr_step_ = schedule_step;
   apply_update(grad_fp32_);
+  lr_step_ = -1;
   if (timer_) timer_->stop();
   const float loss = l.item<float>();  // the step's one synchronisation
   if (timer_) gpu_seconds_ = timer_->seconds();

@@ -63,8 +63,9 @@ class inner_trainer {
   void set_params(const at::Tensor& theta);
   /// On the ranges only: master <- (1 - alpha) * theta + alpha * master (and the model weights follow).
   void mix(const at::Tensor& theta, const flat_ranges& ranges, double alpha);
-  /// One AdamW step on the next batch; returns the training loss.
-  float step();
+  /// One AdamW step on the next batch; returns the training loss. schedule_step: where the learning-rate
+  /// schedule stands for it (diloco.adaptive_steps; -1: the steps done so far).
+  float step(int64_t schedule_step = -1);
   /// On a GPU: the device time of the last step() (CUDA events), its memory figures; -1 / zeros on the CPU.
   double last_gpu_seconds() const { return gpu_seconds_; }
   gpu_memory gpu_memory_now() const;
@@ -104,6 +105,7 @@ class inner_trainer {
   at::Device device_;
   gpt model_;
   adamw adam_;
+  int64_t lr_step_ = -1;  // the schedule step of the step() in progress (-1: adam_.steps())
   at::Tensor master_, grad_fp32_, batch_;
   std::vector<int64_t> batch_buf_;
   at::Tensor batch_pinned_;           // CUDA: the batch's staging buffer in pinned host memory

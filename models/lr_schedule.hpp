@@ -15,4 +15,11 @@ inline double warmup_cosine_lr(double peak, int64_t step, int64_t warmup, int64_
   return peak * (min_ratio + (1.0 - min_ratio) * cosine);
 }
 
+/// diloco.adaptive_steps: the schedule's step for inner step k (0-based) of a node's round of h steps, in
+/// `round` (from 1) of H-step rounds. Each step advances the schedule by H / h (its share of the round's
+/// tokens), so every node ends round r at r * H, whatever its h; h = H gives the plain count.
+inline int64_t schedule_step(uint64_t round, int64_t k, int64_t h, int64_t H) {
+  return static_cast<int64_t>(round - 1) * H + (h > 0 ? k * H / h : k);
+}
+
 }  // namespace longwave::models

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "actors/coordinator/state.hpp"
+#include "actors/round/adaptive_steps.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
@@ -52,14 +53,58 @@ inflight_reduces& coordinator_engine::reduces() {
 
 // ---- workers ---------------------------------------------------------------------------------------------
 
+namespace {
+
+/// diloco.adaptive_steps: the round's inner steps for this node, from its own step time and the fastest
+/// node's (the notes of the last all-reduce); a change is logged.
+int64_t choose_steps(self_ptr self, uint64_t round) {
+  auto& s = self->state;
+  const auto& cfg = s.ctx->cfg;
+  const int64_t H = cfg.train.inner_steps;
+  const auto notes = s.peers.collective ? s.peers.collective->notes() : std::vector<comm::rank_note>{};
+  const double fastest = fastest_step(notes, s.step_seconds);
+  const int64_t h = adaptive_steps(H, cfg.diloco.step_floor(H), s.step_seconds, fastest);
+  if (h != (s.round_steps > 0 ? s.round_steps : H))
+    spdlog::info(
+        "adaptive steps: round {} runs {} of {} inner steps on this node (its step {:.3g} s, the fastest "
+        "node's {:.3g} s)",
+        round, h, H, s.step_seconds, fastest);
+  return h;
+}
+
+/// diloco.adaptive_steps: this node's seconds per inner step in the round just run, and its note for the
+/// round's all-reduce (its workers and that time), which tells the other nodes.
+void measure_round(self_ptr self, int64_t h, clock::time_point began) {
+  auto& s = self->state;
+  if (h > 0)
+    s.step_seconds = std::chrono::duration<double>(clock::now() - began).count() / static_cast<double>(h);
+  if (s.peers.collective)
+    s.peers.collective->set_note(
+        {h > 0 ? static_cast<float>(s.workers.size()) : 0.0f, static_cast<float>(s.step_seconds)});
+}
+
+}  // namespace
+
 void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> thetas,
                                      std::vector<int64_t> steps, bool reset, then<results> k) {
   auto self = self_;
   const auto timeout = self->state.round_timeout;
-  if (round == self->state.ctx->observe_round) steps = {0};  // a joiner's first round: it only observes
+  const bool adaptive = self->state.ctx->cfg.diloco.adaptive_steps;
+  if (round == self->state.ctx->observe_round)
+    steps = {0};  // a joiner's first round: it only observes
+  else if (adaptive && steps.size() == 1)
+    steps = {choose_steps(self, round)};
   const auto n = static_cast<int64_t>(self->state.workers.size());
   self->state.reporting_workers =
       steps.size() == 1 ? n : std::count_if(steps.begin(), steps.end(), [](int64_t k) { return k > 0; });
+  if (adaptive && steps.size() == 1) {
+    const int64_t h = steps[0];
+    self->state.round_steps = h;
+    k = [self, h, began = clock::now(), k](results r) {
+      measure_round(self, h, began);
+      k(std::move(r));
+    };
+  }
   gather_each<round_result>(self, std::move(k), [=](size_t i) {
     return self->request(self->state.workers[i], timeout, run_atom_v, round,
                          thetas.size() == 1 ? thetas[0] : thetas[i], steps.size() == 1 ? steps[0] : steps[i],
@@ -122,13 +167,21 @@ void coordinator_engine::eager_step(uint64_t round, at::Tensor avg_prev, std::ve
 
 // ---- communicator ----------------------------------------------------------------------------------------
 
+double coordinator_engine::weight_of(const ring_label& label, bool exact, double weight) const {
+  const auto& s = self_->state;
+  if (!s.ctx->cfg.diloco.adaptive_steps || exact || label.second != 0 || weight >= 0 || s.round_steps <= 0)
+    return weight;
+  // The round's reduce starts right after its inner steps: round_steps are still that round's.
+  return round_weight(static_cast<int64_t>(s.workers.size()), s.round_steps, s.ctx->cfg.train.inner_steps);
+}
+
 void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
-                                    int64_t contributors) {
+                                    double weight) {
   auto self = self_;
   // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
   // communicator that never answers.
   self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
-                reduce_request{label, std::move(parts), false, contributors})
+                reduce_request{label, std::move(parts), false, weight_of(label, false, weight)})
       .then([k](at::Tensor& avg) { k(std::move(avg)); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
@@ -142,7 +195,7 @@ void coordinator_engine::start_reduce(ring_label label, std::vector<at::Tensor> 
   auto self = self_;
   self->state.reduces.started(label);
   self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
-                reduce_request{label, std::move(parts), exact})
+                reduce_request{label, std::move(parts), exact, weight_of(label, exact, -1)})
       .then([self, label](at::Tensor& avg) { self->state.reduces.arrived(label, avg); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }

@@ -42,10 +42,12 @@ void record_round(self_ptr self, const at::Tensor& theta) {
   const auto& s = self->state;
   const auto flat = theta.contiguous();
   const uint32_t crc = crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
-  record(self, json_line("round")
-                   .add("round", s.round)
-                   .add("step", s.last_step)
-                   .add("theta_crc32c", fmt::format("{:08x}", crc)));
+  auto line = json_line("round");
+  line.add("round", s.round).add("step", s.last_step).add("theta_crc32c", fmt::format("{:08x}", crc));
+  // diloco.adaptive_steps: the steps this node ran in the round, and its measured step time.
+  if (s.ctx->cfg.diloco.adaptive_steps)
+    line.add("inner_steps", s.round_steps).add("step_seconds", s.step_seconds);
+  record(self, line);
   s.ctx->cluster->round_committed(s.round, crc);
 }
 

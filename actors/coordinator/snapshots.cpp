@@ -40,7 +40,11 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
       .then(
           [=](outer_snapshot& outer) {
             auto assemble = [=](std::vector<replica_state> reps) {
-              const auto schedule = self->state.policy->schedule_step();
+              // The run's step: the policy's, or (adaptive steps, where a node's own count lags) the
+              // schedule's step the workers reported last, else the replicas' count.
+              auto schedule = self->state.policy->schedule_step();
+              if (!schedule && self->state.ctx->cfg.diloco.adaptive_steps)
+                schedule = static_cast<uint64_t>(self->state.last_step);
               train_snapshot snap = outer_part(
                   self->state, outer, schedule ? static_cast<int64_t>(*schedule) : reps[0].adam_steps);
               for (const auto& r : reps)

@@ -62,13 +62,16 @@ class coordinator_engine final : public round_engine {
                   then<runtime::eager_thetas> k) override;
 
   void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
-                  int64_t contributors) override;
+                  double weight) override;
   void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
   void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override;
   void when_average(ring_label label, then<at::Tensor> k, bool final) override;
   inflight_reduces& reduces() override;
 
  private:
+  /// The weight of a node's average for `label` (-1: its parts' count): adaptive steps weigh a round's
+  /// pseudo-gradients by the steps trained.
+  double weight_of(const ring_label& label, bool exact, double weight) const;
   /// A request to `to` whose answer goes to k and whose error fails the run.
   template <class T, class Handle, class... Ts>
   void ask(const Handle& to, caf::timespan timeout, then<T> k, Ts&&... xs);
@@ -123,6 +126,10 @@ struct coordinator_state {
     return session_tokens() + std::accumulate(tokens_before.begin(), tokens_before.end(), int64_t{0});
   }
   clock::time_point t_round_start;
+  // diloco.adaptive_steps: the inner steps of the current round (0 before the first), and this node's
+  // measured seconds per inner step (0 before the first round's).
+  int64_t round_steps = 0;
+  double step_seconds = 0;
   bool ended = false;  // the "end" event is written
   // All-reduces running in the background and their averages not yet applied (the policies' bookkeeping).
   inflight_reduces reduces;

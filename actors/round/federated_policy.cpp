@@ -53,7 +53,7 @@ class federated_policy final : public round_policy {
     std::vector<at::Tensor> parts;
     for (auto& r : results)
       if (steps[static_cast<size_t>(r.rank)] > 0) parts.push_back(std::move(r.delta));
-    const auto contributors = static_cast<int64_t>(parts.size());
+    const auto contributors = static_cast<double>(parts.size());
     // A node with no drawn client still takes part in the all-reduce: an idle worker's zero pseudo-gradient,
     // of weight 0.
     if (parts.empty()) parts.push_back(std::move(results.front().delta));

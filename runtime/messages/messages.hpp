@@ -22,9 +22,10 @@ struct reduce_request {
   ring_label label;
   std::vector<at::Tensor> parts;
   bool exact = false;
-  /// The workers whose pseudo-gradients parts are: the node's weight in a cluster's average. -1:
-  /// parts.size(); 0: parts is one zero tensor (no worker of this node was drawn this round).
-  int64_t contributors = -1;
+  /// The node's weight in a cluster's average: the workers whose pseudo-gradients parts are (adaptive steps:
+  /// times their share of the round's steps). -1: parts.size(); 0: parts is one zero tensor (no worker of
+  /// this node was drawn this round).
+  double weight = -1;
 };
 
 /// diloco.outer = "eager": one replica's own outer parameters, momentum (undefined before its first step with

@@ -1,7 +1,8 @@
 // The elastic ring on real ZeroMQ sockets on loopback, every member a thread of this process and the test
 // playing the coordinator: a fence parks a call that a dead member stalls, the next epoch redoes it among
 // the survivors from the kept input, a call that held no result is never kept, a removed member's call
-// fails with the coordinator's words, and a ring failure without a fence is reported with its suspect.
+// fails with the coordinator's words, a ring failure without a fence is reported with its suspect, and every
+// member learns every other's note from the calls' confirmations.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -153,4 +154,44 @@ CATCH_TEST_CASE(
   call.get();
   CATCH_CHECK(x == input_of(0, n));
   CATCH_CHECK(a->committed() == reduce_key{1, 0});
+}
+
+CATCH_TEST_CASE(
+    "elastic ring: each call's confirmation tells every member every member's note, in rank order",
+    "[elastic]") {
+  const size_t n = 1000;
+  const auto m = make_members(3);
+  std::vector<std::unique_ptr<elastic_ring>> rings;
+  for (uint32_t r = 0; r < 3; ++r)
+    rings.push_back(std::make_unique<elastic_ring>(view_of(m, {0, 1, 2}, 1, r), options()));
+  CATCH_CHECK(rings[0]->notes().empty());  // before any call
+  // Two rounds: the second's notes replace the first's.
+  for (uint64_t round = 1; round <= 2; ++round) {
+    for (uint32_t r = 0; r < 3; ++r)
+      rings[r]->set_note({static_cast<float>(r + 1), static_cast<float>(0.1 * (r + 1) * round)});
+    std::vector<std::vector<float>> data;
+    for (size_t r = 0; r < 3; ++r) data.push_back(input_of(r, n));
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < 3; ++r)
+      threads.emplace_back(
+          [&, r] { rings[r]->allreduce(round, data[r].data(), n, static_cast<double>(r + 1)); });
+    for (auto& t : threads) t.join();
+    for (uint32_t r = 0; r < 3; ++r) {
+      const auto notes = rings[r]->notes();
+      CATCH_REQUIRE(notes.size() == 3);
+      for (size_t k = 0; k < 3; ++k) {
+        CATCH_CHECK(notes[k].contributors == Approx(static_cast<double>(k + 1)));
+        CATCH_CHECK(notes[k].step_seconds == Approx(0.1 * static_cast<double>((k + 1) * round)));
+      }
+    }
+    // The notes ride on the confirmation: the main call's weights (1, 2, 3) still make the average.
+    CATCH_CHECK(rings[0]->last_total_weight() == 6.0);
+  }
+  // A ring of one member knows only its own note.
+  elastic_ring alone(view_of(make_members(1), {0}, 1, 0), options());
+  alone.set_note({2, 0.5f});
+  std::vector<float> x = input_of(0, n);
+  alone.allreduce(1, x.data(), n);
+  CATCH_REQUIRE(alone.notes().size() == 1);
+  CATCH_CHECK(alone.notes()[0].step_seconds == 0.5f);
 }

@@ -54,6 +54,7 @@ bool same(const train_config& a, const train_config& b) {
          a.outer.nesterov == b.outer.nesterov && a.diloco.outer == b.diloco.outer &&
          a.diloco.fragments == b.diloco.fragments && a.diloco.fragment_pattern == b.diloco.fragment_pattern &&
          a.diloco.tau == b.diloco.tau && a.diloco.alpha == b.diloco.alpha &&
+         a.diloco.adaptive_steps == b.diloco.adaptive_steps && a.diloco.min_steps == b.diloco.min_steps &&
          a.eval.every_rounds == b.eval.every_rounds && a.eval.batches == b.eval.batches &&
          a.eval.async == b.eval.async && a.checkpoint.every_rounds == b.checkpoint.every_rounds &&
          a.checkpoint.keep == b.checkpoint.keep && a.checkpoint.dir == b.checkpoint.dir &&
@@ -142,6 +143,7 @@ fragments = 4
 fragment_pattern = "sequential"
 tau = 2
 alpha = 0.25
+min_steps = 3
 
 [eval]
 every_rounds = 2
@@ -228,6 +230,7 @@ CATCH_TEST_CASE("A full file sets every field of every section", "[config]") {
   CATCH_CHECK(c.diloco.fragment_pattern == fragment_layout::sequential);
   CATCH_CHECK(c.diloco.tau == 2);
   CATCH_CHECK(c.diloco.alpha == 0.25);
+  CATCH_CHECK(c.diloco.min_steps == 3);
   CATCH_CHECK(c.checkpoint.every_rounds == 3);
   CATCH_CHECK(c.checkpoint.keep == 5);
   CATCH_CHECK(c.checkpoint.dir == "/tmp/lw-ckpt");
@@ -378,6 +381,8 @@ CATCH_TEST_CASE("to_toml writes every section and every field in struct order", 
                                              "fragment_pattern = \"strided\"",
                                              "tau = 1",
                                              "alpha = 0.5",
+                                             "adaptive_steps = false",
+                                             "min_steps = 0",
                                              "[eval]",
                                              "every_rounds = 5",
                                              "batches = 16",
@@ -790,6 +795,33 @@ CATCH_TEST_CASE("Streaming needs inner_steps divisible by the fragments and tau 
   CATCH_CHECK(d.key() == "diloco.alpha");
   // The streaming rules apply only to streaming.
   CATCH_CHECK_NOTHROW(parse_config("[train]\ninner_steps = 7\n[diloco]\nouter = \"eager\"\n", {}, ""));
+}
+
+CATCH_TEST_CASE("diloco.adaptive_steps runs with sync, delayed or eager on the ring, its floor within H",
+                "[config]") {
+  const std::string base = "[train]\ninner_steps = 16\n[diloco]\nadaptive_steps = true\n";
+  for (const char* outer : {"sync", "delayed", "eager"}) {
+    const auto cfg = parse_config(base + "outer = \"" + outer + "\"\n", {}, "");
+    CATCH_CHECK(cfg.diloco.adaptive_steps);
+    CATCH_CHECK(cfg.diloco.step_floor(16) == 2);  // H / 8
+  }
+  CATCH_CHECK(parse_config(base + "min_steps = 16\n", {}, "").diloco.step_floor(16) == 16);
+  const config_error floor = error_of(base + "min_steps = 17\n");
+  CATCH_CHECK(floor.key() == "diloco.min_steps");
+  CATCH_CHECK_THAT(floor.what(), Contains("above train.inner_steps = 16"));
+  const config_error streaming = error_of(base + "outer = \"streaming\"\nfragments = 2\n");
+  CATCH_CHECK(streaming.key() == "diloco.adaptive_steps");
+  CATCH_CHECK_THAT(streaming.what(), Contains("\"streaming\" syncs its fragments at fixed inner steps"));
+  const config_error ddp = error_of(base + "[run]\nmode = \"ddp\"\n");
+  CATCH_CHECK(ddp.key() == "diloco.adaptive_steps");
+  CATCH_CHECK_THAT(ddp.what(), Contains("this run: \"ddp\""));
+  const config_error sampled = error_of(base + "[federated]\nclients_per_round = 1\n");
+  CATCH_CHECK(sampled.key() == "diloco.adaptive_steps");
+  const config_error nccl = error_of(base + "[comm]\nbackend = \"nccl\"\n");
+  CATCH_CHECK(nccl.key() == "diloco.adaptive_steps");
+  CATCH_CHECK_THAT(nccl.what(), Contains("use comm.backend = \"ring\""));
+  // min_steps alone, without adaptive steps, is only checked against H.
+  CATCH_CHECK_NOTHROW(parse_config("[diloco]\nmin_steps = 3\n", {}, ""));
 }
 
 CATCH_TEST_CASE("comm.backend picks ring or nccl, and nccl refuses int8 naming both keys", "[config]") {

@@ -158,9 +158,9 @@ struct fake_engine final : round_engine {
     k(out);
   }
   void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
-                  int64_t contributors) override {
+                  double weight) override {
     note("reduce_now " + label_text(label) +
-         (contributors >= 0 ? " of " + std::to_string(contributors) : std::string()));
+         (weight >= 0 ? " of " + std::to_string(static_cast<int64_t>(weight)) : std::string()));
     k(mean(parts));
   }
   void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) override {

@@ -1,11 +1,15 @@
-// The round engine's pure parts: the coordinator's transition table and Streaming DiLoCo's schedule.
+// The round engine's pure parts: the coordinator's transition table, Streaming DiLoCo's schedule, and the
+// arithmetic of adaptive steps (dynamic local updates).
 #include <catch2/catch.hpp>
 
 #include <set>
 #include <utility>
 
+#include "actors/round/adaptive_steps.hpp"
 #include "actors/round/phase.hpp"
 #include "actors/round/streaming_schedule.hpp"
+#include "config/train_config.hpp"
+#include "models/lr_schedule.hpp"
 
 using namespace longwave::actors;
 
@@ -108,4 +112,55 @@ CATCH_TEST_CASE("a streaming round can be resumed only at multiples of H/P, and 
   CATCH_CHECK_FALSE(streaming_resumable_at(s, 5));
   CATCH_CHECK(streaming_final_fragments({12, 3, 1}) == std::vector<uint32_t>{1, 2});
   CATCH_CHECK(streaming_final_fragments({12, 1, 0}).empty());
+}
+
+CATCH_TEST_CASE("adaptive steps fit a node's round in the fastest node's H-step time, within its floor and H",
+                "[unit][round][adaptive]") {
+  // H = 40, floor 5 (H / 8). Hand values: H * fastest / own, rounded to the nearest step.
+  CATCH_CHECK(adaptive_steps(40, 5, 0.4, 0.1) == 10);    // a quarter of the speed: 40 * 0.1 / 0.4
+  CATCH_CHECK(adaptive_steps(40, 5, 0.2, 0.1) == 20);    // half
+  CATCH_CHECK(adaptive_steps(40, 5, 0.3, 0.1) == 13);    // 13.33 -> 13
+  CATCH_CHECK(adaptive_steps(40, 5, 0.16, 0.1) == 25);   // 25
+  CATCH_CHECK(adaptive_steps(40, 5, 1.0, 0.1) == 5);     // 4 is below the floor
+  CATCH_CHECK(adaptive_steps(40, 5, 0.1, 0.1) == 40);    // the fastest itself
+  CATCH_CHECK(adaptive_steps(40, 5, 0.104, 0.1) == 40);  // within 5 %: noise, not a slower node
+  CATCH_CHECK(adaptive_steps(40, 5, 0.107, 0.1) == 37);  // 37.38 -> 37
+  CATCH_CHECK(adaptive_steps(40, 5, 0.0, 0.1) == 40);    // not measured yet
+  CATCH_CHECK(adaptive_steps(40, 5, 0.4, 0.0) == 40);
+  CATCH_CHECK(adaptive_steps(4, 8, 1.0, 0.1) == 4);  // a floor above H is H
+
+  // The floor: diloco.min_steps, or H / 8 (at least 1).
+  longwave::config::diloco_section d;
+  CATCH_CHECK(d.step_floor(40) == 5);
+  CATCH_CHECK(d.step_floor(7) == 1);
+  d.min_steps = 12;
+  CATCH_CHECK(d.step_floor(40) == 12);
+  CATCH_CHECK(d.step_floor(10) == 10);
+
+  // The fastest known step: the smallest non-zero among every node's note and this node's own.
+  using longwave::comm::rank_note;
+  CATCH_CHECK(fastest_step({{2, 0.4f}, {1, 0.1f}, {1, 0.0f}}, 0.2) == Approx(0.1));
+  CATCH_CHECK(fastest_step({}, 0.2) == Approx(0.2));
+  CATCH_CHECK(fastest_step({{1, 0.0f}}, 0.0) == 0.0);
+  CATCH_CHECK(contributing_workers({{2, 0.4f}, {1.0000001f, 0.1f}, {0, 0.0f}}) == 3.0);
+}
+
+CATCH_TEST_CASE("adaptive steps weigh a node by its tokens and move its schedule by its share of the round",
+                "[unit][round][adaptive]") {
+  // Weight: workers * h / H. Two workers at 10 of 40 steps trained the tokens of half a worker's round.
+  CATCH_CHECK(round_weight(2, 10, 40) == 0.5);
+  CATCH_CHECK(round_weight(3, 40, 40) == 3.0);  // h = H: the worker count, as without adaptive steps
+  // The token-weighted mean of two nodes, one of 2 workers at H and one of 2 workers at H / 4: the slower
+  // node's pseudo-gradient counts a fifth.
+  const double w_fast = round_weight(2, 40, 40), w_slow = round_weight(2, 10, 40);
+  CATCH_CHECK(w_slow / (w_fast + w_slow) == Approx(0.2));
+
+  // The learning-rate schedule: step k of h in round r stands at (r - 1) * H + k * H / h.
+  using longwave::models::schedule_step;
+  CATCH_CHECK(schedule_step(1, 0, 40, 40) == 0);
+  CATCH_CHECK(schedule_step(3, 7, 40, 40) == 87);  // h = H: the plain count
+  CATCH_CHECK(schedule_step(3, 0, 10, 40) == 80);
+  CATCH_CHECK(schedule_step(3, 1, 10, 40) == 84);
+  CATCH_CHECK(schedule_step(3, 9, 10, 40) == 116);  // the round's last step; round 4 starts at 120
+  CATCH_CHECK(schedule_step(2, 2, 13, 40) == 46);   // 40 + floor(2 * 40 / 13)
 }
