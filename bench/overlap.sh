@@ -6,7 +6,8 @@
 # with ratios against sync, and writes a CSV. Needs root (exit 3 if namespaces cannot be created); tears its
 # namespaces down on exit and kills only the processes it started.
 #   bench/overlap.sh [--policies sync,delayed] [--rounds R] [--inner-steps H] [--rate RATE|auto] [--dtype fp32]
-#                    [--dtypes fp32,int8,sparse] [--csv PATH] [--target LOSS] [--eval-batches N] [--keep] ...
+#                    [--dtypes fp32,int8,sparse] [--csv PATH] [--target LOSS] [--eval-batches N] [--keep]
+#                    [--speeds 1,1,0.5,0.25 --pace S] [--policy-rounds dylu=R] [--seed S] ...
 #   bench/overlap.sh --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,13 @@ usage() {
 usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from scripts/wan)
 
   --policies LIST     comma-separated [diloco] outer policies    (default sync,delayed,eager,streaming)
-                      sync is the baseline of the ratios and of the default target; put it first
+                      sync is the baseline of the ratios and of the default target; put it first.
+                      dylu: sync with diloco.adaptive_steps; P+dylu: policy P with it (delayed, eager)
+  --speeds LIST       one node per value, its [[nodes]] speed (with --pace)              (default 4 nodes at 1)
+  --pace S            [train] pace_step_s: an inner step of a node of speed v takes S / v s (0: off)
+  --policy-rounds P=R rounds of policy P's runs (repeatable), e.g. dylu=15: adaptive steps train fewer tokens
+                      a round, so an equal token budget takes more rounds       (default --rounds)
+  --seed S            [run] seed of every run                                            (default 1234)
   --rounds R          outer rounds per policy                                          (default 10)
   --inner-steps H     inner steps per round                                            (default 20)
   --rate RATE|auto    tbf rate of every host link, e.g. 40mbit; auto: calibrate so that one all-reduce
@@ -35,7 +42,8 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
   --sparse-outer LR:MU  sparse runs' outer lr and momentum, whatever the policy: top-k with error
                       feedback applies part of each average, and a larger outer lr makes up for it
                       (bench/RESULTS.md)                                  (default: the policy's)
-  --target LOSS       val loss for "time to target"; default: sync's final val loss × 1.02
+  --target LOSS       val loss for "time to target"; default: sync's final val loss × --target-factor
+  --target-factor X   the default target's factor on sync's final val loss (1: issue 39's A1)  (default 1.02)
   --eval-batches N    validation batches per evaluation (one evaluation every round)   (default 4)
   --batch B           sequences per worker per inner step                              (default 8)
   --seq-len T         sequence length                                                  (default 128)
@@ -66,6 +74,10 @@ EOF
 }
 
 policies=sync,delayed,eager,streaming
+speeds=""
+pace=0
+seed=1234
+declare -A policy_rounds=()
 rounds=10
 inner=20
 rate=auto
@@ -78,6 +90,7 @@ density=0.0156
 value_bits=2
 sparse_outer=""
 target=""
+target_factor=1.02
 eval_batches=4
 batch=8
 seq_len=128
@@ -97,6 +110,13 @@ die() { echo "overlap: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --policies) policies=${2:?}; shift 2 ;;
+    --speeds) speeds=${2:?}; shift 2 ;;
+    --pace) pace=${2:?}; shift 2 ;;
+    --seed) seed=${2:?}; shift 2 ;;
+    --policy-rounds)
+      [[ ${2:-} =~ ^([a-z_+]+)=([0-9]+)$ ]] && [ "${BASH_REMATCH[2]}" -ge 2 ] ||
+        die "--policy-rounds takes POLICY=ROUNDS with ROUNDS ≥ 2, e.g. dylu=15"
+      policy_rounds[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift 2 ;;
     --rounds) rounds=${2:?}; shift 2 ;;
     --inner-steps) inner=${2:?}; shift 2 ;;
     --rate) rate=${2:?}; shift 2 ;;
@@ -114,6 +134,7 @@ while [ $# -gt 0 ]; do
       [[ ${2:-} =~ ^[0-9]*\.?[0-9]+:-?[0-9]*\.?[0-9]+$ ]] || die "--sparse-outer takes LR:MU, e.g. 2.0:0"
       sparse_outer=$2; shift 2 ;;
     --target) target=${2:?}; shift 2 ;;
+    --target-factor) target_factor=${2:?}; shift 2 ;;
     --eval-batches) eval_batches=${2:?}; shift 2 ;;
     --batch) batch=${2:?}; shift 2 ;;
     --seq-len) seq_len=${2:?}; shift 2 ;;
@@ -159,11 +180,21 @@ isint "$fragments" || die "--fragments must be a positive integer"
 [[ $tau =~ ^[0-9]+$ ]] && [ "$tau" -lt $((inner / fragments)) ] || die "--tau must be auto or an integer below H/P"
 [[ $alpha =~ ^[0-9]*\.?[0-9]+$ ]] || die "--alpha must be a number in [0, 1]"
 [ -z "$target" ] || [[ $target =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--target must be a number"
+[[ $target_factor =~ ^[0-9]*\.?[0-9]+$ ]] || die "--target-factor must be a number, e.g. 1.02"
 IFS=, read -r -a pols <<<"$policies"
 [ ${#pols[@]} -ge 1 ] || die "--policies is empty"
-for p in "${pols[@]}"; do [[ $p =~ ^[a-z_]+$ ]] || die "bad policy name '$p'"; done
+for p in "${pols[@]}"; do [[ $p =~ ^[a-z_]+(\+dylu)?$ ]] || die "bad policy name '$p'"; done
+[[ $pace =~ ^[0-9]*\.?[0-9]+$ ]] || die "--pace must be a number of seconds (0: off)"
+[[ $seed =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer"
+IFS=, read -r -a node_speeds <<<"${speeds:-1,1,1,1}"
+for v in "${node_speeds[@]}"; do
+  [[ $v =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v x="$v" 'BEGIN { exit !(x > 0 && x <= 1000) }' ||
+    die "--speeds: '$v' is not a speed in (0, 1000]"
+done
+[ ${#node_speeds[@]} -ge 2 ] || die "--speeds needs at least 2 nodes"
+[ -z "$speeds" ] || awk -v x="$pace" 'BEGIN { exit !(x > 0) }' || die "--speeds needs --pace S (the step time of speed 1)"
 
-n=4
+n=${#node_speeds[@]}
 export LONGWAVE_WAN_PREFIX=lwovl$$
 if ! scripts/wan check; then
   echo "overlap: cannot create network namespaces here (needs root, iproute2 and tc); nothing was measured" >&2
@@ -214,6 +245,10 @@ addr() { echo "10.213.0.$((10 + $1))"; }
 write_cluster() {
   local f=$1 out=$2 policy=$3 r=$4 every=$5 eb=$6 dt=$7 i
   local o=${policy_outer[$policy]:-$outer_lr:$outer_momentum}
+  # dylu: sync with adaptive steps; P+dylu: P with them (each takes P's outer setting unless it has its own).
+  local outer=${policy%+dylu} adaptive=false
+  [ "$outer" != dylu ] || outer=sync
+  [ "$outer" = "$policy" ] || { adaptive=true; o=${policy_outer[$policy]:-${policy_outer[$outer]:-$outer_lr:$outer_momentum}}; }
   [ "$dt" != sparse ] || [ -z "$sparse_outer" ] || o=$sparse_outer
   local olr omu hb nesterov=true eval_async=true
   IFS=: read -r olr omu hb <<<"$o"
@@ -226,13 +261,14 @@ write_cluster() {
     # Plain TCP, as the figures in bench/RESULTS.md (CURVE's cost: bench_allreduce --curve).
     printf '[security]\nmode = "none"\n'
     for i in $(seq 0 $((n - 1))); do
-      printf '\n[[nodes]]\nname = "n%d"\nendpoint = "tcp://%s:5601"\nworkers = 1\n' "$i" "$(addr "$i")"
+      printf '\n[[nodes]]\nname = "n%d"\nendpoint = "tcp://%s:5601"\nworkers = 1\nspeed = %s\n' "$i" "$(addr "$i")" \
+        "${node_speeds[$i]}"
     done
     cat <<EOF
 
 [run]
 mode = "diloco"
-seed = 1234
+seed = $seed
 out_dir = "$out"
 
 [model]
@@ -246,6 +282,7 @@ batch_size = $batch
 lr = $inner_lr
 warmup_steps = $inner
 threads = 1
+pace_step_s = $pace
 
 [outer]
 lr = $olr
@@ -253,7 +290,8 @@ momentum = $omu
 nesterov = $nesterov
 
 [diloco]
-outer = "$policy"
+outer = "$outer"
+adaptive_steps = $adaptive
 fragments = $fragments
 tau = $tau
 alpha = $alpha
@@ -415,7 +453,7 @@ for d in "${dts[@]}"; do
     runs+=("$id"); run_policy[$id]=$p; run_dtype[$id]=$d
   done
 done
-run_rounds() { echo "${dtype_rounds[${run_dtype[$1]}]:-$rounds}"; }
+run_rounds() { echo "${policy_rounds[${run_policy[$1]}]:-${dtype_rounds[${run_dtype[$1]}]:-$rounds}}"; }
 failed=0
 for id in "${runs[@]}"; do
   p=${run_policy[$id]}
@@ -442,8 +480,8 @@ if [ -z "$target" ]; then
   ref=${base:-}
   if [ -z "$ref" ]; then for id in "${runs[@]}"; do [ -n "${summary[$id]:-}" ] && ref=$id && break; done; fi
   [ -n "$ref" ] || { echo "overlap: no policy finished" >&2; exit 1; }
-  target=$(awk -v l="$(field final_loss "${summary[$ref]}")" 'BEGIN { printf "%.4f", l * 1.02 }')
-  target_why="$ref's final val loss x 1.02"
+  target=$(awk -v l="$(field final_loss "${summary[$ref]}")" -v f="$target_factor" 'BEGIN { printf "%.4f", l * f }')
+  target_why="$ref's final val loss x $target_factor"
 else
   target_why="given"
 fi
