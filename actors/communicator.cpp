@@ -161,7 +161,7 @@ caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vect
                                   "diverged (lower train.lr, outer.lr or train.weight_decay); the "
                                   "checkpoints of earlier rounds are kept",
                                   round));
-  // Across nodes: the node's reduction through the collective, weighted by its workers.
+  // Across nodes: the node's reduction through the collective, with its weight (workers, or tokens).
   const bool observe = (s.opts.observe_round > 0 && round == s.opts.observe_round) || node_weight == 0;
   const double weight = observe ? 0.0 : node_weight > 0 ? node_weight : static_cast<double>(parts.size());
   auto& r = exact ? *s.exact : *s.chosen;
