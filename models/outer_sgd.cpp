@@ -39,6 +39,13 @@ void scale_add(float* b, const float* d, float mu, int64_t n) {
   }
 }
 
+/// The step's tensors are contiguous fp32 on the host (a broken invariant aborts).
+void check_flat(const at::Tensor& theta, const at::Tensor& delta) {
+  LW_ASSERT(theta.scalar_type() == at::kFloat && delta.scalar_type() == at::kFloat && theta.is_contiguous() &&
+                delta.is_contiguous() && theta.device().is_cpu() && delta.device().is_cpu(),
+            "the outer step takes contiguous fp32 host tensors");
+}
+
 float* data(at::Tensor& t) {
   return t.data_ptr<float>();
 }
@@ -66,12 +73,6 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta) {
     return std::abs(lr_) * b_.norm().item<double>();
   }
   return std::abs(lr_) * nesterov_apply(theta, delta, 0, 0, n);
-}
-
-void outer_sgd::check_flat(const at::Tensor& theta, const at::Tensor& delta) {
-  LW_ASSERT(theta.scalar_type() == at::kFloat && delta.scalar_type() == at::kFloat && theta.is_contiguous() &&
-                delta.is_contiguous() && theta.device().is_cpu() && delta.device().is_cpu(),
-            "the outer step takes contiguous fp32 host tensors");
 }
 
 double outer_sgd::nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off,
@@ -119,6 +120,57 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ra
     sq += part * part;
   }
   return std::sqrt(sq);
+}
+
+delayed_nesterov::delayed_nesterov(double lr, double momentum, int64_t period)
+    : lr_(lr), mu_(momentum), period_(period) {
+  LW_ASSERT(period >= 1, "delayed Nesterov's period is at least 1");
+}
+
+double delayed_nesterov::step(at::Tensor& theta, const at::Tensor& g) {
+  no_grad_guard no_grad;
+  LW_ASSERT(theta.numel() == g.numel(), "an asynchronous merge's pseudo-gradient is theta-sized");
+  check_flat(theta, g);
+  const int64_t n = theta.numel();
+  if (!m_.defined()) m_ = at::zeros_like(theta);
+  if (period_ > 1 && !buf_.defined()) buf_ = at::zeros_like(theta);
+  ++merges_;
+  const bool fold = merges_ % period_ == 0;
+  const auto now = static_cast<float>(-lr_ / static_cast<double>(period_));  // -lr / N
+  const auto with_m = static_cast<float>(-lr_ * mu_);                        // -lr * mu
+  const auto count = static_cast<float>(period_);
+  const auto mu = static_cast<float>(mu_);
+  float* th = data(theta);
+  const float* gd = data(g);
+  float* m = data(m_);
+  float* buf = period_ > 1 ? data(buf_) : nullptr;
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float before = th[i];
+    th[i] = std::fma(gd[i], now, th[i]);
+    if (fold) {
+      const float mean =
+          buf != nullptr ? (buf[i] + gd[i]) / count : gd[i];  // buf / N, this merge's g included
+      const float kept = m[i] * mu;
+      m[i] = kept + mean;
+      th[i] = std::fma(m[i], with_m, th[i]);
+      if (buf != nullptr) buf[i] = 0.0F;
+    } else {
+      buf[i] = buf[i] + gd[i];
+    }
+    const double moved = static_cast<double>(th[i]) - static_cast<double>(before);
+    sq += moved * moved;
+  }
+  return std::sqrt(sq);
+}
+
+double cgad_scale(int64_t staleness, double alpha, int64_t cutoff) {
+  constexpr double pi = 3.14159265358979323846;
+  if (staleness <= 0) return 1.0;
+  if (staleness >= cutoff) return 0.0;
+  const double gate =
+      0.5 * (1.0 + std::cos(pi * static_cast<double>(staleness) / static_cast<double>(cutoff)));
+  return gate * std::exp(-alpha * static_cast<double>(staleness));
 }
 
 }  // namespace longwave::models

@@ -21,8 +21,6 @@ class outer_sgd {
   void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }
 
  private:
-  /// The step's tensors are contiguous fp32 on the host (a broken invariant aborts).
-  static void check_flat(const at::Tensor& theta, const at::Tensor& delta);
   /// Nesterov: theta[off, off+len) -= lr * (delta[d_off, d_off+len) + mu * b[off, off+len)); returns the
   /// norm of that direction.
   double nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off, int64_t len);
@@ -32,5 +30,37 @@ class outer_sgd {
   at::Tensor dir_;  // Nesterov's direction, one chunk, kept between steps (a fresh tensor per step would
                     // fault its pages in again)
 };
+
+/// Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135), the outer step of asynchronous merges: each
+/// merge's pseudo-gradient g is applied at once without momentum, theta -= lr * g / N, and summed into a
+/// buffer; every N-th merge also folds the buffer's mean into the momentum and applies it:
+///   m <- mu * m + buf / N,  theta -= lr * mu * m,  buf <- 0.
+/// N = 1 is Nesterov's step, theta -= lr * (g + mu * m) with m <- mu * m + g (ARCHITECTURE.md, "Asynchronous
+/// outer steps").
+class delayed_nesterov {
+ public:
+  delayed_nesterov(double lr, double momentum, int64_t period);
+  /// Applies merge number merges() + 1's pseudo-gradient `g` to `theta` in place; returns the L2 norm of the
+  /// change. Contiguous fp32 host tensors of one size.
+  double step(at::Tensor& theta, const at::Tensor& g);
+  int64_t period() const { return period_; }
+  /// Merges applied so far (the position in the period); restored from a checkpoint with the buffers.
+  int64_t merges() const { return merges_; }
+  void set_merges(int64_t n) { merges_ = n; }
+  /// The momentum m and the buffer of the period's pseudo-gradients (undefined until the first step; the
+  /// buffer stays undefined for N = 1).
+  at::Tensor& momentum_buffer() { return m_; }
+  at::Tensor& period_buffer() { return buf_; }
+
+ private:
+  double lr_, mu_;
+  int64_t period_;
+  int64_t merges_ = 0;
+  at::Tensor m_, buf_;
+};
+
+/// CGAD's age scaling (arXiv 2605.09126) of a pseudo-gradient `staleness` versions old: a cosine gate that
+/// reaches 0 at `cutoff` versions, times exp(-alpha * staleness). 1 at staleness 0; 0 from the cutoff on.
+double cgad_scale(int64_t staleness, double alpha, int64_t cutoff);
 
 }  // namespace longwave::models

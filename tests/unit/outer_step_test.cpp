@@ -76,6 +76,53 @@ CATCH_TEST_CASE("outer SGD with negative heavy-ball momentum follows the hand-co
   CATCH_CHECK(theta[1].item<float>() == -2.75f);
 }
 
+CATCH_TEST_CASE(
+    "delayed Nesterov applies each merge at once and its momentum every N-th, as computed by hand",
+    "[models][outer][async]") {
+  // lr 0.5, mu 0.5, N 2, theta 1, pseudo-gradients 0.4, 0.2, -0.2, 0.6 (each merge: theta -= lr * g / N):
+  //   1: theta = 1 - 0.1 = 0.9, buf = 0.4
+  //   2: theta = 0.9 - 0.05 = 0.85; m = 0 + (0.4 + 0.2) / 2 = 0.3; theta -= 0.25 * 0.3: 0.775
+  //   3: theta = 0.775 + 0.05 = 0.825, buf = -0.2
+  //   4: theta = 0.825 - 0.15 = 0.675; m = 0.15 + (-0.2 + 0.6) / 2 = 0.35; theta -= 0.25 * 0.35: 0.5875
+  models::delayed_nesterov dn(0.5, 0.5, 2);
+  auto theta = at::tensor({1.0f});
+  const float g[4] = {0.4f, 0.2f, -0.2f, 0.6f};
+  const double expected[4] = {0.9, 0.775, 0.825, 0.5875}, momentum[4] = {0, 0.3, 0.3, 0.35};
+  for (int k = 0; k < 4; ++k) {
+    const double moved = dn.step(theta, at::tensor({g[k]}));
+    CATCH_CHECK(theta[0].item<float>() == Approx(expected[k]).epsilon(1e-6));
+    CATCH_CHECK(dn.momentum_buffer()[0].item<float>() == Approx(momentum[k]).margin(1e-7));
+    CATCH_CHECK(moved == Approx(std::abs(expected[k] - (k ? expected[k - 1] : 1.0))).epsilon(1e-5));
+  }
+  CATCH_CHECK(dn.merges() == 4);
+  CATCH_CHECK(dn.period_buffer()[0].item<float>() == 0.0f);  // emptied at each fold
+}
+
+CATCH_TEST_CASE("delayed Nesterov with period 1 is the outer Nesterov step", "[models][outer][async]") {
+  models::delayed_nesterov dn(0.7, 0.9, 1);
+  models::outer_sgd sgd(0.7, 0.9, true);
+  auto a = at::randn({1000});
+  auto b = a.clone();
+  for (int k = 0; k < 5; ++k) {
+    auto g = at::randn({1000}) * 0.1;
+    dn.step(a, g);
+    sgd.step(b, g);
+  }
+  CATCH_CHECK(!dn.period_buffer().defined());  // N = 1 keeps no buffer
+  CATCH_CHECK(at::allclose(a, b, 1e-5, 1e-6));
+  CATCH_CHECK(at::allclose(dn.momentum_buffer(), sgd.momentum_buffer(), 1e-5, 1e-6));
+}
+
+CATCH_TEST_CASE("CGAD's age scale: 1 when fresh, a cosine gate times exp(-alpha tau), 0 from the cutoff",
+                "[models][outer][async]") {
+  CATCH_CHECK(models::cgad_scale(0, 0.1, 4) == 1.0);
+  // tau 2 of 4: gate 0.5 (1 + cos(pi / 2)) = 0.5, exp(-0.2) = 0.8187307531
+  CATCH_CHECK(models::cgad_scale(2, 0.1, 4) == Approx(0.5 * 0.8187307531).epsilon(1e-9));
+  CATCH_CHECK(models::cgad_scale(1, 0.0, 4) == Approx(0.5 * (1 + 0.7071067812)).epsilon(1e-9));
+  CATCH_CHECK(models::cgad_scale(4, 0.1, 4) == 0.0);
+  CATCH_CHECK(models::cgad_scale(9, 0.1, 4) == 0.0);
+}
+
 CATCH_TEST_CASE("fragments cover every parameter once, strided or sequential", "[models][outer]") {
   auto spec = models::preset_spec("tiny", 256, 64);  // 4 layers
   const int64_t n = models::closed_form_param_count(spec);

@@ -1,0 +1,133 @@
+// The master's asynchronous merge rule: quorum, adaptive grace window, staleness cap (merge_window.hpp).
+#include "cluster/merge_window.hpp"
+
+#include <algorithm>
+
+namespace longwave::cluster {
+
+namespace {
+
+/// A node due at its mean interval is waited for a tenth of that interval more: arrivals jitter.
+constexpr double due_margin = 0.1;
+
+}  // namespace
+
+const char* to_string(window_phase p) {
+  switch (p) {
+    case window_phase::gathering: return "gathering";
+    case window_phase::grace: return "grace";
+  }
+  return "?";
+}
+
+const char* to_string(drop_reason r) {
+  switch (r) {
+    case drop_reason::stale: return "stale";
+    case drop_reason::left: return "left";
+    case drop_reason::not_member: return "not_member";
+    case drop_reason::future_version: return "future_version";
+  }
+  return "?";
+}
+
+merge_window::merge_window(merge_rules rules, int64_t version) : rules_(rules), version_(version) {}
+
+int64_t merge_window::effective_quorum() const {
+  return std::max<int64_t>(1, std::min<int64_t>(rules_.quorum, static_cast<int64_t>(members_.size())));
+}
+
+std::vector<drop> merge_window::set_members(const std::set<std::string>& members, double now_s) {
+  std::vector<drop> dropped;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (members.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    dropped.push_back({it->second, drop_reason::left, version_ - it->second.v_start});
+    it = pending_.erase(it);
+  }
+  for (auto it = cadence_.begin(); it != cadence_.end();)
+    it = members.count(it->first) ? std::next(it) : cadence_.erase(it);
+  members_ = members;
+  const auto enough = static_cast<int64_t>(pending_.size()) >= effective_quorum();
+  if (phase_ == window_phase::grace && !enough) {
+    phase_ = window_phase::gathering;  // the quorum left with its nodes
+    waited_.clear();
+    closes_s_ = std::numeric_limits<double>::infinity();
+  } else if (phase_ == window_phase::gathering && enough && !pending_.empty()) {
+    open(now_s);  // a smaller membership lowered the quorum
+  }
+  return dropped;
+}
+
+std::optional<drop> merge_window::arrive(const contribution& c, double now_s) {
+  const int64_t staleness = version_ - c.v_start;
+  if (members_.count(c.node) == 0) return drop{c, drop_reason::not_member, staleness};
+  if (staleness < 0) return drop{c, drop_reason::future_version, staleness};
+  auto& cad = cadence_[c.node];
+  if (cad.last_s >= 0) {
+    const double interval = now_s - cad.last_s;
+    cad.period_s = cad.period_s > 0 ? 0.5 * cad.period_s + 0.5 * interval : interval;
+  }
+  cad.last_s = now_s;
+  if (staleness > rules_.max_staleness) return drop{c, drop_reason::stale, staleness};
+  auto [it, fresh] = pending_.try_emplace(c.node, c);
+  if (!fresh) {
+    it->second.tokens += c.tokens;
+    it->second.v_start = std::min(it->second.v_start, c.v_start);
+    it->second.parts += c.parts;
+  }
+  if (phase_ == window_phase::gathering && static_cast<int64_t>(pending_.size()) >= effective_quorum())
+    open(now_s);
+  return std::nullopt;
+}
+
+double merge_window::grace_for(double now_s) const {
+  double wait = 0;
+  for (const auto& node : members_) {
+    if (pending_.count(node) != 0) continue;
+    const auto it = cadence_.find(node);
+    if (it == cadence_.end() || it->second.period_s <= 0) continue;  // no cadence known yet
+    const double due = it->second.last_s + it->second.period_s - now_s;
+    if (due <= rules_.grace_max_s) wait = std::max(wait, due + due_margin * it->second.period_s);
+  }
+  return std::clamp(wait, rules_.grace_min_s, std::max(rules_.grace_min_s, rules_.grace_max_s));
+}
+
+void merge_window::open(double now_s) {
+  phase_ = window_phase::grace;
+  opened_s_ = now_s;
+  closes_s_ = now_s + grace_for(now_s);
+  waited_.clear();
+  for (const auto& node : members_) {
+    if (pending_.count(node) != 0) continue;
+    const auto it = cadence_.find(node);
+    if (it == cadence_.end() || it->second.period_s <= 0) continue;
+    if (it->second.last_s + it->second.period_s - now_s <= rules_.grace_max_s) waited_.insert(node);
+  }
+}
+
+bool merge_window::waited_all_in() const {
+  return std::all_of(waited_.begin(), waited_.end(),
+                     [&](const std::string& n) { return pending_.count(n) != 0 || members_.count(n) == 0; });
+}
+
+double merge_window::closes_at() const {
+  if (phase_ != window_phase::grace) return std::numeric_limits<double>::infinity();
+  return waited_all_in() ? std::min(closes_s_, opened_s_ + rules_.grace_min_s) : closes_s_;
+}
+
+std::optional<merge> merge_window::poll(double now_s) {
+  if (phase_ != window_phase::grace || now_s < closes_at()) return std::nullopt;
+  merge m{version_ + 1, {}, opened_s_, now_s};
+  m.merged.reserve(pending_.size());
+  for (auto& [node, c] : pending_) m.merged.push_back(c);  // std::map: name order
+  ++version_;
+  pending_.clear();
+  waited_.clear();
+  phase_ = window_phase::gathering;
+  closes_s_ = std::numeric_limits<double>::infinity();
+  return m;
+}
+
+}  // namespace longwave::cluster

@@ -1,0 +1,109 @@
+#pragma once
+// When an asynchronous outer step merges (diloco.outer = "async", issue 39): the master's rule, as Decoupled
+// DiLoCo's syncer has it. Nodes report contributions as they finish their inner steps; a merge closes once
+// a minimum quorum has arrived and a grace window has passed, the window sized by the arrival times seen so
+// that a node due soon is waited for and one far off is not. A contribution older than the staleness cap is
+// dropped when it arrives. Pure: no sockets, no clock of its own (every event carries `now`), so the tests
+// drive it through event tables in virtual time (tests/unit/merge_window_test.cpp).
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace longwave::cluster {
+
+/// The merge rule's settings ([async] in the config).
+struct merge_rules {
+  int64_t quorum = 1;         ///< contributions that open a merge's grace window (at most the live nodes)
+  double grace_min_s = 0;     ///< the window's least length once the quorum is in
+  double grace_max_s = 5;     ///< its longest: a node not due within it is not waited for
+  int64_t max_staleness = 4;  ///< a contribution started more than this many versions ago is dropped
+};
+
+/// A node's pseudo-gradient, ready to merge: it trained `tokens` tokens from version `v_start`.
+struct contribution {
+  std::string node;
+  int64_t v_start = 0;
+  int64_t tokens = 0;
+  int64_t parts = 1;  ///< reports folded into this one (a node that reported again before a merge took it)
+};
+
+/// A closed merge: version `version` is the previous one plus these contributions.
+struct merge {
+  int64_t version = 0;
+  std::vector<contribution> merged;  ///< in node-name order, the order every node applies them in
+  double opened_s = 0;               ///< when its quorum was in
+  double closed_s = 0;
+};
+
+/// Why a contribution was not merged.
+enum class drop_reason : uint8_t {
+  stale,           ///< started more than max_staleness versions before the current one
+  left,            ///< its node left the membership before a merge took it
+  not_member,      ///< from a node outside the membership
+  future_version,  ///< names a start version not yet made (a confused or hostile peer)
+};
+const char* to_string(drop_reason r);
+
+/// A contribution refused.
+struct drop {
+  contribution c;
+  drop_reason reason = drop_reason::stale;
+  int64_t staleness = 0;  ///< versions between its start and the current one
+};
+
+/// Where the window stands. Each value says when it is entered and what may follow.
+enum class window_phase : uint8_t {
+  /// Fewer contributions than the quorum are pending (none at the start, and after each merge). -> grace.
+  gathering,
+  /// The quorum is in; the merge closes at `closes_at()`, or at once when every node it waits for has come.
+  /// -> gathering (the merge closed).
+  grace,
+};
+const char* to_string(window_phase p);
+
+class merge_window {
+ public:
+  explicit merge_window(merge_rules rules, int64_t version = 0);
+
+  /// The nodes that may contribute (the epoch's membership). A node's pending contribution is dropped when
+  /// it leaves (its bytes left with it); the quorum counts at most the members.
+  std::vector<drop> set_members(const std::set<std::string>& members, double now_s);
+  /// A node's contribution has arrived. Returns a drop when it is staler than the cap; a second report of a
+  /// node before a merge takes the first folds into it (tokens add, the older start stays).
+  std::optional<drop> arrive(const contribution& c, double now_s);
+  /// Closes the merge when its time has come (call at `closes_at()`, or after any event).
+  std::optional<merge> poll(double now_s);
+
+  window_phase phase() const { return phase_; }
+  int64_t version() const { return version_; }
+  /// When poll() must next be called: the grace window's end, or infinity while gathering.
+  double closes_at() const;
+  /// The length of the grace window the arrivals seen so far give, for a quorum reached at `now_s`.
+  double grace_for(double now_s) const;
+  const std::map<std::string, contribution>& pending() const { return pending_; }
+
+ private:
+  /// What the window knows of a node's arrivals: the last one and the mean interval between them.
+  struct cadence {
+    double last_s = -1;
+    double period_s = 0;  ///< 0: fewer than two arrivals seen
+  };
+  int64_t effective_quorum() const;
+  void open(double now_s);
+  bool waited_all_in() const;
+
+  merge_rules rules_;
+  int64_t version_;
+  window_phase phase_ = window_phase::gathering;
+  std::set<std::string> members_;
+  std::map<std::string, contribution> pending_;
+  std::map<std::string, cadence> cadence_;
+  std::set<std::string> waited_;  ///< the nodes the open window waits for
+  double opened_s_ = 0, closes_s_ = std::numeric_limits<double>::infinity();
+};
+
+}  // namespace longwave::cluster
