@@ -123,7 +123,7 @@ void report(Self* self, comm_state& s, const comm::reduction& r, const ring_labe
                  .str());
 }
 
-using self_ptr = communicator_actor::stateful_pointer<comm_state>;
+using comm_self = communicator_actor::stateful_pointer<comm_state>;
 
 /// t itself when nobody else holds it (a worker's fresh pseudo-gradient) and it is contiguous fp32, else a
 /// contiguous fp32 copy (ddp's gradient buffer, eager's outer parameters): a tensor the caller may write.
@@ -136,7 +136,7 @@ at::Tensor writable(at::Tensor t) {
 
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
 /// node_weight: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
-caf::result<at::Tensor> reduce(self_ptr self, const ring_label& label, std::vector<at::Tensor> parts,
+caf::result<at::Tensor> reduce(comm_self self, const ring_label& label, std::vector<at::Tensor> parts,
                                bool exact, double node_weight) {
   auto& s = self->state;
   const uint64_t round = label.first;
@@ -216,7 +216,7 @@ void load_residuals(comm_state& s, const residual_map& residuals) {
   s.chosen->load(std::move(vectors));
 }
 
-communicator_actor::behavior_type communicator_fun(self_ptr self, communicator_options opts) {
+communicator_actor::behavior_type communicator_fun(comm_self self, communicator_options opts) {
   auto& s = self->state;
   s.opts = std::move(opts);
   s.cluster = s.opts.collective != nullptr;

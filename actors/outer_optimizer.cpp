@@ -37,9 +37,9 @@ struct outer_state {
   at::Tensor proxy, mean_proxy, mean_theta;
 };
 
-using self_ptr = outer_actor::stateful_pointer<outer_state>;
+using outer_self = outer_actor::stateful_pointer<outer_state>;
 
-void report(self_ptr self, const metrics_actor& metrics, uint64_t round, double lr, double delta_norm,
+void report(outer_self self, const metrics_actor& metrics, uint64_t round, double lr, double delta_norm,
             double update_norm) {
   if (!metrics) return;
   auto gauge = [&](const char* name, double v) {
@@ -104,7 +104,7 @@ void finish_step(outer_state& s, const ring_label& label) {
 
 /// The outer step of a ring label's average: part 0 on the whole of theta, part j on streaming fragment
 /// j % P.
-caf::result<at::Tensor> outer_step(self_ptr self, const metrics_actor& metrics, const outer_policy& policy,
+caf::result<at::Tensor> outer_step(outer_self self, const metrics_actor& metrics, const outer_policy& policy,
                                    const ring_label& label, const at::Tensor& delta) {
   auto& s = self->state;
   const bool whole = label.second == 0;
@@ -126,7 +126,7 @@ caf::result<at::Tensor> outer_step(self_ptr self, const metrics_actor& metrics, 
 
 /// eager: each replica's outer step on its proxy pseudo-gradient avg_prev + (delta_m - prev_delta_m) / M,
 /// then theta = the replicas' mean.
-caf::result<eager_thetas> eager_step(self_ptr self, const metrics_actor& metrics, double global_workers,
+caf::result<eager_thetas> eager_step(outer_self self, const metrics_actor& metrics, double global_workers,
                                      uint64_t round, const at::Tensor& avg_prev,
                                      const std::vector<at::Tensor>& deltas) {
   auto& s = self->state;
@@ -194,7 +194,7 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
   return true;
 }
 
-outer_actor::behavior_type outer_fun(self_ptr self, config::outer_section cfg, at::Tensor theta0,
+outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg, at::Tensor theta0,
                                      metrics_actor metrics, outer_policy policy) {
   auto& st = self->state;
   st.theta = std::move(theta0);

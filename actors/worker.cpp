@@ -47,7 +47,7 @@ struct worker_state {
   caf::typed_response_promise<round_result> rp;
 };
 
-using self_ptr = worker_actor::stateful_pointer<worker_state>;
+using worker_self = worker_actor::stateful_pointer<worker_state>;
 
 std::string first_line(const std::string& text) {
   return text.substr(0, text.find('\n'));
@@ -74,7 +74,7 @@ caf::error guarded(int64_t rank, F&& f) {
   }
 }
 
-void finish_round(self_ptr self) {
+void finish_round(worker_self self) {
   auto& s = self->state;
   round_result r;
   r.rank = s.rank;
@@ -86,7 +86,7 @@ void finish_round(self_ptr self) {
   s.rp.deliver(std::move(r));
 }
 
-replica_state replica_of(self_ptr self, bool lend = false) {
+replica_state replica_of(worker_self self, bool lend = false) {
   auto& s = self->state;
   auto is = s.trainer->state(lend);
   replica_state r;
@@ -103,7 +103,7 @@ replica_state replica_of(self_ptr self, bool lend = false) {
 
 /// (run): starts a round of h inner steps from theta (reset: loaded first, unless a checkpoint interrupted
 /// the round); the reply comes from finish_round, or the error of a failed inner step.
-caf::result<round_result> begin_round(self_ptr self, uint64_t round, at::Tensor theta, int64_t h,
+caf::result<round_result> begin_round(worker_self self, uint64_t round, at::Tensor theta, int64_t h,
                                       bool reset) {
   auto& s = self->state;
   if (s.busy) return make_error(errc::stale_round, "worker already in a round");
@@ -131,7 +131,7 @@ caf::result<round_result> begin_round(self_ptr self, uint64_t round, at::Tensor 
 
 /// train.pace_step_s: a step that began later than 5 % past its paced time after the one before it (the
 /// device, not the pace, sets the rate) is named, at the first and then every 100th.
-void check_pace(self_ptr self, std::chrono::steady_clock::time_point began, double paced) {
+void check_pace(worker_self self, std::chrono::steady_clock::time_point began, double paced) {
   auto& s = self->state;
   if (s.steps_run > 0) {
     const double took = std::chrono::duration<double>(began - s.step_began).count();
@@ -148,7 +148,7 @@ void check_pace(self_ptr self, std::chrono::steady_clock::time_point began, doub
 /// Sends `what` to this worker at once, or (train.pace_step_s) once the current step has taken its paced
 /// time.
 template <class Atom>
-void after_paced(self_ptr self, Atom what) {
+void after_paced(worker_self self, Atom what) {
   auto& s = self->state;
   const double paced = s.ctx->cfg.train.paced_step_s();
   const double left = paced - seconds_since(s.step_began);
@@ -162,7 +162,7 @@ void after_paced(self_ptr self, Atom what) {
 
 /// (step): one inner step, reported to the coordinator; then the next step, the round's end, or (paused) the
 /// state that was asked for. A paced round ends once its last step has taken its paced time.
-void inner_step(self_ptr self) {
+void inner_step(worker_self self) {
   auto& s = self->state;
   if (!s.busy) return;
   if (s.paused && (s.pause_target < 0 || s.trainer->steps_done() >= s.pause_target)) return;
@@ -208,7 +208,7 @@ void inner_step(self_ptr self) {
 }
 
 /// (mix): streaming's local <- (1 - alpha) theta + alpha local on one fragment, between rounds only.
-caf::result<bool> mix_fragment(self_ptr self, const at::Tensor& theta, uint32_t fragment, double alpha) {
+caf::result<bool> mix_fragment(worker_self self, const at::Tensor& theta, uint32_t fragment, double alpha) {
   auto& s = self->state;
   const auto& frags = s.ctx->fragments;
   if (s.busy || fragment >= frags.size())
@@ -218,7 +218,7 @@ caf::result<bool> mix_fragment(self_ptr self, const at::Tensor& theta, uint32_t 
   return true;
 }
 
-worker_actor::behavior_type worker_fun(self_ptr self, std::shared_ptr<const run_context> ctx, int64_t rank,
+worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const run_context> ctx, int64_t rank,
                                        coordinator_actor coordinator) {
   auto& st = self->state;
   st.ctx = ctx;
