@@ -153,6 +153,31 @@ struct Bye {
   reason @0 :Text;
 }
 
+struct MergeEntry {
+  # One contribution to an asynchronous merge: node `node` trained `tokens` tokens from version `vStart`
+  # (`parts` reports folded into one).
+  node @0 :Text;
+  vStart @1 :UInt64;
+  tokens @2 :UInt64;
+  parts @3 :UInt32;
+}
+
+struct Contribute {
+  # Node -> coordinator (diloco.outer = "async"): this node's pseudo-gradient is ready to merge.
+  vStart @0 :UInt64;
+  tokens @1 :UInt64;
+}
+
+struct Merge {
+  # Coordinator -> members (diloco.outer = "async"): version `version` of theta is the one before plus the
+  # pseudo-gradients of `merged`; each node listed sends its pending one into the all-reduce of
+  # (version, 0), the others relay zeros. `dropped`: contributions refused since the last merge (too stale,
+  # or their node left); a node listed there discards its pending one. A merge with none merged only drops.
+  version @0 :UInt64;
+  merged @1 :List(MergeEntry);
+  dropped @2 :List(MergeEntry);
+}
+
 struct Envelope {
   clusterId @0 :UInt64;
   sender @1 :UInt32;       # sender's rank; 0xffffffff before it has one
@@ -174,6 +199,8 @@ struct Envelope {
     stop @16 :Stop;
     committed @17 :Committed;
     pin @18 :Pin;
+    contribute @20 :Contribute;
+    merge @21 :Merge;
   }
   # The sending coordinator's term, or the newest term a node follows (0: none yet). A node ignores a
   # coordinator of an older term; a coordinator that hears of a newer one steps down.

@@ -57,6 +57,30 @@ std::optional<rejection> read_peers(capnp::List<wire::Peer>::Reader peers, const
   return std::nullopt;
 }
 
+void set_entries(capnp::List<wire::MergeEntry>::Builder out, const std::vector<merge_entry>& entries) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto k = static_cast<unsigned>(i);
+    out[k].setNode(txt(entries[i].node));
+    out[k].setVStart(entries[i].v_start);
+    out[k].setTokens(entries[i].tokens);
+    out[k].setParts(entries[i].parts);
+  }
+}
+
+/// A merge list within max_peers whose node names are within their limit.
+std::optional<rejection> read_entries(capnp::List<wire::MergeEntry>::Reader entries, const char* what,
+                                      std::vector<merge_entry>& out) {
+  if (entries.size() > max_peers)
+    return rejection{reject_reason::bad_size,
+                     fmt::format("{} lists {} contributions, limit {}", what, entries.size(), max_peers)};
+  for (auto e : entries) {
+    auto node = e.getNode();
+    if (auto bad = check_text(node, max_name_bytes, fmt::format("{} node", what).c_str())) return bad;
+    out.push_back(merge_entry{text_of(node), e.getVStart(), e.getTokens(), e.getParts()});
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::vector<std::byte> build_envelope(const envelope& e) {
@@ -171,6 +195,17 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setMessage(txt(m.message));
     }
     void operator()(const bye_msg& m) { b.initBye().setReason(txt(m.reason)); }
+    void operator()(const contribute_msg& m) {
+      auto x = b.initContribute();
+      x.setVStart(m.v_start);
+      x.setTokens(m.tokens);
+    }
+    void operator()(const merge_msg& m) {
+      auto x = b.initMerge();
+      x.setVersion(m.version);
+      set_entries(x.initMerged(static_cast<unsigned>(m.merged.size())), m.merged);
+      set_entries(x.initDropped(static_cast<unsigned>(m.dropped.size())), m.dropped);
+    }
   };
   std::visit(visitor{body}, e.body);
   return flat_bytes(mb);
@@ -285,6 +320,15 @@ read_result read_error(wire::Error::Reader x, body_t& out) {
   return std::nullopt;
 }
 
+read_result read_merge(wire::Merge::Reader x, body_t& out) {
+  merge_msg m;
+  m.version = x.getVersion();
+  if (auto bad = read_entries(x.getMerged(), "merge merged", m.merged)) return bad;
+  if (auto bad = read_entries(x.getDropped(), "merge dropped", m.dropped)) return bad;
+  out = std::move(m);
+  return std::nullopt;
+}
+
 read_result read_body(wire::Envelope::Body::Reader b, body_t& out) {
   using B = wire::Envelope::Body;
   switch (b.which()) {
@@ -318,6 +362,10 @@ read_result read_body(wire::Envelope::Body::Reader b, body_t& out) {
     case B::DONE: out = done_msg{b.getDone().getRound(), b.getDone().getFragment()}; return std::nullopt;
     case B::ERROR: return read_error(b.getError(), out);
     case B::BYE: return read_text<bye_msg>(b.getBye().getReason(), max_message_bytes, "bye reason", out);
+    case B::CONTRIBUTE:
+      out = contribute_msg{b.getContribute().getVStart(), b.getContribute().getTokens()};
+      return std::nullopt;
+    case B::MERGE: return read_merge(b.getMerge(), out);
   }
   return reject(reject_reason::malformed,
                 fmt::format("envelope carries unknown message kind {}", static_cast<unsigned>(b.which())));

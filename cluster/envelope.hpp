@@ -136,13 +136,35 @@ struct bye_msg {
   std::string reason;
 };
 
+/// A node's pseudo-gradient is ready to merge (diloco.outer = "async"): it trained `tokens` tokens from
+/// version `v_start` (node -> coordinator).
+struct contribute_msg {
+  uint64_t v_start = 0;
+  uint64_t tokens = 0;
+};
+/// One contribution named in a merge_msg.
+struct merge_entry {
+  std::string node;
+  uint64_t v_start = 0;
+  uint64_t tokens = 0;
+  uint32_t parts = 1;
+};
+/// Version `version` merges `merged` (the members listed send their pending pseudo-gradient into the
+/// all-reduce of (version, 0), the others relay zeros); `dropped` lists contributions refused since the last
+/// merge (coordinator -> members). With `merged` empty, version is the current one and only drops are told.
+struct merge_msg {
+  uint64_t version = 0;
+  std::vector<merge_entry> merged;
+  std::vector<merge_entry> dropped;
+};
+
 /// A control message: who sent it and which of the union members it carries.
 struct envelope {
   uint64_t cluster_id = 0;
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
                fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
-               join_ready_msg, stop_msg, committed_msg, pin_msg>
+               join_ready_msg, stop_msg, committed_msg, pin_msg, contribute_msg, merge_msg>
       body;
   /// The sending coordinator's term, or the newest term a node follows (0: none yet): one coordinator leads.
   uint64_t term = 0;

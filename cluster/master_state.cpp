@@ -163,6 +163,7 @@ void master_state::welcome_all() {
                  {"reason", "start"},
                  {"members", list_of(members)},
                  {"round", static_cast<int64_t>(start_round())}});
+  merge_members_changed();
 }
 
 /// Adopts the nodes that re-announced themselves: their epoch as it stands when they all report the same
@@ -203,6 +204,7 @@ void master_state::take_over() {
                     {"term", static_cast<int64_t>(term_)}});
   // A hold the earlier master set for a joiner (Pin) is not this one's: the members go on.
   for (auto i : present) send_to(i, pin_msg{0, true});
+  resume_merges(present);
   if (same) {
     // Nothing changed while there was no master: the nodes carry on in their epoch.
     welcome_msg w;
@@ -234,6 +236,7 @@ void master_state::tick_training() {
   if (stop_) watch_stop();
   watch_fetches();
   watch_pin();
+  watch_merges();
   if (quorum_deadline_ && now_ > *quorum_deadline_) {
     const auto why =
         quorum_text() + fmt::format(": no node joined within quorum_timeout_s ({})", secs(s_.quorum_timeout));

@@ -16,6 +16,7 @@
 
 #include "cluster/control_text.hpp"
 #include "cluster/envelope.hpp"
+#include "cluster/merge_window.hpp"
 #include "comm/curve.hpp"
 #include "runtime/errors/errors.hpp"
 
@@ -104,6 +105,9 @@ struct master_settings {
   /// The position of this master's address in [cluster] coordinator: it makes the master's terms its own
   /// (term = generation * term_slots + term_slot), so two masters never share one.
   uint32_t term_slot = 0;
+  /// diloco.outer = "async": when the members' contributions merge into a new version (nullopt: the
+  /// cluster's rounds have a barrier, and contributions are dropped as unexpected).
+  std::optional<merge_rules> async;
 };
 
 /// Terms per generation: a cluster lists at most this many coordinator addresses.
@@ -293,6 +297,13 @@ class master_state {
   void from_stranger(const sender& from, const envelope& e);
   void dropped(const std::string& text);
 
+  // master_state_merge.cpp: asynchronous merges (diloco.outer = "async").
+  void on_contribute(size_t i, const contribute_msg& c);
+  void watch_merges();
+  void merge_members_changed();
+  void resume_merges(const std::vector<size_t>& present);  // a takeover
+  void note_drop(const drop& d);
+
   // Helpers.
   // Out of line (master_state.cpp): GCC 12 inlines a push of the action variant into callers and warns
   // falsely (-Wrestrict, GCC bug 105651).
@@ -357,6 +368,7 @@ class master_state {
     uint64_t round = 0;  // the last round the reporter had completed
   };
   std::optional<failed_link> last_failed_link_;  // the last ring failure that named a node
+  std::optional<merge_window> merges_;           // s_.async: the merge rule, its version and pending work
 };
 
 }  // namespace longwave::cluster

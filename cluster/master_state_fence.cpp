@@ -142,6 +142,7 @@ void master_state::send_membership(const std::vector<size_t>& members, const com
                  {"round", static_cast<int64_t>(commit.round)},
                  {"fragment", static_cast<int64_t>(commit.fragment)}});
   fence_.reset();
+  merge_members_changed();
 }
 
 /// Joiners ready with the state after `commit` become members (they answer this fence as holding it); the

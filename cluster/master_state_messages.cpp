@@ -107,6 +107,8 @@ void master_state::on_member_message(size_t i, const envelope& e) {
     }
   } else if (auto* rf = std::get_if<ring_failed_msg>(&e.body)) {
     on_ring_failed(i, *rf);
+  } else if (auto* c = std::get_if<contribute_msg>(&e.body)) {
+    on_contribute(i, *c);
   }
 }
 

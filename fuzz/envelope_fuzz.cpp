@@ -47,6 +47,9 @@ void write_seeds(const std::string& dir) {
   es.push_back({cluster_id, 1, committed_msg{12, 0xdeadbeef}});
   es.push_back({cluster_id, 1, pin_msg{12, false}});
   es.push_back({cluster_id, 1, pin_msg{0, true}});
+  es.push_back({cluster_id, 1, contribute_msg{40, 81920}});
+  es.push_back({cluster_id, 0,
+                merge_msg{41, {{"alpha", 40, 81920, 1}, {"beta", 38, 163840, 2}}, {{"gamma", 30, 1, 1}}}});
   for (size_t i = 0; i < es.size(); ++i) {
     const auto bytes = build_envelope(es[i]);
     longwave::fuzz::write_seed(dir, "envelope_" + std::to_string(es[i].body.index()), bytes.data(),

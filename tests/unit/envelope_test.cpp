@@ -36,6 +36,19 @@ std::string fields_of(const decltype(envelope::body)& body) {
     return "pin " + to_string(m->round) + (m->release ? " release" : "");
   if (const auto* m = std::get_if<committed_msg>(&body))
     return "committed " + to_string(m->round) + " " + to_string(m->theta_crc);
+  if (const auto* m = std::get_if<contribute_msg>(&body))
+    return "contribute " + to_string(m->v_start) + " " + to_string(m->tokens);
+  if (const auto* m = std::get_if<merge_msg>(&body)) {
+    std::string out = "merge " + to_string(m->version);
+    for (const auto* list : {&m->merged, &m->dropped}) {
+      out += " [";
+      for (const auto& e : *list)
+        out +=
+            e.node + "@" + to_string(e.v_start) + "x" + to_string(e.tokens) + "*" + to_string(e.parts) + " ";
+      out += "]";
+    }
+    return out;
+  }
   return "other";
 }
 
@@ -100,7 +113,10 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
                             envelope{7, 2, heartbeat_msg{9, 1700000000123}}, envelope{7, 2, done_msg{9, 3}},
                             envelope{7, 2, error_msg{5, "deadline"}}, envelope{7, 2, bye_msg{"done"}},
                             envelope{7, 2, stop_msg{41}}, envelope{7, 2, committed_msg{41, 0xfeedbeef}},
-                            envelope{7, 2, pin_msg{41, false}}, envelope{7, 2, pin_msg{0, true}}}) {
+                            envelope{7, 2, pin_msg{41, false}}, envelope{7, 2, pin_msg{0, true}},
+                            envelope{7, 2, contribute_msg{40, 81920}},
+                            envelope{7, 2, merge_msg{41, {{"n0", 40, 81920, 1}, {"n2", 38, 163840, 2}}, {}}},
+                            envelope{7, 2, merge_msg{41, {}, {{"n3", 30, 1024, 1}}}}}) {
     f = build_envelope(e);
     r = parse_envelope(f.data(), f.size(), 7);
     CATCH_REQUIRE(r.ok());
@@ -117,6 +133,11 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   rs = parse_envelope(f.data(), f.size(), 7);
   CATCH_REQUIRE_FALSE(rs.ok());
   CATCH_CHECK(rs.error().reason == reject_reason::bad_size);
+  f = build_envelope(envelope{7, 0, merge_msg{3, {{std::string(max_name_bytes + 1, 'n'), 2, 1, 1}}, {}}});
+  rs = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE_FALSE(rs.ok());
+  CATCH_CHECK(rs.error().reason == reject_reason::bad_size);
+  CATCH_CHECK(rs.error().detail.find("merge merged node") != std::string::npos);
 
   // A chunk header is not an envelope of ours: it decodes to a struct whose fields do not check out, or it is
   // refused; either way no exception escapes.

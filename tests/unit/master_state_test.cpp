@@ -31,11 +31,11 @@ namespace {
 /// who: a node name ("n0"), with a trailing ' for each newer process of that node ("n0'"), "op" for an
 /// operator's request (`longwave stop`, `--leave`) or "?" for a connection that never said hello.
 /// what: hello [resume=R] [workers=W] [hash=H] [data=D] [version=V] [badendpoint] | running epoch=E world=W
-/// round=R | heartbeat R | (any of them) term=T | ack E C [pending P held] | bye REASON | error | ring_failed
-/// E SUSPECT | join_ready R | stop [R] | pin R | committed R CRC | leave NODE | tick | paused S (the master's
-/// own loop stalled S seconds). Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <-
-/// membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover round 3 from [n0,n1]", "n0 <- stop 8", "n0 <-
-/// leave n0", "n0 <- pin 5", "n0 <- pin release", "n0
+/// round=R | heartbeat R | contribute V_START TOKENS | (any of them) term=T | ack E C [pending P held] | bye
+/// REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R | committed R CRC | leave NODE |
+/// tick | paused S (the master's own loop stalled S seconds). Actions read: "n0 <- welcome rank 0 of 2 epoch
+/// 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover round 3 from
+/// [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5", "n0 <- pin release", "n0
 /// <- error evicted: TEXT", "info: LINE", "warn: LINE", "count node_lost", "rejected wrong_cluster", "epoch 2
 /// (1 members, lost)", "joined n2 at round 3".
 struct row {
@@ -75,6 +75,16 @@ std::string describe_body(const cluster::envelope& e) {
   if (auto* l = std::get_if<cluster::leave_msg>(&e.body)) return "leave " + l->node;
   if (auto* er = std::get_if<cluster::error_msg>(&e.body))
     return std::string("error ") + to_string(static_cast<errc>(er->code)) + ": " + er->message;
+  if (auto* mg = std::get_if<cluster::merge_msg>(&e.body)) {  // "merge 3 [n0@2x100*1 n2@2x50*1] drop []"
+    auto list = [](const std::vector<cluster::merge_entry>& es) {
+      std::string out;
+      for (const auto& x : es)
+        out += (out.empty() ? "" : " ") + x.node + "@" + std::to_string(x.v_start) + "x" +
+               std::to_string(x.tokens) + "*" + std::to_string(x.parts);
+      return "[" + out + "]";
+    };
+    return "merge " + std::to_string(mg->version) + " " + list(mg->merged) + " drop " + list(mg->dropped);
+  }
   return "?";
 }
 
@@ -249,6 +259,8 @@ class table {
       e.body = cluster::committed_msg{num(0), static_cast<uint32_t>(num(1))};
     } else if (verb == "leave") {
       e.body = cluster::leave_msg{args.at(0)};
+    } else if (verb == "contribute") {
+      e.body = cluster::contribute_msg{num(0), num(1)};
     } else {
       throw std::runtime_error("table: unknown event '" + what + "'");
     }
@@ -1236,4 +1248,71 @@ CATCH_TEST_CASE("master: a node key the members were never sent brings a fence w
     if (auto* l = std::get_if<line>(&a)) said += l->text + "\n";
   CATCH_CHECK(said.find("the members learn node n2's key, which no membership sent to them held") !=
               std::string::npos);
+}
+
+CATCH_TEST_CASE(
+    "master: asynchronous merges are announced to every member, stale work dropped, none in a fence",
+    "[unit][master][async]") {
+  auto s = cluster_of(3);
+  s.async = merge_rules{.quorum = 2, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 1};
+  table t(s);
+  t.play(
+      three_training +
+      std::vector<row>{
+          {2, "n0", "contribute 0 100", {"!<- merge"}},
+          // The quorum: every member is told what version 1 merges, n2 included (it relays zeros).
+          {2.5,
+           "n1",
+           "contribute 0 100",
+           {"n0 <- merge 1 [n0@0x100*1 n1@0x100*1] drop []", "n1 <- merge 1 [n0@0x100*1 n1@0x100*1]",
+            "n2 <- merge 1 [n0@0x100*1 n1@0x100*1]",
+            "record merge version=1 nodes=n0,n1 tokens=200 max_staleness=0 grace_ms=0"}},
+          {3, "n2", "contribute 0 50", {"!<- merge"}},
+          {4, "n0", "contribute 1 100", {"n1 <- merge 2 [n0@1x100*1 n2@0x50*1] drop []", "max_staleness=1"}},
+          // Two versions old with a cap of one: dropped, and only its node is told.
+          {5,
+           "n2",
+           "contribute 0 10",
+           {"n2 <- merge 2 [] drop [n2@0x10*1]", "!n0 <- merge", "record dropped node=n2 reason=stale",
+            "warn: coordinator: dropped node n2's contribution from version 0 (10 tokens): 2 versions old"}},
+          {6, "n1", "contribute 2 100", {"!<- merge"}},
+          // n1 fails with its contribution pending: a fence; no merge is announced while it runs, though
+          // two contributions are in.
+          {7, "n1", "error", {"n0 <- fence 2"}},
+          {7.02, "n0", "contribute 2 100", {"!<- merge"}},
+          {7.04, "n2", "contribute 2 50", {"!<- merge"}},
+          {7.1, "n0", "ack 2 2/0", {}},
+          {7.1,
+           "n2",
+           "ack 2 2/0",
+           {"n0 <- membership epoch 2", "record dropped node=n1 reason=left",
+            "n0 <- merge 3 [n0@2x100*1 n2@2x50*1] drop []", "n2 <- merge 3", "!n1 <- merge"}},
+      });
+}
+
+CATCH_TEST_CASE("master: a contribution to a cluster with a round barrier is dropped and named",
+                "[unit][master][async]") {
+  table t(cluster_of(2));
+  t.play(two_training +
+         std::vector<row>{{2,
+                           "n0",
+                           "contribute 0 100",
+                           {"!<- merge",
+                            "dropped a contribution of node n0: this cluster's outer steps are not "
+                            "asynchronous"}}});
+}
+
+CATCH_TEST_CASE("master: a restarted master merges on from the newest version its members applied",
+                "[unit][master][async]") {
+  auto s = cluster_of(2);
+  s.async = merge_rules{.quorum = 2, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 2};
+  table t(s);
+  t.play({{0, "n0", "running epoch=3 world=2 round=7", {}},
+          {0.5, "n1", "running epoch=3 world=2 round=6", {"took over the running cluster"}},
+          {1, "n0", "contribute 7 100", {"!<- merge"}},
+          // n1 started from version 5: two versions old, within the cap.
+          {1.5,
+           "n1",
+           "contribute 5 100",
+           {"n0 <- merge 8 [n0@7x100*1 n1@5x100*1] drop []", "max_staleness=2"}}});
 }

@@ -1,0 +1,91 @@
+// The master's state machine (see master_state.hpp): asynchronous merges (diloco.outer = "async"). The
+// members report each contribution as they finish their inner steps; cluster/merge_window.hpp decides when a
+// merge closes, and every training member is told which contributions version v merges, so the members run
+// its all-reduce together (the others relaying zeros). No merge is announced while a fence is in progress.
+#include <fmt/format.h>
+
+#include "cluster/master_state.hpp"
+
+namespace longwave::cluster {
+
+namespace {
+
+double seconds_between(clock::time_point from, clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+merge_entry entry_of(const contribution& c) {
+  return {c.node, static_cast<uint64_t>(c.v_start), static_cast<uint64_t>(c.tokens),
+          static_cast<uint32_t>(c.parts)};
+}
+
+}  // namespace
+
+void master_state::on_contribute(size_t i, const contribute_msg& c) {
+  if (!merges_ || !training(i)) {
+    dropped(fmt::format("coordinator: dropped a contribution of node {}: {}", specs_[i].name,
+                        merges_ ? "it is not training" : "this cluster's outer steps are not asynchronous"));
+    return;
+  }
+  const contribution got{specs_[i].name, static_cast<int64_t>(c.v_start), static_cast<int64_t>(c.tokens), 1};
+  if (auto d = merges_->arrive(got, seconds_between(start_, now_))) {
+    note_drop(*d);
+    send_to(i, merge_msg{static_cast<uint64_t>(merges_->version()), {}, {entry_of(d->c)}});
+  }
+}
+
+void master_state::note_drop(const drop& d) {
+  warn(fmt::format("coordinator: dropped node {}'s contribution from version {} ({} tokens): {}", d.c.node,
+                   d.c.v_start, d.c.tokens,
+                   d.reason == drop_reason::stale
+                       ? fmt::format("{} versions old, above async.max_staleness", d.staleness)
+                       : std::string(to_string(d.reason))));
+  note("dropped", {{"node", d.c.node},
+                   {"reason", to_string(d.reason)},
+                   {"v_start", d.c.v_start},
+                   {"staleness", d.staleness},
+                   {"tokens", d.c.tokens}});
+}
+
+void master_state::watch_merges() {
+  if (!merges_ || fence_) return;
+  auto m = merges_->poll(seconds_between(start_, now_));
+  if (!m) return;
+  merge_msg msg{static_cast<uint64_t>(m->version), {}, {}};
+  int64_t tokens = 0, oldest = m->version - 1;
+  std::string names;
+  for (const auto& c : m->merged) {
+    msg.merged.push_back(entry_of(c));
+    tokens += c.tokens;
+    oldest = std::min(oldest, c.v_start);
+    names += (names.empty() ? "" : ",") + c.node;
+  }
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (training(i)) send_to(i, msg);
+  note("merge", {{"version", m->version},
+                 {"nodes", names},
+                 {"tokens", tokens},
+                 {"max_staleness", m->version - 1 - oldest},
+                 {"grace_ms", static_cast<int64_t>(std::llround((m->closed_s - m->opened_s) * 1000))}});
+}
+
+void master_state::resume_merges(const std::vector<size_t>& present) {
+  if (!s_.async) return;
+  // Merges go on from the newest version a member applied (its last all-reduce's round); the contributions
+  // pending at the earlier master are reported again by their nodes.
+  uint64_t newest = 0;
+  for (auto i : present) newest = std::max(newest, members_[i].announce->committed.round);
+  merges_.emplace(*s_.async, static_cast<int64_t>(newest));
+  merge_members_changed();
+}
+
+void master_state::merge_members_changed() {
+  if (!s_.async) return;
+  if (!merges_) merges_.emplace(*s_.async);
+  std::set<std::string> names;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (training(i)) names.insert(specs_[i].name);
+  for (const auto& d : merges_->set_members(names, seconds_between(start_, now_))) note_drop(d);
+}
+
+}  // namespace longwave::cluster
