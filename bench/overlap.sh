@@ -480,7 +480,7 @@ if [ -z "$target" ]; then
   ref=${base:-}
   if [ -z "$ref" ]; then for id in "${runs[@]}"; do [ -n "${summary[$id]:-}" ] && ref=$id && break; done; fi
   [ -n "$ref" ] || { echo "overlap: no policy finished" >&2; exit 1; }
-  target=$(awk -v l="$(field final_loss "${summary[$ref]}")" -v f="$target_factor" 'BEGIN { printf "%.4f", l * f }')
+  target=$(awk -v l="$(field final_loss "${summary[$ref]}")" -v f="$target_factor" 'BEGIN { printf "%.9g", l * f }')
   target_why="$ref's final val loss x $target_factor"
 else
   target_why="given"
