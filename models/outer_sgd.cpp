@@ -144,23 +144,25 @@ double delayed_nesterov::step(at::Tensor& theta, const at::Tensor& g) {
   const float* gd = data(g);
   float* m = data(m_);
   float* buf = period_ > 1 ? data(buf_) : nullptr;
+  // theta -= lr / N * g, then (every N-th merge) m <- mu * m + buf / N and theta -= lr * mu * m: the fused
+  // steps as outer_sgd's (exact wherever they run), the norm of the whole move in double.
+  fused_axpy(th, gd, now, n);
   double sq = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float before = th[i];
-    th[i] = std::fma(gd[i], now, th[i]);
-    if (fold) {
-      const float mean =
-          buf != nullptr ? (buf[i] + gd[i]) / count : gd[i];  // buf / N, this merge's g included
-      const float kept = m[i] * mu;
-      m[i] = kept + mean;
-      th[i] = std::fma(m[i], with_m, th[i]);
-      if (buf != nullptr) buf[i] = 0.0F;
-    } else {
+    if (!fold) {
       buf[i] = buf[i] + gd[i];
+      const double moved = static_cast<double>(now) * gd[i];
+      sq += moved * moved;
+      continue;
     }
-    const double moved = static_cast<double>(th[i]) - static_cast<double>(before);
+    const float mean = buf != nullptr ? (buf[i] + gd[i]) / count : gd[i];  // buf / N, this merge's g included
+    const float kept = m[i] * mu;
+    m[i] = kept + mean;
+    if (buf != nullptr) buf[i] = 0.0F;
+    const double moved = static_cast<double>(now) * gd[i] + static_cast<double>(with_m) * m[i];
     sq += moved * moved;
   }
+  if (fold) fused_axpy(th, m, with_m, n);
   return std::sqrt(sq);
 }
 
