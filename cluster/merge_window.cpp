@@ -82,29 +82,25 @@ std::optional<drop> merge_window::arrive(const contribution& c, double now_s) {
   return std::nullopt;
 }
 
-double merge_window::grace_for(double now_s) const {
-  double wait = 0;
-  for (const auto& node : members_) {
-    if (pending_.count(node) != 0) continue;
-    const auto it = cadence_.find(node);
-    if (it == cadence_.end() || it->second.period_s <= 0) continue;  // no cadence known yet
-    const double due = it->second.last_s + it->second.period_s - now_s;
-    if (due <= rules_.grace_max_s) wait = std::max(wait, due + due_margin * it->second.period_s);
-  }
-  return std::clamp(wait, rules_.grace_min_s, std::max(rules_.grace_min_s, rules_.grace_max_s));
+std::optional<double> merge_window::due_in(const std::string& node, double now_s) const {
+  if (pending_.count(node) != 0) return std::nullopt;
+  const auto it = cadence_.find(node);
+  if (it == cadence_.end() || it->second.period_s <= 0) return std::nullopt;  // no cadence known yet
+  return it->second.last_s + it->second.period_s - now_s;
 }
 
 void merge_window::open(double now_s) {
   phase_ = window_phase::grace;
   opened_s_ = now_s;
-  closes_s_ = now_s + grace_for(now_s);
   waited_.clear();
+  double wait = 0;
   for (const auto& node : members_) {
-    if (pending_.count(node) != 0) continue;
-    const auto it = cadence_.find(node);
-    if (it == cadence_.end() || it->second.period_s <= 0) continue;
-    if (it->second.last_s + it->second.period_s - now_s <= rules_.grace_max_s) waited_.insert(node);
+    const auto due = due_in(node, now_s);
+    if (!due || *due > rules_.grace_max_s) continue;
+    waited_.insert(node);
+    wait = std::max(wait, *due + due_margin * cadence_.at(node).period_s);
   }
+  closes_s_ = now_s + std::clamp(wait, rules_.grace_min_s, std::max(rules_.grace_min_s, rules_.grace_max_s));
 }
 
 bool merge_window::waited_all_in() const {

@@ -82,8 +82,6 @@ class merge_window {
   int64_t version() const { return version_; }
   /// When poll() must next be called: the grace window's end, or infinity while gathering.
   double closes_at() const;
-  /// The length of the grace window the arrivals seen so far give, for a quorum reached at `now_s`.
-  double grace_for(double now_s) const;
   const std::map<std::string, contribution>& pending() const { return pending_; }
 
  private:
@@ -93,6 +91,11 @@ class merge_window {
     double period_s = 0;  ///< 0: fewer than two arrivals seen
   };
   int64_t effective_quorum() const;
+  /// Seconds from now_s until `node` is due by its mean interval (negative: late); nullopt when it has a
+  /// contribution pending or no interval is known yet.
+  std::optional<double> due_in(const std::string& node, double now_s) const;
+  /// The quorum is in: the grace window waits for each node due within grace_max_s, a tenth of its interval
+  /// more, and lasts grace_min_s..grace_max_s.
   void open(double now_s);
   bool waited_all_in() const;
 
