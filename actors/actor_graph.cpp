@@ -142,6 +142,13 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
     else if (collective)
       policy.live_workers = [collective] { return collective->last_total_weight(); };
   }
+  if (cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::async) {
+    const auto* place = ctx.cluster->place();
+    const auto nodes = place ? static_cast<int64_t>(place->names.size()) : 1;
+    policy.dn_period = cfg.async.dn_period > 0 ? cfg.async.dn_period : nodes;
+    spdlog::info("async: Delayed Nesterov, momentum every {} merge(s){}", policy.dn_period,
+                 cfg.async.dn_period > 0 ? "" : " (async.dn_period = 0: one per node)");
+  }
   return spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(ctx.spec, cfg.run.seed), metrics,
                                std::move(policy));
 }
@@ -164,6 +171,9 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
     controls.stop_after = [&g](uint64_t round) { caf::anon_send(g.coordinator, stop_atom_v, round); };
     controls.hold_until = [&g](uint64_t round) { caf::anon_send(g.coordinator, hold_atom_v, round); };
     controls.release = [&g] { caf::anon_send(g.coordinator, hold_atom_v, done_atom_v); };
+    controls.merge = [&g](merge_order order) {
+      caf::anon_send(g.coordinator, merge_atom_v, std::move(order));
+    };
     cluster.tick([&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
                  controls);
   }

@@ -35,6 +35,8 @@ struct node_controls {
   std::function<void(uint64_t round)> stop_after;  ///< a cluster stop: stop at the boundary after `round`
   std::function<void(uint64_t round)> hold_until;  ///< a pin: hold at the boundary after `round` instead
   std::function<void()> release;                   ///< a pin is over: go on from the boundary
+  /// diloco.outer = "async": the master announced a merge (or drops); in arrival order.
+  std::function<void(runtime::merge_order)> merge;
 };
 
 /// A node's place in the ring (the master's welcome, or a joiner's admission).
@@ -88,6 +90,13 @@ class cluster_link {
   /// theta_global's CRC-32C after each round (the master compares them across nodes). Training
   /// coordinator's thread: must not block.
   virtual void round_committed(uint64_t round, uint32_t theta_crc) = 0;
+  /// diloco.outer = "async": theta's CRC-32C at `version`, reported whatever check_theta says (every node
+  /// applies every merge). Training coordinator's thread: must not block.
+  virtual void version_committed(uint64_t version, uint32_t theta_crc) = 0;
+  /// diloco.outer = "async": this node's pseudo-gradient from version v_start, `tokens` trained, is ready to
+  /// merge; the master's answer comes through node_controls::merge. Training coordinator's thread: must not
+  /// block.
+  virtual void contribute(uint64_t v_start, uint64_t tokens) = 0;
 
   /// Main thread, about every 100 ms while training: heartbeats with the completed round, the master's
   /// verdicts and membership changes; `record` is a sink for metrics.jsonl lines, `controls` what the
@@ -108,6 +117,8 @@ class null_cluster_link final : public cluster_link {
   bool serves_state() const override { return false; }
   void publish(runtime::checkpoint) override {}
   void round_committed(uint64_t, uint32_t) override {}
+  void version_committed(uint64_t, uint32_t) override {}
+  void contribute(uint64_t, uint64_t) override {}
   void tick(const std::function<void(std::string)>&, const node_controls&) override {}
 };
 

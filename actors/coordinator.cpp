@@ -176,8 +176,7 @@ void after_round(self_ptr self, at::Tensor theta) {
   account_round(self);
   record_round(self, theta);
   gauge(self, "longwave_outer_round", static_cast<double>(s.round));
-  if (s.round >= static_cast<uint64_t>(s.ctx->cfg.train.rounds))
-    return s.policy->finish_run(std::move(theta));
+  if (s.policy->run_over(s.round)) return s.policy->finish_run(std::move(theta));
   eval_then_continue(self, std::move(theta));
 }
 
@@ -207,10 +206,10 @@ void finish(self_ptr self) {
 void save_then_continue(self_ptr self) {
   auto& s = self->state;
   const auto& ck = s.ctx->cfg.checkpoint;
-  const bool last = s.round >= static_cast<uint64_t>(s.ctx->cfg.train.rounds);
+  const bool last = s.policy->run_over(s.round);
   const bool due = last || (ck.every_rounds > 0 && s.round % static_cast<uint64_t>(ck.every_rounds) == 0);
   auto next = [=] {
-    if (self->state.round >= static_cast<uint64_t>(self->state.ctx->cfg.train.rounds))
+    if (self->state.policy->run_over(self->state.round))
       finish(self);
     else
       publish_boundary(self, [=] { begin_round(self); });
@@ -237,7 +236,7 @@ void save_then_continue(self_ptr self) {
 void eval_then_continue(self_ptr self, at::Tensor theta) {
   auto& s = self->state;
   const auto& cfg = s.ctx->cfg;
-  const bool last = s.round >= static_cast<uint64_t>(cfg.train.rounds);
+  const bool last = s.policy->run_over(s.round);
   const bool eval_due =
       last || (cfg.eval.every_rounds > 0 && s.round % static_cast<uint64_t>(cfg.eval.every_rounds) == 0);
   if (!eval_due) return save_then_continue(self);
@@ -368,6 +367,9 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
       [=](stop_atom, uint64_t round) { stop_after(self, round); },
       [=](hold_atom, uint64_t round) { hold_until(self, round); },
       [=](hold_atom, done_atom) { release_hold(self); },
+      [=](merge_atom, const merge_order& order) {
+        if (!is_terminal(self->state.ph)) self->state.policy->on_merge(order);
+      },
   };
 }
 

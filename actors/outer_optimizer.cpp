@@ -29,7 +29,8 @@ struct replica_outer {
 struct outer_state {
   at::Tensor theta;
   std::unique_ptr<models::outer_sgd> opt;
-  ring_label last{0, 0};  // the label of the last step
+  std::unique_ptr<models::delayed_nesterov> dn;  // diloco.outer = "async"
+  ring_label last{0, 0};                         // the label of the last step
   bool stepped = false;
   std::vector<replica_outer> replicas;
   // eager: theta-sized buffers reused by every step. A fresh model-sized tensor faults in every page again
@@ -90,7 +91,12 @@ caf::error torch_guarded(const char* what, F&& f) {
 /// theta, b and (eager) each replica's theta_m, b_m, prev_delta: clones, or the live tensors if lend.
 outer_snapshot state_of(outer_state& s, bool lend) {
   auto copy = [lend](const at::Tensor& t) { return t.defined() && !lend ? t.clone() : t; };
-  outer_snapshot out{copy(s.theta), copy(s.opt->momentum_buffer()), {}};
+  outer_snapshot out{copy(s.theta), copy(s.opt->momentum_buffer()), {}, 0, {}};
+  if (s.dn) {
+    out.momentum = copy(s.dn->momentum_buffer());
+    out.dn_buffer = copy(s.dn->period_buffer());
+    out.version = static_cast<uint64_t>(s.dn->merges());
+  }
   for (auto& r : s.replicas)
     out.replicas.push_back({copy(r.theta), copy(r.opt->momentum_buffer()), copy(r.prev_delta)});
   return out;
@@ -116,7 +122,16 @@ caf::result<at::Tensor> outer_step(outer_self self, const metrics_actor& metrics
   if (auto e = check_size(delta, n, whole ? "pseudo-gradient" : "fragment pseudo-gradient")) return e;
   auto e = torch_guarded("outer step", [&] {
     const double delta_norm = delta.norm().item<double>();
-    const double update_norm = whole ? s.opt->step(s.theta, delta) : s.opt->step(s.theta, delta, *ranges);
+    double update_norm = 0;
+    if (s.dn) {
+      // Merges apply while workers load theta and snapshots clone it: a theta someone still holds is left
+      // as it is (that version stays whole for them), and the step writes a copy.
+      if (s.theta.use_count() > 1 || s.theta.storage().use_count() > 1) s.theta = s.theta.clone();
+      at::Tensor g = delta.is_contiguous() ? delta : delta.contiguous();
+      update_norm = s.dn->step(s.theta, g);
+    } else {
+      update_norm = whole ? s.opt->step(s.theta, delta) : s.opt->step(s.theta, delta, *ranges);
+    }
     report(self, metrics, label.first, s.opt->lr(), delta_norm, update_norm);
   });
   if (e) return e;
@@ -184,6 +199,11 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
   auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
   s.theta.copy_(snap.theta);
   s.opt->set_momentum_buffer(clone(snap.momentum));
+  if (s.dn) {
+    s.dn->momentum_buffer() = clone(snap.momentum);
+    s.dn->period_buffer() = clone(snap.dn_buffer);
+    s.dn->set_merges(static_cast<int64_t>(snap.version));
+  }
   for (size_t m = 0; m < snap.replicas.size(); ++m) {
     auto& r = s.replicas[m];
     r.theta = snap.replicas[m].theta.clone();
@@ -199,6 +219,8 @@ outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg,
   auto& st = self->state;
   st.theta = std::move(theta0);
   st.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
+  if (policy.dn_period > 0)
+    st.dn = std::make_unique<models::delayed_nesterov>(cfg.lr, cfg.momentum, policy.dn_period);
   for (int64_t m = 0; m < policy.eager_replicas; ++m)
     st.replicas.push_back({st.theta.clone(), at::Tensor(),
                            std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});

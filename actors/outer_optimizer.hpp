@@ -22,6 +22,9 @@ struct outer_policy {
   /// eager in a cluster: the workers the last average was over (the live members' workers; 0: unknown);
   /// M follows it as nodes come and go.
   std::function<double()> live_workers;
+  /// diloco.outer = "async": Delayed Nesterov's period N (models::delayed_nesterov); every whole-theta step
+  /// is then one merge, and its label's round the version it makes. 0: the plain outer step.
+  int64_t dn_period = 0;
 };
 
 /// Messages: runtime::outer_actor. The returned tensors are read-only for receivers until the next outer

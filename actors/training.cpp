@@ -40,6 +40,11 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   const std::string corpus = corpus_path(cfg);
   const auto spec = model_spec_of(cfg);
   check_backend(cfg, cluster.place() != nullptr);
+  if (cfg.diloco.outer == config::outer_policy_kind::async && !cluster.place())
+    throw config::config_error("diloco.outer",
+                               "diloco.outer = \"async\" merges the pseudo-gradients of a cluster's nodes as "
+                               "they arrive; one process alone has none to wait for: run it as a node of a "
+                               "cluster (longwave node), or use diloco.outer = \"sync\"");
   const auto devices = plan_devices(cfg, spec);
   if (opts.dry_run) {
     print_dry_run(cfg, spec, devices);
@@ -170,7 +175,8 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
                                               [](const std::string& line) { spdlog::info("{}", line); });
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
-                         config::to_string(cfg.run.mode), models::model_label(spec)};
+                         config::to_string(cfg.run.mode), models::model_label(spec),
+                         config::to_string(cfg.diloco.outer)};
     auto snap = from_checkpoint(std::move(c), shape);
     auto val = models::data::read_shard(data.val_path);
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);

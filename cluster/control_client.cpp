@@ -93,6 +93,11 @@ std::vector<control_event> control_client::poll() {
       ev.what = control_event::kind::recover;
       ev.recover = *r;
       out.push_back(std::move(ev));
+    } else if (auto* mg = std::get_if<merge_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::merge;
+      ev.merge = *mg;
+      out.push_back(std::move(ev));
     }
     // Anything else (a welcome repeated for a late hello) needs no action.
   }
@@ -297,6 +302,10 @@ void control_client::pin_ack(uint64_t round) {
 
 void control_client::stop_ack(uint64_t round) {
   send_body(stop_msg{round});
+}
+
+void control_client::contribute(uint64_t v_start, uint64_t tokens) {
+  send_body(contribute_msg{v_start, tokens});
 }
 
 void control_client::committed(uint64_t round, uint32_t theta_crc) {

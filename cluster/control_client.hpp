@@ -40,6 +40,7 @@ struct control_event {
     older_coordinator,  ///< a coordinator of an older term than this node follows spoke (ignored; once per
                         ///< term): `round` is its term, `epoch` the term followed
     recover,            ///< a joiner: fetch the state `recover` names instead (the members hold for it)
+    merge,              ///< diloco.outer = "async": a merge (or drops) the coordinator announced (`merge`)
   };
   kind what = kind::notice;
   errc code = errc::none;
@@ -49,6 +50,7 @@ struct control_event {
   uint64_t round = 0;     ///< kind::stop, kind::pin
   bool release = false;   ///< kind::pin
   recover_msg recover{};  ///< kind::recover
+  merge_msg merge{};      ///< kind::merge
 };
 
 /// A node's connection to the coordinator. Not thread-safe: one thread (the node's main thread) uses it.
@@ -103,6 +105,9 @@ class control_client {
   void stop_ack(uint64_t round);
   /// theta_global after `round` has CRC-32C theta_crc (the coordinator compares the members'). Never blocks.
   void committed(uint64_t round, uint32_t theta_crc);
+  /// diloco.outer = "async": this node's pseudo-gradient from version v_start is ready to merge (`tokens`
+  /// trained). Never blocks.
+  void contribute(uint64_t v_start, uint64_t tokens);
   /// A ring call failed without a fence. Never blocks.
   void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.

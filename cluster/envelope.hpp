@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/frame.hpp"
+#include "runtime/messages/merge_order.hpp"
 
 namespace longwave::cluster {
 
@@ -142,21 +143,9 @@ struct contribute_msg {
   uint64_t v_start = 0;
   uint64_t tokens = 0;
 };
-/// One contribution named in a merge_msg.
-struct merge_entry {
-  std::string node;
-  uint64_t v_start = 0;
-  uint64_t tokens = 0;
-  uint32_t parts = 1;
-};
-/// Version `version` merges `merged` (the members listed send their pending pseudo-gradient into the
-/// all-reduce of (version, 0), the others relay zeros); `dropped` lists contributions refused since the last
-/// merge (coordinator -> members). With `merged` empty, version is the current one and only drops are told.
-struct merge_msg {
-  uint64_t version = 0;
-  std::vector<merge_entry> merged;
-  std::vector<merge_entry> dropped;
-};
+/// A merge or drops (coordinator -> members): runtime/messages/merge_order.hpp, which training takes as is.
+using merge_entry = runtime::merge_entry;
+using merge_msg = runtime::merge_order;
 
 /// A control message: who sent it and which of the union members it carries.
 struct envelope {

@@ -16,7 +16,8 @@ node_link::node_link(std::string name, actors::ring_place& place, control_client
       check_theta_(check_theta),
       watch_(std::move(hello), place.admitted),
       stop_(name_),
-      pin_(name_) {}
+      pin_(name_),
+      merges_(name_) {}
 
 actors::joined_state node_link::join(const runtime::snapshot_shape& shape, uint64_t own_round) {
   try {
@@ -61,6 +62,7 @@ void node_link::tick(const std::function<void(std::string)>& record, const actor
   }
   stop_.on_tick(asks, control_, controls, record, now);
   if (!stop_.round()) pin_.on_tick(asks, control_, controls);
+  merges_.on_tick(asks, control_, controls);
   for (const auto& [round, crc] : committed_.take()) control_.committed(round, crc);
   if (now - last_beat_ < beat_every) return;
   last_beat_ = now;

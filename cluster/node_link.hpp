@@ -12,6 +12,7 @@
 #include "actors/cluster_link.hpp"
 #include "cluster/control_client.hpp"
 #include "cluster/joiner.hpp"
+#include "cluster/node_merges.hpp"
 #include "cluster/node_watch.hpp"
 #include "cluster/state_publisher.hpp"
 #include "comm/elastic_ring.hpp"
@@ -23,7 +24,7 @@ class node_link final : public actors::cluster_link {
   /// name: this node's. place: its place in the ring (the joiner completes a joiner's), which outlives the
   /// link. hello: what it said to the master, re-sent to one that comes back. publisher: where it serves
   /// its states to joiners (nullptr: it serves none, as with NCCL). check_theta: report theta's CRC each
-  /// round (every policy but eager keeps one theta_global on every node).
+  /// round (every policy but eager keeps one theta_global on every node; async reports it per version).
   node_link(std::string name, actors::ring_place& place, control_client& control, hello_msg hello,
             state_publisher* publisher, bool check_theta);
 
@@ -44,6 +45,10 @@ class node_link final : public actors::cluster_link {
   bool serves_state() const override { return publisher_ != nullptr; }
   void publish(runtime::checkpoint state) override;
   void round_committed(uint64_t round, uint32_t theta_crc) override;
+  void version_committed(uint64_t version, uint32_t theta_crc) override {
+    committed_.push(version, theta_crc);
+  }
+  void contribute(uint64_t v_start, uint64_t tokens) override { merges_.push(v_start, tokens); }
   void tick(const std::function<void(std::string)>& record, const actors::node_controls& controls) override;
 
  private:
@@ -60,6 +65,7 @@ class node_link final : public actors::cluster_link {
   stop_follower stop_;
   pin_follower pin_;
   committed_rounds committed_;
+  merge_follower merges_;
   bool leaving_ = false;
   bool cluster_stopped_ = false;
   // The first tick heartbeats at once: the master allows a member join_timeout_s of silence only until its

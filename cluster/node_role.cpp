@@ -182,7 +182,8 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return *failed;
   set_up_ring(s, spec, file_spec, index, cfg);
   node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(),
-                 cfg.diloco.outer != config::outer_policy_kind::eager);
+                 cfg.diloco.outer != config::outer_policy_kind::eager &&
+                     cfg.diloco.outer != config::outer_policy_kind::async);
   if (s.recover) {
     node_opts.max_resume_round.reset();
     spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it", me.name,

@@ -32,6 +32,8 @@ struct master_asks {
   bool pin_query = false;              ///< a joiner's fetch was overtaken: where can this node hold?
   std::optional<uint64_t> pin_round;   ///< hold after this round while joiners fetch its state
   bool pin_release = false;            ///< the pin is over: go on
+  std::vector<merge_msg> merges;       ///< diloco.outer = "async": merges and drops, in arrival order
+  bool welcomed = false;               ///< a (restarted) coordinator took this running node on
 };
 
 /// A node's view of its master while it trains: membership changes reach the ring (fence, next epoch,

@@ -606,6 +606,33 @@ void check_adaptive(const train_config& cfg) {
                        "confirmations; use comm.backend = \"ring\"");
 }
 
+/// diloco.outer = "async": one pseudo-gradient per node per contribution, merged by the master over the
+/// ZeroMQ ring; [async]'s fields agree with each other. (That it runs in a cluster is checked at start.)
+void check_async(const train_config& cfg) {
+  const auto& a = cfg.async;
+  if (a.grace_min_s > a.grace_max_s)
+    throw config_error("async.grace_min_s",
+                       fmt::format("async.grace_min_s = {}: above async.grace_max_s = {} (the grace window "
+                                   "lasts from grace_min_s to grace_max_s)",
+                                   a.grace_min_s, a.grace_max_s));
+  if (cfg.diloco.outer != outer_policy_kind::async) return;
+  const auto refuse = [&](const char* key, const std::string& why) {
+    throw config_error(key, fmt::format("diloco.outer = \"async\": {}", why));
+  };
+  if (cfg.diloco.adaptive_steps)
+    refuse(
+        "diloco.adaptive_steps",
+        "each node contributes when its own inner steps are done, so diloco.adaptive_steps does not apply; "
+        "set it to false");
+  if (cfg.comm.backend == comm_backend::nccl)
+    refuse("comm.backend",
+           "its merges are all-reduces among the members while others train, on the ZeroMQ ring; use "
+           "comm.backend = \"ring\"");
+  if (!cfg.outer.nesterov)
+    refuse("outer.nesterov",
+           "its outer step is Delayed Nesterov (async.dn_period); set outer.nesterov = true");
+}
+
 void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names) {
   for_each_field(cfg, [&](std::string_view s, std::string_view n, const auto& field, const rule& r) {
     const std::string key = dotted(s, n);
@@ -716,6 +743,7 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
   }
   check_shape(cfg.model);
   check_adaptive(cfg);
+  check_async(cfg);
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {
     throw config_error("train.rounds",
                        fmt::format("train.rounds = {}: train.rounds * train.inner_steps ({}) does "

@@ -164,6 +164,16 @@ void for_each_field(Config& c, Visitor&& f) {
   f("diloco", "adaptive_steps", c.diloco.adaptive_steps, any());
   f("diloco", "min_steps", c.diloco.min_steps, ints(0));  // at most train.inner_steps: validate()
 
+  f("async", "quorum", c.async.quorum, ints(1, 65536));
+  f("async", "grace_min_s", c.async.grace_min_s, real_in('[', 0, 3600, ']'));  // <= grace_max_s: validate()
+  f("async", "grace_max_s", c.async.grace_max_s, real_in('[', 0, 3600, ']'));
+  f("async", "max_staleness", c.async.max_staleness, ints(0, 1000000));
+  f("async", "dn_period", c.async.dn_period, ints(0, 1000000));
+  f("async", "age_scaling", c.async.age_scaling, listed());
+  f("async", "cgad_alpha", c.async.cgad_alpha, real_in('[', 0, 100, ']'));
+  f("async", "cgad_cutoff", c.async.cgad_cutoff, ints(1, 1000000));
+  f("async", "tokens", c.async.tokens, ints(0));
+
   f("federated", "clients_per_round", c.federated.clients_per_round, ints(0, 65536));
 
   f("eval", "every_rounds", c.eval.every_rounds, ints(0));

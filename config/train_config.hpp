@@ -47,10 +47,22 @@ enum class outer_policy_kind : uint8_t {
   eager,    ///< the timing of delayed, but each worker adds its own fresh pseudo-gradient (Kale et al. 2025)
   streaming,  ///< P fragments of layers, each synchronised once per round at its own offset, its all-reduce
               ///< overlapping tau inner steps (Douillard et al. 2025)
+  async,  ///< no round barrier: each node contributes when its inner steps are done, and the master merges
+          ///< what has arrived into a new version of theta ([async]; a cluster only)
 };
 template <>
 struct enum_names<outer_policy_kind> {
-  static constexpr std::array<const char*, 4> names{"sync", "delayed", "eager", "streaming"};
+  static constexpr std::array<const char*, 5> names{"sync", "delayed", "eager", "streaming", "async"};
+};
+
+/// async.age_scaling: how a pseudo-gradient's weight shrinks with its staleness.
+enum class age_scaling_kind : uint8_t {
+  none,  ///< every merged contribution counts fully (up to async.max_staleness)
+  cgad,  ///< CGAD: a cosine gate reaching 0 at cgad_cutoff versions, times exp(-cgad_alpha * staleness)
+};
+template <>
+struct enum_names<age_scaling_kind> {
+  static constexpr std::array<const char*, 2> names{"none", "cgad"};
 };
 
 /// diloco.fragment_pattern: which layers make up each streaming fragment.
@@ -228,8 +240,9 @@ struct outer_section {
 
 /// [diloco]: when the averaged pseudo-gradient is applied (ARCHITECTURE.md, "Outer-step policies").
 struct diloco_section {
-  outer_policy_kind outer = outer_policy_kind::sync;  ///< "sync" | "delayed" | "eager" | "streaming"
-  int64_t fragments = 2;  ///< streaming: P, fragments of layers (at most the model's layers)
+  outer_policy_kind outer =
+      outer_policy_kind::sync;  ///< "sync" | "delayed" | "eager" | "streaming" | "async"
+  int64_t fragments = 2;        ///< streaming: P, fragments of layers (at most the model's layers)
   fragment_layout fragment_pattern = fragment_layout::strided;  ///< streaming: "strided" | "sequential"
   int64_t tau = 1;     ///< streaming: inner steps each fragment's all-reduce overlaps (< inner_steps / P)
   double alpha = 0.5;  ///< streaming: theta_f <- (1 - alpha) * theta_f^global + alpha * theta_f^local
@@ -242,6 +255,24 @@ struct diloco_section {
   int64_t step_floor(int64_t h) const {
     return min_steps > 0 ? std::min(min_steps, h) : std::max<int64_t>(1, h / 8);
   }
+};
+
+/// [async]: diloco.outer = "async" (ARCHITECTURE.md, "Asynchronous outer steps"). train.rounds counts
+/// versions (merges), the outer steps of the cluster.
+struct async_section {
+  int64_t quorum = 1;         ///< contributions that open a merge's grace window (at most the live nodes)
+  double grace_min_s = 0;     ///< the grace window's least length once the quorum is in
+  double grace_max_s = 5;     ///< its longest: a node not due within it is not waited for
+  int64_t max_staleness = 4;  ///< a contribution started more than this many versions ago is dropped
+  /// Delayed Nesterov: the outer momentum takes the buffered pseudo-gradients' mean every dn_period merges
+  /// and each merge in between applies without momentum; 1: Nesterov at every merge; 0: the cluster's nodes.
+  int64_t dn_period = 0;
+  age_scaling_kind age_scaling = age_scaling_kind::none;  ///< "none" | "cgad"
+  double cgad_alpha = 0.1;                                ///< cgad: exp(-alpha * staleness)
+  int64_t cgad_cutoff = 8;  ///< cgad: the staleness at which a contribution's weight reaches 0
+  /// The run ends at the first merge that brings the merged tokens to this many (0: at train.rounds
+  /// versions only).
+  int64_t tokens = 0;
 };
 
 /// [eval]: validation of theta_global.
@@ -309,6 +340,7 @@ struct train_config {
   train_section train;
   outer_section outer;
   diloco_section diloco;
+  async_section async;
   federated_section federated;
   eval_section eval;
   checkpoint_section checkpoint;

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 
+#include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
 #include "actors/round/adaptive_steps.hpp"
+#include "runtime/checksum/crc32c.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
@@ -151,7 +153,7 @@ void coordinator_engine::set_theta(at::Tensor theta, then<bool> k) {
 
 void coordinator_engine::mirror_theta(at::Tensor weights, then<bool> k) {
   ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), load_atom_v,
-      outer_snapshot{std::move(weights), at::Tensor(), {}});
+      outer_snapshot{std::move(weights), at::Tensor(), {}, 0, {}});
 }
 
 void coordinator_engine::outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) {
@@ -191,11 +193,12 @@ void coordinator_engine::reduce_gradients(uint64_t step, std::vector<at::Tensor>
       reduce_request{{step, 0}, std::move(parts), false});
 }
 
-void coordinator_engine::start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) {
+void coordinator_engine::start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact,
+                                      double weight) {
   auto self = self_;
   self->state.reduces.started(label);
   self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
-                reduce_request{label, std::move(parts), exact, weight_of(label, exact, -1)})
+                reduce_request{label, std::move(parts), exact, weight_of(label, exact, weight)})
       .then([self, label](at::Tensor& avg) { self->state.reduces.arrived(label, avg); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
@@ -276,6 +279,30 @@ void allreduce_failed(self_ptr self, ring_label label, caf::error e, bool waited
   self->state.reduces.failed(label);  // no-op for sync's all-reduce, which is never in flight
   if (stop) return stop_in_allreduce(self, label.first);
   fail(self, e);
+}
+
+}  // namespace longwave::actors::coordinator_parts
+
+namespace longwave::actors::coordinator_parts {
+
+// ---- the cluster (diloco.outer = "async") ----------------------------------------------------------------
+
+std::string coordinator_engine::node_name() const {
+  const auto* place = self_->state.ctx->cluster->place();
+  return place ? place->name() : std::string();
+}
+
+void coordinator_engine::contribute(uint64_t v_start, uint64_t tokens) {
+  self_->state.ctx->cluster->contribute(v_start, tokens);
+}
+
+void coordinator_engine::version_done(uint64_t version, const at::Tensor& theta, runtime::json_line line) {
+  const auto flat = theta.contiguous();
+  const uint32_t crc = crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
+  line.add("theta_crc32c", fmt::format("{:08x}", crc));
+  record(self_, line);
+  gauge(self_, "longwave_async_version", static_cast<double>(version));
+  self_->state.ctx->cluster->version_committed(version, crc);
 }
 
 }  // namespace longwave::actors::coordinator_parts

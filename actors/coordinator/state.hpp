@@ -64,9 +64,13 @@ class coordinator_engine final : public round_engine {
   void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
                   double weight) override;
   void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
-  void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override;
+  void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact, double weight) override;
   void when_average(ring_label label, then<at::Tensor> k, bool final) override;
   inflight_reduces& reduces() override;
+
+  std::string node_name() const override;
+  void contribute(uint64_t v_start, uint64_t tokens) override;
+  void version_done(uint64_t version, const at::Tensor& theta, runtime::json_line line) override;
 
  private:
   /// The weight of a node's average for `label` (-1: its parts' count): adaptive steps weigh a round's

@@ -10,6 +10,7 @@ std::unique_ptr<round_policy> make_sync_policy(round_engine& engine);
 std::unique_ptr<round_policy> make_one_late_policy(round_engine& engine, bool eager);
 std::unique_ptr<round_policy> make_streaming_policy(round_engine& engine);
 std::unique_ptr<round_policy> make_federated_policy(round_engine& engine);
+std::unique_ptr<round_policy> make_async_policy(round_engine& engine);
 
 std::unique_ptr<round_policy> make_round_policy(round_engine& engine, const run_context& ctx) {
   using config::outer_policy_kind;
@@ -26,6 +27,7 @@ std::unique_ptr<round_policy> make_round_policy(round_engine& engine, const run_
     case outer_policy_kind::delayed: return make_one_late_policy(engine, /*eager=*/false);
     case outer_policy_kind::eager: return make_one_late_policy(engine, /*eager=*/true);
     case outer_policy_kind::streaming: return make_streaming_policy(engine);
+    case outer_policy_kind::async: return make_async_policy(engine);
   }
   return make_sync_policy(engine);
 }

@@ -13,6 +13,7 @@
 #include "actors/round/inflight.hpp"
 #include "actors/round/phase.hpp"
 #include "actors/run_context.hpp"
+#include "runtime/json/json_line.hpp"
 #include "runtime/messages/messages.hpp"
 
 namespace longwave::actors {
@@ -83,12 +84,22 @@ class round_engine {
   /// ddp: one gradient all-reduce (any failure fails the run). step: the run's step it is for, counted from
   /// 1 (the all-reduce's label, which increases from call to call).
   virtual void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;
-  /// Starts the all-reduce of `label` in the background (exact: fp32 on the wire).
-  virtual void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact = false) = 0;
+  /// Starts the all-reduce of `label` in the background (exact: fp32 on the wire; weight as reduce_now's).
+  virtual void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact = false,
+                            double weight = -1) = 0;
   /// Calls k with label's average now if it arrived, else when it arrives. During training the wait counts
   /// as the workers' stall; after the last round (final) it is only logged.
   virtual void when_average(ring_label label, then<at::Tensor> k, bool final = false) = 0;
   virtual inflight_reduces& reduces() = 0;
+
+  // ---- the cluster (diloco.outer = "async") --------------------------------------------------------------
+  /// This node's name in its cluster ("" for one process alone).
+  virtual std::string node_name() const = 0;
+  /// Tells the master this node's pseudo-gradient from version v_start (`tokens` trained) is ready to merge.
+  virtual void contribute(uint64_t v_start, uint64_t tokens) = 0;
+  /// theta is version `version`: adds theta's CRC-32C to `line` (a "version" record of metrics.jsonl), writes
+  /// it, and reports the CRC to the master.
+  virtual void version_done(uint64_t version, const at::Tensor& theta, runtime::json_line line) = 0;
 };
 
 }  // namespace longwave::actors

@@ -12,6 +12,15 @@ void round_policy::fill_snapshot(runtime::train_snapshot& snap, const runtime::o
     for (auto& r : snap.replicas) r.steps_in_round = 0;
 }
 
+bool round_policy::run_over(uint64_t rounds_done) const {
+  return rounds_done >= static_cast<uint64_t>(engine_.context().cfg.train.rounds);
+}
+
+void round_policy::on_merge(const runtime::merge_order& order) {
+  spdlog::warn("ignored the coordinator's merge of version {}: this run is diloco.outer = \"{}\"",
+               order.version, engine_.context().cfg.diloco.outer);
+}
+
 caf::error round_policy::resume_from(runtime::train_snapshot& snap) {
   if (snap.pending.defined())
     spdlog::warn(

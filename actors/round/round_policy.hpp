@@ -36,6 +36,12 @@ class round_policy {
   /// then engine.run_trained(theta).
   virtual void finish_run(at::Tensor theta) { engine_.run_trained(std::move(theta)); }
 
+  /// Whether the run is over after `rounds_done` rounds (the round tail's evaluation and checkpoint are the
+  /// last, then finish_run): train.rounds, or for async the final version.
+  virtual bool run_over(uint64_t rounds_done) const;
+  /// diloco.outer = "async": the master announced a merge (or drops). Other policies never get one.
+  virtual void on_merge(const runtime::merge_order& order);
+
   virtual stop_rule stops() const { return stop_rule::pause_and_align; }
   /// Whether the run stands at a round boundary between rounds (streaming may stand between segments).
   virtual bool at_round_boundary() const { return true; }

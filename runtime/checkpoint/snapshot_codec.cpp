@@ -3,7 +3,9 @@
 // "replica<r>/master", "/exp_avg", "/exp_avg_sq", "/counters" (adam_steps, sampler_position, steps_in_round
 // as three int64), and under diloco.outer = "eager" "/outer_theta", "/outer_momentum" (once it exists) and
 // "/prev_delta"; with comm.error_feedback "ef/<label>", the node's residual for that ring label (a
-// fragment's size under streaming). meta holds "key=value" lines: mode, preset, n_params, replicas.
+// fragment's size under streaming); under diloco.outer = "async" "dn_buffer" (Delayed Nesterov's period
+// buffer, once it holds one). meta holds "key=value" lines: mode, preset, n_params, replicas, pending_round,
+// outer (diloco.outer) and version (async: theta's version).
 #include "runtime/checkpoint/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
@@ -76,12 +78,14 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   c.step = s.step;
   std::ostringstream meta;
   meta << "mode=" << shape.mode << "\npreset=" << shape.preset << "\nn_params=" << shape.n_params
-       << "\nreplicas=" << s.replicas.size() << "\npending_round=" << s.pending_round << "\n"
+       << "\nreplicas=" << s.replicas.size() << "\npending_round=" << s.pending_round
+       << "\nouter=" << shape.outer << "\nversion=" << s.version << "\n"
        << s.meta;
   c.meta = meta.str();
   c.blobs.push_back(tensor_blob("theta", s.theta));
   if (s.momentum.defined()) c.blobs.push_back(tensor_blob("momentum", s.momentum));
   if (s.pending.defined()) c.blobs.push_back(tensor_blob("pending", s.pending));
+  if (s.dn_buffer.defined()) c.blobs.push_back(tensor_blob("dn_buffer", s.dn_buffer));
   for (const auto& r : s.replicas) {
     const std::string p = "replica" + std::to_string(r.rank) + "/";
     c.blobs.push_back(tensor_blob(p + "master", r.master));
@@ -106,12 +110,19 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
   if (kv["replicas"] != std::to_string(shape.n_replicas))
     mismatch("checkpoint was written for " + kv["replicas"] + " workers, this run has " +
              std::to_string(shape.n_replicas));
+  // Older checkpoints carry no outer=: they were not asynchronous.
+  const std::string outer = kv.count("outer") ? kv["outer"] : std::string("sync");
+  if ((outer == "async") != (shape.outer == "async"))
+    mismatch("checkpoint was written with diloco.outer = \"" + outer + "\", this run is \"" + shape.outer +
+             "\": an asynchronous run's versions and a round's barrier do not resume each other");
   train_snapshot s;
   s.round = c.round;
   s.step = c.step;
   s.meta = c.meta;
   s.theta = tensor_from(c, "theta", shape.n_params);
   if (c.find("momentum")) s.momentum = tensor_from(c, "momentum", shape.n_params);
+  if (c.find("dn_buffer")) s.dn_buffer = tensor_from(c, "dn_buffer", shape.n_params);
+  s.version = std::strtoull(kv["version"].c_str(), nullptr, 10);
   if (c.find("pending")) {
     s.pending = tensor_from(c, "pending", shape.n_params);
     s.pending_round = std::strtoull(kv["pending_round"].c_str(), nullptr, 10);

@@ -18,6 +18,7 @@ struct snapshot_shape {
   int64_t n_replicas = 0;
   std::string mode;
   std::string preset;
+  std::string outer = "sync";  ///< diloco.outer: a checkpoint of "async" resumes only under "async", and back
 };
 
 /// The key=value lines of a checkpoint's meta (mode, preset, n_params, replicas, ...), up to config_marker.

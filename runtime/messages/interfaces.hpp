@@ -87,6 +87,8 @@ using coordinator_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reac
                                            /// A worker's inner step.
                                            caf::reacts_to<report_atom, step_report>,
                                            /// To itself: the grace period after a lost ring peer ended.
-                                           caf::reacts_to<lost_atom, ring_label, caf::error>>;
+                                           caf::reacts_to<lost_atom, ring_label, caf::error>,
+                                           /// diloco.outer = "async": the master's merge (main thread).
+                                           caf::reacts_to<merge_atom, merge_order>>;
 
 }  // namespace longwave::runtime

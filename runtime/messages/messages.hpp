@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/messages/merge_order.hpp"
+
 namespace longwave::runtime {
 
 /// The ring label of one all-reduce, (round, part), the same name from the policy to the wire: part 0 is a
@@ -35,10 +37,13 @@ struct eager_outer {
 };
 
 /// The outer optimizer's resumable state: theta_global, its momentum (undefined before the first outer step)
-/// and, under eager, each local replica's own outer state (empty otherwise).
+/// and, under eager, each local replica's own outer state (empty otherwise). diloco.outer = "async": the
+/// version theta is (the merges applied) and Delayed Nesterov's buffer of the period's pseudo-gradients.
 struct outer_snapshot {
   at::Tensor theta, momentum;
   std::vector<eager_outer> replicas;
+  uint64_t version = 0;
+  at::Tensor dn_buffer;
 };
 
 /// The answer of an eager step: theta_global (the replicas' mean) and each local replica's outer parameters.
@@ -98,6 +103,10 @@ struct train_snapshot {
   /// The communicator's error-feedback residuals after the last all-reduce this snapshot includes; empty
   /// without error feedback.
   residual_map residuals;
+  /// diloco.outer = "async": theta's version (merges applied) and Delayed Nesterov's period buffer
+  /// (undefined while empty). version is 0 under the other policies.
+  uint64_t version = 0;
+  at::Tensor dn_buffer;
   std::string meta;
 };
 

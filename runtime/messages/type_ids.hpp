@@ -19,6 +19,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::ring_label)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::reduce_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::outer_snapshot)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::eager_thetas)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(longwave::runtime::merge_order)
 
 CAF_BEGIN_TYPE_ID_BLOCK(longwave, caf::first_custom_type_id)
 CAF_ADD_ATOM(longwave, longwave::runtime, run_atom, "run")            // worker: run an inner round
@@ -48,4 +49,5 @@ CAF_ADD_ATOM(longwave, longwave::runtime, eager_atom, "eager")      // outer opt
 CAF_ADD_ATOM(longwave, longwave::runtime, mix_atom, "mix")          // worker: mix in a synced fragment
 CAF_ADD_ATOM(longwave, longwave::runtime, lost_atom, "lost")        // coordinator: a ring peer left (to self)
 CAF_ADD_ATOM(longwave, longwave::runtime, hold_atom, "hold")        // coordinator: a cluster stop's hold
+CAF_ADD_ATOM(longwave, longwave::runtime, merge_atom, "merge")      // coordinator: an async merge (main)
 CAF_END_TYPE_ID_BLOCK(longwave)

@@ -64,6 +64,8 @@ const std::vector<metric_def>& metric_catalogue() {
       {"longwave_inner_learning_rate", t::gauge, "", r::node, "Current inner AdamW learning rate"},
       {"longwave_outer_round", t::gauge, "", r::node, "Completed outer rounds"},
       {"longwave_outer_learning_rate", t::gauge, "", r::node, "Outer SGD learning rate"},
+      {"longwave_async_version", t::gauge, "", r::node,
+       "diloco.outer = \"async\": the version of theta_global (merges applied)"},
       {"longwave_outer_pseudo_gradient_norm", t::gauge, "", r::node,
        "L2 norm of the averaged pseudo-gradient of the last round"},
       {"longwave_outer_update_norm", t::gauge, "", r::node,

@@ -16,6 +16,7 @@
 #include "config/model_shape.hpp"
 
 using Catch::Matchers::Contains;
+using longwave::config::age_scaling_kind;
 using longwave::config::autocast_mode;
 using longwave::config::comm_backend;
 using longwave::config::config_error;
@@ -383,6 +384,16 @@ CATCH_TEST_CASE("to_toml writes every section and every field in struct order", 
                                              "alpha = 0.5",
                                              "adaptive_steps = false",
                                              "min_steps = 0",
+                                             "[async]",
+                                             "quorum = 1",
+                                             "grace_min_s = 0.0",
+                                             "grace_max_s = 5.0",
+                                             "max_staleness = 4",
+                                             "dn_period = 0",
+                                             "age_scaling = \"none\"",
+                                             "cgad_alpha = 0.1",
+                                             "cgad_cutoff = 8",
+                                             "tokens = 0",
                                              "[eval]",
                                              "every_rounds = 5",
                                              "batches = 16",
@@ -822,6 +833,43 @@ CATCH_TEST_CASE("diloco.adaptive_steps runs with sync, delayed or eager on the r
   CATCH_CHECK_THAT(nccl.what(), Contains("use comm.backend = \"ring\""));
   // min_steps alone, without adaptive steps, is only checked against H.
   CATCH_CHECK_NOTHROW(parse_config("[diloco]\nmin_steps = 3\n", {}, ""));
+}
+
+CATCH_TEST_CASE("diloco.outer = async reads [async] and refuses what it cannot run, naming the key",
+                "[config][async]") {
+  const auto cfg = parse_config(
+      "[diloco]\nouter = \"async\"\n[async]\nquorum = 2\ngrace_min_s = 0.5\ngrace_max_s = 3\nmax_staleness = "
+      "2\n"
+      "dn_period = 4\nage_scaling = \"cgad\"\ncgad_alpha = 0.2\ncgad_cutoff = 5\ntokens = 100000\n",
+      {}, "");
+  CATCH_CHECK(cfg.diloco.outer == outer_policy_kind::async);
+  CATCH_CHECK(cfg.async.quorum == 2);
+  CATCH_CHECK(cfg.async.grace_min_s == 0.5);
+  CATCH_CHECK(cfg.async.grace_max_s == 3);
+  CATCH_CHECK(cfg.async.max_staleness == 2);
+  CATCH_CHECK(cfg.async.dn_period == 4);
+  CATCH_CHECK(cfg.async.age_scaling == age_scaling_kind::cgad);
+  CATCH_CHECK(cfg.async.cgad_alpha == 0.2);
+  CATCH_CHECK(cfg.async.cgad_cutoff == 5);
+  CATCH_CHECK(cfg.async.tokens == 100000);
+  const std::string base = "[diloco]\nouter = \"async\"\n";
+  const config_error grace = error_of(base + "[async]\ngrace_min_s = 6\ngrace_max_s = 5\n");
+  CATCH_CHECK(grace.key() == "async.grace_min_s");
+  CATCH_CHECK_THAT(grace.what(), Contains("above async.grace_max_s = 5"));
+  const config_error dylu = error_of(base + "adaptive_steps = true\n");
+  CATCH_CHECK(dylu.key() == "diloco.adaptive_steps");
+  const config_error nccl = error_of(base + "[comm]\nbackend = \"nccl\"\n");
+  CATCH_CHECK(nccl.key() == "comm.backend");
+  const config_error classic = error_of(base + "[outer]\nnesterov = false\n");
+  CATCH_CHECK(classic.key() == "outer.nesterov");
+  CATCH_CHECK_THAT(classic.what(), Contains("Delayed Nesterov"));
+  const config_error ddp = error_of(base + "[run]\nmode = \"ddp\"\n");
+  CATCH_CHECK(ddp.key() == "diloco.outer");
+  CATCH_CHECK_THAT(error_of(base + "[async]\nage_scaling = \"heloco\"\n").what(),
+                   Contains("allowed values are none, cgad"));
+  CATCH_CHECK(error_of(base + "[async]\nquorum = 0\n").key() == "async.quorum");
+  // [async] is read, and left alone, under the other policies.
+  CATCH_CHECK_NOTHROW(parse_config("[async]\nquorum = 3\n[outer]\nnesterov = false\n", {}, ""));
 }
 
 CATCH_TEST_CASE("comm.backend picks ring or nccl, and nccl refuses int8 naming both keys", "[config]") {

@@ -14,6 +14,7 @@
 #include "models/inner_trainer.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/errors/errors.hpp"
 
 using namespace longwave;
 namespace fs = std::filesystem;
@@ -105,4 +106,35 @@ CATCH_TEST_CASE("a trainer's state written to a checkpoint file and read back co
   for (int i = 0; i < 3; ++i) CATCH_CHECK(b->step() == a->step());  // same data, same arithmetic
   CATCH_CHECK(same_bits(b->master(), a->master()));
   fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("an async checkpoint keeps its version and DN buffer, and resumes only under async",
+                "[models][trainer][async]") {
+  const int64_t n = 6;
+  runtime::train_snapshot snap;
+  snap.round = 3;
+  snap.theta = at::arange(n, at::kFloat);
+  snap.momentum = at::full({n}, 0.5f);
+  snap.dn_buffer = at::full({n}, -0.25f);
+  snap.version = 17;
+  const runtime::snapshot_shape async_shape{n, 0, "diloco", "tiny", "async"};
+  auto c = runtime::to_checkpoint(snap, async_shape);
+  auto back = runtime::from_checkpoint(runtime::checkpoint(c), async_shape);
+  CATCH_CHECK(back.version == 17);
+  CATCH_CHECK(same_bits(back.dn_buffer, snap.dn_buffer));
+  CATCH_CHECK(same_bits(back.momentum, snap.momentum));
+  // Under another policy, and the other way round: refused, naming both.
+  for (const char* other : {"sync", "delayed"}) {
+    const runtime::snapshot_shape shape{n, 0, "diloco", "tiny", other};
+    try {
+      (void)runtime::from_checkpoint(runtime::checkpoint(c), shape);
+      CATCH_FAIL("an async checkpoint resumed under " << other);
+    } catch (const longwave::lw_error& e) {
+      CATCH_CHECK_THAT(e.what(), Catch::Matchers::Contains("diloco.outer = \"async\", this run is \"" +
+                                                           std::string(other) + "\""));
+    }
+    auto sync = runtime::to_checkpoint(snap, shape);
+    CATCH_CHECK_THROWS_WITH(runtime::from_checkpoint(std::move(sync), async_shape),
+                            Catch::Matchers::Contains("this run is \"async\""));
+  }
 }

@@ -10,6 +10,7 @@
 
 #include "actors/round/client_sampling.hpp"
 #include "actors/round/round_policy.hpp"
+#include "models/outer_sgd.hpp"
 
 using namespace longwave;
 using namespace longwave::actors;
@@ -167,8 +168,9 @@ struct fake_engine final : round_engine {
     note("reduce_gradients " + std::to_string(step));
     k(mean(parts));
   }
-  void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact) override {
-    note("start_reduce " + label_text(label) + (exact ? " exact" : ""));
+  void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact, double weight) override {
+    note("start_reduce " + label_text(label) + (exact ? " exact" : "") +
+         (weight >= 0 ? " of " + std::to_string(weight) : std::string()));
     inflight.started(label);
     running.emplace_back(label, mean(parts));
     if (!slow_link) finish_reduces();
@@ -179,6 +181,19 @@ struct fake_engine final : round_engine {
     inflight.when(label, std::move(k));
   }
   inflight_reduces& reduces() override { return inflight; }
+
+  std::string name = "a";
+  std::vector<std::pair<uint64_t, uint64_t>> contributions;  // (v_start, tokens)
+  std::vector<uint64_t> versions;
+  std::string node_name() const override { return name; }
+  void contribute(uint64_t v_start, uint64_t tokens) override {
+    note("contribute " + std::to_string(v_start));
+    contributions.emplace_back(v_start, tokens);
+  }
+  void version_done(uint64_t version, const at::Tensor&, runtime::json_line) override {
+    note("version " + std::to_string(version));
+    versions.push_back(version);
+  }
 };
 
 config::train_config two_workers(config::run_mode mode, config::outer_policy_kind outer, int64_t rounds) {
@@ -443,4 +458,109 @@ CATCH_TEST_CASE("ddp runs H synchronous grad, reduce, apply steps and mirrors th
   s.ph = phase::inner;
   q->begin_round();
   CATCH_CHECK(s.calls == std::vector<std::string>{"stop mid-round"});
+}
+
+namespace {
+
+/// async's merge message: version v merges these (node, v_start) contributions of `tokens` each.
+runtime::merge_order merge_of(uint64_t v, std::vector<std::pair<std::string, uint64_t>> merged,
+                              uint64_t tokens) {
+  runtime::merge_order o;
+  o.version = v;
+  for (auto& [node, start] : merged) o.merged.push_back({node, start, tokens, 1});
+  return o;
+}
+
+/// One local phase of an async node, as the coordinator runs it (phase inner, begin_round, the round tail).
+void async_phase(fake_engine& e, round_policy& p) {
+  e.ph = phase::idle;
+  CATCH_REQUIRE(e.set_phase(phase::inner));
+  e.round_ended = false;
+  p.begin_round();
+  CATCH_REQUIRE(e.round_ended);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("async contributes each phase, merges what the master names, and ends at the last version",
+                "[unit][round][async]") {
+  auto cfg = two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 2);  // 2 versions
+  fake_engine e(cfg);
+  const auto tokens = static_cast<uint64_t>(4 * e.ctx.inner.batch_size * e.ctx.spec.seq_len * 2);
+  auto p = make_round_policy(e, e.ctx);
+  CATCH_CHECK(p->stops() == stop_rule::at_next_boundary);
+  CATCH_CHECK(!p->lends_boundary_snapshot());
+  async_phase(e, *p);
+  CATCH_CHECK(e.calls ==
+              std::vector<std::string>{"thetas", "run 1 x4 reset", "contribute 0", "theta", "round_done"});
+  CATCH_CHECK(e.contributions == std::vector<std::pair<uint64_t, uint64_t>>{{0, tokens}});
+  // Version 1 merges another node's: this node relays zeros with weight 0, and theta does not move.
+  e.calls.clear();
+  p->on_merge(merge_of(1, {{"b", 0}}, tokens));
+  CATCH_CHECK(e.calls ==
+              std::vector<std::string>{"start_reduce (1,0) of 0.000000", "outer (1,0)", "version 1"});
+  CATCH_CHECK(at::equal(e.global, at::zeros({4})));
+  CATCH_CHECK(!p->run_over(5));
+  // Version 2 merges this node's (started at 0, one version old): its workers' mean, weighted by its tokens.
+  e.calls.clear();
+  p->on_merge(merge_of(2, {{"a", 0}, {"b", 1}}, tokens));
+  CATCH_CHECK(e.calls == std::vector<std::string>{"start_reduce (2,0) of " + std::to_string(double(tokens)),
+                                                  "outer (2,0)", "version 2"});
+  CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.15f)));
+  // train.rounds = 2 versions: the run is over, later merges are not taken, the phase that ends is not sent.
+  CATCH_CHECK(p->run_over(1));
+  e.calls.clear();
+  p->on_merge(merge_of(3, {{"b", 2}}, tokens));
+  CATCH_CHECK(e.calls.empty());
+  async_phase(e, *p);
+  CATCH_CHECK(lines_of(e, "contribute").empty());
+  CATCH_CHECK(e.versions == std::vector<uint64_t>{1, 2});
+}
+
+CATCH_TEST_CASE("async holds back phases the master has not answered, folds them, and reports on a drop",
+                "[unit][round][async]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 10));
+  const auto tokens = static_cast<uint64_t>(4 * e.ctx.inner.batch_size * e.ctx.spec.seq_len * 2);
+  auto p = make_round_policy(e, e.ctx);
+  for (int i = 0; i < 3; ++i) async_phase(e, *p);  // one reported, two held back as their sum
+  CATCH_CHECK(e.contributions.size() == 1);
+  // The master drops the first (too stale): the held sum is reported in its place, from version 0.
+  runtime::merge_order drop;
+  drop.version = 0;
+  drop.dropped.push_back({"a", 0, tokens, 1});
+  drop.dropped.push_back({"b", 0, tokens, 1});  // another node's drop changes nothing here
+  p->on_merge(drop);
+  CATCH_CHECK(e.contributions == std::vector<std::pair<uint64_t, uint64_t>>{{0, tokens}, {0, 2 * tokens}});
+  e.calls.clear();
+  p->on_merge(merge_of(1, {{"a", 0}}, 2 * tokens));
+  CATCH_CHECK(e.calls.front() == "start_reduce (1,0) of " + std::to_string(double(2 * tokens)));
+  // The sum of two phases' pseudo-gradients: workers 0.2 and 0.4, mean 0.3.
+  CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.3f)));
+  // Nothing is held any more: the next phase is reported at once, from version 1.
+  async_phase(e, *p);
+  CATCH_CHECK(e.contributions.back().first == 1);
+}
+
+CATCH_TEST_CASE("async scales a stale pseudo-gradient by CGAD's rule and refuses a gap in the versions",
+                "[unit][round][async]") {
+  auto cfg = two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 10);
+  cfg.async.age_scaling = config::age_scaling_kind::cgad;
+  cfg.async.cgad_alpha = 0.25;
+  cfg.async.cgad_cutoff = 6;
+  fake_engine e(cfg);
+  auto p = make_round_policy(e, e.ctx);
+  async_phase(e, *p);
+  p->on_merge(merge_of(1, {{"b", 0}}, 1));
+  p->on_merge(merge_of(1, {{"b", 0}}, 1));  // announced twice (a master that took over): taken once
+  CATCH_CHECK(lines_of(e, "outer").size() == 1);
+  p->on_merge(merge_of(2, {{"b", 1}}, 1));
+  p->on_merge(merge_of(3, {{"a", 0}}, 1));  // started at 0, merged into 3: two versions old
+  const double k = models::cgad_scale(2, 0.25, 6);
+  CATCH_CHECK(k > 0.1);
+  CATCH_CHECK(k < 0.9);
+  CATCH_CHECK(at::allclose(e.global, at::full({4}, static_cast<float>(-0.15 * k))));
+  // Version 5 after 3: this node missed one, and its theta cannot be that of the others.
+  e.calls.clear();
+  p->on_merge(merge_of(5, {{"b", 3}}, 1));
+  CATCH_CHECK(e.calls == std::vector<std::string>{"fail"});
 }

@@ -1,0 +1,43 @@
+// A node's side of asynchronous merges (see node_merges.hpp).
+#include "cluster/node_merges.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace longwave::cluster {
+
+void merge_follower::push(uint64_t v_start, uint64_t tokens) {
+  std::lock_guard<std::mutex> lk(mu_);
+  queued_.push_back({v_start, tokens});
+}
+
+bool merge_follower::answers(const merge_msg& m) const {
+  const auto mine = [this](const merge_entry& e) { return e.node == name_; };
+  return std::any_of(m.merged.begin(), m.merged.end(), mine) ||
+         std::any_of(m.dropped.begin(), m.dropped.end(), mine);
+}
+
+void merge_follower::on_tick(const master_asks& asks, control_client& control,
+                             const actors::node_controls& controls) {
+  for (const auto& m : asks.merges) {
+    if (answers(m)) unanswered_.reset();
+    if (controls.merge) controls.merge(m);
+  }
+  if (asks.welcomed && unanswered_) {
+    spdlog::info("node {}: the coordinator took the cluster over: contributing again from version {}", name_,
+                 unanswered_->v_start);
+    control.contribute(unanswered_->v_start, unanswered_->tokens);
+  }
+  std::vector<contribute_msg> queued;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queued.swap(queued_);
+  }
+  for (const auto& c : queued) {
+    control.contribute(c.v_start, c.tokens);
+    unanswered_ = c;
+  }
+}
+
+}  // namespace longwave::cluster
