@@ -53,7 +53,13 @@ bool report_stray_files(const checkpoint_store& store) {
 
 /// A boundary checkpoint at or past train.rounds: the run is done (a mid-round one has rounds left).
 bool run_complete(const train_snapshot& snap, const config::train_config& cfg) {
-  if (snap.round < static_cast<uint64_t>(cfg.train.rounds)) return false;
+  // async: train.rounds counts versions (and async.tokens may end the run first); a node's rounds are its
+  // own.
+  const bool async = cfg.diloco.outer == config::outer_policy_kind::async;
+  const bool tokens_done =
+      async && cfg.async.tokens > 0 && snap.merged_tokens >= static_cast<uint64_t>(cfg.async.tokens);
+  if ((async ? snap.version : snap.round) < static_cast<uint64_t>(cfg.train.rounds) && !tokens_done)
+    return false;
   for (const auto& r : snap.replicas)
     if (r.steps_in_round != 0) return false;
   return true;

@@ -108,6 +108,20 @@ uint64_t latest_checkpoint_round(const config::train_config& cfg) {
   return 0;
 }
 
+uint64_t latest_checkpoint_version(const config::train_config& cfg) {
+  checkpoint_store store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep);
+  const auto files = store.list();
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      auto kv = parse_meta(checkpoint_store::load_file(*it).meta);
+      return std::strtoull(kv["version"].c_str(), nullptr, 10);
+    } catch (const lw_error&) {
+      // corrupt: the next older one
+    }
+  }
+  return 0;
+}
+
 comm::sparse_options sparse_options_from(const config::train_config& cfg) {
   comm::sparse_options o;
   o.chunk = static_cast<size_t>(cfg.comm.sparse_chunk);

@@ -49,6 +49,8 @@ inline int run_training(const config::train_config& cfg, const run_options& opts
 
 /// Completed rounds of the newest valid checkpoint of this config's run (0: none). Corrupt files are skipped.
 uint64_t latest_checkpoint_round(const config::train_config& cfg);
+/// diloco.outer = "async": theta's version in the newest valid checkpoint (0: none).
+uint64_t latest_checkpoint_version(const config::train_config& cfg);
 
 /// The rounds of the valid checkpoints in cfg's checkpoint directory up to `newest` (its newest valid one),
 /// oldest first: each file is read and checked, a corrupt one left out with a warning.

@@ -204,6 +204,7 @@ class master_state {
     clock::time_point last_seen, suspected_at, told_removed;
     uint64_t round = 0;
     uint64_t resume_round = 0;                // from its hello
+    uint64_t start_version = 0;               // async: its newest checkpoint's version (its hello's commit)
     std::vector<uint64_t> checkpoint_rounds;  // from its hello: every round it holds a checkpoint of
     bool acked = false;                       // answered the fence in progress
     fence_ack_msg ack;

@@ -81,7 +81,12 @@ void master_state::resume_merges(const std::vector<size_t>& present) {
 
 void master_state::merge_members_changed() {
   if (!s_.async) return;
-  if (!merges_) merges_.emplace(*s_.async);
+  if (!merges_) {
+    // A cluster restarted from its checkpoints merges on from the newest version a member holds.
+    uint64_t newest = 0;
+    for (const auto& m : members_) newest = std::max(newest, m.start_version);
+    merges_.emplace(*s_.async, static_cast<int64_t>(newest));
+  }
   std::set<std::string> names;
   for (size_t i = 0; i < members_.size(); ++i)
     if (training(i)) names.insert(specs_[i].name);

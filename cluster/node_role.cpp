@@ -140,7 +140,12 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
     s.hello = hello_of(spec, index, newest,
                        newest > 0 ? actors::checkpoint_rounds(cfg, newest) : std::vector<uint64_t>{},
                        s.publisher ? s.publisher->endpoint() : "");
+    // async: the master merges on from the newest version a node checkpointed, and every node resumes from
+    // its own newest checkpoint (the nodes' rounds are their own; the newest version is adopted by all).
+    const bool async = cfg.diloco.outer == config::outer_policy_kind::async;
+    if (async && newest > 0) s.hello.committed = {actors::latest_checkpoint_version(cfg), 0};
     node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.place, s.recover);
+    if (async) node_opts.max_resume_round.reset();
   } catch (const lw_error& e) {
     if (e.code() == errc::cancelled) {
       spdlog::info("node {}: {}", me.name, e.what());

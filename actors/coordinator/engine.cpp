@@ -292,6 +292,32 @@ std::string coordinator_engine::node_name() const {
   return place ? place->name() : std::string();
 }
 
+void coordinator_engine::record(runtime::json_line line) {
+  coordinator_parts::record(self_, line);
+}
+
+void coordinator_engine::observe(const char* name, double value) {
+  self_->send(self_->state.peers.metrics, observe_atom_v, std::string(name), std::string(), value);
+}
+
+void coordinator_engine::count(const char* name, double value) {
+  self_->send(self_->state.peers.metrics, count_atom_v, std::string(name), std::string(), value);
+}
+
+std::pair<int64_t, int64_t> coordinator_engine::ring_rank() const {
+  const auto* place = self_->state.ctx->cluster->place();
+  if (!place) return {0, 1};
+  return {place->rank, static_cast<int64_t>(place->names.size())};
+}
+
+void coordinator_engine::outer_state(then<runtime::outer_snapshot> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), state_atom_v, false);
+}
+
+void coordinator_engine::load_outer(runtime::outer_snapshot state, then<bool> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), load_atom_v, std::move(state));
+}
+
 void coordinator_engine::contribute(uint64_t v_start, uint64_t tokens) {
   self_->state.ctx->cluster->contribute(v_start, tokens);
 }
@@ -300,7 +326,7 @@ void coordinator_engine::version_done(uint64_t version, const at::Tensor& theta,
   const auto flat = theta.contiguous();
   const uint32_t crc = crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
   line.add("theta_crc32c", fmt::format("{:08x}", crc));
-  record(self_, line);
+  coordinator_parts::record(self_, line);
   gauge(self_, "longwave_async_version", static_cast<double>(version));
   self_->state.ctx->cluster->version_committed(version, crc);
 }

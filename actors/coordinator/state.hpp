@@ -69,8 +69,14 @@ class coordinator_engine final : public round_engine {
   inflight_reduces& reduces() override;
 
   std::string node_name() const override;
+  std::pair<int64_t, int64_t> ring_rank() const override;
+  void outer_state(then<runtime::outer_snapshot> k) override;
+  void load_outer(runtime::outer_snapshot state, then<bool> k) override;
   void contribute(uint64_t v_start, uint64_t tokens) override;
   void version_done(uint64_t version, const at::Tensor& theta, runtime::json_line line) override;
+  void record(runtime::json_line line) override;
+  void observe(const char* name, double value) override;
+  void count(const char* name, double value) override;
 
  private:
   /// The weight of a node's average for `label` (-1: its parts' count): adaptive steps weigh a round's

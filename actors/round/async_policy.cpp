@@ -3,16 +3,21 @@
 // (contribute) and starts the next phase at once from the newest version it has. The master merges what has
 // arrived (cluster/merge_window.hpp) and tells every member; each merge is an all-reduce of ring label
 // (version, 0) among all members, in which the merged nodes send their held pseudo-gradient (scaled by the
-// age rule) weighted by their tokens, and the others zeros with weight 0. Every node then applies the same
-// Delayed Nesterov step (the outer optimizer, outer_policy::dn_period), so every node holds the same theta
-// per version, as the "version" records' CRCs show. The run ends at the first version that reaches
-// train.rounds versions or async.tokens merged tokens; every node ends with that version's theta.
+// age rule) weighted by their tokens, and the others zeros with a weight of 1e-6 (relay_weight). Every node
+// then applies the same Delayed Nesterov step (the outer optimizer, outer_policy::dn_period), so every node
+// holds the same theta per version, as the "version" records' CRCs show. The run ends at the first version
+// that reaches train.rounds versions or async.tokens merged tokens; every node ends with that version's
+// theta.
 //
 //   inner (phase r from version v) -> contribute(v, tokens) -> outer_step (theta of the newest version) ->
 //   round tail -> inner ...      merges: on_merge -> all-reduce (version, 0) -> DN step -> version_done
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <map>
 #include <optional>
 
 #include "actors/round/round_policy.hpp"
@@ -29,11 +34,16 @@ class async_policy final : public round_policy {
   explicit async_policy(round_engine& engine) : round_policy(engine) {}
 
   void begin_round() override {
+    if (resumed_) {
+      resumed_ = false;
+      return adopt_newest([this] { begin_round(); });
+    }
     engine_.thetas([this](std::vector<at::Tensor> thetas) {
       if (!zeros_.defined()) zeros_ = at::zeros_like(thetas[0]);
       const uint64_t v_start = version_;  // the outer actor answers in order: thetas hold version_
       const uint64_t round = engine_.rounds_done() + 1;
       const int64_t h = engine_.context().cfg.train.inner_steps;
+      phase_began_ = std::chrono::steady_clock::now();
       engine_.run_workers(round, std::move(thetas), {h}, /*reset=*/true,
                           [this, v_start, h](round_engine::results results) {
                             if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
@@ -54,7 +64,6 @@ class async_policy final : public round_policy {
     }
     const auto me = engine_.node_name();
     if (order.merged.empty()) return on_drops(order, me);
-    if (final_ && order.version > *final_) return;  // the run ended at *final_: later merges are not ours
     if (order.version <= merging_) {
       spdlog::debug("async: version {} was announced again (merged up to {})", order.version, merging_);
       return;
@@ -64,16 +73,24 @@ class async_policy final : public round_policy {
           errc::stale_round, fmt::format("async: the coordinator merged version {}, but this node "
                                          "holds version {}: it missed the merges between",
                                          order.version, merging_)));
+    // The last version is known when it is announced (every node takes the same merges, in order): a merge
+    // after it is not taken, though the ones before it may still be running.
+    const auto& cfg = engine_.context().cfg;
+    if (merging_ >= static_cast<uint64_t>(cfg.train.rounds) ||
+        (cfg.async.tokens > 0 && announced_tokens_ >= cfg.async.tokens))
+      return;
     merging_ = order.version;
+    for (const auto& e : order.merged) announced_tokens_ += static_cast<int64_t>(e.tokens);
     const auto mine = std::find_if(order.merged.begin(), order.merged.end(),
                                    [&](const runtime::merge_entry& e) { return e.node == me; });
     int64_t tokens = 0;
     for (const auto& e : order.merged) tokens += static_cast<int64_t>(e.tokens);
     std::vector<at::Tensor> parts{zeros_};
-    double weight = 0;
+    double weight = relay_weight;
     int64_t staleness = -1;
     if (mine != order.merged.end() && reported_) {
       staleness = static_cast<int64_t>(order.version - 1 - reported_->v_start);
+      engine_.observe("longwave_async_staleness", static_cast<double>(staleness));
       parts = scaled(std::move(reported_->parts), staleness);
       weight = static_cast<double>(reported_->tokens);
       reported_.reset();
@@ -101,7 +118,9 @@ class async_policy final : public round_policy {
     engine_.run_trained(std::move(theta));
   }
 
-  bool run_over(uint64_t /*rounds_done*/) const override { return final_.has_value() && version_ >= *final_; }
+  /// The round that ends once the last version is applied (the phase running then, or the next one when the
+  /// round tail runs): the run is over after it, so its tail is the last evaluation and checkpoint.
+  bool run_over(uint64_t rounds_done) const override { return final_ && rounds_done >= over_after_; }
   /// A local phase runs to its end: its pseudo-gradient is measured from the version it started from.
   stop_rule stops() const override { return stop_rule::at_next_boundary; }
   /// Merges change theta while training goes on: snapshots are clones.
@@ -112,10 +131,15 @@ class async_policy final : public round_policy {
     round_policy::fill_snapshot(snap, outer, boundary);
     snap.version = outer.version;
     snap.dn_buffer = outer.dn_buffer;
+    const auto at = tokens_at_.find(outer.version);
+    snap.merged_tokens = at != tokens_at_.end() ? static_cast<uint64_t>(at->second) : 0;
   }
 
   caf::error resume_from(runtime::train_snapshot& snap) override {
     version_ = merging_ = snap.version;
+    merged_tokens_ = announced_tokens_ = static_cast<int64_t>(snap.merged_tokens);
+    tokens_at_[version_] = merged_tokens_;
+    resumed_ = true;
     return round_policy::resume_from(snap);
   }
 
@@ -136,12 +160,25 @@ class async_policy final : public round_policy {
   void phase_done(uint64_t v_start, int64_t h, std::vector<at::Tensor> parts) {
     const auto& ctx = engine_.context();
     const int64_t tokens = h * ctx.inner.batch_size * ctx.spec.seq_len * ctx.n_workers();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_began_).count();
+    // One line per phase: the node's step rate and what became of its pseudo-gradient.
+    auto line = runtime::json_line("contribution");
+    line.add("round", engine_.rounds_done() + 1)
+        .add("v_start", v_start)
+        .add("inner_steps", h)
+        .add("tokens", tokens)
+        .add("seconds", seconds)
+        .add("steps_per_second", seconds > 0 ? static_cast<double>(h) / seconds : 0.0)
+        .add("sent", !final_ && !reported_);
+    engine_.record(std::move(line));
     if (final_) {
       spdlog::info("async: the run ended at version {}: this phase's pseudo-gradient is not contributed",
                    *final_);
     } else if (!reported_) {
       reported_ = held{v_start, tokens, std::move(parts)};
       engine_.contribute(v_start, static_cast<uint64_t>(tokens));
+      engine_.count("longwave_async_contributions_total", 1);
     } else if (!held_) {
       held_ = held{v_start, tokens, std::move(parts)};
     } else {
@@ -160,6 +197,10 @@ class async_policy final : public round_policy {
       if (d.node != me || !reported_) continue;
       spdlog::warn("async: the coordinator dropped this node's contribution from version {} (version is {})",
                    d.v_start, order.version);
+      engine_.count("longwave_async_dropped_total", 1);
+      auto line = runtime::json_line("dropped");
+      line.add("v_start", d.v_start).add("version", order.version).add("tokens", d.tokens);
+      engine_.record(std::move(line));
       reported_.reset();
       report_held();
     }
@@ -171,6 +212,7 @@ class async_policy final : public round_policy {
     reported_ = std::move(held_);
     held_.reset();
     engine_.contribute(reported_->v_start, static_cast<uint64_t>(reported_->tokens));
+    engine_.count("longwave_async_contributions_total", 1);
   }
 
   /// async.age_scaling: a pseudo-gradient `staleness` versions old, scaled (CGAD) or as it is.
@@ -186,15 +228,24 @@ class async_policy final : public round_policy {
   void applied(uint64_t v, const at::Tensor& theta, int64_t tokens, int64_t nodes, int64_t staleness) {
     version_ = v;
     merged_tokens_ += tokens;
-    const auto& cfg = engine_.context().cfg;
+    tokens_at_[v] = merged_tokens_;
+    while (tokens_at_.size() > 64) tokens_at_.erase(tokens_at_.begin());  // snapshots ask for recent ones
     auto line = runtime::json_line("version");
     line.add("version", v).add("nodes", nodes).add("tokens", tokens).add("merged_tokens", merged_tokens_);
     if (staleness >= 0) line.add("own_staleness", staleness);
     engine_.version_done(v, theta, std::move(line));
+    check_end();
+  }
+
+  /// The run ends at the first version that reaches train.rounds versions or async.tokens merged tokens.
+  void check_end() {
+    const auto& cfg = engine_.context().cfg;
+    const uint64_t v = version_;
     const bool by_versions = v >= static_cast<uint64_t>(cfg.train.rounds);
     const bool by_tokens = cfg.async.tokens > 0 && merged_tokens_ >= cfg.async.tokens;
     if (!final_ && (by_versions || by_tokens)) {
       final_ = v;
+      over_after_ = engine_.rounds_done() + 1;
       spdlog::info("async: version {} is the last ({}): this node ends after its current phase", v,
                    by_versions ? fmt::format("train.rounds = {} versions", cfg.train.rounds)
                                : fmt::format("{} of async.tokens = {} tokens merged", merged_tokens_,
@@ -202,13 +253,87 @@ class async_policy final : public round_policy {
     }
   }
 
-  uint64_t version_ = 0;  // theta's version: the last merge applied
-  uint64_t merging_ = 0;  // the last merge started (its all-reduce running, or applied)
-  int64_t merged_tokens_ = 0;
-  std::optional<uint64_t> final_;  // the run's last version, once reached
-  std::optional<held> reported_;   // sent to the master, not yet merged or dropped
-  std::optional<held> held_;       // ended while reported_ waits: reported once that is answered
-  at::Tensor zeros_;               // what a node not in a merge sends
+  /// After a resume every node holds its own newest checkpoint, of its own version; the cluster goes on from
+  /// the newest: the nodes learn each other's versions (an exact all-reduce in which node r fills slot r),
+  /// then the lowest rank holding the newest sends its theta, DN state and merged tokens to all (an exact
+  /// all-reduce to which only it adds weight), so every node holds that version bit for bit.
+  void adopt_newest(std::function<void()> k) {
+    const auto [rank, world] = engine_.ring_rank();
+    if (world <= 1) return k();
+    auto slots = at::zeros({world}, at::kFloat);
+    slots[rank] = static_cast<float>(version_);
+    exact_reduce({0, 2}, slots, 1.0, [this, rank = rank, world = world, k](at::Tensor mean) {
+      // mean[r] = v_r / world: exact integers again once scaled back and rounded.
+      const auto versions = (mean * static_cast<double>(world)).round().to(at::kLong);
+      const int64_t source = versions.argmax().item<int64_t>();  // the first of the newest
+      const auto newest = static_cast<uint64_t>(versions[source].item<int64_t>());
+      engine_.outer_state([this, rank, source, newest, k](runtime::outer_snapshot o) {
+        send_state(rank == source, newest, std::move(o), k);
+      });
+    });
+  }
+
+  /// adopt_newest's second step: [theta, m, buf, merged tokens in 16-bit parts] from the source to all.
+  void send_state(bool source, uint64_t newest, runtime::outer_snapshot o, std::function<void()> k) {
+    const int64_t n = o.theta.numel();
+    auto or_zeros = [&](const at::Tensor& t) { return t.defined() ? t : at::zeros_like(o.theta); };
+    auto tokens = at::empty({token_parts}, at::kFloat);
+    for (int64_t i = 0; i < token_parts; ++i)
+      tokens[i] = static_cast<float>((static_cast<uint64_t>(merged_tokens_) >> (16 * i)) & 0xffffu);
+    auto payload = at::cat({o.theta, or_zeros(o.momentum), or_zeros(o.dn_buffer), tokens});
+    exact_reduce({0, 3}, payload, source ? 1.0 : 0.0, [this, n, newest, k](at::Tensor all) {
+      runtime::outer_snapshot got;
+      got.theta = all.narrow(0, 0, n).clone();
+      got.momentum = all.narrow(0, n, n).clone();
+      got.dn_buffer = all.narrow(0, 2 * n, n).clone();
+      got.version = newest;
+      uint64_t tokens = 0;
+      for (int64_t i = 0; i < token_parts; ++i)
+        tokens |= static_cast<uint64_t>(std::llround(all[3 * n + i].item<double>())) << (16 * i);
+      const auto theta = got.theta;
+      engine_.load_outer(std::move(got), [this, newest, tokens, theta, k](bool) {
+        spdlog::info("async: resuming at version {} (this node's checkpoint held version {})", newest,
+                     version_);
+        version_ = merging_ = newest;
+        merged_tokens_ = announced_tokens_ = static_cast<int64_t>(tokens);
+        tokens_at_[newest] = merged_tokens_;
+        auto line = runtime::json_line("version");
+        line.add("version", newest).add("merged_tokens", merged_tokens_).add("resumed", true);
+        engine_.version_done(newest, theta, std::move(line));
+        check_end();
+        k();
+      });
+    });
+  }
+
+  /// An all-reduce in fp32 without error feedback, outside the merges' labels.
+  void exact_reduce(ring_label label, at::Tensor t, double weight, std::function<void(at::Tensor)> k) {
+    engine_.start_reduce(label, {std::move(t)}, /*exact=*/true, weight);
+    engine_.reduces().when(label, [this, label, k](at::Tensor avg) {
+      engine_.reduces().take(label);
+      k(std::move(avg));
+    });
+  }
+
+  /// A node not in a merge sends zeros with this weight, not 0: if every node the merge names is lost before
+  /// its all-reduce (redone among the survivors), the ring still has weight and the merge averages to zero
+  /// instead of failing. Against contributions of thousands of tokens it moves the average by less than
+  /// fp32 resolves.
+  static constexpr double relay_weight = 1e-6;
+  static constexpr int64_t token_parts = 4;  // 64 bits of merged tokens as four exact 16-bit floats
+
+  uint64_t version_ = 0;                   // theta's version: the last merge applied
+  uint64_t merging_ = 0;                   // the last merge started (its all-reduce running, or applied)
+  int64_t merged_tokens_ = 0;              // merged into theta (applied)
+  int64_t announced_tokens_ = 0;           // merged by the merges taken (running or applied)
+  uint64_t over_after_ = 0;                // run_over from this round on, once final_ is set
+  std::optional<uint64_t> final_;          // the run's last version, once reached
+  std::optional<held> reported_;           // sent to the master, not yet merged or dropped
+  std::optional<held> held_;               // ended while reported_ waits: reported once that is answered
+  at::Tensor zeros_;                       // what a node not in a merge sends
+  std::map<uint64_t, int64_t> tokens_at_;  // merged tokens at each recent version (for snapshots)
+  bool resumed_ = false;                   // resumed from a checkpoint: adopt the newest version first
+  std::chrono::steady_clock::time_point phase_began_;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/round/inflight.hpp"
@@ -95,11 +96,22 @@ class round_engine {
   // ---- the cluster (diloco.outer = "async") --------------------------------------------------------------
   /// This node's name in its cluster ("" for one process alone).
   virtual std::string node_name() const = 0;
+  /// This node's rank in its ring and the ring's size ({0, 1} alone).
+  virtual std::pair<int64_t, int64_t> ring_rank() const = 0;
+  /// The outer optimizer's state (clones), and installing one.
+  virtual void outer_state(then<runtime::outer_snapshot> k) = 0;
+  virtual void load_outer(runtime::outer_snapshot state, then<bool> k) = 0;
   /// Tells the master this node's pseudo-gradient from version v_start (`tokens` trained) is ready to merge.
   virtual void contribute(uint64_t v_start, uint64_t tokens) = 0;
   /// theta is version `version`: adds theta's CRC-32C to `line` (a "version" record of metrics.jsonl), writes
   /// it, and reports the CRC to the master.
   virtual void version_done(uint64_t version, const at::Tensor& theta, runtime::json_line line) = 0;
+  /// A line of metrics.jsonl.
+  virtual void record(runtime::json_line line) = 0;
+  /// A metric of the catalogue (runtime/metrics/metric_catalogue.cpp): a histogram observation, or an
+  /// addition to a counter.
+  virtual void observe(const char* name, double value) = 0;
+  virtual void count(const char* name, double value) = 0;
 };
 
 }  // namespace longwave::actors

@@ -5,7 +5,7 @@
 // "/prev_delta"; with comm.error_feedback "ef/<label>", the node's residual for that ring label (a
 // fragment's size under streaming); under diloco.outer = "async" "dn_buffer" (Delayed Nesterov's period
 // buffer, once it holds one). meta holds "key=value" lines: mode, preset, n_params, replicas, pending_round,
-// outer (diloco.outer) and version (async: theta's version).
+// outer (diloco.outer), version and merged_tokens (async: theta's version, the tokens merged into it).
 #include "runtime/checkpoint/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
@@ -79,7 +79,8 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   std::ostringstream meta;
   meta << "mode=" << shape.mode << "\npreset=" << shape.preset << "\nn_params=" << shape.n_params
        << "\nreplicas=" << s.replicas.size() << "\npending_round=" << s.pending_round
-       << "\nouter=" << shape.outer << "\nversion=" << s.version << "\n"
+       << "\nouter=" << shape.outer << "\nversion=" << s.version
+       << "\nmerged_tokens=" << s.merged_tokens << "\n"
        << s.meta;
   c.meta = meta.str();
   c.blobs.push_back(tensor_blob("theta", s.theta));
@@ -123,6 +124,7 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
   if (c.find("momentum")) s.momentum = tensor_from(c, "momentum", shape.n_params);
   if (c.find("dn_buffer")) s.dn_buffer = tensor_from(c, "dn_buffer", shape.n_params);
   s.version = std::strtoull(kv["version"].c_str(), nullptr, 10);
+  s.merged_tokens = std::strtoull(kv["merged_tokens"].c_str(), nullptr, 10);
   if (c.find("pending")) {
     s.pending = tensor_from(c, "pending", shape.n_params);
     s.pending_round = std::strtoull(kv["pending_round"].c_str(), nullptr, 10);

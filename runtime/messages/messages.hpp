@@ -107,6 +107,7 @@ struct train_snapshot {
   /// (undefined while empty). version is 0 under the other policies.
   uint64_t version = 0;
   at::Tensor dn_buffer;
+  uint64_t merged_tokens = 0;  ///< async: the tokens merged into theta up to `version`
   std::string meta;
 };
 

@@ -3,10 +3,13 @@
 // CRC each node wrote per version), never on durations.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
@@ -19,15 +22,55 @@ namespace {
 
 /// Four one-worker nodes; n3 paces its steps 20x slower than the others (1 s against 0.05 s): one phase of
 /// n3 spans many of theirs whatever the machine's speed, since pacing is a lower bound on a step's time.
-std::string slow_node_cluster(const std::string& dir, cluster_ports& ports, int64_t versions) {
+std::string slow_node_cluster(const std::string& dir, cluster_ports& ports, int64_t n_versions) {
   const auto cluster = cluster_file(dir, {1, 1, 1, 1}, ports,
                                     "[metrics]\nenabled = false\n[diloco]\nouter = \"async\"\n"
                                     "[async]\nquorum = 1\ngrace_min_s = 0\ngrace_max_s = 0.5\n"
                                     "max_staleness = 1000\n");
-  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(versions));
+  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(n_versions));
   edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.05");
   edit_file(cluster, "name = \"n3\"", "name = \"n3\"\nspeed = 0.05");
   return cluster;
+}
+
+/// Three equal one-worker nodes paced at 0.05 s a step, for `versions` versions: 60 take at least 60 / 3
+/// phases of 0.15 s, so a test that acts at version 3 to 6 acts mid-run on any machine.
+constexpr int64_t versions = 60;
+std::string equal_nodes_cluster(const std::string& dir) {
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1, 1}, ports,
+                                    "[metrics]\nenabled = false\n[diloco]\nouter = \"async\"\n"
+                                    "[async]\nquorum = 1\ngrace_max_s = 0.5\nmax_staleness = 1000\n");
+  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(versions));
+  edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.05");
+  return cluster;
+}
+
+/// The run ended with one model: every node's newest checkpoint holds the same theta.
+void check_one_final_theta(const std::string& cluster_out, const std::vector<std::string>& nodes) {
+  const auto a = newest_theta(cluster_out + "/" + nodes[0] + "/checkpoints");
+  for (size_t i = 1; i < nodes.size(); ++i) {
+    CATCH_INFO("node " << nodes[i]);
+    CATCH_CHECK(max_abs_diff(a, newest_theta(cluster_out + "/" + nodes[i] + "/checkpoints")) == 0.0);
+  }
+}
+
+/// Every version's theta CRC as the nodes recorded it: version -> the distinct CRCs seen. after_resume: only
+/// the records from each node's resumed version on (versions past the newest checkpoint that were applied
+/// before a kill are merged again after it, from other arrivals).
+std::map<int64_t, std::set<std::string>> version_crcs(const std::string& cluster_out,
+                                                      const std::vector<std::string>& nodes,
+                                                      bool after_resume = false) {
+  std::map<int64_t, std::set<std::string>> crcs;
+  for (const auto& node : nodes) {
+    bool taking = !after_resume;
+    for (const auto& r : records_of(cluster_out + "/" + node)) {
+      if (std::string(r["kind"].GetString()) != "version") continue;
+      taking = taking || r.HasMember("resumed");
+      if (taking) crcs[at(r, "version").GetInt64()].insert(str(at(r, "theta_crc32c")));
+    }
+  }
+  return crcs;
 }
 
 }  // namespace
@@ -36,8 +79,8 @@ CATCH_TEST_CASE("async: merges go on without a slow node, and every node holds o
                 "[process][cluster][async]") {
   const auto dir = scratch_dir("async_slow");
   cluster_ports ports;
-  const int64_t versions = 6;
-  const auto cluster = slow_node_cluster(dir, ports, versions);
+  const int64_t few = 6;
+  const auto cluster = slow_node_cluster(dir, ports, few);
   auto [code, log] = run({binary(), "launch", cluster}, dir + "/launch.log", 600);
   CATCH_INFO(log);
   CATCH_REQUIRE(code == 0);
@@ -45,34 +88,132 @@ CATCH_TEST_CASE("async: merges go on without a slow node, and every node holds o
 
   // The master's merges: consecutive versions from 1, the first made before n3's first phase could end.
   const auto merges = master_records(dir + "/cluster", "merge");
-  CATCH_REQUIRE(merges.size() >= static_cast<size_t>(versions));
+  CATCH_REQUIRE(merges.size() >= static_cast<size_t>(few));
   for (size_t i = 0; i < merges.size(); ++i)
     CATCH_CHECK(at(merges[i], "version").GetInt64() == int64_t(i + 1));
   CATCH_CHECK(str(at(merges[0], "nodes")).find("n3") == std::string::npos);
 
   // Every node applied versions 1..6 and wrote theta's CRC for each: the same on all four.
-  std::map<int64_t, std::set<std::string>> crcs;
   for (const std::string node : {"n0", "n1", "n2", "n3"}) {
-    std::set<int64_t> seen;
-    for (const auto& r : records_of(dir + "/cluster/" + node)) {
-      if (std::string(r["kind"].GetString()) != "version") continue;
-      seen.insert(at(r, "version").GetInt64());
-      crcs[at(r, "version").GetInt64()].insert(str(at(r, "theta_crc32c")));
-    }
+    const auto own = version_crcs(dir + "/cluster", {node});
     CATCH_INFO("node " << node);
-    CATCH_CHECK(seen.size() == static_cast<size_t>(versions));
-    CATCH_CHECK(*seen.begin() == 1);
-    CATCH_CHECK(*seen.rbegin() == versions);
+    CATCH_CHECK(own.size() == static_cast<size_t>(few));
+    CATCH_CHECK((!own.empty() && own.begin()->first == 1 && own.rbegin()->first == few));
   }
+  const auto crcs = version_crcs(dir + "/cluster", {"n0", "n1", "n2", "n3"});
   for (const auto& [v, set] : crcs) {
     CATCH_INFO("version " << v);
     CATCH_CHECK(set.size() == 1);
   }
   // Versions differ from each other (the merges moved theta), and the run ends with one model everywhere.
-  CATCH_CHECK(*crcs[1].begin() != *crcs[versions].begin());
-  const auto a = newest_theta(dir + "/cluster/n0/checkpoints");
-  for (const std::string node : {"n1", "n2", "n3"})
-    CATCH_CHECK(max_abs_diff(a, newest_theta(dir + "/cluster/" + node + "/checkpoints")) == 0.0);
+  CATCH_CHECK(*crcs.at(1).begin() != *crcs.at(few).begin());
+  check_one_final_theta(dir + "/cluster", {"n0", "n1", "n2", "n3"});
   CATCH_CHECK(contains(log, "async: version 6 is the last"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
+    "async: a node SIGKILLed while the others merge is removed, and the survivors finish on one theta",
+    "[process][cluster][async][elastic]") {
+  const auto dir = scratch_dir("async_kill");
+  const auto cluster = equal_nodes_cluster(dir);
+  auto [coord, nodes] = start_cluster(dir, cluster, 3);
+  const auto out = dir + "/cluster";
+  CATCH_REQUIRE(wait_master_records(out, "merge", 3, 300));
+  kill(nodes[2].pid, SIGKILL);
+  CATCH_CHECK(wait_exit(nodes[2], 30) == 128 + SIGKILL);
+  const int code0 = wait_exit(nodes[0], 300), code1 = wait_exit(nodes[1], 300);
+  const int coord_code = wait_exit(coord, 60);
+  CATCH_INFO("--- n0\n"
+             << tail(read_text(dir + "/n0.log")) << "\n--- coordinator\n"
+             << read_text(dir + "/coord.log"));
+  CATCH_REQUIRE(code0 == 0);
+  CATCH_REQUIRE(code1 == 0);
+  CATCH_CHECK(coord_code == 0);
+  check_master_end(out, "finished", "n0,n1", "n2:lost");
+  // No merge after n2's removal takes it; both survivors applied every version, with one CRC each.
+  bool removed = false;
+  for (const auto& r : records_in(out + "/coordinator.jsonl")) {
+    const std::string kind = r["kind"].GetString();
+    if (kind == "removed" && str(at(r, "node")) == "n2") removed = true;
+    if (kind == "merge" && removed) CATCH_CHECK(str(at(r, "nodes")).find("n2") == std::string::npos);
+  }
+  CATCH_CHECK(removed);
+  const auto crcs = version_crcs(out, {"n0", "n1"});
+  CATCH_CHECK(crcs.size() == static_cast<size_t>(versions));
+  for (const auto& [v, set] : crcs) {
+    CATCH_INFO("version " << v);
+    CATCH_CHECK(set.size() == 1);
+  }
+  check_one_final_theta(out, {"n0", "n1"});
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
+    "async: after a SIGKILL of every process the cluster resumes at its newest version bit for bit",
+    "[process][cluster][async][resume]") {
+  const auto dir = scratch_dir("async_resume");
+  const auto cluster = equal_nodes_cluster(dir);
+  const auto out = dir + "/cluster";
+  const std::vector<std::string> names{"n0", "n1", "n2"};
+  {
+    auto [coord, nodes] = start_cluster(dir, cluster, 3);
+    CATCH_REQUIRE(wait_master_records(out, "merge", 6, 300));
+    CATCH_REQUIRE(wait_until(
+        [&] {
+          for (const auto& n : names)
+            if (checkpoint_count(dir, n) < 2) return false;
+          return true;
+        },
+        300));
+    for (auto* c : {&nodes[0], &nodes[1], &nodes[2], &coord}) kill(c->pid, SIGKILL);
+    for (auto* c : {&nodes[0], &nodes[1], &nodes[2], &coord}) CATCH_CHECK(wait_exit(*c, 30) == 128 + SIGKILL);
+  }
+  const auto before = version_crcs(out, names);
+  // Each node's newest checkpoint holds some version; the cluster resumes at the newest of them.
+  int64_t newest = 0;
+  for (const auto& n : names) {
+    const auto c = runtime::checkpoint_store(out + "/" + n + "/checkpoints", 100).load_latest();
+    CATCH_REQUIRE(c.has_value());
+    const auto at_v = c->meta.find("\nversion=");  // the checkpoint's meta line (snapshot_codec.cpp)
+    CATCH_REQUIRE(at_v != std::string::npos);
+    newest = std::max<int64_t>(newest, std::stoll(c->meta.substr(at_v + 9)));
+  }
+  CATCH_REQUIRE(newest >= 1);
+
+  auto [coord, nodes] = start_cluster(dir, cluster, 3);
+  for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  CATCH_INFO("--- n0\n"
+             << tail(read_text(dir + "/n0.log")) << "\n--- coordinator\n"
+             << read_text(dir + "/coord.log"));
+  // Every node's first record after the restart is the newest version, resumed, with the CRC that version
+  // had before the kill.
+  for (const auto& n : names) {
+    CATCH_INFO("node " << n);
+    bool found = false;
+    for (const auto& r : records_of(out + "/" + n)) {
+      if (std::string(r["kind"].GetString()) != "version" || !r.HasMember("resumed")) continue;
+      found = true;
+      CATCH_CHECK(at(r, "version").GetInt64() == newest);
+      CATCH_REQUIRE(before.count(newest) == 1);
+      CATCH_CHECK(before.at(newest).count(str(at(r, "theta_crc32c"))) == 1);
+    }
+    CATCH_CHECK(found);
+  }
+  // The resumed run merged on to the last version, one CRC per version across the nodes.
+  const auto after = version_crcs(out, names, /*after_resume=*/true);
+  CATCH_CHECK(after.begin()->first == newest);
+  CATCH_CHECK(after.rbegin()->first == versions);
+  for (const auto& [v, set] : after) {
+    CATCH_INFO("version " << v);
+    CATCH_CHECK(set.size() == 1);
+  }
+  check_one_final_theta(out, names);
+  // The same checkpoints under another policy: refused, naming both.
+  edit_file(cluster, "outer = \"async\"", "outer = \"sync\"");
+  auto [code, log] = run({binary(), "launch", cluster}, dir + "/sync.log", 300);
+  CATCH_CHECK(code != 0);
+  CATCH_CHECK(contains(log, "diloco.outer = \"async\", this run is \"sync\""));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -186,6 +188,16 @@ struct fake_engine final : round_engine {
   std::vector<std::pair<uint64_t, uint64_t>> contributions;  // (v_start, tokens)
   std::vector<uint64_t> versions;
   std::string node_name() const override { return name; }
+  std::pair<int64_t, int64_t> ring_rank() const override { return {0, 1}; }
+  void outer_state(then<runtime::outer_snapshot> k) override {
+    note("outer_state");
+    k(runtime::outer_snapshot{global.clone(), at::Tensor(), {}, versions.empty() ? 0 : versions.back(), {}});
+  }
+  void load_outer(runtime::outer_snapshot state, then<bool> k) override {
+    note("load_outer");
+    global = state.theta;
+    k(true);
+  }
   void contribute(uint64_t v_start, uint64_t tokens) override {
     note("contribute " + std::to_string(v_start));
     contributions.emplace_back(v_start, tokens);
@@ -194,6 +206,11 @@ struct fake_engine final : round_engine {
     note("version " + std::to_string(version));
     versions.push_back(version);
   }
+  std::vector<std::string> records;  // metrics.jsonl lines
+  std::map<std::string, double> metrics;
+  void record(runtime::json_line line) override { records.push_back(line.str()); }
+  void observe(const char* name, double value) override { metrics[name] += value; }
+  void count(const char* name, double value) override { metrics[name] += value; }
 };
 
 config::train_config two_workers(config::run_mode mode, config::outer_policy_kind outer, int64_t rounds) {
@@ -498,7 +515,7 @@ CATCH_TEST_CASE("async contributes each phase, merges what the master names, and
   e.calls.clear();
   p->on_merge(merge_of(1, {{"b", 0}}, tokens));
   CATCH_CHECK(e.calls ==
-              std::vector<std::string>{"start_reduce (1,0) of 0.000000", "outer (1,0)", "version 1"});
+              std::vector<std::string>{"start_reduce (1,0) of 0.000001", "outer (1,0)", "version 1"});
   CATCH_CHECK(at::equal(e.global, at::zeros({4})));
   CATCH_CHECK(!p->run_over(5));
   // Version 2 merges this node's (started at 0, one version old): its workers' mean, weighted by its tokens.
@@ -508,7 +525,9 @@ CATCH_TEST_CASE("async contributes each phase, merges what the master names, and
                                                   "outer (2,0)", "version 2"});
   CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.15f)));
   // train.rounds = 2 versions: the run is over, later merges are not taken, the phase that ends is not sent.
-  CATCH_CHECK(p->run_over(1));
+  // The phase after round 1 is the last: its round tail is the final evaluation and checkpoint.
+  CATCH_CHECK(!p->run_over(1));
+  CATCH_CHECK(p->run_over(2));
   e.calls.clear();
   p->on_merge(merge_of(3, {{"b", 2}}, tokens));
   CATCH_CHECK(e.calls.empty());
@@ -531,6 +550,17 @@ CATCH_TEST_CASE("async holds back phases the master has not answered, folds them
   drop.dropped.push_back({"b", 0, tokens, 1});  // another node's drop changes nothing here
   p->on_merge(drop);
   CATCH_CHECK(e.contributions == std::vector<std::pair<uint64_t, uint64_t>>{{0, tokens}, {0, 2 * tokens}});
+  CATCH_CHECK(e.metrics["longwave_async_dropped_total"] == 1);
+  CATCH_CHECK(e.metrics["longwave_async_contributions_total"] == 2);
+  // One "contribution" line per phase; only the first was sent when it ended.
+  std::vector<bool> sent;
+  for (const auto& r : e.records)
+    if (r.find("\"kind\":\"contribution\"") != std::string::npos)
+      sent.push_back(r.find("\"sent\":true") != std::string::npos);
+  CATCH_CHECK(sent == std::vector<bool>{true, false, false});
+  CATCH_CHECK(std::count_if(e.records.begin(), e.records.end(), [](const std::string& r) {
+                return r.find("\"kind\":\"dropped\"") != std::string::npos;
+              }) == 1);
   e.calls.clear();
   p->on_merge(merge_of(1, {{"a", 0}}, 2 * tokens));
   CATCH_CHECK(e.calls.front() == "start_reduce (1,0) of " + std::to_string(double(2 * tokens)));
@@ -554,7 +584,8 @@ CATCH_TEST_CASE("async scales a stale pseudo-gradient by CGAD's rule and refuses
   p->on_merge(merge_of(1, {{"b", 0}}, 1));  // announced twice (a master that took over): taken once
   CATCH_CHECK(lines_of(e, "outer").size() == 1);
   p->on_merge(merge_of(2, {{"b", 1}}, 1));
-  p->on_merge(merge_of(3, {{"a", 0}}, 1));  // started at 0, merged into 3: two versions old
+  p->on_merge(merge_of(3, {{"a", 0}}, 1));                  // started at 0, merged into 3: two versions old
+  CATCH_CHECK(e.metrics["longwave_async_staleness"] == 2);  // the one merged contribution's age
   const double k = models::cgad_scale(2, 0.25, 6);
   CATCH_CHECK(k > 0.1);
   CATCH_CHECK(k < 0.9);
@@ -563,4 +594,30 @@ CATCH_TEST_CASE("async scales a stale pseudo-gradient by CGAD's rule and refuses
   e.calls.clear();
   p->on_merge(merge_of(5, {{"b", 3}}, 1));
   CATCH_CHECK(e.calls == std::vector<std::string>{"fail"});
+}
+
+CATCH_TEST_CASE("async takes no merge past the last version, even while the last one's all-reduce runs",
+                "[unit][round][async]") {
+  auto cfg = two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 2);
+  fake_engine e(cfg);
+  e.slow_link = true;
+  auto p = make_round_policy(e, e.ctx);
+  async_phase(e, *p);
+  p->on_merge(merge_of(1, {{"b", 0}}, 1));
+  p->on_merge(merge_of(2, {{"b", 1}}, 1));
+  p->on_merge(merge_of(3, {{"b", 2}}, 1));  // announced before version 2 is applied: not taken
+  CATCH_CHECK(lines_of(e, "start_reduce") ==
+              std::vector<std::string>{"start_reduce (1,0) of 0.000001", "start_reduce (2,0) of 0.000001"});
+  CATCH_CHECK(!p->run_over(5));
+  e.finish_reduces();
+  CATCH_CHECK(e.versions == std::vector<uint64_t>{1, 2});
+  CATCH_CHECK(p->run_over(2));
+  // async.tokens ends it the same way: at the merge that brings the merged tokens to the budget.
+  cfg.train.rounds = 100;
+  cfg.async.tokens = 10;
+  fake_engine t(cfg);
+  auto q = make_round_policy(t, t.ctx);
+  async_phase(t, *q);
+  for (uint64_t v = 1; v <= 4; ++v) q->on_merge(merge_of(v, {{"b", v - 1}}, 4));  // 4, 8, 12: the third
+  CATCH_CHECK(t.versions == std::vector<uint64_t>{1, 2, 3});
 }
