@@ -121,6 +121,8 @@ uint64_t hold_at_next_boundary(self_ptr self) {
 void stop_after(self_ptr self, uint64_t round) {
   auto& s = self->state;
   if (s.stop_after) return;
+  // Rounds of its own (async): the boundary this node said it would hold at.
+  if (!s.policy->shares_rounds()) round = s.hold_after.value_or(s.round + 1);
   s.stop_after = round;
   if (s.round > round)
     spdlog::warn("the cluster stops after round {}, which this node has passed: it stops after round {}",

@@ -18,7 +18,11 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
 
   --policies LIST     comma-separated [diloco] outer policies    (default sync,delayed,eager,streaming)
                       sync is the baseline of the ratios and of the default target; put it first.
-                      dylu: sync with diloco.adaptive_steps; P+dylu: policy P with it (delayed, eager)
+                      dylu: sync with diloco.adaptive_steps; P+dylu: policy P with it (delayed, eager);
+                      async: diloco.outer = "async", its token budget that of its rounds (R rounds x nodes
+                      x H steps x batch x seq_len), its merge rules --async-rules
+  --async-rules R     async's [async] quorum:grace_min_s:grace_max_s:max_staleness:dn_period[:cgad]
+                                                                                  (default 1:0:5:8:0)
   --speeds LIST       one node per value, its [[nodes]] speed (with --pace)              (default 4 nodes at 1)
   --pace S            [train] pace_step_s: an inner step of a node of speed v takes S / v s (0: off)
   --policy-rounds P=R rounds of policy P's runs (repeatable), e.g. dylu=15: adaptive steps train fewer tokens
@@ -101,6 +105,7 @@ outer_momentum=0
 # Each policy's best at the defaults (bench/RESULTS.md, sessions 10 and 11); --outer P=... replaces one.
 declare -A policy_outer=([delayed]=0.9:-0.6:hb [eager]=1.3:-0.7:hb [streaming]=1.3:0)
 sync_eval=0
+async_rules=1:0:5:8:0
 fragments=2
 tau=auto
 alpha=0.5
@@ -147,6 +152,10 @@ while [ $# -gt 0 ]; do
         die "--outer takes POLICY=LR:MU[:hb], e.g. streaming=1.0:0 or eager=0.8:-0.5:hb"
       policy_outer[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}:${BASH_REMATCH[3]}${BASH_REMATCH[4]}"; shift 2 ;;
     --sync-eval) sync_eval=1; shift ;;
+    --async-rules)
+      [[ ${2:-} =~ ^[0-9]+:[0-9.]+:[0-9.]+:[0-9]+:[0-9]+(:cgad)?$ ]] ||
+        die "--async-rules takes QUORUM:GRACE_MIN_S:GRACE_MAX_S:MAX_STALENESS:DN_PERIOD[:cgad], e.g. 1:0:5:8:0"
+      async_rules=$2; shift 2 ;;
     --fragments) fragments=${2:?}; shift 2 ;;
     --tau) tau=${2:?}; shift 2 ;;
     --alpha) alpha=${2:?}; shift 2 ;;
@@ -184,6 +193,8 @@ isint "$fragments" || die "--fragments must be a positive integer"
 IFS=, read -r -a pols <<<"$policies"
 [ ${#pols[@]} -ge 1 ] || die "--policies is empty"
 for p in "${pols[@]}"; do [[ $p =~ ^[a-z_]+(\+dylu)?$ ]] || die "bad policy name '$p'"; done
+[[ " ${pols[*]} " != *" async "* ]] || [[ " ${pols[*]} " != *"+dylu"* ]] ||
+  die "async runs without adaptive steps (diloco.adaptive_steps); drop +dylu from the async policies"
 [[ $pace =~ ^[0-9]*\.?[0-9]+$ ]] || die "--pace must be a number of seconds (0: off)"
 [[ $seed =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer"
 IFS=, read -r -a node_speeds <<<"${speeds:-1,1,1,1}"
@@ -250,8 +261,16 @@ write_cluster() {
   [ "$outer" != dylu ] || outer=sync
   [ "$outer" = "$policy" ] || { adaptive=true; o=${policy_outer[$policy]:-${policy_outer[$outer]:-$outer_lr:$outer_momentum}}; }
   [ "$dt" != sparse ] || [ -z "$sparse_outer" ] || o=$sparse_outer
-  local olr omu hb nesterov=true eval_async=true
+  local olr omu hb nesterov=true eval_async=true train_rounds=$r async_section=""
   IFS=: read -r olr omu hb <<<"$o"
+  if [ "$outer" = async ]; then
+    # The token budget of r rounds of every node's H steps ends the run; versions are not counted.
+    local q gmin gmax stale dn cg
+    IFS=: read -r q gmin gmax stale dn cg <<<"$async_rules"
+    train_rounds=1000000
+    async_section=$(printf '[async]\nquorum = %s\ngrace_min_s = %s\ngrace_max_s = %s\nmax_staleness = %s\ndn_period = %s\nage_scaling = "%s"\ntokens = %s\n' \
+      "$q" "$gmin" "$gmax" "$stale" "$dn" "${cg:-none}" $((r * n * inner * batch * seq_len)))
+  fi
   [ "$hb" != hb ] || nesterov=false
   [ "$sync_eval" = 0 ] || eval_async=false
   {
@@ -277,7 +296,7 @@ seq_len = $seq_len
 
 [train]
 inner_steps = $inner
-rounds = $r
+rounds = $train_rounds
 batch_size = $batch
 lr = $inner_lr
 warmup_steps = $inner
@@ -295,6 +314,8 @@ adaptive_steps = $adaptive
 fragments = $fragments
 tau = $tau
 alpha = $alpha
+
+$async_section
 
 [comm]
 dtype = "$dt"
@@ -377,6 +398,7 @@ summarize() {
       kind = jget($0, "kind"); ts = jget($0, "ts") + 0
       if (kind == "start") { start[node] = ts; if (first_start == "" || ts < first_start) first_start = ts; params = jget($0, "params") }
       else if (kind == "end") { end_ts[node] = ts; if (node == "n0") final_loss = jget($0, "val_loss") }
+      else if (kind == "version" && node == "n0") { merged = jget($0, "merged_tokens") + 0; versions++ }
       else if (kind == "worker") {
         r = jget($0, "round") + 0; c = jget($0, "compute_s"); w = jget($0, "wall_s")
         all_c += c; all_w += w; nw_lines++
@@ -402,10 +424,10 @@ summarize() {
       nar = 0; ar_sum = 0; for (r in ar) if (r + 0 >= 2) { ar_sum += ar[r]; nar++ }
       wall = 0; for (nd in end_ts) if (end_ts[nd] - first_start > wall) wall = end_ts[nd] - first_start
       nodes = 0; for (nd in start) nodes++
-      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d\n",
+      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d merged_tokens=%d versions=%d\n",
         (sw > 0 ? sc / sw : 0), (all_w > 0 ? all_c / all_w : 0), ((sw - eval_w) > 0 ? sc / (sw - eval_w) : 0),
         (nodes > 0 ? stall / nodes : 0), (phase_n > 0 ? phase_sum / phase_n : 0), (nar > 0 ? ar_sum / nar : 0),
-        wall, final_loss, params, bytes, nodes, nw_lines
+        wall, final_loss, params, bytes, nodes, nw_lines, merged, versions
       for (i = 1; i <= ne; ++i) { split(evals[i], e, " "); printf "%.3f\t%d\t%s\n", e[1] - first_start, e[2], e[3] > (DIR "/evals.tsv") }
     }' DIR="$dir" "$dir"/n*/metrics.jsonl
 }
@@ -544,5 +566,20 @@ echo "time (slowest node, mean of rounds 2..) ÷ inner phase; to_target = s from
 echo "interpolated linearly between the evaluation before and the first at or below it (1st_eval: that evaluation's"
 echo "time); util/s and speedup are ratios against ${base:-sync} measured in this run (speedup = its to_target ÷ this"
 echo "one's); vs_int8 = to_target of the same policy with int8 ÷ this one's."
+# A2 (issue 39): goodput = merged tokens per second ÷ what the same paced nodes train per second alone (every
+# node's speed / pace steps a second, batch x seq_len tokens a step); sync merges every token it trains.
+if awk -v p="$pace" 'BEGIN { exit !(p > 0) }'; then
+  alone=$(printf '%s\n' "${node_speeds[@]}" | awk -v b="$batch" -v t="$seq_len" -v p="$pace" '{ s += $1 } END { printf "%.1f", s * b * t / p }')
+  for id in "${runs[@]}"; do
+    s=${summary[$id]:-}
+    [ -n "$s" ] || continue
+    merged=$(field merged_tokens "$s")
+    [ "${run_policy[$id]}" != sync ] || merged=$(($(run_rounds "$id") * n * inner * batch * seq_len))
+    [ "$merged" -gt 0 ] 2>/dev/null || continue
+    awk -v id="$id" -v m="$merged" -v w="$(field wall_s "$s")" -v a="$alone" -v v="$(field versions "$s")" 'BEGIN {
+      printf "goodput %-10s %.3f  (%d tokens merged in %.1f s%s; the nodes alone train %.0f tokens/s)\n", id, m / w / a, m, w,
+        (v > 0 ? sprintf(", %d versions", v) : ""), a }'
+  done
+fi
 echo "csv: $csv"
 exit $failed

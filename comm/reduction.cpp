@@ -22,7 +22,7 @@ class dense_reduction final : public reduction {
       : dtype_(dtype), codec_(codec), error_feedback_(error_feedback && dtype != wire_dtype::fp32) {}
 
   void apply(collective& c, uint64_t round, uint32_t part, float* data, size_t n, double weight) override {
-    if (error_feedback_ && weight > 0) carry_residual(c, part, data, n);
+    if (error_feedback_ && carries_residual(weight)) carry_residual(c, part, data, n);
     c.allreduce(round, data, n, weight, part, dtype_);
   }
 

@@ -54,15 +54,25 @@ struct reduction_stats {
   uint64_t clipped = 0;
 };
 
+/// The weight of a node that only relays zeros yet keeps the ring's total above 0 (diloco.outer = "async":
+/// the members not in a merge; a merge whose contributors were all lost then averages to zero instead of
+/// failing). Like weight 0, it takes no residual in.
+inline constexpr double relay_weight = 1e-6;
+/// Whether a contribution of this weight carries the node's error-feedback residual (not a relay's).
+inline bool carries_residual(double weight) {
+  return weight > relay_weight;
+}
+
 /// One node's side of the reduction. Not thread-safe: one communicator calls it.
 class reduction {
  public:
   virtual ~reduction() = default;
 
-  /// data[0..n) is this node's contribution (its workers' mean) of weight `weight` (0: the node only relays,
-  /// as a joiner in its observed round: no residual takes it in); afterwards it is the weighted mean over
-  /// every node of c. part is the ring label's second part: each has its own residual. Throws lw_error
-  /// (diverged for a non-finite residual, malformed_frame for a peer's bad message, or c's errors).
+  /// data[0..n) is this node's contribution (its workers' mean) of weight `weight` (0 or relay_weight: the
+  /// node only relays, as a joiner in its observed round: no residual takes it in); afterwards it is the
+  /// weighted mean over every node of c. part is the ring label's second part: each has its own residual.
+  /// Throws lw_error (diverged for a non-finite residual, malformed_frame for a peer's bad message, or c's
+  /// errors).
   virtual void apply(collective& c, uint64_t round, uint32_t part, float* data, size_t n, double weight) = 0;
 
   /// comm.dtype, for the records.

@@ -68,11 +68,12 @@ class topk_sparse final : public sparse_base {
 
   size_t wire_bytes(size_t n) const override { return sparse_encoded_size(n, o_.sparse); }
 
-  /// Weight 0 (an observed round): sent without error feedback, and skipped by every node.
+  /// Weight 0 (an observed round) or a relay's: sent without error feedback (weight 0: skipped by every
+  /// node).
   void apply(collective& c, uint64_t round, uint32_t part, float* data, size_t n, double weight) override {
     std::vector<std::byte> message(sparse_encoded_size(n, o_.sparse));
     auto t0 = std::chrono::steady_clock::now();
-    if (weight > 0) {
+    if (carries_residual(weight)) {
       if (!residual_for(part, n).encode(data, n, 0, message.data(), o_.sparse)) throw_non_finite();
     } else {
       sparse_encode(data, n, message.data(), o_.sparse);
@@ -95,13 +96,13 @@ class shared_sparse final : public sparse_base {
 
   size_t wire_bytes(size_t n) const override { return encoded_size(wire_dtype::int8, kept_of(n), o_.codec); }
 
-  /// Weight 0 (an observed round): v = data[mask], the residual untouched.
+  /// Weight 0 (an observed round) or a relay's: v = data[mask], the residual untouched.
   void apply(collective& c, uint64_t round, uint32_t part, float* data, size_t n, double weight) override {
     const auto mask = shared_mask(n, o_.sparse, {o_.mask_seed, round, part});
     const size_t k = mask.size();
     std::vector<float> v(k);
     const auto t0 = std::chrono::steady_clock::now();
-    if (weight > 0) {
+    if (carries_residual(weight)) {
       auto& residual = residual_for(part, n);
       if (!residual.accumulate_and_gather(data, mask.data(), k, v.data()) || !quantize(v.data(), k))
         throw_non_finite();

@@ -327,7 +327,7 @@ void coordinator_engine::version_done(uint64_t version, const at::Tensor& theta,
   const uint32_t crc = crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
   line.add("theta_crc32c", fmt::format("{:08x}", crc));
   coordinator_parts::record(self_, line);
-  gauge(self_, "longwave_async_version", static_cast<double>(version));
+  gauge(self_, "longwave_outer_version", static_cast<double>(version));
   self_->state.ctx->cluster->version_committed(version, crc);
 }
 

@@ -3,7 +3,7 @@
 // (contribute) and starts the next phase at once from the newest version it has. The master merges what has
 // arrived (cluster/merge_window.hpp) and tells every member; each merge is an all-reduce of ring label
 // (version, 0) among all members, in which the merged nodes send their held pseudo-gradient (scaled by the
-// age rule) weighted by their tokens, and the others zeros with a weight of 1e-6 (relay_weight). Every node
+// age rule) weighted by their tokens, and the others zeros with comm::relay_weight. Every node
 // then applies the same Delayed Nesterov step (the outer optimizer, outer_policy::dn_period), so every node
 // holds the same theta per version, as the "version" records' CRCs show. The run ends at the first version
 // that reaches train.rounds versions or async.tokens merged tokens; every node ends with that version's
@@ -19,8 +19,11 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "actors/round/round_policy.hpp"
+#include "comm/reduction.hpp"
 #include "models/outer_sgd.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
@@ -55,6 +58,7 @@ class async_policy final : public round_policy {
   }
 
   void on_merge(const runtime::merge_order& order) override {
+    if (adopting_) return deferred_.push_back(order);  // taken once the resumed version is in place
     if (!zeros_.defined()) {
       // Before the first phase's theta came (the outer optimizer answers in order, so this comes after it).
       return engine_.theta([this, order](at::Tensor theta) {
@@ -68,30 +72,30 @@ class async_policy final : public round_policy {
       spdlog::debug("async: version {} was announced again (merged up to {})", order.version, merging_);
       return;
     }
-    if (order.version != merging_ + 1)
-      return engine_.fail(runtime::make_error(
-          errc::stale_round, fmt::format("async: the coordinator merged version {}, but this node "
-                                         "holds version {}: it missed the merges between",
-                                         order.version, merging_)));
     // The last version is known when it is announced (every node takes the same merges, in order): a merge
     // after it is not taken, though the ones before it may still be running.
     const auto& cfg = engine_.context().cfg;
     if (merging_ >= static_cast<uint64_t>(cfg.train.rounds) ||
         (cfg.async.tokens > 0 && announced_tokens_ >= cfg.async.tokens))
       return;
+    if (order.version != merging_ + 1)
+      return engine_.fail(runtime::make_error(
+          errc::stale_round, fmt::format("async: the coordinator merged version {}, but this node "
+                                         "holds version {}: it missed the merges between",
+                                         order.version, merging_)));
     merging_ = order.version;
     for (const auto& e : order.merged) announced_tokens_ += static_cast<int64_t>(e.tokens);
     const auto mine = std::find_if(order.merged.begin(), order.merged.end(),
                                    [&](const runtime::merge_entry& e) { return e.node == me; });
-    int64_t tokens = 0;
-    for (const auto& e : order.merged) tokens += static_cast<int64_t>(e.tokens);
+    merge_facts facts{0, static_cast<int64_t>(order.merged.size()), -1, 0};
+    for (const auto& e : order.merged) facts.tokens += static_cast<int64_t>(e.tokens);
     std::vector<at::Tensor> parts{zeros_};
-    double weight = relay_weight;
-    int64_t staleness = -1;
+    double weight = comm::relay_weight;  // zeros that keep the ring above weight 0 (comm/reduction.hpp)
     if (mine != order.merged.end() && reported_) {
-      staleness = static_cast<int64_t>(order.version - 1 - reported_->v_start);
-      engine_.observe("longwave_async_staleness", static_cast<double>(staleness));
-      parts = scaled(std::move(reported_->parts), staleness);
+      facts.staleness = static_cast<int64_t>(order.version - 1 - reported_->v_start);
+      facts.own_tokens = reported_->tokens;
+      engine_.observe("longwave_outer_merge_staleness", static_cast<double>(facts.staleness));
+      parts = scaled(std::move(reported_->parts), facts.staleness);
       weight = static_cast<double>(reported_->tokens);
       reported_.reset();
       report_held();
@@ -102,12 +106,10 @@ class async_policy final : public round_policy {
     }
     const runtime::ring_label label{order.version, 0};
     engine_.start_reduce(label, std::move(parts), /*exact=*/false, weight);
-    engine_.reduces().when(label, [this, label, tokens, staleness, n = order.merged.size()](at::Tensor avg) {
+    engine_.reduces().when(label, [this, label, facts](at::Tensor avg) {
       engine_.reduces().take(label);
       engine_.outer_step(label.first, 0, std::move(avg),
-                         [this, label, tokens, staleness, n](at::Tensor theta) {
-                           applied(label.first, theta, tokens, static_cast<int64_t>(n), staleness);
-                         });
+                         [this, label, facts](at::Tensor theta) { applied(label.first, theta, facts); });
     });
   }
 
@@ -123,6 +125,7 @@ class async_policy final : public round_policy {
   bool run_over(uint64_t rounds_done) const override { return final_ && rounds_done >= over_after_; }
   /// A local phase runs to its end: its pseudo-gradient is measured from the version it started from.
   stop_rule stops() const override { return stop_rule::at_next_boundary; }
+  bool shares_rounds() const override { return false; }
   /// Merges change theta while training goes on: snapshots are clones.
   bool lends_boundary_snapshot() const override { return false; }
 
@@ -178,7 +181,7 @@ class async_policy final : public round_policy {
     } else if (!reported_) {
       reported_ = held{v_start, tokens, std::move(parts)};
       engine_.contribute(v_start, static_cast<uint64_t>(tokens));
-      engine_.count("longwave_async_contributions_total", 1);
+      engine_.count("longwave_outer_contributions_total", 1);
     } else if (!held_) {
       held_ = held{v_start, tokens, std::move(parts)};
     } else {
@@ -197,7 +200,7 @@ class async_policy final : public round_policy {
       if (d.node != me || !reported_) continue;
       spdlog::warn("async: the coordinator dropped this node's contribution from version {} (version is {})",
                    d.v_start, order.version);
-      engine_.count("longwave_async_dropped_total", 1);
+      engine_.count("longwave_outer_dropped_contributions_total", 1);
       auto line = runtime::json_line("dropped");
       line.add("v_start", d.v_start).add("version", order.version).add("tokens", d.tokens);
       engine_.record(std::move(line));
@@ -212,7 +215,7 @@ class async_policy final : public round_policy {
     reported_ = std::move(held_);
     held_.reset();
     engine_.contribute(reported_->v_start, static_cast<uint64_t>(reported_->tokens));
-    engine_.count("longwave_async_contributions_total", 1);
+    engine_.count("longwave_outer_contributions_total", 1);
   }
 
   /// async.age_scaling: a pseudo-gradient `staleness` versions old, scaled (CGAD) or as it is.
@@ -224,15 +227,20 @@ class async_policy final : public round_policy {
     return parts;
   }
 
+  /// What a merge took: its tokens and contributions, and this node's part (staleness -1: none).
+  struct merge_facts {
+    int64_t tokens = 0, nodes = 0, staleness = -1, own_tokens = 0;
+  };
+
   /// Version v's outer step is applied: theta is version v on every node.
-  void applied(uint64_t v, const at::Tensor& theta, int64_t tokens, int64_t nodes, int64_t staleness) {
+  void applied(uint64_t v, const at::Tensor& theta, const merge_facts& f) {
     version_ = v;
-    merged_tokens_ += tokens;
+    merged_tokens_ += f.tokens;
     tokens_at_[v] = merged_tokens_;
     while (tokens_at_.size() > 64) tokens_at_.erase(tokens_at_.begin());  // snapshots ask for recent ones
     auto line = runtime::json_line("version");
-    line.add("version", v).add("nodes", nodes).add("tokens", tokens).add("merged_tokens", merged_tokens_);
-    if (staleness >= 0) line.add("own_staleness", staleness);
+    line.add("version", v).add("nodes", f.nodes).add("tokens", f.tokens).add("merged_tokens", merged_tokens_);
+    if (f.staleness >= 0) line.add("own_staleness", f.staleness).add("own_tokens", f.own_tokens);
     engine_.version_done(v, theta, std::move(line));
     check_end();
   }
@@ -260,6 +268,7 @@ class async_policy final : public round_policy {
   void adopt_newest(std::function<void()> k) {
     const auto [rank, world] = engine_.ring_rank();
     if (world <= 1) return k();
+    adopting_ = true;
     auto slots = at::zeros({world}, at::kFloat);
     slots[rank] = static_cast<float>(version_);
     exact_reduce({0, 2}, slots, 1.0, [this, rank = rank, world = world, k](at::Tensor mean) {
@@ -301,6 +310,8 @@ class async_policy final : public round_policy {
         line.add("version", newest).add("merged_tokens", merged_tokens_).add("resumed", true);
         engine_.version_done(newest, theta, std::move(line));
         check_end();
+        adopting_ = false;
+        for (auto& order : std::exchange(deferred_, {})) on_merge(order);
         k();
       });
     });
@@ -315,11 +326,6 @@ class async_policy final : public round_policy {
     });
   }
 
-  /// A node not in a merge sends zeros with this weight, not 0: if every node the merge names is lost before
-  /// its all-reduce (redone among the survivors), the ring still has weight and the merge averages to zero
-  /// instead of failing. Against contributions of thousands of tokens it moves the average by less than
-  /// fp32 resolves.
-  static constexpr double relay_weight = 1e-6;
   static constexpr int64_t token_parts = 4;  // 64 bits of merged tokens as four exact 16-bit floats
 
   uint64_t version_ = 0;                   // theta's version: the last merge applied
@@ -333,6 +339,8 @@ class async_policy final : public round_policy {
   at::Tensor zeros_;                       // what a node not in a merge sends
   std::map<uint64_t, int64_t> tokens_at_;  // merged tokens at each recent version (for snapshots)
   bool resumed_ = false;                   // resumed from a checkpoint: adopt the newest version first
+  bool adopting_ = false;                  // adopt_newest runs: merges wait in deferred_
+  std::vector<runtime::merge_order> deferred_;
   std::chrono::steady_clock::time_point phase_began_;
 };
 

@@ -45,6 +45,9 @@ class round_policy {
   virtual stop_rule stops() const { return stop_rule::pause_and_align; }
   /// Whether the run stands at a round boundary between rounds (streaming may stand between segments).
   virtual bool at_round_boundary() const { return true; }
+  /// Whether the nodes of a cluster count the same rounds (a cluster stop names one round for all); async's
+  /// rounds are each node's own phases, so it stops at its own next boundary.
+  virtual bool shares_rounds() const { return true; }
   /// Fills in what the policy keeps in a snapshot: the replicas' position in the round (boundary: 0), and
   /// its part of the outer optimizer's state (eager's per-replica outer state).
   virtual void fill_snapshot(runtime::train_snapshot& snap, const runtime::outer_snapshot& outer,

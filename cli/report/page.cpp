@@ -189,6 +189,32 @@ std::string nodes_table(const report_data& r, const run_summary& sum) {
   return o + "</tbody></table>\n";
 }
 
+// diloco.outer = "async": per node, its phases and step rate, the share of its trained tokens the merges took
+// (goodput), merged tokens per second of its active time, and its contributions' staleness and drops.
+std::string async_table(const report_data& r, const run_summary& sum) {
+  std::string rows;
+  for (size_t i = 0; i < r.nodes.size(); ++i) {
+    const auto& s = sum.nodes[i];
+    if (s.async_phases == 0) continue;
+    const double share =
+        s.async_trained_tokens > 0 ? s.async_merged_tokens / s.async_trained_tokens : HUGE_VAL;
+    rows += fmt::format(
+        "<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td></tr>\n",
+        html_escape(r.nodes[i].name), compact(s.async_phases), fixed(s.async_steps_per_s, 2),
+        with_commas(s.async_trained_tokens), with_commas(s.async_merged_tokens),
+        std::isfinite(share) ? fmt::format("{:.0f} %", 100 * share) : std::string("–"),
+        s.active_s > 0 ? with_commas(s.async_merged_tokens / s.active_s) : std::string("–"),
+        fixed(s.async_mean_staleness, 2), compact(s.async_max_staleness), compact(s.async_dropped));
+  }
+  if (rows.empty()) return {};
+  return "<h2>Asynchronous merges</h2>\n<table><thead><tr><th>node</th><th>phases</th><th>inner steps/s</th>"
+         "<th>tokens trained</th><th>tokens merged</th><th>goodput (merged / trained)</th>"
+         "<th>merged tokens/s</th><th>mean staleness</th><th>max staleness</th><th>dropped</th></tr></thead>"
+         "<tbody>\n" +
+         rows + "</tbody></table>\n";
+}
+
 // A cluster's memberships over time: one row per epoch that a node entered after the first.
 std::string membership_table(const report_data& r) {
   struct epoch_row {
@@ -281,7 +307,7 @@ std::string assemble_page(const report_data& r) {
   o += configuration_table(cluster, sum, field);
   o += outcome_table(r, sum, field);
   o += "</section>\n";
-  if (cluster) o += nodes_table(r, sum) + membership_table(r) + recovery_table(r);
+  if (cluster) o += nodes_table(r, sum) + async_table(r, sum) + membership_table(r) + recovery_table(r);
   o += charts_section(r);
   o += page_footer(r);
   return o;

@@ -99,6 +99,12 @@ void add_record(node_metrics& m, record obj) {
     m.memberships.push_back(std::move(obj));
   } else if (kind == "recovery") {
     m.recoveries.push_back(std::move(obj));
+  } else if (kind == "contribution") {
+    m.contributions.push_back(std::move(obj));
+  } else if (kind == "version") {
+    m.versions.push_back(std::move(obj));
+  } else if (kind == "dropped") {
+    m.drops.push_back(std::move(obj));
   }
   // Other kinds come from a newer writer: counted, not shown.
 }

@@ -46,8 +46,10 @@ struct node_metrics {
   std::string path;
   std::vector<step_point> steps;
   std::vector<record> starts, workers, allreduces, evals, checkpoints, ends;
-  std::vector<record> memberships;                  // each cluster membership (epoch) the node entered
-  std::vector<record> recoveries;                   // how it got the state when it joined a running cluster
+  std::vector<record> memberships;  // each cluster membership (epoch) the node entered
+  std::vector<record> recoveries;   // how it got the state when it joined a running cluster
+  /// diloco.outer = "async": each local phase (contribution), each version applied, each drop of its own.
+  std::vector<record> contributions, versions, drops;
   std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
   double bytes_sent = 0;                            // every all-reduce, redone rounds included
   size_t n_records = 0, n_skipped = 0;

@@ -46,6 +46,30 @@ std::string status_of(const record* last_end) {
                        : fmt::format("failed (exit {})", compact(code));
 }
 
+// diloco.outer = "async": the node's phases, and what the merges took of them (a version redone after a
+// resume counts once, as its last record says).
+void sum_async(const node_metrics& m, node_summary& s) {
+  double rate_sum = 0;
+  for (const auto& c : m.contributions) {
+    s.async_phases += 1;
+    if (const double t = num(c, "tokens"); std::isfinite(t)) s.async_trained_tokens += t;
+    if (const double r = num(c, "steps_per_second"); std::isfinite(r)) rate_sum += r;
+  }
+  if (s.async_phases > 0) s.async_steps_per_s = rate_sum / s.async_phases;
+  std::map<double, const record*> by_version;
+  for (const auto& v : m.versions) by_version[num(v, "version")] = &v;
+  double stale_sum = 0, merged = 0;
+  for (const auto& [version, v] : by_version) {
+    const double own = num(*v, "own_staleness");
+    if (!std::isfinite(own)) continue;
+    merged += 1, stale_sum += own;
+    s.async_max_staleness = std::isfinite(s.async_max_staleness) ? std::max(s.async_max_staleness, own) : own;
+    if (const double t = num(*v, "own_tokens"); std::isfinite(t)) s.async_merged_tokens += t;
+  }
+  if (merged > 0) s.async_mean_staleness = stale_sum / merged;
+  s.async_dropped = static_cast<double>(m.drops.size());
+}
+
 }  // namespace
 
 void find_time_span(report_data& r) {
@@ -69,6 +93,7 @@ node_summary summarize(const node_metrics& m) {
     last_end = &m.ends.back();
   find_final_validation(m, last_end, s);
   sum_workers(m, s);
+  sum_async(m, s);
   for (const auto& st : m.steps)
     s.last_step = std::isfinite(s.last_step) ? std::max(s.last_step, st.step) : st.step;
   double ar_sum = 0, wait_sum = 0;

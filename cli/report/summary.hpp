@@ -35,6 +35,14 @@ struct node_summary {
   std::string next_node;
   double active_s = 0;
   std::string status;
+  /// diloco.outer = "async" (NaN or 0 without): local phases, their mean step rate, the tokens they trained
+  /// and how many of those a merge took, its contributions' staleness (mean, max) and the drops.
+  double async_phases = 0;
+  double async_steps_per_s = std::numeric_limits<double>::quiet_NaN();
+  double async_trained_tokens = 0, async_merged_tokens = 0;
+  double async_mean_staleness = std::numeric_limits<double>::quiet_NaN();
+  double async_max_staleness = std::numeric_limits<double>::quiet_NaN();
+  double async_dropped = 0;
 };
 
 node_summary summarize(const node_metrics& m);

@@ -79,8 +79,8 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   std::ostringstream meta;
   meta << "mode=" << shape.mode << "\npreset=" << shape.preset << "\nn_params=" << shape.n_params
        << "\nreplicas=" << s.replicas.size() << "\npending_round=" << s.pending_round
-       << "\nouter=" << shape.outer << "\nversion=" << s.version
-       << "\nmerged_tokens=" << s.merged_tokens << "\n"
+       << "\nouter=" << shape.outer << "\nversion=" << s.version << "\nmerged_tokens=" << s.merged_tokens
+       << "\n"
        << s.meta;
   c.meta = meta.str();
   c.blobs.push_back(tensor_blob("theta", s.theta));

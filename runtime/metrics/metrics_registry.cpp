@@ -33,7 +33,7 @@ std::vector<std::string> split_labels(const char* labels) {
 prometheus::Histogram::BucketBoundaries buckets_of(std::string_view name) {
   if (name == "longwave_worker_inner_step_seconds")
     return {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60};
-  if (name == "longwave_async_staleness") return {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
+  if (name == "longwave_outer_merge_staleness") return {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
 }
 

@@ -22,11 +22,13 @@ namespace {
 
 /// Four one-worker nodes; n3 paces its steps 20x slower than the others (1 s against 0.05 s): one phase of
 /// n3 spans many of theirs whatever the machine's speed, since pacing is a lower bound on a step's time.
-std::string slow_node_cluster(const std::string& dir, cluster_ports& ports, int64_t n_versions) {
+std::string slow_node_cluster(const std::string& dir, cluster_ports& ports, int64_t n_versions,
+                              const std::string& extra) {
   const auto cluster = cluster_file(dir, {1, 1, 1, 1}, ports,
                                     "[metrics]\nenabled = false\n[diloco]\nouter = \"async\"\n"
                                     "[async]\nquorum = 1\ngrace_min_s = 0\ngrace_max_s = 0.5\n"
-                                    "max_staleness = 1000\n");
+                                    "max_staleness = 1000\n" +
+                                        extra);
   edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(n_versions));
   edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.05");
   edit_file(cluster, "name = \"n3\"", "name = \"n3\"\nspeed = 0.05");
@@ -77,39 +79,56 @@ std::map<int64_t, std::set<std::string>> version_crcs(const std::string& cluster
 
 CATCH_TEST_CASE("async: merges go on without a slow node, and every node holds one theta per version",
                 "[process][cluster][async]") {
-  const auto dir = scratch_dir("async_slow");
-  cluster_ports ports;
-  const int64_t few = 6;
-  const auto cluster = slow_node_cluster(dir, ports, few);
-  auto [code, log] = run({binary(), "launch", cluster}, dir + "/launch.log", 600);
-  CATCH_INFO(log);
-  CATCH_REQUIRE(code == 0);
-  check_master_end(dir + "/cluster", "finished", "n0,n1,n2,n3", "");
+  // fp32, and the lossy codecs whose error feedback a relaying node must leave as it is.
+  const std::vector<std::pair<std::string, std::string>> codecs{
+      {"fp32", ""},
+      {"int8", "[comm]\ndtype = \"int8\"\nerror_feedback = true\n"},
+      {"sparse", "[comm]\ndtype = \"sparse\"\n"}};
+  for (const auto& [codec, comm] : codecs) {
+    CATCH_INFO("comm: " << codec);
+    const auto dir = scratch_dir("async_slow_" + codec);
+    cluster_ports ports;
+    const int64_t few = 6;
+    const auto cluster = slow_node_cluster(dir, ports, few, comm);
+    auto [code, log] = run({binary(), "launch", cluster}, dir + "/launch.log", 600);
+    CATCH_INFO(log);
+    CATCH_REQUIRE(code == 0);
+    check_master_end(dir + "/cluster", "finished", "n0,n1,n2,n3", "");
 
-  // The master's merges: consecutive versions from 1, the first made before n3's first phase could end.
-  const auto merges = master_records(dir + "/cluster", "merge");
-  CATCH_REQUIRE(merges.size() >= static_cast<size_t>(few));
-  for (size_t i = 0; i < merges.size(); ++i)
-    CATCH_CHECK(at(merges[i], "version").GetInt64() == int64_t(i + 1));
-  CATCH_CHECK(str(at(merges[0], "nodes")).find("n3") == std::string::npos);
+    // The master's merges: consecutive versions from 1, the first made before n3's first phase could end.
+    const auto merges = master_records(dir + "/cluster", "merge");
+    CATCH_REQUIRE(merges.size() >= static_cast<size_t>(few));
+    for (size_t i = 0; i < merges.size(); ++i)
+      CATCH_CHECK(at(merges[i], "version").GetInt64() == int64_t(i + 1));
+    CATCH_CHECK(str(at(merges[0], "nodes")).find("n3") == std::string::npos);
 
-  // Every node applied versions 1..6 and wrote theta's CRC for each: the same on all four.
-  for (const std::string node : {"n0", "n1", "n2", "n3"}) {
-    const auto own = version_crcs(dir + "/cluster", {node});
-    CATCH_INFO("node " << node);
-    CATCH_CHECK(own.size() == static_cast<size_t>(few));
-    CATCH_CHECK((!own.empty() && own.begin()->first == 1 && own.rbegin()->first == few));
+    // Every node applied versions 1..6 and wrote theta's CRC for each: the same on all four.
+    for (const std::string node : {"n0", "n1", "n2", "n3"}) {
+      const auto own = version_crcs(dir + "/cluster", {node});
+      CATCH_INFO("node " << node);
+      CATCH_CHECK(own.size() == static_cast<size_t>(few));
+      CATCH_CHECK((!own.empty() && own.begin()->first == 1 && own.rbegin()->first == few));
+    }
+    const auto crcs = version_crcs(dir + "/cluster", {"n0", "n1", "n2", "n3"});
+    for (const auto& [v, set] : crcs) {
+      CATCH_INFO("version " << v);
+      CATCH_CHECK(set.size() == 1);
+    }
+    // Versions differ from each other (the merges moved theta), and the run ends with one model everywhere.
+    CATCH_CHECK(*crcs.at(1).begin() != *crcs.at(few).begin());
+    check_one_final_theta(dir + "/cluster", {"n0", "n1", "n2", "n3"});
+    CATCH_CHECK(contains(log, "async: version 6 is the last"));
+    // The report's table of merges: a row per node, n3's phases fewer than n0's.
+    auto [rcode, rlog] = run({binary(), "report", dir + "/cluster"}, dir + "/report.log", 60);
+    CATCH_CHECK(rcode == 0);
+    const auto html = read_text(dir + "/cluster/report.html");
+    CATCH_CHECK(contains(html, "<h2>Asynchronous merges</h2>"));
+    CATCH_CHECK(contains(html, "<th>goodput (merged / trained)</th>"));
+    const auto table = html.substr(std::min(html.size(), html.find("<h2>Asynchronous merges</h2>")), 3000);
+    CATCH_INFO(table);
+    for (const std::string node : {"n0", "n3"}) CATCH_CHECK(contains(table, node + "</th><td>"));
+    fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
   }
-  const auto crcs = version_crcs(dir + "/cluster", {"n0", "n1", "n2", "n3"});
-  for (const auto& [v, set] : crcs) {
-    CATCH_INFO("version " << v);
-    CATCH_CHECK(set.size() == 1);
-  }
-  // Versions differ from each other (the merges moved theta), and the run ends with one model everywhere.
-  CATCH_CHECK(*crcs.at(1).begin() != *crcs.at(few).begin());
-  check_one_final_theta(dir + "/cluster", {"n0", "n1", "n2", "n3"});
-  CATCH_CHECK(contains(log, "async: version 6 is the last"));
-  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE(

@@ -7,6 +7,7 @@
 
 #include "actors/communicator.hpp"
 #include "actors/outer_optimizer.hpp"
+#include "comm/reduction.hpp"
 #include "models/outer_sgd.hpp"
 #include "runtime/messages/type_ids.hpp"
 
@@ -180,23 +181,43 @@ CATCH_TEST_CASE("an outer step on fragments moves only their ranges and equals t
   CATCH_CHECK(std::abs(some.momentum_buffer()[4].item<float>() + 0.6f) < 1e-7);
 }
 
-CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's fragments do not reset it",
-                "[actors][comm]") {
+namespace {
+
+/// One process's communicator with int8 and error feedback: one node on a ring of one rank, which quantizes
+/// exactly as it would for the wire. reduce() answers a label's average (weight as reduce_request's).
+struct int8_feedback {
   caf::actor_system_config cfg;
-  cfg.add_message_types<caf::id_block::longwave>();
-  caf::actor_system sys{cfg};
-  actors::communicator_options opts;
-  // One process: one node on a ring of one rank, which quantizes exactly as it would for the wire.
-  opts.reduction.dtype = comm::wire_dtype::int8;
-  opts.reduction.error_feedback = true;
-  auto comm = actors::spawn_communicator(sys, opts);
-  caf::scoped_actor self{sys};
-  auto reduce = [&](uint64_t round, uint32_t fragment, const at::Tensor& x) {
+  caf::actor_system sys;
+  runtime::communicator_actor actor;
+  caf::scoped_actor self;
+
+  int8_feedback() : sys((cfg.add_message_types<caf::id_block::longwave>(), cfg)), actor(spawn()), self(sys) {}
+  ~int8_feedback() { self->send_exit(actor, caf::exit_reason::user_shutdown); }
+
+  runtime::communicator_actor spawn() {
+    actors::communicator_options opts;
+    opts.reduction.dtype = comm::wire_dtype::int8;
+    opts.reduction.error_feedback = true;
+    return actors::spawn_communicator(sys, opts);
+  }
+
+  at::Tensor reduce(uint64_t round, uint32_t fragment, const at::Tensor& x, double weight = -1) {
     at::Tensor out;
-    self->request(comm, std::chrono::seconds(10), reduce_atom_v, reduce_request{{round, fragment}, {x}})
+    self->request(actor, std::chrono::seconds(10), reduce_atom_v,
+                  reduce_request{{round, fragment}, {x}, false, weight})
         .receive([&](at::Tensor& t) { out = t.clone(); },
                  [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     return out;
+  }
+};
+
+}  // namespace
+
+CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's fragments do not reset it",
+                "[actors][comm]") {
+  int8_feedback f;
+  auto reduce = [&](uint64_t round, uint32_t fragment, const at::Tensor& x) {
+    return f.reduce(round, fragment, x);
   };
   // One 256-value block with max 1: scale 1/127, and 0.004 = 0.508 steps rounds up to 1/127 (error +0.0039).
   auto x1 = at::full({256}, 0.004f);
@@ -210,5 +231,21 @@ CATCH_TEST_CASE("error feedback keeps one residual per fragment, so streaming's 
   const auto b = reduce(2, 1, x1);
   CATCH_CHECK(std::abs(b[1].item<float>()) < 1e-6);
   CATCH_CHECK(std::abs((a[1] + b[1]).item<float>() - 0.008f) < 2e-4);
-  self->send_exit(comm, caf::exit_reason::user_shutdown);
+}
+
+CATCH_TEST_CASE("a relay's zeros of relay_weight leave the error-feedback residual as it was",
+                "[actors][comm][async]") {
+  int8_feedback f;
+  auto reduce = [&](uint64_t round, const at::Tensor& x, double weight) {
+    return f.reduce(round, 0, x, weight);
+  };
+  auto x1 = at::full({256}, 0.004f);
+  x1[0] = 1.0f;
+  const auto a = reduce(1, x1, -1);  // leaves a residual of 0.004 - 1/127 in every value but the first
+  // A relay (async, a merge of other nodes): its zeros go out as zeros; the residual is not sent with them.
+  CATCH_CHECK(at::equal(reduce(2, at::zeros({256}), comm::relay_weight), at::zeros({256})));
+  // The next contribution still carries the residual, as if the relay had not happened.
+  const auto b = reduce(3, x1, -1);
+  CATCH_CHECK(std::abs(b[1].item<float>()) < 1e-6);
+  CATCH_CHECK(std::abs((a[1] + b[1]).item<float>() - 0.008f) < 2e-4);
 }

@@ -530,6 +530,7 @@ CATCH_TEST_CASE("async contributes each phase, merges what the master names, and
   CATCH_CHECK(p->run_over(2));
   e.calls.clear();
   p->on_merge(merge_of(3, {{"b", 2}}, tokens));
+  p->on_merge(merge_of(5, {{"b", 4}}, tokens));  // nor is a gap after the end a failure
   CATCH_CHECK(e.calls.empty());
   async_phase(e, *p);
   CATCH_CHECK(lines_of(e, "contribute").empty());
@@ -550,8 +551,8 @@ CATCH_TEST_CASE("async holds back phases the master has not answered, folds them
   drop.dropped.push_back({"b", 0, tokens, 1});  // another node's drop changes nothing here
   p->on_merge(drop);
   CATCH_CHECK(e.contributions == std::vector<std::pair<uint64_t, uint64_t>>{{0, tokens}, {0, 2 * tokens}});
-  CATCH_CHECK(e.metrics["longwave_async_dropped_total"] == 1);
-  CATCH_CHECK(e.metrics["longwave_async_contributions_total"] == 2);
+  CATCH_CHECK(e.metrics["longwave_outer_dropped_contributions_total"] == 1);
+  CATCH_CHECK(e.metrics["longwave_outer_contributions_total"] == 2);
   // One "contribution" line per phase; only the first was sent when it ended.
   std::vector<bool> sent;
   for (const auto& r : e.records)
@@ -584,8 +585,8 @@ CATCH_TEST_CASE("async scales a stale pseudo-gradient by CGAD's rule and refuses
   p->on_merge(merge_of(1, {{"b", 0}}, 1));  // announced twice (a master that took over): taken once
   CATCH_CHECK(lines_of(e, "outer").size() == 1);
   p->on_merge(merge_of(2, {{"b", 1}}, 1));
-  p->on_merge(merge_of(3, {{"a", 0}}, 1));                  // started at 0, merged into 3: two versions old
-  CATCH_CHECK(e.metrics["longwave_async_staleness"] == 2);  // the one merged contribution's age
+  p->on_merge(merge_of(3, {{"a", 0}}, 1));  // started at 0, merged into 3: two versions old
+  CATCH_CHECK(e.metrics["longwave_outer_merge_staleness"] == 2);  // the one merged contribution's age
   const double k = models::cgad_scale(2, 0.25, 6);
   CATCH_CHECK(k > 0.1);
   CATCH_CHECK(k < 0.9);
