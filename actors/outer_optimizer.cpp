@@ -197,7 +197,11 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
                                                     std::to_string(snap.replicas.size()) + " replicas, " +
                                                     std::to_string(s.replicas.size()) + " expected");
   auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
-  s.theta.copy_(snap.theta);
+  // async: a theta another actor may hold is not written (as in its steps).
+  if (s.dn)
+    s.theta = snap.theta.clone();
+  else
+    s.theta.copy_(snap.theta);
   s.opt->set_momentum_buffer(clone(snap.momentum));
   if (s.dn) {
     s.dn->momentum_buffer() = clone(snap.momentum);

@@ -281,10 +281,6 @@ void allreduce_failed(self_ptr self, ring_label label, caf::error e, bool waited
   fail(self, e);
 }
 
-}  // namespace longwave::actors::coordinator_parts
-
-namespace longwave::actors::coordinator_parts {
-
 // ---- the cluster (diloco.outer = "async") ----------------------------------------------------------------
 
 std::string coordinator_engine::node_name() const {

@@ -30,7 +30,8 @@ namespace {
 ///
 /// who: a node name ("n0"), with a trailing ' for each newer process of that node ("n0'"), "op" for an
 /// operator's request (`longwave stop`, `--leave`) or "?" for a connection that never said hello.
-/// what: hello [resume=R] [workers=W] [hash=H] [data=D] [version=V] [badendpoint] | running epoch=E world=W
+/// what: hello [resume=R] [workers=W] [hash=H] [data=D] [version=V] [round=C] [badendpoint] (C: its commit,
+/// an async node's newest checkpointed version) | running epoch=E world=W
 /// round=R | heartbeat R | contribute V_START TOKENS | (any of them) term=T | ack E C [pending P held] | bye
 /// REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R | committed R CRC | leave NODE |
 /// tick | paused S (the master's own loop stalled S seconds). Actions read: "n0 <- welcome rank 0 of 2 epoch
@@ -217,6 +218,7 @@ class table {
       h.config_hash = opt("hash", 42);
       h.state_endpoint = "tcp://10.0.0.1:" + std::to_string(8000 + node.back());
       h.data_fingerprint = opt("data", 7);
+      h.committed = comm::reduce_key{opt("round", 0), 0};
       for (const auto& a : args)  // rounds=13:14:15, the rounds of its checkpoints
         if (a.rfind("rounds=", 0) == 0)
           for (size_t p = 7; p < a.size();) {
@@ -1315,4 +1317,20 @@ CATCH_TEST_CASE("master: a restarted master merges on from the newest version it
            "n1",
            "contribute 5 100",
            {"n0 <- merge 8 [n0@7x100*1 n1@5x100*1] drop []", "max_staleness=2"}}});
+}
+
+CATCH_TEST_CASE(
+    "master: a cluster restarted from its checkpoints merges on from the newest version a hello names",
+    "[unit][master][async]") {
+  auto s = cluster_of(2);
+  s.async = merge_rules{.quorum = 1, .grace_min_s = 0, .grace_max_s = 0, .max_staleness = 4};
+  table t(s);
+  t.play({{0, "n0", "hello resume=4 round=9", {}},
+          {0, "n1", "hello resume=7 round=12", {"epoch 1 (2 members, start)"}},
+          {1, "n0", "heartbeat 1", {}},
+          {1, "n1", "heartbeat 1", {}},
+          // Both adopt version 12 (the newest) before they train: their work starts there.
+          {2, "n1", "contribute 12 100", {"n0 <- merge 13 [n1@12x100*1] drop []"}},
+          // A contribution from a version not made yet is refused.
+          {3, "n0", "contribute 14 100", {"n0 <- merge 13 [] drop [n0@14x100*1]", "reason=future_version"}}});
 }
