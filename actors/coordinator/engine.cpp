@@ -7,7 +7,6 @@
 #include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
 #include "actors/round/adaptive_steps.hpp"
-#include "runtime/checksum/crc32c.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
@@ -319,8 +318,7 @@ void coordinator_engine::contribute(uint64_t v_start, uint64_t tokens) {
 }
 
 void coordinator_engine::version_done(uint64_t version, const at::Tensor& theta, runtime::json_line line) {
-  const auto flat = theta.contiguous();
-  const uint32_t crc = crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
+  const uint32_t crc = theta_crc(theta);
   line.add("theta_crc32c", fmt::format("{:08x}", crc));
   coordinator_parts::record(self_, line);
   gauge(self_, "longwave_outer_version", static_cast<double>(version));

@@ -38,10 +38,14 @@ void record(self_ptr self, const json_line& line) {
   self->send(self->state.peers.metrics, record_atom_v, line.str());
 }
 
+uint32_t theta_crc(const at::Tensor& theta) {
+  const auto flat = theta.contiguous();
+  return crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
+}
+
 void record_round(self_ptr self, const at::Tensor& theta) {
   const auto& s = self->state;
-  const auto flat = theta.contiguous();
-  const uint32_t crc = crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
+  const uint32_t crc = theta_crc(theta);
   auto line = json_line("round");
   line.add("round", s.round).add("step", s.last_step).add("theta_crc32c", fmt::format("{:08x}", crc));
   // diloco.adaptive_steps: the steps this node ran in the round, and its measured step time.

@@ -178,6 +178,8 @@ void record_start(self_ptr self);
 /// A "round" line: theta_global's CRC-32C after the round, the same on every node of a cluster (eager: this
 /// node's mean of its replicas, until the final mean).
 void record_round(self_ptr self, const at::Tensor& theta);
+/// theta's CRC-32C, as the "round" and "version" records carry it.
+uint32_t theta_crc(const at::Tensor& theta);
 double since_start(const coordinator_state& s);
 std::string format_duration(double s);
 void on_report(self_ptr self, const runtime::step_report& r);

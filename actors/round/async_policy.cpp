@@ -74,21 +74,18 @@ class async_policy final : public round_policy {
     }
     // The last version is known when it is announced (every node takes the same merges, in order): a merge
     // after it is not taken, though the ones before it may still be running.
-    const auto& cfg = engine_.context().cfg;
-    if (merging_ >= static_cast<uint64_t>(cfg.train.rounds) ||
-        (cfg.async.tokens > 0 && announced_tokens_ >= cfg.async.tokens))
-      return;
+    if (reaches_end(merging_, announced_tokens_)) return;
     if (order.version != merging_ + 1)
       return engine_.fail(runtime::make_error(
           errc::stale_round, fmt::format("async: the coordinator merged version {}, but this node "
                                          "holds version {}: it missed the merges between",
                                          order.version, merging_)));
     merging_ = order.version;
-    for (const auto& e : order.merged) announced_tokens_ += static_cast<int64_t>(e.tokens);
     const auto mine = std::find_if(order.merged.begin(), order.merged.end(),
                                    [&](const runtime::merge_entry& e) { return e.node == me; });
     merge_facts facts{0, static_cast<int64_t>(order.merged.size()), -1, 0};
     for (const auto& e : order.merged) facts.tokens += static_cast<int64_t>(e.tokens);
+    announced_tokens_ += facts.tokens;
     std::vector<at::Tensor> parts{zeros_};
     double weight = comm::relay_weight;  // zeros that keep the ring above weight 0 (comm/reduction.hpp)
     if (mine != order.merged.end() && reported_) {
@@ -104,12 +101,10 @@ class async_policy final : public round_policy {
           "async: version {} names this node's contribution, which it no longer holds: it sends zeros",
           order.version);
     }
-    const runtime::ring_label label{order.version, 0};
-    engine_.start_reduce(label, std::move(parts), /*exact=*/false, weight);
-    engine_.reduces().when(label, [this, label, facts](at::Tensor avg) {
-      engine_.reduces().take(label);
-      engine_.outer_step(label.first, 0, std::move(avg),
-                         [this, label, facts](at::Tensor theta) { applied(label.first, theta, facts); });
+    const uint64_t v = order.version;
+    reduce({v, 0}, std::move(parts), /*exact=*/false, weight, [this, v, facts](at::Tensor avg) {
+      engine_.outer_step(v, 0, std::move(avg),
+                         [this, v, facts](at::Tensor theta) { applied(v, theta, facts); });
     });
   }
 
@@ -246,12 +241,18 @@ class async_policy final : public round_policy {
   }
 
   /// The run ends at the first version that reaches train.rounds versions or async.tokens merged tokens.
+  bool reaches_end(uint64_t version, int64_t tokens) const {
+    const auto& cfg = engine_.context().cfg;
+    return version >= static_cast<uint64_t>(cfg.train.rounds) ||
+           (cfg.async.tokens > 0 && tokens >= cfg.async.tokens);
+  }
+
+  /// Version version_ ended the run: the round in progress is the last.
   void check_end() {
     const auto& cfg = engine_.context().cfg;
     const uint64_t v = version_;
     const bool by_versions = v >= static_cast<uint64_t>(cfg.train.rounds);
-    const bool by_tokens = cfg.async.tokens > 0 && merged_tokens_ >= cfg.async.tokens;
-    if (!final_ && (by_versions || by_tokens)) {
+    if (!final_ && reaches_end(v, merged_tokens_)) {
       final_ = v;
       over_after_ = engine_.rounds_done() + 1;
       spdlog::info("async: version {} is the last ({}): this node ends after its current phase", v,
@@ -271,7 +272,7 @@ class async_policy final : public round_policy {
     adopting_ = true;
     auto slots = at::zeros({world}, at::kFloat);
     slots[rank] = static_cast<float>(version_);
-    exact_reduce({0, 2}, slots, 1.0, [this, rank = rank, world = world, k](at::Tensor mean) {
+    reduce({0, 2}, {slots}, /*exact=*/true, 1.0, [this, rank = rank, world = world, k](at::Tensor mean) {
       // mean[r] = v_r / world: exact integers again once scaled back and rounded.
       const auto versions = (mean * static_cast<double>(world)).round().to(at::kLong);
       const int64_t source = versions.argmax().item<int64_t>();  // the first of the newest
@@ -290,7 +291,7 @@ class async_policy final : public round_policy {
     for (int64_t i = 0; i < token_parts; ++i)
       tokens[i] = static_cast<float>((static_cast<uint64_t>(merged_tokens_) >> (16 * i)) & 0xffffu);
     auto payload = at::cat({o.theta, or_zeros(o.momentum), or_zeros(o.dn_buffer), tokens});
-    exact_reduce({0, 3}, payload, source ? 1.0 : 0.0, [this, n, newest, k](at::Tensor all) {
+    reduce({0, 3}, {payload}, /*exact=*/true, source ? 1.0 : 0.0, [this, n, newest, k](at::Tensor all) {
       runtime::outer_snapshot got;
       got.theta = all.narrow(0, 0, n).clone();
       got.momentum = all.narrow(0, n, n).clone();
@@ -317,9 +318,10 @@ class async_policy final : public round_policy {
     });
   }
 
-  /// An all-reduce in fp32 without error feedback, outside the merges' labels.
-  void exact_reduce(ring_label label, at::Tensor t, double weight, std::function<void(at::Tensor)> k) {
-    engine_.start_reduce(label, {std::move(t)}, /*exact=*/true, weight);
+  /// The all-reduce of `label` in the background; k gets its average (exact: fp32, no error feedback).
+  void reduce(ring_label label, std::vector<at::Tensor> parts, bool exact, double weight,
+              std::function<void(at::Tensor)> k) {
+    engine_.start_reduce(label, std::move(parts), exact, weight);
     engine_.reduces().when(label, [this, label, k](at::Tensor avg) {
       engine_.reduces().take(label);
       k(std::move(avg));
