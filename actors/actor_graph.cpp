@@ -145,9 +145,12 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
   if (cfg.run.mode == config::run_mode::diloco && cfg.diloco.outer == config::outer_policy_kind::async) {
     const auto* place = ctx.cluster->place();
     const auto nodes = place ? static_cast<int64_t>(place->names.size()) : 1;
-    policy.dn_period = cfg.async.dn_period > 0 ? cfg.async.dn_period : nodes;
-    spdlog::info("async: Delayed Nesterov, momentum every {} merge(s){}", policy.dn_period,
-                 cfg.async.dn_period > 0 ? "" : " (async.dn_period = 0: one per node)");
+    policy.dn_period = cfg.async.dn_period > 0 ? cfg.async.dn_period : 2 * nodes;
+    spdlog::info(
+        "async: Delayed Nesterov, each contribution moves theta by 1/{} of itself, momentum every {} "
+        "contributions{}",
+        policy.dn_period, policy.dn_period,
+        cfg.async.dn_period > 0 ? "" : " (async.dn_period = 0: twice the nodes)");
   }
   return spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(ctx.spec, cfg.run.seed), metrics,
                                std::move(policy));

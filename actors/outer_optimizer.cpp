@@ -91,11 +91,12 @@ caf::error torch_guarded(const char* what, F&& f) {
 /// theta, b and (eager) each replica's theta_m, b_m, prev_delta: clones, or the live tensors if lend.
 outer_snapshot state_of(outer_state& s, bool lend) {
   auto copy = [lend](const at::Tensor& t) { return t.defined() && !lend ? t.clone() : t; };
-  outer_snapshot out{copy(s.theta), copy(s.opt->momentum_buffer()), {}, 0, {}};
+  outer_snapshot out{copy(s.theta), copy(s.opt->momentum_buffer()), {}, 0, {}, 0};
   if (s.dn) {
     out.momentum = copy(s.dn->momentum_buffer());
     out.dn_buffer = copy(s.dn->period_buffer());
     out.version = static_cast<uint64_t>(s.dn->merges());
+    out.dn_arrivals = s.dn->arrivals();
   }
   for (auto& r : s.replicas)
     out.replicas.push_back({copy(r.theta), copy(r.opt->momentum_buffer()), copy(r.prev_delta)});
@@ -111,7 +112,7 @@ void finish_step(outer_state& s, const ring_label& label) {
 /// The outer step of a ring label's average: part 0 on the whole of theta, part j on streaming fragment
 /// j % P.
 caf::result<at::Tensor> outer_step(outer_self self, const metrics_actor& metrics, const outer_policy& policy,
-                                   const ring_label& label, const at::Tensor& delta) {
+                                   const ring_label& label, const at::Tensor& delta, int64_t arrivals = 1) {
   auto& s = self->state;
   const bool whole = label.second == 0;
   if (!whole && policy.fragments.empty())
@@ -128,7 +129,7 @@ caf::result<at::Tensor> outer_step(outer_self self, const metrics_actor& metrics
       // as it is (that version stays whole for them), and the step writes a copy.
       if (s.theta.use_count() > 1 || s.theta.storage().use_count() > 1) s.theta = s.theta.clone();
       at::Tensor g = delta.is_contiguous() ? delta : delta.contiguous();
-      update_norm = s.dn->step(s.theta, g);
+      update_norm = s.dn->step(s.theta, g, arrivals);
     } else {
       update_norm = whole ? s.opt->step(s.theta, delta) : s.opt->step(s.theta, delta, *ranges);
     }
@@ -207,6 +208,7 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
     s.dn->momentum_buffer() = clone(snap.momentum);
     s.dn->period_buffer() = clone(snap.dn_buffer);
     s.dn->set_merges(static_cast<int64_t>(snap.version));
+    s.dn->set_arrivals(snap.dn_arrivals);
   }
   for (size_t m = 0; m < snap.replicas.size(); ++m) {
     auto& r = s.replicas[m];
@@ -245,6 +247,12 @@ outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg,
       },
       [=](outer_atom, ring_label label, at::Tensor delta) {
         return outer_step(self, metrics, policy, label, delta);
+      },
+      [=](merge_atom, uint64_t version, at::Tensor delta, int64_t arrivals) -> caf::result<at::Tensor> {
+        if (!self->state.dn)
+          return make_error(errc::invalid_config, "an async merge without diloco.outer = async");
+        if (arrivals < 1) return make_error(errc::invalid_config, "an async merge of no contribution");
+        return outer_step(self, metrics, policy, ring_label{version, 0}, delta, arrivals);
       },
       [=](eager_atom, uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {
         const double live = policy.live_workers ? policy.live_workers() : 0.0;

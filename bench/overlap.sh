@@ -23,6 +23,7 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
                       x H steps x batch x seq_len), its merge rules --async-rules
   --async-rules R     async's [async] quorum:grace_min_s:grace_max_s:max_staleness:dn_period[:cgad]
                                                                                   (default 1:0:5:8:0)
+  --async-set K=V     one more [async] key of async's runs (repeatable), e.g. rebase_steps=0 or max_in_flight=0
   --speeds LIST       one node per value, its [[nodes]] speed (with --pace)              (default 4 nodes at 1)
   --pace S            [train] pace_step_s: an inner step of a node of speed v takes S / v s (0: off)
   --policy-rounds P=R rounds of policy P's runs (repeatable), e.g. dylu=15: adaptive steps train fewer tokens
@@ -106,6 +107,7 @@ outer_momentum=0
 declare -A policy_outer=([delayed]=0.9:-0.6:hb [eager]=1.3:-0.7:hb [streaming]=1.3:0)
 sync_eval=0
 async_rules=1:0:5:8:0
+async_more=""
 fragments=2
 tau=auto
 alpha=0.5
@@ -156,6 +158,9 @@ while [ $# -gt 0 ]; do
       [[ ${2:-} =~ ^[0-9]+:[0-9.]+:[0-9.]+:[0-9]+:[0-9]+(:cgad)?$ ]] ||
         die "--async-rules takes QUORUM:GRACE_MIN_S:GRACE_MAX_S:MAX_STALENESS:DN_PERIOD[:cgad], e.g. 1:0:5:8:0"
       async_rules=$2; shift 2 ;;
+    --async-set)
+      [[ ${2:-} =~ ^[a-z_]+=[0-9.]+$ ]] || die "--async-set takes KEY=NUMBER, e.g. rebase_steps=0"
+      async_more+="${2/=/ = }"$'\n'; shift 2 ;;
     --fragments) fragments=${2:?}; shift 2 ;;
     --tau) tau=${2:?}; shift 2 ;;
     --alpha) alpha=${2:?}; shift 2 ;;
@@ -270,6 +275,7 @@ write_cluster() {
     train_rounds=1000000
     async_section=$(printf '[async]\nquorum = %s\ngrace_min_s = %s\ngrace_max_s = %s\nmax_staleness = %s\ndn_period = %s\nage_scaling = "%s"\ntokens = %s\n' \
       "$q" "$gmin" "$gmax" "$stale" "$dn" "${cg:-none}" $((r * n * inner * batch * seq_len)))
+    async_section+=$'\n'"$async_more"
   fi
   [ "$hb" != hb ] || nesterov=false
   [ "$sync_eval" = 0 ] || eval_async=false
@@ -398,7 +404,11 @@ summarize() {
       kind = jget($0, "kind"); ts = jget($0, "ts") + 0
       if (kind == "start") { start[node] = ts; if (first_start == "" || ts < first_start) first_start = ts; params = jget($0, "params") }
       else if (kind == "end") { end_ts[node] = ts; if (node == "n0") final_loss = jget($0, "val_loss") }
-      else if (kind == "version" && node == "n0") { merged = jget($0, "merged_tokens") + 0; versions++ }
+      else if (kind == "version" && node == "n0") {
+        merged = jget($0, "merged_tokens") + 0; versions++
+        if (versions == 1) { v1_ts = ts; v1_merged = merged }
+        vl_ts = ts
+      }
       else if (kind == "worker") {
         r = jget($0, "round") + 0; c = jget($0, "compute_s"); w = jget($0, "wall_s")
         all_c += c; all_w += w; nw_lines++
@@ -424,10 +434,14 @@ summarize() {
       nar = 0; ar_sum = 0; for (r in ar) if (r + 0 >= 2) { ar_sum += ar[r]; nar++ }
       wall = 0; for (nd in end_ts) if (end_ts[nd] - first_start > wall) wall = end_ts[nd] - first_start
       nodes = 0; for (nd in start) nodes++
-      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d merged_tokens=%d versions=%d\n",
+      # Steady state: tokens merged between the first and the last merge (async: versions; sync: node n0
+      # ending the phases of its rounds), over the seconds between, without the start and the tail of the run.
+      if (versions > 1) { st_tok = merged - v1_merged; st_s = vl_ts - v1_ts; st_rounds = 0 }
+      else if (("n0", 1) in wts && ("n0", maxr) in wts) { st_rounds = maxr - 1; st_s = wts["n0", maxr] - wts["n0", 1]; st_tok = 0 }
+      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d merged_tokens=%d versions=%d steady_tokens=%d steady_rounds=%d steady_s=%.2f\n",
         (sw > 0 ? sc / sw : 0), (all_w > 0 ? all_c / all_w : 0), ((sw - eval_w) > 0 ? sc / (sw - eval_w) : 0),
         (nodes > 0 ? stall / nodes : 0), (phase_n > 0 ? phase_sum / phase_n : 0), (nar > 0 ? ar_sum / nar : 0),
-        wall, final_loss, params, bytes, nodes, nw_lines, merged, versions
+        wall, final_loss, params, bytes, nodes, nw_lines, merged, versions, st_tok, st_rounds, st_s
       for (i = 1; i <= ne; ++i) { split(evals[i], e, " "); printf "%.3f\t%d\t%s\n", e[1] - first_start, e[2], e[3] > (DIR "/evals.tsv") }
     }' DIR="$dir" "$dir"/n*/metrics.jsonl
 }
@@ -567,7 +581,8 @@ echo "interpolated linearly between the evaluation before and the first at or be
 echo "time); util/s and speedup are ratios against ${base:-sync} measured in this run (speedup = its to_target ÷ this"
 echo "one's); vs_int8 = to_target of the same policy with int8 ÷ this one's."
 # A2 (issue 39): goodput = merged tokens per second ÷ what the same paced nodes train per second alone (every
-# node's speed / pace steps a second, batch x seq_len tokens a step); sync merges every token it trains.
+# node's speed / pace steps a second, batch x seq_len tokens a step); sync merges every token it trains. Over
+# the whole wall time, and in the steady state between the first and the last merge.
 if awk -v p="$pace" 'BEGIN { exit !(p > 0) }'; then
   alone=$(printf '%s\n' "${node_speeds[@]}" | awk -v b="$batch" -v t="$seq_len" -v p="$pace" '{ s += $1 } END { printf "%.1f", s * b * t / p }')
   for id in "${runs[@]}"; do
@@ -576,9 +591,14 @@ if awk -v p="$pace" 'BEGIN { exit !(p > 0) }'; then
     merged=$(field merged_tokens "$s")
     [ "${run_policy[$id]}" != sync ] || merged=$(($(run_rounds "$id") * n * inner * batch * seq_len))
     [ "$merged" -gt 0 ] 2>/dev/null || continue
-    awk -v id="$id" -v m="$merged" -v w="$(field wall_s "$s")" -v a="$alone" -v v="$(field versions "$s")" 'BEGIN {
-      printf "goodput %-10s %.3f  (%d tokens merged in %.1f s%s; the nodes alone train %.0f tokens/s)\n", id, m / w / a, m, w,
-        (v > 0 ? sprintf(", %d versions", v) : ""), a }'
+    steady_tok=$(field steady_tokens "$s")
+    [ "$(field steady_rounds "$s")" = 0 ] || steady_tok=$(($(field steady_rounds "$s") * n * inner * batch * seq_len))
+    awk -v id="$id" -v m="$merged" -v w="$(field wall_s "$s")" -v a="$alone" -v v="$(field versions "$s")" \
+      -v st="$steady_tok" -v ss="$(field steady_s "$s")" 'BEGIN {
+      printf "goodput %-10s %.3f  (%d tokens merged in %.1f s%s; the nodes alone train %.0f tokens/s)", id, m / w / a, m, w,
+        (v > 0 ? sprintf(", %d versions", v) : ""), a
+      if (st > 0 && ss > 0) printf "; steady %.3f (%d tokens in %.1f s between the first and the last merge)", st / ss / a, st, ss
+      printf "\n" }'
   done
 fi
 echo "csv: $csv"

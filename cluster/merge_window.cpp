@@ -30,7 +30,8 @@ const char* to_string(drop_reason r) {
   return "?";
 }
 
-merge_window::merge_window(merge_rules rules, int64_t version) : rules_(rules), version_(version) {}
+merge_window::merge_window(merge_rules rules, int64_t version)
+    : rules_(rules), version_(version), applied_(version) {}
 
 int64_t merge_window::effective_quorum() const {
   return std::max<int64_t>(1, std::min<int64_t>(rules_.quorum, static_cast<int64_t>(members_.size())));
@@ -108,13 +109,21 @@ bool merge_window::waited_all_in() const {
                      [&](const std::string& n) { return pending_.count(n) != 0 || members_.count(n) == 0; });
 }
 
+bool merge_window::held() const {
+  return rules_.max_in_flight > 0 && version_ - applied_ >= rules_.max_in_flight;
+}
+
+void merge_window::applied(int64_t version) {
+  applied_ = std::max(applied_, std::min(version, version_));
+}
+
 double merge_window::closes_at() const {
-  if (phase_ != window_phase::grace) return std::numeric_limits<double>::infinity();
+  if (phase_ != window_phase::grace || held()) return std::numeric_limits<double>::infinity();
   return waited_all_in() ? std::min(closes_s_, opened_s_ + rules_.grace_min_s) : closes_s_;
 }
 
 std::optional<merge> merge_window::poll(double now_s) {
-  if (phase_ != window_phase::grace || now_s < closes_at()) return std::nullopt;
+  if (phase_ != window_phase::grace || held() || now_s < closes_at()) return std::nullopt;
   merge m{version_ + 1, {}, opened_s_, now_s};
   m.merged.reserve(pending_.size());
   for (auto& [node, c] : pending_) m.merged.push_back(c);  // std::map: name order

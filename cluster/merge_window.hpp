@@ -21,6 +21,10 @@ struct merge_rules {
   double grace_min_s = 0;     ///< the window's least length once the quorum is in
   double grace_max_s = 5;     ///< its longest: a node not due within it is not waited for
   int64_t max_staleness = 4;  ///< a contribution started more than this many versions ago is dropped
+  /// Merges announced and not yet applied by any member before the next may close (0: no limit). A merge's
+  /// all-reduce takes the members' links; what arrives meanwhile joins the next merge instead of queueing
+  /// behind it as rings of its own.
+  int64_t max_in_flight = 1;
 };
 
 /// A node's pseudo-gradient, ready to merge: it trained `tokens` tokens from version `v_start`.
@@ -59,8 +63,8 @@ struct drop {
 enum class window_phase : uint8_t {
   /// Fewer contributions than the quorum are pending (none at the start, and after each merge). -> grace.
   gathering,
-  /// The quorum is in; the merge closes at `closes_at()`, or at once when every node it waits for has come.
-  /// -> gathering (the merge closed).
+  /// The quorum is in; the merge closes at `closes_at()`, or at once when every node it waits for has come,
+  /// and never while max_in_flight merges are not yet applied. -> gathering (the merge closed).
   grace,
 };
 const char* to_string(window_phase p);
@@ -77,10 +81,12 @@ class merge_window {
   std::optional<drop> arrive(const contribution& c, double now_s);
   /// Closes the merge when its time has come (call at `closes_at()`, or after any event).
   std::optional<merge> poll(double now_s);
+  /// A member applied `version` (its all-reduce is over): the merges after it may close.
+  void applied(int64_t version);
 
   window_phase phase() const { return phase_; }
   int64_t version() const { return version_; }
-  /// When poll() must next be called: the grace window's end, or infinity while gathering.
+  /// When poll() must next be called: the grace window's end, or infinity while gathering or held.
   double closes_at() const;
   const std::map<std::string, contribution>& pending() const { return pending_; }
 
@@ -98,9 +104,12 @@ class merge_window {
   /// more, and lasts grace_min_s..grace_max_s.
   void open(double now_s);
   bool waited_all_in() const;
+  /// max_in_flight merges are announced and not yet applied.
+  bool held() const;
 
   merge_rules rules_;
   int64_t version_;
+  int64_t applied_;  ///< the newest version a member applied
   window_phase phase_ = window_phase::gathering;
   std::set<std::string> members_;
   std::map<std::string, contribution> pending_;

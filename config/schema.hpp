@@ -168,6 +168,8 @@ void for_each_field(Config& c, Visitor&& f) {
   f("async", "grace_min_s", c.async.grace_min_s, real_in('[', 0, 3600, ']'));  // <= grace_max_s: validate()
   f("async", "grace_max_s", c.async.grace_max_s, real_in('[', 0, 3600, ']'));
   f("async", "max_staleness", c.async.max_staleness, ints(0, 1000000));
+  f("async", "max_in_flight", c.async.max_in_flight, ints(0, 1000));
+  f("async", "rebase_steps", c.async.rebase_steps, ints(0, 1000000));
   f("async", "dn_period", c.async.dn_period, ints(0, 1000000));
   f("async", "age_scaling", c.async.age_scaling, listed());
   f("async", "cgad_alpha", c.async.cgad_alpha, real_in('[', 0, 100, ']'));

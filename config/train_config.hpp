@@ -264,8 +264,15 @@ struct async_section {
   double grace_min_s = 0;     ///< the grace window's least length once the quorum is in
   double grace_max_s = 5;     ///< its longest: a node not due within it is not waited for
   int64_t max_staleness = 4;  ///< a contribution started more than this many versions ago is dropped
-  /// Delayed Nesterov: the outer momentum takes the buffered pseudo-gradients' mean every dn_period merges
-  /// and each merge in between applies without momentum; 1: Nesterov at every merge; 0: the cluster's nodes.
+  /// Merges announced, none of whose all-reduces is over yet, before the next may close (0: any number).
+  int64_t max_in_flight = 1;
+  /// A node takes a version applied during its phase in after every this many inner steps: its workers'
+  /// weights move with theta and the pseudo-gradient counts from the newer version (0: whole phases).
+  int64_t rebase_steps = 1;
+  /// Delayed Nesterov: each contribution applies at once without momentum, theta -= lr * delta / dn_period,
+  /// and the outer momentum takes the buffered contributions' mean once dn_period of them have come; 1:
+  /// Nesterov at every merge of one; 0: twice the cluster's nodes (half a round's step per round of
+  /// contributions: steadier than a whole one on stale pseudo-gradients, bench/RESULTS.md).
   int64_t dn_period = 0;
   age_scaling_kind age_scaling = age_scaling_kind::none;  ///< "none" | "cgad"
   double cgad_alpha = 0.1;                                ///< cgad: exp(-alpha * staleness)

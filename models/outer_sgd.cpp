@@ -127,42 +127,49 @@ delayed_nesterov::delayed_nesterov(double lr, double momentum, int64_t period)
   LW_ASSERT(period >= 1, "delayed Nesterov's period is at least 1");
 }
 
-double delayed_nesterov::step(at::Tensor& theta, const at::Tensor& g) {
+double delayed_nesterov::step(at::Tensor& theta, const at::Tensor& g, int64_t arrivals) {
   no_grad_guard no_grad;
   LW_ASSERT(theta.numel() == g.numel(), "an asynchronous merge's pseudo-gradient is theta-sized");
+  LW_ASSERT(arrivals >= 1, "a merge takes at least one contribution");
   check_flat(theta, g);
   const int64_t n = theta.numel();
   if (!m_.defined()) m_ = at::zeros_like(theta);
   if (period_ > 1 && !buf_.defined()) buf_ = at::zeros_like(theta);
   ++merges_;
-  const bool fold = merges_ % period_ == 0;
-  const auto now = static_cast<float>(-lr_ / static_cast<double>(period_));  // -lr / N
-  const auto with_m = static_cast<float>(-lr_ * mu_);                        // -lr * mu
-  const auto count = static_cast<float>(period_);
+  arrivals_ += arrivals;
+  const bool fold = arrivals_ >= period_;
+  const auto k = static_cast<float>(arrivals);  // this merge's sum: k g
+  const auto now = static_cast<float>(-lr_ * static_cast<double>(arrivals) / static_cast<double>(period_));
+  const auto with_m = static_cast<float>(-lr_ * mu_);  // -lr * mu
+  const auto count = static_cast<float>(arrivals_);
   const auto mu = static_cast<float>(mu_);
   float* th = data(theta);
   const float* gd = data(g);
   float* m = data(m_);
   float* buf = period_ > 1 ? data(buf_) : nullptr;
-  // theta -= lr / N * g, then (every N-th merge) m <- mu * m + buf / N and theta -= lr * mu * m: the fused
-  // steps as outer_sgd's (exact wherever they run), the norm of the whole move in double.
+  // theta -= lr k / N * g, then (once N arrivals are in) m <- mu * m + buf / a and theta -= lr * mu * m: the
+  // fused steps as outer_sgd's (exact wherever they run), the norm of the whole move in double.
   fused_axpy(th, gd, now, n);
   double sq = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (!fold) {
-      buf[i] = buf[i] + gd[i];
+      buf[i] = buf[i] + k * gd[i];
       const double moved = static_cast<double>(now) * gd[i];
       sq += moved * moved;
       continue;
     }
-    const float mean = buf != nullptr ? (buf[i] + gd[i]) / count : gd[i];  // buf / N, this merge's g included
+    // buf / a, this merge's k g included (N = 1 keeps no buffer: one merge's mean is g)
+    const float mean = buf != nullptr ? (buf[i] + k * gd[i]) / count : gd[i];
     const float kept = m[i] * mu;
     m[i] = kept + mean;
     if (buf != nullptr) buf[i] = 0.0F;
     const double moved = static_cast<double>(now) * gd[i] + static_cast<double>(with_m) * m[i];
     sq += moved * moved;
   }
-  if (fold) fused_axpy(th, m, with_m, n);
+  if (fold) {
+    fused_axpy(th, m, with_m, n);
+    arrivals_ = 0;
+  }
   return std::sqrt(sq);
 }
 

@@ -31,22 +31,26 @@ class outer_sgd {
                     // fault its pages in again)
 };
 
-/// Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135), the outer step of asynchronous merges: each
-/// merge's pseudo-gradient g is applied at once without momentum, theta -= lr * g / N, and summed into a
-/// buffer; every N-th merge also folds the buffer's mean into the momentum and applies it:
-///   m <- mu * m + buf / N,  theta -= lr * mu * m,  buf <- 0.
-/// N = 1 is Nesterov's step, theta -= lr * (g + mu * m) with m <- mu * m + g (ARCHITECTURE.md, "Asynchronous
-/// outer steps").
+/// Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135), the outer step of asynchronous merges. A merge of k
+/// contributions (arrivals) with mean pseudo-gradient g applies its arrivals at once without momentum,
+/// theta -= lr * k * g / N, and sums them into a buffer; once N arrivals have come since the last fold, the
+/// buffer's mean over them goes into the momentum and is applied:
+///   m <- mu * m + buf / a,  theta -= lr * mu * m,  buf <- 0,  a <- 0   (a: arrivals since the last fold).
+/// One arrival per merge is the paper's rule; N = 1 is then Nesterov's step, theta -= lr * (g + mu * m) with
+/// m <- mu * m + g (ARCHITECTURE.md, "Asynchronous outer steps").
 class delayed_nesterov {
  public:
   delayed_nesterov(double lr, double momentum, int64_t period);
-  /// Applies merge number merges() + 1's pseudo-gradient `g` to `theta` in place; returns the L2 norm of the
-  /// change. Contiguous fp32 host tensors of one size.
-  double step(at::Tensor& theta, const at::Tensor& g);
+  /// Applies merge number merges() + 1, the mean `g` of `arrivals` contributions, to `theta` in place;
+  /// returns the L2 norm of the change. Contiguous fp32 host tensors of one size.
+  double step(at::Tensor& theta, const at::Tensor& g, int64_t arrivals = 1);
   int64_t period() const { return period_; }
-  /// Merges applied so far (the position in the period); restored from a checkpoint with the buffers.
+  /// Merges applied so far (theta's version); restored from a checkpoint with the buffers.
   int64_t merges() const { return merges_; }
   void set_merges(int64_t n) { merges_ = n; }
+  /// Arrivals summed into the buffer since the last fold (below the period between steps).
+  int64_t arrivals() const { return arrivals_; }
+  void set_arrivals(int64_t a) { arrivals_ = a; }
   /// The momentum m and the buffer of the period's pseudo-gradients (undefined until the first step; the
   /// buffer stays undefined for N = 1).
   at::Tensor& momentum_buffer() { return m_; }
@@ -56,6 +60,7 @@ class delayed_nesterov {
   double lr_, mu_;
   int64_t period_;
   int64_t merges_ = 0;
+  int64_t arrivals_ = 0;
   at::Tensor m_, buf_;
 };
 

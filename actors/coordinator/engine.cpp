@@ -152,12 +152,17 @@ void coordinator_engine::set_theta(at::Tensor theta, then<bool> k) {
 
 void coordinator_engine::mirror_theta(at::Tensor weights, then<bool> k) {
   ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), load_atom_v,
-      outer_snapshot{std::move(weights), at::Tensor(), {}, 0, {}});
+      outer_snapshot{std::move(weights), at::Tensor(), {}, 0, {}, 0});
 }
 
 void coordinator_engine::outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) {
   ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), outer_atom_v,
       ring_label{round, fragment}, std::move(avg));
+}
+
+void coordinator_engine::merge_step(uint64_t version, at::Tensor avg, int64_t arrivals, then<at::Tensor> k) {
+  ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), merge_atom_v, version,
+      std::move(avg), arrivals);
 }
 
 void coordinator_engine::eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,

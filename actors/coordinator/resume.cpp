@@ -57,8 +57,8 @@ void install_resume(self_ptr self) {
   s.newest_on_disk =
       fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);
   if (auto e = s.policy->resume_from(snap)) return fail(self, e);
-  outer_snapshot outer{snap.theta, snap.momentum, s.policy->replica_outer_state(snap), snap.version,
-                       snap.dn_buffer};
+  outer_snapshot outer{snap.theta,   snap.momentum,  s.policy->replica_outer_state(snap),
+                       snap.version, snap.dn_buffer, snap.dn_arrivals};
   const auto shared = std::make_shared<const train_snapshot>(std::move(snap));
   then_do(
       self, s.peers.outer,

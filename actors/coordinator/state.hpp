@@ -58,6 +58,7 @@ class coordinator_engine final : public round_engine {
   void set_theta(at::Tensor theta, then<bool> k) override;
   void mirror_theta(at::Tensor weights, then<bool> k) override;
   void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) override;
+  void merge_step(uint64_t version, at::Tensor avg, int64_t arrivals, then<at::Tensor> k) override;
   void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
                   then<runtime::eager_thetas> k) override;
 

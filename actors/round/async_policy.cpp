@@ -9,8 +9,12 @@
 // that reaches train.rounds versions or async.tokens merged tokens; every node ends with that version's
 // theta.
 //
-//   inner (phase r from version v) -> contribute(v, tokens) -> outer_step (theta of the newest version) ->
-//   round tail -> inner ...      merges: on_merge -> all-reduce (version, 0) -> DN step -> version_done
+// A version applied while a phase runs is taken in between its inner steps (async.rebase_steps): the workers'
+// weights move with theta, so the phase's pseudo-gradient counts from the newer version.
+//
+//   inner (phase r from version v; segments, rebased) -> contribute(v, tokens) -> outer_step (theta of the
+//   newest version) -> round tail -> inner ...      merges: on_merge -> all-reduce (version, 0) -> DN step ->
+//   version_done
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -43,17 +47,11 @@ class async_policy final : public round_policy {
     }
     engine_.thetas([this](std::vector<at::Tensor> thetas) {
       if (!zeros_.defined()) zeros_ = at::zeros_like(thetas[0]);
-      const uint64_t v_start = version_;  // the outer actor answers in order: thetas hold version_
-      const uint64_t round = engine_.rounds_done() + 1;
-      const int64_t h = engine_.context().cfg.train.inner_steps;
+      // The outer actor answers in order: thetas hold version_.
+      phase_ = local_phase{engine_.rounds_done() + 1, version_, engine_.context().cfg.train.inner_steps, 0, 0,
+                           std::move(thetas),         {}};
       phase_began_ = std::chrono::steady_clock::now();
-      engine_.run_workers(round, std::move(thetas), {h}, /*reset=*/true,
-                          [this, v_start, h](round_engine::results results) {
-                            if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
-                            std::vector<at::Tensor> parts;
-                            for (auto& r : results) parts.push_back(std::move(r.delta));
-                            phase_done(v_start, h, std::move(parts));
-                          });
+      run_segment(/*reset=*/true);
     });
   }
 
@@ -103,7 +101,7 @@ class async_policy final : public round_policy {
     }
     const uint64_t v = order.version;
     reduce({v, 0}, std::move(parts), /*exact=*/false, weight, [this, v, facts](at::Tensor avg) {
-      engine_.outer_step(v, 0, std::move(avg),
+      engine_.merge_step(v, std::move(avg), facts.nodes,
                          [this, v, facts](at::Tensor theta) { applied(v, theta, facts); });
     });
   }
@@ -129,6 +127,7 @@ class async_policy final : public round_policy {
     round_policy::fill_snapshot(snap, outer, boundary);
     snap.version = outer.version;
     snap.dn_buffer = outer.dn_buffer;
+    snap.dn_arrivals = outer.dn_arrivals;
     const auto at = tokens_at_.find(outer.version);
     snap.merged_tokens = at != tokens_at_.end() ? static_cast<uint64_t>(at->second) : 0;
   }
@@ -153,6 +152,64 @@ class async_policy final : public round_policy {
     std::vector<at::Tensor> parts;
   };
 
+  /// The local phase in progress. Its pseudo-gradient is measured from version v_base: a worker's progress
+  /// is carried[i] (made before its last load, undefined: none) plus its delta from starts[i].
+  struct local_phase {
+    uint64_t round = 0, v_base = 0;
+    int64_t h = 0, done = 0, rebases = 0;
+    std::vector<at::Tensor> starts, carried;
+  };
+
+  /// Runs the phase's next async.rebase_steps inner steps (all that are left when 0). A newer version
+  /// applied meanwhile is taken in before the steps after (rebase); the phase's end reports it. The workers
+  /// measure their pseudo-gradient only where it is needed: at the phase's end and before a rebase.
+  void run_segment(bool reset) {
+    const int64_t every = engine_.context().cfg.async.rebase_steps;
+    const int64_t left = phase_.h - phase_.done;
+    const int64_t steps = every > 0 ? std::min(every, left) : left;
+    const bool last = steps == left;
+    auto thetas = reset || last ? phase_.starts : std::vector<at::Tensor>{at::Tensor()};
+    engine_.run_workers(phase_.round, std::move(thetas), {steps}, reset,
+                        [this, steps, last, measured = reset || last](round_engine::results rs) {
+                          if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
+                          phase_.done += steps;
+                          if (last) return phase_done(phase_.v_base, phase_.h, progress_of(rs));
+                          if (version_ == phase_.v_base) return run_segment(/*reset=*/false);
+                          if (measured) return rebase(progress_of(rs));
+                          // A run of no steps measures the workers' progress from their starts.
+                          engine_.run_workers(phase_.round, phase_.starts, {0}, /*reset=*/false,
+                                              [this](round_engine::results now) {
+                                                if (engine_.current_phase() != phase::inner) return;
+                                                rebase(progress_of(now));
+                                              });
+                        });
+  }
+
+  /// Each worker's progress since the phase's base version: what it carried over its last load plus its
+  /// pseudo-gradient from that load.
+  std::vector<at::Tensor> progress_of(round_engine::results& rs) const {
+    std::vector<at::Tensor> progress;
+    for (size_t i = 0; i < rs.size(); ++i)
+      progress.push_back(phase_.carried.empty() ? std::move(rs[i].delta) : phase_.carried[i] + rs[i].delta);
+    return progress;
+  }
+
+  /// A newer version came mid-phase: each worker's weights move with theta, w <- w + (theta_new -
+  /// theta_base), keeping its progress, so its pseudo-gradient is measured from the newer version (which
+  /// holds this node's own earlier contributions) and is that much less stale when merged.
+  void rebase(std::vector<at::Tensor> progress) {
+    engine_.theta([this, progress = std::move(progress)](at::Tensor theta) mutable {
+      if (engine_.current_phase() != phase::inner) return;
+      phase_.v_base = version_;  // the outer actor answers in order: theta is version_
+      phase_.starts.clear();
+      for (const auto& p : progress) phase_.starts.push_back(theta - p);
+      phase_.carried = std::move(progress);
+      ++phase_.rebases;
+      engine_.count("longwave_outer_rebases_total", 1);
+      run_segment(/*reset=*/true);
+    });
+  }
+
   /// A local phase of h steps from version v_start is done: report it (or, while the master has not answered
   /// the last report, fold it into the one held back), then start the next phase from the newest version.
   void phase_done(uint64_t v_start, int64_t h, std::vector<at::Tensor> parts) {
@@ -165,6 +222,7 @@ class async_policy final : public round_policy {
     line.add("round", engine_.rounds_done() + 1)
         .add("v_start", v_start)
         .add("inner_steps", h)
+        .add("rebases", phase_.rebases)
         .add("tokens", tokens)
         .add("seconds", seconds)
         .add("steps_per_second", seconds > 0 ? static_cast<double>(h) / seconds : 0.0)
@@ -283,13 +341,15 @@ class async_policy final : public round_policy {
     });
   }
 
-  /// adopt_newest's second step: [theta, m, buf, merged tokens in 16-bit parts] from the source to all.
+  /// adopt_newest's second step: [theta, m, buf, merged tokens in 16-bit parts, DN's arrivals] from the
+  /// source to all.
   void send_state(bool source, uint64_t newest, runtime::outer_snapshot o, std::function<void()> k) {
     const int64_t n = o.theta.numel();
     auto or_zeros = [&](const at::Tensor& t) { return t.defined() ? t : at::zeros_like(o.theta); };
-    auto tokens = at::empty({token_parts}, at::kFloat);
+    auto tokens = at::empty({token_parts + 1}, at::kFloat);
     for (int64_t i = 0; i < token_parts; ++i)
       tokens[i] = static_cast<float>((static_cast<uint64_t>(merged_tokens_) >> (16 * i)) & 0xffffu);
+    tokens[token_parts] = static_cast<float>(o.dn_arrivals);  // below DN's period: exact
     auto payload = at::cat({o.theta, or_zeros(o.momentum), or_zeros(o.dn_buffer), tokens});
     reduce({0, 3}, {payload}, /*exact=*/true, source ? 1.0 : 0.0, [this, n, newest, k](at::Tensor all) {
       runtime::outer_snapshot got;
@@ -300,6 +360,7 @@ class async_policy final : public round_policy {
       uint64_t tokens = 0;
       for (int64_t i = 0; i < token_parts; ++i)
         tokens |= static_cast<uint64_t>(std::llround(all[3 * n + i].item<double>())) << (16 * i);
+      got.dn_arrivals = std::llround(all[3 * n + token_parts].item<double>());
       const auto theta = got.theta;
       engine_.load_outer(std::move(got), [this, newest, tokens, theta, k](bool) {
         spdlog::info("async: resuming at version {} (this node's checkpoint held version {})", newest,
@@ -344,6 +405,7 @@ class async_policy final : public round_policy {
   bool adopting_ = false;                  // adopt_newest runs: merges wait in deferred_
   std::vector<runtime::merge_order> deferred_;
   std::chrono::steady_clock::time_point phase_began_;
+  local_phase phase_;
 };
 
 }  // namespace

@@ -71,6 +71,8 @@ class round_engine {
   virtual void mirror_theta(at::Tensor weights, then<bool> k) = 0;
   /// Applies the average of `round` (fragment 0: the whole of theta; j > 0: streaming's j-th sync).
   virtual void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) = 0;
+  /// diloco.outer = "async": version's merge, the mean of `arrivals` contributions (Delayed Nesterov).
+  virtual void merge_step(uint64_t version, at::Tensor avg, int64_t arrivals, then<at::Tensor> k) = 0;
   /// eager: each replica's proxy step from avg_prev and its own pseudo-gradient.
   virtual void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
                           then<runtime::eager_thetas> k) = 0;

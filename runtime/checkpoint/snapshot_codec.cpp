@@ -5,7 +5,8 @@
 // "/prev_delta"; with comm.error_feedback "ef/<label>", the node's residual for that ring label (a
 // fragment's size under streaming); under diloco.outer = "async" "dn_buffer" (Delayed Nesterov's period
 // buffer, once it holds one). meta holds "key=value" lines: mode, preset, n_params, replicas, pending_round,
-// outer (diloco.outer), version and merged_tokens (async: theta's version, the tokens merged into it).
+// outer (diloco.outer), version, merged_tokens and dn_arrivals (async: theta's version, the tokens merged
+// into it, the contributions in dn_buffer).
 #include "runtime/checkpoint/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
@@ -80,7 +81,7 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   meta << "mode=" << shape.mode << "\npreset=" << shape.preset << "\nn_params=" << shape.n_params
        << "\nreplicas=" << s.replicas.size() << "\npending_round=" << s.pending_round
        << "\nouter=" << shape.outer << "\nversion=" << s.version << "\nmerged_tokens=" << s.merged_tokens
-       << "\n"
+       << "\ndn_arrivals=" << s.dn_arrivals << "\n"
        << s.meta;
   c.meta = meta.str();
   c.blobs.push_back(tensor_blob("theta", s.theta));
@@ -125,6 +126,7 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
   if (c.find("dn_buffer")) s.dn_buffer = tensor_from(c, "dn_buffer", shape.n_params);
   s.version = std::strtoull(kv["version"].c_str(), nullptr, 10);
   s.merged_tokens = std::strtoull(kv["merged_tokens"].c_str(), nullptr, 10);
+  s.dn_arrivals = std::strtoll(kv["dn_arrivals"].c_str(), nullptr, 10);
   if (c.find("pending")) {
     s.pending = tensor_from(c, "pending", shape.n_params);
     s.pending_round = std::strtoull(kv["pending_round"].c_str(), nullptr, 10);

@@ -45,6 +45,8 @@ using outer_actor = caf::typed_actor<
     caf::replies_to<set_atom, at::Tensor>::with<bool>,
     /// Applies the average of a ring label: part 0 on the whole of theta, part j on streaming fragment j % P.
     caf::replies_to<outer_atom, ring_label, at::Tensor>::with<at::Tensor>,
+    /// diloco.outer = "async": version's merge, the mean of `arrivals` contributions (Delayed Nesterov).
+    caf::replies_to<merge_atom, uint64_t, at::Tensor, int64_t>::with<at::Tensor>,
     /// eager: every replica's proxy step from the previous average and its own pseudo-gradient.
     caf::replies_to<eager_atom, uint64_t, at::Tensor, std::vector<at::Tensor>>::with<eager_thetas>,
     /// The resumable state, cloned or (true) lent; installing one (empty replicas: eager's stay as they are).

@@ -38,12 +38,14 @@ struct eager_outer {
 
 /// The outer optimizer's resumable state: theta_global, its momentum (undefined before the first outer step)
 /// and, under eager, each local replica's own outer state (empty otherwise). diloco.outer = "async": the
-/// version theta is (the merges applied) and Delayed Nesterov's buffer of the period's pseudo-gradients.
+/// version theta is (the merges applied), Delayed Nesterov's buffer of the period's pseudo-gradients and the
+/// contributions in it.
 struct outer_snapshot {
   at::Tensor theta, momentum;
   std::vector<eager_outer> replicas;
   uint64_t version = 0;
   at::Tensor dn_buffer;
+  int64_t dn_arrivals = 0;  ///< async: contributions in dn_buffer since Delayed Nesterov's last fold
 };
 
 /// The answer of an eager step: theta_global (the replicas' mean) and each local replica's outer parameters.
@@ -108,6 +110,7 @@ struct train_snapshot {
   uint64_t version = 0;
   at::Tensor dn_buffer;
   uint64_t merged_tokens = 0;  ///< async: the tokens merged into theta up to `version`
+  int64_t dn_arrivals = 0;     ///< async: contributions in dn_buffer since Delayed Nesterov's last fold
   std::string meta;
 };
 

@@ -70,6 +70,8 @@ const std::vector<metric_def>& metric_catalogue() {
        "diloco.outer = \"async\": versions between a merged contribution's start and the merge"},
       {"longwave_outer_contributions_total", t::counter, "", r::node,
        "diloco.outer = \"async\": pseudo-gradients this node reported to the master"},
+      {"longwave_outer_rebases_total", t::counter, "", r::node,
+       "diloco.outer = \"async\": versions taken in by this node's workers in the middle of a phase"},
       {"longwave_outer_dropped_contributions_total", t::counter, "", r::node,
        "diloco.outer = \"async\": this node's contributions the master dropped (too stale)"},
       {"longwave_outer_pseudo_gradient_norm", t::gauge, "", r::node,

@@ -208,7 +208,7 @@ caf::behavior fake_outer(fake_ptr self, std::shared_ptr<world> w) {
         w->seen.push_back("outer state");
         return reply<outer_snapshot>(self, w, "outer_state", self->state.round, [=] {
           auto theta = lend ? self->state.theta : self->state.theta.clone();
-          return caf::expected<outer_snapshot>{outer_snapshot{theta, at::Tensor(), {}, 0, {}}};
+          return caf::expected<outer_snapshot>{outer_snapshot{theta, at::Tensor(), {}, 0, {}, 0}};
         });
       },
       [=](load_atom, const outer_snapshot& snap) {

@@ -101,6 +101,14 @@ CATCH_TEST_CASE("async: merges go on without a slow node, and every node holds o
     for (size_t i = 0; i < merges.size(); ++i)
       CATCH_CHECK(at(merges[i], "version").GetInt64() == int64_t(i + 1));
     CATCH_CHECK(str(at(merges[0], "nodes")).find("n3") == std::string::npos);
+    // Version 1 came while n3's first phase ran (its 10 paced steps take 10 s): n3 took it in mid-phase
+    // (async.rebase_steps = 1), and that phase counts from it.
+    std::vector<rapidjson::Document> n3_phases;
+    for (auto& r : records_of(dir + "/cluster/n3"))
+      if (std::string(r["kind"].GetString()) == "contribution") n3_phases.push_back(std::move(r));
+    CATCH_REQUIRE(!n3_phases.empty());
+    CATCH_CHECK(at(n3_phases[0], "rebases").GetInt64() >= 1);
+    CATCH_CHECK(at(n3_phases[0], "v_start").GetInt64() >= 1);
 
     // Every node applied versions 1..6 and wrote theta's CRC for each: the same on all four.
     for (const std::string node : {"n0", "n1", "n2", "n3"}) {

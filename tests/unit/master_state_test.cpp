@@ -1270,7 +1270,9 @@ CATCH_TEST_CASE(
             "n2 <- merge 1 [n0@0x100*1 n1@0x100*1]",
             "record merge version=1 nodes=n0,n1 tokens=200 max_staleness=0 grace_ms=0"}},
           {3, "n2", "contribute 0 50", {"!<- merge"}},
-          {4, "n0", "contribute 1 100", {"n1 <- merge 2 [n0@1x100*1 n2@0x50*1] drop []", "max_staleness=1"}},
+          // The quorum is in again, but version 1's all-reduce is not over (async.max_in_flight = 1).
+          {4, "n0", "contribute 1 100", {"!<- merge"}},
+          {4.2, "n1", "committed 1 7", {"n1 <- merge 2 [n0@1x100*1 n2@0x50*1] drop []", "max_staleness=1"}},
           // Two versions old with a cap of one: dropped, and only its node is told.
           {5,
            "n2",
@@ -1278,6 +1280,7 @@ CATCH_TEST_CASE(
            {"n2 <- merge 2 [] drop [n2@0x10*1]", "!n0 <- merge", "record dropped node=n2 reason=stale",
             "warn: coordinator: dropped node n2's contribution from version 0 (10 tokens): 2 versions old"}},
           {6, "n1", "contribute 2 100", {"!<- merge"}},
+          {6.5, "n2", "committed 2 8", {"!<- merge"}},
           // n1 fails with its contribution pending: a fence; no merge is announced while it runs, though
           // two contributions are in.
           {7, "n1", "error", {"n0 <- fence 2"}},

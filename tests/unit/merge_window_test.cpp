@@ -23,7 +23,7 @@ namespace {
 
 /// One row: at `t` seconds, `what` happens; then the window is polled at `t`. `expect` lists texts the
 /// answers must contain, each in one answer ("!text": in none of them).
-/// what: members N,N,... | arrive NODE v=V tokens=T | tick
+/// what: members N,N,... | arrive NODE v=V tokens=T | applied V | tick
 /// Answers read: "merge 3 [n0@2x100 n1@2x100]" (node@v_start x tokens, "*2" for two folded reports),
 /// "drop n1 stale 4", "state grace closes 30.50 version 2".
 struct row {
@@ -68,6 +68,10 @@ std::vector<std::string> apply(merge_window& w, const row& r) {
     c.v_start = std::stoll(v.substr(2));
     c.tokens = std::stoll(tokens.substr(7));
     if (auto d = w.arrive(c, r.t)) out.push_back(describe(*d));
+  } else if (verb == "applied") {
+    int64_t v = 0;
+    in >> v;
+    w.applied(v);
   } else {
     CATCH_REQUIRE(verb == "tick");
   }
@@ -100,7 +104,7 @@ void play(merge_window& w, const std::vector<row>& table) {
 
 CATCH_TEST_CASE("a merge opens at the quorum and waits for a node due soon, never for one late or far off",
                 "[merge_window]") {
-  merge_window w({.quorum = 2, .grace_min_s = 0.5, .grace_max_s = 5, .max_staleness = 3});
+  merge_window w({.quorum = 2, .grace_min_s = 0.5, .grace_max_s = 5, .max_staleness = 3, .max_in_flight = 0});
   play(w, {
               {0, "members n0,n1,n2", {"state gathering closes never version 0 pending 0"}},
               {10, "arrive n0 v=0 tokens=100", {"state gathering"}},
@@ -131,7 +135,7 @@ CATCH_TEST_CASE("a merge opens at the quorum and waits for a node due soon, neve
 CATCH_TEST_CASE(
     "a node due within grace_max that never comes costs at most its due time, a node due later nothing",
     "[merge_window]") {
-  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 8});
+  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 8, .max_in_flight = 0});
   play(w, {
               {0, "members n0,n1", {}},
               // Cadences: n0 every 10 s, n1 every 12 s. quorum 1 and grace_min 0: each arrival merges alone.
@@ -149,7 +153,7 @@ CATCH_TEST_CASE(
 }
 
 CATCH_TEST_CASE("the window never waits past grace_max, whatever a cadence says", "[merge_window]") {
-  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 2, .max_staleness = 8});
+  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 2, .max_staleness = 8, .max_in_flight = 0});
   play(w, {
               {0, "members n0,n1", {}},
               {0, "arrive n1 v=0 tokens=1", {"merge 1"}},
@@ -162,7 +166,8 @@ CATCH_TEST_CASE("the window never waits past grace_max, whatever a cadence says"
 
 CATCH_TEST_CASE("a contribution staler than the cap, from a stranger or from the future is dropped and named",
                 "[merge_window]") {
-  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 2}, /*version=*/5);
+  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 2, .max_in_flight = 0},
+                 /*version=*/5);
   play(w, {
               {0, "members n0,n1", {"version 5"}},
               {1, "arrive n0 v=2 tokens=10", {"drop n0 stale 3", "!merge", "pending 0"}},
@@ -173,7 +178,7 @@ CATCH_TEST_CASE("a contribution staler than the cap, from a stranger or from the
 }
 
 CATCH_TEST_CASE("reports of one node fold before a merge, and the quorum counts nodes", "[merge_window]") {
-  merge_window w({.quorum = 2, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 4});
+  merge_window w({.quorum = 2, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 4, .max_in_flight = 0});
   play(w, {
               {0, "members n0,n1,n2", {}},
               {1, "arrive n0 v=0 tokens=100", {"state gathering"}},
@@ -184,7 +189,7 @@ CATCH_TEST_CASE("reports of one node fold before a merge, and the quorum counts 
 
 CATCH_TEST_CASE("a node leaving drops its pending contribution, and a smaller membership lowers the quorum",
                 "[merge_window]") {
-  merge_window w({.quorum = 3, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 4});
+  merge_window w({.quorum = 3, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 4, .max_in_flight = 0});
   play(w, {
               {0, "members n0,n1,n2", {}},
               {1, "arrive n0 v=0 tokens=1", {"state gathering"}},
@@ -199,7 +204,7 @@ CATCH_TEST_CASE("a node leaving drops its pending contribution, and a smaller me
 }
 
 CATCH_TEST_CASE("losing the quorum's nodes during a grace window closes nothing", "[merge_window]") {
-  merge_window w({.quorum = 2, .grace_min_s = 1, .grace_max_s = 5, .max_staleness = 4});
+  merge_window w({.quorum = 2, .grace_min_s = 1, .grace_max_s = 5, .max_staleness = 4, .max_in_flight = 0});
   play(w,
        {
            {0, "members n0,n1,n2,n3", {}},
@@ -210,4 +215,29 @@ CATCH_TEST_CASE("losing the quorum's nodes during a grace window closes nothing"
            {3, "arrive n2 v=0 tokens=1", {"state grace closes 4.00"}},
            {4, "tick", {"merge 1 [n0@0x1 n2@0x1] opened 3.00 closed 4.00"}},
        });
+}
+
+CATCH_TEST_CASE("a merge waits while the one before it is not applied, and what arrives meanwhile joins it",
+                "[merge_window]") {
+  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 8, .max_in_flight = 1});
+  play(w, {
+              {0, "members n0,n1,n2", {}},
+              {1, "arrive n0 v=0 tokens=1", {"merge 1 [n0@0x1]"}},
+              // Version 1's all-reduce runs: n1's contribution waits, the window held (no close time).
+              {2, "arrive n1 v=0 tokens=1", {"!merge", "state grace closes never version 1 pending 1"}},
+              {3, "arrive n2 v=0 tokens=1", {"!merge", "pending 2"}},
+              {4, "tick", {"!merge"}},
+              // A member applied version 1: both merge as one, not two rings.
+              {4.5, "applied 1", {"merge 2 [n1@0x1 n2@0x1] opened 2.00 closed 4.50"}},
+              // Reports of an earlier version (a member late to say it) release nothing.
+              {5, "arrive n0 v=1 tokens=1", {"state grace closes never version 2 pending 1"}},
+              {6, "applied 1", {"!merge"}},
+              {7, "applied 2", {"merge 3 [n0@1x1]"}},
+              // An applied version beyond the announced ones is not believed past the newest announced.
+              {8, "applied 9", {"state gathering closes never version 3"}},
+              // n0 is due at 9 (every 4 s): waited for, a tenth of its period more.
+              {9, "arrive n1 v=2 tokens=1", {"state grace closes 9.40 version 3"}},
+              {9.4, "tick", {"merge 4 [n1@2x1]"}},
+              {10, "arrive n2 v=2 tokens=1", {"!merge", "state grace closes never version 4 pending 1"}},
+          });
 }

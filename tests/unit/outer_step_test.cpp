@@ -99,6 +99,29 @@ CATCH_TEST_CASE(
   CATCH_CHECK(dn.period_buffer()[0].item<float>() == 0.0f);  // emptied at each fold
 }
 
+CATCH_TEST_CASE("delayed Nesterov counts a merge's contributions as arrivals, as computed by hand",
+                "[models][outer][async]") {
+  // lr 0.5, mu 0.5, N 4, theta 1; merges (mean g, k contributions): (0.4, 3), (0.2, 2), (-0.2, 1), (0.6, 3).
+  // Each merge: theta -= lr * k * g / N and buf += k g; a fold once N arrivals are in: m <- mu m + buf / a.
+  //   1: theta = 1 - 0.15 = 0.85, buf = 1.2, a = 3
+  //   2: theta = 0.85 - 0.05 = 0.8; a = 5: m = (1.2 + 0.4) / 5 = 0.32; theta -= 0.25 * 0.32: 0.72
+  //   3: theta = 0.72 + 0.025 = 0.745, buf = -0.2, a = 1
+  //   4: theta = 0.745 - 0.225 = 0.52; a = 4: m = 0.16 + (-0.2 + 1.8) / 4 = 0.56; theta -= 0.14: 0.38
+  models::delayed_nesterov dn(0.5, 0.5, 4);
+  auto theta = at::tensor({1.0f});
+  const float g[4] = {0.4f, 0.2f, -0.2f, 0.6f};
+  const int64_t k[4] = {3, 2, 1, 3}, arrivals[4] = {3, 0, 1, 0};
+  const double expected[4] = {0.85, 0.72, 0.745, 0.38}, momentum[4] = {0, 0.32, 0.32, 0.56};
+  for (int i = 0; i < 4; ++i) {
+    const double moved = dn.step(theta, at::tensor({g[i]}), k[i]);
+    CATCH_CHECK(theta[0].item<float>() == Approx(expected[i]).epsilon(1e-6));
+    CATCH_CHECK(dn.momentum_buffer()[0].item<float>() == Approx(momentum[i]).margin(1e-7));
+    CATCH_CHECK(dn.arrivals() == arrivals[i]);
+    CATCH_CHECK(moved == Approx(std::abs(expected[i] - (i ? expected[i - 1] : 1.0))).epsilon(1e-5));
+  }
+  CATCH_CHECK(dn.merges() == 4);
+}
+
 CATCH_TEST_CASE("delayed Nesterov with period 1 is the outer Nesterov step", "[models][outer][async]") {
   models::delayed_nesterov dn(0.7, 0.9, 1);
   models::outer_sgd sgd(0.7, 0.9, true);

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/round/client_sampling.hpp"
@@ -96,7 +98,21 @@ struct fake_engine final : round_engine {
       const bool idle = steps.size() > 1 && steps[static_cast<size_t>(m)] == 0;
       rs.push_back({m, round, at::full({4}, idle ? 0.0f : 0.1f * static_cast<float>(m + 1)), 3.0, 0.01});
     }
+    run_thetas = thetas;
+    if (hold_runs) {
+      held_run = [k = std::move(k), rs = std::move(rs)]() mutable { k(std::move(rs)); };
+      return;
+    }
     k(std::move(rs));
+  }
+  /// hold_runs: the workers' answer waits for release_run(), so a test can act while they train.
+  bool hold_runs = false;
+  std::function<void()> held_run;
+  std::vector<at::Tensor> run_thetas;  // the last run's thetas
+  void release_run() {
+    CATCH_REQUIRE(held_run);
+    auto k = std::exchange(held_run, nullptr);
+    k();
   }
   void mix(at::Tensor, uint32_t fragment, double, then<bool> k) override {
     note("mix " + std::to_string(fragment));
@@ -139,6 +155,11 @@ struct fake_engine final : round_engine {
     note("mirror");
     global = weights;
     k(true);
+  }
+  void merge_step(uint64_t version, at::Tensor avg, int64_t arrivals, then<at::Tensor> k) override {
+    note("merge " + std::to_string(version) + " of " + std::to_string(arrivals));
+    global = global - avg;
+    k(global);
   }
   void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) override {
     note("outer " + label_text({round, fragment}));
@@ -191,7 +212,8 @@ struct fake_engine final : round_engine {
   std::pair<int64_t, int64_t> ring_rank() const override { return {0, 1}; }
   void outer_state(then<runtime::outer_snapshot> k) override {
     note("outer_state");
-    k(runtime::outer_snapshot{global.clone(), at::Tensor(), {}, versions.empty() ? 0 : versions.back(), {}});
+    k(runtime::outer_snapshot{
+        global.clone(), at::Tensor(), {}, versions.empty() ? 0 : versions.back(), {}, 0});
   }
   void load_outer(runtime::outer_snapshot state, then<bool> k) override {
     note("load_outer");
@@ -508,21 +530,24 @@ CATCH_TEST_CASE("async contributes each phase, merges what the master names, and
   CATCH_CHECK(p->stops() == stop_rule::at_next_boundary);
   CATCH_CHECK(!p->lends_boundary_snapshot());
   async_phase(e, *p);
-  CATCH_CHECK(e.calls ==
-              std::vector<std::string>{"thetas", "run 1 x4 reset", "contribute 0", "theta", "round_done"});
+  // async.rebase_steps = 1: the phase runs a step at a time, no newer version comes, so no reload.
+  // Only the first and the last step measure a pseudo-gradient.
+  CATCH_CHECK(e.calls == std::vector<std::string>{"thetas", "run 1 x1 reset", "run 1 x1 no-theta",
+                                                  "run 1 x1 no-theta", "run 1 x1", "contribute 0", "theta",
+                                                  "round_done"});
   CATCH_CHECK(e.contributions == std::vector<std::pair<uint64_t, uint64_t>>{{0, tokens}});
   // Version 1 merges another node's: this node relays zeros with weight 0, and theta does not move.
   e.calls.clear();
   p->on_merge(merge_of(1, {{"b", 0}}, tokens));
   CATCH_CHECK(e.calls ==
-              std::vector<std::string>{"start_reduce (1,0) of 0.000001", "outer (1,0)", "version 1"});
+              std::vector<std::string>{"start_reduce (1,0) of 0.000001", "merge 1 of 1", "version 1"});
   CATCH_CHECK(at::equal(e.global, at::zeros({4})));
   CATCH_CHECK(!p->run_over(5));
   // Version 2 merges this node's (started at 0, one version old): its workers' mean, weighted by its tokens.
   e.calls.clear();
   p->on_merge(merge_of(2, {{"a", 0}, {"b", 1}}, tokens));
   CATCH_CHECK(e.calls == std::vector<std::string>{"start_reduce (2,0) of " + std::to_string(double(tokens)),
-                                                  "outer (2,0)", "version 2"});
+                                                  "merge 2 of 2", "version 2"});
   CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.15f)));
   // train.rounds = 2 versions: the run is over, later merges are not taken, the phase that ends is not sent.
   // The phase after round 1 is the last: its round tail is the final evaluation and checkpoint.
@@ -583,7 +608,7 @@ CATCH_TEST_CASE("async scales a stale pseudo-gradient by CGAD's rule and refuses
   async_phase(e, *p);
   p->on_merge(merge_of(1, {{"b", 0}}, 1));
   p->on_merge(merge_of(1, {{"b", 0}}, 1));  // announced twice (a master that took over): taken once
-  CATCH_CHECK(lines_of(e, "outer").size() == 1);
+  CATCH_CHECK(lines_of(e, "merge").size() == 1);
   p->on_merge(merge_of(2, {{"b", 1}}, 1));
   p->on_merge(merge_of(3, {{"a", 0}}, 1));  // started at 0, merged into 3: two versions old
   CATCH_CHECK(e.metrics["longwave_outer_merge_staleness"] == 2);  // the one merged contribution's age
@@ -621,4 +646,42 @@ CATCH_TEST_CASE("async takes no merge past the last version, even while the last
   async_phase(t, *q);
   for (uint64_t v = 1; v <= 4; ++v) q->on_merge(merge_of(v, {{"b", v - 1}}, 4));  // 4, 8, 12: the third
   CATCH_CHECK(t.versions == std::vector<uint64_t>{1, 2, 3});
+}
+
+CATCH_TEST_CASE(
+    "async takes in a version applied mid-phase: the workers move with theta, the phase counts from it",
+    "[unit][round][async]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 10));
+  const auto tokens = static_cast<uint64_t>(4 * e.ctx.inner.batch_size * e.ctx.spec.seq_len * 2);
+  auto p = make_round_policy(e, e.ctx);
+  async_phase(e, *p);  // phase 1 from version 0: workers' deltas 0.1 and 0.2, reported
+  e.hold_runs = true;
+  e.ph = phase::idle;
+  CATCH_REQUIRE(e.set_phase(phase::inner));
+  p->begin_round();  // phase 2 from version 0
+  e.release_run();   // its first step: nothing newer, the workers go on
+  CATCH_CHECK(e.calls.back() == "run 2 x1 no-theta");
+  // Version 1 merges phase 1 (mean 0.15) while phase 2 trains: theta is -0.15.
+  p->on_merge(merge_of(1, {{"a", 0}}, tokens));
+  CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.15f)));
+  e.calls.clear();
+  e.release_run();
+  // The workers' progress so far is measured (a run of no steps: 0.1 and 0.2); the next step starts from
+  // theta minus it: w moved with theta.
+  CATCH_CHECK(e.calls == std::vector<std::string>{"run 2 x0"});
+  e.release_run();
+  CATCH_CHECK(e.calls == std::vector<std::string>{"run 2 x0", "theta", "run 2 x1 reset"});
+  CATCH_CHECK(at::allclose(e.run_thetas[0], at::full({4}, -0.25f)));
+  CATCH_CHECK(at::allclose(e.run_thetas[1], at::full({4}, -0.35f)));
+  CATCH_CHECK(e.metrics["longwave_outer_rebases_total"] == 1);
+  e.release_run();
+  CATCH_CHECK(e.calls.back() == "run 2 x1");  // the last step measures the phase's pseudo-gradient
+  e.release_run();
+  CATCH_CHECK(e.calls.back() == "round_done");
+  // Reported from version 1, its progress carried over the reload: 0.1 + 0.1 and 0.2 + 0.2.
+  CATCH_CHECK(e.contributions.back().first == 1);
+  e.hold_runs = false;
+  p->on_merge(merge_of(2, {{"a", 1}}, tokens));
+  CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.45f)));
+  CATCH_CHECK(e.metrics["longwave_outer_merge_staleness"] == 0);  // merged into the version after its base
 }
