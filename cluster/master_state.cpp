@@ -318,17 +318,25 @@ void master_state::watch_stop() {
     for (auto i : members) {
       if (!members_[i].stop_hold) all = false;
       top = std::max(top.value_or(0), members_[i].stop_hold.value_or(0));
+      // async: no merge is announced during a stop, and a node leaves no ring behind: each waits until every
+      // member applied the last merge announced.
+      if (merges_ && static_cast<int64_t>(members_[i].applied_version) < merges_->version()) all = false;
     }
     if (all && top) {
       stop_->round = *top;
       stop_->sent = {};
-      info(fmt::format("coordinator: every node stops after round {} ({})", *top, names_of(members)));
+      info(merges_
+               ? fmt::format("coordinator: every node stops where it holds, at version {} ({})",
+                             merges_->version(), names_of(members))
+               : fmt::format("coordinator: every node stops after round {} ({})", *top, names_of(members)));
     }
   }
   if (now_ - stop_->sent < hello_every) return;
   stop_->sent = now_;
+  // async: a node's rounds are its own phases; each stops after the one it holds after.
   for (auto i : members)
-    if (stop_->round || !members_[i].stop_hold) send_to(i, stop_msg{stop_->round.value_or(0)});
+    if (stop_->round || !members_[i].stop_hold)
+      send_to(i, stop_msg{stop_->round ? (merges_ ? *members_[i].stop_hold : *stop_->round) : 0});
 }
 
 /// Joiners whose fetch was overtaken: once every member said where it can hold, all hold after the largest of

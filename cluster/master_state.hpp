@@ -205,6 +205,7 @@ class master_state {
     uint64_t round = 0;
     uint64_t resume_round = 0;                // from its hello
     uint64_t start_version = 0;               // async: its newest checkpoint's version (its hello's commit)
+    uint64_t applied_version = 0;             // async: the newest version it said it applied (committed)
     std::vector<uint64_t> checkpoint_rounds;  // from its hello: every round it holds a checkpoint of
     bool acked = false;                       // answered the fence in progress
     fence_ack_msg ack;

@@ -146,7 +146,7 @@ void master_state::on_first_hello(size_t idx, const sender& from, const hello_ms
   m.phase = member_phase::waiting;
   m.last_seen = now_;
   m.resume_round = h.resume_round;
-  m.start_version = h.committed.round;
+  m.start_version = m.applied_version = h.committed.round;
   m.checkpoint_rounds = h.checkpoint_rounds;
   m.state_endpoint = h.state_endpoint;
   size_t joined = 0;

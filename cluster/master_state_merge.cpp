@@ -1,7 +1,8 @@
 // The master's state machine (see master_state.hpp): asynchronous merges (diloco.outer = "async"). The
 // members report each contribution as they finish their inner steps; cluster/merge_window.hpp decides when a
 // merge closes, and every training member is told which contributions version v merges, so the members run
-// its all-reduce together (the others relaying zeros). No merge is announced while a fence is in progress.
+// its all-reduce together (the others relaying zeros). No merge is announced while a fence or a stop is in
+// progress.
 #include <fmt/format.h>
 
 #include "cluster/master_state.hpp"
@@ -48,7 +49,7 @@ void master_state::note_drop(const drop& d) {
 }
 
 void master_state::watch_merges() {
-  if (!merges_ || fence_) return;
+  if (!merges_ || fence_ || stop_) return;  // a stop: the members apply what was announced, nothing more
   auto m = merges_->poll(seconds_between(start_, now_));
   if (!m) return;
   merge_msg msg{static_cast<uint64_t>(m->version), {}, {}};
@@ -74,7 +75,10 @@ void master_state::resume_merges(const std::vector<size_t>& present) {
   // Merges go on from the newest version a member applied (its last all-reduce's round); the contributions
   // pending at the earlier master are reported again by their nodes.
   uint64_t newest = 0;
-  for (auto i : present) newest = std::max(newest, members_[i].announce->committed.round);
+  for (auto i : present) {
+    members_[i].applied_version = members_[i].announce->committed.round;
+    newest = std::max(newest, members_[i].applied_version);
+  }
   merges_.emplace(*s_.async, static_cast<int64_t>(newest));
   merge_members_changed();
 }

@@ -94,7 +94,10 @@ void master_state::on_member_message(size_t i, const envelope& e) {
     if (pin_ && training(i) && p->round > 0 && !m.pin_hold) m.pin_hold = p->round;
   } else if (auto* c = std::get_if<committed_msg>(&e.body)) {
     if (training(i)) compare_theta(i, *c);
-    if (training(i) && merges_) merges_->applied(static_cast<int64_t>(c->round));  // its ring is over
+    if (training(i) && merges_) {
+      merges_->applied(static_cast<int64_t>(c->round));  // its ring is over
+      m.applied_version = std::max(m.applied_version, c->round);
+    }
   } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
     on_bye(i, *b);
   } else if (auto* er = std::get_if<error_msg>(&e.body)) {

@@ -244,3 +244,50 @@ CATCH_TEST_CASE(
   CATCH_CHECK(contains(log, "diloco.outer = \"async\", this run is \"sync\""));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
+
+CATCH_TEST_CASE("async: longwave stop ends every node at its own phase's end, and the same command resumes",
+                "[process][cluster][async][resume]") {
+  const auto dir = scratch_dir("async_stop");
+  const auto cluster = equal_nodes_cluster(dir);
+  const auto out = dir + "/cluster";
+  const std::vector<std::string> names{"n0", "n1", "n2"};
+  {
+    auto [coord, nodes] = start_cluster(dir, cluster, 3);
+    CATCH_REQUIRE(wait_master_records(out, "merge", 4, 300));
+    stop_cluster(dir, cluster);
+    for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
+    CATCH_CHECK(wait_exit(coord, 60) == 0);
+    CATCH_INFO("--- n0\n"
+               << tail(read_text(dir + "/n0.log")) << "\n--- coordinator\n"
+               << read_text(dir + "/coord.log"));
+    check_master_end(out, "stopped", "n0,n1,n2", "");
+  }
+  // Each node stopped after a phase of its own (a "stop" record), short of the last version, on the versions
+  // every node agrees on.
+  const auto before = version_crcs(out, names);
+  CATCH_REQUIRE(!before.empty());
+  CATCH_CHECK(before.rbegin()->first < versions);
+  for (const auto& [v, set] : before) {
+    CATCH_INFO("version " << v);
+    CATCH_CHECK(set.size() == 1);
+  }
+  for (const auto& n : names) {
+    CATCH_INFO("node " << n);
+    CATCH_CHECK(stop_round(out + "/" + n) >= 1);
+  }
+  // The same command goes on from the newest version a node checkpointed and merges on to the last.
+  auto [coord, nodes] = start_cluster(dir, cluster, 3);
+  for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  CATCH_INFO("--- n0 after the restart\n" << tail(read_text(dir + "/n0.log")));
+  const auto after = version_crcs(out, names, /*after_resume=*/true);
+  CATCH_REQUIRE(!after.empty());
+  CATCH_CHECK(before.count(after.begin()->first) == 1);  // resumed at a version made before the stop
+  CATCH_CHECK(after.rbegin()->first == versions);
+  for (const auto& [v, set] : after) {
+    CATCH_INFO("version " << v);
+    CATCH_CHECK(set.size() == 1);
+  }
+  check_one_final_theta(out, names);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}

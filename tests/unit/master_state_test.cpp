@@ -1337,3 +1337,29 @@ CATCH_TEST_CASE(
           // A contribution from a version not made yet is refused.
           {3, "n0", "contribute 14 100", {"n0 <- merge 13 [] drop [n0@14x100*1]", "reason=future_version"}}});
 }
+
+CATCH_TEST_CASE(
+    "master: under async a stop announces no merge and each member stops where it holds, once all "
+    "applied the last merge",
+    "[unit][master][async]") {
+  auto s = cluster_of(2);
+  s.async = merge_rules{.quorum = 1, .grace_min_s = 0, .grace_max_s = 0, .max_staleness = 4};
+  table t(s);
+  t.play(two_training +
+         std::vector<row>{
+             {2, "n0", "contribute 0 100", {"n0 <- merge 1 [n0@0x100*1] drop []", "n1 <- merge 1"}},
+             {2.2, "n0", "committed 1 5", {}},
+             {2.5, "op", "stop", {"n0 <- stop 0", "n1 <- stop 0"}},
+             // A contribution during the stop is not merged: the members apply what was announced only.
+             {2.6, "n1", "contribute 1 100", {"!<- merge"}},
+             {3, "n0", "stop 7", {}},
+             // n1 holds after its round 9, but has not applied version 1 yet: its ring may still run.
+             {3.1, "n1", "stop 9", {"!every node stops", "!n0 <- stop 7"}},
+             {3.5,
+              "n1",
+              "committed 1 5",
+              {"every node stops where it holds, at version 1 (n0, n1)", "n0 <- stop 7", "n1 <- stop 9"}},
+             {4, "n0", "bye stopped", {}},
+             {4, "n1", "bye stopped", {"record end outcome=stopped exit_code=0 finished=n0,n1"}}});
+  CATCH_CHECK(t.master().done() == 0);
+}
