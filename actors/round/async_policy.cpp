@@ -173,7 +173,7 @@ class async_policy final : public round_policy {
                         [this, steps, last, measured = reset || last](round_engine::results rs) {
                           if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
                           phase_.done += steps;
-                          if (last) return phase_done(phase_.v_base, phase_.h, progress_of(rs));
+                          if (last) return phase_done(progress_of(rs));
                           if (version_ == phase_.v_base) return run_segment(/*reset=*/false);
                           if (measured) return rebase(progress_of(rs));
                           // A run of no steps measures the workers' progress from their starts.
@@ -210,9 +210,12 @@ class async_policy final : public round_policy {
     });
   }
 
-  /// A local phase of h steps from version v_start is done: report it (or, while the master has not answered
-  /// the last report, fold it into the one held back), then start the next phase from the newest version.
-  void phase_done(uint64_t v_start, int64_t h, std::vector<at::Tensor> parts) {
+  /// The local phase (phase_: h steps, counted from version v_base) is done: report it (or, while the master
+  /// has not answered the last report, fold it into the one held back), then start the next phase from the
+  /// newest version.
+  void phase_done(std::vector<at::Tensor> parts) {
+    const uint64_t v_start = phase_.v_base;
+    const int64_t h = phase_.h;
     const auto& ctx = engine_.context();
     const int64_t tokens = h * ctx.inner.batch_size * ctx.spec.seq_len * ctx.n_workers();
     const double seconds =

@@ -75,6 +75,14 @@ std::map<int64_t, std::set<std::string>> version_crcs(const std::string& cluster
   return crcs;
 }
 
+/// Every node that applied a version wrote the same theta CRC for it.
+void check_one_crc_per_version(const std::map<int64_t, std::set<std::string>>& crcs) {
+  for (const auto& [v, set] : crcs) {
+    CATCH_INFO("version " << v);
+    CATCH_CHECK(set.size() == 1);
+  }
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("async: merges go on without a slow node, and every node holds one theta per version",
@@ -118,10 +126,7 @@ CATCH_TEST_CASE("async: merges go on without a slow node, and every node holds o
       CATCH_CHECK((!own.empty() && own.begin()->first == 1 && own.rbegin()->first == few));
     }
     const auto crcs = version_crcs(dir + "/cluster", {"n0", "n1", "n2", "n3"});
-    for (const auto& [v, set] : crcs) {
-      CATCH_INFO("version " << v);
-      CATCH_CHECK(set.size() == 1);
-    }
+    check_one_crc_per_version(crcs);
     // Versions differ from each other (the merges moved theta), and the run ends with one model everywhere.
     CATCH_CHECK(*crcs.at(1).begin() != *crcs.at(few).begin());
     check_one_final_theta(dir + "/cluster", {"n0", "n1", "n2", "n3"});
@@ -168,10 +173,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(removed);
   const auto crcs = version_crcs(out, {"n0", "n1"});
   CATCH_CHECK(crcs.size() == static_cast<size_t>(versions));
-  for (const auto& [v, set] : crcs) {
-    CATCH_INFO("version " << v);
-    CATCH_CHECK(set.size() == 1);
-  }
+  check_one_crc_per_version(crcs);
   check_one_final_theta(out, {"n0", "n1"});
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
@@ -232,10 +234,7 @@ CATCH_TEST_CASE(
   const auto after = version_crcs(out, names, /*after_resume=*/true);
   CATCH_CHECK(after.begin()->first == newest);
   CATCH_CHECK(after.rbegin()->first == versions);
-  for (const auto& [v, set] : after) {
-    CATCH_INFO("version " << v);
-    CATCH_CHECK(set.size() == 1);
-  }
+  check_one_crc_per_version(after);
   check_one_final_theta(out, names);
   // The same checkpoints under another policy: refused, naming both.
   edit_file(cluster, "outer = \"async\"", "outer = \"sync\"");
@@ -267,10 +266,7 @@ CATCH_TEST_CASE("async: longwave stop ends every node at its own phase's end, an
   const auto before = version_crcs(out, names);
   CATCH_REQUIRE(!before.empty());
   CATCH_CHECK(before.rbegin()->first < versions);
-  for (const auto& [v, set] : before) {
-    CATCH_INFO("version " << v);
-    CATCH_CHECK(set.size() == 1);
-  }
+  check_one_crc_per_version(before);
   for (const auto& n : names) {
     CATCH_INFO("node " << n);
     CATCH_CHECK(stop_round(out + "/" + n) >= 1);
@@ -284,10 +280,7 @@ CATCH_TEST_CASE("async: longwave stop ends every node at its own phase's end, an
   CATCH_REQUIRE(!after.empty());
   CATCH_CHECK(before.count(after.begin()->first) == 1);  // resumed at a version made before the stop
   CATCH_CHECK(after.rbegin()->first == versions);
-  for (const auto& [v, set] : after) {
-    CATCH_INFO("version " << v);
-    CATCH_CHECK(set.size() == 1);
-  }
+  check_one_crc_per_version(after);
   check_one_final_theta(out, names);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
