@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "config/config_loader.hpp"
+#include "models/data/corpus.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
@@ -40,7 +41,7 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
 }  // namespace
 
 std::string corpus_path(const config::train_config& cfg) {
-  const std::string path = cfg.data.path.empty() ? default_corpus_path() : cfg.data.path;
+  const std::string path = cfg.data.path.empty() ? models::data::default_corpus_path() : cfg.data.path;
   if (!fs::exists(path)) {
     if (cfg.data.path.empty())
       throw config::config_error("data.path", "data.path: the default corpus " + path +

@@ -78,18 +78,6 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
 
 }  // namespace
 
-std::string default_corpus_path() {
-  if (const char* env = std::getenv("LONGWAVE_CORPUS"); env && *env) return env;
-  fs::path base;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    base = xdg;
-  else if (const char* home = std::getenv("HOME"); home && *home)
-    base = fs::path(home) / ".cache";
-  else
-    base = "/tmp";
-  return (base / "longwave" / "kjv.txt").string();
-}
-
 std::vector<uint64_t> checkpoint_rounds(const config::train_config& cfg, uint64_t newest) {
   return checkpoint_store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep)
       .valid_rounds(newest, [](const std::string& line) { spdlog::warn("{}", line); });

@@ -66,10 +66,6 @@ comm::reduction_options reduction_options_from(const config::train_config& cfg);
 /// The ring settings of a config's [comm] section (cluster id from the cluster file).
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id);
 
-/// The bundled default corpus: $LONGWAVE_CORPUS, else ${XDG_CACHE_HOME:-~/.cache}/longwave/kjv.txt
-/// (written by scripts/setup).
-std::string default_corpus_path();
-
 /// `longwave eval CHECKPOINT`: validation loss and perplexity of theta_global in a checkpoint file (or the
 /// newest valid one in a directory). Returns the exit code.
 int run_eval(const std::string& checkpoint_path, int64_t batches);

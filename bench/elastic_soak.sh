@@ -40,6 +40,7 @@ dir=$lw_dir
 # A copy, so that a rebuild during the soak does not hand restarted nodes another binary (whose settings
 # fingerprint may differ from the coordinator's: it would turn them away).
 cp "$binary" "$dir/longwave"
+cp "$(dirname "$binary")/longwave-torch" "$dir/longwave-torch"  # the nodes: longwave execs it
 binary=$dir/longwave
 declare -A pid
 lw_cluster_toml "$dir" "soak-$(basename "$dir")" --inner-steps "$inner" --rounds 1000000 --cluster "min_nodes = 1" \

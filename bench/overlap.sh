@@ -252,6 +252,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 cp "$bin" "$work/longwave"
+cp "$(dirname "$bin")/longwave-torch" "$work/longwave-torch"  # run and node: longwave execs it
 lw="$work/longwave"
 
 # ---- one cluster run -------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include "actors/training.hpp"
 #include "bench/process_usage.hpp"
 #include "config/config_loader.hpp"
+#include "models/data/corpus.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
   cfg.checkpoint.every_rounds = 0;
   cfg.metrics.enabled = false;
   at::set_num_threads(static_cast<int>(threads));
-  auto data = models::data::prepare_dataset(actors::default_corpus_path(), cfg.data.tokenizer, 0,
+  auto data = models::data::prepare_dataset(models::data::default_corpus_path(), cfg.data.tokenizer, 0,
                                             cfg.data.val_fraction, dir + "/run/data");
   std::printf(
       "settings: preset %s, batch %ld x seq_len %ld, %ld steps, %ld torch threads, %ld repeats, fp32\n",

@@ -13,7 +13,7 @@
 
 #include "cluster/cluster_file.hpp"
 #include "cluster/master.hpp"
-#include "cluster/roles.hpp"
+#include "cluster/master_role.hpp"
 #include "cluster/standby.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/metrics/metrics_registry.hpp"

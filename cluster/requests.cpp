@@ -3,7 +3,7 @@
 
 #include "cluster/cluster_file.hpp"
 #include "cluster/control_client.hpp"
-#include "cluster/roles.hpp"
+#include "cluster/master_role.hpp"
 
 namespace longwave::cluster {
 

@@ -1,34 +1,18 @@
 #pragma once
-// The two roles of a cluster file: `longwave coordinator CLUSTER.toml` (the master) and `longwave node
-// CLUSTER.toml --node NAME`, and the one-shot requests to a running master. (`longwave launch` starts both
-// roles as local processes: cli/launch.cpp.)
+// The node role of a cluster file: `longwave node CLUSTER.toml --node NAME`. (The master and the one-shot
+// requests: cluster/master_role.hpp; `longwave launch` starts both roles as local processes: cli/launch.cpp.)
 #include <string>
 
 #include "actors/training.hpp"
+#include "cluster/master_role.hpp"
 #include "config/cluster_config.hpp"
 
 namespace longwave::cluster {
-
-/// Admits the cluster's nodes, gives them their ring positions, and watches them until they finish. bind:
-/// which of [cluster] coordinator's addresses to listen on (empty: the first); another is refused (exit 2).
-/// Exit codes: 0 every node finished (one that was declared lost and came back included), 1 a node failed,
-/// went silent for good or never joined, 130 Ctrl-C.
-int run_master_role(const config::cluster_spec& spec, const std::string& bind = "");
-
-/// `longwave stop CLUSTER.toml`: asks the coordinator to stop the whole cluster (every node finishes its
-/// current round, saves its checkpoint and exits 0; then the coordinator exits 0). With CURVE it connects
-/// with the cluster's own key pair (keys/cluster.secret, the coordinator's machine). Returns once the
-/// coordinator answered: 0 it stops, 1 no answer or a refusal, 2 a refused key or bad key files.
-int request_cluster_stop(const config::cluster_spec& spec);
 
 /// Joins the cluster as node `name` and trains. Exit codes as run_training; 2 also when the coordinator turns
 /// the node away (other cluster id or protocol version, unknown name, a name another process has joined
 /// with). While it trains, the node logs the coordinator's verdicts (and hands a lost verdict to its ring), a
 /// dropped connection to the coordinator, and a stalled ring's wait.
 int run_node_role(const config::cluster_spec& spec, const std::string& name, const actors::run_options& opts);
-
-/// `longwave node CLUSTER --node NAME --leave`: asks the master to make NAME leave at its next round
-/// boundary. 0 when it will, 2 when it cannot (not training, unknown), 1 when the master cannot be reached.
-int request_leave(const config::cluster_spec& spec, const std::string& name);
 
 }  // namespace longwave::cluster

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 
 #include "models/data/file_io.hpp"
@@ -28,6 +30,18 @@ bool is_blank(std::string_view line) {
 }
 
 }  // namespace
+
+std::string default_corpus_path() {
+  if (const char* env = std::getenv("LONGWAVE_CORPUS"); env && *env) return env;
+  std::filesystem::path base;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    base = xdg;
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    base = std::filesystem::path(home) / ".cache";
+  else
+    base = "/tmp";
+  return (base / "longwave" / "kjv.txt").string();
+}
 
 text_profile profile_text(std::string_view text) {
   text_profile p;

@@ -8,6 +8,10 @@
 
 namespace longwave::models::data {
 
+/// The bundled default corpus: $LONGWAVE_CORPUS, else ${XDG_CACHE_HOME:-~/.cache}/longwave/kjv.txt
+/// (written by scripts/setup).
+std::string default_corpus_path();
+
 /// Reads a training corpus. A path ending in ".jsonl" is read as one JSON object per line whose string field
 /// "text" is one document (escapes and \uXXXX surrogate pairs decoded to UTF-8); blank lines are skipped and
 /// documents are joined with "\n\n". Any other file is read as raw bytes.

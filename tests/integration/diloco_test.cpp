@@ -14,6 +14,7 @@
 
 #include "actors/training.hpp"
 #include "config/config_loader.hpp"
+#include "models/data/corpus.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
@@ -41,7 +42,7 @@ config::train_config small_config(const std::string& out_dir) {
 }
 
 std::string require_corpus() {
-  const auto path = actors::default_corpus_path();
+  const auto path = models::data::default_corpus_path();
   if (!std::filesystem::exists(path)) CATCH_FAIL("default corpus " << path << " missing: run scripts/setup");
   return path;
 }

@@ -229,6 +229,18 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   auto [mcode, mhelp] = run({binary(), "--help"}, dir + "/main_help.log", 60);
   CATCH_CHECK(mcode == 0);
   CATCH_CHECK(mhelp.find("presets") != std::string::npos);
+  // `longwave` alone (no longwave-torch beside it) still answers the commands that need no LibTorch, and
+  // names the missing binary for the others.
+  const auto alone = dir + "/alone";
+  std::filesystem::create_directories(alone);
+  std::filesystem::copy_file(binary(), alone + "/longwave");
+  auto [acode, ahelp] = run({alone + "/longwave", "presets"}, dir + "/alone_presets.log", 60);
+  CATCH_CHECK(acode == 0);
+  CATCH_CHECK(ahelp.find("parameters") != std::string::npos);
+  auto [rcode, rlog] = run({alone + "/longwave", "run", dir + "/empty.toml"}, dir + "/alone_run.log", 60);
+  CATCH_INFO(rlog);
+  CATCH_CHECK(rcode == 1);
+  CATCH_CHECK(count_lines_containing(rlog, "longwave: cannot start " + alone + "/longwave-torch") == 1);
   std::filesystem::remove_all(dir);
 }
 

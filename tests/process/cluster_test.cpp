@@ -788,3 +788,29 @@ CATCH_TEST_CASE("a slow link is named: the node before it waits to send, and its
   CATCH_CHECK(contains(html, "n0&#39;s all-reduce time waiting to send)"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
+
+CATCH_TEST_CASE(
+    "the coordinator runs without LibTorch, and a node becomes longwave-torch in the same process",
+    "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_front");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(cluster, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "coordinator: event log", 60));
+  const auto maps = read_text("/proc/" + std::to_string(coord.pid) + "/maps");
+  CATCH_CHECK(contains(maps, "libzmq"));
+  CATCH_CHECK(!contains(maps, "libtorch"));
+  // n0 waits at the start for n1 (min_nodes = 2), so it is alive while its executable is read.
+  auto n0 = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
+  const auto exe_of = [](pid_t pid) {
+    std::error_code ec;
+    return fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).filename().string();
+  };
+  CATCH_CHECK(wait_until([&] { return exe_of(n0.pid) == "longwave-torch"; }, 60));
+  auto n1 = spawn({binary(), "node", cluster, "--node", "n1"}, dir + "/n1.log");
+  CATCH_CHECK(wait_exit(n0, 300) == 0);
+  CATCH_CHECK(wait_exit(n1, 300) == 0);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}

@@ -104,8 +104,9 @@ std::vector<std::string> settings(const std::string& policy, const std::string& 
 
 // ---- results shared between test cases --------------------------------------------------------------------
 // ctest runs each test case as its own process. A run publishes n0's result.json in the build tree, named by
-// a hash of what decides it (both binaries, config, settings), so the comparison case reuses the runs of the
-// same build and launches only what is missing; a rebuilt binary or test never matches an older result.
+// a hash of what decides it (longwave, longwave-torch, the test, config, settings), so the comparison case
+// reuses the runs of the same build and launches only what is missing; a rebuilt binary or test never matches
+// an older result.
 
 fs::path results_dir() {
   return fs::path(LW_TEST_BINARY_DIR) / "policy-runs";
@@ -117,7 +118,9 @@ std::string run_name(const std::string& policy, const std::string& dtype) {
 
 std::string run_key(const std::string& policy, const std::string& dtype) {
   std::string what = train_sections;
-  for (const fs::path& bin : {fs::path(binary()), fs::read_symlink("/proc/self/exe")})
+  const fs::path front = binary();
+  for (const fs::path& bin :
+       {front, front.parent_path() / "longwave-torch", fs::read_symlink("/proc/self/exe")})
     what += " " + std::to_string(fs::file_size(bin)) + " " +
             std::to_string(fs::last_write_time(bin).time_since_epoch().count());
   for (const auto& a : settings(policy, dtype)) what += " " + a;

@@ -1,0 +1,324 @@
+// The subcommands and their options (cli/commands.hpp).
+#include "cli/commands.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "config/train_config.hpp"
+
+namespace longwave::cli {
+
+namespace {
+
+CLI::App* add_run(CLI::App& app, cli_values& v) {
+  auto* run = app.add_subcommand("run", "Train from a TOML config (resumes from the latest checkpoint)");
+  run->add_option("config", v.config_path, "TOML config file (see examples/)")->required();
+  run->add_option("--set", v.overrides, "Override a field: --set section.key=value (repeatable)");
+  run->add_flag("--dry-run", v.run_dry_run,
+                "Validate, print the resolved config, parameter count and memory estimate; do not train");
+  run->add_flag("--fresh", v.run_fresh, "Start over: delete this run's checkpoints and loss trace first");
+  run->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  run->footer(
+      "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation "
+      "perplexity.\n"
+      "Ctrl-C saves a checkpoint and exits with code 130; the same command then resumes exactly.\n"
+      "Files in run.out_dir: config.toml, loss_trace.tsv, checkpoints/, data/ (token shards).");
+  return run;
+}
+
+CLI::App* add_eval(CLI::App& app, cli_values& v) {
+  auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint's theta_global");
+  eval->add_option("checkpoint", v.ckpt, "A .lwc checkpoint file or a checkpoint directory (newest valid)")
+      ->required();
+  eval->add_option("--batches", v.batches, "Validation batches (default: the run's eval.batches)");
+  return eval;
+}
+
+CLI::App* add_export(CLI::App& app, cli_values& v) {
+  auto* exp = app.add_subcommand(
+      "export",
+      "Write a checkpoint's theta_global as Hugging Face Llama weights (safetensors + config.json)");
+  exp->add_option("checkpoint", v.exp.checkpoint,
+                  "A .lwc checkpoint file or a checkpoint directory (newest valid), as for eval")
+      ->required();
+  exp->add_option("--format", v.exp.format, "Output format: safetensors")->capture_default_str();
+  exp->add_option("--out", v.exp.out_dir, "Output directory (made if missing)")->required();
+  exp->add_flag("--force", v.exp.force, "Overwrite the files of an earlier export in a non-empty --out");
+  // Diagnostics for checking an export against another implementation (the export test); not in --help.
+  exp->add_option("--logits-for", v.exp.logits_for, "")->group("");
+  exp->add_option("--logits-out", v.exp.logits_out, "")->group("");
+  exp->footer(
+      "Writes DIR/model.safetensors (fp32, LlamaForCausalLM names: model.embed_tokens.weight,\n"
+      "model.layers.N.self_attn.{q,k,v,o}_proj.weight, model.layers.N.mlp.{gate,up,down}_proj.weight, the\n"
+      "norms, model.norm.weight; the output head is tied to the embedding), DIR/config.json (Llama\n"
+      "config: shape, rope_theta, rms_norm_eps, tie_word_embeddings) and, when the run has one, its\n"
+      "tokenizer.txt (Longwave's format). q_proj and k_proj rows are reordered for Llama's rotate-half "
+      "RoPE,\n"
+      "so Llama's forward pass computes our logits. A non-empty DIR is refused unless --force.");
+  return exp;
+}
+
+/// `data prepare`; returns the prepare subcommand.
+CLI::App* add_data_prepare(CLI::App& app, cli_values& v) {
+  auto* data = app.add_subcommand("data", "Data tools");
+  auto* prep =
+      data->add_subcommand("prepare", "Tokenize a corpus into llm.c .bin shards (train.bin, val.bin)");
+  data->require_subcommand(1);
+  prep->add_option("input", v.input, "Text file, JSONL file (field \"text\"), or '' for the bundled KJV");
+  prep->add_option("--out", v.out_dir, "Output directory")->required();
+  const auto& tokenizer_names = config::enum_names<config::tokenizer_kind>::names;
+  prep->add_option("--tokenizer", v.tokenizer, "byte or bpe")
+      ->check(CLI::IsMember(std::vector<std::string>(tokenizer_names.begin(), tokenizer_names.end())))
+      ->capture_default_str();
+  prep->add_option("--vocab", v.vocab, "BPE vocabulary size")->capture_default_str();
+  prep->add_option("--val-fraction", v.val_fraction, "Share of tokens held out for validation")
+      ->capture_default_str();
+  return prep;
+}
+
+const char* const cluster_footer =
+    "A cluster file is a training config plus [cluster] (id, coordinator, join_timeout_s,\n"
+    "heartbeat_timeout_s, min_nodes, quorum_timeout_s, open, open_workers) and one [[nodes]] entry per\n"
+    "node (name, endpoint, workers, metrics_port). A node that dies or leaves is removed and the others\n"
+    "go on; started again with the same command, it rejoins the running cluster with the members' state.\n"
+    "See examples/cluster_4nodes.toml. Each node writes to <run.out_dir>/<node name>.";
+
+CLI::App* add_coordinator(CLI::App& app, cli_values& v) {
+  auto* coord = app.add_subcommand("coordinator",
+                                   "Cluster role: admit the nodes, give them ring positions, watch them");
+  coord->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  coord->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  coord->add_option("--bind", v.coordinator_bind,
+                    "Which of [cluster] coordinator's addresses to listen on (default: the first); a standby "
+                    "coordinator started elsewhere takes the running cluster over");
+  coord->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  coord->footer(cluster_footer);
+  return coord;
+}
+
+CLI::App* add_node(CLI::App& app, cli_values& v) {
+  auto* node = app.add_subcommand("node", "Cluster role: join the coordinator as one node and train");
+  node->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  node->add_option("--node", v.node_name,
+                   "This node's name in the cluster file (or, when [cluster] open = true, a new name with "
+                   "--endpoint and --workers)")
+      ->required();
+  node->add_option(
+      "--endpoint", v.node_endpoint,
+      "A node not in the cluster file: its ring endpoint, tcp://HOST:PORT (joins a running cluster "
+      "whose [cluster] open = true)");
+  node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers")
+      ->capture_default_str();
+  node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  node->add_flag("--fresh", v.cluster_fresh,
+                 "Start over: delete this node's checkpoints and loss trace first");
+  node->add_flag("--dry-run", v.node_dry_run, "Validate and print this node's resolved config; do not join");
+  node->add_flag("--leave", v.node_leave,
+                 "Ask the running node NAME to leave the cluster at its next round boundary (it saves its "
+                 "checkpoint and exits 0; the others go on), then exit");
+  node->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  node->footer(cluster_footer);
+  return node;
+}
+
+CLI::App* add_stop(CLI::App& app, cli_values& v) {
+  auto* stop = app.add_subcommand(
+      "stop", "Stop a running cluster: every node finishes its current round, saves its checkpoint, exits 0");
+  stop->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  stop->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  stop->footer(
+      "The coordinator asks every node where it can stop and tells all of them the same round, so their\n"
+      "checkpoints agree; then it exits 0 too. The same `coordinator` and `node` commands resume the run.\n"
+      "With CURVE this needs the cluster's own key pair (keys/cluster.secret, as the coordinator's machine\n"
+      "has it). Returns once the coordinator answered: exit 0 when it stops, 1 when it cannot be reached,\n"
+      "2 for a refused key. To stop one node only: longwave node CLUSTER.toml --node NAME --leave.");
+  return stop;
+}
+
+CLI::App* add_launch(CLI::App& app, cli_values& v) {
+  auto* launch = app.add_subcommand(
+      "launch",
+      "Start the coordinator and every node of a cluster file as local processes (Ctrl-C stops all)");
+  launch->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
+  launch->add_option("--set", v.cluster_overrides, "Override a field for every role (repeatable)");
+  launch->add_flag("--fresh", v.cluster_fresh, "Every node starts over (deletes its checkpoints first)");
+  launch->add_flag("--observe", v.observe.enabled,
+                   "Also start Debian's Prometheus server scraping every role (data in RUN_DIR/prometheus)");
+  launch->add_option("--observe-port", v.observe.port, "Port of Prometheus on 127.0.0.1")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  launch
+      ->add_option("--scrape-interval", v.observe.scrape_interval, "Prometheus scrape interval, e.g. 1s, 15s")
+      ->check([](const std::string& s) {
+        const bool ok = s.size() >= 2 && s.find_first_not_of("0123456789") == s.size() - 1 &&
+                        std::string("smh").find(s.back()) != std::string::npos && s[0] != '0';
+        return ok ? std::string() : std::string("a Prometheus duration such as 1s, 15s or 1m");
+      })
+      ->capture_default_str();
+  launch->footer(
+      "Output lines are prefixed with [coordinator] or [node name]. The exit code is 0 when every role\n"
+      "succeeded, 130 after Ctrl-C, else the first failing role's code. With --observe, the Prometheus UI\n"
+      "is at http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into Grafana.");
+  return launch;
+}
+
+CLI::App* add_report(CLI::App& app, cli_values& v) {
+  auto* report = app.add_subcommand(
+      "report", "Write one self-contained HTML report (inline SVG charts) of a run from its metrics.jsonl");
+  report->add_option("run_dir", v.report_dir, "The run's out_dir (a cluster's out_dir: one series per node)")
+      ->required();
+  report->add_option("--out", v.report_out, "Output file (default: RUN_DIR/report.html)");
+  return report;
+}
+
+CLI::App* add_presets(CLI::App& app, cli_values& v) {
+  auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
+  presets->add_option("--vocab", v.pv, "Vocabulary size")->capture_default_str();
+  presets->add_option("--seq-len", v.pt, "Context length")->capture_default_str();
+  presets->add_option("--config", v.presets_config,
+                      "Also count the parameters of this config's model (its vocab and context too)");
+  // Each shape option becomes a model.<key> override, checked as in `run`.
+  for (const char* key : {"preset", "dim", "layers", "heads", "kv_heads", "ffn_hidden"}) {
+    std::string flag = std::string("--") + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    presets->add_option_function<std::string>(
+        flag,
+        [&v, key](const std::string& x) {
+          v.shape_overrides.push_back(std::string("model.") + key + "=" + x);
+        },
+        std::string("Also count the parameters of this shape: model.") + key);
+  }
+  presets->footer(
+      "e.g. longwave presets --dim 256 --layers 4 --heads 4 (other keys: the preset's, tiny by default)");
+  return presets;
+}
+
+CLI::App* add_keys(CLI::App& app, cli_values& v) {
+  auto* keys =
+      app.add_subcommand("keys", "CURVE keys that authenticate a cluster's nodes and encrypt its links");
+  keys->require_subcommand(1);
+  auto* make = keys->add_subcommand(
+      "new", "Make the cluster's key pair (the coordinator's) and one key pair per node in a key directory");
+  make->add_option("--out", v.keys_dir, "Key directory (made if missing; [security] keys names it)")
+      ->required();
+  make->add_option("--cluster", v.keys_cluster, "A key pair for every node of this cluster file");
+  make->add_option("--nodes", v.keys_nodes, "A key pair for each of these node names (comma-separated)")
+      ->delimiter(',');
+  make->footer(
+      "Writes DIR/cluster.{public,secret} (unless DIR already has them) and DIR/nodes/NAME.{public,secret},\n"
+      "every file mode 0600; an existing node key is never overwritten (exit 2). The coordinator needs\n"
+      "cluster.secret and nodes/*.public; node NAME needs cluster.public and nodes/NAME.secret. A key can "
+      "be\n"
+      "revoked with [security] revoked = [\"NAME\"] in the coordinator's cluster file.");
+  return make;
+}
+
+CLI::App* add_sweep(CLI::App& app, cli_values& v) {
+  auto* sweep = app.add_subcommand(
+      "sweep",
+      "Run a grid or list of configs over seeds (resumable); results table, HTML page, scaling fits");
+  sweep->add_option("sweep_file", v.sweep_path, "Sweep TOML file (see examples/sweeps/)")->required();
+  sweep->add_flag("--dry-run", v.sweep.dry_run, "Check every point and print the plan; run nothing");
+  sweep->add_flag(
+      "--fresh", v.sweep.fresh,
+      "Start every point over (longwave run --fresh), ignoring what earlier invocations finished");
+  sweep->add_flag("--results-only", v.sweep.results_only,
+                  "Rewrite results, page and fits from the points finished so far; run nothing");
+  sweep
+      ->add_option("--parallel", v.sweep_parallel,
+                   "Points at once: auto or a number (overrides [sweep] parallel)")
+      ->check([](const std::string& s) {
+        char* end = nullptr;
+        const long n = std::strtol(s.c_str(), &end, 10);
+        return s == "auto" || (!s.empty() && *end == '\0' && n >= 1 && n <= 1024)
+                   ? std::string()
+                   : std::string("auto or 1..1024");
+      });
+  sweep->footer(
+      "A sweep file: [sweep] base = CONFIG (relative to the sweep file), out_dir, repeats (seeds run.seed +\n"
+      "0..repeats-1) or seeds = [..], parallel = \"auto\" or N, set = [\"section.key=value\", ...]; [grid]\n"
+      "\"section.key\" = [values] (every combination); [[points]] tables of key = value with an optional "
+      "name\n"
+      "(crossed with the grid); [fit] size = \"params\" or a key, group_by = [keys] (L(N) = A*N^-alpha + E "
+      "per\n"
+      "group), tokens = true. Each point runs `longwave run BASE --set ...` in out_dir/points/<id>/ "
+      "(log.txt).\n"
+      "Parallelism: with N cores and points needing train.workers x train.threads threads each (0 counted "
+      "as\n"
+      "1), auto runs points at once while their threads fit the cores, giving train.threads = 0 points one\n"
+      "thread per worker; if no two fit, one at a time. Finished points are skipped on the next run and\n"
+      "interrupted ones resume from their checkpoints. Writes out_dir/results.csv, results.jsonl, "
+      "sweep.html\n"
+      "(and fit.json). Exit codes: 0 all done, 1 a point failed, 2 bad sweep file, 4 out_dir in use, 130\n"
+      "interrupted.");
+  return sweep;
+}
+
+}  // namespace
+
+subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string()> version) {
+  app.description(
+      "Longwave: DiLoCo training of Llama-style language models over slow links.\n"
+      "Workers run H inner AdamW steps on their own data, average their pseudo-gradients and apply them with "
+      "an\n"
+      "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 "
+      "interrupted.");
+  app.set_version_flag(
+      "--version", std::move(version),
+      "Print the CPU, the LibTorch version and the kernels it uses, the GPUs and CUDA, and exit");
+  app.require_subcommand(1);
+  subcommands sub;
+  // In this order in --help.
+  sub.run = add_run(app, v);
+  sub.eval = add_eval(app, v);
+  sub.exp = add_export(app, v);
+  sub.prep = add_data_prepare(app, v);
+  sub.coord = add_coordinator(app, v);
+  sub.node = add_node(app, v);
+  sub.stop = add_stop(app, v);
+  sub.launch = add_launch(app, v);
+  sub.report = add_report(app, v);
+  sub.presets = add_presets(app, v);
+  sub.keys_new = add_keys(app, v);
+  sub.sweep = add_sweep(app, v);
+  return sub;
+}
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  // CLI11 would treat `longwave nosuch --help` as a request for the main help (exit 0).
+  if (argc > 1 && argv[1][0] != '-') {
+    try {
+      (void)app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {
+      std::fprintf(stderr, "longwave: unknown command '%s' (see longwave --help)\n", argv[1]);
+      return 2;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  return std::nullopt;
+}
+
+bool needs_torch(int argc, char** argv) {
+  if (argc < 2) return false;
+  for (const char* c : {"run", "eval", "export", "node", "--version"})
+    if (std::strcmp(argv[1], c) == 0) return true;
+  return false;
+}
+
+std::string self_exe(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return argv0;
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+}  // namespace longwave::cli

@@ -1,0 +1,194 @@
+// The commands that need no LibTorch: the `longwave` front binary runs them (cli/commands.hpp).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "cli/report/page.hpp"
+#include "cli/sweep/sweep_file.hpp"
+#include "cluster/master_role.hpp"
+#include "comm/curve.hpp"
+#include "config/config_loader.hpp"
+#include "models/data/corpus.hpp"
+#include "models/data/dataset_prep.hpp"
+#include "models/model_spec.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/log/log.hpp"
+
+namespace longwave::cli {
+
+namespace {
+
+void print_preset_row(const std::string& name, const models::model_spec& s) {
+  std::printf("%-6s %6ld %7ld %6ld %8ld %6ld %14ld\n", name.c_str(), s.dim, s.n_layers, s.n_heads,
+              s.n_kv_heads, s.ffn_hidden, models::closed_form_param_count(s));
+}
+
+/// The vocabulary a config's model gets: model.vocab_size, else the tokenizer's (BPE: its target size).
+int64_t config_vocab(const config::train_config& cfg) {
+  return cfg.model.vocab_size > 0                            ? cfg.model.vocab_size
+         : cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size
+                                                             : 256;
+}
+
+/// `presets`: the preset table; with a config or shape options, also the parameter count of that shape.
+int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
+                const std::vector<std::string>& shape_overrides) {
+  std::optional<models::model_spec> given;
+  if (!config_path.empty() || !shape_overrides.empty()) {
+    // Through the config loader, so a shape gets the checks and error messages of `run`.
+    try {
+      const auto cfg = config_path.empty() ? config::parse_config("", shape_overrides, "command line")
+                                           : config::load_config_file(config_path, shape_overrides);
+      if (!config_path.empty()) {
+        seq_len = cfg.model.seq_len;
+        vocab = config_vocab(cfg);
+      }
+      auto m = cfg.model;
+      m.seq_len = seq_len;
+      given = models::spec_of(m, vocab);
+    } catch (const config::config_error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+  }
+  std::printf("%-6s %6s %7s %6s %8s %6s %14s\n", "preset", "dim", "layers", "heads", "kv_heads", "ffn",
+              "parameters");
+  for (const auto& name : models::preset_names())
+    print_preset_row(name, models::preset_spec(name, vocab, seq_len));
+  if (given) print_preset_row("shape", *given);
+  std::printf("(vocab %ld, context %ld; parameters include the tied embedding)\n", vocab, seq_len);
+  if (given)
+    std::printf("shape: %s, %ld parameters\n", models::model_label(*given).c_str(),
+                models::closed_form_param_count(*given));
+  return 0;
+}
+
+/// `sweep`: checks the sweep file (exit 2 naming the entry), then runs it.
+int cmd_sweep(cli_values& v, const char* argv0) {
+  sweep::sweep_spec spec;
+  try {
+    spec = sweep::load_sweep(v.sweep_path, [](const config::train_config& c) {
+      return static_cast<double>(models::closed_form_param_count(models::spec_of(c.model, config_vocab(c))));
+    });
+  } catch (const sweep::sweep_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  v.sweep.exe = self_exe(argv0);
+  if (!v.sweep_parallel.empty())
+    v.sweep.parallel = v.sweep_parallel == "auto" ? 0 : std::stol(v.sweep_parallel);
+  return sweep::run_sweep(spec, v.sweep);
+}
+
+/// `keys new`: the key files of a cluster (see add_keys).
+int cmd_keys_new(const cli_values& v) {
+  runtime::init_logging("info");
+  std::vector<std::string> names = v.keys_nodes;
+  if (!v.keys_cluster.empty()) {
+    // The cluster file may already name this key directory, or not yet: it is read without [security].
+    auto spec = load_cluster(v.keys_cluster, {"security.mode=none"});
+    if (!spec) return 2;
+    for (const auto& n : spec->nodes) names.push_back(n.name);
+  }
+  if (names.empty()) {
+    std::fprintf(stderr, "keys new: name the nodes with --cluster FILE or --nodes a,b,c\n");
+    return 2;
+  }
+  for (const auto& n : names) {
+    const bool ok = !n.empty() && n.size() <= 32 && std::all_of(n.begin(), n.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    if (!ok || std::count(names.begin(), names.end(), n) > 1) {
+      std::fprintf(stderr, "keys new: node name '%s': %s\n", n.c_str(),
+                   ok ? "given twice" : "names are 1..32 characters of A-Z a-z 0-9 _ -");
+      return 2;
+    }
+  }
+  try {
+    const auto written = comm::make_key_directory(v.keys_dir, names);
+    for (const auto& f : written) std::printf("wrote %s\n", f.c_str());
+    std::printf(
+        "keys of %zu node(s) in %s. In the cluster file: [security] keys = \"%s\". Give the coordinator's "
+        "machine cluster.secret and nodes/*.public, and node NAME's machine cluster.public and "
+        "nodes/NAME.secret (keep secrets private: 0600).\n",
+        names.size(), v.keys_dir.c_str(), v.keys_dir.c_str());
+    return 0;
+  } catch (const lw_error& e) {
+    std::fprintf(stderr, "keys new: %s\n", e.what());
+    return e.code() == errc::invalid_config ? 2 : 1;
+  }
+}
+
+int cmd_prepare(const cli_values& v) {
+  try {
+    auto d = models::data::prepare_dataset(v.input.empty() ? models::data::default_corpus_path() : v.input,
+                                           *config::from_string<config::tokenizer_kind>(v.tokenizer), v.vocab,
+                                           v.val_fraction, v.out_dir,
+                                           [](const std::string& l) { spdlog::info("{}", l); });
+    std::printf("train: %s (%ld tokens)\nval: %s (%ld tokens)\ntokenizer: %s (vocab %ld)\n",
+                d.train_path.c_str(), d.n_train_tokens, d.val_path.c_str(), d.n_val_tokens,
+                d.tokenizer_path.c_str(), d.vocab_size);
+    return 0;
+  } catch (const lw_error& e) {
+    spdlog::error("{}", e.what());
+    // corrupt_data: the input is empty, binary or malformed, a bad argument (as in `run`).
+    return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", describe(e));
+    return 1;
+  }
+}
+
+}  // namespace
+
+/// Loads a cluster file for a role; prints the config error and returns nullopt.
+std::optional<config::cluster_spec> load_cluster(const std::string& path,
+                                                 const std::vector<std::string>& ov) {
+  try {
+    return config::load_cluster_file(path, ov);
+  } catch (const config::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return std::nullopt;
+  }
+}
+
+std::optional<config::train_config> load_run_config(const cli_values& v, std::vector<std::string>* warnings) {
+  try {
+    return config::load_config_file(v.config_path, v.overrides, warnings);
+  } catch (const config::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return std::nullopt;
+  }
+}
+
+std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* argv0) {
+  if (sub.coord->parsed()) {
+    runtime::init_logging(v.log_level);
+    auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
+    return spec ? cluster::run_master_role(*spec, v.coordinator_bind) : 2;
+  }
+  if (sub.stop->parsed()) {
+    runtime::init_logging("info");
+    auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
+    return spec ? cluster::request_cluster_stop(*spec) : 2;
+  }
+  if (sub.launch->parsed())
+    return launch(self_exe(argv0), v.cluster_path, v.cluster_overrides, v.cluster_fresh, v.observe);
+  if (sub.report->parsed()) {
+    runtime::init_logging("info");
+    return report::write(v.report_dir, v.report_out);
+  }
+  if (sub.prep->parsed()) return cmd_prepare(v);
+  if (sub.presets->parsed()) return cmd_presets(v.pv, v.pt, v.presets_config, v.shape_overrides);
+  if (sub.keys_new->parsed()) return cmd_keys_new(v);
+  if (sub.sweep->parsed()) return cmd_sweep(v, argv0);
+  return std::nullopt;
+}
+
+}  // namespace longwave::cli

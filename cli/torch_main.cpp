@@ -1,0 +1,70 @@
+// longwave-torch: the commands that train or read a model's tensors (run, eval, export, node) and
+// --version, which `longwave` (cli/main.cpp) hands over by exec with the same arguments. It runs the other
+// commands as well, so either binary alone answers every command line.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "actors/collective_factory.hpp"
+#include "actors/training.hpp"
+#include "cli/commands.hpp"
+#include "cli/export.hpp"
+#include "cluster/roles.hpp"
+#include "config/config_loader.hpp"
+#include "models/cpu_kernels.hpp"
+#include "models/gpu_info.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/memory/allocator.hpp"
+
+using namespace longwave;
+using namespace longwave::cli;
+
+namespace {
+
+int cmd_run(const cli_values& v) {
+  runtime::init_logging(v.log_level);
+  std::vector<std::string> warnings;
+  const auto cfg = load_run_config(v, &warnings);
+  if (!cfg) return 2;
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  actors::run_options opts;
+  opts.dry_run = v.run_dry_run;
+  opts.fresh = v.run_fresh;
+  return actors::run_training(*cfg, opts);
+}
+
+/// `node`: joins the cluster as one node and trains (or, with --leave, asks the running node to leave).
+int cmd_node(const cli_values& v) {
+  runtime::init_logging(v.log_level);
+  auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
+  if (!spec) return 2;
+  actors::run_options nopts;
+  nopts.fresh = v.cluster_fresh;
+  nopts.dry_run = v.node_dry_run;
+  nopts.leave = v.node_leave;
+  nopts.endpoint = v.node_endpoint;
+  nopts.workers = v.node_workers;
+  return cluster::run_node_role(*spec, v.node_name, nopts);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  runtime::keep_freed_buffers();
+  runtime::init_logging();
+  CLI::App app;
+  cli_values v;
+  const auto sub = add_commands(app, v, [] {
+    return "longwave on " + models::cpu_kernels() + "\ngpu: " + models::gpu_summary() + "; " +
+           actors::nccl_summary();
+  });
+  if (const auto rc = parse_command_line(app, argc, argv)) return *rc;
+  if (const auto rc = run_tool(sub, v, argv[0])) return *rc;
+  if (sub.run->parsed()) return cmd_run(v);
+  if (sub.node->parsed()) return cmd_node(v);
+  if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches);
+  if (sub.exp->parsed()) return export_checkpoint(v.exp);
+  return 2;
+}
