@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "bench/process_usage.hpp"
 #include "comm/codec.hpp"
 #include "comm/elastic_ring.hpp"
+#include "comm/fault_transport.hpp"
 #include "comm/ring_allreduce.hpp"
 #include "comm/sparse_error_feedback.hpp"
 #include "comm/sparse_sum.hpp"
@@ -139,6 +141,9 @@ std::vector<sample> run_rank(const settings& s, int rank, const std::vector<std:
     o.send_hwm = o.recv_hwm = s.hwm;
     o.timeout = std::chrono::milliseconds(s.timeout_ms);
     o.cluster_id = s.cluster_id + d;
+    // LONGWAVE_FAULT_RING_RATE meters each rank's sends, as on a node (bench/rate_limit.sh compares it with
+    // tc tbf).
+    if (const auto faults = transport_faults_from_env()) o.transport = with_faults({}, *faults);
     std::vector<std::string> eps;
     for (const auto& ep : endpoints) eps.push_back(with_port_offset(ep, static_cast<int>(d)));
     if (variant_of(s.dtypes[d]) == "curve") {
@@ -446,6 +451,8 @@ int main(int argc, char** argv) {
       s.codebook ? " (int8 codebook)" : "", s.chunk_bytes, s.hwm, s.iters, s.warmup, s.timeout_ms,
       simd_level(), crc32c_hardware() ? "sse4.2" : "portable", fixed_malloc ? "fixed-thresholds" : "default",
       link);
+  if (const char* rate = std::getenv("LONGWAVE_FAULT_RING_RATE"); rate && *rate)
+    std::printf("each rank's ring sends are metered at %s bytes/s (LONGWAVE_FAULT_RING_RATE)\n", rate);
   std::fflush(stdout);
 
   try {
