@@ -169,8 +169,8 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& args, con
 
 /// Makes DIR/keys (the cluster's pair and n0..n9's, listed or not) and returns the [security] section that
 /// names it: test clusters run with CURVE, the default. The keys are made once per build of the binary by
-/// `longwave keys new` (a process that loads LibTorch, about 1 s) into a cache in the temporary directory,
-/// then copied with their modes; each test changes only its own copy.
+/// `longwave keys new` (CURVE key generation) into a cache in the temporary directory, then copied with their
+/// modes; each test changes only its own copy.
 inline std::string curve_keys(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path bin = binary();
