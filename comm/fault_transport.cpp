@@ -66,9 +66,10 @@ class fault_transport final : public transport {
   }
 
  private:
-  double bucket() const { return 0.05 * f_.send_bytes_per_s; }
+  // The burst after an idle spell: tc tbf's in scripts/wan (256 KiB).
+  static constexpr double bucket() { return 256.0 * 1024; }
 
-  // Adds the tokens earned since the last call: up to the bucket (50 ms of the rate) while idle, up to a
+  // Adds the tokens earned since the last call: up to the bucket while idle, up to a
   // waiting frame's bytes while it waits. True when the frame of `bytes` may go: the link would have carried
   // it by now (a frame leaves after its transmission time, as from a real link, not before it).
   bool refill(double bytes) {

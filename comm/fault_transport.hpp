@@ -15,9 +15,9 @@ struct transport_faults {
   uint64_t die_in_round = 0;
   size_t die_after_chunks = 0;
   /// Frames towards the next rank leave as from a link of this many bytes per second (TCP/IP headers
-  /// counted), each once the link would have carried it, after a burst of 50 ms of the rate when idle (as tc
-  /// tbf's): a slow link where network namespaces are not at hand (bench/rate_limit.sh compares the two).
-  /// 0: no limit.
+  /// counted), each once the link would have carried it, after a burst of 256 KiB when idle (as tc tbf's
+  /// in scripts/wan): a slow link where network namespaces are not at hand (bench/rate_limit.sh compares the
+  /// two). 0: no limit.
   double send_bytes_per_s = 0;
 };
 

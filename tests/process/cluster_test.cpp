@@ -764,8 +764,8 @@ CATCH_TEST_CASE("a slow link is named: the node before it waits to send, and its
   const auto dir = scratch_dir("cluster_straggler");
   cluster_ports ports;
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  // n0's ring frames leave at 200 kB/s (the fault decorator): about 2 s per all-reduce of the mechanics
-  // model (394 kB of fp32 each way), far more than the rest of a round.
+  // n0's ring frames leave at 200 kB/s (the fault decorator): about 0.75 s per all-reduce of the mechanics
+  // model (394 kB of fp32 each way, after a 256 KiB burst), far more than the rest of a round.
   auto [coord, nodes] = start_cluster(dir, cluster, 2, {{"LONGWAVE_FAULT_RING_RATE=200000"}});
   std::vector<int> codes;
   for (auto& n : nodes) codes.push_back(wait_exit(n, 600));
