@@ -23,8 +23,8 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 // What a link carries per byte of a frame over TCP/IPv4 on Ethernet: 66 header bytes (Ethernet 14, IP 20,
-// TCP 32 with timestamps) per 1448-byte segment. tc tbf meters those bytes too (bench/rate_limit.sh: 0.958
-// of its rate reaches the ring, and 1448 / 1514 = 0.956).
+// TCP 32 with timestamps) per 1448-byte segment. tc tbf meters those bytes too (bench/rate_limit.sh compares
+// the two).
 constexpr double link_bytes_per_byte = 1514.0 / 1448.0;
 
 class fault_transport final : public transport {
@@ -69,9 +69,9 @@ class fault_transport final : public transport {
   // The burst after an idle spell: tc tbf's in scripts/wan (256 KiB).
   static constexpr double bucket() { return 256.0 * 1024; }
 
-  // Adds the tokens earned since the last call: up to the bucket while idle, up to a
-  // waiting frame's bytes while it waits. True when the frame of `bytes` may go: the link would have carried
-  // it by now (a frame leaves after its transmission time, as from a real link, not before it).
+  // Adds the tokens earned since the last call: up to the bucket while idle, up to a waiting frame's bytes
+  // while it waits. True when the frame of `bytes` may go: the link would have carried it by now (a frame
+  // leaves after its transmission time, as from a real link, not before it).
   bool refill(double bytes) {
     const auto now = clock::now();
     const double earned = std::chrono::duration<double>(now - last_refill_).count() * f_.send_bytes_per_s;
