@@ -14,11 +14,9 @@ shift $(($# >= 2 ? 2 : $#))
 bin=${LW_BENCH_ALLREDUCE:-build/release/bench/bench_allreduce}
 [ -x "$bin" ] || { echo "allreduce_wan: $bin not built (cmake --build --preset release --target bench_allreduce)" >&2; exit 2; }
 scripts/wan check || { echo "allreduce_wan: cannot create network namespaces here (needs root, ip, tc)" >&2; exit 3; }
-case "$rate" in
-  *gbit) gbit=${rate%gbit} ;;
-  *mbit) gbit=$(awk "BEGIN{print ${rate%mbit}/1000}") ;;
-  *) echo "allreduce_wan: RATE must end in gbit or mbit" >&2; exit 2 ;;
-esac
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+gbit=$(lw_rate_gbit "$rate")
 export LONGWAVE_WAN_PREFIX=lwbench
 trap 'scripts/wan down lwbench' EXIT
 scripts/wan up "$n" "$rate"

@@ -1,10 +1,12 @@
 # shellcheck shell=bash
-# Shared by the loopback cluster benches (bench/elastic_*.sh); sourced, not run.
+# Shared by the benches (the loopback cluster ones, bench/elastic_*.sh, and the link-rate ones); sourced,
+# not run.
 #   lw_default_binary          the newer of build/ci/longwave and build/release/longwave
 #   lw_work_dir NAME           makes a directory under /tmp and, on exit, SIGKILLs the processes this
 #                              shell started that still run (jobs -p: by PID, never reused ones) and removes
 #                              the directory, unless lw_keep=1 (then it says where it is)
 #   lw_free_port               a free loopback TCP port
+#   lw_rate_gbit RATE          a tc rate ending in gbit or mbit, in Gbit/s (exit 2 naming it otherwise)
 #   lw_cluster_toml DIR ID [options]   writes DIR/cluster.toml: 3 loopback nodes n0..n2 of 1 worker each,
 #                              tiny model (seq_len 64), batch 4, 1 torch thread, plain TCP, no eval or metrics
 
@@ -26,6 +28,14 @@ lw_cleanup() {
   local p
   for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
   if [ "$lw_keep" = 1 ]; then echo "kept $lw_dir"; else rm -rf "$lw_dir"; fi
+}
+
+lw_rate_gbit() {
+  case "$1" in
+    *gbit) echo "${1%gbit}" ;;
+    *mbit) awk "BEGIN{print ${1%mbit}/1000}" ;;
+    *) echo "RATE must end in gbit or mbit, not '$1'" >&2; exit 2 ;;
+  esac
 }
 
 lw_free_port() {

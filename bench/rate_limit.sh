@@ -13,11 +13,9 @@ rate=${2:-25mbit}
 shift $(($# >= 2 ? 2 : $#))
 bin=${LW_BENCH_ALLREDUCE:-build/release/bench/bench_allreduce}
 [ -x "$bin" ] || { echo "rate_limit: $bin not built (cmake --build --preset release --target bench_allreduce)" >&2; exit 2; }
-case "$rate" in
-  *gbit) gbit=${rate%gbit} ;;
-  *mbit) gbit=$(awk "BEGIN{print ${rate%mbit}/1000}") ;;
-  *) echo "rate_limit: RATE must end in gbit or mbit" >&2; exit 2 ;;
-esac
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+gbit=$(lw_rate_gbit "$rate")
 bytes_per_s=$(awk "BEGIN{printf \"%.0f\", $gbit * 1.25e8}")
 opts=(--dtypes fp32 --no-baseline "$@")
 case " $* " in *" --n "*) ;; *) opts+=(--n 1M) ;; esac  # 6 MiB per rank: 2 s at 25 Mbit/s
@@ -41,7 +39,10 @@ dec_out=$(LONGWAVE_FAULT_RING_RATE=$bytes_per_s "$bin" --ranks "$n" --link-gbit 
 echo "$dec_out" | grep -E "^(dtype|fp32|       each)"
 dec=$(echo "$dec_out" | awk '$1 == "fp32" && NF >= 6 { print $NF }')
 
-[ -n "$tbf" ] && [ -n "$dec" ] || { echo "rate_limit: a busbw figure is missing" >&2; exit 1; }
+if [ -z "$tbf" ] || [ -z "$dec" ]; then
+  echo "rate_limit: a busbw figure is missing" >&2
+  exit 1
+fi
 awk -v t="$tbf" -v d="$dec" -v r="$rate" 'BEGIN {
   ratio = d / t
   printf "busbw / link at %s: tc tbf %.3f, transport rate limit %.3f; limit / tbf = %.3f (%s 5 %%)\n", r, t, d,

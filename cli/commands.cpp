@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "config/train_config.hpp"
 
@@ -305,13 +304,6 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   return std::nullopt;
-}
-
-bool needs_torch(int argc, char** argv) {
-  if (argc < 2) return false;
-  for (const char* c : {"run", "eval", "export", "node", "--version"})
-    if (std::strcmp(argv[1], c) == 0) return true;
-  return false;
 }
 
 std::string self_exe(const char* argv0) {

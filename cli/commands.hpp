@@ -70,9 +70,6 @@ subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string
 /// command or a bad option: 2, with CLI11's message), else nullopt.
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);
 
-/// True when argv[1] is a command (or --version) that longwave-torch runs.
-bool needs_torch(int argc, char** argv);
-
 /// Runs the command that was given when it needs no LibTorch; nullopt when it does (run, eval, export,
 /// node).
 std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* argv0);

@@ -32,16 +32,17 @@ int exec_torch(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // `run` is parsed here first: a config that does not load fails at once, as longwave-torch would fail it.
-  if (needs_torch(argc, argv) && std::strcmp(argv[1], "run") != 0) return exec_torch(argc, argv);
+  // --version names LibTorch's kernels and the GPUs: only longwave-torch can say.
+  if (argc > 1 && std::strcmp(argv[1], "--version") == 0) return exec_torch(argc, argv);
   runtime::keep_freed_buffers();
   runtime::init_logging();
   CLI::App app;
   cli_values v;
-  // --version is handed over above: its text names LibTorch's kernels and the GPUs.
   const auto sub = add_commands(app, v, [] { return std::string(); });
+  // Every command line is parsed here (a bad one fails at once); the commands that need a model go on.
   if (const auto rc = parse_command_line(app, argc, argv)) return *rc;
   if (const auto rc = run_tool(sub, v, argv[0])) return *rc;
+  // `run`'s config too: one that does not load fails here, as longwave-torch would fail it.
   if (sub.run->parsed() && !load_run_config(v, nullptr)) return 2;
   return exec_torch(argc, argv);
 }
