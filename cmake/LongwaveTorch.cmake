@@ -43,6 +43,14 @@ if(LONGWAVE_CUDA)
   if(NOT NCCL_LIBRARY)
     message(WARNING "longwave: no NCCL beside the LibTorch at ${lw_torch_root}: the NCCL backend takes the "
       "system's, and a process may then load two NCCLs")
+  else()
+    # Every executable loads this NCCL before LibTorch does, from a DT_RPATH (searched before
+    # LD_LIBRARY_PATH): on an H200 image whose LD_LIBRARY_PATH named the system's NCCL 2.28.3, LibTorch's
+    # libtorch_cuda.so (DT_RUNPATH) and our backend both took that one instead of the wheel's 2.28.9.
+    get_filename_component(lw_nccl_dir "${NCCL_LIBRARY}" DIRECTORY)
+    list(APPEND CMAKE_BUILD_RPATH "${lw_nccl_dir}")
+    list(APPEND CMAKE_INSTALL_RPATH "${lw_nccl_dir}")
+    set(lw_nccl_first "${NCCL_LIBRARY}")  # linked after libstdc++, below
   endif()
   message(STATUS "longwave: cuda build on LibTorch ${Torch_VERSION} (${Torch_DIR}), CUDA "
     "${CUDAToolkit_VERSION}, NCCL ${NCCL_LIBRARY}")
@@ -65,3 +73,7 @@ if(NOT lw_stdcxx)
     "libstdc++.so.6>")
 endif()
 add_link_options("LINKER:--push-state,--no-as-needed" "${lw_stdcxx}" "LINKER:--pop-state")
+if(lw_nccl_first)
+  add_link_options("LINKER:--disable-new-dtags"
+    "LINKER:--push-state,--no-as-needed" "${lw_nccl_first}" "LINKER:--pop-state")
+endif()
