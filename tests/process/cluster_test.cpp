@@ -130,31 +130,36 @@ CATCH_TEST_CASE(
     // whatever the machine).
     CATCH_CHECK(rows["n0"][1].steps == 8);
     CATCH_CHECK(rows["n1"][1].steps == 8);
-    // The steps that the times of round `from` give (hand arithmetic: H * fastest / own, rounded, H within
-    // 5 %, at least min_steps = 1).
-    auto steps_from = [&](int64_t from) {
-      const double own = rows["n1"][from].step_s, fastest = std::min(own, rows["n0"][from].step_s);
+    // The steps that the times of round `from` give a node (hand arithmetic: H * fastest / own, rounded, H
+    // within 5 %, at least min_steps = 1). Both nodes by the same rule, from their measured times: on a
+    // loaded machine n0's own step can outlast its pace, and then n0 too runs fewer than H.
+    auto steps_from = [&](const std::string& node, int64_t from) {
+      const double own = rows[node][from].step_s;
+      const double fastest = std::min(rows["n0"][from].step_s, rows["n1"][from].step_s);
       return own <= fastest * 1.05 ? int64_t{8} : std::clamp<int64_t>(std::lround(8 * fastest / own), 1, 8);
     };
     // sync reads the times of the round before (its all-reduce ends before the next round begins). eager's
     // all-reduce runs during the next round: it reads those of the round before or the one before that, and
     // round 2 runs H unless round 1's all-reduce has already ended.
+    int64_t n1_short_rounds = 0;
     for (int64_t round = 2; round <= 4; ++round) {
       CATCH_INFO("round " << round);
       CATCH_CHECK(rows["n1"][round - 1].step_s >= 0.2 * 0.999);
-      const int64_t got = rows["n1"][round].steps;
-      const bool matches =
-          std::abs(got - steps_from(round - 1)) <= 1 ||  // a time's float rounding at a .5
-          (outer != "sync" && (round == 2 ? got == 8 : std::abs(got - steps_from(round - 2)) <= 1));
-      CATCH_CHECK(matches);
-      if (outer == "sync" || round > 2) CATCH_CHECK(got < 8);
-    }
-    for (int64_t round = 2; round <= 4; ++round) {
-      CATCH_CHECK(rows["n0"][round].steps == 8);  // the fastest node runs H
+      for (const std::string node : {"n0", "n1"}) {
+        CATCH_INFO("node " << node);
+        const int64_t got = rows[node][round].steps;
+        const bool matches =
+            std::abs(got - steps_from(node, round - 1)) <= 1 ||  // a time's float rounding at a .5
+            (outer != "sync" && (round == 2 ? got == 8 : std::abs(got - steps_from(node, round - 2)) <= 1));
+        CATCH_CHECK(matches);
+      }
+      if (rows["n1"][round].steps < 8) ++n1_short_rounds;
       // sync: one theta on both nodes every round, whatever each trained (eager's differ until its final
       // mean).
       if (outer == "sync") CATCH_CHECK(rows["n0"][round].crc == rows["n1"][round].crc);
     }
+    // n1 is paced 4x slower than n0's pace: it runs fewer than H at least once (sync: from round 2).
+    CATCH_CHECK(n1_short_rounds >= 1);
     CATCH_CHECK(final_loss["n0"] == final_loss["n1"]);  // one final theta
     CATCH_CHECK(contains(log, outer == "sync" ? "adaptive steps: round 2 runs" : "adaptive steps: round "));
     fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
@@ -180,7 +185,9 @@ CATCH_TEST_CASE("a node started with other training settings is turned away with
                 "[process][cluster]") {
   const auto dir = scratch_dir("cluster_other_settings");
   cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 6);
+  // The join deadline only bounds a failure: the nodes below start one after another, each a process start
+  // and a corpus load (6 s ran out beside a loaded machine's other tests).
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 120);
   edit_file(cluster, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
   auto n0 = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
