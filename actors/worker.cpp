@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <optional>
 
 #include "models/lr_schedule.hpp"
 #include "runtime/clock/clock.hpp"
@@ -45,6 +46,9 @@ struct worker_state {
   std::chrono::steady_clock::time_point step_began;
   int64_t paced_steps = 0, late_steps = 0;
   caf::typed_response_promise<round_result> rp;
+  // The last step's report, sent once its loss is read: during the next step, or at the round's end and
+  // before a snapshot (on a GPU the host so never waits for the step it has just queued).
+  std::optional<step_report> held;
 };
 
 using worker_self = worker_actor::stateful_pointer<worker_state>;
@@ -74,8 +78,38 @@ caf::error guarded(int64_t rank, F&& f) {
   }
 }
 
+/// Sends the held step report with its loss.
+void send_held(worker_self self, float loss) {
+  auto& s = self->state;
+  auto rep = std::move(*s.held);
+  s.held.reset();
+  rep.loss = loss;
+  if (s.trainer->device().is_cuda()) rep.gpu_s = s.trainer->last_gpu_seconds();
+  s.loss_sum += rep.loss;
+  self->send(s.coordinator, report_atom_v, rep);
+}
+
+/// Reads the last step's loss and sends its report; an error of that step's device work surfaces here.
+caf::error flush_held(worker_self self) {
+  auto& s = self->state;
+  if (!s.held) return {};
+  std::optional<float> loss;
+  if (auto err = guarded(s.rank, [&] { loss = s.trainer->take_pending_loss(); })) {
+    s.held.reset();
+    return err;
+  }
+  send_held(self, loss.value_or(0.0F));
+  return {};
+}
+
 void finish_round(worker_self self) {
   auto& s = self->state;
+  if (auto err = flush_held(self)) {
+    s.busy = false;
+    s.theta_ref = at::Tensor();
+    s.rp.deliver(std::move(err));
+    return;
+  }
   round_result r;
   r.rank = s.rank;
   r.round = s.round;
@@ -177,27 +211,35 @@ void inner_step(worker_self self) {
   const auto at = [&](int64_t k) {
     return models::schedule_step(s.round, k, s.steps_target, cfg.train.inner_steps);
   };
-  auto err = guarded(
-      s.rank, [&] { rep.loss = s.trainer->step(cfg.diloco.adaptive_steps ? at(s.steps_in_round) : -1); });
+  std::optional<float> previous;  // the loss of the step before, read while this one runs
+  auto err = guarded(s.rank, [&] {
+    previous = s.trainer->step_async(cfg.diloco.adaptive_steps ? at(s.steps_in_round) : -1);
+  });
   if (err) {
+    s.held.reset();
     s.busy = false;
     s.rp.deliver(std::move(err));
     return;
   }
+  if (previous && s.held) send_held(self, *previous);
   rep.compute_s = seconds_since(t0);
   rep.rank = s.rank;
   rep.step = by_round ? at(s.steps_in_round + 1) : s.trainer->steps_done();  // the round's last: round * H
   rep.tokens = s.trainer->tokens_per_step();
   if (s.trainer->device().is_cuda()) {
     const auto mem = s.trainer->gpu_memory_now();
-    rep.gpu_s = s.trainer->last_gpu_seconds();
     rep.gpu_allocated = mem.allocated, rep.gpu_reserved = mem.reserved, rep.gpu_peak = mem.peak;
   }
-  s.loss_sum += rep.loss;
   ++s.steps_run;
   ++s.steps_in_round;
-  self->send(s.coordinator, report_atom_v, rep);
+  s.held = rep;
   if (s.paused && s.trainer->steps_done() >= s.pause_target) {
+    if (auto e = flush_held(self)) {
+      s.busy = false;
+      s.state_rp.deliver(e);
+      s.rp.deliver(std::move(e));
+      return;
+    }
     s.state_rp.deliver(replica_of(self));
     return;
   }
@@ -265,7 +307,10 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
       [=](mix_atom, at::Tensor theta, uint32_t fragment, double alpha) {
         return mix_fragment(self, theta, fragment, alpha);
       },
-      [=](state_atom) -> caf::result<replica_state> { return replica_of(self); },
+      [=](state_atom) -> caf::result<replica_state> {
+        if (auto err = flush_held(self)) return err;
+        return replica_of(self);
+      },
       [=](state_atom, bool lend) -> caf::result<replica_state> {
         if (self->state.busy) return make_error(errc::stale_round, "worker: state lent during a round");
         return replica_of(self, lend);
@@ -273,12 +318,16 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
       [=](pause_atom) -> caf::result<int64_t> {
         auto& s = self->state;
         s.paused = true;
+        if (auto err = flush_held(self)) return err;  // every step done is reported before the snapshot
         return s.trainer->steps_done();
       },
       [=](state_atom, int64_t target) -> caf::result<replica_state> {
         auto& s = self->state;
         s.pause_target = target;
-        if (!s.busy || s.trainer->steps_done() >= target) return replica_of(self);
+        if (!s.busy || s.trainer->steps_done() >= target) {
+          if (auto err = flush_held(self)) return err;
+          return replica_of(self);
+        }
         s.state_rp = self->make_response_promise<replica_state>();
         self->send(self, step_atom_v);  // restart the paused step chain
         return s.state_rp;

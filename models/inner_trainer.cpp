@@ -1,6 +1,6 @@
 // Inner step: batch -> loss/backward -> clip -> AdamW on the fp32 master -> copy into the model dtype. On the
-// CPU this is op for op what it always was (the golden traces); on CUDA the batch goes through pinned memory,
-// clipping stays on the device and the loss is read once the optimizer's kernels are queued.
+// CPU this is op for op what it always was (the golden traces); on CUDA the batch goes through two pinned
+// buffers ordered by events, clipping stays on the device, and a step's loss is read during the next step.
 #include "models/inner_trainer.hpp"
 
 #include <ATen/ATen.h>
@@ -39,9 +39,15 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
       opts.bf16 ? at::zeros({model_.n_params()}, at::dtype(at::kFloat).device(device_)) : model_.flat_grads();
   model_.set_autocast(opts.autocast);
   if (device_.is_cuda()) {
-    batch_pinned_ = at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).pinned_memory(true));
     batch_ = at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).device(device_));
-    timer_ = std::make_unique<gpu_timer>(device_.index());
+    for (int i = 0; i < 2; ++i) {
+      batch_pinned_[i] =
+          at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).pinned_memory(true));
+      loss_[i] = at::empty({}, at::dtype(at::kFloat).pinned_memory(true));
+      copied_[i] = std::make_unique<gpu_event>(device_.index());
+      loss_ready_[i] = std::make_unique<gpu_event>(device_.index());
+      timer_[i] = std::make_unique<gpu_timer>(device_.index());
+    }
   }
 }
 
@@ -80,9 +86,13 @@ void inner_trainer::next_batch() {
     batch_ = at::from_blob(batch_buf_.data(), {opts_.batch_size, spec_.seq_len + 1}, at::kLong);
     return;
   }
-  // The staging buffer is free: every step synchronises (reads its loss) before the next batch is drawn.
-  std::copy(batch_buf_.begin(), batch_buf_.end(), batch_pinned_.data_ptr<int64_t>());
-  batch_.copy_(batch_pinned_, /*non_blocking=*/true);
+  // This slot's staging buffer was last read by the copy two steps back: wait until that copy is done. The
+  // device buffer needs no wait: the copy is queued behind the kernels of the step before, which read it.
+  auto& staged = batch_pinned_[slot_];
+  copied_[slot_]->wait();
+  std::copy(batch_buf_.begin(), batch_buf_.end(), staged.data_ptr<int64_t>());
+  batch_.copy_(staged, /*non_blocking=*/true);
+  copied_[slot_]->record();
 }
 
 at::Tensor inner_trainer::forward_backward() {
@@ -124,14 +134,37 @@ void inner_trainer::apply_update(at::Tensor& g) {
 }
 
 float inner_trainer::step(int64_t schedule_step) {
-  if (timer_) timer_->start();
+  (void)step_async(schedule_step);
+  return *take_pending_loss();
+}
+
+std::optional<float> inner_trainer::step_async(int64_t schedule_step) {
+  const int t = slot_;
+  if (timer_[t]) timer_[t]->start();
   auto l = forward_backward();
   lr_step_ = schedule_step;
   apply_update(grad_fp32_);
   lr_step_ = -1;
-  if (timer_) timer_->stop();
-  const float loss = l.item<float>();  // the step's one synchronisation
-  if (timer_) gpu_seconds_ = timer_->seconds();
+  if (timer_[t]) timer_[t]->stop();
+  if (device_.is_cuda()) {
+    loss_[t].copy_(l.detach(), /*non_blocking=*/true);  // to pinned memory, queued behind the step
+    loss_ready_[t]->record();
+  } else {
+    loss_[t] = l.detach();
+  }
+  auto previous = take_pending_loss();  // the step before: on a GPU done, or nearly, while this one runs
+  pending_ = t;
+  slot_ = 1 - t;
+  return previous;
+}
+
+std::optional<float> inner_trainer::take_pending_loss() {
+  if (pending_ < 0) return std::nullopt;
+  const int t = pending_;
+  pending_ = -1;
+  if (loss_ready_[t]) loss_ready_[t]->wait();
+  const float loss = loss_[t].item<float>();  // a host tensor: no device synchronisation
+  if (timer_[t]) gpu_seconds_ = timer_[t]->seconds();
   return loss;
 }
 

@@ -3,8 +3,10 @@
 // learning-rate schedule. Used by the worker actor, the plain-loop benchmark and the tests.
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,7 +52,8 @@ double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int6
 
 /// One worker's replica and inner optimizer, on its device (options.device). What goes in and out (theta, the
 /// pseudo-gradient, DDP's gradient, the state) is fp32 on the host: the rest of Longwave never sees a device
-/// tensor. On CUDA a step queues its work and synchronises once, at its end, to read the loss.
+/// tensor. On CUDA step_async queues a step's work and reads the loss of the step before it, so the host
+/// never waits for the step it has just queued and the device always has the next one.
 class inner_trainer {
  public:
   /// Worker `worker` (its global rank) reads the windows of `spans` (data::partition_spans).
@@ -63,10 +66,17 @@ class inner_trainer {
   void set_params(const at::Tensor& theta);
   /// On the ranges only: master <- (1 - alpha) * theta + alpha * master (and the model weights follow).
   void mix(const at::Tensor& theta, const flat_ranges& ranges, double alpha);
-  /// One AdamW step on the next batch; returns the training loss. schedule_step: where the learning-rate
-  /// schedule stands for it (diloco.adaptive_steps; -1: the steps done so far).
+  /// One AdamW step on the next batch; returns its training loss (waits for it). schedule_step: where the
+  /// learning-rate schedule stands for it (diloco.adaptive_steps; -1: the steps done so far). Not to be
+  /// mixed with step_async while a loss is pending.
   float step(int64_t schedule_step = -1);
-  /// On a GPU: the device time of the last step() (CUDA events), its memory figures; -1 / zeros on the CPU.
+  /// Queues one AdamW step and returns the loss of the step queued before it, if one is pending (on a GPU
+  /// read once that step is done, while this one runs). The last loss: take_pending_loss().
+  std::optional<float> step_async(int64_t schedule_step = -1);
+  /// The loss of the last queued step, waiting for it; nullopt when none is pending.
+  std::optional<float> take_pending_loss();
+  /// On a GPU: the device time of the step whose loss was read last (CUDA events), its memory figures;
+  /// -1 / zeros on the CPU.
   double last_gpu_seconds() const { return gpu_seconds_; }
   gpu_memory gpu_memory_now() const;
   /// DDP: forward and backward on the next batch; the fp32 gradient is then in grad().
@@ -108,8 +118,15 @@ class inner_trainer {
   int64_t lr_step_ = -1;  // the schedule step of the step() in progress (-1: adam_.steps())
   at::Tensor master_, grad_fp32_, batch_;
   std::vector<int64_t> batch_buf_;
-  at::Tensor batch_pinned_;           // CUDA: the batch's staging buffer in pinned host memory
-  std::unique_ptr<gpu_timer> timer_;  // CUDA: the step's device time
+  // Two of each, alternating by step: a step's batch is staged while the step before may still read the
+  // other buffer, and its loss and timer are read one step later.
+  int slot_ = 0;                                          // this step's
+  int pending_ = -1;                                      // the slot whose loss is unread (-1: none)
+  std::array<at::Tensor, 2> loss_;                        // the loss (CPU), or its pinned host copy (CUDA)
+  std::array<at::Tensor, 2> batch_pinned_;                // CUDA: staging buffers in pinned host memory
+  std::array<std::unique_ptr<gpu_event>, 2> copied_;      // CUDA: a staging buffer's copy is done
+  std::array<std::unique_ptr<gpu_event>, 2> loss_ready_;  // CUDA: the loss's host copy is done
+  std::array<std::unique_ptr<gpu_timer>, 2> timer_;       // CUDA: the step's device time
   double gpu_seconds_ = -1;
   std::unique_ptr<data::window_sampler> sampler_;
 };

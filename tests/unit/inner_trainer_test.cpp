@@ -1,13 +1,17 @@
 // models::inner_trainer at its host boundary (issue 36): what goes in and out is fp32 on the host whatever
 // the device, micro-batches add up to the whole batch, and a state written to a checkpoint file and read back
-// continues bit for bit. The device here is the CPU; scripts/gpu-check runs the same paths on CUDA.
+// continues bit for bit. The device here is the CPU; scripts/gpu-check runs the same paths on CUDA, and the
+// deferred loss there (LW_TEST_DEVICE=cuda).
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "models/gpt.hpp"
@@ -29,8 +33,20 @@ std::shared_ptr<const std::vector<uint16_t>> tokens() {
   return std::make_shared<const std::vector<uint16_t>>(std::move(t));
 }
 
-std::unique_ptr<models::inner_trainer> trainer(int64_t micro_batches = 1) {
+/// LW_TEST_DEVICE (scripts/gpu-check: cuda), else the CPU; on CUDA deterministic, as train.deterministic.
+std::string device_under_test() {
+  const char* d = std::getenv("LW_TEST_DEVICE");
+  if (d == nullptr || std::string(d).empty() || std::string(d) == "cpu") return "cpu";
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  return d;
+}
+
+std::unique_ptr<models::inner_trainer> trainer(int64_t micro_batches = 1, const std::string& device = "cpu") {
   models::inner_options o;
+  o.device = device;
   o.batch_size = 4;
   o.warmup_steps = 2;
   o.total_steps = 20;
@@ -46,6 +62,28 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
 }
 
 }  // namespace
+
+CATCH_TEST_CASE("a step's loss is read during the next step: the same losses as steps read at once",
+                "[models][trainer]") {
+  const auto device = device_under_test();  // on CUDA: the pinned batches, their events and the loss copies
+  CATCH_INFO("device " << device);
+  auto a = trainer(1, device), b = trainer(1, device);
+  CATCH_CHECK(!b->take_pending_loss().has_value());  // nothing queued yet
+  CATCH_CHECK(!b->step_async().has_value());         // the first step has no step before it
+  float expected = a->step();
+  for (int i = 1; i < 4; ++i) {
+    const auto previous = b->step_async();
+    CATCH_REQUIRE(previous.has_value());
+    CATCH_CHECK(*previous == expected);  // same data, same arithmetic, bit for bit
+    expected = a->step();
+  }
+  const auto last = b->take_pending_loss();
+  CATCH_REQUIRE(last.has_value());
+  CATCH_CHECK(*last == expected);
+  CATCH_CHECK(!b->take_pending_loss().has_value());  // read once
+  CATCH_CHECK(same_bits(a->master().cpu(), b->master().cpu()));
+  CATCH_CHECK(b->steps_done() == 4);
+}
 
 CATCH_TEST_CASE("the trainer hands out fp32 host tensors: theta - master, the gradient and its state",
                 "[models][trainer]") {
