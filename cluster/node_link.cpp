@@ -54,6 +54,7 @@ void node_link::round_committed(uint64_t round, uint32_t theta_crc) {
 void node_link::tick(const std::function<void(std::string)>& record, const actors::node_controls& controls) {
   if (!ring_) return;
   const auto now = steady::now();
+  if (const auto v = version_.load(); v > 0) watch_.version_applied(v);
   const auto asks = watch_.on_tick(control_, *ring_, elastic_.get(), name_, now, record);
   if (asks.leave && !leaving_) {
     leaving_ = true;

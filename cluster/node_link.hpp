@@ -2,6 +2,7 @@
 // A training node's link to its cluster (actors::cluster_link): its place in the ring, the join of a running
 // cluster, the states it serves, its elastic ring, and the control plane ticked from the training's main
 // loop.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -46,6 +47,7 @@ class node_link final : public actors::cluster_link {
   void publish(runtime::checkpoint state) override;
   void round_committed(uint64_t round, uint32_t theta_crc) override;
   void version_committed(uint64_t version, uint32_t theta_crc) override {
+    version_.store(version);  // the training coordinator's thread; tick reads it on the main loop
     committed_.push(version, theta_crc);
   }
   void contribute(uint64_t v_start, uint64_t tokens) override { merges_.push(v_start, tokens); }
@@ -65,6 +67,7 @@ class node_link final : public actors::cluster_link {
   stop_follower stop_;
   pin_follower pin_;
   committed_rounds committed_;
+  std::atomic<uint64_t> version_{0};  // async: the last version applied
   merge_follower merges_;
   bool leaving_ = false;
   bool cluster_stopped_ = false;

@@ -93,7 +93,7 @@ void master_watch::reannounce(control_client& control, const comm::elastic_ring&
   // Fenced (the old master died between its fence and the membership): a member count of 0 makes the new
   // master fence again instead of adopting an epoch these nodes are leaving.
   h.world_size = elastic.fenced() ? 0 : static_cast<uint32_t>(elastic.world_size());
-  h.committed = elastic.committed();
+  h.committed = version_ > 0 ? comm::reduce_key{version_, 0} : elastic.committed();
   control.reannounce(h);
 }
 

@@ -2,6 +2,7 @@
 // A training node's side of the control plane, ticked from its main loop: what the master asks of it
 // (membership changes, leave, a cluster stop), what it reports (fence answers, ring failures, theta's CRC per
 // round), and a master that went away and comes back (re-announcement, for a takeover).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -44,7 +45,12 @@ class master_watch {
   /// hello: this node's hello, re-sent (running) to a master that comes back.
   /// admitted: CURVE's admitted node keys, which each membership extends (nullptr without CURVE).
   master_watch(hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
-      : hello_(std::move(hello)), admitted_(std::move(admitted)) {}
+      : hello_(std::move(hello)), admitted_(std::move(admitted)), version_(hello_.committed.round) {}
+
+  /// diloco.outer = "async": the version this node applied last. A re-announcement names it, not the ring's
+  /// last label, which after a resume is the state transfer's (0, 3): a restarted master merges on from the
+  /// newest version a member holds.
+  void version_applied(uint64_t version) { version_ = std::max(version_, version); }
 
   /// What the master asked of this node (leave, a cluster stop). elastic: the ring when it is elastic (the
   /// ring backend), nullptr for NCCL (no membership changes reach it).
@@ -77,6 +83,7 @@ class master_watch {
   steady::time_point next_reminder_;
   bool reannounce_ = false;
   steady::time_point next_announce_;
+  uint64_t version_;  // async: the last version applied (a resumed node's hello names its checkpoint's)
 };
 
 /// theta_global's CRC after each round, handed from the training coordinator's thread to the main loop,

@@ -179,7 +179,8 @@ CATCH_TEST_CASE(
 }
 
 CATCH_TEST_CASE(
-    "async: after a SIGKILL of every process the cluster resumes at its newest version bit for bit",
+    "async: after a SIGKILL of every process the cluster resumes at its newest version bit for bit, and a "
+    "coordinator taking over right after merges on from it",
     "[process][cluster][async][resume]") {
   const auto dir = scratch_dir("async_resume");
   const auto cluster = equal_nodes_cluster(dir);
@@ -210,12 +211,24 @@ CATCH_TEST_CASE(
   }
   CATCH_REQUIRE(newest >= 1);
 
-  auto [coord, nodes] = start_cluster(dir, cluster, 3);
+  auto [first, nodes] = start_cluster(dir, cluster, 3);
+  // A takeover right after the resume: the coordinator is frozen once it welcomed the nodes (before any
+  // merge), the nodes adopt the newest version between themselves, and a new coordinator takes the cluster
+  // over. It must merge on from that version: the nodes re-announce it, not the state transfer's ring label.
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "3 nodes joined", 300));
+  kill(first.pid, SIGSTOP);
+  for (const auto& n : names)
+    CATCH_REQUIRE(wait_for_text(dir + "/" + n + ".log", "async: resuming at version", 300));
+  kill(first.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(first, 30) == 128 + SIGKILL);
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord2.log");
   for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
   CATCH_CHECK(wait_exit(coord, 60) == 0);
   CATCH_INFO("--- n0\n"
              << tail(read_text(dir + "/n0.log")) << "\n--- coordinator\n"
-             << read_text(dir + "/coord.log"));
+             << read_text(dir + "/coord2.log"));
+  CATCH_CHECK(contains(read_text(dir + "/coord2.log"), "last applied round " + std::to_string(newest) +
+                                                           "): taking the running cluster over"));
   // Every node's first record after the restart is the newest version, resumed, with the CRC that version
   // had before the kill.
   for (const auto& n : names) {
