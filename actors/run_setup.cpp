@@ -1,9 +1,7 @@
 // Start-up of one run before any actor: the corpus, the model shape, --dry-run, the shared run_context.
 #include "actors/run_setup.hpp"
 
-#include <ATen/Context.h>
 #include <fmt/format.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -70,13 +68,9 @@ int64_t gpu_worker_bytes(const config::train_config& cfg, const models::model_sp
 
 namespace {
 
-/// train.deterministic: deterministic kernels, no TF32, and cuBLAS's fixed workspace (read when CUDA starts).
+/// train.deterministic (models::use_deterministic_kernels).
 void apply_determinism(const config::train_config& cfg) {
-  if (!cfg.train.deterministic) return;
-  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
+  if (cfg.train.deterministic) models::use_deterministic_kernels();
 }
 
 }  // namespace

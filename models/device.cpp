@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 
+#include <cstdlib>
 #include <map>
 
 #include "runtime/errors/errors.hpp"
@@ -88,6 +89,13 @@ config::autocast_mode resolve_autocast(config::autocast_mode setting, const std:
                    "train.autocast = \"bf16\": this worker runs on the CPU, where autocast is off; use "
                    "\"auto\" or \"off\" (model.dtype = \"bf16\" trains bf16 weights on the CPU)");
   return setting;
+}
+
+void use_deterministic_kernels() {
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
 }
 
 }  // namespace longwave::models

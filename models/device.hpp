@@ -37,4 +37,8 @@ device_plan plan_devices(const std::string& setting, int64_t workers);
 /// lw_error(invalid_config) naming train.autocast for bf16 on the CPU.
 config::autocast_mode resolve_autocast(config::autocast_mode setting, const std::string& device);
 
+/// train.deterministic: deterministic kernels, no TF32, and cuBLAS's fixed workspace (read when CUDA starts,
+/// so call this before the first CUDA work). Process-wide.
+void use_deterministic_kernels();
+
 }  // namespace longwave::models

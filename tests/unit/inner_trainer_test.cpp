@@ -3,7 +3,6 @@
 // continues bit for bit. The device here is the CPU; scripts/gpu-check runs the same paths on CUDA, and the
 // deferred loss there (LW_TEST_DEVICE=cuda).
 #include <ATen/ATen.h>
-#include <ATen/Context.h>
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "models/device.hpp"
 #include "models/gpt.hpp"
 #include "models/inner_trainer.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
@@ -37,10 +37,7 @@ std::shared_ptr<const std::vector<uint16_t>> tokens() {
 std::string device_under_test() {
   const char* d = std::getenv("LW_TEST_DEVICE");
   if (d == nullptr || std::string(d).empty() || std::string(d) == "cpu") return "cpu";
-  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
+  models::use_deterministic_kernels();
   return d;
 }
 
