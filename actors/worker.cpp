@@ -102,14 +102,18 @@ caf::error flush_held(worker_self self) {
   return {};
 }
 
+/// The round failed (a step, or the read of its loss): its reply carries the error, nothing stays held.
+void fail_round(worker_self self, const caf::error& err) {
+  auto& s = self->state;
+  s.held.reset();
+  s.busy = false;
+  s.theta_ref = at::Tensor();
+  s.rp.deliver(err);
+}
+
 void finish_round(worker_self self) {
   auto& s = self->state;
-  if (auto err = flush_held(self)) {
-    s.busy = false;
-    s.theta_ref = at::Tensor();
-    s.rp.deliver(std::move(err));
-    return;
-  }
+  if (auto err = flush_held(self)) return fail_round(self, err);
   round_result r;
   r.rank = s.rank;
   r.round = s.round;
@@ -215,12 +219,7 @@ void inner_step(worker_self self) {
   auto err = guarded(s.rank, [&] {
     previous = s.trainer->step_async(cfg.diloco.adaptive_steps ? at(s.steps_in_round) : -1);
   });
-  if (err) {
-    s.held.reset();
-    s.busy = false;
-    s.rp.deliver(std::move(err));
-    return;
-  }
+  if (err) return fail_round(self, err);
   if (previous && s.held) send_held(self, *previous);
   rep.compute_s = seconds_since(t0);
   rep.rank = s.rank;
@@ -235,10 +234,8 @@ void inner_step(worker_self self) {
   s.held = rep;
   if (s.paused && s.trainer->steps_done() >= s.pause_target) {
     if (auto e = flush_held(self)) {
-      s.busy = false;
       s.state_rp.deliver(e);
-      s.rp.deliver(std::move(e));
-      return;
+      return fail_round(self, e);
     }
     s.state_rp.deliver(replica_of(self));
     return;
