@@ -212,10 +212,12 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(newest >= 1);
 
   auto [first, nodes] = start_cluster(dir, cluster, 3);
-  // A takeover right after the resume: the coordinator is frozen once it welcomed the nodes (before any
+  // A takeover right after the resume: the coordinator is frozen once every node has its welcome (before any
   // merge), the nodes adopt the newest version between themselves, and a new coordinator takes the cluster
   // over. It must merge on from that version: the nodes re-announce it, not the state transfer's ring label.
-  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "3 nodes joined", 300));
+  // The nodes' logs, not the coordinator's: its "nodes joined" line can be written before its socket thread
+  // has sent the welcomes, and a SIGSTOP then keeps them from every node.
+  for (const auto& n : names) CATCH_REQUIRE(wait_for_text(dir + "/" + n + ".log", "joined as rank", 300));
   kill(first.pid, SIGSTOP);
   for (const auto& n : names)
     CATCH_REQUIRE(wait_for_text(dir + "/" + n + ".log", "async: resuming at version", 300));
