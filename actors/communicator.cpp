@@ -136,8 +136,8 @@ at::Tensor writable(at::Tensor t) {
 
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
 /// node_weight: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
-caf::result<at::Tensor> reduce(comm_self self, const ring_label& label, std::vector<at::Tensor> parts,
-                               bool exact, double node_weight) {
+caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector<at::Tensor> parts,
+                            bool exact, double node_weight) {
   auto& s = self->state;
   const uint64_t round = label.first;
   const auto t0 = std::chrono::steady_clock::now();
@@ -179,7 +179,7 @@ caf::result<at::Tensor> reduce(comm_self self, const ring_label& label, std::vec
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                   s.net->bytes_sent() - s.sent);
   report(self, s, r, label, static_cast<size_t>(n), secs);
-  return sum;
+  return reduced{std::move(sum), s.cluster ? s.net->last_members() : std::vector<std::string>{}};
 }
 
 /// Copies of the error-feedback residuals, for a snapshot. A request queued behind a running all-reduce is

@@ -291,7 +291,8 @@ void adopt_initial_theta(self_ptr self, at::Tensor theta, std::function<void(at:
   self->request(s.peers.communicator, s.round_timeout, reduce_atom_v,
                 reduce_request{label, {theta.clone()}, /*exact=*/true, s.ctx->theta_source ? 1.0 : 0.0})
       .then(
-          [=](at::Tensor& theta0) {
+          [=](reduced& r) {
+            auto& theta0 = r.avg;
             spdlog::info("theta_0: {}", self->state.ctx->theta_source
                                             ? "this node's, sent to every node (ring rank 0)"
                                             : "the ring's rank 0's, as every node starts");

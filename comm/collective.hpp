@@ -65,6 +65,10 @@ class collective {
   /// The weights of every rank summed, in the last all-reduce that completed (0: not known). The average is
   /// over this many workers (eager's proxy step divides by it).
   virtual double last_total_weight() const { return 0; }
+  /// The names of the ranks whose contributions the last completed call averaged, in rank order: the members
+  /// of the epoch whose ring computed the result (a membership change may keep a result computed before it).
+  /// Empty where the backend does not know them (one process, NCCL).
+  virtual std::vector<std::string> last_members() const { return {}; }
   /// The note this rank sends with its next calls (any thread).
   virtual void set_note(const rank_note& note) { (void)note; }
   /// Every rank's note as the last completed call gathered it, in rank order; empty where the backend

@@ -70,6 +70,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
   std::unique_lock<std::mutex> lk(mu_);
   auto ring = ring_;
   const uint64_t epoch = view_.epoch;
+  auto names = view_.names;
   in_call_ = true;
   lk.unlock();
   bool ok = true;
@@ -80,6 +81,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
     lk.lock();
     have_result_ = true;
     result_total_ = total;  // what last_total_weight() says if a membership change keeps this result
+    result_members_ = std::move(names);
     lk.unlock();
     // Nobody applies a result before every member holds it: a member that fails before this point makes
     // every member redo the main call, and none has applied it yet. The confirmation carries each rank's
@@ -128,6 +130,11 @@ std::vector<rank_note> elastic_ring::confirm(ring_allreduce& ring, const reduce_
   return notes;
 }
 
+std::vector<std::string> elastic_ring::last_members() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return members_;
+}
+
 void elastic_ring::set_note(const rank_note& note) {
   std::lock_guard<std::mutex> lk(mu_);
   note_ = note;
@@ -164,6 +171,7 @@ void elastic_ring::run(const reduce_key& key, const main_call& main, const std::
       if (have_result_ && commit_ && *commit_ == key) {
         committed_ = key;
         total_weight_.store(result_total_);
+        members_ = result_members_;
         finish();
         return;
       }
@@ -177,6 +185,7 @@ void elastic_ring::run(const reduce_key& key, const main_call& main, const std::
     lk.lock();
     if (result == outcome::done) {
       committed_ = key;
+      members_ = result_members_;
       finish();
       return;
     }

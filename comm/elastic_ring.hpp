@@ -84,6 +84,7 @@ class elastic_ring final : public collective {
   void set_note(const rank_note& note) override;
   std::vector<rank_note> notes() const override;
   double last_total_weight() const override { return total_weight_.load(); }
+  std::vector<std::string> last_members() const override;
   uint64_t bytes_sent() const override;
   uint64_t bytes_received() const override;
   double encode_seconds() const override;
@@ -130,6 +131,8 @@ class elastic_ring final : public collective {
   rank_note note_;                       // this rank's, sent with each confirmation (under mu_)
   std::vector<rank_note> notes_;         // every rank's, from the last confirmation (under mu_)
   double result_total_ = 0;              // the parked call's main total weight (under mu_, with have_result_)
+  std::vector<std::string> result_members_;  // the epoch's members that computed it (under mu_, likewise)
+  std::vector<std::string> members_;         // those of the last call that completed (under mu_)
   // Counters of retired rings.
   uint64_t sent_ = 0, received_ = 0;
   double encode_s_ = 0, decode_s_ = 0;

@@ -130,8 +130,12 @@ delayed_nesterov::delayed_nesterov(double lr, double momentum, int64_t period)
 double delayed_nesterov::step(at::Tensor& theta, const at::Tensor& g, int64_t arrivals) {
   no_grad_guard no_grad;
   LW_ASSERT(theta.numel() == g.numel(), "an asynchronous merge's pseudo-gradient is theta-sized");
-  LW_ASSERT(arrivals >= 1, "a merge takes at least one contribution");
+  LW_ASSERT(arrivals >= 0, "a merge's contributions are counted");
   check_flat(theta, g);
+  if (arrivals == 0) {  // every contribution was lost before the all-reduce: the version only advances
+    ++merges_;
+    return 0;
+  }
   const int64_t n = theta.numel();
   if (!m_.defined()) m_ = at::zeros_like(theta);
   if (period_ > 1 && !buf_.defined()) buf_ = at::zeros_like(theta);

@@ -42,7 +42,8 @@ class delayed_nesterov {
  public:
   delayed_nesterov(double lr, double momentum, int64_t period);
   /// Applies merge number merges() + 1, the mean `g` of `arrivals` contributions, to `theta` in place;
-  /// returns the L2 norm of the change. Contiguous fp32 host tensors of one size.
+  /// returns the L2 norm of the change. Contiguous fp32 host tensors of one size. 0 arrivals (every
+  /// contribution was lost): theta and the buffers stay, and the merge still counts.
   double step(at::Tensor& theta, const at::Tensor& g, int64_t arrivals = 1);
   int64_t period() const { return period_; }
   /// Merges applied so far (theta's version); restored from a checkpoint with the buffers.

@@ -188,12 +188,14 @@ void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> pa
   // communicator that never answers.
   self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
                 reduce_request{label, std::move(parts), false, weight_of(label, false, weight)})
-      .then([k](at::Tensor& avg) { k(std::move(avg)); },
+      .then([k](reduced& r) { k(std::move(r.avg)); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
 
 void coordinator_engine::reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) {
-  ask(self_->state.peers.communicator, self_->state.request_timeout, std::move(k), reduce_atom_v,
+  ask<reduced>(
+      self_->state.peers.communicator, self_->state.request_timeout,
+      [k = std::move(k)](reduced r) { k(std::move(r.avg)); }, reduce_atom_v,
       reduce_request{{step, 0}, std::move(parts), false});
 }
 
@@ -203,7 +205,7 @@ void coordinator_engine::start_reduce(ring_label label, std::vector<at::Tensor> 
   self->state.reduces.started(label);
   self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
                 reduce_request{label, std::move(parts), exact, weight_of(label, exact, weight)})
-      .then([self, label](at::Tensor& avg) { self->state.reduces.arrived(label, avg); },
+      .then([self, label](reduced& r) { self->state.reduces.arrived(label, r.avg, std::move(r.members)); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
 

@@ -16,6 +16,7 @@
 //   newest version) -> round tail -> inner ...      merges: on_merge -> all-reduce (version, 0) -> DN step ->
 //   version_done
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -81,7 +83,7 @@ class async_policy final : public round_policy {
     merging_ = order.version;
     const auto mine = std::find_if(order.merged.begin(), order.merged.end(),
                                    [&](const runtime::merge_entry& e) { return e.node == me; });
-    merge_facts facts{0, static_cast<int64_t>(order.merged.size()), -1, 0};
+    merge_facts facts{0, static_cast<int64_t>(order.merged.size()), -1, 0, {}};
     for (const auto& e : order.merged) facts.tokens += static_cast<int64_t>(e.tokens);
     announced_tokens_ += facts.tokens;
     std::vector<at::Tensor> parts{zeros_};
@@ -100,10 +102,17 @@ class async_policy final : public round_policy {
           order.version);
     }
     const uint64_t v = order.version;
-    reduce({v, 0}, std::move(parts), /*exact=*/false, weight, [this, v, facts](at::Tensor avg) {
-      engine_.merge_step(v, std::move(avg), facts.nodes,
-                         [this, v, facts](at::Tensor theta) { applied(v, theta, facts); });
-    });
+    reduce({v, 0}, std::move(parts), /*exact=*/false, weight,
+           [this, v, facts, merged = order.merged](at::Tensor avg, std::vector<std::string> members) mutable {
+             facts.lost = lost_contributors(merged, members);
+             facts.nodes -= static_cast<int64_t>(facts.lost.size());
+             if (!facts.lost.empty())
+               spdlog::warn(
+                   "async: version {} merges {} of {} contributions: {} left the ring before its all-reduce",
+                   v, facts.nodes, merged.size(), fmt::join(facts.lost, ", "));
+             engine_.merge_step(v, std::move(avg), facts.nodes,
+                                [this, v, facts](at::Tensor theta) { applied(v, theta, facts); });
+           });
   }
 
   void finish_run(at::Tensor theta) override {
@@ -283,10 +292,24 @@ class async_policy final : public round_policy {
     return parts;
   }
 
-  /// What a merge took: its tokens and contributions, and this node's part (staleness -1: none).
+  /// What a merge took: its tokens (as announced) and the contributions the all-reduce held, and this
+  /// node's part (staleness -1: none).
   struct merge_facts {
     int64_t tokens = 0, nodes = 0, staleness = -1, own_tokens = 0;
+    std::vector<std::string> lost;  ///< contributors the ring that computed the average no longer held
   };
+
+  /// The merged nodes that are not among the members whose ring computed the average (empty members: not
+  /// known, none taken as lost). A contributor lost before the all-reduce sent nothing, so Delayed Nesterov
+  /// counts the contributions that are in the average, as every member sees the same members.
+  static std::vector<std::string> lost_contributors(const std::vector<runtime::merge_entry>& merged,
+                                                    const std::vector<std::string>& members) {
+    std::vector<std::string> lost;
+    if (members.empty()) return lost;
+    for (const auto& e : merged)
+      if (std::find(members.begin(), members.end(), e.node) == members.end()) lost.push_back(e.node);
+    return lost;
+  }
 
   /// Version v's outer step is applied: theta is version v on every node.
   void applied(uint64_t v, const at::Tensor& theta, const merge_facts& f) {
@@ -296,6 +319,7 @@ class async_policy final : public round_policy {
     while (tokens_at_.size() > 64) tokens_at_.erase(tokens_at_.begin());  // snapshots ask for recent ones
     auto line = runtime::json_line("version");
     line.add("version", v).add("nodes", f.nodes).add("tokens", f.tokens).add("merged_tokens", merged_tokens_);
+    if (!f.lost.empty()) line.add("lost", fmt::format("{}", fmt::join(f.lost, ",")));
     if (f.staleness >= 0) line.add("own_staleness", f.staleness).add("own_tokens", f.own_tokens);
     engine_.version_done(v, theta, std::move(line));
     check_end();
@@ -333,15 +357,16 @@ class async_policy final : public round_policy {
     adopting_ = true;
     auto slots = at::zeros({world}, at::kFloat);
     slots[rank] = static_cast<float>(version_);
-    reduce({0, 2}, {slots}, /*exact=*/true, 1.0, [this, rank = rank, world = world, k](at::Tensor mean) {
-      // mean[r] = v_r / world: exact integers again once scaled back and rounded.
-      const auto versions = (mean * static_cast<double>(world)).round().to(at::kLong);
-      const int64_t source = versions.argmax().item<int64_t>();  // the first of the newest
-      const auto newest = static_cast<uint64_t>(versions[source].item<int64_t>());
-      engine_.outer_state([this, rank, source, newest, k](runtime::outer_snapshot o) {
-        send_state(rank == source, newest, std::move(o), k);
-      });
-    });
+    reduce({0, 2}, {slots}, /*exact=*/true, 1.0,
+           [this, rank = rank, world = world, k](at::Tensor mean, std::vector<std::string>) {
+             // mean[r] = v_r / world: exact integers again once scaled back and rounded.
+             const auto versions = (mean * static_cast<double>(world)).round().to(at::kLong);
+             const int64_t source = versions.argmax().item<int64_t>();  // the first of the newest
+             const auto newest = static_cast<uint64_t>(versions[source].item<int64_t>());
+             engine_.outer_state([this, rank, source, newest, k](runtime::outer_snapshot o) {
+               send_state(rank == source, newest, std::move(o), k);
+             });
+           });
   }
 
   /// adopt_newest's second step: [theta, m, buf, merged tokens in 16-bit parts, DN's arrivals] from the
@@ -354,41 +379,44 @@ class async_policy final : public round_policy {
       tokens[i] = static_cast<float>((static_cast<uint64_t>(merged_tokens_) >> (16 * i)) & 0xffffu);
     tokens[token_parts] = static_cast<float>(o.dn_arrivals);  // below DN's period: exact
     auto payload = at::cat({o.theta, or_zeros(o.momentum), or_zeros(o.dn_buffer), tokens});
-    reduce({0, 3}, {payload}, /*exact=*/true, source ? 1.0 : 0.0, [this, n, newest, k](at::Tensor all) {
-      runtime::outer_snapshot got;
-      got.theta = all.narrow(0, 0, n).clone();
-      got.momentum = all.narrow(0, n, n).clone();
-      got.dn_buffer = all.narrow(0, 2 * n, n).clone();
-      got.version = newest;
-      uint64_t tokens = 0;
-      for (int64_t i = 0; i < token_parts; ++i)
-        tokens |= static_cast<uint64_t>(std::llround(all[3 * n + i].item<double>())) << (16 * i);
-      got.dn_arrivals = std::llround(all[3 * n + token_parts].item<double>());
-      const auto theta = got.theta;
-      engine_.load_outer(std::move(got), [this, newest, tokens, theta, k](bool) {
-        spdlog::info("async: resuming at version {} (this node's checkpoint held version {})", newest,
-                     version_);
-        version_ = merging_ = newest;
-        merged_tokens_ = announced_tokens_ = static_cast<int64_t>(tokens);
-        tokens_at_[newest] = merged_tokens_;
-        auto line = runtime::json_line("version");
-        line.add("version", newest).add("merged_tokens", merged_tokens_).add("resumed", true);
-        engine_.version_done(newest, theta, std::move(line));
-        check_end();
-        adopting_ = false;
-        for (auto& order : std::exchange(deferred_, {})) on_merge(order);
-        k();
-      });
-    });
+    reduce({0, 3}, {payload}, /*exact=*/true, source ? 1.0 : 0.0,
+           [this, n, newest, k](at::Tensor all, std::vector<std::string>) {
+             runtime::outer_snapshot got;
+             got.theta = all.narrow(0, 0, n).clone();
+             got.momentum = all.narrow(0, n, n).clone();
+             got.dn_buffer = all.narrow(0, 2 * n, n).clone();
+             got.version = newest;
+             uint64_t tokens = 0;
+             for (int64_t i = 0; i < token_parts; ++i)
+               tokens |= static_cast<uint64_t>(std::llround(all[3 * n + i].item<double>())) << (16 * i);
+             got.dn_arrivals = std::llround(all[3 * n + token_parts].item<double>());
+             const auto theta = got.theta;
+             engine_.load_outer(std::move(got), [this, newest, tokens, theta, k](bool) {
+               spdlog::info("async: resuming at version {} (this node's checkpoint held version {})", newest,
+                            version_);
+               version_ = merging_ = newest;
+               merged_tokens_ = announced_tokens_ = static_cast<int64_t>(tokens);
+               tokens_at_[newest] = merged_tokens_;
+               auto line = runtime::json_line("version");
+               line.add("version", newest).add("merged_tokens", merged_tokens_).add("resumed", true);
+               engine_.version_done(newest, theta, std::move(line));
+               check_end();
+               adopting_ = false;
+               for (auto& order : std::exchange(deferred_, {})) on_merge(order);
+               k();
+             });
+           });
   }
 
-  /// The all-reduce of `label` in the background; k gets its average (exact: fp32, no error feedback).
+  /// The all-reduce of `label` in the background; k gets its average (exact: fp32, no error feedback) and
+  /// the nodes it holds (inflight_reduces::members).
   void reduce(ring_label label, std::vector<at::Tensor> parts, bool exact, double weight,
-              std::function<void(at::Tensor)> k) {
+              std::function<void(at::Tensor, std::vector<std::string>)> k) {
     engine_.start_reduce(label, std::move(parts), exact, weight);
     engine_.reduces().when(label, [this, label, k](at::Tensor avg) {
+      auto members = engine_.reduces().members(label);
       engine_.reduces().take(label);
-      k(std::move(avg));
+      k(std::move(avg), std::move(members));
     });
   }
 

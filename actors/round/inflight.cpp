@@ -5,9 +5,11 @@
 
 namespace longwave::actors {
 
-void inflight_reduces::arrived(const ring_label& label, const at::Tensor& avg) {
+void inflight_reduces::arrived(const ring_label& label, const at::Tensor& avg,
+                               std::vector<std::string> members) {
   running_.erase(label);
   averages_[label] = avg;
+  members_[label] = std::move(members);
   auto range = waiting_.equal_range(label);
   std::vector<waiter> ready;
   for (auto it = range.first; it != range.second; ++it) ready.push_back(std::move(it->second));

@@ -7,7 +7,9 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/messages/messages.hpp"
 
@@ -21,8 +23,9 @@ class inflight_reduces {
 
   /// label's all-reduce was started.
   void started(const ring_label& label) { running_.insert(label); }
-  /// Its average came: kept until taken, and handed to every waiter in the order they asked.
-  void arrived(const ring_label& label, const at::Tensor& avg);
+  /// Its average came, of the contributions of `members` (comm::collective::last_members; empty: not
+  /// known): kept until taken, and handed to every waiter in the order they asked.
+  void arrived(const ring_label& label, const at::Tensor& avg, std::vector<std::string> members = {});
   /// It failed: no longer running (its waiters stay, and are never called).
   void failed(const ring_label& label) {
     running_.erase(label);
@@ -42,11 +45,20 @@ class inflight_reduces {
   /// Calls w with label's average now if it arrived, else when it arrives.
   void when(const ring_label& label, waiter w);
   /// Forgets an arrived average once it is applied (a snapshot must not carry it as pending).
-  void take(const ring_label& label) { averages_.erase(label); }
+  void take(const ring_label& label) {
+    averages_.erase(label);
+    members_.erase(label);
+  }
+  /// The nodes whose contributions label's average holds, until it is taken (empty: not known).
+  std::vector<std::string> members(const ring_label& label) const {
+    const auto it = members_.find(label);
+    return it == members_.end() ? std::vector<std::string>{} : it->second;
+  }
   const at::Tensor& average(const ring_label& label) const { return averages_.at(label); }
 
  private:
   std::map<ring_label, at::Tensor> averages_;
+  std::map<ring_label, std::vector<std::string>> members_;
   std::set<ring_label> running_, failed_;
   std::multimap<ring_label, waiter> waiting_;
 };

@@ -55,7 +55,7 @@ using outer_actor = caf::typed_actor<
 
 /// Averages the local workers' tensors, and in a cluster takes part in the all-reduce across nodes.
 using communicator_actor =
-    caf::typed_actor<caf::replies_to<reduce_atom, reduce_request>::with<at::Tensor>,
+    caf::typed_actor<caf::replies_to<reduce_atom, reduce_request>::with<reduced>,
                      /// The error-feedback residuals (copies), and installing them (a resume).
                      caf::replies_to<state_atom>::with<residual_map>,
                      caf::replies_to<load_atom, residual_map>::with<bool>>;

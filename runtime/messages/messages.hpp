@@ -30,6 +30,13 @@ struct reduce_request {
   double weight = -1;
 };
 
+/// The communicator's answer to a reduce_request: the average, and the nodes whose contributions it holds
+/// (comm::collective::last_members: the members of the epoch that computed it; empty in one process).
+struct reduced {
+  at::Tensor avg;
+  std::vector<std::string> members;
+};
+
 /// diloco.outer = "eager": one replica's own outer parameters, momentum (undefined before its first step with
 /// momentum) and last pseudo-gradient (undefined before its first round).
 struct eager_outer {

@@ -83,7 +83,7 @@ at::Tensor reduce(caf::actor_system& sys, const runtime::communicator_actor& com
   at::Tensor out;
   self->request(communicator, std::chrono::seconds(30), runtime::reduce_atom_v,
                 runtime::reduce_request{{round, part}, std::move(parts), exact})
-      .receive([&](at::Tensor& t) { out = std::move(t); },
+      .receive([&](runtime::reduced& r) { out = std::move(r.avg); },
                [&](caf::error& e) { throw std::runtime_error("reduce failed: " + caf::to_string(e)); });
   return out;
 }

@@ -170,12 +170,12 @@ caf::behavior fake_worker(fake_ptr self, std::shared_ptr<world> w, int64_t rank)
 
 /// The mean of the parts, or the world's error for that round.
 caf::behavior fake_communicator(fake_ptr self, std::shared_ptr<world> w) {
-  auto reduce = [=](uint64_t round, std::vector<at::Tensor> parts) -> caf::result<at::Tensor> {
+  auto reduce = [=](uint64_t round, std::vector<at::Tensor> parts) -> caf::result<reduced> {
     w->seen.push_back("reduce " + std::to_string(round));
-    return reply<at::Tensor>(self, w, "reduce", round, [=]() -> caf::expected<at::Tensor> {
+    return reply<reduced>(self, w, "reduce", round, [=]() -> caf::expected<reduced> {
       if (w->reduce_error)
         if (auto e = w->reduce_error(round)) return e;
-      return at::stack(parts).mean(0);
+      return reduced{at::stack(parts).mean(0), {}};
     });
   };
   return {

@@ -219,14 +219,14 @@ std::function<runtime::communicator_actor(caf::actor_system&)> recording_communi
     return sys.spawn([n, log](
                          runtime::communicator_actor::pointer) -> runtime::communicator_actor::behavior_type {
       auto answer = [n, log](uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts,
-                             bool exact = false) -> caf::result<at::Tensor> {
+                             bool exact = false) -> caf::result<runtime::reduced> {
         if (parts.size() != 2 || (fragment == 0 && parts[0].numel() != n))
           return caf::make_error(errc::malformed_frame, "parts");
         log->keys.emplace_back(round, fragment);
         log->exact[{round, fragment}] = exact;
         for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
-        if (fragment == 0) return hand_average(round, n);
-        return ((parts[0] + parts[1]) / 2).contiguous();
+        if (fragment == 0) return runtime::reduced{hand_average(round, n), {}};
+        return runtime::reduced{((parts[0] + parts[1]) / 2).contiguous(), {}};
       };
       return {
           [answer](runtime::reduce_atom, runtime::reduce_request& r) {

@@ -48,6 +48,7 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
   std::vector<std::unique_ptr<elastic_ring>> rings;
   for (uint32_t r = 0; r < 3; ++r)
     rings.push_back(std::make_unique<elastic_ring>(view_of(m, {0, 1, 2}, 1, r), options()));
+  CATCH_CHECK(rings[0]->last_members().empty());  // before any call
 
   // Round 1 with all three: the mean, the same bits everywhere.
   {
@@ -63,6 +64,7 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
     CATCH_CHECK(data[0] == data[1]);
     CATCH_CHECK(data[1] == data[2]);
     for (auto& r : rings) CATCH_CHECK(r->committed() == reduce_key{1, 0});
+    for (auto& r : rings) CATCH_CHECK(r->last_members() == std::vector<std::string>{"n0", "n1", "n2"});
   }
 
   // Round 2: n2 never calls (it "died"); n0 and n1 stall until the fence.
@@ -99,6 +101,8 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
     CATCH_CHECK(rings[r]->epoch() == 2);
     CATCH_CHECK(rings[r]->world_size() == 2);
     CATCH_CHECK(rings[r]->committed() == reduce_key{2, 0});
+    // The redone call's average holds the survivors' contributions only.
+    CATCH_CHECK(rings[r]->last_members() == std::vector<std::string>{"n0", "n1"});
   }
 
   // And the next round runs in epoch 2 without further ado.

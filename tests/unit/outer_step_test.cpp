@@ -34,7 +34,7 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
     std::vector<at::Tensor> parts{at::tensor({da[r], -da[r]}), at::tensor({db[r], -db[r]})};
     at::Tensor avg;
     self->request(comm, std::chrono::seconds(10), reduce_atom_v, reduce_request{{uint64_t(r + 1), 0}, parts})
-        .receive([&](at::Tensor& t) { avg = t; }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+        .receive([&](reduced& r) { avg = r.avg; }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     at::Tensor theta;
     self->request(outer, std::chrono::seconds(10), outer_atom_v, ring_label{uint64_t(r + 1), 0}, avg)
         .receive([&](at::Tensor& t) { theta = t.clone(); },
@@ -49,7 +49,7 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
   // Contributions of different sizes are refused by the communicator.
   self->request(comm, std::chrono::seconds(10), reduce_atom_v,
                 reduce_request{{4, 0}, std::vector<at::Tensor>{at::ones({2}), at::ones({3})}})
-      .receive([&](at::Tensor&) { CATCH_FAIL("mismatched sizes accepted"); },
+      .receive([&](reduced&) { CATCH_FAIL("mismatched sizes accepted"); },
                [&](caf::error& e) { CATCH_CHECK(e.code() == static_cast<uint8_t>(errc::malformed_frame)); });
   self->send_exit(comm, caf::exit_reason::user_shutdown);
   self->send_exit(outer, caf::exit_reason::user_shutdown);
@@ -120,6 +120,19 @@ CATCH_TEST_CASE("delayed Nesterov counts a merge's contributions as arrivals, as
     CATCH_CHECK(moved == Approx(std::abs(expected[i] - (i ? expected[i - 1] : 1.0))).epsilon(1e-5));
   }
   CATCH_CHECK(dn.merges() == 4);
+}
+
+CATCH_TEST_CASE("delayed Nesterov takes a merge of no arrivals (all lost) as a version that moves nothing",
+                "[models][outer][async]") {
+  models::delayed_nesterov dn(0.5, 0.5, 2);
+  auto theta = at::tensor({1.0f});
+  dn.step(theta, at::tensor({0.4f}), 1);  // theta 0.9, buf 0.4, a 1
+  const auto m = dn.momentum_buffer().clone();
+  CATCH_CHECK(dn.step(theta, at::tensor({0.0f}), 0) == 0);
+  CATCH_CHECK(theta[0].item<float>() == Approx(0.9).epsilon(1e-6));
+  CATCH_CHECK(dn.arrivals() == 1);
+  CATCH_CHECK(at::equal(dn.momentum_buffer(), m));
+  CATCH_CHECK(dn.merges() == 2);
 }
 
 CATCH_TEST_CASE("delayed Nesterov with period 1 is the outer Nesterov step", "[models][outer][async]") {
@@ -228,7 +241,7 @@ struct int8_feedback {
     at::Tensor out;
     self->request(actor, std::chrono::seconds(10), reduce_atom_v,
                   reduce_request{{round, fragment}, {x}, false, weight})
-        .receive([&](at::Tensor& t) { out = t.clone(); },
+        .receive([&](reduced& r) { out = r.avg.clone(); },
                  [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
     return out;
   }

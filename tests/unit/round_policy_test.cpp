@@ -41,6 +41,7 @@ struct fake_engine final : round_engine {
   at::Tensor trained;  // the final theta, once run_trained was called
   bool round_ended = false;
   bool slow_link = false;
+  std::vector<std::string> members;  // the nodes each finished all-reduce says it averaged (empty: unknown)
 
   explicit fake_engine(config::train_config cfg) {
     ctx.cfg = std::move(cfg);
@@ -53,7 +54,7 @@ struct fake_engine final : round_engine {
     while (!running.empty()) {
       auto [label, avg] = running.front();
       running.pop_front();
-      inflight.arrived(label, avg);
+      inflight.arrived(label, avg, members);
     }
   }
 
@@ -224,9 +225,11 @@ struct fake_engine final : round_engine {
     note("contribute " + std::to_string(v_start));
     contributions.emplace_back(v_start, tokens);
   }
-  void version_done(uint64_t version, const at::Tensor&, runtime::json_line) override {
+  std::vector<std::string> version_lines;
+  void version_done(uint64_t version, const at::Tensor&, runtime::json_line line) override {
     note("version " + std::to_string(version));
     versions.push_back(version);
+    version_lines.push_back(line.str());
   }
   std::vector<std::string> records;  // metrics.jsonl lines
   std::map<std::string, double> metrics;
@@ -620,6 +623,29 @@ CATCH_TEST_CASE("async scales a stale pseudo-gradient by CGAD's rule and refuses
   e.calls.clear();
   p->on_merge(merge_of(5, {{"b", 3}}, 1));
   CATCH_CHECK(e.calls == std::vector<std::string>{"fail"});
+}
+
+CATCH_TEST_CASE(
+    "async counts the contributions its all-reduce held: a contributor lost before it is no arrival",
+    "[unit][round][async]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 10));
+  auto p = make_round_policy(e, e.ctx);
+  async_phase(e, *p);
+  // Node c left the ring before version 1's all-reduce: its epoch's members are a and b.
+  e.members = {"a", "b"};
+  p->on_merge(merge_of(1, {{"a", 0}, {"b", 0}, {"c", 0}}, 1));
+  CATCH_CHECK(lines_of(e, "merge") == std::vector<std::string>{"merge 1 of 2"});
+  CATCH_REQUIRE(e.version_lines.size() == 1);
+  CATCH_CHECK(e.version_lines[0].find("\"nodes\":2") != std::string::npos);
+  CATCH_CHECK(e.version_lines[0].find("\"lost\":\"c\"") != std::string::npos);
+  // Every contributor of version 2 was lost: the version still comes, with no arrival.
+  p->on_merge(merge_of(2, {{"c", 1}, {"d", 1}}, 1));
+  CATCH_CHECK(lines_of(e, "merge").back() == "merge 2 of 0");
+  CATCH_CHECK(e.versions == std::vector<uint64_t>{1, 2});
+  // A collective that does not know its members (one process) loses nobody.
+  e.members.clear();
+  p->on_merge(merge_of(3, {{"c", 2}}, 1));
+  CATCH_CHECK(lines_of(e, "merge").back() == "merge 3 of 1");
 }
 
 CATCH_TEST_CASE("async takes no merge past the last version, even while the last one's all-reduce runs",
