@@ -85,8 +85,9 @@ class cluster_link {
   /// Whether publish() wants the round-boundary states (a member that serves joiners): false spares the copy.
   virtual bool serves_state() const = 0;
   /// A copy of the state at a round boundary (replica 0 only; pending average included), to serve to
-  /// joiners. Training coordinator's thread: must not block.
-  virtual void publish(runtime::checkpoint state) = 0;
+  /// joiners: under the state's round, or (diloco.outer = "async", whose members share versions, not rounds)
+  /// under `version`. Training coordinator's thread: must not block.
+  virtual void publish(runtime::checkpoint state, std::optional<uint64_t> version) = 0;
   /// theta_global's CRC-32C after each round (the master compares them across nodes). Training
   /// coordinator's thread: must not block.
   virtual void round_committed(uint64_t round, uint32_t theta_crc) = 0;
@@ -115,7 +116,7 @@ class null_cluster_link final : public cluster_link {
     return nullptr;
   }
   bool serves_state() const override { return false; }
-  void publish(runtime::checkpoint) override {}
+  void publish(runtime::checkpoint, std::optional<uint64_t>) override {}
   void round_committed(uint64_t, uint32_t) override {}
   void version_committed(uint64_t, uint32_t) override {}
   void contribute(uint64_t, uint64_t) override {}

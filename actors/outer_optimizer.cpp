@@ -251,7 +251,8 @@ outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg,
       [=](merge_atom, uint64_t version, at::Tensor delta, int64_t arrivals) -> caf::result<at::Tensor> {
         if (!self->state.dn)
           return make_error(errc::invalid_config, "an async merge without diloco.outer = async");
-        if (arrivals < 1) return make_error(errc::invalid_config, "an async merge of no contribution");
+        // 0: every contribution was lost before the all-reduce; the version still comes, moving nothing.
+        if (arrivals < 0) return make_error(errc::invalid_config, "an async merge of a negative count");
         return outer_step(self, metrics, policy, ring_label{version, 0}, delta, arrivals);
       },
       [=](eager_atom, uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas) {

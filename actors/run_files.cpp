@@ -146,32 +146,49 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
   return start;
 }
 
+namespace {
+
+/// A fetched state carries one member's worker state: every local worker starts from a copy of it.
+void copy_donor_replica(train_snapshot& snap, int64_t n_replicas) {
+  LW_ASSERT(!snap.replicas.empty(), "a fetched state carries one replica");
+  const auto donor = std::move(snap.replicas[0]);
+  snap.replicas.clear();
+  for (int64_t r = 0; r < n_replicas; ++r) {
+    replica_state rep = donor;
+    rep.rank = r;
+    rep.master = donor.master.clone();
+    rep.exp_avg = donor.exp_avg.clone();
+    rep.exp_avg_sq = donor.exp_avg_sq.clone();
+    if (donor.outer_theta.defined()) rep.outer_theta = donor.outer_theta.clone();
+    if (donor.outer_momentum.defined()) rep.outer_momentum = donor.outer_momentum.clone();
+    if (donor.prev_delta.defined()) rep.prev_delta = donor.prev_delta.clone();
+    snap.replicas.push_back(std::move(rep));
+  }
+}
+
+}  // namespace
+
 start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
                          const snapshot_shape& shape, joined_state joined) {
   start_point start;
+  const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
   if (joined.fetched) {
     if (opts.fresh) (void)find_start(cfg, opts, p, shape);  // removes the old checkpoints and trace
     auto snap = std::move(*joined.fetched);
-    LW_ASSERT(!snap.replicas.empty(), "a fetched state carries one replica");
-    const auto donor = std::move(snap.replicas[0]);
-    snap.replicas.clear();
-    for (int64_t r = 0; r < shape.n_replicas; ++r) {
-      replica_state rep = donor;
-      rep.rank = r;
-      rep.master = donor.master.clone();
-      rep.exp_avg = donor.exp_avg.clone();
-      rep.exp_avg_sq = donor.exp_avg_sq.clone();
-      if (donor.outer_theta.defined()) rep.outer_theta = donor.outer_theta.clone();
-      if (donor.outer_momentum.defined()) rep.outer_momentum = donor.outer_momentum.clone();
-      if (donor.prev_delta.defined()) rep.prev_delta = donor.prev_delta.clone();
-      snap.replicas.push_back(std::move(rep));
-    }
+    // async: the state is named by its version; this node's rounds are its own phases, so it goes on after
+    // its own newest checkpoint (which would else outrank the fetched state, holding an older version).
+    if (versions) snap.round = std::max(snap.round, latest_checkpoint_round(cfg) + 1);
+    copy_donor_replica(snap, shape.n_replicas);
     // The fetched state is this node's own checkpoint of its round before it trains: a crash of the whole
     // cluster soon after resumes with the same commands (else this node's newest checkpoint would be one the
     // members pruned long ago).
     snap.meta = std::string(config_marker) + config::to_toml(cfg);
     const auto path = checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).write(to_checkpoint(snap, shape));
-    spdlog::info("the fetched state of round {} is this node's checkpoint {}", snap.round, path);
+    if (versions)
+      spdlog::info("the fetched state of version {} is this node's checkpoint {} (its round {})",
+                   snap.version, path, snap.round);
+    else
+      spdlog::info("the fetched state of round {} is this node's checkpoint {}", snap.round, path);
     start.resume = std::move(snap);
   } else {
     run_options own = opts;
@@ -183,7 +200,9 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
                      fmt::format("the checkpoint of round {} this node joins with cannot be loaded from {}",
                                  joined.round, p.ckpt_dir));
   }
-  // The observed round's inner steps are skipped: the counters move on as if they had run.
+  // The observed round's inner steps are skipped: the counters move on as if they had run (async: no round is
+  // observed).
+  if (versions) return start;
   for (auto& r : start.resume->replicas) {
     r.adam_steps += cfg.train.inner_steps;
     r.sampler_position += static_cast<uint64_t>(cfg.train.inner_steps);

@@ -93,7 +93,7 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ui
   constexpr int max_attempts = 5;
   for (int attempt = 1;; ++attempt) {
     actors::joined_state got;
-    if (own_round > 0 && own_round == recover_.round && attempt == 1) {
+    if (!versions_ && own_round > 0 && own_round == recover_.round && attempt == 1) {
       got.round = own_round;
       spdlog::info(
           "node {}: the members are at round {}, as is this node's own newest checkpoint: starting "
@@ -123,7 +123,7 @@ actors::joined_state joiner::admitted(const membership_msg& m, actors::joined_st
   place_in_ring(place_, me_, m.rank, m.epoch, m.peers, "membership");
   place_.ring.names = place_.names;
   place_.committed = m.commit;
-  place_.observe_round = got.round + 1;
+  place_.observe_round = versions_ ? 0 : got.round + 1;
   actors::recovery_info info;
   info.round = got.round;
   info.epoch = m.epoch;
@@ -133,10 +133,16 @@ actors::joined_state joiner::admitted(const membership_msg& m, actors::joined_st
   info.bytes = got.fetched ? last_fetch_bytes_ : 0;
   info.seconds = got.fetched ? last_fetch_seconds_ : 0;
   place_.recovery = info;
-  spdlog::info(
-      "node {}: admitted in epoch {} as rank {} of {} with the state of round {}; round {} it "
-      "only observes (no inner steps, weight 0), then it trains",
-      me_.name, m.epoch, m.rank, m.peers.size(), got.round, got.round + 1);
+  if (versions_)
+    spdlog::info(
+        "node {}: admitted in epoch {} as rank {} of {} with the state of version {}: it trains from "
+        "there",
+        me_.name, m.epoch, m.rank, m.peers.size(), got.round);
+  else
+    spdlog::info(
+        "node {}: admitted in epoch {} as rank {} of {} with the state of round {}; round {} it "
+        "only observes (no inner steps, weight 0), then it trains",
+        me_.name, m.epoch, m.rank, m.peers.size(), got.round, got.round + 1);
   return got;
 }
 
@@ -213,11 +219,14 @@ actors::joined_state joiner::fetch_planned(const runtime::snapshot_shape& shape)
   }
   if (src.endpoints.empty())
     throw lw_error(errc::peer_lost, "the coordinator named no member that serves the training state");
-  // Sent back because the members moved on: the state of the round they hold, once they serve it.
-  const uint64_t min_round = recover_.note.empty() ? 0 : recover_.round;
+  // Sent back because the members moved on: the state of the round they hold, once they serve it. async: the
+  // version they hold for this node, always.
+  const uint64_t min_round = recover_.note.empty() && !versions_ ? 0 : recover_.round;
   spdlog::info("node {}: fetching the training state{} from {} member(s) ({})", me_.name,
-               min_round > 0 ? fmt::format(" of round {} or later", min_round) : "", src.endpoints.size(),
-               fmt::join(src.names, ", "));
+               versions_       ? fmt::format(" of version {}", min_round)
+               : min_round > 0 ? fmt::format(" of round {} or later", min_round)
+                               : "",
+               src.endpoints.size(), fmt::join(src.names, ", "));
   last_beat_ = std::chrono::steady_clock::now();
   fetch_options o;
   if (place_.ring.curve) {
@@ -311,6 +320,7 @@ actors::joined_state joiner::assemble(fetched_parts& got, const runtime::snapsho
   auto whole = runtime::checkpoint_from_bytes(got.shared->bytes);
   auto part = runtime::checkpoint_from_bytes(got.own->bytes);
   whole.meta = std::move(part.meta);
+  whole.step = part.step;  // the donor's (async: the shared part names a version and step 0)
   for (auto& b : part.blobs) whole.blobs.push_back(std::move(b));
   auto shape1 = shape;
   shape1.n_replicas = 1;  // a served state carries one replica; joined_start copies it for each worker
@@ -323,10 +333,10 @@ actors::joined_state joiner::assemble(fetched_parts& got, const runtime::snapsho
     per_peer += fmt::format("{}{} {:.1f} MB", per_peer.empty() ? "" : ", ", src.names[i],
                             static_cast<double>(got.shared->bytes_per_peer[i]) / 1e6);
   spdlog::info(
-      "node {}: fetched the state of round {}: {:.1f} MB in {:.2f} s ({:.1f} MB/s; shared part {}; worker "
+      "node {}: fetched the state of {} {}: {:.1f} MB in {:.2f} s ({:.1f} MB/s; shared part {}; worker "
       "state "
       "from {})",
-      me_.name, out.round, static_cast<double>(bytes) / 1e6, secs,
+      me_.name, versions_ ? "version" : "round", out.round, static_cast<double>(bytes) / 1e6, secs,
       static_cast<double>(bytes) / 1e6 / std::max(secs, 1e-9), per_peer, got.donor);
   for (const auto& d : got.shared->dropped) spdlog::warn("node {}: state source dropped: {}", me_.name, d);
   last_fetch_bytes_ = bytes;

@@ -36,16 +36,21 @@ uint64_t join(control_client& control, const config::cluster_spec& spec, size_t 
 /// A node joining a running cluster (actors::cluster_link::join): fetches the members' state from the sources
 /// the master named (or takes its own checkpoint when that is at the members' round), says it is ready, and
 /// is admitted at a fence or sent to fetch again (the members moved on meanwhile).
+///
+/// versions (diloco.outer = "async"): the master names a version, not a round. The members hold it until
+/// this node is admitted, so it fetches that version's state (waiting until they serve it), never its own
+/// checkpoint, and trains from its first round on: there is no round to observe.
 class joiner {
  public:
   joiner(control_client& control, const config::cluster_spec& spec, size_t index, hello_msg hello,
-         recover_msg first, actors::ring_place& place)
+         recover_msg first, actors::ring_place& place, bool versions)
       : control_(control),
         spec_(spec),
         me_(spec.nodes[index]),
         hello_(std::move(hello)),
         recover_(std::move(first)),
-        place_(place) {}
+        place_(place),
+        versions_(versions) {}
 
   actors::joined_state operator()(const runtime::snapshot_shape& shape, uint64_t own_round);
 
@@ -87,6 +92,7 @@ class joiner {
   hello_msg hello_;
   recover_msg recover_;
   actors::ring_place& place_;
+  bool versions_;
   std::chrono::steady_clock::time_point last_beat_;
   uint64_t last_fetch_bytes_ = 0;
   double last_fetch_seconds_ = 0;

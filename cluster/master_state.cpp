@@ -312,25 +312,7 @@ void master_state::watch_fence() {
 /// members that still need it (a dropped connection loses messages; both are idempotent at the node).
 void master_state::watch_stop() {
   const auto members = training_members();
-  if (!stop_->round) {
-    std::optional<uint64_t> top;
-    bool all = true;
-    for (auto i : members) {
-      if (!members_[i].stop_hold) all = false;
-      top = std::max(top.value_or(0), members_[i].stop_hold.value_or(0));
-      // async: no merge is announced during a stop, and a node leaves no ring behind: each waits until every
-      // member applied the last merge announced.
-      if (merges_ && static_cast<int64_t>(members_[i].applied_version) < merges_->version()) all = false;
-    }
-    if (all && top) {
-      stop_->round = *top;
-      stop_->sent = {};
-      info(merges_
-               ? fmt::format("coordinator: every node stops where it holds, at version {} ({})",
-                             merges_->version(), names_of(members))
-               : fmt::format("coordinator: every node stops after round {} ({})", *top, names_of(members)));
-    }
-  }
+  if (!stop_->round) decide_stop(members);
   if (now_ - stop_->sent < hello_every) return;
   stop_->sent = now_;
   // async: a node's rounds are its own phases; each stops after the one it holds after.
@@ -339,73 +321,22 @@ void master_state::watch_stop() {
       send_to(i, stop_msg{stop_->round ? (merges_ ? *members_[i].stop_hold : *stop_->round) : 0});
 }
 
-/// Joiners whose fetch was overtaken: once every member said where it can hold, all hold after the largest of
-/// those rounds (R), and the joiners are told to fetch R's state; the query, then R, is re-sent every 2 s.
-/// Once no joiner waits for it (admitted, gave up, or silent), the members go on.
-std::optional<uint64_t> master_state::lowest_round() const {
-  std::optional<uint64_t> low;
-  for (auto j : training_members()) low = std::min(low.value_or(members_[j].round), members_[j].round);
-  return low;
-}
-
-/// A joiner still fetching after the members completed two more rounds than when its fetch began: its
-/// download is slower than their rounds, and a member serves only its two newest states, so each try would
-/// be overtaken before it ends. The members hold at a round boundary for it, as for a stale state.
-void master_state::watch_fetches() {
-  const auto low = lowest_round();
-  if (!low || stop_) return;
-  for (size_t i = 0; i < members_.size(); ++i) {
-    auto& m = members_[i];
-    if (m.phase != member_phase::joining || m.pinned || !m.fetch_from || *low < *m.fetch_from + 2) continue;
-    info(fmt::format(
-        "coordinator: node {} is still fetching the state it began with at round {}, and the members "
-        "completed round {}: they hold at a round boundary for it",
-        specs_[i].name, *m.fetch_from, *low));
-    pin_for(i);
+/// Once every member said where it holds: the round after which all stop.
+void master_state::decide_stop(const std::vector<size_t>& members) {
+  std::optional<uint64_t> top;
+  for (auto i : members) {
+    if (!members_[i].stop_hold) return;
+    // async: no merge is announced during a stop, and a node leaves no ring behind: each waits until every
+    // member applied the last merge announced.
+    if (merges_ && static_cast<int64_t>(members_[i].applied_version) < merges_->version()) return;
+    top = std::max(top.value_or(0), *members_[i].stop_hold);
   }
-}
-
-void master_state::watch_pin() {
-  if (!pin_) return;
-  const bool waiting = std::any_of(members_.begin(), members_.end(), [](const member& m) {
-    return m.pinned && (m.phase == member_phase::joining || m.phase == member_phase::ready);
-  });
-  if (!waiting) return release_pin();
-  const auto members = training_members();
-  const bool all_answered =
-      std::all_of(members.begin(), members.end(), [&](size_t i) { return members_[i].pin_hold; });
-  if (!pin_->round && all_answered) {
-    uint64_t top = 0;
-    for (auto i : members) top = std::max(top, *members_[i].pin_hold);
-    pin_->round = top;
-    pin_->sent = {};
-    std::vector<size_t> joiners;
-    for (size_t i = 0; i < members_.size(); ++i)
-      if (members_[i].pinned && members_[i].phase == member_phase::joining) joiners.push_back(i);
-    info(fmt::format("coordinator: the members ({}) hold after round {} while {} fetch its state",
-                     names_of(members), top, names_of(joiners)));
-    note(
-        "pin",
-        {{"round", static_cast<int64_t>(top)}, {"members", list_of(members)}, {"joiners", list_of(joiners)}});
-    for (auto i : joiners)
-      send_recover(
-          i, fmt::format("fetch the state of round {}: the members hold after it for this node", top), top);
-  }
-  if (now_ - pin_->sent < hello_every) return;
-  pin_->sent = now_;
-  for (auto i : members)
-    if (pin_->round || !members_[i].pin_hold) send_to(i, pin_msg{pin_->round.value_or(0), false});
-}
-
-/// No joiner waits for the pin any more: the members go on.
-void master_state::release_pin() {
-  for (auto i : training_members()) send_to(i, pin_msg{0, true});
-  for (auto& m : members_) m.pin_hold.reset();
-  if (pin_->round) {
-    info(fmt::format("coordinator: the members go on after round {}", *pin_->round));
-    note("release", {{"round", static_cast<int64_t>(*pin_->round)}});
-  }
-  pin_.reset();
+  if (!top) return;
+  stop_->round = *top;
+  stop_->sent = {};
+  info(merges_ ? fmt::format("coordinator: every node stops where it holds, at version {} ({})",
+                             merges_->version(), names_of(members))
+               : fmt::format("coordinator: every node stops after round {} ({})", *top, names_of(members)));
 }
 
 /// No member is left training: 0 when one finished the run, else 1; names the members that left on the way.

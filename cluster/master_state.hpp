@@ -250,16 +250,13 @@ class master_state {
   void watch_silence(size_t i);
   void watch_fence();
   void watch_stop();
-  void watch_fetches();
-  std::optional<uint64_t> lowest_round() const;  // of the training members (nullopt: none)
-  void watch_pin();
-  void release_pin();
+  void decide_stop(const std::vector<size_t>& members);
   void outcome();
   void call_off(const std::string& why, int code);
   void step_down(const sender& from, uint64_t newer);
   void stop_before_start();
 
-  // master_fence.cpp: removals, fences, admitting joiners, the quorum.
+  // master_state_fence.cpp: removals, fences, admitting joiners, holding the members for them, the quorum.
   void remove(size_t i, removal why, const std::string& text);
   void tell_removed(member& m, const std::string& why);
   void start_fence(const std::string& reason, const std::string& why);
@@ -273,9 +270,13 @@ class master_state {
   void admit(size_t i, const comm::reduce_key& commit);
   void cancel_join(size_t i);
   void send_recover(size_t i, const std::string& note, std::optional<uint64_t> want = std::nullopt);
+  void watch_fetches();
+  std::optional<uint64_t> lowest_round() const;  // of the training members (nullopt: none)
+  void watch_pin();
+  void release_pin();
   std::string quorum_text() const;
 
-  // master_hello.cpp: hellos, joins and re-announcements.
+  // master_state_hello.cpp: hellos, joins and re-announcements.
   void on_hello(const sender& from, const hello_msg& h);
   std::optional<size_t> member_for_hello(const sender& from, const hello_msg& h);
   std::optional<std::pair<std::string, std::string>> data_mismatch(size_t idx, const hello_msg& h);
@@ -287,11 +288,12 @@ class master_state {
   void on_join_ready(size_t idx, const join_ready_msg& r);
   void on_reannounce(size_t idx, const sender& from, const hello_msg& h);
 
-  // master_messages.cpp: everything else a connection may send.
+  // master_state_messages.cpp: everything else a connection may send.
   void on_member_message(size_t i, const envelope& e);
   void on_joiner_message(size_t i, const envelope& e);
   void on_removed_message(size_t i, const envelope& e);
   void on_bye(size_t i, const bye_msg& b);
+  void on_committed(size_t i, const committed_msg& c);
   void on_ring_failed(size_t i, const ring_failed_msg& rf);
   void on_stop_request(const sender& from);
   void on_leave(const sender& from, const leave_msg& l);
@@ -305,6 +307,9 @@ class master_state {
   void merge_members_changed();
   void resume_merges(const std::vector<size_t>& present);  // a takeover
   void note_drop(const drop& d);
+  bool joiners_hold_merges();
+  bool all_applied(uint64_t version) const;  // every training member applied it
+  void hold_merges_for(size_t i);
 
   // Helpers.
   // Out of line (master_state.cpp): GCC 12 inlines a push of the action variant into callers and warns

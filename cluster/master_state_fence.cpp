@@ -1,4 +1,5 @@
-// The master's state machine (see master_state.hpp): removals, fences, admitting joiners, the quorum.
+// The master's state machine (see master_state.hpp): removals, fences, admitting joiners, holding the members
+// at a round boundary for them, the quorum.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -152,11 +153,13 @@ void master_state::admit_joiners(const comm::reduce_key& commit) {
     auto& m = members_[i];
     if (m.phase != member_phase::ready) continue;
     // The members' state after `commit` is that of its round once the round's last all-reduce is in (a
-    // published state covers whole rounds, and every member has reached at least its last key).
-    if (m.ready->round == commit.round)
-      admit(i, commit);
-    else
+    // published state covers whole rounds, and every member has reached at least its last key). async: the
+    // newest version, once every member applied it (merges wait for the joiner; till then it stays ready).
+    const uint64_t members_hold = merges_ ? static_cast<uint64_t>(merges_->version()) : commit.round;
+    if (m.ready->round != members_hold)
       turn_back(i, commit);
+    else if (!merges_ || all_applied(members_hold))
+      admit(i, commit);
   }
 }
 
@@ -165,6 +168,12 @@ void master_state::admit_joiners(const comm::reduce_key& commit) {
 /// state; it hears which once every member has said where it holds.
 void master_state::turn_back(size_t i, const comm::reduce_key& commit) {
   auto& m = members_[i];
+  if (merges_) {  // async: the members' version waits for it: fetch that one
+    m.turned_back = m.ready->key;
+    m.ready.reset();
+    m.phase = member_phase::joining;
+    return hold_merges_for(i);
+  }
   const auto note = fmt::format(
       "the state of round {} (all-reduce {}/{}) is stale: the members hold all-reduce {}/{}; they hold at a "
       "round "
@@ -205,8 +214,9 @@ void master_state::admit(size_t i, const comm::reduce_key& commit) {
   m.turned_back.reset();
   m.ack = fence_ack_msg{fence_->epoch, commit, false, {}, false};
   m.round = m.ready->round;
-  info(fmt::format("coordinator: node {} admitted in epoch {} with the state of round {}", specs_[i].name,
-                   fence_->epoch, m.ready->round));
+  if (merges_) m.applied_version = m.ready->round;
+  info(fmt::format("coordinator: node {} admitted in epoch {} with the state of {} {}", specs_[i].name,
+                   fence_->epoch, merges_ ? "version" : "round", m.ready->round));
   actions_.push_back(node_joined{specs_[i].name, m.ready->round});
   note("admitted", {{"node", specs_[i].name},
                     {"round", static_cast<int64_t>(m.ready->round)},
@@ -237,10 +247,80 @@ void master_state::send_recover(size_t i, const std::string& note, std::optional
       r.sources.push_back(
           {static_cast<uint32_t>(j), specs_[j].name, members_[j].state_endpoint, key_of(specs_[j].name)});
   }
-  r.round = want.value_or(round.value_or(0));
+  // async: a version, which every member reaches (merges wait for the joiner), not a round.
+  r.round = want.value_or(merges_ ? static_cast<uint64_t>(merges_->version()) : round.value_or(0));
   r.worker_offset = specs_[i].worker_offset;
   members_[i].fetch_from.reset();  // its next heartbeat says it fetches
   send_to(i, std::move(r));
+}
+
+/// Joiners whose fetch was overtaken: once every member said where it can hold, all hold after the largest of
+/// those rounds (R), and the joiners are told to fetch R's state; the query, then R, is re-sent every 2 s.
+/// Once no joiner waits for it (admitted, gave up, or silent), the members go on.
+std::optional<uint64_t> master_state::lowest_round() const {
+  std::optional<uint64_t> low;
+  for (auto j : training_members()) low = std::min(low.value_or(members_[j].round), members_[j].round);
+  return low;
+}
+
+/// A joiner still fetching after the members completed two more rounds than when its fetch began: its
+/// download is slower than their rounds, and a member serves only its two newest states, so each try would
+/// be overtaken before it ends. The members hold at a round boundary for it, as for a stale state.
+void master_state::watch_fetches() {
+  const auto low = lowest_round();
+  if (!low || stop_ || merges_) return;  // async: the members' version does not move while it fetches
+  for (size_t i = 0; i < members_.size(); ++i) {
+    auto& m = members_[i];
+    if (m.phase != member_phase::joining || m.pinned || !m.fetch_from || *low < *m.fetch_from + 2) continue;
+    info(fmt::format(
+        "coordinator: node {} is still fetching the state it began with at round {}, and the members "
+        "completed round {}: they hold at a round boundary for it",
+        specs_[i].name, *m.fetch_from, *low));
+    pin_for(i);
+  }
+}
+
+void master_state::watch_pin() {
+  if (!pin_) return;
+  const bool waiting = std::any_of(members_.begin(), members_.end(), [](const member& m) {
+    return m.pinned && (m.phase == member_phase::joining || m.phase == member_phase::ready);
+  });
+  if (!waiting) return release_pin();
+  const auto members = training_members();
+  const bool all_answered =
+      std::all_of(members.begin(), members.end(), [&](size_t i) { return members_[i].pin_hold; });
+  if (!pin_->round && all_answered) {
+    uint64_t top = 0;
+    for (auto i : members) top = std::max(top, *members_[i].pin_hold);
+    pin_->round = top;
+    pin_->sent = {};
+    std::vector<size_t> joiners;
+    for (size_t i = 0; i < members_.size(); ++i)
+      if (members_[i].pinned && members_[i].phase == member_phase::joining) joiners.push_back(i);
+    info(fmt::format("coordinator: the members ({}) hold after round {} while {} fetch its state",
+                     names_of(members), top, names_of(joiners)));
+    note(
+        "pin",
+        {{"round", static_cast<int64_t>(top)}, {"members", list_of(members)}, {"joiners", list_of(joiners)}});
+    for (auto i : joiners)
+      send_recover(
+          i, fmt::format("fetch the state of round {}: the members hold after it for this node", top), top);
+  }
+  if (now_ - pin_->sent < hello_every) return;
+  pin_->sent = now_;
+  for (auto i : members)
+    if (pin_->round || !members_[i].pin_hold) send_to(i, pin_msg{pin_->round.value_or(0), false});
+}
+
+/// No joiner waits for the pin any more: the members go on.
+void master_state::release_pin() {
+  for (auto i : training_members()) send_to(i, pin_msg{0, true});
+  for (auto& m : members_) m.pin_hold.reset();
+  if (pin_->round) {
+    info(fmt::format("coordinator: the members go on after round {}", *pin_->round));
+    note("release", {{"round", static_cast<int64_t>(*pin_->round)}});
+  }
+  pin_.reset();
 }
 
 std::string master_state::quorum_text() const {

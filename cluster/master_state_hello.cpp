@@ -226,7 +226,10 @@ void master_state::on_join(size_t idx, const sender& from, const hello_msg& h) {
       name, from.peer, epoch_,
       m.removed == removal::none ? "" : fmt::format(", it was {}", to_string(m.removed)),
       names_of(training_members())));
-  send_recover(idx, "");
+  if (merges_)
+    hold_merges_for(idx);
+  else
+    send_recover(idx, "");
   // A key the members were not sent (added to nodes/ later, or a master that took the cluster over): their
   // state servers admit it from the next membership on, so a fence brings one now (the joiner fetches again).
   if (s_.node_keys && !fence_ && !keys_announced_.count(key_of(name)))
@@ -266,8 +269,15 @@ void master_state::on_join_ready(size_t idx, const join_ready_msg& r) {
   if (m.turned_back && *m.turned_back == r.key) return;  // a repeat of a state found stale
   m.ready = r;
   m.phase = member_phase::ready;
-  info(fmt::format("coordinator: node {} holds the state of round {}: admitting it at a fence",
-                   specs_[idx].name, r.round));
+  if (merges_ && !all_applied(r.round)) {  // watch_merges fences once they have
+    info(
+        fmt::format("coordinator: node {} holds the state of version {}: admitting it at a fence once every "
+                    "member applied it",
+                    specs_[idx].name, r.round));
+    return;
+  }
+  info(fmt::format("coordinator: node {} holds the state of {} {}: admitting it at a fence", specs_[idx].name,
+                   merges_ ? "version" : "round", r.round));
   if (!fence_) start_fence("join", "node " + specs_[idx].name + " joins");
 }
 

@@ -2,7 +2,8 @@
 // members report each contribution as they finish their inner steps; cluster/merge_window.hpp decides when a
 // merge closes, and every training member is told which contributions version v merges, so the members run
 // its all-reduce together (the others relaying zeros). No merge is announced while a fence or a stop is in
-// progress.
+// progress, nor while a node joins: the members serve the state of the version it was told to fetch (they
+// train on meanwhile, folding their phases into the contributions they hold) until it is admitted at a fence.
 #include <fmt/format.h>
 
 #include "cluster/master_state.hpp"
@@ -50,6 +51,7 @@ void master_state::note_drop(const drop& d) {
 
 void master_state::watch_merges() {
   if (!merges_ || fence_ || stop_) return;  // a stop: the members apply what was announced, nothing more
+  if (joiners_hold_merges()) return;
   auto m = merges_->poll(seconds_between(start_, now_));
   if (!m) return;
   merge_msg msg{static_cast<uint64_t>(m->version), {}, {}};
@@ -68,6 +70,40 @@ void master_state::watch_merges() {
                  {"tokens", tokens},
                  {"max_staleness", m->version - 1 - oldest},
                  {"grace_ms", static_cast<int64_t>(std::llround((m->closed_s - m->opened_s) * 1000))}});
+}
+
+/// A node joining: the members' version stays where it is until it is admitted (or gives up or falls silent),
+/// so the state it fetches is the one the members hold. A joiner ready with that version is admitted at a
+/// fence once every member applied it (no all-reduce is left that the joiner would have to take part in).
+bool master_state::joiners_hold_merges() {
+  bool joining = false;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const auto& m = members_[i];
+    if (m.phase == member_phase::joining) joining = true;
+    if (m.phase != member_phase::ready) continue;
+    joining = true;
+    if (all_applied(m.ready->round)) {
+      start_fence("join", "node " + specs_[i].name + " joins");
+      return true;
+    }
+  }
+  return joining;
+}
+
+bool master_state::all_applied(uint64_t version) const {
+  for (auto j : training_members())
+    if (members_[j].applied_version < version) return false;
+  return true;
+}
+
+/// Joiner i is told to fetch the members' newest version (announced: every member applies it); no merge
+/// comes before it is admitted.
+void master_state::hold_merges_for(size_t i) {
+  const auto v = static_cast<uint64_t>(merges_->version());
+  info(fmt::format("coordinator: merges wait at version {} while node {} fetches the members' state", v,
+                   specs_[i].name));
+  send_recover(
+      i, fmt::format("fetch the state of version {}: no merge comes before this node is admitted", v), v);
 }
 
 void master_state::resume_merges(const std::vector<size_t>& present) {

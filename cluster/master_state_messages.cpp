@@ -93,11 +93,7 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   } else if (auto* p = std::get_if<pin_msg>(&e.body)) {
     if (pin_ && training(i) && p->round > 0 && !m.pin_hold) m.pin_hold = p->round;
   } else if (auto* c = std::get_if<committed_msg>(&e.body)) {
-    if (training(i)) compare_theta(i, *c);
-    if (training(i) && merges_) {
-      merges_->applied(static_cast<int64_t>(c->round));  // its ring is over
-      m.applied_version = std::max(m.applied_version, c->round);
-    }
+    on_committed(i, *c);
   } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
     on_bye(i, *b);
   } else if (auto* er = std::get_if<error_msg>(&e.body)) {
@@ -114,6 +110,15 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   } else if (auto* c = std::get_if<contribute_msg>(&e.body)) {
     on_contribute(i, *c);
   }
+}
+
+/// Member i applied round c.round (async: version c.round): its theta's CRC is compared with the others'.
+void master_state::on_committed(size_t i, const committed_msg& c) {
+  if (!training(i)) return;
+  compare_theta(i, c);
+  if (!merges_) return;
+  merges_->applied(static_cast<int64_t>(c.round));  // its ring is over
+  members_[i].applied_version = std::max(members_[i].applied_version, c.round);
 }
 
 /// A message from a node that is not a member any more: it stops when it hears so (said again at most every

@@ -43,8 +43,8 @@ std::shared_ptr<comm::collective> node_link::collective(const config::train_conf
   return ring_;
 }
 
-void node_link::publish(runtime::checkpoint state) {
-  if (publisher_) publisher_->publish(std::move(state));
+void node_link::publish(runtime::checkpoint state, std::optional<uint64_t> version) {
+  if (publisher_) publisher_->publish(std::move(state), version);
 }
 
 void node_link::round_committed(uint64_t round, uint32_t theta_crc) {

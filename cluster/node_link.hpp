@@ -44,7 +44,7 @@ class node_link final : public actors::cluster_link {
   std::shared_ptr<comm::collective> collective(const config::train_config& cfg,
                                                comm::ring_allreduce::reject_callback on_reject) override;
   bool serves_state() const override { return publisher_ != nullptr; }
-  void publish(runtime::checkpoint state) override;
+  void publish(runtime::checkpoint state, std::optional<uint64_t> version) override;
   void round_committed(uint64_t round, uint32_t theta_crc) override;
   void version_committed(uint64_t version, uint32_t theta_crc) override {
     version_.store(version);  // the training coordinator's thread; tick reads it on the main loop

@@ -189,21 +189,12 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(),
                  cfg.diloco.outer != config::outer_policy_kind::eager &&
                      cfg.diloco.outer != config::outer_policy_kind::async);
-  if (s.recover && cfg.diloco.outer == config::outer_policy_kind::async) {
-    // A joiner's state transfer and the members' pin count shared rounds, which async nodes do not have.
-    const auto why = fmt::format(
-        "the cluster is already training, and a node of diloco.outer = \"async\" cannot join a running "
-        "cluster "
-        "yet: start it with the others (a restart of every node resumes at the newest version)");
-    spdlog::error("node {}: {}", me.name, why);
-    s.control->error(errc::invalid_config, why);
-    return 2;
-  }
   if (s.recover) {
+    const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
     node_opts.max_resume_round.reset();
-    spdlog::info("node {}: the cluster is already training (epoch {}, round {}): joining it", me.name,
-                 s.recover->epoch, s.recover->round);
-    link.join_with(joiner(*s.control, spec, index, s.hello, *s.recover, s.place));
+    spdlog::info("node {}: the cluster is already training (epoch {}, {} {}): joining it", me.name,
+                 s.recover->epoch, versions ? "version" : "round", s.recover->round);
+    link.join_with(joiner(*s.control, spec, index, s.hello, *s.recover, s.place, versions));
   }
   const int code = actors::run_training(cfg, node_opts, link);
   return say_goodbye(*s.control, me.name, code, link.stopped_after(), link.cluster_stopped(), link.leaving());

@@ -20,10 +20,13 @@ state_publisher::~state_publisher() {
   thread_.join();
 }
 
-void state_publisher::publish(runtime::checkpoint c) {
+void state_publisher::publish(runtime::checkpoint c, std::optional<uint64_t> version) {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (version && version == last_version_) return;
+    last_version_ = version;
     slot_ = std::move(c);
+    slot_version_ = version;
   }
   cv_.notify_all();
 }
@@ -31,23 +34,29 @@ void state_publisher::publish(runtime::checkpoint c) {
 void state_publisher::run() {
   for (;;) {
     runtime::checkpoint c;
+    std::optional<uint64_t> version;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || slot_; });
       if (stop_) return;
       c = std::move(*slot_);
+      version = slot_version_;
       slot_.reset();
     }
     // Two states per round: what every member holds alike (theta, momentum, a pending average), which a
     // joiner fetches from all members at once, and this node's worker state (with the meta, which names this
-    // node's files), which it fetches from one.
+    // node's files), which it fetches from one. async: the members share the version only, so the shared
+    // part's header names that and step 0, and the own part carries this node's round and step.
+    const uint64_t key = version.value_or(c.round);
     runtime::checkpoint shared, own;
-    shared.round = own.round = c.round;
-    shared.step = own.step = c.step;
+    shared.round = key;
+    own.round = c.round;
+    shared.step = version ? 0 : c.step;
+    own.step = c.step;
     own.meta = std::move(c.meta);
     for (auto& b : c.blobs) (b.name.rfind("replica", 0) == 0 ? own : shared).blobs.push_back(std::move(b));
     auto publish = [&](uint32_t part, const runtime::checkpoint& x) {
-      server_.publish(comm::reduce_key{c.round, part}, c.round,
+      server_.publish(comm::reduce_key{key, part}, key,
                       std::make_shared<const std::vector<std::byte>>(runtime::checkpoint_to_bytes(x)));
     };
     publish(own_part, own);

@@ -15,7 +15,7 @@
 
 namespace longwave::cluster {
 
-/// The two parts of a served state: (round, shared_part) and (round, own_part).
+/// The two parts of a served state: (round, shared_part) and (round, own_part); async: (version, ...).
 constexpr uint32_t shared_part = 0, own_part = 1;
 
 /// Serves this node's round-boundary states to joiners: the training thread hands over a checkpoint (no
@@ -31,8 +31,9 @@ class state_publisher {
   state_publisher& operator=(const state_publisher&) = delete;
 
   std::string endpoint() const { return server_.endpoint(); }
-  /// Newest wins: a state still waiting when the next one comes is dropped.
-  void publish(runtime::checkpoint c);
+  /// Newest wins: a state still waiting when the next one comes is dropped. `version` (async): served under
+  /// that version instead of c.round, and only the first state of a version (a joiner may be fetching it).
+  void publish(runtime::checkpoint c, std::optional<uint64_t> version = std::nullopt);
 
  private:
   void run();
@@ -41,6 +42,7 @@ class state_publisher {
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<runtime::checkpoint> slot_;
+  std::optional<uint64_t> slot_version_, last_version_;
   bool stop_ = false;
   std::thread thread_;
 };

@@ -165,7 +165,9 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
                       // delayed, eager: served once its round's average is there; training goes on.
                       with_pending(self, std::move(snap), [self](train_snapshot full) {
                         const auto& ctx = *self->state.ctx;
-                        ctx.cluster->publish(to_checkpoint(full, shape_of(ctx)));
+                        const bool versions = !self->state.policy->shares_rounds();  // async
+                        ctx.cluster->publish(to_checkpoint(full, shape_of(ctx)),
+                                             versions ? std::optional<uint64_t>(full.version) : std::nullopt);
                       });
                       then();
                     },

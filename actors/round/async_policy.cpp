@@ -72,9 +72,11 @@ class async_policy final : public round_policy {
       spdlog::debug("async: version {} was announced again (merged up to {})", order.version, merging_);
       return;
     }
-    // The last version is known when it is announced (every node takes the same merges, in order): a merge
-    // after it is not taken, though the ones before it may still be running.
-    if (reaches_end(merging_, announced_tokens_)) return;
+    // A merge is taken once the one before it is applied here, so that every node knows then which
+    // contributions that one held (a contributor lost before its all-reduce is not counted) and decides the
+    // same: a merge after the last version is not taken.
+    if (merging_ > version_) return deferred_.push_back(order);
+    if (final_) return;
     if (order.version != merging_ + 1)
       return engine_.fail(runtime::make_error(
           errc::stale_round, fmt::format("async: the coordinator merged version {}, but this node "
@@ -83,9 +85,8 @@ class async_policy final : public round_policy {
     merging_ = order.version;
     const auto mine = std::find_if(order.merged.begin(), order.merged.end(),
                                    [&](const runtime::merge_entry& e) { return e.node == me; });
-    merge_facts facts{0, static_cast<int64_t>(order.merged.size()), -1, 0, {}};
+    merge_facts facts{0, static_cast<int64_t>(order.merged.size()), -1, 0, {}, 0};
     for (const auto& e : order.merged) facts.tokens += static_cast<int64_t>(e.tokens);
-    announced_tokens_ += facts.tokens;
     std::vector<at::Tensor> parts{zeros_};
     double weight = comm::relay_weight;  // zeros that keep the ring above weight 0 (comm/reduction.hpp)
     if (mine != order.merged.end() && reported_) {
@@ -106,6 +107,10 @@ class async_policy final : public round_policy {
            [this, v, facts, merged = order.merged](at::Tensor avg, std::vector<std::string> members) mutable {
              facts.lost = lost_contributors(merged, members);
              facts.nodes -= static_cast<int64_t>(facts.lost.size());
+             for (const auto& e : merged)
+               if (std::find(facts.lost.begin(), facts.lost.end(), e.node) != facts.lost.end())
+                 facts.lost_tokens += static_cast<int64_t>(e.tokens);
+             facts.tokens -= facts.lost_tokens;
              if (!facts.lost.empty())
                spdlog::warn(
                    "async: version {} merges {} of {} contributions: {} left the ring before its all-reduce",
@@ -143,9 +148,22 @@ class async_policy final : public round_policy {
 
   caf::error resume_from(runtime::train_snapshot& snap) override {
     version_ = merging_ = snap.version;
-    merged_tokens_ = announced_tokens_ = static_cast<int64_t>(snap.merged_tokens);
+    merged_tokens_ = static_cast<int64_t>(snap.merged_tokens);
     tokens_at_[version_] = merged_tokens_;
-    resumed_ = true;
+    if (!engine_.context().recovery) {
+      resumed_ = true;
+      return round_policy::resume_from(snap);
+    }
+    // A node that joined the running cluster fetched the members' version: there is nothing to adopt. Its
+    // first version record names that version, with theta's CRC, which the master compares with the members'.
+    spdlog::info("async: joined the running cluster at version {}", version_);
+    auto line = runtime::json_line("version");
+    line.add("version", version_)
+        .add("merged_tokens", merged_tokens_)
+        .add("resumed", true)
+        .add("joined", true);
+    engine_.version_done(version_, snap.theta, std::move(line));
+    check_end();
     return round_policy::resume_from(snap);
   }
 
@@ -297,6 +315,7 @@ class async_policy final : public round_policy {
   struct merge_facts {
     int64_t tokens = 0, nodes = 0, staleness = -1, own_tokens = 0;
     std::vector<std::string> lost;  ///< contributors the ring that computed the average no longer held
+    int64_t lost_tokens = 0;        ///< theirs (not in `tokens`)
   };
 
   /// The merged nodes that are not among the members whose ring computed the average (empty members: not
@@ -319,10 +338,13 @@ class async_policy final : public round_policy {
     while (tokens_at_.size() > 64) tokens_at_.erase(tokens_at_.begin());  // snapshots ask for recent ones
     auto line = runtime::json_line("version");
     line.add("version", v).add("nodes", f.nodes).add("tokens", f.tokens).add("merged_tokens", merged_tokens_);
-    if (!f.lost.empty()) line.add("lost", fmt::format("{}", fmt::join(f.lost, ",")));
+    if (!f.lost.empty())
+      line.add("lost", fmt::format("{}", fmt::join(f.lost, ","))).add("lost_tokens", f.lost_tokens);
     if (f.staleness >= 0) line.add("own_staleness", f.staleness).add("own_tokens", f.own_tokens);
     engine_.version_done(v, theta, std::move(line));
     check_end();
+    // The next merge, if it was announced while this one ran.
+    for (auto& order : std::exchange(deferred_, {})) on_merge(order);
   }
 
   /// The run ends at the first version that reaches train.rounds versions or async.tokens merged tokens.
@@ -395,7 +417,7 @@ class async_policy final : public round_policy {
                spdlog::info("async: resuming at version {} (this node's checkpoint held version {})", newest,
                             version_);
                version_ = merging_ = newest;
-               merged_tokens_ = announced_tokens_ = static_cast<int64_t>(tokens);
+               merged_tokens_ = static_cast<int64_t>(tokens);
                tokens_at_[newest] = merged_tokens_;
                auto line = runtime::json_line("version");
                line.add("version", newest).add("merged_tokens", merged_tokens_).add("resumed", true);
@@ -422,19 +444,18 @@ class async_policy final : public round_policy {
 
   static constexpr int64_t token_parts = 4;  // 64 bits of merged tokens as four exact 16-bit floats
 
-  uint64_t version_ = 0;                   // theta's version: the last merge applied
-  uint64_t merging_ = 0;                   // the last merge started (its all-reduce running, or applied)
-  int64_t merged_tokens_ = 0;              // merged into theta (applied)
-  int64_t announced_tokens_ = 0;           // merged by the merges taken (running or applied)
-  uint64_t over_after_ = 0;                // run_over from this round on, once final_ is set
-  std::optional<uint64_t> final_;          // the run's last version, once reached
-  std::optional<held> reported_;           // sent to the master, not yet merged or dropped
-  std::optional<held> held_;               // ended while reported_ waits: reported once that is answered
-  at::Tensor zeros_;                       // what a node not in a merge sends
-  std::map<uint64_t, int64_t> tokens_at_;  // merged tokens at each recent version (for snapshots)
-  bool resumed_ = false;                   // resumed from a checkpoint: adopt the newest version first
-  bool adopting_ = false;                  // adopt_newest runs: merges wait in deferred_
-  std::vector<runtime::merge_order> deferred_;
+  uint64_t version_ = 0;                        // theta's version: the last merge applied
+  uint64_t merging_ = 0;                        // the last merge started (its all-reduce running, or applied)
+  int64_t merged_tokens_ = 0;                   // merged into theta (applied)
+  uint64_t over_after_ = 0;                     // run_over from this round on, once final_ is set
+  std::optional<uint64_t> final_;               // the run's last version, once reached
+  std::optional<held> reported_;                // sent to the master, not yet merged or dropped
+  std::optional<held> held_;                    // ended while reported_ waits: reported once that is answered
+  at::Tensor zeros_;                            // what a node not in a merge sends
+  std::map<uint64_t, int64_t> tokens_at_;       // merged tokens at each recent version (for snapshots)
+  bool resumed_ = false;                        // resumed from a checkpoint: adopt the newest version first
+  bool adopting_ = false;                       // adopt_newest runs: merges wait in deferred_
+  std::vector<runtime::merge_order> deferred_;  // announced while adopting or while the merge before runs
   std::chrono::steady_clock::time_point phase_began_;
   local_phase phase_;
 };

@@ -1363,3 +1363,89 @@ CATCH_TEST_CASE(
              {4, "n1", "bye stopped", {"record end outcome=stopped exit_code=0 finished=n0,n1"}}});
   CATCH_CHECK(t.master().done() == 0);
 }
+
+namespace {
+
+/// Three async nodes merged version 1; n2 fails, and a new process of it asks to join.
+const std::vector<row> async_n2_rejoins =
+    three_training + std::vector<row>{
+                         {2, "n0", "contribute 0 100", {"n0 <- merge 1 [n0@0x100*1] drop []"}},
+                         {2.2, "n0", "committed 1 5", {}},
+                         {2.2, "n1", "committed 1 5", {}},
+                         {2.2, "n2", "committed 1 5", {}},
+                         {3, "n2", "error", {"n0 <- fence 2"}},
+                         {3, "n0", "ack 2 1/0", {}},
+                         {3, "n1", "ack 2 1/0", {"epoch 2 (2 members, failed)"}},
+                         // The joiner fetches the members' newest version, which stays theirs until it is in.
+                         {4,
+                          "n2'",
+                          "hello",
+                          {"merges wait at version 1 while node n2 fetches the members' state",
+                           "n2' <- recover round 1 from [n0,n1] offset 2 note fetch the state of version 1"}},
+                         {4.5, "n0", "contribute 1 100", {"!<- merge"}},
+                         {5, "n1", "contribute 1 100", {"!<- merge"}},
+                     };
+
+merge_rules async_rules() {
+  return {.quorum = 1, .grace_min_s = 0, .grace_max_s = 0, .max_staleness = 4};
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("master: under async a joiner gets the members' version, which no merge moves until it is in",
+                "[unit][master][async]") {
+  auto s = cluster_of(3);
+  s.async = async_rules();
+  CATCH_SECTION("admitted at a fence, then merges go on with it") {
+    table t(s);
+    t.play(async_n2_rejoins +
+           std::vector<row>{
+               {6,
+                "n2'",
+                "join_ready 1",
+                {"node n2 holds the state of version 1: admitting it at a fence", "n0 <- fence 3"}},
+               {6, "n0", "ack 3 1/0", {"!<- merge"}},
+               {6,
+                "n1",
+                "ack 3 1/0",
+                {"node n2 admitted in epoch 3 with the state of version 1", "record admitted node=n2 round=1",
+                 "n2' <- membership epoch 3 rank 2 [n0,n1,n2] keep 1/0",
+                 // The held contributions merge at once, and the joiner takes part in the all-reduce.
+                 "n0 <- merge 2 [n0@1x100*1 n1@1x100*1] drop []", "n2' <- merge 2"}},
+               {6.5, "n0", "committed 2 9", {}},
+               {6.5, "n1", "committed 2 9", {}},
+               {6.5, "n2'", "committed 2 9", {}},
+               {7, "n2'", "contribute 2 100", {"n1 <- merge 3 [n2@2x100*1] drop []"}}});
+    CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
+  }
+  CATCH_SECTION("ready before every member applied that version: the fence waits for them") {
+    table t(s);
+    t.play(
+        three_training +
+        std::vector<row>{
+            {2, "n0", "contribute 0 100", {"n0 <- merge 1 [n0@0x100*1] drop []"}},
+            {2.2, "n0", "committed 1 5", {}},
+            {3, "n2", "error", {"n0 <- fence 2"}},
+            {3, "n0", "ack 2 1/0", {}},
+            {3, "n1", "ack 2 0/0", {"epoch 2 (2 members, failed)"}},
+            {4, "n2'", "hello", {"n2' <- recover round 1"}},
+            {5, "n2'", "join_ready 1", {"admitting it at a fence once every member applied it", "!<- fence"}},
+            {5.5, "n1", "committed 1 5", {"n0 <- fence 3", "n1 <- fence 3"}},
+            {6, "n0", "ack 3 1/0", {}},
+            {6, "n1", "ack 3 1/0", {"node n2 admitted in epoch 3 with the state of version 1"}}});
+  }
+  CATCH_SECTION("a stale state is fetched again; a joiner that gives up lets the merges go on") {
+    table t(s);
+    t.play(
+        async_n2_rejoins +
+        std::vector<row>{{6, "n2'", "join_ready 0", {"n0 <- fence 3", "!admitted"}},
+                         {6, "n0", "ack 3 1/0", {}},
+                         {6,
+                          "n1",
+                          "ack 3 1/0",
+                          {"n2' <- recover round 1 from [n0,n1] offset 2 note fetch the state of version 1",
+                           "!<- merge", "!<- pin"}},
+                         {7, "n2'", "bye gave-up", {"n0 <- merge 2 [n0@1x100*1 n1@1x100*1] drop []"}}});
+    CATCH_CHECK(t.master().phase_of("n2") == member_phase::removed);
+  }
+}

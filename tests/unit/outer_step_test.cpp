@@ -135,6 +135,33 @@ CATCH_TEST_CASE("delayed Nesterov takes a merge of no arrivals (all lost) as a v
   CATCH_CHECK(dn.merges() == 2);
 }
 
+CATCH_TEST_CASE("the outer actor takes an async merge of no arrivals, and refuses a negative count",
+                "[actors][outer][async]") {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::longwave>();
+  caf::actor_system sys{cfg};
+  actors::outer_policy policy;
+  policy.dn_period = 2;
+  auto outer =
+      actors::spawn_outer_optimizer(sys, config::outer_section{}, at::tensor({1.0f, -2.0f}), {}, policy);
+  caf::scoped_actor self{sys};
+  auto merge = [&](uint64_t version, int64_t arrivals) {
+    caf::expected<at::Tensor> out = caf::error{};
+    self->request(outer, std::chrono::seconds(10), merge_atom_v, version, at::tensor({0.5f, 0.5f}), arrivals)
+        .receive([&](at::Tensor& t) { out = t.clone(); }, [&](caf::error& e) { out = e; });
+    return out;
+  };
+  const auto v1 = merge(1, 1);
+  CATCH_REQUIRE(v1);
+  const auto v2 = merge(2, 0);  // every contributor was lost before the all-reduce: nothing moves
+  CATCH_REQUIRE(v2);
+  CATCH_CHECK(at::equal(*v1, *v2));
+  const auto bad = merge(3, -1);
+  CATCH_REQUIRE_FALSE(bad);
+  CATCH_CHECK(bad.error().code() == static_cast<uint8_t>(errc::invalid_config));
+  self->send_exit(outer, caf::exit_reason::user_shutdown);
+}
+
 CATCH_TEST_CASE("delayed Nesterov with period 1 is the outer Nesterov step", "[models][outer][async]") {
   models::delayed_nesterov dn(0.7, 0.9, 1);
   models::outer_sgd sgd(0.7, 0.9, true);

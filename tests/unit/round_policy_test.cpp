@@ -648,7 +648,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(lines_of(e, "merge").back() == "merge 3 of 1");
 }
 
-CATCH_TEST_CASE("async takes no merge past the last version, even while the last one's all-reduce runs",
+CATCH_TEST_CASE("async takes a merge once the one before is applied, and none past the last version",
                 "[unit][round][async]") {
   auto cfg = two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 2);
   fake_engine e(cfg);
@@ -656,12 +656,13 @@ CATCH_TEST_CASE("async takes no merge past the last version, even while the last
   auto p = make_round_policy(e, e.ctx);
   async_phase(e, *p);
   p->on_merge(merge_of(1, {{"b", 0}}, 1));
-  p->on_merge(merge_of(2, {{"b", 1}}, 1));
-  p->on_merge(merge_of(3, {{"b", 2}}, 1));  // announced before version 2 is applied: not taken
+  p->on_merge(merge_of(2, {{"b", 1}}, 1));  // announced while version 1's all-reduce runs: it waits
+  p->on_merge(merge_of(3, {{"b", 2}}, 1));
+  CATCH_CHECK(lines_of(e, "start_reduce") == std::vector<std::string>{"start_reduce (1,0) of 0.000001"});
+  CATCH_CHECK(!p->run_over(5));
+  e.finish_reduces();  // version 1, then 2 (the last): 3 is not taken
   CATCH_CHECK(lines_of(e, "start_reduce") ==
               std::vector<std::string>{"start_reduce (1,0) of 0.000001", "start_reduce (2,0) of 0.000001"});
-  CATCH_CHECK(!p->run_over(5));
-  e.finish_reduces();
   CATCH_CHECK(e.versions == std::vector<uint64_t>{1, 2});
   CATCH_CHECK(p->run_over(2));
   // async.tokens ends it the same way: at the merge that brings the merged tokens to the budget.
@@ -672,6 +673,21 @@ CATCH_TEST_CASE("async takes no merge past the last version, even while the last
   async_phase(t, *q);
   for (uint64_t v = 1; v <= 4; ++v) q->on_merge(merge_of(v, {{"b", v - 1}}, 4));  // 4, 8, 12: the third
   CATCH_CHECK(t.versions == std::vector<uint64_t>{1, 2, 3});
+  // Tokens of a contributor lost before its all-reduce are not merged: they count toward neither
+  // merged_tokens nor the budget, on every node alike.
+  fake_engine l(cfg);
+  auto r = make_round_policy(l, l.ctx);
+  async_phase(l, *r);
+  l.members = {"a", "b"};
+  r->on_merge(merge_of(1, {{"b", 0}, {"c", 0}}, 4));  // 4 merged, 4 lost
+  r->on_merge(merge_of(2, {{"b", 1}}, 4));            // 8
+  r->on_merge(merge_of(3, {{"b", 2}}, 4));            // 12: the last
+  r->on_merge(merge_of(4, {{"b", 3}}, 4));
+  CATCH_CHECK(l.versions == std::vector<uint64_t>{1, 2, 3});
+  CATCH_REQUIRE(l.version_lines.size() == 3);
+  CATCH_CHECK(l.version_lines[0].find("\"tokens\":4,\"merged_tokens\":4,\"lost\":\"c\",\"lost_tokens\":4") !=
+              std::string::npos);
+  CATCH_CHECK(l.version_lines[2].find("\"merged_tokens\":12") != std::string::npos);
 }
 
 CATCH_TEST_CASE(
