@@ -3,7 +3,9 @@
 // checks what its records show; one more compares the runs' losses. int8 on the wire must end within 1.5% of
 // fp32 for every policy, and "streaming" within 1.5% of "sync" (the issue's goal, which it meets). "delayed"
 // and "eager" miss that goal on runs this short (about +5% and +2.5%, bench/RESULTS.md); for them the test
-// guards the measured order: eager closer to sync than delayed, both within a bound.
+// guards the measured order: eager closer to sync than delayed, both within a bound. "async" runs to sync's
+// token budget; its issue's goal (within 2 % of sync at four nodes) is a bench figure, and here the test
+// guards the measured order (within 3 % of sync).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -36,7 +39,8 @@ constexpr int64_t workers_per_node = 1;
 const std::map<std::string, std::array<std::string, 3>> outer_setting{{"sync", {"0.5", "0", "true"}},
                                                                       {"delayed", {"0.7", "-0.5", "false"}},
                                                                       {"eager", {"0.7", "-0.5", "false"}},
-                                                                      {"streaming", {"1.0", "0", "true"}}};
+                                                                      {"streaming", {"1.0", "0", "true"}},
+                                                                      {"async", {"1.0", "0", "true"}}};
 
 // A short run: 120 inner steps per worker, 12 rounds; one torch thread per worker (the model: settings()).
 const char* train_sections = R"(seed = 11
@@ -94,6 +98,12 @@ std::vector<std::string> settings(const std::string& policy, const std::string& 
     // one (bench/RESULTS.md, "CI's time"); the mechanics model does not (streaming +13 % against sync).
     args.insert(args.end(), {"--set", "model.layers=2"});
   }
+  if (policy == "async")
+    // Sync's token budget (12 rounds x 2 nodes x 10 steps x 8 x 64) ends the run, not a count of versions;
+    // a merge as soon as one node reports (bench/RESULTS.md, issue 39).
+    for (const auto* kv : {"train.rounds=100000", "async.tokens=122880", "async.quorum=1",
+                           "async.grace_max_s=2", "async.max_staleness=8"})
+      args.insert(args.end(), {"--set", kv});
   if (dtype == "sparse-shared")
     // A comb sends a value every 1/density rounds: at 12 rounds it needs a higher density than top-k
     // (bench/RESULTS.md, shared indices: density 0.1 with ef_decay 0 ends below fp32 at 50 rounds).
@@ -296,6 +306,38 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
   fs::remove_all(dir);
 }
 
+/// The async run: every version on both nodes with one theta CRC, to sync's token budget, one final theta.
+void check_async_run() {
+  const auto dir = launch("async", "fp32");
+  std::vector<double> losses;
+  std::map<int64_t, std::set<std::string>> crcs;
+  std::vector<int64_t> last;
+  for (const std::string node : {"n0", "n1"}) {
+    CATCH_INFO("node " << node);
+    losses.push_back(val_loss(read_json(dir + "/run/" + node + "/result.json")));
+    const auto records = read_records(dir + "/run/" + node + "/metrics.jsonl");
+    const auto versions = of_kind(records, "version");
+    CATCH_REQUIRE(!versions.empty());
+    for (size_t i = 0; i < versions.size(); ++i) {
+      CATCH_CHECK(at(*versions[i], "version").GetInt64() == int64_t(i + 1));
+      crcs[int64_t(i + 1)].insert(str(at(*versions[i], "theta_crc32c")));
+    }
+    CATCH_CHECK(at(*versions.back(), "merged_tokens").GetInt64() >= 122880);
+    last.push_back(int64_t(versions.size()));
+    const auto ends = of_kind(records, "end");
+    CATCH_REQUIRE(ends.size() == 1);
+    CATCH_CHECK(at(*ends[0], "exit_code").GetInt64() == 0);
+  }
+  CATCH_CHECK(last[0] == last[1]);
+  for (const auto& [v, set] : crcs) {
+    CATCH_INFO("version " << v);
+    CATCH_CHECK(set.size() == 1);
+  }
+  CATCH_CHECK(losses[0] == losses[1]);
+  CATCH_CHECK(losses[0] < 3.5);
+  fs::remove_all(dir);
+}
+
 /// A run's val loss: its published result, else a launch of it now.
 double loss_of(const std::string& policy, const std::string& dtype) {
   if (!fs::exists(published_result(policy, dtype))) fs::remove_all(launch(policy, dtype));
@@ -377,10 +419,18 @@ CATCH_TEST_CASE(
   check_run("sync", "sparse-shared", sync_records);
 }
 
+CATCH_TEST_CASE("policy async over fp32: every version on both nodes with one theta, to sync's token budget",
+                "[process][policy][async]") {
+  check_async_run();
+}
+
 CATCH_TEST_CASE(
     "policy comparison: int8 within 1.5% of fp32, streaming within 1.5% of sync, eager nearer than delayed",
     "[process][policy]") {
   std::map<std::string, double> loss;
+  // async at sync's tokens: within 3 % (the measured order; its goal is a four-node bench figure).
+  loss["async-fp32"] = loss_of("async", "fp32");
+  std::printf("policy test: async-fp32 val loss %.6f\n", loss["async-fp32"]);
   for (const auto& policy : policies)
     for (const std::string dtype : {"fp32", "int8"}) {
       const auto name = run_name(policy, dtype);
@@ -404,4 +454,5 @@ CATCH_TEST_CASE(
     CATCH_CHECK(eager / sync < 1.06);
     CATCH_CHECK(delayed / sync < 1.10);
   }
+  CATCH_CHECK(loss.at("async-fp32") / loss.at("sync-fp32") < 1.03);
 }
