@@ -245,7 +245,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(crcs.rbegin()->first > v);
   check_one_crc_per_version(crcs);
   check_one_final_theta(out, {"n0", "n1", "n2"});
-  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test  // kept only when a REQUIRE stopped the test
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
 CATCH_TEST_CASE(
