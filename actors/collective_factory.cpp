@@ -3,10 +3,10 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "config/config_loader.hpp"
+#include "runtime/errors/errors.hpp"
 
 #ifdef LONGWAVE_WITH_NCCL
 #include "comm/nccl/nccl_allreduce.hpp"
@@ -14,16 +14,6 @@
 #endif
 
 namespace longwave::actors {
-
-namespace {
-
-/// NCCL_COMM_ID, or empty.
-std::string nccl_comm_id() {
-  const char* v = std::getenv("NCCL_COMM_ID");
-  return v ? v : "";
-}
-
-}  // namespace
 
 bool built_with_nccl() {
 #ifdef LONGWAVE_WITH_NCCL
@@ -46,7 +36,7 @@ std::string nccl_summary() {
 #endif
 }
 
-void check_backend(const config::train_config& cfg, bool cluster_node) {
+void check_backend(const config::train_config& cfg) {
   if (cfg.comm.backend != config::comm_backend::nccl) return;
   if (!built_with_nccl())
     throw config::config_error("comm.backend",
@@ -58,27 +48,30 @@ void check_backend(const config::train_config& cfg, bool cluster_node) {
     throw config::config_error("comm.backend", "comm.backend = \"nccl\": no usable GPU on this machine (" +
                                                    problem + "); use comm.backend = \"ring\"");
 #endif
-  if (cluster_node && nccl_comm_id().empty())
-    throw config::config_error(
-        "comm.backend",
-        "comm.backend = \"nccl\" needs NCCL_COMM_ID=<host>:<port> (rank 0's host and a free port) in every "
-        "node's environment: the cluster rendezvous does not carry NCCL's unique id yet");
+}
+
+std::string make_nccl_id() {
+#ifdef LONGWAVE_WITH_NCCL
+  return comm::nccl_allreduce::unique_id();
+#else
+  throw lw_error(errc::invalid_config, "an NCCL unique id: this binary was built without NCCL");
+#endif
 }
 
 std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
-                                                       const ring_place& place) {
-  check_backend(cfg, true);
+                                                       const ring_place& place,
+                                                       const std::string& unique_id) {
+  check_backend(cfg);
 #ifdef LONGWAVE_WITH_NCCL
   comm::nccl_collective_options o;
   o.dtype = place.ring.dtype;
   o.timeout = place.ring.timeout;
   o.stall_after = place.ring.stall_report_after;
-  // With NCCL_COMM_ID set, every rank computes the same id from it, and rank 0's ncclCommInitRank starts
-  // NCCL's bootstrap root there.
   return std::make_shared<comm::nccl_collective>(place.rank, static_cast<int>(place.endpoints.size()),
-                                                 comm::nccl_allreduce::unique_id(), o);
+                                                 unique_id, o);
 #else
   (void)place;
+  (void)unique_id;
   return nullptr;  // unreachable: check_backend refused it
 #endif
 }

@@ -16,15 +16,19 @@ bool built_with_nccl();
 std::string nccl_summary();
 
 /// Refuses, as a config_error on comm.backend (exit 2), a backend this binary or machine cannot run: "nccl"
-/// in a build without NCCL or where no CUDA device is visible, and (for a cluster node) without NCCL_COMM_ID.
-/// Call it before anything starts, --dry-run included.
-void check_backend(const config::train_config& cfg, bool cluster_node);
+/// in a build without NCCL or where no CUDA device is visible. Call it before anything starts, --dry-run
+/// included.
+void check_backend(const config::train_config& cfg);
+
+/// A new NCCL unique id (hex), which an epoch's rank 0 makes and the cluster's control plane hands to the
+/// other members; NCCL's bootstrap root then listens in this process. Throws lw_error(invalid_config) in a
+/// build without NCCL.
+std::string make_nccl_id();
 
 /// comm.backend = "nccl" for a cluster node at `place`: NCCL on CUDA device 0 (choose the GPU with
-/// CUDA_VISIBLE_DEVICES), with the ring settings' dtype and timeouts. NCCL's unique id is not carried by the
-/// rendezvous yet: every node must have NCCL_COMM_ID=<host>:<port> in its environment (rank 0's host and a
-/// free port there; NCCL's own bootstrap then listens on it). Throws config_error as check_backend does.
+/// CUDA_VISIBLE_DEVICES), with the ring settings' dtype and timeouts, in the communicator whose unique id is
+/// `unique_id` (make_nccl_id at the epoch's rank 0). Throws config_error as check_backend does.
 std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
-                                                       const ring_place& place);
+                                                       const ring_place& place, const std::string& unique_id);
 
 }  // namespace longwave::actors

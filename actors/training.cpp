@@ -39,7 +39,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   const auto spec = model_spec_of(cfg);
-  check_backend(cfg, cluster.place() != nullptr);
+  check_backend(cfg);
   if (cfg.diloco.outer == config::outer_policy_kind::async && !cluster.place())
     throw config::config_error("diloco.outer",
                                "diloco.outer = \"async\" merges the pseudo-gradients of a cluster's nodes as "

@@ -178,6 +178,13 @@ struct Merge {
   dropped @2 :List(MergeEntry);
 }
 
+struct NcclId {
+  # comm.backend = "nccl": the unique id of epoch `epoch`'s NCCL communicator, as hex. That epoch's rank 0
+  # makes it (node -> coordinator), and the coordinator hands it to the epoch's other members.
+  epoch @0 :UInt64;
+  id @1 :Text;
+}
+
 struct Envelope {
   clusterId @0 :UInt64;
   sender @1 :UInt32;       # sender's rank; 0xffffffff before it has one
@@ -201,6 +208,7 @@ struct Envelope {
     pin @18 :Pin;
     contribute @20 :Contribute;
     merge @21 :Merge;
+    ncclId @22 :NcclId;
   }
   # The sending coordinator's term, or the newest term a node follows (0: none yet). A node ignores a
   # coordinator of an older term; a coordinator that hears of a newer one steps down.

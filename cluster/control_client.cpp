@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -97,6 +98,12 @@ std::vector<control_event> control_client::poll() {
       control_event ev;
       ev.what = control_event::kind::merge;
       ev.merge = *mg;
+      out.push_back(std::move(ev));
+    } else if (auto* n = std::get_if<nccl_id_msg>(&body)) {
+      control_event ev;
+      ev.what = control_event::kind::nccl_id;
+      ev.epoch = n->epoch;
+      ev.text = n->id;
       out.push_back(std::move(ev));
     }
     // Anything else (a welcome repeated for a late hello) needs no action.
@@ -302,6 +309,34 @@ void control_client::pin_ack(uint64_t round) {
 
 void control_client::stop_ack(uint64_t round) {
   send_body(stop_msg{round});
+}
+
+void control_client::nccl_id(uint64_t epoch, const std::string& id) {
+  send_body(nccl_id_msg{epoch, id});
+}
+
+std::string control_client::wait_nccl_id(uint64_t epoch, std::chrono::milliseconds timeout) {
+  // No heartbeat: until its main loop's first one the master gives a starting member join_timeout_s.
+  const auto deadline = clock::now() + timeout;
+  std::vector<control_event> kept;
+  for (;;) {
+    for (auto& ev : poll()) {
+      if (ev.what == control_event::kind::nccl_id && ev.epoch == epoch) {
+        pending_.insert(pending_.begin(), kept.begin(), kept.end());
+        return ev.text;
+      }
+      kept.push_back(std::move(ev));
+    }
+    if (clock::now() >= deadline) {
+      pending_.insert(pending_.begin(), kept.begin(), kept.end());
+      throw lw_error(
+          errc::peer_lost,
+          fmt::format("no NCCL id for epoch {} came from its rank 0 within {} (through the coordinator "
+                      "at {})",
+                      epoch, secs(timeout), endpoint_));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void control_client::contribute(uint64_t v_start, uint64_t tokens) {

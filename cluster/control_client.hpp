@@ -41,6 +41,7 @@ struct control_event {
                         ///< term): `round` is its term, `epoch` the term followed
     recover,            ///< a joiner: fetch the state `recover` names instead (the members hold for it)
     merge,              ///< diloco.outer = "async": a merge (or drops) the coordinator announced (`merge`)
+    nccl_id,            ///< comm.backend = "nccl": `epoch`'s communicator id from its rank 0 (`text`)
   };
   kind what = kind::notice;
   errc code = errc::none;
@@ -108,6 +109,13 @@ class control_client {
   /// diloco.outer = "async": this node's pseudo-gradient from version v_start is ready to merge (`tokens`
   /// trained). Never blocks.
   void contribute(uint64_t v_start, uint64_t tokens);
+  /// comm.backend = "nccl": this node, rank 0 of `epoch`, made its communicator's unique id (hex) for the
+  /// coordinator to hand to the other members. Never blocks.
+  void nccl_id(uint64_t epoch, const std::string& id);
+  /// comm.backend = "nccl": waits for `epoch`'s communicator id from its rank 0, which the coordinator hands
+  /// on; what else arrives meanwhile is kept for the next poll(). Throws lw_error(peer_lost) when none comes
+  /// within timeout.
+  std::string wait_nccl_id(uint64_t epoch, std::chrono::milliseconds timeout);
   /// A ring call failed without a fence. Never blocks.
   void ring_failed(const ring_failed_msg& failure);
   /// This node finished (reason "done") or stopped (e.g. "interrupted"). Waits up to 1 s for delivery.

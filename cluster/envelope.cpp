@@ -200,6 +200,11 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setVStart(m.v_start);
       x.setTokens(m.tokens);
     }
+    void operator()(const nccl_id_msg& m) {
+      auto x = b.initNcclId();
+      x.setEpoch(m.epoch);
+      x.setId(txt(m.id));
+    }
     void operator()(const merge_msg& m) {
       auto x = b.initMerge();
       x.setVersion(m.version);
@@ -366,6 +371,12 @@ read_result read_body(wire::Envelope::Body::Reader b, body_t& out) {
       out = contribute_msg{b.getContribute().getVStart(), b.getContribute().getTokens()};
       return std::nullopt;
     case B::MERGE: return read_merge(b.getMerge(), out);
+    case B::NCCL_ID: {
+      auto x = b.getNcclId();
+      if (auto bad = check_text(x.getId(), max_nccl_id_bytes, "NCCL id")) return bad;
+      out = nccl_id_msg{x.getEpoch(), text_of(x.getId())};
+      return std::nullopt;
+    }
   }
   return reject(reject_reason::malformed,
                 fmt::format("envelope carries unknown message kind {}", static_cast<unsigned>(b.which())));

@@ -143,6 +143,12 @@ struct contribute_msg {
   uint64_t v_start = 0;
   uint64_t tokens = 0;
 };
+/// comm.backend = "nccl": the unique id (hex of ncclUniqueId's bytes) of epoch `epoch`'s communicator, made
+/// by its rank 0 (node -> coordinator) and handed to the epoch's other members (coordinator -> node).
+struct nccl_id_msg {
+  uint64_t epoch = 0;
+  std::string id;
+};
 /// A merge or drops (coordinator -> members): runtime/messages/merge_order.hpp, which training takes as is.
 using merge_entry = runtime::merge_entry;
 using merge_msg = runtime::merge_order;
@@ -153,7 +159,7 @@ struct envelope {
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
                fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
-               join_ready_msg, stop_msg, committed_msg, pin_msg, contribute_msg, merge_msg>
+               join_ready_msg, stop_msg, committed_msg, pin_msg, contribute_msg, merge_msg, nccl_id_msg>
       body;
   /// The sending coordinator's term, or the newest term a node follows (0: none yet): one coordinator leads.
   uint64_t term = 0;
@@ -165,6 +171,7 @@ inline constexpr size_t max_endpoint_bytes = 1024;
 inline constexpr size_t max_message_bytes = 4096;
 inline constexpr size_t max_peers = 4096;
 inline constexpr size_t max_checkpoint_rounds = 64;
+inline constexpr size_t max_nccl_id_bytes = 256;  ///< hex of NCCL_UNIQUE_ID_BYTES (128)
 
 /// Serializes e as an unpacked Cap'n Proto Envelope (one frame). Texts longer than the limits above are
 /// refused by the receiver, so keep them short.

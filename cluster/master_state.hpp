@@ -294,6 +294,7 @@ class master_state {
   void on_removed_message(size_t i, const envelope& e);
   void on_bye(size_t i, const bye_msg& b);
   void on_committed(size_t i, const committed_msg& c);
+  void on_nccl_id(size_t i, const nccl_id_msg& n);
   void on_ring_failed(size_t i, const ring_failed_msg& rf);
   void on_stop_request(const sender& from);
   void on_leave(const sender& from, const leave_msg& l);

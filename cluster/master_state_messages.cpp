@@ -109,6 +109,8 @@ void master_state::on_member_message(size_t i, const envelope& e) {
     on_ring_failed(i, *rf);
   } else if (auto* c = std::get_if<contribute_msg>(&e.body)) {
     on_contribute(i, *c);
+  } else if (auto* n = std::get_if<nccl_id_msg>(&e.body)) {
+    on_nccl_id(i, *n);
   }
 }
 
@@ -119,6 +121,21 @@ void master_state::on_committed(size_t i, const committed_msg& c) {
   if (!merges_) return;
   merges_->applied(static_cast<int64_t>(c.round));  // its ring is over
   members_[i].applied_version = std::max(members_[i].applied_version, c.round);
+}
+
+/// comm.backend = "nccl": the current epoch's rank 0 made its communicator's id; the epoch's other members
+/// get it. An id of another epoch, or from another rank, is dropped.
+void master_state::on_nccl_id(size_t i, const nccl_id_msg& n) {
+  const auto members = training_members();
+  if (members.empty() || members[0] != i || n.epoch != epoch_)
+    return dropped(
+        fmt::format("coordinator: dropped an NCCL id of epoch {} from node {}: the current epoch is {} "
+                    "and its rank 0 is {}",
+                    n.epoch, specs_[i].name, epoch_, members.empty() ? "none" : specs_[members[0]].name));
+  const std::vector<size_t> others(members.begin() + 1, members.end());
+  for (auto j : others) send_to(j, n);
+  info(fmt::format("coordinator: epoch {}'s NCCL id from {} goes to {}", epoch_, specs_[i].name,
+                   others.empty() ? "no other member" : names_of(others)));
 }
 
 /// A message from a node that is not a member any more: it stops when it hears so (said again at most every

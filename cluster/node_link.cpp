@@ -38,9 +38,22 @@ std::shared_ptr<comm::collective> node_link::collective(const config::train_conf
                                                     place_.committed);
     ring_ = elastic_;
   } else {
-    ring_ = actors::make_nccl_collective(cfg, place_);
+    ring_ = actors::make_nccl_collective(cfg, place_, nccl_id(cfg));
   }
   return ring_;
+}
+
+std::string node_link::nccl_id(const config::train_config& cfg) {
+  if (place_.rank == 0) {
+    auto id = actors::make_nccl_id();
+    control_.nccl_id(place_.epoch, id);
+    return id;
+  }
+  spdlog::info("node {}: waiting for epoch {}'s NCCL id from its rank 0 ({})", name_, place_.epoch,
+               place_.names.empty() ? "?" : place_.names[0]);
+  return control_.wait_nccl_id(
+      place_.epoch,
+      std::chrono::milliseconds(static_cast<int64_t>(std::max(60.0, cfg.comm.timeout_s) * 1000)));
 }
 
 void node_link::publish(runtime::checkpoint state, std::optional<uint64_t> version) {

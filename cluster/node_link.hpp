@@ -55,6 +55,9 @@ class node_link final : public actors::cluster_link {
 
  private:
   static constexpr auto beat_every = std::chrono::seconds(2);
+  /// comm.backend = "nccl": the unique id of this epoch's communicator, made here at rank 0 and handed to the
+  /// master for the others, else the one the master hands on from rank 0.
+  std::string nccl_id(const config::train_config& cfg);
   std::string name_;
   actors::ring_place& place_;
   control_client& control_;

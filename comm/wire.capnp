@@ -11,7 +11,7 @@ $Cxx.namespace("longwave::comm::wire");
 # Versions: 4: Stop (longwave stop), Committed; 5: Pin (a slow joiner gets in), Hello.dataFingerprint;
 # 6: Hello.checkpointRounds, Error not_announced; 7: Envelope.term; 8: an all-reduce's confirmation carries
 # every rank's note (its contributors and step time).
-const protocolVersion :UInt16 = 8;
+const protocolVersion :UInt16 = 9;
 
 enum Dtype {
   fp32 @0;

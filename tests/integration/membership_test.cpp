@@ -4,6 +4,7 @@
 // with a line that says so.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -272,4 +273,30 @@ CATCH_TEST_CASE("members report theta's CRC each round and the coordinator names
   CATCH_CHECK(c.said("theta after round") == 1);
   std::lock_guard<std::mutex> lk(c.mu);
   CATCH_CHECK(c.errors == std::vector<std::string>{"theta_mismatch"});
+}
+
+CATCH_TEST_CASE("an NCCL epoch's rank 0 makes the id, and the coordinator hands it to the other member",
+                "[integration][membership]") {
+  two_node_cluster c;
+  // b waits for epoch 1's id; a stop query that comes first is kept for b's next poll, not lost.
+  auto got = std::async(std::launch::async, [&] { return c.b->wait_nccl_id(1, std::chrono::seconds(20)); });
+  control_client op(c.o.bind_endpoint, cluster_id);  // `longwave stop`
+  CATCH_REQUIRE(op.request_stop(std::chrono::seconds(10)).first == errc::none);
+  CATCH_REQUIRE(c.said("asking a, b where they can stop") == 1);  // the query went to b before the id
+  const std::string id(256, 'c');
+  c.a->nccl_id(1, id);
+  CATCH_CHECK(got.get() == id);
+  // The query is b's at once, from the wait's keeping (a repeat would come only 2 s later).
+  const auto next = c.b->poll();
+  CATCH_CHECK(std::any_of(next.begin(), next.end(),
+                          [](const control_event& ev) { return ev.what == control_event::kind::stop; }));
+  CATCH_CHECK(c.said("epoch 1's NCCL id from a goes to b") == 1);
+  // An id for an epoch that never comes: b gives up, naming it.
+  try {
+    c.b->wait_nccl_id(5, std::chrono::milliseconds(300));
+    CATCH_FAIL("no id came, yet the wait returned");
+  } catch (const lw_error& e) {
+    CATCH_CHECK(e.code() == errc::peer_lost);
+    CATCH_CHECK(std::string(e.what()).find("no NCCL id for epoch 5") != std::string::npos);
+  }
 }

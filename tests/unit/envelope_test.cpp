@@ -38,6 +38,7 @@ std::string fields_of(const decltype(envelope::body)& body) {
     return "committed " + to_string(m->round) + " " + to_string(m->theta_crc);
   if (const auto* m = std::get_if<contribute_msg>(&body))
     return "contribute " + to_string(m->v_start) + " " + to_string(m->tokens);
+  if (const auto* m = std::get_if<nccl_id_msg>(&body)) return "nccl_id " + to_string(m->epoch) + " " + m->id;
   if (const auto* m = std::get_if<merge_msg>(&body)) {
     std::string out = "merge " + to_string(m->version);
     for (const auto* list : {&m->merged, &m->dropped}) {
@@ -109,14 +110,15 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_CHECK(
       (w->rank == 1 && w->world_size == 3 && w->peers.size() == 3 && w->peers[2].endpoint == "tcp://c:1"));
 
-  for (const envelope& e : {envelope{7, 2, round_start_msg{9, 1, 1000, wire_dtype::int8}},
-                            envelope{7, 2, heartbeat_msg{9, 1700000000123}}, envelope{7, 2, done_msg{9, 3}},
-                            envelope{7, 2, error_msg{5, "deadline"}}, envelope{7, 2, bye_msg{"done"}},
-                            envelope{7, 2, stop_msg{41}}, envelope{7, 2, committed_msg{41, 0xfeedbeef}},
-                            envelope{7, 2, pin_msg{41, false}}, envelope{7, 2, pin_msg{0, true}},
-                            envelope{7, 2, contribute_msg{40, 81920}},
-                            envelope{7, 2, merge_msg{41, {{"n0", 40, 81920, 1}, {"n2", 38, 163840, 2}}, {}}},
-                            envelope{7, 2, merge_msg{41, {}, {{"n3", 30, 1024, 1}}}}}) {
+  for (const envelope& e :
+       {envelope{7, 2, round_start_msg{9, 1, 1000, wire_dtype::int8}},
+        envelope{7, 2, heartbeat_msg{9, 1700000000123}}, envelope{7, 2, done_msg{9, 3}},
+        envelope{7, 2, error_msg{5, "deadline"}}, envelope{7, 2, bye_msg{"done"}},
+        envelope{7, 2, stop_msg{41}}, envelope{7, 2, committed_msg{41, 0xfeedbeef}},
+        envelope{7, 2, pin_msg{41, false}}, envelope{7, 2, pin_msg{0, true}},
+        envelope{7, 2, contribute_msg{40, 81920}}, envelope{7, 2, nccl_id_msg{3, std::string(256, 'a')}},
+        envelope{7, 2, merge_msg{41, {{"n0", 40, 81920, 1}, {"n2", 38, 163840, 2}}, {}}},
+        envelope{7, 2, merge_msg{41, {}, {{"n3", 30, 1024, 1}}}}}) {
     f = build_envelope(e);
     r = parse_envelope(f.data(), f.size(), 7);
     CATCH_REQUIRE(r.ok());
@@ -138,6 +140,10 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_REQUIRE_FALSE(rs.ok());
   CATCH_CHECK(rs.error().reason == reject_reason::bad_size);
   CATCH_CHECK(rs.error().detail.find("merge merged node") != std::string::npos);
+  f = build_envelope(envelope{7, 0, nccl_id_msg{3, std::string(max_nccl_id_bytes + 1, 'a')}});
+  rs = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE_FALSE(rs.ok());
+  CATCH_CHECK(rs.error().detail.find("NCCL id") != std::string::npos);
 
   // A chunk header is not an envelope of ours: it decodes to a struct whose fields do not check out, or it is
   // refused; either way no exception escapes.

@@ -34,9 +34,9 @@ namespace {
 /// an async node's newest checkpointed version) | running epoch=E world=W
 /// round=R | heartbeat R | contribute V_START TOKENS | (any of them) term=T | ack E C [pending P held] | bye
 /// REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R | committed R CRC | leave NODE |
-/// tick | paused S (the master's own loop stalled S seconds). Actions read: "n0 <- welcome rank 0 of 2 epoch
-/// 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover round 3 from
-/// [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5", "n0 <- pin release", "n0
+/// nccl_id E ID | tick | paused S (the master's own loop stalled S seconds). Actions read: "n0 <- welcome
+/// rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover
+/// round 3 from [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5", "n0 <- pin release", "n0
 /// <- error evicted: TEXT", "info: LINE", "warn: LINE", "count node_lost", "rejected wrong_cluster", "epoch 2
 /// (1 members, lost)", "joined n2 at round 3".
 struct row {
@@ -74,6 +74,8 @@ std::string describe_body(const cluster::envelope& e) {
   if (auto* p = std::get_if<cluster::pin_msg>(&e.body))
     return p->release ? std::string("pin release") : "pin " + std::to_string(p->round);
   if (auto* l = std::get_if<cluster::leave_msg>(&e.body)) return "leave " + l->node;
+  if (auto* n = std::get_if<cluster::nccl_id_msg>(&e.body))
+    return "nccl_id " + std::to_string(n->epoch) + " " + n->id;
   if (auto* er = std::get_if<cluster::error_msg>(&e.body))
     return std::string("error ") + to_string(static_cast<errc>(er->code)) + ": " + er->message;
   if (auto* mg = std::get_if<cluster::merge_msg>(&e.body)) {  // "merge 3 [n0@2x100*1 n2@2x50*1] drop []"
@@ -263,6 +265,8 @@ class table {
       e.body = cluster::leave_msg{args.at(0)};
     } else if (verb == "contribute") {
       e.body = cluster::contribute_msg{num(0), num(1)};
+    } else if (verb == "nccl_id") {
+      e.body = cluster::nccl_id_msg{num(0), args.at(1)};
     } else {
       throw std::runtime_error("table: unknown event '" + what + "'");
     }
@@ -1448,4 +1452,19 @@ CATCH_TEST_CASE("master: under async a joiner gets the members' version, which n
                          {7, "n2'", "bye gave-up", {"n0 <- merge 2 [n0@1x100*1 n1@1x100*1] drop []"}}});
     CATCH_CHECK(t.master().phase_of("n2") == member_phase::removed);
   }
+}
+
+CATCH_TEST_CASE("master: the NCCL id the epoch's rank 0 made reaches its other members, and only that one",
+                "[unit][master]") {
+  table t(cluster_of(3));
+  t.play(three_training +
+         std::vector<row>{
+             {1.5,
+              "n0",
+              "nccl_id 1 0a0b",
+              {"n1 <- nccl_id 1 0a0b", "n2 <- nccl_id 1 0a0b", "!n0 <- nccl_id",
+               "epoch 1's NCCL id from n0 goes to n1, n2"}},
+             // Another rank's id, or one of another epoch, is nobody's.
+             {2, "n1", "nccl_id 1 ffff", {"!<- nccl_id", "dropped an NCCL id of epoch 1 from node n1"}},
+             {2.5, "n0", "nccl_id 7 ffff", {"!<- nccl_id", "dropped an NCCL id of epoch 7 from node n0"}}});
 }
