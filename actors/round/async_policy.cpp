@@ -268,10 +268,14 @@ class async_policy final : public round_policy {
     } else if (!held_) {
       held_ = held{v_start, tokens, std::move(parts)};
     } else {
-      // Two phases ended before the master answered the first: the second holds their sum, from the older
-      // start (its staleness counts from there).
+      // More phases ended before the master answered the first: the held one becomes their token-weighted
+      // mean, from the older start (its staleness counts from there), with all their tokens. Each started
+      // from a version the master's answer has not moved past, so their sum would move theta by several
+      // phases at once (merges wait while a node joins); the mean moves it by one, better estimated.
+      const double w = static_cast<double>(tokens) / static_cast<double>(held_->tokens + tokens);
+      for (size_t i = 0; i < parts.size() && i < held_->parts.size(); ++i)
+        held_->parts[i].mul_(1.0 - w).add_(parts[i], w);
       held_->tokens += tokens;
-      for (size_t i = 0; i < parts.size() && i < held_->parts.size(); ++i) held_->parts[i].add_(parts[i]);
     }
     if (!engine_.set_phase(phase::outer_step)) return;
     engine_.theta([this](at::Tensor theta) { engine_.round_done(std::move(theta)); });

@@ -565,14 +565,16 @@ CATCH_TEST_CASE("async contributes each phase, merges what the master names, and
   CATCH_CHECK(e.versions == std::vector<uint64_t>{1, 2});
 }
 
-CATCH_TEST_CASE("async holds back phases the master has not answered, folds them, and reports on a drop",
-                "[unit][round][async]") {
+CATCH_TEST_CASE(
+    "async holds back phases the master has not answered, folds them as their mean, and reports on a "
+    "drop",
+    "[unit][round][async]") {
   fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 10));
   const auto tokens = static_cast<uint64_t>(4 * e.ctx.inner.batch_size * e.ctx.spec.seq_len * 2);
   auto p = make_round_policy(e, e.ctx);
-  for (int i = 0; i < 3; ++i) async_phase(e, *p);  // one reported, two held back as their sum
+  for (int i = 0; i < 3; ++i) async_phase(e, *p);  // one reported, two held back as their mean
   CATCH_CHECK(e.contributions.size() == 1);
-  // The master drops the first (too stale): the held sum is reported in its place, from version 0.
+  // The master drops the first (too stale): the held mean is reported in its place, from version 0.
   runtime::merge_order drop;
   drop.version = 0;
   drop.dropped.push_back({"a", 0, tokens, 1});
@@ -593,8 +595,9 @@ CATCH_TEST_CASE("async holds back phases the master has not answered, folds them
   e.calls.clear();
   p->on_merge(merge_of(1, {{"a", 0}}, 2 * tokens));
   CATCH_CHECK(e.calls.front() == "start_reduce (1,0) of " + std::to_string(double(2 * tokens)));
-  // The sum of two phases' pseudo-gradients: workers 0.2 and 0.4, mean 0.3.
-  CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.3f)));
+  // The mean of two phases' pseudo-gradients (each 0.1 and 0.2 on the two workers), weighted by all their
+  // tokens: workers 0.1 and 0.2, mean 0.15; their sum (0.3) would count two phases from one version.
+  CATCH_CHECK(at::allclose(e.global, at::full({4}, -0.15f)));
   // Nothing is held any more: the next phase is reported at once, from version 1.
   async_phase(e, *p);
   CATCH_CHECK(e.contributions.back().first == 1);
