@@ -169,7 +169,7 @@ void copy_donor_replica(train_snapshot& snap, int64_t n_replicas) {
 }  // namespace
 
 start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
-                         const snapshot_shape& shape, joined_state joined) {
+                         const snapshot_shape& shape, joined_state joined, uint64_t own_round) {
   start_point start;
   const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
   if (joined.fetched) {
@@ -177,7 +177,7 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
     auto snap = std::move(*joined.fetched);
     // async: the state is named by its version; this node's rounds are its own phases, so it goes on after
     // its own newest checkpoint (which would else outrank the fetched state, holding an older version).
-    if (versions) snap.round = std::max(snap.round, latest_checkpoint_round(cfg) + 1);
+    if (versions) snap.round = std::max(snap.round, own_round + 1);
     copy_donor_replica(snap, shape.n_replicas);
     // The fetched state is this node's own checkpoint of its round before it trains: a crash of the whole
     // cluster soon after resumes with the same commands (else this node's newest checkpoint would be one the

@@ -60,8 +60,8 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   start_point start;
   if (cluster.joining()) {
     // Joining a running cluster: fetch the members' state and wait to be admitted (completes the place).
-    start = joined_start(cfg, opts, p, shape_of(*ctx),
-                         cluster.join(shape_of(*ctx), opts.fresh ? 0 : latest_checkpoint_round(cfg)));
+    const uint64_t own_round = opts.fresh ? 0 : latest_checkpoint_round(cfg);
+    start = joined_start(cfg, opts, p, shape_of(*ctx), cluster.join(shape_of(*ctx), own_round), own_round);
     ctx->observe_round = cluster.place()->observe_round;
     ctx->recovery = cluster.place()->recovery;
   } else {

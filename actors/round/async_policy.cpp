@@ -105,12 +105,7 @@ class async_policy final : public round_policy {
     const uint64_t v = order.version;
     reduce({v, 0}, std::move(parts), /*exact=*/false, weight,
            [this, v, facts, merged = order.merged](at::Tensor avg, std::vector<std::string> members) mutable {
-             facts.lost = lost_contributors(merged, members);
-             facts.nodes -= static_cast<int64_t>(facts.lost.size());
-             for (const auto& e : merged)
-               if (std::find(facts.lost.begin(), facts.lost.end(), e.node) != facts.lost.end())
-                 facts.lost_tokens += static_cast<int64_t>(e.tokens);
-             facts.tokens -= facts.lost_tokens;
+             count_lost(facts, merged, members);
              if (!facts.lost.empty())
                spdlog::warn(
                    "async: version {} merges {} of {} contributions: {} left the ring before its all-reduce",
@@ -314,24 +309,28 @@ class async_policy final : public round_policy {
     return parts;
   }
 
-  /// What a merge took: its tokens (as announced) and the contributions the all-reduce held, and this
-  /// node's part (staleness -1: none).
+  /// What a merge took: the contributions and tokens the all-reduce held (as announced, less the lost), and
+  /// this node's part (staleness -1: none).
   struct merge_facts {
     int64_t tokens = 0, nodes = 0, staleness = -1, own_tokens = 0;
     std::vector<std::string> lost;  ///< contributors the ring that computed the average no longer held
     int64_t lost_tokens = 0;        ///< theirs (not in `tokens`)
   };
 
-  /// The merged nodes that are not among the members whose ring computed the average (empty members: not
-  /// known, none taken as lost). A contributor lost before the all-reduce sent nothing, so Delayed Nesterov
-  /// counts the contributions that are in the average, as every member sees the same members.
-  static std::vector<std::string> lost_contributors(const std::vector<runtime::merge_entry>& merged,
-                                                    const std::vector<std::string>& members) {
-    std::vector<std::string> lost;
-    if (members.empty()) return lost;
-    for (const auto& e : merged)
-      if (std::find(members.begin(), members.end(), e.node) == members.end()) lost.push_back(e.node);
-    return lost;
+  /// Takes out of f the merged nodes that are not among the members whose ring computed the average (empty
+  /// members: not known, none taken as lost), and their tokens. A contributor lost before the all-reduce sent
+  /// nothing, so Delayed Nesterov and the end rule count what is in the average, as every member sees the
+  /// same members.
+  static void count_lost(merge_facts& f, const std::vector<runtime::merge_entry>& merged,
+                         const std::vector<std::string>& members) {
+    if (members.empty()) return;
+    for (const auto& e : merged) {
+      if (std::find(members.begin(), members.end(), e.node) != members.end()) continue;
+      f.lost.push_back(e.node);
+      f.lost_tokens += static_cast<int64_t>(e.tokens);
+    }
+    f.nodes -= static_cast<int64_t>(f.lost.size());
+    f.tokens -= f.lost_tokens;
   }
 
   /// Version v's outer step is applied: theta is version v on every node.
