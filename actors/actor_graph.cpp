@@ -152,6 +152,7 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
         policy.dn_period, policy.dn_period,
         cfg.async.dn_period > 0 ? "" : " (async.dn_period = 0: twice the nodes)");
   }
+  policy.pinned_theta = ctx.devices.any_cuda();
   return spawn_outer_optimizer(sys, outer_cfg, models::gpt::init_flat(ctx.spec, cfg.run.seed), metrics,
                                std::move(policy));
 }

@@ -36,7 +36,14 @@ struct outer_state {
   // eager: theta-sized buffers reused by every step. A fresh model-sized tensor faults in every page again
   // (about 1,800 faults for the tiny model), which cost 100-500 ms per round on a busy machine.
   at::Tensor proxy, mean_proxy, mean_theta;
+  bool pinned = false;  // outer_policy::pinned_theta
 };
+
+/// A copy of a theta for the state to own: in pinned host memory on a GPU node (outer_policy::pinned_theta).
+at::Tensor own_theta(const outer_state& s, const at::Tensor& t) {
+  if (!s.pinned) return t.clone();
+  return at::empty(t.sizes(), t.options().pinned_memory(true)).copy_(t);
+}
 
 using outer_self = outer_actor::stateful_pointer<outer_state>;
 
@@ -127,7 +134,7 @@ caf::result<at::Tensor> outer_step(outer_self self, const metrics_actor& metrics
     if (s.dn) {
       // Merges apply while workers load theta and snapshots clone it: a theta someone still holds is left
       // as it is (that version stays whole for them), and the step writes a copy.
-      if (s.theta.use_count() > 1 || s.theta.storage().use_count() > 1) s.theta = s.theta.clone();
+      if (s.theta.use_count() > 1 || s.theta.storage().use_count() > 1) s.theta = own_theta(s, s.theta);
       at::Tensor g = delta.is_contiguous() ? delta : delta.contiguous();
       update_norm = s.dn->step(s.theta, g, arrivals);
     } else {
@@ -200,7 +207,7 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
   auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
   // async: a theta another actor may hold is not written (as in its steps).
   if (s.dn)
-    s.theta = snap.theta.clone();
+    s.theta = own_theta(s, snap.theta);
   else
     s.theta.copy_(snap.theta);
   s.opt->set_momentum_buffer(clone(snap.momentum));
@@ -212,7 +219,7 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
   }
   for (size_t m = 0; m < snap.replicas.size(); ++m) {
     auto& r = s.replicas[m];
-    r.theta = snap.replicas[m].theta.clone();
+    r.theta = own_theta(s, snap.replicas[m].theta);
     r.opt->set_momentum_buffer(clone(snap.replicas[m].momentum));
     r.prev_delta = clone(snap.replicas[m].prev_delta);
   }
@@ -223,12 +230,13 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
 outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg, at::Tensor theta0,
                                      metrics_actor metrics, outer_policy policy) {
   auto& st = self->state;
-  st.theta = std::move(theta0);
+  st.pinned = policy.pinned_theta;
+  st.theta = st.pinned ? own_theta(st, theta0) : std::move(theta0);
   st.opt = std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov);
   if (policy.dn_period > 0)
     st.dn = std::make_unique<models::delayed_nesterov>(cfg.lr, cfg.momentum, policy.dn_period);
   for (int64_t m = 0; m < policy.eager_replicas; ++m)
-    st.replicas.push_back({st.theta.clone(), at::Tensor(),
+    st.replicas.push_back({own_theta(st, st.theta), at::Tensor(),
                            std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
   return {
       [=](theta_atom) -> caf::result<at::Tensor> { return self->state.theta; },
@@ -242,7 +250,7 @@ outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg,
       },
       [=](set_atom, at::Tensor theta) -> caf::result<bool> {
         if (auto e = check_size(theta, self->state.theta.numel(), "theta")) return e;
-        self->state.theta = theta.clone();
+        self->state.theta = own_theta(self->state, theta);
         return true;
       },
       [=](outer_atom, ring_label label, at::Tensor delta) {

@@ -25,6 +25,10 @@ struct outer_policy {
   /// diloco.outer = "async": Delayed Nesterov's period N (models::delayed_nesterov); every whole-theta step
   /// is then one merge, and its label's round the version it makes. 0: the plain outer step.
   int64_t dn_period = 0;
+  /// A node with a worker on a GPU: theta (and eager's per-replica theta) lives in pinned host memory, so
+  /// that the workers' uploads of it are fast DMA copies (models::inner_trainer). The momentum never crosses
+  /// to a device and stays in pageable memory.
+  bool pinned_theta = false;
 };
 
 /// Messages: runtime::outer_actor. The returned tensors are read-only for receivers until the next outer

@@ -62,8 +62,10 @@ models::model_spec model_spec_of(const config::train_config& cfg) {
 }
 
 int64_t gpu_worker_bytes(const config::train_config& cfg, const models::model_spec& spec) {
+  // A replica's training memory and its pseudo-gradient's device buffer (inner_trainer::pseudo_gradient).
   return models::training_memory_bytes(spec, cfg.train.batch_size / cfg.train.micro_batches,
-                                       cfg.model.dtype == config::model_dtype::bf16);
+                                       cfg.model.dtype == config::model_dtype::bf16) +
+         models::closed_form_param_count(spec) * static_cast<int64_t>(sizeof(float));
 }
 
 namespace {

@@ -3,17 +3,24 @@
 //     --batch, bf16 autocast, gradient clipping 1.0 and the real window sampler; the line names the
 //     parameter count, vocabulary, batch and sequence length that .gpu/pytorch_anchor.py must match (G1, G4).
 //   --trace N: the loss of each of N steps, one per line, deterministic (G5: CPU against CUDA).
+//   --overlap: G3 of issue 38: a model-sized fp32 copy to pinned host memory on the side stream
+//     (models::host_stage, as the pseudo-gradient goes out), alone and beside the inner steps, and the step
+//     time with such a copy beside every step against without, at the first --batch.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
+#include <vector>
 
 #include "models/gpt.hpp"
 #include "models/gpu_info.hpp"
+#include "models/host_stage.hpp"
 #include "models/inner_trainer.hpp"
 #include "models/model_spec.hpp"
 
@@ -53,6 +60,73 @@ void synchronize(const std::string& device) {
   if (device != "cpu") (void)at::zeros({1}, at::Device(device)).item<float>();
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+/// Seconds per step of `steps` steps queued as a worker queues them; with `copy`, one copy staged after each.
+double timed_steps(models::inner_trainer& t, const std::string& device, int64_t steps,
+                   models::host_stage* copy, const at::Tensor& src, std::vector<double>* copy_s) {
+  synchronize(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<models::host_stage::staged> last;
+  for (int64_t i = 0; i < steps; ++i) {
+    (void)t.step_async();
+    if (last) {  // the previous copy, read while this step runs
+      last->done->synchronize();
+      copy_s->push_back(copy->last_copy_seconds());
+      last.reset();
+    }
+    if (copy != nullptr) last = copy->stage(src);
+  }
+  (void)t.take_pending_loss();
+  if (last) {
+    last->done->synchronize();
+    copy_s->push_back(copy->last_copy_seconds());
+  }
+  synchronize(device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+         static_cast<double>(steps);
+}
+
+/// G3: the copy's device time beside the steps / alone (<= 1.5), the step time with copies / without
+/// (<= 1.03).
+int overlap(const models::model_spec& spec, int64_t batch, const std::string& device, bool autocast,
+            int64_t warmup, int64_t timed, std::shared_ptr<const std::vector<uint16_t>> tokens) {
+  auto t = make_trainer(spec, batch, device, autocast, warmup + 3 * timed, std::move(tokens));
+  for (int64_t i = 0; i < warmup; ++i) t->step();
+  const at::Device dev(device);
+  const auto src = at::randn({models::closed_form_param_count(spec)}, at::dtype(at::kFloat).device(dev));
+  models::host_stage stage(dev);
+  stage.time_copies();
+  std::vector<double> alone, beside;
+  for (int i = 0; i < 7; ++i) {  // the device idle
+    synchronize(device);
+    stage.stage(src).done->synchronize();
+    alone.push_back(stage.last_copy_seconds());
+  }
+  const double plain = timed_steps(*t, device, timed, nullptr, src, nullptr);
+  const double with_copy = timed_steps(*t, device, timed, &stage, src, &beside);
+  const double plain_again = timed_steps(*t, device, timed, nullptr, src, nullptr);
+  const double without = std::min(plain, plain_again);
+  const double mb = static_cast<double>(src.numel()) * 4 / 1e6;
+  if (median(alone) < 0) {
+    std::printf("the copy's device time needs a GPU; step with copy / without = %.4f\n", with_copy / without);
+    return 0;
+  }
+  std::printf(
+      "copy of %.0f MB to pinned memory on the side stream: alone %.2f ms (%.1f GB/s), beside the steps "
+      "%.2f ms (median of %zu)\n",
+      mb, median(alone) * 1e3, mb / 1e3 / median(alone), median(beside) * 1e3, beside.size());
+  std::printf("step B=%ld: %.2f ms without copies (%.2f, %.2f), %.2f ms with one copy beside each\n", batch,
+              without * 1e3, plain * 1e3, plain_again * 1e3, with_copy * 1e3);
+  std::printf(
+      "G3 on %s: copy beside / alone = %.3f (goal <= 1.5); step with copy / without = %.4f (goal <= 1.03)\n",
+      models::gpu_summary().c_str(), median(beside) / median(alone), with_copy / without);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,6 +144,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", timed, "timed steps")->capture_default_str();
   app.add_option("--autocast", autocast, "bf16 autocast (CUDA)")->capture_default_str();
   app.add_option("--trace", trace, "print the loss of this many deterministic fp32 steps instead");
+  bool overlap_mode = false;
+  app.add_flag("--overlap", overlap_mode, "G3: a pseudo-gradient-sized copy beside the steps (issue 38)");
   CLI11_PARSE(app, argc, argv);
 
   auto spec = models::preset_spec(preset, vocab, seq_len);
@@ -83,6 +159,8 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < trace; ++i) std::printf("%.9g\n", t->step());
     return 0;
   }
+  if (overlap_mode)
+    return overlap(spec, batches.front(), device, autocast && device != "cpu", warmup, timed, tokens);
   const int dev = device == "cpu" ? -1 : at::Device(device).index() < 0 ? 0 : at::Device(device).index();
   std::printf("gpu: %s\n", models::gpu_summary().c_str());
   for (const int64_t b : batches) {

@@ -49,6 +49,7 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
       timer_[i] = std::make_unique<gpu_timer>(device_.index());
     }
   }
+  if (device_.is_cuda() || opts.stage_delta) stage_ = std::make_unique<host_stage>(device_);
 }
 
 inner_trainer::~inner_trainer() = default;
@@ -176,8 +177,18 @@ at::Tensor inner_trainer::grad() const {
   return device_.is_cuda() ? grad_fp32_.to(at::kCPU) : grad_fp32_;
 }
 
-at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta) const {
-  return theta - (device_.is_cuda() ? master_.to(at::kCPU) : master_);
+at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta) {
+  if (!stage_) return theta - master_;  // the CPU, op for op as always
+  no_grad_guard no_grad;
+  stage_->fence();  // the last copy has read delta_dev_
+  if (!delta_dev_.defined()) delta_dev_ = at::empty_like(master_);
+  // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: the stage's copy, which
+  // the host waits for, comes after it on the device.
+  delta_dev_.copy_(theta, /*non_blocking=*/device_.is_cuda() && theta.is_pinned());
+  delta_dev_.sub_(master_);  // one fp32 rounding, as theta - master on the host
+  auto staged = stage_->stage(delta_dev_);
+  staged.done->synchronize();
+  return std::move(staged.host);
 }
 
 void inner_trainer::apply_grad(const at::Tensor& grad_fp32) {

@@ -14,6 +14,7 @@
 #include "models/data/partition.hpp"
 #include "models/gpt.hpp"
 #include "models/gpu_info.hpp"
+#include "models/host_stage.hpp"
 #include "models/model_spec.hpp"
 
 namespace longwave::models::data {
@@ -36,6 +37,9 @@ struct inner_options {
   bool autocast = false;       ///< bf16 autocast of the forward pass (CUDA only)
   int64_t micro_batches =
       1;  ///< the batch's rows in this many equal parts, gradients added (divides batch_size)
+  /// The pseudo-gradient goes out through host_stage (a device buffer, a side stream, a reusable host
+  /// buffer): always on CUDA; on the CPU only when set (tests run the GPU's logic so).
+  bool stage_delta = false;
 };
 
 /// The resumable state of one replica (all tensors fp32 on the host, owned by the caller of `state()`).
@@ -83,8 +87,12 @@ class inner_trainer {
   float compute_grad();
   /// The fp32 gradient on the host (on the CPU the live buffer: read-only until the next apply_grad).
   at::Tensor grad() const;
-  /// theta - master, fp32 on the host: the round's pseudo-gradient.
-  at::Tensor pseudo_gradient(const at::Tensor& theta) const;
+  /// theta - master, fp32 on the host: the round's pseudo-gradient. Staged (CUDA, or stage_delta): computed
+  /// on the device and copied on a side stream into a reusable host buffer (pinned on CUDA), which stays
+  /// this caller's until it drops the tensor; the host waits for that copy only.
+  at::Tensor pseudo_gradient(const at::Tensor& theta);
+  /// Host buffers the pseudo-gradient's stage holds (0: not staged).
+  size_t staged_buffers() const { return stage_ ? stage_->buffers() : 0; }
   /// DDP: clip and apply an (averaged) fp32 gradient.
   void apply_grad(const at::Tensor& grad_fp32);
   /// Mean validation loss of theta over n_batches fixed windows; the replica's own weights are restored.
@@ -128,6 +136,8 @@ class inner_trainer {
   std::array<std::unique_ptr<gpu_event>, 2> loss_ready_;  // CUDA: the loss's host copy is done
   std::array<std::unique_ptr<gpu_timer>, 2> timer_;       // CUDA: the step's device time
   double gpu_seconds_ = -1;
+  std::unique_ptr<host_stage> stage_;  // the pseudo-gradient's way out (CUDA, or stage_delta)
+  at::Tensor delta_dev_;               // theta - master on the device; read by the stage's last copy
   std::unique_ptr<data::window_sampler> sampler_;
 };
 

@@ -41,9 +41,11 @@ std::string device_under_test() {
   return d;
 }
 
-std::unique_ptr<models::inner_trainer> trainer(int64_t micro_batches = 1, const std::string& device = "cpu") {
+std::unique_ptr<models::inner_trainer> trainer(int64_t micro_batches = 1, const std::string& device = "cpu",
+                                               bool stage_delta = false) {
   models::inner_options o;
   o.device = device;
+  o.stage_delta = stage_delta;
   o.batch_size = 4;
   o.warmup_steps = 2;
   o.total_steps = 20;
@@ -80,6 +82,39 @@ CATCH_TEST_CASE("a step's loss is read during the next step: the same losses as 
   CATCH_CHECK(!b->take_pending_loss().has_value());  // read once
   CATCH_CHECK(same_bits(a->master().cpu(), b->master().cpu()));
   CATCH_CHECK(b->steps_done() == 4);
+}
+
+CATCH_TEST_CASE("a staged pseudo-gradient is theta - master bit for bit, in host buffers reused once let go",
+                "[models][trainer][stage]") {
+  // On the CPU with stage_delta the GPU's way out runs: a device buffer, a side stream, a host buffer.
+  const auto device = device_under_test();
+  CATCH_INFO("device " << device);
+  auto t = trainer(1, device, /*stage_delta=*/true);
+  const auto theta = models::gpt::init_flat(spec, 7);
+  t->step();
+  auto d1 = t->pseudo_gradient(theta);
+  CATCH_CHECK(d1.device().is_cpu());
+  CATCH_CHECK(same_bits(d1, theta - t->master().cpu()));
+  CATCH_CHECK(d1.abs().max().item<float>() > 0);
+  CATCH_CHECK(t->staged_buffers() == 1);
+  const auto d1_bits = d1.clone();
+  t->step();
+  auto d2 = t->pseudo_gradient(theta);  // d1 still held: a second buffer, d1 untouched
+  CATCH_CHECK(t->staged_buffers() == 2);
+  CATCH_CHECK(same_bits(d1, d1_bits));
+  CATCH_CHECK(same_bits(d2, theta - t->master().cpu()));
+  CATCH_CHECK(!same_bits(d1, d2));
+  d1 = at::Tensor();
+  d2 = at::Tensor();
+  for (int round = 0; round < 3; ++round) {  // let go each round: no buffer more
+    t->step();
+    const auto d = t->pseudo_gradient(theta);
+    CATCH_CHECK(same_bits(d, theta - t->master().cpu()));
+  }
+  CATCH_CHECK(t->staged_buffers() == 2);
+  auto plain = trainer(1, device);
+  (void)plain->pseudo_gradient(theta);
+  CATCH_CHECK(plain->staged_buffers() == (device == "cpu" ? 0U : 1U));  // a GPU always stages
 }
 
 CATCH_TEST_CASE("the trainer hands out fp32 host tensors: theta - master, the gradient and its state",
