@@ -59,18 +59,17 @@ std::string make_nccl_id() {
 }
 
 std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
-                                                       const ring_place& place,
+                                                       const comm::ring_options& ring, int rank, int world,
                                                        const std::string& unique_id) {
   check_backend(cfg);
 #ifdef LONGWAVE_WITH_NCCL
   comm::nccl_collective_options o;
-  o.dtype = place.ring.dtype;
-  o.timeout = place.ring.timeout;
-  o.stall_after = place.ring.stall_report_after;
-  return std::make_shared<comm::nccl_collective>(place.rank, static_cast<int>(place.endpoints.size()),
-                                                 unique_id, o);
+  o.dtype = ring.dtype;
+  o.timeout = ring.timeout;
+  o.stall_after = ring.stall_report_after;
+  return std::make_shared<comm::nccl_collective>(rank, world, unique_id, o);
 #else
-  (void)place;
+  (void)ring, (void)rank, (void)world;
   (void)unique_id;
   return nullptr;  // unreachable: check_backend refused it
 #endif

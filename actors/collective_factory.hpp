@@ -25,10 +25,12 @@ void check_backend(const config::train_config& cfg);
 /// build without NCCL.
 std::string make_nccl_id();
 
-/// comm.backend = "nccl" for a cluster node at `place`: NCCL on CUDA device 0 (choose the GPU with
+/// comm.backend = "nccl" for rank `rank` of `world`: NCCL on CUDA device 0 (choose the GPU with
 /// CUDA_VISIBLE_DEVICES), with the ring settings' dtype and timeouts, in the communicator whose unique id is
-/// `unique_id` (make_nccl_id at the epoch's rank 0). Throws config_error as check_backend does.
+/// `unique_id` (make_nccl_id at the epoch's rank 0). Blocks until every rank has joined. Throws config_error
+/// as check_backend does.
 std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
-                                                       const ring_place& place, const std::string& unique_id);
+                                                       const comm::ring_options& ring, int rank, int world,
+                                                       const std::string& unique_id);
 
 }  // namespace longwave::actors

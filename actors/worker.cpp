@@ -33,7 +33,8 @@ struct worker_state {
   // The current inner round.
   bool busy = false;
   uint64_t round = 0;
-  at::Tensor theta_ref;  // theta_global at the start of the round; read-only until we reply
+  at::Tensor theta_ref;   // theta_global at the start of the round; read-only until we reply
+  int64_t fragment = -1;  // the pseudo-gradient of this streaming fragment only (-1: the whole)
   int64_t steps_in_round = 0, steps_target = 0;
   int64_t resume_steps = 0;  // loaded from a mid-round checkpoint
   // Stopping mid-round: paused replicas step only up to pause_target, then answer the state request.
@@ -117,7 +118,10 @@ void finish_round(worker_self self) {
   round_result r;
   r.rank = s.rank;
   r.round = s.round;
-  if (s.theta_ref.defined()) r.delta = s.trainer->pseudo_gradient(s.theta_ref);
+  if (s.theta_ref.defined() && s.fragment >= 0)
+    r.delta = s.trainer->pseudo_gradient(s.theta_ref, s.ctx->fragments.at(static_cast<size_t>(s.fragment)));
+  else if (s.theta_ref.defined())
+    r.delta = s.trainer->pseudo_gradient(s.theta_ref);
   r.mean_loss = s.steps_run > 0 ? s.loss_sum / static_cast<double>(s.steps_run) : 0.0;
   s.busy = false;
   s.theta_ref = at::Tensor();
@@ -142,10 +146,14 @@ replica_state replica_of(worker_self self, bool lend = false) {
 /// (run): starts a round of h inner steps from theta (reset: loaded first, unless a checkpoint interrupted
 /// the round); the reply comes from finish_round, or the error of a failed inner step.
 caf::result<round_result> begin_round(worker_self self, uint64_t round, at::Tensor theta, int64_t h,
-                                      bool reset) {
+                                      bool reset, int64_t fragment) {
   auto& s = self->state;
   if (s.busy) return make_error(errc::stale_round, "worker already in a round");
+  if (fragment >= static_cast<int64_t>(s.ctx->fragments.size()))
+    return make_error(errc::invalid_config, "worker " + std::to_string(s.rank) + ": streaming fragment " +
+                                                std::to_string(fragment) + " does not exist");
   s.round = round;
+  s.fragment = fragment;
   s.theta_ref = std::move(theta);
   s.steps_target = h;
   s.loss_sum = 0;
@@ -268,8 +276,8 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
                                                        ctx->data_spans(ctx->rank_offset + rank),
                                                        ctx->rank_offset + rank, ctx->cfg.run.seed);
   return {
-      [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool reset) {
-        return begin_round(self, round, std::move(theta), h, reset);
+      [=](run_atom, uint64_t round, at::Tensor theta, int64_t h, bool reset, int64_t fragment) {
+        return begin_round(self, round, std::move(theta), h, reset, fragment);
       },
       [=](step_atom) { inner_step(self); },
       [=](grad_atom) -> caf::result<round_result> {

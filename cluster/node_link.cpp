@@ -3,7 +3,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "actors/collective_factory.hpp"
+#include "comm/deferred_collective.hpp"
 
 namespace longwave::cluster {
 
@@ -30,17 +34,40 @@ actors::joined_state node_link::join(const runtime::snapshot_shape& shape, uint6
 
 std::shared_ptr<comm::collective> node_link::collective(const config::train_config& cfg,
                                                         comm::ring_allreduce::reject_callback on_reject) {
-  if (cfg.comm.backend == config::comm_backend::ring) {
-    // Membership changes by epochs: the ring is rebuilt among each epoch's members.
-    comm::epoch_view first{place_.epoch, static_cast<uint32_t>(place_.rank), place_.names, place_.endpoints,
-                           place_.public_keys};
+  // Membership changes by epochs: the ring, or NCCL's communicator, is made again among each epoch's members.
+  comm::epoch_view first{place_.epoch, static_cast<uint32_t>(place_.rank), place_.names, place_.endpoints,
+                         place_.public_keys};
+  if (cfg.comm.backend == config::comm_backend::ring)
     elastic_ = std::make_shared<comm::elastic_ring>(std::move(first), place_.ring, std::move(on_reject),
                                                     place_.committed);
-    ring_ = elastic_;
-  } else {
-    ring_ = actors::make_nccl_collective(cfg, place_, nccl_id(cfg));
-  }
+  else
+    elastic_ = std::make_shared<comm::elastic_ring>(std::move(first), nccl_epochs(cfg), place_.ring.timeout,
+                                                    place_.committed);
+  ring_ = elastic_;
   return ring_;
+}
+
+comm::elastic_ring::epoch_factory node_link::nccl_epochs(const config::train_config& cfg) {
+  nccl_ids_ = std::make_shared<comm::epoch_keys>();
+  watch_.take_nccl_ids(nccl_ids_);
+  // A communicator per epoch. The first is made here, at start-up, with the id from its rank 0. A later
+  // epoch's rank 0 makes its id on entering it and the master hands it on; each member makes the
+  // communicator at its first all-reduce (comm::deferred_collective), on the communicator's thread, so that
+  // the main thread goes on ticking while NCCL waits for every member.
+  return [this, cfg, first = place_.epoch](const comm::epoch_view& v) -> std::shared_ptr<comm::collective> {
+    const int rank = static_cast<int>(v.rank), world = static_cast<int>(v.names.size());
+    if (v.epoch == first) return actors::make_nccl_collective(cfg, place_.ring, rank, world, nccl_id(cfg));
+    if (rank == 0) {
+      auto id = actors::make_nccl_id();
+      control_.nccl_id(v.epoch, id);
+      nccl_ids_->put(v.epoch, std::move(id));
+    }
+    auto make = [cfg, ring = place_.ring, rank, world](const std::string& id) {
+      return actors::make_nccl_collective(cfg, ring, rank, world, id);
+    };
+    return std::make_shared<comm::deferred_collective>(rank, world, v.epoch, "nccl", SIZE_MAX, nccl_ids_,
+                                                       std::move(make), nccl_id_timeout(cfg));
+  };
 }
 
 std::string node_link::nccl_id(const config::train_config& cfg) {
@@ -51,9 +78,11 @@ std::string node_link::nccl_id(const config::train_config& cfg) {
   }
   spdlog::info("node {}: waiting for epoch {}'s NCCL id from its rank 0 ({})", name_, place_.epoch,
                place_.names.empty() ? "?" : place_.names[0]);
-  return control_.wait_nccl_id(
-      place_.epoch,
-      std::chrono::milliseconds(static_cast<int64_t>(std::max(60.0, cfg.comm.timeout_s) * 1000)));
+  return control_.wait_nccl_id(place_.epoch, nccl_id_timeout(cfg));
+}
+
+std::chrono::milliseconds node_link::nccl_id_timeout(const config::train_config& cfg) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::max(60.0, cfg.comm.timeout_s) * 1000));
 }
 
 void node_link::publish(runtime::checkpoint state, std::optional<uint64_t> version) {

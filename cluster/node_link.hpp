@@ -16,6 +16,7 @@
 #include "cluster/node_merges.hpp"
 #include "cluster/node_watch.hpp"
 #include "cluster/state_publisher.hpp"
+#include "comm/deferred_collective.hpp"
 #include "comm/elastic_ring.hpp"
 
 namespace longwave::cluster {
@@ -58,6 +59,9 @@ class node_link final : public actors::cluster_link {
   /// comm.backend = "nccl": the unique id of this epoch's communicator, made here at rank 0 and handed to the
   /// master for the others, else the one the master hands on from rank 0.
   std::string nccl_id(const config::train_config& cfg);
+  static std::chrono::milliseconds nccl_id_timeout(const config::train_config& cfg);
+  /// comm.backend = "nccl": each epoch's communicator, for the elastic collective.
+  comm::elastic_ring::epoch_factory nccl_epochs(const config::train_config& cfg);
   std::string name_;
   actors::ring_place& place_;
   control_client& control_;
@@ -65,7 +69,8 @@ class node_link final : public actors::cluster_link {
   bool check_theta_;
   std::optional<joiner> joiner_;
   std::shared_ptr<comm::collective> ring_;
-  std::shared_ptr<comm::elastic_ring> elastic_;  // ring_ when it is the elastic ring (not NCCL)
+  std::shared_ptr<comm::elastic_ring> elastic_;  // ring_, through its epochs
+  std::shared_ptr<comm::epoch_keys> nccl_ids_;   // comm.backend = "nccl": each epoch's id, as it comes
   master_watch watch_;
   stop_follower stop_;
   pin_follower pin_;

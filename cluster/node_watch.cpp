@@ -153,6 +153,8 @@ void master_watch::on_event(const control_event& ev, comm::collective& ring, com
       elastic->evict("the coordinator says: " + ev.text);
     else
       ring.cancel();
+  } else if (ev.what == kind::nccl_id) {
+    if (nccl_ids_) nccl_ids_->put(ev.epoch, ev.text);
   } else if (ev.what == kind::older_coordinator) {
     spdlog::warn(
         "node {}: ignoring a coordinator of term {}: this node follows the coordinator of term {} (two "

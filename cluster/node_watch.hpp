@@ -15,6 +15,7 @@
 
 #include "actors/cluster_link.hpp"
 #include "cluster/control_client.hpp"
+#include "comm/deferred_collective.hpp"
 #include "comm/elastic_ring.hpp"
 
 namespace longwave::cluster {
@@ -52,8 +53,11 @@ class master_watch {
   /// newest version a member holds.
   void version_applied(uint64_t version) { version_ = std::max(version_, version); }
 
-  /// What the master asked of this node (leave, a cluster stop). elastic: the ring when it is elastic (the
-  /// ring backend), nullptr for NCCL (no membership changes reach it).
+  /// comm.backend = "nccl": where the epochs' communicator ids that the master hands on go.
+  void take_nccl_ids(std::shared_ptr<comm::epoch_keys> keys) { nccl_ids_ = std::move(keys); }
+
+  /// What the master asked of this node (leave, a cluster stop). elastic: the node's elastic collective
+  /// (nullptr: membership changes reach no collective, as in tests of the watch alone).
   master_asks on_tick(control_client& control, comm::collective& ring, comm::elastic_ring* elastic,
                       const std::string& name, steady::time_point now,
                       const std::function<void(std::string)>& record);
@@ -78,6 +82,7 @@ class master_watch {
   std::optional<steady::time_point> failed_since_;  // the ring failed; no fence or membership since
   hello_msg hello_;
   std::shared_ptr<comm::key_ring> admitted_;
+  std::shared_ptr<comm::epoch_keys> nccl_ids_;  // comm.backend = "nccl"
   std::optional<steady::time_point> gone_since_;
   std::string refused_;  // why the master refuses this node's handshake now ("" while it does not)
   steady::time_point next_reminder_;

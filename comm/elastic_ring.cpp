@@ -22,16 +22,33 @@ uint32_t confirm_fragment(uint32_t fragment) {
 
 elastic_ring::elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject,
                            reduce_key committed)
-    : opts_(std::move(opts)),
-      on_reject_(std::move(on_reject)),
-      view_(std::move(first)),
-      committed_(committed) {
+    : make_([opts, on_reject = std::move(on_reject)](const epoch_view& v) {
+        auto o = opts;
+        o.epoch = v.epoch;
+        o.names = v.names;
+        o.public_keys = v.public_keys;
+        return std::make_shared<ring_allreduce>(static_cast<int>(v.rank), v.endpoints, o, on_reject);
+      }),
+      timeout_(opts.timeout),
+      view_(std::move(first)) {
+  start(committed);
+}
+
+elastic_ring::elastic_ring(epoch_view first, epoch_factory make, std::chrono::milliseconds timeout,
+                           reduce_key committed)
+    : make_(std::move(make)), timeout_(timeout), view_(std::move(first)) {
+  start(committed);
+}
+
+void elastic_ring::start(reduce_key committed) {
+  committed_ = committed;
   if (view_.names.size() != view_.endpoints.size() || view_.rank >= view_.endpoints.size())
     throw lw_error(errc::invalid_config, "elastic_ring: rank or member lists disagree");
   std::lock_guard<std::mutex> lk(mu_);
   build_ring();
   if (evicted_) throw lw_error(errc::io_error, *evicted_);
   chunk_elements_ = ring_->chunk_elements();
+  backend_ = ring_->backend_name();
 }
 
 elastic_ring::~elastic_ring() {
@@ -40,12 +57,8 @@ elastic_ring::~elastic_ring() {
 }
 
 void elastic_ring::build_ring() {
-  auto o = opts_;
-  o.epoch = view_.epoch;
-  o.names = view_.names;
-  o.public_keys = view_.public_keys;
   try {
-    ring_ = std::make_shared<ring_allreduce>(static_cast<int>(view_.rank), view_.endpoints, o, on_reject_);
+    ring_ = make_(view_);
   } catch (const lw_error& e) {
     ring_.reset();
     evicted_ = fmt::format("cannot start the ring of epoch {}: {}", view_.epoch, e.what());
@@ -111,7 +124,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
   return outcome::failed;
 }
 
-std::vector<rank_note> elastic_ring::confirm(ring_allreduce& ring, const reduce_key& key) {
+std::vector<rank_note> elastic_ring::confirm(collective& ring, const reduce_key& key) {
   const auto world = static_cast<size_t>(ring.world_size());
   const auto me = static_cast<size_t>(ring.rank());
   std::unique_lock<std::mutex> lk(mu_);
@@ -192,7 +205,7 @@ void elastic_ring::run(const reduce_key& key, const main_call& main, const std::
     if (result == outcome::failed) {
       const uint64_t epoch = view_.epoch;
       const bool answered = cv_.wait_for(
-          lk, opts_.timeout, [&] { return cancelled_ || evicted_ || fenced_ || view_.epoch != epoch; });
+          lk, timeout_, [&] { return cancelled_ || evicted_ || fenced_ || view_.epoch != epoch; });
       if (!answered) {
         finish();
         throw lw_error(code,
@@ -210,7 +223,7 @@ void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weigh
   std::copy(data, data + n, input_.begin());
   run(
       reduce_key{round, fragment},
-      [&](ring_allreduce& ring, uint32_t f) { ring.allreduce(round, data, n, weight, f, dtype); },
+      [&](collective& ring, uint32_t f) { ring.allreduce(round, data, n, weight, f, dtype); },
       [&] { std::copy(input_.begin(), input_.begin() + static_cast<std::ptrdiff_t>(n), data); });
 }
 
@@ -221,7 +234,7 @@ gathered elastic_ring::allgather(uint64_t round, const std::byte* message, size_
   gathered result;
   run(
       reduce_key{round, fragment},
-      [&](ring_allreduce& ring, uint32_t f) { result = ring.allgather(round, message, bytes, weight, f); },
+      [&](collective& ring, uint32_t f) { result = ring.allgather(round, message, bytes, weight, f); },
       [] {});
   return result;
 }

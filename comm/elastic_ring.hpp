@@ -1,10 +1,13 @@
 #pragma once
-// The ring all-reduce (and all-gather) of a cluster whose membership changes by epochs. Each epoch has its
-// own ring_allreduce among that epoch's members; a fence from the coordinator abandons the call in flight,
-// and the next membership either keeps its result (every member holds it) or redoes it among the new members
-// from the kept input. Results are applied only after a one-value confirmation all-reduce, so no member
-// applies an average that another member may have to redo.
+// The all-reduce (and all-gather) of a cluster whose membership changes by epochs. Each epoch has its own
+// collective among that epoch's members: a ring_allreduce (comm.backend = "ring"), or whatever a factory
+// makes (NCCL: a communicator per epoch, comm/deferred_collective.hpp); a fence from the coordinator
+// abandons the call in flight (cancel: NCCL aborts its communicator), and the next membership either keeps
+// its result (every member holds it) or redoes it among the new members from the kept input. Results are
+// applied only after a one-value confirmation all-reduce, so no member applies an average that another member
+// may have to redo.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,13 +40,21 @@ struct ring_failure {
   std::string reason;
 };
 
-/// The collective of a cluster node on the "ring" backend. allreduce and allgather run on the
-/// communicator's thread; the membership calls (fence, enter, evict, fence_report, take_failure) come from
-/// the node's main thread.
+/// The collective of a cluster node. allreduce and allgather run on the communicator's thread; the
+/// membership calls (fence, enter, evict, fence_report, take_failure) come from the node's main thread.
 class elastic_ring final : public collective {
  public:
-  /// committed: the last all-reduce the node's starting state includes (a joiner's; else none).
+  /// One epoch's collective among view's members, made on the main thread (in the constructor and enter()):
+  /// it must not block there. A failure to make it is thrown as an lw_error, which evicts the node.
+  using epoch_factory = std::function<std::shared_ptr<collective>(const epoch_view& view)>;
+
+  /// The ring backend: a ring_allreduce per epoch. committed: the last all-reduce the node's starting state
+  /// includes (a joiner's; else none).
   elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject = {},
+               reduce_key committed = {});
+  /// Another backend: `make` builds each epoch's collective; timeout: how long a failure waits for the
+  /// coordinator's fence before the call fails.
+  elastic_ring(epoch_view first, epoch_factory make, std::chrono::milliseconds timeout,
                reduce_key committed = {});
   ~elastic_ring() override;
 
@@ -94,30 +105,32 @@ class elastic_ring final : public collective {
   size_t chunk_elements() const override;
   int rank() const override;
   int world_size() const override;
-  const char* backend_name() const override { return "ring"; }
+  const char* backend_name() const override { return backend_; }
 
  private:
   enum class outcome { done, parked, failed };
-  /// The main collective of a call on one epoch's ring, with the ring fragment to use.
-  using main_call = std::function<void(ring_allreduce& ring, uint32_t fragment)>;
+  /// The main collective of a call on one epoch's collective, with the fragment to use.
+  using main_call = std::function<void(collective& ring, uint32_t fragment)>;
   // One call through fences and membership changes: main then its confirmation, redone (after restore()
   // puts the kept input back) until it is done, kept, or fails.
   void run(const reduce_key& key, const main_call& main, const std::function<void()>& restore);
   outcome attempt(const reduce_key& key, const main_call& main, std::string& error, errc& code);
   /// The call's confirmation on `ring`: every rank's note, in rank order.
-  std::vector<rank_note> confirm(ring_allreduce& ring, const reduce_key& key);
+  std::vector<rank_note> confirm(collective& ring, const reduce_key& key);
+  void start(reduce_key committed);
   void retire_ring();  // under mu_
   void build_ring();   // under mu_
 
-  ring_options opts_;
-  ring_allreduce::reject_callback on_reject_;
+  epoch_factory make_;
+  std::chrono::milliseconds timeout_;
+  const char* backend_ = "ring";
   size_t chunk_elements_ = 1;
   std::vector<float> input_;  // the running call's input (allreduce's thread only)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   epoch_view view_;
-  std::shared_ptr<ring_allreduce> ring_;  // the current epoch's ring; shared with a call in flight
+  std::shared_ptr<collective> ring_;  // the current epoch's collective; shared with a call in flight
   bool fenced_ = false, reported_ = false, in_call_ = false, cancelled_ = false;
   uint64_t fence_epoch_ = 0;
   std::optional<std::string> evicted_;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "models/data/window_sampler.hpp"
 #include "models/lr_schedule.hpp"
@@ -173,20 +174,42 @@ gpu_memory inner_trainer::gpu_memory_now() const {
   return device_.is_cuda() ? memory_of_gpu(device_.index()) : gpu_memory{};
 }
 
-at::Tensor inner_trainer::grad() const {
-  return device_.is_cuda() ? grad_fp32_.to(at::kCPU) : grad_fp32_;
+at::Tensor inner_trainer::grad() {
+  if (!stage_) return grad_fp32_;  // the CPU: the live buffer
+  // ddp on a GPU: every step's gradient goes out through the stage (pinned, on the side stream).
+  auto staged = stage_->stage(grad_fp32_);
+  staged.done->synchronize();
+  return std::move(staged.host);
 }
 
 at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta) {
-  if (!stage_) return theta - master_;  // the CPU, op for op as always
+  return pseudo_gradient(theta, flat_ranges{{0, master_.numel()}});
+}
+
+at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ranges& ranges) {
+  const bool whole = ranges.size() == 1 && ranges[0].first == 0 && ranges[0].second == master_.numel();
+  if (!stage_) {  // the CPU, op for op as always
+    if (whole) return theta - master_;
+    std::vector<at::Tensor> slices;
+    for (const auto& [off, len] : ranges)
+      slices.push_back(theta.narrow(0, off, len) - master_.narrow(0, off, len));
+    return at::cat(slices);
+  }
   no_grad_guard no_grad;
   stage_->fence();  // the last copy has read delta_dev_
   if (!delta_dev_.defined()) delta_dev_ = at::empty_like(master_);
   // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: the stage's copy, which
-  // the host waits for, comes after it on the device.
-  delta_dev_.copy_(theta, /*non_blocking=*/device_.is_cuda() && theta.is_pinned());
-  delta_dev_.sub_(master_);  // one fp32 rounding, as theta - master on the host
-  auto staged = stage_->stage(delta_dev_);
+  // the host waits for, comes after it on the device. Each range's theta - master is one fp32 rounding, as
+  // on the host.
+  const bool pinned = device_.is_cuda() && theta.is_pinned();
+  int64_t packed = 0;
+  for (const auto& [off, len] : ranges) {
+    auto d = delta_dev_.narrow(0, packed, len);
+    d.copy_(theta.narrow(0, off, len), /*non_blocking=*/pinned);
+    d.sub_(master_.narrow(0, off, len));
+    packed += len;
+  }
+  auto staged = stage_->stage(delta_dev_.narrow(0, 0, packed));
   staged.done->synchronize();
   return std::move(staged.host);
 }

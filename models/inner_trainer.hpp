@@ -85,12 +85,16 @@ class inner_trainer {
   gpu_memory gpu_memory_now() const;
   /// DDP: forward and backward on the next batch; the fp32 gradient is then in grad().
   float compute_grad();
-  /// The fp32 gradient on the host (on the CPU the live buffer: read-only until the next apply_grad).
-  at::Tensor grad() const;
+  /// The fp32 gradient on the host (on the CPU the live buffer: read-only until the next apply_grad;
+  /// staged: a host buffer of the stage, as pseudo_gradient's).
+  at::Tensor grad();
   /// theta - master, fp32 on the host: the round's pseudo-gradient. Staged (CUDA, or stage_delta): computed
   /// on the device and copied on a side stream into a reusable host buffer (pinned on CUDA), which stays
   /// this caller's until it drops the tensor; the host waits for that copy only.
   at::Tensor pseudo_gradient(const at::Tensor& theta);
+  /// The pseudo-gradient on `ranges` only, their values concatenated in range order (a streaming
+  /// fragment's): only they are computed and, staged, copied.
+  at::Tensor pseudo_gradient(const at::Tensor& theta, const flat_ranges& ranges);
   /// Host buffers the pseudo-gradient's stage holds (0: not staged).
   size_t staged_buffers() const { return stage_ ? stage_->buffers() : 0; }
   /// DDP: clip and apply an (averaged) fp32 gradient.

@@ -87,7 +87,8 @@ void measure_round(self_ptr self, int64_t h, clock::time_point began) {
 }  // namespace
 
 void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> thetas,
-                                     std::vector<int64_t> steps, bool reset, then<results> k) {
+                                     std::vector<int64_t> steps, bool reset, int64_t fragment,
+                                     then<results> k) {
   auto self = self_;
   const auto timeout = self->state.round_timeout;
   const bool adaptive = self->state.ctx->cfg.diloco.adaptive_steps;
@@ -109,7 +110,7 @@ void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> the
   gather_each<round_result>(self, std::move(k), [=](size_t i) {
     return self->request(self->state.workers[i], timeout, run_atom_v, round,
                          thetas.size() == 1 ? thetas[0] : thetas[i], steps.size() == 1 ? steps[0] : steps[i],
-                         reset);
+                         reset, fragment);
   });
 }
 

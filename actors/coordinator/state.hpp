@@ -45,8 +45,9 @@ class coordinator_engine final : public round_engine {
   void round_done(at::Tensor theta) override;
   void run_trained(at::Tensor theta) override;
 
+  using round_engine::run_workers;
   void run_workers(uint64_t round, std::vector<at::Tensor> thetas, std::vector<int64_t> steps, bool reset,
-                   then<results> k) override;
+                   int64_t fragment, then<results> k) override;
   void mix(at::Tensor theta, uint32_t fragment, double alpha, then<bool> k) override;
   void gradients(then<results> k) override;
   void apply_gradient(at::Tensor avg, then<std::vector<double>> k) override;

@@ -48,10 +48,15 @@ class round_engine {
   // ---- workers -------------------------------------------------------------------------------------------
   /// Worker i runs steps[i] inner steps of `round` (one count: the same for all), its pseudo-gradient
   /// measured from thetas[i] (one tensor: the same for all; undefined: none needed). reset: the replica
-  /// first loads thetas[i]; false: it goes on from its own weights (single mode, streaming). Answers in rank
-  /// order.
+  /// first loads thetas[i]; false: it goes on from its own weights (single mode, streaming). fragment >= 0:
+  /// each pseudo-gradient is that streaming fragment's only, its ranges packed in order (a GPU copies no
+  /// more). Answers in rank order.
   virtual void run_workers(uint64_t round, std::vector<at::Tensor> thetas, std::vector<int64_t> steps,
-                           bool reset, then<results> k) = 0;
+                           bool reset, int64_t fragment, then<results> k) = 0;
+  void run_workers(uint64_t round, std::vector<at::Tensor> thetas, std::vector<int64_t> steps, bool reset,
+                   then<results> k) {
+    run_workers(round, std::move(thetas), std::move(steps), reset, -1, std::move(k));
+  }
   /// Mixes the synced fragment of theta into every replica (streaming, weight alpha on the replica).
   virtual void mix(at::Tensor theta, uint32_t fragment, double alpha, then<bool> k) = 0;
   /// ddp: every worker's gradient of one batch; then apply the averaged gradient (seconds each took).

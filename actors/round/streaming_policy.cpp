@@ -15,13 +15,6 @@ namespace longwave::actors {
 
 namespace {
 
-/// Concatenates the slices of x that make up a fragment.
-at::Tensor fragment_of(const at::Tensor& x, const models::flat_ranges& ranges) {
-  std::vector<at::Tensor> slices;
-  for (const auto& [off, len] : ranges) slices.push_back(x.narrow(0, off, len));
-  return at::cat(slices);
-}
-
 class streaming_policy final : public round_policy {
  public:
   explicit streaming_policy(round_engine& engine)
@@ -76,11 +69,13 @@ class streaming_policy final : public round_policy {
     const auto e = next_streaming_event(shape_, pos_);
     const uint64_t round = engine_.rounds_done() + 1;
     auto run = [this, e, round](at::Tensor theta) {
+      // At a snapshot point each worker hands out only the fragment's pseudo-gradient.
       engine_.run_workers(round, {theta}, {e.steps}, /*reset=*/false,
+                          e.snapshot ? static_cast<int64_t>(e.fragment) : -1,
                           [this, e, round](round_engine::results rs) {
                             if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile
                             pos_ = e.next_pos();
-                            if (e.snapshot) reduce_fragment({round, e.j}, e.fragment, rs);
+                            if (e.snapshot) reduce_fragment({round, e.j}, rs);
                             if (!e.sync) return segment();
                             sync(e.j);
                           });
@@ -107,11 +102,10 @@ class streaming_policy final : public round_policy {
     });
   }
 
-  /// Starts the all-reduce of one fragment of the workers' pseudo-gradients under ring label `label`.
-  void reduce_fragment(const ring_label& label, uint32_t fragment, const round_engine::results& results) {
-    const auto& ranges = engine_.context().fragments[fragment];
+  /// Starts the all-reduce of the workers' fragment pseudo-gradients under ring label `label`.
+  void reduce_fragment(const ring_label& label, round_engine::results& results) {
     std::vector<at::Tensor> parts;
-    for (const auto& r : results) parts.push_back(fragment_of(r.delta, ranges));
+    for (auto& r : results) parts.push_back(std::move(r.delta));
     engine_.start_reduce(label, std::move(parts));
   }
 
@@ -123,8 +117,8 @@ class streaming_policy final : public round_policy {
     const uint64_t r = engine_.rounds_done();
     const ring_label label{r, p_ + f};
     engine_.theta([this, i, f, r, label](at::Tensor theta) {
-      engine_.run_workers(r, {theta}, {0}, /*reset=*/false, [this, i, f, r, label](round_engine::results rs) {
-        reduce_fragment(label, f, rs);
+      engine_.run_workers(r, {theta}, {0}, /*reset=*/false, f, [this, i, r, label](round_engine::results rs) {
+        reduce_fragment(label, rs);
         engine_.when_average(
             label,
             [this, i, r, label](at::Tensor avg) {

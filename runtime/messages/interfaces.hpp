@@ -17,8 +17,9 @@ using evaluator_actor = caf::typed_actor<caf::replies_to<eval_atom, at::Tensor, 
 
 /// One model replica with its AdamW state and data stream.
 using worker_actor = evaluator_actor::extend<
-    /// Runs h inner steps of round, the pseudo-gradient measured from theta; reset: load theta first.
-    caf::replies_to<run_atom, uint64_t, at::Tensor, int64_t, bool>::with<round_result>,
+    /// Runs h inner steps of round, the pseudo-gradient measured from theta; reset: load theta first;
+    /// fragment f >= 0: the pseudo-gradient of streaming fragment f only, packed (-1: the whole).
+    caf::replies_to<run_atom, uint64_t, at::Tensor, int64_t, bool, int64_t>::with<round_result>,
     /// One inner step (sent to itself, so that control messages interleave between steps).
     caf::reacts_to<step_atom>,
     /// ddp: the gradient of one batch, then the averaged gradient applied (seconds it took).

@@ -3,14 +3,20 @@
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <future>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/codec.hpp"
+#include "comm/deferred_collective.hpp"
+#include "comm/elastic_ring.hpp"
 #include "comm/nccl/nccl_allreduce.hpp"
 #include "comm/nccl/nccl_collective.hpp"
 #include "runtime/errors/errors.hpp"
@@ -112,4 +118,46 @@ CATCH_TEST_CASE("two NCCL ranks on two GPUs get the worker-weighted mean", "[gpu
   CATCH_CHECK(errors[1].empty());
   CATCH_CHECK(data[0] == std::vector<float>(1000, 3.0f));
   CATCH_CHECK(data[0] == data[1]);
+}
+
+CATCH_TEST_CASE(
+    "an NCCL node goes through epochs: a fence aborts its communicator, the next epoch makes a "
+    "new one from a new id (one rank)",
+    "[gpu][comm]") {
+  using namespace longwave::comm;
+  // One GPU holds one rank of a communicator: two ranks on it are refused by NCCL, so this is what runs here.
+  auto keys = std::make_shared<epoch_keys>();
+  int made = 0;
+  auto factory = [&](const epoch_view& v) -> std::shared_ptr<collective> {
+    ++made;
+    keys->put(v.epoch, nccl_allreduce::unique_id());  // rank 0's id: one rank has nobody to hand it to
+    return std::make_shared<deferred_collective>(
+        0, 1, v.epoch, "nccl", SIZE_MAX, keys,
+        [](const std::string& id) {
+          return std::make_shared<nccl_collective>(0, 1, id, nccl_collective_options{});
+        },
+        std::chrono::seconds(60));
+  };
+  elastic_ring node(epoch_view{1, 0, {"n0"}, {"-"}, {}}, factory, std::chrono::seconds(20));
+  CATCH_CHECK(std::string(node.backend_name()) == "nccl");
+  const std::vector<float> x{1.5f, -2.0f, 3.25f};
+  auto y = x;
+  node.allreduce(1, y.data(), y.size());
+  CATCH_CHECK(y == x);
+  node.fence(2);  // epoch 1's communicator is cancelled: NCCL aborts it
+  auto call = std::async(std::launch::async, [&] { node.allreduce(2, y.data(), y.size()); });  // parks
+  std::optional<fence_state> report;
+  for (int i = 0; i < 1000 && !report; ++i) {
+    report = node.fence_report();
+    if (!report) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CATCH_REQUIRE(report.has_value());
+  CATCH_CHECK(report->committed == reduce_key{1, 0});
+  node.enter(epoch_view{2, 0, {"n0"}, {"-"}, {}}, reduce_key{1, 0});
+  CATCH_REQUIRE(call.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  call.get();
+  CATCH_CHECK(y == x);
+  CATCH_CHECK(node.committed() == reduce_key{2, 0});
+  CATCH_CHECK(node.epoch() == 2);
+  CATCH_CHECK(made == 2);
 }

@@ -124,7 +124,8 @@ caf::behavior fake_worker(fake_ptr self, std::shared_ptr<world> w, int64_t rank)
         w->seen.push_back(me + " theta");
         return true;
       },
-      [=](run_atom, uint64_t round, const at::Tensor&, int64_t h, bool) -> caf::result<round_result> {
+      [=](run_atom, uint64_t round, const at::Tensor&, int64_t h, bool,
+          int64_t) -> caf::result<round_result> {
         w->seen.push_back(me + " run " + std::to_string(round));
         self->state.running = true;
         return reply<round_result>(self, w, "run", round, [=]() -> caf::expected<round_result> {

@@ -2,18 +2,23 @@
 // playing the coordinator: a fence parks a call that a dead member stalls, the next epoch redoes it among
 // the survivors from the kept input, a call that held no result is never kept, a removed member's call
 // fails with the coordinator's words, a ring failure without a fence is reported with its suspect, and every
-// member learns every other's note from the calls' confirmations.
+// member learns every other's note from the calls' confirmations. The same machinery with a collective made
+// per epoch at its first call from a key rank 0 makes (NCCL's way), a ring standing in for NCCL.
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/deferred_collective.hpp"
 #include "comm/elastic_ring.hpp"
 #include "runtime/errors/errors.hpp"
 #include "tests/support/ring_members.hpp"
@@ -198,4 +203,132 @@ CATCH_TEST_CASE(
   alone.allreduce(1, x.data(), n);
   CATCH_REQUIRE(alone.notes().size() == 1);
   CATCH_CHECK(alone.notes()[0].step_seconds == 0.5f);
+}
+
+namespace {
+
+/// NCCL's way through epochs, with a ring in NCCL's place: each epoch's collective is made at its first
+/// call from a key that the epoch's rank 0 makes on entering it; the test plays the master that hands the
+/// key on to the other members.
+struct keyed_epochs {
+  test::ring_members m;
+  std::vector<std::shared_ptr<epoch_keys>> mailboxes;  // one per member
+  std::mutex mu;
+  std::map<uint64_t, std::string> sent;  // each epoch's key, as rank 0 sent it
+
+  explicit keyed_epochs(size_t n) : m(make_members(n)) {
+    for (size_t i = 0; i < n; ++i) mailboxes.push_back(std::make_shared<epoch_keys>());
+  }
+
+  /// Member i's factory.
+  elastic_ring::epoch_factory factory(size_t i) {
+    return [this, i](const epoch_view& v) -> std::shared_ptr<collective> {
+      const std::string key = "communicator of epoch " + std::to_string(v.epoch);
+      if (v.rank == 0) {
+        mailboxes[i]->put(v.epoch, key);
+        const std::lock_guard<std::mutex> lock(mu);
+        sent[v.epoch] = key;
+      }
+      auto make = [v, key](const std::string& got) -> std::shared_ptr<collective> {
+        if (got != key) throw lw_error(errc::peer_lost, "a key of another epoch: " + got);
+        auto o = options();
+        o.epoch = v.epoch;
+        o.names = v.names;
+        return std::make_shared<ring_allreduce>(static_cast<int>(v.rank), v.endpoints, o);
+      };
+      return std::make_shared<deferred_collective>(static_cast<int>(v.rank), static_cast<int>(v.names.size()),
+                                                   v.epoch, "keyed", SIZE_MAX, mailboxes[i], make,
+                                                   std::chrono::seconds(60));
+    };
+  }
+
+  /// The master: rank 0's key of `epoch` to the members `to`.
+  void hand_on(uint64_t epoch, const std::vector<size_t>& to) {
+    const std::lock_guard<std::mutex> lock(mu);
+    for (auto i : to) mailboxes[i]->put(epoch, sent.at(epoch));
+  }
+};
+
+}  // namespace
+
+CATCH_TEST_CASE(
+    "elastic collective made per epoch at its first call (NCCL's way): a dead member's call is redone in "
+    "the next epoch, whose communicator waits for rank 0's key",
+    "[elastic]") {
+  const size_t n = 5000;
+  keyed_epochs k(3);
+  std::vector<std::unique_ptr<elastic_ring>> rings;
+  for (uint32_t r = 0; r < 3; ++r)
+    rings.push_back(std::make_unique<elastic_ring>(view_of(k.m, {0, 1, 2}, 1, r), k.factory(r),
+                                                   std::chrono::seconds(20)));
+  CATCH_CHECK(std::string(rings[1]->backend_name()) == "keyed");
+  k.hand_on(1, {1, 2});
+  std::vector<std::vector<float>> data;
+  for (size_t r = 0; r < 3; ++r) data.push_back(input_of(r, n));
+  {
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < 3; ++r)
+      threads.emplace_back([&, r] { rings[r]->allreduce(1, data[r].data(), n); });
+    for (auto& t : threads) t.join();
+  }
+  CATCH_CHECK(data[0] == data[2]);
+  for (auto& r : rings) CATCH_CHECK(r->committed() == reduce_key{1, 0});
+
+  // Round 2 without n2 (dead): the fence abandons the calls, epoch 2's communicator is made among n0 and n1.
+  data = {input_of(0, n), input_of(1, n)};
+  std::vector<std::future<void>> calls;
+  for (size_t r = 0; r < 2; ++r)
+    calls.push_back(std::async(std::launch::async, [&, r] { rings[r]->allreduce(2, data[r].data(), n); }));
+  rings[2].reset();
+  for (size_t r = 0; r < 2; ++r) rings[r]->fence(2);
+  for (size_t r = 0; r < 2; ++r) CATCH_REQUIRE(poll([&] { return rings[r]->fence_report(); }).has_value());
+  for (uint32_t r = 0; r < 2; ++r) rings[r]->enter(view_of(k.m, {0, 1}, 2, r), reduce_key{1, 0});
+  {
+    const std::lock_guard<std::mutex> lock(k.mu);
+    CATCH_CHECK(k.sent.count(2) == 1);  // n0, epoch 2's rank 0, made its key on entering
+  }
+  // n1's redo waits for the key (n0's waits for n1 in the ring): neither call can end before it comes.
+  CATCH_CHECK(calls[0].wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  CATCH_CHECK(calls[1].wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  k.hand_on(2, {1});
+  for (auto& c : calls) CATCH_REQUIRE(c.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  for (auto& c : calls) c.get();
+  for (size_t i = 0; i < n; i += 499)
+    CATCH_CHECK(std::fabs(data[0][i] - (input_of(0, n)[i] + input_of(1, n)[i]) / 2) < 1e-6);
+  CATCH_CHECK(data[0] == data[1]);
+  for (size_t r = 0; r < 2; ++r) {
+    CATCH_CHECK(rings[r]->committed() == reduce_key{2, 0});
+    CATCH_CHECK(rings[r]->last_members() == std::vector<std::string>{"n0", "n1"});
+  }
+}
+
+CATCH_TEST_CASE(
+    "a collective made at its first call: a cancel ends the wait for its key, and a key that "
+    "never comes fails the call naming the epoch",
+    "[elastic]") {
+  auto keys = std::make_shared<epoch_keys>();
+  int made = 0;
+  auto make = [&made](const std::string&) -> std::shared_ptr<collective> {
+    ++made;
+    return nullptr;
+  };
+  std::vector<float> x(16, 1.0f);
+  deferred_collective waiting(1, 2, 7, "keyed", SIZE_MAX, keys, make, std::chrono::seconds(600));
+  auto call = std::async(std::launch::async, [&] { waiting.allreduce(1, x.data(), x.size()); });
+  waiting.cancel();
+  CATCH_CHECK_THROWS_MATCHES(
+      call.get(), lw_error,
+      Catch::Matchers::Predicate<lw_error>([](const lw_error& e) { return e.code() == errc::cancelled; }));
+  deferred_collective never(1, 2, 8, "keyed", SIZE_MAX, keys, make, std::chrono::milliseconds(100));
+  keys->put(7, "an older epoch's key");
+  try {
+    never.allreduce(1, x.data(), x.size());
+    CATCH_FAIL("the call went on without its key");
+  } catch (const lw_error& e) {
+    CATCH_CHECK(e.code() == errc::peer_lost);
+    CATCH_CHECK_THAT(e.what(), Catch::Matchers::Contains("epoch 8"));
+  }
+  CATCH_CHECK(made == 0);
+  CATCH_CHECK_FALSE(never.made());
+  CATCH_CHECK(never.bytes_sent() == 0);
 }

@@ -117,6 +117,46 @@ CATCH_TEST_CASE("a staged pseudo-gradient is theta - master bit for bit, in host
   CATCH_CHECK(plain->staged_buffers() == (device == "cpu" ? 0U : 1U));  // a GPU always stages
 }
 
+CATCH_TEST_CASE("a fragment's pseudo-gradient is its ranges of theta - master, packed, staged or not",
+                "[models][trainer][stage]") {
+  const auto device = device_under_test();
+  CATCH_INFO("device " << device);
+  const auto theta = models::gpt::init_flat(spec, 7);
+  const auto fragments = models::fragment_ranges(spec, 2, /*strided=*/false);
+  for (const bool staged : {false, true}) {
+    auto t = trainer(1, device, staged);
+    t->step();
+    const auto whole = theta - t->master().cpu();
+    for (const auto& ranges : fragments) {
+      std::vector<at::Tensor> slices;
+      for (const auto& [off, len] : ranges) slices.push_back(whole.narrow(0, off, len));
+      const auto d = t->pseudo_gradient(theta, ranges);
+      CATCH_CHECK(d.numel() == models::range_size(ranges));
+      CATCH_CHECK(same_bits(d, at::cat(slices)));
+    }
+    CATCH_CHECK(same_bits(t->pseudo_gradient(theta), whole));
+  }
+}
+
+CATCH_TEST_CASE("a state taken while a step is queued holds that step and continues bit for bit",
+                "[models][trainer]") {
+  // On a GPU the queued step is still running when the state is read: the copies wait for it on the
+  // compute stream (issue 38: a snapshot is fenced against the GPU work in flight).
+  const auto device = device_under_test();
+  CATCH_INFO("device " << device);
+  auto a = trainer(1, device);
+  a->step();
+  (void)a->step_async();
+  const auto s = a->state();
+  CATCH_CHECK(s.adam_steps == 2);
+  CATCH_CHECK(a->take_pending_loss().has_value());
+  CATCH_CHECK(same_bits(s.master, a->master().cpu()));
+  auto b = trainer(1, device);
+  b->load_state(s);
+  for (int i = 0; i < 3; ++i) CATCH_CHECK(a->step() == b->step());
+  CATCH_CHECK(same_bits(a->master().cpu(), b->master().cpu()));
+}
+
 CATCH_TEST_CASE("the trainer hands out fp32 host tensors: theta - master, the gradient and its state",
                 "[models][trainer]") {
   auto t = trainer();

@@ -84,8 +84,9 @@ struct fake_engine final : round_engine {
   }
 
   /// "run R xH", or with counts per worker "run R x[H,0,...]"; a worker that runs 0 steps returns 0.
+  using round_engine::run_workers;
   void run_workers(uint64_t round, std::vector<at::Tensor> thetas, std::vector<int64_t> steps, bool reset,
-                   then<results> k) override {
+                   int64_t fragment, then<results> k) override {
     std::string counts = std::to_string(steps[0]);
     if (steps.size() > 1) {
       counts = "[";
@@ -93,11 +94,17 @@ struct fake_engine final : round_engine {
       counts += "]";
     }
     note("run " + std::to_string(round) + " x" + counts + (reset ? " reset" : "") +
-         (thetas.size() == 1 && !thetas[0].defined() ? " no-theta" : ""));
+         (thetas.size() == 1 && !thetas[0].defined() ? " no-theta" : "") +
+         (fragment >= 0 ? " fragment " + std::to_string(fragment) : ""));
     results rs;
     for (int64_t m = 0; m < ctx.n_workers(); ++m) {
       const bool idle = steps.size() > 1 && steps[static_cast<size_t>(m)] == 0;
-      rs.push_back({m, round, at::full({4}, idle ? 0.0f : 0.1f * static_cast<float>(m + 1)), 3.0, 0.01});
+      auto delta = at::full({4}, idle ? 0.0f : 0.1f * static_cast<float>(m + 1));
+      if (fragment >= 0) {  // a fragment's values only, as a worker packs them
+        const auto& [off, len] = ctx.fragments[static_cast<size_t>(fragment)][0];
+        delta = delta.narrow(0, off, len).clone();
+      }
+      rs.push_back({m, round, delta, 3.0, 0.01});
     }
     run_thetas = thetas;
     if (hold_runs) {
@@ -435,14 +442,14 @@ CATCH_TEST_CASE("streaming runs segments between fragment events and syncs the f
   run_all(e, *p);
   const std::vector<std::string> expected{"-- round 1",
                                           "theta",
-                                          "run 1 x1",
+                                          "run 1 x1 fragment 1",
                                           "start_reduce (1,1)",
                                           "run 1 x1 no-theta",
                                           "when_average (1,1)",
                                           "outer (1,1)",
                                           "mix 1",
                                           "theta",
-                                          "run 1 x1",
+                                          "run 1 x1 fragment 0",
                                           "start_reduce (1,2)",
                                           "run 1 x1 no-theta",
                                           "when_average (1,2)",
@@ -451,7 +458,7 @@ CATCH_TEST_CASE("streaming runs segments between fragment events and syncs the f
                                           "round_done",
                                           "-- finish",
                                           "theta",
-                                          "run 1 x0",
+                                          "run 1 x0 fragment 1",
                                           "start_reduce (1,3)",
                                           "when_average (1,3) final",
                                           "outer (1,3)",
