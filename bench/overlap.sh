@@ -67,6 +67,11 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
   --alpha A           streaming: mixing of local and global fragment                   (default 0.5)
   --csv PATH          CSV output                                                       (default bench/overlap.csv)
   --keep              keep the work directory (configs, logs, metrics.jsonl) and print its path
+  --loopback          no network namespaces (a GPU machine has none): every role on 127.0.0.1, each node's
+                      ring links held to the rate by the transport (LONGWAVE_FAULT_RING_RATE; bench/RESULTS.md:
+                      within 0.5 % of tc tbf's busbw); needs no root
+  --device D          [train] device of every node: cpu, cuda, cuda:N or auto     (default cpu)
+  --threads T         [train] threads of every node                                    (default 1)
   -h, --help          this text
 
 Binary: ${LW_BINARY:-build/release/longwave} (built with `cmake --build --preset release --target longwave` if
@@ -113,6 +118,9 @@ tau=auto
 alpha=0.5
 csv=bench/overlap.csv
 keep=0
+loopback=0
+device=cpu
+threads=1
 die() { echo "overlap: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -166,6 +174,9 @@ while [ $# -gt 0 ]; do
     --alpha) alpha=${2:?}; shift 2 ;;
     --csv) csv=${2:?}; shift 2 ;;
     --keep) keep=1; shift ;;
+    --loopback) loopback=1; shift ;;
+    --device) device=${2:?}; shift 2 ;;
+    --threads) threads=${2:?}; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown option '$1'" ;;
   esac
@@ -212,7 +223,9 @@ done
 
 n=${#node_speeds[@]}
 export LONGWAVE_WAN_PREFIX=lwovl$$
-if ! scripts/wan check; then
+[[ $device =~ ^(cpu|cuda|cuda:[0-9]+|auto)$ ]] || die "--device must be cpu, cuda, cuda:N or auto"
+isint "$threads" || die "--threads must be a positive integer"
+if [ "$loopback" = 0 ] && ! scripts/wan check; then
   echo "overlap: cannot create network namespaces here (needs root, iproute2 and tc); nothing was measured" >&2
   exit 3
 fi
@@ -242,7 +255,7 @@ cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   sleep 0.2
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  scripts/wan down "$LONGWAVE_WAN_PREFIX" >/dev/null 2>&1 || true
+  [ "$loopback" = 1 ] || scripts/wan down "$LONGWAVE_WAN_PREFIX" >/dev/null 2>&1 || true
   if [ "$keep" = 1 ] || [ "$rc" -ne 0 ]; then
     echo "overlap: work directory kept: $work" >&2
   else
@@ -256,7 +269,10 @@ cp "$(dirname "$bin")/longwave-torch" "$work/longwave-torch"  # run and node: lo
 lw="$work/longwave"
 
 # ---- one cluster run -------------------------------------------------------------------------------------
-addr() { echo "10.213.0.$((10 + $1))"; }
+addr() { if [ "$loopback" = 1 ]; then echo 127.0.0.1; else echo "10.213.0.$((10 + $1))"; fi; }
+# Ports: one host each in namespaces; on loopback a block of this script's own (the coordinator, then a node each).
+port_base=$([ "$loopback" = 1 ] && echo $((20000 + $$ % 20000)) || echo 5600)
+node_port() { if [ "$loopback" = 1 ]; then echo $((port_base + 1 + $1)); else echo 5601; fi; }
 
 # write_cluster FILE OUT_DIR POLICY ROUNDS EVAL_EVERY EVAL_BATCHES DTYPE
 write_cluster() {
@@ -281,14 +297,14 @@ write_cluster() {
   [ "$hb" != hb ] || nesterov=false
   [ "$sync_eval" = 0 ] || eval_async=false
   {
-    printf '[cluster]\nid = "overlap-%s"\ncoordinator = "tcp://%s:5600"\njoin_timeout_s = 120\n' \
-      "$policy" "$(addr 0)"
+    printf '[cluster]\nid = "overlap-%s"\ncoordinator = "tcp://%s:%s"\njoin_timeout_s = 120\n' \
+      "$policy" "$(addr 0)" "$port_base"
     printf 'heartbeat_timeout_s = 300\n'
     # Plain TCP, as the figures in bench/RESULTS.md (CURVE's cost: bench_allreduce --curve).
     printf '[security]\nmode = "none"\n'
     for i in $(seq 0 $((n - 1))); do
-      printf '\n[[nodes]]\nname = "n%d"\nendpoint = "tcp://%s:5601"\nworkers = 1\nspeed = %s\n' "$i" "$(addr "$i")" \
-        "${node_speeds[$i]}"
+      printf '\n[[nodes]]\nname = "n%d"\nendpoint = "tcp://%s:%s"\nworkers = 1\nspeed = %s\n' "$i" "$(addr "$i")" \
+        "$(node_port "$i")" "${node_speeds[$i]}"
     done
     cat <<EOF
 
@@ -307,7 +323,8 @@ rounds = $train_rounds
 batch_size = $batch
 lr = $inner_lr
 warmup_steps = $inner
-threads = 1
+threads = $threads
+device = "$device"
 pace_step_s = $pace
 
 [outer]
@@ -342,16 +359,29 @@ EOF
   } >"$f"
 }
 
+# on_host I RATE CMD...: CMD in host I's namespace; on loopback here, the transport holding each ring link to
+# RATE (bytes/s in LONGWAVE_FAULT_RING_RATE), as tbf would.
+on_host() {
+  local i=$1 r=$2
+  shift 2
+  if [ "$loopback" = 0 ]; then
+    scripts/wan exec "$i" "$@"
+  else
+    env LONGWAVE_FAULT_RING_RATE="$(awk -v r="$r" 'BEGIN { n = r + 0; u = substr(r, length(n "") + 1)
+      m = u == "kbit" ? 1e3 : u == "mbit" ? 1e6 : 1e9; printf "%.0f", n * m / 8 }')" "$@"
+  fi
+}
+
 # run_cluster NAME RATE CLUSTER_FILE TIMEOUT_S: brings the hosts up at RATE, starts the coordinator in host 0
 # and node i in host i, waits; returns the first nonzero exit code (124 on timeout).
 run_cluster() {
   local name=$1 r=$2 file=$3 limit=$4 i rc=0 t=0 p
-  scripts/wan up $n "$r" >/dev/null || return 1
   local mine=()
-  scripts/wan exec 0 "$lw" coordinator "$file" >"$work/$name.coordinator.log" 2>&1 &
+  if [ "$loopback" = 0 ]; then scripts/wan up $n "$r" >/dev/null || return 1; fi
+  on_host 0 "$r" "$lw" coordinator "$file" >"$work/$name.coordinator.log" 2>&1 &
   mine+=($!)
   for i in $(seq 0 $((n - 1))); do
-    scripts/wan exec "$i" "$lw" node "$file" --node "n$i" --fresh >"$work/$name.n$i.log" 2>&1 &
+    on_host "$i" "$r" "$lw" node "$file" --node "n$i" --fresh >"$work/$name.n$i.log" 2>&1 &
     mine+=($!)
   done
   pids+=("${mine[@]}")
@@ -379,7 +409,7 @@ run_cluster() {
     t=$((t + 1))
   done
   pids=()  # all reaped: never signal these numbers again
-  scripts/wan down "$LONGWAVE_WAN_PREFIX" >/dev/null 2>&1 || true
+  [ "$loopback" = 1 ] || scripts/wan down "$LONGWAVE_WAN_PREFIX" >/dev/null 2>&1 || true
   if [ "$rc" -ne 0 ]; then
     echo "overlap: $name failed (exit $rc); last lines of its logs:" >&2
     for f in "$work/$name".*.log; do echo "--- $f" >&2; tail -5 "$f" >&2; done
@@ -448,7 +478,7 @@ summarize() {
 }
 field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
-echo "overlap: $n hosts (scripts/wan, prefix $LONGWAVE_WAN_PREFIX), 1 worker each, threads=1, $preset model,"
+echo "overlap: $n $([ "$loopback" = 1 ] && echo "nodes on loopback (the transport's rate limit)" || echo "hosts (scripts/wan, prefix $LONGWAVE_WAN_PREFIX)"), 1 worker each on $device, threads=$threads, $preset model,"
 overrides=""; for k in "${!policy_outer[@]}"; do overrides+=" $k=${policy_outer[$k]}"; done
 echo "         batch $batch x $seq_len, H=$inner, inner lr $inner_lr, $rounds rounds$(for d in "${!dtype_rounds[@]}"; do printf ' (%s: %s)' "$d" "${dtype_rounds[$d]}"; done), dtypes ${dts[*]}$([[ " ${dts[*]} " != *" sparse "* ]] || echo " (sparse density $density, $value_bits bits)"), eval every round ($eval_batches batches, $([ "$sync_eval" = 1 ] && echo "on the training path" || echo "async")),"
 echo "         outer lr $outer_lr momentum $outer_momentum${overrides:+ (lr:momentum per policy:$overrides)}"
