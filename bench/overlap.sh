@@ -25,6 +25,7 @@ usage: bench/overlap.sh [options]          (root; 4 network-namespace hosts from
                                                                                   (default 1:0:5:8:0)
   --async-set K=V     one more [async] key of async's runs (repeatable), e.g. rebase_steps=0 or max_in_flight=0
   --speeds LIST       one node per value, its [[nodes]] speed (with --pace)              (default 4 nodes at 1)
+  --nodes N           N nodes at speed 1 (without --speeds)                             (default 4)
   --pace S            [train] pace_step_s: an inner step of a node of speed v takes S / v s (0: off)
   --policy-rounds P=R rounds of policy P's runs (repeatable), e.g. dylu=15: adaptive steps train fewer tokens
                       a round, so an equal token budget takes more rounds       (default --rounds)
@@ -85,6 +86,7 @@ EOF
 
 policies=sync,delayed,eager,streaming
 speeds=""
+nodes=4
 pace=0
 seed=1234
 declare -A policy_rounds=()
@@ -126,6 +128,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --policies) policies=${2:?}; shift 2 ;;
     --speeds) speeds=${2:?}; shift 2 ;;
+    --nodes) nodes=${2:?}; shift 2 ;;
     --pace) pace=${2:?}; shift 2 ;;
     --seed) seed=${2:?}; shift 2 ;;
     --policy-rounds)
@@ -213,7 +216,8 @@ for p in "${pols[@]}"; do [[ $p =~ ^[a-z_]+(\+dylu)?$ ]] || die "bad policy name
   die "async runs without adaptive steps (diloco.adaptive_steps); drop +dylu from the async policies"
 [[ $pace =~ ^[0-9]*\.?[0-9]+$ ]] || die "--pace must be a number of seconds (0: off)"
 [[ $seed =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer"
-IFS=, read -r -a node_speeds <<<"${speeds:-1,1,1,1}"
+isint "$nodes" && [ "$nodes" -ge 2 ] || die "--nodes must be an integer ≥ 2"
+IFS=, read -r -a node_speeds <<<"${speeds:-$(printf '1%.0s,' $(seq "$nodes") | sed 's/,$//')}"
 for v in "${node_speeds[@]}"; do
   [[ $v =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v x="$v" 'BEGIN { exit !(x > 0 && x <= 1000) }' ||
     die "--speeds: '$v' is not a speed in (0, 1000]"
