@@ -2,9 +2,11 @@
 #include "models/outer_sgd.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "models/torch_compat.hpp"
 #include "runtime/errors/errors.hpp"
@@ -25,10 +27,25 @@ __attribute__((target_clones("fma", "default"))) void fused_axpy(float* y, const
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(x[i], a, y[i]);
 }
 
-/// out[i] = a * x[i] + y[i], rounded once (ATen: at::add_out(out, y, x, a)).
-__attribute__((target_clones("fma", "default"))) void fused_axpy_out(float* out, const float* y,
-                                                                     const float* x, float a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = std::fma(x[i], a, y[i]);
+/// Nesterov's step on n values in one pass (each value read and written once): with update_b,
+/// b = b * mu + d (two roundings, as ATen's b.mul_(mu).add_(d)); then dir = mu * b + d and theta += neg_lr *
+/// dir, each rounded once (ATen's fused kernels). Returns the sum of dir's squares.
+__attribute__((target_clones("fma", "default"))) double nesterov_pass(float* theta, float* b, const float* d,
+                                                                      float mu, float neg_lr, int64_t n,
+                                                                      bool update_b) {
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float bi = b[i];
+    if (update_b) {
+      const float scaled = bi * mu;
+      bi = scaled + d[i];
+      b[i] = bi;
+    }
+    const float dir = std::fma(bi, mu, d[i]);
+    theta[i] = std::fma(dir, neg_lr, theta[i]);
+    sq += static_cast<double>(dir) * dir;
+  }
+  return sq;
 }
 
 /// b[i] = b[i] * mu + d[i]: two roundings, as ATen's b.mul_(mu).add_(d).
@@ -37,6 +54,37 @@ void scale_add(float* b, const float* d, float mu, int64_t n) {
     const float scaled = b[i] * mu;
     b[i] = scaled + d[i];
   }
+}
+
+/// Elementwise work in fixed chunks, spread over ATen's intra-op threads (a GPU node's 182M-parameter step
+/// took 1.7-2.6 s on one thread). Every element is computed alone, so the bits do not depend on the threads;
+/// f(c, begin, end) handles chunk c, and a chunk's partial sums, kept per chunk and added in chunk order, do
+/// not either.
+constexpr int64_t chunk_elements = int64_t{1} << 18;
+int64_t chunks_of(int64_t n) {
+  return (n + chunk_elements - 1) / chunk_elements;
+}
+template <class F>
+void for_chunks(int64_t n, const F& f) {
+  at::parallel_for(0, chunks_of(n), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) f(c, c * chunk_elements, std::min(n, (c + 1) * chunk_elements));
+  });
+}
+/// Sum of per-chunk partial sums, in chunk order.
+double sum_in_order(const std::vector<double>& parts) {
+  double s = 0;
+  for (const double p : parts) s += p;
+  return s;
+}
+
+/// y = a * x + y, each rounded once, on every thread.
+void axpy(float* y, const float* x, float a, int64_t n) {
+  for_chunks(n, [&](int64_t, int64_t b, int64_t e) { fused_axpy(y + b, x + b, a, e - b); });
+}
+
+/// b = b * mu + d, on every thread.
+void scale_add_all(float* b, const float* d, float mu, int64_t n) {
+  for_chunks(n, [&](int64_t, int64_t i, int64_t e) { scale_add(b + i, d + i, mu, e - i); });
 }
 
 /// The step's tensors are contiguous fp32 on the host (a broken invariant aborts).
@@ -60,37 +108,28 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta) {
   check_flat(theta, delta);
   const int64_t n = theta.numel();
   if (mu_ == 0.0) {
-    fused_axpy(data(theta), data(delta), static_cast<float>(-lr_), n);
+    axpy(data(theta), data(delta), static_cast<float>(-lr_), n);
     return std::abs(lr_) * delta.norm().item<double>();
   }
-  if (!b_.defined()) {
-    b_ = delta.clone();  // torch: first step initialises the buffer with the gradient
-  } else {
-    scale_add(data(b_), data(delta), static_cast<float>(mu_), n);
-  }
+  const bool first = !b_.defined();
+  if (first) b_ = delta.clone();  // torch: first step initialises the buffer with the gradient
   if (!nesterov_) {
-    fused_axpy(data(theta), data(b_), static_cast<float>(-lr_), n);
+    if (!first) scale_add_all(data(b_), data(delta), static_cast<float>(mu_), n);
+    axpy(data(theta), data(b_), static_cast<float>(-lr_), n);
     return std::abs(lr_) * b_.norm().item<double>();
   }
-  return std::abs(lr_) * nesterov_apply(theta, delta, 0, 0, n);
+  return std::abs(lr_) * nesterov_apply(theta, delta, 0, 0, n, /*update_b=*/!first);
 }
 
 double outer_sgd::nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off,
-                                 int64_t len) {
-  // A chunk at a time: the scratch is one chunk, not one more copy of the model. Elementwise, so the result
-  // is the same whatever the chunk size.
-  constexpr int64_t chunk = int64_t{1} << 20;
-  if (!dir_.defined() || dir_.dtype() != theta.dtype()) dir_ = at::empty({chunk}, theta.options());
-  double sq = 0;
-  for (int64_t i = 0; i < len; i += chunk) {
-    const int64_t m = std::min(chunk, len - i);
-    auto dir = dir_.narrow(0, 0, m);
-    fused_axpy_out(data(dir), data(delta) + d_off + i, data(b_) + off + i, static_cast<float>(mu_), m);
-    fused_axpy(data(theta) + off + i, data(dir), static_cast<float>(-lr_), m);
-    const double part = dir.norm().item<double>();
-    sq += part * part;
-  }
-  return std::sqrt(sq);
+                                 int64_t len, bool update_b) {
+  std::vector<double> parts(static_cast<size_t>(chunks_of(len)));
+  for_chunks(len, [&](int64_t c, int64_t b, int64_t e) {
+    parts[static_cast<size_t>(c)] =
+        nesterov_pass(data(theta) + off + b, data(b_) + off + b, data(delta) + d_off + b,
+                      static_cast<float>(mu_), static_cast<float>(-lr_), e - b, update_b);
+  });
+  return std::sqrt(sum_in_order(parts));
 }
 
 double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ranges& ranges) {
@@ -105,16 +144,15 @@ double outer_sgd::step(at::Tensor& theta, const at::Tensor& delta, const flat_ra
     at += len;
     double part = 0;
     if (mu_ == 0.0) {
-      fused_axpy(data(theta) + off, data(delta) + at - len, static_cast<float>(-lr_), len);
+      axpy(data(theta) + off, data(delta) + at - len, static_cast<float>(-lr_), len);
       part = lr_ * d.norm().item<double>();
     } else {
-      auto b = b_.narrow(0, off, len);
-      scale_add(data(b_) + off, data(delta) + at - len, static_cast<float>(mu_), len);
       if (nesterov_) {
-        part = lr_ * nesterov_apply(theta, delta, off, at - len, len);
+        part = lr_ * nesterov_apply(theta, delta, off, at - len, len, /*update_b=*/true);
       } else {
-        fused_axpy(data(theta) + off, data(b_) + off, static_cast<float>(-lr_), len);
-        part = lr_ * b.norm().item<double>();
+        scale_add_all(data(b_) + off, data(delta) + at - len, static_cast<float>(mu_), len);
+        axpy(data(theta) + off, data(b_) + off, static_cast<float>(-lr_), len);
+        part = lr_ * b_.narrow(0, off, len).norm().item<double>();
       }
     }
     sq += part * part;
@@ -153,28 +191,32 @@ double delayed_nesterov::step(at::Tensor& theta, const at::Tensor& g, int64_t ar
   float* buf = period_ > 1 ? data(buf_) : nullptr;
   // theta -= lr k / N * g, then (once N arrivals are in) m <- mu * m + buf / a and theta -= lr * mu * m: the
   // fused steps as outer_sgd's (exact wherever they run), the norm of the whole move in double.
-  fused_axpy(th, gd, now, n);
-  double sq = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!fold) {
-      buf[i] = buf[i] + k * gd[i];
-      const double moved = static_cast<double>(now) * gd[i];
+  axpy(th, gd, now, n);
+  std::vector<double> parts(static_cast<size_t>(chunks_of(n)));
+  for_chunks(n, [&](int64_t c, int64_t b, int64_t e) {
+    double sq = 0;
+    for (int64_t i = b; i < e; ++i) {
+      if (!fold) {
+        buf[i] = buf[i] + k * gd[i];
+        const double moved = static_cast<double>(now) * gd[i];
+        sq += moved * moved;
+        continue;
+      }
+      // buf / a, this merge's k g included (N = 1 keeps no buffer: one merge's mean is g)
+      const float mean = buf != nullptr ? (buf[i] + k * gd[i]) / count : gd[i];
+      const float kept = m[i] * mu;
+      m[i] = kept + mean;
+      if (buf != nullptr) buf[i] = 0.0F;
+      const double moved = static_cast<double>(now) * gd[i] + static_cast<double>(with_m) * m[i];
       sq += moved * moved;
-      continue;
     }
-    // buf / a, this merge's k g included (N = 1 keeps no buffer: one merge's mean is g)
-    const float mean = buf != nullptr ? (buf[i] + k * gd[i]) / count : gd[i];
-    const float kept = m[i] * mu;
-    m[i] = kept + mean;
-    if (buf != nullptr) buf[i] = 0.0F;
-    const double moved = static_cast<double>(now) * gd[i] + static_cast<double>(with_m) * m[i];
-    sq += moved * moved;
-  }
+    parts[static_cast<size_t>(c)] = sq;
+  });
   if (fold) {
-    fused_axpy(th, m, with_m, n);
+    axpy(th, m, with_m, n);
     arrivals_ = 0;
   }
-  return std::sqrt(sq);
+  return std::sqrt(sum_in_order(parts));
 }
 
 double cgad_scale(int64_t staleness, double alpha, int64_t cutoff) {

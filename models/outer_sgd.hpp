@@ -21,14 +21,13 @@ class outer_sgd {
   void set_momentum_buffer(at::Tensor b) { b_ = std::move(b); }
 
  private:
-  /// Nesterov: theta[off, off+len) -= lr * (delta[d_off, d_off+len) + mu * b[off, off+len)); returns the
-  /// norm of that direction.
-  double nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off, int64_t len);
+  /// Nesterov on [off, off+len) of theta and b (delta from d_off), in one pass: with update_b first
+  /// b = mu * b + delta, then theta -= lr * (delta + mu * b); returns the norm of that direction.
+  double nesterov_apply(at::Tensor& theta, const at::Tensor& delta, int64_t off, int64_t d_off, int64_t len,
+                        bool update_b);
   double lr_, mu_;
   bool nesterov_;
-  at::Tensor b_;    // undefined until the first step, as in torch
-  at::Tensor dir_;  // Nesterov's direction, one chunk, kept between steps (a fresh tensor per step would
-                    // fault its pages in again)
+  at::Tensor b_;  // undefined until the first step, as in torch
 };
 
 /// Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135), the outer step of asynchronous merges. A merge of k

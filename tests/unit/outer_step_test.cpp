@@ -1,9 +1,12 @@
 // The outer step through the real communicator and outer-optimizer actors, against a hand-computed
 // Nesterov sequence.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "actors/communicator.hpp"
 #include "actors/outer_optimizer.hpp"
@@ -175,6 +178,58 @@ CATCH_TEST_CASE("delayed Nesterov with period 1 is the outer Nesterov step", "[m
   CATCH_CHECK(!dn.period_buffer().defined());  // N = 1 keeps no buffer
   CATCH_CHECK(at::allclose(a, b, 1e-5, 1e-6));
   CATCH_CHECK(at::allclose(dn.momentum_buffer(), sgd.momentum_buffer(), 1e-5, 1e-6));
+}
+
+CATCH_TEST_CASE("the outer steps spread over threads give the same bits and norms on one thread or four",
+                "[models][outer]") {
+  // Several chunks of the steps' work and a ragged last one, on fragments too.
+  const int64_t n = 3 * (int64_t{1} << 18) + 12345;
+  const auto theta0 = at::randn({n});
+  std::vector<at::Tensor> deltas;
+  for (int k = 0; k < 3; ++k) deltas.push_back(at::randn({n}) * 0.01);
+  const models::flat_ranges ranges{{7, 300000}, {400000, n - 400000}};
+  auto run = [&](int threads) {
+    at::set_num_threads(threads);
+    std::vector<at::Tensor> out;
+    std::vector<double> norms;
+    for (const bool nesterov : {true, false}) {
+      models::outer_sgd sgd(0.7, 0.9, nesterov);
+      auto theta = theta0.clone();
+      for (const auto& d : deltas) norms.push_back(sgd.step(theta, d));
+      out.push_back(theta);
+      out.push_back(sgd.momentum_buffer());
+    }
+    models::outer_sgd frag(0.7, 0.9, true);
+    auto theta = theta0.clone();
+    const auto packed = at::cat({deltas[0].narrow(0, 0, 300000), deltas[0].narrow(0, 0, n - 400000)});
+    norms.push_back(frag.step(theta, packed, ranges));
+    out.push_back(theta);
+    models::delayed_nesterov dn(0.7, 0.9, 2);
+    auto a = theta0.clone();
+    for (const auto& d : deltas) norms.push_back(dn.step(a, d, 1));
+    out.push_back(a);
+    out.push_back(dn.momentum_buffer());
+    return std::make_pair(out, norms);
+  };
+  const int before = at::get_num_threads();
+  const auto one = run(1);
+  const auto four = run(4);
+  at::set_num_threads(before);
+  CATCH_REQUIRE(one.first.size() == four.first.size());
+  for (size_t i = 0; i < one.first.size(); ++i) CATCH_CHECK(at::equal(one.first[i], four.first[i]));
+  CATCH_CHECK(one.second == four.second);
+  // And the Nesterov step is ATen's op for op: b = mu b + d, theta -= lr (d + mu b).
+  auto theta = theta0.clone(), b = deltas[0].clone();
+  theta.sub_(deltas[0] + b * 0.9F, 0.7);
+  CATCH_CHECK(at::allclose(
+      theta,
+      [&] {
+        models::outer_sgd sgd(0.7, 0.9, true);
+        auto t = theta0.clone();
+        sgd.step(t, deltas[0]);
+        return t;
+      }(),
+      0, 1e-6));
 }
 
 CATCH_TEST_CASE("CGAD's age scale: 1 when fresh, a cosine gate times exp(-alpha tau), 0 from the cutoff",
