@@ -118,10 +118,15 @@ void finish_round(worker_self self) {
   round_result r;
   r.rank = s.rank;
   r.round = s.round;
-  if (s.theta_ref.defined() && s.fragment >= 0)
-    r.delta = s.trainer->pseudo_gradient(s.theta_ref, s.ctx->fragments.at(static_cast<size_t>(s.fragment)));
-  else if (s.theta_ref.defined())
-    r.delta = s.trainer->pseudo_gradient(s.theta_ref);
+  // On a GPU the first one allocates the pinned host buffer it goes out through: a failure fails the round.
+  if (auto err = guarded(s.rank, [&] {
+        if (s.theta_ref.defined() && s.fragment >= 0)
+          r.delta =
+              s.trainer->pseudo_gradient(s.theta_ref, s.ctx->fragments.at(static_cast<size_t>(s.fragment)));
+        else if (s.theta_ref.defined())
+          r.delta = s.trainer->pseudo_gradient(s.theta_ref);
+      }))
+    return fail_round(self, err);
   r.mean_loss = s.steps_run > 0 ? s.loss_sum / static_cast<double>(s.steps_run) : 0.0;
   s.busy = false;
   s.theta_ref = at::Tensor();
@@ -287,7 +292,9 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
         auto t0 = std::chrono::steady_clock::now();
         if (auto err = guarded(s.rank, [&] { r.mean_loss = s.trainer->compute_grad(); })) return err;
         r.compute_s = seconds_since(t0);
-        r.delta = s.trainer->grad();  // read-only until our next (apply)
+        if (auto err =
+                guarded(s.rank, [&] { r.delta = s.trainer->grad(); }))  // read-only until our next (apply)
+          return err;
         return r;
       },
       [=](apply_atom, at::Tensor avg) -> caf::result<double> {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "runtime/errors/errors.hpp"
@@ -51,6 +52,8 @@ collective& deferred_collective::backend() {
                                "within {} s",
                                epoch_, backend_, key_timeout_.count() / 1000));
   auto made = make_(*key);  // NCCL: blocks until every member has joined
+  if (!made)
+    throw lw_error(errc::peer_lost, fmt::format("epoch {}'s {} communicator was not made", epoch_, backend_));
   const std::lock_guard<std::mutex> lock(mu_);
   inner_ = std::move(made);
   if (cancelled_.load()) inner_->cancel();  // cancelled while it was being made

@@ -50,7 +50,10 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
       timer_[i] = std::make_unique<gpu_timer>(device_.index());
     }
   }
-  if (device_.is_cuda() || opts.stage_delta) stage_ = std::make_unique<host_stage>(device_);
+  if (device_.is_cuda() || opts.stage_delta) {
+    stage_ = std::make_unique<host_stage>(device_);
+    delta_dev_ = at::empty_like(master_);  // at start-up: a device without room for it fails here
+  }
 }
 
 inner_trainer::~inner_trainer() = default;
@@ -197,7 +200,6 @@ at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ra
   }
   no_grad_guard no_grad;
   stage_->fence();  // the last copy has read delta_dev_
-  if (!delta_dev_.defined()) delta_dev_ = at::empty_like(master_);
   // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: the stage's copy, which
   // the host waits for, comes after it on the device. Each range's theta - master is one fp32 rounding, as
   // on the host.
