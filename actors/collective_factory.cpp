@@ -60,16 +60,18 @@ std::string make_nccl_id() {
 
 std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
                                                        const comm::ring_options& ring, int rank, int world,
-                                                       const std::string& unique_id) {
+                                                       const std::string& unique_id,
+                                                       std::function<void()> abandon) {
   check_backend(cfg);
 #ifdef LONGWAVE_WITH_NCCL
   comm::nccl_collective_options o;
   o.dtype = ring.dtype;
   o.timeout = ring.timeout;
   o.stall_after = ring.stall_report_after;
+  o.init_poll = std::move(abandon);
   return std::make_shared<comm::nccl_collective>(rank, world, unique_id, o);
 #else
-  (void)ring, (void)rank, (void)world;
+  (void)ring, (void)rank, (void)world, (void)abandon;
   (void)unique_id;
   return nullptr;  // unreachable: check_backend refused it
 #endif

@@ -1,6 +1,7 @@
 #pragma once
 // Which backends this binary has, and NCCL's collective in a build with LONGWAVE_WITH_NCCL (the ZeroMQ ring
 // of a cluster node is the cluster's elastic ring, cluster/node_link.cpp).
+#include <functional>
 #include <memory>
 
 #include "actors/cluster_link.hpp"
@@ -27,10 +28,12 @@ std::string make_nccl_id();
 
 /// comm.backend = "nccl" for rank `rank` of `world`: NCCL on CUDA device 0 (choose the GPU with
 /// CUDA_VISIBLE_DEVICES), with the ring settings' dtype and timeouts, in the communicator whose unique id is
-/// `unique_id` (make_nccl_id at the epoch's rank 0). Blocks until every rank has joined. Throws config_error
-/// as check_backend does.
+/// `unique_id` (make_nccl_id at the epoch's rank 0). Blocks until every rank has joined; with `abandon`, the
+/// communicator is non-blocking and abandon is polled meanwhile (it throws to give up: a fence). Throws
+/// config_error as check_backend does.
 std::shared_ptr<comm::collective> make_nccl_collective(const config::train_config& cfg,
                                                        const comm::ring_options& ring, int rank, int world,
-                                                       const std::string& unique_id);
+                                                       const std::string& unique_id,
+                                                       std::function<void()> abandon = {});
 
 }  // namespace longwave::actors

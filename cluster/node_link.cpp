@@ -62,8 +62,9 @@ comm::elastic_ring::epoch_factory node_link::nccl_epochs(const config::train_con
       control_.nccl_id(v.epoch, id);
       nccl_ids_->put(v.epoch, std::move(id));
     }
-    auto make = [cfg, ring = place_.ring, rank, world](const std::string& id) {
-      return actors::make_nccl_collective(cfg, ring, rank, world, id);
+    auto make = [cfg, ring = place_.ring, rank, world](const std::string& id,
+                                                       const std::function<void()>& abandon) {
+      return actors::make_nccl_collective(cfg, ring, rank, world, id, abandon);  // a fence abandons the join
     };
     return std::make_shared<comm::deferred_collective>(rank, world, v.epoch, "nccl", SIZE_MAX, nccl_ids_,
                                                        std::move(make), nccl_id_timeout(cfg));

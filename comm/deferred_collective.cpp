@@ -51,7 +51,10 @@ collective& deferred_collective::backend() {
                    fmt::format("epoch {}'s {} communicator: its key from rank 0 did not come "
                                "within {} s",
                                epoch_, backend_, key_timeout_.count() / 1000));
-  auto made = make_(*key);  // NCCL: blocks until every member has joined
+  // NCCL: until every member has joined, polling abandon.
+  auto made = make_(*key, [this] {
+    if (cancelled_.load()) throw lw_error(errc::cancelled, "collective cancelled while its members joined");
+  });
   if (!made)
     throw lw_error(errc::peer_lost, fmt::format("epoch {}'s {} communicator was not made", epoch_, backend_));
   const std::lock_guard<std::mutex> lock(mu_);

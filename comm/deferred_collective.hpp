@@ -34,12 +34,15 @@ class epoch_keys {
   std::map<uint64_t, std::string> keys_;
 };
 
-/// A collective of `world` ranks that makes its backend (make(key)) at the first call, once `epoch`'s key is
-/// in `keys`. cancel() before then ends the wait (errc::cancelled); a key that does not come within
-/// `key_timeout` fails the call with peer_lost naming the epoch. Counters are 0 until the backend exists.
+/// A collective of `world` ranks that makes its backend (make(key, abandon)) at the first call, once
+/// `epoch`'s key is in `keys`. cancel() before then ends the wait (errc::cancelled), and while the backend is
+/// being made, `abandon` throws errc::cancelled once cancel() came (make calls it while it waits for the
+/// other members). A key that does not come within `key_timeout` fails the call with peer_lost naming the
+/// epoch. Counters are 0 until the backend exists.
 class deferred_collective final : public collective {
  public:
-  using make_fn = std::function<std::shared_ptr<collective>(const std::string& key)>;
+  using make_fn = std::function<std::shared_ptr<collective>(const std::string& key,
+                                                            const std::function<void()>& abandon)>;
 
   deferred_collective(int rank, int world, uint64_t epoch, const char* backend, size_t chunk_elements,
                       std::shared_ptr<epoch_keys> keys, make_fn make, std::chrono::milliseconds key_timeout);

@@ -45,7 +45,8 @@ int nccl_allreduce::version() {
   return v;
 }
 
-nccl_allreduce::nccl_allreduce(int rank, int world, const std::string& unique_id_hex, int device) {
+nccl_allreduce::nccl_allreduce(int rank, int world, const std::string& unique_id_hex, int device,
+                               const std::function<void()>& init_poll) {
   ncclUniqueId id;
   if (unique_id_hex.size() != 2 * sizeof(id.internal))
     throw lw_error(errc::invalid_config, "nccl: unique id must be " +
@@ -62,20 +63,68 @@ nccl_allreduce::nccl_allreduce(int rank, int world, const std::string& unique_id
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   stream_ = stream;
   ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  if (!init_poll) {
+    check_nccl(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+    comm_ = comm;
+    return;
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  nonblocking_ = true;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
   comm_ = comm;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    abort();
+    check_nccl(r, "ncclCommInitRankConfig");
+  }
+  try {
+    wait_ready(init_poll, "ncclCommInitRankConfig");
+  } catch (...) {
+    cudaStreamDestroy(stream);  // no destructor runs for a constructor that throws
+    throw;
+  }
 }
 
 nccl_allreduce::~nccl_allreduce() {
-  if (comm_ && !aborted_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));  // an abort freed it already
+  // An abort freed it already. A non-blocking communicator's destroy may itself be in progress; its stream is
+  // idle here (every call waited for it), so an abort frees it at once.
+  if (comm_ && !aborted_) {
+    if (nonblocking_)
+      ncclCommAbort(static_cast<ncclComm_t>(comm_));
+    else
+      ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  }
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void nccl_allreduce::wait_ready(const std::function<void()>& poll, const char* what) {
+  auto comm = static_cast<ncclComm_t>(comm_);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError");
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      abort();
+      check_nccl(state, what);
+    }
+    try {
+      if (poll) poll();
+    } catch (...) {
+      abort();
+      throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void nccl_allreduce::average(float* device_data, size_t n) {
   auto stream = static_cast<cudaStream_t>(stream_);
-  check_nccl(ncclAllReduce(device_data, device_data, n, ncclFloat32, ncclAvg, static_cast<ncclComm_t>(comm_),
-                           stream),
-             "ncclAllReduce");
+  const ncclResult_t r = ncclAllReduce(device_data, device_data, n, ncclFloat32, ncclAvg,
+                                       static_cast<ncclComm_t>(comm_), stream);
+  if (nonblocking_ && r == ncclInProgress)
+    wait_ready({}, "ncclAllReduce");  // enqueued only once NCCL says so
+  else
+    check_nccl(r, "ncclAllReduce");
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
@@ -98,7 +147,13 @@ void nccl_allreduce::sum(void* device_data, size_t n, wire_dtype dtype, const st
   }
   auto comm = static_cast<ncclComm_t>(comm_);
   auto stream = static_cast<cudaStream_t>(stream_);
-  check_nccl(ncclAllReduce(device_data, device_data, n, type, ncclSum, comm, stream), "ncclAllReduce");
+  const ncclResult_t r = ncclAllReduce(device_data, device_data, n, type, ncclSum, comm, stream);
+  // A non-blocking communicator may answer before the kernel is on the stream: a stream query would then
+  // find it idle too soon.
+  if (nonblocking_ && r == ncclInProgress)
+    wait_ready(poll, "ncclAllReduce");
+  else
+    check_nccl(r, "ncclAllReduce");
   // Poll instead of cudaStreamSynchronize, so that a deadline, a cancel or a peer's failure can abort the
   // communicator instead of hanging this thread in NCCL forever.
   for (;;) {

@@ -17,8 +17,12 @@ class nccl_allreduce {
   static std::string unique_id();
   /// NCCL's version number, e.g. 22809 for 2.28.9.
   static int version();
-  /// Joins the communicator on CUDA device `device`. Throws lw_error naming the NCCL/CUDA error.
-  nccl_allreduce(int rank, int world, const std::string& unique_id_hex, int device);
+  /// Joins the communicator on CUDA device `device`. Throws lw_error naming the NCCL/CUDA error. With
+  /// `init_poll` the communicator is non-blocking (ncclConfig_t blocking = 0): while the members join, it is
+  /// called about every millisecond, and an exception from it aborts the communicator and is rethrown (a
+  /// fence need not wait for a member that died); every later call then waits for NCCL's enqueue itself.
+  nccl_allreduce(int rank, int world, const std::string& unique_id_hex, int device,
+                 const std::function<void()>& init_poll = {});
   ~nccl_allreduce();
   nccl_allreduce(const nccl_allreduce&) = delete;
   nccl_allreduce& operator=(const nccl_allreduce&) = delete;
@@ -33,10 +37,14 @@ class nccl_allreduce {
 
  private:
   void abort();
+  /// A non-blocking communicator: waits until its operation in progress (the init, an enqueue) is done,
+  /// calling poll meanwhile.
+  void wait_ready(const std::function<void()>& poll, const char* what);
 
   void* comm_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t
   bool aborted_ = false;
+  bool nonblocking_ = false;
 };
 
 }  // namespace longwave::comm

@@ -49,7 +49,17 @@ nccl_collective::nccl_collective(int rank, int world, const std::string& unique_
   if (world < 1 || rank < 0 || rank >= world)
     throw lw_error(errc::invalid_config,
                    "nccl: rank " + std::to_string(rank) + " outside a world of " + std::to_string(world));
-  nccl_ = std::make_unique<nccl_allreduce>(rank, world, unique_id_hex, opts_.device);
+  std::function<void()> poll;
+  if (opts_.init_poll)
+    poll = [this, started = std::chrono::steady_clock::now()] {
+      opts_.init_poll();
+      if (std::chrono::steady_clock::now() - started > opts_.timeout)
+        throw lw_error(errc::deadline_missed,
+                       "nccl: the communicator's members did not all join within "
+                       "comm.timeout_s (" +
+                           std::to_string(opts_.timeout.count() / 1000.0) + " s)");
+    };
+  nccl_ = std::make_unique<nccl_allreduce>(rank, world, unique_id_hex, opts_.device, poll);
 }
 
 nccl_collective::~nccl_collective() {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,6 +29,10 @@ struct nccl_collective_options {
   std::chrono::milliseconds timeout{30000};
   /// A call that has run this long while the coordinator declares a node lost aborts with peer_lost.
   std::chrono::milliseconds stall_after{10000};
+  /// Set: the communicator is non-blocking, and this is called while its members join (an exception from it
+  /// abandons the join: a fence); joining longer than `timeout` throws deadline_missed. Unset: a blocking
+  /// join (ncclCommInitRank).
+  std::function<void()> init_poll;
 };
 
 /// One rank of an NCCL communicator behind the collective interface. Weighted mean: every rank first sums

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <memory>
@@ -133,8 +134,10 @@ CATCH_TEST_CASE(
     keys->put(v.epoch, nccl_allreduce::unique_id());  // rank 0's id: one rank has nobody to hand it to
     return std::make_shared<deferred_collective>(
         0, 1, v.epoch, "nccl", SIZE_MAX, keys,
-        [](const std::string& id) {
-          return std::make_shared<nccl_collective>(0, 1, id, nccl_collective_options{});
+        [](const std::string& id, const std::function<void()>& abandon) {
+          nccl_collective_options o;
+          o.init_poll = abandon;  // non-blocking, as a later epoch's communicator in a node
+          return std::make_shared<nccl_collective>(0, 1, id, o);
         },
         std::chrono::seconds(60));
   };

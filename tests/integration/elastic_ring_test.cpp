@@ -229,7 +229,8 @@ struct keyed_epochs {
         const std::lock_guard<std::mutex> lock(mu);
         sent[v.epoch] = key;
       }
-      auto make = [v, key](const std::string& got) -> std::shared_ptr<collective> {
+      auto make = [v, key](const std::string& got,
+                           const std::function<void()>&) -> std::shared_ptr<collective> {
         if (got != key) throw lw_error(errc::peer_lost, "a key of another epoch: " + got);
         auto o = options();
         o.epoch = v.epoch;
@@ -308,7 +309,7 @@ CATCH_TEST_CASE(
     "[elastic]") {
   auto keys = std::make_shared<epoch_keys>();
   int made = 0;
-  auto make = [&made](const std::string&) -> std::shared_ptr<collective> {
+  auto make = [&made](const std::string&, const std::function<void()>&) -> std::shared_ptr<collective> {
     ++made;
     return nullptr;
   };
