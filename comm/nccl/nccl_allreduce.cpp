@@ -97,6 +97,16 @@ nccl_allreduce::~nccl_allreduce() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
+void nccl_allreduce::poll_or_abort(const std::function<void()>& poll) {
+  try {
+    if (poll) poll();
+  } catch (...) {
+    abort();
+    throw;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 void nccl_allreduce::wait_ready(const std::function<void()>& poll, const char* what) {
   auto comm = static_cast<ncclComm_t>(comm_);
   for (;;) {
@@ -107,13 +117,7 @@ void nccl_allreduce::wait_ready(const std::function<void()>& poll, const char* w
       abort();
       check_nccl(state, what);
     }
-    try {
-      if (poll) poll();
-    } catch (...) {
-      abort();
-      throw;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    poll_or_abort(poll);
   }
 }
 
@@ -169,13 +173,7 @@ void nccl_allreduce::sum(void* device_data, size_t n, wire_dtype dtype, const st
       abort();
       check_nccl(async, "ncclAllReduce (asynchronous error)");
     }
-    try {
-      if (poll) poll();
-    } catch (...) {
-      abort();
-      throw;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    poll_or_abort(poll);
   }
 }
 

@@ -40,6 +40,8 @@ class nccl_allreduce {
   /// A non-blocking communicator: waits until its operation in progress (the init, an enqueue) is done,
   /// calling poll meanwhile.
   void wait_ready(const std::function<void()>& poll, const char* what);
+  /// Calls poll (an exception aborts the communicator and is rethrown), then sleeps a millisecond.
+  void poll_or_abort(const std::function<void()>& poll);
 
   void* comm_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t
