@@ -43,7 +43,6 @@ deferred_collective::deferred_collective(int rank, int world, uint64_t epoch, co
 
 collective& deferred_collective::backend() {
   if (auto b = made_backend()) return *b;
-  if (cancelled_.load()) throw lw_error(errc::cancelled, "collective cancelled");
   const auto key = keys_->wait(epoch_, key_timeout_, cancelled_);
   if (cancelled_.load()) throw lw_error(errc::cancelled, "collective cancelled");
   if (!key)
@@ -99,33 +98,27 @@ void deferred_collective::peer_declared_lost(const std::string& verdict) {
 }
 
 uint64_t deferred_collective::completed_round() const {
-  const auto b = made_backend();
-  return b ? b->completed_round() : 0;
+  return of(&collective::completed_round);
 }
 
 double deferred_collective::last_total_weight() const {
-  const auto b = made_backend();
-  return b ? b->last_total_weight() : 0;
+  return of(&collective::last_total_weight);
 }
 
 uint64_t deferred_collective::bytes_sent() const {
-  const auto b = made_backend();
-  return b ? b->bytes_sent() : 0;
+  return of(&collective::bytes_sent);
 }
 
 uint64_t deferred_collective::bytes_received() const {
-  const auto b = made_backend();
-  return b ? b->bytes_received() : 0;
+  return of(&collective::bytes_received);
 }
 
 double deferred_collective::encode_seconds() const {
-  const auto b = made_backend();
-  return b ? b->encode_seconds() : 0;
+  return of(&collective::encode_seconds);
 }
 
 double deferred_collective::decode_seconds() const {
-  const auto b = made_backend();
-  return b ? b->decode_seconds() : 0;
+  return of(&collective::decode_seconds);
 }
 
 }  // namespace longwave::comm

@@ -72,6 +72,12 @@ class deferred_collective final : public collective {
   /// The backend, made on the first call.
   collective& backend();
   std::shared_ptr<collective> made_backend() const;
+  /// A counter of the backend; 0 before it exists.
+  template <class T>
+  T of(T (collective::*counter)() const) const {
+    const auto b = made_backend();
+    return b ? ((*b).*counter)() : T{};
+  }
 
   int rank_, world_;
   uint64_t epoch_;

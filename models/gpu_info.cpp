@@ -115,27 +115,6 @@ double gpu_timer::seconds() {
   return static_cast<double>(ms) / 1e3;
 }
 
-gpu_event::gpu_event(int device_index) : device_(device_index) {
-  const c10::cuda::CUDAGuard on(static_cast<c10::DeviceIndex>(device_));  // an event belongs to one device
-  cudaEvent_t e = nullptr;
-  cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-  event_ = e;
-}
-
-gpu_event::~gpu_event() {
-  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
-}
-
-void gpu_event::record() {
-  const auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
-  cudaEventRecord(static_cast<cudaEvent_t>(event_), stream.stream());
-  recorded_ = true;
-}
-
-void gpu_event::wait() {
-  if (recorded_) cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
-}
-
 #else
 
 std::string gpu_summary() {
@@ -158,10 +137,6 @@ void gpu_timer::stop() {}
 double gpu_timer::seconds() {
   return -1;
 }
-gpu_event::gpu_event(int device_index) : device_(device_index) {}
-gpu_event::~gpu_event() = default;
-void gpu_event::record() {}
-void gpu_event::wait() {}
 
 #endif
 

@@ -44,21 +44,4 @@ class gpu_timer {
   void* stop_ = nullptr;
 };
 
-/// A CUDA event on one device's current stream: record() queues it (no synchronisation), wait() blocks the
-/// host until the work queued before it is done. Without CUDA, or before a record(), both do nothing.
-class gpu_event {
- public:
-  explicit gpu_event(int device_index);
-  ~gpu_event();
-  gpu_event(const gpu_event&) = delete;
-  gpu_event& operator=(const gpu_event&) = delete;
-  void record();
-  void wait();
-
- private:
-  int device_;
-  void* event_ = nullptr;  // cudaEvent_t
-  bool recorded_ = false;
-};
-
 }  // namespace longwave::models

@@ -26,10 +26,7 @@ host_stage::buffer& host_stage::free_buffer(int64_t n) {
     if (!unheld || b.host.numel() < n || (b.done && !b.done->query())) continue;
     if (best == nullptr || b.host.numel() < best->host.numel()) best = &b;
   }
-  if (best != nullptr) {
-    best->source = at::Tensor();
-    return *best;
-  }
+  if (best != nullptr) return *best;
   auto opts = at::dtype(at::kFloat).device(at::kCPU).pinned_memory(device_.is_cuda());
   pool_.push_back({at::empty({n}, opts), at::Tensor(), nullptr});
   return pool_.back();

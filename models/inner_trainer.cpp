@@ -40,13 +40,14 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
       opts.bf16 ? at::zeros({model_.n_params()}, at::dtype(at::kFloat).device(device_)) : model_.flat_grads();
   model_.set_autocast(opts.autocast);
   if (device_.is_cuda()) {
+    compute_ = device_stream::compute(device_);
     batch_ = at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).device(device_));
     for (int i = 0; i < 2; ++i) {
       batch_pinned_[i] =
           at::empty({opts.batch_size, spec.seq_len + 1}, at::dtype(at::kLong).pinned_memory(true));
       loss_[i] = at::empty({}, at::dtype(at::kFloat).pinned_memory(true));
-      copied_[i] = std::make_unique<gpu_event>(device_.index());
-      loss_ready_[i] = std::make_unique<gpu_event>(device_.index());
+      copied_[i] = std::make_unique<device_event>(device_);
+      loss_ready_[i] = std::make_unique<device_event>(device_);
       timer_[i] = std::make_unique<gpu_timer>(device_.index());
     }
   }
@@ -94,10 +95,10 @@ void inner_trainer::next_batch() {
   // This slot's staging buffer was last read by the copy two steps back: wait until that copy is done. The
   // device buffer needs no wait: the copy is queued behind the kernels of the step before, which read it.
   auto& staged = batch_pinned_[slot_];
-  copied_[slot_]->wait();
+  copied_[slot_]->synchronize();
   std::copy(batch_buf_.begin(), batch_buf_.end(), staged.data_ptr<int64_t>());
   batch_.copy_(staged, /*non_blocking=*/true);
-  copied_[slot_]->record();
+  copied_[slot_]->record(*compute_);
 }
 
 at::Tensor inner_trainer::forward_backward() {
@@ -153,7 +154,7 @@ std::optional<float> inner_trainer::step_async(int64_t schedule_step) {
   if (timer_[t]) timer_[t]->stop();
   if (device_.is_cuda()) {
     loss_[t].copy_(l.detach(), /*non_blocking=*/true);  // to pinned memory, queued behind the step
-    loss_ready_[t]->record();
+    loss_ready_[t]->record(*compute_);
   } else {
     loss_[t] = l.detach();
   }
@@ -167,7 +168,7 @@ std::optional<float> inner_trainer::take_pending_loss() {
   if (pending_ < 0) return std::nullopt;
   const int t = pending_;
   pending_ = -1;
-  if (loss_ready_[t]) loss_ready_[t]->wait();
+  if (loss_ready_[t]) loss_ready_[t]->synchronize();
   const float loss = loss_[t].item<float>();  // a host tensor: no device synchronisation
   if (timer_[t]) gpu_seconds_ = timer_[t]->seconds();
   return loss;

@@ -132,13 +132,14 @@ class inner_trainer {
   std::vector<int64_t> batch_buf_;
   // Two of each, alternating by step: a step's batch is staged while the step before may still read the
   // other buffer, and its loss and timer are read one step later.
-  int slot_ = 0;                                          // this step's
-  int pending_ = -1;                                      // the slot whose loss is unread (-1: none)
-  std::array<at::Tensor, 2> loss_;                        // the loss (CPU), or its pinned host copy (CUDA)
-  std::array<at::Tensor, 2> batch_pinned_;                // CUDA: staging buffers in pinned host memory
-  std::array<std::unique_ptr<gpu_event>, 2> copied_;      // CUDA: a staging buffer's copy is done
-  std::array<std::unique_ptr<gpu_event>, 2> loss_ready_;  // CUDA: the loss's host copy is done
-  std::array<std::unique_ptr<gpu_timer>, 2> timer_;       // CUDA: the step's device time
+  int slot_ = 0;                                             // this step's
+  int pending_ = -1;                                         // the slot whose loss is unread (-1: none)
+  std::array<at::Tensor, 2> loss_;                           // the loss (CPU), or its pinned host copy (CUDA)
+  std::array<at::Tensor, 2> batch_pinned_;                   // CUDA: staging buffers in pinned host memory
+  std::shared_ptr<device_stream> compute_;                   // CUDA: the stream the steps run on
+  std::array<std::unique_ptr<device_event>, 2> copied_;      // CUDA: a staging buffer's copy is done
+  std::array<std::unique_ptr<device_event>, 2> loss_ready_;  // CUDA: the loss's host copy is done
+  std::array<std::unique_ptr<gpu_timer>, 2> timer_;          // CUDA: the step's device time
   double gpu_seconds_ = -1;
   std::unique_ptr<host_stage> stage_;  // the pseudo-gradient's way out (CUDA, or stage_delta)
   at::Tensor delta_dev_;               // theta - master on the device; read by the stage's last copy

@@ -44,6 +44,15 @@ std::vector<float> input_of(size_t r, size_t n) {
   return x;
 }
 
+/// Every ring's all-reduce of `round` at once, each on its own thread, with equal weights.
+void allreduce_all(std::vector<std::unique_ptr<elastic_ring>>& rings, std::vector<std::vector<float>>& data,
+                   uint64_t round, size_t n) {
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < data.size(); ++r)
+    threads.emplace_back([&, r] { rings[r]->allreduce(round, data[r].data(), n); });
+  for (auto& t : threads) t.join();
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among the survivors after a fence",
@@ -59,10 +68,7 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
   {
     std::vector<std::vector<float>> data;
     for (size_t r = 0; r < 3; ++r) data.push_back(input_of(r, n));
-    std::vector<std::thread> threads;
-    for (size_t r = 0; r < 3; ++r)
-      threads.emplace_back([&, r] { rings[r]->allreduce(1, data[r].data(), n); });
-    for (auto& t : threads) t.join();
+    allreduce_all(rings, data, 1, n);
     for (size_t i = 0; i < n; i += 997)
       CATCH_CHECK(std::fabs(data[0][i] - (input_of(0, n)[i] + input_of(1, n)[i] + input_of(2, n)[i]) / 3) <
                   1e-6);
@@ -111,9 +117,7 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
   }
 
   // And the next round runs in epoch 2 without further ado.
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < 2; ++r) threads.emplace_back([&, r] { rings[r]->allreduce(3, data[r].data(), n); });
-  for (auto& t : threads) t.join();
+  allreduce_all(rings, data, 3, n);
   CATCH_CHECK(rings[0]->completed_round() == 3);
 }
 
@@ -266,12 +270,7 @@ CATCH_TEST_CASE(
   k.hand_on(1, {1, 2});
   std::vector<std::vector<float>> data;
   for (size_t r = 0; r < 3; ++r) data.push_back(input_of(r, n));
-  {
-    std::vector<std::thread> threads;
-    for (size_t r = 0; r < 3; ++r)
-      threads.emplace_back([&, r] { rings[r]->allreduce(1, data[r].data(), n); });
-    for (auto& t : threads) t.join();
-  }
+  allreduce_all(rings, data, 1, n);
   CATCH_CHECK(data[0] == data[2]);
   for (auto& r : rings) CATCH_CHECK(r->committed() == reduce_key{1, 0});
 
