@@ -581,8 +581,8 @@ config_error::config_error(std::string key, const std::string& message)
 
 namespace {
 
-/// diloco.adaptive_steps: the policies whose rounds have one all-reduce at the round's end, on a backend
-/// that gathers the nodes' step times.
+/// diloco.adaptive_steps: the policies whose rounds have one all-reduce at the round's end. The nodes' step
+/// times ride on each call's confirmation, on the ring or on an NCCL epoch alike.
 void check_adaptive(const train_config& cfg) {
   const auto& d = cfg.diloco;
   if (d.min_steps > cfg.train.inner_steps)
@@ -600,10 +600,6 @@ void check_adaptive(const train_config& cfg) {
     throw config_error("diloco.adaptive_steps",
                        "diloco.adaptive_steps = true: diloco.outer = \"streaming\" syncs its fragments at "
                        "fixed inner steps of the round; use \"sync\", \"delayed\" or \"eager\"");
-  if (cfg.comm.backend == comm_backend::nccl)
-    throw config_error("diloco.adaptive_steps",
-                       "diloco.adaptive_steps = true: the nodes' step times travel with the ring's "
-                       "confirmations; use comm.backend = \"ring\"");
 }
 
 /// diloco.outer = "async": one pseudo-gradient per node per contribution, merged by the master over the

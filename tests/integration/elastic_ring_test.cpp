@@ -3,7 +3,8 @@
 // the survivors from the kept input, a call that held no result is never kept, a removed member's call
 // fails with the coordinator's words, a ring failure without a fence is reported with its suspect, and every
 // member learns every other's note from the calls' confirmations. The same machinery with a collective made
-// per epoch at its first call from a key rank 0 makes (NCCL's way), a ring standing in for NCCL.
+// per epoch at its first call from a key rank 0 makes (NCCL's way), a ring standing in for NCCL, notes
+// included.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -276,6 +277,8 @@ CATCH_TEST_CASE(
 
   // Round 2 without n2 (dead): the fence abandons the calls, epoch 2's communicator is made among n0 and n1.
   data = {input_of(0, n), input_of(1, n)};
+  for (uint32_t r = 0; r < 2; ++r)
+    rings[r]->set_note({static_cast<float>(r + 1), 0.5f * static_cast<float>(r + 1)});
   std::vector<std::future<void>> calls;
   for (size_t r = 0; r < 2; ++r)
     calls.push_back(std::async(std::launch::async, [&, r] { rings[r]->allreduce(2, data[r].data(), n); }));
@@ -299,6 +302,13 @@ CATCH_TEST_CASE(
   for (size_t r = 0; r < 2; ++r) {
     CATCH_CHECK(rings[r]->committed() == reduce_key{2, 0});
     CATCH_CHECK(rings[r]->last_members() == std::vector<std::string>{"n0", "n1"});
+    // The notes (adaptive steps) ride on the new epoch's confirmation, as on the ring.
+    const auto notes = rings[r]->notes();
+    CATCH_REQUIRE(notes.size() == 2);
+    for (size_t j = 0; j < 2; ++j) {
+      CATCH_CHECK(notes[j].contributors == Approx(static_cast<double>(j + 1)));
+      CATCH_CHECK(notes[j].step_seconds == Approx(0.5 * static_cast<double>(j + 1)));
+    }
   }
 }
 
