@@ -2,6 +2,7 @@
 #include "comm/nccl/nccl_collective.hpp"
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -93,8 +94,10 @@ void nccl_collective::allreduce(uint64_t round, float* data, size_t n, double we
                                 std::optional<wire_dtype> dtype) {
   std::lock_guard<std::mutex> call(call_mu_);
   if (cancelled_.load()) throw lw_error(errc::cancelled, "nccl: all-reduce cancelled (node stopping)");
-  if (!(weight > 0) || !std::isfinite(weight))
-    throw lw_error(errc::invalid_config, "nccl: weight must be positive and finite");
+  // As on the ring: weight 0 relays (a joiner's observed round, a node without drawn clients).
+  if (!(weight >= 0) || !std::isfinite(weight))
+    throw lw_error(errc::invalid_config,
+                   fmt::format("nccl: rank {}: weight {} must be finite and >= 0", rank_, weight));
   const std::pair<uint64_t, uint32_t> label{round, fragment};
   if (last_ && label <= *last_)
     throw lw_error(errc::stale_round, "nccl: round " + std::to_string(round) + " fragment " +
@@ -114,6 +117,10 @@ void nccl_collective::allreduce(uint64_t round, float* data, size_t n, double we
   check_cuda(cudaMemcpy(dev, &total, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   nccl_->sum(dev, 1, wire_dtype::fp32, poll);
   check_cuda(cudaMemcpy(&total, dev, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  if (!(total > 0))
+    throw lw_error(errc::invalid_config,
+                   fmt::format("nccl: rank {}: every rank of round {} contributed weight 0", rank_, round));
+  total_weight_ = total;
   const float scale = static_cast<float>(weight) / total;
   for (size_t i = 0; i < n; ++i) data[i] *= scale;
 

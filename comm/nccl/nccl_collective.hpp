@@ -57,6 +57,7 @@ class nccl_collective final : public collective {
   void cancel() override;
   void peer_declared_lost(const std::string& verdict) override;
   uint64_t completed_round() const override { return completed_round_.load(); }
+  double last_total_weight() const override { return total_weight_.load(); }
   /// Estimates: NCCL's ring all-reduce moves 2 (world - 1) / world times the buffer each way.
   uint64_t bytes_sent() const override { return bytes_.load(); }
   uint64_t bytes_received() const override { return bytes_.load(); }
@@ -85,6 +86,7 @@ class nccl_collective final : public collective {
   mutable std::mutex verdict_mu_;
   std::string verdict_;  // under verdict_mu_
   std::atomic<uint64_t> completed_round_{0};
+  std::atomic<double> total_weight_{0};  // the weights' sum of the last call
   std::atomic<uint64_t> bytes_{0};
   std::atomic<int64_t> encode_ns_{0}, decode_ns_{0};
 };

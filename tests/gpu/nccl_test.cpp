@@ -62,6 +62,7 @@ CATCH_TEST_CASE("the NCCL collective averages host buffers through the collectiv
   c.allreduce(1, y.data(), y.size(), 3.0, 0, wire_dtype::fp32);
   CATCH_CHECK(y == x);
   CATCH_CHECK(c.completed_round() == 1);
+  CATCH_CHECK(c.last_total_weight() == 3.0);  // what client sampling counts its live workers by
   // bf16 (the configured dtype): rounded once, as the codec rounds.
   y = x;
   c.allreduce(2, y.data(), y.size(), 1.0, 0);
@@ -84,6 +85,9 @@ CATCH_TEST_CASE("the NCCL collective averages host buffers through the collectiv
   CATCH_CHECK(code_of([&] { c.allreduce(3, y.data(), y.size(), 1.0, 0, wire_dtype::int8); }) ==
               errc::invalid_config);
   CATCH_CHECK(code_of([&] { c.allreduce(2, y.data(), y.size()); }) == errc::stale_round);
+  // Weight 0 relays, as on the ring; a round in which every rank relays has no mean.
+  CATCH_CHECK(code_of([&] { c.allreduce(4, y.data(), y.size(), 0.0); }) == errc::invalid_config);
+  CATCH_CHECK(code_of([&] { c.allreduce(5, y.data(), y.size(), -1.0); }) == errc::invalid_config);
   c.cancel();
   CATCH_CHECK(code_of([&] { c.allreduce(9, y.data(), y.size()); }) == errc::cancelled);
 
@@ -92,7 +96,8 @@ CATCH_TEST_CASE("the NCCL collective averages host buffers through the collectiv
               errc::invalid_config);
 }
 
-CATCH_TEST_CASE("two NCCL ranks on two GPUs get the worker-weighted mean", "[gpu][comm]") {
+CATCH_TEST_CASE("two NCCL ranks on two GPUs get the worker-weighted mean, and a rank of weight 0 relays",
+                "[gpu][comm]") {
   int devices = 0;
   CATCH_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
   if (devices < 2) {
@@ -102,6 +107,8 @@ CATCH_TEST_CASE("two NCCL ranks on two GPUs get the worker-weighted mean", "[gpu
   const auto id = nccl_allreduce::unique_id();
   std::vector<std::vector<float>> data{std::vector<float>(1000, 2.0f), std::vector<float>(1000, 5.0f)};
   std::vector<std::string> errors(2);
+  std::vector<std::vector<float>> relayed(2);
+  std::vector<double> totals(2);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.emplace_back([&, r] {
@@ -110,6 +117,10 @@ CATCH_TEST_CASE("two NCCL ranks on two GPUs get the worker-weighted mean", "[gpu
         o.device = r;
         longwave::comm::nccl_collective c(r, 2, id, o);
         c.allreduce(1, data[r].data(), data[r].size(), r == 0 ? 2.0 : 1.0);  // (2 * 2 + 5) / 3 = 3
+        // Rank 1 relays (weight 0: a joiner's observed round): the mean is rank 0's data.
+        relayed[r] = std::vector<float>(1000, r == 0 ? 7.0f : 11.0f);
+        c.allreduce(2, relayed[r].data(), relayed[r].size(), r == 0 ? 2.0 : 0.0);
+        totals[r] = c.last_total_weight();
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -119,6 +130,9 @@ CATCH_TEST_CASE("two NCCL ranks on two GPUs get the worker-weighted mean", "[gpu
   CATCH_CHECK(errors[1].empty());
   CATCH_CHECK(data[0] == std::vector<float>(1000, 3.0f));
   CATCH_CHECK(data[0] == data[1]);
+  CATCH_CHECK(relayed[0] == std::vector<float>(1000, 7.0f));
+  CATCH_CHECK(relayed[1] == relayed[0]);
+  CATCH_CHECK(totals == std::vector<double>{2.0, 2.0});
 }
 
 CATCH_TEST_CASE(
