@@ -14,7 +14,7 @@
 
 namespace longwave::actors {
 
-/// What the outer step works on besides the plain policy (ARCHITECTURE.md, "Outer-step policies").
+/// What the outer step works on besides the plain policy (docs/02-policies.md).
 struct outer_policy {
   std::vector<models::flat_ranges> fragments;  ///< streaming: the P fragments' ranges of theta
   int64_t eager_replicas = 0;                  ///< eager: local workers, each with its own outer state

@@ -19,13 +19,16 @@ CLI::App* add_run(CLI::App& app, cli_values& v) {
   run->add_option("--set", v.overrides, "Override a field: --set section.key=value (repeatable)");
   run->add_flag("--dry-run", v.run_dry_run,
                 "Validate, print the resolved config, parameter count and memory estimate; do not train");
-  run->add_flag("--fresh", v.run_fresh, "Start over: delete this run's checkpoints and loss trace first");
+  run->add_flag("--fresh", v.run_fresh,
+                "Start over: delete this run's checkpoints, loss trace and metrics.jsonl first");
   run->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
   run->footer(
       "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation "
       "perplexity.\n"
       "Ctrl-C saves a checkpoint and exits with code 130; the same command then resumes exactly.\n"
-      "Files in run.out_dir: config.toml, loss_trace.tsv, checkpoints/, data/ (token shards).");
+      "Files in run.out_dir: config.toml, loss_trace.tsv, metrics.jsonl, result.json, checkpoints/, data/ "
+      "(token shards).\n"
+      "The settings of every key: docs/01-configuration.md and the chapters it links.");
   return run;
 }
 

@@ -146,7 +146,8 @@ struct node_joined {  ///< a node joined the running cluster with the state of `
   uint64_t round = 0;
 };
 /// One line of the master's event log (`<run.out_dir>/coordinator.jsonl`): what happened to the cluster, as
-/// flat fields. Kinds: start, epoch, removed, admitted, takeover, quorum, pin, release, end (README).
+/// flat fields. Kinds: start, epoch, removed, admitted, takeover, quorum, pin, release, end, merge, dropped
+/// (docs/04-clusters.md).
 struct record {
   using value = std::variant<std::string, int64_t>;
   std::string kind;

@@ -4,8 +4,8 @@
 // makes (NCCL: a communicator per epoch, comm/deferred_collective.hpp); a fence from the coordinator
 // abandons the call in flight (cancel: NCCL aborts its communicator), and the next membership either keeps
 // its result (every member holds it) or redoes it among the new members from the kept input. Results are
-// applied only after a one-value confirmation all-reduce, so no member applies an average that another member
-// may have to redo.
+// applied only after a confirmation all-reduce (two values a rank: its note), so no member applies an average
+// that another member may have to redo.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -39,7 +39,7 @@ struct enum_names<run_mode> {
   static constexpr std::array<const char*, 3> names{"diloco", "single", "ddp"};
 };
 
-/// diloco.outer: when the averaged pseudo-gradient is applied (ARCHITECTURE.md, "Outer-step policies").
+/// diloco.outer: when the averaged pseudo-gradient is applied (docs/02-policies.md).
 /// (actors/outer_optimizer.hpp's outer_policy is the optimizer's state for one policy, not this choice.)
 enum class outer_policy_kind : uint8_t {
   sync,     ///< round t's average is applied at the end of round t (classic DiLoCo; workers wait for it)
@@ -233,12 +233,13 @@ struct train_section {
 struct outer_section {
   double lr = 0.7;
   /// In (-1, 1). A negative momentum (with nesterov = false) counters the momentum-like effect of a stale
-  /// average under diloco.outer = "delayed" or "eager" (ARCHITECTURE.md, "DiLoCo step").
+  /// average under diloco.outer = "delayed" or "eager" (docs/02-policies.md, "The round and the DiLoCo
+  /// step").
   double momentum = 0.9;
   bool nesterov = true;
 };
 
-/// [diloco]: when the averaged pseudo-gradient is applied (ARCHITECTURE.md, "Outer-step policies").
+/// [diloco]: when the averaged pseudo-gradient is applied (docs/02-policies.md).
 struct diloco_section {
   outer_policy_kind outer =
       outer_policy_kind::sync;  ///< "sync" | "delayed" | "eager" | "streaming" | "async"
@@ -257,7 +258,7 @@ struct diloco_section {
   }
 };
 
-/// [async]: diloco.outer = "async" (ARCHITECTURE.md, "Asynchronous outer steps"). train.rounds counts
+/// [async]: diloco.outer = "async" (docs/02-policies.md, "Asynchronous outer steps"). train.rounds counts
 /// versions (merges), the outer steps of the cluster.
 struct async_section {
   int64_t quorum = 1;         ///< contributions that open a merge's grace window (at most the live nodes)

@@ -39,7 +39,7 @@ device_plan plan_devices(const std::string& setting, int64_t workers, int64_t vi
   if (wants_cuda && !cuda_built)
     throw lw_error(errc::invalid_config,
                    fmt::format("train.device = \"{}\": this Longwave is built on a CPU LibTorch; build the "
-                               "\"cuda\" preset against a CUDA LibTorch 2.x (README, \"GPU nodes\")",
+                               "\"cuda\" preset against a CUDA LibTorch 2.x (docs/06-gpu.md)",
                                setting));
   if (visible == 0)
     throw lw_error(errc::invalid_config,

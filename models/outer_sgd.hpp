@@ -36,7 +36,7 @@ class outer_sgd {
 /// buffer's mean over them goes into the momentum and is applied:
 ///   m <- mu * m + buf / a,  theta -= lr * mu * m,  buf <- 0,  a <- 0   (a: arrivals since the last fold).
 /// One arrival per merge is the paper's rule; N = 1 is then Nesterov's step, theta -= lr * (g + mu * m) with
-/// m <- mu * m + g (ARCHITECTURE.md, "Asynchronous outer steps").
+/// m <- mu * m + g (docs/02-policies.md, "Asynchronous outer steps").
 class delayed_nesterov {
  public:
   delayed_nesterov(double lr, double momentum, int64_t period);

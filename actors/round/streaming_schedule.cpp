@@ -1,4 +1,4 @@
-// Streaming DiLoCo's per-round schedule (ARCHITECTURE.md, "Outer-step policies").
+// Streaming DiLoCo's per-round schedule (docs/02-policies.md).
 #include "actors/round/streaming_schedule.hpp"
 
 #include "runtime/errors/errors.hpp"

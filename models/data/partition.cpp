@@ -75,10 +75,11 @@ std::vector<token_span> partition_spans(config::data_partition kind, int64_t n_t
     case config::data_partition::iid: return iid_spans(n_tokens, part, parts, row_len);
     case config::data_partition::books:
       if (doc_starts.empty()) {
-        throw lw_error(errc::invalid_config,
-                       "data.partition = books needs the documents' starts, which longwave records when it "
-                       "prepares a corpus (train.docs); a directory of ready token shards has none: use "
-                       "data.partition = contiguous or iid");
+        throw lw_error(
+            errc::invalid_config,
+            "data.partition = books needs the documents' starts, which longwave records when it "
+            "prepares a corpus (train.docs beside train.bin); these shards have none: prepare them with "
+            "longwave data prepare, or use data.partition = contiguous or iid");
       }
       return book_spans(n_tokens, doc_starts, part, parts, row_len);
   }
