@@ -212,6 +212,7 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
   actor_graph g;
   g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, cluster.place(), start.corrupt_checkpoints);
   auto comm_opts = communicator_options_for(ctx->cfg, cluster, g.peers.metrics);
+  comm_opts.stage_mean = ctx->mean_on_device();
   g.collective = comm_opts.collective;
   g.peers.communicator =
       opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);

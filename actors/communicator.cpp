@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "comm/collective.hpp"
 #include "comm/reduction.hpp"
 #include "comm/ring_allreduce.hpp"
+#include "models/host_stage.hpp"
 #include "models/torch_compat.hpp"
 #include "runtime/clock/clock.hpp"
 #include "runtime/json/json_line.hpp"
@@ -37,6 +39,7 @@ struct comm_state {
   uint64_t clipped_reported = 0;               // sparse contributions clipped to the median norm
   double encode_s = 0, decode_s = 0;           // codec times already reported
   double send_wait_s = 0, receive_wait_s = 0;  // collective wait times already reported
+  std::unique_ptr<models::host_stage> stage;   // stage_mean: the mean's way off the parts' device
 };
 
 /// This reduce's waits (seconds held up by the next node, by the previous one) into the metrics, and a line
@@ -134,6 +137,25 @@ at::Tensor writable(at::Tensor t) {
   return t.to(at::kFloat).clone().contiguous();
 }
 
+}  // namespace
+
+at::Tensor staged_mean(std::unique_ptr<models::host_stage>& stage, std::vector<at::Tensor> parts) {
+  const auto device = parts[0].device();
+  for (auto& p : parts)
+    if (p.device() != device || p.scalar_type() != at::kFloat) p = p.to(device, at::kFloat);
+  at::Tensor mean = parts.size() == 1 ? parts[0].contiguous() : at::add(parts[0], parts[1]);
+  for (size_t i = 2; i < parts.size(); ++i) mean.add_(parts[i]);
+  if (parts.size() > 1) mean.div_(static_cast<double>(parts.size()));
+  parts.clear();
+  if (!stage || stage->compute().device() != device) stage = std::make_unique<models::host_stage>(device);
+  auto staged = stage->stage(mean);  // the stage keeps the mean alive until its copy is done
+  mean = at::Tensor();
+  staged.done->synchronize();
+  return std::move(staged.host);
+}
+
+namespace {
+
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
 /// node_weight: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
 caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector<at::Tensor> parts,
@@ -148,10 +170,15 @@ caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector
       return make_error(errc::malformed_frame,
                         "contributions of round " + std::to_string(round) + " differ in size");
   models::no_grad_guard no_grad;
-  // In process: the workers' mean, into the first contribution when it is writable, else into a copy.
-  auto sum = writable(std::move(parts[0]));
-  for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
-  sum.div_(static_cast<double>(parts.size()));
+  const auto n_parts = parts.size();
+  at::Tensor sum;
+  if (s.opts.stage_mean || !parts[0].is_cpu()) {
+    sum = staged_mean(s.stage, std::move(parts));
+  } else {  // in process: the workers' mean, into the first contribution when it is writable, else a copy
+    sum = writable(std::move(parts[0]));
+    for (size_t i = 1; i < n_parts; ++i) sum.add_(parts[i]);
+    sum.div_(static_cast<double>(n_parts));
+  }
   // A diverged round fails here, naming the round, in every mode: a non-finite average would otherwise be
   // applied, checkpointed over the good states, and (in a cluster) poison every node (int8 cannot encode
   // it). Parameters (exact) pass unchecked: the checkpointer refuses non-finite state anyway.
@@ -163,7 +190,7 @@ caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector
                                   round));
   // Across nodes: the node's reduction through the collective, with its weight (workers, or tokens).
   const bool observe = (s.opts.observe_round > 0 && round == s.opts.observe_round) || node_weight == 0;
-  const double weight = observe ? 0.0 : node_weight > 0 ? node_weight : static_cast<double>(parts.size());
+  const double weight = observe ? 0.0 : node_weight > 0 ? node_weight : static_cast<double>(n_parts);
   auto& r = exact ? *s.exact : *s.chosen;
   try {
     r.apply(*s.net, round, label.second, sum.data_ptr<float>(), static_cast<size_t>(n), weight);

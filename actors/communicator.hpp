@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/reduction.hpp"
 #include "comm/ring_allreduce.hpp"
+#include "models/host_stage.hpp"
 #include "runtime/messages/interfaces.hpp"
 
 namespace longwave::actors {
@@ -35,7 +37,16 @@ struct communicator_options {
   bool log_events = true;
   /// A node that joined a running cluster: in this round it contributes weight 0 (it trained no steps).
   uint64_t observe_round = 0;
+  /// The workers' parts stay where they are (one GPU: run_context::mean_on_device): their mean is taken
+  /// there and one copy leaves it through a host stage (pinned buffers, a side stream). A device part is
+  /// always averaged so; on the CPU only when set (tests run the GPU's logic so).
+  bool stage_mean = false;
 };
+
+/// stage_mean's local mean: the parts' mean where they are (in rank order, as on the host), then one copy
+/// into a reusable host buffer of `stage` (made for the parts' device when it is not), which the caller may
+/// write. The parts are let go before the wait, so a worker may write its buffer again once the copy is done.
+at::Tensor staged_mean(std::unique_ptr<models::host_stage>& stage, std::vector<at::Tensor> parts);
 
 /// Messages: runtime::communicator_actor. (reduce, request) -> the mean of request.parts. The local sum is in
 /// rank order in fp32 (deterministic, independent of arrival order); the ring result is bit-identical on

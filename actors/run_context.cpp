@@ -25,10 +25,24 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   return o;
 }
 
+bool run_context::mean_on_device() const {
+  using config::outer_policy_kind;
+  const auto outer = cfg.diloco.outer;
+  if (cfg.run.mode != config::run_mode::diloco || !devices.any_cuda() || devices.workers.empty())
+    return false;
+  if (outer != outer_policy_kind::sync && outer != outer_policy_kind::delayed &&
+      outer != outer_policy_kind::streaming)
+    return false;
+  for (const auto& d : devices.workers)
+    if (d != devices.workers.front()) return false;
+  return true;
+}
+
 models::inner_options run_context::inner_of(int64_t rank) const {
   auto o = inner;
   if (rank < static_cast<int64_t>(devices.workers.size()))
     o.device = devices.workers[static_cast<size_t>(rank)];
+  o.device_delta = mean_on_device();
   o.autocast = models::resolve_autocast(cfg.train.autocast, o.device) == config::autocast_mode::bf16;
   return o;
 }

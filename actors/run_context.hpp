@@ -69,6 +69,10 @@ struct run_context {
   int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }
   /// The inner options of local worker `rank`: `inner` on its device, with its autocast.
   models::inner_options inner_of(int64_t rank) const;
+  /// The node's workers share one GPU and its policy averages their plain pseudo-gradients (diloco with
+  /// sync, delayed or streaming, client sampling included): the mean is taken on that GPU, and one copy
+  /// leaves it (issue 38). eager and async use each worker's own on the host; ddp stages its gradients.
+  bool mean_on_device() const;
 };
 
 /// Inner-loop options from the config.

@@ -121,10 +121,9 @@ void finish_round(worker_self self) {
   // On a GPU the first one allocates the pinned host buffer it goes out through: a failure fails the round.
   if (auto err = guarded(s.rank, [&] {
         if (s.theta_ref.defined() && s.fragment >= 0)
-          r.delta =
-              s.trainer->pseudo_gradient(s.theta_ref, s.ctx->fragments.at(static_cast<size_t>(s.fragment)));
+          r.delta = s.trainer->node_delta(s.theta_ref, s.ctx->fragments.at(static_cast<size_t>(s.fragment)));
         else if (s.theta_ref.defined())
-          r.delta = s.trainer->pseudo_gradient(s.theta_ref);
+          r.delta = s.trainer->node_delta(s.theta_ref, {{0, s.theta_ref.numel()}});
       }))
     return fail_round(self, err);
   r.mean_loss = s.steps_run > 0 ? s.loss_sum / static_cast<double>(s.steps_run) : 0.0;

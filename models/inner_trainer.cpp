@@ -201,9 +201,29 @@ at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ra
   }
   no_grad_guard no_grad;
   stage_->fence();  // the last copy has read delta_dev_
-  // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: the stage's copy, which
-  // the host waits for, comes after it on the device. Each range's theta - master is one fp32 rounding, as
-  // on the host.
+  auto staged = stage_->stage(delta_dev_.narrow(0, 0, fill_delta(theta, ranges)));
+  staged.done->synchronize();
+  return std::move(staged.host);
+}
+
+at::Tensor inner_trainer::node_delta(const at::Tensor& theta, const flat_ranges& ranges) {
+  if (!stage_ || !opts_.device_delta) return pseudo_gradient(theta, ranges);
+  no_grad_guard no_grad;
+  stage_->fence();  // a staged copy (the gradient's) has read its source
+  // The node's mean may still read the last round's: never write under a reader, take a new buffer.
+  if (delta_dev_.storage().use_count() > 1) delta_dev_ = at::empty_like(master_);
+  const int64_t packed = fill_delta(theta, ranges);
+  if (compute_) {  // done before another thread's stream reads it
+    device_event ready(device_);
+    ready.record(*compute_);
+    ready.synchronize();
+  }
+  return delta_dev_.narrow(0, 0, packed);
+}
+
+int64_t inner_trainer::fill_delta(const at::Tensor& theta, const flat_ranges& ranges) {
+  // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: whatever reads the result
+  // comes after it on the device. Each range's theta - master is one fp32 rounding, as on the host.
   const bool pinned = device_.is_cuda() && theta.is_pinned();
   int64_t packed = 0;
   for (const auto& [off, len] : ranges) {
@@ -212,9 +232,7 @@ at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ra
     d.sub_(master_.narrow(0, off, len));
     packed += len;
   }
-  auto staged = stage_->stage(delta_dev_.narrow(0, 0, packed));
-  staged.done->synchronize();
-  return std::move(staged.host);
+  return packed;
 }
 
 void inner_trainer::apply_grad(const at::Tensor& grad_fp32) {

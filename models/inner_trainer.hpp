@@ -40,6 +40,9 @@ struct inner_options {
   /// The pseudo-gradient goes out through host_stage (a device buffer, a side stream, a reusable host
   /// buffer): always on CUDA; on the CPU only when set (tests run the GPU's logic so).
   bool stage_delta = false;
+  /// Staged: node_delta leaves the pseudo-gradient on the device, where the node's mean of its workers is
+  /// taken before one copy leaves it (the communicator's stage_mean).
+  bool device_delta = false;
 };
 
 /// The resumable state of one replica (all tensors fp32 on the host, owned by the caller of `state()`).
@@ -95,6 +98,10 @@ class inner_trainer {
   /// The pseudo-gradient on `ranges` only, their values concatenated in range order (a streaming
   /// fragment's): only they are computed and, staged, copied.
   at::Tensor pseudo_gradient(const at::Tensor& theta, const flat_ranges& ranges);
+  /// The pseudo-gradient as the node's mean takes it: with device_delta (staged) theta - master on `ranges`,
+  /// packed, in a device buffer that this trainer writes again only once nobody holds a tensor on it, its
+  /// computation done; otherwise pseudo_gradient's host tensor. The worker replies at once: no copy waits.
+  at::Tensor node_delta(const at::Tensor& theta, const flat_ranges& ranges);
   /// Host buffers the pseudo-gradient's stage holds (0: not staged).
   size_t staged_buffers() const { return stage_ ? stage_->buffers() : 0; }
   /// DDP: clip and apply an (averaged) fp32 gradient.
@@ -119,6 +126,9 @@ class inner_trainer {
   /// Forward and backward on the next batch: the loss, not yet read (no synchronisation).
   at::Tensor forward_backward();
   void apply_update(at::Tensor& grad_fp32);
+  /// delta_dev_'s first values: theta - master on `ranges`, packed, queued on the compute stream; their
+  /// count.
+  int64_t fill_delta(const at::Tensor& theta, const flat_ranges& ranges);
   /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
   at::Tensor to_host(const at::Tensor& t, bool lend) const;
 
@@ -142,7 +152,7 @@ class inner_trainer {
   std::array<std::unique_ptr<gpu_timer>, 2> timer_;          // CUDA: the step's device time
   double gpu_seconds_ = -1;
   std::unique_ptr<host_stage> stage_;  // the pseudo-gradient's way out (CUDA, or stage_delta)
-  at::Tensor delta_dev_;               // theta - master on the device; read by the stage's last copy
+  at::Tensor delta_dev_;  // theta - master on the device; read by the stage's last copy, or the node's mean
   std::unique_ptr<data::window_sampler> sampler_;
 };
 

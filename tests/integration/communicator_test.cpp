@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -173,6 +174,59 @@ CATCH_TEST_CASE(
                             Catch::Contains("does not follow round 3"));
     caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
   }
+}
+
+CATCH_TEST_CASE(
+    "The workers' mean taken where they are leaves through one staged copy, bit for bit the host's",
+    "[integration][communicator][stage]") {
+  // On the CPU with stage_mean the GPU's way runs: the mean where the parts are, one copy through a stage.
+  // LW_TEST_DEVICE (scripts/gpu-check: cuda) puts the parts on that device.
+  const char* env = std::getenv("LW_TEST_DEVICE");
+  const c10::Device device(env != nullptr && *env != '\0' ? env : "cpu");
+  const int64_t n = 4099;
+  std::vector<at::Tensor> parts;
+  for (int m = 0; m < 3; ++m)
+    parts.push_back(at::sin(at::arange(n, at::kFloat) * (0.3f + 0.17f * m)).to(device));
+  const auto host_mean =
+      ((parts[0] + parts[1] + parts[2]) / 3.0).cpu();  // the host path's ops, in rank order
+  std::unique_ptr<models::host_stage> stage;
+  auto kept = parts;  // the test's own handles: the parts are not written
+  auto mean = actors::staged_mean(stage, parts);
+  CATCH_REQUIRE(stage);
+  CATCH_CHECK(at::equal(mean, host_mean));
+  CATCH_CHECK(stage->buffers() == 1);
+  for (size_t m = 0; m < 3; ++m) {
+    CATCH_CHECK(kept[m].use_count() == 2);  // kept and parts: staged_mean let its copies go
+    CATCH_CHECK(mean.data_ptr() != kept[m].data_ptr());
+  }
+  const void* buffer = mean.data_ptr();
+  mean = at::Tensor();  // let go: the next mean reuses the buffer
+  auto again = actors::staged_mean(stage, {parts[2], parts[0]});
+  CATCH_CHECK(again.data_ptr() == buffer);
+  CATCH_CHECK(at::equal(again, ((parts[2] + parts[0]) / 2.0).cpu()));
+  CATCH_CHECK(at::equal(actors::staged_mean(stage, {parts[1]}), parts[1].cpu()));  // one worker: its own
+
+  // Through the actor: the same bits, and the collective still weighs the node by its three workers.
+  lw_config cfg;
+  caf::actor_system sys{cfg};
+  std::vector<at::Tensor> outs;
+  for (const bool staged : {false, true}) {
+    auto coll = std::make_shared<recording_collective>();
+    actors::communicator_options o;
+    o.collective = coll;
+    o.stage_mean = staged;
+    auto communicator = actors::spawn_communicator(sys, o);
+    std::vector<at::Tensor> copies;
+    for (const auto& p : parts) copies.push_back(p.cpu().clone());
+    outs.push_back(reduce(sys, communicator, 1, 0, std::move(copies)));
+    const auto calls = coll->calls();
+    CATCH_REQUIRE(calls.size() == 1);
+    CATCH_CHECK(calls[0].weight == 3.0);
+    caf::anon_send_exit(communicator, caf::exit_reason::user_shutdown);
+  }
+  const auto cpu_mean = (parts[0].cpu() + parts[1].cpu() + parts[2].cpu()) / 3.0;
+  CATCH_CHECK(at::equal(outs[0], cpu_mean * 2));  // the recording collective doubles
+  CATCH_CHECK(at::equal(outs[1], outs[0]));
 }
 
 CATCH_TEST_CASE("In one process the sparse codec codes the workers' mean once, with one residual per part",

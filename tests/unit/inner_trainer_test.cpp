@@ -42,10 +42,11 @@ std::string device_under_test() {
 }
 
 std::unique_ptr<models::inner_trainer> trainer(int64_t micro_batches = 1, const std::string& device = "cpu",
-                                               bool stage_delta = false) {
+                                               bool stage_delta = false, bool device_delta = false) {
   models::inner_options o;
   o.device = device;
   o.stage_delta = stage_delta;
+  o.device_delta = device_delta;
   o.batch_size = 4;
   o.warmup_steps = 2;
   o.total_steps = 20;
@@ -115,6 +116,47 @@ CATCH_TEST_CASE("a staged pseudo-gradient is theta - master bit for bit, in host
   auto plain = trainer(1, device);
   (void)plain->pseudo_gradient(theta);
   CATCH_CHECK(plain->staged_buffers() == (device == "cpu" ? 0U : 1U));  // a GPU always stages
+}
+
+CATCH_TEST_CASE(
+    "a node's pseudo-gradient stays on the device, theta - master bit for bit, never written "
+    "while the node's mean holds it",
+    "[models][trainer][stage]") {
+  const auto device = device_under_test();
+  CATCH_INFO("device " << device);
+  auto t = trainer(1, device, /*stage_delta=*/true, /*device_delta=*/true);
+  const auto theta = models::gpt::init_flat(spec, 7);
+  const models::flat_ranges whole{{0, theta.numel()}};
+  t->step();
+  auto d1 = t->node_delta(theta, whole);
+  CATCH_CHECK(d1.device() == t->master().device());  // no copy: the communicator takes the mean there
+  CATCH_CHECK(same_bits(d1.cpu(), theta - t->master().cpu()));
+  CATCH_CHECK(t->staged_buffers() == 0);
+  const auto d1_bits = d1.cpu().clone();
+  t->step();
+  auto d2 = t->node_delta(theta, whole);  // d1 still held (the mean reads it): another buffer, d1 untouched
+  CATCH_CHECK(d2.data_ptr() != d1.data_ptr());
+  CATCH_CHECK(same_bits(d1.cpu(), d1_bits));
+  CATCH_CHECK(same_bits(d2.cpu(), theta - t->master().cpu()));
+  const void* reused = d2.data_ptr();
+  d1 = at::Tensor();
+  d2 = at::Tensor();
+  t->step();
+  const auto d3 = t->node_delta(theta, whole);  // let go: the same buffer again
+  CATCH_CHECK(d3.data_ptr() == reused);
+  CATCH_CHECK(same_bits(d3.cpu(), theta - t->master().cpu()));
+  // A fragment: its ranges, packed, as pseudo_gradient's.
+  const auto ranges = models::fragment_ranges(spec, 2, /*strided=*/false)[1];
+  std::vector<at::Tensor> slices;
+  for (const auto& [off, len] : ranges) slices.push_back((theta - t->master().cpu()).narrow(0, off, len));
+  CATCH_CHECK(same_bits(t->node_delta(theta, ranges).cpu(), at::cat(slices)));
+  // Without device_delta it is pseudo_gradient's host tensor.
+  auto host = trainer(1, device, /*stage_delta=*/true);
+  host->step();
+  const auto h = host->node_delta(theta, whole);
+  CATCH_CHECK(h.device().is_cpu());
+  CATCH_CHECK(host->staged_buffers() == 1);
+  CATCH_CHECK(same_bits(h, theta - host->master().cpu()));
 }
 
 CATCH_TEST_CASE("a fragment's pseudo-gradient is its ranges of theta - master, packed, staged or not",
