@@ -146,11 +146,11 @@ at::Tensor staged_mean(std::unique_ptr<models::host_stage>& stage, std::vector<a
   at::Tensor mean = parts.size() == 1 ? parts[0].contiguous() : at::add(parts[0], parts[1]);
   for (size_t i = 2; i < parts.size(); ++i) mean.add_(parts[i]);
   if (parts.size() > 1) mean.div_(static_cast<double>(parts.size()));
-  parts.clear();
   if (!stage || stage->compute().device() != device) stage = std::make_unique<models::host_stage>(device);
   auto staged = stage->stage(mean);  // the stage keeps the mean alive until its copy is done
   mean = at::Tensor();
-  staged.done->synchronize();
+  staged.done->synchronize();  // the copy came after the mean's kernels: they have read the parts
+  parts.clear();               // only now may a worker write its buffer again
   return std::move(staged.host);
 }
 

@@ -45,7 +45,8 @@ struct communicator_options {
 
 /// stage_mean's local mean: the parts' mean where they are (in rank order, as on the host), then one copy
 /// into a reusable host buffer of `stage` (made for the parts' device when it is not), which the caller may
-/// write. The parts are let go before the wait, so a worker may write its buffer again once the copy is done.
+/// write. The parts are let go once the copy is done, and with it the mean that read them: only then may a
+/// worker write its buffer again.
 at::Tensor staged_mean(std::unique_ptr<models::host_stage>& stage, std::vector<at::Tensor> parts);
 
 /// Messages: runtime::communicator_actor. (reduce, request) -> the mean of request.parts. The local sum is in
