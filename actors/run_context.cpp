@@ -25,14 +25,16 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   return o;
 }
 
-bool run_context::mean_on_device() const {
+bool averages_plain_deltas(const config::train_config& cfg) {
   using config::outer_policy_kind;
   const auto outer = cfg.diloco.outer;
-  if (cfg.run.mode != config::run_mode::diloco || !devices.any_cuda() || devices.workers.empty())
-    return false;
-  if (outer != outer_policy_kind::sync && outer != outer_policy_kind::delayed &&
-      outer != outer_policy_kind::streaming)
-    return false;
+  return cfg.run.mode == config::run_mode::diloco &&
+         (outer == outer_policy_kind::sync || outer == outer_policy_kind::delayed ||
+          outer == outer_policy_kind::streaming);
+}
+
+bool run_context::mean_on_device() const {
+  if (!averages_plain_deltas(cfg) || !devices.any_cuda() || devices.workers.empty()) return false;
   for (const auto& d : devices.workers)
     if (d != devices.workers.front()) return false;
   return true;

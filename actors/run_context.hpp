@@ -75,6 +75,10 @@ struct run_context {
   bool mean_on_device() const;
 };
 
+/// The policy averages the workers' plain pseudo-gradients (diloco with sync, delayed or streaming): a node
+/// whose workers share a GPU can take their mean there (run_context::mean_on_device).
+bool averages_plain_deltas(const config::train_config& cfg);
+
 /// Inner-loop options from the config.
 models::inner_options make_inner_options(const config::train_config& cfg);
 

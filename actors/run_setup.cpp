@@ -62,10 +62,13 @@ models::model_spec model_spec_of(const config::train_config& cfg) {
 }
 
 int64_t gpu_worker_bytes(const config::train_config& cfg, const models::model_spec& spec) {
-  // A replica's training memory and its pseudo-gradient's device buffer (inner_trainer::pseudo_gradient).
+  // A replica's training memory and its pseudo-gradient's device buffer (inner_trainer::pseudo_gradient);
+  // where the node's mean is taken on the GPU, one more: the mean's buffer, or a worker's second Δ while the
+  // mean still holds its first (counted for every worker: an upper bound).
+  const int64_t delta = models::closed_form_param_count(spec) * static_cast<int64_t>(sizeof(float));
   return models::training_memory_bytes(spec, cfg.train.batch_size / cfg.train.micro_batches,
                                        cfg.model.dtype == config::model_dtype::bf16) +
-         models::closed_form_param_count(spec) * static_cast<int64_t>(sizeof(float));
+         delta * (averages_plain_deltas(cfg) ? 2 : 1);
 }
 
 namespace {
