@@ -172,7 +172,7 @@ caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector
   models::no_grad_guard no_grad;
   const auto n_parts = parts.size();
   at::Tensor sum;
-  if (s.opts.stage_mean || !parts[0].is_cpu()) {
+  if (!parts[0].is_cpu() || (s.opts.stage_mean && !exact)) {  // parameters (exact) are host tensors
     sum = staged_mean(s.stage, std::move(parts));
   } else {  // in process: the workers' mean, into the first contribution when it is writable, else a copy
     sum = writable(std::move(parts[0]));

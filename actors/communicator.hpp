@@ -38,8 +38,8 @@ struct communicator_options {
   /// A node that joined a running cluster: in this round it contributes weight 0 (it trained no steps).
   uint64_t observe_round = 0;
   /// The workers' parts stay where they are (one GPU: run_context::mean_on_device): their mean is taken
-  /// there and one copy leaves it through a host stage (pinned buffers, a side stream). A device part is
-  /// always averaged so; on the CPU only when set (tests run the GPU's logic so).
+  /// there and one copy leaves it through a host stage (pinned buffers, a side stream). Device parts are
+  /// always averaged so; host parts of pseudo-gradients only when set (tests run the GPU's logic so).
   bool stage_mean = false;
 };
 
