@@ -137,15 +137,20 @@ at::Tensor writable(at::Tensor t) {
   return t.to(at::kFloat).clone().contiguous();
 }
 
+/// The workers' mean in rank order (fp32, deterministic): `sum` holds the first part's values on entry.
+void mean_in_rank_order(at::Tensor& sum, const std::vector<at::Tensor>& parts) {
+  for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);
+  sum.div_(static_cast<double>(parts.size()));
+}
+
 }  // namespace
 
 at::Tensor staged_mean(std::unique_ptr<models::host_stage>& stage, std::vector<at::Tensor> parts) {
   const auto device = parts[0].device();
   for (auto& p : parts)
-    if (p.device() != device || p.scalar_type() != at::kFloat) p = p.to(device, at::kFloat);
-  at::Tensor mean = parts.size() == 1 ? parts[0].contiguous() : at::add(parts[0], parts[1]);
-  for (size_t i = 2; i < parts.size(); ++i) mean.add_(parts[i]);
-  if (parts.size() > 1) mean.div_(static_cast<double>(parts.size()));
+    if (p.device() != device) p = p.to(device);
+  auto mean = writable(parts[0]);  // a copy: the worker still owns the part's buffer
+  mean_in_rank_order(mean, parts);
   if (!stage || stage->compute().device() != device) stage = std::make_unique<models::host_stage>(device);
   auto staged = stage->stage(mean);  // the stage keeps the mean alive until its copy is done
   mean = at::Tensor();
@@ -176,8 +181,7 @@ caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector
     sum = staged_mean(s.stage, std::move(parts));
   } else {  // in process: the workers' mean, into the first contribution when it is writable, else a copy
     sum = writable(std::move(parts[0]));
-    for (size_t i = 1; i < n_parts; ++i) sum.add_(parts[i]);
-    sum.div_(static_cast<double>(n_parts));
+    mean_in_rank_order(sum, parts);
   }
   // A diverged round fails here, naming the round, in every mode: a non-finite average would otherwise be
   // applied, checkpointed over the good states, and (in a cluster) poison every node (int8 cannot encode
