@@ -224,6 +224,12 @@ device_event::~device_event() {
 void device_event::record(device_stream& stream) {
 #ifdef LONGWAVE_CUDA_BUILD
   if (impl_->event) {
+    if (stream.device() != impl_->device)
+      throw std::invalid_argument("device_event: an event of " + impl_->device.str() + " recorded on " +
+                                  stream.device().str());
+    // A compute stream's handle is null, the current device's default stream: that device must be the
+    // event's (a thread's current device is 0 between ATen's ops on another).
+    const c10::cuda::CUDAGuard on(impl_->device.index());
     check_cuda(cudaEventRecord(impl_->event, dynamic_cast<cuda_stream&>(stream).handle()), "cudaEventRecord");
     impl_->recorded = true;
     return;
@@ -240,9 +246,11 @@ void device_event::record(device_stream& stream) {
 void device_event::block(device_stream& stream) {
 #ifdef LONGWAVE_CUDA_BUILD
   if (impl_->event) {
-    if (impl_->recorded)
+    if (impl_->recorded) {
+      const c10::cuda::CUDAGuard on(stream.device().index());  // the null handle: this stream's device
       check_cuda(cudaStreamWaitEvent(dynamic_cast<cuda_stream&>(stream).handle(), impl_->event, 0),
                  "cudaStreamWaitEvent");
+    }
     return;
   }
 #endif
@@ -265,7 +273,14 @@ void device_event::synchronize() {
 
 bool device_event::query() const {
 #ifdef LONGWAVE_CUDA_BUILD
-  if (impl_->event) return !impl_->recorded || cudaEventQuery(impl_->event) == cudaSuccess;
+  if (impl_->event) {
+    if (!impl_->recorded) return true;
+    const cudaError_t e = cudaEventQuery(impl_->event);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) check_cuda(e, "cudaEventQuery");
+    (void)cudaGetLastError();  // "not ready" would otherwise fail the next kernel launch's check
+    return false;
+  }
 #endif
   return !impl_->mark || impl_->mark->is_done();
 }

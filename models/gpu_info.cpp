@@ -13,6 +13,7 @@
 
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,14 +97,26 @@ gpu_timer::~gpu_timer() {
   if (stop_) cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
 }
 
+namespace {
+
+/// Records `event` on `device`'s current stream, with that device current: the default stream's handle is
+/// null, which names the current device's.
+void record_on(int device, void* event) {
+  const c10::cuda::CUDAGuard on(static_cast<c10::DeviceIndex>(device));
+  const auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  const cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(event), stream.stream());
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("gpu_timer: cudaEventRecord: ") + cudaGetErrorString(e));
+}
+
+}  // namespace
+
 void gpu_timer::start() {
-  const auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
-  cudaEventRecord(static_cast<cudaEvent_t>(start_), stream.stream());
+  record_on(device_, start_);
 }
 
 void gpu_timer::stop() {
-  const auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
-  cudaEventRecord(static_cast<cudaEvent_t>(stop_), stream.stream());
+  record_on(device_, stop_);
 }
 
 double gpu_timer::seconds() {

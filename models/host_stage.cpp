@@ -14,9 +14,15 @@ host_stage::host_stage(const c10::Device& device, std::shared_ptr<device_stream>
       written_(device) {}
 
 host_stage::~host_stage() {
-  // Host buffers and sources stay valid until their copies are done, whoever else still holds them.
-  for (auto& b : pool_)
-    if (b.done) b.done->synchronize();
+  // Host buffers and sources stay valid until their copies are done, whoever else still holds them. A
+  // failed copy's error was its waiter's to see; a destructor must not throw it.
+  for (auto& b : pool_) {
+    if (!b.done) continue;
+    try {
+      b.done->synchronize();
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch)
+    }
+  }
 }
 
 host_stage::buffer& host_stage::free_buffer(int64_t n) {
@@ -37,9 +43,11 @@ host_stage::staged host_stage::stage(const at::Tensor& src) {
     throw std::invalid_argument("host_stage: the source must be a contiguous fp32 tensor on " +
                                 device_.str());
   for (auto& b : pool_)  // buffers whose copies are done no longer keep their sources
-    if (b.source.defined() && b.done->query()) b.source = at::Tensor();
+    if (b.source.defined() && (!b.done || b.done->query())) b.source = at::Tensor();
   auto& b = free_buffer(src.numel());
   auto host = b.host.narrow(0, 0, src.numel()).view(src.sizes());
+  auto done = std::make_shared<device_event>(device_);
+  b.source = src;  // kept before the copy is queued: nothing that throws below frees it while copied
   written_.record(*compute_);  // the copy waits for what the compute stream queued before it
   written_.block(*side_);
   side_->run([host, src, timer = timer_.get()]() mutable {
@@ -47,9 +55,7 @@ host_stage::staged host_stage::stage(const at::Tensor& src) {
     host.copy_(src, /*non_blocking=*/true);
     if (timer) timer->stop();
   });
-  auto done = std::make_shared<device_event>(device_);
   done->record(*side_);
-  b.source = src;
   b.done = done;
   last_ = done;
   return {std::move(host), std::move(done)};
