@@ -5,7 +5,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "models/torch_compat.hpp"
@@ -56,19 +59,32 @@ void scale_add(float* b, const float* d, float mu, int64_t n) {
   }
 }
 
-/// Elementwise work in fixed chunks, spread over ATen's intra-op threads (a GPU node's 182M-parameter step
-/// took 1.7-2.6 s on one thread). Every element is computed alone, so the bits do not depend on the threads;
-/// f(c, begin, end) handles chunk c, and a chunk's partial sums, kept per chunk and added in chunk order, do
-/// not either.
+/// Elementwise work in fixed chunks, spread over as many threads as ATen's intra-op setting (a GPU node's
+/// 182M-parameter step took 1.7-2.6 s on one thread). Every element is computed alone, so the bits do not
+/// depend on the threads; f(c, begin, end) handles chunk c, and a chunk's partial sums, kept per chunk and
+/// added in chunk order, do not either. Plain threads, not at::parallel_for: that is ATen's inline OpenMP
+/// loop, serial in a file built without -fopenmp, and -fopenmp would load a second OpenMP runtime beside the
+/// one a pip wheel's LibTorch bundles.
 constexpr int64_t chunk_elements = int64_t{1} << 18;
 int64_t chunks_of(int64_t n) {
   return (n + chunk_elements - 1) / chunk_elements;
 }
 template <class F>
 void for_chunks(int64_t n, const F& f) {
-  at::parallel_for(0, chunks_of(n), 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) f(c, c * chunk_elements, std::min(n, (c + 1) * chunk_elements));
-  });
+  const int64_t chunks = chunks_of(n);
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t c = next++; c < chunks; c = next++)
+      f(c, c * chunk_elements, std::min(n, (c + 1) * chunk_elements));
+  };
+  const int64_t helpers = std::min<int64_t>(at::get_num_threads(), chunks) - 1;
+  std::vector<std::thread> pool;
+  try {
+    for (int64_t t = 0; t < helpers; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {  // no more threads: the ones started and this one do the rest
+  }
+  work();
+  for (auto& t : pool) t.join();
 }
 /// Sum of per-chunk partial sums, in chunk order.
 double sum_in_order(const std::vector<double>& parts) {
