@@ -156,6 +156,7 @@ at::Tensor staged_mean(std::unique_ptr<models::host_stage>& stage, std::vector<a
   mean = at::Tensor();
   staged.done->synchronize();  // the copy came after the mean's kernels: they have read the parts
   parts.clear();               // only now may a worker write its buffer again
+  stage->release_sources();    // the mean's device buffer too, during the next inner steps
   return std::move(staged.host);
 }
 

@@ -42,8 +42,7 @@ host_stage::staged host_stage::stage(const at::Tensor& src) {
   if (src.device() != device_ || src.scalar_type() != at::kFloat || !src.is_contiguous())
     throw std::invalid_argument("host_stage: the source must be a contiguous fp32 tensor on " +
                                 device_.str());
-  for (auto& b : pool_)  // buffers whose copies are done no longer keep their sources
-    if (b.source.defined() && (!b.done || b.done->query())) b.source = at::Tensor();
+  release_sources();
   auto& b = free_buffer(src.numel());
   auto host = b.host.narrow(0, 0, src.numel()).view(src.sizes());
   auto done = std::make_shared<device_event>(device_);
@@ -67,6 +66,11 @@ void host_stage::time_copies() {
 
 double host_stage::last_copy_seconds() {
   return timer_ ? timer_->seconds() : -1;
+}
+
+void host_stage::release_sources() {
+  for (auto& b : pool_)
+    if (b.source.defined() && (!b.done || b.done->query())) b.source = at::Tensor();
 }
 
 void host_stage::fence() {

@@ -32,6 +32,9 @@ class host_stage {
   staged stage(const at::Tensor& src);
   /// The compute stream's later work waits for every staged copy to have read its source.
   void fence();
+  /// Lets go of the sources whose copies are done (stage() does so too): a caller that waited for its copy
+  /// frees the source's device memory now, not at the next stage().
+  void release_sources();
 
   /// Times every later copy on the device (CUDA events around it on the side stream, for benches);
   /// last_copy_seconds() waits for the last one's and returns it, -1 without a GPU or timing.

@@ -200,8 +200,9 @@ at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ra
     return at::cat(slices);
   }
   no_grad_guard no_grad;
-  stage_->fence();  // the last copy has read delta_dev_
-  auto staged = stage_->stage(delta_dev_.narrow(0, 0, fill_delta(theta, ranges)));
+  stage_->fence();                                   // the last copy has read delta_dev_
+  const int64_t packed = fill_delta(theta, ranges);  // may take a larger buffer
+  auto staged = stage_->stage(delta_dev_.narrow(0, 0, packed));
   staged.done->synchronize();
   return std::move(staged.host);
 }
@@ -210,8 +211,9 @@ at::Tensor inner_trainer::node_delta(const at::Tensor& theta, const flat_ranges&
   if (!stage_ || !opts_.device_delta) return pseudo_gradient(theta, ranges);
   no_grad_guard no_grad;
   stage_->fence();  // a staged copy (the gradient's) has read its source
-  // The node's mean may still read the last round's: never write under a reader, take a new buffer.
-  if (delta_dev_.storage().use_count() > 1) delta_dev_ = at::empty_like(master_);
+  // The node's mean may still read the last round's: never write under a reader. A new buffer of this
+  // call's size (a fragment's, not the model's).
+  if (delta_dev_.storage().use_count() > 1) delta_dev_ = at::empty({range_size(ranges)}, master_.options());
   const int64_t packed = fill_delta(theta, ranges);
   if (compute_) {  // done before another thread's stream reads it
     device_event ready(device_);
@@ -225,6 +227,8 @@ int64_t inner_trainer::fill_delta(const at::Tensor& theta, const flat_ranges& ra
   // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: whatever reads the result
   // comes after it on the device. Each range's theta - master is one fp32 rounding, as on the host.
   const bool pinned = device_.is_cuda() && theta.is_pinned();
+  if (delta_dev_.numel() < range_size(ranges))
+    delta_dev_ = at::empty({range_size(ranges)}, master_.options());
   int64_t packed = 0;
   for (const auto& [off, len] : ranges) {
     auto d = delta_dev_.narrow(0, packed, len);

@@ -126,8 +126,8 @@ class inner_trainer {
   /// Forward and backward on the next batch: the loss, not yet read (no synchronisation).
   at::Tensor forward_backward();
   void apply_update(at::Tensor& grad_fp32);
-  /// delta_dev_'s first values: theta - master on `ranges`, packed, queued on the compute stream; their
-  /// count.
+  /// delta_dev_'s first values (a larger buffer when it is too small): theta - master on `ranges`, packed,
+  /// queued on the compute stream; their count.
   int64_t fill_delta(const at::Tensor& theta, const flat_ranges& ranges);
   /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
   at::Tensor to_host(const at::Tensor& t, bool lend) const;

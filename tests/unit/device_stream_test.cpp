@@ -123,6 +123,10 @@ CATCH_TEST_CASE("a staged copy is its source bit for bit, and is done only once 
   CATCH_CHECK(s.host.device().is_cpu());
   CATCH_CHECK(same_bits(s.host, src.cpu()));
   if (device.is_cuda()) CATCH_CHECK(s.host.is_pinned());
+  // The stage kept the source until its copy was done; a caller that waited lets it go at once.
+  CATCH_CHECK(src.use_count() == 2);
+  stage.release_sources();
+  CATCH_CHECK(src.use_count() == 1);
   CATCH_CHECK_THROWS_AS(stage.stage(src.to(at::kDouble)), std::invalid_argument);
 }
 

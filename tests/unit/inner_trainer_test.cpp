@@ -142,14 +142,24 @@ CATCH_TEST_CASE(
   d1 = at::Tensor();
   d2 = at::Tensor();
   t->step();
-  const auto d3 = t->node_delta(theta, whole);  // let go: the same buffer again
+  auto d3 = t->node_delta(theta, whole);  // let go: the same buffer again
   CATCH_CHECK(d3.data_ptr() == reused);
   CATCH_CHECK(same_bits(d3.cpu(), theta - t->master().cpu()));
-  // A fragment: its ranges, packed, as pseudo_gradient's.
+  // A fragment: its ranges, packed, as pseudo_gradient's. d3 is held: a new buffer of the fragment's size,
+  // not the model's.
   const auto ranges = models::fragment_ranges(spec, 2, /*strided=*/false)[1];
   std::vector<at::Tensor> slices;
   for (const auto& [off, len] : ranges) slices.push_back((theta - t->master().cpu()).narrow(0, off, len));
-  CATCH_CHECK(same_bits(t->node_delta(theta, ranges).cpu(), at::cat(slices)));
+  auto f1 = t->node_delta(theta, ranges);
+  CATCH_CHECK(same_bits(f1.cpu(), at::cat(slices)));
+  CATCH_CHECK(f1.data_ptr() != d3.data_ptr());
+  CATCH_CHECK(f1.storage().nbytes() == static_cast<size_t>(models::range_size(ranges)) * sizeof(float));
+  f1 = at::Tensor();
+  d3 = at::Tensor();
+  // The whole model again, into a buffer too small for it (nobody holds it): a larger one.
+  const auto d4 = t->node_delta(theta, whole);
+  CATCH_CHECK(d4.storage().nbytes() == static_cast<size_t>(theta.numel()) * sizeof(float));
+  CATCH_CHECK(same_bits(d4.cpu(), theta - t->master().cpu()));
   // Without device_delta it is pseudo_gradient's host tensor.
   auto host = trainer(1, device, /*stage_delta=*/true);
   host->step();
