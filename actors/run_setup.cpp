@@ -145,6 +145,8 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   ctx->config_toml = config::to_toml(cfg);
   ctx->train_tokens = load_tokens(data.train_path);
   ctx->val_tokens = load_tokens(data.val_path);
+  models::data::check_token_ids(*ctx->train_tokens, spec.vocab_size, data.train_path);
+  models::data::check_token_ids(*ctx->val_tokens, spec.vocab_size, data.val_path);
   const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   ctx->threads_per_worker =
       cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);

@@ -5,9 +5,11 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "actors/actor_graph.hpp"
 #include "actors/collective_factory.hpp"
@@ -52,6 +54,11 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   }
   fs::create_directories(p.out_dir);
   const run_lock lock(p.out_dir);  // one run per out_dir, until this process ends
+  // And per checkpoint directory: two runs sharing one would resume from, rotate away and overwrite each
+  // other's checkpoints.
+  fs::create_directories(p.ckpt_dir);
+  std::optional<run_lock> ckpt_lock;
+  if (!fs::equivalent(p.ckpt_dir, p.out_dir)) ckpt_lock.emplace(p.ckpt_dir, "checkpoint.dir");
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
@@ -181,10 +188,21 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
                          config::to_string(cfg.diloco.outer)};
     auto snap = from_checkpoint(std::move(c), shape);
     auto val = models::data::read_shard(data.val_path);
+    models::data::check_token_ids(val, spec.vocab_size, data.val_path);
+    if (!at::isfinite(snap.theta).all().item<bool>())
+      throw lw_error(errc::corrupt_checkpoint,
+                     fmt::format("checkpoint of round {}: theta_global holds NaN or "
+                                 "infinite values",
+                                 snap.round));
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
     model.load_flat(snap.theta);
     const int64_t n = batches > 0 ? batches : cfg.eval.batches;
-    const double loss = models::validation_loss(model, val, cfg.train.batch_size, n);
+    auto last = std::chrono::steady_clock::now();
+    const double loss = models::validation_loss(model, val, cfg.train.batch_size, n, [&](int64_t done) {
+      if (std::chrono::steady_clock::now() - last < std::chrono::seconds(10)) return;
+      last = std::chrono::steady_clock::now();
+      spdlog::info("eval: {} of {} batches", done, n);
+    });
     std::printf("checkpoint round %lu, inner step %lu: val loss %.4f, val perplexity %.3f (%ld batches)\n",
                 snap.round, snap.step, loss, std::exp(loss), n);
     return 0;
@@ -193,9 +211,12 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     return 2;
   } catch (const lw_error& e) {
     spdlog::error("{}: {}", to_string(e.code()), e.what());
+    return e.code() == errc::corrupt_data ? 2 : 1;  // the user's shards, as for run
+  } catch (const c10::Error& e) {
+    spdlog::error("torch: {}", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
+    spdlog::error("{}", describe(e));
     return 1;
   }
 }

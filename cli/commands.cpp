@@ -13,6 +13,13 @@ namespace longwave::cli {
 
 namespace {
 
+/// --log-level, one of spdlog's names (any other would silence every message, errors included).
+void add_log_level(CLI::App* app, cli_values& v) {
+  app->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+}
+
 CLI::App* add_run(CLI::App& app, cli_values& v) {
   auto* run = app.add_subcommand("run", "Train from a TOML config (resumes from the latest checkpoint)");
   run->add_option("config", v.config_path, "TOML config file (see examples/)")->required();
@@ -21,7 +28,7 @@ CLI::App* add_run(CLI::App& app, cli_values& v) {
                 "Validate, print the resolved config, parameter count and memory estimate; do not train");
   run->add_flag("--fresh", v.run_fresh,
                 "Start over: delete this run's checkpoints, loss trace and metrics.jsonl first");
-  run->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  add_log_level(run, v);
   run->footer(
       "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation "
       "perplexity.\n"
@@ -36,7 +43,8 @@ CLI::App* add_eval(CLI::App& app, cli_values& v) {
   auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint's theta_global");
   eval->add_option("checkpoint", v.ckpt, "A .lwc checkpoint file or a checkpoint directory (newest valid)")
       ->required();
-  eval->add_option("--batches", v.batches, "Validation batches (default: the run's eval.batches)");
+  eval->add_option("--batches", v.batches, "Validation batches (default: the run's eval.batches)")
+      ->check(CLI::PositiveNumber);
   return eval;
 }
 
@@ -97,7 +105,7 @@ CLI::App* add_coordinator(CLI::App& app, cli_values& v) {
   coord->add_option("--bind", v.coordinator_bind,
                     "Which of [cluster] coordinator's addresses to listen on (default: the first); a standby "
                     "coordinator started elsewhere takes the running cluster over");
-  coord->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  add_log_level(coord, v);
   coord->footer(cluster_footer);
   return coord;
 }
@@ -122,7 +130,7 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
   node->add_flag("--leave", v.node_leave,
                  "Ask the running node NAME to leave the cluster at its next round boundary (it saves its "
                  "checkpoint and exits 0; the others go on), then exit");
-  node->add_option("--log-level", v.log_level, "trace, debug, info, warn or error")->capture_default_str();
+  add_log_level(node, v);
   node->footer(cluster_footer);
   return node;
 }
@@ -179,8 +187,13 @@ CLI::App* add_report(CLI::App& app, cli_values& v) {
 
 CLI::App* add_presets(CLI::App& app, cli_values& v) {
   auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
-  presets->add_option("--vocab", v.pv, "Vocabulary size")->capture_default_str();
-  presets->add_option("--seq-len", v.pt, "Context length")->capture_default_str();
+  // The ranges of model.vocab_size and model.seq_len (config/schema.hpp).
+  presets->add_option("--vocab", v.pv, "Vocabulary size (2..65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{65536}));
+  presets->add_option("--seq-len", v.pt, "Context length (8..8192)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{8}, int64_t{8192}));
   presets->add_option("--config", v.presets_config,
                       "Also count the parameters of this config's model (its vocab and context too)");
   // Each shape option becomes a model.<key> override, checked as in `run`.

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -66,6 +68,10 @@ exported_model load(const std::string& path) {
                                                          path, it->second, models::model_label(m.spec)));
   m.theta.resize(blob->size / sizeof(float));  // a copy: the blob's bytes need not be float-aligned
   std::memcpy(m.theta.data(), blob->data, blob->size);
+  if (!std::all_of(m.theta.begin(), m.theta.end(), [](float x) { return std::isfinite(x); }))
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, named.ckpt.round));
   m.cfg = std::move(named.cfg);
   m.round = named.ckpt.round;
   m.step = named.ckpt.step;

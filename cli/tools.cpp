@@ -89,6 +89,10 @@ int cmd_sweep(cli_values& v, const char* argv0) {
 /// `keys new`: the key files of a cluster (see add_keys).
 int cmd_keys_new(const cli_values& v) {
   runtime::init_logging("info");
+  if (v.keys_dir.empty()) {  // [security] keys = "" means unset: such a directory could never be named
+    std::fprintf(stderr, "keys new: --out is empty: name the key directory\n");
+    return 2;
+  }
   std::vector<std::string> names = v.keys_nodes;
   if (!v.keys_cluster.empty()) {
     // The cluster file may already name this key directory, or not yet: it is read without [security].

@@ -448,6 +448,9 @@ class loader {
     const std::string section = key.substr(0, dot);
     const std::string name = key.substr(dot + 1);
     const std::string where = " (from --set)";
+    if (raw.find_first_of("\r\n") != std::string::npos)  // a string field would take it as it is
+      throw config_error(
+          key, fmt::format("{}: the value contains a line break; --set takes one line{}", key, where));
 
     // "v = <raw>" parses a lone TOML value; a line break could smuggle in more keys, so it is never parsed.
     std::optional<toml::table> parsed;
@@ -747,8 +750,12 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                                    cfg.train.rounds, cfg.train.inner_steps));
   }
   check_dir("run.out_dir", cfg.run.out_dir);
-  check_dir("checkpoint.dir", cfg.checkpoint.dir);
-  check_dir("data.cache_dir", cfg.data.cache_dir);
+  // Unset, they are out_dir's subdirectories (actors::resolve_paths): a file there is in their way too.
+  const auto beside_out = [&](const char* sub) {
+    return (std::filesystem::path(cfg.run.out_dir) / sub).string();
+  };
+  check_dir("checkpoint.dir", cfg.checkpoint.dir.empty() ? beside_out("checkpoints") : cfg.checkpoint.dir);
+  check_dir("data.cache_dir", cfg.data.cache_dir.empty() ? beside_out("data") : cfg.data.cache_dir);
 }
 
 }  // namespace
@@ -807,6 +814,9 @@ std::string read_config_text(const std::string& path) {
     if (std::filesystem::is_directory(path, ec)) {
       throw config_error("file", fmt::format("cannot read config file '{}': it is a directory", path));
     }
+    // A device or a pipe could be read forever (/dev/zero): a config is a regular file.
+    if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+      throw config_error("file", fmt::format("cannot read config file '{}': not a regular file", path));
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       const int err = errno;
@@ -825,10 +835,20 @@ std::string read_config_text(const std::string& path) {
   return text;
 }
 
+void check_one_process(const train_config& cfg) {
+  if (cfg.federated.clients_per_round > cfg.train.workers)
+    throw config_error(
+        "federated.clients_per_round",
+        fmt::format("federated.clients_per_round = {}: the run has {} clients (workers) to draw "
+                    "from",
+                    cfg.federated.clients_per_round, cfg.train.workers));
+}
+
 train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides,
                               std::vector<std::string>* warnings) {
   const std::string text = read_config_text(path);
   train_config cfg = parse_config(text, overrides, path);
+  check_one_process(cfg);
   // parse_config accepted the text, so it parses; no table and no key in it means nothing was set.
   if (warnings && toml::parse(text, std::string_view(path)).empty()) {
     warnings->push_back(fmt::format("config {} is empty: every setting {}is its default", path,

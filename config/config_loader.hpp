@@ -40,7 +40,12 @@ train_config parse_config(std::string_view toml_text, const std::vector<std::str
 /// The text of a config file; config_error with key "file" if it cannot be read.
 std::string read_config_text(const std::string& path);
 
-/// Reads the file (config_error with key "file" if it cannot be read), then parse_config. An empty run.name
+/// The checks of a run in one process that a cluster's train section does not take (its workers are the
+/// nodes'): federated.clients_per_round within train.workers. Throws config_error.
+void check_one_process(const train_config& cfg);
+
+/// Reads the file (config_error with key "file" if it cannot be read), then parse_config and
+/// check_one_process. An empty run.name
 /// defaults to the file's stem. If `warnings` is given, one line is appended for each thing that is valid but
 /// likely a mistake (a file that sets nothing). Throws config_error and nothing else.
 train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides,

@@ -260,7 +260,7 @@ double inner_trainer::evaluate(const at::Tensor& theta, const std::vector<uint16
 }
 
 double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
-                       int64_t n_batches) {
+                       int64_t n_batches, const std::function<void(int64_t)>& after_batch) {
   no_grad_guard no_grad;
   const int64_t seq_len = model.spec().seq_len;
   double sum = 0;
@@ -268,6 +268,7 @@ double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int6
     auto buf = data::validation_batch(val_tokens, b, batch_size, seq_len);
     auto t = at::from_blob(buf.data(), {batch_size, seq_len + 1}, at::kLong).to(model.device());
     sum += model.loss(t, /*grad=*/false).item<double>();
+    if (after_batch) after_batch(b + 1);
   }
   return sum / static_cast<double>(n_batches);
 }

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,9 +54,9 @@ struct inner_state {
 };
 
 /// Mean loss of `model` on the first n_batches validation batches (batch_size sequences of the model's
-/// length), computed on the model's device.
+/// length), computed on the model's device. after_batch(done), if given, follows each batch (progress).
 double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
-                       int64_t n_batches);
+                       int64_t n_batches, const std::function<void(int64_t)>& after_batch = nullptr);
 
 /// One worker's replica and inner optimizer, on its device (options.device). What goes in and out (theta, the
 /// pseudo-gradient, DDP's gradient, the state) is fp32 on the host: the rest of Longwave never sees a device

@@ -47,9 +47,14 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
                 schedule = static_cast<uint64_t>(self->state.last_step);
               train_snapshot snap = outer_part(
                   self->state, outer, schedule ? static_cast<int64_t>(*schedule) : reps[0].adam_steps);
+              // Replicas that differ (a resumed checkpoint whose counters were altered): no snapshot of them.
               for (const auto& r : reps)
-                LW_ASSERT(schedule || static_cast<uint64_t>(r.adam_steps) == snap.step,
-                          "replicas of a snapshot differ in step");
+                if (!schedule && static_cast<uint64_t>(r.adam_steps) != snap.step)
+                  return fail(self, make_error(errc::corrupt_checkpoint,
+                                               fmt::format("worker {} has taken {} inner steps and worker {} "
+                                                           "{}: the state this run resumed from is "
+                                                           "inconsistent; start over with --fresh",
+                                                           r.rank, r.adam_steps, reps[0].rank, snap.step)));
               snap.replicas = std::move(reps);
               self->state.policy->fill_snapshot(snap, outer, boundary);
               then(std::move(snap));

@@ -49,10 +49,14 @@ class streaming_policy final : public round_policy {
     if (!streaming_resumable_at(shape_, pos_))
       return runtime::make_error(
           errc::invalid_config,
-          fmt::format("the checkpoint stopped at inner step {} of its round, which is not a fragment sync "
-                      "point of diloco.outer = \"streaming\" (every {} steps); resume with the policy it was "
-                      "written with, or start over with --fresh",
-                      pos_, shape_.period()));
+          fmt::format("the checkpoint stopped at inner step {} of its round, {}; resume with the policy it "
+                      "was written with, or start over with --fresh",
+                      pos_,
+                      pos_ >= shape_.h ? "after its last step but before its average: diloco.outer = "
+                                         "\"streaming\" has no such point"
+                                       : fmt::format("which is not a fragment sync point of diloco.outer = "
+                                                     "\"streaming\" (every {} steps)",
+                                                     shape_.period())));
     for (auto& r : snap.replicas) r.steps_in_round = 0;
     return {};
   }

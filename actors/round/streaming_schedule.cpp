@@ -22,7 +22,7 @@ streaming_event next_streaming_event(const streaming_shape& s, int64_t pos) {
 }
 
 bool streaming_resumable_at(const streaming_shape& s, int64_t pos) {
-  return pos % s.period() == 0;
+  return pos >= 0 && pos < s.h && pos % s.period() == 0;
 }
 
 std::vector<uint32_t> streaming_final_fragments(const streaming_shape& s) {

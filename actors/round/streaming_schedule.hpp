@@ -28,7 +28,7 @@ struct streaming_event {
 streaming_event next_streaming_event(const streaming_shape& s, int64_t pos);
 
 /// Whether a round position is a stop with no fragment in flight (a mid-round snapshot may be taken there
-/// and resumed): a multiple of H/P.
+/// and resumed): a multiple of H/P inside the round (H itself is the round's end, before its average).
 bool streaming_resumable_at(const streaming_shape& s, int64_t pos);
 
 /// After the last round, fragments 1..P-1 were last synced part-way through it and are synced once more, in

@@ -288,7 +288,9 @@ config::train_config build_config(const reader& r, const std::string& base_text,
                                   const std::vector<std::string>& overrides,
                                   const std::vector<origin>& origins, const std::string& point_label) {
   try {
-    return config::parse_config(base_text, overrides, s.base);
+    auto cfg = config::parse_config(base_text, overrides, s.base);
+    config::check_one_process(cfg);
+    return cfg;
   } catch (const config::config_error& e) {
     for (const auto& o : origins)
       if (o.key == e.key()) r.fail(o.entry, e.what());

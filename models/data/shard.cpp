@@ -3,6 +3,7 @@
 #include "models/data/shard.hpp"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -100,6 +101,15 @@ std::vector<uint16_t> read_shard(const std::string& path) {
       tokens[i] = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
   }
   return tokens;
+}
+
+void check_token_ids(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path) {
+  const auto top = std::max_element(tokens.begin(), tokens.end());
+  if (top == tokens.end() || *top < vocab) return;
+  const auto bad = std::find_if(tokens.begin(), tokens.end(), [&](uint16_t t) { return t >= vocab; });
+  corrupt(path, fmt::format("token id {} at position {} is outside the model's vocabulary of {} (ids 0..{}): "
+                            "the shard was made with another tokenizer, or model.vocab_size is too small",
+                            *bad, bad - tokens.begin(), vocab, vocab - 1));
 }
 
 int64_t read_shard_token_count(const std::string& path) {

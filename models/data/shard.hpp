@@ -21,6 +21,10 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 /// Throws lw_error(io_error) if unreadable and lw_error(corrupt_data) naming the file and the problem.
 std::vector<uint16_t> read_shard(const std::string& path);
 
+/// Every token id below `vocab` (the model's vocabulary: a larger one would index past its embedding).
+/// Throws lw_error(corrupt_data) naming the file, the first such id and its position.
+void check_token_ids(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path);
+
 /// Validates a shard's header and length as read_shard() does, without reading the tokens; returns the count.
 int64_t read_shard_token_count(const std::string& path);
 

@@ -1,4 +1,5 @@
-// The out_dir lock: flock(LOCK_EX | LOCK_NB), then the PID written into the file for the refusal message.
+// The out_dir and checkpoint.dir locks: flock(LOCK_EX | LOCK_NB), then the PID written into the file for the
+// refusal message.
 #include "runtime/checkpoint/run_lock.hpp"
 
 #include <fcntl.h>
@@ -25,7 +26,7 @@ std::string read_holder(int fd) {
 
 }  // namespace
 
-run_lock::run_lock(const std::string& dir) : path_(dir + "/.longwave.lock") {
+run_lock::run_lock(const std::string& dir, const std::string& key) : path_(dir + "/.longwave.lock") {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw lw_error(errc::io_error, "cannot open the lock file " + path_ + ": " + std::strerror(errno));
@@ -35,9 +36,8 @@ run_lock::run_lock(const std::string& dir) : path_(dir + "/.longwave.lock") {
     ::close(fd_);
     fd_ = -1;
     if (err == EWOULDBLOCK)
-      throw run_lock_busy(errc::io_error, "run.out_dir " + dir + " is in use by another longwave run (pid " +
-                                              holder +
-                                              "); wait for it to end, or choose another run.out_dir");
+      throw run_lock_busy(errc::io_error, key + " " + dir + " is in use by another longwave run (pid " +
+                                              holder + "); wait for it to end, or choose another " + key);
     throw lw_error(errc::io_error, "cannot lock " + path_ + ": " + std::strerror(err));
   }
   const std::string pid = std::to_string(::getpid()) + "\n";

@@ -1,6 +1,6 @@
 #pragma once
-// One run per out_dir: an advisory lock (flock) on <out_dir>/.longwave.lock holding the owner's PID. The
-// kernel releases it when the process dies, however it dies.
+// One run per out_dir (and per checkpoint.dir): an advisory lock (flock) on <out_dir>/.longwave.lock holding
+// the owner's PID. The kernel releases it when the process dies, however it dies.
 #include <string>
 
 #include "runtime/errors/errors.hpp"
@@ -16,9 +16,10 @@ class run_lock_busy : public lw_error {
 /// Held for the lifetime of the object. Not copyable.
 class run_lock {
  public:
-  /// Takes the lock of `dir` (which must exist). Throws run_lock_busy naming the holder's PID when another
-  /// process holds it, or lw_error(io_error) with the system error when the lock file cannot be opened.
-  explicit run_lock(const std::string& dir);
+  /// Takes the lock of `dir` (which must exist). Throws run_lock_busy naming the holder's PID and the setting
+  /// `key` that chose dir when another process holds it, or lw_error(io_error) with the system error when the
+  /// lock file cannot be opened.
+  explicit run_lock(const std::string& dir, const std::string& key = "run.out_dir");
   ~run_lock();
   run_lock(const run_lock&) = delete;
   run_lock& operator=(const run_lock&) = delete;

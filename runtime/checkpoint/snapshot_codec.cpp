@@ -142,6 +142,10 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
     if (!cb || cb->size != 3 * sizeof(int64_t)) mismatch("checkpoint has no valid '" + p + "counters'");
     int64_t v[3];
     std::memcpy(v, cb->data, sizeof(v));
+    if (v[0] < 0 || v[1] < 0 || v[2] < 0)  // counts a run could not have written
+      mismatch("checkpoint '" + p + "counters' hold a negative count (" + std::to_string(v[0]) +
+               " inner steps, data position " + std::to_string(v[1]) + ", step " + std::to_string(v[2]) +
+               " of the round)");
     rs.adam_steps = v[0];
     rs.sampler_position = static_cast<uint64_t>(v[1]);
     rs.steps_in_round = v[2];

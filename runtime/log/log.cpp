@@ -1,14 +1,32 @@
-// Default spdlog logger: stdout, "[hh:mm:ss] message", level shown only for warnings and errors.
+// Default spdlog logger, "[hh:mm:ss] message": information on stdout, warnings and errors on stderr, so that
+// `longwave run --dry-run > resolved.toml` still shows them.
 #include "runtime/log/log.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <memory>
+
 namespace longwave::runtime {
+
+namespace {
+
+/// stdout's sink for the messages below warnings.
+class below_warnings final : public spdlog::sinks::stdout_sink_mt {
+ public:
+  void log(const spdlog::details::log_msg& msg) override {
+    if (msg.level < spdlog::level::warn) spdlog::sinks::stdout_sink_mt::log(msg);
+  }
+};
+
+}  // namespace
 
 void init_logging(const std::string& level) {
   static bool done = false;
   if (!done) {
-    auto logger = spdlog::stdout_logger_mt("longwave");
+    auto out = std::make_shared<below_warnings>();
+    auto err = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    err->set_level(spdlog::level::warn);
+    auto logger = std::make_shared<spdlog::logger>("longwave", spdlog::sinks_init_list{out, err});
     logger->set_pattern("[%H:%M:%S] %v");
     spdlog::set_default_logger(logger);
     spdlog::flush_on(spdlog::level::info);

@@ -1,12 +1,14 @@
 #pragma once
-// Process-wide logging on spdlog: one "longwave" logger writing progress lines to stdout.
+// Process-wide logging on spdlog: one "longwave" logger, progress lines on stdout, warnings and errors on
+// stderr.
 #include <spdlog/spdlog.h>
 
 #include <string>
 
 namespace longwave::runtime {
 
-/// Installs the default logger (idempotent). level: "trace".."error".
+/// Installs the default logger (idempotent). level: "trace", "debug", "info", "warn" or "error" (the CLI
+/// checks it; spdlog turns any other name into silence).
 void init_logging(const std::string& level = "info");
 
 }  // namespace longwave::runtime

@@ -153,6 +153,45 @@ CATCH_TEST_CASE("An out-of-memory error says so and names the settings to lower"
   CATCH_CHECK(longwave::describe(std::runtime_error("disk full")) == "disk full");
 }
 
+CATCH_TEST_CASE("bad arguments exit 2 naming the option, and errors go to stderr, progress to stdout",
+                "[process][config]") {
+  const auto dir = scratch_dir("badargs");
+  const auto cfg = quick_config_file(dir);
+  struct bad_case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<bad_case> cases = {
+      // spdlog would take an unknown level as "off": every message silenced, errors included.
+      {{"run", cfg, "--log-level", "verbose"}, "--log-level: verbose not in"},
+      {{"presets", "--vocab", "0"}, "--vocab: Value 0 not in range"},
+      {{"presets", "--seq-len", "-5"}, "--seq-len"},
+      {{"keys", "new", "--out", "", "--nodes", "a"}, "--out is empty"},
+      {{"eval", dir, "--batches", "0"}, "--batches"},
+      {{"run", "/dev/zero", "--dry-run"}, "not a regular file"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    std::vector<std::string> args{binary()};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    auto [code, out] = run(args, dir + "/arg" + std::to_string(i++) + ".log", 60);
+    CATCH_INFO(c.says << ": " << out);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(c.says) != std::string::npos);
+  }
+  // A config error found after the config loaded (the device) goes to stderr: a dry run's resolved config
+  // on stdout holds none of it.
+  const auto [code, out] =
+      run({"/bin/sh", "-c", "\"$0\" run \"$1\" --dry-run --set train.device=cuda:7 > \"$2\"", binary(), cfg,
+           dir + "/resolved.toml"},
+          dir + "/stderr.log", 60);
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(out.find("train.device") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/resolved.toml").find("train.device") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before any training",
                 "[process][data]") {
   const auto dir = scratch_dir("baddata");
@@ -168,6 +207,22 @@ CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before
   write_text(dir + "/shards/val.bin", noise(4096));
   write_text(dir + "/notext.jsonl", "{\"title\": \"a\", \"body\": \"no text field\"}\n");
   write_text(dir + "/corpus.txt", noise(64 * 1024));
+  // Well-formed shards of the byte tokenizer, one id in val.bin beyond its 256: the model would index past
+  // its embedding.
+  auto shard = [](std::vector<uint16_t> tokens) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520, header[1] = 1, header[2] = static_cast<int32_t>(tokens.size());
+    std::string bytes(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+    return bytes + std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  };
+  std::vector<uint16_t> train(20000), val(4000);
+  for (size_t k = 0; k < train.size(); ++k) train[k] = static_cast<uint16_t>((k * 31) % 256);
+  for (size_t k = 0; k < val.size(); ++k) val[k] = static_cast<uint16_t>((k * 17) % 256);
+  val[5] = 300;
+  std::filesystem::create_directories(dir + "/ids");
+  write_text(dir + "/ids/train.bin", shard(train));
+  write_text(dir + "/ids/val.bin", shard(val));
+  write_text(dir + "/ids/tokenizer.txt", "longwave-byte 1\n");
   struct bad_case {
     std::string data_path, names, says;
   };
@@ -177,6 +232,7 @@ CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before
       {dir + "/notext.jsonl", dir + "/notext.jsonl:1", "no string field \"text\""},
       {dir + "/corpus.txt", dir + "/corpus.txt", "is not text"},
       {dir, dir, "has no train.bin and val.bin"},
+      {dir + "/ids", dir + "/ids/val.bin", "token id 300 at position 5"},
   };
   int i = 0;
   for (const auto& c : cases) {

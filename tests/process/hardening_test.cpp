@@ -214,6 +214,17 @@ CATCH_TEST_CASE(
   CATCH_CHECK(code == 4);
   CATCH_CHECK(log.find("is in use by another longwave run (pid " + std::to_string(first.pid) + ")") !=
               std::string::npos);
+  // Another out_dir with the first run's checkpoint directory is refused too: it would resume from, rotate
+  // away and overwrite the first run's checkpoints.
+  auto [code_ck, log_ck] =
+      run(args({binary(), "run", cfg}, {"train.rounds=1000000", "run.out_dir=" + dir + "/other",
+                                        "checkpoint.dir=" + dir + "/run/checkpoints"}),
+          dir + "/shared.log", 60);
+  CATCH_INFO(log_ck);
+  CATCH_CHECK(code_ck == 4);
+  CATCH_CHECK(log_ck.find("checkpoint.dir " + dir +
+                          "/run/checkpoints is in use by another longwave run (pid " +
+                          std::to_string(first.pid) + ")") != std::string::npos);
   // The first run is untouched: it goes on writing its trace alone.
   const auto n = read_trace(dir + "/run/loss_trace.tsv").size();
   CATCH_CHECK(wait_until([&] { return read_trace(dir + "/run/loss_trace.tsv").size() > n + 2; }, 60));

@@ -709,6 +709,10 @@ CATCH_TEST_CASE("A bad override value names the key and says it came from --set"
                    Contains("train.lr = 20: must be a finite number > 0 and <= 10 (from --set)"));
   const config_error multi = error_of("", {"train.workers=4\n[run]\nmode=\"single\""});
   CATCH_CHECK(multi.key() == "train.workers");
+  // A string field would take the raw text as it is: a line break is refused there too.
+  const config_error name = error_of("", {"run.name=a\nb"});
+  CATCH_CHECK(name.key() == "run.name");
+  CATCH_CHECK_THAT(name.what(), Contains("line break"));
 }
 
 CATCH_TEST_CASE("Single mode with 4 workers asks for train.workers = 1", "[config]") {
@@ -789,6 +793,26 @@ CATCH_TEST_CASE("load_config_file reports a missing file or a directory under th
   }
   CATCH_REQUIRE_THROWS_WITH(load_config_file(std::filesystem::temp_directory_path().string(), {}),
                             Contains("is a directory"));
+  // A device would be read forever (/dev/zero); /dev/null is one too.
+  CATCH_REQUIRE_THROWS_WITH(load_config_file("/dev/null", {}), Contains("/dev/null': not a regular file"));
+}
+
+CATCH_TEST_CASE("A run in one process draws its federated clients from its own workers, and --dry-run says so",
+                "[config]") {
+  namespace fs = std::filesystem;
+  const auto file = fs::temp_directory_path() / ("lw_config_fed_" + std::to_string(::getpid()) + ".toml");
+  std::ofstream(file) << "[train]\nworkers = 2\n[federated]\nclients_per_round = 2\n";
+  CATCH_CHECK_NOTHROW(load_config_file(file.string(), {}));
+  try {
+    load_config_file(file.string(), {"federated.clients_per_round=3"});
+    CATCH_FAIL("3 clients of 2 workers were accepted");
+  } catch (const config_error& e) {
+    CATCH_CHECK(e.key() == "federated.clients_per_round");
+    CATCH_CHECK_THAT(e.what(), Contains("the run has 2 clients (workers) to draw from"));
+  }
+  // A cluster's train section (parse_config) counts the nodes' workers: not checked there.
+  CATCH_CHECK_NOTHROW(parse_config("[train]\nworkers = 2\n[federated]\nclients_per_round = 3\n", {}, ""));
+  fs::remove(file);
 }
 
 CATCH_TEST_CASE("Streaming needs inner_steps divisible by the fragments and tau below H / P", "[config]") {
@@ -995,6 +1019,16 @@ CATCH_TEST_CASE("A directory setting that names an existing file is refused at l
     const config_error below = error_of("", {key + "=" + file + "/sub"});
     CATCH_CHECK(below.key() == key);
     CATCH_CHECK_THAT(below.what(), Contains("\"" + file + "\" is a file"));
+  }
+  // Unset, checkpoint.dir and data.cache_dir are out_dir's checkpoints/ and data/: a file there is named too.
+  for (const auto& [key, sub] : {std::pair<std::string, std::string>{"checkpoint.dir", "checkpoints"},
+                                 std::pair<std::string, std::string>{"data.cache_dir", "data"}}) {
+    const fs::path out = dir / ("out_" + sub);
+    fs::create_directories(out);
+    std::ofstream((out / sub).string()) << "in the way\n";
+    const config_error e = error_of("", {"run.out_dir=" + out.string()});
+    CATCH_CHECK(e.key() == key);
+    CATCH_CHECK_THAT(e.what(), Contains((out / sub).string()) && Contains("is a file, not a directory"));
   }
   // A directory that exists, or that does not exist yet, is fine.
   CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + dir.string()}, ""));

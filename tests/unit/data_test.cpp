@@ -906,3 +906,19 @@ CATCH_TEST_CASE("Validation batches are consecutive windows that wrap around a s
               errc::invalid_config);
   CATCH_CHECK(validation_batch(iota_tokens(12), 5, 3, seq_len).size() == 3 * 11);
 }
+
+CATCH_TEST_CASE("a token id outside the model's vocabulary is named with its shard and position",
+                "[data][shard]") {
+  const std::vector<uint16_t> ok{0, 5, 255, 17};
+  CATCH_CHECK_NOTHROW(check_token_ids(ok, 256, "train.bin"));
+  CATCH_CHECK_NOTHROW(check_token_ids({}, 2, "empty.bin"));
+  const std::vector<uint16_t> bad{0, 5, 300, 256, 17};
+  try {
+    check_token_ids(bad, 256, "shards/val.bin");
+    CATCH_FAIL("token id 300 of a 256-token vocabulary was accepted");
+  } catch (const lw_error& e) {
+    CATCH_CHECK(e.code() == errc::corrupt_data);  // the user's data: run exits 2 before training
+    CATCH_CHECK_THAT(e.what(), Contains("shards/val.bin") && Contains("token id 300 at position 2") &&
+                                   Contains("vocabulary of 256"));
+  }
+}

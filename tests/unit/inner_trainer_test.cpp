@@ -260,6 +260,15 @@ CATCH_TEST_CASE("a trainer's state written to a checkpoint file and read back co
     runtime::checkpoint_store store(dir.string(), 1);
     store.write(runtime::to_checkpoint(snap, shape));
   }
+  // Counters a run cannot write (a file edited behind the checksum's back) are refused, naming the blob.
+  for (const int which : {0, 1, 2}) {
+    auto bent = snap;
+    bent.replicas[0].adam_steps = which == 0 ? -5 : r.adam_steps;
+    bent.replicas[0].sampler_position = which == 1 ? ~uint64_t{0} : r.sampler_position;  // -1 on disk
+    bent.replicas[0].steps_in_round = which == 2 ? -1 : 0;
+    CATCH_CHECK_THROWS_WITH(runtime::from_checkpoint(runtime::to_checkpoint(bent, shape), shape),
+                            Catch::Matchers::Contains("'replica0/counters' hold a negative count"));
+  }
   auto loaded = runtime::from_checkpoint(*runtime::checkpoint_store(dir.string(), 1).load_latest(), shape);
   const auto& lr = loaded.replicas.at(0);
   auto b = trainer();

@@ -103,13 +103,18 @@ CATCH_TEST_CASE("with tau 0 each stop both snapshots and syncs its fragment, and
   CATCH_CHECK(one.round_end);
 }
 
-CATCH_TEST_CASE("a streaming round can be resumed only at multiples of H/P, and the run ends with P-1 syncs",
-                "[unit][round]") {
+CATCH_TEST_CASE(
+    "a streaming round can be resumed only at multiples of H/P within it, and the run ends with P-1 syncs",
+    "[unit][round]") {
   const streaming_shape s{6, 2, 1};
   CATCH_CHECK(streaming_resumable_at(s, 0));
   CATCH_CHECK(streaming_resumable_at(s, 3));
   CATCH_CHECK_FALSE(streaming_resumable_at(s, 2));
   CATCH_CHECK_FALSE(streaming_resumable_at(s, 5));
+  // Another policy's snapshot after the round's last step (its average not yet applied): no such point here.
+  CATCH_CHECK_FALSE(streaming_resumable_at(s, 6));
+  CATCH_CHECK_FALSE(streaming_resumable_at(s, 12));
+  CATCH_CHECK_FALSE(streaming_resumable_at(s, -3));
   CATCH_CHECK(streaming_final_fragments({12, 3, 1}) == std::vector<uint32_t>{1, 2});
   CATCH_CHECK(streaming_final_fragments({12, 1, 0}).empty());
 }
