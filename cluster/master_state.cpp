@@ -137,8 +137,11 @@ void master_state::call_off_at_join_deadline() {
 
 /// Every listed node, or (past the join deadline) at least min_nodes of them, begins training.
 void master_state::welcome_all() {
+  const auto plan = plan_resume();
+  start_round_ = plan.round;
   for (size_t i = 0; i < members_.size(); ++i) {
     auto& m = members_[i];
+    if (std::find(plan.fetch.begin(), plan.fetch.end(), i) != plan.fetch.end()) continue;  // below
     if (m.phase == member_phase::waiting) {
       m.phase = member_phase::member;
     } else if (m.phase == member_phase::absent) {
@@ -164,6 +167,20 @@ void master_state::welcome_all() {
                  {"members", list_of(members)},
                  {"round", static_cast<int64_t>(start_round())}});
   merge_members_changed();
+  // Those without a checkpoint of the round fetch the members' state and are admitted at a fence (on_join).
+  for (auto i : plan.fetch) {
+    auto& m = members_[i];
+    m.phase = member_phase::joining;
+    m.ready.reset();
+    m.pinned = false;
+    m.turned_back.reset();
+    info(fmt::format(
+        "coordinator: node {} holds no checkpoint of round {} (its newest: {}): it fetches the "
+        "state from {} and joins",
+        specs_[i].name, plan.round,
+        m.resume_round == 0 ? std::string("none") : std::to_string(m.resume_round), names_of(members)));
+    send_recover(i, "");
+  }
 }
 
 /// Adopts the nodes that re-announced themselves: their epoch as it stands when they all report the same

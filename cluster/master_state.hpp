@@ -335,7 +335,13 @@ class master_state {
   std::string names_of(const std::vector<size_t>& idx) const;
   std::string list_of(const std::vector<size_t>& idx) const;  // "n0,n1", as records name members
   std::string ring_text(const std::vector<size_t>& members) const;
-  uint64_t start_round() const;
+  /// The round the nodes welcomed at the start resume after (resume_plan's, once they are welcomed).
+  uint64_t start_round() const { return start_round_; }
+  struct resume_plan {
+    uint64_t round = 0;
+    std::vector<size_t> fetch;  // joined nodes without a checkpoint of `round`: they fetch it as joiners
+  };
+  resume_plan plan_resume() const;
   std::optional<size_t> index_of_identity(const std::string& id) const;
   std::string key_of(const std::string& name) const;
   peer_entry peer_of(size_t rank, size_t i) const;
@@ -354,6 +360,7 @@ class master_state {
   std::set<std::string> strangers_;          // routing ids of running nodes of an earlier master
   std::set<std::string> running_elsewhere_;  // their names
   bool welcomed_ = false;                    // training began
+  uint64_t start_round_ = 0;                 // the welcomed nodes resume after it (plan_resume)
   uint64_t term_ = 0;                        // this master's (see term())
   uint64_t newest_term_ = 0;                 // the newest a running node named before this master led
   uint64_t epoch_ = 1;                       // the current membership's epoch

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -413,17 +414,31 @@ std::string master_state::ring_text(const std::vector<size_t>& members) const {
   return out;
 }
 
-/// The round the joined members resume after: the newest round every one of them holds a checkpoint of (their
-/// hellos list them), so a node whose newest checkpoint is older than the others' does not drag the cluster
-/// back to a round they pruned; 0 when one holds none. Without lists in common: the oldest newest round.
-uint64_t master_state::start_round() const {
+/// Where the joined nodes resume. Their hellos list the rounds of their checkpoints: the round the most of
+/// them hold (the newest of those), so that a node whose checkpoints are older than the others' (it left, or
+/// was lost, while they trained on and pruned theirs) does not drag the cluster back to a round they no
+/// longer hold, nor a node without checkpoints (a new disk, --fresh) back to round 1. The nodes without a
+/// checkpoint of that round fetch the members' state, as a joiner does. Without lists (an older node), on
+/// NCCL (no state servers) or async (every node resumes its own newest): the newest round all of them hold,
+/// else the oldest newest round, 0 when one holds none.
+master_state::resume_plan master_state::plan_resume() const {
+  std::vector<size_t> joined;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].identity && members_[i].phase == member_phase::waiting) joined.push_back(i);
+  bool lists = !merges_;
+  for (auto i : joined) {
+    const auto& m = members_[i];
+    lists = lists && (m.resume_round == 0 || !m.checkpoint_rounds.empty()) && !m.state_endpoint.empty();
+  }
+  std::map<uint64_t, size_t> holders;
   std::optional<uint64_t> oldest_newest;
   std::optional<std::set<uint64_t>> common;
-  for (const auto& m : members_) {
-    if (!m.identity) continue;
+  for (auto i : joined) {
+    const auto& m = members_[i];
     oldest_newest = std::min(oldest_newest.value_or(m.resume_round), m.resume_round);
     std::set<uint64_t> mine(m.checkpoint_rounds.begin(), m.checkpoint_rounds.end());
     mine.erase(0);
+    for (auto r : mine) ++holders[r];
     if (!common) {
       common = std::move(mine);
     } else {
@@ -433,8 +448,21 @@ uint64_t master_state::start_round() const {
       common = std::move(both);
     }
   }
-  if (!oldest_newest || *oldest_newest == 0) return 0;
-  return common && !common->empty() ? *common->rbegin() : *oldest_newest;
+  resume_plan plan;
+  if (!lists) {
+    if (oldest_newest && *oldest_newest > 0)
+      plan.round = common && !common->empty() ? *common->rbegin() : *oldest_newest;
+    return plan;
+  }
+  size_t most = 0;
+  for (const auto& [r, n] : holders)  // ascending rounds: a later one of as many holders wins
+    if (n >= most) most = n, plan.round = r;
+  if (plan.round == 0) return plan;
+  for (auto i : joined) {
+    const auto& rounds = members_[i].checkpoint_rounds;
+    if (std::find(rounds.begin(), rounds.end(), plan.round) == rounds.end()) plan.fetch.push_back(i);
+  }
+  return plan;
 }
 
 std::optional<size_t> master_state::index_of_identity(const std::string& id) const {

@@ -23,6 +23,7 @@
 // round and step with the name. Blob bytes are stored as given (host byte order for tensor data).
 #include "runtime/checkpoint/checkpoint_store.hpp"
 
+#include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/checksum/crc32c.hpp"
 
 #include <fcntl.h>
@@ -522,6 +523,7 @@ std::vector<stray_file> checkpoint_store::stray_files() const {
     const std::string name = it->path().filename().string();
     uint64_t round = 0, step = 0;
     std::error_code type_ec;
+    if (name == lock_file_name) continue;  // the running process's own (run_lock)
     if (parse_file_name(name, &round, &step)) {
       if (!it->is_regular_file(type_ec))
         out.push_back({it->path().string(), "named like a checkpoint but not a regular file"});

@@ -7,6 +7,9 @@
 
 namespace longwave::runtime {
 
+/// The lock's file inside the directory it locks.
+inline constexpr const char* lock_file_name = ".longwave.lock";
+
 /// Another live process holds the lock (the CLI exits 4).
 class run_lock_busy : public lw_error {
  public:

@@ -393,6 +393,48 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when the cluster resumes",
+                "[process][cluster][elastic][join]") {
+  // Before, one node without a checkpoint took the whole cluster back to round 1, and one whose checkpoints
+  // the others had pruned past wedged every resume (the coordinator chose a round that no longer existed).
+  const auto dir = scratch_dir("elastic_resume_behind");
+  cluster_ports ports;
+  const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  const auto out = [&](const std::string& n) { return dir + "/cluster/" + n; };
+  {
+    auto [coord, nodes] = start_cluster(dir, file, 2);
+    CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n1") >= 2; }, 300));
+    stop_cluster(dir, file);
+    for (auto& n : nodes) CATCH_REQUIRE(wait_exit(n, 300) == 0);
+    CATCH_REQUIRE(wait_exit(coord, 60) == 0);
+  }
+  const int64_t first = stop_round(out("n0"));
+  CATCH_REQUIRE(first > 0);
+  for (const auto& f : runtime::checkpoint_store(out("n1") + "/checkpoints", 100).list()) fs::remove(f);
+  std::filesystem::rename(dir + "/coord.log", dir + "/coord1.log");
+  auto [coord, nodes] = start_cluster(dir, file, 2);
+  CATCH_REQUIRE(wait_until([&] { return record_count(out("n1"), "recovery") >= 1; }, 300));
+  CATCH_REQUIRE(wait_more_rounds({out("n0"), out("n1")}, 2));
+  stop_cluster(dir, file);
+  const int code0 = wait_exit(nodes[0], 300), code1 = wait_exit(nodes[1], 300),
+            coord_code = wait_exit(coord, 60);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_INFO(clog << "\n--- n1\n" << tail(read_text(dir + "/n1.log")));
+  const auto r = std::to_string(first);
+  CATCH_CHECK(contains(clog, "resuming after round " + r));
+  CATCH_CHECK(contains(clog, "node n1 holds no checkpoint of round " + r +
+                                 " (its newest: none): it fetches the state from n0"));
+  CATCH_CHECK(contains(read_text(dir + "/n0.log"), "resuming from round " + r));
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(coord_code == 0);
+  const int64_t last = stop_round(out("n0"));
+  CATCH_CHECK(last > first);
+  check_joined(out("n1"), out("n0"), last);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 /// Kills n2 in the inner phase and starts it again with the same command; everyone finishes, n2 admitted.
 /// same_theta: the nodes agree on theta every round (not under eager, where each mixes in its own delta).
 void rejoin(const std::string& name, const std::string& extra, bool same_theta = true) {

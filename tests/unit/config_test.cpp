@@ -797,8 +797,9 @@ CATCH_TEST_CASE("load_config_file reports a missing file or a directory under th
   CATCH_REQUIRE_THROWS_WITH(load_config_file("/dev/null", {}), Contains("/dev/null': not a regular file"));
 }
 
-CATCH_TEST_CASE("A run in one process draws its federated clients from its own workers, and --dry-run says so",
-                "[config]") {
+CATCH_TEST_CASE(
+    "A run in one process draws its federated clients from its own workers, and --dry-run says so",
+    "[config]") {
   namespace fs = std::filesystem;
   const auto file = fs::temp_directory_path() / ("lw_config_fed_" + std::to_string(::getpid()) + ".toml");
   std::ofstream(file) << "[train]\nworkers = 2\n[federated]\nclients_per_round = 2\n";

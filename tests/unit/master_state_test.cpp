@@ -383,10 +383,43 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
              "hello resume=13 rounds=10:13",
              {"n0 <- welcome rank 0 of 3 epoch 1 start 13", "resuming after round 13"}}});
   }
-  CATCH_SECTION("one node without a checkpoint: every node starts from the beginning") {
+  CATCH_SECTION("one node without a checkpoint (a new disk, --fresh): it fetches the others' state") {
     table t(cluster_of(2));
     t.play({{0, "n0", "hello resume=15 rounds=13:14:15", {}},
-            {0, "n1", "hello", {"n0 <- welcome rank 0 of 2 epoch 1 start 0"}}});
+            {0,
+             "n1",
+             "hello",
+             {"n0 <- welcome rank 0 of 1 epoch 1 start 15", "!n1 <- welcome",
+              "n1 <- recover round 0 from [n0] offset 1",
+              "node n1 holds no checkpoint of round 15 (its newest: none): it fetches the state from n0"}},
+            {1, "n0", "heartbeat 16", {}},
+            {2, "n1", "join_ready 16", {"n0 <- fence 2"}}});
+    CATCH_CHECK(t.master().phase_of("n1") == member_phase::ready);
+  }
+  CATCH_SECTION(
+      "no round in common (a node that left while the others trained on and pruned): the newest "
+      "round the most nodes hold; the others fetch it") {
+    // A probe's wedge: n1 left at round 54, n0 trained on to 105; the cluster resumed after 54, which n0 had
+    // pruned, and could never resume again.
+    table t(cluster_of(2));
+    t.play({{0, "n0", "hello resume=105 rounds=102:104:105", {}},
+            {0,
+             "n1",
+             "hello resume=54 rounds=50:52:54",
+             {"n0 <- welcome rank 0 of 1 epoch 1 start 105", "n1 <- recover round 0 from [n0]",
+              "record epoch epoch=1 reason=start members=n0 round=105"}}});
+    table three(cluster_of(3));
+    three.play({{0, "n0", "hello resume=105 rounds=102:104:105", {}},
+                {0, "n1", "hello resume=104 rounds=100:102:104", {}},
+                {0,
+                 "n2",
+                 "hello resume=54 rounds=50:52:54",
+                 {"n0 <- welcome rank 0 of 2 epoch 1 start 104",
+                  "n1 <- welcome rank 1 of 2 epoch 1 start 104", "n2 <- recover round 0 from [n0,n1]"}}});
+  }
+  CATCH_SECTION("no node holds a checkpoint: every node starts at round 1") {
+    table t(cluster_of(2));
+    t.play({{0, "n0", "hello", {}}, {0, "n1", "hello", {"n0 <- welcome rank 0 of 2 epoch 1 start 0"}}});
   }
 }
 
