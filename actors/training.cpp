@@ -35,6 +35,14 @@ using namespace longwave::runtime;
 
 namespace {
 
+/// A directory the run writes in, made now: one that cannot be (too long a name, no permission, /proc)
+/// is a config error naming the key that chose it.
+void make_directory(const std::string& key, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw config::config_error(key, key + " = \"" + dir + "\": cannot be created: " + ec.message());
+}
+
 /// One run, top to bottom: check the config, lock the out_dir, prepare the data, find where to start, start
 /// the actors, wait for them.
 int train(const config::train_config& cfg, const run_options& opts, cluster_link& cluster) {
@@ -52,11 +60,11 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
     print_dry_run(cfg, spec, devices);
     return 0;
   }
-  fs::create_directories(p.out_dir);
+  make_directory("run.out_dir", p.out_dir);
   const run_lock lock(p.out_dir);  // one run per out_dir, until this process ends
   // And per checkpoint directory: two runs sharing one would resume from, rotate away and overwrite each
   // other's checkpoints.
-  fs::create_directories(p.ckpt_dir);
+  make_directory("checkpoint.dir", p.ckpt_dir);
   std::optional<run_lock> ckpt_lock;
   if (!fs::equivalent(p.ckpt_dir, p.out_dir)) ckpt_lock.emplace(p.ckpt_dir, "checkpoint.dir");
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,

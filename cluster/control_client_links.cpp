@@ -166,9 +166,10 @@ void control_client::check_handshake() {
     throw lw_error(
         errc::invalid_config,
         curve_ ? fmt::format("the CURVE handshake with the coordinator at {} failed {} times: the "
-                             "coordinator's key is not this node's keys/cluster.public (keys of another "
-                             "cluster?), or it runs with [security] mode = \"none\"",
-                             endpoint_, handshake_failures_)
+                             "coordinator's key is not the cluster.public in this node's [security] keys "
+                             "directory (keys of another cluster?), it runs with [security] mode = \"none\", "
+                             "or {} is not a Longwave coordinator (cluster.coordinator)",
+                             endpoint_, handshake_failures_, endpoint_)
                : fmt::format("the handshake with the coordinator at {} failed {} times: it runs with CURVE "
                              "([security] mode = \"curve\") and this node with mode = \"none\"",
                              endpoint_, handshake_failures_));

@@ -126,13 +126,22 @@ void master_state::call_off_at_join_deadline() {
   std::string why =
       fmt::format("join deadline of {} passed: missing node(s) {}{}", secs(s_.join_timeout),
                   join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
-  if (!running_elsewhere_.empty())
+  // A missing node that said hello and was turned away: this coordinator's settings, or its, are wrong.
+  std::vector<std::string> refused, elsewhere;
+  for (const auto& name : missing)
+    if (turned_away_.count(name)) refused.push_back(name);
+  for (const auto& name : running_elsewhere_)
+    if (!turned_away_.count(name)) elsewhere.push_back(name);
+  if (!refused.empty())
+    why += fmt::format("; node(s) {} said hello and were turned away: {}", join_names(refused),
+                       turned_away_.at(refused.front()));
+  if (!elsewhere.empty())
     why += fmt::format(
         "; node(s) {} are training under an earlier coordinator but did not re-announce themselves (a "
         "Longwave without takeover?): stop them and restart the whole cluster to resume from its checkpoints",
-        join_names({running_elsewhere_.begin(), running_elsewhere_.end()}));
+        join_names(elsewhere));
   warn("coordinator: " + why);
-  call_off(why, 1);
+  call_off(why, refused.empty() ? 1 : 2);
 }
 
 /// Every listed node, or (past the join deadline) at least min_nodes of them, begins training.

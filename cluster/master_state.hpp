@@ -357,16 +357,17 @@ class master_state {
   std::vector<action> actions_;
   std::optional<int> exit_code_;
   uint64_t n_dropped_ = 0;
-  std::set<std::string> strangers_;          // routing ids of running nodes of an earlier master
-  std::set<std::string> running_elsewhere_;  // their names
-  bool welcomed_ = false;                    // training began
-  uint64_t start_round_ = 0;                 // the welcomed nodes resume after it (plan_resume)
-  uint64_t term_ = 0;                        // this master's (see term())
-  uint64_t newest_term_ = 0;                 // the newest a running node named before this master led
-  uint64_t epoch_ = 1;                       // the current membership's epoch
-  std::optional<fence_state> fence_;         // a membership change in progress
-  std::optional<stop_state> stop_;           // longwave stop in progress
-  std::optional<pin_state> pin_;             // members held at a boundary for overtaken joiners
+  std::set<std::string> strangers_;                 // routing ids of running nodes of an earlier master
+  std::set<std::string> running_elsewhere_;         // their names
+  std::map<std::string, std::string> turned_away_;  // a node whose hello was refused: why (its last)
+  bool welcomed_ = false;                           // training began
+  uint64_t start_round_ = 0;                        // the welcomed nodes resume after it (plan_resume)
+  uint64_t term_ = 0;                               // this master's (see term())
+  uint64_t newest_term_ = 0;                        // the newest a running node named before this master led
+  uint64_t epoch_ = 1;                              // the current membership's epoch
+  std::optional<fence_state> fence_;                // a membership change in progress
+  std::optional<stop_state> stop_;                  // longwave stop in progress
+  std::optional<pin_state> pin_;                    // members held at a boundary for overtaken joiners
   std::map<uint64_t, std::pair<uint32_t, size_t>> theta_crcs_;  // round -> first CRC reported, by whom
   std::set<uint64_t> mismatched_rounds_;                        // rounds already named as mismatched
   std::set<std::string> keys_announced_;  // node public keys sent in a welcome or membership

@@ -33,8 +33,10 @@ void master_state::on_hello(const sender& from, const hello_msg& h) {
   if (!problem) problem = data_mismatch(*idx, h);
   if (problem) {
     warn(problem->first);
+    turned_away_[h.node_name] = problem->second;
     return turn_away(from.identity, errc::invalid_config, problem->second);
   }
+  turned_away_.erase(h.node_name);
   auto& m = members_[*idx];
   if (h.running) return on_reannounce(*idx, from, h);
   if (m.identity && *m.identity == from.identity) {

@@ -94,6 +94,11 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
        {"--dry-run"}},
       {"", "run.out_dir", {"--set", "run.out_dir=" + dir + "/a_file"}},
       {"", "checkpoint.dir", {"--set", "checkpoint.dir=" + dir + "/a_file/checkpoints"}},
+      // Not a file in the way, but a name the file system refuses: named by its key, not a bare
+      // filesystem_error.
+      {"",
+       "run.out_dir = \"" + dir + "/" + std::string(300, 'x') + "\": cannot be created: File name too long",
+       {"--set", "run.out_dir=" + dir + "/" + std::string(300, 'x')}},
   };
   int i = 0;
   for (const auto& c : cases) {

@@ -95,7 +95,8 @@ CATCH_TEST_CASE(
   CATCH_CHECK(stranger_code == 2);
   CATCH_CHECK(contains(stranger_log, "refused this node's CURVE key"));
   CATCH_CHECK(foreign_code == 2);
-  CATCH_CHECK(contains(foreign, "the coordinator's key is not this node's keys/cluster.public"));
+  CATCH_CHECK(contains(
+      foreign, "the coordinator's key is not the cluster.public in this node's [security] keys directory"));
   CATCH_CHECK(revoked_code == 2);
   CATCH_CHECK(contains(revoked, "refused this node's CURVE key"));
 

@@ -464,6 +464,19 @@ CATCH_TEST_CASE(
              {"node(s) n1 are training under an earlier coordinator but did not re-announce"}}});
     CATCH_CHECK(t.master().done() == 1);
   }
+  CATCH_SECTION("nodes turned away for their settings are named as such, and the coordinator exits 2") {
+    // A coordinator restarted with other --set options: the nodes did re-announce, and it refused them.
+    table t(cluster_of(2, 2));
+    t.play({{0, "n0", "hello", {}},
+            {1, "n1", "running hash=43 round=9", {"turned away node 'n1': its training settings differ"}},
+            {61,
+             "n0",
+             "tick",
+             {"node(s) n1 said hello and were turned away: node 'n1' trains with other settings than the "
+              "coordinator",
+              "!did not re-announce"}}});
+    CATCH_CHECK(t.master().done() == 2);
+  }
 }
 
 CATCH_TEST_CASE("master: a silent member is lost, fenced out, and told so", "[unit][master]") {
