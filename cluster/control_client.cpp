@@ -119,8 +119,13 @@ void control_client::tell_term(size_t i) {
 
 bool control_client::follows(const envelope& e, size_t from) {
   if (e.term >= term_) {
+    const auto before = leader_;
+    const bool newer = e.term > term_;
     term_ = e.term;
     leader_ = from;
+    // The coordinator it followed learns the newer term now (and steps down), not at a heartbeat timeout
+    // of its own that would first remove every node as lost.
+    if (newer && before && *before != from) tell_term(*before);
     return true;
   }
   tell_term(from);

@@ -3,11 +3,14 @@
 // (the smallest reached key) and redoes the rest, and a ring that keeps failing without progress ends the run
 // with a line that says so.
 #include <catch2/catch.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "cluster/control_client.hpp"
+#include "cluster/envelope.hpp"
 #include "cluster/master.hpp"
 #include "tests/support/process.hpp"
 
@@ -299,4 +303,80 @@ CATCH_TEST_CASE("an NCCL epoch's rank 0 makes the id, and the coordinator hands 
     CATCH_CHECK(e.code() == errc::peer_lost);
     CATCH_CHECK(std::string(e.what()).find("no NCCL id for epoch 5") != std::string::npos);
   }
+}
+
+namespace {
+
+/// A coordinator played by the test: a ROUTER socket that answers the node that spoke last.
+struct fake_coordinator {
+  zmq::context_t ctx;
+  zmq::socket_t sock{ctx, zmq::socket_type::router};
+  std::string endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
+  std::string node;  // the routing id of the last frame's sender
+
+  fake_coordinator() { sock.bind(endpoint); }
+
+  /// The next frame whose body holds a T, within `within` (frames of other kinds are skipped).
+  template <class T>
+  std::optional<envelope> next(std::chrono::seconds within) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    while (std::chrono::steady_clock::now() < deadline) {
+      zmq::pollitem_t item{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+      std::vector<zmq::message_t> parts;
+      if (!(item.revents & ZMQ_POLLIN) ||
+          !zmq::recv_multipart(sock, std::back_inserter(parts), zmq::recv_flags::dontwait) ||
+          parts.size() != 2)
+        continue;
+      node = parts[0].to_string();
+      auto e = parse_envelope(parts[1].data(), parts[1].size(), cluster_id);
+      if (e && std::holds_alternative<T>(e.value().body)) return e.value();
+    }
+    return std::nullopt;
+  }
+
+  void send(uint64_t term, decltype(envelope::body) body) {
+    envelope e;
+    e.cluster_id = cluster_id;
+    e.term = term;
+    e.body = std::move(body);
+    const auto bytes = build_envelope(e);
+    std::vector<zmq::message_t> parts;
+    parts.emplace_back(node.data(), node.size());
+    parts.emplace_back(bytes.data(), bytes.size());
+    CATCH_REQUIRE(zmq::send_multipart(sock, parts).has_value());
+  }
+};
+
+}  // namespace
+
+CATCH_TEST_CASE("a node that moves to a newer coordinator's term tells the one it followed, which steps down",
+                "[integration][membership][term]") {
+  // Two coordinators started together both welcome a node. Before, a node that had followed the older one
+  // told it nothing when the newer one's welcome came: the older led an empty cluster until its heartbeat
+  // timeout removed every node as lost (a probe saw 30 s of it, and false removals in the event log).
+  fake_coordinator older, newer;
+  control_client a({older.endpoint, newer.endpoint}, cluster_id);
+  auto joined = std::async(std::launch::async,
+                           [&] { return a.join(two_node_cluster::hello("a", 1), std::chrono::seconds(30)); });
+  CATCH_REQUIRE(older.next<hello_msg>(std::chrono::seconds(20)).has_value());
+  CATCH_REQUIRE(newer.next<hello_msg>(std::chrono::seconds(20)).has_value());
+  welcome_msg w;
+  w.world_size = 1;
+  w.epoch = 1;
+  w.peers = {{0, "a", "tcp://127.0.0.1:1", ""}};
+  older.send(term_slots, w);  // term 256 (slot 0) welcomes first: the node follows it
+  CATCH_REQUIRE(std::holds_alternative<welcome_msg>(joined.get()));
+  CATCH_CHECK(a.term() == term_slots);
+  newer.send(term_slots + 1, w);  // then term 257's welcome
+  CATCH_REQUIRE(test::wait_until(
+      [&] {
+        (void)a.poll();
+        return a.term() == term_slots + 1;
+      },
+      20));
+  // The older one hears the newer term from the node at once, not after a heartbeat timeout of its own.
+  const auto told = older.next<heartbeat_msg>(std::chrono::seconds(20));
+  CATCH_REQUIRE(told.has_value());
+  CATCH_CHECK(told->term == term_slots + 1);
 }
