@@ -26,6 +26,7 @@ struct Hello {
   stateEndpoint @11 :Text; # where this node serves its training state to joiners ("" : nowhere)
   dataFingerprint @12 :UInt64;  # its training data's fingerprint (0: not checked); must match the first node's
   checkpointRounds @13 :List(UInt64);  # the completed rounds of the checkpoints it holds, newest last
+  trainingSettings @14 :Text;  # "section.key = value" lines its configHash covers ("": not sent)
 }
 
 struct Peer {

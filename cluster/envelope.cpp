@@ -111,6 +111,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       auto rounds = x.initCheckpointRounds(static_cast<unsigned>(n));
       for (size_t i = 0; i < n; ++i)
         rounds.set(static_cast<unsigned>(i), m.checkpoint_rounds[m.checkpoint_rounds.size() - n + i]);
+      if (m.training_settings.size() <= max_settings_bytes) x.setTrainingSettings(txt(m.training_settings));
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -244,6 +245,9 @@ read_result read_hello(wire::Hello::Reader x, body_t& out) {
   if (auto bad = check_text(name, max_name_bytes, "hello nodeName")) return bad;
   if (auto bad = check_text(ep, max_endpoint_bytes, "hello dataEndpoint")) return bad;
   if (auto bad = check_text(state_ep, max_endpoint_bytes, "hello stateEndpoint")) return bad;
+  auto settings = x.getTrainingSettings();
+  if (auto bad = check_text(settings, max_settings_bytes, "hello trainingSettings")) return bad;
+  m.training_settings = text_of(settings);
   m.node_name = text_of(name);
   m.data_endpoint = text_of(ep);
   m.state_endpoint = text_of(state_ep);

@@ -40,6 +40,9 @@ struct hello_msg {
   /// The completed rounds of every checkpoint it holds, oldest first (at most max_checkpoint_rounds, the
   /// newest): a cluster resumes after the newest round they all hold.
   std::vector<uint64_t> checkpoint_rounds;
+  /// The settings config_hash covers (config::training_settings): a coordinator that turns the node away for
+  /// them names the keys that differ. "" from an older node.
+  std::string training_settings;
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
@@ -171,7 +174,9 @@ inline constexpr size_t max_endpoint_bytes = 1024;
 inline constexpr size_t max_message_bytes = 4096;
 inline constexpr size_t max_peers = 4096;
 inline constexpr size_t max_checkpoint_rounds = 64;
-inline constexpr size_t max_nccl_id_bytes = 256;  ///< hex of NCCL_UNIQUE_ID_BYTES (128)
+inline constexpr size_t max_nccl_id_bytes = 256;
+inline constexpr size_t max_settings_bytes =
+    32 * 1024;  ///< hello trainingSettings  ///< hex of NCCL_UNIQUE_ID_BYTES (128)
 
 /// Serializes e as an unpacked Cap'n Proto Envelope (one frame). Texts longer than the limits above are
 /// refused by the receiver, so keep them short.

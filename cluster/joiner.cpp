@@ -31,7 +31,9 @@ hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resu
   hello.data_endpoint = me.endpoint;
   hello.resume_round = resume_round;
   hello.checkpoint_rounds = std::move(checkpoint_rounds);
-  hello.config_hash = cluster_fingerprint(spec, config::node_config(spec, index));
+  const auto cfg = config::node_config(spec, index);
+  hello.config_hash = cluster_fingerprint(spec, cfg);
+  hello.training_settings = config::training_settings(cfg);
   hello.state_endpoint = state_endpoint;
   hello.data_fingerprint =
       models::data::data_fingerprint(actors::corpus_path(config::node_config(spec, index)));

@@ -36,6 +36,7 @@ master_options options_of(const config::cluster_spec& spec, const std::string& b
   o.term_slot = static_cast<uint32_t>(slot);
   o.cluster_id = spec.cluster_id;
   o.config_hash = cluster_fingerprint(spec, spec.train);
+  o.training_settings = config::training_settings(spec.train);
   o.open = spec.open;
   o.open_workers = static_cast<uint32_t>(spec.open_workers);
   for (const auto& n : spec.nodes)

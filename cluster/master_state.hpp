@@ -83,6 +83,9 @@ struct master_settings {
   uint64_t cluster_id = 0;
   /// The training fingerprint every hello must carry (0: not checked).
   uint64_t config_hash = 0;
+  /// The settings config_hash covers (config::training_settings): a node turned away for its own is told
+  /// the keys that differ.
+  std::string training_settings;
   std::vector<member_spec> members;
   /// Every member must have said hello within this time of start, else the run is called off.
   ms join_timeout{60000};

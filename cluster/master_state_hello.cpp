@@ -6,6 +6,7 @@
 #include <cctype>
 
 #include "cluster/master_state.hpp"
+#include "config/cluster_config.hpp"
 
 namespace longwave::cluster {
 
@@ -99,12 +100,29 @@ std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(
             h.node_name, h.n_workers, h.data_endpoint, want.workers, want.endpoint));
   }
   if (s_.config_hash != 0 && h.config_hash != s_.config_hash) {
+    // The keys that differ, when both sides sent their settings (an older node does not).
+    const auto differ = h.training_settings.empty() || s_.training_settings.empty()
+                            ? std::vector<std::string>{}
+                            : config::settings_differences(h.training_settings, s_.training_settings);
+    std::string keys, listed;
+    for (const auto& d : differ) {
+      keys += (keys.empty() ? "" : ", ") + d.substr(0, d.find(' '));
+      listed += (listed.empty() ? "" : "; ") + d;
+    }
     return std::make_pair(
-        fmt::format("coordinator: turned away node '{}': its training settings differ", h.node_name),
-        fmt::format("node '{}' trains with other settings than the coordinator (fingerprint {:016x}, the "
-                    "coordinator's {:016x}): start every role from the same cluster file and the same --set "
-                    "options",
-                    h.node_name, h.config_hash, s_.config_hash));
+        fmt::format("coordinator: turned away node '{}': its training settings differ{}", h.node_name,
+                    keys.empty() ? "" : " (" + keys + ")"),
+        listed.empty()
+            ? fmt::format(
+                  "node '{}' trains with other settings than the coordinator (fingerprint {:016x}, the "
+                  "coordinator's {:016x}): start every role from the same cluster file and the same "
+                  "--set options",
+                  h.node_name, h.config_hash, s_.config_hash)
+            : fmt::format(
+                  "node '{}' trains with other settings than the coordinator: {} (this node's value, "
+                  "the coordinator's in parentheses): start every role from the same cluster file and "
+                  "the same --set options",
+                  h.node_name, listed));
   }
   return std::nullopt;
 }

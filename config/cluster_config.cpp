@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "config/config_loader.hpp"
 
@@ -243,7 +245,10 @@ uint64_t cluster_id_of(std::string_view id) {
   return h == 0 ? 1 : h;
 }
 
-uint64_t training_fingerprint(const train_config& cfg) {
+namespace {
+
+/// The lines of to_toml(cfg) that the fingerprint covers: (section.key, "key = value").
+std::vector<std::pair<std::string, std::string>> fingerprinted_lines(const train_config& cfg) {
   static const std::set<std::string> skipped_sections{"eval", "checkpoint", "metrics", "runtime"};
   static const std::set<std::string> skipped_keys{"run.out_dir",         "run.name",
                                                   "data.path",           "data.cache_dir",
@@ -253,7 +258,8 @@ uint64_t training_fingerprint(const train_config& cfg) {
                                                   "train.deterministic", "train.pace_step_s",
                                                   "train.speed"};
   std::istringstream in(to_toml(cfg));
-  std::string section, kept;
+  std::string section;
+  std::vector<std::pair<std::string, std::string>> out;
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;
     if (line[0] == '[') {
@@ -262,9 +268,51 @@ uint64_t training_fingerprint(const train_config& cfg) {
     }
     const std::string key = section + "." + line.substr(0, line.find(' '));
     if (skipped_sections.count(section) || skipped_keys.count(key)) continue;
-    kept += line + "\n";
+    out.emplace_back(key, line);
   }
+  return out;
+}
+
+/// "section.key = value" lines -> key -> value.
+std::map<std::string, std::string> settings_map(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find(" = ");
+    if (eq != std::string::npos) out.emplace(line.substr(0, eq), line.substr(eq + 3));
+  }
+  return out;
+}
+
+}  // namespace
+
+uint64_t training_fingerprint(const train_config& cfg) {
+  std::string kept;
+  for (const auto& [key, line] : fingerprinted_lines(cfg)) kept += line + "\n";
   return cluster_id_of(kept);
+}
+
+std::string training_settings(const train_config& cfg) {
+  std::string out;
+  for (const auto& [key, line] : fingerprinted_lines(cfg)) {
+    const auto eq = line.find(" = ");
+    out += key + " = " + (eq == std::string::npos ? std::string() : line.substr(eq + 3)) + "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> settings_differences(const std::string& a, const std::string& b, size_t most) {
+  const auto x = settings_map(a), y = settings_map(b);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : x) keys.insert(k);
+  for (const auto& [k, v] : y) keys.insert(k);
+  std::vector<std::string> out;
+  for (const auto& k : keys) {
+    const auto i = x.find(k), j = y.find(k);
+    const std::string va = i == x.end() ? "(unset)" : i->second, vb = j == y.end() ? "(unset)" : j->second;
+    if (va != vb && out.size() < most) out.push_back(k + " = " + va + " (" + vb + ")");
+  }
+  return out;
 }
 
 std::string endpoint_problem(std::string_view ep) {

@@ -66,6 +66,14 @@ uint64_t cluster_id_of(std::string_view id);
 /// fingerprint differs from its own.
 uint64_t training_fingerprint(const train_config& cfg);
 
+/// The settings training_fingerprint covers, one "section.key = value" line each in schema order: a node's
+/// hello carries them, so that a coordinator that turns it away can name the keys that differ.
+std::string training_settings(const train_config& cfg);
+
+/// The keys whose values differ between two training_settings texts (or that one of them lacks), each as
+/// "key = A (B)" with a's value first; at most `most` of them.
+std::vector<std::string> settings_differences(const std::string& a, const std::string& b, size_t most = 3);
+
 /// Parses a cluster file's text. Overrides "cluster.<key>" and "security.<key>" set [cluster] and
 /// [security] fields; all others go to the training config. Throws config_error naming the key
 /// ("nodes[2].endpoint", "cluster.coordinator", ...).

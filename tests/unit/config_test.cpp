@@ -26,10 +26,13 @@ using longwave::config::model_dtype;
 using longwave::config::outer_policy_kind;
 using longwave::config::parse_config;
 using longwave::config::run_mode;
+using longwave::config::settings_differences;
 using longwave::config::sparse_index_mode;
 using longwave::config::to_toml;
 using longwave::config::tokenizer_kind;
 using longwave::config::train_config;
+using longwave::config::training_fingerprint;
+using longwave::config::training_settings;
 using longwave::config::validate;
 using longwave::config::wire_dtype;
 
@@ -1100,4 +1103,20 @@ CATCH_TEST_CASE("Each shape rule names the key that broke it", "[config]") {
     CATCH_CHECK(error_of("", {std::string("model.") + key + "=1000000"}).key() ==
                 std::string("model.") + key);
   }
+}
+
+CATCH_TEST_CASE("A node's training settings are the fingerprinted keys, and their differences are named",
+                "[config][cluster]") {
+  const auto a = parse_config("", {}, ""), b = parse_config("", {"train.lr=0.002", "run.name=other"}, "");
+  const auto text = training_settings(a);
+  CATCH_CHECK_THAT(text, Contains("\ntrain.lr = "));
+  CATCH_CHECK_THAT(text, !Contains("run.name") && !Contains("run.out_dir") && !Contains("eval."));
+  // The keys the fingerprint leaves out (run.name) do not count; train.lr does, each side's value shown.
+  CATCH_CHECK(training_fingerprint(a) != training_fingerprint(b));
+  const auto d = settings_differences(training_settings(b), text);
+  CATCH_REQUIRE(d.size() == 1);
+  CATCH_CHECK_THAT(d[0], Contains("train.lr = 0.002 (0.0") && Contains(")"));
+  CATCH_CHECK(settings_differences(text, text).empty());
+  CATCH_CHECK(settings_differences("a.x = 1\n", "b.y = 2\n") ==
+              std::vector<std::string>{"a.x = 1 ((unset))", "b.y = (unset) (2)"});
 }

@@ -93,6 +93,19 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_REQUIRE(rounds.size() == max_checkpoint_rounds);
   CATCH_CHECK(rounds.front() == 7);
   CATCH_CHECK(rounds.back() == max_checkpoint_rounds + 6);
+  // Its training settings travel as they are (a coordinator names the keys that differ); a text past the
+  // limit is not sent.
+  auto h3 = make_hello(protocol_version(), "node-c", 1, "tcp://10.0.0.3:5601");
+  h3.training_settings = "model.preset = \"tiny\"\ntrain.lr = 0.001\n";
+  f = build_envelope(envelope{7, 0xffffffffu, h3});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  CATCH_CHECK(std::get<hello_msg>(r.value().body).training_settings == h3.training_settings);
+  h3.training_settings = std::string(max_settings_bytes + 1, 'x');
+  f = build_envelope(envelope{7, 0xffffffffu, h3});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  CATCH_CHECK(std::get<hello_msg>(r.value().body).training_settings.empty());
 
   welcome_msg wm{1, 3, {{0, "a", "tcp://a:1", ""}, {1, "b", "tcp://b:1", ""}, {2, "c", "tcp://c:1", ""}},
                  0, 0, {}};

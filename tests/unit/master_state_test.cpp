@@ -30,7 +30,8 @@ namespace {
 ///
 /// who: a node name ("n0"), with a trailing ' for each newer process of that node ("n0'"), "op" for an
 /// operator's request (`longwave stop`, `--leave`) or "?" for a connection that never said hello.
-/// what: hello [resume=R] [workers=W] [hash=H] [data=D] [version=V] [round=C] [badendpoint] (C: its commit,
+/// what: hello [resume=R] [workers=W] [hash=H] [small] [data=D] [version=V] [round=C] [badendpoint] (small:
+/// its training settings name another model preset than the master's; C: its commit,
 /// an async node's newest checkpointed version) | running epoch=E world=W
 /// round=R | heartbeat R | contribute V_START TOKENS | (any of them) term=T | ack E C [pending P held] | bye
 /// REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R | committed R CRC | leave NODE |
@@ -221,6 +222,8 @@ class table {
       h.state_endpoint = "tcp://10.0.0.1:" + std::to_string(8000 + node.back());
       h.data_fingerprint = opt("data", 7);
       h.committed = comm::reduce_key{opt("round", 0), 0};
+      if (std::find(args.begin(), args.end(), "small") != args.end())  // its settings: another model
+        h.training_settings = "model.preset = \"small\"\ntrain.lr = 0.001\n";
       for (const auto& a : args)  // rounds=13:14:15, the rounds of its checkpoints
         if (a.rfind("rounds=", 0) == 0)
           for (size_t p = 7; p < a.size();) {
@@ -284,6 +287,7 @@ master_settings cluster_of(int n, size_t min_nodes = 1) {
   master_settings s;
   s.cluster_id = 1;
   s.config_hash = 42;
+  s.training_settings = "model.preset = \"tiny\"\ntrain.lr = 0.001\n";
   for (int i = 0; i < n; ++i) {
     const std::string name = "n" + std::to_string(i);
     s.members.push_back({name, "tcp://10.0.0.1:" + std::to_string(7000 + name.back()), 1, 0});
@@ -1097,6 +1101,14 @@ CATCH_TEST_CASE("master: hellos that do not fit the cluster are turned away with
         "hello hash=9",
         {"fingerprint 0000000000000009, the coordinator's 000000000000002a",
          "turned away node 'n0': its training settings differ"}},
+       // A node that sends its settings is told which differ, its value first.
+       {0,
+        "n0",
+        "hello hash=9 small",
+        {"warn: coordinator: turned away node 'n0': its training settings differ (model.preset)",
+         "n0 <- error invalid_config: node 'n0' trains with other settings than the coordinator: "
+         "model.preset = "
+         "\"small\" (\"tiny\") (this node's value, the coordinator's in parentheses)"}},
        {0, "n1", "hello data=8", {"!turned away"}},  // the first fingerprint is the cluster's
        {0,
         "n0",
