@@ -126,7 +126,7 @@ void master_state::call_off_at_join_deadline() {
   std::string why =
       fmt::format("join deadline of {} passed: missing node(s) {}{}", secs(s_.join_timeout),
                   join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
-  // A missing node that said hello and was turned away: this coordinator's settings, or its, are wrong.
+  // A missing node that said hello and was turned away: its settings or this coordinator's are wrong.
   std::vector<std::string> refused, elsewhere;
   for (const auto& name : missing)
     if (turned_away_.count(name)) refused.push_back(name);

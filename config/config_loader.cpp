@@ -814,9 +814,13 @@ std::string read_config_text(const std::string& path) {
     if (std::filesystem::is_directory(path, ec)) {
       throw config_error("file", fmt::format("cannot read config file '{}': it is a directory", path));
     }
-    // A device or a pipe could be read forever (/dev/zero): a config is a regular file.
+    // A device could be read forever (/dev/zero), and a pipe is read once, by the front binary, before
+    // longwave-torch reads it again: a config is a regular file.
     if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-      throw config_error("file", fmt::format("cannot read config file '{}': not a regular file", path));
+      throw config_error("file",
+                         fmt::format("cannot read config file '{}': not a regular file (a device or a "
+                                     "pipe); write the config to a file",
+                                     path));
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       const int err = errno;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config/cluster_config.hpp"
@@ -796,8 +797,13 @@ CATCH_TEST_CASE("load_config_file reports a missing file or a directory under th
   }
   CATCH_REQUIRE_THROWS_WITH(load_config_file(std::filesystem::temp_directory_path().string(), {}),
                             Contains("is a directory"));
-  // A device would be read forever (/dev/zero); /dev/null is one too.
+  // A device would be read forever (/dev/zero); /dev/null is one too. A pipe (`longwave run <(…)`) would be
+  // read by the front binary and found empty by longwave-torch: a default config, silently.
   CATCH_REQUIRE_THROWS_WITH(load_config_file("/dev/null", {}), Contains("/dev/null': not a regular file"));
+  const auto fifo = std::filesystem::temp_directory_path() / ("lw_config_fifo_" + std::to_string(::getpid()));
+  CATCH_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CATCH_REQUIRE_THROWS_WITH(load_config_file(fifo.string(), {}), Contains("write the config to a file"));
+  std::filesystem::remove(fifo);
 }
 
 CATCH_TEST_CASE(
