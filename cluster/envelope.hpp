@@ -174,9 +174,8 @@ inline constexpr size_t max_endpoint_bytes = 1024;
 inline constexpr size_t max_message_bytes = 4096;
 inline constexpr size_t max_peers = 4096;
 inline constexpr size_t max_checkpoint_rounds = 64;
-inline constexpr size_t max_nccl_id_bytes = 256;
-inline constexpr size_t max_settings_bytes =
-    32 * 1024;  ///< hello trainingSettings  ///< hex of NCCL_UNIQUE_ID_BYTES (128)
+inline constexpr size_t max_nccl_id_bytes = 256;         ///< hex of NCCL_UNIQUE_ID_BYTES (128)
+inline constexpr size_t max_settings_bytes = 32 * 1024;  ///< hello trainingSettings
 
 /// Serializes e as an unpacked Cap'n Proto Envelope (one frame). Texts longer than the limits above are
 /// refused by the receiver, so keep them short.

@@ -35,8 +35,7 @@ hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resu
   hello.config_hash = cluster_fingerprint(spec, cfg);
   hello.training_settings = config::training_settings(cfg);
   hello.state_endpoint = state_endpoint;
-  hello.data_fingerprint =
-      models::data::data_fingerprint(actors::corpus_path(config::node_config(spec, index)));
+  hello.data_fingerprint = models::data::data_fingerprint(actors::corpus_path(cfg));
   return hello;
 }
 

@@ -178,17 +178,13 @@ void master_state::welcome_all() {
   merge_members_changed();
   // Those without a checkpoint of the round fetch the members' state and are admitted at a fence (on_join).
   for (auto i : plan.fetch) {
-    auto& m = members_[i];
-    m.phase = member_phase::joining;
-    m.ready.reset();
-    m.pinned = false;
-    m.turned_back.reset();
+    const auto& m = members_[i];
     info(fmt::format(
         "coordinator: node {} holds no checkpoint of round {} (its newest: {}): it fetches the "
         "state from {} and joins",
         specs_[i].name, plan.round,
         m.resume_round == 0 ? std::string("none") : std::to_string(m.resume_round), names_of(members)));
-    send_recover(i, "");
+    start_fetch(i);
   }
 }
 

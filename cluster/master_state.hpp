@@ -288,6 +288,7 @@ class master_state {
   void on_first_hello(size_t idx, const sender& from, const hello_msg& h);
   std::optional<size_t> add_open_node(const sender& from, const hello_msg& h);
   void on_join(size_t idx, const sender& from, const hello_msg& h);
+  void start_fetch(size_t idx);
   bool second_process_waits(size_t idx, const sender& from);
   void on_join_ready(size_t idx, const join_ready_msg& r);
   void on_reannounce(size_t idx, const sender& from, const hello_msg& h);

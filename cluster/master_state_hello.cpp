@@ -235,10 +235,6 @@ void master_state::on_join(size_t idx, const sender& from, const hello_msg& h) {
                        "the cluster is stopping (longwave stop): start this node again with the cluster");
   m.identity = from.identity;
   m.last_seen = now_;
-  m.phase = member_phase::joining;
-  m.ready.reset();
-  m.pinned = false;
-  m.turned_back.reset();
   m.state_endpoint = h.state_endpoint;
   info(fmt::format(
       "coordinator: node {} ({}) asks to join the running cluster (epoch {}{}): it fetches the state "
@@ -246,15 +242,26 @@ void master_state::on_join(size_t idx, const sender& from, const hello_msg& h) {
       name, from.peer, epoch_,
       m.removed == removal::none ? "" : fmt::format(", it was {}", to_string(m.removed)),
       names_of(training_members())));
-  if (merges_)
-    hold_merges_for(idx);
-  else
-    send_recover(idx, "");
+  start_fetch(idx);
   // A key the members were not sent (added to nodes/ later, or a master that took the cluster over): their
   // state servers admit it from the next membership on, so a fence brings one now (the joiner fetches again).
   if (s_.node_keys && !fence_ && !keys_announced_.count(key_of(name)))
     start_fence("join",
                 fmt::format("the members learn node {}'s key, which no membership sent to them held", name));
+}
+
+/// Joiner idx begins afresh (no state held, no pin, none found stale): it is told where to fetch the state,
+/// or (async) the members' merges wait for it.
+void master_state::start_fetch(size_t idx) {
+  auto& m = members_[idx];
+  m.phase = member_phase::joining;
+  m.ready.reset();
+  m.pinned = false;
+  m.turned_back.reset();
+  if (merges_)
+    hold_merges_for(idx);
+  else
+    send_recover(idx, "");
 }
 
 /// Another process has the name of a member or joiner idx. A restarted node's predecessor falls silent (it

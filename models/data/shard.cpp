@@ -104,9 +104,8 @@ std::vector<uint16_t> read_shard(const std::string& path) {
 }
 
 void check_token_ids(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path) {
-  const auto top = std::max_element(tokens.begin(), tokens.end());
-  if (top == tokens.end() || *top < vocab) return;
   const auto bad = std::find_if(tokens.begin(), tokens.end(), [&](uint16_t t) { return t >= vocab; });
+  if (bad == tokens.end()) return;
   corrupt(path, fmt::format("token id {} at position {} is outside the model's vocabulary of {} (ids 0..{}): "
                             "the shard was made with another tokenizer, or model.vocab_size is too small",
                             *bad, bad - tokens.begin(), vocab, vocab - 1));
