@@ -115,6 +115,23 @@ inline std::string tail(const std::string& text, size_t n = 6000) {
   return text.substr(text.size() > n ? text.size() - n : 0);
 }
 
+/// The coordinator's log and the nodes' tails in `dir` (coord.log, NAME.log), for a failed wait's message.
+inline std::string cluster_logs(const std::string& dir, const std::vector<std::string>& names,
+                                const std::string& coordinator_log = "coord.log") {
+  std::string logs = "--- " + coordinator_log + "\n" + tail(read_text(dir + "/" + coordinator_log), 4000);
+  for (const auto& n : names) logs += "\n--- " + n + "\n" + tail(read_text(dir + "/" + n + ".log"), 3000);
+  return logs;
+}
+
+/// Waits until every node's log (dir/NAME.log) holds `text`; on a timeout the test fails with the logs.
+inline void require_in_node_logs(const std::string& dir, const std::vector<std::string>& names,
+                                 const std::string& text, double timeout_s = 300) {
+  for (const auto& n : names)
+    if (!wait_for_text(dir + "/" + n + ".log", text, timeout_s))
+      CATCH_FAIL(n << " did not log '" << text << "' within " << timeout_s << " s\n"
+                   << cluster_logs(dir, names));
+}
+
 /// Starts the coordinator and one node per entry of the cluster file; logs go to dir/coord.log, dir/nI.log.
 /// `node_env[i]`, where given, is added to node i's environment ("NAME=VALUE" each).
 inline std::pair<child, std::vector<child>> start_cluster(
