@@ -219,7 +219,8 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     return 2;
   } catch (const lw_error& e) {
     spdlog::error("{}: {}", to_string(e.code()), e.what());
-    return e.code() == errc::corrupt_data ? 2 : 1;  // the user's shards, as for run
+    // The named checkpoint or the user's shards: bad input, as for export and run.
+    return e.code() == errc::corrupt_data || e.code() == errc::corrupt_checkpoint ? 2 : 1;
   } catch (const c10::Error& e) {
     spdlog::error("torch: {}", e.what_without_backtrace());
     return 1;

@@ -366,6 +366,16 @@ void master_state::outcome() {
   std::vector<size_t> finished, gone;
   for (size_t i = 0; i < members_.size(); ++i)
     (members_[i].phase == member_phase::finished ? finished : gone).push_back(i);
+  // A joiner still fetching or waiting for its fence: nothing is left to join. Told so, it exits 0.
+  for (auto i : gone) {
+    const auto& m = members_[i];
+    if (!m.identity || (m.phase != member_phase::joining && m.phase != member_phase::ready)) continue;
+    info(fmt::format("coordinator: node {} was still joining when the run ended: it is told so",
+                     specs_[i].name));
+    reply_error(*m.identity, errc::cancelled,
+                "the run ended before this node was admitted: its members trained to the end, so "
+                "nothing is left to join");
+  }
   std::string removed;  // "n2:lost,n3:left"
   for (auto i : gone)
     removed +=

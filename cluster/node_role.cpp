@@ -9,7 +9,10 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <zmq.hpp>
 
+#include "actors/run_files.hpp"
+#include "actors/run_setup.hpp"
 #include "cluster/cluster_file.hpp"
 #include "cluster/joiner.hpp"
 #include "cluster/node_link.hpp"
@@ -17,6 +20,7 @@
 #include "cluster/state_publisher.hpp"
 #include "comm/fault_transport.hpp"
 #include "config/config_loader.hpp"
+#include "models/data/dataset_prep.hpp"
 
 namespace longwave::cluster {
 
@@ -122,12 +126,42 @@ int say_goodbye(control_client& control, const std::string& name, int code,
 
 namespace {
 
+/// The ring's endpoint, bound and let go before the hello: a port that another process holds fails here,
+/// named, instead of after the welcome, when the cluster has started and only loses this node.
+void check_ring_endpoint(const config::cluster_node& me) {
+  zmq::context_t ctx(1);
+  zmq::socket_t probe(ctx, zmq::socket_type::pull);
+  probe.set(zmq::sockopt::linger, 0);
+  try {
+    probe.bind(me.endpoint);
+  } catch (const zmq::error_t& e) {
+    throw lw_error(errc::invalid_config,
+                   fmt::format("its ring endpoint {} cannot be bound: {} (is another process using the port? "
+                               "The cluster file's [[nodes]] endpoint gives it)",
+                               me.endpoint, e.what()));
+  }
+}
+
+/// Tokenizes the corpus into the node's data directory (cached: a restart reads it back) before the hello:
+/// after the welcome the members would wait for it, and the coordinator takes a node that has not sent its
+/// first heartbeat within join_timeout_s as lost. Throws as prepare_dataset does.
+void prepare_data(const config::train_config& cfg) {
+  models::data::prepare_dataset(actors::corpus_path(cfg), cfg.data.tokenizer, cfg.data.bpe_vocab_size,
+                                cfg.data.val_fraction, actors::resolve_paths(cfg).data_dir,
+                                [](const std::string& line) {
+                                  // The run says which shards it uses as it starts.
+                                  if (line.rfind("data: using", 0) != 0) spdlog::info("{}", line);
+                                });
+}
+
 /// Keys, the state server, the control connection and the join. The exit code when the node ends here (0:
 /// the cluster stopped meanwhile; 1 or 2 with the reason logged), nullopt when it trains.
 std::optional<int> connect_and_join(node_session& s, const config::cluster_spec& spec, size_t index,
                                     const config::train_config& cfg, actors::run_options& node_opts) {
   const auto& me = spec.nodes[index];
   try {
+    check_ring_endpoint(me);
+    prepare_data(cfg);
     const auto keys = node_keys(spec, me.name);
     if (keys) set_up_curve(s, *keys, me.name);
     // Joiners fetch the running cluster's state from its members (the ring backend's clusters are elastic).
@@ -152,7 +186,8 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
       return 0;
     }
     spdlog::error("node {}: {}", me.name, e.what());
-    return e.code() == errc::invalid_config ? 2 : 1;
+    // A corpus that is not text is bad input, as for `longwave run`.
+    return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
   }
   return std::nullopt;
 }

@@ -329,6 +329,11 @@ bool elastic_ring::fenced() const {
   return fenced_;
 }
 
+std::optional<reduce_key> elastic_ring::pending() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return pending_;
+}
+
 reduce_key elastic_ring::committed() const {
   std::lock_guard<std::mutex> lk(mu_);
   return committed_;

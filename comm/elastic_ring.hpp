@@ -88,6 +88,8 @@ class elastic_ring final : public collective {
   uint64_t epoch() const;
   /// Between a fence and the next membership.
   bool fenced() const;
+  /// The call in flight or parked, if any.
+  std::optional<reduce_key> pending() const;
   /// The last all-reduce applied.
   reduce_key committed() const;
 

@@ -209,6 +209,9 @@ void stop_now(self_ptr self, bool boundary) {
       boundary && s.policy->lends_boundary_snapshot() && s.round > 0 && s.boundary_saved == s.round;
   spdlog::info("stopping: {} checkpoint of round {} ({})", saved ? "waiting for the" : "saving a", s.round,
                boundary ? "round boundary" : "mid-round");
+  // The evaluator cannot be interrupted mid-batch: the process ends once its evaluation in flight has.
+  if (s.eval_running)
+    spdlog::info("stopping: an evaluation ([eval] async) is in flight; the process ends when it does");
   auto exit_after = [=](uint64_t step) {
     return [=] {
       flush_then(self, [=] {

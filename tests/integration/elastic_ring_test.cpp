@@ -84,8 +84,9 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
   std::vector<std::future<void>> calls;
   for (size_t r = 0; r < 2; ++r)
     calls.push_back(std::async(std::launch::async, [&, r] { rings[r]->allreduce(2, data[r].data(), n); }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  CATCH_CHECK(calls[0].wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  // Both calls are in flight (however late their threads start), and stay so: n2 never calls.
+  for (size_t r = 0; r < 2; ++r) CATCH_REQUIRE(poll([&] { return rings[r]->pending(); }).has_value());
+  CATCH_CHECK(calls[0].wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
   rings[2].reset();
   for (size_t r = 0; r < 2; ++r) rings[r]->fence(2);
   std::vector<comm::fence_state> acks;

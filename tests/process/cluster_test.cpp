@@ -181,6 +181,44 @@ CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear li
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+namespace {
+
+/// Runs node `name` of `cluster` with `args` and no coordinator: it must stop with exit 2 and `reason` before
+/// it says hello.
+void check_stops_before_hello(const std::string& dir, const std::string& cluster, const std::string& name,
+                              const std::vector<std::string>& args, const std::string& reason) {
+  std::vector<std::string> cmd{binary(), "node", cluster, "--node", name};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  auto [code, log] = run(cmd, dir + "/" + name + ".log", 120);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(contains(log, reason));
+  CATCH_CHECK_FALSE(contains(log, "joining cluster"));
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a node checks its ring port and tokenizes its corpus before it says hello",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_before_hello");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports);
+  CATCH_SECTION("a ring port another process holds") {
+    const held_port held;
+    const auto taken = "tcp://127.0.0.1:" + std::to_string(held.port);
+    edit_file(cluster, "tcp://127.0.0.1:" + std::to_string(ports.ring[1]), taken);
+    check_stops_before_hello(dir, cluster, "n1", {}, "its ring endpoint " + taken + " cannot be bound");
+  }
+  CATCH_SECTION("a corpus that is not text") {
+    std::string bytes(4096, '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 % 32);
+    write_text(dir + "/binary.bin", bytes);
+    check_stops_before_hello(dir, cluster, "n0", {"--set", "data.path=" + dir + "/binary.bin"},
+                             "is not text");
+  }
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a node started with other training settings is turned away with one line",
                 "[process][cluster]") {
   const auto dir = scratch_dir("cluster_other_settings");
@@ -212,7 +250,8 @@ CATCH_TEST_CASE("a node that reads another corpus is turned away with one line n
                 "[process][cluster]") {
   const auto dir = scratch_dir("cluster_other_data");
   cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 30);
+  // The deadline covers three node start-ups in a row (n0, n1 turned away, n1 again) on a loaded machine.
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 120);
   edit_file(cluster, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
   auto n0 = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
@@ -243,8 +282,12 @@ CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", 
   const auto cluster = cluster_file(dir, {1, 1, 1}, ports, "", 4);
   // Every node is needed (with the default min_nodes = 1 the cluster would start with n1 alone).
   edit_file(cluster, "join_timeout_s = ", "min_nodes = 3\njoin_timeout_s = ");
+  // n1 says hello before the coordinator starts (its hello waits for it) and waits long for the answer:
+  // however slowly either starts, n1 joined before the coordinator's 4 s deadline and is there to hear it.
+  auto node = spawn({binary(), "node", cluster, "--node", "n1", "--set", "cluster.join_timeout_s=120"},
+                    dir + "/n1.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/n1.log", "joining cluster", 300));
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
-  auto node = spawn({binary(), "node", cluster, "--node", "n1"}, dir + "/n1.log");
   const int coord_code = wait_exit(coord, 60);
   const int node_code = wait_exit(node, 60);
   const auto clog = read_text(dir + "/coord.log");
@@ -448,7 +491,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(wait_exit(nodes[1], 30) == 128 + SIGKILL);
   // The ring's deadline is 300 s: the coordinator removes n1 after heartbeat_timeout_s (6 s) of silence at
   // the latest, sooner when n0's ring reports the lost link.
-  const bool removed = wait_master_epoch(dir + "/cluster", 2, "lost", "n0", 30);
+  const bool removed = wait_master_epoch(dir + "/cluster", 2, "lost", "n0", 120);
   const double noticed = seconds_since(t0);
   CATCH_REQUIRE(wait_until([&] { return rounds_in_membership(dir + "/cluster/n0", "n0") >= 2; }, 300));
   stop_cluster(dir, cluster);
@@ -457,7 +500,7 @@ CATCH_TEST_CASE(
   const auto log = read_text(dir + "/n0.log"), clog = read_text(dir + "/coord.log");
   CATCH_INFO(tail(log, 20000) << "\n---\n" << clog);
   CATCH_CHECK(removed);
-  CATCH_CHECK(noticed < 10);
+  CATCH_CHECK(noticed < 60);  // far below the ring's 300 s, with room for a loaded machine
   CATCH_CHECK(master_removal(dir + "/cluster", "n1").first == "lost");
   CATCH_CHECK(code == 0);
   CATCH_CHECK_FALSE(contains(log, "training failed"));
@@ -548,7 +591,7 @@ CATCH_TEST_CASE(
   kill(nodes[2].pid, SIGSTOP);
   // The ring's deadline (comm.timeout_s) is 300 s: n2 must be removed long before it.
   const auto t0 = std::chrono::steady_clock::now();
-  const bool removed = wait_master_epoch(dir + "/cluster", 2, "lost", "n0,n1", 60);
+  const bool removed = wait_master_epoch(dir + "/cluster", 2, "lost", "n0,n1", 120);
   const double waited = seconds_since(t0);
   const bool went_on = wait_until(
       [&] {
@@ -567,7 +610,7 @@ CATCH_TEST_CASE(
   CATCH_INFO(tail(log0) << "\n--- n1\n" << tail(log1) << "\n--- n2\n" << tail(log2) << "\n---\n" << clog);
   CATCH_CHECK(removed);
   CATCH_CHECK(went_on);
-  CATCH_CHECK(waited < 15);
+  CATCH_CHECK(waited < 60);  // far below the ring's 300 s, with room for a loaded machine
   const auto [reason, why] = master_removal(dir + "/cluster", "n2");
   CATCH_CHECK(reason == "lost");
   CATCH_CHECK(why.rfind("node n2 lost: nothing heard for 4 s", 0) == 0);
@@ -624,7 +667,8 @@ CATCH_TEST_CASE("a second process with a joined node's name is turned away and t
                 "[process][cluster]") {
   const auto dir = scratch_dir("cluster_duplicate");
   cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 20);
+  // The deadline covers three node start-ups in a row (n0, the second n0, n1) on a loaded machine.
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", 120);
   auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
   auto first = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/n0.log");
   CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "node n0 joined", 30));
@@ -633,7 +677,7 @@ CATCH_TEST_CASE("a second process with a joined node's name is turned away and t
   const double s = seconds_since(t0);
   CATCH_INFO(log);
   CATCH_CHECK(code == 2);
-  CATCH_CHECK(s < 15);
+  CATCH_CHECK(s < 60);  // turned away at its hello, not at the end of its 125 s wait for a welcome
   CATCH_CHECK(contains(log, "node n0 has already joined from another process"));
   auto n1 = spawn({binary(), "node", cluster, "--node", "n1"}, dir + "/n1.log");
   const int first_code = wait_exit(first, 300);
@@ -703,7 +747,7 @@ CATCH_TEST_CASE(
           return false;
         }
       },
-      6);
+      60);
   CATCH_REQUIRE(wait_master_records(dir + "/cluster", "takeover", 1, 60));
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   stop_cluster(dir, cluster);

@@ -665,11 +665,11 @@ CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scrap
             "\"\nendpoint = \"tcp://127.0.0.1:" + std::to_string(ring.back()) +
             "\"\nworkers = 1\nmetrics_port = " + std::to_string(metrics.back()) + "\n";
   }
-  // The tiny model, one worker per node: under a second per round on 2 cores, so 50 rounds outlast the test,
-  // which stops the cluster once every query has run. Eval and a checkpoint every round fill every panel.
+  // The tiny model, one worker per node, with no end: the test stops the cluster (Ctrl-C) once every query
+  // has run. Eval and a checkpoint every round fill every panel.
   text += "\n[run]\nout_dir = \"" + dir + "/run\"\nseed = 7\n" +
           "[model]\npreset = \"tiny\"\nseq_len = 64\n"
-          "[train]\ninner_steps = 5\nrounds = 50\nbatch_size = 4\nwarmup_steps = 3\nthreads = 1\n"
+          "[train]\ninner_steps = 5\nrounds = 1000000\nbatch_size = 4\nwarmup_steps = 3\nthreads = 1\n"
           "[eval]\nevery_rounds = 1\nbatches = 2\n"
           "[checkpoint]\nevery_rounds = 1\n"
           "[metrics]\nport = " +
@@ -776,7 +776,7 @@ CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scrap
   if (code == -1) kill(-launch.pid, SIGKILL);  // the roles and Prometheus, if launch left them behind
   CATCH_INFO(launch_log());
   CATCH_CHECK(code == 130);
-  CATCH_CHECK(wait_until([&] { return port_free(observe_port); }, 10));
+  CATCH_CHECK(wait_until([&] { return port_free(observe_port); }, 60));
   CATCH_CHECK(port_free(coord_metrics));
   for (int p : metrics) CATCH_CHECK(port_free(p));
   if (failures.empty() && code == 130) fs::remove_all(dir);

@@ -325,7 +325,7 @@ std::pair<std::string, std::string> restart_n2_and_finish(elastic_cluster& c,
 
 CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that comes back restores the quorum",
                 "[process][cluster][elastic][join]") {
-  elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 60\n");
+  elastic_cluster c("elastic_quorum_back", "", {}, "min_nodes = 3\nquorum_timeout_s = 600\n");
   kill_in_inner_phase(c);
   CATCH_REQUIRE(wait_master_records(c.cluster_out(), "quorum", 1, 60));
   const auto [clog, log2] = restart_n2_and_finish(c);
@@ -348,9 +348,15 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   edit_file(file, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
   edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   edit_file(file, "inner_steps = 3", "inner_steps = 20");
+  // n0 and n1 say hello before the coordinator starts (their hellos wait for it) and wait long for the
+  // answer: however slowly they start, both joined before the coordinator's 8 s deadline.
+  auto n0 =
+      spawn({binary(), "node", file, "--node", "n0", "--set", "cluster.join_timeout_s=120"}, dir + "/n0.log");
+  auto n1 =
+      spawn({binary(), "node", file, "--node", "n1", "--set", "cluster.join_timeout_s=120"}, dir + "/n1.log");
+  for (const char* n : {"n0", "n1"})
+    CATCH_REQUIRE(wait_for_text(dir + "/" + n + ".log", "joining cluster", 300));
   auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
-  auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
-  auto n1 = spawn({binary(), "node", file, "--node", "n1"}, dir + "/n1.log");
   CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "2 of 3 nodes joined", 60));
   CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n0") >= 2; }, 300));
   // The third comes late: it fetches the running cluster's state from n0 and n1 and is admitted.

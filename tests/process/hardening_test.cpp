@@ -286,9 +286,13 @@ CATCH_TEST_CASE(
         sub, {1, 1}, ports, "[metrics]\nenabled = false\n[comm]\ndtype = \"int8\"\nerror_feedback = true\n");
     edit_file(file, "rounds = 3", "rounds = 10");
     if (interrupt) {
+      // Paced (0.5 s a step: outside the fingerprint, the numbers are the same), so that the kill after the
+      // third round lands seconds before the tenth, however loaded the machine.
       auto coord = spawn({binary(), "coordinator", file}, sub + "/coord1.log");
-      auto n0 = spawn({binary(), "node", file, "--node", "n0"}, sub + "/n0_1.log");
-      auto n1 = spawn({binary(), "node", file, "--node", "n1"}, sub + "/n1_1.log");
+      auto n0 = spawn({binary(), "node", file, "--node", "n0", "--set", "train.pace_step_s=0.5"},
+                      sub + "/n0_1.log");
+      auto n1 = spawn({binary(), "node", file, "--node", "n1", "--set", "train.pace_step_s=0.5"},
+                      sub + "/n1_1.log");
       const bool trained = wait_until(
           [&] {
             return runtime::checkpoint_store(sub + "/cluster/n0/checkpoints", 100).list().size() >= 3 &&

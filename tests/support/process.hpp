@@ -270,6 +270,26 @@ inline int free_port() {
   throw std::runtime_error("free_port: no free port in " + std::to_string(lo) + "-" + std::to_string(hi));
 }
 
+/// A listening TCP socket on a loopback port the kernel chose, held until destroyed: a port in use.
+struct held_port {
+  int fd = -1;
+  int port = 0;
+  held_port() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 1) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      throw std::runtime_error("held_port: cannot listen on a loopback port");
+    port = ntohs(addr.sin_port);
+  }
+  held_port(const held_port&) = delete;
+  held_port& operator=(const held_port&) = delete;
+  ~held_port() { ::close(fd); }
+};
+
 /// Lines of a loss trace (step \t round \t loss) as (step, loss) pairs.
 inline std::vector<std::pair<long, double>> read_trace(const std::string& path) {
   std::vector<std::pair<long, double>> out;

@@ -49,10 +49,10 @@ inline comm::epoch_view view_of(const ring_members& m, const std::vector<size_t>
   return v;
 }
 
-/// Polls until f() has a value (or 10 s pass).
+/// Polls until f() has a value (or 60 s pass).
 template <class F>
 auto poll(F f) -> decltype(f()) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     auto v = f();
     if (v || std::chrono::steady_clock::now() > deadline) return v;

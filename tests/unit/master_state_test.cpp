@@ -1209,6 +1209,24 @@ CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][m
                {3, "n1'", "hello", {}}});
     CATCH_CHECK(t.master().done() == 0);
   }
+  CATCH_SECTION("a joiner still fetching or ready when the last member finishes is told the run ended") {
+    for (const bool ready : {false, true}) {
+      CATCH_INFO("ready " << ready);
+      table t(cluster_of(2));
+      auto rows = two_training + std::vector<row>{{2, "n1", "error", {}},
+                                                  {2, "n0", "ack 2 1/0", {}},
+                                                  {3, "n1'", "hello", {"n1' <- recover"}}};
+      if (ready) rows.push_back({3.5, "n1'", "join_ready 2", {}});
+      rows.push_back({4,
+                      "n0",
+                      "bye done",
+                      {"node n1 was still joining when the run ended",
+                       "n1' <- error cancelled: the run ended before this node was admitted",
+                       "the run finished on n0; removed on the way: n1 (failed)"}});
+      t.play(rows);
+      CATCH_CHECK(t.master().done() == 0);
+    }
+  }
   CATCH_SECTION("a node that finished is not taken again") {
     table t(cluster_of(2));
     t.play(
