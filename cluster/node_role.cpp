@@ -3,13 +3,18 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
-#include <zmq.hpp>
 
 #include "actors/run_files.hpp"
 #include "actors/run_setup.hpp"
@@ -126,20 +131,39 @@ int say_goodbye(control_client& control, const std::string& name, int code,
 
 namespace {
 
-/// The ring's endpoint, bound and let go before the hello: a port that another process holds fails here,
-/// named, instead of after the welcome, when the cluster has started and only loses this node.
+/// The ring's endpoint, bound (not listened on: no peer can connect to it meanwhile) and let go before the
+/// hello: a port that another process holds fails here, named, instead of after the welcome, when the cluster
+/// has started and only loses this node. An endpoint this cannot read is left to the ring's own bind.
 void check_ring_endpoint(const config::cluster_node& me) {
-  zmq::context_t ctx(1);
-  zmq::socket_t probe(ctx, zmq::socket_type::pull);
-  probe.set(zmq::sockopt::linger, 0);
-  try {
-    probe.bind(me.endpoint);
-  } catch (const zmq::error_t& e) {
-    throw lw_error(errc::invalid_config,
-                   fmt::format("its ring endpoint {} cannot be bound: {} (is another process using the port? "
-                               "The cluster file's [[nodes]] endpoint gives it)",
-                               me.endpoint, e.what()));
+  const auto& e = me.endpoint;
+  const auto colon = e.rfind(':');
+  if (e.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
+  std::string host = e.substr(6, colon - 6);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = host == "*" ? AF_INET : AF_UNSPEC;  // ZeroMQ's wildcard is IPv4's
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host == "*" ? nullptr : host.c_str(), e.substr(colon + 1).c_str(), &hints, &found) != 0)
+    return;
+  int err = 0;
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    const int one = 1;  // as ZeroMQ's listener: a closed connection's TIME_WAIT does not hold the port
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, found->ai_addr, found->ai_addrlen) != 0) err = errno;
+    ::close(fd);
   }
+  ::freeaddrinfo(found);
+  if (err == 0) return;
+  const char* hint = err == EADDRINUSE ? "another process holds the port"
+                     : err == EADDRNOTAVAIL
+                         ? "no interface of this machine has that address: is the node started "
+                           "on the machine the cluster file names?"
+                         : "see the cluster file's [[nodes]] endpoint";
+  throw lw_error(errc::invalid_config,
+                 fmt::format("its ring endpoint {} cannot be bound: {} ({})", e, std::strerror(err), hint));
 }
 
 /// Tokenizes the corpus into the node's data directory (cached: a restart reads it back) before the hello:
@@ -160,7 +184,7 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
                                     const config::train_config& cfg, actors::run_options& node_opts) {
   const auto& me = spec.nodes[index];
   try {
-    check_ring_endpoint(me);
+    if (spec.train.comm.backend == config::comm_backend::ring) check_ring_endpoint(me);
     prepare_data(cfg);
     const auto keys = node_keys(spec, me.name);
     if (keys) set_up_curve(s, *keys, me.name);
