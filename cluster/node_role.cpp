@@ -157,11 +157,14 @@ void check_ring_endpoint(const config::cluster_node& me) {
   }
   ::freeaddrinfo(found);
   if (err == 0) return;
-  const char* hint = err == EADDRINUSE ? "another process holds the port"
-                     : err == EADDRNOTAVAIL
-                         ? "no interface of this machine has that address: is the node started "
-                           "on the machine the cluster file names?"
-                         : "see the cluster file's [[nodes]] endpoint";
+  const auto hint =
+      err == EADDRINUSE
+          ? fmt::format("another process holds the port: is node {} already running here?", me.name)
+      : err == EADDRNOTAVAIL
+          ? std::string(
+                "no interface of this machine has that address: is the node started on the machine "
+                "the cluster file names?")
+          : std::string("see the cluster file's [[nodes]] endpoint");
   throw lw_error(errc::invalid_config,
                  fmt::format("its ring endpoint {} cannot be bound: {} ({})", e, std::strerror(err), hint));
 }

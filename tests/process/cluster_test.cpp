@@ -208,7 +208,8 @@ CATCH_TEST_CASE("a node checks its ring port and tokenizes its corpus before it 
     const auto taken = "tcp://127.0.0.1:" + std::to_string(held.port);
     edit_file(cluster, "tcp://127.0.0.1:" + std::to_string(ports.ring[1]), taken);
     check_stops_before_hello(dir, cluster, "n1", {}, "its ring endpoint " + taken + " cannot be bound");
-    CATCH_CHECK(contains(read_text(dir + "/n1.log"), "another process holds the port"));
+    CATCH_CHECK(contains(read_text(dir + "/n1.log"),
+                         "another process holds the port: is node n1 already running here?"));
   }
   CATCH_SECTION("a corpus that is not text") {
     std::string bytes(4096, '\0');
