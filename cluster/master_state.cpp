@@ -373,8 +373,10 @@ void master_state::outcome() {
     info(fmt::format("coordinator: node {} was still joining when the run ended: it is told so",
                      specs_[i].name));
     reply_error(*m.identity, errc::cancelled,
-                "the run ended before this node was admitted: its members trained to the end, so "
-                "nothing is left to join");
+                finished.empty() ? "the run ended before this node was admitted: no member is left training "
+                                   "(failed, lost or left), so nothing is left to join"
+                                 : "the run ended before this node was admitted: its members trained to the "
+                                   "end, so nothing is left to join");
   }
   std::string removed;  // "n2:lost,n3:left"
   for (auto i : gone)

@@ -1227,6 +1227,20 @@ CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][m
       CATCH_CHECK(t.master().done() == 0);
     }
   }
+  CATCH_SECTION("a joiner in flight when the last member fails is told no member is left") {
+    table t(cluster_of(2));
+    t.play(two_training +
+           std::vector<row>{{2, "n1", "error", {}},
+                            {2, "n0", "ack 2 1/0", {}},
+                            {3, "n1'", "hello", {"n1' <- recover"}},
+                            {4,
+                             "n0",
+                             "error",
+                             {"n1' <- error cancelled: the run ended before this node was admitted: "
+                              "no member is left training",
+                              "no node finished the run"}}});
+    CATCH_CHECK(t.master().done() == 1);
+  }
   CATCH_SECTION("a node that finished is not taken again") {
     table t(cluster_of(2));
     t.play(
