@@ -3,10 +3,18 @@
 #include "models/data/dataset_prep.hpp"
 
 #include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -154,6 +162,32 @@ prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
   return d;
 }
 
+/// One preparation of a data directory at a time (flock on DIR/.prepare.lock, released with the process):
+/// two processes that share it (two starts of one node, a shared data.cache_dir) would otherwise write the
+/// same temporary files; the second waits, then finds the first's shards cached.
+class prepare_lock {
+ public:
+  prepare_lock(const fs::path& dir, const std::function<void(const std::string&)>& log) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw lw_error(errc::io_error, fmt::format("cannot create '{}': {}", dir.string(), ec.message()));
+    const auto path = (dir / ".prepare.lock").string();
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw lw_error(errc::io_error, fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    if (log) log(fmt::format("data: another process is preparing {}; waiting for it", dir.string()));
+    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  prepare_lock(const prepare_lock&) = delete;
+  prepare_lock& operator=(const prepare_lock&) = delete;
+  ~prepare_lock() { ::close(fd_); }
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace
 
 prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
@@ -206,6 +240,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   };
 
   const fs::path dir(out_dir);
+  const prepare_lock lock(dir, log);
   prepared_dataset result;
   std::string why;
   if (load_cached(dir, inputs, result, why)) {

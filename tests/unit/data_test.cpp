@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <set>
 #include <string>
@@ -218,6 +219,30 @@ CATCH_TEST_CASE("A binary corpus is refused naming the file and its share of con
   CATCH_REQUIRE_THROWS_WITH(
       prepare_dataset(dir.file("ctl.jsonl"), tokenizer_kind::byte, 0, 0.1, dir.file("out")),
       Contains("ctl.jsonl") && Contains("is not text"));
+}
+
+CATCH_TEST_CASE(
+    "Two preparations of one directory at once: one tokenizes, the other waits and reads its shards",
+    "[data]") {
+  temp_dir dir;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += sample_text();  // long enough that the two overlap
+  const std::string corpus = dir.file("corpus.txt");
+  write_text(corpus, text);
+  std::vector<std::string> logs[4];
+  std::vector<std::future<prepared_dataset>> runs;
+  for (auto& log : logs)
+    runs.push_back(std::async(std::launch::async, [&] {
+      return prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"),
+                             [&](const std::string& l) { log.push_back(l); });
+    }));
+  int tokenized = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto d = runs[i].get();  // none throws (a shared temporary file made a rename fail)
+    CATCH_CHECK(d.n_train_tokens + d.n_val_tokens == static_cast<int64_t>(text.size()));
+    for (const auto& l : logs[i]) tokenized += l.find("data: tokenized") != std::string::npos;
+  }
+  CATCH_CHECK(tokenized == 1);
 }
 
 CATCH_TEST_CASE("Text in another encoding is prepared with a warning, and a few control bytes pass",
