@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -164,25 +163,24 @@ prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
 
 /// One preparation of a data directory at a time (flock on DIR/.prepare.lock, released with the process):
 /// two processes that share it (two starts of one node, a shared data.cache_dir) would otherwise write the
-/// same temporary files; the second waits, then finds the first's shards cached.
+/// same temporary files; the second waits, then finds the first's shards cached. A directory where the lock
+/// cannot be made (read-only, holding shards prepared elsewhere) is used without it.
 class prepare_lock {
  public:
   prepare_lock(const fs::path& dir, const std::function<void(const std::string&)>& log) {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    if (ec) throw lw_error(errc::io_error, fmt::format("cannot create '{}': {}", dir.string(), ec.message()));
-    const auto path = (dir / ".prepare.lock").string();
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw lw_error(errc::io_error, fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    fd_ = ec ? -1 : ::open((dir / ".prepare.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0 || ::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
     if (log) log(fmt::format("data: another process is preparing {}; waiting for it", dir.string()));
     while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
     }
   }
   prepare_lock(const prepare_lock&) = delete;
   prepare_lock& operator=(const prepare_lock&) = delete;
-  ~prepare_lock() { ::close(fd_); }
+  ~prepare_lock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
 
  private:
   int fd_ = -1;
