@@ -125,12 +125,18 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
               cfg.train.rounds * cfg.train.inner_steps * cfg.train.batch_size * cfg.model.seq_len);
 }
 
+models::data::prepared_dataset prepare_data(const config::train_config& cfg, const std::string& corpus,
+                                            const std::string& data_dir,
+                                            std::function<void(const std::string&)> log) {
+  if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
+  return models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
+                                       cfg.data.val_fraction, data_dir, std::move(log));
+}
+
 std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
                                           const std::string& corpus, const std::string& data_dir,
                                           const models::device_plan& devices, cluster_link& cluster) {
-  auto data = models::data::prepare_dataset(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
-                                            cfg.data.val_fraction, data_dir,
-                                            [](const std::string& line) { spdlog::info("{}", line); });
+  auto data = prepare_data(cfg, corpus, data_dir);
   if (cfg.model.vocab_size > 0 && cfg.model.vocab_size < data.vocab_size)
     throw config::config_error("model.vocab_size",
                                "model.vocab_size = " + std::to_string(cfg.model.vocab_size) +

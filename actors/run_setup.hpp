@@ -1,12 +1,14 @@
 #pragma once
 // The start-up checks of one run and the state its actors share: the corpus, the model shape checked against
 // the config, --dry-run's summary, and the run_context with the prepared data.
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "actors/run_context.hpp"
 #include "actors/training.hpp"
 #include "config/train_config.hpp"
+#include "models/data/dataset_prep.hpp"
 #include "models/device.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
@@ -15,6 +17,12 @@ namespace longwave::actors {
 
 /// data.path, or the bundled default corpus; a config_error on data.path when the file is missing.
 std::string corpus_path(const config::train_config& cfg);
+
+/// `corpus` tokenized as [data] says into data_dir, or found cached there (models::data::prepare_dataset);
+/// its progress lines go to `log`, else to the log at info.
+models::data::prepared_dataset prepare_data(const config::train_config& cfg, const std::string& corpus,
+                                            const std::string& data_dir,
+                                            std::function<void(const std::string&)> log = {});
 
 /// The model shape of a config, checked against what the config asks of it (before any file is touched).
 models::model_spec model_spec_of(const config::train_config& cfg);

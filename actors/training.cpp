@@ -187,9 +187,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
   try {
     auto [c, cfg] = load_named_checkpoint(checkpoint_path);
     const auto p = resolve_paths(cfg);
-    auto data = models::data::prepare_dataset(corpus_path(cfg), cfg.data.tokenizer, cfg.data.bpe_vocab_size,
-                                              cfg.data.val_fraction, p.data_dir,
-                                              [](const std::string& line) { spdlog::info("{}", line); });
+    auto data = prepare_data(cfg, corpus_path(cfg), p.data_dir);
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
                          config::to_string(cfg.run.mode), models::model_label(spec),

@@ -25,7 +25,6 @@
 #include "cluster/state_publisher.hpp"
 #include "comm/fault_transport.hpp"
 #include "config/config_loader.hpp"
-#include "models/data/dataset_prep.hpp"
 
 namespace longwave::cluster {
 
@@ -133,20 +132,18 @@ namespace {
 
 /// The ring's endpoint, bound (not listened on: no peer can connect to it meanwhile) and let go before the
 /// hello: a port that another process holds fails here, named, instead of after the welcome, when the cluster
-/// has started and only loses this node. An endpoint this cannot read is left to the ring's own bind.
+/// has started and only loses this node. A host name that does not resolve is left to the ring's own bind.
 void check_ring_endpoint(const config::cluster_node& me) {
+  // tcp://HOST:PORT, as config::endpoint_problem checked it when the cluster file was read.
   const auto& e = me.endpoint;
   const auto colon = e.rfind(':');
-  if (e.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
   std::string host = e.substr(6, colon - 6);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   addrinfo hints{};
-  hints.ai_family = host == "*" ? AF_INET : AF_UNSPEC;  // ZeroMQ's wildcard is IPv4's
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(host == "*" ? nullptr : host.c_str(), e.substr(colon + 1).c_str(), &hints, &found) != 0)
-    return;
+  if (::getaddrinfo(host.c_str(), e.substr(colon + 1).c_str(), &hints, &found) != 0) return;
   int err = 0;
   const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd >= 0) {
@@ -173,12 +170,11 @@ void check_ring_endpoint(const config::cluster_node& me) {
 /// after the welcome the members would wait for it, and the coordinator takes a node that has not sent its
 /// first heartbeat within join_timeout_s as lost. Throws as prepare_dataset does.
 void prepare_data(const config::train_config& cfg) {
-  models::data::prepare_dataset(actors::corpus_path(cfg), cfg.data.tokenizer, cfg.data.bpe_vocab_size,
-                                cfg.data.val_fraction, actors::resolve_paths(cfg).data_dir,
-                                [](const std::string& line) {
-                                  // The run says which shards it uses as it starts.
-                                  if (line.rfind("data: using", 0) != 0) spdlog::info("{}", line);
-                                });
+  actors::prepare_data(cfg, actors::corpus_path(cfg), actors::resolve_paths(cfg).data_dir,
+                       [](const std::string& line) {
+                         // The run says which shards it uses as it starts.
+                         if (line.rfind("data: using", 0) != 0) spdlog::info("{}", line);
+                       });
 }
 
 /// Keys, the state server, the control connection and the join. The exit code when the node ends here (0:

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <memory>
 
@@ -167,7 +166,7 @@ prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
 /// cannot be made (read-only, holding shards prepared elsewhere) is used without it.
 class prepare_lock {
  public:
-  prepare_lock(const fs::path& dir, const std::function<void(const std::string&)>& log) {
+  prepare_lock(const fs::path& dir, const log_fn& log) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     fd_ = ec ? -1 : ::open((dir / ".prepare.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
