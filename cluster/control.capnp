@@ -138,6 +138,7 @@ struct Heartbeat {
   round @0 :UInt64;
   unixMillis @1 :UInt64;
   epoch @2 :UInt64;        # the membership epoch the node trains in
+  starting @3 :Bool;       # from a node still starting (model, checkpoint, communicator): alive, not training
 }
 
 struct Done {

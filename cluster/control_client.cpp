@@ -269,6 +269,10 @@ void control_client::heartbeat(uint64_t round, uint64_t epoch) {
   send(e);
 }
 
+void control_client::starting() {
+  send_body(heartbeat_msg{0, 0, 0, true});
+}
+
 std::pair<errc, std::string> control_client::request_leave(const std::string& name,
                                                            std::chrono::milliseconds timeout) {
   envelope e;
@@ -321,10 +325,15 @@ void control_client::nccl_id(uint64_t epoch, const std::string& id) {
 }
 
 std::string control_client::wait_nccl_id(uint64_t epoch, std::chrono::milliseconds timeout) {
-  // No heartbeat: until its main loop's first one the master gives a starting member join_timeout_s.
+  // Not a heartbeat, which would say that its main loop runs: a start-up beat.
   const auto deadline = clock::now() + timeout;
   std::vector<control_event> kept;
+  auto beat = clock::time_point{};
   for (;;) {
+    if (clock::now() - beat >= std::chrono::seconds(2)) {
+      beat = clock::now();
+      starting();
+    }
     for (auto& ev : poll()) {
       if (ev.what == control_event::kind::nccl_id && ev.epoch == epoch) {
         pending_.insert(pending_.begin(), kept.begin(), kept.end());

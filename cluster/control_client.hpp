@@ -86,6 +86,9 @@ class control_client {
 
   /// Tells the coordinator this node is alive, in `round` and `epoch`. Never blocks.
   void heartbeat(uint64_t round, uint64_t epoch = 0);
+  /// Tells the coordinator this node is alive but still starting: its main loop, whose heartbeats say it
+  /// trains, does not run yet (model, checkpoint, communicator). Never blocks.
+  void starting();
   /// The answer to a fence (once the node's ring is idle). Never blocks.
   void fence_ack(const fence_ack_msg& ack);
   /// A training node re-announces itself (hello with running set) after its connection to the coordinator
@@ -113,8 +116,8 @@ class control_client {
   /// coordinator to hand to the other members. Never blocks.
   void nccl_id(uint64_t epoch, const std::string& id);
   /// comm.backend = "nccl": waits for `epoch`'s communicator id from its rank 0, which the coordinator hands
-  /// on; what else arrives meanwhile is kept for the next poll(). Throws lw_error(peer_lost) when none comes
-  /// within timeout.
+  /// on, saying every 2 s that this node is still starting; what else arrives meanwhile is kept for the next
+  /// poll(). Throws lw_error(peer_lost) when none comes within timeout.
   std::string wait_nccl_id(uint64_t epoch, std::chrono::milliseconds timeout);
   /// A ring call failed without a fence. Never blocks.
   void ring_failed(const ring_failed_msg& failure);

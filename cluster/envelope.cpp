@@ -184,6 +184,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setRound(m.round);
       x.setUnixMillis(m.unix_millis);
       x.setEpoch(m.epoch);
+      x.setStarting(m.starting);
     }
     void operator()(const done_msg& m) {
       auto x = b.initDone();
@@ -365,7 +366,7 @@ read_result read_body(wire::Envelope::Body::Reader b, body_t& out) {
     case B::ROUND_START: return read_round_start(b.getRoundStart(), out);
     case B::HEARTBEAT: {
       auto x = b.getHeartbeat();
-      out = heartbeat_msg{x.getRound(), x.getUnixMillis(), x.getEpoch()};
+      out = heartbeat_msg{x.getRound(), x.getUnixMillis(), x.getEpoch(), x.getStarting()};
       return std::nullopt;
     }
     case B::DONE: out = done_msg{b.getDone().getRound(), b.getDone().getFragment()}; return std::nullopt;

@@ -127,6 +127,7 @@ struct heartbeat_msg {
   uint64_t round = 0;
   uint64_t unix_millis = 0;
   uint64_t epoch = 0;
+  bool starting = false;  // sent before the node's main loop runs: it is alive, not yet training
 };
 struct done_msg {
   uint64_t round = 0;

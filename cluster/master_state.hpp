@@ -204,7 +204,9 @@ class master_state {
     std::optional<std::string> identity;  // ROUTER routing id once it said hello
     std::optional<uint64_t> stop_hold;    // a stop: the round after which it holds (its answer to the query)
     bool heard = false;                   // a heartbeat since the welcome
-    bool suspected = false;               // a neighbour's ring lost it
+    std::optional<clock::time_point> starting_since;  // its first "still starting" beat
+    bool starting_said = false;                       // its long start-up was logged
+    bool suspected = false;                           // a neighbour's ring lost it
     clock::time_point last_seen, suspected_at, told_removed;
     uint64_t round = 0;
     uint64_t resume_round = 0;                // from its hello
@@ -296,6 +298,8 @@ class master_state {
   // master_state_messages.cpp: everything else a connection may send.
   void on_member_message(size_t i, const envelope& e);
   void on_joiner_message(size_t i, const envelope& e);
+  /// A member's "still starting" beat: it is alive, but its main loop does not run yet.
+  void on_starting(size_t i);
   void on_removed_message(size_t i, const envelope& e);
   void on_bye(size_t i, const bye_msg& b);
   void on_committed(size_t i, const committed_msg& c);

@@ -206,6 +206,8 @@ void master_state::admit(size_t i, const comm::reduce_key& commit) {
   m.phase = member_phase::member;
   m.removed = removal::none;
   m.heard = false;  // join_timeout applies until its first heartbeat, while it starts its workers
+  m.starting_since.reset();
+  m.starting_said = false;
   m.suspected = false;
   m.last_seen = now_;
   m.acked = true;

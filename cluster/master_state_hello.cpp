@@ -343,4 +343,17 @@ void master_state::on_reannounce(size_t idx, const sender& from, const hello_msg
   m.state_endpoint = h.state_endpoint;
 }
 
+/// Until its main loop runs (its model built, its checkpoint loaded, its communicator made), a member says
+/// every 2 s that it is still starting: it is not silent (watch_silence), and the members wait for it.
+void master_state::on_starting(size_t i) {
+  auto& m = members_[i];
+  if (!m.starting_since) m.starting_since = now_;
+  if (m.starting_said || since(*m.starting_since) <= std::max(s_.heartbeat_timeout, s_.join_timeout)) return;
+  m.starting_said = true;
+  info(fmt::format(
+      "coordinator: node {} is still starting after {} (building its model, loading its checkpoint); it says "
+      "so every 2 s, and the members wait for it",
+      specs_[i].name, secs(since(*m.starting_since))));
+}
+
 }  // namespace longwave::cluster

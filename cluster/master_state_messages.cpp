@@ -86,7 +86,8 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   m.last_seen = now_;
   if (m.phase == member_phase::joining || m.phase == member_phase::ready) return on_joiner_message(i, e);
   if (m.removed != removal::none) return on_removed_message(i, e);
-  m.heard = true;  // anything but a hello comes from its main loop
+  if (auto* hb = std::get_if<heartbeat_msg>(&e.body); hb && hb->starting) return on_starting(i);
+  m.heard = true;  // anything else but a hello comes from its main loop
   if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
     m.round = hb->round;
   } else if (auto* st = std::get_if<stop_msg>(&e.body)) {
@@ -154,9 +155,9 @@ void master_state::on_removed_message(size_t i, const envelope& e) {
 void master_state::on_joiner_message(size_t i, const envelope& e) {
   auto& m = members_[i];
   if (auto* r = std::get_if<join_ready_msg>(&e.body)) return on_join_ready(i, *r);
-  // Its first heartbeat after it was told where to fetch: the fetch has begun (watch_fetches).
-  if (std::holds_alternative<heartbeat_msg>(e.body) && m.phase == member_phase::joining && !m.fetch_from)
-    m.fetch_from = lowest_round();
+  // Its first heartbeat after it was told where to fetch (not one from its start-up): the fetch has begun.
+  auto* hb = std::get_if<heartbeat_msg>(&e.body);
+  if (hb && !hb->starting && m.phase == member_phase::joining && !m.fetch_from) m.fetch_from = lowest_round();
   if (std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body)) {
     m.phase = member_phase::removed;
     m.ready.reset();

@@ -23,7 +23,34 @@ node_link::node_link(std::string name, actors::ring_place& place, control_client
       pin_(name_),
       merges_(name_) {}
 
+node_link::~node_link() {
+  end_start_up();
+}
+
+void node_link::begin_start_up() {
+  start_up_beats_ = std::thread([this] {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(start_up_mu_);
+        if (started_.wait_for(lk, beat_every, [this] { return start_up_over_; })) return;
+      }
+      std::lock_guard<std::mutex> turn(control_mu_);
+      control_.starting();
+    }
+  });
+}
+
+void node_link::end_start_up() {
+  {
+    std::lock_guard<std::mutex> lk(start_up_mu_);
+    start_up_over_ = true;
+  }
+  started_.notify_all();
+  if (start_up_beats_.joinable()) start_up_beats_.join();
+}
+
 actors::joined_state node_link::join(const runtime::snapshot_shape& shape, uint64_t own_round) {
+  std::lock_guard<std::mutex> turn(control_mu_);  // the joiner beats while it fetches
   try {
     return (*joiner_)(shape, own_round);
   } catch (const lw_error& e) {
@@ -35,6 +62,7 @@ actors::joined_state node_link::join(const runtime::snapshot_shape& shape, uint6
 std::shared_ptr<comm::collective> node_link::collective(const config::train_config& cfg,
                                                         comm::ring_allreduce::reject_callback on_reject) {
   // Membership changes by epochs: the ring, or NCCL's communicator, is made again among each epoch's members.
+  std::lock_guard<std::mutex> turn(control_mu_);  // NCCL's first id comes over the control connection
   comm::epoch_view first{place_.epoch, static_cast<uint32_t>(place_.rank), place_.names, place_.endpoints,
                          place_.public_keys};
   if (cfg.comm.backend == config::comm_backend::ring)
@@ -96,6 +124,7 @@ void node_link::round_committed(uint64_t round, uint32_t theta_crc) {
 
 void node_link::tick(const std::function<void(std::string)>& record, const actors::node_controls& controls) {
   if (!ring_) return;
+  if (!start_up_over_) end_start_up();  // the main loop runs: its heartbeats take over
   const auto now = steady::now();
   if (const auto v = version_.load(); v > 0) watch_.version_applied(v);
   const auto asks = watch_.on_tick(control_, *ring_, elastic_.get(), name_, now, record);

@@ -4,11 +4,14 @@
 // loop.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "actors/cluster_link.hpp"
 #include "cluster/control_client.hpp"
@@ -29,6 +32,17 @@ class node_link final : public actors::cluster_link {
   /// round (every policy but eager keeps one theta_global on every node; async reports it per version).
   node_link(std::string name, actors::ring_place& place, control_client& control, hello_msg hello,
             state_publisher* publisher, bool check_theta);
+  ~node_link() override;
+  node_link(const node_link&) = delete;
+  node_link& operator=(const node_link&) = delete;
+
+  /// From here until the first tick (or end_start_up), a thread tells the master every 2 s that this node is
+  /// still starting: building its model and loading its checkpoint may outlast join_timeout_s, after which
+  /// a silent member is taken as lost. The main thread's start-up calls on the control connection (a join,
+  /// the first NCCL id) take turns with it.
+  void begin_start_up();
+  /// Ends the start-up beats (the main loop's first tick does). Idempotent.
+  void end_start_up();
 
   /// The cluster is already training: this node joins it through `j` (join()).
   void join_with(joiner j) { joiner_.emplace(std::move(j)); }
@@ -79,6 +93,11 @@ class node_link final : public actors::cluster_link {
   merge_follower merges_;
   bool leaving_ = false;
   bool cluster_stopped_ = false;
+  // The start-up beats (begin_start_up): their thread, its stop, and the turns on control_.
+  std::thread start_up_beats_;
+  std::mutex start_up_mu_, control_mu_;
+  std::condition_variable started_;
+  bool start_up_over_ = false;
   // The first tick heartbeats at once: the master allows a member join_timeout_s of silence only until its
   // first heartbeat (while it loads its data and model).
   steady::time_point last_beat_{};

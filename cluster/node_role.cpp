@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "actors/run_files.hpp"
 #include "actors/run_setup.hpp"
@@ -55,6 +56,7 @@ struct node_session {
   std::optional<recover_msg> recover;
   hello_msg hello;                               // what it says to the master when it joins
   std::optional<comm::curve_server_keys> curve;  // this node's ring and state sockets
+  double slow_start_s = 0;                       // a test fault (slow_start_fault)
 };
 
 /// CURVE: this node's keys for its ring and state sockets, and the node keys it admits (place.admitted).
@@ -177,6 +179,20 @@ void prepare_data(const config::train_config& cfg) {
                        });
 }
 
+/// LONGWAVE_FAULT_SLOW_START_S (tests): the seconds this node's start-up after its welcome takes more, as a
+/// large checkpoint's load would (0: none).
+double slow_start_fault(const std::string& name) {
+  const char* v = std::getenv("LONGWAVE_FAULT_SLOW_START_S");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(s >= 0) || s > 3600)
+    throw lw_error(errc::invalid_config,
+                   fmt::format("LONGWAVE_FAULT_SLOW_START_S={}: want seconds, from 0 to 3600", v));
+  spdlog::warn("node {}: LONGWAVE_FAULT_SLOW_START_S: its start-up takes {} s more", name, s);
+  return s;
+}
+
 /// Keys, the state server, the control connection and the join. The exit code when the node ends here (0:
 /// the cluster stopped meanwhile; 1 or 2 with the reason logged), nullopt when it trains.
 std::optional<int> connect_and_join(node_session& s, const config::cluster_spec& spec, size_t index,
@@ -184,6 +200,7 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
   const auto& me = spec.nodes[index];
   try {
     if (spec.train.comm.backend == config::comm_backend::ring) check_ring_endpoint(me);
+    s.slow_start_s = slow_start_fault(me.name);
     prepare_data(cfg);
     const auto keys = node_keys(spec, me.name);
     if (keys) set_up_curve(s, *keys, me.name);
@@ -254,7 +271,10 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
                  s.recover->epoch, versions ? "version" : "round", s.recover->round);
     link.join_with(joiner(*s.control, spec, index, s.hello, *s.recover, s.place, versions));
   }
+  link.begin_start_up();
+  std::this_thread::sleep_for(std::chrono::duration<double>(s.slow_start_s));
   const int code = actors::run_training(cfg, node_opts, link);
+  link.end_start_up();
   return say_goodbye(*s.control, me.name, code, link.stopped_after(), link.cluster_stopped(), link.leaving());
 }
 

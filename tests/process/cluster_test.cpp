@@ -221,6 +221,36 @@ CATCH_TEST_CASE("a node checks its ring port and tokenizes its corpus before it 
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE(
+    "a node whose start-up outlasts join_timeout_s stays in the cluster while it says it is starting",
+    "[process][cluster]") {
+  // A large checkpoint's load: n1's start-up after its welcome takes 15 s more, past the coordinator's limit
+  // for a member's first heartbeat (the larger of join_timeout_s, 4 s, and heartbeat_timeout_s, 6 s).
+  const auto dir = scratch_dir("cluster_slow_start");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "", 4);
+  // Both say hello before the coordinator starts and wait long for it: both joined before its 4 s deadline.
+  auto n0 = spawn({binary(), "node", cluster, "--node", "n0", "--set", "cluster.join_timeout_s=120"},
+                  dir + "/n0.log");
+  auto n1 = spawn({binary(), "node", cluster, "--node", "n1", "--set", "cluster.join_timeout_s=120"},
+                  dir + "/n1.log", false, {"LONGWAVE_FAULT_SLOW_START_S=15"});
+  for (const char* n : {"n0", "n1"})
+    CATCH_REQUIRE(wait_for_text(dir + "/" + n + ".log", "joining cluster", 300));
+  auto coord = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  const int coord_code = wait_exit(coord, 300);
+  const int code0 = wait_exit(n0, 60), code1 = wait_exit(n1, 60);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_INFO(clog << "\n--- n1\n" << tail(read_text(dir + "/n1.log")));
+  CATCH_CHECK(contains(clog, "node n1 is still starting after"));
+  CATCH_CHECK_FALSE(contains(clog, "node n1 lost"));
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(round_crcs(dir + "/cluster/n0") == round_crcs(dir + "/cluster/n1"));
+  CATCH_CHECK(round_crcs(dir + "/cluster/n1").size() == 3);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a node started with other training settings is turned away with one line",
                 "[process][cluster]") {
   const auto dir = scratch_dir("cluster_other_settings");

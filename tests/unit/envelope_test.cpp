@@ -26,7 +26,8 @@ std::string fields_of(const decltype(envelope::body)& body) {
     return "round_start " + to_string(m->round) + " " + to_string(m->fragment) + " " +
            to_string(m->n_elements) + " " + config::to_string(m->dtype);
   if (const auto* m = std::get_if<heartbeat_msg>(&body))
-    return "heartbeat " + to_string(m->round) + " " + to_string(m->unix_millis);
+    return "heartbeat " + to_string(m->round) + " " + to_string(m->unix_millis) + " " + to_string(m->epoch) +
+           (m->starting ? " starting" : "");
   if (const auto* m = std::get_if<done_msg>(&body))
     return "done " + to_string(m->round) + " " + to_string(m->fragment);
   if (const auto* m = std::get_if<error_msg>(&body)) return "error " + to_string(m->code) + " " + m->message;
@@ -125,11 +126,12 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
 
   for (const envelope& e :
        {envelope{7, 2, round_start_msg{9, 1, 1000, wire_dtype::int8}},
-        envelope{7, 2, heartbeat_msg{9, 1700000000123}}, envelope{7, 2, done_msg{9, 3}},
-        envelope{7, 2, error_msg{5, "deadline"}}, envelope{7, 2, bye_msg{"done"}},
-        envelope{7, 2, stop_msg{41}}, envelope{7, 2, committed_msg{41, 0xfeedbeef}},
-        envelope{7, 2, pin_msg{41, false}}, envelope{7, 2, pin_msg{0, true}},
-        envelope{7, 2, contribute_msg{40, 81920}}, envelope{7, 2, nccl_id_msg{3, std::string(256, 'a')}},
+        envelope{7, 2, heartbeat_msg{9, 1700000000123}}, envelope{7, 2, heartbeat_msg{0, 17, 3, true}},
+        envelope{7, 2, done_msg{9, 3}}, envelope{7, 2, error_msg{5, "deadline"}},
+        envelope{7, 2, bye_msg{"done"}}, envelope{7, 2, stop_msg{41}},
+        envelope{7, 2, committed_msg{41, 0xfeedbeef}}, envelope{7, 2, pin_msg{41, false}},
+        envelope{7, 2, pin_msg{0, true}}, envelope{7, 2, contribute_msg{40, 81920}},
+        envelope{7, 2, nccl_id_msg{3, std::string(256, 'a')}},
         envelope{7, 2, merge_msg{41, {{"n0", 40, 81920, 1}, {"n2", 38, 163840, 2}}, {}}},
         envelope{7, 2, merge_msg{41, {}, {{"n3", 30, 1024, 1}}}}}) {
     f = build_envelope(e);

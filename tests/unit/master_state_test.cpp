@@ -33,11 +33,12 @@ namespace {
 /// what: hello [resume=R] [workers=W] [hash=H] [small] [data=D] [version=V] [round=C] [badendpoint] (small:
 /// its training settings name another model preset than the master's; C: its commit,
 /// an async node's newest checkpointed version) | running epoch=E world=W
-/// round=R | heartbeat R | contribute V_START TOKENS | (any of them) term=T | ack E C [pending P held] | bye
-/// REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R | committed R CRC | leave NODE |
-/// nccl_id E ID | tick | paused S (the master's own loop stalled S seconds). Actions read: "n0 <- welcome
-/// rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover
-/// round 3 from [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5", "n0 <- pin release", "n0
+/// round=R | heartbeat R | starting (a start-up beat) | contribute V_START TOKENS | (any of them) term=T |
+/// ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R |
+/// committed R CRC | leave NODE | nccl_id E ID | tick | paused S (the master's own loop stalled S seconds).
+/// Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0
+/// [n0,n2] keep 3/0", "n0 <- recover round 3 from [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5",
+/// "n0 <- pin release", "n0
 /// <- error evicted: TEXT", "info: LINE", "warn: LINE", "count node_lost", "rejected wrong_cluster", "epoch 2
 /// (1 members, lost)", "joined n2 at round 3".
 struct row {
@@ -240,6 +241,8 @@ class table {
       e.body = h;
     } else if (verb == "heartbeat") {
       e.body = cluster::heartbeat_msg{num(0), 0, 1};
+    } else if (verb == "starting") {
+      e.body = cluster::heartbeat_msg{0, 0, 0, true};
     } else if (verb == "ack") {
       cluster::fence_ack_msg a;
       a.epoch = num(0);
@@ -834,6 +837,48 @@ CATCH_TEST_CASE("master: a joiner still fetching after the members completed two
                            {"node n2 admitted in epoch 3 with the state of round 4", "n0 <- pin release",
                             "the members go on after round 4"}}});
   CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
+}
+
+CATCH_TEST_CASE(
+    "master: a member still starting past join_timeout_s stays while it says so, and is lost once silent",
+    "[unit][master]") {
+  // n1 loads a large checkpoint for longer than join_timeout_s (60 s): its start-up beats keep it a member,
+  // and do not count as its main loop running (a ring that cannot reach it still waits for that).
+  table t(cluster_of(2));
+  std::vector<row> rows = {{0, "n0", "hello", {}}, {0, "n1", "hello", {"epoch 1 (2 members, start)"}}};
+  for (int s = 2; s <= 180; s += 2) {
+    rows.push_back({static_cast<double>(s), "n0", "heartbeat 0", {}});
+    if (s <= 120) rows.push_back({static_cast<double>(s), "n1", "starting", {"!node n1 lost", "!fence"}});
+  }
+  CATCH_SECTION("it starts training; a ring that could not reach it meanwhile is reset then") {
+    rows.resize(2 + 2 * 60);  // up to t = 120
+    rows[2 + 2 * 31 + 1].expect.push_back(
+        "info: coordinator: node n1 is still starting after 62 s");  // t = 64
+    rows[2 + 2 * 32 + 1].expect.push_back("!still starting");
+    rows.push_back({10.5, "n0", "ring_failed 1 n1", {"node n0's ring failed in epoch 1 (it lost n1)"}});
+    rows.push_back({40.5, "n0", "ring_failed 1 n1", {"!node n1 lost", "!fence"}});
+    std::stable_sort(rows.begin(), rows.end(), [](const row& a, const row& b) { return a.t < b.t; });
+    t.play(rows +
+           std::vector<row>{{121, "n1", "heartbeat 0", {"n0 <- fence 2", "n1 <- fence 2", "a ring failed"}}});
+    CATCH_CHECK(t.master().phase_of("n1") == member_phase::member);
+  }
+  CATCH_SECTION("it falls silent while starting: lost after join_timeout_s of silence") {
+    t.play(rows + std::vector<row>{{179.5, "n0", "tick", {"!node n1 lost"}},
+                                   {180.5, "n0", "tick", {"node n1 lost: nothing heard for 60 s"}}});
+  }
+}
+
+CATCH_TEST_CASE("master: a joiner's start-up beats do not start its fetch", "[unit][master]") {
+  // Its first heartbeat says the fetch has begun (the test above: held for after two rounds); a start-up
+  // beat, while it builds its model, does not.
+  table t(cluster_of(3));
+  t.play(n2_rejoins + std::vector<row>{{4, "n2'", "starting", {}},
+                                       {5, "n0", "heartbeat 2", {}},
+                                       {5, "n1", "heartbeat 2", {}},
+                                       {6, "n2'", "starting", {}},
+                                       {6, "n0", "heartbeat 3", {}},
+                                       {6, "n1", "heartbeat 3", {"!still fetching", "!pin"}}});
+  CATCH_CHECK(t.master().phase_of("n2") == member_phase::joining);
 }
 
 CATCH_TEST_CASE("master: a second process with a live node's name waits, then is turned away or takes over",
