@@ -22,8 +22,15 @@ uint32_t confirm_fragment(uint32_t fragment) {
 
 elastic_ring::elastic_ring(epoch_view first, ring_options opts, ring_allreduce::reject_callback on_reject,
                            reduce_key committed)
-    : make_([opts, on_reject = std::move(on_reject)](const epoch_view& v) {
+    : make_([this, opts, on_reject = std::move(on_reject)](const epoch_view& v) {
         auto o = opts;
+        if (o.on_stall)  // a stalled confirmation says that this node holds the result
+          o.on_stall = [this, say = o.on_stall](const std::string& line) {
+            say(confirming_.load() ? line +
+                                         "; this node holds the all-reduce's result, waiting for the "
+                                         "members' confirmation"
+                                   : line);
+          };
         o.epoch = v.epoch;
         o.names = v.names;
         o.public_keys = v.public_keys;
@@ -99,7 +106,9 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
     // Nobody applies a result before every member holds it: a member that fails before this point makes
     // every member redo the main call, and none has applied it yet. The confirmation carries each rank's
     // note in its own slots, so every member learns every other's.
+    confirming_.store(true);
     auto notes = confirm(*ring, key);
+    confirming_.store(false);
     lk.lock();
     notes_ = std::move(notes);
     lk.unlock();
@@ -109,6 +118,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
     error = e.what();
     code = e.code();
   }
+  confirming_.store(false);
   if (!lk.owns_lock()) lk.lock();
   in_call_ = false;
   cv_.notify_all();

@@ -143,6 +143,7 @@ class elastic_ring final : public collective {
   bool entered_ = false;               // enter() since the call parked
   reduce_key committed_;
   std::atomic<double> total_weight_{0};  // of the last main all-reduce that completed
+  std::atomic<bool> confirming_{false};  // in a confirmation, holding the main all-reduce's result
   rank_note note_;                       // this rank's, sent with each confirmation (under mu_)
   std::vector<rank_note> notes_;         // every rank's, from the last confirmation (under mu_)
   double result_total_ = 0;              // the parked call's main total weight (under mu_, with have_result_)

@@ -89,6 +89,10 @@ class fault_transport final : public transport {
       sent_ = 0;
     }
     if (++sent_ != f_.die_after_chunks) return;
+    if (f_.hang) {
+      std::fprintf(stderr, "longwave comm: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: the ring hangs here\n");
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the frames leave this process
     std::raise(SIGKILL);
   }
@@ -118,13 +122,16 @@ std::optional<transport_faults> transport_faults_from_env() {
   transport_faults f;
   if (die != nullptr && *die != '\0') {
     unsigned long long r = 0, c = 0;
-    char tail = 0;
-    if (std::sscanf(die, "%llu:%llu%c", &r, &c, &tail) != 2 || r == 0 || c == 0)
+    int used = 0;
+    const int got = std::sscanf(die, "%llu:%llu%n", &r, &c, &used);
+    const std::string rest = got == 2 ? die + used : "";
+    if (got != 2 || r == 0 || c == 0 || (!rest.empty() && rest != ":hang"))
       throw lw_error(
           errc::invalid_config,
-          fmt::format("LONGWAVE_FAULT_DIE_IN_ALLREDUCE={}: want ROUND:CHUNKS, both positive", die));
+          fmt::format("LONGWAVE_FAULT_DIE_IN_ALLREDUCE={}: want ROUND:CHUNKS[:hang], both positive", die));
     f.die_in_round = r;
     f.die_after_chunks = c;
+    f.hang = rest == ":hang";
   }
   if (rate != nullptr && *rate != '\0') {
     char* end = nullptr;

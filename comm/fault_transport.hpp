@@ -14,6 +14,10 @@ struct transport_faults {
   /// first call (round, fragment) of round die_in_round. 0: never.
   uint64_t die_in_round = 0;
   size_t die_after_chunks = 0;
+  /// Instead of dying there, the ring hangs: it sends and takes nothing more, while ZeroMQ still delivers
+  /// what it was handed, until something else kills the process (a test that waits until the next rank holds
+  /// those chunks: 50 ms is not a promise on a loaded machine).
+  bool hang = false;
   /// Frames towards the next rank leave as from a link of this many bytes per second (TCP/IP headers
   /// counted), each once the link would have carried it, after a burst of 256 KiB when idle (as tc tbf's
   /// in scripts/wan): a slow link where network namespaces are not at hand (bench/rate_limit.sh compares the
@@ -24,7 +28,7 @@ struct transport_faults {
 /// Wraps the transports `inner` builds (empty: ZeroMQ) with these faults.
 transport_factory with_faults(transport_factory inner, transport_faults faults);
 
-/// The faults a node's environment asks for: LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS and
+/// The faults a node's environment asks for: LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS[:hang] and
 /// LONGWAVE_FAULT_RING_RATE=BYTES_PER_S. nullopt when neither is set; lw_error(errc::invalid_config) naming
 /// the variable when one is malformed.
 std::optional<transport_faults> transport_faults_from_env();

@@ -218,7 +218,12 @@ CATCH_TEST_CASE("transport faults are read from the environment and a malformed 
   CATCH_CHECK(f->die_in_round == 4);
   CATCH_CHECK(f->die_after_chunks == 12);
   CATCH_CHECK(f->send_bytes_per_s == 2e6);
-  for (const char* bad : {"4", "4:x", "0:3", "4:12:1"}) {
+  CATCH_CHECK_FALSE(f->hang);
+  setenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE", "4:12:hang", 1);
+  f = transport_faults_from_env();
+  CATCH_REQUIRE(f.has_value());
+  CATCH_CHECK((f->die_in_round == 4 && f->die_after_chunks == 12 && f->hang));
+  for (const char* bad : {"4", "4:x", "0:3", "4:12:1", "4:12:hangs", "4:12hang"}) {
     setenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE", bad, 1);
     try {
       transport_faults_from_env();
