@@ -65,7 +65,12 @@ master_asks master_watch::on_tick(control_client& control, comm::collective& rin
                                   comm::elastic_ring* elastic, const std::string& name,
                                   steady::time_point now, const std::function<void(std::string)>& record) {
   master_asks asks;
-  for (const auto& ev : control.poll()) {
+  const auto events = control.poll();
+  // A coordinator that evicts this node (or calls the run off) and exits: its drop may come in the same poll,
+  // before its last words.
+  for (const auto& ev : events)
+    if (ev.what == control_event::kind::notice && ev.code == errc::evicted) evicted_ = true;
+  for (const auto& ev : events) {
     add_ask(ev, asks);
     // The new membership's keys first, then its ring.
     if (ev.what == control_event::kind::membership) admit_keys(admitted_, ev.membership.keys);
@@ -188,6 +193,7 @@ void master_watch::enter(const membership_msg& m, comm::elastic_ring* elastic, c
 /// The connection to the master dropped, was refused, or came back.
 void master_watch::on_connection(const control_event& ev, const std::string& name, steady::time_point now) {
   using kind = control_event::kind;
+  if (evicted_) return;  // its training ends: nothing goes on without the coordinator
   if (ev.what == kind::connection_lost) {
     gone_since_ = now;
     next_reminder_ = now + reminder_every;

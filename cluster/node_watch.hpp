@@ -84,7 +84,8 @@ class master_watch {
   std::shared_ptr<comm::key_ring> admitted_;
   std::shared_ptr<comm::epoch_keys> nccl_ids_;  // comm.backend = "nccl"
   std::optional<steady::time_point> gone_since_;
-  std::string refused_;  // why the master refuses this node's handshake now ("" while it does not)
+  std::string refused_;   // why the master refuses this node's handshake now ("" while it does not)
+  bool evicted_ = false;  // the master removed this node or called the run off: its training ends
   steady::time_point next_reminder_;
   bool reannounce_ = false;
   steady::time_point next_announce_;
