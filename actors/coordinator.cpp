@@ -194,11 +194,17 @@ void finish(self_ptr self) {
         "final: val loss {:.4f} | val perplexity {:.3f} | {} rounds x {} inner steps x {} workers | {}",
         s.last_val_loss, std::exp(s.last_val_loss), s.round, s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
         format_duration(wall));
-    write_result(s, wall);
+    const std::string unwritten = write_result(s, wall);
     if (s.failed_writes > 0)
       return fail_unsaved(self, fmt::format("training finished, but the checkpoint of round {} could not be "
                                             "written",
                                             s.round));
+    if (!unwritten.empty()) {
+      spdlog::error("training finished and its checkpoint is saved, but result.json could not be written: {}",
+                    unwritten);
+      set_phase(self, phase::failed);
+      return notify_main(self, 1);  // its state is on disk (3 says it is not)
+    }
     if (!set_phase(self, phase::done)) return;
     notify_main(self, 0);
   });

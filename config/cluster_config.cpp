@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "config/config_loader.hpp"
+#include "config/toml_types.hpp"
 
 namespace longwave::config {
 
@@ -175,7 +176,7 @@ toml::table override_value(const std::string& ov, size_t prefix) {
   const std::string raw = ov.substr(eq + 1);
   toml::table parsed;
   try {
-    parsed = toml::parse("v = " + raw);
+    parsed = parse_toml("v = " + raw);
   } catch (const toml::parse_error&) {
     parsed.insert("v", raw);  // a bare string
   }
@@ -343,7 +344,7 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
         .push_back(ov);
   // The training sections first: syntax errors are reported there with positions.
   spec.train = parse_config(text, train_overrides, source_name, k_foreign);
-  toml::table root = toml::parse(text, std::string_view(source_name));
+  toml::table root = parse_toml(text, source_name);
 
   if (const toml::node* c = root.get("cluster")) {
     const toml::table* t = c->as_table();

@@ -401,7 +401,7 @@ class loader {
   void apply_text(std::string_view text) {
     toml::table root;
     try {
-      root = toml::parse(text, std::string_view(src_));
+      root = parse_toml(text, src_);
     } catch (const toml::parse_error& e) {
       const auto& b = e.source().begin;
       throw config_error("syntax", fmt::format("syntax error at {}: {}{}", position(b.line, b.column),
@@ -451,13 +451,16 @@ class loader {
     if (raw.find_first_of("\r\n") != std::string::npos)  // a string field would take it as it is
       throw config_error(
           key, fmt::format("{}: the value contains a line break; --set takes one line{}", key, where));
+    if (!is_utf8(raw))  // the run's config.toml, and its checkpoints', could not be read back
+      throw config_error(
+          key, fmt::format("{}: the value is not UTF-8 text, which a TOML config must be{}", key, where));
 
     // "v = <raw>" parses a lone TOML value; a line break could smuggle in more keys, so it is never parsed.
     std::optional<toml::table> parsed;
     std::string problem = "it contains a line break";
     if (raw.find_first_of("\r\n") == std::string::npos) {
       try {
-        parsed = toml::parse(std::string_view("v = " + raw), std::string_view("--set"));
+        parsed = parse_toml("v = " + raw, "--set");
         if (parsed->size() != 1) {
           parsed.reset();
           problem = "it is more than one value";
@@ -854,7 +857,7 @@ train_config load_config_file(const std::string& path, const std::vector<std::st
   train_config cfg = parse_config(text, overrides, path);
   check_one_process(cfg);
   // parse_config accepted the text, so it parses; no table and no key in it means nothing was set.
-  if (warnings && toml::parse(text, std::string_view(path)).empty()) {
+  if (warnings && parse_toml(text, path).empty()) {
     warnings->push_back(fmt::format("config {} is empty: every setting {}is its default", path,
                                     overrides.empty() ? "" : "but the --set overrides "));
   }

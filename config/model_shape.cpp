@@ -24,8 +24,10 @@ model_shape resolved_shape(const model_section& m) {
   };
   take(s.dim, m.dim);
   take(s.layers, m.layers);
+  const bool mha = s.kv_heads == s.heads;  // the preset gives every head its own KV head
   take(s.heads, m.heads);
   take(s.kv_heads, m.kv_heads);
+  if (mha && m.kv_heads == 0) s.kv_heads = s.heads;  // and stays so with other heads
   take(s.ffn_hidden, m.ffn_hidden);
   return s;
 }

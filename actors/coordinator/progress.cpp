@@ -2,7 +2,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "actors/cluster_link.hpp"
@@ -238,7 +242,7 @@ void on_eval(self_ptr self, uint64_t round, int64_t step, double loss) {
 // result.json in out_dir: the numbers a sweep or a test reads back, one "key": value per line. A loss or
 // perplexity that is not finite (no evaluation, or a diverged one) is null: JSON has no NaN, and
 // metrics.jsonl writes null too.
-void write_result(const coordinator_state& s, double wall) {
+std::string write_result(const coordinator_state& s, double wall) {
   const auto& c = s.ctx->cfg;
   json_pretty j;
   j.add("mode", config::to_string(c.run.mode))
@@ -251,8 +255,25 @@ void write_result(const coordinator_state& s, double wall) {
       .add("tokens", s.total_tokens())
       .add("seconds", std::round(wall * 1e3) / 1e3)  // milliseconds
       .add("train_seconds", std::round((wall - s.eval_s) * 1e3) / 1e3);
-  std::ofstream out(c.run.out_dir + "/result.json", std::ios::trunc);
-  out << j.str() << '\n';
+  // A temporary file renamed over it: a reader never sees half of it, and a full disk leaves no empty one.
+  const std::string path = c.run.out_dir + "/result.json", tmp = path + ".tmp";
+  std::error_code ec;
+  {
+    errno = 0;
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.str() << '\n';
+    out.flush();
+    if (!out) {
+      const int err = errno;
+      std::filesystem::remove(tmp, ec);
+      return fmt::format("{}: {}", tmp, err != 0 ? std::strerror(err) : "write failed");
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (!ec) return {};
+  std::error_code ignored;
+  std::filesystem::remove(tmp, ignored);
+  return fmt::format("{}: {}", path, ec.message());
 }
 
 }  // namespace longwave::actors::coordinator_parts

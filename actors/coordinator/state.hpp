@@ -187,7 +187,8 @@ std::string format_duration(double s);
 void on_report(self_ptr self, const runtime::step_report& r);
 void account_round(self_ptr self);
 void on_eval(self_ptr self, uint64_t round, int64_t step, double loss);
-void write_result(const coordinator_state& s, double wall);
+/// Writes out_dir/result.json (whole or not at all); the problem when it cannot ("": written).
+std::string write_result(const coordinator_state& s, double wall);
 
 // ---- snapshots, saves and stops (snapshots.cpp) ----------------------------------------------------------
 void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then,

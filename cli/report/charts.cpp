@@ -41,8 +41,9 @@ struct axis {
 
 // Ticks at 1, 2 or 5 times a power of ten; the range widens to whole ticks.
 axis nice_axis(double lo, double hi, int n_ticks, bool integer) {
-  if (!(hi > lo)) {  // one value: a band around it, or 0..1 for all zeros
-    const double pad = integer ? 1.0 : std::abs(lo) * 0.1;
+  if (!std::isfinite(lo) || !std::isfinite(hi)) lo = 0, hi = 0;
+  if (!(hi > lo)) {  // one value: a band around it (wide enough to tell from it), or 0..1 for all zeros
+    const double pad = std::max(integer ? 1.0 : 0.0, std::abs(lo) * 0.1);
     if (lo == 0) {
       hi = 1;
     } else {
@@ -58,7 +59,8 @@ axis nice_axis(double lo, double hi, int n_ticks, bool integer) {
   if (integer) a.step = std::max(1.0, std::round(a.step));
   a.lo = std::floor(lo / a.step + 1e-9) * a.step;
   a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
-  for (int k = 0; a.lo + k * a.step <= a.hi + a.step * 1e-6; ++k) {
+  // At most a few more ticks than asked for, even where a step is below a value's precision (1e30 + 1).
+  for (int k = 0; k <= 2 * n_ticks + 2 && a.lo + k * a.step <= a.hi + a.step * 1e-6; ++k) {
     const double t = a.lo + k * a.step;
     a.ticks.push_back(std::abs(t) < a.step * 1e-9 ? 0.0 : t);
   }

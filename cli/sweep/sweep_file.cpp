@@ -408,7 +408,7 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
   const reader r{path};
   toml::table root;
   try {
-    root = toml::parse(text, std::string_view(path));
+    root = config::parse_toml(text, path);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
     throw sweep_error(fmt::format("{}:{}:{}: syntax error: {}", path, b.line, b.column, e.description()));

@@ -171,6 +171,24 @@ CATCH_TEST_CASE("a diverging run stops naming the round and writes no non-finite
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE(
+    "a result.json that cannot be written ends a finished run with exit code 1, its checkpoint kept",
+    "[process][checkpoint]") {
+  const auto dir = scratch_dir("noresult");
+  const auto cfg = quick_config(dir, "run");
+  fs::create_directories(dir + "/run/result.json/in-the-way");  // a directory where the file goes
+  auto [code, log] = run(args({binary(), "run", cfg}, {"train.rounds=2"}), dir + "/1.log", 300);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 1);
+  CATCH_CHECK(log.find("final:") != std::string::npos);
+  CATCH_CHECK(last_line(log).find("training finished and its checkpoint is saved, but result.json could not "
+                                  "be written: " +
+                                  dir + "/run/result.json") != std::string::npos);
+  CATCH_CHECK(runtime::checkpoint_store(dir + "/run/checkpoints", 100).list().size() >= 1);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/run/result.json.tmp"));
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a finished run started again trains nothing, and raising train.rounds trains only the rest",
                 "[process][checkpoint]") {
   const auto dir = scratch_dir("rerun");

@@ -401,6 +401,24 @@ CATCH_TEST_CASE(
   CATCH_CHECK(fs::exists(dir + "/garbage/report.html"));
   CATCH_CHECK(read_text(dir + "/garbage/report.html").find("2 malformed lines skipped") != std::string::npos);
 
+  // Numbers beyond any run's (every all-reduce in round 1e30): the charts' axes still end, without NaN ticks.
+  fs::create_directories(dir + "/huge");
+  std::string huge;
+  std::istringstream plain(synthetic_metrics("h", 1.7e9, 2, 3, 5, 0));
+  for (std::string line; std::getline(plain, line);) {
+    if (line.find("\"kind\":\"allreduce\"") != std::string::npos) {
+      const size_t at = line.find("\"round\":") + 8;
+      line.replace(at, line.find(',', at) - at, "1e30");
+    }
+    huge += line + "\n";
+  }
+  CATCH_REQUIRE(huge.find("\"round\":1e30") != std::string::npos);
+  write_text(dir + "/huge/metrics.jsonl", huge);
+  auto [c9, o9] = run({binary(), "report", dir + "/huge"}, dir + "/9.log", 60);
+  CATCH_INFO(o9);
+  CATCH_CHECK(c9 == 0);
+  CATCH_CHECK(read_text(dir + "/huge/report.html").find("nan\"") == std::string::npos);  // x="-nan"
+
   // A writer killed mid-line, the resumed run's first record on the same line: the record is kept. A line of
   // nested records that never closes is skipped like any malformed line.
   fs::create_directories(dir + "/partial");
