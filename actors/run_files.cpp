@@ -138,7 +138,17 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
                         spdlog::warn("{}", w);
                         ++start.corrupt_checkpoints;
                       });
-  if (latest) start.resume = from_checkpoint(std::move(*latest), shape);
+  if (latest) {
+    try {
+      start.resume = from_checkpoint(std::move(*latest), shape);
+    } catch (const lw_error& e) {
+      if (e.code() != errc::corrupt_checkpoint) throw;
+      throw lw_error(e.code(),
+                     fmt::format("{} (start over with --fresh, which removes every checkpoint in {}, "
+                                 "or use another out_dir)",
+                                 e.what(), p.ckpt_dir));
+    }
+  }
   if (!latest && strays) spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
   if (!start.resume || !run_complete(*start.resume, cfg)) return start;
   start.complete = true;

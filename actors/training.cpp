@@ -184,8 +184,10 @@ int run_training(const config::train_config& cfg, const run_options& opts, clust
 }
 
 int run_eval(const std::string& checkpoint_path, int64_t batches) {
+  bool loading = true;  // what fails while the named checkpoint is read is bad input, as for export
   try {
     auto [c, cfg] = load_named_checkpoint(checkpoint_path);
+    loading = false;
     const auto p = resolve_paths(cfg);
     auto data = prepare_data(cfg, corpus_path(cfg), p.data_dir);
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
@@ -218,7 +220,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
   } catch (const lw_error& e) {
     spdlog::error("{}: {}", to_string(e.code()), e.what());
     // The named checkpoint or the user's shards: bad input, as for export and run.
-    return e.code() == errc::corrupt_data || e.code() == errc::corrupt_checkpoint ? 2 : 1;
+    return loading || e.code() == errc::corrupt_data || e.code() == errc::corrupt_checkpoint ? 2 : 1;
   } catch (const c10::Error& e) {
     spdlog::error("torch: {}", e.what_without_backtrace());
     return 1;

@@ -238,11 +238,13 @@ CLI::App* add_sweep(CLI::App& app, cli_values& v) {
       "Run a grid or list of configs over seeds (resumable); results table, HTML page, scaling fits");
   sweep->add_option("sweep_file", v.sweep_path, "Sweep TOML file (see examples/sweeps/)")->required();
   sweep->add_flag("--dry-run", v.sweep.dry_run, "Check every point and print the plan; run nothing");
-  sweep->add_flag(
+  auto* fresh = sweep->add_flag(
       "--fresh", v.sweep.fresh,
       "Start every point over (longwave run --fresh), ignoring what earlier invocations finished");
-  sweep->add_flag("--results-only", v.sweep.results_only,
-                  "Rewrite results, page and fits from the points finished so far; run nothing");
+  sweep
+      ->add_flag("--results-only", v.sweep.results_only,
+                 "Rewrite results, page and fits from the points finished so far; run nothing")
+      ->excludes(fresh);  // it would rewrite the results as all pending
   sweep
       ->add_option("--parallel", v.sweep_parallel,
                    "Points at once: auto or a number (overrides [sweep] parallel)")
@@ -304,14 +306,26 @@ subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string
 }
 
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
-  // CLI11 would treat `longwave nosuch --help` as a request for the main help (exit 0).
-  if (argc > 1 && argv[1][0] != '-') {
-    try {
-      (void)app.get_subcommand(argv[1]);
-    } catch (const CLI::OptionNotFound&) {
-      std::fprintf(stderr, "longwave: unknown command '%s' (see longwave --help)\n", argv[1]);
+  // CLI11 would treat `longwave nosuch --help` as a request for the main help (exit 0), and says only "A
+  // subcommand is required" for `longwave --bogus` or `longwave data nosuch`: the word is named here.
+  std::string path = "longwave";
+  CLI::App* level = &app;
+  for (int i = 1; i < argc && level->get_require_subcommand_min() > 0; ++i) {
+    const std::string word = argv[i];
+    if (!word.empty() && word[0] == '-') {
+      if (level->get_option_no_throw(word) != nullptr) break;  // --help, --version: CLI11's
+      std::fprintf(stderr, "%s: unknown option '%s' (see %s --help)\n", path.c_str(), word.c_str(),
+                   path.c_str());
       return 2;
     }
+    try {
+      level = level->get_subcommand(word);
+    } catch (const CLI::OptionNotFound&) {
+      std::fprintf(stderr, "%s: unknown command '%s' (see %s --help)\n", path.c_str(), word.c_str(),
+                   path.c_str());
+      return 2;
+    }
+    path += " " + word;
   }
   try {
     app.parse(argc, argv);

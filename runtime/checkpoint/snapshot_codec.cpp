@@ -45,15 +45,17 @@ checkpoint_blob counters_blob(std::string name, std::vector<int64_t> values) {
 }
 
 [[noreturn]] void mismatch(const std::string& what) {
-  throw lw_error(errc::corrupt_checkpoint, what + " (start over with --fresh, or use another out_dir)");
+  throw lw_error(errc::corrupt_checkpoint, what);
 }
 
 at::Tensor tensor_from(const checkpoint& c, const std::string& name, int64_t n) {
   const auto* b = c.find(name);
   if (!b) mismatch("checkpoint has no '" + name + "'");
   if (b->size != static_cast<size_t>(n) * sizeof(float))
-    mismatch("checkpoint '" + name + "' holds " + std::to_string(b->size / sizeof(float)) +
-             " values, this model has " + std::to_string(n));
+    mismatch("checkpoint '" + name + "' holds " +
+             (b->size % sizeof(float) == 0 ? std::to_string(b->size / sizeof(float)) + " values"
+                                           : std::to_string(b->size) + " bytes, not whole fp32 values") +
+             ", this model has " + std::to_string(n));
   auto t = at::empty({n}, at::kFloat);
   if (n > 0) std::memcpy(t.data_ptr(), b->data, b->size);
   return t;

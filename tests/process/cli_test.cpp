@@ -290,6 +290,19 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   auto [mcode, mhelp] = run({binary(), "--help"}, dir + "/main_help.log", 60);
   CATCH_CHECK(mcode == 0);
   CATCH_CHECK(mhelp.find("presets") != std::string::npos);
+  // A command's unknown command, and an unknown option where a command is wanted, are named too.
+  auto [dcode, dusage] = run({binary(), "data", "nosuch"}, dir + "/data_usage.log", 60);
+  CATCH_CHECK(dcode == 2);
+  CATCH_CHECK(dusage.find("longwave data: unknown command 'nosuch' (see longwave data --help)") !=
+              std::string::npos);
+  auto [ocode, ousage] = run({binary(), "--bogus"}, dir + "/option_usage.log", 60);
+  CATCH_CHECK(ocode == 2);
+  CATCH_CHECK(ousage.find("longwave: unknown option '--bogus' (see longwave --help)") != std::string::npos);
+  for (const std::vector<std::string>& ok : {std::vector<std::string>{"--version"}, {"data", "--help"}}) {
+    std::vector<std::string> argv{binary()};
+    argv.insert(argv.end(), ok.begin(), ok.end());
+    CATCH_CHECK(run(argv, dir + "/ok.log", 60).first == 0);
+  }
   // `longwave` alone (no longwave-torch beside it) still answers the commands that need no LibTorch, and
   // names the missing binary for the others.
   const auto alone = dir + "/alone";

@@ -184,8 +184,18 @@ CATCH_TEST_CASE(
   CATCH_CHECK(last_line(log).find("training finished and its checkpoint is saved, but result.json could not "
                                   "be written: " +
                                   dir + "/run/result.json") != std::string::npos);
-  CATCH_CHECK(runtime::checkpoint_store(dir + "/run/checkpoints", 100).list().size() >= 1);
+  const auto kept = runtime::checkpoint_store(dir + "/run/checkpoints", 100).list();
+  CATCH_CHECK(kept.size() >= 1);
   CATCH_CHECK_FALSE(fs::exists(dir + "/run/result.json.tmp"));
+  // Resumed with another model, the run names the mismatch and what --fresh would remove; nothing is.
+  auto [code2, log2] =
+      run(args({binary(), "run", cfg}, {"train.rounds=3", "model.layers=3"}), dir + "/2.log", 300);
+  CATCH_INFO(log2);
+  CATCH_CHECK(code2 == 1);
+  CATCH_CHECK(log2.find("checkpoint was written for model '") != std::string::npos);
+  CATCH_CHECK(log2.find("(start over with --fresh, which removes every checkpoint in " + dir +
+                        "/run/checkpoints, or use another out_dir)") != std::string::npos);
+  CATCH_CHECK(runtime::checkpoint_store(dir + "/run/checkpoints", 100).list() == kept);
   fs::remove_all(dir);
 }
 

@@ -224,6 +224,14 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
   auto [code4, log4] = run({binary(), "export", files.back(), "--out", dir + "/hf"}, dir + "/4.log", 300);
   CATCH_INFO(log4);
   CATCH_CHECK(code4 == 2);
+  // A path that is not there, and a directory without a checkpoint: bad input too, named.
+  fs::create_directories(dir + "/none");
+  for (const auto& missing : {dir + "/nope.lwc", dir + "/none"}) {
+    auto [code5, log5] = run({binary(), "eval", missing}, dir + "/5.log", 300);
+    CATCH_INFO(log5);
+    CATCH_CHECK(code5 == 2);
+    CATCH_CHECK(log5.find(missing + ": no") != std::string::npos);
+  }
   fs::remove_all(dir);
 }
 
