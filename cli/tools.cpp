@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -129,7 +130,28 @@ int cmd_keys_new(const cli_values& v) {
   }
 }
 
+/// What is wrong with `data prepare`'s input or --out, before anything is read or written ("": nothing).
+std::string prepare_problem(const cli_values& v) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (v.out_dir.empty()) return "--out is empty: name the output directory";
+  if (fs::exists(v.out_dir, ec) && !fs::is_directory(v.out_dir, ec))
+    return "--out " + v.out_dir + " is not a directory";
+  if (v.input.empty()) return "";
+  if (!fs::exists(v.input, ec)) return v.input + ": no such file";
+  if (fs::is_directory(v.input, ec))
+    return v.input +
+           " is a directory: llm.c shards are used as they are (data.path names them), and a corpus "
+           "is one text or JSONL file";
+  if (!fs::is_regular_file(v.input, ec)) return v.input + " is not a regular file";
+  return "";
+}
+
 int cmd_prepare(const cli_values& v) {
+  if (const auto problem = prepare_problem(v); !problem.empty()) {
+    spdlog::error("data prepare: {}", problem);
+    return 2;
+  }
   try {
     auto d = models::data::prepare_dataset(v.input.empty() ? models::data::default_corpus_path() : v.input,
                                            *config::from_string<config::tokenizer_kind>(v.tokenizer), v.vocab,

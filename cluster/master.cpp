@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cerrno>
 #include <memory>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -31,8 +32,15 @@ class master_shell {
     try {
       sock_.bind(o_.bind_endpoint);
     } catch (const zmq::error_t& e) {
-      throw lw_error(errc::io_error,
-                     fmt::format("coordinator: cannot listen on {}: {}", o_.bind_endpoint, e.what()));
+      // A port another process holds, or an address no interface has: the cluster file's or --bind's, as for
+      // a node's ring endpoint (exit 2).
+      const bool taken = e.num() == EADDRINUSE, elsewhere = e.num() == EADDRNOTAVAIL;
+      throw lw_error(
+          taken || elsewhere ? errc::invalid_config : errc::io_error,
+          fmt::format("coordinator: cannot listen on {}: {}{}", o_.bind_endpoint, e.what(),
+                      taken       ? " (another process holds the port: is a coordinator already running?)"
+                      : elsewhere ? " (no interface of this machine has that address)"
+                                  : ""));
     }
   }
 

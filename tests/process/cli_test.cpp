@@ -290,6 +290,22 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   auto [mcode, mhelp] = run({binary(), "--help"}, dir + "/main_help.log", 60);
   CATCH_CHECK(mcode == 0);
   CATCH_CHECK(mhelp.find("presets") != std::string::npos);
+  // data prepare: an input or --out that cannot be used is named before anything is read or written.
+  write_text(dir + "/a-file", "x");
+  std::filesystem::create_directories(dir + "/a-dir");
+  for (const auto& [argv, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"data", "prepare", dir + "/nope.txt", "--out", dir + "/p"}, dir + "/nope.txt: no such file"},
+           {{"data", "prepare", dir + "/a-dir", "--out", dir + "/p"}, dir + "/a-dir is a directory"},
+           {{"data", "prepare", "--out", dir + "/a-file"}, "--out " + dir + "/a-file is not a directory"},
+           {{"data", "prepare", "--out", ""}, "--out is empty"}}) {
+    std::vector<std::string> full{binary()};
+    full.insert(full.end(), argv.begin(), argv.end());
+    auto [pcode, plog] = run(full, dir + "/prepare.log", 60);
+    CATCH_INFO(plog);
+    CATCH_CHECK(pcode == 2);
+    CATCH_CHECK(plog.find("data prepare: " + says) != std::string::npos);
+  }
+  CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/p"));
   // A command's unknown command, and an unknown option where a command is wanted, are named too.
   auto [dcode, dusage] = run({binary(), "data", "nosuch"}, dir + "/data_usage.log", 60);
   CATCH_CHECK(dcode == 2);

@@ -221,6 +221,21 @@ CATCH_TEST_CASE("a node checks its ring port and tokenizes its corpus before it 
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("a coordinator whose port another process holds exits 2 saying so", "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_coord_port");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports);
+  const held_port held;
+  edit_file(cluster, "tcp://127.0.0.1:" + std::to_string(ports.coordinator),
+            "tcp://127.0.0.1:" + std::to_string(held.port));
+  auto [code, log] = run({binary(), "coordinator", cluster}, dir + "/coord.log", 60);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(contains(log, "cannot listen on tcp://127.0.0.1:" + std::to_string(held.port)));
+  CATCH_CHECK(contains(log, "another process holds the port: is a coordinator already running?"));
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE(
     "a node whose start-up outlasts join_timeout_s stays in the cluster while it says it is starting",
     "[process][cluster]") {

@@ -298,6 +298,8 @@ CATCH_TEST_CASE(
       {{dir + "/ckpt-00000001-0000000004.lwc"}, "corrupt_checkpoint"},
       {{dir + "/corrupt"}, "corrupt_checkpoint"},
       {{dir + "/corrupt", "--out", dir + "/a_file"}, "is a file"},
+      {{dir + "/corrupt", "--out", dir + "/a_file/x/y"}, "cannot be made: '" + dir + "/a_file' is a file"},
+      {{dir + "/corrupt", "--out", ""}, "--out is empty"},
   };
   int i = 0;
   for (const auto& c : cases) {
