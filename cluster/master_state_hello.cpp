@@ -181,13 +181,10 @@ std::optional<size_t> master_state::add_open_node(const sender& from, const hell
   uint64_t used = 0;
   for (size_t i = s_.members.size(); i < specs_.size(); ++i) used += specs_[i].workers;
   std::string problem;
-  const auto& ep = h.data_endpoint;
-  const auto colon = ep.rfind(':');
   if (!valid_node_name(h.node_name))
     problem = "a node name is 1..32 of a-z A-Z 0-9 _ -";
-  else if (ep.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon <= 6 || colon + 1 == ep.size() ||
-           ep.find('*') != std::string::npos)
-    problem = fmt::format("ring endpoint '{}' is not tcp://HOST:PORT", ep);
+  else if (auto p = config::endpoint_problem(h.data_endpoint); !p.empty())  // the cluster file's own rules
+    problem = fmt::format("ring endpoint '{}': {}", h.data_endpoint, p);
   else if (h.n_workers == 0 || used + h.n_workers > s_.open_workers)
     problem = fmt::format(
         "{} workers do not fit: {} of [cluster] open_workers = {} are taken by other nodes not in the file; "

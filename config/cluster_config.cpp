@@ -492,6 +492,9 @@ size_t add_open_node(cluster_spec& spec, const std::string& name, const std::str
   for (const auto& n : spec.nodes)
     if (n.endpoint == endpoint)
       throw config_error("--endpoint", fmt::format("--endpoint {}: node {} has it", endpoint, n.name));
+  if (std::count(spec.coordinators.begin(), spec.coordinators.end(), endpoint) > 0)
+    throw config_error("--endpoint",
+                       fmt::format("--endpoint {}: this is the coordinator's endpoint", endpoint));
   cluster_node n;
   n.name = name;
   n.endpoint = endpoint;

@@ -167,6 +167,8 @@ CATCH_TEST_CASE(
   CATCH_CHECK_THROWS_WITH(add_open_node(open, "other", "tcp://10.0.0.7:5601", 1),
                           Contains("node late has it"));
   CATCH_CHECK_THROWS_WITH(add_open_node(open, "other", "tcp://10.0.0.9:5601", 5), Contains("open_workers"));
+  CATCH_CHECK_THROWS_WITH(add_open_node(open, "other", open.coordinators.front(), 1),
+                          Contains("this is the coordinator's endpoint"));
 }
 
 CATCH_TEST_CASE("[[nodes]] device sets one node's train.device, and a bad one names the node's key",

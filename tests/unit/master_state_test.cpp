@@ -1336,7 +1336,7 @@ CATCH_TEST_CASE("master: an open cluster admits nodes not in the file into the f
            {"node x9 is not in the cluster file ([cluster] open): 1 workers, global ranks 2..2",
             "x9 <- recover round 0 from [n0,n1] offset 2"}},
           {2, "bad name!", "hello", {"a node name is 1..32 of a-z A-Z 0-9 _ -"}},
-          {2, "z7", "hello badendpoint", {"ring endpoint '10.0.0.1:7000' is not tcp://HOST:PORT"}},
+          {2, "z7", "hello badendpoint", {"ring endpoint '10.0.0.1:7000': must be tcp://HOST:PORT"}},
           {2, "y8", "hello workers=5", {"5 workers do not fit: 1 of [cluster] open_workers = 2 are taken"}},
           {3, "x9", "hello", {"x9 <- recover round 0"}},
           {4, "x9", "bye gave-up", {"node x9 gave up joining"}},
