@@ -315,9 +315,13 @@ void master_state::watch_silence(size_t i) {
 /// answered, unless the quorum is short.
 void master_state::watch_fence() {
   for (size_t i = 0; i < members_.size() && fence_; ++i) {
-    // A node still starting (no heartbeat yet) answers once its main loop runs.
-    const auto limit = members_[i].heard ? s_.fence_timeout : std::max(s_.fence_timeout, s_.join_timeout);
-    if (training(i) && !members_[i].acked && now_ - fence_->started > limit)
+    // A node still starting (no heartbeat yet) answers once its main loop runs; one that says it is still
+    // starting is waited for while it does (watch_silence removes it when it falls silent), and its limit
+    // counts from its first heartbeat.
+    const auto& m = members_[i];
+    const auto limit = m.heard ? s_.fence_timeout : std::max(s_.fence_timeout, s_.join_timeout);
+    const bool starting = m.starting_since && !m.heard;
+    if (training(i) && !m.acked && !starting && now_ - std::max(fence_->started, m.heard_at) > limit)
       remove(i, removal::lost,
              fmt::format("node {} lost: no answer to the fence of epoch {} within {}", specs_[i].name,
                          fence_->epoch, secs(limit)));

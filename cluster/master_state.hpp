@@ -204,6 +204,7 @@ class master_state {
     std::optional<std::string> identity;  // ROUTER routing id once it said hello
     std::optional<uint64_t> stop_hold;    // a stop: the round after which it holds (its answer to the query)
     bool heard = false;                   // a heartbeat since the welcome
+    clock::time_point heard_at;           // its first heartbeat since the welcome
     std::optional<clock::time_point> starting_since;  // its first "still starting" beat
     bool starting_said = false;                       // its long start-up was logged
     bool suspected = false;                           // a neighbour's ring lost it

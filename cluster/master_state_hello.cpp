@@ -344,6 +344,7 @@ void master_state::on_reannounce(size_t idx, const sender& from, const hello_msg
 /// every 2 s that it is still starting: it is not silent (watch_silence), and the members wait for it.
 void master_state::on_starting(size_t i) {
   auto& m = members_[i];
+  if (m.phase != member_phase::member) return;  // e.g. a joiner that gave up: nobody waits for it
   if (!m.starting_since) m.starting_since = now_;
   if (m.starting_said || since(*m.starting_since) <= std::max(s_.heartbeat_timeout, s_.join_timeout)) return;
   m.starting_said = true;

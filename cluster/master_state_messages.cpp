@@ -87,7 +87,8 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   if (m.phase == member_phase::joining || m.phase == member_phase::ready) return on_joiner_message(i, e);
   if (m.removed != removal::none) return on_removed_message(i, e);
   if (auto* hb = std::get_if<heartbeat_msg>(&e.body); hb && hb->starting) return on_starting(i);
-  m.heard = true;  // anything else but a hello comes from its main loop
+  if (!m.heard) m.heard_at = now_;  // anything else but a hello comes from its main loop
+  m.heard = true;
   if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
     m.round = hb->round;
   } else if (auto* st = std::get_if<stop_msg>(&e.body)) {

@@ -35,7 +35,11 @@ void node_link::begin_start_up() {
         if (started_.wait_for(lk, beat_every, [this] { return start_up_over_; })) return;
       }
       std::lock_guard<std::mutex> turn(control_mu_);
-      control_.starting();
+      try {
+        control_.starting();
+      } catch (const std::exception& e) {  // never sent: the coordinator's silence rule decides
+        spdlog::warn("node {}: could not say it is still starting: {}", name_, e.what());
+      }
     }
   });
 }
@@ -62,7 +66,6 @@ actors::joined_state node_link::join(const runtime::snapshot_shape& shape, uint6
 std::shared_ptr<comm::collective> node_link::collective(const config::train_config& cfg,
                                                         comm::ring_allreduce::reject_callback on_reject) {
   // Membership changes by epochs: the ring, or NCCL's communicator, is made again among each epoch's members.
-  std::lock_guard<std::mutex> turn(control_mu_);  // NCCL's first id comes over the control connection
   comm::epoch_view first{place_.epoch, static_cast<uint32_t>(place_.rank), place_.names, place_.endpoints,
                          place_.public_keys};
   if (cfg.comm.backend == config::comm_backend::ring)
@@ -100,6 +103,9 @@ comm::elastic_ring::epoch_factory node_link::nccl_epochs(const config::train_con
 }
 
 std::string node_link::nccl_id(const config::train_config& cfg) {
+  // The first epoch's id comes over the control connection, in turns with the start-up beats; the
+  // communicator is made after it, without the connection, while the beats go on.
+  std::lock_guard<std::mutex> turn(control_mu_);
   if (place_.rank == 0) {
     auto id = actors::make_nccl_id();
     control_.nccl_id(place_.epoch, id);

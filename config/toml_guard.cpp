@@ -35,6 +35,8 @@ std::optional<uint32_t> line_of_deep_key(std::string_view t, size_t max_parts) {
         if (ch == '"' && t[j] == '\\' && j + 1 < t.size()) ++j;  // an escape, perhaps of a line break
         if (t[j] == '\n') ++line;
       }
+      // A multi-line string may end in one or two quotes of its own before its closing three.
+      for (int extra = 0; close.size() == 3 && extra < 2 && j + 3 < t.size() && t[j + 3] == ch; ++extra) ++j;
       i = j + close.size() - 1;
     } else if (key) {
       if (ch == '.' && ++parts > max_parts) return line;

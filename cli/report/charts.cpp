@@ -59,6 +59,7 @@ axis nice_axis(double lo, double hi, int n_ticks, bool integer) {
   if (integer) a.step = std::max(1.0, std::round(a.step));
   a.lo = std::floor(lo / a.step + 1e-9) * a.step;
   a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
+  if (!(a.hi > a.lo)) a.hi = a.lo + a.step;  // two values closer than their precision allows a step
   // At most a few more ticks than asked for, even where a step is below a value's precision (1e30 + 1).
   for (int k = 0; k <= 2 * n_ticks + 2 && a.lo + k * a.step <= a.hi + a.step * 1e-6; ++k) {
     const double t = a.lo + k * a.step;

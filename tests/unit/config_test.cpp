@@ -726,6 +726,10 @@ CATCH_TEST_CASE("A key of very many dotted parts is a syntax error, not a stack 
   for (const std::string& text : {"[" + deep + "]\n", deep + " = 1\n", "[train]\n\n" + deep + " = 1\n",
                                   "x = {" + deep + " = 1}\n", "x = [1, {y = 2, " + deep + " = 1}]\n"}) {
     const config_error e = error_of("[run]\nname = \"n\"  # a.b.c\n" + text);
+    // Multi-line strings may end in up to two quotes of their own (the TOML spec's str7): not a string's
+    // start, or what follows would read as string.
+    const config_error q = error_of("a = \"\"\"\"quoted.\"\"\"\"\nb = '''''x.y'''''\n" + text);
+    CATCH_CHECK_THAT(q.what(), Contains("a key of more than 64 dotted parts"));
     const std::string line = text[1] == 't' ? "test.toml:5:1" : "test.toml:3:1";
     CATCH_CHECK(e.key() == "syntax");
     CATCH_CHECK_THAT(e.what(), Contains(line) && Contains("a key of more than 64 dotted parts"));

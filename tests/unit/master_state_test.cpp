@@ -868,6 +868,36 @@ CATCH_TEST_CASE(
   }
 }
 
+CATCH_TEST_CASE("master: a fence waits for a member that says it is still starting", "[unit][master]") {
+  // n2 fails while n1 still loads its checkpoint: the fence into epoch 2 waits for n1's answer past its
+  // limit (60 s while a member has not run) as long as n1 says it is starting; it is lost once silent.
+  table t(cluster_of(3));
+  std::vector<row> rows = {{0, "n0", "hello", {}},
+                           {0, "n1", "hello", {}},
+                           {0, "n2", "hello", {"epoch 1 (3 members, start)"}},
+                           {1, "n0", "heartbeat 0", {}},
+                           {1, "n2", "heartbeat 0", {}},
+                           {3, "n2", "error", {"n0 <- fence 2", "n1 <- fence 2"}},
+                           {3, "n0", "ack 2 0/0", {}}};
+  for (int s = 2; s <= 100; s += 2) {
+    rows.push_back({static_cast<double>(s) + 0.5, "n0", "heartbeat 0", {}});
+    rows.push_back({static_cast<double>(s) + 0.5, "n1", "starting", {"!node n1 lost", "!epoch 2"}});
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const row& a, const row& b) { return a.t < b.t; });
+  CATCH_SECTION("it answers once its main loop runs") {
+    t.play(rows + std::vector<row>{{101, "n1", "heartbeat 0", {"!node n1 lost"}},
+                                   {101.5, "n1", "ack 2 0/0", {"epoch 2 (2 members"}}});
+    CATCH_CHECK(t.master().phase_of("n1") == member_phase::member);
+  }
+  CATCH_SECTION("it falls silent") {
+    std::vector<row> silent;
+    for (int s = 102; s <= 162; s += 2)
+      silent.push_back({static_cast<double>(s) + 0.5, "n0", "heartbeat 0", {}});
+    silent.back().expect.push_back("node n1 lost");
+    t.play(rows + silent);
+  }
+}
+
 CATCH_TEST_CASE("master: a joiner's start-up beats do not start its fetch", "[unit][master]") {
   // Its first heartbeat says the fetch has begun (the test above: held for after two rounds); a start-up
   // beat, while it builds its model, does not.
