@@ -127,6 +127,9 @@ inline child spawn(const std::vector<std::string>& args, const std::string& log_
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // Emptied here, before fork: a test that waits for a line in the log of a process started again into the
+  // same file must not find the earlier process's line before the child has opened it.
+  if (const int old = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644); old >= 0) close(old);
   child c;
   c.log = log_path;
   c.pid = fork();
