@@ -132,21 +132,40 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     return start;
   }
   checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
-  auto latest = opts.max_resume_round
-                    ? load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints)
-                    : store.load_latest([&](const std::string& w) {
-                        spdlog::warn("{}", w);
-                        ++start.corrupt_checkpoints;
-                      });
-  if (latest) {
+  const auto not_this_run = [&](const std::string& what) {
+    return lw_error(errc::corrupt_checkpoint,
+                    fmt::format("{} (start over with --fresh, which removes every checkpoint in {}, "
+                                "or use another out_dir)",
+                                what, p.ckpt_dir));
+  };
+  std::optional<checkpoint> latest;
+  if (opts.max_resume_round) {
+    // The cluster agreed on this round: an older one would not be the members' state.
+    latest = load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints);
     try {
-      start.resume = from_checkpoint(std::move(*latest), shape);
+      if (latest) start.resume = from_checkpoint(std::move(*latest), shape);
     } catch (const lw_error& e) {
       if (e.code() != errc::corrupt_checkpoint) throw;
-      throw lw_error(e.code(),
-                     fmt::format("{} (start over with --fresh, which removes every checkpoint in {}, "
-                                 "or use another out_dir)",
-                                 e.what(), p.ckpt_dir));
+      throw not_this_run(e.what());
+    }
+  } else {
+    // A newest file whose checksum holds but whose contents no run writes is skipped as a corrupt one is; one
+    // written by a run of another shape is not (its older neighbours share the shape).
+    struct shape_differs {
+      std::string what;
+    };
+    try {
+      latest = store.load_latest(
+          [&](const std::string& w) {
+            spdlog::warn("{}", w);
+            ++start.corrupt_checkpoints;
+          },
+          [&](checkpoint& c) {
+            if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{std::move(why)};
+            start.resume = from_checkpoint(std::move(c), shape);
+          });
+    } catch (const shape_differs& e) {
+      throw not_this_run(e.what);
     }
   }
   if (!latest && strays) spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);

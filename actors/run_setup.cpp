@@ -133,6 +133,25 @@ models::data::prepared_dataset prepare_data(const config::train_config& cfg, con
                                        cfg.data.val_fraction, data_dir, std::move(log));
 }
 
+models::data::prepared_dataset find_or_prepare_data(const config::train_config& cfg,
+                                                    const std::string& corpus, const std::string& data_dir) {
+  std::string why;
+  if (auto d = models::data::find_prepared(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
+                                           cfg.data.val_fraction, data_dir, why)) {
+    spdlog::info("data: using the run's shards in {} ({} val tokens)", data_dir, d->n_val_tokens);
+    return *d;
+  }
+  const std::string own = (std::filesystem::path(models::data::cache_root()) / "eval-data" /
+                           models::data::data_cache_key(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
+                                                        cfg.data.val_fraction))
+                              .string();
+  spdlog::info(
+      "data: the run's data directory {} does not hold its data ({}); using a private copy in {} and "
+      "leaving the run's directory as it is",
+      data_dir, why, own);
+  return prepare_data(cfg, corpus, own);
+}
+
 std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,
                                           const std::string& corpus, const std::string& data_dir,
                                           const models::device_plan& devices, cluster_link& cluster) {

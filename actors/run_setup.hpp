@@ -24,6 +24,12 @@ models::data::prepared_dataset prepare_data(const config::train_config& cfg, con
                                             const std::string& data_dir,
                                             std::function<void(const std::string&)> log = {});
 
+/// The data of a run that this process only reads (eval): the run's shards in data_dir when they are there
+/// and match [data]; otherwise prepared into a private cache (cache_root()/eval-data/KEY), so that another
+/// run's data directory is never rewritten nor a foreign checkpoint's out_dir made here.
+models::data::prepared_dataset find_or_prepare_data(const config::train_config& cfg,
+                                                    const std::string& corpus, const std::string& data_dir);
+
 /// The model shape of a config, checked against what the config asks of it (before any file is touched).
 models::model_spec model_spec_of(const config::train_config& cfg);
 

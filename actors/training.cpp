@@ -19,6 +19,7 @@
 #include "models/cpu_kernels.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
+#include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
 #include "models/inner_trainer.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
@@ -189,7 +190,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     auto [c, cfg] = load_named_checkpoint(checkpoint_path);
     loading = false;
     const auto p = resolve_paths(cfg);
-    auto data = prepare_data(cfg, corpus_path(cfg), p.data_dir);
+    auto data = find_or_prepare_data(cfg, corpus_path(cfg), p.data_dir);
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
                          config::to_string(cfg.run.mode), models::model_label(spec),
@@ -204,7 +205,15 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
                                  snap.round));
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
     model.load_flat(snap.theta);
-    const int64_t n = batches > 0 ? batches : cfg.eval.batches;
+    int64_t n = batches > 0 ? batches : cfg.eval.batches;
+    if (const int64_t most = models::data::max_validation_batches(val, cfg.train.batch_size, spec.seq_len);
+        batches > most) {
+      spdlog::info(
+          "eval: --batches {} is more than the {} batches the validation set holds without repeating "
+          "a window; using {}",
+          batches, most, most);
+      n = most;
+    }
     auto last = std::chrono::steady_clock::now();
     const double loss = models::validation_loss(model, val, cfg.train.batch_size, n, [&](int64_t done) {
       if (std::chrono::steady_clock::now() - last < std::chrono::seconds(10)) return;

@@ -28,9 +28,10 @@ struct run_options {
   bool dry_run = false;        ///< validate, print the resolved config and the model size, do not train
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
   bool leave = false;          ///< cluster node: ask the coordinator to make the running node leave
-  /// Cluster node not in the file ([cluster] open): its ring endpoint and workers (--endpoint, --workers).
+  /// Cluster node not in the file ([cluster] open): its ring endpoint and workers (--endpoint, --workers;
+  /// -1: not given, 1 for such a node).
   std::string endpoint;
-  int64_t workers = 1;
+  int64_t workers = -1;
   /// Cluster nodes: resume from the newest valid checkpoint whose completed round is at most this (the round
   /// the coordinator agreed on); unset: the newest valid checkpoint.
   std::optional<uint64_t> max_resume_round;

@@ -41,7 +41,7 @@ struct cli_values {
   bool cluster_fresh = false, node_dry_run = false, node_leave = false;
   std::string coordinator_bind;  // coordinator --bind
   std::string node_endpoint;     // node --endpoint, --workers: a node not in the cluster file
-  int64_t node_workers = 1;
+  int64_t node_workers = -1;     // not given
   observe_options observe;
   // report
   std::string report_dir, report_out;

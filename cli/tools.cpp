@@ -2,7 +2,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include "cli/sweep/sweep_file.hpp"
 #include "cluster/master_role.hpp"
 #include "comm/curve.hpp"
+#include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "models/data/corpus.hpp"
 #include "models/data/dataset_prep.hpp"
@@ -94,7 +94,15 @@ int cmd_keys_new(const cli_values& v) {
     std::fprintf(stderr, "keys new: --out is empty: name the key directory\n");
     return 2;
   }
-  std::vector<std::string> names = v.keys_nodes;
+  std::vector<std::string> names;
+  for (const auto& list : v.keys_nodes) {  // split here: "a,,b" must name its empty name, not skip it
+    for (size_t from = 0;;) {
+      const size_t comma = list.find(',', from);
+      names.push_back(list.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
+  }
   if (!v.keys_cluster.empty()) {
     // The cluster file may already name this key directory, or not yet: it is read without [security].
     auto spec = load_cluster(v.keys_cluster, {"security.mode=none"});
@@ -106,9 +114,7 @@ int cmd_keys_new(const cli_values& v) {
     return 2;
   }
   for (const auto& n : names) {
-    const bool ok = !n.empty() && n.size() <= 32 && std::all_of(n.begin(), n.end(), [](char c) {
-      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-    });
+    const bool ok = config::valid_node_name(n);
     if (!ok || std::count(names.begin(), names.end(), n) > 1) {
       std::fprintf(stderr, "keys new: node name '%s': %s\n", n.c_str(),
                    ok ? "given twice" : "names are 1..32 characters of A-Z a-z 0-9 _ -");

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 
 #include "cluster/master_state.hpp"
 #include "config/cluster_config.hpp"
@@ -19,12 +18,6 @@ constexpr auto join_silence = std::chrono::seconds(6);
 // A live member is heard from every 2 s: a process that says hello with its name after this much silence
 // replaces it (the node was restarted).
 constexpr auto restart_silence = std::chrono::seconds(3);
-
-bool valid_node_name(const std::string& name) {
-  return !name.empty() && name.size() <= 32 && std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-  });
-}
 }  // namespace
 
 void master_state::on_hello(const sender& from, const hello_msg& h) {
@@ -181,7 +174,7 @@ std::optional<size_t> master_state::add_open_node(const sender& from, const hell
   uint64_t used = 0;
   for (size_t i = s_.members.size(); i < specs_.size(); ++i) used += specs_[i].workers;
   std::string problem;
-  if (!valid_node_name(h.node_name))
+  if (!config::valid_node_name(h.node_name))
     problem = "a node name is 1..32 of a-z A-Z 0-9 _ -";
   else if (auto p = config::endpoint_problem(h.data_endpoint); !p.empty())  // the cluster file's own rules
     problem = fmt::format("ring endpoint '{}': {}", h.data_endpoint, p);

@@ -41,8 +41,13 @@ size_t place_of(config::cluster_spec& spec, const std::string& name, const actor
                                fmt::format("--endpoint: node {} is in the cluster file, which gives its "
                                            "endpoint; --endpoint is for nodes that are not",
                                            name));
+  if (listed && opts.workers >= 0)
+    throw config::config_error("--workers",
+                               fmt::format("--workers: node {} is in the cluster file, which gives its "
+                                           "workers; --workers is for nodes that are not",
+                                           name));
   if (!listed && !opts.endpoint.empty())
-    return config::add_open_node(spec, name, opts.endpoint, opts.workers);
+    return config::add_open_node(spec, name, opts.endpoint, opts.workers < 0 ? 1 : opts.workers);
   return config::node_index(spec, name);
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -79,13 +80,6 @@ double get_speed(const toml::node& n, const std::string& key) {
                                         "train.pace_step_s / speed seconds){}",
                                         key, v, where(n)));
   return v;
-}
-
-bool valid_name(const std::string& s) {
-  if (s.empty() || s.size() > 32) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-  });
 }
 
 void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::node& value) {
@@ -222,7 +216,7 @@ cluster_node read_node(const toml::node& entry, size_t i) {
     }
   }
   if (!has_name) throw config_error(base + ".name", fmt::format("{}.name is missing{}", base, where(entry)));
-  if (!valid_name(n.name))
+  if (!valid_node_name(n.name))
     throw config_error(base + ".name",
                        fmt::format("{}.name = \"{}\": use 1..32 letters, digits, '_' or '-'", base, n.name));
   if (!has_endpoint)
@@ -316,6 +310,13 @@ std::vector<std::string> settings_differences(const std::string& a, const std::s
   return out;
 }
 
+bool valid_node_name(std::string_view name) {
+  if (name.empty() || name.size() > 32) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
 std::string endpoint_problem(std::string_view ep) {
   constexpr std::string_view scheme = "tcp://";
   if (ep.substr(0, scheme.size()) != scheme) return "must be tcp://HOST:PORT";
@@ -342,8 +343,27 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
      : ov.rfind("security.", 0) == 0 ? security_overrides
                                      : train_overrides)
         .push_back(ov);
+  const auto not_diloco = [](run_mode mode) {
+    return config_error(
+        "run.mode",
+        fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"", to_string(mode)));
+  };
   // The training sections first: syntax errors are reported there with positions.
-  spec.train = parse_config(text, train_overrides, source_name, k_foreign);
+  try {
+    spec.train = parse_config(text, train_overrides, source_name, k_foreign);
+  } catch (const config_error& e) {
+    // Single mode asks for train.workers = 1, which a cluster's nodes set: the mode is what is wrong.
+    if (e.key() != "train.workers") throw;
+    std::optional<run_mode> mode;
+    try {
+      auto one = train_overrides;
+      one.push_back("train.workers=1");
+      mode = parse_config(text, one, source_name, k_foreign).run.mode;
+    } catch (const config_error&) {
+    }
+    if (mode && *mode != run_mode::diloco) throw not_diloco(*mode);
+    throw;
+  }
   toml::table root = parse_toml(text, source_name);
 
   if (const toml::node* c = root.get("cluster")) {
@@ -398,10 +418,7 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
     total += n.workers;
     spec.nodes.push_back(std::move(n));
   }
-  if (spec.train.run.mode != run_mode::diloco)
-    throw config_error("run.mode",
-                       fmt::format("run.mode = \"{}\": a cluster trains with run.mode = \"diloco\"",
-                                   to_string(spec.train.run.mode)));
+  if (spec.train.run.mode != run_mode::diloco) throw not_diloco(spec.train.run.mode);
   spec.train.train.workers = total;
   if (spec.open && spec.open_workers == 0) spec.open_workers = 4;
   if (!spec.open && spec.open_workers > 0)
@@ -482,7 +499,7 @@ size_t add_open_node(cluster_spec& spec, const std::string& name, const std::str
                        fmt::format("--node {}: the cluster file has no such node, and [cluster] open is "
                                    "not true (nodes not in the file may not join)",
                                    name));
-  if (!valid_name(name))
+  if (!valid_node_name(name))
     throw config_error("--node", fmt::format("--node {}: a node name is 1..32 of a-z A-Z 0-9 _ -", name));
   if (auto p = endpoint_problem(endpoint); !p.empty())
     throw config_error("--endpoint", fmt::format("--endpoint {}: {}", endpoint, p));

@@ -108,4 +108,7 @@ size_t add_open_node(cluster_spec& spec, const std::string& name, const std::str
 /// Checks "tcp://HOST:PORT" (HOST non-empty and not "*", PORT 1..65535); returns "" or what is wrong.
 std::string endpoint_problem(std::string_view endpoint);
 
+/// A node name: 1..32 of the ASCII letters, digits, '_' and '-' (it names key files and log files).
+bool valid_node_name(std::string_view name);
+
 }  // namespace longwave::config

@@ -31,8 +31,7 @@ bool is_blank(std::string_view line) {
 
 }  // namespace
 
-std::string default_corpus_path() {
-  if (const char* env = std::getenv("LONGWAVE_CORPUS"); env && *env) return env;
+std::string cache_root() {
   std::filesystem::path base;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
     base = xdg;
@@ -40,7 +39,12 @@ std::string default_corpus_path() {
     base = std::filesystem::path(home) / ".cache";
   else
     base = "/tmp";
-  return (base / "longwave" / "kjv.txt").string();
+  return (base / "longwave").string();
+}
+
+std::string default_corpus_path() {
+  if (const char* env = std::getenv("LONGWAVE_CORPUS"); env && *env) return env;
+  return (std::filesystem::path(cache_root()) / "kjv.txt").string();
 }
 
 text_profile profile_text(std::string_view text) {

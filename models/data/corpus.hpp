@@ -8,6 +8,9 @@
 
 namespace longwave::models::data {
 
+/// Longwave's cache directory: ${XDG_CACHE_HOME:-~/.cache}/longwave (/tmp/longwave without a home).
+std::string cache_root();
+
 /// The bundled default corpus: $LONGWAVE_CORPUS, else ${XDG_CACHE_HOME:-~/.cache}/longwave/kjv.txt
 /// (written by scripts/setup).
 std::string default_corpus_path();

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "models/data/bpe_tokenizer.hpp"
 #include "models/data/corpus.hpp"
@@ -187,12 +188,12 @@ class prepare_lock {
 
 }  // namespace
 
-prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
-                                 int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
-                                 std::function<void(const std::string&)> log) {
-  std::error_code ec;
-  if (fs::is_directory(input_path, ec)) return use_user_shards(input_path, log);
+namespace {
 
+/// What prepared.txt records of a preparation's inputs, after the arguments are checked (the throws of
+/// prepare_dataset).
+std::map<std::string, std::string> stamp_inputs(const std::string& input_path, config::tokenizer_kind kind,
+                                                int64_t bpe_vocab_size, double val_fraction) {
   const bool bpe = kind == config::tokenizer_kind::bpe;
   if (!bpe && kind != config::tokenizer_kind::byte) {
     throw lw_error(errc::invalid_config,
@@ -207,6 +208,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
     throw lw_error(errc::invalid_config, fmt::format("val_fraction {} must be in (0, 1)", val_fraction));
   }
+  std::error_code ec;
   const fs::path input = fs::weakly_canonical(fs::absolute(input_path), ec);
   if (ec || !fs::is_regular_file(input, ec)) {
     throw lw_error(errc::io_error,
@@ -224,17 +226,58 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
     sidecar_stamp = fmt::format("{}:{}", fs::file_size(sidecar, ec),
                                 fs::last_write_time(sidecar, ec).time_since_epoch().count());
   }
-  const int64_t requested_vocab = bpe ? bpe_vocab_size : 256;
-  const std::map<std::string, std::string> inputs = {
+  return {
       {"input", input.string()},
       {"input_size", std::to_string(input_size)},
       {"input_mtime", std::to_string(input_mtime)},
       {"tokenizer", config::to_string(kind)},
-      {"vocab", std::to_string(requested_vocab)},
+      {"vocab", std::to_string(bpe ? bpe_vocab_size : 256)},
       {"val_fraction", fmt::format("{}", val_fraction)},
       {"documents", "1"},  // train.docs is written (older caches lack it)
       {"documents_file", sidecar_stamp},
   };
+}
+
+}  // namespace
+
+std::optional<prepared_dataset> find_prepared(const std::string& input_path, config::tokenizer_kind kind,
+                                              int64_t bpe_vocab_size, double val_fraction,
+                                              const std::string& dir, std::string& why) {
+  std::error_code ec;
+  if (fs::is_directory(input_path, ec)) return use_user_shards(input_path, {});
+  const auto inputs = stamp_inputs(input_path, kind, bpe_vocab_size, val_fraction);
+  prepared_dataset result;
+  if (!fs::is_directory(dir, ec)) {
+    why = "it does not exist";
+    return std::nullopt;
+  }
+  if (load_cached(dir, inputs, result, why)) return result;
+  if (why.empty()) why = "it holds no prepared.txt";
+  return std::nullopt;
+}
+
+std::string data_cache_key(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size,
+                           double val_fraction) {
+  std::error_code ec;
+  const std::string input = fs::weakly_canonical(fs::absolute(input_path), ec).string();
+  const std::string text =
+      fmt::format("{}\n{}\n{}\n{}", input, config::to_string(kind),
+                  kind == config::tokenizer_kind::bpe ? bpe_vocab_size : 256, val_fraction);
+  uint64_t h = 14695981039346656037ull;  // FNV-1a
+  for (const unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
+                                 int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
+                                 std::function<void(const std::string&)> log) {
+  std::error_code ec;
+  if (fs::is_directory(input_path, ec)) return use_user_shards(input_path, log);
+  const auto inputs = stamp_inputs(input_path, kind, bpe_vocab_size, val_fraction);
+  const bool bpe = kind == config::tokenizer_kind::bpe;
+  const fs::path input(inputs.at("input"));
+  const std::string sidecar = input.string() + ".docs";
+  const bool has_sidecar = inputs.at("documents_file") != "none";
 
   const fs::path dir(out_dir);
   const prepare_lock lock(dir, log);
@@ -292,8 +335,8 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   for (size_t id = 0; id < token_bytes.size(); ++id)
     token_bytes[id] = static_cast<int64_t>(tok->decode({static_cast<uint16_t>(id)}).size());
   const std::vector<int64_t> doc_starts =
-      sidecar_stamp == "none" ? document_starts(text, train, token_bytes)
-                              : token_starts(read_document_bytes(sidecar), train, token_bytes);
+      !has_sidecar ? document_starts(text, train, token_bytes)
+                   : token_starts(read_document_bytes(sidecar), train, token_bytes);
   const auto n_bytes = text.size();
   std::string().swap(text);
   const auto n = static_cast<int64_t>(train.size());

@@ -3,6 +3,7 @@
 // prepared.txt stamp; or pre-tokenized llm.c / nanoGPT shards used as they are.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "config/train_config.hpp"
@@ -37,5 +38,18 @@ struct prepared_dataset {
 prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
                                  int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
                                  std::function<void(const std::string&)> log = {});
+
+/// The data prepare_dataset would return for these arguments if `dir` already holds it, without writing
+/// anything (no directory, no lock): for readers of another run's cache. A directory `input_path` is used in
+/// place as there. Otherwise nullopt, and `why` says what `dir` lacks. Throws as prepare_dataset for bad
+/// arguments or a missing corpus.
+std::optional<prepared_dataset> find_prepared(const std::string& input_path, config::tokenizer_kind kind,
+                                              int64_t bpe_vocab_size, double val_fraction,
+                                              const std::string& dir, std::string& why);
+
+/// 16 hex digits naming a preparation's arguments (the corpus's absolute path, tokenizer, vocab,
+/// val_fraction): a private cache directory per preparation.
+std::string data_cache_key(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size,
+                           double val_fraction);
 
 }  // namespace longwave::models::data

@@ -548,19 +548,30 @@ checkpoint checkpoint_store::load_file(const std::string& path) {
 }
 
 std::optional<checkpoint> checkpoint_store::load_latest(
-    const std::function<void(const std::string&)>& warn) const {
+    const std::function<void(const std::string&)>& warn,
+    const std::function<void(checkpoint&)>& accept) const {
   const auto files = list();
   if (files.empty()) return std::nullopt;
   std::string newest_problem;
   for (size_t i = files.size(); i-- > 0;) {
     std::string problem;
+    std::optional<checkpoint> c;
     try {
-      return read_checkpoint(files[i]);
+      c = read_checkpoint(files[i]);
     } catch (const bad_file& e) {
       problem = "is corrupt (" + e.reason + ")";
     } catch (const lw_error& e) {
       if (e.code() != errc::io_error) throw;
       problem = "cannot be read (" + std::string(e.what()) + ")";
+    }
+    if (c) {
+      try {
+        if (accept) accept(*c);
+        return c;
+      } catch (const lw_error& e) {
+        if (e.code() != errc::corrupt_checkpoint) throw;
+        problem = "does not fit this run (" + std::string(e.what()) + ")";
+      }
     }
     if (newest_problem.empty()) newest_problem = base_name(files[i]) + " " + problem;
     if (warn)

@@ -60,7 +60,11 @@ class checkpoint_store {
   /// fails validation is skipped with one line to `warn` ("checkpoint <file> is corrupt (<reason>); falling
   /// back to <older file>") and the next older one is tried. Throws lw_error(corrupt_checkpoint) if files
   /// exist but none is valid, rather than silently starting over.
-  std::optional<checkpoint> load_latest(const std::function<void(const std::string&)>& warn = {}) const;
+  /// `accept`, when given, sees each valid file's checkpoint newest first and may take its contents (the one
+  /// returned is then emptied); a lw_error(corrupt_checkpoint) it throws skips that file the same way ("does
+  /// not fit this run (<reason>)"), and anything else it throws ends the search.
+  std::optional<checkpoint> load_latest(const std::function<void(const std::string&)>& warn = {},
+                                        const std::function<void(checkpoint&)>& accept = {}) const;
 
   /// Loads and validates one file. Throws lw_error(corrupt_checkpoint, "<path>: <reason>") if it is invalid
   /// and lw_error(io_error) if it cannot be opened or read.

@@ -105,20 +105,31 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   return c;
 }
 
-train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
+std::string shape_problem(const checkpoint& c, const snapshot_shape& shape) {
   auto kv = parse_meta(c.meta);
   if (kv["mode"] != shape.mode)
-    mismatch("checkpoint was written in mode '" + kv["mode"] + "', this run is '" + shape.mode + "'");
+    return "checkpoint was written in mode '" + kv["mode"] + "', this run is '" + shape.mode + "'";
   if (kv["preset"] != shape.preset)
-    mismatch("checkpoint was written for model '" + kv["preset"] + "', this run uses '" + shape.preset + "'");
+    return "checkpoint was written for model '" + kv["preset"] + "', this run uses '" + shape.preset + "'";
   if (kv["replicas"] != std::to_string(shape.n_replicas))
-    mismatch("checkpoint was written for " + kv["replicas"] + " workers, this run has " +
-             std::to_string(shape.n_replicas));
+    return "checkpoint was written for " + kv["replicas"] + " workers, this run has " +
+           std::to_string(shape.n_replicas);
   // Older checkpoints carry no outer=: they were not asynchronous.
   const std::string outer = kv.count("outer") ? kv["outer"] : std::string("sync");
   if ((outer == "async") != (shape.outer == "async"))
-    mismatch("checkpoint was written with diloco.outer = \"" + outer + "\", this run is \"" + shape.outer +
-             "\": an asynchronous run's versions and a round's barrier do not resume each other");
+    return "checkpoint was written with diloco.outer = \"" + outer + "\", this run is \"" + shape.outer +
+           "\": an asynchronous run's versions and a round's barrier do not resume each other";
+  const auto* theta = c.find("theta");
+  if (theta && theta->size % sizeof(float) == 0 &&
+      theta->size != static_cast<size_t>(shape.n_params) * sizeof(float))
+    return "checkpoint 'theta' holds " + std::to_string(theta->size / sizeof(float)) +
+           " values, this model has " + std::to_string(shape.n_params);
+  return "";
+}
+
+train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
+  if (const auto problem = shape_problem(c, shape); !problem.empty()) mismatch(problem);
+  auto kv = parse_meta(c.meta);
   train_snapshot s;
   s.round = c.round;
   s.step = c.step;

@@ -30,4 +30,8 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape);
 /// 2").
 train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape);
 
+/// What shows that `c` was written by a run of another shape (mode, model, workers, outer step, parameter
+/// count), or "": a checkpoint with such a problem is no damage, and its older neighbours share it.
+std::string shape_problem(const checkpoint& c, const snapshot_shape& shape);
+
 }  // namespace longwave::runtime

@@ -41,6 +41,17 @@ config::train_config small_config(const std::string& out_dir) {
   return cfg;
 }
 
+/// One worker in single mode, 3 rounds of 5 steps, no evaluation.
+config::train_config single_config(const std::string& out_dir) {
+  auto cfg = small_config(out_dir);
+  cfg.run.mode = config::run_mode::single;
+  cfg.train.workers = 1;
+  cfg.train.inner_steps = 5;
+  cfg.train.rounds = 3;
+  cfg.eval.every_rounds = 0;
+  return cfg;
+}
+
 std::string require_corpus() {
   const auto path = models::data::default_corpus_path();
   if (!std::filesystem::exists(path)) CATCH_FAIL("default corpus " << path << " missing: run scripts/setup");
@@ -159,12 +170,7 @@ CATCH_TEST_CASE("on KJV the loss decreases and DiLoCo with 4 workers beats one w
 CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", "[integration][single]") {
   require_corpus();
   const auto dir = test::scratch_dir("single-theta");
-  auto cfg = small_config(dir);
-  cfg.run.mode = config::run_mode::single;
-  cfg.train.workers = 1;
-  cfg.train.inner_steps = 5;
-  cfg.train.rounds = 3;
-  cfg.eval.every_rounds = 0;
+  auto cfg = single_config(dir);
   actors::run_options opts;
   opts.fresh = true;
   opts.handle_signals = false;
@@ -178,6 +184,45 @@ CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", 
   CATCH_CHECK(snap.round == 3);
   CATCH_CHECK((snap.theta - snap.replicas[0].master).abs().max().item<double>() < 1e-6);
   CATCH_CHECK(snap.theta.abs().sum().item<double>() > 0);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a newest checkpoint that passes its checksum but holds what no run writes is skipped for "
+    "the one before, and one of another model is refused with every file kept",
+    "[integration][single][checkpoint]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("unfit-checkpoint");
+  auto cfg = single_config(dir);
+  cfg.checkpoint.every_rounds = 1;
+  cfg.checkpoint.keep = 3;
+  actors::run_options opts;
+  opts.fresh = true;
+  opts.handle_signals = false;
+  CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+  runtime::checkpoint_store store(dir + "/checkpoints", 3);
+  const auto files = store.list();
+  CATCH_REQUIRE(files.size() == 3);
+  // The newest, written again with its counters' blob misnamed: a valid file no run writes.
+  auto bent = runtime::checkpoint_store::load_file(files.back());
+  for (auto& b : bent.blobs)
+    if (b.name == "replica0/counters") b.name = "replica0/kounters";
+  store.write(bent);
+  opts.fresh = false;
+  // Another model: no fallback (the older files share the shape), nothing removed.
+  auto wider = cfg;
+  wider.model.dim = 96;
+  wider.train.rounds = 4;
+  CATCH_CHECK(actors::run_training(wider, opts) == 1);
+  CATCH_CHECK(store.list() == files);
+  // The same run, longer: it resumes from round 2, writes round 3 again and goes on.
+  cfg.train.rounds = 4;
+  CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+  auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
+  const runtime::snapshot_shape shape{models::closed_form_param_count(spec), 1, "single", "tiny"};
+  const auto again = runtime::from_checkpoint(runtime::checkpoint_store::load_file(files.back()), shape);
+  CATCH_CHECK(again.round == 3);
+  CATCH_CHECK(runtime::from_checkpoint(*store.load_latest(), shape).round == 4);
   std::filesystem::remove_all(dir);
 }
 

@@ -172,6 +172,9 @@ CATCH_TEST_CASE("bad arguments exit 2 naming the option, and errors go to stderr
       {{"presets", "--vocab", "0"}, "--vocab: Value 0 not in range"},
       {{"presets", "--seq-len", "-5"}, "--seq-len"},
       {{"keys", "new", "--out", "", "--nodes", "a"}, "--out is empty"},
+      {{"keys", "new", "--out", dir + "/keys", "--nodes", "a,,b"}, "node name '': names are 1..32"},
+      {{"keys", "new", "--out", dir + "/keys", "--nodes", "a", "--nodes", "b,a"},
+       "node name 'a': given twice"},
       {{"eval", dir, "--batches", "0"}, "--batches"},
       {{"run", "/dev/zero", "--dry-run"}, "not a regular file"},
   };

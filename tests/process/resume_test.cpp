@@ -237,6 +237,82 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
 
 namespace {
 
+/// The "val loss X" of an eval's output line ("" if there is none).
+std::string eval_loss(const std::string& log) {
+  const auto at = log.find("val loss ");
+  return at == std::string::npos ? "" : log.substr(at, log.find(',', at) - at);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE(
+    "eval reads a run's data directory but never rewrites it: data prepared otherwise there, or a checkpoint "
+    "taken to where its run is not, gets a private copy in the cache",
+    "[process][eval]") {
+  const auto dir = scratch_dir("eval-data");
+  const auto cfg = config_file(dir, "r");
+  auto [code, log] = run({binary(), "run", cfg, "--set", "train.rounds=2"}, dir + "/1.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  const auto ckpt = checkpoints(dir + "/r/checkpoints").back();
+  // The run's corpus stays where it is while eval's cache moves into the test's directory.
+  std::string corpus;
+  if (const char* c = std::getenv("LONGWAVE_CORPUS"); c && *c)
+    corpus = c;
+  else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    corpus = std::string(x) + "/longwave/kjv.txt";
+  else
+    corpus = std::string(std::getenv("HOME")) + "/.cache/longwave/kjv.txt";
+  const std::vector<std::string> env{"XDG_CACHE_HOME=" + dir + "/cache", "LONGWAVE_CORPUS=" + corpus};
+  auto eval = [&](const std::string& path, const std::string& name, const std::string& batches = "") {
+    std::vector<std::string> args{binary(), "eval", path};
+    if (!batches.empty()) args.insert(args.end(), {"--batches", batches});
+    auto c = spawn(args, dir + "/" + name + ".log", false, env);
+    const int rc = wait_exit(c, 300);
+    return std::pair<int, std::string>{rc, read_text(c.log)};
+  };
+  // The run's own shards: read in place.
+  auto [c1, l1] = eval(ckpt, "eval1");
+  CATCH_INFO(l1);
+  CATCH_REQUIRE(c1 == 0);
+  CATCH_CHECK(l1.find("using the run's shards in " + dir + "/r/data") != std::string::npos);
+  const auto loss = eval_loss(l1);
+  CATCH_REQUIRE_FALSE(loss.empty());
+  // The directory now holds another preparation (another val_fraction): eval leaves it as it is.
+  auto [c2, l2] =
+      run({binary(), "data", "prepare", corpus, "--out", dir + "/r/data", "--val-fraction", "0.2"},
+          dir + "/prep.log", 300);
+  CATCH_INFO(l2);
+  CATCH_REQUIRE(c2 == 0);
+  const auto other = read_text(dir + "/r/data/prepared.txt");
+  CATCH_REQUIRE(other.find("val_fraction=0.2") != std::string::npos);
+  auto [c3, l3] = eval(ckpt, "eval3");
+  CATCH_INFO(l3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(l3.find("val_fraction changed") != std::string::npos);
+  CATCH_CHECK(l3.find("private copy in " + dir + "/cache/longwave/eval-data/") != std::string::npos);
+  CATCH_CHECK(eval_loss(l3) == loss);
+  CATCH_CHECK(read_text(dir + "/r/data/prepared.txt") == other);
+  // The checkpoint alone, its run's directory gone: nothing is made there, the private copy is used.
+  fs::copy_file(ckpt, dir + "/alone.lwc");
+  fs::remove_all(dir + "/r");
+  auto [c4, l4] = eval(dir + "/alone.lwc", "eval4");
+  CATCH_INFO(l4);
+  CATCH_CHECK(c4 == 0);
+  CATCH_CHECK(l4.find("using cached shards in " + dir + "/cache/longwave/eval-data/") != std::string::npos);
+  CATCH_CHECK(eval_loss(l4) == loss);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/r"));
+  // More batches than the validation set holds: as many as it holds, said, not its windows over again.
+  auto [c5, l5] = eval(dir + "/alone.lwc", "eval5", "1000000000");
+  CATCH_INFO(l5);
+  CATCH_CHECK(c5 == 0);
+  CATCH_CHECK(l5.find("eval: --batches 1000000000 is more than the ") != std::string::npos);
+  CATCH_CHECK(l5.find("batches)") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+namespace {
+
 /// Streaming over the sparse codec with `sparse_sets`, SIGKILLed mid-way: the resume must be exact. In one
 /// process each worker is coded as a one-worker node, with an error-feedback residual per worker and
 /// fragment: without them in the checkpoint, the rounds after the restart would differ.

@@ -218,6 +218,13 @@ CATCH_TEST_CASE(
   CATCH_INFO(plain);
   CATCH_CHECK(plain_code == 0);
   CATCH_CHECK(contains(plain, "neither authenticated nor encrypted"));
+  // --workers is for a node the file does not list: for a listed one it would be ignored, so it is refused.
+  const auto [workers_code, workers] = run({binary(), "node", cluster, "--node", "n1", "--dry-run", "--set",
+                                            "security.mode=none", "--workers", "3"},
+                                           dir + "/workers.log", 60);
+  CATCH_INFO(workers);
+  CATCH_CHECK(workers_code == 2);
+  CATCH_CHECK(contains(workers, "--workers: node n1 is in the cluster file, which gives its workers"));
   fs::remove_all(dir);
 }
 

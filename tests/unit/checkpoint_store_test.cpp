@@ -454,6 +454,42 @@ CATCH_TEST_CASE("When every checkpoint is corrupt load_latest refuses instead of
   CATCH_CHECK(contains(warnings[1], "no older checkpoint is left"));
 }
 
+CATCH_TEST_CASE("A newest checkpoint that the caller's check refuses is skipped as a corrupt one is",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  store.write(small_checkpoint(1));
+  store.write(small_checkpoint(2));
+  auto refuse_round_2 = [](checkpoint& c) {
+    if (c.round == 2) throw lw_error(errc::corrupt_checkpoint, "no replica0/counters");
+    c.meta = "taken";  // the check may take the contents
+  };
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest([&](const std::string& w) { warnings.push_back(w); }, refuse_round_2);
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 1);
+  CATCH_CHECK(latest->meta == "taken");
+  CATCH_REQUIRE(warnings.size() == 1);
+  CATCH_CHECK(contains(warnings[0],
+                       "checkpoint ckpt-00000002-0000000020.lwc does not fit this run (no "
+                       "replica0/counters); falling back to ckpt-00000001-0000000010.lwc"));
+  // Refused everywhere: the search ends as for corrupt files; another error of the check ends it at once.
+  try {
+    store.load_latest({}, [](checkpoint&) { throw lw_error(errc::corrupt_checkpoint, "never fits"); });
+    CATCH_FAIL("load_latest accepted a checkpoint its check refused");
+  } catch (const lw_error& e) {
+    CATCH_CHECK(contains(e.what(), "does not fit this run (never fits)"));
+  }
+  int seen = 0;
+  CATCH_CHECK_THROWS_WITH(store.load_latest({},
+                                            [&](checkpoint&) {
+                                              ++seen;
+                                              throw lw_error(errc::invalid_config, "another shape");
+                                            }),
+                          "another shape");
+  CATCH_CHECK(seen == 1);
+}
+
 CATCH_TEST_CASE("Bad settings and unwritable directories give clear errors", "[checkpoint]") {
   temp_dir tmp;
   try {

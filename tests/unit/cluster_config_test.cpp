@@ -237,6 +237,10 @@ CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") 
   CATCH_CHECK_THAT(
       error_of(replaced(good, "[run]\n", "[run]\nmode = \"ddp\"\n")),
       Catch::Matchers::Contains("run.mode = \"ddp\": a cluster trains with run.mode = \"diloco\""));
+  // Single mode would first ask for train.workers = 1, which a cluster file leaves to its nodes.
+  CATCH_CHECK_THAT(
+      error_of(replaced(good, "[run]\n", "[run]\nmode = \"single\"\n")),
+      Catch::Matchers::Contains("run.mode = \"single\": a cluster trains with run.mode = \"diloco\""));
   CATCH_CHECK_THAT(error_of(replaced(good, "dtype = \"int8\"", "dtype = \"int4\"")),
                    Catch::Matchers::Contains("comm.dtype"));
   CATCH_CHECK_THAT(error_of("[cluster]\nid = \"x\"\n"), Catch::Matchers::Contains("no [[nodes]] entries"));

@@ -719,6 +719,18 @@ CATCH_TEST_CASE("A bad override value names the key and says it came from --set"
   CATCH_CHECK_THAT(name.what(), Contains("line break"));
 }
 
+CATCH_TEST_CASE("A path with a line break or a control character in a config file is refused", "[config]") {
+  const config_error out = error_of("[run]\nout_dir = \"runs/a\\nb\"\n", {});
+  CATCH_CHECK(out.key() == "run.out_dir");
+  CATCH_CHECK_THAT(out.what(), Contains("run.out_dir: the path contains a line break (byte 0x0a at 6)"));
+  const config_error data = error_of("[data]\npath = \"corpus\\t.txt\"\n", {});
+  CATCH_CHECK(data.key() == "data.path");
+  CATCH_CHECK_THAT(data.what(), Contains("a control character (byte 0x09 at 6)"));
+  const config_error ckpt = error_of("[checkpoint]\ndir = \"c\\u007f\"\n", {});
+  CATCH_CHECK(ckpt.key() == "checkpoint.dir");
+  CATCH_CHECK_NOTHROW(parse_config("[run]\nout_dir = \"runs/é b\"\n", {}, "test"));
+}
+
 CATCH_TEST_CASE("A key of very many dotted parts is a syntax error, not a stack overflow", "[config]") {
   // toml++ nests a table per part and frees them recursively: some 50,000 parts overflowed the stack.
   std::string deep = "a";
