@@ -121,8 +121,7 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
       "--endpoint", v.node_endpoint,
       "A node not in the cluster file: its ring endpoint, tcp://HOST:PORT (joins a running cluster "
       "whose [cluster] open = true)");
-  node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers")
-      ->capture_default_str();
+  node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers (default 1)");
   node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
   node->add_flag("--fresh", v.cluster_fresh,
                  "Start over: delete this node's checkpoints and loss trace first");
@@ -181,7 +180,12 @@ CLI::App* add_report(CLI::App& app, cli_values& v) {
       "report", "Write one self-contained HTML report (inline SVG charts) of a run from its metrics.jsonl");
   report->add_option("run_dir", v.report_dir, "The run's out_dir (a cluster's out_dir: one series per node)")
       ->required();
-  report->add_option("--out", v.report_out, "Output file (default: RUN_DIR/report.html)");
+  report->add_option("--out", v.report_out, "Output file (default: RUN_DIR/report.html)")
+      ->check(CLI::Validator(
+          [](const std::string& out) {
+            return out.empty() ? std::string("--out is empty: name the page's file") : "";
+          },
+          "FILE"));
   return report;
 }
 
@@ -221,8 +225,7 @@ CLI::App* add_keys(CLI::App& app, cli_values& v) {
   make->add_option("--out", v.keys_dir, "Key directory (made if missing; [security] keys names it)")
       ->required();
   make->add_option("--cluster", v.keys_cluster, "A key pair for every node of this cluster file");
-  make->add_option("--nodes", v.keys_nodes, "A key pair for each of these node names (comma-separated)")
-      ->delimiter(',');
+  make->add_option("--nodes", v.keys_nodes, "A key pair for each of these node names (comma-separated)");
   make->footer(
       "Writes DIR/cluster.{public,secret} (unless DIR already has them) and DIR/nodes/NAME.{public,secret},\n"
       "every file mode 0600; an existing node key is never overwritten (exit 2). The coordinator needs\n"

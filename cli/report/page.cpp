@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -328,6 +329,44 @@ std::vector<fs::path> metrics_files(const std::string& run_dir) {
   return files;
 }
 
+/// Where the page goes: `out` with its links followed (the link stays a link), checked before anything is
+/// read. Refused, with a line: a directory or special file (a pipe, a device: the page is written through a
+/// temporary file and a rename), one of the report's own inputs, an existing file that is not an HTML page,
+/// or a missing directory.
+std::optional<fs::path> page_path(const std::string& out, const std::vector<fs::path>& inputs) {
+  auto refuse = [&](const std::string& why) {
+    fmt::print(stderr, "report: error: --out {}: {}\n", out, why);
+    return std::nullopt;
+  };
+  std::error_code ec;
+  fs::path target = fs::absolute(out);
+  for (int hops = 0; fs::is_symlink(target, ec); ++hops) {  // a link to a page not yet written included
+    if (hops == 40) return refuse("too many levels of symbolic links");
+    const fs::path to = fs::read_symlink(target, ec);
+    target = to.is_absolute() ? to : target.parent_path() / to;
+  }
+  target = fs::weakly_canonical(target, ec);
+  if (ec) return refuse(ec.message());
+  const auto st = fs::status(target, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_regular_file(st))
+      return refuse(fs::is_directory(st) ? "is a directory; name the page's file"
+                                         : "is not a regular file (a pipe or a device); name a file");
+    for (const auto& in : inputs)
+      if (fs::equivalent(target, in, ec))
+        return refuse("is the run's " + in.string() + ", which the report reads");
+    std::ifstream f(target, std::ios::binary);
+    std::string head(16, '\0');
+    f.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(f.gcount()));
+    if (!head.empty() && head.rfind("<!DOCTYPE html", 0) != 0)
+      return refuse("exists and is not an HTML page; remove it or name another file");
+  }
+  if (!fs::is_directory(target.parent_path(), ec))
+    return refuse("the directory " + target.parent_path().string() + " does not exist");
+  return target;
+}
+
 /// Writes `page` to out through out.tmp; returns 0, or 1 after printing what failed.
 int write_page(const std::string& out, const std::string& page) {
   const std::string tmp = out + ".tmp";
@@ -361,7 +400,7 @@ int write(const std::string& run_dir, const std::string& out_path) {
   if (!fs::exists(run_dir, ec)) return error(fmt::format("{}: no such run directory", run_dir));
   if (!fs::is_directory(run_dir, ec))
     return error(fmt::format("{}: not a directory (pass the run's out_dir)", run_dir));
-  const auto files = metrics_files(run_dir);
+  auto files = metrics_files(run_dir);
   if (files.empty())
     return error(
         fmt::format("{}: not found, nor any {}/<node>/metrics.jsonl (is this a run's out_dir, from a "
@@ -369,29 +408,37 @@ int write(const std::string& run_dir, const std::string& out_path) {
                     "metrics.jsonl?)",
                     (fs::path(run_dir) / "metrics.jsonl").string(), run_dir));
 
+  const std::string out_arg = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
+  const auto out = page_path(out_arg, files);
+  if (!out) return 2;
+
   report_data r;
   r.run_dir = run_dir;
   std::set<std::string> names;
+  std::vector<std::string> unreadable;  // a cluster's node files without a valid line: named, left out
   for (const auto& f : files) {
     node_metrics m;
-    if (auto err = read_metrics_file(f, m); !err.empty()) return error(err);
+    if (auto err = read_metrics_file(f, m); !err.empty()) {
+      if (files.size() == 1) return error(err);
+      fmt::print(stderr, "report: warning: {}; that node is left out\n", err);
+      unreadable.push_back(f.string());
+      continue;
+    }
     m.name = m.starts.empty() ? std::string() : text(m.starts.front(), "node");
     const std::string folder = fs::absolute(f).parent_path().filename().string();
     if (m.name.empty()) m.name = folder;
     if (!names.insert(m.name).second) m.name += " (" + folder + ")";
     r.nodes.push_back(std::move(m));
   }
+  if (r.nodes.empty()) return error(fmt::format("{}: no node's metrics.jsonl holds a valid line", run_dir));
   find_time_span(r);
 
-  const std::string out = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
-  const fs::path parent = fs::absolute(out).parent_path();
-  if (!fs::is_directory(parent, ec))
-    return error(fmt::format("{}: the output directory does not exist", parent.string()));
-  if (const int code = write_page(out, assemble_page(r)); code != 0) return code;
+  if (const int code = write_page(out->string(), assemble_page(r)); code != 0) return code;
   size_t n_records = 0;
   for (const auto& m : r.nodes) n_records += m.n_records;
-  fmt::print("report: wrote {} ({} records from {} file{})\n", out, n_records, files.size(),
-             files.size() > 1 ? "s" : "");
+  fmt::print("report: wrote {} ({} records from {} file{}{})\n", out_arg, n_records, r.nodes.size(),
+             r.nodes.size() > 1 ? "s" : "",
+             unreadable.empty() ? "" : fmt::format("; {} left out", unreadable.size()));
   return 0;
 }
 

@@ -169,10 +169,17 @@ std::string write_atomically(const std::string& path, const std::string& text) {
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f << text;
-    if (!f.flush()) return fmt::format("{}: cannot write: {}", tmp, std::strerror(errno));
+    if (!f.flush()) {
+      const std::string e = fmt::format("{}: cannot write: {}", tmp, std::strerror(errno));
+      std::remove(tmp.c_str());
+      return e;
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return fmt::format("{}: cannot rename to {}: {}", tmp, path, std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string e = fmt::format("{}: cannot rename to {}: {}", tmp, path, std::strerror(errno));
+    std::remove(tmp.c_str());
+    return e;
+  }
   return {};
 }
 

@@ -132,13 +132,14 @@ pid_t start_point(const sweep_spec& s, const sweep_point& p, const sweep_options
   return pid;
 }
 
-/// out_dir/sweep.lock, held (flock) while the sweep runs; -1 after saying who holds it.
+/// out_dir/sweep.lock, held (flock) while the sweep runs; -1 after saying who holds it, -2 after saying why
+/// it cannot be opened.
 int lock_out_dir(const std::string& out_dir) {
   const std::string path = (fs::path(out_dir) / "sweep.lock").string();
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     say("error: cannot open {}: {}", path, std::strerror(errno));
-    return -1;
+    return -2;
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {};
@@ -189,15 +190,18 @@ struct sweep_run {
   }
 
   /// results.csv, results.jsonl, fit.json and sweep.html as they stand.
-  void write_outputs(const scaling_fits& fits) {
-    if (auto e = write_results(s, results); !e.empty()) say("warning: {}", e);
-    if (s.fit.enabled)
-      if (auto e = write_atomically((fs::path(s.out_dir) / "fit.json").string(), fits_json(fits)); !e.empty())
-        say("warning: {}", e);
-    if (auto e =
-            write_atomically((fs::path(s.out_dir) / "sweep.html").string(), sweep_page(s, results, fits));
-        !e.empty())
+  /// Writes results.csv/.jsonl, fit.json and sweep.html; returns how many could not be written (each said).
+  int write_outputs(const scaling_fits& fits) {
+    int failed = 0;
+    auto check = [&](const std::string& e) {
+      if (e.empty()) return;
       say("warning: {}", e);
+      ++failed;
+    };
+    check(write_results(s, results));
+    if (s.fit.enabled) check(write_atomically((fs::path(s.out_dir) / "fit.json").string(), fits_json(fits)));
+    check(write_atomically((fs::path(s.out_dir) / "sweep.html").string(), sweep_page(s, results, fits)));
+    return failed;
   }
   void write_outputs() { write_outputs(fit_scaling(s, results)); }
 
@@ -274,11 +278,11 @@ struct sweep_run {
     const int sigs = g_signals.load();
     if (sigs <= handled_signals) return;
     handled_signals = sigs;
+    stopping = true;  // two signals within one tick skip the first branch: they stop the sweep all the same
     if (sigs == 1) {
       say("interrupt: stopping {} running point(s); each saves a checkpoint (Ctrl-C again to kill them)",
           active.size());
       for (const auto& r : active) kill(r.pid, SIGINT);
-      stopping = true;
     } else {
       say("second interrupt: killing the running points (they resume from their last checkpoint)");
       for (const auto& r : active) kill(r.pid, SIGKILL);
@@ -315,6 +319,12 @@ void print_plan(const sweep_spec& s, const sweep_run& run) {
   say("{}: {} point{} ({} done earlier, {} to run); base {}; out_dir {}", s.path, s.points.size(),
       s.points.size() == 1 ? "" : "s", s.points.size() - run.to_run.size(), run.to_run.size(), s.base,
       s.out_dir);
+  const auto stale = std::count_if(run.results.begin(), run.results.end(),
+                                   [](const point_result& r) { return r.status == "stale"; });
+  if (stale > 0)
+    say("{} of them start over: their folders hold runs of other settings or another base config, whose "
+        "checkpoints and metrics are replaced",
+        stale);
   say("{}", run.plan.text);
 }
 
@@ -405,15 +415,18 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     return 1;
   }
   const int lock = lock_out_dir(s.out_dir);
-  if (lock < 0) return 4;
+  if (lock < 0) return lock == -1 ? 4 : 1;
   if (o.results_only) {
     const auto fits = fit_scaling(s, run.results);
-    run.write_outputs(fits);
+    const int unwritten = run.write_outputs(fits);
     for (const auto& line : fit_lines(fits)) fmt::print("{}\n", line);
-    say("wrote {}/results.csv, results.jsonl and sweep.html ({} of {} points done)", s.out_dir, run.n_done(),
-        s.points.size());
+    if (unwritten == 0)
+      say("wrote {}/results.csv, results.jsonl and sweep.html ({} of {} points done)", s.out_dir,
+          run.n_done(), s.points.size());
+    else
+      say("error: {} of the sweep's output files could not be written (above)", unwritten);
     close(lock);
-    return 0;
+    return unwritten == 0 ? 0 : 1;
   }
   print_plan(s, run);
   g_signals = 0;
@@ -434,7 +447,13 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   const auto fits = fit_scaling(s, run.results);
-  run.write_outputs(fits);
+  const int unwritten = run.write_outputs(fits);
+  if (unwritten > 0) {
+    say("error: {} of the sweep's output files could not be written (above); the points' own folders hold "
+        "their results",
+        unwritten);
+    code = 1;
+  }
   const size_t done = run.n_done();
   if (run.stopping) {
     say("interrupted: {} of {} points done; run the same command again to resume (finished points are "
@@ -451,8 +470,12 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     if (run.results[i].status == "failed" && ++n_failed)
       failed += fmt::format("{}  point {} {}: exit code {}, log {}", failed.empty() ? "" : "\n", i + 1,
                             s.points[i].id, run.results[i].exit_code, run.results[i].log);
-  say("finished: {} of {} points done in {}; results: {}/results.csv (and .jsonl), page: {}/sweep.html", done,
-      s.points.size(), report::duration_text(seconds_since(run.t0)), s.out_dir, s.out_dir);
+  if (unwritten == 0)
+    say("finished: {} of {} points done in {}; results: {}/results.csv (and .jsonl), page: {}/sweep.html",
+        done, s.points.size(), report::duration_text(seconds_since(run.t0)), s.out_dir, s.out_dir);
+  else
+    say("finished: {} of {} points done in {}", done, s.points.size(),
+        report::duration_text(seconds_since(run.t0)));
   if (!failed.empty()) {
     say("{} point(s) failed (they run again next time):\n{}", n_failed, failed);
     code = 1;

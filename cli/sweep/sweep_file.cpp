@@ -178,6 +178,12 @@ void read_sweep_table(const reader& r, const toml::table& t, sweep_spec& s, std:
   }
   if (s.base.empty()) r.fail("sweep.base", "missing: name the config every point starts from");
   if (s.out_dir.empty()) r.fail("sweep.out_dir", "missing: name the directory for the sweep's runs");
+  std::error_code ec;
+  for (fs::path d(s.out_dir); !d.empty() && d != d.parent_path(); d = d.parent_path())
+    if (const auto st = fs::status(d, ec); fs::exists(st) && !fs::is_directory(st))
+      r.fail("sweep.out_dir",
+             fmt::format("\"{}\": {} is a file, not a directory; choose another out_dir", s.out_dir,
+                         d == fs::path(s.out_dir) ? "it" : "\"" + d.string() + "\""));
   if (has_repeats && !seeds.empty()) r.fail("sweep.seeds", "give repeats or seeds, not both");
   if (!seeds.empty()) s.repeats = seeds.size();
   s.has_repeats = s.repeats > 1 || !seeds.empty();
@@ -187,6 +193,8 @@ void read_sweep_table(const reader& r, const toml::table& t, sweep_spec& s, std:
 void check_sweepable(const reader& r, const std::string& entry, const std::string& key, bool seeded) {
   if (key == "run.out_dir")
     r.fail(entry, "each point's run.out_dir is out_dir/points/<id>; set [sweep] out_dir instead");
+  if (key == "checkpoint.dir")
+    r.fail(entry, "each point keeps its checkpoints in out_dir/points/<id>/checkpoints; set [sweep] out_dir");
   if (key == "run.seed" && seeded)
     r.fail(entry, "repeats or seeds set run.seed; sweep seeds with [sweep] seeds = [...] instead");
   if (key == "name" || key == "seed") r.fail(entry, "\"name\" and \"seed\" are not config keys");
@@ -526,12 +534,15 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
       const std::string old_id = p.id;
       p.id += "-" + hash8(p.label(true));
       p.out_dir = (fs::path(s.out_dir) / "points" / p.id).string();
+      const std::string checkpoints = p.out_dir + "/checkpoints";
       for (auto& o : p.overrides) {
         if (o.rfind("run.out_dir=", 0) == 0) o = "run.out_dir=" + toml_quote(p.out_dir);
+        if (o.rfind("checkpoint.dir=", 0) == 0) o = "checkpoint.dir=" + toml_quote(checkpoints);
         if (o.rfind("run.name=", 0) == 0) o = "run.name=" + toml_quote(p.id);
       }
       if (p.cfg.run.name == old_id) p.cfg.run.name = p.id;
       p.cfg.run.out_dir = p.out_dir;
+      p.cfg.checkpoint.dir = checkpoints;
     }
   if (s.fit.enabled) check_fit(r, s);
   return s;

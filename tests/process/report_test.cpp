@@ -1,5 +1,6 @@
 // `longwave report RUN_DIR`: a real short run turned into one self-contained HTML page, that page rendered by
 // Debian's headless Chromium (DOM dump and screenshot), and bad input (no directory, garbage, nothing valid).
+#include <sys/stat.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -450,5 +451,68 @@ CATCH_TEST_CASE(
   CATCH_INFO(o5);
   CATCH_CHECK(c5 == 2);
   CATCH_CHECK(o5.find("empty") != std::string::npos);
+
+  // A cluster with one node's file empty: the others are reported, that node named and left out.
+  fs::create_directories(dir + "/cl/a");
+  fs::create_directories(dir + "/cl/b");
+  write_text(dir + "/cl/a/metrics.jsonl", synthetic_metrics("a", 1.7e9, 2, 3, 5, 0));
+  write_text(dir + "/cl/b/metrics.jsonl", "");
+  auto [c7, o7] = run({binary(), "report", dir + "/cl"}, dir + "/7.log", 60);
+  CATCH_INFO(o7);
+  CATCH_CHECK(c7 == 0);
+  CATCH_CHECK(o7.find(dir +
+                      "/cl/b/metrics.jsonl: no valid metrics line (the file is empty); that node is left "
+                      "out") != std::string::npos);
+  CATCH_CHECK(o7.find("from 1 file; 1 left out)") != std::string::npos);
+  CATCH_CHECK(fs::exists(dir + "/cl/report.html"));
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "report --out writes through a link and never over its input, a file that is not a page, a "
+    "pipe or a directory",
+    "[process][report]") {
+  const auto dir = scratch_dir("report-out");
+  fs::create_directories(dir + "/partial");
+  const std::string input = dir + "/partial/metrics.jsonl";
+  write_text(input, synthetic_metrics("p", 1.7e9, 2, 3, 5, 0));
+  const std::string before = read_text(input);
+  auto report_to = [&](const std::string& out, const std::string& name) {
+    return run({binary(), "report", dir + "/partial", "--out", out}, dir + "/" + name + ".log", 60);
+  };
+  auto [c1, o1] = report_to(input, "out-input");
+  CATCH_INFO(o1);
+  CATCH_CHECK(c1 == 2);
+  CATCH_CHECK(o1.find("which the report reads") != std::string::npos);
+  CATCH_CHECK(read_text(input) == before);
+  write_text(dir + "/notes.txt", "my notes\n");
+  auto [c2, o2] = report_to(dir + "/notes.txt", "out-notes");
+  CATCH_INFO(o2);
+  CATCH_CHECK(c2 == 2);
+  CATCH_CHECK(o2.find("exists and is not an HTML page") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/notes.txt") == "my notes\n");
+  CATCH_REQUIRE(::mkfifo((dir + "/pipe").c_str(), 0600) == 0);
+  auto [c3, o3] = report_to(dir + "/pipe", "out-pipe");
+  CATCH_INFO(o3);
+  CATCH_CHECK(c3 == 2);
+  CATCH_CHECK(o3.find("is not a regular file") != std::string::npos);
+  CATCH_CHECK(fs::is_fifo(dir + "/pipe"));
+  auto [c4, o4] = report_to(dir + "/partial", "out-dir");
+  CATCH_CHECK(c4 == 2);
+  CATCH_CHECK(o4.find("is a directory") != std::string::npos);
+  auto [c5, o5] = report_to("", "out-empty");
+  CATCH_INFO(o5);
+  CATCH_CHECK(c5 == 2);
+  CATCH_CHECK(o5.find("--out") != std::string::npos);
+  // Through a link: the link stays, its target gets the page.
+  fs::create_directories(dir + "/pages");
+  fs::create_symlink(dir + "/pages/page.html", dir + "/link.html");
+  auto [c6, o6] = report_to(dir + "/link.html", "out-link");
+  CATCH_INFO(o6);
+  CATCH_CHECK(c6 == 0);
+  CATCH_CHECK(fs::is_symlink(dir + "/link.html"));
+  CATCH_CHECK(read_text(dir + "/pages/page.html").rfind("<!DOCTYPE html", 0) == 0);
+  auto [c7, o7] = report_to(dir + "/link.html", "out-link-again");  // an earlier page is replaced
+  CATCH_CHECK(c7 == 0);
   fs::remove_all(dir);
 }

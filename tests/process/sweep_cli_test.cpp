@@ -263,6 +263,32 @@ CATCH_TEST_CASE(
     CATCH_CHECK(rows_b[i].at("tokens") == rows_a[i].at("tokens"));
     CATCH_CHECK(std::abs(number(rows_b[i].at("val_loss")) - number(rows_a[i].at("val_loss"))) <= 1e-6);
   }
+
+  // Two interrupts at once (a terminal's Ctrl-C twice, `timeout` passing one on): the running point is
+  // killed, no other starts, and the sweep says it was interrupted.
+  auto twice = spawn({binary(), "sweep", sweep_file(dir, "c", "c", body, settings)}, dir + "/c.log");
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(dir + "/c/points", ec))
+          if (read_trace(e.path().string() + "/loss_trace.tsv").size() >= 2) return true;
+        return false;
+      },
+      300));
+  // Both pending at once: the sweep stopped, given SIGINT and SIGTERM (two kinds, so neither is merged into
+  // the other), then continued, handles both before it looks at them.
+  CATCH_REQUIRE(kill(twice.pid, SIGSTOP) == 0);
+  CATCH_REQUIRE(kill(twice.pid, SIGINT) == 0);
+  CATCH_REQUIRE(kill(twice.pid, SIGTERM) == 0);
+  CATCH_REQUIRE(kill(twice.pid, SIGCONT) == 0);
+  CATCH_CHECK(wait_exit(twice, 120) == 130);
+  const auto out_c = read_text(dir + "/c.log");
+  CATCH_INFO(out_c);
+  CATCH_CHECK(out_c.find("point 2/2") == std::string::npos);
+  const auto rows_c = read_csv(dir + "/c/results.csv");
+  CATCH_REQUIRE(rows_c.size() == 2);
+  CATCH_CHECK(rows_c[0].at("status") == "interrupted");
+  CATCH_CHECK(rows_c[1].at("status") == "pending");
   fs::remove_all(dir);
 }
 
@@ -285,6 +311,26 @@ CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep
   CATCH_CHECK(rows[0].at("status") == "failed");
   CATCH_CHECK(rows[0].at("exit_code") == "2");
   CATCH_CHECK(rows[1].at("status") == "done");
+  // The sweep file changed under the same out_dir: the plan says which points start over.
+  const auto changed =
+      sweep_file(dir, "f", "out",
+                 "[[points]]\n\"data.path\" = \"" + dir + "/empty.txt\"\n[[points]]\n\"train.lr\" = 2e-3\n",
+                 "set = [\"eval.batches=3\"]\n");
+  auto [dry_code, dry] = run({binary(), "sweep", changed, "--dry-run"}, dir + "/dry.log", 120);
+  CATCH_INFO(dry);
+  CATCH_CHECK(dry_code == 0);
+  CATCH_CHECK(dry.find("2 of them start over: their folders hold runs of other settings") !=
+              std::string::npos);
+  // Results that cannot be written (a directory where results.csv goes): exit 1, said, no .tmp left.
+  fs::create_directories(dir + "/blocked/results.csv");
+  auto [bcode, bout] =
+      run({binary(), "sweep", sweep_file(dir, "b", "blocked", "[[points]]\n\"train.lr\" = 2e-3\n")},
+          dir + "/b.log", 600);
+  CATCH_INFO(bout);
+  CATCH_CHECK(bcode == 1);
+  CATCH_CHECK(bout.find("of the sweep's output files could not be written") != std::string::npos);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/blocked/results.csv.tmp"));
+  CATCH_CHECK(fs::exists(dir + "/blocked/sweep.html"));
   fs::remove_all(dir);
 }
 

@@ -154,6 +154,9 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
       {"[[points]]\nname = \"a\"\n[[points]]\n\"train.lr\" = 0.1\n", "",
        "[[points]] #2: name every point or none"},
       {"[grid]\n\"run.out_dir\" = [\"x\"]\n", "", "grid \"run.out_dir\": each point's run.out_dir"},
+      {"[grid]\n\"checkpoint.dir\" = [\"x\", \"y\"]\n", "",
+       "grid \"checkpoint.dir\": each point keeps its checkpoints"},
+      {"", "set = [\"checkpoint.dir=\\\"x\\\"\"]\n", "sweep.set \"checkpoint.dir=\"x\"\": each point keeps"},
       {"[grid]\n\"run.seed\" = [1, 2]\n", "repeats = 2\n",
        "grid \"run.seed\": repeats or seeds set run.seed"},
       {"", "repeats = 0\n", "sweep.repeats: must be an integer in 1..10000"},
@@ -181,6 +184,28 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
   CATCH_CHECK_THAT(error_of(d, "[sweep]\nbase = \"nope.toml\"\nout_dir = \"x\"\n"),
                    Contains("sweep.base: config error: cannot read config file"));
   CATCH_CHECK_THAT(error_of(d, "[grid]\n\"model.dim\" = [1]\n"), Contains("[sweep]"));
+  std::ofstream(d.dir / "file") << "x";
+  const std::string under =
+      "[sweep]\nbase = \"configs/base.toml\"\nout_dir = \"" + (d.dir / "file" / "out").string();
+  CATCH_CHECK_THAT(
+      error_of(d, under + "\"\n"),
+      Contains("sweep.out_dir: \"" + (d.dir / "file" / "out").string() + "\": \"" +
+               (d.dir / "file").string() + "\" is a file, not a directory; choose another out_dir"));
+}
+
+CATCH_TEST_CASE("points whose ids come out the same get their own folders, checkpoints included",
+                "[unit][sweep]") {
+  scratch d;
+  const auto s =
+      parse_sweep(d.text("[grid]\n\"data.cache_dir\" = [\"cache a\", \"cache_a\"]\n"), d.sweep_path());
+  CATCH_REQUIRE(s.points.size() == 2);
+  CATCH_CHECK(s.points[0].id != s.points[1].id);
+  for (const auto& p : s.points) {
+    CATCH_INFO(p.id);
+    CATCH_CHECK(p.cfg.run.out_dir == p.out_dir);
+    CATCH_CHECK(p.cfg.checkpoint.dir == p.out_dir + "/checkpoints");
+    CATCH_CHECK(has(p.overrides, "checkpoint.dir=\"" + p.out_dir + "/checkpoints\""));
+  }
 }
 
 CATCH_TEST_CASE("a sweep checks its fit sizes before anything runs when the parameter count is known",
