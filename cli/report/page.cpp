@@ -274,8 +274,15 @@ std::string charts_section(const report_data& r) {
   int id = 0;
   for (const auto& c : build_charts(r)) {
     ++id;
+    size_t points = 0;
+    for (const auto& l : c.lines) points += l.points.size();
     if (has_data(c))
       o += "<figure>\n" + render_svg(c, id) + "</figure>\n";
+    else if (points > 0)  // a diverged run's losses (null, NaN, infinite): nothing to draw
+      o += fmt::format(
+          "<div class=\"empty\"><b>{}</b>None of its {} values in metrics.jsonl is a finite "
+          "number (did the run diverge?).</div>\n",
+          html_escape(c.title), points);
     else
       o += fmt::format("<div class=\"empty\"><b>{}</b>No records for this chart in metrics.jsonl.</div>\n",
                        html_escape(c.title));

@@ -420,6 +420,24 @@ CATCH_TEST_CASE(
   CATCH_CHECK(c9 == 0);
   CATCH_CHECK(read_text(dir + "/huge/report.html").find("nan\"") == std::string::npos);  // x="-nan"
 
+  // A diverged run: its losses are there, none finite; the chart says so rather than "no records".
+  fs::create_directories(dir + "/diverged");
+  std::string diverged;
+  std::istringstream steps(synthetic_metrics("d", 1.7e9, 2, 3, 5, 0));
+  for (std::string line; std::getline(steps, line);) {
+    for (const std::string key : {"\"loss\":", "\"val_loss\":"})
+      if (const size_t at = line.find(key);
+          at != std::string::npos && line.rfind("{\"kind\":\"worker\"", 0) != 0)
+        line.replace(at + key.size(), line.find_first_of(",}", at) - at - key.size(), "null");
+    diverged += line + "\n";
+  }
+  write_text(dir + "/diverged/metrics.jsonl", diverged);
+  auto [c10, o10] = run({binary(), "report", dir + "/diverged"}, dir + "/10.log", 60);
+  CATCH_INFO(o10);
+  CATCH_CHECK(c10 == 0);
+  CATCH_CHECK(read_text(dir + "/diverged/report.html").find("<b>Loss</b>None of its 18 values") !=
+              std::string::npos);
+
   // A writer killed mid-line, the resumed run's first record on the same line: the record is kept. A line of
   // nested records that never closes is skipped like any malformed line.
   fs::create_directories(dir + "/partial");
