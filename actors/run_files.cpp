@@ -139,15 +139,23 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
                                 what, p.ckpt_dir));
   };
   std::optional<checkpoint> latest;
-  if (opts.max_resume_round) {
-    // The cluster agreed on this round: an older one would not be the members' state.
-    latest = load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints);
+  const auto take = [&](checkpoint& c) {
     try {
-      if (latest) start.resume = from_checkpoint(std::move(*latest), shape);
+      start.resume = from_checkpoint(std::move(c), shape);
     } catch (const lw_error& e) {
       if (e.code() != errc::corrupt_checkpoint) throw;
       throw not_this_run(e.what());
     }
+  };
+  const auto warn = [&](const std::string& w) {
+    spdlog::warn("{}", w);
+    ++start.corrupt_checkpoints;
+  };
+  if (opts.cluster_node) {
+    // Its hello announced this round (or version): an older one would not be what the cluster counts on.
+    latest = opts.max_resume_round ? load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints)
+                                   : store.load_latest(warn);
+    if (latest) take(*latest);
   } else {
     // A newest file whose checksum holds but whose contents no run writes is skipped as a corrupt one is; one
     // written by a run of another shape is not (its older neighbours share the shape).
@@ -155,15 +163,10 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
       std::string what;
     };
     try {
-      latest = store.load_latest(
-          [&](const std::string& w) {
-            spdlog::warn("{}", w);
-            ++start.corrupt_checkpoints;
-          },
-          [&](checkpoint& c) {
-            if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{std::move(why)};
-            start.resume = from_checkpoint(std::move(c), shape);
-          });
+      latest = store.load_latest(warn, [&](checkpoint& c) {
+        if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{std::move(why)};
+        start.resume = from_checkpoint(std::move(c), shape);
+      });
     } catch (const shape_differs& e) {
       throw not_this_run(e.what);
     }

@@ -138,7 +138,8 @@ models::data::prepared_dataset find_or_prepare_data(const config::train_config& 
   std::string why;
   if (auto d = models::data::find_prepared(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                            cfg.data.val_fraction, data_dir, why)) {
-    spdlog::info("data: using the run's shards in {} ({} val tokens)", data_dir, d->n_val_tokens);
+    spdlog::info("data: using the run's shards in {} ({} val tokens)",
+                 std::filesystem::path(d->val_path).parent_path().string(), d->n_val_tokens);
     return *d;
   }
   const std::string own = (std::filesystem::path(models::data::cache_root()) / "eval-data" /

@@ -28,6 +28,9 @@ struct run_options {
   bool dry_run = false;        ///< validate, print the resolved config and the model size, do not train
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
   bool leave = false;          ///< cluster node: ask the coordinator to make the running node leave
+  /// A cluster node: its hello announced its newest checkpoint, so a newest one that does not load stops it
+  /// rather than falling back to an older one.
+  bool cluster_node = false;
   /// Cluster node not in the file ([cluster] open): its ring endpoint and workers (--endpoint, --workers;
   /// -1: not given, 1 for such a node).
   std::string endpoint;

@@ -121,7 +121,8 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
       "--endpoint", v.node_endpoint,
       "A node not in the cluster file: its ring endpoint, tcp://HOST:PORT (joins a running cluster "
       "whose [cluster] open = true)");
-  node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers (default 1)");
+  node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers (default 1)")
+      ->check(CLI::PositiveNumber);
   node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
   node->add_flag("--fresh", v.cluster_fresh,
                  "Start over: delete this node's checkpoints and loss trace first");

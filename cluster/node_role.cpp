@@ -226,6 +226,7 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
     if (async && newest > 0) s.hello.committed = {actors::latest_checkpoint_version(cfg), 0};
     node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.place, s.recover);
     if (async) node_opts.max_resume_round.reset();
+    node_opts.cluster_node = true;
   } catch (const lw_error& e) {
     if (e.code() == errc::cancelled) {
       spdlog::info("node {}: {}", me.name, e.what());

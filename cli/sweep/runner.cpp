@@ -205,6 +205,12 @@ struct sweep_run {
   }
   void write_outputs() { write_outputs(fit_scaling(s, results)); }
 
+  /// Starts over when asked, or when the folder's run is not this point's (other settings, or no record).
+  bool starts_over(const sweep_point& p) const {
+    return o.fresh || results[p.index].status == "stale" ||
+           (results[p.index].status == "pending" && has_checkpoints(p));
+  }
+
   bool can_start(const sweep_point& p) const {
     if (active.empty()) return true;
     if (static_cast<int64_t>(active.size()) >= plan.limit) return false;
@@ -218,9 +224,7 @@ struct sweep_run {
       r.point = p.index;
       r.need = p.thread_need();
       r.started = steady::now();
-      // Starts over when asked, or when the folder's run is not this point's (other settings, or no record).
-      const bool fresh = o.fresh || results[p.index].status == "stale" ||
-                         (results[p.index].status == "pending" && has_checkpoints(p));
+      const bool fresh = starts_over(p);
       results[p.index] = point_result{};
       results[p.index].status = "running";
       std::error_code ec;
@@ -319,12 +323,12 @@ void print_plan(const sweep_spec& s, const sweep_run& run) {
   say("{}: {} point{} ({} done earlier, {} to run); base {}; out_dir {}", s.path, s.points.size(),
       s.points.size() == 1 ? "" : "s", s.points.size() - run.to_run.size(), run.to_run.size(), s.base,
       s.out_dir);
-  const auto stale = std::count_if(run.results.begin(), run.results.end(),
-                                   [](const point_result& r) { return r.status == "stale"; });
-  if (stale > 0)
-    say("{} of them start over: their folders hold runs of other settings or another base config, whose "
-        "checkpoints and metrics are replaced",
-        stale);
+  const auto over = std::count_if(run.to_run.begin(), run.to_run.end(),
+                                  [&](const sweep_point* p) { return !run.o.fresh && run.starts_over(*p); });
+  if (over > 0)
+    say("{} of them start over: their folders hold runs of other settings, another base config or no record "
+        "of this sweep, whose checkpoints and metrics are replaced",
+        over);
   say("{}", run.plan.text);
 }
 

@@ -188,8 +188,8 @@ CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", 
 }
 
 CATCH_TEST_CASE(
-    "a newest checkpoint that passes its checksum but holds what no run writes is skipped for "
-    "the one before, and one of another model is refused with every file kept",
+    "a newest checkpoint that passes its checksum but holds what no run writes is skipped for the one "
+    "before, and one of another model stops the run although the older ones fit",
     "[integration][single][checkpoint]") {
   require_corpus();
   const auto dir = test::scratch_dir("unfit-checkpoint");
@@ -203,20 +203,26 @@ CATCH_TEST_CASE(
   runtime::checkpoint_store store(dir + "/checkpoints", 3);
   const auto files = store.list();
   CATCH_REQUIRE(files.size() == 3);
-  // The newest, written again with its counters' blob misnamed: a valid file no run writes.
-  auto bent = runtime::checkpoint_store::load_file(files.back());
+  const auto own = runtime::checkpoint_store::load_file(files.back());
+  // The newest replaced by the same round of a wider model's run: the run stops, though rounds 1 and 2 fit
+  // (falling back would train on silently from an older state than the directory's newest).
+  auto wider = cfg;
+  wider.model.dim = 96;
+  wider.run.out_dir = dir + "/wider";
+  CATCH_REQUIRE(actors::run_training(wider, opts) == 0);
+  std::filesystem::copy_file(
+      dir + "/wider/checkpoints/" + std::filesystem::path(files.back()).filename().string(), files.back(),
+      std::filesystem::copy_options::overwrite_existing);
+  opts.fresh = false;
+  cfg.train.rounds = 4;
+  CATCH_CHECK(actors::run_training(cfg, opts) == 1);
+  CATCH_CHECK(store.list() == files);
+  // The newest, written again with its counters' blob misnamed: a valid file no run writes. The run resumes
+  // from round 2, writes round 3 again and goes on.
+  auto bent = own;
   for (auto& b : bent.blobs)
     if (b.name == "replica0/counters") b.name = "replica0/kounters";
   store.write(bent);
-  opts.fresh = false;
-  // Another model: no fallback (the older files share the shape), nothing removed.
-  auto wider = cfg;
-  wider.model.dim = 96;
-  wider.train.rounds = 4;
-  CATCH_CHECK(actors::run_training(wider, opts) == 1);
-  CATCH_CHECK(store.list() == files);
-  // The same run, longer: it resumes from round 2, writes round 3 again and goes on.
-  cfg.train.rounds = 4;
   CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
   auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
   const runtime::snapshot_shape shape{models::closed_form_param_count(spec), 1, "single", "tiny"};
