@@ -79,9 +79,9 @@ std::string table(const std::string& caption, const std::vector<std::pair<std::s
 struct start_fields {
   const record& cfg;
   std::string operator()(const char* key) const {
-    const auto* v = cfg.find(key);
-    if (!v) return std::string("–");
-    return v->is_string ? v->str : compact(num(cfg, key));
+    const auto* f = cfg.find(key);
+    if (!f) return std::string("–");
+    return f->text != record::no_text ? cfg.texts[f->text] : compact(f->num);
   }
 };
 

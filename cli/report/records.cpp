@@ -10,6 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
 
 #include "runtime/json/json_reader.hpp"
 
@@ -17,36 +21,87 @@ namespace longwave::cli::report {
 
 namespace fs = std::filesystem;
 
-const record::value* record::find(std::string_view key) const {
-  auto it = fields.find(key);
-  return it == fields.end() ? nullptr : &it->second;
+namespace {
+
+/// The table of record keys: a few dozen names, each stored once. Guarded, as a sweep may read runs from more
+/// than one thread.
+struct key_table {
+  std::mutex mu;
+  std::unordered_map<std::string, uint32_t> ids;
+
+  std::optional<uint32_t> find(std::string_view key) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = ids.find(std::string(key));
+    return it == ids.end() ? std::nullopt : std::optional<uint32_t>(it->second);
+  }
+  uint32_t add(std::string_view key) {
+    std::lock_guard<std::mutex> lock(mu);
+    return ids.emplace(std::string(key), static_cast<uint32_t>(ids.size())).first->second;
+  }
+};
+
+key_table& keys() {
+  static key_table table;
+  return table;
+}
+
+}  // namespace
+
+const record::field* record::find(std::string_view key) const {
+  const auto id = keys().find(key);
+  if (!id) return nullptr;
+  for (const auto& f : fields)
+    if (f.key == *id) return &f;
+  return nullptr;
+}
+
+void record::set(std::string_view key, double value) {
+  const uint32_t id = keys().add(key);
+  for (auto& f : fields)
+    if (f.key == id) {
+      f = field{id, no_text, value};
+      return;
+    }
+  fields.push_back(field{id, no_text, value});
+}
+
+void record::set(std::string_view key, std::string value) {
+  const uint32_t id = keys().add(key);
+  texts.push_back(std::move(value));
+  const auto at = static_cast<uint32_t>(texts.size() - 1);
+  for (auto& f : fields)
+    if (f.key == id) {
+      f = field{id, at, std::numeric_limits<double>::quiet_NaN()};
+      return;
+    }
+  fields.push_back(field{id, at, std::numeric_limits<double>::quiet_NaN()});
 }
 
 double num(const record& o, std::string_view key) {
-  const auto* v = o.find(key);
-  return v && !v->is_string ? v->num : std::numeric_limits<double>::quiet_NaN();
+  const auto* f = o.find(key);
+  return f && f->text == record::no_text ? f->num : std::numeric_limits<double>::quiet_NaN();
 }
 
 std::string text(const record& o, std::string_view key) {
-  const auto* v = o.find(key);
-  return v && v->is_string ? v->str : std::string();
+  const auto* f = o.find(key);
+  return f && f->text != record::no_text ? o.texts[f->text] : std::string();
 }
 
 namespace {
 
 record to_record(const rapidjson::Value& object) {
   record r;
+  r.fields.reserve(object.MemberCount());
   for (const auto& m : object.GetObject()) {
-    record::value v;
-    if (m.value.IsString()) {
-      v.is_string = true;
-      v.str.assign(m.value.GetString(), m.value.GetStringLength());
-    } else if (m.value.IsNumber()) {
-      v.num = m.value.GetDouble();
-    } else if (m.value.IsBool()) {
-      v.num = m.value.GetBool() ? 1.0 : 0.0;
-    }
-    r.fields[std::string(m.name.GetString(), m.name.GetStringLength())] = std::move(v);  // later wins
+    const std::string_view name(m.name.GetString(), m.name.GetStringLength());
+    if (m.value.IsString())
+      r.set(name, std::string(m.value.GetString(), m.value.GetStringLength()));
+    else if (m.value.IsNumber())
+      r.set(name, m.value.GetDouble());
+    else if (m.value.IsBool())
+      r.set(name, m.value.GetBool() ? 1.0 : 0.0);
+    else
+      r.set(name, std::numeric_limits<double>::quiet_NaN());
   }
   return r;
 }

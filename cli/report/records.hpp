@@ -2,10 +2,9 @@
 // The records of one metrics.jsonl for `longwave report`: each line read with runtime/json/json_reader into a
 // flat record, sorted by kind; records that a resumed run redid are dropped.
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <limits>
-#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -13,17 +12,24 @@
 
 namespace longwave::cli::report {
 
-/// One metrics.jsonl line: the top-level members of its object (a later duplicate wins).
+/// One metrics.jsonl line: the top-level members of its object (a later duplicate wins). Kept compact, 16
+/// bytes a number (a long run's worker and all-reduce records are many): keys are ids into one table shared
+/// by every record (key_id), texts sit beside the fields.
 struct record {
-  struct value {
-    bool is_string = false;
+  static constexpr uint32_t no_text = UINT32_MAX;
+  struct field {
+    uint32_t key = 0;                                       ///< key_id of its name
+    uint32_t text = no_text;                                ///< a string: its index in texts
     double num = std::numeric_limits<double>::quiet_NaN();  ///< true = 1, false = 0; NaN: null, [..], {..}
-    std::string str;
   };
-  std::map<std::string, value, std::less<>> fields;
+  std::vector<field> fields;
+  std::vector<std::string> texts;
 
   /// The member `key`, or nullptr.
-  const value* find(std::string_view key) const;
+  const field* find(std::string_view key) const;
+  /// Sets the member `key` (replacing one of that name).
+  void set(std::string_view key, double num);
+  void set(std::string_view key, std::string text);
 };
 
 /// A number field, NaN when it is missing or not a number.
