@@ -252,20 +252,42 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
   out << config::to_toml(cfg);
 }
 
-named_checkpoint load_named_checkpoint(const std::string& path) {
-  std::optional<checkpoint> c;
-  if (!fs::exists(path)) throw lw_error(errc::io_error, path + ": no such file or directory");
-  if (fs::is_directory(path)) {
-    checkpoint_store store(path, 1 << 30);
-    c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); });
-    if (!c) throw lw_error(errc::io_error, path + ": no checkpoint in this directory");
-  } else {
-    c = checkpoint_store::load_file(path);
-  }
-  const auto pos = c->meta.find(config_marker);
+namespace {
+
+/// The resolved config in a checkpoint's meta; lw_error(corrupt_checkpoint) naming `path` when it has none.
+/// A config that does not parse throws config_error.
+config::train_config config_of(const checkpoint& c, const std::string& path) {
+  const auto pos = c.meta.find(config_marker);
   if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, path + ": no config in meta");
-  auto cfg = config::parse_config(c->meta.substr(pos + std::strlen(config_marker)), {}, path);
-  return {std::move(*c), std::move(cfg)};
+  return config::parse_config(c.meta.substr(pos + std::strlen(config_marker)), {}, path);
+}
+
+}  // namespace
+
+named_checkpoint load_named_checkpoint(const std::string& path) {
+  if (!fs::exists(path)) throw lw_error(errc::io_error, path + ": no such file or directory");
+  if (!fs::is_directory(path)) {
+    auto c = checkpoint_store::load_file(path);
+    auto cfg = config_of(c, path);
+    return {std::move(c), std::move(cfg)};
+  }
+  // A directory: its newest file that holds a config and a theta (what eval and export read), as a run's
+  // newest that passes its checksum but not that falls back to the one before.
+  std::optional<config::train_config> cfg;
+  checkpoint_store store(path, 1 << 30);
+  auto c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); },
+                             [&](checkpoint& each) {
+                               const auto* theta = each.find("theta");
+                               if (!theta || theta->size == 0 || theta->size % sizeof(float) != 0)
+                                 throw lw_error(errc::corrupt_checkpoint, "no theta of whole fp32 values");
+                               try {
+                                 cfg = config_of(each, "its meta");
+                               } catch (const config::config_error& e) {
+                                 throw lw_error(errc::corrupt_checkpoint, e.what());
+                               }
+                             });
+  if (!c) throw lw_error(errc::io_error, path + ": no checkpoint in this directory");
+  return {std::move(*c), std::move(*cfg)};
 }
 
 }  // namespace longwave::actors

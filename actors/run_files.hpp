@@ -48,10 +48,11 @@ struct named_checkpoint {
   config::train_config cfg;
 };
 
-/// Loads a .lwc file, or the newest valid checkpoint of a directory (a corrupt newer one is named with
-/// spdlog::warn). Throws lw_error(io_error) when the path does not exist or the directory holds no
-/// checkpoint, lw_error(corrupt_checkpoint) when the file (in a directory: every file) is invalid or its
-/// meta has no config, and config_error when that config is invalid.
+/// Loads a .lwc file, or the newest valid checkpoint of a directory that holds a config and a theta of whole
+/// fp32 values (a newer one, corrupt or without them, is named with spdlog::warn). Throws lw_error(io_error)
+/// when the path does not exist or the directory holds no checkpoint, lw_error(corrupt_checkpoint) when the
+/// file (in a directory: every file) is invalid or its meta has no config, and config_error when a named
+/// file's config is invalid.
 named_checkpoint load_named_checkpoint(const std::string& path);
 
 /// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -192,19 +193,26 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
     const auto p = resolve_paths(cfg);
     auto data = find_or_prepare_data(cfg, corpus_path(cfg), p.data_dir);
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
-    snapshot_shape shape{models::closed_form_param_count(spec), cfg.train.workers,
-                         config::to_string(cfg.run.mode), models::model_label(spec),
-                         config::to_string(cfg.diloco.outer)};
-    auto snap = from_checkpoint(std::move(c), shape);
+    // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
+    const int64_t n_params = models::closed_form_param_count(spec);
+    const auto* blob = c.find("theta");
+    if (!blob || blob->size != static_cast<size_t>(n_params) * sizeof(float))
+      throw lw_error(
+          errc::corrupt_checkpoint,
+          fmt::format("checkpoint of round {}: theta holds {} bytes, the model of its config has {} "
+                      "parameters ({} bytes)",
+                      c.round, blob ? blob->size : 0, n_params, n_params * 4));
+    at::Tensor theta = at::empty({n_params}, at::kFloat);
+    std::memcpy(theta.data_ptr(), blob->data, blob->size);  // a copy: the blob's bytes need not be aligned
     auto val = models::data::read_shard(data.val_path);
     models::data::check_token_ids(val, spec.vocab_size, data.val_path);
-    if (!at::isfinite(snap.theta).all().item<bool>())
+    if (!at::isfinite(theta).all().item<bool>())
       throw lw_error(errc::corrupt_checkpoint,
                      fmt::format("checkpoint of round {}: theta_global holds NaN or "
                                  "infinite values",
-                                 snap.round));
+                                 c.round));
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
-    model.load_flat(snap.theta);
+    model.load_flat(theta);
     int64_t n = batches > 0 ? batches : cfg.eval.batches;
     if (const int64_t most = models::data::max_validation_batches(val, cfg.train.batch_size, spec.seq_len);
         batches > most) {
@@ -221,7 +229,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches) {
       spdlog::info("eval: {} of {} batches", done, n);
     });
     std::printf("checkpoint round %lu, inner step %lu: val loss %.4f, val perplexity %.3f (%ld batches)\n",
-                snap.round, snap.step, loss, std::exp(loss), n);
+                c.round, c.step, loss, std::exp(loss), n);
     return 0;
   } catch (const config::config_error& e) {
     spdlog::error("{}", e.what());

@@ -6,12 +6,14 @@
 #include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 
+#include "actors/run_files.hpp"
 #include "actors/training.hpp"
 #include "config/config_loader.hpp"
 #include "models/data/corpus.hpp"
@@ -223,6 +225,14 @@ CATCH_TEST_CASE(
   for (auto& b : bent.blobs)
     if (b.name == "replica0/counters") b.name = "replica0/kounters";
   store.write(bent);
+  // eval and export read its theta and config, which it holds; without a theta they take the one before.
+  CATCH_CHECK(actors::load_named_checkpoint(dir + "/checkpoints").ckpt.round == 3);
+  auto no_theta = bent;
+  no_theta.blobs.erase(std::remove_if(no_theta.blobs.begin(), no_theta.blobs.end(),
+                                      [](const auto& b) { return b.name == "theta"; }),
+                       no_theta.blobs.end());
+  store.write(no_theta);
+  CATCH_CHECK(actors::load_named_checkpoint(dir + "/checkpoints").ckpt.round == 2);
   CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
   auto spec = models::preset_spec("tiny", 256, cfg.model.seq_len);
   const runtime::snapshot_shape shape{models::closed_form_param_count(spec), 1, "single", "tiny"};
