@@ -18,6 +18,7 @@
 #include "actors/round/adaptive_steps.hpp"
 #include "actors/run_setup.hpp"
 #include "models/gpt.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
 #include "runtime/messages/interfaces.hpp"
@@ -183,7 +184,15 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
   }
   const int n = g_signals.load();
   if (n >= 2) {
-    spdlog::warn("second interrupt: exiting without waiting for the checkpoint");
+    std::string newest = "none";
+    std::error_code ec;
+    if (std::filesystem::is_directory(g.ckpt_dir, ec))
+      if (const auto files = checkpoint_store(g.ckpt_dir, 1 << 30).list(); !files.empty())
+        newest = files.back();
+    spdlog::warn(
+        "second interrupt: exiting at once, without this step's checkpoint; a rerun resumes from the "
+        "newest on disk: {}",
+        newest);
     std::_Exit(130);
   }
   if (n == 1 && !*stop_sent) {
@@ -210,6 +219,7 @@ void configure_system(caf::actor_system_config& sys_cfg) {
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
                         const run_options& opts, cluster_link& cluster, start_point start) {
   actor_graph g;
+  g.ckpt_dir = p.ckpt_dir;
   g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, cluster.place(), start.corrupt_checkpoints);
   auto comm_opts = communicator_options_for(ctx->cfg, cluster, g.peers.metrics);
   comm_opts.stage_mean = ctx->mean_on_device();
@@ -218,8 +228,8 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
       opts.communicator_override ? opts.communicator_override(sys) : spawn_communicator(sys, comm_opts);
   g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics, g.collective);
   g.peers.collective = g.collective;
-  g.peers.checkpointer =
-      spawn_checkpointer(sys, p.ckpt_dir, ctx->cfg.checkpoint.keep, shape_of(*ctx), g.peers.metrics);
+  g.peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, ctx->cfg.checkpoint.keep, shape_of(*ctx),
+                                            g.peers.metrics, ctx->lock_lost);
   if (ctx->cfg.eval.async) g.peers.evaluator = spawn_evaluator(sys, ctx);
   g.coordinator = spawn_coordinator(sys, ctx, g.peers, std::move(start.resume), p.trace);
   return g;
@@ -231,6 +241,7 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
     g_signals = 0;
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    std::signal(SIGHUP, on_signal);  // the terminal closed: stop as for Ctrl-C, with a checkpoint
   }
   int code = 1;
   {
@@ -251,6 +262,7 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
   if (opts.handle_signals) {
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGHUP, SIG_DFL);
   }
   return code;
 }

@@ -22,6 +22,7 @@ struct actor_graph {
   runtime::coordinator_actor coordinator;
   coordinator_peers peers;
   std::shared_ptr<comm::collective> collective;
+  std::string ckpt_dir;  ///< named when a second interrupt exits without its checkpoint
 };
 
 /// Spawns the metrics sink, communicator (opts.communicator_override, else the real one over the cluster's
@@ -31,8 +32,8 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
                         const run_options& opts, cluster_link& cluster, start_point start);
 
 /// Starts the coordinator and waits for its (done, code): heartbeats every 100 ms in a cluster, the first
-/// Ctrl-C stops with a checkpoint, the second exits at once. Then every actor is told to quit. Returns the
-/// coordinator's exit code.
+/// Ctrl-C (or SIGTERM, SIGHUP) stops with a checkpoint, the second exits at once, naming the newest
+/// checkpoint on disk. Then every actor is told to quit. Returns the coordinator's exit code.
 int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_options& opts,
                    cluster_link& cluster);
 

@@ -4,9 +4,13 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <utility>
 
+#include "runtime/errors/fault_env.hpp"
 #include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
@@ -22,6 +26,40 @@ namespace {
 struct checkpointer_state {
   std::unique_ptr<checkpoint_store> store;
   snapshot_shape shape;
+  std::function<std::string()> lock_lost;
+  double slow_first_write_s =
+      0;  // LONGWAVE_FAULT_SLOW_CHECKPOINT_S (tests): the first write takes this long more
+};
+
+/// Says in the log, once a minute, that a write is still running (a slow or hung disk, a suspended process):
+/// the run waits for its checkpoint rather than give up on a write that may still land.
+class slow_write_watch {
+ public:
+  slow_write_watch(uint64_t round, std::string dir) {
+    thread_ = std::thread([this, round, dir = std::move(dir)] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cv_.wait_for(lock, std::chrono::minutes(1), [this] { return done_; }))
+        spdlog::warn("checkpoint of round {}: still writing into {} after {:.0f} s (a slow disk?)", round,
+                     dir, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    });
+  }
+  ~slow_write_watch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  slow_write_watch(const slow_write_watch&) = delete;
+  slow_write_watch& operator=(const slow_write_watch&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
 };
 
 template <class Self>
@@ -70,9 +108,15 @@ std::string first_non_finite(const train_snapshot& snap) {
 
 checkpointer_actor::behavior_type checkpointer_fun(
     checkpointer_actor::stateful_pointer<checkpointer_state> self, std::string dir, int64_t keep,
-    snapshot_shape shape, metrics_actor metrics) {
+    snapshot_shape shape, metrics_actor metrics, std::function<std::string()> lock_lost) {
   self->state.store = std::make_unique<checkpoint_store>(std::move(dir), keep);
   self->state.shape = std::move(shape);
+  self->state.lock_lost = std::move(lock_lost);
+  try {
+    self->state.slow_first_write_s = fault_seconds("LONGWAVE_FAULT_SLOW_CHECKPOINT_S");
+  } catch (const lw_error& e) {
+    spdlog::error("checkpoint: {} (ignored)", e.what());
+  }
   return {
       [=](save_atom, const train_snapshot& snap) -> caf::result<std::string> {
         auto t0 = std::chrono::steady_clock::now();
@@ -87,7 +131,16 @@ checkpointer_actor::behavior_type checkpointer_fun(
                           "rounds are kept",
                           snap.round, snap.step, what));
         }
+        if (const auto why = self->state.lock_lost ? self->state.lock_lost() : std::string(); !why.empty())
+          return make_error(errc::dir_lost,
+                            fmt::format("checkpoint of round {} not written: {}", snap.round, why));
         try {
+          const slow_write_watch watch(snap.round, self->state.store->dir());
+          if (const double s = std::exchange(self->state.slow_first_write_s, 0.0); s > 0) {
+            spdlog::warn("checkpoint: LONGWAVE_FAULT_SLOW_CHECKPOINT_S: round {}'s write takes {} s more",
+                         snap.round, s);
+            std::this_thread::sleep_for(std::chrono::duration<double>(s));
+          }
           auto path = self->state.store->write(to_checkpoint(snap, self->state.shape));
           const double ms =
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -110,9 +163,10 @@ checkpointer_actor::behavior_type checkpointer_fun(
 }  // namespace
 
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
-                                      snapshot_shape shape, metrics_actor metrics) {
+                                      snapshot_shape shape, metrics_actor metrics,
+                                      std::function<std::string()> lock_lost) {
   return sys.spawn<caf::detached>(checkpointer_fun, std::move(dir), keep, std::move(shape),
-                                  std::move(metrics));
+                                  std::move(metrics), std::move(lock_lost));
 }
 
 }  // namespace longwave::actors

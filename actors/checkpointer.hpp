@@ -4,6 +4,7 @@
 #include <caf/actor.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "runtime/checkpoint/snapshot_codec.hpp"
@@ -13,9 +14,12 @@ namespace longwave::actors {
 
 /// Messages: (save, train_snapshot) -> path; (flush) -> true once every earlier save is on disk.
 /// With a metrics sink, each write reports its seconds, bytes and time (and a "checkpoint" line of
-/// metrics.jsonl); a failed write counts longwave_errors_total{reason="checkpoint_write"}.
+/// metrics.jsonl); a failed write counts longwave_errors_total{reason="checkpoint_write"}. `lock_lost`
+/// (run_context::lock_lost), when set, is asked before each write: a lost lock answers errc::dir_lost and
+/// nothing is written. A write still running after a minute is said in the log, once a minute.
 runtime::checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
                                                runtime::snapshot_shape shape,
-                                               runtime::metrics_actor metrics = {});
+                                               runtime::metrics_actor metrics = {},
+                                               std::function<std::string()> lock_lost = {});
 
 }  // namespace longwave::actors

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "actors/coordinator/state.hpp"
 #include "actors/worker.hpp"
@@ -26,9 +27,16 @@ caf::timespan seconds(double s) {
   return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(s));
 }
 
-/// Where a resume would start from: the newest checkpoint this run wrote or resumed from.
+/// Where a resume would start from: the newest checkpoint this run wrote or resumed from, if it is still
+/// there.
 std::string newest_on_disk(const coordinator_state& s) {
-  return s.newest_on_disk.empty() ? std::string("none: a rerun starts over") : s.newest_on_disk;
+  if (s.ctx->lock_lost)
+    if (const auto why = s.ctx->lock_lost(); !why.empty())
+      return "unknown: this run no longer holds its directory (" + why + ")";
+  if (s.newest_on_disk.empty()) return "none: a rerun starts over";
+  if (!s.newest_path.empty() && !std::filesystem::exists(s.newest_path))
+    return s.newest_path + " is gone (was the checkpoint directory moved or deleted?)";
+  return s.newest_on_disk;
 }
 
 }  // namespace
@@ -69,7 +77,14 @@ void notify_main(self_ptr self, int code) {
 void fail(self_ptr self, const caf::error& e) {
   auto& s = self->state;
   if (s.ph == phase::failed || s.ph == phase::done) return;
-  spdlog::error("training failed in phase {}: {}", to_string(s.ph), describe(e));
+  std::string hint;
+  if (e == caf::sec::request_timeout)  // a worker or actor silent past its deadline
+    hint = fmt::format(
+        " (no answer within runtime.round_timeout_s = {} s for a round's inner steps, or "
+        "runtime.request_timeout_s = {} s for any other request: was the process suspended "
+        "or the machine overloaded? Raise them for such runs)",
+        s.ctx->cfg.runtime.round_timeout_s, s.ctx->cfg.runtime.request_timeout_s);
+  spdlog::error("training failed in phase {}: {}{}", to_string(s.ph), describe(e), hint);
   set_phase(self, phase::failed);
   notify_main(self, 1);
 }
@@ -335,7 +350,11 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
         s.peers.worker_factory
             ? s.peers.worker_factory(self->system(), r, caf::actor_cast<coordinator_actor>(self))
             : spawn_worker(self->system(), ctx, r, caf::actor_cast<coordinator_actor>(self)));
-  if (!trace_path.empty()) s.trace.open(trace_path, std::ios::app);
+  if (!trace_path.empty()) {
+    s.trace.open(trace_path, std::ios::app);
+    if (!s.trace)
+      spdlog::warn("cannot open {} for appending: this run's loss trace is not written", trace_path);
+  }
   self->set_down_handler([=](caf::down_msg& dm) {
     fail(self, make_error(errc::peer_lost, "an actor went down: " + caf::to_string(dm.reason)));
   });

@@ -62,7 +62,15 @@ metrics_actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_opti
   }
   if (!opts.jsonl_path.empty()) {
     s->jsonl_path = opts.jsonl_path;
+    // A run stopped mid-line (a full disk, a kill) left a partial record: this run's records start on a line
+    // of their own, so that the report skips only that one.
+    bool ends_mid_line = false;
+    if (std::ifstream tail(opts.jsonl_path, std::ios::binary | std::ios::ate); tail && tail.tellg() > 0) {
+      tail.seekg(-1, std::ios::end);
+      ends_mid_line = tail.get() != '\n';
+    }
     s->jsonl.open(opts.jsonl_path, std::ios::app);
+    if (ends_mid_line) s->jsonl << '\n';
     if (!s->jsonl) spdlog::warn("metrics: cannot open {} for appending; no run report data", opts.jsonl_path);
   }
   return sys.spawn(sink_fun, std::move(s));

@@ -61,6 +61,9 @@ struct run_context {
   bool theta_source = false;
   /// A node that joined a running cluster: how it got its state.
   std::optional<recovery_info> recovery;
+  /// "" while this process still holds its out_dir's (and checkpoint.dir's) lock file; else what happened to
+  /// it (runtime::run_lock::lost). Checked before each checkpoint write. Unset: always "".
+  std::function<std::string()> lock_lost;
   int64_t n_workers() const { return cfg.train.workers; }
   int64_t global_workers() const { return cluster_workers > 0 ? cluster_workers : cfg.train.workers; }
   int64_t data_parts() const { return data_partitions > 0 ? data_partitions : global_workers(); }

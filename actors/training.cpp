@@ -74,6 +74,10 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
   spdlog::info("cpu: {}", models::cpu_kernels());
   auto ctx = make_context(cfg, spec, corpus, p.data_dir, devices, cluster);
+  ctx->lock_lost = [&lock, &ckpt_lock] {
+    if (auto why = lock.lost(); !why.empty()) return why;
+    return ckpt_lock ? ckpt_lock->lost() : std::string();
+  };
   start_point start;
   if (cluster.joining()) {
     // Joining a running cluster: fetch the members' state and wait to be admitted (completes the place).

@@ -26,6 +26,7 @@
 #include "cluster/state_publisher.hpp"
 #include "comm/fault_transport.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/errors/fault_env.hpp"
 
 namespace longwave::cluster {
 
@@ -188,14 +189,8 @@ void prepare_data(const config::train_config& cfg) {
 /// LONGWAVE_FAULT_SLOW_START_S (tests): the seconds this node's start-up after its welcome takes more, as a
 /// large checkpoint's load would (0: none).
 double slow_start_fault(const std::string& name) {
-  const char* v = std::getenv("LONGWAVE_FAULT_SLOW_START_S");
-  if (v == nullptr || *v == '\0') return 0;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(s >= 0) || s > 3600)
-    throw lw_error(errc::invalid_config,
-                   fmt::format("LONGWAVE_FAULT_SLOW_START_S={}: want seconds, from 0 to 3600", v));
-  spdlog::warn("node {}: LONGWAVE_FAULT_SLOW_START_S: its start-up takes {} s more", name, s);
+  const double s = runtime::fault_seconds("LONGWAVE_FAULT_SLOW_START_S");
+  if (s > 0) spdlog::warn("node {}: LONGWAVE_FAULT_SLOW_START_S: its start-up takes {} s more", name, s);
   return s;
 }
 

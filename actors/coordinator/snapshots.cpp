@@ -119,12 +119,14 @@ void with_residuals(self_ptr self, train_snapshot snap, std::function<void(train
 
 /// A failed write keeps training while fewer than checkpoint.max_failed_writes failed in a row (the previous
 /// checkpoints are intact), then stops the run with exit code 3. Non-finite state is never written: the run
-/// fails, naming the round.
+/// fails, naming the round. A lost directory lock stops the run at once (exit 3). The write is waited for
+/// however long it takes (the checkpointer says so once a minute): a write given up on could still land,
+/// and a lent snapshot's tensors must not change under it.
 void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
   auto& s = self->state;
   const auto round = snap.round;
   const auto step = snap.step;
-  self->request(s.peers.checkpointer, s.request_timeout, save_atom_v, std::move(snap))
+  self->request(s.peers.checkpointer, caf::infinite, save_atom_v, std::move(snap))
       .then(
           [=](const std::string& path) {
             auto& s = self->state;
@@ -133,6 +135,7 @@ void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
             s.failed_writes = 0;
             s.write_error.clear();
             s.newest_on_disk = fmt::format("round {}, inner step {} ({})", round, step, path);
+            s.newest_path = path;
             if (then) then();
           },
           [=](caf::error& e) {
@@ -140,6 +143,10 @@ void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
             if (has_code(e, errc::diverged)) return fail(self, e);
             ++s.failed_writes;
             s.write_error = describe(e);
+            if (has_code(e, errc::dir_lost))
+              return fail_unsaved(self,
+                                  "stopping: this run no longer holds its directory, which another run "
+                                  "may use now, so it writes nothing more there");
             const auto limit = s.ctx->cfg.checkpoint.max_failed_writes;
             spdlog::warn("checkpoint of round {} not written ({} in a row): {}", round, s.failed_writes,
                          s.write_error);
@@ -191,7 +198,7 @@ void save(self_ptr self, train_snapshot snap, std::function<void()> then) {
 void flush_then(self_ptr self, std::function<void()> then) {
   auto& s = self->state;
   if (s.residual_waits > 0) return s.after_residuals.push_back([=] { flush_then(self, then); });
-  self->request(self->state.peers.checkpointer, self->state.request_timeout, flush_atom_v)
+  self->request(self->state.peers.checkpointer, caf::infinite, flush_atom_v)  // as long as the writes take
       .then([=](bool) { then(); },
             [=](caf::error& e) {
               spdlog::warn("checkpointer flush: {}", describe(e));

@@ -150,6 +150,7 @@ struct coordinator_state {
   // Checkpoints on disk: the newest written ("" before any), the consecutive failed writes and the last
   // failure's reason. A failed latest write means the run's current state is not on disk.
   std::string newest_on_disk;
+  std::string newest_path;  // the file of newest_on_disk that this run wrote ("" when it resumed from it)
   int64_t failed_writes = 0;
   std::string write_error;
   uint64_t boundary_saved = 0;  // the last round whose boundary snapshot the round tail saved

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +49,19 @@ run_lock::run_lock(const std::string& dir, const std::string& key) : path_(dir +
 
 run_lock::~run_lock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+std::string run_lock::lost() const {
+  struct stat held {
+  }, named{};
+  if (fd_ < 0 || ::fstat(fd_, &held) != 0) return "";
+  if (::stat(path_.c_str(), &named) != 0)
+    return "the lock file " + path_ + " is gone (" + std::strerror(errno) +
+           "): was the directory deleted or moved?";
+  if (held.st_dev != named.st_dev || held.st_ino != named.st_ino)
+    return "the lock file " + path_ +
+           " is another file now: was the directory deleted or moved and made again?";
+  return "";
 }
 
 }  // namespace longwave::runtime

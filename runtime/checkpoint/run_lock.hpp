@@ -30,6 +30,10 @@ class run_lock {
   /// The lock file's path.
   const std::string& path() const { return path_; }
 
+  /// "" while the path still names the file this lock holds; else what happened (the directory was deleted
+  /// or moved, or the file replaced): another run may have taken the directory since.
+  std::string lost() const;
+
  private:
   std::string path_;
   int fd_ = -1;

@@ -24,6 +24,7 @@ const char* to_string(errc e) {
     case errc::illegal_transition: return "illegal_transition";
     case errc::evicted: return "evicted";
     case errc::not_announced: return "not_announced";
+    case errc::dir_lost: return "dir_lost";
   }
   return "unknown";
 }

@@ -23,6 +23,7 @@ enum class errc : uint8_t {
   illegal_transition,  ///< a bug: the coordinator tried a move its state machine forbids
   evicted,             ///< this node was removed from its cluster's membership
   not_announced,       ///< the cluster's master does not know this node (it restarted): say hello again
+  dir_lost,            ///< the run's directory lock was removed or replaced: another run may own it now
 };
 
 /// Human-readable name of an errc value.

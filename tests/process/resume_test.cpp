@@ -142,6 +142,13 @@ CATCH_TEST_CASE("a run SIGKILLed mid-way and restarted has the loss trace of an 
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a run whose terminal closes (SIGHUP) stops with a checkpoint, exit 130, and resumes exactly",
+                "[process][resume]") {
+  const auto dir = scratch_dir("sighup");
+  check_interrupted_resume(dir, {}, SIGHUP);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("with delayed outer steps a run SIGKILLed mid-way resumes exactly, pending average included",
                 "[process][resume][policy]") {
   const auto dir = scratch_dir("sigkill-delayed");
@@ -232,6 +239,75 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
     CATCH_CHECK(code5 == 2);
     CATCH_CHECK(log5.find(missing + ": no") != std::string::npos);
   }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a run whose out_dir is deleted under it stops at its next checkpoint with exit 3 and writes nothing "
+    "into "
+    "the new run's directory",
+    "[process][resume][lock]") {
+  const auto dir = scratch_dir("lost-dir");
+  const auto cfg = config_file(dir, "r");
+  // A: paced, 5 steps of 0.2 s a round, a checkpoint each round.
+  auto a = spawn({binary(), "run", cfg, "--set", "train.pace_step_s=0.2"}, dir + "/a.log");
+  CATCH_REQUIRE(wait_until([&] { return !checkpoints(dir + "/r/checkpoints").empty(); }, 300));
+  fs::remove_all(dir + "/r");
+  // B: the same out_dir, another learning rate, two quick rounds.
+  auto [b_code, b_log] =
+      run({binary(), "run", cfg, "--set", "train.lr=0.001", "--set", "train.rounds=2"}, dir + "/b.log", 600);
+  CATCH_INFO(b_log);
+  CATCH_CHECK(b_code == 0);
+  CATCH_CHECK(wait_exit(a, 300) == 3);
+  const auto a_log = read_text(dir + "/a.log");
+  CATCH_INFO(a_log);
+  CATCH_CHECK(a_log.find("no longer holds its directory") != std::string::npos);
+  CATCH_CHECK(a_log.find("newest checkpoint on disk: unknown") != std::string::npos);
+  const auto files = checkpoints(dir + "/r/checkpoints");
+  CATCH_CHECK(files.size() == 2);
+  for (const auto& f : files) {
+    CATCH_INFO(f);
+    const auto bytes = read_text(f);
+    CATCH_CHECK(bytes.find("lr = 0.001") != std::string::npos);  // B's config in its meta, never A's
+    CATCH_CHECK(bytes.find("lr = 0.004") == std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a checkpoint write slower than runtime.request_timeout_s is waited for, not counted as failed",
+    "[process][resume]") {
+  const auto dir = scratch_dir("slow-write");
+  const auto cfg = config_file(dir, "r");
+  // An earlier run stopped mid-line (a full disk): this run's records begin on a line of their own.
+  fs::create_directories(dir + "/r");
+  write_text(dir + "/r/metrics.jsonl", "{\"kind\":\"step\",\"ts\":1,\"lo");
+  auto c = spawn({binary(), "run", cfg, "--set", "train.rounds=3", "--set", "runtime.request_timeout_s=3"},
+                 dir + "/1.log", false, {"LONGWAVE_FAULT_SLOW_CHECKPOINT_S=8"});
+  CATCH_CHECK(wait_exit(c, 600) == 0);
+  const auto log = read_text(dir + "/1.log");
+  CATCH_INFO(log);
+  CATCH_CHECK(log.find("LONGWAVE_FAULT_SLOW_CHECKPOINT_S: round 1's write takes 8 s more") !=
+              std::string::npos);
+  CATCH_CHECK(log.find("not written") == std::string::npos);
+  CATCH_CHECK(checkpoints(dir + "/r/checkpoints").size() == 3);
+  CATCH_CHECK(read_text(dir + "/r/metrics.jsonl").find("\"lo\n{\"kind\":\"start\"") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a round slower than runtime.round_timeout_s fails naming the setting", "[process][resume]") {
+  const auto dir = scratch_dir("round-timeout");
+  const auto cfg = config_file(dir, "r");
+  fs::create_directories(dir + "/r/loss_trace.tsv");  // in the way: said, not silently dropped
+  // 5 paced steps of 0.5 s: a round takes at least 2.5 s, past a 1 s limit however fast the machine.
+  auto [code, log] = run({binary(), "run", cfg, "--set", "train.pace_step_s=0.5", "--set",
+                          "runtime.round_timeout_s=1", "--set", "train.rounds=2"},
+                         dir + "/1.log", 300);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 1);
+  CATCH_CHECK(log.find("no answer within runtime.round_timeout_s = 1 s") != std::string::npos);
+  CATCH_CHECK(log.find("loss_trace.tsv for appending: this run's loss trace is not written") !=
+              std::string::npos);
   fs::remove_all(dir);
 }
 
