@@ -149,7 +149,7 @@ checkpointer_actor::behavior_type checkpointer_fun(
           report(self, metrics, snap, path, ms / 1000.0);
           return path;
         } catch (const std::exception& e) {
-          spdlog::error("checkpoint: write failed: {}", e.what());
+          spdlog::debug("checkpoint: write failed: {}", e.what());  // the coordinator says it, counted
           if (metrics)
             self->send(metrics, count_atom_v, std::string("longwave_errors_total"),
                        std::string("reason=checkpoint_write"), 1.0);

@@ -61,6 +61,9 @@ struct run_context {
   bool theta_source = false;
   /// A node that joined a running cluster: how it got its state.
   std::optional<recovery_info> recovery;
+  /// The training data's fingerprint (models::data::data_fingerprint of the corpus), stored in each
+  /// checkpoint: a resume on other data says so.
+  uint64_t data_fingerprint = 0;
   /// "" while this process still holds its out_dir's (and checkpoint.dir's) lock file; else what happened to
   /// it (runtime::run_lock::lost). Checked before each checkpoint write. Unset: always "".
   std::function<std::string()> lock_lost;

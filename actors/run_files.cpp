@@ -172,6 +172,14 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     }
   }
   if (!latest && strays) spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
+  if (start.resume && shape.data != 0) {
+    const auto meta = parse_meta(start.resume->meta);
+    if (const auto it = meta.find("data"); it != meta.end() && it->second != std::to_string(shape.data))
+      spdlog::warn(
+          "data: the training data ({}) differs from what the checkpoint's run read (the corpus was "
+          "edited, truncated or replaced): the run goes on with it, so it is no longer an exact resume",
+          cfg.data.path.empty() ? std::string("the default corpus") : cfg.data.path);
+  }
   if (!start.resume || !run_complete(*start.resume, cfg)) return start;
   start.complete = true;
   report_complete(cfg, p, *start.resume);
@@ -259,7 +267,10 @@ namespace {
 config::train_config config_of(const checkpoint& c, const std::string& path) {
   const auto pos = c.meta.find(config_marker);
   if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, path + ": no config in meta");
-  return config::parse_config(c.meta.substr(pos + std::strlen(config_marker)), {}, path);
+  // The paths are where the run was: they may be gone, or files, where the checkpoint is read now.
+  return config::parse_config(c.meta.substr(pos + std::strlen(config_marker)), {}, path + "'s stored config",
+                              {},
+                              /*check_paths=*/false);
 }
 
 }  // namespace

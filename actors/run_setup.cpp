@@ -10,6 +10,7 @@
 
 #include "config/config_loader.hpp"
 #include "models/data/corpus.hpp"
+#include "models/data/data_fingerprint.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
@@ -165,6 +166,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
 
   auto ctx = std::make_shared<run_context>();
   ctx->cfg = cfg;
+  ctx->data_fingerprint = models::data::data_fingerprint(corpus);
   ctx->spec = spec;
   ctx->inner = make_inner_options(cfg);
   ctx->devices = devices;
@@ -228,8 +230,8 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
 
 runtime::snapshot_shape shape_of(const run_context& ctx) {
   return {models::closed_form_param_count(ctx.spec), ctx.cfg.train.workers,
-          config::to_string(ctx.cfg.run.mode), models::model_label(ctx.spec),
-          config::to_string(ctx.cfg.diloco.outer)};
+          config::to_string(ctx.cfg.run.mode),       models::model_label(ctx.spec),
+          config::to_string(ctx.cfg.diloco.outer),   ctx.data_fingerprint};
 }
 
 }  // namespace longwave::actors

@@ -353,7 +353,8 @@ template <class E>
 /// Every field's rule in struct order, then the cross-field checks. `unknown_names` (dotted key -> text) are
 /// the enum fields whose last given name is none of the enum's; each is reported at its field's turn, like
 /// any other field's value that its rule refuses.
-void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names);
+void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names,
+                     bool check_paths = true);
 
 /// A directory setting that names an existing file, or a path through one, could never be created: refuse it
 /// now rather than when the run first writes there. A path that does not exist yet is fine.
@@ -512,9 +513,9 @@ class loader {
   }
 
   /// validate(), with the place the bad key was set appended to the message.
-  void validate_with_origin() const {
+  void validate_with_origin(bool check_paths) const {
     try {
-      validate_fields(cfg_, unknown_names_);
+      validate_fields(cfg_, unknown_names_, check_paths);
     } catch (const config_error& e) {
       const auto it = where_.find(e.key());
       if (it == where_.end()) throw;
@@ -648,7 +649,8 @@ void check_async(const train_config& cfg) {
            "its outer step is Delayed Nesterov (async.dn_period); set outer.nesterov = true");
 }
 
-void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names) {
+void validate_fields(const train_config& cfg, const std::map<std::string, std::string>& unknown_names,
+                     bool check_paths) {
   for_each_field(cfg, [&](std::string_view s, std::string_view n, const auto& field, const rule& r) {
     const std::string key = dotted(s, n);
     using field_type = std::decay_t<decltype(field)>;
@@ -765,6 +767,7 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                                    "not fit in a 64-bit integer",
                                    cfg.train.rounds, cfg.train.inner_steps));
   }
+  if (!check_paths) return;
   check_dir("run.out_dir", cfg.run.out_dir);
   // Unset, they are out_dir's subdirectories (actors::resolve_paths): a file there is in their way too.
   const auto beside_out = [&](const char* sub) {
@@ -806,12 +809,13 @@ void validate(const train_config& cfg) {
 }
 
 train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
-                          std::string_view source_name, const std::vector<std::string>& foreign_sections) {
+                          std::string_view source_name, const std::vector<std::string>& foreign_sections,
+                          bool check_paths) {
   try {
     loader l(source_name, foreign_sections);
     l.apply_text(toml_text);
     for (const auto& ov : overrides) l.apply_override(ov);
-    l.validate_with_origin();
+    l.validate_with_origin(check_paths);
     return l.cfg();
   } catch (const config_error&) {
     throw;

@@ -32,10 +32,12 @@ class config_error : public std::runtime_error {
 /// value, and if it does not parse it is taken as a bare string; string fields always accept the raw text),
 /// then validates. `source_name` (e.g. the file path) is used in messages. Missing fields keep the struct
 /// defaults. Top-level keys named in foreign_sections belong to another reader (the [cluster] and [[nodes]]
-/// of a cluster file) and are skipped. Throws config_error and nothing else.
+/// of a cluster file) and are skipped. Without check_paths, the directories it names are not looked at (a
+/// checkpoint's stored config: its run's directories may be gone or elsewhere now). Throws config_error and
+/// nothing else.
 train_config parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
-                          std::string_view source_name,
-                          const std::vector<std::string>& foreign_sections = {});
+                          std::string_view source_name, const std::vector<std::string>& foreign_sections = {},
+                          bool check_paths = true);
 
 /// The text of a config file; config_error with key "file" if it cannot be read.
 std::string read_config_text(const std::string& path);

@@ -83,8 +83,9 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   meta << "mode=" << shape.mode << "\npreset=" << shape.preset << "\nn_params=" << shape.n_params
        << "\nreplicas=" << s.replicas.size() << "\npending_round=" << s.pending_round
        << "\nouter=" << shape.outer << "\nversion=" << s.version << "\nmerged_tokens=" << s.merged_tokens
-       << "\ndn_arrivals=" << s.dn_arrivals << "\n"
-       << s.meta;
+       << "\ndn_arrivals=" << s.dn_arrivals << "\n";
+  if (shape.data != 0) meta << "data=" << shape.data << "\n";
+  meta << s.meta;
   c.meta = meta.str();
   c.blobs.push_back(tensor_blob("theta", s.theta));
   if (s.momentum.defined()) c.blobs.push_back(tensor_blob("momentum", s.momentum));

@@ -19,6 +19,7 @@ struct snapshot_shape {
   std::string mode;
   std::string preset;
   std::string outer = "sync";  ///< diloco.outer: a checkpoint of "async" resumes only under "async", and back
+  uint64_t data = 0;  ///< the training data's fingerprint (models::data::data_fingerprint; 0: not known)
 };
 
 /// The key=value lines of a checkpoint's meta (mode, preset, n_params, replicas, ...), up to config_marker.

@@ -35,6 +35,13 @@ enabled = false
   return path;
 }
 
+/// The corpus a run without data.path reads (models::data::default_corpus_path, as the binary finds it).
+std::string default_corpus() {
+  if (const char* c = std::getenv("LONGWAVE_CORPUS"); c && *c) return c;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/longwave/kjv.txt";
+  return std::string(std::getenv("HOME")) + "/.cache/longwave/kjv.txt";
+}
+
 std::vector<std::string> checkpoints(const std::string& dir) {
   std::vector<std::string> out;
   if (!fs::exists(dir)) return out;
@@ -274,6 +281,34 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a resume on data other than the checkpoint's run read says so", "[process][resume]") {
+  const auto dir = scratch_dir("other-data");
+  const auto cfg = config_file(dir, "r");
+  const std::string corpus = default_corpus();
+  fs::copy_file(corpus, dir + "/corpus.txt");
+  const std::vector<std::string> args{binary(), "run", cfg, "--set", "data.path=\"" + dir + "/corpus.txt\""};
+  auto with_rounds = [&](int rounds) {
+    auto a = args;
+    a.insert(a.end(), {"--set", "train.rounds=" + std::to_string(rounds)});
+    return a;
+  };
+  auto [c1, l1] = run(with_rounds(1), dir + "/1.log", 600);
+  CATCH_INFO(l1);
+  CATCH_REQUIRE(c1 == 0);
+  auto [c2, l2] = run(with_rounds(2), dir + "/2.log", 600);  // the same data: no word
+  CATCH_INFO(l2);
+  CATCH_REQUIRE(c2 == 0);
+  CATCH_CHECK(l2.find("differs from what the checkpoint's run read") == std::string::npos);
+  fs::resize_file(dir + "/corpus.txt", fs::file_size(dir + "/corpus.txt") / 2);
+  auto [c3, l3] = run(with_rounds(3), dir + "/3.log", 600);
+  CATCH_INFO(l3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(l3.find("data: the training data (" + dir +
+                      "/corpus.txt) differs from what the checkpoint's run "
+                      "read") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE(
     "a checkpoint write slower than runtime.request_timeout_s is waited for, not counted as failed",
     "[process][resume]") {
@@ -332,13 +367,7 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(code == 0);
   const auto ckpt = checkpoints(dir + "/r/checkpoints").back();
   // The run's corpus stays where it is while eval's cache moves into the test's directory.
-  std::string corpus;
-  if (const char* c = std::getenv("LONGWAVE_CORPUS"); c && *c)
-    corpus = c;
-  else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
-    corpus = std::string(x) + "/longwave/kjv.txt";
-  else
-    corpus = std::string(std::getenv("HOME")) + "/.cache/longwave/kjv.txt";
+  const std::string corpus = default_corpus();
   const std::vector<std::string> env{"XDG_CACHE_HOME=" + dir + "/cache", "LONGWAVE_CORPUS=" + corpus};
   auto eval = [&](const std::string& path, const std::string& name, const std::string& batches = "") {
     std::vector<std::string> args{binary(), "eval", path};
@@ -378,6 +407,13 @@ CATCH_TEST_CASE(
   CATCH_CHECK(l4.find("using cached shards in " + dir + "/cache/longwave/eval-data/") != std::string::npos);
   CATCH_CHECK(eval_loss(l4) == loss);
   CATCH_CHECK_FALSE(fs::exists(dir + "/r"));
+  // Its run's out_dir is a file now: the stored config's paths are where the run was, not checked here.
+  write_text(dir + "/r", "not a directory any more\n");
+  auto [c6, l6] = eval(dir + "/alone.lwc", "eval6");
+  CATCH_INFO(l6);
+  CATCH_CHECK(c6 == 0);
+  CATCH_CHECK(eval_loss(l6) == loss);
+  fs::remove(dir + "/r");
   // More batches than the validation set holds: as many as it holds, said, not its windows over again.
   auto [c5, l5] = eval(dir + "/alone.lwc", "eval5", "1000000000");
   CATCH_INFO(l5);
