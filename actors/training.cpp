@@ -18,6 +18,7 @@
 #include "actors/run_setup.hpp"
 #include "config/config_loader.hpp"
 #include "models/cpu_kernels.hpp"
+#include "models/data/data_fingerprint.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
@@ -189,13 +190,30 @@ int run_training(const config::train_config& cfg, const run_options& opts, clust
   }
 }
 
-int run_eval(const std::string& checkpoint_path, int64_t batches) {
+int run_eval(const std::string& checkpoint_path, int64_t batches, const std::string& data_override) {
   bool loading = true;  // what fails while the named checkpoint is read is bad input, as for export
   try {
     auto [c, cfg] = load_named_checkpoint(checkpoint_path);
     loading = false;
     const auto p = resolve_paths(cfg);
-    auto data = find_or_prepare_data(cfg, corpus_path(cfg), p.data_dir);
+    std::string corpus;
+    if (data_override.empty()) {
+      corpus = corpus_path(cfg);
+    } else {
+      std::error_code ec;
+      if (!fs::exists(data_override, ec))
+        throw config::config_error("--data", "--data " + data_override + ": no such file or directory");
+      corpus = data_override;
+      const auto meta = parse_meta(c.meta);
+      if (const auto it = meta.find("data");
+          it != meta.end() && it->second != std::to_string(models::data::data_fingerprint(corpus)))
+        spdlog::warn(
+            "eval: --data {} is not the data the checkpoint's run read (its fingerprint differs): the "
+            "loss is over another validation set{}",
+            corpus,
+            cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
+    }
+    auto data = find_or_prepare_data(cfg, corpus, p.data_dir);
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
     const int64_t n_params = models::closed_form_param_count(spec);

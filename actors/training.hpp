@@ -71,7 +71,8 @@ comm::reduction_options reduction_options_from(const config::train_config& cfg);
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id);
 
 /// `longwave eval CHECKPOINT`: validation loss and perplexity of theta_global in a checkpoint file (or the
-/// newest valid one in a directory). Returns the exit code.
-int run_eval(const std::string& checkpoint_path, int64_t batches);
+/// newest valid one in a directory), on the validation set of its run's data, or of `data` (--data: the
+/// corpus where it is now; a fingerprint unlike the run's is warned about). Returns the exit code.
+int run_eval(const std::string& checkpoint_path, int64_t batches, const std::string& data = "");
 
 }  // namespace longwave::actors

@@ -45,6 +45,10 @@ CLI::App* add_eval(CLI::App& app, cli_values& v) {
       ->required();
   eval->add_option("--batches", v.batches, "Validation batches (default: the run's eval.batches)")
       ->check(CLI::PositiveNumber);
+  eval->add_option(
+      "--data", v.eval_data,
+      "The run's corpus (or directory of token shards) where it is now, instead of the data.path "
+      "the checkpoint names (default: that)");
   return eval;
 }
 

@@ -29,6 +29,7 @@ struct cli_values {
   // eval
   std::string ckpt;
   int64_t batches = 0;
+  std::string eval_data;  // eval --data
   // export
   export_options exp;
   // data prepare

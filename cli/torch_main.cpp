@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   if (const auto rc = run_tool(sub, v, argv[0])) return *rc;
   if (sub.run->parsed()) return cmd_run(v);
   if (sub.node->parsed()) return cmd_node(v);
-  if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches);
+  if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches, v.eval_data);
   if (sub.exp->parsed()) return export_checkpoint(v.exp);
   return 2;
 }

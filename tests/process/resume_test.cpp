@@ -407,6 +407,25 @@ CATCH_TEST_CASE(
   CATCH_CHECK(l4.find("using cached shards in " + dir + "/cache/longwave/eval-data/") != std::string::npos);
   CATCH_CHECK(eval_loss(l4) == loss);
   CATCH_CHECK_FALSE(fs::exists(dir + "/r"));
+  // The corpus moved (the run's default is gone): --data names where it is now, and the loss is the same.
+  fs::copy_file(corpus, dir + "/moved.txt");
+  const std::vector<std::string> moved_env{"XDG_CACHE_HOME=" + dir + "/cache",
+                                           "LONGWAVE_CORPUS=" + dir + "/gone.txt"};
+  auto gone = spawn({binary(), "eval", dir + "/alone.lwc"}, dir + "/eval-gone.log", false, moved_env);
+  CATCH_CHECK(wait_exit(gone, 300) == 2);  // the stored data.path (the default corpus) is not there
+  auto moved = spawn({binary(), "eval", dir + "/alone.lwc", "--data", dir + "/moved.txt"},
+                     dir + "/eval-moved.log", false, moved_env);
+  CATCH_CHECK(wait_exit(moved, 300) == 0);
+  const auto l7 = read_text(dir + "/eval-moved.log");
+  CATCH_INFO(l7);
+  CATCH_CHECK(eval_loss(l7) == loss);
+  CATCH_CHECK(l7.find("is not the data the checkpoint's run read") == std::string::npos);
+  fs::resize_file(dir + "/moved.txt", fs::file_size(dir + "/moved.txt") / 2);
+  auto halved = spawn({binary(), "eval", dir + "/alone.lwc", "--data", dir + "/moved.txt"},
+                      dir + "/eval-halved.log", false, moved_env);
+  CATCH_CHECK(wait_exit(halved, 300) == 0);
+  CATCH_CHECK(read_text(dir + "/eval-halved.log").find("is not the data the checkpoint's run read") !=
+              std::string::npos);
   // Its run's out_dir is a file now: the stored config's paths are where the run was, not checked here.
   write_text(dir + "/r", "not a directory any more\n");
   auto [c6, l6] = eval(dir + "/alone.lwc", "eval6");
