@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "config/train_config.hpp"
 
@@ -39,12 +41,26 @@ CLI::App* add_run(CLI::App& app, cli_values& v) {
   return run;
 }
 
+/// A whole number of at least 1: CLI::PositiveNumber's message names a double's range.
+CLI::Validator at_least_one() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stoll(text, &used) >= 1 && used == text.size()) return "";
+        } catch (const std::exception&) {
+        }
+        return text + " is not a whole number of at least 1";
+      },
+      "INT>=1");
+}
+
 CLI::App* add_eval(CLI::App& app, cli_values& v) {
   auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint's theta_global");
   eval->add_option("checkpoint", v.ckpt, "A .lwc checkpoint file or a checkpoint directory (newest valid)")
       ->required();
   eval->add_option("--batches", v.batches, "Validation batches (default: the run's eval.batches)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least_one());
   eval->add_option(
       "--data", v.eval_data,
       "The run's corpus (or directory of token shards) where it is now, instead of the data.path "
@@ -126,7 +142,7 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
       "A node not in the cluster file: its ring endpoint, tcp://HOST:PORT (joins a running cluster "
       "whose [cluster] open = true)");
   node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least_one());
   node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
   node->add_flag("--fresh", v.cluster_fresh,
                  "Start over: delete this node's checkpoints and loss trace first");

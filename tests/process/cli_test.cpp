@@ -175,7 +175,7 @@ CATCH_TEST_CASE("bad arguments exit 2 naming the option, and errors go to stderr
       {{"keys", "new", "--out", dir + "/keys", "--nodes", "a,,b"}, "node name '': names are 1..32"},
       {{"keys", "new", "--out", dir + "/keys", "--nodes", "a", "--nodes", "b,a"},
        "node name 'a': given twice"},
-      {{"eval", dir, "--batches", "0"}, "--batches"},
+      {{"eval", dir, "--batches", "0"}, "--batches: 0 is not a whole number of at least 1"},
       {{"run", "/dev/zero", "--dry-run"}, "not a regular file"},
   };
   int i = 0;
