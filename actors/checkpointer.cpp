@@ -27,8 +27,8 @@ struct checkpointer_state {
   std::unique_ptr<checkpoint_store> store;
   snapshot_shape shape;
   std::function<std::string()> lock_lost;
-  double slow_first_write_s =
-      0;  // LONGWAVE_FAULT_SLOW_CHECKPOINT_S (tests): the first write takes this long more
+  // LONGWAVE_FAULT_SLOW_CHECKPOINT_S (tests): the first write takes this long more.
+  double slow_first_write_s = 0;
 };
 
 /// Says in the log, once a minute, that a write is still running (a slow or hung disk, a suspended process):

@@ -52,8 +52,8 @@ run_lock::~run_lock() {
 }
 
 std::string run_lock::lost() const {
-  struct stat held {
-  }, named{};
+  struct stat held = {};
+  struct stat named = {};
   if (fd_ < 0 || ::fstat(fd_, &held) != 0) return "";
   if (::stat(path_.c_str(), &named) != 0)
     return "the lock file " + path_ + " is gone (" + std::strerror(errno) +

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/errors/errors.hpp"
 
 namespace fs = std::filesystem;
@@ -488,6 +489,16 @@ CATCH_TEST_CASE("A newest checkpoint that the caller's check refuses is skipped 
                                             }),
                           "another shape");
   CATCH_CHECK(seen == 1);
+}
+
+CATCH_TEST_CASE("A run lock says when its file is gone or another file took its path", "[checkpoint]") {
+  temp_dir tmp;
+  const longwave::runtime::run_lock lock(tmp.path.string());
+  CATCH_CHECK(lock.lost().empty());
+  fs::remove(lock.path());
+  CATCH_CHECK(contains(lock.lost(), "is gone"));
+  std::ofstream(lock.path()) << "a later run's lock\n";
+  CATCH_CHECK(contains(lock.lost(), "is another file now"));
 }
 
 CATCH_TEST_CASE("Bad settings and unwritable directories give clear errors", "[checkpoint]") {
