@@ -31,10 +31,15 @@ using namespace longwave::runtime;
 
 namespace {
 
-std::atomic<int> g_signals{0};
+std::atomic<int> g_signals{0};      // Ctrl-C and SIGTERM: the first stops with a checkpoint, a second exits
+std::atomic<bool> g_hangup{false};  // SIGHUP (the terminal closed; often sent twice): a stop, never an exit
 
-void on_signal(int) {
-  g_signals.fetch_add(1);
+void on_signal(int sig) {
+  std::signal(SIGPIPE, SIG_IGN);  // a log reader that went with the terminal must not kill the checkpoint
+  if (sig == SIGHUP)
+    g_hangup.store(true);
+  else
+    g_signals.fetch_add(1);
 }
 
 /// Logs rejected frames (the first 50, then every 1000th) and counts them by reason.
@@ -186,16 +191,18 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
   if (n >= 2) {
     std::string newest = "none";
     std::error_code ec;
-    if (std::filesystem::is_directory(g.ckpt_dir, ec))
+    if (const auto lost = g.lock_lost ? g.lock_lost() : std::string(); !lost.empty())
+      newest = "unknown: this run no longer holds its directory (" + lost + ")";
+    else if (std::filesystem::is_directory(g.ckpt_dir, ec))
       if (const auto files = checkpoint_store(g.ckpt_dir, 1 << 30).list(); !files.empty())
-        newest = files.back();
+        newest = files.back() + " (a rerun takes the newest valid one)";
     spdlog::warn(
-        "second interrupt: exiting at once, without this step's checkpoint; a rerun resumes from the "
-        "newest on disk: {}",
+        "second interrupt: exiting at once, without this step's checkpoint; newest checkpoint file "
+        "on disk: {}",
         newest);
     std::_Exit(130);
   }
-  if (n == 1 && !*stop_sent) {
+  if ((n == 1 || g_hangup.load()) && !*stop_sent) {
     spdlog::info(
         "interrupt: finishing the current inner step and saving a checkpoint (Ctrl-C again to abort)");
     self->send(g.coordinator, stop_atom_v);
@@ -220,6 +227,7 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
                         const run_options& opts, cluster_link& cluster, start_point start) {
   actor_graph g;
   g.ckpt_dir = p.ckpt_dir;
+  g.lock_lost = ctx->lock_lost;
   g.peers.metrics = spawn_metrics(sys, ctx->cfg, p, opts, cluster.place(), start.corrupt_checkpoints);
   auto comm_opts = communicator_options_for(ctx->cfg, cluster, g.peers.metrics);
   comm_opts.stage_mean = ctx->mean_on_device();
@@ -237,11 +245,15 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
 
 int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_options& opts,
                    cluster_link& cluster) {
+  using handler = void (*)(int);
+  handler before[3] = {SIG_DFL, SIG_DFL, SIG_DFL};
+  const int signals[3] = {SIGINT, SIGTERM, SIGHUP};
   if (opts.handle_signals) {
     g_signals = 0;
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
-    std::signal(SIGHUP, on_signal);  // the terminal closed: stop as for Ctrl-C, with a checkpoint
+    g_hangup = false;
+    // An ignored signal stays ignored (nohup's SIGHUP, a background job's SIGINT); the others stop the run.
+    for (int i = 0; i < 3; ++i)
+      if ((before[i] = std::signal(signals[i], on_signal)) == SIG_IGN) std::signal(signals[i], SIG_IGN);
   }
   int code = 1;
   {
@@ -259,11 +271,8 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
                           actor_cast<caf::actor>(g.peers.evaluator), actor_cast<caf::actor>(g.peers.metrics)})
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
-  if (opts.handle_signals) {
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-    std::signal(SIGHUP, SIG_DFL);
-  }
+  if (opts.handle_signals)
+    for (int i = 0; i < 3; ++i) std::signal(signals[i], before[i] == SIG_ERR ? SIG_DFL : before[i]);
   return code;
 }
 

@@ -4,6 +4,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include <functional>
 #include <memory>
 
 #include "actors/coordinator.hpp"
@@ -22,7 +23,8 @@ struct actor_graph {
   runtime::coordinator_actor coordinator;
   coordinator_peers peers;
   std::shared_ptr<comm::collective> collective;
-  std::string ckpt_dir;  ///< named when a second interrupt exits without its checkpoint
+  std::string ckpt_dir;                    ///< named when a second interrupt exits without its checkpoint
+  std::function<std::string()> lock_lost;  ///< run_context::lock_lost
 };
 
 /// Spawns the metrics sink, communicator (opts.communicator_override, else the real one over the cluster's

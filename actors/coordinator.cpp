@@ -80,7 +80,7 @@ void fail(self_ptr self, const caf::error& e) {
   std::string hint;
   if (e == caf::sec::request_timeout)  // a worker or actor silent past its deadline
     hint = fmt::format(
-        " (no answer within runtime.round_timeout_s = {} s for a round's inner steps, or "
+        " (no answer within runtime.round_timeout_s = {} s for a round, an evaluation or an all-reduce, or "
         "runtime.request_timeout_s = {} s for any other request: was the process suspended "
         "or the machine overloaded? Raise them for such runs)",
         s.ctx->cfg.runtime.round_timeout_s, s.ctx->cfg.runtime.request_timeout_s);

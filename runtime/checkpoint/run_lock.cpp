@@ -55,9 +55,12 @@ std::string run_lock::lost() const {
   struct stat held = {};
   struct stat named = {};
   if (fd_ < 0 || ::fstat(fd_, &held) != 0) return "";
-  if (::stat(path_.c_str(), &named) != 0)
+  if (::stat(path_.c_str(), &named) != 0) {
+    // Only a missing name is a lost lock; an I/O error (EIO, ESTALE) is the write's to report.
+    if (errno != ENOENT && errno != ENOTDIR) return "";
     return "the lock file " + path_ + " is gone (" + std::strerror(errno) +
            "): was the directory deleted or moved?";
+  }
   if (held.st_dev != named.st_dev || held.st_ino != named.st_ino)
     return "the lock file " + path_ +
            " is another file now: was the directory deleted or moved and made again?";

@@ -156,6 +156,39 @@ CATCH_TEST_CASE("a run whose terminal closes (SIGHUP) stops with a checkpoint, e
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a hangup sent twice still stops with a checkpoint, and under nohup a hangup is ignored",
+                "[process][resume]") {
+  const auto dir = scratch_dir("sighup-twice");
+  const auto cfg = config_file(dir, "r");
+  const std::vector<std::string> paced{binary(), "run", cfg, "--set", "train.pace_step_s=0.2"};
+  auto a = spawn(paced, dir + "/a.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/a.log", "step", 300));
+  CATCH_REQUIRE(kill(a.pid, SIGHUP) == 0);  // a closing terminal: bash's, then the kernel's
+  CATCH_REQUIRE(wait_for_text(dir + "/a.log", "interrupt: finishing the current inner step", 60));
+  CATCH_REQUIRE(kill(a.pid, SIGHUP) == 0);
+  CATCH_CHECK(wait_exit(a, 120) == 130);
+  const auto a_log = read_text(dir + "/a.log");
+  CATCH_INFO(a_log);
+  CATCH_CHECK(a_log.find("second interrupt") == std::string::npos);
+  CATCH_CHECK(a_log.find("stopped at inner step") != std::string::npos);
+  // nohup: SIGHUP stays ignored; Ctrl-C still stops it.
+  std::vector<std::string> under_nohup{"/usr/bin/nohup"};
+  under_nohup.insert(under_nohup.end(), paced.begin(), paced.end());
+  auto b = spawn(under_nohup, dir + "/b.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/b.log", "resuming from round", 300));
+  CATCH_REQUIRE(kill(b.pid, SIGHUP) == 0);
+  const auto at_hangup = read_trace(dir + "/r/loss_trace.tsv").size();
+  CATCH_REQUIRE(
+      wait_until([&] { return read_trace(dir + "/r/loss_trace.tsv").size() >= at_hangup + 3; }, 120));
+  CATCH_CHECK(read_text(dir + "/b.log").find("interrupt:") == std::string::npos);  // it trains on
+  CATCH_REQUIRE(kill(b.pid, SIGINT) == 0);
+  CATCH_CHECK(wait_exit(b, 120) == 130);
+  const auto b_log = read_text(dir + "/b.log");
+  CATCH_INFO(b_log);
+  CATCH_CHECK(occurrences(b_log, "interrupt: finishing the current inner step") == 1);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("with delayed outer steps a run SIGKILLed mid-way resumes exactly, pending average included",
                 "[process][resume][policy]") {
   const auto dir = scratch_dir("sigkill-delayed");
