@@ -271,8 +271,11 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
                           actor_cast<caf::actor>(g.peers.evaluator), actor_cast<caf::actor>(g.peers.metrics)})
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
-  if (opts.handle_signals)
+  if (opts.handle_signals) {
     for (int i = 0; i < 3; ++i) std::signal(signals[i], before[i] == SIG_ERR ? SIG_DFL : before[i]);
+    // The terminal is gone: the hangup it may send again while the process ends must not kill it (129).
+    if (g_hangup.load()) std::signal(SIGHUP, SIG_IGN);
+  }
   return code;
 }
 

@@ -166,6 +166,9 @@ CATCH_TEST_CASE("a hangup sent twice still stops with a checkpoint, and under no
   CATCH_REQUIRE(kill(a.pid, SIGHUP) == 0);  // a closing terminal: bash's, then the kernel's
   CATCH_REQUIRE(wait_for_text(dir + "/a.log", "interrupt: finishing the current inner step", 60));
   CATCH_REQUIRE(kill(a.pid, SIGHUP) == 0);
+  // And once more while the process ends (a zombie by then takes it without effect).
+  CATCH_REQUIRE(wait_for_text(dir + "/a.log", "stopped at inner step", 120));
+  kill(a.pid, SIGHUP);
   CATCH_CHECK(wait_exit(a, 120) == 130);
   const auto a_log = read_text(dir + "/a.log");
   CATCH_INFO(a_log);
