@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 
+#include "config/cluster_config.hpp"
 #include "models/data/bpe_tokenizer.hpp"
 #include "models/data/corpus.hpp"
 #include "models/data/file_io.hpp"
@@ -263,9 +264,7 @@ std::string data_cache_key(const std::string& input_path, config::tokenizer_kind
   const std::string text =
       fmt::format("{}\n{}\n{}\n{}", input, config::to_string(kind),
                   kind == config::tokenizer_kind::bpe ? bpe_vocab_size : 256, val_fraction);
-  uint64_t h = 14695981039346656037ull;  // FNV-1a
-  for (const unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return fmt::format("{:016x}", h);
+  return fmt::format("{:016x}", config::cluster_id_of(text));  // the project's one 64-bit FNV-1a
 }
 
 prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
