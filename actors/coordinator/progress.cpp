@@ -2,11 +2,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 
 #include "actors/cluster_link.hpp"
@@ -15,6 +11,7 @@
 #include "models/lr_schedule.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checksum/crc32c.hpp"
+#include "runtime/files/atomic_file.hpp"
 #include "runtime/json/json_pretty.hpp"
 #include "runtime/log/log.hpp"
 
@@ -255,25 +252,7 @@ std::string write_result(const coordinator_state& s, double wall) {
       .add("tokens", s.total_tokens())
       .add("seconds", std::round(wall * 1e3) / 1e3)  // milliseconds
       .add("train_seconds", std::round((wall - s.eval_s) * 1e3) / 1e3);
-  // A temporary file renamed over it: a reader never sees half of it, and a full disk leaves no empty one.
-  const std::string path = c.run.out_dir + "/result.json", tmp = path + ".tmp";
-  std::error_code ec;
-  {
-    errno = 0;
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.str() << '\n';
-    out.flush();
-    if (!out) {
-      const int err = errno;
-      std::filesystem::remove(tmp, ec);
-      return fmt::format("{}: {}", tmp, err != 0 ? std::strerror(err) : "write failed");
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (!ec) return {};
-  std::error_code ignored;
-  std::filesystem::remove(tmp, ignored);
-  return fmt::format("{}: {}", path, ec.message());
+  return runtime::write_atomically(c.run.out_dir + "/result.json", j.str() + "\n");
 }
 
 }  // namespace longwave::actors::coordinator_parts

@@ -5,10 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +22,7 @@
 #include "cli/report/records.hpp"
 #include "cli/report/run_charts.hpp"
 #include "cli/report/summary.hpp"
+#include "runtime/files/atomic_file.hpp"
 
 namespace longwave::cli::report {
 namespace {
@@ -374,24 +373,6 @@ std::optional<fs::path> page_path(const std::string& out, const std::vector<fs::
   return target;
 }
 
-/// Writes `page` to out through out.tmp; returns 0, or 1 after printing what failed.
-int write_page(const std::string& out, const std::string& page) {
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << page;
-    if (!f.flush()) {
-      fmt::print(stderr, "report: error: {}: cannot write: {}\n", tmp, std::strerror(errno));
-      return 1;
-    }
-  }
-  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
-    fmt::print(stderr, "report: error: {}: cannot write: {}\n", out, std::strerror(errno));
-    return 1;
-  }
-  return 0;
-}
-
 }  // namespace
 
 const char* page_css() {
@@ -440,7 +421,10 @@ int write(const std::string& run_dir, const std::string& out_path) {
   if (r.nodes.empty()) return error(fmt::format("{}: no node's metrics.jsonl holds a valid line", run_dir));
   find_time_span(r);
 
-  if (const int code = write_page(out->string(), assemble_page(r)); code != 0) return code;
+  if (const auto err = runtime::write_atomically(out->string(), assemble_page(r)); !err.empty()) {
+    fmt::print(stderr, "report: error: {}\n", err);
+    return 1;
+  }
   size_t n_records = 0;
   for (const auto& m : r.nodes) n_records += m.n_records;
   fmt::print("report: wrote {} ({} records from {} file{}{})\n", out_arg, n_records, r.nodes.size(),

@@ -6,11 +6,8 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -162,25 +159,6 @@ point_result recorded(const sweep_point& p) {
   const double code = json_number(doc, "exit_code");
   r.exit_code = std::isfinite(code) ? static_cast<int>(code) : -1;
   return r;
-}
-
-std::string write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f.flush()) {
-      const std::string e = fmt::format("{}: cannot write: {}", tmp, std::strerror(errno));
-      std::remove(tmp.c_str());
-      return e;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string e = fmt::format("{}: cannot rename to {}: {}", tmp, path, std::strerror(errno));
-    std::remove(tmp.c_str());
-    return e;
-  }
-  return {};
 }
 
 std::string write_results(const sweep_spec& s, const std::vector<point_result>& results) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/sweep/sweep_file.hpp"
+#include "runtime/files/atomic_file.hpp"
 
 namespace longwave::cli::sweep {
 
@@ -52,7 +53,6 @@ point_result recorded(const sweep_point& p);
 /// seconds, bytes sent, utilization, parameters, steps, log. Returns "" or what failed.
 std::string write_results(const sweep_spec& s, const std::vector<point_result>& results);
 
-/// Writes `text` to path through path.tmp and a rename. Returns "" or what failed.
-std::string write_atomically(const std::string& path, const std::string& text);
+using runtime::write_atomically;
 
 }  // namespace longwave::cli::sweep

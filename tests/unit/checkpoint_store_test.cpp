@@ -14,6 +14,7 @@
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/files/atomic_file.hpp"
 
 namespace fs = std::filesystem;
 using longwave::errc;
@@ -499,6 +500,30 @@ CATCH_TEST_CASE("A run lock says when its file is gone or another file took its 
   CATCH_CHECK(contains(lock.lost(), "is gone"));
   std::ofstream(lock.path()) << "a later run's lock\n";
   CATCH_CHECK(contains(lock.lost(), "is another file now"));
+}
+
+CATCH_TEST_CASE("A small file is replaced whole or left as it was, never with a .tmp beside it",
+                "[checkpoint]") {
+  using longwave::runtime::write_atomically;
+  temp_dir tmp;
+  const fs::path f = tmp.path / "result.json";
+  CATCH_CHECK(write_atomically(f.string(), "first\n").empty());
+  CATCH_CHECK(write_atomically(f.string(), "second\n").empty());
+  std::ifstream in(f);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CATCH_CHECK(text == "second\n");
+  CATCH_CHECK_FALSE(fs::exists(tmp.path / "result.json.tmp"));
+
+  // A directory in the way: the rename fails, the error names both paths and the temporary file is gone.
+  fs::create_directory(tmp.path / "dir");
+  fs::create_directory(tmp.path / "dir" / "inside");
+  const std::string e = write_atomically((tmp.path / "dir").string(), "x");
+  CATCH_CHECK(
+      contains(e, "cannot rename " + (tmp.path / "dir.tmp").string() + " to " + (tmp.path / "dir").string()));
+  CATCH_CHECK_FALSE(fs::exists(tmp.path / "dir.tmp"));
+  // No such directory: the open fails, naming the temporary file.
+  CATCH_CHECK(contains(write_atomically((tmp.path / "no" / "f").string(), "x"),
+                       (tmp.path / "no" / "f.tmp").string()));
 }
 
 CATCH_TEST_CASE("Bad settings and unwritable directories give clear errors", "[checkpoint]") {
