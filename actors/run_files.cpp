@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -288,9 +290,7 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
   checkpoint_store store(path, 1 << 30);
   auto c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); },
                              [&](checkpoint& each) {
-                               const auto* theta = each.find("theta");
-                               if (!theta || theta->size == 0 || theta->size % sizeof(float) != 0)
-                                 throw lw_error(errc::corrupt_checkpoint, "no theta of whole fp32 values");
+                               (void)theta_blob(each, "it");
                                try {
                                  cfg = config_of(each, "its meta");
                                } catch (const config::config_error& e) {
@@ -299,6 +299,29 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
                              });
   if (!c) throw lw_error(errc::io_error, path + ": no checkpoint in this directory");
   return {std::move(*c), std::move(*cfg)};
+}
+
+const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
+                                           int64_t n_params) {
+  const auto* b = c.find("theta");
+  if (!b || b->size == 0 || b->size % sizeof(float) != 0)
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("{}: no theta of whole fp32 values in the checkpoint of round {}", path, c.round));
+  if (n_params > 0 && b->size != static_cast<size_t>(n_params) * sizeof(float))
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("{}: theta of round {} holds {} values, the model of its config has {} parameters", path,
+                    c.round, b->size / sizeof(float), n_params));
+  return *b;
+}
+
+void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out) {
+  const auto& b = theta_blob(c, path);
+  std::memcpy(out, b.data, b.size);
+  if (!std::all_of(out, out + b.size / sizeof(float), [](float x) { return std::isfinite(x); }))
+    throw lw_error(errc::corrupt_checkpoint,
+                   fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, c.round));
 }
 
 }  // namespace longwave::actors

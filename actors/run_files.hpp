@@ -55,6 +55,15 @@ struct named_checkpoint {
 /// file's config is invalid.
 named_checkpoint load_named_checkpoint(const std::string& path);
 
+/// A checkpoint's theta_global (blob "theta"), checked to hold whole fp32 values, `n_params` of them when it
+/// is positive. Throws lw_error(corrupt_checkpoint) naming `path` and the round.
+const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
+                                           int64_t n_params = 0);
+
+/// Copies theta_blob's values into `out` (the blob's bytes need not be float-aligned); refuses NaN or
+/// infinity with lw_error(corrupt_checkpoint).
+void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out);
+
 /// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.
 void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start);
 

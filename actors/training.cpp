@@ -217,22 +217,11 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
     const int64_t n_params = models::closed_form_param_count(spec);
-    const auto* blob = c.find("theta");
-    if (!blob || blob->size != static_cast<size_t>(n_params) * sizeof(float))
-      throw lw_error(
-          errc::corrupt_checkpoint,
-          fmt::format("checkpoint of round {}: theta holds {} bytes, the model of its config has {} "
-                      "parameters ({} bytes)",
-                      c.round, blob ? blob->size : 0, n_params, n_params * 4));
+    (void)theta_blob(c, checkpoint_path, n_params);  // its size, before the copy
     at::Tensor theta = at::empty({n_params}, at::kFloat);
-    std::memcpy(theta.data_ptr(), blob->data, blob->size);  // a copy: the blob's bytes need not be aligned
+    copy_theta(c, checkpoint_path, theta.data_ptr<float>());
     auto val = models::data::read_shard(data.val_path);
     models::data::check_token_ids(val, spec.vocab_size, data.val_path);
-    if (!at::isfinite(theta).all().item<bool>())
-      throw lw_error(errc::corrupt_checkpoint,
-                     fmt::format("checkpoint of round {}: theta_global holds NaN or "
-                                 "infinite values",
-                                 c.round));
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
     model.load_flat(theta);
     int64_t n = batches > 0 ? batches : cfg.eval.batches;

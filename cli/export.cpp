@@ -57,21 +57,15 @@ models::model_spec spec_for(const config::train_config& cfg, int64_t n_theta, co
 /// Throws lw_error (io_error, corrupt_checkpoint) or config_error: all bad input.
 exported_model load(const std::string& path) {
   auto named = actors::load_named_checkpoint(path);
-  const auto* blob = named.ckpt.find("theta");
-  if (!blob || blob->size % sizeof(float) != 0)
-    throw lw_error(errc::corrupt_checkpoint, path + ": no theta of whole fp32 values in this checkpoint");
+  const auto& blob = actors::theta_blob(named.ckpt, path);
   exported_model m;
-  m.spec = spec_for(named.cfg, static_cast<int64_t>(blob->size / sizeof(float)), path);
+  m.spec = spec_for(named.cfg, static_cast<int64_t>(blob.size / sizeof(float)), path);
   const auto meta = runtime::parse_meta(named.ckpt.meta);
   if (const auto it = meta.find("preset"); it != meta.end() && it->second != models::model_label(m.spec))
     throw lw_error(errc::corrupt_checkpoint, fmt::format("{}: meta names model '{}', its config gives '{}'",
                                                          path, it->second, models::model_label(m.spec)));
-  m.theta.resize(blob->size / sizeof(float));  // a copy: the blob's bytes need not be float-aligned
-  std::memcpy(m.theta.data(), blob->data, blob->size);
-  if (!std::all_of(m.theta.begin(), m.theta.end(), [](float x) { return std::isfinite(x); }))
-    throw lw_error(
-        errc::corrupt_checkpoint,
-        fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, named.ckpt.round));
+  m.theta.resize(blob.size / sizeof(float));
+  actors::copy_theta(named.ckpt, path, m.theta.data());
   m.cfg = std::move(named.cfg);
   m.round = named.ckpt.round;
   m.step = named.ckpt.step;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
@@ -262,6 +263,33 @@ CATCH_TEST_CASE(
     CATCH_CHECK(c3 == 0);
     CATCH_CHECK(read_text(exp + "/model.safetensors") == before);
     CATCH_CHECK(!fs::exists(exp + "/model.safetensors.tmp"));
+  }
+  // A theta with a NaN in it, and one a value short: eval and export refuse both as bad input (exit 2).
+  for (const bool with_nan : {true, false}) {
+    auto c = longwave::runtime::checkpoint_store::load_file(
+        longwave::runtime::checkpoint_store(ckpt_dir, 100).list().back());
+    for (auto& b : c.blobs) {
+      if (b.name != "theta") continue;
+      if (with_nan) {
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        std::memcpy(b.storage.data() + sizeof(float), &nan, sizeof nan);
+      } else {
+        b.storage.resize(b.storage.size() - sizeof(float));
+        b.size = b.storage.size();
+      }
+      b.data = b.storage.data();
+    }
+    const std::string bad = dir + (with_nan ? "/nan" : "/short");
+    longwave::runtime::checkpoint_store(bad, 1).write(c);
+    const auto [ce, oe] = run({binary(), "eval", bad}, bad + "-eval.log", 300);
+    CATCH_INFO(oe);
+    CATCH_CHECK(ce == 2);
+    CATCH_CHECK(oe.find(with_nan ? "holds NaN or infinite values" : "parameters") != std::string::npos);
+    const auto [cx, ox] = run({binary(), "export", bad, "--out", bad + "-hf"}, bad + "-export.log", 120);
+    CATCH_INFO(ox);
+    CATCH_CHECK(cx == 2);
+    CATCH_CHECK(ox.find(with_nan ? "holds NaN or infinite values" : "no vocabulary") != std::string::npos);
+    CATCH_CHECK(!fs::exists(bad + "-hf/model.safetensors"));
   }
   fs::remove_all(dir);
 }
