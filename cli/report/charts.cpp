@@ -9,18 +9,47 @@
 
 namespace longwave::cli::report {
 
+namespace {
+
+/// The length of the well-formed UTF-8 sequence at the start of `s` (1 to 4), or 0 when it is not one:
+/// a stray continuation byte, a cut sequence, an overlong form, a surrogate or a code point past U+10FFFF.
+size_t utf8_length(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  const size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+  if (n == 0 || c > 0xF4 || s.size() < n) return 0;
+  for (size_t i = 1; i < n; ++i)
+    if ((b(i) & 0xC0) != 0x80) return 0;
+  if ((c == 0xE0 && b(1) < 0xA0) || (c == 0xED && b(1) > 0x9F) || (c == 0xF0 && b(1) < 0x90) ||
+      (c == 0xF4 && b(1) > 0x8F))
+    return 0;
+  return n;
+}
+
+}  // namespace
+
 std::string html_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (const char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+  while (!s.empty()) {
+    const char c = s.front();
+    const size_t n = utf8_length(s);
+    if (n > 1) {
+      out.append(s.data(), n);
+    } else if (n == 0 || (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') || c == 0x7F) {
+      out += "\xEF\xBF\xBD";  // U+FFFD for a byte that is not UTF-8 text: the page stays valid
+    } else {
+      switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&quot;"; break;
+        case '\'': out += "&#39;"; break;
+        default: out += c;
+      }
     }
+    s.remove_prefix(n == 0 ? 1 : n);
   }
   return out;
 }

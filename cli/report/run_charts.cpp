@@ -124,11 +124,21 @@ void add_worker_lines(run_chart_set& c, const node_metrics& m, const std::string
   }
   // One color per worker in both charts: distinct colors for one node; in a cluster, shades of the
   // node's color, so a node reads the same in every chart.
+  // A node's first 64 workers are drawn; the legend names how many more there are (a page stays readable).
+  constexpr size_t most_drawn = 64;
   size_t k = 0;
   for (auto& [id, lines] : per_worker) {
+    if (k == most_drawn) {
+      series more(
+          fmt::format("{}{} more workers, not drawn", cluster ? m.name + ": " : "", per_worker.size() - k),
+          "#999999");
+      c.util.lines.push_back(more);
+      c.stall.lines.push_back(std::move(more));
+      break;
+    }
     auto& [u, st] = lines;
     u.name = st.name = cluster ? fmt::format("{} w{}", m.name, id) : fmt::format("worker {}", id);
-    const double n_w = static_cast<double>(per_worker.size());
+    const double n_w = static_cast<double>(std::min(per_worker.size(), most_drawn));
     u.color = st.color =
         cluster ? shade(node_color, n_w > 1 ? -0.35 + 0.75 * static_cast<double>(k) / (n_w - 1) : 0)
                 : color(k);

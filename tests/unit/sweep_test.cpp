@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/report/charts.hpp"
 #include "cli/sweep/fit.hpp"
 #include "cli/sweep/results.hpp"
 #include "cli/sweep/runner.hpp"
@@ -354,4 +355,21 @@ CATCH_TEST_CASE("sweep results are one row per point in CSV and JSONL, and fits 
   CATCH_CHECK_THAT(lines[1], Contains("not fitted: 2 distinct sizes"));
   CATCH_CHECK(fits.tokens.size() == 5);  // L(D) per group and size that finished
   CATCH_CHECK_THAT(fits_json(fits), Contains("\"alpha\":"));
+}
+
+CATCH_TEST_CASE("text on a page is escaped and anything that is not UTF-8 text becomes U+FFFD",
+                "[unit][report]") {
+  using longwave::cli::report::html_escape;
+  const std::string r = "\xEF\xBF\xBD";
+  CATCH_CHECK(html_escape("a<b>&\"'") == "a&lt;b&gt;&amp;&quot;&#39;");
+  CATCH_CHECK(html_escape("λ → 🙂 ok\tx\n") == "λ → 🙂 ok\tx\n");  // 2-, 3- and 4-byte forms kept
+  CATCH_CHECK(html_escape("a\xFF"
+                          "b") == "a" + r + "b");                                     // never a UTF-8 byte
+  CATCH_CHECK(html_escape("\x80x") == r + "x");                                       // stray continuation
+  CATCH_CHECK(html_escape("\xC3") == r);                                              // cut at the end
+  CATCH_CHECK(html_escape("\xE2\x82x") == r + r + "x");                               // cut in the middle
+  CATCH_CHECK(html_escape("\xC0\xAF") == r + r);                                      // overlong '/'
+  CATCH_CHECK(html_escape("\xED\xA0\x80") == r + r + r);                              // a surrogate
+  CATCH_CHECK(html_escape("\xF4\x90\x80\x80") == r + r + r + r);                      // past U+10FFFF
+  CATCH_CHECK(html_escape(std::string("a\0b\x1b\x7f", 5)) == "a" + r + "b" + r + r);  // controls
 }
