@@ -34,6 +34,12 @@ namespace {
 std::atomic<int> g_signals{0};      // Ctrl-C and SIGTERM: the first stops with a checkpoint, a second exits
 std::atomic<bool> g_hangup{false};  // SIGHUP (the terminal closed; often sent twice): a stop, never an exit
 
+/// After an interrupted run's checkpoint: another Ctrl-C or SIGTERM while the process ends exits with 130 at
+/// once (the default action would end it "killed by a signal" instead of the documented exit code).
+void on_late_signal(int /*sig*/) {
+  std::_Exit(130);
+}
+
 void on_signal(int sig) {
   std::signal(SIGPIPE, SIG_IGN);  // a log reader that went with the terminal must not kill the checkpoint
   if (sig == SIGHUP)
@@ -272,7 +278,12 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   if (opts.handle_signals) {
-    for (int i = 0; i < 3; ++i) std::signal(signals[i], before[i] == SIG_ERR ? SIG_DFL : before[i]);
+    const bool stopped = code == 130;  // its checkpoint is on disk
+    for (int i = 0; i < 3; ++i) {
+      handler h = before[i] == SIG_ERR ? SIG_DFL : before[i];
+      if (stopped && h != SIG_IGN && signals[i] != SIGHUP) h = on_late_signal;
+      std::signal(signals[i], h);
+    }
     // The terminal is gone: the hangup it may send again while the process ends must not kill it (129).
     if (g_hangup.load()) std::signal(SIGHUP, SIG_IGN);
   }

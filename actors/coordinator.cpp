@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <utility>
 
 #include "actors/coordinator/state.hpp"
 #include "actors/worker.hpp"
@@ -275,15 +276,18 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
       return save_then_continue(self);
     }
     s.eval_running = true;
+    s.eval_round = round;
     self->request(s.peers.evaluator, s.round_timeout, eval_atom_v, theta.clone(), cfg.eval.batches)
         .then(
             [=](double loss) {
               self->state.eval_running = false;
               on_eval(self, round, step, loss);
+              if (auto k = std::exchange(self->state.after_eval, {})) k();
             },
             [=](caf::error& e) {
               self->state.eval_running = false;
               spdlog::warn("evaluation of round {} not done: {}", round, describe(e));
+              if (auto k = std::exchange(self->state.after_eval, {})) k();
             });
     return save_then_continue(self);
   }

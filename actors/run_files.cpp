@@ -53,17 +53,19 @@ bool report_stray_files(const checkpoint_store& store) {
   return !strays.empty();
 }
 
-/// A boundary checkpoint at or past train.rounds: the run is done (a mid-round one has rounds left).
+/// A checkpoint of train.rounds completed rounds or more: the run is done. One inside a later round
+/// (train.rounds was lowered) is done too: its theta_global is that of a completed round past the end.
 bool run_complete(const train_snapshot& snap, const config::train_config& cfg) {
   // async: train.rounds counts versions (and async.tokens may end the run first); a node's rounds are its
-  // own.
+  // own, so a replica in the middle of one still has steps to do.
   const bool async = cfg.diloco.outer == config::outer_policy_kind::async;
   const bool tokens_done =
       async && cfg.async.tokens > 0 && snap.merged_tokens >= static_cast<uint64_t>(cfg.async.tokens);
   if ((async ? snap.version : snap.round) < static_cast<uint64_t>(cfg.train.rounds) && !tokens_done)
     return false;
-  for (const auto& r : snap.replicas)
-    if (r.steps_in_round != 0) return false;
+  if (async)
+    for (const auto& r : snap.replicas)
+      if (r.steps_in_round != 0) return false;
   return true;
 }
 
@@ -100,9 +102,13 @@ std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t m
 /// Nothing to train: says so, and how to get the final validation loss when result.json is missing.
 void report_complete(const config::train_config& cfg, const run_paths& p, const train_snapshot& snap) {
   spdlog::info(
-      "run complete: {} already holds round {} of train.rounds = {} (inner step {}); nothing to train. "
+      "run complete: {} already holds round {} of train.rounds = {} (inner step {}{}); nothing to train. "
       "Raise train.rounds to train more rounds, or pass --fresh to start over",
-      p.out_dir, snap.round, cfg.train.rounds, snap.step);
+      p.out_dir, snap.round, cfg.train.rounds, snap.step,
+      !snap.replicas.empty() && snap.replicas[0].steps_in_round != 0
+          ? fmt::format(", {} steps into round {}, which is past the end", snap.replicas[0].steps_in_round,
+                        snap.round + 1)
+          : std::string());
   if (!fs::exists(fs::path(p.out_dir) / "result.json"))
     spdlog::warn(
         "{} has no result.json (the run ended before writing it); `longwave eval {}` gives the final "
@@ -135,7 +141,7 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
   }
   checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
   const auto not_this_run = [&](const std::string& what) {
-    return lw_error(errc::corrupt_checkpoint,
+    return lw_error(errc::checkpoint_mismatch,
                     fmt::format("{} (start over with --fresh, which removes every checkpoint in {}, "
                                 "or use another out_dir)",
                                 what, p.ckpt_dir));

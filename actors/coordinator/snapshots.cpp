@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
@@ -218,9 +219,11 @@ void stop_now(self_ptr self, bool boundary) {
                boundary ? "round boundary" : "mid-round");
   // The evaluator cannot be interrupted mid-batch: the process ends once its evaluation in flight has.
   if (s.eval_running)
-    spdlog::info("stopping: an evaluation ([eval] async) is in flight; the process ends when it does");
+    spdlog::info(
+        "stopping: the evaluation of round {} ([eval] async) is in flight; the process ends when it does",
+        s.eval_round);
   auto exit_after = [=](uint64_t step) {
-    return [=] {
+    std::function<void()> finish = [=] {
       flush_then(self, [=] {
         if (self->state.ph == phase::failed) return;
         if (self->state.failed_writes > 0)
@@ -231,6 +234,13 @@ void stop_now(self_ptr self, bool boundary) {
         if (!set_phase(self, phase::done)) return;
         notify_main(self, 130);
       });
+    };
+    // An evaluation in flight is waited for, so that its record is in metrics.jsonl before the flush.
+    return [=] {
+      if (self->state.eval_running)
+        self->state.after_eval = finish;
+      else
+        finish();
     };
   };
   if (saved) return exit_after(static_cast<uint64_t>(s.last_step))();

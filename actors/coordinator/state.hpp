@@ -146,7 +146,9 @@ struct coordinator_state {
   // All-reduces running in the background and their averages not yet applied (the policies' bookkeeping).
   inflight_reduces reduces;
   double round_stall_s = 0;   // seconds the workers of the current round waited for a late average
-  bool eval_running = false;  // [eval] async: an evaluation is in flight
+  bool eval_running = false;  // [eval] async: an evaluation is in flight, of round eval_round
+  uint64_t eval_round = 0;
+  std::function<void()> after_eval;  // a stop waiting for that evaluation's record before the process ends
   // Checkpoints on disk: the newest written ("" before any), the consecutive failed writes and the last
   // failure's reason. A failed latest write means the run's current state is not on disk.
   std::string newest_on_disk;

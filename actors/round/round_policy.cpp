@@ -1,7 +1,9 @@
 #include "actors/round/round_policy.hpp"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors {
@@ -21,7 +23,25 @@ void round_policy::on_merge(const runtime::merge_order& order) {
                order.version, engine_.context().cfg.diloco.outer);
 }
 
+void round_policy::warn_unsynced_fragments(const runtime::train_snapshot& snap) const {
+  const auto& cfg = engine_.context().cfg;
+  if (cfg.diloco.outer == config::outer_policy_kind::streaming) return;
+  const auto meta = runtime::parse_meta(snap.meta);
+  if (const auto it = meta.find("outer"); it == meta.end() || it->second != "streaming") return;
+  size_t differ = 0;
+  for (const auto& r : snap.replicas)
+    differ += r.master.defined() && r.master.sizes() == snap.theta.sizes() &&
+              !at::equal(r.master.to(snap.theta.scalar_type()), snap.theta);
+  if (differ == 0) return;
+  spdlog::warn(
+      "the checkpoint is from a diloco.outer = \"streaming\" run: {} of its {} workers hold inner steps of "
+      "fragments not yet synchronized; this run is diloco.outer = \"{}\", which starts every round from "
+      "theta_global, so those steps are dropped",
+      differ, snap.replicas.size(), cfg.diloco.outer);
+}
+
 caf::error round_policy::resume_from(runtime::train_snapshot& snap) {
+  warn_unsynced_fragments(snap);
   if (snap.pending.defined())
     spdlog::warn(
         "the checkpoint holds the unapplied average of round {} from a delayed or eager run; this run is "

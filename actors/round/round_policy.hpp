@@ -73,6 +73,10 @@ class round_policy {
   virtual std::string describe(const ring_label& label) const;
 
  protected:
+  /// A checkpoint of a streaming run holds, per worker, inner steps of fragments not yet synchronized; a
+  /// policy that starts every round from theta_global drops them, and says so.
+  void warn_unsynced_fragments(const runtime::train_snapshot& snap) const;
+
   /// A whole DiLoCo round: every worker runs H inner steps from its starting theta (reset: loaded first);
   /// then k gets the round and the workers' pseudo-gradients in rank order, unless a stop came meanwhile.
   void run_inner_round(bool reset, std::function<void(uint64_t, std::vector<at::Tensor>)> k);

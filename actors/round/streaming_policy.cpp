@@ -8,6 +8,7 @@
 
 #include "actors/round/round_policy.hpp"
 #include "actors/round/streaming_schedule.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
 
@@ -46,17 +47,22 @@ class streaming_policy final : public round_policy {
     round_policy::resume_from(snap);
     // The workers count segments themselves; the policy continues the round's schedule from here.
     pos_ = snap.replicas[0].steps_in_round;
-    if (!streaming_resumable_at(shape_, pos_))
+    if (!streaming_resumable_at(shape_, pos_)) {
+      const auto meta = runtime::parse_meta(snap.meta);
+      const auto it = meta.find("outer");
+      const bool was_streaming = it != meta.end() && it->second == "streaming";
       return runtime::make_error(
           errc::invalid_config,
-          fmt::format("the checkpoint stopped at inner step {} of its round, {}; resume with the policy it "
-                      "was written with, or start over with --fresh",
+          fmt::format("the checkpoint stopped at inner step {} of its round, {}; resume with the {} it was "
+                      "written with, or start over with --fresh",
                       pos_,
                       pos_ >= shape_.h ? "after its last step but before its average: diloco.outer = "
                                          "\"streaming\" has no such point"
                                        : fmt::format("which is not a fragment sync point of diloco.outer = "
                                                      "\"streaming\" (every {} steps)",
-                                                     shape_.period())));
+                                                     shape_.period()),
+                      was_streaming ? "train.inner_steps, diloco.fragments and diloco.tau" : "policy"));
+    }
     for (auto& r : snap.replicas) r.steps_in_round = 0;
     return {};
   }

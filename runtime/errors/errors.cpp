@@ -25,6 +25,7 @@ const char* to_string(errc e) {
     case errc::evicted: return "evicted";
     case errc::not_announced: return "not_announced";
     case errc::dir_lost: return "dir_lost";
+    case errc::checkpoint_mismatch: return "checkpoint_mismatch";
   }
   return "unknown";
 }

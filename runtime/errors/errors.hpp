@@ -9,21 +9,22 @@ namespace longwave {
 /// Expected failures. Registered with CAF in runtime/messages/type_ids.hpp.
 enum class errc : uint8_t {
   none = 0,
-  invalid_config,      ///< user config rejected (CLI exits 2)
-  io_error,            ///< file could not be read or written
-  corrupt_checkpoint,  ///< checksum, size or magic mismatch
-  corrupt_data,        ///< corpus, token shard or tokenizer file malformed (bad input: the CLI exits 2)
-  deadline_missed,     ///< a request timed out
-  stale_round,         ///< a message for a round that is over
-  peer_lost,           ///< a peer or local worker went away
-  malformed_frame,     ///< a wire frame failed validation
-  torch_error,         ///< a c10::Error caught at an actor boundary
-  cancelled,           ///< stopped by the user (Ctrl-C)
-  diverged,            ///< training produced NaN or infinite values
-  illegal_transition,  ///< a bug: the coordinator tried a move its state machine forbids
-  evicted,             ///< this node was removed from its cluster's membership
-  not_announced,       ///< the cluster's master does not know this node (it restarted): say hello again
-  dir_lost,            ///< the run's directory lock was removed or replaced: another run may own it now
+  invalid_config,       ///< user config rejected (CLI exits 2)
+  io_error,             ///< file could not be read or written
+  corrupt_checkpoint,   ///< checksum, size or magic mismatch
+  corrupt_data,         ///< corpus, token shard or tokenizer file malformed (bad input: the CLI exits 2)
+  deadline_missed,      ///< a request timed out
+  stale_round,          ///< a message for a round that is over
+  peer_lost,            ///< a peer or local worker went away
+  malformed_frame,      ///< a wire frame failed validation
+  torch_error,          ///< a c10::Error caught at an actor boundary
+  cancelled,            ///< stopped by the user (Ctrl-C)
+  diverged,             ///< training produced NaN or infinite values
+  illegal_transition,   ///< a bug: the coordinator tried a move its state machine forbids
+  evicted,              ///< this node was removed from its cluster's membership
+  not_announced,        ///< the cluster's master does not know this node (it restarted): say hello again
+  dir_lost,             ///< the run's directory lock was removed or replaced: another run may own it now
+  checkpoint_mismatch,  ///< a valid checkpoint of another run's shape (workers, model, mode): not this run's
 };
 
 /// Human-readable name of an errc value.

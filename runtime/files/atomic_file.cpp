@@ -40,7 +40,7 @@ std::string write_atomically(const std::string& path, std::string_view text) {
   }
   if (::close(fd) != 0) return failed(tmp, tmp + ": cannot write", errno);
   if (::rename(tmp.c_str(), path.c_str()) != 0)
-    return failed(tmp, "cannot rename " + tmp + " to " + path, errno);
+    return failed(tmp, path + ": cannot rename " + tmp + " over it", errno);
   return {};
 }
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 
@@ -226,6 +227,32 @@ CATCH_TEST_CASE("a finished run started again trains nothing, and raising train.
   const auto trace = read_trace(dir + "/run/loss_trace.tsv");
   CATCH_CHECK(trace.size() == 25);
   CATCH_CHECK(trace.back().first == 25);
+
+  // A checkpoint inside round 6 (a run with more rounds stopped there) is past train.rounds = 5 too: the run
+  // is complete, and round 6 is not finished.
+  runtime::checkpoint_store store(dir + "/run/checkpoints", 100);
+  auto mid = runtime::checkpoint_store::load_file(store.list().back());
+  CATCH_REQUIRE(mid.round == 5);
+  int replicas = 0;
+  for (auto& b : mid.blobs) {
+    if (b.name.find("/counters") == std::string::npos) continue;
+    CATCH_REQUIRE(b.storage.size() == 3 * sizeof(int64_t));
+    const int64_t steps_in_round = 2;
+    std::memcpy(b.storage.data() + 2 * sizeof(int64_t), &steps_in_round, sizeof steps_in_round);
+    b.data = b.storage.data();
+    ++replicas;
+  }
+  CATCH_REQUIRE(replicas > 0);
+  mid.step += 2;
+  store.write(mid);
+  const auto with_mid = store.list();
+  auto [code4, log4] = run(args({binary(), "run", cfg}, {"train.rounds=5"}), dir + "/4.log", 300);
+  CATCH_INFO(log4);
+  CATCH_CHECK(code4 == 0);
+  CATCH_CHECK(log4.find("round 5 of train.rounds = 5 (inner step 27, 2 steps into round 6, which is past the "
+                        "end); nothing to train") != std::string::npos);
+  CATCH_CHECK(read_trace(dir + "/run/loss_trace.tsv").size() == 25);
+  CATCH_CHECK(runtime::checkpoint_store(dir + "/run/checkpoints", 100).list() == with_mid);
   fs::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 
 #include "tests/support/process.hpp"
 
@@ -49,6 +50,13 @@ std::vector<std::string> checkpoints(const std::string& dir) {
     if (e.path().extension() == ".lwc") out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+/// The log line of round r's evaluation (a run of 12 rounds).
+std::string fmt_eval_line(long r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "eval  %3ld/12 |", r);
+  return buf;
 }
 
 /// The first number after `prefix` in text, or -1.
@@ -506,4 +514,87 @@ CATCH_TEST_CASE(
     "[process][resume][policy][sparse]") {
   check_sparse_resume("sigkill-sparse-shared", {"comm.dtype=sparse", "comm.density=0.05",
                                                 "comm.sparse_indices=shared", "comm.ef_decay=0.5"});
+}
+
+CATCH_TEST_CASE(
+    "a streaming run's checkpoint resumed by another policy says its unsynchronized steps are dropped",
+    "[process][resume][policy]") {
+  const auto dir = scratch_dir("streaming-to-sync");
+  const auto cfg = config_file(dir, "r");
+  const std::vector<std::string> streaming{
+      "--set", "train.inner_steps=4", "--set", "diloco.outer=\"streaming\"",
+      "--set", "diloco.fragments=2",  "--set", "diloco.tau=1"};
+  auto with = [&](std::vector<std::string> a, const std::vector<std::string>& more) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  auto [c1, l1] =
+      run(with({binary(), "run", cfg, "--set", "train.rounds=2"}, streaming), dir + "/1.log", 300);
+  CATCH_INFO(l1);
+  CATCH_REQUIRE(c1 == 0);
+  const std::string dropped = "hold inner steps of fragments not yet synchronized";
+  // Streaming again: nothing is dropped, nothing said.
+  auto [c2, l2] =
+      run(with({binary(), "run", cfg, "--set", "train.rounds=3"}, streaming), dir + "/2.log", 300);
+  CATCH_INFO(l2);
+  CATCH_REQUIRE(c2 == 0);
+  CATCH_CHECK(l2.find(dropped) == std::string::npos);
+  // Sync starts every round from theta_global: it says what it drops.
+  auto [c3, l3] = run({binary(), "run", cfg, "--set", "train.rounds=4", "--set", "train.inner_steps=4"},
+                      dir + "/3.log", 300);
+  CATCH_INFO(l3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(l3.find("the checkpoint is from a diloco.outer = \"streaming\" run: 2 of its 2 workers " +
+                      dropped) != std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("signals that come while an interrupted run ends still end it with exit 130",
+                "[process][resume]") {
+  const auto dir = scratch_dir("late-signal");
+  const auto cfg = config_file(dir, "r");
+  auto a = spawn({binary(), "run", cfg, "--set", "train.pace_step_s=0.2"}, dir + "/a.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/a.log", "step", 300));
+  CATCH_REQUIRE(kill(a.pid, SIGINT) == 0);
+  CATCH_REQUIRE(wait_for_text(dir + "/a.log", "stopped at inner step", 120));
+  // SIGTERM after SIGTERM until it is gone: one lands after the run's handlers are put back. Killed by the
+  // signal (the default action) would be a wait status without an exit code.
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (waitpid(a.pid, &status, WNOHANG) != a.pid) {
+    CATCH_REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120));
+    kill(a.pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CATCH_INFO(read_text(dir + "/a.log"));
+  CATCH_CHECK(WIFEXITED(status));
+  CATCH_CHECK((WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) == 130);
+  CATCH_CHECK_FALSE(checkpoints(dir + "/r/checkpoints").empty());
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a stop waits for the evaluation in flight and records it", "[process][resume]") {
+  const auto dir = scratch_dir("stop-eval");
+  const auto cfg = config_file(dir, "r");
+  // Every round's evaluation runs beside the training ([eval] async) and outlasts a paced round.
+  auto a = spawn({binary(), "run", cfg, "--set", "eval.every_rounds=1", "--set", "eval.async=true", "--set",
+                  "eval.batches=400", "--set", "metrics.enabled=true", "--set", "train.pace_step_s=0.05"},
+                 dir + "/a.log");
+  const auto jsonl = dir + "/r/metrics.jsonl";
+  CATCH_REQUIRE(
+      wait_until([&] { return read_text(jsonl).find("\"kind\":\"round\"") != std::string::npos; }, 300));
+  CATCH_REQUIRE(kill(a.pid, SIGINT) == 0);
+  CATCH_CHECK(wait_exit(a, 300) == 130);
+  const auto log = read_text(dir + "/a.log");
+  CATCH_INFO(log);
+  const std::string waits = "stopping: the evaluation of round ";
+  if (const auto at = log.find(waits); at == std::string::npos) {
+    CATCH_WARN("the evaluation had ended before the stop; the wait was not exercised");
+  } else {
+    const auto round = std::stol(log.substr(at + waits.size()));
+    CATCH_CHECK(log.find(fmt_eval_line(round)) != std::string::npos);
+    CATCH_CHECK(std::regex_search(
+        read_text(jsonl), std::regex("\"kind\":\"eval\"[^\\n]*\"round\":" + std::to_string(round) + ",")));
+  }
+  fs::remove_all(dir);
 }
