@@ -20,6 +20,13 @@ namespace longwave::actors {
 
 /// What a node that joins a running cluster starts from: the members' state (fetched), or its own newest
 /// checkpoint when that is at the cluster's round (fetched empty).
+/// A node's own newest valid checkpoint: its round (0: none) and its theta's CRC-32C, which a joiner compares
+/// with the members' before it starts from it instead of fetching their state.
+struct own_checkpoint {
+  uint64_t round = 0;
+  uint32_t theta_crc = 0;
+};
+
 struct joined_state {
   std::optional<runtime::train_snapshot> fetched;
   uint64_t round = 0;  ///< the completed round of that state
@@ -71,11 +78,11 @@ class cluster_link {
   virtual const ring_place* place() const = 0;
 
   /// Whether this node joins a running cluster: join() is then called once the data are loaded, before any
-  /// actor starts, with the run's snapshot shape and the round of the node's own newest checkpoint (0: none).
+  /// actor starts, with the run's snapshot shape and the node's own newest checkpoint (round 0: none).
   /// It fetches the state and waits to be admitted; throws lw_error when the node is turned away or the
   /// state cannot be had.
   virtual bool joining() const = 0;
-  virtual joined_state join(const runtime::snapshot_shape& shape, uint64_t own_round) = 0;
+  virtual joined_state join(const runtime::snapshot_shape& shape, own_checkpoint own) = 0;
 
   /// The node's collective across the cluster for cfg.comm.backend (rejected frames go to on_reject);
   /// nullptr alone. Called once, from the main thread, before training starts.
@@ -110,7 +117,7 @@ class null_cluster_link final : public cluster_link {
  public:
   const ring_place* place() const override { return nullptr; }
   bool joining() const override { return false; }
-  joined_state join(const runtime::snapshot_shape&, uint64_t) override { return {}; }
+  joined_state join(const runtime::snapshot_shape&, own_checkpoint) override { return {}; }
   std::shared_ptr<comm::collective> collective(const config::train_config&,
                                                comm::ring_allreduce::reject_callback) override {
     return nullptr;

@@ -69,8 +69,21 @@ bool run_complete(const train_snapshot& snap, const config::train_config& cfg) {
   return true;
 }
 
+/// A cluster node's checkpoints of `from_round` and later, which are not of the cluster's training history
+/// (it resumes, or fetched a state, at an earlier round): set aside, so that neither a resume nor `keep`
+/// takes them for the node's newest. `why` completes "moved to DIR/ (NAMES): ...".
+void set_aside_from(const checkpoint_store& store, uint64_t from_round, const std::string& why) {
+  const auto moved = store.set_aside(from_round);
+  if (moved.empty()) return;
+  std::string names;
+  for (const auto& m : moved) names += (names.empty() ? "" : ", ") + fs::path(m).filename().string();
+  spdlog::warn("checkpoint: {} of round {} and later moved to {}/ ({}): {}",
+               moved.size() == 1 ? "1 file" : fmt::format("{} files", moved.size()), from_round,
+               fs::path(moved.front()).parent_path().string(), names, why);
+}
+
 /// The newest valid checkpoint of at most `max_round` completed rounds (a cluster's agreed round). Newer ones
-/// stay on disk (training is deterministic: the resumed run writes the same states again).
+/// are another history than the cluster's: the caller sets them aside.
 std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t max_round, int* skipped) {
   const auto files = store.list();
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
@@ -164,6 +177,10 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     latest = opts.max_resume_round ? load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints)
                                    : store.load_latest(warn);
     if (latest) take(*latest);
+    if (opts.max_resume_round)
+      set_aside_from(store, *opts.max_resume_round + 1,
+                     fmt::format("the cluster resumes after round {}; those rounds are not its history",
+                                 *opts.max_resume_round));
   } else {
     // A newest file whose checksum holds but whose contents no run writes is skipped as a corrupt one is; one
     // written by a run of another shape is not (its older neighbours share the shape).
@@ -231,7 +248,11 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
     // cluster soon after resumes with the same commands (else this node's newest checkpoint would be one the
     // members pruned long ago).
     snap.meta = std::string(config_marker) + config::to_toml(cfg);
-    const auto path = checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).write(to_checkpoint(snap, shape));
+    checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
+    if (!versions)
+      set_aside_from(store, snap.round,
+                     "this node starts from the state it fetched; they are not of the cluster's history");
+    const auto path = store.write(to_checkpoint(snap, shape));
     if (versions)
       spdlog::info("the fetched state of version {} is this node's checkpoint {} (its round {})",
                    snap.version, path, snap.round);

@@ -27,6 +27,7 @@
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/log/log.hpp"
 
@@ -82,8 +83,8 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   start_point start;
   if (cluster.joining()) {
     // Joining a running cluster: fetch the members' state and wait to be admitted (completes the place).
-    const uint64_t own_round = opts.fresh ? 0 : latest_checkpoint_round(cfg);
-    start = joined_start(cfg, opts, p, shape_of(*ctx), cluster.join(shape_of(*ctx), own_round), own_round);
+    const own_checkpoint own = opts.fresh ? own_checkpoint{} : newest_checkpoint(cfg);
+    start = joined_start(cfg, opts, p, shape_of(*ctx), cluster.join(shape_of(*ctx), own), own.round);
     ctx->observe_round = cluster.place()->observe_round;
     ctx->recovery = cluster.place()->recovery;
   } else {
@@ -100,36 +101,38 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
 
 }  // namespace
 
-std::vector<uint64_t> checkpoint_rounds(const config::train_config& cfg, uint64_t newest) {
+std::vector<runtime::held_round> held_checkpoints(const config::train_config& cfg) {
   return checkpoint_store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep)
-      .valid_rounds(newest, [](const std::string& line) { spdlog::warn("{}", line); });
+      .held_rounds([](const std::string& line) { spdlog::warn("{}", line); });
 }
 
-uint64_t latest_checkpoint_round(const config::train_config& cfg) {
-  checkpoint_store store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep);
-  const auto files = store.list();
+namespace {
+
+/// The newest checkpoint file of cfg's run that loads (corrupt ones skipped), if any.
+std::optional<checkpoint> newest_valid(const config::train_config& cfg) {
+  const auto files = checkpoint_store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep).list();
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     try {
-      return checkpoint_store::load_file(*it).round;
+      return checkpoint_store::load_file(*it);
     } catch (const lw_error&) {
       // corrupt: the next older one
     }
   }
-  return 0;
+  return std::nullopt;
+}
+
+}  // namespace
+
+own_checkpoint newest_checkpoint(const config::train_config& cfg) {
+  const auto c = newest_valid(cfg);
+  if (!c) return {};
+  const auto* theta = c->find("theta");
+  return {c->round, theta ? crc32c(theta->data, theta->size) : 0};
 }
 
 uint64_t latest_checkpoint_version(const config::train_config& cfg) {
-  checkpoint_store store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep);
-  const auto files = store.list();
-  for (auto it = files.rbegin(); it != files.rend(); ++it) {
-    try {
-      auto kv = parse_meta(checkpoint_store::load_file(*it).meta);
-      return std::strtoull(kv["version"].c_str(), nullptr, 10);
-    } catch (const lw_error&) {
-      // corrupt: the next older one
-    }
-  }
-  return 0;
+  const auto c = newest_valid(cfg);
+  return c ? std::strtoull(parse_meta(c->meta)["version"].c_str(), nullptr, 10) : 0;
 }
 
 comm::sparse_options sparse_options_from(const config::train_config& cfg) {

@@ -51,14 +51,15 @@ inline int run_training(const config::train_config& cfg, const run_options& opts
   return run_training(cfg, opts, no_cluster());
 }
 
-/// Completed rounds of the newest valid checkpoint of this config's run (0: none). Corrupt files are skipped.
-uint64_t latest_checkpoint_round(const config::train_config& cfg);
 /// diloco.outer = "async": theta's version in the newest valid checkpoint (0: none).
 uint64_t latest_checkpoint_version(const config::train_config& cfg);
 
-/// The rounds of the valid checkpoints in cfg's checkpoint directory up to `newest` (its newest valid one),
-/// oldest first: each file is read and checked, a corrupt one left out with a warning.
-std::vector<uint64_t> checkpoint_rounds(const config::train_config& cfg, uint64_t newest);
+/// The valid checkpoints in cfg's checkpoint directory, one per round with its theta's CRC, oldest first (the
+/// last is the newest a resume would take): each file is read and checked, a corrupt one left out with a
+/// warning.
+std::vector<runtime::held_round> held_checkpoints(const config::train_config& cfg);
+/// The newest valid checkpoint in cfg's checkpoint directory and its theta's CRC (round 0: none).
+own_checkpoint newest_checkpoint(const config::train_config& cfg);
 
 /// The sparse codec's settings of a config's [comm] section (used when comm.dtype = "sparse").
 comm::sparse_options sparse_options_from(const config::train_config& cfg);

@@ -263,10 +263,15 @@ void on_child_exit(std::vector<child>& children, child& c, int status, size_t wi
     std::fflush(stdout);
     return;
   }
-  if (c.code != 0 && c.code != 130 && st.first_failure == 0) st.first_failure = c.code;
+  // A role killed by a signal (the OOM killer, kill -9) is a runtime failure: launch's own code is 1.
+  if (c.code != 0 && c.code != 130 && st.first_failure == 0)
+    st.first_failure = WIFSIGNALED(status) ? 1 : c.code;
   if (c.code != 0 && !st.stopping && sigs == 0) {
-    std::printf("launch: %s %s ended with exit code %d; stopping the others\n", c.is_node ? "node" : "the",
-                c.name.c_str(), c.code);
+    const std::string how = WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) + " (" +
+                                                      strsignal(WTERMSIG(status)) + ")"
+                                                : "exit code " + std::to_string(c.code);
+    std::printf("launch: %s %s ended with %s; stopping the others\n", c.is_node ? "node" : "the",
+                c.name.c_str(), how.c_str());
     std::fflush(stdout);
     signal_all(children, SIGINT);
     st.stopping = true;
@@ -318,8 +323,8 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ob
   }
 }
 
-/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first failure, else the
-/// first non-zero role.
+/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first failure (1 for a
+/// role killed by a signal), else the first non-zero role.
 int exit_code(const std::vector<child>& children, const launch_state& st) {
   std::string summary;
   for (const auto& c : children) summary += " " + c.name + "=" + std::to_string(c.code);

@@ -27,6 +27,7 @@ struct Hello {
   dataFingerprint @12 :UInt64;  # its training data's fingerprint (0: not checked); must match the first node's
   checkpointRounds @13 :List(UInt64);  # the completed rounds of the checkpoints it holds, newest last
   trainingSettings @14 :Text;  # "section.key = value" lines its configHash covers ("": not sent)
+  checkpointThetas @15 :List(UInt32);  # each one's history: its theta's CRC-32C (empty: not known)
 }
 
 struct Peer {
@@ -119,6 +120,7 @@ struct Recover {
   note @2 :Text;           # why, when sent again
   round @3 :UInt64;        # the round the members last reported (a joiner with a checkpoint of it uses that)
   workerOffset @4 :UInt64; # the global rank of the joiner's first worker (its data regions)
+  thetaCrc @5 :UInt32;     # theta's CRC-32C after `round` as the members reported it (0: not known)
 }
 
 struct JoinReady {

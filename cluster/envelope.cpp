@@ -111,6 +111,11 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       auto rounds = x.initCheckpointRounds(static_cast<unsigned>(n));
       for (size_t i = 0; i < n; ++i)
         rounds.set(static_cast<unsigned>(i), m.checkpoint_rounds[m.checkpoint_rounds.size() - n + i]);
+      if (m.checkpoint_thetas.size() == m.checkpoint_rounds.size()) {
+        auto thetas = x.initCheckpointThetas(static_cast<unsigned>(n));
+        for (size_t i = 0; i < n; ++i)
+          thetas.set(static_cast<unsigned>(i), m.checkpoint_thetas[m.checkpoint_thetas.size() - n + i]);
+      }
       if (m.training_settings.size() <= max_settings_bytes) x.setTrainingSettings(txt(m.training_settings));
     }
     void operator()(const welcome_msg& m) {
@@ -160,6 +165,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setNote(txt(m.note));
       x.setRound(m.round);
       x.setWorkerOffset(m.worker_offset);
+      x.setThetaCrc(m.theta_crc);
     }
     void operator()(const join_ready_msg& m) {
       auto x = b.initJoinReady();
@@ -240,6 +246,11 @@ read_result read_hello(wire::Hello::Reader x, body_t& out) {
     return reject(reject_reason::bad_size, fmt::format("hello checkpointRounds has {} entries, limit {}",
                                                        rounds.size(), max_checkpoint_rounds));
   for (const auto r : rounds) m.checkpoint_rounds.push_back(r);
+  const auto thetas = x.getCheckpointThetas();
+  if (thetas.size() != 0 && thetas.size() != rounds.size())
+    return reject(reject_reason::malformed, fmt::format("hello checkpointThetas has {} entries for {} rounds",
+                                                        thetas.size(), rounds.size()));
+  for (const auto t : thetas) m.checkpoint_thetas.push_back(t);
   auto name = x.getNodeName();
   auto ep = x.getDataEndpoint();
   auto state_ep = x.getStateEndpoint();
@@ -290,6 +301,7 @@ read_result read_recover(wire::Recover::Reader x, body_t& out) {
   m.epoch = x.getEpoch();
   m.round = x.getRound();
   m.worker_offset = x.getWorkerOffset();
+  m.theta_crc = x.getThetaCrc();
   auto note = x.getNote();
   if (auto bad = check_text(note, max_message_bytes, "recover note")) return bad;
   m.note = text_of(note);

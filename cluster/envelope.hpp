@@ -40,6 +40,9 @@ struct hello_msg {
   /// The completed rounds of every checkpoint it holds, oldest first (at most max_checkpoint_rounds, the
   /// newest): a cluster resumes after the newest round they all hold.
   std::vector<uint64_t> checkpoint_rounds;
+  /// Which training history each of those checkpoints holds (runtime::held_round::history: its theta's
+  /// CRC-32C), in the same order (empty: not known: an older node, eager or async).
+  std::vector<uint32_t> checkpoint_thetas;
   /// The settings config_hash covers (config::training_settings): a coordinator that turns the node away for
   /// them names the keys that differ. "" from an older node.
   std::string training_settings;
@@ -111,6 +114,7 @@ struct recover_msg {
   std::string note;
   uint64_t round = 0;          ///< the round the members last reported completing
   uint64_t worker_offset = 0;  ///< the global rank of the joiner's first worker
+  uint32_t theta_crc = 0;      ///< theta's CRC-32C after `round` as the members reported it (0: not known)
 };
 /// A joiner holds the state after all-reduce `key` (completed round `round`) and asks to be admitted.
 struct join_ready_msg {

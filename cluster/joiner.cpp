@@ -19,9 +19,9 @@
 
 namespace longwave::cluster {
 
-/// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
-hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-                   std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint) {
+/// Node `index`'s hello, with the checkpoints it holds (the newest last) and where it serves its state.
+hello_msg hello_of(const config::cluster_spec& spec, size_t index,
+                   const std::vector<runtime::held_round>& held, const std::string& state_endpoint) {
   const auto& me = spec.nodes[index];
   hello_msg hello;
   hello.protocol_version = comm::protocol_version();
@@ -29,8 +29,11 @@ hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resu
   hello.node_name = me.name;
   hello.n_workers = static_cast<uint32_t>(me.workers);
   hello.data_endpoint = me.endpoint;
-  hello.resume_round = resume_round;
-  hello.checkpoint_rounds = std::move(checkpoint_rounds);
+  hello.resume_round = held.empty() ? 0 : held.back().round;
+  for (const auto& h : held) {
+    hello.checkpoint_rounds.push_back(h.round);
+    hello.checkpoint_thetas.push_back(h.history);
+  }
   const auto cfg = config::node_config(spec, index);
   hello.config_hash = cluster_fingerprint(spec, cfg);
   hello.training_settings = config::training_settings(cfg);
@@ -90,17 +93,32 @@ uint64_t join(control_client& control, const config::cluster_spec& spec, size_t 
   return welcome.start_round;
 }
 
-actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, uint64_t own_round) {
+actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, actors::own_checkpoint own) {
   constexpr int max_attempts = 5;
   for (int attempt = 1;; ++attempt) {
     actors::joined_state got;
-    if (!versions_ && own_round > 0 && own_round == recover_.round && attempt == 1) {
-      got.round = own_round;
+    // Its own checkpoint of the members' round serves when it holds their theta: one of another training
+    // history (the same round reached apart from them) is fetched over, as is one whose theta the members'
+    // coordinator does not know (it restarted since their last commit).
+    const bool at_round = !versions_ && own.round > 0 && own.round == recover_.round && attempt == 1;
+    const bool known = recover_.theta_crc != 0 && own.theta_crc != 0;
+    if (at_round && (!same_theta_ || (known && own.theta_crc == recover_.theta_crc))) {
+      got.round = own.round;
       spdlog::info(
           "node {}: the members are at round {}, as is this node's own newest checkpoint: starting "
           "from it instead of fetching the state",
-          me_.name, own_round);
+          me_.name, own.round);
     } else {
+      if (at_round && known)
+        spdlog::warn(
+            "node {}: its own checkpoint of round {} holds another theta than the members' (CRC {:08x}, "
+            "theirs {:08x}): another training history; it fetches their state",
+            me_.name, own.round, own.theta_crc, recover_.theta_crc);
+      else if (at_round)
+        spdlog::info(
+            "node {}: the members are at round {}, as is this node's own newest checkpoint, but their theta "
+            "after it is not known here: it fetches their state",
+            me_.name, own.round);
       got = fetch(shape);
     }
     slow_link_fault();

@@ -16,9 +16,9 @@
 
 namespace longwave::cluster {
 
-/// Node `index`'s hello, with resume_round its newest checkpoint's round and where it serves its state.
-hello_msg hello_of(const config::cluster_spec& spec, size_t index, uint64_t resume_round,
-                   std::vector<uint64_t> checkpoint_rounds, const std::string& state_endpoint);
+/// Node `index`'s hello, with the checkpoints it holds (the newest last) and where it serves its state.
+hello_msg hello_of(const config::cluster_spec& spec, size_t index,
+                   const std::vector<runtime::held_round>& held, const std::string& state_endpoint);
 
 /// Sets place's rank, epoch and every rank's name and endpoint; throws lw_error when an endpoint is malformed
 /// or this node's place does not carry its own name and endpoint (another cluster file).
@@ -42,17 +42,20 @@ uint64_t join(control_client& control, const config::cluster_spec& spec, size_t 
 /// checkpoint, and trains from its first round on: there is no round to observe.
 class joiner {
  public:
+  /// same_theta: the members hold one theta after each round (not eager), so its own checkpoint of their
+  /// round serves only if it holds that theta.
   joiner(control_client& control, const config::cluster_spec& spec, size_t index, hello_msg hello,
-         recover_msg first, actors::ring_place& place, bool versions)
+         recover_msg first, actors::ring_place& place, bool versions, bool same_theta)
       : control_(control),
         spec_(spec),
         me_(spec.nodes[index]),
         hello_(std::move(hello)),
         recover_(std::move(first)),
         place_(place),
-        versions_(versions) {}
+        versions_(versions),
+        same_theta_(same_theta) {}
 
-  actors::joined_state operator()(const runtime::snapshot_shape& shape, uint64_t own_round);
+  actors::joined_state operator()(const runtime::snapshot_shape& shape, actors::own_checkpoint own);
 
  private:
   /// Where the members serve their state (recover_.sources), by field.
@@ -93,6 +96,7 @@ class joiner {
   recover_msg recover_;
   actors::ring_place& place_;
   bool versions_;
+  bool same_theta_;
   std::chrono::steady_clock::time_point last_beat_;
   uint64_t last_fetch_bytes_ = 0;
   double last_fetch_seconds_ = 0;

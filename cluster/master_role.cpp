@@ -138,7 +138,11 @@ int lead(const config::cluster_spec& spec, const master_options& o) {
   sb.silence = o.heartbeat_timeout;
   sb.stop = o.stop;
   sb.info = o.info;
-  return stand_by(sb) ? run_master(o) : 130;
+  const auto end = stand_by(sb);
+  if (end == standby_end::stopped) return 130;
+  master_options leading = o;
+  leading.took_over = end == standby_end::take_over;
+  return run_master(leading);
 }
 
 }  // namespace

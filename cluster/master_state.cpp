@@ -123,6 +123,14 @@ void master_state::call_off_at_join_deadline() {
                     join_names(missing)));
     return welcome_all();
   }
+  if (s_.took_over && joined.empty() && turned_away_.empty() && running_elsewhere_.empty()) {
+    info(fmt::format(
+        "coordinator: no node said hello within {} of this standby taking over: the run it stood by for has "
+        "ended (or its nodes are gone); nothing to lead",
+        secs(s_.join_timeout)));
+    exit_code_ = 0;
+    return note_end("nothing_to_lead");
+  }
   std::string why =
       fmt::format("join deadline of {} passed: missing node(s) {}{}", secs(s_.join_timeout),
                   join_names(missing), joined.empty() ? "" : " (joined: " + join_names(joined) + ")");
@@ -177,15 +185,8 @@ void master_state::welcome_all() {
                  {"round", static_cast<int64_t>(start_round())}});
   merge_members_changed();
   // Those without a checkpoint of the round fetch the members' state and are admitted at a fence (on_join).
-  for (auto i : plan.fetch) {
-    const auto& m = members_[i];
-    info(fmt::format(
-        "coordinator: node {} holds no checkpoint of round {} (its newest: {}): it fetches the "
-        "state from {} and joins",
-        specs_[i].name, plan.round,
-        m.resume_round == 0 ? std::string("none") : std::to_string(m.resume_round), names_of(members)));
-    start_fetch(i);
-  }
+  say_plan(plan, members);
+  for (auto i : plan.fetch) start_fetch(i);
 }
 
 /// Adopts the nodes that re-announced themselves: their epoch as it stands when they all report the same

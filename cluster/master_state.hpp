@@ -108,6 +108,9 @@ struct master_settings {
   /// The position of this master's address in [cluster] coordinator: it makes the master's terms its own
   /// (term = generation * term_slots + term_slot), so two masters never share one.
   uint32_t term_slot = 0;
+  /// A standby that took the place of a master gone unreachable: when no node says hello by the join
+  /// deadline, the run it stood by for had ended (or its nodes are gone), and nothing failed here: exit 0.
+  bool took_over = false;
   /// diloco.outer = "async": when the members' contributions merge into a new version (nullopt: the
   /// cluster's rounds have a barrier, and contributions are dropped as unexpected).
   std::optional<merge_rules> async;
@@ -201,6 +204,7 @@ class master_state {
     member_phase phase = member_phase::absent;
     removal removed = removal::none;
     bool stopped = false;                 // finished by bye("stopped"): it stopped with the cluster
+    bool leaving = false;                 // asked to leave (longwave node --leave) at its next boundary
     std::optional<std::string> identity;  // ROUTER routing id once it said hello
     std::optional<uint64_t> stop_hold;    // a stop: the round after which it holds (its answer to the query)
     bool heard = false;                   // a heartbeat since the welcome
@@ -214,6 +218,7 @@ class master_state {
     uint64_t start_version = 0;               // async: its newest checkpoint's version (its hello's commit)
     uint64_t applied_version = 0;             // async: the newest version it said it applied (committed)
     std::vector<uint64_t> checkpoint_rounds;  // from its hello: every round it holds a checkpoint of
+    std::vector<uint32_t> checkpoint_thetas;  // and the CRC of each one's theta (empty: not known)
     bool acked = false;                       // answered the fence in progress
     fence_ack_msg ack;
     std::optional<hello_msg> announce;            // its re-announcement to a restarted master
@@ -348,9 +353,14 @@ class master_state {
   uint64_t start_round() const { return start_round_; }
   struct resume_plan {
     uint64_t round = 0;
+    uint32_t theta = 0;  // theta's CRC in the checkpoints of `round` the nodes resume from (0: not known)
     std::vector<size_t> fetch;  // joined nodes without a checkpoint of `round`: they fetch it as joiners
+    std::vector<size_t> other_history;  // of those, the ones whose checkpoint of `round` holds another theta
+    std::vector<size_t> ahead;          // joined nodes holding rounds after `round`: those are dropped
+    bool tied = false;                  // two histories of `round` had as many holders
   };
   resume_plan plan_resume() const;
+  void say_plan(const resume_plan& plan, const std::vector<size_t>& members);
   std::optional<size_t> index_of_identity(const std::string& id) const;
   std::string key_of(const std::string& name) const;
   peer_entry peer_of(size_t rank, size_t i) const;

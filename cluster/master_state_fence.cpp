@@ -209,6 +209,7 @@ void master_state::admit(size_t i, const comm::reduce_key& commit) {
   m.starting_since.reset();
   m.starting_said = false;
   m.suspected = false;
+  m.leaving = false;
   m.last_seen = now_;
   m.acked = true;
   m.pinned = false;
@@ -252,6 +253,9 @@ void master_state::send_recover(size_t i, const std::string& note, std::optional
   // async: a version, which every member reaches (merges wait for the joiner), not a round.
   r.round = want.value_or(merges_ ? static_cast<uint64_t>(merges_->version()) : round.value_or(0));
   r.worker_offset = specs_[i].worker_offset;
+  if (const auto it = theta_crcs_.find(r.round);
+      !merges_ && it != theta_crcs_.end() && mismatched_rounds_.count(r.round) == 0)
+    r.theta_crc = it->second.first;
   members_[i].fetch_from.reset();  // its next heartbeat says it fetches
   send_to(i, std::move(r));
 }

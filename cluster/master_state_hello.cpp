@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
+#include <map>
+#include <set>
 
 #include "cluster/master_state.hpp"
 #include "config/cluster_config.hpp"
@@ -161,6 +164,7 @@ void master_state::on_first_hello(size_t idx, const sender& from, const hello_ms
   m.resume_round = h.resume_round;
   m.start_version = m.applied_version = h.committed.round;
   m.checkpoint_rounds = h.checkpoint_rounds;
+  m.checkpoint_thetas = h.checkpoint_thetas;
   m.state_endpoint = h.state_endpoint;
   size_t joined = 0;
   for (const auto& x : members_) joined += x.identity ? 1 : 0;
@@ -345,6 +349,113 @@ void master_state::on_starting(size_t i) {
       "coordinator: node {} is still starting after {} (building its model, loading its checkpoint); it says "
       "so every 2 s, and the members wait for it",
       specs_[i].name, secs(since(*m.starting_since))));
+}
+
+/// Where the joined nodes resume. Their hellos list the rounds of their checkpoints: the round the most of
+/// them hold (the newest of those), so that a node whose checkpoints are older than the others' (it left, or
+/// was lost, while they trained on and pruned theirs) does not drag the cluster back to a round they no
+/// longer hold, nor a node without checkpoints (a new disk, --fresh) back to round 1. The nodes without a
+/// checkpoint of that round fetch the members' state, as a joiner does. Without lists (an older node), on
+/// NCCL (no state servers) or async (every node resumes its own newest): the newest round all of them hold,
+/// else the oldest newest round, 0 when one holds none. A round counts with its theta: two nodes that reached
+/// it apart (each trained on without the other) hold two histories, and the minority's fetch the majority's.
+master_state::resume_plan master_state::plan_resume() const {
+  std::vector<size_t> joined;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].identity && members_[i].phase == member_phase::waiting) joined.push_back(i);
+  bool lists = !merges_, thetas = true;
+  for (auto i : joined) {
+    const auto& m = members_[i];
+    lists = lists && (m.resume_round == 0 || !m.checkpoint_rounds.empty()) && !m.state_endpoint.empty();
+    thetas = thetas && m.checkpoint_thetas.size() == m.checkpoint_rounds.size();
+  }
+  // What a node holds: (round, theta's CRC), the CRC 0 when a node does not say it. Two nodes that reached
+  // one round apart (each trained on without the other) hold two histories of it.
+  const auto held = [&](const member& m) {
+    std::set<std::pair<uint64_t, uint32_t>> out;
+    for (size_t k = 0; k < m.checkpoint_rounds.size(); ++k)
+      if (m.checkpoint_rounds[k] != 0)
+        out.insert({m.checkpoint_rounds[k], thetas ? m.checkpoint_thetas[k] : 0});
+    return out;
+  };
+  std::map<uint64_t, size_t> holders;                         // per round
+  std::map<std::pair<uint64_t, uint32_t>, size_t> histories;  // per round and theta
+  std::optional<uint64_t> oldest_newest;
+  std::optional<std::set<uint64_t>> common;
+  for (auto i : joined) {
+    const auto& m = members_[i];
+    oldest_newest = std::min(oldest_newest.value_or(m.resume_round), m.resume_round);
+    std::set<uint64_t> mine;
+    for (const auto& h : held(m)) {
+      ++histories[h];
+      if (mine.insert(h.first).second) ++holders[h.first];
+    }
+    if (!common) {
+      common = std::move(mine);
+    } else {
+      std::set<uint64_t> both;
+      std::set_intersection(common->begin(), common->end(), mine.begin(), mine.end(),
+                            std::inserter(both, both.begin()));
+      common = std::move(both);
+    }
+  }
+  resume_plan plan;
+  if (!lists) {
+    if (oldest_newest && *oldest_newest > 0)
+      plan.round = common && !common->empty() ? *common->rbegin() : *oldest_newest;
+    return plan;
+  }
+  size_t most = 0;
+  for (const auto& [r, n] : holders)  // ascending rounds: a later one of as many holders wins
+    if (n >= most) most = n, plan.round = r;
+  if (plan.round == 0) return plan;
+  // Of that round's histories, the one most of its holders hold (of as many, the larger CRC: a tie is named).
+  most = 0;
+  for (auto it = histories.lower_bound({plan.round, 0});
+       it != histories.end() && it->first.first == plan.round; ++it)
+    if (it->second >= most) plan.tied = it->second == most, most = it->second, plan.theta = it->first.second;
+  for (auto i : joined) {
+    const auto mine = held(members_[i]);
+    if (members_[i].resume_round > plan.round) plan.ahead.push_back(i);
+    if (mine.count({plan.round, plan.theta})) continue;
+    plan.fetch.push_back(i);
+    const auto it = mine.lower_bound({plan.round, 0});
+    if (it != mine.end() && it->first == plan.round) plan.other_history.push_back(i);
+  }
+  return plan;
+}
+
+/// The resume plan's lines: nodes whose later rounds are dropped, a tie between two histories, and each node
+/// that fetches the members' state, and why.
+void master_state::say_plan(const resume_plan& plan, const std::vector<size_t>& members) {
+  for (auto i : plan.ahead)
+    warn(
+        fmt::format("coordinator: node {} holds checkpoints up to round {}, past round {}, which the cluster "
+                    "resumes after (the round most nodes hold): its later rounds are not the cluster's, and "
+                    "it sets them aside",
+                    specs_[i].name, members_[i].resume_round, plan.round));
+  if (plan.tied)
+    warn(
+        fmt::format("coordinator: as many nodes hold one history of round {} as another: the cluster resumes "
+                    "from {}'s, and the others fetch it",
+                    plan.round, names_of(members)));
+  for (auto i : plan.fetch) {
+    const auto& m = members_[i];
+    const bool other =
+        std::find(plan.other_history.begin(), plan.other_history.end(), i) != plan.other_history.end();
+    const std::string text = fmt::format(
+        "coordinator: node {} {}: it fetches the state from {} and joins", specs_[i].name,
+        other ? fmt::format("holds a checkpoint of round {} with another theta than {} (another training "
+                            "history)",
+                            plan.round, names_of(members))
+              : fmt::format("holds no checkpoint of round {} (its newest: {})", plan.round,
+                            m.resume_round == 0 ? std::string("none") : std::to_string(m.resume_round)),
+        names_of(members));
+    if (other)
+      warn(text);
+    else
+      info(text);
+  }
 }
 
 }  // namespace longwave::cluster

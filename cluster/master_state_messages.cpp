@@ -259,6 +259,17 @@ void master_state::on_leave(const sender& from, const leave_msg& l) {
                                      members_[i].removed == removal::none
                                          ? ""
                                          : fmt::format(" ({})", to_string(members_[i].removed))));
+    // The members that would train on: below min_nodes the run would be called off after quorum_timeout_s.
+    size_t staying = 0;
+    for (auto j : training_members()) staying += j != i && !members_[j].leaving;
+    if (staying < s_.min_nodes)
+      return reply_error(
+          from.identity, errc::invalid_config,
+          fmt::format("node {} cannot leave: {} node{} would train on, below [cluster] min_nodes = "
+                      "{} (the cluster would wait, then be called off); `longwave stop` stops "
+                      "every node with a checkpoint",
+                      l.node, staying, staying == 1 ? "" : "s", s_.min_nodes));
+    members_[i].leaving = true;
     send_to(i, l);
     info(fmt::format("coordinator: node {} was asked to leave at its next round boundary", l.node));
     return reply_error(from.identity, errc::none,
@@ -414,57 +425,6 @@ std::string master_state::ring_text(const std::vector<size_t>& members) const {
   for (size_t r = 0; r < members.size(); ++r)
     out += fmt::format("{}{}={}", r ? " -> " : "", r, specs_[members[r]].name);
   return out;
-}
-
-/// Where the joined nodes resume. Their hellos list the rounds of their checkpoints: the round the most of
-/// them hold (the newest of those), so that a node whose checkpoints are older than the others' (it left, or
-/// was lost, while they trained on and pruned theirs) does not drag the cluster back to a round they no
-/// longer hold, nor a node without checkpoints (a new disk, --fresh) back to round 1. The nodes without a
-/// checkpoint of that round fetch the members' state, as a joiner does. Without lists (an older node), on
-/// NCCL (no state servers) or async (every node resumes its own newest): the newest round all of them hold,
-/// else the oldest newest round, 0 when one holds none.
-master_state::resume_plan master_state::plan_resume() const {
-  std::vector<size_t> joined;
-  for (size_t i = 0; i < members_.size(); ++i)
-    if (members_[i].identity && members_[i].phase == member_phase::waiting) joined.push_back(i);
-  bool lists = !merges_;
-  for (auto i : joined) {
-    const auto& m = members_[i];
-    lists = lists && (m.resume_round == 0 || !m.checkpoint_rounds.empty()) && !m.state_endpoint.empty();
-  }
-  std::map<uint64_t, size_t> holders;
-  std::optional<uint64_t> oldest_newest;
-  std::optional<std::set<uint64_t>> common;
-  for (auto i : joined) {
-    const auto& m = members_[i];
-    oldest_newest = std::min(oldest_newest.value_or(m.resume_round), m.resume_round);
-    std::set<uint64_t> mine(m.checkpoint_rounds.begin(), m.checkpoint_rounds.end());
-    mine.erase(0);
-    for (auto r : mine) ++holders[r];
-    if (!common) {
-      common = std::move(mine);
-    } else {
-      std::set<uint64_t> both;
-      std::set_intersection(common->begin(), common->end(), mine.begin(), mine.end(),
-                            std::inserter(both, both.begin()));
-      common = std::move(both);
-    }
-  }
-  resume_plan plan;
-  if (!lists) {
-    if (oldest_newest && *oldest_newest > 0)
-      plan.round = common && !common->empty() ? *common->rbegin() : *oldest_newest;
-    return plan;
-  }
-  size_t most = 0;
-  for (const auto& [r, n] : holders)  // ascending rounds: a later one of as many holders wins
-    if (n >= most) most = n, plan.round = r;
-  if (plan.round == 0) return plan;
-  for (auto i : joined) {
-    const auto& rounds = members_[i].checkpoint_rounds;
-    if (std::find(rounds.begin(), rounds.end(), plan.round) == rounds.end()) plan.fetch.push_back(i);
-  }
-  return plan;
 }
 
 std::optional<size_t> master_state::index_of_identity(const std::string& id) const {

@@ -53,10 +53,10 @@ void node_link::end_start_up() {
   if (start_up_beats_.joinable()) start_up_beats_.join();
 }
 
-actors::joined_state node_link::join(const runtime::snapshot_shape& shape, uint64_t own_round) {
+actors::joined_state node_link::join(const runtime::snapshot_shape& shape, actors::own_checkpoint own) {
   std::lock_guard<std::mutex> turn(control_mu_);  // the joiner beats while it fetches
   try {
-    return (*joiner_)(shape, own_round);
+    return (*joiner_)(shape, own);
   } catch (const lw_error& e) {
     cluster_stopped_ = e.code() == errc::cancelled;  // not admitted: the cluster is stopping
     throw;

@@ -55,7 +55,7 @@ class node_link final : public actors::cluster_link {
 
   const actors::ring_place* place() const override { return &place_; }
   bool joining() const override { return joiner_.has_value(); }
-  actors::joined_state join(const runtime::snapshot_shape& shape, uint64_t own_round) override;
+  actors::joined_state join(const runtime::snapshot_shape& shape, actors::own_checkpoint own) override;
   std::shared_ptr<comm::collective> collective(const config::train_config& cfg,
                                                comm::ring_allreduce::reject_callback on_reject) override;
   bool serves_state() const override { return publisher_ != nullptr; }

@@ -32,6 +32,13 @@ namespace longwave::cluster {
 
 namespace {
 
+/// Whether every node holds the same theta after each round (not eager's per-worker outer states, nor async's
+/// versions): the master compares the thetas nodes commit, and the checkpoints nodes resume from.
+bool same_theta(const config::train_config& cfg) {
+  return cfg.diloco.outer != config::outer_policy_kind::eager &&
+         cfg.diloco.outer != config::outer_policy_kind::async;
+}
+
 /// This node's place in the cluster file (a node not in it, with --endpoint, is appended to spec), and its
 /// training settings. Throws config::config_error.
 size_t place_of(config::cluster_spec& spec, const std::string& name, const actors::run_options& opts) {
@@ -211,10 +218,11 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
     s.control = std::make_unique<control_client>(spec.coordinators, spec.cluster_id, control_curve(keys));
     // One hello, built once (its data fingerprint reads the corpus): the join's, and the one a restarted
     // master is re-announced with.
-    const uint64_t newest = node_opts.fresh ? 0 : actors::latest_checkpoint_round(cfg);
-    s.hello = hello_of(spec, index, newest,
-                       newest > 0 ? actors::checkpoint_rounds(cfg, newest) : std::vector<uint64_t>{},
-                       s.publisher ? s.publisher->endpoint() : "");
+    const auto held = node_opts.fresh ? std::vector<runtime::held_round>{} : actors::held_checkpoints(cfg);
+    const uint64_t newest = held.empty() ? 0 : held.back().round;
+    s.hello = hello_of(spec, index, held, s.publisher ? s.publisher->endpoint() : "");
+    // eager and async nodes' thetas differ by design: their checkpoints are matched by round alone.
+    if (!same_theta(cfg)) s.hello.checkpoint_thetas.clear();
     // async: the master merges on from the newest version a node checkpointed, and every node resumes from
     // its own newest checkpoint (the nodes' rounds are their own; the newest version is adopted by all).
     const bool async = cfg.diloco.outer == config::outer_policy_kind::async;
@@ -263,15 +271,13 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   actors::run_options node_opts = opts;
   if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return *failed;
   set_up_ring(s, spec, file_spec, index, cfg);
-  node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(),
-                 cfg.diloco.outer != config::outer_policy_kind::eager &&
-                     cfg.diloco.outer != config::outer_policy_kind::async);
+  node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(), same_theta(cfg));
   if (s.recover) {
     const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
     node_opts.max_resume_round.reset();
     spdlog::info("node {}: the cluster is already training (epoch {}, {} {}): joining it", me.name,
                  s.recover->epoch, versions ? "version" : "round", s.recover->round);
-    link.join_with(joiner(*s.control, spec, index, s.hello, *s.recover, s.place, versions));
+    link.join_with(joiner(*s.control, spec, index, s.hello, *s.recover, s.place, versions, same_theta(cfg)));
   }
   link.begin_start_up();
   std::this_thread::sleep_for(std::chrono::duration<double>(s.slow_start_s));

@@ -64,8 +64,8 @@ void close_looks(std::vector<look>& looks) {
 
 }  // namespace
 
-bool stand_by(const standby_options& o) {
-  if (o.others.empty()) return true;
+standby_end stand_by(const standby_options& o) {
+  if (o.others.empty()) return standby_end::lead;
   zmq::context_t ctx(1);
   std::vector<look> looks;
   int n = 0;  // each look's monitor gets a name of its own, a failed one's included
@@ -79,10 +79,10 @@ bool stand_by(const standby_options& o) {
   const auto started = clock::now();
   std::optional<clock::time_point> last_up;
   std::string leader;
-  bool result = true;
+  standby_end result = standby_end::lead;
   for (;;) {
     if (o.stop && o.stop()) {
-      result = false;
+      result = standby_end::stopped;
       break;
     }
     const auto now = clock::now();
@@ -101,6 +101,7 @@ bool stand_by(const standby_options& o) {
         o.info(
             fmt::format("coordinator: the coordinator at {} has been unreachable for {}: this one takes over",
                         leader, cluster::control::secs(o.silence)));
+      result = standby_end::take_over;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

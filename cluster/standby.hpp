@@ -27,8 +27,14 @@ struct standby_options {
   std::function<void(const std::string&)> info;  ///< standing by, taking over
 };
 
-/// True when this master should listen now: no other answered within first_look, or the one that led has
-/// been unreachable for `silence`. False when stop() asked to end first.
-bool stand_by(const standby_options& o);
+/// What the wait ended with.
+enum class standby_end : uint8_t {
+  lead,       ///< no other master answered within first_look: this one leads from the start
+  take_over,  ///< the master that led has been unreachable for `silence`: this one takes its place
+  stopped,    ///< stop() asked to end first
+};
+
+/// Waits while another master leads; says when (and why) this one should listen.
+standby_end stand_by(const standby_options& o);
 
 }  // namespace longwave::cluster

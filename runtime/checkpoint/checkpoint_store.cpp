@@ -34,6 +34,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -477,19 +478,44 @@ std::string checkpoint_store::write(const checkpoint& c) {
   return final_path;
 }
 
-std::vector<uint64_t> checkpoint_store::valid_rounds(
-    uint64_t newest, const std::function<void(const std::string&)>& warn) const {
-  std::vector<uint64_t> out;
+std::vector<held_round> checkpoint_store::held_rounds(
+    const std::function<void(const std::string&)>& warn) const {
+  std::vector<held_round> out;
   for (const auto& f : list()) {
     try {
-      const uint64_t round = load_file(f).round;
-      if (round > 0 && round <= newest && (out.empty() || out.back() != round)) out.push_back(round);
+      const auto c = load_file(f);
+      if (c.round == 0 || (!out.empty() && out.back().round == c.round)) continue;  // the round's first only
+      held_round h{c.round, 0};
+      if (const auto* theta = c.find("theta")) {
+        h.history = runtime::crc32c(theta->data, theta->size);
+        if (const auto* pending = c.find("pending"))
+          h.history = runtime::crc32c(pending->data, pending->size, h.history);
+      }
+      out.push_back(h);
     } catch (const lw_error& e) {
       if (warn)
         warn(std::string("checkpoint ") + f + " is left out of the rounds this node offers: " + e.what());
     }
   }
   return out;
+}
+
+std::vector<std::string> checkpoint_store::set_aside(uint64_t from_round) const {
+  std::vector<std::string> moved;
+  const auto now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+  const fs::path aside = fs::path(dir_) / superseded_dir_name / std::to_string(now.count());
+  for (const auto& f : list()) {
+    uint64_t round = 0, step = 0;
+    const std::string name = fs::path(f).filename().string();
+    if (!parse_file_name(name, &round, &step) || round < from_round) continue;
+    std::error_code ec;
+    fs::create_directories(aside, ec);
+    if (!ec) fs::rename(f, aside / name, ec);
+    if (ec) throw_io("move " + f + " into", aside.string(), ec.value());
+    moved.push_back((aside / name).string());
+  }
+  return moved;
 }
 
 std::vector<std::string> checkpoint_store::list() const {
@@ -524,6 +550,7 @@ std::vector<stray_file> checkpoint_store::stray_files() const {
     uint64_t round = 0, step = 0;
     std::error_code type_ec;
     if (name == lock_file_name) continue;  // the running process's own (run_lock)
+    if (name == superseded_dir_name && it->is_directory(type_ec)) continue;  // set_aside's
     if (parse_file_name(name, &round, &step)) {
       if (!it->is_regular_file(type_ec))
         out.push_back({it->path().string(), "named like a checkpoint but not a regular file"});

@@ -36,6 +36,18 @@ struct checkpoint {
   const checkpoint_blob* find(std::string_view name) const;
 };
 
+/// A round a directory holds a valid checkpoint of, and which training history: the CRC-32C of its first
+/// file's (the round's boundary's) theta, continued over a delayed run's pending average (0: no theta). Two
+/// nodes that trained one history hold the same; two that reached the round apart, another.
+struct held_round {
+  uint64_t round = 0;
+  uint32_t history = 0;
+  bool operator==(const held_round& o) const { return round == o.round && history == o.history; }
+};
+
+/// The folder of a checkpoint directory that set_aside moves states of another history into.
+inline constexpr const char* superseded_dir_name = "superseded";
+
 /// An entry of a checkpoint directory that is not a checkpoint (checkpoint_store::stray_files).
 struct stray_file {
   std::string path;
@@ -70,10 +82,14 @@ class checkpoint_store {
   /// and lw_error(io_error) if it cannot be opened or read.
   static checkpoint load_file(const std::string& path);
 
-  /// The rounds of the valid checkpoints up to `newest`, oldest first, each once: what a node can resume
-  /// from. Every file is read and checked; a corrupt one is left out with one line to `warn`.
-  std::vector<uint64_t> valid_rounds(uint64_t newest,
-                                     const std::function<void(const std::string&)>& warn = {}) const;
+  /// The valid checkpoints, oldest first, one per round: what a node can resume from, and which training
+  /// history each holds. Every file is read and checked; a corrupt one is left out with one line to `warn`.
+  std::vector<held_round> held_rounds(const std::function<void(const std::string&)>& warn = {}) const;
+
+  /// Moves the checkpoint files of round `from_round` and later into dir/superseded/<unix seconds>/: states
+  /// the node does not resume from, kept for a person to look at (nothing reads or prunes them). Returns the
+  /// new paths; throws lw_error(io_error) if a move fails.
+  std::vector<std::string> set_aside(uint64_t from_round) const;
 
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores
   /// .tmp files and anything else not named ckpt-<round>-<step>.lwc.

@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <zmq.hpp>
 
@@ -560,6 +561,34 @@ CATCH_TEST_CASE(
   CATCH_CHECK(round_crcs(dir + "/cluster/n0").size() == static_cast<size_t>(last));
   CATCH_CHECK(max_abs_diff(newest_theta(dir + "/cluster/n0/checkpoints"),
                            oldest_theta(dir + "/cluster/n0/checkpoints")) > 1e-3);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch exits 1 naming the signal",
+                "[process][cluster][signal]") {
+  const auto dir = scratch_dir("cluster_launch_kill");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n1"); }, 300));
+  // n1's process: the child of launch whose command line names it.
+  pid_t n1 = -1;
+  std::istringstream children(
+      read_text("/proc/" + std::to_string(launch.pid) + "/task/" + std::to_string(launch.pid) + "/children"));
+  for (pid_t pid; children >> pid;) {
+    auto cmdline = read_text("/proc/" + std::to_string(pid) + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (contains(cmdline, "--node n1")) n1 = pid;
+  }
+  CATCH_REQUIRE(n1 > 0);
+  CATCH_REQUIRE(kill(n1, SIGKILL) == 0);
+  const int code = wait_exit(launch, 180);
+  const auto log = read_text(dir + "/launch.log");
+  CATCH_INFO(log.substr(log.size() > 20000 ? log.size() - 20000 : 0));
+  CATCH_CHECK(code == 1);
+  CATCH_CHECK(contains(log, "launch: node n1 ended with signal 9 (Killed); stopping the others"));
+  CATCH_CHECK(contains(log, "n1=137"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -452,6 +453,80 @@ CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("a node whose checkpoints are of another training history fetches the others' state",
+                "[process][cluster][elastic][join]") {
+  // A probe's split brain: two parts of a cluster trained apart to the same round, and on resume each node
+  // took its own checkpoint of it; the coordinator then named a theta mismatch every round and exited 0.
+  const auto dir = scratch_dir("elastic_other_history");
+  cluster_ports ports;
+  const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  const auto out = [&](const std::string& n) { return dir + "/cluster/" + n; };
+  {
+    auto [coord, nodes] = start_cluster(dir, file, 3);
+    CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n2") >= 2; }, 300));
+    stop_cluster(dir, file);
+    for (auto& n : nodes) CATCH_REQUIRE(wait_exit(n, 300) == 0);
+    CATCH_REQUIRE(wait_exit(coord, 60) == 0);
+  }
+  const int64_t first = stop_round(out("n0"));
+  CATCH_REQUIRE(first > 0);
+  // n2's history becomes another: every theta it holds moved, and a round far past the others' (newer than
+  // any state it fetches: it must not be taken for its newest later).
+  runtime::checkpoint_store store(out("n2") + "/checkpoints", 100);
+  for (const auto& f : store.list()) {
+    auto c = runtime::checkpoint_store::load_file(f);
+    for (auto& b : c.blobs)
+      if (b.name == "theta") {
+        float v = 0;
+        std::memcpy(&v, b.storage.data(), sizeof v);
+        v += 0.5f;
+        std::memcpy(b.storage.data(), &v, sizeof v);
+        b.data = b.storage.data();
+      }
+    store.write(c);
+    if (f == store.list().back()) {
+      c.round += 1000;
+      c.step += 3000;
+      store.write(c);
+    }
+  }
+  std::filesystem::rename(dir + "/coord.log", dir + "/coord1.log");
+  std::filesystem::rename(dir + "/n2.log", dir + "/n2-1.log");
+  auto [coord, nodes] = start_cluster(dir, file, 3);
+  CATCH_REQUIRE(wait_until([&] { return record_count(out("n2"), "recovery") >= 1; }, 300));
+  CATCH_REQUIRE(wait_more_rounds({out("n0"), out("n1"), out("n2")}, 2));
+  stop_cluster(dir, file);
+  const int code0 = wait_exit(nodes[0], 300), code1 = wait_exit(nodes[1], 300),
+            code2 = wait_exit(nodes[2], 300), coord_code = wait_exit(coord, 60);
+  const auto clog = read_text(dir + "/coord.log"), log2 = read_text(dir + "/n2.log");
+  CATCH_INFO(clog << "\n--- n2\n" << tail(log2));
+  const auto r = std::to_string(first);
+  CATCH_CHECK(contains(clog, "resuming after round " + r));
+  CATCH_CHECK(contains(clog, "node n2 holds a checkpoint of round " + r +
+                                 " with another theta than n0, n1 (another training history)"));
+  CATCH_CHECK(contains(clog, "node n2 holds checkpoints up to round " + std::to_string(first + 1000)));
+  CATCH_CHECK_FALSE(contains(clog, "differs between nodes"));
+  CATCH_CHECK(contains(log2, "and later moved to " + out("n2") + "/checkpoints/superseded/"));
+  CATCH_CHECK(
+      contains(log2, "this node starts from the state it fetched; they are not of the cluster's history"));
+  size_t aside = 0;  // the round far past the others' at least (and the doctored one of the fetched round)
+  for (const auto& e : fs::recursive_directory_iterator(out("n2") + "/checkpoints/superseded"))
+    aside += e.path().extension() == ".lwc";
+  CATCH_CHECK(aside >= 1);
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(coord_code == 0);
+  const int64_t last = stop_round(out("n0"));
+  CATCH_CHECK(last > first);
+  check_joined(out("n2"), out("n0"), last);
+  // A later resume finds n2's newest checkpoint on the cluster's history: nothing is fetched again.
+  CATCH_CHECK(store.held_rounds().back() ==
+              runtime::checkpoint_store(out("n0") + "/checkpoints", 100).held_rounds().back());
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 /// Kills n2 in the inner phase and starts it again with the same command; everyone finishes, n2 admitted.
 /// same_theta: the nodes agree on theta every round (not under eager, where each mixes in its own delta).
 void rejoin(const std::string& name, const std::string& extra, bool same_theta = true) {
@@ -701,10 +776,10 @@ struct standby_cluster {
   child coord;
   std::vector<child> nodes;
 };
-standby_cluster start_with_standby_address(const std::string& dir) {
+standby_cluster start_with_standby_address(const std::string& dir, double join_timeout_s = 60) {
   cluster_ports ports;
   standby_cluster c;
-  c.file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  c.file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n", join_timeout_s);
   c.first = "tcp://127.0.0.1:" + std::to_string(ports.coordinator);
   c.second = "tcp://127.0.0.1:" + std::to_string(free_port());
   edit_file(c.file, "coordinator = \"" + c.first + "\"",
@@ -767,6 +842,30 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   const auto clog = stop_under_standby(dir, file, nodes, standby);
   CATCH_CHECK(contains(clog, "coordinator at " + first + " has been unreachable for"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("a standby whose cluster stopped takes over, hears from no node, and exits 0",
+                "[process][cluster][elastic]") {
+  // A probe: after a clean stop the standby took over the empty cluster and called it off (exit 1), the
+  // event log's last word a failure.
+  const auto dir = scratch_dir("elastic_standby_after");
+  auto [file, first, second, coord, nodes] = start_with_standby_address(dir, 20);
+  auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
+  CATCH_REQUIRE(wait_until(
+      [&] { return contains(read_text(dir + "/coord2.log"), "leads the cluster; this one stands by"); }, 60));
+  stop_cluster(dir, file);
+  for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  check_master_end(dir + "/cluster", "stopped", "n0,n1", "");
+  const int standby_code = wait_exit(standby, 120);
+  const auto log2 = read_text(dir + "/coord2.log");
+  CATCH_INFO(log2);
+  CATCH_CHECK(standby_code == 0);
+  CATCH_CHECK(contains(log2, "this one takes over"));
+  CATCH_CHECK(contains(log2, "no node said hello within 20 s of this standby taking over"));
+  CATCH_CHECK(str(at(master_end(dir + "/cluster"), "outcome")) == "nothing_to_lead");
+  CATCH_CHECK(at(master_end(dir + "/cluster"), "exit_code").GetInt64() == 0);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 

@@ -13,6 +13,7 @@
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
+#include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/files/atomic_file.hpp"
 
@@ -182,20 +183,52 @@ CATCH_TEST_CASE("With keep=2 only the two newest checkpoints remain, listed olde
   CATCH_CHECK(latest->round == 5);
 }
 
-CATCH_TEST_CASE("The rounds a node offers for a resume leave out a corrupt older checkpoint",
+CATCH_TEST_CASE("The rounds a node offers name each one's history and leave out a corrupt older checkpoint",
                 "[checkpoint]") {
+  using longwave::runtime::held_round;
   temp_dir tmp;
-  checkpoint_store store(tmp.path.string(), 5);
-  for (uint64_t r = 1; r <= 4; ++r) store.write(small_checkpoint(r));
-  CATCH_CHECK(store.valid_rounds(4) == std::vector<uint64_t>{1, 2, 3, 4});
-  CATCH_CHECK(store.valid_rounds(3) == std::vector<uint64_t>{1, 2, 3});
+  checkpoint_store store(tmp.path.string(), 6);
+  const auto with_theta = [](uint64_t round, uint32_t seed, uint64_t step) {
+    auto c = small_checkpoint(round);
+    c.step = step;
+    c.blobs.push_back(make_blob("theta", random_bytes(64, seed)));
+    return c;
+  };
+  const auto crc_of = [](uint32_t seed, uint32_t crc = 0) {
+    const auto b = random_bytes(64, seed);
+    return longwave::runtime::crc32c(b.data(), b.size(), crc);
+  };
+  for (uint64_t r = 1; r <= 4; ++r) store.write(with_theta(r, 100 + static_cast<uint32_t>(r), r * 10));
+  CATCH_CHECK(
+      store.held_rounds() ==
+      std::vector<held_round>{{1, crc_of(101)}, {2, crc_of(102)}, {3, crc_of(103)}, {4, crc_of(104)}});
+  // A later file of round 4 (mid-round, where streaming's theta has moved on): the round's history is its
+  // first file's, the boundary's.
+  store.write(with_theta(4, 7, 44));
+  CATCH_CHECK(store.held_rounds().back() == held_round{4, crc_of(104)});
+  // A delayed run's pending average is part of its history: two sides of a split in the last round hold the
+  // same theta and another pending average.
+  auto delayed = with_theta(5, 105, 50);
+  delayed.blobs.push_back(make_blob("pending", random_bytes(64, 9)));
+  store.write(delayed);
+  CATCH_CHECK(store.held_rounds().back() == held_round{5, crc_of(9, crc_of(105))});
   const auto second = store.list()[1];
   fs::resize_file(second, fs::file_size(second) / 2);
   std::vector<std::string> warnings;
-  CATCH_CHECK(store.valid_rounds(4, [&](const std::string& w) { warnings.push_back(w); }) ==
-              std::vector<uint64_t>{1, 3, 4});
+  const auto held = store.held_rounds([&](const std::string& w) { warnings.push_back(w); });
+  CATCH_CHECK(held.size() == 4);
+  CATCH_CHECK(held[1] == held_round{3, crc_of(103)});
   CATCH_REQUIRE(warnings.size() == 1);
   CATCH_CHECK(warnings[0].find(fs::path(second).filename().string()) != std::string::npos);
+
+  // Setting rounds 3 and later aside: they leave the store (and its keep) for superseded/<time>/, which is
+  // not a stray.
+  const auto moved = store.set_aside(3);
+  CATCH_CHECK(moved.size() == 4);
+  CATCH_CHECK(store.list().size() == 2);
+  for (const auto& m : moved) CATCH_CHECK(fs::path(m).parent_path().parent_path() == tmp.path / "superseded");
+  CATCH_CHECK(store.stray_files().empty());
+  CATCH_CHECK(store.set_aside(3).empty());
 }
 
 CATCH_TEST_CASE("Checkpoints are ordered by round and step numerically, not by file name", "[checkpoint]") {

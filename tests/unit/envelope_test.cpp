@@ -94,6 +94,30 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_REQUIRE(rounds.size() == max_checkpoint_rounds);
   CATCH_CHECK(rounds.front() == 7);
   CATCH_CHECK(rounds.back() == max_checkpoint_rounds + 6);
+  CATCH_CHECK(std::get<hello_msg>(r.value().body).checkpoint_thetas.empty());  // none given: not known
+  // Their thetas' CRCs travel beside them, cut alike; a list of another length is not sent.
+  for (uint64_t round = 1; round <= max_checkpoint_rounds + 6; ++round)
+    h2.checkpoint_thetas.push_back(static_cast<uint32_t>(1000 + round));
+  f = build_envelope(envelope{7, 0xffffffffu, h2});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  const auto& thetas = std::get<hello_msg>(r.value().body).checkpoint_thetas;
+  CATCH_REQUIRE(thetas.size() == max_checkpoint_rounds);
+  CATCH_CHECK(thetas.front() == 1007);
+  CATCH_CHECK(thetas.back() == 1000 + max_checkpoint_rounds + 6);
+  h2.checkpoint_thetas.pop_back();
+  f = build_envelope(envelope{7, 0xffffffffu, h2});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  CATCH_CHECK(std::get<hello_msg>(r.value().body).checkpoint_thetas.empty());
+  // A recover names the members' theta after its round.
+  recover_msg rec;
+  rec.round = 9;
+  rec.theta_crc = 0xdeadbeef;
+  f = build_envelope(envelope{7, 0xffffffffu, rec});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  CATCH_CHECK(std::get<recover_msg>(r.value().body).theta_crc == 0xdeadbeef);
   // Its training settings travel as they are (a coordinator names the keys that differ); a text past the
   // limit is not sent.
   auto h3 = make_hello(protocol_version(), "node-c", 1, "tcp://10.0.0.3:5601");

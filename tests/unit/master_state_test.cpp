@@ -71,7 +71,9 @@ std::string describe_body(const cluster::envelope& e) {
            std::to_string(m->commit.fragment);
   if (auto* r = std::get_if<cluster::recover_msg>(&e.body))
     return "recover round " + std::to_string(r->round) + " from " + names(r->sources) + " offset " +
-           std::to_string(r->worker_offset) + (r->note.empty() ? "" : " note " + r->note);
+           std::to_string(r->worker_offset) +
+           (r->theta_crc == 0 ? "" : fmt::format(" theta {:08x}", r->theta_crc)) +
+           (r->note.empty() ? "" : " note " + r->note);
   if (auto* s = std::get_if<cluster::stop_msg>(&e.body)) return "stop " + std::to_string(s->round);
   if (auto* p = std::get_if<cluster::pin_msg>(&e.body))
     return p->release ? std::string("pin release") : "pin " + std::to_string(p->round);
@@ -225,13 +227,20 @@ class table {
       h.committed = comm::reduce_key{opt("round", 0), 0};
       if (std::find(args.begin(), args.end(), "small") != args.end())  // its settings: another model
         h.training_settings = "model.preset = \"small\"\ntrain.lr = 0.001\n";
-      for (const auto& a : args)  // rounds=13:14:15, the rounds of its checkpoints
-        if (a.rfind("rounds=", 0) == 0)
-          for (size_t p = 7; p < a.size();) {
-            const size_t colon = std::min(a.find(':', p), a.size());
-            h.checkpoint_rounds.push_back(std::stoull(a.substr(p, colon - p)));
-            p = colon + 1;
-          }
+      auto numbers = [&](const std::string& prefix) {  // rounds=13:14:15
+        std::vector<uint64_t> out;
+        for (const auto& a : args)
+          if (a.rfind(prefix, 0) == 0)
+            for (size_t p = prefix.size(); p < a.size();) {
+              const size_t colon = std::min(a.find(':', p), a.size());
+              out.push_back(std::stoull(a.substr(p, colon - p)));
+              p = colon + 1;
+            }
+        return out;
+      };
+      h.checkpoint_rounds = numbers("rounds=");  // the rounds of its checkpoints
+      for (const auto t : numbers("thetas="))    // and their thetas' CRCs
+        h.checkpoint_thetas.push_back(static_cast<uint32_t>(t));
       if (verb == "running") {
         h.running = true;
         h.epoch = opt("epoch", 1);
@@ -424,6 +433,59 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
                  {"n0 <- welcome rank 0 of 2 epoch 1 start 104",
                   "n1 <- welcome rank 1 of 2 epoch 1 start 104", "n2 <- recover round 0 from [n0,n1]"}}});
   }
+  CATCH_SECTION("two histories of one round: the nodes resume from the one most hold, the other fetches it") {
+    // A probe's split brain: n2 trained on alone, then n0 and n1 together; each side reached round 8, and
+    // both resumed from their own round 8, two models in one cluster.
+    table t(cluster_of(3));
+    t.play({{0, "n0", "hello resume=8 rounds=6:7:8 thetas=1:2:3", {}},
+            {0, "n1", "hello resume=8 rounds=6:7:8 thetas=1:2:3", {}},
+            {0,
+             "n2",
+             "hello resume=10 rounds=8:9:10 thetas=9:10:11",
+             {"n0 <- welcome rank 0 of 2 epoch 1 start 8", "n1 <- welcome rank 1 of 2 epoch 1 start 8",
+              "n2 <- recover round 0 from [n0,n1]",
+              "warn: coordinator: node n2 holds checkpoints up to round 10, past round 8, which the cluster "
+              "resumes after",
+              "warn: coordinator: node n2 holds a checkpoint of round 8 with another theta than n0, n1 "
+              "(another training history): it fetches the state from n0, n1 and joins",
+              "!as many nodes"}},
+            // A new process of it, once the members committed round 9, is told their theta with the round:
+            // its own checkpoint of round 9 serves only if it holds that one.
+            {1, "n0", "heartbeat 9", {}},
+            {1, "n1", "heartbeat 9", {}},
+            {1, "n0", "committed 9 5", {}},
+            {1, "n1", "committed 9 5", {}},
+            {2, "n2", "error", {}},
+            {3,
+             "n2'",
+             "hello resume=10 rounds=8:9:10 thetas=9:10:11",
+             {"n2' <- recover round 9 from [n0,n1] offset 2 theta 00000005"}}});
+  }
+  CATCH_SECTION("a split after rounds all hold: the newest round most hold, and its larger side's history") {
+    // n2 split off after round 7 (all three hold 6 and 7 alike): resuming after 7 would drop n0 and n1's
+    // round 8; the cluster resumes after 8 with theirs, and n2 fetches it.
+    table t(cluster_of(3));
+    t.play({{0, "n0", "hello resume=8 rounds=6:7:8 thetas=1:2:3", {}},
+            {0, "n1", "hello resume=8 rounds=6:7:8 thetas=1:2:3", {}},
+            {0,
+             "n2",
+             "hello resume=8 rounds=6:7:8 thetas=1:2:4",
+             {"n0 <- welcome rank 0 of 2 epoch 1 start 8", "n2 <- recover round 0 from [n0,n1]",
+              "node n2 holds a checkpoint of round 8 with another theta than n0, n1", "!past round"}}});
+    // As many on each side: one history is taken (said), the other side fetches it.
+    table tie(cluster_of(2));
+    tie.play({{0, "n0", "hello resume=8 rounds=7:8 thetas=2:3", {}},
+              {0,
+               "n1",
+               "hello resume=8 rounds=7:8 thetas=2:4",
+               {"n1 <- welcome rank 0 of 1 epoch 1 start 8", "n0 <- recover round 0 from [n1]",
+                "as many nodes hold one history of round 8 as another: the cluster resumes from n1's"}}});
+    // Without the thetas (an older node among them) the rounds alone count, as before.
+    table old(cluster_of(2));
+    old.play(
+        {{0, "n0", "hello resume=8 rounds=7:8 thetas=2:3", {}},
+         {0, "n1", "hello resume=8 rounds=7:8", {"n0 <- welcome rank 0 of 2 epoch 1 start 8", "!recover"}}});
+  }
   CATCH_SECTION("no node holds a checkpoint: every node starts at round 1") {
     table t(cluster_of(2));
     t.play({{0, "n0", "hello", {}}, {0, "n1", "hello", {"n0 <- welcome rank 0 of 2 epoch 1 start 0"}}});
@@ -484,6 +546,24 @@ CATCH_TEST_CASE(
               "!did not re-announce"}}});
     CATCH_CHECK(t.master().done() == 2);
   }
+}
+
+CATCH_TEST_CASE("master: a standby that took over and hears from no node has nothing to lead, and exits 0",
+                "[unit][master]") {
+  // A probe: the standby of a finished run took over once its leader exited, and called the run off (exit 1).
+  auto after_leader = cluster_of(2);
+  after_leader.took_over = true;
+  table t(after_leader);
+  t.play({{61,
+           "n0",
+           "tick",
+           {"no node said hello within 60 s of this standby taking over: the run it stood by for has ended",
+            "record end outcome=nothing_to_lead exit_code=0", "!called off"}}});
+  CATCH_CHECK(t.master().done() == 0);
+  // One that leads from the start still calls a run without its nodes off.
+  table fresh(cluster_of(2));
+  fresh.play({{61, "n0", "tick", {"record end outcome=called_off exit_code=1"}}});
+  CATCH_CHECK(fresh.master().done() == 1);
 }
 
 CATCH_TEST_CASE("master: a silent member is lost, fenced out, and told so", "[unit][master]") {
@@ -1247,6 +1327,13 @@ CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][m
                 "leave n1",
                 {"n1 <- leave n1", "op <- error none: node n1 leaves at its next round boundary"}},
                {2, "op", "leave n9", {"op <- error invalid_config: node 'n9' is not in this cluster"}},
+               // The last one may not leave too: the cluster would fall below min_nodes (1 here).
+               {2,
+                "op",
+                "leave n0",
+                {"op <- error invalid_config: node n0 cannot leave: 0 nodes would train on, below [cluster] "
+                 "min_nodes = 1",
+                 "!n0 <- leave"}},
                {3,
                 "n1",
                 "bye left",
