@@ -572,14 +572,21 @@ CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch
   edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n1"); }, 300));
-  // n1's process: the child of launch whose command line names it.
+  // n1's process: the child of launch whose command line names it (each /proc/PID/stat names its parent).
   pid_t n1 = -1;
-  std::istringstream children(
-      read_text("/proc/" + std::to_string(launch.pid) + "/task/" + std::to_string(launch.pid) + "/children"));
-  for (pid_t pid; children >> pid;) {
-    auto cmdline = read_text("/proc/" + std::to_string(pid) + "/cmdline");
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto stat = read_text(e.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t parent = -1;
+    rest >> state >> parent;
+    auto cmdline = read_text(e.path().string() + "/cmdline");
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (contains(cmdline, "--node n1")) n1 = pid;
+    if (parent == launch.pid && contains(cmdline, "--node n1")) n1 = static_cast<pid_t>(std::stol(pid));
   }
   CATCH_REQUIRE(n1 > 0);
   CATCH_REQUIRE(kill(n1, SIGKILL) == 0);
