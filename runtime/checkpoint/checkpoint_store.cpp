@@ -416,6 +416,7 @@ std::string checkpoint_store::write(const checkpoint& c) {
 
   const std::string final_path = (fs::path(dir_) / file_name_for(c.round, c.step)).string();
   const std::string tmp_path = final_path + ".tmp";
+  prune("");
   try {
     file_writer out(tmp_path);
     char h[header_size] = {};
@@ -461,21 +462,25 @@ std::string checkpoint_store::write(const checkpoint& c) {
   }
   fsync_dir(dir_);
 
-  // Prune. Only files that look like checkpoints count towards keep: a stray file named like one is neither
-  // counted nor deleted (stray_files() names it). A failed delete leaves an extra old file, which the next
-  // write retries; it does not fail this one.
+  prune(final_path);
+  return final_path;
+}
+
+void checkpoint_store::prune(const std::string& spare) const {
+  // Only files that look like checkpoints count towards keep: a stray file named like one is neither counted
+  // nor deleted (stray_files() names it). A failed delete leaves an extra old file, which the next write
+  // retries; it does not fail this one.
   std::vector<std::string> files;
   for (auto& f : list())
-    if (base_name(f) == base_name(final_path) || header_problem(f).empty()) files.push_back(std::move(f));
+    if (base_name(f) == base_name(spare) || header_problem(f).empty()) files.push_back(std::move(f));
   const auto keep = static_cast<size_t>(keep_);
   size_t excess = files.size() > keep ? files.size() - keep : 0;
   for (size_t i = 0; i < files.size() && excess > 0; ++i) {
-    if (base_name(files[i]) == base_name(final_path)) continue;
+    if (!spare.empty() && base_name(files[i]) == base_name(spare)) continue;
     std::error_code ec;
     fs::remove(files[i], ec);
     --excess;
   }
-  return final_path;
 }
 
 std::vector<held_round> checkpoint_store::held_rounds(

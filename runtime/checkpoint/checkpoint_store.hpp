@@ -63,9 +63,10 @@ class checkpoint_store {
   checkpoint_store(std::string dir, int64_t keep);
 
   /// Writes atomically: <dir>/ckpt-<round %08>-<step %010>.lwc.tmp, write, fsync, rename, fsync the
-  /// directory; then deletes all but the newest `keep` checkpoint files (never the one just written). Returns
-  /// the final path. Throws lw_error(io_error) naming the path and the system error; the previous checkpoints
-  /// are intact.
+  /// directory; then deletes all but the newest `keep` checkpoint files (never the one just written). More
+  /// than `keep` before the write (keep was lowered) are pruned to `keep` first, which frees a full disk.
+  /// Returns the final path. Throws lw_error(io_error) naming the path and the system error; the newest
+  /// `keep` previous checkpoints are intact.
   std::string write(const checkpoint& c);
 
   /// The newest valid checkpoint, or std::nullopt if the directory holds no checkpoint file. A file that
@@ -108,6 +109,9 @@ class checkpoint_store {
   static uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
  private:
+  /// Deletes the oldest checkpoint files past the newest `keep_` (never `spare`, a file just written).
+  void prune(const std::string& spare) const;
+
   std::string dir_;
   int64_t keep_;
 };

@@ -559,6 +559,23 @@ CATCH_TEST_CASE("A small file is replaced whole or left as it was, never with a 
                        (tmp.path / "no" / "f.tmp").string()));
 }
 
+CATCH_TEST_CASE("A lowered keep frees the old checkpoints before the next write, which may then fail",
+                "[checkpoint]") {
+  temp_dir tmp;
+  {
+    checkpoint_store five(tmp.path.string(), 5);
+    for (uint64_t r = 1; r <= 5; ++r) five.write(small_checkpoint(r));
+  }
+  checkpoint_store two(tmp.path.string(), 2);
+  // The write of round 6 fails (its temporary file's name is a directory), as on a full disk: the 3 oldest
+  // are gone already, the newest 2 kept.
+  fs::create_directory(tmp.path / "ckpt-00000006-0000000060.lwc.tmp");
+  CATCH_CHECK_THROWS_AS(two.write(small_checkpoint(6)), lw_error);
+  const auto left = two.list();
+  CATCH_REQUIRE(left.size() == 2);
+  CATCH_CHECK(fs::path(left.front()).filename() == "ckpt-00000004-0000000040.lwc");
+}
+
 CATCH_TEST_CASE("Bad settings and unwritable directories give clear errors", "[checkpoint]") {
   temp_dir tmp;
   try {
