@@ -278,7 +278,7 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   if (opts.handle_signals) {
-    const bool stopped = code == 130;  // its checkpoint is on disk
+    const bool stopped = code == 130;  // stopped (after its checkpoint, if it trained): the exit code is said
     for (int i = 0; i < 3; ++i) {
       handler h = before[i] == SIG_ERR ? SIG_DFL : before[i];
       if (stopped && h != SIG_IGN && signals[i] != SIGHUP) h = on_late_signal;

@@ -115,10 +115,10 @@ void request_stop(self_ptr self, bool at_boundary) {
     if (!set_phase(self, phase::done)) return;
     return notify_main(self, 130);
   }
-  if (s.ph == phase::evaluating && s.policy->run_over(s.round))
+  if (!at_boundary && s.ph == phase::evaluating && s.policy->run_over(s.round))
     spdlog::info(
         "interrupt: the last round is trained; the run saves it and ends (exit 0) once its final evaluation "
-        "is done (Ctrl-C again to abort it)");
+        "is done (Ctrl-C again aborts it, and that round is not saved yet)");
   // Mid-round, the policy says where a stop lands; the round tail stops at the next round boundary.
   if (!at_boundary && s.ph == phase::inner && s.policy->stops() == stop_rule::pause_and_align)
     return stop_now(self, /*boundary=*/false);

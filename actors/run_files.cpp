@@ -317,7 +317,7 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
   checkpoint_store store(path, 1 << 30);
   auto c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); },
                              [&](checkpoint& each) {
-                               (void)theta_blob(each, "it");
+                               (void)theta_blob(each, "the checkpoint");
                                try {
                                  cfg = config_of(each, "its meta");
                                } catch (const config::config_error& e) {

@@ -28,6 +28,9 @@ void round_policy::warn_unsynced_fragments(const runtime::train_snapshot& snap) 
   if (cfg.diloco.outer == config::outer_policy_kind::streaming) return;
   const auto meta = runtime::parse_meta(snap.meta);
   if (const auto it = meta.find("outer"); it == meta.end() || it->second != "streaming") return;
+  // Mid-round, the replicas go on from where they are: their steps reach this round's pseudo-gradient.
+  for (const auto& r : snap.replicas)
+    if (r.steps_in_round != 0) return;
   size_t differ = 0;
   for (const auto& r : snap.replicas)
     differ += r.master.defined() && r.master.sizes() == snap.theta.sizes() &&

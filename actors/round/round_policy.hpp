@@ -73,8 +73,8 @@ class round_policy {
   virtual std::string describe(const ring_label& label) const;
 
  protected:
-  /// A checkpoint of a streaming run holds, per worker, inner steps of fragments not yet synchronized; a
-  /// policy that starts every round from theta_global drops them, and says so.
+  /// A boundary checkpoint of a streaming run holds, per worker, inner steps of fragments not yet
+  /// synchronized; a policy that starts every round from theta_global drops them, and says so.
   void warn_unsynced_fragments(const runtime::train_snapshot& snap) const;
 
   /// A whole DiLoCo round: every worker runs H inner steps from its starting theta (reset: loaded first);

@@ -129,9 +129,9 @@ void add_worker_lines(run_chart_set& c, const node_metrics& m, const std::string
   size_t k = 0;
   for (auto& [id, lines] : per_worker) {
     if (k == most_drawn) {
-      series more(
-          fmt::format("{}{} more workers, not drawn", cluster ? m.name + ": " : "", per_worker.size() - k),
-          "#999999");
+      series more(fmt::format("{}{} more worker{}, not drawn", cluster ? m.name + ": " : "",
+                              per_worker.size() - k, per_worker.size() - k == 1 ? "" : "s"),
+                  "#999999");
       c.util.lines.push_back(more);
       c.stall.lines.push_back(std::move(more));
       break;

@@ -475,8 +475,19 @@ void checkpoint_store::prune(const std::string& spare) const {
     if (base_name(f) == base_name(spare) || header_problem(f).empty()) files.push_back(std::move(f));
   const auto keep = static_cast<size_t>(keep_);
   size_t excess = files.size() > keep ? files.size() - keep : 0;
+  // Before a write (no file just written), the newest checkpoint that loads stays whatever its age: a newer
+  // one whose body is corrupt must not outlive the last good one if the write then fails.
+  std::string good = spare;
+  for (size_t i = files.size(); excess > 0 && good.empty() && i-- > 0;) {
+    try {
+      (void)load_file(files[i]);
+      good = files[i];
+    } catch (const lw_error&) {
+      // corrupt: an older one
+    }
+  }
   for (size_t i = 0; i < files.size() && excess > 0; ++i) {
-    if (!spare.empty() && base_name(files[i]) == base_name(spare)) continue;
+    if (!good.empty() && base_name(files[i]) == base_name(good)) continue;
     std::error_code ec;
     fs::remove(files[i], ec);
     --excess;

@@ -109,7 +109,8 @@ class checkpoint_store {
   static uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
  private:
-  /// Deletes the oldest checkpoint files past the newest `keep_` (never `spare`, a file just written).
+  /// Deletes the oldest checkpoint files past the newest `keep_`: never `spare` (a file just written), and
+  /// without one never the newest file that loads.
   void prune(const std::string& spare) const;
 
   std::string dir_;

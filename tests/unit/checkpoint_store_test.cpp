@@ -574,6 +574,16 @@ CATCH_TEST_CASE("A lowered keep frees the old checkpoints before the next write,
   const auto left = two.list();
   CATCH_REQUIRE(left.size() == 2);
   CATCH_CHECK(fs::path(left.front()).filename() == "ckpt-00000004-0000000040.lwc");
+  // With keep 1 and the newest corrupt (its header whole), the good round 4 is not the one pruned: a failed
+  // write must leave a checkpoint to resume from.
+  const auto newest = left.back();
+  auto bytes = read_all(newest);
+  bytes[bytes.size() - 1] ^= 0x40;
+  write_all(newest, bytes);
+  checkpoint_store one(tmp.path.string(), 1);
+  CATCH_CHECK_THROWS_AS(one.write(small_checkpoint(6)), lw_error);
+  CATCH_REQUIRE(one.load_latest().has_value());
+  CATCH_CHECK(one.load_latest()->round == 4);
 }
 
 CATCH_TEST_CASE("Bad settings and unwritable directories give clear errors", "[checkpoint]") {
