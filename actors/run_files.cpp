@@ -343,8 +343,8 @@ const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const s
   return *b;
 }
 
-void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out) {
-  const auto& b = theta_blob(c, path);
+void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params) {
+  const auto& b = theta_blob(c, path, n_params);
   std::memcpy(out, b.data, b.size);
   if (!std::all_of(out, out + b.size / sizeof(float), [](float x) { return std::isfinite(x); }))
     throw lw_error(errc::corrupt_checkpoint,

@@ -60,9 +60,9 @@ named_checkpoint load_named_checkpoint(const std::string& path);
 const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
                                            int64_t n_params = 0);
 
-/// Copies theta_blob's values into `out` (the blob's bytes need not be float-aligned); refuses NaN or
-/// infinity with lw_error(corrupt_checkpoint).
-void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out);
+/// Copies theta_blob(c, path, n_params)'s values into `out`, which holds that many floats (the blob's bytes
+/// need not be float-aligned); refuses NaN or infinity with lw_error(corrupt_checkpoint).
+void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params);
 
 /// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.
 void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start);

@@ -220,9 +220,8 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
     const int64_t n_params = models::closed_form_param_count(spec);
-    (void)theta_blob(c, checkpoint_path, n_params);  // its size, before the copy
     at::Tensor theta = at::empty({n_params}, at::kFloat);
-    copy_theta(c, checkpoint_path, theta.data_ptr<float>());
+    copy_theta(c, checkpoint_path, theta.data_ptr<float>(), n_params);
     auto val = models::data::read_shard(data.val_path);
     models::data::check_token_ids(val, spec.vocab_size, data.val_path);
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);

@@ -65,7 +65,7 @@ exported_model load(const std::string& path) {
     throw lw_error(errc::corrupt_checkpoint, fmt::format("{}: meta names model '{}', its config gives '{}'",
                                                          path, it->second, models::model_label(m.spec)));
   m.theta.resize(blob.size / sizeof(float));
-  actors::copy_theta(named.ckpt, path, m.theta.data());
+  actors::copy_theta(named.ckpt, path, m.theta.data(), static_cast<int64_t>(m.theta.size()));
   m.cfg = std::move(named.cfg);
   m.round = named.ckpt.round;
   m.step = named.ckpt.step;

@@ -470,10 +470,12 @@ void checkpoint_store::prune(const std::string& spare) const {
   // Only files that look like checkpoints count towards keep: a stray file named like one is neither counted
   // nor deleted (stray_files() names it). A failed delete leaves an extra old file, which the next write
   // retries; it does not fail this one.
-  std::vector<std::string> files;
-  for (auto& f : list())
-    if (base_name(f) == base_name(spare) || header_problem(f).empty()) files.push_back(std::move(f));
   const auto keep = static_cast<size_t>(keep_);
+  auto named = list();
+  if (named.size() <= keep) return;  // the usual case: no header read on a write's path
+  std::vector<std::string> files;
+  for (auto& f : named)
+    if (base_name(f) == base_name(spare) || header_problem(f).empty()) files.push_back(std::move(f));
   size_t excess = files.size() > keep ? files.size() - keep : 0;
   // Before a write (no file just written), the newest checkpoint that loads stays whatever its age: a newer
   // one whose body is corrupt must not outlive the last good one if the write then fails.
