@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/errors/errors.hpp"
@@ -112,6 +113,50 @@ std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t m
   return std::nullopt;
 }
 
+/// The resolved config in a checkpoint's meta; lw_error(corrupt_checkpoint) naming `path` when it has none.
+/// A config that does not parse throws config_error.
+config::train_config config_of(const std::string& meta, const std::string& path) {
+  const auto pos = meta.find(config_marker);
+  if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, path + ": no config in meta");
+  // The paths are where the run was: they may be gone, or files, where the checkpoint is read now.
+  return config::parse_config(meta.substr(pos + std::strlen(config_marker)), {}, path + "'s stored config",
+                              {},
+                              /*check_paths=*/false);
+}
+
+/// A resume under training settings other than its checkpoint's run had (train.seed, batch_size, lr, ...)
+/// goes on, but is no longer that run continued: says which. train.rounds and async.tokens may grow freely.
+/// A checkpoint that stopped mid-round past a lowered train.inner_steps ends that round at once: says so.
+void warn_changed_settings(const config::train_config& cfg, const train_snapshot& snap) {
+  if (!snap.replicas.empty() && snap.replicas[0].steps_in_round >= cfg.train.inner_steps &&
+      cfg.diloco.outer != config::outer_policy_kind::async)
+    spdlog::warn(
+        "the checkpoint is {} inner steps into round {}, and train.inner_steps = {} now: that round ends "
+        "at once with the {} steps it has (the rounds after have {})",
+        snap.replicas[0].steps_in_round, snap.round + 1, cfg.train.inner_steps,
+        snap.replicas[0].steps_in_round, cfg.train.inner_steps);
+  std::string then;
+  try {
+    then = config::training_settings(config_of(snap.meta, "the checkpoint"));
+  } catch (const std::exception& e) {  // an older file without a config, or one this build does not parse
+    spdlog::warn("the checkpoint's settings are not compared with this run's: {}", e.what());
+    return;
+  }
+  std::vector<std::string> changed;
+  // "key = NOW (THEN)" -> "key = NOW (it had THEN)"
+  for (auto& d : config::settings_differences(config::training_settings(cfg), then, 64))
+    if (d.rfind("train.rounds ", 0) != 0 && d.rfind("async.tokens ", 0) != 0)
+      changed.push_back(d.insert(d.rfind(" (") + 2, "it had "));
+  if (changed.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < changed.size() && i < 5; ++i) list += (i ? ", " : "") + changed[i];
+  if (changed.size() > 5) list += fmt::format(" and {} more", changed.size() - 5);
+  spdlog::warn(
+      "resuming with {} other than the checkpoint's run had: {}. The run goes on with them, so it is no "
+      "longer an exact resume",
+      changed.size() == 1 ? "a training setting" : fmt::format("{} training settings", changed.size()), list);
+}
+
 /// Nothing to train: says so, and how to get the final validation loss when result.json is missing.
 void report_complete(const config::train_config& cfg, const run_paths& p, const train_snapshot& snap) {
   spdlog::info(
@@ -205,7 +250,10 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
           "edited, truncated or replaced): the run goes on with it, so it is no longer an exact resume",
           cfg.data.path.empty() ? std::string("the default corpus") : cfg.data.path);
   }
-  if (!start.resume || !run_complete(*start.resume, cfg)) return start;
+  if (!start.resume || !run_complete(*start.resume, cfg)) {
+    if (start.resume) warn_changed_settings(cfg, *start.resume);
+    return start;
+  }
   start.complete = true;
   report_complete(cfg, p, *start.resume);
   return start;
@@ -289,26 +337,11 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
   out << config::to_toml(cfg);
 }
 
-namespace {
-
-/// The resolved config in a checkpoint's meta; lw_error(corrupt_checkpoint) naming `path` when it has none.
-/// A config that does not parse throws config_error.
-config::train_config config_of(const checkpoint& c, const std::string& path) {
-  const auto pos = c.meta.find(config_marker);
-  if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, path + ": no config in meta");
-  // The paths are where the run was: they may be gone, or files, where the checkpoint is read now.
-  return config::parse_config(c.meta.substr(pos + std::strlen(config_marker)), {}, path + "'s stored config",
-                              {},
-                              /*check_paths=*/false);
-}
-
-}  // namespace
-
 named_checkpoint load_named_checkpoint(const std::string& path) {
   if (!fs::exists(path)) throw lw_error(errc::io_error, path + ": no such file or directory");
   if (!fs::is_directory(path)) {
     auto c = checkpoint_store::load_file(path);
-    auto cfg = config_of(c, path);
+    auto cfg = config_of(c.meta, path);
     return {std::move(c), std::move(cfg)};
   }
   // A directory: its newest file that holds a config and a theta (what eval and export read), as a run's
@@ -319,7 +352,7 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
                              [&](checkpoint& each) {
                                (void)theta_blob(each, "the checkpoint");
                                try {
-                                 cfg = config_of(each, "its meta");
+                                 cfg = config_of(each.meta, "its meta");
                                } catch (const config::config_error& e) {
                                  throw lw_error(errc::corrupt_checkpoint, e.what());
                                }

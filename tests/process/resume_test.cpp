@@ -343,6 +343,7 @@ CATCH_TEST_CASE("a resume on data other than the checkpoint's run read says so",
   CATCH_INFO(l2);
   CATCH_REQUIRE(c2 == 0);
   CATCH_CHECK(l2.find("differs from what the checkpoint's run read") == std::string::npos);
+  CATCH_CHECK(l2.find("no longer an exact resume") == std::string::npos);  // train.rounds may grow
   fs::resize_file(dir + "/corpus.txt", fs::file_size(dir + "/corpus.txt") / 2);
   auto [c3, l3] = run(with_rounds(3), dir + "/3.log", 600);
   CATCH_INFO(l3);
@@ -350,6 +351,37 @@ CATCH_TEST_CASE("a resume on data other than the checkpoint's run read says so",
   CATCH_CHECK(l3.find("data: the training data (" + dir +
                       "/corpus.txt) differs from what the checkpoint's run "
                       "read") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a resume under other training settings, or past a lowered train.inner_steps, says so",
+                "[process][resume]") {
+  const auto dir = scratch_dir("other-settings");
+  const auto cfg = config_file(dir, "r");
+  // Stopped a few steps into a round of 1000: a mid-round checkpoint, whatever the machine's speed.
+  auto a = spawn({binary(), "run", cfg, "--set", "train.inner_steps=1000", "--set", "train.pace_step_s=0.1"},
+                 dir + "/a.log");
+  CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/r/loss_trace.tsv").size() >= 3; }, 300));
+  CATCH_REQUIRE(kill(a.pid, SIGINT) == 0);
+  CATCH_REQUIRE(wait_exit(a, 120) == 130);
+  const auto a_log = read_text(dir + "/a.log");
+  CATCH_INFO(a_log);
+  const long stopped_at = number_after(a_log, "stopped at inner step ");
+  CATCH_REQUIRE(stopped_at >= 3);
+  auto [code, log] = run({binary(), "run", cfg, "--set", "train.inner_steps=2", "--set", "train.rounds=2",
+                          "--set", "train.lr=0.002"},
+                         dir + "/b.log", 600);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 0);
+  CATCH_CHECK(log.find("the checkpoint is " + std::to_string(stopped_at) +
+                       " inner steps into round 1, and train.inner_steps = 2 now: that round ends at once") !=
+              std::string::npos);
+  CATCH_CHECK(log.find("resuming with 2 training settings other than the checkpoint's run had: "
+                       "train.inner_steps = 2 (it had 1000), train.lr = 0.002 (it had ") !=
+              std::string::npos);
+  CATCH_CHECK(log.find("no longer an exact resume") != std::string::npos);
+  CATCH_CHECK(log.find("train.rounds = 2 (it had") == std::string::npos);
+  CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv").size() == static_cast<size_t>(stopped_at) + 2);
   fs::remove_all(dir);
 }
 
