@@ -1,6 +1,9 @@
 // The actor graph of one run: who gets spawned with what, and the main thread's wait for the end.
 #include "actors/actor_graph.hpp"
 
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <caf/scoped_actor.hpp>
 
 #include <atomic>
@@ -33,6 +36,19 @@ namespace {
 
 std::atomic<int> g_signals{0};      // Ctrl-C and SIGTERM: the first stops with a checkpoint, a second exits
 std::atomic<bool> g_hangup{false};  // SIGHUP (the terminal closed; often sent twice): a stop, never an exit
+bool g_watch_pipes = false;         // SIGPIPE was not ignored when the run began: a closed output stops it
+
+/// Whether standard output or error is a pipe or socket whose reader is gone (`| head` that ended, a killed
+/// `tee` or `longwave launch`): the run then stops as for a hangup, instead of dying of SIGPIPE unsaved.
+bool output_closed() {
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) continue;
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP)) != 0) return true;
+  }
+  return false;
+}
 
 /// After an interrupted run's checkpoint: another Ctrl-C or SIGTERM while the process ends exits with 130 at
 /// once (the default action would end it "killed by a signal" instead of the documented exit code).
@@ -190,6 +206,9 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
     controls.merge = [&g](merge_order order) {
       caf::anon_send(g.coordinator, merge_atom_v, std::move(order));
     };
+    controls.end = [&g](std::string why) {
+      caf::anon_send(g.coordinator, lost_atom_v, make_error(errc::evicted, std::move(why)));
+    };
     cluster.tick([&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
                  controls);
   }
@@ -207,6 +226,10 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
         "on disk: {}",
         newest);
     std::_Exit(130);
+  }
+  if (g_watch_pipes && !*stop_sent && !g_hangup.load() && output_closed()) {
+    spdlog::warn("the reader of this run's output is gone (a closed pipe): stopping as for a hangup");
+    g_hangup.store(true);
   }
   if ((n == 1 || g_hangup.load()) && !*stop_sent) {
     spdlog::info(
@@ -227,6 +250,12 @@ void configure_system(caf::actor_system_config& sys_cfg) {
   // not steal cycles from LibTorch.
   sys_cfg.set("scheduler.policy", caf::atom("sharing"));
   sys_cfg.set("scheduler.max-threads", 1);
+}
+
+void watch_closed_output() {
+  static const bool watch =
+      std::signal(SIGPIPE, SIG_IGN) != SIG_IGN;  // once: a second call would see SIG_IGN
+  g_watch_pipes = watch;
 }
 
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,

@@ -30,6 +30,12 @@ struct actor_graph {
 /// Spawns the metrics sink, communicator (opts.communicator_override, else the real one over the cluster's
 /// collective), outer optimizer, checkpointer, evaluator ([eval] async) and the coordinator with its workers,
 /// which resumes from start.resume.
+/// From now on a write to a closed pipe fails instead of killing the process with SIGPIPE, and (unless
+/// SIGPIPE was ignored already, as under a caller that chose so) run_until_done stops the run, saved, once
+/// its standard output or error has lost its reader. Called before anything is logged that may meet such a
+/// pipe.
+void watch_closed_output();
+
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
                         const run_options& opts, cluster_link& cluster, start_point start);
 

@@ -44,6 +44,9 @@ struct node_controls {
   std::function<void()> release;                   ///< a pin is over: go on from the boundary
   /// diloco.outer = "async": the master announced a merge (or drops); in arrival order.
   std::function<void(runtime::merge_order)> merge;
+  /// The master evicted this node or called the run off, and training calls no ring that would fail on it
+  /// (async: only merges do, and none comes): end the run now, as a failed all-reduce ends it (exit 1).
+  std::function<void(std::string why)> end;
 };
 
 /// A node's place in the ring (the master's welcome, or a joiner's admission).

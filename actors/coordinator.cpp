@@ -397,6 +397,9 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
         if (self->state.ph == phase::inner || self->state.ph == phase::stopping) on_report(self, r);
       },
       [=](lost_atom, ring_label label, caf::error& e) { allreduce_failed(self, label, std::move(e), true); },
+      [=](lost_atom, caf::error& e) {
+        if (!is_terminal(self->state.ph) && self->state.ph != phase::stopping) fail(self, e);
+      },
       [=](stop_atom) { request_stop(self, /*at_boundary=*/false); },
       [=](stop_atom, done_atom) { request_stop(self, /*at_boundary=*/true); },
       [=](hold_atom) { return hold_at_next_boundary(self); },

@@ -15,6 +15,7 @@
 #include "config/config_loader.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/files/atomic_file.hpp"
 #include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
@@ -38,6 +39,14 @@ void truncate_trace(const std::string& path, uint64_t step) {
   in.close();
   std::ofstream out(path, std::ios::trunc);
   out << keep.str();
+}
+
+/// Whether `path` begins as every config copy a run writes does (config::resolved_config_header).
+bool resolved_copy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(config::resolved_config_header.size(), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  return in && head == config::resolved_config_header;
 }
 
 /// Says what the checkpoint directory holds besides checkpoints, and removes unfinished writes (a process
@@ -159,14 +168,26 @@ void warn_changed_settings(const config::train_config& cfg, const train_snapshot
 
 /// Nothing to train: says so, and how to get the final validation loss when result.json is missing.
 void report_complete(const config::train_config& cfg, const run_paths& p, const train_snapshot& snap) {
-  spdlog::info(
-      "run complete: {} already holds round {} of train.rounds = {} (inner step {}{}); nothing to train. "
-      "Raise train.rounds to train more rounds, or pass --fresh to start over",
-      p.out_dir, snap.round, cfg.train.rounds, snap.step,
-      !snap.replicas.empty() && snap.replicas[0].steps_in_round != 0
-          ? fmt::format(", {} steps into round {}, which is past the end", snap.replicas[0].steps_in_round,
-                        snap.round + 1)
-          : std::string());
+  if (cfg.diloco.outer == config::outer_policy_kind::async) {  // versions and tokens, not this node's phases
+    const bool by_tokens =
+        cfg.async.tokens > 0 && snap.merged_tokens >= static_cast<uint64_t>(cfg.async.tokens);
+    spdlog::info(
+        "run complete: {} already holds version {} ({}); nothing to train. Raise {} to train more, or pass "
+        "--fresh to start over",
+        p.out_dir, snap.version,
+        by_tokens ? fmt::format("{} merged tokens of async.tokens = {}", snap.merged_tokens, cfg.async.tokens)
+                  : fmt::format("train.rounds = {} versions", cfg.train.rounds),
+        by_tokens ? "async.tokens" : "train.rounds");
+  } else {
+    spdlog::info(
+        "run complete: {} already holds round {} of train.rounds = {} (inner step {}{}); nothing to train. "
+        "Raise train.rounds to train more rounds, or pass --fresh to start over",
+        p.out_dir, snap.round, cfg.train.rounds, snap.step,
+        !snap.replicas.empty() && snap.replicas[0].steps_in_round != 0
+            ? fmt::format(", {} steps into round {}, which is past the end", snap.replicas[0].steps_in_round,
+                          snap.round + 1)
+            : std::string());
+  }
   if (!fs::exists(fs::path(p.out_dir) / "result.json"))
     spdlog::warn(
         "{} has no result.json (the run ended before writing it); `longwave eval {}` gives the final "
@@ -195,6 +216,7 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     std::error_code ec;
     for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list()) fs::remove(f, ec);
     fs::remove(p.trace, ec);
+    fs::remove(fs::path(p.out_dir) / "result.json", ec);  // the old run's: this one writes its own at the end
     return start;
   }
   checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);
@@ -328,18 +350,33 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
   return start;
 }
 
-void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start) {
+void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start,
+                     const std::string& config_file) {
   if (start.resume)
     truncate_trace(p.trace, start.resume->step);
   else
     std::ofstream(p.trace, std::ios::trunc);
-  std::ofstream out(p.config_copy, std::ios::trunc);
-  out << config::to_toml(cfg);
+  // The copy never replaces a file it did not write: the config this run read may sit there.
+  std::error_code ec;
+  const bool is_input = !config_file.empty() && fs::equivalent(config_file, p.config_copy, ec);
+  if (is_input || (fs::exists(p.config_copy, ec) && !resolved_copy(p.config_copy))) {
+    spdlog::warn(
+        "{} is {}, not a resolved copy a run wrote: left as it is (the checkpoints hold the resolved "
+        "config)",
+        p.config_copy, is_input ? "the config file this run reads" : "a file of yours");
+    return;
+  }
+  if (const auto why = write_atomically(p.config_copy, config::to_toml(cfg)); !why.empty())
+    spdlog::warn("the resolved config copy is not written: {}", why);
 }
 
 named_checkpoint load_named_checkpoint(const std::string& path) {
   if (!fs::exists(path)) throw lw_error(errc::io_error, path + ": no such file or directory");
   if (!fs::is_directory(path)) {
+    // A FIFO or a device would block the read or never end it.
+    if (!fs::is_regular_file(path))
+      throw lw_error(errc::io_error,
+                     path + ": not a checkpoint file or directory (a FIFO, socket or device)");
     auto c = checkpoint_store::load_file(path);
     auto cfg = config_of(c.meta, path);
     return {std::move(c), std::move(cfg)};

@@ -64,7 +64,9 @@ const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const s
 /// need not be float-aligned); refuses NaN or infinity with lw_error(corrupt_checkpoint).
 void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params);
 
-/// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it.
-void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start);
+/// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it (unless that
+/// file is `config_file`, the one the run reads, or another file a run did not write).
+void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start,
+                     const std::string& config_file);
 
 }  // namespace longwave::actors

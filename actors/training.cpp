@@ -50,11 +50,12 @@ void make_directory(const std::string& key, const std::string& dir) {
 /// One run, top to bottom: check the config, lock the out_dir, prepare the data, find where to start, start
 /// the actors, wait for them.
 int train(const config::train_config& cfg, const run_options& opts, cluster_link& cluster) {
+  if (opts.handle_signals) watch_closed_output();
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   const auto spec = model_spec_of(cfg);
   check_backend(cfg);
-  if (cfg.diloco.outer == config::outer_policy_kind::async && !cluster.place())
+  if (cfg.diloco.outer == config::outer_policy_kind::async && !cluster.place() && !opts.cluster_node)
     throw config::config_error("diloco.outer",
                                "diloco.outer = \"async\" merges the pseudo-gradients of a cluster's nodes as "
                                "they arrive; one process alone has none to wait for: run it as a node of a "
@@ -91,7 +92,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
     start = find_start(cfg, opts, p, shape_of(*ctx));
   }
   if (start.complete) return 0;
-  reset_run_files(cfg, p, start);
+  reset_run_files(cfg, p, start, opts.config_file);
   caf::actor_system_config sys_cfg;
   configure_system(sys_cfg);
   caf::actor_system sys{sys_cfg};
@@ -201,7 +202,13 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
     const auto p = resolve_paths(cfg);
     std::string corpus;
     if (data_override.empty()) {
-      corpus = corpus_path(cfg);
+      try {
+        corpus = corpus_path(cfg);
+      } catch (const config::config_error& e) {  // the stored path is where the run was, not here
+        throw config::config_error(e.key(), e.message() +
+                                                " (the checkpoint's stored config; name the corpus "
+                                                "here with --data)");
+      }
     } else {
       std::error_code ec;
       if (!fs::exists(data_override, ec))
@@ -250,7 +257,10 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
   } catch (const lw_error& e) {
     spdlog::error("{}: {}", to_string(e.code()), e.what());
     // The named checkpoint or the user's shards: bad input, as for export and run.
-    return loading || e.code() == errc::corrupt_data || e.code() == errc::corrupt_checkpoint ? 2 : 1;
+    return loading || e.code() == errc::corrupt_data || e.code() == errc::corrupt_checkpoint ||
+                   e.code() == errc::invalid_config
+               ? 2
+               : 1;
   } catch (const c10::Error& e) {
     spdlog::error("torch: {}", e.what_without_backtrace());
     return 1;

@@ -28,6 +28,7 @@ struct run_options {
   bool dry_run = false;        ///< validate, print the resolved config and the model size, do not train
   bool handle_signals = true;  ///< SIGINT/SIGTERM stop cleanly (exit code 130)
   bool leave = false;          ///< cluster node: ask the coordinator to make the running node leave
+  std::string config_file;     ///< the config (or cluster) file read: the resolved copy never replaces it
   /// A cluster node: its hello announced its newest checkpoint, so a newest one that does not load stops it
   /// rather than falling back to an older one.
   bool cluster_node = false;

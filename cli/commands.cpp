@@ -25,7 +25,8 @@ void add_log_level(CLI::App* app, cli_values& v) {
 CLI::App* add_run(CLI::App& app, cli_values& v) {
   auto* run = app.add_subcommand("run", "Train from a TOML config (resumes from the latest checkpoint)");
   run->add_option("config", v.config_path, "TOML config file (see examples/)")->required();
-  run->add_option("--set", v.overrides, "Override a field: --set section.key=value (repeatable)");
+  run->add_option("--set", v.overrides, "Override a field: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
   run->add_flag("--dry-run", v.run_dry_run,
                 "Validate, print the resolved config, parameter count and memory estimate; do not train");
   run->add_flag("--fresh", v.run_fresh,
@@ -121,7 +122,8 @@ CLI::App* add_coordinator(CLI::App& app, cli_values& v) {
   auto* coord = app.add_subcommand("coordinator",
                                    "Cluster role: admit the nodes, give them ring positions, watch them");
   coord->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
-  coord->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  coord->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
   coord->add_option("--bind", v.coordinator_bind,
                     "Which of [cluster] coordinator's addresses to listen on (default: the first); a standby "
                     "coordinator started elsewhere takes the running cluster over");
@@ -143,7 +145,8 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
       "whose [cluster] open = true)");
   node->add_option("--workers", v.node_workers, "A node not in the cluster file: its workers (default 1)")
       ->check(at_least_one());
-  node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
   node->add_flag("--fresh", v.cluster_fresh,
                  "Start over: delete this node's checkpoints and loss trace first");
   node->add_flag("--dry-run", v.node_dry_run, "Validate and print this node's resolved config; do not join");
@@ -159,7 +162,8 @@ CLI::App* add_stop(CLI::App& app, cli_values& v) {
   auto* stop = app.add_subcommand(
       "stop", "Stop a running cluster: every node finishes its current round, saves its checkpoint, exits 0");
   stop->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
-  stop->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)");
+  stop->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
   stop->footer(
       "The coordinator asks every node where it can stop and tells all of them the same round, so their\n"
       "checkpoints agree; then it exits 0 too. The same `coordinator` and `node` commands resume the run.\n"
@@ -174,7 +178,8 @@ CLI::App* add_launch(CLI::App& app, cli_values& v) {
       "launch",
       "Start the coordinator and every node of a cluster file as local processes (Ctrl-C stops all)");
   launch->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
-  launch->add_option("--set", v.cluster_overrides, "Override a field for every role (repeatable)");
+  launch->add_option("--set", v.cluster_overrides, "Override a field for every role (repeatable)")
+      ->allow_extra_args(false);
   launch->add_flag("--fresh", v.cluster_fresh, "Every node starts over (deletes its checkpoints first)");
   launch->add_flag("--observe", v.observe.enabled,
                    "Also start Debian's Prometheus server scraping every role (data in RUN_DIR/prometheus)");
@@ -306,8 +311,9 @@ subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string
       "Longwave: DiLoCo training of Llama-style language models over slow links.\n"
       "Workers run H inner AdamW steps on their own data, average their pseudo-gradients and apply them with "
       "an\n"
-      "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 130 "
-      "interrupted.");
+      "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 3 "
+      "checkpoints "
+      "could\nnot be written, 4 out_dir in use by another run, 130 interrupted.");
   app.set_version_flag(
       "--version", std::move(version),
       "Print the CPU, the LibTorch version and the kernels it uses, the GPUs and CUDA, and exit");

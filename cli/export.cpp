@@ -72,19 +72,24 @@ exported_model load(const std::string& path) {
   return m;
 }
 
-/// The run's tokenizer file (data_dir/tokenizer.txt; beside the checkpoint directory; in data.path), if one
-/// matches the model's vocabulary.
+/// The run's tokenizer file, if one matches the model's vocabulary: first beside the checkpoint directory
+/// (where an archived or copied run keeps it), then the stored data_dir (another run may have reused that
+/// out_dir since), then data.path. A model whose vocabulary came from its tokenizer needs the same size.
 std::optional<std::string> find_tokenizer(const exported_model& m, const std::string& ckpt_path) {
   const fs::path ckpt_dir =
       fs::is_directory(ckpt_path) ? fs::path(ckpt_path) : fs::path(ckpt_path).parent_path();
-  std::vector<fs::path> candidates{fs::path(actors::resolve_paths(m.cfg).data_dir) / "tokenizer.txt",
-                                   fs::absolute(ckpt_dir).parent_path() / "data" / "tokenizer.txt"};
+  std::vector<fs::path> candidates{fs::absolute(ckpt_dir).parent_path() / "data" / "tokenizer.txt",
+                                   fs::path(actors::resolve_paths(m.cfg).data_dir) / "tokenizer.txt"};
   if (!m.cfg.data.path.empty() && fs::is_directory(m.cfg.data.path))
     candidates.push_back(fs::path(m.cfg.data.path) / "tokenizer.txt");
+  const bool exact = m.cfg.model.vocab_size == 0;
   for (const auto& c : candidates) {
     if (!fs::is_regular_file(c)) continue;
     try {
-      if (models::data::load_tokenizer(c.string())->vocab_size() <= m.spec.vocab_size) return c.string();
+      const int64_t vocab = models::data::load_tokenizer(c.string())->vocab_size();
+      if (exact ? vocab == m.spec.vocab_size : vocab <= m.spec.vocab_size) return c.string();
+      spdlog::info("export: {} is not this model's tokenizer ({} tokens, the model has {})", c.string(),
+                   vocab, m.spec.vocab_size);
     } catch (const lw_error&) {
       // not a tokenizer of ours: the next candidate
     }

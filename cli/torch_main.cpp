@@ -32,6 +32,7 @@ int cmd_run(const cli_values& v) {
   actors::run_options opts;
   opts.dry_run = v.run_dry_run;
   opts.fresh = v.run_fresh;
+  opts.config_file = v.config_path;
   return actors::run_training(*cfg, opts);
 }
 
@@ -42,6 +43,7 @@ int cmd_node(const cli_values& v) {
   if (!spec) return 2;
   actors::run_options nopts;
   nopts.fresh = v.cluster_fresh;
+  nopts.config_file = v.cluster_path;
   nopts.dry_run = v.node_dry_run;
   nopts.leave = v.node_leave;
   nopts.endpoint = v.node_endpoint;

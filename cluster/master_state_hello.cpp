@@ -363,7 +363,7 @@ master_state::resume_plan master_state::plan_resume() const {
   std::vector<size_t> joined;
   for (size_t i = 0; i < members_.size(); ++i)
     if (members_[i].identity && members_[i].phase == member_phase::waiting) joined.push_back(i);
-  bool lists = !merges_, thetas = true;
+  bool lists = !s_.async, thetas = true;
   for (auto i : joined) {
     const auto& m = members_[i];
     lists = lists && (m.resume_round == 0 || !m.checkpoint_rounds.empty()) && !m.state_endpoint.empty();

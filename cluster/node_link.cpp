@@ -1,6 +1,7 @@
 // A training node's link to its cluster (see node_link.hpp).
 #include "cluster/node_link.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -138,6 +139,20 @@ void node_link::tick(const std::function<void(std::string)>& record, const actor
     leaving_ = true;
     spdlog::info("node {}: asked to leave the cluster: stopping at the next round boundary", name_);
     controls.leave();
+  }
+  if (orphaned_after_ && !ended_ && controls.end) {
+    const auto gone = watch_.gone_since();
+    if (asks.evicted) {
+      ended_ = true;
+      controls.end("the coordinator says: " + *asks.evicted);
+    } else if (gone && now - *gone >= *orphaned_after_) {
+      ended_ = true;
+      controls.end(fmt::format(
+          "no coordinator for {:.0f} s ([cluster] quorum_timeout_s): without one no merge comes, so this "
+          "node's phases would never reach the run. Its checkpoints are kept: start it again with the same "
+          "command once a coordinator runs",
+          std::chrono::duration<double>(now - *gone).count()));
+    }
   }
   stop_.on_tick(asks, control_, controls, record, now);
   if (!stop_.round()) pin_.on_tick(asks, control_, controls);

@@ -52,6 +52,10 @@ class node_link final : public actors::cluster_link {
   std::optional<uint64_t> stopped_after() const { return stop_.round(); }
   /// The master asked this node to leave (longwave node --leave).
   bool leaving() const { return leaving_; }
+  /// diloco.outer = "async": an eviction or a call-off ends training at once (node_controls::end), since no
+  /// ring call of this node is due that would fail on it; so does a master unreachable for `orphaned` (no
+  /// merge comes without one: the node would train on, unmerged, past the run's end).
+  void end_on_eviction(std::chrono::milliseconds orphaned) { orphaned_after_ = orphaned; }
 
   const actors::ring_place* place() const override { return &place_; }
   bool joining() const override { return joiner_.has_value(); }
@@ -92,6 +96,8 @@ class node_link final : public actors::cluster_link {
   std::atomic<uint64_t> version_{0};  // async: the last version applied
   merge_follower merges_;
   bool leaving_ = false;
+  std::optional<std::chrono::milliseconds> orphaned_after_;  // set: async (end_on_eviction)
+  bool ended_ = false;
   bool cluster_stopped_ = false;
   // The start-up beats (begin_start_up): their thread, its stop, and the turns on control_.
   std::thread start_up_beats_;

@@ -264,7 +264,9 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     spdlog::info("node {}: rank {} of {}, {} workers (global ranks {}..{}), ring endpoint {}", me.name, index,
                  spec.nodes.size(), me.workers, config::worker_offset(spec, index),
                  config::worker_offset(spec, index) + me.workers - 1, me.endpoint);
-    return actors::run_training(cfg, opts);
+    auto dry = opts;
+    dry.cluster_node = true;  // a node of this cluster: what a single run refuses (async) is checked as one
+    return actors::run_training(cfg, dry);
   }
 
   node_session s;
@@ -272,6 +274,8 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return *failed;
   set_up_ring(s, spec, file_spec, index, cfg);
   node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(), same_theta(cfg));
+  if (cfg.diloco.outer == config::outer_policy_kind::async)
+    link.end_on_eviction(std::chrono::milliseconds(static_cast<int64_t>(spec.quorum_timeout_s * 1000)));
   if (s.recover) {
     const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
     node_opts.max_resume_round.reset();

@@ -43,6 +43,7 @@ void add_ask(const control_event& ev, master_asks& asks) {
   asks.leave = asks.leave || ev.what == control_event::kind::leave;
   asks.welcomed = asks.welcomed || ev.what == control_event::kind::welcome;
   if (ev.what == control_event::kind::merge) asks.merges.push_back(ev.merge);
+  if (ev.what == control_event::kind::notice && ev.code == errc::evicted) asks.evicted = ev.text;
   if (ev.what == control_event::kind::stop && ev.round == 0) asks.stop_query = true;
   if (ev.what == control_event::kind::stop && ev.round > 0) asks.stop_round = ev.round;
   if (ev.what != control_event::kind::pin) return;

@@ -36,6 +36,7 @@ struct master_asks {
   bool pin_release = false;            ///< the pin is over: go on
   std::vector<merge_msg> merges;       ///< diloco.outer = "async": merges and drops, in arrival order
   bool welcomed = false;               ///< a (restarted) coordinator took this running node on
+  std::optional<std::string> evicted;  ///< the coordinator evicted this node or called the run off: why
 };
 
 /// A node's view of its master while it trains: membership changes reach the ring (fence, next epoch,
@@ -61,6 +62,9 @@ class master_watch {
   master_asks on_tick(control_client& control, comm::collective& ring, comm::elastic_ring* elastic,
                       const std::string& name, steady::time_point now,
                       const std::function<void(std::string)>& record);
+
+  /// Since when the master has been unreachable (dropped, refused); nullopt while it is connected.
+  std::optional<steady::time_point> gone_since() const { return gone_since_; }
 
  private:
   void on_event(const control_event& ev, comm::collective& ring, comm::elastic_ring* elastic,

@@ -420,6 +420,10 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
   }
   if (spec.train.run.mode != run_mode::diloco) throw not_diloco(spec.train.run.mode);
   spec.train.train.workers = total;
+  // Delayed Nesterov's period is one number on every node: 0 resolves here, from the nodes the file lists (a
+  // node's own ring when it starts differs between nodes that start while the ring is smaller or larger).
+  if (spec.train.diloco.outer == outer_policy_kind::async && spec.train.async.dn_period == 0)
+    spec.train.async.dn_period = 2 * static_cast<int64_t>(spec.nodes.size());
   if (spec.open && spec.open_workers == 0) spec.open_workers = 4;
   if (!spec.open && spec.open_workers > 0)
     throw config_error(
@@ -454,7 +458,7 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
 
 cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides) {
   auto spec = parse_cluster(read_config_text(path), overrides, path);
-  if (spec.train.run.name.empty()) spec.train.run.name = std::filesystem::path(path).stem().string();
+  if (spec.train.run.name.empty()) spec.train.run.name = run_name_of_file(path);
   return spec;
 }
 

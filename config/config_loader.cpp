@@ -426,8 +426,13 @@ class loader {
       if (std::find(foreign_.begin(), foreign_.end(), section) != foreign_.end()) continue;
       if (!is_section(section)) {
         if (node->is_table()) {
-          throw config_error(section, fmt::format("unknown section [{}]{}{}", section,
-                                                  closest(section, section_names()), where));
+          const bool cluster_file = section == "cluster" || section == "nodes" || section == "security";
+          throw config_error(
+              section,
+              fmt::format("unknown section [{}]{}{}{}", section, closest(section, section_names()), where,
+                          cluster_file ? " (a cluster file: run it with `longwave launch` "
+                                         "or `longwave node`)"
+                                       : ""));
         }
         throw config_error(section, fmt::format("unknown key '{}' outside any section{}{}", section,
                                                 suggest_key(section), where));
@@ -879,18 +884,20 @@ train_config load_config_file(const std::string& path, const std::vector<std::st
     warnings->push_back(fmt::format("config {} is empty: every setting {}is its default", path,
                                     overrides.empty() ? "" : "but the --set overrides "));
   }
-  if (cfg.run.name.empty()) {
-    try {
-      cfg.run.name = std::filesystem::path(path).stem().string();
-    } catch (const std::exception&) {
-      // A name is only a label; keep it empty rather than fail.
-    }
-  }
+  if (cfg.run.name.empty()) cfg.run.name = run_name_of_file(path);
   return cfg;
 }
 
+std::string run_name_of_file(const std::string& path) {
+  std::string stem = std::filesystem::path(path).stem().string();
+  if (!is_utf8(stem))
+    for (auto& c : stem)
+      if (static_cast<unsigned char>(c) >= 0x80) c = '_';
+  return stem;
+}
+
 std::string to_toml(const train_config& cfg) {
-  std::string out = "# Longwave resolved config: every field, defaults included.\n";
+  std::string out(resolved_config_header);
   std::string_view section;
   for_each_field(cfg, [&](std::string_view s, std::string_view n, const auto& field, const rule&) {
     if (s != section) {

@@ -39,6 +39,10 @@ train_config parse_config(std::string_view toml_text, const std::vector<std::str
                           std::string_view source_name, const std::vector<std::string>& foreign_sections = {},
                           bool check_paths = true);
 
+/// The default run.name for a config at `path`: its file name's stem, each byte of it outside ASCII replaced
+/// by '_' when the stem is not UTF-8 (the name goes into TOML copies, which must be).
+std::string run_name_of_file(const std::string& path);
+
 /// The text of a config file; config_error with key "file" if it cannot be read.
 std::string read_config_text(const std::string& path);
 
@@ -64,5 +68,9 @@ std::string device_problem(const std::string& device);
 /// The config as TOML text: every section and every field, in struct order, doubles in shortest round-trip
 /// form. For a valid config, parse_config(to_toml(c), {}, "") gives back c exactly.
 std::string to_toml(const train_config& cfg);
+
+/// The first line of every to_toml text: what tells a run's own resolved copy from a user's config file.
+inline constexpr std::string_view resolved_config_header =
+    "# Longwave resolved config: every field, defaults included.\n";
 
 }  // namespace longwave::config

@@ -91,6 +91,9 @@ using coordinator_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reac
                                            caf::reacts_to<report_atom, step_report>,
                                            /// To itself: the grace period after a lost ring peer ended.
                                            caf::reacts_to<lost_atom, ring_label, caf::error>,
+                                           /// The master evicted this node or called the run off while no
+                                           /// ring call of it is due to fail (async): fail now (main thread).
+                                           caf::reacts_to<lost_atom, caf::error>,
                                            /// diloco.outer = "async": the master's merge (main thread).
                                            caf::reacts_to<merge_atom, merge_order>>;
 

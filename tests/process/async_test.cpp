@@ -377,3 +377,68 @@ CATCH_TEST_CASE("async: longwave stop ends every node at its own phase's end, an
   check_one_final_theta(out, names);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
+
+CATCH_TEST_CASE("async: nodes of different speeds stopped and started again go on from one theta",
+                "[process][cluster][async][resume]") {
+  // n3 runs 20x slower: at the stop its checkpoints hold far fewer phases (its rounds) than the others'.
+  // Each node resumes its own newest checkpoint (none fetches because its phase count is lower), and all
+  // step theta by one Delayed Nesterov period.
+  const auto dir = scratch_dir("async_uneven_resume");
+  cluster_ports ports;
+  const auto cluster = slow_node_cluster(dir, ports, 40, "");
+  const auto out = dir + "/cluster";
+  const std::vector<std::string> names{"n0", "n1", "n2", "n3"};
+  {
+    auto [coord, nodes] = start_cluster(dir, cluster, 4);
+    CATCH_REQUIRE(wait_master_records(out, "merge", 4, 300));
+    stop_cluster(dir, cluster);
+    for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
+    CATCH_CHECK(wait_exit(coord, 60) == 0);
+  }
+  const auto before = version_crcs(out, names);
+  CATCH_REQUIRE(!before.empty());
+  auto [coord, nodes] = start_cluster(dir, cluster, 4);
+  for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 600) == 0);
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_INFO("--- coordinator\n" << clog << "\n--- n3\n" << tail(read_text(dir + "/n3.log")));
+  CATCH_CHECK_FALSE(contains(clog, "it fetches"));
+  CATCH_CHECK_FALSE(contains(clog, "differs between nodes"));
+  for (const auto& n : names) {
+    CATCH_INFO("node " << n);
+    CATCH_CHECK(contains(read_text(dir + "/" + n + ".log"), "moves theta by 1/8 of itself"));
+  }
+  const auto after = version_crcs(out, names, /*after_resume=*/true);
+  CATCH_REQUIRE(!after.empty());
+  CATCH_CHECK(after.rbegin()->first == 40);
+  check_one_crc_per_version(after);
+  check_one_final_theta(out, names);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
+    "async: nodes end, keeping their checkpoints, when the coordinator calls the run off or is gone",
+    "[process][cluster][async]") {
+  // No ring call of an async node is due to fail on it (only merges call the ring, and none comes): without
+  // this, they trained on past the run's end, for ever.
+  for (const int sig : {SIGINT, SIGKILL}) {
+    CATCH_DYNAMIC_SECTION("the coordinator " << (sig == SIGINT ? "stopped with Ctrl-C" : "SIGKILLed")) {
+      const auto dir = scratch_dir(sig == SIGINT ? "async_called_off" : "async_orphaned");
+      const auto cluster = equal_nodes_cluster(dir);
+      edit_file(cluster, "join_timeout_s = ", "quorum_timeout_s = 2\njoin_timeout_s = ");
+      auto [coord, nodes] = start_cluster(dir, cluster, 3);
+      CATCH_REQUIRE(wait_master_records(dir + "/cluster", "merge", 3, 300));
+      CATCH_REQUIRE(kill(coord.pid, sig) == 0);
+      CATCH_CHECK(wait_exit(coord, 60) == (sig == SIGINT ? 130 : 128 + SIGKILL));
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        CATCH_CHECK(wait_exit(nodes[i], 300) == 1);
+        const auto log = read_text(dir + "/n" + std::to_string(i) + ".log");
+        CATCH_INFO(tail(log));
+        CATCH_CHECK(contains(log, sig == SIGINT ? "the cluster was called off" : "no coordinator for "));
+        CATCH_CHECK(contains(log, "training failed in phase"));
+        CATCH_CHECK(checkpoint_count(dir, "n" + std::to_string(i)) > 0);
+      }
+      fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+    }
+  }
+}

@@ -343,3 +343,26 @@ CATCH_TEST_CASE(
   }
   fs::remove_all(dir);
 }
+
+CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later run's in its stored out_dir",
+                "[process][export]") {
+  const auto dir = scratch_dir("export-tokenizer");
+  const auto cfg = tiny_run_config(dir);
+  const auto train = [&](int vocab, const std::string& log) {
+    const auto [code, out] = run({binary(), "run", cfg, "--fresh", "--set", "data.tokenizer=\"bpe\"", "--set",
+                                  "data.bpe_vocab_size=" + std::to_string(vocab)},
+                                 dir + "/" + log, 600);
+    CATCH_INFO(out);
+    CATCH_REQUIRE(code == 0);
+  };
+  train(300, "a.log");
+  fs::copy(dir + "/run", dir + "/archive", fs::copy_options::recursive);
+  train(280, "b.log");  // the same out_dir again, another tokenizer
+  const auto [code, out] =
+      run({binary(), "export", dir + "/archive/checkpoints", "--out", dir + "/hf"}, dir + "/export.log", 300);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") == read_text(dir + "/archive/data/tokenizer.txt"));
+  CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") != read_text(dir + "/run/data/tokenizer.txt"));
+  fs::remove_all(dir);
+}

@@ -164,6 +164,41 @@ CATCH_TEST_CASE("a run whose terminal closes (SIGHUP) stops with a checkpoint, e
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE(
+    "a run whose output pipe loses its reader (| head) stops with a checkpoint and resumes exactly",
+    "[process][resume]") {
+  const auto dir = scratch_dir("closed-pipe");
+  const auto cfg = config_file(dir, "r");
+  auto [code_a, log_a] = run({binary(), "run", config_file(dir, "a")}, dir + "/a.log", 600);
+  CATCH_REQUIRE(code_a == 0);
+  // Paced, so that the reader goes while the run trains, whatever the machine's speed.
+  auto [c, out] = spawn_piped({binary(), "run", cfg, "--set", "train.pace_step_s=0.05"});
+  CATCH_REQUIRE(out >= 0);
+  std::string head;
+  char buf[4096];
+  while (read_trace(dir + "/r/loss_trace.tsv").size() < 17) {  // in round 4, 3 checkpoints written
+    const auto n = read(out, buf, sizeof buf);
+    if (n <= 0) break;
+    head.append(buf, static_cast<size_t>(n));
+  }
+  close(out);  // the reader is gone: the next line the run writes meets a closed pipe
+  CATCH_INFO(head);
+  CATCH_CHECK(wait_exit(c, 120) == 130);  // not 141, killed by SIGPIPE
+  const auto stopped = read_trace(dir + "/r/loss_trace.tsv").size();
+  CATCH_REQUIRE(stopped < 60);
+  CATCH_CHECK(read_text(dir + "/r/metrics.jsonl").find("\"exit_code\":130") != std::string::npos);
+  // The stop saved its step: the rerun resumes from it, and ends as the uninterrupted run did.
+  auto [code_b, log_b] = run({binary(), "run", cfg}, dir + "/b.log", 600);
+  CATCH_INFO(log_b);
+  CATCH_REQUIRE(code_b == 0);
+  CATCH_CHECK(number_after(log_b, ", inner step ") == static_cast<long>(stopped));
+  const auto trace_a = read_trace(dir + "/a/loss_trace.tsv"), trace_b = read_trace(dir + "/r/loss_trace.tsv");
+  CATCH_REQUIRE(trace_b.size() == trace_a.size());
+  for (size_t i = 0; i < trace_a.size(); ++i)
+    CATCH_CHECK(std::abs(trace_b[i].second - trace_a[i].second) <= 1e-6);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a hangup sent twice still stops with a checkpoint, and under nohup a hangup is ignored",
                 "[process][resume]") {
   const auto dir = scratch_dir("sighup-twice");

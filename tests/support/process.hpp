@@ -108,11 +108,11 @@ struct child {
   std::string log;
 };
 
-/// Starts args with output to log_path; with own_group, in a process group of its own (pgid = pid), so that
-/// the test can signal it and all its children at once. `env` ("NAME=VALUE" each) is added to the test's own
-/// environment, replacing a variable of the same name.
-inline child spawn(const std::vector<std::string>& args, const std::string& log_path, bool own_group = false,
-                   const std::vector<std::string>& env = {}) {
+/// Starts args with stdout and stderr on out_fd; with own_group, in a process group of its own (pgid = pid),
+/// so that the test can signal it and all its children at once. `env` ("NAME=VALUE" each) is added to the
+/// test's own environment, replacing a variable of the same name.
+inline child spawn_on(const std::vector<std::string>& args, int out_fd, bool own_group = false,
+                      const std::vector<std::string>& env = {}) {
   // The child's environment is built before fork: after it, only async-signal-safe calls.
   std::vector<std::string> vars(env);
   for (char** e = environ; *e; ++e) {
@@ -127,23 +127,40 @@ inline child spawn(const std::vector<std::string>& args, const std::string& log_
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  // Emptied here, before fork: a test that waits for a line in the log of a process started again into the
-  // same file must not find the earlier process's line before the child has opened it.
-  if (const int old = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644); old >= 0) close(old);
   child c;
-  c.log = log_path;
   c.pid = fork();
   if (c.pid == 0) {
     if (own_group) setpgid(0, 0);
-    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
+    dup2(out_fd, 1);
+    dup2(out_fd, 2);
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   if (own_group && c.pid > 0) setpgid(c.pid, c.pid);  // also here, so the group exists before any kill
   if (c.pid > 0) spawned_children().emplace_back(c.pid, own_group);
   return c;
+}
+
+/// Starts args with output to log_path (emptied first; see spawn_on for own_group and env).
+inline child spawn(const std::vector<std::string>& args, const std::string& log_path, bool own_group = false,
+                   const std::vector<std::string>& env = {}) {
+  // Emptied here, before fork: a test that waits for a line in the log of a process started again into the
+  // same file must not find the earlier process's line before the child has opened it.
+  const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  auto c = spawn_on(args, fd, own_group, env);
+  if (fd >= 0) close(fd);
+  c.log = log_path;
+  return c;
+}
+
+/// Starts args with its output into a pipe; returns the child and the pipe's read end, which the caller
+/// reads and closes (a `longwave run ... | head` whose head ends).
+inline std::pair<child, int> spawn_piped(const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return {child{}, -1};
+  auto c = spawn_on(args, fds[1]);
+  close(fds[1]);
+  return {c, fds[0]};
 }
 
 using longwave::runtime::seconds_since;

@@ -123,6 +123,19 @@ CATCH_TEST_CASE("[cluster] membership keys: heartbeat_timeout_s, min_nodes and q
                    Catch::Matchers::Contains("cluster.min_nodes = 4: the cluster file lists only 2 node(s)"));
 }
 
+CATCH_TEST_CASE("async.dn_period = 0 is twice the nodes the cluster file lists, on every node alike",
+                "[config][cluster]") {
+  // Each node resolved it from its own ring at start-up: a node that started while the ring was smaller
+  // stepped theta by another fraction, and the models parted for good.
+  const auto async = replaced(good, "[comm]", "[diloco]\nouter = \"async\"\n[comm]");
+  CATCH_CHECK(parse_cluster(async, {}, "c").train.async.dn_period == 4);
+  CATCH_CHECK(parse_cluster(async, {"async.dn_period=3"}, "c").train.async.dn_period == 3);
+  CATCH_CHECK(parse_cluster(good, {}, "c").train.async.dn_period == 0);  // not async: left as it is
+  // Resolved before the fingerprint: two nodes of one file agree, and an explicit equal value is the same.
+  CATCH_CHECK(training_fingerprint(parse_cluster(async, {}, "c").train) ==
+              training_fingerprint(parse_cluster(async, {"async.dn_period=4"}, "c").train));
+}
+
 CATCH_TEST_CASE("[cluster] coordinator may list the addresses a coordinator can run at",
                 "[config][cluster]") {
   using Catch::Matchers::Contains;

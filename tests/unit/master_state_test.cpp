@@ -1594,6 +1594,21 @@ CATCH_TEST_CASE(
           {3, "n0", "contribute 14 100", {"n0 <- merge 13 [] drop [n0@14x100*1]", "reason=future_version"}}});
 }
 
+CATCH_TEST_CASE("master: async nodes of different speeds resume each from its own newest checkpoint",
+                "[unit][master][async]") {
+  // A node's rounds are its own phases: a slow node holds fewer than a fast one, and that is no reason to
+  // fetch (a probe's divergence: the slow node fetched, and the ring started without it).
+  auto s = cluster_of(3);
+  s.async = merge_rules{.quorum = 1, .grace_min_s = 0, .grace_max_s = 0, .max_staleness = 4};
+  table t(s);
+  t.play({{0, "n0", "hello resume=33 rounds=31:32:33 round=40", {}},
+          {0, "n1", "hello resume=33 rounds=31:32:33 round=40", {}},
+          {0,
+           "n2",
+           "hello resume=18 rounds=16:17:18 round=32",
+           {"epoch 1 (3 members, start)", "n2 <- welcome rank 2 of 3", "!recover", "!it fetches"}}});
+}
+
 CATCH_TEST_CASE(
     "master: under async a stop announces no merge and each member stops where it holds, once all "
     "applied the last merge",
