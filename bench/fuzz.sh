@@ -5,9 +5,10 @@
 # exec/s and crashes (crashes, leaks, sanitizer reports, timeouts: 0 expected); exits 1 if there was one,
 # keeping the inputs that caused it. Needs clang and its libFuzzer runtime (Debian 12: clang and
 # libclang-rt-14-dev, which scripts/setup installs; CI runs every target briefly through scripts/sanitize).
-#   bench/fuzz.sh [--seconds N | --runs N] [--parallel P] [--seeds | --build-only] [TARGET ...]
+#   bench/fuzz.sh [--seconds N | --runs N] [--seed S] [--parallel P] [--seeds | --build-only] [TARGET ...]
 #     --seconds N   each target for N seconds (default: 10, a short run)
 #     --runs N      each target for N executions (e.g. 1000000, the issue's goal)
+#     --seed S      libFuzzer's random seed (default: a new one each run); with --runs, a repeatable run
 #     --parallel P  P targets at a time (default 1; these machines have 2 cores)
 #     --seeds       write fuzz/corpus/ again from the targets' seeds mode instead of fuzzing
 #     --build-only  configure and build the targets, and fuzz nothing
@@ -17,6 +18,7 @@ cd "$(dirname "$0")/.."
 all=(envelope_fuzz chunk_fuzz sparse_fuzz state_request_fuzz state_reply_fuzz checkpoint_bytes_fuzz checkpoint_file_fuzz
   config_fuzz cluster_fuzz corpus_fuzz metrics_jsonl_fuzz)
 limit=(-max_total_time=10)
+seed=()
 parallel=1
 seeds=0
 build_only=0
@@ -25,10 +27,11 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) limit=(-max_total_time="$2"); shift 2 ;;
     --runs) limit=(-runs="$2"); shift 2 ;;
+    --seed) seed=(-seed="$2"); shift 2 ;;
     --parallel) parallel=$2; shift 2 ;;
     --seeds) seeds=1; shift ;;
     --build-only) build_only=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -65,7 +68,7 @@ run_one() {
   local t=$1 dir=$work/$1
   mkdir -p "$dir/corpus" "$dir/artifacts"
   cp fuzz/corpus/"$t"/* "$dir/corpus/"
-  (cd "$dir" && "$root/$build/fuzz/$t" "${limit[@]}" -print_final_stats=1 -timeout=25 -rss_limit_mb=4096 \
+  (cd "$dir" && "$root/$build/fuzz/$t" "${limit[@]}" ${seed[@]+"${seed[@]}"} -print_final_stats=1 -timeout=25 -rss_limit_mb=4096 \
     -artifact_prefix="$dir/artifacts/" corpus >"$dir/log" 2>&1) || echo $? >"$dir/rc"
 }
 

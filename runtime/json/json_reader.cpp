@@ -1,7 +1,15 @@
 // RapidJSON with Python's leniencies: NaN/Infinity numbers, and lone surrogate escapes read as U+FFFD.
 #include "runtime/json/json_reader.hpp"
 
+#include <rapidjson/encodedstream.h>
 #include <rapidjson/error/en.h>
+#include <rapidjson/memorystream.h>
+
+#include <locale.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 namespace longwave::runtime {
 
@@ -54,85 +62,74 @@ std::optional<std::string> replace_lone_surrogates(std::string_view s) {
   return out;
 }
 
-// RapidJSON 1.1.0's full precision passes 0 to __builtin_clzll for a zero written with many digits or an
-// exponent ("0.000...0", "0e100"; Tencent/rapidjson#1249, fixed after 1.1.0) and reads garbage (0e100 as
-// -2e235). Each such zero outside a string becomes "0.0" or "-0.0" padded with spaces: the same value and
-// kind, and the same length, so error offsets hold.
-std::optional<std::string> plain_zeros(std::string_view s) {
-  std::optional<std::string> out;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-      continue;
+// RapidJSON 1.1.0's full precision is unsafe on text from outside: it passes 0 to __builtin_clzll for a zero
+// written with an exponent ("0e100", read as -2e235) and indexes past its table of powers for a number with
+// hundreds of leading zeros (Tencent/rapidjson#1249 and others, fixed after 1.1.0). Exact numbers are read
+// here instead: RapidJSON checks the grammar and hands each number's text to strtod, which rounds correctly.
+class exact_numbers : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, exact_numbers> {
+ public:
+  explicit exact_numbers(rapidjson::Document& doc) : doc_(doc) {}
+  bool Default() { return false; }  // every event is forwarded below
+  bool Null() { return doc_.Null(); }
+  bool Bool(bool b) { return doc_.Bool(b); }
+  bool String(const char* s, rapidjson::SizeType n, bool copy) { return doc_.String(s, n, copy); }
+  bool Key(const char* s, rapidjson::SizeType n, bool copy) { return doc_.Key(s, n, copy); }
+  bool StartObject() { return doc_.StartObject(); }
+  bool EndObject(rapidjson::SizeType n) { return doc_.EndObject(n); }
+  bool StartArray() { return doc_.StartArray(); }
+  bool EndArray(rapidjson::SizeType n) { return doc_.EndArray(n); }
+  // `s` ends with a NUL. An integer keeps its kind (as RapidJSON's own reading) unless it overflows 64 bits.
+  bool RawNumber(const char* s, rapidjson::SizeType n, bool) {
+    const std::string_view text(s, n);
+    if (text.find_first_of(".eEIN") == std::string_view::npos) {
+      errno = 0;
+      char* end = nullptr;
+      if (text.front() == '-') {
+        const long long v = std::strtoll(s, &end, 10);
+        if (errno == 0 && end == s + n) return doc_.Int64(v);
+      } else {
+        const unsigned long long v = std::strtoull(s, &end, 10);
+        if (errno == 0 && end == s + n) return doc_.Uint64(v);
+      }
     }
-    if (c == '"') {
-      in_string = true;
-      continue;
-    }
-    if (c != '-' && (c < '0' || c > '9')) continue;
-    // A number token, read by JSON's grammar: -?int(.digits)?([eE][+-]?digits)?. Only a valid zero other
-    // than 0 or -0 (int "0", every fraction digit 0, and a fraction or an exponent) is rewritten.
-    auto digits = [&](size_t at, bool& all_zero) {
-      size_t k = at;
-      for (; k < s.size() && s[k] >= '0' && s[k] <= '9'; ++k) all_zero = all_zero && s[k] == '0';
-      return k;
-    };
-    bool zero = true, valid = true, plain = true;
-    size_t j = i + (c == '-');
-    const size_t int_end = digits(j, zero);
-    valid = int_end == j + 1 && s[j] == '0';  // a zero's integer part is one 0 (JSON has no leading zeros)
-    j = int_end;
-    if (j < s.size() && s[j] == '.') {
-      const size_t frac_end = digits(j + 1, zero);
-      valid = valid && frac_end > j + 1;
-      j = frac_end;
-      plain = false;
-    }
-    if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
-      size_t k = j + 1;
-      if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
-      bool ignored = true;
-      const size_t exp_end = digits(k, ignored);
-      valid = valid && exp_end > k;
-      j = exp_end;
-      plain = false;
-    }
-    const std::string_view zero_text = c == '-' ? "-0.0" : "0.0";
-    if (zero && valid && !plain && j - i > zero_text.size()) {
-      if (!out) out.emplace(s);
-      out->replace(i, j - i, std::string(zero_text) + std::string(j - i - zero_text.size(), ' '));
-    }
-    i = j == i ? i : j - 1;
+    static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", nullptr);  // '.' whatever the locale
+    return doc_.Double(strtod_l(s, nullptr, c_locale));
   }
-  return out;
+
+ private:
+  rapidjson::Document& doc_;
+};
+
+rapidjson::ParseResult parse_exact(std::string_view text, rapidjson::Document& doc) {
+  rapidjson::MemoryStream memory(text.data(), text.size());
+  rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream> in(memory);
+  rapidjson::Reader reader;
+  rapidjson::ParseResult result;
+  auto generate = [&](rapidjson::Document& d) {
+    exact_numbers handler(d);
+    result = reader.Parse<parse_flags | rapidjson::kParseNumbersAsStringsFlag>(in, handler);
+    return !result.IsError();
+  };
+  doc.Populate(generate);
+  return result;
 }
 
 }  // namespace
 
 std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc, json_numbers numbers) {
   auto replaced = replace_lone_surrogates(text);
-  std::string_view parsed = replaced ? std::string_view(*replaced) : text;
-  if (numbers == json_numbers::exact) {
-    if (auto zeros = plain_zeros(parsed)) {
-      replaced = std::move(zeros);
-      parsed = *replaced;
-    }
-    doc.Parse<parse_flags | rapidjson::kParseFullPrecisionFlag>(parsed.data(), parsed.size());
-  } else {
-    doc.Parse<parse_flags>(parsed.data(), parsed.size());
-  }
+  const std::string_view parsed = replaced ? std::string_view(*replaced) : text;
+  const rapidjson::ParseResult r =
+      numbers == json_numbers::exact
+          ? parse_exact(parsed, doc)
+          : rapidjson::ParseResult(doc.Parse<parse_flags>(parsed.data(), parsed.size()));
   json_error e;
-  if (doc.HasParseError()) {
-    e.what = rapidjson::GetParseError_En(doc.GetParseError());
+  if (r.IsError()) {
+    e.what = rapidjson::GetParseError_En(r.Code());
     if (!e.what.empty() && e.what.back() == '.') e.what.pop_back();  // it goes inside a sentence
-    e.offset = doc.GetErrorOffset();
+    e.offset = r.Offset();
     // Most errors of a cut text are at its end; a cut escape is reported at its backslash.
-    const auto code = doc.GetParseError();
+    const auto code = r.Code();
     const bool escape = code == rapidjson::kParseErrorStringEscapeInvalid ||
                         code == rapidjson::kParseErrorStringUnicodeEscapeInvalidHex ||
                         code == rapidjson::kParseErrorStringUnicodeSurrogateInvalid;

@@ -19,8 +19,8 @@ struct json_error {
   bool truncated = false;  ///< the text ended before the value did (a writer stopped mid-record)
 };
 
-/// How numbers are converted: exactly (RapidJSON's full precision), or to within a few ulps where the values
-/// are not used (cheaper, and free of RapidJSON 1.1.0's undefined behaviour on zeros such as "0e100").
+/// How numbers are converted: exactly (each number's text through strtod, which rounds correctly), or to
+/// within a few ulps by RapidJSON where the values are not used (cheaper).
 enum class json_numbers { exact, approximate };
 
 /// Parses one whole JSON document into `doc`: RFC 8259 plus NaN, Inf, Infinity, -Inf and -Infinity, which

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "runtime/json/json_reader.hpp"
@@ -79,9 +81,8 @@ CATCH_TEST_CASE("json reader: a text that ends inside a value is reported trunca
   }
 }
 
-// Found by fuzz/corpus_fuzz. RapidJSON 1.1.0's full precision (json_numbers::exact) passes 0 to
-// __builtin_clzll here and reads garbage (0e100 as -2e235 in a GCC build); parse_json writes such zeros
-// plainly first (longwave report reads metrics.jsonl with exact numbers).
+// Found by fuzz/corpus_fuzz. RapidJSON 1.1.0's full precision passes 0 to __builtin_clzll here and reads
+// garbage (0e100 as -2e235 in a GCC build); json_numbers::exact no longer uses it.
 CATCH_TEST_CASE("json reader: zeros with many digits or an exponent read as 0 with approximate numbers",
                 "[unit][json]") {
   rapidjson::Document doc;
@@ -115,8 +116,41 @@ CATCH_TEST_CASE("json reader: zeros with many digits or an exponent read as 0 wi
   CATCH_CHECK(doc["e"].GetDouble() == 0.1);
   CATCH_CHECK(doc["f"].GetDouble() == 1.0);
   CATCH_CHECK(std::isinf(doc["g"].GetDouble()));
-  // An error after a rewritten zero still names its own column.
+  // An error after such a zero names its own column.
   const auto e = parse_json("[0e100, x]", doc, longwave::runtime::json_numbers::exact);
   CATCH_REQUIRE(e);
   CATCH_CHECK(e->column == 9);
+}
+
+// Found by fuzz/metrics_jsonl_fuzz: RapidJSON 1.1.0's full precision indexed past its table of powers of ten
+// for a number with hundreds of leading zeros (UBSan: a signed overflow in GetCachedPower10).
+CATCH_TEST_CASE("json reader: exact numbers are correctly rounded, with hundreds of digits too",
+                "[unit][json]") {
+  const std::string zeros(470, '0');
+  const std::string text = "[0." + zeros + "14890132093788110000000000000000000, 0." + std::string(299, '0') +
+                           "1e299, 1" + std::string(299, '0') + "e-299, 4.9406564584124654e-324, 0.1e1, " +
+                           "2.2250738585072011e-308, -9223372036854775808, 18446744073709551616, 9e308]";
+  rapidjson::Document doc;
+  CATCH_REQUIRE_FALSE(parse_json(text, doc, longwave::runtime::json_numbers::exact));
+  CATCH_CHECK(doc[0].GetDouble() == 0.0);  // below the smallest subnormal
+  CATCH_CHECK(doc[1].GetDouble() == 0.1);
+  CATCH_CHECK(doc[2].GetDouble() == 1.0);
+  CATCH_CHECK(doc[3].GetDouble() == std::numeric_limits<double>::denorm_min());
+  CATCH_CHECK(doc[4].GetDouble() == 1.0);
+  CATCH_CHECK(doc[5].GetDouble() == 0x0.fffffffffffffp-1022);  // the largest subnormal, rounded from below
+  CATCH_CHECK(doc[6].IsInt64());
+  CATCH_CHECK(doc[6].GetInt64() == std::numeric_limits<int64_t>::min());
+  CATCH_CHECK(doc[7].IsDouble());  // past 64 bits: a double, as RapidJSON reads it
+  CATCH_CHECK(doc[7].GetDouble() == 18446744073709551616.0);
+  CATCH_CHECK(std::isinf(doc[8].GetDouble()));
+  // The grammar is still RapidJSON's: the same refusals, at the same places, with either kind of number.
+  for (const std::string bad : {"[01]", "[1.]", "[1e]", "[-]", "[0e999]", "[1e309]", "[Infinit]"}) {
+    CATCH_INFO(bad);
+    const auto e = parse_json(bad, doc, longwave::runtime::json_numbers::exact);
+    const auto a = parse_json(bad, doc, longwave::runtime::json_numbers::approximate);
+    CATCH_REQUIRE(e);
+    CATCH_REQUIRE(a);
+    CATCH_CHECK(e->what == a->what);
+    CATCH_CHECK(e->offset == a->offset);
+  }
 }
