@@ -41,7 +41,10 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
 
 std::string corpus_path(const config::train_config& cfg) {
   const std::string path = cfg.data.path.empty() ? models::data::default_corpus_path() : cfg.data.path;
-  if (!fs::exists(path)) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)  // a symlink loop, a directory it may not search
+      throw config::config_error("data.path", "data.path = \"" + path + "\": " + ec.message());
     if (cfg.data.path.empty())
       throw config::config_error("data.path", "data.path: the default corpus " + path +
                                                   " is missing; run scripts/setup (it writes the KJV text) "
@@ -121,9 +124,13 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
   std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers (this machine: %.1f MiB)\n",
               static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
               cfg.train.workers, static_cast<double>(physical_memory_bytes()) / (1 << 20));
-  std::printf("# inner steps per worker: %ld (%ld rounds x H=%ld); tokens per worker: %ld\n",
-              cfg.train.rounds * cfg.train.inner_steps, cfg.train.rounds, cfg.train.inner_steps,
-              cfg.train.rounds * cfg.train.inner_steps * cfg.train.batch_size * cfg.model.seq_len);
+  // validate() bounds the steps; their tokens may pass 64 bits on a config of a billion rounds.
+  const int64_t steps = cfg.train.rounds * cfg.train.inner_steps;
+  int64_t tokens = 0;
+  const bool fits = !__builtin_mul_overflow(steps, cfg.train.batch_size * cfg.model.seq_len, &tokens);
+  std::printf("# inner steps per worker: %ld (%ld rounds x H=%ld); tokens per worker: %s\n", steps,
+              cfg.train.rounds, cfg.train.inner_steps,
+              fits ? std::to_string(tokens).c_str() : "more than 2^63");
 }
 
 models::data::prepared_dataset prepare_data(const config::train_config& cfg, const std::string& corpus,

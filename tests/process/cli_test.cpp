@@ -241,7 +241,10 @@ CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before
       {dir + "/corpus.txt", dir + "/corpus.txt", "is not text"},
       {dir, dir, "has no train.bin and val.bin"},
       {dir + "/ids", dir + "/ids/val.bin", "token id 300 at position 5"},
+      {dir + "/loop_a", dir + "/loop_a", "Too many levels of symbolic links"},  // was a raw exception, exit 1
   };
+  std::filesystem::create_symlink(dir + "/loop_b", dir + "/loop_a");
+  std::filesystem::create_symlink(dir + "/loop_a", dir + "/loop_b");
   int i = 0;
   for (const auto& c : cases) {
     const auto log = dir + "/case" + std::to_string(i) + ".log";
@@ -272,6 +275,14 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(out.find("this machine: ") != std::string::npos);
   CATCH_CHECK(out.find("is empty") == std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints"));
+  // Tokens per worker past 64 bits are said so (the product overflowed).
+  auto [bcode, big] = run({binary(), "run", quick_config_file(dir), "--dry-run", "--set",
+                           "train.rounds=1000000000000", "--set", "train.inner_steps=1000000"},
+                          dir + "/big.log", 120);
+  CATCH_INFO(big);
+  CATCH_CHECK(bcode == 0);
+  CATCH_CHECK(big.find("1000000000000 rounds x H=1000000); tokens per worker: more than 2^63") !=
+              std::string::npos);
   // A config file that sets nothing runs on the defaults, and says so.
   write_text(dir + "/empty.toml", "# nothing here\n");
   auto [ecode, empty] = run({binary(), "run", dir + "/empty.toml", "--dry-run"}, dir + "/empty.log", 120);
