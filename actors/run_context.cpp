@@ -61,6 +61,22 @@ int64_t physical_memory_bytes() {
   return static_cast<int64_t>(pages) * page;
 }
 
+void check_eval_memory_fits(const config::train_config& cfg, const models::model_spec& spec) {
+  const int64_t machine = physical_memory_bytes();
+  const double need = static_cast<double>(models::evaluation_memory_bytes(
+      spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16));
+  if (machine <= 0 || need <= static_cast<double>(machine)) return;
+  constexpr double mib = 1 << 20;
+  throw config::config_error(
+      "train.batch_size",
+      fmt::format(
+          "eval: the checkpoint's model {} ({} parameters) at its train.batch_size = {} and "
+          "model.seq_len = {} needs about {:.1f} MiB to evaluate, more than this machine's {:.1f} MiB "
+          "of memory",
+          models::model_label(spec), models::closed_form_param_count(spec), cfg.train.batch_size,
+          spec.seq_len, need / mib, static_cast<double>(machine) / mib));
+}
+
 void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec) {
   const int64_t machine = physical_memory_bytes();
   if (machine <= 0) return;

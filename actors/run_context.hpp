@@ -95,5 +95,8 @@ int64_t physical_memory_bytes();
 /// estimate for this process's workers, models::training_memory_bytes x train.workers, exceeds the machine's
 /// physical memory: it would end in a bad_alloc or the OOM killer after start-up.
 void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec);
+/// The same for `longwave eval` of a checkpoint whose stored config names the model (exit 2, before any
+/// allocation: a crafted config must not reach the allocator or the OOM killer).
+void check_eval_memory_fits(const config::train_config& cfg, const models::model_spec& spec);
 
 }  // namespace longwave::actors

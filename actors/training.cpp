@@ -225,6 +225,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
     }
     auto data = find_or_prepare_data(cfg, corpus, p.data_dir);
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
+    check_eval_memory_fits(cfg, spec);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
     const int64_t n_params = models::closed_form_param_count(spec);
     at::Tensor theta = at::empty({n_params}, at::kFloat);
@@ -235,11 +236,11 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
     model.load_flat(theta);
     int64_t n = batches > 0 ? batches : cfg.eval.batches;
     if (const int64_t most = models::data::max_validation_batches(val, cfg.train.batch_size, spec.seq_len);
-        batches > most) {
+        n > most) {
       spdlog::info(
-          "eval: --batches {} is more than the {} batches the validation set holds without repeating "
-          "a window; using {}",
-          batches, most, most);
+          "eval: {} {} is more than the {} batches the validation set holds without repeating a window; "
+          "using {}",
+          batches > 0 ? "--batches" : "the checkpoint's eval.batches =", n, most, most);
       n = most;
     }
     auto last = std::chrono::steady_clock::now();

@@ -117,4 +117,12 @@ int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16
   return state + act;
 }
 
+int64_t evaluation_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16) {
+  const int64_t n = closed_form_param_count(s);
+  // theta in fp32 beside the model's weights; a forward pass without autograd keeps a layer's activations
+  // at a time, and the logits with their softmax.
+  const int64_t tokens = batch_size * s.seq_len;
+  return n * (4 + (bf16 ? 2 : 4)) + tokens * (6 * s.dim + 2 * s.ffn_hidden + 3 * s.vocab_size) * 4;
+}
+
 }  // namespace longwave::models

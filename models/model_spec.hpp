@@ -62,4 +62,7 @@ int64_t range_size(const flat_ranges& r);
 /// Rough bytes for training one replica: weights, grads, fp32 master, AdamW moments, activations.
 int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16);
 
+/// Rough bytes for evaluating one checkpoint (`longwave eval`): theta, the model's weights, one forward pass.
+int64_t evaluation_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16);
+
 }  // namespace longwave::models

@@ -291,6 +291,31 @@ CATCH_TEST_CASE(
     CATCH_CHECK(ox.find(with_nan ? "holds NaN or infinite values" : "no vocabulary") != std::string::npos);
     CATCH_CHECK(!fs::exists(bad + "-hf/model.safetensors"));
   }
+  // A stored config edited by hand: eval refuses a model whose one forward pass cannot fit in this machine's
+  // memory before allocating anything (it reached the allocator), and cuts a stored eval.batches to the
+  // windows the validation set holds, as it cuts --batches (it ran them all).
+  auto with_setting = [&](const std::string& from, const std::string& key, const std::string& value,
+                          const std::string& name) {
+    auto c = longwave::runtime::checkpoint_store::load_file(
+        longwave::runtime::checkpoint_store(from, 100).list().back());
+    const auto at = c.meta.find("\n" + key + " = ", c.meta.find("--- config ---"));
+    CATCH_REQUIRE(at != std::string::npos);
+    c.meta.replace(at + 1, c.meta.find('\n', at + 1) - at - 1, key + " = " + value);
+    fs::remove_all(dir + "/" + name);
+    longwave::runtime::checkpoint_store(dir + "/" + name, 1).write(c);
+    return dir + "/" + name;
+  };
+  const auto huge =
+      with_setting(with_setting(ckpt_dir, "batch_size", "1048576", "big"), "seq_len", "8192", "huge");
+  const auto [cm, om] = run({binary(), "eval", huge}, huge + "-eval.log", 300);
+  CATCH_INFO(om);
+  CATCH_CHECK(cm == 2);
+  CATCH_CHECK(om.find("to evaluate, more than this machine's") != std::string::npos);
+  const auto many = with_setting(ckpt_dir, "batches", "100000000", "many");
+  const auto [cb, ob] = run({binary(), "eval", many}, many + "-eval.log", 300);
+  CATCH_INFO(ob);
+  CATCH_CHECK(cb == 0);
+  CATCH_CHECK(ob.find("the checkpoint's eval.batches = 100000000 is more than the ") != std::string::npos);
   fs::remove_all(dir);
 }
 
