@@ -184,6 +184,19 @@ void read_sweep_table(const reader& r, const toml::table& t, sweep_spec& s, std:
       r.fail("sweep.out_dir",
              fmt::format("\"{}\": {} is a file, not a directory; choose another out_dir", s.out_dir,
                          d == fs::path(s.out_dir) ? "it" : "\"" + d.string() + "\""));
+  // A directory no sweep used (it has no sweep.lock) is someone else's: the sweep's outputs would replace
+  // theirs.
+  if (!s.out_dir.empty() && fs::is_directory(s.out_dir, ec) &&
+      !fs::exists(fs::path(s.out_dir) / "sweep.lock", ec))
+    for (const char* f : {"results.csv", "results.jsonl", "fit.json", "sweep.html"})
+      if (fs::is_regular_file(fs::path(s.out_dir) / f, ec)) {
+        r.fail(
+            "sweep.out_dir",
+            fmt::format("\"{}\" holds a {} that no sweep wrote (the directory has no sweep.lock): the sweep "
+                        "would overwrite it; choose another out_dir",
+                        s.out_dir, f));
+        break;
+      }
   if (has_repeats && !seeds.empty()) r.fail("sweep.seeds", "give repeats or seeds, not both");
   if (!seeds.empty()) s.repeats = seeds.size();
   s.has_repeats = s.repeats > 1 || !seeds.empty();
@@ -482,7 +495,7 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
   if (n_combos * entries.size() * s.repeats > 100000)
     r.fail("grid", fmt::format("{} points: more than 100000", n_combos * entries.size() * s.repeats));
 
-  std::map<std::string, size_t> seen;  // overrides -> point index
+  std::map<std::string, size_t> seen;  // config -> point index
   for (size_t rep = 0; rep < s.repeats; ++rep)
     for (size_t e = 0; e < entries.size(); ++e)
       for (size_t c = 0; c < n_combos; ++c) {
@@ -518,10 +531,11 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
         p.cfg = build_config(r, base_text, s, ov, origins, p.label(true));
         p.overrides = std::move(ov);
         if (count) p.params = count(p.cfg);
-        std::string same;
-        for (const auto& o : p.overrides)
-          if (o.rfind("run.out_dir=", 0) != 0 && o.rfind("run.name=", 0) != 0) same += o + "\n";
-        if (auto [it, fresh] = seen.emplace(same, p.index); !fresh)
+        // Two points that train alike, whatever names them: the config but for its name and directories (a
+        // key set to its base value in one point and left alone in another is the same setting).
+        auto unnamed = p.cfg;
+        unnamed.run.name = unnamed.run.out_dir = unnamed.checkpoint.dir = "";
+        if (auto [it, fresh] = seen.emplace(config::to_toml(unnamed), p.index); !fresh)
           r.fail(fmt::format("point {} ({})", p.index + 1, p.label(true)),
                  fmt::format("the same settings as point {}; remove one", it->second + 1));
         s.points.push_back(std::move(p));

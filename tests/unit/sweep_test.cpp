@@ -167,6 +167,9 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
       {"[gird]\n", "", "gird: unknown entry"},
       {"[[points]]\n\"train.lr\" = 0.1\n[[points]]\n\"train.lr\" = 0.1\n", "",
        "the same settings as point 1"},
+      // The base config has train.workers = 2 already: the second point trains as the first.
+      {"[[points]]\n\"train.rounds\" = 4\n[[points]]\n\"train.rounds\" = 4\n\"train.workers\" = 2\n", "",
+       "point 2 (train.rounds=4 train.workers=2 seed=100): the same settings as point 1"},
       {"[grid]\n\"train.lr\" = [0.1, 0.2]\n[fit]\nsize = \"model.dim\"\n", "",
        "fit.size: \"model.dim\" is not a swept key"},
       {"[grid]\n\"model.dim\" = [96, 192]\n[fit]\nsize = \"model.dim\"\n", "", "fit: has 2 distinct sizes"},
@@ -192,6 +195,15 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
       error_of(d, under + "\"\n"),
       Contains("sweep.out_dir: \"" + (d.dir / "file" / "out").string() + "\": \"" +
                (d.dir / "file").string() + "\" is a file, not a directory; choose another out_dir"));
+  // A directory of the user's that holds a results.csv no sweep wrote (it replaced theirs), and one a sweep
+  // used before (sweep.lock), whose results it writes again.
+  fs::create_directories(d.dir / "mine");
+  std::ofstream(d.dir / "mine" / "results.csv") << "my,own\n";
+  const std::string mine = "[sweep]\nbase = \"configs/base.toml\"\nout_dir = \"" + (d.dir / "mine").string();
+  CATCH_CHECK_THAT(error_of(d, mine + "\"\n"), Contains("sweep.out_dir: \"" + (d.dir / "mine").string() +
+                                                        "\" holds a results.csv that no sweep wrote"));
+  std::ofstream(d.dir / "mine" / "sweep.lock") << "1\n";
+  CATCH_CHECK(error_of(d, mine + "\"\n") == "");
 }
 
 CATCH_TEST_CASE("points whose ids come out the same get their own folders, checkpoints included",
