@@ -56,6 +56,17 @@ void on_late_signal(int /*sig*/) {
   std::_Exit(130);
 }
 
+constexpr int stop_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+void (*g_setup_before[3])(int) = {SIG_DFL, SIG_DFL, SIG_DFL};  // the handlers setup_signals replaced
+bool g_setup_active = false;
+
+void on_setup_signal(int /*sig*/) {
+  static constexpr char line[] =
+      "\nlongwave: stopped before training began: nothing to save (the same command starts again)\n";
+  (void)!::write(STDERR_FILENO, line, sizeof line - 1);
+  std::_Exit(130);
+}
+
 void on_signal(int sig) {
   std::signal(SIGPIPE, SIG_IGN);  // a log reader that went with the terminal must not kill the checkpoint
   if (sig == SIGHUP)
@@ -63,6 +74,25 @@ void on_signal(int sig) {
   else
     g_signals.fetch_add(1);
 }
+
+}  // namespace
+
+setup_signals::setup_signals(bool enabled) {
+  if (!enabled) return;
+  for (int i = 0; i < 3; ++i)
+    if ((g_setup_before[i] = std::signal(stop_signals[i], on_setup_signal)) == SIG_IGN)
+      std::signal(stop_signals[i], SIG_IGN);
+  g_setup_active = true;
+}
+
+setup_signals::~setup_signals() {
+  if (!g_setup_active) return;  // never installed, or run_until_done took over
+  for (int i = 0; i < 3; ++i)
+    std::signal(stop_signals[i], g_setup_before[i] == SIG_ERR ? SIG_DFL : g_setup_before[i]);
+  g_setup_active = false;
+}
+
+namespace {
 
 /// Logs rejected frames (the first 50, then every 1000th) and counts them by reason.
 comm::ring_allreduce::reject_callback rejection_logger(metrics_actor metrics) {
@@ -282,13 +312,16 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
                    cluster_link& cluster) {
   using handler = void (*)(int);
   handler before[3] = {SIG_DFL, SIG_DFL, SIG_DFL};
-  const int signals[3] = {SIGINT, SIGTERM, SIGHUP};
+  const auto& signals = stop_signals;
   if (opts.handle_signals) {
     g_signals = 0;
     g_hangup = false;
     // An ignored signal stays ignored (nohup's SIGHUP, a background job's SIGINT); the others stop the run.
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 3; ++i) {
       if ((before[i] = std::signal(signals[i], on_signal)) == SIG_IGN) std::signal(signals[i], SIG_IGN);
+      if (before[i] == on_setup_signal) before[i] = g_setup_before[i];
+    }
+    g_setup_active = false;  // these handlers are restored below, not setup_signals
   }
   int code = 1;
   {

@@ -36,6 +36,19 @@ struct actor_graph {
 /// pipe.
 void watch_closed_output();
 
+/// While a run is set up (its data prepared, a cluster's state fetched, a checkpoint read), before the actors
+/// that would save it: Ctrl-C, SIGTERM or SIGHUP ends the process at once with the stop's exit code 130,
+/// saying nothing was trained yet (the default action ended it "killed by a signal", 143 for SIGTERM). An
+/// ignored signal stays ignored. run_until_done takes over from these handlers without a gap; otherwise the
+/// handlers before come back at the end of the scope.
+class setup_signals {
+ public:
+  explicit setup_signals(bool enabled);
+  ~setup_signals();
+  setup_signals(const setup_signals&) = delete;
+  setup_signals& operator=(const setup_signals&) = delete;
+};
+
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
                         const run_options& opts, cluster_link& cluster, start_point start);
 

@@ -51,6 +51,7 @@ void make_directory(const std::string& key, const std::string& dir) {
 /// the actors, wait for them.
 int train(const config::train_config& cfg, const run_options& opts, cluster_link& cluster) {
   if (opts.handle_signals) watch_closed_output();
+  setup_signals setup(opts.handle_signals);
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
   const auto spec = model_spec_of(cfg);

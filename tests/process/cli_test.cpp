@@ -1,7 +1,11 @@
 // The real longwave binary: bad configs and bad data, --dry-run, --help, a /metrics scrape during a run, and
 // Ctrl-C.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <new>
@@ -505,6 +509,30 @@ CATCH_TEST_CASE("Ctrl-C flushes a checkpoint, exits 130, and the same command re
   CATCH_REQUIRE(trace.size() == 500);
   for (size_t i = 0; i < trace.size(); ++i) CATCH_CHECK(trace[i].first == static_cast<long>(i + 1));
   CATCH_CHECK(log2.find("val perplexity") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a stop signal while the run is set up exits 130 at once, saying nothing was trained",
+                "[process][resume]") {
+  const auto dir = scratch_dir("setup-signal");
+  const auto data = dir + "/data";
+  std::filesystem::create_directories(data);
+  // The test holds the data directory's preparation lock, as another run preparing it would: the run waits
+  // in its set-up, before any actor, until the signal comes.
+  const int fd = ::open((data + "/.prepare.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  CATCH_REQUIRE(fd >= 0);
+  CATCH_REQUIRE(::flock(fd, LOCK_EX) == 0);
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const auto log = dir + "/run" + std::to_string(sig) + ".log";
+    auto c = spawn({binary(), "run", quick_config_file(dir), "--set", "data.cache_dir=" + data}, log);
+    CATCH_REQUIRE(wait_for_text(log, "another process is preparing " + data, 120));
+    ::kill(c.pid, sig);
+    CATCH_INFO(read_text(log));
+    CATCH_CHECK(wait_exit(c, 60) == 130);  // SIGTERM ended it with 143, unsaid
+    CATCH_CHECK(read_text(log).find("stopped before training began: nothing to save") != std::string::npos);
+  }
+  ::close(fd);
+  CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/loss_trace.tsv"));  // nothing trained
   std::filesystem::remove_all(dir);
 }
 
