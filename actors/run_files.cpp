@@ -83,13 +83,17 @@ bool run_complete(const train_snapshot& snap, const config::train_config& cfg) {
 /// (it resumes, or fetched a state, at an earlier round): set aside, so that neither a resume nor `keep`
 /// takes them for the node's newest. `why` completes "moved to DIR/ (NAMES): ...".
 void set_aside_from(const checkpoint_store& store, uint64_t from_round, const std::string& why) {
-  const auto moved = store.set_aside(from_round);
+  std::vector<std::string> pruned;
+  const auto moved = store.set_aside(from_round, &pruned);
   if (moved.empty()) return;
   std::string names;
   for (const auto& m : moved) names += (names.empty() ? "" : ", ") + fs::path(m).filename().string();
   spdlog::warn("checkpoint: {} of round {} and later moved to {}/ ({}): {}",
                moved.size() == 1 ? "1 file" : fmt::format("{} files", moved.size()), from_round,
                fs::path(moved.front()).parent_path().string(), names, why);
+  if (!pruned.empty())
+    spdlog::info("checkpoint: removed {} older set{} of superseded checkpoints ({}; checkpoint.keep = {})",
+                 pruned.size(), pruned.size() == 1 ? "" : "s", fmt::join(pruned, ", "), store.keep());
 }
 
 /// The newest valid checkpoint of at most `max_round` completed rounds (a cluster's agreed round). Newer ones

@@ -518,20 +518,61 @@ std::vector<held_round> checkpoint_store::held_rounds(
   return out;
 }
 
-std::vector<std::string> checkpoint_store::set_aside(uint64_t from_round) const {
+namespace {
+
+/// A set's name under superseded/: "<unix seconds>" or "<unix seconds>-<k>" for the k-th set of that second.
+bool parse_set_name(const std::string& name, std::pair<uint64_t, uint64_t>* key) {
+  const auto dash = name.find('-');
+  const auto number = [](std::string_view t, uint64_t* v) {
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), *v);
+    return !t.empty() && ec == std::errc() && end == t.data() + t.size();
+  };
+  key->second = 1;
+  return number(std::string_view(name).substr(0, dash), &key->first) &&
+         (dash == std::string::npos || number(std::string_view(name).substr(dash + 1), &key->second));
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_store::set_aside(uint64_t from_round,
+                                                     std::vector<std::string>* pruned) const {
   std::vector<std::string> moved;
-  const auto now =
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
-  const fs::path aside = fs::path(dir_) / superseded_dir_name / std::to_string(now.count());
+  const fs::path sets = fs::path(dir_) / superseded_dir_name;
+  std::vector<std::pair<std::pair<uint64_t, uint64_t>, fs::path>> found;  // the sets there, oldest first
+  std::error_code ec;
+  for (fs::directory_iterator it(sets, ec), end; !ec && it != end; it.increment(ec)) {
+    std::pair<uint64_t, uint64_t> key;
+    std::error_code type_ec;
+    if (parse_set_name(it->path().filename().string(), &key) && it->is_directory(type_ec))
+      found.emplace_back(key, it->path());
+  }
+  std::sort(found.begin(), found.end());
+  // The new set sorts after every other, in one second or with the clock set back.
+  const auto now = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  std::pair<uint64_t, uint64_t> key{now, 1};
+  if (!found.empty() && found.back().first.first >= now)
+    key = {found.back().first.first, found.back().first.second + 1};
+  const fs::path aside =
+      sets / (std::to_string(key.first) + (key.second > 1 ? "-" + std::to_string(key.second) : ""));
   for (const auto& f : list()) {
     uint64_t round = 0, step = 0;
     const std::string name = fs::path(f).filename().string();
     if (!parse_file_name(name, &round, &step) || round < from_round) continue;
-    std::error_code ec;
     fs::create_directories(aside, ec);
     if (!ec) fs::rename(f, aside / name, ec);
     if (ec) throw_io("move " + f + " into", aside.string(), ec.value());
     moved.push_back((aside / name).string());
+  }
+  if (moved.empty()) return moved;
+  // The newest keep_ sets stay (this one among them); older ones go, as older checkpoints do: a node that
+  // rejoins often would fill its disk with them.
+  found.emplace_back(key, aside);
+  for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep_, 1)) < found.size(); ++i) {
+    std::error_code rm_ec;
+    fs::remove_all(found[i].second, rm_ec);
+    if (!rm_ec && pruned) pruned->push_back(found[i].second.string());
   }
   return moved;
 }

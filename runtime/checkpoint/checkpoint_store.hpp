@@ -61,6 +61,7 @@ class checkpoint_store {
   /// Creates `dir` and its parents. Throws lw_error(io_error) if that fails and lw_error(invalid_config) if
   /// keep < 1.
   checkpoint_store(std::string dir, int64_t keep);
+  int64_t keep() const { return keep_; }
 
   /// Writes atomically: <dir>/ckpt-<round %08>-<step %010>.lwc.tmp, write, fsync, rename, fsync the
   /// directory; then deletes all but the newest `keep` checkpoint files (never the one just written). More
@@ -87,10 +88,11 @@ class checkpoint_store {
   /// history each holds. Every file is read and checked; a corrupt one is left out with one line to `warn`.
   std::vector<held_round> held_rounds(const std::function<void(const std::string&)>& warn = {}) const;
 
-  /// Moves the checkpoint files of round `from_round` and later into dir/superseded/<unix seconds>/: states
-  /// the node does not resume from, kept for a person to look at (nothing reads or prunes them). Returns the
-  /// new paths; throws lw_error(io_error) if a move fails.
-  std::vector<std::string> set_aside(uint64_t from_round) const;
+  /// Moves the checkpoint files of round `from_round` and later into a new set dir/superseded/<unix seconds>/
+  /// (<seconds>-<k> for another set of that second): states the node does not resume from, kept for a person
+  /// to look at; nothing reads them. The newest `keep` sets stay: older ones are removed, their paths added
+  /// to `pruned`. Returns the new paths; throws lw_error(io_error) if a move fails.
+  std::vector<std::string> set_aside(uint64_t from_round, std::vector<std::string>* pruned = nullptr) const;
 
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores
   /// .tmp files and anything else not named ckpt-<round>-<step>.lwc.

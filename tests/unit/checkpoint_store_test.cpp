@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -229,6 +230,33 @@ CATCH_TEST_CASE("The rounds a node offers name each one's history and leave out 
   for (const auto& m : moved) CATCH_CHECK(fs::path(m).parent_path().parent_path() == tmp.path / "superseded");
   CATCH_CHECK(store.stray_files().empty());
   CATCH_CHECK(store.set_aside(3).empty());
+}
+
+CATCH_TEST_CASE("superseded/ keeps the newest checkpoint.keep sets of set-aside checkpoints",
+                "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 2);
+  std::vector<std::string> sets;
+  for (uint64_t r = 1; r <= 5; ++r) {  // a node that rejoins and sets its newest round aside, five times
+    store.write(small_checkpoint(r));
+    std::vector<std::string> pruned;
+    const auto moved = store.set_aside(r, &pruned);
+    CATCH_REQUIRE(moved.size() == 1);
+    sets.push_back(fs::path(moved[0]).parent_path().string());  // each its own set, in one second too
+    CATCH_CHECK(pruned == (r <= 2 ? std::vector<std::string>{} : std::vector<std::string>{sets[r - 3]}));
+  }
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp.path / "superseded")) left.push_back(e.path().string());
+  std::vector<std::string> newest{sets[3], sets[4]};
+  std::sort(left.begin(), left.end());
+  std::sort(newest.begin(), newest.end());
+  CATCH_CHECK(left == newest);
+  CATCH_CHECK_FALSE(fs::is_empty(sets[4]));
+  // A directory there that is not a set (a person's notes) is never removed.
+  fs::create_directories(tmp.path / "superseded" / "notes");
+  store.write(small_checkpoint(6));
+  (void)store.set_aside(6);
+  CATCH_CHECK(fs::exists(tmp.path / "superseded" / "notes"));
 }
 
 CATCH_TEST_CASE("Checkpoints are ordered by round and step numerically, not by file name", "[checkpoint]") {
