@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "config/inert_settings.hpp"
 #include "config/model_shape.hpp"
 #include "config/schema.hpp"
 #include "config/toml_types.hpp"
@@ -884,6 +885,8 @@ train_config load_config_file(const std::string& path, const std::vector<std::st
     warnings->push_back(fmt::format("config {} is empty: every setting {}is its default", path,
                                     overrides.empty() ? "" : "but the --set overrides "));
   }
+  if (warnings)
+    for (auto& line : inert_settings(cfg, keys_set(text, overrides))) warnings->push_back(std::move(line));
   if (cfg.run.name.empty()) cfg.run.name = run_name_of_file(path);
   return cfg;
 }

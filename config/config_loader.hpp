@@ -53,7 +53,8 @@ void check_one_process(const train_config& cfg);
 /// Reads the file (config_error with key "file" if it cannot be read), then parse_config and
 /// check_one_process. An empty run.name
 /// defaults to the file's stem. If `warnings` is given, one line is appended for each thing that is valid but
-/// likely a mistake (a file that sets nothing). Throws config_error and nothing else.
+/// likely a mistake (a file that sets nothing, a setting that the others leave without effect:
+/// inert_settings.hpp). Throws config_error and nothing else.
 train_config load_config_file(const std::string& path, const std::vector<std::string>& overrides,
                               std::vector<std::string>* warnings = nullptr);
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "config/inert_settings.hpp"
 #include "config/model_shape.hpp"
 
 using Catch::Matchers::Contains;
@@ -1181,4 +1183,40 @@ CATCH_TEST_CASE("A node's training settings are the fingerprinted keys, and thei
   CATCH_CHECK(settings_differences(text, text).empty());
   CATCH_CHECK(settings_differences("a.x = 1\n", "b.y = 2\n") ==
               std::vector<std::string>{"a.x = 1 ((unset))", "b.y = (unset) (2)"});
+}
+
+CATCH_TEST_CASE(
+    "a setting the others leave without effect is named, once, with the setting that would use it",
+    "[unit][config]") {
+  using longwave::config::inert_settings;
+  using longwave::config::keys_set;
+  const std::string text =
+      "[diloco]\ntau = 3\nfragments = 4\n[async]\nquorum = 2\ncgad_alpha = 0.5\n[train]\nrounds = 2\n";
+  const auto keys = keys_set(text, {"diloco.min_steps=2", "train.workers=2"});
+  CATCH_CHECK(keys == std::set<std::string>{"async.cgad_alpha", "async.quorum", "diloco.fragments",
+                                            "diloco.min_steps", "diloco.tau", "train.rounds",
+                                            "train.workers"});
+  auto cfg = longwave::config::parse_config(text, {"diloco.min_steps=2"}, "t");
+  const auto sync = inert_settings(cfg, keys);
+  CATCH_INFO(sync.size());
+  CATCH_REQUIRE(sync.size() == 5);  // every one but [train]'s, each once
+  CATCH_CHECK(
+      sync[0] ==
+      "async.cgad_alpha is set, but it applies only with diloco.outer = \"async\" (this run's is \"sync\") "
+      "with async.age_scaling = \"cgad\": it has no effect");
+  CATCH_CHECK(sync[3] ==
+              "diloco.min_steps is set, but it applies only with diloco.adaptive_steps = true: it has no "
+              "effect");
+  // Under streaming its knobs apply; under async [async] does, cgad's only with age_scaling = "cgad".
+  cfg.diloco.outer = longwave::config::outer_policy_kind::streaming;
+  CATCH_CHECK(inert_settings(cfg, {"diloco.tau", "diloco.fragments"}).empty());
+  cfg.diloco.outer = longwave::config::outer_policy_kind::async;
+  const auto async = inert_settings(cfg, keys);
+  CATCH_REQUIRE(async.size() == 4);
+  CATCH_CHECK(async[0] ==
+              "async.cgad_alpha is set, but it applies only with async.age_scaling = \"cgad\" (this "
+              "run's is \"none\"): it has no effect");
+  cfg.async.age_scaling = longwave::config::age_scaling_kind::cgad;
+  cfg.diloco.adaptive_steps = true;
+  CATCH_CHECK(inert_settings(cfg, keys).size() == 2);  // the streaming knobs
 }

@@ -1,0 +1,84 @@
+// Which settings apply only under another: one table, read top to bottom.
+#include "config/inert_settings.hpp"
+
+#include <fmt/format.h>
+
+#include "config/toml_types.hpp"
+
+namespace longwave::config {
+
+namespace {
+
+/// A key (or every key of a section, "async.") that applies only when `applies` holds; `needs` says when.
+struct condition {
+  std::string_view key;
+  bool (*applies)(const train_config&);
+  std::string (*needs)(const train_config&);
+};
+
+bool streaming(const train_config& c) {
+  return c.diloco.outer == outer_policy_kind::streaming;
+}
+bool async(const train_config& c) {
+  return c.diloco.outer == outer_policy_kind::async;
+}
+bool cgad(const train_config& c) {
+  return async(c) && c.async.age_scaling == age_scaling_kind::cgad;
+}
+bool adaptive(const train_config& c) {
+  return c.diloco.adaptive_steps;
+}
+
+std::string outer_is(const train_config& c, const char* wanted) {
+  return fmt::format("diloco.outer = \"{}\" (this run's is \"{}\")", wanted, to_string(c.diloco.outer));
+}
+std::string needs_streaming(const train_config& c) {
+  return outer_is(c, "streaming");
+}
+std::string needs_async(const train_config& c) {
+  return outer_is(c, "async");
+}
+std::string needs_cgad(const train_config& c) {
+  return async(c) ? fmt::format("async.age_scaling = \"cgad\" (this run's is \"{}\")",
+                                to_string(c.async.age_scaling))
+                  : needs_async(c) + " with async.age_scaling = \"cgad\"";
+}
+std::string needs_adaptive(const train_config&) {
+  return "diloco.adaptive_steps = true";
+}
+
+// The more particular rule first: a key takes the first that names it.
+constexpr condition conditions[] = {
+    {"diloco.fragments", streaming, needs_streaming}, {"diloco.fragment_pattern", streaming, needs_streaming},
+    {"diloco.tau", streaming, needs_streaming},       {"diloco.alpha", streaming, needs_streaming},
+    {"diloco.min_steps", adaptive, needs_adaptive},   {"async.cgad_alpha", cgad, needs_cgad},
+    {"async.cgad_cutoff", cgad, needs_cgad},          {"async.", async, needs_async},
+};
+
+}  // namespace
+
+std::set<std::string> keys_set(std::string_view toml_text, const std::vector<std::string>& overrides) {
+  std::set<std::string> keys;
+  for (const auto& [section, node] : parse_toml(toml_text))
+    if (const auto* t = node.as_table())
+      for (const auto& [key, value] : *t)
+        keys.insert(std::string(section.str()) + "." + std::string(key.str()));
+  for (const auto& o : overrides) keys.insert(o.substr(0, o.find('=')));
+  return keys;
+}
+
+std::vector<std::string> inert_settings(const train_config& cfg, const std::set<std::string>& set) {
+  std::vector<std::string> lines;
+  for (const auto& key : set)
+    for (const auto& c : conditions) {
+      const bool section = c.key.back() == '.';
+      if (section ? key.rfind(c.key, 0) != 0 : key != c.key) continue;
+      if (!c.applies(cfg))
+        lines.push_back(
+            fmt::format("{} is set, but it applies only with {}: it has no effect", key, c.needs(cfg)));
+      break;
+    }
+  return lines;
+}
+
+}  // namespace longwave::config
