@@ -383,10 +383,18 @@ void master_state::outcome() {
                                  : "the run ended before this node was admitted: its members trained to the "
                                    "end, so nothing is left to join");
   }
+  // Why each did not finish: lost, left or failed, else what it was doing (a node not in the file of an open
+  // cluster counts as absent until admitted: it was still joining).
+  const auto why_gone = [&](size_t i) {
+    const auto& m = members_[i];
+    if (m.removed != removal::none && m.removed != removal::absent) return std::string(to_string(m.removed));
+    if (m.phase == member_phase::joining || m.phase == member_phase::ready)
+      return std::string("still joining");
+    return std::string(m.removed == removal::absent ? "absent" : to_string(m.phase));
+  };
   std::string removed;  // "n2:lost,n3:left"
   for (auto i : gone)
-    removed +=
-        fmt::format("{}{}:{}", removed.empty() ? "" : ",", specs_[i].name, to_string(members_[i].removed));
+    removed += fmt::format("{}{}:{}", removed.empty() ? "" : ",", specs_[i].name, why_gone(i));
   if (finished.empty()) {
     info("coordinator: no node finished the run (failed, lost or left: " + names_of(gone) + ")");
     exit_code_ = 1;
@@ -404,8 +412,7 @@ void master_state::outcome() {
   } else {
     std::string detail;
     for (auto i : gone)
-      detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", specs_[i].name,
-                            to_string(members_[i].removed));
+      detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", specs_[i].name, why_gone(i));
     info(fmt::format("coordinator: the run finished on {}; removed on the way: {}", names_of(finished),
                      detail));
   }

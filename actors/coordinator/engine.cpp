@@ -253,16 +253,23 @@ bool ended_by_stop(self_ptr self, const caf::error& e) {
          (has_code(e, errc::cancelled) || has_code(e, errc::peer_lost));
 }
 
-/// Ctrl-C while the cluster all-reduce of `round` was running: the replicas are already past the round's
-/// inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint stays
-/// the newest; a resume redoes this round's inner steps.
-void stop_in_allreduce(self_ptr self, uint64_t round) {
+/// Ctrl-C while the cluster all-reduce of `label` (its round) was running: the replicas are already past the
+/// round's inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint
+/// stays the newest; a resume redoes this round's inner steps.
+void stop_in_allreduce(self_ptr self, ring_label label) {
   if (is_terminal(self->state.ph)) return;
   if (self->state.ph != phase::stopping) set_phase(self, phase::stopping);
-  spdlog::info(
-      "stopped during the all-reduce of round {}; the checkpoint of round {} stays the newest (a "
-      "resume redoes round {})",
-      round, round - 1, round);
+  const uint64_t round = label.first;
+  if (!self->state.policy->shares_rounds())  // async: a merge's all-reduce, named by its version
+    spdlog::info(
+        "stopped during the all-reduce of {}; this node's newest checkpoint stays (a resume goes on "
+        "from it)",
+        self->state.policy->describe(label));
+  else
+    spdlog::info(
+        "stopped during the all-reduce of round {}; the checkpoint of round {} stays the newest (a "
+        "resume redoes round {})",
+        round, round - 1, round);
   flush_then(self, [=] {
     if (!set_phase(self, phase::done)) return;
     notify_main(self, 130);
@@ -284,7 +291,7 @@ void allreduce_failed(self_ptr self, ring_label label, caf::error e, bool waited
     return;
   }
   self->state.reduces.failed(label);  // no-op for sync's all-reduce, which is never in flight
-  if (stop) return stop_in_allreduce(self, label.first);
+  if (stop) return stop_in_allreduce(self, label);
   fail(self, e);
 }
 

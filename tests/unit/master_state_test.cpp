@@ -1460,6 +1460,25 @@ CATCH_TEST_CASE("master: an open cluster admits nodes not in the file into the f
           {5, "x9", "heartbeat 0", {"x9 <- error evicted"}}});
 }
 
+CATCH_TEST_CASE("master: a node of an open cluster still joining when the run ends is named as joining",
+                "[unit][master]") {
+  auto s = cluster_of(2);
+  s.open = true;
+  s.open_workers = 1;
+  table t(s);
+  t.play(two_training +
+         std::vector<row>{{2, "x9", "hello", {"x9 <- recover round 0"}},
+                          {3, "n0", "bye done", {}},
+                          {3,
+                           "n1",
+                           "bye done",
+                           {"node x9 was still joining when the run ended",
+                            "the run finished on n0, n1; removed on the way: x9 (still joining)",
+                            "record end outcome=finished exit_code=0 finished=n0,n1 "
+                            "removed=x9:still joining"}}});
+  CATCH_CHECK(t.master().done() == 0);
+}
+
 CATCH_TEST_CASE("master: a joiner that falls silent stops joining", "[unit][master]") {
   table t(cluster_of(2));
   t.play(two_training +
