@@ -54,7 +54,15 @@ int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
       m.seq_len = seq_len;
       given = models::spec_of(m, vocab);
     } catch (const config::config_error& e) {
-      std::fprintf(stderr, "%s\n", e.what());
+      // The shape options reach the loader as --set overrides: name the option the user gave.
+      std::string msg = e.what();
+      const std::string from_set = " (from --set)", key = e.key();
+      if (const auto at = msg.find(from_set); at != std::string::npos && key.rfind("model.", 0) == 0) {
+        std::string option = key.substr(6);
+        std::replace(option.begin(), option.end(), '_', '-');
+        msg.replace(at, from_set.size(), " (from --" + option + ")");
+      }
+      std::fprintf(stderr, "%s\n", msg.c_str());
       return 2;
     }
   }

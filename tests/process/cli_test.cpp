@@ -397,6 +397,9 @@ CATCH_TEST_CASE(
   auto [bcode, bad] = run({binary(), "presets", "--heads", "5"}, dir + "/presets_bad.log", 60);
   CATCH_CHECK(bcode == 2);
   CATCH_CHECK(bad.find("model.heads = 5") != std::string::npos);
+  auto [kcode, kv] = run({binary(), "presets", "--kv-heads", "abc"}, dir + "/presets_dim.log", 60);
+  CATCH_CHECK(kcode == 2);
+  CATCH_CHECK(kv.find("expected an integer, got a string (from --kv-heads)") != std::string::npos);  // --set
   std::filesystem::remove_all(dir);
 }
 
