@@ -47,13 +47,16 @@ std::vector<token_span> book_spans(int64_t n, const std::vector<int64_t>& doc_st
   };
   const token_span span{boundary(part), boundary(part + 1)};
   if (span.end - span.begin < row_len + 1) {
-    const auto docs = std::count_if(starts.begin(), starts.end(),
-                                    [&](int64_t s) { return s >= span.begin && s < span.end; });
+    // The documents that begin in the span, the first one's included (an empty span holds none).
+    const auto docs =
+        span.end <= span.begin ? 0 : std::count_if(starts.begin(), starts.end(), [&](int64_t s) {
+                                       return s >= span.begin && s < span.end;
+                                     }) + (span.begin == 0 ? 1 : 0);
     throw lw_error(errc::invalid_config,
-                   fmt::format("data.partition = books: part {} of {} gets {} tokens ({} whole documents), "
+                   fmt::format("data.partition = books: part {} of {} gets {} tokens ({} whole document{}), "
                                "too few for one window of {} tokens; the train tokens hold {} documents for "
                                "{} parts: use fewer workers, or data.partition = contiguous or iid",
-                               part, parts, span.end - span.begin, docs + (span.begin == 0 ? 1 : 0), row_len,
+                               part + 1, parts, span.end - span.begin, docs, docs == 1 ? "" : "s", row_len,
                                starts.size() + 1, parts));
   }
   return {span};

@@ -771,7 +771,11 @@ CATCH_TEST_CASE("The books partition gives each part whole documents, split near
   // More parts than documents: a part gets no whole document, and the message says so.
   CATCH_REQUIRE_THROWS_WITH(
       partition_spans(data_partition::books, 10000, docs, 5, 9, 33),
-      Contains("data.partition = books: part 5 of 9 gets 0 tokens") && Contains("7 documents for 9 parts"));
+      Contains("data.partition = books: part 6 of 9 gets 0 tokens (0 whole documents)") &&
+          Contains("7 documents for 9 parts"));
+  // One document for two parts: the first part is empty, with none (it said "1 whole documents").
+  CATCH_REQUIRE_THROWS_WITH(partition_spans(data_partition::books, 10000, {0}, 0, 2, 33),
+                            Contains("part 1 of 2 gets 0 tokens (0 whole documents)"));
   // Data without document starts (ready shards) cannot be split by documents.
   CATCH_REQUIRE_THROWS_WITH(partition_spans(data_partition::books, 10000, {}, 0, 2, 33),
                             Contains("needs the documents' starts"));
