@@ -71,6 +71,27 @@ bool parse_i64(const std::map<std::string, std::string>& kv, const char* key, in
   }
 }
 
+/// Why a stamp's input `key` no longer matches, in the words of what the user changed.
+std::string input_change(const std::string& key, const std::string& then, const std::string& now) {
+  const auto was = [&](const char* what) {
+    return then.empty() ? fmt::format("{} is {} (the cache does not say what it was)", what, now)
+                        : fmt::format("{} changed from {} to {}", what, then, now);
+  };
+  if (key == "input") return was("the corpus path");
+  if (key == "input_size" || key == "input_mtime")
+    return "the corpus file changed (its size or modification time)";
+  if (key == "tokenizer") return was("data.tokenizer");
+  if (key == "vocab") return was("the tokenizer's vocabulary");
+  if (key == "val_fraction") return was("data.val_fraction");
+  if (key == "documents") return "the cache predates the documents' starts (train.docs)";
+  if (key == "documents_file")
+    return then.empty()     ? "the cache does not record the corpus's file of document starts (.docs)"
+           : then == "none" ? "the corpus now has a file of document starts beside it (.docs)"
+           : now == "none"  ? "the corpus's file of document starts (.docs) is gone"
+                            : "the corpus's file of document starts (.docs) changed";
+  return key + " changed";
+}
+
 // Fills `out` with the cached result if prepared.txt in dir records exactly `inputs` and the files are
 // intact; otherwise returns false and `why` says what differed (empty if there was no stamp at all).
 bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& inputs, prepared_dataset& out,
@@ -88,7 +109,7 @@ bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& 
   for (const auto& [key, value] : inputs) {
     auto it = kv.find(key);
     if (it == kv.end() || it->second != value) {
-      why = fmt::format("{} changed", key);
+      why = input_change(key, it == kv.end() ? std::string() : it->second, value);
       return false;
     }
   }
