@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -130,6 +131,19 @@ pid_t start_point(const sweep_spec& s, const sweep_point& p, const sweep_options
   }
   close(fd);
   return pid;
+}
+
+/// `w` as one word of a POSIX shell command line: as it is when it holds nothing the shell reads, else in
+/// single quotes (a quote inside as '\'').
+std::string shell_word(const std::string& w) {
+  const bool plain = !w.empty() && std::all_of(w.begin(), w.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) ||
+           (c != '\0' && std::strchr("_./=:,+-@%", c) != nullptr);
+  });
+  if (plain) return w;
+  std::string out = "'";
+  for (const char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
 }
 
 /// out_dir/sweep.lock, held (flock) while the sweep runs; -1 after saying who holds it, -2 after saying why
@@ -406,8 +420,8 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
       fmt::print("  {:>3}/{} {} [{}]\n", p.index + 1, s.points.size(), p.id,
                  p.label(s.has_repeats).empty() ? "base config" : p.label(s.has_repeats));
     if (!s.points.empty()) {
-      std::string cmd = o.exe + " run " + s.base;
-      for (const auto& ov : s.points.front().overrides) cmd += " --set '" + ov + "'";
+      std::string cmd = shell_word(o.exe) + " run " + shell_word(s.base);
+      for (const auto& ov : s.points.front().overrides) cmd += " --set " + shell_word(ov);
       fmt::print("point 1 runs: {}\n", cmd);
     }
     return 0;

@@ -374,5 +374,19 @@ CATCH_TEST_CASE("bad sweep files and options exit 2 naming the entry before anyt
   CATCH_CHECK(dry.find("2 points (0 done earlier, 2 to run)") != std::string::npos);
   CATCH_CHECK(dry.find("point 1 runs: ") != std::string::npos);
   CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
+  // The command it prints is one a shell runs as it is, a value with a quote and spaces in it too (each
+  // --set was put in single quotes as it stood).
+  const auto quoted = sweep_file(dir, "quoted", "out", "[grid]\n\"train.lr\" = [1e-3, 2e-3]\n",
+                                 "set = [\"run.name=it's a name\"]\n");
+  auto [qcode, qdry] = run({binary(), "sweep", quoted, "--dry-run"}, dir + "/quoted.log", 60);
+  CATCH_INFO(qdry);
+  CATCH_REQUIRE(qcode == 0);
+  const auto at = qdry.find("point 1 runs: ");
+  CATCH_REQUIRE(at != std::string::npos);
+  const auto cmd = qdry.substr(at + 14, qdry.find('\n', at) - at - 14);
+  auto [scode, sdry] = run({"/bin/sh", "-c", cmd + " --dry-run"}, dir + "/shell.log", 60);
+  CATCH_INFO(cmd << "\n" << sdry);
+  CATCH_CHECK(scode == 0);
+  CATCH_CHECK(sdry.find("name = \"it's a name\"") != std::string::npos);
   fs::remove_all(dir);
 }
