@@ -44,7 +44,12 @@ namespace {
 void make_directory(const std::string& key, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw config::config_error(key, key + " = \"" + dir + "\": cannot be created: " + ec.message());
+  if (!ec) return;
+  std::error_code link_ec;
+  if (fs::is_symlink(dir, link_ec) && !fs::exists(dir, link_ec))  // create_directories says "File exists"
+    throw config::config_error(key, key + " = \"" + dir + "\": a symbolic link to " +
+                                        fs::read_symlink(dir, link_ec).string() + ", which does not exist");
+  throw config::config_error(key, key + " = \"" + dir + "\": cannot be created: " + ec.message());
 }
 
 /// One run, top to bottom: check the config, lock the out_dir, prepare the data, find where to start, start

@@ -103,7 +103,12 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"",
        "run.out_dir = \"" + dir + "/" + std::string(300, 'x') + "\": cannot be created: File name too long",
        {"--set", "run.out_dir=" + dir + "/" + std::string(300, 'x')}},
+      // A link whose target is gone: named as such (it said "cannot be created: File exists").
+      {"",
+       "run.out_dir = \"" + dir + "/dangling\": a symbolic link to " + dir + "/gone, which does not exist",
+       {"--set", "run.out_dir=" + dir + "/dangling"}},
   };
+  std::filesystem::create_symlink(dir + "/gone", dir + "/dangling");
   int i = 0;
   for (const auto& c : cases) {
     const auto cfg = dir + "/bad" + std::to_string(i) + ".toml";
