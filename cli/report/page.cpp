@@ -94,10 +94,15 @@ std::string page_head(const report_data& r, const start_fields& field, const std
   o += fmt::format("<style>{}</style>\n</head>\n<body>\n<main>\n", page_css());
   o += fmt::format("<h1>Longwave run report: {}</h1>\n",
                    html_escape(cluster ? fs::path(r.run_dir).filename().string() : first.name));
-  o += fmt::format("<p class=\"sub\">{} &middot; {} {} &middot; started {} &middot; {}</p>\n",
-                   html_escape(r.run_dir), html_escape(field("mode")),
-                   cluster ? fmt::format("&middot; {} nodes", r.nodes.size()) : "", utc_text(r.t0),
-                   html_escape(status));
+  o += fmt::format(
+      "<p class=\"sub\">{} &middot; {} {} &middot; started {} &middot; {}</p>\n", html_escape(r.run_dir),
+      html_escape(field("mode")),
+      cluster ? fmt::format("&middot; {} {}", r.nodes.size(),
+                            r.separate_runs ? "separate runs, not one cluster's nodes (the totals add "
+                                              "them up)"
+                                            : "nodes")
+              : "",
+      utc_text(r.t0), html_escape(status));
   return o;
 }
 
@@ -420,6 +425,21 @@ int write(const std::string& run_dir, const std::string& out_path) {
   }
   if (r.nodes.empty()) return error(fmt::format("{}: no node's metrics.jsonl holds a valid line", run_dir));
   find_time_span(r);
+  // A cluster node's start line counts the cluster's workers; a run alone, its own.
+  r.separate_runs =
+      r.nodes.size() > 1 && std::all_of(r.nodes.begin(), r.nodes.end(), [](const node_metrics& m) {
+        return !m.starts.empty() &&
+               num(m.starts.front(), "cluster_workers") <= num(m.starts.front(), "workers");
+      });
+  if (r.separate_runs) {
+    std::string names;
+    for (const auto& m : r.nodes) names += (names.empty() ? "" : ", ") + m.name;
+    fmt::print(
+        stderr,
+        "report: warning: {} holds {} separate runs ({}), not one cluster's nodes: each gets a row and "
+        "series, and the summary adds them up; for one run's page, report its own out_dir\n",
+        run_dir, r.nodes.size(), names);
+  }
 
   if (const auto err = runtime::write_atomically(out->string(), assemble_page(r)); !err.empty()) {
     fmt::print(stderr, "report: error: {}\n", err);

@@ -14,6 +14,9 @@ namespace longwave::cli::report {
 struct report_data {
   std::string run_dir;
   std::vector<node_metrics> nodes;
+  /// Several runs that each trained alone (no start line names more workers than its own), found in one
+  /// folder: not one cluster's nodes.
+  bool separate_runs = false;
   double t0 = std::numeric_limits<double>::quiet_NaN();      ///< first start, unix seconds
   double t_last = std::numeric_limits<double>::quiet_NaN();  ///< last record, unix seconds
 };

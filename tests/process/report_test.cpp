@@ -367,6 +367,38 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a folder of separate runs is reported as such, not as one cluster's nodes",
+                "[process][report]") {
+  const auto dir = scratch_dir("report-separate");
+  // Start lines as runs write them: a run alone counts its own workers as the cluster's, a node the
+  // cluster's.
+  const auto with_cluster_workers = [](std::string text, int n) {
+    const std::string at = "\"workers\":2,";
+    for (auto p = text.find(at); p != std::string::npos; p = text.find(at, p + 1))
+      text.insert(p + at.size(), "\"cluster_workers\":" + std::to_string(n) + ",");
+    return text;
+  };
+  for (const auto& [folder, cluster_workers] :
+       std::vector<std::pair<std::string, int>>{{"alone", 2}, {"cluster", 4}})
+    for (const char* node : {"a", "b"}) {
+      fs::create_directories(dir + "/" + folder + "/" + node);
+      write_text(dir + "/" + folder + "/" + node + "/metrics.jsonl",
+                 with_cluster_workers(synthetic_metrics(node, 1.7e9, 2, 3, 5, 0), cluster_workers));
+    }
+  auto [acode, alone] = run({binary(), "report", dir + "/alone"}, dir + "/alone.log", 60);
+  CATCH_INFO(alone);
+  CATCH_REQUIRE(acode == 0);
+  CATCH_CHECK(alone.find("holds 2 separate runs (a, b), not one cluster's nodes") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/alone/report.html").find("2 separate runs, not one cluster's nodes") !=
+              std::string::npos);
+  auto [ccode, cluster] = run({binary(), "report", dir + "/cluster"}, dir + "/cluster.log", 60);
+  CATCH_INFO(cluster);
+  CATCH_REQUIRE(ccode == 0);
+  CATCH_CHECK(cluster.find("separate runs") == std::string::npos);
+  CATCH_CHECK(read_text(dir + "/cluster/report.html").find("&middot; 2 nodes") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE(
     "bad input: a missing directory or file exits 2 naming it, garbage lines are skipped with a warning",
     "[process][report]") {
