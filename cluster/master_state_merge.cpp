@@ -37,11 +37,16 @@ void master_state::on_contribute(size_t i, const contribute_msg& c) {
 }
 
 void master_state::note_drop(const drop& d) {
+  std::string why = to_string(d.reason);
+  if (d.reason == drop_reason::stale) {
+    why = fmt::format("{} versions old, above async.max_staleness", d.staleness);
+  } else if (d.reason == drop_reason::left) {  // the membership lost it: say how (a SIGKILL is "lost")
+    for (size_t i = 0; i < specs_.size(); ++i)
+      if (specs_[i].name == d.c.node && members_[i].removed != removal::none)
+        why = fmt::format("its node is no longer a member ({})", to_string(members_[i].removed));
+  }
   warn(fmt::format("coordinator: dropped node {}'s contribution from version {} ({} tokens): {}", d.c.node,
-                   d.c.v_start, d.c.tokens,
-                   d.reason == drop_reason::stale
-                       ? fmt::format("{} versions old, above async.max_staleness", d.staleness)
-                       : std::string(to_string(d.reason))));
+                   d.c.v_start, d.c.tokens, why));
   note("dropped", {{"node", d.c.node},
                    {"reason", to_string(d.reason)},
                    {"v_start", d.c.v_start},

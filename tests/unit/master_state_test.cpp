@@ -1566,6 +1566,8 @@ CATCH_TEST_CASE(
            "n2",
            "ack 2 2/0",
            {"n0 <- membership epoch 2", "record dropped node=n1 reason=left",
+            "dropped node n1's contribution from version 2 (100 tokens): its node is no longer a member "
+            "(failed)",
             "n0 <- merge 3 [n0@2x100*1 n2@2x50*1] drop []", "n2 <- merge 3", "!n1 <- merge"}},
       });
 }
