@@ -337,6 +337,7 @@ void coordinator_engine::version_done(uint64_t version, const at::Tensor& theta,
   line.add("theta_crc32c", fmt::format("{:08x}", crc));
   coordinator_parts::record(self_, line);
   gauge(self_, "longwave_outer_version", static_cast<double>(version));
+  self_->state.version = std::max(self_->state.version, version);
   self_->state.ctx->cluster->version_committed(version, crc);
 }
 

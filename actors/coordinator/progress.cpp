@@ -168,7 +168,12 @@ void on_report(self_ptr self, const step_report& r) {
                    .add("loss", loss)
                    .add("tokens_per_second", tok_s)
                    .add("lr", lr));
-  if (r.step % cfg.runtime.log_every_steps == 0 || r.step == total) {
+  if (!s.policy->shares_rounds()) {
+    // async: a node's rounds are its own phases, as many as its speed allows; the run ends at a version.
+    if (r.step % cfg.runtime.log_every_steps == 0)
+      spdlog::info("phase {:>3} | version {:>3}/{} | step {:>5} | loss {:.4f} | {:>7.0f} tok/s", s.round + 1,
+                   s.version, cfg.train.rounds, r.step, loss, tok_s);
+  } else if (r.step % cfg.runtime.log_every_steps == 0 || r.step == total) {
     const double done = static_cast<double>(r.step - s.first_step);
     const double eta = done > 0 ? wall / done * static_cast<double>(total - r.step) : NAN;
     spdlog::info("round {:>3}/{} | step {:>5}/{} | loss {:.4f} | {:>7.0f} tok/s | eta {}",
