@@ -404,9 +404,12 @@ void master_state::outcome() {
       gone.empty() && stop_ && stop_->round &&
       std::all_of(finished.begin(), finished.end(), [&](size_t i) { return members_[i].stopped; });
   if (stopped) {
-    info(fmt::format(
-        "coordinator: every node stopped after round {} (longwave stop); the same commands resume the run",
-        *stop_->round));
+    info(merges_ ? fmt::format("coordinator: every node stopped at the end of its phase, at version {} "
+                               "(longwave stop); the same commands resume the run",
+                               merges_->version())
+                 : fmt::format("coordinator: every node stopped after round {} (longwave stop); the same "
+                               "commands resume the run",
+                               *stop_->round));
   } else if (gone.empty()) {
     info("coordinator: every node finished");
   } else {

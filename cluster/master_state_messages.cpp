@@ -172,9 +172,16 @@ void master_state::on_bye(size_t i, const bye_msg& b) {
     return remove(i, removal::left, fmt::format("node {} left: {}", specs_[i].name, b.reason));
   m.phase = member_phase::finished;
   m.stopped = b.reason == "stopped";
-  info(m.stopped ? fmt::format("coordinator: node {} stopped after round {} with its checkpoint",
-                               specs_[i].name, stop_ && stop_->round ? *stop_->round : m.round)
-                 : fmt::format("coordinator: node {} finished", specs_[i].name));
+  if (!m.stopped)
+    info(fmt::format("coordinator: node {} finished", specs_[i].name));
+  else if (merges_)  // async: each node stops at its own phase's end; the cluster's count is versions
+    info(
+        fmt::format("coordinator: node {} stopped at the end of its phase, holding version {}, with its "
+                    "checkpoint",
+                    specs_[i].name, m.applied_version));
+  else
+    info(fmt::format("coordinator: node {} stopped after round {} with its checkpoint", specs_[i].name,
+                     stop_ && stop_->round ? *stop_->round : m.round));
 }
 
 /// A member's ring failed: a fence follows once the node it lost (if named) is heard from or removed. The

@@ -1651,8 +1651,12 @@ CATCH_TEST_CASE(
               "n1",
               "committed 1 5",
               {"every node stops where it holds, at version 1 (n0, n1)", "n0 <- stop 7", "n1 <- stop 9"}},
-             {4, "n0", "bye stopped", {}},
-             {4, "n1", "bye stopped", {"record end outcome=stopped exit_code=0 finished=n0,n1"}}});
+             {4, "n0", "bye stopped", {"node n0 stopped at the end of its phase, holding version 1"}},
+             {4,
+              "n1",
+              "bye stopped",
+              {"every node stopped at the end of its phase, at version 1 (longwave stop)",
+               "record end outcome=stopped exit_code=0 finished=n0,n1"}}});
   CATCH_CHECK(t.master().done() == 0);
 }
 
