@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "config/toml_types.hpp"
 
 namespace longwave::config {
@@ -63,7 +65,11 @@ std::set<std::string> keys_set(std::string_view toml_text, const std::vector<std
     if (const auto* t = node.as_table())
       for (const auto& [key, value] : *t)
         keys.insert(std::string(section.str()) + "." + std::string(key.str()));
-  for (const auto& o : overrides) keys.insert(o.substr(0, o.find('=')));
+  for (const auto& o : overrides) {
+    std::string key = o.substr(0, o.find('='));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    keys.insert(key.substr(std::min(key.size(), key.find_first_not_of(" \t"))));
+  }
   return keys;
 }
 

@@ -1192,7 +1192,7 @@ CATCH_TEST_CASE(
   using longwave::config::keys_set;
   const std::string text =
       "[diloco]\ntau = 3\nfragments = 4\n[async]\nquorum = 2\ncgad_alpha = 0.5\n[train]\nrounds = 2\n";
-  const auto keys = keys_set(text, {"diloco.min_steps=2", "train.workers=2"});
+  const auto keys = keys_set(text, {"diloco.min_steps=2", " train.workers = 2"});
   CATCH_CHECK(keys == std::set<std::string>{"async.cgad_alpha", "async.quorum", "diloco.fragments",
                                             "diloco.min_steps", "diloco.tau", "train.rounds",
                                             "train.workers"});
