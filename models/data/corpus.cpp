@@ -100,8 +100,7 @@ void check_is_text(const std::string& path, const text_profile& profile) {
 
 std::optional<std::string> json_string_field(std::string_view line, std::string_view key) {
   rapidjson::Document doc;
-  // Only the "text" string is used: numbers need no exact conversion (runtime/json/json_reader.hpp).
-  if (const auto e = runtime::parse_json(line, doc, runtime::json_numbers::approximate))
+  if (const auto e = runtime::parse_json(line, doc))
     throw std::invalid_argument(fmt::format("malformed JSON at column {}: {}", e->column, e->what));
   if (!doc.IsObject()) throw std::invalid_argument("the line is not a JSON object");
   const auto* field = runtime::find_member(doc, key);

@@ -62,10 +62,11 @@ std::optional<std::string> replace_lone_surrogates(std::string_view s) {
   return out;
 }
 
-// RapidJSON 1.1.0's full precision is unsafe on text from outside: it passes 0 to __builtin_clzll for a zero
-// written with an exponent ("0e100", read as -2e235) and indexes past its table of powers for a number with
-// hundreds of leading zeros (Tencent/rapidjson#1249 and others, fixed after 1.1.0). Exact numbers are read
-// here instead: RapidJSON checks the grammar and hands each number's text to strtod, which rounds correctly.
+// Numbers are converted here, not by RapidJSON: its full precision (1.1.0) is unsafe on text from outside (it
+// passes 0 to __builtin_clzll for "0e100", read as -2e235, and indexes past its table of powers for a number
+// with hundreds of leading zeros; Tencent/rapidjson#1249 and others, fixed after 1.1.0), and its normal
+// precision is off by more than an ulp and reads "NaN.5" as 0.5. RapidJSON checks the grammar and hands each
+// number's text to strtod, which rounds correctly.
 class exact_numbers : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, exact_numbers> {
  public:
   explicit exact_numbers(rapidjson::Document& doc) : doc_(doc) {}
@@ -81,7 +82,11 @@ class exact_numbers : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, exa
   // `s` ends with a NUL. An integer keeps its kind (as RapidJSON's own reading) unless it overflows 64 bits.
   bool RawNumber(const char* s, rapidjson::SizeType n, bool) {
     const std::string_view text(s, n);
-    if (text.find_first_of(".eEIN") == std::string_view::npos) {
+    if (text.find_first_of("IN") != std::string_view::npos) {
+      // RapidJSON's grammar lets a fraction or an exponent follow NaN and Infinity ("NaN.5"): not Python's.
+      const auto word = text.substr(text.front() == '-' ? 1 : 0);
+      if (word != "NaN" && word != "Inf" && word != "Infinity") return false;
+    } else if (text.find_first_of(".eE") == std::string_view::npos) {
       errno = 0;
       char* end = nullptr;
       if (text.front() == '-') {
@@ -116,16 +121,16 @@ rapidjson::ParseResult parse_exact(std::string_view text, rapidjson::Document& d
 
 }  // namespace
 
-std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc, json_numbers numbers) {
+std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc) {
   auto replaced = replace_lone_surrogates(text);
   const std::string_view parsed = replaced ? std::string_view(*replaced) : text;
-  const rapidjson::ParseResult r =
-      numbers == json_numbers::exact
-          ? parse_exact(parsed, doc)
-          : rapidjson::ParseResult(doc.Parse<parse_flags>(parsed.data(), parsed.size()));
+  const rapidjson::ParseResult r = parse_exact(parsed, doc);
   json_error e;
   if (r.IsError()) {
-    e.what = rapidjson::GetParseError_En(r.Code());
+    // The handler stops only at a NaN or Infinity with more after it.
+    e.what = r.Code() == rapidjson::kParseErrorTermination
+                 ? "Invalid value (NaN or Infinity with digits after it)"
+                 : rapidjson::GetParseError_En(r.Code());
     if (!e.what.empty() && e.what.back() == '.') e.what.pop_back();  // it goes inside a sentence
     e.offset = r.Offset();
     // Most errors of a cut text are at its end; a cut escape is reported at its backslash.

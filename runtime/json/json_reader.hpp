@@ -19,16 +19,12 @@ struct json_error {
   bool truncated = false;  ///< the text ended before the value did (a writer stopped mid-record)
 };
 
-/// How numbers are converted: exactly (each number's text through strtod, which rounds correctly), or to
-/// within a few ulps by RapidJSON where the values are not used (cheaper).
-enum class json_numbers { exact, approximate };
-
 /// Parses one whole JSON document into `doc`: RFC 8259 plus NaN, Inf, Infinity, -Inf and -Infinity, which
-/// Python writes for non-finite floats. A lone UTF-16 surrogate escape (Python writes one for an undecodable
-/// byte) reads as U+FFFD. Nesting depth costs no stack. Returns the error, or nullopt when `doc` holds the
-/// value.
-std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc,
-                                     json_numbers numbers = json_numbers::exact);
+/// Python writes for non-finite floats. Numbers are read exactly (each one's text through strtod, which
+/// rounds correctly; an integer that fits 64 bits stays an integer). A lone UTF-16 surrogate escape (Python
+/// writes one for an undecodable byte) reads as U+FFFD. Nesting depth costs no stack. Returns the error, or
+/// nullopt when `doc` holds the value.
+std::optional<json_error> parse_json(std::string_view text, rapidjson::Document& doc);
 
 /// The last member named `key` of an object (a later duplicate wins, as in Python), or nullptr when `v` is
 /// not an object or has no such member.
