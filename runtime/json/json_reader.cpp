@@ -65,8 +65,8 @@ std::optional<std::string> replace_lone_surrogates(std::string_view s) {
 // Numbers are converted here, not by RapidJSON: its full precision (1.1.0) is unsafe on text from outside (it
 // passes 0 to __builtin_clzll for "0e100", read as -2e235, and indexes past its table of powers for a number
 // with hundreds of leading zeros; Tencent/rapidjson#1249 and others, fixed after 1.1.0), and its normal
-// precision is off by more than an ulp and reads "NaN.5" as 0.5. RapidJSON checks the grammar and hands each
-// number's text to strtod, which rounds correctly.
+// precision reads "NaN.5" as 0.5. RapidJSON checks the grammar and hands each number's text to strtod, which
+// rounds correctly.
 class exact_numbers : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, exact_numbers> {
  public:
   explicit exact_numbers(rapidjson::Document& doc) : doc_(doc) {}
