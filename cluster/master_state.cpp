@@ -478,8 +478,7 @@ double master_state::quorum_waited_s(clock::time_point now) const {
 }
 
 member_phase master_state::phase_of(const std::string& name) const {
-  for (size_t i = 0; i < specs_.size(); ++i)
-    if (specs_[i].name == name) return members_[i].phase;
+  if (const auto i = index_of_name(name)) return members_[*i].phase;
   throw lw_error(errc::invalid_config, "no member named " + name);
 }
 

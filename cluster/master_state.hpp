@@ -362,6 +362,7 @@ class master_state {
   resume_plan plan_resume() const;
   void say_plan(const resume_plan& plan, const std::vector<size_t>& members);
   std::optional<size_t> index_of_identity(const std::string& id) const;
+  std::optional<size_t> index_of_name(const std::string& name) const;
   std::string key_of(const std::string& name) const;
   peer_entry peer_of(size_t rank, size_t i) const;
   std::vector<peer_entry> all_keys() const;

@@ -68,8 +68,7 @@ std::optional<size_t> master_state::member_for_hello(const sender& from, const h
                     h.protocol_version, comm::protocol_version()));
     return std::nullopt;
   }
-  for (size_t i = 0; i < specs_.size(); ++i)
-    if (specs_[i].name == h.node_name) return i;
+  if (const auto i = index_of_name(h.node_name)) return i;
   if (s_.open) {
     if (!welcomed_) return std::nullopt;  // it joins once the cluster trains; its hello comes again every 2 s
     return add_open_node(from, h);

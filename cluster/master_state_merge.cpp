@@ -41,9 +41,8 @@ void master_state::note_drop(const drop& d) {
   if (d.reason == drop_reason::stale) {
     why = fmt::format("{} versions old, above async.max_staleness", d.staleness);
   } else if (d.reason == drop_reason::left) {  // the membership lost it: say how (a SIGKILL is "lost")
-    for (size_t i = 0; i < specs_.size(); ++i)
-      if (specs_[i].name == d.c.node && members_[i].removed != removal::none)
-        why = fmt::format("its node is no longer a member ({})", to_string(members_[i].removed));
+    if (const auto i = index_of_name(d.c.node); i && members_[*i].removed != removal::none)
+      why = fmt::format("its node is no longer a member ({})", to_string(members_[*i].removed));
   }
   warn(fmt::format("coordinator: dropped node {}'s contribution from version {} ({} tokens): {}", d.c.node,
                    d.c.v_start, d.c.tokens, why));

@@ -440,6 +440,12 @@ std::optional<size_t> master_state::index_of_identity(const std::string& id) con
   return std::nullopt;
 }
 
+std::optional<size_t> master_state::index_of_name(const std::string& name) const {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return i;
+  return std::nullopt;
+}
+
 /// CURVE: node `name`'s public key ("" without CURVE).
 std::string master_state::key_of(const std::string& name) const {
   return s_.node_keys ? s_.node_keys->key_of(name) : "";
