@@ -47,7 +47,8 @@ master_options options_of(const config::cluster_spec& spec, const std::string& b
   o.quorum_timeout = to_ms(spec.quorum_timeout_s);
   if (spec.train.diloco.outer == config::outer_policy_kind::async) {
     const auto& a = spec.train.async;
-    o.async = merge_rules{a.quorum, a.grace_min_s, a.grace_max_s, a.max_staleness, a.max_in_flight};
+    o.async = merge_rules{a.quorum,        a.grace_min_s,   a.grace_max_s,
+                          a.max_staleness, a.max_in_flight, spec.train.train.rounds};
   }
   o.info = [](const std::string& s) { spdlog::info("{}", s); };
   o.warn = [](const std::string& s) { spdlog::warn("{}", s); };

@@ -73,7 +73,11 @@ void master_state::watch_merges() {
                  {"nodes", names},
                  {"tokens", tokens},
                  {"max_staleness", m->version - 1 - oldest},
-                 {"grace_ms", static_cast<int64_t>(std::llround((m->closed_s - m->opened_s) * 1000))}});
+                 {"grace_ms", static_cast<int64_t>(std::llround((m->due_s - m->opened_s) * 1000))},
+                 {"held_ms", static_cast<int64_t>(std::llround((m->closed_s - m->due_s) * 1000))}});
+  if (m->version == s_.async->last_version)
+    info(fmt::format("coordinator: version {} is the run's last (train.rounds): no merge follows it",
+                     m->version));
 }
 
 /// A node joining: the members' version stays where it is until it is admitted (or gives up or falls silent),

@@ -58,6 +58,7 @@ std::vector<drop> merge_window::set_members(const std::set<std::string>& members
   } else if (phase_ == window_phase::gathering && enough && !pending_.empty()) {
     open(now_s);  // a smaller membership lowered the quorum
   }
+  note_all_in(now_s);  // a waited node that left is no longer waited for
   return dropped;
 }
 
@@ -80,6 +81,7 @@ std::optional<drop> merge_window::arrive(const contribution& c, double now_s) {
   }
   if (phase_ == window_phase::gathering && static_cast<int64_t>(pending_.size()) >= effective_quorum())
     open(now_s);
+  note_all_in(now_s);
   return std::nullopt;
 }
 
@@ -102,6 +104,17 @@ void merge_window::open(double now_s) {
     wait = std::max(wait, *due + due_margin * cadence_.at(node).period_s);
   }
   closes_s_ = now_s + std::clamp(wait, rules_.grace_min_s, std::max(rules_.grace_min_s, rules_.grace_max_s));
+  all_in_s_ = std::numeric_limits<double>::infinity();
+  note_all_in(now_s);
+}
+
+void merge_window::note_all_in(double now_s) {
+  if (phase_ == window_phase::grace && all_in_s_ > now_s && waited_all_in()) all_in_s_ = now_s;
+}
+
+double merge_window::due_at() const {
+  return waited_all_in() ? std::min(closes_s_, std::max(opened_s_ + rules_.grace_min_s, all_in_s_))
+                         : closes_s_;
 }
 
 bool merge_window::waited_all_in() const {
@@ -110,7 +123,8 @@ bool merge_window::waited_all_in() const {
 }
 
 bool merge_window::held() const {
-  return rules_.max_in_flight > 0 && version_ - applied_ >= rules_.max_in_flight;
+  return (rules_.max_in_flight > 0 && version_ - applied_ >= rules_.max_in_flight) ||
+         (rules_.last_version > 0 && version_ >= rules_.last_version);
 }
 
 void merge_window::applied(int64_t version) {
@@ -119,12 +133,12 @@ void merge_window::applied(int64_t version) {
 
 double merge_window::closes_at() const {
   if (phase_ != window_phase::grace || held()) return std::numeric_limits<double>::infinity();
-  return waited_all_in() ? std::min(closes_s_, opened_s_ + rules_.grace_min_s) : closes_s_;
+  return due_at();
 }
 
 std::optional<merge> merge_window::poll(double now_s) {
   if (phase_ != window_phase::grace || held() || now_s < closes_at()) return std::nullopt;
-  merge m{version_ + 1, {}, opened_s_, now_s};
+  merge m{version_ + 1, {}, opened_s_, std::min(now_s, due_at()), now_s};
   m.merged.reserve(pending_.size());
   for (auto& [node, c] : pending_) m.merged.push_back(c);  // std::map: name order
   ++version_;

@@ -25,6 +25,10 @@ struct merge_rules {
   /// all-reduce takes the members' links; what arrives meanwhile joins the next merge instead of queueing
   /// behind it as rings of its own.
   int64_t max_in_flight = 1;
+  /// The run's last version (train.rounds, which every node's fingerprint shares): no merge past it, which no
+  /// node would apply (0: no limit). async.tokens may end the run earlier; only the nodes know the tokens
+  /// their all-reduces lost.
+  int64_t last_version = 0;
 };
 
 /// A node's pseudo-gradient, ready to merge: it trained `tokens` tokens from version `v_start`.
@@ -40,7 +44,9 @@ struct merge {
   int64_t version = 0;
   std::vector<contribution> merged;  ///< in node-name order, the order every node applies them in
   double opened_s = 0;               ///< when its quorum was in
-  double closed_s = 0;
+  double due_s = 0;  ///< when the rule let it close: opened_s + the grace window, within grace_max_s
+  double closed_s =
+      0;  ///< when it closed: later than due_s while merges in flight, a fence or a joiner held it
 };
 
 /// Why a contribution was not merged.
@@ -86,7 +92,8 @@ class merge_window {
 
   window_phase phase() const { return phase_; }
   int64_t version() const { return version_; }
-  /// When poll() must next be called: the grace window's end, or infinity while gathering or held.
+  /// When poll() must next be called: the grace window's end, or infinity while gathering, held or past the
+  /// last version.
   double closes_at() const;
   const std::map<std::string, contribution>& pending() const { return pending_; }
 
@@ -104,7 +111,7 @@ class merge_window {
   /// more, and lasts grace_min_s..grace_max_s.
   void open(double now_s);
   bool waited_all_in() const;
-  /// max_in_flight merges are announced and not yet applied.
+  /// max_in_flight merges are announced and not yet applied, or the last version is made.
   bool held() const;
 
   merge_rules rules_;
@@ -115,7 +122,13 @@ class merge_window {
   std::map<std::string, contribution> pending_;
   std::map<std::string, cadence> cadence_;
   std::set<std::string> waited_;  ///< the nodes the open window waits for
+  /// Called after the pending set or the membership changed: notes when the last waited node came in.
+  void note_all_in(double now_s);
+  /// When the open window's rule lets it close, merges in flight aside.
+  double due_at() const;
+
   double opened_s_ = 0, closes_s_ = std::numeric_limits<double>::infinity();
+  double all_in_s_ = std::numeric_limits<double>::infinity();  ///< when every waited node was in
 };
 
 }  // namespace longwave::cluster

@@ -1543,11 +1543,15 @@ CATCH_TEST_CASE(
            "contribute 0 100",
            {"n0 <- merge 1 [n0@0x100*1 n1@0x100*1] drop []", "n1 <- merge 1 [n0@0x100*1 n1@0x100*1]",
             "n2 <- merge 1 [n0@0x100*1 n1@0x100*1]",
-            "record merge version=1 nodes=n0,n1 tokens=200 max_staleness=0 grace_ms=0"}},
+            "record merge version=1 nodes=n0,n1 tokens=200 max_staleness=0 grace_ms=0 held_ms=0"}},
           {3, "n2", "contribute 0 50", {"!<- merge"}},
           // The quorum is in again, but version 1's all-reduce is not over (async.max_in_flight = 1).
           {4, "n0", "contribute 1 100", {"!<- merge"}},
-          {4.2, "n1", "committed 1 7", {"n1 <- merge 2 [n0@1x100*1 n2@0x50*1] drop []", "max_staleness=1"}},
+          // Its window was due at once (grace_ms) and held 0.2 s by version 1's all-reduce (held_ms).
+          {4.2,
+           "n1",
+           "committed 1 7",
+           {"n1 <- merge 2 [n0@1x100*1 n2@0x50*1] drop []", "max_staleness=1 grace_ms=0 held_ms=200"}},
           // Two versions old with a cap of one: dropped, and only its node is told.
           {5,
            "n2",
@@ -1568,7 +1572,9 @@ CATCH_TEST_CASE(
            {"n0 <- membership epoch 2", "record dropped node=n1 reason=left",
             "dropped node n1's contribution from version 2 (100 tokens): its node is no longer a member "
             "(failed)",
-            "n0 <- merge 3 [n0@2x100*1 n2@2x50*1] drop []", "n2 <- merge 3", "!n1 <- merge"}},
+            "n0 <- merge 3 [n0@2x100*1 n2@2x50*1] drop []", "n2 <- merge 3", "!n1 <- merge",
+            // Due when n2, whom it waited for, came (7.04); the fence held it to 7.1. It said grace_ms=80.
+            "grace_ms=20 held_ms=60"}},
       });
 }
 

@@ -39,7 +39,7 @@ std::string describe(const merge& m) {
     out += fmt::format("{}{}@{}x{}{}", i ? " " : "", c.node, c.v_start, c.tokens,
                        c.parts > 1 ? fmt::format("*{}", c.parts) : "");
   }
-  return out + fmt::format("] opened {:.2f} closed {:.2f}", m.opened_s, m.closed_s);
+  return out + fmt::format("] opened {:.2f} closed {:.2f} due {:.2f}", m.opened_s, m.closed_s, m.due_s);
 }
 
 std::string describe(const drop& d) {
@@ -228,7 +228,8 @@ CATCH_TEST_CASE("a merge waits while the one before it is not applied, and what 
               {3, "arrive n2 v=0 tokens=1", {"!merge", "pending 2"}},
               {4, "tick", {"!merge"}},
               // A member applied version 1: both merge as one, not two rings.
-              {4.5, "applied 1", {"merge 2 [n1@0x1 n2@0x1] opened 2.00 closed 4.50"}},
+              // Its grace window was over at once (due 2.00); the hold is not part of it.
+              {4.5, "applied 1", {"merge 2 [n1@0x1 n2@0x1] opened 2.00 closed 4.50 due 2.00"}},
               // Reports of an earlier version (a member late to say it) release nothing.
               {5, "arrive n0 v=1 tokens=1", {"state grace closes never version 2 pending 1"}},
               {6, "applied 1", {"!merge"}},
@@ -239,5 +240,39 @@ CATCH_TEST_CASE("a merge waits while the one before it is not applied, and what 
               {9, "arrive n1 v=2 tokens=1", {"state grace closes 9.40 version 3"}},
               {9.4, "tick", {"merge 4 [n1@2x1]"}},
               {10, "arrive n2 v=2 tokens=1", {"!merge", "state grace closes never version 4 pending 1"}},
+          });
+}
+
+CATCH_TEST_CASE(
+    "a merge is due when the last node it waits for comes, and a hold after that is not its grace",
+    "[merge_window]") {
+  merge_window w({.quorum = 1, .grace_min_s = 0, .grace_max_s = 5, .max_staleness = 8, .max_in_flight = 1});
+  play(w, {
+              {0, "members n0,n1", {}},
+              {0, "arrive n1 v=0 tokens=1", {"merge 1 [n1@0x1]"}},
+              {0.1, "applied 1", {}},
+              {1, "arrive n1 v=1 tokens=1", {"merge 2 [n1@1x1] opened 1.00 closed 1.00 due 1.00"}},
+              // n1 is due at 2 (every 1 s): the window waits for it a tenth of a second more.
+              {2, "arrive n0 v=2 tokens=1", {"!merge", "state grace closes never version 2 pending 1"}},
+              {2.05, "arrive n1 v=2 tokens=1", {"!merge", "pending 2"}},
+              // Version 2's all-reduce held it: due at n1's arrival, closed when version 2 was applied.
+              {3, "applied 2", {"merge 3 [n0@2x1 n1@2x1] opened 2.00 closed 3.00 due 2.05"}},
+          });
+}
+
+CATCH_TEST_CASE("no merge past the run's last version, which no node would apply", "[merge_window]") {
+  merge_window w({.quorum = 1,
+                  .grace_min_s = 0,
+                  .grace_max_s = 5,
+                  .max_staleness = 8,
+                  .max_in_flight = 0,
+                  .last_version = 2});
+  play(w, {
+              {0, "members n0,n1", {}},
+              {1, "arrive n0 v=0 tokens=1", {"merge 1 [n0@0x1]"}},
+              {2, "arrive n1 v=0 tokens=1", {"merge 2 [n1@0x1]"}},
+              // A phase reported before its node learned that version 2 ends the run stays pending.
+              {3, "arrive n0 v=1 tokens=1", {"!merge", "state grace closes never version 2 pending 1"}},
+              {60, "tick", {"!merge", "version 2"}},
           });
 }
