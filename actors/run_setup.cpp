@@ -1,12 +1,17 @@
 // Start-up of one run before any actor: the corpus, the model shape, --dry-run, the shared run_context.
 #include "actors/run_setup.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "config/config_loader.hpp"
 #include "models/data/corpus.hpp"
@@ -35,6 +40,35 @@ bool is_streaming(const config::train_config& cfg) {
 
 std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path) {
   return std::make_shared<const std::vector<uint16_t>>(models::data::read_shard(path));
+}
+
+/// The private copies eval keeps: the newest few by use, so that evaluating many runs does not fill the disk.
+constexpr size_t eval_copies_kept = 4;
+
+/// Removes the copies in `root` other than `used` beyond the newest eval_copies_kept - 1 (by their time of
+/// last use), each only while no process prepares it (its .prepare.lock is free); marks `used` as used now.
+void prune_eval_copies(const fs::path& root, const fs::path& used) {
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> others;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.is_directory(ec) && e.path().filename() != used.filename())
+      others.emplace_back(fs::last_write_time(e.path(), ec), e.path());
+  if (fs::exists(used, ec)) fs::last_write_time(used, fs::file_time_type::clock::now(), ec);
+  if (others.size() < eval_copies_kept) return;
+  std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> removed;
+  for (size_t i = eval_copies_kept - 1; i < others.size(); ++i) {
+    const auto& dir = others[i].second;
+    const int fd = ::open((dir / ".prepare.lock").c_str(), O_RDWR | O_CLOEXEC);
+    const bool busy = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+    if (!busy && fs::remove_all(dir, ec) != static_cast<std::uintmax_t>(-1) && !ec)
+      removed.push_back(dir.filename().string());
+    if (fd >= 0) ::close(fd);
+  }
+  if (!removed.empty())
+    spdlog::info("data: removed {} older private cop{} from {} ({}); the newest {} are kept", removed.size(),
+                 removed.size() == 1 ? "y" : "ies", root.string(), fmt::join(removed, ", "),
+                 eval_copies_kept);
 }
 
 }  // namespace
@@ -158,7 +192,9 @@ models::data::prepared_dataset find_or_prepare_data(const config::train_config& 
       "data: the run's data directory {} does not hold its data ({}); using a private copy in {} and "
       "leaving the run's directory as it is",
       data_dir, why, own);
-  return prepare_data(cfg, corpus, own);
+  auto data = prepare_data(cfg, corpus, own);
+  prune_eval_copies(fs::path(own).parent_path(), own);
+  return data;
 }
 
 std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,

@@ -78,8 +78,10 @@ std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* a
 /// Loads `run`'s config with its --set overrides; prints the config error and returns nullopt.
 std::optional<config::train_config> load_run_config(const cli_values& v, std::vector<std::string>* warnings);
 
-/// Loads a cluster file for a role; prints the config error and returns nullopt.
-std::optional<config::cluster_spec> load_cluster(const std::string& path, const std::vector<std::string>& ov);
+/// Loads a cluster file for a role; prints the config error and returns nullopt. With `warn`, logs what the
+/// file sets that is likely a mistake (config::cluster_warnings).
+std::optional<config::cluster_spec> load_cluster(const std::string& path, const std::vector<std::string>& ov,
+                                                 bool warn = false);
 
 /// This process's executable (/proc/self/exe), else argv0.
 std::string self_exe(const char* argv0);

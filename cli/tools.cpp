@@ -188,10 +188,14 @@ int cmd_prepare(const cli_values& v) {
 }  // namespace
 
 /// Loads a cluster file for a role; prints the config error and returns nullopt.
-std::optional<config::cluster_spec> load_cluster(const std::string& path,
-                                                 const std::vector<std::string>& ov) {
+std::optional<config::cluster_spec> load_cluster(const std::string& path, const std::vector<std::string>& ov,
+                                                 bool warn) {
   try {
-    return config::load_cluster_file(path, ov);
+    std::vector<std::string> warnings;
+    auto spec = config::load_cluster_file(path, ov, &warnings);
+    if (warn)
+      for (const auto& w : warnings) spdlog::warn("{}", w);
+    return spec;
   } catch (const config::config_error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return std::nullopt;
@@ -210,7 +214,8 @@ std::optional<config::train_config> load_run_config(const cli_values& v, std::ve
 std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* argv0) {
   if (sub.coord->parsed()) {
     runtime::init_logging(v.log_level);
-    auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
+    // The coordinator says what in the file is likely a mistake: one process per cluster.
+    auto spec = load_cluster(v.cluster_path, v.cluster_overrides, /*warn=*/true);
     return spec ? cluster::run_master_role(*spec, v.coordinator_bind) : 2;
   }
   if (sub.stop->parsed()) {

@@ -39,7 +39,8 @@ int cmd_run(const cli_values& v) {
 /// `node`: joins the cluster as one node and trains (or, with --leave, asks the running node to leave).
 int cmd_node(const cli_values& v) {
   runtime::init_logging(v.log_level);
-  auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
+  // Under `launch` every node reads the same file: the coordinator's warnings and a node's --dry-run say it.
+  auto spec = load_cluster(v.cluster_path, v.cluster_overrides, /*warn=*/v.node_dry_run);
   if (!spec) return 2;
   actors::run_options nopts;
   nopts.fresh = v.cluster_fresh;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "config/config_loader.hpp"
+#include "config/inert_settings.hpp"
 #include "config/toml_types.hpp"
 
 namespace longwave::config {
@@ -429,6 +430,14 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
     throw config_error(
         "cluster.open_workers",
         fmt::format("cluster.open_workers = {}: only with cluster.open = true", spec.open_workers));
+  // An async quorum above the listed nodes was capped to the live members without a word; an open cluster's
+  // joiners may make it up.
+  if (spec.train.diloco.outer == outer_policy_kind::async && !spec.open &&
+      spec.train.async.quorum > static_cast<int64_t>(spec.nodes.size()))
+    throw config_error("async.quorum",
+                       fmt::format("async.quorum = {}: the cluster file lists only {} node(s), and a merge's "
+                                   "quorum counts nodes",
+                                   spec.train.async.quorum, spec.nodes.size()));
   if (spec.min_nodes > static_cast<int64_t>(spec.nodes.size()))
     throw config_error("cluster.min_nodes",
                        fmt::format("cluster.min_nodes = {}: the cluster file lists only {} node(s)",
@@ -456,10 +465,37 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
   return spec;
 }
 
-cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides) {
-  auto spec = parse_cluster(read_config_text(path), overrides, path);
+cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides,
+                               std::vector<std::string>* warnings) {
+  const std::string text = read_config_text(path);
+  auto spec = parse_cluster(text, overrides, path);
   if (spec.train.run.name.empty()) spec.train.run.name = run_name_of_file(path);
+  if (warnings)
+    for (auto& line : cluster_warnings(spec, keys_set(text, overrides))) warnings->push_back(std::move(line));
   return spec;
+}
+
+std::vector<std::string> cluster_warnings(const cluster_spec& spec, const std::set<std::string>& keys_set) {
+  auto out = inert_settings(spec.train, keys_set);
+  if (spec.train.diloco.outer != outer_policy_kind::async) return out;
+  if (spec.nodes.size() == 1 && !spec.open)
+    out.push_back(
+        "diloco.outer = \"async\" on a cluster file of one node (and [cluster] open is not true): every "
+        "merge "
+        "is that node's phase alone, the run of outer = \"sync\" with a coordinator's grace windows added");
+  // The smallest phase any listed node reports: the first merge carries at least one.
+  int64_t least = 0;
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    const auto c = node_config(spec, i);
+    const int64_t phase = c.train.inner_steps * c.train.batch_size * c.model.seq_len * c.train.workers;
+    least = i == 0 ? phase : std::min(least, phase);
+  }
+  if (spec.train.async.tokens > 0 && spec.train.async.tokens <= least)
+    out.push_back(fmt::format(
+        "async.tokens = {}: one node's phase is already {} tokens (train.inner_steps x train.batch_size x "
+        "model.seq_len x its workers), so the run ends at its first merge",
+        spec.train.async.tokens, least));
+  return out;
 }
 
 int64_t coordinator_metrics_port(const cluster_spec& spec) {

@@ -4,6 +4,7 @@
 // is the shared training config (config/train_config.hpp). Example: examples/cluster_4nodes.toml.
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,8 +81,15 @@ std::vector<std::string> settings_differences(const std::string& a, const std::s
 cluster_spec parse_cluster(std::string_view toml_text, const std::vector<std::string>& overrides,
                            std::string_view source_name);
 
-/// Reads the file, then parse_cluster. An empty run.name defaults to the file's stem.
-cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides);
+/// Reads the file, then parse_cluster. An empty run.name defaults to the file's stem. If `warnings` is given,
+/// one line is appended for each thing that is valid but likely a mistake (cluster_warnings).
+cluster_spec load_cluster_file(const std::string& path, const std::vector<std::string>& overrides,
+                               std::vector<std::string>* warnings = nullptr);
+
+/// What a valid cluster file sets that is likely a mistake, one line each: the train keys of `keys_set` that
+/// the other settings leave inert (inert_settings.hpp), async outer steps on a closed cluster of one node,
+/// and an async.tokens that the first merge reaches.
+std::vector<std::string> cluster_warnings(const cluster_spec& spec, const std::set<std::string>& keys_set);
 
 /// The coordinator's /metrics port ([cluster] metrics_port, else [metrics] port; 0: pick a free one).
 int64_t coordinator_metrics_port(const cluster_spec& spec);

@@ -1,6 +1,10 @@
 // Exact resume after SIGKILL, and fallback from a corrupted checkpoint, with the real binary.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -512,9 +516,25 @@ CATCH_TEST_CASE(
   // The checkpoint alone, its run's directory gone: nothing is made there, the private copy is used.
   fs::copy_file(ckpt, dir + "/alone.lwc");
   fs::remove_all(dir + "/r");
+  // Copies of other corpora, used before: the newest are kept, an older one that a process prepares too.
+  const std::string copies = dir + "/cache/longwave/eval-data/";
+  for (int i = 0; i < 5; ++i) {
+    fs::create_directories(copies + "old-" + std::to_string(i));
+    write_text(copies + "old-" + std::to_string(i) + "/.prepare.lock", "");
+    fs::last_write_time(copies + "old-" + std::to_string(i),
+                        fs::file_time_type::clock::now() - std::chrono::hours(10 - i));
+  }
+  const int held = ::open((copies + "old-0/.prepare.lock").c_str(), O_RDWR | O_CLOEXEC);
+  CATCH_REQUIRE(::flock(held, LOCK_EX | LOCK_NB) == 0);
   auto [c4, l4] = eval(dir + "/alone.lwc", "eval4");
+  ::close(held);
   CATCH_INFO(l4);
   CATCH_CHECK(c4 == 0);
+  CATCH_CHECK(l4.find("removed 1 older private copy from " + copies.substr(0, copies.size() - 1) +
+                      " (old-1); the newest 4 are kept") != std::string::npos);
+  CATCH_CHECK(fs::exists(copies + "old-0"));  // being prepared
+  CATCH_CHECK_FALSE(fs::exists(copies + "old-1"));
+  for (int i = 2; i < 5; ++i) CATCH_CHECK(fs::exists(copies + "old-" + std::to_string(i)));
   CATCH_CHECK(l4.find("using cached shards in " + dir + "/cache/longwave/eval-data/") != std::string::npos);
   CATCH_CHECK(eval_loss(l4) == loss);
   CATCH_CHECK_FALSE(fs::exists(dir + "/r"));

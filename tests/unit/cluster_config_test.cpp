@@ -6,6 +6,7 @@
 
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "config/inert_settings.hpp"
 
 using namespace longwave::config;
 
@@ -134,6 +135,42 @@ CATCH_TEST_CASE("async.dn_period = 0 is twice the nodes the cluster file lists, 
   // Resolved before the fingerprint: two nodes of one file agree, and an explicit equal value is the same.
   CATCH_CHECK(training_fingerprint(parse_cluster(async, {}, "c").train) ==
               training_fingerprint(parse_cluster(async, {"async.dn_period=4"}, "c").train));
+}
+
+CATCH_TEST_CASE(
+    "async: a quorum above the listed nodes is refused, one node and a one-merge async.tokens warned",
+    "[config][cluster]") {
+  using Catch::Matchers::Contains;
+  const auto async = replaced(good, "[comm]", "[diloco]\nouter = \"async\"\n[comm]");
+  // It was capped to the live members without a word.
+  CATCH_CHECK_THAT(error_of(async, {"async.quorum=3"}),
+                   Contains("async.quorum = 3: the cluster file lists only 2 node(s)"));
+  CATCH_CHECK_NOTHROW(parse_cluster(async, {"async.quorum=2"}, "c"));
+  CATCH_CHECK_NOTHROW(parse_cluster(good, {"async.quorum=3"}, "c"));  // not async: inert, warned below
+  CATCH_CHECK_NOTHROW(
+      parse_cluster(async, {"async.quorum=3", "cluster.open=true"}, "c"));  // joiners may come
+
+  const auto warnings = [](const std::string& text, const std::vector<std::string>& ov) {
+    return cluster_warnings(parse_cluster(text, ov, "c"), keys_set(text, ov));
+  };
+  CATCH_CHECK(warnings(async, {}).empty());
+  const auto inert = warnings(good, {"async.quorum=3"});
+  CATCH_REQUIRE(inert.size() == 1);
+  CATCH_CHECK_THAT(inert[0], Contains("async.quorum is set") && Contains("no effect"));
+  // Node a's phase: 7 inner steps x 8 sequences x 128 tokens x 2 workers = 14336 tokens, the smaller one.
+  const auto tokens = warnings(async, {"async.tokens=14336"});
+  CATCH_REQUIRE(tokens.size() == 1);
+  CATCH_CHECK_THAT(tokens[0], Contains("async.tokens = 14336: one node's phase is already 14336 tokens") &&
+                                  Contains("ends at its first merge"));
+  CATCH_CHECK(warnings(async, {"async.tokens=14337"}).empty());
+  const auto one = replaced(
+      async,
+      "[[nodes]]\nname = \"b\"\nendpoint = \"tcp://10.0.0.3:5601\"\nworkers = 3\nmetrics_port = 9000\n", "");
+  const auto alone = warnings(one, {});
+  CATCH_REQUIRE(alone.size() == 1);
+  CATCH_CHECK_THAT(alone[0], Contains("a cluster file of one node"));
+  CATCH_CHECK(warnings(one, {"cluster.open=true"}).empty());
+  CATCH_CHECK(warnings(replaced(one, "outer = \"async\"", "outer = \"sync\""), {}).empty());
 }
 
 CATCH_TEST_CASE("[cluster] coordinator may list the addresses a coordinator can run at",
