@@ -37,8 +37,9 @@ void truncate_trace(const std::string& path, uint64_t step) {
     if (std::strtoull(line.substr(0, tab).c_str(), nullptr, 10) <= step) keep << line << '\n';
   }
   in.close();
-  std::ofstream out(path, std::ios::trunc);
-  out << keep.str();
+  // Replaced whole or not at all: a crash here must not leave the earlier trace cut short.
+  if (const auto problem = write_atomically(path, keep.str()); !problem.empty())
+    spdlog::warn("loss trace {} not cut back to step {}: {}", path, step, problem);
 }
 
 /// Whether `path` begins as every config copy a run writes does (config::resolved_config_header).

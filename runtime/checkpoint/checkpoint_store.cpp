@@ -460,7 +460,12 @@ std::string checkpoint_store::write(const checkpoint& c) {
     ::unlink(tmp_path.c_str());
     throw;
   }
-  fsync_dir(dir_);
+  // The file is in place under its name: a directory that refuses fsync (some FUSE and network filesystems)
+  // leaves only its durability across a power cut unsure, as for write_atomically; the write is not failed.
+  try {
+    fsync_dir(dir_);
+  } catch (const lw_error&) {
+  }
 
   prune(final_path);
   return final_path;
@@ -471,7 +476,12 @@ void checkpoint_store::prune(const std::string& spare) const {
   // nor deleted (stray_files() names it). A failed delete leaves an extra old file, which the next write
   // retries; it does not fail this one.
   const auto keep = static_cast<size_t>(keep_);
-  auto named = list();
+  std::vector<std::string> named;
+  try {
+    named = list();
+  } catch (const lw_error&) {
+    return;  // the directory cannot be read now: the next write prunes
+  }
   if (named.size() <= keep) return;  // the usual case: no header read on a write's path
   std::vector<std::string> files;
   for (auto& f : named)
@@ -592,6 +602,8 @@ std::vector<std::string> checkpoint_store::list() const {
     if (!it->is_regular_file(type_ec)) continue;
     found.push_back({round, step, it->path().string()});
   }
+  // An unreadable directory is not an empty one: a resume would start from scratch beside the old files.
+  if (ec && ec != std::errc::no_such_file_or_directory) throw_io("read directory", dir_, ec.value());
   std::sort(found.begin(), found.end(), [](const entry& a, const entry& b) {
     return std::tie(a.round, a.step, a.path) < std::tie(b.round, b.step, b.path);
   });

@@ -95,7 +95,8 @@ class checkpoint_store {
   std::vector<std::string> set_aside(uint64_t from_round, std::vector<std::string>* pruned = nullptr) const;
 
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores
-  /// .tmp files and anything else not named ckpt-<round>-<step>.lwc.
+  /// .tmp files and anything else not named ckpt-<round>-<step>.lwc. A missing directory lists nothing; one
+  /// that cannot be read throws lw_error(io_error).
   std::vector<std::string> list() const;
 
   /// Entries of the directory that list() leaves out, with the reason: unfinished writes (`.tmp`) and

@@ -377,6 +377,28 @@ CATCH_TEST_CASE("An empty checkpoint directory has no latest checkpoint", "[chec
   CATCH_CHECK(store.list().empty());
 }
 
+CATCH_TEST_CASE("A checkpoint directory that cannot be read is not taken for an empty one", "[checkpoint]") {
+  // An unreadable directory listed nothing: the run started from scratch beside its old checkpoints.
+  temp_dir tmp;
+  const std::string dir = (tmp.path / "ckpt").string();
+  checkpoint_store store(dir, 2);
+  const std::string p1 = store.write(small_checkpoint(1));
+  fs::rename(dir, (tmp.path / "elsewhere").string());
+  { std::ofstream(dir) << "a file where the directory was\n"; }
+  lw_error err(errc::none, "");
+  try {
+    (void)store.load_latest();
+  } catch (const lw_error& e) {
+    err = e;
+  }
+  CATCH_CHECK(err.code() == errc::io_error);
+  CATCH_CHECK(contains(err.what(), "cannot read directory " + dir));
+  fs::remove(dir);
+  CATCH_CHECK(store.list().empty());  // gone: nothing to list
+  fs::rename((tmp.path / "elsewhere").string(), dir);
+  CATCH_CHECK(store.list() == std::vector<std::string>{p1});
+}
+
 CATCH_TEST_CASE("A stale .tmp file from an interrupted write is ignored", "[checkpoint]") {
   temp_dir tmp;
   checkpoint_store store(tmp.path.string(), 1);
