@@ -44,8 +44,14 @@ void master_state::note_drop(const drop& d) {
     if (const auto i = index_of_name(d.c.node); i && members_[*i].removed != removal::none)
       why = fmt::format("its node is no longer a member ({})", to_string(members_[*i].removed));
   }
-  warn(fmt::format("coordinator: dropped node {}'s contribution from version {} ({} tokens): {}", d.c.node,
-                   d.c.v_start, d.c.tokens, why));
+  if (d.reason == drop_reason::past_end)  // a phase that ended as the last version merged: expected
+    info(
+        fmt::format("coordinator: node {}'s contribution from version {} is not merged: version {} was the "
+                    "run's last",
+                    d.c.node, d.c.v_start, merges_->version()));
+  else
+    warn(fmt::format("coordinator: dropped node {}'s contribution from version {} ({} tokens): {}", d.c.node,
+                     d.c.v_start, d.c.tokens, why));
   note("dropped", {{"node", d.c.node},
                    {"reason", to_string(d.reason)},
                    {"v_start", d.c.v_start},

@@ -26,6 +26,7 @@ const char* to_string(drop_reason r) {
     case drop_reason::left: return "left";
     case drop_reason::not_member: return "not_member";
     case drop_reason::future_version: return "future_version";
+    case drop_reason::past_end: return "past_end";
   }
   return "?";
 }
@@ -66,6 +67,9 @@ std::optional<drop> merge_window::arrive(const contribution& c, double now_s) {
   const int64_t staleness = version_ - c.v_start;
   if (members_.count(c.node) == 0) return drop{c, drop_reason::not_member, staleness};
   if (staleness < 0) return drop{c, drop_reason::future_version, staleness};
+  // Answered, not kept: a node that holds an older version learns that it missed the merges to the end.
+  if (rules_.last_version > 0 && version_ >= rules_.last_version)
+    return drop{c, drop_reason::past_end, staleness};
   auto& cad = cadence_[c.node];
   if (cad.last_s >= 0) {
     const double interval = now_s - cad.last_s;

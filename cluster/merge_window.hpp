@@ -55,6 +55,7 @@ enum class drop_reason : uint8_t {
   left,            ///< its node left the membership before a merge took it
   not_member,      ///< from a node outside the membership
   future_version,  ///< names a start version not yet made (a confused or hostile peer)
+  past_end,        ///< the run's last version is made: no merge follows (merge_rules::last_version)
 };
 const char* to_string(drop_reason r);
 
@@ -82,8 +83,9 @@ class merge_window {
   /// The nodes that may contribute (the epoch's membership). A node's pending contribution is dropped when
   /// it leaves (its bytes left with it); the quorum counts at most the members.
   std::vector<drop> set_members(const std::set<std::string>& members, double now_s);
-  /// A node's contribution has arrived. Returns a drop when it is staler than the cap; a second report of a
-  /// node before a merge takes the first folds into it (tokens add, the older start stays).
+  /// A node's contribution has arrived. Returns a drop when it is staler than the cap or comes after the last
+  /// version; a second report of a node before a merge takes the first folds into it (tokens add, the older
+  /// start stays).
   std::optional<drop> arrive(const contribution& c, double now_s);
   /// Closes the merge when its time has come (call at `closes_at()`, or after any event).
   std::optional<merge> poll(double now_s);

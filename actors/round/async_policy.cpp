@@ -278,8 +278,25 @@ class async_policy final : public round_policy {
 
   /// The master dropped contributions (too stale, or a node that left): this node's is discarded.
   void on_drops(const runtime::merge_order& order, const std::string& me) {
+    // The answer names the coordinator's version; the merges up to it came before it on the same link. One
+    // past every merge this node heard of: it missed them (it resumed behind a run that went on, or ended).
+    uint64_t heard = merging_;
+    for (const auto& o : deferred_) heard = std::max<uint64_t>(heard, o.version);
+    if (order.version > heard && !final_)
+      return engine_.fail(runtime::make_error(
+          errc::stale_round,
+          fmt::format("async: the coordinator is at version {}, but this node holds version "
+                      "{}: it missed the merges between",
+                      order.version, heard)));
     for (const auto& d : order.dropped) {
       if (d.node != me || !reported_) continue;
+      if (final_) {  // a phase that ended as the last version came: expected
+        spdlog::info(
+            "async: the run ended at version {}; this node's contribution from version {} is not merged",
+            order.version, d.v_start);
+        reported_.reset();
+        continue;
+      }
       spdlog::warn("async: the coordinator dropped this node's contribution from version {} (version is {})",
                    d.v_start, order.version);
       engine_.count("longwave_outer_dropped_contributions_total", 1);
@@ -378,14 +395,21 @@ class async_policy final : public round_policy {
   /// all-reduce to which only it adds weight), so every node holds that version bit for bit.
   void adopt_newest(std::function<void()> k) {
     const auto [rank, world] = engine_.ring_rank();
-    if (world <= 1) return k();
+    if (world <= 1) {
+      check_end();
+      return k();
+    }
     adopting_ = true;
-    auto slots = at::zeros({world}, at::kFloat);
+    // Slot r: node r's version; slot world + r: 1. A node lost in the all-reduce leaves the mean to fewer
+    // nodes than the welcome's `world`: the second half says how many (each present one reads 1/n).
+    auto slots = at::zeros({2 * world}, at::kFloat);
     slots[rank] = static_cast<float>(version_);
+    slots[world + rank] = 1.0f;
     reduce({0, 2}, {slots}, /*exact=*/true, 1.0,
            [this, rank = rank, world = world, k](at::Tensor mean, std::vector<std::string>) {
-             // mean[r] = v_r / world: exact integers again once scaled back and rounded.
-             const auto versions = (mean * static_cast<double>(world)).round().to(at::kLong);
+             const double n = std::round(1.0 / mean.narrow(0, world, world).max().item<double>());
+             // mean[r] = v_r / n: exact integers again once scaled back and rounded.
+             const auto versions = (mean.narrow(0, 0, world) * n).round().to(at::kLong);
              const int64_t source = versions.argmax().item<int64_t>();  // the first of the newest
              const auto newest = static_cast<uint64_t>(versions[source].item<int64_t>());
              engine_.outer_state([this, rank, source, newest, k](runtime::outer_snapshot o) {

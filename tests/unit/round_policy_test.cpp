@@ -217,7 +217,8 @@ struct fake_engine final : round_engine {
   std::vector<std::pair<uint64_t, uint64_t>> contributions;  // (v_start, tokens)
   std::vector<uint64_t> versions;
   std::string node_name() const override { return name; }
-  std::pair<int64_t, int64_t> ring_rank() const override { return {0, 1}; }
+  std::pair<int64_t, int64_t> rank{0, 1};  // this node's rank at the welcome, and the welcome's ring size
+  std::pair<int64_t, int64_t> ring_rank() const override { return rank; }
   void outer_state(then<runtime::outer_snapshot> k) override {
     note("outer_state");
     k(runtime::outer_snapshot{
@@ -633,6 +634,51 @@ CATCH_TEST_CASE("async scales a stale pseudo-gradient by CGAD's rule and refuses
   e.calls.clear();
   p->on_merge(merge_of(5, {{"b", 3}}, 1));
   CATCH_CHECK(e.calls == std::vector<std::string>{"fail"});
+}
+
+CATCH_TEST_CASE(
+    "async: a drop naming a version past every merge this node heard of fails it, but not at the end",
+    "[unit][round][async]") {
+  const auto drop_of = [](uint64_t version) {
+    runtime::merge_order drop;
+    drop.version = version;
+    drop.dropped.push_back({"a", 0, 1, 1});
+    return drop;
+  };
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 10));
+  auto p = make_round_policy(e, e.ctx);
+  async_phase(e, *p);  // reported from version 0
+  // The coordinator is at version 7 (this node resumed behind a run that went on): it trained on for ever.
+  e.calls.clear();
+  p->on_merge(drop_of(7));
+  CATCH_CHECK(e.calls == std::vector<std::string>{"fail"});
+  // train.rounds = 1: the phase reported before version 1 ended the run is dropped past the end, quietly.
+  fake_engine f(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 1));
+  auto q = make_round_policy(f, f.ctx);
+  async_phase(f, *q);
+  q->on_merge(merge_of(1, {{"b", 0}}, 1));
+  CATCH_REQUIRE(q->run_over(2));  // version 1 is the last: the phase running now ends the run
+  f.calls.clear();
+  q->on_merge(drop_of(1));
+  CATCH_CHECK(f.calls.empty());
+  CATCH_CHECK(f.metrics["longwave_outer_dropped_contributions_total"] == 0);
+}
+
+CATCH_TEST_CASE("async: a resumed node alone in the adoption's all-reduce takes its own version",
+                "[unit][round][async]") {
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 10));
+  e.rank = {1, 3};  // welcomed as one of three; the two others were lost before the all-reduce
+  auto p = make_round_policy(e, e.ctx);
+  runtime::train_snapshot snap;
+  snap.replicas.resize(2);
+  snap.version = 4;
+  CATCH_REQUIRE(!p->resume_from(snap));
+  async_phase(e, *p);
+  // The mean of one node's slots read as a third of each version made it 12, past train.rounds = 10.
+  CATCH_REQUIRE_FALSE(e.versions.empty());
+  CATCH_CHECK(e.versions.front() == 4);
+  CATCH_CHECK(!p->run_over(1));
+  CATCH_CHECK(e.contributions.back().first == 4);
 }
 
 CATCH_TEST_CASE(
