@@ -5,6 +5,7 @@
 // cluster/master.cpp is the ZeroMQ shell around it.
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -326,6 +327,7 @@ class master_state {
   bool joiners_hold_merges();
   bool all_applied(uint64_t version) const;  // every training member applied it
   void hold_merges_for(size_t i);
+  void resend_merges(size_t i);  // the announced merges member i has not applied (its link dropped)
 
   // Helpers.
   // Out of line (master_state.cpp): GCC 12 inlines a push of the action variant into callers and warns
@@ -406,6 +408,7 @@ class master_state {
   };
   std::optional<failed_link> last_failed_link_;  // the last ring failure that named a node
   std::optional<merge_window> merges_;           // s_.async: the merge rule, its version and pending work
+  std::deque<merge_msg> announced_;  // the newest merges announced, for a member whose link dropped
 };
 
 }  // namespace longwave::cluster

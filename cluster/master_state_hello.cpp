@@ -309,6 +309,9 @@ void master_state::on_reannounce(size_t idx, const sender& from, const hello_msg
   if (welcomed_) {
     if (same_process && (training(idx) || m.phase == member_phase::finished)) {
       m.last_seen = now_;
+      // Before the welcome, on which the node sends its unanswered contribution again: one a resent merge
+      // answers is not sent twice.
+      if (merges_ && training(idx)) resend_merges(idx);
       welcome_msg w;
       w.epoch = epoch_;
       send_to(idx, w);

@@ -12,6 +12,9 @@ namespace longwave::cluster {
 
 namespace {
 
+/// Merges kept for resend_merges: with async.max_in_flight = 1 a member misses at most one.
+constexpr size_t k_resent_merges = 16;
+
 double seconds_between(clock::time_point from, clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -75,6 +78,8 @@ void master_state::watch_merges() {
   }
   for (size_t i = 0; i < members_.size(); ++i)
     if (training(i)) send_to(i, msg);
+  announced_.push_back(msg);
+  while (announced_.size() > k_resent_merges) announced_.pop_front();
   note("merge", {{"version", m->version},
                  {"nodes", names},
                  {"tokens", tokens},
@@ -102,6 +107,13 @@ bool master_state::joiners_hold_merges() {
     }
   }
   return joining;
+}
+
+/// A member that re-announced itself after its link dropped may have missed announcements (a ROUTER drops
+/// what it sends to a peer without a connection): the ones it has not applied go again, which it takes once.
+void master_state::resend_merges(size_t i) {
+  for (const auto& m : announced_)
+    if (m.version > members_[i].applied_version) send_to(i, m);
 }
 
 bool master_state::all_applied(uint64_t version) const {

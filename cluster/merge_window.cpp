@@ -70,6 +70,11 @@ std::optional<drop> merge_window::arrive(const contribution& c, double now_s) {
   // Answered, not kept: a node that holds an older version learns that it missed the merges to the end.
   if (rules_.last_version > 0 && version_ >= rules_.last_version)
     return drop{c, drop_reason::past_end, staleness};
+  // The pending report again: a node re-sends its unanswered one on a welcome (its link dropped), and holds
+  // later phases back until one is answered, so this is no new phase.
+  if (const auto it = pending_.find(c.node);
+      it != pending_.end() && it->second.v_start == c.v_start && it->second.tokens == c.tokens)
+    return std::nullopt;
   auto& cad = cadence_[c.node];
   if (cad.last_s >= 0) {
     const double interval = now_s - cad.last_s;

@@ -84,8 +84,8 @@ class merge_window {
   /// it leaves (its bytes left with it); the quorum counts at most the members.
   std::vector<drop> set_members(const std::set<std::string>& members, double now_s);
   /// A node's contribution has arrived. Returns a drop when it is staler than the cap or comes after the last
-  /// version; a second report of a node before a merge takes the first folds into it (tokens add, the older
-  /// start stays).
+  /// version; the pending one again (v_start and tokens equal) is a repeat and changes nothing; another
+  /// report of a node before a merge takes the first folds into it (tokens add, the older start stays).
   std::optional<drop> arrive(const contribution& c, double now_s);
   /// Closes the merge when its time has come (call at `closes_at()`, or after any event).
   std::optional<merge> poll(double now_s);

@@ -1544,7 +1544,14 @@ CATCH_TEST_CASE(
            {"n0 <- merge 1 [n0@0x100*1 n1@0x100*1] drop []", "n1 <- merge 1 [n0@0x100*1 n1@0x100*1]",
             "n2 <- merge 1 [n0@0x100*1 n1@0x100*1]",
             "record merge version=1 nodes=n0,n1 tokens=200 max_staleness=0 grace_ms=0 held_ms=0"}},
+          // n2's link dropped as version 1 was announced: re-announcing, it gets the announcement again,
+          // before the welcome on which it sends its unanswered report again.
+          {2.7,
+           "n2",
+           "running epoch=1 world=3 round=0",
+           {"n2 <- merge 1 [n0@0x100*1 n1@0x100*1]", "n2 <- welcome", "!n0 <- merge", "!n1 <- merge"}},
           {3, "n2", "contribute 0 50", {"!<- merge"}},
+          {3.5, "n2", "contribute 0 50", {"!<- merge"}},  // that report again: one phase, not two
           // The quorum is in again, but version 1's all-reduce is not over (async.max_in_flight = 1).
           {4, "n0", "contribute 1 100", {"!<- merge"}},
           // Its window was due at once (grace_ms) and held 0.2 s by version 1's all-reduce (held_ms).
