@@ -32,6 +32,15 @@ void master_state::on_contribute(size_t i, const contribute_msg& c) {
                         merges_ ? "it is not training" : "this cluster's outer steps are not asynchronous"));
     return;
   }
+  // A phase's counts lie far below 2^53; a confused or hostile peer's larger ones would overflow the window's
+  // sums and differences.
+  constexpr uint64_t most = uint64_t{1} << 53;
+  if (c.tokens == 0 || c.tokens > most || c.v_start > most) {
+    dropped(
+        fmt::format("coordinator: dropped a contribution of node {}: version {} and {} tokens are no phase's",
+                    specs_[i].name, c.v_start, c.tokens));
+    return;
+  }
   const contribution got{specs_[i].name, static_cast<int64_t>(c.v_start), static_cast<int64_t>(c.tokens), 1};
   if (auto d = merges_->arrive(got, seconds_between(start_, now_))) {
     note_drop(*d);

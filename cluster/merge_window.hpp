@@ -44,9 +44,10 @@ struct merge {
   int64_t version = 0;
   std::vector<contribution> merged;  ///< in node-name order, the order every node applies them in
   double opened_s = 0;               ///< when its quorum was in
-  double due_s = 0;  ///< when the rule let it close: opened_s + the grace window, within grace_max_s
-  double closed_s =
-      0;  ///< when it closed: later than due_s while merges in flight, a fence or a joiner held it
+  /// When the rule let it close: opened_s + its grace window, at most grace_max_s.
+  double due_s = 0;
+  /// When it closed: later than due_s while a merge in flight, a fence or a joiner held it.
+  double closed_s = 0;
 };
 
 /// Why a contribution was not merged.
@@ -115,6 +116,10 @@ class merge_window {
   bool waited_all_in() const;
   /// max_in_flight merges are announced and not yet applied, or the last version is made.
   bool held() const;
+  /// Called after the pending set or the membership changed: notes when the last waited node came in.
+  void note_all_in(double now_s);
+  /// When the open window's rule lets it close, merges in flight aside.
+  double due_at() const;
 
   merge_rules rules_;
   int64_t version_;
@@ -124,11 +129,6 @@ class merge_window {
   std::map<std::string, contribution> pending_;
   std::map<std::string, cadence> cadence_;
   std::set<std::string> waited_;  ///< the nodes the open window waits for
-  /// Called after the pending set or the membership changed: notes when the last waited node came in.
-  void note_all_in(double now_s);
-  /// When the open window's rule lets it close, merges in flight aside.
-  double due_at() const;
-
   double opened_s_ = 0, closes_s_ = std::numeric_limits<double>::infinity();
   double all_in_s_ = std::numeric_limits<double>::infinity();  ///< when every waited node was in
 };

@@ -1552,6 +1552,12 @@ CATCH_TEST_CASE(
            {"n2 <- merge 1 [n0@0x100*1 n1@0x100*1]", "n2 <- welcome", "!n0 <- merge", "!n1 <- merge"}},
           {3, "n2", "contribute 0 50", {"!<- merge"}},
           {3.5, "n2", "contribute 0 50", {"!<- merge"}},  // that report again: one phase, not two
+          // Counts no phase has (a confused or hostile peer): refused before they reach the window's sums.
+          {3.6,
+           "n1",
+           "contribute 18446744073709551615 100",
+           {"!<- merge", "dropped a contribution of node n1: version 18446744073709551615 and 100 tokens"}},
+          {3.7, "n1", "contribute 0 9223372036854775807", {"!<- merge", "are no phase's"}},
           // The quorum is in again, but version 1's all-reduce is not over (async.max_in_flight = 1).
           {4, "n0", "contribute 1 100", {"!<- merge"}},
           // Its window was due at once (grace_ms) and held 0.2 s by version 1's all-reduce (held_ms).
