@@ -210,10 +210,12 @@ void finish(self_ptr self) {
     auto& s = self->state;
     if (s.ph == phase::failed) return;  // e.g. the last checkpoint writes failed: already reported
     const double wall = std::chrono::duration<double>(clock::now() - s.t_start).count();
+    const bool phases = !s.policy->shares_rounds();  // async: a node's rounds are its own phases
     spdlog::info(
-        "final: val loss {:.4f} | val perplexity {:.3f} | {} rounds x {} inner steps x {} workers | {}",
-        s.last_val_loss, std::exp(s.last_val_loss), s.round, s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
-        format_duration(wall));
+        "final: val loss {:.4f} | val perplexity {:.3f} | {} {} x {} inner steps x {} workers{} | {}",
+        s.last_val_loss, std::exp(s.last_val_loss), s.round, phases ? "phases" : "rounds",
+        s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
+        phases ? fmt::format(", to version {}", s.version) : std::string(), format_duration(wall));
     const std::string unwritten = write_result(s, wall);
     if (s.failed_writes > 0)
       return fail_unsaved(self, fmt::format("training finished, but the checkpoint of round {} could not be "
