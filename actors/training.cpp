@@ -52,6 +52,16 @@ void make_directory(const std::string& key, const std::string& dir) {
   throw config::config_error(key, key + " = \"" + dir + "\": cannot be created: " + ec.message());
 }
 
+/// The run's lock on `dir`, the first file it makes there: a directory where none can be made (no
+/// permission, read-only, /sys) is a config error naming the key that chose it.
+void take_lock(std::optional<run_lock>& lock, const std::string& key, const std::string& dir) {
+  try {
+    lock.emplace(dir, key);
+  } catch (const run_lock_unwritable& e) {
+    throw config::config_error(key, key + " = \"" + dir + "\": no file can be made there (" + e.what() + ")");
+  }
+}
+
 /// One run, top to bottom: check the config, lock the out_dir, prepare the data, find where to start, start
 /// the actors, wait for them.
 int train(const config::train_config& cfg, const run_options& opts, cluster_link& cluster) {
@@ -72,19 +82,20 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
     return 0;
   }
   make_directory("run.out_dir", p.out_dir);
-  const run_lock lock(p.out_dir);  // one run per out_dir, until this process ends
+  std::optional<run_lock> lock;  // one run per out_dir, until this process ends
+  take_lock(lock, "run.out_dir", p.out_dir);
   // And per checkpoint directory: two runs sharing one would resume from, rotate away and overwrite each
   // other's checkpoints.
   make_directory("checkpoint.dir", p.ckpt_dir);
   std::optional<run_lock> ckpt_lock;
-  if (!fs::equivalent(p.ckpt_dir, p.out_dir)) ckpt_lock.emplace(p.ckpt_dir, "checkpoint.dir");
+  if (!fs::equivalent(p.ckpt_dir, p.out_dir)) take_lock(ckpt_lock, "checkpoint.dir", p.ckpt_dir);
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
   spdlog::info("cpu: {}", models::cpu_kernels());
   auto ctx = make_context(cfg, spec, corpus, p.data_dir, devices, cluster);
   ctx->lock_lost = [&lock, &ckpt_lock] {
-    if (auto why = lock.lost(); !why.empty()) return why;
+    if (auto why = lock->lost(); !why.empty()) return why;
     return ckpt_lock ? ckpt_lock->lost() : std::string();
   };
   start_point start;

@@ -30,7 +30,8 @@ std::string read_holder(int fd) {
 run_lock::run_lock(const std::string& dir, const std::string& key) : path_(dir + "/" + lock_file_name) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw lw_error(errc::io_error, "cannot open the lock file " + path_ + ": " + std::strerror(errno));
+    throw run_lock_unwritable(errc::io_error,
+                              "cannot open the lock file " + path_ + ": " + std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const std::string holder = read_holder(fd_);

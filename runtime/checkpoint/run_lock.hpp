@@ -16,12 +16,19 @@ class run_lock_busy : public lw_error {
   using lw_error::lw_error;
 };
 
+/// The lock file cannot be made in the directory (no permission, a read-only or pseudo filesystem): no file
+/// of the run could be, so the setting that chose it is at fault.
+class run_lock_unwritable : public lw_error {
+ public:
+  using lw_error::lw_error;
+};
+
 /// Held for the lifetime of the object. Not copyable.
 class run_lock {
  public:
   /// Takes the lock of `dir` (which must exist). Throws run_lock_busy naming the holder's PID and the setting
-  /// `key` that chose dir when another process holds it, or lw_error(io_error) with the system error when the
-  /// lock file cannot be opened.
+  /// `key` that chose dir when another process holds it, run_lock_unwritable (io_error) with the system error
+  /// when the lock file cannot be opened, lw_error(io_error) when it cannot be locked.
   explicit run_lock(const std::string& dir, const std::string& key = "run.out_dir");
   ~run_lock();
   run_lock(const run_lock&) = delete;

@@ -65,7 +65,7 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
     std::string toml, key;
     std::vector<std::string> extra_args;
   };
-  const std::vector<bad_case> cases = {
+  std::vector<bad_case> cases = {
       {"[train]\nwrkers = 4\n", "train.wrkers", {}},
       {"[train]\nworkers = \"four\"\n", "train.workers", {}},
       {"[run]\nmode = \"async\"\n", "run.mode", {}},
@@ -108,6 +108,14 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
        "run.out_dir = \"" + dir + "/dangling\": a symbolic link to " + dir + "/gone, which does not exist",
        {"--set", "run.out_dir=" + dir + "/dangling"}},
   };
+  // A directory that exists but takes no file, even root's (sysfs): named by its key, exit 2 (it was an
+  // io_error about the lock file, exit 1).
+  if (std::filesystem::is_directory("/sys/kernel"))
+    for (const std::string key : {"run.out_dir", "checkpoint.dir"})
+      cases.push_back({"",
+                       key + " = \"/sys/kernel\": no file can be made there (cannot open the lock file "
+                             "/sys/kernel/.longwave.lock",
+                       {"--set", key + "=/sys/kernel"}});
   std::filesystem::create_symlink(dir + "/gone", dir + "/dangling");
   int i = 0;
   for (const auto& c : cases) {
