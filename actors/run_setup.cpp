@@ -1,10 +1,7 @@
 // Start-up of one run before any actor: the corpus, the model shape, --dry-run, the shared run_context.
 #include "actors/run_setup.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/file.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -46,7 +43,7 @@ std::shared_ptr<const std::vector<uint16_t>> load_tokens(const std::string& path
 constexpr size_t eval_copies_kept = 4;
 
 /// Removes the copies in `root` other than `used` beyond the newest eval_copies_kept - 1 (by their time of
-/// last use), each only while no process prepares it (its .prepare.lock is free); marks `used` as used now.
+/// last use), none that a process prepares; marks `used` as used now.
 void prune_eval_copies(const fs::path& root, const fs::path& used) {
   std::error_code ec;
   std::vector<std::pair<fs::file_time_type, fs::path>> others;
@@ -57,14 +54,9 @@ void prune_eval_copies(const fs::path& root, const fs::path& used) {
   if (others.size() < eval_copies_kept) return;
   std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> removed;
-  for (size_t i = eval_copies_kept - 1; i < others.size(); ++i) {
-    const auto& dir = others[i].second;
-    const int fd = ::open((dir / ".prepare.lock").c_str(), O_RDWR | O_CLOEXEC);
-    const bool busy = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0;
-    if (!busy && fs::remove_all(dir, ec) != static_cast<std::uintmax_t>(-1) && !ec)
-      removed.push_back(dir.filename().string());
-    if (fd >= 0) ::close(fd);
-  }
+  for (size_t i = eval_copies_kept - 1; i < others.size(); ++i)
+    if (models::data::remove_unless_preparing(others[i].second.string()))
+      removed.push_back(others[i].second.filename().string());
   if (!removed.empty())
     spdlog::info("data: removed {} older private cop{} from {} ({}); the newest {} are kept", removed.size(),
                  removed.size() == 1 ? "y" : "ies", root.string(), fmt::join(removed, ", "),

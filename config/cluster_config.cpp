@@ -481,8 +481,8 @@ std::vector<std::string> cluster_warnings(const cluster_spec& spec, const std::s
   if (spec.nodes.size() == 1 && !spec.open)
     out.push_back(
         "diloco.outer = \"async\" on a cluster file of one node (and [cluster] open is not true): every "
-        "merge "
-        "is that node's phase alone, the run of outer = \"sync\" with a coordinator's grace windows added");
+        "merge is that node's phase alone, the run of outer = \"sync\" with a coordinator's grace windows "
+        "added");
   // The smallest phase any listed node reports: the first merge carries at least one.
   int64_t least = 0;
   for (size_t i = 0; i < spec.nodes.size(); ++i) {

@@ -183,6 +183,9 @@ prepared_dataset use_user_shards(const fs::path& dir, const log_fn& log) {
   return d;
 }
 
+/// The file whose flock marks a directory being prepared.
+constexpr const char* prepare_lock_name = ".prepare.lock";
+
 /// One preparation of a data directory at a time (flock on DIR/.prepare.lock, released with the process):
 /// two processes that share it (two starts of one node, a shared data.cache_dir) would otherwise write the
 /// same temporary files; the second waits, then finds the first's shards cached. A directory where the lock
@@ -192,7 +195,7 @@ class prepare_lock {
   prepare_lock(const fs::path& dir, const log_fn& log) {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    fd_ = ec ? -1 : ::open((dir / ".prepare.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = ec ? -1 : ::open((dir / prepare_lock_name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0 || ::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
     if (log) log(fmt::format("data: another process is preparing {}; waiting for it", dir.string()));
     while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
@@ -395,6 +398,15 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
                     result.n_val_tokens, dir.string(), seconds_since(t0)));
   }
   return result;
+}
+
+bool remove_unless_preparing(const std::string& dir) {
+  const int fd = ::open((fs::path(dir) / prepare_lock_name).c_str(), O_RDWR | O_CLOEXEC);
+  const bool busy = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+  std::error_code ec;
+  const bool gone = !busy && fs::remove_all(dir, ec) != static_cast<std::uintmax_t>(-1) && !ec;
+  if (fd >= 0) ::close(fd);
+  return gone;
 }
 
 }  // namespace longwave::models::data

@@ -47,6 +47,10 @@ std::optional<prepared_dataset> find_prepared(const std::string& input_path, con
                                               int64_t bpe_vocab_size, double val_fraction,
                                               const std::string& dir, std::string& why);
 
+/// Removes a prepared data directory unless a process is preparing it (holds its preparation lock, which is
+/// taken for the removal). True when it is gone.
+bool remove_unless_preparing(const std::string& dir);
+
 /// 16 hex digits naming a preparation's arguments (the corpus's absolute path, tokenizer, vocab,
 /// val_fraction): a private cache directory per preparation.
 std::string data_cache_key(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size,
