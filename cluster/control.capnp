@@ -28,6 +28,7 @@ struct Hello {
   checkpointRounds @13 :List(UInt64);  # the completed rounds of the checkpoints it holds, newest last
   trainingSettings @14 :Text;  # "section.key = value" lines its configHash covers ("": not sent)
   checkpointThetas @15 :List(UInt32);  # each one's history: its theta's CRC-32C (empty: not known)
+  merging @16 :List(Merge);  # async, running: the merges it was told of and has not applied, oldest first
 }
 
 struct Peer {

@@ -67,6 +67,12 @@ void set_entries(capnp::List<wire::MergeEntry>::Builder out, const std::vector<m
   }
 }
 
+void set_merge(wire::Merge::Builder x, const merge_msg& m) {
+  x.setVersion(m.version);
+  set_entries(x.initMerged(static_cast<unsigned>(m.merged.size())), m.merged);
+  set_entries(x.initDropped(static_cast<unsigned>(m.dropped.size())), m.dropped);
+}
+
 /// A merge list within max_peers whose node names are within their limit.
 std::optional<rejection> read_entries(capnp::List<wire::MergeEntry>::Reader entries, const char* what,
                                       std::vector<merge_entry>& out) {
@@ -79,6 +85,13 @@ std::optional<rejection> read_entries(capnp::List<wire::MergeEntry>::Reader entr
     out.push_back(merge_entry{text_of(node), e.getVStart(), e.getTokens(), e.getParts()});
   }
   return std::nullopt;
+}
+
+/// A merge's version and its lists, each within max_peers.
+std::optional<rejection> read_merge_fields(wire::Merge::Reader x, merge_msg& m) {
+  m.version = x.getVersion();
+  if (auto bad = read_entries(x.getMerged(), "merge merged", m.merged)) return bad;
+  return read_entries(x.getDropped(), "merge dropped", m.dropped);
 }
 
 }  // namespace
@@ -117,6 +130,9 @@ std::vector<std::byte> build_envelope(const envelope& e) {
           thetas.set(static_cast<unsigned>(i), m.checkpoint_thetas[m.checkpoint_thetas.size() - n + i]);
       }
       if (m.training_settings.size() <= max_settings_bytes) x.setTrainingSettings(txt(m.training_settings));
+      const size_t held = std::min(m.merging.size(), max_held_merges);  // the oldest: they come first
+      auto merging = x.initMerging(static_cast<unsigned>(held));
+      for (size_t i = 0; i < held; ++i) set_merge(merging[static_cast<unsigned>(i)], m.merging[i]);
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -213,12 +229,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setEpoch(m.epoch);
       x.setId(txt(m.id));
     }
-    void operator()(const merge_msg& m) {
-      auto x = b.initMerge();
-      x.setVersion(m.version);
-      set_entries(x.initMerged(static_cast<unsigned>(m.merged.size())), m.merged);
-      set_entries(x.initDropped(static_cast<unsigned>(m.dropped.size())), m.dropped);
-    }
+    void operator()(const merge_msg& m) { set_merge(b.initMerge(), m); }
   };
   std::visit(visitor{body}, e.body);
   return flat_bytes(mb);
@@ -251,6 +262,12 @@ read_result read_hello(wire::Hello::Reader x, body_t& out) {
     return reject(reject_reason::malformed, fmt::format("hello checkpointThetas has {} entries for {} rounds",
                                                         thetas.size(), rounds.size()));
   for (const auto t : thetas) m.checkpoint_thetas.push_back(t);
+  const auto merging = x.getMerging();
+  if (merging.size() > max_held_merges)
+    return reject(reject_reason::bad_size,
+                  fmt::format("hello merging has {} merges, limit {}", merging.size(), max_held_merges));
+  for (auto held : merging)
+    if (auto bad = read_merge_fields(held, m.merging.emplace_back())) return bad;
   auto name = x.getNodeName();
   auto ep = x.getDataEndpoint();
   auto state_ep = x.getStateEndpoint();
@@ -344,9 +361,7 @@ read_result read_error(wire::Error::Reader x, body_t& out) {
 
 read_result read_merge(wire::Merge::Reader x, body_t& out) {
   merge_msg m;
-  m.version = x.getVersion();
-  if (auto bad = read_entries(x.getMerged(), "merge merged", m.merged)) return bad;
-  if (auto bad = read_entries(x.getDropped(), "merge dropped", m.dropped)) return bad;
+  if (auto bad = read_merge_fields(x, m)) return bad;
   out = std::move(m);
   return std::nullopt;
 }

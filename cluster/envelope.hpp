@@ -46,6 +46,9 @@ struct hello_msg {
   /// The settings config_hash covers (config::training_settings): a coordinator that turns the node away for
   /// them names the keys that differ. "" from an older node.
   std::string training_settings;
+  /// diloco.outer = "async", running: the merges it was told of and has not applied, oldest first (at most
+  /// max_held_merges). A coordinator taking the cluster over announces them again rather than close others.
+  std::vector<runtime::merge_order> merging;
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
@@ -179,7 +182,8 @@ inline constexpr size_t max_endpoint_bytes = 1024;
 inline constexpr size_t max_message_bytes = 4096;
 inline constexpr size_t max_peers = 4096;
 inline constexpr size_t max_checkpoint_rounds = 64;
-inline constexpr size_t max_nccl_id_bytes = 256;         ///< hex of NCCL_UNIQUE_ID_BYTES (128)
+inline constexpr size_t max_held_merges = 8;      ///< hello merging (async.max_in_flight is 1 by default)
+inline constexpr size_t max_nccl_id_bytes = 256;  ///< hex of NCCL_UNIQUE_ID_BYTES (128)
 inline constexpr size_t max_settings_bytes = 32 * 1024;  ///< hello trainingSettings
 
 /// Serializes e as an unpacked Cap'n Proto Envelope (one frame). Texts longer than the limits above are

@@ -228,12 +228,18 @@ void master_state::take_over() {
   // A hold the earlier master set for a joiner (Pin) is not this one's: the members go on.
   for (auto i : present) send_to(i, pin_msg{0, true});
   resume_merges(present);
+  // The welcome: on it an async node reports its unanswered contribution again, after the merges it missed
+  // (one of them may answer it). Through a fence too, under async: a membership is no welcome.
+  welcome_msg w;
+  w.world_size = static_cast<uint32_t>(present.size());
+  w.epoch = epoch_;
+  if (same || merges_)
+    for (auto i : present) {
+      if (merges_) resend_merges(i);
+      send_to(i, w);
+    }
   if (same) {
     // Nothing changed while there was no master: the nodes carry on in their epoch.
-    welcome_msg w;
-    w.world_size = static_cast<uint32_t>(present.size());
-    w.epoch = epoch_;
-    for (auto i : present) send_to(i, w);
     actions_.push_back(epoch_began{epoch_, present.size(), "start"});
     return;
   }

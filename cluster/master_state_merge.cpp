@@ -6,6 +6,9 @@
 // train on meanwhile, folding their phases into the contributions they hold) until it is admitted at a fence.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+
 #include "cluster/master_state.hpp"
 
 namespace longwave::cluster {
@@ -17,6 +20,12 @@ constexpr size_t k_resent_merges = 16;
 
 double seconds_between(clock::time_point from, clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
+}
+
+bool same_entries(const std::vector<merge_entry>& a, const std::vector<merge_entry>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const merge_entry& x, const merge_entry& y) {
+    return x.node == y.node && x.v_start == y.v_start && x.tokens == y.tokens && x.parts == y.parts;
+  });
 }
 
 merge_entry entry_of(const contribution& c) {
@@ -143,14 +152,39 @@ void master_state::hold_merges_for(size_t i) {
 
 void master_state::resume_merges(const std::vector<size_t>& present) {
   if (!s_.async) return;
-  // Merges go on from the newest version a member applied (its last all-reduce's round); the contributions
-  // pending at the earlier master are reported again by their nodes.
+  // Merges go on from the newest version a member applied (its last all-reduce's round), or from the newest
+  // the earlier master announced that a member still holds unapplied: those go again (a member that missed
+  // one takes it, the others hold it), so no other merge gets their version. The contributions pending at
+  // the earlier master are reported again by their nodes.
   uint64_t newest = 0;
   for (auto i : present) {
     members_[i].applied_version = members_[i].announce->committed.round;
     newest = std::max(newest, members_[i].applied_version);
   }
-  merges_.emplace(*s_.async, static_cast<int64_t>(newest));
+  std::map<uint64_t, merge_msg> held;
+  for (auto i : present)
+    for (const auto& m : members_[i].announce->merging) {
+      if (m.version <= newest || m.merged.empty()) continue;
+      const auto [at, first] = held.emplace(m.version, merge_msg{m.version, m.merged, {}});
+      if (!first && !same_entries(at->second.merged, m.merged))
+        warn(
+            fmt::format("coordinator: node {} holds another merge of version {} than an earlier node: the "
+                        "earlier node's is announced",
+                        specs_[i].name, m.version));
+    }
+  announced_.clear();
+  uint64_t top = newest;
+  for (const auto& [v, m] : held) {
+    if (v != top + 1) break;  // past a gap none can be applied
+    top = v;
+    announced_.push_back(m);
+  }
+  if (top > newest)
+    info(
+        fmt::format("coordinator: the members hold the earlier coordinator's merges of versions {} to {}, "
+                    "not yet applied: announcing them again; merges go on after version {}",
+                    newest + 1, top, top));
+  merges_.emplace(*s_.async, static_cast<int64_t>(top), static_cast<int64_t>(newest));
   merge_members_changed();
 }
 

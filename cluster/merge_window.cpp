@@ -31,8 +31,8 @@ const char* to_string(drop_reason r) {
   return "?";
 }
 
-merge_window::merge_window(merge_rules rules, int64_t version)
-    : rules_(rules), version_(version), applied_(version) {}
+merge_window::merge_window(merge_rules rules, int64_t version, int64_t applied)
+    : rules_(rules), version_(version), applied_(std::min(applied, version)) {}
 
 int64_t merge_window::effective_quorum() const {
   return std::max<int64_t>(1, std::min<int64_t>(rules_.quorum, static_cast<int64_t>(members_.size())));

@@ -79,7 +79,10 @@ const char* to_string(window_phase p);
 
 class merge_window {
  public:
-  explicit merge_window(merge_rules rules, int64_t version = 0);
+  explicit merge_window(merge_rules rules, int64_t version = 0) : merge_window(rules, version, version) {}
+  /// Versions after `applied` up to `version` are announced and not yet applied by any member (a master that
+  /// took over a cluster in the middle of its merges).
+  merge_window(merge_rules rules, int64_t version, int64_t applied);
 
   /// The nodes that may contribute (the epoch's membership). A node's pending contribution is dropped when
   /// it leaves (its bytes left with it); the quorum counts at most the members.

@@ -133,7 +133,9 @@ void node_link::tick(const std::function<void(std::string)>& record, const actor
   if (!ring_) return;
   if (!start_up_over_) end_start_up();  // the main loop runs: its heartbeats take over
   const auto now = steady::now();
-  if (const auto v = version_.load(); v > 0) watch_.version_applied(v);
+  const auto applied = version_.load();
+  if (applied > 0) watch_.version_applied(applied);
+  watch_.merges_told(merges_.unapplied(applied));
   const auto asks = watch_.on_tick(control_, *ring_, elastic_.get(), name_, now, record);
   if (asks.leave && !leaving_) {
     leaving_ = true;

@@ -21,7 +21,14 @@ bool merge_follower::answers(const merge_msg& m) const {
 void merge_follower::on_tick(const master_asks& asks, control_client& control,
                              const actors::node_controls& controls) {
   for (const auto& m : asks.merges) {
-    if (answers(m)) unanswered_.reset();
+    // A merge told again (after a takeover or a dropped link) answered what it names the first time; the
+    // contribution unanswered now is a later one.
+    const bool again = !m.merged.empty() && m.version <= newest_told_;
+    if (answers(m) && !again) unanswered_.reset();
+    if (!m.merged.empty()) {
+      told_.emplace(m.version, m);
+      newest_told_ = std::max(newest_told_, m.version);
+    }
     if (controls.merge) controls.merge(m);
   }
   if (asks.welcomed && unanswered_) {
@@ -38,6 +45,13 @@ void merge_follower::on_tick(const master_asks& asks, control_client& control,
     control.contribute(c.v_start, c.tokens);
     unanswered_ = c;
   }
+}
+
+std::vector<merge_msg> merge_follower::unapplied(uint64_t applied) {
+  told_.erase(told_.begin(), told_.upper_bound(applied));
+  std::vector<merge_msg> out;
+  for (const auto& [v, m] : told_) out.push_back(m);
+  return out;
 }
 
 }  // namespace longwave::cluster

@@ -4,6 +4,7 @@
 // contribution the master has not answered (merged or dropped) is sent again to a master that takes the
 // cluster over, since a restarted master knows none.
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -25,6 +26,8 @@ class merge_follower {
   /// Main loop: sends what training contributed, passes the master's merges on, and re-sends the unanswered
   /// contribution after a takeover (asks.welcomed).
   void on_tick(const master_asks& asks, control_client& control, const actors::node_controls& controls);
+  /// Main loop: the merges told of after version `applied`, oldest first (those up to it are forgotten).
+  std::vector<merge_msg> unapplied(uint64_t applied);
 
  private:
   /// Whether m answers this node's contribution (merges it or drops it).
@@ -34,6 +37,8 @@ class merge_follower {
   std::mutex mu_;
   std::vector<contribute_msg> queued_;        // pushed by training, not yet sent
   std::optional<contribute_msg> unanswered_;  // sent, not yet merged or dropped (main loop only)
+  std::map<uint64_t, merge_msg> told_;        // merges told of, not yet applied (main loop only)
+  uint64_t newest_told_ = 0;                  // the newest merge told of (main loop only)
 };
 
 }  // namespace longwave::cluster

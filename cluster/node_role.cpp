@@ -105,6 +105,9 @@ void set_up_ring(node_session& s, const config::cluster_spec& spec, const config
           "node {}: LONGWAVE_FAULT_DIE_IN_ALLREDUCE: this node kills itself in round {} after {} chunks{}",
           me.name, faults->die_in_round, faults->die_after_chunks,
           faults->hang ? " (its ring hangs there, until the process is killed)" : "");
+    if (faults->gate_round != 0)
+      spdlog::warn("node {}: LONGWAVE_FAULT_ALLREDUCE_GATE: round {}'s ring frames wait for {}", me.name,
+                   faults->gate_round, faults->gate_path);
     if (faults->send_bytes_per_s > 0)
       spdlog::warn("node {}: LONGWAVE_FAULT_RING_RATE: ring frames leave at most {} bytes/s", me.name,
                    faults->send_bytes_per_s);

@@ -100,6 +100,8 @@ void master_watch::reannounce(control_client& control, const comm::elastic_ring&
   // master fence again instead of adopting an epoch these nodes are leaving.
   h.world_size = elastic.fenced() ? 0 : static_cast<uint32_t>(elastic.world_size());
   h.committed = version_ > 0 ? comm::reduce_key{version_, 0} : elastic.committed();
+  for (const auto& m : told_)
+    if (m.version > version_ && h.merging.size() < max_held_merges) h.merging.push_back(m);
   control.reannounce(h);
 }
 

@@ -53,6 +53,9 @@ class master_watch {
   /// last label, which after a resume is the state transfer's (0, 3): a restarted master merges on from the
   /// newest version a member holds.
   void version_applied(uint64_t version) { version_ = std::max(version_, version); }
+  /// async: the merges this node was told of, oldest first; a re-announcement names those not yet applied,
+  /// which a master taking the cluster over announces again instead of closing others of their versions.
+  void merges_told(std::vector<merge_msg> told) { told_ = std::move(told); }
 
   /// comm.backend = "nccl": where the epochs' communicator ids that the master hands on go.
   void take_nccl_ids(std::shared_ptr<comm::epoch_keys> keys) { nccl_ids_ = std::move(keys); }
@@ -94,6 +97,7 @@ class master_watch {
   bool reannounce_ = false;
   steady::time_point next_announce_;
   uint64_t version_;  // async: the last version applied (a resumed node's hello names its checkpoint's)
+  std::vector<merge_msg> told_;  // async: merges told of, oldest first (merges_told)
 };
 
 /// theta_global's CRC after each round, handed from the training coordinator's thread to the main loop,

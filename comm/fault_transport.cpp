@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -45,8 +46,9 @@ class fault_transport final : public transport {
     if (f_.send_bytes_per_s > 0 && !refill(cost)) return false;
     // The round a chunk belongs to is read before the send takes the header away.
     std::optional<chunk_header> h;
-    if (f_.die_in_round != 0)
+    if (f_.die_in_round != 0 || f_.gate_round != 0)
       if (auto parsed = parse_chunk_header(header.data(), header.size())) h = parsed.value();
+    if (h && h->round == f_.gate_round && !gate_open()) return false;
     if (!inner_->try_send(header, payload)) return false;
     if (f_.send_bytes_per_s > 0) tokens_ -= cost;
     if (h) count(*h);
@@ -54,6 +56,10 @@ class fault_transport final : public transport {
   }
 
   void wait(bool want_send, bool want_recv, clock::time_point until) override {
+    if (want_send && gated_) {  // look for the gate's file again soon
+      inner_->wait(false, want_recv, std::min(until, clock::now() + std::chrono::milliseconds(20)));
+      return;
+    }
     if (want_send && f_.send_bytes_per_s > 0 && waiting_ > 0 && !refill(waiting_)) {
       // The frame that did not go waits until the link would have carried it.
       const auto carried =
@@ -81,6 +87,19 @@ class fault_transport final : public transport {
     return waiting_ == 0;
   }
 
+  // Whether the gate's file exists; said once when a frame first waits for it.
+  bool gate_open() {
+    std::error_code ec;
+    gated_ = !std::filesystem::exists(f_.gate_path, ec);
+    if (gated_ && !said_gate_) {
+      said_gate_ = true;
+      std::fprintf(stderr, "longwave comm: LONGWAVE_FAULT_ALLREDUCE_GATE: round %llu's frames wait for %s\n",
+                   static_cast<unsigned long long>(f_.gate_round), f_.gate_path.c_str());
+    }
+    if (!gated_) f_.gate_round = 0;  // open for good
+    return !gated_;
+  }
+
   void count(const chunk_header& h) {
     if (h.round != f_.die_in_round) return;
     const std::pair<uint64_t, uint32_t> call{h.round, h.fragment};
@@ -102,6 +121,7 @@ class fault_transport final : public transport {
   double tokens_;
   double waiting_ = 0;  // bytes of the frame that did not go (0: none)
   clock::time_point last_refill_;
+  bool gated_ = false, said_gate_ = false;
   std::pair<uint64_t, uint32_t> call_{0, 0};
   size_t sent_ = 0;
 };
@@ -118,8 +138,19 @@ transport_factory with_faults(transport_factory inner, transport_faults faults) 
 std::optional<transport_faults> transport_faults_from_env() {
   const char* die = std::getenv("LONGWAVE_FAULT_DIE_IN_ALLREDUCE");
   const char* rate = std::getenv("LONGWAVE_FAULT_RING_RATE");
-  if ((die == nullptr || *die == '\0') && (rate == nullptr || *rate == '\0')) return std::nullopt;
+  const char* gate = std::getenv("LONGWAVE_FAULT_ALLREDUCE_GATE");
+  const auto unset = [](const char* v) { return v == nullptr || *v == '\0'; };
+  if (unset(die) && unset(rate) && unset(gate)) return std::nullopt;
   transport_faults f;
+  if (!unset(gate)) {
+    unsigned long long r = 0;
+    int used = 0;
+    if (std::sscanf(gate, "%llu:%n", &r, &used) != 1 || used == 0 || r == 0 || gate[used] == '\0')
+      throw lw_error(errc::invalid_config,
+                     fmt::format("LONGWAVE_FAULT_ALLREDUCE_GATE={}: want ROUND:PATH, ROUND positive", gate));
+    f.gate_round = r;
+    f.gate_path = gate + used;
+  }
   if (die != nullptr && *die != '\0') {
     unsigned long long r = 0, c = 0;
     int used = 0;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "comm/transport.hpp"
 
@@ -23,14 +24,18 @@ struct transport_faults {
   /// in scripts/wan): a slow link where network namespaces are not at hand (bench/rate_limit.sh compares the
   /// two). 0: no limit.
   double send_bytes_per_s = 0;
+  /// The frames of round gate_round wait until a file exists at gate_path (a test holds an all-reduce in
+  /// flight while it does something else, then lets it go). 0: no gate.
+  uint64_t gate_round = 0;
+  std::string gate_path;
 };
 
 /// Wraps the transports `inner` builds (empty: ZeroMQ) with these faults.
 transport_factory with_faults(transport_factory inner, transport_faults faults);
 
-/// The faults a node's environment asks for: LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS[:hang] and
-/// LONGWAVE_FAULT_RING_RATE=BYTES_PER_S. nullopt when neither is set; lw_error(errc::invalid_config) naming
-/// the variable when one is malformed.
+/// The faults a node's environment asks for: LONGWAVE_FAULT_DIE_IN_ALLREDUCE=ROUND:CHUNKS[:hang],
+/// LONGWAVE_FAULT_RING_RATE=BYTES_PER_S and LONGWAVE_FAULT_ALLREDUCE_GATE=ROUND:PATH. nullopt when none is
+/// set; lw_error(errc::invalid_config) naming the variable when one is malformed.
 std::optional<transport_faults> transport_faults_from_env();
 
 }  // namespace longwave::comm

@@ -342,6 +342,49 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE(
+    "async: a coordinator that takes the cluster over while a merge's all-reduce runs announces that merge "
+    "again, and the nodes merge on to the last version on one theta",
+    "[process][cluster][async][elastic]") {
+  const auto dir = scratch_dir("async_takeover_merge");
+  const auto cluster = equal_nodes_cluster(dir);
+  // n1's frames of version 4's all-reduce wait for the gate file, so that merge is in flight on every node
+  // while its coordinator is killed and another takes over. Without a link timeout the ring waits for them.
+  std::ofstream(cluster, std::ios::app) << "\n[comm]\nlink_timeout_s = 0\n";
+  const auto gate = dir + "/gate";
+  const std::vector<std::string> names{"n0", "n1", "n2"};
+  auto [coord, nodes] = start_cluster(dir, cluster, 3, {{}, {"LONGWAVE_FAULT_ALLREDUCE_GATE=4:" + gate}});
+  const auto out = dir + "/cluster";
+  CATCH_REQUIRE(wait_for_text(dir + "/n1.log", "round 4's frames wait for", 300));
+  kill(coord.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(coord, 30) == 128 + SIGKILL);
+  auto coord2 = spawn({binary(), "coordinator", cluster}, dir + "/coord2.log");
+  // The nodes re-announce themselves with version 3 applied and 4 in flight: 4 is announced again, and no
+  // merge of the new coordinator's gets its number.
+  CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "merges of versions 4 to 4, not yet applied", 300));
+  std::ofstream(gate).put('\n');
+  // Then each node's contribution held back since merge 4 is reported again on its welcome (merge 4 told
+  // again does not answer it), and merges go on to the last version.
+  for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
+  CATCH_CHECK(wait_exit(coord2, 60) == 0);
+  CATCH_INFO(cluster_logs(dir, names, "coord2.log"));
+  // Every version to the last, each applied by every node with one CRC, and one final theta.
+  const auto crcs = version_crcs(out, names);
+  CATCH_CHECK(crcs.size() == static_cast<size_t>(versions));
+  CATCH_CHECK(crcs.rbegin()->first == versions);
+  check_one_crc_per_version(crcs);
+  for (const auto& n : names) {
+    CATCH_INFO("node " << n);
+    std::set<int64_t> applied;
+    for (const auto& r : records_of(out + "/" + n))
+      if (std::string(r["kind"].GetString()) == "version") applied.insert(at(r, "version").GetInt64());
+    CATCH_CHECK(applied.size() == static_cast<size_t>(versions));
+    CATCH_CHECK_FALSE(contains(read_text(dir + "/" + n + ".log"), "dropped this node's contribution"));
+  }
+  check_one_final_theta(out, names);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("async: longwave stop ends every node at its own phase's end, and the same command resumes",
                 "[process][cluster][async][resume]") {
   const auto dir = scratch_dir("async_stop");

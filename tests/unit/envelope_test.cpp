@@ -132,6 +132,24 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_REQUIRE(r.ok());
   CATCH_CHECK(std::get<hello_msg>(r.value().body).training_settings.empty());
 
+  // An async node's unapplied merges travel in its re-announcement, the oldest max_held_merges of them.
+  auto h4 = make_hello(protocol_version(), "node-d", 1, "tcp://10.0.0.4:5601");
+  h4.running = true;
+  for (uint64_t v = 5; v < 5 + max_held_merges + 2; ++v)
+    h4.merging.push_back(merge_msg{v, {{"node-a", v - 1, 100, 1}, {"node-d", v - 2, 50, 2}}, {}});
+  f = build_envelope(envelope{7, 0xffffffffu, h4});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  const auto& merging = std::get<hello_msg>(r.value().body).merging;
+  CATCH_REQUIRE(merging.size() == max_held_merges);
+  CATCH_CHECK(merging.front().version == 5);
+  CATCH_CHECK(merging.back().version == 4 + max_held_merges);
+  CATCH_REQUIRE(merging.front().merged.size() == 2);
+  CATCH_CHECK(merging.front().merged[1].node == "node-d");
+  CATCH_CHECK(merging.front().merged[1].v_start == 3);
+  CATCH_CHECK(merging.front().merged[1].tokens == 50);
+  CATCH_CHECK(merging.front().merged[1].parts == 2);
+
   welcome_msg wm{1, 3, {{0, "a", "tcp://a:1", ""}, {1, "b", "tcp://b:1", ""}, {2, "c", "tcp://c:1", ""}},
                  0, 0, {}};
   // The coordinator term travels with every envelope (0 when the sender follows none yet).

@@ -34,6 +34,7 @@ namespace {
 /// its training settings name another model preset than the master's; C: its commit,
 /// an async node's newest checkpointed version) | running epoch=E world=W
 /// round=R | heartbeat R | starting (a start-up beat) | contribute V_START TOKENS | (any of them) term=T |
+/// (running, async) merging=V/NODE@V_STARTxTOKENS,... (a merge it holds unapplied) |
 /// ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R |
 /// committed R CRC | leave NODE | nccl_id E ID | tick | paused S (the master's own loop stalled S seconds).
 /// Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0
@@ -241,6 +242,19 @@ class table {
       h.checkpoint_rounds = numbers("rounds=");  // the rounds of its checkpoints
       for (const auto t : numbers("thetas="))    // and their thetas' CRCs
         h.checkpoint_thetas.push_back(static_cast<uint32_t>(t));
+      for (const auto& a : args) {  // merging=5/n0@4x100,n1@3x50: an async merge told of, not applied
+        if (a.rfind("merging=", 0) != 0) continue;
+        const auto slash = a.find('/');
+        cluster::merge_msg m;
+        m.version = std::stoull(a.substr(8, slash - 8));
+        std::istringstream list(a.substr(slash + 1));
+        for (std::string item; std::getline(list, item, ',');) {
+          const auto at = item.find('@'), x = item.find('x');
+          m.merged.push_back({item.substr(0, at), std::stoull(item.substr(at + 1, x - at - 1)),
+                              std::stoull(item.substr(x + 1)), 1});
+        }
+        h.merging.push_back(m);
+      }
       if (verb == "running") {
         h.running = true;
         h.epoch = opt("epoch", 1);
@@ -1616,6 +1630,60 @@ CATCH_TEST_CASE("master: a restarted master merges on from the newest version it
            "n1",
            "contribute 5 100",
            {"n0 <- merge 8 [n0@7x100*1 n1@5x100*1] drop []", "max_staleness=2"}}});
+}
+
+CATCH_TEST_CASE(
+    "master: a master that takes a cluster over in the middle of a merge announces it again and merges on "
+    "after it",
+    "[unit][master][async]") {
+  auto s = cluster_of(3);
+  s.async = merge_rules{.quorum = 1, .grace_min_s = 0, .grace_max_s = 0, .max_staleness = 4};
+  CATCH_SECTION("all re-announce: n2 missed the merge and gets it before its welcome") {
+    table t(s);
+    t.play({{0, "n0", "running epoch=3 world=3 round=4 merging=5/n0@4x100,n1@3x50", {}},
+            {0.2, "n1", "running epoch=3 world=3 round=4 merging=5/n0@4x100,n1@3x50", {}},
+            {0.4,
+             "n2",
+             "running epoch=3 world=3 round=4",
+             {"took over the running cluster",
+              "the members hold the earlier coordinator's merges of versions 5 to 5, not yet applied",
+              "n2 <- merge 5 [n0@4x100*1 n1@3x50*1] drop []", "n2 <- welcome", "n0 <- merge 5"}},
+            // Version 5 is not applied yet: no merge of its own (async.max_in_flight = 1), not another 5.
+            {1, "n2", "contribute 4 80", {"!<- merge"}},
+            {1.5, "n0", "committed 5 9", {"n0 <- merge 6 [n2@4x80*1] drop []", "max_staleness=1"}},
+            // A phase from version 5 is no future version.
+            {2, "n1", "contribute 5 100", {"!<- merge", "!future_version"}},
+            {2.5, "n1", "committed 6 9", {"n2 <- merge 7 [n1@5x100*1] drop []"}}});
+  }
+  CATCH_SECTION("one that applied it already: merges go on after it, the others take it again") {
+    table t(s);
+    t.play({{0, "n0", "running epoch=3 world=3 round=5", {}},
+            {0.2, "n1", "running epoch=3 world=3 round=4 merging=5/n0@4x100,n1@3x50", {}},
+            {0.4,
+             "n2",
+             "running epoch=3 world=3 round=4 merging=5/n0@4x100,n1@3x50",
+             {"took over the running cluster", "!hold the earlier coordinator's merges", "!n0 <- merge",
+              "n2 <- welcome"}},
+            {1, "n2", "contribute 5 80", {"n0 <- merge 6 [n2@5x80*1] drop []"}}});
+  }
+  CATCH_SECTION(
+      "one missing: the merge goes again, and a welcome before the fence (on it the nodes report "
+      "again)") {
+    table t(s);
+    t.play({{0, "n0", "running epoch=3 world=3 round=4 merging=5/n0@4x100,n2@3x50", {}},
+            {0.2, "n1", "running epoch=3 world=3 round=4", {}},
+            {3, "n0", "heartbeat 4", {}},
+            {3, "n1", "heartbeat 4", {}},
+            {6.5,
+             "n0",
+             "tick",
+             {"took over the running cluster: n0, n1 in epoch 3", "n1 <- merge 5 [n0@4x100*1 n2@3x50*1]",
+              "n0 <- welcome", "n1 <- welcome", "n0 <- fence 4"}},
+            {7, "n1", "contribute 4 100", {"!<- merge"}},
+            {7, "n0", "ack 4 4/0", {}},
+            {7, "n1", "ack 4 4/0", {"membership epoch 4", "!<- merge 6"}},
+            {8, "n1", "committed 5 9", {"n0 <- merge 6 [n1@4x100*1] drop []"}}});
+  }
 }
 
 CATCH_TEST_CASE(

@@ -2,9 +2,14 @@
 // thread of this process, so the ring's logic (averages, rank order, a lost link, a healed partition, the
 // rate-limit decorator) runs in milliseconds. The ZeroMQ transport keeps its own tests over real sockets
 // (tests/integration/ring_allreduce_test.cpp).
+#include <unistd.h>
 #include <catch2/catch.hpp>
+
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -237,6 +242,45 @@ CATCH_TEST_CASE("transport faults are read from the environment and a malformed 
   setenv("LONGWAVE_FAULT_RING_RATE", "fast", 1);
   CATCH_CHECK_THROWS_WITH(transport_faults_from_env(), Catch::Contains("LONGWAVE_FAULT_RING_RATE=fast"));
   unsetenv("LONGWAVE_FAULT_RING_RATE");
+  setenv("LONGWAVE_FAULT_ALLREDUCE_GATE", "7:/tmp/a gate", 1);
+  f = transport_faults_from_env();
+  CATCH_REQUIRE(f.has_value());
+  CATCH_CHECK((f->gate_round == 7 && f->gate_path == "/tmp/a gate" && f->send_bytes_per_s == 0));
+  for (const char* bad : {"7", "7:", "0:/tmp/g", "x:/tmp/g"}) {
+    setenv("LONGWAVE_FAULT_ALLREDUCE_GATE", bad, 1);
+    CATCH_CHECK_THROWS_WITH(transport_faults_from_env(), Catch::Contains("LONGWAVE_FAULT_ALLREDUCE_GATE"));
+  }
+  unsetenv("LONGWAVE_FAULT_ALLREDUCE_GATE");
+}
+
+CATCH_TEST_CASE("the gate decorator holds one round's frames until its file exists", "[comm][inproc]") {
+  auto hub = inproc_hub::make();
+  const auto gate = std::filesystem::temp_directory_path() / ("lw-gate-" + std::to_string(getpid()));
+  std::filesystem::remove(gate);
+  transport_faults f;
+  f.gate_round = 2;
+  f.gate_path = gate.string();
+  ring_options o;
+  o.transport = with_faults(hub->factory(), f);
+  ring_set s(2, o);
+  const size_t n = 1000;
+  std::vector<std::vector<float>> data{values(0, n), values(1, n)};
+  // Round 1 passes; round 2 waits (its all-reduce is not done while the file is missing), then completes.
+  auto codes = s.run([&](int r) { s.ranks[r]->allreduce(1, data[r].data(), n); });
+  for (const auto c : codes) CATCH_CHECK(c == errc::none);
+  std::atomic<int> done{0};
+  std::thread second([&] {
+    s.run([&](int r) { s.ranks[r]->allreduce(2, data[r].data(), n); });
+    done = 1;
+  });
+  // Closed, it never completes: a while for it to (wrongly) do so, however fast the machine.
+  for (int i = 0; i < 50 && done == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CATCH_CHECK(done == 0);
+  std::ofstream(gate).put('\n');
+  second.join();
+  CATCH_CHECK(done == 1);
+  CATCH_CHECK(data[1] == data[0]);
+  std::filesystem::remove(gate);
 }
 
 CATCH_TEST_CASE("inproc ring: the rank before a slow link is the one that waits to send", "[comm][inproc]") {
