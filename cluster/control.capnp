@@ -29,6 +29,7 @@ struct Hello {
   trainingSettings @14 :Text;  # "section.key = value" lines its configHash covers ("": not sent)
   checkpointThetas @15 :List(UInt32);  # each one's history: its theta's CRC-32C (empty: not known)
   merging @16 :List(Merge);  # async, running: the merges it was told of and has not applied, oldest first
+  newestTold @17 :UInt64;    # async, running: the newest of them (the list may stop short of it)
 }
 
 struct Peer {
@@ -171,6 +172,7 @@ struct Contribute {
   # Node -> coordinator (diloco.outer = "async"): this node's pseudo-gradient is ready to merge.
   vStart @0 :UInt64;
   tokens @1 :UInt64;
+  seq @2 :UInt64;  # this node process's count of its contributions, from 1: a repeat is known (0: not sent)
 }
 
 struct Merge {

@@ -353,8 +353,8 @@ std::string control_client::wait_nccl_id(uint64_t epoch, std::chrono::millisecon
   }
 }
 
-void control_client::contribute(uint64_t v_start, uint64_t tokens) {
-  send_body(contribute_msg{v_start, tokens});
+void control_client::contribute(const contribute_msg& c) {
+  send_body(c);
 }
 
 void control_client::committed(uint64_t round, uint32_t theta_crc) {

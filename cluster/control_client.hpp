@@ -111,7 +111,7 @@ class control_client {
   void committed(uint64_t round, uint32_t theta_crc);
   /// diloco.outer = "async": this node's pseudo-gradient from version v_start is ready to merge (`tokens`
   /// trained). Never blocks.
-  void contribute(uint64_t v_start, uint64_t tokens);
+  void contribute(const contribute_msg& c);
   /// comm.backend = "nccl": this node, rank 0 of `epoch`, made its communicator's unique id (hex) for the
   /// coordinator to hand to the other members. Never blocks.
   void nccl_id(uint64_t epoch, const std::string& id);

@@ -133,6 +133,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       const size_t held = std::min(m.merging.size(), max_held_merges);  // the oldest: they come first
       auto merging = x.initMerging(static_cast<unsigned>(held));
       for (size_t i = 0; i < held; ++i) set_merge(merging[static_cast<unsigned>(i)], m.merging[i]);
+      x.setNewestTold(m.newest_told);
     }
     void operator()(const welcome_msg& m) {
       auto x = b.initWelcome();
@@ -223,6 +224,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       auto x = b.initContribute();
       x.setVStart(m.v_start);
       x.setTokens(m.tokens);
+      x.setSeq(m.seq);
     }
     void operator()(const nccl_id_msg& m) {
       auto x = b.initNcclId();
@@ -262,12 +264,12 @@ read_result read_hello(wire::Hello::Reader x, body_t& out) {
     return reject(reject_reason::malformed, fmt::format("hello checkpointThetas has {} entries for {} rounds",
                                                         thetas.size(), rounds.size()));
   for (const auto t : thetas) m.checkpoint_thetas.push_back(t);
-  const auto merging = x.getMerging();
-  if (merging.size() > max_held_merges)
-    return reject(reject_reason::bad_size,
-                  fmt::format("hello merging has {} merges, limit {}", merging.size(), max_held_merges));
-  for (auto held : merging)
+  // The oldest max_held_merges are read (a node of a later release may send more; newestTold covers them).
+  for (auto held : x.getMerging()) {
+    if (m.merging.size() == max_held_merges) break;
     if (auto bad = read_merge_fields(held, m.merging.emplace_back())) return bad;
+  }
+  m.newest_told = x.getNewestTold();
   auto name = x.getNodeName();
   auto ep = x.getDataEndpoint();
   auto state_ep = x.getStateEndpoint();
@@ -400,7 +402,8 @@ read_result read_body(wire::Envelope::Body::Reader b, body_t& out) {
     case B::ERROR: return read_error(b.getError(), out);
     case B::BYE: return read_text<bye_msg>(b.getBye().getReason(), max_message_bytes, "bye reason", out);
     case B::CONTRIBUTE:
-      out = contribute_msg{b.getContribute().getVStart(), b.getContribute().getTokens()};
+      out = contribute_msg{b.getContribute().getVStart(), b.getContribute().getTokens(),
+                           b.getContribute().getSeq()};
       return std::nullopt;
     case B::MERGE: return read_merge(b.getMerge(), out);
     case B::NCCL_ID: {

@@ -49,6 +49,7 @@ struct hello_msg {
   /// diloco.outer = "async", running: the merges it was told of and has not applied, oldest first (at most
   /// max_held_merges). A coordinator taking the cluster over announces them again rather than close others.
   std::vector<runtime::merge_order> merging;
+  uint64_t newest_told = 0;  ///< async, running: the newest merge it was told of (0: none)
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
@@ -153,6 +154,9 @@ struct bye_msg {
 struct contribute_msg {
   uint64_t v_start = 0;
   uint64_t tokens = 0;
+  /// The node process's count of its contributions, from 1, the same when one is sent again (a welcome
+  /// after a takeover or a dropped link): the master takes each once. 0: not known (an older node).
+  uint64_t seq = 0;
 };
 /// comm.backend = "nccl": the unique id (hex of ncclUniqueId's bytes) of epoch `epoch`'s communicator, made
 /// by its rank 0 (node -> coordinator) and handed to the epoch's other members (coordinator -> node).

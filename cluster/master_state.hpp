@@ -230,6 +230,7 @@ class master_state {
     std::optional<uint64_t>
         fetch_from;                    // a joiner fetching: the members' lowest round at its first heartbeat
     std::optional<uint64_t> pin_hold;  // a pin: the round after which it holds (its answer)
+    std::pair<std::string, uint64_t> contributed;  // async: the last contribution's process identity and seq
     // A second process that said hello with this live member's name, waiting for the first to fall silent.
     std::optional<std::string> contender;
     clock::time_point contender_since;

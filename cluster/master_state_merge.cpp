@@ -50,6 +50,10 @@ void master_state::on_contribute(size_t i, const contribute_msg& c) {
                     specs_[i].name, c.v_start, c.tokens));
     return;
   }
+  // One sent again (on a welcome, after a takeover or a dropped link) is taken once, merged or not.
+  auto& m = members_[i];
+  if (c.seq != 0 && m.identity && m.contributed.first == *m.identity && c.seq <= m.contributed.second) return;
+  if (c.seq != 0 && m.identity) m.contributed = {*m.identity, c.seq};
   const contribution got{specs_[i].name, static_cast<int64_t>(c.v_start), static_cast<int64_t>(c.tokens), 1};
   if (auto d = merges_->arrive(got, seconds_between(start_, now_))) {
     note_drop(*d);
@@ -156,10 +160,11 @@ void master_state::resume_merges(const std::vector<size_t>& present) {
   // the earlier master announced that a member still holds unapplied: those go again (a member that missed
   // one takes it, the others hold it), so no other merge gets their version. The contributions pending at
   // the earlier master are reported again by their nodes.
-  uint64_t newest = 0;
+  uint64_t newest = 0, told = 0;
   for (auto i : present) {
     members_[i].applied_version = members_[i].announce->committed.round;
     newest = std::max(newest, members_[i].applied_version);
+    told = std::max(told, members_[i].announce->newest_told);
   }
   std::map<uint64_t, merge_msg> held;
   for (auto i : present)
@@ -179,6 +184,8 @@ void master_state::resume_merges(const std::vector<size_t>& present) {
     top = v;
     announced_.push_back(m);
   }
+  // Merges past the hellos' lists (more than max_held_merges in flight) are applied by those told of them.
+  top = std::max(top, told);
   if (top > newest)
     info(
         fmt::format("coordinator: the members hold the earlier coordinator's merges of versions {} to {}, "

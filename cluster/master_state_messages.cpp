@@ -119,6 +119,9 @@ void master_state::on_member_message(size_t i, const envelope& e) {
 
 /// Member i applied round c.round (async: version c.round): its theta's CRC is compared with the others'.
 void master_state::on_committed(size_t i, const committed_msg& c) {
+  // Async, a takeover pending: a version applied since its re-announcement is where merges go on from.
+  if (auto& m = members_[i]; s_.async && m.phase == member_phase::announced && m.announce)
+    m.announce->committed.round = std::max(m.announce->committed.round, c.round);
   if (!training(i)) return;
   compare_theta(i, c);
   if (!merges_) return;

@@ -9,7 +9,7 @@ namespace longwave::cluster {
 
 void merge_follower::push(uint64_t v_start, uint64_t tokens) {
   std::lock_guard<std::mutex> lk(mu_);
-  queued_.push_back({v_start, tokens});
+  queued_.push_back({v_start, tokens, ++pushed_});
 }
 
 bool merge_follower::answers(const merge_msg& m) const {
@@ -23,18 +23,15 @@ void merge_follower::on_tick(const master_asks& asks, control_client& control,
   for (const auto& m : asks.merges) {
     // A merge told again (after a takeover or a dropped link) answered what it names the first time; the
     // contribution unanswered now is a later one.
-    const bool again = !m.merged.empty() && m.version <= newest_told_;
+    const bool again = !m.merged.empty() && (m.version <= forgotten_ || told_.count(m.version) != 0);
     if (answers(m) && !again) unanswered_.reset();
-    if (!m.merged.empty()) {
-      told_.emplace(m.version, m);
-      newest_told_ = std::max(newest_told_, m.version);
-    }
+    if (!m.merged.empty() && m.version > forgotten_) told_.emplace(m.version, m);
     if (controls.merge) controls.merge(m);
   }
   if (asks.welcomed && unanswered_) {
-    spdlog::info("node {}: the coordinator took the cluster over: contributing again from version {}", name_,
+    spdlog::info("node {}: the coordinator took this node on: contributing again from version {}", name_,
                  unanswered_->v_start);
-    control.contribute(unanswered_->v_start, unanswered_->tokens);
+    control.contribute(*unanswered_);
   }
   std::vector<contribute_msg> queued;
   {
@@ -42,13 +39,14 @@ void merge_follower::on_tick(const master_asks& asks, control_client& control,
     queued.swap(queued_);
   }
   for (const auto& c : queued) {
-    control.contribute(c.v_start, c.tokens);
+    control.contribute(c);
     unanswered_ = c;
   }
 }
 
 std::vector<merge_msg> merge_follower::unapplied(uint64_t applied) {
-  told_.erase(told_.begin(), told_.upper_bound(applied));
+  forgotten_ = std::max(forgotten_, applied);
+  told_.erase(told_.begin(), told_.upper_bound(forgotten_));
   std::vector<merge_msg> out;
   for (const auto& [v, m] : told_) out.push_back(m);
   return out;

@@ -38,7 +38,8 @@ class merge_follower {
   std::vector<contribute_msg> queued_;        // pushed by training, not yet sent
   std::optional<contribute_msg> unanswered_;  // sent, not yet merged or dropped (main loop only)
   std::map<uint64_t, merge_msg> told_;        // merges told of, not yet applied (main loop only)
-  uint64_t newest_told_ = 0;                  // the newest merge told of (main loop only)
+  uint64_t forgotten_ = 0;                    // merges up to it are applied and forgotten (main loop only)
+  uint64_t pushed_ = 0;                       // contributions pushed (contribute_msg::seq; under mu_)
 };
 
 }  // namespace longwave::cluster

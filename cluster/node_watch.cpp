@@ -78,6 +78,9 @@ master_asks master_watch::on_tick(control_client& control, comm::collective& rin
     on_event(ev, ring, elastic, name, now);
     if (ev.what == control_event::kind::membership) record(membership_record(ev));
   }
+  // Merges of this poll are told of before a re-announcement in it names them (merges_told comes next tick).
+  for (const auto& m : asks.merges)
+    if (!m.merged.empty() && (told_.empty() || m.version > told_.back().version)) told_.push_back(m);
   if (elastic && reannounce_ && now >= next_announce_) reannounce(control, *elastic, now);
   if (elastic) report(control, *elastic, name, now);
   if (elastic) check_cut_off(*elastic, name, now);
@@ -100,8 +103,11 @@ void master_watch::reannounce(control_client& control, const comm::elastic_ring&
   // master fence again instead of adopting an epoch these nodes are leaving.
   h.world_size = elastic.fenced() ? 0 : static_cast<uint32_t>(elastic.world_size());
   h.committed = version_ > 0 ? comm::reduce_key{version_, 0} : elastic.committed();
-  for (const auto& m : told_)
-    if (m.version > version_ && h.merging.size() < max_held_merges) h.merging.push_back(m);
+  for (const auto& m : told_) {
+    if (m.version <= version_) continue;
+    if (h.merging.size() < max_held_merges) h.merging.push_back(m);
+    h.newest_told = std::max(h.newest_told, m.version);
+  }
   control.reannounce(h);
 }
 

@@ -288,9 +288,11 @@ class async_policy final : public round_policy {
           fmt::format("async: the coordinator is at version {}, but this node holds version "
                       "{}: it missed the merges between",
                       order.version, heard)));
+    // The run's last version is made (this node may not have applied it yet): no merge follows.
+    const bool over = final_ || order.version >= static_cast<uint64_t>(engine_.context().cfg.train.rounds);
     for (const auto& d : order.dropped) {
       if (d.node != me || !reported_) continue;
-      if (final_) {  // a phase that ended as the last version came: expected
+      if (over) {  // a phase that ended as the last version came: expected
         spdlog::info(
             "async: the run ended at version {}; this node's contribution from version {} is not merged",
             order.version, d.v_start);

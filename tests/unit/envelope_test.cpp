@@ -149,6 +149,17 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_CHECK(merging.front().merged[1].v_start == 3);
   CATCH_CHECK(merging.front().merged[1].tokens == 50);
   CATCH_CHECK(merging.front().merged[1].parts == 2);
+  CATCH_CHECK(std::get<hello_msg>(r.value().body).newest_told == 0);
+  h4.newest_told = 4 + max_held_merges + 2;
+  f = build_envelope(envelope{7, 0xffffffffu, h4});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  CATCH_CHECK(std::get<hello_msg>(r.value().body).newest_told == 4 + max_held_merges + 2);
+  // A contribution's seq travels with it (the master takes a repeat once).
+  f = build_envelope(envelope{7, 2, contribute_msg{40, 81920, 17}});
+  r = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE(r.ok());
+  CATCH_CHECK(std::get<contribute_msg>(r.value().body).seq == 17);
 
   welcome_msg wm{1, 3, {{0, "a", "tcp://a:1", ""}, {1, "b", "tcp://b:1", ""}, {2, "c", "tcp://c:1", ""}},
                  0, 0, {}};

@@ -34,7 +34,8 @@ namespace {
 /// its training settings name another model preset than the master's; C: its commit,
 /// an async node's newest checkpointed version) | running epoch=E world=W
 /// round=R | heartbeat R | starting (a start-up beat) | contribute V_START TOKENS | (any of them) term=T |
-/// (running, async) merging=V/NODE@V_STARTxTOKENS,... (a merge it holds unapplied) |
+/// (running, async) merging=V/NODE@V_STARTxTOKENS,... (a merge it holds unapplied) told=V (the newest) |
+/// contribute V_START TOKENS [seq=S] |
 /// ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R |
 /// committed R CRC | leave NODE | nccl_id E ID | tick | paused S (the master's own loop stalled S seconds).
 /// Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0
@@ -254,7 +255,9 @@ class table {
                               std::stoull(item.substr(x + 1)), 1});
         }
         h.merging.push_back(m);
+        h.newest_told = std::max(h.newest_told, m.version);
       }
+      h.newest_told = std::max(h.newest_told, opt("told", 0));
       if (verb == "running") {
         h.running = true;
         h.epoch = opt("epoch", 1);
@@ -293,7 +296,7 @@ class table {
     } else if (verb == "leave") {
       e.body = cluster::leave_msg{args.at(0)};
     } else if (verb == "contribute") {
-      e.body = cluster::contribute_msg{num(0), num(1)};
+      e.body = cluster::contribute_msg{num(0), num(1), opt("seq", 0)};
     } else if (verb == "nccl_id") {
       e.body = cluster::nccl_id_msg{num(0), args.at(1)};
     } else {
@@ -1665,6 +1668,39 @@ CATCH_TEST_CASE(
              {"took over the running cluster", "!hold the earlier coordinator's merges", "!n0 <- merge",
               "n2 <- welcome"}},
             {1, "n2", "contribute 5 80", {"n0 <- merge 6 [n2@5x80*1] drop []"}}});
+  }
+  CATCH_SECTION("a merge applied while the master took over: merges go on after it, not held for ever") {
+    table t(s);
+    t.play({{0, "n0", "running epoch=3 world=3 round=4 merging=5/n0@4x100", {}},
+            {0.2, "n1", "running epoch=3 world=3 round=4 merging=5/n0@4x100", {}},
+            // Version 5's all-reduce ends before the last node re-announces.
+            {0.3, "n0", "committed 5 9", {}},
+            {0.3, "n1", "committed 5 9", {}},
+            {0.4, "n2", "running epoch=3 world=3 round=5", {"took over", "!hold the earlier coordinator's"}},
+            {1, "n2", "contribute 5 80", {"n0 <- merge 6 [n2@5x80*1] drop []"}}});
+  }
+  CATCH_SECTION("merges past a hello's list: the window starts after the newest told of") {
+    table t(s);
+    t.play({{0, "n0", "running epoch=3 world=3 round=4 merging=5/n0@4x100 told=7", {}},
+            {0.2, "n1", "running epoch=3 world=3 round=4", {}},
+            {0.4,
+             "n2",
+             "running epoch=3 world=3 round=4",
+             {"merges of versions 5 to 7", "n1 <- merge 5 [n0@4x100*1]", "!<- merge 6", "!<- merge 7"}},
+            {1, "n0", "committed 7 9", {}},
+            {1.5, "n1", "contribute 7 80", {"n0 <- merge 8 [n1@7x80*1] drop []"}}});
+  }
+  CATCH_SECTION("a contribution sent again on a second welcome is taken once, merged or pending") {
+    table t(s);
+    t.play({{0, "n0", "running epoch=3 world=3 round=4", {}},
+            {0.2, "n1", "running epoch=3 world=3 round=4", {}},
+            {0.4, "n2", "running epoch=3 world=3 round=4", {"took over"}},
+            {1, "n0", "contribute 4 100 seq=3", {"n0 <- merge 5 [n0@4x100*1] drop []"}},
+            {1.5, "n0", "contribute 4 100 seq=3", {"!<- merge"}},
+            {2, "n0", "committed 5 9", {}},
+            {2.5, "n0", "contribute 4 100 seq=3", {"!<- merge"}},
+            // The next phase may hold the same counts: its own seq makes it a new one.
+            {3, "n0", "contribute 4 100 seq=4", {"n0 <- merge 6 [n0@4x100*1] drop []"}}});
   }
   CATCH_SECTION(
       "one missing: the merge goes again, and a welcome before the fence (on it the nodes report "
