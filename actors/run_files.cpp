@@ -309,16 +309,27 @@ void copy_donor_replica(train_snapshot& snap, int64_t n_replicas) {
 }  // namespace
 
 start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
-                         const snapshot_shape& shape, joined_state joined, uint64_t own_round) {
+                         const snapshot_shape& shape, joined_state joined, const own_checkpoint& own) {
   start_point start;
   const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
   if (joined.fetched) {
     if (opts.fresh) (void)find_start(cfg, opts, p, shape);  // removes the old checkpoints and trace
     auto snap = std::move(*joined.fetched);
-    // async: the state is named by its version; this node's rounds are its own phases, so it goes on after
-    // its own newest checkpoint (which would else outrank the fetched state, holding an older version).
-    if (versions) snap.round = std::max(snap.round, own_round + 1);
+    // async: the state is named by its version (the donor's round field holds it); this node's rounds are
+    // its own phases, and the join is one boundary after its own newest checkpoint (which would else outrank
+    // the fetched state, holding an older version).
+    if (versions) snap.round = own.round + 1;
     copy_donor_replica(snap, shape.n_replicas);
+    // async: each worker's data position is its own (the donor's counts the donor's windows): a node that
+    // rejoins reads on from its own checkpoint, rather than again the windows it trained, or past unread
+    // ones.
+    if (versions) {
+      for (size_t r = 0; r < snap.replicas.size(); ++r)
+        snap.replicas[r].sampler_position = r < own.sampler_positions.size() ? own.sampler_positions[r] : 0;
+      spdlog::info("async: this node's workers read their own data on from position {} ({})",
+                   snap.replicas.empty() ? 0 : snap.replicas[0].sampler_position,
+                   own.sampler_positions.empty() ? "no checkpoint of its own" : "its newest checkpoint's");
+    }
     // The fetched state is this node's own checkpoint of its round before it trains: a crash of the whole
     // cluster soon after resumes with the same commands (else this node's newest checkpoint would be one the
     // members pruned long ago).

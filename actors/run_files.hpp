@@ -37,10 +37,12 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
 /// data position move past the round it observes (ring_place::observe_round), so it reads the windows
 /// its global ranks read at that step and trains at the cluster's place in the LR schedule. Throws
 /// lw_error(corrupt_checkpoint) when its own checkpoint of that round cannot be loaded.
-/// diloco.outer = "async": no round is observed, and the joiner's rounds go on after own_round, its newest
-/// checkpoint's round (0: none, or --fresh).
+/// diloco.outer = "async": no round is observed; the joiner's rounds go on after its own newest checkpoint's
+/// (`own`; empty: none, or --fresh), and its workers read their own data on from their positions there (the
+/// fetched state's are another node's, on its data).
 start_point joined_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
-                         const runtime::snapshot_shape& shape, joined_state joined, uint64_t own_round);
+                         const runtime::snapshot_shape& shape, joined_state joined,
+                         const own_checkpoint& own);
 
 /// A checkpoint named on the command line (`eval`, `export`) and the resolved config its meta holds.
 struct named_checkpoint {

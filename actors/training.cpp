@@ -102,7 +102,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   if (cluster.joining()) {
     // Joining a running cluster: fetch the members' state and wait to be admitted (completes the place).
     const own_checkpoint own = opts.fresh ? own_checkpoint{} : newest_checkpoint(cfg);
-    start = joined_start(cfg, opts, p, shape_of(*ctx), cluster.join(shape_of(*ctx), own), own.round);
+    start = joined_start(cfg, opts, p, shape_of(*ctx), cluster.join(shape_of(*ctx), own), own);
     ctx->observe_round = cluster.place()->observe_round;
     ctx->recovery = cluster.place()->recovery;
   } else {
@@ -145,7 +145,16 @@ own_checkpoint newest_checkpoint(const config::train_config& cfg) {
   const auto c = newest_valid(cfg);
   if (!c) return {};
   const auto* theta = c->find("theta");
-  return {c->round, theta ? crc32c(theta->data, theta->size) : 0};
+  own_checkpoint own{c->round, theta ? crc32c(theta->data, theta->size) : 0, {}};
+  // replica<r>/counters: adam_steps, sampler_position, steps_in_round (runtime/checkpoint/snapshot_codec.cpp)
+  for (int r = 0;; ++r) {
+    const auto* b = c->find("replica" + std::to_string(r) + "/counters");
+    if (!b || b->size != 3 * sizeof(int64_t)) break;
+    int64_t v[3];
+    std::memcpy(v, b->data, sizeof(v));
+    own.sampler_positions.push_back(static_cast<uint64_t>(std::max<int64_t>(v[1], 0)));
+  }
+  return own;
 }
 
 uint64_t latest_checkpoint_version(const config::train_config& cfg) {

@@ -49,7 +49,7 @@ class fault_transport final : public transport {
     if (f_.die_in_round != 0 || f_.gate_round != 0)
       if (auto parsed = parse_chunk_header(header.data(), header.size())) h = parsed.value();
     gated_ = false;  // a frame of another round does not wait (the gated one may have been abandoned)
-    if (h && h->round == f_.gate_round && !gate_open()) return false;
+    if (f_.gate_round != 0 && h && h->round == f_.gate_round && !gate_open()) return false;
     if (!inner_->try_send(header, payload)) return false;
     if (f_.send_bytes_per_s > 0) tokens_ -= cost;
     if (h) count(*h);

@@ -49,9 +49,10 @@ void install_resume(self_ptr self) {
   s.round = snap.round;
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
   // Every inner step drew one batch, so a replica's sampler position counts the tokens it trained on (not
-  // for a joiner: its state came from another node's worker).
+  // for a joiner of a round barrier: its position is the cluster's; an async joiner's is its own).
   const int64_t batch_tokens = s.ctx->inner.batch_size * s.ctx->spec.seq_len;
-  for (size_t i = 0; i < snap.replicas.size() && i < s.tokens_before.size() && !s.ctx->recovery; ++i)
+  const bool own_positions = !s.ctx->recovery || s.ctx->cfg.diloco.outer == config::outer_policy_kind::async;
+  for (size_t i = 0; i < snap.replicas.size() && i < s.tokens_before.size() && own_positions; ++i)
     s.tokens_before[i] = static_cast<int64_t>(snap.replicas[i].sampler_position) * batch_tokens;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
   s.newest_on_disk =

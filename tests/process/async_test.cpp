@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -48,6 +50,18 @@ std::string equal_nodes_cluster(const std::string& dir) {
   edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(versions));
   edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.05");
   return cluster;
+}
+
+/// Worker 0's data position in a checkpoint file (replica0/counters: its steps, data position, step of the
+/// round).
+int64_t data_position(const std::string& path) {
+  const auto c = runtime::checkpoint_store::load_file(path);
+  const auto* b = c.find("replica0/counters");
+  CATCH_REQUIRE(b != nullptr);
+  CATCH_REQUIRE(b->size == 3 * sizeof(int64_t));
+  int64_t v[3];
+  std::memcpy(v, b->data, sizeof v);
+  return v[1];
 }
 
 /// The run ended with one model: every node's newest checkpoint holds the same theta.
@@ -204,6 +218,11 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(wait_master_records(out, "merge", 3, 300));
   kill(nodes[2].pid, SIGKILL);
   CATCH_CHECK(wait_exit(nodes[2], 30) == 128 + SIGKILL);
+  // Where n2's own data stream stood at its newest checkpoint: it reads on from there after the join.
+  const auto own = runtime::checkpoint_store(out + "/n2/checkpoints", 100).list();
+  CATCH_REQUIRE_FALSE(own.empty());
+  const int64_t own_position = data_position(own.back());
+  const int64_t own_round = static_cast<int64_t>(runtime::checkpoint_store::load_file(own.back()).round);
   CATCH_REQUIRE(wait_until([&] { return master_removal(out, "n2").first == "lost"; }, 300));
   auto again = spawn({binary(), "node", cluster, "--node", "n2"}, dir + "/n2-again.log");
   // Admitted, then a merge that takes its contribution.
@@ -237,8 +256,12 @@ CATCH_TEST_CASE(
   CATCH_CHECK(v >= 3);
   const auto log = read_text(dir + "/n2-again.log");
   CATCH_CHECK(contains(log, "async: joined the running cluster at version " + std::to_string(v)));
-  CATCH_CHECK(
-      contains(log, "the fetched state of version " + std::to_string(v) + " is this node's checkpoint"));
+  const std::string joined_as =
+      "the fetched state of version " + std::to_string(v) + " is this node's checkpoint ";
+  CATCH_REQUIRE(contains(log, joined_as));
+  // Its workers read on from n2's own data position, not its donor's.
+  CATCH_CHECK(contains(log, "read their own data on from position " + std::to_string(own_position) +
+                                " (its newest checkpoint's)"));
   bool first = true;
   for (const auto& r : records_of(out + "/n2")) {
     if (std::string(r["kind"].GetString()) != "version" || !r.HasMember("joined")) continue;
@@ -247,6 +270,17 @@ CATCH_TEST_CASE(
     CATCH_CHECK(at(r, "version").GetInt64() == v);
   }
   CATCH_CHECK_FALSE(first);
+  // Its phases count on from its own (the join is one boundary after its newest checkpoint), not from the
+  // version it joined at or its donor's phases.
+  bool joined = false;
+  std::optional<int64_t> first_phase;
+  for (const auto& r : records_of(out + "/n2")) {
+    const std::string kind = r["kind"].GetString();
+    joined = joined || (kind == "version" && r.HasMember("joined"));
+    if (joined && kind == "contribution" && !first_phase) first_phase = at(r, "round").GetInt64();
+  }
+  CATCH_REQUIRE(first_phase.has_value());
+  CATCH_CHECK(*first_phase == own_round + 2);
   auto crcs = version_crcs(out, {"n0", "n1"});
   for (const auto& [version, set] : version_crcs(out, {"n2"}, /*after_resume=*/true))
     crcs[version].insert(set.begin(), set.end());
