@@ -302,7 +302,7 @@ actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx
   g.peers.outer = spawn_outer(sys, *ctx, g.peers.metrics, g.collective);
   g.peers.collective = g.collective;
   g.peers.checkpointer = spawn_checkpointer(sys, p.ckpt_dir, ctx->cfg.checkpoint.keep, shape_of(*ctx),
-                                            g.peers.metrics, ctx->lock_lost);
+                                            g.peers.metrics, ctx->lock_lost, start.resumed_from);
   if (ctx->cfg.eval.async) g.peers.evaluator = spawn_evaluator(sys, ctx);
   g.coordinator = spawn_coordinator(sys, ctx, g.peers, std::move(start.resume), p.trace);
   return g;

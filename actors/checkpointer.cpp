@@ -108,8 +108,10 @@ std::string first_non_finite(const train_snapshot& snap) {
 
 checkpointer_actor::behavior_type checkpointer_fun(
     checkpointer_actor::stateful_pointer<checkpointer_state> self, std::string dir, int64_t keep,
-    snapshot_shape shape, metrics_actor metrics, std::function<std::string()> lock_lost) {
+    snapshot_shape shape, metrics_actor metrics, std::function<std::string()> lock_lost,
+    std::string resumed_from) {
   self->state.store = std::make_unique<checkpoint_store>(std::move(dir), keep);
+  self->state.store->stand_on(std::move(resumed_from));
   self->state.shape = std::move(shape);
   self->state.lock_lost = std::move(lock_lost);
   try {
@@ -164,9 +166,9 @@ checkpointer_actor::behavior_type checkpointer_fun(
 
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::string dir, int64_t keep,
                                       snapshot_shape shape, metrics_actor metrics,
-                                      std::function<std::string()> lock_lost) {
+                                      std::function<std::string()> lock_lost, std::string resumed_from) {
   return sys.spawn<caf::detached>(checkpointer_fun, std::move(dir), keep, std::move(shape),
-                                  std::move(metrics), std::move(lock_lost));
+                                  std::move(metrics), std::move(lock_lost), std::move(resumed_from));
 }
 
 }  // namespace longwave::actors

@@ -233,6 +233,7 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
   };
   std::optional<checkpoint> latest;
   const auto take = [&](checkpoint& c) {
+    start.resumed_from = store.path_of(c.round, c.step);
     try {
       start.resume = from_checkpoint(std::move(c), shape);
     } catch (const lw_error& e) {
@@ -263,6 +264,7 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
       latest = store.load_latest(warn, [&](checkpoint& c) {
         if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{std::move(why)};
         start.resume = from_checkpoint(std::move(c), shape);
+        start.resumed_from = store.path_of(start.resume->round, start.resume->step);
       });
     } catch (const shape_differs& e) {
       throw not_this_run(e.what);
@@ -345,6 +347,7 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
     else
       spdlog::info("the fetched state of round {} is this node's checkpoint {}", snap.round, path);
     start.resume = std::move(snap);
+    start.resumed_from = path;
   } else {
     run_options own = opts;
     own.fresh = false;

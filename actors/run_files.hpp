@@ -25,6 +25,7 @@ struct start_point {
   std::optional<runtime::train_snapshot> resume;
   bool complete = false;        ///< the checkpoint already holds train.rounds rounds
   int corrupt_checkpoints = 0;  ///< skipped files, counted in longwave_errors_total once metrics run
+  std::string resumed_from;     ///< the checkpoint file `resume` came from ("" for a fresh start)
 };
 
 /// --fresh removes the checkpoints and the trace; otherwise the newest valid checkpoint (a cluster node: at

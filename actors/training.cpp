@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -146,13 +145,10 @@ own_checkpoint newest_checkpoint(const config::train_config& cfg) {
   if (!c) return {};
   const auto* theta = c->find("theta");
   own_checkpoint own{c->round, theta ? crc32c(theta->data, theta->size) : 0, {}};
-  // replica<r>/counters: adam_steps, sampler_position, steps_in_round (runtime/checkpoint/snapshot_codec.cpp)
-  for (int r = 0;; ++r) {
-    const auto* b = c->find("replica" + std::to_string(r) + "/counters");
-    if (!b || b->size != 3 * sizeof(int64_t)) break;
-    int64_t v[3];
-    std::memcpy(v, b->data, sizeof(v));
-    own.sampler_positions.push_back(static_cast<uint64_t>(std::max<int64_t>(v[1], 0)));
+  for (int64_t r = 0;; ++r) {
+    const auto v = counters_of(*c, r);
+    if (!v) break;
+    own.sampler_positions.push_back(static_cast<uint64_t>(std::max<int64_t>(v->sampler_position, 0)));
   }
   return own;
 }

@@ -414,9 +414,10 @@ std::string checkpoint_store::write(const checkpoint& c) {
       LW_ASSERT(c.blobs[j].name != b.name, "duplicate checkpoint blob name '" + b.name + "'");
   }
 
-  const std::string final_path = (fs::path(dir_) / file_name_for(c.round, c.step)).string();
+  const std::string final_path = path_of(c.round, c.step);
   const std::string tmp_path = final_path + ".tmp";
-  prune("");
+  std::error_code exists_ec;
+  prune(!standing_.empty() && fs::exists(standing_, exists_ec) ? standing_ : std::string());
   try {
     file_writer out(tmp_path);
     char h[header_size] = {};
@@ -467,8 +468,13 @@ std::string checkpoint_store::write(const checkpoint& c) {
   } catch (const lw_error&) {
   }
 
+  standing_ = final_path;
   prune(final_path);
   return final_path;
+}
+
+std::string checkpoint_store::path_of(uint64_t round, uint64_t step) const {
+  return (fs::path(dir_) / file_name_for(round, step)).string();
 }
 
 void checkpoint_store::prune(const std::string& spare) const {
@@ -487,8 +493,8 @@ void checkpoint_store::prune(const std::string& spare) const {
   for (auto& f : named)
     if (base_name(f) == base_name(spare) || header_problem(f).empty()) files.push_back(std::move(f));
   size_t excess = files.size() > keep ? files.size() - keep : 0;
-  // Before a write (no file just written), the newest checkpoint that loads stays whatever its age: a newer
-  // one whose body is corrupt must not outlive the last good one if the write then fails.
+  // Before a write, without a file the run stands on, the newest checkpoint that loads stays whatever its
+  // age: a newer one whose body is corrupt must not outlive the last good one if the write then fails.
   std::string good = spare;
   for (size_t i = files.size(); excess > 0 && good.empty() && i-- > 0;) {
     try {

@@ -69,6 +69,12 @@ class checkpoint_store {
   /// Returns the final path. Throws lw_error(io_error) naming the path and the system error; the newest
   /// `keep` previous checkpoints are intact.
   std::string write(const checkpoint& c);
+  /// The file a checkpoint of this round and step is written to.
+  std::string path_of(uint64_t round, uint64_t step) const;
+  /// The checkpoint this run resumed from: until a write succeeds (it then stands on its own file), the prune
+  /// before a write never deletes it. Without one, that prune spares the newest file that loads, which may
+  /// be one the run refused.
+  void stand_on(std::string path) { standing_ = std::move(path); }
 
   /// The newest valid checkpoint, or std::nullopt if the directory holds no checkpoint file. A file that
   /// fails validation is skipped with one line to `warn` ("checkpoint <file> is corrupt (<reason>); falling
@@ -112,12 +118,13 @@ class checkpoint_store {
   static uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
  private:
-  /// Deletes the oldest checkpoint files past the newest `keep_`: never `spare` (a file just written), and
-  /// without one never the newest file that loads.
+  /// Deletes the oldest checkpoint files past the newest `keep_`: never `spare` (a file just written, or the
+  /// one the run stands on), and without one never the newest file that loads.
   void prune(const std::string& spare) const;
 
   std::string dir_;
   int64_t keep_;
+  std::string standing_;
 };
 
 }  // namespace longwave::runtime

@@ -106,6 +106,14 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   return c;
 }
 
+std::optional<replica_counters> counters_of(const checkpoint& c, int64_t r) {
+  const auto* b = c.find("replica" + std::to_string(r) + "/counters");
+  if (!b || b->size != 3 * sizeof(int64_t)) return std::nullopt;
+  int64_t v[3];
+  std::memcpy(v, b->data, sizeof(v));
+  return replica_counters{v[0], v[1], v[2]};
+}
+
 std::string shape_problem(const checkpoint& c, const snapshot_shape& shape) {
   auto kv = parse_meta(c.meta);
   if (kv["mode"] != shape.mode)
@@ -152,17 +160,15 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
     rs.master = tensor_from(c, p + "master", shape.n_params);
     rs.exp_avg = tensor_from(c, p + "exp_avg", shape.n_params);
     rs.exp_avg_sq = tensor_from(c, p + "exp_avg_sq", shape.n_params);
-    const auto* cb = c.find(p + "counters");
-    if (!cb || cb->size != 3 * sizeof(int64_t)) mismatch("checkpoint has no valid '" + p + "counters'");
-    int64_t v[3];
-    std::memcpy(v, cb->data, sizeof(v));
-    if (v[0] < 0 || v[1] < 0 || v[2] < 0)  // counts a run could not have written
-      mismatch("checkpoint '" + p + "counters' hold a negative count (" + std::to_string(v[0]) +
-               " inner steps, data position " + std::to_string(v[1]) + ", step " + std::to_string(v[2]) +
-               " of the round)");
-    rs.adam_steps = v[0];
-    rs.sampler_position = static_cast<uint64_t>(v[1]);
-    rs.steps_in_round = v[2];
+    const auto v = counters_of(c, r);
+    if (!v) mismatch("checkpoint has no valid '" + p + "counters'");
+    if (v->adam_steps < 0 || v->sampler_position < 0 || v->steps_in_round < 0)  // a run could not write them
+      mismatch("checkpoint '" + p + "counters' hold a negative count (" + std::to_string(v->adam_steps) +
+               " inner steps, data position " + std::to_string(v->sampler_position) + ", step " +
+               std::to_string(v->steps_in_round) + " of the round)");
+    rs.adam_steps = v->adam_steps;
+    rs.sampler_position = static_cast<uint64_t>(v->sampler_position);
+    rs.steps_in_round = v->steps_in_round;
     for (auto [name, t] :
          {std::pair{"outer_theta", &rs.outer_theta}, std::pair{"outer_momentum", &rs.outer_momentum},
           std::pair{"prev_delta", &rs.prev_delta}})

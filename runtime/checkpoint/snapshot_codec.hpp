@@ -2,6 +2,7 @@
 // train_snapshot <-> checkpoint blobs: names, sizes and meta, validated against the run that loads them.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
@@ -24,6 +25,15 @@ struct snapshot_shape {
 
 /// The key=value lines of a checkpoint's meta (mode, preset, n_params, replicas, ...), up to config_marker.
 std::map<std::string, std::string> parse_meta(const std::string& meta);
+
+/// A replica's "replica<r>/counters" blob: three int64 a run writes.
+struct replica_counters {
+  int64_t adam_steps = 0;
+  int64_t sampler_position = 0;
+  int64_t steps_in_round = 0;
+};
+/// Replica r's counters in `c`, or std::nullopt when it holds none of their size (they are not checked).
+std::optional<replica_counters> counters_of(const checkpoint& c, int64_t r);
 
 /// Blobs share the tensors' storage (no copy); the tensors must be contiguous fp32 and not change afterwards.
 checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape);

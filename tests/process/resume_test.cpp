@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "runtime/checkpoint/checkpoint_store.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave::test;
@@ -329,6 +330,50 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
     CATCH_CHECK(code5 == 2);
     CATCH_CHECK(log5.find(missing + ": no") != std::string::npos);
   }
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "with checkpoint.keep = 1 a failed write keeps the checkpoint the run resumed from, not a newer one it "
+    "refused",
+    "[process][resume]") {
+  using longwave::runtime::checkpoint_store;
+  const auto dir = scratch_dir("keep-one");
+  const auto cfg = config_file(dir, "r");
+  const auto ckpt = dir + "/r/checkpoints";
+  auto [code, log] = run({binary(), "run", cfg, "--set", "train.rounds=2", "--set", "checkpoint.keep=1"},
+                         dir + "/1.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  const auto files = checkpoints(ckpt);
+  CATCH_REQUIRE(files.size() == 1);
+  const auto resumed = files.front();
+  // A newer file whose checksum holds but whose counters no run writes: the resume refuses it.
+  auto c = checkpoint_store::load_file(resumed);
+  const uint64_t round_steps = c.step / c.round;
+  for (auto& b : c.blobs)
+    if (b.name == "replica0/counters") b.storage[7] = static_cast<char>(0x80);  // adam_steps < 0
+  c.round = 5;
+  c.step = 5 * round_steps;
+  checkpoint_store(ckpt, 100).write(c);
+  // Round 3's write fails, as on a full disk: its temporary file's name is a directory, one that the start's
+  // removal of unfinished writes leaves (it is not empty).
+  const auto blocked = checkpoint_store(ckpt, 100).path_of(3, 3 * round_steps) + ".tmp";
+  fs::create_directories(blocked + "/inside");
+  const std::vector<std::string> again = {binary(),           "run", cfg, "--set", "train.rounds=3", "--set",
+                                          "checkpoint.keep=1"};
+  auto [code2, log2] = run(again, dir + "/2.log", 600);
+  CATCH_INFO(log2);
+  CATCH_CHECK(code2 != 0);
+  CATCH_CHECK(log2.find("does not fit this run") != std::string::npos);
+  CATCH_CHECK(log2.find("resuming from round 2") != std::string::npos);
+  CATCH_CHECK(fs::exists(resumed));
+  // With the disk mended, the run resumes from it and finishes.
+  fs::remove_all(blocked);
+  auto [code3, log3] = run(again, dir + "/3.log", 600);
+  CATCH_INFO(log3);
+  CATCH_CHECK(code3 == 0);
+  CATCH_CHECK(log3.find("resuming from round 2") != std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -685,3 +685,30 @@ CATCH_TEST_CASE("CRC-32C matches the standard check value and a bitwise referenc
   const uint32_t whole = checkpoint_store::crc32c(u, 300);
   CATCH_CHECK(checkpoint_store::crc32c(u + 123, 177, checkpoint_store::crc32c(u, 123)) == whole);
 }
+
+CATCH_TEST_CASE(
+    "Keep 1: the checkpoint a run resumed from outlives a newer one it refused when a write fails",
+    "[checkpoint]") {
+  temp_dir tmp;
+  {
+    checkpoint_store five(tmp.path.string(), 5);
+    five.write(small_checkpoint(4));
+    five.write(small_checkpoint(7));  // loads, but (say) its counters do not fit the run: it resumed from 4
+  }
+  checkpoint_store one(tmp.path.string(), 1);
+  const auto resumed = one.path_of(4, 40);
+  CATCH_REQUIRE(fs::exists(resumed));
+  one.stand_on(resumed);
+  fs::create_directory(tmp.path / "ckpt-00000005-0000000050.lwc.tmp");
+  CATCH_CHECK_THROWS_AS(one.write(small_checkpoint(5)), lw_error);
+  CATCH_CHECK(fs::exists(resumed));
+  CATCH_CHECK(one.list() == std::vector<std::string>{resumed});
+  // Once a write lands the run stands on it: the next failed write keeps it, not round 4.
+  fs::remove(tmp.path / "ckpt-00000005-0000000050.lwc.tmp");
+  const auto five_path = one.write(small_checkpoint(5));
+  CATCH_CHECK(one.list() == std::vector<std::string>{five_path});
+  checkpoint_store(tmp.path.string(), 5).write(small_checkpoint(9));
+  fs::create_directory(tmp.path / "ckpt-00000006-0000000060.lwc.tmp");
+  CATCH_CHECK_THROWS_AS(one.write(small_checkpoint(6)), lw_error);
+  CATCH_CHECK(one.list() == std::vector<std::string>{five_path});
+}
