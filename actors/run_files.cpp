@@ -283,6 +283,15 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     if (start.resume) warn_changed_settings(cfg, *start.resume);
     return start;
   }
+  if (opts.cluster_node && cfg.diloco.outer == config::outer_policy_kind::async) {
+    // The cluster resumes at its nodes' newest version, which this node may alone hold: it hands it on when
+    // the nodes adopt the newest, then ends (async_policy).
+    spdlog::info(
+        "async: this node's checkpoint holds version {}, the run's last: it hands it to the "
+        "cluster's nodes, then ends",
+        start.resume->version);
+    return start;
+  }
   start.complete = true;
   report_complete(cfg, p, *start.resume);
   return start;

@@ -45,7 +45,11 @@ class async_policy final : public round_policy {
   void begin_round() override {
     if (resumed_) {
       resumed_ = false;
-      return adopt_newest([this] { begin_round(); });
+      return adopt_newest([this] {
+        if (!final_) return begin_round();
+        over_after_ = engine_.rounds_done();  // the run's last version: no phase, the round tail ends the run
+        engine_.theta([this](at::Tensor theta) { engine_.run_trained(std::move(theta)); });
+      });
     }
     engine_.thetas([this](std::vector<at::Tensor> thetas) {
       if (!zeros_.defined()) zeros_ = at::zeros_like(thetas[0]);
@@ -313,8 +317,7 @@ class async_policy final : public round_policy {
   /// The report was answered: the phase held back (if any) is reported now.
   void report_held() {
     if (!held_ || final_) return;
-    reported_ = std::move(held_);
-    held_.reset();
+    reported_ = std::exchange(held_, std::nullopt);
     engine_.contribute(reported_->v_start, static_cast<uint64_t>(reported_->tokens));
     engine_.count("longwave_outer_contributions_total", 1);
   }
@@ -336,10 +339,9 @@ class async_policy final : public round_policy {
     int64_t lost_tokens = 0;        ///< theirs (not in `tokens`)
   };
 
-  /// Takes out of f the merged nodes that are not among the members whose ring computed the average (empty
-  /// members: not known, none taken as lost), and their tokens. A contributor lost before the all-reduce sent
-  /// nothing, so Delayed Nesterov and the end rule count what is in the average, as every member sees the
-  /// same members.
+  /// Takes out of f the merged nodes not among the members whose ring computed the average (empty: not
+  /// known, none lost), and their tokens: a contributor lost before the all-reduce sent nothing, so Delayed
+  /// Nesterov and the end rule count what is in the average, as every member sees the same members.
   static void count_lost(merge_facts& f, const std::vector<runtime::merge_entry>& merged,
                          const std::vector<std::string>& members) {
     if (members.empty()) return;
@@ -376,18 +378,19 @@ class async_policy final : public round_policy {
            (cfg.async.tokens > 0 && tokens >= cfg.async.tokens);
   }
 
-  /// Version version_ ended the run: the round in progress is the last.
-  void check_end() {
+  /// Version version_ ended the run: the round in progress is the last (in_phase false: none, it ends now).
+  void check_end(bool in_phase = true) {
     const auto& cfg = engine_.context().cfg;
     const uint64_t v = version_;
     const bool by_versions = v >= static_cast<uint64_t>(cfg.train.rounds);
     if (!final_ && reaches_end(v, merged_tokens_)) {
       final_ = v;
       over_after_ = engine_.rounds_done() + 1;
-      spdlog::info("async: version {} is the last ({}): this node ends after its current phase", v,
+      spdlog::info("async: version {} is the last ({}): this node ends {}", v,
                    by_versions ? fmt::format("train.rounds = {} versions", cfg.train.rounds)
                                : fmt::format("{} of async.tokens = {} tokens merged", merged_tokens_,
-                                             cfg.async.tokens));
+                                             cfg.async.tokens),
+                   in_phase ? "after its current phase" : "now");
     }
   }
 
@@ -398,7 +401,7 @@ class async_policy final : public round_policy {
   void adopt_newest(std::function<void()> k) {
     const auto [rank, world] = engine_.ring_rank();
     if (world <= 1) {
-      check_end();
+      check_end(/*in_phase=*/false);
       return k();
     }
     adopting_ = true;
@@ -420,8 +423,7 @@ class async_policy final : public round_policy {
            });
   }
 
-  /// adopt_newest's second step: [theta, m, buf, merged tokens in 16-bit parts, DN's arrivals] from the
-  /// source to all.
+  /// adopt_newest's second step: [theta, m, buf, merged tokens in 16-bit parts, DN's arrivals] to all.
   void send_state(bool source, uint64_t newest, runtime::outer_snapshot o, std::function<void()> k) {
     const int64_t n = o.theta.numel();
     auto or_zeros = [&](const at::Tensor& t) { return t.defined() ? t : at::zeros_like(o.theta); };
@@ -451,7 +453,7 @@ class async_policy final : public round_policy {
                auto line = runtime::json_line("version");
                line.add("version", newest).add("merged_tokens", merged_tokens_).add("resumed", true);
                engine_.version_done(newest, theta, std::move(line));
-               check_end();
+               check_end(/*in_phase=*/false);
                adopting_ = false;
                for (auto& order : std::exchange(deferred_, {})) on_merge(order);
                k();

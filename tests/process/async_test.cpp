@@ -524,3 +524,51 @@ CATCH_TEST_CASE(
     }
   }
 }
+
+CATCH_TEST_CASE(
+    "async: after a crash at the run's end, a node whose checkpoint holds the last version hands it to the "
+    "others, and every node ends on it",
+    "[process][cluster][async][resume]") {
+  const auto dir = scratch_dir("async_end_crash");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1, 1}, ports,
+                                    "[metrics]\nenabled = false\n[diloco]\nouter = \"async\"\n"
+                                    "[async]\nquorum = 1\ngrace_max_s = 0.5\nmax_staleness = 1000\n");
+  edit_file(cluster, "rounds = 3", "rounds = 6");
+  const auto out = dir + "/cluster";
+  const std::vector<std::string> names{"n0", "n1", "n2"};
+  {
+    auto [coord, nodes] = start_cluster(dir, cluster, 3);
+    for (auto& n : nodes) CATCH_REQUIRE(wait_exit(n, 300) == 0);
+    CATCH_REQUIRE(wait_exit(coord, 60) == 0);
+  }
+  // As if n1 and n2 died before they wrote the last version: their checkpoints of it are gone, n0's stays.
+  const auto version_of = [](const runtime::checkpoint& c) {
+    const auto at_v = c.meta.find("\nversion=");  // the checkpoint's meta line (snapshot_codec.cpp)
+    CATCH_REQUIRE(at_v != std::string::npos);
+    return std::stoll(c.meta.substr(at_v + 9));
+  };
+  const auto last = newest_theta(out + "/n0/checkpoints");
+  for (const auto& n : {"n1", "n2"}) {
+    runtime::checkpoint_store store(out + "/" + n + "/checkpoints", 100);
+    for (const auto& f : store.list())
+      if (version_of(runtime::checkpoint_store::load_file(f)) >= 6) fs::remove(f);
+    CATCH_REQUIRE(!store.list().empty());
+  }
+  auto [coord, nodes] = start_cluster(dir, cluster, 3);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    CATCH_INFO(cluster_logs(dir, names));
+    CATCH_CHECK(wait_exit(nodes[i], 300) == 0);
+  }
+  CATCH_CHECK(wait_exit(coord, 60) == 0);
+  CATCH_INFO(cluster_logs(dir, names));
+  CATCH_CHECK(contains(read_text(dir + "/n0.log"), "holds version 6, the run's last: it hands it to"));
+  for (const auto& n : names) {
+    CATCH_INFO("node " << n);
+    const auto log = read_text(dir + "/" + n + ".log");
+    CATCH_CHECK(contains(log, "async: resuming at version 6"));
+    CATCH_CHECK(contains(log, "this node ends now"));
+    CATCH_CHECK(max_abs_diff(last, newest_theta(out + "/" + n + "/checkpoints")) == 0.0);
+  }
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}

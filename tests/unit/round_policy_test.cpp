@@ -681,6 +681,41 @@ CATCH_TEST_CASE("async: a resumed node alone in the adoption's all-reduce takes 
   CATCH_CHECK(e.contributions.back().first == 4);
 }
 
+CATCH_TEST_CASE("async: a resumed node that adopts the run's last version ends without another phase",
+                "[unit][round][async]") {
+  // Alone, or one of three whose adoption finds the last version (the other two were lost before it).
+  for (const auto rank : {std::pair<int64_t, int64_t>{0, 1}, std::pair<int64_t, int64_t>{1, 3}}) {
+    CATCH_DYNAMIC_SECTION("rank " << rank.first << " of " << rank.second) {
+      fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 4));
+      e.rank = rank;
+      e.done = 9;  // the node's own phases
+      auto p = make_round_policy(e, e.ctx);
+      runtime::train_snapshot snap;
+      snap.replicas.resize(2);
+      snap.version = 4;
+      CATCH_REQUIRE(!p->resume_from(snap));
+      e.ph = phase::idle;
+      CATCH_REQUIRE(e.set_phase(phase::inner));
+      p->begin_round();
+      CATCH_CHECK(lines_of(e, "run").empty());
+      CATCH_CHECK(lines_of(e, "contribute").empty());
+      CATCH_CHECK(e.calls.back() == "trained");
+      CATCH_CHECK(p->run_over(9));  // its round tail is the last evaluation and checkpoint
+      if (rank.second > 1) CATCH_CHECK(e.versions == std::vector<uint64_t>{4});  // the adopted version
+    }
+  }
+  // A version before the last: the phase runs as ever.
+  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 5));
+  auto p = make_round_policy(e, e.ctx);
+  runtime::train_snapshot snap;
+  snap.replicas.resize(2);
+  snap.version = 4;
+  CATCH_REQUIRE(!p->resume_from(snap));
+  async_phase(e, *p);
+  CATCH_CHECK(lines_of(e, "trained").empty());
+  CATCH_CHECK(lines_of(e, "contribute") == std::vector<std::string>{"contribute 4"});
+}
+
 CATCH_TEST_CASE(
     "async counts the contributions its all-reduce held: a contributor lost before it is no arrival",
     "[unit][round][async]") {
