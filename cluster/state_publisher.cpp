@@ -1,14 +1,36 @@
 // A member's state publisher (see state_publisher.hpp).
 #include "cluster/state_publisher.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <atomic>
 #include <memory>
 #include <vector>
 
 namespace longwave::cluster {
 
+namespace {
+
+/// Logs what the state server refuses (the first 50, then every 1000th): another cluster's node, noise on
+/// the port, a fetcher of another version. A state no longer held ("gone") is a joiner's usual race: not
+/// logged.
+state_refusal_callback refusal_logger() {
+  auto count = std::make_shared<std::atomic<uint64_t>>(0);
+  return [count](const std::string& peer, state_reject why, const std::string& message) {
+    if (why == state_reject::gone) return;
+    const auto n = count->fetch_add(1) + 1;
+    if (n <= 50 || n % 1000 == 0)
+      spdlog::warn("state server: refused a request from {} ({}): {}{}", peer.empty() ? "a peer" : peer,
+                   to_string(why), message, n == 50 ? " (further refusals are logged every 1000th)" : "");
+  };
+}
+
+}  // namespace
+
 state_publisher::state_publisher(const std::string& ring_endpoint, uint64_t cluster_id,
                                  std::optional<comm::curve_server_keys> curve)
-    : server_(ring_endpoint.substr(0, ring_endpoint.rfind(':')) + ":*", cluster_id, std::move(curve)),
+    : server_(ring_endpoint.substr(0, ring_endpoint.rfind(':')) + ":*", cluster_id, std::move(curve),
+              refusal_logger()),
       thread_([this] { run(); }) {}
 
 state_publisher::~state_publisher() {

@@ -26,7 +26,28 @@ constexpr uint64_t min_block_bytes = 1u << 20;
 constexpr uint64_t max_blocks_chosen = 1u << 16;
 constexpr auto poll_slice = std::chrono::milliseconds(50);
 
+/// The address a received frame came from ("" if ZeroMQ does not say: inproc, an old libzmq).
+std::string peer_of(const zmq::message_t& frame) {
+  try {
+    const char* a = const_cast<zmq::message_t&>(frame).gets("Peer-Address");  // cppzmq: not const
+    return a ? a : "";
+  } catch (const zmq::error_t&) {
+    return "";
+  }
+}
+
 }  // namespace
+
+const char* to_string(state_reject why) {
+  switch (why) {
+    case state_reject::bad_framing: return "bad_framing";
+    case state_reject::malformed: return "malformed";
+    case state_reject::wrong_cluster: return "wrong_cluster";
+    case state_reject::gone: return "gone";
+    case state_reject::bad_range: return "bad_range";
+  }
+  return "unknown";
+}
 
 struct state_server::published {
   reduce_key key;
@@ -58,8 +79,8 @@ struct state_server::sockets {
 };
 
 state_server::state_server(const std::string& bind_endpoint, uint64_t cluster_id,
-                           std::optional<curve_server_keys> curve)
-    : cluster_id_(cluster_id), sockets_(std::make_unique<sockets>()) {
+                           std::optional<curve_server_keys> curve, state_refusal_callback on_refused)
+    : cluster_id_(cluster_id), on_refused_(std::move(on_refused)), sockets_(std::make_unique<sockets>()) {
   auto& r = sockets_->router;
   try {
     if (curve) {
@@ -146,6 +167,7 @@ void state_server::send(const zmq::message_t& identity, const state_reply& reply
 void state_server::refuse(const zmq::message_t& identity, state_reject why, state_status status,
                           uint64_t request_id, std::string message) {
   rejected_[static_cast<size_t>(why)].fetch_add(1, std::memory_order_relaxed);
+  if (on_refused_) on_refused_(request_ ? peer_of(*request_) : std::string(), why, message);
   state_reply r;
   r.cluster_id = cluster_id_;
   r.status = status;
@@ -155,12 +177,16 @@ void state_server::refuse(const zmq::message_t& identity, state_reject why, stat
 }
 
 void state_server::answer(std::vector<zmq::message_t>& parts, size_t n_parts) {
+  // ROUTER puts the peer's address on the frames it received, not on the routing id it adds.
+  request_ = n_parts > 1 ? &parts[n_parts - 1] : nullptr;
   if (n_parts != 2) {
     if (n_parts > 1)
       refuse(parts[0], state_reject::bad_framing, state_status::bad_request, 0,
              fmt::format("a request is one frame, this message has {}", n_parts - 1));
-    else
+    else {
       rejected_[static_cast<size_t>(state_reject::bad_framing)].fetch_add(1, std::memory_order_relaxed);
+      if (on_refused_) on_refused_("", state_reject::bad_framing, "no request frame");
+    }
     return;
   }
   state_request req;

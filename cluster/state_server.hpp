@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,6 +28,13 @@ enum class state_reject : uint8_t {
   bad_range,      ///< offset or length out of range or unaligned: answered badRequest
 };
 inline constexpr size_t n_state_rejects = 5;
+/// The reason's name in logs: "bad_framing", "malformed", ...
+const char* to_string(state_reject why);
+
+/// Told of each request the server drops or refuses, on its thread: the peer's address ("" if unknown),
+/// why, and what the peer was told.
+using state_refusal_callback =
+    std::function<void(const std::string& peer, state_reject why, const std::string& message)>;
 
 /// Serves published states to joiners on its own thread (a ROUTER socket), off the training path.
 class state_server {
@@ -35,7 +43,7 @@ class state_server {
   /// Throws lw_error(errc::io_error) naming the endpoint when it cannot bind.
   /// With `curve`, only the admitted node keys get in and replies are encrypted.
   state_server(const std::string& bind_endpoint, uint64_t cluster_id,
-               std::optional<curve_server_keys> curve = std::nullopt);
+               std::optional<curve_server_keys> curve = std::nullopt, state_refusal_callback on_refused = {});
   ~state_server();  // stops the thread promptly
   state_server(const state_server&) = delete;
   state_server& operator=(const state_server&) = delete;
@@ -72,6 +80,8 @@ class state_server {
               std::string message);
 
   uint64_t cluster_id_;
+  state_refusal_callback on_refused_;
+  const zmq::message_t* request_ = nullptr;  // the request frame being answered (its peer's address)
   std::string endpoint_;
   struct sockets;
   std::unique_ptr<sockets> sockets_;

@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <zmq.hpp>
 
 #include "cluster/state.capnp.h"
@@ -284,10 +286,18 @@ CATCH_TEST_CASE("Publishing during a download keeps its state, and max_held_stat
   }
 }
 
-CATCH_TEST_CASE("Garbage sent to the server is answered or dropped and counted and it serves afterwards",
-                "[integration]") {
+CATCH_TEST_CASE(
+    "Garbage sent to the server is answered or dropped, counted and told with the peer, and it serves "
+    "afterwards",
+    "[integration]") {
   auto blob = random_blob(2u << 20, 12);
-  state_server server("tcp://127.0.0.1:*", cluster_id);
+  std::mutex told_mu;
+  std::vector<std::tuple<std::string, state_reject, std::string>> told;
+  state_server server("tcp://127.0.0.1:*", cluster_id, std::nullopt,
+                      [&](const std::string& peer, state_reject why, const std::string& message) {
+                        std::lock_guard<std::mutex> lk(told_mu);
+                        told.emplace_back(peer, why, message);
+                      });
   server.publish({1, 0}, 1, blob);
   zmq::context_t ctx(1);
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
@@ -338,6 +348,18 @@ CATCH_TEST_CASE("Garbage sent to the server is answered or dropped and counted a
   CATCH_CHECK(server.rejected(state_reject::bad_range) == 4);
   const auto got = fetch_state({server.endpoint()}, cluster_id);
   CATCH_CHECK(got.bytes == *blob);
+  // Each refusal was told, from this test's address, with the reason the reply gave.
+  std::lock_guard<std::mutex> lk(told_mu);
+  CATCH_REQUIRE(told.size() == 9);
+  for (const auto& [peer, why, message] : told) {
+    CATCH_INFO(to_string(why) << ": " << message);
+    CATCH_CHECK(peer == "127.0.0.1");
+    CATCH_CHECK(!message.empty());
+  }
+  CATCH_CHECK(std::get<1>(told[0]) == state_reject::malformed);
+  CATCH_CHECK(std::get<1>(told[2]) == state_reject::bad_framing);
+  CATCH_CHECK(std::get<2>(told[2]) == "a request is one frame, this message has 2");
+  CATCH_CHECK(std::get<1>(told[4]) == state_reject::gone);
 }
 
 CATCH_TEST_CASE("A fetcher whose every peer sends garbage reports malformed_frame", "[integration]") {
