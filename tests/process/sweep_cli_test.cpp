@@ -144,6 +144,16 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(out3.find("(4 of 4 points done)") != std::string::npos);
   CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
 
+  // A [sweep] set that gives every point the config it had (eval.batches is 2 in the base): nothing reruns.
+  (void)sweep_file(dir, "grid", "out",
+                   "[grid]\n\"train.inner_steps\" = [2, 4]\n\"train.lr\" = [1e-3, 3e-3]\n",
+                   "parallel = \"auto\"\nset = [\"eval.batches = 2\"]\n");
+  auto [code5, out5] = run({binary(), "sweep", file}, dir + "/same.log", 300);
+  CATCH_INFO(out5);
+  CATCH_CHECK(code5 == 0);
+  CATCH_CHECK(out5.find("4 points (4 done earlier, 0 to run)") != std::string::npos);
+  CATCH_CHECK(out5.find("started") == std::string::npos);
+
   // The base config changes: every point's record is stale, so each starts over (not "run complete" from
   // the old checkpoints) and its numbers are the new run's.
   auto base = read_text(dir + "/base.toml");
