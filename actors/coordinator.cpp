@@ -216,7 +216,12 @@ void finish(self_ptr self) {
         s.last_val_loss, std::exp(s.last_val_loss), s.round, phases ? "phases" : "rounds",
         s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
         phases ? fmt::format(", to version {}", s.version) : std::string(), format_duration(wall));
-    const std::string unwritten = write_result(s, wall);
+    // An async node that resumed at the run's last version and adopted no newer one trained nothing: the
+    // earlier session's result.json (its time, its tokens) stays.
+    std::error_code ec;
+    const bool same = s.resumed_version && *s.resumed_version == s.version && s.session_tokens() == 0 &&
+                      std::filesystem::exists(s.ctx->cfg.run.out_dir + "/result.json", ec);
+    const std::string unwritten = same ? std::string() : write_result(s, wall);
     if (s.failed_writes > 0)
       return fail_unsaved(self, fmt::format("training finished, but the checkpoint of round {} could not be "
                                             "written",

@@ -164,10 +164,19 @@ void state_server::send(const zmq::message_t& identity, const state_reply& reply
   }
 }
 
+void state_server::tell(state_reject why, const std::string& message) {
+  if (!on_refused_) return;
+  try {
+    on_refused_(request_ ? peer_of(*request_) : std::string(), why, message);
+  } catch (...) {
+    // the callback's failure (say, out of memory while logging) must not end the server's thread
+  }
+}
+
 void state_server::refuse(const zmq::message_t& identity, state_reject why, state_status status,
                           uint64_t request_id, std::string message) {
   rejected_[static_cast<size_t>(why)].fetch_add(1, std::memory_order_relaxed);
-  if (on_refused_) on_refused_(request_ ? peer_of(*request_) : std::string(), why, message);
+  tell(why, message);
   state_reply r;
   r.cluster_id = cluster_id_;
   r.status = status;
@@ -178,14 +187,14 @@ void state_server::refuse(const zmq::message_t& identity, state_reject why, stat
 
 void state_server::answer(std::vector<zmq::message_t>& parts, size_t n_parts) {
   // ROUTER puts the peer's address on the frames it received, not on the routing id it adds.
-  request_ = n_parts > 1 ? &parts[n_parts - 1] : nullptr;
+  request_ = parts.size() > 1 ? &parts.back() : nullptr;  // parts holds at most 3 of the n_parts frames
   if (n_parts != 2) {
     if (n_parts > 1)
       refuse(parts[0], state_reject::bad_framing, state_status::bad_request, 0,
              fmt::format("a request is one frame, this message has {}", n_parts - 1));
     else {
       rejected_[static_cast<size_t>(state_reject::bad_framing)].fetch_add(1, std::memory_order_relaxed);
-      if (on_refused_) on_refused_("", state_reject::bad_framing, "no request frame");
+      tell(state_reject::bad_framing, "no request frame");
     }
     return;
   }

@@ -76,6 +76,8 @@ class state_server {
                    const std::vector<std::shared_ptr<published>>& held);
   /// Sends [identity][reply] or [identity][reply][payload]; a joiner gone meanwhile is dropped by ROUTER.
   void send(const zmq::message_t& identity, const state_reply& reply, zmq::message_t* payload = nullptr);
+  /// Tells on_refused_ (if set) of a refusal of the request being answered; what it throws is dropped.
+  void tell(state_reject why, const std::string& message);
   void refuse(const zmq::message_t& identity, state_reject why, state_status status, uint64_t request_id,
               std::string message);
 

@@ -47,6 +47,7 @@ void install_resume(self_ptr self) {
   auto snap = std::move(*s.resume);
   s.resume.reset();
   s.round = snap.round;
+  s.resumed_version = snap.version;
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
   // Every inner step drew one batch, so a replica's sampler position counts the tokens it trained on (not
   // for a joiner of a round barrier: its position is the cluster's; an async joiner's is its own).

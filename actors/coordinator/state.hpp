@@ -107,6 +107,7 @@ struct coordinator_state {
   std::optional<train_snapshot> resume;
   uint64_t round = 0;    // completed outer rounds
   uint64_t version = 0;  // async: the newest version of theta applied here (its rounds are local phases)
+  std::optional<uint64_t> resumed_version;  // the version of the checkpoint this session resumed from
   bool stop_requested = false;
   // A cluster stop (longwave stop), or a pin (holding while a joiner fetches): hold at the boundary after
   // hold_after until stop_after is known (then stop at the boundary after it), a pin moves hold_after, or a

@@ -45,12 +45,11 @@ class async_policy final : public round_policy {
   void begin_round() override {
     if (resumed_) {
       resumed_ = false;
-      return adopt_newest([this] {
-        if (!final_) return begin_round();
-        over_after_ = engine_.rounds_done();  // the run's last version: no phase, the round tail ends the run
-        engine_.theta([this](at::Tensor theta) { engine_.run_trained(std::move(theta)); });
-      });
+      return adopt_newest([this] { begin_round(); });
     }
+    // Resumed or joined at the run's last version: no phase, this round tail is the last.
+    if (final_ && engine_.rounds_done() >= over_after_)
+      return engine_.theta([this](at::Tensor theta) { engine_.run_trained(std::move(theta)); });
     engine_.thetas([this](std::vector<at::Tensor> thetas) {
       if (!zeros_.defined()) zeros_ = at::zeros_like(thetas[0]);
       // The outer actor answers in order: thetas hold version_.
@@ -162,7 +161,7 @@ class async_policy final : public round_policy {
         .add("resumed", true)
         .add("joined", true);
     engine_.version_done(version_, snap.theta, std::move(line));
-    check_end();
+    check_end(/*in_phase=*/false);
     return round_policy::resume_from(snap);
   }
 
@@ -385,7 +384,7 @@ class async_policy final : public round_policy {
     const bool by_versions = v >= static_cast<uint64_t>(cfg.train.rounds);
     if (!final_ && reaches_end(v, merged_tokens_)) {
       final_ = v;
-      over_after_ = engine_.rounds_done() + 1;
+      over_after_ = engine_.rounds_done() + (in_phase ? 1 : 0);
       spdlog::info("async: version {} is the last ({}): this node ends {}", v,
                    by_versions ? fmt::format("train.rounds = {} versions", cfg.train.rounds)
                                : fmt::format("{} of async.tokens = {} tokens merged", merged_tokens_,

@@ -325,6 +325,9 @@ CATCH_TEST_CASE(
   (void)raw.send(zmq::str_buffer("a"), zmq::send_flags::sndmore);
   (void)raw.send(zmq::str_buffer("b"), zmq::send_flags::none);
   expect_reply(cluster::wire::StateStatus::BAD_REQUEST);
+  for (const char* f : {"a", "b", "c"}) (void)raw.send(zmq::buffer(f, 1), zmq::send_flags::sndmore);
+  (void)raw.send(zmq::str_buffer("d"), zmq::send_flags::none);  // more frames than the server keeps
+  expect_reply(cluster::wire::StateStatus::BAD_REQUEST);
   send_one(request_frame(cluster_id, false, {}, 0, 0, 1));  // another protocol version
   expect_reply(cluster::wire::StateStatus::BAD_REQUEST);
   send_one(request_frame(cluster_id, true, {9, 0}, 0, 1024));
@@ -342,7 +345,7 @@ CATCH_TEST_CASE(
   std::string big(4096, 'x');  // over the request size limit: ZeroMQ drops the connection
   send_one(zmq::message_t(big.data(), big.size()));
 
-  CATCH_CHECK(server.rejected(state_reject::bad_framing) == 1);
+  CATCH_CHECK(server.rejected(state_reject::bad_framing) == 2);
   CATCH_CHECK(server.rejected(state_reject::malformed) == 3);  // noise, empty, version
   CATCH_CHECK(server.rejected(state_reject::gone) == 1);
   CATCH_CHECK(server.rejected(state_reject::bad_range) == 4);
@@ -350,7 +353,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(got.bytes == *blob);
   // Each refusal was told, from this test's address, with the reason the reply gave.
   std::lock_guard<std::mutex> lk(told_mu);
-  CATCH_REQUIRE(told.size() == 9);
+  CATCH_REQUIRE(told.size() == 10);
   for (const auto& [peer, why, message] : told) {
     CATCH_INFO(to_string(why) << ": " << message);
     CATCH_CHECK(peer == "127.0.0.1");
@@ -359,7 +362,8 @@ CATCH_TEST_CASE(
   CATCH_CHECK(std::get<1>(told[0]) == state_reject::malformed);
   CATCH_CHECK(std::get<1>(told[2]) == state_reject::bad_framing);
   CATCH_CHECK(std::get<2>(told[2]) == "a request is one frame, this message has 2");
-  CATCH_CHECK(std::get<1>(told[4]) == state_reject::gone);
+  CATCH_CHECK(std::get<2>(told[3]) == "a request is one frame, this message has 4");
+  CATCH_CHECK(std::get<1>(told[5]) == state_reject::gone);
 }
 
 CATCH_TEST_CASE("A fetcher whose every peer sends garbage reports malformed_frame", "[integration]") {

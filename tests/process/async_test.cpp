@@ -570,5 +570,24 @@ CATCH_TEST_CASE(
     CATCH_CHECK(contains(log, "this node ends now"));
     CATCH_CHECK(max_abs_diff(last, newest_theta(out + "/" + n + "/checkpoints")) == 0.0);
   }
+  // Once more, every node holding the last version: each ends at once, on it, trains nothing, and keeps the
+  // result.json of the session that trained.
+  std::map<std::string, std::string> results;
+  for (const auto& n : names) {
+    fs::rename(dir + "/" + n + ".log", dir + "/" + n + ".2.log");
+    results[n] = read_text(out + "/" + n + "/result.json");
+    CATCH_CHECK(contains(results[n], "val_loss"));
+  }
+  auto [coord3, nodes3] = start_cluster(dir, cluster, 3);
+  for (auto& n : nodes3) CATCH_CHECK(wait_exit(n, 300) == 0);
+  CATCH_CHECK(wait_exit(coord3, 60) == 0);
+  for (const auto& n : names) {
+    CATCH_INFO("node " << n);
+    const auto log = read_text(dir + "/" + n + ".log");
+    CATCH_CHECK(contains(log, "this node ends now"));
+    CATCH_CHECK(!contains(log, "| step "));  // no progress line: no inner step ran
+    CATCH_CHECK(read_text(out + "/" + n + "/result.json") == results[n]);
+    CATCH_CHECK(max_abs_diff(last, newest_theta(out + "/" + n + "/checkpoints")) == 0.0);
+  }
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }

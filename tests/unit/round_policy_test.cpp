@@ -681,13 +681,22 @@ CATCH_TEST_CASE("async: a resumed node alone in the adoption's all-reduce takes 
   CATCH_CHECK(e.contributions.back().first == 4);
 }
 
-CATCH_TEST_CASE("async: a resumed node that adopts the run's last version ends without another phase",
+CATCH_TEST_CASE("async: a node that resumes or joins at the run's last version ends without another phase",
                 "[unit][round][async]") {
-  // Alone, or one of three whose adoption finds the last version (the other two were lost before it).
-  for (const auto rank : {std::pair<int64_t, int64_t>{0, 1}, std::pair<int64_t, int64_t>{1, 3}}) {
-    CATCH_DYNAMIC_SECTION("rank " << rank.first << " of " << rank.second) {
-      fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 4));
-      e.rank = rank;
+  struct row {
+    const char* what;
+    std::pair<int64_t, int64_t> rank;  // at the welcome: this node's, and the ring's size
+    bool joined;                       // fetched the members' state (no adoption)
+    int64_t rounds;                    // train.rounds, in versions; the state holds version 4
+  };
+  for (const auto& r : {row{"resumed alone", {0, 1}, false, 4},
+                        row{"one of three, the two others lost before the adoption", {1, 3}, false, 4},
+                        row{"a joiner that fetched it", {1, 2}, true, 4},
+                        row{"a version before the last: the phase runs as ever", {0, 1}, false, 5}}) {
+    CATCH_DYNAMIC_SECTION(r.what) {
+      fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, r.rounds));
+      e.rank = r.rank;
+      if (r.joined) e.ctx.recovery = recovery_info{};
       e.done = 9;  // the node's own phases
       auto p = make_round_policy(e, e.ctx);
       runtime::train_snapshot snap;
@@ -697,23 +706,15 @@ CATCH_TEST_CASE("async: a resumed node that adopts the run's last version ends w
       e.ph = phase::idle;
       CATCH_REQUIRE(e.set_phase(phase::inner));
       p->begin_round();
-      CATCH_CHECK(lines_of(e, "run").empty());
-      CATCH_CHECK(lines_of(e, "contribute").empty());
-      CATCH_CHECK(e.calls.back() == "trained");
-      CATCH_CHECK(p->run_over(9));  // its round tail is the last evaluation and checkpoint
-      if (rank.second > 1) CATCH_CHECK(e.versions == std::vector<uint64_t>{4});  // the adopted version
+      const bool last = r.rounds == 4;
+      CATCH_CHECK(lines_of(e, "run").empty() == last);
+      CATCH_CHECK(lines_of(e, "contribute") ==
+                  (last ? std::vector<std::string>{} : std::vector<std::string>{"contribute 4"}));
+      CATCH_CHECK((e.calls.back() == "trained") == last);
+      CATCH_CHECK(p->run_over(9) == last);  // its round tail is the last evaluation and checkpoint
+      if (r.rank.second > 1) CATCH_CHECK(e.versions == std::vector<uint64_t>{4});  // adopted, or joined at
     }
   }
-  // A version before the last: the phase runs as ever.
-  fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::async, 5));
-  auto p = make_round_policy(e, e.ctx);
-  runtime::train_snapshot snap;
-  snap.replicas.resize(2);
-  snap.version = 4;
-  CATCH_REQUIRE(!p->resume_from(snap));
-  async_phase(e, *p);
-  CATCH_CHECK(lines_of(e, "trained").empty());
-  CATCH_CHECK(lines_of(e, "contribute") == std::vector<std::string>{"contribute 4"});
 }
 
 CATCH_TEST_CASE(
