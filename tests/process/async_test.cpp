@@ -39,16 +39,17 @@ std::string slow_node_cluster(const std::string& dir, cluster_ports& ports, int6
   return cluster;
 }
 
-/// Three equal one-worker nodes paced at 0.05 s a step, for `versions` versions: 60 take at least 60 / 3
-/// phases of 0.15 s, so a test that acts at version 3 to 6 acts mid-run on any machine.
+/// Three equal one-worker nodes for `n_versions` versions, paced at 0.05 s a step unless `paced` is false:
+/// 60 take at least 60 / 3 phases of 0.15 s, so a test that acts at version 3 to 6 acts mid-run on any
+/// machine.
 constexpr int64_t versions = 60;
-std::string equal_nodes_cluster(const std::string& dir) {
+std::string equal_nodes_cluster(const std::string& dir, int64_t n_versions = versions, bool paced = true) {
   cluster_ports ports;
   const auto cluster = cluster_file(dir, {1, 1, 1}, ports,
                                     "[metrics]\nenabled = false\n[diloco]\nouter = \"async\"\n"
                                     "[async]\nquorum = 1\ngrace_max_s = 0.5\nmax_staleness = 1000\n");
-  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(versions));
-  edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.05");
+  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(n_versions));
+  if (paced) edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.05");
   return cluster;
 }
 
@@ -62,6 +63,13 @@ int64_t data_position(const std::string& path) {
   int64_t v[3];
   std::memcpy(v, b->data, sizeof v);
   return v[1];
+}
+
+/// The version of theta a checkpoint holds (its meta line, runtime/checkpoint/snapshot_codec.cpp).
+int64_t version_of(const runtime::checkpoint& c) {
+  const auto at_v = c.meta.find("\nversion=");
+  CATCH_REQUIRE(at_v != std::string::npos);
+  return std::stoll(c.meta.substr(at_v + 9));
 }
 
 /// The run ended with one model: every node's newest checkpoint holds the same theta.
@@ -206,13 +214,8 @@ CATCH_TEST_CASE(
     "version",
     "[process][cluster][async][elastic]") {
   const auto dir = scratch_dir("async_rejoin");
-  cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1, 1}, ports,
-                                    "[metrics]\nenabled = false\n[diloco]\nouter = \"async\"\n"
-                                    "[async]\nquorum = 1\ngrace_max_s = 0.5\nmax_staleness = 1000\n");
   // Ended by longwave stop once n2 is back in, so it can never end before n2 rejoins.
-  edit_file(cluster, "rounds = 3", "rounds = 100000");
-  edit_file(cluster, "threads = 1", "threads = 1\npace_step_s = 0.05");
+  const auto cluster = equal_nodes_cluster(dir, 100000);
   const auto out = dir + "/cluster";
   auto [coord, nodes] = start_cluster(dir, cluster, 3);
   CATCH_REQUIRE(wait_master_records(out, "merge", 3, 300));
@@ -323,9 +326,7 @@ CATCH_TEST_CASE(
   for (const auto& n : names) {
     const auto c = runtime::checkpoint_store(out + "/" + n + "/checkpoints", 100).load_latest();
     CATCH_REQUIRE(c.has_value());
-    const auto at_v = c->meta.find("\nversion=");  // the checkpoint's meta line (snapshot_codec.cpp)
-    CATCH_REQUIRE(at_v != std::string::npos);
-    newest = std::max<int64_t>(newest, std::stoll(c->meta.substr(at_v + 9)));
+    newest = std::max<int64_t>(newest, version_of(*c));
   }
   CATCH_REQUIRE(newest >= 1);
 
@@ -530,11 +531,7 @@ CATCH_TEST_CASE(
     "others, and every node ends on it",
     "[process][cluster][async][resume]") {
   const auto dir = scratch_dir("async_end_crash");
-  cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1, 1}, ports,
-                                    "[metrics]\nenabled = false\n[diloco]\nouter = \"async\"\n"
-                                    "[async]\nquorum = 1\ngrace_max_s = 0.5\nmax_staleness = 1000\n");
-  edit_file(cluster, "rounds = 3", "rounds = 6");
+  const auto cluster = equal_nodes_cluster(dir, 6, /*paced=*/false);
   const auto out = dir + "/cluster";
   const std::vector<std::string> names{"n0", "n1", "n2"};
   {
@@ -543,11 +540,6 @@ CATCH_TEST_CASE(
     CATCH_REQUIRE(wait_exit(coord, 60) == 0);
   }
   // As if n1 and n2 died before they wrote the last version: their checkpoints of it are gone, n0's stays.
-  const auto version_of = [](const runtime::checkpoint& c) {
-    const auto at_v = c.meta.find("\nversion=");  // the checkpoint's meta line (snapshot_codec.cpp)
-    CATCH_REQUIRE(at_v != std::string::npos);
-    return std::stoll(c.meta.substr(at_v + 9));
-  };
   const auto last = newest_theta(out + "/n0/checkpoints");
   for (const auto& n : {"n1", "n2"}) {
     runtime::checkpoint_store store(out + "/" + n + "/checkpoints", 100);
