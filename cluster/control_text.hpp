@@ -12,6 +12,9 @@ using clock = std::chrono::steady_clock;
 constexpr uint32_t no_rank = 0xffffffffu;
 /// A node re-sends its hello this often while it waits for its welcome.
 constexpr auto hello_every = std::chrono::seconds(2);
+/// Dropped control messages, refused handshakes and refused state requests: the first 50 are logged, then
+/// every 1000th (all are counted).
+inline constexpr uint64_t logged_drops = 50, drop_log_every = 1000;
 
 /// "1.5 s".
 std::string secs(std::chrono::milliseconds ms);

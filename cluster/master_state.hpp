@@ -26,9 +26,8 @@ namespace longwave::cluster {
 using clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
 
-/// Dropped control messages and refused handshakes: the first 50 are logged, then every 1000th (all are
-/// counted).
-inline constexpr uint64_t logged_drops = 50, drop_log_every = 1000;
+using control::drop_log_every;
+using control::logged_drops;
 
 /// One node the master expects, in ring order.
 struct member_spec {

@@ -7,21 +7,26 @@
 #include <memory>
 #include <vector>
 
+#include "cluster/control_text.hpp"
+
 namespace longwave::cluster {
 
 namespace {
 
-/// Logs what the state server refuses (the first 50, then every 1000th): another cluster's node, noise on
-/// the port, a fetcher of another version. A state no longer held ("gone") is a joiner's usual race: not
-/// logged.
+/// Logs what the state server refuses, as the control plane logs its drops (control::logged_drops): another
+/// cluster's node, noise on the port, a fetcher of another version. A state no longer held ("gone") is a
+/// joiner's usual race: not logged.
 state_refusal_callback refusal_logger() {
   auto count = std::make_shared<std::atomic<uint64_t>>(0);
   return [count](const std::string& peer, state_reject why, const std::string& message) {
     if (why == state_reject::gone) return;
     const auto n = count->fetch_add(1) + 1;
-    if (n <= 50 || n % 1000 == 0)
-      spdlog::warn("state server: refused a request from {} ({}): {}{}", peer.empty() ? "a peer" : peer,
-                   to_string(why), message, n == 50 ? " (further refusals are logged every 1000th)" : "");
+    if (n > control::logged_drops && n % control::drop_log_every != 0) return;
+    spdlog::warn("state server: refused a request from {} ({}): {}{}", peer.empty() ? "a peer" : peer,
+                 to_string(why), message,
+                 n == control::logged_drops
+                     ? fmt::format(" (further refusals: every {}th is logged)", control::drop_log_every)
+                     : std::string());
   };
 }
 
