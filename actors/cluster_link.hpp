@@ -25,6 +25,7 @@ namespace longwave::actors {
 struct own_checkpoint {
   uint64_t round = 0;
   uint32_t theta_crc = 0;
+  uint64_t step = 0;  ///< this node's own inner steps there
   /// Each local worker's data position there (async: a rejoining node's workers go on from their own).
   std::vector<uint64_t> sampler_positions;
 };

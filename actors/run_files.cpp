@@ -340,6 +340,9 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
       spdlog::info("async: this node's workers read their own data on from position {} ({})",
                    snap.replicas.empty() ? 0 : snap.replicas[0].sampler_position,
                    own.sampler_positions.empty() ? "no checkpoint of its own" : "its newest checkpoint's");
+      // Its inner steps count on from its own too; Adam's count stays the donor's, with its moments
+      // (coordinator_state::step_offset).
+      snap.step = own.step;
     }
     // The fetched state is this node's own checkpoint of its round before it trains: a crash of the whole
     // cluster soon after resumes with the same commands (else this node's newest checkpoint would be one the

@@ -26,7 +26,6 @@
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
-#include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/log/log.hpp"
 
@@ -143,8 +142,7 @@ std::optional<checkpoint> newest_valid(const config::train_config& cfg) {
 own_checkpoint newest_checkpoint(const config::train_config& cfg) {
   const auto c = newest_valid(cfg);
   if (!c) return {};
-  const auto* theta = c->find("theta");
-  own_checkpoint own{c->round, theta ? crc32c(theta->data, theta->size) : 0, {}};
+  own_checkpoint own{c->round, c->theta_crc(), c->step, {}};
   for (int64_t r = 0;; ++r) {
     const auto v = counters_of(*c, r);
     if (!v) break;

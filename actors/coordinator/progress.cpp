@@ -149,13 +149,14 @@ void on_report(self_ptr self, const step_report& r) {
   if (agg.count < (s.reporting_workers > 0 ? s.reporting_workers : s.ctx->n_workers())) return;
   const double loss = agg.loss_sum / static_cast<double>(agg.count);
   s.steps.erase(r.step);
-  s.last_step = std::max(s.last_step, r.step);
+  const int64_t step = r.step - s.step_offset;  // this node's own (r.step is Adam's count)
+  s.last_step = std::max(s.last_step, step);
   if (s.trace)
-    s.trace << r.step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
+    s.trace << step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
   const double tok_s = wall > 0 ? static_cast<double>(s.session_tokens()) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
   const int64_t total = s.ctx->total_inner_steps();
-  // The rate the step just taken used (step is 1-based, the schedule 0-based).
+  // The rate the step just taken used: the schedule follows Adam's count (1-based here, 0-based there).
   const double lr = models::warmup_cosine_lr(cfg.train.lr, r.step - 1, cfg.train.warmup_steps, total,
                                              cfg.train.min_lr_ratio);
   gauge(self, "longwave_train_loss", loss);
@@ -163,21 +164,21 @@ void on_report(self_ptr self, const step_report& r) {
   gauge(self, "longwave_compute_utilization_ratio", busy > 0 ? s.total_compute() / busy : 0);
   gauge(self, "longwave_inner_learning_rate", lr);
   record(self, json_line("step")
-                   .add("step", r.step)
+                   .add("step", step)
                    .add("round", s.round + 1)
                    .add("loss", loss)
                    .add("tokens_per_second", tok_s)
                    .add("lr", lr));
   if (!s.policy->shares_rounds()) {
     // async: a node's rounds are its own phases, as many as its speed allows; the run ends at a version.
-    if (r.step % cfg.runtime.log_every_steps == 0)
+    if (step % cfg.runtime.log_every_steps == 0)
       spdlog::info("phase {:>3} | version {:>3}/{} | step {:>5} | loss {:.4f} | {:>7.0f} tok/s", s.round + 1,
-                   s.version, cfg.train.rounds, r.step, loss, tok_s);
-  } else if (r.step % cfg.runtime.log_every_steps == 0 || r.step == total) {
-    const double done = static_cast<double>(r.step - s.first_step);
-    const double eta = done > 0 ? wall / done * static_cast<double>(total - r.step) : NAN;
+                   s.version, cfg.train.rounds, step, loss, tok_s);
+  } else if (step % cfg.runtime.log_every_steps == 0 || step == total) {
+    const double done = static_cast<double>(step - s.first_step);
+    const double eta = done > 0 ? wall / done * static_cast<double>(total - step) : NAN;
     spdlog::info("round {:>3}/{} | step {:>5}/{} | loss {:.4f} | {:>7.0f} tok/s | eta {}",
-                 std::min<uint64_t>(s.round + 1, cfg.train.rounds), cfg.train.rounds, r.step, total, loss,
+                 std::min<uint64_t>(s.round + 1, cfg.train.rounds), cfg.train.rounds, step, total, loss,
                  tok_s, format_duration(eta));
   }
 }

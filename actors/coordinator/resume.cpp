@@ -49,10 +49,18 @@ void install_resume(self_ptr self) {
   s.round = snap.round;
   s.resumed_version = snap.version;
   s.first_step = s.last_step = static_cast<int64_t>(snap.step);
+  // async: a checkpoint's step is the node's own; its replicas' Adam count may be a donor's (joined_start).
+  const bool versions = s.ctx->cfg.diloco.outer == config::outer_policy_kind::async;
+  s.step_offset = versions && !snap.replicas.empty() ? snap.replicas[0].adam_steps - s.first_step : 0;
+  if (s.step_offset != 0)
+    spdlog::info(
+        "async: this node counts its own inner steps on from {}; its workers' AdamW step count goes "
+        "on from {}, its donor's",
+        snap.step, snap.replicas[0].adam_steps);
   // Every inner step drew one batch, so a replica's sampler position counts the tokens it trained on (not
   // for a joiner of a round barrier: its position is the cluster's; an async joiner's is its own).
   const int64_t batch_tokens = s.ctx->inner.batch_size * s.ctx->spec.seq_len;
-  const bool own_positions = !s.ctx->recovery || s.ctx->cfg.diloco.outer == config::outer_policy_kind::async;
+  const bool own_positions = !s.ctx->recovery || versions;
   for (size_t i = 0; i < snap.replicas.size() && i < s.tokens_before.size() && own_positions; ++i)
     s.tokens_before[i] = static_cast<int64_t>(snap.replicas[i].sampler_position) * batch_tokens;
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);

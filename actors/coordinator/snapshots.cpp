@@ -28,6 +28,11 @@ train_snapshot outer_part(const coordinator_state& s, const outer_snapshot& oute
   return snap;
 }
 
+/// A replica's inner steps as this node counts them (coordinator_state::step_offset).
+int64_t own_steps(self_ptr self, const replica_state& r) {
+  return r.adam_steps - self->state.step_offset;
+}
+
 }  // namespace
 
 /// Gathers a consistent snapshot: outer state and every replica, then hands it to `then`. Boundary snapshots
@@ -42,20 +47,21 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
           [=](outer_snapshot& outer) {
             auto assemble = [=](std::vector<replica_state> reps) {
               // The run's step: the policy's, or (adaptive steps, where a node's own count lags) the
-              // schedule's step the workers reported last, else the replicas' count.
+              // schedule's step the workers reported last, else the replicas' count (this node's own).
               auto schedule = self->state.policy->schedule_step();
               if (!schedule && self->state.ctx->cfg.diloco.adaptive_steps)
                 schedule = static_cast<uint64_t>(self->state.last_step);
               train_snapshot snap = outer_part(
-                  self->state, outer, schedule ? static_cast<int64_t>(*schedule) : reps[0].adam_steps);
+                  self->state, outer, schedule ? static_cast<int64_t>(*schedule) : own_steps(self, reps[0]));
               // Replicas that differ (a resumed checkpoint whose counters were altered): no snapshot of them.
               for (const auto& r : reps)
-                if (!schedule && static_cast<uint64_t>(r.adam_steps) != snap.step)
-                  return fail(self, make_error(errc::corrupt_checkpoint,
-                                               fmt::format("worker {} has taken {} inner steps and worker {} "
-                                                           "{}: the state this run resumed from is "
-                                                           "inconsistent; start over with --fresh",
-                                                           r.rank, r.adam_steps, reps[0].rank, snap.step)));
+                if (!schedule && r.adam_steps != reps[0].adam_steps)
+                  return fail(
+                      self, make_error(errc::corrupt_checkpoint,
+                                       fmt::format("worker {} has taken {} inner steps and worker {} "
+                                                   "{}: the state this run resumed from is "
+                                                   "inconsistent; start over with --fresh",
+                                                   r.rank, r.adam_steps, reps[0].rank, reps[0].adam_steps)));
               snap.replicas = std::move(reps);
               self->state.policy->fill_snapshot(snap, outer, boundary);
               then(std::move(snap));
@@ -171,8 +177,9 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
                 .then(
                     [=](replica_state& rep) {
                       const auto schedule = self->state.policy->schedule_step();
-                      train_snapshot snap = outer_part(
-                          self->state, outer, schedule ? static_cast<int64_t>(*schedule) : rep.adam_steps);
+                      train_snapshot snap =
+                          outer_part(self->state, outer,
+                                     schedule ? static_cast<int64_t>(*schedule) : own_steps(self, rep));
                       snap.replicas.push_back(std::move(rep));
                       self->state.policy->fill_snapshot(snap, outer, /*boundary=*/true);
                       // delayed, eager: served once its round's average is there; training goes on.

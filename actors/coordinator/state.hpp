@@ -116,7 +116,10 @@ struct coordinator_state {
   bool holding = false;  // waiting at a boundary for stop_after, or a pin's release
   // Progress and metrics.
   std::map<int64_t, step_agg> steps;
-  int64_t last_step = 0, first_step = 0;
+  int64_t last_step = 0, first_step = 0;  // this node's own inner steps
+  /// Adam's step count (the replicas') less this node's own inner steps: async, a node that rejoined keeps
+  /// its donor's count with its donor's moments (bias correction), but reports and saves its own steps.
+  int64_t step_offset = 0;
   /// Workers that step in the current run_workers call, whose reports make up a step; 0: all of them.
   int64_t reporting_workers = 0;
   clock::time_point t_start;

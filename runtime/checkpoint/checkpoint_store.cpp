@@ -384,6 +384,11 @@ const checkpoint_blob* checkpoint::find(std::string_view name) const {
   return nullptr;
 }
 
+uint32_t checkpoint::theta_crc() const {
+  const auto* theta = find("theta");
+  return theta ? runtime::crc32c(theta->data, theta->size) : 0;
+}
+
 // ---- checkpoint_store
 // -----------------------------------------------------------------------------------------
 
@@ -519,12 +524,9 @@ std::vector<held_round> checkpoint_store::held_rounds(
     try {
       const auto c = load_file(f);
       if (c.round == 0 || (!out.empty() && out.back().round == c.round)) continue;  // the round's first only
-      held_round h{c.round, 0};
-      if (const auto* theta = c.find("theta")) {
-        h.history = runtime::crc32c(theta->data, theta->size);
-        if (const auto* pending = c.find("pending"))
-          h.history = runtime::crc32c(pending->data, pending->size, h.history);
-      }
+      held_round h{c.round, c.theta_crc()};
+      if (const auto* pending = c.find("pending"); pending && c.find("theta"))
+        h.history = runtime::crc32c(pending->data, pending->size, h.history);
       out.push_back(h);
     } catch (const lw_error& e) {
       if (warn)

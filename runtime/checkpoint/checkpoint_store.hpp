@@ -28,12 +28,14 @@ struct checkpoint_blob {
 /// A snapshot of the training state.
 struct checkpoint {
   uint64_t round = 0;  ///< completed outer rounds
-  uint64_t step = 0;   ///< global inner step counter at the time of the snapshot
+  uint64_t step = 0;   ///< this node's inner steps at the time of the snapshot
   std::string meta;    ///< free-form text (e.g. resolved config / key=value lines)
   std::vector<checkpoint_blob> blobs;
 
   /// The first blob called `name`, or nullptr if there is none.
   const checkpoint_blob* find(std::string_view name) const;
+  /// The CRC-32C of the "theta" blob (0: none): the checksum nodes compare theta by.
+  uint32_t theta_crc() const;
 };
 
 /// A round a directory holds a valid checkpoint of, and which training history: the CRC-32C of its first

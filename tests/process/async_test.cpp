@@ -225,7 +225,9 @@ CATCH_TEST_CASE(
   const auto own = runtime::checkpoint_store(out + "/n2/checkpoints", 100).list();
   CATCH_REQUIRE_FALSE(own.empty());
   const int64_t own_position = data_position(own.back());
-  const int64_t own_round = static_cast<int64_t>(runtime::checkpoint_store::load_file(own.back()).round);
+  const auto own_checkpoint = runtime::checkpoint_store::load_file(own.back());
+  const auto own_round = static_cast<int64_t>(own_checkpoint.round);
+  const auto own_step = static_cast<int64_t>(own_checkpoint.step);
   CATCH_REQUIRE(wait_until([&] { return master_removal(out, "n2").first == "lost"; }, 300));
   auto again = spawn({binary(), "node", cluster, "--node", "n2"}, dir + "/n2-again.log");
   // Admitted, then a merge that takes its contribution.
@@ -284,6 +286,30 @@ CATCH_TEST_CASE(
   }
   CATCH_REQUIRE(first_phase.has_value());
   CATCH_CHECK(*first_phase == own_round + 2);
+  // Its inner steps count on from its own too (its donor's Adam count stays with the donor's moments): the
+  // steps after the join go on from its checkpoint's, the loss trace runs 1, 2, ... without a gap or a
+  // repeat, and the end record counts them.
+  joined = false;
+  std::vector<int64_t> steps_after;
+  std::optional<int64_t> end_steps;
+  for (const auto& r : records_of(out + "/n2")) {
+    const std::string kind = r["kind"].GetString();
+    joined = joined || (kind == "version" && r.HasMember("joined"));
+    if (joined && kind == "step") steps_after.push_back(at(r, "step").GetInt64());
+    if (joined && kind == "end") end_steps = at(r, "steps").GetInt64();
+  }
+  CATCH_REQUIRE_FALSE(steps_after.empty());
+  CATCH_CHECK(steps_after.front() == own_step + 1);
+  CATCH_CHECK(end_steps == steps_after.back());
+  const auto trace = read_trace(out + "/n2/loss_trace.tsv");
+  CATCH_REQUIRE_FALSE(trace.empty());
+  for (size_t i = 0; i < trace.size(); ++i) CATCH_CHECK(trace[i].first == static_cast<long>(i) + 1);
+  CATCH_CHECK(trace.back().first == steps_after.back());
+  // The checkpoint of its stop is named by its own step, so a resume goes on from there.
+  const auto stopped_at = runtime::checkpoint_store(out + "/n2/checkpoints", 100).list();
+  CATCH_REQUIRE_FALSE(stopped_at.empty());
+  CATCH_CHECK(static_cast<int64_t>(runtime::checkpoint_store::load_file(stopped_at.back()).step) ==
+              steps_after.back());
   auto crcs = version_crcs(out, {"n0", "n1"});
   for (const auto& [version, set] : version_crcs(out, {"n2"}, /*after_resume=*/true))
     crcs[version].insert(set.begin(), set.end());
