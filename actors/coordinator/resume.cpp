@@ -54,8 +54,8 @@ void install_resume(self_ptr self) {
   s.step_offset = versions && !snap.replicas.empty() ? snap.replicas[0].adam_steps - s.first_step : 0;
   if (s.step_offset != 0)
     spdlog::info(
-        "async: this node counts its own inner steps on from {}; its workers' AdamW step count goes "
-        "on from {}, its donor's",
+        "async: this node counts its own inner steps on from {}; its workers' AdamW step count (a donor's "
+        "since a rejoin) goes on from {}",
         snap.step, snap.replicas[0].adam_steps);
   // Every inner step drew one batch, so a replica's sampler position counts the tokens it trained on (not
   // for a joiner of a round barrier: its position is the cluster's; an async joiner's is its own).
