@@ -97,9 +97,26 @@ void set_aside_from(const checkpoint_store& store, uint64_t from_round, const st
                  pruned.size(), pruned.size() == 1 ? "" : "s", fmt::join(pruned, ", "), store.keep());
 }
 
+}  // namespace
+
+void set_aside_corrupt(const checkpoint_store& store, const std::vector<std::string>& files) {
+  for (const auto& f : files) {
+    try {
+      spdlog::warn("checkpoint: moved {} to {} (it fails its checks; nothing reads it there)",
+                   fs::path(f).filename().string(), store.set_aside_corrupt(f));
+    } catch (const lw_error& e) {
+      spdlog::warn("checkpoint: {} stays where it is: {}", fs::path(f).filename().string(), e.what());
+    }
+  }
+}
+
+namespace {
+
 /// The newest valid checkpoint of at most `max_round` completed rounds (a cluster's agreed round). Newer ones
-/// are another history than the cluster's: the caller sets them aside.
-std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t max_round, int* skipped) {
+/// are another history than the cluster's: the caller sets them aside. Files that fail their checks are added
+/// to `corrupt`; every file skipped is counted in `skipped`.
+std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t max_round, int* skipped,
+                                       std::vector<std::string>* corrupt) {
   const auto files = store.list();
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     try {
@@ -110,6 +127,7 @@ std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t m
     } catch (const lw_error& e) {
       spdlog::warn("checkpoint {} skipped: {}", *it, e.what());
       ++*skipped;
+      if (e.code() == errc::corrupt_checkpoint) corrupt->push_back(*it);
     }
   }
   if (max_round > 0)
@@ -233,7 +251,7 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
   };
   std::optional<checkpoint> latest;
   const auto take = [&](checkpoint& c) {
-    start.resumed_from = store.path_of(c.round, c.step);
+    start.resumed_from = c.source;
     try {
       start.resume = from_checkpoint(std::move(c), shape);
     } catch (const lw_error& e) {
@@ -247,8 +265,11 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
   };
   if (opts.cluster_node) {
     // Its hello announced this round (or version): an older one would not be what the cluster counts on.
-    latest = opts.max_resume_round ? load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints)
-                                   : store.load_latest(warn);
+    std::vector<std::string> corrupt;
+    latest = opts.max_resume_round
+                 ? load_at_most(store, *opts.max_resume_round, &start.corrupt_checkpoints, &corrupt)
+                 : store.load_latest(warn, {}, &corrupt);
+    set_aside_corrupt(store, corrupt);
     if (latest) take(*latest);
     if (opts.max_resume_round)
       set_aside_from(store, *opts.max_resume_round + 1,
@@ -260,15 +281,18 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     struct shape_differs {
       std::string what;
     };
+    const auto accept = [&](checkpoint& c) {
+      if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{std::move(why)};
+      start.resumed_from = c.source;
+      start.resume = from_checkpoint(std::move(c), shape);
+    };
+    std::vector<std::string> corrupt;
     try {
-      latest = store.load_latest(warn, [&](checkpoint& c) {
-        if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{std::move(why)};
-        start.resume = from_checkpoint(std::move(c), shape);
-        start.resumed_from = store.path_of(start.resume->round, start.resume->step);
-      });
+      latest = store.load_latest(warn, accept, &corrupt);
     } catch (const shape_differs& e) {
       throw not_this_run(e.what);
     }
+    set_aside_corrupt(store, corrupt);
   }
   if (!latest && strays) spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
   if (start.resume && shape.data != 0) {

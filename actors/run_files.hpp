@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "actors/training.hpp"
 #include "config/train_config.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/messages/messages.hpp"
 
@@ -32,6 +34,10 @@ struct start_point {
 /// most the agreed round) is the start. Strays in the checkpoint directory are named first.
 start_point find_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
                        const runtime::snapshot_shape& shape);
+
+/// Moves checkpoint files that failed their checks (checkpoint_store::load_latest's `corrupt`) to the store's
+/// corrupt/ folder, a line each: a training start's part, never eval's or export's.
+void set_aside_corrupt(const runtime::checkpoint_store& store, const std::vector<std::string>& files);
 
 /// A node that joined a running cluster starts from the members' state, its replicas copies of the one that
 /// state carries, or from its own checkpoint of the same round. Either way every replica's step count and

@@ -124,17 +124,18 @@ std::vector<runtime::held_round> held_checkpoints(const config::train_config& cf
 
 namespace {
 
-/// The newest checkpoint file of cfg's run that loads (corrupt ones skipped), if any.
+/// The newest checkpoint file of cfg's run that loads, if any; the corrupt ones it passes are set aside.
 std::optional<checkpoint> newest_valid(const config::train_config& cfg) {
-  const auto files = checkpoint_store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep).list();
-  for (auto it = files.rbegin(); it != files.rend(); ++it) {
-    try {
-      return checkpoint_store::load_file(*it);
-    } catch (const lw_error&) {
-      // corrupt: the next older one
-    }
+  const checkpoint_store store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep);
+  std::vector<std::string> corrupt;
+  std::optional<checkpoint> c;
+  try {
+    c = store.load_latest({}, {}, &corrupt);
+  } catch (const lw_error& e) {
+    if (e.code() != errc::corrupt_checkpoint) throw;  // none loads
   }
-  return std::nullopt;
+  set_aside_corrupt(store, corrupt);
+  return c;
 }
 
 }  // namespace

@@ -322,6 +322,7 @@ checkpoint read_checkpoint(const std::string& path) {
                    " must be zero"};
 
   checkpoint c;
+  c.source = path;
   c.round = get_u64(h + 16);
   c.step = get_u64(h + 24);
   const uint64_t payload_len = get_u64(h + 32);
@@ -595,6 +596,18 @@ std::vector<std::string> checkpoint_store::set_aside(uint64_t from_round,
   return moved;
 }
 
+std::string checkpoint_store::set_aside_corrupt(const std::string& path) const {
+  const fs::path folder = fs::path(dir_) / corrupt_dir_name;
+  const std::string name = fs::path(path).filename().string();
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  fs::path to = folder / name;
+  for (int k = 2; !ec && fs::exists(to, ec); ++k) to = folder / (name + "." + std::to_string(k));
+  if (!ec) fs::rename(path, to, ec);
+  if (ec) throw_io("move " + path + " into", folder.string(), ec.value());
+  return to.string();
+}
+
 std::vector<std::string> checkpoint_store::list() const {
   struct entry {
     uint64_t round, step;
@@ -629,7 +642,8 @@ std::vector<stray_file> checkpoint_store::stray_files() const {
     uint64_t round = 0, step = 0;
     std::error_code type_ec;
     if (name == lock_file_name) continue;  // the running process's own (run_lock)
-    if (name == superseded_dir_name && it->is_directory(type_ec)) continue;  // set_aside's
+    if ((name == superseded_dir_name || name == corrupt_dir_name) && it->is_directory(type_ec))
+      continue;  // set_aside's and set_aside_corrupt's
     if (parse_file_name(name, &round, &step)) {
       if (!it->is_regular_file(type_ec))
         out.push_back({it->path().string(), "named like a checkpoint but not a regular file"});
@@ -653,9 +667,9 @@ checkpoint checkpoint_store::load_file(const std::string& path) {
   }
 }
 
-std::optional<checkpoint> checkpoint_store::load_latest(
-    const std::function<void(const std::string&)>& warn,
-    const std::function<void(checkpoint&)>& accept) const {
+std::optional<checkpoint> checkpoint_store::load_latest(const std::function<void(const std::string&)>& warn,
+                                                        const std::function<void(checkpoint&)>& accept,
+                                                        std::vector<std::string>* corrupt) const {
   const auto files = list();
   if (files.empty()) return std::nullopt;
   std::string newest_problem;
@@ -666,6 +680,7 @@ std::optional<checkpoint> checkpoint_store::load_latest(
       c = read_checkpoint(files[i]);
     } catch (const bad_file& e) {
       problem = "is corrupt (" + e.reason + ")";
+      if (corrupt) corrupt->push_back(files[i]);
     } catch (const lw_error& e) {
       if (e.code() != errc::io_error) throw;
       problem = "cannot be read (" + std::string(e.what()) + ")";

@@ -31,6 +31,7 @@ struct checkpoint {
   uint64_t step = 0;   ///< this node's inner steps at the time of the snapshot
   std::string meta;    ///< free-form text (e.g. resolved config / key=value lines)
   std::vector<checkpoint_blob> blobs;
+  std::string source;  ///< the file it was read from (load_file, load_latest); "" for one built to be written
 
   /// The first blob called `name`, or nullptr if there is none.
   const checkpoint_blob* find(std::string_view name) const;
@@ -49,6 +50,8 @@ struct held_round {
 
 /// The folder of a checkpoint directory that set_aside moves states of another history into.
 inline constexpr const char* superseded_dir_name = "superseded";
+/// The folder of a checkpoint directory that set_aside_corrupt moves files that fail their checks into.
+inline constexpr const char* corrupt_dir_name = "corrupt";
 
 /// An entry of a checkpoint directory that is not a checkpoint (checkpoint_store::stray_files).
 struct stray_file {
@@ -84,9 +87,11 @@ class checkpoint_store {
   /// exist but none is valid, rather than silently starting over.
   /// `accept`, when given, sees each valid file's checkpoint newest first and may take its contents (the one
   /// returned is then emptied); a lw_error(corrupt_checkpoint) it throws skips that file the same way ("does
-  /// not fit this run (<reason>)"), and anything else it throws ends the search.
+  /// not fit this run (<reason>)"), and anything else it throws ends the search. `corrupt`, when given,
+  /// receives the files that failed their checks (not those that could not be read or that `accept` refused).
   std::optional<checkpoint> load_latest(const std::function<void(const std::string&)>& warn = {},
-                                        const std::function<void(checkpoint&)>& accept = {}) const;
+                                        const std::function<void(checkpoint&)>& accept = {},
+                                        std::vector<std::string>* corrupt = nullptr) const;
 
   /// Loads and validates one file. Throws lw_error(corrupt_checkpoint, "<path>: <reason>") if it is invalid
   /// and lw_error(io_error) if it cannot be opened or read.
@@ -102,6 +107,11 @@ class checkpoint_store {
   /// to `pruned`. Returns the new paths; throws lw_error(io_error) if a move fails.
   std::vector<std::string> set_aside(uint64_t from_round, std::vector<std::string>* pruned = nullptr) const;
 
+  /// Moves `path`, a file of this directory that failed its checks, to dir/corrupt/<name> (<name>.<k> when
+  /// that is taken): out of the way of every later start, kept for a person to look at; nothing reads it.
+  /// Returns the new path; throws lw_error(io_error) if the move fails.
+  std::string set_aside_corrupt(const std::string& path) const;
+
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores
   /// .tmp files and anything else not named ckpt-<round>-<step>.lwc. A missing directory lists nothing; one
   /// that cannot be read throws lw_error(io_error).
@@ -109,7 +119,8 @@ class checkpoint_store {
 
   /// Entries of the directory that list() leaves out, with the reason: unfinished writes (`.tmp`) and
   /// anything else not named like a checkpoint. The caller says what it found. (Files named like a checkpoint
-  /// that are not one are reported by load_latest, and never counted towards `keep` nor pruned by write.)
+  /// that are not one are reported by load_latest, and never counted towards `keep` nor pruned by write; a
+  /// training start moves them to corrupt/.)
   std::vector<stray_file> stray_files() const;
 
   /// The checkpoint directory.

@@ -313,8 +313,8 @@ CATCH_TEST_CASE("stray files in the checkpoint directory are named, unfinished w
   CATCH_CHECK_FALSE(fs::exists(ckpt + "/ckpt-00000002-0000000010.lwc.tmp"));
   CATCH_CHECK(fs::exists(ckpt + "/notes.txt"));
 
-  // A garbage file named like a newer checkpoint: reported at start, then neither counted towards keep = 3
-  // nor pruned.
+  // A garbage file named like a newer checkpoint: reported at start and moved to corrupt/, where it is kept
+  // and neither counted towards keep = 3 nor read again.
   const auto garbage = ckpt + "/ckpt-00009999-0000099999.lwc";
   write_text(garbage, std::string(4096, 'x'));
   auto [code2, log2] = run(args({binary(), "run", cfg}, {"train.rounds=6"}), dir + "/2.log", 300);
@@ -322,10 +322,12 @@ CATCH_TEST_CASE("stray files in the checkpoint directory are named, unfinished w
   CATCH_CHECK(code2 == 0);
   CATCH_CHECK(log2.find("checkpoint ckpt-00009999-0000099999.lwc is corrupt (bad magic") !=
               std::string::npos);
+  CATCH_CHECK(log2.find("moved ckpt-00009999-0000099999.lwc to " + ckpt +
+                        "/corrupt/ckpt-00009999-0000099999.lwc") != std::string::npos);
   CATCH_CHECK(log2.find("resuming from round 2") != std::string::npos);
-  const auto files = runtime::checkpoint_store(ckpt, 100).list();
-  CATCH_CHECK(files.size() == 4);  // 3 kept + the garbage file
-  CATCH_CHECK(fs::exists(garbage));
+  CATCH_CHECK(runtime::checkpoint_store(ckpt, 100).list().size() == 3);
+  CATCH_CHECK_FALSE(fs::exists(garbage));
+  CATCH_CHECK(fs::file_size(ckpt + "/corrupt/ckpt-00009999-0000099999.lwc") == 4096);
   fs::remove_all(dir);
 }
 

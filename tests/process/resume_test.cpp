@@ -305,6 +305,7 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
   CATCH_CHECK(elog.find("corrupt") != std::string::npos);
   CATCH_CHECK(elog.find("round 3") != std::string::npos);
   CATCH_CHECK(elog.find("val perplexity") != std::string::npos);
+  CATCH_CHECK(fs::exists(files.back()));  // eval reads; only a training start moves a corrupt file aside
   // Continuing the run (more rounds) resumes from round 3 with a clear log line.
   auto [code2, log2] = run({binary(), "run", cfg, "--set", "train.rounds=6"}, dir + "/2.log", 600);
   CATCH_INFO(log2);
@@ -312,6 +313,7 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
   CATCH_CHECK(log2.find("checksum mismatch") != std::string::npos);
   CATCH_CHECK(log2.find("falling back") != std::string::npos);
   CATCH_CHECK(log2.find("resuming from round 3") != std::string::npos);
+  CATCH_CHECK(fs::exists(dir + "/r/checkpoints/corrupt/" + fs::path(files.back()).filename().string()));
   // A truncated checkpoint: detected as well.
   files = checkpoints(dir + "/r/checkpoints");
   fs::resize_file(files.back(), fs::file_size(files.back()) / 3);

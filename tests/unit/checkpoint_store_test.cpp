@@ -299,6 +299,55 @@ CATCH_TEST_CASE("A truncated newest checkpoint is skipped with a warning and the
   CATCH_CHECK(contains(load_error(newest).what(), "shorter than the 48-byte header"));
 }
 
+CATCH_TEST_CASE(
+    "load_latest names the files that fail their checks, and set_aside_corrupt moves them to corrupt/",
+    "[checkpoint]") {
+  temp_dir tmp;
+  checkpoint_store store(tmp.path.string(), 5);
+  const std::string first = store.write(small_checkpoint(1));
+  store.write(small_checkpoint(2));
+  store.write(small_checkpoint(3));
+  const std::string bad = store.write(small_checkpoint(4));
+  fs::resize_file(bad, fs::file_size(bad) - 10);
+
+  // A file `accept` refuses fits another run: it is not named, nor is the one loaded.
+  std::vector<std::string> corrupt;
+  auto latest = store.load_latest(
+      {},
+      [&](checkpoint& c) {
+        if (c.round == 3) throw lw_error(errc::corrupt_checkpoint, "written for 4 workers");
+      },
+      &corrupt);
+  CATCH_REQUIRE(latest.has_value());
+  CATCH_CHECK(latest->round == 2);
+  CATCH_CHECK(latest->source == store.path_of(2, 20));
+  CATCH_CHECK(corrupt == std::vector<std::string>{bad});
+
+  const auto moved = store.set_aside_corrupt(bad);
+  CATCH_CHECK(moved == (tmp.path / "corrupt" / fs::path(bad).filename()).string());
+  CATCH_CHECK(fs::exists(moved));
+  CATCH_CHECK_FALSE(fs::exists(bad));
+  CATCH_CHECK(store.list().size() == 3);
+  CATCH_CHECK(store.stray_files().empty());  // the folder is the store's own
+  // A later file of the same name keeps the first one's copy.
+  write_all(bad, std::vector<char>(64, 'x'));
+  const auto second = store.set_aside_corrupt(bad);
+  CATCH_CHECK(second == moved + ".2");
+  CATCH_CHECK(fs::file_size(second) == 64);
+  CATCH_CHECK(fs::file_size(moved) != 64);
+  // A move that fails says so.
+  const lw_error e = [&] {
+    try {
+      store.set_aside_corrupt(first + ".gone");
+    } catch (const lw_error& err) {
+      return err;
+    }
+    return lw_error(errc::none, "no error");
+  }();
+  CATCH_CHECK(e.code() == errc::io_error);
+  CATCH_CHECK(contains(e.what(), first + ".gone"));
+}
+
 CATCH_TEST_CASE("A single flipped bit in the newest checkpoint is caught by the checksum", "[checkpoint]") {
   temp_dir tmp;
   checkpoint_store store(tmp.path.string(), 5);
