@@ -77,7 +77,15 @@ std::string corpus_path(const config::train_config& cfg) {
                                                   "or set data.path to a text, JSONL or shard directory");
     throw config::config_error("data.path", "data.path = \"" + path + "\": no such file or directory");
   }
+  if (const auto why = not_a_corpus(path); !why.empty())
+    throw config::config_error("data.path", "data.path = \"" + path + "\": " + why);
   return path;
+}
+
+std::string not_a_corpus(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec) || fs::is_directory(path, ec)) return {};
+  return "a device, a pipe or a socket, not a corpus: name a text or JSONL file, or a directory of shards";
 }
 
 models::model_spec model_spec_of(const config::train_config& cfg) {
@@ -184,9 +192,16 @@ models::data::prepared_dataset find_or_prepare_data(const config::train_config& 
       "data: the run's data directory {} does not hold its data ({}); using a private copy in {} and "
       "leaving the run's directory as it is",
       data_dir, why, own);
-  auto data = prepare_data(cfg, corpus, own);
-  prune_eval_copies(fs::path(own).parent_path(), own);
-  return data;
+  std::error_code ec;
+  const bool made = !fs::exists(own, ec);
+  try {
+    auto data = prepare_data(cfg, corpus, own);
+    prune_eval_copies(fs::path(own).parent_path(), own);
+    return data;
+  } catch (...) {
+    if (made) fs::remove_all(own, ec);  // a copy of data that cannot be read would be kept for nothing
+    throw;
+  }
 }
 
 std::shared_ptr<run_context> make_context(const config::train_config& cfg, models::model_spec spec,

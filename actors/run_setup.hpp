@@ -17,6 +17,8 @@ namespace longwave::actors {
 
 /// data.path, or the bundled default corpus; a config_error on data.path when the file is missing.
 std::string corpus_path(const config::train_config& cfg);
+/// "" when `path` (which exists) may be a corpus: a regular file or a directory; else why not.
+std::string not_a_corpus(const std::string& path);
 
 /// `corpus` tokenized as [data] says into data_dir, or found cached there (models::data::prepare_dataset);
 /// its progress lines go to `log`, else to the log at info.

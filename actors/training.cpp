@@ -27,6 +27,7 @@
 #include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
@@ -40,14 +41,8 @@ namespace {
 /// A directory the run writes in, made now: one that cannot be (too long a name, no permission, /proc)
 /// is a config error naming the key that chose it.
 void make_directory(const std::string& key, const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (!ec) return;
-  std::error_code link_ec;
-  if (fs::is_symlink(dir, link_ec) && !fs::exists(dir, link_ec))  // create_directories says "File exists"
-    throw config::config_error(key, key + " = \"" + dir + "\": a symbolic link to " +
-                                        fs::read_symlink(dir, link_ec).string() + ", which does not exist");
-  throw config::config_error(key, key + " = \"" + dir + "\": cannot be created: " + ec.message());
+  if (const auto why = make_directories(dir); !why.empty())
+    throw config::config_error(key, key + " = \"" + dir + "\": " + why);
 }
 
 /// The run's lock on `dir`, the first file it makes there: a directory where none can be made (no
@@ -87,6 +82,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   make_directory("checkpoint.dir", p.ckpt_dir);
   std::optional<run_lock> ckpt_lock;
   if (!fs::equivalent(p.ckpt_dir, p.out_dir)) take_lock(ckpt_lock, "checkpoint.dir", p.ckpt_dir);
+  if (!cfg.data.cache_dir.empty()) make_directory("data.cache_dir", p.data_dir);
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
@@ -234,6 +230,8 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
       std::error_code ec;
       if (!fs::exists(data_override, ec))
         throw config::config_error("--data", "--data " + data_override + ": no such file or directory");
+      if (const auto why = not_a_corpus(data_override); !why.empty())
+        throw config::config_error("--data", "--data " + data_override + ": " + why);
       corpus = data_override;
       const auto meta = parse_meta(c.meta);
       if (const auto it = meta.find("data");

@@ -23,6 +23,7 @@
 #include "models/safetensors.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
@@ -202,6 +203,16 @@ int export_checkpoint(const export_options& o) {
                  o.out_dir.c_str());
     return 2;
   }
+  // Made before the checkpoint is read, so that a place no directory can be made is named as bad input.
+  const bool made = !fs::exists(o.out_dir, ec);
+  if (const auto why = runtime::make_directories(o.out_dir); !why.empty()) {
+    std::fprintf(stderr, "export: --out '%s': %s\n", o.out_dir.c_str(), why.c_str());
+    return 2;
+  }
+  const auto refuse = [&](int code) {
+    if (made) fs::remove(o.out_dir, ec);  // empty: nothing was written
+    return code;
+  };
   exported_model m;
   std::vector<int64_t> ids;
   try {
@@ -209,13 +220,13 @@ int export_checkpoint(const export_options& o) {
     if (!o.logits_for.empty()) ids = parse_ids(o.logits_for, m.spec);
   } catch (const config::config_error& e) {
     std::fprintf(stderr, "export: checkpoint '%s': %s\n", o.checkpoint.c_str(), e.what());
-    return 2;
+    return refuse(2);
   } catch (const lw_error& e) {
     std::fprintf(stderr, "export: %s: %s\n", to_string(e.code()), e.what());
-    return 2;
+    return refuse(2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "export: checkpoint '%s': %s\n", o.checkpoint.c_str(), describe(e).c_str());
-    return 1;
+    return refuse(1);
   }
   std::printf("export: checkpoint round %lu, inner step %lu: model %s, %zu parameters\n", m.round, m.step,
               models::model_label(m.spec).c_str(), m.theta.size());

@@ -60,7 +60,8 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
                       self, make_error(errc::corrupt_checkpoint,
                                        fmt::format("worker {} has taken {} inner steps and worker {} "
                                                    "{}: the state this run resumed from is "
-                                                   "inconsistent; start over with --fresh",
+                                                   "inconsistent (altered by hand?); move that "
+                                                   "checkpoint aside to resume from the one before",
                                                    r.rank, r.adam_steps, reps[0].rank, reps[0].adam_steps)));
               snap.replicas = std::move(reps);
               self->state.policy->fill_snapshot(snap, outer, boundary);

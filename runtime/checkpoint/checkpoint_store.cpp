@@ -692,6 +692,7 @@ std::optional<checkpoint> checkpoint_store::load_latest(const std::function<void
       } catch (const lw_error& e) {
         if (e.code() != errc::corrupt_checkpoint) throw;
         problem = "does not fit this run (" + std::string(e.what()) + ")";
+        if (corrupt) corrupt->push_back(files[i]);
       }
     }
     if (newest_problem.empty()) newest_problem = base_name(files[i]) + " " + problem;

@@ -88,7 +88,7 @@ class checkpoint_store {
   /// `accept`, when given, sees each valid file's checkpoint newest first and may take its contents (the one
   /// returned is then emptied); a lw_error(corrupt_checkpoint) it throws skips that file the same way ("does
   /// not fit this run (<reason>)"), and anything else it throws ends the search. `corrupt`, when given,
-  /// receives the files that failed their checks (not those that could not be read or that `accept` refused).
+  /// receives the files that failed their checks or that `accept` refused (not those that could not be read).
   std::optional<checkpoint> load_latest(const std::function<void(const std::string&)>& warn = {},
                                         const std::function<void(checkpoint&)>& accept = {},
                                         std::vector<std::string>* corrupt = nullptr) const;

@@ -107,6 +107,14 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"",
        "run.out_dir = \"" + dir + "/dangling\": a symbolic link to " + dir + "/gone, which does not exist",
        {"--set", "run.out_dir=" + dir + "/dangling"}},
+      {"",
+       "data.cache_dir = \"" + dir + "/dangling\": a symbolic link to " + dir + "/gone, which does not exist",
+       {"--set", "data.cache_dir=" + dir + "/dangling"}},
+      // A device is no corpus (it was an io_error, exit 1, and --dry-run passed it).
+      {"", "data.path = \"/dev/null\": a device, a pipe or a socket", {"--set", "data.path=/dev/null"}},
+      {"",
+       "data.path = \"/dev/null\": a device, a pipe or a socket",
+       {"--set", "data.path=/dev/null", "--dry-run"}},
   };
   // A directory that exists but takes no file, even root's (sysfs): named by its key, exit 2 (it was an
   // io_error about the lock file, exit 1).

@@ -353,7 +353,11 @@ CATCH_TEST_CASE(
       {{dir + "/corrupt", "--out", dir + "/a_file"}, "is a file"},
       {{dir + "/corrupt", "--out", dir + "/a_file/x/y"}, "cannot be made: '" + dir + "/a_file' is a file"},
       {{dir + "/corrupt", "--out", ""}, "--out is empty"},
+      // A link whose target is gone (it was a filesystem_error, exit 1).
+      {{dir + "/corrupt", "--out", dir + "/dangling"},
+       "--out '" + dir + "/dangling': a symbolic link to " + dir + "/gone, which does not exist"},
   };
+  fs::create_symlink(dir + "/gone", dir + "/dangling");
   int i = 0;
   for (const auto& c : cases) {
     std::vector<std::string> args{binary(), "export"};
@@ -366,6 +370,7 @@ CATCH_TEST_CASE(
     CATCH_CHECK(out.find(c.says) != std::string::npos);
     CATCH_CHECK(!fs::exists(dir + "/out/model.safetensors"));
   }
+  CATCH_CHECK_FALSE(fs::exists(dir + "/out"));  // made before the checkpoint was read, removed when refused
   fs::remove_all(dir);
 }
 

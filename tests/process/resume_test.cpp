@@ -357,7 +357,7 @@ CATCH_TEST_CASE(
     if (b.name == "replica0/counters") b.storage[7] = static_cast<char>(0x80);  // adam_steps < 0
   c.round = 5;
   c.step = 5 * round_steps;
-  checkpoint_store(ckpt, 100).write(c);
+  const auto refused = fs::path(checkpoint_store(ckpt, 100).write(c)).filename().string();
   // Round 3's write fails, as on a full disk: its temporary file's name is a directory, one that the start's
   // removal of unfinished writes leaves (it is not empty).
   const auto blocked = checkpoint_store(ckpt, 100).path_of(3, 3 * round_steps) + ".tmp";
@@ -370,6 +370,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(log2.find("does not fit this run") != std::string::npos);
   CATCH_CHECK(log2.find("resuming from round 2") != std::string::npos);
   CATCH_CHECK(fs::exists(resumed));
+  CATCH_CHECK(fs::exists(ckpt + "/corrupt/" + refused));  // kept for a person, out of every later start's way
   // With the disk mended, the run resumes from it and finishes.
   fs::remove_all(blocked);
   auto [code3, log3] = run(again, dir + "/3.log", 600);
@@ -604,6 +605,18 @@ CATCH_TEST_CASE(
   CATCH_CHECK(wait_exit(halved, 300) == 0);
   CATCH_CHECK(read_text(dir + "/eval-halved.log").find("is not the data the checkpoint's run read") !=
               std::string::npos);
+  // Data that is no text: refused (exit 2), and no private copy is left behind for it.
+  const auto copies_before = std::distance(fs::directory_iterator(copies), fs::directory_iterator());
+  std::string noise(4096, '\0');
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = static_cast<char>((i * 2654435761u) >> 13);
+  write_text(dir + "/noise.bin", noise);
+  for (const std::string& bad : {dir + "/noise.bin", std::string("/dev/null")}) {
+    auto refused =
+        spawn({binary(), "eval", dir + "/alone.lwc", "--data", bad}, dir + "/eval-bad.log", false, moved_env);
+    CATCH_CHECK(wait_exit(refused, 300) == 2);
+    CATCH_INFO(read_text(dir + "/eval-bad.log"));
+    CATCH_CHECK(std::distance(fs::directory_iterator(copies), fs::directory_iterator()) == copies_before);
+  }
   // Its run's out_dir is a file now: the stored config's paths are where the run was, not checked here.
   write_text(dir + "/r", "not a directory any more\n");
   auto [c6, l6] = eval(dir + "/alone.lwc", "eval6");

@@ -306,22 +306,22 @@ CATCH_TEST_CASE(
   checkpoint_store store(tmp.path.string(), 5);
   const std::string first = store.write(small_checkpoint(1));
   store.write(small_checkpoint(2));
-  store.write(small_checkpoint(3));
+  const std::string refused = store.write(small_checkpoint(3));
   const std::string bad = store.write(small_checkpoint(4));
   fs::resize_file(bad, fs::file_size(bad) - 10);
 
-  // A file `accept` refuses fits another run: it is not named, nor is the one loaded.
+  // A file `accept` refuses (it holds what no run writes) is named too; the one loaded is not.
   std::vector<std::string> corrupt;
   auto latest = store.load_latest(
       {},
       [&](checkpoint& c) {
-        if (c.round == 3) throw lw_error(errc::corrupt_checkpoint, "written for 4 workers");
+        if (c.round == 3) throw lw_error(errc::corrupt_checkpoint, "a negative count");
       },
       &corrupt);
   CATCH_REQUIRE(latest.has_value());
   CATCH_CHECK(latest->round == 2);
   CATCH_CHECK(latest->source == store.path_of(2, 20));
-  CATCH_CHECK(corrupt == std::vector<std::string>{bad});
+  CATCH_CHECK(corrupt == std::vector<std::string>{bad, refused});
 
   const auto moved = store.set_aside_corrupt(bad);
   CATCH_CHECK(moved == (tmp.path / "corrupt" / fs::path(bad).filename()).string());
