@@ -15,7 +15,6 @@
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
 #include "runtime/messages/interfaces.hpp"
-#include "runtime/tensor/tensor_checks.hpp"
 
 namespace longwave::actors {
 
@@ -84,26 +83,6 @@ void report(Self* self, const metrics_actor& metrics, const train_snapshot& snap
                  .add("seconds", seconds)
                  .add("bytes", ec ? uint64_t{0} : static_cast<uint64_t>(bytes))
                  .str());
-}
-
-/// The name of the first tensor of the snapshot with NaN or infinite values ("" if none). A diverged state is
-/// never written: it would rotate the good checkpoints out.
-std::string first_non_finite(const train_snapshot& snap) {
-  auto bad = [](const at::Tensor& t) { return !all_finite(t); };
-  if (bad(snap.theta)) return "theta";
-  if (bad(snap.momentum)) return "momentum";
-  if (bad(snap.pending)) return "pending";
-  for (const auto& r : snap.replicas) {
-    const std::string p = "replica" + std::to_string(r.rank) + "/";
-    for (auto [name, t] :
-         {std::pair{"master", &r.master}, std::pair{"exp_avg", &r.exp_avg},
-          std::pair{"exp_avg_sq", &r.exp_avg_sq}, std::pair{"outer_theta", &r.outer_theta},
-          std::pair{"outer_momentum", &r.outer_momentum}, std::pair{"prev_delta", &r.prev_delta}})
-      if (bad(*t)) return p + name;
-  }
-  for (const auto& [label, t] : snap.residuals)
-    if (bad(t)) return "ef/" + std::to_string(label);
-  return "";
 }
 
 checkpointer_actor::behavior_type checkpointer_fun(

@@ -465,15 +465,21 @@ const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const s
         errc::corrupt_checkpoint,
         fmt::format("{}: theta of round {} holds {} values, the model of its config has {} parameters", path,
                     c.round, b->size / sizeof(float), n_params));
+  // No run writes NaN or infinity (the checkpointer refuses a diverged state): such a file was altered.
+  const auto* bytes = static_cast<const char*>(b->data);
+  for (size_t i = 0; i < b->size; i += sizeof(float)) {
+    float x;
+    std::memcpy(&x, bytes + i, sizeof x);  // the blob's bytes need not be float-aligned
+    if (!std::isfinite(x))
+      throw lw_error(errc::corrupt_checkpoint,
+                     fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, c.round));
+  }
   return *b;
 }
 
 void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params) {
   const auto& b = theta_blob(c, path, n_params);
   std::memcpy(out, b.data, b.size);
-  if (!std::all_of(out, out + b.size / sizeof(float), [](float x) { return std::isfinite(x); }))
-    throw lw_error(errc::corrupt_checkpoint,
-                   fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, c.round));
 }
 
 }  // namespace longwave::actors

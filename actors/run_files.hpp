@@ -64,13 +64,13 @@ struct named_checkpoint {
 /// file's config is invalid.
 named_checkpoint load_named_checkpoint(const std::string& path);
 
-/// A checkpoint's theta_global (blob "theta"), checked to hold whole fp32 values, `n_params` of them when it
-/// is positive. Throws lw_error(corrupt_checkpoint) naming `path` and the round.
+/// A checkpoint's theta_global (blob "theta"), checked to hold whole, finite fp32 values, `n_params` of them
+/// when it is positive. Throws lw_error(corrupt_checkpoint) naming `path` and the round.
 const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
                                            int64_t n_params = 0);
 
 /// Copies theta_blob(c, path, n_params)'s values into `out`, which holds that many floats (the blob's bytes
-/// need not be float-aligned); refuses NaN or infinity with lw_error(corrupt_checkpoint).
+/// need not be float-aligned).
 void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params);
 
 /// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it (unless that

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "runtime/errors/errors.hpp"
+#include "runtime/tensor/tensor_checks.hpp"
 
 namespace longwave::runtime {
 
@@ -188,7 +189,27 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
                std::to_string(shape.n_params) + " fp32 values");
     s.residuals.emplace(label, tensor_from(c, b.name, n));
   }
+  if (const auto bad = first_non_finite(s); !bad.empty())
+    mismatch("checkpoint '" + bad + "' holds NaN or infinite values, which no run writes");
   return s;
+}
+
+std::string first_non_finite(const train_snapshot& snap) {
+  auto bad = [](const at::Tensor& t) { return !all_finite(t); };
+  if (bad(snap.theta)) return "theta";
+  if (bad(snap.momentum)) return "momentum";
+  if (bad(snap.pending)) return "pending";
+  for (const auto& r : snap.replicas) {
+    const std::string p = "replica" + std::to_string(r.rank) + "/";
+    for (auto [name, t] :
+         {std::pair{"master", &r.master}, std::pair{"exp_avg", &r.exp_avg},
+          std::pair{"exp_avg_sq", &r.exp_avg_sq}, std::pair{"outer_theta", &r.outer_theta},
+          std::pair{"outer_momentum", &r.outer_momentum}, std::pair{"prev_delta", &r.prev_delta}})
+      if (bad(*t)) return p + name;
+  }
+  for (const auto& [label, t] : snap.residuals)
+    if (bad(t)) return "ef/" + std::to_string(label);
+  return "";
 }
 
 }  // namespace longwave::runtime

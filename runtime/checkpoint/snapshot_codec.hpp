@@ -38,8 +38,12 @@ std::optional<replica_counters> counters_of(const checkpoint& c, int64_t r);
 /// Blobs share the tensors' storage (no copy); the tensors must be contiguous fp32 and not change afterwards.
 checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape);
 /// Throws lw_error(corrupt_checkpoint) naming what does not match (e.g. "written for 4 workers, this run has
-/// 2").
+/// 2"), or a tensor with NaN or infinite values, which no run writes.
 train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape);
+
+/// The name of the snapshot's first tensor with NaN or infinite values ("" if none): a diverged state is
+/// never written, since it would rotate the good checkpoints out.
+std::string first_non_finite(const train_snapshot& snap);
 
 /// What shows that `c` was written by a run of another shape (mode, model, workers, outer step, parameter
 /// count), or "": a checkpoint with such a problem is no damage, and its older neighbours share it.

@@ -314,6 +314,29 @@ CATCH_TEST_CASE("a corrupted newest checkpoint is detected by its checksum and t
   CATCH_CHECK(log2.find("falling back") != std::string::npos);
   CATCH_CHECK(log2.find("resuming from round 3") != std::string::npos);
   CATCH_CHECK(fs::exists(dir + "/r/checkpoints/corrupt/" + fs::path(files.back()).filename().string()));
+  // A newer file whose checksum holds but whose theta is NaN, which no run writes: eval of the directory and
+  // the run fall back to round 6 (the run diverged from it, eval refused it); the run moves it aside.
+  {
+    using longwave::runtime::checkpoint_store;
+    auto c = checkpoint_store::load_file(checkpoints(dir + "/r/checkpoints").back());
+    CATCH_REQUIRE(c.round == 6);
+    for (auto& b : c.blobs)
+      if (b.name == "theta") b.storage[3] = static_cast<char>(0x7f), b.storage[2] = static_cast<char>(0xc0);
+    c.step += c.step / c.round;
+    c.round = 7;
+    const auto nan_file =
+        fs::path(checkpoint_store(dir + "/r/checkpoints", 100).write(c)).filename().string();
+    auto [code6, log6] = run({binary(), "eval", dir + "/r/checkpoints"}, dir + "/6.log", 300);
+    CATCH_INFO(log6);
+    CATCH_CHECK(code6 == 0);
+    CATCH_CHECK(log6.find("holds NaN or infinite values") != std::string::npos);
+    CATCH_CHECK(log6.find("round 6") != std::string::npos);
+    auto [code7, log7] = run({binary(), "run", cfg, "--set", "train.rounds=6"}, dir + "/7.log", 600);
+    CATCH_INFO(log7);
+    CATCH_CHECK(code7 == 0);
+    CATCH_CHECK(log7.find("'theta' holds NaN or infinite values, which no run writes") != std::string::npos);
+    CATCH_CHECK(fs::exists(dir + "/r/checkpoints/corrupt/" + nan_file));
+  }
   // A truncated checkpoint: detected as well.
   files = checkpoints(dir + "/r/checkpoints");
   fs::resize_file(files.back(), fs::file_size(files.back()) / 3);

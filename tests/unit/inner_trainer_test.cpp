@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -268,6 +269,17 @@ CATCH_TEST_CASE("a trainer's state written to a checkpoint file and read back co
     bent.replicas[0].steps_in_round = which == 2 ? -1 : 0;
     CATCH_CHECK_THROWS_WITH(runtime::from_checkpoint(runtime::to_checkpoint(bent, shape), shape),
                             Catch::Matchers::Contains("'replica0/counters' hold a negative count"));
+  }
+  // So are values no run writes (the checkpointer refuses a diverged state), naming the tensor.
+  for (const bool in_theta : {true, false}) {
+    auto bent = snap;
+    bent.theta = snap.theta.clone();
+    bent.replicas[0].exp_avg_sq = r.exp_avg_sq.clone();
+    (in_theta ? bent.theta : bent.replicas[0].exp_avg_sq)[3] = in_theta ? NAN : INFINITY;
+    CATCH_CHECK_THROWS_WITH(
+        runtime::from_checkpoint(runtime::to_checkpoint(bent, shape), shape),
+        Catch::Matchers::Contains(in_theta ? "'theta' holds NaN or infinite values"
+                                           : "'replica0/exp_avg_sq' holds NaN or infinite"));
   }
   auto loaded = runtime::from_checkpoint(*runtime::checkpoint_store(dir.string(), 1).load_latest(), shape);
   const auto& lr = loaded.replicas.at(0);
