@@ -102,8 +102,12 @@ void set_aside_from(const checkpoint_store& store, uint64_t from_round, const st
 void set_aside_corrupt(const checkpoint_store& store, const std::vector<std::string>& files) {
   for (const auto& f : files) {
     try {
-      spdlog::warn("checkpoint: moved {} to {} (it fails its checks; nothing reads it there)",
-                   fs::path(f).filename().string(), store.set_aside_corrupt(f));
+      if (const auto to = store.set_aside_corrupt(f); !to.empty())
+        spdlog::warn("checkpoint: moved {} to {} (it fails its checks; nothing reads it there)",
+                     fs::path(f).filename().string(), to);
+      else
+        spdlog::warn("checkpoint: {} is of another build's format: left where it is",
+                     fs::path(f).filename().string());
     } catch (const lw_error& e) {
       spdlog::warn("checkpoint: {} stays where it is: {}", fs::path(f).filename().string(), e.what());
     }
@@ -250,13 +254,17 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
                                 what, p.ckpt_dir));
   };
   std::optional<checkpoint> latest;
+  // A cluster node's checkpoint: its hello announced that round, so a file it cannot use stops it.
   const auto take = [&](checkpoint& c) {
     start.resumed_from = c.source;
+    if (auto why = shape_problem(c, shape); !why.empty()) throw not_this_run(why);
     try {
       start.resume = from_checkpoint(std::move(c), shape);
     } catch (const lw_error& e) {
       if (e.code() != errc::corrupt_checkpoint) throw;
-      throw not_this_run(e.what());
+      throw lw_error(errc::corrupt_checkpoint,
+                     fmt::format("{}: {}; move that file aside (the node then offers the round before)",
+                                 start.resumed_from, e.what()));
     }
   };
   const auto warn = [&](const std::string& w) {

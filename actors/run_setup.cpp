@@ -199,7 +199,7 @@ models::data::prepared_dataset find_or_prepare_data(const config::train_config& 
     prune_eval_copies(fs::path(own).parent_path(), own);
     return data;
   } catch (...) {
-    if (made) fs::remove_all(own, ec);  // a copy of data that cannot be read would be kept for nothing
+    if (made) models::data::remove_unless_preparing(own);  // a copy of data that cannot be read: for nothing
     throw;
   }
 }

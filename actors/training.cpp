@@ -82,7 +82,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   make_directory("checkpoint.dir", p.ckpt_dir);
   std::optional<run_lock> ckpt_lock;
   if (!fs::equivalent(p.ckpt_dir, p.out_dir)) take_lock(ckpt_lock, "checkpoint.dir", p.ckpt_dir);
-  if (!cfg.data.cache_dir.empty()) make_directory("data.cache_dir", p.data_dir);
+  if (!cfg.data.cache_dir.empty() && !fs::is_directory(corpus)) make_directory("data.cache_dir", p.data_dir);
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
@@ -120,24 +120,25 @@ std::vector<runtime::held_round> held_checkpoints(const config::train_config& cf
 
 namespace {
 
-/// The newest checkpoint file of cfg's run that loads, if any; the corrupt ones it passes are set aside.
-std::optional<checkpoint> newest_valid(const config::train_config& cfg) {
+/// The newest checkpoint file of cfg's run that loads, if any. `set_aside` (only under the run's lock): the
+/// corrupt ones it passes are moved to corrupt/, unless none loads.
+std::optional<checkpoint> newest_valid(const config::train_config& cfg, bool set_aside) {
   const checkpoint_store store(resolve_paths(cfg).ckpt_dir, cfg.checkpoint.keep);
   std::vector<std::string> corrupt;
-  std::optional<checkpoint> c;
   try {
-    c = store.load_latest({}, {}, &corrupt);
+    auto c = store.load_latest({}, {}, &corrupt);
+    if (set_aside) set_aside_corrupt(store, corrupt);
+    return c;
   } catch (const lw_error& e) {
-    if (e.code() != errc::corrupt_checkpoint) throw;  // none loads
+    if (e.code() != errc::corrupt_checkpoint) throw;  // none loads: left as they are
   }
-  set_aside_corrupt(store, corrupt);
-  return c;
+  return std::nullopt;
 }
 
 }  // namespace
 
 own_checkpoint newest_checkpoint(const config::train_config& cfg) {
-  const auto c = newest_valid(cfg);
+  const auto c = newest_valid(cfg, /*set_aside=*/true);
   if (!c) return {};
   own_checkpoint own{c->round, c->theta_crc(), c->step, {}};
   for (int64_t r = 0;; ++r) {
@@ -149,7 +150,7 @@ own_checkpoint newest_checkpoint(const config::train_config& cfg) {
 }
 
 uint64_t latest_checkpoint_version(const config::train_config& cfg) {
-  const auto c = newest_valid(cfg);
+  const auto c = newest_valid(cfg, /*set_aside=*/false);  // before the hello: the run's lock is not taken yet
   return c ? std::strtoull(parse_meta(c->meta)["version"].c_str(), nullptr, 10) : 0;
 }
 

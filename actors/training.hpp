@@ -59,7 +59,8 @@ uint64_t latest_checkpoint_version(const config::train_config& cfg);
 /// last is the newest a resume would take): each file is read and checked, a corrupt one left out with a
 /// warning.
 std::vector<runtime::held_round> held_checkpoints(const config::train_config& cfg);
-/// The newest valid checkpoint in cfg's checkpoint directory and its theta's CRC (round 0: none).
+/// The newest valid checkpoint in cfg's checkpoint directory and its theta's CRC (round 0: none). Called
+/// under the run's lock: the corrupt files it passes are moved to corrupt/.
 own_checkpoint newest_checkpoint(const config::train_config& cfg);
 
 /// The sparse codec's settings of a config's [comm] section (used when comm.dtype = "sparse").

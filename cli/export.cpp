@@ -204,13 +204,17 @@ int export_checkpoint(const export_options& o) {
     return 2;
   }
   // Made before the checkpoint is read, so that a place no directory can be made is named as bad input.
-  const bool made = !fs::exists(o.out_dir, ec);
+  fs::path first_made;  // the outermost directory this makes ("": none)
+  for (fs::path d = fs::path(o.out_dir); !d.empty() && !fs::exists(d, ec) && d != d.parent_path();
+       d = d.parent_path())
+    first_made = d;
   if (const auto why = runtime::make_directories(o.out_dir); !why.empty()) {
     std::fprintf(stderr, "export: --out '%s': %s\n", o.out_dir.c_str(), why.c_str());
     return 2;
   }
-  const auto refuse = [&](int code) {
-    if (made) fs::remove(o.out_dir, ec);  // empty: nothing was written
+  const auto refuse = [&](int code) {  // what this made is empty: nothing was written
+    if (!first_made.empty())
+      for (fs::path d = o.out_dir; fs::remove(d, ec) && d != first_made;) d = d.parent_path();
     return code;
   };
   exported_model m;

@@ -241,6 +241,9 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
     spdlog::error("node {}: {}", me.name, e.what());
     // A corpus that is not text is bad input, as for `longwave run`.
     return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
+  } catch (const config::config_error& e) {  // data.path missing, or a device
+    spdlog::error("node {}: {}", me.name, e.what());
+    return 2;
   }
   return std::nullopt;
 }

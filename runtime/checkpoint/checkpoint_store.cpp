@@ -374,6 +374,14 @@ std::string header_problem(const std::string& path) {
   return "";
 }
 
+// A checkpoint of a format version this build does not read: another build's, no damage.
+bool of_other_build(const std::string& path) {
+  std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rbe"));
+  char h[header_size];
+  return f && std::fread(h, 1, header_size, f.get()) == header_size &&
+         std::memcmp(h, magic, sizeof magic) == 0 && get_u32(h + 8) != format_version;
+}
+
 }  // namespace
 
 // ---- checkpoint
@@ -597,6 +605,7 @@ std::vector<std::string> checkpoint_store::set_aside(uint64_t from_round,
 }
 
 std::string checkpoint_store::set_aside_corrupt(const std::string& path) const {
+  if (of_other_build(path)) return {};
   const fs::path folder = fs::path(dir_) / corrupt_dir_name;
   const std::string name = fs::path(path).filename().string();
   std::error_code ec;

@@ -109,7 +109,8 @@ class checkpoint_store {
 
   /// Moves `path`, a file of this directory that failed its checks, to dir/corrupt/<name> (<name>.<k> when
   /// that is taken): out of the way of every later start, kept for a person to look at; nothing reads it.
-  /// Returns the new path; throws lw_error(io_error) if the move fails.
+  /// Returns the new path, or "" for a file of a format version another build writes (no damage: it stays).
+  /// Throws lw_error(io_error) if the move fails.
   std::string set_aside_corrupt(const std::string& path) const;
 
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores

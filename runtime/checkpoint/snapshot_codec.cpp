@@ -199,6 +199,7 @@ std::string first_non_finite(const train_snapshot& snap) {
   if (bad(snap.theta)) return "theta";
   if (bad(snap.momentum)) return "momentum";
   if (bad(snap.pending)) return "pending";
+  if (bad(snap.dn_buffer)) return "dn_buffer";
   for (const auto& r : snap.replicas) {
     const std::string p = "replica" + std::to_string(r.rank) + "/";
     for (auto [name, t] :

@@ -219,6 +219,13 @@ CATCH_TEST_CASE("a node checks its ring port and tokenizes its corpus before it 
     check_stops_before_hello(dir, cluster, "n0", {"--set", "data.path=" + dir + "/binary.bin"},
                              "is not text");
   }
+  // A config error there (it was std::terminate: exit 134).
+  CATCH_SECTION("a corpus that is missing, or a device") {
+    check_stops_before_hello(dir, cluster, "n0", {"--set", "data.path=" + dir + "/nowhere.txt"},
+                             "no such file or directory");
+    check_stops_before_hello(dir, cluster, "n0", {"--set", "data.path=/dev/null"},
+                             "a device, a pipe or a socket");
+  }
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 

@@ -430,9 +430,11 @@ CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when
   const int64_t first = stop_round(out("n0"));
   CATCH_REQUIRE(first > 0);
   for (const auto& f : runtime::checkpoint_store(out("n1") + "/checkpoints", 100).list()) fs::remove(f);
-  // In their place, garbage named like a checkpoint: offered as no round, then moved to corrupt/.
+  // In their place, garbage named like a checkpoint: offered as no round and not moved to corrupt/ (no file
+  // of the node's is valid), then set aside with the rounds after the cluster's as the node takes the state
+  // it fetched. n0, which resumes from its own, moves the same garbage to corrupt/.
   const std::string garbage = "ckpt-00000099-0000000990.lwc";
-  write_text(out("n1") + "/checkpoints/" + garbage, std::string(4096, 'x'));
+  for (const auto* n : {"n0", "n1"}) write_text(out(n) + "/checkpoints/" + garbage, std::string(4096, 'x'));
   std::filesystem::rename(dir + "/coord.log", dir + "/coord1.log");
   auto [coord, nodes] = start_cluster(dir, file, 2);
   CATCH_REQUIRE(wait_until([&] { return record_count(out("n1"), "recovery") >= 1; }, 300));
@@ -447,8 +449,12 @@ CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when
   CATCH_CHECK(contains(clog, "node n1 holds no checkpoint of round " + r +
                                  " (its newest: none): it fetches the state from n0"));
   CATCH_CHECK(contains(read_text(dir + "/n0.log"), "resuming from round " + r));
-  CATCH_CHECK(contains(read_text(dir + "/n1.log"), "moved " + garbage + " to "));
-  CATCH_CHECK(fs::file_size(out("n1") + "/checkpoints/corrupt/" + garbage) == 4096);
+  CATCH_CHECK(contains(read_text(dir + "/n1.log"), garbage + " is left out of the rounds this node offers"));
+  CATCH_CHECK_FALSE(contains(read_text(dir + "/n1.log"), "moved " + garbage));
+  CATCH_CHECK(contains(read_text(dir + "/n1.log"), "(" + garbage + "): this node starts from the state"));
+  CATCH_CHECK(contains(read_text(dir + "/n0.log"),
+                       "moved " + garbage + " to " + out("n0") + "/checkpoints/corrupt/"));
+  CATCH_CHECK(fs::file_size(out("n0") + "/checkpoints/corrupt/" + garbage) == 4096);
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
   CATCH_CHECK(coord_code == 0);

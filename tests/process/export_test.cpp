@@ -353,6 +353,7 @@ CATCH_TEST_CASE(
       {{dir + "/corrupt", "--out", dir + "/a_file"}, "is a file"},
       {{dir + "/corrupt", "--out", dir + "/a_file/x/y"}, "cannot be made: '" + dir + "/a_file' is a file"},
       {{dir + "/corrupt", "--out", ""}, "--out is empty"},
+      {{dir + "/corrupt", "--out", dir + "/new/deeper/out"}, "corrupt_checkpoint"},
       // A link whose target is gone (it was a filesystem_error, exit 1).
       {{dir + "/corrupt", "--out", dir + "/dangling"},
        "--out '" + dir + "/dangling': a symbolic link to " + dir + "/gone, which does not exist"},
@@ -370,7 +371,9 @@ CATCH_TEST_CASE(
     CATCH_CHECK(out.find(c.says) != std::string::npos);
     CATCH_CHECK(!fs::exists(dir + "/out/model.safetensors"));
   }
-  CATCH_CHECK_FALSE(fs::exists(dir + "/out"));  // made before the checkpoint was read, removed when refused
+  // Made before the checkpoint was read, removed when refused, with the parents that it made.
+  CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
+  CATCH_CHECK_FALSE(fs::exists(dir + "/new"));
   fs::remove_all(dir);
 }
 
