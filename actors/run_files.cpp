@@ -433,6 +433,24 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
     spdlog::warn("the resolved config copy is not written: {}", why);
 }
 
+namespace {
+
+/// theta_blob(c, path), whose values must be finite: no run writes NaN or infinity (the checkpointer refuses
+/// a diverged state), so such a file was altered. Read once per command, here.
+void check_theta_values(const checkpoint& c, const std::string& path) {
+  const auto& blob = theta_blob(c, path);
+  const auto* bytes = static_cast<const char*>(blob.data);
+  for (size_t i = 0; i < blob.size; i += sizeof(float)) {
+    float x;
+    std::memcpy(&x, bytes + i, sizeof x);  // the blob's bytes need not be float-aligned
+    if (!std::isfinite(x))
+      throw lw_error(errc::corrupt_checkpoint,
+                     fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, c.round));
+  }
+}
+
+}  // namespace
+
 named_checkpoint load_named_checkpoint(const std::string& path) {
   if (!fs::exists(path)) throw lw_error(errc::io_error, path + ": no such file or directory");
   if (!fs::is_directory(path)) {
@@ -441,6 +459,7 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
       throw lw_error(errc::io_error,
                      path + ": not a checkpoint file or directory (a FIFO, socket or device)");
     auto c = checkpoint_store::load_file(path);
+    check_theta_values(c, path);
     auto cfg = config_of(c.meta, path);
     return {std::move(c), std::move(cfg)};
   }
@@ -450,7 +469,7 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
   checkpoint_store store(path, 1 << 30);
   auto c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); },
                              [&](checkpoint& each) {
-                               (void)theta_blob(each, "the checkpoint");
+                               check_theta_values(each, "the checkpoint");
                                try {
                                  cfg = config_of(each.meta, "its meta");
                                } catch (const config::config_error& e) {
@@ -473,15 +492,6 @@ const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const s
         errc::corrupt_checkpoint,
         fmt::format("{}: theta of round {} holds {} values, the model of its config has {} parameters", path,
                     c.round, b->size / sizeof(float), n_params));
-  // No run writes NaN or infinity (the checkpointer refuses a diverged state): such a file was altered.
-  const auto* bytes = static_cast<const char*>(b->data);
-  for (size_t i = 0; i < b->size; i += sizeof(float)) {
-    float x;
-    std::memcpy(&x, bytes + i, sizeof x);  // the blob's bytes need not be float-aligned
-    if (!std::isfinite(x))
-      throw lw_error(errc::corrupt_checkpoint,
-                     fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, c.round));
-  }
   return *b;
 }
 

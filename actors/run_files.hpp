@@ -57,15 +57,16 @@ struct named_checkpoint {
   config::train_config cfg;
 };
 
-/// Loads a .lwc file, or the newest valid checkpoint of a directory that holds a config and a theta of whole
-/// fp32 values (a newer one, corrupt or without them, is named with spdlog::warn). Throws lw_error(io_error)
-/// when the path does not exist or the directory holds no checkpoint, lw_error(corrupt_checkpoint) when the
-/// file (in a directory: every file) is invalid or its meta has no config, and config_error when a named
-/// file's config is invalid.
+/// Loads a .lwc file, or the newest valid checkpoint of a directory, that holds a config and a theta of
+/// whole, finite fp32 values (in a directory, a newer one, corrupt or without them, is named with
+/// spdlog::warn). Throws lw_error(io_error) when the path does not exist or the directory holds no
+/// checkpoint, lw_error(corrupt_checkpoint) when the file (in a directory: every file) is invalid, its theta
+/// is not such, or its meta has no config, and config_error when a named file's config is invalid.
 named_checkpoint load_named_checkpoint(const std::string& path);
 
-/// A checkpoint's theta_global (blob "theta"), checked to hold whole, finite fp32 values, `n_params` of them
-/// when it is positive. Throws lw_error(corrupt_checkpoint) naming `path` and the round.
+/// A checkpoint's theta_global (blob "theta"), checked to hold whole fp32 values, `n_params` of them when it
+/// is positive (load_named_checkpoint has checked that they are finite). Throws lw_error(corrupt_checkpoint)
+/// naming `path` and the round.
 const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
                                            int64_t n_params = 0);
 
