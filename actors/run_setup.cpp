@@ -18,6 +18,7 @@
 #include "models/data/window_sampler.hpp"
 #include "models/gpu_info.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
@@ -165,6 +166,18 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
   std::printf("# inner steps per worker: %ld (%ld rounds x H=%ld); tokens per worker: %s\n", steps,
               cfg.train.rounds, cfg.train.inner_steps,
               fits ? std::to_string(tokens).c_str() : "more than 2^63");
+}
+
+void make_run_directory(const std::string& key, const std::string& dir) {
+  if (const auto why = runtime::make_directories(dir); !why.empty())
+    throw config::config_error(key, key + " = \"" + dir + "\": " + why);
+}
+
+void make_data_directory(const config::train_config& cfg, const std::string& corpus,
+                         const std::string& data_dir) {
+  std::error_code ec;
+  if (fs::is_directory(corpus, ec)) return;  // shards, read where they are
+  make_run_directory(cfg.data.cache_dir.empty() ? "run.out_dir" : "data.cache_dir", data_dir);
 }
 
 models::data::prepared_dataset prepare_data(const config::train_config& cfg, const std::string& corpus,

@@ -20,6 +20,14 @@ std::string corpus_path(const config::train_config& cfg);
 /// "" when `path` (which exists) may be a corpus: a regular file or a directory; else why not.
 std::string not_a_corpus(const std::string& path);
 
+/// A directory the run writes in, made now: one that cannot be (too long a name, no permission, a dangling
+/// link or a file on the way) is a config error naming the key that chose it.
+void make_run_directory(const std::string& key, const std::string& dir);
+/// The directory `corpus` is tokenized into (unless it is a directory of shards), made now: a config error
+/// names data.cache_dir, or run.out_dir when the data goes under it.
+void make_data_directory(const config::train_config& cfg, const std::string& corpus,
+                         const std::string& data_dir);
+
 /// `corpus` tokenized as [data] says into data_dir, or found cached there (models::data::prepare_dataset);
 /// its progress lines go to `log`, else to the log at info.
 models::data::prepared_dataset prepare_data(const config::train_config& cfg, const std::string& corpus,

@@ -27,7 +27,6 @@
 #include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/errors/errors.hpp"
-#include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
@@ -37,13 +36,6 @@ namespace longwave::actors {
 using namespace longwave::runtime;
 
 namespace {
-
-/// A directory the run writes in, made now: one that cannot be (too long a name, no permission, /proc)
-/// is a config error naming the key that chose it.
-void make_directory(const std::string& key, const std::string& dir) {
-  if (const auto why = make_directories(dir); !why.empty())
-    throw config::config_error(key, key + " = \"" + dir + "\": " + why);
-}
 
 /// The run's lock on `dir`, the first file it makes there: a directory where none can be made (no
 /// permission, read-only, /sys) is a config error naming the key that chose it.
@@ -74,15 +66,15 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
     print_dry_run(cfg, spec, devices);
     return 0;
   }
-  make_directory("run.out_dir", p.out_dir);
+  make_run_directory("run.out_dir", p.out_dir);
   std::optional<run_lock> lock;  // one run per out_dir, until this process ends
   take_lock(lock, "run.out_dir", p.out_dir);
   // And per checkpoint directory: two runs sharing one would resume from, rotate away and overwrite each
   // other's checkpoints.
-  make_directory("checkpoint.dir", p.ckpt_dir);
+  make_run_directory("checkpoint.dir", p.ckpt_dir);
   std::optional<run_lock> ckpt_lock;
   if (!fs::equivalent(p.ckpt_dir, p.out_dir)) take_lock(ckpt_lock, "checkpoint.dir", p.ckpt_dir);
-  if (!cfg.data.cache_dir.empty() && !fs::is_directory(corpus)) make_directory("data.cache_dir", p.data_dir);
+  make_data_directory(cfg, corpus, p.data_dir);
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);

@@ -185,25 +185,14 @@ int export_checkpoint(const export_options& o) {
     std::fprintf(stderr, "export: --out is empty: name the output directory\n");
     return 2;
   }
-  if (fs::exists(o.out_dir, ec) && !fs::is_directory(o.out_dir, ec)) {
-    std::fprintf(stderr, "export: --out '%s' is a file, not a directory\n", o.out_dir.c_str());
-    return 2;
-  }
-  // A file on the way to a directory still to be made is named before the checkpoint is read.
-  fs::path up = fs::path(o.out_dir).parent_path();
-  while (!up.empty() && !fs::exists(up, ec) && up != up.parent_path()) up = up.parent_path();
-  if (!up.empty() && fs::exists(up, ec) && !fs::is_directory(up, ec)) {
-    std::fprintf(stderr, "export: --out '%s' cannot be made: '%s' is a file\n", o.out_dir.c_str(),
-                 up.c_str());
-    return 2;
-  }
   if (fs::is_directory(o.out_dir, ec) && !fs::is_empty(o.out_dir, ec) && !o.force) {
     std::fprintf(stderr,
                  "export: --out '%s' is not empty (an earlier export?); use --force to overwrite its files\n",
                  o.out_dir.c_str());
     return 2;
   }
-  // Made before the checkpoint is read, so that a place no directory can be made is named as bad input.
+  // Made before the checkpoint is read, so that a place no directory can be made (a file or a dangling link
+  // on the way) is named as bad input.
   fs::path first_made;  // the outermost directory this makes ("": none)
   for (fs::path d = fs::path(o.out_dir); !d.empty() && !fs::exists(d, ec) && d != d.parent_path();
        d = d.parent_path())

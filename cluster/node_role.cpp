@@ -189,11 +189,14 @@ void check_ring_endpoint(const config::cluster_node& me) {
 /// after the welcome the members would wait for it, and the coordinator takes a node that has not sent its
 /// first heartbeat within join_timeout_s as lost. Throws as prepare_dataset does.
 void prepare_data(const config::train_config& cfg) {
-  actors::prepare_data(cfg, actors::corpus_path(cfg), actors::resolve_paths(cfg).data_dir,
-                       [](const std::string& line) {
-                         // The run says which shards it uses as it starts.
-                         if (line.rfind("data: using", 0) != 0) spdlog::info("{}", line);
-                       });
+  const auto p = actors::resolve_paths(cfg);
+  const auto corpus = actors::corpus_path(cfg);
+  actors::make_run_directory("run.out_dir", p.out_dir);
+  actors::make_data_directory(cfg, corpus, p.data_dir);
+  actors::prepare_data(cfg, corpus, p.data_dir, [](const std::string& line) {
+    // The run says which shards it uses as it starts.
+    if (line.rfind("data: using", 0) != 0) spdlog::info("{}", line);
+  });
 }
 
 /// LONGWAVE_FAULT_SLOW_START_S (tests): the seconds this node's start-up after its welcome takes more, as a

@@ -350,13 +350,15 @@ CATCH_TEST_CASE(
       {{dir + "/empty"}, "no checkpoint in this directory"},
       {{dir + "/ckpt-00000001-0000000004.lwc"}, "corrupt_checkpoint"},
       {{dir + "/corrupt"}, "corrupt_checkpoint"},
-      {{dir + "/corrupt", "--out", dir + "/a_file"}, "is a file"},
-      {{dir + "/corrupt", "--out", dir + "/a_file/x/y"}, "cannot be made: '" + dir + "/a_file' is a file"},
+      {{dir + "/corrupt", "--out", dir + "/a_file"}, "a_file': a file, not a directory"},
+      {{dir + "/corrupt", "--out", dir + "/a_file/x/y"}, "y': " + dir + "/a_file is a file, not a directory"},
       {{dir + "/corrupt", "--out", ""}, "--out is empty"},
       {{dir + "/corrupt", "--out", dir + "/new/deeper/out"}, "corrupt_checkpoint"},
       // A link whose target is gone (it was a filesystem_error, exit 1).
       {{dir + "/corrupt", "--out", dir + "/dangling"},
        "--out '" + dir + "/dangling': a symbolic link to " + dir + "/gone, which does not exist"},
+      {{dir + "/corrupt", "--out", dir + "/dangling/x"},
+       "x': " + dir + "/dangling is a symbolic link to " + dir + "/gone, which does not exist"},
   };
   fs::create_symlink(dir + "/gone", dir + "/dangling");
   int i = 0;
