@@ -359,27 +359,25 @@ checkpoint read_checkpoint(const std::string& path) {
 
 // Why a file named like a checkpoint cannot be one, from its header and size alone ("" if it may be). Cheap
 // enough to run on every prune; the CRC is checked only when a file is loaded.
-std::string header_problem(const std::string& path) {
+struct header_check {
+  std::string problem;
+  bool other_build = false;  // a format version this build does not read: another build's, no damage
+};
+
+header_check check_header(const std::string& path) {
   std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rbe"));
-  if (!f) return "cannot be opened: " + std::string(std::strerror(errno));
+  if (!f) return {"cannot be opened: " + std::string(std::strerror(errno))};
   struct stat st {};
-  if (::fstat(::fileno(f.get()), &st) != 0) return "cannot be read: " + std::string(std::strerror(errno));
+  if (::fstat(::fileno(f.get()), &st) != 0) return {"cannot be read: " + std::string(std::strerror(errno))};
   char h[header_size];
   if (static_cast<uint64_t>(st.st_size) < header_size ||
       std::fread(h, 1, header_size, f.get()) != header_size)
-    return "shorter than a checkpoint header";
-  if (std::memcmp(h, magic, sizeof magic) != 0) return "not a Longwave checkpoint (bad magic)";
-  if (get_u32(h + 8) != format_version) return "unsupported format version " + std::to_string(get_u32(h + 8));
-  if (get_u64(h + 32) != static_cast<uint64_t>(st.st_size) - header_size) return "truncated or padded";
-  return "";
-}
-
-// A checkpoint of a format version this build does not read: another build's, no damage.
-bool of_other_build(const std::string& path) {
-  std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rbe"));
-  char h[header_size];
-  return f && std::fread(h, 1, header_size, f.get()) == header_size &&
-         std::memcmp(h, magic, sizeof magic) == 0 && get_u32(h + 8) != format_version;
+    return {"shorter than a checkpoint header"};
+  if (std::memcmp(h, magic, sizeof magic) != 0) return {"not a Longwave checkpoint (bad magic)"};
+  if (get_u32(h + 8) != format_version)
+    return {"unsupported format version " + std::to_string(get_u32(h + 8)), true};
+  if (get_u64(h + 32) != static_cast<uint64_t>(st.st_size) - header_size) return {"truncated or padded"};
+  return {};
 }
 
 }  // namespace
@@ -505,7 +503,7 @@ void checkpoint_store::prune(const std::string& spare) const {
   if (named.size() <= keep) return;  // the usual case: no header read on a write's path
   std::vector<std::string> files;
   for (auto& f : named)
-    if (base_name(f) == base_name(spare) || header_problem(f).empty()) files.push_back(std::move(f));
+    if (base_name(f) == base_name(spare) || check_header(f).problem.empty()) files.push_back(std::move(f));
   size_t excess = files.size() > keep ? files.size() - keep : 0;
   // Before a write, without a file the run stands on, the newest checkpoint that loads stays whatever its
   // age: a newer one whose body is corrupt must not outlive the last good one if the write then fails.
@@ -605,7 +603,7 @@ std::vector<std::string> checkpoint_store::set_aside(uint64_t from_round,
 }
 
 std::string checkpoint_store::set_aside_corrupt(const std::string& path) const {
-  if (of_other_build(path)) return {};
+  if (check_header(path).other_build) return {};
   const fs::path folder = fs::path(dir_) / corrupt_dir_name;
   const std::string name = fs::path(path).filename().string();
   std::error_code ec;
