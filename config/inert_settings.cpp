@@ -18,6 +18,9 @@ struct condition {
   std::string (*needs)(const train_config&);
 };
 
+bool diloco_mode(const train_config& c) {
+  return c.run.mode == run_mode::diloco;
+}
 bool streaming(const train_config& c) {
   return c.diloco.outer == outer_policy_kind::streaming;
 }
@@ -34,6 +37,9 @@ bool adaptive(const train_config& c) {
 std::string outer_is(const train_config& c, const char* wanted) {
   return fmt::format("diloco.outer = \"{}\" (this run's is \"{}\")", wanted, to_string(c.diloco.outer));
 }
+std::string needs_diloco_mode(const train_config& c) {
+  return fmt::format("run.mode = \"diloco\" (this run's is \"{}\")", to_string(c.run.mode));
+}
 std::string needs_streaming(const train_config& c) {
   return outer_is(c, "streaming");
 }
@@ -49,12 +55,23 @@ std::string needs_adaptive(const train_config&) {
   return "diloco.adaptive_steps = true";
 }
 
-// The more particular rule first: a key takes the first that names it.
+// A key is named by the first rule it fails, so the broader rule comes first: single and ddp have no outer
+// step. A rule without a test exempts its key: the loader refuses diloco.outer and adaptive_steps other than
+// off outside run.mode = "diloco" (and [federated] outside sync DiLoCo), so a config may have to set them.
 constexpr condition conditions[] = {
-    {"diloco.fragments", streaming, needs_streaming}, {"diloco.fragment_pattern", streaming, needs_streaming},
-    {"diloco.tau", streaming, needs_streaming},       {"diloco.alpha", streaming, needs_streaming},
-    {"diloco.min_steps", adaptive, needs_adaptive},   {"async.cgad_alpha", cgad, needs_cgad},
-    {"async.cgad_cutoff", cgad, needs_cgad},          {"async.", async, needs_async},
+    {"diloco.outer", nullptr, nullptr},
+    {"diloco.adaptive_steps", nullptr, nullptr},
+    {"outer.", diloco_mode, needs_diloco_mode},
+    {"diloco.", diloco_mode, needs_diloco_mode},
+    {"async.", diloco_mode, needs_diloco_mode},
+    {"diloco.fragments", streaming, needs_streaming},
+    {"diloco.fragment_pattern", streaming, needs_streaming},
+    {"diloco.tau", streaming, needs_streaming},
+    {"diloco.alpha", streaming, needs_streaming},
+    {"diloco.min_steps", adaptive, needs_adaptive},
+    {"async.cgad_alpha", cgad, needs_cgad},
+    {"async.cgad_cutoff", cgad, needs_cgad},
+    {"async.", async, needs_async},
 };
 
 }  // namespace
@@ -73,17 +90,25 @@ std::set<std::string> keys_set(std::string_view toml_text, const std::vector<std
   return keys;
 }
 
-std::vector<std::string> inert_settings(const train_config& cfg, const std::set<std::string>& set) {
-  std::vector<std::string> lines;
+std::vector<inert_setting> inert_keys(const train_config& cfg, const std::set<std::string>& set) {
+  std::vector<inert_setting> out;
   for (const auto& key : set)
     for (const auto& c : conditions) {
       const bool section = c.key.back() == '.';
       if (section ? key.rfind(c.key, 0) != 0 : key != c.key) continue;
-      if (!c.applies(cfg))
-        lines.push_back(
-            fmt::format("{} is set, but it applies only with {}: it has no effect", key, c.needs(cfg)));
-      break;
+      if (!c.applies) break;
+      if (!c.applies(cfg)) {
+        out.push_back({key, fmt::format("{} is set, but it applies only with {}: it has no effect", key,
+                                        c.needs(cfg))});
+        break;
+      }
     }
+  return out;
+}
+
+std::vector<std::string> inert_settings(const train_config& cfg, const std::set<std::string>& set) {
+  std::vector<std::string> lines;
+  for (auto& i : inert_keys(cfg, set)) lines.push_back(std::move(i.line));
   return lines;
 }
 

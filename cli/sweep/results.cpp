@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
+#include <string_view>
 
 #include "cli/report/records.hpp"
 #include "cli/report/summary.hpp"
@@ -119,7 +122,7 @@ void read_run(const std::string& run_dir, point_result& r) {
 }
 
 std::string config_fingerprint(const sweep_point& p) {
-  return fmt::format("{:016x}", config::cluster_id_of(config::to_toml(p.cfg)));  // FNV-1a of the config
+  return fmt::format("{:016x}", config::cluster_id_of(training_identity(p.cfg)));  // FNV-1a of the config
 }
 
 void write_point_record(const sweep_point& p, const point_result& r) {
@@ -149,7 +152,9 @@ point_result recorded(const sweep_point& p) {
   // The resolved config is the point's identity: settings written otherwise (1e-3 for 0.001, a [sweep] set
   // of a value the base holds) make the same run; "overrides" stays in point.json for a person to read.
   const auto* fp = runtime::find_member(doc, "config");
-  if (!fp || !fp->IsString() || fp->GetString() != config_fingerprint(p)) {
+  // Records before 2026-12 hashed the whole config, the point's directories as written included.
+  const std::string legacy = fmt::format("{:016x}", config::cluster_id_of(config::to_toml(p.cfg)));
+  if (!fp || !fp->IsString() || (fp->GetString() != config_fingerprint(p) && fp->GetString() != legacy)) {
     r.status = "stale";  // run with other settings (or another base config) in this folder
     return r;
   }
@@ -159,7 +164,7 @@ point_result recorded(const sweep_point& p) {
   return r;
 }
 
-std::string write_results(const sweep_spec& s, const std::vector<point_result>& results) {
+std::vector<std::string> write_results(const sweep_spec& s, const std::vector<point_result>& results) {
   std::string csv = "id";
   for (const auto& k : s.keys) csv += "," + csv_field(k);
   csv += ",seed,status,exit_code,val_loss,val_ppl,tokens,wall_s,bytes_sent,utilization,params,steps,log\n";
@@ -197,8 +202,45 @@ std::string write_results(const sweep_spec& s, const std::vector<point_result>& 
     jsonl += std::string(buf.GetString()) + "\n";
   }
   const fs::path dir(s.out_dir);
-  if (auto e = write_atomically((dir / "results.csv").string(), csv); !e.empty()) return e;
-  return write_atomically((dir / "results.jsonl").string(), jsonl);
+  std::vector<std::string> failed;  // each file is written whatever became of the other
+  for (const auto& [name, text] : {std::pair{"results.csv", &csv}, std::pair{"results.jsonl", &jsonl}})
+    if (auto e = write_atomically((dir / name).string(), *text); !e.empty()) failed.push_back(std::move(e));
+  return failed;
+}
+
+std::string set_aside(const sweep_spec& s, const sweep_point& p) {
+  const fs::path folder = fs::path(s.out_dir) / "superseded";
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  fs::path to = folder / p.id;
+  for (int k = 2; !ec && fs::exists(to, ec); ++k) to = folder / (p.id + "." + std::to_string(k));
+  if (!ec) fs::rename(p.out_dir, to, ec);
+  return ec ? "" : to.string();
+}
+
+std::map<std::string, std::string> unclaimed_runs(const sweep_spec& s) {
+  std::set<std::string> claimed;
+  for (const auto& p : s.points) claimed.insert(p.id);
+  std::map<std::string, std::pair<std::string, bool>> found;  // hash -> (folder, done)
+  for (const std::string sub : {"points", "superseded"}) {
+    std::error_code ec;
+    for (fs::directory_iterator it(fs::path(s.out_dir) / sub, ec), end; !ec && it != end; it.increment(ec)) {
+      if (!it->is_directory(ec) || (sub == "points" && claimed.count(it->path().filename().string())))
+        continue;
+      rapidjson::Document doc;
+      const std::string text = slurp(it->path() / "point.json");
+      if (text.empty() || runtime::parse_json(text, doc) || !doc.IsObject()) continue;
+      const auto* fp = runtime::find_member(doc, "config");
+      const auto* status = runtime::find_member(doc, "status");
+      if (!fp || !fp->IsString() || !status || !status->IsString()) continue;
+      const bool done = std::string_view(status->GetString()) == "done";
+      auto [at, fresh] = found.emplace(fp->GetString(), std::pair{it->path().string(), done});
+      if (!fresh && done && !at->second.second) at->second = {it->path().string(), done};
+    }
+  }
+  std::map<std::string, std::string> out;
+  for (auto& [hash, where] : found) out.emplace(hash, std::move(where.first));
+  return out;
 }
 
 }  // namespace longwave::cli::sweep

@@ -3,6 +3,7 @@
 // per point in out_dir/results.csv and results.jsonl, and the per-point record that lets a resumed sweep
 // skip the points that finished.
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,7 +41,8 @@ void read_run(const std::string& run_dir, point_result& r);
 /// out_dir/points/<id>/point.json: written when the point's run ends (status, exit code, the overrides it
 /// ran with).
 void write_point_record(const sweep_point& p, const point_result& r);
-/// A hash of the point's resolved config (its settings and the base config's text as loaded).
+/// A hash of the point's resolved config (its settings and the base config's text as loaded), its name and
+/// directories left out (training_identity).
 std::string config_fingerprint(const sweep_point& p);
 
 /// What an earlier invocation recorded for p: status ("done", "failed", "interrupted") and exit code; status
@@ -50,8 +52,17 @@ point_result recorded(const sweep_point& p);
 
 /// Writes out_dir/results.csv and out_dir/results.jsonl, each through a temporary file renamed over the
 /// old one: id, every swept key, seed, status, exit code, final val loss and perplexity, tokens, wall
-/// seconds, bytes sent, utilization, parameters, steps, log. Returns "" or what failed.
-std::string write_results(const sweep_spec& s, const std::vector<point_result>& results);
+/// seconds, bytes sent, utilization, parameters, steps, log. Returns what failed, a line per file.
+std::vector<std::string> write_results(const sweep_spec& s, const std::vector<point_result>& results);
+
+/// Moves p's folder to out_dir/superseded/<id> (<id>.2, ... when taken): a run of other settings, kept.
+/// Returns where it went, "" when it could not be moved.
+std::string set_aside(const sweep_spec& s, const sweep_point& p);
+
+/// The runs in out_dir that no point of s names (points/<another id>, superseded/*), by the config hash of
+/// their point.json (a finished one first): a point whose id changed (repeats raised, a key added at its
+/// base value) or whose settings came back takes its run from there.
+std::map<std::string, std::string> unclaimed_runs(const sweep_spec& s);
 
 using runtime::write_atomically;
 

@@ -212,7 +212,7 @@ struct sweep_run {
       say("warning: {}", e);
       ++failed;
     };
-    check(write_results(s, results));
+    for (const auto& e : write_results(s, results)) check(e);
     if (s.fit.enabled) check(write_atomically((fs::path(s.out_dir) / "fit.json").string(), fits_json(fits)));
     check(write_atomically((fs::path(s.out_dir) / "sweep.html").string(), sweep_page(s, results, fits)));
     return failed;
@@ -223,6 +223,50 @@ struct sweep_run {
   bool starts_over(const sweep_point& p) const {
     return o.fresh || results[p.index].status == "stale" ||
            (results[p.index].status == "pending" && has_checkpoints(p));
+  }
+
+  /// Before anything runs (the out_dir locked): a folder that holds a run of other settings, or one the sweep
+  /// has no record of, moves to superseded/ (kept, not replaced); a point without a folder takes back a run
+  /// of its settings found under another id or in superseded/. With `apply` false only counts what would.
+  size_t tidy_folders(bool apply) {
+    auto unclaimed = unclaimed_runs(s);
+    std::vector<const sweep_point*> left;
+    size_t taken = 0;
+    for (const auto* p : to_run) {
+      auto& r = results[p->index];
+      std::error_code ec;
+      if (apply && !o.fresh && starts_over(*p)) {
+        const auto to = set_aside(s, *p);
+        if (!to.empty()) {
+          say("{}: its folder held a run of other settings or without a record; moved to {}", point_name(*p),
+              to);
+          r = point_result{};
+        }
+      }
+      const auto it = unclaimed.find(config_fingerprint(*p));
+      if (o.fresh || r.status != "pending" || fs::exists(p->out_dir, ec) || it == unclaimed.end()) {
+        left.push_back(p);
+        continue;
+      }
+      ++taken;
+      if (!apply) continue;
+      fs::create_directories(fs::path(p->out_dir).parent_path(), ec);
+      fs::rename(it->second, p->out_dir, ec);
+      if (ec) {
+        left.push_back(p);
+        continue;
+      }
+      say("{}: takes back the run of the same settings in {}", point_name(*p), it->second);
+      unclaimed.erase(it);
+      r = recorded(*p);
+      r.log = (fs::path(p->out_dir) / "log.txt").string();
+      if (r.status == "done")
+        read_run(p->out_dir, r);
+      else
+        left.push_back(p);
+    }
+    if (apply) to_run = std::move(left);
+    return taken;
   }
 
   bool can_start(const sweep_point& p) const {
@@ -341,8 +385,9 @@ void print_plan(const sweep_spec& s, const sweep_run& run) {
                                   [&](const sweep_point* p) { return !run.o.fresh && run.starts_over(*p); });
   if (over > 0)
     say("{} of them start over: their folders hold runs of other settings, another base config or no record "
-        "of this sweep, whose checkpoints and metrics are replaced",
-        over);
+        "of this sweep, which move to {}/superseded/",
+        over, s.out_dir);
+  for (const auto& w : s.warnings) say("warning: {}", w);
   say("{}", run.plan.text);
 }
 
@@ -416,6 +461,10 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
   run.plan = plan_parallel(s.parallel, usable_cores(), run.to_run);
   if (o.dry_run) {
     print_plan(s, run);
+    if (const size_t taken = run.tidy_folders(false))
+      say("{} of them take back a run of the same settings found under another id (moved when the sweep "
+          "runs)",
+          taken);
     for (const auto& p : s.points)
       fmt::print("  {:>3}/{} {} [{}]\n", p.index + 1, s.points.size(), p.id,
                  p.label(s.has_repeats).empty() ? "base config" : p.label(s.has_repeats));
@@ -446,6 +495,8 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     close(lock);
     return unwritten == 0 ? 0 : 1;
   }
+  run.tidy_folders(true);
+  run.plan = plan_parallel(s.parallel, usable_cores(), run.to_run);
   print_plan(s, run);
   g_signals = 0;
   struct sigaction sa {};

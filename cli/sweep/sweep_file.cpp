@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "config/config_loader.hpp"
+#include "config/inert_settings.hpp"
 #include "config/schema.hpp"
 #include "config/toml_types.hpp"
 
@@ -88,6 +89,14 @@ std::optional<setting> to_setting(const std::string& key, const toml::node& n) {
 
 std::string type_of(const toml::node& n) {
   return config::toml_type_name(n.type());
+}
+
+/// The key of a --set override "section.key=value", blanks trimmed.
+std::string override_key(const std::string& ov) {
+  std::string key = ov.substr(0, ov.find('='));
+  key.erase(0, key.find_first_not_of(" \t"));
+  key.erase(key.find_last_not_of(" \t") + 1);
+  return key;
 }
 
 /// 8 hex digits of FNV-1a: a short, stable tag for ids that must be told apart.
@@ -170,6 +179,9 @@ void read_sweep_table(const reader& r, const toml::table& t, sweep_spec& s, std:
       for (const auto& x : *a) {
         const auto* v = x.as_string();
         if (!v) r.fail(entry, "must be a list of \"section.key=value\" strings, like --set");
+        for (const auto& earlier : s.set)
+          if (override_key(earlier) == override_key(v->get()))
+            r.fail(entry, fmt::format("\"{}\" is set twice; give it once", override_key(earlier)));
         s.set.push_back(v->get());
       }
     } else {
@@ -220,6 +232,9 @@ std::vector<std::pair<std::string, std::vector<setting>>> read_grid(const reader
   for (const auto& e : flat_in_file_order(t)) {
     const std::string entry = fmt::format("grid \"{}\"", e.key);
     check_sweepable(r, entry, e.key, seeded);
+    for (const auto& g : grid)
+      if (g.first == e.key)
+        r.fail(entry, "given twice (a quoted and a dotted key, or a [grid.section]); give it once");
     const auto* a = e.node->as_array();
     if (!a) r.fail(entry, fmt::format("expected a list of values, e.g. [10, 20], got {}", type_of(*e.node)));
     if (a->empty()) r.fail(entry, "empty list: give at least one value");
@@ -236,6 +251,13 @@ std::vector<std::pair<std::string, std::vector<setting>>> read_grid(const reader
     grid.emplace_back(e.key, std::move(values));
   }
   return grid;
+}
+
+/// "3 x 4 x 2": the grid's value counts, key by key ("1" without a grid).
+std::string grid_sizes(const std::vector<std::pair<std::string, std::vector<setting>>>& grid) {
+  std::string out;
+  for (const auto& g : grid) out += (out.empty() ? "" : " x ") + std::to_string(g.second.size());
+  return out.empty() ? "1" : out;
 }
 
 /// [[points]]
@@ -257,6 +279,8 @@ std::vector<point_entry> read_points(const reader& r, const toml::node& n, bool 
         continue;
       }
       check_sweepable(r, entry, e.key, seeded);
+      for (const auto& st : p.settings)
+        if (st.key == e.key) r.fail(entry, "given twice (a quoted and a dotted key); give it once");
       auto s = to_setting(e.key, *e.node);
       if (!s)
         r.fail(entry,
@@ -315,13 +339,9 @@ config::train_config build_config(const reader& r, const std::string& base_text,
   } catch (const config::config_error& e) {
     for (const auto& o : origins)
       if (o.key == e.key()) r.fail(o.entry, e.what());
-    for (const auto& ov : s.set) {
-      const auto eq = ov.find('=');
-      std::string key = ov.substr(0, eq);
-      key.erase(0, key.find_first_not_of(" \t"));
-      key.erase(key.find_last_not_of(" \t") + 1);
-      if (key == e.key() || eq == std::string::npos) r.fail(fmt::format("sweep.set \"{}\"", ov), e.what());
-    }
+    for (const auto& ov : s.set)
+      if (override_key(ov) == e.key() || ov.find('=') == std::string::npos)
+        r.fail(fmt::format("sweep.set \"{}\"", ov), e.what());
     const bool in_base = e.key() == "syntax" || e.key() == "file" || e.key() == "internal";
     r.fail(in_base ? fmt::format("sweep.base \"{}\"", s.base) : "point " + point_label, e.what());
   }
@@ -464,7 +484,7 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
         if (st.key == key)
           r.fail(fmt::format("grid \"{}\"", key), "also set in [[points]]; sweep a key in one place");
   for (const auto& ov : s.set) {
-    const std::string key = ov.substr(0, ov.find('='));
+    const std::string key = override_key(ov);
     for (const auto& g : grid)
       if (g.first == key) r.fail(fmt::format("sweep.set \"{}\"", ov), "the key is also in [grid]");
     check_sweepable(r, fmt::format("sweep.set \"{}\"", ov), key, seeded);
@@ -490,12 +510,21 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
       if (!std::count(s.keys.begin(), s.keys.end(), st.key)) s.keys.push_back(st.key);
   for (const auto& g : grid) s.keys.push_back(g.first);
   if (entries.empty()) entries.push_back({});
+  // Counted so that no product wraps: past the limit the count stops mattering.
+  constexpr size_t max_points = 100000;
   size_t n_combos = 1;
-  for (const auto& g : grid) n_combos *= g.second.size();
-  if (n_combos * entries.size() * s.repeats > 100000)
-    r.fail("grid", fmt::format("{} points: more than 100000", n_combos * entries.size() * s.repeats));
+  const auto too_many = [&] {
+    r.fail("grid", fmt::format("more than {} points ({} [[points]] entries x {} repeats x the grid's {})",
+                               max_points, entries.size(), s.repeats, grid_sizes(grid)));
+  };
+  for (const auto& g : grid)
+    if (__builtin_mul_overflow(n_combos, g.second.size(), &n_combos) || n_combos > max_points) too_many();
+  size_t n_points = 0;
+  if (__builtin_mul_overflow(n_combos, entries.size() * s.repeats, &n_points) || n_points > max_points)
+    too_many();
 
-  std::map<std::string, size_t> seen;  // config -> point index
+  std::map<std::string, size_t> seen;         // config -> point index
+  std::map<std::string, size_t> inert_lines;  // a swept key that has no effect -> the points it is in
   for (size_t rep = 0; rep < s.repeats; ++rep)
     for (size_t e = 0; e < entries.size(); ++e)
       for (size_t c = 0; c < n_combos; ++c) {
@@ -532,12 +561,29 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
         p.overrides = std::move(ov);
         if (count) p.params = count(p.cfg);
         // Two points that train alike, whatever names them: the config but for its name and directories (a
-        // key set to its base value in one point and left alone in another is the same setting).
-        auto unnamed = p.cfg;
-        unnamed.run.name = unnamed.run.out_dir = unnamed.checkpoint.dir = "";
-        if (auto [it, fresh] = seen.emplace(config::to_toml(unnamed), p.index); !fresh)
+        // key set to its base value in one point and left alone in another is the same setting), and without
+        // the swept keys its other settings make inert (diloco.fragments under sync, outer.lr in ddp).
+        std::set<std::string> swept;
+        for (const auto& st : p.settings) swept.insert(st.key);
+        const auto inert = config::inert_keys(p.cfg, swept);
+        auto effective = p.cfg;
+        std::string why;
+        if (!inert.empty()) {
+          std::vector<std::string> live;
+          for (const auto& o : p.overrides)
+            if (std::none_of(inert.begin(), inert.end(),
+                             [&](const auto& i) { return i.key == override_key(o); }))
+              live.push_back(o);
+          try {  // a config that needs the key set (to turn off what the base turns on) stays as it is
+            effective = config::parse_config(base_text, live, s.base);
+          } catch (const config::config_error&) {
+          }
+          for (const auto& i : inert) ++inert_lines[i.line];
+          why = ": " + inert.front().line;
+        }
+        if (auto [it, fresh] = seen.emplace(training_identity(effective), p.index); !fresh)
           r.fail(fmt::format("point {} ({})", p.index + 1, p.label(true)),
-                 fmt::format("the same settings as point {}; remove one", it->second + 1));
+                 fmt::format("the same settings as point {}{}; remove one", it->second + 1, why));
         s.points.push_back(std::move(p));
       }
   // Ids that came out the same (characters replaced) get their settings' hash.
@@ -558,8 +604,16 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
       p.cfg.run.out_dir = p.out_dir;
       p.cfg.checkpoint.dir = checkpoints;
     }
+  for (const auto& [line, n] : inert_lines)
+    s.warnings.push_back(fmt::format("{} of the points: {}", n, line));
   if (s.fit.enabled) check_fit(r, s);
   return s;
+}
+
+std::string training_identity(const config::train_config& cfg) {
+  auto unnamed = cfg;
+  unnamed.run.name = unnamed.run.out_dir = unnamed.checkpoint.dir = "";
+  return config::to_toml(unnamed);
 }
 
 sweep_spec load_sweep(const std::string& path, const param_counter& count) {

@@ -72,7 +72,12 @@ struct sweep_spec {
   std::vector<std::string> keys;    ///< swept keys, in order: "name" (named points), point keys, grid keys
   std::vector<sweep_point> points;  ///< in run order: repeat outermost, then [[points]], then the grid
   fit_spec fit;
+  std::vector<std::string> warnings;  ///< swept keys that some points' other settings leave without effect
 };
+
+/// What decides whether two points train alike: the resolved config but for run.name, run.out_dir and
+/// checkpoint.dir, which the sweep derives from the point's id and its out_dir (however that is written).
+std::string training_identity(const config::train_config& cfg);
 
 /// The parameter count of a resolved config (models::closed_form_param_count in the CLI); lets the sweep
 /// plan fits before anything runs.

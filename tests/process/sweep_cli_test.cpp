@@ -153,6 +153,15 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(code5 == 0);
   CATCH_CHECK(out5.find("4 points (4 done earlier, 0 to run)") != std::string::npos);
   CATCH_CHECK(out5.find("started") == std::string::npos);
+  // The same out_dir written another way (through a link): the same points (they all started over).
+  fs::create_directory_symlink(dir, dir + "/link");
+  const auto linked = sweep_file(dir, "linked", "link/out",
+                                 "[grid]\n\"train.inner_steps\" = [2, 4]\n\"train.lr\" = [1e-3, 3e-3]\n",
+                                 "parallel = \"auto\"\n");
+  auto [code6, out6] = run({binary(), "sweep", linked}, dir + "/linked.log", 300);
+  CATCH_INFO(out6);
+  CATCH_CHECK(code6 == 0);
+  CATCH_CHECK(out6.find("4 points (4 done earlier, 0 to run)") != std::string::npos);
 
   // The base config changes: every point's record is stale, so each starts over (not "run complete" from
   // the old checkpoints) and its numbers are the new run's.
@@ -171,6 +180,29 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
     CATCH_CHECK(read_text(rows4[i].at("log")).find("run complete") == std::string::npos);
     CATCH_CHECK(number(rows4[i].at("val_loss")) != number(rows[i].at("val_loss")));
   }
+  // Their first runs were moved aside, not replaced; the base config back as it was, each takes its run
+  // back and nothing trains.
+  CATCH_CHECK(occurrences(out4, "moved to " + dir + "/out/superseded/") == 4);
+  base.replace(base.find("warmup_steps = 3"), 16, "warmup_steps = 2");
+  write_text(dir + "/base.toml", base);
+  auto [code7, out7] = run({binary(), "sweep", file}, dir + "/back.log", 300);
+  CATCH_INFO(out7);
+  CATCH_CHECK(code7 == 0);
+  CATCH_CHECK(out7.find("4 points (4 done earlier, 0 to run)") != std::string::npos);
+  CATCH_CHECK(occurrences(out7, "takes back the run of the same settings in " + dir + "/out/superseded/") ==
+              4);
+  CATCH_CHECK(out7.find("started") == std::string::npos);
+  CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+  // Two seeds where there was one: every id gains its seed, and the first seed's points are found.
+  (void)sweep_file(dir, "grid", "out",
+                   "[grid]\n\"train.inner_steps\" = [2, 4]\n\"train.lr\" = [1e-3, 3e-3]\n",
+                   "parallel = \"auto\"\nrepeats = 2\n");
+  auto [code8, out8] = run({binary(), "sweep", file, "--dry-run"}, dir + "/seeds.log", 300);
+  CATCH_INFO(out8);
+  CATCH_CHECK(code8 == 0);
+  CATCH_CHECK(out8.find("8 points (0 done earlier, 8 to run)") != std::string::npos);
+  CATCH_CHECK(out8.find("4 of them take back a run of the same settings found under another id") !=
+              std::string::npos);
   fs::remove_all(dir);
 }
 

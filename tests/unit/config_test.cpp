@@ -1219,4 +1219,19 @@ CATCH_TEST_CASE(
   cfg.async.age_scaling = longwave::config::age_scaling_kind::cgad;
   cfg.diloco.adaptive_steps = true;
   CATCH_CHECK(inert_settings(cfg, keys).size() == 2);  // the streaming knobs
+  // single and ddp have no outer step: [outer], [diloco], [async] and [federated] are all inert, named by
+  // the mode (the broader rule) rather than by the policy.
+  cfg.run.mode = longwave::config::run_mode::ddp;
+  const auto ddp = longwave::config::inert_keys(cfg, {"outer.lr", "diloco.fragments", "train.lr"});
+  CATCH_REQUIRE(ddp.size() == 2);
+  CATCH_CHECK(ddp[0].key == "diloco.fragments");
+  CATCH_CHECK(
+      ddp[1].line ==
+      "outer.lr is set, but it applies only with run.mode = \"diloco\" (this run's is \"ddp\"): it has "
+      "no effect");
+  // What the loader makes a ddp config set when its base turns it on is never named.
+  CATCH_CHECK(
+      inert_settings(cfg, {"diloco.outer", "diloco.adaptive_steps", "federated.clients_per_round"}).empty());
+  cfg.run.mode = longwave::config::run_mode::diloco;
+  CATCH_CHECK(inert_settings(cfg, {"outer.lr"}).empty());
 }

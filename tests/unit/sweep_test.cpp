@@ -54,6 +54,13 @@ std::string error_of(const scratch& s, const std::string& text) {
   return "";
 }
 
+/// "1, 2, ..., n": a TOML list's values.
+std::string counting(int n) {
+  std::string out;
+  for (int i = 1; i <= n; ++i) out += (i > 1 ? ", " : "") + std::to_string(i);
+  return out;
+}
+
 bool has(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
@@ -176,6 +183,24 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
       {"[grid]\n\"model.dim\" = [96, 192, 384]\n[fit]\nsize = \"model.dim\"\ngroup_by = [\"run.mode\"]\n", "",
        "fit.group_by \"run.mode\": is not a swept key"},
       {"[sweep]\n", "", "syntax error"},  // [sweep] twice
+      // One key given twice: a quoted and a dotted key (the table named one value and the run the other).
+      {"[[points]]\n\"train.inner_steps\" = 2\ntrain.inner_steps = 3\n", "",
+       "[[points]] #1 \"train.inner_steps\": given twice"},
+      {"[grid]\n\"train.inner_steps\" = [2]\n[grid.train]\ninner_steps = [3]\n", "",
+       "grid \"train.inner_steps\": given twice"},
+      {"", "set = [\"train.lr=0.1\", \" train.lr = 0.2\"]\n", "sweep.set: \"train.lr\" is set twice"},
+      // 1024^6 x 16 = 2^64 points: the count wrapped to 0 and passed the limit.
+      {"[grid]\n\"train.rounds\" = [" + counting(1024) + "]\n\"train.warmup_steps\" = [" + counting(1024) +
+           "]\n\"eval.batches\" = [" + counting(1024) + "]\n\"train.inner_steps\" = [" + counting(1024) +
+           "]\n\"eval.every_rounds\" = [" + counting(1024) + "]\n\"checkpoint.every_rounds\" = [" +
+           counting(1024) + "]\n",
+       "repeats = 16\n",
+       "grid: more than 100000 points (1 [[points]] entries x 16 repeats x the grid's 1024 x 1024"},
+      // Points that differ only in a key their mode leaves without effect train alike.
+      {"[[points]]\n\"run.mode\" = \"ddp\"\n\"outer.lr\" = 0.5\n[[points]]\n\"run.mode\" = \"ddp\"\n"
+       "\"outer.lr\" = 0.7\n",
+       "",
+       "point 2 (run.mode=ddp outer.lr=0.7 seed=100): the same settings as point 1: outer.lr is set, but"},
   };
   for (const auto& c : cases) {
     const auto msg = error_of(d, d.text(c.text, c.extra_sweep));
@@ -204,6 +229,19 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
                                                         "\" holds a results.csv that no sweep wrote"));
   std::ofstream(d.dir / "mine" / "sweep.lock") << "1\n";
   CATCH_CHECK(error_of(d, mine + "\"\n") == "");
+}
+
+CATCH_TEST_CASE("a swept key that a point's mode leaves without effect is a warning of the plan",
+                "[unit][sweep]") {
+  scratch d;
+  const auto s = parse_sweep(d.text("[[points]]\n\"run.mode\" = \"ddp\"\n\"outer.lr\" = 0.5\n[[points]]\n"
+                                    "\"run.mode\" = \"diloco\"\n\"outer.lr\" = 0.5\n"),
+                             d.sweep_path());
+  CATCH_CHECK(s.points.size() == 2);
+  CATCH_CHECK(s.warnings ==
+              std::vector<std::string>{"1 of the points: outer.lr is set, but it applies only with "
+                                       "run.mode = \"diloco\" (this run's is \"ddp\"): it has no "
+                                       "effect"});
 }
 
 CATCH_TEST_CASE("points whose ids come out the same get their own folders, checkpoints included",
@@ -354,6 +392,14 @@ CATCH_TEST_CASE("sweep results are one row per point in CSV and JSONL, and fits 
   std::getline(jsonl, row);
   CATCH_CHECK_THAT(row, Contains("\"model.dim\":96"));
   CATCH_CHECK_THAT(row, Contains("\"name\":\"a\""));
+  // A results.csv that cannot be replaced (a directory there) does not keep results.jsonl from being written.
+  fs::remove(fs::path(s.out_dir) / "results.csv");
+  fs::remove(fs::path(s.out_dir) / "results.jsonl");
+  fs::create_directories(fs::path(s.out_dir) / "results.csv" / "x");
+  const auto failed = write_results(s, results);
+  CATCH_CHECK(failed.size() == 1);
+  CATCH_CHECK(fs::is_regular_file(fs::path(s.out_dir) / "results.jsonl"));
+  fs::remove_all(fs::path(s.out_dir) / "results.csv");
 
   const auto fits = fit_scaling(s, results);
   CATCH_REQUIRE(fits.sizes.size() == 2);
