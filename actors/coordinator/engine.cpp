@@ -254,8 +254,8 @@ bool ended_by_stop(self_ptr self, const caf::error& e) {
 }
 
 /// Ctrl-C while the cluster all-reduce of `label` (its round) was running: the replicas are already past the
-/// round's inner steps, so no consistent snapshot of this round exists. The last round-boundary checkpoint
-/// stays the newest; a resume redoes this round's inner steps.
+/// round's inner steps, so no consistent snapshot of this round exists. The newest checkpoint written stays
+/// the newest; a resume redoes the rounds after it.
 void stop_in_allreduce(self_ptr self, ring_label label) {
   if (is_terminal(self->state.ph)) return;
   if (self->state.ph != phase::stopping) set_phase(self, phase::stopping);
@@ -265,11 +265,12 @@ void stop_in_allreduce(self_ptr self, ring_label label) {
         "stopped during the all-reduce of {}; this node's newest checkpoint stays (a resume goes on "
         "from it)",
         self->state.policy->describe(label));
-  else
+  else  // the newest checkpoint is as old as checkpoint.every_rounds makes it, not always round - 1
     spdlog::info(
-        "stopped during the all-reduce of round {}; the checkpoint of round {} stays the newest (a "
-        "resume redoes round {})",
-        round, round - 1, round);
+        "stopped during the all-reduce of round {}, of which no checkpoint exists; the newest stays: {}",
+        round,
+        self->state.newest_on_disk.empty() ? "none yet (a rerun starts over)"
+                                           : self->state.newest_on_disk + " (a resume goes on from it)");
   flush_then(self, [=] {
     if (!set_phase(self, phase::done)) return;
     notify_main(self, 130);

@@ -563,7 +563,22 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture, "a stop in each phase ends the run a
     CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1});
     CATCH_CHECK(w->outer_rounds == std::vector<uint64_t>{1});
     CATCH_CHECK(seen({"save", "flush", "done"}) == strings{"save 1", "flush", "done 130"});
-    CATCH_CHECK(logged("the checkpoint of round 1 stays the newest"));
+    CATCH_CHECK(
+        logged("stopped during the all-reduce of round 2, of which no checkpoint exists; the newest "
+               "stays: round 1, inner step"));
+  }
+
+  CATCH_SECTION("a stop while reducing names the newest checkpoint there is, not the round before") {
+    cfg.train.rounds = 3;
+    cfg.checkpoint.every_rounds = 5;  // none before the stop
+    w->reduce_error = [](uint64_t round) {
+      return round == 2 ? make_error(errc::cancelled, "ring cancelled") : caf::error{};
+    };
+    stop_while_held("reduce", 2, [this] { return communicator; });
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(saved_rounds().empty());
+    CATCH_CHECK(logged("the newest stays: none yet (a rerun starts over)"));
   }
 
   CATCH_SECTION(
