@@ -23,16 +23,13 @@
 
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/process/stop_signals.hpp"
 
 namespace longwave::cli {
 
 namespace {
 
-std::atomic<int> g_launch_signals{0};
-
-void on_launch_signal(int) {
-  g_launch_signals.fetch_add(1);
-}
+std::atomic<int> g_launch_signals{0};  // Ctrl-C, SIGTERM, SIGHUP (runtime::count_stop_signals)
 
 struct child {
   std::string name;
@@ -361,10 +358,7 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
               spec.id.c_str(), spec.coordinator.c_str(), spec.nodes.size(), spec.train.train.workers);
   std::fflush(stdout);
   g_launch_signals = 0;
-  struct sigaction sa {};
-  sa.sa_handler = on_launch_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  runtime::count_stop_signals(g_launch_signals);
   try {
     for (size_t i = 0; i < children.size(); ++i)
       start(children[i], args[i], children[i].is_observer ? observer_log : "");

@@ -27,6 +27,7 @@
 #include "cli/sweep/page.hpp"
 #include "cli/sweep/results.hpp"
 #include "cli/sweep/scaling.hpp"
+#include "runtime/process/stop_signals.hpp"
 
 namespace longwave::cli::sweep {
 
@@ -35,11 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using steady = std::chrono::steady_clock;
 
-std::atomic<int> g_signals{0};
-
-void on_signal(int) {
-  g_signals.fetch_add(1);
-}
+std::atomic<int> g_signals{0};  // Ctrl-C, SIGTERM, SIGHUP (runtime::count_stop_signals)
 
 template <class... Args>
 void say(fmt::format_string<Args...> f, Args&&... args) {
@@ -297,7 +294,7 @@ struct sweep_run {
     }
   }
 
-  void on_exit(const running& r, int code) {
+  void on_exit(const running& r, int code, bool by_signal) {
     const auto& p = s.points[r.point];
     auto& res = results[r.point];
     res = point_result{};
@@ -316,7 +313,9 @@ struct sweep_run {
     } else if (res.status == "interrupted") {
       say("{} stopped (exit {}); it resumes from its checkpoint next time", point_name(p), code);
     } else {
-      say("{} FAILED: exit code {} after {}; log: {} (last line: {})", point_name(p), code,
+      say("{} FAILED: {} after {}; log: {} (last line: {})", point_name(p),
+          by_signal ? fmt::format("killed by signal {} ({})", code - 128, strsignal(code - 128))
+                    : fmt::format("exit code {}", code),
           report::duration_text(took), res.log, log_tail(res.log).first);
     }
     write_outputs();
@@ -332,7 +331,7 @@ struct sweep_run {
       const running r = active[i];
       active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
       used_threads -= r.need;
-      on_exit(r, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+      on_exit(r, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), WIFSIGNALED(status));
     }
   }
 
@@ -341,7 +340,9 @@ struct sweep_run {
     if (sigs <= handled_signals) return;
     handled_signals = sigs;
     stopping = true;  // two signals within one tick skip the first branch: they stop the sweep all the same
-    if (sigs == 1) {
+    if (sigs == 1 && active.empty()) {
+      say("interrupt: no point is running; the sweep stops here");
+    } else if (sigs == 1) {
       say("interrupt: stopping {} running point(s); each saves a checkpoint (Ctrl-C again to kill them)",
           active.size());
       for (const auto& r : active) kill(r.pid, SIGINT);
@@ -499,10 +500,7 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
   run.plan = plan_parallel(s.parallel, usable_cores(), run.to_run);
   print_plan(s, run);
   g_signals = 0;
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  runtime::count_stop_signals(g_signals);
   int code = 0;
   try {
     run.write_outputs();
@@ -513,8 +511,7 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     for (const auto& r : run.active) waitpid(r.pid, nullptr, 0);
     code = 1;
   }
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  runtime::uncount_stop_signals();
   const auto fits = fit_scaling(s, run.results);
   const int unwritten = run.write_outputs(fits);
   if (unwritten > 0) {

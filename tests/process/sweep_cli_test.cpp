@@ -257,7 +257,8 @@ CATCH_TEST_CASE("a sweep over model sizes prints the fitted scaling law and writ
 }
 
 CATCH_TEST_CASE(
-    "Ctrl-C on a sweep stops its running point, and the same command resumes it to the same result",
+    "Ctrl-C or a hangup on a sweep stops its running point, and the same command resumes it to the same "
+    "result",
     "[process][sweep]") {
   const auto dir = scratch_dir("sweep-resume");
   const std::string body = "[grid]\n\"train.lr\" = [1e-3, 3e-3]\n";
@@ -280,7 +281,10 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(wait_until(
       [&] { return !first_dir().empty() && read_trace(first_dir() + "/loss_trace.tsv").size() >= 6; }, 300));
   const auto interrupted_dir = first_dir();
-  CATCH_REQUIRE(kill(c.pid, SIGINT) == 0);
+  // As a closed terminal sends it: SIGHUP, often twice. A stop like Ctrl-C's, never a kill (it was exit 129
+  // with results.csv left saying "running").
+  CATCH_REQUIRE(kill(c.pid, SIGHUP) == 0);
+  CATCH_REQUIRE(kill(c.pid, SIGHUP) == 0);
   CATCH_CHECK(wait_exit(c, 120) == 130);
   const auto out_b1 = read_text(dir + "/b1.log");
   CATCH_INFO(out_b1);
