@@ -325,12 +325,13 @@ std::string assemble_page(const report_data& r) {
   return o;
 }
 
-/// RUN_DIR/metrics.jsonl (a single run), then every RUN_DIR/<node>/metrics.jsonl (a cluster run) by name.
+/// RUN_DIR/metrics.jsonl (a single run), else every RUN_DIR/<node>/metrics.jsonl (a cluster run) by name.
 std::vector<fs::path> metrics_files(const std::string& run_dir) {
   std::error_code ec;
   std::vector<fs::path> files;
+  // A run's own file, or its nodes' (a run's out_dir is not also a cluster's): one run is never read twice.
   if (fs::is_regular_file(fs::path(run_dir) / "metrics.jsonl", ec))
-    files.push_back(fs::path(run_dir) / "metrics.jsonl");
+    return {fs::path(run_dir) / "metrics.jsonl"};
   std::vector<fs::path> node_files;
   for (const auto& e : fs::directory_iterator(run_dir, ec))
     if (e.is_directory(ec) && fs::is_regular_file(e.path() / "metrics.jsonl", ec))
@@ -393,6 +394,11 @@ int write(const std::string& run_dir, const std::string& out_path) {
   if (!fs::exists(run_dir, ec)) return error(fmt::format("{}: no such run directory", run_dir));
   if (!fs::is_directory(run_dir, ec))
     return error(fmt::format("{}: not a directory (pass the run's out_dir)", run_dir));
+  const auto own = fs::path(run_dir) / "metrics.jsonl";
+  if (const auto st = fs::status(own, ec); fs::exists(st) && !fs::is_regular_file(st))
+    return error(fmt::format("{}: {}", own.string(),
+                             fs::is_directory(st) ? "is a directory, not a run's metrics file"
+                                                  : "is not a regular file (a pipe or a device)"));
   auto files = metrics_files(run_dir);
   if (files.empty())
     return error(

@@ -433,6 +433,21 @@ CATCH_TEST_CASE(
   CATCH_CHECK(occurrences(o3, "warning") == 2);
   CATCH_CHECK(fs::exists(dir + "/garbage/report.html"));
   CATCH_CHECK(read_text(dir + "/garbage/report.html").find("2 malformed lines skipped") != std::string::npos);
+  // A run's own file is the run: a folder under it with another metrics.jsonl is not a second node (its
+  // totals were added twice).
+  fs::create_directories(dir + "/garbage/copy");
+  fs::copy_file(dir + "/garbage/metrics.jsonl", dir + "/garbage/copy/metrics.jsonl");
+  auto [c11, o11] = run({binary(), "report", dir + "/garbage"}, dir + "/11.log", 60);
+  CATCH_INFO(o11);
+  CATCH_CHECK(c11 == 0);
+  CATCH_CHECK(o11.find("records from 1 file)") != std::string::npos);
+
+  // metrics.jsonl that is a directory: named as such (it said "not found").
+  fs::create_directories(dir + "/odd/metrics.jsonl");
+  auto [c12, o12] = run({binary(), "report", dir + "/odd"}, dir + "/12.log", 60);
+  CATCH_INFO(o12);
+  CATCH_CHECK(c12 == 2);
+  CATCH_CHECK(o12.find(dir + "/odd/metrics.jsonl: is a directory") != std::string::npos);
 
   // Numbers beyond any run's (every all-reduce in round 1e30): the charts' axes still end, without NaN ticks.
   fs::create_directories(dir + "/huge");
