@@ -176,9 +176,10 @@ class guarded_server : public httplib::Server {
 };
 
 // httplib reports only that binding failed; bind once more ourselves to learn why.
-std::string why_bind_fails(const std::string& address, int port) {
+std::string why_bind_fails(const std::string& address, int port, int& err) {
+  err = 0;
   int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return std::strerror(errno);
+  if (s < 0) return std::strerror(err = errno);
   int yes = 1;
   ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   sockaddr_in addr{};
@@ -187,9 +188,9 @@ std::string why_bind_fails(const std::string& address, int port) {
   ::inet_pton(AF_INET, address.c_str(), &addr.sin_addr);
   std::string reason = "bind failed";
   if (::bind(s, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    reason = std::strerror(errno);
+    reason = std::strerror(err = errno);
   } else if (::listen(s, 1) != 0) {
-    reason = std::strerror(errno);
+    reason = std::strerror(err = errno);
   }
   ::close(s);
   return reason;
@@ -243,10 +244,16 @@ metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, i
     port_ = port;
     bound = server_->bind_to_port(host, port);
   }
-  if (!bound)
-    throw lw_error(errc::io_error, "metrics: cannot bind " + std::string(host) + ":" + std::to_string(port) +
-                                       ": " + why_bind_fails(address_, port) +
-                                       "; set metrics.port to a free port or 0");
+  if (!bound) {
+    int err = 0;
+    const auto why = why_bind_fails(address_, port, err);
+    // A port in use is the config's to change (exit 2), or the same run started twice.
+    throw lw_error(err == EADDRINUSE ? errc::invalid_config : errc::io_error,
+                   "metrics: cannot bind " + std::string(host) + ":" + std::to_string(port) + ": " + why +
+                       (err == EADDRINUSE ? " (is this run or cluster already running?); if not, set "
+                                            "metrics.port (a cluster file's metrics_port) to a free port or 0"
+                                          : "; set metrics.port to a free port or 0"));
+  }
   static_cast<guarded_server&>(*server_).widen_backlog();
 
   thread_ = std::thread([this] {
