@@ -211,11 +211,10 @@ void finish(self_ptr self) {
     if (s.ph == phase::failed) return;  // e.g. the last checkpoint writes failed: already reported
     const double wall = std::chrono::duration<double>(clock::now() - s.t_start).count();
     const bool phases = !s.policy->shares_rounds();  // async: a node's rounds are its own phases
-    spdlog::info(
-        "final: val loss {:.4f} | val perplexity {:.3f} | {} {} x {} inner steps x {} workers{} | {}",
-        s.last_val_loss, std::exp(s.last_val_loss), s.round, phases ? "phases" : "rounds",
-        s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
-        phases ? fmt::format(", to version {}", s.version) : std::string(), format_duration(wall));
+    spdlog::info("final: val loss {:.4f} | val perplexity {} | {} {} x {} inner steps x {} workers{} | {}",
+                 s.last_val_loss, readable(std::exp(s.last_val_loss), 3), s.round,
+                 phases ? "phases" : "rounds", s.ctx->cfg.train.inner_steps, s.ctx->n_workers(),
+                 phases ? fmt::format(", to version {}", s.version) : std::string(), format_duration(wall));
     // An async node that resumed at the run's last version and adopted no newer one trained nothing: the
     // earlier session's result.json (its time, its tokens) stays.
     std::error_code ec;

@@ -239,11 +239,11 @@ void on_eval(self_ptr self, uint64_t round, int64_t step, double loss) {
                    .add("val_loss", loss)
                    .add("val_ppl", std::exp(loss)));
   if (!s.policy->shares_rounds())  // async: a node's rounds are its phases; the run counts versions
-    spdlog::info("eval  phase {:>3} | version {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", round, s.version,
-                 s.ctx->cfg.train.rounds, loss, std::exp(loss));
+    spdlog::info("eval  phase {:>3} | version {:>3}/{} | val loss {:.4f} | val ppl {}", round, s.version,
+                 s.ctx->cfg.train.rounds, loss, readable(std::exp(loss), 3));
   else
-    spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {:.3f}", round, s.ctx->cfg.train.rounds, loss,
-                 std::exp(loss));
+    spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {}", round, s.ctx->cfg.train.rounds, loss,
+                 readable(std::exp(loss), 3));
 }
 
 // result.json in out_dir: the numbers a sweep or a test reads back, one "key": value per line. A loss or

@@ -34,7 +34,8 @@ std::string compact(double v) {
 }
 
 std::string fixed(double v, int decimals) {
-  return std::isfinite(v) ? fmt::format("{:.{}f}", v, decimals) : std::string("–");
+  if (!std::isfinite(v)) return "–";
+  return std::abs(v) >= 1e9 ? fmt::format("{:.4g}", v) : fmt::format("{:.{}f}", v, decimals);
 }
 
 std::string with_commas(double v) {
@@ -66,14 +67,15 @@ std::string bytes_short(double b) {
 
 std::string duration_text(double s) {
   if (!std::isfinite(s)) return "–";
-  if (s < 60) return fmt::format("{:.1f} s", s);
+  if (s < 60) return fmt::format("{:.1f} s", s);    // a negative span (a clock set back) as it is
+  if (s >= 1e9) return fmt::format("{:.3g} s", s);  // beyond any run (a bad ts): no lround overflow
   const long t = std::lround(s);
   if (t < 3600) return fmt::format("{}m {:02}s", t / 60, t % 60);
   return fmt::format("{}h {:02}m {:02}s", t / 3600, t / 60 % 60, t % 60);
 }
 
 std::string utc_text(double ts) {
-  if (!std::isfinite(ts)) return "–";
+  if (!std::isfinite(ts) || std::abs(ts) >= 1e15) return "–";  // past time_t's and gmtime's years
   const std::time_t t = static_cast<std::time_t>(ts);
   std::tm tm{};
   gmtime_r(&t, &tm);

@@ -204,7 +204,13 @@ power_law fit_power_law(const std::vector<double>& x, const std::vector<double>&
   out.rms = std::sqrt(sse(s, p) / static_cast<double>(s.size()));
   standard_errors(s, p, x_ref, out);
   out.ok = std::isfinite(out.a) && std::isfinite(out.alpha) && std::isfinite(out.e);
-  if (!out.ok) out.problem = "the fit did not converge to finite values";
+  if (!out.ok) {
+    out.problem = "the fit did not converge to finite values";
+  } else if (out.alpha <= 0 || out.a <= 0) {  // a loss that rises, or stays flat, with x: no scaling law
+    out.ok = false;
+    out.problem = fmt::format("the loss does not fall as the {} grow (A = {:.3g}, alpha = {:.3g})", what,
+                              out.a + 0.0, out.alpha + 0.0);
+  }
   return out;
 }
 

@@ -28,11 +28,12 @@ struct power_law {
 };
 
 /// Fits y = a * x^-alpha + e with E >= 0 (a loss floor) to the points with finite y and x > 0. Refused
-/// (ok = false, problem says why, calling the x values `what`) with fewer than 3 distinct x. Method: for a
-/// fixed e the model is linear in log space (log(y - e) = log a - alpha log x), so a 1-D search over e in [0,
-/// min y) with that regression gives a start that needs no guess; Levenberg-Marquardt on all three then
-/// minimises the squared residuals of y itself. x is scaled by its geometric mean inside, so sizes of 1e9
-/// condition as well as 1e3.
+/// (ok = false, problem says why, calling the x values `what`) with fewer than 3 distinct x, and not ok when
+/// the loss does not fall with x (alpha or A <= 0: the law is for losses that do). Method: for a fixed e the
+/// model is linear in log space (log(y - e) = log a - alpha log x), so a 1-D search over e in [0, min y) with
+/// that regression gives a start that needs no guess; Levenberg-Marquardt on all three then minimises the
+/// squared residuals of y itself. x is scaled by its geometric mean inside, so sizes of 1e9 condition as well
+/// as 1e3.
 power_law fit_power_law(const std::vector<double>& x, const std::vector<double>& y,
                         const std::string& what = "sizes");
 

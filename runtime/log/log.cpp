@@ -2,6 +2,8 @@
 // `longwave run --dry-run > resolved.toml` still shows them.
 #include "runtime/log/log.hpp"
 
+#include <cmath>
+
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <memory>
@@ -33,6 +35,10 @@ void init_logging(const std::string& level) {
     done = true;
   }
   spdlog::set_level(spdlog::level::from_str(level));
+}
+
+std::string readable(double v, int decimals) {
+  return std::abs(v) >= 1e9 ? fmt::format("{:.4g}", v) : fmt::format("{:.{}f}", v, decimals);
 }
 
 }  // namespace longwave::runtime

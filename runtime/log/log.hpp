@@ -11,4 +11,8 @@ namespace longwave::runtime {
 /// checks it; spdlog turns any other name into silence).
 void init_logging(const std::string& level = "info");
 
+/// A number for a progress line: `decimals` places, or 4 significant digits with an exponent from 1e9 on (a
+/// diverged run's perplexity e^537 is not 230 digits).
+std::string readable(double v, int decimals);
+
 }  // namespace longwave::runtime

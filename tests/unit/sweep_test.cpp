@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/report/charts.hpp"
+#include "cli/report/format.hpp"
 #include "cli/sweep/fit.hpp"
 #include "cli/sweep/results.hpp"
 #include "cli/sweep/runner.hpp"
@@ -359,6 +360,11 @@ CATCH_TEST_CASE("the sweep fit recovers A, alpha and E of exact and of noisy pow
   const auto two = fit_power_law({1e6, 1e6, 1e7}, {3.0, 3.1, 2.5});
   CATCH_CHECK_FALSE(two.ok);
   CATCH_CHECK_THAT(two.problem, Contains("2 distinct sizes"));
+  // A loss that rises with size, or one that is flat, is no scaling law (it was a fit with alpha < 0, ok).
+  const auto rising = fit_power_law({1e6, 1e7, 1e8, 1e9}, {2.0, 2.5, 3.1, 3.8});
+  CATCH_CHECK_FALSE(rising.ok);
+  CATCH_CHECK_THAT(rising.problem, Contains("the loss does not fall as the sizes grow"));
+  CATCH_CHECK_FALSE(fit_power_law({1e6, 1e7, 1e8}, {2.0, 2.0, 2.0}).ok);
 }
 
 CATCH_TEST_CASE("sweep results are one row per point in CSV and JSONL, and fits group by method",
@@ -430,4 +436,14 @@ CATCH_TEST_CASE("text on a page is escaped and anything that is not UTF-8 text b
   CATCH_CHECK(html_escape("\xED\xA0\x80") == r + r + r);                              // a surrogate
   CATCH_CHECK(html_escape("\xF4\x90\x80\x80") == r + r + r + r);                      // past U+10FFFF
   CATCH_CHECK(html_escape(std::string("a\0b\x1b\x7f", 5)) == "a" + r + "b" + r + r);  // controls
+}
+
+CATCH_TEST_CASE("numbers beyond any run's print short: a diverged perplexity, a bad timestamp's span",
+                "[unit][sweep]") {
+  namespace report = longwave::cli::report;
+  CATCH_CHECK(report::fixed(4.33291, 3) == "4.333");
+  CATCH_CHECK(report::fixed(std::exp(537.0), 3).size() < 12);  // was 234 digits
+  CATCH_CHECK(report::duration_text(1e300) == "1e+300 s");     // was a negative count of minutes
+  CATCH_CHECK(report::duration_text(3725) == "1h 02m 05s");
+  CATCH_CHECK(report::utc_text(1e300) == "–");
 }
