@@ -129,6 +129,27 @@ int cmd_keys_new(const cli_values& v) {
       return 2;
     }
   }
+  // --cluster after nodes were added to the file: the keyed nodes keep their keys (a new key would lock
+  // them out until their machines had it), the others get theirs.
+  if (!v.keys_cluster.empty()) {
+    std::vector<std::string> unkeyed;
+    for (const auto& n : names) {
+      std::error_code ec;
+      const auto base = std::filesystem::path(v.keys_dir) / "nodes" / n;
+      const bool pub = std::filesystem::exists(base.string() + ".public", ec);
+      const bool sec = std::filesystem::exists(base.string() + ".secret", ec);
+      if (pub && sec)
+        std::printf("node %s: keyed already (kept)\n", n.c_str());
+      else
+        unkeyed.push_back(n);  // half a pair is refused below, naming the file
+    }
+    if (unkeyed.empty()) {
+      std::printf("every node of %s has its keys in %s: nothing written\n", v.keys_cluster.c_str(),
+                  v.keys_dir.c_str());
+      return 0;
+    }
+    names = std::move(unkeyed);
+  }
   try {
     const auto written = comm::make_key_directory(v.keys_dir, names);
     for (const auto& f : written) std::printf("wrote %s\n", f.c_str());

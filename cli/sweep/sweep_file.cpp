@@ -148,7 +148,9 @@ void read_sweep_table(const reader& r, const toml::table& t, sweep_spec& s, std:
     const std::string entry = "sweep." + e.key;
     if (e.key == "base" || e.key == "out_dir") {
       const auto* v = n.as_string();
-      if (!v || v->get().empty()) r.fail(entry, fmt::format("expected a non-empty path, got {}", type_of(n)));
+      if (!v || v->get().empty())
+        r.fail(entry, v ? std::string("is empty: name a path")
+                        : fmt::format("expected a non-empty path, got {}", type_of(n)));
       (e.key == "base" ? s.base : s.out_dir) = v->get();
     } else if (e.key == "repeats") {
       const auto* v = n.as_integer();

@@ -592,3 +592,34 @@ CATCH_TEST_CASE("A metrics port already in use stops the run at start-up with a 
   CATCH_CHECK(out.find("| step") == std::string::npos);  // no training happened
   std::filesystem::remove_all(dir);
 }
+
+CATCH_TEST_CASE("keys new --cluster again after a node was added keys that node and keeps the others' keys",
+                "[process][security]") {
+  const auto dir = scratch_dir("keys_added_node");
+  const auto keys = dir + "/k";
+  const auto file = dir + "/c.toml";
+  const auto nodes = [&](int n) {
+    std::string text = "[cluster]\nid = \"k\"\ncoordinator = \"tcp://127.0.0.1:5555\"\n";
+    for (int i = 0; i < n; ++i)
+      text += "[[nodes]]\nname = \"n" + std::to_string(i) +
+              "\"\nendpoint = \"tcp://127.0.0.1:" + std::to_string(5600 + i) + "\"\n";
+    write_text(file, text);
+  };
+  nodes(2);
+  auto [c1, o1] = run({binary(), "keys", "new", "--out", keys, "--cluster", file}, dir + "/1.log", 60);
+  CATCH_INFO(o1);
+  CATCH_REQUIRE(c1 == 0);
+  const auto n0 = read_text(keys + "/nodes/n0.secret");
+  nodes(3);  // it refused every node, advising to delete n0's and n1's keys
+  auto [c2, o2] = run({binary(), "keys", "new", "--out", keys, "--cluster", file}, dir + "/2.log", 60);
+  CATCH_INFO(o2);
+  CATCH_CHECK(c2 == 0);
+  CATCH_CHECK(o2.find("node n0: keyed already (kept)") != std::string::npos);
+  CATCH_CHECK(o2.find("wrote " + keys + "/nodes/n2.secret") != std::string::npos);
+  CATCH_CHECK(read_text(keys + "/nodes/n0.secret") == n0);
+  auto [c3, o3] = run({binary(), "keys", "new", "--out", keys, "--cluster", file}, dir + "/3.log", 60);
+  CATCH_INFO(o3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(o3.find("nothing written") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

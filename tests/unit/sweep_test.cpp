@@ -211,6 +211,8 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
     CATCH_CHECK(msg.find('\n') == std::string::npos);
   }
   CATCH_CHECK_THAT(error_of(d, "[sweep]\nout_dir = \"x\"\n"), Contains("sweep.base: missing"));
+  CATCH_CHECK_THAT(error_of(d, "[sweep]\nbase = \"\"\nout_dir = \"x\"\n"),
+                   Contains("sweep.base: is empty: name a path"));
   CATCH_CHECK_THAT(error_of(d, "[sweep]\nbase = \"nope.toml\"\nout_dir = \"x\"\n"),
                    Contains("sweep.base: config error: cannot read config file"));
   CATCH_CHECK_THAT(error_of(d, "[grid]\n\"model.dim\" = [1]\n"), Contains("[sweep]"));
