@@ -15,6 +15,14 @@ endif()
 
 find_package(Torch REQUIRED)  # Debian's reports 1.13.0: no version is pinned
 
+# A LibTorch whose headers need a newer C++ than ours (2.14's ATen.h: "C++20 or later ... is required") says
+# so on its imported target only, which does not reach our targets: every target takes that standard.
+get_target_property(lw_torch_std torch CXX_STANDARD)
+if(lw_torch_std MATCHES "^[0-9]+$" AND lw_torch_std GREATER CMAKE_CXX_STANDARD)
+  message(STATUS "longwave: C++${lw_torch_std}, as LibTorch ${Torch_VERSION} asks")
+  set(CMAKE_CXX_STANDARD ${lw_torch_std})
+endif()
+
 if(LONGWAVE_CUDA)
   if(Torch_VERSION VERSION_LESS 2.0)
     message(FATAL_ERROR "longwave: LibTorch ${Torch_VERSION} at ${Torch_DIR} is older than 2.0: the cuda build "
