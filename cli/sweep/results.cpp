@@ -141,26 +141,45 @@ void write_point_record(const sweep_point& p, const point_result& r) {
   (void)write_atomically((fs::path(p.out_dir) / "point.json").string(), std::string(buf.GetString()) + "\n");
 }
 
+namespace {
+
+/// A folder's point.json: its status ("" when there is no readable record), config hash and exit code.
+struct point_record {
+  std::string status, config;
+  double exit_code = std::numeric_limits<double>::quiet_NaN();
+};
+
+point_record read_record(const fs::path& folder) {
+  point_record out;
+  const std::string text = slurp(folder / "point.json");
+  rapidjson::Document doc;
+  if (text.empty() || runtime::parse_json(text, doc) || !doc.IsObject()) return out;
+  const auto* status = runtime::find_member(doc, "status");
+  if (!status || !status->IsString()) return out;
+  out.status.assign(status->GetString(), status->GetStringLength());
+  if (const auto* fp = runtime::find_member(doc, "config"); fp && fp->IsString())
+    out.config = fp->GetString();
+  out.exit_code = json_number(doc, "exit_code");
+  return out;
+}
+
+}  // namespace
+
 point_result recorded(const sweep_point& p) {
   point_result r;
   r.log = (fs::path(p.out_dir) / "log.txt").string();
-  const std::string text = slurp(fs::path(p.out_dir) / "point.json");
-  rapidjson::Document doc;
-  if (text.empty() || runtime::parse_json(text, doc) || !doc.IsObject()) return r;
-  const auto* status = runtime::find_member(doc, "status");
-  if (!status || !status->IsString()) return r;
+  const auto rec = read_record(p.out_dir);
+  if (rec.status.empty()) return r;
   // The resolved config is the point's identity: settings written otherwise (1e-3 for 0.001, a [sweep] set
   // of a value the base holds) make the same run; "overrides" stays in point.json for a person to read.
-  const auto* fp = runtime::find_member(doc, "config");
   // Records before 2026-12 hashed the whole config, the point's directories as written included.
   const std::string legacy = fmt::format("{:016x}", config::cluster_id_of(config::to_toml(p.cfg)));
-  if (!fp || !fp->IsString() || (fp->GetString() != config_fingerprint(p) && fp->GetString() != legacy)) {
+  if (rec.config != config_fingerprint(p) && rec.config != legacy) {
     r.status = "stale";  // run with other settings (or another base config) in this folder
     return r;
   }
-  r.status.assign(status->GetString(), status->GetStringLength());
-  const double code = json_number(doc, "exit_code");
-  r.exit_code = std::isfinite(code) ? static_cast<int>(code) : -1;
+  r.status = rec.status;
+  r.exit_code = std::isfinite(rec.exit_code) ? static_cast<int>(rec.exit_code) : -1;
   return r;
 }
 
@@ -227,14 +246,10 @@ std::map<std::string, std::string> unclaimed_runs(const sweep_spec& s) {
     for (fs::directory_iterator it(fs::path(s.out_dir) / sub, ec), end; !ec && it != end; it.increment(ec)) {
       if (!it->is_directory(ec) || (sub == "points" && claimed.count(it->path().filename().string())))
         continue;
-      rapidjson::Document doc;
-      const std::string text = slurp(it->path() / "point.json");
-      if (text.empty() || runtime::parse_json(text, doc) || !doc.IsObject()) continue;
-      const auto* fp = runtime::find_member(doc, "config");
-      const auto* status = runtime::find_member(doc, "status");
-      if (!fp || !fp->IsString() || !status || !status->IsString()) continue;
-      const bool done = std::string_view(status->GetString()) == "done";
-      auto [at, fresh] = found.emplace(fp->GetString(), std::pair{it->path().string(), done});
+      const auto rec = read_record(it->path());
+      if (rec.status.empty() || rec.config.empty()) continue;
+      const bool done = rec.status == "done";
+      auto [at, fresh] = found.emplace(rec.config, std::pair{it->path().string(), done});
       if (!fresh && done && !at->second.second) at->second = {it->path().string(), done};
     }
   }
