@@ -137,6 +137,7 @@ void add_record(node_metrics& m, record obj) {
   if (kind == "start") {
     roll_back(m, obj);
     m.starts.push_back(std::move(obj));
+    m.ended = false;
   } else if (kind == "step") {
     m.steps.push_back({num(obj, "step"), num(obj, "loss")});
   } else if (kind == "worker") {
@@ -150,6 +151,7 @@ void add_record(node_metrics& m, record obj) {
     m.checkpoints.push_back(std::move(obj));
   } else if (kind == "end") {
     m.ends.push_back(std::move(obj));
+    m.ended = true;
   } else if (kind == "membership") {
     m.memberships.push_back(std::move(obj));
   } else if (kind == "recovery") {

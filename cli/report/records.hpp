@@ -58,6 +58,7 @@ struct node_metrics {
   std::vector<record> contributions, versions, drops;
   std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
   double bytes_sent = 0;                            // every all-reduce, redone rounds included
+  bool ended = false;  // an end record follows the last start in the file (its order: a clock may go back)
   size_t n_records = 0, n_skipped = 0;
 };
 

@@ -88,9 +88,7 @@ void find_time_span(report_data& r) {
 
 node_summary summarize(const node_metrics& m) {
   node_summary s;
-  const record* last_end = nullptr;
-  if (!m.ends.empty() && (m.starts.empty() || num(m.ends.back(), "ts") >= num(m.starts.back(), "ts")))
-    last_end = &m.ends.back();
+  const record* last_end = m.ended ? &m.ends.back() : nullptr;
   find_final_validation(m, last_end, s);
   sum_workers(m, s);
   sum_async(m, s);

@@ -502,6 +502,18 @@ CATCH_TEST_CASE(
   CATCH_CHECK(o6.find("metrics.jsonl:3: skipped a partial record before column 26") != std::string::npos);
   CATCH_CHECK(occurrences(o6, "warning") == 2);
 
+  // A clock set back during a resumed run: its end record, stamped before the last start, still ends it (the
+  // file's order says so; it read "no end record").
+  fs::create_directories(dir + "/clock");
+  lines = synthetic_metrics("k", 1.7e9, 2, 3, 5, 2);
+  const size_t end_ts = lines.rfind("{\"kind\":\"end\",\"ts\":") + 19;
+  lines.replace(end_ts, lines.find(',', end_ts) - end_ts, "1600000000.000");
+  write_text(dir + "/clock/metrics.jsonl", lines);
+  auto [c13, o13] = run({binary(), "report", dir + "/clock"}, dir + "/13.log", 60);
+  CATCH_INFO(o13);
+  CATCH_CHECK(c13 == 0);
+  CATCH_CHECK(read_text(dir + "/clock/report.html").find("<td>completed</td>") != std::string::npos);
+
   // Nothing valid at all, and an empty file.
   fs::create_directories(dir + "/junk");
   write_text(dir + "/junk/metrics.jsonl", "garbage\n<html>\n{\"kind\":\n");
