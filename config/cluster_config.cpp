@@ -50,7 +50,8 @@ std::string get_string(const toml::node& n, const std::string& key) {
 int64_t get_int(const toml::node& n, const std::string& key, int64_t lo, int64_t hi) {
   auto v = n.value_exact<int64_t>();
   if (!v)
-    throw config_error(key, fmt::format("{}: expected an integer, got {}{}", key, type_of(n), where(n)));
+    throw config_error(
+        key, fmt::format("{}: expected an integer, got {}{}{}", key, type_of(n), integer_hint(n), where(n)));
   if (*v < lo || *v > hi)
     throw config_error(key,
                        fmt::format("{} = {}: must be an integer in [{}, {}]{}", key, *v, lo, hi, where(n)));

@@ -267,8 +267,9 @@ template <class T>
 
 template <class T>
 [[noreturn]] void fail_type(const std::string& key, const toml::node& n, const std::string& where) {
-  throw config_error(key, fmt::format("{} = {}: expected {}, got {}{}", key, show(n), expected_name<T>(),
-                                      toml_type_name(n.type()), where));
+  throw config_error(key, fmt::format("{} = {}: expected {}, got {}{}{}", key, show(n), expected_name<T>(),
+                                      toml_type_name(n.type()),
+                                      std::is_integral_v<T> ? integer_hint(n) : std::string(), where));
 }
 
 /// Stores a TOML value in a field after checking its type (not its range: that is validate's job).
@@ -792,6 +793,13 @@ std::string device_problem(const std::string& d) {
       std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return "";
   return "allowed values are cpu, cuda, cuda:N (a GPU index) and auto";
+}
+
+std::string integer_hint(const toml::node& n) {
+  const auto* f = n.as_floating_point();
+  if (!f || !std::isfinite(f->get()) || f->get() != std::trunc(f->get()) || std::abs(f->get()) >= 1e15)
+    return {};
+  return fmt::format(" (write {} without the decimal point)", static_cast<int64_t>(f->get()));
 }
 
 std::string toml_type_name(toml::node_type t) {

@@ -11,6 +11,10 @@ namespace longwave::config {
 /// "a string", "an integer", "a float", "a boolean", "an array", "a table", "a date", ...
 std::string toml_type_name(toml::node_type t);
 
+/// For a float where an integer is expected: " (write 8 without the decimal point)" when `n` is a whole
+/// number such as 8.0 (TOML reads it as a float), else "".
+std::string integer_hint(const toml::node& n);
+
 /// toml::parse, after refusing a key of more than 64 dotted parts (toml::parse_error at its line): toml++
 /// makes a table per part and frees them recursively, so some 50,000 parts overflow the stack.
 toml::table parse_toml(std::string_view text, std::string_view source = {});

@@ -254,6 +254,9 @@ CATCH_TEST_CASE(
                                              "steps take train.pace_step_s / speed seconds)"));
   CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3\n", "workers = 3\nspeed = \"fast\"\n")),
                    Catch::Matchers::Contains("nodes[1].speed: expected a number, got a string"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3\n", "workers = 3.0\n")),
+                   Catch::Matchers::Contains("nodes[1].workers: expected an integer, got a number (write 3 "
+                                             "without the decimal point)"));
   CATCH_CHECK_THAT(error_of(good, {"train.pace_step_s=-1"}), Catch::Matchers::Contains("train.pace_step_s"));
 }
 

@@ -481,7 +481,9 @@ CATCH_TEST_CASE("A string for an integer field names the key and both types", "[
 CATCH_TEST_CASE("A float for an integer field is rejected", "[config]") {
   const config_error e = error_of("[train]\nbatch_size = 8.0\n");
   CATCH_CHECK(e.key() == "train.batch_size");
-  CATCH_CHECK_THAT(e.what(), Contains("expected an integer, got a float"));
+  CATCH_CHECK_THAT(e.what(),
+                   Contains("expected an integer, got a float (write 8 without the decimal point)"));
+  CATCH_CHECK_THAT(error_of("[train]\nbatch_size = 8.5\n").what(), !Contains("decimal point"));
 }
 
 CATCH_TEST_CASE("Booleans, strings and doubles accept only their own TOML types", "[config]") {
