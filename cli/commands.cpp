@@ -195,9 +195,11 @@ CLI::App* add_launch(CLI::App& app, cli_values& v) {
       })
       ->capture_default_str();
   launch->footer(
-      "Output lines are prefixed with [coordinator] or [node name]. The exit code is 0 when every role\n"
-      "succeeded, 130 after Ctrl-C, else the first failing role's code. With --observe, the Prometheus UI\n"
-      "is at http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into Grafana.");
+      "Output lines are prefixed with [coordinator] or [node name]; each role's output is also\n"
+      "appended to RUN_DIR/logs/<role>.log, which keeps its last lines when launch itself is killed\n"
+      "(the roles then stop with a checkpoint). The exit code is 0 when every role succeeded, 130 after\n"
+      "Ctrl-C, else the first failing role's code. With --observe, the Prometheus UI is at\n"
+      "http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into Grafana.");
   return launch;
 }
 

@@ -1,9 +1,9 @@
 // `longwave launch CLUSTER.toml`: the coordinator and every node as local child processes, their output
-// prefixed and merged, Ctrl-C forwarded to all of them.
+// prefixed and merged, Ctrl-C forwarded to all of them. Each role writes to its own file under out_dir/logs,
+// which launch follows: a role that outlives launch (killed) still has its last lines kept.
 #include "cli/launch.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/files/directory.hpp"
 #include "runtime/process/stop_signals.hpp"
 
 namespace longwave::cli {
@@ -36,7 +38,8 @@ struct child {
   bool is_node = true;
   bool is_observer = false;  // Prometheus: its output goes to a log file; it never stops the cluster
   pid_t pid = -1;
-  int out_fd = -1;
+  int out_fd = -1;  // launch's reading end of the role's log file (not for Prometheus)
+  std::string log_path;
   std::string pending;  // a partial line
   bool running = false;
   int code = -1;  // exit code once it ended (128 + signal if killed)
@@ -47,23 +50,22 @@ void print_line(const child& c, size_t width, const std::string& line) {
   std::fflush(stdout);
 }
 
-void start(child& c, const std::vector<std::string>& args, const std::string& log_path = "") {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  int log_fd = -1;
-  if (!log_path.empty()) {
-    log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) throw std::runtime_error("cannot write " + log_path + ": " + std::strerror(errno));
+/// Starts a role with its output appended to c.log_path; launch reads what it adds from the current end.
+void start(child& c, const std::vector<std::string>& args) {
+  const int log_fd = open(c.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) throw std::runtime_error("cannot write " + c.log_path + ": " + std::strerror(errno));
+  if (!c.is_observer) {
+    c.out_fd = open(c.log_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (c.out_fd < 0 || lseek(c.out_fd, 0, SEEK_END) < 0)
+      throw std::runtime_error("cannot read " + c.log_path + ": " + std::strerror(errno));
   }
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);                     // Ctrl-C reaches the children through launch only (once, in order)
     prctl(PR_SET_PDEATHSIG, SIGTERM);  // and they stop (with a checkpoint) if launch itself dies
-    dup2(log_fd >= 0 ? log_fd : fds[1], STDOUT_FILENO);
-    dup2(log_fd >= 0 ? log_fd : fds[1], STDERR_FILENO);
-    close(fds[0]);
-    close(fds[1]);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -71,35 +73,30 @@ void start(child& c, const std::vector<std::string>& args, const std::string& lo
     std::fprintf(stderr, "cannot start %s: %s\n", argv[0], std::strerror(errno));
     _exit(127);
   }
-  close(fds[1]);
-  if (log_fd >= 0) close(log_fd);
-  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  close(log_fd);
   c.pid = pid;
-  c.out_fd = fds[0];
   c.running = true;
 }
 
-/// Reads what the child wrote; prints complete lines. Closes the pipe at EOF.
-void drain(child& c, size_t width) {
+/// Prints the complete lines the role has added to its log; once it has ended (`last`), the rest too, and
+/// stops following the file.
+void drain(child& c, size_t width, bool last = false) {
   char buf[4096];
-  for (;;) {
-    const ssize_t n = read(c.out_fd, buf, sizeof buf);
-    if (n > 0) {
-      c.pending.append(buf, static_cast<size_t>(n));
-      size_t nl;
-      while ((nl = c.pending.find('\n')) != std::string::npos) {
-        print_line(c, width, c.pending.substr(0, nl));
-        c.pending.erase(0, nl + 1);
-      }
-      continue;
+  ssize_t n;
+  while ((n = read(c.out_fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+    if (n < 0) continue;
+    c.pending.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = c.pending.find('\n')) != std::string::npos) {
+      print_line(c, width, c.pending.substr(0, nl));
+      c.pending.erase(0, nl + 1);
     }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (!c.pending.empty()) print_line(c, width, c.pending);
-    c.pending.clear();
-    close(c.out_fd);
-    c.out_fd = -1;
-    return;
   }
+  if (!last) return;
+  if (!c.pending.empty()) print_line(c, width, c.pending);
+  c.pending.clear();
+  close(c.out_fd);
+  c.out_fd = -1;
 }
 
 void signal_all(std::vector<child>& children, int sig, bool nodes_only = false) {
@@ -168,11 +165,10 @@ void add_roles(const std::string& exe, const std::string& cluster_path, const co
     }
 }
 
-/// --observe: writes prometheus.yml and adds Prometheus as the last child, its output to *log. Returns 0, or
-/// 2 after saying why it cannot.
+/// --observe: writes prometheus.yml and adds Prometheus as the last child, its output to prometheus.log
+/// beside it. Returns 0, or 2 after saying why it cannot.
 int add_observer(const config::cluster_spec& spec, const observe_options& observe,
-                 std::vector<child>& children, std::vector<std::vector<std::string>>& args,
-                 std::string* log) {
+                 std::vector<child>& children, std::vector<std::vector<std::string>>& args) {
   if (access(observe.prometheus.c_str(), X_OK) != 0) {
     std::fprintf(stderr,
                  "launch: --observe needs Prometheus at %s (Debian package prometheus; scripts/setup "
@@ -187,8 +183,8 @@ int add_observer(const config::cluster_spec& spec, const observe_options& observ
     std::fprintf(stderr, "launch: --observe: %s\n", problem.c_str());
     return 2;
   }
-  *log = (dir / "prometheus.log").string();
   child c;
+  c.log_path = (dir / "prometheus.log").string();
   c.name = "prometheus";
   c.is_node = false;
   c.is_observer = true;
@@ -198,7 +194,32 @@ int add_observer(const config::cluster_spec& spec, const observe_options& observ
                   "--web.listen-address=127.0.0.1:" + std::to_string(observe.port)});
   std::printf(
       "observe: Prometheus at http://127.0.0.1:%d (scraping %zu targets every %s; config %s, log %s)\n",
-      observe.port, targets, observe.scrape_interval.c_str(), yml.c_str(), log->c_str());
+      observe.port, targets, observe.scrape_interval.c_str(), yml.c_str(), children.back().log_path.c_str());
+  return 0;
+}
+
+/// Each role's log: out_dir/logs/<role>.log, appended to with a line that marks this launch. Returns 0, or 2
+/// after saying why it cannot be written.
+int open_role_logs(const std::string& out_dir, std::vector<child>& children) {
+  const auto dir = std::filesystem::path(out_dir) / "logs";
+  if (const auto problem = runtime::make_directories(dir.string()); !problem.empty()) {
+    std::fprintf(stderr, "launch: the roles' logs: %s: %s\n", dir.c_str(), problem.c_str());
+    return 2;
+  }
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  for (auto& c : children) {
+    if (c.is_observer) continue;
+    c.log_path = (dir / (c.name + ".log")).string();
+    std::ofstream out(c.log_path, std::ios::app);
+    out << "---- longwave launch, " << stamp << " ----\n";
+    if (!out.flush()) {
+      std::fprintf(stderr, "launch: cannot write %s: %s\n", c.log_path.c_str(), std::strerror(errno));
+      return 2;
+    }
+  }
+  std::printf("launch: each role's output is also kept in %s/<role>.log\n", dir.c_str());
   return 0;
 }
 
@@ -210,21 +231,11 @@ struct launch_state {
   std::chrono::steady_clock::time_point nodes_done_at = std::chrono::steady_clock::time_point::max();
 };
 
-/// Waits up to 200 ms for output and prints what came.
+/// Waits 100 ms and prints what the roles wrote meanwhile (a file is always readable: no poll).
 void pump_output(std::vector<child>& children, size_t width) {
-  std::vector<pollfd> fds;
-  std::vector<size_t> which;
-  for (size_t i = 0; i < children.size(); ++i)
-    if (children[i].out_fd >= 0) {
-      fds.push_back({children[i].out_fd, POLLIN, 0});
-      which.push_back(i);
-    }
-  if (!fds.empty())
-    poll(fds.data(), fds.size(), 200);
-  else
-    usleep(100 * 1000);
-  for (size_t k = 0; k < fds.size(); ++k)
-    if (fds[k].revents) drain(children[which[k]], width);
+  usleep(100 * 1000);
+  for (auto& c : children)
+    if (c.out_fd >= 0) drain(c, width);
 }
 
 /// A new Ctrl-C: the first asks every role to stop, a later one kills them. Returns the signals so far.
@@ -249,14 +260,14 @@ int forward_signals(std::vector<child>& children, launch_state& st) {
 /// Collects a child that ended: its exit code, its last output; a failed role stops the others (unless
 /// launch is stopping them already), an ended Prometheus is only reported.
 void on_child_exit(std::vector<child>& children, child& c, int status, size_t width, launch_state& st,
-                   int sigs, const std::string& observer_log) {
+                   int sigs) {
   c.running = false;
   c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (c.out_fd >= 0) drain(c, width);
+  if (c.out_fd >= 0) drain(c, width, true);
   if (c.is_observer) {
     if (!st.stopping && sigs == 0)
       std::printf("launch: Prometheus ended with exit code %d (see %s); training goes on\n", c.code,
-                  observer_log.c_str());
+                  c.log_path.c_str());
     std::fflush(stdout);
     return;
   }
@@ -289,8 +300,7 @@ void stop_observer(std::vector<child>& children, const std::string& out_dir) {
 }
 
 /// Runs the started children until every role has ended: output, Ctrl-C, exits, the coordinator's stop.
-void supervise(std::vector<child>& children, size_t width, const std::string& observer_log,
-               const std::string& out_dir, launch_state& st) {
+void supervise(std::vector<child>& children, size_t width, const std::string& out_dir, launch_state& st) {
   for (;;) {
     pump_output(children, width);
     const int sigs = forward_signals(children, st);
@@ -298,7 +308,7 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ob
     for (auto& c : children) {
       int status = 0;
       if (c.running && waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        on_child_exit(children, c, status, width, st, sigs, observer_log);
+        on_child_exit(children, c, status, width, st, sigs);
         if (c.is_observer) continue;
       }
       if (!c.is_observer) any_running = any_running || c.running || c.out_fd >= 0;
@@ -348,9 +358,9 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
   std::vector<child> children;
   std::vector<std::vector<std::string>> args;
   add_roles(exe, cluster_path, spec, overrides, fresh, children, args);
-  std::string observer_log;
   if (observe.enabled)
-    if (const int code = add_observer(spec, observe, children, args, &observer_log); code != 0) return code;
+    if (const int code = add_observer(spec, observe, children, args); code != 0) return code;
+  if (const int code = open_role_logs(spec.train.run.out_dir, children); code != 0) return code;
   size_t width = 0;
   for (const auto& c : children) width = std::max(width, c.name.size());
 
@@ -360,8 +370,7 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
   g_launch_signals = 0;
   runtime::count_stop_signals(g_launch_signals);
   try {
-    for (size_t i = 0; i < children.size(); ++i)
-      start(children[i], args[i], children[i].is_observer ? observer_log : "");
+    for (size_t i = 0; i < children.size(); ++i) start(children[i], args[i]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "launch: %s\n", e.what());
     signal_all(children, SIGKILL);
@@ -370,7 +379,7 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
     return 1;
   }
   launch_state st;
-  supervise(children, width, observer_log, spec.train.run.out_dir, st);
+  supervise(children, width, spec.train.run.out_dir, st);
   return exit_code(children, st);
 }
 

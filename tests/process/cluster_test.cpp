@@ -582,16 +582,11 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
-CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch exits 1 naming the signal",
-                "[process][cluster][signal]") {
-  const auto dir = scratch_dir("cluster_launch_kill");
-  cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
-  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
-  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n1"); }, 300));
-  // n1's process: the child of launch whose command line names it (each /proc/PID/stat names its parent).
-  pid_t n1 = -1;
+namespace {
+
+/// The processes whose parent is `parent`, with their command lines (each /proc/PID/stat names its parent).
+std::vector<std::pair<pid_t, std::string>> children_of(pid_t parent) {
+  std::vector<std::pair<pid_t, std::string>> found;
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string pid = e.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -600,12 +595,28 @@ CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 1));
     std::string state;
-    pid_t parent = -1;
-    rest >> state >> parent;
+    pid_t ppid = -1;
+    rest >> state >> ppid;
     auto cmdline = read_text(e.path().string() + "/cmdline");
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (parent == launch.pid && contains(cmdline, "--node n1")) n1 = static_cast<pid_t>(std::stol(pid));
+    if (ppid == parent) found.emplace_back(static_cast<pid_t>(std::stol(pid)), cmdline);
   }
+  return found;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch exits 1 naming the signal",
+                "[process][cluster][signal]") {
+  const auto dir = scratch_dir("cluster_launch_kill");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n1"); }, 300));
+  pid_t n1 = -1;
+  for (const auto& [pid, cmdline] : children_of(launch.pid))
+    if (contains(cmdline, "--node n1")) n1 = pid;
   CATCH_REQUIRE(n1 > 0);
   CATCH_REQUIRE(kill(n1, SIGKILL) == 0);
   const int code = wait_exit(launch, 180);
@@ -614,6 +625,42 @@ CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch
   CATCH_CHECK(code == 1);
   CATCH_CHECK(contains(log, "launch: node n1 ended with signal 9 (Killed); stopping the others"));
   CATCH_CHECK(contains(log, "n1=137"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
+    "launch killed by SIGKILL: every role stops with a checkpoint and its own log keeps its last lines",
+    "[process][cluster][signal]") {
+  const auto dir = scratch_dir("cluster_launch_sigkill");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+  CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 300));
+  const auto roles = children_of(launch.pid);
+  CATCH_REQUIRE(roles.size() == 3);
+  CATCH_REQUIRE(kill(launch.pid, SIGKILL) == 0);
+  wait_exit(launch, 60);
+  // The roles, told by PR_SET_PDEATHSIG, stop by themselves; launch no longer reads their output.
+  const auto gone = [](pid_t pid) {
+    return kill(pid, 0) != 0 || contains(read_text("/proc/" + std::to_string(pid) + "/stat"), ") Z ");
+  };
+  const bool stopped = wait_until(
+      [&] { return std::all_of(roles.begin(), roles.end(), [&](const auto& r) { return gone(r.first); }); },
+      180);
+  for (const auto& r : roles)
+    if (!gone(r.first)) kill(r.first, SIGKILL);
+  CATCH_REQUIRE(stopped);
+  for (const char* node : {"n0", "n1"}) {
+    const auto log = read_text(dir + "/cluster/logs/" + node + ".log");
+    CATCH_INFO(node << ":\n" << tail(log));
+    CATCH_CHECK(log.rfind("---- longwave launch, ", 0) == 0);
+    CATCH_CHECK((contains(log, "stopped at inner step ") ||
+                 contains(log, "stopped during the all-reduce of round ")));
+  }
+  CATCH_CHECK(fs::file_size(dir + "/cluster/logs/coordinator.log") > 0);
+  CATCH_CHECK(contains(read_text(dir + "/launch.log"),
+                       "each role's output is also kept in " + dir + "/cluster/logs/"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
