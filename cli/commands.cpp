@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -91,6 +92,38 @@ CLI::App* add_export(CLI::App& app, cli_values& v) {
       "RoPE,\n"
       "so Llama's forward pass computes our logits. A non-empty DIR is refused unless --force.");
   return exp;
+}
+
+CLI::App* add_sample(CLI::App& app, cli_values& v) {
+  auto* sample =
+      app.add_subcommand("sample", "Write text with a checkpoint's theta_global after a prompt (on the CPU)");
+  sample
+      ->add_option("checkpoint", v.sample.checkpoint,
+                   "A .lwc checkpoint file or a checkpoint directory (newest valid), as for eval")
+      ->required();
+  sample->add_option("--prompt", v.sample.prompt, "Text the model goes on from (default: a line break)");
+  sample->add_option("--tokens", v.sample.tokens, "New tokens to write")
+      ->check(at_least_one())
+      ->capture_default_str();
+  sample
+      ->add_option("--temperature", v.sample.temperature, "Softmax temperature; 0 takes the likeliest token")
+      ->check([](const std::string& s) {
+        char* end = nullptr;
+        const double t = std::strtod(s.c_str(), &end);
+        return *end == '\0' && std::isfinite(t) && t >= 0 && t <= 100 ? std::string()
+                                                                      : std::string("a number in [0, 100]");
+      })
+      ->capture_default_str();
+  sample->add_option("--top-k", v.sample.top_k, "Draw among the k likeliest tokens (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  sample->add_option("--seed", v.sample.seed, "Seed of the draws (one seed, one text)")
+      ->capture_default_str();
+  sample->footer(
+      "The prompt and the new text go to stdout, a line about the model and the speed to stderr. The run's\n"
+      "tokenizer.txt is looked for as export does (beside the checkpoint directory, then the run's data\n"
+      "folder); a byte-level run needs none. The model sees its last seq_len tokens.");
+  return sample;
 }
 
 /// `data prepare`; returns the prepare subcommand.
@@ -325,6 +358,7 @@ subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string
   sub.run = add_run(app, v);
   sub.eval = add_eval(app, v);
   sub.exp = add_export(app, v);
+  sub.sample = add_sample(app, v);
   sub.prep = add_data_prepare(app, v);
   sub.coord = add_coordinator(app, v);
   sub.node = add_node(app, v);

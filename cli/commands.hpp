@@ -2,8 +2,9 @@
 // `longwave`'s command line, defined once and parsed by two binaries. `longwave` (cli/main.cpp) links no
 // LibTorch: it runs the commands that need no model (coordinator, stop, launch, report, presets, keys,
 // sweep, data prepare) and starts in milliseconds. The commands that train or read a model's tensors
-// (run, eval, export, node, and --version) it hands to `longwave-torch` beside it (cli/torch_main.cpp) by
-// exec: same process, same arguments. Loading Debian's LibTorch costs about 1 CPU second per process.
+// (run, eval, export, sample, node, and --version) it hands to `longwave-torch` beside it
+// (cli/torch_main.cpp) by exec: same process, same arguments. Loading Debian's LibTorch costs about 1 CPU
+// second per process.
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "cli/export.hpp"
 #include "cli/launch.hpp"
+#include "cli/sample.hpp"
 #include "cli/sweep/runner.hpp"
 #include "config/cluster_config.hpp"
 
@@ -32,6 +34,7 @@ struct cli_values {
   std::string eval_data;  // eval --data
   // export
   export_options exp;
+  sample_options sample;
   // data prepare
   std::string input, out_dir, tokenizer = "byte";
   int64_t vocab = 1024;
@@ -60,7 +63,8 @@ struct cli_values {
 
 /// The subcommands, to tell which one was given.
 struct subcommands {
-  CLI::App *run, *eval, *exp, *prep, *coord, *node, *stop, *launch, *report, *presets, *keys_new, *sweep;
+  CLI::App *run, *eval, *exp, *sample, *prep, *coord, *node, *stop, *launch, *report, *presets, *keys_new,
+      *sweep;
 };
 
 /// Defines the app's description, --version (its text from `version`) and every subcommand, in --help's
@@ -72,7 +76,7 @@ subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);
 
 /// Runs the command that was given when it needs no LibTorch; nullopt when it does (run, eval, export,
-/// node).
+/// sample, node).
 std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* argv0);
 
 /// Loads `run`'s config with its --set overrides; prints the config error and returns nullopt.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actors/run_files.hpp"
+#include "cli/checkpoint_model.hpp"
 #include "config/config_loader.hpp"
 #include "models/data/file_io.hpp"
 #include "models/data/tokenizer.hpp"
@@ -31,72 +32,6 @@ namespace fs = std::filesystem;
 namespace longwave::cli {
 
 namespace {
-
-/// theta_global of a checkpoint and the model it belongs to.
-struct exported_model {
-  models::model_spec spec;
-  std::vector<float> theta;
-  config::train_config cfg;
-  uint64_t round = 0, step = 0;
-};
-
-/// The model of a checkpoint's config. With model.vocab_size 0 the run took its vocabulary from the data,
-/// so it is read off theta's size (the embedding is the only part that depends on it).
-models::model_spec spec_for(const config::train_config& cfg, int64_t n_theta, const std::string& path) {
-  auto spec = models::spec_of(cfg.model, 0);
-  const int64_t without_embedding = models::closed_form_param_count(spec);
-  spec.vocab_size = cfg.model.vocab_size;
-  if (spec.vocab_size <= 0 && (n_theta - without_embedding) % spec.dim == 0)
-    spec.vocab_size = (n_theta - without_embedding) / spec.dim;
-  if (spec.vocab_size <= 0 || models::closed_form_param_count(spec) != n_theta)
-    throw lw_error(errc::corrupt_checkpoint,
-                   fmt::format("{}: theta holds {} values, which no vocabulary of model '{}' gives", path,
-                               n_theta, models::model_label(spec)));
-  return spec;
-}
-
-/// Throws lw_error (io_error, corrupt_checkpoint) or config_error: all bad input.
-exported_model load(const std::string& path) {
-  auto named = actors::load_named_checkpoint(path);
-  const auto& blob = actors::theta_blob(named.ckpt, path);
-  exported_model m;
-  m.spec = spec_for(named.cfg, static_cast<int64_t>(blob.size / sizeof(float)), path);
-  const auto meta = runtime::parse_meta(named.ckpt.meta);
-  if (const auto it = meta.find("preset"); it != meta.end() && it->second != models::model_label(m.spec))
-    throw lw_error(errc::corrupt_checkpoint, fmt::format("{}: meta names model '{}', its config gives '{}'",
-                                                         path, it->second, models::model_label(m.spec)));
-  m.theta.resize(blob.size / sizeof(float));
-  actors::copy_theta(named.ckpt, path, m.theta.data(), static_cast<int64_t>(m.theta.size()));
-  m.cfg = std::move(named.cfg);
-  m.round = named.ckpt.round;
-  m.step = named.ckpt.step;
-  return m;
-}
-
-/// The run's tokenizer file, if one matches the model's vocabulary: first beside the checkpoint directory
-/// (where an archived or copied run keeps it), then the stored data_dir (another run may have reused that
-/// out_dir since), then data.path. A model whose vocabulary came from its tokenizer needs the same size.
-std::optional<std::string> find_tokenizer(const exported_model& m, const std::string& ckpt_path) {
-  const fs::path ckpt_dir =
-      fs::is_directory(ckpt_path) ? fs::path(ckpt_path) : fs::path(ckpt_path).parent_path();
-  std::vector<fs::path> candidates{fs::absolute(ckpt_dir).parent_path() / "data" / "tokenizer.txt",
-                                   fs::path(actors::resolve_paths(m.cfg).data_dir) / "tokenizer.txt"};
-  if (!m.cfg.data.path.empty() && fs::is_directory(m.cfg.data.path))
-    candidates.push_back(fs::path(m.cfg.data.path) / "tokenizer.txt");
-  const bool exact = m.cfg.model.vocab_size == 0;
-  for (const auto& c : candidates) {
-    if (!fs::is_regular_file(c)) continue;
-    try {
-      const int64_t vocab = models::data::load_tokenizer(c.string())->vocab_size();
-      if (exact ? vocab == m.spec.vocab_size : vocab <= m.spec.vocab_size) return c.string();
-      spdlog::info("export: {} is not this model's tokenizer ({} tokens, the model has {})", c.string(),
-                   vocab, m.spec.vocab_size);
-    } catch (const lw_error&) {
-      // not a tokenizer of ours: the next candidate
-    }
-  }
-  return std::nullopt;
-}
 
 /// Parses "1,2,3" into token ids below vocab, at most seq_len of them; throws lw_error(invalid_config).
 std::vector<int64_t> parse_ids(const std::string& text, const models::model_spec& s) {
@@ -120,7 +55,7 @@ std::vector<int64_t> parse_ids(const std::string& text, const models::model_spec
 }
 
 /// Our model's logits of one sequence, as text: "T V", then T lines of V values.
-std::string logits_text(const exported_model& m, const std::vector<int64_t>& ids) {
+std::string logits_text(const checkpoint_model& m, const std::vector<int64_t>& ids) {
   auto flat = at::empty({static_cast<int64_t>(m.theta.size())}, at::kFloat);
   std::memcpy(flat.data_ptr<float>(), m.theta.data(), m.theta.size() * sizeof(float));
   models::gpt model(m.spec, flat);
@@ -137,7 +72,7 @@ std::string logits_text(const exported_model& m, const std::vector<int64_t>& ids
 }
 
 /// Writes the export; throws lw_error(io_error) when a file cannot be written.
-void write_export(const exported_model& m, const export_options& o) {
+void write_export(const checkpoint_model& m, const export_options& o) {
   const fs::path out(o.out_dir);
   fs::create_directories(out);
   const models::llama_weights weights(m.spec, m.theta.data());
@@ -153,7 +88,7 @@ void write_export(const exported_model& m, const export_options& o) {
       "%ld, context %ld, tied embeddings)\n",
       config_path.c_str(), m.spec.dim, m.spec.n_layers, m.spec.n_heads, m.spec.n_kv_heads, m.spec.ffn_hidden,
       m.spec.vocab_size, m.spec.seq_len);
-  if (const auto tok = find_tokenizer(m, o.checkpoint)) {
+  if (const auto tok = find_tokenizer(m, o.checkpoint, "export")) {
     const auto tok_path = (out / "tokenizer.txt").string();
     const std::string text = models::data::read_file(*tok, "tokenizer");
     models::data::write_file_atomic(tok_path, {text});
@@ -206,10 +141,10 @@ int export_checkpoint(const export_options& o) {
       for (fs::path d = o.out_dir; fs::remove(d, ec) && d != first_made;) d = d.parent_path();
     return code;
   };
-  exported_model m;
+  checkpoint_model m;
   std::vector<int64_t> ids;
   try {
-    m = load(o.checkpoint);
+    m = load_checkpoint_model(o.checkpoint);
     if (!o.logits_for.empty()) ids = parse_ids(o.logits_for, m.spec);
   } catch (const config::config_error& e) {
     std::fprintf(stderr, "export: checkpoint '%s': %s\n", o.checkpoint.c_str(), e.what());

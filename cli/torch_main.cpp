@@ -1,4 +1,4 @@
-// longwave-torch: the commands that train or read a model's tensors (run, eval, export, node) and
+// longwave-torch: the commands that train or read a model's tensors (run, eval, export, sample, node) and
 // --version, which `longwave` (cli/main.cpp) hands over by exec with the same arguments. It runs the other
 // commands as well, so either binary alone answers every command line.
 #include <spdlog/spdlog.h>
@@ -11,6 +11,7 @@
 #include "actors/training.hpp"
 #include "cli/commands.hpp"
 #include "cli/export.hpp"
+#include "cli/sample.hpp"
 #include "cluster/roles.hpp"
 #include "config/config_loader.hpp"
 #include "models/cpu_kernels.hpp"
@@ -69,5 +70,6 @@ int main(int argc, char** argv) {
   if (sub.node->parsed()) return cmd_node(v);
   if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches, v.eval_data);
   if (sub.exp->parsed()) return export_checkpoint(v.exp);
+  if (sub.sample->parsed()) return sample_checkpoint(v.sample);
   return 2;
 }

@@ -1,6 +1,7 @@
 // `longwave export`: a trained checkpoint as Hugging Face Llama safetensors, read back byte by byte, run
 // through an independent PyTorch Llama forward pass (tests/support/llama_forward.py) that must give our
-// logits; and the refusals (unknown format, missing or corrupt checkpoint, a non-empty --out).
+// logits; and the refusals (unknown format, missing or corrupt checkpoint, a non-empty --out). `longwave
+// sample`, which reads a checkpoint's model and tokenizer as export does.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -399,5 +400,74 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   CATCH_REQUIRE(code == 0);
   CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") == read_text(dir + "/archive/data/tokenizer.txt"));
   CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") != read_text(dir + "/run/data/tokenizer.txt"));
+  // sample finds the same tokenizer; without it (the later run's has another vocabulary) it says so.
+  const auto [scode, sout] =
+      run({binary(), "sample", dir + "/archive/checkpoints", "--tokens", "5"}, dir + "/sample.log", 300);
+  CATCH_INFO(sout);
+  CATCH_CHECK(scode == 0);
+  CATCH_CHECK(sout.find("bpe tokenizer; 5 tokens") != std::string::npos);
+  fs::remove(dir + "/archive/data/tokenizer.txt");
+  const auto [ncode, nout] =
+      run({binary(), "sample", dir + "/archive/checkpoints"}, dir + "/sample-none.log", 300);
+  CATCH_INFO(nout);
+  CATCH_CHECK(ncode == 2);
+  CATCH_CHECK(nout.find("no tokenizer of this run found") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "sample writes a checkpoint's text: the likeliest token is our logits' argmax, one seed one text",
+    "[process][export]") {
+  const auto dir = scratch_dir("sample");
+  {
+    const auto [code, out] = run({binary(), "run", tiny_run_config(dir)}, dir + "/run.log", 600);
+    CATCH_INFO(out);
+    CATCH_REQUIRE(code == 0);
+  }
+  const auto ckpt_dir = dir + "/run/checkpoints";
+  // stdout alone (the text), stderr to its own file.
+  const auto sample = [&](const std::string& args, const std::string& name) {
+    return run({"/bin/sh", "-c",
+                "exec " + binary() + " sample " + ckpt_dir + " " + args + " 2>" + dir + "/" + name + ".err"},
+               dir + "/" + name + ".out", 300);
+  };
+  const std::string prompt = "In the beginning";
+  const auto [gcode, greedy] = sample("--prompt '" + prompt + "' --tokens 12 --temperature 0", "greedy");
+  CATCH_INFO(greedy << read_text(dir + "/greedy.err"));
+  CATCH_REQUIRE(gcode == 0);
+  CATCH_REQUIRE(greedy.size() == prompt.size() + 12 + 1);  // a byte a token, and a line break
+  CATCH_CHECK(greedy.rfind(prompt, 0) == 0);
+  CATCH_CHECK(
+      (read_text(dir + "/greedy.err").find("byte tokenizer; 12 tokens, the likeliest") != std::string::npos));
+  // The first new byte is the argmax of the model's logits after the prompt (export's diagnostic).
+  std::string ids;
+  for (unsigned char ch : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(ch);
+  const auto [ecode, eout] = run({binary(), "export", ckpt_dir, "--out", dir + "/hf", "--logits-for", ids,
+                                  "--logits-out", dir + "/ours.txt"},
+                                 dir + "/export.log", 300);
+  CATCH_INFO(eout);
+  CATCH_REQUIRE(ecode == 0);
+  const auto logits = read_logits(dir + "/ours.txt");
+  CATCH_REQUIRE(logits.size() == prompt.size());
+  const auto& last = logits.back();
+  const auto best = std::max_element(last.begin(), last.end()) - last.begin();
+  CATCH_CHECK(static_cast<unsigned char>(greedy[prompt.size()]) == best);
+  // Draws: one seed gives one text; another seed, over the whole vocabulary at temperature 1, another.
+  const auto [c1, one] = sample("--tokens 24 --seed 7 --temperature 1 --top-k 0", "seed7");
+  const auto [c2, again] = sample("--tokens 24 --seed 7 --temperature 1 --top-k 0", "seed7b");
+  const auto [c3, other] = sample("--tokens 24 --seed 8 --temperature 1 --top-k 0", "seed8");
+  CATCH_CHECK(c1 == 0);
+  CATCH_CHECK(c2 == 0);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(one.size() == 24 + 1);  // the default prompt is the line break itself: no prompt text
+  CATCH_CHECK(one == again);
+  CATCH_CHECK(one != other);
+  // Bad input: no such checkpoint, a negative temperature.
+  const auto [m1, missing] = run({binary(), "sample", dir + "/nope"}, dir + "/missing.log", 60);
+  CATCH_CHECK(m1 == 2);
+  CATCH_CHECK(missing.find(dir + "/nope': no such file or directory") != std::string::npos);
+  const auto [m2, cold] = run({binary(), "sample", ckpt_dir, "--temperature", "-1"}, dir + "/cold.log", 60);
+  CATCH_CHECK(m2 == 2);
+  CATCH_CHECK(cold.find("--temperature") != std::string::npos);
   fs::remove_all(dir);
 }

@@ -1,0 +1,78 @@
+// A checkpoint's theta_global, its model and its tokenizer (cli/checkpoint_model.hpp).
+#include "cli/checkpoint_model.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "actors/run_files.hpp"
+#include "models/data/tokenizer.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/log/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace longwave::cli {
+
+namespace {
+
+/// The model of a checkpoint's config. With model.vocab_size 0 the run took its vocabulary from the data,
+/// so it is read off theta's size (the embedding is the only part that depends on it).
+models::model_spec spec_for(const config::train_config& cfg, int64_t n_theta, const std::string& path) {
+  auto spec = models::spec_of(cfg.model, 0);
+  const int64_t without_embedding = models::closed_form_param_count(spec);
+  spec.vocab_size = cfg.model.vocab_size;
+  if (spec.vocab_size <= 0 && (n_theta - without_embedding) % spec.dim == 0)
+    spec.vocab_size = (n_theta - without_embedding) / spec.dim;
+  if (spec.vocab_size <= 0 || models::closed_form_param_count(spec) != n_theta)
+    throw lw_error(errc::corrupt_checkpoint,
+                   fmt::format("{}: theta holds {} values, which no vocabulary of model '{}' gives", path,
+                               n_theta, models::model_label(spec)));
+  return spec;
+}
+
+}  // namespace
+
+checkpoint_model load_checkpoint_model(const std::string& path) {
+  auto named = actors::load_named_checkpoint(path);
+  const auto& blob = actors::theta_blob(named.ckpt, path);
+  checkpoint_model m;
+  m.spec = spec_for(named.cfg, static_cast<int64_t>(blob.size / sizeof(float)), path);
+  const auto meta = runtime::parse_meta(named.ckpt.meta);
+  if (const auto it = meta.find("preset"); it != meta.end() && it->second != models::model_label(m.spec))
+    throw lw_error(errc::corrupt_checkpoint, fmt::format("{}: meta names model '{}', its config gives '{}'",
+                                                         path, it->second, models::model_label(m.spec)));
+  m.theta.resize(blob.size / sizeof(float));
+  actors::copy_theta(named.ckpt, path, m.theta.data(), static_cast<int64_t>(m.theta.size()));
+  m.cfg = std::move(named.cfg);
+  m.round = named.ckpt.round;
+  m.step = named.ckpt.step;
+  return m;
+}
+
+// A model whose vocabulary came from its tokenizer needs the same size.
+std::optional<std::string> find_tokenizer(const checkpoint_model& m, const std::string& ckpt_path,
+                                          const char* who) {
+  const fs::path ckpt_dir =
+      fs::is_directory(ckpt_path) ? fs::path(ckpt_path) : fs::path(ckpt_path).parent_path();
+  std::vector<fs::path> candidates{fs::absolute(ckpt_dir).parent_path() / "data" / "tokenizer.txt",
+                                   fs::path(actors::resolve_paths(m.cfg).data_dir) / "tokenizer.txt"};
+  if (!m.cfg.data.path.empty() && fs::is_directory(m.cfg.data.path))
+    candidates.push_back(fs::path(m.cfg.data.path) / "tokenizer.txt");
+  const bool exact = m.cfg.model.vocab_size == 0;
+  for (const auto& c : candidates) {
+    if (!fs::is_regular_file(c)) continue;
+    try {
+      const int64_t vocab = models::data::load_tokenizer(c.string())->vocab_size();
+      if (exact ? vocab == m.spec.vocab_size : vocab <= m.spec.vocab_size) return c.string();
+      spdlog::info("{}: {} is not this model's tokenizer ({} tokens, the model has {})", who, c.string(),
+                   vocab, m.spec.vocab_size);
+    } catch (const lw_error&) {
+      // not a tokenizer of ours: the next candidate
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace longwave::cli

@@ -1,0 +1,32 @@
+#pragma once
+// A checkpoint's theta_global with the model and the tokenizer it belongs to: what `export` writes out and
+// `sample` runs.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/train_config.hpp"
+#include "models/model_spec.hpp"
+
+namespace longwave::cli {
+
+/// theta_global of a checkpoint and the model it belongs to.
+struct checkpoint_model {
+  models::model_spec spec;
+  std::vector<float> theta;
+  config::train_config cfg;
+  uint64_t round = 0, step = 0;
+};
+
+/// Reads a .lwc file or a checkpoint directory's newest valid file. Throws lw_error (io_error,
+/// corrupt_checkpoint) or config_error: all bad input.
+checkpoint_model load_checkpoint_model(const std::string& path);
+
+/// The run's tokenizer file, if one matches the model's vocabulary: first beside the checkpoint directory
+/// (where an archived or copied run keeps it), then the stored data_dir (another run may have reused that
+/// out_dir since), then data.path. `who` prefixes the note on a file passed over ("export").
+std::optional<std::string> find_tokenizer(const checkpoint_model& m, const std::string& ckpt_path,
+                                          const char* who);
+
+}  // namespace longwave::cli
