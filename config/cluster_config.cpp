@@ -221,6 +221,12 @@ cluster_node read_node(const toml::node& entry, size_t i) {
   if (!valid_node_name(n.name))
     throw config_error(base + ".name",
                        fmt::format("{}.name = \"{}\": use 1..32 letters, digits, '_' or '-'", base, n.name));
+  // launch keeps out_dir/logs/<role>.log (the coordinator's too) and --observe's out_dir/prometheus/.
+  if (n.name == "coordinator" || n.name == "logs" || n.name == "prometheus")
+    throw config_error(base + ".name",
+                       fmt::format("{}.name = \"{}\": a name launch uses in run.out_dir (logs/, prometheus/, "
+                                   "logs/coordinator.log); pick another",
+                                   base, n.name));
   if (!has_endpoint)
     throw config_error(
         base + ".endpoint",

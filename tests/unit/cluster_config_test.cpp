@@ -262,6 +262,10 @@ CATCH_TEST_CASE(
 
 CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") {
   using Catch::Matchers::Contains;
+  for (const char* taken : {"coordinator", "logs", "prometheus"})
+    CATCH_CHECK_THAT(
+        error_of(replaced(good, "name = \"b\"", std::string("name = \"") + taken + "\"")),
+        Contains(std::string("nodes[1].name = \"") + taken + "\": a name launch uses in run.out_dir"));
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"b\"", "name = \"a\"")),
                    Catch::Matchers::Contains("nodes[1].name = \"a\": another node has this name"));
   CATCH_CHECK_THAT(
