@@ -4,6 +4,7 @@
 #include "cli/launch.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/files/directory.hpp"
+#include "runtime/process/port_check.hpp"
 #include "runtime/process/stop_signals.hpp"
 
 namespace longwave::cli {
@@ -118,11 +120,19 @@ std::string write_prometheus_config(const config::cluster_spec& spec, const obse
   for (size_t i = 0; i < spec.nodes.size(); ++i)
     roles.emplace_back(spec.nodes[i].name, config::node_config(spec, i).metrics.port);
   if (!spec.train.metrics.enabled) return "[metrics] enabled = false: there is nothing to scrape";
-  for (const auto& [name, port] : roles)
+  for (const auto& [name, port] : roles) {
     if (port == 0)
       return "the metrics port of " + name +
              " is 0 (picked at start), so Prometheus cannot be told where to scrape; set [metrics] port "
              "(and [[nodes]] metrics_port) to fixed ports";
+    if (port == o.port)
+      return fmt::format("--observe-port {} is the metrics port of {}; pick another for Prometheus", o.port,
+                         name);
+  }
+  if (const int err = runtime::bind_error("127.0.0.1", o.port))
+    return fmt::format(
+        "--observe-port {}: 127.0.0.1:{} cannot be bound: {}{}", o.port, o.port, std::strerror(err),
+        err == EADDRINUSE ? " (another Prometheus, or this cluster's launch already running?)" : "");
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
   std::ofstream out(path, std::ios::trunc);

@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +25,7 @@
 #include "comm/fault_transport.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/errors/fault_env.hpp"
+#include "runtime/process/port_check.hpp"
 
 namespace longwave::cluster {
 
@@ -149,40 +148,34 @@ int say_goodbye(control_client& control, const std::string& name, int code,
 
 namespace {
 
-/// The ring's endpoint, bound (not listened on: no peer can connect to it meanwhile) and let go before the
-/// hello: a port that another process holds fails here, named, instead of after the welcome, when the cluster
-/// has started and only loses this node. A host name that does not resolve is left to the ring's own bind.
-void check_ring_endpoint(const config::cluster_node& me) {
-  // tcp://HOST:PORT, as config::endpoint_problem checked it when the cluster file was read.
-  const auto& e = me.endpoint;
-  const auto colon = e.rfind(':');
-  std::string host = e.substr(6, colon - 6);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), e.substr(colon + 1).c_str(), &hints, &found) != 0) return;
-  int err = 0;
-  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    const int one = 1;  // as ZeroMQ's listener: a closed connection's TIME_WAIT does not hold the port
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, found->ai_addr, found->ai_addrlen) != 0) err = errno;
-    ::close(fd);
+/// The ports this node listens on, bound (not listened on: no peer can connect meanwhile) and let go before
+/// the hello: a port that another process holds fails here, named, instead of after the welcome, when the
+/// cluster has started and only loses this node. A host name that does not resolve is left to the listener.
+void check_ports(const config::cluster_spec& spec, const config::cluster_node& me,
+                 const config::train_config& cfg) {
+  const auto fail = [&](int err, const std::string& what, const std::string& where) {
+    const auto hint =
+        err == EADDRINUSE
+            ? fmt::format("another process holds the port: is node {} already running here?", me.name)
+        : err == EADDRNOTAVAIL
+            ? std::string(
+                  "no interface of this machine has that address: is the node started on the machine "
+                  "the cluster file names?")
+            : "see the cluster file's " + where;
+    throw lw_error(errc::invalid_config,
+                   fmt::format("{} cannot be bound: {} ({})", what, std::strerror(err), hint));
+  };
+  if (spec.train.comm.backend == config::comm_backend::ring) {
+    // tcp://HOST:PORT, as config::endpoint_problem checked it when the cluster file was read.
+    const auto& e = me.endpoint;
+    const auto colon = e.rfind(':');
+    if (const int err = runtime::bind_error(e.substr(6, colon - 6), std::stoi(e.substr(colon + 1))))
+      fail(err, "its ring endpoint " + e, "[[nodes]] endpoint");
   }
-  ::freeaddrinfo(found);
-  if (err == 0) return;
-  const auto hint =
-      err == EADDRINUSE
-          ? fmt::format("another process holds the port: is node {} already running here?", me.name)
-      : err == EADDRNOTAVAIL
-          ? std::string(
-                "no interface of this machine has that address: is the node started on the machine "
-                "the cluster file names?")
-          : std::string("see the cluster file's [[nodes]] endpoint");
-  throw lw_error(errc::invalid_config,
-                 fmt::format("its ring endpoint {} cannot be bound: {} ({})", e, std::strerror(err), hint));
+  if (cfg.metrics.enabled && cfg.metrics.port != 0)
+    if (const int err = runtime::bind_error(cfg.metrics.address, static_cast<int>(cfg.metrics.port)))
+      fail(err, fmt::format("its metrics port {}:{}", cfg.metrics.address, cfg.metrics.port),
+           "[[nodes]] metrics_port (0 picks a free one)");
 }
 
 /// Tokenizes the corpus into the node's data directory (cached: a restart reads it back) before the hello:
@@ -213,7 +206,7 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
                                     const config::train_config& cfg, actors::run_options& node_opts) {
   const auto& me = spec.nodes[index];
   try {
-    if (spec.train.comm.backend == config::comm_backend::ring) check_ring_endpoint(me);
+    check_ports(spec, me, cfg);
     s.slow_start_s = slow_start_fault(me.name);
     prepare_data(cfg);
     const auto keys = node_keys(spec, me.name);

@@ -199,7 +199,7 @@ void check_stops_before_hello(const std::string& dir, const std::string& cluster
 
 }  // namespace
 
-CATCH_TEST_CASE("a node checks its ring port and tokenizes its corpus before it says hello",
+CATCH_TEST_CASE("a node checks its ring and metrics ports and tokenizes its corpus before it says hello",
                 "[process][cluster]") {
   const auto dir = scratch_dir("cluster_before_hello");
   cluster_ports ports;
@@ -211,6 +211,14 @@ CATCH_TEST_CASE("a node checks its ring port and tokenizes its corpus before it 
     check_stops_before_hello(dir, cluster, "n1", {}, "its ring endpoint " + taken + " cannot be bound");
     CATCH_CHECK(contains(read_text(dir + "/n1.log"),
                          "another process holds the port: is node n1 already running here?"));
+  }
+  // The metrics port too: it was found after the cluster had formed, and the others were stopped with it.
+  CATCH_SECTION("a metrics port another process holds") {
+    const held_port held;
+    edit_file(cluster, "metrics_port = " + std::to_string(ports.metrics[1]),
+              "metrics_port = " + std::to_string(held.port));
+    check_stops_before_hello(dir, cluster, "n1", {},
+                             "its metrics port 127.0.0.1:" + std::to_string(held.port) + " cannot be bound");
   }
   CATCH_SECTION("a corpus that is not text") {
     std::string bytes(4096, '\0');

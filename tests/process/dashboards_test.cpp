@@ -676,6 +676,23 @@ CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scrap
           std::to_string(coord_metrics) + "\n" + curve_keys(dir);
   const auto cluster = dir + "/cluster.toml";
   write_text(cluster, text);
+  // Refused before any role starts: a role's metrics port, and a port another process holds (Prometheus
+  // died after its banner named the port, and the cluster trained on unobserved).
+  {
+    const held_port held;
+    for (const auto& [port, says] : std::vector<std::pair<int, std::string>>{
+             {metrics[1], "--observe-port " + std::to_string(metrics[1]) + " is the metrics port of n1"},
+             {held.port,
+              "127.0.0.1:" + std::to_string(held.port) + " cannot be bound: Address already in use"}}) {
+      auto [code, out] =
+          run({binary(), "launch", cluster, "--observe", "--observe-port", std::to_string(port)},
+              dir + "/refused.log", 60);
+      CATCH_INFO(out);
+      CATCH_CHECK(code == 2);
+      CATCH_CHECK(out.find(says) != std::string::npos);
+      CATCH_CHECK(out.find("[coordinator]") == std::string::npos);
+    }
+  }
 
   auto launch = spawn({binary(), "launch", cluster, "--observe", "--observe-port",
                        std::to_string(observe_port), "--scrape-interval", "1s"},
