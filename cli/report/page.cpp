@@ -146,18 +146,24 @@ std::string outcome_table(const report_data& r, const run_summary& sum, const st
   const double rounds = num(field.cfg, "rounds"), h = num(field.cfg, "inner_steps");
   const double total_s = r.t_last - r.t0, last_step = sum.overall.last_step;
   const size_t sessions = sum.sessions;
+  const bool async = std::any_of(r.nodes.begin(), r.nodes.end(),
+                                 [](const node_metrics& m) { return !m.contributions.empty(); });
   auto rows = std::vector<std::pair<std::string, std::string>>{
       {"status", sum.status},
       {"started", utc_text(r.t0)},
       {"total time (first start to last record)", duration_text(total_s)},
       {"training time (sum of sessions)", duration_text(sum.active_s)},
-      {"sessions",
-       sessions > 1 ? fmt::format("{} (resumed {})", sessions,
-                                  sessions == 2 ? std::string("once") : fmt::format("{} times", sessions - 1))
-                    : compact(double(sessions))},
-      {"inner steps per worker", std::isfinite(rounds * h)
-                                     ? fmt::format("{} of {}", compact(last_step), compact(rounds * h))
-                                     : compact(last_step)},
+      {"sessions", sum.min_sessions < sessions
+                       ? fmt::format("{} to {} per node (a node restarted alone: the Nodes table says which)",
+                                     sum.min_sessions, sessions)
+                   : sessions > 1 ? fmt::format("{} (resumed {})", sessions,
+                                                sessions == 2 ? std::string("once")
+                                                              : fmt::format("{} times", sessions - 1))
+                                  : compact(double(sessions))},
+      {"inner steps per worker",
+       // async: train.rounds counts the versions the merges make, not any node's rounds
+       std::isfinite(rounds * h) && !async ? fmt::format("{} of {}", compact(last_step), compact(rounds * h))
+                                           : compact(last_step)},
       {"final val loss", fixed(sum.overall.final_val_loss, 4)},
       {"final val perplexity", fixed(sum.overall.final_val_ppl, 3)},
       {"average compute utilization", utilization_text(sum.utilization)},
@@ -171,6 +177,13 @@ std::string outcome_table(const report_data& r, const run_summary& sum, const st
     rows.push_back({"model FLOP/s utilization (6N, no attention)", utilization_text(sum.mfu)});
   }
   return table("Outcome", rows);
+}
+
+// A node's step counter, and the steps it trained itself when fewer (a joiner fetched the others' state).
+std::string steps_text(const node_metrics& m, const node_summary& s) {
+  const auto trained = static_cast<double>(m.steps.size());
+  if (!std::isfinite(s.last_step) || trained >= s.last_step) return compact(s.last_step);
+  return fmt::format("{} ({} trained here)", compact(s.last_step), compact(trained));
 }
 
 // A cluster's row per node.
@@ -187,7 +200,7 @@ std::string nodes_table(const report_data& r, const run_summary& sum) {
         "{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         color(i), html_escape(m.name), m.starts.empty() ? "–" : compact(num(m.starts.front(), "workers")),
-        m.starts.size(), compact(s.last_step), fixed(s.final_val_ppl, 3), utilization_text(s.utilization),
+        m.starts.size(), steps_text(m, s), fixed(s.final_val_ppl, 3), utilization_text(s.utilization),
         std::isfinite(s.allreduce_mean_s) ? fixed(s.allreduce_mean_s, 3) + " s" : "–",
         html_escape(bytes_short(m.bytes_sent)), html_escape(s.status));
   }
@@ -341,6 +354,21 @@ std::vector<fs::path> metrics_files(const std::string& run_dir) {
   return files;
 }
 
+/// A cluster run's RUN_DIR/coordinator.jsonl, into r.coordinator when it holds a valid line (else a warning:
+/// the run's status then comes from its nodes alone).
+void read_coordinator_file(report_data& r) {
+  std::error_code ec;
+  const auto path = fs::path(r.run_dir) / "coordinator.jsonl";
+  if (fs::is_regular_file(fs::path(r.run_dir) / "metrics.jsonl", ec) || !fs::is_regular_file(path, ec))
+    return;
+  node_metrics c;
+  if (const auto err = read_metrics_file(path, c); !err.empty()) {
+    fmt::print(stderr, "report: warning: {}; the run's status comes from its nodes alone\n", err);
+    return;
+  }
+  r.coordinator = std::move(c);
+}
+
 /// Where the page goes: `out` with its links followed (the link stays a link), checked before anything is
 /// read. Refused, with a line: a directory or special file (a pipe, a device: the page is written through a
 /// temporary file and a rename), one of the report's own inputs, an existing file that is not an HTML page,
@@ -430,6 +458,7 @@ int write(const std::string& run_dir, const std::string& out_path) {
     r.nodes.push_back(std::move(m));
   }
   if (r.nodes.empty()) return error(fmt::format("{}: no node's metrics.jsonl holds a valid line", run_dir));
+  read_coordinator_file(r);
   find_time_span(r);
   // A cluster node's start line counts the cluster's workers; a run alone, its own.
   r.separate_runs =

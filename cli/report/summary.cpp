@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "cli/report/format.hpp"
@@ -135,6 +136,41 @@ void sum_gpus(const report_data& r, run_summary& t) {
   if (n_mfu) t.mfu = mfu_sum / static_cast<double>(n_mfu);
 }
 
+/// A cluster's end as its coordinator recorded it (outcome, removed "c:lost,d:left"): the run's status, and
+/// "removed (lost)" for a node that has no end record of its own.
+void apply_cluster_end(const report_data& r, const record& end, run_summary& t) {
+  std::map<std::string, std::string> removed;  // node -> why
+  std::string removed_text;
+  const std::string list = text(end, "removed");
+  for (size_t pos = 0; pos < list.size();) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string item = list.substr(pos, comma - pos);
+    const size_t colon = item.find(':');
+    const std::string name = item.substr(0, colon),
+                      why = colon == std::string::npos ? "" : item.substr(colon + 1);
+    if (!name.empty()) {
+      removed[name] = why;
+      removed_text += (removed_text.empty() ? "" : ", ") + name + (why.empty() ? "" : " (" + why + ")");
+    }
+    pos = comma + 1;
+  }
+  for (size_t i = 0; i < r.nodes.size(); ++i)  // a node's folder is its name in the cluster file
+    if (const auto it =
+            removed.find(std::filesystem::path(r.nodes[i].path).parent_path().filename().string());
+        it != removed.end() && !r.nodes[i].ended)
+      t.nodes[i].status = it->second.empty() ? "removed" : "removed (" + it->second + ")";
+  const std::string outcome = text(end, "outcome");
+  std::string status = outcome == "finished"      ? "completed"
+                       : outcome == "stopped"     ? "stopped (longwave stop)"
+                       : outcome == "interrupted" ? "interrupted (Ctrl-C)"
+                                                  : outcome;
+  std::replace(status.begin(), status.end(), '_', ' ');
+  if (const double code = num(end, "exit_code"); std::isfinite(code) && code != 0 && code != 130)
+    status += fmt::format(" (coordinator exit {})", compact(code));
+  if (!removed_text.empty()) status += "; removed on the way: " + removed_text;
+  if (!status.empty()) t.status = status;
+}
+
 }  // namespace
 
 run_summary summarize_run(const report_data& r) {
@@ -145,6 +181,7 @@ run_summary summarize_run(const report_data& r) {
     t.nodes.push_back(summarize(m));
     t.bytes += m.bytes_sent;
     t.sessions = std::max(t.sessions, m.starts.size());
+    t.min_sessions = t.nodes.size() == 1 ? m.starts.size() : std::min(t.min_sessions, m.starts.size());
     t.n_checkpoints += m.checkpoints.size();
     t.active_s = std::max(t.active_s, t.nodes.back().active_s);
     t.stall_s += t.nodes.back().stall_s;
@@ -180,6 +217,7 @@ run_summary summarize_run(const report_data& r) {
   t.status = t.nodes.front().status;
   for (const auto& s : t.nodes)
     if (s.status != "completed") t.status = s.status;
+  if (r.coordinator && r.coordinator->ended) apply_cluster_end(r, r.coordinator->ends.back(), t);
   return t;
 }
 

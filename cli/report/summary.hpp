@@ -3,6 +3,7 @@
 // sessions, bytes and status, from the nodes' records.
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct report_data {
   /// Several runs that each trained alone (no start line names more workers than its own), found in one
   /// folder: not one cluster's nodes.
   bool separate_runs = false;
+  /// A cluster's RUN_DIR/coordinator.jsonl (its membership records, read as a node's), when it has one: its
+  /// end record says how the run ended and which nodes it removed on the way.
+  std::optional<node_metrics> coordinator;
   double t0 = std::numeric_limits<double>::quiet_NaN();      ///< first start, unix seconds
   double t_last = std::numeric_limits<double>::quiet_NaN();  ///< last record, unix seconds
 };
@@ -62,6 +66,7 @@ struct run_summary {
   double stall_s = 0;   ///< of all workers
   double utilization = std::numeric_limits<double>::quiet_NaN();  ///< compute / wall time of all workers
   size_t sessions = 0;                                            ///< the most of any node
+  size_t min_sessions = 0;  ///< the fewest: below `sessions` when a node alone restarted (and rejoined)
   size_t n_checkpoints = 0;
   /// Workers on GPUs (their "worker" records carry gpu_busy_s): device seconds over their wall seconds, the
   /// highest peak of GPU memory, and the mean model FLOP/s utilization of their last rounds; NaN without.
@@ -71,7 +76,9 @@ struct run_summary {
   /// The ring's slowest link, when one node waited to send for at least a quarter of its all-reduce time:
   /// "n0 -> n1 (48 % of n0's all-reduce time waiting to send)"; empty otherwise.
   std::string slowest_link;
-  std::string status;  ///< "completed", or the last node's status that is not
+  /// "completed", or the last node's status that is not; a cluster's coordinator's end record, when there is
+  /// one: "completed; removed on the way: c (lost)", "stopped (longwave stop)", ...
+  std::string status;
 };
 
 run_summary summarize_run(const report_data& r);

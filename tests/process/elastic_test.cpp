@@ -162,6 +162,9 @@ CATCH_TEST_CASE("a node SIGKILLed in the inner phase is removed and the other tw
   const auto html = read_text(c.dir + "/cluster/report.html");
   CATCH_CHECK(contains(html, "<h2>Membership</h2>"));
   CATCH_CHECK(contains(html, "<td>n0,n1</td>"));
+  // The run's status is the coordinator's end (n2 has no end record of its own).
+  CATCH_CHECK(contains(html, "<tr><th>status</th><td>completed; removed on the way: n2 (lost)</td>"));
+  CATCH_CHECK(contains(html, "<td>removed (lost)</td>"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 

@@ -303,7 +303,7 @@ CATCH_TEST_CASE("headless Chromium renders every chart of a resumed two-node run
   check_self_contained(html);
   CATCH_CHECK(html.find("b&lt;i&gt;x&lt;/i&gt;") != std::string::npos);
   CATCH_CHECK(html.find("<i>x</i>") == std::string::npos);
-  CATCH_CHECK(html.find("2 (resumed once)") != std::string::npos);
+  CATCH_CHECK(html.find("1 to 2 per node (a node restarted alone") != std::string::npos);  // a alone
   CATCH_CHECK(html.find("80 of 80") != std::string::npos);  // steps are global across the resume
 
   const auto dom = chromium_dom(run_dir + "/report.html", dir);
@@ -542,6 +542,50 @@ CATCH_TEST_CASE(
                       "out") != std::string::npos);
   CATCH_CHECK(o7.find("from 1 file; 1 left out)") != std::string::npos);
   CATCH_CHECK(fs::exists(dir + "/cl/report.html"));
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a cluster's status is its coordinator's end: a node removed on the way, steps a joiner fetched, async "
+    "rounds",
+    "[process][report]") {
+  const auto dir = scratch_dir("report-cluster-end");
+  for (const char* n : {"a", "b", "c"}) fs::create_directories(dir + "/cl/" + n);
+  write_text(dir + "/cl/a/metrics.jsonl", synthetic_metrics("a", 1.7e9, 1, 3, 5, 0));
+  write_text(dir + "/cl/b/metrics.jsonl", synthetic_metrics("b", 1.7e9, 1, 3, 5, 0));
+  // c: killed (no end record), and steps 6 to 10 were never its own (a joiner fetches the others' state).
+  std::string c;
+  std::istringstream lines(synthetic_metrics("c", 1.7e9, 1, 3, 5, 0));
+  for (std::string line; std::getline(lines, line);) {
+    const auto at = line.find("\"kind\":\"step\",");
+    const int step =
+        at == std::string::npos ? 0 : std::stoi(line.substr(line.find("\"step\":", at + 12) + 7));
+    if (line.find("\"kind\":\"end\"") == std::string::npos && (step < 6 || step > 10)) c += line + "\n";
+  }
+  write_text(dir + "/cl/c/metrics.jsonl", c);
+  write_text(dir + "/cl/coordinator.jsonl",
+             "{\"kind\":\"start\",\"ts\":1700000000.0,\"term\":256,\"nodes\":\"a,b,c\",\"min_nodes\":1}\n"
+             "{\"kind\":\"removed\",\"ts\":1700000001.0,\"node\":\"c\",\"reason\":\"lost\",\"epoch\":1}\n"
+             "{\"kind\":\"end\",\"ts\":1700000009.0,\"outcome\":\"finished\",\"exit_code\":0,"
+             "\"finished\":\"a,b\",\"removed\":\"c:lost\",\"epoch\":2}\n");
+  const auto report_of = [&](const std::string& sub) {  // the page, once the report succeeded
+    auto [code, out] = run({binary(), "report", dir + "/" + sub}, dir + "/" + sub + ".log", 60);
+    CATCH_INFO(out);
+    CATCH_REQUIRE(code == 0);
+    return read_text(dir + "/" + sub + "/report.html");
+  };
+  const auto html = report_of("cl");
+  CATCH_CHECK(html.find("<tr><th>status</th><td>completed; removed on the way: c (lost)</td>") !=
+              std::string::npos);  // it read "no end record (still running, or killed)"
+  CATCH_CHECK(html.find("<td>removed (lost)</td>") != std::string::npos);
+  CATCH_CHECK(html.find("<td>15 (10 trained here)</td>") != std::string::npos);
+  // diloco.outer = "async": train.rounds counts versions, so no "of rounds x H".
+  fs::create_directories(dir + "/async");
+  write_text(dir + "/async/metrics.jsonl",
+             synthetic_metrics("s", 1.7e9, 1, 3, 5, 0) +
+                 "{\"kind\":\"contribution\",\"ts\":1700000010.0,\"phase\":3,\"tokens\":2560,"
+                 "\"steps_per_second\":5.0}\n");
+  CATCH_CHECK(report_of("async").find("<tr><th>inner steps per worker</th><td>15</td>") != std::string::npos);
   fs::remove_all(dir);
 }
 
