@@ -67,8 +67,8 @@ std::string bytes_short(double b) {
 
 std::string duration_text(double s) {
   if (!std::isfinite(s)) return "–";
-  if (s < 60) return fmt::format("{:.1f} s", s);    // a negative span (a clock set back) as it is
-  if (s >= 1e9) return fmt::format("{:.3g} s", s);  // beyond any run (a bad ts): no lround overflow
+  if (s < 59.95) return fmt::format("{:.1f} s", s);  // a negative span (a clock set back) as it is
+  if (s >= 1e9) return fmt::format("{:.3g} s", s);   // beyond any run (a bad ts): no lround overflow
   const long t = std::lround(s);
   if (t < 3600) return fmt::format("{}m {:02}s", t / 60, t % 60);
   return fmt::format("{}h {:02}m {:02}s", t / 3600, t / 60 % 60, t % 60);

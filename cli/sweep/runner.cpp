@@ -27,6 +27,7 @@
 #include "cli/sweep/page.hpp"
 #include "cli/sweep/results.hpp"
 #include "cli/sweep/scaling.hpp"
+#include "runtime/process/proc_state.hpp"
 #include "runtime/process/stop_signals.hpp"
 
 namespace longwave::cli::sweep {
@@ -346,12 +347,16 @@ struct sweep_run {
       say("interrupt: stopping {} running point(s); each saves a checkpoint (Ctrl-C again to kill them)",
           active.size());
       for (const auto& r : active) kill(r.pid, SIGINT);
+      last_heartbeat = steady::now() - std::chrono::seconds(50);  // who it waits for, 10 s from now
     } else {
       say("second interrupt: killing the running points (they resume from their last checkpoint)");
       for (const auto& r : active) kill(r.pid, SIGKILL);
     }
   }
 
+  /// Once a minute while points run: each one's time and last progress line, "stopped" for one in state T
+  /// (SIGSTOP, Ctrl-Z: it makes no progress until continued), and the ETA; while the sweep is stopping, which
+  /// points it still waits for.
   void heartbeat() {
     if (seconds_since(last_heartbeat) < 60 || active.empty()) return;
     last_heartbeat = steady::now();
@@ -359,9 +364,17 @@ struct sweep_run {
     for (const auto& r : active) {
       const auto& p = s.points[r.point];
       const auto progress = log_tail((fs::path(p.out_dir) / "log.txt").string()).second;
-      now += fmt::format("{}{} {}{}", now.empty() ? "" : "; ", point_name(p),
+      now += fmt::format("{}{} {}{}{}", now.empty() ? "" : "; ", point_name(p),
                          report::duration_text(seconds_since(r.started)),
-                         progress.empty() ? "" : " [" + progress + "]");
+                         progress.empty() ? " [starting]" : " [" + progress + "]",
+                         runtime::is_stopped(r.pid)
+                             ? fmt::format(", STOPPED by a signal: no progress until `kill -CONT {}`", r.pid)
+                             : "");
+    }
+    if (stopping) {
+      say("stopping: waiting for {} to save {} checkpoint{}: {}", active.size() == 1 ? "a point" : "points",
+          active.size() == 1 ? "its" : "their", active.size() == 1 ? "" : "s", now);
+      return;
     }
     say("{}/{} done; running: {}{}", n_done(), s.points.size(), now, eta());
   }
@@ -431,13 +444,14 @@ parallel_plan plan_parallel(int64_t parallel, size_t cores, const std::vector<co
   }
   pl.limit = parallel;
   pl.at_once = static_cast<size_t>(std::min<int64_t>(parallel, static_cast<int64_t>(to_run.size())));
-  pl.text = fmt::format("{}: parallel = {} runs {} point{} at once", needs, parallel, parallel,
-                        parallel == 1 ? "" : "s");
+  pl.text = fmt::format("{}: parallel = {} runs {} point{} at once", needs, parallel, pl.at_once,
+                        pl.at_once == 1 ? "" : "s");
   if (parallel > 1)
     pl.text += fmt::format(
         "; a point whose train.threads is 0 gets cores / ({} x workers) threads per worker (at least 1)",
         parallel);
-  if (parallel * lo > c) pl.text += "; more threads than cores: the points slow each other down";
+  if (static_cast<int64_t>(pl.at_once) * lo > c && pl.at_once > 1)
+    pl.text += "; more threads than cores: the points slow each other down";
   return pl;
 }
 

@@ -590,30 +590,6 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
-namespace {
-
-/// The processes whose parent is `parent`, with their command lines (each /proc/PID/stat names its parent).
-std::vector<std::pair<pid_t, std::string>> children_of(pid_t parent) {
-  std::vector<std::pair<pid_t, std::string>> found;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string pid = e.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto stat = read_text(e.path().string() + "/stat");
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 1));
-    std::string state;
-    pid_t ppid = -1;
-    rest >> state >> ppid;
-    auto cmdline = read_text(e.path().string() + "/cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (ppid == parent) found.emplace_back(static_cast<pid_t>(std::stol(pid)), cmdline);
-  }
-  return found;
-}
-
-}  // namespace
-
 CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch exits 1 naming the signal",
                 "[process][cluster][signal]") {
   const auto dir = scratch_dir("cluster_launch_kill");

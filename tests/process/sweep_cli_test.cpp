@@ -281,13 +281,24 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(wait_until(
       [&] { return !first_dir().empty() && read_trace(first_dir() + "/loss_trace.tsv").size() >= 6; }, 300));
   const auto interrupted_dir = first_dir();
+  // The point is stopped (SIGSTOP, as Ctrl-Z would) when the sweep is told to stop: the sweep says whom it
+  // waits for and that it is stopped (it said nothing, or gave an ETA), and the point stops once continued.
+  const auto points = children_of(c.pid);
+  CATCH_REQUIRE(points.size() == 1);
+  CATCH_REQUIRE(kill(points[0].first, SIGSTOP) == 0);
   // As a closed terminal sends it: SIGHUP, often twice. A stop like Ctrl-C's, never a kill (it was exit 129
   // with results.csv left saying "running").
   CATCH_REQUIRE(kill(c.pid, SIGHUP) == 0);
   CATCH_REQUIRE(kill(c.pid, SIGHUP) == 0);
+  const bool waits =
+      wait_for_text(dir + "/b1.log", "sweep: stopping: waiting for a point to save its checkpoint", 120);
+  kill(points[0].first, SIGCONT);
   CATCH_CHECK(wait_exit(c, 120) == 130);
   const auto out_b1 = read_text(dir + "/b1.log");
   CATCH_INFO(out_b1);
+  CATCH_CHECK(waits);
+  CATCH_CHECK(out_b1.find("STOPPED by a signal: no progress until `kill -CONT " +
+                          std::to_string(points[0].first) + "`") != std::string::npos);
   CATCH_CHECK(out_b1.find("run the same command again to resume") != std::string::npos);
   CATCH_CHECK(out_b1.find("stopped (exit 130)") != std::string::npos);
   CATCH_CHECK(out_b1.find("point 2/2") == std::string::npos);  // the second point never started

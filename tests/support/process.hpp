@@ -165,6 +165,26 @@ inline std::pair<child, int> spawn_piped(const std::vector<std::string>& args) {
 
 using longwave::runtime::seconds_since;
 
+/// The processes whose parent is `parent`, with their command lines (each /proc/PID/stat names its parent).
+inline std::vector<std::pair<pid_t, std::string>> children_of(pid_t parent) {
+  std::vector<std::pair<pid_t, std::string>> found;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto stat = read_text(e.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = -1;
+    rest >> state >> ppid;
+    auto cmdline = read_text(e.path().string() + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (ppid == parent) found.emplace_back(static_cast<pid_t>(std::stol(pid)), cmdline);
+  }
+  return found;
+}
+
 /// Exit code (128+signal if killed), or -1 if it did not end within the deadline (then it is killed).
 inline int wait_exit(const child& c, double timeout_s) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);

@@ -2,8 +2,11 @@
 // errors that name the entry at fault, the parallelism decision, the results files and the scaling-law fit.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/report/charts.hpp"
@@ -20,6 +24,7 @@
 #include "cli/sweep/runner.hpp"
 #include "cli/sweep/scaling.hpp"
 #include "cli/sweep/sweep_file.hpp"
+#include "runtime/process/proc_state.hpp"
 
 using Catch::Matchers::Contains;
 using namespace longwave::cli::sweep;
@@ -313,6 +318,11 @@ CATCH_TEST_CASE(
   const auto two = plan_parallel(2, 8, all);
   CATCH_CHECK(two.limit == 2);
   CATCH_CHECK(two.threads_for(s.points[1]) == 2);  // 8 / (2 x 2 workers)
+  // More than there are points: as many as there are (it said "parallel = 8 runs 8 points at once" of 3).
+  CATCH_CHECK_THAT(plan_parallel(8, 64, all).text, Contains("parallel = 8 runs 3 points at once"));
+  // One at a time never oversubscribes, whatever a point needs.
+  CATCH_CHECK_THAT(plan_parallel(1, 2, all).text, !Contains("more threads than cores"));
+  CATCH_CHECK_THAT(plan_parallel(3, 2, all).text, Contains("more threads than cores"));
   CATCH_CHECK(usable_cores() >= 1);
 }
 
@@ -447,5 +457,31 @@ CATCH_TEST_CASE("numbers beyond any run's print short: a diverged perplexity, a 
   CATCH_CHECK(report::fixed(std::exp(537.0), 3).size() < 12);  // was 234 digits
   CATCH_CHECK(report::duration_text(1e300) == "1e+300 s");     // was a negative count of minutes
   CATCH_CHECK(report::duration_text(3725) == "1h 02m 05s");
+  CATCH_CHECK(report::duration_text(59.96) == "1m 00s");  // was "60.0 s"
+  CATCH_CHECK(report::duration_text(59.94) == "59.9 s");
   CATCH_CHECK(report::utc_text(1e300) == "–");
+}
+
+CATCH_TEST_CASE("the sweep tells a stopped point (SIGSTOP) from a running one by its /proc state",
+                "[unit][sweep]") {
+  const pid_t child = fork();
+  if (child == 0) {
+    for (;;) pause();
+  }
+  CATCH_REQUIRE(child > 0);
+  const auto waits_for = [&](bool stopped) {  // the kernel sets the state asynchronously
+    for (int i = 0; i < 10000; ++i) {
+      if (longwave::runtime::is_stopped(child) == stopped) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  };
+  CATCH_CHECK(waits_for(false));
+  kill(child, SIGSTOP);
+  CATCH_CHECK(waits_for(true));
+  kill(child, SIGCONT);
+  CATCH_CHECK(waits_for(false));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  CATCH_CHECK_FALSE(longwave::runtime::is_stopped(child));  // gone
 }
