@@ -227,8 +227,8 @@ std::vector<std::string> write_results(const sweep_spec& s, const std::vector<po
   return failed;
 }
 
-std::string set_aside(const sweep_spec& s, const sweep_point& p) {
-  const fs::path folder = fs::path(s.out_dir) / "superseded";
+std::string set_aside(const sweep_spec& s, const sweep_point& p, const std::string& under) {
+  const fs::path folder = fs::path(s.out_dir) / under;
   std::error_code ec;
   fs::create_directories(folder, ec);
   fs::path to = folder / p.id;

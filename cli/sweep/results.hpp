@@ -55,9 +55,10 @@ point_result recorded(const sweep_point& p);
 /// seconds, bytes sent, utilization, parameters, steps, log. Returns what failed, a line per file.
 std::vector<std::string> write_results(const sweep_spec& s, const std::vector<point_result>& results);
 
-/// Moves p's folder to out_dir/superseded/<id> (<id>.2, ... when taken): a run of other settings, kept.
-/// Returns where it went, "" when it could not be moved.
-std::string set_aside(const sweep_spec& s, const sweep_point& p);
+/// Moves p's folder to out_dir/<under>/<id> (<id>.2, ... when taken): a run of other settings, kept.
+/// Returns where it went, "" when it could not be moved. A folder under a subfolder of superseded/ is never
+/// taken back (unclaimed_runs reads superseded/ one level deep): --fresh's discarded runs go there.
+std::string set_aside(const sweep_spec& s, const sweep_point& p, const std::string& under = "superseded");
 
 /// The runs in out_dir that no point of s names (points/<another id>, superseded/*), by the config hash of
 /// their point.json (a finished one first): a point whose id changed (repeats raised, a key added at its

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -56,6 +57,16 @@ struct running {
   int64_t need = 1;
   steady::time_point started;
 };
+
+/// The time now as a folder name may hold it: 20261203T141536Z.
+std::string utc_stamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
 
 /// The last non-empty line of a log, and the last progress line's "round ... | step ..." part.
 std::pair<std::string, std::string> log_tail(const std::string& path) {
@@ -229,10 +240,14 @@ struct sweep_run {
   size_t tidy_folders(bool apply) {
     auto unclaimed = unclaimed_runs(s);
     std::vector<const sweep_point*> left;
-    size_t taken = 0;
+    size_t taken = 0, discarded = 0;
+    const std::string fresh_dir = "superseded/fresh-" + utc_stamp();
     for (const auto* p : to_run) {
       auto& r = results[p->index];
       std::error_code ec;
+      // --fresh: every earlier run is moved aside at once, not as its point starts, so that an interrupted
+      // --fresh sweep resumes with them as --fresh left them (it took a finished one as done again).
+      if (apply && o.fresh && fs::exists(p->out_dir, ec) && !set_aside(s, *p, fresh_dir).empty()) ++discarded;
       if (apply && !o.fresh && starts_over(*p)) {
         const auto to = set_aside(s, *p);
         if (!to.empty()) {
@@ -264,6 +279,9 @@ struct sweep_run {
         left.push_back(p);
     }
     if (apply) to_run = std::move(left);
+    if (discarded > 0)
+      say("--fresh: moved the {} earlier run{} to {}/{} (kept; delete it to free the space)", discarded,
+          discarded == 1 ? "" : "s", s.out_dir, fresh_dir);
     return taken;
   }
 

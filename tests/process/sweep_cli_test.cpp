@@ -138,6 +138,7 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(out2.find("started") == std::string::npos);
   for (const auto& r : rows) CATCH_CHECK(occurrences(read_text(r.at("log")), "=== longwave sweep") == 1);
   CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+
   auto [code3, out3] = run({binary(), "sweep", file, "--results-only"}, dir + "/third.log", 300);
   CATCH_INFO(out3);
   CATCH_CHECK(code3 == 0);
@@ -203,6 +204,33 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(out8.find("8 points (0 done earlier, 8 to run)") != std::string::npos);
   CATCH_CHECK(out8.find("4 of them take back a run of the same settings found under another id") !=
               std::string::npos);
+
+  // --fresh, interrupted once its first point started: every earlier run was moved aside at once (kept), so
+  // the table and the next invocation agree (a finished point not yet rerun read "pending" in the table, and
+  // the next plain sweep took it as done again).
+  (void)sweep_file(dir, "grid", "out",
+                   "[grid]\n\"train.inner_steps\" = [2, 4]\n\"train.lr\" = [1e-3, 3e-3]\n",
+                   "parallel = \"auto\"\n");  // one seed again: its 4 points are done
+  auto fresh = spawn({binary(), "sweep", file, "--fresh", "--parallel", "1"}, dir + "/fresh.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/fresh.log", " started; log: ", 300));
+  kill(fresh.pid, SIGINT);
+  CATCH_CHECK(wait_exit(fresh, 300) == 130);
+  const auto fresh_out = read_text(dir + "/fresh.log");
+  CATCH_INFO(fresh_out);
+  CATCH_CHECK(fresh_out.find("--fresh: moved the 4 earlier runs to " + dir + "/out/superseded/fresh-") !=
+              std::string::npos);
+  size_t kept = 0;
+  for (const auto& set : fs::directory_iterator(dir + "/out/superseded"))
+    for (const auto& run_dir : fs::directory_iterator(set.path()))
+      kept += fs::exists(run_dir.path() / "point.json") ? 1 : 0;
+  CATCH_CHECK(kept == 4);
+  const auto after = read_csv(dir + "/out/results.csv");
+  const auto done_rows =
+      std::count_if(after.begin(), after.end(), [](auto& r) { return r.at("status") == "done"; });
+  auto [code_dry, out_dry] = run({binary(), "sweep", file, "--dry-run"}, dir + "/after-fresh.log", 300);
+  CATCH_INFO(out_dry);
+  CATCH_CHECK(out_dry.find("4 points (" + std::to_string(done_rows) + " done earlier") != std::string::npos);
+  CATCH_CHECK(out_dry.find("take back") == std::string::npos);  // --fresh's discarded runs stay discarded
   fs::remove_all(dir);
 }
 
