@@ -39,8 +39,10 @@ class slow_write_watch {
       const auto t0 = std::chrono::steady_clock::now();
       std::unique_lock<std::mutex> lock(mu_);
       while (!cv_.wait_for(lock, std::chrono::minutes(1), [this] { return done_; }))
-        spdlog::warn("checkpoint of round {}: still writing into {} after {:.0f} s (a slow disk?)", round,
-                     dir, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        spdlog::warn(
+            "checkpoint of round {}: still writing into {} after {:.0f} s (a slow disk, or was this process "
+            "stopped?)",
+            round, dir, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     });
   }
   ~slow_write_watch() {

@@ -476,7 +476,14 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
                                  throw lw_error(errc::corrupt_checkpoint, e.what());
                                }
                              });
-  if (!c) throw lw_error(errc::io_error, path + ": no checkpoint in this directory");
+  if (!c) {
+    std::error_code ec;  // a run's out_dir, or a cluster node's, named instead of its checkpoints
+    const auto inner = std::filesystem::path(path) / "checkpoints";
+    throw lw_error(
+        errc::io_error,
+        path + ": no checkpoint in this directory" +
+            (std::filesystem::is_directory(inner, ec) ? " (did you mean " + inner.string() + "?)" : ""));
+  }
   return {std::move(*c), std::move(*cfg)};
 }
 

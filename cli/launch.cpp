@@ -133,8 +133,8 @@ std::string write_prometheus_config(const config::cluster_spec& spec, const obse
     return fmt::format(
         "--observe-port {}: 127.0.0.1:{} cannot be bound: {}{}", o.port, o.port, std::strerror(err),
         err == EADDRINUSE ? " (another Prometheus, or this cluster's launch already running?)" : "");
-  std::error_code ec;
-  std::filesystem::create_directories(path.parent_path(), ec);
+  if (const auto problem = runtime::make_directories(path.parent_path().string()); !problem.empty())
+    return path.parent_path().string() + ": " + problem;
   std::ofstream out(path, std::ios::trunc);
   out << "# Written by `longwave launch --observe` for cluster '" << spec.id << "'.\n"
       << "global:\n  scrape_interval: " << o.scrape_interval

@@ -692,6 +692,16 @@ CATCH_TEST_CASE("every dashboard query returns data from a real Prometheus scrap
       CATCH_CHECK(out.find(says) != std::string::npos);
       CATCH_CHECK(out.find("[coordinator]") == std::string::npos);
     }
+    // Its folder, taken by a file: named (it said "cannot write …/prometheus.yml").
+    fs::create_directories(dir + "/run");
+    write_text(dir + "/run/prometheus", "");
+    CATCH_REQUIRE(fs::is_regular_file(dir + "/run/prometheus"));
+    auto [code, out] =
+        run({binary(), "launch", cluster, "--observe", "--observe-port", std::to_string(observe_port)},
+            dir + "/refused.log", 60);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(dir + "/run/prometheus: a file, not a directory") != std::string::npos);
+    fs::remove(dir + "/run/prometheus");
   }
 
   auto launch = spawn({binary(), "launch", cluster, "--observe", "--observe-port",

@@ -339,6 +339,7 @@ CATCH_TEST_CASE(
   fs::create_directories(dir + "/empty");
   write_text(dir + "/ckpt-00000001-0000000004.lwc", "LWCKPT01 but not really a checkpoint\n");
   fs::create_directories(dir + "/corrupt");
+  fs::create_directories(dir + "/run_dir/checkpoints");
   fs::copy_file(dir + "/ckpt-00000001-0000000004.lwc", dir + "/corrupt/ckpt-00000001-0000000004.lwc");
   write_text(dir + "/a_file", "x\n");
   struct bad_case {
@@ -349,6 +350,9 @@ CATCH_TEST_CASE(
       {{dir + "/corrupt", "--format", "gguf"}, "--format 'gguf': unknown format"},
       {{dir + "/nope"}, "checkpoint '" + dir + "/nope': no such file or directory"},
       {{dir + "/empty"}, "no checkpoint in this directory"},
+      // A run's out_dir named instead of its checkpoints: said.
+      {{dir + "/run_dir"},
+       "run_dir: no checkpoint in this directory (did you mean " + dir + "/run_dir/checkpoints?)"},
       {{dir + "/ckpt-00000001-0000000004.lwc"}, "corrupt_checkpoint"},
       {{dir + "/corrupt"}, "corrupt_checkpoint"},
       {{dir + "/corrupt", "--out", dir + "/a_file"}, "a_file': a file, not a directory"},
