@@ -487,6 +487,13 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
   return {std::move(*c), std::move(*cfg)};
 }
 
+std::string checkpoint_label(const runtime::checkpoint& c) {
+  auto meta = parse_meta(c.meta);
+  if (meta["outer"] == "async")
+    return fmt::format("phase {}, theta version {}, inner step {}", c.round, meta["version"], c.step);
+  return fmt::format("round {}, inner step {}", c.round, c.step);
+}
+
 const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
                                            int64_t n_params) {
   const auto* b = c.find("theta");

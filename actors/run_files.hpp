@@ -64,6 +64,10 @@ struct named_checkpoint {
 /// is not such, or its meta has no config, and config_error when a named file's config is invalid.
 named_checkpoint load_named_checkpoint(const std::string& path);
 
+/// Where a checkpoint is, as eval, export and sample say it: "round R, inner step S", or for an asynchronous
+/// run (its rounds are the node's own phases) "phase R, theta version V, inner step S".
+std::string checkpoint_label(const runtime::checkpoint& c);
+
 /// A checkpoint's theta_global (blob "theta"), checked to hold whole fp32 values, `n_params` of them when it
 /// is positive (load_named_checkpoint has checked that they are finite). Throws lw_error(corrupt_checkpoint)
 /// naming `path` and the round.

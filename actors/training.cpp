@@ -261,8 +261,8 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
       last = std::chrono::steady_clock::now();
       spdlog::info("eval: {} of {} batches", done, n);
     });
-    std::printf("checkpoint round %lu, inner step %lu: val loss %.4f, val perplexity %s (%ld batches)\n",
-                c.round, c.step, loss, readable(std::exp(loss), 3).c_str(), n);
+    std::printf("checkpoint %s: val loss %.4f, val perplexity %s (%ld batches)\n",
+                checkpoint_label(c).c_str(), loss, readable(std::exp(loss), 3).c_str(), n);
     return 0;
   } catch (const config::config_error& e) {
     spdlog::error("{}", e.what());

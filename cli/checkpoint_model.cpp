@@ -46,8 +46,7 @@ checkpoint_model load_checkpoint_model(const std::string& path) {
   m.theta.resize(blob.size / sizeof(float));
   actors::copy_theta(named.ckpt, path, m.theta.data(), static_cast<int64_t>(m.theta.size()));
   m.cfg = std::move(named.cfg);
-  m.round = named.ckpt.round;
-  m.step = named.ckpt.step;
+  m.label = actors::checkpoint_label(named.ckpt);
   return m;
 }
 

@@ -16,7 +16,7 @@ struct checkpoint_model {
   models::model_spec spec;
   std::vector<float> theta;
   config::train_config cfg;
-  uint64_t round = 0, step = 0;
+  std::string label;  ///< actors::checkpoint_label: "round R, inner step S" (async: phase and version)
 };
 
 /// Reads a .lwc file or a checkpoint directory's newest valid file. Throws lw_error (io_error,

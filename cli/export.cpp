@@ -156,7 +156,7 @@ int export_checkpoint(const export_options& o) {
     std::fprintf(stderr, "export: checkpoint '%s': %s\n", o.checkpoint.c_str(), describe(e).c_str());
     return refuse(1);
   }
-  std::printf("export: checkpoint round %lu, inner step %lu: model %s, %zu parameters\n", m.round, m.step,
+  std::printf("export: checkpoint %s: model %s, %zu parameters\n", m.label.c_str(),
               models::model_label(m.spec).c_str(), m.theta.size());
   try {
     write_export(m, o);

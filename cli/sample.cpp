@@ -89,8 +89,8 @@ int sample_checkpoint(const sample_options& o) {
   }
   std::vector<uint16_t> ids = tok->encode(o.prompt.empty() ? std::string("\n") : o.prompt);
   if (ids.empty()) ids = tok->encode("\n");
-  std::fprintf(stderr, "sample: checkpoint round %lu, inner step %lu: model %s, %s tokenizer; %ld tokens",
-               m.round, m.step, models::model_label(m.spec).c_str(), tok->kind().c_str(), o.tokens);
+  std::fprintf(stderr, "sample: checkpoint %s: model %s, %s tokenizer; %ld tokens", m.label.c_str(),
+               models::model_label(m.spec).c_str(), tok->kind().c_str(), o.tokens);
   if (o.temperature == 0)
     std::fprintf(stderr, ", the likeliest each time\n");
   else

@@ -171,6 +171,14 @@ CATCH_TEST_CASE("async: merges go on without a slow node, and every node holds o
     const auto table = html.substr(std::min(html.size(), html.find("<h2>Asynchronous merges</h2>")), 3000);
     CATCH_INFO(table);
     for (const std::string node : {"n0", "n3"}) CATCH_CHECK(contains(table, node + "</th><td>"));
+    // eval names what it read as async runs do: the node's phase and theta's version (it said "round").
+    if (codec == "fp32") {
+      auto [ecode, elog] = run({binary(), "eval", dir + "/cluster/n0/checkpoints"}, dir + "/eval.log", 300);
+      CATCH_INFO(elog);
+      CATCH_CHECK(ecode == 0);
+      CATCH_CHECK(std::regex_search(elog, std::regex("checkpoint phase [0-9]+, theta version " +
+                                                     std::to_string(few) + ", inner step [0-9]+: val loss")));
+    }
     fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
   }
 }
