@@ -178,6 +178,22 @@ int lock_out_dir(const std::string& out_dir) {
   return fd;
 }
 
+/// The PID in `dir`'s run lock when another process holds it (a point's run left running or stopped by an
+/// earlier sweep that died), else "".
+std::string folder_in_use(const std::string& dir) {
+  const int fd = open((fs::path(dir) / ".longwave.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string pid;
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    char buf[32] = {};
+    (void)!pread(fd, buf, sizeof buf - 1, 0);
+    pid = std::string(buf).substr(0, std::string(buf).find('\n'));
+    if (pid.empty()) pid = "?";
+  }
+  close(fd);
+  return pid;
+}
+
 /// The sweep's state while it runs.
 struct sweep_run {
   sweep_run(sweep_spec& spec, const sweep_options& opts) : s(spec), o(opts), results(spec.points.size()) {}
@@ -247,8 +263,10 @@ struct sweep_run {
       std::error_code ec;
       // --fresh: every earlier run is moved aside at once, not as its point starts, so that an interrupted
       // --fresh sweep resumes with them as --fresh left them (it took a finished one as done again).
-      if (apply && o.fresh && fs::exists(p->out_dir, ec) && !set_aside(s, *p, fresh_dir).empty()) ++discarded;
-      if (apply && !o.fresh && starts_over(*p)) {
+      if (apply && o.fresh && fs::exists(p->out_dir, ec) && folder_in_use(p->out_dir).empty() &&
+          !set_aside(s, *p, fresh_dir).empty())
+        ++discarded;
+      if (apply && !o.fresh && starts_over(*p) && folder_in_use(p->out_dir).empty()) {
         const auto to = set_aside(s, *p);
         if (!to.empty()) {
           say("{}: its folder held a run of other settings or without a record; moved to {}", point_name(*p),
@@ -294,6 +312,17 @@ struct sweep_run {
   void start_next() {
     while (!stopping && next < to_run.size() && can_start(*to_run[next])) {
       const auto& p = *to_run[next++];
+      // Its folder belongs to a live run: left alone, record and all (the run refused it with exit 4, and
+      // the sweep wrote "failed" over the record of a run it did not start).
+      if (const auto pid = folder_in_use(p.out_dir); !pid.empty()) {
+        results[p.index].status = "in use";
+        ++finished_now;
+        say("{}: its folder is in use by another longwave run (pid {}: left running or stopped by an earlier "
+            "sweep?); not started, its record left as it is",
+            point_name(p), pid);
+        write_outputs();
+        continue;
+      }
       running r;
       r.point = p.index;
       r.need = p.thread_need();
@@ -568,6 +597,9 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     if (run.results[i].status == "failed" && ++n_failed)
       failed += fmt::format("{}  point {} {}: exit code {}, log {}", failed.empty() ? "" : "\n", i + 1,
                             s.points[i].id, run.results[i].exit_code, run.results[i].log);
+    else if (run.results[i].status == "in use" && ++n_failed)
+      failed += fmt::format("{}  point {} {}: its folder is in use by another run",
+                            failed.empty() ? "" : "\n", i + 1, s.points[i].id);
   if (unwritten == 0)
     say("finished: {} of {} points done in {}; results: {}/results.csv (and .jsonl), page: {}/sweep.html",
         done, s.points.size(), report::duration_text(seconds_since(run.t0)), s.out_dir, s.out_dir);

@@ -396,6 +396,25 @@ CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep
   CATCH_CHECK(rows[0].at("status") == "failed");
   CATCH_CHECK(rows[0].at("exit_code") == "2");
   CATCH_CHECK(rows[1].at("status") == "done");
+  // Point 1's folder held by a live run (a point an earlier sweep left stopped): not started, its record
+  // untouched (the run refused it with exit 4 and the sweep wrote "failed" over the record).
+  {
+    const auto folder = fs::path(rows[0].at("log")).parent_path().string();
+    const int fd = open((folder + "/.longwave.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    CATCH_REQUIRE(fd >= 0);
+    CATCH_REQUIRE(flock(fd, LOCK_EX | LOCK_NB) == 0);
+    const std::string pid = std::to_string(getpid()) + "\n";
+    CATCH_REQUIRE(pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size()));
+    const auto record = read_text(folder + "/point.json");
+    auto [ucode, uout] = run({binary(), "sweep", file}, dir + "/in-use.log", 600);
+    close(fd);
+    CATCH_INFO(uout);
+    CATCH_CHECK(ucode == 1);
+    CATCH_CHECK(uout.find("its folder is in use by another longwave run (pid " + std::to_string(getpid())) !=
+                std::string::npos);
+    CATCH_CHECK(read_text(folder + "/point.json") == record);
+    CATCH_CHECK(read_csv(dir + "/out/results.csv")[0].at("status") == "in use");
+  }
   // The sweep file changed under the same out_dir: the plan says which points start over.
   const auto changed =
       sweep_file(dir, "f", "out",
