@@ -2,11 +2,7 @@
 // and the results, page and fits after each point.
 #include "cli/sweep/runner.hpp"
 
-#include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
-#include <sys/file.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,18 +10,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <stdexcept>
 #include <thread>
 
 #include "cli/report/format.hpp"
 #include "cli/sweep/page.hpp"
+#include "cli/sweep/point_process.hpp"
 #include "cli/sweep/results.hpp"
 #include "cli/sweep/scaling.hpp"
 #include "runtime/process/proc_state.hpp"
@@ -58,140 +50,11 @@ struct running {
   steady::time_point started;
 };
 
-/// The time now as a folder name may hold it: 20261203T141536Z.
-std::string utc_stamp() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
-  return buf;
-}
-
-/// The last non-empty line of a log, and the last progress line's "round ... | step ..." part.
-std::pair<std::string, std::string> log_tail(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<std::streamoff>(in.tellg());
-  in.seekg(std::max<std::streamoff>(0, size - 8192));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::string last, progress;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) nl = text.size();
-    std::string line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    last = line;
-    if (const auto r = line.find("round "), st = line.find("| step ");
-        r != std::string::npos && st != std::string::npos)
-      progress = line.substr(
-          r, line.find(" |", st + 2) == std::string::npos ? std::string::npos : line.find(" |", st + 2) - r);
-  }
-  return {last, progress};
-}
-
 /// Whether p's folder holds checkpoints (of a run this sweep has no record of).
 bool has_checkpoints(const sweep_point& p) {
   std::error_code ec;
   const fs::path dir = fs::path(p.out_dir) / "checkpoints";
   return fs::is_directory(dir, ec) && !fs::is_empty(dir, ec);
-}
-
-/// Starts `longwave run BASE --set ...` for p with its output appended to out_dir/points/<id>/log.txt.
-pid_t start_point(const sweep_spec& s, const sweep_point& p, const sweep_options& o, int64_t threads,
-                  bool fresh) {
-  std::error_code ec;
-  fs::create_directories(p.out_dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("cannot make {}: {}", p.out_dir, ec.message()));
-  std::vector<std::string> args = {o.exe, "run", s.base};
-  for (const auto& ov : p.overrides) args.insert(args.end(), {"--set", ov});
-  if (threads > 0) args.insert(args.end(), {"--set", fmt::format("train.threads={}", threads)});
-  if (fresh) args.push_back("--fresh");
-  const std::string log = (fs::path(p.out_dir) / "log.txt").string();
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot write {}: {}", log, std::strerror(errno)));
-  std::string header =
-      fmt::format("=== longwave sweep, {}:", report::utc_text(static_cast<double>(std::time(nullptr))));
-  for (const auto& a : args) header += " " + a;
-  header += "\n";
-  (void)!write(fd, header.data(), header.size());
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fd);
-    throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    setpgid(0, 0);                     // the terminal's Ctrl-C reaches the sweep only, which forwards it
-    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a point stops (with its checkpoint) if the sweep dies
-    if (getppid() != parent) _exit(130);
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    execv(argv[0], argv.data());
-    const char msg[] = "sweep: cannot start the longwave binary\n";
-    (void)!write(fd, msg, sizeof msg - 1);
-    _exit(127);
-  }
-  close(fd);
-  return pid;
-}
-
-/// `w` as one word of a POSIX shell command line: as it is when it holds nothing the shell reads, else in
-/// single quotes (a quote inside as '\'').
-std::string shell_word(const std::string& w) {
-  const bool plain = !w.empty() && std::all_of(w.begin(), w.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) ||
-           (c != '\0' && std::strchr("_./=:,+-@%", c) != nullptr);
-  });
-  if (plain) return w;
-  std::string out = "'";
-  for (const char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-/// out_dir/sweep.lock, held (flock) while the sweep runs; -1 after saying who holds it, -2 after saying why
-/// it cannot be opened.
-int lock_out_dir(const std::string& out_dir) {
-  const std::string path = (fs::path(out_dir) / "sweep.lock").string();
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    say("error: cannot open {}: {}", path, std::strerror(errno));
-    return -2;
-  }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[32] = {};
-    (void)!pread(fd, buf, sizeof buf - 1, 0);
-    say("error: {} is in use by another sweep (pid {}); wait for it or stop it", out_dir,
-        std::string(buf).substr(0, std::string(buf).find('\n')));
-    close(fd);
-    return -1;
-  }
-  const std::string pid = std::to_string(getpid()) + "\n";
-  (void)!ftruncate(fd, 0);
-  (void)!pwrite(fd, pid.data(), pid.size(), 0);
-  return fd;
-}
-
-/// The PID in `dir`'s run lock when another process holds it (a point's run left running or stopped by an
-/// earlier sweep that died), else "".
-std::string folder_in_use(const std::string& dir) {
-  const int fd = open((fs::path(dir) / ".longwave.lock").c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  std::string pid;
-  if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-    char buf[32] = {};
-    (void)!pread(fd, buf, sizeof buf - 1, 0);
-    pid = std::string(buf).substr(0, std::string(buf).find('\n'));
-    if (pid.empty()) pid = "?";
-  }
-  close(fd);
-  return pid;
 }
 
 /// The sweep's state while it runs.
@@ -454,62 +317,6 @@ void print_plan(const sweep_spec& s, const sweep_run& run) {
 
 }  // namespace
 
-int64_t parallel_plan::threads_for(const sweep_point& p) const {
-  if (p.cfg.train.threads > 0) return 0;
-  if (pack_by_threads) return 1;
-  if (limit > 1) return std::max<int64_t>(1, static_cast<int64_t>(cores) / (limit * p.cfg.train.workers));
-  return 0;
-}
-
-parallel_plan plan_parallel(int64_t parallel, size_t cores, const std::vector<const sweep_point*>& to_run) {
-  parallel_plan pl;
-  pl.cores = std::max<size_t>(1, cores);
-  if (to_run.empty()) {
-    pl.text = "nothing to run";
-    return pl;
-  }
-  int64_t lo = INT64_MAX, hi = 0;
-  for (const auto* p : to_run) lo = std::min(lo, p->thread_need()), hi = std::max(hi, p->thread_need());
-  const std::string needs = fmt::format(
-      "{} cores; each point needs {} (train.workers x train.threads, 0 threads counted as 1)", pl.cores,
-      lo == hi ? fmt::format("{} thread{}", lo, lo == 1 ? "" : "s") : fmt::format("{}-{} threads", lo, hi));
-  const auto c = static_cast<int64_t>(pl.cores);
-  if (parallel == 0) {
-    if (2 * lo > c || to_run.size() < 2) {
-      pl.text =
-          needs + ": parallel = auto runs one point at a time (train.threads = 0 stays cores / workers)";
-      return pl;
-    }
-    pl.pack_by_threads = true;
-    pl.limit = static_cast<int64_t>(to_run.size());
-    pl.at_once = static_cast<size_t>(std::min<int64_t>(pl.limit, c / lo));
-    pl.text = fmt::format(
-        "{}: parallel = auto runs up to {} points at once while their threads fit the cores; a point whose "
-        "train.threads is 0 gets 1 thread per worker",
-        needs, pl.at_once);
-    return pl;
-  }
-  pl.limit = parallel;
-  pl.at_once = static_cast<size_t>(std::min<int64_t>(parallel, static_cast<int64_t>(to_run.size())));
-  pl.text = fmt::format("{}: parallel = {} runs {} point{} at once", needs, parallel, pl.at_once,
-                        pl.at_once == 1 ? "" : "s");
-  if (parallel > 1)
-    pl.text += fmt::format(
-        "; a point whose train.threads is 0 gets cores / ({} x workers) threads per worker (at least 1)",
-        parallel);
-  if (static_cast<int64_t>(pl.at_once) * lo > c && pl.at_once > 1)
-    pl.text += "; more threads than cores: the points slow each other down";
-  return pl;
-}
-
-size_t usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return static_cast<size_t>(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 int run_sweep(sweep_spec& s, const sweep_options& o) {
   if (o.parallel >= 0) s.parallel = o.parallel;
   sweep_run run(s, o);
@@ -543,8 +350,12 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     say("error: cannot make {}: {}", s.out_dir, ec.message());
     return 1;
   }
-  const int lock = lock_out_dir(s.out_dir);
-  if (lock < 0) return lock == -1 ? 4 : 1;
+  std::string why;
+  const int lock = lock_out_dir(s.out_dir, &why);
+  if (lock < 0) {
+    say("error: {}", why);
+    return lock == -1 ? 4 : 1;
+  }
   if (o.results_only) {
     const auto fits = fit_scaling(s, run.results);
     const int unwritten = run.write_outputs(fits);
