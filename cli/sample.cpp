@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/checkpoint_model.hpp"
+#include "config/config_loader.hpp"
 #include "models/data/tokenizer.hpp"
 #include "models/gpt.hpp"
 #include "runtime/errors/errors.hpp"
