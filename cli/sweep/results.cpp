@@ -191,7 +191,9 @@ std::vector<std::string> write_results(const sweep_spec& s, const std::vector<po
   for (size_t i = 0; i < s.points.size() && i < results.size(); ++i) {
     const auto& p = s.points[i];
     const auto& r = results[i];
-    const double code = r.status == "pending" ? std::numeric_limits<double>::quiet_NaN() : r.exit_code;
+    const double code = r.status == "pending" || r.status == "in use"
+                            ? std::numeric_limits<double>::quiet_NaN()
+                            : r.exit_code;
     csv += csv_field(p.id);
     for (const auto& k : s.keys) csv += "," + csv_field(p.value_of(k));
     csv += fmt::format(",{},{},{}", p.seed, r.status, csv_number(code));

@@ -17,7 +17,7 @@ namespace longwave::cli::sweep {
 struct point_result {
   /// "pending" (not run yet), "running" (started, not ended: it resumes), "done", "failed" (exit_code says
   /// how), "interrupted" (Ctrl-C on the sweep), "stale" (its folder holds a run of other settings or another
-  /// base config: it starts over).
+  /// base config: it starts over), "in use" (a live run holds its folder: not started, no exit code).
   std::string status = "pending";
   int exit_code = -1;
   double val_loss = std::numeric_limits<double>::quiet_NaN();

@@ -414,6 +414,7 @@ CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep
                 std::string::npos);
     CATCH_CHECK(read_text(folder + "/point.json") == record);
     CATCH_CHECK(read_csv(dir + "/out/results.csv")[0].at("status") == "in use");
+    CATCH_CHECK(read_csv(dir + "/out/results.csv")[0].at("exit_code").empty());  // it did not run
   }
   // The sweep file changed under the same out_dir: the plan says which points start over.
   const auto changed =
