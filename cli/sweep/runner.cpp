@@ -330,6 +330,15 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
   run.plan = plan_parallel(s.parallel, usable_cores(), run.to_run);
   if (o.dry_run) {
     print_plan(s, run);
+    if (o.fresh) {
+      std::error_code ec;
+      const auto moving = std::count_if(run.to_run.begin(), run.to_run.end(), [&](const sweep_point* p) {
+        return fs::exists(p->out_dir, ec) && folder_in_use(p->out_dir).empty();
+      });
+      if (moving > 0)
+        say("--fresh: {} earlier run{} would move to {}/superseded/fresh-<UTC time>/ (kept)", moving,
+            moving == 1 ? "" : "s", s.out_dir);
+    }
     if (const size_t taken = run.tidy_folders(false))
       say("{} of them take back a run of the same settings found under another id (moved when the sweep "
           "runs)",

@@ -211,6 +211,12 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   (void)sweep_file(dir, "grid", "out",
                    "[grid]\n\"train.inner_steps\" = [2, 4]\n\"train.lr\" = [1e-3, 3e-3]\n",
                    "parallel = \"auto\"\n");  // one seed again: its 4 points are done
+  auto [fdry_code, fdry] =
+      run({binary(), "sweep", file, "--fresh", "--dry-run"}, dir + "/fresh-dry.log", 300);
+  CATCH_INFO(fdry);
+  CATCH_CHECK(fdry_code == 0);
+  CATCH_CHECK(fdry.find("--fresh: 4 earlier runs would move to " + dir + "/out/superseded/fresh-") !=
+              std::string::npos);
   auto fresh = spawn({binary(), "sweep", file, "--fresh", "--parallel", "1"}, dir + "/fresh.log");
   CATCH_REQUIRE(wait_for_text(dir + "/fresh.log", " started; log: ", 300));
   kill(fresh.pid, SIGINT);
