@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli/report/format.hpp"
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/files/directory.hpp"
@@ -216,9 +217,7 @@ int open_role_logs(const std::string& out_dir, std::vector<child>& children) {
     std::fprintf(stderr, "launch: the roles' logs: %s: %s\n", dir.c_str(), problem.c_str());
     return 2;
   }
-  const std::time_t now = std::time(nullptr);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  const auto stamp = report::utc_text(static_cast<double>(std::time(nullptr)));
   for (auto& c : children) {
     if (c.is_observer) continue;
     c.log_path = (dir / (c.name + ".log")).string();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "cli/report/format.hpp"
 
@@ -141,10 +142,8 @@ void sum_gpus(const report_data& r, run_summary& t) {
 void apply_cluster_end(const report_data& r, const record& end, run_summary& t) {
   std::map<std::string, std::string> removed;  // node -> why
   std::string removed_text;
-  const std::string list = text(end, "removed");
-  for (size_t pos = 0; pos < list.size();) {
-    const size_t comma = std::min(list.find(',', pos), list.size());
-    const std::string item = list.substr(pos, comma - pos);
+  std::istringstream list(text(end, "removed"));
+  for (std::string item; std::getline(list, item, ',');) {
     const size_t colon = item.find(':');
     const std::string name = item.substr(0, colon),
                       why = colon == std::string::npos ? "" : item.substr(colon + 1);
@@ -152,7 +151,6 @@ void apply_cluster_end(const report_data& r, const record& end, run_summary& t) 
       removed[name] = why;
       removed_text += (removed_text.empty() ? "" : ", ") + name + (why.empty() ? "" : " (" + why + ")");
     }
-    pos = comma + 1;
   }
   for (size_t i = 0; i < r.nodes.size(); ++i)  // a node's folder is its name in the cluster file
     if (const auto it =

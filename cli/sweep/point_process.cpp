@@ -108,6 +108,17 @@ std::string shell_word(const std::string& w) {
   return out + "'";
 }
 
+namespace {
+
+/// The first line of a lock file: the PID its holder wrote.
+std::string holder_pid(int fd) {
+  char buf[32] = {};
+  (void)!pread(fd, buf, sizeof buf - 1, 0);
+  return std::string(buf).substr(0, std::string(buf).find('\n'));
+}
+
+}  // namespace
+
 int lock_out_dir(const std::string& out_dir, std::string* why) {
   const std::string path = (fs::path(out_dir) / "sweep.lock").string();
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -116,10 +127,8 @@ int lock_out_dir(const std::string& out_dir, std::string* why) {
     return -2;
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[32] = {};
-    (void)!pread(fd, buf, sizeof buf - 1, 0);
     *why = fmt::format("{} is in use by another sweep (pid {}); wait for it or stop it", out_dir,
-                       std::string(buf).substr(0, std::string(buf).find('\n')));
+                       holder_pid(fd));
     close(fd);
     return -1;
   }
@@ -134,9 +143,7 @@ std::string folder_in_use(const std::string& dir) {
   if (fd < 0) return "";
   std::string pid;
   if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-    char buf[32] = {};
-    (void)!pread(fd, buf, sizeof buf - 1, 0);
-    pid = std::string(buf).substr(0, std::string(buf).find('\n'));
+    pid = holder_pid(fd);
     if (pid.empty()) pid = "?";
   }
   close(fd);
