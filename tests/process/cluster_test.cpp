@@ -590,13 +590,31 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+namespace {
+
+/// `longwave launch` of two 1-worker nodes that train until stopped, without metrics.
+struct endless_launch {
+  std::string dir, cluster;
+  cluster_ports ports;
+  child launch;
+};
+
+endless_launch launch_endless(const std::string& name) {
+  endless_launch e;
+  e.dir = scratch_dir(name);
+  e.cluster = cluster_file(e.dir, {1, 1}, e.ports, "[metrics]\nenabled = false\n");
+  edit_file(e.cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  e.launch = spawn({binary(), "launch", e.cluster}, e.dir + "/launch.log");
+  return e;
+}
+
+}  // namespace
+
 CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch exits 1 naming the signal",
                 "[process][cluster][signal]") {
-  const auto dir = scratch_dir("cluster_launch_kill");
-  cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
-  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+  auto e = launch_endless("cluster_launch_kill");
+  const auto& dir = e.dir;
+  auto& launch = e.launch;
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n1"); }, 300));
   pid_t n1 = -1;
   for (const auto& [pid, cmdline] : children_of(launch.pid))
@@ -615,11 +633,9 @@ CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch
 CATCH_TEST_CASE(
     "launch killed by SIGKILL: every role stops with a checkpoint and its own log keeps its last lines",
     "[process][cluster][signal]") {
-  const auto dir = scratch_dir("cluster_launch_sigkill");
-  cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
-  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+  auto e = launch_endless("cluster_launch_sigkill");
+  const auto& dir = e.dir;
+  auto& launch = e.launch;
   CATCH_REQUIRE(wait_until([&] { return has_checkpoint(dir, "n0") && has_checkpoint(dir, "n1"); }, 300));
   const auto roles = children_of(launch.pid);
   CATCH_REQUIRE(roles.size() == 3);
@@ -651,11 +667,10 @@ CATCH_TEST_CASE(
 CATCH_TEST_CASE(
     "Ctrl-C or a hangup on launch stops every role with a checkpoint, and the same command resumes",
     "[process][cluster][signal]") {
-  const auto dir = scratch_dir("cluster_sigint");
-  cluster_ports ports;
-  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
-  edit_file(cluster, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
-  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log");
+  auto e = launch_endless("cluster_sigint");
+  const auto &dir = e.dir, &cluster = e.cluster;
+  const auto& ports = e.ports;
+  auto& launch = e.launch;
   // Interrupt once both nodes have checkpointed a few rounds.
   const bool trained = wait_until(
       [&] {
