@@ -122,7 +122,8 @@ CLI::App* add_sample(CLI::App& app, cli_values& v) {
   sample->footer(
       "The prompt and the new text go to stdout, a line about the model and the speed to stderr. The run's\n"
       "tokenizer.txt is looked for as export does (beside the checkpoint directory, then the run's data\n"
-      "folder); a byte-level run needs none. The model sees its last seq_len tokens.");
+      "folder); a byte-level run needs none. The model reads the prompt's last seq_len tokens, then\n"
+      "one token at a time over a KV cache; once the context is full it keeps the last half and goes on.");
   return sample;
 }
 

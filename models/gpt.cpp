@@ -19,13 +19,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return y.to(x.scalar_type()) * w;
 }
 
-// x: [B, H, T, D]; rotates pairs (even, odd) by position-dependent angles.
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+// x: [B, H, T, D] at positions pos0 .. pos0 + T - 1; rotates pairs (even, odd) by position-dependent angles.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t pos0) {
   const auto T = x.size(2), D = x.size(3);
   auto xr = x.reshape({x.size(0), x.size(1), T, D / 2, 2});
   auto x0 = xr.select(-1, 0), x1 = xr.select(-1, 1);
   // [T, D/2], in x's dtype (under autocast x is bf16 while the tables are fp32; otherwise a no-op)
-  auto c = cos.narrow(0, 0, T).to(x.scalar_type()), s = sin.narrow(0, 0, T).to(x.scalar_type());
+  auto c = cos.narrow(0, pos0, T).to(x.scalar_type()), s = sin.narrow(0, pos0, T).to(x.scalar_type());
   auto y0 = x0 * c - x1 * s;
   auto y1 = x0 * s + x1 * c;
   return at::stack({y0, y1}, -1).reshape_as(x);
@@ -111,9 +111,10 @@ void gpt::zero_grad() {
   if (flat_grad_.defined()) flat_grad_.zero_();
 }
 
-at::Tensor gpt::forward_logits(const at::Tensor& idx) {
+at::Tensor gpt::forward_logits(const at::Tensor& idx, kv_cache* cache) {
   const auto& s = spec_;
   const int64_t B = idx.size(0), T = idx.size(1), H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim();
+  const int64_t pos0 = cache ? cache->length() : 0;  // the position of idx's first token
   const auto& emb = params_[0];
   auto x = at::embedding(emb, idx);  // [B, T, C]
   size_t p = 1;
@@ -126,13 +127,23 @@ at::Tensor gpt::forward_logits(const at::Tensor& idx) {
     auto q = at::linear(h, wq).view({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
     auto k = at::linear(h, wk).view({B, T, Hkv, D}).transpose(1, 2);
     auto v = at::linear(h, wv).view({B, T, Hkv, D}).transpose(1, 2);
-    q = apply_rope(q, rope_cos_, rope_sin_);
-    k = apply_rope(k, rope_cos_, rope_sin_);
+    q = apply_rope(q, rope_cos_, rope_sin_, pos0);
+    k = apply_rope(k, rope_cos_, rope_sin_, pos0);
+    if (cache) {  // the cache keeps the Hkv heads; the new positions follow the ones it holds
+      const auto layer = static_cast<size_t>(l);
+      if (cache->k.size() == layer) {
+        cache->k.push_back(k);
+        cache->v.push_back(v);
+      } else {
+        k = cache->k[layer] = at::cat({cache->k[layer], k}, 2);
+        v = cache->v[layer] = at::cat({cache->v[layer], v}, 2);
+      }
+    }
     if (Hkv != H) {  // grouped-query attention: each KV head serves H/Hkv query heads
       k = k.repeat_interleave(H / Hkv, 1);
       v = v.repeat_interleave(H / Hkv, 1);
     }
-    auto y = causal_attention(q, k, v);
+    auto y = attention(q, k, v, /*causal=*/pos0 == 0);  // one new token after pos0 > 0 sees every key
     y = y.transpose(1, 2).reshape({B, T, s.dim});
     x = x + at::linear(y, wo);
     auto m = rms_norm(x, mlp_norm, s.norm_eps);
@@ -147,6 +158,16 @@ at::Tensor gpt::logits(const at::Tensor& idx) {
             "logits: inputs must be [B, T] with 1 <= T <= seq_len");
   no_grad_guard no_grad;
   return forward_logits(idx);
+}
+
+at::Tensor gpt::logits(const at::Tensor& idx, kv_cache& cache) {
+  const int64_t t = idx.dim() == 2 ? idx.size(1) : 0, held = cache.length();
+  LW_ASSERT(
+      t >= 1 && (held == 0 || t == 1) && held + t <= spec_.seq_len,
+      "logits with a cache: a prompt of 1 <= T <= seq_len into an empty cache, then one token at a time "
+      "up to seq_len positions");
+  no_grad_guard no_grad;
+  return forward_logits(idx, &cache);
 }
 
 at::Tensor gpt::loss(const at::Tensor& tokens, bool grad, double scale) {

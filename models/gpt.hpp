@@ -41,6 +41,17 @@ class gpt {
   /// Next-token logits [B, T, V] of inputs idx [B, T] (int64), without gradient.
   at::Tensor logits(const at::Tensor& idx);
 
+  /// The keys and values of the positions a sequence has seen so far, per layer ([B, Hkv, length, D]).
+  struct kv_cache {
+    std::vector<at::Tensor> k, v;
+    int64_t length() const { return k.empty() ? 0 : k.front().size(2); }
+  };
+  /// Next-token logits [B, t, V] of idx [B, t] at positions cache.length() onwards, without gradient; their
+  /// keys and values join `cache`. A prompt (t >= 1) goes into an empty cache, then one token at a time, up
+  /// to seq_len positions in all. Equals logits() of the whole sequence up to float rounding, at the cost of
+  /// one position a token instead of the whole sequence.
+  at::Tensor logits(const at::Tensor& idx, kv_cache& cache);
+
   at::Tensor& flat_params() { return flat_; }
   at::Tensor& flat_grads() { return flat_grad_; }
   /// Leaf parameter views, in parameter_layout order.
@@ -53,7 +64,7 @@ class gpt {
   int64_t n_params() const { return n_; }
 
  private:
-  at::Tensor forward_logits(const at::Tensor& idx);
+  at::Tensor forward_logits(const at::Tensor& idx, kv_cache* cache = nullptr);
   void init(at::ScalarType dtype);  // parameter views of flat_ (with gradients if flat_grad_), RoPE tables
 
   model_spec spec_;

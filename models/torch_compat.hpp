@@ -18,15 +18,20 @@ namespace longwave::models {
 /// in both lines).
 using no_grad_guard = c10::NoGradGuard;
 
-/// Causal scaled-dot-product attention of [B, H, T, D] q, k, v with ATen's fused op: 1.13 has
-/// at::_scaled_dot_product_attention (returns a tuple), 2.x at::scaled_dot_product_attention.
-inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+/// Scaled-dot-product attention of [B, H, Tq, D] q over [B, H, Tk, D] k, v with ATen's fused op (1.13 has
+/// at::_scaled_dot_product_attention, which returns a tuple; 2.x at::scaled_dot_product_attention). Causal:
+/// query i sees keys 0..i (Tq == Tk); otherwise every query sees every key (one new token over a KV cache).
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
 #if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, causal);
 #else
   return std::get<0>(at::_scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                       /*need_attn_weights=*/false, /*is_causal=*/true));
+                                                       /*need_attn_weights=*/false, causal));
 #endif
+}
+
+inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return attention(q, k, v, /*causal=*/true);
 }
 
 /// bf16 autocast of CUDA ops in this scope (thread-local, as torch.autocast("cuda", torch.bfloat16)); off:

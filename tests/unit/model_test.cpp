@@ -4,6 +4,7 @@
 #include <torch/optim/adamw.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/adamw.hpp"
@@ -106,6 +107,33 @@ CATCH_TEST_CASE("the model is causal: changing later tokens leaves earlier logit
   CATCH_CHECK((la.narrow(1, 0, 20) - lb.narrow(1, 0, 20)).abs().max().item<double>() < 1e-5);
   // ... and the later positions do see the change.
   CATCH_CHECK((la.narrow(1, 20, 12) - lb.narrow(1, 20, 12)).abs().max().item<double>() > 1e-3);
+}
+
+CATCH_TEST_CASE("logits over a KV cache, a prompt then one token at a time, equal the whole sequence's",
+                "[models]") {
+  for (const int64_t kv_heads : {6, 2}) {  // multi-head and grouped-query attention
+    auto s = preset_spec("tiny", 256, 24);
+    s.n_kv_heads = kv_heads;
+    gpt m(s, at::kFloat);
+    m.load_flat(gpt::init_flat(s, 9));
+    const auto seq = torch::randint(0, 256, {2, 24}, torch::kLong);
+    const auto whole = m.logits(seq);
+    gpt::kv_cache cache;
+    const auto prompt = m.logits(seq.narrow(1, 0, 5), cache);
+    CATCH_CHECK(cache.length() == 5);
+    CATCH_CHECK((prompt - whole.narrow(1, 0, 5)).abs().max().item<double>() < 1e-5);
+    double worst = 0;
+    for (int64_t t = 5; t < 24; ++t) {
+      const auto one = m.logits(seq.narrow(1, t, 1), cache);
+      worst = std::max(worst, (one - whole.narrow(1, t, 1)).abs().max().item<double>());
+    }
+    CATCH_CHECK(cache.length() == 24);
+    CATCH_CHECK(worst < 1e-4);
+    // A token at another position gives other logits: the cache's positions count.
+    gpt::kv_cache other;
+    const auto shifted = m.logits(seq.narrow(1, 23, 1), other);
+    CATCH_CHECK((shifted - whole.narrow(1, 23, 1)).abs().max().item<double>() > 1e-3);
+  }
 }
 
 CATCH_TEST_CASE("bf16 and fp32 models agree on the loss", "[models]") {
