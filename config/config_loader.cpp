@@ -450,14 +450,13 @@ class loader {
 
   void apply_override(const std::string& ov) {
     const auto eq = ov.find('=');
+    const std::string key = override_key(ov);
     if (eq == std::string::npos) {
-      const std::string key = trim(ov);
       throw config_error(key.empty() ? "override" : key,
                          fmt::format("override '{}' has no '=': write --set section.key=value, e.g. --set "
                                      "train.workers=2",
                                      shorten(ov)));
     }
-    const std::string key = trim(std::string_view(ov).substr(0, eq));
     const std::string raw = trim(std::string_view(ov).substr(eq + 1));
     const auto dot = key.find('.');
     if (dot == std::string::npos || dot == 0 || dot + 1 == key.size()) {
@@ -897,6 +896,10 @@ train_config load_config_file(const std::string& path, const std::vector<std::st
     for (auto& line : inert_settings(cfg, keys_set(text, overrides))) warnings->push_back(std::move(line));
   if (cfg.run.name.empty()) cfg.run.name = run_name_of_file(path);
   return cfg;
+}
+
+std::string override_key(std::string_view override_text) {
+  return trim(override_text.substr(0, override_text.find('=')));
 }
 
 std::string run_name_of_file(const std::string& path) {

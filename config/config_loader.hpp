@@ -43,6 +43,9 @@ train_config parse_config(std::string_view toml_text, const std::vector<std::str
 /// by '_' when the stem is not UTF-8 (the name goes into TOML copies, which must be).
 std::string run_name_of_file(const std::string& path);
 
+/// The key of a --set override "section.key=value" (all of it without '='), blanks trimmed.
+std::string override_key(std::string_view override_text);
+
 /// The text of a config file; config_error with key "file" if it cannot be read.
 std::string read_config_text(const std::string& path);
 

@@ -91,14 +91,6 @@ std::string type_of(const toml::node& n) {
   return config::toml_type_name(n.type());
 }
 
-/// The key of a --set override "section.key=value", blanks trimmed.
-std::string override_key(const std::string& ov) {
-  std::string key = ov.substr(0, ov.find('='));
-  key.erase(0, key.find_first_not_of(" \t"));
-  key.erase(key.find_last_not_of(" \t") + 1);
-  return key;
-}
-
 /// 8 hex digits of FNV-1a: a short, stable tag for ids that must be told apart.
 std::string hash8(std::string_view s) {
   uint32_t h = 2166136261u;
@@ -182,8 +174,8 @@ void read_sweep_table(const reader& r, const toml::table& t, sweep_spec& s, std:
         const auto* v = x.as_string();
         if (!v) r.fail(entry, "must be a list of \"section.key=value\" strings, like --set");
         for (const auto& earlier : s.set)
-          if (override_key(earlier) == override_key(v->get()))
-            r.fail(entry, fmt::format("\"{}\" is set twice; give it once", override_key(earlier)));
+          if (config::override_key(earlier) == config::override_key(v->get()))
+            r.fail(entry, fmt::format("\"{}\" is set twice; give it once", config::override_key(earlier)));
         s.set.push_back(v->get());
       }
     } else {
@@ -342,7 +334,7 @@ config::train_config build_config(const reader& r, const std::string& base_text,
     for (const auto& o : origins)
       if (o.key == e.key()) r.fail(o.entry, e.what());
     for (const auto& ov : s.set)
-      if (override_key(ov) == e.key() || ov.find('=') == std::string::npos)
+      if (config::override_key(ov) == e.key() || ov.find('=') == std::string::npos)
         r.fail(fmt::format("sweep.set \"{}\"", ov), e.what());
     const bool in_base = e.key() == "syntax" || e.key() == "file" || e.key() == "internal";
     r.fail(in_base ? fmt::format("sweep.base \"{}\"", s.base) : "point " + point_label, e.what());
@@ -486,7 +478,7 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
         if (st.key == key)
           r.fail(fmt::format("grid \"{}\"", key), "also set in [[points]]; sweep a key in one place");
   for (const auto& ov : s.set) {
-    const std::string key = override_key(ov);
+    const std::string key = config::override_key(ov);
     for (const auto& g : grid)
       if (g.first == key) r.fail(fmt::format("sweep.set \"{}\"", ov), "the key is also in [grid]");
     check_sweepable(r, fmt::format("sweep.set \"{}\"", ov), key, seeded);
@@ -574,7 +566,7 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
           std::vector<std::string> live;
           for (const auto& o : p.overrides)
             if (std::none_of(inert.begin(), inert.end(),
-                             [&](const auto& i) { return i.key == override_key(o); }))
+                             [&](const auto& i) { return i.key == config::override_key(o); }))
               live.push_back(o);
           try {  // a config that needs the key set (to turn off what the base turns on) stays as it is
             effective = config::parse_config(base_text, live, s.base);

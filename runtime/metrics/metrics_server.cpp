@@ -18,6 +18,7 @@
 #include <string>
 
 #include "runtime/errors/errors.hpp"
+#include "runtime/process/port_check.hpp"
 
 namespace longwave::runtime {
 
@@ -175,27 +176,6 @@ class guarded_server : public httplib::Server {
   std::atomic<int> n_queued_{0};
 };
 
-// httplib reports only that binding failed; bind once more ourselves to learn why.
-std::string why_bind_fails(const std::string& address, int port, int& err) {
-  err = 0;
-  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return std::strerror(err = errno);
-  int yes = 1;
-  ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, address.c_str(), &addr.sin_addr);
-  std::string reason = "bind failed";
-  if (::bind(s, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    reason = std::strerror(err = errno);
-  } else if (::listen(s, 1) != 0) {
-    reason = std::strerror(err = errno);
-  }
-  ::close(s);
-  return reason;
-}
-
 }  // namespace
 
 metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, int port,
@@ -245,8 +225,8 @@ metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, i
     bound = server_->bind_to_port(host, port);
   }
   if (!bound) {
-    int err = 0;
-    const auto why = why_bind_fails(address_, port, err);
+    const int err = runtime::bind_error(address_, port);  // httplib says only that binding failed
+    const std::string why = err ? std::strerror(err) : "bind failed";
     // A port in use is the config's to change (exit 2), or the same run started twice.
     throw lw_error(err == EADDRINUSE ? errc::invalid_config : errc::io_error,
                    "metrics: cannot bind " + std::string(host) + ":" + std::to_string(port) + ": " + why +
