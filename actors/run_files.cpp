@@ -356,7 +356,10 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
   start_point start;
   const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
   if (joined.fetched) {
-    if (opts.fresh) (void)find_start(cfg, opts, p, shape);  // removes the old checkpoints and trace
+    if (opts.fresh)
+      (void)find_start(cfg, opts, p, shape);  // removes the old checkpoints and trace
+    else  // a SIGKILL mid-write (the state this node fetched last time, say) left a .tmp
+      (void)report_stray_files(checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep));
     auto snap = std::move(*joined.fetched);
     // async: the state is named by its version (the donor's round field holds it); this node's rounds are
     // its own phases, and the join is one boundary after its own newest checkpoint (which would else outrank

@@ -546,9 +546,14 @@ CATCH_TEST_CASE("a node whose checkpoints are of another training history fetche
 void rejoin(const std::string& name, const std::string& extra, bool same_theta = true) {
   elastic_cluster c(name, extra);
   kill_in_inner_phase(c);
+  // A SIGKILL in a checkpoint write leaves its .tmp; the node removes it as it rejoins, as at any start.
+  const auto unfinished = c.out("n2") + "/checkpoints/ckpt-00000001-0000000004.lwc.tmp";
+  write_text(unfinished, "half a checkpoint");
   // The same command again, at once: the coordinator may not have noticed the death yet.
   const auto [clog, log2] = restart_n2_and_finish(c);
   CATCH_CHECK(record_count(c.out("n2"), "recovery") == 1);
+  CATCH_CHECK_FALSE(fs::exists(unfinished));
+  CATCH_CHECK(contains(log2, "checkpoint: removed " + unfinished));
   if (same_theta) {
     check_rounds(c, {"n0", "n1"});
     check_joined(c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
