@@ -406,24 +406,26 @@ void master_state::outcome() {
     exit_code_ = 1;
     return note_end("none_finished", {{"removed", removed}});
   }
-  const bool stopped =
-      gone.empty() && stop_ && stop_->round &&
-      std::all_of(finished.begin(), finished.end(), [&](size_t i) { return members_[i].stopped; });
+  // Stopped: every node that finished stopped where `longwave stop` asked, whoever left on the way.
+  const bool stopped = stop_ && stop_->round && std::all_of(finished.begin(), finished.end(), [&](size_t i) {
+                         return members_[i].stopped;
+                       });
+  std::string detail;  // "n2 (lost), n3 (left)"
+  for (auto i : gone)
+    detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", specs_[i].name, why_gone(i));
+  const std::string on_the_way = gone.empty() ? "" : "; removed on the way: " + detail;
+  const std::string who = gone.empty() ? "every node" : names_of(finished);
   if (stopped) {
-    info(merges_ ? fmt::format("coordinator: every node stopped at the end of its phase, at version {} "
-                               "(longwave stop); the same commands resume the run",
-                               merges_->version())
-                 : fmt::format("coordinator: every node stopped after round {} (longwave stop); the same "
-                               "commands resume the run",
-                               *stop_->round));
+    info(merges_ ? fmt::format("coordinator: {} stopped at the end of its phase, at version {} (longwave "
+                               "stop){}; the same commands resume the run",
+                               who, merges_->version(), on_the_way)
+                 : fmt::format("coordinator: {} stopped after round {} (longwave stop){}; the same commands "
+                               "resume the run",
+                               who, *stop_->round, on_the_way));
   } else if (gone.empty()) {
     info("coordinator: every node finished");
   } else {
-    std::string detail;
-    for (auto i : gone)
-      detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", specs_[i].name, why_gone(i));
-    info(fmt::format("coordinator: the run finished on {}; removed on the way: {}", names_of(finished),
-                     detail));
+    info(fmt::format("coordinator: the run finished on {}{}", names_of(finished), on_the_way));
   }
   exit_code_ = 0;
   std::vector<std::pair<std::string, record::value>> fields{{"finished", list_of(finished)},

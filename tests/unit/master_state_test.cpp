@@ -1242,8 +1242,10 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
             {6,
              "n0",
              "bye stopped",
-             {"the run finished on n0; removed on the way: n1 (failed)",
-              "record end outcome=finished exit_code=0 finished=n0 removed=n1:failed epoch=2"}}});
+             // A stop, though n1 failed on the way (it read "finished", as if the run had ended).
+             {"n0 stopped after round 3 (longwave stop); removed on the way: n1 (failed); the same commands "
+              "resume the run",
+              "record end outcome=stopped exit_code=0 finished=n0 removed=n1:failed stop_round=3 epoch=2"}}});
   }
   CATCH_SECTION("before training began") {
     table t(cluster_of(2));
