@@ -163,7 +163,8 @@ at::Tensor staged_mean(std::unique_ptr<models::host_stage>& stage, std::vector<a
 namespace {
 
 /// exact: fp32 on the wire whatever comm.dtype is, and no error feedback (parameters, not pseudo-gradients).
-/// node_weight: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round).
+/// node_weight: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round;
+/// comm::rank0_weight: the epoch's rank 0 alone, for theta_0).
 caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector<at::Tensor> parts,
                             bool exact, double node_weight) {
   auto& s = self->state;
@@ -195,7 +196,10 @@ caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector
                                   round));
   // Across nodes: the node's reduction through the collective, with its weight (workers, or tokens).
   const bool observe = (s.opts.observe_round > 0 && round == s.opts.observe_round) || node_weight == 0;
-  const double weight = observe ? 0.0 : node_weight > 0 ? node_weight : static_cast<double>(n_parts);
+  const double weight = observe                             ? 0.0
+                        : node_weight == comm::rank0_weight ? node_weight
+                        : node_weight > 0                   ? node_weight
+                                                            : static_cast<double>(n_parts);
   auto& r = exact ? *s.exact : *s.chosen;
   try {
     r.apply(*s.net, round, label.second, sum.data_ptr<float>(), static_cast<size_t>(n), weight);

@@ -14,6 +14,7 @@
 
 #include "actors/coordinator/state.hpp"
 #include "actors/worker.hpp"
+#include "comm/collective.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors {
@@ -318,19 +319,18 @@ namespace {
 
 /// A cluster's fresh start: theta_0 depends on the CPU kernels that draw it (ATen's vector and scalar normal
 /// samplers differ), so every node takes the ring's rank 0's, as an exact all-reduce (label 0/1, before any
-/// round's) to which only rank 0 contributes weight. One process: its own.
+/// round's) to which only rank 0 contributes weight (the next epoch's rank 0 if it is lost). One process:
+/// its own.
 void adopt_initial_theta(self_ptr self, at::Tensor theta, std::function<void(at::Tensor)> k) {
   auto& s = self->state;
   if (s.ctx->cluster_workers == 0) return k(std::move(theta));
   const ring_label label{0, 1};
   self->request(s.peers.communicator, s.round_timeout, reduce_atom_v,
-                reduce_request{label, {theta.clone()}, /*exact=*/true, s.ctx->theta_source ? 1.0 : 0.0})
+                reduce_request{label, {theta.clone()}, /*exact=*/true, comm::rank0_weight})
       .then(
           [=](reduced& r) {
             auto& theta0 = r.avg;
-            spdlog::info("theta_0: {}", self->state.ctx->theta_source
-                                            ? "this node's, sent to every node (ring rank 0)"
-                                            : "the ring's rank 0's, as every node starts");
+            spdlog::info("theta_0: the ring's rank 0's, as every node starts");
             self->state.engine->set_theta(theta0, [=](bool) { k(theta0); });
           },
           [=](caf::error& e) { allreduce_failed(self, label, std::move(e)); });

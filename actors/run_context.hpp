@@ -56,9 +56,6 @@ struct run_context {
   /// The cluster this node belongs to: round-boundary states to serve to joiners, theta_global's CRC-32C
   /// after each round (cluster_link.hpp). Outlives the actors; no_cluster() for one process alone.
   cluster_link* cluster = &no_cluster();
-  /// Cluster, fresh start: this node is the ring's rank 0, whose theta_0 every node starts from (each node's
-  /// own initialisation rounds by its CPU's kernels).
-  bool theta_source = false;
   /// A node that joined a running cluster: how it got its state.
   std::optional<recovery_info> recovery;
   /// The training data's fingerprint (models::data::data_fingerprint of the corpus), stored in each

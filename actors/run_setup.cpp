@@ -247,7 +247,6 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
     ctx->rank_offset = place->rank_offset;
     ctx->cluster_workers = place->cluster_workers;
     ctx->data_partitions = place->data_partitions;
-    ctx->theta_source = place->rank == 0;
   }
   if (is_streaming(cfg))
     ctx->fragments = models::fragment_ranges(spec, cfg.diloco.fragments,

@@ -302,8 +302,10 @@ void master_state::watch() {
 void master_state::watch_silence(size_t i) {
   auto& m = members_[i];
   const auto silence = since(m.last_seen);
-  // Before its first heartbeat a member is still loading its data and model.
-  const auto limit = m.heard ? s_.heartbeat_timeout : std::max(s_.heartbeat_timeout, s_.join_timeout);
+  // From its welcome on, a member says every 2 s that it is still starting (building its model, loading its
+  // checkpoint), then heartbeats; before its first word after the welcome, its way there is allowed for.
+  const auto limit = m.heard || m.starting_since ? s_.heartbeat_timeout
+                                                 : std::max(s_.heartbeat_timeout, first_word_allowance);
   if (m.suspected && m.last_seen > m.suspected_at && m.heard) m.suspected = false;
   // A member still starting (no heartbeat yet: loading its data and model) is not lost for a ring that could
   // not reach it; the reset waits for its first heartbeat.

@@ -90,8 +90,9 @@ struct master_settings {
   /// Every member must have said hello within this time of start, else the run is called off.
   ms join_timeout{60000};
   /// A member that sends nothing (heartbeats included) for this long is removed from the membership (a new
-  /// epoch without it). Nodes send a heartbeat every 2 s; before a member's first heartbeat after the
-  /// welcome (while it loads its data and model) join_timeout applies instead.
+  /// epoch without it). Nodes send a heartbeat every 2 s, and say every 2 s that they are still starting
+  /// from their welcome to their first heartbeat; until its first word after the welcome a member has
+  /// first_word_allowance.
   ms heartbeat_timeout{6000};
   /// A member whose neighbour's ring lost it is removed once silent this long.
   ms suspect_silence{2500};
@@ -197,6 +198,10 @@ class master_state {
   /// This master's term, carried by every frame it sends: generation 1 at a fresh start, the next
   /// generation after the newest its nodes followed when it takes a running cluster over.
   uint64_t term() const { return term_; }
+
+  /// A welcomed member's first word (its "still starting" beat, sent at once) may take this long after its
+  /// welcome: else it died before or on its welcome, and is lost (the members waited join_timeout before).
+  static constexpr ms first_word_allowance{10000};
 
  private:
   /// One member's state.

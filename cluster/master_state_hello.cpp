@@ -15,8 +15,8 @@ namespace longwave::cluster {
 using namespace control;
 
 namespace {
-// A joined member not heard from for join_silence is taken to be gone, so a second process with its name may
-// take its place.
+// A second process with a live member's name waits this long for the first to fall silent, then is turned
+// away.
 constexpr auto join_silence = std::chrono::seconds(6);
 // A live member is heard from every 2 s: a process that says hello with its name after this much silence
 // replaces it (the node was restarted).
@@ -140,18 +140,10 @@ std::optional<std::pair<std::string, std::string>> master_state::data_mismatch(s
 }
 
 /// A hello before training began: the node waits for its welcome. A second process with a joined node's name
-/// is turned away while the first is heard from, and takes its place after join_silence.
+/// waits while the first is heard from (second_process_waits): it takes the place of one that died.
 void master_state::on_first_hello(size_t idx, const sender& from, const hello_msg& h) {
   auto& m = members_[idx];
-  if (m.identity && now_ - m.last_seen <= join_silence) {
-    warn(fmt::format(
-        "coordinator: turned away a second process for node '{}' ({}): that node has already joined from "
-        "another process",
-        h.node_name, from.peer));
-    return turn_away(from.identity, errc::invalid_config,
-                     fmt::format("node {} has already joined from another process{}; stop one of them",
-                                 h.node_name, all_joined() ? " and the cluster is training" : ""));
-  }
+  if (m.identity && second_process_waits(idx, from)) return;
   if (m.identity)
     warn(fmt::format(
         "coordinator: node '{}' said hello from a new process ({}) after {} of silence from the first; using "
@@ -271,13 +263,12 @@ bool master_state::second_process_waits(size_t idx, const sender& from) {
     m.contender_since = now_;
   } else if (now_ - m.contender_since > join_silence) {
     m.contender.reset();
-    warn(fmt::format(
-        "coordinator: turned away a second process for node '{}' ({}): that node is live in the cluster",
-        specs_[idx].name, from.peer));
+    const auto* where = welcomed_ ? "is live in the cluster" : "has already joined";
+    warn(fmt::format("coordinator: turned away a second process for node '{}' ({}): that node {}",
+                     specs_[idx].name, from.peer, where));
     turn_away(from.identity, errc::invalid_config,
-              fmt::format(
-                  "node {} is live in the cluster (heard from {} ago) from another process; stop one of them",
-                  specs_[idx].name, secs(since(m.last_seen))));
+              fmt::format("node {} {} from another process (heard from {} ago); stop one of them",
+                          specs_[idx].name, where, secs(since(m.last_seen))));
   }
   return true;  // no answer yet: its next hello (every 2 s) is looked at again
 }

@@ -30,17 +30,17 @@ node_link::~node_link() {
 
 void node_link::begin_start_up() {
   start_up_beats_ = std::thread([this] {
-    for (;;) {
+    for (;;) {  // at once (the master knows it lives past its welcome), then every beat_every
       {
-        std::unique_lock<std::mutex> lk(start_up_mu_);
-        if (started_.wait_for(lk, beat_every, [this] { return start_up_over_; })) return;
+        std::lock_guard<std::mutex> turn(control_mu_);
+        try {
+          control_.starting();
+        } catch (const std::exception& e) {  // never sent: the coordinator's silence rule decides
+          spdlog::warn("node {}: could not say it is still starting: {}", name_, e.what());
+        }
       }
-      std::lock_guard<std::mutex> turn(control_mu_);
-      try {
-        control_.starting();
-      } catch (const std::exception& e) {  // never sent: the coordinator's silence rule decides
-        spdlog::warn("node {}: could not say it is still starting: {}", name_, e.what());
-      }
+      std::unique_lock<std::mutex> lk(start_up_mu_);
+      if (started_.wait_for(lk, beat_every, [this] { return start_up_over_; })) return;
     }
   });
 }

@@ -36,10 +36,10 @@ class node_link final : public actors::cluster_link {
   node_link(const node_link&) = delete;
   node_link& operator=(const node_link&) = delete;
 
-  /// From here until the first tick (or end_start_up), a thread tells the master every 2 s that this node is
-  /// still starting: building its model and loading its checkpoint may outlast join_timeout_s, after which
-  /// a silent member is taken as lost. The main thread's start-up calls on the control connection (a join,
-  /// the first NCCL id) take turns with it.
+  /// From here until the first tick (or end_start_up), a thread tells the master at once and then every 2 s
+  /// that this node is still starting (building its model, loading its checkpoint): a member silent for
+  /// heartbeat_timeout_s is taken as lost. The main thread's start-up calls on the control connection (a
+  /// join, the first NCCL id) take turns with it.
   void begin_start_up();
   /// Ends the start-up beats (the main loop's first tick does). Idempotent.
   void end_start_up();

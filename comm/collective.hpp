@@ -26,6 +26,11 @@ struct rank_note {
   float step_seconds = 0;  ///< its measured seconds per inner step (0: not known yet)
 };
 
+/// An all-reduce weight that the elastic collective resolves at each try: 1 on the epoch's rank 0, 0 on the
+/// others. A cluster's fresh theta_0 comes from one node this way, and from the next epoch's rank 0 when the
+/// first died before the call completed (a fixed weight left only zeros: the call failed in every epoch).
+inline constexpr double rank0_weight = -2.0;
+
 /// One rank's handle on a weighted all-reduce across the nodes of a cluster. Calls are serialized; the
 /// counters, cancel() and peer_declared_lost() may be called from any thread.
 class collective {

@@ -233,7 +233,10 @@ void elastic_ring::allreduce(uint64_t round, float* data, size_t n, double weigh
   std::copy(data, data + n, input_.begin());
   run(
       reduce_key{round, fragment},
-      [&](collective& ring, uint32_t f) { ring.allreduce(round, data, n, weight, f, dtype); },
+      [&](collective& ring, uint32_t f) {
+        ring.allreduce(round, data, n, weight == rank0_weight ? (ring.rank() == 0 ? 1.0 : 0.0) : weight, f,
+                       dtype);
+      },
       [&] { std::copy(input_.begin(), input_.begin() + static_cast<std::ptrdiff_t>(n), data); });
 }
 

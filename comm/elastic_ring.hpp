@@ -61,7 +61,7 @@ class elastic_ring final : public collective {
   /// As ring_allreduce::allreduce, across the current epoch's members. A fence during the call parks it
   /// until the next membership; then its result is kept or the call is redone from the input it was given.
   /// Throws peer_lost when this node is evicted, cancelled after cancel(), and the ring's error when a
-  /// failure brings no fence within the ring's timeout.
+  /// failure brings no fence within the ring's timeout. weight may be rank0_weight (collective.hpp).
   void allreduce(uint64_t round, float* data, size_t n, double weight = 1.0, uint32_t fragment = 0,
                  std::optional<wire_dtype> dtype = std::nullopt) override;
 

@@ -26,7 +26,7 @@ struct reduce_request {
   bool exact = false;
   /// The node's weight in a cluster's average: the workers whose pseudo-gradients parts are (adaptive steps:
   /// times their share of the round's steps). -1: parts.size(); 0: parts is one zero tensor (no worker of
-  /// this node was drawn this round).
+  /// this node was drawn this round); comm::rank0_weight: the epoch's rank 0 alone (theta_0).
   double weight = -1;
 };
 

@@ -123,6 +123,32 @@ CATCH_TEST_CASE("elastic ring: a call stalled by a dead member is redone among t
   CATCH_CHECK(rings[0]->completed_round() == 3);
 }
 
+CATCH_TEST_CASE("elastic ring: rank0_weight takes the next epoch's rank 0's input when rank 0 died first",
+                "[elastic]") {
+  // A cluster's fresh theta_0 is rank 0's alone. n0 dies before the call: with fixed weights (n1 and n2
+  // gave 0) the redone call had no weight in any epoch, and the cluster could not start.
+  const size_t n = 5000;
+  const auto m = make_members(3);
+  std::vector<std::unique_ptr<elastic_ring>> rings;
+  for (uint32_t r = 0; r < 3; ++r)
+    rings.push_back(std::make_unique<elastic_ring>(view_of(m, {0, 1, 2}, 1, r), options()));
+  std::vector<std::vector<float>> data{input_of(0, n), input_of(1, n), input_of(2, n)};
+  std::vector<std::future<void>> calls;
+  for (size_t r = 1; r < 3; ++r)
+    calls.push_back(std::async(std::launch::async,
+                               [&, r] { rings[r]->allreduce(0, data[r].data(), n, rank0_weight, 1); }));
+  for (size_t r = 1; r < 3; ++r) CATCH_REQUIRE(poll([&] { return rings[r]->pending(); }).has_value());
+  rings[0].reset();
+  for (size_t r = 1; r < 3; ++r) rings[r]->fence(2);
+  for (size_t r = 1; r < 3; ++r) CATCH_REQUIRE(poll([&] { return rings[r]->fence_report(); }).has_value());
+  for (uint32_t r = 1; r < 3; ++r) rings[r]->enter(view_of(m, {1, 2}, 2, r - 1), reduce_key{});
+  for (auto& c : calls) CATCH_CHECK(c.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  for (auto& c : calls) c.get();           // rethrows a failure
+  CATCH_CHECK(data[1] == input_of(1, n));  // n1, rank 0 of epoch 2: its own input, exactly
+  CATCH_CHECK(data[2] == input_of(1, n));
+  CATCH_CHECK(rings[2]->last_total_weight() == 1.0);
+}
+
 CATCH_TEST_CASE("elastic ring: a removed member's call fails with the coordinator's words", "[elastic]") {
   const auto m = make_members(2);
   elastic_ring a(view_of(m, {0, 1}, 1, 0), options());

@@ -580,7 +580,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK_FALSE(contains(log, "training failed"));
   CATCH_CHECK_FALSE(contains(log, "deadline_missed"));
   CATCH_CHECK(coord_code == 0);
-  check_master_end(dir + "/cluster", "finished", "n0", "n1:lost");
+  check_master_end(dir + "/cluster", "stopped", "n0", "n1:lost");
   // n0 trained every round up to the stop, the last ones alone, on a theta that training moved.
   const int64_t last = stop_round(dir + "/cluster/n0");
   CATCH_CHECK(last > 2);
@@ -771,7 +771,7 @@ CATCH_TEST_CASE(
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
   CATCH_CHECK(coord_code == 0);
-  check_master_end(dir + "/cluster", "finished", "n0,n1", "n2:lost");
+  check_master_end(dir + "/cluster", "stopped", "n0,n1", "n2:lost");
   CATCH_CHECK(code2 != 0);  // n2 wakes up to a cluster that went on without it
   CATCH_CHECK(code2 != -1);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
@@ -809,7 +809,7 @@ CATCH_TEST_CASE("a node removed while stopped that comes back is told so and exi
   CATCH_CHECK(contains(log2, "this node was removed from the cluster (node n2 lost: nothing heard for 4 s"));
   CATCH_CHECK(contains(log2, "start it again with the same command to rejoin"));
   CATCH_CHECK(coord_code == 0);  // the run's outcome: n0 and n1 trained on until stopped
-  check_master_end(dir + "/cluster", "finished", "n0,n1", "n2:lost");
+  check_master_end(dir + "/cluster", "stopped", "n0,n1", "n2:lost");
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 

@@ -129,7 +129,7 @@ std::string check_survivors_finish(elastic_cluster& c, const std::string& how) {
   CATCH_CHECK(code0 == 0);
   CATCH_CHECK(code1 == 0);
   CATCH_CHECK(coord_code == 0);
-  check_master_end(c.cluster_out(), "finished", "n0,n1", "n2:" + how);
+  check_master_end(c.cluster_out(), "stopped", "n0,n1", "n2:" + how);
   CATCH_CHECK(master_removal(c.cluster_out(), "n2").first == how);
   check_rounds(c, {"n0", "n1"});
   const auto a = newest_theta(c.out("n0") + "/checkpoints"), b = newest_theta(c.out("n1") + "/checkpoints");
@@ -163,7 +163,8 @@ CATCH_TEST_CASE("a node SIGKILLed in the inner phase is removed and the other tw
   CATCH_CHECK(contains(html, "<h2>Membership</h2>"));
   CATCH_CHECK(contains(html, "<td>n0,n1</td>"));
   // The run's status is the coordinator's end (n2 has no end record of its own).
-  CATCH_CHECK(contains(html, "<tr><th>status</th><td>completed; removed on the way: n2 (lost)</td>"));
+  CATCH_CHECK(
+      contains(html, "<tr><th>status</th><td>stopped (longwave stop); removed on the way: n2 (lost)</td>"));
   CATCH_CHECK(contains(html, "<td>removed (lost)</td>"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
@@ -355,13 +356,23 @@ CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that come
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
+namespace {
+
+/// Three nodes of one worker that train until stopped, and may train with two ([cluster] min_nodes = 2).
+std::string endless_two_of_three(const std::string& dir, double join_timeout_s) {
+  cluster_ports ports;
+  const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n", join_timeout_s);
+  edit_file(file, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  return file;
+}
+
+}  // namespace
+
 CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third joins the running cluster",
                 "[process][cluster][elastic][join]") {
   const auto dir = scratch_dir("elastic_start_short");
-  cluster_ports ports;
-  const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n", 8);
-  edit_file(file, "join_timeout_s = ", "min_nodes = 2\njoin_timeout_s = ");
-  edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+  const auto file = endless_two_of_three(dir, 8);
   edit_file(file, "inner_steps = 3", "inner_steps = 20");
   // n0 and n1 say hello before the coordinator starts (their hellos wait for it) and wait long for the
   // answer: however slowly they start, both joined before the coordinator's 8 s deadline.
@@ -411,6 +422,38 @@ CATCH_TEST_CASE("with min_nodes = 2 a cluster of 3 starts with 2 and the third j
   const auto html = read_text(dir + "/cluster/report.html");
   CATCH_CHECK(contains(html, "<h2>Joins</h2>"));
   CATCH_CHECK(contains(html, "<td>n0, n1</td>"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE("a node killed after its hello, before the others came, is lost soon after the welcome",
+                "[process][cluster][elastic]") {
+  // Welcomed with the others, it never says that it is starting: the members waited join_timeout_s for it
+  // (600 s here) before.
+  const auto dir = scratch_dir("elastic_dead_at_welcome");
+  const auto file = endless_two_of_three(dir, 600);
+  auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
+  auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "node n0 joined", 300));
+  kill(n0.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(n0, 30) == 128 + SIGKILL);
+  auto n1 = spawn({binary(), "node", file, "--node", "n1"}, dir + "/n1.log");
+  auto n2 = spawn({binary(), "node", file, "--node", "n2"}, dir + "/n2.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "node n0 lost", 300));
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        return rounds_in_membership(dir + "/cluster/n1", "n1,n2") >= 2 &&
+               rounds_in_membership(dir + "/cluster/n2", "n1,n2") >= 2;
+      },
+      300));
+  stop_cluster(dir, file);
+  const int code1 = wait_exit(n1, 300), code2 = wait_exit(n2, 300), coord_code = wait_exit(coord, 60);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_INFO(clog);
+  CATCH_CHECK(contains(clog, "node n0 lost: nothing heard for 10 s"));
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(code2 == 0);
+  CATCH_CHECK(coord_code == 0);
+  check_master_end(dir + "/cluster", "stopped", "n1,n2", "n0:lost");
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
