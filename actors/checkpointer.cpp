@@ -13,6 +13,7 @@
 #include "runtime/errors/fault_env.hpp"
 #include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
+#include "runtime/memory/allocator.hpp"
 #include "runtime/messages/caf_errors.hpp"
 #include "runtime/messages/interfaces.hpp"
 
@@ -130,6 +131,9 @@ checkpointer_actor::behavior_type checkpointer_fun(
           spdlog::debug("checkpoint: wrote {} (round {}, step {}, {:.0f} ms)", path, snap.round, snap.step,
                         ms);
           report(self, metrics, snap, path, ms / 1000.0);
+          // The freed blocks that keep_freed_buffers keeps pile up over rounds in the threads' arenas
+          // (a single run: +100 MB over 450 rounds of the tiny model); each checkpoint hands them back.
+          (void)runtime::release_freed_memory();
           return path;
         } catch (const std::exception& e) {
           spdlog::debug("checkpoint: write failed: {}", e.what());  // the coordinator says it, counted
