@@ -968,9 +968,10 @@ CATCH_TEST_CASE(
   }
 }
 
-CATCH_TEST_CASE("master: a member killed before its welcome is lost after first_word_allowance, not "
-                "join_timeout_s",
-                "[unit][master]") {
+CATCH_TEST_CASE(
+    "master: a member killed before its welcome is lost after first_word_allowance, not "
+    "join_timeout_s",
+    "[unit][master]") {
   // n0 said hello, then died while n1 and n2 were on their way: welcomed with them, it never says that it is
   // starting (a live node does at once). The members waited join_timeout_s (60 s) for it before.
   table t(cluster_of(3));
@@ -1034,26 +1035,30 @@ CATCH_TEST_CASE("master: a second process with a live node's name waits, then is
                 "[unit][master]") {
   CATCH_SECTION("before training, the first is live") {
     table t(cluster_of(2));
-    t.play({{0, "n0", "hello", {}},
-            {1, "n0'", "hello", {"!n0' <-"}},
-            {2, "n0", "hello", {}},
-            {3, "n0'", "hello", {"!n0' <-"}},
-            {4, "n0", "hello", {}},
-            {5, "n0'", "hello", {"!n0' <-"}},
-            {6, "n0", "hello", {}},
-            {7.5,
-             "n0'",
-             "hello",
-             {"n0' <- error invalid_config: node n0 has already joined from another process (heard from 1.5 s "
-              "ago)",
-              "count rejected_join"}}});
+    t.play(
+        {{0, "n0", "hello", {}},
+         {1, "n0'", "hello", {"!n0' <-"}},
+         {2, "n0", "hello", {}},
+         {3, "n0'", "hello", {"!n0' <-"}},
+         {4, "n0", "hello", {}},
+         {5, "n0'", "hello", {"!n0' <-"}},
+         {6, "n0", "hello", {}},
+         {7.5,
+          "n0'",
+          "hello",
+          {"n0' <- error invalid_config: node n0 has already joined from another process (heard from 1.5 s "
+           "ago)",
+           "count rejected_join"}}});
   }
   CATCH_SECTION("before training, the first died: the newcomer takes its place") {
     // A node restarted within seconds was turned away with exit 2 ("already joined"), its predecessor dead.
     table t(cluster_of(2));
     t.play({{0, "n0", "hello", {}},
             {1, "n0'", "hello", {"!n0' <-"}},
-            {3, "n0'", "hello", {"said hello from a new process (10.0.0.1) after 3 s of silence from the first"}},
+            {3,
+             "n0'",
+             "hello",
+             {"said hello from a new process (10.0.0.1) after 3 s of silence from the first"}},
             {3.5, "n1", "hello", {"epoch 1 (2 members, start)", "n0' <- welcome rank 0 of 2 epoch 1"}}});
   }
   CATCH_SECTION("the first is live") {
