@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "models/decoder.hpp"
 #include "models/gpt.hpp"
 #include "models/model_spec.hpp"
 
@@ -21,29 +22,29 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// Greedy tokens/s of `n` tokens after `prompt`, with or without the cache (sample's loop, without the draw).
-double tokens_per_s(models::gpt& m, std::vector<int64_t> ids, int64_t n, bool cached) {
-  const int64_t ctx = m.spec().seq_len;
-  const auto window = [&](int64_t keep) {
-    const auto from = ids.end() - std::min<int64_t>(keep, static_cast<int64_t>(ids.size()));
-    const std::vector<int64_t> w(from, ids.end());
-    return at::tensor(w, at::kLong).view({1, static_cast<int64_t>(w.size())});
-  };
-  models::gpt::kv_cache cache;
+int64_t greedy(const at::Tensor& logits) {
+  return logits.argmax().item<int64_t>();
+}
+
+/// Greedy tokens/s of `n` tokens after `prompt` through sample's decoder (one position a token).
+double cached_tokens_per_s(models::gpt& m, const std::vector<int64_t>& prompt, int64_t n) {
   const auto t0 = std::chrono::steady_clock::now();
-  at::Tensor logits = cached ? m.logits(window(ctx), cache) : m.logits(window(ctx));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t next = logits.select(1, logits.size(1) - 1)[0].argmax().item<int64_t>();
-    ids.push_back(next);
-    if (!cached) {
-      logits = m.logits(window(ctx));
-    } else if (cache.length() == ctx) {
-      cache = {};
-      logits = m.logits(window(std::max<int64_t>(1, ctx / 2)), cache);
-    } else {
-      logits = m.logits(at::tensor({next}, at::kLong).view({1, 1}), cache);
-    }
-  }
+  models::decoder dec(m, prompt);
+  for (int64_t i = 0; i < n; ++i) dec.push(greedy(dec.next_logits()));
+  return static_cast<double>(n) / seconds_since(t0);
+}
+
+/// The same with a whole forward pass over the last seq_len tokens a token (what sample did).
+double whole_tokens_per_s(models::gpt& m, std::vector<int64_t> ids, int64_t n) {
+  const int64_t ctx = m.spec().seq_len;
+  const auto last_logits = [&] {
+    const auto from = ids.end() - std::min<int64_t>(ctx, static_cast<int64_t>(ids.size()));
+    const std::vector<int64_t> w(from, ids.end());
+    const auto logits = m.logits(at::tensor(w, at::kLong).view({1, static_cast<int64_t>(w.size())}));
+    return logits.select(1, logits.size(1) - 1)[0];
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) ids.push_back(greedy(last_logits()));
   return static_cast<double>(n) / seconds_since(t0);
 }
 
@@ -64,9 +65,9 @@ int main(int argc, char** argv) {
   models::gpt m(spec, models::gpt::init_flat(spec, 1));
   std::vector<int64_t> prompt(static_cast<size_t>(context));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((i * 37 + 11) % 256);
-  (void)tokens_per_s(m, prompt, 4, true);  // warm-up: allocator and kernels
-  const double whole = tokens_per_s(m, prompt, tokens, false);
-  const double cached = tokens_per_s(m, prompt, tokens, true);
+  (void)cached_tokens_per_s(m, prompt, 4);  // warm-up: allocator and kernels
+  const double whole = whole_tokens_per_s(m, prompt, tokens);
+  const double cached = cached_tokens_per_s(m, prompt, tokens);
   std::printf(
       "%s (%ld parameters), context %ld, %ld tokens, %d threads: whole pass %.1f tokens/s, "
       "KV cache %.1f tokens/s, ratio %.2f\n",

@@ -17,6 +17,7 @@
 #include "cli/checkpoint_model.hpp"
 #include "config/config_loader.hpp"
 #include "models/data/tokenizer.hpp"
+#include "models/decoder.hpp"
 #include "models/gpt.hpp"
 #include "runtime/errors/errors.hpp"
 
@@ -106,28 +107,13 @@ int sample_checkpoint(const sample_options& o) {
     models::gpt model(m.spec, flat);
     std::mt19937_64 rng(o.seed);
     const int64_t vocab = std::min(tok->vocab_size(), m.spec.vocab_size);  // ids the tokenizer can write
-    // The model reads the last `keep` tokens into a fresh cache, then one token a forward pass; once the
-    // cache holds the whole context it starts again from the last half.
-    models::gpt::kv_cache cache;
-    const auto read_last = [&](int64_t keep) {
-      cache = {};
-      const int64_t from = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - keep);
-      const std::vector<int64_t> window(ids.begin() + from, ids.end());
-      const auto idx = at::tensor(window, at::kLong).view({1, static_cast<int64_t>(window.size())});
-      return model.logits(idx, cache).select(1, static_cast<int64_t>(window.size()) - 1)[0];
-    };
     write_text(o.prompt);
     const auto t0 = std::chrono::steady_clock::now();
-    auto logits = read_last(m.spec.seq_len);
+    models::decoder dec(model, std::vector<int64_t>(ids.begin(), ids.end()));
     for (int64_t i = 0; i < o.tokens; ++i) {
-      const int64_t next = next_token(logits.slice(0, 0, vocab), o, rng);
-      ids.push_back(static_cast<uint16_t>(next));
+      const int64_t next = next_token(dec.next_logits().slice(0, 0, vocab), o, rng);
       write_text(tok->decode({static_cast<uint16_t>(next)}));
-      if (i + 1 == o.tokens) break;
-      if (cache.length() == m.spec.seq_len)
-        logits = read_last(std::max<int64_t>(1, m.spec.seq_len / 2));
-      else
-        logits = model.logits(at::tensor({next}, at::kLong).view({1, 1}), cache).select(1, 0)[0];
+      if (i + 1 < o.tokens) dec.push(next);
     }
     write_text("\n");
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "models/adamw.hpp"
+#include "models/decoder.hpp"
 #include "models/gpt.hpp"
 #include "models/model_spec.hpp"
 #include "models/torch_compat.hpp"
@@ -134,6 +136,27 @@ CATCH_TEST_CASE("logits over a KV cache, a prompt then one token at a time, equa
     const auto shifted = m.logits(seq.narrow(1, 23, 1), other);
     CATCH_CHECK((shifted - whole.narrow(1, 23, 1)).abs().max().item<double>() > 1e-3);
   }
+}
+
+CATCH_TEST_CASE("the decoder gives the last window's logits and starts again from the last half when full",
+                "[models]") {
+  auto s = preset_spec("tiny", 256, 8);
+  gpt m(s, at::kFloat);
+  m.load_flat(gpt::init_flat(s, 3));
+  const auto last_of = [&](const std::vector<int64_t>& ids, int64_t keep) {
+    const std::vector<int64_t> w(ids.end() - keep, ids.end());
+    return m.logits(at::tensor(w, at::kLong).view({1, keep})).select(1, keep - 1)[0];
+  };
+  decoder dec(m, {5, 17, 200, 9, 31, 64, 2, 90, 11, 250});  // longer than the context: its last 8
+  CATCH_CHECK((dec.next_logits() - last_of(dec.tokens(), 8)).abs().max().item<double>() < 1e-5);
+  // The cache is full, so the first push starts again from the last 4 tokens; the next 4 fill it.
+  for (int64_t t = 0; t < 9; ++t) {
+    dec.push((t * 41 + 7) % 256);
+    const int64_t window = 4 + t % 5;  // 4, 5, ..., 8, then 4 again
+    CATCH_CHECK((dec.next_logits() - last_of(dec.tokens(), window)).abs().max().item<double>() < 1e-4);
+  }
+  CATCH_CHECK(dec.tokens().size() == 19);
+  CATCH_CHECK_THROWS_WITH(decoder(m, {}), Catch::Contains("no tokens"));
 }
 
 CATCH_TEST_CASE("bf16 and fp32 models agree on the loss", "[models]") {
