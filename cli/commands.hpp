@@ -42,7 +42,7 @@ struct cli_values {
   // coordinator, node, launch
   std::string cluster_path, node_name;
   std::vector<std::string> cluster_overrides;
-  bool cluster_fresh = false, node_dry_run = false, node_leave = false;
+  bool cluster_fresh = false, node_dry_run = false, node_leave = false, stop_wait = false;
   std::string coordinator_bind;  // coordinator --bind
   std::string node_endpoint;     // node --endpoint, --workers: a node not in the cluster file
   int64_t node_workers = -1;     // not given

@@ -242,7 +242,7 @@ std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* a
   if (sub.stop->parsed()) {
     runtime::init_logging("info");
     auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
-    return spec ? cluster::request_cluster_stop(*spec) : 2;
+    return spec ? cluster::request_cluster_stop(*spec, v.stop_wait) : 2;
   }
   if (sub.launch->parsed())
     return launch(self_exe(argv0), v.cluster_path, v.cluster_overrides, v.cluster_fresh, v.observe);

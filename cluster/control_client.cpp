@@ -312,6 +312,36 @@ std::pair<errc, std::string> control_client::request_stop(std::chrono::milliseco
                                                     endpoint_, secs(timeout)));
 }
 
+std::pair<errc, std::string> control_client::wait_stopped(
+    std::chrono::milliseconds silence, const std::function<void(const std::string&)>& progress) {
+  envelope e;
+  e.cluster_id = cluster_id_;
+  e.sender = no_rank;
+  e.body = stop_msg{0};
+  auto heard = clock::now();
+  auto next_send = heard;
+  while (clock::now() - heard < silence) {
+    if (clock::now() >= next_send) {
+      send(e);  // the coordinator answers "already stopping", and a restarted one learns of the stop
+      next_send = clock::now() + hello_every;
+    }
+    check_handshake();
+    auto parsed = receive(std::chrono::milliseconds(100));
+    if (!parsed || !*parsed) continue;
+    const auto& body = parsed->value().body;
+    if (auto* b = std::get_if<bye_msg>(&body)) return {errc::none, b->reason};
+    if (auto* er = std::get_if<error_msg>(&body)) {
+      heard = clock::now();
+      if (er->code != static_cast<uint16_t>(errc::none)) return {static_cast<errc>(er->code), er->message};
+      if (progress) progress(er->message);
+    }
+  }
+  throw lw_error(errc::deadline_missed,
+                 fmt::format("the coordinator at {} went silent for {} before it said the cluster stopped "
+                             "(it was killed, or its machine is unreachable): see its log",
+                             endpoint_, secs(silence)));
+}
+
 void control_client::pin_ack(uint64_t round) {
   send_body(pin_msg{round, false});
 }

@@ -103,6 +103,12 @@ class control_client {
   /// or why it cannot); re-sent every 2 s until answered. Throws lw_error(errc::deadline_missed) when no
   /// answer comes within timeout, lw_error(invalid_config) when the handshake is refused.
   std::pair<errc, std::string> request_stop(std::chrono::milliseconds timeout);
+  /// After request_stop was accepted (`longwave stop --wait`): asks again every 2 s until the coordinator
+  /// says how the run ended: errc::none and its line once the nodes stopped or finished, another code and
+  /// why otherwise. Each "still stopping" answer goes to `progress`. Throws lw_error(errc::deadline_missed)
+  /// when the coordinator is silent for `silence` (gone before it said so).
+  std::pair<errc, std::string> wait_stopped(std::chrono::milliseconds silence,
+                                            const std::function<void(const std::string&)>& progress);
   /// The answer to a pin query: this node holds after completing `round`. Never blocks.
   void pin_ack(uint64_t round);
   /// The answer to a stop query: this node holds after completing `round`. Never blocks.

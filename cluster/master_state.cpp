@@ -255,7 +255,8 @@ void master_state::step_down(const sender& from, uint64_t newer) {
       "leads the cluster; this one steps down",
       idx ? "node " + specs_[*idx].name : "a node at " + from.peer, newer, term_));
   exit_code_ = 0;
-  note_end("stepped_down", {{"newer_term", static_cast<int64_t>(newer)}});
+  note_end("stepped_down", {{"newer_term", static_cast<int64_t>(newer)}},
+           fmt::format("this coordinator stepped down: a newer one (term {}) leads the cluster", newer));
 }
 
 /// Training: watch the members and change the membership when one goes, until none is left training.
@@ -404,9 +405,10 @@ void master_state::outcome() {
   for (auto i : gone)
     removed += fmt::format("{}{}:{}", removed.empty() ? "" : ",", specs_[i].name, why_gone(i));
   if (finished.empty()) {
-    info("coordinator: no node finished the run (failed, lost or left: " + names_of(gone) + ")");
+    const auto line = "no node finished the run (failed, lost or left: " + names_of(gone) + ")";
+    info("coordinator: " + line);
     exit_code_ = 1;
-    return note_end("none_finished", {{"removed", removed}});
+    return note_end("none_finished", {{"removed", removed}}, line);
   }
   // Stopped: every node that finished stopped where `longwave stop` asked, whoever left on the way.
   const bool stopped = stop_ && stop_->round && std::all_of(finished.begin(), finished.end(), [&](size_t i) {
@@ -417,32 +419,35 @@ void master_state::outcome() {
     detail += fmt::format("{}{} ({})", detail.empty() ? "" : ", ", specs_[i].name, why_gone(i));
   const std::string on_the_way = gone.empty() ? "" : "; removed on the way: " + detail;
   const std::string who = gone.empty() ? "every node" : names_of(finished);
-  if (stopped) {
-    info(merges_ ? fmt::format("coordinator: {} stopped at the end of its phase, at version {} (longwave "
-                               "stop){}; the same commands resume the run",
-                               who, merges_->version(), on_the_way)
-                 : fmt::format("coordinator: {} stopped after round {} (longwave stop){}; the same commands "
-                               "resume the run",
-                               who, *stop_->round, on_the_way));
-  } else if (gone.empty()) {
-    info("coordinator: every node finished");
-  } else {
-    info(fmt::format("coordinator: the run finished on {}{}", names_of(finished), on_the_way));
-  }
+  std::string line;
+  if (stopped)
+    line = merges_
+               ? fmt::format(
+                     "{} stopped at the end of its phase, at version {} (longwave stop){}; the "
+                     "same commands resume the run",
+                     who, merges_->version(), on_the_way)
+               : fmt::format("{} stopped after round {} (longwave stop){}; the same commands resume the run",
+                             who, *stop_->round, on_the_way);
+  else
+    line = gone.empty() ? "every node finished"
+                        : fmt::format("the run finished on {}{}", names_of(finished), on_the_way);
+  info("coordinator: " + line);
   exit_code_ = 0;
   std::vector<std::pair<std::string, record::value>> fields{{"finished", list_of(finished)},
                                                             {"removed", removed}};
   if (stopped) fields.emplace_back("stop_round", static_cast<int64_t>(*stop_->round));
-  note_end(stopped ? "stopped" : "finished", std::move(fields));
+  note_end(stopped ? "stopped" : "finished", std::move(fields), line);
 }
 
-/// The event log's last record: how the master's work ended (`outcome`) and its exit code.
+/// The event log's last record: how the master's work ended (`outcome`) and its exit code; `longwave stop
+/// --wait` is told `summary`.
 void master_state::note_end(const std::string& outcome,
-                            std::vector<std::pair<std::string, record::value>> fields) {
+                            std::vector<std::pair<std::string, record::value>> fields, std::string summary) {
   fields.insert(fields.begin(),
                 {{"outcome", outcome}, {"exit_code", static_cast<int64_t>(exit_code_.value_or(0))}});
   fields.emplace_back("epoch", static_cast<int64_t>(epoch_));
   note("end", std::move(fields));
+  answer_stop_waiters(outcome, summary.empty() ? "the coordinator ended: " + outcome : summary);
 }
 
 /// Tells every joined node that the cluster is off; done() is `code`.
@@ -453,18 +458,7 @@ void master_state::call_off(const std::string& why, int code) {
       reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost,
                   "the cluster was called off: " + why);
   exit_code_ = code;
-  note_end(code == 130 ? "interrupted" : "called_off", {{"why", why}});
-}
-
-/// Stopped (longwave stop) before training began: the nodes that joined are told, and stop too (exit 0).
-void master_state::stop_before_start() {
-  for (const auto& m : members_)
-    if (m.identity && m.removed == removal::none)
-      reply_error(*m.identity, errc::cancelled,
-                  "the cluster was stopped (longwave stop) before it began training");
-  info("coordinator: stopped (longwave stop) before the cluster began training");
-  exit_code_ = 0;
-  note_end("stopped_before_start");
+  note_end(code == 130 ? "interrupted" : "called_off", {{"why", why}}, "the cluster was called off: " + why);
 }
 
 std::vector<member_status> master_state::statuses(clock::time_point now) const {

@@ -242,8 +242,9 @@ class master_state {
   /// `longwave stop` in progress: the members are asked where they can stop, then told the round after
   /// which all stop (the largest of their answers).
   struct stop_state {
-    std::optional<uint64_t> round;  // once all have answered
-    clock::time_point sent;         // when the query or the round was last sent (re-sent every 2 s)
+    std::optional<uint64_t> round;     // once all have answered
+    clock::time_point sent;            // when the query or the round was last sent (re-sent every 2 s)
+    std::vector<std::string> waiters;  // requesters told how the run ended (longwave stop --wait)
   };
   /// Joiners whose fetch was overtaken: the members hold at one round boundary (the largest of the rounds
   /// they can hold after) until those joiners fetched that round's state and were admitted.
@@ -317,8 +318,11 @@ class master_state {
   void on_committed(size_t i, const committed_msg& c);
   void on_nccl_id(size_t i, const nccl_id_msg& n);
   void on_ring_failed(size_t i, const ring_failed_msg& rf);
+  // master_state_requests.cpp: longwave stop and node --leave.
   void on_stop_request(const sender& from);
   void on_leave(const sender& from, const leave_msg& l);
+  void add_stop_waiter(const std::string& identity);
+  void answer_stop_waiters(const std::string& outcome, const std::string& summary);
   void compare_theta(size_t i, const committed_msg& c);
   void from_stranger(const sender& from, const envelope& e);
   void dropped(const std::string& text);
@@ -341,7 +345,8 @@ class master_state {
   void warn(std::string s);
   void count_error(std::string reason);
   void note(std::string kind, std::vector<std::pair<std::string, record::value>> fields);
-  void note_end(const std::string& outcome, std::vector<std::pair<std::string, record::value>> fields = {});
+  void note_end(const std::string& outcome, std::vector<std::pair<std::string, record::value>> fields = {},
+                std::string summary = {});
   void send_to(size_t i, decltype(envelope::body) body);
   void reply(const std::string& identity, decltype(envelope::body) body);
   void reply_error(const std::string& identity, errc code, const std::string& message);

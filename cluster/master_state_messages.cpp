@@ -1,6 +1,6 @@
 // The master's state machine (see master_state.hpp): what a connection may send besides a hello (members'
-// heartbeats, fence answers, byes and errors, joiners' readiness, stop and leave requests), and the helpers
-// that address the members.
+// heartbeats, fence answers, byes and errors, joiners' readiness; stop and leave requests pass to
+// master_state_requests.cpp), and the helpers that address the members.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -224,71 +224,6 @@ void master_state::on_ring_failed(size_t i, const ring_failed_msg& rf) {
 /// `longwave stop`: every member is asked where it can stop (watch_stop sends the query and, once all have
 /// answered, the round); the requester is told what happens. Before training began, the master and the
 /// nodes that joined stop at once (stop_before_start).
-void master_state::on_stop_request(const sender& from) {
-  if (stop_)
-    return reply_error(
-        from.identity, errc::none,
-        stop_->round
-            ? fmt::format("the cluster is already stopping: every node stops after round {}", *stop_->round)
-            : std::string("the cluster is already stopping: its nodes are finishing their "
-                          "current round"));
-  if (takeover_since_ && !welcomed_)
-    return reply_error(from.identity, errc::deadline_missed,
-                       "the coordinator is taking the running cluster over (its nodes are re-announcing "
-                       "themselves): try again in a few seconds");
-  stop_ = stop_state{};
-  pin_.reset();  // the stop's hold takes over from a pin: the members hold at the same boundary
-  if (!welcomed_)
-    return reply_error(
-        from.identity, errc::none,
-        "the cluster had not begun training: the coordinator and the nodes that joined stop now");
-  for (size_t i = 0; i < members_.size(); ++i)
-    if (members_[i].phase == member_phase::joining || members_[i].phase == member_phase::ready)
-      cancel_join(i);
-  const auto members = training_members();
-  uint64_t top = 0;
-  for (auto i : members) {
-    members_[i].stop_hold.reset();
-    top = std::max(top, members_[i].round);
-  }
-  info(fmt::format("coordinator: stopping the cluster (longwave stop): asking {} where they can stop",
-                   names_of(members)));
-  reply_error(from.identity, errc::none,
-              fmt::format("the cluster stops at its next round boundary: {} finish their current round (last "
-                          "reported round {}), save their checkpoints and exit",
-                          names_of(members), top));
-}
-
-/// `longwave node --leave`: forwards the request to the node and answers the requester.
-void master_state::on_leave(const sender& from, const leave_msg& l) {
-  for (size_t i = 0; i < members_.size(); ++i) {
-    if (specs_[i].name != l.node) continue;
-    if (!welcomed_ || !training(i))
-      return reply_error(from.identity, errc::invalid_config,
-                         fmt::format("node {} is not training in this cluster{}", l.node,
-                                     members_[i].removed == removal::none
-                                         ? ""
-                                         : fmt::format(" ({})", to_string(members_[i].removed))));
-    // The members that would train on: below min_nodes the run would be called off after quorum_timeout_s.
-    size_t staying = 0;
-    for (auto j : training_members()) staying += j != i && !members_[j].leaving;
-    if (staying < s_.min_nodes)
-      return reply_error(
-          from.identity, errc::invalid_config,
-          fmt::format("node {} cannot leave: {} node{} would train on, below [cluster] min_nodes = "
-                      "{} (the cluster would wait, then be called off); `longwave stop` stops "
-                      "every node with a checkpoint",
-                      l.node, staying, staying == 1 ? "" : "s", s_.min_nodes));
-    members_[i].leaving = true;
-    send_to(i, l);
-    info(fmt::format("coordinator: node {} was asked to leave at its next round boundary", l.node));
-    return reply_error(from.identity, errc::none,
-                       fmt::format("node {} leaves at its next round boundary (last applied round {})",
-                                   l.node, members_[i].round));
-  }
-  reply_error(from.identity, errc::invalid_config, fmt::format("node '{}' is not in this cluster", l.node));
-}
-
 /// A member's theta_global CRC after a round, against the first one reported for that round: a mismatch means
 /// the members no longer train one model (named once per round, counted as theta_mismatch).
 void master_state::compare_theta(size_t i, const committed_msg& c) {

@@ -26,7 +26,7 @@ int request_leave(const config::cluster_spec& spec, const std::string& name) {
   }
 }
 
-int request_cluster_stop(const config::cluster_spec& spec) {
+int request_cluster_stop(const config::cluster_spec& spec, bool wait) {
   try {
     std::optional<comm::curve_peer> curve;
     if (spec.security.mode == config::security_mode::curve) {
@@ -35,12 +35,22 @@ int request_cluster_stop(const config::cluster_spec& spec) {
     }
     control_client control(spec.coordinators, spec.cluster_id, curve);
     const auto [code, text] = control.request_stop(std::chrono::seconds(10));
-    if (code == errc::none) {
-      spdlog::info("the coordinator says: {}", text);
-      return 0;
+    if (code != errc::none) {
+      spdlog::error("the coordinator says: {}", text);
+      return code == errc::invalid_config ? 2 : 1;
     }
-    spdlog::error("the coordinator says: {}", text);
-    return code == errc::invalid_config ? 2 : 1;
+    spdlog::info("the coordinator says: {}", text);
+    if (!wait) return 0;
+    std::string last = text;
+    const auto [end, why] = control.wait_stopped(std::chrono::seconds(10), [&](const std::string& now) {
+      if (now != last) spdlog::info("the coordinator says: {}", last = now);
+    });
+    if (end != errc::none) {
+      spdlog::error("the run ended: {}", why);
+      return 1;
+    }
+    spdlog::info("the run ended: {}", why);
+    return 0;
   } catch (const lw_error& e) {
     spdlog::error("stop: {}", e.what());
     return e.code() == errc::invalid_config ? 2 : 1;

@@ -1025,7 +1025,19 @@ CATCH_TEST_CASE(
   for (const std::string node : {"n0", "n1", "n2"}) records_before.push_back(records_of(c.out(node)).size());
   std::tie(c.coord, c.nodes) = start_cluster(c.dir, c.file, 3);
   CATCH_REQUIRE(wait_until([&] { return rounds_recorded(c.out("n0")) >= last + 2; }, 300));
-  stop_cluster(c.dir, c.file);
+  // With --wait the stop returns once the run ended: the end record and every checkpoint are there.
+  stop_cluster(c.dir, c.file, {}, {"--wait"});
+  const auto waited = read_text(c.dir + "/stop.log");
+  CATCH_INFO(waited);
+  const auto second_end = master_end(c.cluster_out());
+  CATCH_REQUIRE(str(at(second_end, "outcome")) == "stopped");
+  const int64_t second = at(second_end, "stop_round").GetInt64();
+  CATCH_CHECK(contains(waited, "the run ended: every node stopped after round " + std::to_string(second)));
+  for (const char* n : {"n0", "n1", "n2"}) {
+    CATCH_INFO(n);
+    CATCH_CHECK(runtime::checkpoint_store(c.out(n) + "/checkpoints", 100).load_latest()->round ==
+                static_cast<uint64_t>(second));
+  }
   for (size_t i = 0; i < 3; ++i) CATCH_CHECK(wait_exit(c.nodes[i], 300) == 0);
   CATCH_CHECK(wait_exit(c.coord, 60) == 0);
   CATCH_CHECK(contains(c.coord_log(), "resuming after round " + std::to_string(last)));
@@ -1048,7 +1060,9 @@ CATCH_TEST_CASE("longwave stop before the cluster trains ends the coordinator an
   auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
   auto n0 = spawn({binary(), "node", file, "--node", "n0"}, dir + "/n0.log");
   CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "node n0 joined", 60));
-  stop_cluster(dir, file);
+  stop_cluster(dir, file, {}, {"--wait"});
+  CATCH_CHECK(contains(read_text(dir + "/stop.log"),
+                       "the run ended: stopped (longwave stop) before the cluster began"));
   CATCH_CHECK(wait_exit(coord, 60) == 0);
   CATCH_CHECK(wait_exit(n0, 60) == 0);
   CATCH_INFO(read_text(dir + "/n0.log"));

@@ -314,10 +314,12 @@ inline bool wait_more_rounds(const std::vector<std::string>& out_dirs, int n, do
 
 /// `longwave stop CLUSTER`: the coordinator agrees to stop the cluster at its next round boundary (every
 /// node saves its checkpoint and exits 0, then the coordinator). Output in dir/stop.log. `in` runs the
-/// command elsewhere (e.g. wan_hosts::in, inside a namespace host).
+/// command elsewhere (e.g. wan_hosts::in, inside a namespace host); `extra` adds options (--wait).
 inline void stop_cluster(const std::string& dir, const std::string& cluster,
-                         const std::function<std::vector<std::string>(std::vector<std::string>)>& in = {}) {
+                         const std::function<std::vector<std::string>(std::vector<std::string>)>& in = {},
+                         const std::vector<std::string>& extra = {}) {
   std::vector<std::string> cmd{binary(), "stop", cluster};
+  cmd.insert(cmd.end(), extra.begin(), extra.end());
   const auto [code, out] = run(in ? in(cmd) : cmd, dir + "/stop.log", 120);
   CATCH_INFO(out);
   CATCH_REQUIRE(code == 0);

@@ -77,6 +77,7 @@ std::string describe_body(const cluster::envelope& e) {
            (r->theta_crc == 0 ? "" : fmt::format(" theta {:08x}", r->theta_crc)) +
            (r->note.empty() ? "" : " note " + r->note);
   if (auto* s = std::get_if<cluster::stop_msg>(&e.body)) return "stop " + std::to_string(s->round);
+  if (auto* b = std::get_if<cluster::bye_msg>(&e.body)) return "bye " + b->reason;
   if (auto* p = std::get_if<cluster::pin_msg>(&e.body))
     return p->release ? std::string("pin release") : "pin " + std::to_string(p->round);
   if (auto* l = std::get_if<cluster::leave_msg>(&e.body)) return "leave " + l->node;
@@ -1260,8 +1261,27 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
                 "n1",
                 "bye stopped",
                 {"every node stopped after round 8 (longwave stop); the same commands resume the run",
-                 "record end outcome=stopped exit_code=0 finished=n0,n1 removed= stop_round=8"}}});
+                 "record end outcome=stopped exit_code=0 finished=n0,n1 removed= stop_round=8",
+                 // longwave stop --wait is told the end, once though it asked three times.
+                 "op <- bye every node stopped after round 8 (longwave stop)"}}});
     CATCH_CHECK(t.master().done() == 0);
+    const auto all = t.transcript();
+    size_t byes = 0;
+    for (auto at = all.find("op <- bye"); at != std::string::npos; at = all.find("op <- bye", at + 1)) ++byes;
+    CATCH_CHECK(byes == 1);
+  }
+  CATCH_SECTION("a stop that ends in a call-off tells the requester why") {
+    table t(cluster_of(2, 2));
+    t.play(two_training + std::vector<row>{{2, "op", "stop", {"op <- error none: the cluster stops"}},
+                                           {2, "n1", "error", {"n0 <- fence 2"}},
+                                           {2.5, "n0", "ack 2 1/0", {"quorum lost"}},
+                                           {63,
+                                            "n0",
+                                            "tick",
+                                            {"record end outcome=called_off",
+                                             "op <- error evicted: the cluster was called off: quorum lost",
+                                             "!op <- bye"}}});
+    CATCH_CHECK(t.master().done() == 1);
   }
   CATCH_SECTION("a joiner in flight is turned away") {
     table t(cluster_of(2));
@@ -1283,7 +1303,8 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
              // A stop, though n1 failed on the way (it read "finished", as if the run had ended).
              {"n0 stopped after round 3 (longwave stop); removed on the way: n1 (failed); the same commands "
               "resume the run",
-              "record end outcome=stopped exit_code=0 finished=n0 removed=n1:failed stop_round=3 epoch=2"}}});
+              "record end outcome=stopped exit_code=0 finished=n0 removed=n1:failed stop_round=3 epoch=2",
+              "op <- bye n0 stopped after round 3 (longwave stop); removed on the way: n1 (failed)"}}});
   }
   CATCH_SECTION("before training began") {
     table t(cluster_of(2));
@@ -1292,7 +1313,8 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
              "op",
              "stop",
              {"op <- error none: the cluster had not begun training",
-              "n0 <- error cancelled: the cluster was stopped (longwave stop) before it began training"}}});
+              "n0 <- error cancelled: the cluster was stopped (longwave stop) before it began training",
+              "op <- bye stopped (longwave stop) before the cluster began training"}}});
     CATCH_CHECK(t.master().done() == 0);
   }
 }

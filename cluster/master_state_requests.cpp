@@ -1,0 +1,119 @@
+// The master's state machine (see master_state.hpp): requests from outside the cluster. `longwave stop`
+// stops every node at one round boundary (and, with --wait, is told how the run ended); `longwave node
+// --leave` makes one node leave at its next.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cluster/master_state.hpp"
+
+namespace longwave::cluster {
+
+using namespace control;
+
+namespace {
+// Stop requesters remembered for the end's answer: one operator asks, a few retry.
+constexpr size_t max_stop_waiters = 16;
+}  // namespace
+
+void master_state::add_stop_waiter(const std::string& identity) {
+  auto& w = stop_->waiters;
+  if (w.size() < max_stop_waiters && std::find(w.begin(), w.end(), identity) == w.end())
+    w.push_back(identity);
+}
+
+void master_state::on_stop_request(const sender& from) {
+  if (stop_) {
+    add_stop_waiter(from.identity);
+    return reply_error(
+        from.identity, errc::none,
+        stop_->round
+            ? fmt::format("the cluster is already stopping: every node stops after round {}", *stop_->round)
+            : std::string("the cluster is already stopping: its nodes are finishing their "
+                          "current round"));
+  }
+  if (takeover_since_ && !welcomed_)
+    return reply_error(from.identity, errc::deadline_missed,
+                       "the coordinator is taking the running cluster over (its nodes are re-announcing "
+                       "themselves): try again in a few seconds");
+  stop_ = stop_state{};
+  add_stop_waiter(from.identity);
+  pin_.reset();  // the stop's hold takes over from a pin: the members hold at the same boundary
+  if (!welcomed_)
+    return reply_error(
+        from.identity, errc::none,
+        "the cluster had not begun training: the coordinator and the nodes that joined stop now");
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].phase == member_phase::joining || members_[i].phase == member_phase::ready)
+      cancel_join(i);
+  const auto members = training_members();
+  uint64_t top = 0;
+  for (auto i : members) {
+    members_[i].stop_hold.reset();
+    top = std::max(top, members_[i].round);
+  }
+  info(fmt::format("coordinator: stopping the cluster (longwave stop): asking {} where they can stop",
+                   names_of(members)));
+  reply_error(from.identity, errc::none,
+              fmt::format("the cluster stops at its next round boundary: {} finish their current round (last "
+                          "reported round {}), save their checkpoints and exit",
+                          names_of(members), top));
+}
+
+/// `longwave node --leave`: forwards the request to the node and answers the requester.
+void master_state::on_leave(const sender& from, const leave_msg& l) {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (specs_[i].name != l.node) continue;
+    if (!welcomed_ || !training(i))
+      return reply_error(from.identity, errc::invalid_config,
+                         fmt::format("node {} is not training in this cluster{}", l.node,
+                                     members_[i].removed == removal::none
+                                         ? ""
+                                         : fmt::format(" ({})", to_string(members_[i].removed))));
+    // The members that would train on: below min_nodes the run would be called off after quorum_timeout_s.
+    size_t staying = 0;
+    for (auto j : training_members()) staying += j != i && !members_[j].leaving;
+    if (staying < s_.min_nodes)
+      return reply_error(
+          from.identity, errc::invalid_config,
+          fmt::format("node {} cannot leave: {} node{} would train on, below [cluster] min_nodes = "
+                      "{} (the cluster would wait, then be called off); `longwave stop` stops "
+                      "every node with a checkpoint",
+                      l.node, staying, staying == 1 ? "" : "s", s_.min_nodes));
+    members_[i].leaving = true;
+    send_to(i, l);
+    info(fmt::format("coordinator: node {} was asked to leave at its next round boundary", l.node));
+    return reply_error(from.identity, errc::none,
+                       fmt::format("node {} leaves at its next round boundary (last applied round {})",
+                                   l.node, members_[i].round));
+  }
+  reply_error(from.identity, errc::invalid_config, fmt::format("node '{}' is not in this cluster", l.node));
+}
+
+/// Stopped (longwave stop) before training began: the nodes that joined are told, and stop too (exit 0).
+void master_state::stop_before_start() {
+  for (const auto& m : members_)
+    if (m.identity && m.removed == removal::none)
+      reply_error(*m.identity, errc::cancelled,
+                  "the cluster was stopped (longwave stop) before it began training");
+  const std::string line = "stopped (longwave stop) before the cluster began training";
+  info("coordinator: " + line);
+  exit_code_ = 0;
+  note_end("stopped_before_start", {}, line);
+}
+/// The end of the run, told to each `longwave stop` that asked: a bye when the nodes stopped or finished,
+/// an error naming why otherwise. A requester that did not wait is gone, and the socket drops its copy.
+void master_state::answer_stop_waiters(const std::string& outcome, const std::string& summary) {
+  if (!stop_) return;
+  const bool ended_well = outcome == "stopped" || outcome == "finished" || outcome == "stopped_before_start";
+  for (const auto& identity : stop_->waiters) {
+    if (ended_well)
+      reply(identity, bye_msg{summary.substr(0, max_message_bytes)});
+    else
+      reply_error(identity, errc::evicted, summary);
+  }
+  stop_->waiters.clear();
+}
+
+}  // namespace longwave::cluster
