@@ -51,6 +51,10 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
                          const runtime::snapshot_shape& shape, joined_state joined,
                          const own_checkpoint& own);
 
+/// The resolved config in a checkpoint's meta; lw_error(corrupt_checkpoint) naming `path` when it has none.
+/// A config that does not parse throws config_error.
+config::train_config config_of(const std::string& meta, const std::string& path);
+
 /// A checkpoint named on the command line (`eval`, `export`) and the resolved config its meta holds.
 struct named_checkpoint {
   runtime::checkpoint ckpt;

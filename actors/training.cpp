@@ -226,15 +226,17 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
       if (const auto why = not_a_corpus(data_override); !why.empty())
         throw config::config_error("--data", "--data " + data_override + ": " + why);
       corpus = data_override;
-      const auto meta = parse_meta(c.meta);
-      if (const auto it = meta.find("data");
-          it != meta.end() && it->second != std::to_string(models::data::data_fingerprint(corpus)))
-        spdlog::warn(
-            "eval: --data {} is not the data the checkpoint's run read (its fingerprint differs): the "
-            "loss is over another validation set{}",
-            corpus,
-            cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
     }
+    // The corpus named, or the run's own edited in place since: the loss is over other text.
+    const auto meta = parse_meta(c.meta);
+    if (const auto it = meta.find("data");
+        it != meta.end() && it->second != std::to_string(models::data::data_fingerprint(corpus)))
+      spdlog::warn(
+          "eval: {} is not the data the checkpoint's run read (its fingerprint differs{}): the loss is "
+          "over another validation set{}",
+          data_override.empty() ? "the corpus " + corpus : "--data " + corpus,
+          data_override.empty() ? ": it changed since" : "",
+          cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
     auto data = find_or_prepare_data(cfg, corpus, p.data_dir);
     auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
     check_eval_memory_fits(cfg, spec);

@@ -67,8 +67,8 @@ std::optional<std::string> find_tokenizer(const checkpoint_model& m, const std::
       if (exact ? vocab == m.spec.vocab_size : vocab <= m.spec.vocab_size) return c.string();
       spdlog::info("{}: {} is not this model's tokenizer ({} tokens, the model has {})", who, c.string(),
                    vocab, m.spec.vocab_size);
-    } catch (const lw_error&) {
-      // not a tokenizer of ours: the next candidate
+    } catch (const lw_error& e) {  // not a tokenizer of ours, or a damaged one: the next candidate
+      spdlog::info("{}: {} is not a tokenizer it can read ({})", who, c.string(), e.what());
     }
   }
   return std::nullopt;

@@ -50,6 +50,9 @@ CLI::Validator at_least_one() {
         try {
           size_t used = 0;
           if (std::stoll(text, &used) >= 1 && used == text.size()) return "";
+        } catch (const std::out_of_range&) {
+          if (text.find('-') == std::string::npos)
+            return text + " is too large (the most is 9223372036854775807)";
         } catch (const std::exception&) {
         }
         return text + " is not a whole number of at least 1";
@@ -110,14 +113,23 @@ CLI::App* add_sample(CLI::App& app, cli_values& v) {
       ->check([](const std::string& s) {
         char* end = nullptr;
         const double t = std::strtod(s.c_str(), &end);
-        return *end == '\0' && std::isfinite(t) && t >= 0 && t <= 100 ? std::string()
-                                                                      : std::string("a number in [0, 100]");
+        return end != s.c_str() && *end == '\0' && std::isfinite(t) && t >= 0 && t <= 100
+                   ? std::string()
+                   : std::string("a number in [0, 100]");
       })
       ->capture_default_str();
   sample->add_option("--top-k", v.sample.top_k, "Draw among the k likeliest tokens (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   sample->add_option("--seed", v.sample.seed, "Seed of the draws (one seed, one text)")
+      ->check([](const std::string& s) {
+        // CLI11 would take "" as 0 and wrap -1 or an overflow.
+        const bool digits = !s.empty() && s.size() <= 20 &&
+                            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+        return digits && (s.size() < 20 || s <= "18446744073709551615")
+                   ? std::string()
+                   : std::string("a whole number in [0, 18446744073709551615]");
+      })
       ->capture_default_str();
   sample->footer(
       "The prompt and the new text go to stdout, a line about the model and the speed to stderr. The run's\n"
@@ -259,14 +271,18 @@ CLI::App* add_report(CLI::App& app, cli_values& v) {
 CLI::App* add_presets(CLI::App& app, cli_values& v) {
   auto* presets = app.add_subcommand("presets", "List the model presets and their parameter counts");
   // The ranges of model.vocab_size and model.seq_len (config/schema.hpp).
-  presets->add_option("--vocab", v.pv, "Vocabulary size (2..65536)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{2}, int64_t{65536}));
-  presets->add_option("--seq-len", v.pt, "Context length (8..8192)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{8}, int64_t{8192}));
-  presets->add_option("--config", v.presets_config,
-                      "Also count the parameters of this config's model (its vocab and context too)");
+  auto* vocab = presets->add_option("--vocab", v.pv, "Vocabulary size (2..65536)")
+                    ->capture_default_str()
+                    ->check(CLI::Range(int64_t{2}, int64_t{65536}));
+  auto* seq_len = presets->add_option("--seq-len", v.pt, "Context length (8..8192)")
+                      ->capture_default_str()
+                      ->check(CLI::Range(int64_t{8}, int64_t{8192}));
+  // A config brings its own vocabulary and context: --vocab or --seq-len beside it would go unused.
+  presets
+      ->add_option("--config", v.presets_config,
+                   "Also count the parameters of this config's model (its vocab and context too)")
+      ->excludes(vocab)
+      ->excludes(seq_len);
   // Each shape option becomes a model.<key> override, checked as in `run`.
   for (const char* key : {"preset", "dim", "layers", "heads", "kv_heads", "ffn_hidden"}) {
     std::string flag = std::string("--") + key;

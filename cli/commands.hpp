@@ -65,6 +65,9 @@ struct cli_values {
 struct subcommands {
   CLI::App *run, *eval, *exp, *sample, *prep, *coord, *node, *stop, *launch, *report, *presets, *keys_new,
       *sweep;
+  /// Whether the command parsed writes its product to stdout (a loss, text, a table), so that a failed write
+  /// there fails it; the others write files, and only log lines to stdout.
+  bool stdout_is_product() const { return eval->parsed() || sample->parsed() || presets->parsed(); }
 };
 
 /// Defines the app's description, --version (its text from `version`) and every subcommand, in --help's

@@ -96,6 +96,11 @@ void write_export(const checkpoint_model& m, const export_options& o) {
                 tok->c_str(), tok_path.c_str(), models::data::load_tokenizer(tok_path)->kind().c_str());
   } else {
     std::printf("export: no tokenizer file of this run found; none copied\n");
+    // An earlier export's (--force): left there, it would be taken for this model's.
+    const auto stale = out / "tokenizer.txt";
+    std::error_code ec;
+    if (fs::is_regular_file(stale, ec) && fs::remove(stale, ec))
+      std::printf("export: removed %s, an earlier export's tokenizer, not this model's\n", stale.c_str());
   }
 }
 

@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/memory/allocator.hpp"
+#include "runtime/process/std_streams.hpp"
 
 using namespace longwave;
 using namespace longwave::cli;
@@ -34,15 +35,19 @@ int exec_torch(int argc, char** argv) {
 int main(int argc, char** argv) {
   // --version names LibTorch's kernels and the GPUs: only longwave-torch can say.
   if (argc > 1 && std::strcmp(argv[1], "--version") == 0) return exec_torch(argc, argv);
+  const int held = runtime::hold_standard_descriptors();
   runtime::keep_freed_buffers();
   runtime::init_logging();
   CLI::App app;
   cli_values v;
   const auto sub = add_commands(app, v, [] { return std::string(); });
   // Every command line is parsed here (a bad one fails at once); the commands that need a model go on.
-  if (const auto rc = parse_command_line(app, argc, argv)) return *rc;
-  if (const auto rc = run_tool(sub, v, argv[0])) return *rc;
+  if (const auto rc = parse_command_line(app, argc, argv)) return runtime::checked_stdout(*rc);
+  if (const auto rc = run_tool(sub, v, argv[0]))
+    return sub.stdout_is_product() ? runtime::checked_stdout(*rc) : *rc;
   // `run`'s config too: one that does not load fails here, as longwave-torch would fail it.
   if (sub.run->parsed() && !load_run_config(v, nullptr)) return 2;
+  std::fflush(stdout);
+  runtime::release_standard_descriptors(held);
   return exec_torch(argc, argv);
 }

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "models/decoder.hpp"
 #include "models/gpt.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/process/std_streams.hpp"
 
 namespace longwave::cli {
 
@@ -28,8 +30,20 @@ namespace {
 /// The run's tokenizer; a byte-level run that left no file is read with the byte tokenizer.
 std::unique_ptr<models::data::tokenizer> tokenizer_of(const checkpoint_model& m, const std::string& path) {
   if (const auto file = find_tokenizer(m, path, "sample")) return models::data::load_tokenizer(*file);
-  if (m.cfg.data.tokenizer == config::tokenizer_kind::byte && m.spec.vocab_size >= 256)
-    return models::data::make_byte_tokenizer();
+  // Pre-tokenized shards (data.path a directory; a vocabulary taken from their largest id) carry ids of a
+  // tokenizer Longwave does not know: bytes would print noise.
+  if (m.cfg.data.tokenizer == config::tokenizer_kind::byte) {
+    std::error_code ec;
+    const bool shards = !m.cfg.data.path.empty() && std::filesystem::is_directory(m.cfg.data.path, ec);
+    if (shards || (m.cfg.model.vocab_size == 0 && m.spec.vocab_size != 256))
+      throw lw_error(
+          errc::invalid_config,
+          fmt::format("the run read pre-tokenized shards ({}, a vocabulary of {}), whose tokenizer "
+                      "Longwave does not know; sample writes text with the run's own tokenizer.txt "
+                      "or with bytes",
+                      m.cfg.data.path, m.spec.vocab_size));
+    if (m.spec.vocab_size >= 256) return models::data::make_byte_tokenizer();
+  }
   throw lw_error(
       errc::invalid_config,
       fmt::format("no tokenizer of this run found (looked for tokenizer.txt in the data folder beside "
@@ -61,14 +75,20 @@ int64_t next_token(const at::Tensor& logits, const sample_options& o, std::mt199
   return order[static_cast<size_t>(k - 1)];
 }
 
+/// Writes to stdout; a failed write (a full disk, a closed stdout) throws, naming why.
 void write_text(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+    throw lw_error(errc::io_error,
+                   fmt::format("cannot write the text to standard output: {}", std::strerror(errno)));
 }
 
 }  // namespace
 
 int sample_checkpoint(const sample_options& o) {
+  if (runtime::stdout_was_closed()) {
+    std::fprintf(stderr, "sample: standard output is closed: nowhere to write the text\n");
+    return 1;
+  }
   std::error_code ec;
   if (!std::filesystem::exists(o.checkpoint, ec)) {
     std::fprintf(stderr, "sample: checkpoint '%s': no such file or directory\n", o.checkpoint.c_str());

@@ -144,7 +144,13 @@ int cmd_keys_new(const cli_values& v) {
         unkeyed.push_back(n);  // half a pair is refused below, naming the file
     }
     if (unkeyed.empty()) {
-      std::printf("every node of %s has its keys in %s: nothing written\n", v.keys_cluster.c_str(),
+      try {  // the cluster's public half, when lost, is made again from its secret
+        for (const auto& f : comm::make_key_directory(v.keys_dir, {})) std::printf("wrote %s\n", f.c_str());
+      } catch (const lw_error& e) {
+        std::fprintf(stderr, "keys new: %s\n", e.what());
+        return e.code() == errc::invalid_config ? 2 : 1;
+      }
+      std::printf("every node of %s has its keys in %s: no node key written\n", v.keys_cluster.c_str(),
                   v.keys_dir.c_str());
       return 0;
     }

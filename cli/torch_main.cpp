@@ -18,6 +18,7 @@
 #include "models/gpu_info.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/memory/allocator.hpp"
+#include "runtime/process/std_streams.hpp"
 
 using namespace longwave;
 using namespace longwave::cli;
@@ -56,6 +57,7 @@ int cmd_node(const cli_values& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  runtime::hold_standard_descriptors();
   runtime::keep_freed_buffers();
   runtime::init_logging();
   CLI::App app;
@@ -64,12 +66,13 @@ int main(int argc, char** argv) {
     return "longwave on " + models::cpu_kernels() + "\ngpu: " + models::gpu_summary() + "; " +
            actors::nccl_summary();
   });
-  if (const auto rc = parse_command_line(app, argc, argv)) return *rc;
-  if (const auto rc = run_tool(sub, v, argv[0])) return *rc;
+  if (const auto rc = parse_command_line(app, argc, argv)) return runtime::checked_stdout(*rc);
+  if (const auto rc = run_tool(sub, v, argv[0]))
+    return sub.stdout_is_product() ? runtime::checked_stdout(*rc) : *rc;
   if (sub.run->parsed()) return cmd_run(v);
   if (sub.node->parsed()) return cmd_node(v);
-  if (sub.eval->parsed()) return actors::run_eval(v.ckpt, v.batches, v.eval_data);
+  if (sub.eval->parsed()) return runtime::checked_stdout(actors::run_eval(v.ckpt, v.batches, v.eval_data));
   if (sub.exp->parsed()) return export_checkpoint(v.exp);
-  if (sub.sample->parsed()) return sample_checkpoint(v.sample);
+  if (sub.sample->parsed()) return runtime::checked_stdout(sample_checkpoint(v.sample));
   return 2;
 }

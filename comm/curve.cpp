@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <zmq.hpp>
 
@@ -410,13 +411,18 @@ std::vector<std::string> make_key_directory(const std::string& dir, const std::v
   // Check everything first: nothing is written when one file would be overwritten.
   const auto cluster_pub = join_path(dir, "cluster.public"), cluster_sec = join_path(dir, "cluster.secret");
   const bool have_cluster = fs::exists(cluster_sec) || fs::exists(cluster_pub);
-  if (have_cluster) read_pair(dir, "cluster");  // an existing pair must be whole and valid
+  std::optional<curve_key> cluster;  // an existing pair must be valid; a lost public half is made again
+  if (have_cluster) cluster = read_pair(dir, "cluster");
   for (const auto& n : names)
     for (const char* ext : {".public", ".secret"}) {
       const auto p = join_path(join_path(dir, "nodes"), n + ext);
       if (fs::exists(p))
         throw config_problem(p + ": exists; keys are never overwritten (delete it first to replace it)");
     }
+  if (cluster && !fs::exists(cluster_pub)) {
+    write_key_file(cluster_pub, cluster->public_key, "longwave cluster public key: every node pins it");
+    written.push_back(cluster_pub);
+  }
   if (!have_cluster) {
     const auto k = new_curve_key();
     write_key_file(cluster_sec, k.secret_key,

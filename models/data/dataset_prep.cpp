@@ -16,6 +16,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "config/cluster_config.hpp"
 #include "models/data/bpe_tokenizer.hpp"
@@ -106,7 +108,10 @@ bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& 
     why = e.what();
     return false;
   }
-  for (const auto& [key, value] : inputs) {
+  // Another corpus path first: every other difference follows from it.
+  std::vector<std::pair<std::string, std::string>> ordered(inputs.begin(), inputs.end());
+  std::stable_partition(ordered.begin(), ordered.end(), [](const auto& kv) { return kv.first == "input"; });
+  for (const auto& [key, value] : ordered) {
     auto it = kv.find(key);
     if (it == kv.end() || it->second != value) {
       why = input_change(key, it == kv.end() ? std::string() : it->second, value);
@@ -211,6 +216,20 @@ class prepare_lock {
   int fd_ = -1;
 };
 
+/// Shards in `dir` that no preparation of ours wrote (no prepared.txt, no lock file of one that stopped half
+/// way): a user's own, which preparing there would replace.
+void refuse_foreign_shards(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / "prepared.txt", ec) || fs::exists(dir / prepare_lock_name, ec)) return;
+  for (const char* name : {"train.bin", "val.bin"})
+    if (fs::exists(dir / name, ec))
+      throw lw_error(errc::invalid_config,
+                     fmt::format("{} holds a {} that Longwave did not prepare (no prepared.txt beside it): "
+                                 "preparing there would replace it; prepare into another directory, or read "
+                                 "those shards as they are by naming the directory as the data",
+                                 dir.string(), name));
+}
+
 }  // namespace
 
 namespace {
@@ -303,6 +322,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   const bool has_sidecar = inputs.at("documents_file") != "none";
 
   const fs::path dir(out_dir);
+  refuse_foreign_shards(dir);
   const prepare_lock lock(dir, log);
   prepared_dataset result;
   std::string why;

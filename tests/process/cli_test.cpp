@@ -620,6 +620,15 @@ CATCH_TEST_CASE("keys new --cluster again after a node was added keys that node 
   auto [c3, o3] = run({binary(), "keys", "new", "--out", keys, "--cluster", file}, dir + "/3.log", 60);
   CATCH_INFO(o3);
   CATCH_CHECK(c3 == 0);
-  CATCH_CHECK(o3.find("nothing written") != std::string::npos);
+  CATCH_CHECK(o3.find("no node key written") != std::string::npos);
+  CATCH_CHECK(o3.find("wrote") == std::string::npos);
+  // A lost cluster.public is made again from cluster.secret, the same key.
+  const auto cluster_public = read_text(keys + "/cluster.public");
+  std::filesystem::remove(keys + "/cluster.public");
+  auto [c4, o4] = run({binary(), "keys", "new", "--out", keys, "--cluster", file}, dir + "/4.log", 60);
+  CATCH_INFO(o4);
+  CATCH_CHECK(c4 == 0);
+  CATCH_CHECK(o4.find("wrote " + keys + "/cluster.public") != std::string::npos);
+  CATCH_CHECK(read_text(keys + "/cluster.public") == cluster_public);
   std::filesystem::remove_all(dir);
 }

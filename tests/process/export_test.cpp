@@ -12,6 +12,8 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/json/json_reader.hpp"
@@ -416,6 +418,32 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   CATCH_INFO(nout);
   CATCH_CHECK(ncode == 2);
   CATCH_CHECK(nout.find("no tokenizer of this run found") != std::string::npos);
+
+  // A run on ready-made shards without a tokenizer: its ids are another tokenizer's. sample refuses (it
+  // wrote them as bytes), and an export over an earlier one leaves no tokenizer that is not this model's.
+  const auto [pcode, pout] = run({binary(), "data", "prepare", dir + "/corpus.txt", "--out", dir + "/shards"},
+                                 dir + "/prep.log", 300);
+  CATCH_REQUIRE(pcode == 0);
+  for (const char* f : {"tokenizer.txt", "prepared.txt"}) fs::remove(dir + "/shards/" + f);
+  const auto [rcode, rout] =
+      run({binary(), "run", cfg, "--fresh", "--set", "data.path=\"" + dir + "/shards\"", "--set",
+           "run.out_dir=\"" + dir + "/shard-run\""},
+          dir + "/shard-run.log", 600);
+  CATCH_INFO(rout);
+  CATCH_REQUIRE(rcode == 0);
+  const auto [s2, said] =
+      run({binary(), "sample", dir + "/shard-run/checkpoints"}, dir + "/sample-shards.log", 300);
+  CATCH_INFO(said);
+  CATCH_CHECK(s2 == 2);
+  CATCH_CHECK(said.find("the run read pre-tokenized shards") != std::string::npos);
+  CATCH_REQUIRE(fs::exists(dir + "/hf/tokenizer.txt"));
+  const auto [x2, over] =
+      run({binary(), "export", dir + "/shard-run/checkpoints", "--out", dir + "/hf", "--force"},
+          dir + "/export-over.log", 300);
+  CATCH_INFO(over);
+  CATCH_CHECK(x2 == 0);
+  CATCH_CHECK(over.find("removed " + dir + "/hf/tokenizer.txt, an earlier export's") != std::string::npos);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/hf/tokenizer.txt"));
   fs::remove_all(dir);
 }
 
@@ -473,5 +501,35 @@ CATCH_TEST_CASE(
   const auto [m2, cold] = run({binary(), "sample", ckpt_dir, "--temperature", "-1"}, dir + "/cold.log", 60);
   CATCH_CHECK(m2 == 2);
   CATCH_CHECK(cold.find("--temperature") != std::string::npos);
+  // An empty value is no number (it read as 0: greedy, seed 0); a negative seed no seed (it wrapped).
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--temperature", ""}, {"--seed", ""}, {"--seed", "-1"}, {"--seed", "18446744073709551616"}}) {
+    const auto [code, said] = run({binary(), "sample", ckpt_dir, option, value}, dir + "/bad.log", 60);
+    CATCH_INFO(option << " '" << value << "': " << said);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(said.find(option + ": a") != std::string::npos);
+  }
+  // Text that cannot be written fails: a full disk, a closed stdout (it said "5 tokens" and exited 0).
+  const auto [f1, full] = run({"/bin/sh", "-c", "exec " + binary() + " sample " + ckpt_dir + " > /dev/full"},
+                              dir + "/full.log", 60);
+  CATCH_INFO(full);
+  CATCH_CHECK(f1 == 1);
+  CATCH_CHECK(full.find("cannot write the text to standard output") != std::string::npos);
+  const auto [f2, closed] =
+      run({"/bin/sh", "-c", "exec " + binary() + " sample " + ckpt_dir + " >&-"}, dir + "/closed.log", 60);
+  CATCH_INFO(closed);
+  CATCH_CHECK(f2 == 1);
+  CATCH_CHECK(closed.find("standard output is closed") != std::string::npos);
+  const auto [f3, table] =
+      run({"/bin/sh", "-c", "exec " + binary() + " presets > /dev/full"}, dir + "/presets.log", 60);
+  CATCH_CHECK(f3 == 1);
+  CATCH_CHECK(table.find("cannot write to standard output") != std::string::npos);
+  // eval of a run whose corpus was edited in place says the loss is over other text.
+  write_text(dir + "/corpus.txt", read_text(dir + "/corpus.txt") + "And the earth was without form.\n");
+  const auto [e1, edited] = run({binary(), "eval", ckpt_dir}, dir + "/eval-edited.log", 300);
+  CATCH_INFO(edited);
+  CATCH_CHECK(e1 == 0);
+  CATCH_CHECK(edited.find("eval: the corpus " + dir +
+                          "/corpus.txt is not the data the checkpoint's run read") != std::string::npos);
   fs::remove_all(dir);
 }

@@ -507,6 +507,14 @@ CATCH_TEST_CASE("prepare_dataset splits the last val_fraction off as val and cac
   CATCH_CHECK_THAT(logs[0],
                    Contains("re-preparing") && Contains("data.val_fraction changed from 0.1 to 0.25"));
   CATCH_CHECK(read_shard(other.val_path).size() == 2500);
+
+  // Another corpus is named as such, not by the first of its other differences (its .docs file).
+  const std::string elsewhere = dir.file("corpus2.txt");
+  write_text(elsewhere, text);
+  write_text(elsewhere + ".docs", "0\n");
+  std::string why;
+  CATCH_CHECK_FALSE(find_prepared(elsewhere, tokenizer_kind::byte, 0, 0.25, dir.file("out"), why));
+  CATCH_CHECK_THAT(why, Contains("the corpus path changed from"));
 }
 
 CATCH_TEST_CASE("prepare_dataset with BPE writes shards that decode back to the corpus", "[data]") {
@@ -584,6 +592,18 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(empty.path().string(), tokenizer_kind::byte, 0, 0.1, empty.file("out"));
               }) == errc::invalid_config);
+
+  // Those shards are never prepared over (data prepare --out DIR replaced them); ours are.
+  const std::string corpus = dir.file("corpus.txt");
+  write_text(corpus, std::string(4000, 'a'));
+  const auto before = read_bytes(dir.file("train.bin"));
+  CATCH_CHECK_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.path().string()),
+                          Contains("holds a train.bin that Longwave did not prepare"));
+  CATCH_CHECK(read_bytes(dir.file("train.bin")) == before);
+  prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"));
+  write_text(dir.file("out/prepared.txt"), "");  // a preparation stopped half way, its lock file left
+  fs::remove(dir.file("out/prepared.txt"));
+  CATCH_CHECK(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")).n_train_tokens == 3600);
 }
 
 CATCH_TEST_CASE("prepare_dataset rejects bad arguments with a clear message", "[data]") {

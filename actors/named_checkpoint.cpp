@@ -1,0 +1,132 @@
+// Checkpoints named on the command line (eval, export, sample): the newest valid one of a directory, its
+// stored config, and its theta_global (declared in actors/run_files.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/run_files.hpp"
+#include "config/config_loader.hpp"
+#include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/errors/errors.hpp"
+#include "runtime/log/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace longwave::actors {
+
+using namespace longwave::runtime;
+
+/// The resolved config in a checkpoint's meta; lw_error(corrupt_checkpoint) naming `path` when it has none.
+/// A config that does not parse throws config_error.
+config::train_config config_of(const std::string& meta, const std::string& path) {
+  const auto pos = meta.find(config_marker);
+  if (pos == std::string::npos) throw lw_error(errc::corrupt_checkpoint, path + ": no config in meta");
+  // The paths are where the run was: they may be gone, or files, where the checkpoint is read now.
+  return config::parse_config(meta.substr(pos + std::strlen(config_marker)), {}, path + "'s stored config",
+                              {},
+                              /*check_paths=*/false);
+}
+
+namespace {
+
+/// theta_blob(c, path), whose values must be finite: no run writes NaN or infinity (the checkpointer refuses
+/// a diverged state), so such a file was altered. Read once per command, here.
+void check_theta_values(const checkpoint& c, const std::string& path) {
+  const auto& blob = theta_blob(c, path);
+  const auto* bytes = static_cast<const char*>(blob.data);
+  for (size_t i = 0; i < blob.size; i += sizeof(float)) {
+    float x;
+    std::memcpy(&x, bytes + i, sizeof x);  // the blob's bytes need not be float-aligned
+    if (!std::isfinite(x))
+      throw lw_error(errc::corrupt_checkpoint,
+                     fmt::format("{}: theta_global of round {} holds NaN or infinite values", path, c.round));
+  }
+}
+
+}  // namespace
+
+named_checkpoint load_named_checkpoint(const std::string& path) {
+  if (!fs::exists(path)) throw lw_error(errc::io_error, path + ": no such file or directory");
+  if (!fs::is_directory(path)) {
+    // A FIFO or a device would block the read or never end it.
+    if (!fs::is_regular_file(path))
+      throw lw_error(errc::io_error,
+                     path + ": not a checkpoint file or directory (a FIFO, socket or device)");
+    auto c = checkpoint_store::load_file(path);
+    check_theta_values(c, path);
+    auto cfg = config_of(c.meta, path);
+    return {std::move(c), std::move(cfg)};
+  }
+  // A directory: its newest file that holds a config and a theta (what eval and export read), as a run's
+  // newest that passes its checksum but not that falls back to the one before.
+  std::optional<config::train_config> cfg;
+  checkpoint_store store(path, 1 << 30);
+  std::optional<checkpoint> c;
+  try {
+    c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); },
+                          [&](checkpoint& each) {
+                            check_theta_values(each, "the checkpoint");
+                            try {
+                              cfg = config_of(each.meta, "its meta");
+                            } catch (const config::config_error& e) {
+                              throw lw_error(errc::corrupt_checkpoint, e.what());
+                            }
+                          });
+  } catch (const lw_error& e) {  // without the advice to a run that would start over: nothing starts here
+    std::string what = e.what();
+    if (const auto at = what.find("; move them aside"); at != std::string::npos) what.resize(at);
+    throw lw_error(e.code(), what);
+  }
+  if (!c) {
+    // A run's out_dir, or a cluster's (one folder a node), named instead of its checkpoints.
+    std::error_code ec;
+    std::vector<std::string> inner;
+    if (fs::is_directory(fs::path(path) / "checkpoints", ec))
+      inner.push_back((fs::path(path) / "checkpoints").string());
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end && inner.size() < 3; it.increment(ec))
+      if (fs::is_directory(it->path() / "checkpoints", ec))
+        inner.push_back((it->path() / "checkpoints").string());
+    std::sort(inner.begin(), inner.end());
+    std::string hint;
+    for (const auto& i : inner) hint += (hint.empty() ? " (did you mean " : " or ") + i;
+    throw lw_error(errc::io_error,
+                   path + ": no checkpoint in this directory" + (hint.empty() ? "" : hint + "?)"));
+  }
+  return {std::move(*c), std::move(*cfg)};
+}
+
+std::string checkpoint_label(const runtime::checkpoint& c) {
+  auto meta = parse_meta(c.meta);
+  if (meta["outer"] == "async")
+    return fmt::format("phase {}, theta version {}, inner step {}", c.round, meta["version"], c.step);
+  return fmt::format("round {}, inner step {}", c.round, c.step);
+}
+
+const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
+                                           int64_t n_params) {
+  const auto* b = c.find("theta");
+  if (!b || b->size == 0 || b->size % sizeof(float) != 0)
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("{}: no theta of whole fp32 values in the checkpoint of round {}", path, c.round));
+  if (n_params > 0 && b->size != static_cast<size_t>(n_params) * sizeof(float))
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("{}: theta of round {} holds {} values, the model of its config has {} parameters", path,
+                    c.round, b->size / sizeof(float), n_params));
+  return *b;
+}
+
+void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params) {
+  const auto& b = theta_blob(c, path, n_params);
+  std::memcpy(out, b.data, b.size);
+}
+
+}  // namespace longwave::actors
