@@ -275,7 +275,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
   const bool eval_due =
       last || (cfg.eval.every_rounds > 0 && s.round % static_cast<uint64_t>(cfg.eval.every_rounds) == 0);
   if (!eval_due) return save_then_continue(self);
-  const uint64_t round = s.round;
+  const uint64_t round = s.round, version = s.version;  // async: theta's version now, not at the result
   const int64_t step = s.last_step;
   if (s.peers.evaluator && !last) {
     // Off the training path, on a clone (the next outer step changes theta in place), at most one at a time:
@@ -292,7 +292,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
         .then(
             [=](double loss) {
               self->state.eval_running = false;
-              on_eval(self, round, step, loss);
+              on_eval(self, round, version, step, loss);
               if (auto k = std::exchange(self->state.after_eval, {})) k();
             },
             [=](caf::error& e) {
@@ -309,7 +309,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
       .then(
           [=](double loss) {
             self->state.eval_s += std::chrono::duration<double>(clock::now() - t0).count();
-            on_eval(self, round, step, loss);
+            on_eval(self, round, version, step, loss);
             save_then_continue(self);
           },
           [=](caf::error& e) { fail(self, e); });

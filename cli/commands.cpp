@@ -151,7 +151,9 @@ CLI::App* add_data_prepare(CLI::App& app, cli_values& v) {
   prep->add_option("--tokenizer", v.tokenizer, "byte or bpe")
       ->check(CLI::IsMember(std::vector<std::string>(tokenizer_names.begin(), tokenizer_names.end())))
       ->capture_default_str();
-  prep->add_option("--vocab", v.vocab, "BPE vocabulary size")->capture_default_str();
+  prep->add_option("--vocab", v.vocab, "BPE vocabulary size (257..65535, as data.bpe_vocab_size)")
+      ->check(CLI::Range(int64_t{257}, int64_t{65535}))
+      ->capture_default_str();
   prep->add_option("--val-fraction", v.val_fraction, "Share of tokens held out for validation")
       ->capture_default_str();
   return prep;

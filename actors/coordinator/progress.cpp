@@ -227,8 +227,8 @@ void account_round(self_ptr self) {
   s.round_stall_s = 0;
 }
 
-/// One evaluation's result, for theta as it was after `round` (inner step `step`).
-void on_eval(self_ptr self, uint64_t round, int64_t step, double loss) {
+/// One evaluation's result, for theta as it was after `round` (inner step `step`; async: at `version`).
+void on_eval(self_ptr self, uint64_t round, uint64_t version, int64_t step, double loss) {
   auto& s = self->state;
   s.last_val_loss = loss;
   gauge(self, "longwave_val_loss", loss);
@@ -239,7 +239,7 @@ void on_eval(self_ptr self, uint64_t round, int64_t step, double loss) {
                    .add("val_loss", loss)
                    .add("val_ppl", std::exp(loss)));
   if (!s.policy->shares_rounds())  // async: a node's rounds are its phases; the run counts versions
-    spdlog::info("eval  phase {:>3} | version {:>3}/{} | val loss {:.4f} | val ppl {}", round, s.version,
+    spdlog::info("eval  phase {:>3} | version {:>3}/{} | val loss {:.4f} | val ppl {}", round, version,
                  s.ctx->cfg.train.rounds, loss, readable(std::exp(loss), 3));
   else
     spdlog::info("eval  {:>3}/{} | val loss {:.4f} | val ppl {}", round, s.ctx->cfg.train.rounds, loss,

@@ -194,7 +194,7 @@ double since_start(const coordinator_state& s);
 std::string format_duration(double s);
 void on_report(self_ptr self, const runtime::step_report& r);
 void account_round(self_ptr self);
-void on_eval(self_ptr self, uint64_t round, int64_t step, double loss);
+void on_eval(self_ptr self, uint64_t round, uint64_t version, int64_t step, double loss);
 /// Writes out_dir/result.json (whole or not at all); the problem when it cannot ("": written).
 std::string write_result(const coordinator_state& s, double wall);
 
