@@ -312,6 +312,27 @@ void print_plan(const sweep_spec& s, const sweep_run& run) {
         "of this sweep, which move to {}/superseded/",
         over, s.out_dir);
   for (const auto& w : s.warnings) say("warning: {}", w);
+  // Runs set aside (superseded/ID, superseded/fresh-TIME/ID) are kept for good: say what they hold.
+  std::error_code ec;
+  const fs::path aside = fs::path(s.out_dir) / "superseded";
+  size_t runs = 0;
+  for (fs::directory_iterator it(aside, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_directory(ec)) continue;
+    if (it->path().filename().string().rfind("fresh-", 0) != 0) {
+      ++runs;
+      continue;
+    }
+    std::error_code inner;
+    for (fs::directory_iterator run_dir(it->path(), inner), stop; !inner && run_dir != stop;
+         run_dir.increment(inner))
+      runs += run_dir->is_directory(inner);
+  }
+  uintmax_t bytes = 0;
+  for (fs::recursive_directory_iterator it(aside, ec), end; runs > 0 && !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) bytes += it->file_size(ec);
+  if (runs > 0)
+    say("{}/ keeps {} earlier run{} ({:.1f} MiB), which no sweep removes: delete what you no longer want",
+        aside.string(), runs, runs == 1 ? "" : "s", static_cast<double>(bytes) / (1 << 20));
   say("{}", run.plan.text);
 }
 

@@ -237,6 +237,12 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_INFO(out_dry);
   CATCH_CHECK(out_dry.find("4 points (" + std::to_string(done_rows) + " done earlier") != std::string::npos);
   CATCH_CHECK(out_dry.find("take back") == std::string::npos);  // --fresh's discarded runs stay discarded
+  // The plan says what superseded/ keeps (it is never pruned), the 4 moved aside among it.
+  const std::string keeps = dir + "/out/superseded/ keeps ";
+  const auto at = out_dry.find(keeps);
+  CATCH_REQUIRE(at != std::string::npos);
+  CATCH_CHECK(std::stoul(out_dry.substr(at + keeps.size())) >= kept);
+  CATCH_CHECK(out_dry.find("MiB), which no sweep removes", at) != std::string::npos);
   fs::remove_all(dir);
 }
 
