@@ -65,13 +65,15 @@ void notify_main(self_ptr self, int code) {
   auto& s = self->state;
   if (!s.ended) {
     s.ended = true;
-    record(self, json_line("end")
-                     .add("exit_code", code)
-                     .add("val_loss", s.last_val_loss)
-                     .add("val_ppl", std::exp(s.last_val_loss))
-                     .add("seconds", since_start(s))
-                     .add("steps", s.last_step)
-                     .add("rounds", s.round));
+    auto end = json_line("end");
+    end.add("exit_code", code)
+        .add("val_loss", s.last_val_loss)
+        .add("val_ppl", std::exp(s.last_val_loss))
+        .add("seconds", since_start(s))
+        .add("steps", s.last_step)
+        .add("rounds", s.round);
+    if (code == 130 && s.stopped_by) end.add("stopped_by", s.stopped_by);  // the node then exits 0
+    record(self, end);
   }
   if (s.main) caf::anon_send(s.main, done_atom_v, code, s.last_val_loss);  // main is not a typed actor
 }
@@ -124,6 +126,7 @@ void request_stop(self_ptr self, bool at_boundary) {
   if (!at_boundary && s.ph == phase::inner && s.policy->stops() == stop_rule::pause_and_align)
     return stop_now(self, /*boundary=*/false);
   s.stop_requested = true;
+  s.stopped_by = at_boundary ? "longwave node --leave" : nullptr;
   if (s.holding) {  // held at a boundary for a cluster stop: stop there
     s.holding = false;
     begin_round(self);
@@ -178,7 +181,10 @@ void release_hold(self_ptr self) {
 
 void begin_round(self_ptr self) {
   auto& s = self->state;
-  if (s.stop_after && s.round >= *s.stop_after) s.stop_requested = true;
+  if (s.stop_after && s.round >= *s.stop_after) {
+    s.stop_requested = true;
+    s.stopped_by = "longwave stop";
+  }
   if (s.stop_requested) return stop_now(self, /*boundary=*/s.policy->at_round_boundary());
   if (s.hold_after && !s.stop_after && s.round >= *s.hold_after) {
     s.holding = true;

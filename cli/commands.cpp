@@ -212,17 +212,18 @@ CLI::App* add_stop(CLI::App& app, cli_values& v) {
   stop->add_option("cluster", v.cluster_path, "Cluster TOML file")->required();
   stop->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
-  stop->add_flag(
-      "--wait", v.stop_wait,
-      "Return once every node has saved its checkpoint and said so, with the coordinator's last line");
+  stop->add_flag("--wait", v.stop_wait,
+                 "Return once the run ended and its processes here exited, with the coordinator's last line");
   stop->footer(
       "The coordinator asks every node where it can stop and tells all of them the same round, so their\n"
       "checkpoints agree; then it exits 0 too. The same `coordinator` and `node` commands resume the run.\n"
       "With CURVE this needs the cluster's own key pair (keys/cluster.secret, as the coordinator's machine\n"
       "has it). Returns once the coordinator answered: exit 0 when it stops, 1 when it cannot be reached,\n"
-      "2 for a refused key. With --wait, once the run ended: 0 when the nodes stopped (or finished) with\n"
-      "their checkpoints, 1 when it ended otherwise or the coordinator went silent for 10 s first; the\n"
-      "processes exit moments after. To stop one node only: longwave node CLUSTER.toml --node NAME --leave.");
+      "2 for a refused key. With --wait, once the run ended and its node processes and the coordinator's\n"
+      "ports on this machine are gone: 0 when it stopped (or finished), the nodes that remained with their\n"
+      "checkpoints and any removed on the way named; 1 when it ended otherwise or the coordinator went\n"
+      "silent for 10 s first.\n"
+      "To stop one node only: longwave node CLUSTER.toml --node NAME --leave.");
   return stop;
 }
 

@@ -1,15 +1,22 @@
 // The commands that need no LibTorch: the `longwave` front binary runs them (cli/commands.hpp).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.hpp"
 #include "cli/report/page.hpp"
+#include "cli/sweep/point_process.hpp"
 #include "cli/sweep/sweep_file.hpp"
 #include "cluster/master_role.hpp"
 #include "comm/curve.hpp"
@@ -20,6 +27,8 @@
 #include "models/model_spec.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/log/log.hpp"
+#include "runtime/process/port_check.hpp"
+#include "runtime/process/proc_state.hpp"
 
 namespace longwave::cli {
 
@@ -238,6 +247,63 @@ std::optional<config::train_config> load_run_config(const cli_values& v, std::ve
   }
 }
 
+namespace {
+
+/// The PIDs of the node processes that hold their out_dir locks on this machine (`stop --wait` notes them
+/// before it asks the coordinator).
+std::vector<std::pair<std::string, pid_t>> local_node_pids(const config::cluster_spec& spec) {
+  std::vector<std::pair<std::string, pid_t>> out;
+  for (const auto& n : spec.nodes)
+    if (const auto pid =
+            sweep::folder_in_use((std::filesystem::path(spec.train.run.out_dir) / n.name).string());
+        !pid.empty() && std::atoi(pid.c_str()) > 0)
+      out.emplace_back(n.name, static_cast<pid_t>(std::atoi(pid.c_str())));
+  return out;
+}
+
+/// `stop --wait`, once the coordinator said the run ended: the roles exit moments later, holding their locks
+/// and ports until then, so a relaunch at once could find them taken. Waits (up to a minute) until the nodes
+/// that ran here have exited and the coordinator's ports here are free.
+int wait_roles_gone(const config::cluster_spec& spec,
+                    const std::vector<std::pair<std::string, pid_t>>& nodes) {
+  std::vector<std::pair<std::string, int>> ports;
+  for (const auto& endpoint : spec.coordinators) {  // tcp://HOST:PORT
+    const auto colon = endpoint.rfind(':');
+    const auto from = endpoint.find("://");
+    if (colon != std::string::npos && from != std::string::npos && colon > from)
+      ports.emplace_back(endpoint.substr(from + 3, colon - from - 3),
+                         std::atoi(endpoint.c_str() + colon + 1));
+  }
+  if (spec.train.metrics.enabled && config::coordinator_metrics_port(spec) > 0)
+    ports.emplace_back(spec.train.metrics.address, static_cast<int>(config::coordinator_metrics_port(spec)));
+  const auto busy = [&] {
+    std::vector<std::string> left;
+    for (const auto& [name, pid] : nodes)
+      if (!runtime::has_exited(pid)) left.push_back(fmt::format("node {} (pid {})", name, pid));
+    for (const auto& [host, port] : ports)  // another machine's address is not in use here
+      if (port > 0 && runtime::bind_error(host, port) == EADDRINUSE)
+        left.push_back(fmt::format("the coordinator's port {}:{}", host, port));
+    return left;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  bool said = false;
+  for (auto left = busy(); !left.empty(); left = busy()) {
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    if (waited > std::chrono::minutes(1)) {
+      spdlog::error("stop: still running a minute after the run ended: {}", fmt::join(left, ", "));
+      return 1;
+    }
+    if (!said && waited > std::chrono::seconds(2)) {
+      spdlog::info("stop: waiting for the roles on this machine to exit: {}", fmt::join(left, ", "));
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return 0;
+}
+
+}  // namespace
+
 std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* argv0) {
   if (sub.coord->parsed()) {
     runtime::init_logging(v.log_level);
@@ -248,7 +314,10 @@ std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* a
   if (sub.stop->parsed()) {
     runtime::init_logging("info");
     auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
-    return spec ? cluster::request_cluster_stop(*spec, v.stop_wait) : 2;
+    if (!spec) return 2;
+    const auto nodes = v.stop_wait ? local_node_pids(*spec) : std::vector<std::pair<std::string, pid_t>>{};
+    const int code = cluster::request_cluster_stop(*spec, v.stop_wait);
+    return code == 0 && v.stop_wait ? wait_roles_gone(*spec, nodes) : code;
   }
   if (sub.launch->parsed())
     return launch(self_exe(argv0), v.cluster_path, v.cluster_overrides, v.cluster_fresh, v.observe);

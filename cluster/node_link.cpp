@@ -126,6 +126,7 @@ void node_link::publish(runtime::checkpoint state, std::optional<uint64_t> versi
 }
 
 void node_link::round_committed(uint64_t round, uint32_t theta_crc) {
+  last_round_ = std::max(last_round_.load(), round);
   if (check_theta_) committed_.push(round, theta_crc);
 }
 

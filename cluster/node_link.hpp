@@ -50,6 +50,8 @@ class node_link final : public actors::cluster_link {
   bool cluster_stopped() const { return cluster_stopped_; }
   /// The round after which this node stops with the cluster (nullopt: it is not stopping).
   std::optional<uint64_t> stopped_after() const { return stop_.round(); }
+  /// The last round this node completed (0: none in this process).
+  uint64_t last_round() const { return last_round_.load(); }
   /// The master asked this node to leave (longwave node --leave).
   bool leaving() const { return leaving_; }
   /// diloco.outer = "async": an eviction or a call-off ends training at once (node_controls::end), since no
@@ -94,6 +96,7 @@ class node_link final : public actors::cluster_link {
   pin_follower pin_;
   committed_rounds committed_;
   std::atomic<uint64_t> version_{0};  // async: the last version applied
+  std::atomic<uint64_t> last_round_{0};
   merge_follower merges_;
   bool leaving_ = false;
   std::optional<std::chrono::milliseconds> orphaned_after_;  // set: async (end_on_eviction)

@@ -119,7 +119,17 @@ void set_up_ring(node_session& s, const config::cluster_spec& spec, const config
 
 /// What the node tells the master as it exits, and its exit code.
 int say_goodbye(control_client& control, const std::string& name, int code,
-                std::optional<uint64_t> stopped_after, bool cluster_stopped, bool leaving) {
+                std::optional<uint64_t> stopped_after, std::optional<uint64_t> last_round,
+                bool cluster_stopped, bool leaving) {
+  if (stopped_after && last_round && code == 130 && *last_round < *stopped_after) {
+    // Ctrl-C before the round the cluster stops after: this is no stop with the others.
+    control.bye("interrupted (Ctrl-C) before the cluster's stop round; its checkpoint is saved");
+    spdlog::warn(
+        "node {}: interrupted after round {}, before round {} where the cluster stops; its checkpoint of the "
+        "interruption is saved (the same command resumes)",
+        name, *last_round, *stopped_after);
+    return 130;
+  }
   if ((stopped_after || cluster_stopped) && code == 130) {
     control.bye("stopped");
     if (stopped_after)
@@ -285,11 +295,18 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
                  s.recover->epoch, versions ? "version" : "round", s.recover->round);
     link.join_with(joiner(*s.control, spec, index, s.hello, *s.recover, s.place, versions, same_theta(cfg)));
   }
+  // The round it starts after; async counts versions there but phases in its rounds, so is not checked.
+  std::optional<uint64_t> started_after;
+  if (cfg.diloco.outer != config::outer_policy_kind::async)
+    started_after = s.recover ? s.recover->round : node_opts.max_resume_round.value_or(0);
   link.begin_start_up();
   std::this_thread::sleep_for(std::chrono::duration<double>(s.slow_start_s));
   const int code = actors::run_training(cfg, node_opts, link);
   link.end_start_up();
-  return say_goodbye(*s.control, me.name, code, link.stopped_after(), link.cluster_stopped(), link.leaving());
+  const auto reached =
+      started_after ? std::optional<uint64_t>(std::max(*started_after, link.last_round())) : std::nullopt;
+  return say_goodbye(*s.control, me.name, code, link.stopped_after(), reached, link.cluster_stopped(),
+                     link.leaving());
 }
 
 }  // namespace longwave::cluster

@@ -41,9 +41,14 @@ int request_cluster_stop(const config::cluster_spec& spec, bool wait) {
     }
     spdlog::info("the coordinator says: {}", text);
     if (!wait) return 0;
-    std::string last = text;
+    // The answers to its own stop repeated ("already stopping"): only the round, once it is decided.
+    bool told_round = false;
     const auto [end, why] = control.wait_stopped(std::chrono::seconds(10), [&](const std::string& now) {
-      if (now != last) spdlog::info("the coordinator says: {}", last = now);
+      const auto at = now.find("every node stops after round");
+      if (at != std::string::npos && !told_round) {
+        told_round = true;
+        spdlog::info("the coordinator says: {}", now.substr(at));
+      }
     });
     if (end != errc::none) {
       spdlog::error("the run ended: {}", why);

@@ -109,6 +109,7 @@ struct coordinator_state {
   uint64_t version = 0;  // async: the newest version of theta applied here (its rounds are local phases)
   std::optional<uint64_t> resumed_version;  // the version of the checkpoint this session resumed from
   bool stop_requested = false;
+  const char* stopped_by = nullptr;  // a stop at a boundary: "longwave stop" or "longwave node --leave"
   // A cluster stop (longwave stop), or a pin (holding while a joiner fetches): hold at the boundary after
   // hold_after until stop_after is known (then stop at the boundary after it), a pin moves hold_after, or a
   // pin is released.

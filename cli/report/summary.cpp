@@ -43,6 +43,8 @@ void sum_workers(const node_metrics& m, node_summary& s) {
 std::string status_of(const record* last_end) {
   if (!last_end) return "no end record (still running, or killed)";
   const double code = num(*last_end, "exit_code");
+  if (const auto by = text(*last_end, "stopped_by"); code == 130 && !by.empty())
+    return "stopped at a round boundary (" + by + ")";
   return code == 0     ? "completed"
          : code == 130 ? "interrupted (Ctrl-C)"
                        : fmt::format("failed (exit {})", compact(code));

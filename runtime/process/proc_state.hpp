@@ -8,4 +8,7 @@ namespace longwave::runtime {
 /// read (no /proc, or the process is gone).
 bool is_stopped(pid_t pid);
 
+/// Whether `pid` has exited: no such process, or one its parent has not reaped yet (a zombie).
+bool has_exited(pid_t pid);
+
 }  // namespace longwave::runtime

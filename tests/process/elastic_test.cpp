@@ -166,6 +166,9 @@ CATCH_TEST_CASE("a node SIGKILLed in the inner phase is removed and the other tw
   CATCH_CHECK(
       contains(html, "<tr><th>status</th><td>stopped (longwave stop); removed on the way: n2 (lost)</td>"));
   CATCH_CHECK(contains(html, "<td>removed (lost)</td>"));
+  // The survivors' rows: stopped where the cluster stopped (they read "interrupted (Ctrl-C)").
+  CATCH_CHECK(contains(html, "<td>stopped at a round boundary (longwave stop)</td>"));
+  CATCH_CHECK_FALSE(contains(html, "interrupted (Ctrl-C)"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -1016,6 +1019,12 @@ CATCH_TEST_CASE(
     CATCH_REQUIRE(newest.has_value());
     CATCH_CHECK(newest->round == static_cast<uint64_t>(last));
     CATCH_CHECK(contains(read_text(c.dir + "/" + n + ".log"), "stopped with the cluster after round"));
+    // Its end record says why it ended (130 inside; the process exits 0): a report called it Ctrl-C.
+    std::string by;
+    for (const auto& r : records_of(c.out(n)))
+      if (std::string(r["kind"].GetString()) == "end" && r.HasMember("stopped_by"))
+        by = r["stopped_by"].GetString();
+    CATCH_CHECK(by == "longwave stop");
   }
   CATCH_CHECK(max_abs_diff(newest_theta(c.out("n0") + "/checkpoints"),
                            newest_theta(c.out("n2") + "/checkpoints")) == 0.0);
@@ -1038,7 +1047,14 @@ CATCH_TEST_CASE(
     CATCH_CHECK(runtime::checkpoint_store(c.out(n) + "/checkpoints", 100).load_latest()->round ==
                 static_cast<uint64_t>(second));
   }
-  for (size_t i = 0; i < 3; ++i) CATCH_CHECK(wait_exit(c.nodes[i], 300) == 0);
+  // ... and the nodes' processes are gone (they held their out_dirs and ports: a relaunch at once failed).
+  for (size_t i = 0; i < 3; ++i) {
+    int status = -1;
+    const pid_t gone = waitpid(c.nodes[i].pid, &status, WNOHANG);
+    CATCH_CHECK(gone == c.nodes[i].pid);
+    if (gone != c.nodes[i].pid) status = wait_exit(c.nodes[i], 300) << 8;  // reaped all the same
+    CATCH_CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
   CATCH_CHECK(wait_exit(c.coord, 60) == 0);
   CATCH_CHECK(contains(c.coord_log(), "resuming after round " + std::to_string(last)));
   // The second run's first epoch (the coordinator's second start) begins after the round the first stopped
