@@ -161,6 +161,7 @@ void master_state::welcome_all() {
     if (std::find(plan.fetch.begin(), plan.fetch.end(), i) != plan.fetch.end()) continue;  // below
     if (m.phase == member_phase::waiting) {
       m.phase = member_phase::member;
+      m.round = std::max(m.round, start_round());  // until it reports: a joiner fetches no older round
     } else if (m.phase == member_phase::absent) {
       m.phase = member_phase::removed;
       m.removed = removal::absent;

@@ -278,6 +278,15 @@ void master_state::on_join_ready(size_t idx, const join_ready_msg& r) {
   auto& m = members_[idx];
   if (m.ready && m.ready->key == r.key) return;          // its periodic repeat
   if (m.turned_back && *m.turned_back == r.key) return;  // a repeat of a state found stale
+  if (!merges_ && m.pinned && pin_ && pin_->round && r.round != *pin_->round) {
+    // The state of a fetch it began before it was told to fetch the held round: it fetches that now.
+    info(
+        fmt::format("coordinator: node {} holds the state of round {}, but was told to fetch round {}: "
+                    "waiting for that one",
+                    specs_[idx].name, r.round, *pin_->round));
+    m.turned_back = r.key;
+    return;
+  }
   m.ready = r;
   m.phase = member_phase::ready;
   if (merges_ && !all_applied(r.round)) {  // watch_merges fences once they have

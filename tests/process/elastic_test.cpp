@@ -623,7 +623,9 @@ CATCH_TEST_CASE("a joiner slower than a round gets in: the members hold at one r
       // Each fetched state is held 3 s before the joiner says it is ready: longer than a round here.
       const auto [clog, log2] = restart_n2_and_finish(c, {"--fresh"}, {"LONGWAVE_FAULT_SLOW_JOIN_MS=3000"});
       CATCH_INFO(clog);
-      CATCH_CHECK(contains(clog, "is stale"));
+      // Its state found stale at a fence, or its fetch overtaken by two rounds before it was ready.
+      CATCH_CHECK(
+          (contains(clog, "is stale") || contains(clog, "is still fetching the state it began with")));
       // The members held after one round while n2 fetched it, and went on after the same round.
       const auto pins = c.master("pin"), releases = c.master("release");
       CATCH_REQUIRE(pins.size() >= 1);

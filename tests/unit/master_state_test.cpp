@@ -424,7 +424,7 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
              "n1",
              "hello",
              {"n0 <- welcome rank 0 of 1 epoch 1 start 15", "!n1 <- welcome",
-              "n1 <- recover round 0 from [n0] offset 1",
+              "n1 <- recover round 15 from [n0] offset 1",
               "node n1 holds no checkpoint of round 15 (its newest: none): it fetches the state from n0"}},
             {1, "n0", "heartbeat 16", {}},
             {2, "n1", "join_ready 16", {"n0 <- fence 2"}}});
@@ -440,7 +440,7 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
             {0,
              "n1",
              "hello resume=54 rounds=50:52:54",
-             {"n0 <- welcome rank 0 of 1 epoch 1 start 105", "n1 <- recover round 0 from [n0]",
+             {"n0 <- welcome rank 0 of 1 epoch 1 start 105", "n1 <- recover round 105 from [n0]",
               "record epoch epoch=1 reason=start members=n0 round=105"}}});
     table three(cluster_of(3));
     three.play({{0, "n0", "hello resume=105 rounds=102:104:105", {}},
@@ -449,7 +449,7 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
                  "n2",
                  "hello resume=54 rounds=50:52:54",
                  {"n0 <- welcome rank 0 of 2 epoch 1 start 104",
-                  "n1 <- welcome rank 1 of 2 epoch 1 start 104", "n2 <- recover round 0 from [n0,n1]"}}});
+                  "n1 <- welcome rank 1 of 2 epoch 1 start 104", "n2 <- recover round 104 from [n0,n1]"}}});
   }
   CATCH_SECTION("two histories of one round: the nodes resume from the one most hold, the other fetches it") {
     // A probe's split brain: n2 trained on alone, then n0 and n1 together; each side reached round 8, and
@@ -461,7 +461,7 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
              "n2",
              "hello resume=10 rounds=8:9:10 thetas=9:10:11",
              {"n0 <- welcome rank 0 of 2 epoch 1 start 8", "n1 <- welcome rank 1 of 2 epoch 1 start 8",
-              "n2 <- recover round 0 from [n0,n1]",
+              "n2 <- recover round 8 from [n0,n1]",
               "warn: coordinator: node n2 holds checkpoints up to round 10, past round 8, which the cluster "
               "resumes after",
               "warn: coordinator: node n2 holds a checkpoint of round 8 with another theta than n0, n1 "
@@ -488,7 +488,7 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
             {0,
              "n2",
              "hello resume=8 rounds=6:7:8 thetas=1:2:4",
-             {"n0 <- welcome rank 0 of 2 epoch 1 start 8", "n2 <- recover round 0 from [n0,n1]",
+             {"n0 <- welcome rank 0 of 2 epoch 1 start 8", "n2 <- recover round 8 from [n0,n1]",
               "node n2 holds a checkpoint of round 8 with another theta than n0, n1", "!past round"}}});
     // As many on each side: one history is taken (said), the other side fetches it.
     table tie(cluster_of(2));
@@ -496,7 +496,7 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
               {0,
                "n1",
                "hello resume=8 rounds=7:8 thetas=2:4",
-               {"n1 <- welcome rank 0 of 1 epoch 1 start 8", "n0 <- recover round 0 from [n1]",
+               {"n1 <- welcome rank 0 of 1 epoch 1 start 8", "n0 <- recover round 8 from [n1]",
                 "as many nodes hold one history of round 8 as another: the cluster resumes from n1's"}}});
     // Without the thetas (an older node among them) the rounds alone count, as before.
     table old(cluster_of(2));
@@ -886,6 +886,22 @@ CATCH_TEST_CASE("master: a joiner overtaken by the rounds gets in: the members h
                  "n2' <- membership epoch 4 rank 2 [n0,n1,n2]", "n0 <- pin release", "n2' <- pin release",
                  "the members go on after round 5", "record release round=5"}}});
     CATCH_CHECK(t.master().phase_of("n2") == member_phase::member);
+  }
+  CATCH_SECTION("a state fetched before it was told to fetch the held round is not admitted") {
+    // A probe: admitted with round 3 while it fetched round 4, it never joined the ring, which failed.
+    table t(cluster_of(3));
+    t.play(n2_rejoins +
+           std::vector<row>{{3.5, "n2'", "heartbeat 0", {}},
+                            {4, "n0", "heartbeat 3", {}},
+                            {4, "n1", "heartbeat 3", {"still fetching", "n0 <- pin 0"}},
+                            {4.5, "n0", "pin 4", {}},
+                            {4.5, "n1", "pin 4", {"n2' <- recover round 4"}},
+                            {5,
+                             "n2'",
+                             "join_ready 3",
+                             {"node n2 holds the state of round 3, but was told to fetch round 4", "!fence"}},
+                            {5.5, "n2'", "join_ready 3", {"!fence", "!holds the state"}},
+                            {6, "n2'", "join_ready 4", {"n0 <- fence 3"}}});
   }
   CATCH_SECTION("the joiner gives up: the members go on") {
     table t(cluster_of(3));
