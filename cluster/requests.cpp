@@ -4,6 +4,8 @@
 #include "cluster/cluster_file.hpp"
 #include "cluster/control_client.hpp"
 #include "cluster/master_role.hpp"
+#include "config/cluster_config.hpp"
+#include "config/config_loader.hpp"
 
 namespace longwave::cluster {
 
@@ -12,6 +14,8 @@ namespace longwave::cluster {
 /// reached.
 int request_leave(const config::cluster_spec& spec, const std::string& name) {
   try {
+    // A name the file lacks has no key either: say that, not that its key file is missing.
+    if (!spec.open) config::node_index(spec, name);
     control_client control(spec.coordinators, spec.cluster_id, control_curve(node_keys(spec, name)));
     const auto [code, text] = control.request_leave(name, std::chrono::seconds(10));
     if (code == errc::none) {
@@ -19,6 +23,9 @@ int request_leave(const config::cluster_spec& spec, const std::string& name) {
       return 0;
     }
     spdlog::error("the coordinator says: {}", text);
+    return 2;
+  } catch (const config::config_error& e) {
+    spdlog::error("{}", e.what());
     return 2;
   } catch (const lw_error& e) {
     spdlog::error("{}", e.what());

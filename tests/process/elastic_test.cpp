@@ -192,6 +192,11 @@ CATCH_TEST_CASE("longwave node --leave makes a running node leave at its next ro
   // A node that is not training any more cannot be asked again.
   auto [code2, out2] = run({binary(), "node", c.file, "--node", "n2", "--leave"}, c.dir + "/leave2.log", 60);
   CATCH_CHECK(code2 != 0);
+  // A name the cluster file lacks is named as such (it said its key file was missing).
+  auto [code3, out3] = run({binary(), "node", c.file, "--node", "zz", "--leave"}, c.dir + "/leave3.log", 60);
+  CATCH_INFO(out3);
+  CATCH_CHECK(code3 == 2);
+  CATCH_CHECK(contains(out3, "--node zz: the cluster file has no such node"));
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
