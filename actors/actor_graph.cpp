@@ -215,33 +215,10 @@ outer_actor spawn_outer(caf::actor_system& sys, const run_context& ctx, const me
                                std::move(policy));
 }
 
-/// One wait of the main loop that timed out: the cluster tick, then Ctrl-C (a stop with a checkpoint, or
-/// at the second one an exit without it).
+/// One wait of the main loop that timed out: Ctrl-C (a stop with a checkpoint, or at the second one an exit
+/// without it), then the cluster tick. In that order, a stop signalled to every role at once (launch) reaches
+/// training before the coordinator's call-off that follows it, which would end training without a checkpoint.
 void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluster, bool* stop_sent) {
-  if (cluster.place()) {
-    node_controls controls;
-    controls.leave = [&g] { caf::anon_send(g.coordinator, stop_atom_v, done_atom_v); };
-    controls.hold = [&]() -> std::optional<uint64_t> {
-      std::optional<uint64_t> round;
-      self->request(g.coordinator, std::chrono::seconds(10), hold_atom_v)
-          .receive([&](uint64_t r) { round = r; },
-                   [&](caf::error& e) {
-                     spdlog::warn("holding at a round boundary: training did not answer: {}", describe(e));
-                   });
-      return round;
-    };
-    controls.stop_after = [&g](uint64_t round) { caf::anon_send(g.coordinator, stop_atom_v, round); };
-    controls.hold_until = [&g](uint64_t round) { caf::anon_send(g.coordinator, hold_atom_v, round); };
-    controls.release = [&g] { caf::anon_send(g.coordinator, hold_atom_v, done_atom_v); };
-    controls.merge = [&g](merge_order order) {
-      caf::anon_send(g.coordinator, merge_atom_v, std::move(order));
-    };
-    controls.end = [&g](std::string why) {
-      caf::anon_send(g.coordinator, lost_atom_v, make_error(errc::evicted, std::move(why)));
-    };
-    cluster.tick([&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
-                 controls);
-  }
   const int n = g_signals.load();
   if (n >= 2) {
     std::string newest = "none";
@@ -268,6 +245,32 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
     // A running cluster all-reduce ends now instead of at its deadline.
     if (g.collective) g.collective->cancel();
     *stop_sent = true;
+  }
+  if (cluster.place()) {
+    node_controls controls;
+    controls.leave = [&g] { caf::anon_send(g.coordinator, stop_atom_v, done_atom_v); };
+    controls.hold = [&]() -> std::optional<uint64_t> {
+      std::optional<uint64_t> round;
+      self->request(g.coordinator, std::chrono::seconds(10), hold_atom_v)
+          .receive([&](uint64_t r) { round = r; },
+                   [&](caf::error& e) {
+                     spdlog::warn("holding at a round boundary: training did not answer: {}", describe(e));
+                   });
+      return round;
+    };
+    controls.stop_after = [&g](uint64_t round) { caf::anon_send(g.coordinator, stop_atom_v, round); };
+    controls.hold_until = [&g](uint64_t round) { caf::anon_send(g.coordinator, hold_atom_v, round); };
+    controls.release = [&g] { caf::anon_send(g.coordinator, hold_atom_v, done_atom_v); };
+    controls.merge = [&g](merge_order order) {
+      caf::anon_send(g.coordinator, merge_atom_v, std::move(order));
+    };
+    // A stop under way (Ctrl-C) ends with its checkpoint: a call-off that follows it does not cut it short.
+    if (!*stop_sent)
+      controls.end = [&g](std::string why) {
+        caf::anon_send(g.coordinator, lost_atom_v, make_error(errc::evicted, std::move(why)));
+      };
+    cluster.tick([&g](std::string line) { caf::anon_send(g.peers.metrics, record_atom_v, std::move(line)); },
+                 controls);
   }
 }
 

@@ -47,8 +47,8 @@ struct node_controls {
   std::function<void()> release;                   ///< a pin is over: go on from the boundary
   /// diloco.outer = "async": the master announced a merge (or drops); in arrival order.
   std::function<void(runtime::merge_order)> merge;
-  /// The master evicted this node or called the run off, and training calls no ring that would fail on it
-  /// (async: only merges do, and none comes): end the run now, as a failed all-reduce ends it (exit 1).
+  /// The master evicted this node or called the run off: end the run now (exit 1), not when its next
+  /// all-reduce fails on it a whole inner phase later (async: none would; no merge comes).
   std::function<void(std::string why)> end;
 };
 

@@ -302,6 +302,8 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
           "edited, truncated or replaced): the run goes on with it, so it is no longer an exact resume",
           cfg.data.path.empty() ? std::string("the default corpus") : cfg.data.path);
   }
+  if (start.resume)
+    if (const auto moved = split_change(start.resume->meta, shape); !moved.empty()) spdlog::warn("{}", moved);
   if (!start.resume || !run_complete(*start.resume, cfg)) {
     if (start.resume) warn_changed_settings(cfg, *start.resume);
     return start;

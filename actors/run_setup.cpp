@@ -291,9 +291,14 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
 }
 
 runtime::snapshot_shape shape_of(const run_context& ctx) {
-  return {models::closed_form_param_count(ctx.spec), ctx.cfg.train.workers,
-          config::to_string(ctx.cfg.run.mode),       models::model_label(ctx.spec),
-          config::to_string(ctx.cfg.diloco.outer),   ctx.data_fingerprint};
+  return {models::closed_form_param_count(ctx.spec),
+          ctx.cfg.train.workers,
+          config::to_string(ctx.cfg.run.mode),
+          models::model_label(ctx.spec),
+          config::to_string(ctx.cfg.diloco.outer),
+          ctx.data_fingerprint,
+          ctx.data_parts(),
+          ctx.rank_offset};
 }
 
 }  // namespace longwave::actors

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "cli/report/format.hpp"
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/files/directory.hpp"
 #include "runtime/process/port_check.hpp"
 #include "runtime/process/stop_signals.hpp"
@@ -209,12 +211,26 @@ int add_observer(const config::cluster_spec& spec, const observe_options& observ
   return 0;
 }
 
-/// Each role's log: out_dir/logs/<role>.log, appended to with a line that marks this launch. Returns 0, or 2
-/// after saying why it cannot be written.
-int open_role_logs(const std::string& out_dir, std::vector<child>& children) {
+/// Each role's log: out_dir/logs/<role>.log, appended to with a line that marks this launch. The folder's
+/// lock, held until launch ends, keeps a second launch of the cluster from following the same files. Returns
+/// 0, or after saying why: 2 when they cannot be written, 4 when another launch holds them.
+int open_role_logs(const std::string& out_dir, std::vector<child>& children,
+                   std::optional<runtime::run_lock>& lock) {
   const auto dir = std::filesystem::path(out_dir) / "logs";
   if (const auto problem = runtime::make_directories(dir.string()); !problem.empty()) {
     std::fprintf(stderr, "launch: the roles' logs: %s: %s\n", dir.c_str(), problem.c_str());
+    return 2;
+  }
+  try {
+    lock.emplace(dir.string(), "run.out_dir");
+  } catch (const runtime::run_lock_busy& e) {
+    std::fprintf(stderr,
+                 "launch: another launch of a cluster with run.out_dir %s is running (pid %s); stop it first "
+                 "(longwave stop CLUSTER.toml --wait), or choose another run.out_dir\n",
+                 out_dir.c_str(), e.holder().c_str());
+    return 4;  // as a run whose out_dir another holds
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch: the roles' logs: %s\n", e.what());
     return 2;
   }
   const auto stamp = report::utc_text(static_cast<double>(std::time(nullptr)));
@@ -369,7 +385,8 @@ int launch(const std::string& exe, const std::string& cluster_path, const std::v
   add_roles(exe, cluster_path, spec, overrides, fresh, children, args);
   if (observe.enabled)
     if (const int code = add_observer(spec, observe, children, args); code != 0) return code;
-  if (const int code = open_role_logs(spec.train.run.out_dir, children); code != 0) return code;
+  std::optional<runtime::run_lock> logs_lock;
+  if (const int code = open_role_logs(spec.train.run.out_dir, children, logs_lock); code != 0) return code;
   size_t width = 0;
   for (const auto& c : children) width = std::max(width, c.name.size());
 

@@ -143,12 +143,15 @@ void node_link::tick(const std::function<void(std::string)>& record, const actor
     spdlog::info("node {}: asked to leave the cluster: stopping at the next round boundary", name_);
     controls.leave();
   }
+  // Evicted, or the run called off: no round of this node counts any more, so it ends now rather than when
+  // its next all-reduce fails (a whole inner phase later).
+  if (asks.evicted && !ended_ && controls.end) {
+    ended_ = true;
+    controls.end("the coordinator says: " + *asks.evicted);
+  }
   if (orphaned_after_ && !ended_ && controls.end) {
     const auto gone = watch_.gone_since();
-    if (asks.evicted) {
-      ended_ = true;
-      controls.end("the coordinator says: " + *asks.evicted);
-    } else if (gone && now - *gone >= *orphaned_after_) {
+    if (gone && now - *gone >= *orphaned_after_) {
       ended_ = true;
       controls.end(fmt::format(
           "no coordinator for {:.0f} s ([cluster] quorum_timeout_s): without one no merge comes, so this "

@@ -54,10 +54,10 @@ class node_link final : public actors::cluster_link {
   uint64_t last_round() const { return last_round_.load(); }
   /// The master asked this node to leave (longwave node --leave).
   bool leaving() const { return leaving_; }
-  /// diloco.outer = "async": an eviction or a call-off ends training at once (node_controls::end), since no
-  /// ring call of this node is due that would fail on it; so does a master unreachable for `orphaned` (no
-  /// merge comes without one: the node would train on, unmerged, past the run's end).
-  void end_on_eviction(std::chrono::milliseconds orphaned) { orphaned_after_ = orphaned; }
+  /// diloco.outer = "async": a master unreachable for `orphaned` ends training (node_controls::end), as an
+  /// eviction or a call-off does under every policy: no merge comes without one, and the node would train
+  /// on, unmerged, past the run's end.
+  void end_when_orphaned(std::chrono::milliseconds orphaned) { orphaned_after_ = orphaned; }
 
   const actors::ring_place* place() const override { return &place_; }
   bool joining() const override { return joiner_.has_value(); }
@@ -99,7 +99,7 @@ class node_link final : public actors::cluster_link {
   std::atomic<uint64_t> last_round_{0};
   merge_follower merges_;
   bool leaving_ = false;
-  std::optional<std::chrono::milliseconds> orphaned_after_;  // set: async (end_on_eviction)
+  std::optional<std::chrono::milliseconds> orphaned_after_;  // set: async (end_when_orphaned)
   bool ended_ = false;
   bool cluster_stopped_ = false;
   // The start-up beats (begin_start_up): their thread, its stop, and the turns on control_.

@@ -287,7 +287,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   set_up_ring(s, spec, file_spec, index, cfg);
   node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(), same_theta(cfg));
   if (cfg.diloco.outer == config::outer_policy_kind::async)
-    link.end_on_eviction(std::chrono::milliseconds(static_cast<int64_t>(spec.quorum_timeout_s * 1000)));
+    link.end_when_orphaned(std::chrono::milliseconds(static_cast<int64_t>(spec.quorum_timeout_s * 1000)));
   if (s.recover) {
     const bool versions = cfg.diloco.outer == config::outer_policy_kind::async;
     node_opts.max_resume_round.reset();

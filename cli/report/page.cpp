@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -237,30 +238,34 @@ std::string async_table(const report_data& r, const run_summary& sum) {
 std::string membership_table(const report_data& r) {
   struct epoch_row {
     double ts = HUGE_VAL;
-    std::string members;
-    double kept_round = 0, kept_fragment = 0;
     std::vector<std::string> nodes;
   };
-  std::map<double, epoch_row> epochs;
+  // Each coordinator counts epochs from 1: a resumed cluster's epoch 1 is another membership than the first
+  // session's, told apart by its members and kept round. Rows in time order.
+  using key = std::tuple<double, std::string, double, double>;  // epoch, members, kept round, fragment
+  std::map<key, epoch_row> epochs;
   for (const auto& m : r.nodes)
     for (const auto& rec : m.memberships) {
-      auto& e = epochs[num(rec, "epoch")];
+      auto& e = epochs[key{num(rec, "epoch"), text(rec, "members"), num(rec, "kept_round"),
+                           num(rec, "kept_fragment")}];
       e.ts = std::min(e.ts, num(rec, "ts"));
-      e.members = text(rec, "members");
-      e.kept_round = num(rec, "kept_round");
-      e.kept_fragment = num(rec, "kept_fragment");
       e.nodes.push_back(m.name);
     }
   if (epochs.empty()) return {};
+  std::vector<std::pair<const key*, const epoch_row*>> rows;
+  for (const auto& [k, e] : epochs) rows.emplace_back(&k, &e);
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const auto& a, const auto& b) { return a.second->ts < b.second->ts; });
   std::string o =
       "<h2>Membership</h2>\n<table><thead><tr><th>epoch</th><th>from (UTC)</th><th>members</th>"
       "<th>kept all-reduce (round, fragment)</th><th>reported by</th></tr></thead><tbody>\n";
-  for (const auto& [epoch, e] : epochs) {
+  for (const auto& [k, e] : rows) {
+    const auto& [epoch, members, kept_round, kept_fragment] = *k;
     std::string by;
-    for (const auto& n : e.nodes) by += (by.empty() ? "" : ", ") + n;
+    for (const auto& n : e->nodes) by += (by.empty() ? "" : ", ") + n;
     o += fmt::format("<tr><th>{}</th><td>{}</td><td>{}</td><td>{}, {}</td><td>{}</td></tr>\n", compact(epoch),
-                     html_escape(utc_text(e.ts)), html_escape(e.members), compact(e.kept_round),
-                     compact(e.kept_fragment), html_escape(by));
+                     html_escape(utc_text(e->ts)), html_escape(members), compact(kept_round),
+                     compact(kept_fragment), html_escape(by));
   }
   return o + "</tbody></table>\n";
 }
@@ -369,6 +374,56 @@ void read_coordinator_file(report_data& r) {
   r.coordinator = std::move(c);
 }
 
+/// Only the newest run in the out_dir is reported. A node's records before its newest start from step 0 are
+/// left out (records.cpp); so is a node whose records all end before the newest run began: before the last
+/// start from step 0 of a node that did not join by fetching the state (--fresh deletes the nodes' files,
+/// but not those of a node since taken out of the cluster file). Says what it leaves out.
+void leave_out_earlier_runs(report_data& r) {
+  double began = -HUGE_VAL;
+  for (const auto& m : r.nodes) {
+    if (m.earlier_runs > 0)
+      fmt::print(stderr,
+                 "report: note: {}: left out {} earlier run{} in this file (it started again from step 0, "
+                 "as a run stopped before its first checkpoint does)\n",
+                 m.path, m.earlier_runs, m.earlier_runs == 1 ? "" : "s");
+    if (m.starts.empty() || num(m.starts.front(), "resumed_step") != 0 || m.sessions.empty()) continue;
+    const bool joined = !m.recoveries.empty() && num(m.recoveries.front(), "ts") <= m.sessions.front().second;
+    if (!joined && std::isfinite(m.sessions.front().first)) began = std::max(began, m.sessions.front().first);
+  }
+  if (!std::isfinite(began)) return;
+  const auto before = [&](const node_metrics& m) {
+    return !m.sessions.empty() && m.sessions.back().second < began;
+  };
+  for (const auto& m : r.nodes)
+    if (before(m))
+      fmt::print(stderr,
+                 "report: note: {}: left out: its records end at {}, before this run's nodes started from "
+                 "step 0 at {} (a node of an earlier run in this out_dir)\n",
+                 m.path, utc_text(m.sessions.back().second), utc_text(began));
+  r.nodes.erase(std::remove_if(r.nodes.begin(), r.nodes.end(), before), r.nodes.end());
+}
+
+/// A cluster whose coordinator ran but none of whose nodes trained (a launch interrupted before training, a
+/// cluster called off at its join deadline): what the coordinator's record says of it. "" otherwise.
+std::string never_trained(const std::string& run_dir) {
+  std::error_code ec;
+  const auto path = fs::path(run_dir) / "coordinator.jsonl";
+  if (!fs::is_regular_file(path, ec)) return "";
+  node_metrics c;
+  if (!read_metrics_file(path, c).empty()) return "";
+  std::string how = "it has no end record: it may still be running, or was killed";
+  if (!c.ends.empty()) {
+    const auto& end = c.ends.back();
+    how = fmt::format("it ended '{}'", text(end, "outcome"));
+    if (const auto why = text(end, "why"); !why.empty()) how += ": " + why;
+  }
+  return fmt::format(
+      "{}: no node of this cluster wrote a metrics.jsonl, so it never trained and there is nothing to "
+      "report; "
+      "its coordinator's record ({}) says {}",
+      run_dir, path.string(), how);
+}
+
 /// Where the page goes: `out` with its links followed (the link stays a link), checked before anything is
 /// read. Refused, with a line: a directory or special file (a pipe, a device: the page is written through a
 /// temporary file and a rename), one of the report's own inputs, an existing file that is not an HTML page,
@@ -428,6 +483,7 @@ int write(const std::string& run_dir, const std::string& out_path) {
                              fs::is_directory(st) ? "is a directory, not a run's metrics file"
                                                   : "is not a regular file (a pipe or a device)"));
   auto files = metrics_files(run_dir);
+  if (files.empty() && !never_trained(run_dir).empty()) return error(never_trained(run_dir));
   if (files.empty())
     return error(
         fmt::format("{}: not found, nor any {}/<node>/metrics.jsonl (is this a run's out_dir, from a "
@@ -459,7 +515,6 @@ int write(const std::string& run_dir, const std::string& out_path) {
   }
   if (r.nodes.empty()) return error(fmt::format("{}: no node's metrics.jsonl holds a valid line", run_dir));
   read_coordinator_file(r);
-  find_time_span(r);
   // A cluster node's start line counts the cluster's workers; a run alone, its own.
   r.separate_runs =
       r.nodes.size() > 1 && std::all_of(r.nodes.begin(), r.nodes.end(), [](const node_metrics& m) {
@@ -474,7 +529,10 @@ int write(const std::string& run_dir, const std::string& out_path) {
         "report: warning: {} holds {} separate runs ({}), not one cluster's nodes: each gets a row and "
         "series, and the summary adds them up; for one run's page, report its own out_dir\n",
         run_dir, r.nodes.size(), names);
+  } else {
+    leave_out_earlier_runs(r);
   }
+  find_time_span(r);
 
   if (const auto err = runtime::write_atomically(out->string(), assemble_page(r)); !err.empty()) {
     fmt::print(stderr, "report: error: {}\n", err);

@@ -124,9 +124,21 @@ void roll_back(node_metrics& m, const record& start) {
   past(m.allreduces, "round", round);
 }
 
+/// A start from step 0 after earlier records: a new run in the same out_dir. Only it is reported.
+void start_over(node_metrics& m) {
+  node_metrics fresh;
+  fresh.name = std::move(m.name);
+  fresh.path = std::move(m.path);
+  fresh.n_records = m.n_records;
+  fresh.n_skipped = m.n_skipped;
+  fresh.earlier_runs = m.earlier_runs + 1;
+  m = std::move(fresh);
+}
+
 void add_record(node_metrics& m, record obj) {
   const std::string kind = text(obj, "kind");
   const double ts = num(obj, "ts");
+  if (kind == "start" && !m.starts.empty() && num(obj, "resumed_step") == 0) start_over(m);
   if (kind == "start" || m.sessions.empty()) m.sessions.emplace_back(ts, ts);
   if (std::isfinite(ts)) {
     auto& s = m.sessions.back();

@@ -59,6 +59,9 @@ struct node_metrics {
   std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
   double bytes_sent = 0;                            // every all-reduce, redone rounds included
   bool ended = false;  // an end record follows the last start in the file (its order: a clock may go back)
+  /// Runs before this one in the file, left out: each began again from step 0 (--fresh, or a run stopped
+  /// before its first checkpoint), and this one is the newest.
+  size_t earlier_runs = 0;
   size_t n_records = 0, n_skipped = 0;
 };
 

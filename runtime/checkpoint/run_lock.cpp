@@ -38,8 +38,9 @@ run_lock::run_lock(const std::string& dir, const std::string& key) : path_(dir +
     ::close(fd_);
     fd_ = -1;
     if (err == EWOULDBLOCK)
-      throw run_lock_busy(errc::io_error, key + " " + dir + " is in use by another longwave run (pid " +
-                                              holder + "); wait for it to end, or choose another " + key);
+      throw run_lock_busy(key + " " + dir + " is in use by another longwave run (pid " + holder +
+                              "); wait for it to end, or choose another " + key,
+                          holder);
     throw lw_error(errc::io_error, "cannot lock " + path_ + ": " + std::strerror(err));
   }
   const std::string pid = std::to_string(::getpid()) + "\n";

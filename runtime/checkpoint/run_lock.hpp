@@ -2,6 +2,7 @@
 // One run per out_dir (and per checkpoint.dir): an advisory lock (flock) on <out_dir>/.longwave.lock holding
 // the owner's PID. The kernel releases it when the process dies, however it dies.
 #include <string>
+#include <utility>
 
 #include "runtime/errors/errors.hpp"
 
@@ -13,7 +14,13 @@ inline constexpr const char* lock_file_name = ".longwave.lock";
 /// Another live process holds the lock (the CLI exits 4).
 class run_lock_busy : public lw_error {
  public:
-  using lw_error::lw_error;
+  run_lock_busy(const std::string& what, std::string holder)
+      : lw_error(errc::io_error, what), holder_(std::move(holder)) {}
+  /// The holder's PID as its lock file says ("unknown" when it says none).
+  const std::string& holder() const { return holder_; }
+
+ private:
+  std::string holder_;
 };
 
 /// The lock file cannot be made in the directory (no permission, a read-only or pseudo filesystem): no file

@@ -10,6 +10,7 @@
 #include "runtime/checkpoint/snapshot_codec.hpp"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <charconv>
 #include <cstdlib>
@@ -86,6 +87,8 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
        << "\nouter=" << shape.outer << "\nversion=" << s.version << "\nmerged_tokens=" << s.merged_tokens
        << "\ndn_arrivals=" << s.dn_arrivals << "\n";
   if (shape.data != 0) meta << "data=" << shape.data << "\n";
+  if (shape.data_parts != 0)
+    meta << "data_parts=" << shape.data_parts << "\nrank_offset=" << shape.rank_offset << "\n";
   meta << s.meta;
   c.meta = meta.str();
   c.blobs.push_back(tensor_blob("theta", s.theta));
@@ -135,6 +138,24 @@ std::string shape_problem(const checkpoint& c, const snapshot_shape& shape) {
     return "checkpoint 'theta' holds " + std::to_string(theta->size / sizeof(float)) +
            " values, this model has " + std::to_string(shape.n_params);
   return "";
+}
+
+std::string split_change(const std::string& meta, const snapshot_shape& shape) {
+  auto kv = parse_meta(meta);
+  if (!kv.count("data_parts") || !kv.count("rank_offset") || shape.data_parts == 0) return "";
+  const int64_t parts = std::strtoll(kv["data_parts"].c_str(), nullptr, 10),
+                offset = std::strtoll(kv["rank_offset"].c_str(), nullptr, 10);
+  if (parts == shape.data_parts && offset == shape.rank_offset) return "";
+  const auto read = [&](int64_t first) {
+    return shape.n_replicas == 1 ? fmt::format("part {}", first)
+                                 : fmt::format("parts {}..{}", first, first + shape.n_replicas - 1);
+  };
+  const auto of = [&](int64_t first, int64_t n) { return fmt::format("{} of {}", read(first), n); };
+  return fmt::format(
+      "data: this node's workers read {} of the training data when the checkpoint was written, and now {} "
+      "(nodes were added to, removed from or moved in the cluster file). Each worker goes on in its new part "
+      "at its old position, so this is no longer an exact resume",
+      of(offset, parts), of(shape.rank_offset, shape.data_parts));
 }
 
 train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {

@@ -21,10 +21,18 @@ struct snapshot_shape {
   std::string preset;
   std::string outer = "sync";  ///< diloco.outer: a checkpoint of "async" resumes only under "async", and back
   uint64_t data = 0;  ///< the training data's fingerprint (models::data::data_fingerprint; 0: not known)
+  /// The parts the data is split into and the global rank of this process's first worker: a cluster resumed
+  /// with nodes added to or removed from its file reads other parts (0 parts: not known, older files).
+  int64_t data_parts = 0;
+  int64_t rank_offset = 0;
 };
 
 /// The key=value lines of a checkpoint's meta (mode, preset, n_params, replicas, ...), up to config_marker.
 std::map<std::string, std::string> parse_meta(const std::string& meta);
+
+/// "" when a checkpoint with this meta read the data as `shape` does; else a warning that the split changed
+/// (a cluster resumed with nodes added to or removed from its file). Older checkpoints say nothing of it: "".
+std::string split_change(const std::string& meta, const snapshot_shape& shape);
 
 /// A replica's "replica<r>/counters" blob: three int64 a run writes.
 struct replica_counters {

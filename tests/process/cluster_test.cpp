@@ -371,6 +371,13 @@ CATCH_TEST_CASE("the coordinator names the nodes missing at its join deadline", 
   CATCH_CHECK(contains(clog, "missing node(s) n0, n2 (joined: n1)"));
   CATCH_CHECK(node_code == 1);
   CATCH_CHECK(contains(nlog, "the cluster was called off"));
+  // Nothing trained: report says so and why, from the coordinator's record.
+  auto [rcode, rlog] = run({binary(), "report", dir + "/cluster"}, dir + "/report.log", 60);
+  CATCH_INFO(rlog);
+  CATCH_CHECK(rcode == 2);
+  CATCH_CHECK(contains(rlog, "no node of this cluster wrote a metrics.jsonl, so it never trained"));
+  CATCH_CHECK(
+      contains(rlog, "says it ended 'called_off': join deadline of 4 s passed: missing node(s) n0, n2"));
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
@@ -680,6 +687,13 @@ CATCH_TEST_CASE(
       },
       300);
   CATCH_REQUIRE(trained);
+  // A second launch of the running cluster exits 4 at once, before it starts a role or writes a role's log.
+  auto again = spawn({binary(), "launch", cluster}, dir + "/again.log");
+  CATCH_CHECK(wait_exit(again, 60) == 4);
+  CATCH_CHECK(contains(read_text(dir + "/again.log"),
+                       "launch: another launch of a cluster with run.out_dir " + dir +
+                           "/cluster is running (pid " + std::to_string(launch.pid) + ")"));
+  CATCH_CHECK(occurrences(read_text(dir + "/cluster/logs/n0.log"), "---- longwave launch") == 1);
   // A closed terminal's SIGHUP, often sent twice: a stop as Ctrl-C's, never a kill (it was exit 129 at once).
   kill(launch.pid, SIGHUP);
   kill(launch.pid, SIGHUP);
@@ -720,6 +734,8 @@ CATCH_TEST_CASE(
   CATCH_INFO("the newest round both hold: " << common);
   CATCH_CHECK(contains(log2, "resuming after round " + std::to_string(common)));
   CATCH_CHECK(occurrences(log2, "resuming from round " + std::to_string(common) + ", inner step ") == 2);
+  CATCH_CHECK_FALSE(
+      contains(log2, "of the training data when the checkpoint"));  // the same file: the same split
   CATCH_CHECK(max_abs_diff(newest_theta(dir + "/cluster/n0/checkpoints"),
                            newest_theta(dir + "/cluster/n1/checkpoints")) == 0.0);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test

@@ -637,3 +637,58 @@ CATCH_TEST_CASE(
   CATCH_CHECK(c7 == 0);
   fs::remove_all(dir);
 }
+
+CATCH_TEST_CASE(
+    "a cluster started over is reported as its newest run, without an earlier run's node; each session's "
+    "memberships are their own rows",
+    "[process][report]") {
+  const auto dir = scratch_dir("report-fresh");
+  const auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  // After each start line, the membership that session entered: a resumed cluster's coordinator counts its
+  // epochs from 1 again.
+  const auto with_memberships = [](const std::string& text, const std::vector<std::string>& entered) {
+    std::string out;
+    std::istringstream in(text);
+    size_t n = 0;
+    for (std::string line; std::getline(in, line);) {
+      out += line + "\n";
+      if (line.find("\"kind\":\"start\"") != std::string::npos && n < entered.size())
+        out += "{\"kind\":\"membership\",\"ts\":" + line.substr(line.find("\"ts\":") + 5, 14) +
+               ",\"epoch\":1,\"rank\":0,\"members\":\"" + entered[n] +
+               "\",\"kept_round\":" + std::to_string(n) + ",\"kept_fragment\":0}\n";
+      n += line.find("\"kind\":\"start\"") != std::string::npos;
+    }
+    return out;
+  };
+  // A run of 3 rounds on a, b and c, then one of 4 rounds, resumed once, on a and b (c gone from the cluster
+  // file): b's file is new (--fresh deletes it); a's holds both runs (one stopped before its first
+  // checkpoint also starts again from step 0).
+  for (const char* n : {"a", "b", "c"}) {
+    fs::create_directories(dir + "/cl/" + n);
+    const auto earlier = with_memberships(synthetic_metrics(n, 1.7e9, 1, 3, 5, 0), {"a,b,c"});
+    const auto newest = with_memberships(synthetic_metrics(n, 1.7e9 + 1000, 1, 4, 5, 2), {"a,b", "a,b"});
+    const std::string node = n;
+    write_text(dir + "/cl/" + n + "/metrics.jsonl", node == "a"   ? earlier + newest
+                                                    : node == "b" ? newest
+                                                                  : earlier);
+  }
+  auto [code, out] = run({binary(), "report", dir + "/cl"}, dir + "/report.log", 60);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(has(out, dir + "/cl/a/metrics.jsonl: left out 1 earlier run in this file"));
+  CATCH_CHECK_FALSE(has(out, dir + "/cl/b/metrics.jsonl: left out"));
+  CATCH_CHECK(has(out, dir + "/cl/c/metrics.jsonl: left out: its records end at"));
+  const auto html = read_text(dir + "/cl/report.html");
+  CATCH_CHECK(has(html, "&middot; 2 nodes"));
+  CATCH_CHECK(has(html, "<tr><th>started</th><td>2023-11-14 22:30:00 UTC</td>"));  // the newest run's start
+  CATCH_CHECK(has(html, "<tr><th>sessions</th><td>2 (resumed once)</td>"));        // 3 with the earlier run
+  CATCH_CHECK(has(html, "<td>20 of 20</td>"));
+  // Both sessions' epoch 1, in time order; the earlier run's is gone.
+  CATCH_CHECK(occurrences(html, "<tr><th>1</th>") == 2);
+  CATCH_CHECK(has(html, "<td>a,b</td><td>0, 0</td>"));
+  CATCH_CHECK(html.find("<td>a,b</td><td>0, 0</td>") < html.find("<td>a,b</td><td>1, 0</td>"));
+  CATCH_CHECK_FALSE(has(html, "a,b,c"));
+  fs::remove_all(dir);
+}

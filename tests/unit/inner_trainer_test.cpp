@@ -321,3 +321,34 @@ CATCH_TEST_CASE("an async checkpoint keeps its version and DN buffer, and resume
                             Catch::Matchers::Contains("this run is \"async\""));
   }
 }
+
+CATCH_TEST_CASE("a checkpoint keeps how the cluster split its data, and a resume under another split says so",
+                "[models][trainer][checkpoint]") {
+  runtime::train_snapshot snap;
+  snap.round = 2;
+  snap.theta = at::zeros({4});
+  // Node n1 of 3 nodes of 2 workers: parts 2..3 of 6.
+  runtime::snapshot_shape then{4, 0, "diloco", "tiny"};
+  then.n_replicas = 2, then.data_parts = 6, then.rank_offset = 2;
+  const auto meta = runtime::to_checkpoint(snap, then).meta;
+  CATCH_CHECK(runtime::split_change(meta, then).empty());
+  // n0 removed from the file: 4 parts, and n1 reads parts 0..1.
+  auto now = then;
+  now.data_parts = 4, now.rank_offset = 0;
+  const auto moved = runtime::split_change(meta, now);
+  CATCH_CHECK_THAT(moved,
+                   Catch::Matchers::Contains("this node's workers read parts 2..3 of 6 of the training "
+                                             "data when the checkpoint was written, and now parts 0..1 "
+                                             "of 4"));
+  CATCH_CHECK_THAT(moved, Catch::Matchers::Contains("no longer an exact resume"));
+  // The same parts at another offset (nodes reordered) also moves the data.
+  now.data_parts = 6, now.rank_offset = 4;
+  CATCH_CHECK_THAT(runtime::split_change(meta, now), Catch::Matchers::Contains("and now parts 4..5 of 6"));
+  // One process alone records its own split; checkpoints of older builds record none and are not judged.
+  runtime::snapshot_shape alone{4, 1, "diloco", "tiny"};
+  alone.data_parts = 1;
+  CATCH_CHECK(runtime::split_change(runtime::to_checkpoint(snap, alone).meta, alone).empty());
+  CATCH_CHECK(runtime::split_change(
+                  runtime::to_checkpoint(snap, runtime::snapshot_shape{4, 0, "diloco", "tiny"}).meta, now)
+                  .empty());
+}
