@@ -22,6 +22,7 @@
 #include "models/data/shard.hpp"
 #include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
+#include "models/gpu_info.hpp"
 #include "models/inner_trainer.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
@@ -79,6 +80,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
                cfg.train.workers, models::model_label(spec),
                static_cast<double>(models::closed_form_param_count(spec)) / 1e6, cfg.model.dtype, p.out_dir);
   spdlog::info("cpu: {}", models::cpu_kernels());
+  if (devices.any_cuda()) spdlog::info("gpu: workers on {}; {}", devices.describe(), models::gpu_summary());
   auto ctx = make_context(cfg, spec, corpus, p.data_dir, devices, cluster);
   ctx->lock_lost = [&lock, &ckpt_lock] {
     if (auto why = lock->lost(); !why.empty()) return why;
