@@ -639,7 +639,7 @@ CATCH_TEST_CASE(
 }
 
 CATCH_TEST_CASE(
-    "a cluster started over is reported as its newest run, without an earlier run's node; each session's "
+    "a cluster started over is reported as its newest run, without an earlier run's node, and each session's "
     "memberships are their own rows",
     "[process][report]") {
   const auto dir = scratch_dir("report-fresh");
