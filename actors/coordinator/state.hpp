@@ -3,6 +3,8 @@
 // and the actor; this folder its parts). Internal to the coordinator: nothing outside it includes this.
 #include <caf/all.hpp>
 
+#include <array>
+
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -102,6 +104,9 @@ struct coordinator_state {
   std::vector<runtime::worker_actor> workers;
   caf::actor main;
   phase ph = phase::idle;
+  // Seconds in each phase since the last round record (its <phase>_s keys), and when this phase began.
+  std::array<double, phase_count> phase_secs{};
+  clock::time_point phase_began = clock::now();
   std::unique_ptr<coordinator_engine> engine;
   std::unique_ptr<round_policy> policy;
   std::optional<train_snapshot> resume;

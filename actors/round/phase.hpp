@@ -36,6 +36,9 @@ enum class phase : uint8_t {
   failed,
 };
 
+/// How many phases there are (an array indexed by phase).
+inline constexpr size_t phase_count = static_cast<size_t>(phase::failed) + 1;
+
 /// The phase's name, as in logs ("outer_step").
 const char* to_string(phase p);
 

@@ -4,10 +4,12 @@
 // The fakes are dynamically typed (they also take the test's own release message) and handed to the
 // coordinator through actor_cast: their handlers follow runtime/messages/interfaces.hpp by hand.
 #include <ATen/ATen.h>
+#include <rapidjson/document.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -15,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/coordinator.hpp"
@@ -51,8 +54,9 @@ struct world {
   int save_calls = 0;
   std::vector<train_snapshot> saved;  // written snapshots
   std::vector<uint64_t> outer_rounds;
-  std::vector<float> outer_avgs;  // first element of each average the outer optimizer applied
-  std::vector<int> codes;         // every (done, code, ...) the main actor got
+  std::vector<float> outer_avgs;     // first element of each average the outer optimizer applied
+  std::vector<int> codes;            // every (done, code, ...) the main actor got
+  std::vector<std::string> records;  // metrics.jsonl lines the coordinator sent
   double val_loss = 0;
   bool held(const std::string& kind, uint64_t round) const { return hold && hold(kind, round); }
 };
@@ -242,14 +246,13 @@ caf::behavior fake_checkpointer(fake_ptr self, std::shared_ptr<world> w) {
   };
 }
 
-// Takes the world like the other fakes, though it ignores it: CAF 0.17 binds a reference to a null tuple
-// pointer when a function-based actor has no arguments (UBSan reports it under scripts/sanitize).
-caf::behavior metrics_sink(std::shared_ptr<world>) {
+/// Keeps the coordinator's metrics.jsonl records; drops the rest.
+caf::behavior metrics_sink(std::shared_ptr<world> w) {
   return {
       [](gauge_atom, const std::string&, const std::string&, double) {},
       [](count_atom, const std::string&, const std::string&, double) {},
       [](observe_atom, const std::string&, const std::string&, double) {},
-      [](record_atom, const std::string&) {},
+      [w](record_atom, const std::string& line) { w->records.push_back(line); },
   };
 }
 
@@ -760,4 +763,39 @@ CATCH_TEST_CASE_METHOD(
   CATCH_CHECK(w->codes.size() == 1);
   CATCH_CHECK(std::vector<std::string>(w->seen.begin() + static_cast<std::ptrdiff_t>(after), w->seen.end()) ==
               strings{});
+}
+
+CATCH_TEST_CASE_METHOD(
+    coordinator_fixture,
+    "a round record says how long the coordinator spent in each phase since the one before",
+    "[integration][coordinator]") {
+  cfg.checkpoint.every_rounds = 0;
+  w->hold = hold_first("reduce", 1);
+  launch();
+  // Round 1's all-reduce is held: the coordinator waits in reducing while the clock runs.
+  CATCH_REQUIRE(phases() == "idle inner reducing");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  release(communicator, "reduce");
+  CATCH_REQUIRE(w->codes == std::vector<int>{0});
+  std::vector<double> inner, reducing, outer;
+  for (const auto& line : w->records) {
+    rapidjson::Document d;
+    d.Parse(line.c_str());
+    CATCH_REQUIRE(!d.HasParseError());
+    if (std::string(d["kind"].GetString()) != "round") continue;
+    CATCH_INFO(line);
+    CATCH_REQUIRE(d.HasMember("inner_s"));
+    CATCH_REQUIRE(d.HasMember("reducing_s"));
+    CATCH_REQUIRE(d.HasMember("outer_step_s"));
+    inner.push_back(d["inner_s"].GetDouble());
+    reducing.push_back(d["reducing_s"].GetDouble());
+    outer.push_back(d["outer_step_s"].GetDouble());
+  }
+  CATCH_REQUIRE(reducing.size() == 2);
+  // The held all-reduce's wait is counted in the phase that waited for it, and in round 1's record only (the
+  // fakes answer at once: the other phases take a tiny part of the wait).
+  CATCH_CHECK(reducing[0] >= 0.3);
+  CATCH_CHECK(inner[0] < reducing[0]);
+  CATCH_CHECK(outer[0] < reducing[0]);
+  CATCH_CHECK(reducing[1] < reducing[0]);
 }
