@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include "runtime/errors/errors.hpp"
 #include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
+#include "runtime/process/cores.hpp"
 
 namespace fs = std::filesystem;
 
@@ -135,6 +135,18 @@ models::device_plan plan_devices(const config::train_config& cfg, const models::
   return plan;
 }
 
+namespace {
+
+/// train.threads, or for 0 the cores this process may use (its affinity, or OMP_NUM_THREADS) split among
+/// the workers: the machine's count over-subscribed a container limited to a few cores, or runs side by side.
+int64_t threads_per_worker(const config::train_config& cfg) {
+  if (cfg.train.threads > 0) return cfg.train.threads;
+  return std::max<int64_t>(1,
+                           static_cast<int64_t>(runtime::torch_thread_budget().threads) / cfg.train.workers);
+}
+
+}  // namespace
+
 void print_dry_run(const config::train_config& cfg, const models::model_spec& spec,
                    const models::device_plan& devices) {
   const int64_t n = models::closed_form_param_count(spec);
@@ -150,6 +162,13 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
               devices.describe().c_str(),
               config::to_string(models::resolve_autocast(cfg.train.autocast, devices.workers.front())),
               cfg.train.micro_batches, cfg.train.deterministic ? "yes" : "no");
+  const auto budget = runtime::torch_thread_budget();
+  const auto why =
+      cfg.train.threads > 0
+          ? std::string("train.threads")
+          : fmt::format("train.threads = 0: {} {} / {} workers", budget.threads,
+                        budget.from_omp_env ? "(OMP_NUM_THREADS)" : "usable CPUs", cfg.train.workers);
+  std::printf("# torch threads: %ld per worker (%s)\n", threads_per_worker(cfg), why.c_str());
   if (devices.any_cuda()) {
     const auto& first = devices.workers.front() == "cpu" ? devices.workers.back() : devices.workers.front();
     std::printf("# GPU memory estimate: %.1f GiB per worker (%s has %.1f GiB)\n",
@@ -238,9 +257,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   ctx->val_tokens = load_tokens(data.val_path);
   models::data::check_token_ids(*ctx->train_tokens, spec.vocab_size, data.train_path);
   models::data::check_token_ids(*ctx->val_tokens, spec.vocab_size, data.val_path);
-  const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
-  ctx->threads_per_worker =
-      cfg.train.threads > 0 ? cfg.train.threads : std::max<int64_t>(1, hw / cfg.train.workers);
+  ctx->threads_per_worker = threads_per_worker(cfg);
   ctx->cluster = &cluster;
   const ring_place* place = cluster.place();
   if (place) {

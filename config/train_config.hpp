@@ -209,7 +209,7 @@ struct train_section {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;  ///< max global grad norm; 0 disables
-  int64_t threads = 0;     ///< torch threads per worker; 0 = cores / workers (at least 1)
+  int64_t threads = 0;     ///< torch threads per worker; 0 = usable CPUs (or OMP_NUM_THREADS) / workers
   /// Where the inner steps run: "cpu", "cuda" (workers round-robin over the visible GPUs), "cuda:N" or
   /// "auto" (cuda when a GPU is visible, else cpu). Per node in a cluster file; not part of the training
   /// fingerprint, so a cluster may mix CPU and GPU nodes.

@@ -2,11 +2,9 @@
 #include "cli/sweep/parallel_plan.hpp"
 
 #include <fmt/format.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <climits>
-#include <thread>
 
 namespace longwave::cli::sweep {
 
@@ -56,14 +54,6 @@ parallel_plan plan_parallel(int64_t parallel, size_t cores, const std::vector<co
   if (static_cast<int64_t>(pl.at_once) * lo > c && pl.at_once > 1)
     pl.text += "; more threads than cores: the points slow each other down";
   return pl;
-}
-
-size_t usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return static_cast<size_t>(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 }  // namespace longwave::cli::sweep

@@ -30,7 +30,4 @@ struct parallel_plan {
 /// 0 threads counted as 1). parallel: 0 = "auto", else N.
 parallel_plan plan_parallel(int64_t parallel, size_t cores, const std::vector<const sweep_point*>& to_run);
 
-/// CPUs this process may run on (sched_getaffinity), else std::thread::hardware_concurrency, at least 1.
-size_t usable_cores();
-
 }  // namespace longwave::cli::sweep

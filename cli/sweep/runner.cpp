@@ -20,6 +20,7 @@
 #include "cli/sweep/point_process.hpp"
 #include "cli/sweep/results.hpp"
 #include "cli/sweep/scaling.hpp"
+#include "runtime/process/cores.hpp"
 #include "runtime/process/proc_state.hpp"
 #include "runtime/process/stop_signals.hpp"
 
@@ -348,7 +349,7 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     if (r.status == "done" || (o.results_only && r.status != "pending")) read_run(p.out_dir, r);
     if (r.status != "done") run.to_run.push_back(&p);
   }
-  run.plan = plan_parallel(s.parallel, usable_cores(), run.to_run);
+  run.plan = plan_parallel(s.parallel, runtime::usable_cores(), run.to_run);
   if (o.dry_run) {
     print_plan(s, run);
     if (o.fresh) {
@@ -399,7 +400,7 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     return unwritten == 0 ? 0 : 1;
   }
   run.tidy_folders(true);
-  run.plan = plan_parallel(s.parallel, usable_cores(), run.to_run);
+  run.plan = plan_parallel(s.parallel, runtime::usable_cores(), run.to_run);
   print_plan(s, run);
   g_signals = 0;
   runtime::count_stop_signals(g_signals);

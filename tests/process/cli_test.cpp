@@ -300,6 +300,15 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(out.find("this machine: ") != std::string::npos);
   CATCH_CHECK(out.find("is empty") == std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints"));
+  // train.threads = 0 shares OMP_NUM_THREADS (else the CPUs this process may use) among the workers.
+  auto [tcode, threads] = run({"/usr/bin/env", "OMP_NUM_THREADS=6", binary(), "run", quick_config_file(dir),
+                               "--dry-run", "--set", "train.workers=2"},
+                              dir + "/threads.log", 120);
+  CATCH_INFO(threads);
+  CATCH_CHECK(tcode == 0);
+  CATCH_CHECK(
+      threads.find("torch threads: 3 per worker (train.threads = 0: 6 (OMP_NUM_THREADS) / 2 workers)") !=
+      std::string::npos);
   // Tokens per worker past 64 bits are said so (the product overflowed).
   auto [bcode, big] = run({binary(), "run", quick_config_file(dir), "--dry-run", "--set",
                            "train.rounds=1000000000000", "--set", "train.inner_steps=1000000"},

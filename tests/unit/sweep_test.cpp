@@ -2,12 +2,14 @@
 // errors that name the entry at fault, the parallelism decision, the results files and the scaling-law fit.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -24,11 +26,13 @@
 #include "cli/sweep/runner.hpp"
 #include "cli/sweep/scaling.hpp"
 #include "cli/sweep/sweep_file.hpp"
+#include "runtime/process/cores.hpp"
 #include "runtime/process/proc_state.hpp"
 
 using Catch::Matchers::Contains;
 using namespace longwave::cli::sweep;
 namespace fs = std::filesystem;
+namespace runtime = longwave::runtime;
 
 namespace {
 
@@ -323,7 +327,46 @@ CATCH_TEST_CASE(
   // One at a time never oversubscribes, whatever a point needs.
   CATCH_CHECK_THAT(plan_parallel(1, 2, all).text, !Contains("more threads than cores"));
   CATCH_CHECK_THAT(plan_parallel(3, 2, all).text, Contains("more threads than cores"));
-  CATCH_CHECK(usable_cores() >= 1);
+}
+
+CATCH_TEST_CASE("the cores a process may use follow its affinity, and OMP_NUM_THREADS caps its torch threads",
+                "[unit][sweep][cores]") {
+  const char* saved_env = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = saved_env ? saved_env : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  CATCH_REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+  CATCH_CHECK(runtime::usable_cores() == static_cast<size_t>(CPU_COUNT(&all)));
+  CATCH_CHECK(runtime::torch_thread_budget().threads == runtime::usable_cores());
+  CATCH_CHECK_FALSE(runtime::torch_thread_budget().from_omp_env);
+  // Held to one CPU (as taskset or a container's cpuset would), whatever the machine has.
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  CATCH_REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  CATCH_CHECK(runtime::usable_cores() == 1);
+  CATCH_CHECK(runtime::torch_thread_budget().threads == 1);
+  CATCH_REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);
+  // OMP_NUM_THREADS: a positive count, or a list's first; anything else leaves the cores.
+  for (const auto& [value, want] :
+       std::vector<std::pair<std::string, size_t>>{{"3", 3},
+                                                   {"5,2", 5},
+                                                   {"0", runtime::usable_cores()},
+                                                   {"many", runtime::usable_cores()},
+                                                   {"-2", runtime::usable_cores()},
+                                                   {"4x", runtime::usable_cores()}}) {
+    CATCH_INFO("OMP_NUM_THREADS=" << value);
+    ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
+    CATCH_CHECK(runtime::torch_thread_budget().threads == want);
+    CATCH_CHECK(runtime::torch_thread_budget().from_omp_env == (value == "3" || value == "5,2"));
+  }
+  if (saved_env)
+    ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else
+    ::unsetenv("OMP_NUM_THREADS");
 }
 
 CATCH_TEST_CASE("the sweep fit recovers A, alpha and E of exact and of noisy power laws", "[unit][sweep]") {
