@@ -451,6 +451,10 @@ summarize() {
         if (r > maxr) maxr = r
         if (r >= 2) { sc += c; sw += w; stall += jget($0, "stall_s"); phase_sum += c; phase_n++ }
       }
+      else if (kind == "round" && jget($0, "round") + 0 >= 2) {
+        # Where a round boundary went, as each node coordinator saw it (rounds 2..)
+        rn++; rwait += jget($0, "reducing_s") + 0; rstep += jget($0, "outer_step_s") + 0
+      }
       else if (kind == "eval") {
         r = jget($0, "round") + 0; ev_ts[node, r] = ts
         if (node == "n0") evals[++ne] = sprintf("%.3f %d %s", ts, r, jget($0, "val_loss"))
@@ -473,10 +477,11 @@ summarize() {
       # ending the phases of its rounds), over the seconds between, without the start and the tail of the run.
       if (versions > 1) { st_tok = merged - v1_merged; st_s = vl_ts - v1_ts; st_rounds = 0 }
       else if (("n0", 1) in wts && ("n0", maxr) in wts) { st_rounds = maxr - 1; st_s = wts["n0", maxr] - wts["n0", 1]; st_tok = 0 }
-      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d merged_tokens=%d versions=%d steady_tokens=%d steady_rounds=%d steady_s=%.2f\n",
+      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d merged_tokens=%d versions=%d steady_tokens=%d steady_rounds=%d steady_s=%.2f idle_round_s=%.3f reducing_round_s=%.3f outer_step_round_s=%.3f\n",
         (sw > 0 ? sc / sw : 0), (all_w > 0 ? all_c / all_w : 0), ((sw - eval_w) > 0 ? sc / (sw - eval_w) : 0),
         (nodes > 0 ? stall / nodes : 0), (phase_n > 0 ? phase_sum / phase_n : 0), (nar > 0 ? ar_sum / nar : 0),
-        wall, final_loss, params, bytes, nodes, nw_lines, merged, versions, st_tok, st_rounds, st_s
+        wall, final_loss, params, bytes, nodes, nw_lines, merged, versions, st_tok, st_rounds, st_s,
+        (phase_n > 0 ? (sw - sc) / phase_n : 0), (rn > 0 ? rwait / rn : 0), (rn > 0 ? rstep / rn : 0)
       for (i = 1; i <= ne; ++i) { split(evals[i], e, " "); printf "%.3f\t%d\t%s\n", e[1] - first_start, e[2], e[3] > (DIR "/evals.tsv") }
     }' DIR="$dir" "$dir"/n*/metrics.jsonl
 }
