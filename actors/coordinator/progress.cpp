@@ -84,7 +84,8 @@ void record_start(self_ptr self) {
                    .add("outer_momentum", c.outer.momentum)
                    .add("comm_dtype", config::to_string(c.comm.dtype))
                    .add("clients_per_round", c.federated.clients_per_round)
-                   .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
+                   .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0})
+                   .add("joined", static_cast<bool>(s.ctx->recovery)));  // a running cluster's state fetched
   if (const auto& j = s.ctx->recovery) {
     // Joined a running cluster: the membership it entered, and how it got the state.
     record(self, json_line("membership")

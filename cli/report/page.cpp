@@ -387,7 +387,9 @@ void leave_out_earlier_runs(report_data& r) {
                  "as a run stopped before its first checkpoint does)\n",
                  m.path, m.earlier_runs, m.earlier_runs == 1 ? "" : "s");
     if (m.starts.empty() || num(m.starts.front(), "resumed_step") != 0 || m.sessions.empty()) continue;
-    const bool joined = !m.recoveries.empty() && num(m.recoveries.front(), "ts") <= m.sessions.front().second;
+    const bool joined =
+        num(m.starts.front(), "joined") == 1 ||
+        (!m.recoveries.empty() && num(m.recoveries.front(), "ts") <= m.sessions.front().second);
     if (!joined && std::isfinite(m.sessions.front().first)) began = std::max(began, m.sessions.front().first);
   }
   if (!std::isfinite(began)) return;

@@ -124,7 +124,9 @@ void roll_back(node_metrics& m, const record& start) {
   past(m.allreduces, "round", round);
 }
 
-/// A start from step 0 after earlier records: a new run in the same out_dir. Only it is reported.
+/// A start from step 0 after earlier records, not by joining a running cluster (a node killed before its
+/// first checkpoint that joins again goes on in the same run): a new run in the same out_dir, the one
+/// reported.
 void start_over(node_metrics& m) {
   node_metrics fresh;
   fresh.name = std::move(m.name);
@@ -138,7 +140,8 @@ void start_over(node_metrics& m) {
 void add_record(node_metrics& m, record obj) {
   const std::string kind = text(obj, "kind");
   const double ts = num(obj, "ts");
-  if (kind == "start" && !m.starts.empty() && num(obj, "resumed_step") == 0) start_over(m);
+  if (kind == "start" && !m.starts.empty() && num(obj, "resumed_step") == 0 && num(obj, "joined") != 1)
+    start_over(m);
   if (kind == "start" || m.sessions.empty()) m.sessions.emplace_back(ts, ts);
   if (std::isfinite(ts)) {
     auto& s = m.sessions.back();

@@ -690,5 +690,19 @@ CATCH_TEST_CASE(
   CATCH_CHECK(has(html, "<td>a,b</td><td>0, 0</td>"));
   CATCH_CHECK(html.find("<td>a,b</td><td>0, 0</td>") < html.find("<td>a,b</td><td>1, 0</td>"));
   CATCH_CHECK_FALSE(has(html, "a,b,c"));
+
+  // A node killed before its first checkpoint that joins the running cluster again starts from step 0 too,
+  // but goes on in the same run: its first session stays.
+  fs::create_directories(dir + "/rejoin/a");
+  auto again = synthetic_metrics("a", 1.7e9 + 1000, 1, 4, 5, 0);
+  const auto first_start = again.find("\"resumed_step\":0}");
+  CATCH_REQUIRE(first_start != std::string::npos);
+  again.replace(first_start, 17, "\"resumed_step\":0,\"joined\":true}");
+  write_text(dir + "/rejoin/a/metrics.jsonl", synthetic_metrics("a", 1.7e9, 1, 3, 5, 0) + again);
+  auto [rcode, rout] = run({binary(), "report", dir + "/rejoin"}, dir + "/rejoin.log", 60);
+  CATCH_INFO(rout);
+  CATCH_REQUIRE(rcode == 0);
+  CATCH_CHECK_FALSE(has(rout, "left out"));
+  CATCH_CHECK(has(read_text(dir + "/rejoin/report.html"), "<tr><th>sessions</th><td>2 (resumed once)</td>"));
   fs::remove_all(dir);
 }
