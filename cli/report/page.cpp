@@ -143,6 +143,14 @@ std::string configuration_table(bool cluster, const run_summary& sum, const star
        {"all-reduce dtype", field("comm_dtype")}});
 }
 
+// Where a node's rounds (2 on) waited, the mean a round: for the all-reduce, and for the outer step. "–" for
+// files written before round records said so.
+std::string round_wait_text(const node_metrics& m) {
+  if (m.timed_rounds == 0) return "–";
+  const auto n = static_cast<double>(m.timed_rounds);
+  return fmt::format("{} s, {} s", fixed(m.reducing_s / n, 3), fixed(m.outer_step_s / n, 3));
+}
+
 std::string outcome_table(const report_data& r, const run_summary& sum, const start_fields& field) {
   const double rounds = num(field.cfg, "rounds"), h = num(field.cfg, "inner_steps");
   const double total_s = r.t_last - r.t0, last_step = sum.overall.last_step;
@@ -172,6 +180,8 @@ std::string outcome_table(const report_data& r, const run_summary& sum, const st
       {"total bytes sent", bytes_text(sum.bytes)},
       {"checkpoints written", compact(double(sum.n_checkpoints))}};
   if (!sum.slowest_link.empty()) rows.push_back({"slowest ring link", sum.slowest_link});
+  if (r.nodes.size() == 1 && r.nodes.front().timed_rounds > 0)  // a cluster's Nodes table has it per node
+    rows.push_back({"a round's wait (round 2 on): all-reduce, outer step", round_wait_text(r.nodes.front())});
   if (std::isfinite(sum.gpu_utilization) || std::isfinite(sum.gpu_peak_bytes)) {  // workers on GPUs
     rows.push_back({"GPU busy / wall time (GPU workers)", utilization_text(sum.gpu_utilization)});
     rows.push_back({"peak GPU memory (one GPU)", bytes_text(sum.gpu_peak_bytes)});
@@ -191,18 +201,19 @@ std::string steps_text(const node_metrics& m, const node_summary& s) {
 std::string nodes_table(const report_data& r, const run_summary& sum) {
   std::string o =
       "<h2>Nodes</h2>\n<table><thead><tr><th>node</th><th>workers</th><th>sessions</th><th>inner steps</th>"
-      "<th>final val ppl</th><th>utilization</th><th>mean all-reduce</th><th>bytes sent</th><th>status</th>"
-      "</tr></thead><tbody>\n";
+      "<th>final val ppl</th><th>utilization</th><th>mean all-reduce</th><th>a round's wait: all-reduce, "
+      "outer "
+      "step</th><th>bytes sent</th><th>status</th></tr></thead><tbody>\n";
   for (size_t i = 0; i < r.nodes.size(); ++i) {
     const auto& m = r.nodes[i];
     const auto& s = sum.nodes[i];
     o += fmt::format(
         "<tr><th><span style=\"color:{}\">&#9632;</span> "
         "{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         color(i), html_escape(m.name), m.starts.empty() ? "–" : compact(num(m.starts.front(), "workers")),
         m.starts.size(), steps_text(m, s), fixed(s.final_val_ppl, 3), utilization_text(s.utilization),
-        std::isfinite(s.allreduce_mean_s) ? fixed(s.allreduce_mean_s, 3) + " s" : "–",
+        std::isfinite(s.allreduce_mean_s) ? fixed(s.allreduce_mean_s, 3) + " s" : "–", round_wait_text(m),
         html_escape(bytes_short(m.bytes_sent)), html_escape(s.status));
   }
   return o + "</tbody></table>\n";

@@ -177,6 +177,13 @@ void add_record(node_metrics& m, record obj) {
     m.versions.push_back(std::move(obj));
   } else if (kind == "dropped") {
     m.drops.push_back(std::move(obj));
+  } else if (kind == "round" && num(obj, "round") >= 2 && std::isfinite(num(obj, "inner_s"))) {
+    const auto secs = [&](std::string_view key) {
+      return std::isfinite(num(obj, key)) ? num(obj, key) : 0.0;
+    };
+    ++m.timed_rounds;
+    m.reducing_s += secs("reducing_s");
+    m.outer_step_s += secs("outer_step_s");
   }
   // Other kinds come from a newer writer: counted, not shown.
 }

@@ -58,6 +58,10 @@ struct node_metrics {
   std::vector<record> contributions, versions, drops;
   std::vector<std::pair<double, double>> sessions;  // (first ts, last ts) of each start..next start
   double bytes_sent = 0;                            // every all-reduce, redone rounds included
+  /// Round records that say where the round's time went (round 2 on): their seconds waiting for an
+  /// all-reduce (reducing_s) and in the outer step, summed.
+  size_t timed_rounds = 0;
+  double reducing_s = 0, outer_step_s = 0;
   bool ended = false;  // an end record follows the last start in the file (its order: a clock may go back)
   /// Runs before this one in the file, left out: each began again from step 0 (--fresh, or a run stopped
   /// before its first checkpoint), and this one is the newest.

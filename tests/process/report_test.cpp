@@ -276,6 +276,23 @@ CATCH_TEST_CASE("a real short run gives a self-contained report with its summary
   CATCH_CHECK(html.find("<td>8 × 64</td>") != std::string::npos);  // batch size x sequence length
   CATCH_CHECK(html.find("<td>15 of 15</td>") != std::string::npos);
   CATCH_CHECK(html.find("<td>completed</td>") != std::string::npos);
+  // Where its rounds waited: the mean of the round records' reducing_s and outer_step_s from round 2 on.
+  double reducing = 0, outer = 0;
+  int timed = 0;
+  const std::regex round_line("\\{\"kind\":\"round\".*\"round\":([0-9]+),.*");
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);) {
+    if (!std::regex_match(line, m, round_line) || std::stoi(m[1]) < 2) continue;
+    const auto field = [&](const std::string& key) {
+      std::smatch f;
+      return std::regex_search(line, f, std::regex("\"" + key + "\":([0-9.eE+-]+)")) ? std::stod(f[1]) : 0.0;
+    };
+    reducing += field("reducing_s"), outer += field("outer_step_s"), ++timed;
+  }
+  CATCH_REQUIRE(timed == 2);  // rounds 2 and 3
+  char wait[64];
+  std::snprintf(wait, sizeof wait, "<td>%.3f s, %.3f s</td>", reducing / timed, outer / timed);
+  CATCH_CHECK(html.find(std::string("all-reduce, outer step</th>") + wait) != std::string::npos);
 
   // --out writes elsewhere; the page also renders in a real browser.
   auto [ocode, olog] =
