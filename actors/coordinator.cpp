@@ -57,9 +57,7 @@ bool set_phase(self_ptr self, phase to) {
     return false;
   }
   spdlog::debug("coordinator: {} -> {}", to_string(s.ph), to_string(to));
-  const auto now = clock::now();
-  s.phase_secs[static_cast<size_t>(s.ph)] += std::chrono::duration<double>(now - s.phase_began).count();
-  s.phase_began = now;
+  s.count_phase_time();
   s.ph = to;
   return true;
 }

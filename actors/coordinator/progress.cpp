@@ -51,9 +51,7 @@ void record_round(self_ptr self, const at::Tensor& theta) {
   line.add("round", s.round).add("step", s.last_step).add("theta_crc32c", fmt::format("{:08x}", crc));
   // Where the round's time went, as the coordinator saw it: each phase's seconds since the last round record
   // (the current one, the outer step, up to now). On a node: "inner_s" is until the last worker's reply.
-  const auto now = clock::now();
-  s.phase_secs[static_cast<size_t>(s.ph)] += std::chrono::duration<double>(now - s.phase_began).count();
-  s.phase_began = now;
+  s.count_phase_time();
   for (const auto p : {phase::inner, phase::reducing, phase::outer_step, phase::evaluating, phase::saving})
     if (const double secs = s.phase_secs[static_cast<size_t>(p)]; secs > 0)
       line.add(fmt::format("{}_s", to_string(p)), secs);

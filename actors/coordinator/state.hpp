@@ -107,6 +107,12 @@ struct coordinator_state {
   // Seconds in each phase since the last round record (its <phase>_s keys), and when this phase began.
   std::array<double, phase_count> phase_secs{};
   clock::time_point phase_began = clock::now();
+  /// Adds the current phase's time so far to phase_secs (at a phase change, and at a round record).
+  void count_phase_time() {
+    const auto now = clock::now();
+    phase_secs[static_cast<size_t>(ph)] += std::chrono::duration<double>(now - phase_began).count();
+    phase_began = now;
+  }
   std::unique_ptr<coordinator_engine> engine;
   std::unique_ptr<round_policy> policy;
   std::optional<train_snapshot> resume;

@@ -201,9 +201,9 @@ std::string steps_text(const node_metrics& m, const node_summary& s) {
 std::string nodes_table(const report_data& r, const run_summary& sum) {
   std::string o =
       "<h2>Nodes</h2>\n<table><thead><tr><th>node</th><th>workers</th><th>sessions</th><th>inner steps</th>"
-      "<th>final val ppl</th><th>utilization</th><th>mean all-reduce</th><th>a round's wait: all-reduce, "
-      "outer "
-      "step</th><th>bytes sent</th><th>status</th></tr></thead><tbody>\n";
+      "<th>final val ppl</th><th>utilization</th><th>mean all-reduce</th>"
+      "<th>a round's wait: all-reduce, outer step</th>"
+      "<th>bytes sent</th><th>status</th></tr></thead><tbody>\n";
   for (size_t i = 0; i < r.nodes.size(); ++i) {
     const auto& m = r.nodes[i];
     const auto& s = sum.nodes[i];
@@ -431,9 +431,8 @@ std::string never_trained(const std::string& run_dir) {
     if (const auto why = text(end, "why"); !why.empty()) how += ": " + why;
   }
   return fmt::format(
-      "{}: no node of this cluster wrote a metrics.jsonl, so it never trained and there is nothing to "
-      "report; "
-      "its coordinator's record ({}) says {}",
+      "{}: no node of this cluster wrote a metrics.jsonl, so it never trained and there is "
+      "nothing to report; its coordinator's record ({}) says {}",
       run_dir, path.string(), how);
 }
 
@@ -496,7 +495,8 @@ int write(const std::string& run_dir, const std::string& out_path) {
                              fs::is_directory(st) ? "is a directory, not a run's metrics file"
                                                   : "is not a regular file (a pipe or a device)"));
   auto files = metrics_files(run_dir);
-  if (files.empty() && !never_trained(run_dir).empty()) return error(never_trained(run_dir));
+  if (files.empty())
+    if (const auto why = never_trained(run_dir); !why.empty()) return error(why);
   if (files.empty())
     return error(
         fmt::format("{}: not found, nor any {}/<node>/metrics.jsonl (is this a run's out_dir, from a "
