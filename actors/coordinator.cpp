@@ -260,17 +260,19 @@ void save_then_continue(self_ptr self) {
   if (!set_phase(self, phase::saving)) return;
   s.boundary_saved = s.round;
   // sync, streaming, single, ddp: the snapshot lends the live state (no model-sized clones) and training
-  // waits for the write. delayed, eager: clones, and training continues while they are written (a snapshot
-  // may wait for its round's average).
+  // waits for the write. delayed, eager: copies, and training continues once they are asked for (a snapshot
+  // may wait for its round's average); but the last round's, and a snapshot with residuals (asked for when
+  // it arrives), first arrive.
   const bool lend = s.policy->lends_boundary_snapshot();
+  const bool early = !lend && !last && !s.has_residuals;
   take_snapshot(
       self, /*boundary=*/true,
       [=](train_snapshot snap) {
         if (lend) return save(self, std::move(snap), next);
         save(self, std::move(snap), {});
-        next();
+        if (!early) next();
       },
-      -1, lend);
+      -1, lend, early ? std::function<void()>(next) : nullptr);
 }
 
 }  // namespace
@@ -295,7 +297,15 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
     }
     s.eval_running = true;
     s.eval_round = round;
-    self->request(s.peers.evaluator, s.round_timeout, eval_atom_v, theta.clone(), cfg.eval.batches)
+    // The next round starts first where nothing waits: the clone is then off its path (theta changes at
+    // the next outer step, after the workers' replies, which come after this handler).
+    save_then_continue(self);
+    if (is_terminal(self->state.ph)) {
+      self->state.eval_running = false;
+      return;
+    }
+    self->request(self->state.peers.evaluator, self->state.round_timeout, eval_atom_v, theta.clone(),
+                  cfg.eval.batches)
         .then(
             [=](double loss) {
               self->state.eval_running = false;
@@ -307,7 +317,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
               spdlog::warn("evaluation of round {} not done: {}", round, describe(e));
               if (auto k = std::exchange(self->state.after_eval, {})) k();
             });
-    return save_then_continue(self);
+    return;
   }
   if (!set_phase(self, phase::evaluating)) return;
   const auto t0 = clock::now();

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "models/outer_sgd.hpp"
@@ -37,12 +38,30 @@ struct outer_state {
   // (about 1,800 faults for the tiny model), which cost 100-500 ms per round on a busy machine.
   at::Tensor proxy, mean_proxy, mean_theta;
   bool pinned = false;  // outer_policy::pinned_theta
+  // delayed: the next whole-theta step, computed while the inner steps run (prepare_atom); its own step
+  // then swaps it in. spare_*: the buffers the next one is written into, reused once nobody holds them.
+  struct prepared_step {
+    ring_label label;
+    at::Tensor avg, theta, momentum;
+    double delta_norm = 0, update_norm = 0;
+  };
+  std::optional<prepared_step> prepared;
+  at::Tensor spare_theta, spare_momentum;
 };
 
 /// A copy of a theta for the state to own: in pinned host memory on a GPU node (outer_policy::pinned_theta).
 at::Tensor own_theta(const outer_state& s, const at::Tensor& t) {
   if (!s.pinned) return t.clone();
   return at::empty(t.sizes(), t.options().pinned_memory(true)).copy_(t);
+}
+
+/// A copy of src in `spare` when nobody else holds it (no page faults, no pinned allocation), else in a new
+/// tensor (pinned: as own_theta); spare is left empty.
+at::Tensor copy_to_spare(const outer_state& s, at::Tensor& spare, const at::Tensor& src, bool pinned) {
+  at::Tensor t = std::move(spare);
+  if (t.defined() && t.use_count() == 1 && t.storage().use_count() == 1 && t.sizes() == src.sizes())
+    return t.copy_(src);
+  return pinned ? own_theta(s, src) : src.clone();
 }
 
 using outer_self = outer_actor::stateful_pointer<outer_state>;
@@ -128,6 +147,15 @@ caf::result<at::Tensor> outer_step(outer_self self, const metrics_actor& metrics
   const auto* ranges = whole ? nullptr : &policy.fragments[label.second % policy.fragments.size()];
   const int64_t n = whole ? s.theta.numel() : models::range_size(*ranges);
   if (auto e = check_size(delta, n, whole ? "pseudo-gradient" : "fragment pseudo-gradient")) return e;
+  if (auto p = std::exchange(s.prepared, std::nullopt);
+      p && whole && p->label == label && p->avg.is_same(delta)) {  // computed already: swapped in
+    s.spare_theta = std::exchange(s.theta, p->theta);
+    s.spare_momentum = s.opt->momentum_buffer();
+    s.opt->set_momentum_buffer(p->momentum);
+    report(self, metrics, label.first, s.opt->lr(), p->delta_norm, p->update_norm);
+    finish_step(s, label);
+    return s.theta;
+  }
   auto e = torch_guarded("outer step", [&] {
     const double delta_norm = delta.norm().item<double>();
     double update_norm = 0;
@@ -145,6 +173,31 @@ caf::result<at::Tensor> outer_step(outer_self self, const metrics_actor& metrics
   if (e) return e;
   finish_step(s, label);
   return s.theta;
+}
+
+/// delayed: label's step computed now into spare buffers, while the inner steps run, the state untouched
+/// (a snapshot meanwhile holds theta and the momentum before it). Bit for bit the step itself; whatever
+/// does not fit (an out-of-order label, a wrong size, a torch error) is left to the step to report.
+void prepare(outer_state& s, const ring_label& label, const at::Tensor& avg) {
+  s.prepared.reset();
+  if (s.dn || label.second != 0 || !s.replicas.empty() || check_order(s, label) ||
+      check_size(avg, s.theta.numel(), "average"))
+    return;
+  (void)torch_guarded("outer step", [&] {
+    outer_state::prepared_step p{label, avg, copy_to_spare(s, s.spare_theta, s.theta, s.pinned), {}};
+    const at::Tensor live = s.opt->momentum_buffer();
+    if (live.defined()) p.momentum = copy_to_spare(s, s.spare_momentum, live, false);
+    s.opt->set_momentum_buffer(p.momentum);  // the step below writes this copy (or makes the first)
+    try {
+      p.delta_norm = avg.norm().item<double>();
+      p.update_norm = s.opt->step(p.theta, avg);
+    } catch (...) {
+      s.opt->set_momentum_buffer(live);
+      throw;
+    }
+    p.momentum = std::exchange(s.opt->momentum_buffer(), live);
+    s.prepared = std::move(p);
+  });
 }
 
 /// eager: each replica's outer step on its proxy pseudo-gradient avg_prev + (delta_m - prev_delta_m) / M,
@@ -205,6 +258,7 @@ caf::result<bool> load(outer_state& s, const outer_snapshot& snap) {
                                                     std::to_string(snap.replicas.size()) + " replicas, " +
                                                     std::to_string(s.replicas.size()) + " expected");
   auto clone = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
+  s.prepared.reset();
   // async: a theta another actor may hold is not written (as in its steps).
   if (s.dn)
     s.theta = own_theta(s, snap.theta);
@@ -250,12 +304,14 @@ outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg,
       },
       [=](set_atom, at::Tensor theta) -> caf::result<bool> {
         if (auto e = check_size(theta, self->state.theta.numel(), "theta")) return e;
+        self->state.prepared.reset();
         self->state.theta = own_theta(self->state, theta);
         return true;
       },
       [=](outer_atom, ring_label label, at::Tensor delta) {
         return outer_step(self, metrics, policy, label, delta);
       },
+      [=](prepare_atom, ring_label label, at::Tensor avg) { prepare(self->state, label, avg); },
       [=](merge_atom, uint64_t version, at::Tensor delta, int64_t arrivals) -> caf::result<at::Tensor> {
         if (!self->state.dn)
           return make_error(errc::invalid_config, "an async merge without diloco.outer = async");

@@ -2,6 +2,8 @@
 //   throughput (default): tokens/s and peak GPU memory of the 150m shape with a 32k vocabulary at each
 //     --batch, bf16 autocast, gradient clipping 1.0 and the real window sampler; the line names the
 //     parameter count, vocabulary, batch and sequence length that .gpu/pytorch_anchor.py must match (G1, G4).
+//   --attention math, --adamw ops: the same without SDPA's fused kernels, or with AdamW op by op (ablations:
+//     what each kernel buys).
 //   --trace N: the loss of each of N steps, one per line, deterministic (G5: CPU against CUDA).
 //   --overlap: G3 of issue 38: a model-sized fp32 copy to pinned host memory on the side stream
 //     (models::host_stage, as the pseudo-gradient goes out), alone and beside the inner steps, and the step
@@ -23,6 +25,7 @@
 #include "models/host_stage.hpp"
 #include "models/inner_trainer.hpp"
 #include "models/model_spec.hpp"
+#include "models/torch_compat.hpp"
 
 using namespace longwave;
 
@@ -38,10 +41,14 @@ std::shared_ptr<const std::vector<uint16_t>> synthetic_tokens(int64_t n, int64_t
   return std::make_shared<const std::vector<uint16_t>>(std::move(t));
 }
 
+/// Ablations of the throughput runs (G1: which kernel buys what): AdamW op by op instead of the fused kernel.
+bool fused_adamw = true;
+
 std::unique_ptr<models::inner_trainer> make_trainer(const models::model_spec& spec, int64_t batch,
                                                     const std::string& device, bool autocast, int64_t steps,
                                                     std::shared_ptr<const std::vector<uint16_t>> tokens) {
   models::inner_options o;
+  o.adam.fused = fused_adamw;
   o.batch_size = batch;
   o.lr = 4e-4;
   o.warmup_steps = 10;
@@ -147,7 +154,17 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace, "print the loss of this many deterministic fp32 steps instead");
   bool overlap_mode = false;
   app.add_flag("--overlap", overlap_mode, "G3: a pseudo-gradient-sized copy beside the steps (issue 38)");
+  std::string attention = "sdpa", adamw = "fused";
+  app.add_option("--attention", attention, "sdpa (its best kernel: flash on a GPU) or math (an ablation)")
+      ->check(CLI::IsMember({"sdpa", "math"}))
+      ->capture_default_str();
+  app.add_option("--adamw", adamw, "fused (where LibTorch has the kernel) or ops (op by op: an ablation)")
+      ->check(CLI::IsMember({"fused", "ops"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  fused_adamw = adamw == "fused";
+  if (attention == "math" && !models::sdpa_math_only())
+    std::printf("note: this LibTorch has only the math attention kernel: --attention math changes nothing\n");
 
   auto spec = models::preset_spec(preset, vocab, seq_len);
   auto tokens = synthetic_tokens(int64_t{1} << 22, vocab, 7);
@@ -179,12 +196,16 @@ int main(int argc, char** argv) {
     const double tps = static_cast<double>(b * seq_len * timed) / s;
     const auto mem = dev >= 0 ? models::memory_of_gpu(dev) : models::gpu_memory{};
     const double n = static_cast<double>(models::closed_form_param_count(spec));
+    const std::string ablation = attention == "math" || !fused_adamw
+                                     ? " [attention " + attention + ", adamw " + adamw + "]"
+                                     : std::string();
     std::printf(
-        "longwave %s (%.1fM params, vocab %ld) B=%ld T=%ld on %s: %.1f ms/step, %.0f tok/s, model TFLOP/s "
+        "longwave %s (%.1fM params, vocab %ld) B=%ld T=%ld on %s%s: %.1f ms/step, %.0f tok/s, model TFLOP/s "
         "%.0f "
         "(6N, no attention), peak mem %.1f GiB, last loss %.3f\n",
-        preset.c_str(), n / 1e6, vocab, b, seq_len, device.c_str(), s * 1e3 / static_cast<double>(timed), tps,
-        6 * n * tps / 1e12, static_cast<double>(mem.peak) / (1 << 30), loss);
+        preset.c_str(), n / 1e6, vocab, b, seq_len, device.c_str(), ablation.c_str(),
+        s * 1e3 / static_cast<double>(timed), tps, 6 * n * tps / 1e12,
+        static_cast<double>(mem.peak) / (1 << 30), loss);
   }
   return 0;
 }

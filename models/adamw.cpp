@@ -18,7 +18,7 @@ adamw::adamw(int64_t n, adamw_options opts, const at::Device& device)
 void adamw::step(at::Tensor& param, const at::Tensor& grad, double lr) {
   no_grad_guard no_grad;
   ++t_;
-  if (has_fused_adamw(param)) {
+  if (o_.fused && has_fused_adamw(param)) {
     if (!step_.defined()) step_ = at::empty({1}, at::dtype(at::kFloat).device(param.device()));
     step_.fill_(static_cast<double>(t_));  // a host-to-device write of one value, no synchronisation
     fused_adamw(param, grad, m_, v_, step_, lr, o_.beta1, o_.beta2, o_.weight_decay, o_.eps);
@@ -32,7 +32,7 @@ void adamw::step(at::Tensor& param, const at::Tensor& grad, double lr) {
   // The denominator a chunk at a time: the same elementwise ops as torch's (v.sqrt() / c).add_(eps), with
   // a scratch of one chunk instead of two model-sized temporaries.
   constexpr int64_t chunk = int64_t{1} << 20;
-  if (!denom_.defined()) denom_ = at::empty({chunk}, at::kFloat);
+  if (!denom_.defined()) denom_ = at::empty({chunk}, param.options());
   const int64_t n = param.numel();
   for (int64_t off = 0; off < n; off += chunk) {
     const int64_t len = std::min(chunk, n - off);

@@ -9,6 +9,7 @@ namespace longwave::models {
 /// Hyper-parameters of the inner optimizer; lr is passed per step (the schedule lives outside).
 struct adamw_options {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  bool fused = true;  ///< the fused kernel where LibTorch has one (false: op by op, for benches)
 };
 
 /// Flat AdamW. State: exp_avg, exp_avg_sq (fp32, like the parameters, on their device) and the step count.

@@ -74,6 +74,21 @@ class cuda_autocast {
 };
 
 /// Whether fused_adamw runs ATen's one-kernel AdamW (2.x on CUDA); else the caller steps op by op.
+/// Leaves SDPA only its math kernel (flash, memory-efficient and cuDNN off) for the rest of the process: an
+/// ablation for benches. False where LibTorch has no other kernel (1.13).
+inline bool sdpa_math_only() {
+#if TORCH_VERSION_MAJOR >= 2
+  at::globalContext().setSDPUseFlash(false);
+  at::globalContext().setSDPUseMemEfficient(false);
+#if LW_TORCH_AT_LEAST(2, 5)
+  at::globalContext().setSDPUseCuDNN(false);
+#endif
+  return true;
+#else
+  return false;
+#endif
+}
+
 inline bool has_fused_adamw(const at::Tensor& param) {
 #if TORCH_VERSION_MAJOR >= 2
   return param.is_cuda();

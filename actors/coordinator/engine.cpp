@@ -161,6 +161,10 @@ void coordinator_engine::outer_step(uint64_t round, uint32_t fragment, at::Tenso
       ring_label{round, fragment}, std::move(avg));
 }
 
+void coordinator_engine::prepare_outer_step(uint64_t round, at::Tensor avg) {
+  self_->send(self_->state.peers.outer, prepare_atom_v, ring_label{round, 0}, std::move(avg));
+}
+
 void coordinator_engine::merge_step(uint64_t version, at::Tensor avg, int64_t arrivals, then<at::Tensor> k) {
   ask(self_->state.peers.outer, self_->state.request_timeout, std::move(k), merge_atom_v, version,
       std::move(avg), arrivals);

@@ -17,10 +17,11 @@ using namespace longwave::runtime;
 
 namespace {
 
-/// A snapshot of the current round with the outer state, at inner step `step`; no replicas yet.
-train_snapshot outer_part(const coordinator_state& s, const outer_snapshot& outer, int64_t step) {
+/// A snapshot of `round` with the outer state, at inner step `step`; no replicas yet.
+train_snapshot outer_part(const coordinator_state& s, uint64_t round, const outer_snapshot& outer,
+                          int64_t step) {
   train_snapshot snap;
-  snap.round = s.round;
+  snap.round = round;
   snap.theta = outer.theta;
   snap.momentum = outer.momentum;
   snap.meta = std::string(config_marker) + s.ctx->config_toml;
@@ -33,6 +34,34 @@ int64_t own_steps(self_ptr self, const replica_state& r) {
   return r.adam_steps - self->state.step_offset;
 }
 
+using state_parts = std::pair<outer_snapshot, std::vector<replica_state>>;
+
+/// Asks the outer optimizer (state_atom, lend) and the first `workers` workers (msg) for their state, all at
+/// once, and calls k with every answer. The first error fails the run.
+template <class... Ts>
+void ask_state(self_ptr self, bool lend, size_t workers, caf::timespan timeout,
+               std::function<void(state_parts)> k, Ts... msg) {
+  auto got = std::make_shared<state_parts>();
+  auto left = std::make_shared<int>(2);
+  auto one_more = [got, left, k] {
+    if (--*left == 0) k(std::move(*got));
+  };
+  self->request(self->state.peers.outer, self->state.request_timeout, state_atom_v, lend)
+      .then(
+          [=](outer_snapshot& outer) {
+            got->first = std::move(outer);
+            one_more();
+          },
+          [=](caf::error& e) { fail(self, e); });
+  gather_each<replica_state>(
+      self,
+      [=](std::vector<replica_state> reps) {
+        got->second = std::move(reps);
+        one_more();
+      },
+      [=](size_t i) { return self->request(self->state.workers[i], timeout, msg...); }, workers);
+}
+
 }  // namespace
 
 /// Gathers a consistent snapshot: outer state and every replica, then hands it to `then`. Boundary snapshots
@@ -40,41 +69,38 @@ int64_t own_steps(self_ptr self, const replica_state& r) {
 /// that inner step, so all replicas and the loss trace stop at the same step. lend: the snapshot holds the
 /// live buffers instead of clones (a boundary snapshot that training waits for).
 void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then, int64_t target,
-                   bool lend) {
+                   bool lend, std::function<void()> sent) {
   auto& s = self->state;
-  self->request(s.peers.outer, s.request_timeout, state_atom_v, lend)
-      .then(
-          [=](outer_snapshot& outer) {
-            auto assemble = [=](std::vector<replica_state> reps) {
-              // The run's step: the policy's, or (adaptive steps, where a node's own count lags) the
-              // schedule's step the workers reported last, else the replicas' count (this node's own).
-              auto schedule = self->state.policy->schedule_step();
-              if (!schedule && self->state.ctx->cfg.diloco.adaptive_steps)
-                schedule = static_cast<uint64_t>(self->state.last_step);
-              train_snapshot snap = outer_part(
-                  self->state, outer, schedule ? static_cast<int64_t>(*schedule) : own_steps(self, reps[0]));
-              // Replicas that differ (a resumed checkpoint whose counters were altered): no snapshot of them.
-              for (const auto& r : reps)
-                if (!schedule && r.adam_steps != reps[0].adam_steps)
-                  return fail(
-                      self, make_error(errc::corrupt_checkpoint,
-                                       fmt::format("worker {} has taken {} inner steps and worker {} "
-                                                   "{}: the state this run resumed from is "
-                                                   "inconsistent (altered by hand?); move that "
-                                                   "checkpoint aside to resume from the one before",
-                                                   r.rank, r.adam_steps, reps[0].rank, reps[0].adam_steps)));
-              snap.replicas = std::move(reps);
-              self->state.policy->fill_snapshot(snap, outer, boundary);
-              then(std::move(snap));
-            };
-            if (target >= 0)
-              gather<replica_state>(self, self->state.round_timeout, assemble, state_atom_v, target);
-            else if (lend)
-              gather<replica_state>(self, self->state.request_timeout, assemble, state_atom_v, true);
-            else
-              gather<replica_state>(self, self->state.request_timeout, assemble, state_atom_v);
-          },
-          [=](caf::error& e) { fail(self, e); });
+  // The run's step: the policy's, or (adaptive steps, where a node's own count lags) the schedule's step the
+  // workers reported last, else the replicas' count (this node's own). Read now: training may go on (sent).
+  auto schedule = s.policy->schedule_step();
+  if (!schedule && s.ctx->cfg.diloco.adaptive_steps) schedule = static_cast<uint64_t>(s.last_step);
+  const uint64_t round = s.round;
+  auto assemble = [=](state_parts got) {
+    auto& [outer, reps] = got;
+    train_snapshot snap = outer_part(self->state, round, outer,
+                                     schedule ? static_cast<int64_t>(*schedule) : own_steps(self, reps[0]));
+    // Replicas that differ (a resumed checkpoint whose counters were altered): no snapshot of them.
+    for (const auto& r : reps)
+      if (!schedule && r.adam_steps != reps[0].adam_steps)
+        return fail(self, make_error(errc::corrupt_checkpoint,
+                                     fmt::format("worker {} has taken {} inner steps and worker {} {}: the "
+                                                 "state this run resumed from is inconsistent (altered by "
+                                                 "hand?); move that checkpoint aside to resume from the one "
+                                                 "before",
+                                                 r.rank, r.adam_steps, reps[0].rank, reps[0].adam_steps)));
+    snap.replicas = std::move(reps);
+    self->state.policy->fill_snapshot(snap, outer, boundary);
+    then(std::move(snap));
+  };
+  const size_t all = s.workers.size();
+  if (target >= 0)
+    ask_state(self, lend, all, s.round_timeout, assemble, state_atom_v, target);
+  else if (lend)
+    ask_state(self, lend, all, s.request_timeout, assemble, state_atom_v, true);
+  else
+    ask_state(self, lend, all, s.request_timeout, assemble, state_atom_v);
+  if (sent && target < 0 && !lend) sent();
 }
 
 namespace {
@@ -171,30 +197,26 @@ void save_now(self_ptr self, train_snapshot snap, std::function<void()> then) {
 void publish_boundary(self_ptr self, std::function<void()> then) {
   auto& s = self->state;
   if (!s.ctx->cluster->serves_state()) return then();
-  self->request(s.peers.outer, s.request_timeout, state_atom_v, false)
-      .then(
-          [=](outer_snapshot& outer) {
-            self->request(self->state.workers[0], self->state.request_timeout, state_atom_v, false)
-                .then(
-                    [=](replica_state& rep) {
-                      const auto schedule = self->state.policy->schedule_step();
-                      train_snapshot snap =
-                          outer_part(self->state, outer,
-                                     schedule ? static_cast<int64_t>(*schedule) : own_steps(self, rep));
-                      snap.replicas.push_back(std::move(rep));
-                      self->state.policy->fill_snapshot(snap, outer, /*boundary=*/true);
-                      // delayed, eager: served once its round's average is there; training goes on.
-                      with_pending(self, std::move(snap), [self](train_snapshot full) {
-                        const auto& ctx = *self->state.ctx;
-                        const bool versions = !self->state.policy->shares_rounds();  // async
-                        ctx.cluster->publish(to_checkpoint(full, shape_of(ctx)),
-                                             versions ? std::optional<uint64_t>(full.version) : std::nullopt);
-                      });
-                      then();
-                    },
-                    [=](caf::error& e) { fail(self, e); });
-          },
-          [=](caf::error& e) { fail(self, e); });
+  const uint64_t round = s.round;
+  const auto schedule = s.policy->schedule_step();  // read now: training goes on before the answers
+  ask_state(
+      self, false, 1, s.request_timeout,
+      [=](state_parts got) {
+        auto& [outer, reps] = got;
+        train_snapshot snap = outer_part(
+            self->state, round, outer, schedule ? static_cast<int64_t>(*schedule) : own_steps(self, reps[0]));
+        snap.replicas.push_back(std::move(reps[0]));
+        self->state.policy->fill_snapshot(snap, outer, /*boundary=*/true);
+        // delayed, eager: served once its round's average is there.
+        with_pending(self, std::move(snap), [self](train_snapshot full) {
+          const auto& ctx = *self->state.ctx;
+          const bool versions = !self->state.policy->shares_rounds();  // async
+          ctx.cluster->publish(to_checkpoint(full, shape_of(ctx)),
+                               versions ? std::optional<uint64_t>(full.version) : std::nullopt);
+        });
+      },
+      state_atom_v, false);
+  then();  // each actor answers before the next round's requests: the copies are of this boundary
 }
 
 void save(self_ptr self, train_snapshot snap, std::function<void()> then) {

@@ -3,9 +3,11 @@
 // and the actor; this folder its parts). Internal to the coordinator: nothing outside it includes this.
 #include <caf/all.hpp>
 
+#include <algorithm>
 #include <array>
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -61,6 +63,7 @@ class coordinator_engine final : public round_engine {
   void set_theta(at::Tensor theta, then<bool> k) override;
   void mirror_theta(at::Tensor weights, then<bool> k) override;
   void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) override;
+  void prepare_outer_step(uint64_t round, at::Tensor avg) override;
   void merge_step(uint64_t version, at::Tensor avg, int64_t arrivals, then<at::Tensor> k) override;
   void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
                   then<runtime::eager_thetas> k) override;
@@ -211,15 +214,17 @@ void on_eval(self_ptr self, uint64_t round, uint64_t version, int64_t step, doub
 std::string write_result(const coordinator_state& s, double wall);
 
 // ---- snapshots, saves and stops (snapshots.cpp) ----------------------------------------------------------
+/// sent (not with lend or a target): called once the requests are out. Each actor answers them before any
+/// later request (the next round's), so the snapshot is of now even when training goes on at once.
 void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then,
-                   int64_t target = -1, bool lend = false);
+                   int64_t target = -1, bool lend = false, std::function<void()> sent = {});
 /// Hands a snapshot to the checkpointer once it holds its residuals and pending average; then() after the
 /// write (or a tolerated failed write).
 void save(self_ptr self, train_snapshot snap, std::function<void()> then);
 void flush_then(self_ptr self, std::function<void()> then);
 /// Cluster members: a copy of the state at this round boundary (outer state, replica 0, the policy's part
 /// and, once it is there, the pending average) goes to the cluster link (publish) for joiners; then() once
-/// the copies are taken. Without a link that serves_state, then() at once.
+/// the requests for the copies are out (take_snapshot's sent). Without a link that serves_state, at once.
 void publish_boundary(self_ptr self, std::function<void()> then);
 void stop_now(self_ptr self, bool boundary);
 /// The all-reduce `label` failed with `e`: a stop, a lost peer's grace period, or a failed run.
@@ -233,8 +238,9 @@ void install_resume(self_ptr self);
 /// Calls request(i) for every worker i (a request to it); calls done with the replies in rank order once all
 /// arrived. The first error fails the run.
 template <class T, class Request>
-void gather_each(self_ptr self, std::function<void(std::vector<T>)> done, Request request) {
-  const auto n = self->state.workers.size();
+void gather_each(self_ptr self, std::function<void(std::vector<T>)> done, Request request,
+                 size_t first = SIZE_MAX) {
+  const auto n = std::min(first, self->state.workers.size());  // first: the first workers only
   auto results = std::make_shared<std::vector<T>>(n);
   auto left = std::make_shared<size_t>(n);
   auto failed = std::make_shared<bool>(false);

@@ -87,6 +87,11 @@ class one_late_policy final : public round_policy {
     const ring_label prev{r - 1, 0};
     const bool have_previous = r > 1 && engine_.reduces().known(prev);
     engine_.start_reduce({r, 0}, parts);
+    // delayed: r's step is computed once its average comes, while round r + 1 trains; its boundary then
+    // only swaps it in.
+    if (!eager_)
+      engine_.reduces().when({r, 0},
+                             [this, r](at::Tensor avg) { engine_.prepare_outer_step(r, std::move(avg)); });
     if (!have_previous) {
       spdlog::info("{}: round {} has no earlier average to apply{}", engine_.context().cfg.diloco.outer, r,
                    eager_ ? " (each worker steps with its own pseudo-gradient / M)" : "");

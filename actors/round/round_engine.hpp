@@ -76,6 +76,9 @@ class round_engine {
   virtual void mirror_theta(at::Tensor weights, then<bool> k) = 0;
   /// Applies the average of `round` (fragment 0: the whole of theta; j > 0: streaming's j-th sync).
   virtual void outer_step(uint64_t round, uint32_t fragment, at::Tensor avg, then<at::Tensor> k) = 0;
+  /// The whole-theta outer step of `round`'s average, computed ahead (while the inner steps run); the
+  /// outer_step of the same round and average then takes no time. Nothing else changes.
+  virtual void prepare_outer_step(uint64_t round, at::Tensor avg) = 0;
   /// diloco.outer = "async": version's merge, the mean of `arrivals` contributions (Delayed Nesterov).
   virtual void merge_step(uint64_t version, at::Tensor avg, int64_t arrivals, then<at::Tensor> k) = 0;
   /// eager: each replica's proxy step from avg_prev and its own pseudo-gradient.

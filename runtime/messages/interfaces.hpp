@@ -46,6 +46,9 @@ using outer_actor = caf::typed_actor<
     caf::replies_to<set_atom, at::Tensor>::with<bool>,
     /// Applies the average of a ring label: part 0 on the whole of theta, part j on streaming fragment j % P.
     caf::replies_to<outer_atom, ring_label, at::Tensor>::with<at::Tensor>,
+    /// delayed: computes that step now, while the inner steps run; the step of the same label and average
+    /// then only swaps it in (anything else drops it).
+    caf::reacts_to<prepare_atom, ring_label, at::Tensor>,
     /// diloco.outer = "async": version's merge, the mean of `arrivals` contributions (Delayed Nesterov).
     caf::replies_to<merge_atom, uint64_t, at::Tensor, int64_t>::with<at::Tensor>,
     /// eager: every replica's proxy step from the previous average and its own pseudo-gradient.

@@ -51,4 +51,5 @@ CAF_ADD_ATOM(longwave, longwave::runtime, mix_atom, "mix")          // worker: m
 CAF_ADD_ATOM(longwave, longwave::runtime, lost_atom, "lost")        // coordinator: a ring peer left (to self)
 CAF_ADD_ATOM(longwave, longwave::runtime, hold_atom, "hold")        // coordinator: a cluster stop's hold
 CAF_ADD_ATOM(longwave, longwave::runtime, merge_atom, "merge")      // coordinator: an async merge (main)
+CAF_ADD_ATOM(longwave, longwave::runtime, prepare_atom, "prepare")  // outer optimizer: compute a step early
 CAF_END_TYPE_ID_BLOCK(longwave)

@@ -209,6 +209,9 @@ caf::behavior fake_outer(fake_ptr self, std::shared_ptr<world> w) {
           return self->state.theta;
         });
       },
+      [=](prepare_atom, ring_label label, const at::Tensor&) {
+        w->seen.push_back("prepare " + std::to_string(label.first));  // an early step: nothing to apply
+      },
       [=](state_atom, bool lend) -> caf::result<outer_snapshot> {
         w->seen.push_back("outer state");
         return reply<outer_snapshot>(self, w, "outer_state", self->state.round, [=] {
@@ -498,9 +501,14 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture,
     CATCH_CHECK(phases() ==
                 "idle inner outer_step saving inner reducing outer_step saving inner reducing outer_step "
                 "evaluating saving done");
+    // Each round's step was prepared when its average came, before the step that applies it.
+    CATCH_CHECK(seen({"prepare", "outer 1", "outer 2", "outer 3"}) ==
+                strings{"prepare 1", "outer 1", "prepare 2", "outer 2", "prepare 3", "outer 3"});
+    // save k and outer k go to two actors in that order; the test scheduler runs the outer optimizer first
+    // (its mailbox already held the prepare).
     CATCH_CHECK(seen({"reduce", "outer 1", "outer 2", "outer 3", "save", "w0 run", "w0 eval"}) ==
-                strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2", "save 1", "outer 1", "w0 run 3",
-                        "reduce 3", "save 2", "outer 2", "outer 3", "w0 eval", "save 3"});
+                strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2", "outer 1", "save 1", "w0 run 3",
+                        "reduce 3", "outer 2", "save 2", "outer 3", "w0 eval", "save 3"});
     CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 2, 3});
     CATCH_CHECK(w->saved[1].pending_round == 2);
     CATCH_CHECK(!w->saved[2].pending.defined());  // applied: the final snapshot does not carry it

@@ -210,6 +210,44 @@ CATCH_TEST_CASE("a state taken while a step is queued holds that step and contin
   CATCH_CHECK(same_bits(a->master().cpu(), b->master().cpu()));
 }
 
+CATCH_TEST_CASE(
+    "a state copied through the stage is the live state bit for bit, kept as it was while the "
+    "trainer steps on, in host buffers reused once let go",
+    "[models][trainer][stage]") {
+  // A GPU's snapshot (a checkpoint, a cluster's published state) copies the replica through the
+  // pseudo-gradient's stage: pinned buffers, reused. The CPU with stage_delta runs the same path.
+  const auto device = device_under_test();
+  CATCH_INFO("device " << device);
+  auto t = trainer(1, device, /*stage_delta=*/true);
+  t->step();
+  (void)t->step_async();  // queued: the copies wait for it
+  auto s = t->state();
+  const auto buffers = t->staged_buffers();
+  CATCH_CHECK(buffers == 3);
+  auto reference = trainer(1, device);
+  reference->step();
+  reference->step();
+  const auto live = reference->state();
+  CATCH_CHECK(same_bits(s.master, live.master));
+  CATCH_CHECK(same_bits(s.exp_avg, live.exp_avg));
+  CATCH_CHECK(same_bits(s.exp_avg_sq, live.exp_avg_sq));
+  const auto kept = s.master.clone();
+  t->step();  // the snapshot still holds its buffers: they do not change
+  CATCH_CHECK(same_bits(s.master, kept));
+  CATCH_CHECK(!same_bits(s.master, t->master().cpu()));
+  s = t->state();  // taken while the first is still held: three more buffers
+  CATCH_CHECK(same_bits(s.master, t->master().cpu()));
+  const auto held = t->staged_buffers();
+  CATCH_CHECK(held <= 2 * buffers);
+  for (int i = 0; i < 3; ++i) {
+    s = models::inner_state{};  // let go, then another: the buffers are reused
+    t->step();
+    s = t->state();
+    CATCH_CHECK(same_bits(s.master, t->master().cpu()));
+  }
+  CATCH_CHECK(t->staged_buffers() == held);
+}
+
 CATCH_TEST_CASE("the trainer hands out fp32 host tensors: theta - master, the gradient and its state",
                 "[models][trainer]") {
   auto t = trainer();

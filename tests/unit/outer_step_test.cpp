@@ -58,6 +58,66 @@ CATCH_TEST_CASE("three outer steps of two workers follow the hand-computed Neste
   self->send_exit(outer, caf::exit_reason::user_shutdown);
 }
 
+CATCH_TEST_CASE(
+    "a delayed step prepared ahead is the step bit for bit, the state and every theta handed out stay as "
+    "they were meanwhile, and another average drops it",
+    "[actors][outer]") {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::longwave>();
+  caf::actor_system sys{cfg};
+  config::outer_section outer_cfg;  // lr 0.7, momentum 0.9, nesterov
+  const auto theta0 = at::randn({3000});
+  auto plain = actors::spawn_outer_optimizer(sys, outer_cfg, theta0.clone());
+  auto ahead = actors::spawn_outer_optimizer(sys, outer_cfg, theta0.clone());
+  caf::scoped_actor self{sys};
+  auto step = [&](const runtime::outer_actor& a, uint64_t r, const at::Tensor& avg) {
+    at::Tensor out;
+    self->request(a, std::chrono::seconds(10), outer_atom_v, ring_label{r, 0}, avg)
+        .receive([&](at::Tensor& t) { out = t; }, [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+    return out;
+  };
+  auto state = [&](const runtime::outer_actor& a) {
+    outer_snapshot out;
+    self->request(a, std::chrono::seconds(10), state_atom_v, false)
+        .receive([&](outer_snapshot& o) { out = std::move(o); },
+                 [&](caf::error& e) { CATCH_FAIL(caf::to_string(e)); });
+    return out;
+  };
+  at::Tensor held = theta0;  // the theta a worker trains from (not a clone: the actor's own tensor)
+  for (uint64_t r = 1; r <= 5; ++r) {
+    const auto avg = at::randn({3000}) * 0.01;
+    const auto before = state(ahead);
+    const auto held_bits = held.clone();
+    self->send(ahead, prepare_atom_v, ring_label{r, 0}, avg);
+    const auto mid = state(ahead);  // after the prepare: still the state before the step
+    CATCH_CHECK(at::equal(mid.theta, before.theta));
+    CATCH_CHECK(mid.momentum.defined() == before.momentum.defined());
+    if (mid.momentum.defined()) CATCH_CHECK(at::equal(mid.momentum, before.momentum));
+    CATCH_CHECK(at::equal(held, held_bits));  // a theta handed out earlier is not written
+    const auto want = step(plain, r, avg).clone();
+    const void* was = held.data_ptr();
+    held = step(ahead, r, avg);
+    CATCH_CHECK(held.data_ptr() != was);  // the prepared theta swapped in (the plain step writes in place)
+    CATCH_CHECK(at::equal(held, want));
+    CATCH_CHECK(at::equal(state(ahead).momentum, state(plain).momentum));
+  }
+  // Prepared with another average, or for another round: dropped, and the step computed as always.
+  const auto avg6 = at::randn({3000}) * 0.01;
+  self->send(ahead, prepare_atom_v, ring_label{6, 0}, at::randn({3000}));
+  CATCH_CHECK(at::equal(step(ahead, 6, avg6), step(plain, 6, avg6)));
+  const auto avg7 = at::randn({3000}) * 0.01;
+  self->send(ahead, prepare_atom_v, ring_label{8, 0}, avg7);
+  CATCH_CHECK(at::equal(step(ahead, 7, avg7), step(plain, 7, avg7)));
+  // A prepare of a stale round or of the wrong size changes nothing, and the step still refuses it.
+  self->send(ahead, prepare_atom_v, ring_label{3, 0}, avg7);
+  self->send(ahead, prepare_atom_v, ring_label{9, 0}, at::ones({5}));
+  CATCH_CHECK(at::equal(state(ahead).theta, state(plain).theta));
+  self->request(ahead, std::chrono::seconds(10), outer_atom_v, ring_label{9, 0}, at::ones({5}))
+      .receive([&](at::Tensor&) { CATCH_FAIL("a step of the wrong size accepted"); },
+               [&](caf::error& e) { CATCH_CHECK(e.code() == static_cast<uint8_t>(errc::malformed_frame)); });
+  for (auto* a : {&plain, &ahead}) self->send_exit(*a, caf::exit_reason::user_shutdown);
+}
+
 CATCH_TEST_CASE("outer SGD with momentum 0 and lr 1 lands exactly on theta minus delta", "[models][outer]") {
   models::outer_sgd sgd(1.0, 0.0, true);
   auto theta = at::tensor({3.0f, 4.0f});

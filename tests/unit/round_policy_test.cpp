@@ -180,6 +180,9 @@ struct fake_engine final : round_engine {
     }
     k(global);
   }
+  void prepare_outer_step(uint64_t round, at::Tensor /*avg*/) override {
+    note("prepare " + label_text({round, 0}));
+  }
   void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
                   then<runtime::eager_thetas> k) override {
     note("eager " + std::to_string(round) + (avg_prev.defined() ? " with-avg" : " no-avg"));
@@ -355,8 +358,11 @@ CATCH_TEST_CASE("single runs the sync round with a replica that keeps its own we
   CATCH_CHECK(lines_of(e, "run") == std::vector<std::string>{"run 1 x4"});
 }
 
-CATCH_TEST_CASE("delayed applies round t-1's average at the end of round t and the last one before the end",
-                "[unit][round]") {
+CATCH_TEST_CASE(
+    "delayed applies round t-1's average at the end of round t and the last one before the end, each step "
+    "prepared as soon as its average came",
+    "[unit][round]") {
+  // The fake's all-reduces end at once: each round's step is prepared right after its start_reduce.
   fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::delayed, 3));
   auto p = make_round_policy(e, e.ctx);
   run_all(e, *p);
@@ -364,12 +370,14 @@ CATCH_TEST_CASE("delayed applies round t-1's average at the end of round t and t
                                           "thetas",
                                           "run 1 x4 reset",
                                           "start_reduce (1,0)",
+                                          "prepare (1,0)",
                                           "theta",
                                           "round_done",
                                           "-- round 2",
                                           "thetas",
                                           "run 2 x4 reset",
                                           "start_reduce (2,0)",
+                                          "prepare (2,0)",
                                           "when_average (1,0)",
                                           "outer (1,0)",
                                           "round_done",
@@ -377,6 +385,7 @@ CATCH_TEST_CASE("delayed applies round t-1's average at the end of round t and t
                                           "thetas",
                                           "run 3 x4 reset",
                                           "start_reduce (3,0)",
+                                          "prepare (3,0)",
                                           "when_average (2,0)",
                                           "outer (2,0)",
                                           "round_done",
