@@ -278,9 +278,9 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
 
 void configure_system(caf::actor_system_config& sys_cfg) {
   sys_cfg.add_message_types<caf::id_block::longwave>();
-  // Compute runs on the workers' own (detached) threads. The scheduled actors (coordinator, outer optimizer,
-  // metrics) are light: one scheduler thread on a shared queue that sleeps instead of spinning, so it does
-  // not steal cycles from LibTorch.
+  // Compute runs on detached threads (workers, outer optimizer, communicator, evaluator, checkpointer). The
+  // scheduled actors (coordinator, metrics) are light: one scheduler thread on a shared queue that sleeps
+  // instead of spinning, so it does not steal cycles from LibTorch.
   sys_cfg.set("scheduler.policy", caf::atom("sharing"));
   sys_cfg.set("scheduler.max-threads", 1);
 }

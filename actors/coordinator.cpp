@@ -297,26 +297,32 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
     }
     s.eval_running = true;
     s.eval_round = round;
-    // The next round starts first where nothing waits: the clone is then off its path (theta changes at
-    // the next outer step, after the workers' replies, which come after this handler).
+    // The next round starts first; the clone is the outer optimizer's, on its thread, after it answered
+    // the round's theta and before any later step changes theta.
     save_then_continue(self);
     if (is_terminal(self->state.ph)) {
       self->state.eval_running = false;
       return;
     }
-    self->request(self->state.peers.evaluator, self->state.round_timeout, eval_atom_v, theta.clone(),
-                  cfg.eval.batches)
+    auto not_done = [=](const caf::error& e) {
+      self->state.eval_running = false;
+      spdlog::warn("evaluation of round {} not done: {}", round, describe(e));
+      if (auto k = std::exchange(self->state.after_eval, {})) k();
+    };
+    self->request(self->state.peers.outer, self->state.request_timeout, theta_atom_v, true)
         .then(
-            [=](double loss) {
-              self->state.eval_running = false;
-              on_eval(self, round, version, step, loss);
-              if (auto k = std::exchange(self->state.after_eval, {})) k();
+            [=](at::Tensor copy) {
+              self->request(self->state.peers.evaluator, self->state.round_timeout, eval_atom_v,
+                            std::move(copy), self->state.ctx->cfg.eval.batches)
+                  .then(
+                      [=](double loss) {
+                        self->state.eval_running = false;
+                        on_eval(self, round, version, step, loss);
+                        if (auto k = std::exchange(self->state.after_eval, {})) k();
+                      },
+                      [=](caf::error& e) { not_done(e); });
             },
-            [=](caf::error& e) {
-              self->state.eval_running = false;
-              spdlog::warn("evaluation of round {} not done: {}", round, describe(e));
-              if (auto k = std::exchange(self->state.after_eval, {})) k();
-            });
+            [=](caf::error& e) { not_done(e); });
     return;
   }
   if (!set_phase(self, phase::evaluating)) return;

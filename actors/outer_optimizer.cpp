@@ -294,6 +294,9 @@ outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg,
                            std::make_unique<models::outer_sgd>(cfg.lr, cfg.momentum, cfg.nesterov)});
   return {
       [=](theta_atom) -> caf::result<at::Tensor> { return self->state.theta; },
+      [=](theta_atom, bool copy) -> caf::result<at::Tensor> {
+        return copy ? self->state.theta.clone() : self->state.theta;
+      },
       [=](replicas_atom, int64_t n) -> caf::result<std::vector<at::Tensor>> {
         auto& s = self->state;
         std::vector<at::Tensor> out;
@@ -334,7 +337,9 @@ outer_actor::behavior_type outer_fun(outer_self self, config::outer_section cfg,
 
 outer_actor spawn_outer_optimizer(caf::actor_system& sys, const config::outer_section& cfg, at::Tensor theta0,
                                   metrics_actor metrics, outer_policy policy) {
-  return sys.spawn(outer_fun, cfg, std::move(theta0), std::move(metrics), std::move(policy));
+  // Its own thread: a model-sized step (a prepared one mid-round, an async merge) would otherwise hold the
+  // scheduler thread the coordinator shares.
+  return sys.spawn<caf::detached>(outer_fun, cfg, std::move(theta0), std::move(metrics), std::move(policy));
 }
 
 }  // namespace longwave::actors

@@ -17,9 +17,10 @@ class one_late_policy final : public round_policy {
   one_late_policy(round_engine& engine, bool eager) : round_policy(engine), eager_(eager) {}
 
   void begin_round() override {
-    run_inner_round(/*reset=*/true, [this](uint64_t round, std::vector<at::Tensor> parts) {
-      round_end(round, std::move(parts));
-    });
+    run_inner_round(
+        /*reset=*/true,
+        [this](uint64_t round, std::vector<at::Tensor> parts) { round_end(round, std::move(parts)); },
+        [this] { prepare_step(); });
   }
 
   void finish_run(at::Tensor theta) override {
@@ -87,11 +88,6 @@ class one_late_policy final : public round_policy {
     const ring_label prev{r - 1, 0};
     const bool have_previous = r > 1 && engine_.reduces().known(prev);
     engine_.start_reduce({r, 0}, parts);
-    // delayed: r's step is computed once its average comes, while round r + 1 trains; its boundary then
-    // only swaps it in.
-    if (!eager_)
-      engine_.reduces().when({r, 0},
-                             [this, r](at::Tensor avg) { engine_.prepare_outer_step(r, std::move(avg)); });
     if (!have_previous) {
       spdlog::info("{}: round {} has no earlier average to apply{}", engine_.context().cfg.diloco.outer, r,
                    eager_ ? " (each worker steps with its own pseudo-gradient / M)" : "");
@@ -103,6 +99,16 @@ class one_late_policy final : public round_policy {
       engine_.reduces().take(prev);
       step(r, std::move(avg), parts);
     });
+  }
+
+  /// delayed: the step this round's end applies (the previous round's average) is computed once that average
+  /// comes, after this round's theta came (the outer optimizer's answer is not held up): the boundary then
+  /// only swaps it in.
+  void prepare_step() {
+    const uint64_t prev = engine_.rounds_done();
+    if (eager_ || prev == 0 || !engine_.reduces().known({prev, 0})) return;
+    engine_.reduces().when(
+        {prev, 0}, [this, prev](at::Tensor avg) { engine_.prepare_outer_step(prev, std::move(avg)); });
   }
 
   /// The outer step of round r: delayed applies the average of r-1; eager steps each replica's proxy from

@@ -53,9 +53,11 @@ caf::error round_policy::resume_from(runtime::train_snapshot& snap) {
   return {};
 }
 
-void round_policy::run_inner_round(bool reset, std::function<void(uint64_t, std::vector<at::Tensor>)> k) {
-  engine_.thetas([this, reset, k](std::vector<at::Tensor> thetas) {
+void round_policy::run_inner_round(bool reset, std::function<void(uint64_t, std::vector<at::Tensor>)> k,
+                                   std::function<void()> started) {
+  engine_.thetas([this, reset, k, started](std::vector<at::Tensor> thetas) {
     const uint64_t round = engine_.rounds_done() + 1;
+    if (started) started();
     engine_.run_workers(round, std::move(thetas), {engine_.context().cfg.train.inner_steps}, reset,
                         [this, round, k](round_engine::results results) {
                           if (engine_.current_phase() != phase::inner) return;  // stopped meanwhile

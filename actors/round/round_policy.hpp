@@ -79,7 +79,9 @@ class round_policy {
 
   /// A whole DiLoCo round: every worker runs H inner steps from its starting theta (reset: loaded first);
   /// then k gets the round and the workers' pseudo-gradients in rank order, unless a stop came meanwhile.
-  void run_inner_round(bool reset, std::function<void(uint64_t, std::vector<at::Tensor>)> k);
+  /// started: called once the starting thetas came, as the workers are asked to run.
+  void run_inner_round(bool reset, std::function<void(uint64_t, std::vector<at::Tensor>)> k,
+                       std::function<void()> started = {});
 
   round_engine& engine_;
 };

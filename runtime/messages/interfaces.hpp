@@ -40,6 +40,8 @@ using worker_actor = evaluator_actor::extend<
 /// Owns theta_global and the outer momentum (and eager's per-replica outer state).
 using outer_actor = caf::typed_actor<
     caf::replies_to<theta_atom>::with<at::Tensor>,
+    /// true: a copy of theta, made on the outer optimizer's thread (an asynchronous evaluation's).
+    caf::replies_to<theta_atom, bool>::with<at::Tensor>,
     /// Each of n local replicas' starting theta: eager's own outer parameters, or theta n times.
     caf::replies_to<replicas_atom, int64_t>::with<std::vector<at::Tensor>>,
     /// Replaces theta only (eager: the cluster's mean at the end).

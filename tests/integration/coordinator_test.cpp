@@ -501,9 +501,10 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture,
     CATCH_CHECK(phases() ==
                 "idle inner outer_step saving inner reducing outer_step saving inner reducing outer_step "
                 "evaluating saving done");
-    // Each round's step was prepared when its average came, before the step that applies it.
+    // The steps of rounds 1 and 2 were prepared once their averages came, before the steps that apply them;
+    // the last round's is applied after the last round, unprepared.
     CATCH_CHECK(seen({"prepare", "outer 1", "outer 2", "outer 3"}) ==
-                strings{"prepare 1", "outer 1", "prepare 2", "outer 2", "prepare 3", "outer 3"});
+                strings{"prepare 1", "outer 1", "prepare 2", "outer 2", "outer 3"});
     // save k and outer k go to two actors in that order; the test scheduler runs the outer optimizer first
     // (its mailbox already held the prepare).
     CATCH_CHECK(seen({"reduce", "outer 1", "outer 2", "outer 3", "save", "w0 run", "w0 eval"}) ==

@@ -360,39 +360,24 @@ CATCH_TEST_CASE("single runs the sync round with a replica that keeps its own we
 
 CATCH_TEST_CASE(
     "delayed applies round t-1's average at the end of round t and the last one before the end, each step "
-    "prepared as soon as its average came",
+    "prepared as its round starts",
     "[unit][round]") {
-  // The fake's all-reduces end at once: each round's step is prepared right after its start_reduce.
+  // The fake's all-reduces end at once: the step a round's end applies is prepared as the round starts, once
+  // its theta came; the last round's is applied in finish_run, unprepared.
   fake_engine e(two_workers(config::run_mode::diloco, config::outer_policy_kind::delayed, 3));
   auto p = make_round_policy(e, e.ctx);
   run_all(e, *p);
-  const std::vector<std::string> expected{"-- round 1",
-                                          "thetas",
-                                          "run 1 x4 reset",
-                                          "start_reduce (1,0)",
-                                          "prepare (1,0)",
-                                          "theta",
-                                          "round_done",
-                                          "-- round 2",
-                                          "thetas",
-                                          "run 2 x4 reset",
-                                          "start_reduce (2,0)",
-                                          "prepare (2,0)",
-                                          "when_average (1,0)",
-                                          "outer (1,0)",
-                                          "round_done",
-                                          "-- round 3",
-                                          "thetas",
-                                          "run 3 x4 reset",
-                                          "start_reduce (3,0)",
-                                          "prepare (3,0)",
-                                          "when_average (2,0)",
-                                          "outer (2,0)",
-                                          "round_done",
-                                          "-- finish",
-                                          "when_average (3,0) final",
-                                          "outer (3,0)",
-                                          "trained"};
+  const std::vector<std::string> expected{
+      // round 1
+      "-- round 1", "thetas", "run 1 x4 reset", "start_reduce (1,0)", "theta", "round_done",
+      // round 2: its step (round 1's average) prepared once its theta came
+      "-- round 2", "thetas", "prepare (1,0)", "run 2 x4 reset", "start_reduce (2,0)", "when_average (1,0)",
+      "outer (1,0)", "round_done",
+      // round 3
+      "-- round 3", "thetas", "prepare (2,0)", "run 3 x4 reset", "start_reduce (3,0)", "when_average (2,0)",
+      "outer (2,0)", "round_done",
+      // the last average, applied after the last round
+      "-- finish", "when_average (3,0) final", "outer (3,0)", "trained"};
   CATCH_CHECK(e.calls == expected);
   CATCH_CHECK(at::allclose(e.trained, at::full({4}, -0.45f)));  // every round's average applied once
   CATCH_CHECK(p->pending_average(2) == ring_label{2, 0});
