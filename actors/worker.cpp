@@ -90,15 +90,18 @@ void send_held(worker_self self, float loss) {
   self->send(s.coordinator, report_atom_v, rep);
 }
 
-/// Reads the last step's loss and sends its report; an error of that step's device work surfaces here.
+/// Reads the last step's loss and sends its report; an error of that step's device work surfaces here. The
+/// wait is that step's device time still running (on a GPU), so it counts as the step's compute, not idle.
 caf::error flush_held(worker_self self) {
   auto& s = self->state;
   if (!s.held) return {};
   std::optional<float> loss;
+  const auto t0 = std::chrono::steady_clock::now();
   if (auto err = guarded(s.rank, [&] { loss = s.trainer->take_pending_loss(); })) {
     s.held.reset();
     return err;
   }
+  s.held->compute_s += seconds_since(t0);
   send_held(self, loss.value_or(0.0F));
   return {};
 }

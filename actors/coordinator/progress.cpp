@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
@@ -40,8 +41,10 @@ void record(self_ptr self, const json_line& line) {
 }
 
 uint32_t theta_crc(const at::Tensor& theta) {
+  // At every round boundary, before the next round starts: 60 ms for 150m on one thread of an H200's host.
   const auto flat = theta.contiguous();
-  return crc32c(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size());
+  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1U, 8U);
+  return crc32c_parallel(flat.data_ptr(), static_cast<size_t>(flat.numel()) * flat.element_size(), threads);
 }
 
 void record_round(self_ptr self, const at::Tensor& theta) {

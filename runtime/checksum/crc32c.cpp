@@ -1,8 +1,12 @@
 // CRC-32C: slicing-by-8 tables built at compile time, and an SSE4.2 path chosen once at run time.
 #include "runtime/checksum/crc32c.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
@@ -55,15 +59,7 @@ uint32_t crc_slicing8(const unsigned char* p, size_t n, uint32_t crc) {
   return ~crc;
 }
 
-#ifdef LW_CRC32C_X86
-// The crc32 instruction has a latency of 3 cycles but issues every cycle, so three independent streams over
-// adjacent blocks run about three times faster than one. The streams are merged by "appending zeros" to the
-// earlier CRC: a linear operator over GF(2), tabulated for the two block lengths used (Mark Adler's method).
-constexpr size_t long_block = 8192;  // powers of two (see zeros_operator)
-constexpr size_t short_block = 256;
-
-using shift_table = std::array<std::array<uint32_t, 256>, 4>;
-
+// Appending zeros to a CRC is a linear operator over GF(2): a 32 x 32 bit matrix, one word a column.
 uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
   uint32_t sum = 0;
   for (; vec != 0; vec >>= 1, ++mat)
@@ -74,6 +70,15 @@ uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
 void gf2_square(uint32_t* square, const uint32_t* mat) {
   for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
 }
+
+#ifdef LW_CRC32C_X86
+// The crc32 instruction has a latency of 3 cycles but issues every cycle, so three independent streams over
+// adjacent blocks run about three times faster than one. The streams are merged by "appending zeros" to the
+// earlier CRC: a linear operator over GF(2), tabulated for the two block lengths used (Mark Adler's method).
+constexpr size_t long_block = 8192;  // powers of two (see zeros_operator)
+constexpr size_t short_block = 256;
+
+using shift_table = std::array<std::array<uint32_t, 256>, 4>;
 
 // The operator that feeds len zero bytes through the (non-inverted) CRC register; len a power of two.
 void zeros_operator(uint32_t* even, size_t len) {
@@ -175,6 +180,56 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 
 uint32_t crc32c_portable(const void* data, size_t n, uint32_t crc) {
   return crc_slicing8(static_cast<const unsigned char*>(data), n, crc);
+}
+
+uint32_t crc32c_combine(uint32_t crc1, uint32_t crc2, size_t len2) {
+  if (len2 == 0) return crc1;
+  // zlib's crc32_combine with the Castagnoli polynomial: square the one-zero-bit operator up to a byte, then
+  // apply the operator of each power of two set in len2 to crc1.
+  uint32_t even[32], odd[32];
+  odd[0] = 0x82F63B78u;
+  uint32_t row = 1;
+  for (int n = 1; n < 32; ++n, row <<= 1) odd[n] = row;
+  gf2_square(even, odd);  // two zero bits
+  gf2_square(odd, even);  // four
+  for (;;) {
+    gf2_square(even, odd);  // a byte on the first pass, then doubling
+    if (len2 & 1) crc1 = gf2_times(even, crc1);
+    len2 >>= 1;
+    if (len2 == 0) break;
+    gf2_square(odd, even);
+    if (len2 & 1) crc1 = gf2_times(odd, crc1);
+    len2 >>= 1;
+    if (len2 == 0) break;
+  }
+  return crc1 ^ crc2;
+}
+
+uint32_t crc32c_parallel(const void* data, size_t n, unsigned threads) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const size_t parts = std::clamp<size_t>(threads, 1, std::max<size_t>(1, n / (1U << 20)));  // >= 1 MB each
+  if (parts <= 1) return crc32c(p, n);
+  const size_t step = (n / parts + 63) / 64 * 64;
+  std::vector<uint32_t> crcs(parts);
+  std::vector<size_t> begins(parts), lens(parts);
+  for (size_t i = 0; i < parts; ++i) {
+    begins[i] = std::min(n, i * step);
+    lens[i] = (i + 1 == parts ? n : std::min(n, begins[i] + step)) - begins[i];
+  }
+  const auto piece = [&](size_t i) { crcs[i] = crc32c(p + begins[i], lens[i]); };
+  std::vector<std::thread> pool;
+  pool.reserve(parts - 1);
+  size_t spawned = 1;  // pieces 1..spawned-1 run on threads; the rest here (a thread that could not start)
+  try {
+    for (; spawned < parts; ++spawned) pool.emplace_back(piece, spawned);
+  } catch (const std::system_error&) {
+  }
+  piece(0);
+  for (size_t i = spawned; i < parts; ++i) piece(i);
+  for (auto& th : pool) th.join();
+  uint32_t crc = crcs[0];
+  for (size_t i = 1; i < parts; ++i) crc = crc32c_combine(crc, crcs[i], lens[i]);
+  return crc;
 }
 
 }  // namespace longwave::runtime

@@ -741,6 +741,28 @@ CATCH_TEST_CASE("CRC-32C matches the standard check value and a bitwise referenc
   CATCH_CHECK(checkpoint_store::crc32c(u + 123, 177, checkpoint_store::crc32c(u, 123)) == whole);
 }
 
+CATCH_TEST_CASE("CRC-32C combined from pieces, and in parallel, equals the one-pass CRC", "[checkpoint]") {
+  namespace rt = longwave::runtime;
+  const auto data = random_bytes(300, 6);
+  const auto* u = reinterpret_cast<const unsigned char*>(data.data());
+  const uint32_t whole = rt::crc32c(u, 300);
+  bool all_equal = true;
+  for (size_t cut = 0; cut <= 300; ++cut)
+    all_equal = all_equal &&
+                rt::crc32c_combine(rt::crc32c(u, cut), rt::crc32c(u + cut, 300 - cut), 300 - cut) == whole;
+  CATCH_CHECK(all_equal);
+
+  // Model-sized: pieces of at least 1 MB, odd lengths, more threads than pieces.
+  const auto big = random_bytes((5U << 20) + 37, 7);
+  const uint32_t one_pass = rt::crc32c(big.data(), big.size());
+  for (const unsigned threads : {1U, 2U, 3U, 4U, 8U, 64U}) {
+    CATCH_INFO("threads " << threads);
+    CATCH_CHECK(rt::crc32c_parallel(big.data(), big.size(), threads) == one_pass);
+  }
+  CATCH_CHECK(rt::crc32c_parallel(big.data(), 1000, 8) == rt::crc32c(big.data(), 1000));
+  CATCH_CHECK(rt::crc32c_parallel(nullptr, 0, 8) == 0u);
+}
+
 CATCH_TEST_CASE(
     "Keep 1: the checkpoint a run resumed from outlives a newer one it refused when a write fails",
     "[checkpoint]") {
