@@ -71,6 +71,15 @@ void gf2_square(uint32_t* square, const uint32_t* mat) {
   for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
 }
 
+// odd = the operator of four zero bits, the start of every squaring to a byte and beyond (even: scratch).
+void four_zero_bits(uint32_t* odd, uint32_t* even) {
+  odd[0] = 0x82F63B78u;  // one zero bit
+  uint32_t row = 1;
+  for (int n = 1; n < 32; ++n, row <<= 1) odd[n] = row;
+  gf2_square(even, odd);  // two zero bits
+  gf2_square(odd, even);  // four zero bits
+}
+
 #ifdef LW_CRC32C_X86
 // The crc32 instruction has a latency of 3 cycles but issues every cycle, so three independent streams over
 // adjacent blocks run about three times faster than one. The streams are merged by "appending zeros" to the
@@ -83,11 +92,7 @@ using shift_table = std::array<std::array<uint32_t, 256>, 4>;
 // The operator that feeds len zero bytes through the (non-inverted) CRC register; len a power of two.
 void zeros_operator(uint32_t* even, size_t len) {
   uint32_t odd[32];
-  odd[0] = 0x82F63B78u;  // one zero bit
-  uint32_t row = 1;
-  for (int n = 1; n < 32; ++n, row <<= 1) odd[n] = row;
-  gf2_square(even, odd);  // two zero bits
-  gf2_square(odd, even);  // four zero bits
+  four_zero_bits(odd, even);
   for (;;) {
     gf2_square(even, odd);  // one zero byte on the first pass, then doubling
     len >>= 1;
@@ -187,11 +192,7 @@ uint32_t crc32c_combine(uint32_t crc1, uint32_t crc2, size_t len2) {
   // zlib's crc32_combine with the Castagnoli polynomial: square the one-zero-bit operator up to a byte, then
   // apply the operator of each power of two set in len2 to crc1.
   uint32_t even[32], odd[32];
-  odd[0] = 0x82F63B78u;
-  uint32_t row = 1;
-  for (int n = 1; n < 32; ++n, row <<= 1) odd[n] = row;
-  gf2_square(even, odd);  // two zero bits
-  gf2_square(odd, even);  // four
+  four_zero_bits(odd, even);
   for (;;) {
     gf2_square(even, odd);  // a byte on the first pass, then doubling
     if (len2 & 1) crc1 = gf2_times(even, crc1);
