@@ -381,6 +381,7 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
   s.tokens_before = s.worker_tokens;
   s.round_gpu_s.assign(static_cast<size_t>(ctx->n_workers()), -1.0);
   s.gpu_peak.assign(static_cast<size_t>(ctx->n_workers()), 0);
+  s.round_host.assign(static_cast<size_t>(ctx->n_workers()), {});
   s.request_timeout = seconds(ctx->cfg.runtime.request_timeout_s);
   for (int64_t r = 0; r < ctx->n_workers(); ++r)
     s.workers.push_back(

@@ -47,6 +47,9 @@ struct worker_state {
   std::chrono::steady_clock::time_point step_began;
   int64_t paced_steps = 0, late_steps = 0;
   caf::typed_response_promise<round_result> rp;
+  // The round's host time outside its steps (round_result's load_s, delta_s and round_s).
+  std::chrono::steady_clock::time_point round_began;
+  double load_s = 0;
   // The last step's report, sent once its loss is read: during the next step, or at the round's end and
   // before a snapshot (on a GPU the host so never waits for the step it has just queued).
   std::optional<step_report> held;
@@ -121,6 +124,7 @@ void finish_round(worker_self self) {
   round_result r;
   r.rank = s.rank;
   r.round = s.round;
+  const auto t_delta = std::chrono::steady_clock::now();
   // On a GPU the first one allocates the pinned host buffer it goes out through: a failure fails the round.
   if (auto err = guarded(s.rank, [&] {
         if (s.theta_ref.defined() && s.fragment >= 0)
@@ -129,6 +133,9 @@ void finish_round(worker_self self) {
           r.delta = s.trainer->node_delta(s.theta_ref, {{0, s.theta_ref.numel()}});
       }))
     return fail_round(self, err);
+  r.delta_s = seconds_since(t_delta);
+  r.load_s = s.load_s;
+  r.round_s = seconds_since(s.round_began);
   r.mean_loss = s.steps_run > 0 ? s.loss_sum / static_cast<double>(s.steps_run) : 0.0;
   s.busy = false;
   s.theta_ref = at::Tensor();
@@ -159,6 +166,8 @@ caf::result<round_result> begin_round(worker_self self, uint64_t round, at::Tens
   if (fragment >= static_cast<int64_t>(s.ctx->fragments.size()))
     return make_error(errc::invalid_config, "worker " + std::to_string(s.rank) + ": streaming fragment " +
                                                 std::to_string(fragment) + " does not exist");
+  s.round_began = std::chrono::steady_clock::now();
+  s.load_s = 0;
   s.round = round;
   s.fragment = fragment;
   s.theta_ref = std::move(theta);
@@ -170,7 +179,13 @@ caf::result<round_result> begin_round(worker_self self, uint64_t round, at::Tens
     s.resume_steps = 0;
   } else {
     s.steps_in_round = 0;
-    if (reset && s.theta_ref.defined()) s.trainer->set_params(s.theta_ref);
+    if (reset && s.theta_ref.defined()) {
+      if (auto err = guarded(s.rank, [&] { s.trainer->set_params(s.theta_ref); })) {
+        s.theta_ref = at::Tensor();
+        return err;
+      }
+      s.load_s = seconds_since(s.round_began);
+    }
   }
   s.busy = true;
   s.rp = self->make_response_promise<round_result>();

@@ -107,6 +107,13 @@ void coordinator_engine::run_workers(uint64_t round, std::vector<at::Tensor> the
       k(std::move(r));
     };
   }
+  k = [self, k = std::move(k)](results r) {
+    for (const auto& w : r)
+      if (auto& h = self->state.round_host; static_cast<size_t>(w.rank) < h.size()) {
+        h[w.rank].load += w.load_s, h[w.rank].delta += w.delta_s, h[w.rank].round += w.round_s;
+      }
+    k(std::move(r));
+  };
   gather_each<round_result>(self, std::move(k), [=](size_t i) {
     return self->request(self->state.workers[i], timeout, run_atom_v, round,
                          thetas.size() == 1 ? thetas[0] : thetas[i], steps.size() == 1 ? steps[0] : steps[i],

@@ -222,6 +222,15 @@ void account_round(self_ptr self) {
                     .add("utilization", util)
                     .add("staleness", staleness)
                     .add("tokens", s.run_tokens(i));
+    if (const auto& h = s.round_host[i]; h.round > 0) {
+      // The idle split: the worker's round outside its steps (theta's load, the pseudo-gradient, the gaps
+      // between steps) and the wall time it had no round (the node's boundary).
+      line.add("load_s", h.load)
+          .add("delta_s", h.delta)
+          .add("gaps_s", std::max(0.0, h.round - compute - h.load - h.delta))
+          .add("boundary_s", std::max(0.0, wall - h.round));
+      s.round_host[i] = {};
+    }
     if (s.round_gpu_s[i] >= 0) {  // a GPU worker: its device's busy time and memory over the round
       const double run_wall = since_start(s);
       const double mfu = model_flops_utilization(*s.ctx, s.ctx->devices.workers.at(i),

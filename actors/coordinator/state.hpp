@@ -149,6 +149,12 @@ struct coordinator_state {
   /// allocated bytes; -1 for a worker on the CPU.
   std::vector<double> round_gpu_s;
   std::vector<int64_t> gpu_peak;
+  /// Per local worker, the current round's run requests (round_result's host seconds, summed): where the
+  /// round's idle time went.
+  struct host_seconds {
+    double load = 0, delta = 0, round = 0;
+  };
+  std::vector<host_seconds> round_host;
   double total_compute() const { return std::accumulate(run_compute.begin(), run_compute.end(), 0.0); }
   int64_t run_tokens(size_t worker) const { return tokens_before[worker] + worker_tokens[worker]; }
   int64_t session_tokens() const {

@@ -80,6 +80,9 @@ struct round_result {
   at::Tensor delta;  ///< theta_global - theta_local, fp32 (ddp: the step's gradient)
   double mean_loss = 0;
   double compute_s = 0;  ///< ddp: forward + backward time
+  /// An inner round's host seconds outside its steps' own: theta loaded at the start, the pseudo-gradient
+  /// made at the end, and the whole round from the run request to this reply (0 for ddp's gradients).
+  double load_s = 0, delta_s = 0, round_s = 0;
 };
 
 /// One inner step's report, sent by each worker to the coordinator.

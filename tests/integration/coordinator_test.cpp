@@ -140,6 +140,7 @@ caf::behavior fake_worker(fake_ptr self, std::shared_ptr<world> w, int64_t rank)
           r.round = round;
           r.delta = small(0.1f * static_cast<float>(rank + 1));
           r.mean_loss = 3.0;
+          r.load_s = 0.01, r.delta_s = 0.02, r.round_s = 0.05;  // the host seconds a real worker measures
           return r;
         });
       },
@@ -419,6 +420,29 @@ struct coordinator_fixture : test_coordinator_fixture<lw_config> {
   }
 
   bool logged(const std::string& text) const { return log.str().find(text) != std::string::npos; }
+
+  /// A run whose round 1 all-reduce is held for `ms` of wall time while the coordinator waits in reducing.
+  void run_holding_first_reduce(int ms) {
+    cfg.checkpoint.every_rounds = 0;
+    w->hold = hold_first("reduce", 1);
+    launch();
+    CATCH_REQUIRE(phases() == "idle inner reducing");
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    release(communicator, "reduce");
+    CATCH_REQUIRE(w->codes == std::vector<int>{0});
+  }
+
+  /// The coordinator's metrics.jsonl records of `kind`, parsed.
+  std::vector<rapidjson::Document> records_of(const std::string& kind) const {
+    std::vector<rapidjson::Document> out;
+    for (const auto& line : w->records) {
+      rapidjson::Document d;
+      d.Parse(line.c_str());
+      CATCH_REQUIRE(!d.HasParseError());
+      if (std::string(d["kind"].GetString()) == kind) out.push_back(std::move(d));
+    }
+    return out;
+  }
 };
 
 using strings = std::vector<std::string>;
@@ -778,21 +802,10 @@ CATCH_TEST_CASE_METHOD(
     coordinator_fixture,
     "a round record says how long the coordinator spent in each phase since the one before",
     "[integration][coordinator]") {
-  cfg.checkpoint.every_rounds = 0;
-  w->hold = hold_first("reduce", 1);
-  launch();
   // Round 1's all-reduce is held: the coordinator waits in reducing while the clock runs.
-  CATCH_REQUIRE(phases() == "idle inner reducing");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  release(communicator, "reduce");
-  CATCH_REQUIRE(w->codes == std::vector<int>{0});
+  run_holding_first_reduce(300);
   std::vector<double> inner, reducing, outer;
-  for (const auto& line : w->records) {
-    rapidjson::Document d;
-    d.Parse(line.c_str());
-    CATCH_REQUIRE(!d.HasParseError());
-    if (std::string(d["kind"].GetString()) != "round") continue;
-    CATCH_INFO(line);
+  for (const auto& d : records_of("round")) {
     CATCH_REQUIRE(d.HasMember("inner_s"));
     CATCH_REQUIRE(d.HasMember("reducing_s"));
     CATCH_REQUIRE(d.HasMember("outer_step_s"));
@@ -807,4 +820,28 @@ CATCH_TEST_CASE_METHOD(
   CATCH_CHECK(inner[0] < reducing[0]);
   CATCH_CHECK(outer[0] < reducing[0]);
   CATCH_CHECK(reducing[1] < reducing[0]);
+}
+
+CATCH_TEST_CASE_METHOD(
+    coordinator_fixture,
+    "a worker record splits its idle time into theta's load, the pseudo-gradient, the gaps "
+    "between steps and the boundary",
+    "[integration][coordinator]") {
+  // Round 1's all-reduce is held: its wall time outside the workers' rounds is at least the hold.
+  run_holding_first_reduce(300);
+  const auto workers = records_of("worker");
+  CATCH_CHECK(workers.size() == static_cast<size_t>(cfg.train.rounds * cfg.train.workers));
+  for (const auto& d : workers) {
+    CATCH_INFO("round " << d["round"].GetUint64() << ", worker " << d["worker"].GetInt64());
+    // The fakes report no steps: the worker's round (0.05 s) is load 0.01, the pseudo-gradient 0.02 and
+    // gaps 0.02, once a round (summed over the round's run requests, then started again).
+    CATCH_CHECK(d["load_s"].GetDouble() == Approx(0.01));
+    CATCH_CHECK(d["delta_s"].GetDouble() == Approx(0.02));
+    CATCH_CHECK(d["gaps_s"].GetDouble() == Approx(0.02));
+    if (d["round"].GetUint64() != 1) continue;
+    CATCH_CHECK(d["boundary_s"].GetDouble() >= 0.3 - 0.05);
+    const double parts = d["load_s"].GetDouble() + d["delta_s"].GetDouble() + d["gaps_s"].GetDouble() +
+                         d["boundary_s"].GetDouble();
+    CATCH_CHECK(parts == Approx(d["idle_s"].GetDouble()));
+  }
 }

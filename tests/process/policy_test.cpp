@@ -296,7 +296,20 @@ void check_run(const std::string& policy, const std::string& dtype, const policy
     CATCH_CHECK(outer == expected.outer_rounds);
     const auto workers = of_kind(records, "worker");
     CATCH_CHECK(workers.size() == workers_per_node * rounds);
-    for (const auto* w : workers) CATCH_CHECK(at(*w, "staleness").GetDouble() == Approx(expected.staleness));
+    for (const auto* w : workers) {
+      CATCH_CHECK(at(*w, "staleness").GetDouble() == Approx(expected.staleness));
+      // The idle split, measured by the real worker: each part is a time, and they add up to the idle time
+      // (a part clamped at 0 only adds).
+      double parts = 0;
+      for (const char* k : {"load_s", "delta_s", "gaps_s", "boundary_s"}) {
+        CATCH_INFO(k);
+        CATCH_CHECK(at(*w, k).GetDouble() >= 0);
+        parts += at(*w, k).GetDouble();
+      }
+      CATCH_CHECK(parts >= at(*w, "idle_s").GetDouble() - 1e-9);
+      if (at(*w, "gaps_s").GetDouble() > 0 && at(*w, "boundary_s").GetDouble() > 0)
+        CATCH_CHECK(parts == Approx(at(*w, "idle_s").GetDouble()).margin(1e-9));
+    }
   }
   CATCH_CHECK(losses[0] == losses[1]);  // every node ends with the same theta_global
   // And it trained: the byte model starts at ln 256 = 5.5 (the mechanics model of the sparse runs learns
