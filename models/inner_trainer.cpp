@@ -61,7 +61,21 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
 inner_trainer::~inner_trainer() = default;
 
 void inner_trainer::set_params(const at::Tensor& theta) {
-  master_.copy_(theta);
+  if (stage_ && theta.numel() == master_.numel()) {
+    // Staged: theta is uploaded once, into delta_dev_, where the round's pseudo-gradient is then made.
+    no_grad_guard no_grad;
+    stage_->fence();  // a staged copy has read delta_dev_
+    if (delta_dev_.storage().use_count() > 1 || delta_dev_.numel() < master_.numel())
+      new_delta_buffer(master_.numel());
+    auto on_device = delta_dev_.narrow(0, 0, master_.numel());
+    on_device.copy_(theta);
+    ++theta_uploads_;
+    master_.copy_(on_device);
+    theta_in_delta_.emplace(theta.getIntrusivePtr());
+    theta_version_ = theta._version();
+  } else {
+    master_.copy_(theta);
+  }
   if (opts_.bf16) model_.load_flat(master_);
 }
 
@@ -214,7 +228,7 @@ at::Tensor inner_trainer::node_delta(const at::Tensor& theta, const flat_ranges&
   stage_->fence();  // a staged copy (the gradient's) has read its source
   // The node's mean may still read the last round's: never write under a reader. A new buffer of this
   // call's size (a fragment's, not the model's).
-  if (delta_dev_.storage().use_count() > 1) delta_dev_ = at::empty({range_size(ranges)}, master_.options());
+  if (delta_dev_.storage().use_count() > 1) new_delta_buffer(range_size(ranges));
   const int64_t packed = fill_delta(theta, ranges);
   if (compute_) {  // done before another thread's stream reads it
     device_event ready(device_);
@@ -228,8 +242,14 @@ int64_t inner_trainer::fill_delta(const at::Tensor& theta, const flat_ranges& ra
   // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: whatever reads the result
   // comes after it on the device. Each range's theta - master is one fp32 rounding, as on the host.
   const bool pinned = device_.is_cuda() && theta.is_pinned();
-  if (delta_dev_.numel() < range_size(ranges))
-    delta_dev_ = at::empty({range_size(ranges)}, master_.options());
+  if (holds_theta(theta, ranges)) {  // theta is there since set_params: the same op, no upload
+    theta_in_delta_.reset();
+    delta_dev_.narrow(0, 0, master_.numel()).sub_(master_);
+    return master_.numel();
+  }
+  theta_in_delta_.reset();  // overwritten below
+  if (delta_dev_.numel() < range_size(ranges)) new_delta_buffer(range_size(ranges));
+  ++theta_uploads_;
   int64_t packed = 0;
   for (const auto& [off, len] : ranges) {
     auto d = delta_dev_.narrow(0, packed, len);
@@ -238,6 +258,18 @@ int64_t inner_trainer::fill_delta(const at::Tensor& theta, const flat_ranges& ra
     packed += len;
   }
   return packed;
+}
+
+bool inner_trainer::holds_theta(const at::Tensor& theta, const flat_ranges& ranges) const {
+  if (!theta_in_delta_ || ranges.size() != 1 || ranges[0].first != 0 || ranges[0].second != master_.numel())
+    return false;
+  const auto loaded = theta_in_delta_->lock();  // the null singleton once every holder let go
+  return loaded.get() == theta.unsafeGetTensorImpl() && theta._version() == theta_version_;
+}
+
+void inner_trainer::new_delta_buffer(int64_t n) {
+  theta_in_delta_.reset();
+  delta_dev_ = at::empty({n}, master_.options());
 }
 
 void inner_trainer::apply_grad(const at::Tensor& grad_fp32) {

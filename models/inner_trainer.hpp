@@ -103,6 +103,9 @@ class inner_trainer {
   /// packed, in a device buffer that this trainer writes again only once nobody holds a tensor on it, its
   /// computation done; otherwise pseudo_gradient's host tensor. The worker replies at once: no copy waits.
   at::Tensor node_delta(const at::Tensor& theta, const flat_ranges& ranges);
+  /// Copies of a theta onto the device so far (staged: set_params' one a round; the pseudo-gradient of a
+  /// round whose theta set_params loaded uploads none).
+  size_t theta_uploads() const { return theta_uploads_; }
   /// Host buffers the pseudo-gradient's stage holds (0: not staged).
   size_t staged_buffers() const { return stage_ ? stage_->buffers() : 0; }
   /// DDP: clip and apply an (averaged) fp32 gradient.
@@ -130,6 +133,11 @@ class inner_trainer {
   /// delta_dev_'s first values (a larger buffer when it is too small): theta - master on `ranges`, packed,
   /// queued on the compute stream; their count.
   int64_t fill_delta(const at::Tensor& theta, const flat_ranges& ranges);
+  /// delta_dev_ holds theta's upload by set_params (the same tensor, unchanged since) and ranges are all of
+  /// it.
+  bool holds_theta(const at::Tensor& theta, const flat_ranges& ranges) const;
+  /// A new delta_dev_ of n values (it no longer holds set_params' theta).
+  void new_delta_buffer(int64_t n);
   /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
   at::Tensor to_host(const at::Tensor& t, bool lend) const;
 
@@ -154,6 +162,11 @@ class inner_trainer {
   double gpu_seconds_ = -1;
   std::unique_ptr<host_stage> stage_;  // the pseudo-gradient's way out (CUDA, or stage_delta)
   at::Tensor delta_dev_;  // theta - master on the device; read by the stage's last copy, or the node's mean
+  // Staged: the theta that set_params left in delta_dev_ (weak: its holders alone keep it) and its version,
+  // so the round's pseudo-gradient subtracts on the device without uploading theta again.
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> theta_in_delta_;
+  int64_t theta_version_ = 0;
+  size_t theta_uploads_ = 0;
   std::unique_ptr<data::window_sampler> sampler_;
 };
 

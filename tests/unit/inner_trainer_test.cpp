@@ -170,6 +170,60 @@ CATCH_TEST_CASE(
   CATCH_CHECK(same_bits(h, theta - host->master().cpu()));
 }
 
+CATCH_TEST_CASE(
+    "a staged round uploads its theta once: set_params leaves it on the device for the round's "
+    "pseudo-gradient, bit for bit",
+    "[models][trainer][stage]") {
+  const auto device = device_under_test();
+  CATCH_INFO("device " << device);
+  for (const bool device_delta : {true, false}) {
+    CATCH_INFO("device_delta " << device_delta);
+    auto t = trainer(1, device, /*stage_delta=*/true, device_delta);
+    const auto theta = models::gpt::init_flat(spec, 3);  // not the trainer's start
+    const models::flat_ranges whole{{0, theta.numel()}};
+    const auto master = [&] { return t->master().cpu(); };
+    const size_t before = t->theta_uploads();
+    t->set_params(theta);
+    t->step();
+    t->step();
+    auto d = t->node_delta(theta, whole);
+    CATCH_CHECK(t->theta_uploads() == before + 1);
+    CATCH_CHECK(same_bits(d.cpu(), theta - master()));
+    // The next round while the node's mean still holds d: its theta goes elsewhere, d stays as it was.
+    const auto d_bits = d.cpu().clone();
+    auto theta2 = theta + 0.01;
+    t->set_params(theta2);
+    CATCH_CHECK(same_bits(d.cpu(), d_bits));
+    // theta2 changed in place since (its version moved): its values now are uploaded.
+    t->step();
+    theta2.add_(0.5);
+    auto d2 = t->node_delta(theta2, whole);
+    CATCH_CHECK(t->theta_uploads() == before + 3);
+    CATCH_CHECK(same_bits(d2.cpu(), theta2 - master()));
+    // Another tensor of the same values: uploaded (which tensor, not its values, says what is there).
+    d = d2 = at::Tensor();
+    t->set_params(theta);
+    t->step();
+    const auto copy = theta.clone();
+    auto d3 = t->node_delta(copy, whole);
+    CATCH_CHECK(t->theta_uploads() == before + 5);
+    CATCH_CHECK(same_bits(d3.cpu(), copy - master()));
+    // A fragment's ranges: uploaded; and the whole after it too (the fragment overwrote theta's copy).
+    d3 = at::Tensor();
+    t->set_params(theta);
+    t->step();
+    const auto ranges = models::fragment_ranges(spec, 2, /*strided=*/false)[1];
+    std::vector<at::Tensor> slices;
+    for (const auto& [off, len] : ranges) slices.push_back((theta - master()).narrow(0, off, len));
+    auto f = t->node_delta(theta, ranges);
+    CATCH_CHECK(same_bits(f.cpu(), at::cat(slices)));
+    f = at::Tensor();
+    auto d4 = t->node_delta(theta, whole);
+    CATCH_CHECK(t->theta_uploads() == before + 8);
+    CATCH_CHECK(same_bits(d4.cpu(), theta - master()));
+  }
+}
+
 CATCH_TEST_CASE("a fragment's pseudo-gradient is its ranges of theta - master, packed, staged or not",
                 "[models][trainer][stage]") {
   const auto device = device_under_test();
