@@ -206,9 +206,8 @@ at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta) {
 }
 
 at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ranges& ranges) {
-  const bool whole = ranges.size() == 1 && ranges[0].first == 0 && ranges[0].second == master_.numel();
   if (!stage_) {  // the CPU, op for op as always
-    if (whole) return theta - master_;
+    if (whole(ranges)) return theta - master_;
     std::vector<at::Tensor> slices;
     for (const auto& [off, len] : ranges)
       slices.push_back(theta.narrow(0, off, len) - master_.narrow(0, off, len));
@@ -242,12 +241,12 @@ int64_t inner_trainer::fill_delta(const at::Tensor& theta, const flat_ranges& ra
   // A pinned theta (the outer optimizer's on a GPU node) uploads without blocking: whatever reads the result
   // comes after it on the device. Each range's theta - master is one fp32 rounding, as on the host.
   const bool pinned = device_.is_cuda() && theta.is_pinned();
-  if (holds_theta(theta, ranges)) {  // theta is there since set_params: the same op, no upload
-    theta_in_delta_.reset();
+  const bool held = holds_theta(theta, ranges);
+  theta_in_delta_.reset();  // delta_dev_ is overwritten either way
+  if (held) {               // theta is there since set_params: the same op, no upload
     delta_dev_.narrow(0, 0, master_.numel()).sub_(master_);
     return master_.numel();
   }
-  theta_in_delta_.reset();  // overwritten below
   if (delta_dev_.numel() < range_size(ranges)) new_delta_buffer(range_size(ranges));
   ++theta_uploads_;
   int64_t packed = 0;
@@ -261,10 +260,13 @@ int64_t inner_trainer::fill_delta(const at::Tensor& theta, const flat_ranges& ra
 }
 
 bool inner_trainer::holds_theta(const at::Tensor& theta, const flat_ranges& ranges) const {
-  if (!theta_in_delta_ || ranges.size() != 1 || ranges[0].first != 0 || ranges[0].second != master_.numel())
-    return false;
+  if (!theta_in_delta_ || !whole(ranges)) return false;
   const auto loaded = theta_in_delta_->lock();  // the null singleton once every holder let go
   return loaded.get() == theta.unsafeGetTensorImpl() && theta._version() == theta_version_;
+}
+
+bool inner_trainer::whole(const flat_ranges& ranges) const {
+  return ranges.size() == 1 && ranges[0].first == 0 && ranges[0].second == master_.numel();
 }
 
 void inner_trainer::new_delta_buffer(int64_t n) {

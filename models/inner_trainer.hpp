@@ -136,6 +136,8 @@ class inner_trainer {
   /// delta_dev_ holds theta's upload by set_params (the same tensor, unchanged since) and ranges are all of
   /// it.
   bool holds_theta(const at::Tensor& theta, const flat_ranges& ranges) const;
+  /// ranges are the whole flat buffer, as one range.
+  bool whole(const flat_ranges& ranges) const;
   /// A new delta_dev_ of n values (it no longer holds set_params' theta).
   void new_delta_buffer(int64_t n);
   /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
