@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 
 #include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
@@ -36,23 +37,38 @@ int64_t own_steps(self_ptr self, const replica_state& r) {
 
 using state_parts = std::pair<outer_snapshot, std::vector<replica_state>>;
 
-/// Asks the outer optimizer (state_atom, lend) and the first `workers` workers (msg) for their state, all at
-/// once, and calls k with every answer. The first error fails the run.
+/// delayed, eager: the average a snapshot of `round` holds as pending (its own round's), caught when the
+/// snapshot is asked for. The next round may start before the answers come, and its outer step applies and
+/// forgets that average; the catch keeps it. Empty while it has not arrived (the snapshot then waits for it
+/// in with_pending: a running all-reduce is not forgotten).
+std::shared_ptr<at::Tensor> catch_pending(self_ptr self, uint64_t round) {
+  auto& s = self->state;
+  const auto pending = s.policy->pending_average(round);
+  if (!pending || !s.reduces.known(*pending)) return nullptr;
+  auto caught = std::make_shared<at::Tensor>();
+  s.reduces.when(*pending, [caught](at::Tensor avg) { *caught = std::move(avg); });
+  return caught;
+}
+
+/// Puts a caught average in the snapshot, if it came.
+void attach_caught(train_snapshot& snap, const std::shared_ptr<at::Tensor>& caught) {
+  if (!caught || !caught->defined()) return;
+  snap.pending = *caught;
+  snap.pending_round = snap.round;
+}
+
+/// Asks the first `workers` workers (msg), then the outer optimizer (state_atom, lend) for their state, and
+/// calls k with every answer. The first error fails the run. between, if given, runs in between: the next
+/// round may start there. Its workers' requests queue behind these, and the outer optimizer answers the
+/// round's theta before it copies its state, which nothing the start of a round sends changes.
 template <class... Ts>
 void ask_state(self_ptr self, bool lend, size_t workers, caf::timespan timeout,
-               std::function<void(state_parts)> k, Ts... msg) {
+               std::function<void(state_parts)> k, const std::function<void()>& between, Ts... msg) {
   auto got = std::make_shared<state_parts>();
   auto left = std::make_shared<int>(2);
   auto one_more = [got, left, k] {
     if (--*left == 0) k(std::move(*got));
   };
-  self->request(self->state.peers.outer, self->state.request_timeout, state_atom_v, lend)
-      .then(
-          [=](outer_snapshot& outer) {
-            got->first = std::move(outer);
-            one_more();
-          },
-          [=](caf::error& e) { fail(self, e); });
   gather_each<replica_state>(
       self,
       [=](std::vector<replica_state> reps) {
@@ -60,6 +76,14 @@ void ask_state(self_ptr self, bool lend, size_t workers, caf::timespan timeout,
         one_more();
       },
       [=](size_t i) { return self->request(self->state.workers[i], timeout, msg...); }, workers);
+  if (between) between();
+  self->request(self->state.peers.outer, self->state.request_timeout, state_atom_v, lend)
+      .then(
+          [=](outer_snapshot& outer) {
+            got->first = std::move(outer);
+            one_more();
+          },
+          [=](caf::error& e) { fail(self, e); });
 }
 
 }  // namespace
@@ -76,6 +100,7 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
   auto schedule = s.policy->schedule_step();
   if (!schedule && s.ctx->cfg.diloco.adaptive_steps) schedule = static_cast<uint64_t>(s.last_step);
   const uint64_t round = s.round;
+  const auto caught = catch_pending(self, round);
   auto assemble = [=](state_parts got) {
     auto& [outer, reps] = got;
     train_snapshot snap = outer_part(self->state, round, outer,
@@ -91,29 +116,30 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
                                                  r.rank, r.adam_steps, reps[0].rank, reps[0].adam_steps)));
     snap.replicas = std::move(reps);
     self->state.policy->fill_snapshot(snap, outer, boundary);
+    attach_caught(snap, caught);
     then(std::move(snap));
   };
   const size_t all = s.workers.size();
   if (target >= 0)
-    ask_state(self, lend, all, s.round_timeout, assemble, state_atom_v, target);
+    ask_state(self, lend, all, s.round_timeout, assemble, nullptr, state_atom_v, target);
   else if (lend)
-    ask_state(self, lend, all, s.request_timeout, assemble, state_atom_v, true);
+    ask_state(self, lend, all, s.request_timeout, assemble, nullptr, state_atom_v, true);
   else
-    ask_state(self, lend, all, s.request_timeout, assemble, state_atom_v);
-  if (sent && target < 0 && !lend) sent();
+    ask_state(self, lend, all, s.request_timeout, assemble, sent, state_atom_v);
 }
 
 namespace {
 
 /// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a
-/// resume continues exactly. If that all-reduce is still running, the snapshot (already cloned) waits for it
+/// resume continues exactly (caught when asked for, or looked up now). If that all-reduce is still running,
+/// the snapshot (already cloned) waits for it
 /// while training goes on; if it failed (a stop cancelled it), no exact snapshot of the round exists and
 /// none is saved (the previous checkpoint stays the newest).
 void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
   auto& s = self->state;
   const auto r = snap.round;
   const auto pending = s.policy->pending_average(r);
-  if (!pending) return k(std::move(snap));
+  if (!pending || snap.pending.defined()) return k(std::move(snap));
   const ring_label key = *pending;
   if (s.reduces.has_failed(key)) {
     spdlog::info("the snapshot of round {} is not saved: the all-reduce of its average failed", r);
@@ -199,6 +225,7 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
   if (!s.ctx->cluster->serves_state()) return then();
   const uint64_t round = s.round;
   const auto schedule = s.policy->schedule_step();  // read now: training goes on before the answers
+  const auto caught = catch_pending(self, round);
   ask_state(
       self, false, 1, s.request_timeout,
       [=](state_parts got) {
@@ -207,6 +234,7 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
             self->state, round, outer, schedule ? static_cast<int64_t>(*schedule) : own_steps(self, reps[0]));
         snap.replicas.push_back(std::move(reps[0]));
         self->state.policy->fill_snapshot(snap, outer, /*boundary=*/true);
+        attach_caught(snap, caught);
         // delayed, eager: served once its round's average is there.
         with_pending(self, std::move(snap), [self](train_snapshot full) {
           const auto& ctx = *self->state.ctx;
@@ -215,8 +243,7 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
                                versions ? std::optional<uint64_t>(full.version) : std::nullopt);
         });
       },
-      state_atom_v, false);
-  then();  // each actor answers before the next round's requests: the copies are of this boundary
+      then, state_atom_v, false);  // the next round starts in between: the copies are of this boundary
 }
 
 void save(self_ptr self, train_snapshot snap, std::function<void()> then) {

@@ -220,8 +220,10 @@ void on_eval(self_ptr self, uint64_t round, uint64_t version, int64_t step, doub
 std::string write_result(const coordinator_state& s, double wall);
 
 // ---- snapshots, saves and stops (snapshots.cpp) ----------------------------------------------------------
-/// sent (not with lend or a target): called once the requests are out. Each actor answers them before any
-/// later request (the next round's), so the snapshot is of now even when training goes on at once.
+/// sent (not with lend or a target): called once the workers' requests are out, before the outer
+/// optimizer's. Each worker answers before the next round's run, and nothing the start of a round sends
+/// changes the outer optimizer's state, so the snapshot is of now even when training goes on at once (and the
+/// round's theta is answered before the outer state is copied).
 void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then,
                    int64_t target = -1, bool lend = false, std::function<void()> sent = {});
 /// Hands a snapshot to the checkpointer once it holds its residuals and pending average; then() after the
@@ -230,7 +232,8 @@ void save(self_ptr self, train_snapshot snap, std::function<void()> then);
 void flush_then(self_ptr self, std::function<void()> then);
 /// Cluster members: a copy of the state at this round boundary (outer state, replica 0, the policy's part
 /// and, once it is there, the pending average) goes to the cluster link (publish) for joiners; then() once
-/// the requests for the copies are out (take_snapshot's sent). Without a link that serves_state, at once.
+/// the workers' requests for the copies are out (take_snapshot's sent). Without a link that serves_state,
+/// at once.
 void publish_boundary(self_ptr self, std::function<void()> then);
 void stop_now(self_ptr self, bool boundary);
 /// The all-reduce `label` failed with `e`: a stop, a lost peer's grace period, or a failed run.

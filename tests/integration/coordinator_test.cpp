@@ -461,10 +461,10 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture,
     CATCH_CHECK(phases() ==
                 "idle inner reducing outer_step saving inner reducing outer_step evaluating saving done");
     CATCH_CHECK(seen({"w", "reduce", "outer", "save", "flush", "done"}) ==
-                strings{"w0 theta",    "w1 theta", "w0 run 1", "w1 run 1",    "reduce 1", "outer 1",
-                        "outer state", "w0 state", "w1 state", "save 1",      "w0 run 2", "w1 run 2",
-                        "reduce 2",    "outer 2",  "w0 eval",  "outer state", "w0 state", "w1 state",
-                        "save 2",      "flush",    "done 0"});
+                strings{"w0 theta", "w1 theta", "w0 run 1",    "w1 run 1", "reduce 1", "outer 1",
+                        "w0 state", "w1 state", "outer state", "save 1",   "w0 run 2", "w1 run 2",
+                        "reduce 2", "outer 2",  "w0 eval",     "w0 state", "w1 state", "outer state",
+                        "save 2",   "flush",    "done 0"});
     // The average of the workers' 0.1 and 0.2, applied once per round.
     CATCH_REQUIRE(w->outer_avgs.size() == 2);
     CATCH_CHECK(w->outer_avgs[0] == Approx(0.15));
@@ -558,8 +558,8 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture, "a stop in each phase ends the run a
     CATCH_CHECK(phases() == "idle inner reducing outer_step saving inner stopping done");
     // Worker 0 stopped after 1 step of round 2, worker 1 after 2: both are brought to step 4 + 2.
     CATCH_CHECK(std::vector<std::string>(w->seen.begin() + static_cast<std::ptrdiff_t>(before),
-                                         w->seen.end()) == strings{"w0 pause", "w1 pause", "outer state",
-                                                                   "w0 state 6", "w1 state 6", "save 1",
+                                         w->seen.end()) == strings{"w0 pause", "w1 pause", "w0 state 6",
+                                                                   "w1 state 6", "outer state", "save 1",
                                                                    "flush", "done 130"});
     CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 1});
     CATCH_CHECK(w->saved.back().step == 6);
@@ -662,7 +662,7 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture, "a stop in each phase ends the run a
     CATCH_REQUIRE(w->codes == std::vector<int>{130});
     CATCH_CHECK(phases() == "idle resuming stopping done");
     CATCH_CHECK(seen({"outer", "w", "save", "done"}) == strings{"outer load", "w0 load", "w1 load",
-                                                                "outer state", "w0 state", "w1 state",
+                                                                "w0 state", "w1 state", "outer state",
                                                                 "save 1", "done 130"});
     CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1});
     CATCH_CHECK(w->saved[0].step == 4);
