@@ -132,9 +132,8 @@ namespace {
 
 /// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a
 /// resume continues exactly (caught when asked for, or looked up now). If that all-reduce is still running,
-/// the snapshot (already cloned) waits for it
-/// while training goes on; if it failed (a stop cancelled it), no exact snapshot of the round exists and
-/// none is saved (the previous checkpoint stays the newest).
+/// the snapshot (already cloned) waits for it while training goes on; if it failed (a stop cancelled it), no
+/// exact snapshot of the round exists and none is saved (the previous checkpoint stays the newest).
 void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
   auto& s = self->state;
   const auto r = snap.round;
