@@ -42,6 +42,9 @@ struct run_options {
   /// Tests only: spawns the communicator instead of the real one (e.g. one that answers (reduce, round,
   /// parts) with hand-set averages). Empty: the real communicator.
   std::function<runtime::communicator_actor(caf::actor_system&)> communicator_override;
+  /// Tests only: CPU workers copy their state and pseudo-gradient through a GPU's stage (a side stream,
+  /// reused host buffers; models::inner_options::stage_delta), so a GPU's deferred answers run here.
+  bool stage_on_cpu = false;
 };
 
 /// Exit codes: 0 done, 1 runtime failure, 2 bad config or input (comm.backend = "nccl" where this binary or

@@ -4,6 +4,8 @@
 //   (state, lend = true): the live buffers; the caller sends nothing that changes them until the snapshot is
 //   written
 //   (pause) -> steps done; (state, target) -> replica_state once the paused replica reached step target
+//   (state) -> replica_state of that moment, answered once its copies are done: steps poll for them, and
+//   between rounds (copied) does every millisecond
 #include "actors/worker.hpp"
 
 #include <ATen/ATen.h>
@@ -53,6 +55,13 @@ struct worker_state {
   // The last step's report, sent once its loss is read: during the next step, or at the round's end and
   // before a snapshot (on a GPU the host so never waits for the step it has just queued).
   std::optional<step_report> held;
+  // A state asked for (state) whose copies are still in flight (a GPU's), answered once they are done.
+  struct in_flight {
+    replica_state state;
+    std::shared_ptr<models::device_event> done;
+    caf::typed_response_promise<replica_state> rp;
+  };
+  std::optional<in_flight> copying;
 };
 
 using worker_self = worker_actor::stateful_pointer<worker_state>;
@@ -109,6 +118,8 @@ caf::error flush_held(worker_self self) {
   return {};
 }
 
+void answer_copy(worker_self self, bool wait);
+
 /// The round failed (a step, or the read of its loss): its reply carries the error, nothing stays held.
 void fail_round(worker_self self, const caf::error& err) {
   auto& s = self->state;
@@ -116,6 +127,7 @@ void fail_round(worker_self self, const caf::error& err) {
   s.busy = false;
   s.theta_ref = at::Tensor();
   s.rp.deliver(err);
+  answer_copy(self, /*wait=*/false);  // between rounds now: a copy in flight is looked at on a timer
 }
 
 void finish_round(worker_self self) {
@@ -140,11 +152,11 @@ void finish_round(worker_self self) {
   s.busy = false;
   s.theta_ref = at::Tensor();
   s.rp.deliver(std::move(r));
+  answer_copy(self, /*wait=*/false);
 }
 
-replica_state replica_of(worker_self self, bool lend = false) {
+replica_state replica_from(worker_self self, models::inner_state is) {
   auto& s = self->state;
-  auto is = s.trainer->state(lend);
   replica_state r;
   r.rank = s.rank;
   r.master = std::move(is.master);
@@ -155,6 +167,47 @@ replica_state replica_of(worker_self self, bool lend = false) {
   // Steps of the current (or last) round; the coordinator zeroes it for round-boundary snapshots.
   r.steps_in_round = s.steps_in_round;
   return r;
+}
+
+replica_state replica_of(worker_self self, bool lend = false) {
+  return replica_from(self, self->state.trainer->state(lend));
+}
+
+/// Answers the state in flight once its copies are done (wait: now). Between rounds a copy still running
+/// is looked at again in a millisecond; during one, the next step looks.
+void answer_copy(worker_self self, bool wait) {
+  auto& s = self->state;
+  if (!s.copying) return;
+  auto& c = *s.copying;
+  if (!wait && !c.done->query()) {
+    if (!s.busy) self->delayed_send(self, std::chrono::milliseconds(1), copied_atom_v);
+    return;
+  }
+  auto rp = std::move(c.rp);
+  auto r = std::move(c.state);
+  auto done = std::move(c.done);
+  s.copying.reset();
+  if (auto err = guarded(s.rank, [&] { done->synchronize(); }))
+    rp.deliver(err);
+  else
+    rp.deliver(std::move(r));
+}
+
+/// (state): the state of this moment; a copy in flight is answered later (answer_copy), the worker free to
+/// run meanwhile. A state asked for before is answered first.
+caf::result<replica_state> copy_state(worker_self self) {
+  auto& s = self->state;
+  answer_copy(self, /*wait=*/true);
+  if (auto err = flush_held(self)) return err;
+  models::inner_state_copy c;
+  if (auto err = guarded(s.rank, [&] { c = s.trainer->state_copy(); })) return err;
+  auto r = replica_from(self, std::move(c.state));
+  if (c.ready()) return r;
+  s.copying =
+      worker_state::in_flight{std::move(r), std::move(c.done), self->make_response_promise<replica_state>()};
+  auto rp = s.copying->rp;
+  answer_copy(self, /*wait=*/false);
+  return rp;
 }
 
 /// (run): starts a round of h inner steps from theta (reset: loaded first, unless a checkpoint interrupted
@@ -251,6 +304,7 @@ void inner_step(worker_self self) {
   });
   if (err) return fail_round(self, err);
   if (previous && s.held) send_held(self, *previous);
+  answer_copy(self, /*wait=*/false);
   rep.compute_s = seconds_since(t0);
   rep.rank = s.rank;
   rep.step = by_round ? at(s.steps_in_round + 1) : s.trainer->steps_done();  // the round's last: round * H
@@ -336,12 +390,11 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
       [=](mix_atom, at::Tensor theta, uint32_t fragment, double alpha) {
         return mix_fragment(self, theta, fragment, alpha);
       },
-      [=](state_atom) -> caf::result<replica_state> {
-        if (auto err = flush_held(self)) return err;
-        return replica_of(self);
-      },
+      [=](state_atom) { return copy_state(self); },
+      [=](copied_atom) { answer_copy(self, /*wait=*/false); },
       [=](state_atom, bool lend) -> caf::result<replica_state> {
         if (self->state.busy) return make_error(errc::stale_round, "worker: state lent during a round");
+        answer_copy(self, /*wait=*/true);
         return replica_of(self, lend);
       },
       [=](pause_atom) -> caf::result<int64_t> {
@@ -352,6 +405,7 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
       },
       [=](state_atom, int64_t target) -> caf::result<replica_state> {
         auto& s = self->state;
+        answer_copy(self, /*wait=*/true);
         s.pause_target = target;
         if (!s.busy || s.trainer->steps_done() >= target) {
           if (auto err = flush_held(self)) return err;

@@ -56,7 +56,6 @@ host_stage::staged host_stage::stage(const at::Tensor& src) {
   });
   done->record(*side_);
   b.done = done;
-  last_ = done;
   return {std::move(host), std::move(done)};
 }
 
@@ -73,8 +72,11 @@ void host_stage::release_sources() {
     if (b.source.defined() && (!b.done || b.done->query())) b.source = at::Tensor();
 }
 
-void host_stage::fence() {
-  if (last_) last_->block(*compute_);
+void host_stage::fence(const at::Tensor& written) {
+  release_sources();
+  for (auto& b : pool_)
+    if (b.source.defined() && b.done && b.source.storage().is_alias_of(written.storage()))
+      b.done->block(*compute_);
 }
 
 }  // namespace longwave::models

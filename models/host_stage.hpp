@@ -28,10 +28,11 @@ class host_stage {
   /// Queues a copy of `src` (a contiguous fp32 tensor of the device, as the compute stream will have written
   /// it by now) into a free host buffer. A buffer is free once nobody holds a tensor on it (views included)
   /// and its copy is done: a reader keeps the tensor for as long as it reads it. The stage keeps src alive
-  /// until the copy is done; the compute stream must not write src again before fence().
+  /// until the copy is done; the compute stream must not write src again before fence(src).
   staged stage(const at::Tensor& src);
-  /// The compute stream's later work waits for every staged copy to have read its source.
-  void fence();
+  /// The compute stream's later work waits for the copies in flight whose source shares `written`'s
+  /// storage: a copy of another source (a state's clone, copied while the next round runs) holds nothing.
+  void fence(const at::Tensor& written);
   /// Lets go of the sources whose copies are done (stage() does so too): a caller that waited for its copy
   /// frees the source's device memory now, not at the next stage().
   void release_sources();
@@ -59,8 +60,7 @@ class host_stage {
   std::shared_ptr<device_stream> compute_, side_;
   device_event written_;  // marks the compute stream's work that a copy waits for
   std::vector<buffer> pool_;
-  std::shared_ptr<device_event> last_;  // the newest copy's
-  std::unique_ptr<gpu_timer> timer_;    // time_copies()
+  std::unique_ptr<gpu_timer> timer_;  // time_copies()
 };
 
 }  // namespace longwave::models

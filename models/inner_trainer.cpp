@@ -64,7 +64,7 @@ void inner_trainer::set_params(const at::Tensor& theta) {
   if (stage_ && theta.numel() == master_.numel()) {
     // Staged: theta is uploaded once, into delta_dev_, where the round's pseudo-gradient is then made.
     no_grad_guard no_grad;
-    stage_->fence();  // a staged copy has read delta_dev_
+    stage_->fence(delta_dev_);  // a staged copy has read delta_dev_
     if (delta_dev_.storage().use_count() > 1 || delta_dev_.numel() < master_.numel())
       new_delta_buffer(master_.numel());
     auto on_device = delta_dev_.narrow(0, 0, master_.numel());
@@ -214,7 +214,7 @@ at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ra
     return at::cat(slices);
   }
   no_grad_guard no_grad;
-  stage_->fence();                                   // the last copy has read delta_dev_
+  stage_->fence(delta_dev_);                         // a staged copy has read delta_dev_
   const int64_t packed = fill_delta(theta, ranges);  // may take a larger buffer
   auto staged = stage_->stage(delta_dev_.narrow(0, 0, packed));
   staged.done->synchronize();
@@ -224,7 +224,7 @@ at::Tensor inner_trainer::pseudo_gradient(const at::Tensor& theta, const flat_ra
 at::Tensor inner_trainer::node_delta(const at::Tensor& theta, const flat_ranges& ranges) {
   if (!stage_ || !opts_.device_delta) return pseudo_gradient(theta, ranges);
   no_grad_guard no_grad;
-  stage_->fence();  // a staged copy (the gradient's) has read its source
+  stage_->fence(delta_dev_);  // a staged copy (the gradient's) has read delta_dev_
   // The node's mean may still read the last round's: never write under a reader. A new buffer of this
   // call's size (a fragment's, not the model's).
   if (delta_dev_.storage().use_count() > 1) new_delta_buffer(range_size(ranges));
@@ -313,26 +313,45 @@ at::Tensor inner_trainer::to_host(const at::Tensor& t, bool lend) const {
   return lend ? t : t.clone();
 }
 
+inner_state_copy inner_trainer::staged_state(bool clone) const {
+  // Through the pseudo-gradient's stage: reused host buffers (pinned on a GPU), one event for the three.
+  // A pageable copy of each into fresh memory held a GPU cluster's round boundary about 0.15 s (small).
+  const auto source = [clone](const at::Tensor& t) {
+    return clone ? t.clone(at::MemoryFormat::Contiguous) : t;
+  };
+  inner_state_copy c;
+  c.state.master = stage_->stage(source(master_)).host;
+  c.state.exp_avg = stage_->stage(source(adam_.exp_avg())).host;
+  auto last = stage_->stage(source(adam_.exp_avg_sq()));
+  c.state.exp_avg_sq = std::move(last.host);
+  c.done = std::move(last.done);
+  c.state.adam_steps = adam_.steps();
+  c.state.sampler_position = sampler_->position();
+  return c;
+}
+
+bool inner_trainer::stages_state() const {
+  return stage_ && master_.scalar_type() == at::kFloat && adam_.exp_avg().scalar_type() == at::kFloat;
+}
+
 inner_state inner_trainer::state(bool lend) const {
-  inner_state s;
-  const bool staged = stage_ && (device_.is_cuda() || !lend);
-  if (staged && master_.scalar_type() == at::kFloat && adam_.exp_avg().scalar_type() == at::kFloat) {
-    // Through the pseudo-gradient's stage: reused host buffers (pinned on a GPU), one wait for the three.
-    // A pageable copy of each into fresh memory held a GPU cluster's round boundary about 0.15 s (small).
-    std::array<host_stage::staged, 3> c{stage_->stage(master_), stage_->stage(adam_.exp_avg()),
-                                        stage_->stage(adam_.exp_avg_sq())};
-    for (auto& x : c) x.done->synchronize();
-    s.master = std::move(c[0].host);
-    s.exp_avg = std::move(c[1].host);
-    s.exp_avg_sq = std::move(c[2].host);
-  } else {
-    s.master = to_host(master_, lend);
-    s.exp_avg = to_host(adam_.exp_avg(), lend);
-    s.exp_avg_sq = to_host(adam_.exp_avg_sq(), lend);
+  if (stages_state() && (device_.is_cuda() || !lend)) {
+    auto c = staged_state(/*clone=*/false);  // nothing writes the sources before the wait
+    c.wait();
+    return std::move(c.state);
   }
+  inner_state s;
+  s.master = to_host(master_, lend);
+  s.exp_avg = to_host(adam_.exp_avg(), lend);
+  s.exp_avg_sq = to_host(adam_.exp_avg_sq(), lend);
   s.adam_steps = adam_.steps();
   s.sampler_position = sampler_->position();
   return s;
+}
+
+inner_state_copy inner_trainer::state_copy() const {
+  if (stages_state()) return staged_state(/*clone=*/true);
+  return {state(), nullptr};
 }
 
 void inner_trainer::load_state(const inner_state& s) {

@@ -53,6 +53,18 @@ struct inner_state {
   uint64_t sampler_position = 0;
 };
 
+/// A state whose host copies may still be in flight (inner_trainer::state_copy): its tensors hold the
+/// values once ready() or after wait().
+struct inner_state_copy {
+  inner_state state;
+  std::shared_ptr<device_event> done;  ///< the last of its copies (one side stream: in order); null: none
+  bool ready() const { return !done || done->query(); }
+  /// The host waits for the copies; a device error of theirs is thrown here.
+  void wait() const {
+    if (done) done->synchronize();
+  }
+};
+
 /// Mean loss of `model` on the first n_batches validation batches (batch_size sequences of the model's
 /// length), computed on the model's device. after_batch(done), if given, follows each batch (progress).
 double validation_loss(gpt& model, const std::vector<uint16_t>& val_tokens, int64_t batch_size,
@@ -122,6 +134,13 @@ class inner_trainer {
   /// A deep copy; lend: the live buffers instead, which the caller must keep from changing (no step, load
   /// or mix) until every holder has let go of them.
   inner_state state(bool lend = false) const;
+  /// A deep copy that the caller need not wait for. Staged, the device state is cloned on the compute
+  /// stream (about 3 x the model's fp32 size, freed once copied) and the clones leave through the stage's
+  /// side stream, so the next steps may be queued at once and change nothing the copy reads. Otherwise
+  /// state()'s copy, ready at once.
+  inner_state_copy state_copy() const;
+  /// The stage's side stream (null: not staged); tests hold it to keep a copy in flight.
+  device_stream* copy_stream() const { return stage_ ? &stage_->side() : nullptr; }
   void load_state(const inner_state& s);
   gpt& model() { return model_; }
 
@@ -142,6 +161,10 @@ class inner_trainer {
   void new_delta_buffer(int64_t n);
   /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
   at::Tensor to_host(const at::Tensor& t, bool lend) const;
+  /// The state through the stage, not waited for: master and both moments (clone: device clones of them).
+  inner_state_copy staged_state(bool clone) const;
+  /// The state goes through the stage (staged, and fp32).
+  bool stages_state() const;
 
   model_spec spec_;
   inner_options opts_;

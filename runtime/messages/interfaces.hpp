@@ -28,10 +28,13 @@ using worker_actor = evaluator_actor::extend<
     caf::replies_to<set_atom, at::Tensor>::with<bool>,
     /// Streaming: mixes fragment f of theta into the replica with weight alpha on the replica.
     caf::replies_to<mix_atom, at::Tensor, uint32_t, double>::with<bool>,
-    /// The resumable state: cloned; lent (bool: the live buffers, between rounds only); or after running
-    /// up to the given inner step (a paused replica, for a mid-round snapshot).
+    /// The resumable state: cloned (of the moment asked, answered once copied; the next round may run
+    /// meanwhile); lent (bool: the live buffers, between rounds only); or after running up to the given
+    /// inner step (a paused replica, for a mid-round snapshot).
     caf::replies_to<state_atom>::with<replica_state>, caf::replies_to<state_atom, bool>::with<replica_state>,
     caf::replies_to<state_atom, int64_t>::with<replica_state>,
+    /// To itself between rounds: answers the state asked for once its copies are done (a GPU's, in flight).
+    caf::reacts_to<copied_atom>,
     /// Stops stepping (Ctrl-C); answers the inner steps done.
     caf::replies_to<pause_atom>::with<int64_t>,
     /// Installs a resumable state.

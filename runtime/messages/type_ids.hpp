@@ -52,4 +52,5 @@ CAF_ADD_ATOM(longwave, longwave::runtime, lost_atom, "lost")        // coordinat
 CAF_ADD_ATOM(longwave, longwave::runtime, hold_atom, "hold")        // coordinator: a cluster stop's hold
 CAF_ADD_ATOM(longwave, longwave::runtime, merge_atom, "merge")      // coordinator: an async merge (main)
 CAF_ADD_ATOM(longwave, longwave::runtime, prepare_atom, "prepare")  // outer optimizer: compute a step early
+CAF_ADD_ATOM(longwave, longwave::runtime, copied_atom, "copied")    // worker: is a state copy done (to self)
 CAF_END_TYPE_ID_BLOCK(longwave)

@@ -304,7 +304,8 @@ std::function<runtime::communicator_actor(caf::actor_system&)> recording_communi
 /// read from the per-round checkpoints, and the pending average each holds (recording_communicator).
 std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir,
                                                           config::outer_policy_kind policy, int64_t rounds,
-                                                          std::shared_ptr<reduce_log> log = nullptr) {
+                                                          std::shared_ptr<reduce_log> log = nullptr,
+                                                          bool staged = false) {
   auto cfg = small_config(dir);
   cfg.run.mode = config::run_mode::diloco;
   cfg.diloco.outer = policy;
@@ -322,6 +323,7 @@ std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir
   opts.handle_signals = false;
   if (!log) log = std::make_shared<reduce_log>();
   opts.communicator_override = recording_communicator(n, log);
+  opts.stage_on_cpu = staged;
   CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
   runtime::checkpoint_store store(dir + "/checkpoints", rounds + 1);
   std::vector<runtime::train_snapshot> out;
@@ -386,10 +388,14 @@ CATCH_TEST_CASE("delayed applies each round's average one round late, and the la
 CATCH_TEST_CASE("eager steps each worker with its own fresh pseudo-gradient plus the others' previous ones",
                 "[integration][diloco][policy]") {
   require_corpus();
-  const auto dir = test::scratch_dir("eager-hand");
+  // staged: the workers answer each snapshot once their copies are done, the next round running meanwhile
+  // (a GPU's way): the replicas are still those of the boundary.
+  const bool staged = GENERATE(false, true);
+  CATCH_INFO("staged " << staged);
+  const auto dir = test::scratch_dir(staged ? "eager-hand-staged" : "eager-hand");
   const int64_t rounds = 4;
   auto log = std::make_shared<reduce_log>();
-  auto snaps = run_with_hand_deltas(dir, config::outer_policy_kind::eager, rounds, log);
+  auto snaps = run_with_hand_deltas(dir, config::outer_policy_kind::eager, rounds, log, staged);
   auto spec = models::preset_spec("tiny", 256, 64);
   const int64_t n = models::closed_form_param_count(spec);
   // By hand, for each worker m with M = 2: proxy_m^t = A^(t-1) + (D_m^t - D_m^(t-1)) / 2 (A^0 = D_m^0 = 0),

@@ -4,10 +4,8 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -15,8 +13,10 @@
 
 #include "models/device_stream.hpp"
 #include "models/host_stage.hpp"
+#include "tests/support/stream_gate.hpp"
 
 using namespace longwave::models;
+using longwave::test::gate;
 
 namespace {
 
@@ -27,29 +27,6 @@ c10::Device device_under_test() {
   const c10::Device dev(d);
   return dev.has_index() ? dev : c10::Device(c10::kCUDA, 0);
 }
-
-/// Holds a CPU side stream's thread until opened.
-class gate {
- public:
-  void hold(device_stream& s) {
-    s.run([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return open_; });
-    });
-  }
-  void open() {
-    {
-      const std::lock_guard<std::mutex> lock(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
@@ -143,7 +120,7 @@ CATCH_TEST_CASE("a fence keeps the source's next write behind its copy (the copy
     gate g;
     g.hold(stage.side());
     auto s = stage.stage(src);
-    stage.fence();
+    stage.fence(src);
     compute->run([&] { src.fill_(7); });
     device_event written(device);
     written.record(*compute);
@@ -158,12 +135,46 @@ CATCH_TEST_CASE("a fence keeps the source's next write behind its copy (the copy
     // On a GPU the write is queued at once; without the fence it runs while the 256 MiB copy reads.
     host_stage stage(device);
     auto s = stage.stage(src);
-    stage.fence();
+    stage.fence(src);
     src.fill_(7);
     s.done->synchronize();
     CATCH_CHECK(same_bits(s.host, before));
     CATCH_CHECK(same_bits(src.cpu(), at::full({src.numel()}, 7.0F)));
   }
+}
+
+CATCH_TEST_CASE(
+    "a fence waits for its own source's copies only: another source's copy in flight holds nothing",
+    "[models][stream][stage]") {
+  // A worker's state leaves as clones while its next round runs: the round's writes to delta_dev_ (fenced)
+  // must not wait for them. The CPU's compute stream is a host thread here, as above.
+  const auto device = device_under_test();
+  if (!device.is_cpu()) return;  // a CUDA stream cannot be held at a gate; the fence's order is tested above
+  auto compute = device_stream::side(device);
+  host_stage stage(device, compute);
+  auto delta = values(1 << 16, device, 0.5), clone = values(1 << 16, device, 2.5);
+  auto d = stage.stage(delta);
+  d.done->synchronize();  // the pseudo-gradient's copy, waited for
+  gate g;
+  g.hold(stage.side());
+  auto c = stage.stage(clone);  // the state's copy, held in flight
+  stage.fence(delta);
+  compute->run([&] { delta.fill_(7); });
+  device_event written(device);
+  written.record(*compute);
+  while (!compute->waiting() && !written.query()) std::this_thread::yield();
+  CATCH_CHECK(written.query());  // the write ran, the copy still held
+  CATCH_CHECK_FALSE(c.done->query());
+  // A fence on the clone's source does hold the compute stream.
+  stage.fence(clone);
+  compute->run([&] { clone.fill_(7); });
+  written.record(*compute);
+  while (!compute->waiting() && !written.query()) std::this_thread::yield();
+  CATCH_CHECK(compute->waiting());
+  g.open();
+  written.synchronize();
+  c.done->synchronize();
+  CATCH_CHECK(same_bits(c.host, values(1 << 16, device, 2.5)));
 }
 
 CATCH_TEST_CASE("a host buffer is reused once its reader lets it go, and never while it is held",

@@ -20,6 +20,7 @@
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/errors/errors.hpp"
+#include "tests/support/stream_gate.hpp"
 
 using namespace longwave;
 namespace fs = std::filesystem;
@@ -300,6 +301,42 @@ CATCH_TEST_CASE(
     CATCH_CHECK(same_bits(s.master, t->master().cpu()));
   }
   CATCH_CHECK(t->staged_buffers() == held);
+}
+
+CATCH_TEST_CASE("a state copy still in flight holds the state it was asked for while the trainer steps on",
+                "[models][trainer][stage]") {
+  // A cluster node's worker answers its published state once the copies are done, and runs the next round
+  // meanwhile: the copies read device clones, not the buffers the steps write. On the CPU the side stream is
+  // held at a gate, so the steps surely run before the copies do.
+  const auto device = device_under_test();
+  CATCH_INFO("device " << device);
+  auto t = trainer(1, device, /*stage_delta=*/true);
+  t->step();
+  auto reference = trainer(1, device);
+  reference->step();
+  const auto then = reference->state();
+  test::gate g;
+  const bool held = device == "cpu";
+  CATCH_REQUIRE(t->copy_stream() != nullptr);
+  if (held) g.hold(*t->copy_stream());
+  auto c = t->state_copy();
+  CATCH_CHECK(c.done != nullptr);
+  if (held) CATCH_CHECK_FALSE(c.ready());
+  t->step();
+  t->step();
+  g.open();
+  c.wait();
+  CATCH_CHECK(c.ready());
+  CATCH_CHECK(c.state.adam_steps == 1);
+  CATCH_CHECK(same_bits(c.state.master, then.master));
+  CATCH_CHECK(same_bits(c.state.exp_avg, then.exp_avg));
+  CATCH_CHECK(same_bits(c.state.exp_avg_sq, then.exp_avg_sq));
+  CATCH_CHECK_FALSE(same_bits(c.state.master, t->master().cpu()));
+  // Not staged (the CPU without stage_delta): state()'s copy, ready at once.
+  const auto plain = reference->state_copy();
+  if (device == "cpu") CATCH_CHECK((plain.done == nullptr && plain.ready()));
+  plain.wait();
+  CATCH_CHECK(same_bits(plain.state.master, then.master));
 }
 
 CATCH_TEST_CASE("the trainer hands out fp32 host tensors: theta - master, the gradient and its state",
