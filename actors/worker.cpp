@@ -400,6 +400,7 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
       [=](pause_atom) -> caf::result<int64_t> {
         auto& s = self->state;
         s.paused = true;
+        answer_copy(self, /*wait=*/true);             // no step is left to look for it
         if (auto err = flush_held(self)) return err;  // every step done is reported before the snapshot
         return s.trainer->steps_done();
       },
