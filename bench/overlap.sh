@@ -451,6 +451,7 @@ summarize() {
         if (r > maxr) maxr = r
         if (r >= 2) { sc += c; sw += w; stall += jget($0, "stall_s"); phase_sum += c; phase_n++
           g = jget($0, "gpu_busy_s"); if (g != "") { sg += g; gw += w }
+          pk = jget($0, "gpu_memory_peak_bytes"); if (pk != "" && pk + 0 > gpeak) gpeak = pk + 0
           # Where the idle went: loading theta, making the pseudo-gradient, the gaps between steps, the boundary
           sl += jget($0, "load_s"); sd += jget($0, "delta_s"); sgap += jget($0, "gaps_s"); sb += jget($0, "boundary_s") }
       }
@@ -480,12 +481,13 @@ summarize() {
       # ending the phases of its rounds), over the seconds between, without the start and the tail of the run.
       if (versions > 1) { st_tok = merged - v1_merged; st_s = vl_ts - v1_ts; st_rounds = 0 }
       else if (("n0", 1) in wts && ("n0", maxr) in wts) { st_rounds = maxr - 1; st_s = wts["n0", maxr] - wts["n0", 1]; st_tok = 0 }
-      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d merged_tokens=%d versions=%d steady_tokens=%d steady_rounds=%d steady_s=%.2f idle_round_s=%.3f reducing_round_s=%.3f outer_step_round_s=%.3f gpu_util=%s load_round_s=%.4f delta_round_s=%.4f gaps_round_s=%.4f boundary_round_s=%.4f\n",
+      printf "util=%.4f util_all=%.4f util_noeval=%.4f stall_s=%.2f phase_s=%.3f allreduce_s=%.3f wall_s=%.1f final_loss=%s params=%s bytes=%s nodes=%d worker_lines=%d merged_tokens=%d versions=%d steady_tokens=%d steady_rounds=%d steady_s=%.2f idle_round_s=%.3f reducing_round_s=%.3f outer_step_round_s=%.3f gpu_util=%s load_round_s=%.4f delta_round_s=%.4f gaps_round_s=%.4f boundary_round_s=%.4f gpu_peak_gib=%s\n",
         (sw > 0 ? sc / sw : 0), (all_w > 0 ? all_c / all_w : 0), ((sw - eval_w) > 0 ? sc / (sw - eval_w) : 0),
         (nodes > 0 ? stall / nodes : 0), (phase_n > 0 ? phase_sum / phase_n : 0), (nar > 0 ? ar_sum / nar : 0),
         wall, final_loss, params, bytes, nodes, nw_lines, merged, versions, st_tok, st_rounds, st_s,
         (phase_n > 0 ? (sw - sc) / phase_n : 0), (rn > 0 ? rwait / rn : 0), (rn > 0 ? rstep / rn : 0), (gw > 0 ? sprintf("%.4f", sg / gw) : "-"),
-        (phase_n > 0 ? sl / phase_n : 0), (phase_n > 0 ? sd / phase_n : 0), (phase_n > 0 ? sgap / phase_n : 0), (phase_n > 0 ? sb / phase_n : 0)
+        (phase_n > 0 ? sl / phase_n : 0), (phase_n > 0 ? sd / phase_n : 0), (phase_n > 0 ? sgap / phase_n : 0), (phase_n > 0 ? sb / phase_n : 0),
+        (gpeak > 0 ? sprintf("%.3f", gpeak / 1073741824) : "-")
       for (i = 1; i <= ne; ++i) { split(evals[i], e, " "); printf "%.3f\t%d\t%s\n", e[1] - first_start, e[2], e[3] > (DIR "/evals.tsv") }
     }' DIR="$dir" "$dir"/n*/metrics.jsonl
 }
@@ -579,7 +581,7 @@ ttt() {
     END { if (!found) printf "- -" }' "$1/evals.tsv"
 }
 mkdir -p "$(dirname "$csv")"
-echo "policy,rounds,inner_steps,inner_lr,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,time_to_first_eval_at_target_s,utilization_vs_sync,speedup_to_target_vs_sync,bytes_sent_per_node,speedup_to_target_vs_int8,gpu_utilization,load_round_s,delta_round_s,gaps_round_s,boundary_round_s" >"$csv"
+echo "policy,rounds,inner_steps,inner_lr,rate,dtype,utilization,utilization_all_rounds,utilization_no_eval,stall_s_per_worker,phase_s,allreduce_s,allreduce_over_phase,wall_s,final_val_loss,target_val_loss,time_to_target_s,time_to_first_eval_at_target_s,utilization_vs_sync,speedup_to_target_vs_sync,bytes_sent_per_node,speedup_to_target_vs_int8,gpu_utilization,load_round_s,delta_round_s,gaps_round_s,boundary_round_s,gpu_peak_gib" >"$csv"
 base_util=""; base_ttt=""
 if [ -n "$base" ]; then base_util=$(field util "${summary[$base]}"); read -r base_ttt _ <<<"$(ttt "$work/$base")"; fi
 # int8_ttt POLICY: the time to target of POLICY's int8 run, when there is one and it reached the target.
@@ -602,7 +604,7 @@ for id in "${runs[@]}"; do
   p=${run_policy[$id]}; d=${run_dtype[$id]}
   if [ -z "$s" ]; then
     printf "%-16s %s\n" "$id" "failed (see the log tails above)"
-    echo "$p,$(run_rounds "$id"),$inner,$inner_lr,$rate,$d,,,,,,,,,,$target,,,,,,,,,,," >>"$csv"
+    echo "$p,$(run_rounds "$id"),$inner,$inner_lr,$rate,$d,,,,,,,,,,$target,,,,,,,,,,,," >>"$csv"
     continue
   fi
   u=$(field util "$s"); read -r tt tf <<<"$(ttt "$work/$id")"
@@ -616,14 +618,15 @@ for id in "${runs[@]}"; do
   printf "%-16s %6.3f %6.3f %7.3f %8.2f %7.2f %7.2f %6.2f %7.1f %8.4f %9s %9s %7s %8s %9s\n" "$id" "$u" \
     "$(field util_all "$s")" "$(field util_noeval "$s")" "$(field stall_s "$s")" "$(field phase_s "$s")" \
     "$(field allreduce_s "$s")" "$arph" "$(field wall_s "$s")" "$(field final_loss "$s")" "$tt" "$tf" "$ur" "$sp" "$vi"
-  echo "$p,$(run_rounds "$id"),$inner,$inner_lr,$rate,$d,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$tf,$ur,$sp,$(field bytes "$s"),$vi,$(field gpu_util "$s"),$(field load_round_s "$s"),$(field delta_round_s "$s"),$(field gaps_round_s "$s"),$(field boundary_round_s "$s")" >>"$csv"
+  echo "$p,$(run_rounds "$id"),$inner,$inner_lr,$rate,$d,$u,$(field util_all "$s"),$(field util_noeval "$s"),$(field stall_s "$s"),$(field phase_s "$s"),$(field allreduce_s "$s"),$arph,$(field wall_s "$s"),$(field final_loss "$s"),$target,$tt,$tf,$ur,$sp,$(field bytes "$s"),$vi,$(field gpu_util "$s"),$(field load_round_s "$s"),$(field delta_round_s "$s"),$(field gaps_round_s "$s"),$(field boundary_round_s "$s"),$(field gpu_peak_gib "$s")" >>"$csv"
 done
 echo
 echo "util = Σ compute_s ÷ Σ wall_s (goal ≥ 0.97 for overlap policies, sync expected near 0.67); a GPU worker's"
 echo "compute_s is the host's time until its step is done; the CSV's gpu_utilization is the same from CUDA events"
 echo "(Σ gpu_busy_s ÷ Σ wall_s); its idle a round splits into the CSV's load (theta onto the device), delta (the"
-echo "pseudo-gradient made), gaps (between steps) and boundary (no round running on the worker); ar/ph = all-reduce"
-echo "time (slowest node, mean of rounds 2..) ÷ inner phase; to_target = s from start until node n0's val loss ≤ target,"
+echo "pseudo-gradient made), gaps (between steps) and boundary (no round running on the worker), gpu_peak_gib the"
+echo "largest device memory peak a GPU worker reported (rounds 2..); ar/ph = all-reduce time (slowest node, mean of"
+echo "rounds 2..) ÷ inner phase; to_target = s from start until node n0's val loss ≤ target,"
 echo "interpolated linearly between the evaluation before and the first at or below it (1st_eval: that evaluation's"
 echo "time); util/s and speedup are ratios against ${base:-sync} measured in this run (speedup = its to_target ÷ this"
 echo "one's); vs_int8 = to_target of the same policy with int8 ÷ this one's."
