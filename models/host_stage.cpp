@@ -74,6 +74,7 @@ void host_stage::release_sources() {
 
 void host_stage::fence(const at::Tensor& written) {
   release_sources();
+  if (!written.defined()) return;  // nothing to write: no copy reads it
   for (auto& b : pool_)
     if (b.source.defined() && b.done && b.source.storage().is_alias_of(written.storage()))
       b.done->block(*compute_);
