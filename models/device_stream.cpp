@@ -55,10 +55,28 @@ namespace {
 
 using stream_detail::cpu_mark;
 
+/// Counts a wait on an event while it lasts (waiting()).
+struct counted_wait {
+  std::atomic<int>& n;
+  explicit counted_wait(std::atomic<int>& c) : n(c) { ++n; }
+  ~counted_wait() { --n; }
+  counted_wait(const counted_wait&) = delete;
+  counted_wait& operator=(const counted_wait&) = delete;
+};
+
 class cpu_inline_stream final : public device_stream {
  public:
   explicit cpu_inline_stream(const c10::Device& d) : device_stream(d) {}
   void run(std::function<void()> work) override { work(); }
+  bool waiting() const override { return waiting_.load() > 0; }
+  /// block(): the calling thread waits for `m`, as the inline work it stands for would.
+  void wait_for(const std::shared_ptr<cpu_mark>& m) {
+    const counted_wait in_wait(waiting_);
+    m->wait();
+  }
+
+ private:
+  std::atomic<int> waiting_{0};
 };
 
 /// One host thread running its queue in order. The first error is kept: later work is skipped, and every
@@ -88,13 +106,7 @@ class cpu_thread_stream final : public device_stream {
   /// Queues a wait for `m`.
   void wait_for(std::shared_ptr<cpu_mark> m) {
     run([this, m = std::move(m)] {
-      struct counted {
-        std::atomic<int>& n;
-        explicit counted(std::atomic<int>& c) : n(c) { ++n; }
-        ~counted() { --n; }
-        counted(const counted&) = delete;
-        counted& operator=(const counted&) = delete;
-      } const in_wait(waiting_);
+      const counted_wait in_wait(waiting_);
       m->wait();
     });
   }
@@ -257,6 +269,8 @@ void device_event::block(device_stream& stream) {
   if (!impl_->mark) return;
   if (auto* t = dynamic_cast<cpu_thread_stream*>(&stream))
     t->wait_for(impl_->mark);
+  else if (auto* in = dynamic_cast<cpu_inline_stream*>(&stream))
+    in->wait_for(impl_->mark);
   else
     impl_->mark->wait();
 }

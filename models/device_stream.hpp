@@ -29,7 +29,8 @@ class device_stream {
   /// thread. An exception from work on a side thread is kept and rethrown by the next run() or wait on that
   /// stream.
   virtual void run(std::function<void()> work) = 0;
-  /// A CPU side stream: whether its thread is blocked on an event now (tests use it to know a fence holds).
+  /// A CPU stream: whether its thread (inline: a thread that queued work on it) is blocked on an event now
+  /// (tests use it to know a fence holds).
   virtual bool waiting() const { return false; }
   const c10::Device& device() const { return device_; }
 

@@ -150,6 +150,7 @@ void inner_trainer::apply_update(at::Tensor& g) {
     const double coef = opts_.grad_clip / (norm + 1e-6);
     if (coef < 1.0) g.mul_(coef);
   }
+  if (stage_) fence_moments();
   adam_.step(master_, g, current_lr());
   if (opts_.bf16) model_.load_flat(master_);
 }
@@ -313,16 +314,20 @@ at::Tensor inner_trainer::to_host(const at::Tensor& t, bool lend) const {
   return lend ? t : t.clone();
 }
 
-inner_state_copy inner_trainer::staged_state(bool clone) const {
+void inner_trainer::fence_moments() {
+  stage_->fence(adam_.exp_avg());
+  stage_->fence(adam_.exp_avg_sq());
+}
+
+inner_state_copy inner_trainer::staged_state(bool in_flight) const {
   // Through the pseudo-gradient's stage: reused host buffers (pinned on a GPU), one event for the three.
   // A pageable copy of each into fresh memory held a GPU cluster's round boundary about 0.15 s (small).
-  const auto source = [clone](const at::Tensor& t) {
-    return clone ? t.clone(at::MemoryFormat::Contiguous) : t;
-  };
+  // In flight, master (which the next round's load writes at once) leaves as a device clone, freed once
+  // copied; the moments are read in place, and their next write waits for that (fence_moments).
   inner_state_copy c;
-  c.state.master = stage_->stage(source(master_)).host;
-  c.state.exp_avg = stage_->stage(source(adam_.exp_avg())).host;
-  auto last = stage_->stage(source(adam_.exp_avg_sq()));
+  c.state.master = stage_->stage(in_flight ? master_.clone(at::MemoryFormat::Contiguous) : master_).host;
+  c.state.exp_avg = stage_->stage(adam_.exp_avg()).host;
+  auto last = stage_->stage(adam_.exp_avg_sq());
   c.state.exp_avg_sq = std::move(last.host);
   c.done = std::move(last.done);
   c.state.adam_steps = adam_.steps();
@@ -336,7 +341,7 @@ bool inner_trainer::stages_state() const {
 
 inner_state inner_trainer::state(bool lend) const {
   if (stages_state() && (device_.is_cuda() || !lend)) {
-    auto c = staged_state(/*clone=*/false);  // nothing writes the sources before the wait
+    auto c = staged_state(/*in_flight=*/false);  // nothing writes the sources before the wait
     c.wait();
     return std::move(c.state);
   }
@@ -350,12 +355,13 @@ inner_state inner_trainer::state(bool lend) const {
 }
 
 inner_state_copy inner_trainer::state_copy() const {
-  if (stages_state()) return staged_state(/*clone=*/true);
+  if (stages_state()) return staged_state(/*in_flight=*/true);
   return {state(), nullptr};
 }
 
 void inner_trainer::load_state(const inner_state& s) {
   set_params(s.master);
+  if (stage_) fence_moments();
   adam_.exp_avg().copy_(s.exp_avg);
   adam_.exp_avg_sq().copy_(s.exp_avg_sq);
   adam_.set_steps(s.adam_steps);

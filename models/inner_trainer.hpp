@@ -134,13 +134,15 @@ class inner_trainer {
   /// A deep copy; lend: the live buffers instead, which the caller must keep from changing (no step, load
   /// or mix) until every holder has let go of them.
   inner_state state(bool lend = false) const;
-  /// A deep copy that the caller need not wait for. Staged, the device state is cloned on the compute
-  /// stream (about 3 x the model's fp32 size, freed once copied) and the clones leave through the stage's
-  /// side stream, so the next steps may be queued at once and change nothing the copy reads. Otherwise
+  /// A deep copy that the caller need not wait for. Staged, it leaves through the stage's side stream while
+  /// the next steps are queued: master as a device clone (the model's fp32 size, freed once copied), the
+  /// Adam moments in place, their next write (a step's update, a load) waiting for their copies. Otherwise
   /// state()'s copy, ready at once.
   inner_state_copy state_copy() const;
   /// The stage's side stream (null: not staged); tests hold it to keep a copy in flight.
   device_stream* copy_stream() const { return stage_ ? &stage_->side() : nullptr; }
+  /// The compute stream (null: not staged); tests ask it whether a fence holds the trainer.
+  device_stream* compute_stream() const { return stage_ ? &stage_->compute() : nullptr; }
   void load_state(const inner_state& s);
   gpt& model() { return model_; }
 
@@ -161,8 +163,11 @@ class inner_trainer {
   void new_delta_buffer(int64_t n);
   /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
   at::Tensor to_host(const at::Tensor& t, bool lend) const;
-  /// The state through the stage, not waited for: master and both moments (clone: device clones of them).
-  inner_state_copy staged_state(bool clone) const;
+  /// The state through the stage, not waited for: master and both moments (in_flight: master cloned, the
+  /// moments fenced, so the steps may go on before the copy is done).
+  inner_state_copy staged_state(bool in_flight) const;
+  /// The compute stream's next write of the Adam moments waits for their copies in flight.
+  void fence_moments();
   /// The state goes through the stage (staged, and fp32).
   bool stages_state() const;
 

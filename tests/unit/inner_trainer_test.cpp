@@ -7,11 +7,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "models/device.hpp"
@@ -303,11 +305,13 @@ CATCH_TEST_CASE(
   CATCH_CHECK(t->staged_buffers() == held);
 }
 
-CATCH_TEST_CASE("a state copy still in flight holds the state it was asked for while the trainer steps on",
-                "[models][trainer][stage]") {
+CATCH_TEST_CASE(
+    "a state copy in flight holds the state it was asked for: the next load goes on, the update waits",
+    "[models][trainer][stage]") {
   // A cluster node's worker answers its published state once the copies are done, and runs the next round
-  // meanwhile: the copies read device clones, not the buffers the steps write. On the CPU the side stream is
-  // held at a gate, so the steps surely run before the copies do.
+  // meanwhile: the round's load writes master at once (the copy reads a clone of it), and the step's update
+  // of the Adam moments waits for their copies. On the CPU the side stream is held at a gate, so the load
+  // surely comes before the copies, and the step is seen waiting for them.
   const auto device = device_under_test();
   CATCH_INFO("device " << device);
   auto t = trainer(1, device, /*stage_delta=*/true);
@@ -322,9 +326,20 @@ CATCH_TEST_CASE("a state copy still in flight holds the state it was asked for w
   auto c = t->state_copy();
   CATCH_CHECK(c.done != nullptr);
   if (held) CATCH_CHECK_FALSE(c.ready());
-  t->step();
-  t->step();
-  g.open();
+  t->set_params(models::gpt::init_flat(spec, 99));  // no wait: the gate is shut
+  if (held) {
+    std::atomic<bool> stepped{false};
+    std::thread stepper([&] {
+      t->step();
+      stepped = true;
+    });
+    while (!t->compute_stream()->waiting() && !stepped) std::this_thread::yield();
+    CATCH_CHECK(t->compute_stream()->waiting());  // the update waits for the moments' copies
+    g.open();
+    stepper.join();
+  } else {
+    t->step();
+  }
   c.wait();
   CATCH_CHECK(c.ready());
   CATCH_CHECK(c.state.adam_steps == 1);
@@ -332,6 +347,7 @@ CATCH_TEST_CASE("a state copy still in flight holds the state it was asked for w
   CATCH_CHECK(same_bits(c.state.exp_avg, then.exp_avg));
   CATCH_CHECK(same_bits(c.state.exp_avg_sq, then.exp_avg_sq));
   CATCH_CHECK_FALSE(same_bits(c.state.master, t->master().cpu()));
+  CATCH_CHECK(t->state().adam_steps == 2);
   // Not staged (the CPU without stage_delta): state()'s copy, ready at once.
   const auto plain = reference->state_copy();
   if (device == "cpu") CATCH_CHECK((plain.done == nullptr && plain.ready()));
