@@ -31,7 +31,7 @@ class host_stage {
   /// until the copy is done; the compute stream must not write src again before fence(src).
   staged stage(const at::Tensor& src);
   /// The compute stream's later work waits for the copies in flight whose source shares `written`'s
-  /// storage: a copy of another source (a state's clone, copied while the next round runs) holds nothing.
+  /// storage: a copy of another source (a state's, copied while the next round runs) holds nothing.
   void fence(const at::Tensor& written);
   /// Lets go of the sources whose copies are done (stage() does so too): a caller that waited for its copy
   /// frees the source's device memory now, not at the next stage().

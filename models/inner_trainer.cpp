@@ -322,8 +322,9 @@ void inner_trainer::fence_moments() {
 inner_state_copy inner_trainer::staged_state(bool in_flight) const {
   // Through the pseudo-gradient's stage: reused host buffers (pinned on a GPU), one event for the three.
   // A pageable copy of each into fresh memory held a GPU cluster's round boundary about 0.15 s (small).
-  // In flight, master (which the next round's load writes at once) leaves as a device clone, freed once
-  // copied; the moments are read in place, and their next write waits for that (fence_moments).
+  // In flight, master (which the next round's load writes at once) leaves as a device clone, freed by
+  // the first update after its copy; the moments are read in place, and their next write waits for that
+  // (fence_moments).
   inner_state_copy c;
   c.state.master = stage_->stage(in_flight ? master_.clone(at::MemoryFormat::Contiguous) : master_).host;
   c.state.exp_avg = stage_->stage(adam_.exp_avg()).host;

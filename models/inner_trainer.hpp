@@ -135,9 +135,9 @@ class inner_trainer {
   /// or mix) until every holder has let go of them.
   inner_state state(bool lend = false) const;
   /// A deep copy that the caller need not wait for. Staged, it leaves through the stage's side stream while
-  /// the next steps are queued: master as a device clone (the model's fp32 size, freed once copied), the
-  /// Adam moments in place, their next write (a step's update, a load) waiting for their copies. Otherwise
-  /// state()'s copy, ready at once.
+  /// the next steps are queued: master as a device clone (the model's fp32 size, freed by the first update
+  /// after its copy), the Adam moments in place, their next write (a step's update, a load) waiting for their
+  /// copies. Otherwise state()'s copy, ready at once.
   inner_state_copy state_copy() const;
   /// The stage's side stream (null: not staged); tests hold it to keep a copy in flight.
   device_stream* copy_stream() const { return stage_ ? &stage_->side() : nullptr; }

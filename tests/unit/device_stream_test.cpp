@@ -146,18 +146,19 @@ CATCH_TEST_CASE("a fence keeps the source's next write behind its copy (the copy
 CATCH_TEST_CASE(
     "a fence waits for its own source's copies only: another source's copy in flight holds nothing",
     "[models][stream][stage]") {
-  // A worker's state leaves as clones while its next round runs: the round's writes to delta_dev_ (fenced)
-  // must not wait for them. The CPU's compute stream is a host thread here, as above.
+  // A worker's state leaves while its next round runs: the round's writes to delta_dev_ (fenced) must not
+  // wait for it, and an Adam moment's next update (fenced on it) must. The CPU's compute stream is a host
+  // thread here, as above.
   const auto device = device_under_test();
   if (!device.is_cpu()) return;  // a CUDA stream cannot be held at a gate; the fence's order is tested above
   auto compute = device_stream::side(device);
   host_stage stage(device, compute);
-  auto delta = values(1 << 16, device, 0.5), clone = values(1 << 16, device, 2.5);
+  auto delta = values(1 << 16, device, 0.5), moment = values(1 << 16, device, 2.5);
   auto d = stage.stage(delta);
   d.done->synchronize();  // the pseudo-gradient's copy, waited for
   gate g;
   g.hold(stage.side());
-  auto c = stage.stage(clone);  // the state's copy, held in flight
+  auto c = stage.stage(moment);  // the state's copy, held in flight
   stage.fence(delta);
   compute->run([&] { delta.fill_(7); });
   device_event written(device);
@@ -165,9 +166,9 @@ CATCH_TEST_CASE(
   while (!compute->waiting() && !written.query()) std::this_thread::yield();
   CATCH_CHECK(written.query());  // the write ran, the copy still held
   CATCH_CHECK_FALSE(c.done->query());
-  // A fence on the clone's source does hold the compute stream.
-  stage.fence(clone);
-  compute->run([&] { clone.fill_(7); });
+  // A fence on the moment does hold the compute stream.
+  stage.fence(moment);
+  compute->run([&] { moment.fill_(7); });
   written.record(*compute);
   while (!compute->waiting() && !written.query()) std::this_thread::yield();
   CATCH_CHECK(compute->waiting());
