@@ -267,9 +267,9 @@ void save_then_continue(self_ptr self) {
   const bool early = !lend && !last && !s.has_residuals;
   take_snapshot(
       self, /*boundary=*/true,
-      [=](train_snapshot snap) {
-        if (lend) return save(self, std::move(snap), next);
-        save(self, std::move(snap), {});
+      [=](train_snapshot snap, pending_catch pending) {
+        if (lend) return save(self, std::move(snap), std::move(pending), next);
+        save(self, std::move(snap), std::move(pending), {});
         if (!early) next();
       },
       -1, lend, early ? std::function<void()>(next) : nullptr);

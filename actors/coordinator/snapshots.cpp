@@ -16,6 +16,12 @@ namespace longwave::actors::coordinator_parts {
 
 using namespace longwave::runtime;
 
+struct caught_average {
+  ring_label label;
+  at::Tensor average;                       ///< once it came
+  std::function<void(at::Tensor)> waiting;  ///< the save or publication that waits for it
+};
+
 namespace {
 
 /// A snapshot of `round` with the outer state, at inner step `step`; no replicas yet.
@@ -37,24 +43,48 @@ int64_t own_steps(self_ptr self, const replica_state& r) {
 
 using state_parts = std::pair<outer_snapshot, std::vector<replica_state>>;
 
-/// delayed, eager: the average a snapshot of `round` holds as pending (its own round's), caught when the
-/// snapshot is asked for. The next round may start before the answers come, and its outer step applies and
-/// forgets that average; the catch keeps it. Empty while it has not arrived (the snapshot then waits for it
-/// in with_pending: a running all-reduce is not forgotten).
-std::shared_ptr<at::Tensor> catch_pending(self_ptr self, uint64_t round) {
+/// Catches the average a snapshot of `round` holds as pending, when the snapshot is asked for: the next round
+/// may start before the snapshot is complete (its answers, the residuals), and its outer step applies and
+/// forgets that average.
+pending_catch catch_pending(self_ptr self, uint64_t round) {
   auto& s = self->state;
   const auto pending = s.policy->pending_average(round);
   if (!pending || !s.reduces.known(*pending)) return nullptr;
-  auto caught = std::make_shared<at::Tensor>();
-  s.reduces.when(*pending, [caught](at::Tensor avg) { *caught = std::move(avg); });
+  auto caught = std::make_shared<caught_average>();
+  caught->label = *pending;
+  s.reduces.when(*pending, [caught](at::Tensor avg) {
+    caught->average = avg;
+    auto waiting = std::move(caught->waiting);
+    caught->waiting = nullptr;
+    if (waiting) waiting(std::move(avg));
+  });
   return caught;
 }
 
-/// Puts a caught average in the snapshot, if it came.
-void attach_caught(train_snapshot& snap, const std::shared_ptr<at::Tensor>& caught) {
-  if (!caught || !caught->defined()) return;
-  snap.pending = *caught;
-  snap.pending_round = snap.round;
+/// Calls k with the snapshot holding its pending average: at once when there is none or it came, else when it
+/// comes (a running all-reduce is not forgotten; training goes on meanwhile). If that all-reduce failed (a
+/// stop cancelled it), no exact snapshot of the round exists and k is not called: none is saved or served.
+void with_pending(self_ptr self, train_snapshot snap, const pending_catch& caught,
+                  std::function<void(train_snapshot)> k) {
+  if (!caught) return k(std::move(snap));
+  const auto r = snap.round;
+  auto attach = [r](train_snapshot& into, at::Tensor avg) {
+    into.pending = std::move(avg);
+    into.pending_round = r;
+  };
+  if (caught->average.defined()) {
+    attach(snap, caught->average);
+    return k(std::move(snap));
+  }
+  if (self->state.reduces.has_failed(caught->label)) {
+    spdlog::info("the snapshot of round {} is not saved: the all-reduce of its average failed", r);
+    return;
+  }
+  auto holder = std::make_shared<train_snapshot>(std::move(snap));
+  caught->waiting = [holder, attach, k](at::Tensor avg) {
+    attach(*holder, std::move(avg));
+    k(std::move(*holder));
+  };
 }
 
 /// Asks the first `workers` workers (msg), then the outer optimizer (state_atom, lend) for their state, and
@@ -92,8 +122,8 @@ void ask_state(self_ptr self, bool lend, size_t workers, caf::timespan timeout,
 /// zero steps_in_round. A mid-round DiLoCo snapshot passes `target`: every (paused) replica first runs up to
 /// that inner step, so all replicas and the loss trace stop at the same step. lend: the snapshot holds the
 /// live buffers instead of clones (a boundary snapshot that training waits for).
-void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then, int64_t target,
-                   bool lend, std::function<void()> sent) {
+void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot, pending_catch)> then,
+                   int64_t target, bool lend, std::function<void()> sent) {
   auto& s = self->state;
   // The run's step: the policy's, or (adaptive steps, where a node's own count lags) the schedule's step the
   // workers reported last, else the replicas' count (this node's own). Read now: training may go on (sent).
@@ -116,8 +146,7 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
                                                  r.rank, r.adam_steps, reps[0].rank, reps[0].adam_steps)));
     snap.replicas = std::move(reps);
     self->state.policy->fill_snapshot(snap, outer, boundary);
-    attach_caught(snap, caught);
-    then(std::move(snap));
+    then(std::move(snap), caught);
   };
   const size_t all = s.workers.size();
   if (target >= 0)
@@ -129,30 +158,6 @@ void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapsh
 }
 
 namespace {
-
-/// delayed, eager: a snapshot holds the average its next outer step will apply (that of its own round), so a
-/// resume continues exactly (caught when asked for, or looked up now). If that all-reduce is still running,
-/// the snapshot (already cloned) waits for it while training goes on; if it failed (a stop cancelled it), no
-/// exact snapshot of the round exists and none is saved (the previous checkpoint stays the newest).
-void with_pending(self_ptr self, train_snapshot snap, std::function<void(train_snapshot)> k) {
-  auto& s = self->state;
-  const auto r = snap.round;
-  const auto pending = s.policy->pending_average(r);
-  if (!pending || snap.pending.defined()) return k(std::move(snap));
-  const ring_label key = *pending;
-  if (s.reduces.has_failed(key)) {
-    spdlog::info("the snapshot of round {} is not saved: the all-reduce of its average failed", r);
-    return;
-  }
-  if (!s.reduces.known(key)) return k(std::move(snap));
-  auto holder = std::make_shared<train_snapshot>(std::move(snap));
-  auto attach = [holder, k, r](at::Tensor avg) {
-    holder->pending = std::move(avg);
-    holder->pending_round = r;
-    k(std::move(*holder));
-  };
-  s.reduces.when(key, attach);
-}
 
 /// Error feedback in a cluster: a snapshot also holds the communicator's residuals. Asked for when the
 /// snapshot is taken, the answer comes after the all-reduces already queued (delayed, eager: the snapshot's
@@ -233,9 +238,8 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
             self->state, round, outer, schedule ? static_cast<int64_t>(*schedule) : own_steps(self, reps[0]));
         snap.replicas.push_back(std::move(reps[0]));
         self->state.policy->fill_snapshot(snap, outer, /*boundary=*/true);
-        attach_caught(snap, caught);
         // delayed, eager: served once its round's average is there.
-        with_pending(self, std::move(snap), [self](train_snapshot full) {
+        with_pending(self, std::move(snap), caught, [self](train_snapshot full) {
           const auto& ctx = *self->state.ctx;
           const bool versions = !self->state.policy->shares_rounds();  // async
           ctx.cluster->publish(to_checkpoint(full, shape_of(ctx)),
@@ -245,9 +249,9 @@ void publish_boundary(self_ptr self, std::function<void()> then) {
       then, state_atom_v, false);  // the next round starts in between: the copies are of this boundary
 }
 
-void save(self_ptr self, train_snapshot snap, std::function<void()> then) {
+void save(self_ptr self, train_snapshot snap, pending_catch pending, std::function<void()> then) {
   with_residuals(self, std::move(snap), [=](train_snapshot with_ef) {
-    with_pending(self, std::move(with_ef),
+    with_pending(self, std::move(with_ef), pending,
                  [=](train_snapshot full) { save_now(self, std::move(full), then); });
   });
 }
@@ -300,9 +304,9 @@ void stop_now(self_ptr self, bool boundary) {
     };
   };
   if (saved) return exit_after(static_cast<uint64_t>(s.last_step))();
-  auto save_and_exit = [=](train_snapshot snap) {
+  auto save_and_exit = [=](train_snapshot snap, pending_catch pending) {
     const auto step = snap.step;
-    save(self, std::move(snap), exit_after(step));
+    save(self, std::move(snap), std::move(pending), exit_after(step));
   };
   // ddp and streaming stop between two steps or segments, where every replica is at the same step.
   if (boundary || s.policy->stops() == stop_rule::at_next_boundary)

@@ -220,15 +220,20 @@ void on_eval(self_ptr self, uint64_t round, uint64_t version, int64_t step, doub
 std::string write_result(const coordinator_state& s, double wall);
 
 // ---- snapshots, saves and stops (snapshots.cpp) ----------------------------------------------------------
+/// delayed, eager: the average a snapshot holds as pending (its own round's), caught when the snapshot is
+/// asked for, since the next outer step may apply and forget it before the snapshot is saved. Null under the
+/// other policies, or when that average is not known.
+struct caught_average;
+using pending_catch = std::shared_ptr<caught_average>;
 /// sent (not with lend or a target): called once the workers' requests are out, before the outer
 /// optimizer's. Each worker answers before the next round's run, and nothing the start of a round sends
 /// changes the outer optimizer's state, so the snapshot is of now even when training goes on at once (and the
 /// round's theta is answered before the outer state is copied).
-void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot)> then,
+void take_snapshot(self_ptr self, bool boundary, std::function<void(train_snapshot, pending_catch)> then,
                    int64_t target = -1, bool lend = false, std::function<void()> sent = {});
-/// Hands a snapshot to the checkpointer once it holds its residuals and pending average; then() after the
-/// write (or a tolerated failed write).
-void save(self_ptr self, train_snapshot snap, std::function<void()> then);
+/// Hands a snapshot to the checkpointer once it holds its residuals and its pending average; then() after
+/// the write (or a tolerated failed write).
+void save(self_ptr self, train_snapshot snap, pending_catch pending, std::function<void()> then);
 void flush_then(self_ptr self, std::function<void()> then);
 /// Cluster members: a copy of the state at this round boundary (outer state, replica 0, the policy's part
 /// and, once it is there, the pending average) goes to the cluster link (publish) for joiners; then() once

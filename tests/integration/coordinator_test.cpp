@@ -529,11 +529,11 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture,
     // the last round's is applied after the last round, unprepared.
     CATCH_CHECK(seen({"prepare", "outer 1", "outer 2", "outer 3"}) ==
                 strings{"prepare 1", "outer 1", "prepare 2", "outer 2", "outer 3"});
-    // save k and outer k go to two actors in that order; the test scheduler runs the outer optimizer first
-    // (its mailbox already held the prepare).
+    // Round k's snapshot caught its average when it was asked for, so its save goes out as that average
+    // comes, before the step that applies it.
     CATCH_CHECK(seen({"reduce", "outer 1", "outer 2", "outer 3", "save", "w0 run", "w0 eval"}) ==
-                strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2", "outer 1", "save 1", "w0 run 3",
-                        "reduce 3", "outer 2", "save 2", "outer 3", "w0 eval", "save 3"});
+                strings{"w0 run 1", "reduce 1", "w0 run 2", "reduce 2", "save 1", "outer 1", "w0 run 3",
+                        "reduce 3", "save 2", "outer 2", "outer 3", "w0 eval", "save 3"});
     CATCH_REQUIRE(saved_rounds() == std::vector<uint64_t>{1, 2, 3});
     CATCH_CHECK(w->saved[1].pending_round == 2);
     CATCH_CHECK(!w->saved[2].pending.defined());  // applied: the final snapshot does not carry it

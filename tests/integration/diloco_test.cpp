@@ -12,6 +12,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "actors/run_files.hpp"
 #include "actors/training.hpp"
@@ -273,30 +275,55 @@ struct reduce_log {
 
 /// A fake communicator for 2 workers of n parameters that records every contribution in `log`. It answers
 /// fragment 0 (a round's whole pseudo-gradients) with hand_average and any other fragment (streaming's
-/// fragments, eager's final mean) with the true mean of the two contributions.
+/// fragments, eager's final mean) with the true mean of the two contributions. hold > 0: round hold's average
+/// (and the residuals asked for after it, which a communicator answers in turn) come only once the next
+/// round's all-reduce is asked for, as over a link slower than a round.
 std::function<runtime::communicator_actor(caf::actor_system&)> recording_communicator(
-    int64_t n, std::shared_ptr<reduce_log> log) {
-  return [n, log](caf::actor_system& sys) {
-    return sys.spawn([n, log](
-                         runtime::communicator_actor::pointer) -> runtime::communicator_actor::behavior_type {
-      auto answer = [n, log](uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts,
-                             bool exact = false) -> caf::result<runtime::reduced> {
-        if (parts.size() != 2 || (fragment == 0 && parts[0].numel() != n))
-          return caf::make_error(errc::malformed_frame, "parts");
-        log->keys.emplace_back(round, fragment);
-        log->exact[{round, fragment}] = exact;
-        for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
-        if (fragment == 0) return runtime::reduced{hand_average(round, n), {}};
-        return runtime::reduced{((parts[0] + parts[1]) / 2).contiguous(), {}};
-      };
-      return {
-          [answer](runtime::reduce_atom, runtime::reduce_request& r) {
-            return answer(r.label.first, r.label.second, std::move(r.parts), r.exact);
-          },
-          [](runtime::state_atom) -> caf::result<runtime::residual_map> { return runtime::residual_map{}; },
-          [](runtime::load_atom, const runtime::residual_map&) -> caf::result<bool> { return true; },
-      };
-    });
+    int64_t n, std::shared_ptr<reduce_log> log, uint64_t hold = 0) {
+  return [n, log, hold](caf::actor_system& sys) {
+    return sys.spawn(
+        [n, log,
+         hold](runtime::communicator_actor::pointer self) -> runtime::communicator_actor::behavior_type {
+          auto answer = [n, log](uint64_t round, uint32_t fragment, std::vector<at::Tensor> parts,
+                                 bool exact = false) -> caf::result<runtime::reduced> {
+            if (parts.size() != 2 || (fragment == 0 && parts[0].numel() != n))
+              return caf::make_error(errc::malformed_frame, "parts");
+            log->keys.emplace_back(round, fragment);
+            log->exact[{round, fragment}] = exact;
+            for (auto& p : parts) log->parts[{round, fragment}].push_back(p.clone());
+            if (fragment == 0) return runtime::reduced{hand_average(round, n), {}};
+            return runtime::reduced{((parts[0] + parts[1]) / 2).contiguous(), {}};
+          };
+          struct held_answers {
+            std::optional<caf::typed_response_promise<runtime::reduced>> average;
+            std::vector<caf::typed_response_promise<runtime::residual_map>> residuals;
+          };
+          auto held = std::make_shared<held_answers>();
+          return {
+              [self, answer, hold, held, n](runtime::reduce_atom,
+                                            runtime::reduce_request& r) -> caf::result<runtime::reduced> {
+                const auto [round, fragment] = r.label;
+                auto result = answer(round, fragment, std::move(r.parts), r.exact);
+                if (hold > 0 && round == hold && fragment == 0) {
+                  held->average = self->make_response_promise<runtime::reduced>();
+                  return *held->average;
+                }
+                if (hold > 0 && round == hold + 1 && held->average) {
+                  held->average->deliver(runtime::reduced{hand_average(hold, n), {}});
+                  held->average.reset();
+                  for (auto& p : held->residuals) p.deliver(runtime::residual_map{});
+                  held->residuals.clear();
+                }
+                return result;
+              },
+              [self, held](runtime::state_atom) -> caf::result<runtime::residual_map> {
+                if (!held->average) return runtime::residual_map{};
+                held->residuals.push_back(self->make_response_promise<runtime::residual_map>());
+                return held->residuals.back();
+              },
+              [](runtime::load_atom, const runtime::residual_map&) -> caf::result<bool> { return true; },
+          };
+        });
   };
 }
 
@@ -305,7 +332,7 @@ std::function<runtime::communicator_actor(caf::actor_system&)> recording_communi
 std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir,
                                                           config::outer_policy_kind policy, int64_t rounds,
                                                           std::shared_ptr<reduce_log> log = nullptr,
-                                                          bool staged = false) {
+                                                          bool staged = false, uint64_t hold = 0) {
   auto cfg = small_config(dir);
   cfg.run.mode = config::run_mode::diloco;
   cfg.diloco.outer = policy;
@@ -322,7 +349,8 @@ std::vector<runtime::train_snapshot> run_with_hand_deltas(const std::string& dir
   opts.fresh = true;
   opts.handle_signals = false;
   if (!log) log = std::make_shared<reduce_log>();
-  opts.communicator_override = recording_communicator(n, log);
+  if (hold > 0) cfg.comm.dtype = config::wire_dtype::sparse;  // error feedback: snapshots hold residuals
+  opts.communicator_override = recording_communicator(n, log, hold);
   opts.stage_on_cpu = staged;
   CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
   runtime::checkpoint_store store(dir + "/checkpoints", rounds + 1);
@@ -382,6 +410,29 @@ CATCH_TEST_CASE("delayed applies each round's average one round late, and the la
     CATCH_CHECK_FALSE(sync[t].pending.defined());
   }
   CATCH_CHECK(max_diff(sync[1].theta, snaps[1].theta) > 1e-3);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a delayed or eager checkpoint holds its round's average when that average comes after the next round "
+    "ended, before the residuals",
+    "[integration][diloco][policy]") {
+  require_corpus();
+  const auto policy = GENERATE(config::outer_policy_kind::delayed, config::outer_policy_kind::eager);
+  const bool eager = policy == config::outer_policy_kind::eager;
+  CATCH_INFO((eager ? "eager" : "delayed"));
+  const auto dir = test::scratch_dir(eager ? "eager-held" : "delayed-held");
+  const int64_t rounds = 4;
+  // Round 2's average comes when round 3 has ended: the outer step of round 3 applies it at once (and
+  // forgets it), and only then do the residuals of round 2's snapshot come.
+  auto snaps = run_with_hand_deltas(dir, policy, rounds, nullptr, false, /*hold=*/2);
+  const int64_t n = models::closed_form_param_count(models::preset_spec("tiny", 256, 64));
+  for (int64_t t = 0; t + 1 < rounds; ++t) {
+    CATCH_INFO("round " << t + 1);
+    CATCH_REQUIRE(snaps[t].pending.defined());
+    CATCH_CHECK(snaps[t].pending_round == static_cast<uint64_t>(t + 1));
+    CATCH_CHECK(max_diff(snaps[t].pending, hand_average(static_cast<uint64_t>(t + 1), n)) < 1e-7);
+  }
   std::filesystem::remove_all(dir);
 }
 
