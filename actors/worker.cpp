@@ -62,6 +62,7 @@ struct worker_state {
     caf::typed_response_promise<replica_state> rp;
   };
   std::optional<in_flight> copying;
+  bool copy_polled = false;  // a copied message is on its way (one at a time)
 };
 
 using worker_self = worker_actor::stateful_pointer<worker_state>;
@@ -173,21 +174,27 @@ replica_state replica_of(worker_self self, bool lend = false) {
   return replica_from(self, self->state.trainer->state(lend));
 }
 
-/// Answers the state in flight once its copies are done (wait: now). Between rounds a copy still running
-/// is looked at again in a millisecond; during one, the next step looks.
+/// Answers the state in flight once its copies are done (wait: now), or with their device error. While no
+/// step runs to look (between rounds, paused) a copy still running is looked at again in a millisecond.
 void answer_copy(worker_self self, bool wait) {
   auto& s = self->state;
   if (!s.copying) return;
   auto& c = *s.copying;
-  if (!wait && !c.done->query()) {
-    if (!s.busy) self->delayed_send(self, std::chrono::milliseconds(1), copied_atom_v);
+  bool done = wait;
+  auto err = wait ? caf::error{} : guarded(s.rank, [&] { done = c.done->query(); });  // CUDA: may throw
+  if (!err && !done) {
+    if ((!s.busy || s.paused) && !s.copy_polled) {
+      s.copy_polled = true;
+      self->delayed_send(self, std::chrono::milliseconds(1), copied_atom_v);
+    }
     return;
   }
   auto rp = std::move(c.rp);
   auto r = std::move(c.state);
-  auto done = std::move(c.done);
+  auto event = std::move(c.done);
   s.copying.reset();
-  if (auto err = guarded(s.rank, [&] { done->synchronize(); }))
+  if (!err) err = guarded(s.rank, [&] { event->synchronize(); });  // a failed copy's error is the answer
+  if (err)
     rp.deliver(err);
   else
     rp.deliver(std::move(r));
@@ -202,7 +209,7 @@ caf::result<replica_state> copy_state(worker_self self) {
   models::inner_state_copy c;
   if (auto err = guarded(s.rank, [&] { c = s.trainer->state_copy(); })) return err;
   auto r = replica_from(self, std::move(c.state));
-  if (c.ready()) return r;
+  if (!c.done) return r;  // no copies (a trainer without a stage)
   s.copying =
       worker_state::in_flight{std::move(r), std::move(c.done), self->make_response_promise<replica_state>()};
   auto rp = s.copying->rp;
@@ -391,7 +398,10 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
         return mix_fragment(self, theta, fragment, alpha);
       },
       [=](state_atom) { return copy_state(self); },
-      [=](copied_atom) { answer_copy(self, /*wait=*/false); },
+      [=](copied_atom) {
+        self->state.copy_polled = false;
+        answer_copy(self, /*wait=*/false);
+      },
       [=](state_atom, bool lend) -> caf::result<replica_state> {
         if (self->state.busy) return make_error(errc::stale_round, "worker: state lent during a round");
         answer_copy(self, /*wait=*/true);

@@ -46,15 +46,23 @@ host_stage::staged host_stage::stage(const at::Tensor& src) {
   auto& b = free_buffer(src.numel());
   auto host = b.host.narrow(0, 0, src.numel()).view(src.sizes());
   auto done = std::make_shared<device_event>(device_);
-  b.source = src;  // kept before the copy is queued: nothing that throws below frees it while copied
+  b.source = src;
   written_.record(*compute_);  // the copy waits for what the compute stream queued before it
   written_.block(*side_);
-  side_->run([host, src, timer = timer_.get()]() mutable {
-    if (timer) timer->start();  // on the side stream: run() made it current
-    host.copy_(src, /*non_blocking=*/true);
-    if (timer) timer->stop();
-  });
-  done->record(*side_);
+  try {
+    side_->run([host, src, timer = timer_.get()]() mutable {
+      if (timer) timer->start();  // on the side stream: run() made it current
+      host.copy_(src, /*non_blocking=*/true);
+      if (timer) timer->stop();
+    });
+    done->record(*side_);
+  } catch (...) {
+    // The copy may be queued, and b.done is an earlier one's: the buffer and the source are never let go of
+    // (a held buffer is never reused).
+    lost_.push_back(b.host);
+    lost_.push_back(src);
+    throw;
+  }
   b.done = done;
   return {std::move(host), std::move(done)};
 }

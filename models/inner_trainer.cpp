@@ -323,8 +323,8 @@ inner_state_copy inner_trainer::staged_state(bool in_flight) const {
   // Through the pseudo-gradient's stage: reused host buffers (pinned on a GPU), one event for the three.
   // A pageable copy of each into fresh memory held a GPU cluster's round boundary about 0.15 s (small).
   // In flight, master (which the next round's load writes at once) leaves as a device clone, freed by
-  // the first update after its copy; the moments are read in place, and their next write waits for that
-  // (fence_moments).
+  // the first update (or stage) once its copy is done; the moments are read in place, and their next write
+  // waits for their copies (fence_moments).
   inner_state_copy c;
   c.state.master = stage_->stage(in_flight ? master_.clone(at::MemoryFormat::Contiguous) : master_).host;
   c.state.exp_avg = stage_->stage(adam_.exp_avg()).host;
@@ -356,7 +356,13 @@ inner_state inner_trainer::state(bool lend) const {
 }
 
 inner_state_copy inner_trainer::state_copy() const {
-  if (stages_state()) return staged_state(/*in_flight=*/true);
+  if (stages_state()) {
+    try {
+      return staged_state(/*in_flight=*/true);
+    } catch (const c10::OutOfMemoryError&) {
+      // master's clone (the first allocation, so nothing is staged yet) did not fit: a copy waited for
+    }
+  }
   return {state(), nullptr};
 }
 

@@ -136,8 +136,8 @@ class inner_trainer {
   inner_state state(bool lend = false) const;
   /// A deep copy that the caller need not wait for. Staged, it leaves through the stage's side stream while
   /// the next steps are queued: master as a device clone (the model's fp32 size, freed by the first update
-  /// after its copy), the Adam moments in place, their next write (a step's update, a load) waiting for their
-  /// copies. Otherwise state()'s copy, ready at once.
+  /// once its copy is done), the Adam moments in place, their next write (a step's update, a load) waiting
+  /// for their copies. Otherwise (or when the clone does not fit) state()'s copy, ready at once.
   inner_state_copy state_copy() const;
   /// The stage's side stream (null: not staged); tests hold it to keep a copy in flight.
   device_stream* copy_stream() const { return stage_ ? &stage_->side() : nullptr; }
@@ -163,8 +163,8 @@ class inner_trainer {
   void new_delta_buffer(int64_t n);
   /// A host copy (a device tensor), or the tensor itself or its clone (on the CPU).
   at::Tensor to_host(const at::Tensor& t, bool lend) const;
-  /// The state through the stage, not waited for: master and both moments (in_flight: master cloned, the
-  /// moments fenced, so the steps may go on before the copy is done).
+  /// The state through the stage, not waited for: master and both moments (in_flight: master cloned, so
+  /// the steps may go on before the copy is done; the moments' next write calls fence_moments).
   inner_state_copy staged_state(bool in_flight) const;
   /// The compute stream's next write of the Adam moments waits for their copies in flight.
   void fence_moments();
