@@ -25,6 +25,7 @@
 #include <fstream>
 
 #include "cli/report/format.hpp"
+#include "cli/report/records.hpp"
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
@@ -251,7 +252,9 @@ int open_role_logs(const std::string& out_dir, std::vector<child>& children,
 /// What the supervising loop has seen and done so far.
 struct launch_state {
   int handled_signals = 0;
-  bool stopping = false;  // launch asked the roles to stop
+  bool stopping = false;      // launch asked the roles to stop
+  bool end_read = false;      // the coordinator ended first and its end record was read
+  bool before_start = false;  // that record: stopped before training; launch stopped the starting nodes
   int first_failure = 0;
   std::chrono::steady_clock::time_point nodes_done_at = std::chrono::steady_clock::time_point::max();
 };
@@ -324,6 +327,28 @@ void stop_observer(std::vector<child>& children, const std::string& out_dir) {
     }
 }
 
+/// Whether the coordinator's end record (RUN_DIR/coordinator.jsonl) says the cluster was stopped before it
+/// began training.
+bool stopped_before_start(const std::string& out_dir) {
+  report::node_metrics c;
+  if (!report::read_metrics_file(std::filesystem::path(out_dir) / "coordinator.jsonl", c).empty())
+    return false;
+  return !c.ends.empty() && report::text(c.ends.back(), "outcome") == "stopped_before_start";
+}
+
+/// The coordinator ended while nodes run. Stopped before training (`longwave stop` right after the launch),
+/// a node that had not said hello yet would wait for it until join_timeout_s: launch stops them.
+void after_coordinator(std::vector<child>& children, const std::string& out_dir, launch_state& st) {
+  st.end_read = true;
+  if (children[0].code != 0 || st.stopping || !stopped_before_start(out_dir)) return;
+  std::printf(
+      "launch: the cluster was stopped before it began training; stopping the nodes still starting\n");
+  std::fflush(stdout);
+  signal_all(children, SIGINT, /*nodes_only=*/true);
+  st.stopping = true;
+  st.before_start = true;
+}
+
 /// Runs the started children until every role has ended: output, Ctrl-C, exits, the coordinator's stop.
 void supervise(std::vector<child>& children, size_t width, const std::string& out_dir, launch_state& st) {
   for (;;) {
@@ -343,6 +368,7 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ou
       stop_observer(children, out_dir);
       return;
     }
+    if (nodes_running && !children[0].running && !st.end_read) after_coordinator(children, out_dir, st);
     // The coordinator ends by itself once every node said bye; give it 10 s, then stop it.
     if (!nodes_running) {
       const auto now = std::chrono::steady_clock::now();
@@ -356,7 +382,7 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ou
 }
 
 /// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first failure (1 for a
-/// role killed by a signal), else the first non-zero role.
+/// role killed by a signal), else the first non-zero role (not a starting node launch stopped: 130).
 int exit_code(const std::vector<child>& children, const launch_state& st) {
   std::string summary;
   for (const auto& c : children) summary += " " + c.name + "=" + std::to_string(c.code);
@@ -365,7 +391,7 @@ int exit_code(const std::vector<child>& children, const launch_state& st) {
   if (st.handled_signals > 0) return 130;
   if (st.first_failure != 0) return st.first_failure;
   for (const auto& c : children)
-    if (c.code != 0 && !c.is_observer) return c.code;
+    if (c.code != 0 && !c.is_observer && !(st.before_start && c.is_node && c.code == 130)) return c.code;
   return 0;
 }
 

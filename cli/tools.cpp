@@ -249,23 +249,26 @@ std::optional<config::train_config> load_run_config(const cli_values& v, std::ve
 
 namespace {
 
-/// The PIDs of the node processes that hold their out_dir locks on this machine (`stop --wait` notes them
-/// before it asks the coordinator).
-std::vector<std::pair<std::string, pid_t>> local_node_pids(const config::cluster_spec& spec) {
+/// The PIDs of the processes of this cluster on this machine that hold a lock in its out_dir: each node's,
+/// and a `longwave launch`'s (its logs folder, which a relaunch takes). `stop --wait` notes them before it
+/// asks the coordinator.
+std::vector<std::pair<std::string, pid_t>> local_role_pids(const config::cluster_spec& spec) {
   std::vector<std::pair<std::string, pid_t>> out;
-  for (const auto& n : spec.nodes)
-    if (const auto pid =
-            sweep::folder_in_use((std::filesystem::path(spec.train.run.out_dir) / n.name).string());
-        !pid.empty() && std::atoi(pid.c_str()) > 0)
-      out.emplace_back(n.name, static_cast<pid_t>(std::atoi(pid.c_str())));
+  const std::filesystem::path run_dir = spec.train.run.out_dir;
+  auto add = [&](const std::string& what, const std::filesystem::path& dir) {
+    if (const auto pid = sweep::folder_in_use(dir.string()); !pid.empty() && std::atoi(pid.c_str()) > 0)
+      out.emplace_back(what, static_cast<pid_t>(std::atoi(pid.c_str())));
+  };
+  for (const auto& n : spec.nodes) add("node " + n.name, run_dir / n.name);
+  add("longwave launch", run_dir / "logs");
   return out;
 }
 
 /// `stop --wait`, once the coordinator said the run ended: the roles exit moments later, holding their locks
-/// and ports until then, so a relaunch at once could find them taken. Waits (up to a minute) until the nodes
-/// that ran here have exited and the coordinator's ports here are free.
+/// and ports until then, so a relaunch at once could find them taken. Waits (up to a minute) until the
+/// processes that ran here (nodes, a launch) have exited and the coordinator's ports here are free.
 int wait_roles_gone(const config::cluster_spec& spec,
-                    const std::vector<std::pair<std::string, pid_t>>& nodes) {
+                    const std::vector<std::pair<std::string, pid_t>>& roles) {
   std::vector<std::pair<std::string, int>> ports;
   for (const auto& endpoint : spec.coordinators) {  // tcp://HOST:PORT
     const auto colon = endpoint.rfind(':');
@@ -278,8 +281,8 @@ int wait_roles_gone(const config::cluster_spec& spec,
     ports.emplace_back(spec.train.metrics.address, static_cast<int>(config::coordinator_metrics_port(spec)));
   const auto busy = [&] {
     std::vector<std::string> left;
-    for (const auto& [name, pid] : nodes)
-      if (!runtime::has_exited(pid)) left.push_back(fmt::format("node {} (pid {})", name, pid));
+    for (const auto& [what, pid] : roles)
+      if (!runtime::has_exited(pid)) left.push_back(fmt::format("{} (pid {})", what, pid));
     for (const auto& [host, port] : ports)  // another machine's address is not in use here
       if (port > 0 && runtime::bind_error(host, port) == EADDRINUSE)
         left.push_back(fmt::format("the coordinator's port {}:{}", host, port));
@@ -315,9 +318,9 @@ std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* a
     runtime::init_logging("info");
     auto spec = load_cluster(v.cluster_path, v.cluster_overrides);
     if (!spec) return 2;
-    const auto nodes = v.stop_wait ? local_node_pids(*spec) : std::vector<std::pair<std::string, pid_t>>{};
+    const auto roles = v.stop_wait ? local_role_pids(*spec) : std::vector<std::pair<std::string, pid_t>>{};
     const int code = cluster::request_cluster_stop(*spec, v.stop_wait);
-    return code == 0 && v.stop_wait ? wait_roles_gone(*spec, nodes) : code;
+    return code == 0 && v.stop_wait ? wait_roles_gone(*spec, roles) : code;
   }
   if (sub.launch->parsed())
     return launch(self_exe(argv0), v.cluster_path, v.cluster_overrides, v.cluster_fresh, v.observe);

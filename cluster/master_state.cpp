@@ -94,7 +94,9 @@ void master_state::on_paused(ms gap, clock::time_point now) {
 }
 
 void master_state::interrupt() {
-  if (!exit_code_) call_off("the coordinator was stopped", 130);
+  if (exit_code_) return;
+  warn("coordinator: interrupted (Ctrl-C or SIGTERM): calling the cluster off; its nodes are told");
+  call_off("the coordinator was stopped", 130);
 }
 
 /// Joining, or taking over nodes that are already training (this master was restarted); then the welcome.

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -210,6 +212,15 @@ double slow_start_fault(const std::string& name) {
   return s;
 }
 
+/// LONGWAVE_FAULT_HELLO_GATE (tests): this node waits for that file before its hello, as one still preparing
+/// a large corpus would.
+void hello_gate(const std::string& name) {
+  const char* gate = std::getenv("LONGWAVE_FAULT_HELLO_GATE");
+  if (gate == nullptr || *gate == 0) return;
+  spdlog::warn("node {}: LONGWAVE_FAULT_HELLO_GATE: waiting for {} before its hello", name, gate);
+  while (!std::filesystem::exists(gate)) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 /// Keys, the state server, the control connection and the join. The exit code when the node ends here (0:
 /// the cluster stopped meanwhile; 1 or 2 with the reason logged), nullopt when it trains.
 std::optional<int> connect_and_join(node_session& s, const config::cluster_spec& spec, size_t index,
@@ -236,6 +247,7 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
     // its own newest checkpoint (the nodes' rounds are their own; the newest version is adopted by all).
     const bool async = cfg.diloco.outer == config::outer_policy_kind::async;
     if (async && newest > 0) s.hello.committed = {actors::latest_checkpoint_version(cfg), 0};
+    hello_gate(me.name);
     node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.place, s.recover);
     if (async) node_opts.max_resume_round.reset();
     node_opts.cluster_node = true;

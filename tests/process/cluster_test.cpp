@@ -638,6 +638,44 @@ CATCH_TEST_CASE("a node of launch killed by a signal stops the others and launch
 }
 
 CATCH_TEST_CASE(
+    "stop --wait before the nodes said hello: launch stops them and exits 0, and stop returns once launch "
+    "has ended",
+    "[process][cluster][signal]") {
+  const auto dir = scratch_dir("cluster_stop_before_hello");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  // The nodes wait before their hello, as nodes still preparing a large corpus: the coordinator cannot tell
+  // them that the cluster stopped.
+  auto launch = spawn({binary(), "launch", cluster}, dir + "/launch.log", false,
+                      {"LONGWAVE_FAULT_HELLO_GATE=" + dir + "/never"});
+  const auto at_gate = [&](const std::string& role) {
+    return contains(read_text(dir + "/cluster/logs/" + role + ".log"), "LONGWAVE_FAULT_HELLO_GATE");
+  };
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        return at_gate("n0") && at_gate("n1") &&
+               contains(read_text(dir + "/cluster/logs/coordinator.log"), "waiting up to");
+      },
+      300));
+  auto stop = spawn({binary(), "stop", cluster, "--wait"}, dir + "/stop.log");
+  const int stop_code = wait_exit(stop, 180);
+  // stop --wait returned after launch ended (launch is not reaped yet: a zombie), so a relaunch finds the
+  // logs folder free.
+  const bool launch_ended = contains(read_text("/proc/" + std::to_string(launch.pid) + "/stat"), ") Z ");
+  const int code = wait_exit(launch, 180);
+  const auto log = read_text(dir + "/launch.log");
+  CATCH_INFO(tail(log, 20000) << "\n--- stop:\n" << read_text(dir + "/stop.log"));
+  CATCH_CHECK(stop_code == 0);
+  CATCH_CHECK(launch_ended);
+  CATCH_CHECK(code == 0);
+  CATCH_CHECK(contains(log,
+                       "launch: the cluster was stopped before it began training; stopping the nodes "
+                       "still starting"));
+  CATCH_CHECK(contains(log, "coordinator=0 n0=130 n1=130"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
     "launch killed by SIGKILL: every role stops with a checkpoint and its own log keeps its last lines",
     "[process][cluster][signal]") {
   auto e = launch_endless("cluster_launch_sigkill");

@@ -1524,11 +1524,14 @@ CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][m
     table t(cluster_of(2));
     t.play(two_training);
     t.master().interrupt();
-    bool told = false;
-    for (auto& a : t.master().take_actions())
+    bool told = false, said = false;
+    for (auto& a : t.master().take_actions()) {
       if (auto* s = std::get_if<send>(&a))
         told = told || describe_body(s->envelope).find("evicted") != std::string::npos;
+      if (auto* l = std::get_if<line>(&a)) said = said || l->text.find("coordinator: interrupted") == 0;
+    }
     CATCH_CHECK(told);
+    CATCH_CHECK(said);  // the coordinator's log says why it ends
     CATCH_CHECK(t.master().done() == 130);
   }
 }
