@@ -339,8 +339,8 @@ void master_state::watch_fence() {
              fmt::format("node {} lost: no answer to the fence of epoch {} within {}", specs_[i].name,
                          fence_->epoch, secs(limit)));
   }
-  // Below the quorum: until a joiner is ready (or quorum_timeout passes).
-  if (!fence_ || (quorum_deadline_ && !any_ready())) return;
+  // Below the quorum: until a joiner is ready, the cluster is stopping (or quorum_timeout passes).
+  if (!fence_ || (quorum_deadline_ && !any_ready() && !stop_)) return;
   for (auto i : training_members())
     if (!members_[i].acked) return;
   conclude_fence();

@@ -55,10 +55,12 @@ void master_state::on_stop_request(const sender& from) {
   }
   info(fmt::format("coordinator: stopping the cluster (longwave stop): asking {} where they can stop",
                    names_of(members)));
+  const bool one = members.size() == 1;
   reply_error(from.identity, errc::none,
-              fmt::format("the cluster stops at its next round boundary: {} finish their current round (last "
-                          "reported round {}), save their checkpoints and exit",
-                          names_of(members), top));
+              fmt::format("the cluster stops at its next round boundary: {} {} current round (last reported "
+                          "round {}), {} and {}",
+                          names_of(members), one ? "finishes its" : "finish their", top,
+                          one ? "saves its checkpoint" : "save their checkpoints", one ? "exits" : "exit"));
 }
 
 /// `longwave node --leave`: forwards the request to the node and answers the requester.

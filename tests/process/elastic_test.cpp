@@ -309,6 +309,41 @@ CATCH_TEST_CASE("below [cluster] min_nodes for quorum_timeout_s the run is calle
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE(
+    "longwave stop during a quorum wait stops the members left with their checkpoints, not a call-off",
+    "[process][cluster][elastic]") {
+  // quorum_timeout_s is far away: only the stop can end the wait (it was called off there, exit 1).
+  elastic_cluster c("elastic_quorum_stop", "", {}, "min_nodes = 3\nquorum_timeout_s = 3000\n");
+  kill_in_inner_phase(c);
+  CATCH_REQUIRE(wait_until([&] { return c.master("quorum").size() == 1; }, 300));
+  stop_cluster(c.dir, c.file, {}, {"--wait"});
+  const int coord_code = wait_exit(c.coord, 120);
+  const int code0 = wait_exit(c.nodes[0], 120), code1 = wait_exit(c.nodes[1], 120);
+  const auto clog = c.coord_log();
+  CATCH_INFO(tail(c.log(0)) << "\n--- n1\n" << tail(c.log(1)) << "\n--- coordinator\n" << clog);
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(code0 == 0);
+  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(contains(clog, "below [cluster] min_nodes = 3, but the cluster is stopping"));
+  const auto end = master_end(c.cluster_out());
+  CATCH_CHECK(str(at(end, "outcome")) == "stopped");
+  // Both stopped after the same round, with a checkpoint of it and one theta.
+  const int64_t last = stop_round(c.out("n0"));
+  CATCH_CHECK(last >= 2);
+  CATCH_CHECK(stop_round(c.out("n1")) == last);
+  const auto crc0 = round_crcs(c.out("n0")), crc1 = round_crcs(c.out("n1"));
+  CATCH_REQUIRE((crc0.count(last) == 1 && crc1.count(last) == 1));
+  CATCH_CHECK(crc0.at(last) == crc1.at(last));
+  for (const char* n : {"n0", "n1"}) {
+    runtime::checkpoint_store store(c.out(n) + "/checkpoints", 100);
+    const auto newest = store.load_latest();
+    CATCH_REQUIRE(newest.has_value());
+    CATCH_CHECK(newest->round == static_cast<uint64_t>(last));
+  }
+  CATCH_CHECK(newest_theta(c.out("n0") + "/checkpoints") == newest_theta(c.out("n1") + "/checkpoints"));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 /// `joiner` joined the running cluster: it recorded how it got its state (admitted), and from its first round
 /// on (the one it observes) it agrees with `member` on theta every round up to the last, after which the
 /// cluster stopped.

@@ -1286,18 +1286,50 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
     for (auto at = all.find("op <- bye"); at != std::string::npos; at = all.find("op <- bye", at + 1)) ++byes;
     CATCH_CHECK(byes == 1);
   }
-  CATCH_SECTION("a stop that ends in a call-off tells the requester why") {
+  CATCH_SECTION("a stop needs no quorum: the members left finish the round in flight and stop") {
+    // Below min_nodes the members wait for a joiner; a stop, asked before or during that wait, ends it
+    // (the run was called off at quorum_timeout_s, exit 1, its last round lost).
+    const bool stop_first = GENERATE(true, false);
+    CATCH_INFO("stop " << (stop_first ? "before" : "during") << " the quorum wait");
     table t(cluster_of(2, 2));
-    t.play(two_training + std::vector<row>{{2, "op", "stop", {"op <- error none: the cluster stops"}},
-                                           {2, "n1", "error", {"n0 <- fence 2"}},
-                                           {2.5, "n0", "ack 2 1/0", {"quorum lost"}},
-                                           {63,
-                                            "n0",
-                                            "tick",
-                                            {"record end outcome=called_off",
-                                             "op <- error evicted: the cluster was called off: quorum lost",
-                                             "!op <- bye"}}});
-    CATCH_CHECK(t.master().done() == 1);
+    auto rows = two_training;
+    if (stop_first) rows.push_back({2, "op", "stop", {"op <- error none: the cluster stops"}});
+    rows.push_back({2, "n1", "error", {"n0 <- fence 2"}});
+    if (stop_first) {
+      rows.push_back({2.5,
+                      "n0",
+                      "ack 2 1/0",
+                      {"below [cluster] min_nodes = 2, but the cluster is stopping",
+                       "n0 <- membership epoch 2 rank 0 [n0]", "!quorum lost"}});
+    } else {
+      rows.push_back({2.5, "n0", "ack 2 1/0", {"quorum lost", "!membership"}});
+      rows.push_back({3,
+                      "op",
+                      "stop",
+                      {"op <- error none: the cluster stops", "n0 <- stop 0",
+                       "below [cluster] min_nodes = 2, but the cluster is stopping",
+                       "n0 <- membership epoch 2 rank 0 [n0]"}});
+    }
+    rows.push_back({4, "n0", "stop 2", {"every node stops after round 2 (n0)", "n0 <- stop 2"}});
+    rows.push_back({5,
+                    "n0",
+                    "bye stopped",
+                    {"record end outcome=stopped exit_code=0 finished=n0", "op <- bye", "!called off"}});
+    t.play(rows);
+    CATCH_CHECK(t.master().done() == 0);
+  }
+  CATCH_SECTION("a stop that ends in a call-off tells the requester why") {
+    table t(cluster_of(2));
+    t.play(two_training + std::vector<row>{{2, "op", "stop", {"op <- error none: the cluster stops"}}});
+    t.master().interrupt();
+    std::string all;
+    for (auto& a : t.master().take_actions())
+      if (auto* s = std::get_if<send>(&a)) all += describe_body(s->envelope) + "\n";
+    CATCH_INFO(all);
+    CATCH_CHECK(all.find("error evicted: the cluster was called off: the coordinator was stopped") !=
+                std::string::npos);
+    CATCH_CHECK(all.find("bye") == std::string::npos);
+    CATCH_CHECK(t.master().done() == 130);
   }
   CATCH_SECTION("a joiner in flight is turned away") {
     table t(cluster_of(2));
