@@ -176,7 +176,23 @@ class guarded_server : public httplib::Server {
   std::atomic<int> n_queued_{0};
 };
 
+/// Binding address:port failed with err (0: not known why).
+[[noreturn]] void throw_bind_error(const std::string& address, int port, int err) {
+  const std::string why = err ? std::strerror(err) : "bind failed";
+  // A port in use is the config's to change (exit 2), or the same run started twice.
+  throw lw_error(err == EADDRINUSE ? errc::invalid_config : errc::io_error,
+                 "metrics: cannot bind " + address + ":" + std::to_string(port) + ": " + why +
+                     (err == EADDRINUSE ? " (is this run or cluster already running?); if not, set "
+                                          "metrics.port (a cluster file's metrics_port) to a free port or 0"
+                                        : "; set metrics.port to a free port or 0"));
+}
+
 }  // namespace
+
+void check_metrics_port_free(const std::string& address, int port) {
+  if (port <= 0 || port > 65535) return;  // any port, or one the server refuses by itself
+  if (runtime::bind_error(address, port) == EADDRINUSE) throw_bind_error(address, port, EADDRINUSE);
+}
 
 metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, int port,
                                const std::string& address)
@@ -224,16 +240,8 @@ metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, i
     port_ = port;
     bound = server_->bind_to_port(host, port);
   }
-  if (!bound) {
-    const int err = runtime::bind_error(address_, port);  // httplib says only that binding failed
-    const std::string why = err ? std::strerror(err) : "bind failed";
-    // A port in use is the config's to change (exit 2), or the same run started twice.
-    throw lw_error(err == EADDRINUSE ? errc::invalid_config : errc::io_error,
-                   "metrics: cannot bind " + std::string(host) + ":" + std::to_string(port) + ": " + why +
-                       (err == EADDRINUSE ? " (is this run or cluster already running?); if not, set "
-                                            "metrics.port (a cluster file's metrics_port) to a free port or 0"
-                                          : "; set metrics.port to a free port or 0"));
-  }
+  // httplib says only that binding failed
+  if (!bound) throw_bind_error(address_, port, runtime::bind_error(address_, port));
   static_cast<guarded_server&>(*server_).widen_backlog();
 
   thread_ = std::thread([this] {

@@ -599,6 +599,7 @@ CATCH_TEST_CASE("A metrics port already in use stops the run at start-up with a 
   CATCH_CHECK(out.find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
   CATCH_CHECK(out.find("in use (is this run or cluster already running?)") != std::string::npos);
   CATCH_CHECK(out.find("| step") == std::string::npos);  // no training happened
+  CATCH_CHECK(out.find("data: ") == std::string::npos);  // nor was the corpus prepared before it failed
   std::filesystem::remove_all(dir);
 }
 
