@@ -314,10 +314,10 @@ CLI::App* add_keys(CLI::App& app, cli_values& v) {
   make->add_option("--nodes", v.keys_nodes, "A key pair for each of these node names (comma-separated)");
   make->footer(
       "Writes DIR/cluster.{public,secret} (unless DIR already has them) and DIR/nodes/NAME.{public,secret},\n"
-      "every file mode 0600; an existing node key is never overwritten (exit 2). The coordinator needs\n"
-      "cluster.secret and nodes/*.public; node NAME needs cluster.public and nodes/NAME.secret. A key can "
-      "be\n"
-      "revoked with [security] revoked = [\"NAME\"] in the coordinator's cluster file.");
+      "every file mode 0600. An existing node key is never overwritten: --nodes naming one exits 2;\n"
+      "--cluster keeps it and keys only the nodes that have none. The coordinator needs cluster.secret\n"
+      "and nodes/*.public; node NAME needs cluster.public and nodes/NAME.secret. A key can be revoked\n"
+      "with [security] revoked = [\"NAME\"] in the coordinator's cluster file.");
   return make;
 }
 

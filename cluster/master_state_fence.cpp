@@ -315,8 +315,8 @@ void master_state::watch_pin() {
     std::vector<size_t> joiners;
     for (size_t i = 0; i < members_.size(); ++i)
       if (members_[i].pinned && members_[i].phase == member_phase::joining) joiners.push_back(i);
-    info(fmt::format("coordinator: the members ({}) hold after round {} while {} fetch its state",
-                     names_of(members), top, names_of(joiners)));
+    info(fmt::format("coordinator: the members ({}) hold after round {} while {} {} their state",
+                     names_of(members), top, names_of(joiners), joiners.size() == 1 ? "fetches" : "fetch"));
     note(
         "pin",
         {{"round", static_cast<int64_t>(top)}, {"members", list_of(members)}, {"joiners", list_of(joiners)}});

@@ -225,7 +225,7 @@ void master_state::on_join(size_t idx, const sender& from, const hello_msg& h) {
       "coordinator: node {} ({}) asks to join the running cluster (epoch {}{}): it fetches the state "
       "from {}",
       name, from.peer, epoch_,
-      m.removed == removal::none ? "" : fmt::format(", it was {}", to_string(m.removed)),
+      m.removed == removal::none ? "" : fmt::format("; it was removed: {}", to_string(m.removed)),
       names_of(training_members())));
   start_fetch(idx);
   // A key the members were not sent (added to nodes/ later, or a master that took the cluster over): their
