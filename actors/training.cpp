@@ -76,8 +76,9 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   make_run_directory("checkpoint.dir", p.ckpt_dir);
   std::optional<run_lock> ckpt_lock;
   if (!fs::equivalent(p.ckpt_dir, p.out_dir)) take_lock(ckpt_lock, "checkpoint.dir", p.ckpt_dir);
-  // A metrics port another process holds fails now, not after the data is prepared.
-  if (cfg.metrics.enabled)
+  // A metrics port another process holds fails now, not after the data is prepared (a cluster node checked
+  // its ports before its hello).
+  if (cfg.metrics.enabled && !opts.cluster_node)
     runtime::check_metrics_port_free(cfg.metrics.address, static_cast<int>(cfg.metrics.port));
   make_data_directory(cfg, corpus, p.data_dir);
   spdlog::info("longwave: {} mode, {} workers, model {} ({:.2f}M parameters, {}), out_dir {}", cfg.run.mode,

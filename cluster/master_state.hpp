@@ -281,7 +281,6 @@ class master_state {
   void start_fence(const std::string& reason, const std::string& why);
   void conclude_fence();
   bool below_quorum(const std::vector<size_t>& members);
-  bool stopping_below_quorum(const std::vector<size_t>& members);
   bool ring_keeps_failing(const comm::reduce_key& commit);
   void send_membership(const std::vector<size_t>& members, const comm::reduce_key& commit);
   void admit_joiners(const comm::reduce_key& commit);

@@ -72,14 +72,23 @@ void master_state::conclude_fence() {
   if (!commit) return;
   admit_joiners(*commit);
   members = training_members();
-  if (!stopping_below_quorum(members) && below_quorum(members)) return;
+  if (below_quorum(members)) return;
   if (fence_->reason == "ring_reset" && ring_keeps_failing(*commit)) return;
   send_membership(members, *commit);
 }
 
 /// Fewer members than min_nodes: the fence stays (the members keep their state) until joiners make the
-/// quorum up or quorum_timeout passes.
+/// quorum up or quorum_timeout passes. A stop needs no quorum: while `longwave stop` is in progress the wait
+/// (if any) ends, and the members finish the round in flight among themselves, then stop.
 bool master_state::below_quorum(const std::vector<size_t>& members) {
+  if (members.size() < s_.min_nodes && stop_) {
+    quorum_deadline_.reset();
+    info(
+        fmt::format("coordinator: {} live node(s) ({}), below [cluster] min_nodes = {}, but the cluster is "
+                    "stopping: they finish the round in flight among themselves, then stop",
+                    members.size(), names_of(members), s_.min_nodes));
+    return false;
+  }
   if (members.size() < s_.min_nodes) {
     if (!quorum_deadline_) {
       quorum_deadline_ = now_ + s_.quorum_timeout;
@@ -100,18 +109,6 @@ bool master_state::below_quorum(const std::vector<size_t>& members) {
     quorum_deadline_.reset();
   }
   return false;
-}
-
-/// Fewer members than min_nodes while `longwave stop` is in progress: a stop needs no quorum, so the wait for
-/// one (if any) ends, and the members finish the round in flight among themselves, then stop.
-bool master_state::stopping_below_quorum(const std::vector<size_t>& members) {
-  if (!stop_ || members.size() >= s_.min_nodes) return false;
-  quorum_deadline_.reset();
-  info(
-      fmt::format("coordinator: {} live node(s) ({}), below [cluster] min_nodes = {}, but the cluster is "
-                  "stopping: they finish the round in flight among themselves, then stop",
-                  members.size(), names_of(members), s_.min_nodes));
-  return true;
 }
 
 /// A ring reset among live members: true (and the run is called off) after max_resets in a row without an

@@ -60,8 +60,8 @@ class host_stage {
   std::shared_ptr<device_stream> compute_, side_;
   device_event written_;  // marks the compute stream's work that a copy waits for
   std::vector<buffer> pool_;
-  std::vector<at::Tensor>
-      lost_;  // a buffer and source whose copy may be queued with no event marking its end
+  // Buffers and sources whose copy may be queued with no event marking its end: never let go of.
+  std::vector<at::Tensor> lost_;
   std::unique_ptr<gpu_timer> timer_;  // time_copies()
 };
 
