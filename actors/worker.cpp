@@ -170,8 +170,16 @@ replica_state replica_from(worker_self self, models::inner_state is) {
   return r;
 }
 
-replica_state replica_of(worker_self self, bool lend = false) {
-  return replica_from(self, self->state.trainer->state(lend));
+/// The state of this moment (lend: the live buffers), or the error of its copies (a failed side stream's).
+caf::expected<replica_state> replica_of(worker_self self, bool lend = false) {
+  models::inner_state is;
+  if (auto err = guarded(self->state.rank, [&] { is = self->state.trainer->state(lend); })) return err;
+  return replica_from(self, std::move(is));
+}
+
+caf::result<replica_state> answer(caf::expected<replica_state> r) {
+  if (!r) return std::move(r.error());
+  return std::move(*r);
 }
 
 /// Answers the state in flight once its copies are done (wait: now), or with their device error. While no
@@ -328,7 +336,11 @@ void inner_step(worker_self self) {
       s.state_rp.deliver(e);
       return fail_round(self, e);
     }
-    s.state_rp.deliver(replica_of(self));
+    auto r = replica_of(self);
+    if (r)
+      s.state_rp.deliver(std::move(*r));
+    else
+      s.state_rp.deliver(std::move(r.error()));
     return;
   }
   if (s.steps_in_round >= s.steps_target && s.ctx->cfg.train.paced_step_s() <= 0)
@@ -405,7 +417,7 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
       [=](state_atom, bool lend) -> caf::result<replica_state> {
         if (self->state.busy) return make_error(errc::stale_round, "worker: state lent during a round");
         answer_copy(self, /*wait=*/true);
-        return replica_of(self, lend);
+        return answer(replica_of(self, lend));
       },
       [=](pause_atom) -> caf::result<int64_t> {
         auto& s = self->state;
@@ -420,7 +432,7 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
         s.pause_target = target;
         if (!s.busy || s.trainer->steps_done() >= target) {
           if (auto err = flush_held(self)) return err;
-          return replica_of(self);
+          return answer(replica_of(self));
         }
         s.state_rp = self->make_response_promise<replica_state>();
         self->send(self, step_atom_v);  // restart the paused step chain

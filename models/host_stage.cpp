@@ -7,10 +7,11 @@
 
 namespace longwave::models {
 
-host_stage::host_stage(const c10::Device& device, std::shared_ptr<device_stream> compute)
+host_stage::host_stage(const c10::Device& device, std::shared_ptr<device_stream> compute,
+                       std::shared_ptr<device_stream> side)
     : device_(device),
       compute_(compute ? std::move(compute) : device_stream::compute(device)),
-      side_(device_stream::side(device)),
+      side_(side ? std::move(side) : device_stream::side(device)),
       written_(device) {}
 
 host_stage::~host_stage() {

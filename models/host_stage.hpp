@@ -14,8 +14,10 @@ namespace longwave::models {
 
 class host_stage {
  public:
-  /// compute: the stream that writes the sources (default: the device's compute stream).
-  explicit host_stage(const c10::Device& device, std::shared_ptr<device_stream> compute = nullptr);
+  /// compute: the stream that writes the sources (default: the device's compute stream); side: the stream
+  /// the copies run on (default: a new one).
+  explicit host_stage(const c10::Device& device, std::shared_ptr<device_stream> compute = nullptr,
+                      std::shared_ptr<device_stream> side = nullptr);
   ~host_stage();
   host_stage(const host_stage&) = delete;
   host_stage& operator=(const host_stage&) = delete;

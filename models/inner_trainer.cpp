@@ -53,7 +53,7 @@ inner_trainer::inner_trainer(const model_spec& spec, const inner_options& opts,
     }
   }
   if (device_.is_cuda() || opts.stage_delta) {
-    stage_ = std::make_unique<host_stage>(device_);
+    stage_ = std::make_unique<host_stage>(device_, opts.stage_compute, opts.stage_side);
     delta_dev_ = at::empty_like(master_);  // at start-up: a device without room for it fails here
   }
 }

@@ -44,6 +44,9 @@ struct inner_options {
   /// Staged: node_delta leaves the pseudo-gradient on the device, where the node's mean of its workers is
   /// taken before one copy leaves it (the communicator's stage_mean).
   bool device_delta = false;
+  /// Tests: the stage's compute and side streams (null: the device's compute stream, a new side stream),
+  /// which a test holds (test::gate) or asks whether a fence holds the trainer, where it cannot reach it.
+  std::shared_ptr<device_stream> stage_compute, stage_side;
 };
 
 /// The resumable state of one replica (all tensors fp32 on the host, owned by the caller of `state()`).
