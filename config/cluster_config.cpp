@@ -484,6 +484,11 @@ cluster_spec load_cluster_file(const std::string& path, const std::vector<std::s
 
 std::vector<std::string> cluster_warnings(const cluster_spec& spec, const std::set<std::string>& keys_set) {
   auto out = inert_settings(spec.train, keys_set);
+  if (keys_set.count("train.workers") > 0)
+    out.push_back(fmt::format(
+        "train.workers is set, but a cluster file's [[nodes]] entries set each node's workers (workers = N): "
+        "it is ignored, and the {} listed node(s) have {} worker(s) in all",
+        spec.nodes.size(), spec.train.train.workers));
   if (spec.train.diloco.outer != outer_policy_kind::async) return out;
   if (spec.nodes.size() == 1 && !spec.open)
     out.push_back(

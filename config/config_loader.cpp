@@ -379,9 +379,16 @@ void check_dir(const std::string& key, const std::string& dir) {
   for (std::filesystem::path p(dir); !p.empty(); p = p.parent_path()) {
     const auto st = std::filesystem::status(p, ec);
     if (std::filesystem::is_directory(st)) return;
+    // Paths in full (show() would shorten them): the user needs to see which file is in the way.
+    const std::string what = p == std::filesystem::path(dir) ? std::string("it") : quote(p.string());
+    // Worded as runtime::make_directories says it at launch, which --dry-run did not reach.
+    if (!std::filesystem::exists(st) && std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec)))
+      throw config_error(key,
+                         fmt::format("{} = {}: {}a symbolic link to {}, which does not exist; create its "
+                                     "target or choose another {}",
+                                     key, quote(dir), p == std::filesystem::path(dir) ? "" : what + " is ",
+                                     std::filesystem::read_symlink(p, ec).string(), key));
     if (std::filesystem::exists(st)) {
-      // Paths in full (show() would shorten them): the user needs to see which file is in the way.
-      const std::string what = p == std::filesystem::path(dir) ? std::string("it") : quote(p.string());
       throw config_error(key, fmt::format("{} = {}: {} is a file, not a directory; choose another {}", key,
                                           quote(dir), what, key));
     }
@@ -768,10 +775,14 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
   check_adaptive(cfg);
   check_async(cfg);
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {
-    throw config_error("train.rounds",
-                       fmt::format("train.rounds = {}: train.rounds * train.inner_steps ({}) does "
-                                   "not fit in a 64-bit integer",
-                                   cfg.train.rounds, cfg.train.inner_steps));
+    // Named by the larger of the two: the one most likely set by mistake.
+    const bool steps = cfg.train.inner_steps > cfg.train.rounds;
+    throw config_error(steps ? "train.inner_steps" : "train.rounds",
+                       fmt::format("{} = {}: train.rounds * train.inner_steps ({} * {}) does not fit in a "
+                                   "64-bit integer",
+                                   steps ? "train.inner_steps" : "train.rounds",
+                                   steps ? cfg.train.inner_steps : cfg.train.rounds, cfg.train.rounds,
+                                   cfg.train.inner_steps));
   }
   if (!check_paths) return;
   check_dir("run.out_dir", cfg.run.out_dir);

@@ -173,6 +173,21 @@ CATCH_TEST_CASE(
   CATCH_CHECK(warnings(replaced(one, "outer = \"async\"", "outer = \"sync\""), {}).empty());
 }
 
+CATCH_TEST_CASE("a cluster file's train.workers is named as ignored: the nodes set their own workers",
+                "[config][cluster]") {
+  using Catch::Matchers::Contains;
+  const auto warnings = [](const std::string& text, const std::vector<std::string>& ov) {
+    return cluster_warnings(parse_cluster(text, ov, "c"), keys_set(text, ov));
+  };
+  CATCH_CHECK(warnings(good, {}).empty());
+  const auto set = warnings(replaced(good, "inner_steps = 7", "inner_steps = 7\nworkers = 4"), {});
+  CATCH_REQUIRE(set.size() == 1);
+  CATCH_CHECK_THAT(set[0], Contains("train.workers is set") && Contains("it is ignored") &&
+                               Contains("the 2 listed node(s) have 5 worker(s) in all"));
+  CATCH_CHECK(warnings(good, {"train.workers=4"}).size() == 1);
+  CATCH_CHECK(parse_cluster(good, {"train.workers=4"}, "c").train.train.workers == 5);
+}
+
 CATCH_TEST_CASE("[cluster] coordinator may list the addresses a coordinator can run at",
                 "[config][cluster]") {
   using Catch::Matchers::Contains;

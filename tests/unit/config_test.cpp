@@ -673,6 +673,11 @@ CATCH_TEST_CASE("An integer too big for int64 is an error, not a crash", "[confi
   CATCH_CHECK_THAT(in_set.what(), Contains("--set"));
   const config_error product = error_of("[train]\nrounds = 9223372036854775807\ninner_steps = 2\n");
   CATCH_CHECK(product.key() == "train.rounds");
+  // The larger factor is named: it named train.rounds for an inner_steps set too large.
+  const config_error steps = error_of("[train]\nrounds = 4\ninner_steps = 4611686018427387904\n");
+  CATCH_CHECK(steps.key() == "train.inner_steps");
+  CATCH_CHECK_THAT(steps.what(), Contains("train.inner_steps = 4611686018427387904: train.rounds * "
+                                          "train.inner_steps (4 * 4611686018427387904) does not fit"));
 }
 
 CATCH_TEST_CASE("Values that overflow float or wreck training are refused from --set too", "[config]") {
@@ -1095,6 +1100,20 @@ CATCH_TEST_CASE("A directory setting that names an existing file is refused at l
     CATCH_CHECK(e.key() == key);
     CATCH_CHECK_THAT(e.what(), Contains((out / sub).string()) && Contains("is a file, not a directory"));
   }
+  // A dangling symbolic link, itself or on the way, is named with its target (--dry-run accepted it; the run
+  // then failed making the directory).
+  const fs::path dangling = dir / "dangling";
+  fs::create_symlink(dir / "gone", dangling);
+  for (const auto& at : {dangling, dangling / "sub"}) {
+    const config_error e = error_of("", {"run.out_dir=" + at.string()});
+    CATCH_CHECK(e.key() == "run.out_dir");
+    CATCH_CHECK_THAT(e.what(),
+                     Contains("a symbolic link to " + (dir / "gone").string() + ", which does not exist"));
+    if (at != dangling)
+      CATCH_CHECK_THAT(e.what(), Contains("\"" + dangling.string() + "\" is a symbolic link"));
+  }
+  fs::create_symlink(dir, dir / "good_link");  // a link to a directory is fine
+  CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + (dir / "good_link" / "x").string()}, ""));
   // A directory that exists, or that does not exist yet, is fine.
   CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + dir.string()}, ""));
   CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + (dir / "new" / "deeper").string()}, ""));
