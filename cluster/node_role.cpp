@@ -285,6 +285,12 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   const auto& me = spec.nodes[index];
   warn_if_unsecured(spec, "node " + me.name);
   if (opts.dry_run) {
+    try {
+      node_keys(spec, me.name);  // CURVE: the keys it would join with are there, private and valid
+    } catch (const lw_error& e) {
+      spdlog::error("node {}: {}", me.name, e.what());
+      return 2;
+    }
     spdlog::info("node {}: rank {} of {}, {} workers (global ranks {}..{}), ring endpoint {}", me.name, index,
                  spec.nodes.size(), me.workers, config::worker_offset(spec, index),
                  config::worker_offset(spec, index) + me.workers - 1, me.endpoint);

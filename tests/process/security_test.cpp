@@ -199,6 +199,12 @@ CATCH_TEST_CASE(
   CATCH_INFO(open);
   CATCH_CHECK(open_code == 2);
   CATCH_CHECK(contains(open, dir + "/keys/nodes/n0.secret: permissions 0644"));
+  // --dry-run checks the keys too (it passed them, and the real start then failed).
+  const auto [dry_code, dry] =
+      run({binary(), "node", cluster, "--node", "n0", "--dry-run"}, dir + "/dry.log", 60);
+  CATCH_INFO(dry);
+  CATCH_CHECK(dry_code == 2);
+  CATCH_CHECK(contains(dry, dir + "/keys/nodes/n0.secret: permissions 0644"));
   fs::remove(dir + "/keys/cluster.secret");
   const auto [gone_code, gone] = run({binary(), "coordinator", cluster}, dir + "/gone.log", 30);
   CATCH_INFO(gone);
