@@ -383,11 +383,11 @@ void check_dir(const std::string& key, const std::string& dir) {
     const std::string what = p == std::filesystem::path(dir) ? std::string("it") : quote(p.string());
     // Worded as runtime::make_directories says it at launch, which --dry-run did not reach.
     if (!std::filesystem::exists(st) && std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec)))
-      throw config_error(key,
-                         fmt::format("{} = {}: {}a symbolic link to {}, which does not exist; create its "
-                                     "target or choose another {}",
-                                     key, quote(dir), p == std::filesystem::path(dir) ? "" : what + " is ",
-                                     std::filesystem::read_symlink(p, ec).string(), key));
+      throw config_error(
+          key, fmt::format("{} = {}: {}a symbolic link to {}, which does not exist; create its "
+                           "target or choose another {}",
+                           key, quote(dir), p == std::filesystem::path(dir) ? "" : p.string() + " is ",
+                           std::filesystem::read_symlink(p, ec).string(), key));
     if (std::filesystem::exists(st)) {
       throw config_error(key, fmt::format("{} = {}: {} is a file, not a directory; choose another {}", key,
                                           quote(dir), what, key));

@@ -9,13 +9,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -216,18 +219,45 @@ class prepare_lock {
   int fd_ = -1;
 };
 
-/// Shards in `dir` that no preparation of ours wrote (no prepared.txt, no lock file of one that stopped half
-/// way): a user's own, which preparing there would replace.
-void refuse_foreign_shards(const fs::path& dir) {
+/// The files a preparation writes in its directory, each replaced when it prepares there.
+constexpr std::array<const char*, 5> prepared_files = {"train.bin", "val.bin", "tokenizer.txt", "train.docs",
+                                                       "prepared.txt"};
+
+/// True if `dir`'s prepared.txt is one a preparation of ours wrote (its first line is our stamp's).
+bool our_stamp(const fs::path& dir) {
+  std::ifstream in(dir / "prepared.txt");
+  std::string first;
+  return in && std::getline(in, first) && first == stamp_header;
+}
+
+/// Files in `dir` that no preparation of ours wrote (no stamp of ours, no lock file of one that stopped half
+/// way): a user's own shards, or an export's tokenizer, which preparing there would replace.
+void refuse_foreign_files(const fs::path& dir) {
   std::error_code ec;
-  if (fs::exists(dir / "prepared.txt", ec) || fs::exists(dir / prepare_lock_name, ec)) return;
-  for (const char* name : {"train.bin", "val.bin"})
+  if (our_stamp(dir) || fs::exists(dir / prepare_lock_name, ec)) return;
+  for (const char* name : prepared_files)
     if (fs::exists(dir / name, ec))
+      throw lw_error(
+          errc::invalid_config,
+          fmt::format("{} holds a {} that Longwave did not prepare (no prepared.txt of its own "
+                      "beside it): preparing there would replace it; prepare into another "
+                      "directory{}",
+                      dir.string(), name,
+                      std::string_view(name).find(".bin") != std::string_view::npos
+                          ? ", or read those shards as they are by naming the directory as the data"
+                          : ""));
+}
+
+/// The corpus (or its .docs file) is a file the preparation would write over: refused before anything is
+/// removed, so the input is never lost.
+void refuse_writing_over(const fs::path& dir, const fs::path& file, const char* what) {
+  std::error_code ec;
+  for (const char* name : prepared_files)
+    if (fs::equivalent(dir / name, file, ec))
       throw lw_error(errc::invalid_config,
-                     fmt::format("{} holds a {} that Longwave did not prepare (no prepared.txt beside it): "
-                                 "preparing there would replace it; prepare into another directory, or read "
-                                 "those shards as they are by naming the directory as the data",
-                                 dir.string(), name));
+                     fmt::format("the {} '{}' is the {} a preparation into {} writes: preparing there would "
+                                 "replace it; prepare into another directory",
+                                 what, file.string(), name, dir.string()));
 }
 
 }  // namespace
@@ -322,7 +352,9 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   const bool has_sidecar = inputs.at("documents_file") != "none";
 
   const fs::path dir(out_dir);
-  refuse_foreign_shards(dir);
+  refuse_writing_over(dir, input, "corpus");
+  if (has_sidecar) refuse_writing_over(dir, sidecar, "corpus's document file");
+  refuse_foreign_files(dir);
   const prepare_lock lock(dir, log);
   prepared_dataset result;
   std::string why;

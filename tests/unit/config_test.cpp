@@ -1109,8 +1109,7 @@ CATCH_TEST_CASE("A directory setting that names an existing file is refused at l
     CATCH_CHECK(e.key() == "run.out_dir");
     CATCH_CHECK_THAT(e.what(),
                      Contains("a symbolic link to " + (dir / "gone").string() + ", which does not exist"));
-    if (at != dangling)
-      CATCH_CHECK_THAT(e.what(), Contains("\"" + dangling.string() + "\" is a symbolic link"));
+    if (at != dangling) CATCH_CHECK_THAT(e.what(), Contains(dangling.string() + " is a symbolic link"));
   }
   fs::create_symlink(dir, dir / "good_link");  // a link to a directory is fine
   CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + (dir / "good_link" / "x").string()}, ""));

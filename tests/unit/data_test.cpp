@@ -606,6 +606,50 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   CATCH_CHECK(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")).n_train_tokens == 3600);
 }
 
+CATCH_TEST_CASE("prepare_dataset never writes over its corpus or a file it did not prepare", "[data]") {
+  // A probe lost its corpus: named prepared.txt, tokenizer.txt or train.docs inside --out, it was removed or
+  // overwritten; an export's tokenizer.txt was replaced by a byte tokenizer's.
+  for (const char* name : {"prepared.txt", "tokenizer.txt", "train.docs", "train.bin"}) {
+    temp_dir dir;
+    const std::string corpus = dir.file(name);
+    write_text(corpus, std::string(4000, 'a'));
+    CATCH_CHECK_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.path().string()),
+                            Contains("the corpus '" + corpus + "' is the " + name));
+    CATCH_CHECK(longwave::test::error_of([&] {
+                  prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.path().string());
+                }) == errc::invalid_config);
+    CATCH_CHECK(read_bytes(corpus).size() == 4000);
+  }
+  // Its document file too: the corpus "train" reads its documents from "train.docs".
+  {
+    temp_dir dir;
+    write_text(dir.file("train"), "one\ntwo\n");
+    write_text(dir.file("train.docs"), "0\n4\n");
+    CATCH_CHECK_THROWS_WITH(
+        prepare_dataset(dir.file("train"), tokenizer_kind::byte, 0, 0.1, dir.path().string()),
+        Contains("document file '" + dir.file("train.docs") + "' is the train.docs"));
+    CATCH_CHECK(read_bytes(dir.file("train.docs")).size() == 4);
+  }
+  // Another program's tokenizer.txt, train.docs or prepared.txt in the directory is refused and kept.
+  for (const char* name : {"tokenizer.txt", "train.docs", "prepared.txt"}) {
+    temp_dir dir;
+    const std::string corpus = dir.file("corpus.txt");
+    write_text(corpus, std::string(4000, 'a'));
+    fs::create_directories(dir.file("out"));
+    write_text(dir.file("out/" + std::string(name)), "theirs\n");
+    CATCH_CHECK_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")),
+                            Contains(std::string("holds a ") + name + " that Longwave did not prepare"));
+    CATCH_CHECK(read_bytes(dir.file("out/" + std::string(name))).size() == 7);
+  }
+  // Our own directory is prepared over as before.
+  temp_dir dir;
+  const std::string corpus = dir.file("corpus.txt");
+  write_text(corpus, std::string(4000, 'a'));
+  CATCH_CHECK(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")).n_train_tokens == 3600);
+  write_text(corpus, std::string(5000, 'b'));
+  CATCH_CHECK(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")).n_train_tokens == 4500);
+}
+
 CATCH_TEST_CASE("prepare_dataset rejects bad arguments with a clear message", "[data]") {
   temp_dir dir;
   const std::string corpus = dir.file("corpus.txt");
