@@ -11,6 +11,8 @@
 #include <string>
 
 #include "config/train_config.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/process/std_streams.hpp"
 
 namespace longwave::cli {
 
@@ -424,6 +426,20 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  return std::nullopt;
+}
+
+std::optional<int> keep_stdout_for_product(const subcommands& sub) {
+  if (!sub.stdout_is_product()) return std::nullopt;
+  if (runtime::stdout_was_closed()) {
+    const char* what = sub.eval->parsed() ? "eval: standard output is closed: nowhere to write the loss"
+                       : sub.sample->parsed()
+                           ? "sample: standard output is closed: nowhere to write the text"
+                           : "presets: standard output is closed: nowhere to write the table";
+    std::fprintf(stderr, "%s\n", what);
+    return 1;
+  }
+  runtime::information_to_stderr();
   return std::nullopt;
 }
 

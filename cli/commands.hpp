@@ -78,6 +78,10 @@ subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string
 /// command or a bad option: 2, with CLI11's message), else nullopt.
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);
 
+/// For a command whose product is its stdout (eval, sample, presets): a closed stdout fails it before any
+/// work (exit 1, one line on stderr), else its information lines go to stderr beside the warnings.
+std::optional<int> keep_stdout_for_product(const subcommands& sub);
+
 /// Runs the command that was given when it needs no LibTorch; nullopt when it does (run, eval, export,
 /// sample, node).
 std::optional<int> run_tool(const subcommands& sub, cli_values& v, const char* argv0);

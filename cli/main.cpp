@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   const auto sub = add_commands(app, v, [] { return std::string(); });
   // Every command line is parsed here (a bad one fails at once); the commands that need a model go on.
   if (const auto rc = parse_command_line(app, argc, argv)) return runtime::checked_stdout(*rc);
+  if (const auto rc = keep_stdout_for_product(sub)) return *rc;
   if (const auto rc = run_tool(sub, v, argv[0]))
     return sub.stdout_is_product() ? runtime::checked_stdout(*rc) : *rc;
   // `run`'s config too: one that does not load fails here, as longwave-torch would fail it.

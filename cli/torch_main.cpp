@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
            actors::nccl_summary();
   });
   if (const auto rc = parse_command_line(app, argc, argv)) return runtime::checked_stdout(*rc);
+  if (const auto rc = keep_stdout_for_product(sub)) return *rc;
   if (const auto rc = run_tool(sub, v, argv[0]))
     return sub.stdout_is_product() ? runtime::checked_stdout(*rc) : *rc;
   if (sub.run->parsed()) return cmd_run(v);

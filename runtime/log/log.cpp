@@ -1,5 +1,5 @@
 // Default spdlog logger, "[hh:mm:ss] message": information on stdout, warnings and errors on stderr, so that
-// `longwave run --dry-run > resolved.toml` still shows them.
+// `longwave run --dry-run > resolved.toml` still shows them; all on stderr where stdout is a product.
 #include "runtime/log/log.hpp"
 
 #include <cmath>
@@ -20,21 +20,29 @@ class below_warnings final : public spdlog::sinks::stdout_sink_mt {
   }
 };
 
+void install(spdlog::sinks_init_list sinks) {
+  auto logger = std::make_shared<spdlog::logger>("longwave", sinks);
+  logger->set_pattern("[%H:%M:%S] %v");
+  if (auto old = spdlog::default_logger()) logger->set_level(old->level());
+  spdlog::set_default_logger(logger);
+  spdlog::flush_on(spdlog::level::info);
+}
+
 }  // namespace
 
 void init_logging(const std::string& level) {
   static bool done = false;
   if (!done) {
-    auto out = std::make_shared<below_warnings>();
     auto err = std::make_shared<spdlog::sinks::stderr_sink_mt>();
     err->set_level(spdlog::level::warn);
-    auto logger = std::make_shared<spdlog::logger>("longwave", spdlog::sinks_init_list{out, err});
-    logger->set_pattern("[%H:%M:%S] %v");
-    spdlog::set_default_logger(logger);
-    spdlog::flush_on(spdlog::level::info);
+    install({std::make_shared<below_warnings>(), err});
     done = true;
   }
   spdlog::set_level(spdlog::level::from_str(level));
+}
+
+void information_to_stderr() {
+  install({std::make_shared<spdlog::sinks::stderr_sink_mt>()});
 }
 
 std::string readable(double v, int decimals) {

@@ -11,6 +11,10 @@ namespace longwave::runtime {
 /// checks it; spdlog turns any other name into silence).
 void init_logging(const std::string& level = "info");
 
+/// Sends the information lines to stderr as well, for a command whose stdout is its product (eval's loss,
+/// sample's text, presets' table), so that `> file` holds only that.
+void information_to_stderr();
+
 /// A number for a progress line: `decimals` places, or 4 significant digits with an exponent from 1e9 on (a
 /// diverged run's perplexity e^537 is not 230 digits).
 std::string readable(double v, int decimals);

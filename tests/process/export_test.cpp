@@ -524,6 +524,27 @@ CATCH_TEST_CASE(
       run({"/bin/sh", "-c", "exec " + binary() + " presets > /dev/full"}, dir + "/presets.log", 60);
   CATCH_CHECK(f3 == 1);
   CATCH_CHECK(table.find("cannot write to standard output") != std::string::npos);
+  // eval and presets too: a closed stdout is refused before any work (they exited 0, the result lost).
+  for (const std::string& command : {"eval " + ckpt_dir, std::string("presets")}) {
+    const auto [code, said] =
+        run({"/bin/sh", "-c", "exec " + binary() + " " + command + " >&-"}, dir + "/closed2.log", 300);
+    CATCH_INFO(command << ": " << said);
+    CATCH_CHECK(code == 1);
+    CATCH_CHECK(said.find("standard output is closed") != std::string::npos);
+  }
+  // stdout holds the product alone: the information lines (data: ..., eval: k of n batches) go to stderr.
+  const auto [o1, loss] = run({"/bin/sh", "-c", "exec " + binary() + " eval " + ckpt_dir + " 2>/dev/null"},
+                              dir + "/only.log", 300);
+  CATCH_INFO(loss);
+  CATCH_CHECK(o1 == 0);
+  CATCH_CHECK(loss.rfind("checkpoint ", 0) == 0);
+  CATCH_CHECK(loss.find("] ") == std::string::npos);
+  const auto [o2, text] =
+      run({"/bin/sh", "-c", "exec " + binary() + " sample " + ckpt_dir + " --tokens 3 2>/dev/null"},
+          dir + "/only_text.log", 300);
+  CATCH_CHECK(o2 == 0);
+  CATCH_CHECK(text.find("] sample") == std::string::npos);
+  CATCH_CHECK(text.find("] data") == std::string::npos);
   // eval of a run whose corpus was edited in place says the loss is over other text.
   write_text(dir + "/corpus.txt", read_text(dir + "/corpus.txt") + "And the earth was without form.\n");
   const auto [e1, edited] = run({binary(), "eval", ckpt_dir}, dir + "/eval-edited.log", 300);
