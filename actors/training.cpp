@@ -174,13 +174,21 @@ comm::reduction_options reduction_options_from(const config::train_config& cfg) 
   return o;
 }
 
+namespace {
+/// Seconds as whole milliseconds, rounded up: a positive timeout under a millisecond is one (it was 0, which
+/// the ring refused from inside an actor, or read as "never" for a link).
+std::chrono::milliseconds ms_up(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(s * 1000)));
+}
+}  // namespace
+
 comm::ring_options ring_options_from(const config::train_config& cfg, uint64_t cluster_id) {
   comm::ring_options r;
   r.dtype = comm::dense_dtype(cfg.comm.dtype);
   r.codec.int8_codebook = cfg.comm.int8_codebook;
   r.chunk_bytes = static_cast<size_t>(cfg.comm.chunk_kib) * 1024;
-  r.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));
-  r.link_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.link_timeout_s * 1000));
+  r.timeout = ms_up(cfg.comm.timeout_s);
+  r.link_timeout = ms_up(cfg.comm.link_timeout_s);
   r.cluster_id = cluster_id;
   return r;
 }

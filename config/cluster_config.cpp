@@ -333,6 +333,9 @@ std::string endpoint_problem(std::string_view ep) {
   if (colon == std::string_view::npos || colon == 0) return "must be tcp://HOST:PORT";
   const auto host = rest.substr(0, colon);
   if (host == "*") return "HOST must be an address the other nodes can reach, not '*'";
+  if (host.front() == '[')
+    return "HOST is an IPv6 address, which the cluster's sockets do not speak: use an IPv4 address or a host "
+           "name";
   const auto port = rest.substr(colon + 1);
   if (port.empty() || port.size() > 5 ||
       !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }))

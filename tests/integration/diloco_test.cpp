@@ -171,6 +171,23 @@ CATCH_TEST_CASE("on KJV the loss decreases and DiLoCo with 4 workers beats one w
   std::filesystem::remove_all(dir);
 }
 
+CATCH_TEST_CASE("the ring's timeouts round up to whole milliseconds: one under a millisecond is one",
+                "[integration][config]") {
+  // comm.timeout_s = 1e-9 was 0 ms, which the ring refused by throwing inside an actor; a link timeout of
+  // 0.0005 s read as 0, "never".
+  config::train_config cfg;
+  cfg.comm.timeout_s = 1e-9;
+  cfg.comm.link_timeout_s = 0.0005;
+  auto r = actors::ring_options_from(cfg, 1);
+  CATCH_CHECK(r.timeout == std::chrono::milliseconds(1));
+  CATCH_CHECK(r.link_timeout == std::chrono::milliseconds(1));
+  cfg.comm.timeout_s = 2.5;
+  cfg.comm.link_timeout_s = 0;  // never
+  r = actors::ring_options_from(cfg, 1);
+  CATCH_CHECK(r.timeout == std::chrono::milliseconds(2500));
+  CATCH_CHECK(r.link_timeout == std::chrono::milliseconds(0));
+}
+
 CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", "[integration][single]") {
   require_corpus();
   const auto dir = test::scratch_dir("single-theta");

@@ -292,6 +292,11 @@ CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") 
                    Catch::Matchers::Contains("PORT must be a number in 1..65535"));
   CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.1:5600", "tcp://*:5600")),
                    Catch::Matchers::Contains("cluster.coordinator") && Contains("not '*'"));
+  // ZeroMQ's sockets here speak IPv4 only (they failed to bind "[::1]" with "No such device", exit 1).
+  CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.3:5601", "tcp://[::1]:5601")),
+                   Catch::Matchers::Contains("nodes[1].endpoint") && Contains("IPv6"));
+  CATCH_CHECK_NOTHROW(
+      parse_cluster(replaced(good, "tcp://10.0.0.3:5601", "tcp://node-b.example:5601"), {}, "c"));
   CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3", "workers = 0")),
                    Catch::Matchers::Contains("nodes[1].workers = 0: must be an integer in [1, 256]"));
   CATCH_CHECK_THAT(error_of(replaced(good, "workers = 3", "worker = 3")),
