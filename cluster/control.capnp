@@ -30,6 +30,7 @@ struct Hello {
   checkpointThetas @15 :List(UInt32);  # each one's history: its theta's CRC-32C (empty: not known)
   merging @16 :List(Merge);  # async, running: the merges it was told of and has not applied, oldest first
   newestTold @17 :UInt64;    # async, running: the newest of them (the list may stop short of it)
+  workerOffset @18 :Int64 = -1;  # its first worker's global rank by its own cluster file (-1: not sent)
 }
 
 struct Peer {

@@ -112,6 +112,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setNodeName(txt(m.node_name));
       x.setNWorkers(m.n_workers);
       x.setDataEndpoint(txt(m.data_endpoint));
+      x.setWorkerOffset(m.worker_offset);
       x.setResumeRound(m.resume_round);
       x.setRunning(m.running);
       x.setEpoch(m.epoch);
@@ -270,6 +271,7 @@ read_result read_hello(wire::Hello::Reader x, body_t& out) {
     if (auto bad = read_merge_fields(held, m.merging.emplace_back())) return bad;
   }
   m.newest_told = x.getNewestTold();
+  m.worker_offset = x.getWorkerOffset();
   auto name = x.getNodeName();
   auto ep = x.getDataEndpoint();
   auto state_ep = x.getStateEndpoint();

@@ -29,6 +29,7 @@ hello_msg hello_of(const config::cluster_spec& spec, size_t index,
   hello.node_name = me.name;
   hello.n_workers = static_cast<uint32_t>(me.workers);
   hello.data_endpoint = me.endpoint;
+  hello.worker_offset = config::worker_offset(spec, index);
   hello.resume_round = held.empty() ? 0 : held.back().round;
   for (const auto& h : held) {
     hello.checkpoint_rounds.push_back(h.round);

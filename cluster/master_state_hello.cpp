@@ -94,6 +94,18 @@ std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(
             "role from the same cluster file",
             h.node_name, h.n_workers, h.data_endpoint, want.workers, want.endpoint));
   }
+  // A listed node places its data by its own file's order: one that differs would read another's.
+  if (h.worker_offset >= 0 && idx < s_.members.size() &&
+      static_cast<uint64_t>(h.worker_offset) != want.worker_offset) {
+    const auto ranks = [&](uint64_t first) { return fmt::format("{}..{}", first, first + want.workers - 1); };
+    return std::make_pair(
+        fmt::format("coordinator: turned away node '{}': its cluster file lists the nodes in another order",
+                    h.node_name),
+        fmt::format("node '{}' would read the data of global ranks {} by its cluster file, the coordinator's "
+                    "gives it {}: its file lists the nodes in another order; start every role from the same "
+                    "cluster file",
+                    h.node_name, ranks(static_cast<uint64_t>(h.worker_offset)), ranks(want.worker_offset)));
+  }
   if (s_.config_hash != 0 && h.config_hash != s_.config_hash) {
     // The keys that differ, when both sides sent their settings (an older node does not).
     const auto differ = h.training_settings.empty() || s_.training_settings.empty()

@@ -66,6 +66,7 @@ hello_msg make_hello(uint16_t version, const std::string& name, uint32_t workers
   h.cluster_id = 7;
   h.node_name = name;
   h.n_workers = workers;
+  h.worker_offset = 5;
   h.data_endpoint = endpoint;
   return h;
 }
@@ -81,6 +82,7 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   CATCH_REQUIRE(hm != nullptr);
   CATCH_CHECK(hm->node_name == "node-a");
   CATCH_CHECK(hm->n_workers == 4);
+  CATCH_CHECK(hm->worker_offset == 5);
   CATCH_CHECK(hm->data_endpoint == "tcp://10.0.0.1:5601");
   CATCH_CHECK(hm->protocol_version == protocol_version());
   // The rounds a node holds checkpoints of travel in order; more than max_checkpoint_rounds are cut to the

@@ -221,6 +221,7 @@ class table {
       h.cluster_id = 1;
       h.node_name = node;
       h.n_workers = static_cast<uint32_t>(opt("workers", 1));
+      if (const auto offset = opt("offset", 0); offset > 0) h.worker_offset = static_cast<int64_t>(offset);
       h.data_endpoint = "tcp://10.0.0.1:" + std::to_string(7000 + node.back());
       if (std::find(args.begin(), args.end(), "badendpoint") != args.end()) h.data_endpoint = "10.0.0.1:7000";
       h.resume_round = opt("resume", 0);
@@ -1378,6 +1379,13 @@ CATCH_TEST_CASE("master: hellos that do not fit the cluster are turned away with
         "hello workers=4",
         {"node 'n0' says 4 workers at",
          "warn: coordinator: turned away node 'n0': its cluster file differs"}},
+       // Its file lists n1 first: n0 would read n1's data (it trained on it, silently).
+       {0,
+        "n0",
+        "hello offset=1",
+        {"node 'n0' would read the data of global ranks 1..1 by its cluster file, the coordinator's gives it "
+         "0..0: its file lists the nodes in another order",
+         "warn: coordinator: turned away node 'n0': its cluster file lists the nodes in another order"}},
        {0,
         "n0",
         "hello hash=9",
