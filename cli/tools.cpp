@@ -132,9 +132,11 @@ int cmd_keys_new(const cli_values& v) {
   }
   for (const auto& n : names) {
     const bool ok = config::valid_node_name(n);
-    if (!ok || std::count(names.begin(), names.end(), n) > 1) {
+    if (!ok || config::reserved_node_name(n) || std::count(names.begin(), names.end(), n) > 1) {
       std::fprintf(stderr, "keys new: node name '%s': %s\n", n.c_str(),
-                   ok ? "given twice" : "names are 1..32 characters of A-Z a-z 0-9 _ -");
+                   !ok                             ? "names are 1..32 characters of A-Z a-z 0-9 _ -"
+                   : config::reserved_node_name(n) ? "a name launch uses in run.out_dir; no node may have it"
+                                                   : "given twice");
       return 2;
     }
   }

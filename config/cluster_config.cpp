@@ -183,6 +183,9 @@ std::string override_name(const std::string& ov, size_t prefix) {
   return ov.substr(prefix, ov.find('=') - prefix);
 }
 
+constexpr const char* reserved_because =
+    "a name launch uses in run.out_dir (logs/, prometheus/, logs/coordinator.log)";
+
 cluster_node read_node(const toml::node& entry, size_t i) {
   const std::string base = fmt::format("nodes[{}]", i);
   const toml::table* t = entry.as_table();
@@ -221,12 +224,9 @@ cluster_node read_node(const toml::node& entry, size_t i) {
   if (!valid_node_name(n.name))
     throw config_error(base + ".name",
                        fmt::format("{}.name = \"{}\": use 1..32 letters, digits, '_' or '-'", base, n.name));
-  // launch keeps out_dir/logs/<role>.log (the coordinator's too) and --observe's out_dir/prometheus/.
-  if (n.name == "coordinator" || n.name == "logs" || n.name == "prometheus")
+  if (reserved_node_name(n.name))
     throw config_error(base + ".name",
-                       fmt::format("{}.name = \"{}\": a name launch uses in run.out_dir (logs/, prometheus/, "
-                                   "logs/coordinator.log); pick another",
-                                   base, n.name));
+                       fmt::format("{}.name = \"{}\": {}; pick another", base, n.name, reserved_because));
   if (!has_endpoint)
     throw config_error(
         base + ".endpoint",
@@ -318,6 +318,10 @@ std::vector<std::string> settings_differences(const std::string& a, const std::s
   return out;
 }
 
+bool reserved_node_name(std::string_view name) {
+  return name == "coordinator" || name == "logs" || name == "prometheus";
+}
+
 bool valid_node_name(std::string_view name) {
   if (name.empty() || name.size() > 32) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
@@ -344,6 +348,51 @@ std::string endpoint_problem(std::string_view ep) {
   if (p < 1 || p > 65535) return "PORT must be a number in 1..65535";
   return {};
 }
+
+namespace {
+
+/// HOST and PORT of a checked endpoint tcp://HOST:PORT.
+std::pair<std::string, int64_t> host_port(const std::string& endpoint) {
+  const auto colon = endpoint.rfind(':');
+  return {endpoint.substr(6, colon - 6), std::stoll(endpoint.substr(colon + 1))};
+}
+
+/// Every port one host listens on is another: a node's metrics port on another role's ring or control port
+/// passed --dry-run, and the ring, the coordinator or /metrics then failed to bind (exit 1 or 2 after the
+/// cluster formed). Hosts compare as written.
+void check_ports_per_host(const cluster_spec& spec) {
+  std::map<std::pair<std::string, int64_t>, std::string> taken;
+  const auto take = [&](const std::string& key, const std::string& host, int64_t port,
+                        const std::string& what) {
+    const auto [at, fresh] = taken.emplace(std::make_pair(host, port), what);
+    if (!fresh)
+      throw config_error(key, fmt::format("{}: port {} on {} is also {}; every port one host listens on must "
+                                          "differ",
+                                          what, port, host, at->second));
+  };
+  std::set<std::string> coordinator_hosts;  // a standby on the same host serves /metrics only once it leads
+  for (const auto& c : spec.coordinators) {
+    const auto [host, port] = host_port(c);
+    take("cluster.coordinator", host, port, fmt::format("the coordinator's endpoint {}", c));
+    if (spec.train.metrics.enabled && coordinator_metrics_port(spec) != 0 &&
+        coordinator_hosts.insert(host).second)
+      take("cluster.metrics_port", host, coordinator_metrics_port(spec),
+           fmt::format("the coordinator's metrics port (at {})", c));
+  }
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    const auto [host, port] = host_port(spec.nodes[i].endpoint);
+    take(fmt::format("nodes[{}].endpoint", i), host, port,
+         fmt::format("nodes[{}].endpoint {}", i, spec.nodes[i].endpoint));
+  }
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    const int64_t port = node_config(spec, i).metrics.port;
+    if (spec.train.metrics.enabled && port != 0)
+      take(fmt::format("nodes[{}].metrics_port", i), host_port(spec.nodes[i].endpoint).first, port,
+           fmt::format("nodes[{}].metrics_port", i));
+  }
+}
+
+}  // namespace
 
 cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>& overrides,
                            std::string_view source_name) {
@@ -431,6 +480,12 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
   }
   if (spec.train.run.mode != run_mode::diloco) throw not_diloco(spec.train.run.mode);
   spec.train.train.workers = total;
+  // As one process's check_one_process, over the listed nodes (an open cluster's joiners may add clients).
+  if (!spec.open && spec.train.federated.clients_per_round > total)
+    throw config_error("federated.clients_per_round",
+                       fmt::format("federated.clients_per_round = {}: the cluster's nodes have {} workers "
+                                   "(clients) to draw from",
+                                   spec.train.federated.clients_per_round, total));
   // Delayed Nesterov's period is one number on every node: 0 resolves here, from the nodes the file lists (a
   // node's own ring when it starts differs between nodes that start while the ring is smaller or larger).
   if (spec.train.diloco.outer == outer_policy_kind::async && spec.train.async.dn_period == 0)
@@ -464,6 +519,7 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
               "set metrics_port per node and [cluster] metrics_port",
               i, port));
   }
+  check_ports_per_host(spec);
   if (spec.security.mode == security_mode::curve && spec.security.keys.empty())
     throw config_error(
         "security.keys",
@@ -534,6 +590,9 @@ train_config node_config(const cluster_spec& spec, size_t index) {
   if (!n.device.empty()) c.train.device = n.device;
   if (n.speed) c.train.speed = *n.speed;
   c.run.out_dir = (std::filesystem::path(spec.train.run.out_dir) / n.name).string();
+  // A set checkpoint.dir is one per node too (launch's nodes shared it: the second exited 4).
+  if (!spec.train.checkpoint.dir.empty())
+    c.checkpoint.dir = (std::filesystem::path(spec.train.checkpoint.dir) / n.name).string();
   if (n.metrics_port >= 0)
     c.metrics.port = n.metrics_port;
   else if (c.metrics.port != 0)
@@ -556,6 +615,8 @@ size_t add_open_node(cluster_spec& spec, const std::string& name, const std::str
                                    name));
   if (!valid_node_name(name))
     throw config_error("--node", fmt::format("--node {}: a node name is 1..32 of a-z A-Z 0-9 _ -", name));
+  if (reserved_node_name(name))
+    throw config_error("--node", fmt::format("--node {}: {}; pick another", name, reserved_because));
   if (auto p = endpoint_problem(endpoint); !p.empty())
     throw config_error("--endpoint", fmt::format("--endpoint {}: {}", endpoint, p));
   if (workers < 1 || workers > spec.open_workers)

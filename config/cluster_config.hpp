@@ -119,4 +119,8 @@ std::string endpoint_problem(std::string_view endpoint);
 /// A node name: 1..32 of the ASCII letters, digits, '_' and '-' (it names key files and log files).
 bool valid_node_name(std::string_view name);
 
+/// A name launch uses in run.out_dir beside the nodes' directories (logs/, prometheus/,
+/// logs/coordinator.log): no node may have it.
+bool reserved_node_name(std::string_view name);
+
 }  // namespace longwave::config

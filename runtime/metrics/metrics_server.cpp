@@ -179,19 +179,24 @@ class guarded_server : public httplib::Server {
 /// Binding address:port failed with err (0: not known why).
 [[noreturn]] void throw_bind_error(const std::string& address, int port, int err) {
   const std::string why = err ? std::strerror(err) : "bind failed";
-  // A port in use is the config's to change (exit 2), or the same run started twice.
-  throw lw_error(err == EADDRINUSE ? errc::invalid_config : errc::io_error,
+  // A port in use is the config's to change (exit 2), or the same run started twice; an address that is not
+  // this machine's is the config's too.
+  const bool config = err == EADDRINUSE || err == EADDRNOTAVAIL;
+  throw lw_error(config ? errc::invalid_config : errc::io_error,
                  "metrics: cannot bind " + address + ":" + std::to_string(port) + ": " + why +
-                     (err == EADDRINUSE ? " (is this run or cluster already running?); if not, set "
-                                          "metrics.port (a cluster file's metrics_port) to a free port or 0"
-                                        : "; set metrics.port to a free port or 0"));
+                     (err == EADDRINUSE      ? " (is this run or cluster already running?); if not, set "
+                                               "metrics.port (a cluster file's metrics_port) to a free port or 0"
+                      : err == EADDRNOTAVAIL ? " (no interface of this machine has that address); set "
+                                               "metrics.address to one of its addresses, or 127.0.0.1"
+                                             : "; set metrics.port to a free port or 0"));
 }
 
 }  // namespace
 
 void check_metrics_port_free(const std::string& address, int port) {
   if (port <= 0 || port > 65535) return;  // any port, or one the server refuses by itself
-  if (runtime::bind_error(address, port) == EADDRINUSE) throw_bind_error(address, port, EADDRINUSE);
+  const int err = runtime::bind_error(address, port);
+  if (err == EADDRINUSE || err == EADDRNOTAVAIL) throw_bind_error(address, port, err);
 }
 
 metrics_server::metrics_server(std::shared_ptr<prometheus::Registry> registry, int port,

@@ -19,8 +19,9 @@ namespace longwave::runtime {
 /// text format. Idle or slow clients cannot keep a scrape out: four connections are served at once, a
 /// request must start within 1 s (of connecting or of the previous response) and arrive whole within 2 s of
 /// its first byte, and a connection waiting for bytes is closed at once when another connection is queued.
-/// Throws what metrics_server would when `address:port` is held by another process (lw_error
-/// invalid_config): a run checks it before preparing its data. Port 0 or a free port: nothing.
+/// Throws what metrics_server would when `address:port` is held by another process or the address is not
+/// this machine's (lw_error invalid_config): a run checks it before preparing its data. Port 0 or a free
+/// port: nothing.
 void check_metrics_port_free(const std::string& address, int port);
 
 class metrics_server {

@@ -83,6 +83,25 @@ CATCH_TEST_CASE("A cluster file gives the nodes, the coordinator and per-node tr
   CATCH_CHECK(a.metrics.port == 9464 + 1);  // [metrics] port + 1 + index when not set
   CATCH_CHECK(worker_offset(spec, 0) == 0);
   CATCH_CHECK(worker_offset(spec, 1) == 2);
+  CATCH_CHECK(a.checkpoint.dir.empty());  // out_dir/checkpoints, out_dir being the node's
+  // A set checkpoint.dir is one per node (launch's nodes shared it, and the second exited 4).
+  const auto shared = parse_cluster(good, {"checkpoint.dir=/ckpt"}, "c");
+  CATCH_CHECK(node_config(shared, 0).checkpoint.dir == "/ckpt/a");
+  CATCH_CHECK(node_config(shared, 1).checkpoint.dir == "/ckpt/b");
+  // federated.clients_per_round counts the nodes' workers (it passed --dry-run, and every node failed later).
+  CATCH_CHECK_THAT(
+      error_of(good, {"federated.clients_per_round=6"}),
+      Catch::Matchers::Contains("federated.clients_per_round = 6: the cluster's nodes have 5 workers"));
+  CATCH_CHECK_NOTHROW(parse_cluster(good, {"federated.clients_per_round=5"}, "c"));
+  // One host's ports differ across kinds: a metrics port on a ring or control port failed to bind late.
+  const auto same_host = replaced(good, "tcp://10.0.0.3:5601", "tcp://10.0.0.2:5602");
+  CATCH_CHECK_THAT(error_of(replaced(same_host, "metrics_port = 9000", "metrics_port = 5601")),
+                   Catch::Matchers::Contains("nodes[1].metrics_port: port 5601 on 10.0.0.2 is also "
+                                             "nodes[0].endpoint tcp://10.0.0.2:5601"));
+  CATCH_CHECK_THAT(error_of(replaced(good, "tcp://10.0.0.2:5601", "tcp://10.0.0.1:9464")),
+                   Catch::Matchers::Contains("port 9464 on 10.0.0.1 is also the coordinator's metrics port"));
+  // Another host's ports are its own: b's metrics port may be the coordinator's control port.
+  CATCH_CHECK_NOTHROW(parse_cluster(replaced(good, "metrics_port = 9000", "metrics_port = 5600"), {}, "c"));
 
   const auto o = parse_cluster(good, {"cluster.join_timeout_s=5", "train.rounds=3", "cluster.id=other"}, "c");
   CATCH_CHECK(o.join_timeout_s == 5);
@@ -220,6 +239,9 @@ CATCH_TEST_CASE(
   CATCH_CHECK(data_partitions(open) == open.train.train.workers + 4);
   const auto listed = open.nodes.size();
   CATCH_CHECK(add_open_node(open, "late", "tcp://10.0.0.7:5601", 2) == listed);
+  for (const char* taken : {"coordinator", "logs", "prometheus"})  // as for a listed node
+    CATCH_CHECK_THROWS_WITH(add_open_node(open, taken, "tcp://10.0.0.8:5601", 1),
+                            Contains("a name launch uses in run.out_dir"));
   CATCH_CHECK(node_config(open, listed).train.workers == 2);
   CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\nopen_workers = 2")),
                    Catch::Matchers::Contains("only with cluster.open = true"));

@@ -176,6 +176,19 @@ CATCH_TEST_CASE("Binding a port that is already in use fails with a message nami
   CATCH_CHECK(what.find("metrics.port") != std::string::npos);
   // The first server is unaffected.
   CATCH_CHECK(http_get(first.port(), "/").find("metrics") != std::string::npos);
+  // An address no interface here has (192.0.2.0/24 is for documentation) is the config's too: exit 2
+  // before the run prepares its data, naming metrics.address (it was exit 1 after, naming the port).
+  for (int p : {9999, 0}) {
+    lw_error away(errc::none, "");
+    try {
+      if (p != 0) longwave::runtime::check_metrics_port_free("192.0.2.1", p);
+      metrics_server server(registry, p, "192.0.2.1");
+    } catch (const lw_error& e) {
+      away = e;
+    }
+    CATCH_CHECK(away.code() == errc::invalid_config);
+    CATCH_CHECK(std::string(away.what()).find("set metrics.address") != std::string::npos);
+  }
 }
 
 CATCH_TEST_CASE("A stopped metrics server no longer answers and its port can be bound again", "[metrics]") {
