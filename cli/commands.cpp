@@ -1,12 +1,14 @@
 // The subcommands and their options (cli/commands.hpp).
 #include "cli/commands.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -45,21 +47,30 @@ CLI::App* add_run(CLI::App& app, cli_values& v) {
   return run;
 }
 
-/// A whole number of at least 1: CLI::PositiveNumber's message names a double's range.
-CLI::Validator at_least_one() {
+/// A whole number in [lo, hi], in decimal digits: CLI::PositiveNumber's message names a double's range, and
+/// CLI::Range said "1e3" or "abc" was "not in range" (and took "0x10" as 16).
+CLI::Validator whole_number(int64_t lo, int64_t hi = std::numeric_limits<int64_t>::max()) {
+  const std::string range = hi == std::numeric_limits<int64_t>::max() ? fmt::format("of at least {}", lo)
+                                                                      : fmt::format("in [{}, {}]", lo, hi);
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [lo, hi, range](std::string& text) -> std::string {
         try {
           size_t used = 0;
-          if (std::stoll(text, &used) >= 1 && used == text.size()) return "";
+          const long long v = std::stoll(text, &used, 10);
+          if (used == text.size() && v >= lo && v <= hi) return "";
         } catch (const std::out_of_range&) {
-          if (text.find('-') == std::string::npos)
+          if (text.find('-') == std::string::npos && hi == std::numeric_limits<int64_t>::max())
             return text + " is too large (the most is 9223372036854775807)";
         } catch (const std::exception&) {
         }
-        return text + " is not a whole number of at least 1";
+        return text + " is not a whole number " + range;
       },
-      "INT>=1");
+      hi == std::numeric_limits<int64_t>::max() ? fmt::format("INT>={}", lo)
+                                                : fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+CLI::Validator at_least_one() {
+  return whole_number(1);
 }
 
 CLI::App* add_eval(CLI::App& app, cli_values& v) {
@@ -121,7 +132,7 @@ CLI::App* add_sample(CLI::App& app, cli_values& v) {
       })
       ->capture_default_str();
   sample->add_option("--top-k", v.sample.top_k, "Draw among the k likeliest tokens (0: all)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->check(whole_number(0, int64_t{1} << 20))
       ->capture_default_str();
   sample->add_option("--seed", v.sample.seed, "Seed of the draws (one seed, one text)")
       ->check([](const std::string& s) {
@@ -154,7 +165,7 @@ CLI::App* add_data_prepare(CLI::App& app, cli_values& v) {
       ->check(CLI::IsMember(std::vector<std::string>(tokenizer_names.begin(), tokenizer_names.end())))
       ->capture_default_str();
   prep->add_option("--vocab", v.vocab, "BPE vocabulary size (257..65535, as data.bpe_vocab_size)")
-      ->check(CLI::Range(int64_t{257}, int64_t{65535}))
+      ->check(whole_number(257, 65535))
       ->capture_default_str();
   prep->add_option("--val-fraction", v.val_fraction, "Share of tokens held out for validation")
       ->capture_default_str();
@@ -240,7 +251,7 @@ CLI::App* add_launch(CLI::App& app, cli_values& v) {
   launch->add_flag("--observe", v.observe.enabled,
                    "Also start Debian's Prometheus server scraping every role (data in RUN_DIR/prometheus)");
   launch->add_option("--observe-port", v.observe.port, "Port of Prometheus on 127.0.0.1")
-      ->check(CLI::Range(1, 65535))
+      ->check(whole_number(1, 65535))
       ->capture_default_str();
   launch
       ->add_option("--scrape-interval", v.observe.scrape_interval, "Prometheus scrape interval, e.g. 1s, 15s")
@@ -278,10 +289,10 @@ CLI::App* add_presets(CLI::App& app, cli_values& v) {
   // The ranges of model.vocab_size and model.seq_len (config/schema.hpp).
   auto* vocab = presets->add_option("--vocab", v.pv, "Vocabulary size (2..65536)")
                     ->capture_default_str()
-                    ->check(CLI::Range(int64_t{2}, int64_t{65536}));
+                    ->check(whole_number(2, 65536));
   auto* seq_len = presets->add_option("--seq-len", v.pt, "Context length (8..8192)")
                       ->capture_default_str()
-                      ->check(CLI::Range(int64_t{8}, int64_t{8192}));
+                      ->check(whole_number(8, 8192));
   // A config brings its own vocabulary and context: --vocab or --seq-len beside it would go unused.
   presets
       ->add_option("--config", v.presets_config,

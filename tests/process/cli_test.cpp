@@ -194,7 +194,10 @@ CATCH_TEST_CASE("bad arguments exit 2 naming the option, and errors go to stderr
   const std::vector<bad_case> cases = {
       // spdlog would take an unknown level as "off": every message silenced, errors included.
       {{"run", cfg, "--log-level", "verbose"}, "--log-level: verbose not in"},
-      {{"presets", "--vocab", "0"}, "--vocab: Value 0 not in range"},
+      {{"presets", "--vocab", "0"}, "--vocab: 0 is not a whole number in [2, 65536]"},
+      // Not "not in range" for what is no whole number; no hexadecimal either (0x10 was 16).
+      {{"presets", "--vocab", "1e3"}, "--vocab: 1e3 is not a whole number in [2, 65536]"},
+      {{"presets", "--seq-len", "0x10"}, "--seq-len: 0x10 is not a whole number in [8, 8192]"},
       {{"presets", "--seq-len", "-5"}, "--seq-len"},
       {{"keys", "new", "--out", "", "--nodes", "a"}, "--out is empty"},
       {{"keys", "new", "--out", dir + "/keys", "--nodes", "a,,b"}, "node name '': names are 1..32"},
