@@ -440,9 +440,10 @@ std::string never_trained(const std::string& run_dir) {
 /// read. Refused, with a line: a directory or special file (a pipe, a device: the page is written through a
 /// temporary file and a rename), one of the report's own inputs, an existing file that is not an HTML page,
 /// or a missing directory.
-std::optional<fs::path> page_path(const std::string& out, const std::vector<fs::path>& inputs) {
+/// `given`: --out named it (else it is the run's report.html, and the line says so).
+std::optional<fs::path> page_path(const std::string& out, const std::vector<fs::path>& inputs, bool given) {
   auto refuse = [&](const std::string& why) {
-    fmt::print(stderr, "report: error: --out {}: {}\n", out, why);
+    fmt::print(stderr, "report: error: {}{}: {}\n", given ? "--out " : "the page ", out, why);
     return std::nullopt;
   };
   std::error_code ec;
@@ -470,7 +471,9 @@ std::optional<fs::path> page_path(const std::string& out, const std::vector<fs::
       return refuse("exists and is not an HTML page; remove it or name another file");
   }
   if (!fs::is_directory(target.parent_path(), ec))
-    return refuse("the directory " + target.parent_path().string() + " does not exist");
+    return refuse(fs::exists(target.parent_path(), ec)
+                      ? target.parent_path().string() + " is a file, not a directory"
+                      : "the directory " + target.parent_path().string() + " does not exist");
   return target;
 }
 
@@ -505,7 +508,7 @@ int write(const std::string& run_dir, const std::string& out_path) {
                     (fs::path(run_dir) / "metrics.jsonl").string(), run_dir));
 
   const std::string out_arg = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
-  const auto out = page_path(out_arg, files);
+  const auto out = page_path(out_arg, files, !out_path.empty());
   if (!out) return 2;
 
   report_data r;

@@ -642,6 +642,18 @@ CATCH_TEST_CASE(
   CATCH_INFO(o5);
   CATCH_CHECK(c5 == 2);
   CATCH_CHECK(o5.find("--out") != std::string::npos);
+  // A file where its directory should be is named as such (it said the directory does not exist).
+  auto [c8, o8] = report_to(dir + "/notes.txt/page.html", "out-under-file");
+  CATCH_CHECK(c8 == 2);
+  CATCH_CHECK(o8.find(dir + "/notes.txt is a file, not a directory") != std::string::npos);
+  // Without --out the line names the page, not an --out the user did not give.
+  fs::create_directories(dir + "/partial/report.html");
+  auto [c9, o9] = run({binary(), "report", dir + "/partial"}, dir + "/default-dir.log", 60);
+  CATCH_INFO(o9);
+  CATCH_CHECK(c9 == 2);
+  CATCH_CHECK(o9.find("the page " + dir + "/partial/report.html: is a directory") != std::string::npos);
+  CATCH_CHECK(o9.find("--out") == std::string::npos);
+  fs::remove(dir + "/partial/report.html");
   // Through a link: the link stays, its target gets the page.
   fs::create_directories(dir + "/pages");
   fs::create_symlink(dir + "/pages/page.html", dir + "/link.html");
