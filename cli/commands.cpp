@@ -208,12 +208,16 @@ CLI::App* add_node(CLI::App& app, cli_values& v) {
       ->check(at_least_one());
   node->add_option("--set", v.cluster_overrides, "Override a field: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
-  node->add_flag("--fresh", v.cluster_fresh,
-                 "Start over: delete this node's checkpoints and loss trace first");
-  node->add_flag("--dry-run", v.node_dry_run, "Validate and print this node's resolved config; do not join");
+  auto* fresh = node->add_flag("--fresh", v.cluster_fresh,
+                               "Start over: delete this node's checkpoints and loss trace first");
+  auto* dry = node->add_flag("--dry-run", v.node_dry_run,
+                             "Validate and print this node's resolved config; do not join");
+  // --leave asks a running node: it starts nothing, so it would silently ignore these.
   node->add_flag("--leave", v.node_leave,
                  "Ask the running node NAME to leave the cluster at its next round boundary (it saves its "
-                 "checkpoint and exits 0; the others go on), then exit");
+                 "checkpoint and exits 0; the others go on), then exit")
+      ->excludes(fresh)
+      ->excludes(dry);
   add_log_level(node, v);
   node->footer(cluster_footer);
   return node;

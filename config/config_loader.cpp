@@ -194,7 +194,11 @@ std::string show(E v) {
 
 std::string show(const toml::node& n) {
   if (const auto* s = n.as_string()) return show(s->get());
-  if (const auto* d = n.as_floating_point()) return show(d->get());
+  if (const auto* d = n.as_floating_point()) {
+    // As TOML wrote it: 2.0 is a float (it showed "train.rounds = 2: expected an integer, got a float").
+    const double v = d->get();
+    return std::isfinite(v) && v == std::trunc(v) && std::abs(v) < 1e15 ? fmt::format("{:.1f}", v) : show(v);
+  }
   if (n.is_table()) return "{...}";
   std::ostringstream os;
   n.visit([&](const auto& v) { os << v; });
@@ -375,6 +379,12 @@ void check_one_line(const std::string& key, const std::string& path) {
 void check_dir(const std::string& key, const std::string& dir) {
   if (dir.empty()) return;
   check_one_line(key, dir);
+  // A name the filesystem refuses (255 bytes on Linux's; --dry-run passed it and the run failed making it).
+  for (const auto& part : std::filesystem::path(dir))
+    if (part.native().size() > 255)
+      throw config_error(key, fmt::format("{} = {}: a name in it is {} bytes long; a file or directory name "
+                                          "has at most 255",
+                                          key, quote(dir), part.native().size()));
   std::error_code ec;
   for (std::filesystem::path p(dir); !p.empty(); p = p.parent_path()) {
     const auto st = std::filesystem::status(p, ec);

@@ -37,7 +37,8 @@ class federated_policy final : public round_policy {
         if (c >= ctx.rank_offset && c < ctx.rank_offset + ctx.n_workers())
           steps[static_cast<size_t>(c - ctx.rank_offset)] = ctx.cfg.train.inner_steps;
       const auto here = std::count(steps.begin(), steps.end(), ctx.cfg.train.inner_steps);
-      spdlog::info("round {}: clients {} of {} take part{}", round, fmt::join(drawn, ", "), ctx.data_parts(),
+      spdlog::info("round {}: {} of {} clients take part: {}{}", round, drawn.size(), ctx.data_parts(),
+                   fmt::join(drawn, ", "),
                    ctx.cluster_workers > 0 ? fmt::format(" ({} on this node)", here) : std::string());
       engine_.run_workers(round, std::move(thetas), steps, /*reset=*/true,
                           [this, round, steps](round_engine::results results) {

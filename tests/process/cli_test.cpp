@@ -99,9 +99,9 @@ CATCH_TEST_CASE("bad configs exit with code 2 and one line naming the key", "[pr
       {"", "run.out_dir", {"--set", "run.out_dir=" + dir + "/a_file"}},
       {"", "checkpoint.dir", {"--set", "checkpoint.dir=" + dir + "/a_file/checkpoints"}},
       // Not a file in the way, but a name the file system refuses: named by its key, not a bare
-      // filesystem_error.
+      // filesystem_error (and at parse, so --dry-run finds it).
       {"",
-       "run.out_dir = \"" + dir + "/" + std::string(300, 'x') + "\": cannot be created: File name too long",
+       "run.out_dir = \"" + dir + "/" + std::string(300, 'x') + "\": a name in it is 300 bytes long",
        {"--set", "run.out_dir=" + dir + "/" + std::string(300, 'x')}},
       // A link whose target is gone: named as such (it said "cannot be created: File exists").
       {"",
@@ -198,6 +198,8 @@ CATCH_TEST_CASE("bad arguments exit 2 naming the option, and errors go to stderr
       // Not "not in range" for what is no whole number; no hexadecimal either (0x10 was 16).
       {{"presets", "--vocab", "1e3"}, "--vocab: 1e3 is not a whole number in [2, 65536]"},
       {{"presets", "--seq-len", "0x10"}, "--seq-len: 0x10 is not a whole number in [8, 8192]"},
+      // --leave starts nothing: it ignored these without a word.
+      {{"node", cfg, "--node", "n0", "--leave", "--dry-run"}, "--dry-run excludes --leave"},
       {{"presets", "--seq-len", "-5"}, "--seq-len"},
       {{"keys", "new", "--out", "", "--nodes", "a"}, "--out is empty"},
       {{"keys", "new", "--out", dir + "/keys", "--nodes", "a,,b"}, "node name '': names are 1..32"},

@@ -24,10 +24,10 @@ namespace {
 constexpr int64_t steps = 3, batch = 4, seq = 64, rounds = 4;
 constexpr int64_t tokens_per_round = steps * batch * seq;
 
-/// The clients each round's log line names: "round R: clients a, b of M take part".
+/// The clients each round's log line names: "round R: N of M clients take part: a, b".
 std::map<int64_t, std::set<int64_t>> draws_in(const std::string& log) {
   std::map<int64_t, std::set<int64_t>> out;
-  const std::regex line(R"(round (\d+): clients ([0-9, ]+) of (\d+) take part)");
+  const std::regex line(R"(round (\d+): \d+ of \d+ clients take part: ([0-9, ]*[0-9]))");
   for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) {
     std::set<int64_t> clients;
     std::istringstream list(std::regex_replace((*it)[2].str(), std::regex(","), " "));

@@ -483,6 +483,7 @@ CATCH_TEST_CASE("A float for an integer field is rejected", "[config]") {
   CATCH_CHECK(e.key() == "train.batch_size");
   CATCH_CHECK_THAT(e.what(),
                    Contains("expected an integer, got a float (write 8 without the decimal point)"));
+  CATCH_CHECK_THAT(e.what(), Contains("train.batch_size = 8.0:"));  // as written (it showed "= 8")
   CATCH_CHECK_THAT(error_of("[train]\nbatch_size = 8.5\n").what(), !Contains("decimal point"));
 }
 
@@ -1111,6 +1112,12 @@ CATCH_TEST_CASE("A directory setting that names an existing file is refused at l
                      Contains("a symbolic link to " + (dir / "gone").string() + ", which does not exist"));
     if (at != dangling) CATCH_CHECK_THAT(e.what(), Contains(dangling.string() + " is a symbolic link"));
   }
+  // A name longer than the filesystem takes (--dry-run passed it; the run failed making the directory).
+  const std::string long_name(256, 'x');
+  const config_error too_long = error_of("", {"run.out_dir=" + (dir / long_name / "out").string()});
+  CATCH_CHECK(too_long.key() == "run.out_dir");
+  CATCH_CHECK_THAT(too_long.what(), Contains("a name in it is 256 bytes long"));
+  CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + (dir / std::string(255, 'x')).string()}, ""));
   fs::create_symlink(dir, dir / "good_link");  // a link to a directory is fine
   CATCH_CHECK_NOTHROW(parse_config("", {"run.out_dir=" + (dir / "good_link" / "x").string()}, ""));
   // A directory that exists, or that does not exist yet, is fine.
