@@ -242,10 +242,16 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
         throw config::config_error("--data", "--data " + data_override + ": " + why);
       corpus = data_override;
     }
-    // The corpus named, or the run's own edited in place since: the loss is over other text.
+    // The corpus named, or the run's own edited in place since: the loss is over other text. The run's own
+    // prepared shards (--data RUN/data) match by the corpus their stamp names.
     const auto meta = parse_meta(c.meta);
-    if (const auto it = meta.find("data");
-        it != meta.end() && it->second != std::to_string(models::data::data_fingerprint(corpus)))
+    const auto read_by_run = [&](const std::string& fingerprint) {
+      if (fingerprint == std::to_string(models::data::data_fingerprint(corpus))) return true;
+      std::error_code ec;
+      const auto from = fs::is_directory(corpus, ec) ? models::data::prepared_from(corpus) : std::string();
+      return !from.empty() && fingerprint == std::to_string(models::data::data_fingerprint(from));
+    };
+    if (const auto it = meta.find("data"); it != meta.end() && !read_by_run(it->second))
       spdlog::warn(
           "eval: {} is not the data the checkpoint's run read (its fingerprint differs{}): the loss is "
           "over another validation set{}",

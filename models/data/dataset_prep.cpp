@@ -330,6 +330,19 @@ std::optional<prepared_dataset> find_prepared(const std::string& input_path, con
   return std::nullopt;
 }
 
+std::string prepared_from(const std::string& dir) {
+  std::error_code ec;
+  const fs::path stamp = fs::path(dir) / "prepared.txt";
+  if (!fs::is_regular_file(stamp, ec)) return {};
+  try {
+    const auto kv = parse_stamp(read_file(stamp.string(), "prepared.txt"));
+    const auto it = kv.find("input");
+    return it == kv.end() ? std::string() : it->second;
+  } catch (const lw_error&) {
+    return {};
+  }
+}
+
 std::string data_cache_key(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size,
                            double val_fraction) {
   std::error_code ec;

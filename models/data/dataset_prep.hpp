@@ -47,6 +47,10 @@ std::optional<prepared_dataset> find_prepared(const std::string& input_path, con
                                               int64_t bpe_vocab_size, double val_fraction,
                                               const std::string& dir, std::string& why);
 
+/// The corpus a prepared directory's prepared.txt says it was made from; "" when `dir` holds no stamp of
+/// ours (user shards, or nothing).
+std::string prepared_from(const std::string& dir);
+
 /// Removes a prepared data directory unless a process is preparing it (holds its preparation lock, which is
 /// taken for the removal). True when it is gone.
 bool remove_unless_preparing(const std::string& dir);

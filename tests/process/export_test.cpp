@@ -545,6 +545,15 @@ CATCH_TEST_CASE(
   CATCH_CHECK(o2 == 0);
   CATCH_CHECK(text.find("] sample") == std::string::npos);
   CATCH_CHECK(text.find("] data") == std::string::npos);
+  // --data naming the run's own prepared shards is the data it read: the same loss, no warning (the
+  // shards' fingerprint is not the corpus's; their stamp names the corpus).
+  CATCH_REQUIRE(fs::exists(dir + "/run/data/prepared.txt"));
+  const auto [s1, shards] =
+      run({binary(), "eval", ckpt_dir, "--data", dir + "/run/data"}, dir + "/shards.log", 300);
+  CATCH_INFO(shards);
+  CATCH_CHECK(s1 == 0);
+  CATCH_CHECK(shards.find("is not the data the checkpoint's run read") == std::string::npos);
+  CATCH_CHECK(shards.find(loss.substr(loss.find("val loss"), 16)) != std::string::npos);
   // eval of a run whose corpus was edited in place says the loss is over other text.
   write_text(dir + "/corpus.txt", read_text(dir + "/corpus.txt") + "And the earth was without form.\n");
   const auto [e1, edited] = run({binary(), "eval", ckpt_dir}, dir + "/eval-edited.log", 300);
