@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "cli/report/format.hpp"
@@ -82,6 +83,24 @@ struct sweep_run {
   std::string point_name(const sweep_point& p) const {
     return fmt::format("point {}/{} ({})", p.index + 1, s.points.size(),
                        p.label(s.has_repeats).empty() ? p.id : p.label(s.has_repeats));
+  }
+
+  /// Two points that may run at once with one fixed metrics port ([sweep] set "metrics.port=N"): the
+  /// second failed to bind it (exit 2 mid-sweep). "" when none.
+  std::string shared_metrics_port() const {
+    if (plan.at_once < 2) return {};
+    std::map<int64_t, const sweep_point*> by_port;
+    for (const auto* p : to_run) {
+      if (!p->cfg.metrics.enabled || p->cfg.metrics.port == 0) continue;
+      const auto [at, fresh] = by_port.emplace(p->cfg.metrics.port, p);
+      if (!fresh)
+        return fmt::format(
+            "{} and {} both serve metrics on port {} and may run at once (up to {}): leave "
+            "metrics.port unset, as a sweep does (each point picks a free port), give each "
+            "point its own, or set parallel = 1",
+            point_name(*at->second), point_name(*p), p->cfg.metrics.port, plan.at_once);
+    }
+    return {};
   }
 
   /// ", ETA ..." from the points finished in this invocation; "" once none is left.
@@ -350,6 +369,10 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     if (r.status != "done") run.to_run.push_back(&p);
   }
   run.plan = plan_parallel(s.parallel, runtime::usable_cores(), run.to_run);
+  if (const auto clash = run.shared_metrics_port(); !clash.empty()) {
+    say("error: {}", clash);
+    return 2;
+  }
   if (o.dry_run) {
     print_plan(s, run);
     if (o.fresh) {

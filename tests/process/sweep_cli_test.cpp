@@ -491,6 +491,18 @@ CATCH_TEST_CASE("bad sweep files and options exit 2 naming the entry before anyt
   CATCH_CHECK(dry.find("2 points (0 done earlier, 2 to run)") != std::string::npos);
   CATCH_CHECK(dry.find("point 1 runs: ") != std::string::npos);
   CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
+  // One fixed metrics port for points that run at once: refused before any runs (the second point failed
+  // to bind it); one at a time it is fine.
+  const auto port = sweep_file(dir, "port", "out", "[grid]\n\"train.lr\" = [1e-3, 2e-3]\n",
+                               "parallel = 2\nset = [\"metrics.enabled=true\", \"metrics.port=47999\"]\n");
+  auto [mcode, mout] = run({binary(), "sweep", port, "--dry-run"}, dir + "/port.log", 60);
+  CATCH_INFO(mout);
+  CATCH_CHECK(mcode == 2);
+  CATCH_CHECK(mout.find("both serve metrics on port 47999 and may run at once") != std::string::npos);
+  auto [m1code, m1out] =
+      run({binary(), "sweep", port, "--dry-run", "--parallel", "1"}, dir + "/port1.log", 60);
+  CATCH_CHECK(m1code == 0);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
   // The command it prints is one a shell runs as it is, a value with a quote and spaces in it too (each
   // --set was put in single quotes as it stood).
   const auto quoted = sweep_file(dir, "quoted", "out", "[grid]\n\"train.lr\" = [1e-3, 2e-3]\n",
