@@ -186,7 +186,7 @@ bool control_client::converse(const envelope& e, std::chrono::milliseconds timeo
         throw lw_error(
             errc::invalid_config,
             fmt::format("the coordinator at {} serves a different cluster (its cluster.id differs from "
-                        "this node's): start every role from the same cluster file",
+                        "this cluster file's): start every role from the same cluster file",
                         endpoint_));
       continue;  // noise; keep waiting
     }
