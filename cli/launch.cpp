@@ -18,10 +18,7 @@
 #include <cstring>
 #include <ctime>
 #include <optional>
-#include <set>
-#include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include <filesystem>
@@ -260,10 +257,6 @@ struct launch_state {
   bool before_start = false;  // that record: stopped before training; launch stopped the starting nodes
   int first_failure = 0;
   std::chrono::steady_clock::time_point nodes_done_at = std::chrono::steady_clock::time_point::max();
-  /// Nodes the failed coordinator's end record says had failed or left: they end by themselves with their
-  /// own code (interrupted, they showed 130), unless still running 10 s after it.
-  std::set<std::string> ending;
-  std::chrono::steady_clock::time_point ending_since;
 };
 
 /// Waits 100 ms and prints what the roles wrote meanwhile (a file is always readable: no poll).
@@ -292,28 +285,10 @@ int forward_signals(std::vector<child>& children, launch_state& st) {
   return sigs;
 }
 
-/// The coordinator's end record (RUN_DIR/coordinator.jsonl): its outcome and the nodes it names as failed or
-/// left ("removed": "a:failed,b:left"); empty when there is none.
-std::pair<std::string, std::set<std::string>> coordinator_end(const std::string& out_dir) {
-  report::node_metrics c;
-  if (!report::read_metrics_file(std::filesystem::path(out_dir) / "coordinator.jsonl", c).empty() ||
-      c.ends.empty())
-    return {};
-  std::set<std::string> ending;
-  std::istringstream removed(report::text(c.ends.back(), "removed"));
-  for (std::string item; std::getline(removed, item, ',');) {
-    const auto colon = item.find(':');
-    if (colon != std::string::npos &&
-        (item.substr(colon + 1) == "failed" || item.substr(colon + 1) == "left"))
-      ending.insert(item.substr(0, colon));
-  }
-  return {report::text(c.ends.back(), "outcome"), std::move(ending)};
-}
-
 /// Collects a child that ended: its exit code, its last output; a failed role stops the others (unless
 /// launch is stopping them already), an ended Prometheus is only reported.
 void on_child_exit(std::vector<child>& children, child& c, int status, size_t width, launch_state& st,
-                   int sigs, const std::string& out_dir) {
+                   int sigs) {
   c.running = false;
   c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (c.out_fd >= 0) drain(c, width, true);
@@ -324,13 +299,8 @@ void on_child_exit(std::vector<child>& children, child& c, int status, size_t wi
     std::fflush(stdout);
     return;
   }
-  // The coordinator failed because every node failed or left: those end by themselves, and the first of
-  // their codes is launch's (a node's config error is 2, where the coordinator's is 1).
-  std::string outcome;
-  if (!c.is_node && c.code != 0 && !st.stopping && sigs == 0)
-    std::tie(outcome, st.ending) = coordinator_end(out_dir);
   // A role killed by a signal (the OOM killer, kill -9) is a runtime failure: launch's own code is 1.
-  if (c.code != 0 && c.code != 130 && st.first_failure == 0 && outcome != "none_finished")
+  if (c.code != 0 && c.code != 130 && st.first_failure == 0)
     st.first_failure = WIFSIGNALED(status) ? 1 : c.code;
   if (c.code != 0 && !st.stopping && sigs == 0) {
     const std::string how = WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) + " (" +
@@ -339,9 +309,7 @@ void on_child_exit(std::vector<child>& children, child& c, int status, size_t wi
     std::printf("launch: %s %s ended with %s; stopping the others\n", c.is_node ? "node" : "the",
                 c.name.c_str(), how.c_str());
     std::fflush(stdout);
-    for (auto& other : children)
-      if (other.running && !other.is_observer && !st.ending.count(other.name)) kill(other.pid, SIGINT);
-    st.ending_since = std::chrono::steady_clock::now();
+    signal_all(children, SIGINT);
     st.stopping = true;
   }
 }
@@ -390,7 +358,7 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ou
     for (auto& c : children) {
       int status = 0;
       if (c.running && waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        on_child_exit(children, c, status, width, st, sigs, out_dir);
+        on_child_exit(children, c, status, width, st, sigs);
         if (c.is_observer) continue;
       }
       if (!c.is_observer) any_running = any_running || c.running || c.out_fd >= 0;
@@ -401,12 +369,6 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ou
       return;
     }
     if (nodes_running && !children[0].running && !st.end_read) after_coordinator(children, out_dir, st);
-    // Nodes that failed or left end by themselves; any still running 10 s on is stopped.
-    if (!st.ending.empty() && std::chrono::steady_clock::now() - st.ending_since > std::chrono::seconds(10)) {
-      for (auto& c : children)
-        if (c.running && st.ending.count(c.name)) kill(c.pid, SIGINT);
-      st.ending.clear();
-    }
     // The coordinator ends by itself once every node said bye; give it 10 s, then stop it.
     if (!nodes_running) {
       const auto now = std::chrono::steady_clock::now();
