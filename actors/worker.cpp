@@ -337,10 +337,11 @@ void inner_step(worker_self self) {
       return fail_round(self, e);
     }
     auto r = replica_of(self);
-    if (r)
-      s.state_rp.deliver(std::move(*r));
-    else
-      s.state_rp.deliver(std::move(r.error()));
+    if (!r) {  // as a failed flush above: the round fails with it
+      s.state_rp.deliver(r.error());
+      return fail_round(self, r.error());
+    }
+    s.state_rp.deliver(std::move(*r));
     return;
   }
   if (s.steps_in_round >= s.steps_target && s.ctx->cfg.train.paced_step_s() <= 0)

@@ -13,7 +13,6 @@
 #include "cluster/control_common.hpp"
 #include "comm/zmq_monitor.hpp"
 #include "runtime/json/json_line.hpp"
-#include "runtime/process/port_check.hpp"
 
 namespace longwave::cluster {
 
@@ -31,7 +30,7 @@ class master_shell {
     sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_envelope_bytes));
     if (o_.node_keys) set_up_curve();
     try {
-      sock_.bind(runtime::bindable_endpoint(o_.bind_endpoint));
+      sock_.bind(o_.bind_endpoint);
     } catch (const zmq::error_t& e) {
       // A port another process holds, or an address no interface has: the cluster file's or --bind's, as for
       // a node's ring endpoint (exit 2).

@@ -11,7 +11,6 @@
 #include "cluster/control_common.hpp"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
-#include "runtime/process/port_check.hpp"
 
 namespace longwave::cluster {
 
@@ -93,7 +92,7 @@ state_server::state_server(const std::string& bind_endpoint, uint64_t cluster_id
     // No send limit: a queued chunk holds only a reference to its blob (zero-copy), and each joiner keeps a
     // bounded window of requests. With a limit, ROUTER would silently drop replies to a slow joiner.
     r.set(zmq::sockopt::sndhwm, 0);
-    r.bind(runtime::bindable_endpoint(bind_endpoint));
+    r.bind(bind_endpoint);
     endpoint_ = r.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
     throw lw_error(errc::io_error, fmt::format("state server: cannot bind {}: {}", bind_endpoint, e.what()));

@@ -11,7 +11,6 @@
 
 #include "comm/zmq_monitor.hpp"
 #include "runtime/errors/errors.hpp"
-#include "runtime/process/port_check.hpp"
 
 namespace longwave::comm {
 namespace {
@@ -57,7 +56,7 @@ void zmq_transport::open_sockets() {
     pull_->set(zmq::sockopt::heartbeat_ivl, heartbeat_interval());
     pull_->set(zmq::sockopt::heartbeat_timeout, to_int_ms(opts_.link_timeout));
   }
-  pull_->bind(runtime::bindable_endpoint(opts_.bind_endpoint));
+  pull_->bind(opts_.bind_endpoint);
   bound_endpoint_ = pull_->get(zmq::sockopt::last_endpoint);
   if (opts_.connect_endpoint.empty()) return;
   push_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::push);

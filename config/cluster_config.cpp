@@ -1,6 +1,8 @@
 // Cluster files: [cluster] and [[nodes]] read here, the rest by the training-config loader.
 #include "config/cluster_config.hpp"
 
+#include <arpa/inet.h>
+
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
@@ -337,9 +339,14 @@ std::string endpoint_problem(std::string_view ep) {
   if (colon == std::string_view::npos || colon == 0) return "must be tcp://HOST:PORT";
   const auto host = rest.substr(0, colon);
   if (host == "*") return "HOST must be an address the other nodes can reach, not '*'";
-  if (host.front() == '[')
-    return "HOST is an IPv6 address, which the cluster's sockets do not speak: use an IPv4 address or a host "
-           "name";
+  // Every endpoint is bound by some role, and ZeroMQ binds an address, not a name ("No such device" after
+  // --dry-run passed); its sockets here speak IPv4 only.
+  in_addr numeric{};
+  if (::inet_pton(AF_INET, std::string(host).c_str(), &numeric) != 1)
+    return fmt::format(
+        "HOST '{}' must be an IPv4 address such as 10.0.0.5 (a role binds it, and sockets bind "
+        "addresses, not host names{})",
+        host, host.front() == '[' ? "; IPv6 is not supported" : "");
   const auto port = rest.substr(colon + 1);
   if (port.empty() || port.size() > 5 ||
       !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }))
@@ -359,8 +366,13 @@ std::pair<std::string, int64_t> host_port(const std::string& endpoint) {
 
 /// Every port one host listens on is another: a node's metrics port on another role's ring or control port
 /// passed --dry-run, and the ring, the coordinator or /metrics then failed to bind (exit 1 or 2 after the
-/// cluster formed). Hosts compare as written.
+/// cluster formed). Hosts compare as written; /metrics binds metrics.address, which meets a ring or control
+/// port only when it is that host's address or 0.0.0.0.
 void check_ports_per_host(const cluster_spec& spec) {
+  const auto metrics_on = [&](const std::string& host) {
+    const auto& address = spec.train.metrics.address;
+    return spec.train.metrics.enabled && (address == "0.0.0.0" || address == host);
+  };
   std::map<std::pair<std::string, int64_t>, std::string> taken;
   const auto take = [&](const std::string& key, const std::string& host, int64_t port,
                         const std::string& what) {
@@ -374,8 +386,7 @@ void check_ports_per_host(const cluster_spec& spec) {
   for (const auto& c : spec.coordinators) {
     const auto [host, port] = host_port(c);
     take("cluster.coordinator", host, port, fmt::format("the coordinator's endpoint {}", c));
-    if (spec.train.metrics.enabled && coordinator_metrics_port(spec) != 0 &&
-        coordinator_hosts.insert(host).second)
+    if (metrics_on(host) && coordinator_metrics_port(spec) != 0 && coordinator_hosts.insert(host).second)
       take("cluster.metrics_port", host, coordinator_metrics_port(spec),
            fmt::format("the coordinator's metrics port (at {})", c));
   }
@@ -386,9 +397,9 @@ void check_ports_per_host(const cluster_spec& spec) {
   }
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const int64_t port = node_config(spec, i).metrics.port;
-    if (spec.train.metrics.enabled && port != 0)
-      take(fmt::format("nodes[{}].metrics_port", i), host_port(spec.nodes[i].endpoint).first, port,
-           fmt::format("nodes[{}].metrics_port", i));
+    const auto host = host_port(spec.nodes[i].endpoint).first;
+    if (metrics_on(host) && port != 0)
+      take(fmt::format("nodes[{}].metrics_port", i), host, port, fmt::format("nodes[{}].metrics_port", i));
   }
 }
 
@@ -590,9 +601,6 @@ train_config node_config(const cluster_spec& spec, size_t index) {
   if (!n.device.empty()) c.train.device = n.device;
   if (n.speed) c.train.speed = *n.speed;
   c.run.out_dir = (std::filesystem::path(spec.train.run.out_dir) / n.name).string();
-  // A set checkpoint.dir is one per node too (launch's nodes shared it: the second exited 4).
-  if (!spec.train.checkpoint.dir.empty())
-    c.checkpoint.dir = (std::filesystem::path(spec.train.checkpoint.dir) / n.name).string();
   if (n.metrics_port >= 0)
     c.metrics.port = n.metrics_port;
   else if (c.metrics.port != 0)

@@ -11,8 +11,4 @@ namespace longwave::runtime {
 /// HOST may be an IPv6 address in brackets.
 int bind_error(std::string host, int port);
 
-/// `endpoint` (tcp://HOST:PORT, PORT may be *) as ZeroMQ can bind it: a HOST that is a name (ZeroMQ binds
-/// only an address or an interface) becomes its first IPv4 address. Anything else is returned as it is.
-std::string bindable_endpoint(const std::string& endpoint);
-
 }  // namespace longwave::runtime

@@ -31,11 +31,6 @@ CATCH_TEST_CASE("2 nodes x 2 workers over the ring end with the theta_global of 
   const auto dir = scratch_dir("cluster_equiv");
   cluster_ports ports;
   const auto cluster = cluster_file(dir, {2, 2}, ports, "[metrics]\nenabled = false\n");
-  // A host name where an address goes: the coordinator's and n1's (they failed to bind it, exit 1).
-  edit_file(cluster, "tcp://127.0.0.1:" + std::to_string(ports.coordinator),
-            "tcp://localhost:" + std::to_string(ports.coordinator));
-  edit_file(cluster, "tcp://127.0.0.1:" + std::to_string(ports.ring[1]),
-            "tcp://localhost:" + std::to_string(ports.ring[1]));
   auto [code, log] = run({binary(), "launch", cluster}, dir + "/launch.log", 600);
   CATCH_INFO(log);
   CATCH_REQUIRE(code == 0);

@@ -22,7 +22,6 @@
 
 #include "runtime/errors/errors.hpp"
 #include "runtime/metrics/metrics_server.hpp"
-#include "runtime/process/port_check.hpp"
 #include "tests/support/prom_text.hpp"
 
 using longwave::errc;
@@ -313,15 +312,4 @@ CATCH_TEST_CASE("A kept-alive connection serves a second scrape after a pause", 
   CATCH_CHECK(first.rfind("HTTP/1.1 200", 0) == 0);
   CATCH_CHECK(second.rfind("HTTP/1.1 200", 0) == 0);
   CATCH_CHECK(second.find("/metrics") != std::string::npos);
-}
-
-CATCH_TEST_CASE("a host name in an endpoint binds as its IPv4 address; addresses and wildcards stay as given",
-                "[metrics][port]") {
-  using longwave::runtime::bindable_endpoint;
-  // ZeroMQ binds no host name ("tcp://localhost:5600" failed with "No such device", exit 1).
-  CATCH_CHECK(bindable_endpoint("tcp://localhost:5600") == "tcp://127.0.0.1:5600");
-  CATCH_CHECK(bindable_endpoint("tcp://localhost:*") == "tcp://127.0.0.1:*");
-  for (const char* same : {"tcp://10.0.0.7:5600", "tcp://*:5600", "tcp://127.0.0.1:*", "tcp://[::1]:5600",
-                           "inproc://ring", "tcp://no-such-host.invalid:5600"})
-    CATCH_CHECK(bindable_endpoint(same) == same);
 }
