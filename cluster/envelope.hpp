@@ -27,9 +27,6 @@ struct hello_msg {
   uint64_t cluster_id = 0;
   std::string node_name;
   uint32_t n_workers = 0;
-  /// Its first worker's global rank by its own cluster file, which places its data (-1: not sent). A listed
-  /// node whose file orders the nodes otherwise than the coordinator's is turned away.
-  int64_t worker_offset = -1;
   std::string data_endpoint;
   uint64_t resume_round = 0;   ///< completed rounds of the node's newest checkpoint (0: none)
   bool running = false;        ///< a training node re-announcing itself: the fields below are set
@@ -53,6 +50,9 @@ struct hello_msg {
   /// max_held_merges). A coordinator taking the cluster over announces them again rather than close others.
   std::vector<runtime::merge_order> merging;
   uint64_t newest_told = 0;  ///< async, running: the newest merge it was told of (0: none)
+  /// Its first worker's global rank by its own cluster file, which places its data (-1: not sent). A listed
+  /// node whose file orders the nodes otherwise than the coordinator's is turned away.
+  int64_t worker_offset = -1;
 };
 /// One ring member in a welcome_msg.
 struct peer_entry {
