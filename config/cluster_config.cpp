@@ -491,12 +491,8 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
   }
   if (spec.train.run.mode != run_mode::diloco) throw not_diloco(spec.train.run.mode);
   spec.train.train.workers = total;
-  // As one process's check_one_process, over the listed nodes (an open cluster's joiners may add clients).
-  if (!spec.open && spec.train.federated.clients_per_round > total)
-    throw config_error("federated.clients_per_round",
-                       fmt::format("federated.clients_per_round = {}: the cluster's nodes have {} workers "
-                                   "(clients) to draw from",
-                                   spec.train.federated.clients_per_round, total));
+  // One process's check, over the listed nodes' workers (an open cluster's joiners may add clients).
+  if (!spec.open) check_one_process(spec.train);
   // Delayed Nesterov's period is one number on every node: 0 resolves here, from the nodes the file lists (a
   // node's own ring when it starts differs between nodes that start while the ring is smaller or larger).
   if (spec.train.diloco.outer == outer_policy_kind::async && spec.train.async.dn_period == 0)

@@ -86,7 +86,7 @@ CATCH_TEST_CASE("A cluster file gives the nodes, the coordinator and per-node tr
   // federated.clients_per_round counts the nodes' workers (it passed --dry-run, and every node failed later).
   CATCH_CHECK_THAT(
       error_of(good, {"federated.clients_per_round=6"}),
-      Catch::Matchers::Contains("federated.clients_per_round = 6: the cluster's nodes have 5 workers"));
+      Catch::Matchers::Contains("federated.clients_per_round = 6: the run has 5 clients (workers)"));
   CATCH_CHECK_NOTHROW(parse_cluster(good, {"federated.clients_per_round=5"}, "c"));
   // One host's ports differ across kinds: a metrics port on a ring or control port failed to bind late.
   // /metrics binds metrics.address: 0.0.0.0 meets every address of the host.
