@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "actors/checkpointer.hpp"
 #include "actors/collective_factory.hpp"
@@ -20,8 +21,10 @@
 #include "actors/outer_optimizer.hpp"
 #include "actors/round/adaptive_steps.hpp"
 #include "actors/run_setup.hpp"
+#include "actors/training.hpp"
 #include "models/gpt.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/errors/fault_env.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
 #include "runtime/messages/interfaces.hpp"
@@ -50,10 +53,13 @@ bool output_closed() {
   return false;
 }
 
-/// After an interrupted run's checkpoint: another Ctrl-C or SIGTERM while the process ends exits with 130 at
-/// once (the default action would end it "killed by a signal" instead of the documented exit code).
+std::atomic<int> g_final_code{130};  // the run's exit code, once it has ended
+
+/// After the run ended: a Ctrl-C or SIGTERM while the process ends exits at once with the code the run
+/// decided (a failed node that `launch` stops keeps its failure; the default action would say 130 or
+/// "killed by a signal" instead).
 void on_late_signal(int /*sig*/) {
-  std::_Exit(130);
+  std::_Exit(g_final_code.load());
 }
 
 constexpr int stop_signals[3] = {SIGINT, SIGTERM, SIGHUP};
@@ -76,6 +82,22 @@ void on_signal(int sig) {
 }
 
 }  // namespace
+
+int end_with(int code) {
+  g_final_code = code;
+  double linger_s = 0;
+  try {
+    linger_s = fault_seconds("LONGWAVE_FAULT_SLOW_EXIT_S");
+  } catch (const std::exception& e) {
+    spdlog::warn("{}; ignored", e.what());
+  }
+  if (linger_s > 0) {
+    spdlog::warn("LONGWAVE_FAULT_SLOW_EXIT_S: the process waits {} s before it exits with code {}", linger_s,
+                 code);
+    std::this_thread::sleep_for(std::chrono::duration<double>(linger_s));
+  }
+  return code;
+}
 
 setup_signals::setup_signals(bool enabled) {
   if (!enabled) return;
@@ -344,10 +366,10 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   if (opts.handle_signals) {
-    const bool stopped = code == 130;  // stopped (after its checkpoint, if it trained): the exit code is said
+    g_final_code = code;  // ended (stopped, failed or done): a late signal keeps the code said
     for (int i = 0; i < 3; ++i) {
       handler h = before[i] == SIG_ERR ? SIG_DFL : before[i];
-      if (stopped && h != SIG_IGN && signals[i] != SIGHUP) h = on_late_signal;
+      if (h != SIG_IGN && signals[i] != SIGHUP) h = on_late_signal;
       std::signal(signals[i], h);
     }
     // The terminal is gone: the hangup it may send again while the process ends must not kill it (129).

@@ -35,7 +35,7 @@ int cmd_run(const cli_values& v) {
   opts.dry_run = v.run_dry_run;
   opts.fresh = v.run_fresh;
   opts.config_file = v.config_path;
-  return actors::run_training(*cfg, opts);
+  return actors::end_with(actors::run_training(*cfg, opts));
 }
 
 /// `node`: joins the cluster as one node and trains (or, with --leave, asks the running node to leave).

@@ -323,8 +323,8 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   link.end_start_up();
   const auto reached =
       started_after ? std::optional<uint64_t>(std::max(*started_after, link.last_round())) : std::nullopt;
-  return say_goodbye(*s.control, me.name, code, link.stopped_after(), reached, link.cluster_stopped(),
-                     link.leaving());
+  return actors::end_with(say_goodbye(*s.control, me.name, code, link.stopped_after(), reached,
+                                      link.cluster_stopped(), link.leaving()));
 }
 
 }  // namespace longwave::cluster

@@ -403,6 +403,25 @@ void check_ports_per_host(const cluster_spec& spec) {
   }
 }
 
+/// An explicit checkpoint.dir is every node's (nodes have no checkpoint.dir of their own): two nodes on one
+/// host would meet on its lock, and the second would end with exit 4 after the cluster formed.
+void check_checkpoint_dir_per_host(const cluster_spec& spec) {
+  if (spec.train.checkpoint.dir.empty()) return;
+  std::map<std::string, size_t> first_on;  // host -> index of its first node
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    const auto host = host_port(spec.nodes[i].endpoint).first;
+    const auto [at, fresh] = first_on.emplace(host, i);
+    if (!fresh)
+      throw config_error(
+          "checkpoint.dir",
+          fmt::format(
+              "checkpoint.dir = \"{}\": nodes '{}' and '{}' both run on {} and would share it, but each "
+              "node keeps checkpoints of its own. Leave checkpoint.dir unset (each node then writes to "
+              "run.out_dir/<node>/checkpoints), or give these nodes hosts of their own",
+              spec.train.checkpoint.dir, spec.nodes[at->second].name, spec.nodes[i].name, host));
+  }
+}
+
 }  // namespace
 
 cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>& overrides,
@@ -527,6 +546,7 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
               i, port));
   }
   check_ports_per_host(spec);
+  check_checkpoint_dir_per_host(spec);
   if (spec.security.mode == security_mode::curve && spec.security.keys.empty())
     throw config_error(
         "security.keys",

@@ -532,6 +532,34 @@ CATCH_TEST_CASE("a round slower than runtime.round_timeout_s fails naming the se
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a Ctrl-C or SIGTERM that meets a run already ended keeps the run's exit code",
+                "[process][resume]") {
+  const auto dir = scratch_dir("late-signal");
+  const auto cfg = config_file(dir, "r");
+  // The process waits after its run ended: the signal surely meets it then (launch stops every role once
+  // one fails: a node that failed as well said 130, or died of the signal).
+  const std::vector<std::string> linger{"LONGWAVE_FAULT_SLOW_EXIT_S=600"};
+  const auto ended = [&](const std::string& log, int code) {
+    return wait_for_text(log, "the process waits 600 s before it exits with code " + std::to_string(code),
+                         300);
+  };
+  // Failed (a paced round past a 1 s limit, however fast the machine): a late Ctrl-C keeps its 1.
+  auto a =
+      spawn({binary(), "run", cfg, "--set", "train.pace_step_s=0.5", "--set", "runtime.round_timeout_s=1"},
+            dir + "/a.log", false, linger);
+  CATCH_REQUIRE(ended(dir + "/a.log", 1));
+  CATCH_REQUIRE(kill(a.pid, SIGINT) == 0);
+  CATCH_CHECK(wait_exit(a, 120) == 1);
+  // Done: a late SIGTERM keeps its 0.
+  auto b = spawn({binary(), "run", cfg, "--set", "train.rounds=1"}, dir + "/b.log", false, linger);
+  CATCH_REQUIRE(ended(dir + "/b.log", 0));
+  CATCH_REQUIRE(kill(b.pid, SIGTERM) == 0);
+  CATCH_CHECK(wait_exit(b, 120) == 0);
+  CATCH_INFO(read_text(dir + "/a.log") + read_text(dir + "/b.log"));
+  CATCH_CHECK(read_text(dir + "/b.log").find("interrupt") == std::string::npos);
+  fs::remove_all(dir);
+}
+
 namespace {
 
 /// The "val loss X" of an eval's output line ("" if there is none).

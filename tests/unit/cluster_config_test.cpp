@@ -105,6 +105,12 @@ CATCH_TEST_CASE("A cluster file gives the nodes, the coordinator and per-node tr
                               "tcp://10.0.0.3:5601", "tcp://127.0.0.1:5602");
   CATCH_CHECK_THAT(error_of(replaced(local, "metrics_port = 9000", "metrics_port = 5601")),
                    Catch::Matchers::Contains("port 5601 on 127.0.0.1 is also nodes[0].endpoint"));
+  // An explicit checkpoint.dir is every node's: two nodes on one host would meet on its lock (exit 4 late).
+  CATCH_CHECK_THAT(error_of(same_host, {"checkpoint.dir=/data/ck"}),
+                   Catch::Matchers::Contains("checkpoint.dir = \"/data/ck\": nodes 'a' and 'b' both run on "
+                                             "10.0.0.2 and would share it"));
+  CATCH_CHECK_NOTHROW(parse_cluster(good, {"checkpoint.dir=/data/ck"}, "c"));  // hosts of their own
+  CATCH_CHECK_NOTHROW(parse_cluster(same_host, {}, "c"));  // unset: run.out_dir/<node>/checkpoints
   // Another host's ports are its own: b's metrics port may be the coordinator's control port.
   CATCH_CHECK_NOTHROW(
       parse_cluster(replaced(good, "metrics_port = 9000", "metrics_port = 5600"), all_addresses, "c"));
