@@ -27,9 +27,9 @@ namespace longwave::actors {
 
 namespace {
 
-int64_t expected_vocab(const config::train_config& cfg) {
+int64_t expected_vocab(const config::train_config& cfg, const std::string& corpus) {
   if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
-  return cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size : 256;
+  return models::data::data_vocab(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size);
 }
 
 bool is_streaming(const config::train_config& cfg) {
@@ -89,8 +89,8 @@ std::string not_a_corpus(const std::string& path) {
   return "a device, a pipe or a socket, not a corpus: name a text or JSONL file, or a directory of shards";
 }
 
-models::model_spec model_spec_of(const config::train_config& cfg) {
-  auto spec = models::spec_of(cfg.model, expected_vocab(cfg));
+models::model_spec model_spec_of(const config::train_config& cfg, const std::string& corpus) {
+  auto spec = models::spec_of(cfg.model, expected_vocab(cfg, corpus));
   if (is_streaming(cfg) && cfg.diloco.fragments > spec.n_layers)
     throw config::config_error(
         "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "

@@ -40,8 +40,9 @@ models::data::prepared_dataset prepare_data(const config::train_config& cfg, con
 models::data::prepared_dataset find_or_prepare_data(const config::train_config& cfg,
                                                     const std::string& corpus, const std::string& data_dir);
 
-/// The model shape of a config, checked against what the config asks of it (before any file is touched).
-models::model_spec model_spec_of(const config::train_config& cfg);
+/// The model shape of a config on its corpus (corpus_path; a shard directory gives its vocabulary), checked
+/// against what the config asks of it (before any file is written).
+models::model_spec model_spec_of(const config::train_config& cfg, const std::string& corpus);
 
 /// Where each worker runs (train.device, train.autocast), checked before any file is touched: throws
 /// lw_error(invalid_config) naming the key when this build or machine cannot run it, or config_error naming

@@ -56,7 +56,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   setup_signals setup(opts.handle_signals);
   const auto p = resolve_paths(cfg);
   const std::string corpus = corpus_path(cfg);
-  const auto spec = model_spec_of(cfg);
+  const auto spec = model_spec_of(cfg, corpus);
   check_backend(cfg);
   if (cfg.diloco.outer == config::outer_policy_kind::async && !cluster.place() && !opts.cluster_node)
     throw config::config_error("diloco.outer",

@@ -39,11 +39,15 @@ void print_preset_row(const std::string& name, const models::model_spec& s) {
               s.n_kv_heads, s.ffn_hidden, models::closed_form_param_count(s));
 }
 
-/// The vocabulary a config's model gets: model.vocab_size, else the tokenizer's (BPE: its target size).
+/// The vocabulary a config's model gets: model.vocab_size, else its data's (a shard directory's tokenizer,
+/// else the tokenizer's: BPE's target size). A data.path the run would refuse counts as a corpus here.
 int64_t config_vocab(const config::train_config& cfg) {
-  return cfg.model.vocab_size > 0                            ? cfg.model.vocab_size
-         : cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size
-                                                             : 256;
+  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
+  try {
+    return models::data::data_vocab(cfg.data.path, cfg.data.tokenizer, cfg.data.bpe_vocab_size);
+  } catch (const std::exception&) {
+    return models::data::data_vocab("", cfg.data.tokenizer, cfg.data.bpe_vocab_size);
+  }
 }
 
 /// `presets`: the preset table; with a config or shape options, also the parameter count of that shape.

@@ -314,6 +314,12 @@ std::map<std::string, std::string> stamp_inputs(const std::string& input_path, c
 
 }  // namespace
 
+int64_t data_vocab(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size) {
+  std::error_code ec;
+  if (fs::is_directory(input_path, ec)) return use_user_shards(input_path, {}).vocab_size;
+  return kind == config::tokenizer_kind::bpe ? bpe_vocab_size : 256;
+}
+
 std::optional<prepared_dataset> find_prepared(const std::string& input_path, config::tokenizer_kind kind,
                                               int64_t bpe_vocab_size, double val_fraction,
                                               const std::string& dir, std::string& why) {

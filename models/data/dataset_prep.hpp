@@ -47,6 +47,11 @@ std::optional<prepared_dataset> find_prepared(const std::string& input_path, con
                                               int64_t bpe_vocab_size, double val_fraction,
                                               const std::string& dir, std::string& why);
 
+/// The vocabulary a model trained on `input_path` gets, before any preparation: a directory of shards gives
+/// its tokenizer.txt's (none: its largest token id + 1, which reads the shards), a corpus the tokenizer's
+/// (BPE: its target size). Throws as prepare_dataset for a directory without train.bin and val.bin.
+int64_t data_vocab(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size);
+
 /// The corpus a prepared directory's prepared.txt says it was made from; "" when `dir` holds no stamp of
 /// ours (user shards, or nothing).
 std::string prepared_from(const std::string& dir);

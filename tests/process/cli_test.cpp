@@ -322,6 +322,28 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(bcode == 0);
   CATCH_CHECK(big.find("1000000000000 rounds x H=1000000); tokens per worker: more than 2^63") !=
               std::string::npos);
+  // A shard directory gives its tokenizer's vocabulary (the dry run said the byte tokenizer's 256), and one
+  // without shards is refused by the dry run as by the run.
+  write_text(dir + "/corpus.txt", std::string(20000, 'a') + "bcd efg hij\n");
+  auto [pcode, prepared] = run({binary(), "data", "prepare", dir + "/corpus.txt", "--out", dir + "/shards",
+                                "--tokenizer", "bpe", "--vocab", "260"},
+                               dir + "/prepare.log", 120);
+  CATCH_INFO(prepared);
+  CATCH_REQUIRE(pcode == 0);
+  auto [scode, shards] =
+      run({binary(), "run", quick_config_file(dir), "--dry-run", "--set", "data.path=" + dir + "/shards"},
+          dir + "/shards.log", 120);
+  CATCH_INFO(shards);
+  CATCH_CHECK(scode == 0);
+  const auto vocab = prepared.substr(prepared.rfind("(vocab ") + 7);
+  CATCH_CHECK(shards.find(", vocab " + vocab.substr(0, vocab.find(')')) + ", context") != std::string::npos);
+  std::filesystem::create_directories(dir + "/no-shards");
+  auto [ncode, none] =
+      run({binary(), "run", quick_config_file(dir), "--dry-run", "--set", "data.path=" + dir + "/no-shards"},
+          dir + "/none.log", 120);
+  CATCH_INFO(none);
+  CATCH_CHECK(ncode == 2);
+  CATCH_CHECK(none.find("has no train.bin and val.bin") != std::string::npos);
   // A config file that sets nothing runs on the defaults, and says so.
   write_text(dir + "/empty.toml", "# nothing here\n");
   auto [ecode, empty] = run({binary(), "run", dir + "/empty.toml", "--dry-run"}, dir + "/empty.log", 120);

@@ -575,6 +575,7 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   CATCH_CHECK(d.val_path == dir.file("val.bin"));
   CATCH_CHECK(d.tokenizer_path.empty());
   CATCH_CHECK(d.vocab_size == 1000);
+  CATCH_CHECK(data_vocab(dir.path().string(), tokenizer_kind::bpe, 4096) == 1000);  // what --dry-run says
   CATCH_CHECK(d.n_train_tokens == 500);
   CATCH_CHECK(d.n_val_tokens == 50);
   CATCH_CHECK(!fs::exists(dir.file("out")));
@@ -583,6 +584,8 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   const prepared_dataset with_tok =
       prepare_dataset(dir.path().string(), tokenizer_kind::bpe, 4096, 0.1, dir.file("out"));
   CATCH_CHECK(with_tok.vocab_size == 256);
+  CATCH_CHECK(data_vocab(dir.path().string(), tokenizer_kind::bpe, 4096) == 256);
+  CATCH_CHECK(data_vocab(dir.file("corpus.txt"), tokenizer_kind::bpe, 4096) == 4096);  // a corpus: its target
   CATCH_CHECK(with_tok.tokenizer_path == dir.file("tokenizer.txt"));
 
   temp_dir empty;
@@ -592,6 +595,8 @@ CATCH_TEST_CASE("prepare_dataset uses a directory of user shards in place", "[da
   CATCH_CHECK(longwave::test::error_of([&] {
                 prepare_dataset(empty.path().string(), tokenizer_kind::byte, 0, 0.1, empty.file("out"));
               }) == errc::invalid_config);
+  CATCH_CHECK_THROWS_WITH(data_vocab(empty.path().string(), tokenizer_kind::byte, 0),
+                          Contains("has no train.bin and val.bin"));
 
   // Those shards are never prepared over (data prepare --out DIR replaced them); ours are.
   const std::string corpus = dir.file("corpus.txt");
