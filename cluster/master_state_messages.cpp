@@ -100,9 +100,11 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   } else if (auto* b = std::get_if<bye_msg>(&e.body)) {
     on_bye(i, *b);
   } else if (auto* er = std::get_if<error_msg>(&e.body)) {
+    const auto code = static_cast<errc>(er->code);  // none: a node's exit, its message says why
     remove(i, removal::failed,
-           fmt::format("node {} failed ({}): {}", specs_[i].name, to_string(static_cast<errc>(er->code)),
-                       er->message));
+           code == errc::none
+               ? fmt::format("node {} failed: {}", specs_[i].name, er->message)
+               : fmt::format("node {} failed ({}): {}", specs_[i].name, to_string(code), er->message));
   } else if (auto* fa = std::get_if<fence_ack_msg>(&e.body)) {
     if (fence_ && fa->epoch == fence_->epoch && training(i)) {
       m.acked = true;

@@ -26,7 +26,9 @@
 #include "cluster/state_publisher.hpp"
 #include "comm/fault_transport.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/errors/fault_env.hpp"
+#include "runtime/log/log.hpp"
 #include "runtime/process/port_check.hpp"
 
 namespace longwave::cluster {
@@ -150,9 +152,11 @@ int say_goodbye(control_client& control, const std::string& name, int code,
     control.bye("done");
   else if (code == 130)
     control.bye("interrupted (Ctrl-C); its checkpoint is saved");
-  else
-    control.error(errc::peer_lost,
-                  "node " + name + " stopped with exit code " + std::to_string(code) + "; see its log");
+  else  // errc none: the message carries the cause, the node's first error line
+    control.error(
+        errc::none,
+        fmt::format("exit code {}: {}", code,
+                    runtime::first_error_logged().empty() ? "see its log" : runtime::first_error_logged()));
   return code;
 }
 
@@ -188,6 +192,19 @@ void check_ports(const config::cluster_spec& spec, const config::cluster_node& m
     if (const int err = runtime::bind_error(cfg.metrics.address, static_cast<int>(cfg.metrics.port)))
       fail(err, fmt::format("its metrics port {}:{}", cfg.metrics.address, cfg.metrics.port),
            "[[nodes]] metrics_port (0 picks a free one)");
+}
+
+/// The node's run.out_dir and checkpoint.dir locks, taken and let go before the hello: a run that holds one
+/// (a node of another cluster file, a `longwave run`) stops this node here, not after the cluster formed.
+void check_locks(const config::train_config& cfg) {
+  const auto p = actors::resolve_paths(cfg);
+  actors::make_run_directory("run.out_dir", p.out_dir);
+  const runtime::run_lock out(p.out_dir, "run.out_dir");
+  std::error_code ec;
+  if (std::filesystem::is_directory(p.ckpt_dir, ec) &&
+      !std::filesystem::equivalent(p.ckpt_dir, p.out_dir, ec)) {
+    const runtime::run_lock ckpt(p.ckpt_dir, "checkpoint.dir");
+  }
 }
 
 /// Tokenizes the corpus into the node's data directory (cached: a restart reads it back) before the hello:
@@ -229,6 +246,7 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
   try {
     check_ports(spec, me, cfg);
     s.slow_start_s = slow_start_fault(me.name);
+    check_locks(cfg);
     prepare_data(cfg);
     const auto keys = node_keys(spec, me.name);
     if (keys) set_up_curve(s, *keys, me.name);
@@ -251,6 +269,12 @@ std::optional<int> connect_and_join(node_session& s, const config::cluster_spec&
     node_opts.max_resume_round = join(*s.control, spec, index, s.hello, s.place, s.recover);
     if (async) node_opts.max_resume_round.reset();
     node_opts.cluster_node = true;
+  } catch (const runtime::run_lock_busy& e) {
+    spdlog::error("node {}: {}", me.name, e.what());
+    return 4;
+  } catch (const runtime::run_lock_unwritable& e) {
+    spdlog::error("node {}: no file can be made in its run.out_dir or checkpoint.dir: {}", me.name, e.what());
+    return 2;
   } catch (const lw_error& e) {
     if (e.code() == errc::cancelled) {
       spdlog::info("node {}: {}", me.name, e.what());

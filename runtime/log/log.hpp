@@ -15,6 +15,9 @@ void init_logging(const std::string& level = "info");
 /// sample's text, presets' table), so that `> file` holds only that.
 void information_to_stderr();
 
+/// The first error line this process logged ("" if none): what a failed node tells its coordinator.
+std::string first_error_logged();
+
 /// A number for a progress line: `decimals` places, or 4 significant digits with an exponent from 1e9 on (a
 /// diverged run's perplexity e^537 is not 230 digits).
 std::string readable(double v, int decimals);

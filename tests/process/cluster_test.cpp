@@ -17,6 +17,7 @@
 #include "cluster/envelope.hpp"
 #include "config/cluster_config.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/prom_text.hpp"
@@ -184,15 +185,15 @@ CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear li
 
 namespace {
 
-/// Runs node `name` of `cluster` with `args` and no coordinator: it must stop with exit 2 and `reason` before
-/// it says hello.
+/// Runs node `name` of `cluster` with `args` and no coordinator: it must stop with exit `want` (2: bad
+/// config) and `reason` before it says hello.
 void check_stops_before_hello(const std::string& dir, const std::string& cluster, const std::string& name,
-                              const std::vector<std::string>& args, const std::string& reason) {
+                              const std::vector<std::string>& args, const std::string& reason, int want = 2) {
   std::vector<std::string> cmd{binary(), "node", cluster, "--node", name};
   cmd.insert(cmd.end(), args.begin(), args.end());
   auto [code, log] = run(cmd, dir + "/" + name + ".log", 120);
   CATCH_INFO(log);
-  CATCH_CHECK(code == 2);
+  CATCH_CHECK(code == want);
   CATCH_CHECK(contains(log, reason));
   CATCH_CHECK_FALSE(contains(log, "joining cluster"));
 }
@@ -233,6 +234,16 @@ CATCH_TEST_CASE("a node checks its ring and metrics ports and tokenizes its corp
                              "no such file or directory");
     check_stops_before_hello(dir, cluster, "n0", {"--set", "data.path=/dev/null"},
                              "a device, a pipe or a socket");
+  }
+  // Its out_dir held by another run (a node of another cluster file with this out_dir): exit 4 before the
+  // hello. It joined, started the other cluster short, and only then failed.
+  CATCH_SECTION("an out_dir another run holds") {
+    fs::create_directories(dir + "/cluster/n0");
+    const runtime::run_lock held(dir + "/cluster/n0");
+    check_stops_before_hello(dir, cluster, "n0", {},
+                             "run.out_dir " + dir + "/cluster/n0 is in use by another longwave run (pid " +
+                                 std::to_string(getpid()) + ")",
+                             4);
   }
   // The node tokenizes into them before training makes its directories (it was exit 1, a filesystem error);
   // a dangling link on the way is now a config error, as --dry-run finds it.

@@ -285,6 +285,8 @@ class table {
       e.body = cluster::bye_msg{args.at(0)};
     } else if (verb == "error") {
       e.body = cluster::error_msg{static_cast<uint16_t>(errc::peer_lost), "it broke"};
+    } else if (verb == "exit") {  // a node whose run failed: errc none, its exit code and first error line
+      e.body = cluster::error_msg{static_cast<uint16_t>(errc::none), "exit code 1: diverged: NaN in round 1"};
     } else if (verb == "ring_failed") {
       e.body = cluster::ring_failed_msg{num(0), args.size() > 1 ? args[1] : "", "connection dropped"};
     } else if (verb == "join_ready") {
@@ -632,6 +634,16 @@ CATCH_TEST_CASE("master: the members keep the smallest all-reduce any of them ho
           {2, "n1", "error", {"node n1 failed (peer_lost): it broke", "n0 <- fence 2", "!count node_lost"}},
           {2.5, "n0", "ack 2 4/1 pending 5/0 held", {}},
           {2.6, "n2", "ack 2 4/1 pending 5/0", {"keep 4/1", "epoch 2 (2 members, failed)"}}});
+}
+
+CATCH_TEST_CASE("master: a node whose run failed is removed naming its own cause, not a lost peer",
+                "[unit][master]") {
+  table t(cluster_of(3));
+  t.play(three_training + std::vector<row>{{2,
+                                            "n1",
+                                            "exit",
+                                            {"node n1 failed: exit code 1: diverged: NaN in round 1",
+                                             "!node n1 failed (", "n0 <- fence 2"}}});
 }
 
 CATCH_TEST_CASE("master: a ring failure suspects the lost node, which is removed once silent",
