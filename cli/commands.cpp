@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -455,6 +456,9 @@ std::optional<int> keep_stdout_for_product(const subcommands& sub) {
     return 1;
   }
   runtime::information_to_stderr();
+  // A reader that goes early (`sample … | head`) fails the next write, which exits 1 saying so, instead of
+  // SIGPIPE killing the process (141).
+  std::signal(SIGPIPE, SIG_IGN);
   return std::nullopt;
 }
 
