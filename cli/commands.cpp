@@ -36,7 +36,7 @@ CLI::App* add_run(CLI::App& app, cli_values& v) {
   run->add_flag("--dry-run", v.run_dry_run,
                 "Validate, print the resolved config, parameter count and memory estimate; do not train");
   run->add_flag("--fresh", v.run_fresh,
-                "Start over: delete this run's checkpoints, loss trace and metrics.jsonl first");
+                "Start over: delete this run's checkpoints, loss trace, metrics.jsonl and result.json first");
   add_log_level(run, v);
   run->footer(
       "Progress lines show round, step, loss, tokens/s and ETA; the run ends with the validation "
