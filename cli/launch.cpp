@@ -133,6 +133,17 @@ std::string write_prometheus_config(const config::cluster_spec& spec, const obse
       return fmt::format("--observe-port {} is the metrics port of {}; pick another for Prometheus", o.port,
                          name);
   }
+  // The ring and control ports bind later, once launch has started Prometheus: it would take one first.
+  std::vector<std::pair<std::string, std::string>> endpoints;  // (role, tcp://HOST:PORT)
+  for (const auto& c : spec.coordinators) endpoints.emplace_back("the coordinator's control", c);
+  for (const auto& n : spec.nodes) endpoints.emplace_back("node " + n.name + "'s ring", n.endpoint);
+  for (const auto& [role, endpoint] : endpoints) {
+    const auto colon = endpoint.rfind(':');
+    const auto host = endpoint.substr(6, colon - 6);
+    if ((host == "127.0.0.1" || host == "0.0.0.0") && endpoint.substr(colon + 1) == std::to_string(o.port))
+      return fmt::format("--observe-port {} is {} port ({}); pick another for Prometheus", o.port, role,
+                         endpoint);
+  }
   if (const int err = runtime::bind_error("127.0.0.1", o.port))
     return fmt::format(
         "--observe-port {}: 127.0.0.1:{} cannot be bound: {}{}", o.port, o.port, std::strerror(err),
