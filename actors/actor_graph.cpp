@@ -85,17 +85,7 @@ void on_signal(int sig) {
 
 int end_with(int code) {
   g_final_code = code;
-  double linger_s = 0;
-  try {
-    linger_s = fault_seconds("LONGWAVE_FAULT_SLOW_EXIT_S");
-  } catch (const std::exception& e) {
-    spdlog::warn("{}; ignored", e.what());
-  }
-  if (linger_s > 0) {
-    spdlog::warn("LONGWAVE_FAULT_SLOW_EXIT_S: the process waits {} s before it exits with code {}", linger_s,
-                 code);
-    std::this_thread::sleep_for(std::chrono::duration<double>(linger_s));
-  }
+  hold_before_exit(code);
   return code;
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "cluster/master_role.hpp"
 #include "cluster/standby.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/errors/fault_env.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
 #include "runtime/metrics/metrics_server.hpp"
 
@@ -27,6 +29,14 @@ std::atomic<int> g_coordinator_signals{0};
 
 void on_coordinator_signal(int) {
   g_coordinator_signals.fetch_add(1);
+}
+
+std::atomic<int> g_coordinator_code{1};
+
+/// Once the master has ended: a Ctrl-C or SIGTERM (launch stopping the roles after a node failed) exits at
+/// once with the code it ended with, not "killed by a signal".
+void on_late_coordinator_signal(int) {
+  std::_Exit(g_coordinator_code.load());
 }
 
 /// The master's rules and endpoint from the cluster file.
@@ -187,8 +197,10 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
     spdlog::error("{}", e.what());
     code = e.code() == errc::invalid_config ? 2 : 1;
   }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  g_coordinator_code = code;
+  std::signal(SIGINT, on_late_coordinator_signal);
+  std::signal(SIGTERM, on_late_coordinator_signal);
+  runtime::hold_before_exit(code);
   return code;
 }
 

@@ -186,6 +186,22 @@ CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear li
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("a coordinator that has ended keeps its exit code when a late Ctrl-C meets it",
+                "[process][cluster]") {
+  // launch stops every role once one fails: a coordinator that had ended with 1 showed 130.
+  const auto dir = scratch_dir("cluster_coordinator_late");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "", 1);  // no node comes: it ends with 1
+  auto c = spawn({binary(), "coordinator", cluster}, dir + "/coord.log", false,
+                 {"LONGWAVE_FAULT_SLOW_EXIT_S=600"});
+  CATCH_REQUIRE(
+      wait_for_text(dir + "/coord.log", "the process waits 600 s before it exits with code 1", 120));
+  CATCH_REQUIRE(kill(c.pid, SIGINT) == 0);
+  CATCH_CHECK(wait_exit(c, 60) == 1);
+  CATCH_INFO(read_text(dir + "/coord.log"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 namespace {
 
 /// Runs node `name` of `cluster` with `args` and no coordinator: it must stop with exit `want` (2: bad
