@@ -4,10 +4,16 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,6 +23,7 @@
 #include "cluster/master_role.hpp"
 #include "cluster/standby.hpp"
 #include "config/config_loader.hpp"
+#include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/errors/fault_env.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
 #include "runtime/metrics/metrics_server.hpp"
@@ -115,6 +122,47 @@ void report_to(runtime::metrics_registry* m, master_options& o) {
   };
 }
 
+/// One cluster's coordinators per run.out_dir: each holds a shared flock on
+/// <out_dir>/.coordinator-<cluster hash>.lock (a standby, a restarted or a suspended one of this cluster
+/// share it and its event log) and finds no other cluster's such file locked. Another cluster's live
+/// coordinator there is a run_lock_busy (exit 4) before this one writes to coordinator.jsonl. The returned
+/// descriptor holds the lock until the process ends.
+int take_coordinator_lock(const config::cluster_spec& spec) {
+  namespace fs = std::filesystem;
+  const fs::path dir = spec.train.run.out_dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const auto own = fmt::format(".coordinator-{:016x}.lock", spec.cluster_id);
+  const int fd = ::open((dir / own).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 || ::flock(fd, LOCK_SH) != 0) {
+    spdlog::warn("coordinator: cannot lock {}: {}; another cluster's coordinator there is not detected",
+                 (dir / own).string(), std::strerror(errno));
+    return fd;
+  }
+  if (::ftruncate(fd, 0) == 0) (void)!::write(fd, (spec.id + "\n").data(), spec.id.size() + 1);
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const auto name = entry.path().filename().string();
+    if (name == own || name.rfind(".coordinator-", 0) != 0 || name.size() < 5 ||
+        name.compare(name.size() - 5, 5, ".lock") != 0)
+      continue;
+    const int other = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (other < 0) continue;
+    const bool live = ::flock(other, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    std::string id;
+    std::ifstream(entry.path()) >> id;
+    ::close(other);
+    if (live)
+      throw runtime::run_lock_busy(
+          fmt::format(
+              "run.out_dir {} is in use by the coordinator of another cluster ('{}'): two cluster files "
+              "with one run.out_dir would write one event log; give this cluster a run.out_dir of "
+              "its own, or stop the other",
+              dir.string(), id),
+          "unknown");
+  }
+  return fd;
+}
+
 /// The event log, <run.out_dir>/coordinator.jsonl (no node directory has a '.' in its name): appended to by
 /// every master of the cluster that leads on this machine, so a takeover continues it. A log that cannot be
 /// written is named once; the master goes on without it.
@@ -175,9 +223,10 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
   std::signal(SIGINT, on_coordinator_signal);
   std::signal(SIGTERM, on_coordinator_signal);
   o.stop = [] { return g_coordinator_signals.load() > 0; };
-  record_to(spec.train.run.out_dir, o);
   int code = 1;
   try {
+    take_coordinator_lock(spec);
+    record_to(spec.train.run.out_dir, o);
     std::unique_ptr<runtime::metrics_registry> metrics;
     std::unique_ptr<runtime::metrics_server> server;
     if (spec.train.metrics.enabled) {
@@ -193,6 +242,9 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
       report_to(metrics.get(), o);
     }
     code = lead(spec, o);
+  } catch (const runtime::run_lock_busy& e) {
+    spdlog::error("coordinator: {}", e.what());
+    code = 4;
   } catch (const lw_error& e) {
     spdlog::error("{}", e.what());
     code = e.code() == errc::invalid_config ? 2 : 1;

@@ -279,6 +279,32 @@ CATCH_TEST_CASE("a node checks its ring and metrics ports and tokenizes its corp
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE(
+    "a coordinator of another cluster file with the same run.out_dir exits 4 and writes nothing there",
+    "[process][cluster]") {
+  // It wrote its start, removals and end into the running cluster's coordinator.jsonl (a probe).
+  const auto dir = scratch_dir("cluster_coord_other");
+  cluster_ports ports, other_ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports);
+  fs::create_directories(dir + "/other");
+  auto other = cluster_file(dir + "/other", {1, 1}, other_ports);
+  edit_file(other, "out_dir = \"" + dir + "/other/cluster\"", "out_dir = \"" + dir + "/cluster\"");
+  edit_file(other, "id = \"test-", "id = \"other-");
+  auto first = spawn({binary(), "coordinator", cluster}, dir + "/coord.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "waiting up to", 60));
+  auto [code, log] = run({binary(), "coordinator", other}, dir + "/other.log", 60);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 4);
+  CATCH_CHECK(contains(log, "run.out_dir " + dir +
+                                "/cluster is in use by the coordinator of another cluster "
+                                "('test-" +
+                                fs::path(dir).filename().string() + "')"));
+  CATCH_CHECK(occurrences(read_text(dir + "/cluster/coordinator.jsonl"), "\"kind\":\"start\"") == 1);
+  CATCH_REQUIRE(kill(first.pid, SIGINT) == 0);
+  CATCH_CHECK(wait_exit(first, 60) == 130);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a coordinator whose port another process holds exits 2 saying so", "[process][cluster]") {
   const auto dir = scratch_dir("cluster_coord_port");
   cluster_ports ports;
