@@ -274,6 +274,7 @@ class master_state {
   void call_off(const std::string& why, int code);
   void step_down(const sender& from, uint64_t newer);
   void stop_before_start();
+  bool nobody_since_takeover() const;  ///< took over, and no node has said hello since
 
   // master_state_fence.cpp: removals, fences, admitting joiners, holding the members for them, the quorum.
   void remove(size_t i, removal why, const std::string& text);

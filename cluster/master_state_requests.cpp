@@ -43,7 +43,11 @@ void master_state::on_stop_request(const sender& from) {
   if (!welcomed_)
     return reply_error(
         from.identity, errc::none,
-        "the cluster had not begun training: the coordinator and the nodes that joined stop now");
+        nobody_since_takeover()
+            ? "this coordinator took over from another and no node has said hello since: the run "
+              "it stood by for has ended, or its nodes are gone; nothing to stop"
+            : "the cluster had not begun training: the coordinator and the nodes that joined stop "
+              "now");
   for (size_t i = 0; i < members_.size(); ++i)
     if (members_[i].phase == member_phase::joining || members_[i].phase == member_phase::ready)
       cancel_join(i);
@@ -93,8 +97,22 @@ void master_state::on_leave(const sender& from, const leave_msg& l) {
   reply_error(from.identity, errc::invalid_config, fmt::format("node '{}' is not in this cluster", l.node));
 }
 
-/// Stopped (longwave stop) before training began: the nodes that joined are told, and stop too (exit 0).
+bool master_state::nobody_since_takeover() const {
+  return s_.took_over &&
+         std::none_of(members_.begin(), members_.end(), [](const auto& m) { return m.identity.has_value(); });
+}
+
+/// Stopped (longwave stop) before training began: the nodes that joined are told, and stop too (exit 0). A
+/// standby that took over and heard from no node has nothing to lead: the run it stood by for may have
+/// finished (its end record is already in the event log).
 void master_state::stop_before_start() {
+  if (nobody_since_takeover()) {
+    info("coordinator: stopped (longwave stop) with no node since this standby took over: nothing to lead");
+    exit_code_ = 0;
+    return note_end("nothing_to_lead", {},
+                    "no node has said hello since this standby took over: the run it stood by for has ended "
+                    "(its end record is in coordinator.jsonl) or its nodes are gone");
+  }
   for (const auto& m : members_)
     if (m.identity && m.removed == removal::none)
       reply_error(*m.identity, errc::cancelled,

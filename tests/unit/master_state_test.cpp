@@ -581,6 +581,16 @@ CATCH_TEST_CASE("master: a standby that took over and hears from no node has not
            {"no node said hello within 60 s of this standby taking over: the run it stood by for has ended",
             "record end outcome=nothing_to_lead exit_code=0", "!called off"}}});
   CATCH_CHECK(t.master().done() == 0);
+  // Asked to stop before any node came, it says so and ends with nothing to lead: its run may have finished
+  // (it wrote "stopped_before_start" after the finished run's own end record).
+  table stopped(after_leader);
+  stopped.play(
+      {{1,
+        "op",
+        "stop",
+        {"op <- error none: this coordinator took over from another and no node has said hello since",
+         "record end outcome=nothing_to_lead exit_code=0", "!stopped_before_start"}}});
+  CATCH_CHECK(stopped.master().done() == 0);
   // One that leads from the start still calls a run without its nodes off.
   table fresh(cluster_of(2));
   fresh.play({{61, "n0", "tick", {"record end outcome=called_off exit_code=1"}}});
