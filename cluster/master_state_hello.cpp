@@ -233,12 +233,16 @@ void master_state::on_join(size_t idx, const sender& from, const hello_msg& h) {
   m.identity = from.identity;
   m.last_seen = now_;
   m.state_endpoint = h.state_endpoint;
+  // absent: a listed node the cluster started without, or a node not in the file (never a member)
+  const std::string before =
+      m.removed == removal::none ? ""
+      : m.removed != removal::absent
+          ? fmt::format("; it was removed: {}", to_string(m.removed))
+          : (idx < s_.members.size() ? "; absent when the cluster started" : "; new to the cluster");
   info(fmt::format(
       "coordinator: node {} ({}) asks to join the running cluster (epoch {}{}): it fetches the state "
       "from {}",
-      name, from.peer, epoch_,
-      m.removed == removal::none ? "" : fmt::format("; it was removed: {}", to_string(m.removed)),
-      names_of(training_members())));
+      name, from.peer, epoch_, before, names_of(training_members())));
   start_fetch(idx);
   // A key the members were not sent (added to nodes/ later, or a master that took the cluster over): their
   // state servers admit it from the next membership on, so a fence brings one now (the joiner fetches again).

@@ -1611,6 +1611,7 @@ CATCH_TEST_CASE("master: an open cluster admits nodes not in the file into the f
            "x9",
            "hello",
            {"node x9 is not in the cluster file ([cluster] open): 1 workers, global ranks 2..2",
+            "asks to join the running cluster (epoch 1; new to the cluster)", "!it was removed",
             "x9 <- recover round 0 from [n0,n1] offset 2"}},
           {2, "bad name!", "hello", {"a node name is 1..32 of a-z A-Z 0-9 _ -"}},
           {2, "z7", "hello badendpoint", {"ring endpoint '10.0.0.1:7000': must be tcp://HOST:PORT"}},
