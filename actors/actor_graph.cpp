@@ -85,6 +85,9 @@ void on_signal(int sig) {
 
 int end_with(int code) {
   g_final_code = code;
+  // Also where the run ended before run_until_done took the signals (a setup or join that failed).
+  for (const int sig : {SIGINT, SIGTERM})
+    if (std::signal(sig, on_late_signal) == SIG_IGN) std::signal(sig, SIG_IGN);
   hold_before_exit(code);
   return code;
 }

@@ -149,7 +149,8 @@ int take_coordinator_lock(const config::cluster_spec& spec) {
     if (other < 0) continue;
     const bool live = ::flock(other, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
     std::string id;
-    std::ifstream(entry.path()) >> id;
+    std::ifstream in(entry.path());
+    std::getline(in, id);
     ::close(other);
     if (live)
       throw runtime::run_lock_busy(

@@ -325,7 +325,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
 
   node_session s;
   actors::run_options node_opts = opts;
-  if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return *failed;
+  if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return actors::end_with(*failed);
   set_up_ring(s, spec, file_spec, index, cfg);
   node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(), same_theta(cfg));
   if (cfg.diloco.outer == config::outer_policy_kind::async)

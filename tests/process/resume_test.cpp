@@ -555,7 +555,13 @@ CATCH_TEST_CASE("a Ctrl-C or SIGTERM that meets a run already ended keeps the ru
   CATCH_REQUIRE(ended(dir + "/b.log", 0));
   CATCH_REQUIRE(kill(b.pid, SIGTERM) == 0);
   CATCH_CHECK(wait_exit(b, 120) == 0);
-  CATCH_INFO(read_text(dir + "/a.log") + read_text(dir + "/b.log"));
+  // Failed before training (no such data.path): the late signal keeps its 2, too.
+  auto c = spawn({binary(), "run", cfg, "--set", "data.path=" + dir + "/nowhere.txt"}, dir + "/c.log", false,
+                 linger);
+  CATCH_REQUIRE(ended(dir + "/c.log", 2));
+  CATCH_REQUIRE(kill(c.pid, SIGINT) == 0);
+  CATCH_CHECK(wait_exit(c, 120) == 2);
+  CATCH_INFO(read_text(dir + "/a.log") + read_text(dir + "/b.log") + read_text(dir + "/c.log"));
   CATCH_CHECK(read_text(dir + "/b.log").find("interrupt") == std::string::npos);
   fs::remove_all(dir);
 }
