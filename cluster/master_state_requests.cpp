@@ -45,7 +45,7 @@ void master_state::on_stop_request(const sender& from) {
         from.identity, errc::none,
         nobody_since_takeover()
             ? "this coordinator took over from another and no node has said hello since: the run "
-              "it stood by for has ended, or its nodes are gone; nothing to stop"
+              "it stood by for has ended, or its nodes have not found this coordinator yet; it stops now"
             : "the cluster had not begun training: the coordinator and the nodes that joined stop "
               "now");
   for (size_t i = 0; i < members_.size(); ++i)
@@ -111,7 +111,7 @@ void master_state::stop_before_start() {
     exit_code_ = 0;
     return note_end("nothing_to_lead", {},
                     "no node has said hello since this standby took over: the run it stood by for has ended "
-                    "(its end record is in coordinator.jsonl) or its nodes are gone");
+                    "(its end record is in coordinator.jsonl), or its nodes have not found it yet");
   }
   for (const auto& m : members_)
     if (m.identity && m.removed == removal::none)
