@@ -11,7 +11,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
 
 #include "actors/checkpointer.hpp"
 #include "actors/collective_factory.hpp"
@@ -21,13 +20,12 @@
 #include "actors/outer_optimizer.hpp"
 #include "actors/round/adaptive_steps.hpp"
 #include "actors/run_setup.hpp"
-#include "actors/training.hpp"
 #include "models/gpt.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
-#include "runtime/errors/fault_env.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/messages/caf_errors.hpp"
 #include "runtime/messages/interfaces.hpp"
+#include "runtime/process/stop_signals.hpp"
 
 namespace fs = std::filesystem;
 
@@ -53,15 +51,6 @@ bool output_closed() {
   return false;
 }
 
-std::atomic<int> g_final_code{130};  // the run's exit code, once it has ended
-
-/// After the run ended: a Ctrl-C or SIGTERM while the process ends exits at once with the code the run
-/// decided (a failed node that `launch` stops keeps its failure; the default action would say 130 or
-/// "killed by a signal" instead).
-void on_late_signal(int /*sig*/) {
-  std::_Exit(g_final_code.load());
-}
-
 constexpr int stop_signals[3] = {SIGINT, SIGTERM, SIGHUP};
 void (*g_setup_before[3])(int) = {SIG_DFL, SIG_DFL, SIG_DFL};  // the handlers setup_signals replaced
 bool g_setup_active = false;
@@ -82,15 +71,6 @@ void on_signal(int sig) {
 }
 
 }  // namespace
-
-int end_with(int code) {
-  g_final_code = code;
-  // Also where the run ended before run_until_done took the signals (a setup or join that failed).
-  for (const int sig : {SIGINT, SIGTERM})
-    if (std::signal(sig, on_late_signal) == SIG_IGN) std::signal(sig, SIG_IGN);
-  hold_before_exit(code);
-  return code;
-}
 
 setup_signals::setup_signals(bool enabled) {
   if (!enabled) return;
@@ -359,10 +339,10 @@ int run_until_done(caf::actor_system& sys, const actor_graph& g, const run_optio
       if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   if (opts.handle_signals) {
-    g_final_code = code;  // ended (stopped, failed or done): a late signal keeps the code said
+    runtime::keep_exit_code(code);  // ended (stopped, failed or done): a late signal keeps the code said
     for (int i = 0; i < 3; ++i) {
       handler h = before[i] == SIG_ERR ? SIG_DFL : before[i];
-      if (h != SIG_IGN && signals[i] != SIGHUP) h = on_late_signal;
+      if (h != SIG_IGN && signals[i] != SIGHUP) h = runtime::late_signal();
       std::signal(signals[i], h);
     }
     // The terminal is gone: the hangup it may send again while the process ends must not kill it (129).

@@ -55,12 +55,6 @@ inline int run_training(const config::train_config& cfg, const run_options& opts
   return run_training(cfg, opts, no_cluster());
 }
 
-/// The process ends with `code`, and from now on a Ctrl-C or SIGTERM ends it at once with that code (a
-/// failed node that `launch` stops keeps its failure; run_until_done set the run's own code, which a node
-/// that stopped with its cluster turns from 130 into 0). Returns code. Tests: LONGWAVE_FAULT_SLOW_EXIT_S
-/// holds the process that long first, for a late signal to meet.
-int end_with(int code);
-
 /// diloco.outer = "async": theta's version in the newest valid checkpoint (0: none).
 uint64_t latest_checkpoint_version(const config::train_config& cfg);
 

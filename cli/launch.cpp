@@ -138,9 +138,8 @@ std::string write_prometheus_config(const config::cluster_spec& spec, const obse
   for (const auto& c : spec.coordinators) endpoints.emplace_back("the coordinator's control", c);
   for (const auto& n : spec.nodes) endpoints.emplace_back("node " + n.name + "'s ring", n.endpoint);
   for (const auto& [role, endpoint] : endpoints) {
-    const auto colon = endpoint.rfind(':');
-    const auto host = endpoint.substr(6, colon - 6);
-    if ((host == "127.0.0.1" || host == "0.0.0.0") && endpoint.substr(colon + 1) == std::to_string(o.port))
+    const auto [host, port] = config::host_port(endpoint);
+    if ((host == "127.0.0.1" || host == "0.0.0.0") && port == o.port)
       return fmt::format("--observe-port {} is {} port ({}); pick another for Prometheus", o.port, role,
                          endpoint);
   }

@@ -19,6 +19,7 @@
 #include "runtime/log/log.hpp"
 #include "runtime/memory/allocator.hpp"
 #include "runtime/process/std_streams.hpp"
+#include "runtime/process/stop_signals.hpp"
 
 using namespace longwave;
 using namespace longwave::cli;
@@ -35,7 +36,7 @@ int cmd_run(const cli_values& v) {
   opts.dry_run = v.run_dry_run;
   opts.fresh = v.run_fresh;
   opts.config_file = v.config_path;
-  return actors::end_with(actors::run_training(*cfg, opts));
+  return runtime::end_with(actors::run_training(*cfg, opts));
 }
 
 /// `node`: joins the cluster as one node and trains (or, with --leave, asks the running node to leave).

@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,9 +23,9 @@
 #include "cluster/standby.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
-#include "runtime/errors/fault_env.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
 #include "runtime/metrics/metrics_server.hpp"
+#include "runtime/process/stop_signals.hpp"
 
 namespace longwave::cluster {
 
@@ -36,14 +35,6 @@ std::atomic<int> g_coordinator_signals{0};
 
 void on_coordinator_signal(int) {
   g_coordinator_signals.fetch_add(1);
-}
-
-std::atomic<int> g_coordinator_code{1};
-
-/// Once the master has ended: a Ctrl-C or SIGTERM (launch stopping the roles after a node failed) exits at
-/// once with the code it ended with, not "killed by a signal".
-void on_late_coordinator_signal(int) {
-  std::_Exit(g_coordinator_code.load());
 }
 
 /// The master's rules and endpoint from the cluster file.
@@ -250,11 +241,8 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
     spdlog::error("{}", e.what());
     code = e.code() == errc::invalid_config ? 2 : 1;
   }
-  g_coordinator_code = code;
-  std::signal(SIGINT, on_late_coordinator_signal);
-  std::signal(SIGTERM, on_late_coordinator_signal);
-  runtime::hold_before_exit(code);
-  return code;
+  // Ended: a late Ctrl-C or SIGTERM (launch stopping the roles after a node failed) keeps the code.
+  return runtime::end_with(code);
 }
 
 }  // namespace longwave::cluster

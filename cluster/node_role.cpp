@@ -30,6 +30,7 @@
 #include "runtime/errors/fault_env.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/process/port_check.hpp"
+#include "runtime/process/stop_signals.hpp"
 
 namespace longwave::cluster {
 
@@ -183,10 +184,9 @@ void check_ports(const config::cluster_spec& spec, const config::cluster_node& m
   };
   if (spec.train.comm.backend == config::comm_backend::ring) {
     // tcp://HOST:PORT, as config::endpoint_problem checked it when the cluster file was read.
-    const auto& e = me.endpoint;
-    const auto colon = e.rfind(':');
-    if (const int err = runtime::bind_error(e.substr(6, colon - 6), std::stoi(e.substr(colon + 1))))
-      fail(err, "its ring endpoint " + e, "[[nodes]] endpoint");
+    const auto [host, port] = config::host_port(me.endpoint);
+    if (const int err = runtime::bind_error(host, static_cast<int>(port)))
+      fail(err, "its ring endpoint " + me.endpoint, "[[nodes]] endpoint");
   }
   if (cfg.metrics.enabled && cfg.metrics.port != 0)
     if (const int err = runtime::bind_error(cfg.metrics.address, static_cast<int>(cfg.metrics.port)))
@@ -325,7 +325,7 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
 
   node_session s;
   actors::run_options node_opts = opts;
-  if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return actors::end_with(*failed);
+  if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return runtime::end_with(*failed);
   set_up_ring(s, spec, file_spec, index, cfg);
   node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(), same_theta(cfg));
   if (cfg.diloco.outer == config::outer_policy_kind::async)
@@ -347,8 +347,8 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   link.end_start_up();
   const auto reached =
       started_after ? std::optional<uint64_t>(std::max(*started_after, link.last_round())) : std::nullopt;
-  return actors::end_with(say_goodbye(*s.control, me.name, code, link.stopped_after(), reached,
-                                      link.cluster_stopped(), link.leaving()));
+  return runtime::end_with(say_goodbye(*s.control, me.name, code, link.stopped_after(), reached,
+                                       link.cluster_stopped(), link.leaving()));
 }
 
 }  // namespace longwave::cluster

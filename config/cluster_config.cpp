@@ -356,13 +356,12 @@ std::string endpoint_problem(std::string_view ep) {
   return {};
 }
 
-namespace {
-
-/// HOST and PORT of a checked endpoint tcp://HOST:PORT.
 std::pair<std::string, int64_t> host_port(const std::string& endpoint) {
   const auto colon = endpoint.rfind(':');
   return {endpoint.substr(6, colon - 6), std::stoll(endpoint.substr(colon + 1))};
 }
+
+namespace {
 
 /// Every port one host listens on is another: a node's metrics port on another role's ring or control port
 /// passed --dry-run, and the ring, the coordinator or /metrics then failed to bind (exit 1 or 2 after the

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "config/train_config.hpp"
@@ -112,6 +113,9 @@ int64_t data_partitions(const cluster_spec& spec);
 /// endpoint, workers out of range, a name or endpoint the file has).
 size_t add_open_node(cluster_spec& spec, const std::string& name, const std::string& endpoint,
                      int64_t workers);
+
+/// HOST and PORT of an endpoint tcp://HOST:PORT that endpoint_problem passed.
+std::pair<std::string, int64_t> host_port(const std::string& endpoint);
 
 /// Checks "tcp://HOST:PORT" (HOST non-empty and not "*", PORT 1..65535); returns "" or what is wrong.
 std::string endpoint_problem(std::string_view endpoint);
