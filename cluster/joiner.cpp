@@ -89,6 +89,9 @@ uint64_t join(control_client& control, const config::cluster_spec& spec, size_t 
   const auto& welcome = std::get<welcome_msg>(answer);
   admit_keys(place.admitted, welcome.keys);
   place_in_ring(place, me, welcome.rank, welcome.epoch, welcome.peers, "welcome");
+  // Its state is that after round start_round, as a joiner's that fetched it: until its first all-reduce,
+  // its heartbeats and fence answers say so (round 0 pinned joiners and turned back ready ones).
+  place.committed = comm::reduce_key{welcome.start_round, 0};
   spdlog::info("node {}: joined as rank {} of {}{}", me.name, welcome.rank, welcome.world_size,
                welcome.start_round > 0 ? fmt::format("; resuming after round {}", welcome.start_round) : "");
   return welcome.start_round;

@@ -90,7 +90,7 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   if (!m.heard) m.heard_at = now_;  // anything else but a hello comes from its main loop
   m.heard = true;
   if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
-    m.round = hb->round;
+    m.round = std::max(m.round, hb->round);  // a member's round never goes back (a term notice says 0)
   } else if (auto* st = std::get_if<stop_msg>(&e.body)) {
     if (stop_ && training(i) && st->round > 0 && !m.stop_hold) m.stop_hold = st->round;
   } else if (auto* p = std::get_if<pin_msg>(&e.body)) {

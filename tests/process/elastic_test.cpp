@@ -509,15 +509,7 @@ CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when
   const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
   edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   const auto out = [&](const std::string& n) { return dir + "/cluster/" + n; };
-  {
-    auto [coord, nodes] = start_cluster(dir, file, 2);
-    CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n1") >= 2; }, 300));
-    stop_cluster(dir, file);
-    for (auto& n : nodes) CATCH_REQUIRE(wait_exit(n, 300) == 0);
-    CATCH_REQUIRE(wait_exit(coord, 60) == 0);
-  }
-  const int64_t first = stop_round(out("n0"));
-  CATCH_REQUIRE(first > 0);
+  const int64_t first = train_and_stop(dir, file, 2, "n1");
   for (const auto& f : runtime::checkpoint_store(out("n1") + "/checkpoints", 100).list()) fs::remove(f);
   // In their place, garbage named like a checkpoint: offered as no round and not moved to corrupt/ (no file
   // of the node's is valid), then set aside with the rounds after the cluster's as the node takes the state
@@ -562,15 +554,7 @@ CATCH_TEST_CASE("a node whose checkpoints are of another training history fetche
   const auto file = cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n");
   edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   const auto out = [&](const std::string& n) { return dir + "/cluster/" + n; };
-  {
-    auto [coord, nodes] = start_cluster(dir, file, 3);
-    CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, "n2") >= 2; }, 300));
-    stop_cluster(dir, file);
-    for (auto& n : nodes) CATCH_REQUIRE(wait_exit(n, 300) == 0);
-    CATCH_REQUIRE(wait_exit(coord, 60) == 0);
-  }
-  const int64_t first = stop_round(out("n0"));
-  CATCH_REQUIRE(first > 0);
+  const int64_t first = train_and_stop(dir, file, 3, "n2");
   // n2's history becomes another: every theta it holds moved, and a round far past the others' (newer than
   // any state it fetches: it must not be taken for its newest later).
   runtime::checkpoint_store store(out("n2") + "/checkpoints", 100);
@@ -624,6 +608,60 @@ CATCH_TEST_CASE("a node whose checkpoints are of another training history fetche
   // A later resume finds n2's newest checkpoint on the cluster's history: nothing is fetched again.
   CATCH_CHECK(store.held_rounds().back() ==
               runtime::checkpoint_store(out("n0") + "/checkpoints", 100).held_rounds().back());
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
+CATCH_TEST_CASE(
+    "a node absent when the cluster resumed joins with its own checkpoint before the members' first "
+    "all-reduce",
+    "[process][cluster][elastic][join]") {
+  // A probe: until their first all-reduce after a resume the members said they held round 0, so such a node
+  // was turned back as stale ("the members hold all-reduce 0/0") and held for. Under eager a node starts
+  // from its own checkpoint of the members' round; the members' first all-reduce waits for the gate file.
+  const auto dir = scratch_dir("elastic_resume_absent");
+  const auto file = endless_two_of_three(dir, 60);
+  std::ofstream(file, std::ios::app) << "\n[diloco]\nouter = \"eager\"\n[comm]\nlink_timeout_s = 0\n";
+  const auto out = [&](const std::string& n) { return dir + "/cluster/" + n; };
+  const auto r = std::to_string(train_and_stop(dir, file, 3, "n2"));
+  std::filesystem::rename(dir + "/coord.log", dir + "/coord1.log");
+  std::filesystem::rename(dir + "/n2.log", dir + "/n2-first.log");
+  edit_file(file, "join_timeout_s = 60", "join_timeout_s = 2");
+  // n0 and n1 say hello before the coordinator starts and wait long for its answer (as in the test above).
+  const auto gate = dir + "/gate";
+  std::vector<child> nodes;
+  for (const std::string n : {"n0", "n1"}) {
+    std::vector<std::string> env;
+    if (n == "n0")
+      env.push_back("LONGWAVE_FAULT_ALLREDUCE_GATE=" + std::to_string(std::stoll(r) + 1) + ":" + gate);
+    nodes.push_back(spawn({binary(), "node", file, "--node", n, "--set", "cluster.join_timeout_s=120"},
+                          dir + "/" + n + ".log", false, env));
+    CATCH_REQUIRE(wait_for_text(dir + "/" + n + ".log", "joining cluster", 300));
+  }
+  auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
+  CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "2 of 3 nodes joined", 60));
+  nodes.push_back(spawn({binary(), "node", file, "--node", "n2"}, dir + "/n2.log"));
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        const auto log = read_text(dir + "/coord.log");
+        return contains(log, "node n2 admitted") || contains(log, "node n2: the state of round");
+      },
+      300));
+  write_text(gate, "");
+  CATCH_REQUIRE(wait_more_rounds({out("n0"), out("n2")}, 2));
+  stop_cluster(dir, file);
+  std::vector<int> codes;
+  for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
+  const int coord_code = wait_exit(coord, 60);
+  const auto clog = read_text(dir + "/coord.log");
+  CATCH_INFO(clog << "\n--- n2\n" << tail(read_text(dir + "/n2.log")));
+  CATCH_CHECK(contains(clog, "resuming after round " + r));
+  CATCH_CHECK(contains(read_text(dir + "/n2.log"), "the members are at round " + r +
+                                                       ", as is this node's own newest checkpoint: starting "
+                                                       "from it instead of fetching the state"));
+  CATCH_CHECK(contains(clog, "node n2 admitted in epoch 2 with the state of round " + r));
+  CATCH_CHECK_FALSE(contains(clog, "is stale"));
+  CATCH_CHECK(codes == std::vector<int>{0, 0, 0});
+  CATCH_CHECK(coord_code == 0);
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 

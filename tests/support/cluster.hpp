@@ -333,4 +333,19 @@ inline int64_t stop_round(const std::string& out_dir) {
   return round;
 }
 
+/// Starts the cluster in `cluster` with its n_nodes nodes, trains until node `node` has written 2
+/// checkpoints, stops it and requires every process to exit 0: a stopped cluster to resume. Returns the
+/// round node n0 stopped after.
+inline int64_t train_and_stop(const std::string& dir, const std::string& cluster, size_t n_nodes,
+                              const std::string& node) {
+  auto [coord, nodes] = start_cluster(dir, cluster, n_nodes);
+  CATCH_REQUIRE(wait_until([&] { return checkpoint_count(dir, node) >= 2; }, 300));
+  stop_cluster(dir, cluster);
+  for (auto& n : nodes) CATCH_REQUIRE(wait_exit(n, 300) == 0);
+  CATCH_REQUIRE(wait_exit(coord, 60) == 0);
+  const int64_t round = stop_round(dir + "/cluster/n0");
+  CATCH_REQUIRE(round > 0);
+  return round;
+}
+
 }  // namespace longwave::test

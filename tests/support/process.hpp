@@ -131,6 +131,9 @@ inline child spawn_on(const std::vector<std::string>& args, int out_fd, bool own
   c.pid = fork();
   if (c.pid == 0) {
     if (own_group) setpgid(0, 0);
+    // The stop signals as a terminal's process gets them, however the test was started: nohup ignores
+    // SIGHUP, and an ignored signal stays ignored across exec (the hangup tests then saw no hangup).
+    for (const int sig : {SIGHUP, SIGINT, SIGTERM}) signal(sig, SIG_DFL);
     dup2(out_fd, 1);
     dup2(out_fd, 2);
     execve(argv[0], argv.data(), envp.data());

@@ -434,6 +434,24 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
     CATCH_CHECK(t.master().phase_of("n1") == member_phase::ready);
   }
   CATCH_SECTION(
+      "a member's heartbeat of round 0 keeps its round: the joiner's fetch began at the resumed one") {
+    // A probe: heartbeats of round 0 (a resumed ring before its first all-reduce, a term notice) took the
+    // members back to round 0, so the joiner was held for at the members' first round after the resume.
+    table t(cluster_of(2));
+    t.play(
+        {{0, "n0", "hello resume=15 rounds=13:14:15", {}},
+         {0, "n1", "hello", {"n1 <- recover round 15 from [n0] offset 1"}},
+         {1, "n0", "heartbeat 0", {}},
+         {1.5, "n1", "heartbeat 0", {}},
+         {2, "n0", "heartbeat 16", {"!still fetching", "!pin"}},
+         {3,
+          "n0",
+          "heartbeat 17",
+          {"node n1 is still fetching the state it began with at round 15, and the members completed round "
+           "17",
+           "n0 <- pin 0"}}});
+  }
+  CATCH_SECTION(
       "no round in common (a node that left while the others trained on and pruned): the newest "
       "round the most nodes hold; the others fetch it") {
     // A probe's wedge: n1 left at round 54, n0 trained on to 105; the cluster resumed after 54, which n0 had
