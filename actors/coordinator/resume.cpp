@@ -3,6 +3,8 @@
 // order.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "actors/coordinator/state.hpp"
 #include "runtime/log/log.hpp"
 
@@ -19,13 +21,19 @@ void then_do(self_ptr self, const Handle& to, std::function<void()> k, Ts... msg
       .then([k](bool) { k(); }, [self](caf::error& e) { fail(self, e); });
 }
 
-void load_workers(self_ptr self, std::shared_ptr<const train_snapshot> snap) {
+/// boundary: the snapshot is of a round's end, which a cluster node serves to joiners at once (as it serves
+/// each boundary it reaches), not only from its first boundary after the resume.
+void load_workers(self_ptr self, std::shared_ptr<const train_snapshot> snap, bool boundary) {
   auto left = std::make_shared<size_t>(snap->replicas.size());
   for (size_t i = 0; i < snap->replicas.size(); ++i)
     then_do(
         self, self->state.workers[i],
-        [self, left] {
-          if (--*left == 0 && self->state.ph == phase::resuming) begin_round(self);
+        [self, left, boundary] {
+          if (--*left != 0 || self->state.ph != phase::resuming) return;
+          if (!boundary) return begin_round(self);
+          publish_boundary(self, [self] {
+            if (self->state.ph == phase::resuming) begin_round(self);
+          });
         },
         load_atom_v, snap->replicas[i]);
 }
@@ -66,13 +74,17 @@ void install_resume(self_ptr self) {
   spdlog::info("resuming from round {}, inner step {}", snap.round, snap.step);
   s.newest_on_disk =
       fmt::format("round {}, inner step {} (the checkpoint this run resumed from)", snap.round, snap.step);
+  const bool boundary = snap.round > 0 && std::all_of(snap.replicas.begin(), snap.replicas.end(),
+                                                      [](const auto& r) { return r.steps_in_round == 0; });
   if (auto e = s.policy->resume_from(snap)) return fail(self, e);
   outer_snapshot outer{snap.theta,   snap.momentum,  s.policy->replica_outer_state(snap),
                        snap.version, snap.dn_buffer, snap.dn_arrivals};
   const auto shared = std::make_shared<const train_snapshot>(std::move(snap));
   then_do(
       self, s.peers.outer,
-      [self, shared] { load_residuals(self, shared, [self, shared] { load_workers(self, shared); }); },
+      [self, shared, boundary] {
+        load_residuals(self, shared, [=] { load_workers(self, shared, boundary); });
+      },
       load_atom_v, std::move(outer));
 }
 

@@ -500,16 +500,30 @@ CATCH_TEST_CASE("a node killed after its hello, before the others came, is lost 
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+/// Waits until the coordinator in `dir` (coord.log) has admitted `node` or turned its state back as stale.
+bool admitted_or_turned_back(const std::string& dir, const std::string& node) {
+  return wait_until(
+      [&] {
+        const auto log = read_text(dir + "/coord.log");
+        return contains(log, "node " + node + " admitted") ||
+               contains(log, "node " + node + ": the state of round");
+      },
+      300);
+}
+
 CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when the cluster resumes",
                 "[process][cluster][elastic][join]") {
   // Before, one node without a checkpoint took the whole cluster back to round 1, and one whose checkpoints
   // the others had pruned past wedged every resume (the coordinator chose a round that no longer existed).
+  // Then the members served no state until their first round after the resume, and it was stale by the time
+  // it was fetched: here their first all-reduce waits for the gate file until n1 is in or turned back.
   const auto dir = scratch_dir("elastic_resume_behind");
   cluster_ports ports;
-  const auto file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  const auto file =
+      cluster_file(dir, {1, 1, 1}, ports, "[metrics]\nenabled = false\n[comm]\nlink_timeout_s = 0\n");
   edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
   const auto out = [&](const std::string& n) { return dir + "/cluster/" + n; };
-  const int64_t first = train_and_stop(dir, file, 2, "n1");
+  const int64_t first = train_and_stop(dir, file, 3, "n1");
   for (const auto& f : runtime::checkpoint_store(out("n1") + "/checkpoints", 100).list()) fs::remove(f);
   // In their place, garbage named like a checkpoint: offered as no round and not moved to corrupt/ (no file
   // of the node's is valid), then set aside with the rounds after the cluster's as the node takes the state
@@ -517,18 +531,24 @@ CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when
   const std::string garbage = "ckpt-00000099-0000000990.lwc";
   for (const auto* n : {"n0", "n1"}) write_text(out(n) + "/checkpoints/" + garbage, std::string(4096, 'x'));
   std::filesystem::rename(dir + "/coord.log", dir + "/coord1.log");
-  auto [coord, nodes] = start_cluster(dir, file, 2);
-  CATCH_REQUIRE(wait_until([&] { return record_count(out("n1"), "recovery") >= 1; }, 300));
+  const auto gate = dir + "/gate";
+  auto [coord, nodes] = start_cluster(
+      dir, file, 3, {{"LONGWAVE_FAULT_ALLREDUCE_GATE=" + std::to_string(first + 1) + ":" + gate}});
+  CATCH_REQUIRE(admitted_or_turned_back(dir, "n1"));
+  write_text(gate, "");
   CATCH_REQUIRE(wait_more_rounds({out("n0"), out("n1")}, 2));
   stop_cluster(dir, file);
-  const int code0 = wait_exit(nodes[0], 300), code1 = wait_exit(nodes[1], 300),
-            coord_code = wait_exit(coord, 60);
+  std::vector<int> codes;
+  for (auto& n : nodes) codes.push_back(wait_exit(n, 300));
+  const int coord_code = wait_exit(coord, 60);
   const auto clog = read_text(dir + "/coord.log");
   CATCH_INFO(clog << "\n--- n1\n" << tail(read_text(dir + "/n1.log")));
   const auto r = std::to_string(first);
   CATCH_CHECK(contains(clog, "resuming after round " + r));
   CATCH_CHECK(contains(clog, "node n1 holds no checkpoint of round " + r +
-                                 " (its newest: none): it fetches the state from n0"));
+                                 " (its newest: none): it fetches the state from n0, n2 and joins"));
+  CATCH_CHECK(contains(clog, "node n1 admitted in epoch 2 with the state of round " + r));
+  CATCH_CHECK_FALSE(contains(clog, "is stale"));
   CATCH_CHECK(contains(read_text(dir + "/n0.log"), "resuming from round " + r));
   CATCH_CHECK(contains(read_text(dir + "/n1.log"), garbage + " is left out of the rounds this node offers"));
   CATCH_CHECK_FALSE(contains(read_text(dir + "/n1.log"), "moved " + garbage));
@@ -536,8 +556,7 @@ CATCH_TEST_CASE("a node that lost its checkpoints fetches the others' state when
   CATCH_CHECK(contains(read_text(dir + "/n0.log"),
                        "moved " + garbage + " to " + out("n0") + "/checkpoints/corrupt/"));
   CATCH_CHECK(fs::file_size(out("n0") + "/checkpoints/corrupt/" + garbage) == 4096);
-  CATCH_CHECK(code0 == 0);
-  CATCH_CHECK(code1 == 0);
+  CATCH_CHECK(codes == std::vector<int>{0, 0, 0});
   CATCH_CHECK(coord_code == 0);
   const int64_t last = stop_round(out("n0"));
   CATCH_CHECK(last > first);
@@ -640,12 +659,7 @@ CATCH_TEST_CASE(
   auto coord = spawn({binary(), "coordinator", file}, dir + "/coord.log");
   CATCH_REQUIRE(wait_for_text(dir + "/coord.log", "2 of 3 nodes joined", 60));
   nodes.push_back(spawn({binary(), "node", file, "--node", "n2"}, dir + "/n2.log"));
-  CATCH_REQUIRE(wait_until(
-      [&] {
-        const auto log = read_text(dir + "/coord.log");
-        return contains(log, "node n2 admitted") || contains(log, "node n2: the state of round");
-      },
-      300));
+  CATCH_REQUIRE(admitted_or_turned_back(dir, "n2"));
   write_text(gate, "");
   CATCH_REQUIRE(wait_more_rounds({out("n0"), out("n2")}, 2));
   stop_cluster(dir, file);
