@@ -74,6 +74,7 @@ struct sweep_run {
   bool stopping = false;
   int handled_signals = 0;
   steady::time_point t0 = steady::now(), last_heartbeat = steady::now();
+  const std::string fresh_dir = "superseded/fresh-" + utc_stamp();  // --fresh: where earlier runs move
 
   size_t n_done() const {
     return static_cast<size_t>(
@@ -140,7 +141,6 @@ struct sweep_run {
     auto unclaimed = unclaimed_runs(s);
     std::vector<const sweep_point*> left;
     size_t taken = 0, discarded = 0;
-    const std::string fresh_dir = "superseded/fresh-" + utc_stamp();
     for (const auto* p : to_run) {
       auto& r = results[p->index];
       std::error_code ec;
@@ -211,9 +211,25 @@ struct sweep_run {
       r.need = p.thread_need();
       r.started = steady::now();
       const bool fresh = starts_over(p);
+      std::error_code ec;
+      // A run that held the folder when the sweep planned (tidy_folders left it) and has ended since moves
+      // aside now, as planned: the point's --fresh would delete it.
+      if (fresh && fs::exists(p.out_dir, ec)) {
+        const auto to = set_aside(s, p, o.fresh ? fresh_dir : "superseded");
+        if (to.empty()) {
+          results[p.index].status = "failed";
+          ++finished_now;
+          say("{}: its folder {} holds a run of other settings that could not be moved aside; not started, "
+              "so as not to delete it (move it yourself, then run the sweep again)",
+              point_name(p), p.out_dir);
+          write_outputs();
+          continue;
+        }
+        say("{}: its folder held a run of other settings (in use when the sweep began); moved to {}",
+            point_name(p), to);
+      }
       results[p.index] = point_result{};
       results[p.index].status = "running";
-      std::error_code ec;
       fs::create_directories(p.out_dir, ec);    // start_point reports a failure to make it
       write_point_record(p, results[p.index]);  // a crash from here on leaves "running": it resumes
       r.pid = start_point(s, p, o, plan.threads_for(p), fresh);

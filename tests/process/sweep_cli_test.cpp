@@ -389,6 +389,44 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE(
+    "a run that held a point's folder as the sweep began and ended before the point's turn moves aside",
+    "[process][sweep]") {
+  // A probe: the folder was left alone while in use, then the point started with --fresh, which deleted
+  // that run (its checkpoints, metrics.jsonl and result) instead of moving it to superseded/.
+  const auto dir = scratch_dir("sweep-freed");
+  const auto file = sweep_file(dir, "s", "out",
+                               "[[points]]\n\"train.pace_step_s\" = 1.0\n[[points]]\n\"train.lr\" = 2e-3\n");
+  const auto folder = dir + "/out/points/lr=0.002";
+  fs::create_directories(folder + "/checkpoints");
+  write_text(folder + "/checkpoints/ckpt-00000001-0000000002.lwc", "another run's checkpoint");
+  write_text(folder + "/metrics.jsonl", "another run's records\n");
+  const int fd = open((folder + "/.longwave.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  CATCH_REQUIRE(fd >= 0);
+  CATCH_REQUIRE(flock(fd, LOCK_EX | LOCK_NB) == 0);
+  const std::string pid = std::to_string(getpid()) + "\n";
+  CATCH_REQUIRE(pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size()));
+  auto sweep = spawn({binary(), "sweep", file}, dir + "/s.log");
+  // Point 1 trains 8 steps of at least 1 s each: the other run ends well before point 2's turn.
+  CATCH_REQUIRE(wait_for_text(dir + "/s.log", "started; log:", 300));
+  close(fd);
+  const int code = wait_exit(sweep, 600);
+  const auto out = read_text(dir + "/s.log");
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 0);
+  const auto kept = dir + "/out/superseded/lr=0.002";
+  CATCH_CHECK(
+      out.find("point 2/2 (train.lr=0.002): its folder held a run of other settings (in use when the sweep "
+               "began); moved to " +
+               kept) != std::string::npos);
+  CATCH_CHECK(read_text(kept + "/metrics.jsonl") == "another run's records\n");
+  CATCH_CHECK(fs::exists(kept + "/checkpoints/ckpt-00000001-0000000002.lwc"));
+  const auto rows = read_csv(dir + "/out/results.csv");
+  CATCH_REQUIRE(rows.size() == 2);
+  CATCH_CHECK(rows[1].at("status") == "done");
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep goes on, then exits 1",
                 "[process][sweep]") {
   const auto dir = scratch_dir("sweep-fail");
