@@ -121,8 +121,8 @@ void request_stop(self_ptr self, bool at_boundary) {
   }
   if (!at_boundary && s.ph == phase::evaluating && s.policy->run_over(s.round))
     spdlog::info(
-        "interrupt: the last round is trained; the run saves it and ends (exit 0) once its final evaluation "
-        "is done (Ctrl-C again aborts it, and that round is not saved yet)");
+        "interrupt: the last round is trained and its checkpoint saved; the run ends (exit 0) once its final "
+        "evaluation is done (Ctrl-C again aborts the evaluation; the checkpoint stays)");
   // Mid-round, the policy says where a stop lands; the round tail stops at the next round boundary.
   if (!at_boundary && s.ph == phase::inner && s.policy->stops() == stop_rule::pause_and_align)
     return stop_now(self, /*boundary=*/false);
@@ -245,6 +245,33 @@ void finish(self_ptr self) {
   (void)s;
 }
 
+/// Evaluates theta on the training path (phase evaluating), records it, then k.
+void evaluate(self_ptr self, at::Tensor theta, std::function<void()> k) {
+  auto& s = self->state;
+  if (!set_phase(self, phase::evaluating)) return;
+  const uint64_t round = s.round, version = s.version;  // async: theta's version now, not at the result
+  const int64_t step = s.last_step;
+  const auto t0 = clock::now();
+  const evaluator_actor by = s.peers.evaluator ? s.peers.evaluator : evaluator_actor{s.workers[0]};
+  self->request(by, s.round_timeout, eval_atom_v, std::move(theta), s.ctx->cfg.eval.batches)
+      .then(
+          [=](double loss) {
+            self->state.eval_s += std::chrono::duration<double>(clock::now() - t0).count();
+            on_eval(self, round, version, step, loss);
+            k();
+          },
+          [=](caf::error& e) { fail(self, e); });
+}
+
+/// The run's last round is trained: once its checkpoint is written, its final evaluation, then the end.
+void final_eval(self_ptr self) {
+  auto theta = std::exchange(self->state.final_theta, at::Tensor{});
+  if (!theta.defined()) return finish(self);
+  flush_then(self, [self, theta] {
+    if (self->state.ph != phase::failed) evaluate(self, theta, [self] { finish(self); });
+  });
+}
+
 void save_then_continue(self_ptr self) {
   auto& s = self->state;
   const auto& ck = s.ctx->cfg.checkpoint;
@@ -252,7 +279,7 @@ void save_then_continue(self_ptr self) {
   const bool due = last || (ck.every_rounds > 0 && s.round % static_cast<uint64_t>(ck.every_rounds) == 0);
   auto next = [=] {
     if (self->state.policy->run_over(self->state.round))
-      finish(self);
+      final_eval(self);
     else
       publish_boundary(self, [=] { begin_round(self); });
   };
@@ -262,7 +289,7 @@ void save_then_continue(self_ptr self) {
   // sync, streaming, single, ddp: the snapshot lends the live state (no model-sized clones) and training
   // waits for the write. delayed, eager: copies, and training continues once they are asked for (a snapshot
   // may wait for its round's average); but the last round's, and a snapshot with residuals (asked for when
-  // it arrives), first arrive.
+  // it arrives), first arrive (final_eval waits for the last one's write).
   const bool lend = s.policy->lends_boundary_snapshot();
   const bool early = !lend && !last && !s.has_residuals;
   take_snapshot(
@@ -284,6 +311,13 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
   const bool eval_due =
       last || (cfg.eval.every_rounds > 0 && s.round % static_cast<uint64_t>(cfg.eval.every_rounds) == 0);
   if (!eval_due) return save_then_continue(self);
+  // The final evaluation comes after the last round's checkpoint: an interrupt or a crash in it (a long
+  // eval) keeps the trained run. (async: a node that resumed at the run's last version ends from its inner
+  // phase, which goes to evaluating, and trained nothing to save first.)
+  if (last && allowed_transition(s.ph, phase::saving)) {
+    s.final_theta = std::move(theta);
+    return save_then_continue(self);
+  }
   const uint64_t round = s.round, version = s.version;  // async: theta's version now, not at the result
   const int64_t step = s.last_step;
   if (s.peers.evaluator && !last) {
@@ -325,17 +359,7 @@ void eval_then_continue(self_ptr self, at::Tensor theta) {
             [=](caf::error& e) { not_done(e); });
     return;
   }
-  if (!set_phase(self, phase::evaluating)) return;
-  const auto t0 = clock::now();
-  const evaluator_actor by = s.peers.evaluator ? s.peers.evaluator : evaluator_actor{s.workers[0]};
-  self->request(by, s.round_timeout, eval_atom_v, theta, cfg.eval.batches)
-      .then(
-          [=](double loss) {
-            self->state.eval_s += std::chrono::duration<double>(clock::now() - t0).count();
-            on_eval(self, round, version, step, loss);
-            save_then_continue(self);
-          },
-          [=](caf::error& e) { fail(self, e); });
+  evaluate(self, std::move(theta), [self] { save_then_continue(self); });
 }
 
 namespace {

@@ -175,6 +175,7 @@ struct coordinator_state {
   bool eval_running = false;  // [eval] async: an evaluation is in flight, of round eval_round
   uint64_t eval_round = 0;
   std::function<void()> after_eval;  // a stop waiting for that evaluation's record before the process ends
+  at::Tensor final_theta;  // the last round's theta, evaluated once its checkpoint is saved (final_eval)
   // Checkpoints on disk: the newest written ("" before any), the consecutive failed writes and the last
   // failure's reason. A failed latest write means the run's current state is not on disk.
   std::string newest_on_disk;

@@ -31,7 +31,7 @@ bool allowed_transition(phase from, phase to) {
     case phase::outer_step:
       return to == phase::evaluating || to == phase::saving || to == phase::inner || to == phase::done;
     case phase::evaluating: return to == phase::saving || to == phase::inner || to == phase::done;
-    case phase::saving: return to == phase::inner || to == phase::done;
+    case phase::saving: return to == phase::inner || to == phase::evaluating || to == phase::done;
     case phase::stopping: return to == phase::done;
     case phase::done:
     case phase::failed: return false;
