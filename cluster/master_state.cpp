@@ -190,6 +190,12 @@ void master_state::welcome_all() {
   // Those without a checkpoint of the round fetch the members' state and are admitted at a fence (on_join).
   say_plan(plan, members);
   for (auto i : plan.fetch) start_fetch(i);
+  // Fewer holders of the round than min_nodes: they hold at a fence, keeping their state, until the nodes
+  // that fetch it make the quorum up (or quorum_timeout_s passes), as after a loss.
+  if (!plan.fetch.empty() && members.size() < s_.min_nodes)
+    start_fence("quorum",
+                fmt::format("{} of the nodes hold round {}, below [cluster] min_nodes = {}; {} fetch it",
+                            names_of(members), start_round(), s_.min_nodes, names_of(plan.fetch)));
 }
 
 /// Adopts the nodes that re-announced themselves: their epoch as it stands when they all report the same

@@ -433,6 +433,21 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
             {2, "n1", "join_ready 16", {"n0 <- fence 2"}}});
     CATCH_CHECK(t.master().phase_of("n1") == member_phase::ready);
   }
+  CATCH_SECTION("fewer holders of the round than min_nodes: they hold at a fence until the fetchers are in") {
+    // A probe: a resume where only n0 held the round trained it alone in a cluster of min_nodes = 3.
+    table t(cluster_of(3, 3));
+    t.play(
+        {{0, "n0", "hello resume=15 rounds=13:14:15", {}},
+         {0, "n1", "hello", {}},
+         {0,
+          "n2",
+          "hello",
+          {"n0 <- welcome rank 0 of 1 epoch 1 start 15", "n1 <- recover round 15 from [n0]", "n0 <- fence 2",
+           "n0 of the nodes hold round 15, below [cluster] min_nodes = 3; n1, n2 fetch it"}},
+         {1, "n0", "ack 2 15/0", {"!membership", "wait up to"}},
+         {2, "n1", "join_ready 15", {"!membership"}},
+         {3, "n2", "join_ready 15", {"node n2 admitted in epoch 2", "quorum back"}}});
+  }
   CATCH_SECTION(
       "a member's heartbeat of round 0 keeps its round: the joiner's fetch began at the resumed one") {
     // A probe: heartbeats of round 0 (a resumed ring before its first all-reduce, a term notice) took the
