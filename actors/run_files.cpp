@@ -155,7 +155,7 @@ std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t m
 /// goes on, but is no longer that run continued: says which. train.rounds and async.tokens may grow freely.
 /// A checkpoint that stopped mid-round past a lowered train.inner_steps ends that round at once: says so.
 void warn_changed_settings(const config::train_config& cfg, const train_snapshot& snap) {
-  if (!snap.replicas.empty() && snap.replicas[0].steps_in_round >= cfg.train.inner_steps &&
+  if (!snap.replicas.empty() && snap.replicas[0].steps_in_round > cfg.train.inner_steps &&
       cfg.diloco.outer != config::outer_policy_kind::async)
     spdlog::warn(
         "the checkpoint is {} inner steps into round {}, and train.inner_steps = {} now: that round ends "

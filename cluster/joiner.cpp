@@ -132,12 +132,17 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ac
     if (const auto* r = std::get_if<recover_msg>(&answer); r && r->round == got.round) answer = ready(got);
     if (const auto* m = std::get_if<membership_msg>(&answer)) return admitted(*m, std::move(got));
     recover_ = std::get<recover_msg>(answer);
+    // A note-less recover: the coordinator (restarted, or answering a repeated hello) names no reason.
+    const auto why =
+        recover_.note.empty()
+            ? fmt::format("the coordinator asks it to fetch the state of round {}", recover_.round)
+            : recover_.note;
     if (attempt >= max_attempts)
       throw lw_error(errc::peer_lost,
                      fmt::format("the members moved on {} times while this node fetched their state ({}); "
                                  "its link may be too slow for the round time",
-                                 attempt, recover_.note));
-    spdlog::warn("node {}: {} (attempt {} of {})", me_.name, recover_.note, attempt + 1, max_attempts);
+                                 attempt, why));
+    spdlog::warn("node {}: {} (attempt {} of {})", me_.name, why, attempt + 1, max_attempts);
   }
 }
 

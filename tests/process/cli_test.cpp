@@ -372,7 +372,9 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
            {{"data", "prepare", dir + "/nope.txt", "--out", dir + "/p"}, dir + "/nope.txt: no such file"},
            {{"data", "prepare", dir + "/a-dir", "--out", dir + "/p"}, dir + "/a-dir is a directory"},
            {{"data", "prepare", "--out", dir + "/a-file"}, "--out " + dir + "/a-file is not a directory"},
-           {{"data", "prepare", "--out", ""}, "--out is empty"}}) {
+           {{"data", "prepare", "--out", ""}, "--out is empty"},
+           {{"data", "prepare", dir + "/a-file", "--out", dir + "/p", "--val-fraction", "-1"},
+            "--val-fraction -1 must be in (0, 1)"}}) {
     std::vector<std::string> full{binary()};
     full.insert(full.end(), argv.begin(), argv.end());
     auto [pcode, plog] = run(full, dir + "/prepare.log", 60);
@@ -380,6 +382,13 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
     CATCH_CHECK(pcode == 2);
     CATCH_CHECK(plog.find("data prepare: " + says) != std::string::npos);
   }
+  // No input: the default corpus, which a fresh machine may lack (a probe: exit 1 and no hint).
+  auto nokjv = spawn({binary(), "data", "prepare", "--out", dir + "/p"}, dir + "/nokjv.log", false,
+                     {"LONGWAVE_CORPUS=" + dir + "/no-kjv.txt"});
+  CATCH_CHECK(wait_exit(nokjv, 60) == 2);
+  CATCH_CHECK(read_text(dir + "/nokjv.log")
+                  .find("data prepare: the default corpus " + dir +
+                        "/no-kjv.txt is missing: run scripts/setup") != std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/p"));
   // A command's unknown command, and an unknown option where a command is wanted, are named too.
   auto [dcode, dusage] = run({binary(), "data", "nosuch"}, dir + "/data_usage.log", 60);

@@ -464,13 +464,12 @@ CATCH_TEST_CASE("a resume on data other than the checkpoint's run read says so",
   fs::remove_all(dir);
 }
 
-CATCH_TEST_CASE("a resume under other training settings, or past a lowered train.inner_steps, says so",
-                "[process][resume]") {
-  const auto dir = scratch_dir("other-settings");
-  const auto cfg = config_file(dir, "r");
-  // Stopped a few steps into a round of 1000: a mid-round checkpoint, whatever the machine's speed.
-  auto a = spawn({binary(), "run", cfg, "--set", "train.inner_steps=1000", "--set", "train.pace_step_s=0.1"},
-                 dir + "/a.log");
+namespace {
+
+/// Runs `args` (a run writing DIR/r), interrupts it with Ctrl-C once 3 steps are traced, and returns the
+/// inner step it stopped at (its exit 130 required).
+long interrupt_after_3_steps(const std::string& dir, const std::vector<std::string>& args) {
+  auto a = spawn(args, dir + "/a.log");
   CATCH_REQUIRE(wait_until([&] { return read_trace(dir + "/r/loss_trace.tsv").size() >= 3; }, 300));
   CATCH_REQUIRE(kill(a.pid, SIGINT) == 0);
   CATCH_REQUIRE(wait_exit(a, 120) == 130);
@@ -478,6 +477,18 @@ CATCH_TEST_CASE("a resume under other training settings, or past a lowered train
   CATCH_INFO(a_log);
   const long stopped_at = number_after(a_log, "stopped at inner step ");
   CATCH_REQUIRE(stopped_at >= 3);
+  return stopped_at;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a resume under other training settings, or past a lowered train.inner_steps, says so",
+                "[process][resume]") {
+  const auto dir = scratch_dir("other-settings");
+  const auto cfg = config_file(dir, "r");
+  // Stopped a few steps into a round of 1000: a mid-round checkpoint, whatever the machine's speed.
+  const long stopped_at = interrupt_after_3_steps(
+      dir, {binary(), "run", cfg, "--set", "train.inner_steps=1000", "--set", "train.pace_step_s=0.1"});
   auto [code, log] = run({binary(), "run", cfg, "--set", "train.inner_steps=2", "--set", "train.rounds=2",
                           "--set", "train.lr=0.002"},
                          dir + "/b.log", 600);
@@ -492,6 +503,29 @@ CATCH_TEST_CASE("a resume under other training settings, or past a lowered train
   CATCH_CHECK(log.find("no longer an exact resume") != std::string::npos);
   CATCH_CHECK(log.find("train.rounds = 2 (it had") == std::string::npos);
   CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv").size() == static_cast<size_t>(stopped_at) + 2);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a resume after a round's last step under the same train.inner_steps warns of nothing",
+                "[process][resume]") {
+  // A probe: with inner_steps = 1 every mid-round stop is a round's last step (its average not yet in), and
+  // the resume said the round "ends at once" as if train.inner_steps had been lowered.
+  const auto dir = scratch_dir("last-step");
+  const auto cfg = config_file(dir, "r");
+  const std::vector<std::string> h1{"--set", "train.inner_steps=1", "--set", "train.pace_step_s=0.1"};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), h1.begin(), h1.end());
+    return args;
+  };
+  const long stopped_at =
+      interrupt_after_3_steps(dir, with({binary(), "run", cfg, "--set", "train.rounds=1000"}));
+  auto [code, log] =
+      run(with({binary(), "run", cfg, "--set", "train.rounds=" + std::to_string(stopped_at + 1)}),
+          dir + "/b.log", 600);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 0);
+  CATCH_CHECK(log.find("resuming from round") != std::string::npos);
+  CATCH_CHECK(log.find("ends at once") == std::string::npos);
   fs::remove_all(dir);
 }
 
