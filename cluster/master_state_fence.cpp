@@ -339,9 +339,9 @@ void master_state::release_pin() {
 }
 
 std::string master_state::quorum_text() const {
-  std::vector<size_t> gone;
+  std::vector<size_t> gone;  // removed, or still fetching the state (a resume's)
   for (size_t i = 0; i < members_.size(); ++i)
-    if (members_[i].removed != removal::none) gone.push_back(i);
+    if (!training(i)) gone.push_back(i);
   const auto live = training_members();
   return fmt::format("quorum lost: {} live node(s) ({}), [cluster] min_nodes = {}; missing: {}", live.size(),
                      names_of(live), s_.min_nodes, names_of(gone));
