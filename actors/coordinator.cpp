@@ -413,6 +413,7 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
             ? s.peers.worker_factory(self->system(), r, caf::actor_cast<coordinator_actor>(self))
             : spawn_worker(self->system(), ctx, r, caf::actor_cast<coordinator_actor>(self)));
   if (!trace_path.empty()) {
+    s.trace_path = trace_path;
     s.trace.open(trace_path, std::ios::app);
     if (!s.trace)
       spdlog::warn("cannot open {} for appending: this run's loss trace is not written", trace_path);

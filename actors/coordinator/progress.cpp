@@ -162,8 +162,14 @@ void on_report(self_ptr self, const step_report& r) {
   s.steps.erase(r.step);
   const int64_t step = r.step - s.step_offset;  // this node's own (r.step is Adam's count)
   s.last_step = std::max(s.last_step, step);
-  if (s.trace)
+  if (s.trace) {
     s.trace << step << '\t' << s.round << '\t' << fmt::format("{:.9g}", loss) << '\n' << std::flush;
+    if (!s.trace)  // said once: the failed stream writes no more
+      spdlog::warn(
+          "cannot write {} at inner step {} (a full disk?): the loss trace stops here; training, "
+          "its checkpoints and metrics.jsonl go on",
+          s.trace_path, step);
+  }
   const double tok_s = wall > 0 ? static_cast<double>(s.session_tokens()) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
   const int64_t total = s.ctx->total_inner_steps();

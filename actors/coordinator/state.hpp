@@ -189,6 +189,7 @@ struct coordinator_state {
   int64_t residual_waits = 0;
   std::vector<std::function<void()>> after_residuals;
   std::ofstream trace;
+  std::string trace_path;  // loss_trace.tsv, named when a write to it fails
   caf::timespan round_timeout, request_timeout;
 };
 

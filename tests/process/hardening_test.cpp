@@ -200,6 +200,23 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a loss trace that cannot be written is named once, and the run goes on",
+                "[process][checkpoint]") {
+  // A probe: a full disk left loss_trace.tsv empty without a word. /dev/full fails every write with ENOSPC.
+  const auto dir = scratch_dir("trace-full");
+  const auto cfg = quick_config(dir, "run");
+  fs::create_directories(dir + "/run");
+  fs::create_symlink("/dev/full", dir + "/run/loss_trace.tsv");
+  auto [code, log] = run(args({binary(), "run", cfg}, {"train.rounds=2"}), dir + "/1.log", 300);
+  CATCH_INFO(log);
+  CATCH_CHECK(code == 0);
+  const std::string said = "cannot write " + dir + "/run/loss_trace.tsv at inner step 1 (a full disk?)";
+  CATCH_CHECK(log.find(said) != std::string::npos);
+  CATCH_CHECK(log.find(said, log.find(said) + 1) == std::string::npos);
+  CATCH_CHECK(log.find("final:") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a finished run started again trains nothing, and raising train.rounds trains only the rest",
                 "[process][checkpoint]") {
   const auto dir = scratch_dir("rerun");
