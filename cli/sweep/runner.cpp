@@ -427,6 +427,11 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     return lock == -1 ? 4 : 1;
   }
   if (o.results_only) {
+    // No sweep runs (this one holds its lock): a point recorded running whose folder no run holds was cut
+    // off with its sweep (a SIGKILL, a crash).
+    for (const auto& p : s.points)
+      if (run.results[p.index].status == "running" && folder_in_use(p.out_dir).empty())
+        run.results[p.index].status = "interrupted";
     const auto fits = fit_scaling(s, run.results);
     const int unwritten = run.write_outputs(fits);
     for (const auto& line : fit_lines(fits)) fmt::print("{}\n", line);

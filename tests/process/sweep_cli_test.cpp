@@ -427,6 +427,35 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("after a SIGKILLed sweep, --results-only says its running point was interrupted",
+                "[process][sweep]") {
+  // A probe: the point stayed "running" in results.csv with nothing running.
+  const auto dir = scratch_dir("sweep-killed");
+  const auto file = sweep_file(dir, "s", "out", "[[points]]\n\"train.pace_step_s\" = 1.0\n");
+  auto sweep = spawn({binary(), "sweep", file}, dir + "/s.log");
+  // Its run holds the point's folder (it takes the lock before it reads its data).
+  CATCH_REQUIRE(wait_for_text(dir + "/out/points/pace_step_s=1/log.txt", "data: ", 300));
+  CATCH_REQUIRE(kill(sweep.pid, SIGKILL) == 0);
+  CATCH_CHECK(wait_exit(sweep, 60) == 128 + SIGKILL);
+  // Its point ends too (a parent-death signal): once its folder's lock is free.
+  const auto lock = dir + "/out/points/pace_step_s=1/.longwave.lock";
+  CATCH_REQUIRE(wait_until(
+      [&] {
+        const int fd = open(lock.c_str(), O_RDWR | O_CLOEXEC);
+        const bool free = fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
+        if (fd >= 0) close(fd);
+        return free;
+      },
+      120));
+  auto [code, out] = run({binary(), "sweep", file, "--results-only"}, dir + "/r.log", 300);
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 0);
+  const auto rows = read_csv(dir + "/out/results.csv");
+  CATCH_REQUIRE(rows.size() == 1);
+  CATCH_CHECK(rows[0].at("status") == "interrupted");
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep goes on, then exits 1",
                 "[process][sweep]") {
   const auto dir = scratch_dir("sweep-fail");
