@@ -75,7 +75,8 @@ std::string table(const std::string& caption, const std::vector<std::pair<std::s
   return o + "</tbody></table>\n";
 }
 
-/// The run's settings as the first node's first start line recorded them ("–" where it did not).
+/// The run's settings as the first node's last start line recorded them, its latest session's (train.rounds
+/// may grow, and a resume may change lr); "–" where it did not.
 struct start_fields {
   const record& cfg;
   std::string operator()(const char* key) const {
@@ -339,7 +340,7 @@ std::string assemble_page(const report_data& r) {
   const bool cluster = r.nodes.size() > 1;
   static const record no_start;
   const auto& first = r.nodes.front();
-  const start_fields field{first.starts.empty() ? no_start : first.starts.front()};
+  const start_fields field{first.starts.empty() ? no_start : first.starts.back()};
   const run_summary sum = summarize_run(r);
 
   std::string o = page_head(r, field, sum.status);

@@ -243,6 +243,26 @@ void check_rendered_charts(const std::string& dom) {
 
 }  // namespace
 
+CATCH_TEST_CASE("a run resumed with train.rounds raised and another lr shows its latest session's settings",
+                "[process][report]") {
+  // A probe: the page showed the first session's rounds ("inner steps per worker 30 of 20") and lr.
+  const auto dir = scratch_dir("report-raised");
+  auto m = synthetic_metrics("r", 1.7e9, 1, 4, 5, 2);  // 2 sessions
+  const auto second = m.find("\"kind\":\"start\"", m.find("\"kind\":\"start\"") + 1);
+  CATCH_REQUIRE(second != std::string::npos);
+  m.replace(m.find("\"rounds\":4", second), 10, "\"rounds\":6");
+  m.replace(m.find("\"inner_lr\":0.004", second), 16, "\"inner_lr\":0.001");
+  fs::create_directories(dir + "/r");
+  write_text(dir + "/r/metrics.jsonl", m);
+  auto [code, out] = run({binary(), "report", dir + "/r"}, dir + "/report.log", 60);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  const auto html = read_text(dir + "/r/report.html");
+  CATCH_CHECK(html.find("<tr><th>outer rounds</th><td>6</td>") != std::string::npos);
+  CATCH_CHECK(html.find("<tr><th>inner learning rate (AdamW)</th><td>0.001</td>") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a real short run gives a self-contained report with its summary values and charts",
                 "[process][report]") {
   const auto dir = scratch_dir("report-run");
