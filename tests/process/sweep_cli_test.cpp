@@ -83,6 +83,16 @@ double number(const std::string& s) {
   return s.empty() ? NAN : std::stod(s);
 }
 
+/// Holds a run folder's lock as a live run does (this test process's pid in it); close the fd to free it.
+int hold_folder(const std::string& folder) {
+  const int fd = open((folder + "/.longwave.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  CATCH_REQUIRE(fd >= 0);
+  CATCH_REQUIRE(flock(fd, LOCK_EX | LOCK_NB) == 0);
+  const std::string pid = std::to_string(getpid()) + "\n";
+  CATCH_REQUIRE(pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size()));
+  return fd;
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a second run reruns nothing",
@@ -401,11 +411,7 @@ CATCH_TEST_CASE(
   fs::create_directories(folder + "/checkpoints");
   write_text(folder + "/checkpoints/ckpt-00000001-0000000002.lwc", "another run's checkpoint");
   write_text(folder + "/metrics.jsonl", "another run's records\n");
-  const int fd = open((folder + "/.longwave.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  CATCH_REQUIRE(fd >= 0);
-  CATCH_REQUIRE(flock(fd, LOCK_EX | LOCK_NB) == 0);
-  const std::string pid = std::to_string(getpid()) + "\n";
-  CATCH_REQUIRE(pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size()));
+  const int fd = hold_folder(folder);
   auto sweep = spawn({binary(), "sweep", file}, dir + "/s.log");
   // Point 1 trains 8 steps of at least 1 s each: the other run ends well before point 2's turn.
   CATCH_REQUIRE(wait_for_text(dir + "/s.log", "started; log:", 300));
@@ -479,11 +485,7 @@ CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep
   // untouched (the run refused it with exit 4 and the sweep wrote "failed" over the record).
   {
     const auto folder = fs::path(rows[0].at("log")).parent_path().string();
-    const int fd = open((folder + "/.longwave.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    CATCH_REQUIRE(fd >= 0);
-    CATCH_REQUIRE(flock(fd, LOCK_EX | LOCK_NB) == 0);
-    const std::string pid = std::to_string(getpid()) + "\n";
-    CATCH_REQUIRE(pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size()));
+    const int fd = hold_folder(folder);
     const auto record = read_text(folder + "/point.json");
     auto [ucode, uout] = run({binary(), "sweep", file}, dir + "/in-use.log", 600);
     close(fd);
