@@ -53,15 +53,16 @@ CATCH_TEST_CASE(
 
   // Keys of another cluster: its own cluster.public, and node keys the coordinator never saw.
   const auto other = dir + "/other-keys";
-  CATCH_REQUIRE(run({binary(), "keys", "new", "--out", other, "--nodes", "n3"}, dir + "/other.log").first ==
-                0);
+  CATCH_REQUIRE(
+      run({binary(), "keys", "new", "--out", other, "--nodes", "n3,n4"}, dir + "/other.log").first == 0);
   // n3's key made for this cluster's coordinator? No: a key pair of its own beside this cluster.public.
   const auto stranger = dir + "/stranger-keys";
   fs::create_directories(stranger + "/nodes");
   fs::copy_file(dir + "/keys/cluster.public", stranger + "/cluster.public");
   for (const char* ext : {".secret", ".public"})
     fs::copy_file(other + "/nodes/n3" + ext, stranger + "/nodes/n3" + ext);
-  // The four joiners at once; each must be refused within seconds.
+  // The four joiners at once, each its own name (one name's out_dir lock would turn a second away with exit
+  // 4); each must be refused within seconds.
   std::vector<child> joiners;
   std::vector<std::string> logs;
   const auto joiner = [&](const std::string& name, const std::string& set) {
@@ -78,9 +79,9 @@ CATCH_TEST_CASE(
     logs.push_back(dir + "/joiner" + std::to_string(logs.size()) + ".log");
     joiners.push_back(spawn(args, logs.back()));
   };
-  joiner("n3", "security.mode=none");
+  joiner("n5", "security.mode=none");
   joiner("n3", "security.keys=" + stranger);
-  joiner("n3", "security.keys=" + other);
+  joiner("n4", "security.keys=" + other);
   joiner("n9", "");
   std::vector<int> codes;
   for (auto& j : joiners) codes.push_back(wait_exit(j, 60));
