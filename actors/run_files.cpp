@@ -2,6 +2,7 @@
 #include "actors/run_files.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -230,11 +231,19 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
                        const snapshot_shape& shape) {
   start_point start;
   const bool strays = report_stray_files(checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep));
-  if (opts.fresh) {
+  if (opts.fresh) {  // says what it removes: the old run's files, this one writes its own
     std::error_code ec;
-    for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list()) fs::remove(f, ec);
-    fs::remove(p.trace, ec);
-    fs::remove(fs::path(p.out_dir) / "result.json", ec);  // the old run's: this one writes its own at the end
+    std::vector<std::string> removed;
+    size_t checkpoints = 0;
+    for (const auto& f : checkpoint_store(p.ckpt_dir, cfg.checkpoint.keep).list())
+      checkpoints += fs::remove(f, ec) ? 1 : 0;
+    if (checkpoints > 0)
+      removed.push_back(
+          fmt::format("{} checkpoint{} in {}", checkpoints, checkpoints == 1 ? "" : "s", p.ckpt_dir));
+    const auto out = fs::path(p.out_dir);
+    for (const auto& f : {fs::path(p.trace), out / "result.json", out / "metrics.jsonl"})
+      if (fs::remove(f, ec)) removed.push_back(f.filename().string());
+    if (!removed.empty()) spdlog::info("--fresh: removed {}", fmt::join(removed, ", "));
     return start;
   }
   checkpoint_store store(p.ckpt_dir, cfg.checkpoint.keep);

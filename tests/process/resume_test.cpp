@@ -461,6 +461,16 @@ CATCH_TEST_CASE("a resume on data other than the checkpoint's run read says so",
   CATCH_CHECK(l3.find("data: the training data (" + dir +
                       "/corpus.txt) differs from what the checkpoint's run "
                       "read") != std::string::npos);
+  // --fresh names what it removes, and the run starts over: one round's trace.
+  const auto one_round = read_trace(dir + "/r/loss_trace.tsv").size() / 3;
+  auto fresh = with_rounds(1);
+  fresh.push_back("--fresh");
+  auto [c4, l4] = run(fresh, dir + "/4.log", 600);
+  CATCH_INFO(l4);
+  CATCH_CHECK(c4 == 0);
+  CATCH_CHECK(l4.find(" checkpoints in " + dir +
+                      "/r/checkpoints, loss_trace.tsv, result.json, metrics.jsonl") != std::string::npos);
+  CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv").size() == one_round);
   fs::remove_all(dir);
 }
 
