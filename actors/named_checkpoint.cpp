@@ -12,6 +12,7 @@
 
 #include "actors/run_files.hpp"
 #include "config/config_loader.hpp"
+#include "models/model_spec.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/errors/errors.hpp"
@@ -122,6 +123,22 @@ const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const s
         fmt::format("{}: theta of round {} holds {} values, the model of its config has {} parameters", path,
                     c.round, b->size / sizeof(float), n_params));
   return *b;
+}
+
+models::model_spec checkpoint_spec(const config::train_config& cfg, int64_t n_theta,
+                                   const std::string& path) {
+  // With model.vocab_size 0 the run took its vocabulary from the data: it is read off theta's size (the
+  // embedding is the only part that depends on it).
+  auto spec = models::spec_of(cfg.model, 0);
+  const int64_t without_embedding = models::closed_form_param_count(spec);
+  spec.vocab_size = cfg.model.vocab_size;
+  if (spec.vocab_size <= 0 && (n_theta - without_embedding) % spec.dim == 0)
+    spec.vocab_size = (n_theta - without_embedding) / spec.dim;
+  if (spec.vocab_size <= 0 || models::closed_form_param_count(spec) != n_theta)
+    throw lw_error(errc::corrupt_checkpoint,
+                   fmt::format("{}: theta holds {} values, which no vocabulary of model '{}' gives", path,
+                               n_theta, models::model_label(spec)));
+  return spec;
 }
 
 void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params) {

@@ -8,6 +8,7 @@
 
 #include "actors/training.hpp"
 #include "config/train_config.hpp"
+#include "models/model_spec.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/messages/messages.hpp"
@@ -77,6 +78,11 @@ std::string checkpoint_label(const runtime::checkpoint& c);
 /// naming `path` and the round.
 const runtime::checkpoint_blob& theta_blob(const runtime::checkpoint& c, const std::string& path,
                                            int64_t n_params = 0);
+
+/// The model of a checkpoint's config whose theta holds `n_theta` values: its vocabulary is model.vocab_size,
+/// or where that is 0 (taken from the data) the one theta's size gives. Throws lw_error(corrupt_checkpoint)
+/// naming `path` when no vocabulary gives that size.
+models::model_spec checkpoint_spec(const config::train_config& cfg, int64_t n_theta, const std::string& path);
 
 /// Copies theta_blob(c, path, n_params)'s values into `out`, which holds that many floats (the blob's bytes
 /// need not be float-aligned).

@@ -20,6 +20,7 @@
 #include "models/data/data_fingerprint.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/data/shard.hpp"
+#include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
 #include "models/gpt.hpp"
 #include "models/gpu_info.hpp"
@@ -219,10 +220,43 @@ int run_training(const config::train_config& cfg, const run_options& opts, clust
   }
 }
 
+namespace {
+
+/// The evaluated tokens must be the model's: shards that carry their tokenizer (--data DIR) of the run's kind
+/// and, for a vocabulary taken from the data, its size; and no token id past the model's vocabulary.
+void check_eval_tokens(const config::train_config& cfg, const models::model_spec& spec,
+                       const models::data::prepared_dataset& data, const std::string& key,
+                       const std::string& corpus) {
+  const std::string kind = config::to_string(cfg.data.tokenizer);
+  const auto advice = fmt::format("name the run's corpus, or its shards ({})", resolve_paths(cfg).data_dir);
+  if (!data.tokenizer_path.empty()) {
+    const auto tok = models::data::load_tokenizer(data.tokenizer_path);
+    if (tok->kind() != kind || (cfg.model.vocab_size == 0 && tok->vocab_size() != spec.vocab_size))
+      throw config::config_error(
+          key, fmt::format("{} {}: its shards are tokenized by a {} tokenizer of {} tokens ({}), the "
+                           "checkpoint's model by data.tokenizer = \"{}\" of {} tokens: the loss would be "
+                           "over other tokens; {}",
+                           key, corpus, tok->kind(), tok->vocab_size(), data.tokenizer_path, kind,
+                           spec.vocab_size, advice));
+  } else if (cfg.data.tokenizer != config::tokenizer_kind::byte) {
+    spdlog::warn(
+        "eval: {} {} has no tokenizer.txt: its token ids are taken as the run's {} tokens, unchecked", key,
+        corpus, kind);
+  }
+  if (data.vocab_size > spec.vocab_size)
+    throw config::config_error(key, fmt::format("{} {}: its token ids run up to {}, past the checkpoint's "
+                                                "model's vocabulary of {} tokens; {}",
+                                                key, corpus, data.vocab_size - 1, spec.vocab_size, advice));
+}
+
+}  // namespace
+
 int run_eval(const std::string& checkpoint_path, int64_t batches, const std::string& data_override) {
   bool loading = true;  // what fails while the named checkpoint is read is bad input, as for export
   try {
     auto [c, cfg] = load_named_checkpoint(checkpoint_path);
+    const auto spec = checkpoint_spec(
+        cfg, static_cast<int64_t>(theta_blob(c, checkpoint_path).size / sizeof(float)), checkpoint_path);
     loading = false;
     const auto p = resolve_paths(cfg);
     std::string corpus;
@@ -258,8 +292,8 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
           data_override.empty() ? "the corpus " + corpus : "--data " + corpus,
           data_override.empty() ? ": it changed since" : "",
           cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
-    auto data = find_or_prepare_data(cfg, corpus, p.data_dir);
-    auto spec = models::spec_of(cfg.model, cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size);
+    const auto data = find_or_prepare_data(cfg, corpus, p.data_dir);
+    check_eval_tokens(cfg, spec, data, data_override.empty() ? "data.path" : "--data", corpus);
     check_eval_memory_fits(cfg, spec);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
     const int64_t n_params = models::closed_form_param_count(spec);

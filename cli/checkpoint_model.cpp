@@ -15,30 +15,11 @@ namespace fs = std::filesystem;
 
 namespace longwave::cli {
 
-namespace {
-
-/// The model of a checkpoint's config. With model.vocab_size 0 the run took its vocabulary from the data,
-/// so it is read off theta's size (the embedding is the only part that depends on it).
-models::model_spec spec_for(const config::train_config& cfg, int64_t n_theta, const std::string& path) {
-  auto spec = models::spec_of(cfg.model, 0);
-  const int64_t without_embedding = models::closed_form_param_count(spec);
-  spec.vocab_size = cfg.model.vocab_size;
-  if (spec.vocab_size <= 0 && (n_theta - without_embedding) % spec.dim == 0)
-    spec.vocab_size = (n_theta - without_embedding) / spec.dim;
-  if (spec.vocab_size <= 0 || models::closed_form_param_count(spec) != n_theta)
-    throw lw_error(errc::corrupt_checkpoint,
-                   fmt::format("{}: theta holds {} values, which no vocabulary of model '{}' gives", path,
-                               n_theta, models::model_label(spec)));
-  return spec;
-}
-
-}  // namespace
-
 checkpoint_model load_checkpoint_model(const std::string& path) {
   auto named = actors::load_named_checkpoint(path);
   const auto& blob = actors::theta_blob(named.ckpt, path);
   checkpoint_model m;
-  m.spec = spec_for(named.cfg, static_cast<int64_t>(blob.size / sizeof(float)), path);
+  m.spec = actors::checkpoint_spec(named.cfg, static_cast<int64_t>(blob.size / sizeof(float)), path);
   const auto meta = runtime::parse_meta(named.ckpt.meta);
   if (const auto it = meta.find("preset"); it != meta.end() && it->second != models::model_label(m.spec))
     throw lw_error(errc::corrupt_checkpoint, fmt::format("{}: meta names model '{}', its config gives '{}'",

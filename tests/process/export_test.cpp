@@ -287,7 +287,7 @@ CATCH_TEST_CASE(
     const auto [ce, oe] = run({binary(), "eval", bad}, bad + "-eval.log", 300);
     CATCH_INFO(oe);
     CATCH_CHECK(ce == 2);
-    CATCH_CHECK(oe.find(with_nan ? "holds NaN or infinite values" : "parameters") != std::string::npos);
+    CATCH_CHECK(oe.find(with_nan ? "holds NaN or infinite values" : "no vocabulary") != std::string::npos);
     const auto [cx, ox] = run({binary(), "export", bad, "--out", bad + "-hf"}, bad + "-export.log", 120);
     CATCH_INFO(ox);
     CATCH_CHECK(cx == 2);
@@ -406,6 +406,15 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   CATCH_REQUIRE(code == 0);
   CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") == read_text(dir + "/archive/data/tokenizer.txt"));
   CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") != read_text(dir + "/run/data/tokenizer.txt"));
+  // eval on shards of another tokenizer is refused, naming both (the loss would be over other tokens).
+  const auto eval_on = [&](const std::string& data, const std::string& log) {
+    return run({binary(), "eval", dir + "/archive/checkpoints", "--data", data}, dir + "/" + log, 300);
+  };
+  const auto [ecode, eout] = eval_on(dir + "/run/data", "eval-other.log");
+  CATCH_INFO(eout);
+  CATCH_CHECK(ecode == 2);
+  CATCH_CHECK(eout.find("its shards are tokenized by a bpe tokenizer of ") != std::string::npos);
+  CATCH_CHECK(eout.find("the loss would be over other tokens") != std::string::npos);
   // sample finds the same tokenizer; without it (the later run's has another vocabulary) it says so.
   const auto [scode, sout] =
       run({binary(), "sample", dir + "/archive/checkpoints", "--tokens", "5"}, dir + "/sample.log", 300);
@@ -424,7 +433,16 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   const auto [pcode, pout] = run({binary(), "data", "prepare", dir + "/corpus.txt", "--out", dir + "/shards"},
                                  dir + "/prep.log", 300);
   CATCH_REQUIRE(pcode == 0);
+  const auto [bcode, bout] = eval_on(dir + "/shards", "eval-bytes.log");
+  CATCH_INFO(bout);
+  CATCH_CHECK(bcode == 2);
+  CATCH_CHECK(bout.find("its shards are tokenized by a byte tokenizer of 256 tokens") != std::string::npos);
   for (const char* f : {"tokenizer.txt", "prepared.txt"}) fs::remove(dir + "/shards/" + f);
+  const auto [ucode, uout] = eval_on(dir + "/shards", "eval-unchecked.log");  // nothing to compare: a warning
+  CATCH_INFO(uout);
+  CATCH_CHECK(ucode == 0);
+  CATCH_CHECK(uout.find("has no tokenizer.txt: its token ids are taken as the run's bpe tokens, unchecked") !=
+              std::string::npos);
   const auto [rcode, rout] =
       run({binary(), "run", cfg, "--fresh", "--set", "data.path=\"" + dir + "/shards\"", "--set",
            "run.out_dir=\"" + dir + "/shard-run\""},
