@@ -77,6 +77,19 @@ void check_eval_memory_fits(const config::train_config& cfg, const models::model
           spec.seq_len, need / mib, static_cast<double>(machine) / mib));
 }
 
+std::string memory_advice(const config::train_config& cfg, int64_t seq_len, bool gpu) {
+  std::vector<std::string> knobs;
+  if (cfg.train.batch_size > 1) knobs.push_back("lower train.batch_size");
+  if (gpu && cfg.train.micro_batches < cfg.train.batch_size)
+    knobs.push_back(fmt::format("raise train.micro_batches (now {})", cfg.train.micro_batches));
+  if (cfg.train.workers > 1) knobs.push_back(gpu ? "use fewer workers per GPU" : "lower train.workers");
+  if (seq_len > 1) knobs.push_back("lower model.seq_len");
+  std::string out;
+  for (size_t i = 0; i < knobs.size(); ++i) out += (i == 0 ? "" : ", ") + knobs[i];
+  return out + (out.empty() ? "use" : ", or use") +
+         " a smaller model.preset or shape (model.dim, model.layers, ...)";
+}
+
 void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec) {
   const int64_t machine = physical_memory_bytes();
   if (machine <= 0) return;
@@ -89,11 +102,10 @@ void check_memory_fits(const config::train_config& cfg, const models::model_spec
   throw config::config_error(
       "train.batch_size",
       fmt::format("train.batch_size = {}: the memory estimate is {:.1f} MiB ({:.1f} MiB per worker x {} "
-                  "workers, model {}, model.seq_len {}), more than this machine's {:.1f} MiB of memory; "
-                  "lower train.batch_size, train.workers or model.seq_len, or use a smaller model.preset "
-                  "or shape (model.dim, model.layers, ...)",
+                  "workers, model {}, model.seq_len {}), more than this machine's {:.1f} MiB of memory; {}",
                   cfg.train.batch_size, need / mib, per_worker / mib, cfg.train.workers,
-                  models::model_label(spec), spec.seq_len, static_cast<double>(machine) / mib));
+                  models::model_label(spec), spec.seq_len, static_cast<double>(machine) / mib,
+                  memory_advice(cfg, spec.seq_len, false)));
 }
 
 }  // namespace longwave::actors

@@ -88,6 +88,11 @@ models::inner_options make_inner_options(const config::train_config& cfg);
 /// Bytes of physical memory of this machine (sysconf), or 0 if it cannot be told.
 int64_t physical_memory_bytes();
 
+/// What a run out of memory can change, only the knobs that can go further ("lower train.batch_size, ...
+/// or use a smaller model.preset or shape ..."): a batch of 1 or one worker is not advised lower. `gpu`:
+/// train.micro_batches and workers per GPU.
+std::string memory_advice(const config::train_config& cfg, int64_t seq_len, bool gpu);
+
 /// Refuses (config_error naming train.batch_size, with the estimate and the memory) a run whose memory
 /// estimate for this process's workers, models::training_memory_bytes x train.workers, exceeds the machine's
 /// physical memory: it would end in a bad_alloc or the OOM killer after start-up.

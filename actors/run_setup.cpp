@@ -127,9 +127,8 @@ models::device_plan plan_devices(const config::train_config& cfg, const models::
     if (!over.empty())
       throw config::config_error(
           "train.batch_size",
-          fmt::format("train.batch_size = {}: the memory estimate does not fit ({}); lower train.batch_size, "
-                      "raise train.micro_batches (now {}) or use fewer workers per GPU",
-                      cfg.train.batch_size, over, cfg.train.micro_batches));
+          fmt::format("train.batch_size = {}: the memory estimate does not fit ({}); {}",
+                      cfg.train.batch_size, over, memory_advice(cfg, spec.seq_len, true)));
   }
   apply_determinism(cfg);
   return plan;

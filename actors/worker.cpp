@@ -73,15 +73,17 @@ std::string first_line(const std::string& text) {
 
 // Runs f; converts foreign exceptions into a caf::error (tier 3 -> tier 1).
 template <class F>
-caf::error guarded(int64_t rank, F&& f) {
+caf::error guarded(const worker_state& s, F&& f) {
+  const int64_t rank = s.rank;
   try {
     f();
     return {};
   } catch (const c10::OutOfMemoryError& e) {
     // The worker's device is full: one line naming what to change (the checkpoints stay as they are).
-    return make_error(errc::torch_error, "worker " + std::to_string(rank) +
-                                             ": out of memory on its device; lower train.batch_size (" +
-                                             first_line(e.what_without_backtrace()) + ")");
+    return make_error(errc::torch_error,
+                      "worker " + std::to_string(rank) + ": out of memory on its device; " +
+                          memory_advice(s.ctx->cfg, s.ctx->spec.seq_len, s.ctx->devices.any_cuda()) + " (" +
+                          first_line(e.what_without_backtrace()) + ")");
   } catch (const c10::Error& e) {
     return make_error(errc::torch_error,
                       "worker " + std::to_string(rank) + ": " + e.what_without_backtrace());
@@ -110,7 +112,7 @@ caf::error flush_held(worker_self self) {
   if (!s.held) return {};
   std::optional<float> loss;
   const auto t0 = std::chrono::steady_clock::now();
-  if (auto err = guarded(s.rank, [&] { loss = s.trainer->take_pending_loss(); })) {
+  if (auto err = guarded(s, [&] { loss = s.trainer->take_pending_loss(); })) {
     s.held.reset();
     return err;
   }
@@ -139,7 +141,7 @@ void finish_round(worker_self self) {
   r.round = s.round;
   const auto t_delta = std::chrono::steady_clock::now();
   // On a GPU the first one allocates the pinned host buffer it goes out through: a failure fails the round.
-  if (auto err = guarded(s.rank, [&] {
+  if (auto err = guarded(s, [&] {
         if (s.theta_ref.defined() && s.fragment >= 0)
           r.delta = s.trainer->node_delta(s.theta_ref, s.ctx->fragments.at(static_cast<size_t>(s.fragment)));
         else if (s.theta_ref.defined())
@@ -173,7 +175,7 @@ replica_state replica_from(worker_self self, models::inner_state is) {
 /// The state of this moment (lend: the live buffers), or the error of its copies (a failed side stream's).
 caf::expected<replica_state> replica_of(worker_self self, bool lend = false) {
   models::inner_state is;
-  if (auto err = guarded(self->state.rank, [&] { is = self->state.trainer->state(lend); })) return err;
+  if (auto err = guarded(self->state, [&] { is = self->state.trainer->state(lend); })) return err;
   return replica_from(self, std::move(is));
 }
 
@@ -189,7 +191,7 @@ void answer_copy(worker_self self, bool wait) {
   if (!s.copying) return;
   auto& c = *s.copying;
   bool done = wait;
-  auto err = wait ? caf::error{} : guarded(s.rank, [&] { done = c.done->query(); });  // CUDA: may throw
+  auto err = wait ? caf::error{} : guarded(s, [&] { done = c.done->query(); });  // CUDA: may throw
   if (!err && !done) {
     if ((!s.busy || s.paused) && !s.copy_polled) {
       s.copy_polled = true;
@@ -201,7 +203,7 @@ void answer_copy(worker_self self, bool wait) {
   auto r = std::move(c.state);
   auto event = std::move(c.done);
   s.copying.reset();
-  if (!err) err = guarded(s.rank, [&] { event->synchronize(); });  // a failed copy's error is the answer
+  if (!err) err = guarded(s, [&] { event->synchronize(); });  // a failed copy's error is the answer
   if (err)
     rp.deliver(err);
   else
@@ -215,7 +217,7 @@ caf::result<replica_state> copy_state(worker_self self) {
   answer_copy(self, /*wait=*/true);
   if (auto err = flush_held(self)) return err;
   models::inner_state_copy c;
-  if (auto err = guarded(s.rank, [&] { c = s.trainer->state_copy(); })) return err;
+  if (auto err = guarded(s, [&] { c = s.trainer->state_copy(); })) return err;
   auto r = replica_from(self, std::move(c.state));
   if (!c.done) return r;  // no copies (a trainer without a stage)
   s.copying =
@@ -248,7 +250,7 @@ caf::result<round_result> begin_round(worker_self self, uint64_t round, at::Tens
   } else {
     s.steps_in_round = 0;
     if (reset && s.theta_ref.defined()) {
-      if (auto err = guarded(s.rank, [&] { s.trainer->set_params(s.theta_ref); })) {
+      if (auto err = guarded(s, [&] { s.trainer->set_params(s.theta_ref); })) {
         s.theta_ref = at::Tensor();
         return err;
       }
@@ -314,9 +316,8 @@ void inner_step(worker_self self) {
     return models::schedule_step(s.round, k, s.steps_target, cfg.train.inner_steps);
   };
   std::optional<float> previous;  // the loss of the step before, read while this one runs
-  auto err = guarded(s.rank, [&] {
-    previous = s.trainer->step_async(cfg.diloco.adaptive_steps ? at(s.steps_in_round) : -1);
-  });
+  auto err = guarded(
+      s, [&] { previous = s.trainer->step_async(cfg.diloco.adaptive_steps ? at(s.steps_in_round) : -1); });
   if (err) return fail_round(self, err);
   if (previous && s.held) send_held(self, *previous);
   answer_copy(self, /*wait=*/false);
@@ -357,7 +358,7 @@ caf::result<bool> mix_fragment(worker_self self, const at::Tensor& theta, uint32
   if (s.busy || fragment >= frags.size())
     return make_error(errc::stale_round, "worker: mix of fragment " + std::to_string(fragment) +
                                              (s.busy ? " during a round" : " that does not exist"));
-  if (auto err = guarded(s.rank, [&] { s.trainer->mix(theta, frags[fragment], alpha); })) return err;
+  if (auto err = guarded(s, [&] { s.trainer->mix(theta, frags[fragment], alpha); })) return err;
   return true;
 }
 
@@ -381,30 +382,28 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
         round_result r;
         r.rank = s.rank;
         auto t0 = std::chrono::steady_clock::now();
-        if (auto err = guarded(s.rank, [&] { r.mean_loss = s.trainer->compute_grad(); })) return err;
+        if (auto err = guarded(s, [&] { r.mean_loss = s.trainer->compute_grad(); })) return err;
         r.compute_s = seconds_since(t0);
-        if (auto err =
-                guarded(s.rank, [&] { r.delta = s.trainer->grad(); }))  // read-only until our next (apply)
+        if (auto err = guarded(s, [&] { r.delta = s.trainer->grad(); }))  // read-only until our next (apply)
           return err;
         return r;
       },
       [=](apply_atom, at::Tensor avg) -> caf::result<double> {
         auto& s = self->state;
         auto t0 = std::chrono::steady_clock::now();
-        if (auto err = guarded(s.rank, [&] { s.trainer->apply_grad(avg); })) return err;
+        if (auto err = guarded(s, [&] { s.trainer->apply_grad(avg); })) return err;
         return seconds_since(t0);
       },
       [=](eval_atom, at::Tensor theta, int64_t n_batches) -> caf::result<double> {
         auto& s = self->state;
         double loss = 0;
-        if (auto err =
-                guarded(s.rank, [&] { loss = s.trainer->evaluate(theta, *s.ctx->val_tokens, n_batches); }))
+        if (auto err = guarded(s, [&] { loss = s.trainer->evaluate(theta, *s.ctx->val_tokens, n_batches); }))
           return err;
         return loss;
       },
       [=](set_atom, at::Tensor theta) -> caf::result<bool> {
         auto& s = self->state;
-        if (auto err = guarded(s.rank, [&] { s.trainer->set_params(theta); })) return err;
+        if (auto err = guarded(s, [&] { s.trainer->set_params(theta); })) return err;
         return true;
       },
       [=](mix_atom, at::Tensor theta, uint32_t fragment, double alpha) {
@@ -442,7 +441,7 @@ worker_actor::behavior_type worker_fun(worker_self self, std::shared_ptr<const r
       [=](load_atom, replica_state r) -> caf::result<bool> {
         auto& s = self->state;
         models::inner_state is{r.master, r.exp_avg, r.exp_avg_sq, r.adam_steps, r.sampler_position};
-        if (auto err = guarded(s.rank, [&] { s.trainer->load_state(is); })) return err;
+        if (auto err = guarded(s, [&] { s.trainer->load_state(is); })) return err;
         s.resume_steps = r.steps_in_round;
         return true;
       },

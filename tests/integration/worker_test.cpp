@@ -251,3 +251,27 @@ CATCH_TEST_CASE(
           [](round_result&) { CATCH_FAIL("a round ran past a failed copy"); },
           [](caf::error& e) { CATCH_CHECK(describe(e).find("injected copy failure") != std::string::npos); });
 }
+
+CATCH_TEST_CASE("out of memory, a run is advised only the knobs that can still go lower",
+                "[integration][worker]") {
+  config::train_config cfg;
+  cfg.train.batch_size = 1;
+  cfg.train.workers = 1;
+  const auto alone = actors::memory_advice(cfg, 128, false);
+  CATCH_CHECK(alone ==
+              "lower model.seq_len, or use a smaller model.preset or shape (model.dim, model.layers, ...)");
+  cfg.train.batch_size = 8;
+  cfg.train.workers = 2;
+  cfg.train.micro_batches = 2;
+  CATCH_CHECK(actors::memory_advice(cfg, 1, false) ==
+              "lower train.batch_size, lower train.workers, or use a smaller model.preset or shape "
+              "(model.dim, model.layers, ...)");
+  CATCH_CHECK(
+      actors::memory_advice(cfg, 128, true)
+          .rfind(
+              "lower train.batch_size, raise train.micro_batches (now 2), use fewer workers per GPU, lower "
+              "model.seq_len",
+              0) == 0);
+  cfg.train.micro_batches = 8;  // one sequence a micro-batch already
+  CATCH_CHECK(actors::memory_advice(cfg, 128, true).find("micro_batches") == std::string::npos);
+}
