@@ -427,7 +427,15 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
   // The copy never replaces a file it did not write: the config this run read may sit there.
   std::error_code ec;
   const bool is_input = !config_file.empty() && fs::equivalent(config_file, p.config_copy, ec);
-  if (is_input || (fs::exists(p.config_copy, ec) && !resolved_copy(p.config_copy))) {
+  const bool resolved = resolved_copy(p.config_copy);
+  if (is_input && resolved) {  // a run's copy run again: it may hold other settings than this run's
+    spdlog::info(
+        "{} is the config file this run reads: left as it is (the checkpoints hold this run's "
+        "resolved config)",
+        p.config_copy);
+    return;
+  }
+  if (is_input || (fs::exists(p.config_copy, ec) && !resolved)) {
     spdlog::warn(
         "{} is {}, not a resolved copy a run wrote: left as it is (the checkpoints hold the resolved "
         "config)",

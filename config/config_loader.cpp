@@ -913,8 +913,11 @@ train_config load_config_file(const std::string& path, const std::vector<std::st
     warnings->push_back(fmt::format("config {} is empty: every setting {}is its default", path,
                                     overrides.empty() ? "" : "but the --set overrides "));
   }
+  // A run's resolved copy sets every key, the inert ones too: only the overrides are the user's choice.
+  const bool resolved = text.rfind(resolved_config_header, 0) == 0;
   if (warnings)
-    for (auto& line : inert_settings(cfg, keys_set(text, overrides))) warnings->push_back(std::move(line));
+    for (auto& line : inert_settings(cfg, keys_set(resolved ? std::string() : text, overrides)))
+      warnings->push_back(std::move(line));
   if (cfg.run.name.empty()) cfg.run.name = run_name_of_file(path);
   return cfg;
 }

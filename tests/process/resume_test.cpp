@@ -455,9 +455,15 @@ CATCH_TEST_CASE("a resume on data other than the checkpoint's run read says so",
   CATCH_CHECK(l2.find("differs from what the checkpoint's run read") == std::string::npos);
   CATCH_CHECK(l2.find("no longer an exact resume") == std::string::npos);  // train.rounds may grow
   fs::resize_file(dir + "/corpus.txt", fs::file_size(dir + "/corpus.txt") / 2);
-  auto [c3, l3] = run(with_rounds(3), dir + "/3.log", 600);
+  // Run from the run's resolved copy: it sets every key, and none is named inert; the copy stays as it is.
+  const auto copy = dir + "/r/config.toml";
+  const auto copy_text = read_text(copy);
+  auto [c3, l3] = run({binary(), "run", copy, "--set", "train.rounds=3"}, dir + "/3.log", 600);
   CATCH_INFO(l3);
   CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(l3.find("is set, but") == std::string::npos);
+  CATCH_CHECK(l3.find(copy + " is the config file this run reads: left as it is") != std::string::npos);
+  CATCH_CHECK(read_text(copy) == copy_text);
   CATCH_CHECK(l3.find("data: the training data (" + dir +
                       "/corpus.txt) differs from what the checkpoint's run "
                       "read") != std::string::npos);
