@@ -172,9 +172,13 @@ point_result recorded(const sweep_point& p) {
   if (rec.status.empty()) return r;
   // The resolved config is the point's identity: settings written otherwise (1e-3 for 0.001, a [sweep] set
   // of a value the base holds) make the same run; "overrides" stays in point.json for a person to read.
-  // Records before 2026-12 hashed the whole config, the point's directories as written included.
-  const std::string legacy = fmt::format("{:016x}", config::cluster_id_of(config::to_toml(p.cfg)));
-  if (rec.config != config_fingerprint(p) && rec.config != legacy) {
+  // Earlier records hashed the whole config, the point's directories as written included, then the config
+  // but for its names and directories (named_identity).
+  const auto hash = [](const std::string& text) {
+    return fmt::format("{:016x}", config::cluster_id_of(text));
+  };
+  if (rec.config != config_fingerprint(p) && rec.config != hash(config::to_toml(p.cfg)) &&
+      rec.config != hash(named_identity(p.cfg))) {
     r.status = "stale";  // run with other settings (or another base config) in this folder
     return r;
   }

@@ -607,6 +607,21 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
 std::string training_identity(const config::train_config& cfg) {
   auto unnamed = cfg;
   unnamed.run.name = unnamed.run.out_dir = unnamed.checkpoint.dir = "";
+  // How often the run saves, logs and waits, and where it serves metrics: the same losses either way.
+  const config::train_config defaults;
+  unnamed.checkpoint.every_rounds = defaults.checkpoint.every_rounds;
+  unnamed.checkpoint.keep = defaults.checkpoint.keep;
+  unnamed.checkpoint.max_failed_writes = defaults.checkpoint.max_failed_writes;
+  unnamed.metrics = defaults.metrics;
+  unnamed.runtime = defaults.runtime;
+  unnamed.comm.timeout_s = defaults.comm.timeout_s;
+  unnamed.comm.link_timeout_s = defaults.comm.link_timeout_s;
+  return config::to_toml(unnamed);
+}
+
+std::string named_identity(const config::train_config& cfg) {
+  auto unnamed = cfg;
+  unnamed.run.name = unnamed.run.out_dir = unnamed.checkpoint.dir = "";
   return config::to_toml(unnamed);
 }
 

@@ -155,10 +155,12 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(out3.find("(4 of 4 points done)") != std::string::npos);
   CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
 
-  // A [sweep] set that gives every point the config it had (eval.batches is 2 in the base): nothing reruns.
+  // A [sweep] set that gives every point the config it had (eval.batches is 2 in the base), or changes only
+  // how often it saves and logs and how many checkpoints it keeps: nothing reruns.
   (void)sweep_file(dir, "grid", "out",
                    "[grid]\n\"train.inner_steps\" = [2, 4]\n\"train.lr\" = [1e-3, 3e-3]\n",
-                   "parallel = \"auto\"\nset = [\"eval.batches = 2\"]\n");
+                   "parallel = \"auto\"\nset = [\"eval.batches = 2\", \"checkpoint.keep = 1\", "
+                   "\"checkpoint.every_rounds = 2\", \"runtime.log_every_steps = 3\"]\n");
   auto [code5, out5] = run({binary(), "sweep", file}, dir + "/same.log", 300);
   CATCH_INFO(out5);
   CATCH_CHECK(code5 == 0);
