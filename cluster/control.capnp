@@ -193,6 +193,12 @@ struct NcclId {
   id @1 :Text;
 }
 
+struct Standby {
+  # A standby coordinator -> the one that leads, every few seconds while it stands by: when the cluster ends
+  # (stopped, finished, called off) the leader tells it so with a Bye, and it ends instead of taking over.
+  address @0 :Text;  # where the standby would listen (one of [cluster] coordinator)
+}
+
 struct Envelope {
   clusterId @0 :UInt64;
   sender @1 :UInt32;       # sender's rank; 0xffffffff before it has one
@@ -217,6 +223,7 @@ struct Envelope {
     contribute @20 :Contribute;
     merge @21 :Merge;
     ncclId @22 :NcclId;
+    standby @23 :Standby;
   }
   # The sending coordinator's term, or the newest term a node follows (0: none yet). A node ignores a
   # coordinator of an older term; a coordinator that hears of a newer one steps down.

@@ -233,6 +233,7 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       x.setId(txt(m.id));
     }
     void operator()(const merge_msg& m) { set_merge(b.initMerge(), m); }
+    void operator()(const standby_msg& m) { b.initStandby().setAddress(txt(m.address)); }
   };
   std::visit(visitor{body}, e.body);
   return flat_bytes(mb);
@@ -414,6 +415,8 @@ read_result read_body(wire::Envelope::Body::Reader b, body_t& out) {
       out = nccl_id_msg{x.getEpoch(), text_of(x.getId())};
       return std::nullopt;
     }
+    case B::STANDBY:
+      return read_text<standby_msg>(b.getStandby().getAddress(), max_endpoint_bytes, "standby address", out);
   }
   return reject(reject_reason::malformed,
                 fmt::format("envelope carries unknown message kind {}", static_cast<unsigned>(b.which())));

@@ -167,6 +167,11 @@ struct nccl_id_msg {
   uint64_t epoch = 0;
   std::string id;
 };
+/// A standby coordinator that would listen at `address` stands by (standby -> leader, repeated): the leader
+/// says bye to it when the cluster ends.
+struct standby_msg {
+  std::string address;
+};
 /// A merge or drops (coordinator -> members): runtime/messages/merge_order.hpp, which training takes as is.
 using merge_entry = runtime::merge_entry;
 using merge_msg = runtime::merge_order;
@@ -177,7 +182,8 @@ struct envelope {
   uint32_t sender = 0xffffffffu;  ///< rank, or 0xffffffff before the sender has one
   std::variant<hello_msg, welcome_msg, round_start_msg, heartbeat_msg, done_msg, error_msg, bye_msg,
                fence_msg, fence_ack_msg, membership_msg, ring_failed_msg, leave_msg, recover_msg,
-               join_ready_msg, stop_msg, committed_msg, pin_msg, contribute_msg, merge_msg, nccl_id_msg>
+               join_ready_msg, stop_msg, committed_msg, pin_msg, contribute_msg, merge_msg, nccl_id_msg,
+               standby_msg>
       body;
   /// The sending coordinator's term, or the newest term a node follows (0: none yet): one coordinator leads.
   uint64_t term = 0;

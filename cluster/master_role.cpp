@@ -186,11 +186,17 @@ int lead(const config::cluster_spec& spec, const master_options& o) {
   for (const auto& c : spec.coordinators)
     if (c != o.bind_endpoint) sb.others.push_back(c);
   if (o.node_keys) sb.curve = o.curve;
+  sb.cluster_id = spec.cluster_id;
+  sb.address = o.bind_endpoint;
   sb.silence = o.heartbeat_timeout;
   sb.stop = o.stop;
   sb.info = o.info;
-  const auto end = stand_by(sb);
+  const auto [end, said] = stand_by(sb);
   if (end == standby_end::stopped) return 130;
+  if (end == standby_end::ended) {  // nothing to lead: the event log's end record is the leader's
+    if (o.info) o.info(fmt::format("coordinator: the coordinator that led says {}; this standby ends", said));
+    return 0;
+  }
   master_options leading = o;
   leading.took_over = end == standby_end::take_over;
   return run_master(leading);

@@ -456,7 +456,12 @@ void master_state::note_end(const std::string& outcome,
                 {{"outcome", outcome}, {"exit_code", static_cast<int64_t>(exit_code_.value_or(0))}});
   fields.emplace_back("epoch", static_cast<int64_t>(epoch_));
   note("end", std::move(fields));
-  answer_stop_waiters(outcome, summary.empty() ? "the coordinator ended: " + outcome : summary);
+  const auto said = summary.empty() ? "the coordinator ended: " + outcome : summary;
+  answer_stop_waiters(outcome, said);
+  // The cluster ends with this master, unless another leads it now: its standbys end too.
+  if (outcome != "stepped_down")
+    for (const auto& [identity, address] : standbys_)
+      reply(identity, bye_msg{("the cluster ended (" + outcome + "): " + said).substr(0, max_message_bytes)});
 }
 
 /// Tells every joined node that the cluster is off; done() is `code`.

@@ -321,6 +321,7 @@ class master_state {
   void on_ring_failed(size_t i, const ring_failed_msg& rf);
   // master_state_requests.cpp: longwave stop and node --leave.
   void on_stop_request(const sender& from);
+  void on_standby(const sender& from, const standby_msg& sb);
   void on_leave(const sender& from, const leave_msg& l);
   void add_stop_waiter(const std::string& identity);
   void answer_stop_waiters(const std::string& outcome, const std::string& summary);
@@ -390,6 +391,7 @@ class master_state {
   std::vector<action> actions_;
   std::optional<int> exit_code_;
   uint64_t n_dropped_ = 0;
+  std::map<std::string, std::string> standbys_;     // standby coordinators: routing id -> their address
   std::set<std::string> strangers_;                 // routing ids of running nodes of an earlier master
   std::set<std::string> running_elsewhere_;         // their names
   std::map<std::string, std::string> turned_away_;  // a node whose hello was refused: why (its last)

@@ -47,6 +47,7 @@ void master_state::on_frame(const sender& from, const envelope& e, clock::time_p
                       l->node, *from.keyed_as));
     return on_leave(from, *l);
   }
+  if (auto* sb = std::get_if<standby_msg>(&e.body)) return on_standby(from, *sb);
   const auto idx = index_of_identity(from.identity);
   if (std::holds_alternative<stop_msg>(e.body) && !idx) {
     if (from.keyed_as && *from.keyed_as != comm::operator_user_id)

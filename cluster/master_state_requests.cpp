@@ -15,7 +15,22 @@ using namespace control;
 namespace {
 // Stop requesters remembered for the end's answer: one operator asks, a few retry.
 constexpr size_t max_stop_waiters = 16;
+// Standby coordinators remembered (a cluster lists at most term_slots addresses; each may reconnect).
+constexpr size_t max_standbys = 64;
 }  // namespace
+
+/// A standby coordinator stands by (standby.hpp): it is told when the cluster ends (note_end), so it ends
+/// too instead of taking an ended cluster over. Only the cluster's own key may (it is a coordinator's).
+void master_state::on_standby(const sender& from, const standby_msg& sb) {
+  if (from.keyed_as && *from.keyed_as != comm::operator_user_id)
+    return dropped(
+        fmt::format("coordinator: dropped a standby's word from {}: it came with node '{}''s key, "
+                    "not the cluster's",
+                    from.peer, *from.keyed_as));
+  if (standbys_.count(from.identity) || standbys_.size() >= max_standbys) return;
+  standbys_.emplace(from.identity, sb.address);
+  info(fmt::format("coordinator: a standby coordinator ({}) stands by at {}", from.peer, sb.address));
+}
 
 void master_state::add_stop_waiter(const std::string& identity) {
   auto& w = stop_->waiters;

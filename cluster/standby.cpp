@@ -9,6 +9,8 @@
 #include <zmq.hpp>
 
 #include "cluster/control_common.hpp"
+#include "cluster/control_text.hpp"
+#include "cluster/envelope.hpp"
 #include "comm/zmq_monitor.hpp"
 
 namespace longwave::cluster {
@@ -21,6 +23,7 @@ struct look {
   std::unique_ptr<zmq::socket_t> sock;
   std::unique_ptr<zmq::socket_t> monitor;
   bool up = false;
+  clock::time_point told{};  // the last Standby sent (at once on each handshake, then every hello_every)
 };
 
 // Connects one look; heartbeats make a hung leader (stopped, not closed) count as unreachable.
@@ -54,6 +57,33 @@ const look* update(std::vector<look>& looks) {
   return answering;
 }
 
+// Tells each answering master that this one stands by, and reads what they sent: the bye of a cluster that
+// ended, if any.
+std::optional<std::string> converse(std::vector<look>& looks, const standby_options& o,
+                                    clock::time_point now) {
+  envelope e;
+  e.cluster_id = o.cluster_id;
+  e.body = standby_msg{o.address};
+  for (auto& l : looks) {
+    if (!l.up) {
+      l.told = {};
+      continue;
+    }
+    if (now - l.told >= control::hello_every) {
+      auto msg = control::to_message(build_envelope(e));
+      (void)l.sock->send(msg, zmq::send_flags::dontwait);
+      l.told = now;
+    }
+    zmq::message_t in;
+    while (l.sock->recv(in, zmq::recv_flags::dontwait)) {
+      auto parsed = parse_envelope(in.data(), in.size(), o.cluster_id);
+      if (!parsed) continue;
+      if (auto* b = std::get_if<bye_msg>(&parsed.value().body)) return b->reason;
+    }
+  }
+  return std::nullopt;
+}
+
 void close_looks(std::vector<look>& looks) {
   for (auto& l : looks) {
     zmq_socket_monitor(l.sock->handle(), nullptr, 0);
@@ -64,8 +94,8 @@ void close_looks(std::vector<look>& looks) {
 
 }  // namespace
 
-standby_end stand_by(const standby_options& o) {
-  if (o.others.empty()) return standby_end::lead;
+standby_result stand_by(const standby_options& o) {
+  if (o.others.empty()) return {};
   zmq::context_t ctx(1);
   std::vector<look> looks;
   int n = 0;  // each look's monitor gets a name of its own, a failed one's included
@@ -79,14 +109,19 @@ standby_end stand_by(const standby_options& o) {
   const auto started = clock::now();
   std::optional<clock::time_point> last_up;
   std::string leader;
-  standby_end result = standby_end::lead;
+  standby_result result;
   for (;;) {
     if (o.stop && o.stop()) {
-      result = standby_end::stopped;
+      result.end = standby_end::stopped;
       break;
     }
     const auto now = clock::now();
-    if (const look* l = update(looks)) {
+    const look* l = update(looks);
+    if (auto said = converse(looks, o, now)) {
+      result = {standby_end::ended, *said};
+      break;
+    }
+    if (l) {
       if (!last_up && o.info)
         o.info(fmt::format(
             "coordinator: the coordinator at {} leads the cluster; this one stands by until it has been "
@@ -101,7 +136,7 @@ standby_end stand_by(const standby_options& o) {
         o.info(
             fmt::format("coordinator: the coordinator at {} has been unreachable for {}: this one takes over",
                         leader, cluster::control::secs(o.silence)));
-      result = standby_end::take_over;
+      result.end = standby_end::take_over;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

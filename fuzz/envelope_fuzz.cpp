@@ -49,6 +49,7 @@ void write_seeds(const std::string& dir) {
   es.push_back({cluster_id, 1, pin_msg{0, true}});
   es.push_back({cluster_id, 1, contribute_msg{40, 81920}});
   es.push_back({cluster_id, 0, nccl_id_msg{3, std::string(256, 'f')}});
+  es.push_back({cluster_id, 0, standby_msg{"tcp://127.0.0.1:5700"}});
   es.push_back({cluster_id, 0,
                 merge_msg{41, {{"alpha", 40, 81920, 1}, {"beta", 38, 163840, 2}}, {{"gamma", 30, 1, 1}}}});
   for (size_t i = 0; i < es.size(); ++i) {

@@ -40,6 +40,7 @@ std::string fields_of(const decltype(envelope::body)& body) {
   if (const auto* m = std::get_if<contribute_msg>(&body))
     return "contribute " + to_string(m->v_start) + " " + to_string(m->tokens);
   if (const auto* m = std::get_if<nccl_id_msg>(&body)) return "nccl_id " + to_string(m->epoch) + " " + m->id;
+  if (const auto* m = std::get_if<standby_msg>(&body)) return "standby " + m->address;
   if (const auto* m = std::get_if<merge_msg>(&body)) {
     std::string out = "merge " + to_string(m->version);
     for (const auto* list : {&m->merged, &m->dropped}) {
@@ -187,6 +188,7 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
         envelope{7, 2, committed_msg{41, 0xfeedbeef}}, envelope{7, 2, pin_msg{41, false}},
         envelope{7, 2, pin_msg{0, true}}, envelope{7, 2, contribute_msg{40, 81920}},
         envelope{7, 2, nccl_id_msg{3, std::string(256, 'a')}},
+        envelope{7, 2, standby_msg{"tcp://10.0.0.2:5700"}},
         envelope{7, 2, merge_msg{41, {{"n0", 40, 81920, 1}, {"n2", 38, 163840, 2}}, {}}},
         envelope{7, 2, merge_msg{41, {}, {{"n3", 30, 1024, 1}}}}}) {
     f = build_envelope(e);
@@ -214,6 +216,10 @@ CATCH_TEST_CASE("control envelopes round-trip and oversized or foreign ones are 
   rs = parse_envelope(f.data(), f.size(), 7);
   CATCH_REQUIRE_FALSE(rs.ok());
   CATCH_CHECK(rs.error().detail.find("NCCL id") != std::string::npos);
+  f = build_envelope(envelope{7, 0, standby_msg{std::string(max_endpoint_bytes + 1, 'a')}});
+  rs = parse_envelope(f.data(), f.size(), 7);
+  CATCH_REQUIRE_FALSE(rs.ok());
+  CATCH_CHECK(rs.error().detail.find("standby address") != std::string::npos);
 
   // A chunk header is not an envelope of ours: it decodes to a struct whose fields do not check out, or it is
   // refused; either way no exception escapes.

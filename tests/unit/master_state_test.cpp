@@ -37,10 +37,10 @@ namespace {
 /// (running, async) merging=V/NODE@V_STARTxTOKENS,... (a merge it holds unapplied) told=V (the newest) |
 /// contribute V_START TOKENS [seq=S] |
 /// ack E C [pending P held] | bye REASON | error | ring_failed E SUSPECT | join_ready R | stop [R] | pin R |
-/// committed R CRC | leave NODE | nccl_id E ID | tick | paused S (the master's own loop stalled S seconds).
-/// Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership epoch 2 rank 0
-/// [n0,n2] keep 3/0", "n0 <- recover round 3 from [n0,n1]", "n0 <- stop 8", "n0 <- leave n0", "n0 <- pin 5",
-/// "n0 <- pin release", "n0
+/// committed R CRC | leave NODE | nccl_id E ID | standby ADDRESS | tick | paused S (the master's own loop
+/// stalled S seconds). Actions read: "n0 <- welcome rank 0 of 2 epoch 1", "n0 <- fence 2", "n0 <- membership
+/// epoch 2 rank 0 [n0,n2] keep 3/0", "n0 <- recover round 3 from [n0,n1]", "n0 <- stop 8", "n0 <- leave n0",
+/// "n0 <- pin 5", "n0 <- pin release", "n0
 /// <- error evicted: TEXT", "info: LINE", "warn: LINE", "count node_lost", "rejected wrong_cluster", "epoch 2
 /// (1 members, lost)", "joined n2 at round 3".
 struct row {
@@ -303,6 +303,8 @@ class table {
       e.body = cluster::contribute_msg{num(0), num(1), opt("seq", 0)};
     } else if (verb == "nccl_id") {
       e.body = cluster::nccl_id_msg{num(0), args.at(1)};
+    } else if (verb == "standby") {
+      e.body = cluster::standby_msg{args.at(0)};
     } else {
       throw std::runtime_error("table: unknown event '" + what + "'");
     }
@@ -1303,6 +1305,76 @@ CATCH_TEST_CASE("master: a master whose own process was suspended gives the memb
                           {17.5, "n0", "heartbeat 1", {"node n1 lost: nothing heard for 6 s", "!n0 lost"}}});
   CATCH_CHECK(t.master().phase_of("n0") == member_phase::member);
   CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
+}
+
+CATCH_TEST_CASE("master: a standby coordinator is told when the cluster ends, not when another leads it",
+                "[unit][master]") {
+  const std::vector<row> standing = {
+      {1.5,
+       "sb",
+       "standby tcp://b:2",
+       {"info: coordinator: a standby coordinator (10.0.0.1) stands by at tcp://b:2"}},
+      {3.5, "sb", "standby tcp://b:2", {"!stands by"}},  // repeated every 2 s: said once
+  };
+  CATCH_SECTION("a stopped cluster") {
+    table t(cluster_of(2));
+    t.play(two_training + standing +
+           std::vector<row>{{4, "op", "stop", {"n0 <- stop 0", "n1 <- stop 0", "!sb <-"}},
+                            {4.5, "n0", "stop 7", {}},
+                            {4.5, "n1", "stop 7", {"n0 <- stop 7", "!sb <-"}},
+                            {5, "n0", "bye stopped", {"!sb <-"}},
+                            {5,
+                             "n1",
+                             "bye stopped",
+                             {"record end outcome=stopped",
+                              "sb <- bye the cluster ended (stopped): every node stopped after round 7"}}});
+    CATCH_CHECK(t.master().done() == 0);
+  }
+  CATCH_SECTION("a finished run") {
+    table t(cluster_of(2));
+    t.play(two_training + standing +
+           std::vector<row>{
+               {5, "n0", "bye done", {"!sb <-"}},
+               {5, "n1", "bye done", {"sb <- bye the cluster ended (finished): every node finished"}}});
+  }
+  CATCH_SECTION("a coordinator stopped with Ctrl-C calls the cluster off") {
+    table t(cluster_of(2));
+    t.play(two_training + standing);
+    t.master().interrupt();
+    std::string all;
+    for (auto& a : t.master().take_actions())
+      if (auto* snd = std::get_if<send>(&a)) all += snd->to + " <- " + describe_body(snd->envelope) + "\n";
+    CATCH_INFO(all);
+    CATCH_CHECK(all.find("sb <- bye the cluster ended (interrupted)") != std::string::npos);
+  }
+  CATCH_SECTION(
+      "a coordinator that steps down: the cluster goes on under another, the standby is told nothing") {
+    table t(cluster_of(2));
+    t.play(
+        two_training + standing +
+        std::vector<row>{{4, "n0", "heartbeat 2 term=513", {"record end outcome=stepped_down", "!sb <-"}}});
+    CATCH_CHECK(t.master().done() == 0);
+  }
+}
+
+CATCH_TEST_CASE("master: a standby's word is the cluster key's only", "[unit][master]") {
+  master_settings s = cluster_of(1);
+  auto ring = std::make_shared<comm::key_ring>();
+  ring->allow("KEY0", "n0");
+  s.node_keys = ring;
+  master_state m(s, clock::time_point{});
+  cluster::envelope sb;
+  sb.body = cluster::standby_msg{"tcp://b:2"};
+  m.on_frame({"x", "10.0.0.9", "n0"}, sb, clock::time_point{});
+  m.on_frame({"y", "10.0.0.8", std::string(comm::operator_user_id)}, sb, clock::time_point{});
+  std::string out;
+  for (auto& a : m.take_actions())
+    if (auto* l = std::get_if<line>(&a)) out += l->text + "\n";
+  CATCH_INFO(out);
+  CATCH_CHECK(out.find("dropped a standby's word from 10.0.0.9: it came with node 'n0''s key") !=
+              std::string::npos);
+  CATCH_CHECK(out.find("a standby coordinator (10.0.0.8) stands by at tcp://b:2") != std::string::npos);
+  CATCH_CHECK(out.find("(10.0.0.9) stands by") == std::string::npos);
 }
 
 CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary", "[unit][master]") {
