@@ -269,6 +269,7 @@ actors::joined_state joiner::fetch_planned(const runtime::snapshot_shape& shape)
   o.tick = [this] { beat(); };  // heartbeats go on while a dead source stalls the fetch
   o.fragment = shared_part;
   o.min_round = min_round;
+  o.own_contents = !same_theta_ && !versions_;  // eager: each member's theta is its own
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline =
       t0 + std::chrono::seconds(static_cast<int64_t>(std::max(120.0, spec_.join_timeout_s)));

@@ -65,20 +65,19 @@ std::optional<std::string> converse(std::vector<look>& looks, const standby_opti
   e.cluster_id = o.cluster_id;
   e.body = standby_msg{o.address};
   for (auto& l : looks) {
-    if (!l.up) {
-      l.told = {};
-      continue;
-    }
-    if (now - l.told >= control::hello_every) {
-      auto msg = control::to_message(build_envelope(e));
-      (void)l.sock->send(msg, zmq::send_flags::dontwait);
-      l.told = now;
-    }
+    // Read first, up or not: a leader that says bye closes right after, and its disconnect may come first.
     zmq::message_t in;
     while (l.sock->recv(in, zmq::recv_flags::dontwait)) {
       auto parsed = parse_envelope(in.data(), in.size(), o.cluster_id);
       if (!parsed) continue;
       if (auto* b = std::get_if<bye_msg>(&parsed.value().body)) return b->reason;
+    }
+    if (!l.up) {
+      l.told = {};
+    } else if (now - l.told >= control::hello_every) {
+      auto msg = control::to_message(build_envelope(e));
+      (void)l.sock->send(msg, zmq::send_flags::dontwait);
+      l.told = now;
     }
   }
   return std::nullopt;

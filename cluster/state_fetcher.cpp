@@ -82,7 +82,7 @@ class fetcher {
     out.seconds = std::chrono::duration<double>(clock::now() - start).count();
     for (auto& p : peers_) {
       out.bytes_per_peer.push_back(p.bytes);
-      if (p.phase == peer_phase::dropped || (p.phase != peer_phase::source && !p.cause.empty()))
+      if (p.phase != peer_phase::source && !p.cause.empty())
         out.dropped.push_back(p.endpoint + ": " + p.cause);
     }
     return out;
@@ -335,12 +335,14 @@ class fetcher {
         return;
       }
     for (auto& o : p.offers)
-      if (o.key == chosen_->key)
+      if (o.key == chosen_->key) {
+        if (opts_.own_contents) return drop(i, drop_kind::none, "");  // its own state: as good, not chosen
         return drop(
             i, drop_kind::malformed,
             fmt::format("offers {} with other contents (CRC-32C {:08x}, {} bytes; most peers: {:08x}, {} "
                         "bytes)",
                         key_text(o.key), o.checksum, o.total, chosen_->checksum, chosen_->total));
+      }
     const auto has = keys_text(p.offers);
     drop(i, drop_kind::no_state,
          fmt::format("does not offer {} (it offers {})", key_text(chosen_->key), has.empty() ? "none" : has));

@@ -32,6 +32,10 @@ struct fetch_options {
   /// A peer that owes replies and sends nothing this long is dropped and its chunks go to the others
   /// (a peer whose connection drops is dropped at once). 0: timeout / 3, at least 1 s.
   std::chrono::milliseconds peer_stall{0};
+  /// Each peer's state is its own (diloco.outer = "eager": the nodes' thetas differ by design): the chosen
+  /// key comes from the peer whose offer was chosen alone, and the others' other contents are no fault (no
+  /// "dropped" cause, no warning).
+  bool own_contents = false;
   /// A peer offering a larger state is dropped (malformed): the joiner allocates the whole state up front.
   uint64_t max_bytes = 256ull << 30;
   /// CURVE: this node's key pair, and each peer's public key (indexed like the peers; pinned).

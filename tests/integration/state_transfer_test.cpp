@@ -184,6 +184,17 @@ CATCH_TEST_CASE("A peer serving a corrupt copy of the state is dropped and the o
     CATCH_REQUIRE(got.dropped.size() == 1);
     CATCH_CHECK(got.dropped[0].find("other contents") != std::string::npos);
   }
+  CATCH_SECTION("each peer's state is its own (eager): one peer's is fetched, and nobody is dropped") {
+    auto other = random_blob(blob_bytes, 7);
+    bad->publish({4, 0}, 4, other);
+    servers.insert(servers.begin(), std::move(bad));
+    fetch_options opts;
+    opts.own_contents = true;
+    const auto got = fetch_state(endpoints(servers), cluster_id, opts);
+    CATCH_REQUIRE(got.bytes == *blob);  // the contents most offer, as without own_contents
+    CATCH_CHECK(got.bytes_per_peer[0] == 0);
+    CATCH_CHECK(got.dropped.empty());  // the other state is no fault
+  }
 #ifndef LW_UNDER_TSAN
   // Left out under ThreadSanitizer: the test rots the bytes behind the server's back, and the server's last
   // read of them is ordered before that only through ZeroMQ messages, which TSan cannot see.
