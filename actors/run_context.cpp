@@ -2,9 +2,9 @@
 #include "actors/run_context.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include "config/config_loader.hpp"
+#include "runtime/memory/allocator.hpp"
 
 namespace longwave::actors {
 
@@ -54,15 +54,8 @@ std::vector<models::data::token_span> run_context::data_spans(int64_t global_ran
                                        train_docs, global_rank, data_parts(), spec.seq_len + 1);
 }
 
-int64_t physical_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return 0;
-  return static_cast<int64_t>(pages) * page;
-}
-
 void check_eval_memory_fits(const config::train_config& cfg, const models::model_spec& spec) {
-  const int64_t machine = physical_memory_bytes();
+  const int64_t machine = runtime::physical_memory_bytes();
   const double need = static_cast<double>(models::evaluation_memory_bytes(
       spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16));
   if (machine <= 0 || need <= static_cast<double>(machine)) return;
@@ -91,7 +84,7 @@ std::string memory_advice(const config::train_config& cfg, int64_t seq_len, bool
 }
 
 void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec) {
-  const int64_t machine = physical_memory_bytes();
+  const int64_t machine = runtime::physical_memory_bytes();
   if (machine <= 0) return;
   // In double: train.workers x the estimate can pass int64 even though each factor is bounded.
   const double per_worker = static_cast<double>(models::training_memory_bytes(

@@ -85,9 +85,6 @@ bool averages_plain_deltas(const config::train_config& cfg);
 /// Inner-loop options from the config.
 models::inner_options make_inner_options(const config::train_config& cfg);
 
-/// Bytes of physical memory of this machine (sysconf), or 0 if it cannot be told.
-int64_t physical_memory_bytes();
-
 /// What a run out of memory can change, only the knobs that can go further ("lower train.batch_size, ...
 /// or use a smaller model.preset or shape ..."): a batch of 1 or one worker is not advised lower. `gpu`:
 /// train.micro_batches and workers per GPU.

@@ -19,6 +19,7 @@
 #include "runtime/errors/errors.hpp"
 #include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
+#include "runtime/memory/allocator.hpp"
 #include "runtime/process/cores.hpp"
 
 namespace fs = std::filesystem;
@@ -176,7 +177,7 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
   }
   std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers (this machine: %.1f MiB)\n",
               static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
-              cfg.train.workers, static_cast<double>(physical_memory_bytes()) / (1 << 20));
+              cfg.train.workers, static_cast<double>(runtime::physical_memory_bytes()) / (1 << 20));
   // validate() bounds the steps; their tokens may pass 64 bits on a config of a billion rounds.
   const int64_t steps = cfg.train.rounds * cfg.train.inner_steps;
   int64_t tokens = 0;

@@ -43,4 +43,11 @@ size_t release_freed_memory() {
 #endif
 }
 
+int64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<int64_t>(pages) * page;
+}
+
 }  // namespace longwave::runtime

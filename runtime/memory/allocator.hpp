@@ -1,6 +1,7 @@
 #pragma once
 // Process-wide malloc settings for a node that streams large buffers.
 #include <cstddef>
+#include <cstdint>
 
 namespace longwave::runtime {
 
@@ -25,5 +26,8 @@ size_t release_freed_memory();
 
 /// This process's resident memory in bytes (/proc/self/statm; 0 where unreadable).
 size_t resident_bytes();
+
+/// Bytes of physical memory of this machine (sysconf), or 0 if it cannot be told.
+int64_t physical_memory_bytes();
 
 }  // namespace longwave::runtime

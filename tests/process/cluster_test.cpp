@@ -186,6 +186,38 @@ CATCH_TEST_CASE("a node whose coordinator is not running exits with one clear li
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("launch refuses nodes whose memory estimates together pass this machine's, before any starts",
+                "[process][cluster]") {
+  const auto dir = scratch_dir("cluster_launch_memory");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports);
+  // One node's estimate at two batch sizes (a + b x batch), from its dry run, and this machine's memory.
+  double machine = 0;
+  const auto estimate = [&](int batch) {
+    auto [code, out] = run({binary(), "node", cluster, "--node", "n0", "--dry-run", "--set",
+                            "model.preset=\"small\"", "--set", "train.batch_size=" + std::to_string(batch)},
+                           dir + "/dry.log", 120);
+    CATCH_INFO(out);
+    CATCH_REQUIRE(code == 0);
+    const auto at = out.find("# memory estimate: ");
+    CATCH_REQUIRE(at != std::string::npos);
+    machine = std::stod(out.substr(out.find("(this machine: ", at) + 15));
+    return std::stod(out.substr(at + 19));
+  };
+  const double one = estimate(1), slope = estimate(2) - one;
+  CATCH_REQUIRE(slope > 0);
+  // Each node alone takes 70 % of the machine: each fits, the two together do not.
+  const int batch = static_cast<int>((0.7 * machine - (one - slope)) / slope);
+  auto [code, out] = run({binary(), "launch", cluster, "--set", "model.preset=\"small\"", "--set",
+                          "train.batch_size=" + std::to_string(batch)},
+                         dir + "/launch.log", 120);
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(contains(out, "launch: the memory estimate of the 2 nodes it starts on this machine is "));
+  CATCH_CHECK_FALSE(fs::exists(dir + "/cluster/logs"));  // nothing started
+  fs::remove_all(dir);                                   // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a coordinator that has ended keeps its exit code when a late Ctrl-C meets it",
                 "[process][cluster]") {
   // launch stops every role once one fails: a coordinator that had ended with 1 showed 130.
