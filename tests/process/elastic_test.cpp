@@ -1006,6 +1006,45 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("longwave stop --wait reaches a coordinator at the second address and says how the run ended",
+                "[process][cluster][elastic]") {
+  // A probe: `stop --wait` said the coordinator went silent (exit 1) after a clean stop by the second
+  // address.
+  const auto dir = scratch_dir("elastic_stop_wait_second");
+  std::string file;
+  child leader;
+  std::vector<child> nodes;
+  CATCH_SECTION("a standby that took the cluster over") {
+    auto c = start_with_standby_address(dir);
+    file = c.file;
+    nodes = std::move(c.nodes);
+    leader = spawn({binary(), "coordinator", file, "--bind", c.second}, dir + "/coord2.log");
+    CATCH_REQUIRE(wait_for_text(dir + "/coord2.log", "this one stands by", 60));
+    kill(c.coord.pid, SIGKILL);
+    CATCH_CHECK(wait_exit(c.coord, 30) == 128 + SIGKILL);
+    CATCH_REQUIRE(wait_master_records(dir + "/cluster", "takeover", 1, 120));
+  }
+  CATCH_SECTION("the only coordinator, at the second of two addresses") {
+    cluster_ports ports;
+    file = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+    const auto at = "tcp://127.0.0.1:" + std::to_string(ports.coordinator);
+    const auto unused = "tcp://127.0.0.1:" + std::to_string(free_port());
+    edit_file(file, "coordinator = \"" + at + "\"", "coordinator = [\"" + unused + "\", \"" + at + "\"]");
+    edit_file(file, "rounds = 3", "rounds = " + std::to_string(endless_rounds));
+    leader = spawn({binary(), "coordinator", file, "--bind", at}, dir + "/coord2.log");
+    for (const char* n : {"n0", "n1"})
+      nodes.push_back(spawn({binary(), "node", file, "--node", n}, dir + "/" + std::string(n) + ".log"));
+  }
+  CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 1));
+  auto [code, out] = run({binary(), "stop", file, "--wait"}, dir + "/stop.log", 300);
+  CATCH_INFO(out << "\n--- coordinator\n" << tail(read_text(dir + "/coord2.log")));
+  CATCH_CHECK(code == 0);
+  CATCH_CHECK(contains(out, "the run ended: every node stopped after round "));
+  for (auto& n : nodes) CATCH_CHECK(wait_exit(n, 300) == 0);
+  CATCH_CHECK(wait_exit(leader, 60) == 0);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a standby whose cluster stopped is told so by the leader and exits 0 without taking over",
                 "[process][cluster][elastic]") {
   // Probes: after a clean stop the standby took over the ended cluster (and, relaunched meanwhile, led the
