@@ -22,6 +22,7 @@
 #include "comm/curve.hpp"
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "config/toml_types.hpp"
 #include "models/data/corpus.hpp"
 #include "models/data/dataset_prep.hpp"
 #include "models/model_spec.hpp"
@@ -57,7 +58,15 @@ int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
   if (!config_path.empty() || !shape_overrides.empty()) {
     // Through the config loader, so a shape gets the checks and error messages of `run`.
     try {
+      // A cluster file's training settings, as its nodes read them.
+      bool cluster = false;
+      try {
+        cluster = !config_path.empty() &&
+                  config::parse_toml(config::read_config_text(config_path), config_path).contains("cluster");
+      } catch (const std::exception&) {  // the loader below names what is wrong with the file
+      }
       const auto cfg = config_path.empty() ? config::parse_config("", shape_overrides, "command line")
+                       : cluster           ? config::load_cluster_file(config_path, shape_overrides).train
                                            : config::load_config_file(config_path, shape_overrides);
       if (!config_path.empty()) {
         seq_len = cfg.model.seq_len;

@@ -466,6 +466,16 @@ CATCH_TEST_CASE(
   auto [kcode, kv] = run({binary(), "presets", "--kv-heads", "abc"}, dir + "/presets_dim.log", 60);
   CATCH_CHECK(kcode == 2);
   CATCH_CHECK(kv.find("expected an integer, got a string (from --kv-heads)") != std::string::npos);  // --set
+  // A cluster file's model, as its nodes read it (it was refused as a config with a [cluster] section).
+  write_text(
+      dir + "/cluster.toml",
+      "[cluster]\nid = \"p\"\ncoordinator = \"tcp://127.0.0.1:5600\"\n[[nodes]]\nname = \"a\"\n"
+      "endpoint = \"tcp://127.0.0.1:5601\"\n[security]\nmode = \"none\"\n[model]\npreset = \"small\"\n");
+  auto [ccode, clustered] =
+      run({binary(), "presets", "--config", dir + "/cluster.toml"}, dir + "/presets_c.log", 60);
+  CATCH_INFO(clustered);
+  CATCH_CHECK(ccode == 0);
+  CATCH_CHECK(clustered.find("shape: small, 14260608 parameters") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
