@@ -68,6 +68,9 @@ double get_number(const toml::node& n, const std::string& key, const char* what)
   return *v;
 }
 
+/// [cluster] heartbeat_timeout_s's least value: one and a half of the nodes' 2 s heartbeat period.
+constexpr double min_heartbeat_timeout_s = 3;
+
 double get_seconds(const toml::node& n, const std::string& key) {
   const auto v = get_number(n, key, "a number of seconds");
   if (!(std::isfinite(v) && v > 0 && v <= 1e7))
@@ -115,6 +118,11 @@ void set_cluster_field(cluster_spec& spec, const std::string& name, const toml::
     spec.join_timeout_s = get_seconds(value, key);
   } else if (name == "heartbeat_timeout_s") {
     spec.heartbeat_timeout_s = get_seconds(value, key);
+    if (spec.heartbeat_timeout_s < min_heartbeat_timeout_s)
+      throw config_error(key,
+                         fmt::format("{} = {}: must be at least {} s: nodes send a heartbeat every 2 s, so a "
+                                     "shorter timeout takes a live node for lost between two{}",
+                                     key, spec.heartbeat_timeout_s, min_heartbeat_timeout_s, where(value)));
   } else if (name == "metrics_port") {
     spec.metrics_port = get_int(value, key, 0, 65535);
   } else if (name == "min_nodes") {

@@ -130,10 +130,10 @@ CATCH_TEST_CASE("[cluster] membership keys: heartbeat_timeout_s, min_nodes and q
   CATCH_CHECK(d.quorum_timeout_s == 60);
 
   const auto set = parse_cluster(replaced(good, "join_timeout_s = 30",
-                                          "join_timeout_s = 30\nheartbeat_timeout_s = 2.5\nmin_nodes = 2\n"
+                                          "join_timeout_s = 30\nheartbeat_timeout_s = 3.5\nmin_nodes = 2\n"
                                           "quorum_timeout_s = 15"),
                                  {}, "cluster.toml");
-  CATCH_CHECK(set.heartbeat_timeout_s == 2.5);
+  CATCH_CHECK(set.heartbeat_timeout_s == 3.5);
   CATCH_CHECK(set.min_nodes == 2);
   CATCH_CHECK(set.quorum_timeout_s == 15);
   const auto o = parse_cluster(good, {"cluster.min_nodes=2", "cluster.quorum_timeout_s=5"}, "c");
@@ -343,6 +343,10 @@ CATCH_TEST_CASE("Bad cluster files name the key at fault", "[config][cluster]") 
                    Catch::Matchers::Contains("unknown key 'cluster.join_timeout'"));
   CATCH_CHECK_THAT(error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = -1")),
                    Catch::Matchers::Contains("cluster.join_timeout_s = -1"));
+  // Below 1.5 heartbeat periods every live node would be taken for lost between two beats.
+  CATCH_CHECK_THAT(
+      error_of(replaced(good, "join_timeout_s = 30", "join_timeout_s = 30\nheartbeat_timeout_s = 0.01")),
+      Catch::Matchers::Contains("cluster.heartbeat_timeout_s = 0.01: must be at least 3 s"));
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"a\"", "name = \"a b\"")),
                    Catch::Matchers::Contains("nodes[0].name = \"a b\": use 1..32 letters"));
   CATCH_CHECK_THAT(error_of(replaced(good, "name = \"a\"\n", "")),
