@@ -222,26 +222,25 @@ int run_training(const config::train_config& cfg, const run_options& opts, clust
 
 namespace {
 
-/// The evaluated tokens must be the model's: shards that carry their tokenizer (--data DIR) of the run's kind
-/// and, for a vocabulary taken from the data, its size; and no token id past the model's vocabulary.
+/// The evaluated tokens must be the model's: shards that carry their tokenizer (--data DIR) of its size when
+/// the run took its vocabulary from the data (a run on ready shards read their tokenizer.txt, whatever
+/// data.tokenizer said), and no token id past the model's vocabulary.
 void check_eval_tokens(const config::train_config& cfg, const models::model_spec& spec,
                        const models::data::prepared_dataset& data, const std::string& key,
                        const std::string& corpus) {
-  const std::string kind = config::to_string(cfg.data.tokenizer);
   const auto advice = fmt::format("name the run's corpus, or its shards ({})", resolve_paths(cfg).data_dir);
   if (!data.tokenizer_path.empty()) {
     const auto tok = models::data::load_tokenizer(data.tokenizer_path);
-    if (tok->kind() != kind || (cfg.model.vocab_size == 0 && tok->vocab_size() != spec.vocab_size))
+    if (cfg.model.vocab_size == 0 && tok->vocab_size() != spec.vocab_size)
       throw config::config_error(
           key, fmt::format("{} {}: its shards are tokenized by a {} tokenizer of {} tokens ({}), the "
-                           "checkpoint's model by data.tokenizer = \"{}\" of {} tokens: the loss would be "
-                           "over other tokens; {}",
-                           key, corpus, tok->kind(), tok->vocab_size(), data.tokenizer_path, kind,
-                           spec.vocab_size, advice));
+                           "checkpoint's model has {}: the loss would be over other tokens; {}",
+                           key, corpus, tok->kind(), tok->vocab_size(), data.tokenizer_path, spec.vocab_size,
+                           advice));
   } else if (cfg.data.tokenizer != config::tokenizer_kind::byte) {
     spdlog::warn(
         "eval: {} {} has no tokenizer.txt: its token ids are taken as the run's {} tokens, unchecked", key,
-        corpus, kind);
+        corpus, config::to_string(cfg.data.tokenizer));
   }
   if (data.vocab_size > spec.vocab_size)
     throw config::config_error(key, fmt::format("{} {}: its token ids run up to {}, past the checkpoint's "

@@ -28,6 +28,7 @@
 #include "cli/report/records.hpp"
 #include "config/cluster_config.hpp"
 #include "config/config_loader.hpp"
+#include "models/data/dataset_prep.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/files/directory.hpp"
@@ -167,33 +168,27 @@ std::string write_prometheus_config(const config::cluster_spec& spec, const obse
   return {};
 }
 
-/// The nodes launch starts train in this machine's memory together: each checks its own estimate, so a sum
-/// past the machine's memory would end in the OOM killer after start-up. "" or what is wrong. Nodes on a GPU
-/// are left out (their estimate is the GPU's); a vocabulary the data decides counts as the tokenizer's.
+/// The nodes launch starts train in this machine's memory together: each checks its own estimate against the
+/// machine's memory (a GPU node's host side too), so a sum past it would end in the OOM killer after
+/// start-up. "" or what is wrong.
 std::string nodes_memory_problem(const config::cluster_spec& spec) {
   const int64_t machine = runtime::physical_memory_bytes();
-  if (machine <= 0) return "";
+  if (machine <= 0 || spec.nodes.size() < 2) return "";
   double need = 0;
-  size_t counted = 0;
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const auto cfg = config::node_config(spec, i);
-    if (cfg.train.device != "cpu") continue;
-    const int64_t vocab = cfg.model.vocab_size > 0                            ? cfg.model.vocab_size
-                          : cfg.data.tokenizer == config::tokenizer_kind::bpe ? cfg.data.bpe_vocab_size
-                                                                              : 256;
-    need += static_cast<double>(models::training_memory_bytes(models::spec_of(cfg.model, vocab),
-                                                              cfg.train.batch_size,
+    const auto model = models::spec_of(cfg.model, models::data::config_vocab(cfg));
+    need += static_cast<double>(models::training_memory_bytes(model, cfg.train.batch_size,
                                                               cfg.model.dtype == config::model_dtype::bf16)) *
             static_cast<double>(cfg.train.workers);
-    ++counted;
   }
-  if (counted < 2 || need <= static_cast<double>(machine)) return "";
+  if (need <= static_cast<double>(machine)) return "";
   constexpr double mib = 1 << 20;
   return fmt::format(
       "launch: the memory estimate of the {} nodes it starts on this machine is {:.1f} MiB together, more "
       "than its {:.1f} MiB of memory; start some nodes on other machines (longwave node), or lower "
       "train.batch_size or train.workers, or use a smaller model",
-      counted, need / mib, static_cast<double>(machine) / mib);
+      spec.nodes.size(), need / mib, static_cast<double>(machine) / mib);
 }
 
 /// The coordinator and every node, each with its command line (overrides passed on, --fresh to the nodes).

@@ -40,17 +40,6 @@ void print_preset_row(const std::string& name, const models::model_spec& s) {
               s.n_kv_heads, s.ffn_hidden, models::closed_form_param_count(s));
 }
 
-/// The vocabulary a config's model gets: model.vocab_size, else its data's (a shard directory's tokenizer,
-/// else the tokenizer's: BPE's target size). A data.path the run would refuse counts as a corpus here.
-int64_t config_vocab(const config::train_config& cfg) {
-  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
-  try {
-    return models::data::data_vocab(cfg.data.path, cfg.data.tokenizer, cfg.data.bpe_vocab_size);
-  } catch (const std::exception&) {
-    return models::data::data_vocab("", cfg.data.tokenizer, cfg.data.bpe_vocab_size);
-  }
-}
-
 /// `presets`: the preset table; with a config or shape options, also the parameter count of that shape.
 int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
                 const std::vector<std::string>& shape_overrides) {
@@ -70,7 +59,7 @@ int cmd_presets(int64_t vocab, int64_t seq_len, const std::string& config_path,
                                            : config::load_config_file(config_path, shape_overrides);
       if (!config_path.empty()) {
         seq_len = cfg.model.seq_len;
-        vocab = config_vocab(cfg);
+        vocab = models::data::config_vocab(cfg);
       }
       auto m = cfg.model;
       m.seq_len = seq_len;
@@ -105,7 +94,8 @@ int cmd_sweep(cli_values& v, const char* argv0) {
   sweep::sweep_spec spec;
   try {
     spec = sweep::load_sweep(v.sweep_path, [](const config::train_config& c) {
-      return static_cast<double>(models::closed_form_param_count(models::spec_of(c.model, config_vocab(c))));
+      return static_cast<double>(
+          models::closed_form_param_count(models::spec_of(c.model, models::data::config_vocab(c))));
     });
   } catch (const sweep::sweep_error& e) {
     std::fprintf(stderr, "%s\n", e.what());

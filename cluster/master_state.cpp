@@ -460,7 +460,7 @@ void master_state::note_end(const std::string& outcome,
   answer_stop_waiters(outcome, said);
   // The cluster ends with this master, unless another leads it now: its standbys end too.
   if (outcome != "stepped_down")
-    for (const auto& [identity, address] : standbys_)
+    for (const auto& [address, identity] : standbys_)
       reply(identity, bye_msg{("the cluster ended (" + outcome + "): " + said).substr(0, max_message_bytes)});
 }
 

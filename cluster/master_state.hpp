@@ -391,7 +391,7 @@ class master_state {
   std::vector<action> actions_;
   std::optional<int> exit_code_;
   uint64_t n_dropped_ = 0;
-  std::map<std::string, std::string> standbys_;     // standby coordinators: routing id -> their address
+  std::map<std::string, std::string> standbys_;     // standby coordinators: address -> routing id
   std::set<std::string> strangers_;                 // routing ids of running nodes of an earlier master
   std::set<std::string> running_elsewhere_;         // their names
   std::map<std::string, std::string> turned_away_;  // a node whose hello was refused: why (its last)

@@ -15,7 +15,7 @@ using namespace control;
 namespace {
 // Stop requesters remembered for the end's answer: one operator asks, a few retry.
 constexpr size_t max_stop_waiters = 16;
-// Standby coordinators remembered (a cluster lists at most term_slots addresses; each may reconnect).
+// Standby coordinators remembered, one per address (a cluster file lists at most 8).
 constexpr size_t max_standbys = 64;
 }  // namespace
 
@@ -27,8 +27,14 @@ void master_state::on_standby(const sender& from, const standby_msg& sb) {
         fmt::format("coordinator: dropped a standby's word from {}: it came with node '{}''s key, "
                     "not the cluster's",
                     from.peer, *from.keyed_as));
-  if (standbys_.count(from.identity) || standbys_.size() >= max_standbys) return;
-  standbys_.emplace(from.identity, sb.address);
+  // By its address: a standby that reconnects comes with a new routing id, which replaces the old one.
+  const auto it = standbys_.find(sb.address);
+  if (it != standbys_.end()) {
+    it->second = from.identity;
+    return;
+  }
+  if (standbys_.size() >= max_standbys) return;
+  standbys_.emplace(sb.address, from.identity);
   info(fmt::format("coordinator: a standby coordinator ({}) stands by at {}", from.peer, sb.address));
 }
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <zmq.hpp>
@@ -59,8 +60,8 @@ const look* update(std::vector<look>& looks) {
 
 // Tells each answering master that this one stands by, and reads what they sent: the bye of a cluster that
 // ended, if any.
-std::optional<std::string> converse(std::vector<look>& looks, const standby_options& o,
-                                    clock::time_point now) {
+std::optional<std::pair<const look*, std::string>> converse(std::vector<look>& looks,
+                                                            const standby_options& o, clock::time_point now) {
   envelope e;
   e.cluster_id = o.cluster_id;
   e.body = standby_msg{o.address};
@@ -70,7 +71,7 @@ std::optional<std::string> converse(std::vector<look>& looks, const standby_opti
     while (l.sock->recv(in, zmq::recv_flags::dontwait)) {
       auto parsed = parse_envelope(in.data(), in.size(), o.cluster_id);
       if (!parsed) continue;
-      if (auto* b = std::get_if<bye_msg>(&parsed.value().body)) return b->reason;
+      if (auto* b = std::get_if<bye_msg>(&parsed.value().body)) return std::make_pair(&l, b->reason);
     }
     if (!l.up) {
       l.told = {};
@@ -116,9 +117,18 @@ standby_result stand_by(const standby_options& o) {
     }
     const auto now = clock::now();
     const look* l = update(looks);
-    if (auto said = converse(looks, o, now)) {
-      result = {standby_end::ended, *said};
-      break;
+    if (const auto said = converse(looks, o, now)) {
+      // A master that ended while another still answers (two led at once): that one leads on.
+      const auto& [ended, why] = *said;
+      if (std::none_of(looks.begin(), looks.end(), [&](const look& x) { return x.up && &x != ended; })) {
+        result = {standby_end::ended, why};
+        break;
+      }
+      if (o.info)
+        o.info(
+            fmt::format("coordinator: the coordinator at {} ended ({}), but another answers: this one stands "
+                        "by on",
+                        ended->endpoint, why));
     }
     if (l) {
       if (!last_up && o.info)

@@ -408,10 +408,12 @@ class fetcher {
   [[noreturn]] void fail_deadline() {
     std::string causes;
     for (auto& p : peers_) {
-      const char* state = p.phase == peer_phase::asking   ? "never answered"
-                          : p.phase == peer_phase::source ? "a source, silent"
-                                                          : "answered";
-      causes += fmt::format("; {}: {}", p.endpoint, p.phase == peer_phase::dropped ? p.cause : state);
+      const char* state = p.phase == peer_phase::asking    ? "never answered"
+                          : p.phase == peer_phase::source  ? "a source, silent"
+                          : p.phase == peer_phase::dropped ? "left out: its state is its own"  // own_contents
+                                                           : "answered";
+      causes += fmt::format("; {}: {}", p.endpoint,
+                            p.phase == peer_phase::dropped && !p.cause.empty() ? p.cause : state);
     }
     throw lw_error(
         errc::deadline_missed,

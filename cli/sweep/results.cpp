@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -121,8 +122,20 @@ void read_run(const std::string& run_dir, point_result& r) {
   for (const auto& st : m.steps) r.train_curve.emplace_back(st.step * per_step, st.loss);
 }
 
+namespace {
+std::string hash_of(const std::string& text) {
+  return fmt::format("{:016x}", config::cluster_id_of(text));  // FNV-1a
+}
+}  // namespace
+
 std::string config_fingerprint(const sweep_point& p) {
-  return fmt::format("{:016x}", config::cluster_id_of(training_identity(p.cfg)));  // FNV-1a of the config
+  return hash_of(training_identity(p.cfg, p.settings));
+}
+
+std::vector<std::string> config_fingerprints(const sweep_point& p) {
+  // Earlier records hashed the whole config, the point's directories as written included, then the config
+  // but for its names and directories (named_identity).
+  return {config_fingerprint(p), hash_of(named_identity(p.cfg)), hash_of(config::to_toml(p.cfg))};
 }
 
 void write_point_record(const sweep_point& p, const point_result& r) {
@@ -172,13 +185,8 @@ point_result recorded(const sweep_point& p) {
   if (rec.status.empty()) return r;
   // The resolved config is the point's identity: settings written otherwise (1e-3 for 0.001, a [sweep] set
   // of a value the base holds) make the same run; "overrides" stays in point.json for a person to read.
-  // Earlier records hashed the whole config, the point's directories as written included, then the config
-  // but for its names and directories (named_identity).
-  const auto hash = [](const std::string& text) {
-    return fmt::format("{:016x}", config::cluster_id_of(text));
-  };
-  if (rec.config != config_fingerprint(p) && rec.config != hash(config::to_toml(p.cfg)) &&
-      rec.config != hash(named_identity(p.cfg))) {
+  const auto known = config_fingerprints(p);
+  if (std::find(known.begin(), known.end(), rec.config) == known.end()) {
     r.status = "stale";  // run with other settings (or another base config) in this folder
     return r;
   }

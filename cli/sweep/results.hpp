@@ -44,6 +44,8 @@ void write_point_record(const sweep_point& p, const point_result& r);
 /// A hash of the point's resolved config (its settings and the base config's text as loaded), its name and
 /// directories left out (training_identity).
 std::string config_fingerprint(const sweep_point& p);
+/// config_fingerprint(p) first, then what records of earlier versions hold for the same settings.
+std::vector<std::string> config_fingerprints(const sweep_point& p);
 
 /// What an earlier invocation recorded for p: status ("done", "failed", "interrupted") and exit code; status
 /// "pending" when there is no record or it was made for other settings (the sweep file changed). The

@@ -157,7 +157,9 @@ struct sweep_run {
           r = point_result{};
         }
       }
-      const auto it = unclaimed.find(config_fingerprint(*p));
+      auto it = unclaimed.end();
+      for (const auto& f : config_fingerprints(*p))
+        if (it == unclaimed.end()) it = unclaimed.find(f);
       if (o.fresh || r.status != "pending" || fs::exists(p->out_dir, ec) || it == unclaimed.end()) {
         left.push_back(p);
         continue;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include "config/config_loader.hpp"
@@ -575,7 +576,7 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
           for (const auto& i : inert) ++inert_lines[i.line];
           why = ": " + inert.front().line;
         }
-        if (auto [it, fresh] = seen.emplace(training_identity(effective), p.index); !fresh)
+        if (auto [it, fresh] = seen.emplace(training_identity(effective, p.settings), p.index); !fresh)
           r.fail(fmt::format("point {} ({})", p.index + 1, p.label(true)),
                  fmt::format("the same settings as point {}{}; remove one", it->second + 1, why));
         s.points.push_back(std::move(p));
@@ -604,19 +605,25 @@ sweep_spec parse_sweep(std::string_view text, const std::string& path, const par
   return s;
 }
 
-std::string training_identity(const config::train_config& cfg) {
+std::string training_identity(const config::train_config& cfg, const std::vector<setting>& swept) {
   auto unnamed = cfg;
   unnamed.run.name = unnamed.run.out_dir = unnamed.checkpoint.dir = "";
-  // How often the run saves, logs and waits, and where it serves metrics: the same losses either way.
-  const config::train_config defaults;
-  unnamed.checkpoint.every_rounds = defaults.checkpoint.every_rounds;
-  unnamed.checkpoint.keep = defaults.checkpoint.keep;
-  unnamed.checkpoint.max_failed_writes = defaults.checkpoint.max_failed_writes;
-  unnamed.metrics = defaults.metrics;
-  unnamed.runtime = defaults.runtime;
-  unnamed.comm.timeout_s = defaults.comm.timeout_s;
-  unnamed.comm.link_timeout_s = defaults.comm.link_timeout_s;
-  return config::to_toml(unnamed);
+  // How often the run saves, logs and waits, and where it serves metrics: the same losses either way, unless
+  // the sweep varies it (its points differ in it: wall time, say).
+  std::istringstream in(config::to_toml(unnamed));
+  std::string out, section;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '[') section = line.substr(1, line.find(']') - 1);
+    const auto key = section + "." + line.substr(0, line.find(' '));
+    const bool no_loss = key == "checkpoint.every_rounds" || key == "checkpoint.keep" ||
+                         key == "checkpoint.max_failed_writes" || section == "metrics" ||
+                         section == "runtime" || key == "comm.timeout_s" || key == "comm.link_timeout_s";
+    if (no_loss && line[0] != '[' &&
+        std::none_of(swept.begin(), swept.end(), [&](const setting& st) { return st.key == key; }))
+      continue;
+    out += line + "\n";
+  }
+  return out;
 }
 
 std::string named_identity(const config::train_config& cfg) {

@@ -78,8 +78,8 @@ struct sweep_spec {
 /// What decides whether two points train alike: the resolved config but for run.name, run.out_dir and
 /// checkpoint.dir, which the sweep derives from the point's id and its out_dir (however that is written), and
 /// but for what changes no loss: [checkpoint]'s every_rounds, keep and max_failed_writes, [metrics],
-/// [runtime], comm.timeout_s and comm.link_timeout_s.
-std::string training_identity(const config::train_config& cfg);
+/// [runtime], comm.timeout_s and comm.link_timeout_s, unless the point sweeps them (`swept`).
+std::string training_identity(const config::train_config& cfg, const std::vector<setting>& swept = {});
 
 /// The identity of records before 2026-12-07: the resolved config but for the names and directories.
 std::string named_identity(const config::train_config& cfg);

@@ -314,6 +314,15 @@ std::map<std::string, std::string> stamp_inputs(const std::string& input_path, c
 
 }  // namespace
 
+int64_t config_vocab(const config::train_config& cfg) {
+  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
+  try {
+    return data_vocab(cfg.data.path, cfg.data.tokenizer, cfg.data.bpe_vocab_size);
+  } catch (const std::exception&) {
+    return data_vocab("", cfg.data.tokenizer, cfg.data.bpe_vocab_size);
+  }
+}
+
 int64_t data_vocab(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size) {
   std::error_code ec;
   if (fs::is_directory(input_path, ec)) return use_user_shards(input_path, {}).vocab_size;

@@ -52,6 +52,10 @@ std::optional<prepared_dataset> find_prepared(const std::string& input_path, con
 /// (BPE: its target size). Throws as prepare_dataset for a directory without train.bin and val.bin.
 int64_t data_vocab(const std::string& input_path, config::tokenizer_kind kind, int64_t bpe_vocab_size);
 
+/// The vocabulary a config's model gets: model.vocab_size, else data_vocab of its data.path (one the run
+/// would refuse counts as a corpus here).
+int64_t config_vocab(const config::train_config& cfg);
+
 /// The corpus a prepared directory's prepared.txt says it was made from; "" when `dir` holds no stamp of
 /// ours (user shards, or nothing).
 std::string prepared_from(const std::string& dir);

@@ -437,6 +437,29 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   CATCH_INFO(bout);
   CATCH_CHECK(bcode == 2);
   CATCH_CHECK(bout.find("its shards are tokenized by a byte tokenizer of 256 tokens") != std::string::npos);
+  // A run on ready BPE shards takes their tokenizer whatever data.tokenizer says (the docs' recipe): eval
+  // on its own shards counts, and on the byte shards is refused.
+  const auto [qcode, qout] = run({binary(), "data", "prepare", dir + "/corpus.txt", "--out",
+                                  dir + "/bpe-shards", "--tokenizer", "bpe", "--vocab", "300"},
+                                 dir + "/prep-bpe.log", 300);
+  CATCH_REQUIRE(qcode == 0);
+  const auto [rb, rbout] =
+      run({binary(), "run", cfg, "--fresh", "--set", "data.path=\"" + dir + "/bpe-shards\"", "--set",
+           "run.out_dir=\"" + dir + "/bpe-run\""},
+          dir + "/bpe-run.log", 600);
+  CATCH_INFO(rbout);
+  CATCH_REQUIRE(rb == 0);
+  const auto eval_bpe_run = [&](const std::string& data, const std::string& log) {
+    return run({binary(), "eval", dir + "/bpe-run/checkpoints", "--data", data}, dir + "/" + log, 300);
+  };
+  const auto [own_code, own] = eval_bpe_run(dir + "/bpe-shards", "eval-bpe-own.log");
+  CATCH_INFO(own);
+  CATCH_CHECK(own_code == 0);
+  CATCH_CHECK(own.find("val loss") != std::string::npos);
+  const auto [byte_code, on_bytes] = eval_bpe_run(dir + "/shards", "eval-bpe-bytes.log");
+  CATCH_INFO(on_bytes);
+  CATCH_CHECK(byte_code == 2);
+  CATCH_CHECK(on_bytes.find("the loss would be over other tokens") != std::string::npos);
   for (const char* f : {"tokenizer.txt", "prepared.txt"}) fs::remove(dir + "/shards/" + f);
   const auto [ucode, uout] = eval_on(dir + "/shards", "eval-unchecked.log");  // nothing to compare: a warning
   CATCH_INFO(uout);

@@ -1330,6 +1330,14 @@ CATCH_TEST_CASE("master: a standby coordinator is told when the cluster ends, no
                               "sb <- bye the cluster ended (stopped): every node stopped after round 7"}}});
     CATCH_CHECK(t.master().done() == 0);
   }
+  CATCH_SECTION("a standby that reconnected is told on its new connection") {
+    table t(cluster_of(2));
+    t.play(
+        two_training + standing +
+        std::vector<row>{{3.6, "sb2", "standby tcp://b:2", {"!stands by"}},  // the same address: no new one
+                         {5, "n0", "bye done", {}},
+                         {5, "n1", "bye done", {"sb2 <- bye the cluster ended (finished)", "!sb <- bye"}}});
+  }
   CATCH_SECTION("a finished run") {
     table t(cluster_of(2));
     t.play(two_training + standing +

@@ -243,6 +243,28 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
   CATCH_CHECK(error_of(d, mine + "\"\n") == "");
 }
 
+CATCH_TEST_CASE("a point's identity leaves out what changes no loss, unless the sweep varies it",
+                "[unit][sweep]") {
+  scratch d;
+  // Swept: two points (a checkpoint's wall-time cost is a fair question), each with its own fingerprint.
+  const auto swept =
+      parse_sweep(d.text("[grid]\n\"checkpoint.every_rounds\" = [1, 2]\n", ""), d.sweep_path());
+  CATCH_REQUIRE(swept.points.size() == 2);
+  CATCH_CHECK(config_fingerprint(swept.points[0]) != config_fingerprint(swept.points[1]));
+  // Set for every point: its fingerprint is the one without it, so a done point is not run again.
+  const auto plain = parse_sweep(d.text("[grid]\n\"train.lr\" = [0.1, 0.2]\n", ""), d.sweep_path());
+  const auto kept = parse_sweep(d.text("[grid]\n\"train.lr\" = [0.1, 0.2]\n",
+                                       "set = [\"checkpoint.keep=1\", \"runtime.log_every_steps=3\"]\n"),
+                                d.sweep_path());
+  CATCH_REQUIRE(kept.points.size() == 2);
+  CATCH_CHECK(config_fingerprint(kept.points[1]) == config_fingerprint(plain.points[1]));
+  CATCH_CHECK(config_fingerprint(kept.points[0]) != config_fingerprint(kept.points[1]));
+  // A record of the earlier identity (names and directories left out, nothing else) is the same point's.
+  const auto fps = config_fingerprints(plain.points[0]);
+  CATCH_REQUIRE(fps.size() == 3);
+  CATCH_CHECK(fps[0] == config_fingerprint(plain.points[0]));
+}
+
 CATCH_TEST_CASE("a swept key that a point's mode leaves without effect is a warning of the plan",
                 "[unit][sweep]") {
   scratch d;
