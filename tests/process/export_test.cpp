@@ -407,10 +407,12 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") == read_text(dir + "/archive/data/tokenizer.txt"));
   CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") != read_text(dir + "/run/data/tokenizer.txt"));
   // eval on shards of another tokenizer is refused, naming both (the loss would be over other tokens).
-  const auto eval_on = [&](const std::string& data, const std::string& log) {
-    return run({binary(), "eval", dir + "/archive/checkpoints", "--data", data}, dir + "/" + log, 300);
+  // eval of a run's checkpoints (RUN: its folder in dir) on other data: its exit code and output.
+  const auto eval_of = [&](const std::string& run_dir, const std::string& data, const std::string& log) {
+    return run({binary(), "eval", dir + "/" + run_dir + "/checkpoints", "--data", data}, dir + "/" + log,
+               300);
   };
-  const auto [ecode, eout] = eval_on(dir + "/run/data", "eval-other.log");
+  const auto [ecode, eout] = eval_of("archive", dir + "/run/data", "eval-other.log");
   CATCH_INFO(eout);
   CATCH_CHECK(ecode == 2);
   CATCH_CHECK(eout.find("its shards are tokenized by a bpe tokenizer of ") != std::string::npos);
@@ -433,7 +435,7 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   const auto [pcode, pout] = run({binary(), "data", "prepare", dir + "/corpus.txt", "--out", dir + "/shards"},
                                  dir + "/prep.log", 300);
   CATCH_REQUIRE(pcode == 0);
-  const auto [bcode, bout] = eval_on(dir + "/shards", "eval-bytes.log");
+  const auto [bcode, bout] = eval_of("archive", dir + "/shards", "eval-bytes.log");
   CATCH_INFO(bout);
   CATCH_CHECK(bcode == 2);
   CATCH_CHECK(bout.find("its shards are tokenized by a byte tokenizer of 256 tokens") != std::string::npos);
@@ -449,19 +451,17 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
           dir + "/bpe-run.log", 600);
   CATCH_INFO(rbout);
   CATCH_REQUIRE(rb == 0);
-  const auto eval_bpe_run = [&](const std::string& data, const std::string& log) {
-    return run({binary(), "eval", dir + "/bpe-run/checkpoints", "--data", data}, dir + "/" + log, 300);
-  };
-  const auto [own_code, own] = eval_bpe_run(dir + "/bpe-shards", "eval-bpe-own.log");
+  const auto [own_code, own] = eval_of("bpe-run", dir + "/bpe-shards", "eval-bpe-own.log");
   CATCH_INFO(own);
   CATCH_CHECK(own_code == 0);
   CATCH_CHECK(own.find("val loss") != std::string::npos);
-  const auto [byte_code, on_bytes] = eval_bpe_run(dir + "/shards", "eval-bpe-bytes.log");
+  const auto [byte_code, on_bytes] = eval_of("bpe-run", dir + "/shards", "eval-bpe-bytes.log");
   CATCH_INFO(on_bytes);
   CATCH_CHECK(byte_code == 2);
   CATCH_CHECK(on_bytes.find("the loss would be over other tokens") != std::string::npos);
   for (const char* f : {"tokenizer.txt", "prepared.txt"}) fs::remove(dir + "/shards/" + f);
-  const auto [ucode, uout] = eval_on(dir + "/shards", "eval-unchecked.log");  // nothing to compare: a warning
+  const auto [ucode, uout] =
+      eval_of("archive", dir + "/shards", "eval-unchecked.log");  // nothing to compare: a warning
   CATCH_INFO(uout);
   CATCH_CHECK(ucode == 0);
   CATCH_CHECK(uout.find("has no tokenizer.txt: its token ids are taken as the run's bpe tokens, unchecked") !=
