@@ -392,9 +392,9 @@ subcommands add_commands(CLI::App& app, cli_values& v, std::function<std::string
       "outer Nesterov SGD step. Exit codes: 0 ok, 1 runtime failure, 2 bad config or arguments, 3 "
       "checkpoints "
       "could\nnot be written, 4 out_dir in use by another run, 130 interrupted.");
-  app.set_version_flag(
-      "--version", std::move(version),
-      "Print the CPU, the LibTorch version and the kernels it uses, the GPUs and CUDA, and exit");
+  app.set_version_flag("--version", std::move(version),
+                       "Print the commit it was built from, the wire protocol, the CPU, the LibTorch version "
+                       "and the kernels it uses, the GPUs and CUDA, and exit");
   app.require_subcommand(1);
   subcommands sub;
   // In this order in --help.

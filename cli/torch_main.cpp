@@ -13,7 +13,9 @@
 #include "cli/export.hpp"
 #include "cli/sample.hpp"
 #include "cluster/roles.hpp"
+#include "comm/frame.hpp"
 #include "config/config_loader.hpp"
+#include "longwave_version.hpp"
 #include "models/cpu_kernels.hpp"
 #include "models/gpu_info.hpp"
 #include "runtime/log/log.hpp"
@@ -64,8 +66,9 @@ int main(int argc, char** argv) {
   CLI::App app;
   cli_values v;
   const auto sub = add_commands(app, v, [] {
-    return "longwave on " + models::cpu_kernels() + "\ngpu: " + models::gpu_summary() + "; " +
-           actors::nccl_summary();
+    return std::string("longwave ") + LONGWAVE_COMMIT + " (wire protocol " +
+           std::to_string(comm::protocol_version()) + ") on " + models::cpu_kernels() +
+           "\ngpu: " + models::gpu_summary() + "; " + actors::nccl_summary();
   });
   if (const auto rc = parse_command_line(app, argc, argv)) return runtime::checked_stdout(*rc);
   if (const auto rc = keep_stdout_for_product(sub)) return *rc;

@@ -403,6 +403,11 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
     argv.insert(argv.end(), ok.begin(), ok.end());
     CATCH_CHECK(run(argv, dir + "/ok.log", 60).first == 0);
   }
+  // --version names the commit built (git describe; "unknown" outside a git checkout) and the wire protocol.
+  auto [vcode, vout] = run({binary(), "--version"}, dir + "/version.log", 60);
+  CATCH_INFO(vout);
+  CATCH_CHECK(vcode == 0);
+  CATCH_CHECK(std::regex_search(vout, std::regex("^longwave \\S+ \\(wire protocol [0-9]+\\) on ")));
   // `longwave` alone (no longwave-torch beside it) still answers the commands that need no LibTorch, and
   // names the missing binary for the others.
   const auto alone = dir + "/alone";
