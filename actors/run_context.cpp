@@ -86,16 +86,17 @@ std::string memory_advice(const config::train_config& cfg, int64_t seq_len, bool
 void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec) {
   const int64_t machine = runtime::physical_memory_bytes();
   if (machine <= 0) return;
-  // In double: train.workers x the estimate can pass int64 even though each factor is bounded.
-  const double per_worker = static_cast<double>(models::training_memory_bytes(
-      spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16));
-  const double need = per_worker * static_cast<double>(cfg.train.workers);
+  const bool bf16 = cfg.model.dtype == config::model_dtype::bf16;
+  const double per_worker =
+      static_cast<double>(models::training_memory_bytes(spec, cfg.train.batch_size, bf16));
+  const double need = models::process_memory_bytes(spec, cfg.train.batch_size, bf16, cfg.train.workers);
   if (need <= static_cast<double>(machine)) return;
   constexpr double mib = 1 << 20;
   throw config::config_error(
       "train.batch_size",
       fmt::format("train.batch_size = {}: the memory estimate is {:.1f} MiB ({:.1f} MiB per worker x {} "
-                  "workers, model {}, model.seq_len {}), more than this machine's {:.1f} MiB of memory; {}",
+                  "workers and theta_global's copies, model {}, model.seq_len {}), more than this machine's "
+                  "{:.1f} MiB of memory; {}",
                   cfg.train.batch_size, need / mib, per_worker / mib, cfg.train.workers,
                   models::model_label(spec), spec.seq_len, static_cast<double>(machine) / mib,
                   memory_advice(cfg, spec.seq_len, false)));

@@ -91,7 +91,7 @@ models::inner_options make_inner_options(const config::train_config& cfg);
 std::string memory_advice(const config::train_config& cfg, int64_t seq_len, bool gpu);
 
 /// Refuses (config_error naming train.batch_size, with the estimate and the memory) a run whose memory
-/// estimate for this process's workers, models::training_memory_bytes x train.workers, exceeds the machine's
+/// estimate for this process (models::process_memory_bytes: its workers and theta_global) exceeds the machine's
 /// physical memory: it would end in a bad_alloc or the OOM killer after start-up.
 void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec);
 /// The same for `longwave eval` of a checkpoint whose stored config names the model (exit 2, before any

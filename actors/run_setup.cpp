@@ -175,9 +175,13 @@ void print_dry_run(const config::train_config& cfg, const models::model_spec& sp
                 static_cast<double>(gpu_worker_bytes(cfg, spec)) / (1 << 30), first.c_str(),
                 static_cast<double>(models::gpu_total_memory(std::stoi(first.substr(5)))) / (1 << 30));
   }
-  std::printf("# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers (this machine: %.1f MiB)\n",
-              static_cast<double>(mem) / (1 << 20), static_cast<double>(mem * cfg.train.workers) / (1 << 20),
-              cfg.train.workers, static_cast<double>(runtime::physical_memory_bytes()) / (1 << 20));
+  const double all = models::process_memory_bytes(
+      spec, cfg.train.batch_size, cfg.model.dtype == config::model_dtype::bf16, cfg.train.workers);
+  std::printf(
+      "# memory estimate: %.1f MiB per worker, %.1f MiB for %ld workers and theta_global's copies (this "
+      "machine: %.1f MiB)\n",
+      static_cast<double>(mem) / (1 << 20), all / (1 << 20), cfg.train.workers,
+      static_cast<double>(runtime::physical_memory_bytes()) / (1 << 20));
   // validate() bounds the steps; their tokens may pass 64 bits on a config of a billion rounds.
   const int64_t steps = cfg.train.rounds * cfg.train.inner_steps;
   int64_t tokens = 0;

@@ -178,9 +178,8 @@ std::string nodes_memory_problem(const config::cluster_spec& spec) {
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const auto cfg = config::node_config(spec, i);
     const auto model = models::spec_of(cfg.model, models::data::config_vocab(cfg));
-    need += static_cast<double>(models::training_memory_bytes(model, cfg.train.batch_size,
-                                                              cfg.model.dtype == config::model_dtype::bf16)) *
-            static_cast<double>(cfg.train.workers);
+    need += models::process_memory_bytes(model, cfg.train.batch_size,
+                                         cfg.model.dtype == config::model_dtype::bf16, cfg.train.workers);
   }
   if (need <= static_cast<double>(machine)) return "";
   constexpr double mib = 1 << 20;

@@ -117,6 +117,11 @@ int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16
   return state + act;
 }
 
+double process_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16, int64_t workers) {
+  return static_cast<double>(training_memory_bytes(s, batch_size, bf16)) * static_cast<double>(workers) +
+         12.0 * static_cast<double>(closed_form_param_count(s));
+}
+
 int64_t evaluation_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16) {
   const int64_t n = closed_form_param_count(s);
   // theta in fp32 beside the model's weights; a forward pass without autograd keeps a layer's activations

@@ -62,6 +62,12 @@ int64_t range_size(const flat_ranges& r);
 /// Rough bytes for training one replica: weights, grads, fp32 master, AdamW moments, activations.
 int64_t training_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16);
 
+/// Rough bytes for one process's training, in double (workers x a replica can pass int64): `workers`
+/// replicas (training_memory_bytes) and what the process keeps once, theta_global, the outer momentum and the
+/// round's average: three fp32 copies (a 143M-parameter run of one worker peaked at 4.15 GiB, the replica
+/// alone estimated at 2.24 GiB).
+double process_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16, int64_t workers);
+
 /// Rough bytes for evaluating one checkpoint (`longwave eval`): theta, the model's weights, one forward pass.
 int64_t evaluation_memory_bytes(const model_spec& s, int64_t batch_size, bool bf16);
 
