@@ -289,6 +289,7 @@ void watch_closed_output() {
 actor_graph spawn_graph(caf::actor_system& sys, std::shared_ptr<run_context> ctx, const run_paths& p,
                         const run_options& opts, cluster_link& cluster, start_point start) {
   if (opts.stage_on_cpu) ctx->inner.stage_delta = true;
+  ctx->started_fresh = opts.fresh;
   actor_graph g;
   g.ckpt_dir = p.ckpt_dir;
   g.lock_lost = ctx->lock_lost;

@@ -56,6 +56,8 @@ struct run_context {
   /// The cluster this node belongs to: round-boundary states to serve to joiners, theta_global's CRC-32C
   /// after each round (cluster_link.hpp). Outlives the actors; no_cluster() for one process alone.
   cluster_link* cluster = &no_cluster();
+  /// Started with --fresh: the same command again would start over, so a stop says to drop it to resume.
+  bool started_fresh = false;
   /// A node that joined a running cluster: how it got its state.
   std::optional<recovery_info> recovery;
   /// The training data's fingerprint (models::data::data_fingerprint of the corpus), stored in each
@@ -91,8 +93,8 @@ models::inner_options make_inner_options(const config::train_config& cfg);
 std::string memory_advice(const config::train_config& cfg, int64_t seq_len, bool gpu);
 
 /// Refuses (config_error naming train.batch_size, with the estimate and the memory) a run whose memory
-/// estimate for this process (models::process_memory_bytes: its workers and theta_global) exceeds the machine's
-/// physical memory: it would end in a bad_alloc or the OOM killer after start-up.
+/// estimate for this process (models::process_memory_bytes: its workers and theta_global) exceeds the
+/// machine's physical memory: it would end in a bad_alloc or the OOM killer after start-up.
 void check_memory_fits(const config::train_config& cfg, const models::model_spec& spec);
 /// The same for `longwave eval` of a checkpoint whose stored config names the model (exit 2, before any
 /// allocation: a crafted config must not reach the allocator or the OOM killer).

@@ -290,7 +290,8 @@ void stop_now(self_ptr self, bool boundary) {
           return fail_unsaved(self, fmt::format("interrupted at inner step {}, but its checkpoint could not "
                                                 "be written",
                                                 step));
-        spdlog::info("stopped at inner step {}; run the same command again to resume", step);
+        spdlog::info("stopped at inner step {}; run the same command {} to resume", step,
+                     self->state.ctx->started_fresh ? "without --fresh (which starts over)" : "again");
         if (!set_phase(self, phase::done)) return;
         notify_main(self, 130);
       });

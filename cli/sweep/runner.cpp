@@ -471,10 +471,9 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
   }
   const size_t done = run.n_done();
   if (run.stopping) {
-    say("interrupted: {} of {} points done; run the same command again to resume (finished points are "
-        "skipped, "
+    say("interrupted: {} of {} points done; run the same command {} to resume (finished points are skipped, "
         "interrupted ones resume from their checkpoints)",
-        done, s.points.size());
+        done, s.points.size(), o.fresh ? "without --fresh (which starts every point over)" : "again");
     close(lock);
     return 130;
   }

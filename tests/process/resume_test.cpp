@@ -504,7 +504,12 @@ CATCH_TEST_CASE("a resume under other training settings, or past a lowered train
   const auto cfg = config_file(dir, "r");
   // Stopped a few steps into a round of 1000: a mid-round checkpoint, whatever the machine's speed.
   const long stopped_at = interrupt_after_3_steps(
-      dir, {binary(), "run", cfg, "--set", "train.inner_steps=1000", "--set", "train.pace_step_s=0.1"});
+      dir,
+      {binary(), "run", cfg, "--fresh", "--set", "train.inner_steps=1000", "--set", "train.pace_step_s=0.1"});
+  // Started with --fresh, which would start over again: the stop says to leave it out (a probe).
+  CATCH_CHECK(
+      read_text(dir + "/a.log").find("run the same command without --fresh (which starts over) to resume") !=
+      std::string::npos);
   auto [code, log] = run({binary(), "run", cfg, "--set", "train.inner_steps=2", "--set", "train.rounds=2",
                           "--set", "train.lr=0.002"},
                          dir + "/b.log", 600);

@@ -237,6 +237,9 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_INFO(fresh_out);
   CATCH_CHECK(fresh_out.find("--fresh: moved the 4 earlier runs to " + dir + "/out/superseded/fresh-") !=
               std::string::npos);
+  CATCH_CHECK(
+      fresh_out.find("run the same command without --fresh (which starts every point over) to resume") !=
+      std::string::npos);
   size_t kept = 0;
   for (const auto& set : fs::directory_iterator(dir + "/out/superseded"))
     for (const auto& run_dir : fs::directory_iterator(set.path()))
