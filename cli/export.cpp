@@ -96,10 +96,19 @@ void write_export(const checkpoint_model& m, const export_options& o) {
                 tok->c_str(), tok_path.c_str(), models::data::load_tokenizer(tok_path)->kind().c_str());
   } else {
     std::printf("export: no tokenizer file of this run found; none copied\n");
-    // An earlier export's (--force): left there, it would be taken for this model's.
+    // An earlier export's (--force): left there, it would be taken for this model's. A file that is no
+    // Longwave tokenizer is the user's: it stays.
     const auto stale = out / "tokenizer.txt";
     std::error_code ec;
-    if (fs::is_regular_file(stale, ec) && fs::remove(stale, ec))
+    if (!fs::is_regular_file(stale, ec)) return;
+    try {
+      (void)models::data::load_tokenizer(stale.string());
+    } catch (const std::exception&) {
+      std::printf("export: left %s as it is: it is no Longwave tokenizer (a file of yours?)\n",
+                  stale.c_str());
+      return;
+    }
+    if (fs::remove(stale, ec))
       std::printf("export: removed %s, an earlier export's tokenizer, not this model's\n", stale.c_str());
   }
 }

@@ -485,6 +485,15 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   CATCH_CHECK(x2 == 0);
   CATCH_CHECK(over.find("removed " + dir + "/hf/tokenizer.txt, an earlier export's") != std::string::npos);
   CATCH_CHECK_FALSE(fs::exists(dir + "/hf/tokenizer.txt"));
+  // A tokenizer.txt that is no tokenizer of ours is the user's: it stays (a probe: it was removed).
+  write_text(dir + "/hf/tokenizer.txt", "my notes\n");
+  const auto [x3, mine] =
+      run({binary(), "export", dir + "/shard-run/checkpoints", "--out", dir + "/hf", "--force"},
+          dir + "/export-mine.log", 300);
+  CATCH_INFO(mine);
+  CATCH_CHECK(x3 == 0);
+  CATCH_CHECK(mine.find("it is no Longwave tokenizer") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") == "my notes\n");
   fs::remove_all(dir);
 }
 
