@@ -28,9 +28,23 @@ namespace longwave::actors {
 
 namespace {
 
+/// An explicit model.vocab_size below the data's ids: config_error naming it.
+void check_vocab_holds(const config::train_config& cfg, int64_t data_vocab) {
+  if (cfg.model.vocab_size > 0 && cfg.model.vocab_size < data_vocab)
+    throw config::config_error("model.vocab_size",
+                               "model.vocab_size = " + std::to_string(cfg.model.vocab_size) +
+                                   ": the data has token ids up to " + std::to_string(data_vocab - 1));
+}
+
+/// The model's vocabulary: model.vocab_size, which must hold ready shards' ids (checked before a dry run
+/// says yes; a corpus's tokenizer is checked with the config), else the data's.
 int64_t expected_vocab(const config::train_config& cfg, const std::string& corpus) {
-  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
-  return models::data::data_vocab(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size);
+  std::error_code ec;
+  if (cfg.model.vocab_size > 0 && !std::filesystem::is_directory(corpus, ec)) return cfg.model.vocab_size;
+  const int64_t data = models::data::data_vocab(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size);
+  if (cfg.model.vocab_size == 0) return data;
+  check_vocab_holds(cfg, data);
+  return cfg.model.vocab_size;
 }
 
 bool is_streaming(const config::train_config& cfg) {
@@ -244,10 +258,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
                                           const std::string& corpus, const std::string& data_dir,
                                           const models::device_plan& devices, cluster_link& cluster) {
   auto data = prepare_data(cfg, corpus, data_dir);
-  if (cfg.model.vocab_size > 0 && cfg.model.vocab_size < data.vocab_size)
-    throw config::config_error("model.vocab_size",
-                               "model.vocab_size = " + std::to_string(cfg.model.vocab_size) +
-                                   ": the data has token ids up to " + std::to_string(data.vocab_size - 1));
+  check_vocab_holds(cfg, data.vocab_size);
   spec.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data.vocab_size;
 
   auto ctx = std::make_shared<run_context>();

@@ -451,6 +451,13 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
           dir + "/bpe-run.log", 600);
   CATCH_INFO(rbout);
   CATCH_REQUIRE(rb == 0);
+  // A model.vocab_size below the shards' is refused by the dry run as by the run (the dry run said yes).
+  const auto [dry_code, dry] = run({binary(), "run", cfg, "--dry-run", "--set",
+                                    "data.path=\"" + dir + "/bpe-shards\"", "--set", "model.vocab_size=299"},
+                                   dir + "/bpe-dry.log", 300);
+  CATCH_INFO(dry);
+  CATCH_CHECK(dry_code == 2);
+  CATCH_CHECK(dry.find("model.vocab_size = 299: the data has token ids up to 299") != std::string::npos);
   const auto [own_code, own] = eval_of("bpe-run", dir + "/bpe-shards", "eval-bpe-own.log");
   CATCH_INFO(own);
   CATCH_CHECK(own_code == 0);
