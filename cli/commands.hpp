@@ -68,6 +68,11 @@ struct subcommands {
   /// Whether the command parsed writes its product to stdout (a loss, text, a table), so that a failed write
   /// there fails it; the others write files, and only log lines to stdout.
   bool stdout_is_product() const { return eval->parsed() || sample->parsed() || presets->parsed(); }
+  /// Whether a failed write to stdout fails the command: its product, or a dry run's resolved config or plan.
+  bool stdout_checked(const cli_values& v) const {
+    return stdout_is_product() || (run->parsed() && v.run_dry_run) || (node->parsed() && v.node_dry_run) ||
+           (sweep->parsed() && v.sweep.dry_run);
+  }
 };
 
 /// Defines the app's description, --version (its text from `version`) and every subcommand, in --help's

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   if (const auto rc = parse_command_line(app, argc, argv)) return runtime::checked_stdout(*rc);
   if (const auto rc = keep_stdout_for_product(sub)) return *rc;
   if (const auto rc = run_tool(sub, v, argv[0]))
-    return sub.stdout_is_product() ? runtime::checked_stdout(*rc) : *rc;
+    return sub.stdout_checked(v) ? runtime::checked_stdout(*rc) : *rc;
   // `run`'s config too: one that does not load fails here, as longwave-torch would fail it.
   if (sub.run->parsed() && !load_run_config(v, nullptr)) return 2;
   std::fflush(stdout);

@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
   if (const auto rc = parse_command_line(app, argc, argv)) return runtime::checked_stdout(*rc);
   if (const auto rc = keep_stdout_for_product(sub)) return *rc;
   if (const auto rc = run_tool(sub, v, argv[0]))
-    return sub.stdout_is_product() ? runtime::checked_stdout(*rc) : *rc;
-  if (sub.run->parsed()) return cmd_run(v);
-  if (sub.node->parsed()) return cmd_node(v);
+    return sub.stdout_checked(v) ? runtime::checked_stdout(*rc) : *rc;
+  if (sub.run->parsed()) return sub.stdout_checked(v) ? runtime::checked_stdout(cmd_run(v)) : cmd_run(v);
+  if (sub.node->parsed()) return sub.stdout_checked(v) ? runtime::checked_stdout(cmd_node(v)) : cmd_node(v);
   if (sub.eval->parsed()) return runtime::checked_stdout(actors::run_eval(v.ckpt, v.batches, v.eval_data));
   if (sub.exp->parsed()) return export_checkpoint(v.exp);
   if (sub.sample->parsed()) return runtime::checked_stdout(sample_checkpoint(v.sample));

@@ -581,6 +581,15 @@ CATCH_TEST_CASE(
       run({"/bin/sh", "-c", "exec " + binary() + " presets > /dev/full"}, dir + "/presets.log", 60);
   CATCH_CHECK(f3 == 1);
   CATCH_CHECK(table.find("cannot write to standard output") != std::string::npos);
+  // A dry run's resolved config is its product too (it exited 0; a probe).
+  fs::create_directories(dir + "/dry");
+  const auto dry_cfg = tiny_run_config(dir + "/dry");
+  const auto [f4, dry] =
+      run({"/bin/sh", "-c", "exec " + binary() + " run " + dry_cfg + " --dry-run > /dev/full"},
+          dir + "/dry.log", 120);
+  CATCH_INFO(dry);
+  CATCH_CHECK(f4 == 1);
+  CATCH_CHECK(dry.find("cannot write to standard output") != std::string::npos);
   // A reader that went (`sample … | head`): the write fails and says so, exit 1 (SIGPIPE killed it: 141).
   auto [reader_gone, read_end] = spawn_piped({binary(), "sample", ckpt_dir, "--tokens", "50"});
   CATCH_REQUIRE(read_end >= 0);
