@@ -226,7 +226,8 @@ models::data::prepared_dataset prepare_data(const config::train_config& cfg, con
 }
 
 models::data::prepared_dataset find_or_prepare_data(const config::train_config& cfg,
-                                                    const std::string& corpus, const std::string& data_dir) {
+                                                    const std::string& corpus, const std::string& data_dir,
+                                                    int64_t seq_len) {
   std::string why;
   if (auto d = models::data::find_prepared(corpus, cfg.data.tokenizer, cfg.data.bpe_vocab_size,
                                            cfg.data.val_fraction, data_dir, why)) {
@@ -246,6 +247,9 @@ models::data::prepared_dataset find_or_prepare_data(const config::train_config& 
   const bool made = !fs::exists(own, ec);
   try {
     auto data = prepare_data(cfg, corpus, own);
+    // Before the older copies make room for it: one that cannot be evaluated goes instead.
+    (void)models::data::max_validation_batches(models::data::read_shard(data.val_path), cfg.train.batch_size,
+                                               seq_len);
     prune_eval_copies(fs::path(own).parent_path(), own);
     return data;
   } catch (...) {

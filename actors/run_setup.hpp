@@ -36,9 +36,11 @@ models::data::prepared_dataset prepare_data(const config::train_config& cfg, con
 
 /// The data of a run that this process only reads (eval): the run's shards in data_dir when they are there
 /// and match [data]; otherwise prepared into a private cache (cache_root()/eval-data/KEY), so that another
-/// run's data directory is never rewritten nor a foreign checkpoint's out_dir made here.
+/// run's data directory is never rewritten nor a foreign checkpoint's out_dir made here. A private copy whose
+/// validation set holds no window of `seq_len` is refused (lw_error invalid_config) and not kept.
 models::data::prepared_dataset find_or_prepare_data(const config::train_config& cfg,
-                                                    const std::string& corpus, const std::string& data_dir);
+                                                    const std::string& corpus, const std::string& data_dir,
+                                                    int64_t seq_len);
 
 /// The model shape of a config on its corpus (corpus_path; a shard directory gives its vocabulary), checked
 /// against what the config asks of it (before any file is written).

@@ -291,7 +291,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
           data_override.empty() ? "the corpus " + corpus : "--data " + corpus,
           data_override.empty() ? ": it changed since" : "",
           cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
-    const auto data = find_or_prepare_data(cfg, corpus, p.data_dir);
+    const auto data = find_or_prepare_data(cfg, corpus, p.data_dir, spec.seq_len);
     check_eval_tokens(cfg, spec, data, data_override.empty() ? "data.path" : "--data", corpus);
     check_eval_memory_fits(cfg, spec);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.

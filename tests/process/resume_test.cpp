@@ -717,12 +717,13 @@ CATCH_TEST_CASE(
   CATCH_CHECK(wait_exit(halved, 300) == 0);
   CATCH_CHECK(read_text(dir + "/eval-halved.log").find("is not the data the checkpoint's run read") !=
               std::string::npos);
-  // Data that is no text: refused (exit 2), and no private copy is left behind for it.
+  // Data that is no text, or too little: refused (exit 2), and no private copy is left behind for it.
   const auto copies_before = std::distance(fs::directory_iterator(copies), fs::directory_iterator());
   std::string noise(4096, '\0');
   for (size_t i = 0; i < noise.size(); ++i) noise[i] = static_cast<char>((i * 2654435761u) >> 13);
   write_text(dir + "/noise.bin", noise);
-  for (const std::string& bad : {dir + "/noise.bin", std::string("/dev/null")}) {
+  write_text(dir + "/notes.txt", "my short notes\n");  // text, but too short for one validation window
+  for (const std::string& bad : {dir + "/noise.bin", std::string("/dev/null"), dir + "/notes.txt"}) {
     auto refused =
         spawn({binary(), "eval", dir + "/alone.lwc", "--data", bad}, dir + "/eval-bad.log", false, moved_env);
     CATCH_CHECK(wait_exit(refused, 300) == 2);
