@@ -366,14 +366,14 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
 /// now rather than when the run first writes there. A path that does not exist yet is fine.
 /// A path with a line break or another control character: from a TOML file's escapes ("\n"), never meant, and
 /// it would break the one-line records a run writes about its files (prepared.txt, logs).
-void check_one_line(const std::string& key, const std::string& path) {
+void check_one_line(const std::string& key, const std::string& path, const char* what = "path") {
   const auto bad = std::find_if(path.begin(), path.end(),
                                 [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
   if (bad == path.end()) return;
-  throw config_error(key, fmt::format("{}: the path contains {} (byte 0x{:02x} at {}); a path is one line of "
+  throw config_error(key, fmt::format("{}: the {} contains {} (byte 0x{:02x} at {}); a {} is one line of "
                                       "printable characters",
-                                      key, *bad == '\n' ? "a line break" : "a control character",
-                                      static_cast<unsigned char>(*bad), bad - path.begin()));
+                                      key, what, *bad == '\n' ? "a line break" : "a control character",
+                                      static_cast<unsigned char>(*bad), bad - path.begin(), what));
 }
 
 void check_dir(const std::string& key, const std::string& dir) {
@@ -803,6 +803,7 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
   check_dir("checkpoint.dir", cfg.checkpoint.dir.empty() ? beside_out("checkpoints") : cfg.checkpoint.dir);
   check_dir("data.cache_dir", cfg.data.cache_dir.empty() ? beside_out("data") : cfg.data.cache_dir);
   check_one_line("data.path", cfg.data.path);
+  check_one_line("run.name", cfg.run.name, "name");  // it labels log lines, metrics and the report
 }
 
 }  // namespace
