@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <vector>
 
@@ -96,14 +97,15 @@ void write_export(const checkpoint_model& m, const export_options& o) {
                 tok->c_str(), tok_path.c_str(), models::data::load_tokenizer(tok_path)->kind().c_str());
   } else {
     std::printf("export: no tokenizer file of this run found; none copied\n");
-    // An earlier export's (--force): left there, it would be taken for this model's. A file that is no
-    // Longwave tokenizer is the user's: it stays.
+    // An earlier export's (--force): left there, it would be taken for this model's. A file whose first
+    // line is not a Longwave tokenizer's ("longwave-byte 1", "longwave-bpe 1") is the user's: it stays.
     const auto stale = out / "tokenizer.txt";
     std::error_code ec;
     if (!fs::is_regular_file(stale, ec)) return;
-    try {
-      (void)models::data::load_tokenizer(stale.string());
-    } catch (const std::exception&) {
+    std::string head;
+    std::ifstream in(stale);
+    std::getline(in, head);
+    if (head.rfind("longwave-", 0) != 0) {
       std::printf("export: left %s as it is: it is no Longwave tokenizer (a file of yours?)\n",
                   stale.c_str());
       return;

@@ -1,6 +1,7 @@
 # Writes OUT, a header naming the commit of the checkout at SRC (`git describe --always --dirty`, "unknown"
 # without git), and only when that changed: a build after a commit relinks, one without recompiles nothing.
-execute_process(COMMAND git -C "${SRC}" describe --always --dirty
+# safe.directory: a checkout another user owns (root building a user's clone) is still read.
+execute_process(COMMAND git -c "safe.directory=${SRC}" -C "${SRC}" describe --always --dirty
                 OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR commit STREQUAL "")
   set(commit "unknown")
