@@ -115,6 +115,9 @@ void request_stop(self_ptr self, bool at_boundary) {
   auto& s = self->state;
   if (s.ph == phase::done || s.ph == phase::failed || s.ph == phase::stopping) return;
   if (s.ph == phase::idle) {
+    spdlog::info(
+        "stopping before training began (theta_0 not yet set): nothing to save; newest checkpoint: {}",
+        newest_on_disk(s));
     if (!set_phase(self, phase::stopping)) return;
     if (!set_phase(self, phase::done)) return;
     return notify_main(self, 130);

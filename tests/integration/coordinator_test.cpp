@@ -124,9 +124,9 @@ caf::behavior fake_worker(fake_ptr self, std::shared_ptr<world> w, int64_t rank)
   };
   return {
       release_handler(self),
-      [=](set_atom, const at::Tensor&) {
+      [=](set_atom, const at::Tensor&) -> caf::result<bool> {
         w->seen.push_back(me + " theta");
-        return true;
+        return reply<bool>(self, w, "set", 0, [] { return caf::expected<bool>{true}; });
       },
       [=](run_atom, uint64_t round, const at::Tensor&, int64_t h, bool,
           int64_t) -> caf::result<round_result> {
@@ -656,6 +656,22 @@ CATCH_TEST_CASE_METHOD(coordinator_fixture, "a stop in each phase ends the run a
     CATCH_CHECK(phases() ==
                 "idle inner reducing outer_step saving inner reducing outer_step saving evaluating done");
     CATCH_CHECK(saved_rounds() == std::vector<uint64_t>{1, 2});
+  }
+
+  CATCH_SECTION("a stop before theta_0 is set ends with done 130 and says nothing was saved") {
+    w->hold = hold_all("set");
+    launch();
+    CATCH_REQUIRE(phases() == "idle");
+    stop();
+    CATCH_INFO(log.str());
+    CATCH_REQUIRE(w->codes == std::vector<int>{130});
+    CATCH_CHECK(phases() == "idle stopping done");
+    CATCH_CHECK(saved_rounds().empty());
+    CATCH_CHECK(
+        logged("stopping before training began (theta_0 not yet set): nothing to save; newest "
+               "checkpoint: none"));
+    for (auto& wk : workers) release(wk, "set");  // the late replies start nothing
+    CATCH_CHECK(seen({"w0 run"}).empty());
   }
 
   CATCH_SECTION("a stop while resuming saves the resumed round boundary and ends with done 130") {
