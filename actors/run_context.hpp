@@ -71,7 +71,9 @@ struct run_context {
   int64_t data_parts() const { return data_partitions > 0 ? data_partitions : global_workers(); }
   /// The train tokens global rank `global_rank` reads (data.partition over data_parts()).
   std::vector<models::data::token_span> data_spans(int64_t global_rank) const;
-  int64_t total_inner_steps() const { return cfg.train.rounds * cfg.train.inner_steps; }
+  /// The inner step the run ends at: train.rounds × train.inner_steps, or after a resume under another
+  /// train.inner_steps, the checkpoint's steps and the rounds left at the new H (plan_resumed_run).
+  int64_t planned_steps = 0;
   /// The inner options of local worker `rank`: `inner` on its device, with its autocast.
   models::inner_options inner_of(int64_t rank) const;
   /// The node's workers share one GPU and its policy averages their plain pseudo-gradients (diloco with

@@ -446,4 +446,26 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
     spdlog::warn("the resolved config copy is not written: {}", why);
 }
 
+int64_t planned_last_step(const config::train_config& cfg, const train_snapshot& snap) {
+  const int64_t h = cfg.train.inner_steps, step = static_cast<int64_t>(snap.step);
+  const int64_t in_round = snap.replicas.empty() ? 0 : snap.replicas[0].steps_in_round;
+  int64_t left = static_cast<int64_t>(cfg.train.rounds) - static_cast<int64_t>(snap.round);
+  if (left <= 0) return step;
+  if (in_round == 0) return step + left * h;
+  return step + std::max<int64_t>(0, h - in_round) + (left - 1) * h;  // the round under way, then the rest
+}
+
+void plan_resumed_run(run_context& ctx, const train_snapshot& snap) {
+  const auto& cfg = ctx.cfg;
+  if (cfg.diloco.outer == config::outer_policy_kind::async || cfg.federated.clients_per_round > 0) return;
+  const int64_t planned = planned_last_step(cfg, snap);
+  if (planned == ctx.planned_steps) return;
+  spdlog::info(
+      "the run ends at inner step {} (not train.rounds × train.inner_steps = {}: the checkpoint's {} steps "
+      "were taken at another H); the learning-rate schedule spans {} steps",
+      planned, ctx.planned_steps, snap.step, planned);
+  ctx.planned_steps = planned;
+  ctx.inner.total_steps = planned;
+}
+
 }  // namespace longwave::actors

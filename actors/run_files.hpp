@@ -36,6 +36,16 @@ struct start_point {
 start_point find_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
                        const runtime::snapshot_shape& shape);
 
+/// The inner step a run resumed from `snap` ends at: its steps, the rest of its round (a round past a lowered
+/// train.inner_steps ends at once) and the rounds left, each train.inner_steps long. rounds × H when H never
+/// changed.
+int64_t planned_last_step(const config::train_config& cfg, const runtime::train_snapshot& snap);
+
+/// A resume under another train.inner_steps than the checkpoint's steps were taken with: the run's end step
+/// and the learning-rate schedule's length follow planned_last_step, so the schedule ends at the last step
+/// (async and client sampling keep theirs: their steps do not count rounds × H).
+void plan_resumed_run(run_context& ctx, const runtime::train_snapshot& snap);
+
 /// Moves checkpoint files that failed their checks (checkpoint_store::load_latest's `corrupt`) to the store's
 /// corrupt/ folder, a line each: a training start's part, never eval's or export's.
 void set_aside_corrupt(const runtime::checkpoint_store& store, const std::vector<std::string>& files);

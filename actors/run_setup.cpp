@@ -270,6 +270,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   ctx->data_fingerprint = models::data::data_fingerprint(corpus);
   ctx->spec = spec;
   ctx->inner = make_inner_options(cfg);
+  ctx->planned_steps = ctx->inner.total_steps;
   ctx->devices = devices;
   ctx->config_toml = config::to_toml(cfg);
   ctx->train_tokens = load_tokens(data.train_path);

@@ -103,6 +103,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
     start = find_start(cfg, opts, p, shape_of(*ctx));
   }
   if (start.complete) return 0;
+  if (start.resume) plan_resumed_run(*ctx, *start.resume);
   reset_run_files(cfg, p, start, opts.config_file);
   caf::actor_system_config sys_cfg;
   configure_system(sys_cfg);

@@ -86,6 +86,7 @@ void record_start(self_ptr self) {
                    .add("comm_dtype", config::to_string(c.comm.dtype))
                    .add("clients_per_round", c.federated.clients_per_round)
                    .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0})
+                   .add("planned_steps", s.ctx->planned_steps)
                    .add("joined", static_cast<bool>(s.ctx->recovery)));  // a running cluster's state fetched
   if (const auto& j = s.ctx->recovery) {
     // Joined a running cluster: the membership it entered, and how it got the state.
@@ -172,10 +173,11 @@ void on_report(self_ptr self, const step_report& r) {
   }
   const double tok_s = wall > 0 ? static_cast<double>(s.session_tokens()) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
-  const int64_t total = s.ctx->total_inner_steps();
-  // The rate the step just taken used: the schedule follows Adam's count (1-based here, 0-based there).
-  const double lr = models::warmup_cosine_lr(cfg.train.lr, r.step - 1, cfg.train.warmup_steps, total,
-                                             cfg.train.min_lr_ratio);
+  const int64_t total = s.ctx->planned_steps;
+  // The rate the step just taken used: the schedule follows Adam's count (1-based here, 0-based there) over
+  // its length (a client's share under client sampling).
+  const double lr = models::warmup_cosine_lr(cfg.train.lr, r.step - 1, cfg.train.warmup_steps,
+                                             s.ctx->inner.total_steps, cfg.train.min_lr_ratio);
   gauge(self, "longwave_train_loss", loss);
   gauge(self, "longwave_train_tokens_per_second", tok_s);
   gauge(self, "longwave_compute_utilization_ratio", busy > 0 ? s.total_compute() / busy : 0);

@@ -153,7 +153,10 @@ std::string round_wait_text(const node_metrics& m) {
 }
 
 std::string outcome_table(const report_data& r, const run_summary& sum, const start_fields& field) {
-  const double rounds = num(field.cfg, "rounds"), h = num(field.cfg, "inner_steps");
+  // The session's planned end (another H after a resume moves it); rounds × H in files without it.
+  const double planned = num(field.cfg, "planned_steps");
+  const double total =
+      std::isfinite(planned) ? planned : num(field.cfg, "rounds") * num(field.cfg, "inner_steps");
   const double total_s = r.t_last - r.t0, last_step = sum.overall.last_step;
   const size_t sessions = sum.sessions;
   const bool async = std::any_of(r.nodes.begin(), r.nodes.end(),
@@ -172,8 +175,8 @@ std::string outcome_table(const report_data& r, const run_summary& sum, const st
                                   : compact(double(sessions))},
       {"inner steps per worker",
        // async: train.rounds counts the versions the merges make, not any node's rounds
-       std::isfinite(rounds * h) && !async ? fmt::format("{} of {}", compact(last_step), compact(rounds * h))
-                                           : compact(last_step)},
+       std::isfinite(total) && !async ? fmt::format("{} of {}", compact(last_step), compact(total))
+                                      : compact(last_step)},
       {"final val loss", fixed(sum.overall.final_val_loss, 4)},
       {"final val perplexity", fixed(sum.overall.final_val_ppl, 3)},
       {"average compute utilization", utilization_text(sum.utilization)},

@@ -348,6 +348,7 @@ struct coordinator_fixture : test_coordinator_fixture<lw_config> {
     ctx->cfg = cfg;
     ctx->spec = models::preset_spec("tiny", 256, 16);
     ctx->inner = actors::make_inner_options(cfg);
+    ctx->planned_steps = ctx->inner.total_steps;
     actors::coordinator_peers peers;
     peers.communicator = caf::actor_cast<communicator_actor>(communicator = sys.spawn(fake_communicator, w));
     peers.outer = caf::actor_cast<outer_actor>(outer = sys.spawn(fake_outer, w));

@@ -188,6 +188,28 @@ CATCH_TEST_CASE("the ring's timeouts round up to whole milliseconds: one under a
   CATCH_CHECK(r.link_timeout == std::chrono::milliseconds(0));
 }
 
+CATCH_TEST_CASE("a resume plans the run's last step from the checkpoint's steps and the rounds left at H",
+                "[integration][config]") {
+  config::train_config cfg;
+  cfg.train.rounds = 10;
+  cfg.train.inner_steps = 6;
+  runtime::train_snapshot snap;
+  snap.replicas.resize(2);
+  auto planned = [&](uint64_t round, uint64_t step, int64_t in_round) {
+    snap.round = round;
+    snap.step = step;
+    for (auto& r : snap.replicas) r.steps_in_round = in_round;
+    return actors::planned_last_step(cfg, snap);
+  };
+  CATCH_CHECK(planned(4, 24, 0) == 60);     // H never changed: rounds × H
+  CATCH_CHECK(planned(4, 26, 2) == 60);     // mid-round, the same H
+  CATCH_CHECK(planned(4, 40, 0) == 76);     // 4 rounds of H = 10, then 6 of 6
+  CATCH_CHECK(planned(4, 43, 3) == 76);     // 3 steps into round 5 of H = 10: 3 more, then 5 rounds of 6
+  CATCH_CHECK(planned(4, 48, 8) == 78);     // 8 steps into round 5, past the new H: it ends at once
+  CATCH_CHECK(planned(10, 100, 0) == 100);  // nothing left
+  CATCH_CHECK(planned(12, 100, 0) == 100);  // train.rounds lowered below the checkpoint's
+}
+
 CATCH_TEST_CASE("in single mode theta_global follows the one worker's weights", "[integration][single]") {
   require_corpus();
   const auto dir = test::scratch_dir("single-theta");

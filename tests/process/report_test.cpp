@@ -260,6 +260,16 @@ CATCH_TEST_CASE("a run resumed with train.rounds raised and another lr shows its
   const auto html = read_text(dir + "/r/report.html");
   CATCH_CHECK(html.find("<tr><th>outer rounds</th><td>6</td>") != std::string::npos);
   CATCH_CHECK(html.find("<tr><th>inner learning rate (AdamW)</th><td>0.001</td>") != std::string::npos);
+  CATCH_CHECK(html.find("<tr><th>inner steps per worker</th><td>20 of 30</td>") != std::string::npos);
+  // A resume under another H plans its own end (planned_steps): the page shows it, not rounds × H.
+  m.replace(m.find("\"resumed_step\"", second), 14, "\"planned_steps\":27,\"resumed_step\"");
+  write_text(dir + "/r/metrics.jsonl", m);
+  auto [code2, out2] = run({binary(), "report", dir + "/r"}, dir + "/report.log", 60);
+  CATCH_INFO(out2);
+  CATCH_REQUIRE(code2 == 0);
+  CATCH_CHECK(
+      read_text(dir + "/r/report.html").find("<tr><th>inner steps per worker</th><td>20 of 27</td>") !=
+      std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -525,6 +525,12 @@ CATCH_TEST_CASE("a resume under other training settings, or past a lowered train
   CATCH_CHECK(log.find("no longer an exact resume") != std::string::npos);
   CATCH_CHECK(log.find("train.rounds = 2 (it had") == std::string::npos);
   CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv").size() == static_cast<size_t>(stopped_at) + 2);
+  // Its end is the checkpoint's steps and one round of 2 (not rounds × H = 4): the progress line and the
+  // learning-rate schedule go to it (a probe: "step 50/60" after H was raised).
+  const auto end = std::to_string(stopped_at + 2);
+  CATCH_CHECK(log.find("the run ends at inner step " + end + " (not train.rounds × train.inner_steps = 4") !=
+              std::string::npos);
+  CATCH_CHECK(log.find(end + "/" + end + " | loss") != std::string::npos);
   fs::remove_all(dir);
 }
 
