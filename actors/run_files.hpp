@@ -31,6 +31,11 @@ struct start_point {
   std::string resumed_from;     ///< the checkpoint file `resume` came from ("" for a fresh start)
 };
 
+/// The files a run writes in its out_dir (the loss trace, metrics.jsonl, result.json, the config copy) that
+/// exist but are no regular file (a FIFO would block the run, a directory fail it late): config_error naming
+/// run.out_dir and the file.
+void check_run_files(const run_paths& p);
+
 /// --fresh removes the checkpoints and the trace; otherwise the newest valid checkpoint (a cluster node: at
 /// most the agreed round) is the start. Strays in the checkpoint directory are named first.
 start_point find_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,

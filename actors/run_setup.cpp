@@ -153,10 +153,11 @@ namespace {
 
 /// train.threads, or for 0 the cores this process may use (its affinity, or OMP_NUM_THREADS) split among
 /// the workers: the machine's count over-subscribed a container limited to a few cores, or runs side by side.
+/// At most train.threads' own bound, 1024 (OMP_NUM_THREADS=2100 gave 1050 threads a worker).
 int64_t threads_per_worker(const config::train_config& cfg) {
   if (cfg.train.threads > 0) return cfg.train.threads;
-  return std::max<int64_t>(1,
-                           static_cast<int64_t>(runtime::torch_thread_budget().threads) / cfg.train.workers);
+  const auto share = static_cast<int64_t>(runtime::torch_thread_budget().threads) / cfg.train.workers;
+  return std::clamp<int64_t>(share, 1, 1024);
 }
 
 }  // namespace

@@ -72,6 +72,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   make_run_directory("run.out_dir", p.out_dir);
   std::optional<run_lock> lock;  // one run per out_dir, until this process ends
   take_lock(lock, "run.out_dir", p.out_dir);
+  check_run_files(p);
   // And per checkpoint directory: two runs sharing one would resume from, rotate away and overwrite each
   // other's checkpoints.
   make_run_directory("checkpoint.dir", p.ckpt_dir);

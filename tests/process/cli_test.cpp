@@ -2,6 +2,7 @@
 // Ctrl-C.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
@@ -291,6 +292,27 @@ CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before
   std::filesystem::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a FIFO or a directory where the run writes its files is refused before training, naming it",
+                "[process][config]") {
+  // A probe: a FIFO named loss_trace.tsv blocked the run before its first step, for good.
+  const auto dir = scratch_dir("fifo");
+  const auto cfg = quick_config_file(dir);
+  std::filesystem::create_directories(dir + "/run");
+  CATCH_REQUIRE(::mkfifo((dir + "/run/loss_trace.tsv").c_str(), 0644) == 0);
+  auto [code, out] = run({binary(), "run", cfg}, dir + "/fifo.log", 120);
+  CATCH_INFO(out);
+  CATCH_CHECK(code == 2);
+  CATCH_CHECK(out.find(dir + "/run/loss_trace.tsv is a FIFO (named pipe), not a file") != std::string::npos);
+  std::filesystem::remove(dir + "/run/loss_trace.tsv");
+  std::filesystem::create_directories(dir + "/run/metrics.jsonl/x");
+  auto [dcode, dout] = run({binary(), "run", cfg}, dir + "/dir.log", 120);
+  CATCH_INFO(dout);
+  CATCH_CHECK(dcode == 2);
+  CATCH_CHECK(dout.find(dir + "/run/metrics.jsonl is a directory, not a file") != std::string::npos);
+  CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints/ckpt-00000000-0000000001.lwc"));
+  std::filesystem::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count without training",
                 "[process][config]") {
   const auto dir = scratch_dir("dryrun");
@@ -314,6 +336,13 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(
       threads.find("torch threads: 3 per worker (train.threads = 0: 6 (OMP_NUM_THREADS) / 2 workers)") !=
       std::string::npos);
+  // At most train.threads' bound (a probe: OMP_NUM_THREADS=2100 gave 1050 a worker).
+  auto [omp_code, many] = run({"/usr/bin/env", "OMP_NUM_THREADS=2100", binary(), "run",
+                               quick_config_file(dir), "--dry-run", "--set", "train.workers=2"},
+                              dir + "/many.log", 120);
+  CATCH_INFO(many);
+  CATCH_CHECK(omp_code == 0);
+  CATCH_CHECK(many.find("torch threads: 1024 per worker") != std::string::npos);
   // Tokens per worker past 64 bits are said so (the product overflowed).
   auto [bcode, big] = run({binary(), "run", quick_config_file(dir), "--dry-run", "--set",
                            "train.rounds=1000000000000", "--set", "train.inner_steps=1000000"},
