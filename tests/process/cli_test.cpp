@@ -366,6 +366,25 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   CATCH_CHECK(scode == 0);
   const auto vocab = prepared.substr(prepared.rfind("(vocab ") + 7);
   CATCH_CHECK(shards.find(", vocab " + vocab.substr(0, vocab.find(')')) + ", context") != std::string::npos);
+  // Shards without a tokenizer.txt: their largest id bounds model.vocab_size, not data.tokenizer's 256 (a
+  // probe: 200 was refused as smaller than the byte tokenizer's while 0 took 107).
+  auto [byte_code, bytes] =
+      run({binary(), "data", "prepare", dir + "/corpus.txt", "--out", dir + "/byte-shards"},
+          dir + "/prepare-bytes.log", 120);
+  CATCH_INFO(bytes);
+  CATCH_REQUIRE(byte_code == 0);
+  for (const char* f : {"tokenizer.txt", "prepared.txt"}) std::filesystem::remove(dir + "/byte-shards/" + f);
+  for (const auto& [vocab_size, code_wanted] :
+       std::vector<std::pair<std::string, int>>{{"200", 0}, {"100", 2}}) {
+    auto [vcode, said] = run({binary(), "run", quick_config_file(dir), "--dry-run", "--set",
+                              "data.path=" + dir + "/byte-shards", "--set", "model.vocab_size=" + vocab_size},
+                             dir + "/byte-shards.log", 120);
+    CATCH_INFO(said);
+    CATCH_CHECK(vcode == code_wanted);
+    CATCH_CHECK(said.find(code_wanted == 0 ? ", vocab 200, context"
+                                           : "model.vocab_size = 100: the data has token ids up to 106") !=
+                std::string::npos);
+  }
   std::filesystem::create_directories(dir + "/no-shards");
   auto [ncode, none] =
       run({binary(), "run", quick_config_file(dir), "--dry-run", "--set", "data.path=" + dir + "/no-shards"},
