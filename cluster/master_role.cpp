@@ -193,6 +193,10 @@ int lead(const config::cluster_spec& spec, const master_options& o) {
   sb.info = o.info;
   const auto [end, said] = stand_by(sb);
   if (end == standby_end::stopped) return 130;
+  if (end == standby_end::foreign) {  // as a node turned away by it: a config error
+    spdlog::error("coordinator: {}", said);
+    return 2;
+  }
   if (end == standby_end::ended) {  // nothing to lead: the event log's end record is the leader's
     if (o.info) o.info(fmt::format("coordinator: the coordinator that led says {}; this standby ends", said));
     return 0;

@@ -58,10 +58,15 @@ const look* update(std::vector<look>& looks) {
   return answering;
 }
 
-// Tells each answering master that this one stands by, and reads what they sent: the bye of a cluster that
-// ended, if any.
-std::optional<std::pair<const look*, std::string>> converse(std::vector<look>& looks,
-                                                            const standby_options& o, clock::time_point now) {
+// What a master sent: the bye of a cluster that ended, or the turn-away of a master of another cluster.
+struct word {
+  const look* from;
+  bool foreign;  // another cluster's master (another [cluster] id): it never leads this one
+  std::string text;
+};
+
+// Tells each answering master that this one stands by, and reads what they sent.
+std::optional<word> converse(std::vector<look>& looks, const standby_options& o, clock::time_point now) {
   envelope e;
   e.cluster_id = o.cluster_id;
   e.body = standby_msg{o.address};
@@ -70,8 +75,10 @@ std::optional<std::pair<const look*, std::string>> converse(std::vector<look>& l
     zmq::message_t in;
     while (l.sock->recv(in, zmq::recv_flags::dontwait)) {
       auto parsed = parse_envelope(in.data(), in.size(), o.cluster_id);
+      if (!parsed && parsed.error().reason == comm::reject_reason::wrong_cluster)
+        return word{&l, true, parsed.error().detail};
       if (!parsed) continue;
-      if (auto* b = std::get_if<bye_msg>(&parsed.value().body)) return std::make_pair(&l, b->reason);
+      if (auto* b = std::get_if<bye_msg>(&parsed.value().body)) return word{&l, false, b->reason};
     }
     if (!l.up) {
       l.told = {};
@@ -117,9 +124,17 @@ standby_result stand_by(const standby_options& o) {
     }
     const auto now = clock::now();
     const look* l = update(looks);
-    if (const auto said = converse(looks, o, now)) {
+    if (const auto said = converse(looks, o, now); said && said->foreign) {
+      result = {
+          standby_end::foreign,
+          fmt::format("the coordinator at {} serves a different cluster ({}): start every role from the "
+                      "same cluster file",
+                      said->from->endpoint, said->text)};
+      break;
+    } else if (said) {
       // A master that ended while another still answers (two led at once): that one leads on.
-      const auto& [ended, why] = *said;
+      const look* ended = said->from;
+      const auto& why = said->text;
       if (std::none_of(looks.begin(), looks.end(), [&](const look& x) { return x.up && &x != ended; })) {
         result = {standby_end::ended, why};
         break;

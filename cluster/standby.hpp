@@ -37,9 +37,10 @@ enum class standby_end : uint8_t {
   take_over,  ///< the master that led has been unreachable for `silence`: this one takes its place
   stopped,    ///< stop() asked to end first
   ended,      ///< the master that led said the cluster ended (stopped, finished, called off): nothing to lead
+  foreign,    ///< a master of another cluster (another [cluster] id) listens at one of the addresses
 };
 
-/// How the wait ended, and for `ended` what the leader said.
+/// How the wait ended, and for `ended` what the leader said (`foreign`: which address serves which cluster).
 struct standby_result {
   standby_end end = standby_end::lead;
   std::string said;

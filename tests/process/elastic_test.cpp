@@ -1051,6 +1051,17 @@ CATCH_TEST_CASE("a standby whose cluster stopped is told so by the leader and ex
   // new run under its old cluster file); before that, it called the empty cluster off (exit 1).
   const auto dir = scratch_dir("elastic_standby_after");
   auto [file, first, second, coord, nodes] = start_with_standby_address(dir, 20);
+  // A standby of another cluster (another [cluster] id) never stands by its leader: it says so and exits 2,
+  // as a node turned away does (a probe: it stood by for good, the leader logging its frames as dropped).
+  auto foreign = spawn({binary(), "coordinator", file, "--bind", second, "--set", "cluster.id=\"another\"",
+                        "--set", "run.out_dir=\"" + dir + "/another\""},
+                       dir + "/coord-foreign.log");
+  const int foreign_code = wait_exit(foreign, 120);
+  const auto foreign_log = read_text(dir + "/coord-foreign.log");
+  CATCH_INFO(foreign_log);
+  CATCH_CHECK(foreign_code == 2);
+  CATCH_CHECK(
+      contains(foreign_log, "the coordinator at " + first + " serves a different cluster (cluster id "));
   auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
   CATCH_REQUIRE(wait_until(
       [&] { return contains(read_text(dir + "/coord2.log"), "leads the cluster; this one stands by"); }, 60));
