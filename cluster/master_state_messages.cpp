@@ -253,11 +253,11 @@ void master_state::from_stranger(const sender& from, const envelope& e) {
   if (claims_member && strangers_.size() < max_strangers && strangers_.insert(from.identity).second) {
     const auto& name = specs_[e.sender].name;
     running_elsewhere_.insert(name);
-    const auto* hb = std::get_if<heartbeat_msg>(&e.body);
+    // No round named: the first message read may be one the node queued while no coordinator listened.
     info(fmt::format(
-        "coordinator: node {} ({}) is training under an earlier coordinator{}; waiting for it to re-announce "
+        "coordinator: node {} ({}) is training under an earlier coordinator; waiting for it to re-announce "
         "itself",
-        name, from.peer, hb ? fmt::format(" (heartbeat of round {})", hb->round) : ""));
+        name, from.peer));
     return;
   }
   if (strangers_.count(from.identity)) return;

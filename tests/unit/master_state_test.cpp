@@ -576,17 +576,15 @@ CATCH_TEST_CASE(
   }
   CATCH_SECTION("nodes training under an earlier master are named") {
     table t(cluster_of(2, 2));
-    t.play({{0, "n0", "hello", {}},
-            {1,
-             "?n1",
-             "heartbeat 9",
-             {"node n1 (10.0.0.1) is training under an earlier coordinator (heartbeat of round 9)"}},
-            {2, "?n1", "heartbeat 9", {"!n1"}},
-            {2, "?", "heartbeat 9", {"dropped a control message from 10.0.0.1, which has not said hello"}},
-            {61,
-             "n0",
-             "tick",
-             {"node(s) n1 are training under an earlier coordinator but did not re-announce"}}});
+    t.play(
+        {{0, "n0", "hello", {}},
+         {1, "?n1", "heartbeat 9", {"node n1 (10.0.0.1) is training under an earlier coordinator; waiting"}},
+         {2, "?n1", "heartbeat 9", {"!n1"}},
+         {2, "?", "heartbeat 9", {"dropped a control message from 10.0.0.1, which has not said hello"}},
+         {61,
+          "n0",
+          "tick",
+          {"node(s) n1 are training under an earlier coordinator but did not re-announce"}}});
     CATCH_CHECK(t.master().done() == 1);
   }
   CATCH_SECTION("nodes turned away for their settings are named as such, and the coordinator exits 2") {
