@@ -233,11 +233,13 @@ void check_run_files(const run_paths& p) {
        {fs::path(p.trace), out / "metrics.jsonl", out / "result.json", fs::path(p.config_copy)}) {
     std::error_code ec;
     const auto type = fs::status(f, ec).type();  // through a link: the file it names
-    if (type == fs::file_type::not_found || type == fs::file_type::regular || ec) continue;
-    const char* what = type == fs::file_type::directory ? "a directory"
-                       : type == fs::file_type::fifo    ? "a FIFO (named pipe)"
-                       : type == fs::file_type::socket  ? "a socket"
-                                                        : "a device";
+    // A directory is said where the file is opened (training goes on without it); these would block.
+    if (type == fs::file_type::not_found || type == fs::file_type::regular ||
+        type == fs::file_type::directory || ec)
+      continue;
+    const char* what = type == fs::file_type::fifo     ? "a FIFO (named pipe)"
+                       : type == fs::file_type::socket ? "a socket"
+                                                       : "a device";
     throw config::config_error("run.out_dir", fmt::format("{} is {}, not a file: the run writes this file "
                                                           "there; move it away or choose another run.out_dir",
                                                           f.string(), what));

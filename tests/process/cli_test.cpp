@@ -292,7 +292,7 @@ CATCH_TEST_CASE("bad data exits with code 2 and one line naming the file, before
   std::filesystem::remove_all(dir);
 }
 
-CATCH_TEST_CASE("a FIFO or a directory where the run writes its files is refused before training, naming it",
+CATCH_TEST_CASE("a FIFO where the run writes its files is refused before training, naming it",
                 "[process][config]") {
   // A probe: a FIFO named loss_trace.tsv blocked the run before its first step, for good.
   const auto dir = scratch_dir("fifo");
@@ -304,11 +304,11 @@ CATCH_TEST_CASE("a FIFO or a directory where the run writes its files is refused
   CATCH_CHECK(code == 2);
   CATCH_CHECK(out.find(dir + "/run/loss_trace.tsv is a FIFO (named pipe), not a file") != std::string::npos);
   std::filesystem::remove(dir + "/run/loss_trace.tsv");
-  std::filesystem::create_directories(dir + "/run/metrics.jsonl/x");
-  auto [dcode, dout] = run({binary(), "run", cfg}, dir + "/dir.log", 120);
+  CATCH_REQUIRE(::mkfifo((dir + "/run/metrics.jsonl").c_str(), 0644) == 0);
+  auto [dcode, dout] = run({binary(), "run", cfg}, dir + "/metrics.log", 120);
   CATCH_INFO(dout);
   CATCH_CHECK(dcode == 2);
-  CATCH_CHECK(dout.find(dir + "/run/metrics.jsonl is a directory, not a file") != std::string::npos);
+  CATCH_CHECK(dout.find(dir + "/run/metrics.jsonl is a FIFO (named pipe), not a file") != std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints/ckpt-00000000-0000000001.lwc"));
   std::filesystem::remove_all(dir);
 }
