@@ -52,6 +52,17 @@ metrics_actor::behavior_type sink_fun(metrics_actor::stateful_pointer<sink_state
 
 }  // namespace
 
+std::ofstream open_event_log(const std::string& path) {
+  bool ends_mid_line = false;
+  if (std::ifstream tail(path, std::ios::binary | std::ios::ate); tail && tail.tellg() > 0) {
+    tail.seekg(-1, std::ios::end);
+    ends_mid_line = tail.get() != '\n';
+  }
+  std::ofstream out(path, std::ios::app);
+  if (ends_mid_line) out << '\n';
+  return out;
+}
+
 metrics_actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_options& opts, int* bound_port) {
   // Built here, on the caller's thread, so that a port in use is an lw_error for the caller.
   auto s = std::make_shared<sink_state>();
@@ -62,15 +73,7 @@ metrics_actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_opti
   }
   if (!opts.jsonl_path.empty()) {
     s->jsonl_path = opts.jsonl_path;
-    // A run stopped mid-line (a full disk, a kill) left a partial record: this run's records start on a line
-    // of their own, so that the report skips only that one.
-    bool ends_mid_line = false;
-    if (std::ifstream tail(opts.jsonl_path, std::ios::binary | std::ios::ate); tail && tail.tellg() > 0) {
-      tail.seekg(-1, std::ios::end);
-      ends_mid_line = tail.get() != '\n';
-    }
-    s->jsonl.open(opts.jsonl_path, std::ios::app);
-    if (ends_mid_line) s->jsonl << '\n';
+    s->jsonl = open_event_log(opts.jsonl_path);
     if (!s->jsonl) spdlog::warn("metrics: cannot open {} for appending; no run report data", opts.jsonl_path);
   }
   return sys.spawn(sink_fun, std::move(s));

@@ -3,6 +3,7 @@
 // and appends the run's event log, metrics.jsonl.
 #include <caf/fwd.hpp>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ struct metrics_sink_options {
 /// metrics.jsonl. `labels` is "" (none), "3" (worker="3") or "key=value[,key=value]".
 /// The bound port (port 0: the one chosen) is written to *bound_port. Throws lw_error(io_error) if the port
 /// cannot be bound, lw_error(invalid_config) for a bad address.
+/// Opens metrics.jsonl for appending; a file that ends mid-line (a full disk, a kill) gets a line break
+/// first, so that the report skips only the partial record. Check the stream: a failed open is not said here.
+std::ofstream open_event_log(const std::string& path);
+
 runtime::metrics_actor spawn_metrics_sink(caf::actor_system& sys, const metrics_sink_options& opts,
                                           int* bound_port);
 

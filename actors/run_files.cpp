@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -19,6 +20,8 @@
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/files/atomic_file.hpp"
+#include "runtime/json/json_pretty.hpp"
+#include "runtime/json/json_reader.hpp"
 #include "runtime/log/log.hpp"
 
 namespace fs = std::filesystem;
@@ -207,7 +210,10 @@ void report_complete(const config::train_config& cfg, const run_paths& p, const 
                           snap.round + 1)
             : std::string());
   }
-  if (!fs::exists(fs::path(p.out_dir) / "result.json"))
+  // The others' final evaluation is made again when result.json does not describe the checkpoint
+  // (training.cpp).
+  if (cfg.diloco.outer == config::outer_policy_kind::async &&
+      !fs::exists(fs::path(p.out_dir) / "result.json"))
     spdlog::warn(
         "{} has no result.json (the run ended before writing it); `longwave eval {}` gives the final "
         "validation loss",
@@ -463,6 +469,32 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
   }
   if (const auto why = write_atomically(p.config_copy, config::to_toml(cfg)); !why.empty())
     spdlog::warn("the resolved config copy is not written: {}", why);
+}
+
+std::string write_result_file(const config::train_config& cfg, const run_result& r) {
+  runtime::json_pretty j;
+  j.add("mode", config::to_string(cfg.run.mode))
+      .add("workers", cfg.train.workers)
+      .add("rounds", static_cast<int64_t>(r.rounds))
+      .add("inner_steps", cfg.train.inner_steps)
+      .add("inner_steps_per_worker", r.steps)
+      .add("val_loss", r.val_loss)  // JSON has no NaN: a loss that is not finite is null
+      .add("val_ppl", std::exp(r.val_loss))
+      .add("tokens", r.tokens)
+      .add("seconds", std::round(r.seconds * 1e3) / 1e3)  // milliseconds
+      .add("train_seconds", std::round(r.train_seconds * 1e3) / 1e3);
+  return runtime::write_atomically(cfg.run.out_dir + "/result.json", j.str() + "\n");
+}
+
+bool result_describes(const std::string& out_dir, const train_snapshot& snap) {
+  std::ifstream in(fs::path(out_dir) / "result.json", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  rapidjson::Document doc;
+  if (text.empty() || runtime::parse_json(text, doc) || !doc.IsObject()) return false;
+  const auto* rounds = runtime::find_member(doc, "rounds");
+  const auto* steps = runtime::find_member(doc, "inner_steps_per_worker");
+  return rounds && steps && rounds->IsUint64() && steps->IsInt64() && rounds->GetUint64() == snap.round &&
+         steps->GetInt64() == static_cast<int64_t>(snap.step);
 }
 
 int64_t planned_last_step(const config::train_config& cfg, const train_snapshot& snap) {

@@ -41,6 +41,22 @@ void check_run_files(const run_paths& p);
 start_point find_start(const config::train_config& cfg, const run_options& opts, const run_paths& p,
                        const runtime::snapshot_shape& shape);
 
+/// What result.json says of a finished run: the numbers a sweep or a test reads back.
+struct run_result {
+  uint64_t rounds = 0;  ///< completed outer rounds
+  int64_t steps = 0;    ///< inner steps per worker
+  double val_loss = 0;  ///< the final evaluation's (not finite: null)
+  int64_t tokens = 0;
+  double seconds = 0, train_seconds = 0;  ///< the last session's wall time, less its evaluations
+};
+
+/// Writes out_dir/result.json whole (write_atomically); "" or what failed.
+std::string write_result_file(const config::train_config& cfg, const run_result& r);
+
+/// Whether out_dir's result.json describes the run at `snap` (its rounds and inner steps): a run killed
+/// during its final evaluation kept an earlier session's, or none.
+bool result_describes(const std::string& out_dir, const runtime::train_snapshot& snap);
+
 /// The inner step a run resumed from `snap` ends at: its steps, the rest of its round (a round past a lowered
 /// train.inner_steps ends at once) and the rounds left, each train.inner_steps long. rounds × H when H never
 /// changed.

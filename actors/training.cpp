@@ -13,6 +13,7 @@
 
 #include "actors/actor_graph.hpp"
 #include "actors/collective_factory.hpp"
+#include "actors/metrics_sink.hpp"
 #include "actors/run_files.hpp"
 #include "actors/run_setup.hpp"
 #include "config/config_loader.hpp"
@@ -29,6 +30,7 @@
 #include "runtime/checkpoint/run_lock.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/json/json_line.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics_server.hpp"
 
@@ -48,6 +50,53 @@ void take_lock(std::optional<run_lock>& lock, const std::string& key, const std:
   } catch (const run_lock_unwritable& e) {
     throw config::config_error(key, key + " = \"" + dir + "\": no file can be made there (" + e.what() + ")");
   }
+}
+
+/// A finished run whose result.json does not describe its newest checkpoint (killed during its final
+/// evaluation, after a resume that trained more rounds): that evaluation is made now, as the run makes it,
+/// and result.json and metrics.jsonl's eval and end records written; a sweep reads its point's final loss
+/// from them. Else nothing: the run was complete. Returns the exit code.
+int finish_complete_run(const run_context& ctx, const run_paths& p, const train_snapshot& snap) {
+  const auto& cfg = ctx.cfg;
+  if (cfg.diloco.outer == config::outer_policy_kind::async || result_describes(p.out_dir, snap)) return 0;
+  spdlog::info("{} has no result.json of round {}: its final evaluation ({} batches) runs now", p.out_dir,
+               snap.round, cfg.eval.batches);
+  const auto t0 = std::chrono::steady_clock::now();
+  models::gpt model(ctx.spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
+  model.load_flat(snap.theta);
+  const double loss = models::validation_loss(model, *ctx.val_tokens, cfg.train.batch_size, cfg.eval.batches);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("final: val loss {:.4f} | val perplexity {} | {} rounds x {} inner steps x {} workers", loss,
+               readable(std::exp(loss), 3), snap.round, cfg.train.inner_steps, cfg.train.workers);
+  const int64_t batch_tokens = cfg.train.batch_size * ctx.spec.seq_len;
+  int64_t tokens = 0;
+  for (const auto& r : snap.replicas) tokens += static_cast<int64_t>(r.sampler_position) * batch_tokens;
+  const auto step = static_cast<int64_t>(snap.step);
+  if (auto log = open_event_log((fs::path(p.out_dir) / "metrics.jsonl").string())) {
+    log << json_line("eval")
+               .add("round", snap.round)
+               .add("step", step)
+               .add("val_loss", loss)
+               .add("val_ppl", std::exp(loss))
+               .str()
+        << '\n'
+        << json_line("end")
+               .add("exit_code", 0)
+               .add("val_loss", loss)
+               .add("val_ppl", std::exp(loss))
+               .add("seconds", secs)
+               .add("steps", step)
+               .add("rounds", snap.round)
+               .str()
+        << '\n'
+        << std::flush;
+  }
+  if (const auto why = write_result_file(cfg, run_result{snap.round, step, loss, tokens, secs, 0});
+      !why.empty()) {
+    spdlog::error("the run's final evaluation is done, but result.json could not be written: {}", why);
+    return 1;
+  }
+  return 0;
 }
 
 /// One run, top to bottom: check the config, lock the out_dir, prepare the data, find where to start, start
@@ -103,7 +152,7 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   } else {
     start = find_start(cfg, opts, p, shape_of(*ctx));
   }
-  if (start.complete) return 0;
+  if (start.complete) return finish_complete_run(*ctx, p, *start.resume);
   if (start.resume) plan_resumed_run(*ctx, *start.resume);
   reset_run_files(cfg, p, start, opts.config_file);
   caf::actor_system_config sys_cfg;

@@ -8,12 +8,12 @@
 
 #include "actors/cluster_link.hpp"
 #include "actors/coordinator/state.hpp"
+#include "actors/run_files.hpp"
 #include "models/gpu_info.hpp"
 #include "models/lr_schedule.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checksum/crc32c.hpp"
 #include "runtime/files/atomic_file.hpp"
-#include "runtime/json/json_pretty.hpp"
 #include "runtime/log/log.hpp"
 
 namespace longwave::actors::coordinator_parts {
@@ -278,19 +278,8 @@ void on_eval(self_ptr self, uint64_t round, uint64_t version, int64_t step, doub
 // perplexity that is not finite (no evaluation, or a diverged one) is null: JSON has no NaN, and
 // metrics.jsonl writes null too.
 std::string write_result(const coordinator_state& s, double wall) {
-  const auto& c = s.ctx->cfg;
-  json_pretty j;
-  j.add("mode", config::to_string(c.run.mode))
-      .add("workers", c.train.workers)
-      .add("rounds", static_cast<int64_t>(s.round))
-      .add("inner_steps", c.train.inner_steps)
-      .add("inner_steps_per_worker", s.last_step)
-      .add("val_loss", s.last_val_loss)
-      .add("val_ppl", std::exp(s.last_val_loss))
-      .add("tokens", s.total_tokens())
-      .add("seconds", std::round(wall * 1e3) / 1e3)  // milliseconds
-      .add("train_seconds", std::round((wall - s.eval_s) * 1e3) / 1e3);
-  return runtime::write_atomically(c.run.out_dir + "/result.json", j.str() + "\n");
+  return write_result_file(
+      s.ctx->cfg, run_result{s.round, s.last_step, s.last_val_loss, s.total_tokens(), wall, wall - s.eval_s});
 }
 
 }  // namespace longwave::actors::coordinator_parts

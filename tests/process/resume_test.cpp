@@ -12,6 +12,7 @@
 #include <set>
 
 #include "runtime/checkpoint/checkpoint_store.hpp"
+#include "tests/support/json.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave::test;
@@ -531,6 +532,58 @@ CATCH_TEST_CASE("a resume under other training settings, or past a lowered train
   CATCH_CHECK(log.find("the run ends at inner step " + end + " (not train.rounds × train.inner_steps = 4") !=
               std::string::npos);
   CATCH_CHECK(log.find(end + "/" + end + " | loss") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a finished run without its result.json makes its final evaluation on the next run",
+                "[process][resume]") {
+  // A probe: killed during the final evaluation of a run resumed with more rounds, the rerun said "run
+  // complete" and kept the earlier session's result.json and end record, which a sweep took as the point's.
+  const auto dir = scratch_dir("final-eval");
+  const auto cfg = config_file(dir, "r");
+  const std::vector<std::string> rounds3{"--set", "train.rounds=3"};
+  auto run_r = [&](const std::string& log) {
+    std::vector<std::string> args{binary(), "run", cfg};
+    args.insert(args.end(), rounds3.begin(), rounds3.end());
+    return run(args, dir + "/" + log, 600);
+  };
+  auto [code, log] = run_r("a.log");
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  const auto whole = read_text(dir + "/r/result.json");
+  auto field = [](const std::string& text, const char* key) {
+    const auto doc = parse_json(text);
+    CATCH_REQUIRE(doc.HasMember(key));
+    return doc[key].GetDouble();
+  };
+  auto last_end = [&] {
+    const auto events = read_text(dir + "/r/metrics.jsonl");
+    const auto at = events.rfind("{\"kind\":\"end\"");
+    CATCH_REQUIRE(at != std::string::npos);
+    return events.substr(at, events.find('\n', at) - at);
+  };
+  // Complete with its result.json: nothing runs.
+  auto [c1, l1] = run_r("b.log");
+  CATCH_INFO(l1);
+  CATCH_CHECK(c1 == 0);
+  CATCH_CHECK(l1.find("final evaluation") == std::string::npos);
+  // An earlier session's result.json (round 2), then none: each time the evaluation the run made, exactly.
+  write_text(dir + "/r/result.json", "{\"rounds\": 2, \"inner_steps_per_worker\": 10, \"val_loss\": 9.5}\n");
+  for (const char* name : {"c.log", "d.log"}) {
+    auto [c2, l2] = run_r(name);
+    CATCH_INFO(l2);
+    CATCH_CHECK(c2 == 0);
+    CATCH_CHECK(l2.find("has no result.json of round 3: its final evaluation (2 batches) runs now") !=
+                std::string::npos);
+    const auto again = read_text(dir + "/r/result.json");
+    CATCH_CHECK(field(again, "val_loss") == field(whole, "val_loss"));
+    CATCH_CHECK(field(again, "rounds") == 3);
+    CATCH_CHECK(field(again, "inner_steps_per_worker") == 15);
+    CATCH_CHECK(field(again, "tokens") == field(whole, "tokens"));
+    CATCH_CHECK(field(last_end(), "val_loss") == Approx(field(whole, "val_loss")).epsilon(1e-8));
+    CATCH_CHECK(field(last_end(), "rounds") == 3);
+    fs::remove(dir + "/r/result.json");
+  }
   fs::remove_all(dir);
 }
 
