@@ -108,12 +108,15 @@ void set_aside_from(const checkpoint_store& store, uint64_t from_round, const st
 void set_aside_corrupt(const checkpoint_store& store, const std::vector<std::string>& files) {
   for (const auto& f : files) {
     try {
-      if (const auto to = store.set_aside_corrupt(f); !to.empty())
+      const auto to = store.set_aside_corrupt(f);
+      if (fs::path(to).parent_path().filename() == other_build_dir_name)
+        spdlog::warn(
+            "checkpoint: moved {} to {} (another build's format: this run goes on from an older checkpoint "
+            "and would write over it; that build reads it there)",
+            fs::path(f).filename().string(), to);
+      else
         spdlog::warn("checkpoint: moved {} to {} (it fails its checks; nothing reads it there)",
                      fs::path(f).filename().string(), to);
-      else
-        spdlog::warn("checkpoint: {} is of another build's format: left where it is",
-                     fs::path(f).filename().string());
     } catch (const lw_error& e) {
       spdlog::warn("checkpoint: {} stays where it is: {}", fs::path(f).filename().string(), e.what());
     }

@@ -603,8 +603,8 @@ std::vector<std::string> checkpoint_store::set_aside(uint64_t from_round,
 }
 
 std::string checkpoint_store::set_aside_corrupt(const std::string& path) const {
-  if (check_header(path).other_build) return {};
-  const fs::path folder = fs::path(dir_) / corrupt_dir_name;
+  const fs::path folder =
+      fs::path(dir_) / (check_header(path).other_build ? other_build_dir_name : corrupt_dir_name);
   const std::string name = fs::path(path).filename().string();
   std::error_code ec;
   fs::create_directories(folder, ec);
@@ -649,7 +649,8 @@ std::vector<stray_file> checkpoint_store::stray_files() const {
     uint64_t round = 0, step = 0;
     std::error_code type_ec;
     if (name == lock_file_name) continue;  // the running process's own (run_lock)
-    if ((name == superseded_dir_name || name == corrupt_dir_name) && it->is_directory(type_ec))
+    if ((name == superseded_dir_name || name == corrupt_dir_name || name == other_build_dir_name) &&
+        it->is_directory(type_ec))
       continue;  // set_aside's and set_aside_corrupt's
     if (parse_file_name(name, &round, &step)) {
       if (!it->is_regular_file(type_ec))
@@ -686,7 +687,8 @@ std::optional<checkpoint> checkpoint_store::load_latest(const std::function<void
     try {
       c = read_checkpoint(files[i]);
     } catch (const bad_file& e) {
-      problem = "is corrupt (" + e.reason + ")";
+      problem =
+          (check_header(files[i]).other_build ? "is of another build (" : "is corrupt (") + e.reason + ")";
       if (corrupt) corrupt->push_back(files[i]);
     } catch (const lw_error& e) {
       if (e.code() != errc::io_error) throw;

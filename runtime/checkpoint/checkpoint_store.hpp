@@ -52,6 +52,8 @@ struct held_round {
 inline constexpr const char* superseded_dir_name = "superseded";
 /// The folder of a checkpoint directory that set_aside_corrupt moves files that fail their checks into.
 inline constexpr const char* corrupt_dir_name = "corrupt";
+/// The folder that set_aside_corrupt moves another build's files into (that build still reads them there).
+inline constexpr const char* other_build_dir_name = "other-build";
 
 /// An entry of a checkpoint directory that is not a checkpoint (checkpoint_store::stray_files).
 struct stray_file {
@@ -109,8 +111,9 @@ class checkpoint_store {
 
   /// Moves `path`, a file of this directory that failed its checks, to dir/corrupt/<name> (<name>.<k> when
   /// that is taken): out of the way of every later start, kept for a person to look at; nothing reads it.
-  /// Returns the new path, or "" for a file of a format version another build writes (no damage: it stays).
-  /// Throws lw_error(io_error) if the move fails.
+  /// A file of a format version another build writes (no damage) goes to dir/other-build/ instead: the run
+  /// that goes on from an older checkpoint would write its name over it. Returns the new path. Throws
+  /// lw_error(io_error) if the move fails.
   std::string set_aside_corrupt(const std::string& path) const;
 
   /// Full paths of the checkpoint files in the directory, oldest (lowest round, then step) first. Ignores

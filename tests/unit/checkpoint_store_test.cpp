@@ -335,12 +335,16 @@ CATCH_TEST_CASE(
   CATCH_CHECK(second == moved + ".2");
   CATCH_CHECK(fs::file_size(second) == 64);
   CATCH_CHECK(fs::file_size(moved) != 64);
-  // A file of another format version is another build's, no damage: it stays.
+  // A file of another format version is another build's, no damage: it goes to other-build/, out of the way
+  // of this run's write of its name (a probe: "left where it is", then overwritten), intact.
   auto other = read_all(refused);
   other[8] = static_cast<char>(other[8] + 1);  // the format version, a little-endian u32 at offset 8
   write_all(refused, other);
-  CATCH_CHECK(store.set_aside_corrupt(refused).empty());
-  CATCH_CHECK(fs::exists(refused));
+  const auto kept = store.set_aside_corrupt(refused);
+  CATCH_CHECK(kept == (tmp.path / "other-build" / fs::path(refused).filename()).string());
+  CATCH_CHECK_FALSE(fs::exists(refused));
+  CATCH_CHECK(read_all(kept) == other);
+  CATCH_CHECK(store.stray_files().empty());
   // A move that fails says so.
   const lw_error e = [&] {
     try {
