@@ -33,7 +33,8 @@ using namespace longwave::runtime;
 namespace {
 
 // Keeps the lines of an earlier trace up to `step` (a resume rewrites the steps after its checkpoint).
-void truncate_trace(const std::string& path, uint64_t step) {
+/// Whether the trace now ends at `step`: a trace that could not be cut back is not appended to.
+bool truncate_trace(const std::string& path, uint64_t step) {
   std::ifstream in(path);
   std::ostringstream keep;
   std::string line;
@@ -44,8 +45,14 @@ void truncate_trace(const std::string& path, uint64_t step) {
   }
   in.close();
   // Replaced whole or not at all: a crash here must not leave the earlier trace cut short.
-  if (const auto problem = write_atomically(path, keep.str()); !problem.empty())
-    spdlog::warn("loss trace {} not cut back to step {}: {}", path, step, problem);
+  if (const auto problem = write_atomically(path, keep.str()); !problem.empty()) {
+    spdlog::warn(
+        "loss trace {} not cut back to step {}: {}; this session does not write it (its steps would follow "
+        "the later ones there)",
+        path, step, problem);
+    return false;
+  }
+  return true;
 }
 
 /// Whether `path` begins as every config copy a run writes does (config::resolved_config_header).
@@ -446,10 +453,12 @@ start_point joined_start(const config::train_config& cfg, const run_options& opt
   return start;
 }
 
-void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start,
+bool reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start,
                      const std::string& config_file) {
+  // A fresh start empties it (what fails there is said when the session opens it).
+  bool trace = true;
   if (start.resume)
-    truncate_trace(p.trace, start.resume->step);
+    trace = truncate_trace(p.trace, start.resume->step);
   else
     std::ofstream(p.trace, std::ios::trunc);
   // The copy never replaces a file it did not write: the config this run read may sit there.
@@ -461,17 +470,18 @@ void reset_run_files(const config::train_config& cfg, const run_paths& p, const 
         "{} is the config file this run reads: left as it is (the checkpoints hold this run's "
         "resolved config)",
         p.config_copy);
-    return;
+    return trace;
   }
   if (is_input || (fs::exists(p.config_copy, ec) && !resolved)) {
     spdlog::warn(
         "{} is {}, not a resolved copy a run wrote: left as it is (the checkpoints hold the resolved "
         "config)",
         p.config_copy, is_input ? "the config file this run reads" : "a file of yours");
-    return;
+    return trace;
   }
   if (const auto why = write_atomically(p.config_copy, config::to_toml(cfg)); !why.empty())
     spdlog::warn("the resolved config copy is not written: {}", why);
+  return trace;
 }
 
 std::string write_result_file(const config::train_config& cfg, const run_result& r) {

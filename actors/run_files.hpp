@@ -120,8 +120,9 @@ models::model_spec checkpoint_spec(const config::train_config& cfg, int64_t n_th
 void copy_theta(const runtime::checkpoint& c, const std::string& path, float* out, int64_t n_params);
 
 /// The loss trace cut back to the resumed step (or emptied), and the resolved config beside it (unless that
-/// file is `config_file`, the one the run reads, or another file a run did not write).
-void reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start,
+/// file is `config_file`, the one the run reads, or another file a run did not write). Returns whether this
+/// session may append to the trace (false: it could not be cut back, a full disk say).
+bool reset_run_files(const config::train_config& cfg, const run_paths& p, const start_point& start,
                      const std::string& config_file);
 
 }  // namespace longwave::actors

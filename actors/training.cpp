@@ -154,11 +154,12 @@ int train(const config::train_config& cfg, const run_options& opts, cluster_link
   }
   if (start.complete) return finish_complete_run(*ctx, p, *start.resume);
   if (start.resume) plan_resumed_run(*ctx, *start.resume);
-  reset_run_files(cfg, p, start, opts.config_file);
+  auto paths = p;
+  if (!reset_run_files(cfg, p, start, opts.config_file)) paths.trace.clear();  // no trace this session
   caf::actor_system_config sys_cfg;
   configure_system(sys_cfg);
   caf::actor_system sys{sys_cfg};
-  const auto graph = spawn_graph(sys, ctx, p, opts, cluster, std::move(start));
+  const auto graph = spawn_graph(sys, ctx, paths, opts, cluster, std::move(start));
   return run_until_done(sys, graph, opts, cluster);
 }
 

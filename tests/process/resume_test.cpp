@@ -587,6 +587,30 @@ CATCH_TEST_CASE("a finished run without its result.json makes its final evaluati
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE("a loss trace that cannot be cut back to the resumed step is not appended to",
+                "[process][resume]") {
+  // A probe (a full disk): the cut failed, the session appended anyway, and the trace read 19 20 16 17 ...
+  const auto dir = scratch_dir("trace-cut");
+  const auto cfg = config_file(dir, "r");
+  auto [code, log] = run({binary(), "run", cfg, "--set", "train.rounds=2"}, dir + "/a.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  const auto before = read_trace(dir + "/r/loss_trace.tsv");
+  CATCH_REQUIRE(before.size() == 10);
+  // The resume goes back to round 1 (step 5), and the trace's rewrite fails: its temporary file is a folder.
+  const auto files = checkpoints(dir + "/r/checkpoints");
+  fs::remove(files.back());
+  fs::remove(dir + "/r/result.json");
+  fs::create_directories(dir + "/r/loss_trace.tsv.tmp");
+  auto [c2, l2] = run({binary(), "run", cfg, "--set", "train.rounds=2"}, dir + "/b.log", 600);
+  CATCH_INFO(l2);
+  CATCH_CHECK(c2 == 0);
+  CATCH_CHECK(l2.find("not cut back to step 5") != std::string::npos);
+  CATCH_CHECK(l2.find("this session does not write it") != std::string::npos);
+  CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv") == before);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("a resume after a round's last step under the same train.inner_steps warns of nothing",
                 "[process][resume]") {
   // A probe: with inner_steps = 1 every mid-round stop is a round's last step (its average not yet in), and
