@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "actors/run_files.hpp"
@@ -115,6 +116,26 @@ void write_export(const checkpoint_model& m, const export_options& o) {
   }
 }
 
+/// An export that ended before it was done (Ctrl-C, a kill): the folder holds only the files an export
+/// writes or their unfinished .tmp copies, with a .tmp left or model.safetensors or config.json missing. The
+/// next export takes it over without --force. Fills `leftovers` with the .tmp files.
+bool unfinished_export(const fs::path& dir, std::vector<fs::path>& leftovers) {
+  const std::vector<std::string> ours{"model.safetensors", "config.json", "tokenizer.txt"};
+  std::set<std::string> seen;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    const auto base = tmp ? name.substr(0, name.size() - 4) : name;
+    if (std::find(ours.begin(), ours.end(), base) == ours.end() || !it->is_regular_file(ec)) return false;
+    if (tmp)
+      leftovers.push_back(it->path());
+    else
+      seen.insert(name);
+  }
+  return !ec && (!leftovers.empty() || !seen.count("model.safetensors") || !seen.count("config.json"));
+}
+
 }  // namespace
 
 int export_checkpoint(const export_options& o) {
@@ -136,12 +157,20 @@ int export_checkpoint(const export_options& o) {
     std::fprintf(stderr, "export: --out is empty: name the output directory\n");
     return 2;
   }
+  std::vector<fs::path> leftovers;
   if (fs::is_directory(o.out_dir, ec) && !fs::is_empty(o.out_dir, ec) && !o.force) {
-    std::fprintf(stderr,
-                 "export: --out '%s' is not empty (an earlier export?); use --force to overwrite its files\n",
-                 o.out_dir.c_str());
-    return 2;
+    if (!unfinished_export(o.out_dir, leftovers)) {
+      std::fprintf(
+          stderr,
+          "export: --out '%s' is not empty (an earlier export?); use --force to overwrite its files\n",
+          o.out_dir.c_str());
+      return 2;
+    }
+    std::printf("export: --out '%s' holds an export that did not finish: this one writes over it\n",
+                o.out_dir.c_str());
   }
+  for (const auto& f : leftovers)
+    if (fs::remove(f, ec)) std::printf("export: removed %s, an unfinished write\n", f.c_str());
   // Made before the checkpoint is read, so that a place no directory can be made (a file or a dangling link
   // on the way) is named as bad input.
   fs::path first_made;  // the outermost directory this makes ("": none)

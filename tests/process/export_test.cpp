@@ -266,6 +266,25 @@ CATCH_TEST_CASE(
     CATCH_CHECK(c3 == 0);
     CATCH_CHECK(read_text(exp + "/model.safetensors") == before);
     CATCH_CHECK(!fs::exists(exp + "/model.safetensors.tmp"));
+    // An export cut short (Ctrl-C left model.safetensors.tmp) is taken over without --force (a probe: the
+    // same command was refused as "not empty"); a folder with another file in it is still refused.
+    const auto cut = dir + "/cut";
+    fs::create_directories(cut);
+    write_text(cut + "/config.json", read_text(exp + "/config.json"));
+    write_text(cut + "/model.safetensors.tmp", "partial");
+    const auto [c4, o4] = run({binary(), "export", files.back(), "--out", cut}, dir + "/cut.log", 120);
+    CATCH_INFO(o4);
+    CATCH_CHECK(c4 == 0);
+    CATCH_CHECK(o4.find("holds an export that did not finish: this one writes over it") != std::string::npos);
+    CATCH_CHECK(read_text(cut + "/model.safetensors") == before);
+    CATCH_CHECK(!fs::exists(cut + "/model.safetensors.tmp"));
+    write_text(cut + "/notes.txt", "mine");
+    write_text(cut + "/config.json.tmp", "partial");
+    const auto [c5, o5] = run({binary(), "export", files.back(), "--out", cut}, dir + "/cut2.log", 120);
+    CATCH_INFO(o5);
+    CATCH_CHECK(c5 == 2);
+    CATCH_CHECK(o5.find("not empty") != std::string::npos);
+    CATCH_CHECK(fs::exists(cut + "/config.json.tmp"));
   }
   // A theta with a NaN in it, and one a value short: eval and export refuse both as bad input (exit 2).
   for (const bool with_nan : {true, false}) {
