@@ -224,7 +224,7 @@ void on_idle(caf::scoped_actor& self, const actor_graph& g, cluster_link& cluste
       if (const auto files = checkpoint_store(g.ckpt_dir, 1 << 30).list(); !files.empty())
         newest = files.back() + " (a rerun takes the newest valid one)";
     spdlog::warn(
-        "second interrupt: exiting at once, without this step's checkpoint; newest checkpoint file "
+        "second interrupt: exiting at once, without waiting for a checkpoint; newest checkpoint file "
         "on disk: {}",
         newest);
     std::_Exit(130);
