@@ -337,6 +337,19 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     }
     set_aside_corrupt(store, corrupt);
   }
+  // checkpoint.dir moved away from a run's checkpoints in out_dir: starting over would replace its trace, its
+  // result.json and its sessions' story in metrics.jsonl (a probe), so only --fresh does.
+  const auto by_default = fs::path(p.out_dir) / "checkpoints";
+  std::error_code same_ec;
+  if (!latest && !cfg.checkpoint.dir.empty() && !fs::equivalent(by_default, p.ckpt_dir, same_ec))
+    if (const auto there = checkpoint_store(by_default.string(), cfg.checkpoint.keep).list(); !there.empty())
+      throw config::config_error(
+          "checkpoint.dir",
+          fmt::format(
+              "checkpoint.dir = \"{}\" holds no checkpoint, but {} holds {} of this out_dir's run (newest "
+              "{}): set checkpoint.dir to it to resume, or pass --fresh to start a new run in {}",
+              p.ckpt_dir, by_default.string(), there.size(), fs::path(there.back()).filename().string(),
+              p.out_dir));
   if (!latest && strays) spdlog::info("no checkpoint to resume from in {}: starting a fresh run", p.ckpt_dir);
   if (start.resume && shape.data != 0) {
     const auto meta = parse_meta(start.resume->meta);

@@ -498,6 +498,16 @@ long interrupt_after_3_steps(const std::string& dir, const std::vector<std::stri
   return stopped_at;
 }
 
+/// A run of 2 rounds trained to its end in dir/r (config_file's, a checkpoint each round). Returns its
+/// config.
+std::string finished_run(const std::string& dir) {
+  const auto cfg = config_file(dir, "r");
+  auto [code, log] = run({binary(), "run", cfg, "--set", "train.rounds=2"}, dir + "/a.log", 600);
+  CATCH_INFO(log);
+  CATCH_REQUIRE(code == 0);
+  return cfg;
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("a resume under other training settings, or past a lowered train.inner_steps, says so",
@@ -591,10 +601,7 @@ CATCH_TEST_CASE("a loss trace that cannot be cut back to the resumed step is not
                 "[process][resume]") {
   // A probe (a full disk): the cut failed, the session appended anyway, and the trace read 19 20 16 17 ...
   const auto dir = scratch_dir("trace-cut");
-  const auto cfg = config_file(dir, "r");
-  auto [code, log] = run({binary(), "run", cfg, "--set", "train.rounds=2"}, dir + "/a.log", 600);
-  CATCH_INFO(log);
-  CATCH_REQUIRE(code == 0);
+  const auto cfg = finished_run(dir);
   const auto before = read_trace(dir + "/r/loss_trace.tsv");
   CATCH_REQUIRE(before.size() == 10);
   // The resume goes back to round 1 (step 5), and the trace's rewrite fails: its temporary file is a folder.
@@ -608,6 +615,31 @@ CATCH_TEST_CASE("a loss trace that cannot be cut back to the resumed step is not
   CATCH_CHECK(l2.find("not cut back to step 5") != std::string::npos);
   CATCH_CHECK(l2.find("this session does not write it") != std::string::npos);
   CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv") == before);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a checkpoint.dir moved away from the out_dir's checkpoints is refused, not started over",
+                "[process][resume]") {
+  // A probe: the run started over, emptied the trace and replaced result.json beside 3 checkpoints.
+  const auto dir = scratch_dir("moved-ckpt-dir");
+  const auto cfg = finished_run(dir);
+  const auto trace = read_trace(dir + "/r/loss_trace.tsv");
+  const std::vector<std::string> elsewhere{"--set", "train.rounds=2", "--set",
+                                           "checkpoint.dir=\"" + dir + "/elsewhere\""};
+  auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), elsewhere.begin(), elsewhere.end());
+    return a;
+  };
+  auto [c2, l2] = run(args({binary(), "run", cfg}), dir + "/b.log", 600);
+  CATCH_INFO(l2);
+  CATCH_CHECK(c2 == 2);
+  CATCH_CHECK(l2.find("holds no checkpoint, but " + dir + "/r/checkpoints holds 2 of this out_dir's run") !=
+              std::string::npos);
+  CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv") == trace);
+  auto [c3, l3] = run(args({binary(), "run", cfg, "--fresh"}), dir + "/c.log", 600);
+  CATCH_INFO(l3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(checkpoints(dir + "/elsewhere").size() == 2);
   fs::remove_all(dir);
 }
 
