@@ -26,10 +26,17 @@ namespace {
 const std::vector<std::string> k_foreign = {"cluster", "nodes", "security"};
 constexpr size_t max_nodes = 64;
 
+/// The source name of a --set override's value: where() says so instead of its line 1.
+constexpr std::string_view from_set = "--set";
+
+/// Where a value was set, as the training config's errors say it: " (at FILE:LINE:COL)" or " (from --set)".
 std::string where(const toml::node& n) {
-  const auto& b = n.source().begin;
-  if (b.line == 0) return {};
-  return fmt::format(" (line {})", b.line);
+  const auto& src = n.source();
+  if (src.path && *src.path == from_set) return " (from --set)";
+  if (src.begin.line == 0) return {};
+  if (!src.path || src.path->empty())
+    return fmt::format(" (at line {}:{})", src.begin.line, src.begin.column);
+  return fmt::format(" (at {}:{}:{})", *src.path, src.begin.line, src.begin.column);
 }
 
 std::string type_of(const toml::node& n) {
@@ -182,7 +189,7 @@ toml::table override_value(const std::string& ov, size_t prefix) {
   const std::string raw = ov.substr(eq + 1);
   toml::table parsed;
   try {
-    parsed = parse_toml("v = " + raw);
+    parsed = parse_toml("v = " + raw, from_set);
   } catch (const toml::parse_error&) {
     parsed.insert("v", raw);  // a bare string
   }

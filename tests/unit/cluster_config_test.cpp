@@ -53,6 +53,13 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
   return {};
 }
 
+/// The 1-based line of `text` that holds `what`.
+int line_of(const std::string& text, const std::string& what) {
+  const auto at = text.find(what);
+  CATCH_REQUIRE(at != std::string::npos);
+  return 1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+}
+
 std::string replaced(std::string text, const std::string& from, const std::string& to) {
   const auto pos = text.find(from);
   CATCH_REQUIRE(pos != std::string::npos);
@@ -153,6 +160,17 @@ CATCH_TEST_CASE("[cluster] membership keys: heartbeat_timeout_s, min_nodes and q
                    Catch::Matchers::Contains("unknown key 'cluster.min_node'") && Contains("min_nodes"));
   CATCH_CHECK_THAT(error_of(good, {"cluster.min_nodes=4"}),
                    Catch::Matchers::Contains("cluster.min_nodes = 4: the cluster file lists only 2 node(s)"));
+  // Where the value was set, as the training keys say it (a probe: "(line 1)" for a --set, a line of the
+  // file's comments).
+  CATCH_CHECK_THAT(with("heartbeat_timeout_s = 2"),
+                   Catch::Matchers::EndsWith(
+                       "(at cluster.toml:" +
+                       std::to_string(line_of(replaced(good, "join_timeout_s = 30",
+                                                       "join_timeout_s = 30\nheartbeat_timeout_s = 2"),
+                                              "heartbeat_timeout_s = 2")) +
+                       ":23)"));
+  CATCH_CHECK_THAT(error_of(good, {"cluster.heartbeat_timeout_s=2"}),
+                   Catch::Matchers::EndsWith("between two (from --set)"));
 }
 
 CATCH_TEST_CASE("async.dn_period = 0 is twice the nodes the cluster file lists, on every node alike",
