@@ -19,6 +19,13 @@ using namespace longwave::runtime;
 
 namespace {
 
+double evaluate_fp32(const run_context& ctx, const at::Tensor& theta, at::Device device, bool autocast,
+                     int64_t n_batches) {
+  models::gpt over_theta(ctx.spec, theta.to(device, at::kFloat).contiguous());
+  over_theta.set_autocast(autocast);
+  return models::validation_loss(over_theta, *ctx.val_tokens, ctx.cfg.train.batch_size, n_batches);
+}
+
 struct evaluator_state {
   std::unique_ptr<models::gpt> model;  // bf16 only
   at::Device device = at::kCPU;
@@ -43,9 +50,7 @@ evaluator_actor::behavior_type evaluator_fun(evaluator_actor::stateful_pointer<e
             model->load_flat(theta);
             return models::validation_loss(*model, *ctx->val_tokens, batch, n_batches);
           }
-          models::gpt over_theta(ctx->spec, theta.to(self->state.device, at::kFloat).contiguous());
-          over_theta.set_autocast(self->state.autocast);
-          return models::validation_loss(over_theta, *ctx->val_tokens, batch, n_batches);
+          return evaluate_fp32(*ctx, theta, self->state.device, self->state.autocast, n_batches);
         } catch (const c10::Error& e) {
           return make_error(errc::torch_error, std::string("evaluation: ") + e.what_without_backtrace());
         } catch (const std::exception& e) {
@@ -56,6 +61,17 @@ evaluator_actor::behavior_type evaluator_fun(evaluator_actor::stateful_pointer<e
 }
 
 }  // namespace
+
+double evaluate_theta(const run_context& ctx, const at::Tensor& theta, int64_t n_batches) {
+  const auto opts = ctx.inner_of(0);
+  const at::Device device(opts.device);
+  if (ctx.cfg.model.dtype != config::model_dtype::bf16)
+    return evaluate_fp32(ctx, theta, device, opts.autocast, n_batches);
+  models::gpt model(ctx.spec, at::kBFloat16, device);
+  model.set_autocast(opts.autocast);
+  model.load_flat(theta);
+  return models::validation_loss(model, *ctx.val_tokens, ctx.cfg.train.batch_size, n_batches);
+}
 
 evaluator_actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx) {
   return sys.spawn<caf::detached>(evaluator_fun, std::move(ctx));

@@ -14,4 +14,8 @@ namespace longwave::actors {
 /// clone). Requests are answered in order. Costs one model copy of memory.
 runtime::evaluator_actor spawn_evaluator(caf::actor_system& sys, std::shared_ptr<const run_context> ctx);
 
+/// One evaluation of theta as a run's evaluator or worker 0 makes it: on worker 0's device with its autocast,
+/// a bf16 model for a bf16 run, on the calling thread. Throws what LibTorch throws.
+double evaluate_theta(const run_context& ctx, const at::Tensor& theta, int64_t n_batches);
+
 }  // namespace longwave::actors

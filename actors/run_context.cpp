@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "config/config_loader.hpp"
+#include "models/model_spec.hpp"
 #include "runtime/memory/allocator.hpp"
 
 namespace longwave::actors {
@@ -23,6 +24,30 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   o.bf16 = cfg.model.dtype == config::model_dtype::bf16;
   o.micro_batches = cfg.train.micro_batches;
   return o;
+}
+
+runtime::json_line start_record(const run_context& ctx, int64_t resumed_step) {
+  const auto& c = ctx.cfg;
+  runtime::json_line line("start");
+  line.add("node", c.run.name)
+      .add("mode", config::to_string(c.run.mode))
+      .add("preset", ctx.spec.preset)
+      .add("params", models::closed_form_param_count(ctx.spec))
+      .add("workers", ctx.n_workers())
+      .add("cluster_workers", ctx.global_workers())
+      .add("rounds", c.train.rounds)
+      .add("inner_steps", c.train.inner_steps)
+      .add("batch_size", c.train.batch_size)
+      .add("seq_len", ctx.spec.seq_len)
+      .add("inner_lr", c.train.lr)
+      .add("outer_lr", c.outer.lr)
+      .add("outer_momentum", c.outer.momentum)
+      .add("comm_dtype", config::to_string(c.comm.dtype))
+      .add("clients_per_round", c.federated.clients_per_round)
+      .add("resumed_step", resumed_step)
+      .add("planned_steps", ctx.planned_steps)
+      .add("joined", static_cast<bool>(ctx.recovery));  // a running cluster's state fetched
+  return line;
 }
 
 bool averages_plain_deltas(const config::train_config& cfg) {

@@ -12,6 +12,7 @@
 #include "models/inner_trainer.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
+#include "runtime/json/json_line.hpp"
 
 namespace longwave::actors {
 
@@ -85,6 +86,10 @@ struct run_context {
 /// The policy averages the workers' plain pseudo-gradients (diloco with sync, delayed or streaming): a node
 /// whose workers share a GPU can take their mean there (run_context::mean_on_device).
 bool averages_plain_deltas(const config::train_config& cfg);
+
+/// metrics.jsonl's `start` record of a session of this run that resumed at inner step `resumed_step` (0:
+/// none).
+runtime::json_line start_record(const run_context& ctx, int64_t resumed_step);
 
 /// Inner-loop options from the config.
 models::inner_options make_inner_options(const config::train_config& cfg);

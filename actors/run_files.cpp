@@ -119,7 +119,7 @@ void set_aside_corrupt(const checkpoint_store& store, const std::vector<std::str
       if (fs::path(to).parent_path().filename() == other_build_dir_name)
         spdlog::warn(
             "checkpoint: moved {} to {} (another build's format: this run goes on from an older checkpoint "
-            "and would write over it; that build reads it there)",
+            "and would write over it; move it back for that build to resume from it)",
             fs::path(f).filename().string(), to);
       else
         spdlog::warn("checkpoint: moved {} to {} (it fails its checks; nothing reads it there)",
@@ -534,7 +534,10 @@ int64_t planned_last_step(const config::train_config& cfg, const train_snapshot&
 
 void plan_resumed_run(run_context& ctx, const train_snapshot& snap) {
   const auto& cfg = ctx.cfg;
-  if (cfg.diloco.outer == config::outer_policy_kind::async || cfg.federated.clients_per_round > 0) return;
+  // Their schedules follow round × H positions of their own (models::schedule_step), not these steps.
+  if (cfg.diloco.outer == config::outer_policy_kind::async || cfg.federated.clients_per_round > 0 ||
+      cfg.diloco.adaptive_steps)
+    return;
   const int64_t planned = planned_last_step(cfg, snap);
   if (planned == ctx.planned_steps) return;
   spdlog::info(

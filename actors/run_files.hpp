@@ -64,7 +64,7 @@ int64_t planned_last_step(const config::train_config& cfg, const runtime::train_
 
 /// A resume under another train.inner_steps than the checkpoint's steps were taken with: the run's end step
 /// and the learning-rate schedule's length follow planned_last_step, so the schedule ends at the last step
-/// (async and client sampling keep theirs: their steps do not count rounds × H).
+/// (async, client sampling and adaptive steps keep theirs: their steps do not count rounds × H).
 void plan_resumed_run(run_context& ctx, const runtime::train_snapshot& snap);
 
 /// Moves checkpoint files that failed their checks (checkpoint_store::load_latest's `corrupt`) to the store's

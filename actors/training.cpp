@@ -2,6 +2,7 @@
 #include "actors/training.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
@@ -13,6 +14,7 @@
 
 #include "actors/actor_graph.hpp"
 #include "actors/collective_factory.hpp"
+#include "actors/evaluator.hpp"
 #include "actors/metrics_sink.hpp"
 #include "actors/run_files.hpp"
 #include "actors/run_setup.hpp"
@@ -62,9 +64,9 @@ int finish_complete_run(const run_context& ctx, const run_paths& p, const train_
   spdlog::info("{} has no result.json of round {}: its final evaluation ({} batches) runs now", p.out_dir,
                snap.round, cfg.eval.batches);
   const auto t0 = std::chrono::steady_clock::now();
-  models::gpt model(ctx.spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
-  model.load_flat(snap.theta);
-  const double loss = models::validation_loss(model, *ctx.val_tokens, cfg.train.batch_size, cfg.eval.batches);
+  // The evaluator's one thread (eval.async), else worker 0's.
+  at::set_num_threads(static_cast<int>(cfg.eval.async ? 1 : ctx.threads_per_worker));
+  const double loss = evaluate_theta(ctx, snap.theta, cfg.eval.batches);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("final: val loss {:.4f} | val perplexity {} | {} rounds x {} inner steps x {} workers", loss,
                readable(std::exp(loss), 3), snap.round, cfg.train.inner_steps, cfg.train.workers);
@@ -72,8 +74,16 @@ int finish_complete_run(const run_context& ctx, const run_paths& p, const train_
   int64_t tokens = 0;
   for (const auto& r : snap.replicas) tokens += static_cast<int64_t>(r.sampler_position) * batch_tokens;
   const auto step = static_cast<int64_t>(snap.step);
+  // result.json first: a kill before it makes the next start evaluate again, with no records twice.
+  if (const auto why = write_result_file(cfg, run_result{snap.round, step, loss, tokens, secs, 0});
+      !why.empty()) {
+    spdlog::error("the run's final evaluation is done, but result.json could not be written: {}", why);
+    return 1;
+  }
+  // A session of its own (its start record): the report's training time leaves out the wait before it.
   if (auto log = open_event_log((fs::path(p.out_dir) / "metrics.jsonl").string())) {
-    log << json_line("eval")
+    log << start_record(ctx, step).str() << '\n'
+        << json_line("eval")
                .add("round", snap.round)
                .add("step", step)
                .add("val_loss", loss)
@@ -90,11 +100,6 @@ int finish_complete_run(const run_context& ctx, const run_paths& p, const train_
                .str()
         << '\n'
         << std::flush;
-  }
-  if (const auto why = write_result_file(cfg, run_result{snap.round, step, loss, tokens, secs, 0});
-      !why.empty()) {
-    spdlog::error("the run's final evaluation is done, but result.json could not be written: {}", why);
-    return 1;
   }
   return 0;
 }

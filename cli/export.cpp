@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <set>
 #include <vector>
 
 #include "actors/run_files.hpp"
@@ -117,23 +116,19 @@ void write_export(const checkpoint_model& m, const export_options& o) {
 }
 
 /// An export that ended before it was done (Ctrl-C, a kill): the folder holds only the files an export
-/// writes or their unfinished .tmp copies, with a .tmp left or model.safetensors or config.json missing. The
-/// next export takes it over without --force. Fills `leftovers` with the .tmp files.
+/// writes and at least one of their unfinished .tmp copies (a folder with only a config.json may be
+/// another model's). The next export takes it over without --force. Fills `leftovers` with the .tmp files.
 bool unfinished_export(const fs::path& dir, std::vector<fs::path>& leftovers) {
   const std::vector<std::string> ours{"model.safetensors", "config.json", "tokenizer.txt"};
-  std::set<std::string> seen;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const auto name = it->path().filename().string();
     const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
     const auto base = tmp ? name.substr(0, name.size() - 4) : name;
     if (std::find(ours.begin(), ours.end(), base) == ours.end() || !it->is_regular_file(ec)) return false;
-    if (tmp)
-      leftovers.push_back(it->path());
-    else
-      seen.insert(name);
+    if (tmp) leftovers.push_back(it->path());
   }
-  return !ec && (!leftovers.empty() || !seen.count("model.safetensors") || !seen.count("config.json"));
+  return !ec && !leftovers.empty();
 }
 
 }  // namespace

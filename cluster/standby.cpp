@@ -24,6 +24,7 @@ struct look {
   std::unique_ptr<zmq::socket_t> sock;
   std::unique_ptr<zmq::socket_t> monitor;
   bool up = false;
+  bool foreign = false;      // a master of another cluster answered here: it is not looked at again
   clock::time_point told{};  // the last Standby sent (at once on each handshake, then every hello_every)
 };
 
@@ -53,7 +54,7 @@ const look* update(std::vector<look>& looks) {
   const look* answering = nullptr;
   for (auto& l : looks) {
     while (const auto e = comm::next_monitor_event(*l.monitor)) l.up = e->id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
-    if (l.up && !answering) answering = &l;
+    if (l.up && !l.foreign && !answering) answering = &l;
   }
   return answering;
 }
@@ -71,12 +72,15 @@ std::optional<word> converse(std::vector<look>& looks, const standby_options& o,
   e.cluster_id = o.cluster_id;
   e.body = standby_msg{o.address};
   for (auto& l : looks) {
+    if (l.foreign) continue;
     // Read first, up or not: a leader that says bye closes right after, and its disconnect may come first.
     zmq::message_t in;
     while (l.sock->recv(in, zmq::recv_flags::dontwait)) {
       auto parsed = parse_envelope(in.data(), in.size(), o.cluster_id);
-      if (!parsed && parsed.error().reason == comm::reject_reason::wrong_cluster)
+      if (!parsed && parsed.error().reason == comm::reject_reason::wrong_cluster) {
+        l.foreign = true;
         return word{&l, true, parsed.error().detail};
+      }
       if (!parsed) continue;
       if (auto* b = std::get_if<bye_msg>(&parsed.value().body)) return word{&l, false, b->reason};
     }
@@ -125,11 +129,16 @@ standby_result stand_by(const standby_options& o) {
     const auto now = clock::now();
     const look* l = update(looks);
     if (const auto said = converse(looks, o, now); said && said->foreign) {
-      result = {
-          standby_end::foreign,
-          fmt::format("the coordinator at {} serves a different cluster ({}): start every role from the "
-                      "same cluster file",
-                      said->from->endpoint, said->text)};
+      const auto what = fmt::format("the coordinator at {} serves a different cluster ({})",
+                                    said->from->endpoint, said->text);
+      // Fatal only while no master of this cluster answers: else this one stands by that one, as before.
+      if (const look* own = update(looks)) {
+        if (o.info)
+          o.info(
+              fmt::format("coordinator: {}; this one stands by the coordinator at {}", what, own->endpoint));
+        continue;
+      }
+      result = {standby_end::foreign, what + ": start every role from the same cluster file"};
       break;
     } else if (said) {
       // A master that ended while another still answers (two led at once): that one leads on.

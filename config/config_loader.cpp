@@ -774,10 +774,11 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
   }
   const bool bpe = cfg.data.tokenizer == tokenizer_kind::bpe;
   const int64_t tokens = bpe ? cfg.data.bpe_vocab_size : byte_vocab;
-  // Ready shards bring their own vocabulary (data.tokenizer is not used): the run checks their ids.
+  // Ready shards bring their own vocabulary (data.tokenizer is not used): the run checks their ids. A stored
+  // config (check_paths false) is not checked: its run took it, wherever its data.path now points.
   std::error_code shards_ec;
   const bool shards = !cfg.data.path.empty() && std::filesystem::is_directory(cfg.data.path, shards_ec);
-  if (cfg.model.vocab_size != 0 && cfg.model.vocab_size < tokens && !shards) {
+  if (cfg.model.vocab_size != 0 && cfg.model.vocab_size < tokens && !shards && check_paths) {
     throw config_error(
         "model.vocab_size",
         fmt::format("model.vocab_size = {}: smaller than the {} tokenizer's {} tokens; use 0 to "

@@ -68,26 +68,7 @@ void record_round(self_ptr self, const at::Tensor& theta) {
 
 void record_start(self_ptr self) {
   const auto& s = self->state;
-  const auto& c = s.ctx->cfg;
-  record(self, json_line("start")
-                   .add("node", c.run.name)
-                   .add("mode", config::to_string(c.run.mode))
-                   .add("preset", s.ctx->spec.preset)
-                   .add("params", models::closed_form_param_count(s.ctx->spec))
-                   .add("workers", s.ctx->n_workers())
-                   .add("cluster_workers", s.ctx->global_workers())
-                   .add("rounds", c.train.rounds)
-                   .add("inner_steps", c.train.inner_steps)
-                   .add("batch_size", c.train.batch_size)
-                   .add("seq_len", s.ctx->spec.seq_len)
-                   .add("inner_lr", c.train.lr)
-                   .add("outer_lr", c.outer.lr)
-                   .add("outer_momentum", c.outer.momentum)
-                   .add("comm_dtype", config::to_string(c.comm.dtype))
-                   .add("clients_per_round", c.federated.clients_per_round)
-                   .add("resumed_step", s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0})
-                   .add("planned_steps", s.ctx->planned_steps)
-                   .add("joined", static_cast<bool>(s.ctx->recovery)));  // a running cluster's state fetched
+  record(self, start_record(*s.ctx, s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
   if (const auto& j = s.ctx->recovery) {
     // Joined a running cluster: the membership it entered, and how it got the state.
     record(self, json_line("membership")
@@ -174,10 +155,10 @@ void on_report(self_ptr self, const step_report& r) {
   const double tok_s = wall > 0 ? static_cast<double>(s.session_tokens()) / wall : 0;
   const double busy = wall * static_cast<double>(s.ctx->n_workers());
   const int64_t total = s.ctx->planned_steps;
-  // The rate the step just taken used: the schedule follows Adam's count (1-based here, 0-based there) over
-  // its length (a client's share under client sampling).
-  const double lr = models::warmup_cosine_lr(cfg.train.lr, r.step - 1, cfg.train.warmup_steps,
-                                             s.ctx->inner.total_steps, cfg.train.min_lr_ratio);
+  // The rate the step just taken used: the schedule follows Adam's count (1-based here, 0-based there). Under
+  // client sampling, at the run's average pace (a client's own count runs over its share).
+  const double lr = models::warmup_cosine_lr(cfg.train.lr, r.step - 1, cfg.train.warmup_steps, total,
+                                             cfg.train.min_lr_ratio);
   gauge(self, "longwave_train_loss", loss);
   gauge(self, "longwave_train_tokens_per_second", tok_s);
   gauge(self, "longwave_compute_utilization_ratio", busy > 0 ? s.total_compute() / busy : 0);

@@ -52,7 +52,8 @@ struct held_round {
 inline constexpr const char* superseded_dir_name = "superseded";
 /// The folder of a checkpoint directory that set_aside_corrupt moves files that fail their checks into.
 inline constexpr const char* corrupt_dir_name = "corrupt";
-/// The folder that set_aside_corrupt moves another build's files into (that build still reads them there).
+/// The folder that set_aside_corrupt moves another build's files into, intact (moved back, that build resumes
+/// from them).
 inline constexpr const char* other_build_dir_name = "other-build";
 
 /// An entry of a checkpoint directory that is not a checkpoint (checkpoint_store::stray_files).
