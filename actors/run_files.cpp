@@ -249,13 +249,10 @@ void check_run_files(const run_paths& p) {
        {fs::path(p.trace), out / "metrics.jsonl", out / "result.json", fs::path(p.config_copy)}) {
     std::error_code ec;
     const auto type = fs::status(f, ec).type();  // through a link: the file it names
-    // A directory is said where the file is opened (training goes on without it); these would block.
-    if (type == fs::file_type::not_found || type == fs::file_type::regular ||
-        type == fs::file_type::directory || ec)
-      continue;
-    const char* what = type == fs::file_type::fifo     ? "a FIFO (named pipe)"
-                       : type == fs::file_type::socket ? "a socket"
-                                                       : "a device";
+    // These would block the open for good, or fail it. A directory is said where the file is opened
+    // (training goes on without it); a device (/dev/null, /dev/full) takes the writes.
+    if (type != fs::file_type::fifo && type != fs::file_type::socket) continue;
+    const char* what = type == fs::file_type::fifo ? "a FIFO (named pipe)" : "a socket";
     throw config::config_error("run.out_dir", fmt::format("{} is {}, not a file: the run writes this file "
                                                           "there; move it away or choose another run.out_dir",
                                                           f.string(), what));

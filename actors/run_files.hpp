@@ -32,8 +32,9 @@ struct start_point {
 };
 
 /// The files a run writes in its out_dir (the loss trace, metrics.jsonl, result.json, the config copy) that
-/// exist as a FIFO, socket or device (opening one blocks the run for good): config_error naming run.out_dir
-/// and the file. A directory there is said when the file is opened, and the run goes on without it.
+/// exist as a FIFO or a socket (opening a FIFO blocks the run for good): config_error naming run.out_dir and
+/// the file. A directory there is said when the file is opened, and the run goes on without it; a device
+/// (a link to /dev/null) takes the writes.
 void check_run_files(const run_paths& p);
 
 /// --fresh removes the checkpoints and the trace; otherwise the newest valid checkpoint (a cluster node: at
