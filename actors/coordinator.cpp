@@ -66,13 +66,7 @@ void notify_main(self_ptr self, int code) {
   auto& s = self->state;
   if (!s.ended) {
     s.ended = true;
-    auto end = json_line("end");
-    end.add("exit_code", code)
-        .add("val_loss", s.last_val_loss)
-        .add("val_ppl", std::exp(s.last_val_loss))
-        .add("seconds", since_start(s))
-        .add("steps", s.last_step)
-        .add("rounds", s.round);
+    auto end = end_record(code, s.last_val_loss, since_start(s), s.last_step, s.round);
     if (code == 130 && s.stopped_by) end.add("stopped_by", s.stopped_by);  // the node then exits 0
     record(self, end);
   }

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "config/config_loader.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/memory/allocator.hpp"
@@ -47,6 +49,23 @@ runtime::json_line start_record(const run_context& ctx, int64_t resumed_step) {
       .add("resumed_step", resumed_step)
       .add("planned_steps", ctx.planned_steps)
       .add("joined", static_cast<bool>(ctx.recovery));  // a running cluster's state fetched
+  return line;
+}
+
+runtime::json_line eval_record(uint64_t round, int64_t step, double loss) {
+  runtime::json_line line("eval");
+  line.add("round", round).add("step", step).add("val_loss", loss).add("val_ppl", std::exp(loss));
+  return line;
+}
+
+runtime::json_line end_record(int code, double loss, double seconds, int64_t steps, uint64_t rounds) {
+  runtime::json_line line("end");
+  line.add("exit_code", code)
+      .add("val_loss", loss)
+      .add("val_ppl", std::exp(loss))
+      .add("seconds", seconds)
+      .add("steps", steps)
+      .add("rounds", rounds);
   return line;
 }
 

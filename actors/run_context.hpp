@@ -91,6 +91,12 @@ bool averages_plain_deltas(const config::train_config& cfg);
 /// none).
 runtime::json_line start_record(const run_context& ctx, int64_t resumed_step);
 
+/// metrics.jsonl's `eval` record: the validation loss of theta after `round` (at inner step `step`).
+runtime::json_line eval_record(uint64_t round, int64_t step, double loss);
+
+/// metrics.jsonl's `end` record of a session that ends with exit `code` after `seconds`.
+runtime::json_line end_record(int code, double loss, double seconds, int64_t steps, uint64_t rounds);
+
 /// Inner-loop options from the config.
 models::inner_options make_inner_options(const config::train_config& cfg);
 

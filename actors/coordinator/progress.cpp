@@ -242,11 +242,7 @@ void on_eval(self_ptr self, uint64_t round, uint64_t version, int64_t step, doub
   s.last_val_loss = loss;
   gauge(self, "longwave_val_loss", loss);
   gauge(self, "longwave_val_perplexity", std::exp(loss));
-  record(self, json_line("eval")
-                   .add("round", round)
-                   .add("step", step)
-                   .add("val_loss", loss)
-                   .add("val_ppl", std::exp(loss)));
+  record(self, eval_record(round, step, loss));
   if (!s.policy->shares_rounds())  // async: a node's rounds are its phases; the run counts versions
     spdlog::info("eval  phase {:>3} | version {:>3}/{} | val loss {:.4f} | val ppl {}", round, version,
                  s.ctx->cfg.train.rounds, loss, readable(std::exp(loss), 3));

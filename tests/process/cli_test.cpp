@@ -298,17 +298,15 @@ CATCH_TEST_CASE("a FIFO where the run writes its files is refused before trainin
   const auto dir = scratch_dir("fifo");
   const auto cfg = quick_config_file(dir);
   std::filesystem::create_directories(dir + "/run");
-  CATCH_REQUIRE(::mkfifo((dir + "/run/loss_trace.tsv").c_str(), 0644) == 0);
-  auto [code, out] = run({binary(), "run", cfg}, dir + "/fifo.log", 120);
-  CATCH_INFO(out);
-  CATCH_CHECK(code == 2);
-  CATCH_CHECK(out.find(dir + "/run/loss_trace.tsv is a FIFO (named pipe), not a file") != std::string::npos);
-  std::filesystem::remove(dir + "/run/loss_trace.tsv");
-  CATCH_REQUIRE(::mkfifo((dir + "/run/metrics.jsonl").c_str(), 0644) == 0);
-  auto [dcode, dout] = run({binary(), "run", cfg}, dir + "/metrics.log", 120);
-  CATCH_INFO(dout);
-  CATCH_CHECK(dcode == 2);
-  CATCH_CHECK(dout.find(dir + "/run/metrics.jsonl is a FIFO (named pipe), not a file") != std::string::npos);
+  for (const std::string name : {"loss_trace.tsv", "metrics.jsonl"}) {
+    const auto fifo = dir + "/run/" + name;
+    CATCH_REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+    auto [code, out] = run({binary(), "run", cfg}, dir + "/" + name + ".log", 120);
+    CATCH_INFO(out);
+    CATCH_CHECK(code == 2);
+    CATCH_CHECK(out.find(fifo + " is a FIFO (named pipe), not a file") != std::string::npos);
+    std::filesystem::remove(fifo);
+  }
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/run/checkpoints/ckpt-00000000-0000000001.lwc"));
   std::filesystem::remove_all(dir);
 }
