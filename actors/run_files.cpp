@@ -32,26 +32,73 @@ using namespace longwave::runtime;
 
 namespace {
 
+/// Whether `line` reads as the trace writes it: step, round, loss, tab-separated
+/// (actors/coordinator/progress).
+bool trace_line(const std::string& line, uint64_t* step) {
+  const auto t1 = line.find('\t'), t2 = t1 == std::string::npos ? t1 : line.find('\t', t1 + 1);
+  if (t2 == std::string::npos || line.find('\t', t2 + 1) != std::string::npos) return false;
+  const auto whole = [](const std::string& w) {
+    return !w.empty() && w.size() <= 19 && w.find_first_not_of("0123456789") == std::string::npos;
+  };
+  const auto step_text = line.substr(0, t1), loss = line.substr(t2 + 1);
+  char* end = nullptr;
+  std::strtod(loss.c_str(), &end);
+  if (!whole(step_text) || !whole(line.substr(t1 + 1, t2 - t1 - 1)) || loss.empty() ||
+      end != loss.c_str() + loss.size())
+    return false;
+  *step = std::strtoull(step_text.c_str(), nullptr, 10);
+  return true;
+}
+
+/// `path` + ".damaged", or + ".damaged-2", ... : the first name not taken.
+std::string damaged_name(const std::string& path) {
+  std::error_code ec;
+  std::string name = path + ".damaged";
+  for (int i = 2; fs::exists(fs::symlink_status(name, ec)); ++i)
+    name = path + ".damaged-" + std::to_string(i);
+  return name;
+}
+
 // Keeps the lines of an earlier trace up to `step` (a resume rewrites the steps after its checkpoint).
-/// Whether the trace now ends at `step`: a trace that could not be cut back is not appended to.
+/// Whether the trace now ends at `step`: a trace that could not be cut back is not appended to. Lines that
+/// are not the trace's (a damaged file) are dropped, the file as it was kept beside it and named.
 bool truncate_trace(const std::string& path, uint64_t step) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   std::ostringstream keep;
   std::string line;
+  size_t damaged = 0, first_damaged = 0, n = 0;
   while (std::getline(in, line)) {
-    const auto tab = line.find('\t');
-    if (tab == std::string::npos) continue;
-    if (std::strtoull(line.substr(0, tab).c_str(), nullptr, 10) <= step) keep << line << '\n';
+    ++n;
+    uint64_t at = 0;
+    if (!trace_line(line, &at)) {
+      if (damaged++ == 0) first_damaged = n;
+      continue;
+    }
+    if (at <= step) keep << line << '\n';
   }
   in.close();
+  std::string aside;
+  if (damaged > 0) {  // kept whole beside it: the lines dropped may matter to whoever damaged it
+    aside = damaged_name(path);
+    std::error_code ec;
+    fs::copy_file(path, aside, ec);
+    if (ec) aside.clear();
+  }
   // Replaced whole or not at all: a crash here must not leave the earlier trace cut short.
   if (const auto problem = write_atomically(path, keep.str()); !problem.empty()) {
     spdlog::warn(
         "loss trace {} not cut back to step {}: {}; this session does not write it (its steps would follow "
         "the later ones there)",
         path, step, problem);
+    if (std::error_code ec; !aside.empty()) fs::remove(aside, ec);
     return false;
   }
+  if (damaged > 0)
+    spdlog::warn(
+        "loss trace {}: {} of its {} lines are not step<TAB>round<TAB>loss (the first is line {}): dropped; "
+        "{}",
+        path, damaged, n, first_damaged,
+        aside.empty() ? "the file could not be copied aside" : "the file as it was is kept as " + aside);
   return true;
 }
 

@@ -168,7 +168,7 @@ CLI::App* add_data_prepare(CLI::App& app, cli_values& v) {
   prep->add_option("--vocab", v.vocab, "BPE vocabulary size (257..65535, as data.bpe_vocab_size)")
       ->check(whole_number(257, 65535))
       ->capture_default_str();
-  prep->add_option("--val-fraction", v.val_fraction, "Share of tokens held out for validation")
+  prep->add_option("--val-fraction", v.val_fraction, "Share of tokens held out for validation, in (0, 0.5]")
       ->capture_default_str();
   return prep;
 }

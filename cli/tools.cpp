@@ -192,8 +192,8 @@ std::string prepare_problem(const cli_values& v) {
   if (v.out_dir.empty()) return "--out is empty: name the output directory";
   if (fs::exists(v.out_dir, ec) && !fs::is_directory(v.out_dir, ec))
     return "--out " + v.out_dir + " is not a directory";
-  if (!(v.val_fraction > 0.0 && v.val_fraction < 1.0))
-    return fmt::format("--val-fraction {} must be in (0, 1)", v.val_fraction);
+  if (!(v.val_fraction > 0.0 && v.val_fraction <= 0.5))  // data.val_fraction's range, so a run can name it
+    return fmt::format("--val-fraction {} must be in (0, 0.5], as data.val_fraction", v.val_fraction);
   if (v.input.empty()) {  // the default corpus, as `run` names it when it is missing
     const auto kjv = models::data::default_corpus_path();
     return fs::exists(kjv, ec) ? ""

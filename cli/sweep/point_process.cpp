@@ -56,15 +56,21 @@ std::pair<std::string, std::string> log_tail(const std::string& path) {
   return {last, progress};
 }
 
+std::vector<std::string> point_command(const sweep_spec& s, const sweep_point& p, const sweep_options& o,
+                                       int64_t threads, bool fresh) {
+  std::vector<std::string> args = {o.exe, "run", s.base};
+  for (const auto& ov : p.overrides) args.insert(args.end(), {"--set", ov});
+  if (threads > 0) args.insert(args.end(), {"--set", fmt::format("train.threads={}", threads)});
+  if (fresh) args.push_back("--fresh");
+  return args;
+}
+
 pid_t start_point(const sweep_spec& s, const sweep_point& p, const sweep_options& o, int64_t threads,
                   bool fresh) {
   std::error_code ec;
   fs::create_directories(p.out_dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot make {}: {}", p.out_dir, ec.message()));
-  std::vector<std::string> args = {o.exe, "run", s.base};
-  for (const auto& ov : p.overrides) args.insert(args.end(), {"--set", ov});
-  if (threads > 0) args.insert(args.end(), {"--set", fmt::format("train.threads={}", threads)});
-  if (fresh) args.push_back("--fresh");
+  const auto args = point_command(s, p, o, threads, fresh);
   const std::string log = (fs::path(p.out_dir) / "log.txt").string();
   const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error(fmt::format("cannot write {}: {}", log, std::strerror(errno)));

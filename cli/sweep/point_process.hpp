@@ -18,9 +18,14 @@ std::string utc_stamp();
 /// The last non-empty line of a log, and the last progress line's "round ... | step ..." part.
 std::pair<std::string, std::string> log_tail(const std::string& path);
 
-/// Starts `longwave run BASE --set ...` for p with its output appended to out_dir/points/<id>/log.txt (a
+/// The command that runs p: `longwave run BASE --set ...`; threads > 0 adds train.threads, fresh adds
+/// --fresh.
+std::vector<std::string> point_command(const sweep_spec& s, const sweep_point& p, const sweep_options& o,
+                                       int64_t threads, bool fresh);
+
+/// Starts point_command(...) for p with its output appended to out_dir/points/<id>/log.txt (a
 /// dated header with the command first), in its own process group, stopped with SIGTERM if the sweep dies.
-/// threads > 0 adds train.threads; fresh adds --fresh. Throws std::runtime_error when it cannot.
+/// Throws std::runtime_error when it cannot.
 pid_t start_point(const sweep_spec& s, const sweep_point& p, const sweep_options& o, int64_t threads,
                   bool fresh);
 

@@ -409,9 +409,11 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     for (const auto& p : s.points)
       fmt::print("  {:>3}/{} {} [{}]\n", p.index + 1, s.points.size(), p.id,
                  p.label(s.has_repeats).empty() ? "base config" : p.label(s.has_repeats));
-    if (!s.points.empty()) {
-      std::string cmd = shell_word(o.exe) + " run " + shell_word(s.base);
-      for (const auto& ov : s.points.front().overrides) cmd += " --set " + shell_word(ov);
+    if (!s.points.empty()) {  // as start_point would run it now
+      const auto& first = s.points.front();
+      std::string cmd;
+      for (const auto& w : point_command(s, first, o, run.plan.threads_for(first), run.starts_over(first)))
+        cmd += (cmd.empty() ? "" : " ") + shell_word(w);
       fmt::print("point 1 runs: {}\n", cmd);
     }
     return 0;

@@ -420,7 +420,9 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
            {{"data", "prepare", "--out", dir + "/a-file"}, "--out " + dir + "/a-file is not a directory"},
            {{"data", "prepare", "--out", ""}, "--out is empty"},
            {{"data", "prepare", dir + "/a-file", "--out", dir + "/p", "--val-fraction", "-1"},
-            "--val-fraction -1 must be in (0, 1)"}}) {
+            "--val-fraction -1 must be in (0, 0.5]"},
+           {{"data", "prepare", dir + "/a-file", "--out", dir + "/p", "--val-fraction", "0.6"},
+            "--val-fraction 0.6 must be in (0, 0.5], as data.val_fraction"}}) {
     std::vector<std::string> full{binary()};
     full.insert(full.end(), argv.begin(), argv.end());
     auto [pcode, plog] = run(full, dir + "/prepare.log", 60);

@@ -615,6 +615,29 @@ CATCH_TEST_CASE("a loss trace that cannot be cut back to the resumed step is not
   CATCH_CHECK(l2.find("not cut back to step 5") != std::string::npos);
   CATCH_CHECK(l2.find("this session does not write it") != std::string::npos);
   CATCH_CHECK(read_trace(dir + "/r/loss_trace.tsv") == before);
+  // A damaged trace (a probe: random bytes were kept and appended to without a word): its lines that are not
+  // the trace's are dropped and said, the file as it was kept beside it; the resumed steps follow the good
+  // ones.
+  fs::remove_all(dir + "/r/loss_trace.tsv.tmp");
+  fs::remove(checkpoints(dir + "/r/checkpoints").back());
+  fs::remove(dir + "/r/result.json");
+  const std::string good = read_text(dir + "/r/loss_trace.tsv");
+  const std::string damaged = good.substr(0, good.find('\n') + 1) + "x\ty\tz\n\x01\xfe junk\n2\t0\n" +
+                              good.substr(good.find('\n') + 1);
+  write_text(dir + "/r/loss_trace.tsv", damaged);
+  auto [c3, l3] = run({binary(), "run", cfg, "--set", "train.rounds=2"}, dir + "/c.log", 600);
+  CATCH_INFO(l3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(l3.find("3 of its 13 lines are not step<TAB>round<TAB>loss (the first is line 2): dropped; the "
+                      "file as it was is kept as " +
+                      dir + "/r/loss_trace.tsv.damaged") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/r/loss_trace.tsv.damaged") == damaged);
+  const auto after = read_trace(dir + "/r/loss_trace.tsv");
+  CATCH_REQUIRE(after.size() == before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    CATCH_CHECK(after[i].first == before[i].first);
+    CATCH_CHECK(std::abs(after[i].second - before[i].second) <= 1e-6);
+  }
   fs::remove_all(dir);
 }
 

@@ -565,6 +565,16 @@ CATCH_TEST_CASE("bad sweep files and options exit 2 naming the entry before anyt
   CATCH_CHECK(dry.find("2 points (0 done earlier, 2 to run)") != std::string::npos);
   CATCH_CHECK(dry.find("point 1 runs: ") != std::string::npos);
   CATCH_CHECK_FALSE(fs::exists(dir + "/out"));
+  // The command is the one the sweep would start: the plan's threads and --fresh are in it (they were not).
+  const auto zero = sweep_file(dir, "zero", "out", "[grid]\n\"train.lr\" = [1e-3, 2e-3]\n",
+                               "set = [\"train.threads=0\"]\n");
+  auto [d2code, dry2] =
+      run({binary(), "sweep", zero, "--dry-run", "--parallel", "2", "--fresh"}, dir + "/dry2.log", 60);
+  CATCH_INFO(dry2);
+  CATCH_CHECK(d2code == 0);
+  const auto line = dry2.substr(dry2.find("point 1 runs: "));
+  CATCH_CHECK(line.substr(0, line.find('\n')).find("--set train.threads=") != std::string::npos);
+  CATCH_CHECK(line.substr(0, line.find('\n')).find(" --fresh") != std::string::npos);
   // One fixed metrics port for points that run at once: refused before any runs (the second point failed
   // to bind it); one at a time it is fine.
   const auto port = sweep_file(dir, "port", "out", "[grid]\n\"train.lr\" = [1e-3, 2e-3]\n",
