@@ -29,6 +29,7 @@
 #include "models/data/partition.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
+#include "runtime/checksum/crc32c.hpp"
 #include "runtime/clock/clock.hpp"
 #include "runtime/errors/errors.hpp"
 
@@ -97,6 +98,27 @@ std::string input_change(const std::string& key, const std::string& then, const 
   return key + " changed";
 }
 
+/// The files of a preparation whose CRC-32C prepared.txt records (key, file name): a cached file changed or
+/// damaged after it was written is prepared again, not trained on.
+constexpr std::array<std::pair<const char*, const char*>, 4> checked_files = {
+    {{"train_crc32c", "train.bin"},
+     {"val_crc32c", "val.bin"},
+     {"tokenizer_crc32c", "tokenizer.txt"},
+     {"docs_crc32c", "train.docs"}}};
+
+/// The CRC-32C of the file at `path` in hex. Throws lw_error(io_error) naming it if it cannot be read.
+std::string file_crc32c(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> buf(1 << 20);
+  uint32_t crc = 0;
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    crc = runtime::crc32c(buf.data(), static_cast<size_t>(in.gcount()), crc);
+  }
+  if (!in.eof()) throw lw_error(errc::io_error, fmt::format("cannot read '{}' to check it", path.string()));
+  return fmt::format("{:08x}", crc);
+}
+
 // Fills `out` with the cached result if prepared.txt in dir records exactly `inputs` and the files are
 // intact; otherwise returns false and `why` says what differed (empty if there was no stamp at all).
 bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& inputs, prepared_dataset& out,
@@ -142,6 +164,18 @@ bool load_cached(const fs::path& dir, const std::map<std::string, std::string>& 
       return false;
     }
     (void)read_document_starts(d.docs_path);
+    for (const auto& [key, file] : checked_files) {
+      const auto it = kv.find(key);
+      if (it == kv.end()) {
+        why = "the cache predates its files' checksums";
+        return false;
+      }
+      if (const auto now = file_crc32c(dir / file); now != it->second) {
+        why = fmt::format("{} changed after it was written (CRC-32C {}, prepared.txt says {})", file, now,
+                          it->second);
+        return false;
+      }
+    }
   } catch (const lw_error& e) {
     why = e.what();
     return false;
@@ -472,6 +506,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   for (const auto& [key, value] : inputs) stamp += fmt::format("{}={}\n", key, value);
   stamp += fmt::format("vocab_size={}\nn_train_tokens={}\nn_val_tokens={}\n", result.vocab_size,
                        result.n_train_tokens, result.n_val_tokens);
+  for (const auto& [key, file] : checked_files) stamp += fmt::format("{}={}\n", key, file_crc32c(dir / file));
   write_file_atomic((dir / "prepared.txt").string(), {stamp});
   if (log) {
     log(fmt::format("data: wrote {} train and {} val tokens to {} in {:.1f} s", result.n_train_tokens,

@@ -499,6 +499,36 @@ CATCH_TEST_CASE("prepare_dataset splits the last val_fraction off as val and cac
   CATCH_CHECK(again.n_train_tokens == d.n_train_tokens);
   CATCH_CHECK(again.n_val_tokens == d.n_val_tokens);
 
+  // A cached file changed after it was written (a probe: zeroed bytes inside train.bin were trained on) is
+  // prepared again, its bytes restored; so is a cache whose stamp predates the checksums.
+  for (const char* name : {"train.bin", "val.bin", "tokenizer.txt", "train.docs"}) {
+    const auto path = dir.file(std::string("out/") + name);
+    const std::string bytes = read_bytes(path);
+    std::string damaged = bytes;
+    damaged[damaged.size() - 2] ^= 0x20;
+    write_text(path, damaged);
+    logs.clear();
+    (void)prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
+    CATCH_REQUIRE_FALSE(logs.empty());
+    CATCH_CHECK_THAT(logs[0], Contains("re-preparing"));
+    if (std::string(name).find(".bin") != std::string::npos)  // the text files' own checks may see it first
+      CATCH_CHECK_THAT(logs[0], Contains(std::string(name) + " changed after it was written (CRC-32C "));
+    CATCH_CHECK(read_bytes(path) == bytes);
+  }
+  {
+    std::string stamp = read_bytes(dir.file("out/prepared.txt"));
+    stamp = stamp.substr(0, stamp.find("docs_crc32c=")) +
+            stamp.substr(stamp.find('\n', stamp.find("docs_crc32c=")) + 1);
+    write_text(dir.file("out/prepared.txt"), stamp);
+    logs.clear();
+    (void)prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
+    CATCH_REQUIRE_FALSE(logs.empty());
+    CATCH_CHECK_THAT(logs[0], Contains("the cache predates its files' checksums"));
+    logs.clear();
+    (void)prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
+    CATCH_CHECK_THAT(logs.at(0), Contains("data: using cached shards in"));
+  }
+
   // A different split is not served from the cache.
   logs.clear();
   const prepared_dataset other = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.25, dir.file("out"), log);
