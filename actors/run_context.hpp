@@ -64,6 +64,9 @@ struct run_context {
   /// The training data's fingerprint (models::data::data_fingerprint of the corpus), stored in each
   /// checkpoint: a resume on other data says so.
   uint64_t data_fingerprint = 0;
+  /// The run's tokenizer as each checkpoint records it (runtime::snapshot_shape::tokenizer), and its text.
+  std::string tokenizer;
+  std::shared_ptr<const std::string> tokenizer_text;
   /// "" while this process still holds its out_dir's (and checkpoint.dir's) lock file; else what happened to
   /// it (runtime::run_lock::lost). Checked before each checkpoint write. Unset: always "".
   std::function<std::string()> lock_lost;

@@ -13,9 +13,12 @@
 #include "models/data/corpus.hpp"
 #include "models/data/data_fingerprint.hpp"
 #include "models/data/dataset_prep.hpp"
+#include "models/data/file_io.hpp"
 #include "models/data/shard.hpp"
+#include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
 #include "models/gpu_info.hpp"
+#include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
@@ -269,6 +272,14 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   auto ctx = std::make_shared<run_context>();
   ctx->cfg = cfg;
   ctx->data_fingerprint = models::data::data_fingerprint(corpus);
+  if (!data.tokenizer_path.empty()) {
+    auto text =
+        std::make_shared<const std::string>(models::data::read_file(data.tokenizer_path, "tokenizer"));
+    const auto tok = models::data::parse_tokenizer(*text, data.tokenizer_path);
+    ctx->tokenizer = fmt::format("{} vocab={} crc32c={:08x}", tok->kind(), tok->vocab_size(),
+                                 runtime::crc32c(text->data(), text->size()));
+    ctx->tokenizer_text = std::move(text);
+  }
   ctx->spec = spec;
   ctx->inner = make_inner_options(cfg);
   ctx->planned_steps = ctx->inner.total_steps;
@@ -336,7 +347,9 @@ runtime::snapshot_shape shape_of(const run_context& ctx) {
           config::to_string(ctx.cfg.diloco.outer),
           ctx.data_fingerprint,
           ctx.data_parts(),
-          ctx.rank_offset};
+          ctx.rank_offset,
+          ctx.tokenizer,
+          ctx.tokenizer_text};
 }
 
 }  // namespace longwave::actors

@@ -91,10 +91,11 @@ void write_export(const checkpoint_model& m, const export_options& o) {
       m.spec.vocab_size, m.spec.seq_len);
   if (const auto tok = find_tokenizer(m, o.checkpoint, "export")) {
     const auto tok_path = (out / "tokenizer.txt").string();
-    const std::string text = models::data::read_file(*tok, "tokenizer");
-    models::data::write_file_atomic(tok_path, {text});
-    std::printf("export: copied %s to %s (Longwave's %s tokenizer format, not a Hugging Face tokenizer)\n",
-                tok->c_str(), tok_path.c_str(), models::data::load_tokenizer(tok_path)->kind().c_str());
+    models::data::write_file_atomic(tok_path, {tok->text});
+    std::printf(
+        "export: wrote %s's tokenizer to %s (Longwave's %s tokenizer format, not a Hugging Face "
+        "tokenizer)\n",
+        tok->from.c_str(), tok_path.c_str(), models::data::load_tokenizer(tok_path)->kind().c_str());
   } else {
     std::printf("export: no tokenizer file of this run found; none copied\n");
     // An earlier export's (--force): left there, it would be taken for this model's. A file whose first

@@ -28,7 +28,8 @@ namespace {
 
 /// The run's tokenizer; a byte-level run that left no file is read with the byte tokenizer.
 std::unique_ptr<models::data::tokenizer> tokenizer_of(const checkpoint_model& m, const std::string& path) {
-  if (const auto file = find_tokenizer(m, path, "sample")) return models::data::load_tokenizer(*file);
+  if (const auto file = find_tokenizer(m, path, "sample"))
+    return models::data::parse_tokenizer(file->text, file->from);
   // Pre-tokenized shards (data.path a directory; a vocabulary taken from their largest id) carry ids of a
   // tokenizer Longwave does not know: bytes would print noise.
   if (m.cfg.data.tokenizer == config::tokenizer_kind::byte) {

@@ -15,7 +15,10 @@ std::unique_ptr<tokenizer> make_byte_tokenizer() {
 }
 
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path) {
-  std::string text = read_file(path, "tokenizer");
+  return parse_tokenizer(read_file(path, "tokenizer"), path);
+}
+
+std::unique_ptr<tokenizer> parse_tokenizer(const std::string& text, const std::string& path) {
   std::string_view first(text);
   first = first.substr(0, first.find('\n'));
   if (!first.empty() && first.back() == '\r') first.remove_suffix(1);

@@ -32,5 +32,7 @@ std::unique_ptr<tokenizer> make_byte_tokenizer();
 /// Loads a tokenizer saved by tokenizer::save(): the first line "longwave-byte 1" or "longwave-bpe 1" selects
 /// the kind. Throws lw_error(io_error) if unreadable, lw_error(corrupt_data) naming file:line if malformed.
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
+/// The same from the file's text; `where` names it in errors.
+std::unique_ptr<tokenizer> parse_tokenizer(const std::string& text, const std::string& where);
 
 }  // namespace longwave::models::data

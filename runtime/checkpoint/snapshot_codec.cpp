@@ -89,8 +89,17 @@ checkpoint to_checkpoint(const train_snapshot& s, const snapshot_shape& shape) {
   if (shape.data != 0) meta << "data=" << shape.data << "\n";
   if (shape.data_parts != 0)
     meta << "data_parts=" << shape.data_parts << "\nrank_offset=" << shape.rank_offset << "\n";
+  if (!shape.tokenizer.empty()) meta << "tokenizer=" << shape.tokenizer << "\n";
   meta << s.meta;
   c.meta = meta.str();
+  if (shape.tokenizer_text) {
+    checkpoint_blob b;
+    b.name = "tokenizer";
+    b.owner = shape.tokenizer_text;
+    b.data = shape.tokenizer_text->data();
+    b.size = shape.tokenizer_text->size();
+    c.blobs.push_back(std::move(b));
+  }
   c.blobs.push_back(tensor_blob("theta", s.theta));
   if (s.momentum.defined()) c.blobs.push_back(tensor_blob("momentum", s.momentum));
   if (s.pending.defined()) c.blobs.push_back(tensor_blob("pending", s.pending));
@@ -120,6 +129,14 @@ std::optional<replica_counters> counters_of(const checkpoint& c, int64_t r) {
 
 std::string shape_problem(const checkpoint& c, const snapshot_shape& shape) {
   auto kv = parse_meta(c.meta);
+  // First: another tokenizer also changes the vocabulary and so the parameter count.
+  if (const auto it = kv.find("tokenizer");
+      it != kv.end() && !shape.tokenizer.empty() && it->second != shape.tokenizer)
+    return "checkpoint was trained with the tokenizer '" + it->second + "', this run prepared '" +
+           shape.tokenizer +
+           "' (data.path, data.tokenizer or data.bpe_vocab_size changed, or the corpus did and its BPE was "
+           "trained again): its token ids would stand for other text. Resume with the corpus and data "
+           "settings the run began with";
   if (kv["mode"] != shape.mode)
     return "checkpoint was written in mode '" + kv["mode"] + "', this run is '" + shape.mode + "'";
   if (kv["preset"] != shape.preset)

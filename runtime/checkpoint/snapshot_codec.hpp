@@ -2,6 +2,7 @@
 // train_snapshot <-> checkpoint blobs: names, sizes and meta, validated against the run that loads them.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -25,6 +26,10 @@ struct snapshot_shape {
   /// with nodes added to or removed from its file reads other parts (0 parts: not known, older files).
   int64_t data_parts = 0;
   int64_t rank_offset = 0;
+  /// The run's tokenizer: its kind, vocabulary and CRC-32C ("bpe vocab=500 crc32c=8e9e6f21"; "": none, as
+  /// for shards without one), and its file's text, which each checkpoint carries (sample and export use it).
+  std::string tokenizer;
+  std::shared_ptr<const std::string> tokenizer_text;
 };
 
 /// The key=value lines of a checkpoint's meta (mode, preset, n_params, replicas, ...), up to config_marker.

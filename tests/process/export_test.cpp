@@ -405,8 +405,9 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
-CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later run's in its stored out_dir",
-                "[process][export]") {
+CATCH_TEST_CASE(
+    "export and sample take the tokenizer the checkpoint carries, not a later run's in its out_dir",
+    "[process][export]") {
   const auto dir = scratch_dir("export-tokenizer");
   const auto cfg = tiny_run_config(dir);
   const auto train = [&](int vocab, const std::string& log) {
@@ -436,18 +437,31 @@ CATCH_TEST_CASE("export takes the tokenizer beside the checkpoint, not a later r
   CATCH_CHECK(ecode == 2);
   CATCH_CHECK(eout.find("its shards are tokenized by a bpe tokenizer of ") != std::string::npos);
   CATCH_CHECK(eout.find("the loss would be over other tokens") != std::string::npos);
-  // sample finds the same tokenizer; without it (the later run's has another vocabulary) it says so.
+  // The checkpoint carries its tokenizer: sample and export need no file beside it (a probe: a resume refused
+  // for another data.bpe_vocab_size had prepared the run's data again, and sample found no tokenizer).
+  fs::remove(dir + "/archive/data/tokenizer.txt");
   const auto [scode, sout] =
       run({binary(), "sample", dir + "/archive/checkpoints", "--tokens", "5"}, dir + "/sample.log", 300);
   CATCH_INFO(sout);
   CATCH_CHECK(scode == 0);
   CATCH_CHECK(sout.find("bpe tokenizer; 5 tokens") != std::string::npos);
-  fs::remove(dir + "/archive/data/tokenizer.txt");
-  const auto [ncode, nout] =
-      run({binary(), "sample", dir + "/archive/checkpoints"}, dir + "/sample-none.log", 300);
-  CATCH_INFO(nout);
-  CATCH_CHECK(ncode == 2);
-  CATCH_CHECK(nout.find("no tokenizer of this run found") != std::string::npos);
+  const auto tok280 = read_text(dir + "/run/data/tokenizer.txt");
+  const auto [rcode2, refused] = run({binary(), "run", cfg, "--set", "data.tokenizer=\"bpe\"", "--set",
+                                      "data.bpe_vocab_size=300", "--set", "train.rounds=3"},
+                                     dir + "/c.log", 600);
+  CATCH_INFO(refused);
+  CATCH_CHECK(rcode2 == 1);
+  CATCH_CHECK(refused.find("checkpoint was trained with the tokenizer 'bpe vocab=280 crc32c=") !=
+              std::string::npos);
+  CATCH_CHECK(refused.find("this run prepared 'bpe vocab=300 crc32c=") != std::string::npos);
+  CATCH_CHECK(read_text(dir + "/run/data/tokenizer.txt") != tok280);
+  const auto [xcode, xout] = run({binary(), "export", dir + "/run/checkpoints", "--out", dir + "/hf280"},
+                                 dir + "/export280.log", 300);
+  CATCH_INFO(xout);
+  CATCH_CHECK(xcode == 0);
+  CATCH_CHECK(xout.find("wrote the checkpoint's tokenizer to " + dir + "/hf280/tokenizer.txt") !=
+              std::string::npos);
+  CATCH_CHECK(read_text(dir + "/hf280/tokenizer.txt") == tok280);
 
   // A run on ready-made shards without a tokenizer: its ids are another tokenizer's. sample refuses (it
   // wrote them as bytes), and an export over an earlier one leaves no tokenizer that is not this model's.

@@ -497,3 +497,32 @@ CATCH_TEST_CASE("a checkpoint keeps how the cluster split its data, and a resume
                   runtime::to_checkpoint(snap, runtime::snapshot_shape{4, 0, "diloco", "tiny"}).meta, now)
                   .empty());
 }
+
+CATCH_TEST_CASE("a checkpoint carries its run's tokenizer, and a resume with another is refused naming both",
+                "[models][trainer][checkpoint]") {
+  runtime::train_snapshot snap;
+  snap.round = 2;
+  snap.theta = at::zeros({4});
+  runtime::snapshot_shape shape{4, 0, "diloco", "tiny"};
+  shape.tokenizer = "bpe vocab=300 crc32c=0000abcd";
+  shape.tokenizer_text = std::make_shared<const std::string>("longwave-bpe 1\nmerges\n");
+  const auto c = runtime::to_checkpoint(snap, shape);
+  const auto* blob = c.find("tokenizer");
+  CATCH_REQUIRE(blob != nullptr);
+  CATCH_CHECK(std::string(static_cast<const char*>(blob->data), blob->size) == *shape.tokenizer_text);
+  CATCH_CHECK(runtime::parse_meta(c.meta).at("tokenizer") == shape.tokenizer);
+  CATCH_CHECK(runtime::shape_problem(c, shape).empty());
+  // Another tokenizer is named before the parameter count it also changes.
+  auto other = shape;
+  other.tokenizer = "bpe vocab=280 crc32c=1234abcd";
+  other.n_params = 5;
+  CATCH_CHECK_THAT(runtime::shape_problem(c, other),
+                   Catch::Matchers::StartsWith("checkpoint was trained with the tokenizer 'bpe vocab=300 "
+                                               "crc32c=0000abcd', this run prepared 'bpe vocab=280"));
+  // A run without one (shards with no tokenizer.txt), and an older checkpoint without one, are not judged.
+  runtime::snapshot_shape none{4, 0, "diloco", "tiny"};
+  CATCH_CHECK(runtime::shape_problem(c, none).empty());
+  const auto older = runtime::to_checkpoint(snap, none);
+  CATCH_CHECK(older.find("tokenizer") == nullptr);
+  CATCH_CHECK(runtime::shape_problem(older, shape).empty());
+}
