@@ -312,6 +312,8 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
       }
     } else {
       std::error_code ec;
+      if (const auto bad = config::one_line_problem(data_override); !bad.empty())
+        throw config::config_error("--data", "--data: " + bad);
       if (!fs::exists(data_override, ec))
         throw config::config_error("--data", "--data " + data_override + ": no such file or directory");
       if (const auto why = not_a_corpus(data_override); !why.empty())

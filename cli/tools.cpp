@@ -27,6 +27,7 @@
 #include "models/data/dataset_prep.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/errors/errors.hpp"
+#include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/process/port_check.hpp"
 #include "runtime/process/proc_state.hpp"
@@ -190,12 +191,19 @@ std::string prepare_problem(const cli_values& v) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (v.out_dir.empty()) return "--out is empty: name the output directory";
+  // One line each, as a run's paths: prepared.txt records them a line a key.
+  if (const auto bad = config::one_line_problem(v.out_dir); !bad.empty()) return "--out: " + bad;
+  if (const auto bad = config::one_line_problem(v.input); !bad.empty()) return "the corpus: " + bad;
   if (fs::exists(v.out_dir, ec) && !fs::is_directory(v.out_dir, ec))
     return "--out " + v.out_dir + " is not a directory";
   if (!(v.val_fraction > 0.0 && v.val_fraction <= 0.5))  // data.val_fraction's range, so a run can name it
     return fmt::format("--val-fraction {} must be in (0, 0.5], as data.val_fraction", v.val_fraction);
   if (v.input.empty()) {  // the default corpus, as `run` names it when it is missing
     const auto kjv = models::data::default_corpus_path();
+    if (fs::is_directory(kjv, ec))  // LONGWAVE_CORPUS names shards: nothing to prepare (it said "done")
+      return "the default corpus " + kjv +
+             " is a directory: llm.c shards are used as they are (data.path names them), and a corpus is "
+             "one text or JSONL file";
     return fs::exists(kjv, ec) ? ""
                                : "the default corpus " + kjv +
                                      " is missing: run scripts/setup (it writes the KJV text) or name a "
@@ -213,6 +221,11 @@ std::string prepare_problem(const cli_values& v) {
 int cmd_prepare(const cli_values& v) {
   if (const auto problem = prepare_problem(v); !problem.empty()) {
     spdlog::error("data prepare: {}", problem);
+    return 2;
+  }
+  // As run and export say of their folders (it was exit 1, "cannot create 'dangling': File exists").
+  if (const auto problem = runtime::make_directories(v.out_dir); !problem.empty()) {
+    spdlog::error("data prepare: --out {}: {}", v.out_dir, problem);
     return 2;
   }
   try {

@@ -367,13 +367,8 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
 /// A path with a line break or another control character: from a TOML file's escapes ("\n"), never meant, and
 /// it would break the one-line records a run writes about its files (prepared.txt, logs).
 void check_one_line(const std::string& key, const std::string& path, const char* what = "path") {
-  const auto bad = std::find_if(path.begin(), path.end(),
-                                [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
-  if (bad == path.end()) return;
-  throw config_error(key, fmt::format("{}: the {} contains {} (byte 0x{:02x} at {}); a {} is one line of "
-                                      "printable characters",
-                                      key, what, *bad == '\n' ? "a line break" : "a control character",
-                                      static_cast<unsigned char>(*bad), bad - path.begin(), what));
+  if (const auto problem = one_line_problem(path, what); !problem.empty())
+    throw config_error(key, key + ": " + problem);
 }
 
 void check_dir(const std::string& key, const std::string& dir) {
@@ -811,6 +806,15 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
 }
 
 }  // namespace
+
+std::string one_line_problem(const std::string& path, const char* what) {
+  const auto bad = std::find_if(path.begin(), path.end(),
+                                [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+  if (bad == path.end()) return "";
+  return fmt::format("the {} contains {} (byte 0x{:02x} at {}); a {} is one line of printable characters",
+                     what, *bad == '\n' ? "a line break" : "a control character",
+                     static_cast<unsigned char>(*bad), bad - path.begin(), what);
+}
 
 std::string device_problem(const std::string& d) {
   if (d == "cpu" || d == "cuda" || d == "auto") return "";

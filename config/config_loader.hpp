@@ -69,6 +69,10 @@ void validate(const train_config& cfg);
 /// What is wrong with a train.device value, "" when nothing: "cpu", "cuda", "cuda:N" or "auto" are allowed.
 std::string device_problem(const std::string& device);
 
+/// "" when `path` is one line of printable characters; else what is in it, e.g. "the path contains a line
+/// break (byte 0x0a at 2); a path is one line of printable characters" (`what`: "path").
+std::string one_line_problem(const std::string& path, const char* what = "path");
+
 /// The config as TOML text: every section and every field, in struct order, doubles in shortest round-trip
 /// form. For a valid config, parse_config(to_toml(c), {}, "") gives back c exactly.
 std::string to_toml(const train_config& cfg);

@@ -112,7 +112,13 @@ std::optional<std::string> json_string_field(std::string_view line, std::string_
 std::string read_corpus(const std::string& path) {
   std::string bytes = read_file(path, "corpus");
   if (!ends_with_jsonl(path)) {
-    if (bytes.empty()) throw lw_error(errc::corrupt_data, fmt::format("corpus '{}' is empty", path));
+    if (bytes.empty())
+      throw lw_error(
+          errc::corrupt_data,
+          fmt::format("corpus '{}' is empty{}", path,
+                      path.rfind("/proc/", 0) == 0 || path.rfind("/sys/", 0) == 0
+                          ? " (a file of /proc or /sys: its size reads 0, and only that much is read)"
+                          : ""));
     return bytes;
   }
   std::string text;

@@ -2,9 +2,11 @@
 #include "models/data/file_io.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -24,10 +26,19 @@ std::string read_file(const std::string& path, const char* what) {
   if (fd < 0) {
     throw lw_error(errc::io_error, fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
   }
+  // A regular file is read up to the size it reports: /proc's files say 0 and some never end (a probe read
+  // /proc/self/pagemap until memory ran out).
+  struct stat st {};
+  const bool sized = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   std::string out;
   char buf[1 << 16];
   for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    const size_t want = sized
+                            ? std::min(sizeof buf, static_cast<size_t>(st.st_size) -
+                                                       std::min(out.size(), static_cast<size_t>(st.st_size)))
+                            : sizeof buf;
+    if (want == 0) break;
+    ssize_t n = ::read(fd, buf, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       int err = errno;

@@ -414,6 +414,7 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
   // data prepare: an input or --out that cannot be used is named before anything is read or written.
   write_text(dir + "/a-file", "x");
   std::filesystem::create_directories(dir + "/a-dir");
+  std::filesystem::create_symlink(dir + "/gone", dir + "/dangling");
   for (const auto& [argv, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"data", "prepare", dir + "/nope.txt", "--out", dir + "/p"}, dir + "/nope.txt: no such file"},
            {{"data", "prepare", dir + "/a-dir", "--out", dir + "/p"}, dir + "/a-dir is a directory"},
@@ -422,7 +423,15 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
            {{"data", "prepare", dir + "/a-file", "--out", dir + "/p", "--val-fraction", "-1"},
             "--val-fraction -1 must be in (0, 0.5]"},
            {{"data", "prepare", dir + "/a-file", "--out", dir + "/p", "--val-fraction", "0.6"},
-            "--val-fraction 0.6 must be in (0, 0.5], as data.val_fraction"}}) {
+            "--val-fraction 0.6 must be in (0, 0.5], as data.val_fraction"},
+           // As run and export say it (a probe: exit 1, "cannot create ...: File exists").
+           {{"data", "prepare", dir + "/a-file", "--out", dir + "/dangling"},
+            "--out " + dir + "/dangling: a symbolic link to " + dir + "/gone, which does not exist"},
+           {{"data", "prepare", dir + "/a-file", "--out", dir + "/a-file/sub"},
+            "--out " + dir + "/a-file/sub: " + dir + "/a-file is a file, not a directory"},
+           // prepared.txt records paths a line each (a probe: a line break wrote a key of its own there).
+           {{"data", "prepare", dir + "/a-file", "--out", dir + "/p\nvocab_size=9"},
+            "--out: the path contains a line break (byte 0x0a at"}}) {
     std::vector<std::string> full{binary()};
     full.insert(full.end(), argv.begin(), argv.end());
     auto [pcode, plog] = run(full, dir + "/prepare.log", 60);
@@ -438,6 +447,14 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
                   .find("data prepare: the default corpus " + dir +
                         "/no-kjv.txt is missing: run scripts/setup") != std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/p"));
+  // LONGWAVE_CORPUS naming shards: refused as a directory named as the input is (it said "done" and wrote
+  // nothing).
+  auto env_shards = spawn({binary(), "data", "prepare", "--out", dir + "/p"}, dir + "/shards.log", false,
+                          {"LONGWAVE_CORPUS=" + dir + "/a-dir"});
+  CATCH_CHECK(wait_exit(env_shards, 60) == 2);
+  CATCH_CHECK(read_text(dir + "/shards.log")
+                  .find("data prepare: the default corpus " + dir +
+                        "/a-dir is a directory: llm.c shards are used as they are") != std::string::npos);
   // A command's unknown command, and an unknown option where a command is wanted, are named too.
   auto [dcode, dusage] = run({binary(), "data", "nosuch"}, dir + "/data_usage.log", 60);
   CATCH_CHECK(dcode == 2);

@@ -173,6 +173,9 @@ CATCH_TEST_CASE("A plain corpus is read as raw bytes and an empty or missing cor
 
   CATCH_CHECK(longwave::test::error_of([&] { read_corpus(dir.file("missing.txt")); }) == errc::io_error);
   CATCH_CHECK(longwave::test::error_of([&] { read_corpus(dir.path().string()); }) == errc::io_error);
+  // A file of /proc reads as the size it reports, 0 (a probe read /proc/self/pagemap until memory ran out).
+  CATCH_REQUIRE_THROWS_WITH(read_corpus("/proc/self/pagemap"),
+                            Contains("is empty (a file of /proc or /sys: its size reads 0"));
 }
 
 CATCH_TEST_CASE("profile_text counts control bytes and bytes outside well-formed UTF-8", "[data]") {
@@ -527,6 +530,24 @@ CATCH_TEST_CASE("prepare_dataset splits the last val_fraction off as val and cac
     logs.clear();
     (void)prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
     CATCH_CHECK_THAT(logs.at(0), Contains("data: using cached shards in"));
+  }
+
+  // The corpus edited in place, its size and time kept (a probe: the stale shards were trained on): prepared
+  // again, said.
+  {
+    const auto when = fs::last_write_time(corpus);
+    std::string upper = text;
+    for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    write_text(corpus, upper);
+    fs::last_write_time(corpus, when);
+    logs.clear();
+    const auto edited = prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
+    CATCH_REQUIRE_FALSE(logs.empty());
+    CATCH_CHECK_THAT(logs[0],
+                     Contains("the corpus file's contents changed (its size and modification time did not)"));
+    CATCH_CHECK(make_byte_tokenizer()->decode(read_shard(edited.train_path)) == upper.substr(0, 9000));
+    write_text(corpus, text);
+    (void)prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out"), log);
   }
 
   // A different split is not served from the cache.
