@@ -151,7 +151,12 @@ communicator_options communicator_options_for(const config::train_config& cfg, c
           ? fmt::format("sparse at density {}, {}, error feedback decay {}{}", cfg.comm.density,
                         sparse_values(cfg), cfg.comm.ef_decay,
                         cfg.comm.robust_clip ? ", clipped to the median norm" : "")
-          : fmt::format("{}{}", cfg.comm.dtype, cfg.comm.error_feedback ? ", error feedback" : "");
+          : fmt::format(
+                "{}{}{}", cfg.comm.dtype,
+                cfg.comm.dtype == config::wire_dtype::int8 && cfg.comm.int8_codebook ? " codebook" : "",
+                // fp32 loses nothing to feed back: the setting is ignored there
+                cfg.comm.error_feedback && cfg.comm.dtype != config::wire_dtype::fp32 ? ", error feedback"
+                                                                                      : "");
   // Shared indices quantize in the chunks of the ring's int8 (NCCL has none).
   if (cfg.comm.dtype == config::wire_dtype::sparse &&
       (!place || cfg.comm.backend == config::comm_backend::ring)) {

@@ -466,9 +466,11 @@ void master_state::note_end(const std::string& outcome,
 
 /// Tells every joined node that the cluster is off; done() is `code`.
 void master_state::call_off(const std::string& why, int code) {
-  // A training node stops on errc::evicted; a joining one reports peer_lost.
+  // A training node stops on errc::evicted; a joining one reports peer_lost. A removed node's new process
+  // fetching the state is told too (a probe's went on asking for it for 2 minutes).
   for (const auto& m : members_)
-    if (m.identity && m.phase != member_phase::finished && m.removed == removal::none)
+    if (m.identity && m.phase != member_phase::finished &&
+        (m.removed == removal::none || m.phase == member_phase::joining || m.phase == member_phase::ready))
       reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost,
                   "the cluster was called off: " + why);
   exit_code_ = code;

@@ -70,11 +70,32 @@ void master_state::conclude_fence() {
     if (!commit || reached < *commit) commit = reached;
   }
   if (!commit) return;
+  // A joiner holding the state before an all-reduce whose result the members hold (a node killed inside it,
+  // back from its checkpoint): they redo that all-reduce with it. Turned back, it would fetch a state the
+  // members publish only once the fence lets them go on: below quorum, never (a probe's run was called off).
+  if (const auto floor = committed_floor(members);
+      !merges_ && floor < *commit && ready_joiner_holds(floor.round) && !ready_joiner_holds(commit->round))
+    commit = floor;
   admit_joiners(*commit);
   members = training_members();
   if (below_quorum(members)) return;
   if (fence_->reason == "ring_reset" && ring_keeps_failing(*commit)) return;
   send_membership(members, *commit);
+}
+
+/// The smallest all-reduce the members committed (an in-flight one's result aside).
+comm::reduce_key master_state::committed_floor(const std::vector<size_t>& members) const {
+  std::optional<comm::reduce_key> floor;
+  for (auto i : members)
+    if (!floor || members_[i].ack.committed < *floor) floor = members_[i].ack.committed;
+  return floor.value_or(comm::reduce_key{});
+}
+
+/// Whether a joiner ready to be admitted holds the state of `round`.
+bool master_state::ready_joiner_holds(uint64_t round) const {
+  return std::any_of(members_.begin(), members_.end(), [&](const member& m) {
+    return m.phase == member_phase::ready && m.ready && m.ready->round == round;
+  });
 }
 
 /// Fewer members than min_nodes: the fence stays (the members keep their state) until joiners make the

@@ -31,11 +31,13 @@ void master_state::on_frame(const sender& from, const envelope& e, clock::time_p
     if (from.keyed_as && *from.keyed_as != h->node_name) {
       warn(fmt::format("coordinator: turned away a hello as node '{}' from {}: it came with node '{}''s key",
                        h->node_name, from.peer, *from.keyed_as));
-      return turn_away(
-          from.identity, errc::invalid_config,
-          fmt::format("this connection's CURVE key is node '{}''s, not node '{}''s: each node uses its "
-                      "own keys/nodes/NAME.secret",
-                      *from.keyed_as, h->node_name));
+      const auto why = fmt::format(
+          "this connection's CURVE key is node '{}''s, not node '{}''s: each node uses its own "
+          "keys/nodes/NAME.secret",
+          *from.keyed_as, h->node_name);
+      // The join deadline names it and exits 2, as for any hello turned away (a probe: exit 1, unnamed).
+      if (index_of_name(h->node_name)) turned_away_[h->node_name] = why;
+      return turn_away(from.identity, errc::invalid_config, why);
     }
     return on_hello(from, *h);
   }

@@ -354,6 +354,10 @@ cluster_keys load_coordinator_keys(const std::string& dir, const std::vector<std
           nodes_dir));
     out.nodes->revoke(key);
   }
+  // As for no key at all (a probe's coordinator waited out its join deadline, then exited 1).
+  if (out.nodes->entries().empty())
+    throw config_problem(
+        fmt::format("every node key in {} is revoked (security.revoked): no node could join", nodes_dir));
   return out;
 }
 

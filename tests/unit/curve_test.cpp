@@ -102,6 +102,10 @@ CATCH_TEST_CASE("a key directory: the coordinator's and each node's keys, revoke
   CATCH_CHECK(load_coordinator_keys(dir, {a.own.public_key}).nodes->is_revoked(a.own.public_key));
   CATCH_CHECK_THAT(refusal_of([&] { load_coordinator_keys(dir, {"zz"}); }),
                    Contains("security.revoked: 'zz'"));
+  CATCH_CHECK_THAT(refusal_of([&] {
+                     load_coordinator_keys(dir, {"a", "b", "c"});
+                   }),
+                   Contains("nodes is revoked (security.revoked): no node could join"));
   CATCH_CHECK_THAT(refusal_of([&] { load_node_keys(dir, "zz"); }), Contains("nodes/zz.secret"));
   // A public file of another pair beside a secret: said, not used.
   fs::copy_file(dir + "/nodes/b.public", dir + "/nodes/a.public", fs::copy_options::overwrite_existing);

@@ -847,6 +847,20 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                  "record end outcome=called_off exit_code=1 why=quorum lost: 1 live node(s) (n0)"}}});
     CATCH_CHECK(t.master().done() == 1);
   }
+  CATCH_SECTION("a joiner still fetching is told") {
+    table t(cluster_of(2, 2));
+    t.play(two_training + std::vector<row>{{2, "n1", "error", {}},
+                                           {2.5, "n0", "ack 2 1/0", {"quorum lost"}},
+                                           {3, "n1'", "hello", {"n1' <- recover round 0"}},
+                                           {4, "n1'", "heartbeat 0", {}},
+                                           {30, "n0", "heartbeat 1", {}},
+                                           {60, "n0", "heartbeat 1", {}},
+                                           {63,
+                                            "n0",
+                                            "tick",
+                                            {"calling the run off", "n0 <- error evicted",
+                                             "n1' <- error evicted: the cluster was called off"}}});
+  }
   CATCH_SECTION("the wait is reported") {
     table t(cluster_of(2, 2));
     t.play(two_training +
@@ -875,6 +889,26 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                  "record epoch epoch=2 reason=failed members=n0,n1 round=1 fragment=0"}}});
     CATCH_CHECK(t.master().quorum_waited_s(clock::time_point(std::chrono::hours(1000)) +
                                            std::chrono::seconds(6)) == 0);
+  }
+  CATCH_SECTION("a joiner a round behind the members' held result: the all-reduce is redone with it") {
+    // A probe: n1 died inside round 2's all-reduce after n0 had its result, and came back from its round-1
+    // checkpoint. Turned back to fetch round 2, which n0 publishes only once the fence lets it go on, it
+    // waited until the run was called off.
+    table t(cluster_of(2, 2));
+    t.play(two_training +
+           std::vector<row>{{1.5, "n0", "heartbeat 1", {}},
+                            {2, "n1", "error", {}},
+                            {2.5, "n0", "ack 2 1/0 pending 2/0 held", {"quorum lost"}},
+                            {3, "n1'", "hello", {"n1' <- recover round 1"}},
+                            {4, "n1'", "heartbeat 0", {}},
+                            {5,
+                             "n1'",
+                             "join_ready 1",
+                             {"node n1 admitted in epoch 2 with the state of round 1",
+                              "quorum back: 2 live nodes (n0, n1)", "n0 <- membership epoch 2 rank 0 [n0,n1]",
+                              "n1' <- membership epoch 2 rank 1 [n0,n1]",
+                              "all-reduces after round 1 fragment 0 are redone", "!stale", "!pin"}}});
+    CATCH_CHECK(t.master().phase_of("n1") == member_phase::member);
   }
 }
 
@@ -1583,6 +1617,18 @@ CATCH_TEST_CASE("master: CURVE keys speak only for their own node", "[unit][mast
   m.on_frame({"op", "10.0.0.3", comm::operator_user_id}, stop, t);
   CATCH_CHECK(said().find("op <- error none: the cluster stops at its next round boundary") !=
               std::string::npos);
+  // A node turned away for another node's key is named at the join deadline, which exits 2 as for any hello
+  // turned away (a probe: exit 1, "missing node(s) n0, n1" alone).
+  master_state late(s, t);
+  late.on_frame({"x", "10.0.0.9", "n1"}, hello_as("n0"), t);
+  late.tick(t + std::chrono::seconds(61));
+  std::string end;
+  for (auto& a : late.take_actions())
+    if (auto* l = std::get_if<line>(&a)) end += l->text + "\n";
+  CATCH_INFO(end);
+  CATCH_CHECK(late.done() == 2);
+  CATCH_CHECK(end.find("node(s) n0 said hello and were turned away: this connection's CURVE key is node "
+                       "'n1''s") != std::string::npos);
 }
 
 CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][master]") {
