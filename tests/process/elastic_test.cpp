@@ -399,6 +399,30 @@ CATCH_TEST_CASE("below [cluster] min_nodes the members wait and a node that come
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("below min_nodes a node killed once the members held its all-reduce's result comes back in",
+                "[process][cluster][elastic][join]") {
+  // A probe: back from its round-3 state, n2 was turned back to fetch round 4, whose result the members held
+  // but publish only once the fence lets them go on; it waited until the run was called off. They redo
+  // round 4's all-reduce with it.
+  elastic_cluster c("elastic_quorum_held", "[comm]\nchunk_kib = 44\n",
+                    {{}, {}, {"LONGWAVE_FAULT_DIE_IN_ALLREDUCE=4:12:hang"}},
+                    "min_nodes = 3\nquorum_timeout_s = 600\n");
+  require_in_node_logs(c.dir, {"n0", "n1"}, "this node holds the all-reduce's result, waiting for");
+  CATCH_REQUIRE(contains(c.log(2), "the ring hangs here"));
+  kill(c.nodes[2].pid, SIGKILL);
+  CATCH_CHECK(wait_exit(c.nodes[2], 300) == 128 + SIGKILL);
+  CATCH_REQUIRE(wait_master_records(c.cluster_out(), "quorum", 1, 300));
+  const auto [clog, log2] = restart_n2_and_finish(c);
+  CATCH_INFO(clog);
+  CATCH_CHECK_FALSE(contains(clog, "is stale"));
+  const auto quorum = c.master("quorum");
+  CATCH_REQUIRE(quorum.size() == 2);
+  CATCH_CHECK(str(at(quorum[1], "state")) == "back");
+  check_rounds(c, {"n0", "n1"});
+  check_joined(c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 namespace {
 
 /// Three nodes of one worker that train until stopped, and may train with two ([cluster] min_nodes = 2).
