@@ -28,7 +28,7 @@ models::inner_options make_inner_options(const config::train_config& cfg) {
   return o;
 }
 
-runtime::json_line start_record(const run_context& ctx, int64_t resumed_step) {
+runtime::json_line start_record(const run_context& ctx, int64_t resumed_step, uint64_t resumed_round) {
   const auto& c = ctx.cfg;
   runtime::json_line line("start");
   line.add("node", c.run.name)
@@ -47,6 +47,7 @@ runtime::json_line start_record(const run_context& ctx, int64_t resumed_step) {
       .add("comm_dtype", config::to_string(c.comm.dtype))
       .add("clients_per_round", c.federated.clients_per_round)
       .add("resumed_step", resumed_step)
+      .add("resumed_round", resumed_round)
       .add("planned_steps", ctx.planned_steps)
       .add("joined", static_cast<bool>(ctx.recovery));  // a running cluster's state fetched
   return line;

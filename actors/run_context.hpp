@@ -92,7 +92,7 @@ bool averages_plain_deltas(const config::train_config& cfg);
 
 /// metrics.jsonl's `start` record of a session of this run that resumed at inner step `resumed_step` (0:
 /// none).
-runtime::json_line start_record(const run_context& ctx, int64_t resumed_step);
+runtime::json_line start_record(const run_context& ctx, int64_t resumed_step, uint64_t resumed_round);
 
 /// metrics.jsonl's `eval` record: the validation loss of theta after `round` (at inner step `step`).
 runtime::json_line eval_record(uint64_t round, int64_t step, double loss);

@@ -82,7 +82,7 @@ int finish_complete_run(const run_context& ctx, const run_paths& p, const train_
   }
   // A session of its own (its start record): the report's training time leaves out the wait before it.
   if (auto log = open_event_log((fs::path(p.out_dir) / "metrics.jsonl").string())) {
-    log << start_record(ctx, step).str() << '\n'
+    log << start_record(ctx, step, snap.round).str() << '\n'
         << eval_record(snap.round, step, loss).str() << '\n'
         << end_record(0, loss, secs, step, snap.round).str() << '\n'
         << std::flush;

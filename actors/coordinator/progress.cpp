@@ -68,7 +68,8 @@ void record_round(self_ptr self, const at::Tensor& theta) {
 
 void record_start(self_ptr self) {
   const auto& s = self->state;
-  record(self, start_record(*s.ctx, s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0}));
+  record(self, start_record(*s.ctx, s.resume ? static_cast<int64_t>(s.resume->step) : int64_t{0},
+                            s.resume ? s.resume->round : uint64_t{0}));
   if (const auto& j = s.ctx->recovery) {
     // Joined a running cluster: the membership it entered, and how it got the state.
     record(self, json_line("membership")

@@ -110,8 +110,12 @@ record to_record(const rapidjson::Value& object) {
 void roll_back(node_metrics& m, const record& start) {
   const double step = num(start, "resumed_step");
   if (!std::isfinite(step)) return;
+  // The checkpoint's round; older writers give only the step, whose round this session's H told (wrong after
+  // a resume under another train.inner_steps: a probe's report dropped rounds 3 and 4 of 6).
   const double h = num(start, "inner_steps");
-  const double round = h > 0 ? std::floor(step / h) : HUGE_VAL;
+  const double round = std::isfinite(num(start, "resumed_round")) ? num(start, "resumed_round")
+                       : h > 0                                    ? std::floor(step / h)
+                                                                  : HUGE_VAL;
   auto past = [](std::vector<record>& v, const char* key, double limit) {
     v.erase(std::remove_if(v.begin(), v.end(), [&](const record& o) { return num(o, key) > limit; }),
             v.end());

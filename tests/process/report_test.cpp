@@ -1,5 +1,6 @@
 // `longwave report RUN_DIR`: a real short run turned into one self-contained HTML page, that page rendered by
 // Debian's headless Chromium (DOM dump and screenshot), and bad input (no directory, garbage, nothing valid).
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <catch2/catch.hpp>
 
@@ -269,6 +270,42 @@ CATCH_TEST_CASE("a run resumed with train.rounds raised and another lr shows its
   CATCH_REQUIRE(code2 == 0);
   CATCH_CHECK(
       read_text(dir + "/r/report.html").find("<tr><th>inner steps per worker</th><td>20 of 27</td>") !=
+      std::string::npos);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE("a run resumed under another train.inner_steps keeps the rounds before its checkpoint",
+                "[process][report]") {
+  // A probe: rounds 1-4 at H = 3, then 5-6 at H = 5 from the checkpoint of round 4 (step 12). The report took
+  // floor(12 / 5) = 2 for the checkpoint's round and dropped rounds 3 and 4 (58.9 % for 48.6 %).
+  const auto dir = scratch_dir("report-other-h");
+  std::string m;
+  const auto start = [&](double ts, int h, int step, int round) {
+    m += fmt::format(
+        "{{\"kind\":\"start\",\"ts\":{},\"node\":\"r\",\"mode\":\"diloco\",\"workers\":1,\"rounds\":6,"
+        "\"inner_steps\":{},\"resumed_step\":{},\"resumed_round\":{}}}\n",
+        ts, h, step, round);
+  };
+  const auto round = [&](double ts, int r, int last_step, double compute) {
+    m += fmt::format("{{\"kind\":\"step\",\"ts\":{},\"step\":{},\"round\":{},\"loss\":3.0}}\n", ts, last_step,
+                     r);
+    m += fmt::format(
+        "{{\"kind\":\"worker\",\"ts\":{},\"round\":{},\"worker\":0,\"compute_s\":{},\"wall_s\":2.0,"
+        "\"utilization\":{}}}\n",
+        ts, r, compute, compute / 2);
+  };
+  start(100, 3, 0, 0);
+  for (int r = 1; r <= 4; ++r) round(100 + r, r, 3 * r, 1.0);  // 50 %
+  start(200, 5, 12, 4);
+  for (int r = 5; r <= 6; ++r) round(200 + r, r, 12 + 5 * (r - 4), 1.6);  // 80 %
+  fs::create_directories(dir + "/r");
+  write_text(dir + "/r/metrics.jsonl", m);
+  auto [code, out] = run({binary(), "report", dir + "/r"}, dir + "/report.log", 60);
+  CATCH_INFO(out);
+  CATCH_REQUIRE(code == 0);
+  // Every round: (4 x 1.0 + 2 x 1.6) / 12 s.
+  CATCH_CHECK(
+      read_text(dir + "/r/report.html").find("<tr><th>average compute utilization</th><td>60.0 %</td>") !=
       std::string::npos);
   fs::remove_all(dir);
 }
