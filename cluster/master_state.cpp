@@ -319,15 +319,16 @@ void master_state::watch_silence(size_t i) {
   if (m.suspected && m.last_seen > m.suspected_at && m.heard) m.suspected = false;
   // A member still starting (no heartbeat yet: loading its data and model) is not lost for a ring that could
   // not reach it; the reset waits for its first heartbeat.
+  // The round its last heartbeat (every 2 s) said: rounds may be faster than that.
   if (m.suspected && m.heard && silence > s_.suspect_silence)
     remove(i, removal::lost,
            fmt::format("node {} lost: its neighbour's ring dropped it and nothing heard for {} (its last "
-                       "all-reduce: round {})",
+                       "heartbeat said round {})",
                        specs_[i].name, secs(s_.suspect_silence), m.round));
   else if (silence > limit)
     remove(i, removal::lost,
-           fmt::format("node {} lost: nothing heard for {} (its last all-reduce: round {})", specs_[i].name,
-                       secs(limit), m.round));
+           fmt::format("node {} lost: nothing heard for {} (its last heartbeat said round {})",
+                       specs_[i].name, secs(limit), m.round));
 }
 
 /// A fence in progress: members that do not answer in time are removed; it concludes once every member

@@ -199,7 +199,8 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
   if (!in) return fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno));
   m.path = path.string();
   constexpr size_t max_warnings = 5;
-  size_t line_no = 0;
+  size_t line_no = 0, blank = 0;
+  bool truncated_last = false;
   std::string buffer;
   while (std::getline(in, buffer)) {
     const bool last = in.eof();  // no newline after it: a writer may have stopped mid-line
@@ -207,7 +208,10 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
     ++line_no;
     if (line_no == 1 && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
     while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    if (line.find_first_not_of(" \t") == std::string_view::npos) {
+      ++blank;
+      continue;
+    }
 
     rapidjson::Document doc;
     const auto error = runtime::parse_json(line, doc);
@@ -225,6 +229,7 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
                    line_no, b + 1);
     }
     if (!ok && last && error->truncated) {
+      truncated_last = true;
       fmt::print(stderr,
                  "report: note: {}:{}: ignored the truncated last line (the run was stopped mid-write)\n",
                  m.path, line_no);
@@ -250,10 +255,15 @@ std::string read_metrics_file(const fs::path& path, node_metrics& m) {
   if (m.n_skipped > max_warnings)
     fmt::print(stderr, "report: warning: {}: {} more malformed lines skipped\n", m.path,
                m.n_skipped - max_warnings);
-  if (m.n_records == 0)
-    return fmt::format(
-        "{}: no valid metrics line ({})", m.path,
-        m.n_skipped ? fmt::format("{} malformed", m.n_skipped) : std::string("the file is empty"));
+  if (m.n_records == 0) {  // what it holds instead (a probe: "the file is empty" of a truncated line)
+    std::vector<std::string> held;
+    if (m.n_skipped) held.push_back(fmt::format("{} malformed", m.n_skipped));
+    if (truncated_last) held.push_back("a truncated last line");
+    if (blank) held.push_back(fmt::format("{} blank line{}", blank, blank == 1 ? "" : "s"));
+    std::string what;
+    for (const auto& h : held) what += (what.empty() ? "" : ", ") + h;
+    return fmt::format("{}: no valid metrics line ({})", m.path, what.empty() ? "the file is empty" : what);
+  }
   return {};
 }
 

@@ -439,9 +439,15 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     const auto fits = fit_scaling(s, run.results);
     const int unwritten = run.write_outputs(fits);
     for (const auto& line : fit_lines(fits)) fmt::print("{}\n", line);
+    // Exit 0 once written, whatever the points' status, which the line and the table give.
+    std::map<std::string, size_t> others;
+    for (const auto& r : run.results)
+      if (r.status != "done") ++others[r.status];
+    std::string rest;
+    for (const auto& [status, n] : others) rest += fmt::format(", {} {}", n, status);
     if (unwritten == 0)
-      say("wrote {}/results.csv, results.jsonl and sweep.html ({} of {} points done)", s.out_dir,
-          run.n_done(), s.points.size());
+      say("wrote {}/results.csv, results.jsonl and sweep.html ({} of {} points done{})", s.out_dir,
+          run.n_done(), s.points.size(), rest);
     else
       say("error: {} of the sweep's output files could not be written (above)", unwritten);
     close(lock);

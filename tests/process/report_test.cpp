@@ -607,6 +607,12 @@ CATCH_TEST_CASE(
   CATCH_CHECK(o4.find(dir + "/junk/metrics.jsonl") != std::string::npos);
   CATCH_CHECK(o4.find("no valid metrics line") != std::string::npos);
   CATCH_CHECK_FALSE(fs::exists(dir + "/junk/report.html"));
+  // What it holds is said, not "the file is empty" (a probe: a truncated line, or blank lines).
+  write_text(dir + "/junk/metrics.jsonl", "\n  \n{\"kind\":\"start\",\"ts\":1");
+  auto [c4b, o4b] = run({binary(), "report", dir + "/junk"}, dir + "/4b.log", 60);
+  CATCH_INFO(o4b);
+  CATCH_CHECK(c4b == 2);
+  CATCH_CHECK(o4b.find("no valid metrics line (a truncated last line, 2 blank lines)") != std::string::npos);
   write_text(dir + "/junk/metrics.jsonl", "");
   auto [c5, o5] = run({binary(), "report", dir + "/junk"}, dir + "/5.log", 60);
   CATCH_INFO(o5);

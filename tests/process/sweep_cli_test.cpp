@@ -486,6 +486,11 @@ CATCH_TEST_CASE("a point that fails is recorded with its exit code and the sweep
   CATCH_CHECK(rows[0].at("status") == "failed");
   CATCH_CHECK(rows[0].at("exit_code") == "2");
   CATCH_CHECK(rows[1].at("status") == "done");
+  // --results-only writes the table (exit 0) and counts the points not done (it said "1 of 2 points done").
+  auto [rcode, rout] = run({binary(), "sweep", file, "--results-only"}, dir + "/results-only.log", 120);
+  CATCH_INFO(rout);
+  CATCH_CHECK(rcode == 0);
+  CATCH_CHECK(rout.find("(1 of 2 points done, 1 failed)") != std::string::npos);
   // Point 1's folder held by a live run (a point an earlier sweep left stopped): not started, its record
   // untouched (the run refused it with exit 4 and the sweep wrote "failed" over the record).
   {

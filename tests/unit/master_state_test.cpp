@@ -643,7 +643,7 @@ CATCH_TEST_CASE("master: a silent member is lost, fenced out, and told so", "[un
           {7.5,
            "n0",
            "tick",
-           {"warn: coordinator: node n1 lost: nothing heard for 6 s (its last all-reduce: round 1)",
+           {"warn: coordinator: node n1 lost: nothing heard for 6 s (its last heartbeat said round 1)",
             "count node_lost", "n1 <- error evicted: this node was removed from the cluster (node n1 lost",
             "n0 <- fence 2", "n2 <- fence 2", "!n1 <- fence"}},
           {8, "n0", "ack 2 2/0", {"!membership"}},
