@@ -74,11 +74,21 @@ window_sampler::window_sampler(std::shared_ptr<const std::vector<uint16_t>> toke
                              static_cast<uint64_t>(std::max<int64_t>(0, s.end - s.begin - row_len + 1)));
   }
   if (starts_before_.back() < 2) {
+    // Spans (iid blocks) may hold seq_len+2 tokens in all and still fewer than 2 windows: say what it holds.
+    const auto holds =
+        spans_.size() <= 1 || tokens_in_spans < seq_len + 2
+            ? fmt::format("worker region of {} tokens < seq_len+2 = {}", tokens_in_spans, seq_len + 2)
+            : fmt::format(
+                  "worker region of {} tokens in {} pieces holds {} window start{} "
+                  "of seq_len+1 = {} tokens, and a worker needs 2",
+                  tokens_in_spans, spans_.size(), starts_before_.back(),
+                  starts_before_.back() == 1 ? "" : "s", row_len);
     throw lw_error(
         errc::invalid_config,
-        fmt::format("corpus too small: worker region of {} tokens < seq_len+2 = {}; use fewer workers, "
-                    "shorter seq_len or a larger corpus",
-                    tokens_in_spans, seq_len + 2));
+        fmt::format("corpus too small: {}; use fewer workers, shorter seq_len or a larger corpus{}", holds,
+                    spans_.size() > 1 ? " (data.partition = contiguous keeps a worker's "
+                                        "tokens in one piece)"
+                                      : ""));
   }
 }
 

@@ -814,6 +814,11 @@ CATCH_TEST_CASE("A worker region shorter than seq_len+2 tokens is rejected", "[d
   CATCH_CHECK(longwave::test::error_of([&] { window_sampler(tokens, 0, 4, 2, 24, 1); }) ==
               errc::invalid_config);
   CATCH_CHECK_NOTHROW(window_sampler(tokens, 0, 4, 2, 23, 1));
+  // Pieces (iid blocks) of 30 tokens in all with one window start: said so (a probe read "30 tokens < 18").
+  CATCH_REQUIRE_THROWS_WITH(
+      window_sampler(tokens, {{0, 17}, {87, 100}}, 0, 2, 16, 1),
+      Contains("worker region of 30 tokens in 2 pieces holds 1 window start of seq_len+1 "
+               "= 17 tokens, and a worker needs 2"));
   CATCH_CHECK(longwave::test::error_of([&] { window_sampler(tokens, 4, 4, 2, 8, 1); }) ==
               errc::invalid_config);
   CATCH_CHECK(longwave::test::error_of([&] { window_sampler(tokens, 0, 1, 0, 8, 1); }) ==
