@@ -171,7 +171,7 @@ void control_client::check_handshake() {
                              "or {} is not a Longwave coordinator (cluster.coordinator)",
                              endpoint_, handshake_failures_, endpoint_)
                : fmt::format("the handshake with the coordinator at {} failed {} times: it runs with CURVE "
-                             "([security] mode = \"curve\") and this node with mode = \"none\"",
+                             "([security] mode = \"curve\") and this process with mode = \"none\"",
                              endpoint_, handshake_failures_));
 }
 

@@ -92,7 +92,7 @@ CATCH_TEST_CASE(
   CATCH_INFO(no_key << "\n---\n" << stranger_log << "\n---\n" << foreign << "\n---\n" << revoked);
   CATCH_CHECK(no_key_code == 2);
   CATCH_CHECK(contains(
-      no_key, "it runs with CURVE ([security] mode = \"curve\") and this node with mode = \"none\""));
+      no_key, "it runs with CURVE ([security] mode = \"curve\") and this process with mode = \"none\""));
   CATCH_CHECK(stranger_code == 2);
   CATCH_CHECK(contains(stranger_log, "refused this node's CURVE key"));
   CATCH_CHECK(foreign_code == 2);
