@@ -203,9 +203,11 @@ std::vector<std::string> write_results(const sweep_spec& s, const std::vector<po
   for (size_t i = 0; i < s.points.size() && i < results.size(); ++i) {
     const auto& p = s.points[i];
     const auto& r = results[i];
-    const double code = r.status == "pending" || r.status == "in use"
-                            ? std::numeric_limits<double>::quiet_NaN()
-                            : r.exit_code;
+    // No exit code known (not run, or its record has none: a sweep killed while it ran): left empty, not -1.
+    const double code =
+        r.status == "pending" || r.status == "in use" || r.status == "stale" || r.exit_code < 0
+            ? std::numeric_limits<double>::quiet_NaN()
+            : r.exit_code;
     csv += csv_field(p.id);
     for (const auto& k : s.keys) csv += "," + csv_field(p.value_of(k));
     csv += fmt::format(",{},{},{}", p.seed, r.status, csv_number(code));

@@ -383,7 +383,9 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     auto& r = run.results[p.index];
     if (!o.fresh) r = recorded(p);
     r.log = (fs::path(p.out_dir) / "log.txt").string();
-    if (r.status == "done" || (o.results_only && r.status != "pending")) read_run(p.out_dir, r);
+    // A stale folder's run is of other settings: its numbers are not this point's (a probe saw them).
+    if (r.status == "done" || (o.results_only && r.status != "pending" && r.status != "stale"))
+      read_run(p.out_dir, r);
     if (r.status != "done") run.to_run.push_back(&p);
   }
   run.plan = plan_parallel(s.parallel, runtime::usable_cores(), run.to_run);

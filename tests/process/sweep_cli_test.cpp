@@ -181,6 +181,16 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   auto base = read_text(dir + "/base.toml");
   base.replace(base.find("warmup_steps = 2"), 16, "warmup_steps = 3");
   write_text(dir + "/base.toml", base);
+  // Before they rerun, the table has no numbers for them: those of the runs there are of other settings (a
+  // probe: "stale,-1,3.2531,...").
+  auto [code_s, out_s] = run({binary(), "sweep", file, "--results-only"}, dir + "/stale.log", 300);
+  CATCH_INFO(out_s);
+  CATCH_CHECK(code_s == 0);
+  for (const auto& row : read_csv(dir + "/out/results.csv")) {
+    CATCH_CHECK(row.at("status") == "stale");
+    CATCH_CHECK(row.at("exit_code").empty());
+    CATCH_CHECK(row.at("val_loss").empty());
+  }
   auto [code4, out4] = run({binary(), "sweep", file}, dir + "/fourth.log", 600);
   CATCH_INFO(out4);
   CATCH_CHECK(code4 == 0);
