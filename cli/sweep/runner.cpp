@@ -343,8 +343,10 @@ void print_plan(const sweep_spec& s, const sweep_run& run) {
   say("{}: {} point{} ({} done earlier, {} to run); base {}; out_dir {}", s.path, s.points.size(),
       s.points.size() == 1 ? "" : "s", s.points.size() - run.to_run.size(), run.to_run.size(), s.base,
       s.out_dir);
-  const auto over = std::count_if(run.to_run.begin(), run.to_run.end(),
-                                  [&](const sweep_point* p) { return !run.o.fresh && run.starts_over(*p); });
+  // A folder a live run holds is not started, nor moved (a probe: the plan said it would start over).
+  const auto over = std::count_if(run.to_run.begin(), run.to_run.end(), [&](const sweep_point* p) {
+    return !run.o.fresh && run.starts_over(*p) && folder_in_use(p->out_dir).empty();
+  });
   if (over > 0)
     say("{} of them start over: their folders hold runs of other settings, another base config or no record "
         "of this sweep, which move to {}/superseded/",
