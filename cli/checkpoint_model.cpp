@@ -43,6 +43,11 @@ std::optional<tokenizer_file> find_tokenizer(const checkpoint_model& m, const st
                                    fs::path(actors::resolve_paths(m.cfg).data_dir) / "tokenizer.txt"};
   const bool shards = !m.cfg.data.path.empty() && fs::is_directory(m.cfg.data.path);
   if (shards) candidates.push_back(fs::path(m.cfg.data.path) / "tokenizer.txt");
+  // data.tokenizer names the kind only for a corpus run: the default corpus, or a file (where it is now or,
+  // archived elsewhere, a name a corpus has). Shards' tokenizer is theirs.
+  const auto ext = fs::path(m.cfg.data.path).extension().string();
+  const bool corpus_run = m.cfg.data.path.empty() || fs::is_regular_file(m.cfg.data.path) || ext == ".txt" ||
+                          ext == ".jsonl" || ext == ".JSONL" || ext == ".TXT";
   // A model whose vocabulary came from its tokenizer needs the same size; a corpus run, the same kind.
   const bool exact = m.cfg.model.vocab_size == 0;
   for (const auto& c : candidates) {
@@ -52,7 +57,7 @@ std::optional<tokenizer_file> find_tokenizer(const checkpoint_model& m, const st
       const auto tok = models::data::parse_tokenizer(text, c.string());
       const int64_t vocab = tok->vocab_size();
       const auto kind = config::to_string(m.cfg.data.tokenizer);
-      if (!shards && tok->kind() != kind)
+      if (corpus_run && tok->kind() != kind)
         spdlog::info("{}: {} is not this model's tokenizer (a {} tokenizer, the run's data.tokenizer is {})",
                      who, c.string(), tok->kind(), kind);
       else if (exact ? vocab == m.spec.vocab_size : vocab <= m.spec.vocab_size)

@@ -224,10 +224,16 @@ int cmd_prepare(const cli_values& v) {
     return 2;
   }
   // As run and export say of their folders (it was exit 1, "cannot create 'dangling': File exists").
+  std::error_code ec;
+  const bool made = !std::filesystem::exists(v.out_dir, ec);
   if (const auto problem = runtime::make_directories(v.out_dir); !problem.empty()) {
     spdlog::error("data prepare: --out {}: {}", v.out_dir, problem);
     return 2;
   }
+  // A folder this preparation made holds nothing of use when it fails (a probe found it with its lock file).
+  const auto drop = [&] {
+    if (made) models::data::remove_unless_preparing(v.out_dir);
+  };
   try {
     auto d = models::data::prepare_dataset(v.input.empty() ? models::data::default_corpus_path() : v.input,
                                            *config::from_string<config::tokenizer_kind>(v.tokenizer), v.vocab,
@@ -239,10 +245,12 @@ int cmd_prepare(const cli_values& v) {
     return 0;
   } catch (const lw_error& e) {
     spdlog::error("{}", e.what());
+    drop();
     // corrupt_data: the input is empty, binary or malformed, a bad argument (as in `run`).
     return e.code() == errc::invalid_config || e.code() == errc::corrupt_data ? 2 : 1;
   } catch (const std::exception& e) {
     spdlog::error("{}", describe(e));
+    drop();
     return 1;
   }
 }

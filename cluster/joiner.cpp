@@ -314,7 +314,7 @@ std::string joiner::fetch_once(const sources& src, fetch_options& o, fetched_par
         got.own = fetch_state({src.endpoints[i]}, spec_.cluster_id, own_opts);
         got.donor = src.names[i];
       } catch (const lw_error& e) {
-        if (e.code() == errc::cancelled) throw;
+        if (e.code() == errc::cancelled || e.code() == errc::evicted) throw;
         failure += fmt::format("; {}: {}", src.names[i], e.what());
       }
     }
@@ -335,6 +335,9 @@ void joiner::beat() {
   for (const auto& ev : control_.poll()) {
     if (ev.what == control_event::kind::notice && ev.code == errc::cancelled)
       throw lw_error(errc::cancelled, ev.text);  // the cluster stops (longwave stop)
+    // The cluster was called off (or this node removed): fetching on would be for nothing.
+    if (ev.what == control_event::kind::notice && ev.code == errc::evicted)
+      throw lw_error(errc::evicted, ev.text);
     // The members hold for this node: their state of that round, from the members the master names now.
     if (ev.what == control_event::kind::recover && ev.recover.round != recover_.round) {
       recover_ = ev.recover;

@@ -281,7 +281,7 @@ class master_state {
   void tell_removed(member& m, const std::string& why);
   void start_fence(const std::string& reason, const std::string& why);
   void conclude_fence();
-  comm::reduce_key committed_floor(const std::vector<size_t>& members) const;
+  std::optional<comm::reduce_key> committed_floor(const std::vector<size_t>& members) const;
   bool ready_joiner_holds(uint64_t round) const;
   bool below_quorum(const std::vector<size_t>& members);
   bool ring_keeps_failing(const comm::reduce_key& commit);

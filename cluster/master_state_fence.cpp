@@ -70,12 +70,14 @@ void master_state::conclude_fence() {
     if (!commit || reached < *commit) commit = reached;
   }
   if (!commit) return;
-  // A joiner holding the state before an all-reduce whose result the members hold (a node killed inside it,
-  // back from its checkpoint): they redo that all-reduce with it. Turned back, it would fetch a state the
-  // members publish only once the fence lets them go on: below quorum, never (a probe's run was called off).
-  if (const auto floor = committed_floor(members);
-      !merges_ && floor < *commit && ready_joiner_holds(floor.round) && !ready_joiner_holds(commit->round))
-    commit = floor;
+  // A joiner holding the state before an all-reduce whose result every member holds, none having committed
+  // it (a node killed inside it, back from its checkpoint): they redo that all-reduce with it. Turned back,
+  // it would fetch a state the members publish only once the fence lets them go on: below quorum, never (a
+  // probe's run was called off).
+  if (const auto floor = committed_floor(members); !merges_ && floor && *floor < *commit &&
+                                                   ready_joiner_holds(floor->round) &&
+                                                   !ready_joiner_holds(commit->round))
+    commit = *floor;
   admit_joiners(*commit);
   members = training_members();
   if (below_quorum(members)) return;
@@ -83,12 +85,15 @@ void master_state::conclude_fence() {
   send_membership(members, *commit);
 }
 
-/// The smallest all-reduce the members committed (an in-flight one's result aside).
-comm::reduce_key master_state::committed_floor(const std::vector<size_t>& members) const {
+/// The all-reduce every member committed last, when they all committed the same one (an in-flight one's
+/// result aside); none when they differ: a member that applied a later all-reduce cannot redo it.
+std::optional<comm::reduce_key> master_state::committed_floor(const std::vector<size_t>& members) const {
   std::optional<comm::reduce_key> floor;
-  for (auto i : members)
-    if (!floor || members_[i].ack.committed < *floor) floor = members_[i].ack.committed;
-  return floor.value_or(comm::reduce_key{});
+  for (auto i : members) {
+    if (floor && members_[i].ack.committed != *floor) return std::nullopt;
+    floor = members_[i].ack.committed;
+  }
+  return floor;
 }
 
 /// Whether a joiner ready to be admitted holds the state of `round`.

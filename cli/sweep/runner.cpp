@@ -413,10 +413,12 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     for (const auto& p : s.points)
       fmt::print("  {:>3}/{} {} [{}]\n", p.index + 1, s.points.size(), p.id,
                  p.label(s.has_repeats).empty() ? "base config" : p.label(s.has_repeats));
-    if (!s.points.empty()) {  // as start_point would run it now
+    // As the sweep would start it: a folder to start over is moved aside first (tidy_folders), so only
+    // --fresh adds --fresh.
+    if (!s.points.empty()) {
       const auto& first = s.points.front();
       std::string cmd;
-      for (const auto& w : point_command(s, first, o, run.plan.threads_for(first), run.starts_over(first)))
+      for (const auto& w : point_command(s, first, o, run.plan.threads_for(first), o.fresh))
         cmd += (cmd.empty() ? "" : " ") + shell_word(w);
       fmt::print("point 1 runs: {}\n", cmd);
     }

@@ -447,6 +447,15 @@ CATCH_TEST_CASE("a dry run prints the resolved config and the parameter count wi
                   .find("data prepare: the default corpus " + dir +
                         "/no-kjv.txt is missing: run scripts/setup") != std::string::npos);
   CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/p"));
+  // A preparation refused after its --out was made leaves no folder behind (a probe found one holding only
+  // the lock file).
+  write_text(dir + "/binary.dat", std::string(4096, '\0'));
+  auto [bin_code, bin_log] =
+      run({binary(), "data", "prepare", dir + "/binary.dat", "--out", dir + "/binout"}, dir + "/bin.log", 60);
+  CATCH_INFO(bin_log);
+  CATCH_CHECK(bin_code == 2);
+  CATCH_CHECK(bin_log.find("is not text") != std::string::npos);
+  CATCH_CHECK_FALSE(std::filesystem::exists(dir + "/binout"));
   // LONGWAVE_CORPUS naming shards: refused as a directory named as the input is (it said "done" and wrote
   // nothing).
   auto env_shards = spawn({binary(), "data", "prepare", "--out", dir + "/p"}, dir + "/shards.log", false,
