@@ -18,7 +18,6 @@
 #include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
 #include "models/gpu_info.hpp"
-#include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
 #include "runtime/files/directory.hpp"
 #include "runtime/log/log.hpp"
@@ -275,9 +274,7 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   if (!data.tokenizer_path.empty()) {
     auto text =
         std::make_shared<const std::string>(models::data::read_file(data.tokenizer_path, "tokenizer"));
-    const auto tok = models::data::parse_tokenizer(*text, data.tokenizer_path);
-    ctx->tokenizer = fmt::format("{} vocab={} crc32c={:08x}", tok->kind(), tok->vocab_size(),
-                                 runtime::crc32c(text->data(), text->size()));
+    ctx->tokenizer = models::data::tokenizer_label(*text, data.tokenizer_path);
     ctx->tokenizer_text = std::move(text);
   }
   ctx->spec = spec;

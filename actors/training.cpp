@@ -22,6 +22,7 @@
 #include "models/cpu_kernels.hpp"
 #include "models/data/data_fingerprint.hpp"
 #include "models/data/dataset_prep.hpp"
+#include "models/data/file_io.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
@@ -270,16 +271,26 @@ namespace {
 /// data.tokenizer said), and no token id past the model's vocabulary.
 void check_eval_tokens(const config::train_config& cfg, const models::model_spec& spec,
                        const models::data::prepared_dataset& data, const std::string& key,
-                       const std::string& corpus) {
+                       const std::string& corpus, const std::string& trained_with) {
   const auto advice = fmt::format("name the run's corpus, or its shards ({})", resolve_paths(cfg).data_dir);
   if (!data.tokenizer_path.empty()) {
-    const auto tok = models::data::load_tokenizer(data.tokenizer_path);
+    const auto text = models::data::read_file(data.tokenizer_path, "tokenizer");
+    const auto tok = models::data::parse_tokenizer(text, data.tokenizer_path);
     if (cfg.model.vocab_size == 0 && tok->vocab_size() != spec.vocab_size)
       throw config::config_error(
           key, fmt::format("{} {}: its shards are tokenized by a {} tokenizer of {} tokens ({}), the "
                            "checkpoint's model has {}: the loss would be over other tokens; {}",
                            key, corpus, tok->kind(), tok->vocab_size(), data.tokenizer_path, spec.vocab_size,
                            advice));
+    // The checkpoint names the tokenizer it was trained with (older ones do not): another one's ids stand
+    // for other text (a corpus edited since, whose BPE was trained again).
+    if (const auto now = models::data::tokenizer_label(text, data.tokenizer_path);
+        !trained_with.empty() && now != trained_with)
+      throw config::config_error(
+          key,
+          fmt::format("{} {}: its tokenizer ({}, {}) is not the one the checkpoint was trained with ({}): "
+                      "the loss would be over other tokens; {}",
+                      key, corpus, now, data.tokenizer_path, trained_with, advice));
   } else if (cfg.data.tokenizer != config::tokenizer_kind::byte) {
     spdlog::warn(
         "eval: {} {} has no tokenizer.txt: its token ids are taken as the run's {} tokens, unchecked", key,
@@ -337,7 +348,9 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
           data_override.empty() ? ": it changed since" : "",
           cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
     const auto data = find_or_prepare_data(cfg, corpus, p.data_dir, spec.seq_len);
-    check_eval_tokens(cfg, spec, data, data_override.empty() ? "data.path" : "--data", corpus);
+    const auto trained_with = meta.find("tokenizer");
+    check_eval_tokens(cfg, spec, data, data_override.empty() ? "data.path" : "--data", corpus,
+                      trained_with == meta.end() ? std::string() : trained_with->second);
     check_eval_memory_fits(cfg, spec);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
     const int64_t n_params = models::closed_form_param_count(spec);

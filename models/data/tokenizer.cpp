@@ -6,6 +6,7 @@
 #include "models/data/bpe_tokenizer.hpp"
 #include "models/data/byte_tokenizer.hpp"
 #include "models/data/file_io.hpp"
+#include "runtime/checksum/crc32c.hpp"
 #include "runtime/errors/errors.hpp"
 
 namespace longwave::models::data {
@@ -32,6 +33,12 @@ std::unique_ptr<tokenizer> parse_tokenizer(const std::string& text, const std::s
   throw lw_error(errc::corrupt_data,
                  fmt::format("tokenizer {}:1: unknown header '{}' (expected '{}' or '{}')", path, shown,
                              byte_tokenizer::header, bpe_tokenizer::header));
+}
+
+std::string tokenizer_label(const std::string& text, const std::string& where) {
+  const auto tok = parse_tokenizer(text, where);
+  return fmt::format("{} vocab={} crc32c={:08x}", tok->kind(), tok->vocab_size(),
+                     runtime::crc32c(text.data(), text.size()));
 }
 
 }  // namespace longwave::models::data

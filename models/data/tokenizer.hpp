@@ -35,4 +35,8 @@ std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
 /// The same from the file's text; `where` names it in errors.
 std::unique_ptr<tokenizer> parse_tokenizer(const std::string& text, const std::string& where);
 
+/// A tokenizer file as a checkpoint names it: "bpe vocab=500 crc32c=5e564986" (kind, vocabulary, the text's
+/// CRC-32C). Throws as parse_tokenizer.
+std::string tokenizer_label(const std::string& text, const std::string& where);
+
 }  // namespace longwave::models::data

@@ -534,6 +534,19 @@ CATCH_TEST_CASE(
   CATCH_CHECK(x3 == 0);
   CATCH_CHECK(mine.find("it is no Longwave tokenizer") != std::string::npos);
   CATCH_CHECK(read_text(dir + "/hf/tokenizer.txt") == "my notes\n");
+  // eval compares the data's tokenizer with the one the checkpoint names: the corpus as it was gives it
+  // again (a private copy at vocab 280), and edited, its BPE trained again is refused (it was a warning and a
+  // loss over other tokens).
+  const auto [e1, same] = run({binary(), "eval", dir + "/run/checkpoints"}, dir + "/eval-same.log", 300);
+  CATCH_INFO(same);
+  CATCH_CHECK(e1 == 0);
+  write_text(dir + "/corpus.txt",
+             read_text(dir + "/corpus.txt") + "And the earth was without form, and void.\n");
+  const auto [e2, edited] = run({binary(), "eval", dir + "/run/checkpoints"}, dir + "/eval-edited.log", 300);
+  CATCH_INFO(edited);
+  CATCH_CHECK(e2 == 2);
+  CATCH_CHECK(edited.find("is not the one the checkpoint was trained with (bpe vocab=280 crc32c=") !=
+              std::string::npos);
   fs::remove_all(dir);
 }
 
