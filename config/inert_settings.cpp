@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "config/toml_types.hpp"
 
@@ -33,6 +34,14 @@ bool cgad(const train_config& c) {
 bool adaptive(const train_config& c) {
   return c.diloco.adaptive_steps;
 }
+/// Ready shards (a directory as data.path) keep their own tokenizer and split.
+bool corpus_file(const train_config& c) {
+  std::error_code ec;
+  return c.data.path.empty() || !std::filesystem::is_directory(c.data.path, ec);
+}
+bool bpe(const train_config& c) {
+  return c.data.tokenizer == tokenizer_kind::bpe;
+}
 
 std::string outer_is(const train_config& c, const char* wanted) {
   return fmt::format("diloco.outer = \"{}\" (this run's is \"{}\")", wanted, to_string(c.diloco.outer));
@@ -54,6 +63,15 @@ std::string needs_cgad(const train_config& c) {
 std::string needs_adaptive(const train_config&) {
   return "diloco.adaptive_steps = true";
 }
+std::string needs_corpus_file(const train_config& c) {
+  return fmt::format(
+      "a corpus file as data.path (this run's \"{}\" is a directory of ready shards, which keep their own "
+      "vocabulary and split)",
+      c.data.path);
+}
+std::string needs_bpe(const train_config& c) {
+  return fmt::format("data.tokenizer = \"bpe\" (this run's is \"{}\")", to_string(c.data.tokenizer));
+}
 
 // A key is named by the first rule it fails, so the broader rule comes first: single and ddp have no outer
 // step. A rule without a test exempts its key: the loader refuses diloco.outer and adaptive_steps other than
@@ -72,6 +90,9 @@ constexpr condition conditions[] = {
     {"async.cgad_alpha", cgad, needs_cgad},
     {"async.cgad_cutoff", cgad, needs_cgad},
     {"async.", async, needs_async},
+    {"data.bpe_vocab_size", corpus_file, needs_corpus_file},
+    {"data.val_fraction", corpus_file, needs_corpus_file},
+    {"data.bpe_vocab_size", bpe, needs_bpe},
 };
 
 }  // namespace

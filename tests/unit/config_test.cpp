@@ -1273,4 +1273,25 @@ CATCH_TEST_CASE(
       inert_settings(cfg, {"diloco.outer", "diloco.adaptive_steps", "federated.clients_per_round"}).empty());
   cfg.run.mode = longwave::config::run_mode::diloco;
   CATCH_CHECK(inert_settings(cfg, {"outer.lr"}).empty());
+  // The BPE vocabulary applies to a BPE tokenizer, and it and the split to a corpus, not to ready shards
+  // (a probe: ignored without a word).
+  CATCH_CHECK(
+      inert_settings(cfg, {"data.bpe_vocab_size"}) ==
+      std::vector<std::string>{"data.bpe_vocab_size is set, but it applies only with data.tokenizer = "
+                               "\"bpe\" (this run's is \"byte\"): it has no effect"});
+  cfg.data.tokenizer = longwave::config::tokenizer_kind::bpe;
+  CATCH_CHECK(inert_settings(cfg, {"data.bpe_vocab_size", "data.val_fraction"}).empty());
+  const auto shards =
+      std::filesystem::temp_directory_path() / ("lw_inert_shards_" + std::to_string(getpid()));
+  std::filesystem::create_directories(shards);
+  cfg.data.path = shards.string();
+  const auto on_shards = inert_settings(cfg, {"data.bpe_vocab_size", "data.val_fraction", "data.tokenizer"});
+  CATCH_REQUIRE(on_shards.size() == 2);
+  CATCH_CHECK(on_shards[1] ==
+              "data.val_fraction is set, but it applies only with a corpus file as data.path "
+              "(this run's \"" +
+                  shards.string() +
+                  "\" is a directory of ready shards, which keep their own vocabulary and "
+                  "split): it has no effect");
+  std::filesystem::remove_all(shards);
 }
