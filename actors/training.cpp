@@ -291,10 +291,13 @@ void check_eval_tokens(const config::train_config& cfg, const models::model_spec
           fmt::format("{} {}: its tokenizer ({}, {}) is not the one the checkpoint was trained with ({}): "
                       "the loss would be over other tokens; {}",
                       key, corpus, now, data.tokenizer_path, trained_with, advice));
-  } else if (cfg.data.tokenizer != config::tokenizer_kind::byte) {
+  } else if (cfg.data.tokenizer != config::tokenizer_kind::byte ||
+             (!trained_with.empty() && trained_with.rfind("byte ", 0) != 0)) {
     spdlog::warn(
         "eval: {} {} has no tokenizer.txt: its token ids are taken as the run's {} tokens, unchecked", key,
-        corpus, config::to_string(cfg.data.tokenizer));
+        corpus,
+        trained_with.empty() ? config::to_string(cfg.data.tokenizer)
+                             : trained_with.substr(0, trained_with.find(' ')));
   }
   if (data.vocab_size > spec.vocab_size)
     throw config::config_error(key, fmt::format("{} {}: its token ids run up to {}, past the checkpoint's "
@@ -340,16 +343,30 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
       const auto from = fs::is_directory(corpus, ec) ? models::data::prepared_from(corpus) : std::string();
       return !from.empty() && fingerprint == std::to_string(models::data::data_fingerprint(from));
     };
-    if (const auto it = meta.find("data"); it != meta.end() && !read_by_run(it->second))
+    const auto trained_with = meta.find("tokenizer");
+    const std::string key = data_override.empty() ? "data.path" : "--data";
+    std::error_code ec;
+    if (const auto it = meta.find("data"); it != meta.end() && !read_by_run(it->second)) {
+      // A BPE trained on other text is not the checkpoint's: refused before it is trained (a review: it was
+      // trained and a private copy written, then refused).
+      if (trained_with != meta.end() && trained_with->second.rfind("bpe ", 0) == 0 &&
+          !fs::is_directory(corpus, ec))
+        throw config::config_error(
+            key,
+            fmt::format("{} {}: it is not the data the checkpoint's run read (its fingerprint differs{}), "
+                        "and a BPE tokenizer trained on it would not be the checkpoint's ({}): the loss "
+                        "would be over other tokens; name the run's corpus as it was, or its shards ({})",
+                        key, corpus, data_override.empty() ? ": it changed since" : "", trained_with->second,
+                        p.data_dir));
       spdlog::warn(
           "eval: {} is not the data the checkpoint's run read (its fingerprint differs{}): the loss is "
           "over another validation set{}",
           data_override.empty() ? "the corpus " + corpus : "--data " + corpus,
           data_override.empty() ? ": it changed since" : "",
           cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
+    }
     const auto data = find_or_prepare_data(cfg, corpus, p.data_dir, spec.seq_len);
-    const auto trained_with = meta.find("tokenizer");
-    check_eval_tokens(cfg, spec, data, data_override.empty() ? "data.path" : "--data", corpus,
+    check_eval_tokens(cfg, spec, data, key, corpus,
                       trained_with == meta.end() ? std::string() : trained_with->second);
     check_eval_memory_fits(cfg, spec);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.

@@ -224,8 +224,11 @@ int cmd_prepare(const cli_values& v) {
     return 2;
   }
   // As run and export say of their folders (it was exit 1, "cannot create 'dangling': File exists").
+  // Made here only if this call created it (not one another process made meanwhile).
+  const auto parent = std::filesystem::path(v.out_dir).parent_path();
   std::error_code ec;
-  const bool made = !std::filesystem::exists(v.out_dir, ec);
+  const bool made = (parent.empty() || runtime::make_directories(parent.string()).empty()) &&
+                    std::filesystem::create_directory(v.out_dir, ec);
   if (const auto problem = runtime::make_directories(v.out_dir); !problem.empty()) {
     spdlog::error("data prepare: --out {}: {}", v.out_dir, problem);
     return 2;

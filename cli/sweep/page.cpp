@@ -318,7 +318,9 @@ std::string results_table(const sweep_spec& s, const std::vector<point_result>& 
     const auto& r = results[i];
     o += fmt::format("<tr><th>{}</th><td>{}</td>", i + 1, html_escape(p.id));
     for (const auto& k : s.keys) o += "<td>" + html_escape(p.value_of(k)) + "</td>";
-    const std::string status = r.status == "failed" ? fmt::format("failed (exit {})", r.exit_code) : r.status;
+    // An exit code below 0 is none known (a point that never started: its folder could not be moved aside).
+    const std::string status =
+        r.status == "failed" && r.exit_code >= 0 ? fmt::format("failed (exit {})", r.exit_code) : r.status;
     o += fmt::format(
         "<td>{}</td><td "
         "class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"

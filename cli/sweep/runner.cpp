@@ -496,8 +496,11 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
   size_t n_failed = 0;
   for (size_t i = 0; i < s.points.size(); ++i)
     if (run.results[i].status == "failed" && ++n_failed)
-      failed += fmt::format("{}  point {} {}: exit code {}, log {}", failed.empty() ? "" : "\n", i + 1,
-                            s.points[i].id, run.results[i].exit_code, run.results[i].log);
+      failed +=
+          fmt::format("{}  point {} {}: {}, log {}", failed.empty() ? "" : "\n", i + 1, s.points[i].id,
+                      run.results[i].exit_code >= 0 ? fmt::format("exit code {}", run.results[i].exit_code)
+                                                    : std::string("it did not start"),
+                      run.results[i].log);
     else if (run.results[i].status == "in use" && ++n_failed)
       failed += fmt::format("{}  point {} {}: its folder is in use by another run",
                             failed.empty() ? "" : "\n", i + 1, s.points[i].id);

@@ -281,10 +281,14 @@ std::string bpe_tokenizer::decode(const std::vector<uint16_t>& tokens) const {
   return out;
 }
 
-void bpe_tokenizer::save(const std::string& path) const {
+std::string bpe_tokenizer::text() const {
   std::string text = fmt::format("{}\n{}\n", header, vocab_size());
   for (auto [a, b] : merges_) text += fmt::format("{} {}\n", a, b);
-  write_file_atomic(path, {text});
+  return text;
+}
+
+void bpe_tokenizer::save(const std::string& path) const {
+  write_file_atomic(path, {text()});
 }
 
 bpe_tokenizer bpe_tokenizer::load(const std::string& path) {

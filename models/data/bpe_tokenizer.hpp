@@ -50,6 +50,7 @@ class bpe_tokenizer final : public tokenizer {
   std::string decode(const std::vector<uint16_t>& tokens) const override;
   std::string kind() const override { return "bpe"; }
   void save(const std::string& path) const override;
+  std::string text() const override;
 
  private:
   void encode_chunk(std::string_view chunk, std::vector<uint16_t>& out) const;

@@ -49,9 +49,12 @@ std::string byte_tokenizer::decode(const std::vector<uint16_t>& tokens) const {
   return out;
 }
 
+std::string byte_tokenizer::text() const {
+  return std::string(header) + "\n";
+}
+
 void byte_tokenizer::save(const std::string& path) const {
-  std::string text = std::string(header) + "\n";
-  write_file_atomic(path, {text});
+  write_file_atomic(path, {text()});
 }
 
 }  // namespace longwave::models::data

@@ -19,6 +19,7 @@ class byte_tokenizer final : public tokenizer {
   std::string decode(const std::vector<uint16_t>& tokens) const override;
   std::string kind() const override { return "byte"; }
   void save(const std::string& path) const override;
+  std::string text() const override;
 };
 
 }  // namespace longwave::models::data

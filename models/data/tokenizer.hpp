@@ -24,6 +24,8 @@ class tokenizer {
   virtual std::string kind() const = 0;
   /// Writes the tokenizer atomically in the text format load_tokenizer() reads. Throws lw_error(io_error).
   virtual void save(const std::string& path) const = 0;
+  /// What save() writes: the same for any file that parses to this tokenizer (CRLF, trailing blank lines).
+  virtual std::string text() const = 0;
 };
 
 /// The 256-token identity tokenizer on bytes.
@@ -35,8 +37,9 @@ std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
 /// The same from the file's text; `where` names it in errors.
 std::unique_ptr<tokenizer> parse_tokenizer(const std::string& text, const std::string& where);
 
-/// A tokenizer file as a checkpoint names it: "bpe vocab=500 crc32c=5e564986" (kind, vocabulary, the text's
-/// CRC-32C). Throws as parse_tokenizer.
+/// A tokenizer file as a checkpoint names it: "bpe vocab=500 crc32c=5e564986" (kind, vocabulary, the CRC-32C
+/// of what save() writes, so a file with CRLF line ends names the same), "byte vocab=256" (all are one).
+/// Throws as parse_tokenizer.
 std::string tokenizer_label(const std::string& text, const std::string& where);
 
 }  // namespace longwave::models::data

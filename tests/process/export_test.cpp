@@ -545,7 +545,26 @@ CATCH_TEST_CASE(
   const auto [e2, edited] = run({binary(), "eval", dir + "/run/checkpoints"}, dir + "/eval-edited.log", 300);
   CATCH_INFO(edited);
   CATCH_CHECK(e2 == 2);
-  CATCH_CHECK(edited.find("is not the one the checkpoint was trained with (bpe vocab=280 crc32c=") !=
+  CATCH_CHECK(
+      edited.find("a BPE tokenizer trained on it would not be the checkpoint's (bpe vocab=280 crc32c=") !=
+      std::string::npos);
+  CATCH_CHECK(edited.find("training BPE") == std::string::npos);  // refused before it trains one
+  // Shards of another corpus at the same vocabulary: their tokenizer is not the checkpoint's.
+  std::string other;
+  for (int i = 0; i < 300; ++i)
+    other += "Quick zephyrs blow, vexing daft Jim " + std::to_string(i * 7) + ".\n";
+  write_text(dir + "/other.txt", other);
+  const auto [q2, qout2] = run({binary(), "data", "prepare", dir + "/other.txt", "--out",
+                                dir + "/other-shards", "--tokenizer", "bpe", "--vocab", "280"},
+                               dir + "/prep-other.log", 300);
+  CATCH_REQUIRE(q2 == 0);
+  CATCH_REQUIRE(qout2.find("(vocab 280)") != std::string::npos);
+  const auto [e3, on_other] =
+      run({binary(), "eval", dir + "/run/checkpoints", "--data", dir + "/other-shards"},
+          dir + "/eval-other-shards.log", 300);
+  CATCH_INFO(on_other);
+  CATCH_CHECK(e3 == 2);
+  CATCH_CHECK(on_other.find("is not the one the checkpoint was trained with (bpe vocab=280 crc32c=") !=
               std::string::npos);
   fs::remove_all(dir);
 }
