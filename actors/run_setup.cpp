@@ -274,7 +274,8 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   if (!data.tokenizer_path.empty()) {
     auto text =
         std::make_shared<const std::string>(models::data::read_file(data.tokenizer_path, "tokenizer"));
-    ctx->tokenizer = models::data::tokenizer_label(*text, data.tokenizer_path);
+    ctx->tokenizer =
+        models::data::tokenizer_label(*models::data::parse_tokenizer(*text, data.tokenizer_path));
     ctx->tokenizer_text = std::move(text);
   }
   ctx->spec = spec;

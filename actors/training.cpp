@@ -22,7 +22,6 @@
 #include "models/cpu_kernels.hpp"
 #include "models/data/data_fingerprint.hpp"
 #include "models/data/dataset_prep.hpp"
-#include "models/data/file_io.hpp"
 #include "models/data/shard.hpp"
 #include "models/data/tokenizer.hpp"
 #include "models/data/window_sampler.hpp"
@@ -274,8 +273,7 @@ void check_eval_tokens(const config::train_config& cfg, const models::model_spec
                        const std::string& corpus, const std::string& trained_with) {
   const auto advice = fmt::format("name the run's corpus, or its shards ({})", resolve_paths(cfg).data_dir);
   if (!data.tokenizer_path.empty()) {
-    const auto text = models::data::read_file(data.tokenizer_path, "tokenizer");
-    const auto tok = models::data::parse_tokenizer(text, data.tokenizer_path);
+    const auto tok = models::data::load_tokenizer(data.tokenizer_path);
     if (cfg.model.vocab_size == 0 && tok->vocab_size() != spec.vocab_size)
       throw config::config_error(
           key, fmt::format("{} {}: its shards are tokenized by a {} tokenizer of {} tokens ({}), the "
@@ -284,8 +282,7 @@ void check_eval_tokens(const config::train_config& cfg, const models::model_spec
                            advice));
     // The checkpoint names the tokenizer it was trained with (older ones do not): another one's ids stand
     // for other text (a corpus edited since, whose BPE was trained again).
-    if (const auto now = models::data::tokenizer_label(text, data.tokenizer_path);
-        !trained_with.empty() && now != trained_with)
+    if (const auto now = models::data::tokenizer_label(*tok); !trained_with.empty() && now != trained_with)
       throw config::config_error(
           key,
           fmt::format("{} {}: its tokenizer ({}, {}) is not the one the checkpoint was trained with ({}): "

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 
 #include "actors/run_files.hpp"
@@ -45,9 +47,10 @@ std::optional<tokenizer_file> find_tokenizer(const checkpoint_model& m, const st
   if (shards) candidates.push_back(fs::path(m.cfg.data.path) / "tokenizer.txt");
   // data.tokenizer names the kind only for a corpus run: the default corpus, or a file (where it is now or,
   // archived elsewhere, a name a corpus has). Shards' tokenizer is theirs.
-  const auto ext = fs::path(m.cfg.data.path).extension().string();
-  const bool corpus_run = m.cfg.data.path.empty() || fs::is_regular_file(m.cfg.data.path) || ext == ".txt" ||
-                          ext == ".jsonl" || ext == ".JSONL" || ext == ".TXT";
+  auto ext = fs::path(m.cfg.data.path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  const bool corpus_run =
+      m.cfg.data.path.empty() || fs::is_regular_file(m.cfg.data.path) || ext == ".txt" || ext == ".jsonl";
   // A model whose vocabulary came from its tokenizer needs the same size; a corpus run, the same kind.
   const bool exact = m.cfg.model.vocab_size == 0;
   for (const auto& c : candidates) {

@@ -95,7 +95,8 @@ void write_export(const checkpoint_model& m, const export_options& o) {
     std::printf(
         "export: wrote %s's tokenizer to %s (Longwave's %s tokenizer format, not a Hugging Face "
         "tokenizer)\n",
-        tok->from.c_str(), tok_path.c_str(), models::data::load_tokenizer(tok_path)->kind().c_str());
+        tok->from.c_str(), tok_path.c_str(),
+        models::data::parse_tokenizer(tok->text, tok->from)->kind().c_str());
   } else {
     std::printf("export: no tokenizer file of this run found; none copied\n");
     // An earlier export's (--force): left there, it would be taken for this model's. A file whose first

@@ -35,11 +35,10 @@ std::unique_ptr<tokenizer> parse_tokenizer(const std::string& text, const std::s
                              byte_tokenizer::header, bpe_tokenizer::header));
 }
 
-std::string tokenizer_label(const std::string& text, const std::string& where) {
-  const auto tok = parse_tokenizer(text, where);
-  if (tok->kind() == "byte") return fmt::format("byte vocab={}", tok->vocab_size());
-  const auto canonical = tok->text();
-  return fmt::format("{} vocab={} crc32c={:08x}", tok->kind(), tok->vocab_size(),
+std::string tokenizer_label(const tokenizer& tok) {
+  if (tok.kind() == "byte") return fmt::format("byte vocab={}", tok.vocab_size());
+  const auto canonical = tok.text();
+  return fmt::format("{} vocab={} crc32c={:08x}", tok.kind(), tok.vocab_size(),
                      runtime::crc32c(canonical.data(), canonical.size()));
 }
 

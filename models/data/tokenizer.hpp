@@ -37,9 +37,8 @@ std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
 /// The same from the file's text; `where` names it in errors.
 std::unique_ptr<tokenizer> parse_tokenizer(const std::string& text, const std::string& where);
 
-/// A tokenizer file as a checkpoint names it: "bpe vocab=500 crc32c=5e564986" (kind, vocabulary, the CRC-32C
+/// A tokenizer as a checkpoint names it: "bpe vocab=500 crc32c=5e564986" (kind, vocabulary, the CRC-32C
 /// of what save() writes, so a file with CRLF line ends names the same), "byte vocab=256" (all are one).
-/// Throws as parse_tokenizer.
-std::string tokenizer_label(const std::string& text, const std::string& where);
+std::string tokenizer_label(const tokenizer& tok);
 
 }  // namespace longwave::models::data
