@@ -33,10 +33,10 @@ std::string read_file(const std::string& path, const char* what) {
   std::string out;
   char buf[1 << 16];
   for (;;) {
-    const size_t want = sized
-                            ? std::min(sizeof buf, static_cast<size_t>(st.st_size) -
-                                                       std::min(out.size(), static_cast<size_t>(st.st_size)))
-                            : sizeof buf;
+    const size_t left =
+        sized ? static_cast<size_t>(st.st_size) - std::min(out.size(), static_cast<size_t>(st.st_size))
+              : sizeof buf;
+    const size_t want = std::min(sizeof buf, left);
     if (want == 0) break;
     ssize_t n = ::read(fd, buf, want);
     if (n < 0 && errno == EINTR) continue;
