@@ -272,11 +272,11 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   ctx->cfg = cfg;
   ctx->data_fingerprint = models::data::data_fingerprint(corpus);
   if (!data.tokenizer_path.empty()) {
-    auto text =
-        std::make_shared<const std::string>(models::data::read_file(data.tokenizer_path, "tokenizer"));
-    ctx->tokenizer =
-        models::data::tokenizer_label(*models::data::parse_tokenizer(*text, data.tokenizer_path));
-    ctx->tokenizer_text = std::move(text);
+    const auto tok = models::data::parse_tokenizer(models::data::read_file(data.tokenizer_path, "tokenizer"),
+                                                   data.tokenizer_path);
+    ctx->tokenizer = models::data::tokenizer_label(*tok);
+    // Its canonical text: nodes whose copies differ only in line ends serve a joiner the same state.
+    ctx->tokenizer_text = std::make_shared<const std::string>(tok->text());
   }
   ctx->spec = spec;
   ctx->inner = make_inner_options(cfg);

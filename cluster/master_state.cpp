@@ -167,6 +167,7 @@ void master_state::welcome_all() {
     } else if (m.phase == member_phase::absent) {
       m.phase = member_phase::removed;
       m.removed = removal::absent;
+      m.removed_why = "node " + specs_[i].name + " had not said hello when training began";
       note("removed",
            {{"node", specs_[i].name}, {"reason", "absent"}, {"epoch", static_cast<int64_t>(epoch_)}});
     }
@@ -212,6 +213,8 @@ void master_state::take_over() {
     if (m.phase != member_phase::announced) {
       m.phase = member_phase::removed;
       m.removed = removal::lost;
+      m.removed_why = "node " + specs_[i].name +
+                      " did not announce itself to this coordinator, which took the cluster over";
       note("removed", {{"node", specs_[i].name},
                        {"reason", "lost"},
                        {"why", "it did not announce itself to this coordinator, which took the cluster over"},
@@ -297,8 +300,9 @@ void master_state::watch() {
     if (joiner && now_ - m.last_seen > join_limit) {
       m.phase = member_phase::removed;
       m.ready.reset();
-      warn(fmt::format("coordinator: node {} stopped joining: nothing heard for {}", specs_[i].name,
-                       secs(join_limit)));
+      m.removed_why =
+          fmt::format("node {} stopped joining: nothing heard for {}", specs_[i].name, secs(join_limit));
+      warn("coordinator: " + m.removed_why);
     }
   }
   if (fence_) return watch_fence();

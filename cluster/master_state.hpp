@@ -208,6 +208,7 @@ class master_state {
   struct member {
     member_phase phase = member_phase::absent;
     removal removed = removal::none;
+    std::string removed_why;              // what it was told when it was removed (or stopped joining)
     bool stopped = false;                 // finished by bye("stopped"): it stopped with the cluster
     bool leaving = false;                 // asked to leave (longwave node --leave) at its next boundary
     std::optional<std::string> identity;  // ROUTER routing id once it said hello
@@ -279,6 +280,8 @@ class master_state {
   // master_state_fence.cpp: removals, fences, admitting joiners, holding the members for them, the quorum.
   void remove(size_t i, removal why, const std::string& text);
   void tell_removed(member& m, const std::string& why);
+  /// What a removed node that speaks again is told: why it was removed.
+  std::string removed_text(size_t i) const;
   void start_fence(const std::string& reason, const std::string& why);
   void conclude_fence();
   std::optional<comm::reduce_key> committed_floor(const std::vector<size_t>& members) const;

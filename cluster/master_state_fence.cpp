@@ -23,6 +23,7 @@ void master_state::remove(size_t i, removal why, const std::string& text) {
   if (m.phase != member_phase::member) return;
   m.phase = member_phase::removed;
   m.removed = why;
+  m.removed_why = text;
   warn("coordinator: " + text);
   note("removed", {{"node", specs_[i].name},
                    {"reason", to_string(why)},
@@ -38,6 +39,11 @@ void master_state::tell_removed(member& m, const std::string& why) {
   reply_error(
       *m.identity, errc::evicted,
       "this node was removed from the cluster (" + why + "); start it again with the same command to rejoin");
+}
+
+std::string master_state::removed_text(size_t i) const {
+  const auto& why = members_[i].removed_why;
+  return why.empty() ? "node " + specs_[i].name + " was removed in an earlier epoch" : why;
 }
 
 /// Every training member abandons its all-reduce and reports what it holds; restarts a fence in progress.
@@ -266,7 +272,8 @@ void master_state::cancel_join(size_t i) {
   auto& m = members_[i];
   m.phase = member_phase::removed;
   m.ready.reset();
-  info(fmt::format("coordinator: node {} is not admitted: the cluster is stopping", specs_[i].name));
+  m.removed_why = "node " + specs_[i].name + " is not admitted: the cluster is stopping";
+  info("coordinator: " + m.removed_why);
   if (m.identity)
     reply_error(*m.identity, errc::cancelled,
                 "the cluster is stopping (longwave stop): start this node again with the cluster");

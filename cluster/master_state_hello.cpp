@@ -332,7 +332,7 @@ void master_state::on_reannounce(size_t idx, const sender& from, const hello_msg
       w.epoch = epoch_;
       send_to(idx, w);
     } else if (same_process) {
-      tell_removed(m, "node " + h.node_name + " was removed in an earlier epoch");
+      tell_removed(m, removed_text(idx));
     } else {
       reply_error(from.identity, errc::evicted,
                   fmt::format("node {} re-announced itself after the coordinator had taken the cluster over "

@@ -156,7 +156,7 @@ void master_state::on_removed_message(size_t i, const envelope& e) {
   const bool last_words =
       std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body);
   if (m.removed != removal::left && now_ - m.told_removed > std::chrono::seconds(10) && !last_words)
-    tell_removed(m, "node " + specs_[i].name + " was removed in an earlier epoch");
+    tell_removed(m, removed_text(i));
 }
 
 /// A joiner's messages: heartbeats while it fetches, join_ready once it holds a state, bye or error when it
@@ -170,7 +170,8 @@ void master_state::on_joiner_message(size_t i, const envelope& e) {
   if (std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body)) {
     m.phase = member_phase::removed;
     m.ready.reset();
-    warn(fmt::format("coordinator: node {} gave up joining", specs_[i].name));
+    m.removed_why = fmt::format("node {} gave up joining", specs_[i].name);
+    warn("coordinator: " + m.removed_why);
   }
 }
 

@@ -662,8 +662,8 @@ CATCH_TEST_CASE("master: a silent member is lost, fenced out, and told so", "[un
           {18,
            "n1",
            "heartbeat 2",
-           {"n1 <- error evicted: this node was removed from the cluster (node n1 was removed in an earlier "
-            "epoch)"}},
+           {"n1 <- error evicted: this node was removed from the cluster (node n1 lost: nothing heard for "
+            "6 s"}},
           {19, "n1", "bye done", {"!n1 <-"}}});
   CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
   CATCH_CHECK(t.master().epoch() == 2);
@@ -1247,8 +1247,8 @@ CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[u
                {2.5,
                 "n1",
                 "running epoch=1 world=2 round=1",
-                {"n1 <- error evicted: this node was removed from the cluster (node n1 was removed in an "
-                 "earlier epoch)"}}});
+                {"n1 <- error evicted: this node was removed from the cluster (node n1 failed (peer_lost): "
+                 "it broke)"}}});
   }
   CATCH_SECTION("a joiner that said hello to the earlier master is told to say hello again, then admitted") {
     table t(cluster_of(3));
@@ -1822,7 +1822,9 @@ CATCH_TEST_CASE("master: a joiner that falls silent stops joining", "[unit][mast
                           {3, "n1'", "hello", {"n1' <- recover"}},
                           {30, "n0", "heartbeat 2", {}},
                           {60, "n0", "heartbeat 2", {}},
-                          {64, "n0", "tick", {"node n1 stopped joining: nothing heard for 60 s"}}});
+                          {64, "n0", "tick", {"node n1 stopped joining: nothing heard for 60 s"}},
+                          // Woken again (SIGCONT), it hears why it is out, not of an epoch it never had.
+                          {65, "n1'", "heartbeat 2", {"(node n1 stopped joining: nothing heard for 60 s)"}}});
   CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
 }
 
