@@ -343,35 +343,54 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
     const auto trained_with = meta.find("tokenizer");
     const std::string key = data_override.empty() ? "data.path" : "--data";
     std::error_code ec;
+    const auto* own_tokenizer = c.find("tokenizer");
+    std::vector<uint16_t> val;
+    std::string val_from;
     if (const auto it = meta.find("data"); it != meta.end() && !read_by_run(it->second)) {
-      // A BPE trained on other text is not the checkpoint's: refused before it is trained (a review: it was
-      // trained and a private copy written, then refused).
-      if (trained_with != meta.end() && trained_with->second.rfind("bpe ", 0) == 0 &&
-          !fs::is_directory(corpus, ec))
-        throw config::config_error(
-            key,
-            fmt::format("{} {}: it is not the data the checkpoint's run read (its fingerprint differs{}), "
-                        "and a BPE tokenizer trained on it would not be the checkpoint's ({}): the loss "
-                        "would be over other tokens; name the run's corpus as it was, or its shards ({})",
-                        key, corpus, data_override.empty() ? ": it changed since" : "", trained_with->second,
-                        p.data_dir));
-      spdlog::warn(
-          "eval: {} is not the data the checkpoint's run read (its fingerprint differs{}): the loss is "
-          "over another validation set{}",
-          data_override.empty() ? "the corpus " + corpus : "--data " + corpus,
-          data_override.empty() ? ": it changed since" : "",
-          cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
+      const auto what = data_override.empty() ? "the corpus " + corpus : "--data " + corpus;
+      const auto differs =
+          fmt::format("its fingerprint differs{}", data_override.empty() ? ": it changed since" : "");
+      // Other text: tokenized with the checkpoint's own tokenizer, the only one whose ids are the model's
+      // (a BPE trained on that text would not be).
+      if (own_tokenizer && own_tokenizer->size > 0 && !fs::is_directory(corpus, ec)) {
+        const auto tok = models::data::parse_tokenizer(
+            std::string(static_cast<const char*>(own_tokenizer->data), own_tokenizer->size),
+            "the checkpoint's tokenizer");
+        spdlog::warn(
+            "eval: {} is not the data the checkpoint's run read ({}): the loss is over its last {} % (the "
+            "run's data.val_fraction), tokenized with the checkpoint's tokenizer ({})",
+            what, differs, 100 * cfg.data.val_fraction, models::data::tokenizer_label(*tok));
+        val = models::data::validation_tokens(corpus, *tok, cfg.data.val_fraction,
+                                              [](const std::string& line) { spdlog::info("{}", line); });
+        val_from = corpus;
+        if (static_cast<int64_t>(val.size()) < spec.seq_len + 2)
+          throw config::config_error(
+              key, fmt::format("{} {}: its last {} % is {} token{}, fewer than one validation window of "
+                               "this model (seq_len + 2 = {}): name a longer text",
+                               key, corpus, 100 * cfg.data.val_fraction, val.size(),
+                               val.size() == 1 ? "" : "s", spec.seq_len + 2));
+      } else {
+        // A checkpoint of an older build carries no tokenizer: the data's own is taken.
+        spdlog::warn(
+            "eval: {} is not the data the checkpoint's run read ({}): the loss is over another "
+            "validation set{}",
+            what, differs,
+            cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
+      }
     }
-    const auto data = find_or_prepare_data(cfg, corpus, p.data_dir, spec.seq_len);
-    check_eval_tokens(cfg, spec, data, key, corpus,
-                      trained_with == meta.end() ? std::string() : trained_with->second);
+    if (val_from.empty()) {
+      const auto data = find_or_prepare_data(cfg, corpus, p.data_dir, spec.seq_len);
+      check_eval_tokens(cfg, spec, data, key, corpus,
+                        trained_with == meta.end() ? std::string() : trained_with->second);
+      val = models::data::read_shard(data.val_path);
+      val_from = data.val_path;
+    }
     check_eval_memory_fits(cfg, spec);
     // Only theta_global is evaluated: the workers' state (which a resume needs) may be missing.
     const int64_t n_params = models::closed_form_param_count(spec);
     at::Tensor theta = at::empty({n_params}, at::kFloat);
     copy_theta(c, checkpoint_path, theta.data_ptr<float>(), n_params);
-    auto val = models::data::read_shard(data.val_path);
-    models::data::check_token_ids(val, spec.vocab_size, data.val_path);
+    models::data::check_token_ids(val, spec.vocab_size, val_from);
     models::gpt model(spec, cfg.model.dtype == config::model_dtype::bf16 ? at::kBFloat16 : at::kFloat);
     model.load_flat(theta);
     int64_t n = batches > 0 ? batches : cfg.eval.batches;

@@ -411,6 +411,55 @@ std::string data_cache_key(const std::string& input_path, config::tokenizer_kind
   return fmt::format("{:016x}", config::cluster_id_of(text));  // the project's one 64-bit FNV-1a
 }
 
+namespace {
+
+/// The text of corpus `path` (`input_path` as the user named it), refused when it is binary data; warns when
+/// much of it is not UTF-8.
+std::string read_text_corpus(const std::string& path, const std::string& input_path,
+                             const std::function<void(const std::string&)>& log) {
+  std::string text = read_corpus(path);
+  const text_profile profile = profile_text(text);
+  check_is_text(input_path, profile);
+  if (log) log(fmt::format("data: read corpus {} ({} bytes of text)", path, text.size()));
+  if (log && profile.invalid_utf8 * 100 > profile.bytes) {
+    log(fmt::format(
+        "data: warning: {:.1f} % of the bytes of corpus {} are not UTF-8 (a legacy encoding such "
+        "as Latin-1?); the tokenizer takes them as they are",
+        100.0 * static_cast<double>(profile.invalid_utf8) / static_cast<double>(profile.bytes), input_path));
+  }
+  return text;
+}
+
+/// How many of a corpus's n tokens are validation tokens: its last val_fraction, at least 1 and leaving 1.
+int64_t val_count(const std::string& input_path, int64_t n, size_t n_bytes, double val_fraction,
+                  std::chrono::steady_clock::time_point encode_began,
+                  const std::function<void(const std::string&)>& log) {
+  if (n < 2) {
+    throw lw_error(
+        errc::corrupt_data,
+        fmt::format("corpus '{}' is too small: {} tokens cannot be split into train and val", input_path, n));
+  }
+  if (log) {
+    log(fmt::format("data: tokenized {} bytes into {} tokens ({:.2f} bytes/token) in {:.1f} s", n_bytes, n,
+                    static_cast<double>(n_bytes) / static_cast<double>(n), seconds_since(encode_began)));
+  }
+  return std::clamp<int64_t>(std::llround(static_cast<double>(n) * val_fraction), 1, n - 1);
+}
+
+}  // namespace
+
+std::vector<uint16_t> validation_tokens(const std::string& input_path, const tokenizer& tok,
+                                        double val_fraction,
+                                        const std::function<void(const std::string&)>& log) {
+  std::string text = read_text_corpus(input_path, input_path, log);
+  const auto began = std::chrono::steady_clock::now();
+  std::vector<uint16_t> tokens = tok.encode(text);
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t n_val = val_count(input_path, n, text.size(), val_fraction, began, log);
+  tokens.erase(tokens.begin(), tokens.end() - n_val);
+  return tokens;
+}
+
 prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
                                  int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
                                  std::function<void(const std::string&)> log) {
@@ -443,16 +492,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   fs::remove(dir / "prepared.txt", ec);  // a half-finished preparation must never look cached
 
   auto t0 = std::chrono::steady_clock::now();
-  std::string text = read_corpus(input.string());
-  const text_profile profile = profile_text(text);
-  check_is_text(input_path, profile);
-  if (log) log(fmt::format("data: read corpus {} ({} bytes of text)", input.string(), text.size()));
-  if (log && profile.invalid_utf8 * 100 > profile.bytes) {
-    log(fmt::format(
-        "data: warning: {:.1f} % of the bytes of corpus {} are not UTF-8 (a legacy encoding such "
-        "as Latin-1?); the tokenizer takes them as they are",
-        100.0 * static_cast<double>(profile.invalid_utf8) / static_cast<double>(profile.bytes), input_path));
-  }
+  std::string text = read_text_corpus(input.string(), input_path, log);
 
   std::unique_ptr<tokenizer> tok;
   if (bpe) {
@@ -486,16 +526,7 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   const auto n_bytes = text.size();
   std::string().swap(text);
   const auto n = static_cast<int64_t>(train.size());
-  if (n < 2) {
-    throw lw_error(
-        errc::corrupt_data,
-        fmt::format("corpus '{}' is too small: {} tokens cannot be split into train and val", input_path, n));
-  }
-  if (log) {
-    log(fmt::format("data: tokenized {} bytes into {} tokens ({:.2f} bytes/token) in {:.1f} s", n_bytes, n,
-                    static_cast<double>(n_bytes) / static_cast<double>(n), seconds_since(t_encode)));
-  }
-  const int64_t n_val = std::clamp<int64_t>(std::llround(static_cast<double>(n) * val_fraction), 1, n - 1);
+  const int64_t n_val = val_count(input_path, n, n_bytes, val_fraction, t_encode, log);
   std::vector<uint16_t> val(train.end() - n_val, train.end());
   train.resize(static_cast<size_t>(n - n_val));
 

@@ -5,10 +5,13 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config/train_config.hpp"
 
 namespace longwave::models::data {
+
+class tokenizer;
 
 /// Where prepare_dataset() left the data, and its size.
 struct prepared_dataset {
@@ -38,6 +41,13 @@ struct prepared_dataset {
 prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
                                  int64_t bpe_vocab_size, double val_fraction, const std::string& out_dir,
                                  std::function<void(const std::string&)> log = {});
+
+/// The validation tokens prepare_dataset would write for corpus `input_path` if its tokenizer were `tok`: the
+/// last `val_fraction` of the corpus's tokens, in memory (no cache). For scoring a model on text its run did
+/// not read. Throws as prepare_dataset for a missing, binary or too small corpus.
+std::vector<uint16_t> validation_tokens(const std::string& input_path, const tokenizer& tok,
+                                        double val_fraction,
+                                        const std::function<void(const std::string&)>& log = {});
 
 /// The data prepare_dataset would return for these arguments if `dir` already holds it, without writing
 /// anything (no directory, no lock): for readers of another run's cache. A directory `input_path` is used in

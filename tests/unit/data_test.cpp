@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -595,6 +596,15 @@ CATCH_TEST_CASE("prepare_dataset with BPE writes shards that decode back to the 
   bool saw_progress = false;
   for (const auto& l : logs) saw_progress = saw_progress || l.find("BPE merges") != std::string::npos;
   CATCH_CHECK(saw_progress);
+  // What eval scores on text its run did not read: the same split by the same tokenizer, without a cache.
+  CATCH_CHECK(validation_tokens(corpus, *tok, 0.2) == val);
+  const std::string other = dir.file("other.txt");
+  write_text(other, "Workers of the second document train.");
+  const auto encoded = tok->encode("Workers of the second document train.");
+  const auto half = static_cast<std::ptrdiff_t>(std::llround(0.5 * static_cast<double>(encoded.size())));
+  CATCH_CHECK(validation_tokens(other, *tok, 0.5) ==
+              std::vector<uint16_t>(encoded.end() - half, encoded.end()));
+  CATCH_CHECK_THROWS_WITH(validation_tokens(dir.file("none.txt"), *tok, 0.2), Contains("none.txt"));
 
   logs.clear();
   prepare_dataset(corpus, tokenizer_kind::bpe, 280, 0.2, dir.file("out"),
