@@ -520,9 +520,20 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   std::vector<int64_t> token_bytes(static_cast<size_t>(tok->vocab_size()));
   for (size_t id = 0; id < token_bytes.size(); ++id)
     token_bytes[id] = static_cast<int64_t>(tok->decode({static_cast<uint16_t>(id)}).size());
-  const std::vector<int64_t> doc_starts =
-      !has_sidecar ? document_starts(text, train, token_bytes)
-                   : token_starts(read_document_bytes(sidecar), train, token_bytes);
+  std::vector<int64_t> doc_starts;
+  if (has_sidecar) {
+    const auto bytes = read_document_bytes(sidecar);
+    // Offsets of another corpus (or of this one before an edit) would split it at the wrong places.
+    if (!bytes.empty() && bytes.back() > static_cast<int64_t>(text.size()))
+      throw lw_error(
+          errc::corrupt_data,
+          fmt::format("{}:{}: document offset {} is past the end of corpus {} ({} bytes): is it the "
+                      "document file of another corpus, or of this one before an edit?",
+                      sidecar, bytes.size() + 1, bytes.back(), input_path, text.size()));
+    doc_starts = token_starts(bytes, train, token_bytes);
+  } else {
+    doc_starts = document_starts(text, train, token_bytes);
+  }
   const auto n_bytes = text.size();
   std::string().swap(text);
   const auto n = static_cast<int64_t>(train.size());

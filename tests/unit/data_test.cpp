@@ -1019,6 +1019,17 @@ CATCH_TEST_CASE("Byte offsets beside the corpus (CORPUS.docs) mark its documents
   CATCH_CHECK_THAT(
       logs[0], Contains("re-preparing") && Contains("the corpus's file of document starts (.docs) changed"));
   CATCH_CHECK(read_document_starts(third_time.docs_path) == std::vector<int64_t>{0, second});
+  // Offsets past the corpus are another corpus's (or an older version's): refused, naming the line. The end
+  // itself (a writer that closes the last document) is no fault.
+  const auto end = std::to_string(text.size());
+  write_text(corpus + ".docs", "longwave-doc-bytes 1\n0\n" + std::to_string(second) + "\n" + end + "\n");
+  CATCH_CHECK(read_document_starts(
+                  prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")).docs_path) ==
+              std::vector<int64_t>{0, second});
+  write_text(corpus + ".docs", "longwave-doc-bytes 1\n0\n" + std::to_string(text.size() + 40) + "\n");
+  CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")),
+                            Contains("verses.txt.docs:3: document offset " +
+                                     std::to_string(text.size() + 40) + " is past the end of corpus"));
 }
 
 CATCH_TEST_CASE("prepare_dataset records where documents start, and a bad record is refused",
