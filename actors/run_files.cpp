@@ -221,8 +221,10 @@ std::optional<checkpoint> load_at_most(const checkpoint_store& store, uint64_t m
 /// goes on, but is no longer that run continued: says which. train.rounds and async.tokens may grow freely.
 /// A checkpoint that stopped mid-round past a lowered train.inner_steps ends that round at once: says so.
 void warn_changed_settings(const config::train_config& cfg, const train_snapshot& snap) {
+  // (Streaming has no such point: its policy refuses the resume.)
   if (!snap.replicas.empty() && snap.replicas[0].steps_in_round > cfg.train.inner_steps &&
-      cfg.diloco.outer != config::outer_policy_kind::async)
+      cfg.diloco.outer != config::outer_policy_kind::async &&
+      cfg.diloco.outer != config::outer_policy_kind::streaming)
     spdlog::warn(
         "the checkpoint is {} inner steps into round {}, and train.inner_steps = {} now: that round ends "
         "at once with the {} steps it has (the rounds after have {})",

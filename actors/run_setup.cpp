@@ -108,11 +108,6 @@ std::string not_a_corpus(const std::string& path) {
 
 models::model_spec model_spec_of(const config::train_config& cfg, const std::string& corpus) {
   auto spec = models::spec_of(cfg.model, expected_vocab(cfg, corpus));
-  if (is_streaming(cfg) && cfg.diloco.fragments > spec.n_layers)
-    throw config::config_error(
-        "diloco.fragments", fmt::format("diloco.fragments = {}: model '{}' has only {} layers to split into "
-                                        "fragments",
-                                        cfg.diloco.fragments, models::model_label(spec), spec.n_layers));
   check_memory_fits(cfg, spec);
   return spec;
 }
@@ -304,13 +299,6 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
           "federated.clients_per_round",
           fmt::format("federated.clients_per_round = {}: the run has {} clients (workers) to draw from", k,
                       ctx->data_parts()));
-    if (place && ctx->data_parts() > ctx->global_workers())
-      throw config::config_error(
-          "federated.clients_per_round",
-          fmt::format(
-              "federated.clients_per_round = {}: client sampling draws from the cluster file's workers, "
-              "and [cluster] open = true adds data parts for nodes not in the file; set open = false",
-              k));
     // A client trains in k of M rounds on average: its learning-rate schedule spans the steps it expects.
     ctx->inner.total_steps = std::max<int64_t>(1, ctx->inner.total_steps * k / ctx->data_parts());
     spdlog::info("federated: {} of {} clients train each round (seed {}); a client's schedule spans {} steps",

@@ -307,6 +307,12 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
     return 2;
   }
   const auto& me = spec.nodes[index];
+  try {  // a malformed LONGWAVE_FAULT_* is refused before the hello (it aborted the node once it had joined)
+    (void)comm::transport_faults_from_env();
+  } catch (const lw_error& e) {
+    spdlog::error("node {}: {}", me.name, e.what());
+    return 2;
+  }
   warn_if_unsecured(spec, "node " + me.name);
   if (opts.dry_run) {
     try {

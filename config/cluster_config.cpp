@@ -526,6 +526,14 @@ cluster_spec parse_cluster(std::string_view text, const std::vector<std::string>
   spec.train.train.workers = total;
   // One process's check, over the listed nodes' workers (an open cluster's joiners may add clients).
   if (!spec.open) check_one_process(spec.train);
+  // Here, not when a node sets up: a coordinator and a node's --dry-run refuse it too.
+  if (spec.open && spec.train.federated.clients_per_round > 0)
+    throw config_error(
+        "federated.clients_per_round",
+        fmt::format("federated.clients_per_round = {}: client sampling draws from the cluster "
+                    "file's workers, and [cluster] open = true adds data parts for nodes not in "
+                    "the file; set open = false",
+                    spec.train.federated.clients_per_round));
   // Delayed Nesterov's period is one number on every node: 0 resolves here, from the nodes the file lists (a
   // node's own ring when it starts differs between nodes that start while the ring is smaller or larger).
   if (spec.train.diloco.outer == outer_policy_kind::async && spec.train.async.dn_period == 0)

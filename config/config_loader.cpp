@@ -781,6 +781,15 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
                     cfg.model.vocab_size, to_string(cfg.data.tokenizer), tokens, tokens));
   }
   check_shape(cfg.model);
+  // Here, not when the model is built: a coordinator and a node's --dry-run refuse it too.
+  if (const auto layers = resolved_shape(cfg.model).layers;
+      cfg.run.mode == run_mode::diloco && cfg.diloco.outer == outer_policy_kind::streaming &&
+      cfg.diloco.fragments > layers)
+    throw config_error(
+        "diloco.fragments",
+        fmt::format("diloco.fragments = {}: the model (model.preset = \"{}\") has only {} layers "
+                    "to split into fragments",
+                    cfg.diloco.fragments, cfg.model.preset, layers));
   check_adaptive(cfg);
   check_async(cfg);
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {

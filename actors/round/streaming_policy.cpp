@@ -52,7 +52,7 @@ class streaming_policy final : public round_policy {
       const auto it = meta.find("outer");
       const bool was_streaming = it != meta.end() && it->second == "streaming";
       return runtime::make_error(
-          errc::invalid_config,
+          errc::checkpoint_mismatch,  // as any checkpoint this run's settings cannot resume (exit 1)
           fmt::format("the checkpoint stopped at inner step {} of its round, {}; resume with the {} it was "
                       "written with, or start over with --fresh",
                       pos_,

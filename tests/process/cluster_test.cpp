@@ -1110,6 +1110,13 @@ CATCH_TEST_CASE("a slow link is named: the node before it waits to send, and its
   const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
   // n0's ring frames leave at 200 kB/s (the fault decorator): about 0.75 s per all-reduce of the mechanics
   // model (394 kB of fp32 each way, after a 256 KiB burst), far more than the rest of a round.
+  // A malformed value is refused before the node says hello: one line naming it, exit 2 (it aborted the node
+  // once it had joined). No coordinator runs yet.
+  auto typo = spawn({binary(), "node", cluster, "--node", "n0"}, dir + "/typo.log", false,
+                    {"LONGWAVE_FAULT_RING_RATE=abc"});
+  CATCH_CHECK(wait_exit(typo, 120) == 2);
+  CATCH_CHECK(contains(read_text(dir + "/typo.log"),
+                       "node n0: LONGWAVE_FAULT_RING_RATE=abc: want a positive number of bytes per second"));
   auto [coord, nodes] = start_cluster(dir, cluster, 2, {{"LONGWAVE_FAULT_RING_RATE=200000"}});
   std::vector<int> codes;
   for (auto& n : nodes) codes.push_back(wait_exit(n, 600));

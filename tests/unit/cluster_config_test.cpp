@@ -95,6 +95,12 @@ CATCH_TEST_CASE("A cluster file gives the nodes, the coordinator and per-node tr
       error_of(good, {"federated.clients_per_round=6"}),
       Catch::Matchers::Contains("federated.clients_per_round = 6: the run has 5 clients (workers)"));
   CATCH_CHECK_NOTHROW(parse_cluster(good, {"federated.clients_per_round=5"}, "c"));
+  // An open cluster's joiners add data parts the draw does not know: refused here, not after each node's
+  // welcome.
+  CATCH_CHECK_THAT(
+      error_of(good, {"federated.clients_per_round=2", "cluster.open=true"}),
+      Catch::Matchers::Contains("federated.clients_per_round = 2: client sampling draws from the "
+                                "cluster file's workers, and [cluster] open = true"));
   // One host's ports differ across kinds: a metrics port on a ring or control port failed to bind late.
   // /metrics binds metrics.address: 0.0.0.0 meets every address of the host.
   const std::vector<std::string> all_addresses{"metrics.address=0.0.0.0"};

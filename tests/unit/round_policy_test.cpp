@@ -15,6 +15,7 @@
 #include "actors/round/client_sampling.hpp"
 #include "actors/round/round_policy.hpp"
 #include "models/outer_sgd.hpp"
+#include "runtime/errors/errors.hpp"
 
 using namespace longwave;
 using namespace longwave::actors;
@@ -475,7 +476,10 @@ CATCH_TEST_CASE("a streaming Ctrl-C lands at the next segment boundary with no f
   runtime::train_snapshot snap;
   snap.replicas.resize(2);
   snap.replicas[0].steps_in_round = 1;
-  CATCH_CHECK(p->resume_from(snap));
+  const auto refused = p->resume_from(snap);
+  CATCH_CHECK(refused);
+  // Another run's checkpoint, as for a mismatched shape: exit 1 (invalid_config said 2 and exited 1).
+  CATCH_CHECK(refused.code() == static_cast<uint8_t>(longwave::errc::checkpoint_mismatch));
   snap.replicas[0].steps_in_round = 2;
   CATCH_CHECK(!p->resume_from(snap));
   CATCH_CHECK(!p->at_round_boundary());
