@@ -197,12 +197,22 @@ CATCH_TEST_CASE(
     "an exported checkpoint holds theta as Llama tensors and a plain PyTorch Llama gives our logits",
     "[process][export]") {
   const auto dir = scratch_dir("export");
+  const auto ckpt_dir = dir + "/run/checkpoints";
   {
-    const auto [code, out] = run({binary(), "run", tiny_run_config(dir)}, dir + "/run.log", 600);
+    // More evaluation batches than the validation set holds: the run's evaluations use each window once,
+    // as eval does, and both give one loss (the run repeated windows, and a huge value ran for hours).
+    const auto [code, out] = run({binary(), "run", tiny_run_config(dir), "--set", "eval.batches=100000000"},
+                                 dir + "/run.log", 600);
     CATCH_INFO(out);
     CATCH_REQUIRE(code == 0);
+    CATCH_CHECK(out.find("eval.batches = 100000000 is more than the ") != std::string::npos);
+    const auto [ecode, eout] = run({binary(), "eval", ckpt_dir}, dir + "/eval.log", 300);
+    CATCH_INFO(eout);
+    CATCH_CHECK(ecode == 0);
+    const auto at = out.find("final: val loss ");
+    CATCH_REQUIRE(at != std::string::npos);
+    CATCH_CHECK(eout.find("val loss " + out.substr(at + 16, 6)) != std::string::npos);
   }
-  const auto ckpt_dir = dir + "/run/checkpoints";
   const auto exp = dir + "/hf";
   // "In the beginning" in bytes, then a few other ids: 20 positions of the 32-token context.
   const std::string ids = "73,110,32,116,104,101,32,98,101,103,105,110,110,105,110,103,0,255,17,200";
