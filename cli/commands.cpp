@@ -270,8 +270,9 @@ CLI::App* add_launch(CLI::App& app, cli_values& v) {
       "Output lines are prefixed with [coordinator] or [node name]; each role's output is also\n"
       "appended to RUN_DIR/logs/<role>.log, which keeps its last lines when launch itself is killed\n"
       "(the roles then stop with a checkpoint). The exit code is 0 when every role succeeded, 130 after\n"
-      "Ctrl-C, else the first failing role's code. With --observe, the Prometheus UI is at\n"
-      "http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into Grafana.");
+      "Ctrl-C, else the first failing node's code, else the coordinator's. With --observe, the\n"
+      "Prometheus UI is at http://127.0.0.1:<observe-port>; import the dashboards from dashboards/ into\n"
+      "Grafana.");
   return launch;
 }
 

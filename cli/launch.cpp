@@ -291,6 +291,7 @@ struct launch_state {
   bool end_read = false;      // the coordinator ended first and its end record was read
   bool before_start = false;  // that record: stopped before training; launch stopped the starting nodes
   int first_failure = 0;
+  int first_node_failure = 0;  // a node's comes first: the coordinator then fails for want of nodes
   std::chrono::steady_clock::time_point nodes_done_at = std::chrono::steady_clock::time_point::max();
 };
 
@@ -335,8 +336,11 @@ void on_child_exit(std::vector<child>& children, child& c, int status, size_t wi
     return;
   }
   // A role killed by a signal (the OOM killer, kill -9) is a runtime failure: launch's own code is 1.
-  if (c.code != 0 && c.code != 130 && st.first_failure == 0)
-    st.first_failure = WIFSIGNALED(status) ? 1 : c.code;
+  if (c.code != 0 && c.code != 130) {
+    const int code = WIFSIGNALED(status) ? 1 : c.code;
+    if (st.first_failure == 0) st.first_failure = code;
+    if (c.is_node && st.first_node_failure == 0) st.first_node_failure = code;
+  }
   if (c.code != 0 && !st.stopping && sigs == 0) {
     const std::string how = WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) + " (" +
                                                       strsignal(WTERMSIG(status)) + ")"
@@ -416,14 +420,17 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ou
   }
 }
 
-/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first failure (1 for a
-/// role killed by a signal), else the first non-zero role (not a starting node launch stopped: 130).
+/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first node's failure,
+/// else the coordinator's (1 for a role killed by a signal), else the first non-zero role (not a starting
+/// node launch stopped: 130). A config every node refuses after its welcome exits 2 from each node, and the
+/// coordinator, whose nodes all failed, often ends first with 1: the cause is the nodes'.
 int exit_code(const std::vector<child>& children, const launch_state& st) {
   std::string summary;
   for (const auto& c : children) summary += " " + c.name + "=" + std::to_string(c.code);
   std::printf("launch: exit codes:%s\n", summary.c_str());
   std::fflush(stdout);
   if (st.handled_signals > 0) return 130;
+  if (st.first_node_failure != 0) return st.first_node_failure;
   if (st.first_failure != 0) return st.first_failure;
   for (const auto& c : children)
     if (c.code != 0 && !c.is_observer && !(st.before_start && c.is_node && c.code == 130)) return c.code;

@@ -218,6 +218,21 @@ CATCH_TEST_CASE("launch refuses nodes whose memory estimates together pass this 
   fs::remove_all(dir);                                   // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("launch exits with the nodes' code when every node refuses its config after the welcome",
+                "[process][cluster]") {
+  // The coordinator, whose nodes all failed, ended first with 1, and launch said 1 for a bad config.
+  const auto dir = scratch_dir("cluster_launch_refused");
+  cluster_ports ports;
+  const auto cluster = cluster_file(dir, {1, 1}, ports, "[metrics]\nenabled = false\n");
+  auto [code, out] =
+      run({binary(), "launch", cluster, "--set", "train.device=\"cuda:99\""}, dir + "/launch.log", 300);
+  CATCH_INFO(out);
+  CATCH_CHECK(contains(out, "train.device = \"cuda:99\""));
+  CATCH_CHECK(contains(out, " n0=2 n1=2"));
+  CATCH_CHECK(code == 2);
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a coordinator that has ended keeps its exit code when a late Ctrl-C meets it",
                 "[process][cluster]") {
   // launch stops every role once one fails: a coordinator that had ended with 1 showed 130.
