@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 
 #include "cluster/cluster_file.hpp"
@@ -180,8 +181,10 @@ void record_to(const std::string& out_dir, master_options& o) {
   };
 }
 
-/// Stands by while a master at another of the cluster's addresses answers, then runs this one.
-int lead(const config::cluster_spec& spec, const master_options& o) {
+/// Stands by while a master at another of the cluster's addresses answers, then runs this one; `leads` is
+/// called once it does (a standby serves /metrics only then: it may share the leader's port on one host).
+int lead(const config::cluster_spec& spec, const master_options& o,
+         const std::function<void(master_options&)>& leads) {
   standby_options sb;
   for (const auto& c : spec.coordinators)
     if (c != o.bind_endpoint) sb.others.push_back(c);
@@ -203,6 +206,7 @@ int lead(const config::cluster_spec& spec, const master_options& o) {
   }
   master_options leading = o;
   leading.took_over = end == standby_end::take_over;
+  leads(leading);
   return run_master(leading);
 }
 
@@ -231,7 +235,8 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
     record_to(spec.train.run.out_dir, o);
     std::unique_ptr<runtime::metrics_registry> metrics;
     std::unique_ptr<runtime::metrics_server> server;
-    if (spec.train.metrics.enabled) {
+    code = lead(spec, o, [&](master_options& leading) {
+      if (!spec.train.metrics.enabled) return;
       std::vector<std::string> names;
       for (const auto& n : spec.nodes) names.push_back(n.name);
       metrics = std::make_unique<runtime::metrics_registry>(runtime::metric_role::coordinator, "coordinator",
@@ -241,9 +246,8 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
           spec.train.metrics.address);
       spdlog::info("coordinator: metrics on http://{}:{}/metrics", spec.train.metrics.address,
                    server->port());
-      report_to(metrics.get(), o);
-    }
-    code = lead(spec, o);
+      report_to(metrics.get(), leading);
+    });
   } catch (const runtime::run_lock_busy& e) {
     spdlog::error("coordinator: {}", e.what());
     code = 4;

@@ -2,6 +2,9 @@
 // inner phase or inside an all-reduce (LONGWAVE_FAULT_DIE_IN_ALLREDUCE), interrupted with Ctrl-C, or lost
 // below [cluster] min_nodes. The survivors go on and agree on theta after every round. Runs are endless:
 // each test waits for records of what it checks, then ends the cluster with `longwave stop` (issue 35).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -1005,8 +1008,20 @@ CATCH_TEST_CASE(
     "[process][cluster][elastic]") {
   const auto dir = scratch_dir("elastic_standby");
   auto [file, first, second, coord, nodes] = start_with_standby_address(dir);
+  // Its /metrics port is held (as a leader on this host holds the port they share): a standby binds it only
+  // once it leads (it exited 2 at once).
+  const int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // not in the children it spawns
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int metrics_port = free_port();
+  at.sin_port = htons(static_cast<uint16_t>(metrics_port));
+  CATCH_REQUIRE(bind(held, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  CATCH_REQUIRE(listen(held, 4) == 0);
   // Started while the first leads, the standby stands by: the nodes keep talking to the first only.
-  auto standby = spawn({binary(), "coordinator", file, "--bind", second}, dir + "/coord2.log");
+  auto standby = spawn({binary(), "coordinator", file, "--bind", second, "--set", "metrics.enabled=true",
+                        "--set", "cluster.metrics_port=" + std::to_string(metrics_port)},
+                       dir + "/coord2.log");
   CATCH_REQUIRE(wait_until(
       [&] {
         return contains(read_text(dir + "/coord2.log"),
@@ -1015,6 +1030,7 @@ CATCH_TEST_CASE(
       60));
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   CATCH_CHECK_FALSE(contains(read_text(dir + "/coord2.log"), "took over"));
+  close(held);
   kill(coord.pid, SIGKILL);
   CATCH_CHECK(wait_exit(coord, 30) == 128 + SIGKILL);
   // An address that is not in the list is refused: the nodes would never find it.
@@ -1024,6 +1040,8 @@ CATCH_TEST_CASE(
   CATCH_CHECK(bad_code == 2);
   CATCH_CHECK(contains(bad, "is not one of [cluster] coordinator's addresses"));
   CATCH_REQUIRE(wait_master_records(dir + "/cluster", "takeover", 1, 60));
+  CATCH_CHECK(contains(read_text(dir + "/coord2.log"), "coordinator: metrics on http://127.0.0.1:" +
+                                                           std::to_string(metrics_port) + "/metrics"));
   CATCH_REQUIRE(wait_more_rounds({dir + "/cluster/n0", dir + "/cluster/n1"}, 2));
   const auto clog = stop_under_standby(dir, file, nodes, standby);
   CATCH_CHECK(contains(clog, "coordinator at " + first + " has been unreachable for"));
