@@ -282,17 +282,6 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
   ctx->val_tokens = load_tokens(data.val_path);
   models::data::check_token_ids(*ctx->train_tokens, spec.vocab_size, data.train_path);
   models::data::check_token_ids(*ctx->val_tokens, spec.vocab_size, data.val_path);
-  // An evaluation averages each window of the validation set at most once, as `longwave eval` does (the run
-  // repeated windows, so the two differed, and a huge eval.batches ran for hours).
-  if (const int64_t most =
-          models::data::max_validation_batches(*ctx->val_tokens, cfg.train.batch_size, spec.seq_len);
-      cfg.eval.batches > most) {
-    spdlog::info(
-        "eval: eval.batches = {} is more than the {} batches the validation set holds without "
-        "repeating a window; each evaluation uses {}",
-        cfg.eval.batches, most, most);
-    ctx->cfg.eval.batches = most;
-  }
   ctx->threads_per_worker = threads_per_worker(cfg);
   ctx->cluster = &cluster;
   const ring_place* place = cluster.place();
@@ -331,6 +320,17 @@ std::shared_ptr<run_context> make_context(const config::train_config& cfg, model
                ctx->data_parts(), smallest, largest,
                ctx->train_docs.empty() ? "" : fmt::format(" ({} documents)", ctx->train_docs.size()));
   (void)models::data::validation_batch(*ctx->val_tokens, 0, cfg.train.batch_size, spec.seq_len);
+  // An evaluation averages each window of the validation set at most once, as `longwave eval` does (the run
+  // repeated windows, so the two differed, and a huge eval.batches ran for hours).
+  if (const int64_t most =
+          models::data::max_validation_batches(*ctx->val_tokens, cfg.train.batch_size, spec.seq_len);
+      cfg.eval.batches > most) {
+    spdlog::info(
+        "eval: eval.batches = {} is more than the {} batches the validation set holds without "
+        "repeating a window; each evaluation uses {}",
+        cfg.eval.batches, most, most);
+    ctx->cfg.eval.batches = most;
+  }
   spdlog::info("data: {} train tokens, {} val tokens, vocab {}", ctx->train_tokens->size(),
                ctx->val_tokens->size(), spec.vocab_size);
   return ctx;

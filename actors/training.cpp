@@ -357,7 +357,7 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
             std::string(static_cast<const char*>(own_tokenizer->data), own_tokenizer->size),
             "the checkpoint's tokenizer");
         spdlog::warn(
-            "eval: {} is not the data the checkpoint's run read ({}): the loss is over its last {} % (the "
+            "eval: {} is not the data the checkpoint's run read ({}): the loss is over its last {:g} % (the "
             "run's data.val_fraction), tokenized with the checkpoint's tokenizer ({})",
             what, differs, 100 * cfg.data.val_fraction, models::data::tokenizer_label(*tok));
         val = models::data::validation_tokens(corpus, *tok, cfg.data.val_fraction,
@@ -365,17 +365,19 @@ int run_eval(const std::string& checkpoint_path, int64_t batches, const std::str
         val_from = corpus;
         if (static_cast<int64_t>(val.size()) < spec.seq_len + 2)
           throw config::config_error(
-              key, fmt::format("{} {}: its last {} % is {} token{}, fewer than one validation window of "
+              key, fmt::format("{} {}: its last {:g} % is {} token{}, fewer than one validation window of "
                                "this model (seq_len + 2 = {}): name a longer text",
                                key, corpus, 100 * cfg.data.val_fraction, val.size(),
                                val.size() == 1 ? "" : "s", spec.seq_len + 2));
       } else {
-        // A checkpoint of an older build carries no tokenizer: the data's own is taken.
+        // Shards, or a checkpoint of an older build (it carries no tokenizer): the data's own is taken.
         spdlog::warn(
             "eval: {} is not the data the checkpoint's run read ({}): the loss is over another "
             "validation set{}",
             what, differs,
-            cfg.data.tokenizer == config::tokenizer_kind::bpe ? ", with a BPE tokenizer trained anew" : "");
+            cfg.data.tokenizer == config::tokenizer_kind::bpe && !fs::is_directory(corpus, ec)
+                ? ", with a BPE tokenizer trained anew"
+                : "");
       }
     }
     if (val_from.empty()) {

@@ -420,17 +420,19 @@ void supervise(std::vector<child>& children, size_t width, const std::string& ou
   }
 }
 
-/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first node's failure,
-/// else the coordinator's (1 for a role killed by a signal), else the first non-zero role (not a starting
-/// node launch stopped: 130). A config every node refuses after its welcome exits 2 from each node, and the
-/// coordinator, whose nodes all failed, often ends first with 1: the cause is the nodes'.
+/// Prints every role's exit code; returns launch's own: 130 after Ctrl-C, else the first node's failure
+/// when the coordinator's own code says no more (0, 1, 130), else the first failure (1 for a role killed by
+/// a signal), else the first non-zero role (not a starting node launch stopped: 130). A config every node
+/// refuses after its welcome exits 2 from each node, and the coordinator, whose nodes all failed, often ends
+/// first with 1: the cause is the nodes'.
 int exit_code(const std::vector<child>& children, const launch_state& st) {
   std::string summary;
   for (const auto& c : children) summary += " " + c.name + "=" + std::to_string(c.code);
   std::printf("launch: exit codes:%s\n", summary.c_str());
   std::fflush(stdout);
   if (st.handled_signals > 0) return 130;
-  if (st.first_node_failure != 0) return st.first_node_failure;
+  const int coordinator = children[0].code;
+  if (st.first_node_failure != 0 && (coordinator <= 1 || coordinator == 130)) return st.first_node_failure;
   if (st.first_failure != 0) return st.first_failure;
   for (const auto& c : children)
     if (c.code != 0 && !c.is_observer && !(st.before_start && c.is_node && c.code == 130)) return c.code;

@@ -17,8 +17,9 @@ struct observe_options {
 /// --set, --fresh to the nodes), prints their output line by line prefixed with the role's name, forwards
 /// the first Ctrl-C to all of them (a second one kills them), and stops the others when one fails. Returns 0
 /// when every role succeeded, 130 after Ctrl-C, 4 when another launch holds <run.out_dir>/logs, else the
-/// first failing role's exit code. With observe, it also writes <run.out_dir>/prometheus/prometheus.yml,
-/// starts Prometheus with its data (and log) beside it, and stops it with the cluster.
+/// first failing node's exit code (unless the coordinator's own says more), else the coordinator's. With
+/// observe, it also writes <run.out_dir>/prometheus/prometheus.yml, starts Prometheus with its data (and log)
+/// beside it, and stops it with the cluster.
 int launch(const std::string& exe, const std::string& cluster_path, const std::vector<std::string>& overrides,
            bool fresh, const observe_options& observe = {});
 

@@ -235,7 +235,7 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
     record_to(spec.train.run.out_dir, o);
     std::unique_ptr<runtime::metrics_registry> metrics;
     std::unique_ptr<runtime::metrics_server> server;
-    code = lead(spec, o, [&](master_options& leading) {
+    const auto serve_metrics = [&](master_options& leading) {
       if (!spec.train.metrics.enabled) return;
       std::vector<std::string> names;
       for (const auto& n : spec.nodes) names.push_back(n.name);
@@ -247,6 +247,19 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
       spdlog::info("coordinator: metrics on http://{}:{}/metrics", spec.train.metrics.address,
                    server->port());
       report_to(metrics.get(), leading);
+    };
+    // One address: a port in use is a start-up error. Several: a standby may share its leader's port on one
+    // host, so it binds once it leads; a leader it took over from while paused may still hold it.
+    const bool standby = spec.coordinators.size() > 1;
+    if (!standby) serve_metrics(o);
+    code = lead(spec, o, [&](master_options& leading) {
+      if (!standby) return;
+      try {
+        serve_metrics(leading);
+      } catch (const lw_error& e) {
+        metrics.reset();
+        spdlog::warn("coordinator: /metrics is not served ({}); it leads without it", e.what());
+      }
     });
   } catch (const runtime::run_lock_busy& e) {
     spdlog::error("coordinator: {}", e.what());

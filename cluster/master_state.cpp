@@ -299,6 +299,7 @@ void master_state::watch() {
     const bool joiner = m.phase == member_phase::joining || m.phase == member_phase::ready;
     if (joiner && now_ - m.last_seen > join_limit) {
       m.phase = member_phase::removed;
+      m.removed = removal::lost;  // (an earlier `left` would keep it from being told)
       m.ready.reset();
       m.removed_why =
           fmt::format("node {} stopped joining: nothing heard for {}", specs_[i].name, secs(join_limit));

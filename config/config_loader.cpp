@@ -787,9 +787,10 @@ void validate_fields(const train_config& cfg, const std::map<std::string, std::s
       cfg.diloco.fragments > layers)
     throw config_error(
         "diloco.fragments",
-        fmt::format("diloco.fragments = {}: the model (model.preset = \"{}\") has only {} layers "
-                    "to split into fragments",
-                    cfg.diloco.fragments, cfg.model.preset, layers));
+        fmt::format("diloco.fragments = {}: the model has only {} layers to split into fragments ({})",
+                    cfg.diloco.fragments, layers,
+                    cfg.model.layers > 0 ? fmt::format("model.layers = {}", cfg.model.layers)
+                                         : fmt::format("model.preset = \"{}\"", cfg.model.preset)));
   check_adaptive(cfg);
   check_async(cfg);
   if (cfg.train.rounds > int64_max / cfg.train.inner_steps) {

@@ -456,8 +456,7 @@ std::vector<uint16_t> validation_tokens(const std::string& input_path, const tok
   std::vector<uint16_t> tokens = tok.encode(text);
   const auto n = static_cast<int64_t>(tokens.size());
   const int64_t n_val = val_count(input_path, n, text.size(), val_fraction, began, log);
-  tokens.erase(tokens.begin(), tokens.end() - n_val);
-  return tokens;
+  return std::vector<uint16_t>(tokens.end() - n_val, tokens.end());  // not the whole corpus's capacity
 }
 
 prepared_dataset prepare_dataset(const std::string& input_path, config::tokenizer_kind kind,
@@ -524,12 +523,13 @@ prepared_dataset prepare_dataset(const std::string& input_path, config::tokenize
   if (has_sidecar) {
     const auto bytes = read_document_bytes(sidecar);
     // Offsets of another corpus (or of this one before an edit) would split it at the wrong places.
-    if (!bytes.empty() && bytes.back() > static_cast<int64_t>(text.size()))
+    if (const auto past = std::upper_bound(bytes.begin(), bytes.end(), static_cast<int64_t>(text.size()));
+        past != bytes.end())
       throw lw_error(
           errc::corrupt_data,
           fmt::format("{}:{}: document offset {} is past the end of corpus {} ({} bytes): is it the "
                       "document file of another corpus, or of this one before an edit?",
-                      sidecar, bytes.size() + 1, bytes.back(), input_path, text.size()));
+                      sidecar, past - bytes.begin() + 2, *past, input_path, text.size()));
     doc_starts = token_starts(bytes, train, token_bytes);
   } else {
     doc_starts = document_starts(text, train, token_bytes);

@@ -914,8 +914,10 @@ CATCH_TEST_CASE("Streaming needs inner_steps divisible by the fragments and tau 
   // More fragments than layers: refused by the config (a coordinator started with it; its nodes failed).
   const config_error e = error_of(base + "fragments = 6\n[model]\npreset = \"tiny\"\nlayers = 4\n");
   CATCH_CHECK(e.key() == "diloco.fragments");
-  CATCH_CHECK_THAT(e.what(),
-                   Contains("diloco.fragments = 6: the model (model.preset = \"tiny\") has only 4 layers"));
+  CATCH_CHECK_THAT(
+      e.what(),
+      Contains(
+          "diloco.fragments = 6: the model has only 4 layers to split into fragments (model.layers = 4)"));
   // The streaming rules apply only to streaming.
   CATCH_CHECK_NOTHROW(parse_config("[train]\ninner_steps = 7\n[diloco]\nouter = \"eager\"\n", {}, ""));
 }

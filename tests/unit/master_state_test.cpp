@@ -1828,6 +1828,20 @@ CATCH_TEST_CASE("master: a joiner that falls silent stops joining", "[unit][mast
   CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
 }
 
+CATCH_TEST_CASE("master: a node that left, came back to join and fell silent is told why when it wakes",
+                "[unit][master]") {
+  // Its earlier removal (left) is not answered; its silence as a joiner is (it heard nothing, for good).
+  table t(cluster_of(2));
+  t.play(two_training +
+         std::vector<row>{{2, "n1", "bye leaving", {}},
+                          {2, "n0", "ack 2 1/0", {}},
+                          {3, "n1'", "hello", {"n1' <- recover"}},
+                          {30, "n0", "heartbeat 2", {}},
+                          {60, "n0", "heartbeat 2", {}},
+                          {64, "n0", "tick", {"node n1 stopped joining: nothing heard for 60 s"}},
+                          {65, "n1'", "heartbeat 2", {"(node n1 stopped joining: nothing heard"}}});
+}
+
 CATCH_TEST_CASE("master: dropped messages are logged sparingly", "[unit][master]") {
   table t(cluster_of(1));
   std::vector<row> rows;
