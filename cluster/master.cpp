@@ -68,7 +68,14 @@ class master_shell {
       last = now;
       state_.tick(now);
       carry_out();
-      if (const auto code = state_.done()) return *code;
+      if (const auto code = state_.done()) {
+        // Its last words read (or their nodes gone) before its connections close (await_last_words).
+        while (state_.awaiting_last_words(clock::now())) {
+          poll_once();
+          carry_out();
+        }
+        return *code;
+      }
       poll_once();
       carry_out();
       report_status();

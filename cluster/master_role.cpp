@@ -54,6 +54,7 @@ master_options options_of(const config::cluster_spec& spec, const std::string& b
   o.heartbeat_timeout = to_ms(spec.heartbeat_timeout_s);
   o.min_nodes = static_cast<size_t>(spec.min_nodes);
   o.quorum_timeout = to_ms(spec.quorum_timeout_s);
+  o.await_last_words = spec.coordinators.size() > 1;  // the nodes' ZMQ_IMMEDIATE (control_client_links)
   if (spec.train.diloco.outer == config::outer_policy_kind::async) {
     const auto& a = spec.train.async;
     o.async = merge_rules{a.quorum,        a.grace_min_s,   a.grace_max_s,

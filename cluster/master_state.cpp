@@ -474,13 +474,37 @@ void master_state::note_end(const std::string& outcome,
 void master_state::call_off(const std::string& why, int code) {
   // A training node stops on errc::evicted; a joining one reports peer_lost. A removed node's new process
   // fetching the state is told too (a probe's went on asking for it for 2 minutes).
-  for (const auto& m : members_)
+  end_notice_ = {welcomed_ ? errc::evicted : errc::peer_lost, "the cluster was called off: " + why};
+  for (auto& m : members_)
     if (m.identity && m.phase != member_phase::finished &&
-        (m.removed == removal::none || m.phase == member_phase::joining || m.phase == member_phase::ready))
-      reply_error(*m.identity, welcomed_ ? errc::evicted : errc::peer_lost,
-                  "the cluster was called off: " + why);
+        (m.removed == removal::none || m.phase == member_phase::joining || m.phase == member_phase::ready)) {
+      reply_error(*m.identity, end_notice_.first, end_notice_.second);
+      m.told_end = s_.await_last_words;
+      m.told_removed = now_;
+    }
   exit_code_ = code;
   note_end(code == 130 ? "interrupted" : "called_off", {{"why", why}}, "the cluster was called off: " + why);
+}
+
+bool master_state::awaiting_last_words(clock::time_point now) const {
+  for (const auto& m : members_)
+    if (m.told_end && now - m.last_seen <= s_.heartbeat_timeout) return true;
+  return false;
+}
+
+void master_state::after_end(const sender& from, const envelope& e) {
+  const auto idx = index_of_identity(from.identity);
+  if (!idx || !members_[*idx].told_end) return;
+  auto& m = members_[*idx];
+  m.last_seen = now_;
+  if (std::holds_alternative<bye_msg>(e.body) || std::holds_alternative<error_msg>(e.body)) {
+    m.told_end = false;
+    return;
+  }
+  // It speaks on: the call-off did not reach it (lost with a closed connection); at most once a second.
+  if (now_ - m.told_removed < std::chrono::seconds(1)) return;
+  m.told_removed = now_;
+  reply_error(*m.identity, end_notice_.first, end_notice_.second);
 }
 
 std::vector<member_status> master_state::statuses(clock::time_point now) const {

@@ -115,6 +115,10 @@ struct master_settings {
   /// diloco.outer = "async": when the members' contributions merge into a new version (nullopt: the
   /// cluster's rounds have a barrier, and contributions are dropped as unexpected).
   std::optional<merge_rules> async;
+  /// Several coordinator addresses: a node drops what it has not read yet when the master's connection
+  /// closes (ZMQ_IMMEDIATE), so after a call-off the master stays until each node it told answered (bye or
+  /// error) or fell silent for heartbeat_timeout, telling again any that speaks (awaiting_last_words).
+  bool await_last_words = false;
 };
 
 /// Terms per generation: a cluster lists at most this many coordinator addresses.
@@ -188,6 +192,8 @@ class master_state {
   /// Set once the master's work is over: 0 when a member finished the run, 1 when none did (or the run was
   /// called off), 130 after interrupt().
   std::optional<int> done() const { return exit_code_; }
+  /// After done(): a node told of the call-off has neither answered nor fallen silent (await_last_words).
+  bool awaiting_last_words(clock::time_point now) const;
   /// One entry per member in ring order.
   std::vector<member_status> statuses(clock::time_point now) const;
   /// Seconds the members have waited below min_nodes (0: quorum).
@@ -210,6 +216,7 @@ class master_state {
     removal removed = removal::none;
     std::string removed_why;              // what it was told when it was removed (or stopped joining)
     bool stopped = false;                 // finished by bye("stopped"): it stopped with the cluster
+    bool told_end = false;                // told of the call-off, no bye or error since (await_last_words)
     bool leaving = false;                 // asked to leave (longwave node --leave) at its next boundary
     std::optional<std::string> identity;  // ROUTER routing id once it said hello
     std::optional<uint64_t> stop_hold;    // a stop: the round after which it holds (its answer to the query)
@@ -320,6 +327,8 @@ class master_state {
   /// A member's "still starting" beat: it is alive, but its main loop does not run yet.
   void on_starting(size_t i);
   void on_removed_message(size_t i, const envelope& e);
+  /// A frame after the end: a told node's answer, or the call-off once more (await_last_words).
+  void after_end(const sender& from, const envelope& e);
   void on_bye(size_t i, const bye_msg& b);
   void on_committed(size_t i, const committed_msg& c);
   void on_nccl_id(size_t i, const nccl_id_msg& n);
@@ -395,6 +404,7 @@ class master_state {
   uint64_t listed_workers_ = 0;
   std::vector<action> actions_;
   std::optional<int> exit_code_;
+  std::pair<errc, std::string> end_notice_;  // what call_off told the nodes
   uint64_t n_dropped_ = 0;
   std::map<std::string, std::string> standbys_;     // standby coordinators: address -> routing id
   std::set<std::string> strangers_;                 // routing ids of running nodes of an earlier master

@@ -22,7 +22,7 @@ constexpr size_t max_strangers = 1024;
 
 void master_state::on_frame(const sender& from, const envelope& e, clock::time_point now) {
   now_ = now;
-  if (exit_code_) return;
+  if (exit_code_) return after_end(from, e);
   if (e.term > term_) {
     if (welcomed_) return step_down(from, e.term);
     newest_term_ = std::max(newest_term_, e.term);  // running nodes' master, for the takeover's term

@@ -1048,6 +1048,27 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE("with two coordinator addresses a coordinator's call-off reaches every node before it exits",
+                "[process][cluster][elastic]") {
+  // Its nodes' control sockets (ZMQ_IMMEDIATE, for several addresses) drop what they have not read when the
+  // coordinator's connection closes: a probe's nodes missed the call-off of a stopped coordinator and trained
+  // on, or sat parked for good after a quorum call-off.
+  const auto dir = scratch_dir("elastic_last_words");
+  auto [file, first, second, coord, nodes] = start_with_standby_address(dir);
+  kill(coord.pid, SIGINT);
+  CATCH_CHECK(wait_exit(coord, 120) == 130);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int code = wait_exit(nodes[i], 300);
+    const auto log = read_text(dir + "/n" + std::to_string(i) + ".log");
+    CATCH_INFO(tail(log));
+    CATCH_CHECK(code == 1);
+    CATCH_CHECK(
+        contains(log, "the coordinator says: the cluster was called off: the coordinator was stopped"));
+  }
+  CATCH_CHECK(contains(read_text(dir + "/coord.log"), "calling the cluster off"));
+  fs::remove_all(dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("longwave stop --wait reaches a coordinator at the second address and says how the run ended",
                 "[process][cluster][elastic]") {
   // A probe: `stop --wait` said the coordinator went silent (exit 1) after a clean stop by the second

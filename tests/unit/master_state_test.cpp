@@ -847,6 +847,56 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                  "record end outcome=called_off exit_code=1 why=quorum lost: 1 live node(s) (n0)"}}});
     CATCH_CHECK(t.master().done() == 1);
   }
+  CATCH_SECTION(
+      "several coordinator addresses: it stays until its nodes answered, telling again who speaks") {
+    // A node drops what it has not read when the master's connection closes (ZMQ_IMMEDIATE): a probe's
+    // node missed the call-off and stayed parked for good.
+    auto s = cluster_of(2, 2);
+    s.await_last_words = true;
+    table t(s);
+    t.play(two_training +
+           std::vector<row>{{2, "n1", "error", {}},
+                            {2.5, "n0", "ack 2 1/0", {"quorum lost"}},
+                            {30, "n0", "heartbeat 1", {}},
+                            {60, "n0", "heartbeat 1", {}},
+                            {63, "n0", "tick", {"n0 <- error evicted: the cluster was called off"}}});
+    const auto at = [](double secs) {
+      return clock::time_point(std::chrono::hours(1000)) +
+             std::chrono::milliseconds(std::llround(secs * 1000));
+    };
+    CATCH_CHECK(t.master().done() == 1);
+    CATCH_CHECK(t.master().awaiting_last_words(at(63.5)));
+    // It speaks on (the notice was lost): told again, at most once a second.
+    t.play({{64, "n0", "heartbeat 1", {"n0 <- error evicted: the cluster was called off: quorum lost"}},
+            {64.5, "n0", "heartbeat 1", {"!n0 <-"}}});
+    CATCH_CHECK(t.master().awaiting_last_words(at(65)));
+    // Its error (the node's exit) ends the wait; silence would too, after heartbeat_timeout.
+    t.play({{65, "n0", "error", {}}});
+    CATCH_CHECK_FALSE(t.master().awaiting_last_words(at(65.1)));
+    CATCH_CHECK(t.master().done() == 1);
+  }
+  CATCH_SECTION("one coordinator address, or a node gone silent: no wait") {
+    table t(cluster_of(2, 2));
+    t.play(two_training + std::vector<row>{{2, "n1", "error", {}},
+                                           {2.5, "n0", "ack 2 1/0", {"quorum lost"}},
+                                           {30, "n0", "heartbeat 1", {}},
+                                           {60, "n0", "heartbeat 1", {}},
+                                           {63, "n0", "tick", {"calling the run off"}}});
+    CATCH_CHECK_FALSE(t.master().awaiting_last_words(clock::time_point(std::chrono::hours(1000)) +
+                                                     std::chrono::seconds(63)));
+    auto s = cluster_of(2, 2);
+    s.await_last_words = true;
+    table u(s);
+    u.play(two_training + std::vector<row>{{2, "n1", "error", {}},
+                                           {2.5, "n0", "ack 2 1/0", {"quorum lost"}},
+                                           {30, "n0", "heartbeat 1", {}},
+                                           {60, "n0", "heartbeat 1", {}},
+                                           {63, "n0", "tick", {"calling the run off"}}});
+    const auto t0 = clock::time_point(std::chrono::hours(1000));
+    CATCH_CHECK(u.master().awaiting_last_words(t0 + std::chrono::seconds(63)));
+    CATCH_CHECK_FALSE(
+        u.master().awaiting_last_words(t0 + std::chrono::seconds(67)));  // 7 s since its last word
+  }
   CATCH_SECTION("a joiner still fetching is told") {
     table t(cluster_of(2, 2));
     t.play(two_training + std::vector<row>{{2, "n1", "error", {}},
