@@ -171,14 +171,22 @@ void control_client::send(const envelope& e, std::optional<size_t> only) {
 bool control_client::converse(const envelope& e, std::chrono::milliseconds timeout,
                               const std::function<bool(const envelope&)>& done) {
   send(e);
-  const auto deadline = clock::now() + timeout;
+  auto deadline = clock::now() + timeout;
   auto next_send = clock::now() + hello_every;
+  bool reached = connected_;
   while (clock::now() < deadline) {
     if (clock::now() >= next_send) {
       send(e);  // idempotent at the coordinator; also tells it that this process is still there
       next_send += hello_every;
     }
     check_handshake();
+    // The time counts again from when the coordinator is first reached: a node started before it waits for
+    // its answer as long as one started with it (one gave up, "cannot reach", while the coordinator waited
+    // for the other nodes within its own join deadline).
+    if (!reached && connected_) {
+      reached = true;
+      deadline = std::max(deadline, clock::now() + timeout);
+    }
     auto parsed = receive(std::chrono::milliseconds(100));
     if (!parsed) continue;
     if (!*parsed) {

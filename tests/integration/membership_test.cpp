@@ -56,6 +56,42 @@ fence_ack_msg ack(uint64_t epoch, reduce_key committed, std::optional<reduce_key
 
 }  // namespace
 
+CATCH_TEST_CASE("a node started before its coordinator waits its whole join time from when it reaches it",
+                "[integration][membership]") {
+  // A probe's node, started 10 s before the coordinator, gave up at its own 35 s ("cannot reach the
+  // coordinator") while the coordinator, which had its hello, waited within its join deadline for the others.
+  master_options o;
+  o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
+  o.cluster_id = cluster_id;
+  o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
+  o.join_timeout = std::chrono::seconds(60);
+  std::atomic<bool> stop{false};
+  o.stop = [&] { return stop.load(); };
+  auto hello = [&](const std::string& name, const std::string& ep) {
+    hello_msg h;
+    h.protocol_version = protocol_version();
+    h.cluster_id = cluster_id;
+    h.node_name = name;
+    h.n_workers = 1;
+    h.data_endpoint = ep;
+    return h;
+  };
+  const auto join_time = std::chrono::seconds(8);
+  const auto began = std::chrono::steady_clock::now();
+  control_client a(o.bind_endpoint, cluster_id), b(o.bind_endpoint, cluster_id);
+  auto wa =
+      std::async(std::launch::async, [&] { return a.join(hello("a", "tcp://127.0.0.1:1"), join_time); });
+  // The coordinator comes 6 s after a, b 10 s after a: past a's 8 s from its start, within 8 s of its reach.
+  std::this_thread::sleep_until(began + std::chrono::seconds(6));
+  auto coord = std::async(std::launch::async, [&] { return run_master(o); });
+  std::this_thread::sleep_until(began + std::chrono::seconds(10));
+  const auto wb = b.join(hello("b", "tcp://127.0.0.1:2"), std::chrono::seconds(20));
+  CATCH_CHECK(std::holds_alternative<welcome_msg>(wb));
+  CATCH_CHECK(std::holds_alternative<welcome_msg>(wa.get()));  // it threw deadline_missed at 8 s
+  stop = true;
+  coord.get();
+}
+
 CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and endless resets end the run",
                 "[integration][membership]") {
   master_options o;
