@@ -69,8 +69,10 @@ class master_shell {
       state_.tick(now);
       carry_out();
       if (const auto code = state_.done()) {
-        // Its last words read (or their nodes gone) before its connections close (await_last_words).
-        while (state_.awaiting_last_words(clock::now())) {
+        // Its last words read (or their nodes gone) before its connections close (await_last_words); a node
+        // that speaks on and never acts on them holds it at most twice heartbeat_timeout.
+        const auto at_most = clock::now() + 2 * o_.heartbeat_timeout;
+        while (state_.awaiting_last_words(clock::now()) && clock::now() < at_most) {
           poll_once();
           carry_out();
         }
