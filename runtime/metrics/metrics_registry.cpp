@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
 
+#include <limits>
 #include <sstream>
 
 namespace longwave::runtime {
@@ -76,8 +77,11 @@ metrics_registry::metrics_registry(metric_role role, std::string node,
       case metric_type::gauge: {
         auto& f = prometheus::BuildGauge().Name(d.name).Help(d.help).Labels(constant).Register(*registry_);
         families_->gauges[d.name] = &f;
-        if (std::string_view(d.name) != "longwave_build_info")
-          for (const auto& l : series) f.Add(l);
+        if (std::string_view(d.name) == "longwave_build_info") break;
+        // No evaluation yet: NaN (a gap on a dashboard), not a loss of 0.
+        const bool unknown = std::string_view(d.name) == "longwave_val_loss" ||
+                             std::string_view(d.name) == "longwave_val_perplexity";
+        for (const auto& l : series) f.Add(l).Set(unknown ? std::numeric_limits<double>::quiet_NaN() : 0.0);
         break;
       }
       case metric_type::counter: {

@@ -2,6 +2,7 @@
 // and a registry of each role exposes exactly its part of the catalogue, every series labelled with the node.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -195,6 +196,11 @@ CATCH_TEST_CASE("A node's /metrics exposes its part of the catalogue, every seri
               2.5);
   CATCH_CHECK(test::prom_value(samples, "longwave_worker_inner_steps_total",
                                L{{"node", "a"}, {"worker", "0"}}) == 3.0);
+  // Before the first evaluation the validation gauges say NaN, not a loss of 0.
+  for (const char* name : {"longwave_val_loss", "longwave_val_perplexity"}) {
+    const auto v = test::prom_value(samples, name, L{{"node", "a"}});
+    CATCH_CHECK((v && std::isnan(*v)));
+  }
   // Pre-created at zero: every worker, peer and reason series exists before anything happened.
   CATCH_CHECK(test::prom_value(samples, "longwave_worker_stall_seconds_total",
                                L{{"node", "a"}, {"worker", "1"}}) == 0.0);
