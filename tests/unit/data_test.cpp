@@ -407,6 +407,11 @@ CATCH_TEST_CASE("A malformed tokenizer file is rejected naming the file and line
   }
   write_text(path, "longwave-bpe 1\r\n258\r\n97 98\r\n98 99\r\n\r\n");
   CATCH_CHECK(load_tokenizer(path)->vocab_size() == 258);
+  // Its canonical text (what a checkpoint carries) is the LF file's: nodes with either copy serve one state.
+  const auto crlf = load_tokenizer(path)->text();
+  write_text(path, "longwave-bpe 1\n258\n97 98\n98 99\n");
+  CATCH_CHECK(load_tokenizer(path)->text() == crlf);
+  CATCH_CHECK(crlf.find('\r') == std::string::npos);
   CATCH_CHECK(longwave::test::error_of([&] { load_tokenizer(dir.file("absent.txt")); }) == errc::io_error);
 }
 
