@@ -54,38 +54,45 @@ fence_ack_msg ack(uint64_t epoch, reduce_key committed, std::optional<reduce_key
   return a;
 }
 
+/// Node `name`'s hello, its ring endpoint on 127.0.0.1:`port` (never bound: the tests speak control only).
+hello_msg hello_of(const std::string& name, int port) {
+  hello_msg h;
+  h.protocol_version = protocol_version();
+  h.cluster_id = cluster_id;
+  h.node_name = name;
+  h.n_workers = 1;
+  h.data_endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  return h;
+}
+
+/// A coordinator of nodes a and b on a free port.
+master_options two_nodes(std::chrono::milliseconds join_timeout) {
+  master_options o;
+  o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
+  o.cluster_id = cluster_id;
+  o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
+  o.join_timeout = join_timeout;
+  return o;
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("a node started before its coordinator waits its whole join time from when it reaches it",
                 "[integration][membership]") {
   // A probe's node, started 10 s before the coordinator, gave up at its own 35 s ("cannot reach the
   // coordinator") while the coordinator, which had its hello, waited within its join deadline for the others.
-  master_options o;
-  o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
-  o.cluster_id = cluster_id;
-  o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
-  o.join_timeout = std::chrono::seconds(60);
+  auto o = two_nodes(std::chrono::seconds(60));
   std::atomic<bool> stop{false};
   o.stop = [&] { return stop.load(); };
-  auto hello = [&](const std::string& name, const std::string& ep) {
-    hello_msg h;
-    h.protocol_version = protocol_version();
-    h.cluster_id = cluster_id;
-    h.node_name = name;
-    h.n_workers = 1;
-    h.data_endpoint = ep;
-    return h;
-  };
   const auto join_time = std::chrono::seconds(8);
   const auto began = std::chrono::steady_clock::now();
   control_client a(o.bind_endpoint, cluster_id), b(o.bind_endpoint, cluster_id);
-  auto wa =
-      std::async(std::launch::async, [&] { return a.join(hello("a", "tcp://127.0.0.1:1"), join_time); });
+  auto wa = std::async(std::launch::async, [&] { return a.join(hello_of("a", 1), join_time); });
   // The coordinator comes 6 s after a, b 10 s after a: past a's 8 s from its start, within 8 s of its reach.
   std::this_thread::sleep_until(began + std::chrono::seconds(6));
   auto coord = std::async(std::launch::async, [&] { return run_master(o); });
   std::this_thread::sleep_until(began + std::chrono::seconds(10));
-  const auto wb = b.join(hello("b", "tcp://127.0.0.1:2"), std::chrono::seconds(20));
+  const auto wb = b.join(hello_of("b", 2), std::chrono::seconds(20));
   CATCH_CHECK(std::holds_alternative<welcome_msg>(wb));
   CATCH_CHECK(std::holds_alternative<welcome_msg>(wa.get()));  // it threw deadline_missed at 8 s
   stop = true;
@@ -94,11 +101,7 @@ CATCH_TEST_CASE("a node started before its coordinator waits its whole join time
 
 CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and endless resets end the run",
                 "[integration][membership]") {
-  master_options o;
-  o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
-  o.cluster_id = cluster_id;
-  o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
-  o.join_timeout = std::chrono::seconds(20);
+  auto o = two_nodes(std::chrono::seconds(20));
   std::vector<std::string> lines;
   std::mutex lines_mu;
   o.info = o.warn = [&](const std::string& s) {
@@ -110,20 +113,10 @@ CATCH_TEST_CASE("ring failures: fence, the smallest reached key is kept, and end
   auto coord = std::async(std::launch::async, [&] { return run_master(o); });
 
   control_client a(o.bind_endpoint, cluster_id), b(o.bind_endpoint, cluster_id);
-  auto hello = [&](const std::string& name, const std::string& ep) {
-    hello_msg h;
-    h.protocol_version = protocol_version();
-    h.cluster_id = cluster_id;
-    h.node_name = name;
-    h.n_workers = 1;
-    h.data_endpoint = ep;
-    return h;
-  };
   auto wa = std::async(std::launch::async, [&] {
-    return std::get<cluster::welcome_msg>(a.join(hello("a", "tcp://127.0.0.1:1"), std::chrono::seconds(20)));
+    return std::get<cluster::welcome_msg>(a.join(hello_of("a", 1), std::chrono::seconds(20)));
   });
-  const auto wb =
-      std::get<cluster::welcome_msg>(b.join(hello("b", "tcp://127.0.0.1:2"), std::chrono::seconds(20)));
+  const auto wb = std::get<cluster::welcome_msg>(b.join(hello_of("b", 2), std::chrono::seconds(20)));
   const auto welcome_a = wa.get();
   CATCH_REQUIRE(welcome_a.epoch == 1);
   CATCH_REQUIRE(wb.rank == 1);
@@ -196,10 +189,7 @@ struct two_node_cluster {
   std::unique_ptr<control_client> a, b;
 
   two_node_cluster() {
-    o.bind_endpoint = "tcp://127.0.0.1:" + std::to_string(test::free_port());
-    o.cluster_id = cluster_id;
-    o.members = {{"a", "tcp://127.0.0.1:1", 1}, {"b", "tcp://127.0.0.1:2", 1}};
-    o.join_timeout = std::chrono::seconds(20);
+    o = two_nodes(std::chrono::seconds(20));
     o.info = o.warn = [&](const std::string& s) {
       std::lock_guard<std::mutex> lk(mu);
       lines.push_back(s);
@@ -213,8 +203,8 @@ struct two_node_cluster {
     a = std::make_unique<control_client>(o.bind_endpoint, cluster_id);
     b = std::make_unique<control_client>(o.bind_endpoint, cluster_id);
     auto wa =
-        std::async(std::launch::async, [&] { return a->join(hello("a", 1), std::chrono::seconds(20)); });
-    CATCH_REQUIRE(std::holds_alternative<welcome_msg>(b->join(hello("b", 2), std::chrono::seconds(20))));
+        std::async(std::launch::async, [&] { return a->join(hello_of("a", 1), std::chrono::seconds(20)); });
+    CATCH_REQUIRE(std::holds_alternative<welcome_msg>(b->join(hello_of("b", 2), std::chrono::seconds(20))));
     CATCH_REQUIRE(std::holds_alternative<welcome_msg>(wa.get()));
     a->heartbeat(0, 1);
     b->heartbeat(0, 1);
@@ -224,15 +214,6 @@ struct two_node_cluster {
     if (coord.valid()) coord.wait();
   }
 
-  static hello_msg hello(const std::string& name, int port) {
-    hello_msg h;
-    h.protocol_version = protocol_version();
-    h.cluster_id = cluster_id;
-    h.node_name = name;
-    h.n_workers = 1;
-    h.data_endpoint = "tcp://127.0.0.1:" + std::to_string(port);
-    return h;
-  }
   /// The round after which the coordinator tells `node` to stop (queries, round 0, are skipped); 0 if none
   /// comes within 10 s.
   static uint64_t stop_round(control_client& node) {
@@ -393,8 +374,8 @@ CATCH_TEST_CASE("a node that moves to a newer coordinator's term tells the one i
   // timeout removed every node as lost (a probe saw 30 s of it, and false removals in the event log).
   fake_coordinator older, newer;
   control_client a({older.endpoint, newer.endpoint}, cluster_id);
-  auto joined = std::async(std::launch::async,
-                           [&] { return a.join(two_node_cluster::hello("a", 1), std::chrono::seconds(30)); });
+  auto joined =
+      std::async(std::launch::async, [&] { return a.join(hello_of("a", 1), std::chrono::seconds(30)); });
   CATCH_REQUIRE(older.next<hello_msg>(std::chrono::seconds(20)).has_value());
   CATCH_REQUIRE(newer.next<hello_msg>(std::chrono::seconds(20)).has_value());
   welcome_msg w;
