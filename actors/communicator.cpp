@@ -166,7 +166,7 @@ namespace {
 /// node_weight: the node's weight (-1: one per part; 0: it only relays, as a joiner's observed round;
 /// comm::rank0_weight: the epoch's rank 0 alone, for theta_0).
 caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector<at::Tensor> parts,
-                            bool exact, double node_weight) {
+                            bool exact, double node_weight, bool empty_ok) {
   auto& s = self->state;
   const uint64_t round = label.first;
   const auto t0 = std::chrono::steady_clock::now();
@@ -215,7 +215,14 @@ caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector
     spdlog::debug("all-reduce of round {}: {:.3f} s, {} bytes sent", round, secs,
                   s.net->bytes_sent() - s.sent);
   report(self, s, r, label, static_cast<size_t>(n), secs);
-  return reduced{std::move(sum), s.cluster ? s.net->last_members() : std::vector<std::string>{}};
+  // Every node weighed 0 (this one did, and so the total): the zeros average nothing.
+  const bool empty = s.cluster && weight == 0.0 && !(s.net->last_total_weight() > 0.0);
+  if (empty && !empty_ok)
+    return make_error(errc::invalid_config,
+                      fmt::format("all-reduce of round {}: every node contributed weight 0, so there is "
+                                  "nothing to average",
+                                  round));
+  return reduced{std::move(sum), s.cluster ? s.net->last_members() : std::vector<std::string>{}, empty};
 }
 
 /// Copies of the error-feedback residuals, for a snapshot. A request queued behind a running all-reduce is
@@ -273,7 +280,7 @@ communicator_actor::behavior_type communicator_fun(comm_self self, communicator_
       },
       // By reference into the message, so that the tensors are moved out of it (see reduce).
       [=](reduce_atom, reduce_request& req) {
-        return reduce(self, req.label, std::move(req.parts), req.exact, req.weight);
+        return reduce(self, req.label, std::move(req.parts), req.exact, req.weight, req.empty_ok);
       },
   };
 }

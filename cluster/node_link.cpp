@@ -13,13 +13,14 @@
 namespace longwave::cluster {
 
 node_link::node_link(std::string name, actors::ring_place& place, control_client& control, hello_msg hello,
-                     state_publisher* publisher, bool check_theta)
+                     state_publisher* publisher, bool check_theta,
+                     std::chrono::milliseconds heartbeat_timeout)
     : name_(std::move(name)),
       place_(place),
       control_(control),
       publisher_(publisher),
       check_theta_(check_theta),
-      watch_(std::move(hello), place.admitted),
+      watch_(std::move(hello), place.admitted, heartbeat_timeout),
       stop_(name_),
       pin_(name_),
       merges_(name_) {}
@@ -145,9 +146,9 @@ void node_link::tick(const std::function<void(std::string)>& record, const actor
   }
   // Evicted, or the run called off: no round of this node counts any more, so it ends now rather than when
   // its next all-reduce fails (a whole inner phase later).
-  if (asks.evicted && !ended_ && controls.end) {
+  if ((asks.evicted || asks.cut_off) && !ended_ && controls.end) {
     ended_ = true;
-    controls.end("the coordinator says: " + *asks.evicted);
+    controls.end(asks.evicted ? "the coordinator says: " + *asks.evicted : *asks.cut_off);
   }
   if (orphaned_after_ && !ended_ && controls.end) {
     const auto gone = watch_.gone_since();

@@ -30,8 +30,9 @@ class node_link final : public actors::cluster_link {
   /// link. hello: what it said to the master, re-sent to one that comes back. publisher: where it serves
   /// its states to joiners (nullptr: it serves none, as with NCCL). check_theta: report theta's CRC each
   /// round (every policy but eager keeps one theta_global on every node; async reports it per version).
+  /// heartbeat_timeout: the cluster's heartbeat_timeout_s (master_watch).
   node_link(std::string name, actors::ring_place& place, control_client& control, hello_msg hello,
-            state_publisher* publisher, bool check_theta);
+            state_publisher* publisher, bool check_theta, std::chrono::milliseconds heartbeat_timeout);
   ~node_link() override;
   node_link(const node_link&) = delete;
   node_link& operator=(const node_link&) = delete;

@@ -333,7 +333,8 @@ int run_node_role(const config::cluster_spec& file_spec, const std::string& name
   actors::run_options node_opts = opts;
   if (const auto failed = connect_and_join(s, spec, index, cfg, node_opts)) return runtime::end_with(*failed);
   set_up_ring(s, spec, file_spec, index, cfg);
-  node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(), same_theta(cfg));
+  node_link link(me.name, s.place, *s.control, s.hello, s.publisher.get(), same_theta(cfg),
+                 std::chrono::milliseconds(static_cast<int64_t>(spec.heartbeat_timeout_s * 1000)));
   if (cfg.diloco.outer == config::outer_policy_kind::async)
     link.end_when_orphaned(std::chrono::milliseconds(static_cast<int64_t>(spec.quorum_timeout_s * 1000)));
   if (s.recover) {

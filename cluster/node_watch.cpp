@@ -83,12 +83,19 @@ master_asks master_watch::on_tick(control_client& control, comm::collective& rin
     if (!m.merged.empty() && (told_.empty() || m.version > told_.back().version)) told_.push_back(m);
   if (elastic && reannounce_ && now >= next_announce_) reannounce(control, *elastic, now);
   if (elastic) report(control, *elastic, name, now);
-  if (elastic) check_cut_off(*elastic, name, now);
+  if (elastic)
+    if (auto why = cut_off_.due(gone_since_, now)) {
+      spdlog::error("node {}: {}", name, *why);
+      elastic->evict(*why);
+      asks.cut_off = std::move(why);
+    }
   if (gone_since_ && now >= next_reminder_) {
     next_reminder_ = now + reminder_every;
-    spdlog::warn("node {}: still no connection to the coordinator at {} ({:.0f} s){}; training goes on", name,
+    spdlog::warn("node {}: still no connection to the coordinator at {} ({:.0f} s){}; {}", name,
                  control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count(),
-                 refused_.empty() ? "" : "; last refusal: " + refused_);
+                 refused_.empty() ? "" : "; last refusal: " + refused_,
+                 elastic && elastic->fenced() ? "this node's ring is fenced and waits for a coordinator"
+                                              : "training goes on");
   }
   return asks;
 }
@@ -111,21 +118,6 @@ void master_watch::reannounce(control_client& control, const comm::elastic_ring&
   control.reannounce(h);
 }
 
-void master_watch::check_cut_off(comm::elastic_ring& elastic, const std::string& name,
-                                 steady::time_point now) {
-  if (!failed_since_ || !gone_since_) return;
-  const auto since = std::max(*failed_since_, *gone_since_);
-  if (now - since < cut_off_after) return;
-  const auto text = fmt::format(
-      "cut off from the cluster: this node's ring failed and the coordinator has not been reachable for "
-      "{:.0f} s; a coordinator removes a node it cannot hear (a partition, or this node's links are down), "
-      "and the others go on. Its checkpoints are kept: start it again with the same command to rejoin",
-      std::chrono::duration<double>(now - *gone_since_).count());
-  spdlog::error("node {}: {}", name, text);
-  elastic.evict(text);
-  failed_since_.reset();
-}
-
 void master_watch::report(control_client& control, comm::elastic_ring& elastic, const std::string& name,
                           steady::time_point now) {
   if (const auto ack = elastic.fence_report()) {
@@ -141,7 +133,7 @@ void master_watch::report(control_client& control, comm::elastic_ring& elastic, 
     spdlog::warn("node {}: the ring of epoch {} failed{}: {}; asking the coordinator for a new epoch", name,
                  f->epoch, f->suspect.empty() ? "" : " (lost " + f->suspect + ")", f->reason);
     control.ring_failed({f->epoch, f->suspect, f->reason});
-    if (!failed_since_) failed_since_ = now;
+    cut_off_.ring_failed(now);
   }
 }
 
@@ -150,9 +142,9 @@ void master_watch::on_event(const control_event& ev, comm::collective& ring, com
   using kind = control_event::kind;
   if (ev.what == kind::fence || ev.what == kind::membership || ev.what == kind::welcome ||
       ev.what == kind::notice)
-    reannounce_ = false;  // the master knows this node
-  if (ev.what == kind::fence || ev.what == kind::membership)
-    failed_since_.reset();  // it deals with the failure
+    reannounce_ = false;                                       // the master knows this node
+  if (ev.what == kind::fence) cut_off_.fenced(ev.epoch, now);  // the coordinator deals with the failure
+  if (ev.what == kind::membership) cut_off_.entered();
   if (ev.what == kind::welcome) {
     spdlog::info("node {}: the coordinator took this node on in epoch {}", name, ev.epoch);
   } else if (ev.what == kind::fence) {

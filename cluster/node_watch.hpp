@@ -15,6 +15,7 @@
 
 #include "actors/cluster_link.hpp"
 #include "cluster/control_client.hpp"
+#include "cluster/cut_off_rule.hpp"
 #include "comm/deferred_collective.hpp"
 #include "comm/elastic_ring.hpp"
 
@@ -37,6 +38,7 @@ struct master_asks {
   std::vector<merge_msg> merges;       ///< diloco.outer = "async": merges and drops, in arrival order
   bool welcomed = false;               ///< a (restarted) coordinator took this running node on
   std::optional<std::string> evicted;  ///< the coordinator evicted this node or called the run off: why
+  std::optional<std::string> cut_off;  ///< this node takes itself to be cut off from the cluster: why
 };
 
 /// A node's view of its master while it trains: membership changes reach the ring (fence, next epoch,
@@ -46,8 +48,14 @@ class master_watch {
  public:
   /// hello: this node's hello, re-sent (running) to a master that comes back.
   /// admitted: CURVE's admitted node keys, which each membership extends (nullptr without CURVE).
-  master_watch(hello_msg hello, std::shared_ptr<comm::key_ring> admitted)
-      : hello_(std::move(hello)), admitted_(std::move(admitted)), version_(hello_.committed.round) {}
+  /// heartbeat_timeout: the cluster's heartbeat_timeout_s, within which a standby takes a dead coordinator's
+  /// place (a node cuts itself off only well after that).
+  master_watch(hello_msg hello, std::shared_ptr<comm::key_ring> admitted,
+               std::chrono::milliseconds heartbeat_timeout)
+      : hello_(std::move(hello)),
+        admitted_(std::move(admitted)),
+        cut_off_(std::max<std::chrono::milliseconds>(cut_off_after, 3 * heartbeat_timeout)),
+        version_(hello_.committed.round) {}
 
   /// diloco.outer = "async": the version this node applied last. A re-announcement names it, not the ring's
   /// last label, which after a resume is the state transfer's (0, 3): a restarted master merges on from the
@@ -80,15 +88,11 @@ class master_watch {
   void report(control_client& control, comm::elastic_ring& elastic, const std::string& name,
               steady::time_point now);
 
-  /// The ring failed and the master is unreachable: after this long the node takes itself to be cut off
-  /// (the master removes a node it cannot hear within heartbeat_timeout_s) and stops.
-  void check_cut_off(comm::elastic_ring& elastic, const std::string& name, steady::time_point now);
-
   static constexpr auto reminder_every = std::chrono::seconds(60);
-  static constexpr auto cut_off_after = std::chrono::seconds(30);
-  std::optional<steady::time_point> failed_since_;  // the ring failed; no fence or membership since
+  static constexpr std::chrono::milliseconds cut_off_after{30000};  // at least; cut_off_rule
   hello_msg hello_;
   std::shared_ptr<comm::key_ring> admitted_;
+  cut_off_rule cut_off_;
   std::shared_ptr<comm::epoch_keys> nccl_ids_;  // comm.backend = "nccl"
   std::optional<steady::time_point> gone_since_;
   std::string refused_;   // why the master refuses this node's handshake now ("" while it does not)

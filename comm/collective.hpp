@@ -40,6 +40,8 @@ class collective {
   /// Replaces data[0..n) (host memory) on every rank with sum_r(weight_r * data_r) / sum_r(weight_r), in
   /// place. Every rank passes the same n, round, fragment and dtype; (round, fragment) increases from call to
   /// call. weight is finite and >= 0 (the node's worker count; 0 while a joiner observes its first round).
+  /// When every rank weighs 0 (client sampling whose drawn clients are all on nodes that are gone) the result
+  /// is zeros and last_total_weight() is 0 on every rank: the caller decides what that means.
   /// dtype, when given, replaces the backend's configured wire dtype for this call (fp32 for parameters).
   /// Blocks the caller. Throws lw_error (deadline_missed, peer_lost, stale_round, invalid_config, cancelled,
   /// ...); after a throw data holds partial results and the next call must use a later round.

@@ -65,11 +65,13 @@ bool take_values(const item& it, const ring_options& o, const std::byte* src, si
                                                 : decode(o.dtype, src, size, it.count, x, o.codec);
 }
 
-// This rank owns the segment: its sum divided by the total weight (every rank's weight summed).
-void average_owned(float* x, size_t count, double total_weight, int rank, uint64_t round) {
-  if (!(total_weight > 0.0))
-    throw lw_error(errc::invalid_config,
-                   fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank, round));
+// This rank owns the segment: its sum divided by the total weight (every rank's weight summed); zeros when
+// every rank weighed 0 (collective.hpp).
+void average_owned(float* x, size_t count, double total_weight) {
+  if (!(total_weight > 0.0)) {
+    std::fill(x, x + count, 0.0f);
+    return;
+  }
   const double inv = 1.0 / total_weight;
   for (size_t j = 0; j < count; ++j) x[j] = static_cast<float>(static_cast<double>(x[j]) * inv);
 }
@@ -227,9 +229,6 @@ void ring_allreduce::check_call(uint64_t round, uint32_t fragment, double weight
   if (!std::isfinite(weight) || weight < 0.0)
     throw lw_error(errc::invalid_config,
                    fmt::format("comm: rank {}: weight {} must be finite and >= 0", rank_, weight));
-  if (endpoints_.size() == 1 && weight == 0.0)
-    throw lw_error(errc::invalid_config,
-                   fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
 }
 
 void ring_allreduce::run_call(uint64_t round, uint32_t fragment, const std::function<void()>& body) {
@@ -274,7 +273,10 @@ void ring_allreduce::allreduce(uint64_t round, float* data, size_t n, double wei
   run_call(round, fragment, [&] {
     if (endpoints_.size() == 1) {
       counters_->total_weight.store(weight);
-      single_rank(data, n, o, chunk_elements);
+      if (weight > 0.0)
+        single_rank(data, n, o, chunk_elements);
+      else
+        std::fill(data, data + n, 0.0f);
     } else {
       reduce_round(round, fragment, data, n, weight, o, chunk_elements);
     }
@@ -299,12 +301,9 @@ gathered ring_allreduce::allgather(uint64_t round, const std::byte* message, siz
   if (bytes != 0) std::memcpy(g.messages.data() + static_cast<size_t>(rank_) * bytes, message, bytes);
   run_call(round, fragment, [&] {
     if (world > 1) gather_round(round, fragment, message, weight, g);
-    // Every rank sums the same weights in the same order, so all agree on the total (and on a refusal).
+    // Every rank sums the same weights in the same order, so all agree on the total (0 included).
     double total = 0;
     for (double w : g.weights) total += w;
-    if (!(total > 0.0))
-      throw lw_error(errc::invalid_config,
-                     fmt::format("comm: rank {}: every rank of round {} contributed weight 0", rank_, round));
     counters_->total_weight.store(total);
   });
   return g;
@@ -379,7 +378,7 @@ void ring_allreduce::reduce_round(uint64_t round, uint32_t fragment, float* data
       // This rank owns the segment: average, encode once, and keep exactly what the others will decode.
       h.weight = in_weight[it.dep];
       counters_->total_weight.store(h.weight);
-      average_owned(x, it.count, h.weight, rank_, round);
+      average_owned(x, it.count, h.weight);
     }
     payload = zmq::message_t(it.bytes);
     auto* dst = static_cast<std::byte*>(payload.data());

@@ -48,7 +48,10 @@ bool sparse_mean(const gathered& g, size_t n, const sparse_options& o, bool clip
         fmt::format("{} bytes gathered for {} messages of {} bytes", g.messages.size(), world, g.bytes));
   double total = 0;
   for (const double w : g.weights) total += w;
-  if (!(total > 0)) return fail("no rank contributed a positive weight");
+  if (!(total > 0)) {  // every rank weighed 0: zeros (collective.hpp)
+    std::fill(out, out + n, 0.0f);
+    return true;
+  }
   // Every message of positive weight is validated (and its norm taken) before out is touched; then only the
   // sent values are added, so the cost is the k values per chunk of each rank, not world dense vectors.
   auto message = [&](size_t r) { return g.messages.data() + r * g.bytes; };

@@ -194,13 +194,13 @@ double coordinator_engine::weight_of(const ring_label& label, bool exact, double
 }
 
 void coordinator_engine::reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
-                                    double weight) {
+                                    double weight, bool empty_ok) {
   auto self = self_;
   // The communicator's deadline is comm.timeout_s (the ring's own); this one only guards against a
   // communicator that never answers.
   self->request(self->state.peers.communicator, self->state.round_timeout, reduce_atom_v,
-                reduce_request{label, std::move(parts), false, weight_of(label, false, weight)})
-      .then([k](reduced& r) { k(std::move(r.avg)); },
+                reduce_request{label, std::move(parts), false, weight_of(label, false, weight), empty_ok})
+      .then([k](reduced& r) { k(r.empty ? at::Tensor() : std::move(r.avg)); },
             [self, label](caf::error& e) { allreduce_failed(self, label, std::move(e)); });
 }
 

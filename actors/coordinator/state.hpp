@@ -68,8 +68,8 @@ class coordinator_engine final : public round_engine {
   void eager_step(uint64_t round, at::Tensor avg_prev, std::vector<at::Tensor> deltas,
                   then<runtime::eager_thetas> k) override;
 
-  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
-                  double weight) override;
+  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k, double weight,
+                  bool empty_ok) override;
   void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) override;
   void start_reduce(ring_label label, std::vector<at::Tensor> parts, bool exact, double weight) override;
   void when_average(ring_label label, then<at::Tensor> k, bool final) override;

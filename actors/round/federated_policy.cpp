@@ -1,7 +1,8 @@
 // federated.clients_per_round = K (Photon's client sampling): each round K of the M clients (global worker
 // ranks), drawn from (run.seed, round) alike on every node, run H inner steps from theta_global; the others
 // idle (0 steps, their data and optimizer untouched). The outer step applies the mean of the K pseudo-
-// gradients: each node contributes its drawn workers' mean with their count as weight (0: none drawn here).
+// gradients: each node contributes its drawn workers' mean with their count as weight (0: none drawn here). A
+// round whose drawn clients are all on nodes that are gone averages nothing: theta stays.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -62,10 +63,17 @@ class federated_policy final : public round_policy {
         {round, 0}, std::move(parts),
         [this, round](at::Tensor avg) {
           if (!engine_.set_phase(phase::outer_step)) return;
+          if (!avg.defined()) {  // every drawn client is on a node that is gone
+            spdlog::warn(
+                "round {}: none of the drawn clients is on a member of the cluster now: nothing to average, "
+                "so theta_global and the outer momentum stay as they were",
+                round);
+            return engine_.theta([this](at::Tensor theta) { engine_.round_done(theta); });
+          }
           engine_.outer_step(round, 0, std::move(avg),
                              [this](at::Tensor theta) { engine_.round_done(theta); });
         },
-        contributors);
+        contributors, /*empty_ok=*/true);
   }
 };
 

@@ -89,9 +89,10 @@ class round_engine {
   /// The all-reduce of `label` now, while the workers wait. A failure ends as a stop, waits for this node's
   /// own interrupt after a lost peer, or fails the run. weight: this node's weight, the workers behind
   /// parts (-1: parts.size(), or under adaptive steps their share of tokens; 0: parts is one zero tensor, and
-  /// the node only relays).
+  /// the node only relays). empty_ok (client sampling): every node may weigh 0, and k then gets an undefined
+  /// tensor (nothing to average) instead of the run failing.
   virtual void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
-                          double weight = -1) = 0;
+                          double weight = -1, bool empty_ok = false) = 0;
   /// ddp: one gradient all-reduce (any failure fails the run). step: the run's step it is for, counted from
   /// 1 (the all-reduce's label, which increases from call to call).
   virtual void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) = 0;

@@ -117,10 +117,11 @@ void nccl_collective::allreduce(uint64_t round, float* data, size_t n, double we
   check_cuda(cudaMemcpy(dev, &total, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   nccl_->sum(dev, 1, wire_dtype::fp32, poll);
   check_cuda(cudaMemcpy(&total, dev, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  if (!(total > 0))
-    throw lw_error(errc::invalid_config,
-                   fmt::format("nccl: rank {}: every rank of round {} contributed weight 0", rank_, round));
   total_weight_ = total;
+  if (!(total > 0)) {  // every rank weighed 0, as every rank knows: the result is zeros (collective.hpp)
+    std::fill(data, data + n, 0.0f);
+    return;
+  }
   const float scale = static_cast<float>(weight) / total;
   for (size_t i = 0; i < n; ++i) data[i] *= scale;
 

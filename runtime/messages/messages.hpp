@@ -28,6 +28,9 @@ struct reduce_request {
   /// times their share of the round's steps). -1: parts.size(); 0: parts is one zero tensor (no worker of
   /// this node was drawn this round); comm::rank0_weight: the epoch's rank 0 alone (theta_0).
   double weight = -1;
+  /// Client sampling: every node may weigh 0 (none of the round's drawn clients is on a live node); the
+  /// answer is then zeros of total_weight 0, where any other reduction fails.
+  bool empty_ok = false;
 };
 
 /// The communicator's answer to a reduce_request: the average, and the nodes whose contributions it holds
@@ -35,6 +38,7 @@ struct reduce_request {
 struct reduced {
   at::Tensor avg;
   std::vector<std::string> members;
+  bool empty = false;  ///< every node weighed 0 (reduce_request::empty_ok): avg is zeros
 };
 
 /// diloco.outer = "eager": one replica's own outer parameters, momentum (undefined before its first step with

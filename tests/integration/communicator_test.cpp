@@ -229,6 +229,28 @@ CATCH_TEST_CASE(
   CATCH_CHECK(at::equal(outs[1], outs[0]));
 }
 
+CATCH_TEST_CASE("Every node of weight 0: the communicator refuses it unless client sampling allows nothing",
+                "[integration][communicator]") {
+  lw_config cfg;
+  caf::actor_system sys{cfg};
+  actors::communicator_options o;
+  o.collective = std::make_shared<recording_collective>();  // its total weight: 0
+  auto communicator = actors::spawn_communicator(sys, o);
+  caf::scoped_actor self{sys};
+  // What the communicator answers: "empty", "average", or its error.
+  auto answer = [&](uint64_t round, double weight, bool empty_ok) {
+    std::string out;
+    runtime::reduce_request req{{round, 0}, filled({0}, 4), false, weight, empty_ok};
+    self->request(communicator, std::chrono::seconds(30), runtime::reduce_atom_v, std::move(req))
+        .receive([&](runtime::reduced& r) { out = r.empty ? "empty" : "average"; },
+                 [&](caf::error& e) { out = caf::to_string(e); });
+    return out;
+  };
+  CATCH_CHECK(answer(1, 0.0, false).find("round 1: every node contributed weight 0") != std::string::npos);
+  CATCH_CHECK(answer(2, 0.0, true) == "empty");
+  CATCH_CHECK(answer(3, 1.0, true) == "average");  // this node's weight counts: not empty
+}
+
 CATCH_TEST_CASE("In one process the sparse codec codes the workers' mean once, with one residual per part",
                 "[integration][communicator]") {
   lw_config cfg;

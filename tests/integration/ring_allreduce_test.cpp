@@ -617,9 +617,12 @@ CATCH_TEST_CASE("allreduce refuses an old round, a bad weight and bad ring argum
   CATCH_CHECK(code_of([&] { solo.allreduce(4, x.data(), x.size()); }) == errc::stale_round);
   CATCH_CHECK(code_of([&] { solo.allreduce(5, x.data(), x.size(), 1.0, 1); }) == errc::none);
   CATCH_CHECK(code_of([&] { solo.allreduce(6, x.data(), x.size(), -1.0); }) == errc::invalid_config);
-  CATCH_CHECK(code_of([&] { solo.allreduce(6, x.data(), x.size(), 0.0); }) == errc::invalid_config);  // all 0
   CATCH_CHECK(code_of([&] { solo.allreduce(7, x.data(), x.size(), std::nan("")); }) == errc::invalid_config);
   CATCH_CHECK(solo.completed_round() == 5);  // failed calls do not count
+  // Every rank of weight 0: zeros, total weight 0 (the caller decides).
+  CATCH_CHECK(code_of([&] { solo.allreduce(7, x.data(), x.size(), 0.0); }) == errc::none);
+  CATCH_CHECK(x == std::vector<float>(3, 0.0f));
+  CATCH_CHECK(solo.last_total_weight() == 0.0);
   CATCH_CHECK(code_of([&] { solo.allreduce(8, nullptr, 0); }) == errc::none);
   CATCH_CHECK(code_of([&] {
                 ring_allreduce(2, {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"}, o);

@@ -3,6 +3,8 @@
 // same theta, and bad settings exit 2 naming the key.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -82,6 +84,18 @@ std::string single_config(const std::string& dir, const std::string& extra) {
   return path;
 }
 
+/// A cluster file of nodes n0 and n1, two workers each, one client drawn a round (FedAvg: outer.lr 1, no
+/// momentum), training `n_rounds` rounds.
+std::string sampling_cluster(const std::string& dir, int64_t n_rounds) {
+  cluster_ports ports;
+  const auto file =
+      cluster_file(dir, {2, 2}, ports,
+                   "[metrics]\nenabled = false\n[outer]\nlr = 1.0\nmomentum = 0.0\n[federated]\n"
+                   "clients_per_round = 1\n[data]\npartition = \"iid\"\n");
+  edit_file(file, "rounds = 3", "rounds = " + std::to_string(n_rounds));
+  return file;
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("Client sampling trains only the drawn workers, and the log names them",
@@ -117,12 +131,7 @@ CATCH_TEST_CASE("Client sampling trains only the drawn workers, and the log name
 CATCH_TEST_CASE("Every node of a cluster draws the same clients and commits the same theta",
                 "[process][federated][cluster]") {
   const auto dir = scratch_dir("federated_cluster");
-  cluster_ports ports;
-  const auto file =
-      cluster_file(dir, {2, 2}, ports,
-                   "[metrics]\nenabled = false\n[outer]\nlr = 1.0\nmomentum = 0.0\n[federated]\n"
-                   "clients_per_round = 1\n[data]\npartition = \"iid\"\n");
-  edit_file(file, "rounds = 3", "rounds = 4");
+  const auto file = sampling_cluster(dir, rounds);
   auto [code, log] = run({binary(), "launch", file}, dir + "/launch.log", 300);
   CATCH_INFO(tail(log));
   CATCH_REQUIRE(code == 0);
@@ -139,6 +148,47 @@ CATCH_TEST_CASE("Every node of a cluster draws the same clients and commits the 
   const auto c0 = round_crcs(dir + "/cluster/n0"), c1 = round_crcs(dir + "/cluster/n1");
   CATCH_REQUIRE(c0.size() == rounds);
   CATCH_CHECK(c0 == c1);
+  fs::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "Rounds whose drawn clients are all on a SIGKILLed node leave theta, and the survivor finishes",
+    "[process][federated][cluster]") {
+  // Every node weighed 0 in such a round: the all-reduce failed, the cluster retried it as a ring failure
+  // (blaming the links) and called the run off after four.
+  const auto dir = scratch_dir("federated_kill");
+  const auto file = sampling_cluster(dir, 12);
+  // n1 holds its ring frames of round 4: round 4 is redone without it, and n0 trains rounds 4..12 alone.
+  auto c = start_cluster(dir, file, 2, {{}, {"LONGWAVE_FAULT_ALLREDUCE_GATE=4:" + dir + "/never"}});
+  CATCH_REQUIRE(wait_for_text(dir + "/n0.log", "round 4: 1 of 4 clients", 240));
+  kill(c.second[1].pid, SIGKILL);
+  CATCH_CHECK(wait_exit(c.second[1], 30) == 128 + SIGKILL);
+  const int code = wait_exit(c.second[0], 300);
+  const auto log = read_text(dir + "/n0.log");
+  CATCH_INFO(tail(log) << cluster_logs(dir, {"n0", "n1"}));
+  CATCH_REQUIRE(code == 0);
+  CATCH_CHECK(wait_exit(c.first, 60) == 0);
+  const auto draws = draws_in(log);
+  const auto crcs = round_crcs(dir + "/cluster/n0");
+  CATCH_REQUIRE(crcs.size() == 12);
+  // n0 alone from round 4 on: its membership of n0 alone kept round 3's all-reduce.
+  int64_t kept = -1;
+  for (const auto& r : records_of(dir + "/cluster/n0"))
+    if (std::string(r["kind"].GetString()) == "membership" && std::string(r["members"].GetString()) == "n0")
+      kept = r["kept_round"].GetInt64();
+  CATCH_CHECK(kept == 3);
+  int nobody = 0;
+  for (int64_t r = 4; r <= 12; ++r) {
+    CATCH_INFO("round " << r);
+    CATCH_REQUIRE(draws.at(r).size() == 1);
+    const bool on_n1 = *draws.at(r).begin() >= 2;  // n1 holds the clients 2 and 3
+    const auto said = contains(log, "round " + std::to_string(r) + ": none of the drawn clients");
+    CATCH_CHECK(said == on_n1);
+    // Nothing averaged: theta_global is the last round's, bit for bit; else the drawn client moved it.
+    CATCH_CHECK((crcs.at(r) == crcs.at(r - 1)) == on_n1);
+    nobody += on_n1;
+  }
+  CATCH_CHECK(nobody > 0);  // run.seed = 7 draws n1's clients in some of rounds 4..12
   fs::remove_all(dir);
 }
 

@@ -97,6 +97,38 @@ CATCH_TEST_CASE("inproc ring: fp32 all-reduce gives the weighted average, bit-id
   }
 }
 
+CATCH_TEST_CASE("inproc ring: when every rank weighs 0 every rank gets zeros and a total weight of 0",
+                "[comm][inproc]") {
+  // Client sampling whose drawn clients are all on nodes that are gone: the caller decides (it threw).
+  for (const int world : {1, 3}) {
+    for (const auto dtype : {wire_dtype::fp32, wire_dtype::int8}) {
+      CATCH_DYNAMIC_SECTION(world << " ranks, " << to_string(dtype)) {
+        ring_options o;
+        o.dtype = dtype;
+        ring_set s(world, o);
+        const size_t n = 5003;
+        std::vector<std::vector<float>> data;
+        for (int r = 0; r < world; ++r) data.push_back(values(r, n));  // not zeros: the result must be
+        const auto codes = s.run([&](int r) { s.ranks[r]->allreduce(1, data[r].data(), n, 0.0); });
+        for (int r = 0; r < world; ++r) {
+          CATCH_CHECK(codes[r] == errc::none);
+          CATCH_CHECK(data[r] == std::vector<float>(n, 0.0f));
+          CATCH_CHECK(s.ranks[r]->last_total_weight() == 0.0);
+          CATCH_CHECK(s.ranks[r]->completed_round() == 1);
+        }
+        std::vector<std::vector<std::byte>> msg(world, std::vector<std::byte>(64, std::byte{7}));
+        std::vector<gathered> got(world);
+        const auto gather_codes =
+            s.run([&](int r) { got[r] = s.ranks[r]->allgather(2, msg[r].data(), 64, 0.0); });
+        for (int r = 0; r < world; ++r) {
+          CATCH_CHECK(gather_codes[r] == errc::none);
+          CATCH_CHECK(s.ranks[r]->last_total_weight() == 0.0);
+        }
+      }
+    }
+  }
+}
+
 CATCH_TEST_CASE("inproc ring: all-gather hands every rank every message in rank order", "[comm][inproc]") {
   ring_set s(4);
   const size_t bytes = 9000;

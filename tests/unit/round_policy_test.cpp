@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,7 +40,8 @@ struct fake_engine final : round_engine {
   bool stop = false;
   phase ph = phase::idle;
   at::Tensor global = at::zeros({4});
-  at::Tensor trained;  // the final theta, once run_trained was called
+  at::Tensor trained;                // the final theta, once run_trained was called
+  std::set<uint64_t> nobody_rounds;  // client sampling: rounds whose drawn clients are all on nodes gone
   bool round_ended = false;
   bool slow_link = false;
   std::vector<std::string> members;  // the nodes each finished all-reduce says it averaged (empty: unknown)
@@ -193,10 +195,11 @@ struct fake_engine final : round_engine {
     global = out.theta;
     k(out);
   }
-  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k,
-                  double weight) override {
+  void reduce_now(ring_label label, std::vector<at::Tensor> parts, then<at::Tensor> k, double weight,
+                  bool empty_ok) override {
     note("reduce_now " + label_text(label) +
          (weight >= 0 ? " of " + std::to_string(static_cast<int64_t>(weight)) : std::string()));
+    if (empty_ok && nobody_rounds.count(label.first)) return k(at::Tensor());
     k(mean(parts));
   }
   void reduce_gradients(uint64_t step, std::vector<at::Tensor> parts, then<at::Tensor> k) override {
@@ -284,6 +287,15 @@ std::vector<std::string> lines_of(const fake_engine& e, const std::string& prefi
   return out;
 }
 
+/// Client sampling: 2 of 4 workers drawn a round, 3 rounds, run.seed 5.
+config::train_config sampling_config() {
+  auto cfg = two_workers(config::run_mode::diloco, config::outer_policy_kind::sync, 3);
+  cfg.train.workers = 4;
+  cfg.federated.clients_per_round = 2;
+  cfg.run.seed = 5;
+  return cfg;
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("sync all-reduces each round while the workers wait and steps theta by the mean",
@@ -305,11 +317,7 @@ CATCH_TEST_CASE("sync all-reduces each round while the workers wait and steps th
 
 CATCH_TEST_CASE("client sampling runs only the drawn workers and averages their pseudo-gradients",
                 "[unit][round][federated]") {
-  auto cfg = two_workers(config::run_mode::diloco, config::outer_policy_kind::sync, 3);
-  cfg.train.workers = 4;
-  cfg.federated.clients_per_round = 2;
-  cfg.run.seed = 5;
-  fake_engine e(cfg);
+  fake_engine e(sampling_config());
   auto p = make_round_policy(e, e.ctx);
   run_all(e, *p);
   const auto runs = lines_of(e, "run ");
@@ -325,6 +333,25 @@ CATCH_TEST_CASE("client sampling runs only the drawn workers and averages their 
     CATCH_CHECK(runs[r - 1] == "run " + std::to_string(r) + " x" + counts + "]" + " reset");
     CATCH_CHECK(reduces[r - 1] == "reduce_now (" + std::to_string(r) + ",0) of 2");
     want -= 0.1f * static_cast<float>(drawn[0] + 1 + drawn[1] + 1) / 2;  // the drawn workers' mean only
+  }
+  CATCH_CHECK(at::allclose(e.trained, want));
+}
+
+CATCH_TEST_CASE("client sampling: a round whose drawn clients are all on nodes gone leaves theta as it was",
+                "[unit][round][federated]") {
+  // It failed the all-reduce ("every rank contributed weight 0"), which the cluster retried as a ring failure
+  // until it called the run off.
+  fake_engine e(sampling_config());
+  e.nobody_rounds = {2};
+  auto p = make_round_policy(e, e.ctx);
+  run_all(e, *p);
+  CATCH_CHECK(lines_of(e, "outer").size() == 2);
+  CATCH_CHECK(lines_of(e, "outer (2,0)").empty());
+  CATCH_CHECK(lines_of(e, "round_done").size() == 3);
+  at::Tensor want = at::zeros({4});
+  for (uint64_t r : {1, 3}) {
+    const auto drawn = draw_clients(5, r, 4, 2);
+    want -= 0.1f * static_cast<float>(drawn[0] + 1 + drawn[1] + 1) / 2;
   }
   CATCH_CHECK(at::allclose(e.trained, want));
 }
