@@ -57,7 +57,7 @@ class one_late_policy final : public round_policy {
   double staleness() const override { return 1.0; }  // the next round starts without this round's average
 
   caf::error resume_from(runtime::train_snapshot& snap) override {
-    warn_unsynced_fragments(snap);
+    warn_dropped_state(snap);
     if (snap.pending.defined()) engine_.reduces().restore({snap.pending_round, 0}, snap.pending);
     return {};
   }

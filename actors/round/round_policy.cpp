@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "runtime/checkpoint/snapshot_codec.hpp"
 #include "runtime/log/log.hpp"
 
@@ -23,8 +25,17 @@ void round_policy::on_merge(const runtime::merge_order& order) {
                order.version, engine_.context().cfg.diloco.outer);
 }
 
-void round_policy::warn_unsynced_fragments(const runtime::train_snapshot& snap) const {
+void round_policy::warn_dropped_state(const runtime::train_snapshot& snap) const {
   const auto& cfg = engine_.context().cfg;
+  const auto own_outer = std::count_if(snap.replicas.begin(), snap.replicas.end(),
+                                       [](const auto& r) { return r.outer_theta.defined(); });
+  if (own_outer > 0 && cfg.diloco.outer != config::outer_policy_kind::eager)
+    spdlog::warn(
+        "the checkpoint is from a diloco.outer = \"eager\" run: {} of its workers hold their own outer "
+        "parameters and momentum; this run is diloco.outer = \"{}\", which keeps one theta_global, so it "
+        "goes "
+        "on from the checkpoint's theta_global (their mean) and drops theirs",
+        own_outer, cfg.diloco.outer);
   if (cfg.diloco.outer == config::outer_policy_kind::streaming) return;
   const auto meta = runtime::parse_meta(snap.meta);
   if (const auto it = meta.find("outer"); it == meta.end() || it->second != "streaming") return;
@@ -44,7 +55,7 @@ void round_policy::warn_unsynced_fragments(const runtime::train_snapshot& snap) 
 }
 
 caf::error round_policy::resume_from(runtime::train_snapshot& snap) {
-  warn_unsynced_fragments(snap);
+  warn_dropped_state(snap);
   if (snap.pending.defined())
     spdlog::warn(
         "the checkpoint holds the unapplied average of round {} from a delayed or eager run; this run is "

@@ -73,9 +73,11 @@ class round_policy {
   virtual std::string describe(const ring_label& label) const;
 
  protected:
-  /// A boundary checkpoint of a streaming run holds, per worker, inner steps of fragments not yet
-  /// synchronized; a policy that starts every round from theta_global drops them, and says so.
-  void warn_unsynced_fragments(const runtime::train_snapshot& snap) const;
+  /// What a checkpoint of another policy holds that this one drops, said once: a boundary checkpoint of a
+  /// streaming run holds, per worker, inner steps of fragments not yet synchronized (a policy that starts
+  /// every round from theta_global drops them); an eager run's, each worker's own outer state (any other
+  /// policy keeps one theta_global).
+  void warn_dropped_state(const runtime::train_snapshot& snap) const;
 
   /// A whole DiLoCo round: every worker runs H inner steps from its starting theta (reset: loaded first);
   /// then k gets the round and the workers' pseudo-gradients in rank order, unless a stop came meanwhile.

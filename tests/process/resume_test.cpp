@@ -955,6 +955,32 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE(
+    "an eager run's checkpoint resumed by another policy says its workers' own outer states are dropped",
+    "[process][resume][policy]") {
+  const auto dir = scratch_dir("eager-to-delayed");
+  const auto cfg = config_file(dir, "r");
+  const std::string dropped = "workers hold their own outer parameters and momentum";
+  auto [c1, l1] = run({binary(), "run", cfg, "--set", "train.rounds=2", "--set", "diloco.outer=\"eager\""},
+                      dir + "/1.log", 300);
+  CATCH_INFO(l1);
+  CATCH_REQUIRE(c1 == 0);
+  // Eager again: nothing is dropped, nothing said.
+  auto [c2, l2] = run({binary(), "run", cfg, "--set", "train.rounds=3", "--set", "diloco.outer=\"eager\""},
+                      dir + "/2.log", 300);
+  CATCH_INFO(l2);
+  CATCH_REQUIRE(c2 == 0);
+  CATCH_CHECK(l2.find(dropped) == std::string::npos);
+  // Delayed keeps one theta_global (it was dropped without a word).
+  auto [c3, l3] = run({binary(), "run", cfg, "--set", "train.rounds=4", "--set", "diloco.outer=\"delayed\""},
+                      dir + "/3.log", 300);
+  CATCH_INFO(l3);
+  CATCH_CHECK(c3 == 0);
+  CATCH_CHECK(l3.find("the checkpoint is from a diloco.outer = \"eager\" run: 2 of its " + dropped) !=
+              std::string::npos);
+  fs::remove_all(dir);
+}
+
 CATCH_TEST_CASE("signals that come while an interrupted run ends still end it with exit 130",
                 "[process][resume]") {
   const auto dir = scratch_dir("late-signal");
