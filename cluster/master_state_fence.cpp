@@ -151,9 +151,9 @@ bool master_state::ring_keeps_failing(const comm::reduce_key& commit) {
   last_reset_commit_ = commit;
   if (resets_without_progress_ <= max_resets) return false;
   const auto why = fmt::format(
-      "the ring failed {} times in a row among live nodes without completing an all-reduce (after round {} "
-      "fragment {}); last failure: {}; check the links between the nodes (firewalls, endpoints)",
-      resets_without_progress_, commit.round, commit.fragment, last_ring_failure_);
+      "the ring failed {} times in a row among live nodes without completing an all-reduce (after {}); last "
+      "failure: {}; check the links between the nodes (firewalls, endpoints)",
+      resets_without_progress_, comm::label_text(commit), last_ring_failure_);
   warn("coordinator: " + why);
   call_off(why, 1);
   return true;
@@ -175,8 +175,8 @@ void master_state::send_membership(const std::vector<size_t>& members, const com
     mm.rank = static_cast<uint32_t>(r);
     send_to(members[r], mm);
   }
-  info(fmt::format("coordinator: epoch {} ({}): ring {}; all-reduces after round {} fragment {} are redone",
-                   epoch_, fence_->reason, names_of(members), commit.round, commit.fragment));
+  info(fmt::format("coordinator: epoch {} ({}): ring {}; all-reduces after {} are redone", epoch_,
+                   fence_->reason, names_of(members), comm::label_text(commit)));
   actions_.push_back(epoch_began{epoch_, members.size(), fence_->reason});
   note("epoch", {{"epoch", static_cast<int64_t>(epoch_)},
                  {"reason", fence_->reason},

@@ -122,12 +122,11 @@ void master_watch::report(control_client& control, comm::elastic_ring& elastic, 
                           steady::time_point now) {
   if (const auto ack = elastic.fence_report()) {
     control.fence_ack(*ack);
-    spdlog::info("node {}: ready for epoch {}: applied round {} fragment {}{}", name, ack->epoch,
-                 ack->committed.round, ack->committed.fragment,
-                 ack->has_pending
-                     ? fmt::format("; all-reduce of round {} fragment {} in flight{}", ack->pending.round,
-                                   ack->pending.fragment, ack->have_result ? " (result held)" : "")
-                     : std::string());
+    spdlog::info(
+        "node {}: ready for epoch {}: applied {}{}", name, ack->epoch, comm::label_text(ack->committed),
+        ack->has_pending ? fmt::format("; all-reduce of {} in flight{}", comm::label_text(ack->pending),
+                                       ack->have_result ? " (result held)" : "")
+                         : std::string());
   }
   if (const auto f = elastic.take_failure()) {
     spdlog::warn("node {}: the ring of epoch {} failed{}: {}; asking the coordinator for a new epoch", name,
@@ -178,11 +177,9 @@ void master_watch::on_event(const control_event& ev, comm::collective& ring, com
 
 void master_watch::enter(const membership_msg& m, comm::elastic_ring* elastic, const std::string& name) {
   const auto v = view_of(m);
-  spdlog::info(
-      "node {}: epoch {}: rank {} of {} (ring {}); keeps the all-reduce of round {} fragment {}, redoes "
-      "later ones",
-      name, m.epoch, m.rank, m.peers.size(), fmt::format("{}", fmt::join(v.names, " -> ")), m.commit.round,
-      m.commit.fragment);
+  spdlog::info("node {}: epoch {}: rank {} of {} (ring {}); keeps the all-reduce of {}, redoes later ones",
+               name, m.epoch, m.rank, m.peers.size(), fmt::format("{}", fmt::join(v.names, " -> ")),
+               comm::label_text(m.commit));
   if (elastic) elastic->enter(v, m.commit);
   // The last epoch's ring threads and the state served to a joiner freed their buffers in arenas the next
   // threads may not reuse: without this a node's resident memory climbs over a run's first joins.

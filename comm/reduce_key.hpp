@@ -2,6 +2,7 @@
 // Naming one all-reduce of a run, and what a ring holds when its membership changes: the data plane's
 // vocabulary that the control plane (cluster/) carries in its messages.
 #include <cstdint>
+#include <string>
 
 namespace longwave::comm {
 
@@ -17,6 +18,11 @@ struct reduce_key {
     return a.round != b.round ? a.round < b.round : a.fragment < b.fragment;
   }
 };
+
+/// "round R", or "round R fragment F" for a streaming fragment's (fragment 0 is a round's whole average).
+inline std::string label_text(const reduce_key& k) {
+  return "round " + std::to_string(k.round) + (k.fragment ? " fragment " + std::to_string(k.fragment) : "");
+}
 
 /// What a fenced ring holds once it is idle (comm::elastic_ring::fence_report); the node sends it to its
 /// coordinator as its fence acknowledgement.

@@ -652,7 +652,7 @@ CATCH_TEST_CASE("master: a silent member is lost, fenced out, and told so", "[un
            "ack 2 2/0 pending 3/0 held",
            {"n0 <- membership epoch 2 rank 0 [n0,n2] keep 2/0",
             "n2 <- membership epoch 2 rank 1 [n0,n2] keep 2/0", "epoch 2 (2 members, lost)",
-            "all-reduces after round 2 fragment 0 are redone"}},
+            "all-reduces after round 2 are redone"}},
           // The removed node speaks again: it is told (again after 10 s), its bye is not answered.
           {9, "n1", "heartbeat 2", {"!evicted"}},
           {12, "n0", "heartbeat 2", {}},
@@ -957,7 +957,7 @@ CATCH_TEST_CASE("master: below min_nodes the members wait for a joiner, then the
                              {"node n1 admitted in epoch 2 with the state of round 1",
                               "quorum back: 2 live nodes (n0, n1)", "n0 <- membership epoch 2 rank 0 [n0,n1]",
                               "n1' <- membership epoch 2 rank 1 [n0,n1]",
-                              "all-reduces after round 1 fragment 0 are redone", "!stale", "!pin"}}});
+                              "all-reduces after round 1 are redone", "!stale", "!pin"}}});
     CATCH_CHECK(t.master().phase_of("n1") == member_phase::member);
   }
   CATCH_SECTION("not when a member committed that all-reduce: the joiner is held for") {
