@@ -401,11 +401,14 @@ void master_state::outcome() {
     if (!m.identity || (m.phase != member_phase::joining && m.phase != member_phase::ready)) continue;
     info(fmt::format("coordinator: node {} was still joining when the run ended: it is told so",
                      specs_[i].name));
-    reply_error(*m.identity, errc::cancelled,
-                finished.empty() ? "the run ended before this node was admitted: no member is left training "
-                                   "(failed, lost or left), so nothing is left to join"
-                                 : "the run ended before this node was admitted: its members trained to the "
-                                   "end, so nothing is left to join");
+    reply_error(
+        *m.identity, errc::cancelled,
+        finished.empty()
+            ? "the run ended before this node was admitted: no member is left training (failed, lost or "
+              "left), so nothing is left to join"
+            : fmt::format("the run ended before this node was admitted: its members trained to the end, "
+                          "so nothing is left to join; {} hold{} the run's final state",
+                          names_of(finished), finished.size() == 1 ? "s" : ""));
   }
   // Why each did not finish: lost, left or failed, else what it was doing (a node not in the file of an open
   // cluster counts as absent until admitted: it was still joining).

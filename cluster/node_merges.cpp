@@ -29,7 +29,7 @@ void merge_follower::on_tick(const master_asks& asks, control_client& control,
     if (controls.merge) controls.merge(m);
   }
   if (asks.welcomed && unanswered_) {
-    spdlog::info("node {}: the coordinator took this node on: contributing again from version {}", name_,
+    spdlog::info("node {}: contributing again from version {} (its last contribution had no answer)", name_,
                  unanswered_->v_start);
     control.contribute(*unanswered_);
   }

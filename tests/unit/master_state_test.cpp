@@ -1765,6 +1765,7 @@ CATCH_TEST_CASE("master: leave, theta reports, and the run's outcome", "[unit][m
                       "bye done",
                       {"node n1 was still joining when the run ended",
                        "n1' <- error cancelled: the run ended before this node was admitted",
+                       "nothing is left to join; n0 holds the run's final state",
                        "the run finished on n0; removed on the way: n1 (failed)"}});
       t.play(rows);
       CATCH_CHECK(t.master().done() == 0);
