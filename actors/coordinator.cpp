@@ -390,11 +390,10 @@ coordinator_actor::behavior_type coordinator_fun(self_ptr self, std::shared_ptr<
   s.resume = std::move(resume);
   s.engine = std::make_unique<coordinator_engine>(self);
   s.policy = make_round_policy(*s.engine, *ctx);
-  // Sparse always carries residuals (in a single process too, which is one node); a dense lossy dtype only in
-  // a cluster with comm.error_feedback.
+  // Sparse always carries residuals, a dense lossy dtype with comm.error_feedback (a single process too,
+  // which is one node).
   s.has_residuals = ctx->cfg.comm.dtype == config::wire_dtype::sparse ||
-                    (ctx->cluster_workers > 0 && ctx->cfg.comm.error_feedback &&
-                     ctx->cfg.comm.dtype != config::wire_dtype::fp32);
+                    (ctx->cfg.comm.error_feedback && ctx->cfg.comm.dtype != config::wire_dtype::fp32);
   s.round_timeout = seconds(ctx->cfg.runtime.round_timeout_s);
   s.round_compute.assign(static_cast<size_t>(ctx->n_workers()), 0.0);
   s.run_compute = s.round_compute;

@@ -376,7 +376,7 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
       std::string what;
     };
     const auto accept = [&](checkpoint& c) {
-      if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{std::move(why)};
+      if (auto why = shape_problem(c, shape); !why.empty()) throw shape_differs{c.source + ": " + why};
       start.resumed_from = c.source;
       start.resume = from_checkpoint(std::move(c), shape);
     };
@@ -384,7 +384,14 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
     try {
       latest = store.load_latest(warn, accept, &corrupt);
     } catch (const shape_differs& e) {
-      throw not_this_run(e.what);
+      // A file copied in from another run is named, so that it can be moved aside instead.
+      const auto files = store.list().size();
+      throw not_this_run(files > 1
+                             ? e.what + fmt::format("; {} older checkpoint{} there: if only this file is "
+                                                    "another run's, move it aside to resume from {}",
+                                                    files - 1, files == 2 ? " is" : "s are",
+                                                    files == 2 ? "it" : "them")
+                             : e.what);
     }
     set_aside_corrupt(store, corrupt);
   }

@@ -257,6 +257,15 @@ CATCH_TEST_CASE(
   fs::remove_all(dir);
 }
 
+CATCH_TEST_CASE(
+    "with int8 and error feedback one process SIGKILLed mid-way resumes exactly, residual included",
+    "[process][resume]") {
+  // The residual was checkpointed only on cluster nodes: one process resumed from zero, silently.
+  const auto dir = scratch_dir("sigkill-int8-ef");
+  check_interrupted_resume(dir, {"comm.dtype=int8", "comm.error_feedback=true"}, SIGKILL);
+  fs::remove_all(dir);
+}
+
 // Streaming: H = 6 and P = 2 (events at inner steps 2, 3, 5 and 6 of each round), 10 rounds = 60 steps.
 const std::vector<std::string> streaming_sets{"diloco.outer=streaming", "diloco.fragments=2", "diloco.tau=1",
                                               "train.inner_steps=6", "train.rounds=10"};
