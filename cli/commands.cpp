@@ -457,8 +457,8 @@ std::optional<int> keep_stdout_for_product(const subcommands& sub) {
     return 1;
   }
   runtime::information_to_stderr();
-  // A reader that goes early (`sample … | head`) fails the next write, which exits 1 saying so, instead of
-  // SIGPIPE killing the process (141).
+  // A reader that goes early (`sample … | head`) fails the next write with EPIPE, instead of SIGPIPE killing
+  // the process (141): sample then ends quietly with 0, the others exit 1 saying so.
   std::signal(SIGPIPE, SIG_IGN);
   return std::nullopt;
 }

@@ -75,11 +75,15 @@ int64_t next_token(const at::Tensor& logits, const sample_options& o, std::mt199
   return order[static_cast<size_t>(k - 1)];
 }
 
+/// The reader of standard output closed it (`| head`): it has all the text it wants.
+struct reader_gone {};
+
 /// Writes to stdout; a failed write (a full disk, a closed stdout) throws, naming why.
 void write_text(const std::string& text) {
-  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
-    throw lw_error(errc::io_error,
-                   fmt::format("cannot write the text to standard output: {}", std::strerror(errno)));
+  if (std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0) return;
+  if (errno == EPIPE) throw reader_gone{};
+  throw lw_error(errc::io_error,
+                 fmt::format("cannot write the text to standard output: {}", std::strerror(errno)));
 }
 
 }  // namespace
@@ -135,6 +139,11 @@ int sample_checkpoint(const sample_options& o) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "sample: %ld tokens in %.1f s (%.0f tokens/s)\n", o.tokens, s,
                  s > 0 ? static_cast<double>(o.tokens) / s : 0.0);
+    return 0;
+  } catch (const reader_gone&) {
+    // As a tool killed by SIGPIPE would end, without a word (SIGPIPE is ignored: commands.cpp). The unwritten
+    // rest goes nowhere, so the exit's check of stdout finds nothing amiss.
+    if (!std::freopen("/dev/null", "w", stdout)) return 1;
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sample: %s\n", describe(e).c_str());
