@@ -90,6 +90,8 @@ struct Stop {
   # it holds (its current round, round S); once all have, the coordinator tells every member the round after
   # which all stop (round R, the largest S): each trains to R, saves its checkpoint and says bye "stopped".
   round @0 :UInt64;
+  answer @1 :Bool;  # a member's answer (S, or the R it was told), never a request: one that reaches a
+                    # coordinator that does not know the member yet (it took the cluster over) is dropped
 }
 
 struct Pin {

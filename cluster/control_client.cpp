@@ -355,7 +355,7 @@ void control_client::pin_ack(uint64_t round) {
 }
 
 void control_client::stop_ack(uint64_t round) {
-  send_body(stop_msg{round});
+  send_body(stop_msg{round, /*answer=*/true});
 }
 
 void control_client::nccl_id(uint64_t epoch, const std::string& id) {

@@ -165,7 +165,11 @@ std::vector<std::byte> build_envelope(const envelope& e) {
       set_peers(x.initKeys(static_cast<unsigned>(m.keys.size())), m.keys);
     }
     void operator()(const leave_msg& m) { b.initLeave().setNode(txt(m.node)); }
-    void operator()(const stop_msg& m) { b.initStop().setRound(m.round); }
+    void operator()(const stop_msg& m) {
+      auto x = b.initStop();
+      x.setRound(m.round);
+      x.setAnswer(m.answer);
+    }
     void operator()(const pin_msg& m) {
       auto x = b.initPin();
       x.setRound(m.round);
@@ -385,7 +389,7 @@ read_result read_body(wire::Envelope::Body::Reader b, body_t& out) {
     }
     case B::MEMBERSHIP: return read_membership(b.getMembership(), out);
     case B::LEAVE: return read_text<leave_msg>(b.getLeave().getNode(), max_name_bytes, "leave node", out);
-    case B::STOP: out = stop_msg{b.getStop().getRound()}; return std::nullopt;
+    case B::STOP: out = stop_msg{b.getStop().getRound(), b.getStop().getAnswer()}; return std::nullopt;
     case B::PIN: out = pin_msg{b.getPin().getRound(), b.getPin().getRelease()}; return std::nullopt;
     case B::COMMITTED:
       out = committed_msg{b.getCommitted().getRound(), b.getCommitted().getThetaCrc()};

@@ -94,6 +94,7 @@ struct leave_msg {
 /// after which it holds, coordinator -> member with the round after which every member stops.
 struct stop_msg {
   uint64_t round = 0;
+  bool answer = false;  ///< a member's answer, never a request (control.capnp)
 };
 /// Holding the members at one round boundary while a joiner fetches that round's state: coordinator ->
 /// member with round 0 (where can you hold?), round R (hold after R) or release (go on); member ->

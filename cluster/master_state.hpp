@@ -335,6 +335,12 @@ class master_state {
   void on_ring_failed(size_t i, const ring_failed_msg& rf);
   // master_state_requests.cpp: longwave stop and node --leave.
   void on_stop_request(const sender& from);
+  /// A stop begins (stop_ set): joiners are turned away and every training member will be asked where it
+  /// can stop. Returns those members.
+  std::vector<size_t> begin_stop(const std::string& why);
+  /// Member i answers a stop this coordinator did not begin: one before it did (it took the cluster over
+  /// mid-stop, or a standby did), so the stop goes on from here.
+  void carry_on_stop(size_t i);
   void on_standby(const sender& from, const standby_msg& sb);
   void on_leave(const sender& from, const leave_msg& l);
   void add_stop_waiter(const std::string& identity);

@@ -51,6 +51,13 @@ void master_state::on_frame(const sender& from, const envelope& e, clock::time_p
   }
   if (auto* sb = std::get_if<standby_msg>(&e.body)) return on_standby(from, *sb);
   const auto idx = index_of_identity(from.identity);
+  if (auto* st = std::get_if<stop_msg>(&e.body); st && st->answer && !idx)
+    // A member's answer, queued while its coordinator went away, reaching one that took the cluster over: the
+    // member says it again once welcomed (stop_follower). It was taken for a `longwave stop`.
+    return dropped(
+        fmt::format("coordinator: dropped a stop answer from {}: this coordinator does not know "
+                    "that node yet",
+                    from.peer));
   if (std::holds_alternative<stop_msg>(e.body) && !idx) {
     if (from.keyed_as && *from.keyed_as != comm::operator_user_id)
       return reply_error(
@@ -95,6 +102,7 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
     m.round = std::max(m.round, hb->round);  // a member's round never goes back (a term notice says 0)
   } else if (auto* st = std::get_if<stop_msg>(&e.body)) {
+    if (!stop_ && welcomed_ && training(i) && st->answer) carry_on_stop(i);
     if (stop_ && training(i) && st->round > 0 && !m.stop_hold) m.stop_hold = st->round;
   } else if (auto* p = std::get_if<pin_msg>(&e.body)) {
     if (pin_ && training(i) && p->round > 0 && !m.pin_hold) m.pin_hold = p->round;

@@ -69,23 +69,32 @@ void master_state::on_stop_request(const sender& from) {
               "it stood by for has ended, or its nodes have not found this coordinator yet; it stops now"
             : "the cluster had not begun training: the coordinator and the nodes that joined stop "
               "now");
-  for (size_t i = 0; i < members_.size(); ++i)
-    if (members_[i].phase == member_phase::joining || members_[i].phase == member_phase::ready)
-      cancel_join(i);
-  const auto members = training_members();
+  const auto members = begin_stop("longwave stop");
   uint64_t top = 0;
-  for (auto i : members) {
-    members_[i].stop_hold.reset();
-    top = std::max(top, members_[i].round);
-  }
-  info(fmt::format("coordinator: stopping the cluster (longwave stop): asking {} where they can stop",
-                   names_of(members)));
+  for (auto i : members) top = std::max(top, members_[i].round);
   const bool one = members.size() == 1;
   reply_error(from.identity, errc::none,
               fmt::format("the cluster stops at its next round boundary: {} {} current round (last reported "
                           "round {}), {} and {}",
                           names_of(members), one ? "finishes its" : "finish their", top,
                           one ? "saves its checkpoint" : "save their checkpoints", one ? "exits" : "exit"));
+}
+
+std::vector<size_t> master_state::begin_stop(const std::string& why) {
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].phase == member_phase::joining || members_[i].phase == member_phase::ready)
+      cancel_join(i);
+  const auto members = training_members();
+  for (auto i : members) members_[i].stop_hold.reset();
+  info(fmt::format("coordinator: stopping the cluster ({}): asking {} where they can stop", why,
+                   names_of(members)));
+  return members;
+}
+
+void master_state::carry_on_stop(size_t i) {
+  stop_ = stop_state{};
+  pin_.reset();
+  begin_stop(fmt::format("node {} holds for a stop that an earlier coordinator began", specs_[i].name));
 }
 
 /// `longwave node --leave`: forwards the request to the node and answers the requester.

@@ -78,6 +78,7 @@ master_asks master_watch::on_tick(control_client& control, comm::collective& rin
     on_event(ev, ring, elastic, name, now);
     if (ev.what == control_event::kind::membership) record(membership_record(ev));
   }
+  asks.known_again = std::exchange(known_again_, false);
   // Merges of this poll are told of before a re-announcement in it names them (merges_told comes next tick).
   for (const auto& m : asks.merges)
     if (!m.merged.empty() && (told_.empty() || m.version > told_.back().version)) told_.push_back(m);
@@ -140,8 +141,10 @@ void master_watch::on_event(const control_event& ev, comm::collective& ring, com
                             const std::string& name, steady::time_point now) {
   using kind = control_event::kind;
   if (ev.what == kind::fence || ev.what == kind::membership || ev.what == kind::welcome ||
-      ev.what == kind::notice)
-    reannounce_ = false;                                       // the master knows this node
+      ev.what == kind::notice) {
+    known_again_ = known_again_ || (reannounce_ && ev.what != kind::notice);
+    reannounce_ = false;  // the master knows this node
+  }
   if (ev.what == kind::fence) cut_off_.fenced(ev.epoch, now);  // the coordinator deals with the failure
   if (ev.what == kind::membership) cut_off_.entered();
   if (ev.what == kind::welcome) {
@@ -255,7 +258,13 @@ void pin_follower::on_tick(const master_asks& asks, control_client& control,
 void stop_follower::on_tick(const master_asks& asks, control_client& control,
                             const actors::node_controls& controls,
                             const std::function<void(std::string)>& record, steady::time_point now) {
-  if (round_) return;
+  // A coordinator that took the cluster over mid-stop learns of the stop from the members' answers: the
+  // round it holds after, or the round it was told it stops after.
+  if (round_) {
+    if (asks.known_again || asks.stop_query) control.stop_ack(*round_);
+    return;
+  }
+  if (asks.known_again && hold_) control.stop_ack(*hold_);
   if (asks.stop_query) {
     if (!hold_ && (hold_ = controls.hold())) {
       held_since_ = now;

@@ -37,6 +37,7 @@ struct master_asks {
   bool pin_release = false;            ///< the pin is over: go on
   std::vector<merge_msg> merges;       ///< diloco.outer = "async": merges and drops, in arrival order
   bool welcomed = false;               ///< a (restarted) coordinator took this running node on
+  bool known_again = false;  ///< a coordinator this node re-announced itself to knows it (welcome or fence)
   std::optional<std::string> evicted;  ///< the coordinator evicted this node or called the run off: why
   std::optional<std::string> cut_off;  ///< this node takes itself to be cut off from the cluster: why
 };
@@ -99,6 +100,7 @@ class master_watch {
   bool evicted_ = false;  // the master removed this node or called the run off: its training ends
   steady::time_point next_reminder_;
   bool reannounce_ = false;
+  bool known_again_ = false;  // master_asks::known_again, for this tick
   steady::time_point next_announce_;
   uint64_t version_;  // async: the last version applied (a resumed node's hello names its checkpoint's)
   std::vector<merge_msg> told_;  // async: merges told of, oldest first (merges_told)

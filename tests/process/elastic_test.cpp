@@ -760,6 +760,39 @@ CATCH_TEST_CASE("a joiner slower than a round gets in: the members hold at one r
   }
 }
 
+CATCH_TEST_CASE("a coordinator restarted in the middle of longwave stop carries the stop on to one round",
+                "[process][cluster][elastic][signal]") {
+  // A probe: the nodes' stop answers, queued while the coordinator was down, reached the restarted one as
+  // `longwave stop` requests: it ended at once ("stopped before the cluster began training"), and with CURVE
+  // told every node it had no right to stop the cluster. heartbeat_timeout_s = 120: n2, stopped, is not
+  // removed, so the first coordinator cannot decide the stop round before it dies.
+  elastic_cluster c("elastic_stop_restart", "", {}, "heartbeat_timeout_s = 120\n");
+  for (size_t i : {0, 1, 2}) c.wait_checkpoints(i, 2);
+  kill(c.nodes[2].pid, SIGSTOP);
+  stop_cluster(c.dir, c.file);
+  CATCH_REQUIRE(
+      wait_until([&] { return contains(c.log(0), "the cluster is stopping: this node holds"); }, 120));
+  kill(c.coord.pid, SIGKILL);
+  CATCH_CHECK(wait_exit(c.coord, 30) == 128 + SIGKILL);
+  kill(c.nodes[2].pid, SIGCONT);
+  c.coord = spawn({binary(), "coordinator", c.file}, c.dir + "/coord.log");
+  std::vector<int> codes;
+  for (auto& n : c.nodes) codes.push_back(wait_exit(n, 300));
+  const int coord_code = wait_exit(c.coord, 60);
+  const auto clog = c.coord_log();
+  CATCH_INFO(clog << "\n--- n0\n" << tail(c.log(0)) << "\n--- n2\n" << tail(c.log(2)));
+  CATCH_CHECK(codes == std::vector<int>{0, 0, 0});
+  CATCH_CHECK(coord_code == 0);
+  CATCH_CHECK(contains(clog, "holds for a stop that an earlier coordinator began"));
+  CATCH_CHECK_FALSE(contains(clog, "had not begun training"));
+  check_master_end(c.cluster_out(), "stopped", "n0,n1,n2", "");
+  const auto r0 = stop_round(c.out("n0"));
+  CATCH_CHECK(r0 > 0);
+  CATCH_CHECK(stop_round(c.out("n1")) == r0);
+  CATCH_CHECK(stop_round(c.out("n2")) == r0);
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a joiner in flight when the coordinator restarts says hello again and is admitted",
                 "[process][cluster][elastic][join][signal]") {
   elastic_cluster c("elastic_join_restart", "");

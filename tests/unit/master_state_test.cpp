@@ -292,7 +292,8 @@ class table {
     } else if (verb == "join_ready") {
       e.body = cluster::join_ready_msg{comm::reduce_key{num(0), 0}, num(0)};
     } else if (verb == "stop") {
-      e.body = cluster::stop_msg{args.empty() ? 0 : num(0)};
+      // A node's answer ("n0 stop 7"), or `longwave stop`'s request ("op stop").
+      e.body = cluster::stop_msg{args.empty() ? 0 : num(0), who != "op"};
     } else if (verb == "pin") {
       e.body = cluster::pin_msg{num(0), false};
     } else if (verb == "committed") {
@@ -1288,6 +1289,22 @@ CATCH_TEST_CASE("master: a restarted master takes the running cluster over", "[u
               "record removed node=n1 reason=lost why=it did not announce itself"}},
             {7, "n0", "ack 4 7/0", {"membership epoch 4 rank 0 [n0]", "epoch 4 (1 members, takeover)"}}});
     CATCH_CHECK(t.master().phase_of("n1") == member_phase::removed);
+  }
+  CATCH_SECTION("mid-stop: a stop answer before the takeover is dropped, one after it carries the stop on") {
+    // The answers a node's queue held while its coordinator went away were taken for `longwave stop`: the
+    // new coordinator ended at once ("stopped before the cluster began training").
+    table t(cluster_of(2));
+    t.play(
+        {{0, "n0", "running epoch=3 world=2 round=7", {}},
+         {0.1, "n1", "stop 8", {"dropped a stop answer", "!stopped", "!stopping the cluster"}},
+         {0.5, "n1", "running epoch=3 world=2 round=7", {"took over the running cluster", "n1 <- welcome"}},
+         {1,
+          "n0",
+          "stop 8",
+          {"stopping the cluster (node n0 holds for a stop that an earlier coordinator began)",
+           "n1 <- stop 0", "!n0 <- stop 0"}},
+         {1.5, "n1", "stop 9", {"every node stops after round 9", "n0 <- stop 9", "n1 <- stop 9"}}});
+    CATCH_CHECK(t.master().done() == std::nullopt);
   }
   CATCH_SECTION("a removed node that re-announces itself is told it was removed") {
     table t(cluster_of(2));
