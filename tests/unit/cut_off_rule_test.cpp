@@ -62,7 +62,7 @@ CATCH_TEST_CASE("a node whose ring failed is cut off 30 s after its coordinator 
   CATCH_CHECK(play({{0, "failed", ""}, {500, "tick", ""}}) == "");
 }
 
-CATCH_TEST_CASE("a fenced node whose coordinator went away is cut off; a membership ends the wait",
+CATCH_TEST_CASE("a fenced node whose coordinator went away is cut off, and a membership ends the wait",
                 "[unit][cut_off]") {
   // The old rule forgot the stall at the fence: a node fenced by a coordinator that then died waited forever.
   CATCH_CHECK(play({{0, "failed", ""},
