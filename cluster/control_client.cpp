@@ -222,6 +222,9 @@ std::variant<welcome_msg, recover_msg> control_client::join(const hello_msg& hel
       answer = *r;
     } else if (auto* er = std::get_if<error_msg>(&body)) {
       const auto code = static_cast<errc>(er->code);
+      // A hello is never answered so: this answers a join_ready sent again before it (a restarted coordinator
+      // told the joiner to say hello again, twice). It was taken for the hello's, exit 2.
+      if (code == errc::not_announced) return false;
       throw lw_error(code == errc::peer_lost || code == errc::cancelled ? code : errc::invalid_config,
                      fmt::format("the coordinator at {} turned this node away: {}", endpoint_, er->message));
     }

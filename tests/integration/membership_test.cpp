@@ -23,6 +23,7 @@
 #include "cluster/control_client.hpp"
 #include "cluster/envelope.hpp"
 #include "cluster/master.hpp"
+#include "tests/support/errors.hpp"
 #include "tests/support/process.hpp"
 
 using namespace longwave;
@@ -95,6 +96,28 @@ CATCH_TEST_CASE("a node started before its coordinator waits its whole join time
   const auto wb = b.join(hello_of("b", 2), std::chrono::seconds(20));
   CATCH_CHECK(std::holds_alternative<welcome_msg>(wb));
   CATCH_CHECK(std::holds_alternative<welcome_msg>(wa.get()));  // it threw deadline_missed at 8 s
+  stop = true;
+  coord.get();
+}
+
+CATCH_TEST_CASE("a joiner's hello is not turned away by the answer to a join_ready it sent before",
+                "[integration][membership]") {
+  // A probe: a joiner told by a restarted coordinator to say hello again (it sends join_ready every 2 s, so
+  // it was told twice) read the second "say hello again" as its hello's answer and exited 2.
+  auto o = two_nodes(std::chrono::seconds(20));
+  std::atomic<bool> stop{false};
+  o.stop = [&] { return stop.load(); };
+  auto coord = std::async(std::launch::async, [&] { return run_master(o); });
+  control_client a(o.bind_endpoint, cluster_id), b(o.bind_endpoint, cluster_id);
+  const join_ready_msg ready{reduce_key{4, 0}, 4};
+  CATCH_CHECK(test::error_of([&] { a.join_ready(ready, std::chrono::seconds(20)); }) == errc::not_announced);
+  // Sent again, its answer unread: it comes before the hello's (one connection keeps the order).
+  CATCH_CHECK(test::error_of([&] { a.join_ready(ready, std::chrono::milliseconds(0)); }) ==
+              errc::deadline_missed);
+  auto wa =
+      std::async(std::launch::async, [&] { return a.join(hello_of("a", 1), std::chrono::seconds(20)); });
+  CATCH_CHECK(std::holds_alternative<welcome_msg>(b.join(hello_of("b", 2), std::chrono::seconds(20))));
+  CATCH_CHECK(std::holds_alternative<welcome_msg>(wa.get()));  // it threw invalid_config
   stop = true;
   coord.get();
 }
