@@ -492,10 +492,20 @@ void master_state::call_off(const std::string& why, int code) {
 bool master_state::awaiting_last_words(clock::time_point now) const {
   for (const auto& m : members_)
     if (m.told_end && now - m.last_seen <= s_.heartbeat_timeout) return true;
+  for (const auto& w : told_waiters_)
+    if (now - w.last_seen <= 2 * hello_every) return true;
   return false;
 }
 
 void master_state::after_end(const sender& from, const envelope& e) {
+  for (auto& w : told_waiters_)
+    if (w.identity == from.identity && std::holds_alternative<stop_msg>(e.body)) {
+      // It asks again: the end did not reach it. At most once a second.
+      w.last_seen = now_;
+      if (now_ - w.told_at < std::chrono::seconds(1)) return;
+      w.told_at = now_;
+      return tell_waiter(w.identity);
+    }
   const auto idx = index_of_identity(from.identity);
   if (!idx || !members_[*idx].told_end) return;
   auto& m = members_[*idx];

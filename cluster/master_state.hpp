@@ -411,6 +411,15 @@ class master_state {
   std::vector<action> actions_;
   std::optional<int> exit_code_;
   std::pair<errc, std::string> end_notice_;  // what call_off told the nodes
+  /// `longwave stop --wait`s told how the run ended, while last words are awaited: one that asks again
+  /// (stop(0) every 2 s) did not get it and is told again; one silent for twice that long did.
+  struct told_waiter {
+    std::string identity;
+    clock::time_point last_seen, told_at;
+  };
+  std::vector<told_waiter> told_waiters_;
+  std::pair<bool, std::string> waiters_end_;  // what they were told: a bye (true) or an error, and its text
+  void tell_waiter(const std::string& identity);
   uint64_t n_dropped_ = 0;
   std::map<std::string, std::string> standbys_;     // standby coordinators: address -> routing id
   std::set<std::string> strangers_;                 // routing ids of running nodes of an earlier master

@@ -156,14 +156,22 @@ void master_state::stop_before_start() {
 /// an error naming why otherwise. A requester that did not wait is gone, and the socket drops its copy.
 void master_state::answer_stop_waiters(const std::string& outcome, const std::string& summary) {
   if (!stop_) return;
-  const bool ended_well = outcome == "stopped" || outcome == "finished" || outcome == "stopped_before_start";
+  waiters_end_ = {outcome == "stopped" || outcome == "finished" || outcome == "stopped_before_start",
+                  summary};
   for (const auto& identity : stop_->waiters) {
-    if (ended_well)
-      reply(identity, bye_msg{summary.substr(0, max_message_bytes)});
-    else
-      reply_error(identity, errc::evicted, summary);
+    tell_waiter(identity);
+    // Several coordinator addresses: its client drops what it has not read when this one's connection
+    // closes (ZMQ_IMMEDIATE), so this one stays until it stops asking (after_end).
+    if (s_.await_last_words) told_waiters_.push_back({identity, now_, now_});
   }
   stop_->waiters.clear();
+}
+
+void master_state::tell_waiter(const std::string& identity) {
+  if (waiters_end_.first)
+    reply(identity, bye_msg{waiters_end_.second.substr(0, max_message_bytes)});
+  else
+    reply_error(identity, errc::evicted, waiters_end_.second);
 }
 
 }  // namespace longwave::cluster

@@ -1538,6 +1538,27 @@ CATCH_TEST_CASE("master: longwave stop holds every member at one round boundary"
     for (auto at = all.find("op <- bye"); at != std::string::npos; at = all.find("op <- bye", at + 1)) ++byes;
     CATCH_CHECK(byes == 1);
   }
+  CATCH_SECTION("several coordinator addresses: it stays until stop --wait stops asking, telling it again") {
+    // Its client drops what it has not read when the coordinator's connection closes (ZMQ_IMMEDIATE): a
+    // probe's `stop --wait` said the coordinator went silent (exit 1) after a clean stop, 3 of 7.
+    auto s = cluster_of(2);
+    s.await_last_words = true;
+    table t(s);
+    t.play(two_training + std::vector<row>{{2, "op", "stop", {"n0 <- stop 0"}},
+                                           {3, "n0", "stop 7", {}},
+                                           {3, "n1", "stop 7", {"n1 <- stop 7"}},
+                                           {5, "n0", "bye stopped", {}},
+                                           {5, "n1", "bye stopped", {"op <- bye every node stopped"}}});
+    const auto at = [](double secs) {
+      return clock::time_point(std::chrono::hours(1000)) +
+             std::chrono::milliseconds(std::llround(secs * 1000));
+    };
+    CATCH_CHECK(t.master().done() == 0);
+    CATCH_CHECK(t.master().awaiting_last_words(at(6)));
+    t.play({{7, "op", "stop", {"op <- bye every node stopped"}}, {7.5, "op", "stop", {"!op <- bye"}}});
+    CATCH_CHECK(t.master().awaiting_last_words(at(11)));
+    CATCH_CHECK_FALSE(t.master().awaiting_last_words(at(11.6)));  // 4 s without a word: it has the end
+  }
   CATCH_SECTION("a stop needs no quorum: the members left finish the round in flight and stop") {
     // Below min_nodes the members wait for a joiner; a stop, asked before or during that wait, ends it
     // (the run was called off at quorum_timeout_s, exit 1, its last round lost).
