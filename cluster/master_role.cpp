@@ -17,6 +17,8 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
+#include <string_view>
 
 #include "cluster/cluster_file.hpp"
 #include "cluster/master.hpp"
@@ -24,6 +26,7 @@
 #include "cluster/standby.hpp"
 #include "config/config_loader.hpp"
 #include "runtime/checkpoint/run_lock.hpp"
+#include "runtime/json/json_reader.hpp"
 #include "runtime/metrics/metrics_registry.hpp"
 #include "runtime/metrics/metrics_server.hpp"
 #include "runtime/process/stop_signals.hpp"
@@ -182,6 +185,37 @@ void record_to(const std::string& out_dir, master_options& o) {
   };
 }
 
+/// The event log's last end record, when the cluster stopped there (`longwave stop`) and trained no more
+/// since: a resume goes on from its round (master_settings::stopped). No log, another end last, or an epoch
+/// begun after it: none.
+std::optional<master_settings::stopped_run> last_stop(const std::string& out_dir) {
+  std::ifstream in(std::filesystem::path(out_dir) / "coordinator.jsonl");
+  std::optional<master_settings::stopped_run> out;
+  for (std::string line; std::getline(in, line);) {
+    rapidjson::Document doc;
+    if (runtime::parse_json(line, doc)) continue;  // a line cut short by a crash
+    const auto* kind = runtime::find_member(doc, "kind");
+    if (!kind || !kind->IsString()) continue;
+    const std::string_view k = kind->GetString();
+    if (k == "epoch" || k == "takeover") out.reset();  // training went on after it: its rounds count
+    if (k != "end") continue;
+    out.reset();
+    const auto* outcome = runtime::find_member(doc, "outcome");
+    const auto* round = runtime::find_member(doc, "stop_round");
+    const auto* nodes = runtime::find_member(doc, "finished");
+    if (!outcome || !outcome->IsString() || std::string_view(outcome->GetString()) != "stopped" || !round ||
+        !round->IsUint64() || !nodes || !nodes->IsString())
+      continue;
+    master_settings::stopped_run s;
+    s.round = round->GetUint64();
+    std::istringstream list(nodes->GetString());
+    for (std::string name; std::getline(list, name, ',');)
+      if (!name.empty()) s.nodes.push_back(name);
+    out = std::move(s);
+  }
+  return out;
+}
+
 /// Stands by while a master at another of the cluster's addresses answers, then runs this one; `leads` is
 /// called once it does (a standby serves /metrics only then: it may share the leader's port on one host).
 int lead(const config::cluster_spec& spec, const master_options& o,
@@ -233,6 +267,7 @@ int run_master_role(const config::cluster_spec& spec, const std::string& bind) {
   int code = 1;
   try {
     take_coordinator_lock(spec);
+    o.stopped = last_stop(spec.train.run.out_dir);
     record_to(spec.train.run.out_dir, o);
     std::unique_ptr<runtime::metrics_registry> metrics;
     std::unique_ptr<runtime::metrics_server> server;

@@ -112,6 +112,14 @@ struct master_settings {
   /// A standby that took the place of a master gone unreachable: when no node says hello by the join
   /// deadline, the run it stood by for had ended (or its nodes are gone), and nothing failed here: exit 0.
   bool took_over = false;
+  /// The event log's last end, when the cluster stopped there (longwave stop): the round its nodes stopped
+  /// after and those nodes. A resume goes on from that round where one of them holds it, whatever nodes lost
+  /// on the way hold: the cluster committed it (nullopt: the rule of the round most nodes hold).
+  struct stopped_run {
+    uint64_t round = 0;
+    std::vector<std::string> nodes;
+  };
+  std::optional<stopped_run> stopped;
   /// diloco.outer = "async": when the members' contributions merge into a new version (nullopt: the
   /// cluster's rounds have a barrier, and contributions are dropped as unexpected).
   std::optional<merge_rules> async;
@@ -392,6 +400,7 @@ class master_state {
     std::vector<size_t> other_history;  // of those, the ones whose checkpoint of `round` holds another theta
     std::vector<size_t> ahead;          // joined nodes holding rounds after `round`: those are dropped
     bool tied = false;                  // two histories of `round` had as many holders
+    bool by_stop = false;  // `round` is the one the cluster stopped after (master_settings::stopped)
   };
   resume_plan plan_resume() const;
   void say_plan(const resume_plan& plan, const std::vector<size_t>& members);

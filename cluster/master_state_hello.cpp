@@ -1,6 +1,7 @@
 // The master's state machine (see master_state.hpp): hellos, joins of the running cluster, and the
 // re-announcements of nodes that train under a restarted master.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <iterator>
@@ -426,12 +427,26 @@ master_state::resume_plan master_state::plan_resume() const {
   size_t most = 0;
   for (const auto& [r, n] : holders)  // ascending rounds: a later one of as many holders wins
     if (n >= most) most = n, plan.round = r;
+  // The cluster stopped after a round (its event log): where a node that stopped there holds it, that round
+  // and its history, though nodes lost before hold older rounds and outnumber it.
+  std::map<uint32_t, size_t> stopped_there;  // theta's CRC -> how many of those nodes hold it
+  if (s_.stopped)
+    for (auto i : joined)
+      if (std::count(s_.stopped->nodes.begin(), s_.stopped->nodes.end(), specs_[i].name))
+        for (const auto& h : held(members_[i]))
+          if (h.first == s_.stopped->round) ++stopped_there[h.second];
+  if (!stopped_there.empty()) {
+    plan.round = s_.stopped->round;
+    plan.by_stop = true;
+  }
   if (plan.round == 0) return plan;
   // Of that round's histories, the one most of its holders hold (of as many, the larger CRC: a tie is named).
   most = 0;
   for (auto it = histories.lower_bound({plan.round, 0});
-       it != histories.end() && it->first.first == plan.round; ++it)
-    if (it->second >= most) plan.tied = it->second == most, most = it->second, plan.theta = it->first.second;
+       it != histories.end() && it->first.first == plan.round; ++it) {
+    const auto n = plan.by_stop ? stopped_there[it->first.second] : it->second;
+    if (n >= most) plan.tied = n == most, most = n, plan.theta = it->first.second;
+  }
   for (auto i : joined) {
     const auto mine = held(members_[i]);
     if (members_[i].resume_round > plan.round) plan.ahead.push_back(i);
@@ -446,12 +461,17 @@ master_state::resume_plan master_state::plan_resume() const {
 /// The resume plan's lines: nodes whose later rounds are dropped, a tie between two histories, and each node
 /// that fetches the members' state, and why.
 void master_state::say_plan(const resume_plan& plan, const std::vector<size_t>& members) {
+  if (plan.by_stop)
+    info(
+        fmt::format("coordinator: the cluster stopped after round {} on {} (its event log): it resumes there",
+                    plan.round, fmt::join(s_.stopped->nodes, ", ")));
   for (auto i : plan.ahead)
     warn(
         fmt::format("coordinator: node {} holds checkpoints up to round {}, past round {}, which the cluster "
-                    "resumes after (the round most nodes hold): its later rounds are not the cluster's, and "
-                    "it sets them aside",
-                    specs_[i].name, members_[i].resume_round, plan.round));
+                    "resumes after "
+                    "({}): its later rounds are not the cluster's, and it sets them aside",
+                    specs_[i].name, members_[i].resume_round, plan.round,
+                    plan.by_stop ? "where it stopped" : "the round most nodes hold"));
   if (plan.tied)
     warn(
         fmt::format("coordinator: as many nodes hold one history of round {} as another: the cluster resumes "

@@ -793,6 +793,38 @@ CATCH_TEST_CASE("a coordinator restarted in the middle of longwave stop carries 
   fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
 }
 
+CATCH_TEST_CASE(
+    "a cluster stopped after its nodes were lost resumes where it stopped, and they fetch that state",
+    "[process][cluster][elastic][signal]") {
+  // A probe: n1 and n2 lost, n0 trained on alone and stopped; the resume went back to the round n1 and n2
+  // held (the most nodes) and set n0's later rounds aside: 24 rounds lost.
+  elastic_cluster c("elastic_stop_resume_lost", "");
+  for (size_t i : {1, 2}) c.wait_checkpoints(i, 2);
+  for (size_t i : {1, 2}) kill(c.nodes[i].pid, SIGKILL);
+  for (size_t i : {1, 2}) CATCH_CHECK(wait_exit(c.nodes[i], 30) == 128 + SIGKILL);
+  c.wait_rounds_in({"n0"}, "n0", 5);  // past what n1 and n2 hold
+  stop_cluster(c.dir, c.file, {}, {"--wait"});
+  CATCH_CHECK(wait_exit(c.nodes[0], 300) == 0);
+  CATCH_CHECK(wait_exit(c.coord, 60) == 0);
+  const int64_t stopped = stop_round(c.out("n0"));
+  CATCH_REQUIRE(stopped > 0);
+  std::tie(c.coord, c.nodes) = start_cluster(c.dir, c.file, 3);
+  c.wait_rounds_in({"n1", "n2"}, "n0,n1,n2", 1);
+  stop_cluster(c.dir, c.file, {}, {"--wait"});
+  std::vector<int> codes;
+  for (auto& n : c.nodes) codes.push_back(wait_exit(n, 300));
+  const auto clog = c.coord_log();
+  CATCH_INFO(clog);
+  CATCH_CHECK(codes == std::vector<int>{0, 0, 0});
+  CATCH_CHECK(wait_exit(c.coord, 60) == 0);
+  CATCH_CHECK(contains(clog, "the cluster stopped after round " + std::to_string(stopped) +
+                                 " on n0 (its event log): it resumes there"));
+  CATCH_CHECK(contains(clog, "resuming after round " + std::to_string(stopped)));
+  CATCH_CHECK_FALSE(contains(clog, "its later rounds are not the cluster's"));
+  CATCH_CHECK_FALSE(fs::exists(c.out("n0") + "/checkpoints/superseded"));
+  fs::remove_all(c.dir);  // kept only when a REQUIRE stopped the test
+}
+
 CATCH_TEST_CASE("a joiner in flight when the coordinator restarts says hello again and is admitted",
                 "[process][cluster][elastic][join][signal]") {
   elastic_cluster c("elastic_join_restart", "");

@@ -490,6 +490,33 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
                  {"n0 <- welcome rank 0 of 2 epoch 1 start 104",
                   "n1 <- welcome rank 1 of 2 epoch 1 start 104", "n2 <- recover round 104 from [n0,n1]"}}});
   }
+  CATCH_SECTION(
+      "the cluster stopped after a round (its event log): it resumes there, the nodes lost before fetch") {
+    // A probe: n1 and n2 were lost at 77, n0 trained on alone and stopped after 101; the resume went back to
+    // 77, the round most nodes held, and set n0's rounds 99..101 aside.
+    auto s = cluster_of(3);
+    s.stopped = master_settings::stopped_run{101, {"n0"}};
+    table t(s);
+    t.play({{0, "n0", "hello resume=101 rounds=99:100:101 thetas=1:2:3", {}},
+            {0, "n1", "hello resume=77 rounds=75:76:77 thetas=7:8:9", {}},
+            {0,
+             "n2",
+             "hello resume=77 rounds=75:76:77 thetas=7:8:9",
+             {"the cluster stopped after round 101 on n0 (its event log): it resumes there",
+              "n0 <- welcome rank 0 of 1 epoch 1 start 101", "n1 <- recover round 101 from [n0]",
+              "n2 <- recover round 101 from [n0]", "!past round", "!as many nodes"}}});
+    // The nodes that stopped there hold that round no more (--fresh, a new disk): the rule of the round most
+    // nodes hold.
+    auto gone = cluster_of(3);
+    gone.stopped = master_settings::stopped_run{101, {"n0"}};
+    table u(gone);
+    u.play({{0, "n0", "hello", {}},
+            {0, "n1", "hello resume=77 rounds=75:76:77 thetas=7:8:9", {}},
+            {0,
+             "n2",
+             "hello resume=77 rounds=75:76:77 thetas=7:8:9",
+             {"n1 <- welcome rank 0 of 2 epoch 1 start 77", "!event log"}}});
+  }
   CATCH_SECTION("two histories of one round: the nodes resume from the one most hold, the other fetches it") {
     // A probe's split brain: n2 trained on alone, then n0 and n1 together; each side reached round 8, and
     // both resumed from their own round 8, two models in one cluster.
