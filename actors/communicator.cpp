@@ -216,7 +216,7 @@ caf::result<reduced> reduce(comm_self self, const ring_label& label, std::vector
                   s.net->bytes_sent() - s.sent);
   report(self, s, r, label, static_cast<size_t>(n), secs);
   // Every node weighed 0 (this one did, and so the total): the zeros average nothing.
-  const bool empty = s.cluster && weight == 0.0 && !(s.net->last_total_weight() > 0.0);
+  const bool empty = s.cluster && weight == 0.0 && s.net->last_total_weight() == 0.0;
   if (empty && !empty_ok)
     return make_error(errc::invalid_config,
                       fmt::format("all-reduce of round {}: every node contributed weight 0, so there is "

@@ -387,10 +387,10 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
       // A file copied in from another run is named, so that it can be moved aside instead.
       const auto files = store.list().size();
       throw not_this_run(files > 1
-                             ? e.what + fmt::format("; {} older checkpoint{} there: if only this file is "
-                                                    "another run's, move it aside to resume from {}",
-                                                    files - 1, files == 2 ? " is" : "s are",
-                                                    files == 2 ? "it" : "them")
+                             ? e.what + fmt::format("; {} other checkpoint file{} there: if only this file "
+                                                    "is another run's, move it aside to resume from the "
+                                                    "newest of the rest",
+                                                    files - 1, files == 2 ? " is" : "s are")
                              : e.what);
     }
     set_aside_corrupt(store, corrupt);

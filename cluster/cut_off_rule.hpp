@@ -26,6 +26,8 @@ class cut_off_rule {
   /// Once the ring has stalled and the coordinator been unreachable (since `gone_since`; nullopt while it is
   /// connected) for `after`: why this node stops. Said once per stall.
   std::optional<std::string> due(std::optional<time_point> gone_since, time_point now);
+  /// The ring cannot go on without a coordinator (a failed call or a fence since the last membership).
+  bool stalled() const { return stalled_since_.has_value(); }
 
  private:
   std::chrono::milliseconds after_;

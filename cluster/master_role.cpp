@@ -185,9 +185,9 @@ void record_to(const std::string& out_dir, master_options& o) {
   };
 }
 
-/// The event log's last end record, when the cluster stopped there (`longwave stop`) and trained no more
-/// since: a resume goes on from its round (master_settings::stopped). No log, another end last, or an epoch
-/// begun after it: none.
+/// The event log's last stop (`longwave stop`) after which the cluster trained no more: a resume goes on
+/// from its round (master_settings::stopped). No log, or training (an epoch, a takeover) since: none. The
+/// end of a session that never trained (called off at the join deadline, Ctrl-C before the welcome) keeps it.
 std::optional<master_settings::stopped_run> last_stop(const std::string& out_dir) {
   std::ifstream in(std::filesystem::path(out_dir) / "coordinator.jsonl");
   std::optional<master_settings::stopped_run> out;
@@ -199,7 +199,6 @@ std::optional<master_settings::stopped_run> last_stop(const std::string& out_dir
     const std::string_view k = kind->GetString();
     if (k == "epoch" || k == "takeover") out.reset();  // training went on after it: its rounds count
     if (k != "end") continue;
-    out.reset();
     const auto* outcome = runtime::find_member(doc, "outcome");
     const auto* round = runtime::find_member(doc, "stop_round");
     const auto* nodes = runtime::find_member(doc, "finished");

@@ -430,7 +430,12 @@ master_state::resume_plan master_state::plan_resume() const {
   // The cluster stopped after a round (its event log): where a node that stopped there holds it, that round
   // and its history, though nodes lost before hold older rounds and outnumber it.
   std::map<uint32_t, size_t> stopped_there;  // theta's CRC -> how many of those nodes hold it
-  if (s_.stopped)
+  // Not when a node holds a later round, or most hold one: the cluster trained after it (its log did not
+  // say, as when another machine's coordinator led it).
+  const bool after_stop = std::any_of(joined.begin(), joined.end(), [&](size_t i) {
+    return s_.stopped && members_[i].resume_round > s_.stopped->round;
+  });
+  if (s_.stopped && !after_stop && s_.stopped->round >= plan.round)
     for (auto i : joined)
       if (std::count(s_.stopped->nodes.begin(), s_.stopped->nodes.end(), specs_[i].name))
         for (const auto& h : held(members_[i]))

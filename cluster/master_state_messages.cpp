@@ -102,7 +102,7 @@ void master_state::on_member_message(size_t i, const envelope& e) {
   if (auto* hb = std::get_if<heartbeat_msg>(&e.body)) {
     m.round = std::max(m.round, hb->round);  // a member's round never goes back (a term notice says 0)
   } else if (auto* st = std::get_if<stop_msg>(&e.body)) {
-    if (!stop_ && welcomed_ && training(i) && st->answer) carry_on_stop(i);
+    if (!stop_ && welcomed_ && training(i) && st->answer && st->round > 0) carry_on_stop(i);
     if (stop_ && training(i) && st->round > 0 && !m.stop_hold) m.stop_hold = st->round;
   } else if (auto* p = std::get_if<pin_msg>(&e.body)) {
     if (pin_ && training(i) && p->round > 0 && !m.pin_hold) m.pin_hold = p->round;

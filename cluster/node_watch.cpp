@@ -96,6 +96,7 @@ master_asks master_watch::on_tick(control_client& control, comm::collective& rin
                  control.endpoint(), std::chrono::duration<double>(now - *gone_since_).count(),
                  refused_.empty() ? "" : "; last refusal: " + refused_,
                  elastic && elastic->fenced() ? "this node's ring is fenced and waits for a coordinator"
+                 : cut_off_.stalled()         ? "this node's ring failed and waits for a coordinator"
                                               : "training goes on");
   }
   return asks;

@@ -3,6 +3,7 @@
 // ZeroMQ ring (comm/ring_allreduce.hpp) or NCCL (comm/nccl/nccl_collective.hpp), chosen by comm.backend.
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,9 +70,9 @@ class collective {
 
   /// The round of the last call that completed (0 before any).
   virtual uint64_t completed_round() const = 0;
-  /// The weights of every rank summed, in the last all-reduce that completed (0: not known). The average is
-  /// over this many workers (eager's proxy step divides by it).
-  virtual double last_total_weight() const { return 0; }
+  /// The weights of every rank summed, in the last all-reduce that completed (0: every rank weighed 0; NaN:
+  /// the backend does not say). The average is over this many workers (eager's proxy step divides by it).
+  virtual double last_total_weight() const { return std::numeric_limits<double>::quiet_NaN(); }
   /// The names of the ranks whose contributions the last completed call averaged, in rank order: the members
   /// of the epoch whose ring computed the result (a membership change may keep a result computed before it).
   /// Empty where the backend does not know them (one process, NCCL).

@@ -183,7 +183,7 @@ struct coordinator_state {
   int64_t failed_writes = 0;
   std::string write_error;
   uint64_t boundary_saved = 0;  // the last round whose boundary snapshot the round tail saved
-  bool has_residuals = false;   // cluster with error feedback: snapshots hold the communicator's residuals
+  bool has_residuals = false;  // sparse, or dense error feedback: snapshots hold the communicator's residuals
   // Snapshots waiting for their residuals, and what waits for them to reach the checkpointer (a flush must
   // not overtake a save).
   int64_t residual_waits = 0;

@@ -65,8 +65,9 @@ class federated_policy final : public round_policy {
           if (!engine_.set_phase(phase::outer_step)) return;
           if (!avg.defined()) {  // every drawn client is on a node that is gone
             spdlog::warn(
-                "round {}: none of the drawn clients is on a member of the cluster now: nothing to average, "
-                "so theta_global and the outer momentum stay as they were",
+                "round {}: none of the drawn clients took part (their nodes are gone, or joined and only "
+                "observe this round): nothing to average, so theta_global and the outer momentum stay as "
+                "they were",
                 round);
             return engine_.theta([this](at::Tensor theta) { engine_.round_done(theta); });
           }

@@ -118,14 +118,13 @@ void nccl_collective::allreduce(uint64_t round, float* data, size_t n, double we
   nccl_->sum(dev, 1, wire_dtype::fp32, poll);
   check_cuda(cudaMemcpy(&total, dev, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
   total_weight_ = total;
-  if (!(total > 0)) {  // every rank weighed 0, as every rank knows: the result is zeros (collective.hpp)
-    std::fill(data, data + n, 0.0f);
-    return;
-  }
-  const float scale = static_cast<float>(weight) / total;
-  for (size_t i = 0; i < n; ++i) data[i] *= scale;
+  // Every rank weighed 0, as every rank knows: the result is zeros (collective.hpp), and no sum runs.
+  const bool empty = !(total > 0);
+  if (empty) std::fill(data, data + n, 0.0f);
+  const float scale = empty ? 0.0f : static_cast<float>(weight) / total;
+  for (size_t i = 0; i < n && !empty; ++i) data[i] *= scale;
 
-  if (n > 0) {
+  if (n > 0 && !empty) {
     const size_t bytes = encoded_size(dt, n);
     if (dt == wire_dtype::fp32) {
       check_cuda(cudaMemcpy(dev, data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -85,8 +86,11 @@ CATCH_TEST_CASE("the NCCL collective averages host buffers through the collectiv
   CATCH_CHECK(code_of([&] { c.allreduce(3, y.data(), y.size(), 1.0, 0, wire_dtype::int8); }) ==
               errc::invalid_config);
   CATCH_CHECK(code_of([&] { c.allreduce(2, y.data(), y.size()); }) == errc::stale_round);
-  // Weight 0 relays, as on the ring; a round in which every rank relays has no mean.
-  CATCH_CHECK(code_of([&] { c.allreduce(4, y.data(), y.size(), 0.0); }) == errc::invalid_config);
+  // Weight 0 relays, as on the ring; a round in which every rank relays has no mean: zeros, total weight 0.
+  CATCH_CHECK(code_of([&] { c.allreduce(4, y.data(), y.size(), 0.0); }) == errc::none);
+  CATCH_CHECK(std::all_of(y.begin(), y.end(), [](float v) { return v == 0.0f; }));
+  CATCH_CHECK(c.last_total_weight() == 0.0);
+  CATCH_CHECK(c.completed_round() == 4);
   CATCH_CHECK(code_of([&] { c.allreduce(5, y.data(), y.size(), -1.0); }) == errc::invalid_config);
   c.cancel();
   CATCH_CHECK(code_of([&] { c.allreduce(9, y.data(), y.size()); }) == errc::cancelled);

@@ -35,7 +35,9 @@ struct lw_config : caf::actor_system_config {
 /// A collective that records each call and doubles the data (so a test sees its result come back).
 class recording_collective final : public comm::collective {
  public:
-  explicit recording_collective(size_t chunk = 3) : chunk_(chunk) {}
+  /// total: what last_total_weight() says (NaN: this backend does not say, as the base class).
+  explicit recording_collective(size_t chunk = 3, double total = std::nan(""))
+      : chunk_(chunk), total_(total) {}
 
   struct call {
     uint64_t round;
@@ -64,6 +66,7 @@ class recording_collective final : public comm::collective {
   int rank() const override { return 0; }
   int world_size() const override { return 2; }
   const char* backend_name() const override { return "recording"; }
+  double last_total_weight() const override { return total_; }
 
   std::vector<call> calls() const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -72,6 +75,7 @@ class recording_collective final : public comm::collective {
 
  private:
   size_t chunk_;
+  double total_;
   mutable std::mutex mu_;
   std::vector<call> calls_;
   uint64_t bytes_ = 0, completed_ = 0;
@@ -233,22 +237,28 @@ CATCH_TEST_CASE("Every node of weight 0: the communicator refuses it unless clie
                 "[integration][communicator]") {
   lw_config cfg;
   caf::actor_system sys{cfg};
-  actors::communicator_options o;
-  o.collective = std::make_shared<recording_collective>();  // its total weight: 0
-  auto communicator = actors::spawn_communicator(sys, o);
   caf::scoped_actor self{sys};
-  // What the communicator answers: "empty", "average", or its error.
-  auto answer = [&](uint64_t round, double weight, bool empty_ok) {
-    std::string out;
-    runtime::reduce_request req{{round, 0}, filled({0}, 4), false, weight, empty_ok};
-    self->request(communicator, std::chrono::seconds(30), runtime::reduce_atom_v, std::move(req))
-        .receive([&](runtime::reduced& r) { out = r.empty ? "empty" : "average"; },
-                 [&](caf::error& e) { out = caf::to_string(e); });
-    return out;
+  // What a communicator over a collective whose total weight is `total` answers: "empty", "average", or its
+  // error.
+  auto answer_of = [&](double total) {
+    actors::communicator_options o;
+    o.collective = std::make_shared<recording_collective>(3, total);
+    auto communicator = actors::spawn_communicator(sys, o);
+    return [&, communicator](uint64_t round, double weight, bool empty_ok) {
+      std::string out;
+      runtime::reduce_request req{{round, 0}, filled({0}, 4), false, weight, empty_ok};
+      self->request(communicator, std::chrono::seconds(30), runtime::reduce_atom_v, std::move(req))
+          .receive([&](runtime::reduced& r) { out = r.empty ? "empty" : "average"; },
+                   [&](caf::error& e) { out = caf::to_string(e); });
+      return out;
+    };
   };
+  auto answer = answer_of(0.0);
   CATCH_CHECK(answer(1, 0.0, false).find("round 1: every node contributed weight 0") != std::string::npos);
   CATCH_CHECK(answer(2, 0.0, true) == "empty");
   CATCH_CHECK(answer(3, 1.0, true) == "average");  // this node's weight counts: not empty
+  // A backend that does not say its total: a node of weight 0 (a joiner observing) only relays.
+  CATCH_CHECK(answer_of(std::nan(""))(1, 0.0, false) == "average");
 }
 
 CATCH_TEST_CASE("In one process the sparse codec codes the workers' mean once, with one residual per part",

@@ -84,14 +84,14 @@ std::string single_config(const std::string& dir, const std::string& extra) {
   return path;
 }
 
-/// A cluster file of nodes n0 and n1, two workers each, one client drawn a round (FedAvg: outer.lr 1, no
-/// momentum), training `n_rounds` rounds.
-std::string sampling_cluster(const std::string& dir, int64_t n_rounds) {
+/// A cluster file of nodes n0 and n1, two workers each, one client drawn a round (outer.lr 1; without
+/// momentum, FedAvg), training `n_rounds` rounds.
+std::string sampling_cluster(const std::string& dir, int64_t n_rounds, double momentum = 0.0) {
   cluster_ports ports;
   const auto file =
       cluster_file(dir, {2, 2}, ports,
-                   "[metrics]\nenabled = false\n[outer]\nlr = 1.0\nmomentum = 0.0\n[federated]\n"
-                   "clients_per_round = 1\n[data]\npartition = \"iid\"\n");
+                   "[metrics]\nenabled = false\n[outer]\nlr = 1.0\nmomentum = " + std::to_string(momentum) +
+                       "\n[federated]\nclients_per_round = 1\n[data]\npartition = \"iid\"\n");
   edit_file(file, "rounds = 3", "rounds = " + std::to_string(n_rounds));
   return file;
 }
@@ -157,7 +157,8 @@ CATCH_TEST_CASE(
   // Every node weighed 0 in such a round: the all-reduce failed, the cluster retried it as a ring failure
   // (blaming the links) and called the run off after four.
   const auto dir = scratch_dir("federated_kill");
-  const auto file = sampling_cluster(dir, 12);
+  // With momentum, a zero average applied would move theta still: the round must not step at all.
+  const auto file = sampling_cluster(dir, 12, 0.9);
   // n1 holds its ring frames of round 4: round 4 is redone without it, and n0 trains rounds 4..12 alone.
   auto c = start_cluster(dir, file, 2, {{}, {"LONGWAVE_FAULT_ALLREDUCE_GATE=4:" + dir + "/never"}});
   CATCH_REQUIRE(wait_for_text(dir + "/n0.log", "round 4: 1 of 4 clients", 240));

@@ -516,6 +516,14 @@ CATCH_TEST_CASE("master: resuming nodes start after the newest round every node 
              "n2",
              "hello resume=77 rounds=75:76:77 thetas=7:8:9",
              {"n1 <- welcome rank 0 of 2 epoch 1 start 77", "!event log"}}});
+    // A node holds a later round: the cluster trained after the stop (another machine's coordinator led
+    // it): the log's stop is old, and the rule of the round most nodes hold keeps rounds 102 and 103.
+    auto later = cluster_of(3);
+    later.stopped = master_settings::stopped_run{101, {"n0", "n1", "n2"}};
+    table v(later);
+    v.play({{0, "n0", "hello resume=103 rounds=101:102:103", {}},
+            {0, "n1", "hello resume=103 rounds=101:102:103", {}},
+            {0, "n2", "hello resume=103 rounds=101:102:103", {"start 103", "!event log", "!past round"}}});
   }
   CATCH_SECTION("two histories of one round: the nodes resume from the one most hold, the other fetches it") {
     // A probe's split brain: n2 trained on alone, then n0 and n1 together; each side reached round 8, and
