@@ -473,8 +473,7 @@ void master_state::say_plan(const resume_plan& plan, const std::vector<size_t>& 
   for (auto i : plan.ahead)
     warn(
         fmt::format("coordinator: node {} holds checkpoints up to round {}, past round {}, which the cluster "
-                    "resumes after "
-                    "({}): its later rounds are not the cluster's, and it sets them aside",
+                    "resumes after ({}): its later rounds are not the cluster's, and it sets them aside",
                     specs_[i].name, members_[i].resume_round, plan.round,
                     plan.by_stop ? "where it stopped" : "the round most nodes hold"));
   if (plan.tied)

@@ -337,7 +337,9 @@ config::train_config build_config(const reader& r, const std::string& base_text,
     for (const auto& ov : s.set)
       if (config::override_key(ov) == e.key() || ov.find('=') == std::string::npos)
         r.fail(fmt::format("sweep.set \"{}\"", ov), e.what());
-    const bool in_base = e.key() == "syntax" || e.key() == "file" || e.key() == "internal";
+    // A point without settings of its own (no axis) is the base alone (it said "point : ...").
+    const bool in_base =
+        e.key() == "syntax" || e.key() == "file" || e.key() == "internal" || point_label.empty();
     r.fail(in_base ? fmt::format("sweep.base \"{}\"", s.base) : "point " + point_label, e.what());
   }
 }

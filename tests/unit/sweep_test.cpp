@@ -225,6 +225,11 @@ CATCH_TEST_CASE("bad sweep files are refused with one line naming the entry", "[
   CATCH_CHECK_THAT(error_of(d, "[sweep]\nbase = \"nope.toml\"\nout_dir = \"x\"\n"),
                    Contains("sweep.base: config error: cannot read config file"));
   CATCH_CHECK_THAT(error_of(d, "[grid]\n\"model.dim\" = [1]\n"), Contains("[sweep]"));
+  // A base the sweep changes nothing of, with an unknown section: the base is named (it said "point : ").
+  std::ofstream(d.dir / "bad_base.toml") << "[trian]\nworkers = 2\n";
+  CATCH_CHECK_THAT(
+      error_of(d, "[sweep]\nbase = \"" + (d.dir / "bad_base.toml").string() + "\"\nout_dir = \"x\"\n"),
+      Contains("sweep.base \"" + (d.dir / "bad_base.toml").string() + "\": config error: unknown section"));
   std::ofstream(d.dir / "file") << "x";
   const std::string under =
       "[sweep]\nbase = \"configs/base.toml\"\nout_dir = \"" + (d.dir / "file" / "out").string();
