@@ -719,8 +719,9 @@ void rejoin(const std::string& name, const std::string& extra, bool same_theta =
   CATCH_CHECK(record_count(c.out("n2"), "recovery") == 1);
   CATCH_CHECK_FALSE(fs::exists(unfinished));
   CATCH_CHECK(contains(log2, "checkpoint: removed " + unfinished));
-  // Under eager each member's theta is its own: the one not fetched from is no bad source (a probe).
-  if (!same_theta) CATCH_CHECK_FALSE(contains(log2, "state source dropped"));
+  // Under eager each member's theta is its own: the one not fetched from is no bad source (a probe). A source
+  // dropped for another cause (a member two rounds on, on a loaded machine: CI once) is no fault here.
+  if (!same_theta) CATCH_CHECK_FALSE(contains(log2, "with other contents"));
   if (same_theta) {
     check_rounds(c, {"n0", "n1"});
     check_joined(c.out("n2"), c.out("n0"), last_round(c, {"n0", "n1"}));
