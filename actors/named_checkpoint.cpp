@@ -12,6 +12,7 @@
 
 #include "actors/run_files.hpp"
 #include "config/config_loader.hpp"
+#include "models/data/tokenizer.hpp"
 #include "models/model_spec.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
@@ -51,6 +52,45 @@ void check_theta_values(const checkpoint& c, const std::string& path) {
   }
 }
 
+/// The tokenizer a checkpoint carries must parse and be the one its meta names (kind, vocabulary, CRC-32C):
+/// export copies it and sample reads with it, so a damaged one makes the file invalid for all of them.
+void check_tokenizer(const checkpoint& c, const std::string& path) {
+  const auto* b = c.find("tokenizer");
+  if (!b || b->size == 0) return;  // a build before checkpoints carried one
+  std::unique_ptr<models::data::tokenizer> tok;
+  try {
+    tok = models::data::parse_tokenizer(std::string(static_cast<const char*>(b->data), b->size),
+                                        "its tokenizer");
+  } catch (const lw_error& e) {
+    throw lw_error(errc::corrupt_checkpoint,
+                   fmt::format("{}: the tokenizer the checkpoint of round {} carries is damaged ({})", path,
+                               c.round, e.what()));
+  }
+  const auto meta = parse_meta(c.meta);
+  const auto named = meta.find("tokenizer");
+  if (const auto label = models::data::tokenizer_label(*tok); named != meta.end() && named->second != label)
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("{}: the checkpoint of round {} carries the tokenizer '{}', its meta names '{}'", path,
+                    c.round, label, named->second));
+}
+
+/// What a command reads of a checkpoint, checked once: finite theta values, a stored config, the model its
+/// meta names (the shape eval, export and sample build), and the tokenizer it carries.
+config::train_config checked_config(const checkpoint& c, const std::string& path) {
+  check_theta_values(c, path);
+  auto cfg = config_of(c.meta, path);
+  const auto spec =
+      checkpoint_spec(cfg, static_cast<int64_t>(theta_blob(c, path).size / sizeof(float)), path);
+  const auto meta = parse_meta(c.meta);
+  if (const auto it = meta.find("preset"); it != meta.end() && it->second != models::model_label(spec))
+    throw lw_error(errc::corrupt_checkpoint,
+                   fmt::format("{}: meta names model '{}', its stored config gives '{}'", path, it->second,
+                               models::model_label(spec)));
+  check_tokenizer(c, path);
+  return cfg;
+}
+
 }  // namespace
 
 named_checkpoint load_named_checkpoint(const std::string& path) {
@@ -61,8 +101,7 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
       throw lw_error(errc::io_error,
                      path + ": not a checkpoint file or directory (a FIFO, socket or device)");
     auto c = checkpoint_store::load_file(path);
-    check_theta_values(c, path);
-    auto cfg = config_of(c.meta, path);
+    auto cfg = checked_config(c, path);
     return {std::move(c), std::move(cfg)};
   }
   // A directory: its newest file that holds a config and a theta (what eval and export read), as a run's
@@ -73,9 +112,8 @@ named_checkpoint load_named_checkpoint(const std::string& path) {
   try {
     c = store.load_latest([](const std::string& w) { spdlog::warn("{}", w); },
                           [&](checkpoint& each) {
-                            check_theta_values(each, "the checkpoint");
                             try {
-                              cfg = config_of(each.meta, "its meta");
+                              cfg = checked_config(each, "the checkpoint");
                             } catch (const config::config_error& e) {
                               throw lw_error(errc::corrupt_checkpoint, e.what());
                             }
@@ -134,7 +172,14 @@ models::model_spec checkpoint_spec(const config::train_config& cfg, int64_t n_th
   spec.vocab_size = cfg.model.vocab_size;
   if (spec.vocab_size <= 0 && (n_theta - without_embedding) % spec.dim == 0)
     spec.vocab_size = (n_theta - without_embedding) / spec.dim;
-  if (spec.vocab_size <= 0 || models::closed_form_param_count(spec) != n_theta)
+  if (spec.vocab_size > 0 && models::closed_form_param_count(spec) != n_theta)
+    throw lw_error(
+        errc::corrupt_checkpoint,
+        fmt::format("{}: theta holds {} values, the model of its stored config ('{}', model.vocab_size "
+                    "{}) has {} parameters",
+                    path, n_theta, models::model_label(spec), spec.vocab_size,
+                    models::closed_form_param_count(spec)));
+  if (spec.vocab_size <= 0)
     throw lw_error(errc::corrupt_checkpoint,
                    fmt::format("{}: theta holds {} values, which no vocabulary of model '{}' gives", path,
                                n_theta, models::model_label(spec)));

@@ -1,8 +1,6 @@
 // A checkpoint's theta_global, its model and its tokenizer (cli/checkpoint_model.hpp).
 #include "cli/checkpoint_model.hpp"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -23,10 +21,6 @@ checkpoint_model load_checkpoint_model(const std::string& path) {
   const auto& blob = actors::theta_blob(named.ckpt, path);
   checkpoint_model m;
   m.spec = actors::checkpoint_spec(named.cfg, static_cast<int64_t>(blob.size / sizeof(float)), path);
-  const auto meta = runtime::parse_meta(named.ckpt.meta);
-  if (const auto it = meta.find("preset"); it != meta.end() && it->second != models::model_label(m.spec))
-    throw lw_error(errc::corrupt_checkpoint, fmt::format("{}: meta names model '{}', its config gives '{}'",
-                                                         path, it->second, models::model_label(m.spec)));
   m.theta.resize(blob.size / sizeof(float));
   actors::copy_theta(named.ckpt, path, m.theta.data(), static_cast<int64_t>(m.theta.size()));
   m.cfg = std::move(named.cfg);

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "actors/run_files.hpp"
@@ -60,6 +61,22 @@ std::string require_corpus() {
   const auto path = models::data::default_corpus_path();
   if (!std::filesystem::exists(path)) CATCH_FAIL("default corpus " << path << " missing: run scripts/setup");
   return path;
+}
+
+/// A fresh single-mode run of 3 rounds in `dir` with a checkpoint after each (all kept): its config, its
+/// options and the checkpoint files, oldest first.
+std::tuple<config::train_config, actors::run_options, std::vector<std::string>> three_checkpoints(
+    const std::string& dir) {
+  auto cfg = single_config(dir);
+  cfg.checkpoint.every_rounds = 1;
+  cfg.checkpoint.keep = 3;
+  actors::run_options opts;
+  opts.fresh = true;
+  opts.handle_signals = false;
+  CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+  auto files = runtime::checkpoint_store(dir + "/checkpoints", 3).list();
+  CATCH_REQUIRE(files.size() == 3);
+  return {cfg, opts, files};
 }
 
 // val_loss from the run's result.json.
@@ -236,16 +253,8 @@ CATCH_TEST_CASE(
     "[integration][single][checkpoint]") {
   require_corpus();
   const auto dir = test::scratch_dir("unfit-checkpoint");
-  auto cfg = single_config(dir);
-  cfg.checkpoint.every_rounds = 1;
-  cfg.checkpoint.keep = 3;
-  actors::run_options opts;
-  opts.fresh = true;
-  opts.handle_signals = false;
-  CATCH_REQUIRE(actors::run_training(cfg, opts) == 0);
+  auto [cfg, opts, files] = three_checkpoints(dir);
   runtime::checkpoint_store store(dir + "/checkpoints", 3);
-  const auto files = store.list();
-  CATCH_REQUIRE(files.size() == 3);
   const auto own = runtime::checkpoint_store::load_file(files.back());
   // The newest replaced by the same round of a wider model's run: the run stops, though rounds 1 and 2 fit
   // (falling back would train on silently from an older state than the directory's newest).
@@ -280,6 +289,56 @@ CATCH_TEST_CASE(
   const auto again = runtime::from_checkpoint(runtime::checkpoint_store::load_file(files.back()), shape);
   CATCH_CHECK(again.round == 3);
   CATCH_CHECK(runtime::from_checkpoint(*store.load_latest(), shape).round == 4);
+  std::filesystem::remove_all(dir);
+}
+
+CATCH_TEST_CASE(
+    "a checkpoint whose tokenizer, model name or stored vocabulary disagrees with the rest is invalid for "
+    "eval, export and sample alike: a named file is refused, a directory takes the one before",
+    "[integration][single][checkpoint]") {
+  require_corpus();
+  const auto dir = test::scratch_dir("disagreeing-checkpoint");
+  three_checkpoints(dir);
+  runtime::checkpoint_store store(dir + "/checkpoints", 3);
+  const auto files = store.list();
+  const auto own = runtime::checkpoint_store::load_file(files.back());
+  CATCH_REQUIRE(own.find("tokenizer") != nullptr);
+  CATCH_CHECK(actors::load_named_checkpoint(files.back()).ckpt.round == 3);
+  const auto refused = [&](const runtime::checkpoint& altered, const std::string& says) {
+    store.write(altered);
+    try {
+      actors::load_named_checkpoint(files.back());
+      CATCH_FAIL("loaded, expected: " << says);
+    } catch (const lw_error& e) {
+      CATCH_INFO(e.what());
+      CATCH_CHECK(e.code() == errc::corrupt_checkpoint);
+      CATCH_CHECK(std::string(e.what()).find(says) != std::string::npos);
+    }
+    CATCH_CHECK(actors::load_named_checkpoint(dir + "/checkpoints").ckpt.round == 2);
+  };
+  const auto with_tokenizer = [&](const std::string& text) {
+    auto c = own;
+    auto kept = std::make_shared<const std::string>(text);
+    for (auto& b : c.blobs)
+      if (b.name == "tokenizer") b.owner = kept, b.data = kept->data(), b.size = kept->size();
+    return c;
+  };
+  refused(with_tokenizer("not a tokenizer\n"), "the tokenizer the checkpoint of round 3 carries is damaged");
+  // A tokenizer that parses, but not the one the meta names (its kind, vocabulary and CRC-32C).
+  refused(with_tokenizer("longwave-bpe 1\n256\n"), "its meta names 'byte vocab=256'");
+  auto renamed = own;
+  const auto at = renamed.meta.find("preset=tiny\n");
+  CATCH_REQUIRE(at != std::string::npos);
+  renamed.meta.replace(at, 12, "preset=small\n");
+  refused(renamed, "meta names model 'small', its stored config gives 'tiny'");
+  // A stored vocabulary other than theta's: the message names it (it said that no vocabulary gives theta).
+  auto revocab = own;
+  const auto model = revocab.meta.find("[model]\n");
+  CATCH_REQUIRE(model != std::string::npos);
+  const auto vocab = revocab.meta.find("vocab_size = 0\n", model);
+  CATCH_REQUIRE(vocab != std::string::npos);
+  revocab.meta.replace(vocab, 15, "vocab_size = 300\n");
+  refused(revocab, "the model of its stored config ('tiny', model.vocab_size 300) has");
   std::filesystem::remove_all(dir);
 }
 
