@@ -109,8 +109,23 @@ std::optional<std::string> json_string_field(std::string_view line, std::string_
   return std::string(field->GetString(), field->GetStringLength());
 }
 
-std::string read_corpus(const std::string& path) {
-  std::string bytes = read_file(path, "corpus");
+std::string read_corpus(const std::string& path, const std::string& refuse_binary_as) {
+  // Binary data is refused as soon as its control bytes alone pass max_control_share of the whole file,
+  // not after gigabytes of it are read (check_is_text counts the whole text after).
+  int64_t control = 0, seen = 0;
+  const auto early_binary_check = [&](std::string_view chunk, uint64_t size) {
+    if (refuse_binary_as.empty()) return;
+    control += profile_text(chunk).control;
+    seen += static_cast<int64_t>(chunk.size());
+    if (size == 0 || static_cast<double>(control) <= max_control_share * static_cast<double>(size)) return;
+    throw lw_error(
+        errc::corrupt_data,
+        fmt::format("corpus '{}' is not text: its first {} bytes already hold {} NUL or control "
+                    "characters, more than {:.0f} % of its {} bytes (text has almost none); pass a "
+                    "text or JSONL file, or a directory with llm.c train.bin and val.bin",
+                    refuse_binary_as, seen, control, 100 * max_control_share, size));
+  };
+  std::string bytes = read_file(path, "corpus", early_binary_check);
   if (!ends_with_jsonl(path)) {
     if (bytes.empty())
       throw lw_error(

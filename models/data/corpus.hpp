@@ -20,7 +20,9 @@ std::string default_corpus_path();
 /// documents are joined with "\n\n". Any other file is read as raw bytes.
 /// Throws lw_error(io_error) if the file cannot be read, lw_error(corrupt_data) naming file:line for a
 /// malformed line or a line without a string "text", and lw_error(corrupt_data) if the corpus is empty.
-std::string read_corpus(const std::string& path);
+/// refuse_binary_as: when set, a file whose control bytes are over max_control_share of its size is refused
+/// (corrupt_data, naming it so) as soon as the part read shows it, instead of being read to its end.
+std::string read_corpus(const std::string& path, const std::string& refuse_binary_as = "");
 
 /// How much of a corpus reads as text.
 struct text_profile {

@@ -417,7 +417,7 @@ namespace {
 /// much of it is not UTF-8.
 std::string read_text_corpus(const std::string& path, const std::string& input_path,
                              const std::function<void(const std::string&)>& log) {
-  std::string text = read_corpus(path);
+  std::string text = read_corpus(path, input_path);
   const text_profile profile = profile_text(text);
   check_is_text(input_path, profile);
   if (log) log(fmt::format("data: read corpus {} ({} bytes of text)", path, text.size()));

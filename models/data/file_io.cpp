@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "runtime/errors/errors.hpp"
 
@@ -17,7 +18,8 @@ namespace longwave::models::data {
 
 namespace fs = std::filesystem;
 
-std::string read_file(const std::string& path, const char* what) {
+std::string read_file(const std::string& path, const char* what,
+                      const std::function<void(std::string_view, uint64_t)>& each_chunk) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     throw lw_error(errc::io_error, fmt::format("cannot read {} '{}': it is a directory", what, path));
@@ -26,6 +28,7 @@ std::string read_file(const std::string& path, const char* what) {
   if (fd < 0) {
     throw lw_error(errc::io_error, fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
   }
+  const std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* f) { ::close(*f); });
   // A regular file is read up to the size it reports: /proc's files say 0 and some never end (a probe read
   // /proc/self/pagemap until memory ran out).
   struct stat st {};
@@ -40,15 +43,15 @@ std::string read_file(const std::string& path, const char* what) {
     if (want == 0) break;
     ssize_t n = ::read(fd, buf, want);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw lw_error(errc::io_error, fmt::format("cannot read {} '{}': {}", what, path, std::strerror(err)));
-    }
+    if (n < 0)
+      throw lw_error(errc::io_error,
+                     fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (each_chunk)
+      each_chunk(std::string_view(buf, static_cast<size_t>(n)),
+                 sized ? static_cast<uint64_t>(st.st_size) : 0);
   }
-  ::close(fd);
   return out;
 }
 

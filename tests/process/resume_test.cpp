@@ -673,6 +673,15 @@ CATCH_TEST_CASE("a checkpoint.dir moved away from the out_dir's checkpoints is r
   CATCH_INFO(l3);
   CATCH_CHECK(c3 == 0);
   CATCH_CHECK(checkpoints(dir + "/elsewhere").size() == 2);
+  // A new out_dir whose checkpoints go elsewhere gets no empty checkpoints/ of its own (a probe).
+  auto [c4, l4] =
+      run({binary(), "run", cfg, "--set", "train.rounds=1", "--set", "run.out_dir=\"" + dir + "/s\"", "--set",
+           "checkpoint.dir=\"" + dir + "/elsewhere-s\""},
+          dir + "/d.log", 600);
+  CATCH_INFO(l4);
+  CATCH_CHECK(c4 == 0);
+  CATCH_CHECK(checkpoints(dir + "/elsewhere-s").size() == 1);
+  CATCH_CHECK_FALSE(fs::exists(dir + "/s/checkpoints"));
   fs::remove_all(dir);
 }
 

@@ -210,6 +210,16 @@ CATCH_TEST_CASE("A binary corpus is refused naming the file and its share of con
   CATCH_REQUIRE_THROWS_WITH(prepare_dataset(corpus, tokenizer_kind::byte, 0, 0.1, dir.file("out")),
                             Contains(corpus) && Contains("is not text") && Contains("% of its 65536 bytes"));
   CATCH_CHECK(!fs::exists(dir.file("out/prepared.txt")));
+  // A large binary file is refused once what it read is over 5 % of the whole (64 KiB reads), not read to its
+  // end (a probe's 3 GiB of NUL was).
+  {
+    std::ofstream(dir.file("zeros.txt")).close();
+    fs::resize_file(dir.file("zeros.txt"), uint64_t{1} << 30);  // sparse: nothing is written
+    CATCH_REQUIRE_THROWS_WITH(
+        prepare_dataset(dir.file("zeros.txt"), tokenizer_kind::byte, 0, 0.1, dir.file("out")),
+        Contains("zeros.txt' is not text: its first 53739520 bytes already hold 53739520 NUL or control "
+                 "characters, more than 5 % of its 1073741824 bytes"));
+  }
   // UTF-16 text: every other byte is NUL.
   std::string utf16;
   for (const char ch : sample_text()) utf16 += std::string{ch, '\0'};
