@@ -7,9 +7,9 @@
 
 namespace longwave::cluster {
 
-void cut_off_rule::ring_failed(time_point now) {
+void cut_off_rule::ring_failed(time_point since) {
   if (stalled_since_) return;
-  stalled_since_ = now;
+  stalled_since_ = since;
   fence_epoch_.reset();
 }
 

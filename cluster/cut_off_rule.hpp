@@ -17,8 +17,9 @@ class cut_off_rule {
   using time_point = std::chrono::steady_clock::time_point;
 
   explicit cut_off_rule(std::chrono::milliseconds after) : after_(after) {}
-  /// An all-reduce failed and was reported (an earlier stall keeps its time).
-  void ring_failed(time_point now);
+  /// An all-reduce failed and was reported; the ring has stalled since `since`, when that call began (an
+  /// earlier stall keeps its time).
+  void ring_failed(time_point since);
   /// The coordinator fenced the ring for epoch `epoch`: no call runs until its membership.
   void fenced(uint64_t epoch, time_point now);
   /// A membership: the ring goes on.

@@ -87,6 +87,7 @@ void elastic_ring::retire_ring() {
 
 elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_call& main, std::string& error,
                                             errc& code) {
+  const auto began = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   auto ring = ring_;
   const uint64_t epoch = view_.epoch;
@@ -128,6 +129,7 @@ elastic_ring::outcome elastic_ring::attempt(const reduce_key& key, const main_ca
   ring_failure f;
   f.epoch = epoch;
   f.reason = error;
+  f.began = began;
   if (code == errc::peer_lost && view_.endpoints.size() > 1)
     f.suspect = view_.names[(view_.rank + 1) % view_.names.size()];
   failure_ = std::move(f);

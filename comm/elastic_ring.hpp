@@ -38,6 +38,9 @@ struct ring_failure {
   uint64_t epoch = 0;
   std::string suspect;  ///< the next rank's name when its connection dropped, else empty
   std::string reason;
+  /// When the failed call began: a rank whose previous neighbour died waits the ring's timeout before its
+  /// call fails, yet its ring has stalled since then (cut_off_rule counts from here).
+  std::chrono::steady_clock::time_point began;
 };
 
 /// The collective of a cluster node. allreduce and allgather run on the communicator's thread; the

@@ -179,13 +179,19 @@ CATCH_TEST_CASE(
   auto b = std::make_unique<elastic_ring>(view_of(m, {0, 1}, 1, 1), options());
   std::vector<float> x = input_of(0, n), y = input_of(1, n);
   // n1 does not take part; n0's call sends to it, and n1 goes away: n0's ring loses its next rank.
+  const auto before = std::chrono::steady_clock::now();
   auto call = std::async(std::launch::async, [&] { a->allreduce(1, x.data(), n); });
+  CATCH_REQUIRE(poll([&] { return a->pending(); }).has_value());  // the call is in flight
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto gone = std::chrono::steady_clock::now();
   b.reset();
   const auto failure = poll([&] { return a->take_failure(); });
   CATCH_REQUIRE(failure.has_value());
   CATCH_CHECK(failure->epoch == 1);
   CATCH_CHECK(failure->suspect == "n1");
+  // The ring stalled when the call began, before its neighbour went, not when the failure was seen.
+  CATCH_CHECK(failure->began >= before);
+  CATCH_CHECK(failure->began < gone);
   CATCH_CHECK_FALSE(a->take_failure().has_value());  // reported once
   // The coordinator removes n1: n0 alone redoes the call (decode(encode(x)) = x in fp32).
   a->fence(2);
