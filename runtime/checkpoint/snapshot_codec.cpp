@@ -205,6 +205,14 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
       mismatch("checkpoint '" + p + "counters' hold a negative count (" + std::to_string(v->adam_steps) +
                " inner steps, data position " + std::to_string(v->sampler_position) + ", step " +
                std::to_string(v->steps_in_round) + " of the round)");
+    // 2^40 steps is over a thousand years at a step a microsecond; larger counts overflow the token counts
+    // (position x batch tokens) a resumed run derives from them.
+    constexpr int64_t most = int64_t{1} << 40;
+    if (v->adam_steps > most || v->sampler_position > most || v->steps_in_round > most)
+      mismatch("checkpoint '" + p + "counters' hold a count no run reaches (" +
+               std::to_string(v->adam_steps) + " inner steps, data position " +
+               std::to_string(v->sampler_position) + ", step " + std::to_string(v->steps_in_round) +
+               " of the round; at most 2^40)");
     rs.adam_steps = v->adam_steps;
     rs.sampler_position = static_cast<uint64_t>(v->sampler_position);
     rs.steps_in_round = v->steps_in_round;

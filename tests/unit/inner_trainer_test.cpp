@@ -415,6 +415,16 @@ CATCH_TEST_CASE("a trainer's state written to a checkpoint file and read back co
     CATCH_CHECK_THROWS_WITH(runtime::from_checkpoint(runtime::to_checkpoint(bent, shape), shape),
                             Catch::Matchers::Contains("'replica0/counters' hold a negative count"));
   }
+  // And counts no run reaches: 2^62 loaded, then overflowed the tokens a resume derives (a probe).
+  for (const int which : {0, 1, 2}) {
+    auto bent = snap;
+    const int64_t huge = int64_t{1} << 62;
+    bent.replicas[0].adam_steps = which == 0 ? huge : r.adam_steps;
+    bent.replicas[0].sampler_position = which == 1 ? uint64_t{1} << 62 : r.sampler_position;
+    bent.replicas[0].steps_in_round = which == 2 ? huge : 0;
+    CATCH_CHECK_THROWS_WITH(runtime::from_checkpoint(runtime::to_checkpoint(bent, shape), shape),
+                            Catch::Matchers::Contains("'replica0/counters' hold a count no run reaches"));
+  }
   // So are values no run writes (the checkpointer refuses a diverged state), naming the tensor.
   for (const bool in_theta : {true, false}) {
     auto bent = snap;
