@@ -92,10 +92,11 @@ std::string page_head(const report_data& r, const start_fields& field, const std
   std::string o;
   o += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
-  o += fmt::format("<title>Longwave report: {}</title>\n", html_escape(first.name));
+  const auto name = html_escape(cluster ? fs::path(r.run_dir).filename().string() : first.name);
+  o += fmt::format("<title>Longwave report: {}</title>\n",
+                   name);  // the heading's name (a probe: they differed)
   o += fmt::format("<style>{}</style>\n</head>\n<body>\n<main>\n", page_css());
-  o += fmt::format("<h1>Longwave run report: {}</h1>\n",
-                   html_escape(cluster ? fs::path(r.run_dir).filename().string() : first.name));
+  o += fmt::format("<h1>Longwave run report: {}</h1>\n", name);
   o += fmt::format(
       "<p class=\"sub\">{} &middot; {} {} &middot; started {} &middot; {}</p>\n", html_escape(r.run_dir),
       html_escape(field("mode")),
@@ -112,14 +113,16 @@ std::string utilization_text(double util) {
   return std::isfinite(util) ? fixed(util * 100, 1) + " %" : "–";
 }
 
-// Headline numbers.
-std::string headline_cards(const run_summary& sum, double total_s) {
+// Headline numbers. ppl_of: whose perplexity it is where the folder holds separate runs ("": the run's).
+std::string headline_cards(const run_summary& sum, double total_s, const std::string& ppl_of) {
   auto card = [](const std::string& k, const std::string& v, const char* cls = "") {
     return fmt::format("<div class=\"card\"><div class=\"k\">{}</div><div class=\"v {}\">{}</div></div>\n", k,
                        cls, html_escape(v));
   };
   std::string o = "<section class=\"cards\">\n";
-  o += card("final val perplexity", fixed(sum.overall.final_val_ppl, 3));
+  o += card(
+      ppl_of.empty() ? std::string("final val perplexity") : "final val perplexity of " + html_escape(ppl_of),
+      fixed(sum.overall.final_val_ppl, 3));
   o += card("total time", duration_text(total_s));
   o += card("avg utilization", utilization_text(sum.utilization));
   o += card("bytes sent", bytes_short(sum.bytes));
@@ -347,7 +350,10 @@ std::string assemble_page(const report_data& r) {
   const run_summary sum = summarize_run(r);
 
   std::string o = page_head(r, field, sum.status);
-  o += headline_cards(sum, r.t_last - r.t0);
+  std::string ppl_of;  // separate runs: the first with a figure (summarize_run's overall)
+  for (size_t i = 0; r.separate_runs && ppl_of.empty() && i < sum.nodes.size(); ++i)
+    if (std::isfinite(sum.nodes[i].final_val_ppl)) ppl_of = r.nodes[i].name;
+  o += headline_cards(sum, r.t_last - r.t0, ppl_of);
   o += "<h2>Summary</h2>\n<section class=\"tables\">\n";
   o += configuration_table(cluster, sum, field);
   o += outcome_table(r, sum, field);

@@ -195,6 +195,9 @@ void add_record(node_metrics& m, record obj) {
 }  // namespace
 
 std::string read_metrics_file(const fs::path& path, node_metrics& m) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))  // a FIFO would block the reader
+    return fmt::format("{}: not a regular file (a directory, a pipe or a device)", path.string());
   std::ifstream in(path, std::ios::binary);
   if (!in) return fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno));
   m.path = path.string();

@@ -30,6 +30,8 @@ namespace fs = std::filesystem;
 using json_writer = rapidjson::Writer<rapidjson::StringBuffer>;
 
 std::string slurp(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec)) return "";  // a FIFO would block the sweep (a probe)
   std::ifstream in(p, std::ios::binary);
   return in ? std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) : "";
 }
@@ -87,11 +89,27 @@ std::vector<std::string> identity(const sweep_point& p) {
 
 }  // namespace
 
-void read_run(const std::string& run_dir, point_result& r) {
+std::string read_run(const std::string& run_dir, point_result& r) {
   report::node_metrics m;
   const fs::path metrics = fs::path(run_dir) / "metrics.jsonl";
   std::error_code ec;
-  if (!fs::exists(metrics, ec) || !report::read_metrics_file(metrics, m).empty()) return;
+  std::string why;
+  if (!fs::exists(metrics, ec))
+    why = metrics.string() + " is missing";
+  else
+    why = report::read_metrics_file(metrics, m);
+  if (!why.empty()) {
+    // The final figures of result.json, which the run writes beside it, without the curves.
+    rapidjson::Document doc;
+    const std::string result = slurp(fs::path(run_dir) / "result.json");
+    if (result.empty() || runtime::parse_json(result, doc) || !doc.IsObject()) return why;
+    r.val_loss = json_number(doc, "val_loss");
+    r.val_ppl = json_number(doc, "val_ppl");
+    r.tokens = json_number(doc, "tokens");
+    r.steps = json_number(doc, "inner_steps_per_worker");
+    r.wall_s = json_number(doc, "train_seconds");
+    return why + ": its final figures are result.json's, without curves";
+  }
   const auto sum = report::summarize(m);
   r.val_loss = sum.final_val_loss;
   r.val_ppl = sum.final_val_ppl;
@@ -120,6 +138,7 @@ void read_run(const std::string& run_dir, point_result& r) {
   for (const auto& e : m.evals)
     r.val_curve.emplace_back(report::num(e, "step") * per_step, report::num(e, "val_loss"));
   for (const auto& st : m.steps) r.train_curve.emplace_back(st.step * per_step, st.loss);
+  return "";
 }
 
 namespace {

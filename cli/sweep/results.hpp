@@ -35,8 +35,10 @@ struct point_result {
 
 /// Fills r's numbers and curves from a run's out_dir's metrics.jsonl (tokens: inner steps x workers x batch x
 /// seq_len).
-/// Leaves them NaN where the run wrote nothing (it failed before training). Never throws.
-void read_run(const std::string& run_dir, point_result& r);
+/// Leaves them NaN where the run wrote nothing (it failed before training). Without a readable metrics.jsonl
+/// the final figures come from result.json. Returns why the metrics could not be read ("": they were).
+/// Never throws.
+std::string read_run(const std::string& run_dir, point_result& r);
 
 /// out_dir/points/<id>/point.json: written when the point's run ends (status, exit code, the overrides it
 /// ran with).

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "cli/report/format.hpp"
@@ -69,7 +70,8 @@ struct sweep_run {
   std::vector<point_result> results;
   std::vector<const sweep_point*> to_run;
   std::vector<running> active;
-  size_t next = 0, finished_now = 0;
+  std::set<std::string> write_warnings;             // the outputs' write failures said so far
+  size_t next = 0, finished_now = 0, done_now = 0;  // points ended in this invocation, and of those done
   int64_t used_threads = 0;
   bool stopping = false;
   int handled_signals = 0;
@@ -104,12 +106,18 @@ struct sweep_run {
     return {};
   }
 
-  /// ", ETA ..." from the points finished in this invocation; "" once none is left.
+  /// ", ETA ..." from the points done in this invocation (one that failed early says nothing of the time a
+  /// point takes); "" once none is left.
   std::string eta() const {
     if (finished_now >= to_run.size()) return "";
-    if (finished_now == 0) return ", ETA after the first point";
+    if (done_now == 0) return ", ETA after the first point";
     const double left = static_cast<double>(to_run.size() - finished_now);
-    return ", ETA " + report::duration_text(seconds_since(t0) / static_cast<double>(finished_now) * left);
+    return ", ETA " + report::duration_text(seconds_since(t0) / static_cast<double>(done_now) * left);
+  }
+
+  /// A done point whose metrics.jsonl could not be read (read_run's why): its row lacks what only they hold.
+  void note_unread(const sweep_point& p, const std::string& why) const {
+    if (!why.empty()) say("warning: {}: {}", point_name(p), why);
   }
 
   /// results.csv, results.jsonl, fit.json and sweep.html as they stand.
@@ -118,7 +126,7 @@ struct sweep_run {
     int failed = 0;
     auto check = [&](const std::string& e) {
       if (e.empty()) return;
-      say("warning: {}", e);
+      if (write_warnings.insert(e).second) say("warning: {}", e);  // said once, not after every point
       ++failed;
     };
     for (const auto& e : write_results(s, results)) check(e);
@@ -177,7 +185,7 @@ struct sweep_run {
       r = recorded(*p);
       r.log = (fs::path(p->out_dir) / "log.txt").string();
       if (r.status == "done")
-        read_run(p->out_dir, r);
+        note_unread(*p, read_run(p->out_dir, r));
       else
         left.push_back(p);
     }
@@ -249,13 +257,15 @@ struct sweep_run {
     res = point_result{};
     res.log = (fs::path(p.out_dir) / "log.txt").string();
     res.exit_code = code;
-    read_run(p.out_dir, res);
+    const auto unread = read_run(p.out_dir, res);
+    if (code == 0) note_unread(p, unread);
     const double took = seconds_since(r.started);
     const bool signalled =
         code == 130 || code == 128 + SIGINT || code == 128 + SIGKILL || code == 128 + SIGTERM;
     res.status = code == 0 ? "done" : stopping && signalled ? "interrupted" : "failed";
     write_point_record(p, res);
     ++finished_now;
+    if (res.status == "done") ++done_now;
     if (res.status == "done") {
       say("{} done in {}, val loss {}; {}/{} done{}", point_name(p), report::duration_text(took),
           report::fixed(res.val_loss, 4), n_done(), s.points.size(), eta());
@@ -386,8 +396,10 @@ int run_sweep(sweep_spec& s, const sweep_options& o) {
     if (!o.fresh) r = recorded(p);
     r.log = (fs::path(p.out_dir) / "log.txt").string();
     // A stale folder's run is of other settings: its numbers are not this point's (a probe saw them).
-    if (r.status == "done" || (o.results_only && r.status != "pending" && r.status != "stale"))
-      read_run(p.out_dir, r);
+    if (r.status == "done" || (o.results_only && r.status != "pending" && r.status != "stale")) {
+      const auto unread = read_run(p.out_dir, r);
+      if (r.status == "done") run.note_unread(p, unread);
+    }
     if (r.status != "done") run.to_run.push_back(&p);
   }
   run.plan = plan_parallel(s.parallel, runtime::usable_cores(), run.to_run);

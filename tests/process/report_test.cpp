@@ -473,13 +473,19 @@ CATCH_TEST_CASE("a folder of separate runs is reported as such, not as one clust
   CATCH_INFO(alone);
   CATCH_REQUIRE(acode == 0);
   CATCH_CHECK(alone.find("holds 2 separate runs (a, b), not one cluster's nodes") != std::string::npos);
-  CATCH_CHECK(read_text(dir + "/alone/report.html").find("2 separate runs, not one cluster's nodes") !=
-              std::string::npos);
+  const auto alone_page = read_text(dir + "/alone/report.html");
+  CATCH_CHECK(alone_page.find("2 separate runs, not one cluster's nodes") != std::string::npos);
+  // Its headline names whose perplexity it shows; the title names what the heading names (both: a probe).
+  CATCH_CHECK(alone_page.find("final val perplexity of a<") != std::string::npos);
+  CATCH_CHECK(alone_page.find("<title>Longwave report: alone</title>") != std::string::npos);
+  CATCH_CHECK(alone_page.find("<h1>Longwave run report: alone</h1>") != std::string::npos);
   auto [ccode, cluster] = run({binary(), "report", dir + "/cluster"}, dir + "/cluster.log", 60);
   CATCH_INFO(cluster);
   CATCH_REQUIRE(ccode == 0);
   CATCH_CHECK(cluster.find("separate runs") == std::string::npos);
-  CATCH_CHECK(read_text(dir + "/cluster/report.html").find("&middot; 2 nodes") != std::string::npos);
+  const auto cluster_page = read_text(dir + "/cluster/report.html");
+  CATCH_CHECK(cluster_page.find("&middot; 2 nodes") != std::string::npos);
+  CATCH_CHECK(cluster_page.find("final val perplexity<") != std::string::npos);  // one theta: the cluster's
   fs::remove_all(dir);
 }
 

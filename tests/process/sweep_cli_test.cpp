@@ -1,6 +1,8 @@
 // `longwave sweep` with the real binary: a 2x2 grid of tiny runs (results, page, a second invocation that
 // reruns nothing), points packed two at a time, a fit over model sizes, Ctrl-C and resume against an
 // uninterrupted sweep, a failing point, and bad sweep files.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 
 #include <sched.h>
@@ -154,6 +156,30 @@ CATCH_TEST_CASE("a sweep runs every point, writes results and a page, and a seco
   CATCH_CHECK(code3 == 0);
   CATCH_CHECK(out3.find("(4 of 4 points done)") != std::string::npos);
   CATCH_CHECK(read_csv(dir + "/out/results.csv") == rows);
+  // A done point whose metrics.jsonl is gone keeps result.json's final figures, and says so; a point.json
+  // that is a FIFO reads as no record instead of blocking the sweep (a probe: both were silent, the FIFO
+  // hung).
+  {
+    const auto one = fs::path(rows[0].at("log")).parent_path(),
+               two = fs::path(rows[1].at("log")).parent_path();
+    fs::rename(one / "metrics.jsonl", one / "metrics.jsonl.kept");
+    fs::rename(two / "point.json", two / "point.json.kept");
+    CATCH_REQUIRE(::mkfifo((two / "point.json").c_str(), 0600) == 0);
+    auto [code_m, out_m] = run({binary(), "sweep", file, "--results-only"}, dir + "/unread.log", 300);
+    CATCH_INFO(out_m);
+    CATCH_CHECK(code_m == 0);
+    CATCH_CHECK(out_m.find("warning: point 1/4 (") != std::string::npos);
+    CATCH_CHECK(out_m.find("metrics.jsonl is missing: its final figures are result.json's, without curves") !=
+                std::string::npos);
+    const auto unread = read_csv(dir + "/out/results.csv");
+    CATCH_REQUIRE(unread.size() == 4);
+    CATCH_CHECK(unread[0].at("status") == "done");
+    CATCH_CHECK(number(unread[0].at("val_loss")) == Approx(number(rows[0].at("val_loss"))).epsilon(1e-6));
+    CATCH_CHECK(unread[1].at("status") == "pending");
+    fs::remove(two / "point.json");
+    fs::rename(two / "point.json.kept", two / "point.json");
+    fs::rename(one / "metrics.jsonl.kept", one / "metrics.jsonl");
+  }
 
   // A [sweep] set that gives every point the config it had (eval.batches is 2 in the base), or changes only
   // how often it saves and logs and how many checkpoints it keeps: nothing reruns.
