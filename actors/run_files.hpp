@@ -94,11 +94,12 @@ struct named_checkpoint {
   config::train_config cfg;
 };
 
-/// Loads a .lwc file, or the newest valid checkpoint of a directory, that holds a config and a theta of
-/// whole, finite fp32 values (in a directory, a newer one, corrupt or without them, is named with
-/// spdlog::warn). Throws lw_error(io_error) when the path does not exist or the directory holds no
-/// checkpoint, lw_error(corrupt_checkpoint) when the file (in a directory: every file) is invalid, its theta
-/// is not such, or its meta has no config, and config_error when a named file's config is invalid.
+/// Loads a .lwc file, or the newest valid checkpoint of a directory, that holds a config, a theta of whole,
+/// finite fp32 values its model fits, the model name in its meta the config gives, and a tokenizer (if it
+/// carries one) that parses and is the one its meta names (in a directory, a newer one, corrupt or without
+/// them, is named with spdlog::warn). Throws lw_error(io_error) when the path does not exist or the directory
+/// holds no checkpoint, lw_error(corrupt_checkpoint) when the file (in a directory: every file) is invalid,
+/// its theta is not such, or its meta has no config, and config_error when a named file's config is invalid.
 named_checkpoint load_named_checkpoint(const std::string& path);
 
 /// Where a checkpoint is, as eval, export and sample say it: "round R, inner step S", or for an asynchronous

@@ -187,7 +187,9 @@ own_checkpoint newest_checkpoint(const config::train_config& cfg) {
   for (int64_t r = 0;; ++r) {
     const auto v = counters_of(*c, r);
     if (!v) break;
-    own.sampler_positions.push_back(static_cast<uint64_t>(std::max<int64_t>(v->sampler_position, 0)));
+    const bool fits =
+        v->sampler_position >= 0 && v->sampler_position <= max_replica_count;  // as from_checkpoint
+    own.sampler_positions.push_back(fits ? static_cast<uint64_t>(v->sampler_position) : 0);
   }
   return own;
 }

@@ -205,9 +205,7 @@ train_snapshot from_checkpoint(checkpoint&& c, const snapshot_shape& shape) {
       mismatch("checkpoint '" + p + "counters' hold a negative count (" + std::to_string(v->adam_steps) +
                " inner steps, data position " + std::to_string(v->sampler_position) + ", step " +
                std::to_string(v->steps_in_round) + " of the round)");
-    // 2^40 steps is over a thousand years at a step a microsecond; larger counts overflow the token counts
-    // (position x batch tokens) a resumed run derives from them.
-    constexpr int64_t most = int64_t{1} << 40;
+    constexpr int64_t most = max_replica_count;
     if (v->adam_steps > most || v->sampler_position > most || v->steps_in_round > most)
       mismatch("checkpoint '" + p + "counters' hold a count no run reaches (" +
                std::to_string(v->adam_steps) + " inner steps, data position " +

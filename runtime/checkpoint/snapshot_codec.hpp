@@ -45,6 +45,9 @@ struct replica_counters {
   int64_t sampler_position = 0;
   int64_t steps_in_round = 0;
 };
+/// The largest count a replica's counters may hold: 2^40 steps is 35 years at a step a millisecond, and the
+/// token counts a resume derives from them (position x tokens a batch) stay far from int64's end.
+inline constexpr int64_t max_replica_count = int64_t{1} << 40;
 /// Replica r's counters in `c`, or std::nullopt when it holds none of their size (they are not checked).
 std::optional<replica_counters> counters_of(const checkpoint& c, int64_t r);
 

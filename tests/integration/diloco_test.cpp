@@ -4,6 +4,7 @@
 #include <torch/optim/adamw.h>
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "models/lr_schedule.hpp"
 #include "runtime/checkpoint/checkpoint_store.hpp"
 #include "runtime/checkpoint/snapshot_codec.hpp"
+#include "runtime/checksum/crc32c.hpp"
 #include "runtime/messages/interfaces.hpp"
 #include "tests/support/process.hpp"
 
@@ -324,6 +326,18 @@ CATCH_TEST_CASE(
     return c;
   };
   refused(with_tokenizer("not a tokenizer\n"), "the tokenizer the checkpoint of round 3 carries is damaged");
+  // A label of the builds that took the CRC of the blob as written (the byte tokenizer's too) still fits.
+  {
+    auto older = own;
+    const auto* blob = own.find("tokenizer");
+    const auto at = older.meta.find("tokenizer=byte vocab=256\n");
+    CATCH_REQUIRE(at != std::string::npos);
+    older.meta.replace(
+        at, 25,
+        fmt::format("tokenizer=byte vocab=256 crc32c={:08x}\n", runtime::crc32c(blob->data, blob->size)));
+    store.write(older);
+    CATCH_CHECK(actors::load_named_checkpoint(files.back()).ckpt.round == 3);
+  }
   // A tokenizer that parses, but not the one the meta names (its kind, vocabulary and CRC-32C).
   refused(with_tokenizer("longwave-bpe 1\n256\n"), "its meta names 'byte vocab=256'");
   auto renamed = own;
