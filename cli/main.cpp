@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/memory/allocator.hpp"
+#include "runtime/process/open_files.hpp"
 #include "runtime/process/std_streams.hpp"
 
 using namespace longwave;
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   // --version names LibTorch's kernels and the GPUs: only longwave-torch can say.
   if (argc > 1 && std::strcmp(argv[1], "--version") == 0) return exec_torch(argc, argv);
   const int held = runtime::hold_standard_descriptors();
+  runtime::raise_open_file_limit();
   runtime::keep_freed_buffers();
   runtime::init_logging();
   CLI::App app;

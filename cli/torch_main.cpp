@@ -20,6 +20,7 @@
 #include "models/gpu_info.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/memory/allocator.hpp"
+#include "runtime/process/open_files.hpp"
 #include "runtime/process/std_streams.hpp"
 #include "runtime/process/stop_signals.hpp"
 
@@ -61,6 +62,7 @@ int cmd_node(const cli_values& v) {
 
 int main(int argc, char** argv) {
   runtime::hold_standard_descriptors();
+  runtime::raise_open_file_limit();
   runtime::keep_freed_buffers();
   runtime::init_logging();
   CLI::App app;
