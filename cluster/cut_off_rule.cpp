@@ -7,9 +7,9 @@
 
 namespace longwave::cluster {
 
-void cut_off_rule::ring_failed(time_point since) {
+void cut_off_rule::ring_failed(time_point began, time_point now) {
   if (stalled_since_) return;
-  stalled_since_ = since;
+  stalled_since_ = std::min(began, now);
   fence_epoch_.reset();
 }
 

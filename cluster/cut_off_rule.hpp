@@ -17,9 +17,10 @@ class cut_off_rule {
   using time_point = std::chrono::steady_clock::time_point;
 
   explicit cut_off_rule(std::chrono::milliseconds after) : after_(after) {}
-  /// An all-reduce failed and was reported; the ring has stalled since `since`, when that call began (an
-  /// earlier stall keeps its time).
-  void ring_failed(time_point since);
+  /// An all-reduce that began at `began` failed and was reported at `now`: the ring is taken to have stalled
+  /// since the call began, since it may have waited out its timeout on a neighbour that died (an earlier
+  /// stall keeps its time).
+  void ring_failed(time_point began, time_point now);
   /// The coordinator fenced the ring for epoch `epoch`: no call runs until its membership.
   void fenced(uint64_t epoch, time_point now);
   /// A membership: the ring goes on.

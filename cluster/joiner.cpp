@@ -127,9 +127,14 @@ actors::joined_state joiner::operator()(const runtime::snapshot_shape& shape, ac
     }
     slow_link_fault();
     auto answer = ready(got);
-    // The master's word that the members hold for this node crossed its ready and names the round it holds:
-    // it says ready again.
-    if (const auto* r = std::get_if<recover_msg>(&answer); r && r->round == got.round) answer = ready(got);
+    // The master's word that the members hold for this node, or its answer to a hello said before, crossed
+    // its ready and names the round it holds: it says ready again (the master ignores a repeat it has).
+    constexpr int max_crossed = 8;
+    for (int crossed = 0; crossed < max_crossed; ++crossed) {
+      const auto* r = std::get_if<recover_msg>(&answer);
+      if (!r || r->round != got.round) break;
+      answer = ready(got);
+    }
     if (const auto* m = std::get_if<membership_msg>(&answer)) return admitted(*m, std::move(got));
     recover_ = std::get<recover_msg>(answer);
     // A note-less recover: the coordinator (restarted, or answering a repeated hello) names no reason.

@@ -248,9 +248,10 @@ class master_state {
     std::optional<comm::reduce_key> turned_back;  // a joiner's state found stale (its repeats are ignored)
     bool pinned = false;                          // a joiner the members hold at a round boundary for
     std::optional<uint64_t>
-        fetch_from;                    // a joiner fetching: the members' lowest round at its first heartbeat
-    std::optional<uint64_t> pin_hold;  // a pin: the round after which it holds (its answer)
-    std::pair<std::string, uint64_t> contributed;  // async: the last contribution's process identity and seq
+        fetch_from;  // a joiner fetching: the members' lowest round at its first heartbeat
+    std::optional<clock::time_point> recover_sent;  // when it was last told where to fetch the state
+    std::optional<uint64_t> pin_hold;               // a pin: the round after which it holds (its answer)
+    std::pair<std::string, uint64_t> contributed;   // async: the last contribution's process identity and seq
     // A second process that said hello with this live member's name, waiting for the first to fall silent.
     std::optional<std::string> contender;
     clock::time_point contender_since;

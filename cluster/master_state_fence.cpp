@@ -299,6 +299,7 @@ void master_state::send_recover(size_t i, const std::string& note, std::optional
       !merges_ && it != theta_crcs_.end() && mismatched_rounds_.count(r.round) == 0)
     r.theta_crc = it->second.first;
   members_[i].fetch_from.reset();  // its next heartbeat says it fetches
+  members_[i].recover_sent = now_;
   send_to(i, std::move(r));
 }
 

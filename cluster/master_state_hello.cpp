@@ -22,6 +22,10 @@ constexpr auto join_silence = std::chrono::seconds(6);
 // A live member is heard from every 2 s: a process that says hello with its name after this much silence
 // replaces it (the node was restarted).
 constexpr auto restart_silence = std::chrono::seconds(3);
+// A joiner's repeated hello (every 2 s) is answered with where to fetch again at most this often: hellos it
+// queued while the master did not read (suspended, or a link that stalled) arrive together, and a recover for
+// each made it fetch the same state again until it gave up (a probe).
+constexpr auto recover_again_after = std::chrono::seconds(1);
 }  // namespace
 
 void master_state::on_hello(const sender& from, const hello_msg& h) {
@@ -46,7 +50,9 @@ void master_state::on_hello(const sender& from, const hello_msg& h) {
       for (size_t r = 0; r < members.size(); ++r)
         if (members[r] == *idx) send_welcome(members, r);
     }
-    if (m.phase == member_phase::joining) send_recover(*idx, "");
+    if (m.phase == member_phase::joining &&
+        (!m.recover_sent || now_ - *m.recover_sent >= recover_again_after))
+      send_recover(*idx, "");
     return;
   }
   if (welcomed_) return on_join(*idx, from, h);
@@ -87,6 +93,14 @@ std::optional<size_t> master_state::member_for_hello(const sender& from, const h
 std::optional<std::pair<std::string, std::string>> master_state::hello_mismatch(size_t idx,
                                                                                 const hello_msg& h) const {
   const auto& want = specs_[idx];
+  // An epoch no cluster reaches (one a second): the next one would wrap around to 0 (a probe's 2^64 - 1).
+  if (constexpr uint64_t most_epoch = uint64_t{1} << 40; h.running && h.epoch > most_epoch)
+    return std::make_pair(
+        fmt::format("coordinator: turned away node '{}': its re-announcement names epoch {}", h.node_name,
+                    h.epoch),
+        fmt::format("node '{}' re-announced epoch {}, which no cluster reaches (at most 2^40): a damaged or "
+                    "forged hello",
+                    h.node_name, h.epoch));
   if (h.n_workers != want.workers || h.data_endpoint != want.endpoint) {
     return std::make_pair(
         fmt::format("coordinator: turned away node '{}': its cluster file differs", h.node_name),

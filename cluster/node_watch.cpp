@@ -134,7 +134,7 @@ void master_watch::report(control_client& control, comm::elastic_ring& elastic, 
     spdlog::warn("node {}: the ring of epoch {} failed{}: {}; asking the coordinator for a new epoch", name,
                  f->epoch, f->suspect.empty() ? "" : " (lost " + f->suspect + ")", f->reason);
     control.ring_failed({f->epoch, f->suspect, f->reason});
-    cut_off_.ring_failed(std::min(f->began, now));
+    cut_off_.ring_failed(f->began, now);
   }
 }
 
@@ -267,7 +267,7 @@ void stop_follower::on_tick(const master_asks& asks, control_client& control,
   }
   if (asks.known_again && hold_) {
     control.stop_ack(*hold_);
-    held_since_ = now;  // a coordinator that took over carries the stop on: it gets the whole max_hold
+    held_since_ = now;  // a coordinator that took over (or came back) carries the stop on: the whole max_hold
   }
   if (asks.stop_query) {
     if (!hold_ && (hold_ = controls.hold())) {

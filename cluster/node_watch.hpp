@@ -140,8 +140,9 @@ class pin_follower {
 
 /// A cluster stop (longwave stop) as one node follows it: asked where it can stop, it holds at the boundary
 /// after its current round and says which; told the round after which every node stops, it trains to it,
-/// saves its checkpoint and exits. Without that round within max_hold of the question, or of a coordinator
-/// that took over knowing this node again (the master went away), it stops where it holds.
+/// saves its checkpoint and exits. Without that round within max_hold of the question, or of the last time a
+/// coordinator knew this node again (one that took over, or a dropped connection back), it stops where it
+/// holds: the master went away.
 class stop_follower {
  public:
   explicit stop_follower(std::string name) : name_(std::move(name)) {}

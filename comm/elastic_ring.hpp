@@ -39,7 +39,7 @@ struct ring_failure {
   std::string suspect;  ///< the next rank's name when its connection dropped, else empty
   std::string reason;
   /// When the failed call began: a rank whose previous neighbour died waits the ring's timeout before its
-  /// call fails, yet its ring has stalled since then (cut_off_rule counts from here).
+  /// call fails, so its ring may have stalled since any moment after this (cut_off_rule counts from here).
   std::chrono::steady_clock::time_point began;
 };
 

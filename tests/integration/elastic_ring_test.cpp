@@ -182,7 +182,7 @@ CATCH_TEST_CASE(
   const auto before = std::chrono::steady_clock::now();
   auto call = std::async(std::launch::async, [&] { a->allreduce(1, x.data(), n); });
   CATCH_REQUIRE(poll([&] { return a->pending(); }).has_value());  // the call is in flight
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // its attempt has begun (a few instructions on)
   const auto gone = std::chrono::steady_clock::now();
   b.reset();
   const auto failure = poll([&] { return a->take_failure(); });

@@ -18,8 +18,8 @@ using namespace longwave::cluster;
 
 namespace {
 
-/// At `t` seconds `what` happens (failed | fence E | membership | gone | back | tick), then the rule is
-/// asked. expect: "" (not cut off) or a text its answer contains.
+/// At `t` seconds `what` happens (failed | failed, began B | fence E | membership | gone | back | tick), then
+/// the rule is asked. expect: "" (not cut off) or a text its answer contains.
 struct row {
   double t;
   std::string what;
@@ -34,7 +34,10 @@ std::string play(const std::vector<row>& rows) {
   std::optional<clock::time_point> gone;
   for (const auto& r : rows) {
     const auto now = t0 + std::chrono::milliseconds(static_cast<int64_t>(r.t * 1000));
-    if (r.what == "failed") rule.ring_failed(now);
+    if (r.what == "failed") rule.ring_failed(now, now);
+    if (r.what.rfind("failed, began ", 0) == 0)
+      rule.ring_failed(
+          t0 + std::chrono::milliseconds(static_cast<int64_t>(std::stod(r.what.substr(14)) * 1000)), now);
     if (r.what.rfind("fence ", 0) == 0) rule.fenced(std::stoull(r.what.substr(6)), now);
     if (r.what == "membership") rule.entered();
     if (r.what == "gone") gone = now;
@@ -58,6 +61,12 @@ CATCH_TEST_CASE("a node whose ring failed is cut off 30 s after its coordinator 
   // Gone first: the clock runs from the failure.
   CATCH_CHECK(play({{0, "gone", ""}, {10, "failed", ""}, {39, "tick", ""}, {40, "tick", "ring failed"}}) ==
               "");
+  // A call that waited out the ring's timeout on a neighbour that died (began at 1 s, failed at 40 s): the
+  // ring stalled when it began, so 30 s after the coordinator went it is cut off, not 30 s after the failure
+  // (a probe: 69 s).
+  CATCH_CHECK(play({{0, "gone", ""}, {40, "failed, began 1", "ring failed"}}) == "");
+  CATCH_CHECK(
+      play({{0, "gone", ""}, {20, "failed, began 1", ""}, {30.9, "tick", ""}, {31, "tick", "failed"}}) == "");
   // A connected coordinator deals with it however long it takes.
   CATCH_CHECK(play({{0, "failed", ""}, {500, "tick", ""}}) == "");
 }

@@ -1228,6 +1228,17 @@ CATCH_TEST_CASE("master: a fence waits for a member that says it is still starti
   }
 }
 
+CATCH_TEST_CASE("master: a joiner's hellos that arrive together are answered once, a later one again",
+                "[unit][master]") {
+  // A probe: hellos queued while the master was suspended came in at once, each got a recover, and the
+  // joiner fetched the same state again for each until it gave up ("the members moved on 5 times").
+  table t(cluster_of(3));
+  t.play(n2_rejoins + std::vector<row>{{3, "n2'", "hello", {"!recover"}},
+                                       {3.5, "n2'", "hello", {"!recover"}},
+                                       {5, "n2'", "hello", {"n2' <- recover round 1 from [n0,n1]"}}});
+  CATCH_CHECK(t.master().phase_of("n2") == member_phase::joining);
+}
+
 CATCH_TEST_CASE("master: a joiner's start-up beats do not start its fetch", "[unit][master]") {
   // Its first heartbeat says the fetch has begun (the test above: held for after two rounds); a start-up
   // beat, while it builds its model, does not.
@@ -1714,6 +1725,13 @@ CATCH_TEST_CASE("master: hellos that do not fit the cluster are turned away with
          "n0 <- error invalid_config: node 'n0' reads other training data than node n1 (data fingerprint "
          "0000000000000009, n1's 0000000000000008): give every node the same corpus (data.path)"}},
        {0, "n0", "hello data=0", {"!turned away"}},  // a node without a fingerprint is not checked
+       // A re-announced epoch whose next one wraps to 0 (a probe: "fencing epoch 0", then the run failed).
+       {0,
+        "n0",
+        "running epoch=18446744073709551615 world=2 round=7",
+        {"n0 <- error invalid_config: node 'n0' re-announced epoch 18446744073709551615, which no cluster "
+         "reaches",
+         "!taking the running cluster over"}},
        {0, "?", "wrong_cluster", {"rejected wrong_cluster", "? <- error invalid_config: wrong cluster id"}},
        {0, "?", "bad_parts", {"dropped a control message of 3 frames"}}});
 }
