@@ -172,7 +172,7 @@ class master_shell {
     while (const auto ev = comm::next_monitor_event(*monitor_)) {
       comm::handshake_refusal r;
       r.reason = "handshake";
-      r.address = "a connection to " + ev->address;
+      r.address = "a connection on " + ev->address;  // its own endpoint: the monitor names no peer
       refused(r, n_handshake_failures_, "failed handshakes");
     }
   }
