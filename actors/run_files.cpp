@@ -399,9 +399,9 @@ start_point find_start(const config::train_config& cfg, const run_options& opts,
   // result.json and its sessions' story in metrics.jsonl (a probe), so only --fresh does.
   const auto by_default = fs::path(p.out_dir) / "checkpoints";
   std::error_code same_ec;
+  // A store makes its directory: only one that is there is looked into.
   if (!latest && !cfg.checkpoint.dir.empty() && fs::is_directory(by_default, same_ec) &&
-      !fs::equivalent(by_default, p.ckpt_dir,
-                      same_ec))  // a store makes its directory: only one that is there
+      !fs::equivalent(by_default, p.ckpt_dir, same_ec))
     if (const auto there = checkpoint_store(by_default.string(), cfg.checkpoint.keep).list(); !there.empty())
       throw config::config_error(
           "checkpoint.dir",

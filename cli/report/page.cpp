@@ -92,9 +92,9 @@ std::string page_head(const report_data& r, const start_fields& field, const std
   std::string o;
   o += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
+  // The title names what the heading names (a probe: they differed).
   const auto name = html_escape(cluster ? fs::path(r.run_dir).filename().string() : first.name);
-  o += fmt::format("<title>Longwave report: {}</title>\n",
-                   name);  // the heading's name (a probe: they differed)
+  o += fmt::format("<title>Longwave report: {}</title>\n", name);
   o += fmt::format("<style>{}</style>\n</head>\n<body>\n<main>\n", page_css());
   o += fmt::format("<h1>Longwave run report: {}</h1>\n", name);
   o += fmt::format(
