@@ -42,11 +42,14 @@ void master_state::on_frame(const sender& from, const envelope& e, clock::time_p
     return on_hello(from, *h);
   }
   if (auto* l = std::get_if<leave_msg>(&e.body)) {
-    if (from.keyed_as && *from.keyed_as != l->node)
+    if (from.keyed_as && *from.keyed_as != l->node) {
+      warn(fmt::format("coordinator: refused a leave for node '{}' from {}: it came with node '{}''s key",
+                       l->node, from.peer, *from.keyed_as));
       return reply_error(
           from.identity, errc::invalid_config,
           fmt::format("only node '{}''s own key may ask it to leave (this connection has node '{}''s)",
                       l->node, *from.keyed_as));
+    }
     return on_leave(from, *l);
   }
   if (auto* sb = std::get_if<standby_msg>(&e.body)) return on_standby(from, *sb);

@@ -1766,7 +1766,12 @@ CATCH_TEST_CASE("master: CURVE keys speak only for their own node", "[unit][mast
   cluster::envelope leave;
   leave.body = cluster::leave_msg{"n1"};
   m.on_frame({"op", "10.0.0.3", "n0"}, leave, t);
-  CATCH_CHECK(said().find("only node 'n1''s own key may ask it to leave") != std::string::npos);
+  const auto refused_leave = said();
+  CATCH_CHECK(refused_leave.find("only node 'n1''s own key may ask it to leave") != std::string::npos);
+  // The coordinator says so too (a probe: only the requester heard of it).
+  CATCH_CHECK(
+      refused_leave.find("coordinator: refused a leave for node 'n1' from 10.0.0.3: it came with node "
+                         "'n0''s key") != std::string::npos);
   cluster::envelope hb;
   hb.body = cluster::heartbeat_msg{1, 0, 1};
   m.on_frame({"b", "10.0.0.2", "n0"}, hb, t);
