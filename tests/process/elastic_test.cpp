@@ -1080,9 +1080,13 @@ CATCH_TEST_CASE(
   sockaddr_in at{};
   at.sin_family = AF_INET;
   at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const int metrics_port = free_port();
-  at.sin_port = htons(static_cast<uint16_t>(metrics_port));
+  // Bound to port 0 and read back: a port found free first could be taken before this bind (a fresh clone's
+  // CI saw bind fail once, beside the other tests' connections).
+  at.sin_port = 0;
   CATCH_REQUIRE(bind(held, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  socklen_t at_len = sizeof at;
+  CATCH_REQUIRE(getsockname(held, reinterpret_cast<sockaddr*>(&at), &at_len) == 0);
+  const int metrics_port = ntohs(at.sin_port);
   CATCH_REQUIRE(listen(held, 4) == 0);
   // Started while the first leads, the standby stands by: the nodes keep talking to the first only.
   auto standby = spawn({binary(), "coordinator", file, "--bind", second, "--set", "metrics.enabled=true",
