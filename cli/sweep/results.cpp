@@ -36,6 +36,12 @@ std::string slurp(const fs::path& p) {
   return in ? std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) : "";
 }
 
+/// A run's result.json (its final figures) into doc; false when it is missing or not a JSON object.
+bool read_result(const std::string& run_dir, rapidjson::Document& doc) {
+  const std::string result = slurp(fs::path(run_dir) / "result.json");
+  return !result.empty() && !runtime::parse_json(result, doc) && doc.IsObject();
+}
+
 /// A number member of a JSON object, NaN when missing or null.
 double json_number(const rapidjson::Value& o, std::string_view key) {
   const auto* v = runtime::find_member(o, key);
@@ -101,8 +107,7 @@ std::string read_run(const std::string& run_dir, point_result& r) {
   if (!why.empty()) {
     // The final figures of result.json, which the run writes beside it, without the curves.
     rapidjson::Document doc;
-    const std::string result = slurp(fs::path(run_dir) / "result.json");
-    if (result.empty() || runtime::parse_json(result, doc) || !doc.IsObject()) return why;
+    if (!read_result(run_dir, doc)) return why;
     r.val_loss = json_number(doc, "val_loss");
     r.val_ppl = json_number(doc, "val_ppl");
     r.tokens = json_number(doc, "tokens");
@@ -130,8 +135,7 @@ std::string read_run(const std::string& run_dir, point_result& r) {
   // result.json's ratio.
   if (!std::isfinite(per_step)) {
     rapidjson::Document doc;
-    const std::string result = slurp(fs::path(run_dir) / "result.json");
-    if (!result.empty() && !runtime::parse_json(result, doc) && doc.IsObject())
+    if (read_result(run_dir, doc))
       per_step = json_number(doc, "tokens") / json_number(doc, "inner_steps_per_worker");
   }
   r.tokens = r.steps * per_step;
